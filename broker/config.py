@@ -1,0 +1,77 @@
+"""Settings and paths.
+
+Secrets and endpoints come from the environment or a ``.env`` file in the current directory (every name is listed
+in ``.env.example``).  Values are never printed: :class:`Settings` keeps secrets as ``SecretStr``.
+
+Paths: the broker home (ledger, run directories, watchdog lock) is ``$BROKER_HOME`` when set, else the user data
+directory from platformdirs (``~/.local/share/broker`` on Linux).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every setting broker reads; names are the environment variables (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    broker_home: Path | None = None
+
+    # Vast.ai: key also read from the vastai CLI's key files (see providers.vast).
+    vast_api_key: SecretStr | None = None
+    vast_api_url: str = "https://console.vast.ai"
+
+    # OCI: ~/.oci/config and profile; endpoint override for proxies / emulators.
+    oci_config_file: str = "~/.oci/config"
+    oci_profile: str = "DEFAULT"
+    oci_compartment_id: str | None = None
+    oci_region: str | None = None
+    oci_service_endpoint: str | None = Field(default=None, description="base URL for every OCI client (tests)")
+    oci_image_id: str | None = None
+    oci_subnet_id: str | None = None
+
+    # AWS: the boto3 credential chain is used as is; these are optional overrides.
+    aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
+    aws_endpoint_url: str | None = None
+    aws_ami_id: str | None = None
+
+    # Watchdog
+    broker_watchdog_interval_s: float = 5.0
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process-wide settings (read once)."""
+    return Settings()
+
+
+def broker_home() -> Path:
+    """Directory for the ledger and run directories; created on first use."""
+    env = os.environ.get("BROKER_HOME")
+    if env:
+        home = Path(env).expanduser()
+    else:
+        from platformdirs import user_data_dir
+
+        home = Path(user_data_dir("broker", appauthor=False))
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def runs_dir() -> Path:
+    """Parent of every run directory (``<home>/runs/<run_id>``)."""
+    d = broker_home() / "runs"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def ledger_path() -> Path:
+    """The SQLite ledger file."""
+    return broker_home() / "ledger.sqlite"

@@ -1,0 +1,393 @@
+"""Launching and supervising one ``torchrun`` per node.
+
+Pieces:
+
+* :func:`torchrun_argv` -- the exact ``torchrun --nnodes --nproc_per_node --node_rank --master_addr --master_port``
+  command line of one node (static rendezvous: node 0 = rank 0).
+* :func:`free_port` -- a free TCP port (29500 may be taken).
+* :class:`NodeHandle` -- a running node (local subprocess here; the SSH runner implements the same protocol).
+* :class:`Supervisor` -- streams every node's output prefixed ``[node i]`` to the console and to a per-node log
+  file; stops every node as soon as one fails (a lone torchrun otherwise waits for its peer until the rendezvous
+  timeout, and torchelastic's exit barrier ignores SIGTERM, hence SIGKILL after a short grace); enforces a
+  wall-clock deadline; Ctrl-C stops every node cleanly.
+* :func:`run_local` -- the ``local`` topology end to end: fresh per-node working directories, ``setup`` once per
+  node, N torchrun processes on this machine with per-node ``CUDA_VISIBLE_DEVICES``.
+
+The training script decides its backend (nccl where CUDA exists, gloo otherwise); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+#: how long a node gets between SIGTERM and SIGKILL when it is stopped, seconds
+STOP_GRACE_S = 3.0
+
+_RANK_LINE = re.compile(r"RANK=(\d+) LOCAL_RANK=(\d+) WORLD_SIZE=(\d+) device=(\S+) backend=(\S+)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_argv(script: str, args: Iterable[str], *, nnodes: int, nproc_per_node: int, node_rank: int,
+                  master_addr: str, master_port: int, python: str | None = None,
+                  extra: Iterable[str] = ()) -> list[str]:
+    """argv of one node's torchrun (``python -m torch.distributed.run`` so the venv's torch is used)."""
+    return [python or sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
+            f"--master_addr={master_addr}", f"--master_port={master_port}", *extra, script, *args]
+
+
+# --------------------------------------------------------------------------------------------------- nodes
+class NodeHandle(Protocol):
+    """A running node's launcher process, local or remote."""
+
+    node_rank: int
+
+    def lines(self) -> Iterable[str]:
+        """Output lines (stdout and stderr merged) until the process ends."""
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Terminate the node's processes: SIGTERM, then SIGKILL after ``grace_s``.  Idempotent."""
+
+
+class LocalNode:
+    """A torchrun subprocess on this machine, in its own process group (so the whole tree can be killed)."""
+
+    def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
+        self.node_rank = node_rank
+        self.argv = argv
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
+                                     errors="replace")
+
+    def lines(self) -> Iterable[str]:
+        assert self.proc.stdout is not None
+        yield from self.proc.stdout
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        kill_group(self.proc, grace_s)
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the process group of ``proc``, SIGKILL it after ``grace_s`` if anything is left."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = None
+    if pgid is not None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    if pgid is not None:
+        try:  # torchelastic's agent and stray workers may survive their parent: kill the whole group
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+        pass
+
+
+# --------------------------------------------------------------------------------------------------- supervision
+@dataclass
+class RankRow:
+    node: int
+    rank: int
+    local_rank: int
+    world_size: int
+    device: str = "?"
+    backend: str = "?"
+
+
+@dataclass
+class RunResult:
+    """What a supervised run ended with.  ``status``: succeeded | failed | deadline | interrupted."""
+
+    status: str
+    exit_codes: dict[int, int | None]
+    wall_s: float
+    log_paths: dict[int, Path]
+    reason: str = ""
+    failed_node: int | None = None
+    missing_expect: list[str] = field(default_factory=list)
+    ranks: list[RankRow] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)  # last lines of the failing node's log
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+
+class Supervisor:
+    """Streams, logs and supervises a set of nodes until all end, one fails, the deadline passes or Ctrl-C.
+
+    ``echo`` receives each prefixed line for the console (``None`` = quiet).
+    """
+
+    def __init__(self, log_paths: dict[int, Path], *, echo: Callable[[str], None] | None = print,
+                 grace_s: float = STOP_GRACE_S, poll_s: float = 0.05):
+        self.log_paths = log_paths
+        self.echo = echo
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+
+    def _pump(self, node: NodeHandle, path: Path) -> None:
+        with open(path, "a", encoding="utf-8", errors="replace") as f:
+            for line in node.lines():
+                line = line.rstrip("\n")
+                f.write(line + "\n")
+                f.flush()
+                if self.echo is not None:
+                    with self._lock:
+                        self.echo(f"[node {node.node_rank}] {line}")
+
+    def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
+        """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
+        t0 = time.monotonic()
+        pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
+                 for n in nodes]
+        for t in pumps:
+            t.start()
+        status, reason, failed = "succeeded", "", None
+        try:
+            while True:
+                codes = {n.node_rank: n.poll() for n in nodes}
+                bad = [r for r, c in codes.items() if c not in (None, 0)]
+                if bad:
+                    failed = bad[0]
+                    status = "failed"
+                    reason = f"node {failed} exited with code {describe_exit(codes[failed])}; stopped the other nodes"
+                    break
+                if all(c == 0 for c in codes.values()):
+                    break
+                if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+                    status = "deadline"
+                    reason = f"deadline of {deadline_s:.0f} s reached; stopped every node"
+                    break
+                time.sleep(self.poll_s)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", "interrupted (Ctrl-C); stopped every node"
+        finally:
+            self.stop_all(nodes)
+            for t in pumps:
+                t.join(timeout=5)
+        codes = {n.node_rank: n.poll() for n in nodes}
+        return RunResult(status=status, exit_codes=codes, wall_s=time.monotonic() - t0, log_paths=self.log_paths,
+                         reason=reason, failed_node=failed)
+
+    def stop_all(self, nodes: list[NodeHandle]) -> None:
+        """Stop every node still running, in parallel (each gets the grace period, not the sum)."""
+        threads = [threading.Thread(target=n.stop, args=(self.grace_s,)) for n in nodes if n.poll() is None]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def describe_exit(code: int | None) -> str:
+    """'1', or '-9 (SIGKILL)' for a signal."""
+    if code is None:
+        return "none (still running)"
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def check_expect(log_path: Path, patterns: list[str]) -> list[str]:
+    """The patterns that do not match anywhere in the log (rank 0's)."""
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
+    return [p for p in patterns if not re.search(p, text, re.MULTILINE)]
+
+
+def rank_table(log_paths: dict[int, Path], *, nnodes: int, nproc_per_node: int) -> list[RankRow]:
+    """Per-rank rows from the logs' ``RANK=.. LOCAL_RANK=.. WORLD_SIZE=.. device=.. backend=..`` lines; ranks that
+    printed nothing get the values torchrun assigns (node_rank * nproc_per_node + local_rank)."""
+    seen: dict[int, RankRow] = {}
+    for node, path in log_paths.items():
+        if not path.exists():
+            continue
+        for m in _RANK_LINE.finditer(path.read_text(encoding="utf-8", errors="replace")):
+            r = int(m.group(1))
+            seen.setdefault(r, RankRow(node, r, int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)))
+    ws = nnodes * nproc_per_node
+    rows = []
+    for node in range(nnodes):
+        for lr in range(nproc_per_node):
+            r = node * nproc_per_node + lr
+            rows.append(seen.get(r, RankRow(node, r, lr, ws)))
+    return rows
+
+
+def log_tail(path: Path, n: int = 15) -> list[str]:
+    if not path.exists():
+        return []
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:]
+
+
+# --------------------------------------------------------------------------------------------------- local runs
+def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int) -> list[Path]:
+    """A fresh copy of ``workdir`` per node: ``run_dir/node<i>/work``.  Returns the work dirs."""
+    out = []
+    for i in range(nnodes):
+        dst = run_dir / f"node{i}" / "work"
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(workdir, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+        out.append(dst)
+    return out
+
+
+def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str, str]:
+    """``base`` (usually os.environ) overlaid with ``layers``; unbuffered Python for live logs."""
+    env = dict(base)
+    for layer in layers:
+        env.update(layer)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Path, node_rank: int,
+              echo: Callable[[str], None] | None, timeout_s: float) -> tuple[int, str]:
+    """Run each setup command with bash in ``cwd``; returns (exit code, failing command or '')."""
+    for cmd in commands:
+        with open(log_path, "a", encoding="utf-8") as f:
+            f.write(f"$ {cmd}\n")
+        if echo:
+            echo(f"[node {node_rank}] $ {cmd}")
+        proc = subprocess.Popen(["bash", "-c", cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                start_new_session=True, errors="replace")
+        node = _Wrapped(node_rank, proc)
+        res = Supervisor({node_rank: log_path}, echo=echo).run([node], deadline_s=timeout_s)
+        if not res.ok:
+            return (res.exit_codes.get(node_rank) or 1), cmd
+    return 0, ""
+
+
+class _Wrapped:
+    def __init__(self, node_rank: int, proc: subprocess.Popen):
+        self.node_rank, self.proc = node_rank, proc
+
+    def lines(self) -> Iterable[str]:
+        assert self.proc.stdout is not None
+        yield from self.proc.stdout
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        kill_group(self.proc, grace_s)
+
+
+@dataclass
+class LocalLaunchSpec:
+    """Everything :func:`run_local` needs; built by the CLI from a recipe and the local provider."""
+
+    script_rel: str  # script path relative to workdir
+    args: list[str]
+    workdir: Path
+    nnodes: int
+    nproc_per_node: int
+    env: dict[str, str]
+    node_envs: list[dict[str, str]]
+    setup: list[str]
+    expect: list[str]
+    deadline_s: float | None
+    master_port: int | None = None
+    python: str | None = None
+
+
+def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
+    """The per-node torchrun argv for a local run (master 127.0.0.1)."""
+    return [torchrun_argv(spec.script_rel, spec.args, nnodes=spec.nnodes, nproc_per_node=spec.nproc_per_node,
+                          node_rank=i, master_addr="127.0.0.1", master_port=port, python=spec.python,
+                          extra=[f"--log-dir={node_dirs[i].parent / 'torchrun'}"])
+            for i in range(spec.nnodes)]
+
+
+def run_local(spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], None] | None = print) -> RunResult:
+    """Run the job as ``spec.nnodes`` simulated nodes on this machine; returns the result (never raises for a
+    failing job)."""
+    t0 = time.monotonic()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dirs = prepare_node_dirs(spec.workdir, run_dir, spec.nnodes)
+    logs = {i: run_dir / f"node{i}.log" for i in range(spec.nnodes)}
+    for p in logs.values():
+        p.write_text("")
+    envs = [node_environment(dict(os.environ), spec.env, spec.node_envs[i] if i < len(spec.node_envs) else {},
+                             {"BROKER_NODE_RANK": str(i)})
+            for i in range(spec.nnodes)]
+
+    if spec.setup:
+        for i in range(spec.nnodes):
+            code, cmd = run_setup(spec.setup, dirs[i], envs[i], logs[i], i, echo, timeout_s=spec.deadline_s or 3600)
+            if code != 0:
+                return RunResult(status="failed", exit_codes={i: code}, wall_s=time.monotonic() - t0,
+                                 log_paths=logs, failed_node=i, tail=log_tail(logs[i]),
+                                 reason=f"setup command failed on node {i} (exit {describe_exit(code)}): {cmd}")
+
+    port = spec.master_port or free_port()
+    argvs = local_argvs(spec, port, dirs)
+    for i, argv in enumerate(argvs):
+        with open(logs[i], "a", encoding="utf-8") as f:
+            f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+    nodes: list[NodeHandle] = []
+    sup = Supervisor(logs, echo=echo)
+    try:
+        for i, argv in enumerate(argvs):
+            nodes.append(LocalNode(i, argv, envs[i], dirs[i]))
+    except BaseException:
+        sup.stop_all(nodes)
+        raise
+    remaining = None if spec.deadline_s is None else max(1.0, spec.deadline_s - (time.monotonic() - t0))
+    res = sup.run(nodes, deadline_s=remaining)
+    res.wall_s = time.monotonic() - t0
+    return finish_result(res, spec.expect, nnodes=spec.nnodes, nproc_per_node=spec.nproc_per_node)
+
+
+def finish_result(res: RunResult, expect: list[str], *, nnodes: int, nproc_per_node: int) -> RunResult:
+    """Add the rank table, the ``expect`` check on node 0's log and the failing node's log tail."""
+    res.ranks = rank_table(res.log_paths, nnodes=nnodes, nproc_per_node=nproc_per_node)
+    if res.status == "succeeded":
+        res.missing_expect = check_expect(res.log_paths[0], expect)
+        if res.missing_expect:
+            res.status = "failed"
+            res.reason = ("every node exited 0 but rank 0's log lacks the expected output: "
+                          + ", ".join(repr(p) for p in res.missing_expect))
+    if res.failed_node is not None:
+        res.tail = log_tail(res.log_paths[res.failed_node])
+    return res

@@ -1,0 +1,357 @@
+"""The ledger: one SQLite file (WAL) recording runs, every billable or cleanable resource, an event log and quota
+requests.
+
+Money is data: a resource row is written with state ``intent`` *before* the provider call that creates it, and
+updated with the provider id right after (``mark_created``).  Crashes anywhere leave a row that ``broker status``
+shows and ``broker down`` / the watchdog clean.  Secrets are never written here.
+
+Location: ``broker.config.ledger_path()`` (``$BROKER_HOME/ledger.sqlite``).  Several processes (CLI, watchdog)
+share the file; every write is its own short transaction and readers never block writers (WAL).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from broker.model import Resource, Run, utcnow
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    recipe_path TEXT,
+    recipe TEXT,
+    plan TEXT,
+    provider TEXT,
+    topology TEXT,
+    status TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    ended_at TEXT,
+    deadline TEXT,
+    budget_usd REAL,
+    exit_codes TEXT,
+    run_dir TEXT,
+    log_paths TEXT,
+    message TEXT,
+    pid INTEGER
+);
+CREATE TABLE IF NOT EXISTS resources (
+    id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    provider_id TEXT,
+    region TEXT,
+    zone TEXT,
+    state TEXT NOT NULL,
+    usd_per_hour REAL NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL,
+    running_since TEXT,
+    terminated_at TEXT,
+    deadline TEXT,
+    terminated_by TEXT,
+    error TEXT,
+    attrs TEXT
+);
+CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
+CREATE INDEX IF NOT EXISTS resources_state ON resources(state);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    run_id TEXT,
+    resource_id TEXT,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    message TEXT
+);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
+CREATE TABLE IF NOT EXISTS quota_requests (
+    id TEXT PRIMARY KEY,
+    provider TEXT NOT NULL,
+    region TEXT,
+    scope TEXT,
+    limit_name TEXT NOT NULL,
+    requested_value REAL NOT NULL,
+    unit TEXT,
+    provider_request_id TEXT,
+    state TEXT,
+    reason TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT,
+    detail TEXT
+);
+"""
+
+_RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
+_RES_JSON = ("attrs",)
+_TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at")
+
+
+def new_id(prefix: str = "") -> str:
+    """A short random id (12 hex chars), optionally prefixed."""
+    return prefix + uuid.uuid4().hex[:12]
+
+
+def _enc(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value.isoformat()
+    if key in _RUN_JSON or key in _RES_JSON or key == "detail":
+        return json.dumps(value, default=str)
+    return value
+
+
+def _dec_row(row: sqlite3.Row, json_keys: Iterable[str]) -> dict[str, Any]:
+    d = dict(row)
+    for k in json_keys:
+        if d.get(k) is not None:
+            d[k] = json.loads(d[k])
+    for k in _TIMES:
+        if d.get(k):
+            d[k] = datetime.fromisoformat(d[k])
+    return d
+
+
+class Ledger:
+    """Access to the ledger file.  Cheap to create; safe to use from several processes.
+
+    Raises ``sqlite3.OperationalError`` only when the file is unusable (after a 30 s busy timeout).
+    """
+
+    def __init__(self, path: Path | str | None = None):
+        if path is None:
+            from broker.config import ledger_path
+
+            path = ledger_path()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- runs
+    def create_run(self, run: Run) -> Run:
+        d = run.model_dump()
+        cols = list(d)
+        self._db.execute(
+            f"INSERT INTO runs ({','.join(cols)}) VALUES ({','.join('?' for _ in cols)})",
+            [_enc(c, d[c]) for c in cols],
+        )
+        return run
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        bad = set(fields) - set(Run.model_fields)
+        if bad:
+            raise KeyError(f"unknown run fields: {sorted(bad)}")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._db.execute(f"UPDATE runs SET {sets} WHERE id = ?", [_enc(k, v) for k, v in fields.items()] + [run_id])
+
+    def get_run(self, run_id: str) -> Run | None:
+        row = self._db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            # allow a unique prefix
+            rows = self._db.execute("SELECT * FROM runs WHERE id LIKE ?", (run_id + "%",)).fetchall()
+            if len(rows) != 1:
+                return None
+            row = rows[0]
+        return Run(**_dec_row(row, _RUN_JSON))
+
+    def list_runs(self, limit: int = 20, statuses: Iterable[str] | None = None) -> list[Run]:
+        q, args = "SELECT * FROM runs", []
+        if statuses:
+            st = list(statuses)
+            q += f" WHERE status IN ({','.join('?' for _ in st)})"
+            args += st
+        q += " ORDER BY created_at DESC LIMIT ?"
+        args.append(limit)
+        return [Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+
+    # ------------------------------------------------------------------------------------------- resources
+    def record_intent(self, run_id: str, provider: str, kind: str, name: str, *, region: str | None = None,
+                      zone: str | None = None, usd_per_hour: float = 0.0, deadline: datetime | None = None,
+                      attrs: dict[str, Any] | None = None, resource_id: str | None = None,
+                      actor: str = "cli") -> Resource:
+        """Write a resource row in state ``intent`` (call *before* the provider's create call)."""
+        res = Resource(id=resource_id or new_id("r-"), run_id=run_id, provider=provider, kind=kind, name=name,
+                       region=region, zone=zone, usd_per_hour=usd_per_hour, deadline=deadline, attrs=attrs or {})
+        d = res.model_dump()
+        cols = list(d)
+        with self._tx():
+            self._db.execute(
+                f"INSERT INTO resources ({','.join(cols)}) VALUES ({','.join('?' for _ in cols)})",
+                [_enc(c, d[c]) for c in cols],
+            )
+            self._event(run_id, res.id, actor, "intent", f"{provider} {kind} {name} about to be created")
+        return res
+
+    def mark_created(self, resource_id: str, provider_id: str, *, state: str = "creating", actor: str = "cli",
+                     **attrs: Any) -> None:
+        """Record the provider id right after the create call returned."""
+        with self._tx():
+            row = self._db.execute("SELECT run_id, attrs FROM resources WHERE id = ?", (resource_id,)).fetchone()
+            if row is None:
+                raise KeyError(resource_id)
+            merged = {**(json.loads(row["attrs"]) if row["attrs"] else {}), **attrs}
+            self._db.execute("UPDATE resources SET provider_id = ?, state = ?, attrs = ? WHERE id = ?",
+                             (provider_id, state, json.dumps(merged, default=str), resource_id))
+            self._event(row["run_id"], resource_id, actor, "created", f"provider id {provider_id}")
+
+    def update_resource(self, resource_id: str, *, actor: str | None = None, message: str | None = None,
+                        **fields: Any) -> None:
+        """Update columns of a resource (``attrs`` is merged, not replaced); logs an event when ``actor`` given."""
+        bad = set(fields) - set(Resource.model_fields)
+        if bad:
+            raise KeyError(f"unknown resource fields: {sorted(bad)}")
+        with self._tx():
+            row = self._db.execute("SELECT run_id, attrs, state FROM resources WHERE id = ?",
+                                   (resource_id,)).fetchone()
+            if row is None:
+                raise KeyError(resource_id)
+            if "attrs" in fields:
+                fields["attrs"] = {**(json.loads(row["attrs"]) if row["attrs"] else {}), **fields["attrs"]}
+            if fields.get("state") == "running" and "running_since" not in fields:
+                cur = self._db.execute("SELECT running_since FROM resources WHERE id = ?", (resource_id,)).fetchone()
+                if not cur["running_since"]:
+                    fields["running_since"] = utcnow()
+            if fields.get("state") == "terminated" and "terminated_at" not in fields:
+                fields["terminated_at"] = utcnow()
+            if fields:
+                sets = ", ".join(f"{k} = ?" for k in fields)
+                self._db.execute(f"UPDATE resources SET {sets} WHERE id = ?",
+                                 [_enc(k, v) for k, v in fields.items()] + [resource_id])
+            if actor:
+                action = fields.get("state", "update")
+                self._event(row["run_id"], resource_id, actor, str(action), message)
+
+    def claim_termination(self, resource_id: str, actor: str) -> bool:
+        """Atomically move a live resource to ``terminating``; False when it is already terminated.
+
+        Several processes (CLI, watchdog) may try; termination itself is idempotent, so a second claim of a
+        ``terminating`` row is allowed (the first may have died), but a ``terminated`` row is never touched.
+        """
+        with self._tx():
+            row = self._db.execute("SELECT run_id, state FROM resources WHERE id = ?", (resource_id,)).fetchone()
+            if row is None or row["state"] == "terminated":
+                return False
+            self._db.execute("UPDATE resources SET state = 'terminating', terminated_by = ? WHERE id = ?",
+                             (actor, resource_id))
+            self._event(row["run_id"], resource_id, actor, "terminating", None)
+        return True
+
+    def resource(self, resource_id: str) -> Resource | None:
+        row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
+        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+
+    def resources(self, run_id: str | None = None, *, live_only: bool = False) -> list[Resource]:
+        q, args = "SELECT * FROM resources WHERE 1=1", []
+        if run_id:
+            q += " AND run_id = ?"
+            args.append(run_id)
+        if live_only:
+            q += " AND state != 'terminated'"
+        q += " ORDER BY created_at"
+        return [Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
+
+    def find_by_provider_id(self, provider: str, provider_id: str) -> Resource | None:
+        row = self._db.execute("SELECT * FROM resources WHERE provider = ? AND provider_id = ?",
+                               (provider, provider_id)).fetchone()
+        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+
+    # ------------------------------------------------------------------------------------------- events
+    def event(self, run_id: str | None, actor: str, action: str, message: str | None = None,
+              resource_id: str | None = None) -> None:
+        """Append to the event log (who did what, when)."""
+        self._event(run_id, resource_id, actor, action, message)
+
+    def events(self, run_id: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM events", []
+        if run_id:
+            q += " WHERE run_id = ?"
+            args.append(run_id)
+        q += " ORDER BY seq LIMIT ?"
+        args.append(limit)
+        return [_dec_row(r, ()) for r in self._db.execute(q, args).fetchall()]
+
+    def _event(self, run_id: str | None, resource_id: str | None, actor: str, action: str,
+               message: str | None) -> None:
+        self._db.execute("INSERT INTO events (at, run_id, resource_id, actor, action, message) VALUES (?,?,?,?,?,?)",
+                         (utcnow().isoformat(), run_id, resource_id, actor, action, message))
+
+    # ------------------------------------------------------------------------------------------- quota requests
+    def add_quota_request(self, provider: str, limit_name: str, requested_value: float, *, region: str | None = None,
+                          scope: str | None = None, unit: str | None = None, provider_request_id: str | None = None,
+                          state: str | None = None, reason: str | None = None,
+                          detail: dict[str, Any] | None = None) -> str:
+        qid = new_id("q-")
+        self._db.execute(
+            "INSERT INTO quota_requests (id, provider, region, scope, limit_name, requested_value, unit, "
+            "provider_request_id, state, reason, created_at, updated_at, detail) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (qid, provider, region, scope, limit_name, requested_value, unit, provider_request_id, state, reason,
+             utcnow().isoformat(), utcnow().isoformat(), json.dumps(detail or {}, default=str)),
+        )
+        return qid
+
+    def update_quota_request(self, qid: str, *, state: str | None = None, detail: dict[str, Any] | None = None,
+                             provider_request_id: str | None = None) -> None:
+        sets, args = ["updated_at = ?"], [utcnow().isoformat()]
+        for col, val in (("state", state), ("provider_request_id", provider_request_id)):
+            if val is not None:
+                sets.append(f"{col} = ?")
+                args.append(val)
+        if detail is not None:
+            sets.append("detail = ?")
+            args.append(json.dumps(detail, default=str))
+        self._db.execute(f"UPDATE quota_requests SET {', '.join(sets)} WHERE id = ?", args + [qid])
+
+    def quota_requests(self, provider: str | None = None) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM quota_requests", []
+        if provider:
+            q += " WHERE provider = ?"
+            args.append(provider)
+        q += " ORDER BY created_at"
+        return [_dec_row(r, ("detail",)) for r in self._db.execute(q, args).fetchall()]
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _tx(self) -> "_Tx":
+        return _Tx(self._db)
+
+
+class _Tx:
+    """BEGIN IMMEDIATE ... COMMIT (or ROLLBACK on error): one writer at a time across processes."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,88 @@
+"""``broker run`` end to end: recipe -> target -> ledger run -> launch -> result.
+
+The CLI calls :func:`run_recipe`; it records the run in the ledger before anything starts, writes the recipe and
+the plan into the run directory, launches, and records exit codes, status and log paths at the end (also after
+Ctrl-C or a crash of the job).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Callable
+
+from broker.config import runs_dir
+from broker.launch import LocalLaunchSpec, RunResult, run_local
+from broker.ledger import Ledger, new_id
+from broker.model import Run, utcnow
+from broker.provider import NoValidPlan
+from broker.recipe import Recipe
+
+
+def new_run(ledger: Ledger, recipe: Recipe, *, provider: str, topology: str, plan: dict | None = None) -> Run:
+    """Create the run row and its directory (``<home>/runs/<run_id>``) with recipe.json and plan.json."""
+    run_id = utcnow().strftime("%Y%m%d-%H%M%S-") + new_id()[:6]
+    run_dir = runs_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    now = utcnow()
+    recipe_data = recipe.model_dump(mode="json")
+    (run_dir / "recipe.json").write_text(json.dumps(recipe_data, indent=2))
+    if plan is not None:
+        (run_dir / "plan.json").write_text(json.dumps(plan, indent=2, default=str))
+    run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
+              recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",
+              created_at=now, started_at=now, deadline=now + timedelta(hours=recipe.max_hours),
+              budget_usd=recipe.budget_usd, run_dir=str(run_dir), pid=os.getpid())
+    return ledger.create_run(run)
+
+
+def local_spec(recipe: Recipe) -> tuple[LocalLaunchSpec, str]:
+    """The launch spec for the ``local`` topology and a one-line description of the devices used.
+
+    Raises NoValidPlan when this machine cannot serve the recipe (no GPU and not cpu_ok, too few GPUs...).
+    """
+    from providers.local import LocalProvider
+
+    local = LocalProvider()
+    req = recipe.requirements()
+    why = local.why_not(req)
+    if why:
+        raise NoValidPlan(f"this machine cannot run {recipe.name}: {why}",
+                          hint="use --provider with a cloud provider, or allow a CPU logic check (cpu_ok: true)")
+    node_envs = [local.node_env(req, i) for i in range(recipe.nodes)]
+    if local.uses_gpus(req):
+        devices = "; ".join(f"node {i}: CUDA_VISIBLE_DEVICES={e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(node_envs))
+    else:
+        devices = "no GPU used: gloo on CPU (cpu_ok)"
+    assert recipe.workdir is not None
+    spec = LocalLaunchSpec(script_rel=str(recipe.script.relative_to(recipe.workdir)), args=list(recipe.args),
+                           workdir=recipe.workdir, nnodes=recipe.nodes, nproc_per_node=recipe.gpus_per_node,
+                           env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
+                           expect=list(recipe.expect), deadline_s=recipe.max_hours * 3600)
+    return spec, devices
+
+
+def run_recipe_local(recipe: Recipe, *, ledger: Ledger, echo: Callable[[str], None] | None,
+                     on_start: Callable[[Run, str], None] | None = None) -> tuple[Run, RunResult]:
+    """Run ``recipe`` on this machine (topology ``local``) and record it."""
+    spec, devices = local_spec(recipe)
+    run = new_run(ledger, recipe, provider="local", topology="local",
+                  plan={"provider": "local", "topology": "local", "usd_per_hour": 0.0, "devices": devices})
+    ledger.event(run.id, "cli", "start", f"local run of {recipe.name}: {devices}")
+    if on_start:
+        on_start(run, devices)
+    result: RunResult | None = None
+    try:
+        result = run_local(spec, Path(run.run_dir or "."), echo=echo)
+    finally:
+        status = result.status if result else "interrupted"
+        ledger.update_run(run.id, status=status, ended_at=utcnow(),
+                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                          message=(result.reason if result else "interrupted before the nodes finished"))
+        ledger.event(run.id, "cli", "end", status)
+    updated = ledger.get_run(run.id)
+    assert updated is not None
+    return updated, result

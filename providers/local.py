@@ -1,0 +1,125 @@
+"""This machine as a free ``local`` (``simulated``) topology: one host whose GPUs are split into N single-GPU nodes.
+
+GPUs are detected without importing torch (the CLI must start fast): ``nvidia-smi --query-gpu`` when present,
+else the driver's ``/proc/driver/nvidia/gpus`` listing (model only).  ``CUDA_VISIBLE_DEVICES``, when already set,
+restricts what this machine offers.  Node *i* gets ``CUDA_VISIBLE_DEVICES`` = its own GPUs, so with one GPU per
+node every node sees its GPU as ``cuda:0``.  Without GPUs the job runs with gloo on CPU when the recipe allows
+``cpu_ok``; otherwise :meth:`LocalProvider.why_not` says why this machine cannot serve it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.model import Offer, Requirements, TopologyKind, utcnow
+from broker.provider import Provider, ProviderCheck
+
+
+@dataclass(frozen=True)
+class LocalGpu:
+    """One GPU of this machine: ``index`` as CUDA numbers it, memory in GiB (0 when unknown)."""
+
+    index: str
+    name: str
+    mem_gib: float
+
+
+def detect_gpus(nvidia_smi: str | None = None, proc_dir: Path = Path("/proc/driver/nvidia/gpus")) -> list[LocalGpu]:
+    """GPUs visible to this process (honours an existing ``CUDA_VISIBLE_DEVICES``); [] when none."""
+    gpus: list[LocalGpu] = []
+    smi = nvidia_smi or shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=20, check=True).stdout
+            for line in out.strip().splitlines():
+                parts = [p.strip() for p in line.split(",")]
+                if len(parts) >= 3:
+                    mem = float(parts[2]) / 1024 if parts[2].replace(".", "", 1).isdigit() else 0.0
+                    gpus.append(LocalGpu(parts[0], parts[1], round(mem, 1)))
+        except (OSError, subprocess.SubprocessError):
+            gpus = []
+    if not gpus and proc_dir.is_dir():
+        for i, d in enumerate(sorted(proc_dir.iterdir())):
+            model = "NVIDIA GPU"
+            info = d / "information"
+            if info.exists():
+                for line in info.read_text(errors="replace").splitlines():
+                    if line.startswith("Model:"):
+                        model = line.split(":", 1)[1].strip()
+            gpus.append(LocalGpu(str(i), model, 0.0))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        if not wanted or wanted == ["-1"]:
+            return []
+        by_index = {g.index: g for g in gpus}
+        gpus = [by_index[w] for w in wanted if w in by_index]
+    return gpus
+
+
+class LocalProvider(Provider):
+    """This machine.  Free; one topology: ``local`` (N simulated nodes on loopback)."""
+
+    name = "local"
+    topologies = ("local",)
+
+    def __init__(self, gpus: list[LocalGpu] | None = None):
+        self._gpus = gpus
+
+    @property
+    def gpus(self) -> list[LocalGpu]:
+        if self._gpus is None:
+            self._gpus = detect_gpus()
+        return self._gpus
+
+    def check(self) -> ProviderCheck:
+        g = self.gpus
+        detail = f"{len(g)} GPU(s): {', '.join(x.name for x in g)}" if g else "no GPU (gloo on CPU for cpu_ok recipes)"
+        return ProviderCheck(provider=self.name, configured=True, usable=True, detail=detail)
+
+    def why_not(self, req: Requirements) -> str | None:
+        """None when this machine can run ``req``; else the reason in plain words."""
+        need = req.nodes * req.gpus_per_node
+        g = self.gpus
+        if not g:
+            if req.cpu_ok:
+                return None
+            return (f"this machine has no GPU and the job needs {need} GPU(s); set cpu_ok: true in the recipe "
+                    "to run it with gloo on CPU as a logic check")
+        if len(g) < need:
+            if req.cpu_ok:
+                return None
+            return f"this machine has {len(g)} GPU(s), the job needs {need} ({req.nodes} nodes x {req.gpus_per_node})"
+        small = [x for x in g[:need] if x.mem_gib and x.mem_gib < req.min_gpu_mem_gib]
+        if small and not req.cpu_ok:
+            return f"GPU {small[0].name} has {small[0].mem_gib} GiB, the job needs {req.min_gpu_mem_gib} GiB per GPU"
+        return None
+
+    def uses_gpus(self, req: Requirements) -> bool:
+        """True when the job gets one GPU per process here (else gloo on CPU)."""
+        g = self.gpus
+        return len(g) >= req.nodes * req.gpus_per_node and not any(
+            x.mem_gib and x.mem_gib < req.min_gpu_mem_gib for x in g[: req.nodes * req.gpus_per_node])
+
+    def node_env(self, req: Requirements, node_rank: int) -> dict[str, str]:
+        """Environment for node ``node_rank``: its own GPUs, or none (CPU)."""
+        if not self.uses_gpus(req):
+            return {"CUDA_VISIBLE_DEVICES": ""}
+        mine = self.gpus[node_rank * req.gpus_per_node:(node_rank + 1) * req.gpus_per_node]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(x.index for x in mine)}
+
+    def offers(self, req: Requirements) -> list[Offer]:
+        if self.why_not(req) is not None:
+            return []
+        g = self.gpus
+        use_gpu = self.uses_gpus(req)
+        return [Offer(provider="local", offer_id="this-machine", instance_type="this machine",
+                      gpu_name=g[0].name if use_gpu else "CPU (gloo)", gpu_count=len(g) if use_gpu else 0,
+                      gpu_mem_gib=g[0].mem_gib if use_gpu else 0.0, vcpus=os.cpu_count() or 1,
+                      usd_per_hour=0.0, min_billed_seconds=0, price_source="free (this machine)",
+                      price_time=utcnow(), attrs={"topology": TopologyKind.local.value, "cpu": not use_gpu})]
