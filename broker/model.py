@@ -222,3 +222,43 @@ class Run(BaseModel):
     log_paths: dict[str, str] = Field(default_factory=dict)
     message: str | None = None
     pid: int | None = None  # the CLI process driving the run
+
+
+class ClusterNode(BaseModel):
+    """One node of a provisioned cluster, as the runner reaches it.
+
+    ``host``/``port``/``user``: the SSH endpoint (public IP, Vast proxy, or a netns address).  ``private_ip``: the
+    address the other nodes use (node 0's is ``master_addr``; ``127.0.0.1`` for simulated nodes on one host).
+    ``gpu_indices``: the CUDA_VISIBLE_DEVICES value for this node (None = all of the host's GPUs / not set).
+    """
+
+    node_rank: int
+    host: str
+    port: int = 22
+    user: str = "root"
+    private_ip: str
+    gpu_indices: list[str] | None = None
+    resource_id: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class Cluster(BaseModel):
+    """What provisioning hands to the runner: the nodes, the SSH material and how to run Python there.
+
+    ``local_exec`` is True for providers whose "nodes" are processes on this machine (``local``, the ``fake``
+    test provider): the runner then starts them as local subprocesses instead of over SSH.
+    """
+
+    run_id: str
+    provider: str
+    topology: TopologyKind
+    nodes: list[ClusterNode]
+    ssh_key_path: str | None = None
+    known_hosts_path: str | None = None
+    python: str = "python3"
+    workroot: str = "/root/broker"
+    local_exec: bool = False
+
+    @property
+    def master_addr(self) -> str:
+        return self.nodes[0].private_ip

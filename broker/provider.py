@@ -156,6 +156,28 @@ class TaggedResource(BaseModel):
     name: str | None = None
 
 
+class QuotaRequest(BaseModel):
+    """A quota / limit increase request, filed or drafted.
+
+    ``state`` is the provider's word: OCI ACCEPTED / IN_PROGRESS / SUCCEEDED / PARTIALLY_SUCCEEDED / CANCELED /
+    FAILED; AWS PENDING / CASE_OPENED / APPROVED / DENIED / CASE_CLOSED / NOT_APPROVED / INVALID_REQUEST; ``DRAFT``
+    for a request printed but not filed.  ``form`` holds the filled-in console form fields for ``--draft``.
+    """
+
+    provider: str
+    limit_name: str  # OCI limit name / AWS quota code
+    region: str | None = None
+    scope: str | None = None  # OCI availability domain for AD-scoped limits
+    value: float  # the requested new limit, in ``unit``
+    unit: str
+    request_id: str | None = None
+    state: str = "DRAFT"
+    reason: str = ""
+    message: str = ""
+    form: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
 class Recorder(Protocol):
     """Ledger hooks handed to adapters that create several objects (bootstrap)."""
 
@@ -230,3 +252,16 @@ class Provider(ABC):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Resources the provider holds that carry broker's run tag (all runs when ``run_id`` is None)."""
         return []
+
+    # ---- quota requests
+    def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
+        """File (or with ``draft`` only fill in) an increase of ``quota`` to ``value`` (in ``quota.unit``).
+
+        An already-open request for the same limit is returned (state as the provider reports it), not
+        duplicated.  Raises AuthError, ProviderError.
+        """
+        raise NotSupported(self.name, "request_quota", "this provider has no quota requests")
+
+    def quota_request_status(self, request: QuotaRequest) -> QuotaRequest:
+        """The request refreshed from the provider."""
+        raise NotSupported(self.name, "quota_request_status", "this provider has no quota requests")
