@@ -33,11 +33,13 @@ def main() -> None:
     try:
         app()
     except BrokerError as e:
+        from rich.markup import escape
+
         from broker.ui import err
 
-        err.print(f"[bold red]error:[/] {e.message}", markup=True, highlight=False)
+        err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, highlight=False)
         if e.hint:
-            err.print(f"  [yellow]->[/] {e.hint}", markup=True, highlight=False)
+            err.print(f"  [yellow]->[/] {escape(e.hint)}", markup=True, highlight=False)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

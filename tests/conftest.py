@@ -1,0 +1,46 @@
+"""Shared fixtures: every test gets its own broker home (ledger, run dirs) and no cloud credentials."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+_CLOUD_ENV = ("VAST_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+              "OCI_CONFIG_FILE", "OCI_PROFILE", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL")
+
+
+@pytest.fixture(autouse=True)
+def broker_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("broker-home")
+    monkeypatch.setenv("BROKER_HOME", str(home))
+    for name in _CLOUD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OCI_CONFIG_FILE", str(home / "no-oci-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(home / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-aws-credentials"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg-config"))
+    from broker.config import settings
+
+    settings.cache_clear()
+    yield home
+    settings.cache_clear()
+
+
+def broker_cmd(*args: str) -> list[str]:
+    """argv that runs this checkout's CLI in a subprocess."""
+    return [sys.executable, "-m", "broker", *args]
+
+
+@pytest.fixture
+def cli_env(broker_home):
+    """Environment for a `python -m broker` subprocess (this checkout first on the path)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONWARNINGS"] = "ignore"
+    return env

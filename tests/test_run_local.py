@@ -1,0 +1,82 @@
+"""`broker run` end to end on this machine: real torchrun processes, real gloo, real ledger."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from broker.ledger import Ledger
+from tests.conftest import REPO, broker_cmd
+
+pytestmark = pytest.mark.slow
+
+
+def _run(args, env, timeout=240):
+    return subprocess.run(broker_cmd(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_main_job_two_nodes_gloo(cli_env, broker_home):
+    p = _run(["run", "recipes/ddp_2node.yaml", "--json"], cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    res = out["result"]
+    assert res["status"] == "succeeded"
+    assert res["exit_codes"] == {"0": 0, "1": 0}
+    assert [(r["node"], r["rank"], r["local_rank"], r["world_size"], r["device"], r["backend"]) for r in res["ranks"]] \
+        == [(0, 0, 0, 2, "cpu", "gloo"), (1, 1, 0, 2, "cpu", "gloo")]
+    log0 = Path(res["log_paths"]["0"]).read_text()
+    log1 = Path(res["log_paths"]["1"]).read_text()
+    assert "all_reduce_sum=3 expected=3 ALLREDUCE_OK" in log0 and "all_reduce_sum=3 expected=3 ALLREDUCE_OK" in log1
+    acc = float(log0.split("heldout_accuracy=")[1].split()[0])
+    assert acc >= 0.85
+    losses = [float(line.split("loss=")[1].split()[0]) for line in log0.splitlines() if line.startswith("epoch=")]
+    assert len(losses) == 12 and losses[-1] < losses[0] / 5
+    # the checkpoint is written by global rank 0 only: node 0's work dir has it, node 1's does not
+    run_dir = Path(out["run"]["run_dir"])
+    ckpt = run_dir / "node0" / "work" / "checkpoint.pt"
+    assert ckpt.exists() and not (run_dir / "node1" / "work" / "checkpoint.pt").exists()
+    state = torch.load(ckpt, weights_only=True)
+    assert state["world_size"] == 2 and state["accuracy"] == pytest.approx(acc, abs=1e-4)
+    # the ledger has the run with its exit codes and logs
+    run = Ledger().get_run(out["run"]["id"])
+    assert run.status == "succeeded" and run.exit_codes == {"0": 0, "1": 0}
+    assert set(run.log_paths) == {"0", "1"} and (run_dir / "recipe.json").exists()
+    st = _run(["status", "--json"], cli_env, timeout=60)
+    assert st.returncode == 0 and out["run"]["id"] in st.stdout
+
+
+def _recipe(tmp_path: Path, extra_args: list[str], expect: list[str]) -> Path:
+    r = tmp_path / "r.yaml"
+    r.write_text(json.dumps({
+        "name": "drill", "script": str(REPO / "recipes" / "ddp_train.py"), "workdir": str(REPO / "recipes"),
+        "args": ["--epochs", "3", *extra_args], "env": {"DDP_TIMEOUT_S": "60"}, "nodes": 2, "cpu_ok": True,
+        "max_hours": 0.1, "expect": expect}))
+    return r
+
+
+def test_crash_on_node_1_stops_both_nodes(cli_env, tmp_path):
+    p = _run(["run", str(_recipe(tmp_path, ["--crash-on-rank", "1"], ["DDP_OK"]))], cli_env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "status: failed" in p.stdout and "node 1 exited with code 1" in p.stdout
+    assert "deliberate crash on rank 1" in p.stdout  # the crash is shown
+    assert "last lines of node 1" in p.stdout
+    run = Ledger().list_runs(limit=1)[0]
+    assert run.status == "failed" and run.exit_codes["1"] == 1 and run.exit_codes["0"] not in (0, None)
+
+
+def test_expect_not_met_fails(cli_env, tmp_path):
+    p = _run(["run", str(_recipe(tmp_path, [], ["DDP_OK", "THIS_NEVER_APPEARS"])), "--quiet"], cli_env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "lacks the expected output" in p.stdout and "THIS_NEVER_APPEARS" in p.stdout
+
+
+def test_bad_recipe_exit_2(cli_env, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nscript: ddp_train.py\nnodse: 2\n")
+    p = _run(["run", str(bad)], cli_env, timeout=60)
+    assert p.returncode == 2
+    assert "bad.yaml:3: unknown field 'nodse': did you mean 'nodes'?" in p.stderr.replace("\n", " ")
