@@ -1,0 +1,75 @@
+"""Launch overhead: `broker run recipes/ddp_2node.yaml` against the bare two-torchrun launch of the same script.
+
+Both run the same training (same args and env) on this machine as two simulated nodes.  The baseline is what a
+person types by hand: two `torchrun --nnodes=2 --node_rank=i --master_addr=127.0.0.1 --master_port=P` processes
+started together and waited for.  Runs alternate (baseline, broker, baseline, ...) so load drifts hit both, and the
+median of each is compared.  Goal: broker adds under 10 %.
+
+    python bench/launch_overhead.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from broker.launch import free_port, torchrun_argv  # noqa: E402
+from broker.recipe import load_recipe  # noqa: E402
+
+
+def bare(recipe, env) -> float:
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(torchrun_argv(str(recipe.script), recipe.args, nnodes=2, nproc_per_node=1,
+                                                node_rank=i, master_addr="127.0.0.1", master_port=port),
+                                  cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for i in range(2)]
+        codes = [p.wait(timeout=300) for p in procs]
+        dt = time.perf_counter() - t0
+    if codes != [0, 0]:
+        raise SystemExit(f"bare run failed: {codes}")
+    return dt
+
+
+def broker(env) -> float:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "broker", "run", "recipes/ddp_2node.yaml", "--quiet"], cwd=REPO, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"broker run failed ({p.returncode}): {p.stderr[-2000:]}")
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+    recipe = load_recipe(REPO / "recipes" / "ddp_2node.yaml")
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, **recipe.env, "BROKER_HOME": home, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": str(REPO)}
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")  # same devices for both: broker picks none on a GPU-less box
+        bare(recipe, env)  # warm the page cache
+        b, k = [], []
+        for _ in range(a.runs):
+            b.append(bare(recipe, env))
+            k.append(broker(env))
+    mb, mk = statistics.median(b), statistics.median(k)
+    print(f"bare two-torchrun launch: median {mb:.2f} s  runs {[round(x, 2) for x in b]}")
+    print(f"broker run              : median {mk:.2f} s  runs {[round(x, 2) for x in k]}")
+    print(f"ratio broker / bare     : {mk / mb:.3f}  (overhead {100 * (mk / mb - 1):+.1f} %, goal < +10 %)")
+
+
+if __name__ == "__main__":
+    main()
