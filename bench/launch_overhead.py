@@ -26,13 +26,14 @@ from broker.launch import free_port, torchrun_argv  # noqa: E402
 from broker.recipe import load_recipe  # noqa: E402
 
 
-def bare(recipe, env) -> float:
+def bare(recipe, env, node_envs) -> float:
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
         procs = [subprocess.Popen(torchrun_argv(str(recipe.script), recipe.args, nnodes=2, nproc_per_node=1,
                                                 node_rank=i, master_addr="127.0.0.1", master_port=port),
-                                  cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  cwd=d, env={**env, **node_envs[i]}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
                  for i in range(2)]
         codes = [p.wait(timeout=300) for p in procs]
         dt = time.perf_counter() - t0
@@ -58,12 +59,17 @@ def main() -> None:
     recipe = load_recipe(REPO / "recipes" / "ddp_2node.yaml")
     with tempfile.TemporaryDirectory() as home:
         env = {**os.environ, **recipe.env, "BROKER_HOME": home, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": str(REPO)}
-        env.setdefault("CUDA_VISIBLE_DEVICES", "")  # same devices for both: broker picks none on a GPU-less box
-        bare(recipe, env)  # warm the page cache
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        # the same devices for both: what the local provider gives each node (one GPU each, or none: gloo on CPU)
+        from providers.local import LocalProvider
+
+        local, req = LocalProvider(), recipe.requirements()
+        node_envs = [local.node_env(req, i) for i in range(2)]
+        print(f"devices per node: {node_envs}")
+        bare(recipe, env, node_envs)  # warm the page cache
         b, k = [], []
         for _ in range(a.runs):
-            b.append(bare(recipe, env))
+            b.append(bare(recipe, env, node_envs))
             k.append(broker(env))
     mb, mk = statistics.median(b), statistics.median(k)
     print(f"bare two-torchrun launch: median {mb:.2f} s  runs {[round(x, 2) for x in b]}")
