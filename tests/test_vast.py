@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import httpx
 import pytest
@@ -509,3 +509,15 @@ def test_provider_registry_and_terminate_kind():
     assert p.name == "vast" and p.topologies == ("simulated",)
     with pytest.raises(NotSupported):
         p.terminate("vcn", "x")
+
+
+def test_create_body_onstart_is_valid_bash_and_snapshot_offer_is_refused():
+    p = make_provider()
+    body = p.create_body(node_request(onstart="echo 'user step'"))
+    subprocess.run(["bash", "-n", "-c", body["onstart"]], check=True, timeout=30)
+    assert "FIRE_AT=1796007900" in body["onstart"]  # deadline 03:00 + 300 s grace
+    no_deadline = p.create_body(node_request(deadline=None))
+    assert "dead-man" not in no_deadline["onstart"]
+    snap = a_offer().model_copy(update={"offer_id": "2x-RTX_4090"})
+    with respx.mock(assert_all_mocked=True), pytest.raises(BadInput, match="not a Vast.ai ask id"):
+        p.create_instance(node_request(offer=snap))
