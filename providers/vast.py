@@ -448,6 +448,7 @@ class VastProvider(Provider):
         self._client: "httpx.Client | None" = None
         self._key: str | None = None
         self._last_source: str | None = None  # "live" | "snapshot <date>" after offers()
+        self._live_error: str | None = None  # why the last live search fell back to the snapshot
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -613,20 +614,36 @@ class VastProvider(Provider):
 
     def offers(self, req: Requirements, vast_query: str | None = None) -> list[Offer]:
         """Live offers (``POST /api/v0/bundles/``, cheapest first) when a key is configured, else the shipped
-        snapshot (``broker.catalog.snapshot_offers``; [] when that module is absent).
+        snapshot (``broker.catalog.snapshot_offers``; [] when that module is absent).  When Vast.ai cannot be
+        reached (network, 5xx/429 after retries, daily search quota used up) the snapshot is used too and
+        :meth:`price_note` says why.
 
         ``vast_query``: Vast's native query string, merged over the defaults (see :meth:`search_query`).
-        Raises AuthError (key rejected), TransientError (429/5xx after retries), ProviderError, BadInput.
+        Raises AuthError (key rejected), ProviderError (other refusals), BadInput (malformed ``vast_query``).
         """
         if req.topology in ("multi-node", "local"):
             return []  # Vast hosts share no private network; only "simulated" is offered
         if not self._api_key():
+            self._live_error = None
             return self._snapshot(req)
+        try:
+            return self.live_offers(req, vast_query)
+        except ProviderError as exc:
+            if not (isinstance(exc, TransientError) or exc.code == "search_quota_exceeded"):
+                raise
+            self._live_error = exc.message
+            return self._snapshot(req)
+
+    def live_offers(self, req: Requirements, vast_query: str | None = None) -> list[Offer]:
+        """Offers from a live search only (no snapshot fallback).
+
+        Raises AuthError, TransientError (429/5xx after retries, network), ProviderError, BadInput.
+        """
         rows = self._search(self.search_query(req, vast_query), "search offers (POST /api/v0/bundles/)")
         now = utcnow()
         self._last_source = "live"
-        out = [o for o in (offer_from_row(row, now) for row in rows) if o is not None]
-        return out
+        self._live_error = None
+        return [o for o in (offer_from_row(row, now) for row in rows) if o is not None]
 
     def _snapshot(self, req: Requirements) -> list[Offer]:
         try:
@@ -654,10 +671,13 @@ class VastProvider(Provider):
         return out
 
     def price_note(self) -> str | None:
-        """Where Vast prices come from: ``vast: live offers`` or ``vast: snapshot <date>; live quote needs ...``."""
+        """Where Vast prices come from: ``vast: live offers ...``, ``vast: snapshot <date>; live quote needs
+        VAST_API_KEY`` or, when the live search failed, ``vast: snapshot <date> (live search failed: ...)``."""
+        src = self._last_source if (self._last_source or "").startswith("snapshot") else "snapshot"
+        if self._live_error:
+            return f"vast: {src} (live search failed: {self._live_error})"
         if self._api_key():
             return "vast: live offers (Vast.ai /api/v0/bundles/, storage for the recipe's disk included)"
-        src = self._last_source if (self._last_source or "").startswith("snapshot") else "snapshot"
         return f"vast: {src}; live quote needs VAST_API_KEY"
 
     # ------------------------------------------------------------------ lifecycle
@@ -851,7 +871,13 @@ class VastProvider(Provider):
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Instances whose label starts with ``broker-run:`` (all runs, or ``run_id``'s).  ``name`` is rebuilt as
-        ``broker-<run_id>-n<i>`` (the ledger's node name) from the label ``broker-run:<run_id>:n<i>``."""
+        ``broker-<run_id>-n<i>`` (the ledger's node name) from the label ``broker-run:<run_id>:n<i>``.
+
+        Without a configured key nothing can be listed and [] is returned (reconcile / the watchdog loop over
+        every provider); a rejected key raises AuthError.
+        """
+        if not self._api_key():
+            return []
         out = []
         for row in self._list_rows():
             parsed = parse_label(row.get("label"))

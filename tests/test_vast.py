@@ -272,14 +272,14 @@ def test_5xx_exhausted_is_transient_and_search_quota_not_retried():
     with respx.mock(base_url=URL) as mock:
         route = mock.post("/api/v0/bundles/").respond(503, text="upstream down")
         with pytest.raises(TransientError, match="HTTP 503") as ei:
-            p.offers(Requirements())
+            p.live_offers(Requirements())
     assert route.call_count == 3 and p.sleeps == [0.25, 0.5] and ei.value.exit_code == 4
     p = make_provider()
     with respx.mock(base_url=URL) as mock:
         route = mock.post("/api/v0/bundles/").respond(429, json={"error": "search_quota_exceeded",
                                                                  "msg": "daily search quota exceeded"})
         with pytest.raises(ProviderError) as ei:
-            p.offers(Requirements())
+            p.live_offers(Requirements())
     assert route.call_count == 1 and p.sleeps == [] and ei.value.code == "search_quota_exceeded"
     assert not isinstance(ei.value, TransientError) and "UTC" in (ei.value.hint or "")
 
@@ -521,3 +521,40 @@ def test_create_body_onstart_is_valid_bash_and_snapshot_offer_is_refused():
     snap = a_offer().model_copy(update={"offer_id": "2x-RTX_4090"})
     with respx.mock(assert_all_mocked=True), pytest.raises(BadInput, match="not a Vast.ai ask id"):
         p.create_instance(node_request(offer=snap))
+
+
+def test_unreachable_live_search_falls_back_to_snapshot(monkeypatch):
+    snap = a_offer().model_copy(update={"offer_id": "2x-RTX_4090", "price_source": "snapshot 2026-11-29",
+                                        "price_time": datetime(2026, 11, 29, tzinfo=timezone.utc)})
+    fake = type(sys)("broker.catalog")
+    fake.snapshot_offers = lambda prov, req: [snap]  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "broker.catalog", fake)
+    p = make_provider(max_attempts=2)
+    with respx.mock(base_url=URL) as mock:
+        mock.post("/api/v0/bundles/").respond(503, text="Service Unavailable")
+        assert p.offers(Requirements()) == [snap]
+    note = p.price_note()
+    assert note.startswith("vast: snapshot 2026-11-29 (live search failed: ") and "HTTP 503" in note
+    with respx.mock(base_url=URL) as mock:  # a rejected key is not hidden behind the snapshot
+        mock.post("/api/v0/bundles/").respond(401, json={"detail": "bad key"})
+        with pytest.raises(AuthError):
+            p.offers(Requirements())
+    with respx.mock(base_url=URL) as mock:  # and a later good search clears the note
+        mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row()]})
+        assert p.offers(Requirements())[0].offer_id == "29981234"
+    assert p.price_note().startswith("vast: live offers")
+
+
+def test_create_429_is_resent_after_retry_after_and_list_without_key_is_empty(monkeypatch):
+    p = make_provider()
+    with respx.mock(base_url=URL, assert_all_called=True) as mock:
+        mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row()]})
+        put = mock.put("/api/v0/asks/29981234/")
+        put.side_effect = [httpx.Response(429, headers={"Retry-After": "2"}, json={"detail": "too frequent"}),
+                           httpx.Response(200, json={"success": True, "new_contract": 777})]
+        assert p.create_instance(node_request()) == "777"
+    assert put.call_count == 2 and p.sleeps == [2.0]
+    from providers.vast import VastProvider
+
+    with respx.mock(assert_all_mocked=True) as mock:
+        assert VastProvider().list_tagged() == [] and mock.calls.call_count == 0
