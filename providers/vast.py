@@ -459,8 +459,11 @@ class VastProvider(Provider):
         return find_api_key(self._explicit_key)[0]
 
     def _scrub(self, text: str) -> str:
-        key = self._key or self._api_key()
-        return text.replace(key, "***") if key else text
+        out = text
+        for key in {self._key, self._api_key()}:
+            if key and len(key) >= 6:
+                out = out.replace(key, "***")
+        return out
 
     def _http(self, call: str) -> "httpx.Client":
         key = self._api_key()
