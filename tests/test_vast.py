@@ -558,3 +558,21 @@ def test_create_429_is_resent_after_retry_after_and_list_without_key_is_empty(mo
 
     with respx.mock(assert_all_mocked=True) as mock:
         assert VastProvider().list_tagged() == [] and mock.calls.call_count == 0
+
+
+def test_teardown_resolves_a_crashed_create_through_the_label(tmp_path):
+    """Crash between the rent and mark_created: the ledger row has no id; teardown finds it by the run label."""
+    from broker.ledger import Ledger
+    from broker.teardown import terminate_resource
+
+    p = make_provider()
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        res = ledger.record_intent("r1a2b3", "vast", "instance", "broker-r1a2b3-n0", usd_per_hour=0.7421)
+        with respx.mock(base_url=URL, assert_all_called=True) as mock:
+            mock.get("/api/v1/instances/").respond(json={"instances": [instance_row(id=456)], "next_token": None})
+            d = mock.delete("/api/v0/instances/456/").respond(json={"success": True})
+            mock.get("/api/v0/instances/456/", params={"owner": "me"}).respond(json={"instances": None})
+            assert terminate_resource(ledger, res, "test", provider=p, poll_s=0.01) is True
+        assert d.call_count == 1
+        row = ledger.resource(res.id)
+        assert row.state == "terminated" and row.provider_id == "456"
