@@ -169,7 +169,7 @@ def node_layers(instance_principal: bool) -> list[str]:
     return ["cli", "watchdog", "node"] if instance_principal else ["cli", "watchdog"]
 
 
-def firewall_script(vcn_cidr: str) -> str:
+def firewall_script(vcn_cidr: str, *, rules_v4: str = "/etc/iptables/rules.v4") -> str:
     """Shell that opens the host firewall of an Oracle Linux / Ubuntu image to ``vcn_cidr`` only.
 
     Oracle's platform images ship firewalld (Oracle Linux) or iptables rules ending in REJECT (Ubuntu) that block
@@ -177,7 +177,7 @@ def firewall_script(vcn_cidr: str) -> str:
     (permanent + reload); iptables (fallback and Ubuntu): an ACCEPT rule for the CIDR inserted first, saved to
     ``/etc/iptables/rules.v4`` when that file exists.  Nothing is opened to other sources.
     """
-    c = shlex.quote(vcn_cidr)
+    c, rules = shlex.quote(vcn_cidr), shlex.quote(rules_v4)
     return f"""\
 # broker: open the host firewall to the VCN CIDR only (intra-cluster NCCL / gloo / rendezvous)
 BROKER_VCN_CIDR={c}
@@ -187,7 +187,7 @@ if command -v firewall-cmd >/dev/null 2>&1 && firewall-cmd --state >/dev/null 2>
 fi
 if command -v iptables >/dev/null 2>&1; then
   iptables -C INPUT -s "$BROKER_VCN_CIDR" -j ACCEPT 2>/dev/null || iptables -I INPUT 1 -s "$BROKER_VCN_CIDR" -j ACCEPT
-  if [ -f /etc/iptables/rules.v4 ]; then iptables-save > /etc/iptables/rules.v4; fi
+  if [ -f {rules} ]; then iptables-save > {rules}; fi
 fi
 """
 
@@ -230,24 +230,25 @@ done
 
 
 def deadman_cloud_init(deadline: datetime, grace_seconds: float, *, region: str | None = None,
-                       endpoint: str | None = None) -> str:
+                       endpoint: str | None = None, install_path: str = "/usr/local/sbin/broker-deadman") -> str:
     """Cloud-init shell snippet that arms :func:`deadman_watcher` at boot: installs the OCI CLI when neither it nor
     the SDK is present, writes ``/usr/local/sbin/broker-deadman`` and runs it as a transient systemd unit
     (``systemd-run``; ``nohup`` fallback).  Fires at ``deadline + grace_seconds``."""
     fire = int(deadline.timestamp() + grace_seconds)
     body = deadman_watcher(fire, region=region, endpoint=endpoint)
+    path = shlex.quote(install_path)
     return f"""\
 # broker: arm the node-side dead-man switch (instance principal)
 if ! command -v oci >/dev/null 2>&1 && ! python3 -c 'import oci' 2>/dev/null; then
   python3 -m pip install --quiet oci-cli || pip3 install --quiet oci-cli || true
 fi
-cat > /usr/local/sbin/broker-deadman <<'BROKER_DEADMAN_EOF'
+cat > {path} <<'BROKER_DEADMAN_EOF'
 {body}BROKER_DEADMAN_EOF
-chmod 0755 /usr/local/sbin/broker-deadman
+chmod 0755 {path}
 if command -v systemd-run >/dev/null 2>&1; then
-  systemd-run --unit=broker-deadman --property=Restart=on-failure /usr/local/sbin/broker-deadman
+  systemd-run --unit=broker-deadman --property=Restart=on-failure {path}
 else
-  nohup /usr/local/sbin/broker-deadman >/var/log/broker-deadman.log 2>&1 &
+  nohup {path} >/var/log/broker-deadman.log 2>&1 &
 fi
 """
 
