@@ -352,6 +352,15 @@ class OCIProvider(Provider):
         """The validated config dict; raises AuthError naming the file/profile and the fix (never key material)."""
         if self._config is not None:
             return self._config
+        if self._config_in is None:  # fast path, no SDK import: `broker plan` without OCI stays well under 1 s
+            from pathlib import Path
+
+            candidates = [Path(self._config_file).expanduser()]
+            if self._config_file in ("~/.oci/config", str(Path("~/.oci/config").expanduser())):
+                candidates.append(Path("~/.oraclebmc/config").expanduser())  # the SDK's legacy fallback
+            if not any(c.is_file() for c in candidates):
+                raise AuthError(PROVIDER, "config.from_file", f"no OCI config file at {self._config_file}",
+                                hint=_CONFIG_HINT)
         import oci
 
         where = "the config dict" if self._config_in is not None else \

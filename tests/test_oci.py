@@ -682,3 +682,84 @@ def test_quota_request_status(cfg, server):
                        state="ACCEPTED")
     r = make(cfg, server).quota_request_status(req)
     assert r.state == "SUCCEEDED" and "gpu-a10-count SUCCEEDED" in r.message
+
+
+# ------------------------------------------------------------------------------------------------ with the real ledger
+class LedgerRecorder:
+    """Adapter of broker.ledger.Ledger to the Recorder protocol (what provisioning hands to bootstrap)."""
+
+    def __init__(self, ledger, run_id: str, journal: list[tuple[str, str]]):
+        self.ledger, self.run_id, self.journal = ledger, run_id, journal
+
+    def intent(self, kind, name, *, region=None, zone=None, usd_per_hour=0.0, attrs=None):
+        self.journal.append(("intent", kind))
+        return self.ledger.record_intent(self.run_id, "oci", kind, name, region=region, zone=zone,
+                                         usd_per_hour=usd_per_hour, attrs=attrs).id
+
+    def created(self, resource_id, provider_id, **attrs):
+        self.ledger.mark_created(resource_id, provider_id, **attrs)
+
+    def failed(self, resource_id, error):
+        self.ledger.update_resource(resource_id, state="failed", error=error, actor="test")
+
+    def event(self, message):
+        self.ledger.event(self.run_id, "test", "progress", message)
+
+
+def test_bootstrap_launch_and_teardown_through_the_ledger(cfg, server, tmp_path):
+    from broker.ledger import Ledger
+    from broker.model import Run
+    from broker.teardown import teardown_run
+
+    journal: list[tuple[str, str]] = []
+    network_server(server, journal, {})
+    iid = "ocid1.instance.oc1..i1"
+    server.expect_request("/20160918/instances", method="POST").respond_with_response(jresp(instance_json(iid)))
+    server.expect_request(f"/20160918/instances/{iid}", method="DELETE",
+                          query_string={"preserveBootVolume": "false"}).respond_with_response(Response(status=204))
+    server.expect_request(f"/20160918/instances/{iid}", method="GET").respond_with_response(
+        jresp(instance_json(iid, "TERMINATED")))
+    for path in (f"subnets/{SUBNET}", f"securityLists/{SL}", f"internetGateways/{IGW}", f"vcns/{VCN}"):
+        server.expect_request(f"/20160918/{path}", method="DELETE").respond_with_response(Response(status=204))
+    server.expect_request(f"/20160918/internetGateways/{IGW}", method="GET").respond_with_response(jresp(
+        {"id": IGW, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "isEnabled": True}))
+    server.expect_request(f"/20160918/vcns/{VCN}", method="GET").respond_with_response(jresp(
+        {"id": VCN, "compartmentId": COMP, "cidrBlocks": ["10.0.0.0/16"], "lifecycleState": "AVAILABLE",
+         "defaultRouteTableId": RT}))
+    server.expect_request(f"/20160918/routeTables/{RT}", method="GET").respond_with_response(jresp(
+        {"id": RT, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "routeRules": [
+            {"destination": "0.0.0.0/0", "destinationType": "CIDR_BLOCK", "networkEntityId": IGW}]}))
+
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.create_run(Run(id="r1", name="t", provider="oci", topology="multi-node"))
+        p = make(cfg, server)
+        net = p.bootstrap("r1", [offer()], "multi-node", LedgerRecorder(ledger, "r1", journal))
+        res = ledger.record_intent("r1", "oci", "instance", "broker-r1-n0", zone=AD1, usd_per_hour=2.0)
+        provider_id = p.create_instance(node_request(network=net, image="ocid1.image.oc1..mine",
+                                                     client_token=res.id))
+        ledger.mark_created(res.id, provider_id)
+        rows = ledger.resources("r1")
+        assert sorted((r.kind, r.provider_id) for r in rows) == sorted(
+            [("vcn", VCN), ("internet_gateway", IGW), ("security_list", SL), ("subnet", SUBNET),
+             ("instance", iid)])
+        left = teardown_run(ledger, "r1", "test", providers={"oci": p}, poll_s=0.0, confirm_timeout_s=5)
+        assert left == []
+        assert all(r.state == "terminated" for r in ledger.resources("r1"))
+    deletes = [e.path for e, _ in server.log if e.method == "DELETE"]
+    assert deletes == [f"/20160918/instances/{iid}", f"/20160918/subnets/{SUBNET}", f"/20160918/securityLists/{SL}",
+                       f"/20160918/internetGateways/{IGW}", f"/20160918/vcns/{VCN}"]
+
+
+def test_unconfigured_offers_do_not_import_the_sdk(tmp_path):
+    """`broker plan` without OCI credentials must stay fast: the snapshot path never imports `oci` (0.6 s here)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; import providers.oci as o; from broker.model import Requirements; "
+            "p = o.OCIProvider(); n = len(p.offers(Requirements())); c = p.check().configured; "
+            "assert n > 0 and not c; assert 'oci' not in sys.modules, 'oci imported'; print('ok')")
+    env = {**os.environ, "OCI_CONFIG_FILE": str(tmp_path / "absent"), "BROKER_HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr

@@ -41,7 +41,8 @@ def bindir(tmp_path: Path) -> Path:
     return d
 
 
-def run(script: str, bindir: Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(script: str, bindir: Path, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([BASH, "-c", script], env={"PATH": str(bindir), **(env or {})}, capture_output=True,
                           text=True, timeout=timeout)
 
