@@ -394,8 +394,12 @@ class OCIProvider(Provider):
             kw: dict[str, Any] = {}
             if self._endpoint:
                 kw["service_endpoint"] = self._endpoint.rstrip("/")
-            if self._retry is not None:
-                kw["retry_strategy"] = self._retry
+            # Reads and creates retry 429/5xx/timeouts a bounded while (the SDK adds an opc-retry-token to creates
+            # so a retry cannot double-create); launch_instance overrides this per call with no retry at all.
+            kw["retry_strategy"] = self._retry if self._retry is not None else oci.retry.RetryStrategyBuilder(
+                max_attempts_check=True, max_attempts=4, total_elapsed_time_check=True,
+                total_elapsed_time_seconds=60, retry_max_wait_between_calls_seconds=10,
+                retry_base_sleep_time_seconds=1).get_retry_strategy()
             if self._breaker is not None:
                 kw["circuit_breaker_strategy"] = self._breaker
             cfg = dict(self._load_config())
@@ -765,7 +769,8 @@ class OCIProvider(Provider):
             freeform_tags=tags)
         cc = self._client("compute")
         try:
-            inst = cc.launch_instance(details, opc_retry_token=req.client_token[:64]).data
+            inst = cc.launch_instance(details, opc_retry_token=req.client_token[:64],
+                                      retry_strategy=oci.retry.NoneRetryStrategy()).data
         except _sdk_errors() as e:
             raise self._err(e, "launch_instance", scope=ad, shape=shape, gpus=shape_gpus(shape)) from None
         return inst.id

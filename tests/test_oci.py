@@ -763,3 +763,25 @@ def test_unconfigured_offers_do_not_import_the_sdk(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(__file__)), env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_launch_never_retried_even_with_a_retrying_client(cfg, server):
+    """A client-level retry strategy applies to every operation in the SDK; launch must still be one attempt."""
+    server.expect_request("/20160918/instances", method="POST").respond_with_response(
+        err(500, "InternalError", "Out of host capacity."))
+    server.expect_request("/20160918/availabilityDomains").respond_with_response(
+        err(503, "ServiceUnavailable", "try later"))
+    retrying = oci.retry.RetryStrategyBuilder(max_attempts=3, retry_base_sleep_time_seconds=0.01,
+                                              retry_max_wait_between_calls_seconds=0.02).get_retry_strategy()
+    p = OCIProvider(config=cfg, service_endpoint=server.url_for("").rstrip("/"), compartment_id=COMP,
+                    availability_domains=[AD1], retry_strategy=retrying,
+                    circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy())
+    with pytest.raises(CapacityError):
+        p.create_instance(node_request(image="ocid1.image.oc1..mine"))
+    assert len([e for e, _ in server.log if e.method == "POST"]) == 1
+    # ... while a read is retried by the same client (the strategy is really active)
+    p2 = OCIProvider(config=cfg, service_endpoint=server.url_for("").rstrip("/"), compartment_id=COMP,
+                     retry_strategy=retrying, circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy())
+    with pytest.raises(TransientError):
+        p2.availability_domains()
+    assert len([e for e, _ in server.log if e.path.endswith("availabilityDomains")]) == 3
