@@ -451,11 +451,15 @@ class OCIProvider(Provider):
                                      code=code, status=status)
             if status == 400 and code == "LimitExceeded":
                 names = exceeded_limits(msg) or ([limit_for_shape(shape)] if shape and limit_for_shape(shape) else [])
-                lim = names[0] if names else "<limit>"
-                value = self._needed_value(lim, scope, gpus or (shape_gpus(shape) if shape else 1))
+                lim = names[0] if names else None
+                if lim and lim.startswith("gpu") and shape:  # a compute GPU limit: a ready command
+                    value = self._needed_value(lim, scope, gpus or shape_gpus(shape))
+                    hint = f"request more: {quota_request_command(lim, value, scope)}"
+                else:
+                    hint = (f"raise {lim or 'the limit'} (Console: Governance & Administration > Limits, Quotas and "
+                            "Usage) or delete unused resources that count against it")
                 return QuotaError(PROVIDER, call, f"service limit {', '.join(names) or '?'} exceeded{where}: {msg}",
-                                  hint=f"request more: {quota_request_command(lim, value, scope)}",
-                                  code=code, status=status)
+                                  hint=hint, code=code, status=status)
             if status in (401, 403) or (status == 404 and code == "NotAuthorizedOrNotFound"):
                 return AuthError(PROVIDER, call, f"{status} {code}: {msg}",
                                  hint="check the OCI profile (`oci setup config`, OCI_CONFIG_FILE/OCI_PROFILE) and "
@@ -472,8 +476,6 @@ class OCIProvider(Provider):
 
     def _call(self, call: str, fn: Callable[..., Any], *args: Any, _scope: str | None = None,
               _shape: str | None = None, **kwargs: Any) -> Any:
-        import oci
-
         try:
             return fn(*args, **kwargs)
         except _sdk_errors() as e:
@@ -481,7 +483,7 @@ class OCIProvider(Provider):
 
     def _needed_value(self, limit: str, scope: str | None, gpus: int) -> int:
         """New limit value that allows ``gpus`` more: used + gpus (best effort; ``gpus`` when the read fails)."""
-        if not scope or limit.startswith("<"):
+        if not scope:
             return gpus
         try:
             ra = self._client("limits").get_resource_availability("compute", limit, self.tenancy,
@@ -491,6 +493,7 @@ class OCIProvider(Provider):
             return gpus
 
     def _all(self, call: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Every page of a list call (``oci.pagination.list_call_get_all_results``)."""
         import oci
 
         try:

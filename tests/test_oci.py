@@ -350,6 +350,7 @@ def test_bootstrap_failed_create_is_recorded(cfg, server):
     with pytest.raises(QuotaError) as ei:
         make(cfg, server).bootstrap("r1", [offer()], "multi-node", rec)
     assert "subnet-count" in str(ei.value)
+    assert "broker quota request" not in str(ei.value) and "Limits, Quotas and Usage" in ei.value.hint
     assert journal[-1] == ("failed", "subnet")
     assert [r["state"] for r in rec.rows.values()] == ["created", "created", "created", "failed"]
 
