@@ -675,7 +675,7 @@ class OCIProvider(Provider):
         comp, region = self.compartment, self.region
         label = "b" + re.sub(r"[^a-z0-9]", "", run_id.lower())[:14]
 
-        def create(kind: str, name: str, call: str, fn: Callable[[], Any]) -> Any:
+        def create(kind: str, name: str, call: str, fn: Callable[[], Any], **attrs: Any) -> Any:
             rid = rec.intent(kind, name, region=region, attrs={"vcn_cidr": cidr})
             try:
                 data = fn().data
@@ -683,7 +683,7 @@ class OCIProvider(Provider):
                 err = self._err(e, call)
                 rec.failed(rid, err.message)
                 raise err from None
-            rec.created(rid, data.id)
+            rec.created(rid, data.id, **attrs)
             return data
 
         vcn = create("vcn", f"broker-{run_id}-vcn", "create_vcn", lambda: vn.create_vcn(m.CreateVcnDetails(
@@ -693,7 +693,8 @@ class OCIProvider(Provider):
         igw = create("internet_gateway", f"broker-{run_id}-igw", "create_internet_gateway",
                      lambda: vn.create_internet_gateway(m.CreateInternetGatewayDetails(
                          compartment_id=comp, vcn_id=vcn.id, is_enabled=True, display_name=f"broker-{run_id}-igw",
-                         freeform_tags=tags)))
+                         freeform_tags=tags)),
+                     vcn_id=vcn.id, route_table_id=vcn.default_route_table_id)  # terminate() clears the route
         rt_id = vcn.default_route_table_id
         rec.event(f"oci: route 0.0.0.0/0 -> {igw.id} on the VCN's default route table {rt_id}")
         self._call("update_route_table", vn.update_route_table, rt_id, m.UpdateRouteTableDetails(route_rules=[

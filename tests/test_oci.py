@@ -743,9 +743,12 @@ def test_bootstrap_launch_and_teardown_through_the_ledger(cfg, server, tmp_path)
         assert sorted((r.kind, r.provider_id) for r in rows) == sorted(
             [("vcn", VCN), ("internet_gateway", IGW), ("security_list", SL), ("subnet", SUBNET),
              ("instance", iid)])
+        igw_row = next(r for r in rows if r.kind == "internet_gateway")
+        assert igw_row.attrs["route_table_id"] == RT  # lets terminate() clear the route without a VCN lookup
         left = teardown_run(ledger, "r1", "test", providers={"oci": p}, poll_s=0.0, confirm_timeout_s=5)
         assert left == []
         assert all(r.state == "terminated" for r in ledger.resources("r1"))
+    assert ("PUT", f"/20160918/routeTables/{RT}") in [(e.method, e.path) for e, _ in server.log][-6:]
     deletes = [e.path for e, _ in server.log if e.method == "DELETE"]
     assert deletes == [f"/20160918/instances/{iid}", f"/20160918/subnets/{SUBNET}", f"/20160918/securityLists/{SL}",
                        f"/20160918/internetGateways/{IGW}", f"/20160918/vcns/{VCN}"]
