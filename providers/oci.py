@@ -148,15 +148,17 @@ def _matches(o: Offer, req: Requirements) -> bool:
 INSTANCE_PRINCIPAL_SETUP = """\
 OCI node-side dead-man switch (optional): let broker's nodes terminate themselves.
 
-1. Identity > Dynamic groups > Create: name `broker-nodes`, matching rule
+1. Use a compartment reserved for broker runs (OCI_COMPARTMENT_ID): every instance in it can act on the others.
+2. Identity > Dynamic groups > Create: name `broker-nodes`, matching rule
        ALL {instance.compartment.id = '<OCI_COMPARTMENT_ID>'}
-   (every instance in that compartment; use a compartment reserved for broker runs).
-2. Identity > Policies > Create (in that compartment or the tenancy):
-       Allow dynamic-group broker-nodes to manage instances in compartment <compartment-name> where request.permission = 'INSTANCE_DELETE'
-       Allow dynamic-group broker-nodes to manage volume-family in compartment <compartment-name> where request.permission = 'VOLUME_DELETE'
-   (the second lets the terminate delete the boot volume; if your tenancy rejects the narrow form, the broad one is
-    `Allow dynamic-group broker-nodes to manage instance-family in compartment <compartment-name>`).
-3. Set OCI_INSTANCE_PRINCIPAL=1 (env or .env).  `broker status` then lists the OCI layers as cli, watchdog, node.
+3. Identity > Policies > Create (in the tenancy or a parent of that compartment):
+       Allow dynamic-group broker-nodes to manage instance-family in compartment <compartment-name>
+       Allow dynamic-group broker-nodes to use virtual-network-family in compartment <compartment-name>
+       Allow dynamic-group broker-nodes to manage volume-family in compartment <compartment-name>
+   (the same shape as Oracle's "let instances launch instances" example; manage volume-family lets the terminate
+    delete the boot volume, use virtual-network-family lets it detach the VNIC).  To narrow it, add conditions
+    such as `where request.permission = 'INSTANCE_DELETE'` to the first line once you have tried them.
+4. Set OCI_INSTANCE_PRINCIPAL=1 (env or .env).  `broker status` then lists the OCI layers as cli, watchdog, node.
 
 Without it, the OCI layers are cli + watchdog only: shutting down from inside the OS does NOT stop GPU billing
 (only VM.GPU.A10.x pause while stopped); only an API terminate does.  Not yet verified on a live tenancy.
@@ -517,6 +519,10 @@ class OCIProvider(Provider):
         return ProviderCheck(provider=PROVIDER, configured=True, usable=None,
                              detail=f"{src}, region {region}" + (f", endpoint {self._endpoint}" if self._endpoint
                                                                  else ""))
+
+    def armed_layers(self) -> list[str]:
+        """Teardown layers armed for nodes this adapter launches (:func:`node_layers` of ``instance_principal``)."""
+        return node_layers(self.instance_principal)
 
     def price_note(self) -> str | None:
         return f"prices: OCI list-price {PRICE_SOURCE.split(':')[0]} (OCI has no per-account price API)"

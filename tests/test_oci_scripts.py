@@ -129,3 +129,7 @@ def test_cloud_init_is_valid_bash():
 def test_node_layers():
     assert node_layers(False) == ["cli", "watchdog"]
     assert node_layers(True) == ["cli", "watchdog", "node"]
+    from providers.oci import OCIProvider
+
+    assert OCIProvider(instance_principal=True).armed_layers() == ["cli", "watchdog", "node"]
+    assert OCIProvider(instance_principal=False).armed_layers() == ["cli", "watchdog"]
