@@ -409,9 +409,11 @@ class OCIProvider(Provider):
                 cfg["region"] = self._region
             try:
                 self._clients[kind] = cls(cfg, **kw)
-            except (ValueError, OSError) as e:  # unreadable key file, bad passphrase ...
-                raise AuthError(PROVIDER, f"{cls.__name__}()", f"cannot build the client: {type(e).__name__}",
-                                hint=_CONFIG_HINT) from None
+            except (ValueError, OSError, oci.exceptions.ClientError) as e:  # bad/unreadable key, passphrase ...
+                what = "the private key is invalid or its passphrase is wrong" if isinstance(
+                    e, oci.exceptions.InvalidPrivateKey) else f"cannot build the client ({type(e).__name__})"
+                raise AuthError(PROVIDER, f"{cls.__name__}()", what,
+                                hint="check key_file / pass_phrase in the profile; " + _CONFIG_HINT) from None
         return self._clients[kind]
 
     @property
@@ -516,6 +518,11 @@ class OCIProvider(Provider):
             return ProviderCheck(provider=PROVIDER, configured=False, detail=e.message, hint=e.hint)
         src = "config dict" if self._config_in is not None else f"{self._config_file} [{self._profile}]"
         region = self._region or cfg.get("region")
+        try:
+            self._client("identity")  # loads the private key (local, no network): catches a bad key or passphrase
+        except AuthError as e:
+            return ProviderCheck(provider=PROVIDER, configured=True, usable=False, detail=f"{src}: {e.message}",
+                                 hint=e.hint)
         return ProviderCheck(provider=PROVIDER, configured=True, usable=None,
                              detail=f"{src}, region {region}" + (f", endpoint {self._endpoint}" if self._endpoint
                                                                  else ""))

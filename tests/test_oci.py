@@ -138,6 +138,17 @@ def test_check_unconfigured_names_fix(cfg, tmp_path, monkeypatch):
     assert ei.value.provider == "oci" and PEM_MARK not in str(ei.value)
 
 
+def test_bad_private_key_is_auth_error(cfg, server):
+    bad = dict(cfg, key_content="-----BEGIN PRIVATE KEY-----\nnot-a-key\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(AuthError) as ei:
+        make(bad, server).create_instance(node_request(image="ocid1.image.oc1..mine"))
+    assert "private key is invalid" in str(ei.value) and "not-a-key" not in str(ei.value)
+    chk = make(bad, server).check()
+    assert chk.configured and chk.usable is False and "private key is invalid" in chk.detail
+    assert "not-a-key" not in chk.detail + str(chk.hint)
+    assert len(server.log) == 0
+
+
 def test_offers_unconfigured_from_snapshot_without_network():
     req = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16)
     offers = OCIProvider().offers(req)
