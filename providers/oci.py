@@ -261,7 +261,7 @@ def cloud_init(vcn_cidr: str, *, deadline: datetime | None = None, grace_seconds
     """The node's user-data (a bash script cloud-init runs once at first boot): host firewall opened to
     ``vcn_cidr`` only, then the dead-man switch when ``instance_principal`` and a ``deadline`` are given, then
     ``onstart``."""
-    parts = ["#!/bin/bash", "set -u", firewall_script(vcn_cidr)]
+    parts = ["#!/bin/bash", firewall_script(vcn_cidr)]  # no `set -eu`: a failing step must not skip the rest
     if instance_principal and deadline is not None:
         parts.append(deadman_cloud_init(deadline, grace_seconds, region=region, endpoint=endpoint))
     if onstart:
