@@ -846,8 +846,6 @@ class OCIProvider(Provider):
         * ``subnet`` / ``security_list`` / ``vcn``: ``delete_*``; 404 = gone -> True.
         * ``internet_gateway``: route rules targeting it are first removed from its VCN's default route table.
         """
-        import oci
-
         if kind == "instance":
             cc = self._client("compute")
             try:
