@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     oci_service_endpoint: str | None = Field(default=None, description="base URL for every OCI client (tests)")
     oci_image_id: str | None = None
     oci_subnet_id: str | None = None
+    # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
+    oci_instance_principal: bool = False
 
     # AWS: the boto3 credential chain is used as is; these are optional overrides.
     aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
