@@ -44,6 +44,9 @@ from broker.provider import (RUN_TAG, AuthError, CapacityError, InstanceInfo, No
 
 Progress = Callable[[str], None]
 
+#: hours in a billing month (8760 / 12), to turn USD per GiB-month into USD per hour
+HOURS_PER_MONTH = 730.0
+
 #: instance states that will never become ``running`` (give up at once)
 DEAD_STATES = ("failed", "stopped", "terminated", "terminating")
 
@@ -90,10 +93,13 @@ class LedgerRecorder:
 def spent_usd(res: Resource, now: datetime | None = None) -> float:
     """US dollars ``res`` has cost so far: ``usd_per_hour`` x seconds / 3600, per second, from ``created_at``
     (the intent, just before the create call; conservative, see the module docstring) until ``terminated_at``
-    or ``now``."""
+    or ``now``.  Once something was created (a provider id is known), at least the offer's minimum billed
+    seconds (``attrs["min_billed_seconds"]``, e.g. AWS's 60 s) are charged."""
     now = now or utcnow()
     end = res.terminated_at or now
     seconds = max(0.0, (end - res.created_at).total_seconds())
+    if res.provider_id:
+        seconds = max(seconds, float(res.attrs.get("min_billed_seconds") or 0.0))
     return res.usd_per_hour * seconds / 3600.0
 
 
@@ -271,7 +277,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         say(f"try {label}")
         try:
             p = prov(opt.provider)
-            cluster = _attempt(opt, p, run, ledger, networks, say=say, actor=actor, ready_timeout_s=ready_timeout_s,
+            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor, ready_timeout_s=ready_timeout_s,
                                poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
                                onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
                                terminate_timeout_s=terminate_timeout_s)
@@ -317,7 +323,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     raise NoValidPlan("could not provision any option of the plan:\n" + "\n".join(lines), hint=hint)
 
 
-def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress, actor: str,
+def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
+             render: Progress, actor: str,
              ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
              onstart: str | None, transient_attempts: int, retry_wait_s: float,
              terminate_timeout_s: float) -> Cluster:
@@ -347,12 +354,12 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 raise _StopFailover(ProviderError(
                     res.provider, "terminate",
                     f"after a failed attempt ({getattr(err, 'message', err)}) {what} could not be terminated and "
-                    f"is still live: {res.error or 'not confirmed gone'}; stopped failing over so no second "
-                    "machine is rented while this one may still bill",
+                    f"is still live: {(res.error or 'not confirmed gone').splitlines()[0]}; stopped failing over "
+                    "so no second machine is rented while this one may still bill",
                     hint=f"run `broker down {run.id}` (retries the terminate); if it keeps failing, delete "
                          f"{res.provider_id or res.name} in the {res.provider} console"))
 
-    rec = LedgerRecorder(ledger, run.id, p.name, run.deadline, actor, progress=say)
+    rec = LedgerRecorder(ledger, run.id, p.name, run.deadline, actor, progress=render)  # it logs to the ledger
     try:
         if key in networks:
             net = networks[key][0]
@@ -368,12 +375,16 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
         inst_ids: list[str] = []
         for i, offer in enumerate(offers):
             name = f"broker-{run.id}-n{i}"
+            # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
+            storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
             res = ledger.record_intent(
                 run.id, p.name, "instance", name, region=offer.region, zone=offer.zone,
-                usd_per_hour=offer.usd_per_hour, deadline=run.deadline, actor=actor,
+                usd_per_hour=offer.usd_per_hour + storage, deadline=run.deadline, actor=actor,
                 attrs={"offer_key": offer.key, "offer_id": offer.offer_id, "instance_type": offer.instance_type,
                        "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
-                       "gpu_count": offer.gpu_count})
+                       "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
+                       "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
+                       "min_billed_seconds": offer.min_billed_seconds})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "

@@ -252,6 +252,25 @@ def test_spent_usd_bills_per_second_from_the_intent():
     assert spent_usd(r, t0 + timedelta(seconds=10)) == pytest.approx(0.01)
     done = r.model_copy(update={"terminated_at": t0 + timedelta(seconds=20)})
     assert spent_usd(done, t0 + timedelta(hours=5)) == pytest.approx(0.02)
+    # a created resource is charged at least the minimum billed time; an intent that never became one is not
+    short = done.model_copy(update={"provider_id": "i-1", "attrs": {"min_billed_seconds": 60}})
+    assert spent_usd(short) == pytest.approx(0.06)
+    assert spent_usd(done.model_copy(update={"attrs": {"min_billed_seconds": 60}})) == pytest.approx(0.02)
+
+
+def test_storage_is_billed_with_the_instance(env, ledger):
+    from broker.model import Offer
+
+    p = FakeProvider()
+    run = make_run(ledger, env)
+    opt = options(p)[0]
+    o = opt.offers[0]
+    vastish = Offer(**{**o.model_dump(), "storage_usd_per_gib_month": 0.073})  # 40 GiB -> $0.004/h
+    opt = opt.model_copy(update={"offers": [vastish]})
+    provision([opt], run, Requirements(disk_gib=40), ledger, providers={"fake": p}, **FAST)
+    row = ledger.resources("run-1")[0]
+    assert row.usd_per_hour == pytest.approx(o.usd_per_hour + 0.004)
+    assert row.attrs["storage_usd_per_hour"] == pytest.approx(0.004)
 
 
 def test_live_resource_rows_and_run_cost(env, ledger):
@@ -296,3 +315,23 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
     acts = [e["action"] for e in ledger.events("lost-run")]
     assert acts[:3] == ["intent", "orphan", "terminating"] and acts[-1] == "terminated"
     assert p.instances()[stray]["state"] == "terminated"
+
+
+# ------------------------------------------------------------------------------------------------ CLI run
+def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    (tmp_path / "job.py").write_text("print('JOB_OK')\n")
+    (tmp_path / "r.yaml").write_text("name: q\nscript: job.py\nnodes: 2\ncpu_ok: true\n")
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "quota")
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "fake", "-q"])
+    assert isinstance(r.exception, NoValidPlan) and r.exception.exit_code == 3
+    assert "fake-gpu-count" in str(r.exception)
+    lg = Ledger()
+    run = lg.list_runs()[0]
+    assert run.status == "failed" and "fake-gpu-count" in run.message
+    assert lg.resources(run.id, live_only=True) == []
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "vast"])
+    assert r.exception is not None and "not available for runs yet" in str(r.exception)
