@@ -148,3 +148,27 @@ def test_clean_run_tears_down_and_reports_cost(env):
     assert out["cluster"]["topology"] == "simulated" and out["cost_usd"] > 0
     assert [n["gpu_indices"] for n in out["cluster"]["nodes"]] == [["0"], ["1"]]
     assert fake_live(e) == set() and "tearing down" in r.stderr
+
+
+def test_ctrl_c_while_provisioning_tears_down_before_exit(env):
+    tmp, e = env
+    marker = Path(f"{e['BROKER_FAKE_STATE']}.hang-ready")
+    proc = subprocess.Popen([sys.executable, "-m", "broker", "run", str(tmp / "recipe" / "r.yaml"), "--provider",
+                             "fake", "--quiet"], cwd=ROOT, env=dict(e, BROKER_FAKE_HANG="ready"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not marker.exists() and proc.poll() is None and time.monotonic() - t0 < 90:
+            time.sleep(0.05)
+        assert marker.exists(), proc.stdout.read() if proc.poll() is not None else "never reached ready"
+        assert len(fake_live(e)) == 1
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 130, out
+    assert fake_live(e) == set() and "tearing down" in out
+    status = json.loads(broker(["status", "--json"], e).stdout)
+    assert status["live_resources"] == [] and status["runs"][0]["status"] == "interrupted"

@@ -114,6 +114,8 @@ def test_bootstrap_failure_cleans_its_half_network_then_fails_over(env, ledger):
     assert cluster.provider == "fake"
     vcn = [r for r in ledger.resources("run-1") if r.kind == "vcn"]
     assert vcn and vcn[0].state == "terminated"
+    subnet = [r for r in ledger.resources("run-1") if r.kind == "subnet"][0]
+    assert subnet.state == "terminated" and subnet.provider_id is None and "injected" in subnet.error
     assert all(n["state"] == "terminated" for n in bad.networks().values())
 
 
