@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable
 
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
-from broker.provider import (RUN_TAG, AuthError, CapacityError, InstanceInfo, NodeRequest, NotSupported,
+from broker.provider import (RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TransientError)
 
 Progress = Callable[[str], None]
@@ -154,6 +154,8 @@ class _Failover:
     skip_providers: dict[str, str] = field(default_factory=dict)  # provider -> why
     skip_regions: dict[tuple[str, str | None], str] = field(default_factory=dict)  # (provider, region) -> why
     no_capacity: dict[tuple, str] = field(default_factory=dict)  # (provider, region, zone, type) -> why
+    plan_failures: int = 0  # failures that mean "this option cannot be had now" (quota, capacity, gone, not ready)
+    last_error: ProviderError | None = None
 
     def skip_reason(self, opt: PlanOption) -> str | None:
         if opt.provider in self.skip_providers:
@@ -236,7 +238,11 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
 
     def prov(name: str) -> Provider:
         if name not in cache:
-            cache[name] = get_provider(name)
+            try:
+                cache[name] = get_provider(name)
+            except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
+                raise NotSupported(name, "load adapter", str(e),
+                                   hint=f"install broker's '{name}' extra (pip install 'broker[{name}]')") from None
         return cache[name]
 
     if ssh_public_key is None:
@@ -277,8 +283,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         say(f"try {label}")
         try:
             p = prov(opt.provider)
-            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor, ready_timeout_s=ready_timeout_s,
-                               poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
+            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
+                               ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
                                onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
                                terminate_timeout_s=terminate_timeout_s)
         except _StopFailover as stop:
@@ -288,6 +294,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         except ProviderError as e:
             reason = e.message + (f" ({e.hint})" if e.hint else "")
             fo.attempts.append(Attempt(label, opt.provider, "failed", reason))
+            fo.last_error = e
+            if isinstance(e, (QuotaError, CapacityError, OfferGone, _NeverReady)):
+                fo.plan_failures += 1
             region = opt.offers[0].region if opt.offers else None
             if isinstance(e, QuotaError):
                 fo.skip_regions[(opt.provider, region)] = f"quota exhausted in {opt.provider} {region or ''}".strip()
@@ -320,7 +329,11 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     hint = "; ".join(fo.quota_hints) if fo.quota_hints else "try later, widen the GPU list or raise the budget"
     if fo.quota_hints:
         hint = "raise these quotas (`broker quota request ...`): " + hint
-    raise NoValidPlan("could not provision any option of the plan:\n" + "\n".join(lines), hint=hint)
+    msg = "could not provision any option of the plan:\n" + "\n".join(lines)
+    if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
+        e = fo.last_error
+        raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
+    raise NoValidPlan(msg, hint=hint)
 
 
 def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,

@@ -227,9 +227,10 @@ def test_transient_errors_are_retried_before_failing_over(env, ledger):
 
     p2 = FakeProvider(fail="transient")
     run2 = make_run(ledger, env, "run-2")
-    with pytest.raises(NoValidPlan):
+    with pytest.raises(ProviderError) as ei:  # only provider failures (an outage): exit 4, not "no plan"
         provision(options(p2)[:1], run2, Requirements(), ledger, providers={"fake": p2}, transient_attempts=3,
                   **FAST)
+    assert not isinstance(ei.value, NoValidPlan) and "HTTP 503" in str(ei.value)
     assert ledger.resources("run-2", live_only=True) == []
 
 
@@ -245,6 +246,12 @@ def test_auth_error_skips_the_provider(env, ledger):
                         providers={"fakea": bad, "fake": good}, progress=steps.append, **FAST)
     assert cluster.provider == "fake"
     assert sum(s.startswith("skip ") for s in steps) == len(options(bad)) - 1
+    # an adapter that cannot be loaded is skipped the same way
+    ghost = [o.model_copy(update={"provider": "nosuch"}) for o in options(good)[:1]]
+    run2 = make_run(ledger, env, "run-2")
+    cluster = provision(ghost + options(good)[:1], run2, Requirements(), ledger, providers={"fake": good}, **FAST)
+    assert cluster.provider == "fake"
+    assert any("nosuch" in (e["message"] or "") and "unusable" in e["message"] for e in ledger.events("run-2"))
 
 
 # ------------------------------------------------------------------------------------------------ costs, rows
