@@ -106,6 +106,28 @@ def test_multi_node_bootstraps_network_ledger_first_and_tears_down_in_order(env,
     assert live_fake(p) == [] and all(n["state"] == "terminated" for n in p.networks().values())
 
 
+def test_half_created_multi_node_attempt_is_cleaned_before_failover(env, ledger):
+    from broker.provider import CapacityError
+
+    class SecondNodeNoCapacity(FakeProvider):
+        def create_instance(self, req):
+            if req.node_index == 1:
+                raise CapacityError(self.name, "create_instance", f"Out of host capacity in {req.offer.zone}")
+            return super().create_instance(req)
+
+    p = SecondNodeNoCapacity()
+    run = make_run(ledger, env)
+    multi = [o for o in options(p, "multi-node") if o.topology is TopologyKind.multi_node]
+    simulated = [o for o in options(p) if o.topology is TopologyKind.simulated][:1]
+    cluster = provision(multi[:1] + simulated, run, Requirements(), ledger, providers={"fake": p}, **FAST)
+    assert cluster.topology is TopologyKind.simulated
+    rows = ledger.resources("run-1")
+    assert [(r.kind, r.state) for r in rows] == [("vcn", "terminated"), ("subnet", "terminated"),
+                                                 ("instance", "terminated"), ("instance", "terminated"),
+                                                 ("instance", "running")]
+    assert len(live_fake(p)) == 1 and all(n["state"] == "terminated" for n in p.networks().values())
+
+
 def test_bootstrap_failure_cleans_its_half_network_then_fails_over(env, ledger):
     bad, good = FakeProvider(name="fakeb", fail="bootstrap"), FakeProvider()
     run = make_run(ledger, env)
@@ -344,3 +366,23 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     assert lg.resources(run.id, live_only=True) == []
     r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "vast"])
     assert r.exception is not None and "not available for runs yet" in str(r.exception)
+
+
+def test_progress_printer_shows_elapsed_cost_and_rate(env, ledger):
+    import io
+
+    from rich.console import Console
+
+    from broker.commands.lifecycle import ProgressPrinter
+
+    buf = io.StringIO()
+    pp = ProgressPrinter(ledger, Console(file=buf, width=200))
+    run = make_run(ledger, env)
+    pp("before the run row")
+    pp.bind(run)
+    res = ledger.record_intent("run-1", "fake", "instance", "n0", usd_per_hour=36.0)
+    ledger.update_resource(res.id, created_at=res.created_at - timedelta(seconds=100))  # $1.00 spent so far
+    pp("step [two]")
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("$0.00 $0.00/h] before the run row")
+    assert "$1.00" in lines[1] and "$36.00/h" in lines[1] and lines[1].endswith("step [two]")
