@@ -46,7 +46,7 @@ def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
         from broker.planner import plan as _plan  # type: ignore[attr-defined]
 
         p = _plan(req, offers, [], utcnow())
-        if isinstance(p, Plan):
+        if isinstance(p, Plan) and any(o.valid for o in p.options):
             return [o for o in p.options if o.valid]
     except Exception:  # noqa: BLE001 - absent or a different signature: rank here
         pass

@@ -15,7 +15,8 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
   ``running``), ``bootstrap`` (ProviderError from bootstrap after its first network object was created)
 * ``BROKER_FAKE_HANG``   comma list of steps after which the calling process writes ``<state>.hang-<step>`` and
   sleeps (so a test can SIGKILL it at that exact point): ``before-create``, ``after-create``, ``ready``,
-  ``before-terminate``, ``after-terminate``
+  ``before-terminate``, ``after-terminate``, ``after-vcn`` / ``after-subnet`` (multi-node bootstrap: the object
+  exists, its id has not reached the ledger yet)
 * ``BROKER_FAKE_READY_S`` seconds an instance stays ``pending`` (default 0)
 * ``BROKER_FAKE_USD_PER_HOUR`` price of the 1-GPU offer (default 1.0; the 2-GPU host is 1.8x)
 
@@ -131,6 +132,7 @@ class FakeProvider(Provider):
                 st["networks"][nid] = {"id": nid, "kind": kind, "name": name, "state": "available",
                                        "created_at": time.time(), "tags": {RUN_TAG: run_id},
                                        "parent": out.get("vcn_id")}
+            _hang(f"after-{kind}")
             rec.created(rid, nid)
             rec.event(f"{self.name}: {kind} {nid} created")
             out[f"{kind}_id"] = nid

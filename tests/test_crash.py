@@ -172,3 +172,18 @@ def test_ctrl_c_while_provisioning_tears_down_before_exit(env):
     assert fake_live(e) == set() and "tearing down" in out
     status = json.loads(broker(["status", "--json"], e).stdout)
     assert status["live_resources"] == [] and status["runs"][0]["status"] == "interrupted"
+
+
+def test_sigkill_after_network_create_is_resolved_by_tag(env):
+    """multi-node bootstrap: killed after the VCN exists but before its id reached the ledger."""
+    tmp, e = env
+    (tmp / "recipe" / "r.yaml").write_text(RECIPE.format(nodes=2) + "topology: multi-node\n")
+    start_and_kill_at("after-vcn", tmp, e)
+    state = json.loads(Path(e["BROKER_FAKE_STATE"]).read_text())
+    assert [n["state"] for n in state["networks"].values()] == ["available"]
+    live = json.loads(broker(["status", "--json"], e).stdout)["live_resources"]
+    assert [(r["kind"], r["state"], r["provider_id"]) for r in live] == [("vcn", "intent", None)]
+    down = broker(["down", live[0]["run_id"]], e)
+    assert down.returncode == 0, down.stdout + down.stderr
+    state = json.loads(Path(e["BROKER_FAKE_STATE"]).read_text())
+    assert [n["state"] for n in state["networks"].values()] == ["terminated"]
