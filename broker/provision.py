@@ -494,8 +494,8 @@ class ReconcileReport:
     """What :func:`reconcile` found.
 
     ``orphans``: tagged provider objects the ledger does not know or has as terminated.  ``adopted``: tagged
-    objects matching a live ``intent`` row without provider id (a crash between create and mark_created); the row
-    now carries the id.  ``known``: count of tagged objects the ledger tracks as live.  ``errors``: provider ->
+    objects matching a live ``intent`` row without provider id (a crash between create and mark_created): known to
+    the ledger, ``broker down`` resolves them by tag; with ``terminate`` the row is given the id.  ``known``: count of tagged objects the ledger tracks as live.  ``errors``: provider ->
     why it could not be listed.  ``terminated`` / ``failed``: ledger ids after ``terminate``.
     """
 
@@ -576,8 +576,9 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
                            and r.provider == p.name and r.kind == t.kind and not r.provider_id
                            and t.name in (r.name, None)]
                 if pending:
-                    ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
-                                           message=f"found by run tag: {t.provider_id}")
+                    if terminate:  # listing never writes; with --terminate the intent row learns its id
+                        ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
+                                               message=f"found by run tag: {t.provider_id}")
                     rep.adopted.append(t)
                     continue
             rep.orphans.append(t)

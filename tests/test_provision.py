@@ -336,11 +336,12 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
                                            ssh_public_key="x", client_token=row.id, tags={"broker-run": "run-1"}))
     rep = reconcile(ledger, {"fake": p})
     assert [t.provider_id for t in rep.orphans] == [stray]
-    assert [t.provider_id for t in rep.adopted] == [hidden] and ledger.resource(row.id).provider_id == hidden
+    assert [t.provider_id for t in rep.adopted] == [hidden] and ledger.resource(row.id).provider_id is None
     assert rep.known == 1 and known in p.instances()
 
     rep = reconcile(ledger, {"fake": p}, terminate=True, poll_s=0.01)
     assert len(rep.terminated) == 1
+    assert ledger.resource(row.id).provider_id == hidden and p.instances()[hidden]["state"] != "terminated"
     orphan_row = ledger.find_by_provider_id("fake", stray)
     assert orphan_row.state == "terminated" and orphan_row.run_id == "lost-run"
     acts = [e["action"] for e in ledger.events("lost-run")]

@@ -197,8 +197,8 @@ def register(app: typer.Typer) -> None:
             for n, why in {**skipped, **rep.errors}.items():
                 console.print(f"  [yellow]{n}[/]: {escape(why)}")
             for t in rep.adopted:
-                console.print(f"  adopted {t.provider} {t.kind} {t.provider_id} into its intent row (run {t.run_id}); "
-                              f"`broker down {t.run_id}` terminates it")
+                console.print(f"  {t.provider} {t.kind} {t.provider_id} belongs to an intent row of run {t.run_id} "
+                              f"(created just before a crash); `broker down {t.run_id}` terminates it")
             if not rep.orphans:
                 console.print("no orphans.")
             for t in rep.orphans:
