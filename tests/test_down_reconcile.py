@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
