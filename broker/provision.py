@@ -248,7 +248,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     if ssh_public_key is None:
         from broker import sshkeys
 
-        kp = sshkeys.generate(Path(run.run_dir or "."), comment=f"broker-{run.id}")
+        from broker.config import runs_dir
+
+        kp = sshkeys.generate(Path(run.run_dir) if run.run_dir else runs_dir() / run.id, comment=f"broker-{run.id}")
         ssh_public_key, ssh_key_path = kp.public_key, str(kp.private_key_path)
         say(f"ssh key {kp.fingerprint} in {kp.private_key_path}")
 
