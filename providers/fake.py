@@ -10,12 +10,19 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
 * ``BROKER_FAKE_STATE``  path of the state file (default ``<broker home>/fake-cloud.json``)
 * ``BROKER_FAKE_FAIL``   comma list of injected failures: ``capacity@<zone>`` (CapacityError in that zone),
   ``quota`` (QuotaError on create), ``gone`` (OfferGone), ``terminate`` (ProviderError on terminate),
-  ``transient`` (TransientError on create)
+  ``transient`` (TransientError on create), ``transient:<n>`` (TransientError on the first n creates only,
+  counted in the state file), ``failed@<zone>`` (instances in that zone end in state ``failed`` instead of
+  ``running``), ``bootstrap`` (ProviderError from bootstrap after its first network object was created)
 * ``BROKER_FAKE_HANG``   comma list of steps after which the calling process writes ``<state>.hang-<step>`` and
   sleeps (so a test can SIGKILL it at that exact point): ``before-create``, ``after-create``, ``ready``,
-  ``before-terminate``, ``after-terminate``
+  ``before-terminate``, ``after-terminate``, ``after-vcn`` / ``after-subnet`` (multi-node bootstrap: the object
+  exists, its id has not reached the ledger yet)
 * ``BROKER_FAKE_READY_S`` seconds an instance stays ``pending`` (default 0)
 * ``BROKER_FAKE_USD_PER_HOUR`` price of the 1-GPU offer (default 1.0; the 2-GPU host is 1.8x)
+
+For ``multi-node`` it bootstraps a private network the way OCI does (a ``vcn`` then a ``subnet``, each recorded
+through the Recorder before and after its create), deleted by ``terminate``.  Tests may build several fakes with
+different names and failures: ``FakeProvider(name="fake2", fail="quota")`` (``fail`` adds to the env flags).
 """
 
 from __future__ import annotations
@@ -62,9 +69,17 @@ class FakeProvider(Provider):
 
     name = "fake"
     topologies = ("simulated", "multi-node")
+    #: its "instances" are this machine: clusters run their nodes as local processes
+    local_exec = True
 
-    def __init__(self, state_path: Path | None = None):
+    def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path
+        if name:
+            self.name = name
+        self._fail = {x.strip() for x in (fail or "").split(",") if x.strip()}
+
+    def _fails(self) -> set[str]:
+        return _flags("BROKER_FAKE_FAIL") | self._fail
 
     @property
     def path(self) -> Path:
@@ -77,6 +92,7 @@ class FakeProvider(Provider):
             fcntl.flock(lock, fcntl.LOCK_EX)
             state = json.loads(self.path.read_text()) if self.path.exists() and self.path.stat().st_size else {}
             state.setdefault("instances", {})
+            state.setdefault("networks", {})
             yield state
             tmp = self.path.with_suffix(".tmp")
             tmp.write_text(json.dumps(state, indent=2))
@@ -92,26 +108,61 @@ class FakeProvider(Provider):
         out = []
         for zone in ZONES:
             for gpus, usd in ((1, price), (2, round(price * 1.8, 4))):
-                out.append(Offer(provider="fake", offer_id=f"fake.gpu{gpus}", instance_type=f"fake.gpu{gpus}",
+                out.append(Offer(provider=self.name, offer_id=f"fake.gpu{gpus}", instance_type=f"fake.gpu{gpus}",
                                  region="fake-region", zone=zone, gpu_name="FakeGPU", gpu_count=gpus,
                                  gpu_mem_gib=24, vcpus=4 * gpus, ram_gib=16 * gpus, usd_per_hour=usd,
                                  private_network=True, price_source="fake price list", price_time=now))
         return out
 
     # ---- lifecycle
+    def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Any) -> dict[str, Any]:
+        """``multi-node``: a fake VCN and subnet tagged with the run, each recorded before and after its create."""
+        if topology != "multi-node":
+            return {}
+        out: dict[str, Any] = {}
+        region = offers[0].region if offers else None
+        for kind in ("vcn", "subnet"):
+            name = f"broker-{run_id}-{kind}"
+            rid = rec.intent(kind, name, region=region)
+            if kind == "subnet" and "bootstrap" in self._fails():
+                rec.failed(rid, "fake: subnet create failed (injected)")
+                raise ProviderError(self.name, "bootstrap", "create subnet: HTTP 500 (injected)")
+            with self._state() as st:
+                nid = f"fake-{kind}-" + uuid.uuid4().hex[:8]
+                st["networks"][nid] = {"id": nid, "kind": kind, "name": name, "state": "available",
+                                       "created_at": time.time(), "tags": {RUN_TAG: run_id},
+                                       "parent": out.get("vcn_id")}
+            _hang(f"after-{kind}")
+            rec.created(rid, nid)
+            rec.event(f"{self.name}: {kind} {nid} created")
+            out[f"{kind}_id"] = nid
+        return out
+
     def create_instance(self, req: NodeRequest) -> str:
-        fails = _flags("BROKER_FAKE_FAIL")
+        fails = self._fails()
         _hang("before-create")
         if f"capacity@{req.offer.zone}" in fails:
-            raise CapacityError("fake", "create_instance", f"out of host capacity in {req.offer.zone}",
+            raise CapacityError(self.name, "create_instance", f"out of host capacity in {req.offer.zone}",
                                 hint="broker fails over to the next zone")
         if "quota" in fails:
-            raise QuotaError("fake", "create_instance", "service limit fake-gpu-count exceeded (0 of 1 available)",
+            raise QuotaError(self.name, "create_instance", "service limit fake-gpu-count exceeded (0 of 1 available)",
                              hint="raise the fake-gpu-count limit")
         if "gone" in fails:
-            raise OfferGone("fake", "create_instance", f"offer {req.offer.offer_id} is no longer available")
+            raise OfferGone(self.name, "create_instance", f"offer {req.offer.offer_id} is no longer available")
         if "transient" in fails:
-            raise TransientError("fake", "create_instance", "HTTP 503 (fake)")
+            raise TransientError(self.name, "create_instance", "HTTP 503 (fake)")
+        limited = [f for f in fails if f.startswith("transient:")]
+        if limited:
+            with self._state() as st:
+                st["transient_count"] = st.get("transient_count", 0) + 1
+                n = st["transient_count"]
+            if n <= int(limited[0].split(":", 1)[1]):
+                raise TransientError(self.name, "create_instance", f"HTTP 503 (fake, {n})")
+        if req.network.get("subnet_id"):
+            with self._state() as st:
+                net = st["networks"].get(req.network["subnet_id"])
+            if net is None or net["state"] != "available":
+                raise ProviderError(self.name, "create_instance", f"subnet {req.network['subnet_id']} does not exist")
         with self._state() as st:
             for iid, inst in st["instances"].items():  # idempotent on the client token
                 if inst["client_token"] == req.client_token:
@@ -121,7 +172,8 @@ class FakeProvider(Provider):
                 "id": iid, "state": "pending", "created_at": time.time(), "zone": req.offer.zone,
                 "instance_type": req.offer.instance_type, "usd_per_hour": req.offer.usd_per_hour,
                 "tags": {RUN_TAG: req.run_id, **req.tags}, "client_token": req.client_token, "name": req.name,
-                "gpu_count": req.offer.gpu_count,
+                "gpu_count": req.offer.gpu_count, "subnet_id": req.network.get("subnet_id"),
+                "end_state": "failed" if f"failed@{req.offer.zone}" in fails else "running",
             }
         _hang("after-create")
         return iid
@@ -133,7 +185,7 @@ class FakeProvider(Provider):
                 return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not found")
             ready_s = float(os.environ.get("BROKER_FAKE_READY_S", "0"))
             if inst["state"] == "pending" and time.time() - inst["created_at"] >= ready_s:
-                inst["state"] = "running"
+                inst["state"] = inst.get("end_state", "running")
             state = inst["state"]
         if state == "running":
             _hang("ready")
@@ -143,10 +195,23 @@ class FakeProvider(Provider):
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
         _hang("before-terminate")
-        if "terminate" in _flags("BROKER_FAKE_FAIL"):
-            raise ProviderError("fake", "terminate", f"{provider_id}: HTTP 500 (injected)",
+        if "terminate" in self._fails():
+            raise ProviderError(self.name, "terminate", f"{provider_id}: HTTP 500 (injected)",
                                 hint="retry `broker down`; the resource stays listed until it is gone")
         with self._state() as st:
+            if kind != "instance":
+                net = st["networks"].get(provider_id)
+                if net is not None and net["state"] != "terminated":
+                    users = [i["id"] for i in st["instances"].values()
+                             if i["state"] != "terminated" and i.get("subnet_id") == provider_id]
+                    users += [n["id"] for n in st["networks"].values()
+                              if n["state"] != "terminated" and n.get("parent") == provider_id]
+                    if users:
+                        raise ProviderError(self.name, "terminate", f"{kind} {provider_id} is still in use by "
+                                            f"{', '.join(users)}", hint="terminate those first")
+                    net["state"] = "terminated"
+                    net["terminated_at"] = time.time()
+                return True
             inst = st["instances"].get(provider_id)
             if inst is not None and inst["state"] != "terminated":
                 inst["state"] = "terminated"
@@ -157,7 +222,12 @@ class FakeProvider(Provider):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         with self._state() as st:
             insts = list(st["instances"].values())
-        return [TaggedResource(provider="fake", kind="instance", provider_id=i["id"], run_id=i["tags"].get(RUN_TAG),
+            nets = list(st["networks"].values())
+        out = [TaggedResource(provider=self.name, kind=n["kind"], provider_id=n["id"], run_id=n["tags"].get(RUN_TAG),
+                              region="fake-region", state=n["state"], name=n["name"],
+                              created_at=datetime.fromtimestamp(n["created_at"], timezone.utc), usd_per_hour=0.0)
+               for n in nets if n["state"] != "terminated" and (run_id is None or n["tags"].get(RUN_TAG) == run_id)]
+        return out + [TaggedResource(provider=self.name, kind="instance", provider_id=i["id"], run_id=i["tags"].get(RUN_TAG),
                                region="fake-region", state=i["state"], name=i["name"],
                                created_at=datetime.fromtimestamp(i["created_at"], timezone.utc),
                                usd_per_hour=i["usd_per_hour"])
@@ -170,3 +240,8 @@ class FakeProvider(Provider):
         """The raw state (tests)."""
         with self._state() as st:
             return dict(st["instances"])
+
+    def networks(self) -> dict[str, dict[str, Any]]:
+        """The raw network objects (tests)."""
+        with self._state() as st:
+            return dict(st["networks"])

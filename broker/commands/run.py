@@ -11,21 +11,22 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
-        provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine)"),
+        provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine) or fake (test cloud)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.ledger import Ledger
         from broker.orchestrate import run_recipe_local
-        from broker.provider import BadInput
         from broker.recipe import load_recipe
         from broker.ui import console, echo_line, print_json
         from broker.commands.summary import render_summary
 
         recipe = load_recipe(recipe_path)
-        if provider != "local":
-            raise BadInput(f"provider {provider!r} is not available for runs yet", hint="use --provider local")
+        if provider != "local":  # rented machines (fake for now): provision ledger-first, run, tear down
+            from broker.commands.lifecycle import run_cloud
+
+            raise typer.Exit(run_cloud(recipe, provider, quiet=quiet, as_json=as_json))
         ledger = Ledger()
 
         def started(run, devices):

@@ -1,0 +1,155 @@
+"""``broker run`` on rented machines: new run row -> provision (ledger-first, failover) -> job -> teardown.
+
+:func:`run_on_cloud` always tears the run down in a ``finally`` (actor ``cli``), also after a failed job, a
+provisioning error or Ctrl-C; only a hard kill (SIGKILL, power loss) skips it, and then the ledger rows and the
+run tag on every created resource let ``broker down`` / ``broker reconcile`` / the watchdog finish the job.
+
+Jobs run here only on ``local_exec`` clusters (the ``fake`` provider, whose "instances" are this machine); remote
+execution over SSH is built elsewhere (:class:`~broker.provider.NotSupported` until then).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from broker.launch import LocalLaunchSpec, RunResult, run_local
+from broker.ledger import Ledger
+from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
+from broker.provider import NotSupported, NoValidPlan, Provider
+from broker.recipe import Recipe
+
+
+@dataclass
+class CloudRunOutcome:
+    """What :func:`run_on_cloud` ended with.  ``left``: resources still live after teardown (empty = none);
+    ``cost_usd``: the run's spend per the ledger (see :func:`broker.provision.spent_usd`)."""
+
+    run: Run
+    result: RunResult | None
+    cluster: Cluster | None
+    left: list[Resource] = field(default_factory=list)
+    cost_usd: float = 0.0
+
+
+def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
+    """Plan options on one provider, ranked by USD/hour (then zone order), for providers without the planner.
+
+    ``simulated``: one offer with >= nodes x gpus_per_node GPUs.  ``multi-node``: nodes offers with >=
+    gpus_per_node GPUs each (only where ``private_network``).  Options whose worst case (USD/hour x
+    ``req.hours``) exceeds ``req.budget_usd`` are left out.  Uses ``broker.planner.plan`` when that module exists.
+    """
+    offers = provider.offers(req)
+    try:  # the real planner, when merged
+        from broker.planner import plan as _plan  # type: ignore[attr-defined]
+
+        p = _plan(req, offers, [], utcnow())
+        if isinstance(p, Plan) and any(o.valid for o in p.options):
+            return [o for o in p.options if o.valid]
+    except Exception:  # noqa: BLE001 - absent or a different signature: rank here
+        pass
+    hours = req.hours or 1.0
+    out: list[PlanOption] = []
+    topos = ["simulated", "multi-node"] if req.topology in ("any", "local") else [req.topology]
+    for o in offers:
+        if req.gpu_names and o.gpu_name not in req.gpu_names and not req.cpu_ok:
+            continue
+        if "simulated" in topos and o.gpu_count >= req.nodes * req.gpus_per_node:
+            out.append(PlanOption(provider=provider.name, topology=TopologyKind.simulated, offers=[o],
+                                  nodes=req.nodes, gpus_per_node=req.gpus_per_node, usd_per_hour=o.usd_per_hour,
+                                  worst_case_usd=o.usd_per_hour * hours, hours=hours, price_source=o.price_source))
+        if "multi-node" in topos and o.private_network and o.gpu_count >= req.gpus_per_node and req.nodes > 1:
+            usd = o.usd_per_hour * req.nodes
+            out.append(PlanOption(provider=provider.name, topology=TopologyKind.multi_node, offers=[o] * req.nodes,
+                                  nodes=req.nodes, gpus_per_node=req.gpus_per_node, usd_per_hour=usd,
+                                  worst_case_usd=usd * hours, hours=hours, price_source=o.price_source))
+    if req.budget_usd is not None:
+        out = [o for o in out if o.worst_case_usd <= req.budget_usd + 1e-9]
+    zones = {z: i for i, z in enumerate(dict.fromkeys(o.offers[0].zone for o in out))}
+    return sorted(out, key=lambda o: (o.usd_per_hour, zones.get(o.offers[0].zone, 0)))
+
+
+def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> LocalLaunchSpec:
+    """The launch spec for a ``local_exec`` cluster: each node's CUDA_VISIBLE_DEVICES from its gpu_indices."""
+    assert recipe.workdir is not None
+    node_envs = []
+    for n in cluster.nodes:
+        env = {"BROKER_RUN_ID": run.id, "BROKER_MASTER_ADDR": cluster.master_addr}
+        if n.gpu_indices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(n.gpu_indices)
+        env.update(n.env)
+        node_envs.append(env)
+    deadline_s = recipe.max_hours * 3600
+    if run.deadline:
+        deadline_s = max(1.0, (run.deadline - utcnow()).total_seconds())
+    return LocalLaunchSpec(script_rel=str(recipe.script.relative_to(recipe.workdir)), args=list(recipe.args),
+                           workdir=recipe.workdir, nnodes=len(cluster.nodes), nproc_per_node=recipe.gpus_per_node,
+                           env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
+                           expect=list(recipe.expect), deadline_s=deadline_s)
+
+
+def run_on_cloud(recipe: Recipe, plan_options: Plan | PlanOption | Iterable[PlanOption], ledger: Ledger,
+                 echo: Callable[[str], None] | None, *, progress: Callable[[str], None] | None = None,
+                 on_start: Callable[[Run], None] | None = None, providers: dict[str, Provider] | None = None,
+                 ready_timeout_s: float = 900.0, poll_s: float = 5.0, actor: str = "cli",
+                 **provision_kw: Any) -> CloudRunOutcome:
+    """Run ``recipe`` on the first option of ``plan_options`` that provisions; always tears down.
+
+    Raises what :func:`broker.provision.provision` raises (NoValidPlan, ProviderError) and NotSupported for
+    clusters that need SSH execution, each *after* the teardown ran.
+    """
+    from broker.orchestrate import new_run
+    from broker.provision import _options, provision, run_cost
+    from broker.teardown import teardown_run
+
+    options = _options(plan_options)
+    if not options:
+        raise NoValidPlan(f"no plan option for {recipe.name}", hint="`broker plan` shows why each was rejected")
+    first = options[0]
+    run = new_run(ledger, recipe, provider=first.provider, topology=first.topology.value,
+                  plan={"options": [o.model_dump(mode="json") for o in options]})
+    ledger.update_run(run.id, status="provisioning")
+    ledger.event(run.id, actor, "start", f"{len(options)} ranked option(s); first {first.summary} on {first.provider}")
+    if on_start:
+        on_start(run)
+    result: RunResult | None = None
+    cluster: Cluster | None = None
+    status, message = "failed", None
+    left: list[Resource] = []
+    try:
+        cluster = provision(options, run, recipe, ledger, providers=providers, progress=progress,
+                            ready_timeout_s=ready_timeout_s, poll_s=poll_s, actor=actor, **provision_kw)
+        ledger.update_run(run.id, status="running", provider=cluster.provider, topology=cluster.topology.value)
+        if not cluster.local_exec:
+            raise NotSupported(cluster.provider, "run", "running the job over SSH on rented machines is not in "
+                               "this build; the machines were provisioned and are being torn down",
+                               hint="use --provider fake or local until remote execution is merged")
+        spec = cluster_spec(recipe, cluster, run)
+        if progress:
+            progress(f"launching {len(cluster.nodes)} node(s) on {cluster.provider}")
+        result = run_local(spec, Path(run.run_dir or "."), echo=echo)
+        status, message = result.status, result.reason
+    except KeyboardInterrupt:
+        status, message = "interrupted", "interrupted (Ctrl-C) before the job finished"
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after teardown
+        message = str(e)
+        raise
+    finally:
+        ledger.update_run(run.id, status="tearing_down")
+        if progress:
+            progress("tearing down")
+        left = teardown_run(ledger, run.id, actor, providers=providers, say=progress, poll_s=min(poll_s, 2.0))
+        if left:
+            message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
+                f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
+        ledger.update_run(run.id, status=status, ended_at=utcnow(), message=message,
+                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                          pid=os.getpid())
+        ledger.event(run.id, actor, "end", status)
+    updated = ledger.get_run(run.id)
+    assert updated is not None
+    return CloudRunOutcome(updated, result, cluster, left, run_cost(ledger, run.id))

@@ -1,0 +1,217 @@
+"""``broker down`` and ``broker reconcile`` (plus the rented-machine branch of ``broker run`` and its progress).
+
+* ``broker down RUN|--all`` terminates every live resource of a run (idempotent, confirmed); exit 4 while
+  something stays live.
+* ``broker reconcile`` lists what providers hold with broker's run tag that the ledger does not know (orphans);
+  ``--terminate`` records them in the ledger and terminates them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import typer
+
+
+class ProgressPrinter:
+    """Renders provisioning steps: ``[ 12.3s  $0.0041  $1.80/h] step`` (elapsed since start, the run's cost so far
+    per the ledger, what its live resources bill per hour).  Call it with each step; ``bind(run)`` once the run
+    row exists."""
+
+    def __init__(self, ledger: Any, console: Any | None = None):
+        from broker.ui import err
+
+        self.ledger = ledger
+        self.console = console or err
+        self.t0 = time.monotonic()
+        self.run_id: str | None = None
+
+    def bind(self, run: Any) -> None:
+        self.run_id = run.id
+
+    def __call__(self, step: str) -> None:
+        from rich.markup import escape
+
+        from broker.provision import live_usd_per_hour, run_cost
+        from broker.ui import usd
+
+        cost, rate = (run_cost(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
+            if self.run_id else (0.0, 0.0)
+        self.console.print(f"[dim][{time.monotonic() - self.t0:6.1f}s {usd(cost):>8} {usd(rate)}/h][/] "
+                           f"{escape(step)}", highlight=False)
+
+
+def run_cloud(recipe: Any, provider: str, *, quiet: bool, as_json: bool) -> int:
+    """``broker run RECIPE --provider P`` for rented machines; returns the exit code."""
+    from broker.cloudrun import rank_options, run_on_cloud
+    from broker.commands.summary import render_summary
+    from broker.ledger import Ledger
+    from broker.provider import BadInput, NoValidPlan
+    from broker.ui import console, echo_line, print_json
+    from providers import get_provider
+
+    if provider != "fake":
+        raise BadInput(f"provider {provider!r} is not available for runs yet", hint="use --provider local or fake")
+    ledger = Ledger()
+    p = get_provider(provider)
+    req = recipe.requirements()
+    options = rank_options(p, req)
+    if not options:
+        raise NoValidPlan(f"{provider} has no offer for {recipe.nodes} node(s) x {recipe.gpus_per_node} GPU(s) "
+                          f"within ${recipe.budget_usd:g} over {recipe.max_hours:g} h",
+                          hint="raise budget_usd or lower max_hours / nodes in the recipe")
+    prog = ProgressPrinter(ledger)
+
+    def started(run: Any) -> None:
+        prog.bind(run)
+        if not as_json:
+            console.print(f"[bold]run {run.id}[/]: {recipe.name} on {provider}, {len(options)} ranked option(s); "
+                          f"logs: {run.run_dir}")
+
+    out = run_on_cloud(recipe, options, ledger, None if (quiet or as_json) else echo_line, progress=prog,
+                       on_start=started, providers={provider: p})
+    if as_json:
+        from broker.commands.run import result_dict
+
+        print_json({"run": out.run, "result": result_dict(out.result) if out.result else None,
+                    "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left})
+    elif out.result is not None:
+        render_summary(out.run, out.result, recipe, out.cost_usd)
+    if out.left:
+        from broker.ui import err
+
+        err.print(f"[bold red]still live after teardown:[/] " + ", ".join(
+            f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
+        return 4
+    res = out.result
+    return 0 if res and res.ok else (130 if res and res.status == "interrupted" else 1)
+
+
+def _res_dict(r: Any) -> dict:
+    return {"resource_id": r.id, "run_id": r.run_id, "provider": r.provider, "kind": r.kind, "id": r.provider_id,
+            "name": r.name, "state": r.state, "error": r.error}
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("down")
+    def down_cmd(
+        run_id: str = typer.Argument(None, metavar="RUN", help="the run to tear down (a unique prefix is enough)"),
+        all_runs: bool = typer.Option(False, "--all", help="every run with live resources"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating (--all)"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Terminate every live resource of RUN (or --all): idempotent, confirmed gone; exit 4 if any stays."""
+        from rich.markup import escape
+
+        from broker.ledger import Ledger
+        from broker.provider import BadInput
+        from broker.teardown import teardown_run
+        from broker.ui import console, err, print_json
+
+        ledger = Ledger()
+        if all_runs == bool(run_id):
+            raise BadInput("give either a RUN id or --all", hint="`broker status` lists runs and live resources")
+        if all_runs:
+            run_ids = list(dict.fromkeys(r.run_id for r in ledger.resources(live_only=True)))
+            if run_ids and not yes and not as_json and sys.stdin.isatty():
+                if not typer.confirm(f"terminate every live resource of {len(run_ids)} run(s)?", default=True):
+                    raise typer.Exit(1)
+        else:
+            run = ledger.get_run(run_id)
+            if run is not None:
+                run_ids = [run.id]
+            elif ledger.resources(run_id):
+                run_ids = [run_id]  # resources of a run the runs table lacks (e.g. orphans)
+            else:
+                raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
+        say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
+        report: list[dict] = []
+        still: list[Any] = []
+        for rid in run_ids:
+            before = ledger.resources(rid, live_only=True)
+            if not as_json:
+                console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
+            left = teardown_run(ledger, rid, "down", say=say)
+            for r in before:
+                now = ledger.resource(r.id) or r
+                report.append(_res_dict(now))
+                if not as_json:
+                    ok = now.state == "terminated"
+                    console.print(f"  {'[green]terminated[/]' if ok else '[red]STILL LIVE[/]'} {now.provider} "
+                                  f"{now.kind} {now.provider_id or now.name}"
+                                  + ("" if ok else f": {escape(now.error or 'not confirmed gone')}"))
+            still.extend(left)
+        if as_json:
+            print_json({"runs": run_ids, "resources": report, "still_live": [_res_dict(r) for r in still]})
+        elif not run_ids:
+            console.print("nothing live in the ledger.")
+        if still:
+            if not as_json:
+                err.print(f"[bold red]{len(still)} resource(s) still live[/]: run `broker down "
+                          f"{' '.join(dict.fromkeys(r.run_id for r in still))}` again; if it keeps failing, delete "
+                          f"them in the provider's console ({', '.join(r.provider_id or r.name for r in still)})")
+            raise typer.Exit(4)
+
+    @app.command("reconcile")
+    def reconcile_cmd(
+        provider: str = typer.Option(None, "--provider", "-p", help="only this provider"),
+        terminate: bool = typer.Option(False, "--terminate", help="terminate the orphans found"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """List resources providers hold with broker's run tag that the ledger does not know (orphans);
+        --terminate records them in the ledger and terminates them."""
+        from rich.markup import escape
+
+        from broker.ledger import Ledger
+        from broker.provider import BadInput
+        from broker.provision import reconcile, reconcile_providers
+        from broker.ui import console, err, print_json
+
+        ledger = Ledger()
+        provs, skipped = reconcile_providers(ledger, provider)
+        rep = reconcile(ledger, provs, terminate=False)
+        if rep.orphans and not terminate and not yes and not as_json and sys.stdin.isatty():
+            for t in rep.orphans:
+                console.print(f"orphan: {t.provider} {t.kind} {t.provider_id} (run {t.run_id}, {t.state})")
+            terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
+        elif rep.orphans and terminate and not yes:
+            if not sys.stdin.isatty():
+                raise BadInput(f"{len(rep.orphans)} orphan(s) found; refusing to terminate without confirmation",
+                               hint="add --yes to terminate them non-interactively")
+            terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
+        if terminate and rep.orphans:
+            say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
+            done = reconcile(ledger, provs, terminate=True, say=say)
+            rep.terminated, rep.failed = done.terminated, done.failed
+            rep.adopted += done.adopted
+        if as_json:
+            print_json({"checked": rep.checked, "skipped": skipped, "errors": rep.errors, "known": rep.known,
+                        "adopted": rep.adopted, "orphans": rep.orphans, "terminated": rep.terminated,
+                        "still_live": [_res_dict(r) for r in rep.failed]})
+        else:
+            console.print(f"checked: {', '.join(rep.checked) or 'no provider'}; {rep.known} tagged resource(s) "
+                          "known to the ledger")
+            for n, why in {**skipped, **rep.errors}.items():
+                console.print(f"  [yellow]{n}[/]: {escape(why)}")
+            for t in rep.adopted:
+                console.print(f"  {t.provider} {t.kind} {t.provider_id} belongs to an intent row of run {t.run_id} "
+                              f"(created just before a crash); `broker down {t.run_id}` terminates it")
+            if not rep.orphans:
+                console.print("no orphans.")
+            for t in rep.orphans:
+                console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
+                              f"${t.usd_per_hour or 0:.4g}/h")
+            if rep.terminated:
+                console.print(f"[green]terminated {len(rep.terminated)} orphan(s)[/]")
+            if rep.orphans and not terminate:
+                console.print("run `broker reconcile --terminate --yes` to terminate them")
+        if rep.failed:
+            err.print(f"[bold red]{len(rep.failed)} orphan(s) still live[/]: " + ", ".join(
+                f"{r.provider} {r.provider_id}: {r.error}" for r in rep.failed) + "; they stay listed in `broker "
+                "status`; retry `broker reconcile --terminate --yes` or `broker down <run>`")
+            raise typer.Exit(4)
+        if rep.errors:
+            raise typer.Exit(4)

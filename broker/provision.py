@@ -1,0 +1,610 @@
+"""Ledger-first provisioning with failover down a plan's ranked options, and cost-so-far helpers.
+
+:func:`provision` turns ranked :class:`~broker.model.PlanOption` s into a running :class:`~broker.model.Cluster`:
+
+1. ``provider.bootstrap`` (network / security prerequisites) through a :class:`LedgerRecorder`, so every object it
+   creates is written to the ledger before its create call and gets its provider id right after;
+2. per instance: ``ledger.record_intent`` (state ``intent``, USD/hour, the run's hard deadline) **before**
+   ``provider.create_instance`` (whose idempotency ``client_token`` is the ledger row id), ``ledger.mark_created``
+   right after;
+3. ``describe_instance`` until ``running``; ``failed`` / ``stopped`` / ``terminated`` or the ready timeout count
+   as "never ready".
+
+Failover rules (DESIGN.md, issue 4):
+
+* ``OfferGone`` or never ready -> the next option;
+* ``CapacityError`` -> skip the remaining options for the same instance type in the same zone / availability
+  domain and region (they would hit the same empty pool), so the next option tried is another zone, then region;
+* ``QuotaError`` -> skip every remaining option of that provider + region; the quota to raise is reported;
+* ``TransientError`` -> retried with bounded exponential backoff (tenacity) before failing over;
+* ``AuthError`` / ``NotSupported`` -> skip that provider.
+
+Before moving on, every instance the failed attempt created is terminated (``broker.teardown``); if that
+terminate fails, failover **stops** with a :class:`ProviderError` naming the live resource.  Network objects made
+by ``bootstrap`` are kept for later options in the same provider + region and deleted when no longer needed (or
+left to ``teardown_run``, which deletes them after the instances).
+
+Costs: :func:`spent_usd` bills each resource per second from its ledger ``created_at`` (the moment the intent
+was recorded, i.e. just before the create call) until ``terminated_at`` (or now).  That is conservative on
+purpose: Vast.ai bills storage from creation, AWS / OCI bill from ``running``; starting at the intent can only
+over-state the spend by the seconds a create call takes, never under-state it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from broker.ledger import Ledger
+from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
+from broker.provider import (RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
+                             NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TransientError)
+
+Progress = Callable[[str], None]
+
+#: hours in a billing month (8760 / 12), to turn USD per GiB-month into USD per hour
+HOURS_PER_MONTH = 730.0
+
+#: instance states that will never become ``running`` (give up at once)
+DEAD_STATES = ("failed", "stopped", "terminated", "terminating")
+
+
+# --------------------------------------------------------------------------------------------------- recorder
+class LedgerRecorder:
+    """:class:`broker.provider.Recorder` backed by the ledger: adapters call it around each create.
+
+    ``created_ids`` lists the ledger resource ids recorded through this recorder (for cleanup on failure).
+    """
+
+    def __init__(self, ledger: Ledger, run_id: str, provider: str, deadline: datetime | None, actor: str = "cli",
+                 progress: Progress | None = None):
+        self.ledger = ledger
+        self.run_id = run_id
+        self.provider = provider
+        self.deadline = deadline
+        self.actor = actor
+        self.progress = progress
+        self.created_ids: list[str] = []
+
+    def intent(self, kind: str, name: str, *, region: str | None = None, zone: str | None = None,
+               usd_per_hour: float = 0.0, attrs: dict[str, Any] | None = None) -> str:
+        res = self.ledger.record_intent(self.run_id, self.provider, kind, name, region=region, zone=zone,
+                                        usd_per_hour=usd_per_hour, deadline=self.deadline, attrs=attrs,
+                                        actor=self.actor)
+        self.created_ids.append(res.id)
+        return res.id
+
+    def created(self, resource_id: str, provider_id: str, **attrs: Any) -> None:
+        self.ledger.mark_created(resource_id, provider_id, state="running", actor=self.actor, **attrs)
+
+    def failed(self, resource_id: str, error: str) -> None:
+        self.ledger.update_resource(resource_id, state="terminated", error=error, terminated_by=self.actor,
+                                    actor=self.actor, message=f"create failed, nothing exists: {error}")
+
+    def event(self, message: str) -> None:
+        self.ledger.event(self.run_id, self.actor, "progress", message)
+        if self.progress:
+            self.progress(message)
+
+
+# --------------------------------------------------------------------------------------------------- costs
+def spent_usd(res: Resource, now: datetime | None = None) -> float:
+    """US dollars ``res`` has cost so far: ``usd_per_hour`` x seconds / 3600, per second, from ``created_at``
+    (the intent, just before the create call; conservative, see the module docstring) until ``terminated_at``
+    or ``now``.  Once something was created (a provider id is known), at least the offer's minimum billed
+    seconds (``attrs["min_billed_seconds"]``, e.g. AWS's 60 s) are charged."""
+    now = now or utcnow()
+    end = res.terminated_at or now
+    seconds = max(0.0, (end - res.created_at).total_seconds())
+    if res.provider_id:
+        seconds = max(seconds, float(res.attrs.get("min_billed_seconds") or 0.0))
+    return res.usd_per_hour * seconds / 3600.0
+
+
+def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
+    """Sum of :func:`spent_usd` over every resource of ``run_id`` (live and terminated), USD."""
+    now = now or utcnow()
+    return sum(spent_usd(r, now) for r in ledger.resources(run_id))
+
+
+def live_usd_per_hour(ledger: Ledger, run_id: str | None = None) -> float:
+    """What the live resources (of ``run_id``, or all) bill per hour right now, USD/hour."""
+    return sum(r.usd_per_hour for r in ledger.resources(run_id, live_only=True))
+
+
+def live_resource_rows(ledger: Ledger, now: datetime | None = None) -> list[dict[str, Any]]:
+    """One dict per live ledger resource, for ``broker status``.
+
+    Keys: ``run_id``, ``resource_id`` (ledger id), ``provider``, ``kind``, ``id`` (provider id, or ``None`` while
+    only the intent is known), ``name``, ``state``, ``region``, ``zone``, ``age_s`` (seconds since the intent),
+    ``usd_per_hour``, ``spent_usd`` (see :func:`spent_usd`), ``deadline`` (datetime or None), ``deadline_in_s``
+    (seconds left, negative = overdue), ``error`` (last terminate / create error).
+    """
+    now = now or utcnow()
+    rows = []
+    for r in ledger.resources(live_only=True):
+        rows.append({
+            "run_id": r.run_id, "resource_id": r.id, "provider": r.provider, "kind": r.kind, "id": r.provider_id,
+            "name": r.name, "state": r.state, "region": r.region, "zone": r.zone,
+            "age_s": round((now - r.created_at).total_seconds(), 1), "usd_per_hour": r.usd_per_hour,
+            "spent_usd": round(spent_usd(r, now), 6), "deadline": r.deadline,
+            "deadline_in_s": round((r.deadline - now).total_seconds(), 1) if r.deadline else None,
+            "error": r.error,
+        })
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------- attempts
+@dataclass
+class Attempt:
+    """One option tried: what, the outcome (``ok`` | ``skipped`` | ``failed``) and why."""
+
+    option: str
+    provider: str
+    outcome: str
+    reason: str = ""
+
+
+@dataclass
+class _Failover:
+    attempts: list[Attempt] = field(default_factory=list)
+    quota_hints: list[str] = field(default_factory=list)
+    skip_providers: dict[str, str] = field(default_factory=dict)  # provider -> why
+    skip_regions: dict[tuple[str, str | None], str] = field(default_factory=dict)  # (provider, region) -> why
+    no_capacity: dict[tuple, str] = field(default_factory=dict)  # (provider, region, zone, type) -> why
+    plan_failures: int = 0  # failures that mean "this option cannot be had now" (quota, capacity, gone, not ready)
+    last_error: ProviderError | None = None
+
+    def skip_reason(self, opt: PlanOption) -> str | None:
+        if opt.provider in self.skip_providers:
+            return self.skip_providers[opt.provider]
+        for o in opt.offers:
+            if (opt.provider, o.region) in self.skip_regions:
+                return self.skip_regions[(opt.provider, o.region)]
+            if _cap_key(opt.provider, o) in self.no_capacity:
+                return self.no_capacity[_cap_key(opt.provider, o)]
+        return None
+
+
+def _cap_key(provider: str, o: Offer) -> tuple:
+    return (provider, o.region, o.zone, o.instance_type)
+
+
+class _NeverReady(ProviderError):
+    pass
+
+
+class _StopFailover(Exception):
+    def __init__(self, err: ProviderError):
+        self.err = err
+
+
+def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]:
+    if isinstance(plan, Plan):
+        return [o for o in plan.options if o.valid]
+    if isinstance(plan, PlanOption):
+        return [plan]
+    return list(plan)
+
+
+def _retrying(fn: Callable[..., Any], *args: Any, attempts: int, wait_s: float, say: Progress, what: str,
+              **kwargs: Any) -> Any:
+    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s) ``attempts``
+    times in all; the last TransientError propagates."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+    def before_sleep(rs: Any) -> None:
+        say(f"{what}: {rs.outcome.exception().message}; retry {rs.attempt_number + 1}/{attempts} "
+            f"in {rs.next_action.sleep:.1f} s")
+
+    for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_attempt(attempts),
+                            wait=wait_exponential(multiplier=wait_s, max=30), reraise=True,
+                            before_sleep=before_sleep):
+        with attempt:
+            return fn(*args, **kwargs)
+
+
+def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirements: Any, ledger: Ledger, *,
+              providers: dict[str, Provider] | None = None, progress: Progress | None = None,
+              ready_timeout_s: float = 900.0, poll_s: float = 5.0, ssh_public_key: str | None = None,
+              ssh_key_path: str | None = None, image: str | None = None, onstart: str | None = None,
+              transient_attempts: int = 4, retry_wait_s: float = 2.0, terminate_timeout_s: float = 600.0,
+              actor: str = "cli") -> Cluster:
+    """Create the machines of the first option that works; returns the ready cluster.
+
+    ``plan``: a Plan (its valid ``options`` in rank order), one PlanOption or a ranked list.  ``run``: the ledger
+    run (id, hard ``deadline``, ``run_dir`` where the SSH key goes).  ``requirements``: a Recipe or Requirements
+    (``disk_gib``, ``image`` are read when present).  ``providers``: adapters by name (default: the registry).
+    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds.  A fresh ed25519 key
+    is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
+
+    Raises NoValidPlan (exit 3) when every option failed or was skipped (the message lists each attempt and the
+    quotas to raise); ProviderError (exit 4) when a half-created resource could not be terminated (failover stops;
+    the message names the resource and says to run ``broker down <run>``).
+    """
+    from providers import get_provider
+
+    options = _options(plan)
+    if not options:
+        raise NoValidPlan("no plan option to provision", hint="`broker plan RECIPE` shows why every option was rejected")
+    cache: dict[str, Provider] = dict(providers or {})
+    say_ = progress or (lambda _s: None)
+
+    def say(msg: str) -> None:
+        ledger.event(run.id, actor, "provision", msg)
+        say_(msg)
+
+    def prov(name: str) -> Provider:
+        if name not in cache:
+            try:
+                cache[name] = get_provider(name)
+            except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
+                raise NotSupported(name, "load adapter", str(e),
+                                   hint=f"install broker's '{name}' extra (pip install 'broker[{name}]')") from None
+        return cache[name]
+
+    if ssh_public_key is None:
+        from broker import sshkeys
+
+        from broker.config import runs_dir
+
+        kp = sshkeys.generate(Path(run.run_dir) if run.run_dir else runs_dir() / run.id, comment=f"broker-{run.id}")
+        ssh_public_key, ssh_key_path = kp.public_key, str(kp.private_key_path)
+        say(f"ssh key {kp.fingerprint} in {kp.private_key_path}")
+
+    disk_gib = float(getattr(requirements, "disk_gib", 40.0) or 40.0)
+    image = image or getattr(requirements, "image", None)
+    fo = _Failover()
+    networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = {}
+
+    def drop_networks(keep: tuple | None) -> None:
+        for key, (_net, ids) in list(networks.items()):
+            if key == keep:
+                continue
+            for rid in reversed(ids):
+                res = ledger.resource(rid)
+                if res is not None and res.live:
+                    from broker.teardown import terminate_resource
+
+                    if not terminate_resource(ledger, res, actor, provider=prov(res.provider),
+                                              confirm_timeout_s=terminate_timeout_s, poll_s=poll_s, say=say):
+                        say(f"could not delete {res.kind} {res.provider_id or res.name} yet; `broker down {run.id}` "
+                            "retries it")
+            networks.pop(key)
+
+    for n, opt in enumerate(options, 1):
+        label = f"option {n}/{len(options)}: {opt.topology.value} {opt.summary} on {opt.provider} " \
+                f"(${opt.usd_per_hour:.4g}/h)"
+        why = fo.skip_reason(opt)
+        if why:
+            fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
+            say(f"skip {label}: {why}")
+            continue
+        say(f"try {label}")
+        try:
+            p = prov(opt.provider)
+            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
+                               ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
+                               onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
+                               terminate_timeout_s=terminate_timeout_s)
+        except _StopFailover as stop:
+            fo.attempts.append(Attempt(label, opt.provider, "failed", stop.err.message))
+            ledger.event(run.id, actor, "failover-stopped", stop.err.message)
+            raise stop.err from None
+        except ProviderError as e:
+            reason = e.message + (f" ({e.hint})" if e.hint else "")
+            fo.attempts.append(Attempt(label, opt.provider, "failed", reason))
+            fo.last_error = e
+            if isinstance(e, (QuotaError, CapacityError, OfferGone, _NeverReady)):
+                fo.plan_failures += 1
+            region = opt.offers[0].region if opt.offers else None
+            if isinstance(e, QuotaError):
+                fo.skip_regions[(opt.provider, region)] = f"quota exhausted in {opt.provider} {region or ''}".strip()
+                hint = e.hint or opt.next_step or f"raise the {opt.provider} service limit for {opt.summary}"
+                fo.quota_hints.append(f"{opt.provider} {region or ''}: {e.message}; {hint}".replace("  ", " "))
+                say(f"quota: {e.message}; skipping every {opt.provider} option in {region}")
+            elif isinstance(e, CapacityError):
+                for o in opt.offers:
+                    fo.no_capacity[_cap_key(opt.provider, o)] = f"no capacity for {o.instance_type} in {o.zone or o.region}"
+                say(f"capacity: {e.message}; trying the next zone / region")
+            elif isinstance(e, (AuthError, NotSupported)):
+                fo.skip_providers[opt.provider] = f"{opt.provider} unusable: {e.message}"
+                say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
+            elif isinstance(e, (OfferGone, _NeverReady)):
+                say(f"{e.message}; trying the next offer")
+            else:
+                say(f"failed: {e.message}; trying the next option")
+            continue
+        fo.attempts.append(Attempt(label, opt.provider, "ok"))
+        key = (opt.provider, opt.offers[0].region if opt.offers else None, opt.topology.value)
+        drop_networks(keep=key)
+        cluster.ssh_key_path = ssh_key_path
+        if run.run_dir:
+            cluster.known_hosts_path = str(Path(run.run_dir) / "ssh" / "known_hosts")
+        say(f"ready: {len(cluster.nodes)} node(s), master {cluster.master_addr}")
+        return cluster
+
+    drop_networks(keep=None)
+    lines = [f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else "") for a in fo.attempts]
+    hint = "; ".join(fo.quota_hints) if fo.quota_hints else "try later, widen the GPU list or raise the budget"
+    if fo.quota_hints:
+        hint = "raise these quotas (`broker quota request ...`): " + hint
+    msg = "could not provision any option of the plan:\n" + "\n".join(lines)
+    if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
+        e = fo.last_error
+        raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
+    raise NoValidPlan(msg, hint=hint)
+
+
+def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
+             render: Progress, actor: str,
+             ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
+             onstart: str | None, transient_attempts: int, retry_wait_s: float,
+             terminate_timeout_s: float) -> Cluster:
+    """One option: bootstrap, create every instance ledger-first, wait until running.  On a ProviderError every
+    instance created here (and the network objects of a failed bootstrap) is terminated before it propagates."""
+    from broker.teardown import terminate_resource
+
+    if not opt.offers:
+        raise ProviderError(opt.provider, "provision", "the plan option has no offer")
+    simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
+    n_inst = 1 if simulated else opt.nodes
+    offers = [opt.offers[i] if i < len(opt.offers) else opt.offers[-1] for i in range(n_inst)]
+    region = offers[0].region
+    key = (opt.provider, region, opt.topology.value)
+    mine: list[str] = []  # ledger ids this attempt must clean up on failure
+
+    def cleanup(err: BaseException) -> None:
+        for rid in reversed(mine):
+            res = ledger.resource(rid)
+            if res is None or not res.live:
+                continue
+            ok = terminate_resource(ledger, res, actor, provider=p, confirm_timeout_s=terminate_timeout_s,
+                                    poll_s=poll_s, say=say)
+            if not ok:
+                res = ledger.resource(rid) or res
+                what = f"{res.provider} {res.kind} {res.provider_id or res.name} (ledger {res.id})"
+                raise _StopFailover(ProviderError(
+                    res.provider, "terminate",
+                    f"after a failed attempt ({getattr(err, 'message', err)}) {what} could not be terminated and "
+                    f"is still live: {(res.error or 'not confirmed gone').splitlines()[0]}; stopped failing over "
+                    "so no second machine is rented while this one may still bill",
+                    hint=f"run `broker down {run.id}` (retries the terminate); if it keeps failing, delete "
+                         f"{res.provider_id or res.name} in the {res.provider} console"))
+
+    rec = LedgerRecorder(ledger, run.id, p.name, run.deadline, actor, progress=render)  # it logs to the ledger
+    try:
+        if key in networks:
+            net = networks[key][0]
+        else:
+            say(f"{p.name}: bootstrap ({opt.topology.value}, {region})")
+            try:
+                net = _retrying(p.bootstrap, run.id, offers, opt.topology.value, rec, attempts=transient_attempts,
+                                wait_s=retry_wait_s, say=say, what=f"{p.name} bootstrap")
+            except BaseException:
+                mine.extend(rec.created_ids)
+                raise
+            networks[key] = (net or {}, list(rec.created_ids))
+        inst_ids: list[str] = []
+        for i, offer in enumerate(offers):
+            name = f"broker-{run.id}-n{i}"
+            # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
+            storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
+            res = ledger.record_intent(
+                run.id, p.name, "instance", name, region=offer.region, zone=offer.zone,
+                usd_per_hour=offer.usd_per_hour + storage, deadline=run.deadline, actor=actor,
+                attrs={"offer_key": offer.key, "offer_id": offer.offer_id, "instance_type": offer.instance_type,
+                       "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
+                       "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
+                       "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
+                       "min_billed_seconds": offer.min_billed_seconds})
+            mine.append(res.id)
+            inst_ids.append(res.id)
+            say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
+                f"(${offer.usd_per_hour:.4g}/h)")
+            req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
+                              client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
+                              network=dict(networks[key][0]), tags={RUN_TAG: run.id}, onstart=onstart)
+            try:
+                pid = _retrying(p.create_instance, req, attempts=transient_attempts, wait_s=retry_wait_s, say=say,
+                                what=f"{p.name} create_instance")
+            except ProviderError as e:
+                # the create failed; a retried create may still have left something (tag resolves it in cleanup)
+                ledger.update_resource(res.id, error=e.message, actor=actor, message=f"create failed: {e.message}")
+                raise
+            ledger.mark_created(res.id, pid, actor=actor)
+            say(f"{p.name}: created {pid}")
+        infos: list[InstanceInfo] = []
+        for rid in inst_ids:
+            infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=say, actor=actor,
+                                     timeout_s=ready_timeout_s, poll_s=poll_s))
+        return _cluster(opt, p, run, inst_ids, infos, simulated)
+    except ProviderError as e:
+        cleanup(e)
+        raise
+    except Exception as e:  # a bug or an unexpected error: still leave nothing behind
+        cleanup(e)
+        raise
+
+
+def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,
+                timeout_s: float, poll_s: float) -> InstanceInfo:
+    import time
+
+    assert res is not None and res.provider_id
+    t0 = time.monotonic()
+    last = None
+    while True:
+        try:
+            info = p.describe_instance(res.provider_id, region=res.region)
+        except TransientError as e:
+            info = None
+            say(f"{p.name}: describe {res.provider_id}: {e.message}; polling again")
+        if info is not None:
+            if info.state != last:
+                say(f"{p.name}: {res.provider_id} is {info.raw_state or info.state}")
+                last = info.state
+            if info.state == "running":
+                ledger.update_resource(res.id, state="running", actor=actor, attrs={
+                    k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),
+                                      ("ssh_host", info.ssh_host), ("ssh_port", info.ssh_port)) if v is not None},
+                    message=f"{res.provider_id} running")
+                return info
+            if info.state in DEAD_STATES:
+                raise _NeverReady(p.name, "describe_instance",
+                                  f"{res.provider_id} became {info.raw_state or info.state} instead of running"
+                                  + (f" ({info.message})" if info.message else ""))
+        if time.monotonic() - t0 > timeout_s:
+            raise _NeverReady(p.name, "describe_instance",
+                              f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
+        time.sleep(poll_s)
+
+
+def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],
+             simulated: bool) -> Cluster:
+    nodes: list[ClusterNode] = []
+    g = opt.gpus_per_node
+    if simulated:
+        info = infos[0]
+        for i in range(opt.nodes):
+            nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or "127.0.0.1",
+                                     port=info.ssh_port, user=info.ssh_user, private_ip="127.0.0.1",
+                                     gpu_indices=[str(j) for j in range(i * g, (i + 1) * g)],
+                                     resource_id=inst_ids[0]))
+    else:
+        for i, info in enumerate(infos):
+            ip = info.private_ip or info.public_ip
+            if not ip:
+                raise ProviderError(p.name, "describe_instance", f"{info.provider_id} reports no private IP",
+                                    hint=f"`broker down {run.id}` and report this provider response")
+            nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or ip, port=info.ssh_port,
+                                     user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
+    return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes,
+                   local_exec=bool(getattr(p, "local_exec", False)))
+
+
+def requirements_of(recipe_or_req: Any) -> Requirements:
+    """Requirements from a Recipe (``.requirements()``) or Requirements itself."""
+    return recipe_or_req if isinstance(recipe_or_req, Requirements) else recipe_or_req.requirements()
+
+
+# --------------------------------------------------------------------------------------------------- reconcile
+@dataclass
+class ReconcileReport:
+    """What :func:`reconcile` found.
+
+    ``orphans``: tagged provider objects the ledger does not know or has as terminated.  ``adopted``: tagged
+    objects matching a live ``intent`` row without provider id (a crash between create and mark_created): known to
+    the ledger, ``broker down`` resolves them by tag; with ``terminate`` the row is given the id.  ``known``: count of tagged objects the ledger tracks as live.  ``errors``: provider ->
+    why it could not be listed.  ``terminated`` / ``failed``: ledger ids after ``terminate``.
+    """
+
+    orphans: list[Any] = field(default_factory=list)
+    adopted: list[Any] = field(default_factory=list)
+    known: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+    terminated: list[str] = field(default_factory=list)
+    failed: list[Resource] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+
+def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[str, Provider], dict[str, str]]:
+    """The providers to ask: ``only``, else every cloud adapter whose ``check()`` says configured plus any provider
+    the ledger has rows for (``fake`` also when ``BROKER_FAKE_STATE`` is set).  Returns (adapters, skipped: why)."""
+    import os
+
+    from providers import CLOUD, get_provider
+
+    names = [only] if only else list(dict.fromkeys([*CLOUD, *sorted({r.provider for r in ledger.resources()}),
+                                                    *(["fake"] if os.environ.get("BROKER_FAKE_STATE") else [])]))
+    out: dict[str, Provider] = {}
+    skipped: dict[str, str] = {}
+    in_ledger = {r.provider for r in ledger.resources()}
+    for n in names:
+        if n == "local":
+            continue
+        try:
+            p = get_provider(n)
+        except ImportError as e:
+            skipped[n] = f"adapter not available ({e})"
+            continue
+        except Exception as e:  # noqa: BLE001 - BadInput for an unknown --provider propagates below
+            if only:
+                raise
+            skipped[n] = str(e)
+            continue
+        if not only and n not in in_ledger and n != "fake":
+            try:
+                chk = p.check()
+            except Exception as e:  # noqa: BLE001
+                skipped[n] = f"check failed: {e}"
+                continue
+            if not chk.configured:
+                skipped[n] = f"not configured{': ' + chk.hint if chk.hint else ''}"
+                continue
+        out[n] = p
+    return out, skipped
+
+
+def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool = False, actor: str = "reconcile",
+              say: Progress | None = None, confirm_timeout_s: float = 900.0, poll_s: float = 2.0) -> ReconcileReport:
+    """Compare what ``providers`` hold with broker's run tag (``list_tagged``) against the ledger.
+
+    With ``terminate``, each orphan is first written to the ledger (a new ``orphan`` row, or its old row reopened
+    as ``orphan``) and then terminated through :func:`broker.teardown.terminate_resource`, so the termination
+    itself is ledger-visible and a failure stays live in ``broker status``.  Never raises for provider errors.
+    """
+    from broker.teardown import terminate_resource
+
+    rep = ReconcileReport()
+    for name, p in providers.items():
+        try:
+            tagged = p.list_tagged(None)
+        except Exception as e:  # noqa: BLE001 - one provider's failure must not hide another's orphans
+            rep.errors[name] = getattr(e, "message", str(e))
+            continue
+        rep.checked.append(name)
+        for t in tagged:
+            if t.state == "terminated":
+                continue
+            row = ledger.find_by_provider_id(p.name, t.provider_id)
+            if row is not None and row.live:
+                rep.known += 1
+                continue
+            if row is None:
+                pending = [r for r in ledger.resources(t.run_id, live_only=True) if t.run_id
+                           and r.provider == p.name and r.kind == t.kind and not r.provider_id
+                           and t.name in (r.name, None)]
+                if pending:
+                    if terminate:  # listing never writes; with --terminate the intent row learns its id
+                        ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
+                                               message=f"found by run tag: {t.provider_id}")
+                    rep.adopted.append(t)
+                    continue
+            rep.orphans.append(t)
+    if not terminate:
+        return rep
+    by_name = {p.name: p for p in providers.values()}
+    # instances before the network objects they sit in (like teardown_order)
+    for t in sorted(rep.orphans, key=lambda t: t.kind != "instance"):
+        row = ledger.find_by_provider_id(t.provider, t.provider_id)
+        if row is not None:  # known but marked terminated: reopen
+            ledger.update_resource(row.id, state="orphan", terminated_at=None, terminated_by=None, actor=actor,
+                                   message=f"{t.provider_id} still exists although the ledger had it terminated")
+        else:
+            row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
+                                       region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
+                                       attrs={"found_by": "reconcile"})
+            ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
+                                   created_at=t.created_at or row.created_at, actor=actor,
+                                   message=f"orphan {t.kind} {t.provider_id} found by run tag")
+        res = ledger.resource(row.id)
+        assert res is not None
+        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider),
+                              confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say):
+            rep.terminated.append(res.id)
+        else:
+            rep.failed.append(ledger.resource(res.id) or res)
+    return rep
