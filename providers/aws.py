@@ -482,7 +482,7 @@ class AWSProvider(Provider):
             if o.instance_type not in lst:
                 lst.append(o.instance_type)
         out: list[Quota] = []
-        for (region, code), types in sorted(groups.items()):
+        for (region, code), types in groups.items():
             value, name, source = self._quota_value(code, region)
             used, note = self._usage(code, region)
             desc = name or AWS_QUOTA_CODES[code].name

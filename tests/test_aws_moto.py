@@ -92,8 +92,13 @@ def offer(it: str = "g5.xlarge", zone: str = "us-east-1a") -> Offer:
                  price_source="test", price_time=utcnow())
 
 
+_IMAGE: list[str] = []
+
+
 def image_id(ec2) -> str:
-    return ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    if not _IMAGE:  # moto lists ~1300 AMIs: look one up once
+        _IMAGE.append(ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"])
+    return _IMAGE[0]
 
 
 def node_req(ec2, run_id: str, network: dict, token: str | None = None, i: int = 0) -> NodeRequest:
