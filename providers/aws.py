@@ -796,7 +796,7 @@ class AWSProvider(Provider):
             "quota_code": code,
             "quota_name": AWS_QUOTA_CODES[code].name if code in AWS_QUOTA_CODES else quota.description,
             "region": region,
-            "current_value": quota.limit,
+            "current_value": quota.limit if quota.source != "not read" else "unknown (not read)",
             "desired_value": float(value),
             "unit": "vCPUs (not instances, not GPUs)",
             "reason": reason,
