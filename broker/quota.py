@@ -378,6 +378,21 @@ def desired_value(q: Quota | None, units_needed_: float) -> float:
     return float(max(q.limit, q.used + units_needed_))
 
 
+def request_command(provider: str, limit: str, value: float, *, scope: str | None = None,
+                    region: str | None = None) -> str:
+    """The ready ``broker quota request ...`` command that would unblock a plan option (scope only for OCI ADs).
+
+    E.g. ``broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1``.
+    """
+    v = int(value) if float(value).is_integer() else value
+    cmd = f"broker quota request --provider {provider} --limit {limit} --value {v}"
+    if scope and provider == "oci":
+        cmd += f" --scope {scope}"
+    if region:
+        cmd += f" --region {region}"
+    return cmd
+
+
 def default_reason(nodes: int, gpus_per_node: int, instance_type: str | None = None) -> str:
     """The justification text used when ``--reason`` is not given."""
     what = f" on {nodes}x {instance_type}" if instance_type else ""

@@ -97,6 +97,20 @@ def test_check_json_ok_in_one_ad(monkeypatch):
     assert v["ok"] and v["scope"] == "AD-2" and v["units_needed"] == 2 and v["unit"] == "gpus"
 
 
+def test_check_from_recipe(monkeypatch, tmp_path):
+    use(monkeypatch, oci=FakeOCI({"AD-1": (8, 0)}))
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    rec = tmp_path / "job.yaml"
+    rec.write_text("name: three\nscript: train.py\nnodes: 3\ngpus_per_node: 1\ntopology: multi-node\n")
+    r = cli("quota", "check", "-p", "oci", "--recipe", str(rec), "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["nodes"] == 3
+    v = [v for v in data["providers"][0]["verdicts"] if v["limit"] == "gpu-a10-count"]
+    assert [(x["topology"], x["instance_type"], x["units_needed"], x["ok"]) for x in v] == [
+        ("multi-node", "VM.GPU.A10.1", 3, True)]
+
+
 def test_check_unknown_instance_type_is_bad_input(monkeypatch):
     from broker.provider import BadInput
 
@@ -234,6 +248,20 @@ def test_aws_request_open_request_not_duplicated_in_ledger(monkeypatch):
     from broker.ledger import Ledger
 
     assert len(Ledger().quota_requests()) == 1
+
+
+def test_aws_spot_only_when_asked(monkeypatch, tmp_path):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none2"))
+    from providers.aws import AWSProvider
+
+    use(monkeypatch, aws=AWSProvider(region="us-east-1"))
+    r = cli("quota", "check", "-p", "aws", "-t", "g5.xlarge", "--json")
+    assert [v["limit"] for v in json.loads(r.output)["providers"][0]["verdicts"]] == ["L-DB2E81BA"]
+    r = cli("quota", "check", "-p", "aws", "-t", "g5.xlarge", "--spot", "--json")
+    assert [v["limit"] for v in json.loads(r.output)["providers"][0]["verdicts"]] == ["L-3819A6DF"]
 
 
 def test_aws_request_permission_error_is_clear(monkeypatch):

@@ -140,6 +140,15 @@ def test_explain_critical_misreading():
     assert a.startswith("4 of 8 vCPUs used means 4 vCPUs may be launched (= 1× g5.xlarge)")
 
 
+def test_request_command():
+    from broker.quota import request_command
+
+    assert request_command("oci", "gpu-a10-count", 2.0, scope="AD-1", region="us-ashburn-1") == \
+        "broker quota request --provider oci --limit gpu-a10-count --value 2 --scope AD-1 --region us-ashburn-1"
+    assert request_command("aws", "L-DB2E81BA", 8, scope="us-east-1") == \
+        "broker quota request --provider aws --limit L-DB2E81BA --value 8"
+
+
 def test_desired_value_and_reason():
     assert desired_value(None, 8) == 8
     q = Quota(provider="aws", name="L-DB2E81BA", limit=4, used=4, unit="vcpus")

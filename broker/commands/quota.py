@@ -51,12 +51,13 @@ def _job(nodes: int, gpus_per_node: int, topology: str, recipe: Optional[str]) -
     return nodes, gpus_per_node, topology
 
 
-def _needs(provider: str, nodes: int, gpus_per_node: int, instance_type: Optional[str], topology: str) -> list["Need"]:
+def _needs(provider: str, nodes: int, gpus_per_node: int, instance_type: Optional[str], topology: str,
+           spot: bool = False) -> list["Need"]:
     from broker.provider import BadInput
     from broker.quota import instance_specs, needs_for
 
     try:
-        needs = needs_for(provider, nodes, gpus_per_node, instance_type=instance_type, topology=topology)
+        needs = needs_for(provider, nodes, gpus_per_node, instance_type=instance_type, topology=topology, spot=spot)
     except KeyError as e:
         raise BadInput(str(e.args[0]), hint="`--instance-type` takes a type / shape from the snapshot") from None
     if instance_type and not needs:
@@ -66,7 +67,8 @@ def _needs(provider: str, nodes: int, gpus_per_node: int, instance_type: Optiona
     return needs
 
 
-def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], region: Optional[str]) -> list["Offer"]:
+def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], region: Optional[str],
+                spot: bool = False) -> list["Offer"]:
     """The adapter's offers for the needed types; synthesized from the snapshot when the adapter lists none."""
     from broker.model import Offer
     from broker.quota import FALLBACK_DATE
@@ -91,25 +93,17 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
                             gpu_count=s.gpus, gpu_mem_gib=s.gpu_mem_gib, vcpus=s.vcpus, ram_gib=s.ram_gib,
                             usd_per_hour=s.usd_per_hour, private_network=True, price_source=s.source,
                             price_time=datetime.fromisoformat(FALLBACK_DATE).replace(tzinfo=timezone.utc)))
+    if spot:  # adapters pick the spot quota for offers marked so (AWS L-3819A6DF / L-7212CCBC)
+        offers = [o.model_copy(update={"attrs": {**o.attrs, "market": "spot"}}) for o in offers]
     return offers
 
 
-def _request_cmd(provider: str, limit: str, value: float, scope: Optional[str], region: Optional[str]) -> str:
-    v = int(value) if float(value).is_integer() else value
-    cmd = f"broker quota request --provider {provider} --limit {limit} --value {v}"
-    if scope and provider == "oci":
-        cmd += f" --scope {scope}"
-    if region:
-        cmd += f" --region {region}"
-    return cmd
-
-
 def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type: Optional[str], topology: str,
-                   region: Optional[str]) -> dict[str, Any]:
+                   region: Optional[str], spot: bool = False) -> dict[str, Any]:
     """Everything ``broker quota check`` shows for one provider, as data (also the ``--json`` output)."""
     from broker.model import Requirements
     from broker.provider import ProviderError
-    from broker.quota import explain_usage, instance_specs, verdict
+    from broker.quota import explain_usage, instance_specs, request_command, verdict
 
     out: dict[str, Any] = {"provider": provider, "available": True, "configured": None, "quotas": [],
                            "verdicts": [], "explanations": [], "error": None}
@@ -118,7 +112,7 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
     except ProviderUnavailable as e:
         out.update(available=False, error=str(e))
         return out
-    needs = _needs(provider, nodes, gpus_per_node, instance_type, topology)
+    needs = _needs(provider, nodes, gpus_per_node, instance_type, topology, spot)
     chk = prov.check()
     out["configured"] = chk.configured
     if not chk.configured:
@@ -129,7 +123,7 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
                            topology=topology if topology in ("simulated", "multi-node") else "any",
                            providers=[provider])
         try:
-            quotas = prov.quotas(req, _offers_for(prov, provider, req, needs, region))
+            quotas = prov.quotas(req, _offers_for(prov, provider, req, needs, region, spot))
         except ProviderError as e:
             out["error"] = str(e)
     out["quotas"] = [q.model_dump() | {"available": q.available} for q in quotas]
@@ -140,8 +134,8 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
                "limit": n.limit.name, "unit": n.limit.unit, "units_needed": n.units, "ok": v.ok, "scope": v.scope,
                "sentence": v.sentence, "next_step": None}
         if not v.ok and v.request_value is not None:
-            row["next_step"] = _request_cmd(provider, n.limit.name, v.request_value, v.scope,
-                                            region or (quotas[0].region if quotas else None))
+            row["next_step"] = request_command(provider, n.limit.name, v.request_value, scope=v.scope,
+                                               region=region or (quotas[0].region if quotas else None))
         out["verdicts"].append(row)
     for q in quotas:
         spec = next((specs[t] for t in q.instance_types if t in specs), None)
@@ -192,6 +186,7 @@ def register(app: typer.Typer) -> None:
                                                     help="AWS instance type / OCI shape (default: cheapest fitting)"),
         topology: str = typer.Option("any", "--topology", help="simulated | multi-node | any"),
         recipe: Optional[str] = typer.Option(None, "--recipe", help="take nodes/GPUs/topology from a recipe"),
+        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS L-3819A6DF / L-7212CCBC), not on-demand"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """The GPU limits that matter for the job (limit, used, available, unit, scope) and a verdict per topology."""
@@ -201,7 +196,7 @@ def register(app: typer.Typer) -> None:
         if provider and provider not in QUOTA_PROVIDERS:
             raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}")
         n, g, topo = _job(nodes, gpus_per_node, topology, recipe)
-        results = [check_provider(p, n, g, instance_type, topo, region) for p in ([provider] if provider
+        results = [check_provider(p, n, g, instance_type, topo, region, spot) for p in ([provider] if provider
                                                                                   else QUOTA_PROVIDERS)]
         if as_json:
             print_json({"nodes": n, "gpus_per_node": g, "providers": results})
@@ -223,6 +218,7 @@ def register(app: typer.Typer) -> None:
         gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1),
         instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t"),
         recipe: Optional[str] = typer.Option(None, "--recipe"),
+        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS), not on-demand"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """File (or with --draft print) a quota increase sized for the job; recorded in the ledger."""
@@ -230,7 +226,7 @@ def register(app: typer.Typer) -> None:
 
         n, g, topo = _job(nodes, gpus_per_node, "any", recipe)
         r, note = file_request(provider, value=value, limit=limit, scope=scope, region=region, reason=reason,
-                               draft=draft, nodes=n, gpus_per_node=g, instance_type=instance_type)
+                               draft=draft, nodes=n, gpus_per_node=g, instance_type=instance_type, spot=spot)
         if as_json:
             print_json({"request": r, "note": note})
             return
@@ -284,7 +280,7 @@ def register(app: typer.Typer) -> None:
 
 def file_request(provider: str, *, value: Optional[float], limit: Optional[str], scope: Optional[str],
                  region: Optional[str], reason: Optional[str], draft: bool, nodes: int, gpus_per_node: int,
-                 instance_type: Optional[str]) -> tuple[Any, str]:
+                 instance_type: Optional[str], spot: bool = False) -> tuple[Any, str]:
     """Size, file (or draft) and record one request.  Returns (QuotaRequest or None, a note for the user)."""
     from broker.model import Quota, Requirements
     from broker.provider import BadInput, NotSupported, ProviderError
@@ -296,14 +292,14 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         prov = provider_factory(provider, region)
     except ProviderUnavailable as e:
         raise BadInput(str(e), hint="install broker with that provider's extra") from None
-    needs = _needs(provider, nodes, gpus_per_node, instance_type, "any")
+    needs = _needs(provider, nodes, gpus_per_node, instance_type, "any", spot)
     if limit:
         chosen = [n for n in needs if n.limit.name == limit]
         if not chosen and needs and instance_type is None:
             raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
                            hint="check the name: OCI gpu-a10-count..., AWS L-DB2E81BA (G/VT) or L-417A185B (P)")
         if not chosen:
-            ref = limit_for(provider, instance_type or "", spot=False)
+            ref = limit_for(provider, instance_type or "", spot=spot)
             raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
     else:
         chosen = needs
@@ -315,7 +311,7 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         req = Requirements(nodes=nodes, gpus_per_node=gpus_per_node, min_gpu_mem_gib=0, hours=None, budget_usd=None,
                            providers=[provider])
         try:
-            quotas = [q for q in prov.quotas(req, _offers_for(prov, provider, req, [need], region))
+            quotas = [q for q in prov.quotas(req, _offers_for(prov, provider, req, [need], region, spot))
                       if q.name == need.limit.name]
         except ProviderError as e:
             if not draft:
