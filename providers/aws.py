@@ -182,12 +182,13 @@ def map_error(e: BaseException, call: str, *, instance_type: str | None = None, 
         return ProviderError("aws", call, f"{type(e).__name__}: {e}")
     code, status, msg = _error_code(e)
     where = "/".join(x for x in (region, zone) if x)
+    what = f" ({instance_type} in {where})" if instance_type else ""
     if code in _CAPACITY_CODES:
-        return CapacityError("aws", call, f"{code}: {msg}" + (f" ({instance_type} in {where})" if instance_type else ""),
+        return CapacityError("aws", call, f"{code}: {msg}{what}",
                              hint="AWS has no capacity for this type there now: try the next zone or instance type",
                              code=code, status=status)
     if code == "Unsupported":
-        return CapacityError("aws", call, f"NOT_OFFERED: {msg}" + (f" ({instance_type} in {where})" if instance_type else ""),
+        return CapacityError("aws", call, f"NOT_OFFERED: {msg}{what}",
                              hint="this instance type is not offered in that zone: choose another zone",
                              code=code, status=status)
     if code in _QUOTA_CODES:

@@ -151,6 +151,19 @@ def test_request_oci_draft_prints_form_files_nothing(monkeypatch):
     assert Ledger().quota_requests() == []
 
 
+def test_request_default_picks_the_reported_blocked_limit(monkeypatch):
+    fake = FakeOCI({"AD-1": (1, 0), "AD-2": (0, 0), "AD-3": (2, 2)})
+    use(monkeypatch, oci=fake)
+    r = cli("quota", "request", "-p", "oci", "--draft")
+    assert r.exit_code == 0, r.output
+    quota, value, _, draft = fake.filed[0]
+    assert (quota.name, quota.scope, value, draft) == ("gpu-a10-count", "AD-1", 2.0, True)
+    r = cli("quota", "check", "-p", "oci", "--json")
+    p = json.loads(r.output)["providers"][0]
+    assert {v["limit"] for v in p["verdicts"]} == {"gpu-a10-count"}
+    assert "gpu2-count" in p["not_reported"]
+
+
 def test_request_not_needed(monkeypatch):
     fake = FakeOCI({"AD-1": (8, 0)})
     use(monkeypatch, oci=fake)

@@ -128,6 +128,11 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
             out["error"] = str(e)
     out["quotas"] = [q.model_dump() | {"available": q.available} for q in quotas]
     specs = instance_specs(provider)
+    read = {q.name for q in quotas}
+    unread = sorted({n.limit.name for n in needs if n.limit.name not in read})
+    if read and unread:
+        out["not_reported"] = unread  # the adapter returned no value for these limits
+        needs = [n for n in needs if n.limit.name in read]
     for n in needs:
         v = verdict(n, quotas)
         row = {"topology": n.topology, "instance_type": n.spec.instance_type, "instances": n.instances,
@@ -169,6 +174,8 @@ def _print_check(res: dict[str, Any]) -> None:
             console.print(f"    -> {v['next_step']}", markup=False)
     for e in res["explanations"]:
         console.print(f"    note: {e}", markup=False)
+    if res.get("not_reported"):
+        console.print(f"    (limits not reported by the {p} adapter: {', '.join(res['not_reported'])})", markup=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -303,7 +310,6 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
             raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
     else:
         chosen = needs
-    need = next((n for n in chosen if n.topology == "multi-node"), chosen[0])
     note = ""
     quotas: list[Quota] = []
     chk = prov.check()
@@ -311,16 +317,25 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         req = Requirements(nodes=nodes, gpus_per_node=gpus_per_node, min_gpu_mem_gib=0, hours=None, budget_usd=None,
                            providers=[provider])
         try:
-            quotas = [q for q in prov.quotas(req, _offers_for(prov, provider, req, [need], region, spot))
-                      if q.name == need.limit.name]
+            quotas = prov.quotas(req, _offers_for(prov, provider, req, chosen, region, spot))
         except ProviderError as e:
             if not draft:
                 raise
             note = f"current limit not read ({e.message}); sizing from the job alone.\n"
     if scope:
-        quotas = [q for q in quotas if q.scope == scope] or []
-    v = verdict(need, quotas)
-    q = next((x for x in quotas if (x.scope or x.region) == v.scope), quotas[0] if quotas else None)
+        quotas = [q for q in quotas if q.scope == scope]
+    # multi-node first (cheapest type first within it); prefer limits the provider reported; the first blocked one
+    read = {q.name for q in quotas}
+    ordered = sorted(chosen, key=lambda n: n.topology != "multi-node")
+    candidates = [n for n in ordered if n.limit.name in read] or ordered
+    judged = [(n, verdict(n, quotas)) for n in candidates]
+    blocked = [(n, v) for n, v in judged if not v.ok]
+    if value is None and read and not blocked:
+        n, v = judged[0]
+        return None, f"no increase needed: {v.sentence}"
+    need, v = blocked[0] if blocked else judged[0]
+    mine = [x for x in quotas if x.name == need.limit.name]
+    q = next((x for x in mine if (x.scope or x.region) == v.scope), mine[0] if mine else None)
     if q is None:
         q = Quota(provider=provider, name=need.limit.name, description=need.limit.description,
                   region=region, scope=scope or (region if provider == "aws" else None), limit=0, used=0,
@@ -329,9 +344,6 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         raise BadInput(f"{need.limit.name} is counted per availability domain: say which one with --scope",
                        hint="`broker quota check --provider oci` shows every AD's limit")
     target = float(value) if value is not None else desired_value(q if q.source != "not read" else None, need.units)
-    if value is None and q.source != "not read" and q.limit >= target:
-        return None, (f"no increase needed: {q.name} in {q.scope or q.region} is {q.limit:g} {q.unit} with "
-                      f"{q.available:g} available; {need.instances}× {need.spec.instance_type} needs {need.units:g}")
     why = reason or default_reason(nodes, gpus_per_node, need.spec.instance_type)
     note += (f"{need.instances}× {need.spec.instance_type} ({need.topology}) needs {need.units} "
              f"{need.limit.unit} of {need.limit.name}; requesting a limit of {target:g}")
