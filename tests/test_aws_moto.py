@@ -200,3 +200,45 @@ def test_offers_per_zone_and_capacity(prov):
     assert g5.attrs["api_gpu_mem_mib"] == 22888 and g5.attrs["api_vcpus"] == 4  # describe_instance_types
     caps = prov.capacity(offers)
     assert caps and all(c.status == "UNKNOWN" for c in caps if c.zone in zones and c.instance_type == "g5.xlarge")
+
+
+class LedgerRec:
+    """Recorder over the real ledger (what provisioning hands to bootstrap)."""
+
+    def __init__(self, ledger, run_id: str) -> None:
+        self.ledger, self.run_id = ledger, run_id
+
+    def intent(self, kind, name, *, region=None, zone=None, usd_per_hour=0.0, attrs=None):
+        return self.ledger.record_intent(self.run_id, "aws", kind, name, region=region, zone=zone,
+                                         usd_per_hour=usd_per_hour, attrs=attrs).id
+
+    def created(self, resource_id, provider_id, **attrs):
+        self.ledger.mark_created(resource_id, provider_id, **attrs)
+
+    def failed(self, resource_id, error):
+        self.ledger.update_resource(resource_id, state="failed", error=error)
+
+    def event(self, message):
+        self.ledger.event(self.run_id, "test", "event", message)
+
+
+def test_crash_after_create_is_found_by_tag_and_torn_down(prov, ec2):
+    """Ledger-first: a crash between run_instances and mark_created leaves an intent row; teardown finds the
+    instance by the run tag and removes it, then the security group."""
+    from broker.ledger import Ledger
+    from broker.teardown import teardown_run
+
+    run = "run-" + uuid.uuid4().hex[:8]
+    led = Ledger()
+    net = prov.bootstrap(run, [offer()], "simulated", LedgerRec(led, run))
+    req = node_req(ec2, run, net)
+    res = led.record_intent(run, "aws", "instance", req.name, region="us-east-1", zone="us-east-1a",
+                            usd_per_hour=1.006)
+    iid = prov.create_instance(req.model_copy(update={"client_token": res.id}))
+    # ... the CLI dies here: no mark_created
+    assert led.resource(res.id).provider_id is None
+    left = teardown_run(led, run, "test", providers={"aws": prov}, confirm_timeout_s=30, poll_s=0.2)
+    assert left == []
+    assert led.resource(res.id).provider_id == iid
+    assert prov.describe_instance(iid).state == "terminated"
+    assert ec2.describe_security_groups(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])["SecurityGroups"] == []
