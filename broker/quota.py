@@ -21,9 +21,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 from broker.model import Quota
+
+if TYPE_CHECKING:
+    from broker.model import Offer
 
 #: Date of the fallback table (the snapshot it was built from).
 FALLBACK_DATE = "2026-11-29"
@@ -398,3 +401,42 @@ def default_reason(nodes: int, gpus_per_node: int, instance_type: str | None = N
     what = f" on {nodes}x {instance_type}" if instance_type else ""
     return (f"PyTorch distributed training validation: {nodes} nodes x {gpus_per_node} GPU"
             f"{'s' if gpus_per_node != 1 else ''}{what}; short runs with a hard deadline and automatic teardown.")
+
+
+def option_quota_block(offers: list["Offer"], quotas: Iterable[Quota], *, spot: bool = False) -> tuple[str, str] | None:
+    """For a plan option (its offers: one for ``simulated``, N for ``multi-node``), whether a limit read blocks it.
+
+    Returns None when no read limit blocks it (including when the covering limit was not read: unknown is not a
+    rejection), else ``(reason, next_step)``: a plain sentence with the number needed vs available and the ready
+    ``broker quota request ...`` command that would unblock it.  OCI limits are matched on the offer's AD
+    (``Quota.scope == Offer.zone``), AWS limits on the region.
+    """
+    quotas = list(quotas)
+    groups: dict[tuple[str, str, str | None], list["Offer"]] = {}
+    for o in offers:
+        scope = o.zone if o.provider == "oci" else o.region
+        groups.setdefault((o.provider, o.instance_type, scope), []).append(o)
+    for (provider, it, scope), grp in groups.items():
+        ref = limit_for(provider, it, spot=spot or any(o.attrs.get("market") == "spot" for o in grp))
+        if ref is None:
+            continue
+        o = grp[0]
+        spec = InstanceSpec(provider, it, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus), o.ram_gib,
+                            o.usd_per_hour, o.region or "any")
+        if provider == "aws" and spec.vcpus <= 0:
+            spec = instance_specs("aws").get(it, spec)
+        units = units_needed(provider, spec, len(grp))
+        match = [q for q in quotas if q.provider == provider and q.name == ref.name
+                 and (scope is None or (q.scope or q.region) in (scope, None))]
+        if not match:
+            continue
+        q = max(match, key=lambda x: x.available)
+        if q.available >= units:
+            continue
+        where = q.scope or q.region or scope or "-"
+        unit = "GPUs" if ref.unit == "gpus" else "vCPUs"
+        reason = (f"quota: {len(grp)}× {it} needs {units} {unit} of {ref.name} in {where}; "
+                  f"{_n(q.available)} available (limit {_n(q.limit)}, used {_n(q.used)})")
+        return reason, request_command(provider, ref.name, desired_value(q, units), scope=where,
+                                       region=q.region or o.region)
+    return None

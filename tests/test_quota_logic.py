@@ -155,3 +155,37 @@ def test_desired_value_and_reason():
     assert desired_value(q, 8) == 12
     assert desired_value(q.model_copy(update={"limit": 32}), 8) == 32
     assert default_reason(2, 1, "g5.xlarge").startswith("PyTorch distributed training validation: 2 nodes x 1 GPU")
+
+
+def _offer(provider, it, zone, region, gpus=1, vcpus=4):
+    from broker.model import Offer, utcnow
+
+    return Offer(provider=provider, offer_id=it, instance_type=it, region=region, zone=zone, gpu_name="A10",
+                 gpu_count=gpus, gpu_mem_gib=24, vcpus=vcpus, usd_per_hour=1.0, price_source="t", price_time=utcnow())
+
+
+def test_option_quota_block_oci_per_ad():
+    from broker.quota import option_quota_block
+
+    offers = [_offer("oci", "VM.GPU.A10.1", "AD-1", "us-ashburn-1", vcpus=30)] * 2
+    block = option_quota_block(offers, [q_oci("AD-1", 1, 0), q_oci("AD-2", 8, 0)])
+    assert block is not None
+    reason, cmd = block
+    assert reason == ("quota: 2× VM.GPU.A10.1 needs 2 GPUs of gpu-a10-count in AD-1; 1 available (limit 1, used 0)")
+    assert cmd == "broker quota request --provider oci --limit gpu-a10-count --value 2 --scope AD-1 --region us-ashburn-1"
+    ok = [_offer("oci", "VM.GPU.A10.1", "AD-2", "us-ashburn-1", vcpus=30)] * 2
+    assert option_quota_block(ok, [q_oci("AD-1", 1, 0), q_oci("AD-2", 8, 0)]) is None
+    assert option_quota_block(offers, []) is None  # unknown is not a rejection
+
+
+def test_option_quota_block_aws_vcpus():
+    from broker.quota import option_quota_block
+
+    offers = [_offer("aws", "g5.xlarge", "us-east-1a", "us-east-1")] * 2
+    q = Quota(provider="aws", name="L-DB2E81BA", region="us-east-1", scope="us-east-1", limit=4, used=0, unit="vcpus")
+    reason, cmd = option_quota_block(offers, [q])
+    assert "needs 8 vCPUs of L-DB2E81BA in us-east-1; 4 available" in reason
+    assert cmd == "broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1"
+    assert option_quota_block(offers, [q.model_copy(update={"limit": 8})]) is None
+    spot_q = q.model_copy(update={"name": "L-3819A6DF"})
+    assert option_quota_block(offers, [spot_q]) is None  # a spot limit does not block on-demand
