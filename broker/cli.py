@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "broker.commands.run",
     "broker.commands.status",
     "broker.commands.lifecycle",
+    "broker.commands.quota",
 ]
 
 for _name in COMMAND_MODULES:

@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
     aws_endpoint_url: str | None = None
     aws_ami_id: str | None = None
+    aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
 
     # Watchdog
     broker_watchdog_interval_s: float = 5.0

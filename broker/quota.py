@@ -1,0 +1,442 @@
+"""Quota (service limit) logic, pure: which limit covers an instance type, unit conversions, plain-word verdicts.
+
+Two clouds count GPU quota differently (reference: cloud-apis.md B2 and C1):
+
+* **OCI** limits in service ``compute`` are per **availability domain** and counted in **GPUs**
+  (``gpu-a10-count`` covers VM.GPU.A10.1/.2 and BM.GPU.A10.4).  Two VM.GPU.A10.1 nodes of one multi-node job need
+  ``gpu-a10-count >= 2`` in **one** AD (the subnet and the cluster live in one AD).
+* **AWS** Service Quotas for EC2 are per **region** and counted in **vCPUs** of a family and market:
+  ``L-DB2E81BA`` running on-demand G and VT, ``L-417A185B`` running on-demand P, ``L-3819A6DF`` / ``L-7212CCBC``
+  for spot.  Two g5.xlarge (4 vCPUs each) need 8 vCPUs of ``L-DB2E81BA``.
+
+Hardware per instance type comes from the shipped price snapshot (:mod:`broker.catalog` when present) and, when
+that module is absent or does not know a type, from :data:`FALLBACK_TYPES` (cloud-apis.md C4/B7 and
+reference/prices/oci-aws-list-prices.csv, dated 2026-11-29; prices third-party, unconfirmed).
+
+Nothing here does I/O except :func:`instance_specs` reading the catalog snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Literal
+
+from broker.model import Quota
+
+if TYPE_CHECKING:
+    from broker.model import Offer
+
+#: Date of the fallback table (the snapshot it was built from).
+FALLBACK_DATE = "2026-11-29"
+FALLBACK_SOURCE = (f"broker fallback table {FALLBACK_DATE} (AWS us-east-1 / OCI list prices, third-party, "
+                   "unconfirmed; hardware from moto's describe_instance_types data)")
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Hardware and list price of one AWS instance type or OCI shape.
+
+    ``gpu_mem_gib`` is per GPU; ``usd_per_hour`` is the whole unit's on-demand list price (``region`` names where
+    the price applies; ``"any"`` for OCI, whose list prices are the same in every commercial region).
+    """
+
+    provider: str
+    instance_type: str
+    gpu_name: str
+    gpus: int
+    gpu_mem_gib: float
+    vcpus: int
+    ram_gib: float
+    usd_per_hour: float
+    region: str = "us-east-1"
+    notes: str = ""
+    source: str = FALLBACK_SOURCE
+
+
+#: provider,instance_type,gpu_name,gpus,gpu_mem_gib,vcpus,ram_gib,usd_per_hour,region,notes
+_FALLBACK_ROWS = """\
+oci,VM.GPU.A10.1,A10,1,24,30,240,2.00,any,15 OCPU = 30 vCPU; stop pauses billing (A10 VMs only)
+oci,VM.GPU.A10.2,A10,2,24,60,480,4.00,any,stop pauses billing (A10 VMs only)
+oci,BM.GPU.A10.4,A10,4,24,128,1024,8.00,any,bare metal: billed while stopped
+oci,VM.GPU2.1,P100,1,16,24,72,1.275,any,billed while stopped
+oci,VM.GPU3.1,V100,1,16,12,90,2.95,any,another source implies 3.05; billed while stopped
+oci,BM.GPU4.8,A100-40GB,8,40,128,2048,24.40,any,billed while stopped
+oci,BM.GPU.A100-v2.8,A100-80GB,8,80,256,2048,32.00,any,billed while stopped
+oci,BM.GPU.H100.8,H100,8,80,224,2048,80.00,any,billed while stopped
+aws,g4dn.xlarge,T4,1,16,4,16,0.526,us-east-1,
+aws,g4dn.12xlarge,T4,4,16,48,192,3.912,us-east-1,
+aws,g5.xlarge,A10G,1,24,4,16,1.006,us-east-1,spot seen 0.42-0.45
+aws,g5.8xlarge,A10G,1,24,32,128,2.448,us-east-1,
+aws,g5.12xlarge,A10G,4,24,48,192,5.672,us-east-1,
+aws,g6.xlarge,L4,1,24,4,16,0.8048,us-east-1,
+aws,p4d.24xlarge,A100-40GB,8,40,96,1152,21.9576,us-east-1,
+aws,p5.4xlarge,H100,1,80,16,256,6.88,us-east-1,
+aws,p5.48xlarge,H100,8,80,192,2048,55.04,us-east-1,
+"""
+
+
+def _parse_fallback() -> dict[str, dict[str, InstanceSpec]]:
+    out: dict[str, dict[str, InstanceSpec]] = {}
+    for line in _FALLBACK_ROWS.splitlines():
+        p, it, gname, gpus, mem, vcpus, ram, usd, region, notes = line.split(",", 9)
+        out.setdefault(p, {})[it] = InstanceSpec(p, it, gname, int(gpus), float(mem), int(vcpus), float(ram),
+                                                 float(usd), region, notes)
+    return out
+
+
+#: provider -> instance type -> spec (the built-in table).
+FALLBACK_TYPES: dict[str, dict[str, InstanceSpec]] = _parse_fallback()
+
+
+def instance_specs(provider: str) -> dict[str, InstanceSpec]:
+    """Every instance type / shape of ``provider`` in the shipped snapshot, merged over the fallback table.
+
+    Reads :func:`broker.catalog.snapshot_offers` when that module exists (any failure there falls back silently
+    to :data:`FALLBACK_TYPES`; the catalog is optional on this branch).
+    """
+    specs = dict(FALLBACK_TYPES.get(provider, {}))
+    try:
+        from broker.catalog import snapshot_offers  # type: ignore[import-not-found]
+        from broker.model import Requirements
+
+        offers = snapshot_offers(provider, Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None,
+                                                         budget_usd=None, providers=[provider]))
+    except Exception:  # noqa: BLE001 - catalog absent or incompatible: the fallback table is complete
+        return specs
+    for o in offers:
+        if o.gpu_count <= 0 or not o.vcpus:
+            continue
+        if o.instance_type not in specs or specs[o.instance_type].vcpus <= 0:
+            specs[o.instance_type] = InstanceSpec(provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib,
+                                                  int(o.vcpus), o.ram_gib, o.usd_per_hour, o.region or "any",
+                                                  source=o.price_source)
+    return specs
+
+
+def spec_for(provider: str, instance_type: str) -> InstanceSpec:
+    """The spec of one type; raises KeyError naming the known types when it is unknown."""
+    specs = instance_specs(provider)
+    try:
+        return specs[instance_type]
+    except KeyError:
+        raise KeyError(f"unknown {provider} instance type {instance_type!r}; known: {', '.join(sorted(specs))}") \
+            from None
+
+
+# ------------------------------------------------------------------------------------------------ AWS families
+@dataclass(frozen=True)
+class AwsQuotaCode:
+    """One EC2 Service Quotas code (values in vCPUs)."""
+
+    code: str
+    name: str
+    family: Literal["G", "P", "standard"]
+    market: Literal["on-demand", "spot"]
+
+
+AWS_QUOTA_CODES: dict[str, AwsQuotaCode] = {q.code: q for q in (
+    AwsQuotaCode("L-DB2E81BA", "Running On-Demand G and VT instances", "G", "on-demand"),
+    AwsQuotaCode("L-417A185B", "Running On-Demand P instances", "P", "on-demand"),
+    AwsQuotaCode("L-3819A6DF", "All G and VT Spot Instance Requests", "G", "spot"),
+    AwsQuotaCode("L-7212CCBC", "All P Spot Instance Requests", "P", "spot"),
+    AwsQuotaCode("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "standard",
+                 "on-demand"),
+)}
+
+#: instance-type prefix (the part before the dot) -> quota family.
+_AWS_FAMILY_PREFIX = {"g4dn": "G", "g4ad": "G", "g5": "G", "g5g": "G", "g6": "G", "g6e": "G", "gr6": "G",
+                      "vt1": "G", "p2": "P", "p3": "P", "p3dn": "P", "p4d": "P", "p4de": "P", "p5": "P",
+                      "p5e": "P", "p5en": "P"}
+
+
+def aws_family(instance_type: str) -> str | None:
+    """``"G"`` (G and VT), ``"P"`` or None (not a GPU family) from the instance-type prefix."""
+    prefix = instance_type.split(".", 1)[0].lower()
+    if prefix in _AWS_FAMILY_PREFIX:
+        return _AWS_FAMILY_PREFIX[prefix]
+    m = re.match(r"^(g|vt|p)\d", prefix)
+    if m:
+        return "P" if m.group(1) == "p" else "G"
+    return None
+
+
+def aws_quota_code(instance_type: str, *, spot: bool = False) -> AwsQuotaCode | None:
+    """The EC2 quota that counts ``instance_type``'s vCPUs (on-demand unless ``spot``); None for non-GPU types."""
+    fam = aws_family(instance_type)
+    if fam is None:
+        return None
+    market = "spot" if spot else "on-demand"
+    return next(q for q in AWS_QUOTA_CODES.values() if q.family == fam and q.market == market)
+
+
+# ------------------------------------------------------------------------------------------------ OCI limits
+_OCI_LIMIT_PATTERNS: list[tuple[str, str]] = [
+    (r"^(VM|BM)\.GPU\.A10\.", "gpu-a10-count"),
+    (r"^(VM|BM)\.GPU2\.", "gpu2-count"),
+    (r"^(VM|BM)\.GPU3\.", "gpu3-count"),
+    (r"^BM\.GPU4\.", "gpu4-count"),
+    (r"^BM\.GPU\.A100-v2\.", "gpu-a100-v2-count"),
+    (r"^BM\.GPU\.H100\.", "gpu-h100-count"),  # name seen in third-party code only (cloud-apis.md B2)
+    (r"^BM\.GPU\.H200\.", "gpu-h200-count"),
+    (r"^BM\.GPU\.B200\.", "gpu-b200-count"),
+    (r"^BM\.GPU\.MI300X\.", "gpu-mi300x-count"),
+]
+
+
+def oci_limit_name(shape: str) -> str | None:
+    """The AD-scoped ``compute`` limit (counted in GPUs) that covers ``shape``; None for non-GPU shapes."""
+    for pat, name in _OCI_LIMIT_PATTERNS:
+        if re.match(pat, shape, re.IGNORECASE):
+            return name
+    return None
+
+
+@dataclass(frozen=True)
+class LimitRef:
+    """Which limit covers an instance type, in which unit and scope (``"AD"`` for OCI, ``"region"`` for AWS)."""
+
+    provider: str
+    name: str
+    description: str
+    unit: Literal["gpus", "vcpus"]
+    scope_kind: Literal["AD", "region"]
+    service: str
+
+
+def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> LimitRef | None:
+    """The limit that must allow ``instance_type`` (None when the type is not a GPU type of that provider)."""
+    if provider == "aws":
+        q = aws_quota_code(instance_type, spot=spot)
+        return None if q is None else LimitRef("aws", q.code, q.name, "vcpus", "region", "ec2")
+    if provider == "oci":
+        name = oci_limit_name(instance_type)
+        return None if name is None else LimitRef("oci", name, f"compute limit {name} (GPUs per AD)", "gpus",
+                                                  "AD", "compute")
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ conversions
+def instances_to_gpus(spec: InstanceSpec, instances: int) -> int:
+    """GPUs held by ``instances`` of ``spec``."""
+    return spec.gpus * instances
+
+
+def instances_to_vcpus(spec: InstanceSpec, instances: int) -> int:
+    """vCPUs held by ``instances`` of ``spec`` (what AWS quotas count)."""
+    return spec.vcpus * instances
+
+
+def gpus_to_instances(spec: InstanceSpec, gpus: float) -> int:
+    """Whole instances that ``gpus`` GPUs of quota allow (floor)."""
+    return int(math.floor(gpus / spec.gpus + 1e-9)) if spec.gpus else 0
+
+
+def vcpus_to_instances(spec: InstanceSpec, vcpus: float) -> int:
+    """Whole instances that ``vcpus`` vCPUs of quota allow (floor)."""
+    return int(math.floor(vcpus / spec.vcpus + 1e-9)) if spec.vcpus else 0
+
+
+def gpus_to_vcpus(spec: InstanceSpec, gpus: int) -> int:
+    """vCPUs of quota needed to hold ``gpus`` GPUs of this type (whole instances, rounded up)."""
+    return instances_to_vcpus(spec, math.ceil(gpus / spec.gpus)) if spec.gpus else 0
+
+
+def units_needed(provider: str, spec: InstanceSpec, instances: int) -> int:
+    """The amount of the covering limit ``instances`` of ``spec`` need: GPUs for OCI, vCPUs for AWS."""
+    return instances_to_vcpus(spec, instances) if provider == "aws" else instances_to_gpus(spec, instances)
+
+
+def instances_allowed(provider: str, spec: InstanceSpec, units: float) -> int:
+    """How many instances of ``spec`` ``units`` of the covering limit allow."""
+    return vcpus_to_instances(spec, units) if provider == "aws" else gpus_to_instances(spec, units)
+
+
+# ------------------------------------------------------------------------------------------------ topologies
+@dataclass(frozen=True)
+class Need:
+    """What one topology needs from one limit: ``instances`` × ``spec`` = ``units`` of ``limit`` in one scope."""
+
+    topology: str  # "multi-node" | "simulated"
+    spec: InstanceSpec
+    instances: int
+    limit: LimitRef
+    units: int
+
+
+def needs_for(provider: str, nodes: int, gpus_per_node: int, *, instance_type: str | None = None,
+              topology: str = "any", spot: bool = False,
+              specs: dict[str, InstanceSpec] | None = None) -> list[Need]:
+    """What each topology of a job needs, per covering limit.
+
+    ``multi-node``: ``nodes`` instances with ``gpus >= gpus_per_node``; ``simulated``: one instance with
+    ``gpus >= nodes * gpus_per_node``.  With ``instance_type`` only that type is used (for the topology it fits);
+    otherwise the cheapest fitting type under each limit.  Raises KeyError for an unknown ``instance_type``.
+    """
+    specs = specs if specs is not None else instance_specs(provider)
+    if instance_type is not None:
+        spec = specs.get(instance_type) or spec_for(provider, instance_type)
+        candidates = [spec]
+    else:
+        candidates = sorted(specs.values(), key=lambda s: (s.usd_per_hour, s.instance_type))
+    topologies: list[tuple[str, int, int]] = []  # (name, instances, gpus per instance at least)
+    if topology in ("any", "multi-node") and (nodes > 1 or topology == "multi-node"):
+        topologies.append(("multi-node", nodes, gpus_per_node))
+    if topology in ("any", "simulated"):
+        topologies.append(("simulated", 1, nodes * gpus_per_node))
+    out: list[Need] = []
+    for topo, count, min_gpus in topologies:
+        seen: set[str] = set()
+        for spec in candidates:
+            if spec.gpus < min_gpus:
+                continue
+            ref = limit_for(provider, spec.instance_type, spot=spot)
+            if ref is None or ref.name in seen:
+                continue
+            seen.add(ref.name)
+            out.append(Need(topo, spec, count, ref, units_needed(provider, spec, count)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ verdicts
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _unit_word(unit: str, n: float) -> str:
+    word = {"gpus": "GPU", "vcpus": "vCPU", "instances": "instance"}.get(unit, unit)
+    return word if n == 1 else word + "s"
+
+
+@dataclass
+class Verdict:
+    """A topology's quota verdict: ``ok`` when some scope (AD/region) has enough available."""
+
+    need: Need
+    ok: bool
+    sentence: str
+    scope: str | None = None  # the scope that fits (or the best one)
+    request_value: float | None = None  # new limit to request in the best scope when not ok
+    quotas: list[Quota] = field(default_factory=list)
+
+
+def verdict(need: Need, quotas: Iterable[Quota]) -> Verdict:
+    """Plain-word verdict for one topology need against the limits read (``quotas`` of the need's limit name).
+
+    OCI: "2× VM.GPU.A10.1 needs gpu-a10-count ≥ 2 in one AD; you have 1 available in AD-1".
+    AWS: "2× g5.xlarge needs 8 vCPUs of L-DB2E81BA (Running On-Demand G and VT instances) in us-east-1; you have
+    4 available (= 1× g5.xlarge)".
+    """
+    qs = [q for q in quotas if q.name == need.limit.name]
+    it, n, u = need.spec.instance_type, need.instances, need.units
+    if need.limit.provider == "oci":
+        head = f"{n}× {it} needs {need.limit.name} ≥ {u} in one AD"
+    else:
+        head = (f"{n}× {it} needs {u} vCPUs of {need.limit.name} ({need.limit.description})"
+                + (f" in {qs[0].region or qs[0].scope}" if qs and (qs[0].region or qs[0].scope) else ""))
+    if not qs:
+        return Verdict(need, False, f"{head}; the limit could not be read (unknown)", request_value=float(u))
+    fits = [q for q in qs if q.available >= u]
+    best = max(qs, key=lambda q: q.available)
+    if fits:
+        q = max(fits, key=lambda q: q.available)
+        where = q.scope or q.region or "-"
+        allowed = instances_allowed(need.limit.provider, need.spec, q.available)
+        return Verdict(need, True, f"{head}; you have {_n(q.available)} available in {where} "
+                                   f"(= {allowed}× {it}): OK", scope=where, quotas=qs)
+    parts = [f"{_n(q.available)} available in {q.scope or q.region or '-'}" for q in
+             sorted(qs, key=lambda q: -q.available)]
+    where = best.scope or best.region or "-"
+    want = best.used + u  # new limit so that `u` more fit next to what is used
+    allowed = instances_allowed(need.limit.provider, need.spec, best.available)
+    return Verdict(need, False, f"{head}; you have {', '.join(parts)} (= {allowed}× {it}): request "
+                                f"{need.limit.name} = {_n(max(want, best.limit))} in {where}",
+                   scope=where, request_value=float(max(want, best.limit)), quotas=qs)
+
+
+def explain_usage(q: Quota, spec: InstanceSpec | None = None) -> str:
+    """What "used X of Y" means, against the console's "critical" marker.
+
+    E.g. "0 of 1 GPUs used means 1 GPU may be launched (the console marks small limits near use as
+    'critical'; that is not an error)".
+    """
+    avail = q.available
+    s = (f"{_n(q.used)} of {_n(q.limit)} {_unit_word(q.unit, q.limit)} used means "
+         f"{_n(avail)} {_unit_word(q.unit, avail)} may be launched")
+    if spec is not None:
+        k = instances_allowed(q.provider, spec, avail)
+        s += f" (= {k}× {spec.instance_type})"
+    if q.limit == 0:
+        s += "; a limit of 0 blocks every launch: request an increase"
+    else:
+        s += "; the console's 'critical' marker only says usage is near the limit, it is not an error"
+    return s
+
+
+def desired_value(q: Quota | None, units_needed_: float) -> float:
+    """The new limit that lets ``units_needed_`` more run next to current use: ``max(limit, used + need)``."""
+    if q is None:
+        return float(units_needed_)
+    return float(max(q.limit, q.used + units_needed_))
+
+
+def request_command(provider: str, limit: str, value: float, *, scope: str | None = None,
+                    region: str | None = None) -> str:
+    """The ready ``broker quota request ...`` command that would unblock a plan option (scope only for OCI ADs).
+
+    E.g. ``broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1``.
+    """
+    v = int(value) if float(value).is_integer() else value
+    cmd = f"broker quota request --provider {provider} --limit {limit} --value {v}"
+    if scope and provider == "oci":
+        cmd += f" --scope {scope}"
+    if region:
+        cmd += f" --region {region}"
+    return cmd
+
+
+def default_reason(nodes: int, gpus_per_node: int, instance_type: str | None = None) -> str:
+    """The justification text used when ``--reason`` is not given."""
+    what = f" on {nodes}x {instance_type}" if instance_type else ""
+    return (f"PyTorch distributed training validation: {nodes} nodes x {gpus_per_node} GPU"
+            f"{'s' if gpus_per_node != 1 else ''}{what}; short runs with a hard deadline and automatic teardown.")
+
+
+def option_quota_block(offers: list["Offer"], quotas: Iterable[Quota], *, spot: bool = False) -> tuple[str, str] | None:
+    """For a plan option (its offers: one for ``simulated``, N for ``multi-node``), whether a limit read blocks it.
+
+    Returns None when no read limit blocks it (including when the covering limit was not read: unknown is not a
+    rejection), else ``(reason, next_step)``: a plain sentence with the number needed vs available and the ready
+    ``broker quota request ...`` command that would unblock it.  OCI limits are matched on the offer's AD
+    (``Quota.scope == Offer.zone``), AWS limits on the region.
+    """
+    quotas = list(quotas)
+    groups: dict[tuple[str, str, str | None], list["Offer"]] = {}
+    for o in offers:
+        scope = o.zone if o.provider == "oci" else o.region
+        groups.setdefault((o.provider, o.instance_type, scope), []).append(o)
+    for (provider, it, scope), grp in groups.items():
+        ref = limit_for(provider, it, spot=spot or any(o.attrs.get("market") == "spot" for o in grp))
+        if ref is None:
+            continue
+        o = grp[0]
+        spec = InstanceSpec(provider, it, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus), o.ram_gib,
+                            o.usd_per_hour, o.region or "any")
+        if provider == "aws" and spec.vcpus <= 0:
+            spec = instance_specs("aws").get(it, spec)
+        units = units_needed(provider, spec, len(grp))
+        match = [q for q in quotas if q.provider == provider and q.name == ref.name
+                 and (scope is None or (q.scope or q.region) in (scope, None))]
+        if not match:
+            continue
+        q = max(match, key=lambda x: x.available)
+        if q.available >= units:
+            continue
+        where = q.scope or q.region or scope or "-"
+        unit = "GPUs" if ref.unit == "gpus" else "vCPUs"
+        reason = (f"quota: {len(grp)}× {it} needs {units} {unit} of {ref.name} in {where}; "
+                  f"{_n(q.available)} available (limit {_n(q.limit)}, used {_n(q.used)})")
+        return reason, request_command(provider, ref.name, desired_value(q, units), scope=where,
+                                       region=q.region or o.region)
+    return None
