@@ -148,6 +148,8 @@ class FakeProvider(Provider):
                                 hint="retry `broker down`; the resource stays listed until it is gone")
         with self._state() as st:
             inst = st["instances"].get(provider_id)
+            if inst is not None:
+                inst["terminate_calls"] = inst.get("terminate_calls", 0) + 1  # tests count double terminations
             if inst is not None and inst["state"] != "terminated":
                 inst["state"] = "terminated"
                 inst["terminated_at"] = time.time()
