@@ -8,7 +8,8 @@ Each pass (:meth:`Watchdog.run_once`) reads the ledger and terminates, through
     :mod:`broker.accounting`) reaches the run's ``budget_usd`` - or would reach it before the next pass;
 (c) whose run has ended (succeeded / failed / interrupted / deadline / torn_down) while the resource is still live
     ``ended_grace_s`` (default 120 s) after the end: the CLI's teardown did not complete.  A resource with
-    ``attrs["idle_minutes"]`` (recipe ``idle_minutes``: the cluster is kept for the user after the job) waits that
+    ``attrs["idle_minutes"]`` (or recipe ``idle_minutes`` in the run's recipe: the cluster is kept for the user after
+    the job) waits that
     many minutes instead.  The watchdog cannot see SSH sessions on the node, so this is an upper bound; the
     session-aware idle stop runs on the node (:func:`idle_watch_script`);
 (d) whose run is still marked active but whose driving CLI process (``Run.pid``) is dead on this machine: a run
@@ -34,7 +35,13 @@ interval, provider errors) is rewritten after every pass; ``broker status`` read
 
 Restart safety: the watchdog keeps no state that matters outside the ledger.  Killed and restarted, it reads the
 ledger again: ``terminated`` rows are never touched; a row left ``terminating`` by a killed process is first
-described and, when the provider says it is gone, only marked ``terminated`` (no second terminate call).
+described and, when the provider says it is gone, only marked ``terminated`` (no second terminate call); while
+the provider says ``terminating`` it is described again on the next pass, not terminated again.  A terminate not
+confirmed within ``confirm_timeout_s`` (30 s) is confirmed that way on later passes, so one slow cloud does not
+hold up the others.
+
+Limits: the CLI check reads ``Run.pid`` on *this* machine (a ledger shared with another machine, or a reused pid,
+misjudges it: the grace above and the deadline bound the cost).
 """
 
 from __future__ import annotations
@@ -150,7 +157,7 @@ class Watchdog:
 
     def __init__(self, ledger: Ledger, providers: dict[str, Provider] | None = None, clock: Clock | None = None,
                  interval_s: float = 5.0, orphan_grace_s: float = 600.0, actor: str = "watchdog", *,
-                 ended_grace_s: float = 120.0, orphan_scan_s: float = 60.0, confirm_timeout_s: float = 120.0,
+                 ended_grace_s: float = 120.0, orphan_scan_s: float = 60.0, confirm_timeout_s: float = 30.0,
                  home: Path | None = None, say: Callable[[str], None] | None = None):
         self.ledger = ledger
         self._given = dict(providers) if providers is not None else None
@@ -244,33 +251,34 @@ class Watchdog:
         return out
 
     def _reason(self, res: Resource, run: Run | None, spent: float | None, hourly: float | None,
-                now: datetime) -> str | None:
-        """Why ``res`` must go now (None = keep it)."""
+                now: datetime) -> tuple[str, str] | None:
+        """Why ``res`` must go now: (rule, sentence) with rule deadline | budget | ended | idle | orphan; None =
+        keep it."""
         dl = effective_deadline(res, run)
         if dl is not None and now >= dl:
-            return f"deadline passed {_ago((now - dl).total_seconds())} ago ({dl:%Y-%m-%d %H:%M:%S}Z)"
+            return "deadline", f"deadline passed {_ago((now - dl).total_seconds())} ago ({dl:%Y-%m-%d %H:%M:%S}Z)"
         if run is not None and run.budget_usd is not None and spent is not None:
             if spent >= run.budget_usd:
-                return f"budget ${run.budget_usd:,.2f} reached: spent ${spent:,.2f}"
+                return "budget", f"budget ${run.budget_usd:,.2f} reached: spent ${spent:,.2f}"
             if hourly and spent + hourly * self.interval_s / 3600.0 >= run.budget_usd:
-                return (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent ${spent:,.4f} "
-                        f"at ${hourly:,.2f}/h")
+                return "budget", (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent "
+                                  f"${spent:,.4f} at ${hourly:,.2f}/h")
         if run is not None and run.status in ENDED_STATUSES:
-            idle_min = res.attrs.get("idle_minutes")
+            idle_min = res.attrs.get("idle_minutes") or (run.recipe or {}).get("idle_minutes")
             grace = float(idle_min) * 60.0 if idle_min else self.ended_grace_s
             since = (now - run.ended_at).total_seconds() if run.ended_at else float("inf")
             if since >= grace:
                 if idle_min:
-                    return f"idle {float(idle_min):g} min after the job ended ({run.status})"
+                    return "idle", f"idle {float(idle_min):g} min after the job ended ({run.status})"
                 when = f"{_ago(since)} ago" if since != float("inf") else "earlier"
-                return f"run {run.status} {when} but this resource is still live (teardown did not complete)"
+                return "ended", f"run {run.status} {when} but this resource is still live (teardown did not complete)"
         if res.state == "orphan":
             seen = res.attrs.get("orphan_first_seen")
             first = datetime.fromisoformat(seen) if seen else res.created_at
             age = (now - first).total_seconds()
             if age >= self.orphan_grace_s:
-                return (f"orphan: carries run tag {res.attrs.get('tag_run_id')!r} but the ledger did not know it; "
-                        f"first seen {_ago(age)} ago (grace {_ago(self.orphan_grace_s)})")
+                return "orphan", (f"orphan: carries run tag {res.attrs.get('tag_run_id')!r} but the ledger did not "
+                                  f"know it; first seen {_ago(age)} ago (grace {_ago(self.orphan_grace_s)})")
         return None
 
     def _enforce_run(self, run_id: str, rows: list[Resource], now: datetime) -> list[Action]:
@@ -282,10 +290,11 @@ class Watchdog:
         todo = {res.id: r for res in rows if (r := self._reason(res, run, spent, hourly, now))}
         if not todo:
             return []
-        if run is not None and run.status in ACTIVE_STATUSES:
-            first = next(iter(todo.values()))
-            status = "deadline" if first.startswith("deadline") else "interrupted"
-            self.ledger.update_run(run_id, status=status, ended_at=now, message=f"watchdog: {first}")
+        ending = [r for r in todo.values() if r[0] in ("deadline", "budget")]
+        if run is not None and run.status in ACTIVE_STATUSES and ending:
+            rule, why = ending[0]
+            self.ledger.update_run(run_id, status="deadline" if rule == "deadline" else "interrupted", ended_at=now,
+                                   message=f"watchdog: {why}")
         out: list[Action] = []
         targets = teardown_order([r for r in rows if r.id in todo])
         for res in targets:
@@ -296,23 +305,29 @@ class Watchdog:
             nxt = self._retry.get(res.id)
             if nxt and now < nxt[0]:
                 continue
-            out.append(self._terminate(res, todo[res.id], now))
+            out.append(self._terminate(res, todo[res.id][1], now))
         return out
 
     def _terminate(self, res: Resource, reason: str, now: datetime) -> Action:
         what = f"{res.provider} {res.kind} {res.provider_id or res.name}"
-        self._log(res.run_id, "terminate", f"{what}: {reason}", resource_id=res.id)
         ok = False
         try:
             p = self._provider(res.provider)
             if res.state == "terminating" and res.provider_id and res.kind == "instance":
                 # claimed before (maybe by a watchdog that was killed): confirm first, never terminate twice
-                if p.describe_instance(res.provider_id, region=res.region).state == "terminated":
+                info = p.describe_instance(res.provider_id, region=res.region)
+                if info.state == "terminated":
                     self.ledger.update_resource(res.id, state="terminated", error=None, actor=self.actor,
                                                 message=f"{what} confirmed gone (terminate requested earlier by "
                                                         f"{res.terminated_by or '?'})")
                     ok = True
+                elif info.state == "terminating":  # the provider is on it: look again next pass, no new call
+                    self._retry.pop(res.id, None)
+                    return Action("terminate", res.run_id, res.id, f"{reason}; terminate in progress "
+                                  f"(provider state {info.raw_state or info.state})", ok=False,
+                                  provider=res.provider, provider_id=res.provider_id)
             if not ok:
+                self._log(res.run_id, "terminate", f"{what}: {reason}", resource_id=res.id)
                 ok = terminate_resource(self.ledger, res, self.actor, provider=p,
                                         confirm_timeout_s=self.confirm_timeout_s,
                                         poll_s=min(2.0, max(0.2, self.interval_s)))

@@ -314,3 +314,66 @@ def test_idle_watch_script_fires_only_after_job_end_without_ssh_sessions(tmp_pat
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_orphan_of_an_active_run_is_terminated_without_ending_the_run(ledger, fake):
+    clock = FakeClock()
+    run = make_run(ledger, deadline_s=3600, pid=os.getpid(), now=clock())
+    rows = provision(ledger, fake, run, nodes=1)
+    stray = _create_tagged(fake, run.id, "not-a-ledger-name", "tok-stray")
+    w = wd(ledger, fake, clock, orphan_grace_s=600)
+    assert [a.kind for a in w.run_once()] == ["orphan-found"]
+    clock.advance(601)
+    acts = [a for a in w.run_once() if a.kind == "terminate"]
+    assert [a.provider_id for a in acts] == [stray]
+    assert ledger.get_run(run.id).status == "running" and ledger.resource(rows[0].id).state == "running"
+
+
+def test_idle_minutes_from_the_runs_recipe(ledger, fake):
+    clock = FakeClock()
+    run = make_run(ledger, deadline_s=3600, now=clock())
+    ledger.update_run(run.id, recipe={"name": "x", "idle_minutes": 10}, status="failed", ended_at=clock())
+    provision(ledger, fake, run, nodes=1)
+    w = wd(ledger, fake, clock)
+    clock.advance(599)
+    assert [a for a in w.run_once() if a.kind == "terminate"] == []
+    clock.advance(2)
+    assert [a.reason for a in w.run_once() if a.kind == "terminate"] == ["idle 10 min after the job ended (failed)"]
+
+
+class SlowTerminate(CountingFake):
+    """Terminate accepted but the instance reports ``terminating`` for the next ``slow`` describes."""
+
+    slow = 2
+
+    def terminate(self, kind, provider_id, *, region=None, attrs=None):
+        super().terminate(kind, provider_id, region=region, attrs=attrs)
+        return False
+
+    def describe_instance(self, provider_id, *, region=None):
+        info = super().describe_instance(provider_id, region=region)
+        if info.state == "terminated" and self.slow > 0:
+            self.slow -= 1
+            return info.model_copy(update={"state": "terminating"})
+        return info
+
+
+def test_unconfirmed_terminate_is_confirmed_on_a_later_pass_not_repeated(ledger, home):
+    fake = SlowTerminate(home / "fake-cloud.json")
+    clock = FakeClock()
+    run = make_run(ledger, deadline_s=10, now=clock())
+    rows = provision(ledger, fake, run, nodes=1)
+    clock.advance(11)
+    w = wd(ledger, fake, clock, confirm_timeout_s=0)
+    acts = [a for a in w.run_once() if a.kind == "terminate"]
+    assert len(acts) == 1 and not acts[0].ok
+    row = ledger.resource(rows[0].id)
+    assert row.state == "terminating" and "still not gone" in row.error
+    clock.advance(11)
+    acts = [a for a in w.run_once() if a.kind == "terminate"]  # the provider still says terminating
+    assert len(acts) == 1 and not acts[0].ok and "terminate in progress" in acts[0].reason
+    acts = [a for a in w.run_once() if a.kind == "terminate"]  # next pass, no backoff: now gone
+    assert len(acts) == 1 and acts[0].ok
+    row = ledger.resource(rows[0].id)
+    assert row.state == "terminated" and row.error is None and row.terminated_by == "watchdog"
+    assert fake.terminate_calls == {rows[0].provider_id: 1}
