@@ -3,19 +3,18 @@ orphans, restart safety, provider errors, the lock and the node-side idle watch 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
-from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from broker.accounting import FakeClock
 from broker.ledger import Ledger
-from broker.model import utcnow
-from broker.provider import RUN_TAG, NodeRequest, ProviderError
+from broker.model import Requirements
+from broker.provider import NodeRequest, ProviderError
 from broker.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
 from test_watchdog_helpers import CountingFake, make_run, provision
 
@@ -157,7 +156,7 @@ def test_idle_minutes_keeps_the_node_for_the_idle_time_after_the_job(ledger, fak
 
 
 def _create_tagged(fake, run_id, name, token):
-    offer = [o for o in fake.offers(__import__("broker.model", fromlist=["Requirements"]).Requirements())][0]
+    offer = fake.offers(Requirements())[0]
     return fake.create_instance(NodeRequest(run_id=run_id, node_index=0, name=name, offer=offer,
                                             ssh_public_key="k", client_token=token))
 
@@ -290,7 +289,8 @@ def test_idle_watch_script_fires_only_after_job_end_without_ssh_sessions(tmp_pat
     bindir = tmp_path / "bin"
     bindir.mkdir()
     sessions = tmp_path / "sessions"
-    (bindir / "who").write_text(f"#!/bin/sh\n[ -e {sessions} ] && echo 'root     pts/0        2026-11-30 01:00 (198.18.0.1)'\nexit 0\n")
+    (bindir / "who").write_text(f"#!/bin/sh\n[ -e {sessions} ] && echo 'root pts/0 2026-11-30 01:00 (198.18.0.1)'\n"
+                                "exit 0\n")
     (bindir / "pgrep").write_text("#!/bin/sh\nexit 1\n")  # no sshd session processes
     for f in bindir.iterdir():
         f.chmod(0o755)
@@ -377,3 +377,23 @@ def test_unconfirmed_terminate_is_confirmed_on_a_later_pass_not_repeated(ledger,
     row = ledger.resource(rows[0].id)
     assert row.state == "terminated" and row.error is None and row.terminated_by == "watchdog"
     assert fake.terminate_calls == {rows[0].provider_id: 1}
+
+
+def test_cli_once_json_and_busy_lock(ledger, fake, home):
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+
+    run = make_run(ledger, deadline_s=-1)
+    rows = provision(ledger, fake, run, nodes=1)
+    with WatchdogLock(home):
+        res = CliRunner().invoke(app, ["watchdog", "--once"])
+        assert res.exit_code == 0 and f"another watchdog (pid {os.getpid()}) is already running" in res.output
+        assert ledger.resource(rows[0].id).state == "running"  # the lock holder does the work, not this one
+    res = CliRunner().invoke(app, ["watchdog", "--once", "--json"])
+    assert res.exit_code == 0, res.output
+    acts = json.loads(res.output)
+    term = [a for a in acts if a["kind"] == "terminate"]
+    assert [a["resource_id"] for a in term] == [rows[0].id] and term[0]["ok"]
+    assert "deadline passed" in term[0]["reason"]
+    assert ledger.resource(rows[0].id).state == "terminated"

@@ -3,7 +3,6 @@ and start_detached.  Every process is killed in teardown."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -180,3 +179,41 @@ def test_start_detached_starts_one_and_it_exits_when_idle(home, procs):
     assert start_detached(home, interval_s=0.5) is None  # one is running
     wait_for(lambda: not pid_alive(pid), 60, "the idle watchdog to exit")
     assert "watchdog started" in (home / "watchdog.log").read_text()
+
+
+DETACHING_CLI = """
+import os, sys, time
+from datetime import timedelta
+sys.path.insert(0, sys.argv[1])
+from broker.ledger import Ledger
+from broker.model import utcnow
+from broker.watchdog import start_detached
+from providers.fake import FakeProvider
+from test_watchdog_helpers import make_run, provision
+wd_pid = start_detached(interval_s=0.5, exit_when_idle_s=5)  # what `broker run` does before provisioning
+led = Ledger()
+run = make_run(led, deadline=utcnow() + timedelta(seconds=3), pid=os.getpid())
+provision(led, FakeProvider(), run, nodes=2, usd_per_hour=1.0)
+print(run.id, wd_pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_cli_that_started_a_detached_watchdog_is_sigkilled_and_the_watchdog_cleans_up(home, procs):
+    cli = subprocess.Popen([sys.executable, "-c", DETACHING_CLI, str(TESTS)], cwd=ROOT, env=env_for(home),
+                           stdout=subprocess.PIPE, text=True)
+    procs[0].append(cli)
+    run_id, wd_pid = cli.stdout.readline().split()
+    procs[1].append(int(wd_pid))
+    os.kill(cli.pid, signal.SIGKILL)  # the CLI dies mid-run
+    cli.wait(timeout=30)
+    assert pid_alive(int(wd_pid))  # the watchdog lives on in its own session
+    led = Ledger(home / "ledger.sqlite")
+    rows = wait_for(lambda: (rs := led.resources(run_id)) and all(r.state == "terminated" for r in rs) and rs,
+                    90, "every resource terminated by the detached watchdog")
+    run = led.get_run(run_id)
+    assert all(r.terminated_by == "watchdog" and r.terminated_at >= run.deadline for r in rows)
+    assert {e["resource_id"] for e in led.events(run_id) if e["actor"] == "watchdog" and e["action"] == "terminated"} \
+        == {r.id for r in rows}
+    wait_for(lambda: not pid_alive(int(wd_pid)), 60, "the watchdog to exit once idle")
+    led.close()
