@@ -6,8 +6,11 @@ Billing model (conservative, documented): a resource bills ``usd_per_hour`` (US 
 ``terminated_at`` (or now while live), per second.  Real providers start billing a little later (Vast.ai on
 container start, OCI/AWS on launch; see /work/shared/reference/cloud-apis.md) and some bill a minimum (AWS/OCI per
 second with a 60 s minimum): counting from creation over-estimates by a few seconds to minutes, never under.
-Storage counts when it is recorded: as its own ledger row (``kind="volume"`` with its ``usd_per_hour``) or as
-``attrs["storage_usd_per_hour"]`` on a resource, added to that resource's hourly price.
+Once a resource was created (it has a provider id) at least ``attrs["min_billed_seconds"]`` (e.g. AWS's 60 s)
+are charged.  Storage counts when it is recorded: inside the instance's ``usd_per_hour`` (provisioning adds the
+disk's price there and shows the part in ``attrs["storage_usd_per_hour"]``, which is therefore not added again)
+or as its own ledger row (``kind="volume"`` with its ``usd_per_hour``).  The same rule as
+``broker.provision.spent_usd``.
 
 Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
 Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the
@@ -63,8 +66,14 @@ def _aware(t: datetime | None) -> datetime | None:
 
 # --------------------------------------------------------------------------------------------------- resources
 def hourly_usd(res: Resource) -> float:
-    """What ``res`` bills per hour (US dollars): ``usd_per_hour`` plus recorded storage."""
-    return float(res.usd_per_hour or 0.0) + float(res.attrs.get("storage_usd_per_hour") or 0.0)
+    """What ``res`` bills per hour (US dollars), storage included (see the module docstring)."""
+    return float(res.usd_per_hour or 0.0)
+
+
+def _billed_s(res: Resource, seconds: float) -> float:
+    if res.provider_id:
+        return max(seconds, float(res.attrs.get("min_billed_seconds") or 0.0))
+    return seconds
 
 
 def effective_deadline(res: Resource, run: Run | None) -> datetime | None:
@@ -79,7 +88,7 @@ class ResourceCost:
     resource_id: str
     usd_per_hour: float
     age_s: float  # since created_at (until terminated_at when terminated)
-    spent_usd: float  # hourly x age, per second
+    spent_usd: float  # hourly x age, per second (at least the minimum billed seconds once created)
     deadline: datetime | None
     worst_case_usd: float | None  # hourly x (deadline - created_at); None without a deadline
     time_left_s: float | None  # deadline - now (negative = passed); None without a deadline or when terminated
@@ -99,13 +108,14 @@ def resource_cost(res: Resource, run: Run | None, now: datetime) -> ResourceCost
     dl = effective_deadline(res, run)
     worst = None
     left = None
+    spent = hourly * _billed_s(res, age) / 3600.0
     if dl is not None:
-        worst = hourly * max(0.0, (dl - created).total_seconds()) / 3600.0
+        worst = hourly * _billed_s(res, max(0.0, (dl - created).total_seconds(), age)) / 3600.0
         if res.state == "terminated":
-            worst = hourly * age / 3600.0  # it cannot bill any more
+            worst = spent  # it cannot bill any more
         else:
             left = (dl - now).total_seconds()
-    return ResourceCost(resource_id=res.id, usd_per_hour=hourly, age_s=age, spent_usd=hourly * age / 3600.0,
+    return ResourceCost(resource_id=res.id, usd_per_hour=hourly, age_s=age, spent_usd=spent,
                         deadline=dl, worst_case_usd=worst, time_left_s=left)
 
 
@@ -233,7 +243,7 @@ def heartbeat_path(home: Path | None = None) -> Path:
 def watchdog_state(now: datetime | None = None, home: Path | None = None,
                    stale_after_s: float | None = None) -> WatchdogState:
     """Read the heartbeat.  The watchdog counts as armed when its pid is alive and the heartbeat is younger than
-    ``stale_after_s`` (default: 3 intervals + 180 s, the longest a pass spends confirming terminations)."""
+    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination)."""
     now = now or utcnow()
     try:
         data = json.loads(heartbeat_path(home).read_text())
@@ -243,26 +253,46 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
     st = datetime.fromisoformat(data["started_at"]) if data.get("started_at") else None
     interval = float(data.get("interval_s") or 5.0)
     age = (now - hb).total_seconds() if hb else None
-    limit = stale_after_s if stale_after_s is not None else 3 * interval + 180.0
+    limit = stale_after_s if stale_after_s is not None else 3 * interval + 60.0
     alive = bool(data.get("pid")) and pid_alive(int(data["pid"])) and age is not None and age <= limit
     return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=alive,
                          age_s=age, errors=dict(data.get("errors") or {}))
 
 
-def node_layer(res: Resource) -> str | None:
-    """The node-side dead-man switch recorded by the provider adapter, or None.
+def _oci_instance_principal_setting() -> bool:
+    try:
+        from broker.config import settings
 
-    Adapters record it in ``attrs``: ``node_layer`` (a short description, e.g. "vast self-destroy at deadline
-    +300 s") or ``deadman: true``.  OCI nodes count only with ``attrs["instance_principal"]`` true (an in-OS
-    shutdown does not stop OCI GPU billing; only an API terminate signed by an instance principal does).
+        return bool(getattr(settings(), "oci_instance_principal", False))
+    except Exception:
+        return False
+
+
+def node_layer(res: Resource, run: Run | None = None) -> str | None:
+    """The node-side dead-man switch of ``res``, as a short description, or None.
+
+    Recorded facts win: ``attrs["node_layer"]`` (a description) or ``attrs["deadman"]`` (true / false).
+    Otherwise it follows what each adapter arms when the node has a deadline (DESIGN.md, invariant 4):
+    Vast.ai - the onstart script destroys its own instance through the API (``CONTAINER_ID`` /
+    ``CONTAINER_API_KEY``) at deadline + grace; AWS - ``InstanceInitiatedShutdownBehavior=terminate`` and a
+    scheduled ``shutdown``; OCI - only with an instance principal (``attrs["instance_principal"]``, else the
+    ``OCI_INSTANCE_PRINCIPAL`` setting), because an in-OS shutdown does not stop OCI GPU billing and only an API
+    terminate does.  Other providers (local, fake, netns, slurm): none.
     """
     a = res.attrs or {}
-    if res.provider == "oci" and not a.get("instance_principal"):
-        return None
     if a.get("node_layer"):
         return str(a["node_layer"])
-    if a.get("deadman"):
-        return "dead-man switch"
+    if "deadman" in a:
+        return "dead-man switch" if a["deadman"] else None
+    if res.kind != "instance" or effective_deadline(res, run) is None:
+        return None
+    if res.provider == "vast":
+        return "self-destroy via the Vast API at deadline + grace"
+    if res.provider == "aws":
+        return "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+    if res.provider == "oci":
+        ip = a["instance_principal"] if "instance_principal" in a else _oci_instance_principal_setting()
+        return "self-terminate with an instance principal at deadline + grace" if ip else None
     return None
 
 
@@ -271,4 +301,4 @@ def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str,
     active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
     switch was armed at provisioning)."""
     cli = bool(run and run.status in ACTIVE_STATUSES and pid_alive(run.pid))
-    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res) is not None}
+    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}

@@ -53,9 +53,18 @@ def test_own_deadline_wins_and_terminated_stops_billing():
     assert c.spent_usd == pytest.approx(0.5) and c.worst_case_usd == pytest.approx(0.5) and c.time_left_s is None
 
 
-def test_storage_recorded_on_the_resource_counts():
-    c = resource_cost(res(attrs={"storage_usd_per_hour": 0.5}), run(), T0 + timedelta(hours=1))
+def test_storage_is_inside_usd_per_hour_and_not_added_twice():
+    # provisioning records usd_per_hour = compute + storage and shows the storage part in attrs
+    c = resource_cost(res(usd_per_hour=2.5, attrs={"storage_usd_per_hour": 0.5}), run(), T0 + timedelta(hours=1))
     assert c.usd_per_hour == 2.5 and c.spent_usd == pytest.approx(2.5)
+
+
+def test_minimum_billed_seconds_once_created():
+    r = res(usd_per_hour=3600.0, attrs={"min_billed_seconds": 60})  # $1 per second
+    assert resource_cost(r, run(), T0 + timedelta(seconds=10)).spent_usd == pytest.approx(60.0)
+    assert resource_cost(r, run(), T0 + timedelta(seconds=90)).spent_usd == pytest.approx(90.0)
+    intent = res(provider_id=None, usd_per_hour=3600.0, attrs={"min_billed_seconds": 60})
+    assert resource_cost(intent, run(), T0 + timedelta(seconds=10)).spent_usd == pytest.approx(10.0)
 
 
 def test_run_cost_sums_live_and_terminated_and_budget_left():
@@ -118,13 +127,19 @@ def test_pid_alive_sees_exited_and_zombie_processes_as_dead():
     assert not pid_alive(p.pid) and not pid_alive(None) and not pid_alive(0)
 
 
-def test_node_layer_from_attrs_and_oci_needs_instance_principal():
-    assert node_layer(res()) is None
-    assert node_layer(res(attrs={"deadman": True})) == "dead-man switch"
-    assert node_layer(res(provider="vast", attrs={"node_layer": "vast self-destroy at deadline +300 s"})) \
+def test_node_layer_recorded_or_per_provider(monkeypatch):
+    monkeypatch.delenv("OCI_INSTANCE_PRINCIPAL", raising=False)
+    assert node_layer(res(), run()) is None  # fake: no node-side switch
+    assert node_layer(res(attrs={"deadman": True}), run()) == "dead-man switch"
+    assert node_layer(res(provider="vast", attrs={"node_layer": "vast self-destroy at deadline +300 s"}), run()) \
         == "vast self-destroy at deadline +300 s"
-    assert node_layer(res(provider="oci", attrs={"deadman": True})) is None
-    assert node_layer(res(provider="oci", attrs={"deadman": True, "instance_principal": True})) == "dead-man switch"
+    assert node_layer(res(provider="vast", attrs={"deadman": False}), run()) is None
+    assert "Vast API" in node_layer(res(provider="vast"), run())
+    assert node_layer(res(provider="vast"), run(deadline=None)) is None  # armed only with a deadline
+    assert "InstanceInitiatedShutdownBehavior=terminate" in node_layer(res(provider="aws"), run())
+    assert node_layer(res(provider="aws", kind="vpc"), run()) is None
+    assert node_layer(res(provider="oci"), run()) is None  # no instance principal: cli + watchdog only
+    assert "instance principal" in node_layer(res(provider="oci", attrs={"instance_principal": True}), run())
 
 
 def test_armed_layers(tmp_path):

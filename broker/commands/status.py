@@ -54,7 +54,7 @@ def status_data(ledger, limit: int = 20, now=None) -> dict[str, Any]:
         run = run_by_id.get(res.run_id)
         c = resource_cost(res, run, now).to_dict()
         out_live.append({**res.model_dump(mode="json"), "cost": c, "layers": armed_layers(res, run, wd),
-                         "node_layer": node_layer(res)})
+                         "node_layer": node_layer(res, run)})
     totals = {"usd_per_hour": sum(r["cost"]["usd_per_hour"] for r in out_live),
               "spent_usd": sum(r["cost"]["spent_usd"] for r in out_live),
               "errors": sum(1 for r in out_live if r.get("error"))}
@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
             res = ledger.resources(run.id)
             rc = run_cost(run, res, now)
             rows = [{**r.model_dump(mode="json"), "cost": resource_cost(r, run, now).to_dict(),
-                     "layers": armed_layers(r, run, wd), "node_layer": node_layer(r)} for r in res]
+                     "layers": armed_layers(r, run, wd), "node_layer": node_layer(r, run)} for r in res]
             cost = rc.to_dict()
             cost.pop("resources")
             if as_json:
