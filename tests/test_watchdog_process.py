@@ -114,7 +114,7 @@ def test_sigkilled_cli_watchdog_terminates_everything_within_one_interval_after_
     assert len(rows) == 2 and wd.poll() is None
     lag = max((r.terminated_at - run.deadline).total_seconds() for r in rows)
     print(f"termination lag after the deadline: {lag:.2f} s (interval {interval} s)")
-    assert lag <= interval + 2.0  # one polling interval plus the pass itself on a loaded 2-core box
+    assert lag <= interval + 2.5  # one polling interval plus the pass itself on a loaded 2-core box
     fake = FakeProvider(home / "fake-cloud.json").instances()
     for r in rows:
         assert r.terminated_by == "watchdog" and r.terminated_at >= run.deadline
