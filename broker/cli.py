@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "broker.commands.status",
     "broker.commands.lifecycle",
     "broker.commands.quota",
+    "broker.commands.watchdog",
 ]
 
 for _name in COMMAND_MODULES:

@@ -213,6 +213,8 @@ class FakeProvider(Provider):
                     net["terminated_at"] = time.time()
                 return True
             inst = st["instances"].get(provider_id)
+            if inst is not None:
+                inst["terminate_calls"] = inst.get("terminate_calls", 0) + 1  # tests count double terminations
             if inst is not None and inst["state"] != "terminated":
                 inst["state"] = "terminated"
                 inst["terminated_at"] = time.time()

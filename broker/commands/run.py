@@ -14,6 +14,8 @@ def register(app: typer.Typer) -> None:
         provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine) or fake (test cloud)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
+                                         "(deadline and budget then rest on this CLI and the node alone)"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.ledger import Ledger
@@ -23,6 +25,11 @@ def register(app: typer.Typer) -> None:
         from broker.commands.summary import render_summary
 
         recipe = load_recipe(recipe_path)
+        if no_watchdog:
+            from broker.ui import err
+
+            err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
+                      "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
         if provider != "local":  # rented machines (fake for now): provision ledger-first, run, tear down
             from broker.commands.lifecycle import run_cloud
 
