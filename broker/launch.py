@@ -71,7 +71,8 @@ class NodeHandle(Protocol):
 
 
 class LocalNode:
-    """A torchrun subprocess on this machine, in its own process group (so the whole tree can be killed)."""
+    """A subprocess on this machine (a node's torchrun, or a setup command), in its own process group so the
+    whole tree can be killed; stdout and stderr merged."""
 
     def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
         self.node_rank = node_rank
@@ -288,29 +289,11 @@ def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Pat
             f.write(f"$ {cmd}\n")
         if echo:
             echo(f"[node {node_rank}] $ {cmd}")
-        proc = subprocess.Popen(["bash", "-c", cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True, errors="replace")
-        node = _Wrapped(node_rank, proc)
+        node = LocalNode(node_rank, ["bash", "-c", cmd], env, cwd)
         res = Supervisor({node_rank: log_path}, echo=echo).run([node], deadline_s=timeout_s)
         if not res.ok:
             return (res.exit_codes.get(node_rank) or 1), cmd
     return 0, ""
-
-
-class _Wrapped:
-    def __init__(self, node_rank: int, proc: subprocess.Popen):
-        self.node_rank, self.proc = node_rank, proc
-
-    def lines(self) -> Iterable[str]:
-        assert self.proc.stdout is not None
-        yield from self.proc.stdout
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        kill_group(self.proc, grace_s)
 
 
 @dataclass

@@ -91,16 +91,11 @@ class LedgerRecorder:
 
 # --------------------------------------------------------------------------------------------------- costs
 def spent_usd(res: Resource, now: datetime | None = None) -> float:
-    """US dollars ``res`` has cost so far: ``usd_per_hour`` x seconds / 3600, per second, from ``created_at``
-    (the intent, just before the create call; conservative, see the module docstring) until ``terminated_at``
-    or ``now``.  Once something was created (a provider id is known), at least the offer's minimum billed
-    seconds (``attrs["min_billed_seconds"]``, e.g. AWS's 60 s) are charged."""
-    now = now or utcnow()
-    end = res.terminated_at or now
-    seconds = max(0.0, (end - res.created_at).total_seconds())
-    if res.provider_id:
-        seconds = max(seconds, float(res.attrs.get("min_billed_seconds") or 0.0))
-    return res.usd_per_hour * seconds / 3600.0
+    """US dollars ``res`` has cost so far (see :func:`broker.accounting.resource_cost`: per second from the
+    intent's ``created_at`` until termination or ``now``, at least the minimum billed seconds once created)."""
+    from broker.accounting import resource_cost
+
+    return resource_cost(res, None, now or utcnow()).spent_usd
 
 
 def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
@@ -112,28 +107,6 @@ def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
 def live_usd_per_hour(ledger: Ledger, run_id: str | None = None) -> float:
     """What the live resources (of ``run_id``, or all) bill per hour right now, USD/hour."""
     return sum(r.usd_per_hour for r in ledger.resources(run_id, live_only=True))
-
-
-def live_resource_rows(ledger: Ledger, now: datetime | None = None) -> list[dict[str, Any]]:
-    """One dict per live ledger resource, for ``broker status``.
-
-    Keys: ``run_id``, ``resource_id`` (ledger id), ``provider``, ``kind``, ``id`` (provider id, or ``None`` while
-    only the intent is known), ``name``, ``state``, ``region``, ``zone``, ``age_s`` (seconds since the intent),
-    ``usd_per_hour``, ``spent_usd`` (see :func:`spent_usd`), ``deadline`` (datetime or None), ``deadline_in_s``
-    (seconds left, negative = overdue), ``error`` (last terminate / create error).
-    """
-    now = now or utcnow()
-    rows = []
-    for r in ledger.resources(live_only=True):
-        rows.append({
-            "run_id": r.run_id, "resource_id": r.id, "provider": r.provider, "kind": r.kind, "id": r.provider_id,
-            "name": r.name, "state": r.state, "region": r.region, "zone": r.zone,
-            "age_s": round((now - r.created_at).total_seconds(), 1), "usd_per_hour": r.usd_per_hour,
-            "spent_usd": round(spent_usd(r, now), 6), "deadline": r.deadline,
-            "deadline_in_s": round((r.deadline - now).total_seconds(), 1) if r.deadline else None,
-            "error": r.error,
-        })
-    return rows
 
 
 # --------------------------------------------------------------------------------------------------- attempts
