@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
     ) -> None:
-        """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
+        """Run RECIPE: one torchrun per node, logs streamed as \\[node i], torn down at the end."""
         from broker.ledger import Ledger
         from broker.orchestrate import run_recipe_local
         from broker.recipe import load_recipe

@@ -176,7 +176,10 @@ def register(app: typer.Typer) -> None:
                       usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]",
                       _dur(c["time_left_s"]) if active else "-",
                       " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
-        console.print(t)
+        if data["runs"]:
+            console.print(t)
+        else:
+            console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
         console.print(_watchdog_line(data["watchdog"]))
         live = data["live_resources"]
         if not live:
