@@ -167,8 +167,11 @@ def _print_check(res: dict[str, Any]) -> None:
             t.add_row(q["name"], str(q["scope"] or q["region"] or "-"), q["unit"], f"{q['limit']:g}", f"{q['used']:g}",
                       f"{q['available']:g}", ", ".join(q["instance_types"]), q["source"] or "-")
         console.print(t)
+    if res["verdicts"] and not res["configured"]:
+        console.print(f"{p}: what each option needs (your limits are unknown until {p} is configured):",
+                      markup=False)
     for v in res["verdicts"]:
-        mark = "OK " if v["ok"] else "NO "
+        mark = "OK " if v["ok"] else ("NO " if res["configured"] else " ? ")
         console.print(f"{mark} {v['topology']}: {v['sentence']}", markup=False)
         if v["next_step"]:
             console.print(f"    -> {v['next_step']}", markup=False)
