@@ -183,8 +183,8 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
     """Offer-level reasons (model, memory) as (kind, text); stops at the first unless ``full``."""
     out: list[tuple[str, str]] = []
     req = ctx.req
-    if o.provider == "local" and o.attrs.get("cpu") and req.cpu_ok:
-        return out  # CPU logic check accepted: model and memory do not apply
+    if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
+        return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
     if ctx.wanted and not any(gpu_name_matches(w, o.gpu_name) for w in ctx.wanted):
         out.append(("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: {', '.join(ctx.wanted)})"))
         if not full:
@@ -238,6 +238,28 @@ def _capacity_reasons(o: Offer, region: str | None, zone: str | None, units: int
             out.append(("capacity", f"capacity: {c.available_count} {o.instance_type} available in {where}; "
                                     f"needs {units}"))
     return out
+
+
+def _capacity_blocked(facts: list[Capacity], region: str | None, zone: str | None, units: int) -> bool:
+    """Screening twin of :func:`_capacity_reasons` (same rules, no text)."""
+    for c in facts:
+        if not _region_ok(c.region, region) or (c.zone is not None and c.zone != zone):
+            continue
+        if c.status in _BLOCKING or (c.available_count is not None and c.available_count < units):
+            return True
+    return False
+
+
+def _quota_blocked(qs: list[Quota], o: Offer, region: str | None, zone: str | None, units: int) -> bool:
+    """Screening twin of :func:`_quota_reasons` (same rules, no text)."""
+    for q in qs:
+        if not _region_ok(q.region, region):
+            continue
+        if q.scope and q.scope != q.region and q.scope != zone:
+            continue
+        if _quota_need(q, o, units) > q.available:
+            return True
+    return False
 
 
 def _quota_reasons(o: Offer, region: str | None, zone: str | None, units: int,
@@ -321,15 +343,6 @@ def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _C
     return reasons, step, (rate, hours, wc, max_h)
 
 
-def _sort_key(o: Offer, region: str | None, zone: str | None, topo: str, hours_given: bool,
-              wc: float, max_h: float | None) -> tuple:
-    tail = (o.provider, o.instance_type, region or "", zone or "", o.offer_id, topo)
-    if hours_given:
-        return (wc,) + tail
-    longest = math.inf if max_h is None else max_h
-    return (-longest, wc) + tail
-
-
 def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[tuple[str, str]],
             step: str | None, costs: tuple) -> PlanOption:
     units = ctx.req.nodes if topo == "multi-node" else 1
@@ -370,52 +383,125 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     if ctx.hours is not None and req.hours is None:
         out_notes.append(f"no hours and no budget given: deadline {fmt_num(ctx.hours)} h")
 
+    # Screening.  Entries are (value, worst case, offer index, region, zone, topology); ``value`` orders them
+    # (worst case, or minus the affordable hours when the budget sets the deadline).  Strings are built only
+    # for the options that end up in the Plan.
     valid: list[tuple] = []
     rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
+    cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi)) if ok)
+    wanted, min_mem = ctx.wanted, req.min_gpu_mem_gib
+    n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
+    budget, fixed_hours, disk = ctx.budget, ctx.hours, req.disk_gib
+    cost, billed_s, max_billed = pricing.cost_usd, pricing.billed_seconds, pricing.max_billed_seconds
+    billed_cache: dict[tuple[str, float], int] = {}
+    zoned, caps_ix, quota_ix = facts.zones, facts.caps, facts.quotas
+    inf = math.inf
+    hpm = pricing.HOURS_PER_MONTH
 
     for oi, o in enumerate(offers):
-        if providers and o.provider not in providers:
+        prov = o.provider
+        if providers and prov not in providers:
             continue
-        if o.provider == "local":
-            topos = ("local",) if allow_local else ()
-        else:
-            topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi)) if ok)
-        if not topos:
-            continue
-        ofr = _offer_reasons(o, ctx, full=False)
-        if ofr:  # screened out by model / memory for every topology: rank representatives by price
-            kind = ofr[0][0]
-            counts[kind] = counts.get(kind, 0) + len(topos)
-            rej[kind].append(((o.usd_per_hour, o.provider, o.instance_type, o.region or "", o.zone or "",
-                               o.offer_id), oi, o.region, o.zone, topos[0]))
-            continue
-        places = facts.placements(o) if o.provider != "local" else [(o.region, o.zone)]
-        for region, zone in places:
-            for topo in topos:
-                reasons, step, costs = _evaluate(o, region, zone, topo, ctx, False, ofr)
-                if not reasons:
-                    rate, hours, wc, max_h = costs
-                    valid.append((_sort_key(o, region, zone, topo, hours_given, wc, max_h), oi, region, zone,
-                                  topo))
-                    continue
+        if prov == "local":  # rare: the general path
+            if not allow_local:
+                continue
+            reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
+            if reasons:
                 kind = reasons[0][0]
-                counts[kind] = counts.get(kind, 0) + 1
-                if costs:
-                    key = _sort_key(o, region, zone, topo, True, costs[2], costs[3])
+                counts[kind] += 1
+                rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
+            else:
+                wc, max_h = costs[2], costs[3]
+                valid.append((wc if hours_given else -(inf if max_h is None else max_h), wc, oi, o.region, o.zone,
+                              "local"))
+            continue
+        if not cloud_topos:
+            continue
+        usd = o.usd_per_hour
+        if wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
+            counts["gpu-model"] += len(cloud_topos)
+            rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            continue
+        if o.gpu_mem_gib < min_mem:
+            counts["gpu-memory"] += len(cloud_topos)
+            rej["gpu-memory"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            continue
+        tkey = (prov, o.instance_type)
+        places = facts.placements(o) if (o.zone is None and tkey in zoned) else ((o.region, o.zone),)
+        caps_l = caps_ix.get(tkey)
+        quotas_l = quota_ix.get(tkey)
+        rate = usd + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
+        gc = o.gpu_count
+        for topo in cloud_topos:
+            if topo == "simulated":
+                units, ok = 1, gc >= n_total
+            else:
+                units, ok = nodes, o.private_network and gc >= per_node
+            for region, zone in places:
+                if not ok:
+                    kind = "topology"
+                elif caps_l and _capacity_blocked(caps_l, region, zone, units):
+                    kind = "capacity"
+                elif quotas_l and _quota_blocked(quotas_l, o, region, zone, units):
+                    kind = "quota"
                 else:
-                    key = (o.usd_per_hour * (req.nodes if topo == "multi-node" else 1), o.provider,
-                           o.instance_type, region or "", zone or "", o.offer_id, topo)
-                rej[kind].append((key, oi, region, zone, topo))
+                    kind = None
+                if kind is not None:
+                    counts[kind] += 1
+                    rej[kind].append((units * usd, units * usd, oi, region, zone, topo))
+                    continue
+                if rate <= 0:  # free
+                    valid.append((0.0 if hours_given else -inf, 0.0, oi, region, zone, topo))
+                    continue
+                allow = pricing.setup_allowance_seconds(prov)
+                if fixed_hours is not None:
+                    bk = (prov, o.min_billed_seconds)
+                    b = billed_cache.get(bk)
+                    if b is None:
+                        b = billed_cache[bk] = billed_s(pricing.deadline_seconds(fixed_hours, allow),
+                                                        o.min_billed_seconds)
+                    wc = cost(units, rate, b)
+                    if budget is not None and wc > budget:
+                        counts["budget"] += 1
+                        rej["budget"].append((wc, wc, oi, region, zone, topo))
+                    else:
+                        valid.append((wc, wc, oi, region, zone, topo))
+                    continue
+                s_max = max_billed(budget, units, rate, o.min_billed_seconds)
+                max_h = max(0.0, (s_max - allow) / 3600.0) if s_max >= 0 else 0.0
+                if max_h * 3600.0 < MIN_RUN_SECONDS:
+                    wc = cost(units, rate, billed_s(allow + MIN_RUN_SECONDS, o.min_billed_seconds))
+                    counts["budget"] += 1
+                    rej["budget"].append((wc, wc, oi, region, zone, topo))
+                    continue
+                wc = cost(units, rate, billed_s(pricing.deadline_seconds(max_h, allow), o.min_billed_seconds))
+                valid.append((-max_h, wc, oi, region, zone, topo))
+    counts = {k: v for k, v in counts.items() if v}
+
+    def full_key(e: tuple) -> tuple:
+        value, wc, oi, region, zone, topo = e
+        o = offers[oi]
+        return (value, wc, o.provider, o.instance_type, region or "", zone or "", o.offer_id, topo)
+
+    def best(entries: list[tuple], k: int) -> list[tuple]:
+        """The k smallest entries by full key, deterministic under input order (ties on value pooled)."""
+        if k <= 0 or not entries:
+            return []
+        firsts = heapq.nsmallest(k, entries)  # (value, wc, unique offer index, ...): never compares further
+        threshold = firsts[-1][0]
+        pool = [e for e in entries if e[0] <= threshold] if len(firsts) == k else list(entries)
+        pool.sort(key=full_key)
+        return pool[:k]
 
     def build(entry: tuple) -> PlanOption:
-        _, oi, region, zone, topo = entry
+        _, _, oi, region, zone, topo = entry
         o = offers[oi]
         ofr = _offer_reasons(o, ctx, full=True)
         reasons, step, costs = _evaluate(o, region, zone, topo, ctx, True, ofr)
         return _option(o, region, zone, topo, ctx, reasons, step, costs)
 
-    options = [build(e) for e in heapq.nsmallest(top_k, valid)]
+    options = [build(e) for e in best(valid, top_k)]
     rejected: list[PlanOption] = []
     for prov, why in sorted((unavailable or {}).items()):
         if providers and prov not in providers:
@@ -425,8 +511,9 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
                                    usd_per_hour=0.0, worst_case_usd=0.0, hours=ctx.hours or 0.0,
                                    rejected=[why]))
         counts["provider"] = counts.get("provider", 0) + 1
+    counts = {k: counts[k] for k in REASON_KINDS if counts.get(k)}
     for kind in REASON_KINDS:
-        for e in heapq.nsmallest(rejected_per_reason, rej[kind]):
+        for e in best(rej[kind], rejected_per_reason):
             rejected.append(build(e))
 
     if not allow_sim and topo_req != "local":

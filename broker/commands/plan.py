@@ -306,15 +306,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
             return
-        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)})", title_justify="left")
-        for col in ("provider", "id", "N", "model", "GiB/GPU", "vCPUs", "RAM GiB", "$/h", "storage $/GiB/mo",
-                    "region/zone", "private net", "price source"):
-            t.add_column(col)
+        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left")
+        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", False),
+                            ("$/h", True), ("disk $/GiB/mo", False), ("where", False), ("net", False)):
+            t.add_column(col, no_wrap=nowrap)
         for o in rows[:limit]:
-            t.add_row(o.provider, escape(o.offer_id), str(o.gpu_count), escape(o.gpu_name), fmt_num(o.gpu_mem_gib),
-                      fmt_num(o.vcpus), fmt_num(o.ram_gib), f"{o.usd_per_hour:.4g}",
+            t.add_row(o.provider, escape(o.offer_id), escape(f"{o.gpu_count}x {o.gpu_name} {fmt_num(o.gpu_mem_gib)}G"),
+                      f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", f"{o.usd_per_hour:.4g}",
                       f"{o.storage_usd_per_gib_month:g}", escape("/".join(x for x in (o.region, o.zone) if x) or "any"),
-                      "yes" if o.private_network else "no", escape(o.price_source))
+                      "private" if o.private_network else "public")
         console.print(t)
         for n in facts.notes:
             console.print(f"[dim]note:[/] {escape(n)}")

@@ -1,0 +1,164 @@
+"""`broker plan`, `broker offers`, `broker check`, `broker catalog` through the Typer app, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from broker import catalog
+from broker.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path, monkeypatch):
+    """No credentials, a private broker home, and any network connection attempt fails the test."""
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    for k in list(os.environ):
+        if k.startswith("AWS_") or k.startswith("VAST_") or k.startswith("OCI_"):
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("OCI_CONFIG_FILE", str(tmp_path / "no-oci-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.vast_api_key, ~/.oci, ~/.aws
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    from broker.config import settings
+
+    settings.cache_clear()
+    catalog._CACHE.clear()
+
+    def no_network(*a, **k):
+        raise AssertionError(f"network call attempted: {a!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    yield
+    settings.cache_clear()
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+def test_plan_budget_5_from_snapshot_without_credentials():
+    r = run("plan", "--budget", "5")
+    assert r.exit_code == 0, r.output
+    assert "snapshot 2026-11-29" in r.output
+    assert "live quote needs VAST_API_KEY" in r.output
+    assert "chosen:" in r.output and "next: broker run" in r.output
+    assert "rejected" in r.output
+
+
+def test_plan_json_chosen_option_and_local_explained():
+    r = run("plan", "--budget", "5", "--no-cpu-ok", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    chosen = data["chosen"]
+    assert chosen["worst_case_usd"] <= 5
+    assert chosen["provider"] in ("vast", "oci", "aws", "local")
+    assert data["next_step"].startswith("broker run RECIPE.yaml --provider ")
+    plan = data["plan"]
+    assert any("snapshot 2026-11-29" in n for n in plan["notes"])
+    if chosen["provider"] != "local":  # this machine has too few GPUs: local is rejected with its reason
+        local = [o for o in plan["rejected"] if o["provider"] == "local"]
+        assert local and local[0]["rejected"]
+    if chosen["provider"] == "vast":
+        assert chosen["topology"] == "simulated"
+
+
+def test_plan_snapshot_choice_is_vast_3090_when_no_local_gpus():
+    r = run("plan", "--budget", "5", "--provider", "vast", "--provider", "oci", "--provider", "aws", "--json")
+    assert r.exit_code == 0, r.output
+    c = json.loads(r.output)["chosen"]
+    assert (c["provider"], c["topology"], c["offers"][0]["instance_type"]) == ("vast", "simulated", "2x RTX 3090")
+    assert c["price_source"] == "snapshot 2026-11-29 (SkyPilot catalog medians)"
+    assert c["worst_case_usd"] == pytest.approx(0.385 + 7 / 730, abs=1e-9)
+
+
+def test_plan_no_valid_option_exits_3():
+    r = run("plan", "--budget", "0.05", "--provider", "vast", "--provider", "aws")
+    assert r.exit_code == 3
+    assert "worst case" in r.output
+
+
+def test_plan_with_recipe_cpu_ok_chooses_local():
+    r = run("plan", "--recipe", str(ROOT / "recipes" / "ddp_2node.yaml"), "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["chosen"]["provider"] == "local" and data["chosen"]["worst_case_usd"] == 0
+    assert data["plan"]["requirements"]["hours"] == 0.5 and data["plan"]["requirements"]["budget_usd"] == 5
+    assert data["next_step"].endswith("ddp_2node.yaml --provider local")
+
+
+def test_plan_max_run_uses_the_budget_as_deadline():
+    r = run("plan", "--budget", "5", "--max-run", "--provider", "vast", "--json")
+    c = json.loads(r.output)["chosen"]
+    assert c["hours"] == pytest.approx(52619 / 3600, abs=1e-9) and c["worst_case_usd"] <= 5
+
+
+def test_a_failing_adapter_is_a_note_not_a_crash(monkeypatch):
+    import providers
+    from broker.provider import Provider, TransientError
+
+    class Boom(Provider):
+        name = "vast"
+
+        def offers(self, req):
+            raise TransientError("vast", "offers", "HTTP 503")
+
+    real = providers.get_provider
+    monkeypatch.setattr(providers, "get_provider", lambda n, **k: Boom() if n == "vast" else real(n, **k))
+    r = run("plan", "--budget", "5", "--provider", "vast", "--json")
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.output)["plan"]["notes"]
+    assert any("offers failed" in n and "HTTP 503" in n and "snapshot 2026-11-29" in n for n in notes)
+
+
+def test_offers_lists_raw_offers_filtered():
+    r = run("offers", "--gpu", "A10", "--provider", "oci", "--json")
+    assert r.exit_code == 0, r.output
+    types = [o["instance_type"] for o in json.loads(r.output)["offers"]]
+    assert types == ["VM.GPU.A10.1", "VM.GPU.A10.2", "BM.GPU.A10.4"]
+    r = run("offers", "--num-gpus", "8", "--min-gpu-mem", "80", "--limit", "2", "--json")
+    data = json.loads(r.output)
+    assert len(data["offers"]) == 2 and all(o["gpu_count"] >= 8 for o in data["offers"])
+    r = run("offers", "--gpu", "RTX 4090")
+    assert r.exit_code == 0 and "RTX 4090" in r.output
+
+
+def test_check_reports_each_provider():
+    r = run("check", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {x["provider"]: x for x in json.loads(r.output)["providers"]}
+    assert set(rows) == {"local", "vast", "oci", "aws"}
+    assert rows["local"]["configured"] is True
+    for p in ("vast", "oci", "aws"):
+        assert rows[p]["configured"] is False  # no credentials (or no adapter yet)
+
+
+def test_catalog_show_and_refresh_without_credentials():
+    r = run("catalog", "show")
+    assert r.exit_code == 0 and "snapshot 2026-11-29" in r.output and "ASSUMPTION" in r.output
+    r = run("catalog", "refresh")
+    assert r.exit_code == 0, r.output
+    for p in ("vast", "oci", "aws"):
+        assert f"{p}:" in r.output
+    assert r.output.count("keeping snapshot 2026-11-29") == 3
+
+
+def test_cli_subprocess_plans_offline(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VAST_", "OCI_"))}
+    env.update(BROKER_HOME=str(tmp_path / "h"), OCI_CONFIG_FILE=str(tmp_path / "none"), HOME=str(tmp_path),
+               AWS_EC2_METADATA_DISABLED="true")
+    out = subprocess.run([sys.executable, "-m", "broker", "plan", "--budget", "5"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "snapshot 2026-11-29" in out.stdout and "chosen:" in out.stdout
