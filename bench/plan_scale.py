@@ -1,7 +1,7 @@
 """Planner scale and CLI start-up benchmark.
 
 Prints, for 1k, 10k and 100k synthetic offers (a Vast-like market plus OCI/AWS shapes, with quotas and capacity
-facts), the median time of one ``broker.planner.plan`` call and the growth ratio to the previous size (10x more
+facts, one capacity fact per Vast host as the live adapter reports), the median time of one ``broker.planner.plan`` call and the growth ratio to the previous size (10x more
 offers -> ~10x time means linear).  Offer objects are built before timing: the planner's own work is measured.
 Then the start-up time of ``python -m broker --help`` and of ``python -m broker plan --budget 5`` (offline, no
 credentials) beside ``python -c pass``, each the median of several runs, as a ratio.
@@ -71,11 +71,14 @@ CAPS = [Capacity(provider="oci", region="us-ashburn-1", zone="AD-2", instance_ty
 def time_plan(n: int, repeat: int) -> tuple[float, float, object]:
     """(median wall seconds, median CPU seconds of this process, the plan) of one plan() call over n offers."""
     offers = synthetic(n)
+    # like the Vast adapter for live offers: one AVAILABLE fact (count 1) per host
+    caps = CAPS + [Capacity(provider="vast", region=o.region, instance_type=o.instance_type, status="AVAILABLE",
+                            available_count=1) for o in offers if o.provider == "vast"]
     req = Requirements(budget_usd=5, hours=1)
     walls, cpus, p = [], [], None
     for _ in range(repeat):
         t, c = time.perf_counter(), time.process_time()
-        p = plan(req, offers, QUOTAS, CAPS, now=T0)
+        p = plan(req, offers, QUOTAS, caps, now=T0)
         walls.append(time.perf_counter() - t)
         cpus.append(time.process_time() - c)
     return statistics.median(walls), statistics.median(cpus), p

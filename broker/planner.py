@@ -107,11 +107,16 @@ def _h(x: float) -> str:
 
 # ------------------------------------------------------------------------------------------------ facts
 class _Facts:
-    """Quota and capacity facts indexed by (provider, instance_type), plus the zones each type is known in."""
+    """Quota and capacity facts indexed by (provider, instance_type), plus the zones each type is known in.
+
+    Capacity facts are compressed without changing what they decide: facts that can never block (AVAILABLE /
+    UNKNOWN without a count) only name zones; the others are kept once per (region, zone, status) with the
+    smallest count, indexed by region, so a market of 100k live offers (one fact each) costs O(1) per offer.
+    """
 
     def __init__(self, quotas: Iterable[Quota], capacities: Iterable[Capacity]):
         self.quotas: dict[tuple[str, str], list[Quota]] = {}
-        self.caps: dict[tuple[str, str], list[Capacity]] = {}
+        self.caps: dict[tuple[str, str], dict[str | None, list[tuple[str | None, str, int | None]]]] = {}
         self.zones: dict[tuple[str, str], dict[str, str | None]] = {}  # zone -> region
         for q in quotas:
             zoned = bool(q.scope) and q.scope != q.region
@@ -120,13 +125,31 @@ class _Facts:
                 self.quotas.setdefault(k, []).append(q)
                 if zoned:
                     self.zones.setdefault(k, {}).setdefault(q.scope, q.region)
+        groups: dict[tuple, int | None] = {}
         for c in capacities:
             k = (c.provider, c.instance_type)
-            self.caps.setdefault(k, []).append(c)
             if c.zone:
                 z = self.zones.setdefault(k, {})
                 if z.get(c.zone) is None:
                     z[c.zone] = c.region
+            if c.status not in _BLOCKING and c.available_count is None:
+                continue  # never blocks
+            g = (k, c.region, c.zone, c.status)
+            if g not in groups or groups[g] is None:
+                groups[g] = c.available_count
+            elif c.available_count is not None:
+                groups[g] = min(groups[g], c.available_count)  # type: ignore[type-var]
+        for (k, region, zone, status), count in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+            self.caps.setdefault(k, {}).setdefault(region, []).append((zone, status, count))
+
+    def capacity_facts(self, key: tuple[str, str], region: str | None) -> list[tuple[str | None, str, int | None]]:
+        """(zone, status, count) facts of ``key`` that apply in ``region`` (all regions when it is None)."""
+        by_region = self.caps.get(key)
+        if not by_region:
+            return []
+        if region is None:
+            return [f for lst in by_region.values() for f in lst]
+        return by_region.get(region, []) + (by_region.get(None, []) if region is not None else [])
 
     def placements(self, o: Offer) -> list[tuple[str | None, str | None]]:
         """(region, zone) pairs where ``o`` is judged."""
@@ -222,30 +245,27 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
 
 def _capacity_reasons(o: Offer, region: str | None, zone: str | None, units: int,
                       ctx: _Ctx) -> list[tuple[str, str]]:
-    facts = ctx.facts.caps.get((o.provider, o.instance_type))
-    if not facts:
-        return []
     out = []
     where = zone or region or "any region"
-    for c in facts:
-        if not _region_ok(c.region, region) or (c.zone is not None and c.zone != zone):
+    for c_zone, status, count in ctx.facts.capacity_facts((o.provider, o.instance_type), region):
+        if c_zone is not None and c_zone != zone:
             continue
-        if c.status == "OUT_OF_HOST_CAPACITY":
+        if status == "OUT_OF_HOST_CAPACITY":
             out.append(("capacity", f"capacity: OUT_OF_HOST_CAPACITY for {o.instance_type} in {where}"))
-        elif c.status == "NOT_OFFERED":
+        elif status == "NOT_OFFERED":
             out.append(("capacity", f"capacity: {o.instance_type} is NOT_OFFERED in {where}"))
-        elif c.available_count is not None and c.available_count < units:
-            out.append(("capacity", f"capacity: {c.available_count} {o.instance_type} available in {where}; "
-                                    f"needs {units}"))
+        elif count is not None and count < units:
+            out.append(("capacity", f"capacity: {count} {o.instance_type} available in {where}; needs {units}"))
     return out
 
 
-def _capacity_blocked(facts: list[Capacity], region: str | None, zone: str | None, units: int) -> bool:
+def _capacity_blocked(facts: _Facts, key: tuple[str, str], region: str | None, zone: str | None,
+                      units: int) -> bool:
     """Screening twin of :func:`_capacity_reasons` (same rules, no text)."""
-    for c in facts:
-        if not _region_ok(c.region, region) or (c.zone is not None and c.zone != zone):
+    for c_zone, status, count in facts.capacity_facts(key, region):
+        if c_zone is not None and c_zone != zone:
             continue
-        if c.status in _BLOCKING or (c.available_count is not None and c.available_count < units):
+        if status in _BLOCKING or (count is not None and count < units):
             return True
     return False
 
@@ -441,7 +461,7 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
             for region, zone in places:
                 if not ok:
                     kind = "topology"
-                elif caps_l and _capacity_blocked(caps_l, region, zone, units):
+                elif caps_l and _capacity_blocked(facts, tkey, region, zone, units):
                     kind = "capacity"
                 elif quotas_l and _quota_blocked(quotas_l, o, region, zone, units):
                     kind = "quota"

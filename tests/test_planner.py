@@ -313,3 +313,21 @@ def test_chosen_is_the_cheapest_valid_option_by_brute_force(scenario):
                 pricing.worst_case_usd(o.offers, o.hours, req.disk_gib), abs=1e-12)
     for o in p.rejected:
         assert o.rejected
+
+
+def test_one_capacity_fact_per_live_host_neither_blocks_nor_slows():
+    """The Vast adapter reports every live offer as AVAILABLE x1; that must not block simulated hosts, and the
+    facts are compressed and indexed by region (no scan of every fact for every offer)."""
+    offers = [mk("vast", "2x RTX 4090", 2, 24, 0.5 + i / 10000, name="RTX 4090", region=f"R{i % 40}",
+                 offer_id=str(i)) for i in range(4000)]
+    caps = [Capacity(provider="vast", region=o.region, instance_type=o.instance_type, status="AVAILABLE",
+                     available_count=1) for o in offers]
+    p = plan(Requirements(budget_usd=5, hours=1), offers, [], caps)
+    assert p.chosen.offers[0].offer_id == "0" and p.valid_count == 4000
+    vast_multi = [o for o in p.rejected if o.topology.value == "multi-node"]
+    assert vast_multi and all("private network" in o.rejected[0] for o in vast_multi)
+    from broker.planner import _Facts
+
+    facts = _Facts([], caps)
+    assert facts.capacity_facts(("vast", "2x RTX 4090"), "R1") == [(None, "AVAILABLE", 1)]
+    assert len(facts.capacity_facts(("vast", "2x RTX 4090"), None)) == 40
