@@ -162,3 +162,35 @@ def test_cli_subprocess_plans_offline(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "snapshot 2026-11-29" in out.stdout and "chosen:" in out.stdout
+
+
+def test_a_broken_adapter_constructor_falls_back_to_the_snapshot(monkeypatch):
+    import providers
+
+    real = providers.get_provider
+
+    def get(name, **k):
+        if name == "oci":
+            raise AttributeError("'Settings' object has no attribute 'oci_x'")
+        return real(name, **k)
+
+    monkeypatch.setattr(providers, "get_provider", get)
+    r = run("plan", "--budget", "50", "--provider", "oci", "--gpu", "A10", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["chosen"]["provider"] == "oci"
+    assert any("adapter failed to start" in n and "snapshot 2026-11-29" in n for n in data["plan"]["notes"])
+
+
+def test_equal_options_in_several_zones_are_one_row():
+    from broker.commands.plan import group_zones, rented
+    from broker.model import Capacity, Requirements
+    from broker.planner import plan
+
+    g4 = [o for o in catalog.snapshot_offers("aws") if o.instance_type == "g4dn.xlarge"]
+    caps = [Capacity(provider="aws", region="us-east-1", zone=z, instance_type="g4dn.xlarge", status="UNKNOWN")
+            for z in ("us-east-1a", "us-east-1b", "us-east-1c")]
+    p = plan(Requirements(budget_usd=5, hours=1), g4, [], caps)
+    assert [o.offers[0].zone for o in p.options] == ["us-east-1a", "us-east-1b", "us-east-1c"]
+    [(opt, zones)] = group_zones(p.options)
+    assert rented(opt, zones) == "2 x g4dn.xlarge (us-east-1/us-east-1a,us-east-1b,us-east-1c)"

@@ -79,7 +79,10 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True) -> 
                 facts.notes.append(f"{name}: {why}")
             continue
         except Exception as e:  # unknown name (BadInput) or a broken constructor
-            facts.notes.append(f"{name}: {_short(e)}")
+            if name in CLOUD:
+                facts.offers += _snapshot_fallback(name, req, facts, f"adapter failed to start: {_short(e)}")
+            else:
+                facts.notes.append(f"{name}: {_short(e)}")
             continue
         if name == "local" and hasattr(p, "why_not"):
             try:
@@ -118,16 +121,38 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True) -> 
 
 
 # ------------------------------------------------------------------------------------------------ rendering
-def rented(opt: "PlanOption") -> str:
-    """What is rented, in words: ``2 x g5.xlarge (us-east-1/us-east-1a)``, ``2x RTX 3090 (Quebec, CA, NA)``."""
+def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
+    """What is rented, in words: ``2 x g5.xlarge (us-east-1/us-east-1a)``, ``2x RTX 3090 (Quebec, CA, NA)``.
+
+    ``zones``: equal options in several zones, shown as one (``us-east-1/us-east-1a,us-east-1b``)."""
     if opt.provider == "local":
         return "this machine"
     if not opt.offers:
         return "-"
     o = opt.offers[0]
-    where = "/".join(x for x in (o.region, o.zone) if x)
+    zone = ",".join(zones) if zones else o.zone
+    where = "/".join(x for x in (o.region, zone) if x)
     what = f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
     return f"{what} ({where})" if where else what
+
+
+def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[str]]]:
+    """Options that differ only by zone (same provider, topology, offer, region and cost) as one row each, in
+    order; the first keeps its place, the zones of the others are listed with it."""
+    rows: list[tuple[PlanOption, list[str]]] = []
+    index: dict[tuple, int] = {}
+    for o in options:
+        first = o.offers[0] if o.offers else None
+        if first is None or first.zone is None:
+            rows.append((o, []))
+            continue
+        k = (o.provider, o.topology, first.offer_id, first.region, o.worst_case_usd, o.rejected == [])
+        if k in index:
+            rows[index[k]][1].append(first.zone)
+        else:
+            index[k] = len(rows)
+            rows.append((o, [first.zone]))
+    return rows
 
 
 def gpus(opt: "PlanOption") -> str:
@@ -182,8 +207,8 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                                   ("worst case", "right", True), ("max h in budget", "right", False),
                                   ("price source", "left", False)):
             t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
-        for i, o in enumerate(plan.options[:limit]):
-            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(rented(o)),
+        for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
+            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(rented(o, zones)),
                       escape(gpus(o)), usd(o.usd_per_hour), usd(o.worst_case_usd),
                       max_hours_text(o, req.budget_usd), escape(o.price_source.split(" (")[0]))
         console.print(t)
@@ -269,7 +294,7 @@ def register(app: typer.Typer) -> None:
         names = list(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
-                      unavailable=facts.unavailable, top_k=max(top, 10))
+                      unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:
             print_json({"chosen": p.chosen, "next_step": next_step(p, recipe), "plan": p})
         else:
@@ -421,6 +446,9 @@ def register(app: typer.Typer) -> None:
                 chk = p.check()
             except ImportError as e:
                 console.print(f"{name}: adapter not available ({escape(_short(e))}); {keep}")
+                continue
+            except Exception as e:  # a broken adapter is reported, never a crash
+                console.print(f"{name}: adapter failed ({escape(_short(e))}); {keep}")
                 continue
             if not chk.configured:
                 console.print(f"{name}: no credentials ({escape(chk.hint or CREDENTIALS_HINT.get(name, ''))}); {keep}")
