@@ -285,7 +285,7 @@ def scenarios(draw):
     return req, offers, quotas, caps
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_chosen_is_the_cheapest_valid_option_by_brute_force(scenario):
     req, offers, quotas, caps = scenario

@@ -82,7 +82,7 @@ def test_mixed_units_binary_search_matches_worst_case():
     assert pricing.worst_case_usd([a, b], h + 1 / 3600, allowance_seconds=0) > 3.0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(budget=st.floats(0.01, 500), usd=st.floats(0.01, 100), storage=st.floats(0, 0.5),
        count=st.integers(1, 8), min_billed=st.sampled_from([0, 1, 60]), disk=st.floats(0, 500),
        provider=st.sampled_from(["vast", "oci", "aws"]))
