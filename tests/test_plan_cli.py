@@ -87,6 +87,7 @@ def test_plan_no_valid_option_exits_3():
     r = run("plan", "--budget", "0.05", "--provider", "vast", "--provider", "aws")
     assert r.exit_code == 3
     assert "worst case" in r.output
+    assert "cheapest option blocked only by the budget: simulated 2x RTX 3090" in r.output
 
 
 def test_plan_with_recipe_cpu_ok_chooses_local():
@@ -194,3 +195,20 @@ def test_equal_options_in_several_zones_are_one_row():
     assert [o.offers[0].zone for o in p.options] == ["us-east-1a", "us-east-1b", "us-east-1c"]
     [(opt, zones)] = group_zones(p.options)
     assert rented(opt, zones) == "2 x g4dn.xlarge (us-east-1/us-east-1a,us-east-1b,us-east-1c)"
+
+
+def test_gpu_less_machine_without_cpu_ok_explains_local_and_rents(monkeypatch):
+    import providers.local as local
+
+    monkeypatch.setattr(local, "detect_gpus", lambda *a, **k: [])
+    r = run("plan", "--budget", "5", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    [loc] = [o for o in data["plan"]["rejected"] if o["provider"] == "local"]
+    assert "no GPU" in loc["rejected"][0] and "cpu_ok" in loc["rejected"][0]
+    c = data["chosen"]
+    assert (c["provider"], c["topology"], c["offers"][0]["instance_type"]) == ("vast", "simulated", "2x RTX 3090")
+    # the cheapest multi-node alternative on a private network is listed too
+    assert any(o["topology"] == "multi-node" and o["provider"] in ("aws", "oci") for o in data["plan"]["options"])
+    r = run("plan", "--budget", "5", "--cpu-ok", "--json")
+    assert json.loads(r.output)["chosen"]["provider"] == "local"

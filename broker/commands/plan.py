@@ -236,6 +236,14 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
                           f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
+    if c is None:
+        only_budget = [o for o in plan.rejected if o.offers and o.rejected
+                       and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+        if only_budget:
+            b = min(only_budget, key=lambda o: o.worst_case_usd)
+            console.print(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
+                          f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
+                          f"(raise --budget or shorten --hours)")
     if step:
         console.print(f"[bold]next:[/] {escape(step)}")
 
