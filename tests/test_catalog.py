@@ -105,3 +105,26 @@ def test_refresh_refuses_nothing_and_foreign_offers():
 def test_unknown_provider_has_no_snapshot():
     with pytest.raises(FileNotFoundError):
         catalog.snapshot_offers("nimbus")
+
+
+def test_oci_price_list_parsing_and_shape_matching():
+    data = {"items": [
+        {"partNumber": "B1", "displayName": "Compute - GPU - A10",
+         "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 2}]}]},
+        {"partNumber": "B2", "displayName": "OCI - Compute - GPU - H100T",
+         "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "MONTHLY_COMMIT", "value": 9},
+                                                                          {"model": "PAY_AS_YOU_GO", "value": 10}]}]},
+        {"partNumber": "B3", "displayName": "Compute - GPU - A100 80GB",
+         "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 4}]}]},
+        {"partNumber": "B4", "displayName": "Compute - Standard - E4 - OCPU",
+         "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 0.025}]}]},
+    ]}
+    skus = catalog.parse_oci_price_list(data)
+    assert skus == {"a10": (2.0, "B1 Compute - GPU - A10"), "h100t": (10.0, "B2 OCI - Compute - GPU - H100T"),
+                    "a100 80gb".replace(" ", ""): (4.0, "B3 Compute - GPU - A100 80GB")}
+    assert catalog._oci_sku_for("A10", skus)[0] == 2.0
+    assert catalog._oci_sku_for("A100", skus) is None  # not "A10"
+    assert catalog._oci_sku_for("H100", skus)[0] == 10.0
+    assert catalog._oci_sku_for("A100-80GB", skus)[0] == 4.0
+    assert catalog._oci_sku_for("A100-40GB", skus) is None  # never the 80 GB price for the 40 GB shape
+    assert catalog.parse_oci_price_list({}) == {}

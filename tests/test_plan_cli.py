@@ -145,14 +145,91 @@ def test_check_reports_each_provider():
         assert rows[p]["configured"] is False  # no credentials (or no adapter yet)
 
 
+#: An answer of Oracle's public price list, in the shape public price collectors read ([3rd-party], see
+#: broker.catalog.OCI_PRICE_LIST_URL): GPU SKUs per GPU-hour, pay-as-you-go.
+OCI_PRICE_LIST = {"items": [
+    {"partNumber": "B95909", "displayName": "Compute - GPU - A10", "metricName": "GPU Per Hour",
+     "serviceCategory": "Compute - GPU",
+     "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 1.9}]}]},
+    {"partNumber": "B98415", "displayName": "Compute - GPU - H100", "metricName": "GPU Per Hour",
+     "serviceCategory": "Compute - GPU",
+     "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 10}]}]},
+    {"partNumber": "B93000", "displayName": "Compute - Standard - E4 - OCPU", "metricName": "OCPU Per Hour",
+     "serviceCategory": "Compute - Virtual Machine",
+     "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 0.025}]}]},
+]}
+
+
 def test_catalog_show_and_refresh_without_credentials():
+    import httpx
+    import respx
+
     r = run("catalog", "show")
     assert r.exit_code == 0 and "snapshot 2026-11-29" in r.output and "ASSUMPTION" in r.output
-    r = run("catalog", "refresh")
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get(catalog.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(200, json=OCI_PRICE_LIST))
+        r = run("catalog", "refresh")
     assert r.exit_code == 0, r.output
-    for p in ("vast", "oci", "aws"):
-        assert f"{p}:" in r.output
-    assert r.output.count("keeping snapshot 2026-11-29") == 3
+    assert route.calls.last.request.url.params["currencyCode"] == "USD"
+    assert r.output.count("keeping snapshot 2026-11-29") == 2  # vast and aws: no credentials
+    assert "vast: no credentials" in r.output or "vast: adapter" in r.output
+    assert "oci: wrote 8 offers" in r.output
+    catalog._CACHE.clear()
+    offers = {o.instance_type: o for o in catalog.snapshot_offers("oci")}
+    assert offers["VM.GPU.A10.2"].usd_per_hour == pytest.approx(3.8)  # 1.9 $/GPU-h x 2
+    assert offers["BM.GPU.H100.8"].usd_per_hour == pytest.approx(80.0)
+    assert offers["VM.GPU3.1"].usd_per_hour == 2.95  # no V100 SKU in the answer: carried over
+    assert "carried over" in offers["VM.GPU3.1"].attrs["notes"]
+    assert catalog.snapshot_meta("oci")["overlay"] and catalog.snapshot_info("vast")[0] == "2026-11-29"
+
+
+def test_catalog_refresh_unreachable_price_list_keeps_the_snapshot():
+    import httpx
+    import respx
+
+    with respx.mock() as mock:
+        mock.get(catalog.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(503, text="busy"))
+        r = run("catalog", "refresh", "--provider", "oci")
+    assert r.exit_code == 4
+    assert "oci: refresh failed" in r.output and "keeping snapshot 2026-11-29" in r.output
+    assert not catalog.snapshot_meta("oci")["overlay"]
+
+
+def test_catalog_refresh_uses_the_adapters_live_sources(monkeypatch):
+    import providers
+    from broker.model import Offer
+    from broker.provider import Provider, ProviderCheck
+
+    class LiveVast(Provider):
+        name = "vast"
+
+        def check(self):
+            return ProviderCheck(provider="vast", configured=True)
+
+        def live_offers(self, req):
+            o = catalog.snapshot_offers("vast")[0]
+            return [o.model_copy(update={"offer_id": "4242", "usd_per_hour": 0.21, "price_source": "live vast"})]
+
+    class LiveAws(Provider):
+        name = "aws"
+
+        def check(self):
+            return ProviderCheck(provider="aws", configured=True)
+
+        def live_prices(self, types):
+            assert "g5.xlarge" in types
+            return {"g5.xlarge": 0.99}
+
+    fakes = {"vast": LiveVast, "aws": LiveAws}
+    monkeypatch.setattr(providers, "get_provider", lambda n, **k: fakes[n]())
+    r = run("catalog", "refresh", "--provider", "vast", "--provider", "aws")
+    assert r.exit_code == 0, r.output
+    catalog._CACHE.clear()
+    [v] = catalog.snapshot_offers("vast")
+    assert (v.offer_id, v.usd_per_hour) == ("4242", 0.21)
+    aws = {o.instance_type: o for o in catalog.snapshot_offers("aws")}
+    assert aws["g5.xlarge"].usd_per_hour == 0.99 and aws["g4dn.xlarge"].usd_per_hour == 0.526
+    assert isinstance(aws["g5.xlarge"], Offer) and "Pricing API" in catalog.snapshot_info("aws")[1]
 
 
 def test_cli_subprocess_plans_offline(tmp_path):

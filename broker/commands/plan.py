@@ -436,41 +436,60 @@ def register(app: typer.Typer) -> None:
     def catalog_refresh(
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
     ) -> None:
-        """Write a new dated snapshot from each configured provider's live offers (kept in the broker home)."""
+        """Write new dated snapshots from live sources (kept in the broker home, used before the shipped ones).
+
+        Vast.ai: a live offer search (VAST_API_KEY).  AWS: the Pricing API (AWS credentials).  OCI: Oracle's
+        public price list (no credentials).  A provider whose source is unavailable keeps its snapshot."""
         from rich.markup import escape
 
         from broker import catalog
-        from broker.model import Requirements
         from broker.ui import console
-        from providers import get_provider
 
-        req = Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None, budget_usd=None)
         failed = 0
         for name in (list(provider) if provider else list(CLOUD)):
             date, _ = catalog.snapshot_info(name)
             keep = f"keeping snapshot {date}"
             try:
-                p = get_provider(name)
-                chk = p.check()
-            except ImportError as e:
-                console.print(f"{name}: adapter not available ({escape(_short(e))}); {keep}")
-                continue
-            except Exception as e:  # a broken adapter is reported, never a crash
-                console.print(f"{name}: adapter failed ({escape(_short(e))}); {keep}")
-                continue
-            if not chk.configured:
-                console.print(f"{name}: no credentials ({escape(chk.hint or CREDENTIALS_HINT.get(name, ''))}); {keep}")
-                continue
-            try:
-                live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
-                if not live:
-                    console.print(f"{name}: the adapter returned no live offers; {keep}")
-                    continue
-                path = catalog.refresh(name, live)
-            except Exception as e:
+                got = live_catalog(name)
+            except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
                 failed += 1
                 console.print(f"[red]{name}: refresh failed[/]: {escape(_short(e))}; {keep}")
                 continue
-            console.print(f"{name}: wrote {len(live)} live offers to {escape(str(path))}")
+            if isinstance(got, str):
+                console.print(f"{name}: {escape(got)}; {keep}")
+                continue
+            offers, source = got
+            if not offers:
+                console.print(f"{name}: the live source returned no offers; {keep}")
+                continue
+            path = catalog.refresh(name, offers, source=source)
+            console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
         if failed:
             raise typer.Exit(4)
+
+
+def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
+    """Offers for a refreshed snapshot of ``name`` and their source, or why there is no live source.
+
+    Raises what the source raises (provider errors, httpx errors)."""
+    from broker import catalog
+    from broker.model import Requirements
+
+    if name == "oci":  # public price list: no credentials needed
+        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
+    from providers import get_provider
+
+    try:
+        p = get_provider(name)
+    except ImportError as e:
+        return f"adapter not available ({_short(e)})"
+    chk = p.check()
+    if not chk.configured:
+        return f"no credentials ({chk.hint or CREDENTIALS_HINT.get(name, '')})"
+    req = Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None, budget_usd=None)
+    if hasattr(p, "live_offers"):  # Vast.ai: a live search, no snapshot fallback
+        return list(p.live_offers(req)), f"live {name} offer search (broker catalog refresh)"
+    if hasattr(p, "live_prices"):  # AWS: Pricing API list prices for the snapshot's instance types
+        return catalog.aws_live_offers(p.live_prices), "AWS Pricing API get_products (on-demand Linux, shared)"
+    live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
+    return live, f"live {name} offers (broker catalog refresh)"
