@@ -289,3 +289,25 @@ def test_gpu_less_machine_without_cpu_ok_explains_local_and_rents(monkeypatch):
     assert any(o["topology"] == "multi-node" and o["provider"] in ("aws", "oci") for o in data["plan"]["options"])
     r = run("plan", "--budget", "5", "--cpu-ok", "--json")
     assert json.loads(r.output)["chosen"]["provider"] == "local"
+
+
+def test_vast_query_reaches_the_vast_adapter(monkeypatch):
+    import providers
+    from broker.provider import BadInput, Provider
+
+    seen = {}
+
+    class Vast(Provider):
+        name = "vast"
+
+        def offers(self, req, vast_query=None):
+            seen["q"] = vast_query
+            if vast_query == "bad>>":
+                raise BadInput("cannot parse --vast-query 'bad>>'")
+            return catalog.snapshot_offers("vast", req)
+
+    monkeypatch.setattr(providers, "get_provider", lambda n, **k: Vast())
+    r = run("offers", "--provider", "vast", "--vast-query", "reliability>0.98", "--json")
+    assert r.exit_code == 0 and seen["q"] == "reliability>0.98"
+    with pytest.raises(BadInput):
+        run("plan", "--budget", "5", "--provider", "vast", "--vast-query", "bad>>")

@@ -60,11 +60,14 @@ def _snapshot_fallback(name: str, req: "Requirements | None", facts: Facts, why:
     return offers
 
 
-def gather(req: "Requirements", names: list[str], *, facts_too: bool = True) -> Facts:
+def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vast_query: str | None = None) -> Facts:
     """Ask each provider in ``names`` for offers (and, with ``facts_too``, quotas and capacity).
 
+    ``vast_query``: Vast's native query string (``'reliability>0.98 inet_up>=200'``), passed to the Vast adapter.
     Never raises for a provider's failure: the failure goes into ``Facts.notes`` and cloud offers fall back to
-    the price snapshot."""
+    the price snapshot (a malformed ``vast_query`` is the user's error: BadInput is raised)."""
+    from broker.provider import BadInput
+
     from providers import get_provider
 
     facts = Facts()
@@ -93,7 +96,12 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True) -> 
                 facts.unavailable["local"] = why_not
                 continue
         try:
-            offers = list(p.offers(req))
+            if name == "vast" and vast_query:
+                offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
+            else:
+                offers = list(p.offers(req))
+        except BadInput:
+            raise
         except Exception as e:
             why = f"offers failed: {_short(e)}"
             offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
@@ -281,6 +289,7 @@ def register(app: typer.Typer) -> None:
         cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
         disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
         top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
+        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
@@ -300,7 +309,7 @@ def register(app: typer.Typer) -> None:
         if max_run:
             req = req.model_copy(update={"hours": None})
         names = list(provider) if provider else list(DEFAULT_PROVIDERS)
-        facts = gather(req, names)
+        facts = gather(req, names, vast_query=vast_query)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:
@@ -320,6 +329,7 @@ def register(app: typer.Typer) -> None:
         num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="at least this many GPUs per offer"),
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
         limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
+        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
@@ -332,7 +342,7 @@ def register(app: typer.Typer) -> None:
 
         req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
                            hours=None, budget_usd=None, topology="any")
-        facts = gather(req, list(provider) if provider else list(CLOUD), facts_too=False)
+        facts = gather(req, list(provider) if provider else list(CLOUD), facts_too=False, vast_query=vast_query)
         rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
                 and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
         rows.sort(key=lambda o: (o.usd_per_hour, o.key))
