@@ -40,7 +40,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import Any
 
 from broker import pricing
 from broker.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
