@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "broker.commands.lifecycle",
     "broker.commands.quota",
     "broker.commands.watchdog",
+    "broker.commands.plan",
 ]
 
 for _name in COMMAND_MODULES:

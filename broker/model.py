@@ -158,6 +158,8 @@ class Plan(BaseModel):
     rejected: list[PlanOption] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)  # e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"
     created_at: datetime = Field(default_factory=utcnow)
+    rejected_counts: dict[str, int] = Field(default_factory=dict)  # every rejected candidate, by first reason kind
+    valid_count: int | None = None  # valid candidates found; ``options`` holds the best of them
 
     @property
     def chosen(self) -> PlanOption | None:

@@ -1,0 +1,505 @@
+"""``broker plan``, ``broker offers``, ``broker check`` and ``broker catalog show|refresh``.
+
+Facts come from the adapters (``providers.get_provider(name)``): offers, quotas, capacity and a price note.  A
+provider whose adapter is missing or raises is reported in the notes and never stops the plan; its offers then
+come from the shipped (or refreshed) price snapshot (:mod:`broker.catalog`).  No SDK client is created here, so a
+machine without credentials plans offline (no network call at all).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from broker.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements
+
+#: Providers planned over by default (``--provider`` narrows).
+DEFAULT_PROVIDERS = ("local", "vast", "oci", "aws")
+CLOUD = ("vast", "oci", "aws")
+
+#: What each cloud needs for live prices, quotas and capacity (shown when it falls back to the snapshot).
+CREDENTIALS_HINT = {
+    "vast": "VAST_API_KEY",
+    "oci": "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)",
+    "aws": "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
+}
+
+
+# ------------------------------------------------------------------------------------------------ gathering
+class Facts:
+    """What the providers said: offers, quotas, capacity, notes, and providers that offer nothing (with why)."""
+
+    def __init__(self) -> None:
+        self.offers: list[Offer] = []
+        self.quotas: list[Quota] = []
+        self.capacities: list[Capacity] = []
+        self.notes: list[str] = []
+        self.unavailable: dict[str, str] = {}
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:300]
+
+
+def _snapshot_fallback(name: str, req: "Requirements | None", facts: Facts, why: str) -> list["Offer"]:
+    from broker import catalog
+
+    try:
+        offers = catalog.snapshot_offers(name, req)
+        date, _ = catalog.snapshot_info(name)
+    except FileNotFoundError:
+        facts.notes.append(f"{name}: {why}; no price snapshot either: not planned")
+        return []
+    label = catalog.snapshot_meta(name).get("label", "")
+    facts.notes.append(f"{name}: prices: snapshot {date} ({label}); live quote needs "
+                       f"{CREDENTIALS_HINT.get(name, 'credentials')} ({why})")
+    return offers
+
+
+def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vast_query: str | None = None) -> Facts:
+    """Ask each provider in ``names`` for offers (and, with ``facts_too``, quotas and capacity).
+
+    ``vast_query``: Vast's native query string (``'reliability>0.98 inet_up>=200'``), passed to the Vast adapter.
+    Never raises for a provider's failure: the failure goes into ``Facts.notes`` and cloud offers fall back to
+    the price snapshot (a malformed ``vast_query`` is the user's error: BadInput is raised)."""
+    from broker.provider import BadInput
+
+    from providers import get_provider
+
+    facts = Facts()
+    for name in names:
+        try:
+            p = get_provider(name)
+        except ImportError as e:
+            why = f"adapter providers.{name} not available: {_short(e)}"
+            if name in CLOUD:
+                facts.offers += _snapshot_fallback(name, req, facts, why)
+            else:
+                facts.notes.append(f"{name}: {why}")
+            continue
+        except Exception as e:  # unknown name (BadInput) or a broken constructor
+            if name in CLOUD:
+                facts.offers += _snapshot_fallback(name, req, facts, f"adapter failed to start: {_short(e)}")
+            else:
+                facts.notes.append(f"{name}: {_short(e)}")
+            continue
+        if name == "local" and hasattr(p, "why_not"):
+            try:
+                why_not = p.why_not(req)
+            except Exception as e:
+                why_not = f"local check failed: {_short(e)}"
+            if why_not:
+                facts.unavailable["local"] = why_not
+                continue
+        try:
+            if name == "vast" and vast_query:
+                offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
+            else:
+                offers = list(p.offers(req))
+        except BadInput:
+            raise
+        except Exception as e:
+            why = f"offers failed: {_short(e)}"
+            offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
+            if name not in CLOUD:
+                facts.notes.append(f"{name}: {why}")
+        else:
+            try:
+                note = p.price_note()
+            except Exception:
+                note = None
+            if note:
+                facts.notes.append(note if note.startswith(name) else f"{name}: {note}")
+        facts.offers += offers
+        if not facts_too or not offers:
+            continue
+        try:
+            facts.quotas += list(p.quotas(req, offers))
+        except Exception as e:
+            facts.notes.append(f"{name}: quotas unknown ({_short(e)}); planned as if not limiting")
+        try:
+            facts.capacities += list(p.capacity(offers))
+        except Exception as e:
+            facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+    return facts
+
+
+# ------------------------------------------------------------------------------------------------ rendering
+def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
+    """What is rented, in words: ``2 x g5.xlarge (us-east-1/us-east-1a)``, ``2x RTX 3090 (Quebec, CA, NA)``.
+
+    ``zones``: equal options in several zones, shown as one (``us-east-1/us-east-1a,us-east-1b``)."""
+    if opt.provider == "local":
+        return "this machine"
+    if not opt.offers:
+        return "-"
+    o = opt.offers[0]
+    zone = ",".join(zones) if zones else o.zone
+    where = "/".join(x for x in (o.region, zone) if x)
+    what = f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
+    return f"{what} ({where})" if where else what
+
+
+def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[str]]]:
+    """Options that differ only by zone (same provider, topology, offer, region and cost) as one row each, in
+    order; the first keeps its place, the zones of the others are listed with it."""
+    rows: list[tuple[PlanOption, list[str]]] = []
+    index: dict[tuple, int] = {}
+    for o in options:
+        first = o.offers[0] if o.offers else None
+        if first is None or first.zone is None:
+            rows.append((o, []))
+            continue
+        k = (o.provider, o.topology, first.offer_id, first.region, o.worst_case_usd, o.rejected == [])
+        if k in index:
+            rows[index[k]][1].append(first.zone)
+        else:
+            index[k] = len(rows)
+            rows.append((o, [first.zone]))
+    return rows
+
+
+def gpus(opt: "PlanOption") -> str:
+    if not opt.offers:
+        return "-"
+    o = opt.offers[0]
+    n = sum(x.gpu_count for x in opt.offers)
+    if n == 0:
+        return "CPU (gloo)"
+    from broker.planner import fmt_num
+
+    return f"{n}x {o.gpu_name} {fmt_num(o.gpu_mem_gib)} GiB" if o.gpu_mem_gib else f"{n}x {o.gpu_name}"
+
+
+def max_hours_text(opt: "PlanOption", budget: float | None) -> str:
+    if budget is None:
+        return "-"
+    if opt.max_hours_within_budget is None:
+        return "unlimited"
+    import math
+
+    return f"{math.floor(opt.max_hours_within_budget * 100) / 100:.2f} h"
+
+
+def next_step(plan: "Plan", recipe: Path | None) -> str | None:
+    c = plan.chosen
+    if c is None:
+        steps = [o.next_step for o in plan.rejected if o.next_step]
+        return steps[0] if steps else None
+    return f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
+
+
+def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from broker.ui import console, usd
+
+    req = plan.requirements
+    models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
+    hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
+    budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
+    console.print(f"[bold]job:[/] {req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, "
+                  f"{escape(models)}), {hours}, budget {budget}, topology {req.topology}"
+                  + (", cpu_ok" if req.cpu_ok else ""))
+    if plan.options:
+        deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
+        t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst case at "
+                        f"{deadline} + setup allowance)", title_justify="left")
+        for col, just, nowrap in (("", "left", True), ("provider", "left", True), ("topology", "left", True),
+                                  ("rented", "left", False), ("GPUs", "left", False), ("USD/hour", "right", True),
+                                  ("worst case", "right", True), ("max h in budget", "right", False),
+                                  ("price source", "left", False)):
+            t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
+        for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
+            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(rented(o, zones)),
+                      escape(gpus(o)), usd(o.usd_per_hour), usd(o.worst_case_usd),
+                      max_hours_text(o, req.budget_usd), escape(o.price_source.split(" (")[0]))
+        console.print(t)
+    if plan.rejected:
+        t = Table(title="rejected", title_justify="left")
+        for col in ("provider", "topology", "rented", "worst case", "why"):
+            t.add_column(col, no_wrap=col in ("provider", "topology"))
+        for o in plan.rejected[:rejected_limit]:
+            why = "; ".join(o.rejected)
+            if o.next_step:
+                why += f"\n-> {o.next_step}"
+            t.add_row(o.provider, o.topology.value, escape(rented(o)),
+                      usd(o.worst_case_usd) if o.offers else "-", escape(why))
+        console.print(t)
+        if len(plan.rejected) > rejected_limit:
+            console.print(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
+    for n in plan.notes:
+        console.print(f"[dim]note:[/] {escape(n)}")
+    step = next_step(plan, recipe)
+    c = plan.chosen
+    if c is not None:
+        console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
+                      f"{usd(c.worst_case_usd)} at a {c.hours:.2f} h deadline ({escape(c.price_source)})")
+        cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
+        if cheaper:
+            console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
+                          f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
+    if c is None:
+        only_budget = [o for o in plan.rejected if o.offers and o.rejected
+                       and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+        if only_budget:
+            b = min(only_budget, key=lambda o: o.worst_case_usd)
+            console.print(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
+                          f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
+                          f"(raise --budget or shorten --hours)")
+    if step:
+        console.print(f"[bold]next:[/] {escape(step)}")
+
+
+# ------------------------------------------------------------------------------------------------ commands
+def _requirements(recipe: Path | None, **flags: Any) -> "Requirements":
+    from broker.model import Requirements
+
+    base: dict[str, Any] = {}
+    if recipe is not None:
+        from broker.recipe import load_recipe
+
+        base = load_recipe(recipe).requirements().model_dump()
+    else:
+        base = Requirements(budget_usd=None).model_dump()
+    for k, v in flags.items():
+        if v is not None and v != []:
+            base[k] = v
+    return Requirements(**base)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        budget: float = typer.Option(None, "--budget", "-b", min=0, help="total budget in USD (worst case must fit)"),
+        nodes: int = typer.Option(None, "--nodes", "-n", min=1, help="nodes (default 2)"),
+        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 1)"),
+        gpu: list[str] = typer.Option(None, "--gpu", help="accepted GPU model (repeatable; default any)"),
+        min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", min=0, help="GiB per GPU (default 16)"),
+        hours: float = typer.Option(None, "--hours", min=0.001, help="hard deadline in hours (default 1)"),
+        max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
+        topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | any"),
+        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
+        recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
+        cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
+        disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
+        top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
+        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    ) -> None:
+        """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
+        from broker.planner import plan as make_plan
+        from broker.provider import BadInput
+        from broker.ui import err, print_json
+
+        if topology is not None and topology not in ("simulated", "multi-node", "local", "any"):
+            raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, local or any")
+        if max_run and hours is not None:
+            raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
+        if max_run and budget is None and recipe is None:
+            raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
+        req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
+                            min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
+                            cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
+        if max_run:
+            req = req.model_copy(update={"hours": None})
+        names = list(provider) if provider else list(DEFAULT_PROVIDERS)
+        facts = gather(req, names, vast_query=vast_query)
+        p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
+                      unavailable=facts.unavailable, top_k=max(top * 8, 20))
+        if as_json:
+            print_json({"chosen": p.chosen, "next_step": next_step(p, recipe), "plan": p})
+        else:
+            render_plan(p, recipe, limit=top)
+        if p.chosen is None:
+            if not as_json:
+                err.print("[bold red]no valid plan:[/] every option is rejected (reasons above); relax the job, raise "
+                          "the budget or request quota", markup=True)
+            raise typer.Exit(3)
+
+    @app.command("offers")
+    def offers_cmd(
+        gpu: list[str] = typer.Option(None, "--gpu", help="GPU model (repeatable), e.g. 'RTX 4090', A10"),
+        min_gpu_mem: float = typer.Option(0.0, "--min-gpu-mem", min=0, help="GiB per GPU"),
+        num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="at least this many GPUs per offer"),
+        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
+        limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
+        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        from broker.model import Requirements
+        from broker.planner import fmt_num, gpu_name_matches
+        from broker.ui import console, print_json
+
+        req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
+                           hours=None, budget_usd=None, topology="any")
+        facts = gather(req, list(provider) if provider else list(CLOUD), facts_too=False, vast_query=vast_query)
+        rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
+                and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
+        rows.sort(key=lambda o: (o.usd_per_hour, o.key))
+        if as_json:
+            print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
+            return
+        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left")
+        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", False),
+                            ("$/h", True), ("disk $/GiB/mo", False), ("where", False), ("net", False)):
+            t.add_column(col, no_wrap=nowrap)
+        for o in rows[:limit]:
+            t.add_row(o.provider, escape(o.offer_id), escape(f"{o.gpu_count}x {o.gpu_name} {fmt_num(o.gpu_mem_gib)}G"),
+                      f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", f"{o.usd_per_hour:.4g}",
+                      f"{o.storage_usd_per_gib_month:g}", escape("/".join(x for x in (o.region, o.zone) if x) or "any"),
+                      "private" if o.private_network else "public")
+        console.print(t)
+        for n in facts.notes:
+            console.print(f"[dim]note:[/] {escape(n)}")
+
+    @app.command("check")
+    def check_cmd(
+        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Whether each provider's credentials are present and usable."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        from broker.provider import ProviderCheck
+        from broker.ui import console, print_json
+        from providers import get_provider
+
+        results: list[ProviderCheck] = []
+        for name in (list(provider) if provider else list(DEFAULT_PROVIDERS)):
+            try:
+                results.append(get_provider(name).check())
+            except ImportError as e:
+                results.append(ProviderCheck(provider=name, configured=False, usable=None,
+                                             detail=f"adapter providers.{name} not available: {_short(e)}",
+                                             hint="plans use the shipped price snapshot"))
+            except Exception as e:
+                results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
+        if as_json:
+            print_json({"providers": results})
+            return
+        t = Table(title="providers", title_justify="left")
+        for col in ("provider", "credentials", "usable", "detail", "to do"):
+            t.add_column(col)
+        for r in results:
+            t.add_row(r.provider, "present" if r.configured else "missing",
+                      {True: "yes", False: "no", None: "not tried"}[r.usable], escape(r.detail), escape(r.hint or ""))
+        console.print(t)
+
+    catalog_app = typer.Typer(help="Price snapshots: show what is in effect, refresh from live APIs.",
+                              no_args_is_help=True)
+    app.add_typer(catalog_app, name="catalog")
+
+    @catalog_app.command("show")
+    def catalog_show(
+        provider: list[str] = typer.Argument(None, help="providers (default: vast oci aws)"),
+        offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Date, source, notes and size of each provider's price snapshot in effect."""
+        from rich.markup import escape
+        from rich.table import Table
+
+        from broker import catalog
+        from broker.provider import BadInput
+        from broker.ui import console, print_json
+
+        names = list(provider) if provider else list(catalog.PROVIDERS)
+        metas = []
+        for n in names:
+            try:
+                metas.append(catalog.snapshot_meta(n))
+            except FileNotFoundError as e:
+                raise BadInput(str(e), hint=f"providers with snapshots: {', '.join(catalog.PROVIDERS)}") from None
+        if as_json:
+            print_json({"snapshots": [{**m, **({"offer_list": catalog.snapshot_offers(m['provider'])} if offers
+                                                 else {})} for m in metas]})
+            return
+        for m in metas:
+            kind = "refreshed" if m["overlay"] else "shipped"
+            console.print(f"[bold]{m['provider']}[/]: snapshot {m['date']} ({escape(m.get('label', ''))}), "
+                          f"{m['offers']} offers, {kind}: {escape(m['path'])}")
+            console.print(f"  source: {escape(m.get('source', ''))}")
+            for note in m.get("notes", []):
+                console.print(f"  note: {escape(note)}")
+            if offers:
+                t = Table(show_header=True)
+                for col in ("instance type", "GPUs", "GiB/GPU", "$/h", "region", "min billed s", "storage $/GiB/mo"):
+                    t.add_column(col)
+                for o in catalog.snapshot_offers(m["provider"]):
+                    t.add_row(escape(o.instance_type), f"{o.gpu_count}x {escape(o.gpu_name)}", f"{o.gpu_mem_gib:g}",
+                              f"{o.usd_per_hour:g}", escape(o.region or "any"), f"{o.min_billed_seconds:g}",
+                              f"{o.storage_usd_per_gib_month:g}")
+                console.print(t)
+
+    @catalog_app.command("refresh")
+    def catalog_refresh(
+        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
+    ) -> None:
+        """Write new dated snapshots from live sources (kept in the broker home, used before the shipped ones).
+
+        Vast.ai: a live offer search (VAST_API_KEY).  AWS: the Pricing API (AWS credentials).  OCI: Oracle's
+        public price list (no credentials).  A provider whose source is unavailable keeps its snapshot."""
+        from rich.markup import escape
+
+        from broker import catalog
+        from broker.ui import console
+
+        failed = 0
+        for name in (list(provider) if provider else list(CLOUD)):
+            date, _ = catalog.snapshot_info(name)
+            keep = f"keeping snapshot {date}"
+            try:
+                got = live_catalog(name)
+            except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
+                failed += 1
+                console.print(f"[red]{name}: refresh failed[/]: {escape(_short(e))}; {keep}")
+                continue
+            if isinstance(got, str):
+                console.print(f"{name}: {escape(got)}; {keep}")
+                continue
+            offers, source = got
+            if not offers:
+                console.print(f"{name}: the live source returned no offers; {keep}")
+                continue
+            path = catalog.refresh(name, offers, source=source)
+            console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
+        if failed:
+            raise typer.Exit(4)
+
+
+def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
+    """Offers for a refreshed snapshot of ``name`` and their source, or why there is no live source.
+
+    Raises what the source raises (provider errors, httpx errors)."""
+    from broker import catalog
+    from broker.model import Requirements
+
+    if name == "oci":  # public price list: no credentials needed
+        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
+    from providers import get_provider
+
+    try:
+        p = get_provider(name)
+    except ImportError as e:
+        return f"adapter not available ({_short(e)})"
+    chk = p.check()
+    if not chk.configured:
+        return f"no credentials ({chk.hint or CREDENTIALS_HINT.get(name, '')})"
+    req = Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None, budget_usd=None)
+    if hasattr(p, "live_offers"):  # Vast.ai: a live search, no snapshot fallback
+        return list(p.live_offers(req)), f"live {name} offer search (broker catalog refresh)"
+    if hasattr(p, "live_prices"):  # AWS: Pricing API list prices for the snapshot's instance types
+        return catalog.aws_live_offers(p.live_prices), "AWS Pricing API get_products (on-demand Linux, shared)"
+    live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
+    return live, f"live {name} offers (broker catalog refresh)"
