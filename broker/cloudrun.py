@@ -45,7 +45,7 @@ def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
     try:  # the real planner, when merged
         from broker.planner import plan as _plan  # type: ignore[attr-defined]
 
-        p = _plan(req, offers, [], utcnow())
+        p = _plan(req, offers, [], [], now=utcnow())
         if isinstance(p, Plan) and any(o.valid for o in p.options):
             return [o for o in p.options if o.valid]
     except Exception:  # noqa: BLE001 - absent or a different signature: rank here
