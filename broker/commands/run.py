@@ -14,6 +14,8 @@ def register(app: typer.Typer) -> None:
         provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
+                                       "login node (user@host); default: Slurm commands on this machine"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.ledger import Ledger
@@ -24,6 +26,10 @@ def register(app: typer.Typer) -> None:
         from broker.commands.summary import render_summary
 
         recipe = load_recipe(recipe_path)
+        if provider == "slurm":
+            from broker.commands.slurm import run_slurm
+
+            run_slurm(recipe, host=slurm_host, quiet=quiet, as_json=as_json, result_dict=result_dict)
         if provider != "local":
             raise BadInput(f"provider {provider!r} is not available for runs yet", hint="use --provider local")
         ledger = Ledger()
