@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,8 +179,9 @@ class SlurmProvider(Provider):
     name = "slurm"
     topologies = ("slurm",)
 
-    def __init__(self, host: str | None = None, *, ssh: str = "ssh"):
+    def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None
+        self.confirm_s = confirm_s
         self.shell = Shell(self.host, ssh=ssh)
 
     def _shell_for(self, attrs: dict[str, Any] | None) -> Shell:
@@ -226,8 +228,9 @@ class SlurmProvider(Provider):
         if cp.returncode == 0 and line:
             state, _, reason = line.splitlines()[0].partition("|")
             state = state.strip().upper()
+            reason = reason.strip().strip("()")
             if state not in TERMINAL_STATES:
-                return JobInfo(job_id, state, reason=reason.strip(), source="squeue")
+                return JobInfo(job_id, state, reason="" if reason == "None" else reason, source="squeue")
         return self.final(job_id, attrs=attrs)
 
     def final(self, job_id: str, *, attrs: dict[str, Any] | None = None) -> JobInfo:
@@ -267,14 +270,18 @@ class SlurmProvider(Provider):
     # ---- lifecycle contract
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
-        """``slurm_job``: scancel, then True once the job is in a final state (or unknown)."""
+        """``slurm_job``: scancel, then wait up to ``confirm_s`` (60 s) for a final state (``CANCELLED``; a job
+        passes through ``COMPLETING`` while its steps are killed).  True once final or unknown to Slurm."""
         if kind != "slurm_job":
             raise BadInput(f"the slurm provider has no {kind!r} resources", hint="only slurm_job")
         info = self.job(provider_id, attrs=attrs)
         if info.done:
             return True
         self.cancel(provider_id, attrs=attrs)
-        return self.job(provider_id, attrs=attrs).done
+        stop_by = time.monotonic() + self.confirm_s
+        while not (info := self.job(provider_id, attrs=attrs)).done and time.monotonic() < stop_by:
+            time.sleep(0.5)
+        return info.done
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Queued or running jobs submitted by broker (``--comment=broker-run=<run id>``)."""

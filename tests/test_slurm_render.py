@@ -165,5 +165,13 @@ def test_cli_render_writes_script_and_log_dir(recipe, tmp_path):
     assert (tmp_path / "slurm-logs").is_dir()
     assert f"LOG_DIR={tmp_path}/slurm-logs" in s.splitlines()
     cp = subprocess.run([sys.executable, "-m", "broker", "slurm", "render", str(recipe.path), "--time", "5m"],
-                        cwd=tmp_path, capture_output=True, text=True)
+                        cwd=REPO, capture_output=True, text=True)
     assert cp.returncode == 2 and "HH:MM:SS" in cp.stderr
+
+
+def test_run_without_slurm_commands_is_a_provider_error(recipe, tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path), "BROKER_HOME": str(tmp_path / "home")}
+    cp = subprocess.run([sys.executable, "-m", "broker", "run", str(recipe.path), "--provider", "slurm"],
+                        cwd=REPO, env=env, capture_output=True, text=True)
+    assert cp.returncode == 4, cp.stdout + cp.stderr
+    assert "sinfo is not installed" in cp.stderr and "--slurm-host" in cp.stderr
