@@ -25,9 +25,10 @@ The working pattern, rendered here:
   ends the whole step instead of leaving its peers waiting;
 * per-node logs from ``srun --output=<dir>/%x-%j-node%n.out`` (``%n`` = node index within the job): the batch
   script's own ``#SBATCH --output`` only captures the batch step, i.e. node 0's shell;
-* the log directory is created by the submitter *before* ``sbatch`` (Slurm opens ``--output`` files before the
-  script runs; a missing directory makes the job fail without any log) and again by the script (``mkdir -p``)
-  for ``srun`` steps;
+* the log directory is created by the submitter *before* ``sbatch``: slurmstepd opens the ``--output`` file
+  before the script runs, and with a missing directory ``sbatch`` still exits 0 while the job ends at once as
+  ``JobState=FAILED Reason=JobLaunchFailure ExitCode=0:53`` with no log anywhere (measured on Slurm 22.05); the
+  script creates it again (``mkdir -p``) for its ``srun`` steps;
 * ``setup`` runs once per node in its own ``srun`` step before training;
 * ``set -euo pipefail`` and the training ``srun`` as the last command (``exit $rc``), so the job's state and
   exit code are the training's.
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from broker.provider import BadInput
+from broker.provider import BadInput, BrokerError
 from broker.recipe import Recipe
 
 #: MASTER_PORT = BASE + SLURM_JOB_ID % SPAN when no port is given at render time (ports 29500..48999)
@@ -167,8 +168,10 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
         'MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"',
         "",
         "# every srun step appends to the same per-node file: %n = node index within the job",
-        f'STEP=(srun --nodes={n} --ntasks-per-node=1 --kill-on-bad-exit=1 --open-mode=append '
-        f'--output="$LOG_DIR/%x-%j-node%n.out")',
+        # --cpus-per-task again: srun 22.05 no longer inherits it from the job (each step would get 1 CPU)
+        f'STEP=(srun --nodes={n} --ntasks-per-node=1 --cpus-per-task={cpus}'
+        + (f" --gpus-per-node={g}" if gpus else "")
+        + ' --kill-on-bad-exit=1 --open-mode=append --output="$LOG_DIR/%x-%j-node%n.out")',
     ]
     if recipe.setup:
         setup = " && ".join(f"( {c} )" for c in recipe.setup)
@@ -285,6 +288,7 @@ class SlurmOptions:
     python: str = "python3"
     poll_s: float = 0.5
     cancel_timeout_s: float = 60.0
+    max_poll_errors: int = 30
 
 
 def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
@@ -301,7 +305,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     from broker.launch import RunResult, describe_exit, finish_result
     from broker.model import utcnow
     from broker.orchestrate import new_run
-    from broker.provider import NoValidPlan
+    from broker.provider import NoValidPlan, ProviderError
     from providers.slurm import SlurmProvider
 
     opts = options or SlurmOptions()
@@ -312,6 +316,14 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
         raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
                           f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
                           hint="choose a GPU partition with --partition, or set cpu_ok: true for a gloo check")
+    have = prov.partition_nodes(opts.partition)
+    if have is None and opts.partition:
+        raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",
+                       hint="see `sinfo` for the partitions; set BROKER_SLURM_PARTITION to one of them")
+    if have is not None and have < recipe.nodes:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has {have} node(s); "
+                          f"{recipe.name} needs {recipe.nodes}",
+                          hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
     where = sh.where
     plan = {"provider": "slurm", "topology": "slurm", "usd_per_hour": 0.0, "host": opts.host,
             "partition": opts.partition, "account": opts.account, "gpus": gpus}
@@ -330,6 +342,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
 
     t0 = time_mod.monotonic()
     result: RunResult | None = None
+    error: BaseException | None = None
     res_id: str | None = None
     job_id: str | None = None
     attrs = {"host": opts.host, "log_dir": log_dir, "script": script_path}
@@ -369,13 +382,28 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
         info = None
         last_state = ""
         next_state = 0.0
+        poll_s = max(opts.poll_s, 2.0) if opts.host else opts.poll_s  # each poll is an ssh round trip there
+        errors = 0
         try:
             while True:
-                follower.pump()
                 now = time_mod.monotonic()
-                if now >= next_state:
-                    info = prov.job(job_id, attrs=attrs)
-                    next_state = now + max(opts.poll_s, 1.0 if opts.host else opts.poll_s)
+                fresh = None
+                try:
+                    follower.pump()
+                    if now >= next_state:
+                        fresh = prov.job(job_id, attrs=attrs)
+                        next_state = now + poll_s
+                    errors = 0
+                except ProviderError as e:  # an ssh blip or a slow slurmctld: keep following, give up after a while
+                    errors += 1
+                    if errors >= opts.max_poll_errors:
+                        raise
+                    if echo:
+                        echo(f"[slurm] cannot follow job {job_id} right now ({e.message}); retrying")
+                    time_mod.sleep(poll_s)
+                    continue
+                if fresh is not None:
+                    info = fresh
                     if info.state != last_state:
                         last_state = info.state
                         ledger.event(run.id, "cli", "job_state", f"{job_id} {info.state} {info.reason}".strip(),
@@ -385,13 +413,18 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                                  + (f" ({info.reason})" if info.reason and info.state == "PENDING" else ""))
                     if info.done:
                         break
+                    if info.hopeless:
+                        status = "failed"
+                        reason = (f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); "
+                                  "cancelled it")
+                        break
                 if now - t0 > deadline_s:
                     status, reason = "deadline", f"deadline of {deadline_s:.0f} s reached; cancelled Slurm job {job_id}"
                     break
-                time_mod.sleep(opts.poll_s)
+                time_mod.sleep(poll_s)
         except KeyboardInterrupt:
             status, reason = "interrupted", f"interrupted (Ctrl-C); cancelled Slurm job {job_id}"
-        if status is not None:  # deadline or Ctrl-C: scancel and wait for a final state
+        if status is not None:  # deadline, Ctrl-C or hopeless: scancel and wait for a final state
             prov.cancel(job_id, attrs=attrs)
             stop_by = time_mod.monotonic() + opts.cancel_timeout_s
             info = prov.job(job_id, attrs=attrs)
@@ -416,15 +449,21 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                     failed = 0
                 detail = (f"node {failed} exited with code {describe_exit(codes.get(failed))}"
                           if codes.get(failed) is not None else "the job failed")
-                host = f" ({info.nodes[failed]})" if failed < len(info.nodes) else ""
-                reason = (f"{detail}{host}; Slurm job {job_id} {info.state}, ExitCode "
+                host = (f" ({info.nodes[failed]})" if failed < len(info.nodes) and codes.get(failed) is not None
+                        else "")
+                why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
+                reason = (f"{detail}{host}; Slurm job {job_id} {info.state}{why}, ExitCode "
                           f"{info.exit_code}:{info.signal or 0}")
+        codes = {k: v for k, v in codes.items() if v is not None}  # nodes whose exit Slurm did not report
         result = RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - t0, log_paths=logs,
                            reason=reason, failed_node=failed if status == "failed" else None)
         result = finish_result(result, list(recipe.expect), nnodes=recipe.nodes,
                                nproc_per_node=recipe.gpus_per_node)
+    except BaseException as e:
+        error = e
+        raise
     finally:
-        final_status = result.status if result else "interrupted"
+        final_status = result.status if result else ("failed" if isinstance(error, BrokerError) else "interrupted")
         if result is None and job_id is not None:  # crashed or interrupted before a result: do not leave it running
             try:
                 prov.cancel(job_id, attrs=attrs)
@@ -433,7 +472,9 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
         ledger.update_run(run.id, status=final_status, ended_at=utcnow(),
                           exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
                           log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
-                          message=(result.reason if result else "ended before the Slurm job finished"))
+                          message=(result.reason if result else
+                                   (error.message if isinstance(error, BrokerError) else
+                                    "ended before the Slurm job finished")))
         ledger.event(run.id, "cli", "end", final_status)
     updated = ledger.get_run(run.id)
     assert updated is not None

@@ -35,6 +35,13 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
                    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
 
+#: pending reasons (squeue %R) after which Slurm will never start the job as submitted (squeue(1) "JOB REASON
+#: CODES"; PartitionConfig is what 22.05 shows for more nodes than the partition has)
+HOPELESS_REASONS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
+                    "DependencyNeverSatisfied", "AccountNotAllowed", "QOSMaxNodePerJobLimit",
+                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob")
+
+
 @dataclass
 class JobInfo:
     """What the cluster says about one job.  ``state`` in Slurm's words (``UNKNOWN`` when it no longer knows the
@@ -53,6 +60,11 @@ class JobInfo:
     def done(self) -> bool:
         return self.state in TERMINAL_STATES or self.state == "UNKNOWN"
 
+    @property
+    def hopeless(self) -> bool:
+        """Pending for a reason that will not go away by waiting (see HOPELESS_REASONS)."""
+        return self.state == "PENDING" and self.reason in HOPELESS_REASONS
+
 
 class Shell:
     """Runs commands where the Slurm client commands are: here (``host=None``) or ``ssh host``."""
@@ -68,7 +80,9 @@ class Shell:
     def argv(self, argv: list[str]) -> list[str]:
         if self.host is None:
             return argv
-        return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", self.host, shlex.join(argv)]
+        # one shared connection for the many short commands of a run (ControlMaster; it lingers 60 s after)
+        return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=auto",
+                "-o", "ControlPath=/tmp/broker-ssh-%C", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
 
     def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
             call: str | None = None) -> subprocess.CompletedProcess:
@@ -203,6 +217,19 @@ class SlurmProvider(Provider):
         argv = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
         out = self.shell.text(argv, call="sinfo")
         return any(g.startswith("gpu") for line in out.split() for g in line.split(","))
+
+    def partition_nodes(self, partition: str | None = None) -> int | None:
+        """Number of nodes in ``partition`` (default: the cluster's default partition, marked ``*`` by sinfo), in
+        any state; None when sinfo does not list it."""
+        out = self.shell.text(["sinfo", "-h", "-o", "%P %D"], call="sinfo")
+        total, seen = 0, False
+        for line in out.strip().splitlines():
+            name, _, count = line.strip().partition(" ")
+            default = name.endswith("*")
+            if (partition is None and default) or name.rstrip("*") == partition:
+                total += int(count.strip() or 0)
+                seen = True
+        return total if seen else None
 
     # ---- jobs
     def submit(self, script_path: str, *, run_id: str | None = None, extra: list[str] = ()) -> str:

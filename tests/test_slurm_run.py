@@ -47,9 +47,10 @@ expect: ["ALLREDUCE_OK", "heldout_accuracy=0\\\\.[5-9]", "DDP_OK"]
     return p
 
 
-def broker_run(cluster, tmp_path: Path, recipe: Path, *extra: str, timeout: float = 240):
+def broker_run(cluster, tmp_path: Path, recipe: Path, *extra: str, timeout: float = 240,
+               env_extra: dict[str, str] | None = None):
     env = {**os.environ, **cluster.env, "BROKER_HOME": str(tmp_path / "home"), "BROKER_SLURM_PYTHON": sys.executable,
-           "PYTHONWARNINGS": "ignore"}
+           "PYTHONWARNINGS": "ignore", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "broker", "run", str(recipe), "--provider", "slurm", *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -212,3 +213,76 @@ def test_ctrl_c_cancels_the_job(cluster, tmp_path):
     run, resources = ledger_rows(tmp_path)
     assert run.status == "interrupted" and resources[0].attrs["final_state"] == "CANCELLED"
     assert cluster.client("squeue", "-h").stdout.strip() == ""
+
+
+def test_more_nodes_than_the_partition_is_no_valid_plan(cluster, tmp_path):
+    # Slurm 22.05 accepts such a job and leaves it pending (PartitionConfig) forever: check before submitting
+    recipe = write_recipe(tmp_path, args=[], name="ddp-3n")
+    recipe.write_text(recipe.read_text().replace("nodes: 2", "nodes: 3"))
+    cp = broker_run(cluster, tmp_path, recipe, timeout=60)
+    assert cp.returncode == 3, cp.stdout + cp.stderr
+    assert "has 2 node(s); ddp-3n needs 3" in cp.stderr
+    assert cluster.client("squeue", "-h").stdout.strip() == ""
+
+
+def test_job_that_can_never_start_is_cancelled(cluster, tmp_path):
+    # --time 01:00:00 > the partition's MaxTime=30: Slurm 22.05 accepts it, then it pends (PartitionConfig) forever
+    recipe = write_recipe(tmp_path, args=[], max_hours=1.0, name="ddp-toolong")
+    cp = broker_run(cluster, tmp_path, recipe, timeout=90)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 1, out
+    assert "Slurm will never start job" in out and "(pending: PartitionConfig)" in out
+    run, resources = ledger_rows(tmp_path)
+    assert run.status == "failed" and resources[0].attrs["final_state"] == "CANCELLED"
+    assert cluster.client("squeue", "-h").stdout.strip() == ""
+
+
+def test_unknown_partition_is_bad_input(cluster, tmp_path):
+    recipe = write_recipe(tmp_path, args=[], name="ddp-badpart")
+    cp = broker_run(cluster, tmp_path, recipe, timeout=60, env_extra={"BROKER_SLURM_PARTITION": "nosuchpart"})
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "has no partition 'nosuchpart'" in cp.stderr
+
+
+def test_sbatch_rejection_is_a_provider_error(cluster, tmp_path, monkeypatch):
+    """sbatch refuses a GPU request on a cluster without GPU GRES at once: the run fails with exit 4 semantics
+    (ProviderError naming sbatch and its message), the ledger row is closed, and nothing is queued."""
+    from broker.ledger import Ledger
+    from broker.provider import ProviderError
+    from broker.recipe import load_recipe
+    from broker.slurm import SlurmOptions, run_recipe_slurm
+    from providers.slurm import SlurmProvider
+
+    for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(SlurmProvider, "has_gpus", lambda self, partition=None: True)  # a wrong belief
+    recipe = load_recipe(write_recipe(tmp_path, args=[], name="ddp-gpu"))
+    with Ledger(tmp_path / "home" / "ledger.sqlite") as led:
+        with pytest.raises(ProviderError, match="sbatch failed: .*(gres|GRES)") as e:
+            run_recipe_slurm(recipe, ledger=led, echo=None, options=SlurmOptions(python=sys.executable))
+        assert e.value.exit_code == 4
+    run, resources = ledger_rows(tmp_path)
+    assert run.status == "failed" and "sbatch failed" in run.message
+    assert resources[0].state == "terminated" and resources[0].provider_id is None and resources[0].error
+    assert cluster.client("squeue", "-h").stdout.strip() == ""
+
+
+def test_log_dir_missing_at_submission_is_reported_not_hung(cluster, tmp_path, monkeypatch):
+    """Why the submitter creates the log directory: without it sbatch exits 0 and the job dies at launch
+    (JobLaunchFailure) with no log at all.  broker must report that as a failed run, promptly."""
+    from broker.ledger import Ledger
+    from broker.slurm import SlurmOptions, run_recipe_slurm
+    from providers.slurm import Shell
+
+    for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(k, v)
+    real_mkdir = Shell.mkdir
+    monkeypatch.setattr(Shell, "mkdir", lambda self, path: None if path.endswith("/logs") else real_mkdir(self, path))
+    recipe_path = write_recipe(tmp_path, args=[], name="ddp-nolog")
+    from broker.recipe import load_recipe
+
+    with Ledger(tmp_path / "home" / "ledger.sqlite") as led:
+        run, result = run_recipe_slurm(load_recipe(recipe_path), ledger=led, echo=None,
+                                       options=SlurmOptions(python=sys.executable))
+    assert result.status == "failed" and run.status == "failed"
+    assert "JobLaunchFailure" in result.reason, result.reason
