@@ -315,7 +315,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     if not gpus and not recipe.cpu_ok:
         raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
                           f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
-                          hint="choose a GPU partition with --partition, or set cpu_ok: true for a gloo check")
+                          hint="choose a GPU partition (BROKER_SLURM_PARTITION), or set cpu_ok: true for a gloo check")
     have = prov.partition_nodes(opts.partition)
     if have is None and opts.partition:
         raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",

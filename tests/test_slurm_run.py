@@ -67,7 +67,12 @@ def ledger_rows(tmp_path: Path):
 def test_recipe_runs_on_two_slurm_nodes(cluster, tmp_path):
     recipe = write_recipe(tmp_path, args=["--epochs", "3", "--min-accuracy", "0.5"])
     t0 = time.monotonic()
-    cp = broker_run(cluster, tmp_path, recipe)
+    # the default interpreter "python3" resolves on the nodes through the PATH sbatch exports from the submitter
+    # (unlike a non-interactive ssh session): the venv's python3 comes first here, the system one has no torch
+    venv_bin = str(Path(sys.executable).parent)
+    assert os.access(os.path.join(venv_bin, "python3"), os.X_OK)
+    cp = broker_run(cluster, tmp_path, recipe, env_extra={"BROKER_SLURM_PYTHON": "python3",
+                                                          "PATH": f"{venv_bin}:{os.environ['PATH']}"})
     wall = time.monotonic() - t0
     out = cp.stdout + cp.stderr
     assert cp.returncode == 0, f"{out}\n{cluster.logs()}"
