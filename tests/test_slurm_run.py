@@ -49,8 +49,9 @@ expect: ["ALLREDUCE_OK", "heldout_accuracy=0\\\\.[5-9]", "DDP_OK"]
 
 def broker_run(cluster, tmp_path: Path, recipe: Path, *extra: str, timeout: float = 240,
                env_extra: dict[str, str] | None = None):
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # sbatch exports it: torchrun's torchelastic_* dirs land here
     env = {**os.environ, **cluster.env, "BROKER_HOME": str(tmp_path / "home"), "BROKER_SLURM_PYTHON": sys.executable,
-           "PYTHONWARNINGS": "ignore", **(env_extra or {})}
+           "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp_path / "tmp"), **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "broker", "run", str(recipe), "--provider", "slurm", *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -98,6 +99,7 @@ def test_recipe_runs_on_two_slurm_nodes(cluster, tmp_path):
     assert (work / "setup-node0.txt").read_text().strip() == "node0"
     assert (work / "setup-node1.txt").read_text().strip() == "node1"
     assert (work / "checkpoint.pt").exists()
+    assert list((tmp_path / "tmp").glob("torchelastic_*"))  # the job saw the submitter's environment
     print(f"slurm run wall time {wall:.1f} s")
 
 
@@ -197,7 +199,9 @@ def test_run_through_ssh_login_node(cluster, tmp_path):
 
 def test_ctrl_c_cancels_the_job(cluster, tmp_path):
     recipe = write_recipe(tmp_path, args=["--epochs", "500"], max_hours=0.1, name="ddp-int")
-    env = {**os.environ, **cluster.env, "BROKER_HOME": str(tmp_path / "home"), "BROKER_SLURM_PYTHON": sys.executable}
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, **cluster.env, "BROKER_HOME": str(tmp_path / "home"), "BROKER_SLURM_PYTHON": sys.executable,
+           "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen([sys.executable, "-m", "broker", "run", str(recipe), "--provider", "slurm"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
