@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "broker.commands.quota",
     "broker.commands.watchdog",
     "broker.commands.plan",
+    "broker.commands.slurm",
 ]
 
 for _name in COMMAND_MODULES:

@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     aws_ami_id: str | None = None
     aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
 
+    # Slurm (--provider slurm): login node for ssh (default: Slurm commands on this machine), the Python with torch
+    # on the compute nodes, and the partition / account to submit to (default: the cluster's)
+    broker_slurm_host: str | None = None
+    broker_slurm_python: str = "python3"
+    broker_slurm_partition: str | None = None
+    broker_slurm_account: str | None = None
+
     # Watchdog
     broker_watchdog_interval_s: float = 5.0
 

@@ -16,6 +16,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
+        slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
+                                       "login node (user@host); default: Slurm commands on this machine"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as \\[node i], torn down at the end."""
         from broker.ledger import Ledger
@@ -30,6 +32,10 @@ def register(app: typer.Typer) -> None:
 
             err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
                       "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
+        if provider == "slurm":
+            from broker.commands.slurm import run_slurm
+
+            run_slurm(recipe, host=slurm_host, quiet=quiet, as_json=as_json, result_dict=result_dict)
         if provider != "local":  # rented machines (fake for now): provision ledger-first, run, tear down
             from broker.commands.lifecycle import run_cloud
 

@@ -1,0 +1,481 @@
+"""sbatch scripts for recipes: one ``torchrun`` per node, started by ``srun``.
+
+:func:`render_sbatch` turns a :class:`~broker.recipe.Recipe` into a batch script; ``broker slurm render`` prints
+it and the ``slurm`` provider (``providers/slurm.py``) submits it.
+
+The broken published pattern
+----------------------------
+Many tutorials put ``torchrun --nnodes=2 ... train.py`` straight into the batch script.  The batch script runs on
+the *first* node of the allocation only, so exactly one torchrun starts: it waits for the second node's agent
+until the rendezvous timeout (900 s for static rendezvous) and the job burns the whole allocation doing nothing;
+variants that start it in the background and end the script with ``wait; echo done`` (or any trailing command)
+even make Slurm report ``COMPLETED``, because a batch job's exit status is its script's last command's.  Variants
+that pass ``--node_rank=$SLURM_NODEID`` without ``srun`` get node rank 0 on the batch host only, and variants that
+do use ``srun`` but write ``srun torchrun --node_rank=$SLURM_NODEID`` expand ``$SLURM_NODEID`` *once*, in the batch
+shell on node 0, so every node claims node rank 0.
+
+The working pattern, rendered here:
+
+* ``#SBATCH --nodes=N --ntasks-per-node=1``: one task per node, and that task is torchrun, which starts the
+  node's ``G`` worker processes (``--nproc_per_node=G``);
+* ``MASTER_ADDR`` = the first host of ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` and a ``MASTER_PORT``
+  derived from the job id (high range, so two jobs sharing a node do not collide) or chosen at render time;
+* ``srun --kill-on-bad-exit=1 bash -c '... --node_rank=$SLURM_NODEID ...'``: single quotes, so the node rank is
+  expanded by the shell srun starts *on each node* (Slurm sets ``SLURM_NODEID`` per node), and one failing node
+  ends the whole step instead of leaving its peers waiting;
+* per-node logs from ``srun --output=<dir>/%x-%j-node%n.out`` (``%n`` = node index within the job): the batch
+  script's own ``#SBATCH --output`` only captures the batch step, i.e. node 0's shell;
+* the log directory is created by the submitter *before* ``sbatch``: slurmstepd opens the ``--output`` file
+  before the script runs, and with a missing directory ``sbatch`` still exits 0 while the job ends at once as
+  ``JobState=FAILED Reason=JobLaunchFailure ExitCode=0:53`` with no log anywhere (measured on Slurm 22.05); the
+  script creates it again (``mkdir -p``) for its ``srun`` steps;
+* ``setup`` runs once per node in its own ``srun`` step before training;
+* ``set -euo pipefail`` and the training ``srun`` as the last command (``exit $rc``), so the job's state and
+  exit code are the training's.
+
+Source of the Slurm facts: the sbatch/srun man pages of Slurm 22.05 (filename patterns ``%x %j %n``,
+``--kill-on-bad-exit``, ``--open-mode``, ``SLURM_NODEID``/``SLURM_NNODES``), verified on a two-node Slurm 22.05
+cluster (tests/test_slurm_run.py).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time as time_mod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from broker.provider import BadInput, BrokerError
+from broker.recipe import Recipe
+
+#: MASTER_PORT = BASE + SLURM_JOB_ID % SPAN when no port is given at render time (ports 29500..48999)
+PORT_BASE = 29500
+PORT_SPAN = 19500
+
+_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):([0-5]\d):([0-5]\d)$")
+
+
+def slurm_time(max_hours: float) -> str:
+    """``HH:MM:SS`` (Slurm ``--time``) for ``max_hours`` hours, rounded up to the next minute, at least 1 min."""
+    minutes = max(1, int(-(-max_hours * 60 // 1)))
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def check_time(value: str) -> str:
+    """Validate a ``--time`` value given as ``HH:MM:SS`` or ``D-HH:MM:SS``; raises BadInput."""
+    if not _TIME_RE.match(value):
+        raise BadInput(f"--time {value!r} is not HH:MM:SS", hint="give the wall-clock limit as e.g. 00:30:00")
+    return value
+
+
+def job_name(recipe: Recipe) -> str:
+    """Slurm job name (``%x`` in file patterns): the recipe name, safe for file names."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", recipe.name)
+
+
+def node_log_pattern(log_dir: str | Path) -> str:
+    """The srun ``--output`` pattern of the per-node logs: ``<dir>/%x-%j-node%n.out``."""
+    return f"{log_dir}/%x-%j-node%n.out"
+
+
+def node_log_path(log_dir: str | Path, name: str, job_id: str, node: int) -> str:
+    """The per-node log file Slurm writes for ``node`` (pattern of :func:`node_log_pattern` expanded)."""
+    return f"{log_dir}/{name}-{job_id}-node{node}.out"
+
+
+def batch_log_path(log_dir: str | Path, name: str, job_id: str) -> str:
+    """The batch step's log (``#SBATCH --output``): the batch shell on node 0 and srun's own messages."""
+    return f"{log_dir}/{name}-{job_id}-batch.out"
+
+
+def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str | None = None,
+                  time: str | None = None, log_dir: str | Path, port: int | None = None, python: str = "python3",
+                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None) -> str:
+    """The sbatch script (bash) for ``recipe``.
+
+    ``log_dir``: where Slurm writes ``<name>-<jobid>-batch.out`` and the per-node ``<name>-<jobid>-node<i>.out``;
+    the caller must create it before ``sbatch`` (the script creates it again for the srun steps).
+    ``time``: ``HH:MM:SS`` wall-clock limit (default: the recipe's ``max_hours``, rounded up to a minute).
+    ``port``: fixed ``MASTER_PORT``; default ``29500 + SLURM_JOB_ID % 19500`` (evaluated in the job).
+    ``python``: the interpreter on the nodes that has torch (``python -m torch.distributed.run`` = torchrun).
+    ``workdir``: the job's working directory on the cluster's shared file system (``#SBATCH --chdir``); the
+    recipe's script path is taken relative to the recipe's workdir and run from there.  Default: the recipe's
+    workdir itself.
+    ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo).
+    ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
+
+    Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
+    """
+    if not gpus and not recipe.cpu_ok:
+        raise BadInput(f"recipe {recipe.name} needs GPUs (cpu_ok is false) but the script was asked for CPU only",
+                       hint="drop --cpu-only, or set cpu_ok: true in the recipe for a gloo logic check")
+    assert recipe.workdir is not None
+    g = recipe.gpus_per_node
+    n = recipe.nodes
+    limit = check_time(time) if time else slurm_time(recipe.max_hours)
+    cpus = cpus_per_task or (4 * g if gpus else g)
+    name = job_name(recipe)
+    wd = str(workdir) if workdir is not None else str(recipe.workdir)
+    script_rel = str(recipe.script.relative_to(recipe.workdir))
+    log_dir = str(log_dir)
+    for what, value in (("log_dir", log_dir), ("workdir", wd)):
+        if re.search(r'[\s"\'%]', value):  # #SBATCH lines are split on whitespace; % starts a file pattern
+            raise BadInput(f"{what} {value!r} contains whitespace, a quote or '%', which #SBATCH lines cannot carry",
+                           hint="use a directory path without spaces, quotes or '%'")
+    q = shlex.quote
+
+    lines = [
+        "#!/bin/bash",
+        f"# broker: sbatch script for recipe {recipe.name} ({n} nodes x {g} process(es)); see broker/slurm.py",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={n}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={g}")
+    lines += [
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --time={limit}",
+        f"#SBATCH --chdir={wd}",
+        # batch step only (node 0's shell + srun's own error lines); the nodes' logs come from srun --output
+        f"#SBATCH --output={log_dir}/%x-%j-batch.out",
+        f"#SBATCH --error={log_dir}/%x-%j-batch.out",
+    ]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    lines += [
+        "set -euo pipefail",
+        "",
+        f"LOG_DIR={q(log_dir)}",
+        'mkdir -p "$LOG_DIR"',
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+    ]
+    if port is not None:
+        lines.append(f"export MASTER_PORT={int(port)}")
+    else:
+        lines.append(f"export MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))")
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **recipe.env}
+    if not gpus:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    for k, v in env.items():
+        lines.append(f"export {k}={q(v)}")
+    lines += [
+        'echo "broker: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ($SLURM_NNODES nodes), '
+        'MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"',
+        "",
+        "# every srun step appends to the same per-node file: %n = node index within the job",
+        # --cpus-per-task again: srun 22.05 no longer inherits it from the job (each step would get 1 CPU)
+        f'STEP=(srun --nodes={n} --ntasks-per-node=1 --cpus-per-task={cpus}'
+        + (f" --gpus-per-node={g}" if gpus else "")
+        + ' --kill-on-bad-exit=1 --open-mode=append --output="$LOG_DIR/%x-%j-node%n.out")',
+    ]
+    if recipe.setup:
+        setup = " && ".join(f"( {c} )" for c in recipe.setup)
+        inner = f'echo "broker: setup on $(hostname) (node $SLURM_NODEID)"; set -e; {setup}'
+        lines += ["", "# setup: once per node, before training", f'"${{STEP[@]}}" bash -c {q(inner)}']
+    torchrun = " ".join([
+        q(python), "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc_per_node={g}",
+        "--node_rank=$SLURM_NODEID", "--master_addr=$MASTER_ADDR", "--master_port=$MASTER_PORT",
+        q(script_rel), *(q(a) for a in recipe.args)])
+    inner = (f'echo "broker: node $SLURM_NODEID on $(hostname): torchrun --node_rank=$SLURM_NODEID"; '
+             f"exec {torchrun}")
+    lines += [
+        "",
+        "# one torchrun per node; single quotes: $SLURM_NODEID is expanded on each node, not here",
+        "rc=0",
+        f'"${{STEP[@]}}" bash -c {q(inner)} || rc=$?',
+        'echo "broker: training step exit status $rc"',
+        "exit $rc",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- running
+class LogFollower:
+    """Tails files on the cluster (through the provider's shell) into local files and the console.
+
+    Each followed file has a label (``node 0``, ``batch``); complete lines are appended to the local copy and
+    echoed as ``[label] line``; a last partial line is kept until it is complete or :meth:`pump` is called with
+    ``final=True``.
+    """
+
+    def __init__(self, shell, echo: Callable[[str], None] | None):
+        self.shell = shell
+        self.echo = echo
+        self.files: list[dict] = []
+
+    def add(self, label: str, remote: str, local: Path) -> None:
+        local.write_text("")
+        self.files.append({"label": label, "remote": remote, "local": local, "offset": 0, "partial": b""})
+
+    def pump(self, final: bool = False) -> None:
+        for f in self.files:
+            data = self.shell.read_from(f["remote"], f["offset"])
+            if not data and not (final and f["partial"]):
+                continue
+            f["offset"] += len(data)
+            buf = f["partial"] + data
+            lines = buf.split(b"\n")
+            f["partial"] = lines.pop()
+            if final and f["partial"]:
+                lines.append(f["partial"])
+                f["partial"] = b""
+            if not lines:
+                continue
+            text = [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in lines]
+            with open(f["local"], "a", encoding="utf-8") as out:
+                out.write("".join(t + "\n" for t in text))
+            if self.echo is not None:
+                for t in text:
+                    self.echo(f"[{f['label']}] {t}")
+
+
+_SRUN_ERR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (Exited with exit code (\d+)|Terminated|Killed"
+                       r"|.*)$", re.MULTILINE)
+
+
+def _task_ids(spec: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def node_exit_codes(batch_log: str, nnodes: int, job_ok: bool) -> tuple[dict[int, int | None], int | None]:
+    """Per-node exit codes from srun's error lines in the batch log, and the node that failed first.
+
+    With ``--ntasks-per-node=1`` task *i* runs on node *i*.  ``srun: error: node1: task 1: Exited with exit code 1``
+    gives node 1 code 1; ``Terminated``/``Killed`` (a peer stopped by ``--kill-on-bad-exit``) give -15/-9.  Nodes
+    without a line get 0 when the job succeeded, else None (unknown).  The failing node is the first one that
+    exited with a non-zero code of its own (not a signal), else the first one that was signalled.
+    """
+    codes: dict[int, int | None] = {i: (0 if job_ok else None) for i in range(nnodes)}
+    exited, signalled = [], []
+    for m in _SRUN_ERR.finditer(batch_log):
+        for t in _task_ids(m.group(2)):
+            if t >= nnodes:
+                continue
+            if m.group(4) is not None:
+                codes[t] = int(m.group(4))
+                exited.append(t)
+            elif m.group(3) == "Terminated":
+                codes[t] = -15
+                signalled.append(t)
+            elif m.group(3) == "Killed":
+                codes[t] = -9
+                signalled.append(t)
+    failed = next((t for t in exited if codes[t]), None)
+    if failed is None and signalled:
+        failed = signalled[0]
+    return codes, failed
+
+
+@dataclass
+class SlurmOptions:
+    """Where and how to submit: ``host`` (``user@login`` for SSH, None = this machine), partition, account,
+    ``time`` (HH:MM:SS; default from max_hours), ``python`` on the nodes, poll interval in seconds."""
+
+    host: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    python: str = "python3"
+    poll_s: float = 0.5
+    cancel_timeout_s: float = 60.0
+    max_poll_errors: int = 30
+
+
+def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
+                     options: SlurmOptions | None = None, provider=None,
+                     on_start: Callable[[object, str], None] | None = None):
+    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
+
+    Ledger: the run (provider ``slurm``, topology ``slurm``) and one ``slurm_job`` resource (``usd_per_hour``
+    0) written *before* ``sbatch`` and given the job id right after, so ``broker down`` can scancel it.
+    Logs: ``<run dir>/node<i>.log`` (copies of the per-node Slurm logs, streamed as ``[node i]``) and
+    ``<run dir>/batch.log`` (the batch step, streamed as ``[batch]``).  The deadline (``max_hours``) and Ctrl-C
+    end the job with ``scancel``.  Raises ProviderError when submission fails (nothing left running).
+    """
+    from broker.launch import RunResult, describe_exit, finish_result
+    from broker.model import utcnow
+    from broker.orchestrate import new_run
+    from broker.provider import NoValidPlan, ProviderError
+    from providers.slurm import SlurmProvider
+
+    opts = options or SlurmOptions()
+    prov = provider or SlurmProvider(opts.host)
+    sh = prov.shell
+    gpus = prov.has_gpus(opts.partition)
+    if not gpus and not recipe.cpu_ok:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
+                          f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
+                          hint="choose a GPU partition (BROKER_SLURM_PARTITION), or set cpu_ok: true for a gloo check")
+    have = prov.partition_nodes(opts.partition)
+    if have is None and opts.partition:
+        raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",
+                       hint="see `sinfo` for the partitions; set BROKER_SLURM_PARTITION to one of them")
+    if have is not None and have < recipe.nodes:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has {have} node(s); "
+                          f"{recipe.name} needs {recipe.nodes}",
+                          hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
+    where = sh.where
+    plan = {"provider": "slurm", "topology": "slurm", "usd_per_hour": 0.0, "host": opts.host,
+            "partition": opts.partition, "account": opts.account, "gpus": gpus}
+    run = new_run(ledger, recipe, provider="slurm", topology="slurm", plan=plan)
+    run_dir = Path(run.run_dir or ".")
+    name = job_name(recipe)
+    if opts.host:
+        base = f"{sh.home()}/.broker/slurm/{run.id}"
+    else:
+        base = str(run_dir / "slurm")
+    work, log_dir, script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
+    devices = f"Slurm {where}, {'GPUs' if gpus else 'no GPU: gloo on CPU (cpu_ok)'}"
+    ledger.event(run.id, "cli", "start", f"slurm run of {recipe.name}: {devices}")
+    if on_start:
+        on_start(run, devices)
+
+    t0 = time_mod.monotonic()
+    result: RunResult | None = None
+    error: BaseException | None = None
+    res_id: str | None = None
+    job_id: str | None = None
+    attrs = {"host": opts.host, "log_dir": log_dir, "script": script_path}
+    try:
+        sh.mkdir(base)
+        assert recipe.workdir is not None
+        sh.put_dir(recipe.workdir, work)
+        sh.mkdir(log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
+        script = render_sbatch(recipe, partition=opts.partition, account=opts.account, time=opts.time,
+                               log_dir=log_dir, python=opts.python, workdir=work, gpus=gpus)
+        sh.write(script_path, script)
+        (run_dir / "job.sbatch").write_text(script)
+
+        res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run.deadline,
+                                   attrs=attrs)
+        res_id = res.id
+        try:
+            job_id = prov.submit(script_path, run_id=run.id)
+        except BaseException as e:
+            # sbatch either printed a job id or submitted nothing; a crash in between is resolved by the run tag
+            ledger.update_resource(res_id, state="terminated", error=str(e)[:500], actor="cli",
+                                   message="sbatch failed: nothing was submitted")
+            raise
+        ledger.mark_created(res_id, job_id, state="running")
+        ledger.event(run.id, "cli", "submitted", f"Slurm job {job_id} {where}", resource_id=res_id)
+        if echo:
+            echo(f"[slurm] submitted job {job_id} {where}; script {script_path}")
+
+        logs = {i: run_dir / f"node{i}.log" for i in range(recipe.nodes)}
+        follower = LogFollower(sh, echo)
+        follower.add("batch", batch_log_path(log_dir, name, job_id), run_dir / "batch.log")
+        for i in range(recipe.nodes):
+            follower.add(f"node {i}", node_log_path(log_dir, name, job_id, i), logs[i])
+
+        deadline_s = recipe.max_hours * 3600
+        status, reason = None, ""
+        info = None
+        last_state = ""
+        next_state = 0.0
+        poll_s = max(opts.poll_s, 2.0) if opts.host else opts.poll_s  # each poll is an ssh round trip there
+        errors = 0
+        try:
+            while True:
+                now = time_mod.monotonic()
+                fresh = None
+                try:
+                    follower.pump()
+                    if now >= next_state:
+                        fresh = prov.job(job_id, attrs=attrs)
+                        next_state = now + poll_s
+                    errors = 0
+                except ProviderError as e:  # an ssh blip or a slow slurmctld: keep following, give up after a while
+                    errors += 1
+                    if errors >= opts.max_poll_errors:
+                        raise
+                    if echo:
+                        echo(f"[slurm] cannot follow job {job_id} right now ({e.message}); retrying")
+                    time_mod.sleep(poll_s)
+                    continue
+                if fresh is not None:
+                    info = fresh
+                    if info.state != last_state:
+                        last_state = info.state
+                        ledger.event(run.id, "cli", "job_state", f"{job_id} {info.state} {info.reason}".strip(),
+                                     resource_id=res_id)
+                        if echo and info.state in ("PENDING", "RUNNING"):
+                            echo(f"[slurm] job {job_id} {info.state}"
+                                 + (f" ({info.reason})" if info.reason and info.state == "PENDING" else ""))
+                    if info.done:
+                        break
+                    if info.hopeless:
+                        status = "failed"
+                        reason = (f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); "
+                                  "cancelled it")
+                        break
+                if now - t0 > deadline_s:
+                    status, reason = "deadline", f"deadline of {deadline_s:.0f} s reached; cancelled Slurm job {job_id}"
+                    break
+                time_mod.sleep(poll_s)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", f"interrupted (Ctrl-C); cancelled Slurm job {job_id}"
+        if status is not None:  # deadline, Ctrl-C or hopeless: scancel and wait for a final state
+            prov.cancel(job_id, attrs=attrs)
+            stop_by = time_mod.monotonic() + opts.cancel_timeout_s
+            info = prov.job(job_id, attrs=attrs)
+            while not info.done and time_mod.monotonic() < stop_by:
+                time_mod.sleep(opts.poll_s)
+                info = prov.job(job_id, attrs=attrs)
+        follower.pump(final=True)
+        assert info is not None
+        if info.done:
+            ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                   message=f"Slurm job {job_id} ended: {info.state}, exit {info.exit_code}",
+                                   attrs={"nodes": info.nodes, "final_state": info.state})
+        batch_text = (run_dir / "batch.log").read_text(encoding="utf-8", errors="replace")
+        job_ok = info.state == "COMPLETED" and (info.exit_code or 0) == 0
+        codes, failed = node_exit_codes(batch_text, recipe.nodes, job_ok)
+        if status is None:
+            if job_ok:
+                status = "succeeded"
+            else:
+                status = "failed"
+                if failed is None:
+                    failed = 0
+                detail = (f"node {failed} exited with code {describe_exit(codes.get(failed))}"
+                          if codes.get(failed) is not None else "the job failed")
+                host = (f" ({info.nodes[failed]})" if failed < len(info.nodes) and codes.get(failed) is not None
+                        else "")
+                why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
+                reason = (f"{detail}{host}; Slurm job {job_id} {info.state}{why}, ExitCode "
+                          f"{info.exit_code}:{info.signal or 0}")
+        codes = {k: v for k, v in codes.items() if v is not None}  # nodes whose exit Slurm did not report
+        result = RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - t0, log_paths=logs,
+                           reason=reason, failed_node=failed if status == "failed" else None)
+        result = finish_result(result, list(recipe.expect), nnodes=recipe.nodes,
+                               nproc_per_node=recipe.gpus_per_node)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        final_status = result.status if result else ("failed" if isinstance(error, BrokerError) else "interrupted")
+        if result is None and job_id is not None:  # crashed or interrupted before a result: do not leave it running
+            try:
+                prov.cancel(job_id, attrs=attrs)
+            except Exception:  # noqa: BLE001 - the ledger row stays live; broker down retries
+                pass
+        ledger.update_run(run.id, status=final_status, ended_at=utcnow(),
+                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                          message=(result.reason if result else
+                                   (error.message if isinstance(error, BrokerError) else
+                                    "ended before the Slurm job finished")))
+        ledger.event(run.id, "cli", "end", final_status)
+    updated = ledger.get_run(run.id)
+    assert updated is not None
+    return updated, result

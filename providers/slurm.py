@@ -1,0 +1,325 @@
+"""A Slurm cluster the user can reach, as a provider: jobs instead of instances.
+
+broker does not schedule anything here; it submits the recipe's batch script (``broker.slurm.render_sbatch``) with
+``sbatch --parsable`` and follows the job.  The cluster is reached either directly (the Slurm client commands are
+on this machine: a login node, or a cluster in a test) or through SSH to a login node (``host="user@login"``):
+every command is then run as ``ssh <host> '<command>'`` and files are read with ``tail -c +N``.  Jobs cost nothing
+from broker's point of view (``usd_per_hour`` 0: the cluster's own accounting applies).
+
+Commands used (Slurm 22.05 man pages): ``sbatch --parsable`` (prints ``jobid`` or ``jobid;cluster``), ``squeue -h
+-j ID -o %T`` (state while queued or running), ``sacct -j ID -n -P -o JobID,State,ExitCode`` (final state; absent
+when the cluster has no accounting storage: "Slurm accounting storage is disabled"), then ``scontrol show job -o
+ID`` (``JobState=``, ``ExitCode=code:signal``, ``NodeList=``; kept for ``MinJobAge`` seconds after the end),
+``scancel ID``, ``sinfo -h -o %G`` (generic resources: ``(null)`` when a partition has no GPUs).
+
+Errors: a missing client command or SSH failure is a ProviderError naming the call; an unknown job id is not an
+error for :meth:`SlurmProvider.terminate` (already gone).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from broker.provider import (AuthError, BadInput, Provider, ProviderCheck, ProviderError, RUN_TAG, TaggedResource,
+                             TransientError)
+
+#: job states after which nothing more happens (squeue/sacct/scontrol spelling)
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+
+
+#: pending reasons (squeue %R) after which Slurm will never start the job as submitted (squeue(1) "JOB REASON
+#: CODES"; PartitionConfig is what 22.05 shows for more nodes than the partition has)
+HOPELESS_REASONS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
+                    "DependencyNeverSatisfied", "AccountNotAllowed", "QOSMaxNodePerJobLimit",
+                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob")
+
+
+@dataclass
+class JobInfo:
+    """What the cluster says about one job.  ``state`` in Slurm's words (``UNKNOWN`` when it no longer knows the
+    job); ``exit_code`` / ``signal`` from ``ExitCode=code:signal`` (None while running); ``source`` names the
+    command that answered."""
+
+    job_id: str
+    state: str
+    exit_code: int | None = None
+    signal: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    reason: str = ""
+    source: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL_STATES or self.state == "UNKNOWN"
+
+    @property
+    def hopeless(self) -> bool:
+        """Pending for a reason that will not go away by waiting (see HOPELESS_REASONS)."""
+        return self.state == "PENDING" and self.reason in HOPELESS_REASONS
+
+
+class Shell:
+    """Runs commands where the Slurm client commands are: here (``host=None``) or ``ssh host``."""
+
+    def __init__(self, host: str | None = None, *, ssh: str = "ssh"):
+        self.host = host
+        self.ssh = ssh
+
+    @property
+    def where(self) -> str:
+        return f"on {self.host} (ssh)" if self.host else "on this machine"
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if self.host is None:
+            return argv
+        # one shared connection for the many short commands of a run (ControlMaster; it lingers 60 s after)
+        return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=auto",
+                "-o", "ControlPath=/tmp/broker-ssh-%C", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
+
+    def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
+            call: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``argv`` and return the completed process (never raises for a non-zero exit).
+
+        Raises ProviderError when the command (or ssh) cannot be started, TransientError on timeout, AuthError
+        when ssh itself fails (exit 255).
+        """
+        call = call or argv[0]
+        if self.host is None and shutil.which(argv[0]) is None:
+            raise ProviderError("slurm", call, f"{argv[0]} is not installed on this machine",
+                                hint="run broker on a Slurm login node, or pass --slurm-host user@login")
+        try:
+            cp = subprocess.run(self.argv(argv), input=input.encode() if isinstance(input, str) else input,
+                                capture_output=True, timeout=timeout)
+        except FileNotFoundError as e:
+            raise ProviderError("slurm", call, f"cannot start {e.filename}",
+                                hint="install the Slurm client commands or OpenSSH") from None
+        except subprocess.TimeoutExpired:
+            raise TransientError("slurm", call, f"no answer {self.where} within {timeout:.0f} s",
+                                 hint="check that slurmctld is up (sinfo) and try again") from None
+        if self.host is not None and cp.returncode == 255:
+            raise AuthError("slurm", call, f"ssh to {self.host} failed: {_text(cp.stderr).strip()[-300:]}",
+                            hint="check that 'ssh <host> true' works without a password (keys, known_hosts)")
+        return cp
+
+    def text(self, argv: list[str], *, call: str | None = None, timeout: float = 60.0) -> str:
+        """stdout of ``argv``; raises ProviderError with stderr when it exits non-zero."""
+        cp = self.run(argv, call=call, timeout=timeout)
+        if cp.returncode != 0:
+            raise ProviderError("slurm", call or argv[0], f"exit {cp.returncode} {self.where}: "
+                                f"{_text(cp.stderr).strip()[-500:] or _text(cp.stdout).strip()[-500:]}")
+        return _text(cp.stdout)
+
+    # ---- files on the cluster's shared file system
+    def mkdir(self, path: str) -> None:
+        if self.host is None:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        else:
+            self.text(["mkdir", "-p", path], call="mkdir")
+
+    def write(self, path: str, data: str) -> None:
+        if self.host is None:
+            Path(path).write_text(data, encoding="utf-8")
+        else:
+            cp = self.run(["sh", "-c", f"cat > {shlex.quote(path)}"], input=data, call="write")
+            if cp.returncode != 0:
+                raise ProviderError("slurm", "write", f"cannot write {path} on {self.host}: "
+                                    f"{_text(cp.stderr).strip()}")
+
+    def read_from(self, path: str, offset: int) -> bytes:
+        """Bytes of ``path`` from ``offset`` on (b"" when the file does not exist yet)."""
+        if self.host is None:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    return f.read()
+            except FileNotFoundError:
+                return b""
+        cp = self.run(["tail", "-c", f"+{offset + 1}", path], call="tail", timeout=30)
+        return cp.stdout if cp.returncode == 0 else b""
+
+    def put_dir(self, src: Path, dst: str) -> None:
+        """Copy the folder ``src`` to ``dst`` on the cluster (``__pycache__`` and ``.git`` left out)."""
+        if self.host is None:
+            if Path(dst).exists():
+                shutil.rmtree(dst)
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+            return
+        self.mkdir(dst)
+        tar = subprocess.run(["tar", "-C", str(src), "--exclude=__pycache__", "--exclude=.git", "-czf", "-", "."],
+                             capture_output=True, check=True)
+        cp = self.run(["tar", "-C", dst, "-xzf", "-"], input=tar.stdout, call="upload", timeout=600)
+        if cp.returncode != 0:
+            raise ProviderError("slurm", "upload", f"cannot unpack the workdir into {dst} on {self.host}: "
+                                f"{_text(cp.stderr).strip()}")
+
+    def home(self) -> str:
+        """The login user's home directory (absolute)."""
+        if self.host is None:
+            return str(Path.home())
+        return self.text(["sh", "-c", "cd && pwd"], call="home").strip()
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b if isinstance(b, str) else b.decode("utf-8", errors="replace")
+
+
+_KV = re.compile(r"(\w+)=(\S*)")
+
+
+def parse_scontrol_job(line: str) -> dict[str, str]:
+    """``scontrol show job -o`` output (one line of ``Key=Value`` pairs) as a dict."""
+    return dict(_KV.findall(line))
+
+
+def parse_exit_code(value: str) -> tuple[int | None, int | None]:
+    """Slurm's ``ExitCode`` ``"code:signal"`` -> (code, signal)."""
+    m = re.fullmatch(r"(\d+):(\d+)", value.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+class SlurmProvider(Provider):
+    """A Slurm cluster reached here or through SSH (``host``).  Resource kind: ``slurm_job`` (id = job id)."""
+
+    name = "slurm"
+    topologies = ("slurm",)
+
+    def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
+        self.host = host or None
+        self.confirm_s = confirm_s
+        self.shell = Shell(self.host, ssh=ssh)
+
+    def _shell_for(self, attrs: dict[str, Any] | None) -> Shell:
+        host = (attrs or {}).get("host") or None
+        return self.shell if host == self.host else Shell(host, ssh=self.shell.ssh)
+
+    # ---- read side
+    def check(self) -> ProviderCheck:
+        try:
+            out = self.shell.text(["sinfo", "-h", "-o", "%P %a %D %T"], call="sinfo", timeout=20)
+        except ProviderError as e:
+            return ProviderCheck(provider=self.name, configured=False, usable=False, detail=e.message, hint=e.hint)
+        parts = ", ".join(" ".join(line.split()) for line in out.strip().splitlines()) or "no partitions"
+        return ProviderCheck(provider=self.name, configured=True, usable=True,
+                             detail=f"Slurm {self.shell.where}: {parts}")
+
+    def has_gpus(self, partition: str | None = None) -> bool:
+        """True when some node of ``partition`` (default: all) has a ``gpu`` generic resource (``sinfo %G``)."""
+        argv = ["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else [])
+        out = self.shell.text(argv, call="sinfo")
+        return any(g.startswith("gpu") for line in out.split() for g in line.split(","))
+
+    def partition_nodes(self, partition: str | None = None) -> int | None:
+        """Number of nodes in ``partition`` (default: the cluster's default partition, marked ``*`` by sinfo), in
+        any state; None when sinfo does not list it."""
+        out = self.shell.text(["sinfo", "-h", "-o", "%P %D"], call="sinfo")
+        total, seen = 0, False
+        for line in out.strip().splitlines():
+            name, _, count = line.strip().partition(" ")
+            default = name.endswith("*")
+            if (partition is None and default) or name.rstrip("*") == partition:
+                total += int(count.strip() or 0)
+                seen = True
+        return total if seen else None
+
+    # ---- jobs
+    def submit(self, script_path: str, *, run_id: str | None = None, extra: list[str] = ()) -> str:
+        """``sbatch --parsable`` the script; returns the job id.  Raises ProviderError with sbatch's message."""
+        argv = ["sbatch", "--parsable", *extra]
+        if run_id:
+            argv.append(f"--comment={RUN_TAG}={run_id}")
+        cp = self.shell.run(argv + [script_path], call="sbatch")
+        out, err = _text(cp.stdout).strip(), _text(cp.stderr).strip()
+        if cp.returncode != 0 or not out:
+            raise ProviderError("slurm", "sbatch", err or out or f"exit {cp.returncode}",
+                                hint="check partition, account, --time and the node/GPU counts against sinfo")
+        job_id = out.splitlines()[-1].split(";")[0].strip()
+        if not job_id.isdigit():
+            raise ProviderError("slurm", "sbatch", f"unexpected output {out!r} (expected a job id)")
+        return job_id
+
+    def job(self, job_id: str, *, attrs: dict[str, Any] | None = None) -> JobInfo:
+        """The job's state: ``squeue`` while it is queued or running, then ``sacct``, then ``scontrol``."""
+        sh = self._shell_for(attrs)
+        cp = sh.run(["squeue", "-h", "-j", job_id, "-o", "%T|%R"], call="squeue")
+        line = _text(cp.stdout).strip()
+        if cp.returncode == 0 and line:
+            state, _, reason = line.splitlines()[0].partition("|")
+            state = state.strip().upper()
+            reason = reason.strip().strip("()")
+            if state not in TERMINAL_STATES:
+                return JobInfo(job_id, state, reason="" if reason == "None" else reason, source="squeue")
+        return self.final(job_id, attrs=attrs)
+
+    def final(self, job_id: str, *, attrs: dict[str, Any] | None = None) -> JobInfo:
+        """The state of a job that left the queue: ``sacct`` where accounting exists, else ``scontrol``."""
+        sh = self._shell_for(attrs)
+        cp = sh.run(["sacct", "-j", job_id, "-n", "-P", "-X", "-o", "JobID,State,ExitCode,NodeList"], call="sacct")
+        if cp.returncode == 0:
+            for row in _text(cp.stdout).strip().splitlines():
+                f = row.split("|")
+                if len(f) >= 3 and f[0] == job_id:
+                    code, sig = parse_exit_code(f[2])
+                    state = f[1].split()[0].upper() if f[1] else "UNKNOWN"  # "CANCELLED by 0"
+                    nodes = self._hostnames(sh, f[3]) if len(f) > 3 and f[3] else []
+                    return JobInfo(job_id, state, code, sig, nodes, source="sacct")
+        cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol")
+        if cp.returncode != 0 or not _text(cp.stdout).strip():
+            return JobInfo(job_id, "UNKNOWN", reason=_text(cp.stderr).strip(), source="scontrol")
+        kv = parse_scontrol_job(_text(cp.stdout))
+        code, sig = parse_exit_code(kv.get("ExitCode", ""))
+        state = kv.get("JobState", "UNKNOWN").upper()
+        nodes = self._hostnames(sh, kv["NodeList"]) if kv.get("NodeList") not in (None, "", "(null)") else []
+        return JobInfo(job_id, state, code if state in TERMINAL_STATES else None, sig, nodes,
+                       reason=kv.get("Reason", ""), source="scontrol")
+
+    @staticmethod
+    def _hostnames(sh: Shell, nodelist: str) -> list[str]:
+        cp = sh.run(["scontrol", "show", "hostnames", nodelist], call="scontrol")
+        return _text(cp.stdout).split() if cp.returncode == 0 else []
+
+    def cancel(self, job_id: str, *, attrs: dict[str, Any] | None = None) -> None:
+        """``scancel`` the job (an already finished or unknown job is fine)."""
+        cp = self._shell_for(attrs).run(["scancel", job_id], call="scancel")
+        err = _text(cp.stderr).strip()
+        if cp.returncode != 0 and "Invalid job id" not in err and "already completing" not in err.lower():
+            raise ProviderError("slurm", "scancel", err or f"exit {cp.returncode}")
+
+    # ---- lifecycle contract
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """``slurm_job``: scancel, then wait up to ``confirm_s`` (60 s) for a final state (``CANCELLED``; a job
+        passes through ``COMPLETING`` while its steps are killed).  True once final or unknown to Slurm."""
+        if kind != "slurm_job":
+            raise BadInput(f"the slurm provider has no {kind!r} resources", hint="only slurm_job")
+        info = self.job(provider_id, attrs=attrs)
+        if info.done:
+            return True
+        self.cancel(provider_id, attrs=attrs)
+        stop_by = time.monotonic() + self.confirm_s
+        while not (info := self.job(provider_id, attrs=attrs)).done and time.monotonic() < stop_by:
+            time.sleep(0.5)
+        return info.done
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """Queued or running jobs submitted by broker (``--comment=broker-run=<run id>``)."""
+        out = self.shell.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
+        found = []
+        for row in out.strip().splitlines():
+            jid, comment, state, name = (row.split("|") + ["", "", ""])[:4]
+            if not comment.startswith(f"{RUN_TAG}="):
+                continue
+            rid = comment.split("=", 1)[1]
+            if run_id is None or rid == run_id:
+                found.append(TaggedResource(provider=self.name, kind="slurm_job", provider_id=jid.strip(),
+                                            run_id=rid, state=state, usd_per_hour=0.0, name=name))
+        return found
