@@ -1,0 +1,126 @@
+"""Gathering planning facts from the adapters: offers, quotas, capacity and price notes.
+
+Used by ``broker plan`` and ``broker run``.  A provider whose adapter is missing or raises is reported in the
+notes and never stops the plan; a cloud's offers then come from the shipped (or refreshed) price snapshot
+(:mod:`broker.catalog`).  No SDK client is created for an unconfigured provider, so a machine without credentials
+plans offline (no network call at all).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.model import Capacity, Offer, Quota, Requirements
+
+#: Providers planned over by default (``--provider`` narrows).
+DEFAULT_PROVIDERS = ("local", "vast", "oci", "aws")
+CLOUD = ("vast", "oci", "aws")
+
+#: What each cloud needs for live prices, quotas and capacity (shown when it falls back to the snapshot).
+CREDENTIALS_HINT = {
+    "vast": "VAST_API_KEY",
+    "oci": "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)",
+    "aws": "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
+}
+
+
+class Facts:
+    """What the providers said: offers, quotas, capacity, notes, and providers that offer nothing (with why)."""
+
+    def __init__(self) -> None:
+        self.offers: list[Offer] = []
+        self.quotas: list[Quota] = []
+        self.capacities: list[Capacity] = []
+        self.notes: list[str] = []
+        self.unavailable: dict[str, str] = {}
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text[:300]
+
+
+def _snapshot_fallback(name: str, req: "Requirements | None", facts: Facts, why: str) -> list["Offer"]:
+    from broker import catalog
+
+    try:
+        offers = catalog.snapshot_offers(name, req)
+        date, _ = catalog.snapshot_info(name)
+    except FileNotFoundError:
+        facts.notes.append(f"{name}: {why}; no price snapshot either: not planned")
+        return []
+    label = catalog.snapshot_meta(name).get("label", "")
+    facts.notes.append(f"{name}: prices: snapshot {date} ({label}); live quote needs "
+                       f"{CREDENTIALS_HINT.get(name, 'credentials')} ({why})")
+    return offers
+
+
+def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vast_query: str | None = None) -> Facts:
+    """Ask each provider in ``names`` for offers (and, with ``facts_too``, quotas and capacity).
+
+    ``vast_query``: Vast's native query string (``'reliability>0.98 inet_up>=200'``), passed to the Vast adapter.
+    Never raises for a provider's failure: the failure goes into ``Facts.notes`` and cloud offers fall back to
+    the price snapshot (a malformed ``vast_query`` is the user's error: BadInput is raised)."""
+    from broker.provider import BadInput
+
+    from providers import get_provider
+
+    facts = Facts()
+    for name in names:
+        try:
+            p = get_provider(name)
+        except ImportError as e:
+            why = f"adapter providers.{name} not available: {_short(e)}"
+            if name in CLOUD:
+                facts.offers += _snapshot_fallback(name, req, facts, why)
+            else:
+                facts.notes.append(f"{name}: {why}")
+            continue
+        except Exception as e:  # unknown name (BadInput) or a broken constructor
+            if name in CLOUD:
+                facts.offers += _snapshot_fallback(name, req, facts, f"adapter failed to start: {_short(e)}")
+            else:
+                facts.notes.append(f"{name}: {_short(e)}")
+            continue
+        if name == "local" and hasattr(p, "why_not"):
+            try:
+                why_not = p.why_not(req)
+            except Exception as e:
+                why_not = f"local check failed: {_short(e)}"
+            if why_not:
+                facts.unavailable["local"] = why_not
+                continue
+        try:
+            if name == "vast" and vast_query:
+                offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
+            else:
+                offers = list(p.offers(req))
+        except BadInput:
+            raise
+        except Exception as e:
+            why = f"offers failed: {_short(e)}"
+            offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
+            if name not in CLOUD:
+                facts.notes.append(f"{name}: {why}")
+        else:
+            try:
+                note = p.price_note()
+            except Exception:
+                note = None
+            if note:
+                facts.notes.append(note if note.startswith(name) else f"{name}: {note}")
+        facts.offers += offers
+        if not facts_too or not offers:
+            continue
+        try:
+            facts.quotas += list(p.quotas(req, offers))
+        except Exception as e:
+            facts.notes.append(f"{name}: quotas unknown ({_short(e)}); planned as if not limiting")
+        try:
+            facts.capacities += list(p.capacity(offers))
+        except Exception as e:
+            facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+    return facts
+
+
