@@ -22,6 +22,8 @@ app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run an
 COMMAND_MODULES = [
     "broker.commands.run",
     "broker.commands.status",
+    "broker.commands.lint",
+    "broker.commands.cluster",
 ]
 
 for _name in COMMAND_MODULES:

@@ -413,7 +413,7 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
             echo(msg)
 
     def _fail(reason: str, *, node: int | None = None, report: Any = None) -> RemoteRunResult:
-        res = RemoteRunResult(status="failed", exit_codes={i: None for i in range(n)},
+        res = RemoteRunResult(status="failed", exit_codes={},  # nothing was started
                               wall_s=time.monotonic() - t0, log_paths=logs, reason=reason, failed_node=node,
                               preflight=report)
         return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore

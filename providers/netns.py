@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from broker.model import Cluster, ClusterNode, Offer, Requirements, TopologyKind, utcnow
-from broker.provider import BadInput, Provider, ProviderCheck, ProviderError
+from broker.provider import BadInput, Provider, ProviderCheck, ProviderError, TaggedResource
 
 #: every object this provider creates starts with this (namespaces, bridge, veths)
 PREFIX = "bkn"
@@ -258,12 +258,19 @@ def down_all() -> list[str]:
     return removed
 
 
-def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
-       use_gpus: bool | None = None, ssh_wait_s: float = 15.0) -> NetnsCluster:
-    """Bring up an ``n``-node cluster with state under ``run_dir/netns``; returns it once every sshd accepts.
+def new_cid() -> str:
+    """A fresh cluster id: ``bkn`` + 6 hex digits."""
+    return PREFIX + secrets.token_hex(3)
 
-    ``use_gpus``: None = hand out GPUs when this machine has n * gpus_per_node of them.  On any failure the
-    partial cluster is removed and ProviderError is raised.
+
+def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
+       use_gpus: bool | None = None, ssh_wait_s: float = 15.0, cid: str | None = None) -> NetnsCluster:
+    """Bring up an ``n``-node cluster with state under ``run_dir/netns/<cid>``; returns it once every sshd
+    accepts connections (about 0.3 s for 2 nodes).
+
+    ``use_gpus``: None = hand out GPUs when this machine has n * gpus_per_node of them.  ``cid``: a
+    :func:`new_cid` chosen beforehand (so the ledger can record it before creation).  On any failure the partial
+    cluster is removed and ProviderError is raised.
     """
     why = missing_requirements()
     if why:
@@ -274,7 +281,9 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
         raise BadInput(f"a netns cluster has 1..200 nodes, not {n}")
     if use_gpus is None:
         use_gpus = gpu_count() >= n * gpus_per_node
-    cid = PREFIX + secrets.token_hex(3)
+    cid = cid or new_cid()
+    if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
+        raise BadInput(f"not a netns cluster id: {cid!r}")
     root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
     root.mkdir(parents=True, exist_ok=True)
     with open(_LOCK, "w") as lock:  # subnet choice and creation are atomic among parallel callers
@@ -353,6 +362,11 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
         known.append(f"{c.ip(i)} {pub[0]} {pub[1]}")
         (d / "sshd_config").write_text(_sshd_config(c, i, d, path_env))
     c.known_hosts.write_text("\n".join(known) + "\n")
+    # `ssh -F <root>/ssh/config node1` from the root namespace (node names resolve only inside the nodes)
+    (ssh_dir / "config").write_text("".join(
+        f"Host node{i} {c.ip(i)}\n  HostName {c.ip(i)}\n  User root\n  IdentityFile {c.key_path}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n  StrictHostKeyChecking yes\n"
+        f"  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n" for i in range(c.n)))
     bashrc = Path.home() / ".bashrc"
     for i in range(c.n):
         d = c.root / f"node{i}"
@@ -430,6 +444,25 @@ class NetnsProvider(Provider):
         c = up(n, run_dir, inject=inject, gpus_per_node=gpus_per_node)
         return c, c.cluster(run_id or c.cid)
 
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """Nodes of clusters whose state lives in a run's folder (``<runs>/<run_id>/netns/<cid>/state.json``)
+        and whose namespaces still exist."""
+        from broker.config import runs_dir
+
+        out = []
+        live = {x.split()[1] for x in leftovers()}
+        for st in runs_dir().glob(f"{run_id or '*'}/netns/*/state.json"):
+            try:
+                c = NetnsCluster.load(st.parent)
+            except (OSError, ValueError, TypeError):
+                continue
+            for i in range(c.n):
+                if c.ns(i) in live:
+                    out.append(TaggedResource(provider=self.name, kind="netns_node", provider_id=f"{c.cid}:{i}",
+                                              run_id=st.parents[2].name, state="running", usd_per_hour=0.0,
+                                              name=f"node{i}"))
+        return out
+
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
         """``netns_node`` resources (provider id ``<cid>:<i>``): remove the whole cluster ``cid``.  Idempotent."""
@@ -440,3 +473,60 @@ class NetnsProvider(Provider):
             _kill_pids([pid], signal.SIGKILL)
         remove_cid(cid)
         return not leftovers(cid)
+
+
+def run_recipe(recipe: Any, *, ledger: Any, echo: Any, inject: str | None = None, on_start: Any = None,
+               port: int | None = None) -> tuple[Any, Any]:
+    """``broker run RECIPE --provider netns``: bring up ``recipe.nodes`` namespaces, run the recipe over SSH
+    (preflight first), ALWAYS tear the cluster down, record everything in the ledger.
+
+    Nodes are ledger resources of kind ``netns_node`` (provider id ``<cid>:<i>``, $0/hour), recorded before the
+    cluster is created and terminated through :func:`broker.teardown.teardown_run`.  Returns (Run, RunResult).
+    """
+    from broker.orchestrate import new_run
+    from broker.remote import run_remote
+    from broker.teardown import teardown_run
+
+    if inject is not None and inject not in INJECTS:
+        raise BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {', '.join(INJECTS)}")
+    why = missing_requirements()
+    if why:
+        raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
+    use_gpus = gpu_count() >= recipe.nodes * recipe.gpus_per_node
+    devices = (f"one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if use_gpus
+               else "no GPU used: gloo on CPU")
+    run = new_run(ledger, recipe, provider="netns", topology="multi-node",
+                  plan={"provider": "netns", "topology": "multi-node", "usd_per_hour": 0.0, "devices": devices,
+                        "inject": inject})
+    run_dir = Path(run.run_dir or ".")
+    cid = new_cid()
+    ledger.event(run.id, "cli", "start", f"netns run of {recipe.name} on cluster {cid}: {devices}"
+                 + (f"; fault injected: {inject}" if inject else ""))
+    rows = [ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid})
+            for i in range(recipe.nodes)]
+    result = None
+    cluster = None
+    try:
+        cluster = up(recipe.nodes, run_dir, inject=inject, gpus_per_node=recipe.gpus_per_node, use_gpus=use_gpus,
+                     cid=cid)
+        for i, r in enumerate(rows):
+            ledger.mark_created(r.id, f"{cid}:{i}", state="running")
+        if on_start:
+            on_start(run, f"cluster {cid}: " + ", ".join(f"node{i}={cluster.ip(i)}" for i in range(cluster.n))
+                     + f"; {devices}" + (f"; fault injected: {inject}" if inject else ""))
+        result = run_remote(cluster.cluster(run.id), recipe, run_dir, echo=echo, port=port)
+    finally:
+        if cluster is not None:
+            cluster.down()
+        left = teardown_run(ledger, run.id, "cli", providers={"netns": NetnsProvider()}, confirm_timeout_s=30)
+        status = result.status if result else "interrupted"
+        msg = result.reason if result else "interrupted before the nodes finished"
+        if left:
+            msg += f"; teardown left {len(left)} resource(s) live: see `broker status {run.id}`"
+        ledger.update_run(run.id, status=status, ended_at=utcnow(),
+                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                          message=msg)
+        ledger.event(run.id, "cli", "end", status)
+    updated = ledger.get_run(run.id)
+    return updated, result

@@ -11,7 +11,10 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
-        provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine)"),
+        provider: str = typer.Option("local", "--provider", "-p", help="where to run: local (this machine), netns "
+                                     "(namespaces with sshd on this machine, over SSH; root)"),
+        inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
+                                   "mtu) so preflight catches it"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
@@ -24,8 +27,10 @@ def register(app: typer.Typer) -> None:
         from broker.commands.summary import render_summary
 
         recipe = load_recipe(recipe_path)
-        if provider != "local":
+        if provider not in ("local", "netns"):
             raise BadInput(f"provider {provider!r} is not available for runs yet", hint="use --provider local")
+        if inject and provider != "netns":
+            raise BadInput("--inject works with --provider netns only")
         ledger = Ledger()
 
         def started(run, devices):
@@ -34,8 +39,19 @@ def register(app: typer.Typer) -> None:
                               f"{recipe.gpus_per_node} process(es), topology local (this machine, free); {devices}")
                 console.print(f"logs: {run.run_dir}")
 
-        run, result = run_recipe_local(recipe, ledger=ledger, echo=None if (quiet or as_json) else echo_line,
-                                       on_start=started)
+        echo = None if (quiet or as_json) else echo_line
+        if provider == "netns":
+            from providers.netns import run_recipe as run_recipe_netns
+
+            def started_netns(run, devices):
+                if not as_json:
+                    console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x "
+                                  f"{recipe.gpus_per_node} process(es), topology multi-node over SSH (netns, free); "
+                                  f"{devices}\nlogs: {run.run_dir}")
+
+            run, result = run_recipe_netns(recipe, ledger=ledger, echo=echo, inject=inject, on_start=started_netns)
+        else:
+            run, result = run_recipe_local(recipe, ledger=ledger, echo=echo, on_start=started)
         if as_json:
             print_json({"run": run, "result": result_dict(result)})
         else:
