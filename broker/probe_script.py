@@ -5,9 +5,10 @@ python; it must not import broker).
     python3 probe.py listen TIMEOUT_S HITS PORT...    -> first line JSON {"ports": [...]} (0 = a random free port);
                                                          exits after every port was hit HITS times or TIMEOUT_S
     python3 probe.py connect TIMEOUT_S HOST PORT...   -> one JSON line per port: OPEN | FILTERED | REFUSED | ...
-    python3 probe.py kill PIDFILE GRACE_S             -> SIGTERM the process group named in PIDFILE and every
-                                                         descendant (torchrun starts its workers in new sessions),
-                                                         SIGKILL what is left after GRACE_S
+    python3 probe.py kill PIDFILE GRACE_S [K=V...]    -> SIGTERM the process group named in PIDFILE, every
+                                                         descendant (torchrun starts its workers in new sessions)
+                                                         and every process whose environment holds all K=V
+                                                         (orphans), SIGKILL what is left after GRACE_S
 
 Probe design (measured in local-cluster.md section 3): a real listener on the master port and on a random
 ephemeral port; a connect with a 2 s timeout: OPEN answers in milliseconds, FILTERED (no answer: packets dropped by
@@ -162,9 +163,25 @@ def _procs():
     return out
 
 
-def _tree(pgid):
+def _marked(procs, markers):
+    if not markers:
+        return set()
+    want = [m.encode() for m in markers]
+    out = set()
+    for p in procs:
+        try:
+            with open("/proc/%d/environ" % p, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(m in env for m in want):
+            out.add(p)
+    return out
+
+
+def _tree(pgid, markers=()):
     procs = _procs()
-    found = {p for p, (_, g) in procs.items() if g == pgid}
+    found = {p for p, (_, g) in procs.items() if pgid is not None and g == pgid} | _marked(procs, markers)
     changed = True
     while changed:
         changed = False
@@ -176,24 +193,23 @@ def _tree(pgid):
     return found
 
 
-def kill(pidfile, grace_s):
+def kill(pidfile, grace_s, markers=()):
     import signal
     try:
         with open(pidfile) as f:
             pgid = int(f.read().strip())
     except (OSError, ValueError):
-        print(json.dumps({"killed": [], "note": "no pid file"}), flush=True)
-        return 0
-    first = _tree(pgid)
+        pgid = None
+    first = _tree(pgid, markers)
     for p in first:
         try:
             os.kill(p, signal.SIGTERM)
         except OSError:
             pass
     end = time.time() + grace_s
-    while time.time() < end and _tree(pgid):
+    while time.time() < end and _tree(pgid, markers):
         time.sleep(0.1)
-    left = _tree(pgid)
+    left = _tree(pgid, markers)
     for p in left:
         try:
             os.kill(p, signal.SIGKILL)
@@ -213,7 +229,7 @@ def main(argv):
     if mode == "connect":
         return connect(float(argv[2]), argv[3], [int(x) for x in argv[4:]])
     if mode == "kill":
-        return kill(argv[2], float(argv[3]))
+        return kill(argv[2], float(argv[3]), argv[4:])
     print("unknown mode %r" % mode, file=sys.stderr)
     return 2
 

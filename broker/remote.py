@@ -21,9 +21,11 @@ Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS
 because gloo rejects ``^`` exclusion lists), the recipe's ``env``, ``CUDA_VISIBLE_DEVICES`` from
 ``ClusterNode.gpu_indices``, then ``ClusterNode.env``.
 
-Stopping a node kills it for real: a second SSH channel runs ``probe.py kill`` which SIGTERMs the process group
-and every descendant (torchrun starts its workers in new sessions) and SIGKILLs what is left after the grace
-period.  If the SSH connection of a running node drops, that node counts as failed (exit code None, reason "ssh
+Stopping a node kills it for real: a second SSH channel runs ``probe.py kill`` which SIGTERMs the process group,
+every descendant (torchrun starts its workers in new sessions) and every process whose environment carries this
+run's and node's ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (workers orphaned by a killed torchrun), and SIGKILLs what
+is left after the grace period.  A node whose launched process has exited counts as ended even while an orphan
+still holds its output open (after ``EXIT_DRAIN_S``).  If the SSH connection of a running node drops, that node counts as failed (exit code None, reason "ssh
 connection to node i lost"), the others are stopped, and the caller's teardown still runs.
 
 Host keys: with ``cluster.known_hosts_path`` naming a file that lists the host, the key is pinned (mismatch =
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
 PROBE_SOURCE = Path(__file__).with_name("probe_script.py")
 #: keepalive interval (s) x count: how long a silently dead connection takes to be declared lost
 KEEPALIVE_S, KEEPALIVE_COUNT = 5, 3
+#: seconds between a node's exit status and its output's end after which the node counts as ended anyway
+EXIT_DRAIN_S = 2.0
 
 Echo = Callable[[str], None] | None
 
@@ -285,6 +289,7 @@ class RemoteNode:
         self._code: int | None = None
         self._done = threading.Event()
         self._proc: Any = None
+        self._exited_at: float | None = None
         ssh.loop.call(self._start(), timeout=ssh.connect_timeout_s + 15)
 
     async def _start(self) -> None:
@@ -314,6 +319,11 @@ class RemoteNode:
             self._done.set()
             self._q.put(None)
 
+    @property
+    def finished(self) -> bool:
+        """True once the node's output ended and its exit status (or the connection loss) is known."""
+        return self._done.is_set() and not self.lost
+
     def lines(self) -> Iterable[str]:
         while True:
             line = self._q.get()
@@ -322,7 +332,19 @@ class RemoteNode:
             yield line
 
     def poll(self) -> int | None:
-        return self._code if self._done.is_set() else None
+        if self._done.is_set():
+            return self._code
+        # The launched process has exited but the channel is still open: an orphaned descendant (torchrun
+        # starts workers in their own sessions) holds the output pipe.  Count the node as ended after a short
+        # drain period; stop() then kills the orphans by their environment marker.
+        proc = self._proc
+        if proc is not None and (proc.exit_status is not None or proc.exit_signal is not None):
+            if self._exited_at is None:
+                self._exited_at = time.monotonic()
+            elif time.monotonic() - self._exited_at > EXIT_DRAIN_S:
+                rc = proc.returncode
+                return 255 if rc is None else rc
+        return None
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Kill the remote process group and its descendants over a second channel; idempotent."""
@@ -330,7 +352,8 @@ class RemoteNode:
             return
         i = self.node_rank
         cmd = f"{self.ssh.py()} {shlex.quote(self.ssh.probe(i))} kill " \
-              f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g}"
+              f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g} " \
+              f"BROKER_RUN_ID={shlex.quote(self.ssh.cluster.run_id)} BROKER_NODE_RANK={i}"
         try:
             self.ssh.run(i, cmd, timeout=grace_s + 20)
         except Exception as e:  # node unreachable: teardown of the machine is the caller's job
@@ -477,6 +500,12 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
             raise
         remaining = max(1.0, deadline_s - (time.monotonic() - t0))
         base = sup.run(nodes, deadline_s=remaining)  # type: ignore[arg-type]
+        # nodes that ended while an orphan still held their output, or ended on their own: sweep their leftovers
+        sweep = [threading.Thread(target=nd.stop, args=(1.0,)) for nd in nodes if not nd.finished]
+        for th in sweep:
+            th.start()
+        for th in sweep:
+            th.join()
         res = RemoteRunResult(**base.__dict__, preflight=report)
         lost = [nd.node_rank for nd in nodes if nd.lost]
         for r in lost:
