@@ -57,6 +57,14 @@ _LOCK = Path("/tmp/broker-netns.lock")
 SSHD = "/usr/sbin/sshd"
 
 
+def sshd_path() -> str | None:
+    """The sshd binary: ``$BROKER_SSHD`` (absolute), else /usr/sbin/sshd, else ``sshd`` on PATH."""
+    for cand in (os.environ.get("BROKER_SSHD"), SSHD, shutil.which("sshd")):
+        if cand and os.path.isabs(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
 def _run(argv: list[str], *, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
@@ -74,7 +82,7 @@ def missing_requirements() -> str | None:
     for tool in ("ip", "unshare", "ssh-keygen"):
         if not shutil.which(tool):
             return f"{tool} is not installed (apt-get install iproute2 util-linux openssh-client)"
-    if not os.path.exists(SSHD):
+    if sshd_path() is None:
         return "sshd is not installed (apt-get install openssh-server)"
     return None
 
@@ -100,15 +108,10 @@ def _used_subnets() -> set[int]:
 
 
 def gpu_count() -> int:
-    """GPUs on this machine (nvidia-smi -L), 0 without a driver."""
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    """GPUs on this machine (nvidia-smi, else the driver's /proc listing; see providers.local), 0 without."""
+    from providers.local import detect_gpus
+
+    return len(detect_gpus())
 
 
 @dataclass
@@ -368,12 +371,15 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
         f"  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n  StrictHostKeyChecking yes\n"
         f"  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n" for i in range(c.n)))
     bashrc = Path.home() / ".bashrc"
+    sshd = sshd_path()
+    account_files = _account_files(c.root)
     for i in range(c.n):
         d = c.root / f"node{i}"
         mounts = [f"mount --bind {d / 'run'} /run", f"mount --bind {c.root / 'hosts'} /etc/hosts"]
         if bashrc.exists():
             mounts.append(f"mount --bind {c.root / 'node_bashrc'} {bashrc}")
-        script = " && ".join(mounts + [f"hostname node{i}", f"exec {SSHD} -D -e -f {d / 'sshd_config'}"])
+        mounts += [f"mount --bind {src} {dst}" for src, dst in account_files]
+        script = " && ".join(mounts + [f"hostname node{i}", f"exec {sshd} -D -e -f {d / 'sshd_config'}"])
         log = open(d / "sshd.log", "ab")
         # ip -> unshare -> sh -> sshd is one exec chain, so the Popen pid is sshd's pid
         p = subprocess.Popen(["ip", "netns", "exec", c.ns(i), "unshare", "--mount", "--uts", "sh", "-c", script],
@@ -396,6 +402,33 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
                 raise ProviderError("netns", "sshd", f"sshd on node{i} ({c.ip(i)}) did not accept within "
                                     f"{wait_s:.0f} s; its log: {log.strip() or '(empty)'}")
             time.sleep(0.05)
+
+
+def _account_files(root: Path) -> list[tuple[Path, str]]:
+    """Node-private copies of /etc/passwd and /etc/shadow when sshd needs what the host lacks: the ``sshd``
+    privilege-separation user (hosts without openssh-server installed) and an unlocked root entry (with
+    ``UsePAM no`` sshd refuses a ``!``-locked account even for key login).  Bind-mounted only inside the nodes'
+    mount namespaces; the host's files are never changed."""
+    out: list[tuple[Path, str]] = []
+    try:
+        passwd = Path("/etc/passwd").read_text()
+    except OSError:
+        return out
+    if not any(line.startswith("sshd:") for line in passwd.splitlines()):
+        (root / "passwd").write_text(passwd.rstrip("\n") + "\nsshd:x:65533:65534:sshd:/run/sshd:/usr/sbin/nologin\n")
+        out.append((root / "passwd", "/etc/passwd"))
+    try:
+        shadow = Path("/etc/shadow").read_text()
+    except OSError:
+        return out
+    lines = shadow.splitlines()
+    fixed = [("root:*:" + ln.split(":", 2)[2]) if ln.startswith("root:!") and ln.count(":") >= 2 else ln
+             for ln in lines]
+    if fixed != lines:
+        (root / "shadow").write_text("\n".join(fixed) + "\n")
+        os.chmod(root / "shadow", 0o600)
+        out.append((root / "shadow", "/etc/shadow"))
+    return out
 
 
 def _inject(c: NetnsCluster) -> None:
