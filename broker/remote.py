@@ -16,7 +16,8 @@
    files, stop all when one fails, deadline, Ctrl-C);
 6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder.
 
-Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1``, ``NCCL_SOCKET_IFNAME`` =
+Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1``, ``TMPDIR`` in the node's
+run folder, ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (the marker that finds orphans), ``NCCL_SOCKET_IFNAME`` =
 ``GLOO_SOCKET_IFNAME`` = the interface holding the node's private address (found by preflight; an exact name,
 because gloo rejects ``^`` exclusion lists), the recipe's ``env``, ``CUDA_VISIBLE_DEVICES`` from
 ``ClusterNode.gpu_indices``, then ``ClusterNode.env``.
@@ -380,7 +381,9 @@ def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dic
     """The environment of node ``i``'s torchrun (layers as in the module docstring)."""
     node = cluster.nodes[i]
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "BROKER_NODE_RANK": str(i),
-           "BROKER_RUN_ID": cluster.run_id}
+           "BROKER_RUN_ID": cluster.run_id,
+           # torchrun's and the job's temporary files stay in the run's folder on the node
+           "TMPDIR": f"{cluster.workroot.rstrip('/')}/{cluster.run_id}/node{i}/tmp"}
     if iface:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
     env.update(recipe.env)
@@ -525,6 +528,8 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
 
 async def _prepare(ssh: SSHCluster, i: int, workdir: Path, env: dict[str, str]) -> None:
     await ssh.aupload_tree(i, workdir, ssh.work(i))
+    if env.get("TMPDIR"):
+        await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
     await ssh.aput_bytes(i, env_file(env), ssh.base(i) + "/env.sh", 0o600)
 
 

@@ -48,6 +48,17 @@ def make_cluster(tmp_path):
         assert netns.sshd_processes(c.cid) == [], f"sshd of {c.cid} still running"
 
 
+def test_failed_up_removes_everything(tmp_path, monkeypatch):
+    fake = tmp_path / "sshd"
+    fake.write_text("#!/bin/sh\necho 'sshd: cannot start' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("BROKER_SSHD", str(fake))
+    cid = netns.new_cid()
+    with pytest.raises(netns.ProviderError, match="did not accept"):
+        netns.up(2, tmp_path, use_gpus=False, ssh_wait_s=2, cid=cid)
+    assert netns.leftovers(cid) == [] and netns.sshd_processes(cid) == []
+
+
 def small_recipe(tmp_path: Path, **update):
     from broker.recipe import load_recipe
 
