@@ -74,7 +74,7 @@ class PreflightReport:
 
 def render_text(report: PreflightReport) -> list[str]:
     """The table as plain text lines (for logs and the console)."""
-    rows = [("check", "node(s)", "result", "detail", "fix")] + \
+    rows = [("check", "node(s)", "result", "detail (-> fix)", "")] + \
            [(c.check, c.nodes, c.result, c.detail, c.fix) for c in report.checks]
     w = [max(len(r[k]) for r in rows) for k in range(3)]
     out = [f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}" + (f"  -> fix: {r[4]}" if r[4] else "")

@@ -47,12 +47,29 @@ def _ifaces():
                 out.setdefault(name, {"addrs": [], "mtu": None})["addrs"].append(parts[3].split("/")[0])
     for name in list(out) + [n for n in _sys_ifaces() if n not in out]:
         entry = out.setdefault(name, {"addrs": [], "mtu": None})
+        if rc != 0 and not entry["addrs"]:  # no `ip` on this node: ask the kernel (SIOCGIFADDR, primary only)
+            addr = _ioctl_addr(name)
+            if addr:
+                entry["addrs"].append(addr)
         try:
             with open(f"/sys/class/net/{name}/mtu") as f:
                 entry["mtu"] = int(f.read().strip())
         except (OSError, ValueError):
             pass
     return out
+
+
+def _ioctl_addr(name):
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(raw[20:24])
+    except OSError:
+        return None
+    finally:
+        s.close()
 
 
 def _sys_ifaces():
