@@ -26,6 +26,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.recipe import Recipe
 
 RANK_ENV = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"}
 LOCAL_ENV = {"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"}
@@ -281,3 +285,10 @@ def lint_script(path: str | Path) -> list[Finding]:
     """Findings for the script at ``path`` (sorted by line).  Raises OSError when it cannot be read."""
     p = Path(path)
     return lint_source(p.read_text(encoding="utf-8", errors="replace"), str(p))
+
+
+def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
+    """Lint a recipe's script for ``broker run``: (findings, refuse).  ``refuse`` is True when the recipe asks
+    for ``strict_lint`` and there is any finding; otherwise findings are warnings to print before launch."""
+    findings = lint_script(recipe.script)
+    return findings, bool(findings) and recipe.strict_lint

@@ -63,6 +63,12 @@ class PreflightReport:
     def ok(self) -> bool:
         return not any(c.result == "FAIL" for c in self.checks)
 
+    def only_master_port_busy(self, port: int) -> bool:
+        """True when the only failure is that node 0 could not listen on ``port`` (another one may work)."""
+        fails = [c for c in self.checks if c.result == "FAIL"]
+        return bool(fails) and all(c.check == "tcp listen" and f"cannot listen on port {port}" in c.detail
+                                   for c in fails)
+
     def failures(self) -> list[str]:
         return [f"{c.check} ({c.nodes}): {c.detail}" for c in self.checks if c.result == "FAIL"]
 

@@ -431,6 +431,7 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
     logs = {i: run_dir / f"node{i}.log" for i in range(n)}
     for p in logs.values():
         p.write_text("")
+    port_given = port is not None
     port = port or random.randint(29500, 29999)
     deadline_s = recipe.max_hours * 3600
 
@@ -459,6 +460,11 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
         report: pf.PreflightReport | None = None
         if preflight:
             report = pf.run_preflight(ssh, recipe, port)
+            for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
+                if port_given or not report.only_master_port_busy(port):
+                    break
+                port = random.randint(29500, 29999)
+                report = pf.run_preflight(ssh, recipe, port)
             (run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
             text = pf.render_text(report)
             (run_dir / "preflight.txt").write_text("\n".join(text) + "\n")

@@ -145,3 +145,16 @@ def test_cli_warns_by_default_and_strict_fails(tmp_path):
     assert r.exit_code == 1
     r = CliRunner().invoke(app, ["lint", str(ROOT / "recipes" / "ddp_train.py"), "--strict"])
     assert r.exit_code == 0 and "no findings" in r.output
+
+
+def test_lint_recipe_strict_refuses(tmp_path):
+    from broker.lint import lint_recipe
+    from broker.recipe import load_recipe
+
+    (tmp_path / "t.py").write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n")
+    (tmp_path / "r.yaml").write_text("name: t\nscript: t.py\nstrict_lint: true\n")
+    findings, refuse = lint_recipe(load_recipe(tmp_path / "r.yaml"))
+    assert [f.kind for f in findings] == ["nccl-no-fallback"] and refuse
+    (tmp_path / "r.yaml").write_text("name: t\nscript: t.py\n")
+    assert lint_recipe(load_recipe(tmp_path / "r.yaml"))[1] is False
+    assert lint_recipe(load_recipe(ROOT / "recipes" / "ddp_2node.yaml")) == ([], False)

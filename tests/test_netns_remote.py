@@ -91,13 +91,26 @@ def sleeper_recipe(tmp_path: Path):
     return load_recipe(d / "r.yaml")
 
 
-def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path):
+def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
+    from broker import remote
     from broker.remote import run_remote
 
     c = make_cluster(2)
+    # the first randomly chosen master port is taken on node 0: preflight notices and another one is used
+    busy = subprocess.Popen(["ip", "netns", "exec", c.ns(0), sys.executable, "-c",
+                             "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29555)); s.listen(); "
+                             "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    assert busy.stdout.readline().strip() == "up"
+    picks = iter([29555, 29601, 29602, 29603])
+    monkeypatch.setattr(remote.random, "randint", lambda a, b: next(picks))
     lines: list[str] = []
     run_dir = tmp_path / "run"
-    res = run_remote(c.cluster("t1"), small_recipe(tmp_path), run_dir, echo=lines.append)
+    try:
+        res = run_remote(c.cluster("t1"), small_recipe(tmp_path), run_dir, echo=lines.append)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert "--master_port=29601" in (run_dir / "node1.log").read_text()
     assert res.ok, (res.reason, res.tail)
     assert res.exit_codes == {0: 0, 1: 0}
     assert [(r.node, r.rank, r.world_size, r.backend) for r in res.ranks] == [(0, 0, 2, "gloo"), (1, 1, 2, "gloo")]

@@ -138,3 +138,10 @@ def test_table_renders_with_rich():
     con = Console(record=True, width=200)
     con.print(pf.render_table(rep))
     assert "preflight: PASSED" in con.export_text()
+
+
+def test_only_master_port_busy_is_recognised():
+    rep = judge([info(0), info(1)], {(0, 1): [probe(42000, "OPEN")]},
+                lerr={0: "cannot listen on port 29500: Address already in use"})
+    assert rep.only_master_port_busy(29500) and not rep.only_master_port_busy(29501)
+    assert not judge([info(0, mtu=1), info(1)], OPEN).only_master_port_busy(29500)
