@@ -158,7 +158,7 @@ class SSHCluster:
             opts["agent_path"] = None
         try:
             conn = await asyncssh.connect(node.host, **opts)
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
+        except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
             why = getattr(e, "reason", None) or str(e) or type(e).__name__
             raise ProviderError("ssh", f"connect node {i}", f"cannot reach node {i} at {node.user}@{node.host}:"
                                 f"{node.port}: {why}",
