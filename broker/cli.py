@@ -20,12 +20,14 @@ app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run an
 
 #: modules that add commands (each has ``register(app)``)
 COMMAND_MODULES = [
+    "broker.commands.plan",  # plan, offers, check, catalog
     "broker.commands.run",
     "broker.commands.status",
-    "broker.commands.lifecycle",
-    "broker.commands.quota",
+    "broker.commands.lifecycle",  # down, reconcile
     "broker.commands.watchdog",
-    "broker.commands.plan",
+    "broker.commands.quota",
+    "broker.commands.lint",
+    "broker.commands.cluster",  # netns up|down|status
     "broker.commands.slurm",
 ]
 

@@ -4,8 +4,8 @@
 provisioning error or Ctrl-C; only a hard kill (SIGKILL, power loss) skips it, and then the ledger rows and the
 run tag on every created resource let ``broker down`` / ``broker reconcile`` / the watchdog finish the job.
 
-Jobs run here only on ``local_exec`` clusters (the ``fake`` provider, whose "instances" are this machine); remote
-execution over SSH is built elsewhere (:class:`~broker.provider.NotSupported` until then).
+Jobs on ``local_exec`` clusters (the ``fake`` provider, whose "instances" are this machine) run as local processes;
+every other cluster runs over SSH with a network preflight first (:func:`broker.remote.run_remote`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable
 
 from broker.launch import LocalLaunchSpec, RunResult, run_local
 from broker.ledger import Ledger
-from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
-from broker.provider import NotSupported, NoValidPlan, Provider
+from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, utcnow
+from broker.provider import NoValidPlan, Provider
 from broker.recipe import Recipe
 
 
@@ -35,40 +35,13 @@ class CloudRunOutcome:
 
 
 def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
-    """Plan options on one provider, ranked by USD/hour (then zone order), for providers without the planner.
+    """The valid plan options on one provider, ranked by the planner (:func:`broker.planner.plan`) from the
+    provider's offers, quotas and capacity."""
+    from broker.planner import plan
 
-    ``simulated``: one offer with >= nodes x gpus_per_node GPUs.  ``multi-node``: nodes offers with >=
-    gpus_per_node GPUs each (only where ``private_network``).  Options whose worst case (USD/hour x
-    ``req.hours``) exceeds ``req.budget_usd`` are left out.  Uses ``broker.planner.plan`` when that module exists.
-    """
     offers = provider.offers(req)
-    try:  # the real planner, when merged
-        from broker.planner import plan as _plan  # type: ignore[attr-defined]
-
-        p = _plan(req, offers, [], [], now=utcnow())
-        if isinstance(p, Plan) and any(o.valid for o in p.options):
-            return [o for o in p.options if o.valid]
-    except Exception:  # noqa: BLE001 - absent or a different signature: rank here
-        pass
-    hours = req.hours or 1.0
-    out: list[PlanOption] = []
-    topos = ["simulated", "multi-node"] if req.topology in ("any", "local") else [req.topology]
-    for o in offers:
-        if req.gpu_names and o.gpu_name not in req.gpu_names and not req.cpu_ok:
-            continue
-        if "simulated" in topos and o.gpu_count >= req.nodes * req.gpus_per_node:
-            out.append(PlanOption(provider=provider.name, topology=TopologyKind.simulated, offers=[o],
-                                  nodes=req.nodes, gpus_per_node=req.gpus_per_node, usd_per_hour=o.usd_per_hour,
-                                  worst_case_usd=o.usd_per_hour * hours, hours=hours, price_source=o.price_source))
-        if "multi-node" in topos and o.private_network and o.gpu_count >= req.gpus_per_node and req.nodes > 1:
-            usd = o.usd_per_hour * req.nodes
-            out.append(PlanOption(provider=provider.name, topology=TopologyKind.multi_node, offers=[o] * req.nodes,
-                                  nodes=req.nodes, gpus_per_node=req.gpus_per_node, usd_per_hour=usd,
-                                  worst_case_usd=usd * hours, hours=hours, price_source=o.price_source))
-    if req.budget_usd is not None:
-        out = [o for o in out if o.worst_case_usd <= req.budget_usd + 1e-9]
-    zones = {z: i for i, z in enumerate(dict.fromkeys(o.offers[0].zone for o in out))}
-    return sorted(out, key=lambda o: (o.usd_per_hour, zones.get(o.offers[0].zone, 0)))
+    p = plan(req, offers, provider.quotas(req, offers), provider.capacity(offers), now=utcnow())
+    return [o for o in p.options if o.valid]
 
 
 def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> LocalLaunchSpec:
@@ -97,8 +70,7 @@ def run_on_cloud(recipe: Recipe, plan_options: Plan | PlanOption | Iterable[Plan
                  **provision_kw: Any) -> CloudRunOutcome:
     """Run ``recipe`` on the first option of ``plan_options`` that provisions; always tears down.
 
-    Raises what :func:`broker.provision.provision` raises (NoValidPlan, ProviderError) and NotSupported for
-    clusters that need SSH execution, each *after* the teardown ran.
+    Raises what :func:`broker.provision.provision` raises (NoValidPlan, ProviderError), *after* the teardown ran.
     """
     from broker.orchestrate import new_run
     from broker.provision import _options, provision, run_cost
@@ -122,14 +94,14 @@ def run_on_cloud(recipe: Recipe, plan_options: Plan | PlanOption | Iterable[Plan
         cluster = provision(options, run, recipe, ledger, providers=providers, progress=progress,
                             ready_timeout_s=ready_timeout_s, poll_s=poll_s, actor=actor, **provision_kw)
         ledger.update_run(run.id, status="running", provider=cluster.provider, topology=cluster.topology.value)
-        if not cluster.local_exec:
-            raise NotSupported(cluster.provider, "run", "running the job over SSH on rented machines is not in "
-                               "this build; the machines were provisioned and are being torn down",
-                               hint="use --provider fake or local until remote execution is merged")
-        spec = cluster_spec(recipe, cluster, run)
         if progress:
             progress(f"launching {len(cluster.nodes)} node(s) on {cluster.provider}")
-        result = run_local(spec, Path(run.run_dir or "."), echo=echo)
+        if cluster.local_exec:
+            result = run_local(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=echo)
+        else:  # over SSH, preflight first (broker.remote)
+            from broker.remote import run_remote
+
+            result = run_remote(cluster, recipe, Path(run.run_dir or "."), echo=echo)
         status, message = result.status, result.reason
     except KeyboardInterrupt:
         status, message = "interrupted", "interrupted (Ctrl-C) before the job finished"

@@ -54,6 +54,7 @@ class Settings(BaseSettings):
 
     # Watchdog
     broker_watchdog_interval_s: float = 5.0
+    broker_watchdog_autostart: bool = True  # `broker run` on rented machines starts it detached
 
 
 @lru_cache(maxsize=1)

@@ -11,7 +11,7 @@ import json
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from broker.config import runs_dir
 from broker.launch import LocalLaunchSpec, RunResult, run_local
@@ -19,6 +19,9 @@ from broker.ledger import Ledger, new_id
 from broker.model import Run, utcnow
 from broker.provider import NoValidPlan
 from broker.recipe import Recipe
+
+if TYPE_CHECKING:
+    from broker.model import Plan, PlanOption
 
 
 def new_run(ledger: Ledger, recipe: Recipe, *, provider: str, topology: str, plan: dict | None = None) -> Run:
@@ -86,3 +89,48 @@ def run_recipe_local(recipe: Recipe, *, ledger: Ledger, echo: Callable[[str], No
     updated = ledger.get_run(run.id)
     assert updated is not None
     return updated, result
+
+
+def plan_for_run(recipe: Recipe, provider: str | None) -> tuple["Plan", list["PlanOption"]]:
+    """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
+    options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
+    be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options, or the credentials needed.
+    """
+    from broker.facts import DEFAULT_PROVIDERS, gather
+    from broker.planner import plan as make_plan
+    from providers import get_provider
+
+    req = recipe.requirements()
+    names = [provider] if provider else list(DEFAULT_PROVIDERS)
+    facts = gather(req, names)
+    plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
+                     unavailable=facts.unavailable)
+    if plan.chosen is None:
+        reasons = "; ".join(f"{o.provider} {o.topology.value} {o.summary}: {o.rejected[0]}"
+                            for o in plan.rejected[:4] if o.rejected)
+        raise NoValidPlan(f"no valid way to run {recipe.name} ({recipe.nodes} node(s) x {recipe.gpus_per_node} GPU, "
+                          f"budget ${recipe.budget_usd:g}, deadline {recipe.max_hours:g} h): {reasons}",
+                          hint=f"`broker plan --recipe {recipe.path}` shows every option; raise budget_usd, lower "
+                               "max_hours, accept more GPU models, or set cpu_ok: true for a CPU logic check here")
+    usable: list = []
+    missing: dict[str, str] = {}
+    for opt in plan.options:
+        if opt.provider == "local":
+            usable.append(opt)
+            continue
+        if opt.provider not in missing:
+            try:
+                chk = get_provider(opt.provider).check()
+                missing[opt.provider] = "" if chk.configured else (chk.hint or chk.detail or "no credentials")
+            except Exception as e:  # noqa: BLE001 - an adapter that cannot start cannot rent
+                missing[opt.provider] = str(e)
+        if not missing[opt.provider]:
+            usable.append(opt)
+    if not usable:
+        best = plan.chosen
+        need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
+        raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
+                          f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
+                          hint=f"configure one (see .env.example): {need}; or set cpu_ok: true in the recipe to run a "
+                               "CPU logic check on this machine")
+    return plan, usable

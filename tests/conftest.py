@@ -25,6 +25,9 @@ def broker_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(home / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-aws-credentials"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg-config"))
+    # `broker run` on rented (fake) machines would start a detached watchdog per test; tests that want one
+    # start it themselves (tests/test_watchdog_process.py, test_run_starts_the_watchdog)
+    monkeypatch.setenv("BROKER_WATCHDOG_AUTOSTART", "0")
     from broker.config import settings
 
     settings.cache_clear()

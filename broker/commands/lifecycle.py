@@ -43,46 +43,49 @@ class ProgressPrinter:
                            f"{escape(step)}", highlight=False)
 
 
-def run_cloud(recipe: Any, provider: str, *, quiet: bool, as_json: bool) -> int:
-    """``broker run RECIPE --provider P`` for rented machines; returns the exit code."""
-    from broker.cloudrun import rank_options, run_on_cloud
+def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_json: bool,
+              watchdog: bool = True) -> int:
+    """``broker run`` on rented machines: provision the ranked ``options`` (failover in that order), run, tear
+    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False."""
+    from broker.accounting import check_budget
+    from broker.cloudrun import run_on_cloud
     from broker.commands.summary import render_summary
+    from broker.config import settings
     from broker.ledger import Ledger
-    from broker.provider import BadInput, NoValidPlan
-    from broker.ui import console, echo_line, print_json
-    from providers import get_provider
+    from broker.ui import console, echo_line, err, print_json
 
-    if provider != "fake":
-        raise BadInput(f"provider {provider!r} is not available for runs yet", hint="use --provider local or fake")
     ledger = Ledger()
-    p = get_provider(provider)
-    req = recipe.requirements()
-    options = rank_options(p, req)
-    if not options:
-        raise NoValidPlan(f"{provider} has no offer for {recipe.nodes} node(s) x {recipe.gpus_per_node} GPU(s) "
-                          f"within ${recipe.budget_usd:g} over {recipe.max_hours:g} h",
-                          hint="raise budget_usd or lower max_hours / nodes in the recipe")
+    best = options[0]
+    check_budget(best.worst_case_usd, recipe.budget_usd, best.usd_per_hour)
+    if not watchdog:
+        err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
+                  "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
+    elif settings().broker_watchdog_autostart:
+        from broker.watchdog import start_detached
+
+        pid = start_detached()
+        if pid and not as_json:
+            err.print(f"watchdog started (pid {pid}); it enforces the deadline and budget even if this CLI dies")
     prog = ProgressPrinter(ledger)
 
     def started(run: Any) -> None:
         prog.bind(run)
         if not as_json:
-            console.print(f"[bold]run {run.id}[/]: {recipe.name} on {provider}, {len(options)} ranked option(s); "
-                          f"logs: {run.run_dir}")
+            console.print(f"[bold]run {run.id}[/]: {recipe.name}: {best.topology.value} on {best.provider} "
+                          f"({best.summary}, ${best.usd_per_hour:.2f}/h, worst case ${best.worst_case_usd:.2f}); "
+                          f"{len(options)} ranked option(s) for failover; logs: {run.run_dir}")
 
     out = run_on_cloud(recipe, options, ledger, None if (quiet or as_json) else echo_line, progress=prog,
-                       on_start=started, providers={provider: p})
+                       on_start=started)
     if as_json:
         from broker.commands.run import result_dict
 
-        print_json({"run": out.run, "result": result_dict(out.result) if out.result else None,
+        print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
                     "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left})
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
     if out.left:
-        from broker.ui import err
-
-        err.print(f"[bold red]still live after teardown:[/] " + ", ".join(
+        err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
         return 4
     res = out.result

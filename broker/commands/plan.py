@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from broker.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements
+    from broker.model import Offer, Plan, PlanOption, Requirements
 
-from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, Facts, _short, gather  # noqa: E402,F401
+from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, gather  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ rendering

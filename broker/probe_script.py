@@ -1,0 +1,255 @@
+"""Network and environment probe run ON the nodes by preflight (stdlib only: copied as-is and run with the node's
+python; it must not import broker).
+
+    python3 probe.py info PRIVATE_IP                  -> one JSON line: torch, CUDA, interfaces, MTU, iptables
+    python3 probe.py listen TIMEOUT_S HITS PORT...    -> first line JSON {"ports": [...]} (0 = a random free port);
+                                                         exits after every port was hit HITS times or TIMEOUT_S
+    python3 probe.py connect TIMEOUT_S HOST PORT...   -> one JSON line per port: OPEN | FILTERED | REFUSED | ...
+    python3 probe.py kill PIDFILE GRACE_S [K=V...]    -> SIGTERM the process group named in PIDFILE, every
+                                                         descendant (torchrun starts its workers in new sessions)
+                                                         and every process whose environment holds all K=V
+                                                         (orphans), SIGKILL what is left after GRACE_S
+
+Probe design (measured in local-cluster.md section 3): a real listener on the master port and on a random
+ephemeral port; a connect with a 2 s timeout: OPEN answers in milliseconds, FILTERED (no answer: packets dropped by
+a firewall DROP rule or a cloud security rule) after exactly the timeout, REFUSED (RST or ICMP unreachable while a
+listener runs: a REJECT rule) at once.
+"""
+
+import errno
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+
+def _run(argv, timeout=5.0):
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        return p.returncode, p.stdout + p.stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        return -1, str(e)
+
+
+def _ifaces():
+    """{ifname: {"addrs": [ip, ...], "mtu": int}} from `ip -o -4 addr` (falls back to /sys for MTU)."""
+    out = {}
+    rc, text = _run(["ip", "-o", "-4", "addr", "show"])
+    if rc == 0:
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "inet":
+                name = parts[1].split("@")[0]
+                out.setdefault(name, {"addrs": [], "mtu": None})["addrs"].append(parts[3].split("/")[0])
+    for name in list(out) + [n for n in _sys_ifaces() if n not in out]:
+        entry = out.setdefault(name, {"addrs": [], "mtu": None})
+        if rc != 0 and not entry["addrs"]:  # no `ip` on this node: ask the kernel (SIOCGIFADDR, primary only)
+            addr = _ioctl_addr(name)
+            if addr:
+                entry["addrs"].append(addr)
+        try:
+            with open(f"/sys/class/net/{name}/mtu") as f:
+                entry["mtu"] = int(f.read().strip())
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _ioctl_addr(name):
+    import fcntl
+    import struct
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(raw[20:24])
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def _sys_ifaces():
+    try:
+        return os.listdir("/sys/class/net")
+    except OSError:
+        return []
+
+
+def info(private_ip):
+    res = {"hostname": socket.gethostname(), "python": sys.executable, "pyversion": sys.version.split()[0]}
+    t0 = time.time()
+    code = ("import json,torch;c=torch.cuda.is_available();"
+            "print(json.dumps({'torch':torch.__version__,'cuda':c,'cuda_version':torch.version.cuda,"
+            "'gpus':torch.cuda.device_count() if c else 0,"
+            "'gpu_names':[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if c else [],"
+            "'nccl':torch.distributed.is_nccl_available() if torch.distributed.is_available() else False}))")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        if p.returncode == 0 and p.stdout.strip():
+            res.update(json.loads(p.stdout.strip().splitlines()[-1]))
+        else:
+            res["torch_error"] = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        res["torch_error"] = str(e)
+    res["torch_import_s"] = round(time.time() - t0, 2)
+    ifs = _ifaces()
+    res["ifaces"] = ifs
+    res["private_iface"] = next((n for n, e in ifs.items() if private_ip in e["addrs"]), None)
+    res["iptables"] = None
+    if shutil.which("iptables") or os.path.exists("/usr/sbin/iptables"):
+        rc, text = _run(["iptables", "-S"], timeout=3)
+        res["iptables"] = text if rc == 0 else None
+        res["iptables_error"] = None if rc == 0 else text.strip()[-200:]
+    return res
+
+
+def listen(timeout_s, hits, ports):
+    socks = []
+    for p in ports:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", p))
+        except OSError as e:
+            print(json.dumps({"error": "cannot listen on port %d: %s" % (p, e.strerror), "port": p}), flush=True)
+            return 3
+        s.listen(64)
+        s.setblocking(False)
+        socks.append(s)
+    print(json.dumps({"ports": [s.getsockname()[1] for s in socks]}), flush=True)
+    count = {s: 0 for s in socks}
+    end = time.time() + timeout_s
+    while time.time() < end and any(c < hits for c in count.values()):
+        r, _, _ = select.select(socks, [], [], max(0.0, min(0.5, end - time.time())))
+        for s in r:
+            try:
+                c, _ = s.accept()
+                c.close()
+                count[s] += 1
+            except OSError:
+                pass
+    return 0
+
+
+def connect(timeout_s, host, ports):
+    for p in ports:
+        t0 = time.time()
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(timeout_s)
+        try:
+            s.connect((host, p))
+            state, detail = "OPEN", ""
+        except socket.timeout:
+            state, detail = "FILTERED", "no answer: packets dropped"
+        except ConnectionRefusedError:
+            state, detail = "REFUSED", "connection refused (RST or ICMP port-unreachable)"
+        except OSError as e:
+            if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                state = "UNREACHABLE"
+            elif e.errno == errno.ETIMEDOUT:
+                state = "FILTERED"
+            else:
+                state = "ERROR"
+            detail = e.strerror or str(e)
+        finally:
+            s.close()
+        print(json.dumps({"host": host, "port": p, "state": state, "detail": detail,
+                          "seconds": round(time.time() - t0, 3)}), flush=True)
+    return 0
+
+
+def _procs():
+    """{pid: (ppid, pgid)} of every process (Linux /proc)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            if rest[0] == "Z":  # exited, not yet reaped
+                continue
+            out[int(d)] = (int(rest[1]), int(rest[2]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _marked(procs, markers):
+    if not markers:
+        return set()
+    want = [m.encode() for m in markers]
+    out = set()
+    for p in procs:
+        try:
+            with open("/proc/%d/environ" % p, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(m in env for m in want):
+            out.add(p)
+    return out
+
+
+def _tree(pgid, markers=()):
+    procs = _procs()
+    found = {p for p, (_, g) in procs.items() if pgid is not None and g == pgid} | _marked(procs, markers)
+    changed = True
+    while changed:
+        changed = False
+        for p, (pp, _) in procs.items():
+            if pp in found and p not in found:
+                found.add(p)
+                changed = True
+    found.discard(os.getpid())
+    return found
+
+
+def kill(pidfile, grace_s, markers=()):
+    import signal
+    try:
+        with open(pidfile) as f:
+            pgid = int(f.read().strip())
+    except (OSError, ValueError):
+        pgid = None
+    first = _tree(pgid, markers)
+    for p in first:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.time() + grace_s
+    while time.time() < end and _tree(pgid, markers):
+        time.sleep(0.1)
+    left = _tree(pgid, markers)
+    for p in left:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    print(json.dumps({"terminated": sorted(first), "killed": sorted(left)}), flush=True)
+    return 0
+
+
+def main(argv):
+    mode = argv[1]
+    if mode == "info":
+        print(json.dumps(info(argv[2])), flush=True)
+        return 0
+    if mode == "listen":
+        return listen(float(argv[2]), int(argv[3]), [int(x) for x in argv[4:]])
+    if mode == "connect":
+        return connect(float(argv[2]), argv[3], [int(x) for x in argv[4:]])
+    if mode == "kill":
+        return kill(argv[2], float(argv[3]), argv[4:])
+    print("unknown mode %r" % mode, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

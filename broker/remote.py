@@ -1,0 +1,581 @@
+"""Running a recipe on separate hosts over SSH (asyncssh): upload, preflight, setup, torchrun per node, supervise.
+
+:func:`run_remote` is the entry point.  Per node ``i`` of the :class:`~broker.model.Cluster`:
+
+1. connect (one asyncssh connection per node, kept open; keepalives every 5 s so a dead link is noticed within
+   about 15 s); upload the stdlib probe (``broker/probe_script.py``) to ``<workroot>/<run_id>/node<i>/probe.py``;
+2. preflight (:mod:`broker.preflight`): one table of checks; any FAIL ends the run before launch (status
+   ``failed``, nothing started);
+3. upload the recipe's ``workdir`` (a tar.gz over SFTP, unpacked there) to ``<workroot>/<run_id>/node<i>/work``
+   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem) and the node's
+   environment as ``env.sh`` (mode 0600; values never appear on a command line or in the logs);
+4. run the recipe's ``setup`` commands once per node (all nodes in parallel);
+5. start ``<cluster.python> -m torch.distributed.run --nnodes --nproc_per_node --node_rank=i
+   --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
+   ``torchrun.pid``) and hand the nodes to :class:`broker.launch.Supervisor` (``[node i]`` logs, per-node log
+   files, stop all when one fails, deadline, Ctrl-C);
+6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder.
+
+Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1``, ``TMPDIR`` in the node's
+run folder, ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (the marker that finds orphans), ``NCCL_SOCKET_IFNAME`` =
+``GLOO_SOCKET_IFNAME`` = the interface holding the node's private address (found by preflight; an exact name,
+because gloo rejects ``^`` exclusion lists), the recipe's ``env``, ``CUDA_VISIBLE_DEVICES`` from
+``ClusterNode.gpu_indices``, then ``ClusterNode.env``.
+
+Stopping a node kills it for real: a second SSH channel runs ``probe.py kill`` which SIGTERMs the process group,
+every descendant (torchrun starts its workers in new sessions) and every process whose environment carries this
+run's and node's ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (workers orphaned by a killed torchrun), and SIGKILLs what
+is left after the grace period.  A node whose launched process has exited counts as ended even while an orphan
+still holds its output open (after ``EXIT_DRAIN_S``).  If the SSH connection of a running node drops, that node counts as failed (exit code None, reason "ssh
+connection to node i lost"), the others are stopped, and the caller's teardown still runs.
+
+Host keys: with ``cluster.known_hosts_path`` naming a file that lists the host, the key is pinned (mismatch =
+error).  A host missing from it (fresh cloud VMs) is accepted on first connect and its key appended to that file
+(``accept-new``, as OpenSSH's ``StrictHostKeyChecking=accept-new``); without a path, ``<run_dir>/known_hosts``
+is used that way.  asyncssh is imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import queue
+import random
+import shlex
+import tarfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from broker.launch import STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail, torchrun_argv
+from broker.model import Cluster
+from broker.provider import BadInput, ProviderError
+from broker.recipe import Recipe
+
+if TYPE_CHECKING:
+    from broker.preflight import PreflightReport
+
+PROBE_SOURCE = Path(__file__).with_name("probe_script.py")
+#: keepalive interval (s) x count: how long a silently dead connection takes to be declared lost
+KEEPALIVE_S, KEEPALIVE_COUNT = 5, 3
+#: seconds between a node's exit status and its output's end after which the node counts as ended anyway
+EXIT_DRAIN_S = 2.0
+
+Echo = Callable[[str], None] | None
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; :meth:`call` runs a coroutine there and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="broker-ssh", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Any, timeout: float | None = None) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+
+        async def _cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.call(_cancel_all(), timeout=10)
+        except Exception:  # pragma: no cover - best effort
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _known_hosts_has(path: Path, host: str, port: int) -> bool:
+    if not path.exists():
+        return False
+    want = {host if port == 22 else f"[{host}]:{port}"}
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#") and want & set(parts[0].split(",")):
+            return True
+    return False
+
+
+class SSHCluster:
+    """One asyncssh connection per node of ``cluster``, on a background event loop.
+
+    Paths on node ``i``: :meth:`base` = ``<workroot>/<run_id>/node<i>``, with ``work/``, ``probe.py``,
+    ``env.sh``, ``torchrun.pid`` inside.  Raises ProviderError("ssh", ...) when a node cannot be reached.
+    """
+
+    def __init__(self, cluster: Cluster, *, run_dir: Path, connect_timeout_s: float = 20.0):
+        self.cluster = cluster
+        self.run_dir = Path(run_dir)
+        self.connect_timeout_s = connect_timeout_s
+        self.loop = LoopThread()
+        self._conns: dict[int, Any] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        kh = cluster.known_hosts_path
+        self.known_hosts = Path(kh) if kh else self.run_dir / "known_hosts"
+
+    # ------------------------------------------------------------------ paths
+    def base(self, i: int) -> str:
+        return f"{self.cluster.workroot.rstrip('/')}/{self.cluster.run_id}/node{i}"
+
+    def work(self, i: int) -> str:
+        return f"{self.base(i)}/work"
+
+    def probe(self, i: int) -> str:
+        return f"{self.base(i)}/probe.py"
+
+    def py(self) -> str:
+        return shlex.quote(self.cluster.python)
+
+    # ------------------------------------------------------------------ connections
+    async def _connect(self, i: int) -> Any:
+        import asyncssh
+
+        node = self.cluster.nodes[i]
+        pinned = _known_hosts_has(self.known_hosts, node.host, node.port)
+        opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
+                                    keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
+                                    known_hosts=str(self.known_hosts) if pinned else None)
+        if self.cluster.ssh_key_path:
+            opts["client_keys"] = [self.cluster.ssh_key_path]
+            opts["agent_path"] = None
+        try:
+            conn = await asyncssh.connect(node.host, **opts)
+        except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
+            why = getattr(e, "reason", None) or str(e) or type(e).__name__
+            raise ProviderError("ssh", f"connect node {i}", f"cannot reach node {i} at {node.user}@{node.host}:"
+                                f"{node.port}: {why}",
+                                hint="check that the node is running, its SSH port is open to you, and the key "
+                                     "is authorised") from None
+        if not pinned:  # accept-new: remember the key so later connections are pinned
+            key = conn.get_server_host_key()
+            if key is not None:
+                name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+                self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.known_hosts, "a") as f:
+                    f.write(f"{name} {key.export_public_key('openssh').decode().strip()}\n")
+        return conn
+
+    async def aconn(self, i: int) -> Any:
+        """The open connection to node ``i`` (reconnects when it was closed or lost)."""
+        lock = self._locks.setdefault(i, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(i)
+            if conn is not None and not conn.is_closed():
+                return conn
+            conn = await self._connect(i)
+            self._conns[i] = conn
+            return conn
+
+    def open(self) -> None:
+        """Connect to every node in parallel; raises ProviderError naming the first unreachable node."""
+        async def _all() -> None:
+            res = await asyncio.gather(*(self.aconn(i) for i in range(len(self.cluster.nodes))),
+                                       return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    raise r
+        self.loop.call(_all(), timeout=self.connect_timeout_s + 15)
+
+    def close(self) -> None:
+        async def _close() -> None:
+            for c in list(self._conns.values()):
+                c.close()
+            for c in list(self._conns.values()):
+                try:
+                    await asyncio.wait_for(c.wait_closed(), 5)
+                except Exception:  # pragma: no cover
+                    pass
+        try:
+            self.loop.call(_close(), timeout=15)
+        except Exception:  # pragma: no cover
+            pass
+        self.loop.close()
+
+    # ------------------------------------------------------------------ commands and files
+    async def arun(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
+        """Run ``cmd`` (a shell line) on node ``i``; returns (exit status or None, stdout+stderr)."""
+        import asyncssh
+
+        conn = await self.aconn(i)
+        try:
+            r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT)
+        except asyncssh.TimeoutError as e:
+            return None, f"timed out after {timeout:.0f} s: {(e.stdout or '')[-500:]}"
+        return r.returncode, str(r.stdout or "")
+
+    def run(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
+        return self.loop.call(self.arun(i, cmd, timeout=timeout), timeout=timeout + 15)
+
+    async def aput_bytes(self, i: int, data: bytes, remote: str, mode: int = 0o644) -> None:
+        conn = await self.aconn(i)
+        async with conn.start_sftp_client() as sftp:
+            await sftp.makedirs(str(Path(remote).parent), exist_ok=True)
+            async with sftp.open(remote, "wb") as f:
+                await f.write(data)
+            await sftp.chmod(remote, mode)
+
+    async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
+        """Copy folder ``local`` to ``remote`` (replaced) as one tar.gz over SFTP; skips caches and .git."""
+        buf = io.BytesIO()
+        skip = {"__pycache__", ".git", ".venv", "node_modules"}
+
+        def _filter(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            parts = Path(ti.name).parts
+            if any(p in skip for p in parts) or ti.name.endswith(".pyc"):
+                return None
+            return ti
+
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(str(local), arcname=".", filter=_filter)
+        tgz = f"{remote}.tar.gz"
+        await self.aput_bytes(i, buf.getvalue(), tgz, 0o600)
+        q = shlex.quote
+        code, out = await self.arun(i, f"rm -rf {q(remote)} && mkdir -p {q(remote)} && "
+                                       f"tar -xzf {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=120)
+        if code != 0:
+            raise ProviderError("ssh", f"upload to node {i}", f"unpacking the work folder failed: {out.strip()[-300:]}",
+                                hint="check free disk space and that tar exists on the node")
+
+    async def aget(self, i: int, remote: str, local: Path) -> bool:
+        """Fetch one file; False when it does not exist on the node."""
+        import asyncssh
+
+        conn = await self.aconn(i)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        async with conn.start_sftp_client() as sftp:
+            try:
+                await sftp.get(remote, str(local))
+            except asyncssh.SFTPNoSuchFile:
+                return False
+        return True
+
+    def gather(self, coros: Iterable[Any], timeout: float) -> list[Any]:
+        """Run coroutines concurrently on the loop; returns results or exceptions, in order."""
+        async def _g() -> list[Any]:
+            return await asyncio.gather(*coros, return_exceptions=True)
+        return self.loop.call(_g(), timeout=timeout)
+
+
+class RemoteNode:
+    """A torchrun running on a node over SSH; implements :class:`broker.launch.NodeHandle`.
+
+    ``poll()`` returns the remote exit status; a dropped connection gives 255 (OpenSSH's convention) and sets
+    ``lost``.
+    """
+
+    def __init__(self, ssh: SSHCluster, node_rank: int, command: str):
+        self.ssh = ssh
+        self.node_rank = node_rank
+        self.command = command
+        self.lost = False
+        self._q: queue.Queue[str | None] = queue.Queue()
+        self._code: int | None = None
+        self._done = threading.Event()
+        self._proc: Any = None
+        self._exited_at: float | None = None
+        ssh.loop.call(self._start(), timeout=ssh.connect_timeout_s + 15)
+
+    async def _start(self) -> None:
+        import asyncssh
+
+        conn = await self.ssh.aconn(self.node_rank)
+        self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding="utf-8",
+                                               errors="replace")
+        asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        code: int | None = None
+        try:
+            async for line in self._proc.stdout:
+                self._q.put(line)
+            await self._proc.wait()
+            code = self._proc.returncode
+        except Exception as e:  # connection errors surface here
+            self._q.put(f"broker: reading node {self.node_rank}'s output failed: {e}\n")
+            code = None
+        finally:
+            if code is None:
+                self.lost = True
+                self._q.put(f"broker: ssh connection to node {self.node_rank} lost\n")
+                code = 255
+            self._code = code
+            self._done.set()
+            self._q.put(None)
+
+    @property
+    def finished(self) -> bool:
+        """True once the node's output ended and its exit status (or the connection loss) is known."""
+        return self._done.is_set() and not self.lost
+
+    def lines(self) -> Iterable[str]:
+        while True:
+            line = self._q.get()
+            if line is None:
+                return
+            yield line
+
+    def poll(self) -> int | None:
+        if self._done.is_set():
+            return self._code
+        # The launched process has exited but the channel is still open: an orphaned descendant (torchrun
+        # starts workers in their own sessions) holds the output pipe.  Count the node as ended after a short
+        # drain period; stop() then kills the orphans by their environment marker.
+        proc = self._proc
+        if proc is not None and (proc.exit_status is not None or proc.exit_signal is not None):
+            if self._exited_at is None:
+                self._exited_at = time.monotonic()
+            elif time.monotonic() - self._exited_at > EXIT_DRAIN_S:
+                rc = proc.returncode
+                return 255 if rc is None else rc
+        return None
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Kill the remote process group and its descendants over a second channel; idempotent."""
+        if self._done.is_set() and not self.lost:
+            return
+        i = self.node_rank
+        cmd = f"{self.ssh.py()} {shlex.quote(self.ssh.probe(i))} kill " \
+              f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g} " \
+              f"BROKER_RUN_ID={shlex.quote(self.ssh.cluster.run_id)} BROKER_NODE_RANK={i}"
+        try:
+            self.ssh.run(i, cmd, timeout=grace_s + 20)
+        except Exception as e:  # node unreachable: teardown of the machine is the caller's job
+            self._q.put(f"broker: could not stop node {i} over ssh: {e}\n")
+        if not self._done.wait(grace_s + 10):
+            async def _close() -> None:
+                if self._proc is not None:
+                    self._proc.close()
+            try:
+                self.ssh.loop.call(_close(), timeout=5)
+            except Exception:  # pragma: no cover
+                pass
+            self._done.wait(5)
+
+
+@dataclass
+class RemoteRunResult(RunResult):
+    """A :class:`RunResult` plus the preflight report (None when preflight was skipped)."""
+
+    preflight: "PreflightReport | None" = None
+
+
+def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dict[str, str]:
+    """The environment of node ``i``'s torchrun (layers as in the module docstring)."""
+    node = cluster.nodes[i]
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "BROKER_NODE_RANK": str(i),
+           "BROKER_RUN_ID": cluster.run_id,
+           # torchrun's and the job's temporary files stay in the run's folder on the node
+           "TMPDIR": f"{cluster.workroot.rstrip('/')}/{cluster.run_id}/node{i}/tmp"}
+    if iface:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
+    env.update(recipe.env)
+    if node.gpu_indices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(node.gpu_indices)
+    env.update(node.env)
+    return env
+
+
+def env_file(env: dict[str, str]) -> bytes:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()).encode()
+
+
+def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[str, list[str]]:
+    """(shell line run over ssh, the torchrun argv shown in the log) for node ``i``."""
+    assert recipe.workdir is not None
+    c = ssh.cluster
+    argv = torchrun_argv(str(recipe.script.relative_to(recipe.workdir)), recipe.args, nnodes=len(c.nodes),
+                         nproc_per_node=recipe.gpus_per_node, node_rank=i, master_addr=c.master_addr,
+                         master_port=port, python=c.python)
+    q = shlex.quote
+    base = ssh.base(i)
+    line = (f"cd {q(ssh.work(i))} && . {q(base + '/env.sh')} && exec setsid -w sh -c "
+            f"'echo $$ > \"$0\"; exec \"$@\"' {q(base + '/torchrun.pid')} " + " ".join(q(a) for a in argv))
+    return line, argv
+
+
+def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,
+               preflight: bool = True, connect_timeout_s: float = 20.0) -> RemoteRunResult:
+    """Run ``recipe`` on ``cluster``'s nodes over SSH; returns the result (never raises for a failing job).
+
+    ``port``: the master port (default: random in 29500-29999, checked free by preflight on node 0).
+    ``preflight``: run the checks first (a FAIL ends the run, status ``failed``, before anything starts).
+    Raises BadInput when the cluster and recipe disagree on the node count.  Node logs: ``run_dir/node<i>.log``;
+    preflight: ``run_dir/preflight.json`` and ``preflight.txt``; artifacts: ``run_dir/<name>``.
+    """
+    from broker import preflight as pf
+
+    t0 = time.monotonic()
+    n = len(cluster.nodes)
+    if n != recipe.nodes:
+        raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs = {i: run_dir / f"node{i}.log" for i in range(n)}
+    for p in logs.values():
+        p.write_text("")
+    port_given = port is not None
+    port = port or random.randint(29500, 29999)
+    deadline_s = recipe.max_hours * 3600
+
+    def _say(msg: str) -> None:
+        if echo is not None:
+            echo(msg)
+
+    def _fail(reason: str, *, node: int | None = None, report: Any = None) -> RemoteRunResult:
+        res = RemoteRunResult(status="failed", exit_codes={},  # nothing was started
+                              wall_s=time.monotonic() - t0, log_paths=logs, reason=reason, failed_node=node,
+                              preflight=report)
+        return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
+
+    ssh = SSHCluster(cluster, run_dir=run_dir, connect_timeout_s=connect_timeout_s)
+    try:
+        try:
+            ssh.open()
+            probe = PROBE_SOURCE.read_bytes()
+            errs = ssh.gather([ssh.aput_bytes(i, probe, ssh.probe(i)) for i in range(n)], timeout=120)
+            bad = [(i, e) for i, e in enumerate(errs) if isinstance(e, BaseException)]
+            if bad:
+                raise ProviderError("ssh", f"upload to node {bad[0][0]}", str(bad[0][1]))
+        except ProviderError as e:
+            return _fail(f"{e.message}" + (f" ({e.hint})" if e.hint else ""))
+
+        report: pf.PreflightReport | None = None
+        if preflight:
+            report = pf.run_preflight(ssh, recipe, port)
+            for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
+                if port_given or not report.only_master_port_busy(port):
+                    break
+                port = random.randint(29500, 29999)
+                report = pf.run_preflight(ssh, recipe, port)
+            (run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
+            text = pf.render_text(report)
+            (run_dir / "preflight.txt").write_text("\n".join(text) + "\n")
+            for line in text:
+                _say(f"[preflight] {line}")
+            if not report.ok:
+                return _fail("preflight failed: " + "; ".join(report.failures()), report=report)
+            ifaces = report.ifaces
+        else:
+            ifaces = pf.detect_ifaces(ssh)
+
+        envs = [node_env(cluster, recipe, i, ifaces.get(i)) for i in range(n)]
+        assert recipe.workdir is not None
+        errs = ssh.gather([_prepare(ssh, i, recipe.workdir, envs[i]) for i in range(n)], timeout=600)
+        for i, e in enumerate(errs):
+            if isinstance(e, BaseException):
+                msg = e.message if isinstance(e, ProviderError) else str(e)
+                return _fail(f"preparing node {i} failed: {msg}", node=i, report=report)
+
+        if recipe.setup:
+            codes = ssh.gather([_setup(ssh, i, recipe.setup, logs[i], echo) for i in range(n)], timeout=deadline_s)
+            for i, c in enumerate(codes):
+                if isinstance(c, BaseException) or c[0] != 0:
+                    what = str(c) if isinstance(c, BaseException) else \
+                        f"(exit {describe_exit(c[0])}): {c[1]}"
+                    res = _fail(f"setup command failed on node {i} {what}", node=i, report=report)
+                    res.tail = log_tail(logs[i])
+                    return res
+
+        nodes: list[RemoteNode] = []
+        sup = Supervisor(logs, echo=echo)
+        try:
+            for i in range(n):
+                line, argv = launch_command(ssh, recipe, i, port)
+                with open(logs[i], "a", encoding="utf-8") as f:
+                    f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+                nodes.append(RemoteNode(ssh, i, line))
+        except BaseException as e:
+            sup.stop_all(nodes)  # type: ignore[arg-type]
+            if isinstance(e, Exception):
+                return _fail(f"starting torchrun on node {len(nodes)} failed: {e}", node=len(nodes), report=report)
+            raise
+        remaining = max(1.0, deadline_s - (time.monotonic() - t0))
+        base = sup.run(nodes, deadline_s=remaining)  # type: ignore[arg-type]
+        # nodes that ended while an orphan still held their output, or ended on their own: sweep their leftovers
+        sweep = [threading.Thread(target=nd.stop, args=(1.0,)) for nd in nodes if not nd.finished]
+        for th in sweep:
+            th.start()
+        for th in sweep:
+            th.join()
+        res = RemoteRunResult(**base.__dict__, preflight=report)
+        lost = [nd.node_rank for nd in nodes if nd.lost]
+        for r in lost:
+            res.exit_codes[r] = None
+        if lost and res.status == "failed":
+            first = res.failed_node if res.failed_node in lost else lost[0]
+            res.failed_node = first
+            res.reason = (f"ssh connection to node {first} lost (its job's fate is unknown); stopped the other "
+                          "nodes")
+        if recipe.artifacts:
+            _fetch_artifacts(ssh, recipe.artifacts, run_dir, logs[0], echo)
+        res.wall_s = time.monotonic() - t0
+        return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
+    finally:
+        ssh.close()
+
+
+async def _prepare(ssh: SSHCluster, i: int, workdir: Path, env: dict[str, str]) -> None:
+    await ssh.aupload_tree(i, workdir, ssh.work(i))
+    if env.get("TMPDIR"):
+        await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
+    await ssh.aput_bytes(i, env_file(env), ssh.base(i) + "/env.sh", 0o600)
+
+
+async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: Echo) -> tuple[int | None, str]:
+    """Run the setup commands in order on node ``i``, streaming into its log; (exit code, failing command)."""
+    import asyncssh
+
+    q = shlex.quote
+    conn = await ssh.aconn(i)
+    for cmd in commands:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"$ {cmd}\n")
+        if echo:
+            echo(f"[node {i}] $ {cmd}")
+        line = f"cd {q(ssh.work(i))} && . {q(ssh.base(i) + '/env.sh')} && exec bash -c {q(cmd)}"
+        async with conn.create_process(line, stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace") as proc:
+            with open(log, "a", encoding="utf-8") as f:
+                async for out in proc.stdout:
+                    f.write(out if out.endswith("\n") else out + "\n")
+                    f.flush()
+                    if echo:
+                        echo(f"[node {i}] {out.rstrip()}")
+            await proc.wait()
+        if proc.returncode != 0:
+            return proc.returncode, cmd
+    return 0, ""
+
+
+def _fetch_artifacts(ssh: SSHCluster, names: list[str], run_dir: Path, log0: Path, echo: Echo) -> None:
+    for name in names:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            msg = f"artifact {name!r} skipped: give a path relative to the work folder"
+        else:
+            try:
+                got = ssh.loop.call(ssh.aget(0, f"{ssh.work(0)}/{name}", run_dir / name), timeout=600)
+                msg = f"artifact {name} fetched from node 0 -> {run_dir / name}" if got else \
+                    f"artifact {name} not found in node 0's work folder"
+            except Exception as e:
+                msg = f"artifact {name} could not be fetched from node 0: {e}"
+        with open(log0, "a", encoding="utf-8") as f:
+            f.write(f"broker: {msg}\n")
+        if echo:
+            echo(f"[broker] {msg}")

@@ -1,0 +1,565 @@
+"""A free local cluster: N "hosts" on this machine, each a Linux network namespace with its own sshd.
+
+Linux only, root only (``ip netns``, ``unshare``, ``mount --bind``).  Measured recipe:
+/work/shared/reference/local-cluster.md sections 3-4.
+
+Layout of one cluster (``cid`` = ``bkn`` + 6 hex digits, unique per cluster so parallel clusters never collide)::
+
+    bridge  <cid>br   198.18.<X>.1/24         (root namespace; X picked free in 198.18.1-254)
+    node i  netns <cid>n<i>, eth0 198.18.<X>.<10+i>/24, veth <cid>v<i> (host side) <-> eth0 (node side)
+            sshd -D in a private mount + UTS namespace: hostname node<i>, the cluster's /etc/hosts and a per-node
+            /run (Debian's sshd needs /run/sshd) bind-mounted, key-only root login on <node ip>:22
+
+Interface names stay within Linux's 15 characters (``bkn1a2b3cv12`` = 12).  The namespaces have no default route
+and ``ip_forward`` is untouched, so nothing leaves the machine.  All keys, configs, pid files and logs live under
+``<run_dir>/netns/<cid>``; :meth:`NetnsCluster.down` kills every process inside the namespaces by PID, then deletes the
+namespaces (which removes their veth pairs) and the bridge.  :func:`down_all` removes leftovers by prefix.
+
+Fault switch (``inject``), to watch preflight catch the classic faults:
+
+* ``firewall`` -- iptables in node 0's namespace: a stateful "SSH only" host firewall (loopback, established and
+  port 22 accepted, every other inbound TCP dropped);
+* ``wrong-iface`` -- every node's env forces ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` = ``lo``, which does not
+  hold the node's private address;
+* ``mtu`` -- node 1's eth0 gets MTU 1400 while the others keep 1500.
+
+Where this machine has at least N x gpus_per_node GPUs, node i gets its own GPUs (``gpu_indices``) and its own
+``NCCL_HOSTID`` so NCCL treats the nodes as separate hosts and uses its network transport (NET/Socket), not
+NVLink/shared memory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from broker.model import Cluster, ClusterNode, Offer, Requirements, TopologyKind, utcnow
+from broker.provider import BadInput, Provider, ProviderCheck, ProviderError, TaggedResource
+
+#: every object this provider creates starts with this (namespaces, bridge, veths)
+PREFIX = "bkn"
+_CID = re.compile(rf"^({PREFIX}[0-9a-f]{{6}})(?:br|n\d+|v\d+)$")
+INJECTS = ("firewall", "wrong-iface", "mtu")
+SUBNET_BASE = "198.18"  # 198.18.0.0/16 only (198.19.0.0/16 belongs to the Slurm cluster)
+_LOCK = Path("/tmp/broker-netns.lock")
+SSHD = "/usr/sbin/sshd"
+
+
+def sshd_path() -> str | None:
+    """The sshd binary: ``$BROKER_SSHD`` (absolute), else /usr/sbin/sshd, else ``sshd`` on PATH."""
+    for cand in (os.environ.get("BROKER_SSHD"), SSHD, shutil.which("sshd")):
+        if cand and os.path.isabs(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def _run(argv: list[str], *, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise ProviderError("netns", " ".join(argv[:4]), f"exit {p.returncode}: {(p.stderr or p.stdout).strip()}",
+                            hint="run as root on Linux with iproute2 installed")
+    return p
+
+
+def missing_requirements() -> str | None:
+    """None when this machine can host a netns cluster; else what is missing (for skips and `check`)."""
+    if sys.platform != "linux":
+        return "the netns provider needs Linux"
+    if os.geteuid() != 0:
+        return "the netns provider needs root (ip netns, unshare, mount)"
+    for tool in ("ip", "unshare", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (apt-get install iproute2 util-linux openssh-client)"
+    if sshd_path() is None:
+        return "sshd is not installed (apt-get install openssh-server)"
+    return None
+
+
+def _ns_list() -> list[str]:
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _links() -> list[str]:
+    out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    names = []
+    for line in out.splitlines():
+        parts = line.split(":")
+        if len(parts) > 2:
+            names.append(parts[1].strip().split("@")[0])
+    return names
+
+
+def _used_subnets() -> set[int]:
+    out = _run(["ip", "-o", "-4", "addr", "show"], check=False).stdout
+    return {int(m.group(1)) for m in re.finditer(rf"inet {re.escape(SUBNET_BASE)}\.(\d+)\.", out)}
+
+
+def gpu_count() -> int:
+    """GPUs on this machine (nvidia-smi, else the driver's /proc listing; see providers.local), 0 without."""
+    from providers.local import detect_gpus
+
+    return len(detect_gpus())
+
+
+@dataclass
+class NetnsCluster:
+    """A running netns cluster; ``state.json`` in ``root`` holds the same fields (for ``broker netns down``)."""
+
+    cid: str
+    root: Path
+    subnet: int
+    n: int
+    inject: str | None = None
+    sshd_pids: list[int] = field(default_factory=list)
+    gpus_per_node: int = 0  # 0 = no GPUs handed out
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.cid}br"
+
+    def ns(self, i: int) -> str:
+        return f"{self.cid}n{i}"
+
+    def veth(self, i: int) -> str:
+        return f"{self.cid}v{i}"
+
+    def ip(self, i: int) -> str:
+        return f"{SUBNET_BASE}.{self.subnet}.{10 + i}"
+
+    @property
+    def gateway(self) -> str:
+        return f"{SUBNET_BASE}.{self.subnet}.1"
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "ssh" / "known_hosts"
+
+    def save(self) -> None:
+        d = asdict(self)
+        d["root"] = str(self.root)
+        (self.root / "state.json").write_text(json.dumps(d, indent=2))
+
+    @classmethod
+    def load(cls, root: Path) -> "NetnsCluster":
+        d = json.loads((Path(root) / "state.json").read_text())
+        d["root"] = Path(d["root"])
+        return cls(**d)
+
+    # ---------------------------------------------------------------- the Cluster the runner uses
+    def cluster(self, run_id: str) -> Cluster:
+        nodes = []
+        for i in range(self.n):
+            env: dict[str, str] = {}
+            gpus = None
+            if self.gpus_per_node:
+                gpus = [str(i * self.gpus_per_node + k) for k in range(self.gpus_per_node)]
+                env["NCCL_HOSTID"] = f"{self.cid}-node{i}"  # distinct host hash -> NCCL's NET transport
+            if self.inject == "wrong-iface":
+                env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = "lo"
+            nodes.append(ClusterNode(node_rank=i, host=self.ip(i), port=22, user="root", private_ip=self.ip(i),
+                                     gpu_indices=gpus, resource_id=f"{self.cid}:{i}", env=env))
+        return Cluster(run_id=run_id, provider="netns", topology=TopologyKind.multi_node, nodes=nodes,
+                       ssh_key_path=str(self.key_path), known_hosts_path=str(self.known_hosts),
+                       python=sys.executable, workroot=str(self.root / "work"), local_exec=False)
+
+    # ---------------------------------------------------------------- lifecycle
+    def down(self) -> list[str]:
+        """Kill the sshd's and everything else inside the namespaces, delete namespaces and bridge.
+
+        Idempotent; returns what was removed.  Never raises for things already gone.
+        """
+        removed = remove_cid(self.cid, sshd_pids=self.sshd_pids)
+        return removed
+
+
+def _kill_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _ns_pids(ns: str) -> list[int]:
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(x) for x in out.split() if x.isdigit()]
+
+
+def remove_cid(cid: str, *, sshd_pids: list[int] | None = None) -> list[str]:
+    """Remove every namespace, veth and bridge of cluster ``cid`` and kill the processes inside.  Idempotent."""
+    removed: list[str] = []
+    _kill_pids(list(sshd_pids or []), signal.SIGTERM)
+    namespaces = [ns for ns in _ns_list() if ns.startswith(cid) and _CID.match(ns)]
+    for ns in namespaces:  # sshd session children and remote jobs outlive the sshd master: kill by PID
+        _kill_pids(_ns_pids(ns), signal.SIGKILL)
+    _kill_pids(list(sshd_pids or []), signal.SIGKILL)
+    for ns in namespaces:
+        for _ in range(20):
+            p = _run(["ip", "netns", "del", ns], check=False)
+            if p.returncode == 0 or ns not in _ns_list():
+                removed.append(f"netns {ns}")
+                break
+            time.sleep(0.1)
+    for link in _links():
+        if link.startswith(cid) and _CID.match(link):
+            if _run(["ip", "link", "del", link], check=False).returncode == 0:
+                removed.append(f"link {link}")
+    return removed
+
+
+def leftovers(cid: str | None = None) -> list[str]:
+    """Namespaces and links with this provider's prefix (of one cluster when ``cid`` is given)."""
+    out = [f"netns {ns}" for ns in _ns_list() if _CID.match(ns)]
+    out += [f"link {ln}" for ln in _links() if _CID.match(ln)]
+    if cid:
+        out = [x for x in out if x.split()[1].startswith(cid)]
+    return out
+
+
+def sshd_processes(cid: str | None = None) -> list[int]:
+    """PIDs of sshd processes started by this provider (their command line names a ``bkn...`` config)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "sshd" in cmd and "/netns/" in cmd and re.search(rf"{PREFIX}[0-9a-f]{{6}}", cmd):
+            if cid is None or cid in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+def down_all() -> list[str]:
+    """Remove every leftover netns cluster on this machine (by prefix), also ones whose state file is lost."""
+    cids = sorted({_CID.match(x.split()[1]).group(1) for x in leftovers()})  # type: ignore[union-attr]
+    removed: list[str] = []
+    for pid in sshd_processes():
+        _kill_pids([pid], signal.SIGKILL)
+        removed.append(f"sshd pid {pid}")
+    for cid in cids:
+        removed += remove_cid(cid)
+    return removed
+
+
+def new_cid() -> str:
+    """A fresh cluster id: ``bkn`` + 6 hex digits."""
+    return PREFIX + secrets.token_hex(3)
+
+
+def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
+       use_gpus: bool | None = None, ssh_wait_s: float = 15.0, cid: str | None = None) -> NetnsCluster:
+    """Bring up an ``n``-node cluster with state under ``run_dir/netns/<cid>``; returns it once every sshd
+    accepts connections (about 0.3 s for 2 nodes).
+
+    ``use_gpus``: None = hand out GPUs when this machine has n * gpus_per_node of them.  ``cid``: a
+    :func:`new_cid` chosen beforehand (so the ledger can record it before creation).  On any failure the partial
+    cluster is removed and ProviderError is raised.
+    """
+    why = missing_requirements()
+    if why:
+        raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
+    if inject is not None and inject not in INJECTS:
+        raise BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {', '.join(INJECTS)}")
+    if not 1 <= n <= 200:
+        raise BadInput(f"a netns cluster has 1..200 nodes, not {n}")
+    if use_gpus is None:
+        use_gpus = gpu_count() >= n * gpus_per_node
+    cid = cid or new_cid()
+    if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
+        raise BadInput(f"not a netns cluster id: {cid!r}")
+    root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
+    root.mkdir(parents=True, exist_ok=True)
+    with open(_LOCK, "w") as lock:  # subnet choice and creation are atomic among parallel callers
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = _used_subnets()
+        free = [x for x in range(1, 255) if x not in used]
+        if not free:
+            raise ProviderError("netns", "up", "no free /24 left in 198.18.0.0/16",
+                                hint="remove leftovers with `broker netns down --all`")
+        subnet = free[secrets.randbelow(len(free))]
+        c = NetnsCluster(cid=cid, root=root, subnet=subnet, n=n, inject=inject,
+                         gpus_per_node=gpus_per_node if use_gpus else 0)
+        c.save()
+        try:
+            _create_network(c)
+        except BaseException:
+            c.down()
+            raise
+    try:
+        _start_sshds(c, ssh_wait_s)
+        _inject(c)
+    except BaseException:
+        c.down()
+        raise
+    c.save()
+    return c
+
+
+def _create_network(c: NetnsCluster) -> None:
+    _run(["ip", "link", "add", c.bridge, "type", "bridge"])
+    _run(["ip", "addr", "add", f"{c.gateway}/24", "dev", c.bridge])
+    _run(["ip", "link", "set", c.bridge, "up"])
+    for i in range(c.n):
+        ns, veth, peer = c.ns(i), c.veth(i), f"{c.cid}p{i}"
+        _run(["ip", "netns", "add", ns])
+        _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", peer])
+        _run(["ip", "link", "set", peer, "netns", ns])
+        _run(["ip", "link", "set", veth, "master", c.bridge])
+        _run(["ip", "link", "set", veth, "up"])
+        _run(["ip", "-n", ns, "link", "set", peer, "name", "eth0"])
+        _run(["ip", "-n", ns, "addr", "add", f"{c.ip(i)}/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+
+
+def _sshd_config(c: NetnsCluster, i: int, d: Path, path_env: str) -> str:
+    return "\n".join([
+        "Port 22", f"ListenAddress {c.ip(i)}", f"HostKey {d / 'ssh_host_ed25519_key'}", f"PidFile {d / 'sshd.pid'}",
+        f"AuthorizedKeysFile {c.root / 'ssh' / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        "StrictModes no", "UseDNS no", "PrintMotd no", "PrintLastLog no", "MaxSessions 64", "MaxStartups 64:30:128",
+        "Subsystem sftp internal-sftp", f"SetEnv PATH={path_env}", ""])
+
+
+def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
+    ssh_dir = c.root / "ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    if not c.key_path.exists():
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"broker-{c.cid}", "-f", str(c.key_path)])
+    shutil.copy(f"{c.key_path}.pub", ssh_dir / "authorized_keys")
+    hosts = ["127.0.0.1 localhost", f"{c.gateway} gw"] + [f"{c.ip(i)} node{i}" for i in range(c.n)]
+    (c.root / "hosts").write_text("\n".join(hosts) + "\n")
+    path_env = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    # root's ~/.bashrc may put another python first (pyenv): each node gets its own
+    (c.root / "node_bashrc").write_text(f"export PATH={path_env}\n")
+    known = []
+    for i in range(c.n):
+        d = c.root / f"node{i}"
+        (d / "run" / "sshd").mkdir(parents=True, exist_ok=True)
+        os.chmod(d / "run", 0o755)
+        os.chmod(d / "run" / "sshd", 0o755)
+        key = d / "ssh_host_ed25519_key"
+        if not key.exists():
+            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(key)])
+        pub = Path(f"{key}.pub").read_text().split()
+        known.append(f"{c.ip(i)} {pub[0]} {pub[1]}")
+        (d / "sshd_config").write_text(_sshd_config(c, i, d, path_env))
+    c.known_hosts.write_text("\n".join(known) + "\n")
+    # `ssh -F <root>/ssh/config node1` from the root namespace (node names resolve only inside the nodes)
+    (ssh_dir / "config").write_text("".join(
+        f"Host node{i} {c.ip(i)}\n  HostName {c.ip(i)}\n  User root\n  IdentityFile {c.key_path}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n  StrictHostKeyChecking yes\n"
+        f"  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n" for i in range(c.n)))
+    bashrc = Path.home() / ".bashrc"
+    sshd = sshd_path()
+    account_files = _account_files(c.root)
+    for i in range(c.n):
+        d = c.root / f"node{i}"
+        mounts = [f"mount --bind {d / 'run'} /run", f"mount --bind {c.root / 'hosts'} /etc/hosts"]
+        if bashrc.exists():
+            mounts.append(f"mount --bind {c.root / 'node_bashrc'} {bashrc}")
+        mounts += [f"mount --bind {src} {dst}" for src, dst in account_files]
+        script = " && ".join(mounts + [f"hostname node{i}", f"exec {sshd} -D -e -f {d / 'sshd_config'}"])
+        log = open(d / "sshd.log", "ab")
+        # ip -> unshare -> sh -> sshd is one exec chain, so the Popen pid is sshd's pid
+        p = subprocess.Popen(["ip", "netns", "exec", c.ns(i), "unshare", "--mount", "--uts", "sh", "-c", script],
+                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        c.sshd_pids.append(p.pid)
+    c.save()
+    deadline = time.monotonic() + wait_s
+    for i in range(c.n):
+        while True:
+            try:
+                with socket.create_connection((c.ip(i), 22), timeout=1) as s:
+                    s.settimeout(1)
+                    if s.recv(4).startswith(b"SSH"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                log = (c.root / f"node{i}" / "sshd.log").read_text(errors="replace")[-500:]
+                raise ProviderError("netns", "sshd", f"sshd on node{i} ({c.ip(i)}) did not accept within "
+                                    f"{wait_s:.0f} s; its log: {log.strip() or '(empty)'}")
+            time.sleep(0.05)
+
+
+def _account_files(root: Path) -> list[tuple[Path, str]]:
+    """Node-private copies of /etc/passwd and /etc/shadow when sshd needs what the host lacks: the ``sshd``
+    privilege-separation user (hosts without openssh-server installed) and an unlocked root entry (with
+    ``UsePAM no`` sshd refuses a ``!``-locked account even for key login).  Bind-mounted only inside the nodes'
+    mount namespaces; the host's files are never changed."""
+    out: list[tuple[Path, str]] = []
+    try:
+        passwd = Path("/etc/passwd").read_text()
+    except OSError:
+        return out
+    if not any(line.startswith("sshd:") for line in passwd.splitlines()):
+        (root / "passwd").write_text(passwd.rstrip("\n") + "\nsshd:x:65533:65534:sshd:/run/sshd:/usr/sbin/nologin\n")
+        out.append((root / "passwd", "/etc/passwd"))
+    try:
+        shadow = Path("/etc/shadow").read_text()
+    except OSError:
+        return out
+    lines = shadow.splitlines()
+    fixed = [("root:*:" + ln.split(":", 2)[2]) if ln.startswith("root:!") and ln.count(":") >= 2 else ln
+             for ln in lines]
+    if fixed != lines:
+        (root / "shadow").write_text("\n".join(fixed) + "\n")
+        os.chmod(root / "shadow", 0o600)
+        out.append((root / "shadow", "/etc/shadow"))
+    return out
+
+
+def _inject(c: NetnsCluster) -> None:
+    if c.inject == "firewall":
+        if not shutil.which("iptables"):
+            raise ProviderError("netns", "inject firewall", "iptables is not installed",
+                                hint="apt-get install iptables")
+        ns = c.ns(0)
+        for rule in (["-i", "lo", "-j", "ACCEPT"],
+                     ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+                     ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+                     ["-p", "tcp", "-j", "DROP"]):
+            _run(["ip", "netns", "exec", ns, "iptables", "-A", "INPUT", *rule])
+    elif c.inject == "mtu" and c.n > 1:
+        _run(["ip", "-n", c.ns(1), "link", "set", "eth0", "mtu", "1400"])
+
+
+class NetnsProvider(Provider):
+    """The ``netns`` provider: a free ``multi-node`` cluster of namespaces on this machine (see module doc)."""
+
+    name: ClassVar[str] = "netns"
+    topologies: ClassVar[tuple[str, ...]] = ("multi-node",)
+
+    def check(self) -> ProviderCheck:
+        why = missing_requirements()
+        return ProviderCheck(provider=self.name, configured=why is None, usable=why is None,
+                             detail=why or f"root + iproute2 + sshd present; {gpu_count()} GPU(s)")
+
+    def offers(self, req: Requirements) -> list[Offer]:
+        if missing_requirements():
+            return []
+        g = gpu_count()
+        use_gpu = g >= req.nodes * req.gpus_per_node
+        if not use_gpu and not req.cpu_ok:
+            return []
+        return [Offer(provider=self.name, offer_id="netns-node", instance_type="network namespace on this machine",
+                      gpu_name="GPU (this machine)" if use_gpu else "CPU (gloo)",
+                      gpu_count=req.gpus_per_node if use_gpu else 0, gpu_mem_gib=0.0,
+                      vcpus=os.cpu_count() or 1, usd_per_hour=0.0, min_billed_seconds=0, private_network=True,
+                      price_source="free (this machine)", price_time=utcnow(),
+                      attrs={"topology": TopologyKind.multi_node.value, "cpu": not use_gpu})]
+
+    def up(self, n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
+           run_id: str | None = None) -> tuple[NetnsCluster, Cluster]:
+        """Bring up ``n`` nodes (see :func:`up`); returns the handle (for ``down``) and the runner's Cluster."""
+        c = up(n, run_dir, inject=inject, gpus_per_node=gpus_per_node)
+        return c, c.cluster(run_id or c.cid)
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """Nodes of clusters whose state lives in a run's folder (``<runs>/<run_id>/netns/<cid>/state.json``)
+        and whose namespaces still exist."""
+        from broker.config import runs_dir
+
+        out = []
+        live = {x.split()[1] for x in leftovers()}
+        for st in runs_dir().glob(f"{run_id or '*'}/netns/*/state.json"):
+            try:
+                c = NetnsCluster.load(st.parent)
+            except (OSError, ValueError, TypeError):
+                continue
+            for i in range(c.n):
+                if c.ns(i) in live:
+                    out.append(TaggedResource(provider=self.name, kind="netns_node", provider_id=f"{c.cid}:{i}",
+                                              run_id=st.parents[2].name, state="running", usd_per_hour=0.0,
+                                              name=f"node{i}"))
+        return out
+
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """``netns_node`` resources (provider id ``<cid>:<i>``): remove the whole cluster ``cid``.  Idempotent."""
+        cid = provider_id.split(":")[0]
+        if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
+            raise BadInput(f"not a netns cluster id: {provider_id!r}")
+        for pid in sshd_processes(cid):
+            _kill_pids([pid], signal.SIGKILL)
+        remove_cid(cid)
+        return not leftovers(cid)
+
+
+def run_recipe(recipe: Any, *, ledger: Any, echo: Any, inject: str | None = None, on_start: Any = None,
+               port: int | None = None) -> tuple[Any, Any]:
+    """``broker run RECIPE --provider netns``: bring up ``recipe.nodes`` namespaces, run the recipe over SSH
+    (preflight first), ALWAYS tear the cluster down, record everything in the ledger.
+
+    Nodes are ledger resources of kind ``netns_node`` (provider id ``<cid>:<i>``, $0/hour), recorded before the
+    cluster is created and terminated through :func:`broker.teardown.teardown_run`.  Returns (Run, RunResult).
+    """
+    from broker.orchestrate import new_run
+    from broker.remote import run_remote
+    from broker.teardown import teardown_run
+
+    if inject is not None and inject not in INJECTS:
+        raise BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {', '.join(INJECTS)}")
+    why = missing_requirements()
+    if why:
+        raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
+    use_gpus = gpu_count() >= recipe.nodes * recipe.gpus_per_node
+    devices = (f"one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if use_gpus
+               else "no GPU used: gloo on CPU")
+    run = new_run(ledger, recipe, provider="netns", topology="multi-node",
+                  plan={"provider": "netns", "topology": "multi-node", "usd_per_hour": 0.0, "devices": devices,
+                        "inject": inject})
+    run_dir = Path(run.run_dir or ".")
+    cid = new_cid()
+    ledger.event(run.id, "cli", "start", f"netns run of {recipe.name} on cluster {cid}: {devices}"
+                 + (f"; fault injected: {inject}" if inject else ""))
+    rows = [ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid})
+            for i in range(recipe.nodes)]
+    result = None
+    cluster = None
+    try:
+        cluster = up(recipe.nodes, run_dir, inject=inject, gpus_per_node=recipe.gpus_per_node, use_gpus=use_gpus,
+                     cid=cid)
+        for i, r in enumerate(rows):
+            ledger.mark_created(r.id, f"{cid}:{i}", state="running")
+        if on_start:
+            on_start(run, f"cluster {cid}: " + ", ".join(f"node{i}={cluster.ip(i)}" for i in range(cluster.n))
+                     + f"; {devices}" + (f"; fault injected: {inject}" if inject else ""))
+        result = run_remote(cluster.cluster(run.id), recipe, run_dir, echo=echo, port=port)
+    finally:
+        if cluster is not None:
+            cluster.down()
+        left = teardown_run(ledger, run.id, "cli", providers={"netns": NetnsProvider()}, confirm_timeout_s=30)
+        status = result.status if result else "interrupted"
+        msg = result.reason if result else "interrupted before the nodes finished"
+        if left:
+            msg += f"; teardown left {len(left)} resource(s) live: see `broker status {run.id}`"
+        ledger.update_run(run.id, status=status, ended_at=utcnow(),
+                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                          message=msg)
+        ledger.event(run.id, "cli", "end", status)
+    updated = ledger.get_run(run.id)
+    return updated, result

@@ -1,0 +1,74 @@
+"""The stdlib probe that preflight runs on the nodes, exercised locally on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import broker.probe_script as probe
+
+PROBE = Path(probe.__file__)
+
+
+def test_listen_and_connect_open_and_refused():
+    lst = subprocess.Popen([sys.executable, str(PROBE), "listen", "10", "1", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(lst.stdout.readline())["ports"][0]
+        out = subprocess.run([sys.executable, str(PROBE), "connect", "2", "127.0.0.1", str(port)],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert json.loads(out)["state"] == "OPEN"
+        assert lst.wait(timeout=10) == 0  # exits once every port was hit
+    finally:
+        lst.kill()
+    out = subprocess.run([sys.executable, str(PROBE), "connect", "2", "127.0.0.1", str(port)],
+                         capture_output=True, text=True, timeout=30).stdout
+    assert json.loads(out)["state"] == "REFUSED"
+
+
+def test_listen_reports_a_busy_port():
+    lst = subprocess.Popen([sys.executable, str(PROBE), "listen", "10", "5", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = json.loads(lst.stdout.readline())["ports"][0]
+        out = subprocess.run([sys.executable, str(PROBE), "listen", "1", "1", str(port)], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 3 and "cannot listen on port" in json.loads(out.stdout)["error"]
+    finally:
+        lst.kill()
+        lst.wait()
+
+
+def test_interfaces_without_the_ip_tool(monkeypatch):
+    monkeypatch.setattr(probe, "_run", lambda argv, timeout=5.0: (-1, "ip: not found"))
+    ifs = probe._ifaces()
+    assert "127.0.0.1" in ifs["lo"]["addrs"] and ifs["lo"]["mtu"]
+
+
+def test_kill_sweeps_group_descendants_and_marked_orphans(tmp_path):
+    pidfile = tmp_path / "pid"
+    env = dict(os.environ, BROKER_RUN_ID="probe-test", BROKER_NODE_RANK="3")
+    # a group leader with a child, and an orphan in its own session carrying the marker
+    leader = subprocess.Popen(["sh", "-c", f"echo $$ > {pidfile}; sleep 60 & wait"], start_new_session=True, env=env)
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True, env=env)
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                             env=dict(env, BROKER_NODE_RANK="4"))  # another node's process: untouched
+    try:
+        deadline = time.monotonic() + 5
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out = subprocess.run([sys.executable, str(PROBE), "kill", str(pidfile), "2", "BROKER_RUN_ID=probe-test",
+                              "BROKER_NODE_RANK=3"], capture_output=True, text=True, timeout=30).stdout
+        res = json.loads(out)
+        assert leader.pid in res["terminated"] and orphan.pid in res["terminated"]
+        assert other.pid not in res["terminated"]
+        assert leader.wait(timeout=5) is not None and orphan.wait(timeout=5) is not None
+        assert other.poll() is None
+    finally:
+        for p in (leader, orphan, other):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
