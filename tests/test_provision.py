@@ -358,8 +358,10 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     run = lg.list_runs()[0]
     assert run.status == "failed" and "fake-gpu-count" in run.message
     assert lg.resources(run.id, live_only=True) == []
+    # a cloud without credentials: planned from the snapshot, but nothing is rented and the fix is named
     r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "vast"])
-    assert r.exception is not None and "not available for runs yet" in str(r.exception)
+    assert isinstance(r.exception, NoValidPlan) and "no provider with credentials" in str(r.exception)
+    assert "VAST_API_KEY" in str(r.exception)
 
 
 def test_progress_printer_shows_elapsed_cost_and_rate(env, ledger):
