@@ -205,6 +205,8 @@ class Provider(ABC):
     name: ClassVar[str] = "?"
     #: Topologies this provider can offer.
     topologies: ClassVar[tuple[str, ...]] = ("simulated",)
+    #: Folder on the nodes for run files (work dirs, logs, probes); None = ``~/broker`` of the SSH user.
+    node_workroot: ClassVar[str | None] = None
 
     # ---- read side
     def check(self) -> ProviderCheck:

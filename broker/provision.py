@@ -454,7 +454,9 @@ def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos:
                                     hint=f"`broker down {run.id}` and report this provider response")
             nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or ip, port=info.ssh_port,
                                      user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
-    return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes,
+    user = nodes[0].user
+    workroot = p.node_workroot or ("/root/broker" if user == "root" else f"/home/{user}/broker")
+    return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes, workroot=workroot,
                    local_exec=bool(getattr(p, "local_exec", False)))
 
 
