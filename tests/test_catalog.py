@@ -10,7 +10,8 @@ import pytest
 from broker import catalog
 from broker.model import Offer, Requirements
 
-REFERENCE = Path("/work/shared/reference/prices")
+# ../shared beside the checkout (developers' machines and CI lay it there)
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "prices"
 
 
 @pytest.fixture(autouse=True)
