@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -80,3 +81,38 @@ def test_bad_recipe_exit_2(cli_env, tmp_path):
     p = _run(["run", str(bad)], cli_env, timeout=60)
     assert p.returncode == 2
     assert "bad.yaml:3: unknown field 'nodse': did you mean 'nodes'?" in p.stderr.replace("\n", " ")
+
+
+def test_ctrl_c_stops_every_node(cli_env, tmp_path):
+    """SIGINT to `broker run` (what Ctrl-C sends): every node is stopped, exit 130, the ledger says interrupted."""
+    import signal
+    import time
+
+    recipe = _recipe(tmp_path, [], ["DDP_OK"])
+    text = recipe.read_text().replace('"--epochs", "3"', '"--epochs", "100000"')
+    recipe.write_text(text)
+    p = subprocess.Popen(broker_cmd("run", str(recipe)), cwd=REPO, env=cli_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in p.stdout:  # wait until both nodes train
+        seen.append(line)
+        if "epoch=0" in line or time.monotonic() > deadline:
+            break
+    assert any("epoch=0" in s for s in seen), "".join(seen[-20:])
+    p.send_signal(signal.SIGINT)
+    rest, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, rest[-2000:]
+    assert "status: interrupted" in rest
+    run = Ledger().list_runs(limit=1)[0]
+    assert run.status == "interrupted"
+    # no process of this run is left: torchrun agents and workers ran with cwd inside the run directory
+    left = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.readlink(proc / "cwd").startswith(run.run_dir) and (proc / "stat").read_text().split()[2] != "Z":
+                    left.append(proc.name)
+            except OSError:
+                pass
+    assert left == []
