@@ -36,6 +36,17 @@ class Facts:
         self.unavailable: dict[str, str] = {}
 
 
+def check_names(names: list[str]) -> list[str]:
+    """``names`` when every one is a known provider; else BadInput listing the known ones."""
+    from broker.provider import BadInput
+    from providers import REGISTRY
+
+    bad = [n for n in names if n not in REGISTRY]
+    if bad:
+        raise BadInput(f"unknown provider {bad[0]!r}", hint=f"choose from: {', '.join(REGISTRY)}")
+    return list(names)
+
+
 def _short(e: BaseException) -> str:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return text[:300]

@@ -17,7 +17,7 @@ from broker.config import runs_dir
 from broker.launch import LocalLaunchSpec, RunResult, run_local
 from broker.ledger import Ledger, new_id
 from broker.model import Run, utcnow
-from broker.provider import NoValidPlan
+from broker.provider import AuthError, NoValidPlan
 from broker.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -128,9 +128,12 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple["Plan", list["Pl
             usable.append(opt)
     if not usable:
         best = plan.chosen
+        if provider:
+            raise AuthError(provider, "credentials check", f"no credentials: the plan on {provider} comes from a "
+                            "price snapshot and nothing can be rented", hint=missing.get(provider) or None)
         need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
+        cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
         raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
                           f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
-                          hint=f"configure one (see .env.example): {need}; or set cpu_ok: true in the recipe to run a "
-                               "CPU logic check on this machine")
+                          hint=f"configure one (see .env.example): {need}{cpu}")
     return plan, usable

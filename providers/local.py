@@ -89,8 +89,8 @@ class LocalProvider(Provider):
         if not g:
             if req.cpu_ok:
                 return None
-            return (f"this machine has no GPU and the job needs {need} GPU(s); set cpu_ok: true in the recipe "
-                    "to run it with gloo on CPU as a logic check")
+            return (f"this machine has no GPU and the job needs {need} GPU(s); allow a CPU logic check (gloo) "
+                    "with cpu_ok: true in the recipe or --cpu-ok")
         if len(g) < need:
             if req.cpu_ok:
                 return None

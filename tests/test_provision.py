@@ -360,7 +360,10 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     assert lg.resources(run.id, live_only=True) == []
     # a cloud without credentials: planned from the snapshot, but nothing is rented and the fix is named
     r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "vast"])
-    assert isinstance(r.exception, NoValidPlan) and "no provider with credentials" in str(r.exception)
+    from broker.provider import AuthError
+
+    assert isinstance(r.exception, AuthError) and r.exception.exit_code == 4
+    assert "vast: credentials check failed: no credentials" in str(r.exception)
     assert "VAST_API_KEY" in str(r.exception)
 
 

@@ -16,23 +16,35 @@ import typer
 if TYPE_CHECKING:
     from broker.model import Offer, Plan, PlanOption, Requirements
 
-from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, gather  # noqa: E402
+from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ rendering
-def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
-    """What is rented, in words: ``2 x g5.xlarge (us-east-1/us-east-1a)``, ``2x RTX 3090 (Quebec, CA, NA)``.
-
-    ``zones``: equal options in several zones, shown as one (``us-east-1/us-east-1a,us-east-1b``)."""
+def what(opt: "PlanOption") -> str:
+    """What is rented: ``2 x g5.xlarge``, ``2x RTX 3090`` (a Vast.ai host), ``this machine``."""
     if opt.provider == "local":
         return "this machine"
     if not opt.offers:
         return "-"
     o = opt.offers[0]
+    return f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
+
+
+def where(opt: "PlanOption", zones: list[str] | None = None) -> str:
+    """Region and zone(s): ``us-east-1/us-east-1a,us-east-1b``, ``Quebec, CA, NA``; '' when unknown."""
+    if not opt.offers:
+        return ""
+    o = opt.offers[0]
     zone = ",".join(zones) if zones else o.zone
-    where = "/".join(x for x in (o.region, zone) if x)
-    what = f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
-    return f"{what} ({where})" if where else what
+    return "/".join(x.strip(" ,") for x in (o.region, zone) if x and x.strip(" ,"))
+
+
+def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
+    """What is rented, in words: ``2 x g5.xlarge (us-east-1/us-east-1a)``, ``2x RTX 3090 (Quebec, CA, NA)``.
+
+    ``zones``: equal options in several zones, shown as one (``us-east-1/us-east-1a,us-east-1b``)."""
+    w = where(opt, zones)
+    return f"{what(opt)} ({w})" if w else what(opt)
 
 
 def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[str]]]:
@@ -61,9 +73,8 @@ def gpus(opt: "PlanOption") -> str:
     n = sum(x.gpu_count for x in opt.offers)
     if n == 0:
         return "CPU (gloo)"
-    from broker.planner import fmt_num
-
-    return f"{n}x {o.gpu_name} {fmt_num(o.gpu_mem_gib)} GiB" if o.gpu_mem_gib else f"{n}x {o.gpu_name}"
+    name = "" if o.gpu_name in o.instance_type else f" {o.gpu_name}"  # a Vast label already names the model
+    return f"{n}x{name} {round(o.gpu_mem_gib):g} GiB" if o.gpu_mem_gib else f"{n}x{name or ' GPU'}"
 
 
 def max_hours_text(opt: "PlanOption", budget: float | None) -> str:
@@ -73,7 +84,7 @@ def max_hours_text(opt: "PlanOption", budget: float | None) -> str:
         return "unlimited"
     import math
 
-    return f"{math.floor(opt.max_hours_within_budget * 100) / 100:.2f} h"
+    return f"{math.floor(opt.max_hours_within_budget * 100) / 100:.2f}"
 
 
 def next_step(plan: "Plan", recipe: Path | None) -> str | None:
@@ -84,7 +95,17 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
     return f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
 
 
+def source_short(price_source: str) -> str:
+    """``snapshot 2026-11-29 (SkyPilot catalog medians)`` -> ``snap 11-29`` (the notes give source and year);
+    ``live ...`` -> ``live``; anything else up to its first parenthesis."""
+    head = price_source.split(" (")[0]
+    if head.startswith("live"):
+        return "live"
+    return "snap " + head.split()[1][5:] if head.startswith("snapshot ") and len(head.split()) > 1 else head
+
+
 def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12) -> None:
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
@@ -100,19 +121,22 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if plan.options:
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
         t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst case at "
-                        f"{deadline} + setup allowance)", title_justify="left")
+                        f"{deadline} + setup allowance; max h = the longest run the budget affords)",
+                  title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
         for col, just, nowrap in (("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                                  ("rented", "left", False), ("GPUs", "left", False), ("USD/hour", "right", True),
-                                  ("worst case", "right", True), ("max h in budget", "right", False),
-                                  ("price source", "left", False)):
+                                  ("rented", "left", False), ("GPUs", "left", False), ("$/h", "right", True),
+                                  ("worst", "right", True), ("max h", "right", True),
+                                  ("prices", "left", True), ("where", "left", False)):
             t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(rented(o, zones)),
+            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
                       escape(gpus(o)), usd(o.usd_per_hour), usd(o.worst_case_usd),
-                      max_hours_text(o, req.budget_usd), escape(o.price_source.split(" (")[0]))
+                      max_hours_text(o, req.budget_usd), escape(source_short(o.price_source)),
+                      escape(where(o, zones)))
         console.print(t)
     if plan.rejected:
-        t = Table(title="rejected", title_justify="left")
+        t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for col in ("provider", "topology", "rented", "worst case", "why"):
             t.add_column(col, no_wrap=col in ("provider", "topology"))
         for o in plan.rejected[:rejected_limit]:
@@ -199,7 +223,7 @@ def register(app: typer.Typer) -> None:
                             cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
         if max_run:
             req = req.model_copy(update={"hours": None})
-        names = list(provider) if provider else list(DEFAULT_PROVIDERS)
+        names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
@@ -233,7 +257,8 @@ def register(app: typer.Typer) -> None:
 
         req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
                            hours=None, budget_usd=None, topology="any")
-        facts = gather(req, list(provider) if provider else list(CLOUD), facts_too=False, vast_query=vast_query)
+        facts = gather(req, check_names(provider) if provider else list(CLOUD), facts_too=False,
+                       vast_query=vast_query)
         rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
                 and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
         rows.sort(key=lambda o: (o.usd_per_hour, o.key))
@@ -256,9 +281,13 @@ def register(app: typer.Typer) -> None:
     @app.command("check")
     def check_cmd(
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
+        online: bool = typer.Option(False, "--online", help="also make one cheap authenticated call where the "
+                                    "adapter has one (Vast.ai: current user and credit)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
-        """Whether each provider's credentials are present and usable."""
+        """Whether each provider's credentials are present (no network) and, with --online, usable."""
+        import inspect
+
         from rich.markup import escape
         from rich.table import Table
 
@@ -267,9 +296,13 @@ def register(app: typer.Typer) -> None:
         from providers import get_provider
 
         results: list[ProviderCheck] = []
-        for name in (list(provider) if provider else list(DEFAULT_PROVIDERS)):
+        for name in check_names(provider) if provider else list(DEFAULT_PROVIDERS):
             try:
-                results.append(get_provider(name).check())
+                p = get_provider(name)
+                if online and "online" in inspect.signature(p.check).parameters:
+                    results.append(p.check(online=True))  # type: ignore[call-arg]
+                else:
+                    results.append(p.check())
             except ImportError as e:
                 results.append(ProviderCheck(provider=name, configured=False, usable=None,
                                              detail=f"adapter providers.{name} not available: {_short(e)}",

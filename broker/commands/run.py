@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
     def run_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
         provider: str = typer.Option(None, "--provider", "-p", help="where to run: local, netns, slurm, vast, oci, "
-                                     "aws, fake (default: the cheapest valid plan)"),
+                                     "aws, or fake (a pretend cloud, to try the money paths); default: the "
+                                     "cheapest valid plan"),
         inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
                                    "mtu) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
@@ -63,9 +64,9 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 from broker.ui import console
 
-                console.print(f"plan: this machine (free) is the cheapest valid option "
-                              f"({len(plan.options) - 1} other valid option(s); `broker plan --recipe "
-                              f"{recipe_path}` lists them)")
+                others = (plan.valid_count or len(plan.options)) - 1
+                console.print(f"plan: this machine (free) is the cheapest valid option ({others} other valid "
+                              f"option(s); `broker plan --recipe {recipe_path}` lists them)")
             raise typer.Exit(run_here(recipe, "local", quiet=quiet, as_json=as_json))
         raise typer.Exit(run_cloud(recipe, options, plan=plan, quiet=quiet, as_json=as_json,
                                    watchdog=not no_watchdog))
