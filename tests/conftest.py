@@ -72,3 +72,19 @@ def fake_cloud(monkeypatch):
 def fake_cloud_home(tmp_path, fake_cloud):
     """``tmp_path`` as the broker home, the fake cloud's state in ``<home>/fake-cloud.json``, no injection."""
     return fake_cloud(tmp_path, tmp_path / "fake-cloud.json")
+
+
+@pytest.fixture
+def own_httpserver():
+    """A pytest-httpserver ``HTTPServer`` on 127.0.0.1 (free port) for this test alone (the plugin's ``httpserver``
+    is one session-wide server shared with other modules); cleared and stopped at the end."""
+    from pytest_httpserver import HTTPServer
+
+    srv = HTTPServer(host="127.0.0.1", port=0)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.clear()
+        if srv.is_running():
+            srv.stop()

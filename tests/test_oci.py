@@ -62,15 +62,8 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path):
 
 
 @pytest.fixture
-def server():
-    srv = HTTPServer(host="127.0.0.1", port=0)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.clear()
-        if srv.is_running():
-            srv.stop()
+def server(own_httpserver):
+    return own_httpserver
 
 
 def make(cfg: dict[str, Any], server: HTTPServer, **kw: Any) -> OCIProvider:
