@@ -41,6 +41,15 @@ def wd(ledger, fake, clock, **kw):
     return Watchdog(ledger, providers={"fake": fake}, clock=clock, interval_s=5, home=ledger.path.parent, **kw)
 
 
+def one_node_past_deadline(ledger, fake):
+    """(clock, run, rows): a run with a 10 s deadline and one node on ``fake``, the clock 11 s later."""
+    clock = FakeClock()
+    run = make_run(ledger, deadline_s=10, now=clock())
+    rows = provision(ledger, fake, run, nodes=1)
+    clock.advance(11)
+    return clock, run, rows
+
+
 def watchdog_events(ledger, run_id, action=None):
     return [e for e in ledger.events(run_id) if e["actor"] == "watchdog" and (action is None or e["action"] == action)]
 
@@ -215,10 +224,7 @@ def test_restart_does_not_terminate_twice_or_miss_anything(ledger, fake):
 
 
 def test_failed_terminate_is_loud_retried_with_backoff_and_never_crashes(ledger, fake, monkeypatch):
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, run, rows = one_node_past_deadline(ledger, fake)
     monkeypatch.setenv("BROKER_FAKE_FAIL", "terminate")
     w = wd(ledger, fake, clock)
     acts = [a for a in w.run_once() if a.kind == "terminate"]
@@ -242,10 +248,7 @@ class BrokenList(CountingFake):
 
 def test_list_tagged_error_is_logged_once_and_the_pass_goes_on(ledger, home):
     fake = BrokenList(home / "fake-cloud.json")
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, _, rows = one_node_past_deadline(ledger, fake)
     w = wd(ledger, fake, clock)
     acts = w.run_once()
     assert [a.kind for a in acts] == ["error", "terminate"] and acts[1].ok
@@ -356,10 +359,7 @@ class SlowTerminate(CountingFake):
 
 def test_unconfirmed_terminate_is_confirmed_on_a_later_pass_not_repeated(ledger, home):
     fake = SlowTerminate(home / "fake-cloud.json")
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, _, rows = one_node_past_deadline(ledger, fake)
     w = wd(ledger, fake, clock, confirm_timeout_s=0)
     acts = [a for a in w.run_once() if a.kind == "terminate"]
     assert len(acts) == 1 and not acts[0].ok
