@@ -188,7 +188,7 @@ def test_offer_gone_tries_the_next_offer(env, ledger):
     p = GoneOnce()
     run = make_run(ledger, env)
     opts = options(p)
-    cluster = provision(opts, run, Requirements(), ledger, providers={"fake": p}, **FAST)
+    provision(opts, run, Requirements(), ledger, providers={"fake": p}, **FAST)
     assert GoneOnce.n == 2 and len(p.instances()) == 1
     assert next(iter(p.instances().values()))["zone"] == opts[1].offers[0].zone
     assert any(e["message"] and "rented by someone else" in e["message"] for e in ledger.events("run-1"))
