@@ -88,3 +88,13 @@ def own_httpserver():
         srv.clear()
         if srv.is_running():
             srv.stop()
+
+
+@pytest.fixture
+def tmp_ledger(tmp_path):
+    """A ledger at ``tmp_path/ledger.sqlite``, closed at the end."""
+    from broker.ledger import Ledger
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    yield led
+    led.close()

@@ -24,10 +24,8 @@ def env(tmp_path, fake_cloud):
 
 
 @pytest.fixture
-def ledger(env):
-    lg = Ledger(env / "ledger.sqlite")
-    yield lg
-    lg.close()
+def ledger(env, tmp_ledger):
+    return tmp_ledger  # env / "ledger.sqlite"
 
 
 def make_run(ledger: Ledger, tmp: Path, run_id: str = "run-1") -> Run:

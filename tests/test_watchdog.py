@@ -12,7 +12,6 @@ import time
 import pytest
 
 from broker.accounting import FakeClock
-from broker.ledger import Ledger
 from broker.model import Requirements
 from broker.provider import NodeRequest, ProviderError
 from broker.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
@@ -25,10 +24,8 @@ def home(fake_cloud_home):
 
 
 @pytest.fixture
-def ledger(home):
-    led = Ledger(home / "ledger.sqlite")
-    yield led
-    led.close()
+def ledger(home, tmp_ledger):
+    return tmp_ledger  # home / "ledger.sqlite"
 
 
 @pytest.fixture
