@@ -206,6 +206,22 @@ def snapshot_offers(provider: str, req: "Requirements | None" = None) -> list["O
     return [o for o in offers if _compatible(o, req)]
 
 
+def snapshot_offer(provider: str, instance_type: str | None) -> "Offer | None":
+    """The first offer of ``instance_type`` in the snapshot in effect for ``provider``; None when it is not there
+    (or the provider has no snapshot)."""
+    try:
+        _, offers = _load(provider)
+    except FileNotFoundError:
+        return None
+    return next((o for o in offers if o.instance_type == instance_type), None)
+
+
+def snapshot_price(provider: str, instance_type: str | None) -> float | None:
+    """$/hour of ``instance_type`` in the snapshot in effect for ``provider``; None when it is not there."""
+    o = snapshot_offer(provider, instance_type)
+    return o.usd_per_hour if o is not None else None
+
+
 def snapshot_info(provider: str) -> tuple[str, str]:
     """(date ``YYYY-MM-DD``, source text) of the snapshot in effect for ``provider``."""
     meta, _ = _load(provider)

@@ -210,6 +210,14 @@ def _tree(pgid, markers=()):
     return found
 
 
+def _signal_all(pids, sig):
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+
+
 def kill(pidfile, grace_s, markers=()):
     import signal
     try:
@@ -218,20 +226,12 @@ def kill(pidfile, grace_s, markers=()):
     except (OSError, ValueError):
         pgid = None
     first = _tree(pgid, markers)
-    for p in first:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except OSError:
-            pass
+    _signal_all(first, signal.SIGTERM)
     end = time.time() + grace_s
     while time.time() < end and _tree(pgid, markers):
         time.sleep(0.1)
     left = _tree(pgid, markers)
-    for p in left:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
+    _signal_all(left, signal.SIGKILL)
     print(json.dumps({"terminated": sorted(first), "killed": sorted(left)}), flush=True)
     return 0
 

@@ -9,9 +9,8 @@ Two clouds count GPU quota differently (reference: cloud-apis.md B2 and C1):
   ``L-DB2E81BA`` running on-demand G and VT, ``L-417A185B`` running on-demand P, ``L-3819A6DF`` / ``L-7212CCBC``
   for spot.  Two g5.xlarge (4 vCPUs each) need 8 vCPUs of ``L-DB2E81BA``.
 
-Hardware per instance type comes from the shipped price snapshot (:mod:`broker.catalog` when present) and, when
-that module is absent or does not know a type, from :data:`FALLBACK_TYPES` (cloud-apis.md C4/B7 and
-reference/prices/oci-aws-list-prices.csv, dated 2026-11-29; prices third-party, unconfirmed).
+Hardware and list price per instance type come from the price snapshot in effect (:mod:`broker.catalog`: the
+shipped ``providers/snapshots/<provider>.csv`` or a refreshed one; cloud-apis.md C4/B7).
 
 Nothing here does I/O except :func:`instance_specs` reading the catalog snapshot.
 """
@@ -26,12 +25,9 @@ from typing import TYPE_CHECKING, Iterable, Literal
 from broker.model import Quota
 
 if TYPE_CHECKING:
-    from broker.model import Offer
+    from datetime import datetime
 
-#: Date of the fallback table (the snapshot it was built from).
-FALLBACK_DATE = "2026-11-29"
-FALLBACK_SOURCE = (f"broker fallback table {FALLBACK_DATE} (AWS us-east-1 / OCI list prices, third-party, "
-                   "unconfirmed; hardware from moto's describe_instance_types data)")
+    from broker.model import Offer
 
 
 @dataclass(frozen=True)
@@ -52,66 +48,29 @@ class InstanceSpec:
     usd_per_hour: float
     region: str = "us-east-1"
     notes: str = ""
-    source: str = FALLBACK_SOURCE
-
-
-#: provider,instance_type,gpu_name,gpus,gpu_mem_gib,vcpus,ram_gib,usd_per_hour,region,notes
-_FALLBACK_ROWS = """\
-oci,VM.GPU.A10.1,A10,1,24,30,240,2.00,any,15 OCPU = 30 vCPU; stop pauses billing (A10 VMs only)
-oci,VM.GPU.A10.2,A10,2,24,60,480,4.00,any,stop pauses billing (A10 VMs only)
-oci,BM.GPU.A10.4,A10,4,24,128,1024,8.00,any,bare metal: billed while stopped
-oci,VM.GPU2.1,P100,1,16,24,72,1.275,any,billed while stopped
-oci,VM.GPU3.1,V100,1,16,12,90,2.95,any,another source implies 3.05; billed while stopped
-oci,BM.GPU4.8,A100-40GB,8,40,128,2048,24.40,any,billed while stopped
-oci,BM.GPU.A100-v2.8,A100-80GB,8,80,256,2048,32.00,any,billed while stopped
-oci,BM.GPU.H100.8,H100,8,80,224,2048,80.00,any,billed while stopped
-aws,g4dn.xlarge,T4,1,16,4,16,0.526,us-east-1,
-aws,g4dn.12xlarge,T4,4,16,48,192,3.912,us-east-1,
-aws,g5.xlarge,A10G,1,24,4,16,1.006,us-east-1,spot seen 0.42-0.45
-aws,g5.8xlarge,A10G,1,24,32,128,2.448,us-east-1,
-aws,g5.12xlarge,A10G,4,24,48,192,5.672,us-east-1,
-aws,g6.xlarge,L4,1,24,4,16,0.8048,us-east-1,
-aws,p4d.24xlarge,A100-40GB,8,40,96,1152,21.9576,us-east-1,
-aws,p5.4xlarge,H100,1,80,16,256,6.88,us-east-1,
-aws,p5.48xlarge,H100,8,80,192,2048,55.04,us-east-1,
-"""
-
-
-def _parse_fallback() -> dict[str, dict[str, InstanceSpec]]:
-    out: dict[str, dict[str, InstanceSpec]] = {}
-    for line in _FALLBACK_ROWS.splitlines():
-        p, it, gname, gpus, mem, vcpus, ram, usd, region, notes = line.split(",", 9)
-        out.setdefault(p, {})[it] = InstanceSpec(p, it, gname, int(gpus), float(mem), int(vcpus), float(ram),
-                                                 float(usd), region, notes)
-    return out
-
-
-#: provider -> instance type -> spec (the built-in table).
-FALLBACK_TYPES: dict[str, dict[str, InstanceSpec]] = _parse_fallback()
+    source: str = ""  # the snapshot's price_source
+    price_time: "datetime | None" = None  # the snapshot's price_time
 
 
 def instance_specs(provider: str) -> dict[str, InstanceSpec]:
-    """Every instance type / shape of ``provider`` in the shipped snapshot, merged over the fallback table.
+    """Every GPU instance type / shape of ``provider`` in the price snapshot in effect (:mod:`broker.catalog`).
 
-    Reads :func:`broker.catalog.snapshot_offers` when that module exists (any failure there falls back silently
-    to :data:`FALLBACK_TYPES`; the catalog is optional on this branch).
+    Types without GPUs or without a vCPU count are left out.  {} when ``provider`` has no snapshot; a snapshot
+    that cannot be parsed raises (ValueError/KeyError from :func:`broker.catalog.snapshot_offers`).
     """
-    specs = dict(FALLBACK_TYPES.get(provider, {}))
-    try:
-        from broker.catalog import snapshot_offers  # type: ignore[import-not-found]
-        from broker.model import Requirements
+    from broker.catalog import snapshot_offers
 
-        offers = snapshot_offers(provider, Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None,
-                                                         budget_usd=None, providers=[provider]))
-    except Exception:  # noqa: BLE001 - catalog absent or incompatible: the fallback table is complete
-        return specs
+    try:
+        offers = snapshot_offers(provider)
+    except FileNotFoundError:
+        return {}
+    specs: dict[str, InstanceSpec] = {}
     for o in offers:
-        if o.gpu_count <= 0 or not o.vcpus:
+        if o.gpu_count <= 0 or not o.vcpus or o.instance_type in specs:
             continue
-        if o.instance_type not in specs or specs[o.instance_type].vcpus <= 0:
-            specs[o.instance_type] = InstanceSpec(provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib,
-                                                  int(o.vcpus), o.ram_gib, o.usd_per_hour, o.region or "any",
-                                                  source=o.price_source)
+        specs[o.instance_type] = InstanceSpec(provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib,
+                                              int(o.vcpus), o.ram_gib, o.usd_per_hour, o.region or "any",
+                                              str(o.attrs.get("notes", "")), o.price_source, o.price_time)
     return specs
 
 

@@ -2,10 +2,10 @@
 
 Facts (reference/cloud-apis.md section C):
 
-* Offers are instance types with an on-demand price from the shipped snapshot (:mod:`broker.catalog`, else the
-  fallback table in :mod:`broker.quota`); when credentials are present each type is expanded into one offer per
-  availability zone that offers it (``describe_instance_type_offerings``; offered is not capacity).  Live list
-  prices come from the Pricing API (:meth:`AWSProvider.live_prices`, used by ``broker catalog refresh``).
+* Offers are instance types with an on-demand price from the price snapshot in effect (:mod:`broker.catalog`);
+  when credentials are present each type is expanded into one offer per availability zone that offers it
+  (``describe_instance_type_offerings``; offered is not capacity).  Live list prices come from the Pricing API
+  (:meth:`AWSProvider.live_prices`, used by ``broker catalog refresh``).
 * Quotas are EC2 Service Quotas counted in **vCPUs**: ``L-DB2E81BA`` (running on-demand G and VT) and
   ``L-417A185B`` (running on-demand P); spot codes only when spot is asked for.  Usage comes from CloudWatch
   ``AWS/Usage`` ``ResourceCount`` (one ``get_metric_statistics`` per family, maximum over the last 15 minutes);
@@ -310,39 +310,16 @@ class AWSProvider(Provider):
                                                   "(prices and plans work from the snapshot without them)")
 
     def price_note(self) -> str:
-        from broker.quota import FALLBACK_DATE
+        from broker.catalog import snapshot_info
 
-        return (f"prices: AWS us-east-1 on-demand snapshot {FALLBACK_DATE} (third-party); live list prices via "
-                "`broker catalog refresh` (AWS Pricing API, needs AWS credentials)")
+        return (f"prices: AWS us-east-1 on-demand snapshot {snapshot_info('aws')[0]} (third-party); live list prices "
+                "via `broker catalog refresh` (AWS Pricing API, needs AWS credentials)")
 
     def _snapshot(self, req: Requirements) -> list[Offer]:
-        """Snapshot offers (catalog module when present, else the fallback table), filtered by ``req``."""
-        try:
-            from broker.catalog import snapshot_offers  # type: ignore[import-not-found]
+        """Offers of the price snapshot in effect (:func:`broker.catalog.snapshot_offers`), filtered by ``req``."""
+        from broker.catalog import snapshot_offers
 
-            offers = list(snapshot_offers("aws", req))
-        except ImportError:
-            offers = self._fallback_offers(req)
-        return offers
-
-    def _fallback_offers(self, req: Requirements) -> list[Offer]:
-        from broker.quota import FALLBACK_DATE, FALLBACK_TYPES
-
-        when = datetime.fromisoformat(FALLBACK_DATE).replace(tzinfo=timezone.utc)
-        names = [g.lower() for g in req.gpu_names]
-        out = []
-        for s in FALLBACK_TYPES["aws"].values():
-            if s.gpu_mem_gib < req.min_gpu_mem_gib or s.gpus < req.gpus_per_node:
-                continue
-            if names and not any(n in s.gpu_name.lower() or s.gpu_name.lower() in n for n in names):
-                continue
-            out.append(Offer(provider="aws", offer_id=s.instance_type, instance_type=s.instance_type,
-                             region=s.region, gpu_name=s.gpu_name, gpu_count=s.gpus, gpu_mem_gib=s.gpu_mem_gib,
-                             vcpus=s.vcpus, ram_gib=s.ram_gib, usd_per_hour=s.usd_per_hour,
-                             storage_usd_per_gib_month=0.08, min_billed_seconds=60.0, private_network=True,
-                             price_source=f"snapshot {FALLBACK_DATE} (aws us-east-1 list, third-party)",
-                             price_time=when, attrs={"notes": s.notes} if s.notes else {}))
-        return out
+        return list(snapshot_offers("aws", req))
 
     def offers(self, req: Requirements) -> list[Offer]:
         """GPU instance types with on-demand $/hour; one offer per offering AZ when configured, else one per type
@@ -908,7 +885,7 @@ def _on_demand_usd(item: dict[str, Any]) -> list[float]:
 
 
 def _list_price(instance_type: str | None) -> float | None:
-    from broker.quota import FALLBACK_TYPES
+    """On-demand $/hour of ``instance_type`` in the price snapshot in effect; None when it is not there."""
+    from broker.catalog import snapshot_price
 
-    spec = FALLBACK_TYPES["aws"].get(instance_type or "")
-    return spec.usd_per_hour if spec else None
+    return snapshot_price("aws", instance_type)

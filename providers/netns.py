@@ -526,7 +526,7 @@ def run_recipe(recipe: Any, *, ledger: Any, echo: Any, inject: str | None = None
     if why:
         raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
     use_gpus = gpu_count() >= recipe.nodes * recipe.gpus_per_node
-    devices = (f"one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if use_gpus
+    devices = ("one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if use_gpus
                else "no GPU used: gloo on CPU")
     run = new_run(ledger, recipe, provider="netns", topology="multi-node",
                   plan={"provider": "netns", "topology": "multi-node", "usd_per_hour": 0.0, "devices": devices,

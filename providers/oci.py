@@ -3,7 +3,7 @@
 What it does (facts: ``shared/reference/cloud-apis.md`` section B):
 
 * **offers** -- GPU shapes with list prices (OCI has no per-account price API, so prices always come from the
-  shipped snapshot: ``broker.catalog.snapshot_offers("oci", req)`` when present, else :data:`SHAPES` below),
+  price snapshot in effect: ``broker.catalog.snapshot_offers("oci", req)``),
   expanded per availability domain (``IdentityClient.list_availability_domains``) when configured.
 * **quotas** -- service limits of service ``compute`` (``gpu-a10-count`` ...), AD-scoped, counted in GPUs, read with
   ``LimitsClient.get_resource_availability`` per AD (``limit = used + available``).
@@ -29,7 +29,7 @@ import math
 import re
 import shlex
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Callable, Iterable
 
 from broker.model import Capacity, Offer, Quota, Requirements
@@ -39,29 +39,7 @@ from broker.provider import (RUN_TAG, AuthError, CapacityError, InstanceInfo, No
 
 PROVIDER = "oci"
 
-# ---------------------------------------------------------------------------------------------- snapshot
-#: Date of the list prices below (the newest of the third-party sources that agree).
-PRICE_DATE = datetime(2026, 9, 9, tzinfo=timezone.utc)
-#: Where the list prices come from (shared/reference/prices/oci-aws-list-prices.csv, cloud-apis.md B7).
-PRICE_SOURCE = ("snapshot 2026-09-09: OCI pay-as-you-go list prices from third-party catalogs (SkyPilot OCI catalog; "
-                "a migration that read Oracle's public price-list API on 2026-09-09); unconfirmed against oracle.com")
-#: Block volume (boot volume) list price, USD per GiB-month: balanced performance = 0.0255 storage + 10 VPU x
-#: 0.0017 (Oracle block volume price list; third-party copy, unconfirmed).  Boot volumes bill until deleted.
-BOOT_VOLUME_USD_PER_GIB_MONTH = 0.0425
-
-#: shape -> (GPU model, GPUs, GPU GiB each, vCPUs, RAM GiB, USD/hour for the whole shape, note).
-#: Rows of shared/reference/prices/oci-aws-list-prices.csv (provider ``oci``).
-SHAPES: dict[str, tuple[str, int, float, float, float, float, str]] = {
-    "VM.GPU.A10.1": ("A10", 1, 24, 30, 240, 2.00, "stop pauses billing (A10 VMs only)"),
-    "VM.GPU.A10.2": ("A10", 2, 24, 60, 480, 4.00, "stop pauses billing (A10 VMs only)"),
-    "BM.GPU.A10.4": ("A10", 4, 24, 128, 1024, 8.00, "bare metal: billed while stopped"),
-    "VM.GPU2.1": ("P100", 1, 16, 24, 72, 1.275, "billed while stopped"),
-    "VM.GPU3.1": ("V100", 1, 16, 12, 90, 2.95, "another source implies 3.05; billed while stopped"),
-    "BM.GPU4.8": ("A100-40GB", 8, 40, 128, 2048, 24.40, "billed while stopped"),
-    "BM.GPU.A100-v2.8": ("A100-80GB", 8, 80, 256, 2048, 32.00, "billed while stopped"),
-    "BM.GPU.H100.8": ("H100", 8, 80, 224, 2048, 80.00, "billed while stopped"),
-}
-
+# ---------------------------------------------------------------------------------------------- shapes and limits
 #: Limit names whose existence was seen only in third-party code (cloud-apis.md B2): flagged in Quota/Offer attrs.
 UNCONFIRMED_LIMITS = {"gpu-h100-count"}
 
@@ -90,43 +68,37 @@ def limit_for_shape(shape: str) -> str | None:
 
 
 def shape_gpus(shape: str) -> int:
-    """GPUs in a shape (from :data:`SHAPES`, else the trailing ``.N`` of the name, else 1)."""
-    if shape in SHAPES:
-        return SHAPES[shape][1]
+    """GPUs in a shape (from the price snapshot in effect, else the trailing ``.N`` of the name, else 1)."""
+    from broker.catalog import snapshot_offer
+
+    o = snapshot_offer(PROVIDER, shape)
+    if o is not None:
+        return o.gpu_count
     m = re.search(r"\.(\d+)$", shape)
     return int(m.group(1)) if m else 1
 
 
-def _fallback_offers(req: Requirements) -> list[Offer]:
-    out = []
-    for shape, (gpu, n, mem, vcpu, ram, usd, note) in SHAPES.items():
-        out.append(Offer(provider=PROVIDER, offer_id=shape, instance_type=shape, gpu_name=gpu, gpu_count=n,
-                         gpu_mem_gib=mem, vcpus=vcpu, ram_gib=ram, usd_per_hour=usd,
-                         storage_usd_per_gib_month=BOOT_VOLUME_USD_PER_GIB_MONTH, private_network=True,
-                         price_source=PRICE_SOURCE, price_time=PRICE_DATE, attrs={"note": note}))
-    return out
-
-
 def snapshot_offers(req: Requirements) -> list[Offer]:
-    """Snapshot offers for OCI (no region/AD): ``broker.catalog.snapshot_offers`` when that module exists, else
-    the built-in :data:`SHAPES` table.  Every offer gets ``private_network=True`` and ``attrs["limit_name"]``."""
-    offers: list[Offer] | None = None
-    try:
-        from broker import catalog  # written by another helper; optional on this branch
+    """Offers of the price snapshot in effect for OCI (:func:`broker.catalog.snapshot_offers`; no region/AD).
 
-        offers = list(catalog.snapshot_offers(PROVIDER, req))
-    except (ImportError, AttributeError):
-        offers = None
-    if not offers:
-        offers = _fallback_offers(req)
+    Every offer gets ``private_network=True`` and ``attrs["limit_name"]``."""
+    from broker import catalog
+
     out = []
-    for o in offers:
+    for o in catalog.snapshot_offers(PROVIDER, req):
         lim = limit_for_shape(o.instance_type)
         attrs = {**o.attrs, "limit_name": lim, "limit_unit": "gpus", "limit_scope": "AD"}
         if lim in UNCONFIRMED_LIMITS:
             attrs["limit_unconfirmed"] = True
         out.append(o.model_copy(update={"private_network": True, "attrs": attrs}))
     return [o for o in out if _matches(o, req)]
+
+
+def _list_price(shape: str | None) -> float | None:
+    """$/hour of ``shape`` in the price snapshot in effect; None when it is not there."""
+    from broker.catalog import snapshot_price
+
+    return snapshot_price(PROVIDER, shape)
 
 
 def _matches(o: Offer, req: Requirements) -> bool:
@@ -532,7 +504,9 @@ class OCIProvider(Provider):
         return node_layers(self.instance_principal)
 
     def price_note(self) -> str | None:
-        return f"prices: OCI list-price {PRICE_SOURCE.split(':')[0]} (OCI has no per-account price API)"
+        from broker.catalog import snapshot_info
+
+        return f"prices: OCI list-price snapshot {snapshot_info(PROVIDER)[0]} (OCI has no per-account price API)"
 
     def availability_domains(self) -> list[str]:
         """AD names of the region (``IdentityClient.list_availability_domains(tenancy)``), or the constructor's."""
@@ -807,7 +781,7 @@ class OCIProvider(Provider):
         state = _STATE.get(raw, "unknown")
         user = (inst.freeform_tags or {}).get("broker-ssh-user", "opc")
         info = InstanceInfo(provider_id=provider_id, state=state, raw_state=raw, ssh_user=user,
-                            usd_per_hour=SHAPES[inst.shape][5] if inst.shape in SHAPES else None)
+                            usd_per_hour=_list_price(inst.shape))
         if state == "running":
             vn = self._client("vnet")
             atts = self._all("list_vnic_attachments", cc.list_vnic_attachments, inst.compartment_id,
@@ -922,7 +896,7 @@ class OCIProvider(Provider):
                 shape = getattr(r, "shape", None)
                 out.append(TaggedResource(provider=PROVIDER, kind=kind, provider_id=r.id, run_id=tag, region=region,
                                           state=r.lifecycle_state, created_at=r.time_created, name=r.display_name,
-                                          usd_per_hour=SHAPES[shape][5] if shape in SHAPES else None))
+                                          usd_per_hour=_list_price(shape)))
         return out
 
     # ------------------------------------------------------------------------------------ quota requests

@@ -47,3 +47,54 @@ def cli_env(broker_home):
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONWARNINGS"] = "ignore"
     return env
+
+
+#: providers/fake.py variables that inject failures, hangs, delays and prices (see its docstring)
+FAKE_INJECTION_ENV = ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR")
+
+
+@pytest.fixture
+def fake_cloud(monkeypatch):
+    """``use(home, state)``: BROKER_HOME=``home``, the file-backed fake cloud (providers/fake.py) keeps its state in
+    ``state``, and no failure injection is set; returns ``home``."""
+
+    def use(home: Path, state: Path) -> Path:
+        monkeypatch.setenv("BROKER_HOME", str(home))
+        monkeypatch.setenv("BROKER_FAKE_STATE", str(state))
+        for var in FAKE_INJECTION_ENV:
+            monkeypatch.delenv(var, raising=False)
+        return home
+
+    return use
+
+
+@pytest.fixture
+def fake_cloud_home(tmp_path, fake_cloud):
+    """``tmp_path`` as the broker home, the fake cloud's state in ``<home>/fake-cloud.json``, no injection."""
+    return fake_cloud(tmp_path, tmp_path / "fake-cloud.json")
+
+
+@pytest.fixture
+def own_httpserver():
+    """A pytest-httpserver ``HTTPServer`` on 127.0.0.1 (free port) for this test alone (the plugin's ``httpserver``
+    is one session-wide server shared with other modules); cleared and stopped at the end."""
+    from pytest_httpserver import HTTPServer
+
+    srv = HTTPServer(host="127.0.0.1", port=0)
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.clear()
+        if srv.is_running():
+            srv.stop()
+
+
+@pytest.fixture
+def tmp_ledger(tmp_path):
+    """A ledger at ``tmp_path/ledger.sqlite``, closed at the end."""
+    from broker.ledger import Ledger
+
+    led = Ledger(tmp_path / "ledger.sqlite")
+    yield led
+    led.close()

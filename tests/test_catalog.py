@@ -108,6 +108,15 @@ def test_unknown_provider_has_no_snapshot():
         catalog.snapshot_offers("nimbus")
 
 
+def test_snapshot_price_of_one_type():
+    assert catalog.snapshot_price("aws", "g5.xlarge") == 1.006
+    assert catalog.snapshot_price("oci", "BM.GPU.H100.8") == 80.0
+    assert catalog.snapshot_offer("oci", "VM.GPU.A10.2").gpu_count == 2
+    assert catalog.snapshot_price("aws", "m5.large") is None
+    assert catalog.snapshot_price("aws", None) is None
+    assert catalog.snapshot_price("nimbus", "g5.xlarge") is None
+
+
 def test_oci_price_list_parsing_and_shape_matching():
     data = {"items": [
         {"partNumber": "B1", "displayName": "Compute - GPU - A10",

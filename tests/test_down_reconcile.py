@@ -18,11 +18,8 @@ from providers.fake import FakeProvider
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake.json"))
-    for v in ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S"):
-        monkeypatch.delenv(v, raising=False)
+def env(tmp_path, fake_cloud):
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     return tmp_path
 
 

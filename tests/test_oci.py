@@ -62,15 +62,8 @@ def _env(monkeypatch: pytest.MonkeyPatch, tmp_path):
 
 
 @pytest.fixture
-def server():
-    srv = HTTPServer(host="127.0.0.1", port=0)
-    srv.start()
-    try:
-        yield srv
-    finally:
-        srv.clear()
-        if srv.is_running():
-            srv.stop()
+def server(own_httpserver):
+    return own_httpserver
 
 
 def make(cfg: dict[str, Any], server: HTTPServer, **kw: Any) -> OCIProvider:
@@ -549,20 +542,25 @@ def test_terminate_instance_preserve_boot_volume_false_and_idempotent(cfg, serve
     server.check_assertions()
 
 
-def test_terminate_network_objects(cfg, server):
-    server.expect_request(f"/20160918/subnets/{SUBNET}", method="DELETE").respond_with_response(
-        err(404, "NotAuthorizedOrNotFound", "gone"))
-    server.expect_request(f"/20160918/securityLists/{SL}", method="DELETE").respond_with_response(
-        Response(status=204))
+def serve_network_reads(server: HTTPServer, route_rules: list[dict[str, Any]]) -> None:
+    """GET of the run's internet gateway, its VCN and the VCN's default route table (holding ``route_rules``)."""
     server.expect_request(f"/20160918/internetGateways/{IGW}", method="GET").respond_with_response(jresp(
         {"id": IGW, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "isEnabled": True}))
     server.expect_request(f"/20160918/vcns/{VCN}", method="GET").respond_with_response(jresp(
         {"id": VCN, "compartmentId": COMP, "cidrBlocks": ["10.0.0.0/16"], "lifecycleState": "AVAILABLE",
          "defaultRouteTableId": RT}))
     server.expect_request(f"/20160918/routeTables/{RT}", method="GET").respond_with_response(jresp(
-        {"id": RT, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "routeRules": [
-            {"destination": "0.0.0.0/0", "destinationType": "CIDR_BLOCK", "networkEntityId": IGW},
-            {"destination": "192.168.0.0/16", "destinationType": "CIDR_BLOCK", "networkEntityId": "other"}]}))
+        {"id": RT, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "routeRules": route_rules}))
+
+
+def test_terminate_network_objects(cfg, server):
+    server.expect_request(f"/20160918/subnets/{SUBNET}", method="DELETE").respond_with_response(
+        err(404, "NotAuthorizedOrNotFound", "gone"))
+    server.expect_request(f"/20160918/securityLists/{SL}", method="DELETE").respond_with_response(
+        Response(status=204))
+    serve_network_reads(server, [
+        {"destination": "0.0.0.0/0", "destinationType": "CIDR_BLOCK", "networkEntityId": IGW},
+        {"destination": "192.168.0.0/16", "destinationType": "CIDR_BLOCK", "networkEntityId": "other"}])
     put: dict[str, Any] = {}
 
     def put_handler(request: Request) -> Response:
@@ -733,14 +731,8 @@ def test_bootstrap_launch_and_teardown_through_the_ledger(cfg, server, tmp_path)
         jresp(instance_json(iid, "TERMINATED")))
     for path in (f"subnets/{SUBNET}", f"securityLists/{SL}", f"internetGateways/{IGW}", f"vcns/{VCN}"):
         server.expect_request(f"/20160918/{path}", method="DELETE").respond_with_response(Response(status=204))
-    server.expect_request(f"/20160918/internetGateways/{IGW}", method="GET").respond_with_response(jresp(
-        {"id": IGW, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "isEnabled": True}))
-    server.expect_request(f"/20160918/vcns/{VCN}", method="GET").respond_with_response(jresp(
-        {"id": VCN, "compartmentId": COMP, "cidrBlocks": ["10.0.0.0/16"], "lifecycleState": "AVAILABLE",
-         "defaultRouteTableId": RT}))
-    server.expect_request(f"/20160918/routeTables/{RT}", method="GET").respond_with_response(jresp(
-        {"id": RT, "vcnId": VCN, "compartmentId": COMP, "lifecycleState": "AVAILABLE", "routeRules": [
-            {"destination": "0.0.0.0/0", "destinationType": "CIDR_BLOCK", "networkEntityId": IGW}]}))
+    serve_network_reads(server, [{"destination": "0.0.0.0/0", "destinationType": "CIDR_BLOCK",
+                                  "networkEntityId": IGW}])
 
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
         ledger.create_run(Run(id="r1", name="t", provider="oci", topology="multi-node"))

@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from pytest_httpserver import HTTPServer
 
 from providers.oci import cloud_init, deadman_cloud_init, deadman_watcher, firewall_script, node_layers
 
@@ -73,25 +72,20 @@ def test_firewall_iptables_fallback_is_idempotent(tmp_path, bindir):
     assert log.read_text().splitlines() == ["iptables -C INPUT -s 10.0.0.0/16 -j ACCEPT"]
 
 
-def test_deadman_fires_after_deadline_with_instance_principal(tmp_path, bindir):
+def test_deadman_fires_after_deadline_with_instance_principal(tmp_path, bindir, own_httpserver):
     log = tmp_path / "oci.log"
     count = tmp_path / "count"
     # the fake oci CLI fails once (e.g. token not ready), then succeeds: the watcher retries
     fake(bindir, "oci", f'n=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n'
                         f'echo "$(date +%s) $*" >> {log}\n[ "$n" -ge 1 ]\n')
     link(bindir, "curl", "date", "sleep", "cat")
-    srv = HTTPServer(host="127.0.0.1", port=0)
-    srv.start()
-    try:
-        srv.expect_request("/opc/v2/instance/id", method="GET", headers={"Authorization": "Bearer Oracle"}) \
-            .respond_with_data("ocid1.instance.oc1..self")
-        fire_at = int(time.time()) + 2
-        script = deadman_watcher(fire_at, region="us-ashburn-1")
-        r = run(script, bindir, env={"BROKER_IMDS": srv.url_for("").rstrip("/"), "BROKER_DEADMAN_POLL_S": "0.2",
-                                      "BROKER_DEADMAN_RETRY_S": "0.1"})
-    finally:
-        srv.clear()
-        srv.stop()
+    srv = own_httpserver
+    srv.expect_request("/opc/v2/instance/id", method="GET", headers={"Authorization": "Bearer Oracle"}) \
+        .respond_with_data("ocid1.instance.oc1..self")
+    fire_at = int(time.time()) + 2
+    script = deadman_watcher(fire_at, region="us-ashburn-1")
+    r = run(script, bindir, env={"BROKER_IMDS": srv.url_for("").rstrip("/"), "BROKER_DEADMAN_POLL_S": "0.2",
+                                  "BROKER_DEADMAN_RETRY_S": "0.1"})
     assert r.returncode == 0, r.stderr
     lines = log.read_text().splitlines()
     assert len(lines) == 2  # one failure, one retry that succeeded, then the watcher exits

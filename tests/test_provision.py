@@ -18,19 +18,14 @@ from providers.fake import FakeProvider
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake.json"))
-    for v in ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR"):
-        monkeypatch.delenv(v, raising=False)
+def env(tmp_path, fake_cloud):
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     return tmp_path
 
 
 @pytest.fixture
-def ledger(env):
-    lg = Ledger(env / "ledger.sqlite")
-    yield lg
-    lg.close()
+def ledger(env, tmp_ledger):
+    return tmp_ledger  # env / "ledger.sqlite"
 
 
 def make_run(ledger: Ledger, tmp: Path, run_id: str = "run-1") -> Run:
@@ -191,7 +186,7 @@ def test_offer_gone_tries_the_next_offer(env, ledger):
     p = GoneOnce()
     run = make_run(ledger, env)
     opts = options(p)
-    cluster = provision(opts, run, Requirements(), ledger, providers={"fake": p}, **FAST)
+    provision(opts, run, Requirements(), ledger, providers={"fake": p}, **FAST)
     assert GoneOnce.n == 2 and len(p.instances()) == 1
     assert next(iter(p.instances().values()))["zone"] == opts[1].offers[0].zone
     assert any(e["message"] and "rented by someone else" in e["message"] for e in ledger.events("run-1"))

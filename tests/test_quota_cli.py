@@ -263,11 +263,16 @@ def test_aws_request_open_request_not_duplicated_in_ledger(monkeypatch):
     assert len(Ledger().quota_requests()) == 1
 
 
-def test_aws_spot_only_when_asked(monkeypatch, tmp_path):
+def without_aws_credentials(monkeypatch, tmp_path) -> None:
+    """Undo this module's test credentials: no AWS key in the environment, no credentials or config file."""
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none2"))
+
+
+def test_aws_spot_only_when_asked(monkeypatch, tmp_path):
+    without_aws_credentials(monkeypatch, tmp_path)
     from providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(region="us-east-1"))
@@ -291,10 +296,7 @@ def test_aws_request_permission_error_is_clear(monkeypatch):
 
 
 def test_aws_request_draft_without_credentials(monkeypatch, tmp_path):
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none2"))
+    without_aws_credentials(monkeypatch, tmp_path)
     from providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(region="us-east-1"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.model import Quota
-from broker.quota import (FALLBACK_TYPES, AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
+from broker.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
                           explain_usage, gpus_to_instances, gpus_to_vcpus, instance_specs, instances_allowed,
                           instances_to_gpus, instances_to_vcpus, limit_for, needs_for, oci_limit_name, units_needed,
                           vcpus_to_instances, verdict)
@@ -26,8 +26,24 @@ EXPECTED = {
 
 
 def test_snapshot_types_all_have_expectations():
-    assert set(EXPECTED) >= set(FALLBACK_TYPES["aws"]) | set(FALLBACK_TYPES["oci"])
+    assert set(EXPECTED) >= set(instance_specs("aws")) | set(instance_specs("oci"))
     assert AWS_TYPES and OCI_TYPES
+
+
+@pytest.mark.parametrize("provider", ["oci", "aws"])
+def test_every_snapshot_offer_has_a_covering_limit(provider):
+    from broker.catalog import snapshot_offers
+
+    offers = snapshot_offers(provider)
+    assert offers
+    for o in offers:
+        assert limit_for(provider, o.instance_type) is not None, o.instance_type
+        if provider == "aws":
+            assert limit_for(provider, o.instance_type, spot=True) is not None, o.instance_type
+        else:  # the OCI adapter's own mapping (used when it reads limits) agrees
+            from providers.oci import limit_for_shape
+
+            assert limit_for_shape(o.instance_type) == limit_for(provider, o.instance_type).name, o.instance_type
 
 
 @pytest.mark.parametrize("it", AWS_TYPES)

@@ -25,18 +25,9 @@ SECRET = "secret-k"
 
 
 @pytest.fixture
-def httpserver():
+def httpserver(own_httpserver):
     """A fake Vast API on 127.0.0.1 (own instance: the plugin's session server is shared with other modules)."""
-    from pytest_httpserver import HTTPServer
-
-    server = HTTPServer(host="127.0.0.1", port=0)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.clear()
-        if server.is_running():
-            server.stop()
+    return own_httpserver
 
 
 @pytest.fixture

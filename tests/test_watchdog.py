@@ -12,7 +12,6 @@ import time
 import pytest
 
 from broker.accounting import FakeClock
-from broker.ledger import Ledger
 from broker.model import Requirements
 from broker.provider import NodeRequest, ProviderError
 from broker.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
@@ -20,19 +19,13 @@ from test_watchdog_helpers import CountingFake, make_run, provision
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
-    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
-    for var in ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path
+def home(fake_cloud_home):
+    return fake_cloud_home
 
 
 @pytest.fixture
-def ledger(home):
-    led = Ledger(home / "ledger.sqlite")
-    yield led
-    led.close()
+def ledger(home, tmp_ledger):
+    return tmp_ledger  # home / "ledger.sqlite"
 
 
 @pytest.fixture
@@ -43,6 +36,15 @@ def fake(home):
 def wd(ledger, fake, clock, **kw):
     kw.setdefault("orphan_scan_s", 0)
     return Watchdog(ledger, providers={"fake": fake}, clock=clock, interval_s=5, home=ledger.path.parent, **kw)
+
+
+def one_node_past_deadline(ledger, fake):
+    """(clock, run, rows): a run with a 10 s deadline and one node on ``fake``, the clock 11 s later."""
+    clock = FakeClock()
+    run = make_run(ledger, deadline_s=10, now=clock())
+    rows = provision(ledger, fake, run, nodes=1)
+    clock.advance(11)
+    return clock, run, rows
 
 
 def watchdog_events(ledger, run_id, action=None):
@@ -219,10 +221,7 @@ def test_restart_does_not_terminate_twice_or_miss_anything(ledger, fake):
 
 
 def test_failed_terminate_is_loud_retried_with_backoff_and_never_crashes(ledger, fake, monkeypatch):
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, run, rows = one_node_past_deadline(ledger, fake)
     monkeypatch.setenv("BROKER_FAKE_FAIL", "terminate")
     w = wd(ledger, fake, clock)
     acts = [a for a in w.run_once() if a.kind == "terminate"]
@@ -246,10 +245,7 @@ class BrokenList(CountingFake):
 
 def test_list_tagged_error_is_logged_once_and_the_pass_goes_on(ledger, home):
     fake = BrokenList(home / "fake-cloud.json")
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, _, rows = one_node_past_deadline(ledger, fake)
     w = wd(ledger, fake, clock)
     acts = w.run_once()
     assert [a.kind for a in acts] == ["error", "terminate"] and acts[1].ok
@@ -360,10 +356,7 @@ class SlowTerminate(CountingFake):
 
 def test_unconfirmed_terminate_is_confirmed_on_a_later_pass_not_repeated(ledger, home):
     fake = SlowTerminate(home / "fake-cloud.json")
-    clock = FakeClock()
-    run = make_run(ledger, deadline_s=10, now=clock())
-    rows = provision(ledger, fake, run, nodes=1)
-    clock.advance(11)
+    clock, _, rows = one_node_past_deadline(ledger, fake)
     w = wd(ledger, fake, clock, confirm_timeout_s=0)
     acts = [a for a in w.run_once() if a.kind == "terminate"]
     assert len(acts) == 1 and not acts[0].ok

@@ -24,12 +24,8 @@ TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
-    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
-    for var in ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path
+def home(fake_cloud_home):
+    return fake_cloud_home
 
 
 @pytest.fixture

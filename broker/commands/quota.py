@@ -71,8 +71,6 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
                 spot: bool = False) -> list["Offer"]:
     """The adapter's offers for the needed types; synthesized from the snapshot when the adapter lists none."""
     from broker.model import Offer
-    from broker.quota import FALLBACK_DATE
-
     from broker.provider import ProviderError
 
     want = {n.spec.instance_type for n in needs}
@@ -81,8 +79,6 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
     except ProviderError:  # the limits may still be readable: describe the types from the snapshot
         offers = []
     have = {o.instance_type for o in offers}
-    from datetime import datetime, timezone
-
     for n in needs:
         s = n.spec
         if s.instance_type in have:
@@ -92,7 +88,7 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
                             region=region or (None if s.region == "any" else s.region), gpu_name=s.gpu_name,
                             gpu_count=s.gpus, gpu_mem_gib=s.gpu_mem_gib, vcpus=s.vcpus, ram_gib=s.ram_gib,
                             usd_per_hour=s.usd_per_hour, private_network=True, price_source=s.source,
-                            price_time=datetime.fromisoformat(FALLBACK_DATE).replace(tzinfo=timezone.utc)))
+                            price_time=s.price_time))
     if spot:  # adapters pick the spot quota for offers marked so (AWS L-3819A6DF / L-7212CCBC)
         offers = [o.model_copy(update={"attrs": {**o.attrs, "market": "spot"}}) for o in offers]
     return offers
