@@ -291,4 +291,5 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
     """Lint a recipe's script for ``broker run``: (findings, refuse).  ``refuse`` is True when the recipe asks
     for ``strict_lint`` and there is any finding; otherwise findings are warnings to print before launch."""
     findings = lint_script(recipe.script)
-    return findings, bool(findings) and recipe.strict_lint
+    syntax = any(f.kind == "syntax-error" for f in findings)  # would fail on every rank: never launch it
+    return findings, syntax or (bool(findings) and recipe.strict_lint)

@@ -29,6 +29,7 @@ session / client factory was injected).  boto3 is imported lazily inside methods
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import math
 import os
 import shlex
@@ -45,6 +46,8 @@ from broker.provider import (RUN_TAG, AuthError, BadInput, CapacityError, Instan
 TOKEN_TAG = "broker-client-token"
 #: SSH user of the Deep Learning AMI (Ubuntu).
 SSH_USER = "ubuntu"
+#: What to do when boto3 is missing (the `aws` extra).
+INSTALL_HINT = "install the AWS SDK: pip install -e '.[aws]' (or pip install boto3)"
 #: Name pattern of the default image (AWS Deep Learning OSS Nvidia Driver AMI with PyTorch, Ubuntu 22.04).
 DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
 #: Region of the Pricing API endpoint.
@@ -271,7 +274,10 @@ class AWSProvider(Provider):
         key = (service, region, launch)
         if key in self._clients:
             return self._clients[key]
-        from botocore.config import Config
+        try:
+            from botocore.config import Config
+        except ImportError:
+            raise AuthError("aws", f"{service} client", "boto3 is not installed", hint=INSTALL_HINT) from None
 
         cfg = Config(retries={"mode": "standard", "total_max_attempts": 1}) if launch else \
             Config(retries={"mode": "standard", "max_attempts": 4})
@@ -305,6 +311,9 @@ class AWSProvider(Provider):
         if self._factory is not None or self._session is not None:
             return ProviderCheck(provider="aws", configured=True, detail="injected session/client factory")
         ok, where = credentials_present()
+        if ok and importlib.util.find_spec("boto3") is None:
+            return ProviderCheck(provider="aws", configured=False, detail=f"{where}, but boto3 is not installed",
+                                 hint=INSTALL_HINT)
         return ProviderCheck(provider="aws", configured=ok, detail=where,
                              hint=None if ok else "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
                                                   "(prices and plans work from the snapshot without them)")

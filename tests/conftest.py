@@ -14,6 +14,29 @@ _CLOUD_ENV = ("VAST_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS
               "OCI_CONFIG_FILE", "OCI_PROFILE", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def no_stray_watchdogs(tmp_path_factory):
+    """At the end of the session, kill any `broker watchdog` a test started detached under pytest's temp dir."""
+    import signal
+
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"watchdog" in cmd and b"broker" in cmd and any(
+                e.startswith(b"BROKER_HOME=" + base.encode()) for e in env):
+            try:
+                os.kill(int(proc.name), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 @pytest.fixture(autouse=True)
 def broker_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("broker-home")

@@ -435,3 +435,31 @@ def test_check_and_offers_offline_without_credentials(monkeypatch, tmp_path):
     conf = tmp_path / "conf"
     conf.write_text("[profile work]\nsso_session = corp\n")
     assert credentials_present({"AWS_CONFIG_FILE": str(conf), "AWS_PROFILE": "work"}, tmp_path)[0] is True
+
+
+def test_missing_boto3_is_an_actionable_error_not_a_traceback(monkeypatch):
+    """With credentials but without the `aws` extra: check() says to install it, and a client call is an
+    AuthError (provider unusable) naming the install command, never a ModuleNotFoundError."""
+    import builtins
+    import importlib.util
+
+    import providers.aws as aws
+    from broker.provider import AuthError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake")
+    real_find, real_import = importlib.util.find_spec, builtins.__import__
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "boto3" else real_find(n, *a))
+
+    def no_botocore(name, *a, **k):
+        if name.startswith(("boto3", "botocore")):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_botocore)
+    p = aws.AWSProvider()
+    chk = p.check()
+    assert not chk.configured and "boto3 is not installed" in chk.detail and "'.[aws]'" in chk.hint
+    with pytest.raises(AuthError, match="boto3 is not installed") as ei:
+        p._client("ec2")
+    assert "pip install" in str(ei.value)

@@ -39,8 +39,9 @@ def env(tmp_path):
     (tmp_path / "recipe" / "job.py").write_text(JOB)
     (tmp_path / "recipe" / "r.yaml").write_text(RECIPE.format(nodes=1))
     e = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
+    # no detached watchdog: these tests prove that the ledger alone lets `down` / `reconcile` clean up
     e.update(BROKER_HOME=str(tmp_path / "home"), BROKER_FAKE_STATE=str(tmp_path / "fake.json"),
-             PYTHONPATH=str(ROOT))
+             PYTHONPATH=str(ROOT), BROKER_WATCHDOG_AUTOSTART="0")
     return tmp_path, e
 
 

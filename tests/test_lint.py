@@ -157,3 +157,12 @@ def test_lint_recipe_strict_refuses(tmp_path):
     (tmp_path / "r.yaml").write_text("name: t\nscript: t.py\n")
     assert lint_recipe(load_recipe(tmp_path / "r.yaml"))[1] is False
     assert lint_recipe(load_recipe(ROOT / "recipes" / "ddp_2node.yaml")) == ([], False)
+
+
+def test_cli_syntax_error_fails_even_without_strict(tmp_path):
+    from broker.cli import app
+
+    bad = tmp_path / "broken.py"
+    bad.write_text("def x(:\n")
+    r = CliRunner().invoke(app, ["lint", str(bad)])
+    assert r.exit_code == 1 and "syntax-error" in r.output and "error" in r.output

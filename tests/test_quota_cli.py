@@ -315,3 +315,21 @@ def test_real_factory_reports_missing_module(monkeypatch):
     with pytest.raises(ProviderUnavailable, match="not available"):
         provider_factory("oci")
     assert provider_factory("aws", "eu-west-1").region == "eu-west-1"
+
+
+def test_oci_draft_without_credentials_leaves_the_ad_to_fill_in(monkeypatch, tmp_path):
+    """Without an OCI config the ADs cannot be listed: the draft still prints, with the AD and region to fill in;
+    filing for real still insists on --scope."""
+    from providers.oci import OCIProvider
+
+    monkeypatch.setenv("OCI_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.delenv("OCI_REGION", raising=False)
+    use(monkeypatch, oci=OCIProvider())
+    r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1", "--draft")
+    assert r.exit_code == 0, r.output
+    assert "gpu-a10-count" in r.output and "not filed" in r.output
+    assert "<your availability domain" in r.output and "<your region" in r.output
+    r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1")
+    from broker.provider import BadInput
+
+    assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2 and "--scope" in str(r.exception)

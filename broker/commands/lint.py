@@ -33,8 +33,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"{escape(str(script))}: no findings")
         else:
             for f in findings:
-                level = "[bold red]error[/]" if strict else "[yellow]warning[/]"
+                level = "[bold red]error[/]" if strict or f.kind == "syntax-error" else "[yellow]warning[/]"
                 console.print(f"{escape(f.path)}:{f.line}: {level} {escape('[' + f.kind + ']')} {escape(f.message)}", highlight=False)
                 console.print(f"    fix: {escape(f.fix)}", highlight=False)
             console.print(f"{len(findings)} finding(s)" + ("" if strict else " (warnings; --strict makes them errors)"))
-        raise typer.Exit(1 if (strict and findings) else 0)
+        # a script that does not parse cannot run anywhere: always an error
+        raise typer.Exit(1 if (strict and findings) or any(f.kind == "syntax-error" for f in findings) else 0)

@@ -340,8 +340,16 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
                   region=region, scope=scope or (region if provider == "aws" else None), limit=0, used=0,
                   unit=need.limit.unit, instance_types=[need.spec.instance_type], source="not read")
     if provider == "oci" and not (scope or q.scope):
-        raise BadInput(f"{need.limit.name} is counted per availability domain: say which one with --scope",
-                       hint="`broker quota check --provider oci` shows every AD's limit")
+        if not draft:
+            raise BadInput(f"{need.limit.name} is counted per availability domain: say which one with --scope",
+                           hint="`broker quota check --provider oci` shows every AD's limit (with credentials); "
+                                "the console shows the ADs under Governance > Limits, Quotas and Usage")
+        q = q.model_copy(update={"scope": "<your availability domain, e.g. Uocm:US-ASHBURN-AD-1>"})
+        note += "fill in the availability domain you will launch in (the limit is counted per AD).\n"
+    if provider == "oci" and not (region or q.region):
+        from broker.config import settings
+
+        q = q.model_copy(update={"region": settings().oci_region or "<your region, e.g. us-ashburn-1>"})
     target = float(value) if value is not None else desired_value(q if q.source != "not read" else None, need.units)
     why = reason or default_reason(nodes, gpus_per_node, need.spec.instance_type)
     note += (f"{need.instances}× {need.spec.instance_type} ({need.topology}) needs {need.units} "

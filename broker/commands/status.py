@@ -124,6 +124,10 @@ def register(app: typer.Typer) -> None:
         if run_id:
             run = ledger.get_run(run_id)
             if run is None:
+                matches = [r.id for r in ledger.list_runs(limit=100000) if r.id.startswith(run_id)]
+                if len(matches) > 1:
+                    raise BadInput(f"{run_id!r} matches {len(matches)} runs ({', '.join(matches[:3])}, ...)",
+                                   hint="give more of the run id")
                 raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
             now = system_clock()
             wd = watchdog_state(now)
@@ -145,9 +149,12 @@ def register(app: typer.Typer) -> None:
             if run.started_at:
                 console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
                     f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
-            console.print(f"  exit codes: {run.exit_codes}   run dir: {run.run_dir}")
+            codes = ", ".join(f"node {k}: {v}" for k, v in run.exit_codes.items()) or "-"
+            console.print(f"  exit codes: {codes}   run dir: {run.run_dir}")
+            active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
             console.print(f"  spent {usd(rc.spent_usd)} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
-                          f"worst case at deadline {usd(rc.worst_case_usd)}; time left {_dur(rc.time_left_s)}")
+                          f"worst case at deadline {usd(rc.worst_case_usd)}"
+                          + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
             if rows:
                 console.print(_resource_table(rows, "resources"))
             for ev in ledger.events(run.id, limit=1000):
@@ -160,17 +167,19 @@ def register(app: typer.Typer) -> None:
 
             print_json(data)
             return
-        t = Table(title="runs", title_justify="left")
-        for col in ("run", "name", "status", "provider", "topology", "started (UTC)", "spent / budget", "$/h",
-                    "worst case", "time left", "exit codes"):
-            t.add_column(col)
+        from rich import box
+
+        t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for col in ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
+                    "time left", "exit codes"):
+            t.add_column(col, no_wrap=col in ("run", "status", "$/h", "time left"))
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
             spent = f"{usd(c['spent_usd'])} / {usd(c['budget_usd'])}"
             active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
-            t.add_row(r["id"], r["name"], r["status"], r["provider"], r["topology"],
-                      (r["started_at"] or "-")[:19].replace("T", " "),
+            t.add_row(r["id"], r["name"], r["status"], f"{r['topology']} on {r['provider']}",
+                      (r["started_at"] or "-")[5:16].replace("T", " "),
                       f"[bold red]{spent}[/]" if over else spent,
                       usd(c["usd_per_hour"]) if c["live"] else "-",
                       usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]",
