@@ -56,7 +56,7 @@ _META: dict[str, dict[str, Any]] = {
     "vast": {
         "label": "SkyPilot catalog medians",
         "source": "SkyPilot public catalog catalogs/v8/vast/vms.csv at commit 01b8cdda (2025-2026), per (GPU model, "
-                  "GPU count) bucket the median live on-demand offer price; via reference/prices/vast-market-medians.csv",
+                  "GPU count) bucket the median live on-demand offer price; compiled for broker on 2026-11-29",
         "notes": [
             "medians, not the cheapest offers: a live /api/v0/bundles/ search (VAST_API_KEY) usually finds lower prices",
             f"storage_usd_per_gib_month {VAST_STORAGE_USD_PER_GIB_MONTH} is an ASSUMPTION: Vast hosts set storage_cost "
@@ -71,8 +71,8 @@ _META: dict[str, dict[str, Any]] = {
     "oci": {
         "label": "third-party list prices",
         "source": "OCI pay-as-you-go list prices per whole shape from public third-party catalogs (SkyPilot OCI "
-                  "catalog v6; a migration that read Oracle's price-list API on 2026-09-09); via "
-                  "reference/prices/oci-aws-list-prices.csv; unconfirmed against oracle.com",
+                  "catalog v6; a migration that read Oracle's price-list API on 2026-09-09); compiled "
+                  "for broker on 2026-11-29; unconfirmed against oracle.com",
         "notes": [
             "region empty = the shape is priced the same in every region; availability domains unknown until "
             "capacity reports are read (OCI credentials)",
@@ -86,7 +86,7 @@ _META: dict[str, dict[str, Any]] = {
     "aws": {
         "label": "third-party list prices",
         "source": "AWS EC2 on-demand Linux prices for us-east-1 after the June-2025 cut, as quoted consistently by "
-                  "several public repositories; via reference/prices/oci-aws-list-prices.csv; unconfirmed against "
+                  "several public repositories; compiled for broker on 2026-11-29; unconfirmed against "
                   "the AWS Pricing API",
         "notes": [
             "billing: per second with a 60 s minimum for Linux on-demand (AWS EC2 pricing page; unconfirmed here)",

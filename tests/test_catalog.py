@@ -30,7 +30,7 @@ def test_every_cloud_has_a_dated_snapshot_with_source():
     for p in ("vast", "oci", "aws"):
         date, source = catalog.snapshot_info(p)
         assert date == "2026-11-29"
-        assert source and "reference/prices" in source
+        assert source and "compiled for broker on 2026-11-29" in source
     assert "SkyPilot" in catalog.snapshot_info("vast")[1]
     notes = " ".join(catalog.snapshot_meta("vast")["notes"])
     assert "ASSUMPTION" in notes and "0.10-0.20" in notes
