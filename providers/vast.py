@@ -935,10 +935,11 @@ def offer_from_row(row: dict[str, Any], now: datetime | None = None) -> Offer | 
         gpu_name=gpu, gpu_count=n, gpu_mem_gib=round(float(row.get("gpu_ram") or 0) / 1024, 2),
         vcpus=float(row.get("cpu_cores_effective") or row.get("cpu_cores") or 0),
         ram_gib=round(float(row.get("cpu_ram") or 0) / 1024, 2), usd_per_hour=price,
-        storage_usd_per_gib_month=float(row.get("storage_cost") or 0.0), min_billed_seconds=1.0,
-        private_network=False,
+        # dph_total already prices the searched disk (allocated_storage = the recipe's disk_gib): storage must not
+        # be added again, so the Offer carries none; the host's storage_cost stays visible in attrs
+        storage_usd_per_gib_month=0.0, min_billed_seconds=1.0, private_network=False,
         price_source=f"live Vast.ai /api/v0/bundles/ {now.strftime('%Y-%m-%d %H:%M UTC')}", price_time=now,
-        attrs={**attrs, "dph_includes_storage": True})
+        attrs={**attrs, "dph_includes_storage": True, "storage_cost": float(row.get("storage_cost") or 0.0)})
 
 
 _PENDING = {None, "", "created", "loading", "rebooting", "scheduling"}

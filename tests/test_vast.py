@@ -184,7 +184,9 @@ def test_search_query_body_and_mapping():
         "vast", "29981234", "2x RTX 4090", "RTX 4090", 2)
     assert o.gpu_mem_gib == pytest.approx(24564 / 1024, abs=0.01)  # MB -> GiB
     assert o.ram_gib == pytest.approx(64308 / 1024, abs=0.01)
-    assert o.vcpus == 16.0 and o.usd_per_hour == 0.7421 and o.storage_usd_per_gib_month == 0.15
+    # dph_total already includes the searched disk: storage is not priced a second time
+    assert o.vcpus == 16.0 and o.usd_per_hour == 0.7421 and o.storage_usd_per_gib_month == 0.0
+    assert o.attrs["dph_includes_storage"] is True and o.attrs["storage_cost"] == 0.15
     assert o.region == "Oregon, US" and o.private_network is False and o.min_billed_seconds <= 60
     assert o.price_source.startswith("live Vast.ai /api/v0/bundles/")
     assert o.attrs["machine_id"] == 41122 and o.attrs["host_id"] == 90210 and o.attrs["reliability"] == 0.9953
@@ -576,3 +578,13 @@ def test_teardown_resolves_a_crashed_create_through_the_label(tmp_path):
         assert d.call_count == 1
         row = ledger.resource(res.id)
         assert row.state == "terminated" and row.provider_id == "456"
+
+
+def test_live_offer_storage_is_not_priced_twice():
+    """dph_total already includes the searched disk: the worst case is dph_total x the deadline, nothing more
+    (a bug priced the disk a second time from storage_cost)."""
+    from broker import pricing
+    from providers.vast import offer_from_row
+
+    o = offer_from_row(offer_row(dph_total=0.36, storage_cost=0.2))
+    assert pricing.worst_case_usd(o, 1.0, disk_gib=40, allowance_seconds=0) == pytest.approx(0.36)
