@@ -30,13 +30,15 @@ def what(opt: "PlanOption") -> str:
     return f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
 
 
-def where(opt: "PlanOption", zones: list[str] | None = None) -> str:
-    """Region and zone(s): ``us-east-1/us-east-1a,us-east-1b``, ``Quebec, CA, NA``; '' when unknown."""
-    if not opt.offers:
-        return ""
-    o = opt.offers[0]
+def where_of(o: "Offer", zones: list[str] | None = None) -> str:
+    """Region and zone(s) of an offer: ``us-east-1/us-east-1a``, ``Quebec, CA, NA``; '' when unknown."""
     zone = ",".join(zones) if zones else o.zone
     return "/".join(x.strip(" ,") for x in (o.region, zone) if x and x.strip(" ,"))
+
+
+def where(opt: "PlanOption", zones: list[str] | None = None) -> str:
+    """Region and zone(s): ``us-east-1/us-east-1a,us-east-1b``, ``Quebec, CA, NA``; '' when unknown."""
+    return where_of(opt.offers[0], zones) if opt.offers else ""
 
 
 def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
@@ -253,7 +255,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.model import Requirements
         from broker.planner import fmt_num, gpu_name_matches
-        from broker.ui import console, print_json
+        from broker.ui import console, print_json, usd
 
         req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
                            hours=None, budget_usd=None, topology="any")
@@ -265,15 +267,22 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
             return
-        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left")
-        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", False),
-                            ("$/h", True), ("disk $/GiB/mo", False), ("where", False), ("net", False)):
-            t.add_column(col, no_wrap=nowrap)
+        from rich import box
+
+        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", True),
+                            ("$/hour", True), ("disk $/GiB/mo", True), ("where", False), ("network", True)):
+            t.add_column(col, no_wrap=nowrap, justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
-            t.add_row(o.provider, escape(o.offer_id), escape(f"{o.gpu_count}x {o.gpu_name} {fmt_num(o.gpu_mem_gib)}G"),
-                      f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", f"{o.usd_per_hour:.4g}",
-                      f"{o.storage_usd_per_gib_month:g}", escape("/".join(x for x in (o.region, o.zone) if x) or "any"),
-                      "private" if o.private_network else "public")
+            if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
+                offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
+            else:
+                offer = o.offer_id if o.gpu_name in o.instance_type else f"{o.offer_id} ({o.instance_type})"
+            t.add_row(o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G"),
+                      f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", usd(o.usd_per_hour),
+                      "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}",
+                      escape(where_of(o) or "any"), "private" if o.private_network else "public")
         console.print(t)
         for n in facts.notes:
             console.print(f"[dim]note:[/] {escape(n)}")
