@@ -277,8 +277,10 @@ def register(app: typer.Typer) -> None:
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
                 offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
+            elif o.offer_id == o.instance_type or o.gpu_name in o.instance_type:
+                offer = o.offer_id
             else:
-                offer = o.offer_id if o.gpu_name in o.instance_type else f"{o.offer_id} ({o.instance_type})"
+                offer = f"{o.offer_id} ({o.instance_type})"
             t.add_row(o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G"),
                       f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", usd(o.usd_per_hour),
                       "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}",
