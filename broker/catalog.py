@@ -185,7 +185,7 @@ def _compatible(o: "Offer", req: "Requirements") -> bool:
 
     if req.gpu_names and not any(gpu_name_matches(w, o.gpu_name) for w in req.gpu_names):
         return False
-    if o.gpu_mem_gib < req.min_gpu_mem_gib:
+    if o.gpu_mem_gib < req.gpu_mem_floor_gib:
         return False
     if o.gpu_count >= req.nodes * req.gpus_per_node:
         return True

@@ -96,6 +96,11 @@ class Capacity(BaseModel):
     source: str = ""
 
 
+#: Cards sold as "24 GB" report 24564 MiB (23.99 GiB): GPU memory within this fraction below the minimum counts as
+#: enough (an RTX 4090 serves a 24 GiB job; an A10G's 22.35 GiB does not).
+GPU_MEM_TOLERANCE = 0.02
+
+
 class Requirements(BaseModel):
     """What a job needs, independent of any provider.
 
@@ -113,6 +118,11 @@ class Requirements(BaseModel):
     cpu_ok: bool = False
     disk_gib: float = 40.0
     providers: list[str] = Field(default_factory=list)  # empty = all
+
+    @property
+    def gpu_mem_floor_gib(self) -> float:
+        """The least memory per GPU (GiB) that satisfies ``min_gpu_mem_gib`` (see :data:`GPU_MEM_TOLERANCE`)."""
+        return self.min_gpu_mem_gib * (1 - GPU_MEM_TOLERANCE)
 
 
 class PlanOption(BaseModel):

@@ -211,7 +211,7 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
         out.append(("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: {', '.join(ctx.wanted)})"))
         if not full:
             return out
-    if o.gpu_mem_gib < req.min_gpu_mem_gib:
+    if o.gpu_mem_gib < req.gpu_mem_floor_gib:
         out.append(("gpu-memory", f"GPU memory {fmt_num(o.gpu_mem_gib)} GiB < {fmt_num(req.min_gpu_mem_gib)} GiB"))
     return out
 
@@ -409,7 +409,7 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
     counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
     cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi)) if ok)
-    wanted, min_mem = ctx.wanted, req.min_gpu_mem_gib
+    wanted, min_mem = ctx.wanted, req.gpu_mem_floor_gib
     n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
     budget, fixed_hours, disk = ctx.budget, ctx.hours, req.disk_gib
     cost, billed_s, max_billed = pricing.cost_usd, pricing.billed_seconds, pricing.max_billed_seconds

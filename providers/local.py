@@ -95,7 +95,7 @@ class LocalProvider(Provider):
             if req.cpu_ok:
                 return None
             return f"this machine has {len(g)} GPU(s), the job needs {need} ({req.nodes} nodes x {req.gpus_per_node})"
-        small = [x for x in g[:need] if x.mem_gib and x.mem_gib < req.min_gpu_mem_gib]
+        small = [x for x in g[:need] if x.mem_gib and x.mem_gib < req.gpu_mem_floor_gib]
         if small and not req.cpu_ok:
             return f"GPU {small[0].name} has {small[0].mem_gib} GiB, the job needs {req.min_gpu_mem_gib} GiB per GPU"
         return None
@@ -104,7 +104,7 @@ class LocalProvider(Provider):
         """True when the job gets one GPU per process here (else gloo on CPU)."""
         g = self.gpus
         return len(g) >= req.nodes * req.gpus_per_node and not any(
-            x.mem_gib and x.mem_gib < req.min_gpu_mem_gib for x in g[: req.nodes * req.gpus_per_node])
+            x.mem_gib and x.mem_gib < req.gpu_mem_floor_gib for x in g[: req.nodes * req.gpus_per_node])
 
     def node_env(self, req: Requirements, node_rank: int) -> dict[str, str]:
         """Environment for node ``node_rank``: its own GPUs, or none (CPU)."""

@@ -102,7 +102,7 @@ def _list_price(shape: str | None) -> float | None:
 
 
 def _matches(o: Offer, req: Requirements) -> bool:
-    if o.gpu_count < req.gpus_per_node or o.gpu_mem_gib < req.min_gpu_mem_gib:
+    if o.gpu_count < req.gpus_per_node or o.gpu_mem_gib < req.gpu_mem_floor_gib:
         return False
     if req.gpu_names:
         # "A100" matches A100-40GB and A100-80GB; "A10" matches only A10 (not a substring test)

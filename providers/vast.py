@@ -585,7 +585,7 @@ class VastProvider(Provider):
         """
         q: dict[str, Any] = {
             "num_gpus": {"gte": int(req.nodes * req.gpus_per_node)},
-            "gpu_ram": {"gte": round(req.min_gpu_mem_gib * 1024)},
+            "gpu_ram": {"gte": round(req.gpu_mem_floor_gib * 1024)},
             "reliability": {"gte": self.min_reliability},
             "inet_up": {"gte": self.min_inet_mbps},
             "inet_down": {"gte": self.min_inet_mbps},

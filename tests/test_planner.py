@@ -56,8 +56,18 @@ def test_default_job_from_snapshot_chooses_cheapest_vast_simulated(snapshot_offe
     assert aws[0].worst_case_usd == pytest.approx(2 * (0.526 + 0.08 * 40 / 730) * 4200 / 3600, abs=1e-12)
     assert len(aws[0].offers) == 2
     assert p.created_at == T0
-    # the 16376 MiB RTX 4070S Ti host is too small for 16 GiB
+    # the 8-12 GiB cards are too small for 16 GiB (a "16 GB" RTX 4070S Ti, 16376 MiB, is not: 2 % tolerance)
     assert "gpu-memory" in p.rejected_counts
+
+
+def test_gpu_memory_as_marketed_counts():
+    """An RTX 4090 reports 24564 MiB (23.99 GiB) and is sold as 24 GB: a 24 GiB job accepts it (it was rejected
+    as "23.99 GiB < 24 GiB"); an A10G (22888 MiB, 22.35 GiB) stays too small."""
+    offers = [mk("vast", "2x RTX 4090", 2, 24564 / 1024, 0.8, name="RTX 4090", region="X"),
+              mk("aws", "g5.xlarge", 1, 22888 / 1024, 1.0, name="A10G", region="us-east-1")]
+    p = plan(Requirements(min_gpu_mem_gib=24, budget_usd=None, hours=1), offers)
+    assert [o.offers[0].instance_type for o in p.options] == ["2x RTX 4090"]
+    assert any("GPU memory 22.35 GiB < 24 GiB" in r for o in p.rejected for r in o.rejected)
 
 
 def test_memory_model_and_topology_reasons():

@@ -170,7 +170,7 @@ def test_search_query_body_and_mapping():
         offers = p.offers(req)
     sent = json.loads(route.calls.last.request.content)
     assert sent == {
-        "num_gpus": {"gte": 2}, "gpu_ram": {"gte": 16384}, "reliability": {"gte": 0.98},
+        "num_gpus": {"gte": 2}, "gpu_ram": {"gte": 16056}, "reliability": {"gte": 0.98},  # 16 GiB less 2 %
         "inet_up": {"gte": 100.0}, "inet_down": {"gte": 100.0}, "cuda_max_good": {"gte": 12.1},
         "direct_port_count": {"gte": 1}, "verified": {"eq": True}, "rentable": {"eq": True},
         "rented": {"eq": False}, "external": {"eq": False},
@@ -588,3 +588,13 @@ def test_live_offer_storage_is_not_priced_twice():
 
     o = offer_from_row(offer_row(dph_total=0.36, storage_cost=0.2))
     assert pricing.worst_case_usd(o, 1.0, disk_gib=40, allowance_seconds=0) == pytest.approx(0.36)
+
+
+def test_a_24_gib_job_queries_low_enough_for_an_rtx_4090():
+    """Vast reports an RTX 4090 as 24564 MB (23.99 GiB); a query for 24 GiB x 1024 = 24576 MB missed every 4090."""
+    p = make_provider()
+    with respx.mock(base_url=URL) as mock:
+        route = mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row()]})
+        offers = p.offers(Requirements(nodes=2, min_gpu_mem_gib=24))
+    assert json.loads(route.calls.last.request.content)["gpu_ram"]["gte"] <= 24564
+    assert [o.gpu_name for o in offers] == ["RTX 4090"]
