@@ -356,9 +356,9 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
         arm_idle = idle_watch_launcher(idle_minutes, f'bash {d}/destroy.sh "idle stop"', done_file=done_file,
                                        state_dir=state_dir, poll_s=idle_poll_s)
     what = " + ".join(x for x in ("dead-man switch" if timer else "", "idle stop" if arm_idle else "") if x)
-    head = (f"destroy this instance at {fire_iso} even if no broker process is alive" if timer else
-            "destroy this instance when idle")
-    return f"""# --- broker dead-man switch: {head}
+    head = (f"dead-man switch: destroy this instance at {fire_iso} even if no broker process is alive" if timer
+            else "idle stop: destroy this instance once idle")
+    return f"""# --- broker {head}
 (
 umask 077
 DIR={d}
@@ -382,7 +382,7 @@ else
 {destroy}BROKER_DESTROY_EOF
 {arm_timer}{arm_idle}fi
 )
-# --- end of dead-man switch
+# --- end of {"dead-man switch" if timer else "idle stop"}
 """
 
 
