@@ -123,6 +123,7 @@ def test_vast_onstart_without_idle_minutes_starts_no_idle_watch(node, killer):
     assert "broker_idle_watch" not in script
     proc = run_boot(script, path, {"CONTAINER_ID": INSTANCE_ID, "CONTAINER_API_KEY": SECRET})
     assert proc.returncode == 0 and "idle stop" not in proc.stdout
+    assert wait_for(lambda: (state / "deadman.pid").exists(), 10)  # so the fixture can kill the timer
     assert not (state / "idle.pid").exists()
 
 
