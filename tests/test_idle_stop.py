@@ -154,3 +154,23 @@ def test_cli_no_watchdog_ignores_idle_minutes_and_says_why(cli_env, broker_home,
         assert led.resources(live_only=True) == []
     finally:
         led.close()
+
+
+def test_kept_message_names_the_key_endpoint_and_how_to_stop():
+    from types import SimpleNamespace
+
+    from broker.commands.lifecycle import kept_message
+    from broker.model import Cluster, ClusterNode, Resource, TopologyKind, utcnow
+
+    cluster = Cluster(run_id="run-x", provider="vast", topology=TopologyKind.multi_node, workroot="/root/broker",
+                      ssh_key_path="/home/me/.broker/runs/run-x/ssh/id_ed25519",
+                      nodes=[ClusterNode(node_rank=0, host="ssh5.vast.ai", port=31456, user="root",
+                                         private_ip="10.0.0.5")])
+    res = Resource(id="res-1", run_id="run-x", provider="vast", kind="instance", name="broker-run-x-n0",
+                   provider_id="456", state="running", created_at=utcnow())
+    lines = kept_message(SimpleNamespace(run=SimpleNamespace(id="run-x"), cluster=cluster, kept=[res]), 15)
+    text = "\n".join(lines)
+    assert "vast 456" in lines[0]
+    assert "ssh -i /home/me/.broker/runs/run-x/ssh/id_ed25519 -p 31456 root@ssh5.vast.ai" in text
+    assert "15 min after the last SSH session closes" in text and "watchdog 15 min after the job ended" in text
+    assert lines[-1].strip() == "stop them now: broker down run-x"
