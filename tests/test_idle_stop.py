@@ -4,6 +4,8 @@ carry ``idle_minutes``, the run is ended), the watchdog terminates them once the
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
 import pytest
@@ -120,34 +122,41 @@ def test_ctrl_c_tears_down_even_with_idle_minutes(tmp_path, ledger, monkeypatch)
     assert all(r.state == "terminated" for r in ledger.resources(runs[0].id))
 
 
-def test_cli_prints_how_to_reach_and_stop_kept_nodes(cli_env, broker_home, tmp_path):
-    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+def test_cli_keeps_nodes_with_a_watchdog_and_says_how_to_reach_and_stop_them(cli_env, broker_home, tmp_path):
+    env = dict(cli_env, BROKER_WATCHDOG_AUTOSTART="1", BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
     recipe = _recipe(tmp_path, "idle_minutes: 5\n")
     p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q"), cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
+    wd_pid = None
     try:
         assert p.returncode == 0, p.stdout + p.stderr
+        wd_pid = int(p.stderr.split("watchdog started (pid ")[1].split(")")[0])
         assert "nodes kept for inspection (recipe idle_minutes=5)" in p.stderr
         assert "watchdog 5 min after the job ended" in p.stderr
         run_id = p.stderr.split("stop them now: broker down ")[1].split()[0]
         led = Ledger(broker_home / "ledger.sqlite")
         try:
             assert [r.attrs["idle_minutes"] for r in led.resources(run_id, live_only=True)] == [5]
+            assert led.get_run(run_id).status == "succeeded"
         finally:
             led.close()
     finally:
+        if wd_pid:
+            os.kill(wd_pid, signal.SIGKILL)
         d = subprocess.run(broker_cmd("down", "--all", "--yes"), cwd=REPO, env=env, capture_output=True,
                            text=True, timeout=120)
         assert d.returncode == 0, d.stdout + d.stderr
 
 
-def test_cli_no_watchdog_ignores_idle_minutes_and_says_why(cli_env, broker_home, tmp_path):
-    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+@pytest.mark.parametrize("flags,why", [(["--no-watchdog"], "--no-watchdog"),
+                                       ([], "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off")])
+def test_cli_without_a_watchdog_ignores_idle_minutes_and_says_why(cli_env, broker_home, tmp_path, flags, why):
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))  # autostart off (conftest)
     recipe = _recipe(tmp_path, "idle_minutes: 5\n")
-    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", "--no-watchdog"), cwd=REPO,
+    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", *flags), cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "idle_minutes=5 is ignored with --no-watchdog" in p.stderr
+    assert f"idle_minutes=5 is ignored: {why}" in p.stderr.replace("\n", " ")
     assert "kept for inspection" not in p.stderr
     led = Ledger(broker_home / "ledger.sqlite")
     try:

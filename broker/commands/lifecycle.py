@@ -46,7 +46,8 @@ class ProgressPrinter:
 def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_json: bool,
               watchdog: bool = True) -> int:
     """``broker run`` on rented machines: provision the ranked ``options`` (failover in that order), run, tear
-    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False."""
+    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False.  Recipe
+    ``idle_minutes`` keeps the nodes after the job only while a watchdog runs (else: torn down, and said why)."""
     from broker.accounting import check_budget
     from broker.cloudrun import run_on_cloud
     from broker.commands.summary import render_summary
@@ -57,6 +58,7 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
     ledger = Ledger()
     best = options[0]
     check_budget(best.worst_case_usd, recipe.budget_usd, best.usd_per_hour)
+    have_watchdog = False  # one runs (started here or already): only then may recipe idle_minutes keep nodes
     if not watchdog:
         err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
                   "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
@@ -64,8 +66,13 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
         from broker.watchdog import start_detached
 
         pid = start_detached()
+        have_watchdog = True  # started now, or None: one is already running
         if pid and not as_json:
             err.print(f"watchdog started (pid {pid}); it enforces the deadline and budget even if this CLI dies")
+    elif recipe.idle_minutes:
+        from broker.accounting import watchdog_state
+
+        have_watchdog = watchdog_state().alive
     prog = ProgressPrinter(ledger)
 
     def started(run: Any) -> None:
@@ -75,11 +82,13 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
                           f"({best.summary}, ${best.usd_per_hour:.2f}/h, worst case ${best.worst_case_usd:.2f}); "
                           f"{len(options)} ranked option(s) for failover; logs: {run.run_dir}")
 
-    if recipe.idle_minutes and not watchdog:
-        err.print(f"[yellow]note:[/] recipe idle_minutes={recipe.idle_minutes:g} is ignored with --no-watchdog: "
-                  "nothing would terminate kept nodes, so they are torn down when the job ends")
+    if recipe.idle_minutes and not have_watchdog:
+        why = ("--no-watchdog" if not watchdog else
+               "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off; start `broker watchdog`)")
+        err.print(f"[yellow]note:[/] recipe idle_minutes={recipe.idle_minutes:g} is ignored: {why}: nothing would "
+                  "terminate kept nodes, so they are torn down when the job ends")
     out = run_on_cloud(recipe, options, ledger, None if (quiet or as_json) else echo_line, progress=prog,
-                       on_start=started, keep_when_idle=watchdog)
+                       on_start=started, keep_when_idle=have_watchdog)
     if as_json:
         from broker.commands.run import result_dict
 
@@ -90,7 +99,7 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
         render_summary(out.run, out.result, recipe, out.cost_usd)
     if out.kept_until_idle and not as_json:
         for line in kept_message(out, recipe.idle_minutes):
-            err.print(line, markup=False, highlight=False)
+            err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
     if out.left:
         err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
