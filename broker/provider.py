@@ -121,6 +121,7 @@ class NodeRequest(BaseModel):
     network: dict[str, Any] = Field(default_factory=dict)  # ids returned by bootstrap (subnet, sg, pg ...)
     tags: dict[str, str] = Field(default_factory=dict)
     onstart: str | None = None  # extra shell run at boot (after the dead-man switch is armed)
+    idle_minutes: float | None = None  # recipe idle_minutes: arms the node-side idle stop (job ended + no SSH)
 
 
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]

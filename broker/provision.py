@@ -184,12 +184,13 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
               ready_timeout_s: float = 900.0, poll_s: float = 5.0, ssh_public_key: str | None = None,
               ssh_key_path: str | None = None, image: str | None = None, onstart: str | None = None,
               transient_attempts: int = 4, retry_wait_s: float = 2.0, terminate_timeout_s: float = 600.0,
-              actor: str = "cli") -> Cluster:
+              actor: str = "cli", idle_minutes: float | None = None) -> Cluster:
     """Create the machines of the first option that works; returns the ready cluster.
 
     ``plan``: a Plan (its valid ``options`` in rank order), one PlanOption or a ranked list.  ``run``: the ledger
     run (id, hard ``deadline``, ``run_dir`` where the SSH key goes).  ``requirements``: a Recipe or Requirements
-    (``disk_gib``, ``image`` are read when present).  ``providers``: adapters by name (default: the registry).
+    (``disk_gib``, ``image``, ``idle_minutes`` are read when present; ``idle_minutes`` given here wins: it goes to
+    every NodeRequest so the adapter arms the node-side idle stop).  ``providers``: adapters by name (default: the registry).
     ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds.  A fresh ed25519 key
     is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
 
@@ -229,6 +230,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
 
     disk_gib = float(getattr(requirements, "disk_gib", 40.0) or 40.0)
     image = image or getattr(requirements, "image", None)
+    if idle_minutes is None:
+        idle_minutes = getattr(requirements, "idle_minutes", None)
     fo = _Failover()
     networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = {}
 
@@ -261,7 +264,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
                                ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
                                onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
-                               terminate_timeout_s=terminate_timeout_s)
+                               terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes)
         except _StopFailover as stop:
             fo.attempts.append(Attempt(label, opt.provider, "failed", stop.err.message))
             ledger.event(run.id, actor, "failover-stopped", stop.err.message)
@@ -314,7 +317,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
 def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
              render: Progress, actor: str,
              ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
-             onstart: str | None, transient_attempts: int, retry_wait_s: float,
+             onstart: str | None, transient_attempts: int, retry_wait_s: float, idle_minutes: float | None,
              terminate_timeout_s: float) -> Cluster:
     """One option: bootstrap, create every instance ledger-first, wait until running.  On a ProviderError every
     instance created here (and the network objects of a failed bootstrap) is terminated before it propagates."""
@@ -379,7 +382,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 f"(${offer.usd_per_hour:.4g}/h)")
             req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
                               client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
-                              network=dict(networks[key][0]), tags={RUN_TAG: run.id}, onstart=onstart)
+                              network=dict(networks[key][0]), tags={RUN_TAG: run.id}, onstart=onstart,
+                              idle_minutes=idle_minutes)
             try:
                 pid = _retrying(p.create_instance, req, attempts=transient_attempts, wait_s=retry_wait_s, say=say,
                                 what=f"{p.name} create_instance")
@@ -454,10 +458,21 @@ def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos:
                                     hint=f"`broker down {run.id}` and report this provider response")
             nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or ip, port=info.ssh_port,
                                      user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
-    user = nodes[0].user
-    workroot = p.node_workroot or ("/root/broker" if user == "root" else f"/home/{user}/broker")
+    workroot = node_workroot(nodes[0].user, p.node_workroot)
     return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes, workroot=workroot,
                    local_exec=bool(getattr(p, "local_exec", False)))
+
+
+def node_workroot(ssh_user: str, override: str | None = None) -> str:
+    """The folder on a node for broker's run files (``Cluster.workroot``): ``override`` (the adapter's
+    ``node_workroot``) when set, else ``/root/broker`` for root and ``/home/<user>/broker`` for anyone else."""
+    return override or ("/root/broker" if ssh_user == "root" else f"/home/{ssh_user}/broker")
+
+
+def job_done_path(ssh_user: str, override: str | None = None) -> str:
+    """``<workroot>/job.done``: the SSH runner (:func:`broker.remote.run_remote`) touches it on every node when the
+    job has ended; the node-side idle watch (:func:`broker.watchdog.idle_watch_script`) starts counting then."""
+    return node_workroot(ssh_user, override).rstrip("/") + "/job.done"
 
 
 def requirements_of(recipe_or_req: Any) -> Requirements:

@@ -14,7 +14,9 @@
    --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
    ``torchrun.pid``) and hand the nodes to :class:`broker.launch.Supervisor` (``[node i]`` logs, per-node log
    files, stop all when one fails, deadline, Ctrl-C);
-6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder.
+6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder;
+7. when the job has ended (success or failure, not Ctrl-C), touch ``<workroot>/job.done`` on every node (best
+   effort): the node-side idle stop (recipe ``idle_minutes``) counts from then.
 
 Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1``, ``TMPDIR`` in the node's
 run folder, ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (the marker that finds orphans), ``NCCL_SOCKET_IFNAME`` =
@@ -446,6 +448,7 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
         return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
 
     ssh = SSHCluster(cluster, run_dir=run_dir, connect_timeout_s=connect_timeout_s)
+    aborted = False
     try:
         try:
             ssh.open()
@@ -528,8 +531,28 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
             _fetch_artifacts(ssh, recipe.artifacts, run_dir, logs[0], echo)
         res.wall_s = time.monotonic() - t0
         return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
+    except BaseException:  # Ctrl-C or a bug: the caller tears down at once, no idle watch to inform
+        aborted = True
+        raise
     finally:
+        if not aborted:
+            _mark_done(ssh, n)
         ssh.close()
+
+
+def _mark_done(ssh: SSHCluster, n: int) -> None:
+    """Touch ``<workroot>/job.done`` (:func:`broker.provision.job_done_path`) on every node, best effort (only
+    nodes whose connection is still open; no reconnect): the job has ended, so the node-side idle watch
+    (:func:`broker.watchdog.idle_watch_script`) starts counting."""
+    root = ssh.cluster.workroot.rstrip("/")
+    cmd = f"mkdir -p {shlex.quote(root)} && touch {shlex.quote(root + '/job.done')}"
+    live = [i for i in range(n) if (c := ssh._conns.get(i)) is not None and not c.is_closed()]
+    if not live:
+        return
+    try:
+        ssh.gather([ssh.arun(i, cmd, timeout=15) for i in live], timeout=30)
+    except Exception:  # noqa: BLE001 - best effort: the watchdog still ends the nodes after idle_minutes
+        pass
 
 
 async def _prepare(ssh: SSHCluster, i: int, workdir: Path, env: dict[str, str]) -> None:

@@ -502,3 +502,34 @@ def idle_watch_script(idle_minutes: float, on_idle: str, *, done_file: str = "/r
   done
 }}
 """
+
+
+def idle_watch_launcher(idle_minutes: float, on_idle: str, *, done_file: str, state_dir: str,
+                        poll_s: float = 30.0, prelude: str = "") -> str:
+    """Shell for an onstart / user-data script that starts the node-side idle stop in the background.
+
+    It writes ``<state_dir>/idle.sh`` (``prelude``, then :func:`idle_watch_script`, then ``broker_idle_watch``;
+    its pid goes to ``<state_dir>/idle.pid``; a watch left by an earlier boot is stopped) and starts it detached (``setsid``, else ``nohup``; stdin from
+    /dev/null, output to ``<state_dir>/idle.log``, so a boot script's caller such as cloud-init does not wait for
+    it).  ``on_idle``: the provider's self-terminate; ``done_file``: ``<workroot>/job.done``
+    (:func:`broker.provision.job_done_path`); ``poll_s``: seconds between checks."""
+    d = shlex.quote(state_dir)
+    body = (prelude.rstrip("\n") + "\n" if prelude else "") + idle_watch_script(
+        idle_minutes, on_idle, done_file=done_file, poll_s=poll_s)
+    return f"""# --- broker idle stop: after the job ended and {idle_minutes:g} min without an SSH session, stop this node
+mkdir -p {d} && chmod 700 {d}
+cat > {d}/idle.sh <<'BROKER_IDLE_EOF'
+#!/bin/bash
+echo $$ > {d}/idle.pid
+{body}broker_idle_watch
+BROKER_IDLE_EOF
+old=$(cat {d}/idle.pid 2>/dev/null)
+if [ -n "$old" ] && grep -q idle.sh "/proc/$old/cmdline" 2>/dev/null; then kill "$old" 2>/dev/null; fi
+if command -v setsid >/dev/null 2>&1; then
+  setsid bash {d}/idle.sh </dev/null >>{d}/idle.log 2>&1 &
+else
+  nohup bash {d}/idle.sh </dev/null >>{d}/idle.log 2>&1 &
+fi
+echo "broker: idle stop armed ({idle_minutes:g} min without SSH after {done_file} appears)"
+# --- end of idle stop
+"""

@@ -46,6 +46,8 @@ from broker.provider import (RUN_TAG, AuthError, BadInput, CapacityError, Instan
 TOKEN_TAG = "broker-client-token"
 #: SSH user of the Deep Learning AMI (Ubuntu).
 SSH_USER = "ubuntu"
+#: Where the node keeps broker's own files (idle stop script, pid and log).
+NODE_STATE_DIR = "/var/lib/broker"
 #: What to do when boto3 is missing (the `aws` extra).
 INSTALL_HINT = "install the AWS SDK: pip install -e '.[aws]' (or pip install boto3)"
 #: Name pattern of the default image (AWS Deep Learning OSS Nvidia Driver AMI with PyTorch, Ubuntu 22.04).
@@ -81,15 +83,22 @@ _CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacityOnHost",
 
 # --------------------------------------------------------------------------------------------------- user data
 def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public_key: str,
-                     onstart: str | None = None) -> str:
+                     onstart: str | None = None, *, idle_minutes: float | None = None,
+                     idle_poll_s: float = 30.0, state_dir: str = NODE_STATE_DIR,
+                     done_file: str | None = None) -> str:
     """The user-data shell script run once by cloud-init (as root) at first boot.
 
     1. Arms the dead-man switch first: ``shutdown -h +M`` where ``M`` = whole minutes (rounded up) from *boot
        time* to ``deadline + grace_seconds`` (computed on the node from the absolute epoch, so slow boots do not
        push the deadline out; 0 when already past).  With ``InstanceInitiatedShutdownBehavior="terminate"`` the
        shutdown terminates the instance and stops all billing.  No deadline: nothing is scheduled.
-    2. Appends ``ssh_public_key`` to ``$BROKER_SSH_HOME/.ssh/authorized_keys`` (default ``/home/ubuntu``).
-    3. Runs ``onstart`` (extra shell) if given.
+    2. With ``idle_minutes``: starts the idle stop (:func:`broker.watchdog.idle_watch_launcher`, files in
+       ``state_dir``): once ``done_file`` (default ``/home/ubuntu/broker/job.done``; the SSH runner touches it
+       when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs
+       ``shutdown -h now`` (a terminate, as in 1).
+       ``idle_poll_s``: seconds between its checks.
+    3. Appends ``ssh_public_key`` to ``$BROKER_SSH_HOME/.ssh/authorized_keys`` (default ``/home/ubuntu``).
+    4. Runs ``onstart`` (extra shell) if given.
     """
     lines = ["#!/bin/bash", "# broker node bootstrap (user data)", "set -u"]
     if deadline is not None:
@@ -105,6 +114,13 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
             'shutdown -h "+${broker_minutes}" "broker: hard deadline reached, terminating" '
             '|| echo "broker: could not schedule shutdown" >&2',
         ]
+    if idle_minutes:
+        from broker.provision import job_done_path
+        from broker.watchdog import idle_watch_launcher
+
+        lines.append(idle_watch_launcher(
+            idle_minutes, 'shutdown -h now "broker: idle stop (job ended, no SSH session), terminating"',
+            done_file=done_file or job_done_path(SSH_USER), state_dir=state_dir, poll_s=idle_poll_s).rstrip("\n"))
     key = ssh_public_key.strip()
     if key:
         lines += [
@@ -643,7 +659,8 @@ class AWSProvider(Provider):
         params: dict[str, Any] = {
             "ImageId": image, "InstanceType": o.instance_type, "MinCount": 1, "MaxCount": 1,
             "InstanceInitiatedShutdownBehavior": "terminate", "ClientToken": req.client_token[:64],
-            "UserData": user_data_script(req.deadline, req.grace_seconds, req.ssh_public_key, req.onstart),
+            "UserData": user_data_script(req.deadline, req.grace_seconds, req.ssh_public_key, req.onstart,
+                                         idle_minutes=req.idle_minutes),
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
                                   {"ResourceType": "volume", "Tags": tags}],
         }

@@ -173,19 +173,29 @@ def deadman_watcher(fire_at_epoch: int, *, region: str | None = None, endpoint: 
     with an instance-principal signer (``oci compute instance terminate --auth instance_principal
     --preserve-boot-volume false --force``, or the Python SDK when only that is installed), retrying every 60 s.
     """
-    reg = f"--region {shlex.quote(region)}" if region else ""
-    ep = f"--endpoint {shlex.quote(endpoint)}" if endpoint else ""
     return f"""#!/bin/bash
 # broker dead-man switch (OCI): terminate this instance at the run's deadline + grace, even with no broker alive.
 FIRE_AT={int(fire_at_epoch)}
-IMDS="${{BROKER_IMDS:-http://169.254.169.254}}"
 while [ "$(date +%s)" -lt "$FIRE_AT" ]; do sleep "${{BROKER_DEADMAN_POLL_S:-20}}"; done
+{self_terminate_function(region=region, endpoint=endpoint)}broker_self_terminate "broker dead-man switch: deadline passed"
+"""
+
+
+def self_terminate_function(*, region: str | None = None, endpoint: str | None = None) -> str:
+    """The bash function ``broker_self_terminate WHY`` shared by the dead-man switch and the idle stop: reads the
+    instance OCID from the metadata service (``$BROKER_IMDS``, default ``http://169.254.169.254``), then
+    terminates it with an instance-principal signer (OCI CLI, else the Python SDK), retrying every
+    ``$BROKER_DEADMAN_RETRY_S`` (60) s; exits the script once the terminate call succeeded."""
+    reg = f"--region {shlex.quote(region)}" if region else ""
+    ep = f"--endpoint {shlex.quote(endpoint)}" if endpoint else ""
+    return f"""broker_self_terminate() {{
+IMDS="${{BROKER_IMDS:-http://169.254.169.254}}"
 ID=""
 while [ -z "$ID" ]; do
   ID=$(curl -sf -H "Authorization: Bearer Oracle" "$IMDS/opc/v2/instance/id") || ID=""
   [ -n "$ID" ] || sleep 5
 done
-echo "broker dead-man switch: deadline passed, terminating $ID"
+echo "$1, terminating $ID"
 while true; do
   if command -v oci >/dev/null 2>&1; then
     oci compute instance terminate --instance-id "$ID" --preserve-boot-volume false --force \\
@@ -200,7 +210,29 @@ PY
   fi
   sleep "${{BROKER_DEADMAN_RETRY_S:-60}}"
 done
+}}
 """
+
+
+#: Installs the OCI CLI on the node when neither it nor the SDK is present (for the instance-principal terminate).
+_OCI_CLI_INSTALL = """\
+if ! command -v oci >/dev/null 2>&1 && ! python3 -c 'import oci' 2>/dev/null; then
+  python3 -m pip install --quiet oci-cli || pip3 install --quiet oci-cli || true
+fi
+"""
+
+
+def idle_cloud_init(idle_minutes: float, *, done_file: str, region: str | None = None,
+                    endpoint: str | None = None, state_dir: str = "/var/lib/broker", poll_s: float = 30.0) -> str:
+    """Cloud-init shell snippet for the idle stop with an instance principal: once ``done_file``
+    (``<workroot>/job.done``, touched by the SSH runner when the job has ended) exists and no SSH session was seen
+    for ``idle_minutes``, the node terminates itself (:func:`self_terminate_function`, the dead-man switch's call;
+    see :func:`broker.watchdog.idle_watch_launcher` for the files in ``state_dir``)."""
+    from broker.watchdog import idle_watch_launcher
+
+    return _OCI_CLI_INSTALL + idle_watch_launcher(
+        idle_minutes, 'broker_self_terminate "broker idle stop: job ended, no SSH session"', done_file=done_file,
+        state_dir=state_dir, poll_s=poll_s, prelude=self_terminate_function(region=region, endpoint=endpoint))
 
 
 def deadman_cloud_init(deadline: datetime, grace_seconds: float, *, region: str | None = None,
@@ -213,10 +245,7 @@ def deadman_cloud_init(deadline: datetime, grace_seconds: float, *, region: str 
     path = shlex.quote(install_path)
     return f"""\
 # broker: arm the node-side dead-man switch (instance principal)
-if ! command -v oci >/dev/null 2>&1 && ! python3 -c 'import oci' 2>/dev/null; then
-  python3 -m pip install --quiet oci-cli || pip3 install --quiet oci-cli || true
-fi
-cat > {path} <<'BROKER_DEADMAN_EOF'
+{_OCI_CLI_INSTALL}cat > {path} <<'BROKER_DEADMAN_EOF'
 {body}BROKER_DEADMAN_EOF
 chmod 0755 {path}
 if command -v systemd-run >/dev/null 2>&1; then
@@ -229,13 +258,18 @@ fi
 
 def cloud_init(vcn_cidr: str, *, deadline: datetime | None = None, grace_seconds: float = 300.0,
                instance_principal: bool = False, onstart: str | None = None, region: str | None = None,
-               endpoint: str | None = None) -> str:
+               endpoint: str | None = None, idle_minutes: float | None = None,
+               done_file: str = "/home/opc/broker/job.done") -> str:
     """The node's user-data (a bash script cloud-init runs once at first boot): host firewall opened to
-    ``vcn_cidr`` only, then the dead-man switch when ``instance_principal`` and a ``deadline`` are given, then
-    ``onstart``."""
+    ``vcn_cidr`` only, then the dead-man switch when ``instance_principal`` and a ``deadline`` are given, the idle
+    stop (:func:`idle_cloud_init`, watching ``done_file``) when ``instance_principal`` and ``idle_minutes`` are
+    given, then ``onstart``.  Without an instance principal the node cannot end its own billing: the idle stop is
+    then the watchdog's alone."""
     parts = ["#!/bin/bash", firewall_script(vcn_cidr)]  # no `set -eu`: a failing step must not skip the rest
     if instance_principal and deadline is not None:
         parts.append(deadman_cloud_init(deadline, grace_seconds, region=region, endpoint=endpoint))
+    if instance_principal and idle_minutes:
+        parts.append(idle_cloud_init(idle_minutes, done_file=done_file, region=region, endpoint=endpoint))
     if onstart:
         parts.append("# broker: onstart\n" + onstart.rstrip() + "\n")
     return "\n".join(parts)
@@ -747,8 +781,11 @@ class OCIProvider(Provider):
             raise ProviderError(PROVIDER, "launch_instance", "no subnet: call bootstrap first or set OCI_SUBNET_ID")
         cidr = req.network.get("vcn_cidr") or "10.0.0.0/16"
         image_id, user = (req.image, "opc") if req.image else self._image(shape)
+        from broker.provision import job_done_path
+
         ud = cloud_init(cidr, deadline=req.deadline, grace_seconds=req.grace_seconds,
-                        instance_principal=self.instance_principal, onstart=req.onstart, region=self.region)
+                        instance_principal=self.instance_principal, onstart=req.onstart, region=self.region,
+                        idle_minutes=req.idle_minutes, done_file=job_done_path(user, self.node_workroot))
         tags = {**req.tags, RUN_TAG: req.run_id, "broker-node": str(req.node_index), "broker-ssh-user": user}
         details = m.LaunchInstanceDetails(
             compartment_id=self.compartment, availability_domain=ad, shape=shape, display_name=req.name,

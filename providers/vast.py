@@ -249,9 +249,6 @@ _TIMER = r"""#!/bin/bash
 # broker dead-man switch timer (generated): destroys this Vast.ai instance at FIRE_AT (epoch seconds, UTC).
 DIR=@DIR@
 FIRE_AT=@FIRE_AT@
-API_URL=@API_URL@
-RETRY_S=@RETRY_S@
-MAX_TRIES=@MAX_TRIES@
 echo $$ > "$DIR/deadman.pid"
 while :; do
   now=$(date +%s)
@@ -259,6 +256,17 @@ while :; do
   left=$((FIRE_AT - now)); [ "$left" -gt 60 ] && left=60
   sleep "$left"
 done
+exec bash "$DIR/destroy.sh" "dead-man switch"
+"""
+
+#: ``<state_dir>/destroy.sh WHY``: the instance's self-destroy, shared by the dead-man switch and the idle stop.
+_DESTROY = r"""#!/bin/bash
+# broker self-destroy (generated): DELETE this Vast.ai instance through the API, retried until 2xx or 404 (gone).
+DIR=@DIR@
+API_URL=@API_URL@
+RETRY_S=@RETRY_S@
+MAX_TRIES=@MAX_TRIES@
+WHY=${1:-self-destroy}
 id=$(sed -n 's/^CONTAINER_ID=//p' "$DIR/deadman.env" | head -n 1)
 url="$API_URL/api/v0/instances/$id/"
 n=0
@@ -283,11 +291,11 @@ except Exception as e:
 PY
 )
   else
-    echo "dead-man switch: neither curl nor python3 is installed; cannot call the API"
+    echo "$WHY: neither curl nor python3 is installed; cannot call the API"
     code=000
   fi
   code=${code:-000}
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) dead-man switch: DELETE $url -> HTTP $code (try $n)"
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $WHY: DELETE $url -> HTTP $code (try $n)"
   case "$code" in
     2??|404) exit 0 ;;
   esac
@@ -297,9 +305,11 @@ exit 1
 """
 
 
-def onstart_script(deadline: datetime, grace_seconds: float, api_url: str, *, state_dir: str = NODE_DIR,
-                   retry_seconds: float = 15.0, max_tries: int = 480) -> str:
-    """Shell (bash) that arms the node-side dead-man switch of a Vast.ai instance (issue 6).
+def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str, *, state_dir: str = NODE_DIR,
+                   retry_seconds: float = 15.0, max_tries: int = 480, idle_minutes: float | None = None,
+                   done_file: str = "/root/broker/job.done", idle_poll_s: float = 30.0) -> str:
+    """Shell (bash) that arms the node-side dead-man switch (and, with ``idle_minutes``, the idle stop) of a
+    Vast.ai instance (issue 6).
 
     At boot it (a) saves ``CONTAINER_ID`` / ``CONTAINER_API_KEY`` (Vast injects them into PID 1's environment:
     read from this shell's environment, else ``/proc/1/environ``) into ``<state_dir>/deadman.env`` (mode 0600,
@@ -307,20 +317,48 @@ def onstart_script(deadline: datetime, grace_seconds: float, api_url: str, *, st
     ``<state_dir>/deadman.pid``, log ``<state_dir>/deadman.log``) that at ``deadline + grace_seconds`` sends
     ``DELETE <api_url>/api/v0/instances/$CONTAINER_ID/`` with ``Authorization: Bearer $CONTAINER_API_KEY`` (curl,
     or python3's urllib when curl is missing), retrying every ``retry_seconds`` up to ``max_tries`` times until
-    the API answers 2xx or 404 (gone).  The key is never printed.  Re-running it (instance restart) re-arms it.
+    the API answers 2xx or 404 (gone).  That DELETE lives in ``<state_dir>/destroy.sh`` (one copy, used by both
+    the timer and the idle stop).  The key is never printed.  Re-running it (instance restart) re-arms it.
     Source of the mechanism: Vast docs, guides/instances/docker-environment (cloud-apis.md A7).
+
+    With ``idle_minutes`` it also starts the idle stop (:func:`broker.watchdog.idle_watch_launcher`; pid in
+    ``<state_dir>/idle.pid``, log ``idle.log``): once ``done_file`` (the SSH runner touches ``<workroot>/job.done``
+    when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs ``destroy.sh``.
+    ``idle_poll_s``: seconds between its checks.  ``deadline`` None: no timer (idle stop only).
 
     ``deadline`` naive = UTC.  Returns a script fragment meant to run first in the instance's ``onstart``.
     """
-    if deadline.tzinfo is None:
-        deadline = deadline.replace(tzinfo=timezone.utc)
-    fire_at = int(math.ceil(deadline.timestamp() + grace_seconds))
-    fire_iso = datetime.fromtimestamp(fire_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     d = shlex.quote(state_dir)
-    timer = (_TIMER.replace("@DIR@", d).replace("@FIRE_AT@", str(fire_at))
-             .replace("@API_URL@", shlex.quote(api_url.rstrip("/")))
-             .replace("@RETRY_S@", shlex.quote(f"{retry_seconds:g}")).replace("@MAX_TRIES@", str(int(max_tries))))
-    return f"""# --- broker dead-man switch: destroy this instance at {fire_iso} even if no broker process is alive
+    fire_iso = timer = None
+    if deadline is not None:
+        if deadline.tzinfo is None:
+            deadline = deadline.replace(tzinfo=timezone.utc)
+        fire_at = int(math.ceil(deadline.timestamp() + grace_seconds))
+        fire_iso = datetime.fromtimestamp(fire_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        timer = _TIMER.replace("@DIR@", d).replace("@FIRE_AT@", str(fire_at))
+    destroy = (_DESTROY.replace("@DIR@", d).replace("@API_URL@", shlex.quote(api_url.rstrip("/")))
+               .replace("@RETRY_S@", shlex.quote(f"{retry_seconds:g}")).replace("@MAX_TRIES@", str(int(max_tries))))
+    arm_timer = "" if timer is None else f"""  cat > "$DIR/deadman.sh" <<'BROKER_DMS_EOF'
+{timer}BROKER_DMS_EOF
+  old=$(cat "$DIR/deadman.pid" 2>/dev/null)
+  if [ -n "$old" ] && grep -q deadman.sh "/proc/$old/cmdline" 2>/dev/null; then kill "$old" 2>/dev/null; fi
+  if command -v setsid >/dev/null 2>&1; then
+    setsid bash "$DIR/deadman.sh" </dev/null >>"$DIR/deadman.log" 2>&1 &
+  else
+    nohup bash "$DIR/deadman.sh" </dev/null >>"$DIR/deadman.log" 2>&1 &
+  fi
+  echo "broker: dead-man switch armed for {fire_iso} (instance $_dms_id)"
+"""
+    arm_idle = ""
+    if idle_minutes:
+        from broker.watchdog import idle_watch_launcher
+
+        arm_idle = idle_watch_launcher(idle_minutes, f'bash {d}/destroy.sh "idle stop"', done_file=done_file,
+                                       state_dir=state_dir, poll_s=idle_poll_s)
+    what = " + ".join(x for x in ("dead-man switch" if timer else "", "idle stop" if arm_idle else "") if x)
+    head = (f"dead-man switch: destroy this instance at {fire_iso} even if no broker process is alive" if timer
+            else "idle stop: destroy this instance once idle")
+    return f"""# --- broker {head}
 (
 umask 077
 DIR={d}
@@ -335,24 +373,16 @@ _dms_get() {{
 _dms_id=$(_dms_get CONTAINER_ID)
 _dms_key=$(_dms_get CONTAINER_API_KEY)
 if [ -z "$_dms_id" ] || [ -z "$_dms_key" ]; then
-  echo "broker: dead-man switch NOT armed (CONTAINER_ID / CONTAINER_API_KEY not found)" >&2
+  echo "broker: {what} NOT armed (CONTAINER_ID / CONTAINER_API_KEY not found)" >&2
 else
   printf 'CONTAINER_ID=%s\\nCONTAINER_API_KEY=%s\\n' "$_dms_id" "$_dms_key" > "$DIR/deadman.env"
   printf 'Authorization: Bearer %s\\n' "$_dms_key" > "$DIR/deadman.hdr"
   chmod 600 "$DIR/deadman.env" "$DIR/deadman.hdr"
-  cat > "$DIR/deadman.sh" <<'BROKER_DMS_EOF'
-{timer}BROKER_DMS_EOF
-  old=$(cat "$DIR/deadman.pid" 2>/dev/null)
-  if [ -n "$old" ] && grep -q deadman.sh "/proc/$old/cmdline" 2>/dev/null; then kill "$old" 2>/dev/null; fi
-  if command -v setsid >/dev/null 2>&1; then
-    setsid bash "$DIR/deadman.sh" </dev/null >>"$DIR/deadman.log" 2>&1 &
-  else
-    nohup bash "$DIR/deadman.sh" </dev/null >>"$DIR/deadman.log" 2>&1 &
-  fi
-  echo "broker: dead-man switch armed for {fire_iso} (instance $_dms_id)"
-fi
+  cat > "$DIR/destroy.sh" <<'BROKER_DESTROY_EOF'
+{destroy}BROKER_DESTROY_EOF
+{arm_timer}{arm_idle}fi
 )
-# --- end of dead-man switch
+# --- end of {"dead-man switch" if timer else "idle stop"}
 """
 
 
@@ -713,11 +743,15 @@ class VastProvider(Provider):
         return row
 
     def create_body(self, req: NodeRequest) -> dict[str, Any]:
-        """The ``PUT /api/v0/asks/{id}/`` body: image, disk (GiB), env, onstart (dead-man switch first, then the
-        SSH key, then the request's own onstart; gzip+base64 when over 4048 chars), label, runtype ssh."""
+        """The ``PUT /api/v0/asks/{id}/`` body: image, disk (GiB), env, onstart (dead-man switch first, with the
+        idle stop when ``req.idle_minutes``, then the SSH key, then the request's own onstart; gzip+base64 when
+        over 4048 chars), label, runtype ssh."""
         parts = ["#!/bin/bash"]
-        if req.deadline is not None:
-            parts.append(onstart_script(req.deadline, req.grace_seconds, self.api_url))
+        if req.deadline is not None or req.idle_minutes:
+            from broker.provision import job_done_path
+
+            parts.append(onstart_script(req.deadline, req.grace_seconds, self.api_url, idle_minutes=req.idle_minutes,
+                                        done_file=job_done_path("root", self.node_workroot)))
         if req.ssh_public_key.strip():
             k = shlex.quote(req.ssh_public_key.strip())
             parts.append("mkdir -p /root/.ssh && chmod 700 /root/.ssh && touch /root/.ssh/authorized_keys && "

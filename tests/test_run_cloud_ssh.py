@@ -105,6 +105,7 @@ def test_rented_cluster_runs_over_ssh_and_is_torn_down(hosts, tmp_path, monkeypa
     assert master == (hosts.ip(0) if topology == "multi-node" else "127.0.0.1")
     assert len({n.host for n in out.cluster.nodes}) == (2 if topology == "multi-node" else 1)
     assert (Path(out.run.run_dir) / "checkpoint.pt").exists()  # artifact fetched from node 0
+    assert (tmp_path / "node-work" / "job.done").exists()  # <workroot>/job.done: the node-side idle stop's cue
     # money: every instance was recorded before it was created, and nothing is left billing
     rows = ledger.resources(out.run.id)
     kinds = sorted(r.kind for r in rows)  # multi-node: a private network (vcn + subnet) first

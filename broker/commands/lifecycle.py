@@ -46,7 +46,8 @@ class ProgressPrinter:
 def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_json: bool,
               watchdog: bool = True) -> int:
     """``broker run`` on rented machines: provision the ranked ``options`` (failover in that order), run, tear
-    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False."""
+    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False.  Recipe
+    ``idle_minutes`` keeps the nodes after the job only while a watchdog runs (else: torn down, and said why)."""
     from broker.accounting import check_budget
     from broker.cloudrun import run_on_cloud
     from broker.commands.summary import render_summary
@@ -57,6 +58,7 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
     ledger = Ledger()
     best = options[0]
     check_budget(best.worst_case_usd, recipe.budget_usd, best.usd_per_hour)
+    have_watchdog = False  # one runs (started here or already): only then may recipe idle_minutes keep nodes
     if not watchdog:
         err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
                   "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
@@ -64,8 +66,13 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
         from broker.watchdog import start_detached
 
         pid = start_detached()
+        have_watchdog = True  # started now, or None: one is already running
         if pid and not as_json:
             err.print(f"watchdog started (pid {pid}); it enforces the deadline and budget even if this CLI dies")
+    elif recipe.idle_minutes:
+        from broker.accounting import watchdog_state
+
+        have_watchdog = watchdog_state().alive
     prog = ProgressPrinter(ledger)
 
     def started(run: Any) -> None:
@@ -75,21 +82,49 @@ def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_j
                           f"({best.summary}, ${best.usd_per_hour:.2f}/h, worst case ${best.worst_case_usd:.2f}); "
                           f"{len(options)} ranked option(s) for failover; logs: {run.run_dir}")
 
+    if recipe.idle_minutes and not have_watchdog:
+        why = ("--no-watchdog" if not watchdog else
+               "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off; start `broker watchdog`)")
+        err.print(f"[yellow]note:[/] recipe idle_minutes={recipe.idle_minutes:g} is ignored: {why}: nothing would "
+                  "terminate kept nodes, so they are torn down when the job ends")
     out = run_on_cloud(recipe, options, ledger, None if (quiet or as_json) else echo_line, progress=prog,
-                       on_start=started)
+                       on_start=started, keep_when_idle=have_watchdog)
     if as_json:
         from broker.commands.run import result_dict
 
         print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
-                    "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left})
+                    "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
+                    "kept_until_idle": out.kept_until_idle, "kept": out.kept})
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
+    if out.kept_until_idle and not as_json:
+        for line in kept_message(out, recipe.idle_minutes):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
     if out.left:
         err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
         return 4
     res = out.result
     return 0 if res and res.ok else (130 if res and res.status == "interrupted" else 1)
+
+
+def kept_message(out: Any, idle_minutes: float) -> list[str]:
+    """What ``broker run`` prints when the nodes were kept (recipe ``idle_minutes``): how to ssh into node 0, when
+    they go away, and how to stop them now."""
+    run_id = out.run.id
+    lines = [f"nodes kept for inspection (recipe idle_minutes={idle_minutes:g}): "
+             + ", ".join(f"{r.provider} {r.provider_id or r.name}" for r in out.kept)]
+    c = out.cluster
+    if c is not None and c.nodes and not c.local_exec:
+        n0 = c.nodes[0]
+        key = f"-i {c.ssh_key_path} " if c.ssh_key_path else ""
+        port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
+        lines.append(f"  ssh into node 0: ssh {key}{port}{n0.user}@{n0.host}   (run files in {c.workroot}/{run_id})")
+    lines.append(f"  they are terminated {idle_minutes:g} min after the last SSH session closes once the job ended "
+                 "(node-side idle watch, where the provider supports it), and by the watchdog "
+                 f"{idle_minutes:g} min after the job ended at the latest (or at the deadline / budget)")
+    lines.append(f"  stop them now: broker down {run_id}")
+    return lines
 
 
 def _res_dict(r: Any) -> dict:
