@@ -121,3 +121,39 @@ def tmp_ledger(tmp_path):
     led = Ledger(tmp_path / "ledger.sqlite")
     yield led
     led.close()
+
+
+@pytest.fixture
+def bg_pidfiles():
+    """pid files of background processes a test's shell script starts (dead-man timers, idle watches); each one's
+    process group is killed at the end (they run under setsid and lead their group, with their `sleep`)."""
+    import signal
+
+    pidfiles: list[Path] = []
+    yield pidfiles
+    for pf in pidfiles:
+        try:
+            pid = int(pf.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def fake_ssh_sessions(tmp_path):
+    """(PATH with a fake `who` and `pgrep` first, the flag file that makes `who` report a logged-in session)."""
+    bindir = tmp_path / "fake-bin"
+    bindir.mkdir()
+    sessions = tmp_path / "sessions"
+    (bindir / "who").write_text(f"#!/bin/sh\n[ -e {sessions} ] && echo 'root pts/0 2026-11-30 01:00 (198.18.0.1)'\n"
+                                "exit 0\n")
+    (bindir / "pgrep").write_text("#!/bin/sh\nexit 1\n")  # no sshd session processes
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    return f"{bindir}:{os.environ['PATH']}", sessions

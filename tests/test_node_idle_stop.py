@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import gzip
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,36 +26,10 @@ POLL_S = 0.2
 
 
 @pytest.fixture
-def killer():
-    """pid files of background processes a test's script starts; each one's process group is killed at the end."""
-    pidfiles: list[Path] = []
-    yield pidfiles
-    for pf in pidfiles:
-        try:
-            pid = int(pf.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            if os.getpgid(pid) == pid:  # setsid: it leads its own group (with its `sleep`)
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-@pytest.fixture
-def node(tmp_path):
+def node(tmp_path, fake_ssh_sessions):
     """(env PATH with fake who/pgrep first, sessions flag file, done file, state dir)."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    sessions = tmp_path / "sessions"
-    (bindir / "who").write_text(f"#!/bin/sh\n[ -e {sessions} ] && echo 'root pts/0 2026-11-30 01:00 (198.18.0.1)'\n"
-                                "exit 0\n")
-    (bindir / "pgrep").write_text("#!/bin/sh\nexit 1\n")  # no sshd session processes
-    for f in bindir.iterdir():
-        f.chmod(0o755)
-    path = f"{bindir}:{os.environ['PATH']}"
+    path, sessions = fake_ssh_sessions
+    bindir = tmp_path / "fake-bin"
     return bindir, path, sessions, tmp_path / "work" / "job.done", tmp_path / "state"
 
 
@@ -88,12 +61,12 @@ def idle_phases(fired, sessions: Path, done: Path, state: Path) -> None:
     assert wait_for(fired, 30), (state / "idle.log").read_text() if (state / "idle.log").exists() else "no log"
 
 
-def test_vast_idle_stop_sends_the_dead_man_delete(node, killer, own_httpserver):
+def test_vast_idle_stop_sends_the_dead_man_delete(node, bg_pidfiles, own_httpserver):
     _bindir, path, sessions, done, state = node
     srv = own_httpserver
     srv.expect_request(f"/api/v0/instances/{INSTANCE_ID}/", method="DELETE",
                        headers={"Authorization": f"Bearer {SECRET}"}).respond_with_json({"success": True})
-    killer += [state / "idle.pid", state / "deadman.pid"]
+    bg_pidfiles += [state / "idle.pid", state / "deadman.pid"]
     from broker.model import utcnow
     from datetime import timedelta
 
@@ -113,9 +86,9 @@ def test_vast_idle_stop_sends_the_dead_man_delete(node, killer, own_httpserver):
     assert len(srv.log) == 1  # the dead-man timer (1 h away) has not fired
 
 
-def test_vast_onstart_without_idle_minutes_starts_no_idle_watch(node, killer):
+def test_vast_onstart_without_idle_minutes_starts_no_idle_watch(node, bg_pidfiles):
     _bindir, path, _sessions, _done, state = node
-    killer.append(state / "deadman.pid")
+    bg_pidfiles.append(state / "deadman.pid")
     from broker.model import utcnow
     from datetime import timedelta
 
@@ -150,11 +123,11 @@ def _shutdown_shim(bindir: Path, log: Path) -> None:
     shim.chmod(0o755)
 
 
-def test_aws_idle_stop_calls_shutdown_now(node, killer, tmp_path):
+def test_aws_idle_stop_calls_shutdown_now(node, bg_pidfiles, tmp_path):
     bindir, path, sessions, done, state = node
     log = tmp_path / "shutdown.calls"
     _shutdown_shim(bindir, log)
-    killer.append(state / "idle.pid")
+    bg_pidfiles.append(state / "idle.pid")
     script = user_data_script(None, 300, "", idle_minutes=IDLE_MIN, idle_poll_s=POLL_S, state_dir=str(state),
                               done_file=str(done))
     proc = run_boot(script, path)
@@ -171,7 +144,7 @@ def test_aws_user_data_default_done_file_is_the_ubuntu_workroot():
     assert "broker_idle_watch" not in user_data_script(None, 300, "")
 
 
-def test_oci_idle_stop_terminates_itself_with_the_instance_principal(node, killer, tmp_path, own_httpserver):
+def test_oci_idle_stop_terminates_itself_with_the_instance_principal(node, bg_pidfiles, tmp_path, own_httpserver):
     bindir, path, sessions, done, state = node
     calls = tmp_path / "oci.calls"
     oci = bindir / "oci"
@@ -180,7 +153,7 @@ def test_oci_idle_stop_terminates_itself_with_the_instance_principal(node, kille
     srv = own_httpserver
     srv.expect_request("/opc/v2/instance/id", method="GET", headers={"Authorization": "Bearer Oracle"}) \
         .respond_with_data("ocid1.instance.oc1..idle")
-    killer.append(state / "idle.pid")
+    bg_pidfiles.append(state / "idle.pid")
     script = idle_cloud_init(IDLE_MIN, done_file=str(done), region="us-ashburn-1", state_dir=str(state),
                              poll_s=POLL_S)
     proc = run_boot(script, path, {"BROKER_IMDS": srv.url_for("").rstrip("/")})

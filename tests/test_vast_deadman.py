@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import subprocess
 import sys
@@ -30,25 +29,6 @@ def httpserver(own_httpserver):
     return own_httpserver
 
 
-@pytest.fixture
-def timers():
-    """pid files of background timers started by a test; each one is killed (its process group) at the end."""
-    pidfiles: list[Path] = []
-    yield pidfiles
-    for pf in pidfiles:
-        try:
-            pid = int(pf.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            if os.getpgid(pid) == pid:  # setsid: the timer leads its own group (with its `sleep`)
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def run_onstart(script: str, env_extra: dict[str, str], path: str | None = None) -> subprocess.CompletedProcess:
     env = {"PATH": path or os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env_extra}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
@@ -63,11 +43,11 @@ def wait_for(cond, timeout: float) -> bool:
     return cond()
 
 
-def arm_and_wait(httpserver, tmp_path, timers, *, path: str | None = None):
+def arm_and_wait(httpserver, tmp_path, bg_pidfiles, *, path: str | None = None):
     httpserver.expect_request(f"/api/v0/instances/{INSTANCE_ID}/", method="DELETE",
                               headers={"Authorization": f"Bearer {SECRET}"}).respond_with_json({"success": True})
     state = tmp_path / "state"
-    timers.append(state / "deadman.pid")
+    bg_pidfiles.append(state / "deadman.pid")
     deadline = utcnow() + timedelta(seconds=2)
     script = onstart_script(deadline, 0.0, httpserver.url_for("/").rstrip("/"), state_dir=str(state),
                             retry_seconds=0.5)
@@ -92,12 +72,12 @@ def arm_and_wait(httpserver, tmp_path, timers, *, path: str | None = None):
     return state
 
 
-def test_dead_man_switch_fires_delete_with_curl(httpserver, tmp_path, timers):
+def test_dead_man_switch_fires_delete_with_curl(httpserver, tmp_path, bg_pidfiles):
     assert shutil.which("curl"), "curl is needed for this test"
-    arm_and_wait(httpserver, tmp_path, timers)
+    arm_and_wait(httpserver, tmp_path, bg_pidfiles)
 
 
-def test_dead_man_switch_falls_back_to_python_without_curl(httpserver, tmp_path, timers):
+def test_dead_man_switch_falls_back_to_python_without_curl(httpserver, tmp_path, bg_pidfiles):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for tool in ("bash", "date", "sleep", "sed", "head", "cat", "tr", "mkdir", "chmod", "printenv", "setsid",
@@ -107,16 +87,16 @@ def test_dead_man_switch_falls_back_to_python_without_curl(httpserver, tmp_path,
             (bindir / tool).symlink_to(found)
     (bindir / "python3").symlink_to(os.path.realpath(sys.executable))  # a real interpreter, not a pyenv shim
     assert not (bindir / "curl").exists()
-    state = arm_and_wait(httpserver, tmp_path, timers, path=str(bindir))
+    state = arm_and_wait(httpserver, tmp_path, bg_pidfiles, path=str(bindir))
     assert "curl" not in (state / "deadman.log").read_text()
 
 
-def test_dead_man_switch_retries_until_the_api_answers(httpserver, tmp_path, timers):
+def test_dead_man_switch_retries_until_the_api_answers(httpserver, tmp_path, bg_pidfiles):
     uri = f"/api/v0/instances/{INSTANCE_ID}/"
     httpserver.expect_ordered_request(uri, method="DELETE").respond_with_data("busy", status=503)
     httpserver.expect_ordered_request(uri, method="DELETE").respond_with_json({"error": "not found"}, status=404)
     state = tmp_path / "state"
-    timers.append(state / "deadman.pid")
+    bg_pidfiles.append(state / "deadman.pid")
     script = onstart_script(utcnow() + timedelta(seconds=1), 0.0, httpserver.url_for("/").rstrip("/"),
                             state_dir=str(state), retry_seconds=0.2)
     proc = run_onstart(script, {"CONTAINER_ID": INSTANCE_ID, "CONTAINER_API_KEY": SECRET})

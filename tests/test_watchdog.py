@@ -281,18 +281,11 @@ def test_lock_is_exclusive_and_names_the_holder(home):
 
 
 # ------------------------------------------------------------------------------------------- node idle script
-def test_idle_watch_script_fires_only_after_job_end_without_ssh_sessions(tmp_path):
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    sessions = tmp_path / "sessions"
-    (bindir / "who").write_text(f"#!/bin/sh\n[ -e {sessions} ] && echo 'root pts/0 2026-11-30 01:00 (198.18.0.1)'\n"
-                                "exit 0\n")
-    (bindir / "pgrep").write_text("#!/bin/sh\nexit 1\n")  # no sshd session processes
-    for f in bindir.iterdir():
-        f.chmod(0o755)
+def test_idle_watch_script_fires_only_after_job_end_without_ssh_sessions(tmp_path, fake_ssh_sessions):
+    path, sessions = fake_ssh_sessions
     done, fired = tmp_path / "job.done", tmp_path / "fired"
     script = idle_watch_script(1 / 60, f"echo stopped > {fired}", done_file=str(done), poll_s=0.2)
-    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    env = dict(os.environ, PATH=path)
     sessions.write_text("1")
     proc = subprocess.Popen(["bash", "-c", script + "\nbroker_idle_watch"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
