@@ -184,6 +184,21 @@ class Ledger:
             row = rows[0]
         return Run(**_dec_row(row, _RUN_JSON))
 
+    def find_run(self, run_id: str) -> Run:
+        """The run with this id or unique id prefix.  Raises BadInput naming the matches when the prefix is
+        ambiguous, or saying where to look when nothing matches."""
+        run = self.get_run(run_id)
+        if run is not None:
+            return run
+        from broker.provider import BadInput
+
+        matches = [r["id"] for r in self._db.execute("SELECT id FROM runs WHERE id LIKE ? ORDER BY created_at",
+                                                     (run_id + "%",)).fetchall()]
+        if matches:
+            raise BadInput(f"{run_id!r} matches {len(matches)} runs ({', '.join(matches[:3])}"
+                           f"{', ...' if len(matches) > 3 else ''})", hint="give more of the run id")
+        raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
+
     def list_runs(self, limit: int = 20, statuses: Iterable[str] | None = None) -> list[Run]:
         q, args = "SELECT * FROM runs", []
         if statuses:

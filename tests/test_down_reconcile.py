@@ -144,3 +144,24 @@ def test_ssh_key_is_fresh_0600_and_valid_openssh(env):
         assert out.stdout.split()[:2] == a.public_key.split()[:2]
         fp = subprocess.run(["ssh-keygen", "-lf", str(a.public_key_path)], capture_output=True, text=True, timeout=10)
         assert a.fingerprint in fp.stdout
+
+
+def test_down_and_status_say_when_a_prefix_is_ambiguous(tmp_path):
+    """`broker down 2026` with several runs said "no run '2026' in the ledger"; it must say the prefix is ambiguous."""
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+    from broker.ledger import Ledger
+    from broker.model import Run
+    from broker.provider import BadInput
+
+    lg = Ledger()
+    for rid in ("20261130-010101-aaaaaa", "20261130-020202-bbbbbb"):
+        lg.create_run(Run(id=rid, name="x"))
+    for cmd in (["down", "2026"], ["status", "2026"]):
+        r = CliRunner().invoke(app, cmd)
+        assert isinstance(r.exception, BadInput) and "matches 2 runs" in str(r.exception), cmd
+    r = CliRunner().invoke(app, ["down", "nosuch"])
+    assert isinstance(r.exception, BadInput) and "no run 'nosuch'" in str(r.exception)
+    r = CliRunner().invoke(app, ["status", "20261130-02"])
+    assert r.exit_code == 0 and "20261130-020202-bbbbbb" in r.output

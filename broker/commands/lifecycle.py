@@ -157,13 +157,10 @@ def register(app: typer.Typer) -> None:
                 if not typer.confirm(f"terminate every live resource of {len(run_ids)} run(s)?", default=True):
                     raise typer.Exit(1)
         else:
-            run = ledger.get_run(run_id)
-            if run is not None:
-                run_ids = [run.id]
-            elif ledger.resources(run_id):
+            if ledger.get_run(run_id) is None and ledger.resources(run_id):
                 run_ids = [run_id]  # resources of a run the runs table lacks (e.g. orphans)
             else:
-                raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
+                run_ids = [ledger.find_run(run_id).id]
         say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
         report: list[dict] = []
         still: list[Any] = []

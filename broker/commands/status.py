@@ -117,18 +117,11 @@ def register(app: typer.Typer) -> None:
 
         from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
         from broker.ledger import Ledger
-        from broker.provider import BadInput
         from broker.ui import console, usd
 
         ledger = Ledger()
         if run_id:
-            run = ledger.get_run(run_id)
-            if run is None:
-                matches = [r.id for r in ledger.list_runs(limit=100000) if r.id.startswith(run_id)]
-                if len(matches) > 1:
-                    raise BadInput(f"{run_id!r} matches {len(matches)} runs ({', '.join(matches[:3])}, ...)",
-                                   hint="give more of the run id")
-                raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
+            run = ledger.find_run(run_id)
             now = system_clock()
             wd = watchdog_state(now)
             res = ledger.resources(run.id)
