@@ -132,6 +132,17 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             facts.capacities += list(p.capacity(offers))
         except Exception as e:
             facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+    if req.gpu_names and not [o for o in facts.offers if o.provider != "local"]:
+        known = sorted({o.gpu_name for name in names if name in CLOUD for o in _snapshot_quiet(name)})
+        facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
+                           + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
 
 
+def _snapshot_quiet(name: str) -> list["Offer"]:
+    from broker import catalog
+
+    try:
+        return catalog.snapshot_offers(name)
+    except (FileNotFoundError, ValueError):
+        return []

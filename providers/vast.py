@@ -706,7 +706,14 @@ class VastProvider(Provider):
     def price_note(self) -> str | None:
         """Where Vast prices come from: ``vast: live offers ...``, ``vast: snapshot <date>; live quote needs
         VAST_API_KEY`` or, when the live search failed, ``vast: snapshot <date> (live search failed: ...)``."""
-        src = self._last_source if (self._last_source or "").startswith("snapshot") else "snapshot"
+        src = self._last_source if (self._last_source or "").startswith("snapshot ") else None
+        if src is None:  # no snapshot offer matched this job: still name the snapshot's date
+            try:
+                from broker.catalog import snapshot_info
+
+                src = f"snapshot {snapshot_info('vast')[0]}"
+            except (ImportError, FileNotFoundError):
+                src = "snapshot"
         if self._live_error:
             return f"vast: {src} (live search failed: {self._live_error})"
         if self._api_key():

@@ -53,7 +53,10 @@ def test_plan_budget_5_from_snapshot_without_credentials():
     assert r.exit_code == 0, r.output
     assert "snapshot 2026-11-29" in r.output
     assert "live quote needs VAST_API_KEY" in r.output
-    assert "chosen:" in r.output and "next: broker run" in r.output
+    # the chosen cloud has no credentials here: the next step says to configure it first (it said just
+    # `broker run ... --provider vast`, which then failed)
+    assert "chosen:" in r.output and "next: configure vast (VAST_API_KEY" in r.output
+    assert "then broker run RECIPE.yaml --provider vast" in r.output
     assert "rejected" in r.output
 
 
@@ -64,7 +67,7 @@ def test_plan_json_chosen_option_and_local_explained():
     chosen = data["chosen"]
     assert chosen["worst_case_usd"] <= 5
     assert chosen["provider"] in ("vast", "oci", "aws", "local")
-    assert data["next_step"].startswith("broker run RECIPE.yaml --provider ")
+    assert "broker run RECIPE.yaml --provider " in data["next_step"]
     plan = data["plan"]
     assert any("snapshot 2026-11-29" in n for n in plan["notes"])
     if chosen["provider"] != "local":  # this machine has too few GPUs: local is rejected with its reason
@@ -311,3 +314,11 @@ def test_vast_query_reaches_the_vast_adapter(monkeypatch):
     assert r.exit_code == 0 and seen["q"] == "reliability>0.98"
     with pytest.raises(BadInput):
         run("plan", "--budget", "5", "--provider", "vast", "--vast-query", "bad>>")
+
+
+def test_unknown_gpu_model_is_named_with_the_known_ones():
+    """`--gpu "RTX 9999"` said only "every option is rejected (reasons above)" with no reason about the model."""
+    r = run("plan", "--budget", "5", "--gpu", "RTX 9999", "--no-cpu-ok")
+    assert r.exit_code == 3
+    assert "no offer has GPU model RTX 9999; models in the price snapshots: " in r.output
+    assert "RTX 4090" in r.output and "vast: snapshot 2026-11-29" in r.output

@@ -79,22 +79,39 @@ def gpus(opt: "PlanOption") -> str:
     return f"{n}x{name} {round(o.gpu_mem_gib):g} GiB" if o.gpu_mem_gib else f"{n}x{name or ' GPU'}"
 
 
+def hours_floor(h: float) -> str:
+    """Hours to 2 decimals, rounded down (a deadline shown must never be later than the one that fits)."""
+    import math
+
+    return f"{math.floor(h * 100 + 1e-9) / 100:.2f}"
+
+
 def max_hours_text(opt: "PlanOption", budget: float | None) -> str:
     if budget is None:
         return "-"
     if opt.max_hours_within_budget is None:
         return "unlimited"
-    import math
-
-    return f"{math.floor(opt.max_hours_within_budget * 100) / 100:.2f}"
+    return hours_floor(opt.max_hours_within_budget)
 
 
 def next_step(plan: "Plan", recipe: Path | None) -> str | None:
+    """The command to run next: `broker run ...` for the chosen option (after configuring its provider when it has
+    no credentials yet), or the quota request that would unblock a rejected option."""
     c = plan.chosen
     if c is None:
         steps = [o.next_step for o in plan.rejected if o.next_step]
         return steps[0] if steps else None
-    return f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
+    run = f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
+    if c.provider in CLOUD:
+        from providers import get_provider
+
+        try:
+            configured = get_provider(c.provider).check().configured
+        except Exception:  # noqa: BLE001 - an adapter that cannot start is not configured
+            configured = False
+        if not configured:
+            return f"configure {c.provider} ({CREDENTIALS_HINT[c.provider]}; see .env.example), then {run}"
+    return run
 
 
 def source_short(price_source: str) -> str:
@@ -156,7 +173,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     c = plan.chosen
     if c is not None:
         console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
-                      f"{usd(c.worst_case_usd)} at a {c.hours:.2f} h deadline ({escape(c.price_source)})")
+                      f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
                 from broker.ui import console
 
                 others = (plan.valid_count or len(plan.options)) - 1
-                console.print(f"plan: this machine (free) is the cheapest valid option ({others} other valid "
+                console.print("plan: this machine (free) is the only valid option" if others == 0 else
+                              f"plan: this machine (free) is the cheapest valid option ({others} other valid "
                               f"option(s); `broker plan --recipe {recipe_path}` lists them)")
             raise typer.Exit(run_here(recipe, "local", quiet=quiet, as_json=as_json))
         raise typer.Exit(run_cloud(recipe, options, plan=plan, quiet=quiet, as_json=as_json,
