@@ -113,8 +113,13 @@ class Shell:
         """stdout of ``argv``; raises ProviderError with stderr when it exits non-zero."""
         cp = self.run(argv, call=call, timeout=timeout)
         if cp.returncode != 0:
+            err = _text(cp.stderr).strip()
+            hint = None
+            if "configuration source" in err or "slurm.conf" in err or "Unable to contact slurm controller" in err:
+                hint = (f"no Slurm cluster is reachable {self.where} (no slurm.conf / controller): run broker on a "
+                        "login node, point SLURM_CONF at the cluster's slurm.conf, or pass --slurm-host user@login")
             raise ProviderError("slurm", call or argv[0], f"exit {cp.returncode} {self.where}: "
-                                f"{_text(cp.stderr).strip()[-500:] or _text(cp.stdout).strip()[-500:]}")
+                                f"{err[-500:] or _text(cp.stdout).strip()[-500:]}", hint=hint)
         return _text(cp.stdout)
 
     # ---- files on the cluster's shared file system

@@ -109,3 +109,15 @@ def test_log_follower_keeps_partial_lines(tmp_path):
     f.pump(final=True)
     assert seen[1:] == ["[node 1] partial line", "[node 1] last without newline"]
     assert local.read_text() == "RANK=1 start\npartial line\nlast without newline\n"
+
+
+def test_no_cluster_configured_says_how_to_reach_one(tmp_path, monkeypatch):
+    """Slurm installed but no slurm.conf: the error named only sinfo's DNS SRV noise; it must say what to do."""
+    from broker.provider import ProviderError
+
+    fake_bin(tmp_path, monkeypatch, sinfo=(
+        'echo "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2\n'
+        'echo "sinfo: fatal: Could not establish a configuration source" >&2\nexit 1\n'))
+    with pytest.raises(ProviderError) as ei:
+        Shell().text(["sinfo", "-h"], call="sinfo")
+    assert "no Slurm cluster is reachable on this machine" in ei.value.hint and "--slurm-host" in ei.value.hint
