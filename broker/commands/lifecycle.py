@@ -120,9 +120,13 @@ def kept_message(out: Any, idle_minutes: float) -> list[str]:
         key = f"-i {c.ssh_key_path} " if c.ssh_key_path else ""
         port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
         lines.append(f"  ssh into node 0: ssh {key}{port}{n0.user}@{n0.host}   (run files in {c.workroot}/{run_id})")
-    lines.append(f"  they are terminated {idle_minutes:g} min after the last SSH session closes once the job ended "
-                 "(node-side idle watch, where the provider supports it), and by the watchdog "
-                 f"{idle_minutes:g} min after the job ended at the latest (or at the deadline / budget)")
+    if c is not None and c.local_exec:  # this machine (fake provider): no node-side watch, only the watchdog
+        lines.append(f"  the watchdog terminates them {idle_minutes:g} min after the job ended (or at the deadline / "
+                     "budget)")
+    else:
+        lines.append(f"  they are terminated {idle_minutes:g} min after the last SSH session closes once the job "
+                     "ended (node-side idle watch, where the provider supports it), and by the watchdog "
+                     f"{idle_minutes:g} min after the job ended at the latest (or at the deadline / budget)")
     lines.append(f"  stop them now: broker down {run_id}")
     return lines
 
