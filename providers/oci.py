@@ -47,24 +47,12 @@ UNCONFIRMED_LIMITS = {"gpu-h100-count"}
 def limit_for_shape(shape: str) -> str | None:
     """The ``compute`` service limit (AD-scoped, counted in GPUs) that a GPU shape consumes; None when unknown.
 
-    Source: Oracle compute service-limit docs (cloud-apis.md B2); ``gpu-h100-count`` is unconfirmed.
+    One table for the adapter and the quota helper: :func:`broker.quota.oci_limit_name` (Oracle compute
+    service-limit docs, cloud-apis.md B2; ``gpu-h100-count`` is unconfirmed).
     """
-    s = shape.upper()
-    if s.startswith(("VM.GPU.A10.", "BM.GPU.A10.")):
-        return "gpu-a10-count"
-    if s.startswith(("VM.GPU2.", "BM.GPU2.")):
-        return "gpu2-count"
-    if s.startswith(("VM.GPU3.", "BM.GPU3.")):
-        return "gpu3-count"
-    if s.startswith("BM.GPU4."):
-        return "gpu4-count"
-    if s.startswith("BM.GPU.A100-V2."):
-        return "gpu-a100-v2-count"
-    if s.startswith("BM.GPU.H100."):
-        return "gpu-h100-count"
-    if s.startswith("BM.GPU.H200."):
-        return "gpu-h200-count"
-    return None
+    from broker.quota import oci_limit_name
+
+    return oci_limit_name(shape)
 
 
 def shape_gpus(shape: str) -> int:
