@@ -58,6 +58,18 @@ def broker_home(tmp_path_factory, monkeypatch):
     settings.cache_clear()
 
 
+def wait_for(cond, timeout: float) -> bool:
+    """Poll ``cond`` every 0.1 s for up to ``timeout`` seconds; its last value decides."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return bool(cond())
+
+
 def broker_cmd(*args: str) -> list[str]:
     """argv that runs this checkout's CLI in a subprocess."""
     return [sys.executable, "-m", "broker", *args]

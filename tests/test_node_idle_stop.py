@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 from providers.aws import user_data_script
 from providers.oci import idle_cloud_init
 from providers.vast import onstart_script
@@ -31,15 +33,6 @@ def node(tmp_path, fake_ssh_sessions):
     path, sessions = fake_ssh_sessions
     bindir = tmp_path / "fake-bin"
     return bindir, path, sessions, tmp_path / "work" / "job.done", tmp_path / "state"
-
-
-def wait_for(cond, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def run_boot(script: str, path: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:

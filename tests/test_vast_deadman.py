@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 from broker.model import utcnow
 from providers.vast import onstart_script
 
@@ -32,15 +34,6 @@ def httpserver(own_httpserver):
 def run_onstart(script: str, env_extra: dict[str, str], path: str | None = None) -> subprocess.CompletedProcess:
     env = {"PATH": path or os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **env_extra}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
-
-
-def wait_for(cond, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def arm_and_wait(httpserver, tmp_path, bg_pidfiles, *, path: str | None = None):
