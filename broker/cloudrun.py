@@ -85,7 +85,7 @@ def run_on_cloud(recipe: Recipe, plan_options: Plan | PlanOption | Iterable[Plan
 
     Raises what :func:`broker.provision.provision` raises (NoValidPlan, ProviderError), *after* the teardown ran.
     """
-    from broker.orchestrate import new_run
+    from broker.orchestrate import end_run, new_run
     from broker.provision import _options, provision, run_cost
     from broker.teardown import teardown_run
 
@@ -140,13 +140,7 @@ def run_on_cloud(recipe: Recipe, plan_options: Plan | PlanOption | Iterable[Plan
         if left:
             message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
                 f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
-        ledger.update_run(run.id, status=status, ended_at=utcnow(), message=message,
-                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
-                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
-                          pid=os.getpid())
-        ledger.event(run.id, actor, "end", status)
-    updated = ledger.get_run(run.id)
-    assert updated is not None
+        updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, pid=os.getpid())
     return CloudRunOutcome(updated, result, cluster, left, run_cost(ledger, run.id), kept_until_idle=keep,
                            kept=kept)
 

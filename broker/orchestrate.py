@@ -41,6 +41,20 @@ def new_run(ledger: Ledger, recipe: Recipe, *, provider: str, topology: str, pla
     return ledger.create_run(run)
 
 
+def end_run(ledger: Ledger, run_id: str, result: RunResult | None, *, status: str, message: str | None,
+            actor: str = "cli", **fields: object) -> Run:
+    """Record the end of a run: status, end time, per-node exit codes and log paths from ``result`` (none when the
+    job never produced one), the message, an ``end`` event; returns the updated row."""
+    ledger.update_run(run_id, status=status, ended_at=utcnow(), message=message,
+                      exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                      log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                      **fields)
+    ledger.event(run_id, actor, "end", status)
+    updated = ledger.get_run(run_id)
+    assert updated is not None
+    return updated
+
+
 def local_spec(recipe: Recipe) -> tuple[LocalLaunchSpec, str]:
     """The launch spec for the ``local`` topology and a one-line description of the devices used.
 
@@ -80,14 +94,8 @@ def run_recipe_local(recipe: Recipe, *, ledger: Ledger, echo: Callable[[str], No
     try:
         result = run_local(spec, Path(run.run_dir or "."), echo=echo)
     finally:
-        status = result.status if result else "interrupted"
-        ledger.update_run(run.id, status=status, ended_at=utcnow(),
-                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
-                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
-                          message=(result.reason if result else "interrupted before the nodes finished"))
-        ledger.event(run.id, "cli", "end", status)
-    updated = ledger.get_run(run.id)
-    assert updated is not None
+        updated = end_run(ledger, run.id, result, status=result.status if result else "interrupted",
+                          message=result.reason if result else "interrupted before the nodes finished")
     return updated, result
 
 

@@ -303,8 +303,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     end the job with ``scancel``.  Raises ProviderError when submission fails (nothing left running).
     """
     from broker.launch import RunResult, describe_exit, finish_result
-    from broker.model import utcnow
-    from broker.orchestrate import new_run
+    from broker.orchestrate import end_run, new_run
     from broker.provider import NoValidPlan, ProviderError
     from providers.slurm import SlurmProvider
 
@@ -469,13 +468,8 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                 prov.cancel(job_id, attrs=attrs)
             except Exception:  # noqa: BLE001 - the ledger row stays live; broker down retries
                 pass
-        ledger.update_run(run.id, status=final_status, ended_at=utcnow(),
-                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
-                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+        updated = end_run(ledger, run.id, result, status=final_status,
                           message=(result.reason if result else
                                    (error.message if isinstance(error, BrokerError) else
                                     "ended before the Slurm job finished")))
-        ledger.event(run.id, "cli", "end", final_status)
-    updated = ledger.get_run(run.id)
-    assert updated is not None
     return updated, result

@@ -516,7 +516,7 @@ def run_recipe(recipe: Any, *, ledger: Any, echo: Any, inject: str | None = None
     Nodes are ledger resources of kind ``netns_node`` (provider id ``<cid>:<i>``, $0/hour), recorded before the
     cluster is created and terminated through :func:`broker.teardown.teardown_run`.  Returns (Run, RunResult).
     """
-    from broker.orchestrate import new_run
+    from broker.orchestrate import end_run, new_run
     from broker.remote import run_remote
     from broker.teardown import teardown_run
 
@@ -556,10 +556,5 @@ def run_recipe(recipe: Any, *, ledger: Any, echo: Any, inject: str | None = None
         msg = result.reason if result else "interrupted before the nodes finished"
         if left:
             msg += f"; teardown left {len(left)} resource(s) live: see `broker status {run.id}`"
-        ledger.update_run(run.id, status=status, ended_at=utcnow(),
-                          exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
-                          log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
-                          message=msg)
-        ledger.event(run.id, "cli", "end", status)
-    updated = ledger.get_run(run.id)
+        updated = end_run(ledger, run.id, result, status=status, message=msg)
     return updated, result
