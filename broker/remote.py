@@ -135,7 +135,7 @@ class SSHCluster:
 
     # ------------------------------------------------------------------ paths
     def base(self, i: int) -> str:
-        return f"{self.cluster.workroot.rstrip('/')}/{self.cluster.run_id}/node{i}"
+        return node_base(self.cluster, i)
 
     def work(self, i: int) -> str:
         return f"{self.base(i)}/work"
@@ -379,13 +379,18 @@ class RemoteRunResult(RunResult):
     preflight: "PreflightReport | None" = None
 
 
+def node_base(cluster: Cluster, i: int) -> str:
+    """Node ``i``'s folder for this run: ``<workroot>/<run_id>/node<i>`` (simulated nodes share a host)."""
+    return f"{cluster.workroot.rstrip('/')}/{cluster.run_id}/node{i}"
+
+
 def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dict[str, str]:
     """The environment of node ``i``'s torchrun (layers as in the module docstring)."""
     node = cluster.nodes[i]
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "BROKER_NODE_RANK": str(i),
            "BROKER_RUN_ID": cluster.run_id,
            # torchrun's and the job's temporary files stay in the run's folder on the node
-           "TMPDIR": f"{cluster.workroot.rstrip('/')}/{cluster.run_id}/node{i}/tmp"}
+           "TMPDIR": f"{node_base(cluster, i)}/tmp"}
     if iface:
         env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
     env.update(recipe.env)
