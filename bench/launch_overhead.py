@@ -61,7 +61,7 @@ def main() -> None:
         env = {**os.environ, **recipe.env, "BROKER_HOME": home, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
         # the same devices for both: what the local provider gives each node (one GPU each, or none: gloo on CPU)
-        from providers.local import LocalProvider
+        from broker.providers.local import LocalProvider
 
         local, req = LocalProvider(), recipe.requirements()
         node_envs = [local.node_env(req, i) for i in range(2)]

@@ -38,7 +38,17 @@ PROVIDERS = ("vast", "oci", "aws")
 COLUMNS = ["offer_id", "instance_type", "gpu_name", "gpu_count", "gpu_mem_gib", "vcpus", "ram_gib", "usd_per_hour",
            "region", "zone", "storage_usd_per_gib_month", "min_billed_seconds", "private_network", "notes"]
 
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "providers" / "snapshots"
+def _shipped_dir() -> Path:
+    """The installed ``broker.providers.snapshots`` package folder (the repository's ``providers/snapshots/``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("broker.providers.snapshots")
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - broken install
+        return Path(__file__).resolve().parent.parent / "providers" / "snapshots"
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+SHIPPED_DIR = _shipped_dir()
 
 #: Date the shipped snapshots were built from reference/prices (the figures were checked on that day).
 SHIPPED_DATE = "2026-11-29"

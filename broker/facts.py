@@ -39,7 +39,7 @@ class Facts:
 def check_names(names: list[str]) -> list[str]:
     """``names`` when every one is a known provider; else BadInput listing the known ones."""
     from broker.provider import BadInput
-    from providers import REGISTRY
+    from broker.providers import REGISTRY
 
     bad = [n for n in names if n not in REGISTRY]
     if bad:
@@ -75,14 +75,14 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     the price snapshot (a malformed ``vast_query`` is the user's error: BadInput is raised)."""
     from broker.provider import BadInput
 
-    from providers import get_provider
+    from broker.providers import get_provider
 
     facts = Facts()
     for name in names:
         try:
             p = get_provider(name)
         except ImportError as e:
-            why = f"adapter providers.{name} not available: {_short(e)}"
+            why = f"adapter broker.providers.{name} not available: {_short(e)}"
             if name in CLOUD:
                 facts.offers += _snapshot_fallback(name, req, facts, why)
             else:

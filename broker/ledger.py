@@ -145,6 +145,16 @@ class Ledger:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        # this installation's id: random, created once per ledger (BROKER_HOME); tagged on every created resource
+        # beside the run id so orphan handling never touches another installation's resources (issue 12 item 1)
+        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
+                         ("bi" + uuid.uuid4().hex[:10],))
+
+    @property
+    def installation_id(self) -> str:
+        """This installation's id (``bi`` + 10 hex digits), created once per ledger file."""
+        row = self._db.execute("SELECT value FROM meta WHERE key='installation_id'").fetchone()
+        return str(row[0])
 
     def close(self) -> None:
         self._db.close()

@@ -60,7 +60,7 @@ def local_spec(recipe: Recipe) -> tuple[LocalLaunchSpec, str]:
 
     Raises NoValidPlan when this machine cannot serve the recipe (no GPU and not cpu_ok, too few GPUs...).
     """
-    from providers.local import LocalProvider
+    from broker.providers.local import LocalProvider
 
     local = LocalProvider()
     req = recipe.requirements()
@@ -106,7 +106,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple["Plan", list["Pl
     """
     from broker.facts import DEFAULT_PROVIDERS, gather
     from broker.planner import plan as make_plan
-    from providers import get_provider
+    from broker.providers import get_provider
 
     req = recipe.requirements()
     names = [provider] if provider else list(DEFAULT_PROVIDERS)

@@ -27,6 +27,9 @@ from broker.model import Capacity, Offer, Quota, Requirements
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
 RUN_TAG = "broker-run"
+#: Tag / label key carrying the installation id (one per BROKER_HOME ledger, :attr:`broker.ledger.Ledger.installation_id`):
+#: orphan handling only terminates resources of its own installation.
+INSTALL_TAG = "broker-install"
 
 
 # --------------------------------------------------------------------------------------------------- errors
@@ -114,6 +117,7 @@ class NodeRequest(BaseModel):
     offer: Offer
     ssh_public_key: str
     client_token: str
+    installation_id: str | None = None  # tagged as INSTALL_TAG beside RUN_TAG on everything created for the node
     disk_gib: float = 40.0
     image: str | None = None
     deadline: datetime | None = None  # hard deadline: arms the node-side dead-man switch
@@ -155,6 +159,7 @@ class TaggedResource(BaseModel):
     created_at: datetime | None = None
     usd_per_hour: float | None = None
     name: str | None = None
+    installation_id: str | None = None  # INSTALL_TAG's value; None when the resource carries none (older broker)
 
 
 class QuotaRequest(BaseModel):
@@ -194,6 +199,10 @@ class Recorder(Protocol):
 
     def event(self, message: str) -> None:
         """A progress line (also goes to the ledger's event log)."""
+
+    @property
+    def installation_id(self) -> str | None:
+        """This installation's id, to tag (INSTALL_TAG) on every object bootstrap creates."""
 
 
 # --------------------------------------------------------------------------------------------------- contract

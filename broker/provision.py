@@ -39,7 +39,8 @@ from typing import Any, Callable, Iterable
 
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
-from broker.provider import (RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
+from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TransientError)
 
 Progress = Callable[[str], None]
@@ -67,6 +68,10 @@ class LedgerRecorder:
         self.actor = actor
         self.progress = progress
         self.created_ids: list[str] = []
+
+    @property
+    def installation_id(self) -> str:
+        return self.ledger.installation_id
 
     def intent(self, kind: str, name: str, *, region: str | None = None, zone: str | None = None,
                usd_per_hour: float = 0.0, attrs: dict[str, Any] | None = None) -> str:
@@ -198,7 +203,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     quotas to raise); ProviderError (exit 4) when a half-created resource could not be terminated (failover stops;
     the message names the resource and says to run ``broker down <run>``).
     """
-    from providers import get_provider
+    from broker.providers import get_provider
 
     options = _options(plan)
     if not options:
@@ -382,7 +387,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 f"(${offer.usd_per_hour:.4g}/h)")
             req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
                               client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
-                              network=dict(networks[key][0]), tags={RUN_TAG: run.id}, onstart=onstart,
+                              network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
+                              installation_id=ledger.installation_id, onstart=onstart,
                               idle_minutes=idle_minutes)
             try:
                 pid = _retrying(p.create_instance, req, attempts=transient_attempts, wait_s=retry_wait_s, say=say,
@@ -463,18 +469,6 @@ def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos:
                    local_exec=bool(getattr(p, "local_exec", False)))
 
 
-def node_workroot(ssh_user: str, override: str | None = None) -> str:
-    """The folder on a node for broker's run files (``Cluster.workroot``): ``override`` (the adapter's
-    ``node_workroot``) when set, else ``/root/broker`` for root and ``/home/<user>/broker`` for anyone else."""
-    return override or ("/root/broker" if ssh_user == "root" else f"/home/{ssh_user}/broker")
-
-
-def job_done_path(ssh_user: str, override: str | None = None) -> str:
-    """``<workroot>/job.done``: the SSH runner (:func:`broker.remote.run_remote`) touches it on every node when the
-    job has ended; the node-side idle watch (:func:`broker.watchdog.idle_watch_script`) starts counting then."""
-    return node_workroot(ssh_user, override).rstrip("/") + "/job.done"
-
-
 def requirements_of(recipe_or_req: Any) -> Requirements:
     """Requirements from a Recipe (``.requirements()``) or Requirements itself."""
     return recipe_or_req if isinstance(recipe_or_req, Requirements) else recipe_or_req.requirements()
@@ -505,7 +499,7 @@ def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[s
     the ledger has rows for (``fake`` also when ``BROKER_FAKE_STATE`` is set).  Returns (adapters, skipped: why)."""
     import os
 
-    from providers import CLOUD, get_provider
+    from broker.providers import CLOUD, get_provider
 
     names = [only] if only else list(dict.fromkeys([*CLOUD, *sorted({r.provider for r in ledger.resources()}),
                                                     *(["fake"] if os.environ.get("BROKER_FAKE_STATE") else [])]))

@@ -546,9 +546,9 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
 
 
 def _mark_done(ssh: SSHCluster, n: int) -> None:
-    """Touch ``<workroot>/job.done`` (:func:`broker.provision.job_done_path`) on every node, best effort (only
+    """Touch ``<workroot>/job.done`` (:func:`broker.nodescripts.job_done_path`) on every node, best effort (only
     nodes whose connection is still open; no reconnect): the job has ended, so the node-side idle watch
-    (:func:`broker.watchdog.idle_watch_script`) starts counting."""
+    (:func:`broker.nodescripts.idle_watch_script`) starts counting."""
     root = ssh.cluster.workroot.rstrip("/")
     cmd = f"mkdir -p {shlex.quote(root)} && touch {shlex.quote(root + '/job.done')}"
     live = [i for i in range(n) if (c := ssh._conns.get(i)) is not None and not c.is_closed()]

@@ -305,7 +305,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     from broker.launch import RunResult, describe_exit, finish_result
     from broker.orchestrate import end_run, new_run
     from broker.provider import NoValidPlan, ProviderError
-    from providers.slurm import SlurmProvider
+    from broker.providers.slurm import SlurmProvider
 
     opts = options or SlurmOptions()
     prov = provider or SlurmProvider(opts.host)

@@ -23,7 +23,7 @@ from broker.provider import Provider, ProviderError
 
 def _provider(name: str, cache: dict[str, Provider]) -> Provider:
     if name not in cache:
-        from providers import get_provider
+        from broker.providers import get_provider
 
         cache[name] = get_provider(name)
     return cache[name]

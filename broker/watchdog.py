@@ -181,7 +181,7 @@ class Watchdog:
     # ------------------------------------------------------------------------------------------- providers
     def _provider(self, name: str) -> Provider:
         if name not in self._cache:
-            from providers import get_provider
+            from broker.providers import get_provider
 
             self._cache[name] = get_provider(name)
         return self._cache[name]
@@ -191,7 +191,7 @@ class Watchdog:
         if self._given is not None:
             return list(self._given)
         names = {r.provider for r in self.ledger.resources()} - {"local"}
-        from providers import CLOUD
+        from broker.providers import CLOUD
 
         for name in CLOUD:
             if name in names:
@@ -475,61 +475,5 @@ def start_detached(home: Path | None = None, *, interval_s: float | None = None,
     return proc.pid
 
 
-# --------------------------------------------------------------------------------------------------- idle (node)
-def idle_watch_script(idle_minutes: float, on_idle: str, *, done_file: str = "/root/broker/job.done",
-                      poll_s: float = 30.0) -> str:
-    """A bash function ``broker_idle_watch`` for the node: once ``done_file`` exists (the runner touches it when
-    the job ended) and no SSH session is seen (``who`` is empty and no ``sshd: user@`` process) for
-    ``idle_minutes`` minutes, it runs ``on_idle`` (the provider's self-terminate, e.g. the Vast adapter's
-    ``DELETE /api/v0/instances/$CONTAINER_ID/``) and returns.  Start it in the background from the onstart /
-    user-data script: ``broker_idle_watch &``.  An SSH login resets the idle time."""
-    idle_s = max(1, int(round(idle_minutes * 60)))
-    return f"""broker_idle_watch() {{
-  # broker idle stop: job ended + no SSH session for {idle_s} s -> {on_idle.splitlines()[0] if on_idle else ''}
-  local idle_s={idle_s} poll_s={poll_s:g} done_file={shlex.quote(done_file)} since=""
-  while :; do
-    if [ -e "$done_file" ] && [ -z "$(who 2>/dev/null)" ] && ! pgrep -f 'sshd: [^ ]+@' >/dev/null 2>&1; then
-      [ -n "$since" ] || since=$(date +%s)
-      if [ $(( $(date +%s) - since )) -ge "$idle_s" ]; then
-        echo "broker idle watch: no SSH session for ${{idle_s}} s after the job ended: stopping this node"
-        {on_idle}
-        return 0
-      fi
-    else
-      since=""
-    fi
-    sleep "$poll_s"
-  done
-}}
-"""
-
-
-def idle_watch_launcher(idle_minutes: float, on_idle: str, *, done_file: str, state_dir: str,
-                        poll_s: float = 30.0, prelude: str = "") -> str:
-    """Shell for an onstart / user-data script that starts the node-side idle stop in the background.
-
-    It writes ``<state_dir>/idle.sh`` (``prelude``, then :func:`idle_watch_script`, then ``broker_idle_watch``;
-    its pid goes to ``<state_dir>/idle.pid``; a watch left by an earlier boot is stopped) and starts it detached (``setsid``, else ``nohup``; stdin from
-    /dev/null, output to ``<state_dir>/idle.log``, so a boot script's caller such as cloud-init does not wait for
-    it).  ``on_idle``: the provider's self-terminate; ``done_file``: ``<workroot>/job.done``
-    (:func:`broker.provision.job_done_path`); ``poll_s``: seconds between checks."""
-    d = shlex.quote(state_dir)
-    body = (prelude.rstrip("\n") + "\n" if prelude else "") + idle_watch_script(
-        idle_minutes, on_idle, done_file=done_file, poll_s=poll_s)
-    return f"""# --- broker idle stop: after the job ended and {idle_minutes:g} min without an SSH session, stop this node
-mkdir -p {d} && chmod 700 {d}
-cat > {d}/idle.sh <<'BROKER_IDLE_EOF'
-#!/bin/bash
-echo $$ > {d}/idle.pid
-{body}broker_idle_watch
-BROKER_IDLE_EOF
-old=$(cat {d}/idle.pid 2>/dev/null)
-if [ -n "$old" ] && grep -q idle.sh "/proc/$old/cmdline" 2>/dev/null; then kill "$old" 2>/dev/null; fi
-if command -v setsid >/dev/null 2>&1; then
-  setsid bash {d}/idle.sh </dev/null >>{d}/idle.log 2>&1 &
-else
-  nohup bash {d}/idle.sh </dev/null >>{d}/idle.log 2>&1 &
-fi
-echo "broker: idle stop armed ({idle_minutes:g} min without SSH after {done_file} appears)"
-# --- end of idle stop
-"""
+# node-side scripts live in broker.nodescripts (adapters embed them); re-exported for older callers
+from broker.nodescripts import idle_watch_launcher, idle_watch_script  # noqa: E402,F401

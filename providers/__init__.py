@@ -1,6 +1,6 @@
 """Provider adapters, one module per provider, imported lazily by name.
 
-``get_provider("vast")`` imports ``providers.vast`` only when asked, so the CLI starts fast and a missing SDK
+``get_provider("vast")`` imports ``broker.providers.vast`` only when asked, so the CLI starts fast and a missing SDK
 (``oci``, ``boto3``) only matters for the provider that needs it.
 """
 
@@ -16,13 +16,13 @@ if TYPE_CHECKING:
 
 #: name -> "module:Class"
 REGISTRY: dict[str, str] = {
-    "local": "providers.local:LocalProvider",
-    "vast": "providers.vast:VastProvider",
-    "oci": "providers.oci:OCIProvider",
-    "aws": "providers.aws:AWSProvider",
-    "netns": "providers.netns:NetnsProvider",
-    "slurm": "providers.slurm:SlurmProvider",
-    "fake": "providers.fake:FakeProvider",
+    "local": "broker.providers.local:LocalProvider",
+    "vast": "broker.providers.vast:VastProvider",
+    "oci": "broker.providers.oci:OCIProvider",
+    "aws": "broker.providers.aws:AWSProvider",
+    "netns": "broker.providers.netns:NetnsProvider",
+    "slurm": "broker.providers.slurm:SlurmProvider",
+    "fake": "broker.providers.fake:FakeProvider",
 }
 
 #: Providers that rent machines (planned over by default).

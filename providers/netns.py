@@ -109,7 +109,7 @@ def _used_subnets() -> set[int]:
 
 def gpu_count() -> int:
     """GPUs on this machine (nvidia-smi, else the driver's /proc listing; see providers.local), 0 without."""
-    from providers.local import detect_gpus
+    from broker.providers.local import detect_gpus
 
     return len(detect_gpus())
 

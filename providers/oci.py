@@ -215,8 +215,8 @@ def idle_cloud_init(idle_minutes: float, *, done_file: str, region: str | None =
     """Cloud-init shell snippet for the idle stop with an instance principal: once ``done_file``
     (``<workroot>/job.done``, touched by the SSH runner when the job has ended) exists and no SSH session was seen
     for ``idle_minutes``, the node terminates itself (:func:`self_terminate_function`, the dead-man switch's call;
-    see :func:`broker.watchdog.idle_watch_launcher` for the files in ``state_dir``)."""
-    from broker.watchdog import idle_watch_launcher
+    see :func:`broker.nodescripts.idle_watch_launcher` for the files in ``state_dir``)."""
+    from broker.nodescripts import idle_watch_launcher
 
     return _OCI_CLI_INSTALL + idle_watch_launcher(
         idle_minutes, 'broker_self_terminate "broker idle stop: job ended, no SSH session"', done_file=done_file,
@@ -769,7 +769,7 @@ class OCIProvider(Provider):
             raise ProviderError(PROVIDER, "launch_instance", "no subnet: call bootstrap first or set OCI_SUBNET_ID")
         cidr = req.network.get("vcn_cidr") or "10.0.0.0/16"
         image_id, user = (req.image, "opc") if req.image else self._image(shape)
-        from broker.provision import job_done_path
+        from broker.nodescripts import job_done_path
 
         ud = cloud_init(cidr, deadline=req.deadline, grace_seconds=req.grace_seconds,
                         instance_principal=self.instance_principal, onstart=req.onstart, region=self.region,

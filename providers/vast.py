@@ -321,7 +321,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
     the timer and the idle stop).  The key is never printed.  Re-running it (instance restart) re-arms it.
     Source of the mechanism: Vast docs, guides/instances/docker-environment (cloud-apis.md A7).
 
-    With ``idle_minutes`` it also starts the idle stop (:func:`broker.watchdog.idle_watch_launcher`; pid in
+    With ``idle_minutes`` it also starts the idle stop (:func:`broker.nodescripts.idle_watch_launcher`; pid in
     ``<state_dir>/idle.pid``, log ``idle.log``): once ``done_file`` (the SSH runner touches ``<workroot>/job.done``
     when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs ``destroy.sh``.
     ``idle_poll_s``: seconds between its checks.  ``deadline`` None: no timer (idle stop only).
@@ -351,7 +351,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
 """
     arm_idle = ""
     if idle_minutes:
-        from broker.watchdog import idle_watch_launcher
+        from broker.nodescripts import idle_watch_launcher
 
         arm_idle = idle_watch_launcher(idle_minutes, f'bash {d}/destroy.sh "idle stop"', done_file=done_file,
                                        state_dir=state_dir, poll_s=idle_poll_s)
@@ -755,7 +755,7 @@ class VastProvider(Provider):
         over 4048 chars), label, runtype ssh."""
         parts = ["#!/bin/bash"]
         if req.deadline is not None or req.idle_minutes:
-            from broker.provision import job_done_path
+            from broker.nodescripts import job_done_path
 
             parts.append(onstart_script(req.deadline, req.grace_seconds, self.api_url, idle_minutes=req.idle_minutes,
                                         done_file=job_done_path("root", self.node_workroot)))

@@ -49,7 +49,7 @@ def env(monkeypatch, tmp_path):
 def prov(moto_url, env):
     import boto3
 
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                     region_name="us-east-1")

@@ -61,7 +61,7 @@ def stubs():
 
 @pytest.fixture
 def prov(stubs):
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     return AWSProvider(client_factory=stubs, region="us-east-1")
 
@@ -405,7 +405,7 @@ def test_terminate_instance_still_shutting_down_is_false(prov, stubs):
 def test_check_and_offers_offline_without_credentials(monkeypatch, tmp_path):
     import boto3
 
-    from providers.aws import AWSProvider, credentials_present
+    from broker.providers.aws import AWSProvider, credentials_present
 
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
@@ -443,7 +443,7 @@ def test_missing_boto3_is_an_actionable_error_not_a_traceback(monkeypatch):
     import builtins
     import importlib.util
 
-    import providers.aws as aws
+    import broker.providers.aws as aws
     from broker.provider import AuthError
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKE")

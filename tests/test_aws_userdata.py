@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.aws import user_data_script
+from broker.providers.aws import user_data_script
 
 
 def run_script(tmp_path: Path, script: str) -> tuple[list[str], Path, subprocess.CompletedProcess]:

@@ -14,7 +14,7 @@ from broker.cli import app
 from broker.ledger import Ledger
 from broker.model import Run, utcnow
 from broker.provider import NodeRequest
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from broker.cloudrun import rank_options, run_on_cloud
 from broker.ledger import Ledger
 from broker.recipe import load_recipe
 from broker.watchdog import Watchdog
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from tests.conftest import REPO, broker_cmd
 
 

@@ -16,7 +16,7 @@ from broker.model import Requirements
 from broker.orchestrate import local_spec
 from broker.provider import NoValidPlan
 from broker.recipe import load_recipe
-from providers.local import LocalGpu, LocalProvider, detect_gpus
+from broker.providers.local import LocalGpu, LocalProvider, detect_gpus
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,7 +86,7 @@ def test_detect_gpus_from_nvidia_smi(tmp_path, monkeypatch):
 
 
 def test_local_spec_refuses_gpu_job_without_gpu(tmp_path, monkeypatch):
-    import providers.local as pl
+    import broker.providers.local as pl
 
     monkeypatch.setattr(pl, "detect_gpus", lambda: [])
     (tmp_path / "t.py").write_text("")

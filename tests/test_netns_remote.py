@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from providers import netns
+from broker.providers import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 

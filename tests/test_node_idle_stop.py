@@ -17,9 +17,9 @@ import pytest
 
 from tests.conftest import wait_for
 
-from providers.aws import user_data_script
-from providers.oci import idle_cloud_init
-from providers.vast import onstart_script
+from broker.providers.aws import user_data_script
+from broker.providers.oci import idle_cloud_init
+from broker.providers.vast import onstart_script
 
 INSTANCE_ID = "4242"
 SECRET = "idle-secret-k"
@@ -159,7 +159,7 @@ def test_oci_idle_stop_terminates_itself_with_the_instance_principal(node, bg_pi
 
 
 def test_oci_cloud_init_arms_idle_only_with_instance_principal():
-    from providers.oci import cloud_init
+    from broker.providers.oci import cloud_init
 
     assert "broker_idle_watch" not in cloud_init("10.0.0.0/16", idle_minutes=5, done_file="/home/opc/broker/job.done")
     ud = cloud_init("10.0.0.0/16", instance_principal=True, idle_minutes=5, done_file="/home/ubuntu/broker/job.done")

@@ -20,7 +20,7 @@ oci = pytest.importorskip("oci")
 from broker.model import Offer, Quota, Requirements, utcnow  # noqa: E402
 from broker.provider import (RUN_TAG, AuthError, CapacityError, NodeRequest, ProviderError,  # noqa: E402
                              QuotaError, QuotaRequest, TransientError)
-from providers.oci import OCIProvider, limit_for_shape  # noqa: E402
+from broker.providers.oci import OCIProvider, limit_for_shape  # noqa: E402
 
 TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy"
 COMP = "ocid1.compartment.oc1..aaaaaaaacomp"
@@ -763,7 +763,7 @@ def test_unconfigured_offers_do_not_import_the_sdk(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; import providers.oci as o; from broker.model import Requirements; "
+    code = ("import sys; import broker.providers.oci as o; from broker.model import Requirements; "
             "p = o.OCIProvider(); n = len(p.offers(Requirements())); c = p.check().configured; "
             "assert n > 0 and not c; assert 'oci' not in sys.modules, 'oci imported'; print('ok')")
     env = {**os.environ, "OCI_CONFIG_FILE": str(tmp_path / "absent"), "BROKER_HOME": str(tmp_path)}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.oci import cloud_init, deadman_cloud_init, deadman_watcher, firewall_script, node_layers
+from broker.providers.oci import cloud_init, deadman_cloud_init, deadman_watcher, firewall_script, node_layers
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -123,7 +123,7 @@ def test_cloud_init_is_valid_bash():
 def test_node_layers():
     assert node_layers(False) == ["cli", "watchdog"]
     assert node_layers(True) == ["cli", "watchdog", "node"]
-    from providers.oci import OCIProvider
+    from broker.providers.oci import OCIProvider
 
     assert OCIProvider(instance_principal=True).armed_layers() == ["cli", "watchdog", "node"]
     assert OCIProvider(instance_principal=False).armed_layers() == ["cli", "watchdog"]

@@ -109,7 +109,7 @@ def test_plan_max_run_uses_the_budget_as_deadline():
 
 
 def test_a_failing_adapter_is_a_note_not_a_crash(monkeypatch):
-    import providers
+    import broker.providers as providers
     from broker.provider import Provider, TransientError
 
     class Boom(Provider):
@@ -199,7 +199,7 @@ def test_catalog_refresh_unreachable_price_list_keeps_the_snapshot():
 
 
 def test_catalog_refresh_uses_the_adapters_live_sources(monkeypatch):
-    import providers
+    import broker.providers as providers
     from broker.model import Offer
     from broker.provider import Provider, ProviderCheck
 
@@ -246,7 +246,7 @@ def test_cli_subprocess_plans_offline(tmp_path):
 
 
 def test_a_broken_adapter_constructor_falls_back_to_the_snapshot(monkeypatch):
-    import providers
+    import broker.providers as providers
 
     real = providers.get_provider
 
@@ -278,7 +278,7 @@ def test_equal_options_in_several_zones_are_one_row():
 
 
 def test_gpu_less_machine_without_cpu_ok_explains_local_and_rents(monkeypatch):
-    import providers.local as local
+    import broker.providers.local as local
 
     monkeypatch.setattr(local, "detect_gpus", lambda *a, **k: [])
     r = run("plan", "--budget", "5", "--json")
@@ -295,7 +295,7 @@ def test_gpu_less_machine_without_cpu_ok_explains_local_and_rents(monkeypatch):
 
 
 def test_vast_query_reaches_the_vast_adapter(monkeypatch):
-    import providers
+    import broker.providers as providers
     from broker.provider import BadInput, Provider
 
     seen = {}

@@ -14,7 +14,7 @@ from broker.model import Requirements, Resource, Run, TopologyKind, utcnow
 from broker.provider import AuthError, NoValidPlan, OfferGone, ProviderError
 from broker.provision import provision, reconcile, run_cost, spent_usd
 from broker.teardown import teardown_run
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 
 
 @pytest.fixture

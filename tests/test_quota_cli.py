@@ -196,7 +196,7 @@ class Stubs:
 def aws_with_limit(stubs: Stubs, value: float, used: float = 0.0):
     from botocore.stub import ANY
 
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     ec2 = stubs.stub("ec2")
     ec2.add_response("describe_instance_type_offerings", {"InstanceTypeOfferings": [
@@ -250,7 +250,7 @@ def test_aws_request_open_request_not_duplicated_in_ledger(monkeypatch):
                                                                    "DesiredValue": 16.0})
         sq.add_response("list_requested_service_quota_change_history_by_quota", {"RequestedQuotas": [
             {"Id": "req-open", "QuotaCode": "L-DB2E81BA", "DesiredValue": 16.0, "Status": "PENDING"}]})
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(client_factory=stubs, region="us-east-1"))
     monkeypatch.setattr(AWSProvider, "check", lambda self: ProviderCheck(provider="aws", configured=False))
@@ -273,7 +273,7 @@ def without_aws_credentials(monkeypatch, tmp_path) -> None:
 
 def test_aws_spot_only_when_asked(monkeypatch, tmp_path):
     without_aws_credentials(monkeypatch, tmp_path)
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(region="us-east-1"))
     r = cli("quota", "check", "-p", "aws", "-t", "g5.xlarge", "--json")
@@ -286,7 +286,7 @@ def test_aws_request_permission_error_is_clear(monkeypatch):
     stubs = Stubs()
     stubs.stub("service-quotas").add_client_error("request_service_quota_increase",
                                                   service_error_code="AccessDeniedException", http_status_code=400)
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(client_factory=stubs, region="us-east-1"))
     monkeypatch.setattr(AWSProvider, "check", lambda self: ProviderCheck(provider="aws", configured=False))
@@ -297,7 +297,7 @@ def test_aws_request_permission_error_is_clear(monkeypatch):
 
 def test_aws_request_draft_without_credentials(monkeypatch, tmp_path):
     without_aws_credentials(monkeypatch, tmp_path)
-    from providers.aws import AWSProvider
+    from broker.providers.aws import AWSProvider
 
     use(monkeypatch, aws=AWSProvider(region="us-east-1"))
     r = cli("quota", "request", "-p", "aws", "-t", "p5.48xlarge", "--nodes", "1", "--gpus-per-node", "8", "--draft")
@@ -307,7 +307,7 @@ def test_aws_request_draft_without_credentials(monkeypatch, tmp_path):
 
 
 def test_real_factory_reports_missing_module(monkeypatch):
-    import providers
+    import broker.providers as providers
 
     from broker.commands.quota import ProviderUnavailable, provider_factory
 
@@ -320,7 +320,7 @@ def test_real_factory_reports_missing_module(monkeypatch):
 def test_oci_draft_without_credentials_leaves_the_ad_to_fill_in(monkeypatch, tmp_path):
     """Without an OCI config the ADs cannot be listed: the draft still prints, with the AD and region to fill in;
     filing for real still insists on --scope."""
-    from providers.oci import OCIProvider
+    from broker.providers.oci import OCIProvider
 
     monkeypatch.setenv("OCI_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.delenv("OCI_REGION", raising=False)

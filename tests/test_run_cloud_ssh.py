@@ -20,7 +20,7 @@ from broker.ledger import Ledger
 from broker.model import TopologyKind
 from broker.provider import InstanceInfo, NodeRequest
 from broker.recipe import load_recipe
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 def _netns_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    from providers.netns import missing_requirements
+    from broker.providers.netns import missing_requirements
 
     return missing_requirements()
 
@@ -39,7 +39,7 @@ def hosts(tmp_path):
     why = _netns_missing()
     if why:
         pytest.skip(why)
-    from providers import netns
+    from broker.providers import netns
 
     c = netns.up(2, tmp_path / "hosts", use_gpus=False)
     try:

@@ -1,4 +1,4 @@
-"""providers.slurm against stand-in Slurm commands (output formats as Slurm 22.05 prints them)."""
+"""broker.providers.slurm against stand-in Slurm commands (output formats as Slurm 22.05 prints them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker.slurm import LogFollower
-from providers.slurm import JobInfo, Shell, SlurmProvider, parse_exit_code, parse_scontrol_job
+from broker.providers.slurm import JobInfo, Shell, SlurmProvider, parse_exit_code, parse_scontrol_job
 
 
 def fake_bin(tmp_path: Path, monkeypatch, **scripts: str) -> Path:

@@ -132,7 +132,7 @@ def test_terminate_scancels_a_ledger_job(cluster, tmp_path, monkeypatch):
     """broker down / the watchdog: teardown_run -> SlurmProvider.terminate('slurm_job', id) = scancel."""
     from broker.ledger import Ledger
     from broker.teardown import teardown_run
-    from providers.slurm import SlurmProvider
+    from broker.providers.slurm import SlurmProvider
 
     for k, v in cluster.env.items():
         monkeypatch.setenv(k, v)
@@ -260,7 +260,7 @@ def test_sbatch_rejection_is_a_provider_error(cluster, tmp_path, monkeypatch):
     from broker.provider import ProviderError
     from broker.recipe import load_recipe
     from broker.slurm import SlurmOptions, run_recipe_slurm
-    from providers.slurm import SlurmProvider
+    from broker.providers.slurm import SlurmProvider
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
         monkeypatch.setenv(k, v)
@@ -281,7 +281,7 @@ def test_log_dir_missing_at_submission_is_reported_not_hung(cluster, tmp_path, m
     (JobLaunchFailure) with no log at all.  broker must report that as a failed run, promptly."""
     from broker.ledger import Ledger
     from broker.slurm import SlurmOptions, run_recipe_slurm
-    from providers.slurm import Shell
+    from broker.providers.slurm import Shell
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
         monkeypatch.setenv(k, v)

@@ -13,7 +13,7 @@ from broker.cli import app
 from broker.ledger import Ledger
 from broker.model import utcnow
 from broker.watchdog import Watchdog
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 
 

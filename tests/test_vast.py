@@ -41,7 +41,7 @@ def env(tmp_path, monkeypatch):
 
 
 def make_provider(**kw):
-    from providers.vast import VastProvider
+    from broker.providers.vast import VastProvider
 
     sleeps: list[float] = []
     kw.setdefault("api_key", KEY)
@@ -81,7 +81,7 @@ def instance_row(**over):
 
 
 def a_offer(**over) -> Offer:
-    from providers.vast import offer_from_row
+    from broker.providers.vast import offer_from_row
 
     o = offer_from_row(offer_row(**over))
     assert o is not None
@@ -98,7 +98,7 @@ def node_request(**over) -> NodeRequest:
 
 # --------------------------------------------------------------------------------------------------- key lookup
 def test_key_lookup_order(env, monkeypatch, tmp_path):
-    from providers.vast import find_api_key
+    from broker.providers.vast import find_api_key
     from broker.config import settings
 
     assert find_api_key()[0] is None
@@ -123,7 +123,7 @@ def test_key_lookup_order(env, monkeypatch, tmp_path):
 
 
 def test_api_url_override(monkeypatch):
-    from providers.vast import VastProvider
+    from broker.providers.vast import VastProvider
 
     assert VastProvider().api_url == URL
     monkeypatch.setenv("VAST_API_URL", "http://127.0.0.1:9/")
@@ -132,7 +132,7 @@ def test_api_url_override(monkeypatch):
 
 # --------------------------------------------------------------------------------------------------- check
 def test_check_offline_makes_no_call(env):
-    from providers.vast import VastProvider
+    from broker.providers.vast import VastProvider
 
     with respx.mock(assert_all_mocked=True) as mock:
         c = VastProvider().check()
@@ -219,13 +219,13 @@ def test_native_query_merged_with_numbers():
 def test_fallback_parser_matches_vastai(q):
     """Our re-implementation gives what vastai's parse_query gives (when the `vast` extra is installed)."""
     vq = pytest.importorskip("vastai.api.query")
-    from providers.vast import _parse_query_fallback
+    from broker.providers.vast import _parse_query_fallback
 
     assert _parse_query_fallback(q) == vq.parse_query(q, {}, vq.offers_fields, vq.offers_alias, vq.offers_mult)
 
 
 def test_fallback_parser_grammar():
-    from providers.vast import _parse_query_fallback, parse_vast_query
+    from broker.providers.vast import _parse_query_fallback, parse_vast_query
 
     assert _parse_query_fallback("gpu_name in [RTX_4090,RTX_3090] cuda_vers>=12.4 gpu_ram>=24 rentable=true") == {
         "gpu_name": {"in": ["RTX 4090", "RTX 3090"]}, "cuda_max_good": {"gte": "12.4"}, "gpu_ram": {"gte": 24000.0},
@@ -235,7 +235,7 @@ def test_fallback_parser_grammar():
 
 
 def test_snapshot_fallback_without_key(monkeypatch):
-    from providers.vast import VastProvider
+    from broker.providers.vast import VastProvider
 
     p = VastProvider()
     with respx.mock(assert_all_mocked=True) as mock:
@@ -381,7 +381,7 @@ def test_create_5xx_finds_the_instance_by_label_instead_of_renting_twice():
 
 
 def test_onstart_size_handling(tmp_path):
-    from providers.vast import fit_onstart
+    from broker.providers.vast import fit_onstart
 
     small = "echo hi\n"
     assert fit_onstart(small) == small
@@ -439,7 +439,7 @@ def test_instance_stuck_in_loading_stays_pending():
     assert states[0].raw_state == "loading" and states[0].ssh_host is None and "Pulling" in states[0].message
     for raw, want in ((None, "pending"), ("created", "pending"), ("offline", "failed"), ("unknown", "failed"),
                       ("frozen", "failed")):
-        from providers.vast import instance_info
+        from broker.providers.vast import instance_info
 
         assert instance_info("1", instance_row(actual_status=raw)).state == want
 
@@ -495,7 +495,7 @@ def test_list_tagged_paginates_and_parses_labels():
 
 
 def test_label_round_trip():
-    from providers.vast import VastProvider, parse_label
+    from broker.providers.vast import VastProvider, parse_label
 
     p = VastProvider(api_key=KEY)
     assert parse_label(p._label("run-20261130-ab:c", 3)) == ("run-20261130-ab:c", 3)
@@ -504,7 +504,7 @@ def test_label_round_trip():
 
 
 def test_provider_registry_and_terminate_kind():
-    from providers import get_provider
+    from broker.providers import get_provider
     from broker.provider import NotSupported
 
     p = get_provider("vast")
@@ -556,7 +556,7 @@ def test_create_429_is_resent_after_retry_after_and_list_without_key_is_empty(mo
                            httpx.Response(200, json={"success": True, "new_contract": 777})]
         assert p.create_instance(node_request()) == "777"
     assert put.call_count == 2 and p.sleeps == [2.0]
-    from providers.vast import VastProvider
+    from broker.providers.vast import VastProvider
 
     with respx.mock(assert_all_mocked=True) as mock:
         assert VastProvider().list_tagged() == [] and mock.calls.call_count == 0
@@ -584,7 +584,7 @@ def test_live_offer_storage_is_not_priced_twice():
     """dph_total already includes the searched disk: the worst case is dph_total x the deadline, nothing more
     (a bug priced the disk a second time from storage_cost)."""
     from broker import pricing
-    from providers.vast import offer_from_row
+    from broker.providers.vast import offer_from_row
 
     o = offer_from_row(offer_row(dph_total=0.36, storage_cost=0.2))
     assert pricing.worst_case_usd(o, 1.0, disk_gib=40, allowance_seconds=0) == pytest.approx(0.36)

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import wait_for
 
 from broker.model import utcnow
-from providers.vast import onstart_script
+from broker.providers.vast import onstart_script
 
 INSTANCE_ID = "12345"
 SECRET = "secret-k"

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from broker.ledger import Ledger, new_id
 from broker.model import Requirements, Resource, Run, utcnow
 from broker.provider import NodeRequest
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 
 
 class CountingFake(FakeProvider):

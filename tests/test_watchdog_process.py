@@ -16,7 +16,7 @@ import pytest
 from broker.accounting import pid_alive, watchdog_state
 from broker.ledger import Ledger
 from broker.model import utcnow
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ from datetime import timedelta
 sys.path.insert(0, sys.argv[1])
 from broker.ledger import Ledger
 from broker.model import utcnow
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 led = Ledger()
 run = make_run(led, deadline=utcnow() + timedelta(seconds=3), pid=os.getpid())
@@ -184,7 +184,7 @@ sys.path.insert(0, sys.argv[1])
 from broker.ledger import Ledger
 from broker.model import utcnow
 from broker.watchdog import start_detached
-from providers.fake import FakeProvider
+from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 wd_pid = start_detached(interval_s=0.5, exit_when_idle_s=5)  # what `broker run` does before provisioning
 led = Ledger()

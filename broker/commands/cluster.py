@@ -17,7 +17,7 @@ def _clusters_dir() -> Path:
 
 
 def _state_for(cid: str):
-    from providers.netns import NetnsCluster
+    from broker.providers.netns import NetnsCluster
 
     for st in _clusters_dir().glob(f"*/netns/{cid}/state.json"):
         try:
@@ -34,7 +34,7 @@ def up_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the cluster as JSON"),
 ) -> None:
     """Bring up NODES namespaces joined by a bridge, each running its own sshd; prints how to ssh in."""
-    from providers import netns
+    from broker.providers import netns
     from broker.model import utcnow
     from broker.ui import console, print_json
 
@@ -58,7 +58,7 @@ def down_cmd(
     all_: bool = typer.Option(False, "--all", help="remove every leftover netns cluster on this machine"),
 ) -> None:
     """Kill the cluster's sshd's and processes, delete its namespaces, veths and bridge (idempotent)."""
-    from providers import netns
+    from broker.providers import netns
     from broker.provider import BadInput
     from broker.ui import console
 
@@ -81,7 +81,7 @@ def status_cmd() -> None:
     """List the netns clusters on this machine (namespaces, links, sshd processes)."""
     from collections import defaultdict
 
-    from providers import netns
+    from broker.providers import netns
     from broker.ui import console
 
     by: dict[str, list[str]] = defaultdict(list)

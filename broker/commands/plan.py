@@ -103,7 +103,7 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
         return steps[0] if steps else None
     run = f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
     if c.provider in CLOUD:
-        from providers import get_provider
+        from broker.providers import get_provider
 
         try:
             configured = get_provider(c.provider).check().configured
@@ -321,7 +321,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.provider import ProviderCheck
         from broker.ui import console, print_json
-        from providers import get_provider
+        from broker.providers import get_provider
 
         results: list[ProviderCheck] = []
         for name in check_names(provider) if provider else list(DEFAULT_PROVIDERS):
@@ -333,7 +333,7 @@ def register(app: typer.Typer) -> None:
                     results.append(p.check())
             except ImportError as e:
                 results.append(ProviderCheck(provider=name, configured=False, usable=None,
-                                             detail=f"adapter providers.{name} not available: {_short(e)}",
+                                             detail=f"adapter broker.providers.{name} not available: {_short(e)}",
                                              hint="plans use the shipped price snapshot"))
             except Exception as e:
                 results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
@@ -439,7 +439,7 @@ def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
 
     if name == "oci":  # public price list: no credentials needed
         return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
-    from providers import get_provider
+    from broker.providers import get_provider
 
     try:
         p = get_provider(name)

@@ -28,7 +28,7 @@ class ProviderUnavailable(Exception):
 def provider_factory(name: str, region: str | None = None) -> "Provider":
     """The adapter for ``name`` (``region`` passed when the adapter takes one).  Raises ProviderUnavailable when
     its module (or SDK) is missing.  Tests replace this function."""
-    import providers
+    import broker.providers as providers
 
     try:
         cls = providers.provider_class(name)

@@ -107,7 +107,7 @@ def run_here(recipe: Any, provider: str, *, inject: str | None = None, quiet: bo
 
     echo = None if (quiet or as_json) else echo_line
     if provider == "netns":
-        from providers.netns import run_recipe as run_recipe_netns
+        from broker.providers.netns import run_recipe as run_recipe_netns
 
         run, result = run_recipe_netns(recipe, ledger=ledger, echo=echo, inject=inject, on_start=started)
     else:
