@@ -18,6 +18,7 @@ The training script decides its backend (nccl where CUDA exists, gloo otherwise)
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shlex
@@ -30,7 +31,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+
+from broker.executor import Executor, run_steps
+
+if TYPE_CHECKING:
+    from broker.staging import StagePlan
 
 #: how long a node gets between SIGTERM and SIGKILL when it is stopped, seconds
 STOP_GRACE_S = 3.0
@@ -259,14 +265,16 @@ def log_tail(path: Path, n: int = 15) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------- local runs
-def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int) -> list[Path]:
-    """A fresh copy of ``workdir`` per node: ``run_dir/node<i>/work``.  Returns the work dirs."""
+def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int, plan: "StagePlan | None" = None) -> list[Path]:
+    """A fresh copy of the staged ``workdir`` (:mod:`broker.staging`) per node: ``run_dir/node<i>/work``.
+    Returns the work dirs."""
+    from broker.staging import copy_staged, stage_plan
+
+    plan = plan or stage_plan(workdir)
     out = []
     for i in range(nnodes):
         dst = run_dir / f"node{i}" / "work"
-        if dst.exists():
-            shutil.rmtree(dst)
-        shutil.copytree(workdir, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+        copy_staged(plan, dst)
         out.append(dst)
     return out
 
@@ -279,6 +287,14 @@ def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str,
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+def python_first_path(python: str | None, path: str | None) -> str:
+    """``PATH`` with the training interpreter's ``bin/`` first, so ``setup`` commands' ``python``/``pip`` are the
+    ones torchrun uses (issue 15: the venv's, not whatever comes first on the user's PATH)."""
+    bindir = str(Path(python or sys.executable).parent)
+    rest = [p for p in (path or os.defpath).split(os.pathsep) if p and p != bindir]
+    return os.pathsep.join([bindir, *rest])
 
 
 def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Path, node_rank: int,
@@ -298,7 +314,7 @@ def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Pat
 
 @dataclass
 class LocalLaunchSpec:
-    """Everything :func:`run_local` needs; built by the CLI from a recipe and the local provider."""
+    """Everything :class:`LocalExecutor` needs; built by the pipeline from a recipe and the target."""
 
     script_rel: str  # script path relative to workdir
     args: list[str]
@@ -312,6 +328,7 @@ class LocalLaunchSpec:
     deadline_s: float | None
     master_port: int | None = None
     python: str | None = None
+    artifacts: list[str] = field(default_factory=list)
 
 
 def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
@@ -322,44 +339,135 @@ def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list
             for i in range(spec.nnodes)]
 
 
-def run_local(spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], None] | None = print) -> RunResult:
-    """Run the job as ``spec.nnodes`` simulated nodes on this machine; returns the result (never raises for a
-    failing job)."""
-    t0 = time.monotonic()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dirs = prepare_node_dirs(spec.workdir, run_dir, spec.nnodes)
-    logs = {i: run_dir / f"node{i}.log" for i in range(spec.nnodes)}
-    for p in logs.values():
-        p.write_text("")
-    envs = [node_environment(dict(os.environ), spec.env, spec.node_envs[i] if i < len(spec.node_envs) else {},
-                             {"BROKER_NODE_RANK": str(i)})
-            for i in range(spec.nnodes)]
+class LocalExecutor(Executor):
+    """The job as ``spec.nnodes`` nodes that are processes on this machine (topology ``local``, and the ``fake``
+    cloud whose instances are this machine): fresh per-node work folders under ``run_dir/node<i>/work``,
+    ``setup`` once per node, one torchrun per node with its own ``CUDA_VISIBLE_DEVICES``, master ``127.0.0.1``."""
 
-    if spec.setup:
-        for i in range(spec.nnodes):
-            code, cmd = run_setup(spec.setup, dirs[i], envs[i], logs[i], i, echo, timeout_s=spec.deadline_s or 3600)
-            if code != 0:
-                return RunResult(status="failed", exit_codes={i: code}, wall_s=time.monotonic() - t0,
-                                 log_paths=logs, failed_node=i, tail=log_tail(logs[i]),
-                                 reason=f"setup command failed on node {i} (exit {describe_exit(code)}): {cmd}")
+    def __init__(self, spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], None] | None = print,
+                 say: Callable[[str], None] | None = None):
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.echo = echo
+        self.say = say
+        self.t0 = time.monotonic()
+        self.logs = {i: self.run_dir / f"node{i}.log" for i in range(spec.nnodes)}
+        self.dirs: list[Path] = []
+        self.envs: list[dict[str, str]] = []
 
-    port = spec.master_port or free_port()
-    argvs = local_argvs(spec, port, dirs)
-    for i, argv in enumerate(argvs):
-        with open(logs[i], "a", encoding="utf-8") as f:
-            f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
-    nodes: list[NodeHandle] = []
-    sup = Supervisor(logs, echo=echo)
-    try:
+    def stage(self) -> RunResult | None:
+        from broker.staging import stage_plan
+
+        spec = self.spec
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for p in self.logs.values():
+            p.write_text("")
+        plan = stage_plan(spec.workdir)
+        if self.say:
+            self.say(plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else ""))
+        self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan)
+        path = python_first_path(spec.python, os.environ.get("PATH"))
+        self.envs = [node_environment(dict(os.environ), spec.env,
+                                      spec.node_envs[i] if i < len(spec.node_envs) else {},
+                                      {"BROKER_NODE_RANK": str(i), "PATH": path})
+                     for i in range(spec.nnodes)]
+        return None
+
+    def launch(self) -> RunResult:
+        spec = self.spec
+        if spec.setup:
+            for i in range(spec.nnodes):
+                code, cmd = run_setup(spec.setup, self.dirs[i], self.envs[i], self.logs[i], i, self.echo,
+                                      timeout_s=spec.deadline_s or 3600)
+                if code != 0:
+                    return RunResult(status="failed", exit_codes={i: code}, wall_s=time.monotonic() - self.t0,
+                                     log_paths=self.logs, failed_node=i, tail=log_tail(self.logs[i]),
+                                     reason=f"setup command failed on node {i} (exit {describe_exit(code)}): {cmd}")
+        port = spec.master_port or free_port()
+        argvs = local_argvs(spec, port, self.dirs)
         for i, argv in enumerate(argvs):
-            nodes.append(LocalNode(i, argv, envs[i], dirs[i]))
-    except BaseException:
-        sup.stop_all(nodes)
-        raise
-    remaining = None if spec.deadline_s is None else max(1.0, spec.deadline_s - (time.monotonic() - t0))
-    res = sup.run(nodes, deadline_s=remaining)
-    res.wall_s = time.monotonic() - t0
-    return finish_result(res, spec.expect, nnodes=spec.nnodes, nproc_per_node=spec.nproc_per_node)
+            with open(self.logs[i], "a", encoding="utf-8") as f:
+                f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+        nodes: list[NodeHandle] = []
+        sup = Supervisor(self.logs, echo=self.echo)
+        try:
+            for i, argv in enumerate(argvs):
+                nodes.append(LocalNode(i, argv, self.envs[i], self.dirs[i]))
+        except BaseException:
+            sup.stop_all(nodes)
+            raise
+        remaining = None if spec.deadline_s is None else max(1.0, spec.deadline_s - (time.monotonic() - self.t0))
+        return sup.run(nodes, deadline_s=remaining)
+
+    def collects(self) -> bool:
+        return bool(self.spec.artifacts)
+
+    def collect(self, result: RunResult) -> None:
+        if not self.spec.artifacts:
+            return
+        found: dict[int, list[str]] = {}
+        for i, d in enumerate(self.dirs):
+            names = match_artifacts(d, self.spec.artifacts)
+            for rel in names:
+                dst = self.run_dir / "artifacts" / f"node{i}" / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(d / rel, dst)
+            found[i] = names
+        record_artifacts(result, self.spec.artifacts, found, self.run_dir, self.echo)
+
+    def finish(self, result: RunResult) -> RunResult:
+        result.wall_s = time.monotonic() - self.t0
+        return finish_result(result, self.spec.expect, nnodes=self.spec.nnodes,
+                             nproc_per_node=self.spec.nproc_per_node)
+
+
+def run_local(spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], None] | None = print) -> RunResult:
+    """Run the job as ``spec.nnodes`` simulated nodes on this machine (:class:`LocalExecutor` through
+    :func:`broker.executor.run_steps`); returns the result (never raises for a failing job)."""
+    return run_steps(LocalExecutor(spec, run_dir, echo=echo))
+
+
+# --------------------------------------------------------------------------------------------------- artifacts
+def match_artifacts(workdir: Path, patterns: list[str]) -> list[str]:
+    """Files under ``workdir`` matching the recipe's ``artifacts`` globs (``**`` allowed), relative paths, sorted.
+    Patterns that are absolute or climb out with ``..`` match nothing."""
+    out: set[str] = set()
+    for pat in patterns:
+        if Path(pat).is_absolute() or ".." in Path(pat).parts:
+            continue
+        for p in workdir.glob(pat):
+            if p.is_file():
+                out.add(p.relative_to(workdir).as_posix())
+    return sorted(out)
+
+
+def record_artifacts(result: RunResult, patterns: list[str], found: dict[int, list[str]], run_dir: Path,
+                     echo: Callable[[str], None] | None) -> None:
+    """Log what was collected from each node into ``run_dir/artifacts/node<i>/`` (in rank 0's log and on the
+    console); a pattern that no node produced fails a succeeded run with that name (issue 13 item 5)."""
+    lines = []
+    for i, names in sorted(found.items()):
+        if names:
+            lines.append(f"artifacts from node {i}: {', '.join(names)} -> {run_dir / 'artifacts' / f'node{i}'}")
+    missing = []
+    for pat in patterns:
+        if Path(pat).is_absolute() or ".." in Path(pat).parts:
+            lines.append(f"artifact {pat!r} skipped: give a path relative to the work folder")
+            missing.append(pat)
+            continue
+        hit = any(fnmatch.fnmatch(n, pat) or Path(n).match(pat) for names in found.values() for n in names)
+        if not hit:
+            missing.append(pat)
+            lines.append(f"artifact {pat} was produced by no node")
+    if result.log_paths.get(0) is not None and result.log_paths[0].exists():
+        with open(result.log_paths[0], "a", encoding="utf-8") as f:
+            f.writelines(f"broker: {ln}\n" for ln in lines)
+    if echo:
+        for ln in lines:
+            echo(f"[broker] {ln}")
+    if missing and result.status == "succeeded":
+        result.status = "failed"
+        result.reason = "listed artifact(s) produced by no node: " + ", ".join(missing)
 
 
 def finish_result(res: RunResult, expect: list[str], *, nnodes: int, nproc_per_node: int) -> RunResult:

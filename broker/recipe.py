@@ -65,10 +65,13 @@ class Recipe(BaseModel):
     budget_usd: float = Field(default=5.0, gt=0)
     max_hours: float = Field(default=1.0, gt=0, le=168)
     expect: list[str] = Field(default_factory=list)
-    artifacts: list[str] = Field(default_factory=list)  # files fetched back from node 0 after the run
+    artifacts: list[str] = Field(default_factory=list)  # globs collected from every node into <run>/artifacts/node<i>/
     disk_gib: float = Field(default=40.0, gt=0)
     image: str | None = None  # container image for Vast.ai (default: a PyTorch image)
     idle_minutes: float | None = Field(default=None, gt=0)
+    # seconds to keep retrying SSH connect + auth after a node reports RUNNING (default per provider: OCI/AWS 300,
+    # Vast.ai 180, others 120); counted in the plan's setup allowance
+    ready_timeout_s: float | None = Field(default=None, gt=0, le=3600)
     strict_lint: bool = False
 
     # set by the loader
@@ -190,9 +193,16 @@ def load_recipe(path: str | Path) -> Recipe:
     base = p.resolve().parent
     script = recipe.script if recipe.script.is_absolute() else base / recipe.script
     workdir = recipe.workdir if recipe.workdir.is_absolute() else base / recipe.workdir
+    line = lines.get(("script",), "?")
     if "workdir" not in data:
         workdir = script.parent
-    line = lines.get(("script",), "?")
+        if not script.resolve().parent.is_relative_to(base):
+            # the default workdir (the script's folder) would be a folder above the recipe: everything in it,
+            # secrets included, would be copied to every node
+            raise RecipeError(f"{p}:{line}: field 'script': {recipe.script} is outside the recipe's folder {base}, "
+                              f"so its folder {script.resolve().parent} would be copied to every node",
+                              hint="move the script next to the recipe, or set 'workdir:' explicitly to the folder "
+                                   "to copy (only what it holds is staged; .gitignore/.brokerignore apply)")
     if not script.is_file():
         raise RecipeError(f"{p}:{line}: field 'script': {recipe.script} does not exist (looked for {script})",
                           hint="give the training script's path relative to the recipe file")

@@ -40,18 +40,17 @@ is used that way.  asyncssh is imported lazily.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import queue
 import random
 import shlex
-import tarfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from broker.executor import Executor, run_steps
 from broker.launch import STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail, torchrun_argv
 from broker.model import Cluster
 from broker.provider import BadInput, ProviderError
@@ -235,20 +234,15 @@ class SSHCluster:
             await sftp.chmod(remote, mode)
 
     async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
-        """Copy folder ``local`` to ``remote`` (replaced) as one tar.gz over SFTP; skips caches and .git."""
-        buf = io.BytesIO()
-        skip = {"__pycache__", ".git", ".venv", "node_modules"}
+        """Copy the staged files of folder ``local`` (:func:`broker.staging.stage_plan`) to ``remote`` (replaced)."""
+        from broker.staging import stage_plan, tar_staged
 
-        def _filter(ti: tarfile.TarInfo) -> tarfile.TarInfo | None:
-            parts = Path(ti.name).parts
-            if any(p in skip for p in parts) or ti.name.endswith(".pyc"):
-                return None
-            return ti
+        await self.aupload_tgz(i, tar_staged(stage_plan(local)), remote)
 
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            tar.add(str(local), arcname=".", filter=_filter)
+    async def aupload_tgz(self, i: int, data: bytes, remote: str) -> None:
+        """Unpack the tar.gz ``data`` into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""
         tgz = f"{remote}.tar.gz"
-        await self.aput_bytes(i, buf.getvalue(), tgz, 0o600)
+        await self.aput_bytes(i, data, tgz, 0o600)
         q = shlex.quote
         code, out = await self.arun(i, f"rm -rf {q(remote)} && mkdir -p {q(remote)} && "
                                        f"tar -xzf {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=120)
@@ -400,8 +394,14 @@ def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dic
     return env
 
 
-def env_file(env: dict[str, str]) -> bytes:
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()).encode()
+def env_file(env: dict[str, str], python: str | None = None) -> bytes:
+    """``env.sh`` for a node: one quoted ``export`` per variable; with an absolute ``python`` (the training
+    interpreter), its ``bin/`` goes first on ``PATH`` so ``setup`` commands use that Python and pip."""
+    lines = [f"export {k}={shlex.quote(v)}\n" for k, v in env.items()]
+    if python and python.startswith("/"):
+        bindir = python.rsplit("/", 1)[0] or "/"
+        lines.append(f'export PATH={shlex.quote(bindir)}:"$PATH"\n')
+    return "".join(lines).encode()
 
 
 def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[str, list[str]]:
@@ -418,104 +418,171 @@ def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[
     return line, argv
 
 
-def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,
-               preflight: bool = True, connect_timeout_s: float = 20.0) -> RemoteRunResult:
-    """Run ``recipe`` on ``cluster``'s nodes over SSH; returns the result (never raises for a failing job).
+class SSHExecutor(Executor):
+    """The job on ``cluster``'s nodes over SSH (netns hosts, rented VMs): the executor steps of
+    :mod:`broker.executor`, as laid out in this module's docstring.
 
     ``port``: the master port (default: random in 29500-29999, checked free by preflight on node 0).
-    ``preflight``: run the checks first (a FAIL ends the run, status ``failed``, before anything starts).
+    ``preflight``: run the checks (a FAIL ends the run, status ``failed``, before anything starts).
+    ``ready_timeout_s``: how long :meth:`reach` retries SSH connect + auth (nodes that report RUNNING often accept
+    SSH 30-60 s later), with exponential backoff capped at 10 s; then it waits for boot scripts
+    (``cloud-init status --wait`` where cloud-init exists, at most the remaining time).
     Raises BadInput when the cluster and recipe disagree on the node count.  Node logs: ``run_dir/node<i>.log``;
-    preflight: ``run_dir/preflight.json`` and ``preflight.txt``; artifacts: ``run_dir/<name>``.
+    preflight: ``run_dir/preflight.json`` and ``preflight.txt``; artifacts: ``run_dir/artifacts/node<i>/``.
     """
-    from broker import preflight as pf
 
-    t0 = time.monotonic()
-    n = len(cluster.nodes)
-    if n != recipe.nodes:
-        raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    logs = {i: run_dir / f"node{i}.log" for i in range(n)}
-    for p in logs.values():
-        p.write_text("")
-    port_given = port is not None
-    port = port or random.randint(29500, 29999)
-    deadline_s = recipe.max_hours * 3600
+    def __init__(self, cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print,
+                 port: int | None = None, preflight: bool = True, connect_timeout_s: float = 20.0,
+                 ready_timeout_s: float = 0.0, say: Echo = None):
+        n = len(cluster.nodes)
+        if n != recipe.nodes:
+            raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
+        self.cluster, self.recipe, self.n = cluster, recipe, n
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.echo, self.say = echo, say
+        self.t0 = time.monotonic()
+        self.logs = {i: self.run_dir / f"node{i}.log" for i in range(n)}
+        for p in self.logs.values():
+            p.write_text("")
+        self.port_given = port is not None
+        self.port = port or random.randint(29500, 29999)
+        self.do_preflight = preflight
+        self.ready_timeout_s = ready_timeout_s
+        self.deadline_s = recipe.max_hours * 3600
+        self.ssh = SSHCluster(cluster, run_dir=self.run_dir, connect_timeout_s=connect_timeout_s)
+        self.report: "PreflightReport | None" = None
+        self.ifaces: dict[int, str] = {}
 
-    def _say(msg: str) -> None:
-        if echo is not None:
-            echo(msg)
+    def _say(self, msg: str) -> None:
+        if self.echo is not None:
+            self.echo(msg)
 
-    def _fail(reason: str, *, node: int | None = None, report: Any = None) -> RemoteRunResult:
-        res = RemoteRunResult(status="failed", exit_codes={},  # nothing was started
-                              wall_s=time.monotonic() - t0, log_paths=logs, reason=reason, failed_node=node,
-                              preflight=report)
-        return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
+    def _fail(self, reason: str, *, node: int | None = None) -> RemoteRunResult:
+        return RemoteRunResult(status="failed", exit_codes={},  # nothing was started
+                               wall_s=time.monotonic() - self.t0, log_paths=self.logs, reason=reason,
+                               failed_node=node, preflight=self.report)
 
-    ssh = SSHCluster(cluster, run_dir=run_dir, connect_timeout_s=connect_timeout_s)
-    aborted = False
-    try:
+    # ------------------------------------------------------------------ steps
+    def reach(self) -> RemoteRunResult | None:
+        ssh, n = self.ssh, self.n
         try:
-            ssh.open()
+            self._open_with_retries()
+            if self.ready_timeout_s > 0:
+                self._wait_boot()
             probe = PROBE_SOURCE.read_bytes()
             errs = ssh.gather([ssh.aput_bytes(i, probe, ssh.probe(i)) for i in range(n)], timeout=120)
             bad = [(i, e) for i, e in enumerate(errs) if isinstance(e, BaseException)]
             if bad:
                 raise ProviderError("ssh", f"upload to node {bad[0][0]}", str(bad[0][1]))
         except ProviderError as e:
-            return _fail(f"{e.message}" + (f" ({e.hint})" if e.hint else ""))
+            return self._fail(f"{e.message}" + (f" ({e.hint})" if e.hint else ""))
+        return None
 
-        report: pf.PreflightReport | None = None
-        if preflight:
-            report = pf.run_preflight(ssh, recipe, port)
-            for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
-                if port_given or not report.only_master_port_busy(port):
-                    break
-                port = random.randint(29500, 29999)
-                report = pf.run_preflight(ssh, recipe, port)
-            (run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
-            text = pf.render_text(report)
-            (run_dir / "preflight.txt").write_text("\n".join(text) + "\n")
-            for line in text:
-                _say(f"[preflight] {line}")
-            if not report.ok:
-                return _fail("preflight failed: " + "; ".join(report.failures()), report=report)
-            ifaces = report.ifaces
-        else:
-            ifaces = pf.detect_ifaces(ssh)
+    def _open_with_retries(self) -> None:
+        """Connect to every node; with ``ready_timeout_s`` retry refused / timed-out connects and failed auth
+        (keys often arrive after sshd starts) with exponential backoff until that time has passed."""
+        stop_at = time.monotonic() + self.ready_timeout_s
+        delay, attempt = 1.0, 0
+        while True:
+            attempt += 1
+            try:
+                self.ssh.open()
+                if attempt > 1 and self.say:
+                    self.say(f"every node accepts SSH (attempt {attempt})")
+                return
+            except ProviderError as e:
+                left = stop_at - time.monotonic()
+                if left <= 0:
+                    if attempt > 1:
+                        e.message += f" (retried {attempt} times over {self.ready_timeout_s:.0f} s)"
+                    raise
+                if self.say and (attempt in (1, 2, 5) or attempt % 10 == 0):
+                    self.say(f"waiting for SSH: {e.message}; retrying for up to {left:.0f} s more")
+                time.sleep(min(delay, max(0.1, left)))
+                delay = min(delay * 2, 10.0)
 
-        envs = [node_env(cluster, recipe, i, ifaces.get(i)) for i in range(n)]
+    def _wait_boot(self) -> None:
+        """Wait for boot scripts (``cloud-init status --wait`` where cloud-init exists) on every node."""
+        cmd = ("if command -v cloud-init >/dev/null 2>&1; then cloud-init status --wait >/dev/null 2>&1; "
+               "cloud-init status 2>/dev/null | tail -1; else echo 'status: no cloud-init'; fi")
+        ssh = self.ssh
+        t = max(30.0, self.ready_timeout_s)
+        outs = ssh.gather([ssh.arun(i, cmd, timeout=t) for i in range(self.n)], timeout=t + 30)
+        for i, o in enumerate(outs):
+            if isinstance(o, BaseException) or o[0] is None:
+                raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init did not finish: {o}",
+                                    hint="see /var/log/cloud-init-output.log on the node")
+            if "error" in o[1].lower():
+                raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init reported {o[1].strip()}",
+                                    hint="see /var/log/cloud-init-output.log on the node")
+
+    def preflight(self) -> RemoteRunResult | None:
+        from broker import preflight as pf
+
+        ssh, recipe = self.ssh, self.recipe
+        if not self.do_preflight:
+            self.ifaces = pf.detect_ifaces(ssh)
+            return None
+        report = pf.run_preflight(ssh, recipe, self.port)
+        for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
+            if self.port_given or not report.only_master_port_busy(self.port):
+                break
+            self.port = random.randint(29500, 29999)
+            report = pf.run_preflight(ssh, recipe, self.port)
+        self.report = report
+        (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
+        text = pf.render_text(report)
+        (self.run_dir / "preflight.txt").write_text("\n".join(text) + "\n")
+        for line in text:
+            self._say(f"[preflight] {line}")
+        if not report.ok:
+            return self._fail("preflight failed: " + "; ".join(report.failures()))
+        self.ifaces = report.ifaces
+        return None
+
+    def stage(self) -> RemoteRunResult | None:
+        from broker.staging import stage_plan, tar_staged
+
+        ssh, recipe, n = self.ssh, self.recipe, self.n
+        envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
         assert recipe.workdir is not None
-        errs = ssh.gather([_prepare(ssh, i, recipe.workdir, envs[i]) for i in range(n)], timeout=600)
+        plan = stage_plan(recipe.workdir)
+        if self.say:
+            self.say(plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else ""))
+        tgz = tar_staged(plan)
+        errs = ssh.gather([_prepare(ssh, i, tgz, envs[i]) for i in range(n)], timeout=600)
         for i, e in enumerate(errs):
             if isinstance(e, BaseException):
                 msg = e.message if isinstance(e, ProviderError) else str(e)
-                return _fail(f"preparing node {i} failed: {msg}", node=i, report=report)
+                return self._fail(f"preparing node {i} failed: {msg}", node=i)
+        return None
 
+    def launch(self) -> RemoteRunResult:
+        ssh, recipe, n, logs = self.ssh, self.recipe, self.n, self.logs
         if recipe.setup:
-            codes = ssh.gather([_setup(ssh, i, recipe.setup, logs[i], echo) for i in range(n)], timeout=deadline_s)
+            codes = ssh.gather([_setup(ssh, i, recipe.setup, logs[i], self.echo) for i in range(n)],
+                               timeout=self.deadline_s)
             for i, c in enumerate(codes):
                 if isinstance(c, BaseException) or c[0] != 0:
-                    what = str(c) if isinstance(c, BaseException) else \
-                        f"(exit {describe_exit(c[0])}): {c[1]}"
-                    res = _fail(f"setup command failed on node {i} {what}", node=i, report=report)
+                    what = str(c) if isinstance(c, BaseException) else f"(exit {describe_exit(c[0])}): {c[1]}"
+                    res = self._fail(f"setup command failed on node {i} {what}", node=i)
                     res.tail = log_tail(logs[i])
                     return res
-
         nodes: list[RemoteNode] = []
-        sup = Supervisor(logs, echo=echo)
+        sup = Supervisor(logs, echo=self.echo)
         try:
             for i in range(n):
-                line, argv = launch_command(ssh, recipe, i, port)
+                line, argv = launch_command(ssh, recipe, i, self.port)
                 with open(logs[i], "a", encoding="utf-8") as f:
                     f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
                 nodes.append(RemoteNode(ssh, i, line))
         except BaseException as e:
             sup.stop_all(nodes)  # type: ignore[arg-type]
             if isinstance(e, Exception):
-                return _fail(f"starting torchrun on node {len(nodes)} failed: {e}", node=len(nodes), report=report)
+                return self._fail(f"starting torchrun on node {len(nodes)} failed: {e}", node=len(nodes))
             raise
-        remaining = max(1.0, deadline_s - (time.monotonic() - t0))
+        remaining = max(1.0, self.deadline_s - (time.monotonic() - self.t0))
         base = sup.run(nodes, deadline_s=remaining)  # type: ignore[arg-type]
         # nodes that ended while an orphan still held their output, or ended on their own: sweep their leftovers
         sweep = [threading.Thread(target=nd.stop, args=(1.0,)) for nd in nodes if not nd.finished]
@@ -523,7 +590,7 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
             th.start()
         for th in sweep:
             th.join()
-        res = RemoteRunResult(**base.__dict__, preflight=report)
+        res = RemoteRunResult(**base.__dict__, preflight=self.report)
         lost = [nd.node_rank for nd in nodes if nd.lost]
         for r in lost:
             res.exit_codes[r] = None
@@ -532,17 +599,35 @@ def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = 
             res.failed_node = first
             res.reason = (f"ssh connection to node {first} lost (its job's fate is unknown); stopped the other "
                           "nodes")
-        if recipe.artifacts:
-            _fetch_artifacts(ssh, recipe.artifacts, run_dir, logs[0], echo)
-        res.wall_s = time.monotonic() - t0
-        return finish_result(res, recipe.expect, nnodes=n, nproc_per_node=recipe.gpus_per_node)  # type: ignore
-    except BaseException:  # Ctrl-C or a bug: the caller tears down at once, no idle watch to inform
-        aborted = True
-        raise
-    finally:
-        if not aborted:
-            _mark_done(ssh, n)
-        ssh.close()
+        return res
+
+    def collects(self) -> bool:
+        return bool(self.recipe.artifacts)
+
+    def collect(self, result: RunResult) -> None:
+        if self.recipe.artifacts:
+            _collect_artifacts(self.ssh, self.n, list(self.recipe.artifacts), self.run_dir, result, self.echo)
+
+    def finish(self, result: RunResult) -> RunResult:
+        result.wall_s = time.monotonic() - self.t0
+        return finish_result(result, self.recipe.expect, nnodes=self.n, nproc_per_node=self.recipe.gpus_per_node)
+
+    def close(self, job_ended: bool) -> None:
+        try:
+            if job_ended:
+                _mark_done(self.ssh, self.n)
+        finally:
+            self.ssh.close()
+
+
+def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,
+               preflight: bool = True, connect_timeout_s: float = 20.0,
+               ready_timeout_s: float = 0.0) -> RemoteRunResult:
+    """Run ``recipe`` on ``cluster``'s nodes over SSH (:class:`SSHExecutor` through
+    :func:`broker.executor.run_steps`); returns the result (never raises for a failing job)."""
+    ex = SSHExecutor(cluster, recipe, run_dir, echo=echo, port=port, preflight=preflight,
+                     connect_timeout_s=connect_timeout_s, ready_timeout_s=ready_timeout_s)
+    return run_steps(ex)  # type: ignore[return-value]
 
 
 def _mark_done(ssh: SSHCluster, n: int) -> None:
@@ -560,11 +645,11 @@ def _mark_done(ssh: SSHCluster, n: int) -> None:
         pass
 
 
-async def _prepare(ssh: SSHCluster, i: int, workdir: Path, env: dict[str, str]) -> None:
-    await ssh.aupload_tree(i, workdir, ssh.work(i))
+async def _prepare(ssh: SSHCluster, i: int, tgz: bytes, env: dict[str, str]) -> None:
+    await ssh.aupload_tgz(i, tgz, ssh.work(i))
     if env.get("TMPDIR"):
         await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
-    await ssh.aput_bytes(i, env_file(env), ssh.base(i) + "/env.sh", 0o600)
+    await ssh.aput_bytes(i, env_file(env, ssh.cluster.python), ssh.base(i) + "/env.sh", 0o600)
 
 
 async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: Echo) -> tuple[int | None, str]:
@@ -592,18 +677,33 @@ async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: 
     return 0, ""
 
 
-def _fetch_artifacts(ssh: SSHCluster, names: list[str], run_dir: Path, log0: Path, echo: Echo) -> None:
-    for name in names:
-        if Path(name).is_absolute() or ".." in Path(name).parts:
-            msg = f"artifact {name!r} skipped: give a path relative to the work folder"
-        else:
+def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Path, result: RunResult,
+                       echo: Echo) -> None:
+    """Fetch the files matching the recipe's ``artifacts`` globs from EVERY node's work folder into
+    ``run_dir/artifacts/node<i>/`` (nodes whose connection is gone are skipped and named)."""
+    from broker.launch import record_artifacts
+
+    lister = ("import glob, json, os, sys; pats = sys.argv[1:]; "
+              "print(json.dumps(sorted({p for pat in pats for p in glob.glob(pat, recursive=True) "
+              "if os.path.isfile(p)})))")
+    found: dict[int, list[str]] = {}
+    safe = [p for p in patterns if not (Path(p).is_absolute() or ".." in Path(p).parts)]
+    for i in range(n):
+        q = shlex.quote
+        code, out = ssh.run(i, f"cd {q(ssh.work(i))} && {ssh.py()} -c {q(lister)} "
+                               + " ".join(q(p) for p in safe), timeout=60) if safe else (0, "[]")
+        try:
+            names = json.loads(out.strip().splitlines()[-1]) if code == 0 else []
+        except (ValueError, IndexError):
+            names = []
+        got = []
+        for rel in names:
             try:
-                got = ssh.loop.call(ssh.aget(0, f"{ssh.work(0)}/{name}", run_dir / name), timeout=600)
-                msg = f"artifact {name} fetched from node 0 -> {run_dir / name}" if got else \
-                    f"artifact {name} not found in node 0's work folder"
-            except Exception as e:
-                msg = f"artifact {name} could not be fetched from node 0: {e}"
-        with open(log0, "a", encoding="utf-8") as f:
-            f.write(f"broker: {msg}\n")
-        if echo:
-            echo(f"[broker] {msg}")
+                if ssh.loop.call(ssh.aget(i, f"{ssh.work(i)}/{rel}", run_dir / "artifacts" / f"node{i}" / rel),
+                                 timeout=600):
+                    got.append(rel)
+            except Exception as e:  # noqa: BLE001 - named in the log; a missing artifact fails the run below
+                if echo:
+                    echo(f"[broker] artifact {rel} could not be fetched from node {i}: {e}")
+        found[i] = got
+    record_artifacts(result, patterns, found, run_dir, echo)

@@ -45,9 +45,13 @@ import shlex
 import time as time_mod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from broker.provider import BadInput, BrokerError
+if TYPE_CHECKING:
+    from broker.launch import RunResult
+
+from broker.executor import Executor
+from broker.provider import BadInput
 from broker.recipe import Recipe
 
 #: MASTER_PORT = BASE + SLURM_JOB_ID % SPAN when no port is given at render time (ports 29500..48999)
@@ -291,90 +295,78 @@ class SlurmOptions:
     max_poll_errors: int = 30
 
 
-def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
-                     options: SlurmOptions | None = None, provider=None,
-                     on_start: Callable[[object, str], None] | None = None):
-    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
+class SlurmExecutor(Executor):
+    """The job as one sbatch job on a Slurm cluster (here or through ``opts.host``): the executor steps of
+    :mod:`broker.executor`.
 
-    Ledger: the run (provider ``slurm``, topology ``slurm``) and one ``slurm_job`` resource (``usd_per_hour``
-    0) written *before* ``sbatch`` and given the job id right after, so ``broker down`` can scancel it.
-    Logs: ``<run dir>/node<i>.log`` (copies of the per-node Slurm logs, streamed as ``[node i]``) and
-    ``<run dir>/batch.log`` (the batch step, streamed as ``[batch]``).  The deadline (``max_hours``) and Ctrl-C
-    end the job with ``scancel``.  Raises ProviderError when submission fails (nothing left running).
+    Ledger: one ``slurm_job`` resource (``usd_per_hour`` 0) written *before* ``sbatch`` and given the job id right
+    after, so ``broker down`` can scancel it.  Logs: ``<run dir>/node<i>.log`` (copies of the per-node Slurm logs,
+    streamed as ``[node i]``) and ``<run dir>/batch.log`` (the batch step, streamed as ``[batch]``).  The deadline
+    (``max_hours``) and Ctrl-C end the job with ``scancel``.  Raises ProviderError when submission fails (nothing
+    left running).
     """
-    from broker.launch import RunResult, describe_exit, finish_result
-    from broker.orchestrate import end_run, new_run
-    from broker.provider import NoValidPlan, ProviderError
-    from broker.providers.slurm import SlurmProvider
 
-    opts = options or SlurmOptions()
-    prov = provider or SlurmProvider(opts.host)
-    sh = prov.shell
-    gpus = prov.has_gpus(opts.partition)
-    if not gpus and not recipe.cpu_ok:
-        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
-                          f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
-                          hint="choose a GPU partition (BROKER_SLURM_PARTITION), or set cpu_ok: true for a gloo check")
-    have = prov.partition_nodes(opts.partition)
-    if have is None and opts.partition:
-        raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",
-                       hint="see `sinfo` for the partitions; set BROKER_SLURM_PARTITION to one of them")
-    if have is not None and have < recipe.nodes:
-        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has {have} node(s); "
-                          f"{recipe.name} needs {recipe.nodes}",
-                          hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
-    where = sh.where
-    plan = {"provider": "slurm", "topology": "slurm", "usd_per_hour": 0.0, "host": opts.host,
-            "partition": opts.partition, "account": opts.account, "gpus": gpus}
-    run = new_run(ledger, recipe, provider="slurm", topology="slurm", plan=plan)
-    run_dir = Path(run.run_dir or ".")
-    name = job_name(recipe)
-    if opts.host:
-        base = f"{sh.home()}/.broker/slurm/{run.id}"
-    else:
-        base = str(run_dir / "slurm")
-    work, log_dir, script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
-    devices = f"Slurm {where}, {'GPUs' if gpus else 'no GPU: gloo on CPU (cpu_ok)'}"
-    ledger.event(run.id, "cli", "start", f"slurm run of {recipe.name}: {devices}")
-    if on_start:
-        on_start(run, devices)
+    def __init__(self, recipe: Recipe, prov, opts: "SlurmOptions", *, run, ledger, gpus: bool,
+                 echo: Callable[[str], None] | None):
+        self.recipe, self.prov, self.opts, self.run, self.ledger, self.gpus = recipe, prov, opts, run, ledger, gpus
+        self.echo = echo
+        self.sh = prov.shell
+        self.run_dir = Path(run.run_dir or ".")
+        self.name = job_name(recipe)
+        base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
+        self.base = base
+        self.work, self.log_dir, self.script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
+        self.attrs = {"host": opts.host, "log_dir": self.log_dir, "script": self.script_path}
+        self.job_id: str | None = None
+        self.res_id: str | None = None
+        self.logs = {i: self.run_dir / f"node{i}.log" for i in range(recipe.nodes)}
+        self.t0 = time_mod.monotonic()
 
-    t0 = time_mod.monotonic()
-    result: RunResult | None = None
-    error: BaseException | None = None
-    res_id: str | None = None
-    job_id: str | None = None
-    attrs = {"host": opts.host, "log_dir": log_dir, "script": script_path}
-    try:
-        sh.mkdir(base)
+    def stage(self) -> None:
+        from broker.staging import stage_plan, tar_staged
+
+        recipe, sh = self.recipe, self.sh
+        sh.mkdir(self.base)
         assert recipe.workdir is not None
-        sh.put_dir(recipe.workdir, work)
-        sh.mkdir(log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
-        script = render_sbatch(recipe, partition=opts.partition, account=opts.account, time=opts.time,
-                               log_dir=log_dir, python=opts.python, workdir=work, gpus=gpus)
-        sh.write(script_path, script)
-        (run_dir / "job.sbatch").write_text(script)
+        plan = stage_plan(recipe.workdir)
+        if self.echo:
+            self.echo(f"[slurm] {plan.summary()}")
+        sh.put_tgz(tar_staged(plan), self.work)
+        sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
+        script = render_sbatch(recipe, partition=self.opts.partition, account=self.opts.account,
+                               time=self.opts.time, log_dir=self.log_dir, python=self.opts.python, workdir=self.work,
+                               gpus=self.gpus)
+        sh.write(self.script_path, script)
+        (self.run_dir / "job.sbatch").write_text(script)
+        return None
 
+    def launch(self) -> "RunResult":
+        from broker.launch import RunResult, describe_exit
+        from broker.provider import ProviderError
+
+        recipe, ledger, run, prov, opts, attrs = self.recipe, self.ledger, self.run, self.prov, self.opts, self.attrs
+        echo, name, where = self.echo, self.name, self.sh.where
         res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run.deadline,
                                    attrs=attrs)
-        res_id = res.id
+        self.res_id = res_id = res.id
         try:
-            job_id = prov.submit(script_path, run_id=run.id)
+            job_id = prov.submit(self.script_path, run_id=run.id)
         except BaseException as e:
             # sbatch either printed a job id or submitted nothing; a crash in between is resolved by the run tag
             ledger.update_resource(res_id, state="terminated", error=str(e)[:500], actor="cli",
                                    message="sbatch failed: nothing was submitted")
             raise
+        self.job_id = job_id
         ledger.mark_created(res_id, job_id, state="running")
         ledger.event(run.id, "cli", "submitted", f"Slurm job {job_id} {where}", resource_id=res_id)
         if echo:
-            echo(f"[slurm] submitted job {job_id} {where}; script {script_path}")
+            echo(f"[slurm] submitted job {job_id} {where}; script {self.script_path}")
 
-        logs = {i: run_dir / f"node{i}.log" for i in range(recipe.nodes)}
-        follower = LogFollower(sh, echo)
-        follower.add("batch", batch_log_path(log_dir, name, job_id), run_dir / "batch.log")
+        logs = self.logs
+        follower = LogFollower(self.sh, echo)
+        follower.add("batch", batch_log_path(self.log_dir, name, job_id), self.run_dir / "batch.log")
         for i in range(recipe.nodes):
-            follower.add(f"node {i}", node_log_path(log_dir, name, job_id, i), logs[i])
+            follower.add(f"node {i}", node_log_path(self.log_dir, name, job_id, i), logs[i])
 
         deadline_s = recipe.max_hours * 3600
         status, reason = None, ""
@@ -417,7 +409,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                         reason = (f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); "
                                   "cancelled it")
                         break
-                if now - t0 > deadline_s:
+                if now - self.t0 > deadline_s:
                     status, reason = "deadline", f"deadline of {deadline_s:.0f} s reached; cancelled Slurm job {job_id}"
                     break
                 time_mod.sleep(poll_s)
@@ -436,7 +428,7 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
             ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
                                    message=f"Slurm job {job_id} ended: {info.state}, exit {info.exit_code}",
                                    attrs={"nodes": info.nodes, "final_state": info.state})
-        batch_text = (run_dir / "batch.log").read_text(encoding="utf-8", errors="replace")
+        batch_text = (self.run_dir / "batch.log").read_text(encoding="utf-8", errors="replace")
         job_ok = info.state == "COMPLETED" and (info.exit_code or 0) == 0
         codes, failed = node_exit_codes(batch_text, recipe.nodes, job_ok)
         if status is None:
@@ -454,22 +446,85 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                 reason = (f"{detail}{host}; Slurm job {job_id} {info.state}{why}, ExitCode "
                           f"{info.exit_code}:{info.signal or 0}")
         codes = {k: v for k, v in codes.items() if v is not None}  # nodes whose exit Slurm did not report
-        result = RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - t0, log_paths=logs,
-                           reason=reason, failed_node=failed if status == "failed" else None)
-        result = finish_result(result, list(recipe.expect), nnodes=recipe.nodes,
-                               nproc_per_node=recipe.gpus_per_node)
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        final_status = result.status if result else ("failed" if isinstance(error, BrokerError) else "interrupted")
-        if result is None and job_id is not None:  # crashed or interrupted before a result: do not leave it running
+        return RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - self.t0, log_paths=logs,
+                         reason=reason, failed_node=failed if status == "failed" else None)
+
+    def collects(self) -> bool:
+        return bool(self.recipe.artifacts)
+
+    def collect(self, result) -> None:
+        """Artifacts from the job folder (one folder that every node of the allocation writes to) into
+        ``<run>/artifacts/node0/`` (local clusters; on a remote login node, listed and copied back over ssh)."""
+        from broker.launch import match_artifacts, record_artifacts
+
+        pats = list(self.recipe.artifacts)
+        if not pats:
+            return
+        found: dict[int, list[str]] = {0: []}
+        if self.opts.host is None:
+            import shutil
+
+            for rel in match_artifacts(Path(self.work), pats):
+                dst = self.run_dir / "artifacts" / "node0" / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(self.work) / rel, dst)
+                found[0].append(rel)
+        else:
+            for pat in pats:
+                if Path(pat).is_absolute() or ".." in Path(pat).parts:
+                    continue
+                data = self.sh.read_from(f"{self.work}/{pat}", 0)
+                if data:
+                    dst = self.run_dir / "artifacts" / "node0" / pat
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_bytes(data)
+                    found[0].append(pat)
+        record_artifacts(result, pats, found, self.run_dir, self.echo)
+
+    def finish(self, result):
+        from broker.launch import finish_result
+
+        result.wall_s = time_mod.monotonic() - self.t0
+        return finish_result(result, list(self.recipe.expect), nnodes=self.recipe.nodes,
+                             nproc_per_node=self.recipe.gpus_per_node)
+
+    def close(self, job_ended: bool) -> None:
+        if not job_ended and self.job_id is not None:  # crashed or interrupted before a result: cancel it
             try:
-                prov.cancel(job_id, attrs=attrs)
+                self.prov.cancel(self.job_id, attrs=self.attrs)
             except Exception:  # noqa: BLE001 - the ledger row stays live; broker down retries
                 pass
-        updated = end_run(ledger, run.id, result, status=final_status,
-                          message=(result.reason if result else
-                                   (error.message if isinstance(error, BrokerError) else
-                                    "ended before the Slurm job finished")))
-    return updated, result
+
+
+def slurm_preconditions(recipe: Recipe, prov, opts: "SlurmOptions") -> bool:
+    """Check the partition can serve ``recipe``; returns whether it has GPUs.  Raises NoValidPlan / BadInput."""
+    from broker.provider import NoValidPlan
+
+    sh = prov.shell
+    gpus = prov.has_gpus(opts.partition)
+    if not gpus and not recipe.cpu_ok:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
+                          f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
+                          hint="choose a GPU partition (BROKER_SLURM_PARTITION), or set cpu_ok: true for a gloo check")
+    have = prov.partition_nodes(opts.partition)
+    if have is None and opts.partition:
+        raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",
+                       hint="see `sinfo` for the partitions; set BROKER_SLURM_PARTITION to one of them")
+    if have is not None and have < recipe.nodes:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has {have} node(s); "
+                          f"{recipe.name} needs {recipe.nodes}",
+                          hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
+    return gpus
+
+
+def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
+                     options: SlurmOptions | None = None, provider=None,
+                     on_start: Callable[[object, str], None] | None = None):
+    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
+    Runs through the one pipeline (:func:`broker.pipeline.run_pipeline` with a
+    :class:`broker.pipeline.SlurmTarget`)."""
+    from broker.pipeline import Hooks, SlurmTarget, run_pipeline
+
+    target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
+    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
+    return out.run, out.result

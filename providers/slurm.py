@@ -165,6 +165,24 @@ class Shell:
             raise ProviderError("slurm", "upload", f"cannot unpack the workdir into {dst} on {self.host}: "
                                 f"{_text(cp.stderr).strip()}")
 
+    def put_tgz(self, data: bytes, dst: str) -> None:
+        """Unpack the tar.gz ``data`` into ``dst`` on the cluster (replaced)."""
+        if self.host is None:
+            import io
+            import tarfile
+
+            if Path(dst).exists():
+                shutil.rmtree(dst)
+            Path(dst).mkdir(parents=True)
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                tar.extractall(dst, filter="data")
+            return
+        cp = self.run(["sh", "-c", f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(dst)} && "
+                                   f"tar -C {shlex.quote(dst)} -xzf -"], input=data, call="upload", timeout=600)
+        if cp.returncode != 0:
+            raise ProviderError("slurm", "upload", f"cannot unpack the workdir into {dst} on {self.host}: "
+                                f"{_text(cp.stderr).strip()}")
+
     def home(self) -> str:
         """The login user's home directory (absolute)."""
         if self.host is None:

@@ -54,7 +54,7 @@ def start_and_kill_at(step: str, tmp: Path, e: dict, fail: str = "") -> None:
     marker = Path(f"{e['BROKER_FAKE_STATE']}.hang-{step}")
     env = dict(e, BROKER_FAKE_HANG=step, **({"BROKER_FAKE_FAIL": fail} if fail else {}))
     proc = subprocess.Popen([sys.executable, "-m", "broker", "run", str(tmp / "recipe" / "r.yaml"), "--provider",
-                             "fake", "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             "fake", "--quiet", "--yes"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         t0 = time.monotonic()
@@ -79,7 +79,7 @@ def fake_live(e: dict) -> set[str]:
 
 def check_nothing_unseen(e: dict) -> dict:
     """Every instance the fake cloud holds is live in the ledger or reported by reconcile."""
-    rec = broker(["reconcile", "--provider", "fake", "--json"], e)
+    rec = broker(["reconcile", "--provider", "fake", "--json", "--yes"], e)
     assert rec.returncode == 0, rec.stderr
     out = json.loads(rec.stdout)
     status = json.loads(broker(["status", "--json"], e).stdout)
@@ -132,7 +132,7 @@ def test_lost_ledger_row_after_create_is_found_and_removed_by_reconcile(env):
     db.commit()
     db.close()
     assert len(fake_live(e)) == 1
-    out = json.loads(broker(["reconcile", "--provider", "fake", "--json"], e).stdout)
+    out = json.loads(broker(["reconcile", "--provider", "fake", "--json", "--yes"], e).stdout)
     assert {o["provider_id"] for o in out["orphans"]} == fake_live(e)
     rec = broker(["reconcile", "--provider", "fake", "--terminate", "--yes"], e)
     assert rec.returncode == 0, rec.stdout + rec.stderr
@@ -144,7 +144,7 @@ def test_lost_ledger_row_after_create_is_found_and_removed_by_reconcile(env):
 def test_clean_run_tears_down_and_reports_cost(env):
     tmp, e = env
     (tmp / "recipe" / "r.yaml").write_text(RECIPE.format(nodes=2))
-    r = broker(["run", str(tmp / "recipe" / "r.yaml"), "--provider", "fake", "--json"], e, timeout=120)
+    r = broker(["run", str(tmp / "recipe" / "r.yaml"), "--provider", "fake", "--json", "--yes"], e, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert out["result"]["status"] == "succeeded" and out["still_live"] == []
@@ -157,7 +157,7 @@ def test_ctrl_c_while_provisioning_tears_down_before_exit(env):
     tmp, e = env
     marker = Path(f"{e['BROKER_FAKE_STATE']}.hang-ready")
     proc = subprocess.Popen([sys.executable, "-m", "broker", "run", str(tmp / "recipe" / "r.yaml"), "--provider",
-                             "fake", "--quiet"], cwd=ROOT, env=dict(e, BROKER_FAKE_HANG="ready"),
+                             "fake", "--quiet", "--yes"], cwd=ROOT, env=dict(e, BROKER_FAKE_HANG="ready"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         t0 = time.monotonic()

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from broker.accounting import FakeClock
-from broker.cloudrun import rank_options, run_on_cloud
+from broker.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
 from broker.ledger import Ledger
 from broker.recipe import load_recipe
 from broker.watchdog import Watchdog
@@ -44,9 +44,9 @@ def _recipe(tmp_path, idle: str = "", script: str = "print('JOB_OK', flush=True)
 def _run(tmp_path, ledger, idle: str = "", **kw):
     recipe = load_recipe(_recipe(tmp_path, idle, **{k: v for k, v in kw.items() if k == "script"}))
     cloud = FakeProvider()
-    out = run_on_cloud(recipe, rank_options(cloud, recipe.requirements()), ledger, None,
-                       providers={"fake": cloud}, poll_s=0.05,
-                       **{k: v for k, v in kw.items() if k != "script"})
+    target = CloudTarget(recipe, rank_options(cloud, recipe.requirements()), providers={"fake": cloud}, poll_s=0.05,
+                         **{k: v for k, v in kw.items() if k != "script"})
+    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks())
     return out, cloud
 
 
@@ -109,12 +109,12 @@ def test_keep_when_idle_false_tears_down_at_once(tmp_path, ledger):
 
 
 def test_ctrl_c_tears_down_even_with_idle_minutes(tmp_path, ledger, monkeypatch):
-    import broker.cloudrun as cr
+    import broker.launch as launch
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cr, "run_local", interrupted)
+    monkeypatch.setattr(launch.LocalExecutor, "launch", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _run(tmp_path, ledger, "idle_minutes: 10\n")
     runs = ledger.list_runs(limit=10)
@@ -125,7 +125,7 @@ def test_ctrl_c_tears_down_even_with_idle_minutes(tmp_path, ledger, monkeypatch)
 def test_cli_keeps_nodes_with_a_watchdog_and_says_how_to_reach_and_stop_them(cli_env, broker_home, tmp_path):
     env = dict(cli_env, BROKER_WATCHDOG_AUTOSTART="1", BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
     recipe = _recipe(tmp_path, "idle_minutes: 5\n")
-    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q"), cwd=REPO, env=env,
+    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", "--yes"), cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     wd_pid = None
     try:
@@ -153,7 +153,7 @@ def test_cli_keeps_nodes_with_a_watchdog_and_says_how_to_reach_and_stop_them(cli
 def test_cli_without_a_watchdog_ignores_idle_minutes_and_says_why(cli_env, broker_home, tmp_path, flags, why):
     env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))  # autostart off (conftest)
     recipe = _recipe(tmp_path, "idle_minutes: 5\n")
-    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", *flags), cwd=REPO,
+    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", "--yes", *flags), cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"idle_minutes=5 is ignored: {why}" in p.stderr.replace("\n", " ")

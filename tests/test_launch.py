@@ -13,7 +13,7 @@ import pytest
 from broker.launch import (LocalLaunchSpec, LocalNode, Supervisor, check_expect, free_port, local_argvs,
                            rank_table, run_local, torchrun_argv)
 from broker.model import Requirements
-from broker.orchestrate import local_spec
+from broker.pipeline import local_spec
 from broker.provider import NoValidPlan
 from broker.recipe import load_recipe
 from broker.providers.local import LocalGpu, LocalProvider, detect_gpus

@@ -121,7 +121,8 @@ def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
     assert any(x.startswith("[node 1] RANK=1") for x in lines)
     assert res.preflight is not None and res.preflight.ok
     assert res.preflight.ifaces == {0: "eth0", 1: "eth0"}
-    assert (run_dir / "checkpoint.pt").stat().st_size > 0  # artifact fetched from node 0
+    assert (run_dir / "artifacts" / "node0" / "checkpoint.pt").stat().st_size > 0  # artifact from node 0
+    assert not (run_dir / "artifacts" / "node1").exists()  # rank 0 alone writes the checkpoint
     assert (run_dir / "preflight.txt").read_text().count("PASS") >= 5
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cloudrun import rank_options
+from broker.pipeline import rank_options
 from broker.ledger import Ledger
 from broker.model import Requirements, Resource, Run, TopologyKind, utcnow
 from broker.provider import AuthError, NoValidPlan, OfferGone, ProviderError
@@ -346,7 +346,7 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     (tmp_path / "job.py").write_text("print('JOB_OK')\n")
     (tmp_path / "r.yaml").write_text("name: q\nscript: job.py\nnodes: 2\ncpu_ok: true\n")
     monkeypatch.setenv("BROKER_FAKE_FAIL", "quota")
-    r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "fake", "-q"])
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "fake", "-q", "--yes"])
     assert isinstance(r.exception, NoValidPlan) and r.exception.exit_code == 3
     assert "fake-gpu-count" in str(r.exception)
     lg = Ledger()

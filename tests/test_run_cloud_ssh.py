@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cloudrun import rank_options, run_on_cloud
+from broker.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
 from broker.ledger import Ledger
 from broker.model import TopologyKind
 from broker.provider import InstanceInfo, NodeRequest
@@ -95,7 +95,8 @@ def test_rented_cluster_runs_over_ssh_and_is_torn_down(hosts, tmp_path, monkeypa
     assert options and all(o.topology == TopologyKind(topology) for o in options)
     ledger = Ledger()
     lines: list[str] = []
-    out = run_on_cloud(recipe, options, ledger, lines.append, providers={"fake": cloud}, poll_s=0.05)
+    out = run_pipeline(recipe, CloudTarget(recipe, options, providers={"fake": cloud}, poll_s=0.05), ledger=ledger,
+                       hooks=Hooks(echo=lines.append))
 
     assert out.result is not None and out.result.ok, (out.result and out.result.reason, lines[-30:])
     assert [(r.node, r.rank, r.world_size, r.backend) for r in out.result.ranks] == [(0, 0, 2, "gloo"),
@@ -104,7 +105,7 @@ def test_rented_cluster_runs_over_ssh_and_is_torn_down(hosts, tmp_path, monkeypa
     master = out.cluster.master_addr
     assert master == (hosts.ip(0) if topology == "multi-node" else "127.0.0.1")
     assert len({n.host for n in out.cluster.nodes}) == (2 if topology == "multi-node" else 1)
-    assert (Path(out.run.run_dir) / "checkpoint.pt").exists()  # artifact fetched from node 0
+    assert (Path(out.run.run_dir) / "artifacts" / "node0" / "checkpoint.pt").exists()  # artifact from node 0
     assert (tmp_path / "node-work" / "job.done").exists()  # <workroot>/job.done: the node-side idle stop's cue
     # money: every instance was recorded before it was created, and nothing is left billing
     rows = ledger.resources(out.run.id)

@@ -22,7 +22,7 @@ def test_cloud_run_starts_the_watchdog_once(cli_env, broker_home, tmp_path):
     env = dict(cli_env, BROKER_WATCHDOG_AUTOSTART="1", BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
     pids = []
     try:
-        p = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q"), cwd=REPO, env=env,
+        p = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q", "--yes"), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stdout + p.stderr
         assert "watchdog started (pid" in p.stderr
@@ -35,7 +35,7 @@ def test_cloud_run_starts_the_watchdog_once(cli_env, broker_home, tmp_path):
             time.sleep(0.1)
         assert st.alive and st.pid == pid
         # a second run finds it running and starts none
-        p2 = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q"), cwd=REPO, env=env,
+        p2 = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q", "--yes"), cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
         assert p2.returncode == 0 and "watchdog started" not in p2.stderr
     finally:
@@ -48,7 +48,7 @@ def test_cloud_run_starts_the_watchdog_once(cli_env, broker_home, tmp_path):
 
 def test_no_watchdog_warns(cli_env, broker_home, tmp_path):
     env = dict(cli_env, BROKER_WATCHDOG_AUTOSTART="1", BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
-    p = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q", "--no-watchdog"),
+    p = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q", "--yes", "--no-watchdog"),
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "--no-watchdog" in p.stderr and "nothing on this machine enforces the deadline" in p.stderr

@@ -1,4 +1,4 @@
-"""``broker down`` and ``broker reconcile`` (plus the rented-machine branch of ``broker run`` and its progress).
+"""``broker down`` and ``broker reconcile`` (plus the progress printer and kept-nodes message of ``broker run``).
 
 * ``broker down RUN|--all`` terminates every live resource of a run (idempotent, confirmed); exit 4 while
   something stays live.
@@ -41,71 +41,6 @@ class ProgressPrinter:
             if self.run_id else (0.0, 0.0)
         self.console.print(f"[dim][{time.monotonic() - self.t0:6.1f}s {usd(cost):>8} {usd(rate)}/h][/] "
                            f"{escape(step)}", highlight=False)
-
-
-def run_cloud(recipe: Any, options: list, *, plan: Any = None, quiet: bool, as_json: bool,
-              watchdog: bool = True) -> int:
-    """``broker run`` on rented machines: provision the ranked ``options`` (failover in that order), run, tear
-    down; returns the exit code.  Starts the detached watchdog first unless ``watchdog`` is False.  Recipe
-    ``idle_minutes`` keeps the nodes after the job only while a watchdog runs (else: torn down, and said why)."""
-    from broker.accounting import check_budget
-    from broker.cloudrun import run_on_cloud
-    from broker.commands.summary import render_summary
-    from broker.config import settings
-    from broker.ledger import Ledger
-    from broker.ui import console, echo_line, err, print_json
-
-    ledger = Ledger()
-    best = options[0]
-    check_budget(best.worst_case_usd, recipe.budget_usd, best.usd_per_hour)
-    have_watchdog = False  # one runs (started here or already): only then may recipe idle_minutes keep nodes
-    if not watchdog:
-        err.print("[yellow]warning:[/] --no-watchdog: if this CLI dies, nothing on this machine enforces the "
-                  "deadline or the budget (run `broker watchdog` yourself, or rely on the node-side switch)")
-    elif settings().broker_watchdog_autostart:
-        from broker.watchdog import start_detached
-
-        pid = start_detached()
-        have_watchdog = True  # started now, or None: one is already running
-        if pid and not as_json:
-            err.print(f"watchdog started (pid {pid}); it enforces the deadline and budget even if this CLI dies")
-    elif recipe.idle_minutes:
-        from broker.accounting import watchdog_state
-
-        have_watchdog = watchdog_state().alive
-    prog = ProgressPrinter(ledger)
-
-    def started(run: Any) -> None:
-        prog.bind(run)
-        if not as_json:
-            console.print(f"[bold]run {run.id}[/]: {recipe.name}: {best.topology.value} on {best.provider} "
-                          f"({best.summary}, ${best.usd_per_hour:.2f}/h, worst case ${best.worst_case_usd:.2f}); "
-                          f"{len(options)} ranked option(s) for failover; logs: {run.run_dir}")
-
-    if recipe.idle_minutes and not have_watchdog:
-        why = ("--no-watchdog" if not watchdog else
-               "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off; start `broker watchdog`)")
-        err.print(f"[yellow]note:[/] recipe idle_minutes={recipe.idle_minutes:g} is ignored: {why}: nothing would "
-                  "terminate kept nodes, so they are torn down when the job ends")
-    out = run_on_cloud(recipe, options, ledger, None if (quiet or as_json) else echo_line, progress=prog,
-                       on_start=started, keep_when_idle=have_watchdog)
-    if as_json:
-        from broker.commands.run import result_dict
-
-        print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
-                    "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
-                    "kept_until_idle": out.kept_until_idle, "kept": out.kept})
-    elif out.result is not None:
-        render_summary(out.run, out.result, recipe, out.cost_usd)
-    if out.kept_until_idle and not as_json:
-        for line in kept_message(out, recipe.idle_minutes):
-            err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
-    if out.left:
-        err.print("[bold red]still live after teardown:[/] " + ", ".join(
-            f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
-        return 4
-    res = out.result
-    return 0 if res and res.ok else (130 if res and res.status == "interrupted" else 1)
 
 
 def kept_message(out: Any, idle_minutes: float) -> list[str]:

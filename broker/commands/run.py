@@ -9,6 +9,8 @@ Where it runs:
 * ``--provider netns``: N network namespaces with their own sshd on this machine, the job over SSH (root);
 * ``--provider slurm``: ``sbatch`` on a Slurm cluster (here or through ``--slurm-host``);
 * ``--provider vast|oci|aws|fake``: plan over that provider only, provision, run over SSH, tear down.
+
+Every case goes through the one pipeline (:mod:`broker.pipeline`); this module is the terminal UI around it.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-
-RUN_PROVIDERS = ("local", "netns", "slurm", "vast", "oci", "aws", "fake")
-
 
 def register(app: typer.Typer) -> None:
     @app.command("run")
@@ -34,43 +33,18 @@ def register(app: typer.Typer) -> None:
                                        "login node (user@host); default: Slurm commands on this machine"),
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
+                                 "without a terminal)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as \\[node i], torn down at the end."""
-        from broker.provider import BadInput
         from broker.recipe import load_recipe
 
-        if provider is not None and provider not in RUN_PROVIDERS:
-            raise BadInput(f"--provider {provider!r} is not a provider broker can run on",
-                           hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
-        if inject and provider != "netns":
-            raise BadInput("--inject works with --provider netns only",
-                           hint="broker run RECIPE --provider netns --inject firewall")
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
-        if provider == "slurm":
-            from broker.commands.slurm import run_slurm
-
-            run_slurm(recipe, host=slurm_host, quiet=quiet, as_json=as_json, result_dict=result_dict)
-        if provider in ("local", "netns"):
-            raise typer.Exit(run_here(recipe, provider, inject=inject, quiet=quiet, as_json=as_json))
-
-        from broker.commands.lifecycle import run_cloud
-        from broker.orchestrate import plan_for_run
-
-        plan, options = plan_for_run(recipe, provider)
-        if options[0].provider == "local":
-            if not as_json:
-                from broker.ui import console
-
-                others = (plan.valid_count or len(plan.options)) - 1
-                console.print("plan: this machine (free) is the only valid option" if others == 0 else
-                              f"plan: this machine (free) is the cheapest valid option ({others} other valid "
-                              f"option(s); `broker plan --recipe {recipe_path}` lists them)")
-            raise typer.Exit(run_here(recipe, "local", quiet=quiet, as_json=as_json))
-        raise typer.Exit(run_cloud(recipe, options, plan=plan, quiet=quiet, as_json=as_json,
-                                   watchdog=not no_watchdog))
+        raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
+                                     watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json))
 
 
 def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
@@ -90,35 +64,75 @@ def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
                        hint="fix them (see above) or set strict_lint: false to run anyway")
 
 
-def run_here(recipe: Any, provider: str, *, inject: str | None = None, quiet: bool, as_json: bool) -> int:
-    """The free providers on this machine: ``local`` (loopback) and ``netns`` (namespaces over SSH)."""
+def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
+    """Show what a paid run may cost and ask ``Proceed? [y/N]``; ``yes`` skips the question.  Without a terminal
+    (CI, ``</dev/null``) a paid run without ``--yes`` is refused before anything is created (Declined, exit 2)."""
+    import sys
+
+    from broker.pipeline import Declined
+    from broker.ui import err
+
+    for line in quote.lines():
+        err.print(line, markup=False, highlight=False)
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise Declined("this run rents paid machines and there is no terminal to confirm it: nothing was created",
+                       hint="pass --yes to confirm the cost shown above")
+    err.print("Proceed? [y/N] ", end="", markup=False, highlight=False)
+    try:
+        answer = sys.stdin.readline().strip().lower()
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    return answer in ("y", "yes")
+
+
+def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
+                watchdog: bool = True, yes: bool = False, quiet: bool = False, as_json: bool = False) -> int:
+    """``broker run`` through the one pipeline (:func:`broker.pipeline.run_recipe`) with the terminal UI: the run
+    header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
+    the summary; returns the exit code."""
+    from broker.commands.lifecycle import ProgressPrinter, kept_message
     from broker.commands.summary import render_summary
     from broker.ledger import Ledger
-    from broker.ui import console, echo_line, print_json
+    from broker.pipeline import Hooks, RunRequest, run_recipe
+    from broker.ui import console, echo_line, err, print_json
 
+    slurm = None
+    if provider == "slurm":
+        from broker.config import settings
+        from broker.slurm import SlurmOptions
+
+        s = settings()
+        slurm = SlurmOptions(host=slurm_host or s.broker_slurm_host, partition=s.broker_slurm_partition,
+                             account=s.broker_slurm_account, python=s.broker_slurm_python)
     ledger = Ledger()
-    topo = "local (this machine, free)" if provider == "local" else "multi-node over SSH (netns, free)"
+    prog = ProgressPrinter(ledger)
 
-    def started(run: Any, devices: str) -> None:
+    def started(run: Any, description: str) -> None:
+        prog.bind(run)
         if not as_json:
             console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
-                          f"process(es), topology {topo}; {devices}")
-            console.print(f"logs: {run.run_dir}")
+                          f"process(es), {description}", highlight=False)
+            console.print(f"logs: {run.run_dir}", highlight=False)
 
-    echo = None if (quiet or as_json) else echo_line
-    if provider == "netns":
-        from broker.providers.netns import run_recipe as run_recipe_netns
-
-        run, result = run_recipe_netns(recipe, ledger=ledger, echo=echo, inject=inject, on_start=started)
-    else:
-        from broker.orchestrate import run_recipe_local
-
-        run, result = run_recipe_local(recipe, ledger=ledger, echo=echo, on_start=started)
+    hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
+                  confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
+    out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog),
+                     ledger=ledger, hooks=hooks)
     if as_json:
-        print_json({"run": run, "result": result_dict(result)})
-    else:
-        render_summary(run, result, recipe)
-    return 0 if result.ok else (130 if result.status == "interrupted" else 1)
+        print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
+                    "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
+                    "kept_until_idle": out.kept_until_idle, "kept": out.kept})
+    elif out.result is not None:
+        render_summary(out.run, out.result, recipe, out.cost_usd)
+    if out.kept_until_idle and not as_json:
+        for line in kept_message(out, recipe.idle_minutes):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
+    if out.left:
+        err.print("[bold red]still live after teardown:[/] " + ", ".join(
+            f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
+    return out.exit_code
 
 
 def result_dict(result: Any, usd: float = 0.0) -> dict:

@@ -47,31 +47,3 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {output} (logs in {logs}); submit with: sbatch {output}", err=True)
         else:
             typer.echo(script, nl=False)
-
-
-def run_slurm(recipe, *, host: str | None, quiet: bool, as_json: bool, result_dict) -> None:
-    """``broker run RECIPE --provider slurm``: submit, follow, summarise; always ends with ``typer.Exit``
-    (0 success, 1 job failed, 130 interrupted).  Settings: BROKER_SLURM_HOST / _PYTHON / _PARTITION / _ACCOUNT."""
-    from broker.commands.summary import render_summary
-    from broker.config import settings
-    from broker.ledger import Ledger
-    from broker.slurm import SlurmOptions, run_recipe_slurm
-    from broker.ui import console, echo_line, print_json
-
-    s = settings()
-    opts = SlurmOptions(host=host or s.broker_slurm_host, partition=s.broker_slurm_partition,
-                        account=s.broker_slurm_account, python=s.broker_slurm_python)
-
-    def started(run, devices):
-        if not as_json:
-            console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
-                          f"process(es), topology slurm ({devices})")
-            console.print(f"logs: {run.run_dir}")
-
-    run, result = run_recipe_slurm(recipe, ledger=Ledger(), echo=None if (quiet or as_json) else echo_line,
-                                   options=opts, on_start=started)
-    if as_json:
-        print_json({"run": run, "result": result_dict(result)})
-    else:
-        render_summary(run, result, recipe)
-    raise typer.Exit(0 if result.ok else (130 if result.status == "interrupted" else 1))

@@ -1,0 +1,775 @@
+"""The one run pipeline: every ``broker run`` goes through :func:`run_recipe` -> :func:`run_pipeline`, whatever the
+provider.
+
+::
+
+    plan ─► confirm ─► acquire ─► reach ─► preflight ─► stage ─► launch + stream ─► collect ─► diagnose
+         ─► release ─► record
+
+* **plan** (:func:`plan_for_run`): the pure planner over the providers' offers, quotas and capacity; the ranked
+  valid options broker can act on pick a :class:`Target`.
+* **confirm**: a paid target shows its :class:`Quote` (option, $/hour, hard deadline, worst case) to
+  ``Hooks.confirm`` before anything is created or recorded; free targets (local, netns, Slurm) never ask.
+* **acquire / release** belong to the :class:`Target` (what the provider supplies): :class:`LocalTarget` (this
+  machine: nothing), :class:`NetnsTarget` (network namespaces with sshd), :class:`CloudTarget` (ledger-first
+  provisioning with failover, :mod:`broker.provision`; teardown or idle keep), :class:`SlurmTarget` (the
+  partition's preconditions; the job itself is the executor's).
+* **reach .. collect** belong to the target's :class:`~broker.executor.Executor`: local processes
+  (:class:`broker.launch.LocalExecutor`), SSH (:class:`broker.remote.SSHExecutor`) or Slurm
+  (:class:`broker.slurm.SlurmExecutor`), run in order by :func:`broker.executor.run_steps`.
+* **record**: the run row (created before acquire, with ``recipe.json`` and ``plan.json`` in its folder) gets its
+  status, exit codes, log paths and end event (:func:`end_run`), also after a failure or Ctrl-C.
+
+Release is shielded: a Ctrl-C during teardown says that resources are still being released; a second one within
+2 s abandons the teardown (the watchdog and ``broker down`` finish it: every resource is in the ledger).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+import time
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, utcnow
+from broker.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
+from broker.recipe import Recipe
+
+if TYPE_CHECKING:
+    from broker.executor import Executor
+    from broker.launch import LocalLaunchSpec, RunResult
+    from broker.ledger import Ledger
+    from broker.slurm import SlurmOptions
+
+Say = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------------------------------- values
+@dataclass
+class Quote:
+    """What a paid run may cost, shown before anything is created: ``usd_per_hour`` of the chosen option,
+    ``deadline_hours`` (the hard deadline), ``worst_case_usd`` (every unit billed to the deadline, storage and
+    setup allowance included), ``summary`` (e.g. ``simulated on vast: 2x RTX 3090 (Quebec, CA)``)."""
+
+    provider: str
+    topology: str
+    summary: str
+    usd_per_hour: float
+    deadline_hours: float
+    worst_case_usd: float
+    budget_usd: float | None
+    failover_options: int = 1
+
+    def lines(self) -> list[str]:
+        budget = f" of budget ${self.budget_usd:.2f}" if self.budget_usd is not None else ""
+        more = (f"; on failure, up to {self.failover_options - 1} other ranked option(s) within the same budget"
+                if self.failover_options > 1 else "")
+        return [f"chosen: {self.summary}",
+                f"price: ${self.usd_per_hour:.2f}/hour; hard deadline {self.deadline_hours:g} h; worst case "
+                f"${self.worst_case_usd:.2f}{budget}{more}"]
+
+
+@dataclass
+class Hooks:
+    """How the pipeline talks to its caller (the CLI): ``echo`` gets node log lines (``[node i] ...``; None =
+    quiet), ``say`` progress lines, ``on_start(run, description)`` once the run row exists, ``confirm(quote)`` must
+    return True before a paid target creates anything (None = no question: the caller decided)."""
+
+    echo: Callable[[str], None] | None = None
+    say: Say | None = None
+    on_start: Callable[[Run, str], None] | None = None
+    confirm: Callable[[Quote], bool] | None = None
+
+
+@dataclass
+class RunOutcome:
+    """What :func:`run_pipeline` ended with.  ``left``: resources still live after release (empty = none);
+    ``cost_usd``: the run's spend per the ledger; ``kept_until_idle``: the nodes were kept (recipe
+    ``idle_minutes``) and ``kept`` lists them."""
+
+    run: Run
+    result: "RunResult | None"
+    cluster: Cluster | None = None
+    left: list[Resource] = field(default_factory=list)
+    cost_usd: float = 0.0
+    kept_until_idle: bool = False
+    kept: list[Resource] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """DESIGN.md exit codes: 0 success, 1 the job failed, 4 something stayed live, 130 interrupted."""
+        if self.left:
+            return 4
+        res = self.result
+        if res is not None and res.ok:
+            return 0
+        return 130 if res is not None and res.status == "interrupted" else 1
+
+
+class Declined(BrokerError):
+    """The user (or the lack of a terminal) did not confirm a paid run; nothing was created (exit 2)."""
+
+    exit_code = 2
+
+
+@dataclass
+class Context:
+    ledger: "Ledger"
+    hooks: Hooks
+    actor: str = "cli"
+
+    def say(self, msg: str) -> None:
+        if self.hooks.say:
+            self.hooks.say(msg)
+
+
+# --------------------------------------------------------------------------------------------------- run rows
+def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, plan: dict | None = None) -> Run:
+    """Create the run row and its directory (``<home>/runs/<run_id>``) with recipe.json and plan.json."""
+    from broker.config import runs_dir
+    from broker.ledger import new_id
+
+    run_id = utcnow().strftime("%Y%m%d-%H%M%S-") + new_id()[:6]
+    run_dir = runs_dir() / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    now = utcnow()
+    recipe_data = recipe.model_dump(mode="json")
+    (run_dir / "recipe.json").write_text(json.dumps(recipe_data, indent=2))
+    if plan is not None:
+        (run_dir / "plan.json").write_text(json.dumps(plan, indent=2, default=str))
+    run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
+              recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",
+              created_at=now, started_at=now, deadline=now + timedelta(hours=recipe.max_hours),
+              budget_usd=recipe.budget_usd, run_dir=str(run_dir), pid=os.getpid())
+    return ledger.create_run(run)
+
+
+def end_run(ledger: "Ledger", run_id: str, result: "RunResult | None", *, status: str, message: str | None,
+            actor: str = "cli", say: Say | None = None, retry_full_s: float = 120.0, **fields: object) -> Run:
+    """Record the end of a run: status, end time, per-node exit codes and log paths from ``result`` (none when the
+    job never produced one), the message, an ``end`` event; returns the updated row.
+
+    A full filesystem under the ledger (``database or disk is full``) is named and retried every 2 s for
+    ``retry_full_s`` seconds (space freed by the ended job usually returns); after that it raises BrokerError
+    naming the folder, and the run stays ``running`` in the ledger until the watchdog or ``broker status`` ends it.
+    """
+    stop_at = time.monotonic() + retry_full_s
+    told = False
+    while True:
+        try:
+            ledger.update_run(run_id, status=status, ended_at=utcnow(), message=message,
+                              exit_codes={str(k): v for k, v in (result.exit_codes.items() if result else [])},
+                              log_paths={str(k): str(v) for k, v in (result.log_paths.items() if result else [])},
+                              **fields)
+            ledger.event(run_id, actor, "end", status)
+            break
+        except sqlite3.OperationalError as e:
+            if "full" not in str(e) or time.monotonic() > stop_at:
+                if "full" in str(e):
+                    raise BrokerError(f"cannot record the end of run {run_id}: the filesystem holding the ledger "
+                                      f"({ledger.path.parent}) is full",
+                                      hint="free space there (e.g. `broker clean`), then `broker status` shows the "
+                                           "run again") from None
+                raise
+            if not told and say:
+                say(f"the filesystem holding the ledger ({ledger.path.parent}) is full; waiting for space to record "
+                    "the end of the run")
+                told = True
+            time.sleep(2.0)
+    updated = ledger.get_run(run_id)
+    assert updated is not None
+    return updated
+
+
+# --------------------------------------------------------------------------------------------------- targets
+class Target(ABC):
+    """Where a run's nodes come from: the provider side of the pipeline (acquire / release) and the executor that
+    runs the job on them.  A new provider plugs in with a Target (or through :class:`CloudTarget` by implementing
+    the :class:`broker.provider.Provider` lifecycle verbs)."""
+
+    provider: str = "?"
+    topology: str = "?"
+
+    def check(self) -> None:
+        """Preconditions that must hold before anything is recorded (raise BadInput / NoValidPlan / ProviderError)."""
+
+    def quote(self) -> Quote | None:
+        """A paid target's price, shown for confirmation; None = free."""
+        return None
+
+    def prepare(self, ctx: Context) -> None:
+        """After confirmation, before the run row: arm what must outlive the CLI (the watchdog)."""
+
+    def plan_record(self) -> dict[str, Any]:
+        """What goes into the run's ``plan.json`` and ledger row."""
+        return {"provider": self.provider, "topology": self.topology, "usd_per_hour": 0.0}
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the run header: devices, nodes, prices."""
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster | None:
+        """Make the nodes exist (ledger-first); returns the cluster (None: this machine's processes)."""
+        return None
+
+    @abstractmethod
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        """The executor for the acquired nodes."""
+
+    def keep(self, recipe: Recipe, status: str) -> bool:
+        """Whether the nodes of a job that ended with ``status`` are kept (recipe ``idle_minutes``)."""
+        return False
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        """Tear down what acquire made, or keep it (``keep``); returns (still live after teardown, kept)."""
+        return [], []
+
+    @property
+    def releases(self) -> bool:
+        """Whether release has anything to do (a Ctrl-C during it is shielded)."""
+        return False
+
+
+def local_spec(recipe: Recipe) -> "tuple[LocalLaunchSpec, str]":
+    """The launch spec for the ``local`` topology and a one-line description of the devices used.
+
+    Raises NoValidPlan when this machine cannot serve the recipe (no GPU and not cpu_ok, too few GPUs...).
+    """
+    from broker.launch import LocalLaunchSpec
+    from broker.providers.local import LocalProvider
+
+    local = LocalProvider()
+    req = recipe.requirements()
+    why = local.why_not(req)
+    if why:
+        raise NoValidPlan(f"this machine cannot run {recipe.name}: {why}",
+                          hint="use --provider with a cloud provider, or allow a CPU logic check (cpu_ok: true)")
+    node_envs = [local.node_env(req, i) for i in range(recipe.nodes)]
+    if local.uses_gpus(req):
+        devices = "; ".join(f"node {i}: CUDA_VISIBLE_DEVICES={e['CUDA_VISIBLE_DEVICES']}" for i, e in enumerate(node_envs))
+    else:
+        devices = "no GPU used: gloo on CPU (cpu_ok)"
+    assert recipe.workdir is not None
+    spec = LocalLaunchSpec(script_rel=str(recipe.script.relative_to(recipe.workdir)), args=list(recipe.args),
+                           workdir=recipe.workdir, nnodes=recipe.nodes, nproc_per_node=recipe.gpus_per_node,
+                           env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
+                           expect=list(recipe.expect), deadline_s=recipe.max_hours * 3600,
+                           artifacts=list(recipe.artifacts))
+    return spec, devices
+
+
+class LocalTarget(Target):
+    """This machine, free: ``nodes`` simulated nodes as local processes (topology ``local``)."""
+
+    provider, topology = "local", "local"
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.spec, self.devices = local_spec(recipe)
+
+    def plan_record(self) -> dict[str, Any]:
+        return {**super().plan_record(), "devices": self.devices}
+
+    def describe(self) -> str:
+        return f"topology local (this machine, free); {self.devices}"
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.launch import LocalExecutor
+
+        return LocalExecutor(self.spec, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
+
+
+class NetnsTarget(Target):
+    """N network namespaces on this machine, each with its own sshd (``broker.providers.netns``), free; the job
+    runs over SSH exactly as on rented VMs.  Nodes are ledger rows of kind ``netns_node`` ($0/hour), recorded
+    before the namespaces exist and released through :func:`broker.teardown.teardown_run`."""
+
+    provider, topology = "netns", "multi-node"
+
+    def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
+        from broker.providers import netns
+
+        self.recipe, self.inject, self.port = recipe, inject, port
+        self.netns = netns
+        self.cluster_state: Any = None
+        self.use_gpus = False
+        self.devices = ""
+
+    def check(self) -> None:
+        netns = self.netns
+        if self.inject is not None and self.inject not in netns.INJECTS:
+            raise BadInput(f"unknown fault {self.inject!r}", hint=f"choose one of: {', '.join(netns.INJECTS)}")
+        why = netns.missing_requirements()
+        if why:
+            raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
+        r = self.recipe
+        self.use_gpus = netns.gpu_count() >= r.nodes * r.gpus_per_node
+        self.devices = ("one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if self.use_gpus
+                        else "no GPU used: gloo on CPU")
+
+    def plan_record(self) -> dict[str, Any]:
+        return {**super().plan_record(), "devices": self.devices, "inject": self.inject}
+
+    def describe(self) -> str:
+        return (f"topology multi-node over SSH (netns, free); {self.devices}"
+                + (f"; fault injected: {self.inject}" if self.inject else ""))
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster:
+        netns, r = self.netns, self.recipe
+        cid = netns.new_cid()
+        rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid})
+                for i in range(r.nodes)]
+        ctx.say(f"creating {r.nodes} network namespace(s) with sshd (cluster {cid})")
+        self.cluster_state = c = netns.up(r.nodes, Path(run.run_dir or "."), inject=self.inject,
+                                          gpus_per_node=r.gpus_per_node, use_gpus=self.use_gpus, cid=cid)
+        for i, row in enumerate(rows):
+            ctx.ledger.mark_created(row.id, f"{cid}:{i}", state="running")
+        ctx.say(f"cluster {cid}: " + ", ".join(f"node{i}={c.ip(i)}" for i in range(c.n)))
+        return c.cluster(run.id)
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.remote import SSHExecutor
+
+        assert cluster is not None
+        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, port=self.port,
+                           say=ctx.hooks.say)
+
+    @property
+    def releases(self) -> bool:
+        return True
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        from broker.teardown import teardown_run
+
+        if self.cluster_state is not None:
+            self.cluster_state.down()
+        left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": self.netns.NetnsProvider()},
+                            confirm_timeout_s=30)
+        return left, []
+
+
+class SlurmTarget(Target):
+    """A Slurm cluster broker does not own (here or through ``options.host``): acquire checks the partition; the
+    job is the executor's (:class:`broker.slurm.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
+
+    provider, topology = "slurm", "slurm"
+
+    def __init__(self, recipe: Recipe, options: "SlurmOptions", *, provider: Any = None):
+        from broker.providers.slurm import SlurmProvider
+
+        self.recipe, self.opts = recipe, options
+        self.prov = provider or SlurmProvider(options.host)
+        self.gpus = False
+
+    def check(self) -> None:
+        from broker.slurm import slurm_preconditions
+
+        self.gpus = slurm_preconditions(self.recipe, self.prov, self.opts)
+
+    def plan_record(self) -> dict[str, Any]:
+        o = self.opts
+        return {**super().plan_record(), "host": o.host, "partition": o.partition, "account": o.account,
+                "gpus": self.gpus}
+
+    def describe(self) -> str:
+        return (f"topology slurm (Slurm {self.prov.shell.where}, "
+                f"{'GPUs' if self.gpus else 'no GPU: gloo on CPU (cpu_ok)'})")
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.slurm import SlurmExecutor
+
+        return SlurmExecutor(recipe, self.prov, self.opts, run=run, ledger=ctx.ledger, gpus=self.gpus,
+                             echo=ctx.hooks.echo)
+
+
+#: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider (issue 12 item
+#: 3: OCI and AWS report RUNNING 30-60 s before sshd accepts; Vast containers start sshd with onstart)
+READY_TIMEOUT_S = {"oci": 300.0, "aws": 300.0, "vast": 180.0}
+DEFAULT_READY_TIMEOUT_S = 120.0
+
+
+class CloudTarget(Target):
+    """Rented machines: the ranked plan options in failover order, provisioned ledger-first
+    (:func:`broker.provision.provision`), torn down at the end (:func:`broker.teardown.teardown_run`) or kept
+    until idle (recipe ``idle_minutes`` with a watchdog running)."""
+
+    def __init__(self, recipe: Recipe, options: Plan | PlanOption | Iterable[PlanOption], *,
+                 providers: dict[str, Provider] | None = None, keep_when_idle: bool = True,
+                 ready_timeout_s: float = 900.0, poll_s: float = 5.0, ssh_ready_timeout_s: float | None = None,
+                 watchdog: bool | None = None, **provision_kw: Any):
+        from broker.provision import _options
+
+        self.recipe = recipe
+        self.options = _options(options)
+        if not self.options:
+            raise NoValidPlan(f"no plan option for {recipe.name}", hint="`broker plan` shows why each was rejected")
+        first = self.options[0]
+        self.provider, self.topology = first.provider, first.topology.value
+        self.providers = providers
+        self.keep_when_idle = keep_when_idle
+        self.ready_timeout_s, self.poll_s = ready_timeout_s, poll_s
+        self.ssh_ready_timeout_s = ssh_ready_timeout_s
+        self.watchdog = watchdog  # None: leave the watchdog to the caller; True: start one; False: --no-watchdog
+        self.provision_kw = provision_kw
+
+    def check(self) -> None:
+        from broker.accounting import check_budget
+
+        best = self.options[0]
+        check_budget(best.worst_case_usd, self.recipe.budget_usd, best.usd_per_hour)
+
+    def prepare(self, ctx: Context) -> None:
+        """Start the detached watchdog (unless ``watchdog`` is False or None) and decide whether recipe
+        ``idle_minutes`` may keep nodes: only while a watchdog runs (else nothing would terminate them)."""
+        if self.watchdog is None:
+            return
+        from broker.config import settings
+
+        recipe = self.recipe
+        have = False
+        if not self.watchdog:
+            ctx.say("warning: --no-watchdog: if this CLI dies, nothing on this machine enforces the deadline or the "
+                    "budget (run `broker watchdog` yourself, or rely on the node-side switch)")
+        elif settings().broker_watchdog_autostart:
+            from broker.watchdog import start_detached
+
+            pid = start_detached()
+            have = True  # started now, or None: one is already running
+            if pid:
+                ctx.say(f"watchdog started (pid {pid}); it enforces the deadline and budget even if this CLI dies")
+        elif recipe.idle_minutes:
+            from broker.accounting import watchdog_state
+
+            have = watchdog_state().alive
+        if recipe.idle_minutes and not have:
+            why = ("--no-watchdog" if not self.watchdog else
+                   "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off; start `broker watchdog`)")
+            ctx.say(f"note: recipe idle_minutes={recipe.idle_minutes:g} is ignored: {why}: nothing would terminate "
+                    "kept nodes, so they are torn down when the job ends")
+        self.keep_when_idle = have
+
+    def quote(self) -> Quote:
+        o = self.options[0]
+        return Quote(provider=o.provider, topology=o.topology.value, summary=f"{o.topology.value} on {o.provider}: "
+                     f"{o.summary}", usd_per_hour=o.usd_per_hour, deadline_hours=self.recipe.max_hours,
+                     worst_case_usd=o.worst_case_usd, budget_usd=self.recipe.budget_usd,
+                     failover_options=len(self.options))
+
+    def plan_record(self) -> dict[str, Any]:
+        return {"options": [o.model_dump(mode="json") for o in self.options]}
+
+    def describe(self) -> str:
+        o = self.options[0]
+        return (f"{o.topology.value} on {o.provider} ({o.summary}, ${o.usd_per_hour:.2f}/h, worst case "
+                f"${o.worst_case_usd:.2f}); {len(self.options)} ranked option(s) for failover")
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster:
+        from broker.provision import provision
+
+        ctx.ledger.update_run(run.id, status="provisioning")
+        cluster = provision(self.options, run, self.recipe, ctx.ledger, providers=self.providers,
+                            progress=ctx.hooks.say, ready_timeout_s=self.ready_timeout_s, poll_s=self.poll_s,
+                            actor=ctx.actor, **self.provision_kw)
+        self.provider, self.topology = cluster.provider, cluster.topology.value
+        ctx.ledger.update_run(run.id, status="running", provider=cluster.provider, topology=cluster.topology.value)
+        return cluster
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        assert cluster is not None
+        ctx.say(f"launching {len(cluster.nodes)} node(s) on {cluster.provider}")
+        if cluster.local_exec:  # the fake cloud: "instances" are this machine
+            from broker.launch import LocalExecutor
+
+            return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
+                                 say=ctx.hooks.say)
+        from broker.remote import SSHExecutor
+
+        ready = self.ssh_ready_timeout_s
+        if ready is None:
+            ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
+                READY_TIMEOUT_S.get(cluster.provider, DEFAULT_READY_TIMEOUT_S)
+        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say,
+                           ready_timeout_s=ready)
+
+    def keep(self, recipe: Recipe, status: str) -> bool:
+        return bool(recipe.idle_minutes) and self.keep_when_idle and status in KEEP_STATUSES
+
+    @property
+    def releases(self) -> bool:
+        return True
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        from broker.teardown import teardown_run
+
+        if keep:
+            return [], _keep_until_idle(ctx.ledger, run, float(self.recipe.idle_minutes or 0), ctx.actor)
+        ctx.ledger.update_run(run.id, status="tearing_down")
+        ctx.say("tearing down")
+        left = teardown_run(ctx.ledger, run.id, ctx.actor, providers=self.providers, say=ctx.hooks.say,
+                            poll_s=min(self.poll_s, 2.0))
+        return left, []
+
+
+#: Job statuses after which recipe ``idle_minutes`` keeps the nodes (the job ran to an end on its own).
+KEEP_STATUSES = ("succeeded", "failed")
+
+
+def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec":
+    """The launch spec for a ``local_exec`` cluster: each node's CUDA_VISIBLE_DEVICES from its gpu_indices."""
+    from broker.launch import LocalLaunchSpec
+
+    assert recipe.workdir is not None
+    node_envs = []
+    for n in cluster.nodes:
+        env = {"BROKER_RUN_ID": run.id, "BROKER_MASTER_ADDR": cluster.master_addr}
+        if n.gpu_indices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(n.gpu_indices)
+        env.update(n.env)
+        node_envs.append(env)
+    deadline_s = recipe.max_hours * 3600
+    if run.deadline:
+        deadline_s = max(1.0, (run.deadline - utcnow()).total_seconds())
+    return LocalLaunchSpec(script_rel=str(recipe.script.relative_to(recipe.workdir)), args=list(recipe.args),
+                           workdir=recipe.workdir, nnodes=len(cluster.nodes), nproc_per_node=recipe.gpus_per_node,
+                           env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
+                           expect=list(recipe.expect), deadline_s=deadline_s, artifacts=list(recipe.artifacts))
+
+
+def _keep_until_idle(ledger: "Ledger", run: Run, idle_minutes: float, actor: str) -> list[Resource]:
+    """Record ``attrs["idle_minutes"]`` on every live instance of ``run`` (the watchdog's idle rule reads it) and
+    log why nothing was torn down; returns the kept instances."""
+    kept = [r for r in ledger.resources(run.id, live_only=True) if r.kind == "instance"]
+    for r in kept:
+        ledger.update_resource(r.id, attrs={"idle_minutes": idle_minutes}, actor=actor,
+                               message=f"kept for inspection: idle stop after {idle_minutes:g} min")
+    ledger.event(run.id, actor, "keep-idle",
+                 f"recipe idle_minutes={idle_minutes:g}: kept {len(kept)} node(s) instead of tearing down; the "
+                 f"watchdog terminates them {idle_minutes:g} min after the job ended (or at the deadline / budget), "
+                 f"`broker down {run.id}` at once")
+    return kept
+
+
+# --------------------------------------------------------------------------------------------------- the pipeline
+@contextmanager
+def shielded(say: Say | None, *, window_s: float = 2.0) -> Iterator[None]:
+    """Shield a release from Ctrl-C: the first Ctrl-C says teardown is still running; a second one within
+    ``window_s`` seconds abandons it (raises KeyboardInterrupt; the watchdog / ``broker down`` finish).  Only in the
+    main thread (signal handlers live there); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    last = [0.0]
+
+    def handler(signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if now - last[0] <= window_s:
+            if say:
+                say("teardown abandoned: the watchdog (or `broker down RUN`) finishes it; every resource is in the "
+                    "ledger")
+            raise KeyboardInterrupt
+        last[0] = now
+        if say:
+            say(f"still releasing resources (teardown); press Ctrl-C again within {window_s:g} s to abandon it and "
+                "leave the rest to the watchdog")
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hooks | None = None,
+                 actor: str = "cli") -> RunOutcome:
+    """Run ``recipe`` on ``target`` through every step (module docstring) and record it; returns the outcome.
+
+    Raises Declined (exit 2) when a paid target is not confirmed (nothing created, no run recorded); raises what
+    acquire raises (NoValidPlan, ProviderError...) *after* release ran and the run's end was recorded.  A failing
+    job is not an exception: see ``RunOutcome.result``.
+    """
+    from broker.executor import STEP_TEXT, run_steps
+
+    hooks = hooks or Hooks()
+    ctx = Context(ledger=ledger, hooks=hooks, actor=actor)
+    target.check()
+    quote = target.quote()
+    if quote is not None and hooks.confirm is not None and not hooks.confirm(quote):
+        raise Declined("not confirmed: nothing was created", hint="run again and answer y, or pass --yes")
+    target.prepare(ctx)
+    run = new_run(ledger, recipe, provider=target.provider, topology=target.topology, plan=target.plan_record())
+    ledger.event(run.id, actor, "start", f"{recipe.name}: {target.describe()}")
+    if hooks.on_start:
+        hooks.on_start(run, target.describe())
+    result: RunResult | None = None
+    cluster: Cluster | None = None
+    status, message = "failed", None
+    left: list[Resource] = []
+    kept: list[Resource] = []
+    keep = False
+    try:
+        cluster = target.acquire(run, ctx)
+        ex = target.executor(recipe, run, cluster, ctx)
+        result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+        result = diagnose(result, recipe, Path(run.run_dir or "."))
+        status, message = result.status, result.reason
+        keep = target.keep(recipe, status)
+    except KeyboardInterrupt:
+        status, message = "interrupted", "interrupted (Ctrl-C) before the job finished"
+        raise
+    except BrokerError as e:
+        message = e.message
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
+        message = str(e)
+        raise
+    finally:
+        try:
+            if target.releases:
+                with shielded(hooks.say):
+                    left, kept = target.release(run, ctx, keep=keep)
+        finally:
+            if kept:
+                message = ((message + "; ") if message else "") + (
+                    f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
+                ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
+            if left:
+                message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
+                    f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
+            updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
+                              pid=os.getpid())
+    from broker.provision import run_cost
+
+    return RunOutcome(updated, result, cluster, left, run_cost(ledger, run.id), kept_until_idle=bool(kept),
+                      kept=kept)
+
+
+def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
+    """The diagnose step: explain a failure (or a success with error lines) from the node logs; writes
+    ``diagnosis.txt`` in the run folder when there is something to say.  Never raises."""
+    try:
+        from broker import diagnose as dg
+    except ImportError:  # pragma: no cover - the module ships with broker
+        return result
+    try:
+        return dg.apply(result, recipe, run_dir)
+    except Exception:  # noqa: BLE001 - a diagnosis must never break the record of a run
+        return result
+
+
+# --------------------------------------------------------------------------------------------------- plan + entry
+def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
+    """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
+    options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
+    be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options, or the credentials needed.
+    """
+    from broker.facts import DEFAULT_PROVIDERS, gather
+    from broker.planner import plan as make_plan
+    from broker.providers import get_provider
+
+    req = recipe.requirements()
+    names = [provider] if provider else list(DEFAULT_PROVIDERS)
+    facts = gather(req, names)
+    plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
+                     unavailable=facts.unavailable)
+    if plan.chosen is None:
+        reasons = "; ".join(f"{o.provider} {o.topology.value} {o.summary}: {o.rejected[0]}"
+                            for o in plan.rejected[:4] if o.rejected)
+        raise NoValidPlan(f"no valid way to run {recipe.name} ({recipe.nodes} node(s) x {recipe.gpus_per_node} GPU, "
+                          f"budget ${recipe.budget_usd:g}, deadline {recipe.max_hours:g} h): {reasons}",
+                          hint=f"`broker plan --recipe {recipe.path}` shows every option; raise budget_usd, lower "
+                               "max_hours, accept more GPU models, or set cpu_ok: true for a CPU logic check here")
+    usable: list = []
+    missing: dict[str, str] = {}
+    for opt in plan.options:
+        if opt.provider == "local":
+            usable.append(opt)
+            continue
+        if opt.provider not in missing:
+            try:
+                chk = get_provider(opt.provider).check()
+                missing[opt.provider] = "" if chk.configured else (chk.hint or chk.detail or "no credentials")
+            except Exception as e:  # noqa: BLE001 - an adapter that cannot start cannot rent
+                missing[opt.provider] = str(e)
+        if not missing[opt.provider]:
+            usable.append(opt)
+    if not usable:
+        best = plan.chosen
+        if provider:
+            raise AuthError(provider, "credentials check", f"no credentials: the plan on {provider} comes from a "
+                            "price snapshot and nothing can be rented", hint=missing.get(provider) or None)
+        need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
+        cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
+        raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
+                          f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
+                          hint=f"configure one (see .env.example): {need}{cpu}")
+    return plan, usable
+
+
+def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
+    """The valid plan options on one provider, ranked by the planner (:func:`broker.planner.plan`) from the
+    provider's offers, quotas and capacity."""
+    from broker.planner import plan
+
+    offers = provider.offers(req)
+    p = plan(req, offers, provider.quotas(req, offers), provider.capacity(offers), now=utcnow())
+    return [o for o in p.options if o.valid]
+
+
+#: providers ``broker run --provider`` accepts
+RUN_PROVIDERS = ("local", "netns", "slurm", "vast", "oci", "aws", "fake")
+
+
+@dataclass
+class RunRequest:
+    """How ``broker run`` was asked: ``provider`` (None = the plan decides), netns ``inject``, Slurm options,
+    ``watchdog`` (False = ``--no-watchdog``: rented runs then rest on the CLI and the node-side switch)."""
+
+    provider: str | None = None
+    inject: str | None = None
+    slurm: "SlurmOptions | None" = None
+    watchdog: bool = True
+
+
+def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) -> Target:
+    """The plan step: the :class:`Target` for ``recipe`` (this machine when it can serve the job, it is free;
+    otherwise the cheapest valid cloud option with credentials, with the rest for failover)."""
+    p = req.provider
+    if p is not None and p not in RUN_PROVIDERS:
+        raise BadInput(f"--provider {p!r} is not a provider broker can run on",
+                       hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
+    if req.inject and p != "netns":
+        raise BadInput("--inject works with --provider netns only",
+                       hint="broker run RECIPE --provider netns --inject firewall")
+    if p == "local":
+        return LocalTarget(recipe)
+    if p == "netns":
+        return NetnsTarget(recipe, inject=req.inject)
+    if p == "slurm":
+        from broker.slurm import SlurmOptions
+
+        return SlurmTarget(recipe, req.slurm or SlurmOptions())
+    plan, options = plan_for_run(recipe, p)
+    if options[0].provider == "local":
+        if say:
+            others = (plan.valid_count or len(plan.options)) - 1
+            say("plan: this machine (free) is the only valid option" if others == 0 else
+                f"plan: this machine (free) is the cheapest valid option ({others} other valid option(s); "
+                f"`broker plan --recipe {recipe.path}` lists them)")
+        return LocalTarget(recipe)
+    return CloudTarget(recipe, options, watchdog=req.watchdog)
+
+
+def run_recipe(recipe: Recipe, req: RunRequest, *, ledger: "Ledger", hooks: Hooks | None = None) -> RunOutcome:
+    """``broker run``: plan -> (confirm ->) acquire -> ... -> record, for every provider.  The one entry point."""
+    hooks = hooks or Hooks()
+    target = choose_target(recipe, req, say=hooks.say)
+    return run_pipeline(recipe, target, ledger=ledger, hooks=hooks)

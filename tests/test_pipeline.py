@@ -1,0 +1,301 @@
+"""The one run pipeline: staging, artifacts from every node, confirmation of paid runs, the shielded release, SSH
+readiness retries, and the layering rules (adapters never import orchestration; `providers` is not a top-level
+module of an installed broker)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pty
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.ledger import Ledger
+from broker.pipeline import Hooks, LocalTarget, run_pipeline, shielded
+from broker.recipe import RecipeError, load_recipe
+from broker.staging import stage_plan
+from tests.conftest import REPO, broker_cmd
+
+
+# --------------------------------------------------------------------------------------------------- staging
+def test_staging_skips_secrets_venvs_and_ignored_files(tmp_path):
+    w = tmp_path / "w"
+    (w / "pkg").mkdir(parents=True)
+    (w / "train.py").write_text("print('hi')\n")
+    (w / "pkg" / "model.py").write_text("x = 1\n")
+    for secret in (".env", ".env.local", "id_ed25519", "id_rsa.pub", "key.pem", "pkg/.env"):
+        (w / secret).write_text("SECRET=1\n")
+    (w / ".venv" / "bin").mkdir(parents=True)
+    (w / ".venv" / "bin" / "python").write_text("")
+    (w / "myenv").mkdir()
+    (w / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")  # a venv under any name
+    (w / "node_modules" / "x").mkdir(parents=True)
+    (w / ".git").mkdir()
+    (w / ".git" / "config").write_text("")
+    (w / "data").mkdir()
+    (w / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (w / "logs").mkdir()
+    (w / "logs" / "a.log").write_text("log\n")
+    (w / ".gitignore").write_text("data/\n")
+    (w / ".brokerignore").write_text("*.log\n")
+    plan = stage_plan(w)
+    files = sorted(p.as_posix() for p in plan.files)
+    assert files == [".brokerignore", ".gitignore", "pkg/model.py", "train.py"]
+    assert plan.total_bytes == sum((w / f).stat().st_size for f in files)
+    assert "per node" in plan.summary() and not plan.too_big
+
+
+def test_script_outside_the_recipe_folder_is_refused_unless_workdir_says_so(tmp_path):
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / ".env").write_text("KEY=1\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    d = tmp_path / "recipes"
+    d.mkdir()
+    (d / "r.yaml").write_text("name: r\nscript: ../train.py\ncpu_ok: true\n")
+    with pytest.raises(RecipeError, match=r"r\.yaml:2: field 'script'.*outside the recipe's folder"):
+        load_recipe(d / "r.yaml")
+    (d / "r.yaml").write_text("name: r\nscript: ../train.py\nworkdir: ..\ncpu_ok: true\n")
+    assert load_recipe(d / "r.yaml").workdir.resolve() == tmp_path
+
+
+# --------------------------------------------------------------------------------------------------- local runs
+SHARDS = """
+import os, shutil, sys
+rank = int(os.environ["RANK"])
+open(f"shard_rank{rank}.txt", "w").write(f"rank {rank}\\n")
+print("python", sys.executable, "which", shutil.which("python"), flush=True)
+print("DONE", flush=True)
+"""
+
+
+def _job(tmp_path: Path, extra: str = "") -> Path:
+    d = tmp_path / "job"
+    d.mkdir(exist_ok=True)
+    (d / "shards.py").write_text(SHARDS)
+    (d / ".env").write_text("TOKEN=never-copied\n")
+    (d / "r.yaml").write_text("name: shards\nscript: shards.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n"
+                              "expect: [DONE]\nartifacts: ['shard_rank*.txt']\n"
+                              "setup: ['command -v python > which-python.txt']\n" + extra)
+    return d / "r.yaml"
+
+
+def test_local_run_collects_artifacts_from_every_node_and_stages_no_secret(tmp_path):
+    recipe = load_recipe(_job(tmp_path))
+    lines: list[str] = []
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks(echo=lines.append))
+    assert out.result is not None and out.result.ok, (out.result.reason, lines[-20:])
+    run_dir = Path(out.run.run_dir)
+    assert (run_dir / "artifacts" / "node0" / "shard_rank0.txt").read_text() == "rank 0\n"
+    assert (run_dir / "artifacts" / "node1" / "shard_rank1.txt").read_text() == "rank 1\n"
+    assert not (run_dir / "node0" / "work" / ".env").exists()
+    # setup runs with the training interpreter first on PATH (the venv's python, not the system's)
+    which = (run_dir / "node0" / "work" / "which-python.txt").read_text().strip()
+    assert Path(which).parent == Path(sys.executable).parent
+    assert out.run.status == "succeeded" and out.exit_code == 0
+
+
+def test_a_listed_artifact_no_node_produced_fails_the_run_with_its_name(tmp_path):
+    path = _job(tmp_path)
+    path.write_text(path.read_text().replace("artifacts: ['shard_rank*.txt']", "artifacts: ['shard_rank*.txt', "
+                                                                                "'model.pt']"))
+    recipe = load_recipe(path)
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks())
+    assert out.result.status == "failed" and "model.pt" in out.result.reason
+    assert out.run.status == "failed" and out.exit_code == 1
+
+
+# --------------------------------------------------------------------------------------------------- confirmation
+def _fake_env(cli_env, tmp_path):
+    return dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+
+
+def _fake_instances(tmp_path) -> dict:
+    p = tmp_path / "fake.json"
+    return json.loads(p.read_text()).get("instances", {}) if p.exists() else {}
+
+
+def test_paid_run_without_a_terminal_and_without_yes_creates_nothing(cli_env, tmp_path):
+    env = _fake_env(cli_env, tmp_path)
+    p = subprocess.run(broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q"), cwd=REPO, env=env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--yes" in p.stderr and "worst case $" in p.stderr and "/hour" in p.stderr
+    assert _fake_instances(tmp_path) == {}
+    assert Ledger().list_runs() == []  # nothing recorded: nothing was created
+
+
+def _run_in_pty(argv, env, answer: bytes, timeout: float = 180) -> tuple[int, str]:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    os.close(slave)
+    out = b""
+    deadline = time.monotonic() + timeout
+    asked = False
+    import select
+
+    while proc.poll() is None and time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if r:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            out += chunk
+        if not asked and b"Proceed? [y/N]" in out:
+            os.write(master, answer)
+            asked = True
+    out += proc.stdout.read() or b""
+    proc.wait(timeout=30)
+    os.close(master)
+    return proc.returncode, out.decode(errors="replace")
+
+
+def test_paid_run_asks_on_a_terminal_no_refuses_yes_runs(cli_env, tmp_path):
+    env = _fake_env(cli_env, tmp_path)
+    argv = broker_cmd("run", str(_job(tmp_path)), "--provider", "fake", "-q")
+    code, out = _run_in_pty(argv, env, b"n\n")
+    assert code == 2 and "Proceed? [y/N]" in out and "not confirmed" in out, out
+    assert _fake_instances(tmp_path) == {}
+    code, out = _run_in_pty(argv, env, b"y\n")
+    assert code == 0, out
+    inst = _fake_instances(tmp_path)
+    assert inst and all(i["state"] == "terminated" for i in inst.values())
+
+
+# --------------------------------------------------------------------------------------------------- Ctrl-C
+def test_release_is_shielded_from_one_ctrl_c_and_abandoned_by_a_second():
+    said: list[str] = []
+    with shielded(said.append):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the handler ran: no KeyboardInterrupt
+    assert said and "still releasing" in said[0]
+    said.clear()
+    with pytest.raises(KeyboardInterrupt):
+        with shielded(said.append):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+    assert any("abandoned" in s for s in said)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# --------------------------------------------------------------------------------------------------- layering
+def test_adapters_import_no_orchestration():
+    banned = {"broker.pipeline", "broker.provision", "broker.teardown", "broker.watchdog", "broker.remote",
+              "broker.launch", "broker.executor", "broker.slurm", "broker.orchestrate", "broker.cloudrun"}
+    bad = []
+    for path in (REPO / "providers").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            bad += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
+                    if any(n == b or n.startswith(b + ".") for b in banned)]
+    assert bad == []
+
+
+def test_installed_broker_has_broker_providers_and_no_top_level_providers(tmp_path):
+    code = ("import importlib.util, broker.providers as p; from broker.providers import get_provider; "
+            "print(get_provider('local').name, importlib.util.find_spec('providers'))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["local", "None"]
+
+
+# --------------------------------------------------------------------------------------------------- SSH readiness
+class LateForwarder:
+    """A TCP port on 127.0.0.1 that refuses connections for ``delay_s`` seconds, then forwards to ``target``:
+    a node whose sshd starts after the provider said RUNNING."""
+
+    def __init__(self, target: tuple[str, int], delay_s: float):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self.port = s.getsockname()[1]
+        s.close()
+        self.target, self.delay_s = target, delay_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        if self.stop.wait(self.delay_s):
+            return
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", self.port))
+        srv.listen(8)
+        srv.settimeout(0.2)
+        while not self.stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except socket.timeout:
+                continue
+            c.settimeout(None)  # accepted sockets inherit the listener's 0.2 s timeout
+            u = socket.create_connection(self.target, timeout=5)
+            u.settimeout(None)
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+        srv.close()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
+    from broker.providers import netns
+
+    why = netns.missing_requirements()
+    if why:
+        pytest.skip(f"netns: {why}")
+    from broker.remote import SSHExecutor, run_remote
+
+    c = netns.up(2, tmp_path / "c", use_gpus=False)
+    try:
+        recipe = load_recipe(REPO / "recipes" / "ddp_2node.yaml").model_copy(
+            update={"args": ["--epochs", "2", "--min-accuracy", "0"], "expect": ["DDP_OK"]})
+        cluster = c.cluster("late1")
+
+        def late_cluster(fwd: LateForwarder):
+            return cluster.model_copy(update={"nodes": [cluster.nodes[0], cluster.nodes[1].model_copy(
+                update={"host": "127.0.0.1", "port": fwd.port})]})
+
+        # without retries, the first refused connect ends the run before anything starts
+        fwd0 = LateForwarder((c.ip(1), 22), delay_s=60.0)
+        res = run_remote(late_cluster(fwd0), recipe, tmp_path / "run0", echo=None, connect_timeout_s=2)
+        fwd0.stop.set()
+        assert res.status == "failed" and "cannot reach node 1" in res.reason and res.exit_codes == {}
+        fwd = LateForwarder((c.ip(1), 22), delay_s=4.0)
+        late = late_cluster(fwd)
+        said: list[str] = []
+        t0 = time.monotonic()
+        from broker.executor import run_steps
+
+        res = run_steps(SSHExecutor(late, recipe, tmp_path / "run1", echo=None, connect_timeout_s=2,
+                                    ready_timeout_s=60, say=said.append))
+        assert res.ok, res.reason
+        assert time.monotonic() - t0 >= 3.5
+        assert any("waiting for SSH" in s for s in said) and any("accepts SSH" in s for s in said)
+        fwd.stop.set()
+    finally:
+        c.down()
