@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "broker.commands.lint",
     "broker.commands.cluster",  # netns up|down|status
     "broker.commands.slurm",
+    "broker.commands.day2",  # logs, ssh, exec, cost, clean
 ]
 
 for _name in COMMAND_MODULES:

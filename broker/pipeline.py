@@ -343,6 +343,11 @@ class NetnsTarget(Target):
         return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, port=self.port,
                            say=ctx.hooks.say)
 
+    def keep(self, recipe: Recipe, status: str) -> bool:
+        """Recipe ``idle_minutes``: keep the (free) namespaces for `broker ssh` / `broker exec`; a running watchdog
+        removes them ``idle_minutes`` after the job, `broker down RUN` at once."""
+        return bool(recipe.idle_minutes) and status in KEEP_STATUSES
+
     @property
     def releases(self) -> bool:
         return True
@@ -350,6 +355,8 @@ class NetnsTarget(Target):
     def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
         from broker.teardown import teardown_run
 
+        if keep:
+            return [], _keep_until_idle(ctx.ledger, run, float(self.recipe.idle_minutes or 0), ctx.actor)
         if self.cluster_state is not None:
             self.cluster_state.down()
         left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": self.netns.NetnsProvider()},
@@ -521,6 +528,67 @@ class CloudTarget(Target):
 
 #: Job statuses after which recipe ``idle_minutes`` keeps the nodes (the job ran to an end on its own).
 KEEP_STATUSES = ("succeeded", "failed")
+#: ledger resource kinds that are nodes (kept until idle, reached by `broker ssh` / `broker exec`)
+NODE_KINDS = ("instance", "netns_node")
+
+
+class KeptTarget(Target):
+    """The kept nodes of an earlier run (recipe ``idle_minutes``): ``broker exec RUN RECIPE`` runs another recipe on
+    them without provisioning (acquire = the stored cluster; release = nothing, the nodes stay with their run).
+    The origin run's idle timer restarts when the job ends."""
+
+    def __init__(self, origin: Run, cluster: Cluster):
+        self.origin, self.cluster = origin, cluster
+        self.provider, self.topology = cluster.provider, cluster.topology.value
+
+    def plan_record(self) -> dict[str, Any]:
+        return {**super().plan_record(), "kept_from": self.origin.id}
+
+    def describe(self) -> str:
+        return (f"topology {self.topology} on the kept nodes of run {self.origin.id} ({self.provider}), no "
+                "provisioning")
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster:
+        return self.cluster.model_copy(update={"run_id": run.id})
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        assert cluster is not None
+        if len(cluster.nodes) != recipe.nodes:
+            raise BadInput(f"run {self.origin.id} kept {len(cluster.nodes)} node(s) but recipe {recipe.name} asks for "
+                           f"{recipe.nodes}", hint=f"set nodes: {len(cluster.nodes)} in the recipe")
+        if cluster.local_exec:
+            from broker.launch import LocalExecutor
+
+            return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
+                                 say=ctx.hooks.say)
+        from broker.remote import SSHExecutor
+
+        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
+
+    @property
+    def releases(self) -> bool:
+        return True
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        ctx.ledger.update_run(self.origin.id, ended_at=utcnow())  # the watchdog's idle rule counts from here
+        ctx.ledger.event(self.origin.id, ctx.actor, "exec", f"run {run.id} used the kept nodes; idle timer restarted")
+        return [], []  # the nodes stay with (and are ended through) the origin run
+
+
+def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
+    """The run (id or unique prefix) and its stored cluster, when its nodes are still live (a running run, or a
+    kept one).  Raises BadInput saying why not."""
+    run = ledger.find_run(run_id)
+    path = Path(run.run_dir or ".", "cluster.json")
+    if not path.exists():
+        raise BadInput(f"run {run.id} has no nodes to reach ({run.provider}: "
+                       f"{'processes on this machine' if run.provider == 'local' else 'no cluster recorded'})",
+                       hint="`broker ssh` and `broker exec` work on runs on netns or rented machines")
+    live = [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]
+    if not live:
+        raise BadInput(f"the nodes of run {run.id} are gone (status {run.status})",
+                       hint="set idle_minutes in the recipe to keep the nodes after the job, then `broker run` again")
+    return run, Cluster.model_validate_json(path.read_text())
 
 
 def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec":
@@ -547,7 +615,7 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
 def _keep_until_idle(ledger: "Ledger", run: Run, idle_minutes: float, actor: str) -> list[Resource]:
     """Record ``attrs["idle_minutes"]`` on every live instance of ``run`` (the watchdog's idle rule reads it) and
     log why nothing was torn down; returns the kept instances."""
-    kept = [r for r in ledger.resources(run.id, live_only=True) if r.kind == "instance"]
+    kept = [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]
     for r in kept:
         ledger.update_resource(r.id, attrs={"idle_minutes": idle_minutes}, actor=actor,
                                message=f"kept for inspection: idle stop after {idle_minutes:g} min")
@@ -617,6 +685,8 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     keep = False
     try:
         cluster = target.acquire(run, ctx)
+        if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
+            Path(run.run_dir or ".", "cluster.json").write_text(cluster.model_dump_json(indent=2))
         ex = target.executor(recipe, run, cluster, ctx)
         result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
         result = diagnose(result, recipe, Path(run.run_dir or "."))

@@ -1,0 +1,157 @@
+"""Day-2 commands through the CLI: logs of past and live runs, cost totals against the ledger, clean leaving live
+runs, and ssh / exec against kept netns nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.ledger import Ledger
+from tests.conftest import REPO, broker_cmd
+
+
+def _cli(args, env, timeout=240, **kw):
+    return subprocess.run(broker_cmd(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+TICKER = """
+import os, time
+rank = int(os.environ["RANK"])
+for i in range(int(os.environ.get("TICKS", "3"))):
+    print(f"rank {rank} tick {i}", flush=True)
+    time.sleep(float(os.environ.get("TICK_S", "0.2")))
+print(f"rank {rank} LAST_LINE", flush=True)
+"""
+
+
+def _ticker(tmp_path: Path, extra: str = "") -> Path:
+    d = tmp_path / "ticker"
+    d.mkdir(exist_ok=True)
+    (d / "ticker.py").write_text(TICKER)
+    (d / "r.yaml").write_text("name: ticker\nscript: ticker.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n" + extra)
+    return d / "r.yaml"
+
+
+def test_logs_of_a_past_run_by_prefix_and_node(cli_env, tmp_path):
+    p = _cli(["run", str(_ticker(tmp_path)), "--json"], cli_env)
+    assert p.returncode == 0, p.stderr
+    run_id = json.loads(p.stdout)["run"]["id"]
+    p0 = _cli(["logs", run_id[:-2]], cli_env)
+    assert p0.returncode == 0 and "rank 0 LAST_LINE" in p0.stdout and "rank 1" not in p0.stdout
+    p1 = _cli(["logs", run_id, "--node", "1"], cli_env)
+    assert p1.returncode == 0 and "rank 1 LAST_LINE" in p1.stdout
+    bad = _cli(["logs", run_id, "--node", "5"], cli_env)
+    assert bad.returncode == 2 and "no node 5" in bad.stderr
+
+
+def test_logs_follow_a_live_run_until_it_ends(cli_env, tmp_path):
+    env = dict(cli_env, TICKS="12", TICK_S="0.5")
+    run = subprocess.Popen(broker_cmd("run", str(_ticker(tmp_path)), "-q"), cwd=REPO, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        led = Ledger()
+        deadline = time.monotonic() + 60
+        while not led.list_runs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        run_id = led.list_runs()[0].id
+        t0 = time.monotonic()
+        f = _cli(["logs", run_id, "-f"], env, timeout=120)
+        assert f.returncode == 0, f.stderr
+        assert "rank 0 tick 0" in f.stdout and "rank 0 LAST_LINE" in f.stdout
+        assert time.monotonic() - t0 > 1.0  # it waited for the live run
+        assert run.wait(timeout=60) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+
+
+def test_cost_totals_match_the_ledger(cli_env, tmp_path):
+    from broker.provision import run_cost
+
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+    for _ in range(2):
+        p = _cli(["run", str(_ticker(tmp_path)), "--provider", "fake", "--yes", "-q"], env)
+        assert p.returncode == 0, p.stderr
+    assert _cli(["run", str(_ticker(tmp_path)), "-q"], env).returncode == 0  # a free local run
+    led = Ledger()
+    want = sum(run_cost(led, r.id) for r in led.list_runs())
+    data = json.loads(_cli(["cost", "--json"], env).stdout)
+    assert len(data["runs"]) == 3 and want > 0
+    assert data["total_usd"] == pytest.approx(want, abs=1e-4)
+    assert data["by_provider"]["local"] == 0 and data["by_provider"]["fake"] == pytest.approx(want, abs=1e-4)
+    only = json.loads(_cli(["cost", "--json", "--provider", "local"], env).stdout)
+    assert [r["provider"] for r in only["runs"]] == ["local"] and only["total_usd"] == 0
+    future = json.loads(_cli(["cost", "--json", "--since", "2999-01-01"], env).stdout)
+    assert future["runs"] == [] and future["total_usd"] == 0
+    assert _cli(["cost", "--since", "yesterday"], env).returncode == 2
+    text = _cli(["cost"], env).stdout
+    assert "total:" in text and "fake:" in text
+
+
+def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path):
+    from broker.model import Run, utcnow
+
+    p = _cli(["run", str(_ticker(tmp_path)), "--json"], cli_env)
+    ended = json.loads(p.stdout)["run"]
+    led = Ledger()
+    live_dir = tmp_path / "live-run"
+    (live_dir / "node0").mkdir(parents=True)
+    (live_dir / "node0.log").write_text("still running\n")
+    now = utcnow()
+    led.create_run(Run(id="20261130-000000-live00", name="live", provider="local", topology="local",
+                       status="running", created_at=now, started_at=now, run_dir=str(live_dir), pid=os.getpid()))
+    dry = _cli(["clean", "--dry-run"], cli_env)
+    assert "would remove 1 run folder" in dry.stdout and Path(ended["run_dir"]).exists()
+    assert "removed 0 run folder" in _cli(["clean", "--older-than", "3"], cli_env).stdout
+    out = _cli(["clean"], cli_env)
+    assert out.returncode == 0 and "removed 1 run folder(s)" in out.stdout, out.stdout + out.stderr
+    assert not Path(ended["run_dir"]).exists() and (live_dir / "node0.log").exists()
+
+
+# --------------------------------------------------------------------------------------------------- kept netns
+def _netns_missing():
+    from broker.providers import netns
+
+    return netns.missing_requirements()
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(_netns_missing() is not None, reason=f"netns: {_netns_missing()}")
+def test_ssh_and_exec_on_kept_netns_nodes_then_down(cli_env, tmp_path):
+    from broker.providers import netns
+
+    p = _cli(["run", str(_ticker(tmp_path, "idle_minutes: 5\n")), "--provider", "netns", "--json"], cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout)
+    run_id = out["run"]["id"]
+    assert out["kept_until_idle"] and len(out["kept"]) == 2
+    cid = json.loads((Path(out["run"]["run_dir"]) / "cluster.json").read_text())["nodes"][0]["resource_id"]
+    rows = Ledger().resources(run_id, live_only=True)
+    cids = {r.provider_id.split(":")[0] for r in rows}
+    assert len(cids) == 1 and netns.leftovers(next(iter(cids)))  # the namespaces are still there
+    try:
+        h = _cli(["ssh", run_id, "1", "--", "hostname"], cli_env, timeout=60)
+        assert h.returncode == 0 and h.stdout.strip() == "node1", h.stdout + h.stderr
+        cfg = _cli(["ssh", "--config", run_id], cli_env).stdout
+        assert f"Host broker-{run_id}-n0" in cfg and "IdentityFile" in cfg and "UserKnownHostsFile" in cfg
+        e = _cli(["exec", run_id[:-1], str(_ticker(tmp_path)), "--json"], cli_env)
+        assert e.returncode == 0, e.stdout + e.stderr
+        ex = json.loads(e.stdout)
+        assert ex["result"]["status"] == "succeeded" and ex["kept_from"] == run_id
+        assert "rank 1 LAST_LINE" in Path(ex["result"]["log_paths"]["1"]).read_text()
+        assert Ledger().get_run(run_id).ended_at.isoformat() >= ex["run"]["created_at"][:19]  # idle timer restarted
+    finally:
+        d = _cli(["down", run_id], cli_env, timeout=120)
+    assert d.returncode == 0, d.stdout + d.stderr
+    time.sleep(0.3)
+    assert netns.leftovers(next(iter(cids))) == [] and netns.sshd_processes(next(iter(cids))) == []
+    gone = _cli(["ssh", run_id, "--", "true"], cli_env)
+    assert gone.returncode == 2 and "gone" in gone.stderr
+    _ = cid, sys
