@@ -185,7 +185,8 @@ class VastLifecycle:
         try:
             ask_id = int(offer.offer_id)
         except ValueError:
-            raise BadInput(f"vast: offer id {offer.offer_id!r} is not a Vast.ai ask id",
+            raise BadInput(f"vast: offer id {offer.offer_id!r} is not a Vast.ai ask id (a price-snapshot offer "
+                           "cannot be rented)",
                            hint="plan with live Vast offers (set VAST_API_KEY) before `broker run`") from None
         q = {"id": {"eq": ask_id}, "rentable": {"eq": True}, "rented": {"eq": False},
              "disk_space": {"gte": float(disk_gib)}, "type": "on-demand", "limit": 1,
