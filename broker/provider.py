@@ -63,6 +63,8 @@ class ProviderError(BrokerError):
     """A provider call failed (exit 4).  ``provider`` and ``call`` name what failed."""
 
     exit_code = 4
+    #: True when a create may have happened although it failed (see :class:`AmbiguousCreate`).
+    ambiguous: bool = False
 
     def __init__(self, provider: str, call: str, message: str, *, hint: str | None = None,
                  code: str | None = None, status: int | None = None):
@@ -91,6 +93,16 @@ class AuthError(ProviderError):
 
 class TransientError(ProviderError):
     """Throttling (429), 5xx or a network blip: retry with backoff."""
+
+
+class AmbiguousCreate(TransientError):
+    """A create whose outcome is unknown: the request may have reached the provider (5xx, timeout, an answer
+    without an id) and a list by the intent's tag / label could not settle it.  An instance may exist and bill.
+    Never create again for this intent: record it as ``unknown``, stop creating on this provider and keep it in
+    ``status`` until a later :meth:`Provider.list_tagged` (``TaggedResource.client_token`` = the ledger row id)
+    proves it absent or finds it to terminate."""
+
+    ambiguous = True
 
 
 class NotSupported(ProviderError):
@@ -160,6 +172,7 @@ class TaggedResource(BaseModel):
     usd_per_hour: float | None = None
     name: str | None = None
     installation_id: str | None = None  # INSTALL_TAG's value; None when the resource carries none (older broker)
+    client_token: str | None = None  # NodeRequest.client_token (ledger row id) when the tag / label carries it
 
 
 class QuotaRequest(BaseModel):

@@ -21,6 +21,8 @@ from broker.provider import AuthError, BadInput, NodeRequest, OfferGone, Provide
 
 URL = "https://console.vast.ai"
 KEY = "vk-test-0123456789abcdef"
+#: The label create_body writes for node_request(): run, node, installation id, client token (the ledger row id).
+LABEL = "broker-run:r1a2b3:n0/bi0123456789/res-1"
 
 
 @pytest.fixture(autouse=True)
@@ -91,6 +93,7 @@ def a_offer(**over) -> Offer:
 def node_request(**over) -> NodeRequest:
     base = dict(run_id="r1a2b3", node_index=0, name="broker-r1a2b3-n0", offer=a_offer(),
                 ssh_public_key="ssh-ed25519 AAAAC3NzaTESTKEY broker-r1a2b3", client_token="res-1", disk_gib=40.0,
+                installation_id="bi0123456789",
                 deadline=datetime(2026, 11, 30, 3, 0, tzinfo=timezone.utc), grace_seconds=300.0)
     base.update(over)
     return NodeRequest(**base)
@@ -172,7 +175,8 @@ def test_search_query_body_and_mapping():
     assert sent == {
         "num_gpus": {"gte": 2}, "gpu_ram": {"gte": 16056}, "reliability": {"gte": 0.98},  # 16 GiB less 2 %
         "inet_up": {"gte": 100.0}, "inet_down": {"gte": 100.0}, "cuda_max_good": {"gte": 12.1},
-        "direct_port_count": {"gte": 1}, "verified": {"eq": True}, "rentable": {"eq": True},
+        "direct_port_count": {"gte": 1}, "disk_space": {"gte": 60.0}, "verified": {"eq": True},
+        "rentable": {"eq": True},
         "rented": {"eq": False}, "external": {"eq": False},
         "gpu_name": {"in": ["RTX 4090", "H100", "H100 SXM", "H100 PCIE", "H100 NVL"]},
         "duration": {"gte": 7200}, "order": [["dph_total", "asc"]], "type": "on-demand", "limit": 64,
@@ -313,13 +317,15 @@ def test_create_requotes_then_rents_with_the_right_body():
     with respx.mock(base_url=URL, assert_all_called=True) as mock:
         search = mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row(dph_total=0.75)]})
         put = mock.put("/api/v0/asks/29981234/").respond(json={"success": True, "new_contract": 456})
+        mock.get("/api/v0/instances/456/", params={"owner": "me"}).respond(json={"instances": instance_row(
+            actual_status=None, label=LABEL)})  # read back: its disk is checked
         assert p.create_instance(req) == "456"
     q = json.loads(search.calls.last.request.content)
     assert q["id"] == {"eq": 29981234} and q["rented"] == {"eq": False} and q["allocated_storage"] == 40.0
     body = json.loads(put.calls.last.request.content)
     assert body["client_id"] == "me" and body["image"] == "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
     assert body["disk"] == 40.0 and body["runtype"] == "ssh_direc ssh_proxy" and body["cancel_unavail"] is True
-    assert body["target_state"] == "running" and body["label"] == "broker-run:r1a2b3:n0"
+    assert body["target_state"] == "running" and body["label"] == LABEL
     assert body["env"] == {"BROKER_RUN_ID": "r1a2b3", "BROKER_NODE_INDEX": "0"}
     on = body["onstart"]
     assert len(on) <= 4048
@@ -374,7 +380,8 @@ def test_create_5xx_finds_the_instance_by_label_instead_of_renting_twice():
         mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row()]})
         put = mock.put("/api/v0/asks/29981234/").respond(502, text="Bad Gateway")
         mock.get("/api/v1/instances/").respond(json={"instances": [
-            instance_row(id=455, label="broker-run:other:n0"), instance_row(id=456, actual_status="loading")],
+            instance_row(id=455, label="broker-run:other:n0"), instance_row(id=454, label="broker-run:r1a2b3:n0"),
+            instance_row(id=456, actual_status="loading", label=LABEL)],
             "next_token": None, "total_instances": 2})
         assert p.create_instance(node_request()) == "456"
     assert put.call_count == 1  # never re-sent
@@ -525,18 +532,21 @@ def test_create_body_onstart_is_valid_bash_and_snapshot_offer_is_refused():
         p.create_instance(node_request(offer=snap))
 
 
-def test_unreachable_live_search_falls_back_to_snapshot(monkeypatch):
+def test_unreachable_live_search_with_a_key_raises_instead_of_planning_from_the_snapshot(monkeypatch):
+    """Issue 12 item 8: with a key, a failed live search used to plan silently from the snapshot, whose offers
+    cannot be rented ("offer id 'snapshot:...' is not a Vast.ai ask id"); it now raises and says --offline."""
     snap = a_offer().model_copy(update={"offer_id": "2x-RTX_4090", "price_source": "snapshot 2026-11-29",
                                         "price_time": datetime(2026, 11, 29, tzinfo=timezone.utc)})
     fake = type(sys)("broker.catalog")
-    fake.snapshot_offers = lambda prov, req: [snap]  # type: ignore[attr-defined]
+    calls = []
+    fake.snapshot_offers = lambda prov, req: calls.append(prov) or [snap]  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "broker.catalog", fake)
     p = make_provider(max_attempts=2)
     with respx.mock(base_url=URL) as mock:
         mock.post("/api/v0/bundles/").respond(503, text="Service Unavailable")
-        assert p.offers(Requirements()) == [snap]
-    note = p.price_note()
-    assert note.startswith("vast: snapshot 2026-11-29 (live search failed: ") and "HTTP 503" in note
+        with pytest.raises(TransientError, match="HTTP 503"):
+            p.offers(Requirements())
+    assert calls == []
     with respx.mock(base_url=URL) as mock:  # a rejected key is not hidden behind the snapshot
         mock.post("/api/v0/bundles/").respond(401, json={"detail": "bad key"})
         with pytest.raises(AuthError):
@@ -554,6 +564,7 @@ def test_create_429_is_resent_after_retry_after_and_list_without_key_is_empty(mo
         put = mock.put("/api/v0/asks/29981234/")
         put.side_effect = [httpx.Response(429, headers={"Retry-After": "2"}, json={"detail": "too frequent"}),
                            httpx.Response(200, json={"success": True, "new_contract": 777})]
+        mock.get("/api/v0/instances/777/", params={"owner": "me"}).respond(json={"instances": instance_row(id=777)})
         assert p.create_instance(node_request()) == "777"
     assert put.call_count == 2 and p.sleeps == [2.0]
     from broker.providers.vast import VastProvider
