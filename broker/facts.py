@@ -67,18 +67,25 @@ def _snapshot_fallback(name: str, req: "Requirements | None", facts: Facts, why:
     return offers
 
 
-def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vast_query: str | None = None) -> Facts:
+def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vast_query: str | None = None,
+           offline: bool = False) -> Facts:
     """Ask each provider in ``names`` for offers (and, with ``facts_too``, quotas and capacity).
 
     ``vast_query``: Vast's native query string (``'reliability>0.98 inet_up>=200'``), passed to the Vast adapter.
-    Never raises for a provider's failure: the failure goes into ``Facts.notes`` and cloud offers fall back to
-    the price snapshot (a malformed ``vast_query`` is the user's error: BadInput is raised)."""
-    from broker.provider import BadInput
+    ``offline``: no provider is asked; clouds are planned from their price snapshots (no network call).
+    A provider that is not configured (or whose adapter cannot load) is planned from its snapshot, with a note.
+    A *configured* cloud whose live answer fails (rate limit, 5xx, credentials rejected, an unreadable answer)
+    raises that ProviderError (exit 4): a plan from the snapshot would offer ids that cannot be rented, and the
+    error says to retry or to pass ``--offline``.  A malformed ``vast_query`` raises BadInput."""
+    from broker.provider import BadInput, ProviderError
 
     from broker.providers import get_provider
 
     facts = Facts()
     for name in names:
+        if offline and name in CLOUD:
+            facts.offers += _snapshot_fallback(name, req, facts, "--offline")
+            continue
         try:
             p = get_provider(name)
         except ImportError as e:
@@ -109,6 +116,17 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
                 offers = list(p.offers(req))
         except BadInput:
             raise
+        except ProviderError as e:
+            if name in CLOUD and _configured(p):
+                if "--offline" not in (e.hint or ""):
+                    e.hint = ((e.hint + "; ") if e.hint else "") + (
+                        "`broker plan --offline` plans from the price snapshot meanwhile (nothing can be rented "
+                        "from it)")
+                raise
+            why = f"offers failed: {_short(e)}"
+            offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
+            if name not in CLOUD:
+                facts.notes.append(f"{name}: {why}")
         except Exception as e:
             why = f"offers failed: {_short(e)}"
             offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
@@ -137,6 +155,13 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
         facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
                            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
+
+
+def _configured(p: object) -> bool:
+    try:
+        return bool(p.check().configured)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - an adapter whose check fails is not usable for live offers
+        return False
 
 
 def _snapshot_quiet(name: str) -> list["Offer"]:

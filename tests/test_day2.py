@@ -155,3 +155,16 @@ def test_ssh_and_exec_on_kept_netns_nodes_then_down(cli_env, tmp_path):
     gone = _cli(["ssh", run_id, "--", "true"], cli_env)
     assert gone.returncode == 2 and "gone" in gone.stderr
     _ = cid, sys
+
+
+def test_plan_with_a_rate_limited_vast_says_so_and_offline_plans_from_the_snapshot(cli_env, httpserver):
+    """Issue 12 item 8: a configured Vast whose search is rate-limited past the retries is a provider error (exit 4)
+    naming the rate limit and --offline, never a silent snapshot plan whose offer ids cannot be rented."""
+    httpserver.expect_request("/api/v0/bundles/", method="POST").respond_with_json(
+        {"success": False, "error": "too_many_requests"}, status=429, headers={"Retry-After": "0"})
+    env = dict(cli_env, VAST_API_KEY="test-key-not-real", VAST_API_URL=httpserver.url_for("/").rstrip("/"))
+    p = _cli(["plan", "--budget", "5", "--provider", "vast"], env, timeout=120)
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "rate-limited" in p.stderr and "--offline" in p.stderr and "test-key-not-real" not in p.stderr
+    off = _cli(["plan", "--budget", "5", "--provider", "vast", "--offline"], env, timeout=120)
+    assert off.returncode == 0 and "snapshot" in off.stdout + off.stderr

@@ -224,6 +224,8 @@ def register(app: typer.Typer) -> None:
         disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
         top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+        offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "
+                                     "snapshots (also when an API is rate-limited or down)"),
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
@@ -243,7 +245,7 @@ def register(app: typer.Typer) -> None:
         if max_run:
             req = req.model_copy(update={"hours": None})
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
-        facts = gather(req, names, vast_query=vast_query)
+        facts = gather(req, names, vast_query=vast_query, offline=offline)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:
