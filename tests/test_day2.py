@@ -168,3 +168,40 @@ def test_plan_with_a_rate_limited_vast_says_so_and_offline_plans_from_the_snapsh
     assert "rate-limited" in p.stderr and "--offline" in p.stderr and "test-key-not-real" not in p.stderr
     off = _cli(["plan", "--budget", "5", "--provider", "vast", "--offline"], env, timeout=120)
     assert off.returncode == 0 and "snapshot" in off.stdout + off.stderr
+
+
+def test_progress_is_a_live_status_line_on_a_terminal_and_plain_lines_when_piped(cli_env, tmp_path):
+    import pty
+    import select
+
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"), BROKER_FAKE_READY_S="2.5",
+               COLUMNS="100", TERM="xterm")
+    argv = broker_cmd("run", str(_ticker(tmp_path)), "--provider", "fake", "--yes", "-q")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([master], [], [], 0.2)
+        if r:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    code = proc.wait(timeout=30)
+    os.close(master)
+    out = b"".join(chunks).decode(errors="replace")
+    assert code == 0, out
+    assert "\x1b[" in out and "\x1b[?25l" in out  # rich hides the cursor while the status line is live
+    import re
+
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out)
+    assert "tearing down" in plain and "/h]" in plain, plain[-3000:]
+    piped = _cli(argv[3:], env)
+    assert piped.returncode == 0 and "\x1b[" not in piped.stderr and "tearing down" in piped.stderr

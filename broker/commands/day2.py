@@ -235,8 +235,12 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 console.print(f"[bold]run {run.id}[/]: {recipe.name}, {description}", highlight=False)
 
-        out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
-                           hooks=Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started))
+        try:
+            out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
+                               hooks=Hooks(echo=None if (quiet or as_json) else echo_line, say=prog,
+                                           on_start=started))
+        finally:
+            prog.close()
         if as_json:
             print_json({"run": out.run, "result": result_dict(out.result) if out.result else None,
                         "kept_from": origin.id})

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any
 
@@ -16,9 +17,14 @@ import typer
 
 
 class ProgressPrinter:
-    """Renders provisioning steps: ``[ 12.3s  $0.0041  $1.80/h] step`` (elapsed since start, the run's cost so far
-    per the ledger, what its live resources bill per hour).  Call it with each step; ``bind(run)`` once the run
-    row exists."""
+    """Renders the steps of a run: ``[ 12.3s  $0.0041  $1.80/h] step`` (elapsed since start, the run's cost so far
+    per the ledger, what its live resources bill per hour), one plain line per step.  On a terminal a rich status
+    line below them keeps elapsed time and cost moving during long steps (search, create, waiting for SSH,
+    staging, teardown); it pauses while node logs stream.  Call it with each step; ``bind(run)`` once the run row
+    exists; ``close()`` before printing the summary."""
+
+    #: steps after which node logs stream (the live line pauses)
+    STREAMING = ("launching one torchrun per node",)
 
     def __init__(self, ledger: Any, console: Any | None = None):
         from broker.ui import err
@@ -27,20 +33,68 @@ class ProgressPrinter:
         self.console = console or err
         self.t0 = time.monotonic()
         self.run_id: str | None = None
+        self.step = ""
+        self._status: Any = None
+        self._stop = None
+        self._lock = threading.Lock()
 
     def bind(self, run: Any) -> None:
         self.run_id = run.id
 
-    def __call__(self, step: str) -> None:
-        from rich.markup import escape
-
+    def prefix(self) -> str:
         from broker.provision import live_usd_per_hour, run_cost
         from broker.ui import usd
 
-        cost, rate = (run_cost(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
-            if self.run_id else (0.0, 0.0)
-        self.console.print(f"[dim][{time.monotonic() - self.t0:6.1f}s {usd(cost):>8} {usd(rate)}/h][/] "
-                           f"{escape(step)}", highlight=False)
+        try:
+            cost, rate = (run_cost(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
+                if self.run_id else (0.0, 0.0)
+        except Exception:  # noqa: BLE001 - a busy or full ledger must not stop the progress line
+            cost, rate = 0.0, 0.0
+        return f"[{time.monotonic() - self.t0:6.1f}s {usd(cost):>8} {usd(rate)}/h]"
+
+    def __call__(self, step: str) -> None:
+        from rich.markup import escape
+
+        with self._lock:
+            self.step = step
+            self.console.print(f"[dim]{self.prefix()}[/] {escape(step)}", highlight=False)
+        if not self.console.is_terminal:
+            return
+        if any(step.startswith(s) for s in self.STREAMING):
+            self.close()
+        else:
+            self._live()
+
+    def _text(self) -> str:
+        from rich.markup import escape
+
+        return f"[dim]{self.prefix()}[/] {escape(self.step)}"
+
+    def _live(self) -> None:
+        if self._status is not None:
+            self._status.update(self._text())
+            return
+        self._status = self.console.status(self._text(), spinner="dots")
+        self._status.start()
+        stop = self._stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(1.0):
+                with self._lock:
+                    if self._status is not None:
+                        self._status.update(self._text())
+
+        threading.Thread(target=tick, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the live status line (if any)."""
+        with self._lock:
+            if self._stop is not None:
+                self._stop.set()
+                self._stop = None
+            if self._status is not None:
+                self._status.stop()
+                self._status = None
 
 
 def kept_message(out: Any, idle_minutes: float) -> list[str]:

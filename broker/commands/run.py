@@ -118,8 +118,11 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 
     hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
-    out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog),
-                     ledger=ledger, hooks=hooks)
+    try:
+        out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog),
+                         ledger=ledger, hooks=hooks)
+    finally:
+        prog.close()
     if as_json:
         print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
                     "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
