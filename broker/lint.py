@@ -284,6 +284,9 @@ class _Linter:
             except Exception:  # noqa: BLE001
                 return None
             fns = [a for a in assigns if isinstance(a, n.FunctionDef)]
+            classes = [a for a in assigns if isinstance(a, n.ClassDef)]
+            if len(classes) == 1 and not fns:  # Model(a, b) calls Model.__init__(self, a, b)
+                fns = [m for m in classes[0].body if isinstance(m, n.FunctionDef) and m.name == "__init__"]
             return fns[0] if len(fns) == 1 else None
         if isinstance(call.func, n.Attribute) and isinstance(call.func.expr, n.Name) and \
                 call.func.expr.name in ("self", "cls"):
@@ -328,7 +331,7 @@ class _Linter:
                         unknown = True
         for c in self.call_sites(fn):
             sites += 1
-            params = positional[1:] if (is_method and isinstance(c.func, n.Attribute)) else positional
+            params = positional[1:] if is_method else positional  # self.f(..) / Model(..) -> __init__
             if any(isinstance(a, n.Starred) for a in c.args) or any(k.arg is None for k in c.keywords or []):
                 unknown = True
                 continue
@@ -348,12 +351,14 @@ class _Linter:
 
     # ------------------------------------------------------------------ provenance
     def prov(self, e: Any, depth: int = 0) -> frozenset[str]:
-        """{"rank"} (global), {"local"}, both, or empty: where the value of expression ``e`` comes from."""
+        """{"rank"} (global), {"local"}, both, or empty: where the value of expression ``e`` comes from
+        ({"spawn"}: the process index mp.spawn passes, a local index that only a single-node script uses as its
+        rank: a fine device, not a rank-0 test either way)."""
         n = self.n
         if e is None or depth > 12:
             return frozenset()
-        if e is _LOCAL_INDEX:
-            return frozenset({"local"})
+        if e is _LOCAL_INDEX:  # a device index; the global rank too only on a single node: neither for rank 0
+            return frozenset({"spawn"})
         if isinstance(e, n.Name):
             vals, unknown = self.values(e)
             got = frozenset().union(*(self.prov(v, depth + 1) for v in vals)) if vals else frozenset()
@@ -392,8 +397,9 @@ class _Linter:
             if e.op in ("%", "//"):  # rank % device_count() is a device index; rank // n is a node index
                 return frozenset()
             left, right = self.prov(e.left, depth + 1), self.prov(e.right, depth + 1)
-            if e.op == "+" and ((left == {"local"} and isinstance(e.right, n.BinOp) and e.right.op == "*") or
-                                (right == {"local"} and isinstance(e.left, n.BinOp) and e.left.op == "*")):
+            index = ({"local"}, {"spawn"})
+            if e.op == "+" and ((left in index and isinstance(e.right, n.BinOp) and e.right.op == "*") or
+                                (right in index and isinstance(e.left, n.BinOp) and e.left.op == "*")):
                 return frozenset({"rank"})  # node_rank * gpus_per_node + local_rank is the global rank
             return left | right
         if isinstance(e, n.IfExp):
@@ -767,7 +773,8 @@ class _Linter:
         while cur.parent is not None and not isinstance(cur, n.FunctionDef):
             p = cur.parent
             if isinstance(p, n.If) and cur is not p.test and self.zero_test(p.test):
-                return f"`if {p.test.as_string()}`"
+                in_else = any(x is cur for x in p.orelse)
+                return f"the else of `if {p.test.as_string()}`" if in_else else f"`if {p.test.as_string()}`"
             cur = p
         return "a rank-0 guard (an earlier return or flag)"
 
@@ -821,6 +828,31 @@ def _suppressed(findings: list[Finding], source: str) -> list[Finding]:
     return out
 
 
+class _NoImports(set):
+    """A module deny-list that holds every module but ``builtins``: the lint reads one file and never follows
+    its imports (astroid would otherwise parse torch to infer ``torch.backends.cudnn.benchmark = True``: 20 s)."""
+
+    def __contains__(self, name: object) -> bool:
+        return name != "builtins"
+
+
+def _parse(source: str, path: str) -> Any:
+    """astroid's tree for ``source``, without brain transforms and without importing anything it imports."""
+    from astroid.builder import AstroidBuilder
+    from astroid.manager import AstroidManager
+
+    brain = AstroidManager.brain
+    saved = brain["module_denylist"]
+    brain["module_denylist"] = _NoImports()  # every AstroidManager() made while building reads it from here
+    try:
+        manager = AstroidManager()
+        manager.module_denylist = brain["module_denylist"]
+        return AstroidBuilder(manager, apply_transforms=False).string_build(source, modname="", path=path)
+    finally:
+        brain["module_denylist"] = saved
+        AstroidManager().module_denylist = saved
+
+
 def lint_source(source: str, path: str = "<script>", *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for Python ``source`` (``path`` is used in the messages), sorted by line.  A syntax error is one
     finding of kind ``syntax-error``.  ``launched_by_torchrun``: the script is known to run under torchrun (a
@@ -828,7 +860,7 @@ def lint_source(source: str, path: str = "<script>", *, launched_by_torchrun: bo
     import astroid
 
     try:
-        module = astroid.parse(source, path=path)
+        module = _parse(source, path)
     except (astroid.AstroidSyntaxError, SyntaxError, ValueError) as e:
         err = getattr(e, "error", e)
         line = getattr(err, "lineno", None) or 0

@@ -255,3 +255,23 @@ def test_cli_syntax_error_is_a_finding(tmp_path):
     bad.write_text("def x(:\n")
     r = CliRunner().invoke(app, ["lint", str(bad)])
     assert r.exit_code == 1 and "syntax-error" in r.output and "error" in r.output
+
+
+def test_lint_never_parses_the_modules_a_script_imports():
+    """astroid would parse torch to build `torch.backends.cudnn.benchmark = True` (20 s on a dataclass file)."""
+    from astroid.manager import AstroidManager
+
+    src = """
+    import torch
+    from dataclasses import dataclass
+    from torch.distributed.fsdp import ShardingStrategy
+    torch.backends.cudnn.benchmark = True
+
+    @dataclass
+    class Config:
+        strategy: ShardingStrategy = ShardingStrategy.FULL_SHARD
+    """
+    assert kinds(src) == []
+    cache = AstroidManager.brain["astroid_cache"]
+    assert not [k for k in cache if k == "torch" or k.startswith("torch.")]
+    assert "torch" not in AstroidManager().module_denylist  # the deny-list is astroid's own again afterwards
