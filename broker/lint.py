@@ -74,6 +74,10 @@ WRITE_CALLS = {"save", "save_pretrained", "save_model", "savez", "savez_compress
                "save_checkpoint", "savefig", "save_state_dict", "export_chrome_trace", "export_stacks",
                "export_memory_timeline", "save_image", "imwrite", "imsave", "SummaryWriter"}
 DUMP_CALLS = {"dump"}  # json.dump(obj, f) / pickle.dump / yaml.dump(obj, f): a write when given a file
+#: attributes / methods that are true on one process: the job's first or each node's first
+MAIN_PROCESS_NAMES = {"is_main_process": "rank", "is_world_process_zero": "rank", "is_global_zero": "rank",
+                      "is_master": "rank", "is_local_main_process": "local", "is_local_process_zero": "local",
+                      "is_local_master": "local", "is_local_zero": "local"}
 SPAWN_CALLS = {"spawn", "start_processes"}
 EXIT_CALLS = {"exit", "_exit", "quit"}
 SBATCH_SUFFIXES = {".sbatch", ".slurm", ".sh", ".bash"}
@@ -479,6 +483,17 @@ class _Linter:
                 if pos and len(pos) == len(t.values):
                     return ("local" if "local" in pos else "rank", True)
             return None
+        if isinstance(t, n.Compare) and len(t.ops) == 1 and t.ops[0][0] in ("in", "not in") and \
+                isinstance(t.ops[0][1], (n.Tuple, n.List, n.Set)):  # args.local_rank in [-1, 0]
+            values = [e.value for e in t.ops[0][1].elts if isinstance(e, n.Const)]
+            who = self._who(t.left)
+            if who and 0 in values and not any(isinstance(v, int) and v > 0 for v in values):
+                return (who, t.ops[0][0] == "in")
+            return None
+        if isinstance(t, (n.Attribute, n.Call)):  # accelerator.is_local_main_process, trainer.is_world_process_zero()
+            attr = _attr_or_name(t.func if isinstance(t, n.Call) else t)
+            if attr in MAIN_PROCESS_NAMES and not (isinstance(t, n.Call) and self.local_function(t) is not None):
+                return (MAIN_PROCESS_NAMES[attr], True)
         if isinstance(t, n.Compare) and len(t.ops) == 1:
             op, right = t.ops[0]
             for value, const, flip in ((t.left, right, False), (right, t.left, True)):
@@ -588,8 +603,10 @@ class _Linter:
         n = self.n
         if test is None or depth > 4:
             return False
-        for x in [test, *test.nodes_of_class((n.Attribute, n.Name))]:
-            if isinstance(x, n.Attribute) and x.attrname in ("is_available", "device_count"):
+        for x in [test, *test.nodes_of_class((n.Attribute, n.Name, n.Const))]:
+            if isinstance(x, n.Attribute) and x.attrname in ("is_available", "device_count", "is_cuda"):
+                return True
+            if _is_str(x) and x.value.lower() in ("cuda", "cpu", "gpu"):  # device == "cuda": the user's switch
                 return True
             if isinstance(x, n.Name):
                 if x.name in ("is_available", "device_count"):
@@ -930,12 +947,20 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
     # logical lines: join backslash continuations, drop comments
     logical: list[tuple[int, str]] = []
     buf, start = "", 0
+    heredoc = None  # cat > run.sh <<EOF .. EOF: text for another file, not run by the batch shell
     for i, raw in enumerate(text.splitlines(), 1):
+        if heredoc is not None:
+            if raw.strip() == heredoc:
+                heredoc = None
+            continue
         if not buf:
             start = i
             if raw.lstrip().startswith("#"):
                 continue
         raw = _strip_shell_comment(raw)
+        m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", raw)
+        if m:
+            heredoc = m.group(1)
         if raw.rstrip().endswith("\\"):
             buf += raw.rstrip()[:-1] + " "
             continue
@@ -951,7 +976,7 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
     findings: list[Finding] = []
     for lineno, line in logical:
         m = _TORCHRUN.search(line)
-        if not m:
+        if not m or re.match(r"\s*(echo|printf)\b", line):
             continue
         before = line[:m.start(1)]
         by_srun = re.search(r"(?:^|[\s;&|(])srun\b", before) or any(
