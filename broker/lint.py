@@ -981,9 +981,10 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
         before = line[:m.start(1)]
         by_srun = re.search(r"(?:^|[\s;&|(])srun\b", before) or any(
             re.search(r"\$\{?" + re.escape(v) + r"\b", before) for v in srun_vars)
+        launcher = "torchrun" if m.group(1) == "torchrun" else "python -m torch.distributed.run"
         if not by_srun:
             findings.append(Finding(path, lineno, "sbatch-torchrun-not-srun",
-                                    f"{m.group(1).split()[0]} runs in the batch shell of a {nodes}-node allocation "
+                                    f"{launcher} runs in the batch shell of a {nodes}-node allocation "
                                     f"(line {nodes_line}): only the first node runs it, and the job waits for the "
                                     "other nodes until its time limit", FIXES["sbatch-torchrun-not-srun"]))
         after = line[m.start(1):]

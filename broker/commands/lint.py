@@ -24,9 +24,9 @@ def register(app: typer.Typer) -> None:
         batch scripts for torchrun started from the batch shell of a multi-node allocation (not through srun)
         and torchrun without --node_rank or a rendezvous.  Prints file:line, the mistake and the fix.
 
-        Exit status: 0 no findings; 1 one or more findings (a file that is not valid Python is a finding);
-        2 bad input (a path that does not exist, a shell script without #SBATCH, a directory with nothing to
-        check).  A finding is silenced by a `# broker-lint: ignore[KIND]` comment on its line.
+        Exit status: 0 no findings, 1 findings, 2 bad input (a missing path, a shell script without #SBATCH).
+
+        Silence one finding with a `# broker-lint: ignore[KIND]` comment on its line.
         """
         from dataclasses import asdict
 
