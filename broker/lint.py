@@ -179,7 +179,6 @@ class _Linter:
         self.findings: list[Finding] = []
         self._seen: set[tuple[int, str]] = set()
         self.calls = list(module.nodes_of_class(nodes.Call))
-        self.functions = list(module.nodes_of_class((nodes.FunctionDef,)))
         self._values_memo: dict[int, tuple[list, bool]] = {}
         self._busy: set[int] = set()
         self._work_memo: dict[int, list] = {}
@@ -351,6 +350,8 @@ class _Linter:
                 unknown = True
             else:
                 out.append(got)
+        if sites == 0 and defaults.get(param) is not None:  # called from elsewhere: its default is one value
+            out.append(defaults[param])
         return out, unknown or sites == 0
 
     # ------------------------------------------------------------------ provenance
@@ -625,7 +626,10 @@ class _Linter:
             scopes.append(s)
             s = s.parent.scope() if s.parent is not None else None
         for stmt in self.module.nodes_of_class((n.If, n.Assert)):
-            if stmt.lineno >= call.lineno or not any(stmt.scope() is sc for sc in scopes):
+            if not any(stmt.scope() is sc for sc in scopes):
+                continue
+            # a module-level refusal runs before any function is called (if __name__ == "__main__": check; main())
+            if stmt.lineno >= call.lineno and not (stmt.scope() is self.module and call.scope() is not self.module):
                 continue
             if isinstance(stmt, n.Assert) and self.cuda_check(stmt.test):
                 return True
@@ -887,7 +891,8 @@ def lint_source(source: str, path: str = "<script>", *, launched_by_torchrun: bo
 
 
 # ====================================================================================================== Slurm
-_TORCHRUN = re.compile(r"(?:^|[\s;&|(`'\"])(torchrun|python[\w.]*\s+(?:-\S+\s+)*-m\s+torch\.distributed\.(?:run|launch))"
+_TORCHRUN = re.compile(r"(?:^|[\s;&|(`'\"])"
+                       r"(torchrun|python[\w.]*\s+(?:-\S+\s+)*-m\s+torch\.distributed\.(?:run|launch))"
                        r"(?=\s|$|['\"])")
 
 

@@ -38,8 +38,8 @@ def register(app: typer.Typer) -> None:
 
         files, problems = lintable_files(paths)
         if problems:
-            raise BadInput("; ".join(problems),
-                           hint="give Python training scripts, Slurm batch scripts (#SBATCH) or directories holding them")
+            raise BadInput("; ".join(problems), hint="give Python training scripts, Slurm batch scripts (#SBATCH) "
+                                                     "or directories holding them")
         findings = []
         for f in files:
             try:
