@@ -929,18 +929,57 @@ def _sbatch_nodes(text: str) -> tuple[int, int]:
     return most, where
 
 
-def _strip_shell_comment(line: str) -> str:
-    """``cmd --x  # note`` -> ``cmd --x``: a ``#`` after whitespace, outside quotes, starts a comment."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
-            return line[:i].rstrip()
-    return line
+def _shell_commands(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each command line of a shell script: backslash continuations and quoted strings
+    that span lines are joined (with their newlines, so a position still tells its line), comments dropped,
+    here-document bodies (text for another file) skipped."""
+    out: list[tuple[int, str]] = []
+    cur, start, quote, heredoc = "", 0, None, None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if heredoc is not None:
+            if line.strip() == heredoc:
+                heredoc = None
+            continue
+        if not cur and quote is None:
+            start = lineno
+        continued = False
+        j = 0
+        while j < len(line):
+            ch = line[j]
+            if quote:
+                if ch == quote:
+                    quote = None
+                elif ch == "\\" and quote == '"' and j + 1 < len(line):
+                    cur += ch
+                    j += 1
+                    ch = line[j]
+            elif ch in "'\"":
+                quote = ch
+            elif ch == "#" and (j == 0 or line[j - 1].isspace()):
+                break  # a comment to the end of the line
+            elif ch == "\\":
+                if j == len(line) - 1:
+                    continued = True
+                    break
+                cur += ch
+                j += 1
+                ch = line[j]
+            cur += ch
+            j += 1
+        if quote is not None:
+            cur += "\n"
+            continue
+        if continued:
+            cur += "\n"
+            continue
+        if cur.strip():
+            out.append((start, cur))
+            m = re.search(r"(?<!<)<<-?(?!<)\s*['\"]?(\w+)", cur)
+            heredoc = m.group(1) if m else None
+        cur = ""
+    if cur.strip():
+        out.append((start, cur))
+    return out
 
 
 def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
@@ -949,31 +988,7 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
     nodes, nodes_line = _sbatch_nodes(text)
     if nodes <= 1:
         return []
-    # logical lines: join backslash continuations, drop comments
-    logical: list[tuple[int, str]] = []
-    buf, start = "", 0
-    heredoc = None  # cat > run.sh <<EOF .. EOF: text for another file, not run by the batch shell
-    for i, raw in enumerate(text.splitlines(), 1):
-        if heredoc is not None:
-            if raw.strip() == heredoc:
-                heredoc = None
-            continue
-        if not buf:
-            start = i
-            if raw.lstrip().startswith("#"):
-                continue
-        raw = _strip_shell_comment(raw)
-        m = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", raw)
-        if m:
-            heredoc = m.group(1)
-        if raw.rstrip().endswith("\\"):
-            buf += raw.rstrip()[:-1] + " "
-            continue
-        buf += raw
-        logical.append((start, buf))
-        buf = ""
-    if buf:
-        logical.append((start, buf))
+    logical = _shell_commands(text)
     srun_vars = set()
     for _, line in logical:  # STEP=(srun ...) / SRUN="srun ..." -> "${STEP[@]}" torchrun ...
         for m in re.finditer(r"\b(\w+)=\(?['\"]?srun\b", line):
@@ -987,6 +1002,7 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
         by_srun = re.search(r"(?:^|[\s;&|(])srun\b", before) or any(
             re.search(r"\$\{?" + re.escape(v) + r"\b", before) for v in srun_vars)
         launcher = "torchrun" if m.group(1) == "torchrun" else "python -m torch.distributed.run"
+        lineno += line[:m.start(1)].count("\n")  # the line torchrun stands on
         if not by_srun:
             findings.append(Finding(path, lineno, "sbatch-torchrun-not-srun",
                                     f"{launcher} runs in the batch shell of a {nodes}-node allocation "

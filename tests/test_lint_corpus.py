@@ -1,7 +1,8 @@
 """broker lint against the labelled corpus in tests/lint_corpus/.
 
 Each snippet marks the lines that must be reported (``# expect: KIND[, KIND]``) and lines that must not be
-reported with a kind (``# ok: KIND``).  A snippet's findings must be exactly its ``expect`` lines: true negatives
+reported with a kind (``# ok: KIND``); ``# ok@N: KIND`` labels line N (where a comment cannot stand, such as
+inside a quoted shell command).  A snippet's findings must be exactly its ``expect`` lines: true negatives
 fail on any finding at all.
 """
 
@@ -16,7 +17,7 @@ from broker.lint import KINDS, lint_script
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
 SNIPPETS = sorted(p for p in CORPUS.iterdir() if p.suffix in (".py", ".sbatch"))
-MARK = re.compile(r"#\s*(expect|ok):\s*([\w\-]+(?:\s*,\s*[\w\-]+)*)")
+MARK = re.compile(r"#\s*(expect|ok)(?:@(\d+))?:\s*([\w\-]+(?:\s*,\s*[\w\-]+)*)")
 
 
 def labels(path: Path) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
@@ -24,9 +25,9 @@ def labels(path: Path) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
     ok: set[tuple[int, str]] = set()
     for i, line in enumerate(path.read_text().splitlines(), 1):
         for m in MARK.finditer(line):
-            for kind in (k.strip() for k in m.group(2).split(",")):
+            for kind in (k.strip() for k in m.group(3).split(",")):
                 assert kind in KINDS, f"{path.name}:{i}: unknown kind {kind}"
-                (expect if m.group(1) == "expect" else ok).add((i, kind))
+                (expect if m.group(1) == "expect" else ok).add((int(m.group(2) or i), kind))
     return expect, ok
 
 
