@@ -866,12 +866,9 @@ def _parse(source: str, path: str) -> Any:
     saved = brain["module_denylist"]
     brain["module_denylist"] = _NoImports()  # every AstroidManager() made while building reads it from here
     try:
-        manager = AstroidManager()
-        manager.module_denylist = brain["module_denylist"]
-        return AstroidBuilder(manager, apply_transforms=False).string_build(source, modname="", path=path)
+        return AstroidBuilder(AstroidManager(), apply_transforms=False).string_build(source, modname="", path=path)
     finally:
         brain["module_denylist"] = saved
-        AstroidManager().module_denylist = saved
 
 
 def lint_source(source: str, path: str = "<script>", *, launched_by_torchrun: bool = False) -> list[Finding]:
