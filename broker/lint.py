@@ -209,6 +209,10 @@ class _Linter:
 
     def _values(self, name_node: Any) -> tuple[list, bool]:
         n = self.n
+        if isinstance(name_node, n.Attribute):
+            return self._attr_values(name_node)
+        if not isinstance(name_node, n.Name):
+            return [], True
         if name_node.name not in self.bound:  # a builtin or undefined: never make astroid build builtins
             return [], True
         try:
@@ -237,6 +241,28 @@ class _Linter:
             else:
                 unknown = True
         return out, unknown
+
+    def _attr_values(self, attr: Any) -> tuple[list, bool]:
+        """``self.x``: what the methods of its class assign to ``self.x`` (``self.gpu_id = int(os.environ[..])``)."""
+        n = self.n
+        if not (isinstance(attr.expr, n.Name) and attr.expr.name == "self"):
+            return [], True
+        frame = attr.scope()
+        cls = frame.parent.frame() if isinstance(frame, n.FunctionDef) and frame.parent is not None else None
+        if not isinstance(cls, n.ClassDef):
+            return [], True
+        out: list = []
+        found = False
+        for a in cls.nodes_of_class(n.AssignAttr):
+            if a.attrname != attr.attrname or not (isinstance(a.expr, n.Name) and a.expr.name == "self"):
+                continue
+            found = True
+            p = a.parent
+            if isinstance(p, (n.Assign, n.AnnAssign)) and p.value is not None:
+                out.append(p.value)
+            elif isinstance(p, (n.Tuple, n.List)):
+                out += self._unpacked(a) or []
+        return out, not found or not out
 
     def _unpacked(self, target: Any) -> list | None:
         """``a, b = x, y`` -> [y] for b; ``a, b = f()`` with f of this file returning tuples -> their elements."""
@@ -370,8 +396,10 @@ class _Linter:
             if not got and (unknown or not vals) and not any(isinstance(v, n.Const) for v in vals):
                 return _spelling(e.name)
             return got
-        if isinstance(e, n.Attribute):  # args.rank / self.local_rank
-            return _spelling(e.attrname)
+        if isinstance(e, n.Attribute):  # self.gpu_id (assigned in the class), else args.rank / cfg.local_rank
+            vals, _unknown = self.values(e)
+            got = frozenset().union(*(self.prov(v, depth + 1) for v in vals)) if vals else frozenset()
+            return got or _spelling(e.attrname)
         if isinstance(e, n.Subscript):  # os.environ["RANK"] (not shards[rank])
             key = self.env_key(e)
             return _env_kind(key) if key else frozenset()
@@ -511,7 +539,7 @@ class _Linter:
                 if (c, o) in ((0, "!="), (0, "is not"), (0, ">"), (1, ">=")):
                     return (who, False)
             return None
-        if isinstance(t, n.Name):  # a flag (is_main = local_rank == 0) or a rank used as truth (`if rank:`)
+        if isinstance(t, (n.Name, n.Attribute)):  # a flag (is_main = local_rank == 0), `if rank:`
             vals, _unknown = self.values(t)
             tests = [self.zero_test(v, depth + 1) for v in vals]
             if vals and all(tests) and len({s for _, s in tests}) == 1:
@@ -531,9 +559,6 @@ class _Linter:
                 finally:
                     self._busy.discard(id(local))
                 return None
-            who = self._who(t)
-            return (who, False) if who else None
-        if isinstance(t, n.Attribute):
             who = self._who(t)
             return (who, False) if who else None
         return None
