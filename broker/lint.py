@@ -60,6 +60,7 @@ are warnings for ``broker run``; a recipe's ``strict_lint: true`` turns them int
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ DUMP_CALLS = {"dump"}  # json.dump(obj, f) / pickle.dump / yaml.dump(obj, f): a 
 MAIN_PROCESS_NAMES = {"is_main_process": "rank", "is_world_process_zero": "rank", "is_global_zero": "rank",
                       "is_master": "rank", "is_local_main_process": "local", "is_local_process_zero": "local",
                       "is_local_master": "local", "is_local_zero": "local"}
+_WORK_NAMES = DOWNLOAD_CALLS | WRITE_CALLS | DUMP_CALLS | {"open", "print"}
 SPAWN_CALLS = {"spawn", "start_processes"}
 EXIT_CALLS = {"exit", "_exit", "quit"}
 SBATCH_SUFFIXES = {".sbatch", ".slurm", ".sh", ".bash"}
@@ -174,6 +176,31 @@ def _exits(stmts: list) -> bool:
         _attr_or_name(last.value.func) in EXIT_CALLS
 
 
+def _memoized(empty: Any) -> Any:
+    """Memoise a ``_Linter`` method per node: values flow through many names and call sites, and without it the
+    walk is exponential (a torch file took minutes).  A node met again while its own answer is being worked out
+    (a cycle: ``x = x + 1``, recursion) answers ``empty``."""
+
+    def decorate(method: Any) -> Any:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def wrapper(self: Any, node: Any, depth: int = 0) -> Any:
+            if node is None or depth > 150:
+                return empty
+            key = (name, id(node))
+            if key in self._memo:
+                return self._memo[key]
+            self._memo[key] = empty
+            result = method(self, node, depth)
+            self._memo[key] = result
+            return result
+
+        return wrapper
+
+    return decorate
+
+
 Test = tuple[str, bool]  # ("rank"|"local", True when the test holds exactly on that rank 0)
 
 
@@ -192,6 +219,7 @@ class _Linter:
         self._busy: set[int] = set()
         self._work_memo: dict[int, list] = {}
         self._callee_memo: dict[int, Any] = {}
+        self._memo: dict[tuple[str, int], Any] = {}
         #: every name bound somewhere in the file; lookups of other names would load astroid's builtins (~1 s)
         self.bound: set[str] = {x.name for x in module.nodes_of_class((nodes.AssignName, nodes.FunctionDef,
                                                                         nodes.ClassDef))}
@@ -390,13 +418,12 @@ class _Linter:
         return out, unknown or sites == 0
 
     # ------------------------------------------------------------------ provenance
+    @_memoized(frozenset())
     def prov(self, e: Any, depth: int = 0) -> frozenset[str]:
         """{"rank"} (global), {"local"}, both, or empty: where the value of expression ``e`` comes from
         ({"spawn"}: the process index mp.spawn passes, a local index that only a single-node script uses as its
         rank: a fine device, not a rank-0 test either way)."""
         n = self.n
-        if e is None or depth > 12:
-            return frozenset()
         if e is _LOCAL_INDEX:  # a device index; the global rank too only on a single node: neither for rank 0
             return frozenset({"spawn"})
         if isinstance(e, n.Name):
@@ -452,12 +479,11 @@ class _Linter:
             return self.prov(e.value, depth + 1)
         return frozenset()
 
+    @_memoized(False)
     def is_environ(self, e: Any, depth: int = 0) -> bool:
         """``os.environ`` or an alias of it (``env = os.environ``, ``from os import environ as E``,
         ``dict(os.environ)``, ``os.environ.copy()``)."""
         n = self.n
-        if depth > 6:
-            return False
         if isinstance(e, n.Attribute):
             return e.attrname == "environ"
         if isinstance(e, n.Name) and e.name in self.bound:
@@ -497,12 +523,11 @@ class _Linter:
         return None
 
     # ------------------------------------------------------------------ rank-0 tests and guards
+    @_memoized(None)
     def zero_test(self, t: Any, depth: int = 0) -> Test | None:
         """("rank"|"local", positive) when ``t`` tells (global/local) rank 0 apart: positive when true exactly
         on rank 0 (``rank == 0``, ``not local_rank``, ``is_main``), negative when true elsewhere."""
         n = self.n
-        if depth > 8:
-            return None
         if isinstance(t, n.UnaryOp) and t.op == "not":
             inner = self.zero_test(t.operand, depth + 1)
             return (inner[0], not inner[1]) if inner else None
@@ -631,13 +656,12 @@ class _Linter:
                 any("rank" in self.prov(k.value) for k in e.keywords or [])
         return False
 
+    @_memoized(False)
     def cuda_check(self, test: Any, depth: int = 0) -> bool:
         """``test`` asks whether CUDA is usable: ``torch.cuda.is_available()``, ``device_count()``, or a name
         whose value does (``use_cuda = torch.cuda.is_available()``; ``device.type == "cuda"`` with such a
         device)."""
         n = self.n
-        if test is None or depth > 4:
-            return False
         for x in [test, *test.nodes_of_class((n.Attribute, n.Name, n.Const))]:
             if isinstance(x, n.Attribute) and x.attrname in ("is_available", "device_count", "is_cuda"):
                 return True
@@ -681,10 +705,11 @@ class _Linter:
             cur = p
         return False
 
+    @_memoized([])
     def nccl_sources(self, e: Any, depth: int = 0) -> list:
         """The places an ``"nccl"`` backend value comes from that no CUDA check guards."""
         n = self.n
-        if e is None or e is _LOCAL_INDEX or depth > 8:
+        if e is _LOCAL_INDEX:
             return []
         if _is_str(e):
             return [e] if e.value.strip().lower() == "nccl" else []
@@ -708,6 +733,8 @@ class _Linter:
         """("write"|"print"|"download", description) when call ``c`` is such work."""
         n = self.n
         fn = _attr_or_name(c.func)
+        if fn not in _WORK_NAMES and not any(k.arg == "download" for k in c.keywords or []):
+            return None
         desc = c.as_string()
         desc = desc if len(desc) <= 60 else desc[:57] + "..."
         if fn in DOWNLOAD_CALLS or any(k.arg == "download" and isinstance(k.value, n.Const) and k.value.value is True

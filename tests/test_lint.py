@@ -275,3 +275,20 @@ def test_lint_never_parses_the_modules_a_script_imports():
     cache = AstroidManager.brain["astroid_cache"]
     assert not [k for k in cache if k == "torch" or k.startswith("torch.")]
     assert "torch" not in AstroidManager().module_denylist  # the deny-list is astroid's own again afterwards
+
+
+def test_provenance_walk_is_linear_not_exponential():
+    """Each value is worked out once per node: a chain of 40 names that each take one of three earlier values.
+    The unmemoised walk was exponential (minutes on torch/distributed/_state_dict_utils.py) and, capped at 12
+    levels, lost the rank here."""
+    import time
+
+    lines = ["import os, sys, torch", "x0 = int(os.environ['RANK'])"]
+    for i in range(1, 40):
+        lines += [f"if len(sys.argv) == {i}:", f"    x{i} = x{i - 1}", f"elif len(sys.argv) == {i + 100}:",
+                  f"    x{i} = x{i - 1} + 1", "else:", f"    x{i} = x{i - 1} * 1"]
+    lines.append("torch.cuda.set_device(x39)")
+    t0 = time.perf_counter()
+    got = lint_source("\n".join(lines) + "\n", "chain.py")
+    assert time.perf_counter() - t0 < 20
+    assert [(f.line, f.kind) for f in got] == [(len(lines), "device-from-rank")]
