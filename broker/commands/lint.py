@@ -1,4 +1,5 @@
-"""``broker lint SCRIPT [--strict]``: static check of a training script for multi-host mistakes."""
+"""``broker lint PATH... [--json]``: static check of training scripts and Slurm batch scripts for multi-host
+mistakes.  Exit status: 0 no findings, 1 findings, 2 bad input."""
 
 from __future__ import annotations
 
@@ -10,32 +11,52 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("lint")
     def lint_cmd(
-        script: Path = typer.Argument(..., metavar="SCRIPT", help="training script, e.g. recipes/ddp_train.py"),
-        strict: bool = typer.Option(False, "--strict", help="exit 1 when there is any finding"),
+        paths: list[Path] = typer.Argument(..., metavar="PATH...",
+                                           help="training scripts, Slurm batch scripts (#SBATCH) or directories "
+                                                "(their *.py and batch scripts, recursively)"),
         as_json: bool = typer.Option(False, "--json", help="print the findings as JSON"),
+        strict: bool = typer.Option(False, "--strict", hidden=True,
+                                    help="accepted for old scripts: findings always exit 1 now"),
     ) -> None:
-        """Check SCRIPT for device-from-global-rank, nccl without CUDA fallback, LOCAL_RANK-0 writes and
-        global-rank-0-only downloads; prints file:line, the mistake and the fix (warnings unless --strict)."""
+        """Check Python training scripts for: the GPU picked from the global rank; nccl without a CUDA fallback;
+        rank-0 work (writes, result prints, checkpoints, profiler traces) keyed on LOCAL_RANK; downloads by
+        global rank 0 only; SLURM_PROCID/SLURM_NTASKS preferred over torchrun's RANK/WORLD_SIZE.  Check Slurm
+        batch scripts for torchrun started from the batch shell of a multi-node allocation (not through srun)
+        and torchrun without --node_rank or a rendezvous.  Prints file:line, the mistake and the fix.
+
+        Exit status: 0 no findings, 1 findings, 2 bad input (a missing path, a shell script without #SBATCH).
+
+        Silence one finding with a `# broker-lint: ignore[KIND]` comment on its line.
+        """
         from dataclasses import asdict
 
         from rich.markup import escape
 
-        from broker.lint import lint_script
+        from broker.lint import lint_script, lintable_files
         from broker.provider import BadInput
         from broker.ui import console, print_json
 
-        if not script.is_file():
-            raise BadInput(f"{script}: no such file", hint="give the path of a Python training script")
-        findings = lint_script(script)
+        files, problems = lintable_files(paths)
+        if problems:
+            raise BadInput("; ".join(problems), hint="give Python training scripts, Slurm batch scripts (#SBATCH) "
+                                                     "or directories holding them")
+        findings = []
+        for f in files:
+            try:
+                findings += lint_script(f)
+            except OSError as e:
+                raise BadInput(f"{f}: cannot read it ({e.strerror or e})", hint="check the path and its permissions")
         if as_json:
-            print_json({"script": str(script), "findings": [asdict(f) for f in findings]})
+            print_json({"paths": [str(p) for p in paths], "files": [str(f) for f in files],
+                        "findings": [asdict(f) for f in findings]})
         elif not findings:
-            console.print(f"{escape(str(script))}: no findings")
+            what = str(files[0]) if len(files) == 1 else f"{len(files)} files"
+            console.print(f"{escape(what)}: no findings", highlight=False)
         else:
             for f in findings:
-                level = "[bold red]error[/]" if strict or f.kind == "syntax-error" else "[yellow]warning[/]"
-                console.print(f"{escape(f.path)}:{f.line}: {level} {escape('[' + f.kind + ']')} {escape(f.message)}", highlight=False)
+                console.print(f"{escape(f.path)}:{f.line}: [bold red]error[/] {escape('[' + f.kind + ']')} "
+                              f"{escape(f.message)}", highlight=False)
                 console.print(f"    fix: {escape(f.fix)}", highlight=False)
-            console.print(f"{len(findings)} finding(s)" + ("" if strict else " (warnings; --strict makes them errors)"))
-        # a script that does not parse cannot run anywhere: always an error
-        raise typer.Exit(1 if (strict and findings) or any(f.kind == "syntax-error" for f in findings) else 0)
+            console.print(f"{len(findings)} finding(s) in {len({f.path for f in findings})} of {len(files)} file(s)",
+                          highlight=False)
+        raise typer.Exit(1 if findings else 0)

@@ -1,0 +1,6 @@
+"""rank % device_count() is a valid device index."""
+import os
+import torch
+
+rank = int(os.environ["RANK"])
+torch.cuda.set_device(rank % torch.cuda.device_count())  # ok: device-from-rank

@@ -1,0 +1,5 @@
+"""the conditional expression picks gloo without CUDA."""
+import torch
+import torch.distributed as dist
+
+dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")  # ok: nccl-no-fallback
