@@ -123,52 +123,82 @@ def source_short(price_source: str) -> str:
     return "snap " + head.split()[1][5:] if head.startswith("snapshot ") and len(head.split()) > 1 else head
 
 
-def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12) -> None:
+def compact_gpus(opt: "PlanOption") -> str:
+    """GPU memory in a few characters for the 80-column table: ``24G``, ``2x16G`` per node; '' for CPU."""
+    if not opt.offers or not opt.offers[0].gpu_count:
+        return ""
+    return f"{round(opt.offers[0].gpu_mem_gib):g}G"
+
+
+#: terminal width from which ``broker plan`` shows every column (GPUs, prices, where) without --wide
+WIDE_COLUMNS = 120
+
+
+def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12,
+                wide: bool | None = None) -> None:
     from rich import box
     from rich.markup import escape
     from rich.table import Table
 
     from broker.ui import console, usd
 
+    if wide is None:
+        wide = console.width >= WIDE_COLUMNS
     req = plan.requirements
     models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
     hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
     budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
     console.print(f"[bold]job:[/] {req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, "
                   f"{escape(models)}), {hours}, budget {budget}, topology {req.topology}"
-                  + (", cpu_ok" if req.cpu_ok else ""))
+                  + (", cpu_ok" if req.cpu_ok else ""), soft_wrap=False)
     if plan.options:
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
-        t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst case at "
-                        f"{deadline} + setup allowance; max h = the longest run the budget affords)",
+        t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
+                        f"{deadline} + setup)",
                   title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
-        for col, just, nowrap in (("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                                  ("rented", "left", False), ("GPUs", "left", False), ("$/h", "right", True),
-                                  ("worst", "right", True), ("max h", "right", True),
-                                  ("prices", "left", True), ("where", "left", False)):
-            t.add_column(col, justify=just, no_wrap=nowrap)  # type: ignore[arg-type]
+        cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
+                ("rented", "left", not wide)]
+        cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
+        cols += [("$/h", "right", True), ("worst", "right", True), ("max h", "right", True)]
+        if wide:
+            cols += [("prices", "left", True), ("where", "left", False)]
+        for col, just, nowrap in cols:
+            t.add_column(col, justify=just, no_wrap=nowrap,  # type: ignore[arg-type]
+                         overflow="ellipsis" if col == "rented" and not wide else "fold")
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            t.add_row("[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
-                      escape(gpus(o)), usd(o.usd_per_hour), usd(o.worst_case_usd),
-                      max_hours_text(o, req.budget_usd), escape(source_short(o.price_source)),
-                      escape(where(o, zones)))
+            row = ["[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
+                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd),
+                   max_hours_text(o, req.budget_usd)]
+            if wide:
+                row += [escape(source_short(o.price_source)), escape(where(o, zones))]
+            t.add_row(*row)
         console.print(t)
+        if not wide:
+            console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
+                          "and where each option is[/]", soft_wrap=False)
     if plan.rejected:
         t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for col in ("provider", "topology", "rented", "worst case", "why"):
-            t.add_column(col, no_wrap=col in ("provider", "topology"))
+        if wide:
+            for col in ("provider", "topology", "rented", "worst case", "why"):
+                t.add_column(col, no_wrap=col in ("provider", "topology", "worst case"))
+        else:  # 80 columns: the option in one narrow column, the reasons beside it
+            t.add_column("option (worst case)", max_width=24)
+            t.add_column("why")
         for o in plan.rejected[:rejected_limit]:
             why = "; ".join(o.rejected)
             if o.next_step:
                 why += f"\n-> {o.next_step}"
-            t.add_row(o.provider, o.topology.value, escape(rented(o)),
-                      usd(o.worst_case_usd) if o.offers else "-", escape(why))
+            worst = usd(o.worst_case_usd) if o.offers else "-"
+            if wide:
+                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, escape(why))
+            else:
+                t.add_row(f"{o.provider} {o.topology.value}\n{escape(what(o))} ({worst})", escape(why))
         console.print(t)
         if len(plan.rejected) > rejected_limit:
             console.print(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
     for n in plan.notes:
-        console.print(f"[dim]note:[/] {escape(n)}")
+        console.print(f"[dim]note:[/] {escape(n)}", soft_wrap=False)
     step = next_step(plan, recipe)
     c = plan.chosen
     if c is not None:
@@ -226,6 +256,8 @@ def register(app: typer.Typer) -> None:
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
         offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "
                                      "snapshots (also when an API is rate-limited or down)"),
+        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (GPU models, price sources, where); "
+                                  "default: when the terminal has 120 columns or more"),
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
@@ -251,7 +283,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json({"chosen": p.chosen, "next_step": next_step(p, recipe), "plan": p})
         else:
-            render_plan(p, recipe, limit=top)
+            render_plan(p, recipe, limit=top, wide=wide)
         if p.chosen is None:
             if not as_json:
                 err.print("[bold red]no valid plan:[/] every option is rejected (reasons above); relax the job, raise "
@@ -319,8 +351,6 @@ def register(app: typer.Typer) -> None:
         import inspect
 
         from rich.markup import escape
-        from rich.table import Table
-
         from broker.provider import ProviderCheck
         from broker.ui import console, print_json
         from broker.providers import get_provider
@@ -342,13 +372,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json({"providers": results})
             return
-        t = Table(title="providers", title_justify="left")
-        for col in ("provider", "credentials", "usable", "detail", "to do"):
-            t.add_column(col)
+        # one block per provider (URLs and key paths are never cut: they are what the user must copy)
         for r in results:
-            t.add_row(r.provider, "present" if r.configured else "missing",
-                      {True: "yes", False: "no", None: "not tried"}[r.usable], escape(r.detail), escape(r.hint or ""))
-        console.print(t)
+            usable = {True: "usable", False: "NOT usable", None: "not tried online"}[r.usable]
+            state = "[green]present[/]" if r.configured else "[yellow]missing[/]"
+            console.print(f"[bold]{r.provider}[/]: credentials {state}, {usable}", highlight=False)
+            if r.detail:
+                console.print(f"  {escape(r.detail)}", highlight=False, soft_wrap=False)
+            if r.hint:
+                console.print(f"  -> {escape(r.hint)}", highlight=False, soft_wrap=True)
 
     catalog_app = typer.Typer(help="Price snapshots: show what is in effect, refresh from live APIs.",
                               no_args_is_help=True)
