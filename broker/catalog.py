@@ -315,8 +315,10 @@ def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = 
         vast_rows.append({
             "offer_id": f"snapshot:{r['instance_type']}", "instance_type": f"{r['gpu_count']}x {r['gpu_name']}",
             "gpu_name": r["gpu_name"], "gpu_count": r["gpu_count"],
-            "gpu_mem_gib": _fmt(round(float(r["gpu_mem_mib_each"]) / 1024.0, 2)), "vcpus": r["vcpus"],
-            "ram_gib": r["ram_gib"], "usd_per_hour": r["usd_per_hour"], "region": r["region"], "zone": "",
+            # the source lists 32 vCPU / 64 GiB for every bucket: a placeholder, not a fact about the offers, so
+            # the snapshot leaves them unknown (empty; Offer.vcpus / ram_gib 0 = unknown)
+            "gpu_mem_gib": _fmt(round(float(r["gpu_mem_mib_each"]) / 1024.0, 2)), "vcpus": "",
+            "ram_gib": "", "usd_per_hour": r["usd_per_hour"], "region": r["region"], "zone": "",
             "storage_usd_per_gib_month": _fmt(VAST_STORAGE_USD_PER_GIB_MONTH), "min_billed_seconds": "0",
             "private_network": "false", "notes": "bucket median"})
     m = _META["vast"]

@@ -138,3 +138,11 @@ def test_oci_price_list_parsing_and_shape_matching():
     assert catalog._oci_sku_for("A100-80GB", skus)[0] == 4.0
     assert catalog._oci_sku_for("A100-40GB", skus) is None  # never the 80 GB price for the 40 GB shape
     assert catalog.parse_oci_price_list({}) == {}
+
+
+def test_vast_snapshot_rows_carry_no_placeholder_cpu_or_ram():
+    """The source lists 32 vCPU / 64 GiB for every Vast bucket (a placeholder): unknown stays unknown."""
+    from broker.catalog import snapshot_offers
+
+    offers = snapshot_offers("vast")
+    assert offers and all(o.vcpus == 0 and o.ram_gib == 0 for o in offers)

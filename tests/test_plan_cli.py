@@ -67,7 +67,7 @@ def test_plan_json_chosen_option_and_local_explained():
     chosen = data["chosen"]
     assert chosen["worst_case_usd"] <= 5
     assert chosen["provider"] in ("vast", "oci", "aws", "local")
-    assert "broker run RECIPE.yaml --provider " in data["next_step"]
+    assert "broker run RECIPE.yaml --provider " in data["next_step"] and data["schema_version"] == 1
     plan = data["plan"]
     assert any("snapshot 2026-11-29" in n for n in plan["notes"])
     if chosen["provider"] != "local":  # this machine has too few GPUs: local is rejected with its reason

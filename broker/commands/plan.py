@@ -130,6 +130,9 @@ def compact_gpus(opt: "PlanOption") -> str:
     return f"{round(opt.offers[0].gpu_mem_gib):g}G"
 
 
+#: version of `broker plan --json`'s layout (bumped when a key changes meaning or goes away)
+PLAN_JSON_SCHEMA = 1
+
 #: terminal width from which ``broker plan`` shows every column (GPUs, prices, where) without --wide
 WIDE_COLUMNS = 120
 
@@ -281,7 +284,8 @@ def register(app: typer.Typer) -> None:
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:
-            print_json({"chosen": p.chosen, "next_step": next_step(p, recipe), "plan": p})
+            print_json({"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen, "next_step": next_step(p, recipe),
+                        "plan": p})
         else:
             render_plan(p, recipe, limit=top, wide=wide)
         if p.chosen is None:
@@ -323,7 +327,7 @@ def register(app: typer.Typer) -> None:
         t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", True),
-                            ("$/hour", True), ("disk $/GiB/mo", True), ("where", False), ("network", True)):
+                            ("$/hour", True), ("disk $/GiB/mo", True), ("where", False), ("net", True)):
             t.add_column(col, no_wrap=nowrap, justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
@@ -333,7 +337,8 @@ def register(app: typer.Typer) -> None:
             else:
                 offer = f"{o.offer_id} ({o.instance_type})"
             t.add_row(o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G"),
-                      f"{fmt_num(o.vcpus)}/{fmt_num(o.ram_gib)}", usd(o.usd_per_hour),
+                      f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
+                      usd(o.usd_per_hour),
                       "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}",
                       escape(where_of(o) or "any"), "private" if o.private_network else "public")
         console.print(t)
