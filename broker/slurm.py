@@ -54,7 +54,16 @@ from broker.recipe import Recipe
 PORT_BASE = 29500
 PORT_SPAN = 19500
 
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):([0-5]\d):([0-5]\d)$")
+#: sbatch --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME_FORMS = (
+    re.compile(r"^(?P<m>\d+)$"),
+    re.compile(r"^(?P<m>\d+):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+)
+_TIME_HELP = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
 def slurm_time(max_hours: float) -> str:
@@ -63,11 +72,34 @@ def slurm_time(max_hours: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
+def time_seconds(value: str) -> int | None:
+    """Seconds of an sbatch ``--time`` value in any of its forms (:data:`_TIME_HELP`); None when malformed."""
+    v = value.strip()
+    for form in _TIME_FORMS:
+        m = form.match(v)
+        if not m:
+            continue
+        g = {k: int(x) for k, x in m.groupdict().items() if x is not None}
+        if "d" in g and g.get("h", 0) > 23:
+            return None
+        if "h" in g and g.get("m", 0) > 59:  # minutes alone (or MM:SS) may exceed 59
+            return None
+        if g.get("s", 0) > 59:
+            return None
+        return ((g.get("d", 0) * 24 + g.get("h", 0)) * 60 + g.get("m", 0)) * 60 + g.get("s", 0)
+    return None
+
+
 def check_time(value: str) -> str:
-    """Validate a ``--time`` value given as ``HH:MM:SS`` or ``D-HH:MM:SS``; raises BadInput."""
-    if not _TIME_RE.match(value):
-        raise BadInput(f"--time {value!r} is not HH:MM:SS", hint="give the wall-clock limit as e.g. 00:30:00")
-    return value
+    """Validate an sbatch ``--time`` value (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); raises
+    BadInput.  Zero (Slurm's "no limit") is refused: every run has a hard deadline."""
+    secs = time_seconds(value)
+    if secs is None:
+        raise BadInput(f"--time {value!r} is not a Slurm time: give {_TIME_HELP}",
+                       hint="e.g. 30 (minutes), 00:30:00 (HH:MM:SS) or 1-12 (1 day 12 hours)")
+    if secs == 0:
+        raise BadInput(f"--time {value!r} means no time limit", hint="every run has a hard deadline: e.g. 00:30:00")
+    return value.strip()
 
 
 def job_name(recipe: Recipe) -> str:
