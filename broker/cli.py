@@ -23,7 +23,7 @@ from broker import __version__
 from broker.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError)
 
 app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
-                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 #: modules that add commands (each has ``register(app)``)

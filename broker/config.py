@@ -1,7 +1,9 @@
 """Settings and paths.
 
 Secrets and endpoints come from the environment or a ``.env`` file in the current directory (every name is listed
-in ``.env.example``).  Values are never printed: :class:`Settings` keeps secrets as ``SecretStr``.
+in ``.env.example``).  Values are never printed: the settings keep secrets as ``SecretStr``.  Nothing here is
+built at import time: :func:`settings` builds the model on first use, and reads the environment without importing
+pydantic-settings when there is no ``.env`` file (the common case of ``broker plan``; saves ~100 ms of start-up).
 
 Paths: the broker home (ledger, run directories, watchdog lock) is ``$BROKER_HOME`` when set, else the user data
 directory from platformdirs (``~/.local/share/broker`` on Linux).
@@ -21,16 +23,14 @@ if TYPE_CHECKING:
 
 
 @lru_cache(maxsize=1)
-def _settings_class() -> type:
-    """The Settings model, built on first use: pydantic-settings is imported only when a setting is read (the
-    broker home and ``broker --help`` never need it)."""
-    from pydantic import Field, SecretStr
-    from pydantic_settings import BaseSettings, SettingsConfigDict
+def _fields_class() -> type:
+    """Every setting broker reads, as a pydantic model (names are the environment variables, case-insensitive)."""
+    from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-    class Settings(BaseSettings):
+    class SettingsFields(BaseModel):
         """Every setting broker reads; names are the environment variables (case-insensitive)."""
 
-        model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+        model_config = ConfigDict(extra="ignore")
 
         broker_home: Path | None = None
 
@@ -66,6 +66,18 @@ def _settings_class() -> type:
         broker_watchdog_interval_s: float = 5.0
         broker_watchdog_autostart: bool = True  # `broker run` on rented machines starts it detached
 
+    return SettingsFields
+
+
+@lru_cache(maxsize=1)
+def _settings_class() -> type:
+    """The pydantic-settings model (environment + ``.env``), built on first use: pydantic-settings is imported only
+    when a ``.env`` file has to be read."""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class Settings(BaseSettings, _fields_class()):
+        model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
     return Settings
 
 
@@ -75,10 +87,25 @@ def __getattr__(name: str) -> Any:  # ``from broker.config import Settings`` sti
     raise AttributeError(f"module 'broker.config' has no attribute {name!r}")
 
 
+def _from_environment() -> Any:
+    """The settings from the environment alone, as pydantic-settings reads them (case-insensitive names,
+    validation aliases), without importing it: the fast path when there is no ``.env`` file."""
+    fields = _fields_class()
+    env = {k.lower(): v for k, v in os.environ.items()}
+    data = {}
+    for name, f in fields.model_fields.items():
+        key = f.validation_alias if isinstance(f.validation_alias, str) else name
+        if key.lower() in env:
+            data[key] = env[key.lower()]
+    return fields.model_validate(data)
+
+
 @lru_cache(maxsize=1)
 def settings() -> "Settings":
-    """The process-wide settings (read once)."""
-    return _settings_class()()
+    """The process-wide settings (read once): the environment, then ``.env`` in the current directory."""
+    if Path(".env").exists():
+        return _settings_class()()
+    return _from_environment()
 
 
 def home_path() -> Path:
