@@ -174,7 +174,13 @@ def handle(exc: BaseException, *, as_json: bool) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=as_json)
     if isinstance(exc, sqlite3.OperationalError):
-        return _report(EXIT_BAD_INPUT, f"the ledger cannot be used: {exc}", _home_hint(),
+        try:
+            from broker.config import home_path
+
+            where = f" ({home_path() / 'ledger.sqlite'})"
+        except Exception:  # noqa: BLE001
+            where = ""
+        return _report(EXIT_BAD_INPUT, f"the ledger{where} cannot be used: {exc}", _home_hint(),
                        kind="LedgerError", as_json=as_json)
     if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _USER_OS_ERRORS:
         where = exc.filename if exc.filename is not None else ""

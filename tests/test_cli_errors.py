@@ -166,6 +166,13 @@ def test_broker_home_under_a_read_only_folder(tmp_path):
         ro.chmod(0o755)
 
 
+def test_ledger_that_cannot_be_opened(tmp_path):
+    home = tmp_path / "home"
+    (home / "ledger.sqlite").mkdir(parents=True)  # sqlite3.OperationalError: unable to open database file
+    one_message(broker("status", env={"BROKER_HOME": str(home)}), 2, f"ledger ({home / 'ledger.sqlite'})",
+                "cannot be used", "set BROKER_HOME")
+
+
 def test_broker_home_read_only_with_json(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
