@@ -72,6 +72,20 @@ def slurm_time(max_hours: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
+_ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _env_ref_value(template: str) -> str:
+    """``template`` double-quoted for bash with only its ``${NAME}`` references left to expand."""
+    out, pos = [], 0
+    for m in _ENV_REF.finditer(template):
+        out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:]))
+    return '"' + "".join(out) + '"'
+
+
 def time_seconds(value: str) -> int | None:
     """Seconds of an sbatch ``--time`` value in any of its forms (:data:`_TIME_HELP`); None when malformed."""
     v = value.strip()
@@ -124,7 +138,8 @@ def batch_log_path(log_dir: str | Path, name: str, job_id: str) -> str:
 
 def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str | None = None,
                   time: str | None = None, log_dir: str | Path, port: int | None = None, python: str = "python3",
-                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None) -> str:
+                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None,
+                  env_refs: bool = False) -> str:
     """The sbatch script (bash) for ``recipe``.
 
     ``log_dir``: where Slurm writes ``<name>-<jobid>-batch.out`` and the per-node ``<name>-<jobid>-node<i>.out``;
@@ -137,6 +152,8 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     workdir itself.
     ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo).
     ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
+    ``env_refs``: write env values that reference ``${NAME}`` as written (expanded in the job from the submitting
+    environment) instead of their resolved values: a script that is printed never carries a secret.
 
     Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
     """
@@ -193,8 +210,11 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **recipe.env}
     if not gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    written = recipe.model_dump(include={"env"})["env"] if env_refs else {}  # ${NAME} kept as written
     for k, v in env.items():
-        lines.append(f"export {k}={q(v)}")
+        t = written.get(k)
+        value = _env_ref_value(t) if t is not None and _ENV_REF.search(t) else q(v)
+        lines.append(f"export {k}={value}")
     lines += [
         'echo "broker: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ($SLURM_NNODES nodes), '
         'MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"',

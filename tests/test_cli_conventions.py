@@ -162,3 +162,22 @@ def test_render_accepts_day_forms_via_cli(recipe_path):
     assert cp.returncode == 0 and "#SBATCH --time=1-12" in cp.stdout, cp.stderr
     cp = broker("slurm", "render", str(recipe_path), "--time", "5m")
     assert cp.returncode == 2 and "HH:MM:SS" in cp.stderr and "D-HH" in cp.stderr
+
+
+def test_render_keeps_env_references_and_prints_no_secret(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: j\nscript: {REPO}/recipes/ddp_train.py\nworkdir: {REPO}/recipes\ncpu_ok: true\n"
+                 "env: {HF_TOKEN: '${MY_TOKEN}', MIX: 'a \"b\" $c ${MY_TOKEN}', PLAIN: x}\n")
+    cp = broker("slurm", "render", str(p), env={"MY_TOKEN": "s3cr3t-value"})
+    assert cp.returncode == 0, cp.stderr
+    assert "s3cr3t" not in cp.stdout + cp.stderr
+    assert 'export HF_TOKEN="${MY_TOKEN}"' in cp.stdout.splitlines()
+    assert "MY_TOKEN" in cp.stderr
+    # bash expands only the reference: the rest stays literal
+    exports = "\n".join(ln for ln in cp.stdout.splitlines() if ln.startswith("export "))
+    out = subprocess.run(["bash", "-c", exports + '\nprintf "%s|%s|%s" "$HF_TOKEN" "$MIX" "$PLAIN"'],
+                         env={"MY_TOKEN": "tok", "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert out.stdout == 'tok|a "b" $c tok|x', out.stdout + out.stderr
+    # unset at render time is fine (resolved where the job runs)
+    cp = broker("slurm", "render", str(p), env={"MY_TOKEN": ""})
+    assert cp.returncode == 0

@@ -42,10 +42,10 @@ def register(app: typer.Typer) -> None:
         from broker.recipe import load_recipe
         from broker.slurm import render_sbatch
 
-        recipe = load_recipe(recipe_path)
+        recipe = load_recipe(recipe_path, resolve=False)  # env ${NAME} stays a reference: no secret printed
         logs = log_dir or "slurm-logs"
         script = render_sbatch(recipe, partition=partition, account=account, time=time, log_dir=logs,
-                               port=port, python=python, workdir=workdir or ".", gpus=not cpu_only)
+                               port=port, python=python, workdir=workdir or ".", gpus=not cpu_only, env_refs=True)
         if output:
             output.write_text(script)
             output.chmod(0o755)
@@ -55,6 +55,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(("wrote " + str(output) + "; " if output else "")
                    + f"logs go to {logs}/ (relative to the job folder); it must exist before sbatch opens the "
                    f"batch log. Submit {where}:\n  mkdir -p {shlex.quote(logs)} && sbatch {job}", err=True)
+        refs = recipe.env_references()
+        if refs:
+            typer.echo(f"the job reads {', '.join(refs)} from the environment sbatch is run in (sbatch exports it)",
+                       err=True)
         if not output:
             typer.echo(script, nl=False)
 
