@@ -442,7 +442,7 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
             continue
         allowed = (_ALLOWED_GPU.get(str(loc[1])) if loc[:1] == ("gpu",) and len(loc) > 1 else
                    _ALLOWED_HINT.get(str(loc[0]))) if loc else None
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msgs.append(f"{p}: missing required field '{field}'" + (f": {allowed}" if allowed else ""))
             continue
