@@ -59,7 +59,7 @@ def setup_logging(verbosity: int) -> None:
 def _root(
     version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
                                  help="print broker's version and exit"),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
                                 help="log what broker does to stderr (-v info, -vv debug)"),
 ) -> None:
     if verbose:
