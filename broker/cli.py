@@ -89,6 +89,18 @@ def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bo
     return code
 
 
+def scrub(text: str) -> str:
+    """``text`` without secrets: values of environment variables whose names say key / secret / token / password
+    (8 characters or more) and ``api_key=...``-style query values become ``***``."""
+    import os
+    import re
+
+    for name, value in os.environ.items():
+        if len(value) >= 8 and re.search(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL", name, re.I) and value in text:
+            text = text.replace(value, "***")
+    return re.sub(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s'\"]+", r"\1***", text)
+
+
 def crash_log(exc: BaseException) -> Path | None:
     """Write ``exc``'s traceback to ``<BROKER_HOME>/logs/crash-<time>-<pid>.log`` (or the temp folder when the
     home cannot be written); returns the file, None when nothing could be written."""
@@ -97,8 +109,8 @@ def crash_log(exc: BaseException) -> Path | None:
     import time
     import traceback
 
-    text = (f"broker {__version__} on Python {sys.version.split()[0]}\ncommand: broker {' '.join(sys.argv[1:])}\n\n"
-            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    text = scrub(f"broker {__version__} on Python {sys.version.split()[0]}\ncommand: broker {' '.join(sys.argv[1:])}\n\n"
+                 + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
     candidates: list[Path] = []
     try:
@@ -202,7 +214,7 @@ def handle(exc: BaseException, *, as_json: bool) -> int:
         return _report(EXIT_JOB_FAILED, "out of memory", "close other programs or use a machine with more memory",
                        kind="MemoryError", as_json=as_json)
     log = crash_log(exc)
-    detail = f"{type(exc).__name__}: {exc}"
+    detail = scrub(f"{type(exc).__name__}: {exc}")
     if len(detail) > 300:
         detail = detail[:300] + "..."
     hint = (f"this is a bug in broker; the traceback is in {log}: please report it with that file" if log else

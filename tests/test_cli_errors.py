@@ -291,3 +291,16 @@ def test_os_error_on_a_user_file(tmp_path, capsys):
     except OSError as e:
         code, out = _handle(e, capsys)
     assert code == 2 and "No such file" in out.err and "check the path" in out.err
+
+
+def test_crash_message_and_log_hold_no_secret(broker_home, monkeypatch, capsys):
+    monkeypatch.setenv("VAST_API_KEY", "vk-0123456789abcdef")
+    try:
+        raise RuntimeError("GET https://console.vast.ai/api/v0/bundles?api_key=vk-0123456789abcdef&q=1 failed; "
+                           "token=abcdefgh12345")
+    except RuntimeError as e:
+        code, out = _handle(e, capsys)
+    assert code == 1 and "vk-0123" not in out.err and "abcdefgh12345" not in out.err and "api_key=***" in out.err
+    log = Path(out.err.split("traceback is in ")[1].split(":")[0])
+    text = log.read_text()
+    assert "vk-0123" not in text and "abcdefgh12345" not in text and "RuntimeError" in text
