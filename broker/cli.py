@@ -1,21 +1,29 @@
 """The ``broker`` command line (Typer).  Thin: parse, call the core, render with rich.
 
 Each feature lives in ``broker/commands/<feature>.py`` with a ``register(app)`` function; command bodies import
-what they need lazily so ``broker --help`` starts fast.  Exit codes (DESIGN.md): 0 success, 1 job failed, 2 bad
-input, 3 no valid plan, 4 provider error, 130 interrupted.
+what they need lazily so ``broker --help`` starts fast.
+
+One error boundary (:func:`main`): every failure ends in one message (what failed, what to do) and one exit code
+(:mod:`broker.errors`): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error, 130
+interrupted.  An unexpected error (a bug) says so, writes its traceback to a log file (``<BROKER_HOME>/logs``, or
+the temp folder when that cannot be written) and prints the file's path; exit code 1.  With ``--json`` anywhere on
+the command line, errors are printed on stdout as one JSON object ``{"error": {...}}``.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
+from typing import Any
 
 import typer
 
-from broker.provider import BrokerError
+from broker import __version__
+from broker.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError)
 
 app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 #: modules that add commands (each has ``register(app)``)
@@ -30,27 +38,225 @@ COMMAND_MODULES = [
     "broker.commands.cluster",  # netns up|down|status
     "broker.commands.slurm",
     "broker.commands.day2",  # logs, ssh, exec, cost, clean
+    "broker.commands.init",
 ]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"broker {__version__}")
+        raise typer.Exit()
+
+
+def setup_logging(verbosity: int) -> None:
+    """``-v``: stdlib logging at INFO to stderr; ``-vv``: DEBUG."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO if verbosity == 1 else logging.DEBUG, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                 help="print broker's version and exit"),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
+                                help="log what broker does to stderr (-v info, -vv debug)"),
+) -> None:
+    if verbose:
+        setup_logging(verbose)
+
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
-def main() -> None:
-    """Console-script entry point: runs the app and turns BrokerError into a message and an exit code."""
+# ------------------------------------------------------------------------------------------------ error boundary
+def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bool,
+            extra: dict[str, Any] | None = None) -> int:
+    """Print one error (stderr, or a JSON object on stdout with ``--json``); returns ``code``."""
+    if as_json:
+        import json
+
+        err: dict[str, Any] = {"type": kind, "message": message, "hint": hint, "exit_code": code}
+        err.update(extra or {})
+        sys.stdout.write(json.dumps({"error": err}, indent=2) + "\n")
+        sys.stdout.flush()
+        return code
+    label = "internal error" if kind == "internal" else "error"
+    typer.echo(typer.style(f"{label}:", fg="red", bold=True) + f" {message}", err=True)
+    if hint:
+        typer.echo(typer.style("  ->", fg="yellow") + f" {hint}", err=True)
+    return code
+
+
+def scrub(text: str) -> str:
+    """``text`` without secrets: values of environment variables whose names say key / secret / token / password
+    (8 characters or more) and ``api_key=...``-style query values become ``***``."""
+    import os
+    import re
+
+    for name, value in os.environ.items():
+        if len(value) >= 8 and re.search(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL", name, re.I) and value in text:
+            text = text.replace(value, "***")
+    return re.sub(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s'\"]+", r"\1***", text)
+
+
+def crash_log(exc: BaseException) -> Path | None:
+    """Write ``exc``'s traceback to ``<BROKER_HOME>/logs/crash-<time>-<pid>.log`` (or the temp folder when the
+    home cannot be written); returns the file, None when nothing could be written."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    text = scrub(f"broker {__version__} on Python {sys.version.split()[0]}\ncommand: broker {' '.join(sys.argv[1:])}\n\n"
+                 + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    candidates: list[Path] = []
     try:
-        app()
-    except BrokerError as e:
-        from rich.markup import escape
+        from broker.config import home_path
 
-        from broker.ui import err
+        candidates.append(home_path() / "logs")
+    except Exception:  # noqa: BLE001 - the fallback below is the point
+        pass
+    candidates.append(Path(tempfile.gettempdir()) / "broker-logs")
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            p = d / name
+            p.write_text(text, encoding="utf-8")
+            return p
+        except OSError:
+            continue
+    return None
 
-        err.print(f"[bold red]error:[/] {escape(e.message)}", markup=True, highlight=False)
-        if e.hint:
-            err.print(f"  [yellow]->[/] {escape(e.hint)}", markup=True, highlight=False)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+
+def _home_hint() -> str:
+    try:
+        from broker.config import home_path
+
+        home = str(home_path())
+    except Exception:  # noqa: BLE001
+        home = "?"
+    return (f"the broker home is {home}: set BROKER_HOME to a folder you can write (it holds the ledger and run "
+            "logs)")
+
+
+#: OS errors that are about the user's files or machine, not a bug: errno names
+_USER_OS_ERRORS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOENT", "ENOTDIR", "EISDIR", "EEXIST",
+                   "ENAMETOOLONG", "ELOOP", "EMFILE", "ENFILE")
+
+
+def _usage_errors() -> tuple[type, ...]:
+    """Usage-error base classes: Typer's own (Typer >= 0.20 vendors click) and click's (older Typer)."""
+    out: list[type] = []
+    base = getattr(typer, "TyperException", None)
+    if base is not None:
+        out.append(base)
+    try:
+        import click
+
+        out.append(click.exceptions.ClickException)
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+def handle(exc: BaseException, *, as_json: bool) -> int:
+    """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable)."""
+    import errno
+    import sqlite3
+
+    if isinstance(exc, BrokerError):
+        return _report(exc.exit_code, exc.message, exc.hint, kind=type(exc).__name__, as_json=as_json)
+    if isinstance(exc, typer.Exit):
+        return exc.exit_code
+    if isinstance(exc, _usage_errors()):  # usage errors: the parser's own message, exit 2
+        if as_json:
+            return _report(exc.exit_code, exc.format_message(), "see --help", kind="UsageError", as_json=True)
+        exc.show()
+        return exc.exit_code
+    if isinstance(exc, typer.Abort):
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, EOFError):
+            return _report(EXIT_BAD_INPUT, "a question needed an answer but input ended (stdin closed)",
+                           "answer on a terminal, or pass the option that skips the question (e.g. --yes)",
+                           kind="EOFError", as_json=as_json)
+        return _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=as_json)
+    if isinstance(exc, KeyboardInterrupt):
+        return _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=as_json)
+    if isinstance(exc, sqlite3.OperationalError):
+        try:
+            from broker.config import home_path
+
+            where = f" ({home_path() / 'ledger.sqlite'})"
+        except Exception:  # noqa: BLE001
+            where = ""
+        return _report(EXIT_BAD_INPUT, f"the ledger{where} cannot be used: {exc}", _home_hint(),
+                       kind="LedgerError", as_json=as_json)
+    if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _USER_OS_ERRORS:
+        where = exc.filename if exc.filename is not None else ""
+        msg = f"{where}: {exc.strerror}" if where else str(exc.strerror or exc)
+        try:
+            from broker.config import home_path
+
+            in_home = where and Path(str(where)).resolve().is_relative_to(home_path().resolve())
+        except Exception:  # noqa: BLE001
+            in_home = False
+        if in_home:
+            hint = _home_hint()
+        elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            hint = "free some disk space and try again"
+        else:
+            hint = "check the path and its permissions"
+        return _report(EXIT_BAD_INPUT, msg, hint, kind=type(exc).__name__, as_json=as_json)
+    if isinstance(exc, MemoryError):
+        return _report(EXIT_JOB_FAILED, "out of memory", "close other programs or use a machine with more memory",
+                       kind="MemoryError", as_json=as_json)
+    log = crash_log(exc)
+    detail = scrub(f"{type(exc).__name__}: {exc}")
+    if len(detail) > 300:
+        detail = detail[:300] + "..."
+    hint = (f"this is a bug in broker; the traceback is in {log}: please report it with that file" if log else
+            "this is a bug in broker; please report it with the command you ran")
+    return _report(EXIT_JOB_FAILED, f"unexpected {detail}", hint, kind="internal", as_json=as_json,
+                   extra={"log": str(log) if log else None})
+
+
+_interrupted = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the app behind one error boundary (:func:`handle`) and exits."""
+    import signal
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)  # Typer turns Ctrl-C into exit 130 silently: note it
+    except ValueError:  # not the main thread
+        pass
+    try:
+        rv = app(args=args, prog_name="broker", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+        if code == EXIT_INTERRUPTED and _interrupted and not as_json:
+            _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
+    except SystemExit as e:  # sys.exit() somewhere below: keep its code
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException as e:  # noqa: BLE001 - the one boundary
+        try:
+            code = handle(e, as_json=as_json)
+        except BaseException:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
+            code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_JOB_FAILED
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Settings and paths.
 
 Secrets and endpoints come from the environment or a ``.env`` file in the current directory (every name is listed
-in ``.env.example``).  Values are never printed: :class:`Settings` keeps secrets as ``SecretStr``.
+in ``.env.example``).  Values are never printed: the settings keep secrets as ``SecretStr``.  Nothing here is
+built at import time: :func:`settings` builds the model on first use, and reads the environment without importing
+pydantic-settings when there is no ``.env`` file (the common case of ``broker plan``; saves ~100 ms of start-up).
 
 Paths: the broker home (ledger, run directories, watchdog lock) is ``$BROKER_HOME`` when set, else the user data
 directory from platformdirs (``~/.local/share/broker`` on Linux).
@@ -12,75 +14,146 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from broker.errors import BadInput
 
-
-class Settings(BaseSettings):
-    """Every setting broker reads; names are the environment variables (case-insensitive)."""
-
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
-
-    broker_home: Path | None = None
-
-    # Vast.ai: key also read from the vastai CLI's key files (see providers.vast).
-    vast_api_key: SecretStr | None = None
-    vast_api_url: str = "https://console.vast.ai"
-
-    # OCI: ~/.oci/config and profile; endpoint override for proxies / emulators.
-    oci_config_file: str = "~/.oci/config"
-    oci_profile: str = "DEFAULT"
-    oci_compartment_id: str | None = None
-    oci_region: str | None = None
-    oci_service_endpoint: str | None = Field(default=None, description="base URL for every OCI client (tests)")
-    oci_image_id: str | None = None
-    oci_subnet_id: str | None = None
-    # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
-    oci_instance_principal: bool = False
-
-    # AWS: the boto3 credential chain is used as is; these are optional overrides.
-    aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
-    aws_endpoint_url: str | None = None
-    aws_ami_id: str | None = None
-    aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
-
-    # Slurm (--provider slurm): login node for ssh (default: Slurm commands on this machine), the Python with torch
-    # on the compute nodes, and the partition / account to submit to (default: the cluster's)
-    broker_slurm_host: str | None = None
-    broker_slurm_python: str = "python3"
-    broker_slurm_partition: str | None = None
-    broker_slurm_account: str | None = None
-
-    # Watchdog
-    broker_watchdog_interval_s: float = 5.0
-    broker_watchdog_autostart: bool = True  # `broker run` on rented machines starts it detached
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings as Settings
 
 
 @lru_cache(maxsize=1)
-def settings() -> Settings:
-    """The process-wide settings (read once)."""
-    return Settings()
+def _fields_class() -> type:
+    """Every setting broker reads, as a pydantic model (names are the environment variables, case-insensitive)."""
+    from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+    class SettingsFields(BaseModel):
+        """Every setting broker reads; names are the environment variables (case-insensitive)."""
+
+        model_config = ConfigDict(extra="ignore")
+
+        broker_home: Path | None = None
+
+        # Vast.ai: key also read from the vastai CLI's key files (see providers.vast).
+        vast_api_key: SecretStr | None = None
+        vast_api_url: str = "https://console.vast.ai"
+
+        # OCI: ~/.oci/config and profile; endpoint override for proxies / emulators.
+        oci_config_file: str = "~/.oci/config"
+        oci_profile: str = "DEFAULT"
+        oci_compartment_id: str | None = None
+        oci_region: str | None = None
+        oci_service_endpoint: str | None = Field(default=None, description="base URL for every OCI client (tests)")
+        oci_image_id: str | None = None
+        oci_subnet_id: str | None = None
+        # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
+        oci_instance_principal: bool = False
+
+        # AWS: the boto3 credential chain is used as is; these are optional overrides.
+        aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
+        aws_endpoint_url: str | None = None
+        aws_ami_id: str | None = None
+        aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
+
+        # Slurm (--provider slurm): login node for ssh (default: Slurm commands on this machine), the Python with
+        # torch on the compute nodes, and the partition / account to submit to (default: the cluster's)
+        broker_slurm_host: str | None = None
+        broker_slurm_python: str = "python3"
+        broker_slurm_partition: str | None = None
+        broker_slurm_account: str | None = None
+
+        # Watchdog
+        broker_watchdog_interval_s: float = 5.0
+        broker_watchdog_autostart: bool = True  # `broker run` on rented machines starts it detached
+
+    return SettingsFields
+
+
+@lru_cache(maxsize=1)
+def _settings_class() -> type:
+    """The pydantic-settings model (environment + ``.env``), built on first use: pydantic-settings is imported only
+    when a ``.env`` file has to be read."""
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class Settings(BaseSettings, _fields_class()):
+        model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    return Settings
+
+
+def __getattr__(name: str) -> Any:  # ``from broker.config import Settings`` still works (built lazily)
+    if name == "Settings":
+        return _settings_class()
+    raise AttributeError(f"module 'broker.config' has no attribute {name!r}")
+
+
+def _from_environment() -> Any:
+    """The settings from the environment alone, as pydantic-settings reads them (case-insensitive names,
+    validation aliases), without importing it: the fast path when there is no ``.env`` file."""
+    fields = _fields_class()
+    env = {k.lower(): v for k, v in os.environ.items()}
+    data = {}
+    for name, f in fields.model_fields.items():
+        key = f.validation_alias if isinstance(f.validation_alias, str) else name
+        if key.lower() in env:
+            data[key] = env[key.lower()]
+    return fields.model_validate(data)
+
+
+@lru_cache(maxsize=1)
+def settings() -> "Settings":
+    """The process-wide settings (read once): the environment, then ``.env`` in the current directory."""
+    if Path(".env").exists():
+        return _settings_class()()
+    return _from_environment()
+
+
+def home_path() -> Path:
+    """Where the broker home is (``$BROKER_HOME`` or the platform's user data folder), without creating it."""
+    env = os.environ.get("BROKER_HOME")
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("broker", appauthor=False))
+
+
+def _home_error(home: Path, what: str, e: OSError | None = None) -> BadInput:
+    why = f": {e.strerror or e}" if e is not None else ""
+    src = "BROKER_HOME" if os.environ.get("BROKER_HOME") else "the broker home"
+    return BadInput(f"{src} {home} {what}{why}",
+                    hint="set BROKER_HOME to a folder you can write (it holds the ledger and run logs), e.g. "
+                         "export BROKER_HOME=~/.local/share/broker")
+
+
+def ensure_dir(d: Path, home: Path | None = None) -> Path:
+    """Create folder ``d`` (under the broker home) and check it is writable; BadInput (exit 2) naming the folder
+    and the fix otherwise (read-only file system, a file in the way, no permission)."""
+    home = home or d
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as e:  # a file (or a dangling link) where the folder should be
+        raise _home_error(home, "is not a folder" if d == home else f"cannot hold {d.name}/ (a file is in the way)",
+                          e) from None
+    except OSError as e:
+        raise _home_error(home, "cannot be created" if d == home else f"cannot hold {d.name}/", e) from None
+    if not d.is_dir():
+        raise _home_error(home, "is not a folder")
+    if not os.access(d, os.W_OK):  # read-only file system (EROFS even for root) or no permission
+        raise _home_error(home, "is not writable")
+    return d
 
 
 def broker_home() -> Path:
-    """Directory for the ledger and run directories; created on first use."""
-    env = os.environ.get("BROKER_HOME")
-    if env:
-        home = Path(env).expanduser()
-    else:
-        from platformdirs import user_data_dir
-
-        home = Path(user_data_dir("broker", appauthor=False))
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+    """Directory for the ledger and run directories; created on first use.  BadInput when unusable."""
+    home = home_path()
+    return ensure_dir(home)
 
 
 def runs_dir() -> Path:
     """Parent of every run directory (``<home>/runs/<run_id>``)."""
-    d = broker_home() / "runs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    home = broker_home()
+    return ensure_dir(home / "runs", home)
 
 
 def ledger_path() -> Path:

@@ -42,6 +42,9 @@ DEFAULT_SETUP_ALLOWANCE_SECONDS = 600
 
 #: Tolerance when turning a float duration into whole billed seconds (absorbs float noise such as 3599.9999999).
 _SECONDS_EPS = 1e-6
+#: Ceiling of any billed time, in seconds (2**62: ~1.5e11 years).  Durations and budgets beyond it (an infinite
+#: deadline, a budget of 1e308 USD) are clamped here instead of overflowing ``int(math.ceil(...))``.
+MAX_SECONDS = 1 << 62
 
 
 def setup_allowance_seconds(provider: str) -> int:
@@ -61,8 +64,10 @@ def unit_rate_usd_per_hour(usd_per_hour: float, storage_usd_per_gib_month: float
 
 def billed_seconds(seconds: float, min_billed_seconds: float = 0.0) -> int:
     """Whole seconds billed for running ``seconds``: per-second billing rounded up, at least the minimum."""
+    if not seconds <= MAX_SECONDS:  # inf (an unbounded deadline) or beyond: clamp, never OverflowError
+        seconds = MAX_SECONDS
     s = math.ceil(seconds - _SECONDS_EPS) if seconds > 0 else 0
-    return max(int(s), int(math.ceil(min_billed_seconds)))
+    return min(max(int(s), int(math.ceil(min(min_billed_seconds, MAX_SECONDS)))), MAX_SECONDS)
 
 
 def deadline_seconds(hours: float, allowance_seconds: float) -> float:
@@ -119,10 +124,15 @@ def max_billed_seconds(budget_usd: float, count: int, rate_usd_per_hour: float, 
     """
     if count <= 0 or rate_usd_per_hour <= 0:
         return 1 << 62
-    m = int(math.ceil(min_billed_seconds))
+    m = int(math.ceil(min(min_billed_seconds, MAX_SECONDS)))
     if cost_usd(count, rate_usd_per_hour, m) > budget_usd:
         return -1
-    s = int(math.floor(budget_usd * 3600.0 / (count * rate_usd_per_hour)))
+    s_float = budget_usd * 3600.0 / (count * rate_usd_per_hour)
+    if not s_float < MAX_SECONDS:  # an infinite / astronomically large budget: clamp, never OverflowError
+        return MAX_SECONDS
+    if s_float >= 2.0**52:  # beyond float's whole-second resolution the +-1 fix-up below would never end
+        return int(s_float)
+    s = int(math.floor(s_float))
     while s > m and cost_usd(count, rate_usd_per_hour, s) > budget_usd:
         s -= 1
     while cost_usd(count, rate_usd_per_hour, s + 1) <= budget_usd:
@@ -149,6 +159,8 @@ def max_hours_within(budget_usd: float, offers: "Offer | Sequence[Offer]", disk_
             return 0.0
         lo, hi = 0, 1
         while _cost_at(groups, hi) <= budget_usd:
+            if hi >= MAX_SECONDS:  # the budget outlasts any deadline
+                return max(0.0, (MAX_SECONDS - allowance) / 3600.0)
             lo, hi = hi, hi * 2
         while hi - lo > 1:
             mid = (lo + hi) // 2

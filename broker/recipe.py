@@ -17,6 +17,14 @@ A recipe is a YAML file describing one distributed training job::
     max_hours: 0.5                # hard deadline (wall clock, hours)
     expect: ["DDP_OK", "accuracy=0\\.9"]   # regexes that must appear in the rank-0 log
 
+Strict: numbers must be numbers (``nodes: true`` or ``nodes: "2"`` is an error), ``env`` values are scalars, a key
+given twice is an error, and YAML aliases are bounded (:data:`broker.limits.MAX_YAML_ALIASES`, expanded size
+:data:`broker.limits.MAX_YAML_NODES`).  Numeric bounds come from :mod:`broker.limits`, shared with the CLI flags.
+
+``env`` values may reference variables of the environment or of ``.env`` (current directory) as ``${NAME}``:
+:func:`load_recipe` resolves them into :attr:`Recipe.env` (what the nodes get), while the recipe's serialized
+form (``model_dump``, the copy in the ledger's run row, ``--json``) keeps the ``${NAME}`` text, never the value.
+
 Errors name the file, the line, the field and what is allowed (:class:`RecipeError`, exit code 2).
 """
 
@@ -27,14 +35,29 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictStr, ValidationError,
+                      field_serializer, field_validator, model_validator)
 
+from broker import limits
+from broker.errors import BadInput
 from broker.model import Requirements
-from broker.provider import BadInput
 
 
 class RecipeError(BadInput):
     """A recipe is wrong; the message names file, line, field and the fix."""
+
+
+def _bounded(field: str, default: Any) -> Any:
+    """A strict numeric Field bounded by :data:`broker.limits.LIMITS` [field]."""
+    lo, hi, open_lo, _, _ = limits.LIMITS[field]
+    low = {"gt": lo} if open_lo else {"ge": lo}
+    if field in limits.INTEGER_FIELDS:
+        return Field(default=default, strict=True, le=hi, **low)
+    return Field(default=default, strict=True, allow_inf_nan=False, le=hi, **low)
+
+
+#: ``${NAME}`` in an env value: a variable of the environment or ``.env``
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class GpuSpec(BaseModel):
@@ -42,8 +65,8 @@ class GpuSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    models: list[str] = Field(default_factory=list)
-    min_mem_gib: float = Field(default=16.0, ge=0)
+    models: list[StrictStr] = Field(default_factory=list)
+    min_mem_gib: float = _bounded("min_mem_gib", 16.0)
 
 
 class Recipe(BaseModel):
@@ -51,36 +74,45 @@ class Recipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    name: StrictStr = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     script: Path
-    args: list[str] = Field(default_factory=list)
+    args: list[StrictStr] = Field(default_factory=list)
     workdir: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
-    setup: list[str] = Field(default_factory=list)
-    nodes: int = Field(default=2, ge=1, le=64)
-    gpus_per_node: int = Field(default=1, ge=1, le=16)
+    setup: list[StrictStr] = Field(default_factory=list)
+    nodes: int = _bounded("nodes", 2)
+    gpus_per_node: int = _bounded("gpus_per_node", 1)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     topology: Literal["simulated", "multi-node", "any"] = "any"
-    cpu_ok: bool = False
-    budget_usd: float = Field(default=5.0, gt=0)
-    max_hours: float = Field(default=1.0, gt=0, le=168)
-    expect: list[str] = Field(default_factory=list)
-    artifacts: list[str] = Field(default_factory=list)  # globs collected from every node into <run>/artifacts/node<i>/
-    disk_gib: float = Field(default=40.0, gt=0)
-    image: str | None = None  # container image for Vast.ai (default: a PyTorch image)
-    idle_minutes: float | None = Field(default=None, gt=0)
+    cpu_ok: StrictBool = False
+    budget_usd: float = _bounded("budget_usd", 5.0)
+    max_hours: float = _bounded("max_hours", 1.0)
+    expect: list[StrictStr] = Field(default_factory=list)
+    artifacts: list[StrictStr] = Field(default_factory=list)  # globs collected from every node into <run>/artifacts/node<i>/
+    disk_gib: float = _bounded("disk_gib", 40.0)
+    image: StrictStr | None = None  # container image for Vast.ai (default: a PyTorch image)
+    idle_minutes: float | None = _bounded("idle_minutes", None)
     # seconds to keep retrying SSH connect + auth after a node reports RUNNING (default per provider: OCI/AWS 300,
-    # Vast.ai 180, others 120); counted in the plan's setup allowance
+    # Vast.ai 180, others 120)
     ready_timeout_s: float | None = Field(default=None, gt=0, le=3600)
-    strict_lint: bool = False
+    strict_lint: StrictBool = False
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
+    #: env as written (``${NAME}`` references unresolved): what model_dump / the ledger / --json show
+    _env_template: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("script", "workdir", mode="before")
+    @classmethod
+    def _path_text(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (str, Path)):
+            raise ValueError(f"expected a path (text), got {type(v).__name__}")
+        return v
 
     @field_validator("args", mode="before")
     @classmethod
     def _args_strings(cls, v: Any) -> Any:
-        if isinstance(v, list):
+        if isinstance(v, list):  # numbers are fine as arguments ("--epochs", 12); nothing else but text
             return [str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x for x in v]
         return v
 
@@ -90,11 +122,27 @@ class Recipe(BaseModel):
         if isinstance(v, dict):
             out = {}
             for k, x in v.items():
-                if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
+                if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
                     raise ValueError(f"env name {k!r} is not a valid environment variable name")
-                out[str(k)] = str(x).lower() if isinstance(x, bool) else (str(x) if x is not None else "")
+                if isinstance(x, (dict, list)):
+                    raise ValueError(f"env {k}: a value must be text, a number or true/false, not a "
+                                     f"{'mapping' if isinstance(x, dict) else 'list'}")
+                if x is not None and not isinstance(x, (str, int, float, bool)):
+                    raise ValueError(f"env {k}: a value must be text, a number or true/false")
+                out[k] = str(x).lower() if isinstance(x, bool) else (str(x) if x is not None else "")
             return out
         return v
+
+    @field_serializer("env")
+    def _env_as_written(self, env: dict[str, str]) -> dict[str, str]:
+        """Never serialize a resolved ``${NAME}`` value: the template text stands in for it."""
+        t = self._env_template
+        return {k: (t[k] if k in t and _ENV_REF.search(t[k]) else v) for k, v in env.items()}
+
+    def env_references(self) -> list[str]:
+        """Names of the variables the env values reference as ``${NAME}`` (sorted, unique)."""
+        src = self._env_template or self.env
+        return sorted({m for v in src.values() for m in _ENV_REF.findall(v)})
 
     @field_validator("expect")
     @classmethod
@@ -126,34 +174,146 @@ class Recipe(BaseModel):
 _ALLOWED_HINT = {
     "topology": "one of: simulated, multi-node, any",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
-    "nodes": "a whole number from 1 to 64",
-    "gpus_per_node": "a whole number from 1 to 16",
-    "budget_usd": "a positive number of US dollars, e.g. 5",
-    "max_hours": "a positive number of hours up to 168, e.g. 0.5",
+    "nodes": limits.allowed("nodes"),
+    "gpus_per_node": limits.allowed("gpus_per_node"),
+    "budget_usd": limits.allowed("budget_usd"),
+    "max_hours": limits.allowed("max_hours"),
+    "disk_gib": limits.allowed("disk_gib"),
+    "idle_minutes": limits.allowed("idle_minutes"),
     "cpu_ok": "true or false",
+    "strict_lint": "true or false",
     "args": "a list of strings, e.g. [\"--epochs\", \"12\"]",
     "setup": "a list of shell commands (strings)",
-    "env": "a mapping of NAME: value",
+    "env": "a mapping of NAME: value (text, number or true/false; ${OTHER} takes OTHER from the environment)",
     "expect": "a list of regular expressions",
+    "artifacts": "a list of file paths (strings)",
+    "image": "a container image name (text)",
     "gpu": "a mapping with 'models' (list of GPU names) and 'min_mem_gib' (number)",
     "script": "the path of a Python training script, relative to the recipe",
+    "workdir": "a folder relative to the recipe file",
 }
+_ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
+
+#: largest recipe file read (bytes)
+MAX_RECIPE_BYTES = 1 << 20
 
 
-def _line_map(node: Any, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map field paths (tuples of keys/indices) to 1-based line numbers from a yaml node tree."""
+class _YamlLimit(Exception):
+    """A recipe's YAML breaks one of broker's structural rules (duplicate key, alias bound, nesting depth)."""
+
+    def __init__(self, line: int | None, message: str, hint: str):
+        super().__init__(message)
+        self.line, self.message, self.hint = line, message, hint
+
+
+def _strict_loader() -> type:
+    """A SafeLoader that rejects duplicate keys, bounds aliases and nesting depth (built lazily: yaml is imported
+    only when a recipe is read)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def __init__(self, stream: str):
+            super().__init__(stream)
+            self._aliases = 0
+            self._depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self._aliases += 1
+                if self._aliases > limits.MAX_YAML_ALIASES:
+                    mark = self.peek_event().start_mark
+                    raise _YamlLimit(mark.line + 1, f"more than {limits.MAX_YAML_ALIASES} YAML aliases (*name)",
+                                     "write the values out; a recipe needs few or no aliases")
+            self._depth += 1
+            try:
+                if self._depth > limits.MAX_YAML_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise _YamlLimit(mark.line + 1, f"lists/mappings nested more than {limits.MAX_YAML_DEPTH} "
+                                     "levels deep", "a recipe's values are flat lists and mappings")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for k, _ in node.value:
+                    if k.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = k.value if isinstance(k, yaml.ScalarNode) else id(k)
+                    if key in seen:
+                        raise _YamlLimit(k.start_mark.line + 1, f"key {k.value!r} appears twice (first on line "
+                                         f"{seen[key]})", "keep one of them: YAML would silently use the last")
+                    seen[key] = k.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def _expanded_size(node: Any, memo: dict[int, int]) -> int:
+    """Number of nodes of the tree once aliases are expanded (memoized: an alias bomb is counted, not built)."""
+    import yaml
+
+    got = memo.get(id(node))
+    if got is not None:
+        return got
+    memo[id(node)] = 1  # a cycle (recursive alias) counts once
+    n = 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            n += _expanded_size(k, memo) + _expanded_size(v, memo)
+    elif isinstance(node, yaml.SequenceNode):
+        for v in node.value:
+            n += _expanded_size(v, memo)
+    n = min(n, limits.MAX_YAML_NODES + 1)
+    memo[id(node)] = n
+    return n
+
+
+def parse_yaml(text: str, where: str) -> tuple[Any, Any]:
+    """(node tree, data) of one YAML document under broker's rules; raises RecipeError naming ``where:line``."""
+    import yaml
+
+    loader = _strict_loader()(text)
+    try:
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, {}) > limits.MAX_YAML_NODES:
+            raise _YamlLimit(None, f"the YAML expands to more than {limits.MAX_YAML_NODES} values "
+                             "(aliases repeating aliases)", "write the values out; a recipe is small")
+        data = loader.construct_document(node) if node is not None else None
+    except _YamlLimit as e:
+        raise RecipeError(f"{where}" + (f":{e.line}" if e.line else "") + f": {e.message}", hint=e.hint) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise RecipeError(f"{where}{line}: not valid YAML: {getattr(e, 'problem', None) or e}",
+                          hint="check indentation and quoting on that line") from None
+    except RecursionError:
+        raise RecipeError(f"{where}: the YAML is nested too deeply to read",
+                          hint="a recipe's values are flat lists and mappings") from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _line_map(node: Any, path: tuple = (), out: dict | None = None, seen: set | None = None) -> dict[tuple, int]:
+    """Map field paths (tuples of keys/indices) to 1-based line numbers from a yaml node tree (aliases once)."""
     import yaml
 
     out = {} if out is None else out
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return out
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = k.value
             out[path + (key,)] = k.start_mark.line + 1
-            _line_map(v, path + (key,), out)
+            _line_map(v, path + (key,), out, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             out[path + (i,)] = v.start_mark.line + 1
-            _line_map(v, path + (i,), out)
+            _line_map(v, path + (i,), out, seen)
     return out
 
 
@@ -161,28 +321,81 @@ def _fields_of(model: type[BaseModel]) -> list[str]:
     return [n for n in model.model_fields if n != "path"]
 
 
-def load_recipe(path: str | Path) -> Recipe:
+def _read_text(p: Path) -> str:
+    """The recipe file's text; RecipeError for a folder, a missing / unreadable / huge / non-UTF-8 file."""
+    if p.is_dir():
+        raise RecipeError(f"{p}: is a folder, not a recipe file",
+                          hint=f"give the path of a .yaml recipe inside it, e.g. {p / 'ddp_2node.yaml'}")
+    if not p.exists():
+        raise RecipeError(f"{p}: no such recipe file",
+                          hint="give the path of a .yaml recipe, e.g. recipes/ddp_2node.yaml (`broker init` writes "
+                               "the examples)")
+    try:
+        if p.stat().st_size > MAX_RECIPE_BYTES:
+            raise RecipeError(f"{p}: {p.stat().st_size} bytes is too large for a recipe (at most "
+                              f"{MAX_RECIPE_BYTES} bytes)", hint="is this the right file? a recipe is a short YAML file")
+        raw = p.read_bytes()
+    except OSError as e:
+        raise RecipeError(f"{p}: cannot read the recipe: {e.strerror or e}",
+                          hint="check the path and its permissions") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise RecipeError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); a recipe "
+                          "is a UTF-8 YAML file",
+                          hint="is this the right file? re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _dotenv() -> dict[str, str]:
+    """Variables of ``.env`` in the current directory (python-dotenv, as the settings read it); {} without one."""
+    env_file = Path(".env")
+    if not env_file.is_file():
+        return {}
+    from dotenv import dotenv_values
+
+    return {k: v for k, v in dotenv_values(env_file).items() if v is not None}
+
+
+def resolve_env(env: dict[str, str], *, where: str = "recipe",
+                lines: dict[tuple, int] | None = None) -> dict[str, str]:
+    """``env`` with every ``${NAME}`` replaced by NAME's value from the environment (first) or ``.env``.
+
+    Raises RecipeError naming the variable (never a value) when one is not set.
+    """
+    if not any(_ENV_REF.search(v) for v in env.values()):
+        return dict(env)
+    import os
+
+    dot = _dotenv()
+    out = {}
+    for k, v in env.items():
+        def sub(m: re.Match) -> str:
+            name = m.group(1)
+            val = os.environ.get(name, dot.get(name))
+            if val is None:
+                line = (lines or {}).get(("env", k)) or (lines or {}).get(("env",)) or "?"
+                raise RecipeError(f"{where}:{line}: field 'env.{k}': ${{{name}}} is not set in the environment "
+                                  "or in .env",
+                                  hint=f"export {name}=... (or add {name}=... to .env) before running")
+            return val
+
+        out[k] = _ENV_REF.sub(sub, v)
+    return out
+
+
+def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     """Read and validate a recipe file; resolve ``script`` and ``workdir`` relative to it.
 
+    ``resolve``: substitute ``${NAME}`` in env values (needed to run; ``broker plan`` reads a recipe without).
     Raises RecipeError naming the file, line, field and what is allowed.
     """
-    import yaml
-
     p = Path(path)
-    if not p.exists():
-        raise RecipeError(f"{p}: no such recipe file", hint="give the path of a .yaml recipe, e.g. recipes/ddp_2node.yaml")
-    text = p.read_text(encoding="utf-8")
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise RecipeError(f"{p}{where}: not valid YAML: {getattr(e, 'problem', e)}",
-                          hint="check indentation and quoting on that line") from None
+    text = _read_text(p)
+    node, data = parse_yaml(text, str(p))
     if not isinstance(data, dict):
         raise RecipeError(f"{p}: a recipe must be a YAML mapping of fields (name, script, nodes, ...)",
-                          hint="see recipes/ddp_2node.yaml for a complete example")
+                          hint="see recipes/ddp_2node.yaml for a complete example (`broker init` writes it)")
     lines = _line_map(node) if node is not None else {}
 
     try:
@@ -217,7 +430,11 @@ def load_recipe(path: str | Path) -> Recipe:
     except ValueError:
         raise RecipeError(f"{p}:{line}: field 'script': {script} is outside workdir {workdir}",
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
-    return recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve()})
+    template = dict(recipe.env)
+    env = resolve_env(template, where=str(p), lines=lines) if resolve else template
+    out = recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve(), "env": env})
+    out._env_template = template
+    return out
 
 
 def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
@@ -233,8 +450,9 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
             hint = f"did you mean '{close[0]}'?" if close else f"allowed fields: {', '.join(known)}"
             msgs.append(f"{p}:{line}: unknown field '{field}': {hint}")
             continue
-        allowed = _ALLOWED_HINT.get(str(loc[0])) if loc else None
-        msg = err["msg"]
+        allowed = (_ALLOWED_GPU.get(str(loc[1])) if loc[:1] == ("gpu",) and len(loc) > 1 else
+                   _ALLOWED_HINT.get(str(loc[0]))) if loc else None
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             msgs.append(f"{p}: missing required field '{field}'" + (f": {allowed}" if allowed else ""))
             continue

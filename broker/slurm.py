@@ -58,7 +58,16 @@ from broker.recipe import Recipe
 PORT_BASE = 29500
 PORT_SPAN = 19500
 
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d{1,3}):([0-5]\d):([0-5]\d)$")
+#: sbatch --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME_FORMS = (
+    re.compile(r"^(?P<m>\d+)$"),
+    re.compile(r"^(?P<m>\d+):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+)
+_TIME_HELP = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
 def slurm_time(max_hours: float) -> str:
@@ -67,11 +76,48 @@ def slurm_time(max_hours: float) -> str:
     return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
+_ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _env_ref_value(template: str) -> str:
+    """``template`` double-quoted for bash with only its ``${NAME}`` references left to expand."""
+    out, pos = [], 0
+    for m in _ENV_REF.finditer(template):
+        out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:]))
+    return '"' + "".join(out) + '"'
+
+
+def time_seconds(value: str) -> int | None:
+    """Seconds of an sbatch ``--time`` value in any of its forms (:data:`_TIME_HELP`); None when malformed."""
+    v = value.strip()
+    for form in _TIME_FORMS:
+        m = form.match(v)
+        if not m:
+            continue
+        g = {k: int(x) for k, x in m.groupdict().items() if x is not None}
+        if "d" in g and g.get("h", 0) > 23:
+            return None
+        if "h" in g and g.get("m", 0) > 59:  # minutes alone (or MM:SS) may exceed 59
+            return None
+        if g.get("s", 0) > 59:
+            return None
+        return ((g.get("d", 0) * 24 + g.get("h", 0)) * 60 + g.get("m", 0)) * 60 + g.get("s", 0)
+    return None
+
+
 def check_time(value: str) -> str:
-    """Validate a ``--time`` value given as ``HH:MM:SS`` or ``D-HH:MM:SS``; raises BadInput."""
-    if not _TIME_RE.match(value):
-        raise BadInput(f"--time {value!r} is not HH:MM:SS", hint="give the wall-clock limit as e.g. 00:30:00")
-    return value
+    """Validate an sbatch ``--time`` value (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); raises
+    BadInput.  Zero (Slurm's "no limit") is refused: every run has a hard deadline."""
+    secs = time_seconds(value)
+    if secs is None:
+        raise BadInput(f"--time {value!r} is not a Slurm time: give {_TIME_HELP}",
+                       hint="e.g. 30 (minutes), 00:30:00 (HH:MM:SS) or 1-12 (1 day 12 hours)")
+    if secs == 0:
+        raise BadInput(f"--time {value!r} means no time limit", hint="every run has a hard deadline: e.g. 00:30:00")
+    return value.strip()
 
 
 def job_name(recipe: Recipe) -> str:
@@ -96,7 +142,8 @@ def batch_log_path(log_dir: str | Path, name: str, job_id: str) -> str:
 
 def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str | None = None,
                   time: str | None = None, log_dir: str | Path, port: int | None = None, python: str = "python3",
-                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None) -> str:
+                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None,
+                  env_refs: bool = False) -> str:
     """The sbatch script (bash) for ``recipe``.
 
     ``log_dir``: where Slurm writes ``<name>-<jobid>-batch.out`` and the per-node ``<name>-<jobid>-node<i>.out``;
@@ -109,6 +156,8 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     workdir itself.
     ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo).
     ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
+    ``env_refs``: write env values that reference ``${NAME}`` as written (expanded in the job from the submitting
+    environment) instead of their resolved values: a script that is printed never carries a secret.
 
     Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
     """
@@ -165,8 +214,11 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **recipe.env}
     if not gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    written = recipe.model_dump(include={"env"})["env"] if env_refs else {}  # ${NAME} kept as written
     for k, v in env.items():
-        lines.append(f"export {k}={q(v)}")
+        t = written.get(k)
+        value = _env_ref_value(t) if t is not None and _ENV_REF.search(t) else q(v)
+        lines.append(f"export {k}={value}")
     lines += [
         'echo "broker: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ($SLURM_NNODES nodes), '
         'MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"',

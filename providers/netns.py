@@ -51,6 +51,23 @@ from broker.provider import BadInput, Provider, ProviderCheck, ProviderError, Ta
 #: every object this provider creates starts with this (namespaces, bridge, veths)
 PREFIX = "bkn"
 _CID = re.compile(rf"^({PREFIX}[0-9a-f]{{6}})(?:br|n\d+|v\d+)$")
+#: a whole cluster id, nothing else
+CID_RE = re.compile(rf"{PREFIX}[0-9a-f]{{6}}")
+
+
+def check_cid(cid: str) -> str:
+    """``cid`` when it is a whole cluster id (``bkn`` + 6 hex digits); BadInput otherwise (never a prefix match)."""
+    if not isinstance(cid, str) or not CID_RE.fullmatch(cid):
+        raise BadInput(f"not a netns cluster id: {cid!r} (an id is 'bkn' and 6 hex digits, e.g. bkn1a2b3c)",
+                       hint="`broker netns status` lists the clusters on this machine; `broker netns down --all` "
+                            "removes every one")
+    return cid
+
+
+def cid_of(name: str) -> str | None:
+    """The cluster id a namespace / link name belongs to (None when it is not one of this provider's)."""
+    m = _CID.match(name)
+    return m.group(1) if m else None
 INJECTS = ("firewall", "wrong-iface", "mtu")
 SUBNET_BASE = "198.18"  # 198.18.0.0/16 only (198.19.0.0/16 belongs to the Slurm cluster)
 _LOCK = Path("/tmp/broker-netns.lock")
@@ -204,9 +221,10 @@ def _ns_pids(ns: str) -> list[int]:
 
 def remove_cid(cid: str, *, sshd_pids: list[int] | None = None) -> list[str]:
     """Remove every namespace, veth and bridge of cluster ``cid`` and kill the processes inside.  Idempotent."""
+    check_cid(cid)
     removed: list[str] = []
     _kill_pids(list(sshd_pids or []), signal.SIGTERM)
-    namespaces = [ns for ns in _ns_list() if ns.startswith(cid) and _CID.match(ns)]
+    namespaces = [ns for ns in _ns_list() if cid_of(ns) == cid]
     for ns in namespaces:  # sshd session children and remote jobs outlive the sshd master: kill by PID
         _kill_pids(_ns_pids(ns), signal.SIGKILL)
     _kill_pids(list(sshd_pids or []), signal.SIGKILL)
@@ -218,7 +236,7 @@ def remove_cid(cid: str, *, sshd_pids: list[int] | None = None) -> list[str]:
                 break
             time.sleep(0.1)
     for link in _links():
-        if link.startswith(cid) and _CID.match(link):
+        if cid_of(link) == cid:
             if _run(["ip", "link", "del", link], check=False).returncode == 0:
                 removed.append(f"link {link}")
     return removed
@@ -228,13 +246,17 @@ def leftovers(cid: str | None = None) -> list[str]:
     """Namespaces and links with this provider's prefix (of one cluster when ``cid`` is given)."""
     out = [f"netns {ns}" for ns in _ns_list() if _CID.match(ns)]
     out += [f"link {ln}" for ln in _links() if _CID.match(ln)]
-    if cid:
-        out = [x for x in out if x.split()[1].startswith(cid)]
+    if cid is not None:
+        check_cid(cid)
+        out = [x for x in out if cid_of(x.split()[1]) == cid]
     return out
 
 
 def sshd_processes(cid: str | None = None) -> list[int]:
-    """PIDs of sshd processes started by this provider (their command line names a ``bkn...`` config)."""
+    """PIDs of sshd processes started by this provider (their command line names a ``bkn...`` config); of one
+    cluster when ``cid`` is given (whole-id match: its state folder ``/netns/<cid>/`` is in the command line)."""
+    if cid is not None:
+        check_cid(cid)
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -243,15 +265,15 @@ def sshd_processes(cid: str | None = None) -> list[int]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "sshd" in cmd and "/netns/" in cmd and re.search(rf"{PREFIX}[0-9a-f]{{6}}", cmd):
-            if cid is None or cid in cmd:
+        if "sshd" in cmd and "/netns/" in cmd and re.search(rf"/netns/{PREFIX}[0-9a-f]{{6}}/", cmd):
+            if cid is None or f"/netns/{cid}/" in cmd:
                 pids.append(int(d.name))
     return pids
 
 
 def down_all() -> list[str]:
     """Remove every leftover netns cluster on this machine (by prefix), also ones whose state file is lost."""
-    cids = sorted({_CID.match(x.split()[1]).group(1) for x in leftovers()})  # type: ignore[union-attr]
+    cids = sorted({c for x in leftovers() if (c := cid_of(x.split()[1]))})
     removed: list[str] = []
     for pid in sshd_processes():
         _kill_pids([pid], signal.SIGKILL)
@@ -285,8 +307,7 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
     if use_gpus is None:
         use_gpus = gpu_count() >= n * gpus_per_node
     cid = cid or new_cid()
-    if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
-        raise BadInput(f"not a netns cluster id: {cid!r}")
+    check_cid(cid)
     root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
     root.mkdir(parents=True, exist_ok=True)
     with open(_LOCK, "w") as lock:  # subnet choice and creation are atomic among parallel callers
@@ -500,7 +521,7 @@ class NetnsProvider(Provider):
                   attrs: dict[str, Any] | None = None) -> bool:
         """``netns_node`` resources (provider id ``<cid>:<i>``): remove the whole cluster ``cid``.  Idempotent."""
         cid = provider_id.split(":")[0]
-        if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
+        if not CID_RE.fullmatch(cid):
             raise BadInput(f"not a netns cluster id: {provider_id!r}")
         for pid in sshd_processes(cid):
             _kill_pids([pid], signal.SIGKILL)

@@ -154,7 +154,7 @@ def test_node_exit_codes_from_srun_messages():
     assert node_exit_codes("", 2, job_ok=True) == ({0: 0, 1: 0}, None)
 
 
-def test_cli_render_writes_script_and_log_dir(recipe, tmp_path):
+def test_cli_render_writes_script_only(recipe, tmp_path):
     out = tmp_path / "job.sbatch"
     cp = subprocess.run([sys.executable, "-m", "broker", "slurm", "render", str(recipe.path), "--partition", "debug",
                          "--time", "00:05:00", "--output", str(out), "--cpu-only"],
@@ -162,8 +162,9 @@ def test_cli_render_writes_script_and_log_dir(recipe, tmp_path):
     assert cp.returncode == 0, cp.stderr
     s = out.read_text()
     assert "#SBATCH --partition=debug" in s and "#SBATCH --time=00:05:00" in s and "--gpus-per-node" not in s
-    assert (tmp_path / "slurm-logs").is_dir()
-    assert f"LOG_DIR={tmp_path}/slurm-logs" in s.splitlines()
+    # no side effects: the log folder is not created here (the printed submit line does it, beside sbatch)
+    assert not (tmp_path / "slurm-logs").exists() and not (REPO / "slurm-logs").exists()
+    assert "LOG_DIR=slurm-logs" in s.splitlines() and "mkdir -p slurm-logs && sbatch" in cp.stderr
     cp = subprocess.run([sys.executable, "-m", "broker", "slurm", "render", str(recipe.path), "--time", "5m"],
                         cwd=REPO, capture_output=True, text=True)
     assert cp.returncode == 2 and "HH:MM:SS" in cp.stderr

@@ -17,8 +17,9 @@ def _clusters_dir() -> Path:
 
 
 def _state_for(cid: str):
-    from broker.providers.netns import NetnsCluster
+    from broker.providers.netns import NetnsCluster, check_cid
 
+    check_cid(cid)  # a whole id only: never a glob pattern
     for st in _clusters_dir().glob(f"*/netns/{cid}/state.json"):
         try:
             return NetnsCluster.load(st.parent)
@@ -57,22 +58,32 @@ def down_cmd(
     cid: str = typer.Argument(None, help="cluster id (bkn + 6 hex digits), as printed by `broker netns up`"),
     all_: bool = typer.Option(False, "--all", help="remove every leftover netns cluster on this machine"),
 ) -> None:
-    """Kill the cluster's sshd's and processes, delete its namespaces, veths and bridge (idempotent)."""
+    """Kill the cluster's sshd's and processes, delete its namespaces, veths and bridge (idempotent).
+
+    The id must be a whole cluster id (``bkn`` + 6 hex digits): a part of one (``bkn``) or any other word is an
+    error (exit 2), never a pattern."""
+    from broker.errors import BadInput
+
+    if all_ and cid:
+        raise BadInput("give a cluster id or --all, not both", hint="broker netns down bkn1a2b3c, or --all")
+    if not all_ and not cid:
+        raise BadInput("name a cluster id or pass --all", hint="`broker netns status` lists them")
     from broker.providers import netns
-    from broker.provider import BadInput
     from broker.ui import console
 
     if all_:
         removed = netns.down_all()
-    elif cid:
+    else:
+        netns.check_cid(cid)
         c = _state_for(cid)
         removed = c.down() if c else []
-        removed += [f"sshd pid {p}" for p in netns.sshd_processes(cid)]
-        for p in netns.sshd_processes(cid):
-            netns._kill_pids([p], 9)
+        pids = netns.sshd_processes(cid)
+        netns._kill_pids(pids, 9)
+        removed += [f"sshd pid {p}" for p in pids]
         removed += netns.remove_cid(cid)
-    else:
-        raise BadInput("name a cluster id or pass --all", hint="`broker netns status` lists them")
+        if not removed and c is None:
+            console.print(f"no cluster {cid} on this machine: nothing to remove (`broker netns status` lists them)")
+            return
     console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"))
 
 

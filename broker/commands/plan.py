@@ -231,7 +231,7 @@ def _requirements(recipe: Path | None, **flags: Any) -> "Requirements":
     if recipe is not None:
         from broker.recipe import load_recipe
 
-        base = load_recipe(recipe).requirements().model_dump()
+        base = load_recipe(recipe, resolve=False).requirements().model_dump()  # planning needs no env values
     else:
         base = Requirements(budget_usd=None).model_dump()
     for k, v in flags.items():
@@ -264,8 +264,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
+        from broker.errors import BadInput
+        from broker.limits import check_number
+
+        # the same limits as a recipe's (broker.limits), before anything is planned
+        for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
+                                   ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours),
+                                   ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
+            check_number(flag, field, value)
         from broker.planner import plan as make_plan
-        from broker.provider import BadInput
         from broker.ui import err, print_json
 
         if topology is not None and topology not in ("simulated", "multi-node", "local", "any"):

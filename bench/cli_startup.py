@@ -1,0 +1,117 @@
+"""CLI start-up time as a ratio to a bare interpreter (``python -c pass``), measured in the same run.
+
+Times ``broker --help`` and ``broker plan --budget 5`` (offline: a temporary BROKER_HOME, no credentials, no
+network), each the median of ``--starts`` runs interleaved with the baseline's, and prints the ratios against the
+goals (``--help`` <= 5x, ``plan`` <= 7x).  Both wall time and CPU time (user + system of the child, from
+``getrusage``) are shown; on a shared, loaded machine the CPU ratio is the fair one (the goals are checked on it).  ``--imports`` adds the slowest imports of each command
+(``python -X importtime``), to see where the time goes.
+
+Run: ``python bench/cli_startup.py [--starts 15] [--imports]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOALS = {"broker --help": 5.0, "broker plan --budget 5": 7.0}
+
+
+def _env(home: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "VAST_", "OCI_", "BROKER_"))}
+    env.update(BROKER_HOME=home, HOME=home, PYTHONPATH=str(ROOT), AWS_EC2_METADATA_DISABLED="true",
+               OCI_CONFIG_FILE=f"{home}/no-oci", AWS_CONFIG_FILE=f"{home}/no-aws",
+               AWS_SHARED_CREDENTIALS_FILE=f"{home}/no-aws-creds", XDG_CONFIG_HOME=f"{home}/xdg",
+               COLUMNS="100", PYTHONDONTWRITEBYTECODE="")
+    return env
+
+
+def _broker() -> list[str]:
+    """The installed console script when there is one beside this interpreter (what users run), else -m broker."""
+    script = Path(sys.executable).parent / "broker"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "broker"]
+
+
+def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of ``argv``."""
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    wall = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+
+def measure(starts: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds of the baseline and of each command (runs interleaved, after one warm-up each)."""
+    home = tempfile.mkdtemp(prefix="broker-bench-")
+    try:
+        env = _env(home)
+        cmds = {"python -c pass": [sys.executable, "-c", "pass"],
+                "broker --help": _broker() + ["--help"],
+                "broker plan --budget 5": _broker() + ["plan", "--budget", "5"]}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
+        for argv in cmds.values():  # warm caches (and write .pyc files)
+            _time(argv, env, home)
+        for _ in range(starts):
+            for k, argv in cmds.items():
+                times[k].append(_time(argv, env, home))
+        return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def slowest_imports(argv: list[str], n: int = 12) -> list[tuple[int, str]]:
+    """The ``n`` imports with the largest cumulative time (microseconds) for ``argv`` (``-X importtime``)."""
+    home = tempfile.mkdtemp(prefix="broker-bench-")
+    try:
+        cp = subprocess.run([sys.executable, "-X", "importtime", "-m", "broker", *argv], env=_env(home), cwd=home,
+                            capture_output=True, text=True)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    rows = []
+    for line in cp.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            _, cum, name = (x.strip() for x in line[len("import time:"):].split("|"))
+            rows.append((int(cum), name))
+    return sorted(rows, reverse=True)[:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--starts", type=int, default=15, help="runs per command (median)")
+    ap.add_argument("--imports", action="store_true", help="also list the slowest imports of each command")
+    a = ap.parse_args()
+    med = measure(a.starts)
+    bw, bc = med["python -c pass"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"python -c pass: wall {bw * 1000:.1f} ms, CPU {bc * 1000:.1f} ms (median of {a.starts}; {os.cpu_count()} "
+          f"cores, load average {load:.1f})")
+    ok = True
+    for k, goal in GOALS.items():
+        w, c = med[k]
+        ratio = c / bc
+        ok &= ratio <= goal
+        print(f"{k}: wall {w * 1000:.1f} ms = {w / bw:.1f}x, CPU {c * 1000:.1f} ms = {ratio:.1f}x python -c pass "
+              f"(goal <= {goal:g}x on CPU: {'met' if ratio <= goal else 'missed'})")
+    if a.imports:
+        for label, argv in (("--help", ["--help"]), ("plan --budget 5", ["plan", "--budget", "5"])):
+            print(f"slowest imports of broker {label} (cumulative ms):")
+            for us, name in slowest_imports(argv):
+                print(f"  {us / 1000:7.1f}  {name}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

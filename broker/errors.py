@@ -1,0 +1,94 @@
+"""Broker's error classes: what the core and the CLI react to, and the exit code each one ends with.
+
+Free of pydantic (and of every other third-party import) so that the CLI's error boundary and ``broker --help``
+load it for free.  :mod:`broker.provider` re-exports every name here; both import paths work.
+
+Exit codes (DESIGN.md, README): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error,
+130 interrupted.
+"""
+
+from __future__ import annotations
+
+#: exit code of each outcome (the CLI's error boundary and the README use these)
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_PLAN = 3
+EXIT_PROVIDER = 4
+EXIT_INTERRUPTED = 130
+
+
+class BrokerError(Exception):
+    """Base of broker's errors; ``exit_code`` follows DESIGN.md (2 bad input, 3 no plan, 4 provider error)."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:  # message + what to do
+        return f"{self.message}" + (f"\n  -> {self.hint}" if self.hint else "")
+
+
+class BadInput(BrokerError):
+    """The user's recipe, flags or files are wrong (exit 2)."""
+
+    exit_code = 2
+
+
+class NoValidPlan(BrokerError):
+    """No option fits budget, quota and capacity (exit 3)."""
+
+    exit_code = 3
+
+
+class ProviderError(BrokerError):
+    """A provider call failed (exit 4).  ``provider`` and ``call`` name what failed."""
+
+    exit_code = 4
+    #: True when a create may have happened although it failed (see :class:`AmbiguousCreate`).
+    ambiguous: bool = False
+
+    def __init__(self, provider: str, call: str, message: str, *, hint: str | None = None,
+                 code: str | None = None, status: int | None = None):
+        super().__init__(f"{provider}: {call} failed: {message}", hint=hint)
+        self.provider = provider
+        self.call = call
+        self.code = code
+        self.status = status
+
+
+class CapacityError(ProviderError):
+    """Out of host capacity / insufficient capacity: fail over to the next zone or offer."""
+
+
+class QuotaError(ProviderError):
+    """A service limit / quota blocks the create: skip this provider or region; suggest a quota request."""
+
+
+class OfferGone(ProviderError):
+    """The Vast.ai offer was rented by someone else (or vanished) between search and create."""
+
+
+class AuthError(ProviderError):
+    """Credentials missing or rejected: the provider is unusable until configured (hint says how)."""
+
+
+class TransientError(ProviderError):
+    """Throttling (429), 5xx or a network blip: retry with backoff."""
+
+
+class AmbiguousCreate(TransientError):
+    """A create whose outcome is unknown: the request may have reached the provider (5xx, timeout, an answer
+    without an id) and a list by the intent's tag / label could not settle it.  An instance may exist and bill.
+    Never create again for this intent: record it as ``unknown``, stop creating on this provider and keep it in
+    ``status`` until a later :meth:`broker.provider.Provider.list_tagged` (``TaggedResource.client_token`` = the
+    ledger row id) proves it absent or finds it to terminate."""
+
+    ambiguous = True
+
+
+class NotSupported(ProviderError):
+    """The adapter does not implement this verb."""

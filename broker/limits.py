@@ -1,0 +1,64 @@
+"""The one place for the bounds of a job's numbers: recipes (:mod:`broker.recipe`) and the ``plan`` flags both
+check against these, so a flag can never ask for what a recipe may not.
+
+Pure and free of third-party imports (the CLI checks its flags with :func:`check_number` before loading pydantic).
+"""
+
+from __future__ import annotations
+
+import math
+
+from broker.errors import BadInput
+
+#: field -> (lowest, highest, lowest is exclusive, unit / what it is, example).  Highest is always inclusive.
+LIMITS: dict[str, tuple[float, float, bool, str, str]] = {
+    "nodes": (1, 64, False, "nodes", "2"),
+    "gpus_per_node": (1, 16, False, "GPUs per node", "1"),
+    "budget_usd": (0, 100_000, True, "US dollars", "5"),
+    "max_hours": (0, 168, True, "hours (one week at most)", "0.5"),
+    "min_mem_gib": (0, 1024, False, "GiB per GPU", "16"),
+    "disk_gib": (0, 65_536, True, "GiB per node", "40"),
+    "idle_minutes": (0, 10_080, True, "minutes", "30"),
+}
+
+#: fields that take whole numbers only
+INTEGER_FIELDS = ("nodes", "gpus_per_node")
+
+#: the most ``*`` aliases a recipe may use, and the most nodes (after aliases are expanded) its YAML may hold
+MAX_YAML_ALIASES = 64
+MAX_YAML_NODES = 20_000
+#: the deepest nesting of lists/mappings a recipe may hold
+MAX_YAML_DEPTH = 50
+
+
+def allowed(field: str) -> str:
+    """What is allowed for ``field``, in words: ``a whole number from 1 to 64``."""
+    lo, hi, open_lo, unit, example = LIMITS[field]
+    if field in INTEGER_FIELDS:
+        return f"a whole number from {lo:g} to {hi:g}"
+    low = f"more than {lo:g}" if open_lo else f"at least {lo:g}"
+    return f"a number of {unit}, {low} and at most {hi:g}, e.g. {example}"
+
+
+def problem(field: str, value: float | int) -> str | None:
+    """Why ``value`` is not allowed for ``field`` (None when it is)."""
+    lo, hi, open_lo, _, _ = LIMITS[field]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r} is not a number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    if field in INTEGER_FIELDS and not float(value).is_integer():
+        return f"{value} is not a whole number"
+    if value < lo or (open_lo and value == lo) or value > hi:
+        return f"{value:g} is out of range"
+    return None
+
+
+def check_number(flag: str, field: str, value: float | int | None) -> None:
+    """Raise BadInput (exit 2) when the flag's ``value`` breaks the limit of ``field``; None passes."""
+    if value is None:
+        return
+    why = problem(field, value)
+    if why:
+        raise BadInput(f"{flag} {why}: allowed is {allowed(field)}",
+                       hint=f"e.g. {flag} {LIMITS[field][4]}")

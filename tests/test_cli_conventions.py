@@ -1,0 +1,183 @@
+"""Small CLI conventions: --version, shell completion, -v logging, LICENSE, `broker init`, `slurm render` without
+side effects or local paths, every sbatch --time form."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker import __version__
+from broker.errors import BadInput
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def broker(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PYTHONPATH=str(REPO))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "broker", *args], cwd=cwd or REPO, env=e, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_version():
+    cp = broker("--version")
+    assert cp.returncode == 0 and cp.stdout.strip() == f"broker {__version__}"
+
+
+def test_shell_completion_is_on():
+    cp = broker("--help")
+    assert cp.returncode == 0 and "--install-completion" in cp.stdout and "--show-completion" in cp.stdout
+    # the completion protocol itself answers (what the installed shell hook calls)
+    cp = broker(env={"_BROKER_COMPLETE": "complete_bash", "COMP_WORDS": "broker pl", "COMP_CWORD": "1"})
+    assert cp.returncode == 0 and "plan" in cp.stdout, cp.stdout + cp.stderr
+
+
+def test_verbose_sends_logging_to_stderr(tmp_path):
+    code = ("import logging, sys; from broker import cli\n"
+            "@cli.app.command('log-test')\n"
+            "def _l():\n    logging.getLogger('broker.x').info('hello-info'); "
+            "logging.getLogger('broker.x').debug('hello-debug')\n"
+            "cli.main(sys.argv[1:])\n")
+    e = dict(os.environ, PYTHONPATH=str(REPO), BROKER_HOME=str(tmp_path))
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-c", code, *a], env=e, capture_output=True, text=True, timeout=60)
+
+    quiet, v, vv = run("log-test"), run("-v", "log-test"), run("--verbose", "-v", "log-test")
+    assert quiet.returncode == v.returncode == vv.returncode == 0, quiet.stderr + v.stderr
+    assert "hello-info" not in quiet.stderr
+    assert "hello-info" in v.stderr and "hello-debug" not in v.stderr and "hello-info" not in v.stdout
+    assert "hello-debug" in vv.stderr
+
+
+def test_license_is_apache_2():
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert 'license = "Apache-2.0"' in (REPO / "pyproject.toml").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ broker init
+def test_init_writes_the_examples_and_they_load(tmp_path):
+    d = tmp_path / "ex"
+    cp = broker("init", str(d))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "ddp_2node.yaml" in cp.stdout and "broker run" in cp.stdout
+    for f in ("ddp_2node.yaml", "ddp_train.py", "allreduce_bench.yaml", "allreduce_bench.py", "data/digits.csv.gz"):
+        assert (d / f).read_bytes() == (REPO / "recipes" / f).read_bytes(), f
+    assert not list(d.rglob("__pycache__"))
+    from broker.recipe import load_recipe
+
+    r = load_recipe(d / "ddp_2node.yaml")
+    assert r.script == (d / "ddp_train.py").resolve()
+    # no silent overwrite
+    cp = broker("init", str(d))
+    assert cp.returncode == 2 and "--force" in cp.stderr
+    assert broker("init", str(d), "--force").returncode == 0
+
+
+def test_examples_are_package_data():
+    """The examples are in the package (broker.recipes), so `pip install` ships them: they come from there, not
+    from the checkout's recipes/ folder."""
+    from broker.commands.init import example_files
+
+    files = example_files()
+    assert {"ddp_2node.yaml", "ddp_train.py", "allreduce_bench.yaml", "data/digits.csv.gz"} <= set(files)
+    py = (REPO / "pyproject.toml").read_text()
+    assert '"broker.recipes" = "recipes"' in py and '"broker.recipes" = ["*.yaml", "*.py", "data/*.gz"' in py
+    assert "__init__.py" not in files
+
+
+def test_init_into_a_file_is_bad_input(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    cp = broker("init", str(f))
+    assert cp.returncode == 2 and "not a folder" in cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ slurm render
+@pytest.fixture()
+def recipe_path(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: ddp-fast\nscript: {REPO}/recipes/ddp_train.py\nworkdir: {REPO}/recipes\nnodes: 2\n"
+                 "cpu_ok: true\nmax_hours: 0.25\n")
+    return p
+
+
+def test_render_has_no_side_effects_and_no_local_paths(recipe_path, tmp_path):
+    work = tmp_path / "cwd"
+    work.mkdir()
+    cp = broker("slurm", "render", str(recipe_path), cwd=work)
+    assert cp.returncode == 0, cp.stderr
+    assert list(work.iterdir()) == []  # no ./slurm-logs (or anything) created
+    s = cp.stdout
+    assert str(tmp_path) not in s and str(REPO) not in s and "/work/" not in s
+    assert "#SBATCH --output=slurm-logs/%x-%j-batch.out" in s and "#SBATCH --chdir=." in s
+    # where logs go, and that the folder must exist before sbatch: in the printed submit line
+    assert "slurm-logs/" in cp.stderr and "must exist" in cp.stderr and "mkdir -p slurm-logs && sbatch" in cp.stderr
+
+
+def test_render_output_file_only(recipe_path, tmp_path):
+    out = tmp_path / "o" / "job.sbatch"
+    out.parent.mkdir()
+    cp = broker("slurm", "render", str(recipe_path), "-o", str(out), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["job.sbatch"]
+    assert not (tmp_path / "slurm-logs").exists()
+    assert f"mkdir -p slurm-logs && sbatch {out}" in cp.stderr
+
+
+def test_render_paths_only_when_asked(recipe_path, tmp_path):
+    cp = broker("slurm", "render", str(recipe_path), "--workdir", "/scratch/me/job", "--log-dir", "/scratch/me/logs")
+    assert cp.returncode == 0, cp.stderr
+    assert "#SBATCH --chdir=/scratch/me/job" in cp.stdout and "LOG_DIR=/scratch/me/logs" in cp.stdout
+    assert not Path("/scratch/me/logs").exists()
+
+
+@pytest.mark.parametrize("value, seconds", [
+    ("30", 1800), ("90", 5400), ("30:15", 1815), ("90:00", 5400), ("01:02:03", 3723), ("100:00:00", 360000),
+    ("2-12", 216000), ("1-00:30", 88200), ("1-02:03:04", 93784), ("0-0:1", 60),
+])
+def test_every_sbatch_time_form(value, seconds):
+    from broker.slurm import check_time, time_seconds
+
+    assert time_seconds(value) == seconds
+    assert check_time(value) == value
+
+
+@pytest.mark.parametrize("value", ["5m", "1:2:3:4", "1-25", "1-02:60", "01:60:00", "00:00:60", "-1", "", "1d",
+                                   "0", "00:00:00", "UNLIMITED"])
+def test_bad_sbatch_times(value):
+    from broker.slurm import check_time
+
+    with pytest.raises(BadInput):
+        check_time(value)
+
+
+def test_render_accepts_day_forms_via_cli(recipe_path):
+    cp = broker("slurm", "render", str(recipe_path), "--time", "1-12")
+    assert cp.returncode == 0 and "#SBATCH --time=1-12" in cp.stdout, cp.stderr
+    cp = broker("slurm", "render", str(recipe_path), "--time", "5m")
+    assert cp.returncode == 2 and "HH:MM:SS" in cp.stderr and "D-HH" in cp.stderr
+
+
+def test_render_keeps_env_references_and_prints_no_secret(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: j\nscript: {REPO}/recipes/ddp_train.py\nworkdir: {REPO}/recipes\ncpu_ok: true\n"
+                 "env: {HF_TOKEN: '${MY_TOKEN}', MIX: 'a \"b\" $c ${MY_TOKEN}', PLAIN: x}\n")
+    cp = broker("slurm", "render", str(p), env={"MY_TOKEN": "s3cr3t-value"})
+    assert cp.returncode == 0, cp.stderr
+    assert "s3cr3t" not in cp.stdout + cp.stderr
+    assert 'export HF_TOKEN="${MY_TOKEN}"' in cp.stdout.splitlines()
+    assert "MY_TOKEN" in cp.stderr
+    # bash expands only the reference: the rest stays literal
+    exports = "\n".join(ln for ln in cp.stdout.splitlines() if ln.startswith("export "))
+    out = subprocess.run(["bash", "-c", exports + '\nprintf "%s|%s|%s" "$HF_TOKEN" "$MIX" "$PLAIN"'],
+                         env={"MY_TOKEN": "tok", "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert out.stdout == 'tok|a "b" $c tok|x', out.stdout + out.stderr
+    # unset at render time is fine (resolved where the job runs)
+    cp = broker("slurm", "render", str(p), env={"MY_TOKEN": ""})
+    assert cp.returncode == 0

@@ -1,0 +1,306 @@
+"""The CLI's one error boundary (broker.cli.main): every failure is one message with what to do and the documented
+exit code (0 ok, 1 job failed, 2 bad input, 3 no valid plan, 4 provider error, 130 interrupted); never a Python
+traceback.  Run through `python -m broker` in a subprocess, exactly as a user meets it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def broker(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 120):
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "broker", *args], cwd=cwd or REPO, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def one_message(cp: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == code, out
+    assert "Traceback" not in out, out
+    assert "error:" in cp.stderr, out
+    for n in needles:
+        assert n in out, out
+    return out
+
+
+@pytest.fixture()
+def job(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+
+    def write(body: str, name: str = "r.yaml") -> Path:
+        p = tmp_path / name
+        p.write_text("name: j\nscript: train.py\n" + body)
+        return p
+
+    return write
+
+
+# ------------------------------------------------------------------------------------------------ bad recipes
+def test_binary_recipe(tmp_path):
+    p = tmp_path / "bin.yaml"
+    p.write_bytes(bytes(range(256)) * 4)
+    one_message(broker("plan", "--recipe", str(p)), 2, str(p), "not UTF-8", "->")
+
+
+def test_latin1_recipe_names_the_line(tmp_path, job):
+    p = tmp_path / "l1.yaml"
+    p.write_bytes(b"name: j\nscript: train.py\n# caf\xe9\n")
+    out = one_message(broker("run", str(p)), 2, f"{p}:3:", "not UTF-8", "0xe9")
+    assert "iconv" in out
+
+
+def test_directory_as_recipe(tmp_path):
+    one_message(broker("run", str(tmp_path)), 2, str(tmp_path), "is a folder")
+
+
+def test_deeply_nested_args(job):
+    p = job("args: " + "[" * 5000 + "]" * 5000 + "\n")
+    one_message(broker("plan", "--recipe", str(p)), 2, "nested", str(p))
+
+
+@pytest.mark.parametrize("value", [".inf", "1e308", ".nan", "-.inf"])
+def test_infinite_and_huge_budget_in_recipe(job, value):
+    p = job(f"budget_usd: {value}\n")
+    one_message(broker("plan", "--recipe", str(p)), 2, f"{p}:3:", "budget_usd", "US dollars")
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--budget", "inf"], "--budget"), (["--budget", "1e308"], "--budget"), (["--budget", "nan"], "--budget"),
+    (["--hours", "inf"], "--hours"), (["--hours", "1e9"], "--hours"), (["--budget", "5", "--nodes", "100000"], "--nodes"),
+    (["--budget", "5", "--gpus-per-node", "17"], "--gpus-per-node"), (["--budget", "5", "--disk", "inf"], "--disk"),
+])
+def test_plan_flags_have_the_recipe_limits(args, flag):
+    cp = broker("plan", *args)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 2 and "Traceback" not in out and flag in out, out
+    if "nan" not in args:  # nan is refused by the option parser itself (nan >= 0 is false)
+        assert "allowed is" in out and "error:" in cp.stderr, out
+
+
+def test_plan_flags_within_limits_still_plan():
+    cp = broker("plan", "--budget", "100000", "--hours", "168", "--nodes", "64", "--provider", "local", "--cpu-ok")
+    assert cp.returncode in (0, 3), cp.stdout + cp.stderr
+    assert "Traceback" not in cp.stderr
+
+
+def test_pricing_never_overflows():
+    """pricing itself clamps (the planner may be called from code with any float)."""
+    import math
+
+    from broker.model import Offer, utcnow
+    from broker.pricing import MAX_SECONDS, billed_seconds, max_billed_seconds, max_hours_within, worst_case_usd
+
+    o = Offer(provider="vast", offer_id="1", instance_type="x", gpu_name="RTX 4090", gpu_count=1, gpu_mem_gib=24,
+              usd_per_hour=0.4, price_source="t", price_time=utcnow())
+    assert billed_seconds(math.inf) == MAX_SECONDS
+    assert worst_case_usd(o, math.inf) > 1e10
+    assert max_billed_seconds(1e308, 1, 0.4) == MAX_SECONDS
+    assert max_billed_seconds(math.inf, 1, 0.4) == MAX_SECONDS
+    assert max_hours_within(1e308, o) > 1e10
+    assert max_hours_within(1e308, [o, o.model_copy(update={"usd_per_hour": 0.5})]) > 1e10
+
+
+# ------------------------------------------------------------------------------------------------ BROKER_HOME
+def test_broker_home_naming_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_message(broker("status", env={"BROKER_HOME": str(f)}), 2, "BROKER_HOME", str(f), "not a folder",
+                "set BROKER_HOME")
+
+
+def test_broker_home_under_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    one_message(broker("status", env={"BROKER_HOME": str(f / "home")}), 2, "BROKER_HOME", "set BROKER_HOME")
+
+
+def _readonly(d: Path) -> list[str]:
+    """argv prefix that runs a command with ``d`` read-only: chmod for a normal user; a read-only bind mount in a
+    private mount namespace for root (root ignores permission bits)."""
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        return []
+    if not shutil.which("unshare"):
+        pytest.skip("root without unshare(1): cannot make a read-only folder")
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespaces here: {probe.stderr.decode().strip()}")
+    return ["unshare", "-m", "sh", "-c", f'mount --bind "{d}" "{d}" && mount -o remount,bind,ro "{d}" && exec "$@"',
+            "sh"]
+
+
+def _broker_ro(d: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    return subprocess.run(_readonly(d) + [sys.executable, "-m", "broker", *args], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_broker_home_read_only(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    try:
+        cp = _broker_ro(home, "status", env={"BROKER_HOME": str(home)})
+        one_message(cp, 2, str(home), "not writable", "set BROKER_HOME")
+    finally:
+        home.chmod(0o755)
+
+
+def test_broker_home_under_a_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    try:
+        cp = _broker_ro(ro, "status", env={"BROKER_HOME": str(ro / "home")})
+        one_message(cp, 2, str(ro / "home"), "set BROKER_HOME")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_ledger_that_cannot_be_opened(tmp_path):
+    home = tmp_path / "home"
+    (home / "ledger.sqlite").mkdir(parents=True)  # sqlite3.OperationalError: unable to open database file
+    one_message(broker("status", env={"BROKER_HOME": str(home)}), 2, f"ledger ({home / 'ledger.sqlite'})",
+                "cannot be used", "set BROKER_HOME")
+
+
+def test_broker_home_read_only_with_json(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    cp = broker("status", "--json", env={"BROKER_HOME": str(f)})
+    assert cp.returncode == 2
+    err = json.loads(cp.stdout)["error"]
+    assert err["exit_code"] == 2 and "not a folder" in err["message"] and "BROKER_HOME" in err["hint"]
+
+
+# ------------------------------------------------------------------------------------------------ the boundary
+def test_json_errors_are_one_object(job):
+    p = job("nodes: true\n")
+    cp = broker("plan", "--recipe", str(p), "--json")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    err = json.loads(cp.stdout)["error"]
+    assert err["type"] == "RecipeError" and err["exit_code"] == 2 and "nodes" in err["message"]
+
+
+def test_json_usage_error_is_json():
+    cp = broker("plan", "--json", "--no-such-flag")
+    assert cp.returncode == 2
+    assert "no-such-flag" in json.loads(cp.stdout)["error"]["message"]
+
+
+def test_usage_error_exit_2():
+    cp = broker("plan", "--no-such-flag")
+    assert cp.returncode == 2 and "No such option" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def _handle(exc: BaseException, capsys, **kw):
+    from broker.cli import handle
+
+    code = handle(exc, as_json=kw.get("as_json", False))
+    return code, capsys.readouterr()
+
+
+def test_unexpected_error_writes_a_crash_log(broker_home, capsys):
+    try:
+        raise ZeroDivisionError("boom")
+    except ZeroDivisionError as e:
+        code, out = _handle(e, capsys)
+    assert code == 1
+    assert "internal error:" in out.err and "ZeroDivisionError: boom" in out.err and "bug" in out.err
+    log = Path(out.err.split("traceback is in ")[1].split(":")[0])
+    assert log.parent == broker_home / "logs"
+    text = log.read_text()
+    assert "Traceback" in text and "ZeroDivisionError: boom" in text and "test_cli_errors.py" in text
+
+
+def test_crash_log_falls_back_to_the_temp_folder(tmp_path, monkeypatch, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv("BROKER_HOME", str(f))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    try:
+        raise RuntimeError("x")
+    except RuntimeError as e:
+        code, out = _handle(e, capsys, as_json=True)
+    assert code == 1
+    err = json.loads(out.out)["error"]
+    assert err["type"] == "internal" and Path(err["log"]).parent == tmp_path / "tmp" / "broker-logs"
+    assert "RuntimeError" in Path(err["log"]).read_text()
+
+
+def test_keyboard_interrupt_is_130(capsys):
+    import typer
+
+    code, out = _handle(KeyboardInterrupt(), capsys)
+    assert code == 130 and "interrupted" in out.err
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise typer.Abort() from e
+    except typer.Abort as a:
+        code, out = _handle(a, capsys)
+    assert code == 130
+
+
+def test_sigint_exits_130(tmp_path):
+    """A real Ctrl-C (SIGINT) while a command runs: exit 130, one line, no traceback."""
+    import signal
+    import time
+
+    e = dict(os.environ, PYTHONPATH=str(REPO), BROKER_HOME=str(tmp_path / "home"))
+    code = ("import sys, time, typer; from broker import cli\n"
+            "@cli.app.command('sleep-test')\n"
+            "def _s():\n    print('ready', flush=True); time.sleep(30)\n"
+            "cli.main(['sleep-test'])\n")
+    p = subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+
+
+def test_provider_and_plan_errors_keep_their_codes(capsys):
+    from broker.errors import NoValidPlan, ProviderError
+
+    code, out = _handle(ProviderError("vast", "search", "HTTP 500", hint="retry later"), capsys)
+    assert code == 4 and "vast: search failed: HTTP 500" in out.err and "retry later" in out.err
+    code, _ = _handle(NoValidPlan("nothing fits"), capsys)
+    assert code == 3
+
+
+def test_os_error_on_a_user_file(tmp_path, capsys):
+    try:
+        open(tmp_path / "missing" / "x")
+    except OSError as e:
+        code, out = _handle(e, capsys)
+    assert code == 2 and "No such file" in out.err and "check the path" in out.err
+
+
+def test_crash_message_and_log_hold_no_secret(broker_home, monkeypatch, capsys):
+    monkeypatch.setenv("VAST_API_KEY", "vk-0123456789abcdef")
+    try:
+        raise RuntimeError("GET https://console.vast.ai/api/v0/bundles?api_key=vk-0123456789abcdef&q=1 failed; "
+                           "token=abcdefgh12345")
+    except RuntimeError as e:
+        code, out = _handle(e, capsys)
+    assert code == 1 and "vk-0123" not in out.err and "abcdefgh12345" not in out.err and "api_key=***" in out.err
+    log = Path(out.err.split("traceback is in ")[1].split(":")[0])
+    text = log.read_text()
+    assert "vk-0123" not in text and "abcdefgh12345" not in text and "RuntimeError" in text
