@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
-        """Run RECIPE: one torchrun per node, logs streamed as \\[node i], torn down at the end."""
+        """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.recipe import load_recipe
 
         recipe = load_recipe(recipe_path)
