@@ -133,8 +133,10 @@ def test_lost_ledger_row_after_create_is_found_and_removed_by_reconcile(env):
     db.close()
     assert len(fake_live(e)) == 1
     out = json.loads(broker(["reconcile", "--provider", "fake", "--json"], e).stdout)
+    assert out["orphans"] == [] and {o["provider_id"] for o in out["young"]} == fake_live(e)  # seconds old
+    out = json.loads(broker(["reconcile", "--provider", "fake", "--json", "--min-age", "0"], e).stdout)
     assert {o["provider_id"] for o in out["orphans"]} == fake_live(e)
-    rec = broker(["reconcile", "--provider", "fake", "--terminate", "--yes"], e)
+    rec = broker(["reconcile", "--provider", "fake", "--terminate", "--yes", "--min-age", "0"], e)
     assert rec.returncode == 0, rec.stdout + rec.stderr
     assert fake_live(e) == set()
     status = json.loads(broker(["status", "--json"], e).stdout)

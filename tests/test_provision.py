@@ -317,17 +317,20 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
 
     o = options(p)[0].offers[0]
     stray = p.create_instance(NodeRequest(run_id="lost-run", node_index=0, name="broker-lost-run-n0", offer=o,
-                                          ssh_public_key="x", client_token="t1", tags={"broker-run": "lost-run"}))
+                                          ssh_public_key="x", client_token="t1", tags={"broker-run": "lost-run"},
+                                          installation_id=ledger.installation_id))
     # ... and one whose create happened but whose id never reached the ledger (crash after create)
     row = ledger.record_intent("run-1", "fake", "instance", "broker-run-1-n9", usd_per_hour=1.0)
     hidden = p.create_instance(NodeRequest(run_id="run-1", node_index=9, name="broker-run-1-n9", offer=o,
                                            ssh_public_key="x", client_token=row.id, tags={"broker-run": "run-1"}))
     rep = reconcile(ledger, {"fake": p})
+    assert rep.orphans == [] and [t.provider_id for t in rep.young] == [stray]  # created moments ago: age grace
+    rep = reconcile(ledger, {"fake": p}, min_age_s=0)
     assert [t.provider_id for t in rep.orphans] == [stray]
     assert [t.provider_id for t in rep.adopted] == [hidden] and ledger.resource(row.id).provider_id is None
     assert rep.known == 1 and known in p.instances()
 
-    rep = reconcile(ledger, {"fake": p}, terminate=True, poll_s=0.01)
+    rep = reconcile(ledger, {"fake": p}, terminate=True, poll_s=0.01, min_age_s=0)
     assert len(rep.terminated) == 1
     assert ledger.resource(row.id).provider_id == hidden and p.instances()[hidden]["state"] != "terminated"
     orphan_row = ledger.find_by_provider_id("fake", stray)
