@@ -156,8 +156,11 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
                                message=f"{res.kind} {res.provider_id} terminated")
         return True
     except ProviderError as e:
-        ledger.update_resource(res.id, error=str(e), actor=actor, message=f"terminate failed: {e.message}",
-                               **({"state": "unknown"} if unknown is not None and not res.provider_id else {}))
+        if unknown is not None and not res.provider_id:  # still cannot tell: stays unknown, possibly billing
+            ledger.update_resource(res.id, state="unknown", actor=actor, message=f"still unknown: {e.message}",
+                                   error=f"an ambiguous create not resolved: the list could not be read ({e})")
+        else:
+            ledger.update_resource(res.id, error=str(e), actor=actor, message=f"terminate failed: {e.message}")
         return False
     except Exception as e:  # noqa: BLE001 - an adapter bug must not leave the row unexplained or stop a teardown
         msg = f"{type(e).__name__}: {e}"

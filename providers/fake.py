@@ -233,8 +233,9 @@ class FakeProvider(Provider):
                                 hint="retry `broker down`; the resource stays listed until it is gone")
         if self._first_n("terminate500"):
             raise TransientError(self.name, "terminate", f"{provider_id}: HTTP 500 (injected, transient)", status=500)
-        with self._state() as st:
-            if kind != "instance":
+        if kind != "instance":
+            users: list[str] = []
+            with self._state() as st:
                 net = st["networks"].get(provider_id)
                 if net is not None and net["state"] != "terminated":
                     users = [i["id"] for i in st["instances"].values()
@@ -243,12 +244,14 @@ class FakeProvider(Provider):
                               if n["state"] != "terminated" and n.get("parent") == provider_id]
                     if users:
                         st.setdefault("conflicts", []).append(provider_id)  # tests count 409s
-                        raise TransientError(self.name, "terminate", f"409 Conflict: {kind} {provider_id} is still "
-                                             f"in use by {', '.join(users)}", hint="terminate those first",
-                                             status=409)
-                    net["state"] = "terminated"
-                    net["terminated_at"] = time.time()
-                return True
+                    else:
+                        net["state"] = "terminated"
+                        net["terminated_at"] = time.time()
+            if users:
+                raise TransientError(self.name, "terminate", f"409 Conflict: {kind} {provider_id} is still in use "
+                                     f"by {', '.join(users)}", hint="terminate those first", status=409)
+            return True
+        with self._state() as st:
             inst = st["instances"].get(provider_id)
             if inst is not None:
                 inst["terminate_calls"] = inst.get("terminate_calls", 0) + 1  # tests count double terminations

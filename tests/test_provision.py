@@ -275,12 +275,19 @@ def test_spent_usd_bills_per_second_from_the_intent():
     t0 = utcnow()
     r = Resource(id="r", run_id="x", provider="fake", kind="instance", name="n", usd_per_hour=3.6, created_at=t0)
     assert spent_usd(r, t0 + timedelta(seconds=10)) == pytest.approx(0.01)
-    done = r.model_copy(update={"terminated_at": t0 + timedelta(seconds=20), "state": "terminated"})
+    done = r.model_copy(update={"terminated_at": t0 + timedelta(seconds=20), "state": "terminated",
+                                "provider_id": "i-1"})
     assert spent_usd(done, t0 + timedelta(hours=5)) == pytest.approx(0.02)
-    # a created resource is charged at least the minimum billed time; an intent that never became one is not
-    short = done.model_copy(update={"provider_id": "i-1", "attrs": {"min_billed_seconds": 60}})
+    # a created resource is charged at least the minimum billed time
+    short = done.model_copy(update={"attrs": {"min_billed_seconds": 60}})
     assert spent_usd(short) == pytest.approx(0.06)
-    assert spent_usd(done.model_copy(update={"attrs": {"min_billed_seconds": 60}})) == pytest.approx(0.02)
+    # an intent that never became a resource (ended without a provider id) cost nothing: a run that rented
+    # nothing showed $0.07 spent (issue 12)
+    never = done.model_copy(update={"provider_id": None, "attrs": {"min_billed_seconds": 60}})
+    assert spent_usd(never) == 0.0
+    # while it is live (a create in flight, or unknown) it counts
+    assert spent_usd(never.model_copy(update={"state": "unknown", "terminated_at": None}),
+                     t0 + timedelta(seconds=10)) == pytest.approx(0.01)
 
 
 def test_storage_is_billed_with_the_instance(env, ledger):
