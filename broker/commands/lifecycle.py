@@ -131,6 +131,22 @@ def kept_message(out: Any, idle_minutes: float) -> list[str]:
     return lines
 
 
+def _settle_run(ledger: Any, run_id: str, left: list) -> None:
+    """After ``broker down``: a run still marked active whose CLI process is dead (e.g. SIGKILLed while
+    provisioning) ends as ``interrupted``, so ``broker status`` stops showing it as provisioning with time left."""
+    from broker.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.model import utcnow
+
+    run = ledger.get_run(run_id)
+    if run is None or run.id != run_id or run.status not in ACTIVE_STATUSES or pid_alive(run.pid):
+        return
+    why = f"the CLI (pid {run.pid}) is gone" if run.pid else "no CLI drives it"
+    msg = (f"{why}; `broker down` terminated its resources" if not left else
+           f"{why}; `broker down` left {len(left)} resource(s) live: run it again")
+    ledger.update_run(run_id, status="interrupted", ended_at=utcnow(), message=msg)
+    ledger.event(run_id, "down", "end", f"interrupted: {msg}")
+
+
 def _res_dict(r: Any) -> dict:
     return {"resource_id": r.id, "run_id": r.run_id, "provider": r.provider, "kind": r.kind, "id": r.provider_id,
             "name": r.name, "state": r.state, "error": r.error}
@@ -173,6 +189,7 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
             left = teardown_run(ledger, rid, "down", say=say)
+            _settle_run(ledger, rid, left)
             for r in before:
                 now = ledger.resource(r.id) or r
                 report.append(_res_dict(now))
