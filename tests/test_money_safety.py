@@ -292,3 +292,89 @@ def test_409_on_a_network_delete_is_retried_until_the_dependency_is_gone(cloud):
     assert terminate_resource(a, subnet, "test", provider=p, retry_s=20, poll_s=0.01)
     with p._state() as st:
         assert st.get("conflicts")  # it did get 409s first
+
+
+# ------------------------------------------------------------------------------------------------ quota scope
+def _opt(provider: str, it: str, region: str, zone: str | None, *, nodes: int = 2, gpus: int = 1, vcpus: float = 4):
+    from broker.model import Offer, PlanOption
+
+    o = Offer(provider=provider, offer_id=it, instance_type=it, region=region, zone=zone, gpu_name="G",
+              gpu_count=gpus, gpu_mem_gib=24, vcpus=vcpus, ram_gib=16, usd_per_hour=1.0, private_network=True,
+              price_source="test", price_time=utcnow())
+    return PlanOption(provider=provider, topology=TopologyKind.multi_node, offers=[o] * nodes, nodes=nodes,
+                      gpus_per_node=gpus, usd_per_hour=nodes * 1.0, worst_case_usd=nodes * 1.0, hours=1)
+
+
+class QuotaStub(FakeProvider):
+    """A fake cloud named like a real one whose creates hit a quota where ``blocked(offer)`` says so."""
+
+    def __init__(self, name, blocked, error_kw, quotas=()):
+        super().__init__(name=name)
+        self.blocked, self.error_kw, self._quotas, self.tried = blocked, error_kw, list(quotas), []
+
+    def create_instance(self, req):
+        from broker.provider import QuotaError
+
+        self.tried.append((req.offer.instance_type, req.offer.region, req.offer.zone))
+        if self.blocked(req.offer):
+            raise QuotaError(self.name, "create_instance", "LimitExceeded (test)", hint="adapter hint --value 1",
+                             **self.error_kw(req.offer))
+        return super().create_instance(req)
+
+    def quotas(self, req, offers):
+        return self._quotas
+
+
+def test_oci_quota_in_one_ad_skips_only_that_ad_and_suggests_what_is_missing(cloud):
+    """`400 LimitExceeded` in AD-1 skipped every AD of the region although AD-2 had quota."""
+    p = QuotaStub("oci", lambda o: o.zone in ("AD-1", "AD-2"),
+                  lambda o: {"scope": o.zone, "limit_name": "gpu-a10-count", "limit": 2, "used": 2})
+    a = Ledger(cloud / "A" / "ledger.sqlite")
+    opts = [_opt("oci", "VM.GPU.A10.1", "us-ashburn-1", "AD-1"), _opt("oci", "VM.GPU.A10.2", "us-ashburn-1", "AD-1"),
+            _opt("oci", "VM.GPU.A10.1", "us-ashburn-1", "AD-2"), _opt("oci", "VM.GPU.A10.1", "us-ashburn-1", "AD-3")]
+    steps: list[str] = []
+    cluster = provision(opts, make_run(a, cloud), Requirements(), a, providers={"oci": p}, progress=steps.append,
+                        **FAST)
+    assert cluster.provider == "oci"
+    zones = [z for _, _, z in p.tried]
+    assert zones[0] == "AD-1" and "AD-2" in zones and zones[-1] == "AD-3"
+    assert ("VM.GPU.A10.2", "us-ashburn-1", "AD-1") not in p.tried  # same limit, same AD: skipped
+    # when nothing fits, the request names the AD and the value the job needs: limit 2 + (2 needed - 0 free) = 4
+    p2 = QuotaStub("oci", lambda o: True, lambda o: {"scope": o.zone, "limit_name": "gpu-a10-count", "limit": 2,
+                                                     "used": 2})
+    with pytest.raises(NoValidPlan) as ei:
+        provision(opts[:1], make_run(a, cloud, "run-2"), Requirements(), a, providers={"oci": p2}, **FAST)
+    hint = ei.value.hint
+    assert "--limit gpu-a10-count --value 4 --scope AD-1" in hint and "--value 1" not in hint
+    assert "needs 2 GPUs" in hint and "0 available" in hint
+
+
+def test_aws_g_family_quota_does_not_drop_p_family_options(cloud):
+    """A G-family VcpuLimitExceeded must not drop the P-family options of the region (nor other regions)."""
+    from broker.model import Quota
+
+    g_quota = Quota(provider="aws", name="L-DB2E81BA", region="us-east-1", limit=4, used=4, unit="vcpus")
+    p = QuotaStub("aws", lambda o: o.instance_type.startswith("g") and o.region == "us-east-1",
+                  lambda o: {}, quotas=[g_quota])
+    a = Ledger(cloud / "A" / "ledger.sqlite")
+    opts = [_opt("aws", "g5.xlarge", "us-east-1", "us-east-1a"), _opt("aws", "g6.xlarge", "us-east-1", "us-east-1b"),
+            _opt("aws", "p3.2xlarge", "us-east-1", "us-east-1a", vcpus=8)]
+    steps: list[str] = []
+    cluster = provision(opts, make_run(a, cloud), Requirements(), a, providers={"aws": p}, progress=steps.append,
+                        **FAST)
+    assert [t for t, _, _ in p.tried] == ["g5.xlarge", "p3.2xlarge", "p3.2xlarge"]  # g6 (same bucket) skipped
+    assert cluster.nodes and any("skip" in s and "g6.xlarge" in s for s in steps)
+    # the advice when nothing else fits: 2x g5.xlarge need 8 vCPUs; limit 4, used 4 -> 12 (read through quotas())
+    with pytest.raises(NoValidPlan) as ei:
+        provision(opts[:1], make_run(a, cloud, "run-2"), Requirements(), a, providers={"aws": p}, **FAST)
+    assert "--limit L-DB2E81BA --value 12 --region us-east-1" in ei.value.hint
+    assert "needs 8 vCPUs" in ei.value.hint
+
+
+def test_suggest_limit_is_need_minus_available():
+    from broker.quota import suggest_limit
+
+    assert suggest_limit(2, 2, 2) == 4  # it suggested 1 for this
+    assert suggest_limit(4, 1, 2) == 4  # fits already
+    assert suggest_limit(4, 3, 2) == 5
+    assert suggest_limit(2, 3, 2) == 4  # over-used: the 2 needed on top of the limit
