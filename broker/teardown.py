@@ -139,8 +139,13 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
         gone = _retry_terminate(p, res, retry_s, say)
         deadline = time.monotonic() + confirm_timeout_s
         while not gone and res.kind == "instance":
-            info = p.describe_instance(res.provider_id, region=res.region)
-            if info.state == "terminated":
+            try:
+                info = p.describe_instance(res.provider_id, region=res.region)
+            except TransientError as e:  # a throttled / failed describe proves nothing: look again
+                if say:
+                    say(f"describe {res.provider_id}: {e.message}; polling again")
+                info = None
+            if info is not None and info.state == "terminated":
                 gone = True
                 break
             if time.monotonic() > deadline:
