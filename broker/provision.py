@@ -411,6 +411,13 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         for key, (_net, ids) in list(networks.items()):
             if key == keep:
                 continue
+            busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
+                    and r.kind == "instance"]
+            if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
+                say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may live; "
+                    f"`broker down {run.id}` deletes it after the instance")
+                networks.pop(key)
+                continue
             for rid in reversed(ids):
                 res = ledger.resource(rid)
                 if res is not None and res.live:

@@ -14,7 +14,7 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
   counted in the state file), ``failed@<zone>`` (instances in that zone end in state ``failed`` instead of
   ``running``), ``bootstrap`` (ProviderError from bootstrap after its first network object was created),
   ``create502`` / ``create502:<n>`` (the create *happens*, then the call answers ``502 {"success": false}`` as a
-  TransientError: every create, or the first n), ``no-idempotency`` (the client token is ignored, like Vast:
+  TransientError: every create, or the first n; ``create502@n<i>``: node i's creates only), ``no-idempotency`` (the client token is ignored, like Vast:
   every create call makes a new instance), ``list`` (``list_tagged`` raises: an answer the adapter cannot read),
   ``terminate500:<n>`` (the first n terminate calls answer HTTP 500 as a TransientError; nothing is deleted)
 
@@ -206,7 +206,7 @@ class FakeProvider(Provider):
                 "end_state": "failed" if f"failed@{req.offer.zone}" in fails else "running",
             }
         _hang("after-create")
-        if self._first_n("create502"):
+        if f"create502@n{req.node_index}" in fails or self._first_n("create502"):
             raise TransientError(self.name, "create_instance", 'HTTP 502 {"success": false} (fake: created anyway)',
                                  status=502)
         return iid

@@ -380,3 +380,22 @@ def test_suggest_limit_is_need_minus_available():
     assert suggest_limit(4, 1, 2) == 4  # fits already
     assert suggest_limit(4, 3, 2) == 5
     assert suggest_limit(2, 3, 2) == 4  # over-used: the 2 needed on top of the limit
+
+
+def test_unknown_multi_node_create_keeps_its_network_until_down(cloud, monkeypatch):
+    """Node 1's create is ambiguous and unverifiable: node 0 is terminated, the subnet / VCN are not deleted under
+    the possibly live node (no 409 storm); a later `broker down` deletes all in order."""
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "create502@n1,no-idempotency,list")  # node 1's create answers 502
+    p = FakeProvider()
+    a = Ledger(cloud / "A" / "ledger.sqlite")
+    with pytest.raises(ProviderError):
+        provision(options(p, "multi-node")[:1], make_run(a, cloud), Requirements(), a, providers={"fake": p},
+                  **FAST)
+    states = {r.kind + str(r.attrs.get("node_index", "")): r.state for r in a.resources("run-1")}
+    assert states["instance0"] == "terminated" and states["instance1"] == "unknown"
+    assert states["vcn"] != "terminated" and states["subnet"] != "terminated"
+    with p._state() as st:
+        assert st.get("conflicts", []) == []
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "")
+    assert CliRunner().invoke(app, ["down", "run-1"]).exit_code == 0
+    assert live(p) == [] and all(n["state"] == "terminated" for n in p.networks().values())
