@@ -96,7 +96,7 @@ STEPS = ["before-create", "after-create", "ready", "before-terminate", "after-te
 def test_sigkill_at_each_step_leaves_nothing_down_cannot_find(env, step):
     tmp, e = env
     start_and_kill_at(step, tmp, e)
-    status = json.loads(broker(["status", "--json"], e).stdout)
+    status = json.loads(broker(["status", "--json", "--no-refresh"], e).stdout)  # the ledger's own view
     live = status["live_resources"]
     assert len(live) == 1, f"{step}: the ledger must show the resource as live: {status}"
     row = live[0]
@@ -110,6 +110,8 @@ def test_sigkill_at_each_step_leaves_nothing_down_cannot_find(env, step):
         assert status["live_resources"][0]["provider_id"] is None
     if step == "ready":  # the provider reported running; the CLI died before recording it
         assert row["state"] == "creating" and row["provider_id"] in fake_live(e)
+        # `broker status` (refreshing from the provider) shows what the provider says
+        assert [r["state"] for r in status["live_resources"]] == ["running"]
     if step in ("before-terminate", "after-terminate"):
         assert row["state"] == "terminating"
         assert fake_live(e) == (set() if step == "after-terminate" else {row["provider_id"]})
