@@ -412,7 +412,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             if key == keep:
                 continue
             busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
-                    and r.kind == "instance"]
+                    and r.kind == "instance" and not r.provider_id and r.region == key[1]]
             if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
                 say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may live; "
                     f"`broker down {run.id}` deletes it after the instance")
