@@ -399,3 +399,19 @@ def test_unknown_multi_node_create_keeps_its_network_until_down(cloud, monkeypat
     monkeypatch.setenv("BROKER_FAKE_FAIL", "")
     assert CliRunner().invoke(app, ["down", "run-1"]).exit_code == 0
     assert live(p) == [] and all(n["state"] == "terminated" for n in p.networks().values())
+
+
+def test_reconcile_resolves_an_unknown_create_once_the_list_answers(cloud, monkeypatch):
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "create502,no-idempotency,list")
+    p = FakeProvider()
+    a = Ledger(cloud / "A" / "ledger.sqlite")
+    with pytest.raises(ProviderError):
+        provision(options(p)[:1], make_run(a, cloud), Requirements(), a, providers={"fake": p}, **FAST)
+    (row,) = a.resources("run-1")
+    assert row.state == "unknown" and len(live(p)) == 1
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "")
+    out = json.loads(CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--json"]).output)
+    assert [u["resource_id"] for u in out["unknown"]] == [row.id] and out["orphans"] == []
+    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--terminate", "--yes"])
+    assert r.exit_code == 0, r.output
+    assert live(p) == [] and a.resource(row.id).state == "terminated"
