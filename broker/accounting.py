@@ -7,7 +7,9 @@ Billing model (conservative, documented): a resource bills ``usd_per_hour`` (US 
 container start, OCI/AWS on launch; see /work/shared/reference/cloud-apis.md) and some bill a minimum (AWS/OCI per
 second with a 60 s minimum): counting from creation over-estimates by a few seconds to minutes, never under.
 Once a resource was created (it has a provider id) at least ``attrs["min_billed_seconds"]`` (e.g. AWS's 60 s)
-are charged.  Storage counts when it is recorded: inside the instance's ``usd_per_hour`` (provisioning adds the
+are charged.  A row that ended without ever getting a provider id (the create failed and a list proved nothing
+exists) cost nothing: $0, not the seconds between the intent and the failure.  A live row without provider id
+(a create in flight, or ``unknown`` after an ambiguous create) is counted as billing.  Storage counts when it is recorded: inside the instance's ``usd_per_hour`` (provisioning adds the
 disk's price there and shows the part in ``attrs["storage_usd_per_hour"]``, which is therefore not added again)
 or as its own ledger row (``kind="volume"`` with its ``usd_per_hour``).  The same rule as
 ``broker.provision.spent_usd``.
@@ -108,7 +110,8 @@ def resource_cost(res: Resource, run: Run | None, now: datetime) -> ResourceCost
     dl = effective_deadline(res, run)
     worst = None
     left = None
-    spent = hourly * _billed_s(res, age) / 3600.0
+    never = res.state == "terminated" and not res.provider_id  # nothing was ever rented
+    spent = 0.0 if never else hourly * _billed_s(res, age) / 3600.0
     if dl is not None:
         worst = hourly * _billed_s(res, max(0.0, (dl - created).total_seconds(), age)) / 3600.0
         if res.state == "terminated":

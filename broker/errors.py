@@ -65,7 +65,25 @@ class CapacityError(ProviderError):
 
 
 class QuotaError(ProviderError):
-    """A service limit / quota blocks the create: skip this provider or region; suggest a quota request."""
+    """A service limit / quota blocks the create: skip only the limit's scope; suggest a quota request.
+
+    ``scope``: where the limit applies below the region: the availability domain for OCI GPU limits (AD-scoped),
+    None for a region-wide limit (AWS Service Quotas; the core then skips the options of that region that the same
+    limit covers, e.g. only the G-family bucket ``L-DB2E81BA``, never the P family).  ``limit_name``: the OCI limit
+    name / AWS quota code when the adapter knows it (else the core derives it from the instance type,
+    :func:`broker.quota.limit_for`).  ``limit`` / ``used``: the limit's value and current use in that scope, in its
+    unit (GPUs for OCI, vCPUs for AWS), when the adapter read them: the core then suggests the new limit as
+    ``limit + (what the job needs there - what is available there)``.
+    """
+
+    def __init__(self, provider: str, call: str, message: str, *, hint: str | None = None,
+                 code: str | None = None, status: int | None = None, scope: str | None = None,
+                 limit_name: str | None = None, limit: float | None = None, used: float | None = None):
+        super().__init__(provider, call, message, hint=hint, code=code, status=status)
+        self.scope = scope
+        self.limit_name = limit_name
+        self.limit = limit
+        self.used = used
 
 
 class OfferGone(ProviderError):

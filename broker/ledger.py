@@ -176,11 +176,27 @@ class Ledger:
         return run
 
     def update_run(self, run_id: str, **fields: Any) -> None:
+        """Update columns of a run.
+
+        An end the watchdog enforced wins: when the row's message starts with ``watchdog:`` and its status is an
+        end the watchdog records (``deadline`` / ``interrupted``), a later ``failed`` / ``interrupted`` (the CLI
+        losing its SSH connections because the watchdog terminated the nodes) keeps the watchdog's status and
+        message, with the CLI's message appended.
+        """
         if not fields:
             return
         bad = set(fields) - set(Run.model_fields)
         if bad:
             raise KeyError(f"unknown run fields: {sorted(bad)}")
+        if fields.get("status") in ("failed", "interrupted"):
+            cur = self._db.execute("SELECT status, message FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if cur is not None and cur["status"] in ("deadline", "interrupted") \
+                    and (cur["message"] or "").startswith("watchdog:"):
+                fields["status"] = cur["status"]
+                later = fields.get("message")
+                fields["message"] = cur["message"] + (f" (then the CLI: {later})" if later and later not in
+                                                      cur["message"] else "")
+                fields.pop("ended_at", None)
         sets = ", ".join(f"{k} = ?" for k in fields)
         self._db.execute(f"UPDATE runs SET {sets} WHERE id = ?", [_enc(k, v) for k, v in fields.items()] + [run_id])
 

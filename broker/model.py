@@ -176,7 +176,9 @@ class Plan(BaseModel):
         return self.options[0] if self.options else None
 
 
-ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan"]
+#: ``unknown``: a create answered ambiguously (5xx, timeout) and no list could prove whether it exists: counted as
+#: possibly billing (worst case) until a later list finds it (then it is terminated) or proves it absent.
+ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan", "unknown"]
 
 
 class Resource(BaseModel):

@@ -15,9 +15,23 @@ Failover rules (DESIGN.md, issue 4):
 * ``OfferGone`` or never ready -> the next option;
 * ``CapacityError`` -> skip the remaining options for the same instance type in the same zone / availability
   domain and region (they would hit the same empty pool), so the next option tried is another zone, then region;
-* ``QuotaError`` -> skip every remaining option of that provider + region; the quota to raise is reported;
-* ``TransientError`` -> retried with bounded exponential backoff (tenacity) before failing over;
+* ``QuotaError`` -> skip only the limit's scope: the remaining options of that provider + region that the same
+  limit covers (:func:`broker.quota.limit_for`: the OCI GPU limit, the AWS family bucket; a G-family limit never
+  drops P-family options) and, for AD-scoped limits (OCI), only in that availability domain (``QuotaError.scope``,
+  else the offer's zone).  Without a known limit: the whole provider + region.  The quota to raise is reported
+  with the new limit = current limit + (what the option needs there - what is available there);
+* ``TransientError`` on bootstrap -> retried with bounded exponential backoff (tenacity) before failing over;
 * ``AuthError`` / ``NotSupported`` -> skip that provider.
+
+Ambiguous creates (issue 12): a ``create_instance`` that raised a TransientError, a 5xx / 408 / 409, a
+ProviderError without status or an untranslated exception may have created the instance anyway.  It is never
+retried blindly: the provider's ``list_tagged`` is asked (polling until ``create_settle_s`` of the adapter, default
+20 s, has passed since the call) whether the instance (run tag + node name) exists.  Found -> adopted (its id goes
+to the intent row).  Proven absent -> the create is retried with the same row and client token (bounded attempts).
+The list cannot be read (ProviderError) -> the row becomes ``unknown`` (live, counted at its worst case, shown as
+possibly billing by ``status`` / ``reconcile`` / ``watchdog``), **no further create is made on that provider in
+this run**, and failover goes on with other providers.  A later list resolves the row (found -> terminated; absent
+-> terminated as never created).  So at most one instance exists per intent row whatever the API answers.
 
 Before moving on, every instance the failed attempt created is terminated (``broker.teardown``); if that
 terminate fails, failover **stops** with a :class:`ProviderError` naming the live resource.  Network objects made
@@ -41,7 +55,8 @@ from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
 from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
 from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
-                             NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TransientError)
+                             NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
+                             TransientError)
 
 Progress = Callable[[str], None]
 
@@ -131,6 +146,8 @@ class _Failover:
     quota_hints: list[str] = field(default_factory=list)
     skip_providers: dict[str, str] = field(default_factory=dict)  # provider -> why
     skip_regions: dict[tuple[str, str | None], str] = field(default_factory=dict)  # (provider, region) -> why
+    #: (provider, region, limit name or None = any, zone/AD or None = the whole region) -> why
+    quota_blocked: dict[tuple[str, str | None, str | None, str | None], str] = field(default_factory=dict)
     no_capacity: dict[tuple, str] = field(default_factory=dict)  # (provider, region, zone, type) -> why
     plan_failures: int = 0  # failures that mean "this option cannot be had now" (quota, capacity, gone, not ready)
     last_error: ProviderError | None = None
@@ -141,6 +158,11 @@ class _Failover:
         for o in opt.offers:
             if (opt.provider, o.region) in self.skip_regions:
                 return self.skip_regions[(opt.provider, o.region)]
+            for (prov, region, limit, zone), why in self.quota_blocked.items():
+                if prov != opt.provider or region != o.region or (zone is not None and o.zone != zone):
+                    continue
+                if limit is None or _limit_name(opt.provider, o) == limit:
+                    return why
             if _cap_key(opt.provider, o) in self.no_capacity:
                 return self.no_capacity[_cap_key(opt.provider, o)]
         return None
@@ -150,8 +172,153 @@ def _cap_key(provider: str, o: Offer) -> tuple:
     return (provider, o.region, o.zone, o.instance_type)
 
 
+def _limit_name(provider: str, o: Offer) -> str | None:
+    from broker.quota import limit_for
+
+    ref = limit_for(provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    return ref.name if ref else None
+
+
+def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None, str | None, str | None], str]:
+    """The scope a QuotaError blocks (key of ``_Failover.quota_blocked``) and its words."""
+    from broker.quota import limit_for
+
+    o = opt.offers[0]
+    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    limit = getattr(e, "limit_name", None) or (ref.name if ref else None)
+    zone = getattr(e, "scope", None)
+    if zone is None and ref is not None and ref.scope_kind == "AD":
+        zone = o.zone  # OCI GPU limits are per availability domain: the offer's AD
+    where = " ".join(x for x in (o.region, zone) if x) or opt.provider
+    what = f"limit {limit}" if limit else "quota"
+    return (opt.provider, o.region, limit, zone), f"{what} exhausted in {opt.provider} {where}"
+
+
+def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any, say: Progress) -> str:
+    """The sentence + ready command for the quota to raise: the new limit is the current limit plus what this
+    option needs in the scope minus what is available there (:func:`broker.quota.suggest_limit`).  Limit and use
+    come from the error when the adapter read them, else from one ``quotas()`` call; the adapter's hint otherwise."""
+    from broker.quota import InstanceSpec, limit_for, request_command, suggest_limit, units_needed
+
+    o = opt.offers[0]
+    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    limit_name = getattr(e, "limit_name", None) or (ref.name if ref else None)
+    zone = getattr(e, "scope", None) or (o.zone if ref is not None and ref.scope_kind == "AD" else None)
+    where = zone or o.region or "-"
+    base = f"{opt.provider} {where}: {e.message}"
+    fallback = base + (f"; {e.hint}" if e.hint else (f"; {opt.next_step}" if opt.next_step else ""))
+    if ref is None or limit_name is None:
+        return fallback
+    simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
+    n_inst = 1 if simulated else opt.nodes
+    spec = InstanceSpec(opt.provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus or 0),
+                        o.ram_gib, o.usd_per_hour, o.region or "any")
+    if ref.unit == "vcpus" and spec.vcpus <= 0:
+        return fallback
+    need = units_needed(opt.provider, spec, n_inst)
+    limit, used = getattr(e, "limit", None), getattr(e, "used", None)
+    if limit is None or used is None:
+        try:
+            reqs = requirements_of(requirements)
+            qs = [q for q in p.quotas(reqs, list(opt.offers)) if q.name == limit_name
+                  and (zone is None or q.scope in (zone, None)) and (q.region in (o.region, None))]
+        except Exception as err:  # noqa: BLE001 - advice only: keep the adapter's hint
+            say(f"quota: could not read {limit_name} ({getattr(err, 'message', err)})")
+            qs = []
+        if not qs:
+            return fallback
+        limit, used = qs[0].limit, qs[0].used
+    unit = "GPUs" if ref.unit == "gpus" else "vCPUs"
+    avail = max(0.0, float(limit) - float(used))
+    value = suggest_limit(limit, used, need)
+    cmd = request_command(opt.provider, limit_name, value, scope=zone, region=o.region)
+    return (f"{base}; {opt.summary} needs {need:g} {unit} of {limit_name} in {where}, {avail:g} available "
+            f"(limit {float(limit):g}, used {float(used):g}): request {value - float(limit):+g} -> `{cmd}`")
+
+
 class _NeverReady(ProviderError):
     pass
+
+
+class _Unverified(ProviderError):
+    """An ambiguous create whose outcome no list could establish: the row is ``unknown``; stop creating on this
+    provider for the run."""
+
+
+def _ambiguous(e: BaseException) -> bool:
+    """Whether a failed create may still have created the instance (5xx, timeout, unreadable answer)."""
+    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported)):
+        return False
+    if isinstance(e, TransientError):
+        return True
+    if isinstance(e, ProviderError):
+        return e.status is None or e.status >= 500 or e.status in (408, 409)
+    return isinstance(e, Exception)  # not translated (a timeout, a parsing error after the request went out)
+
+
+def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None:
+    """The provider object that is ``res`` (run tag, kind and name) and no other ledger row's; raises what
+    ``list_tagged`` raises."""
+    for t in p.list_tagged(res.run_id):
+        if t.kind != res.kind or t.name not in (res.name, None) or t.state == "terminated":
+            continue
+        other = ledger.find_by_provider_id(p.name, t.provider_id)
+        if other is not None and other.id != res.id:
+            continue  # an earlier option's node of the same name
+        return t
+    return None
+
+
+def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledger, *, attempts: int,
+                     wait_s: float, say: Progress, actor: str) -> str:
+    """``create_instance`` such that at most one instance exists for the intent row ``res``, whatever the API
+    answers (see the module docstring).  Returns the provider id; raises the create's error when it is proven
+    that nothing exists, :class:`_Unverified` when that cannot be established."""
+    import time
+
+    from broker.teardown import create_settle_s
+
+    settle = create_settle_s(p)
+    for n in range(1, max(1, attempts) + 1):
+        t_call = utcnow()
+        t0 = time.monotonic()
+        try:
+            return p.create_instance(req)
+        except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised
+            if isinstance(e, KeyboardInterrupt) or not _ambiguous(e):
+                raise
+            err = e
+        what = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        say(f"{p.name}: create {req.name} answered ambiguously ({what}); checking by run tag whether it exists")
+        while True:
+            try:
+                found = _listed(p, res, ledger)
+            except Exception as le:  # noqa: BLE001 - an unreadable list proves nothing
+                why = getattr(le, "message", None) or f"{type(le).__name__}: {le}"
+                msg = (f"create of {req.name} answered ambiguously ({what}) and the instance list could not be read "
+                       f"({why}): it may exist and bill")
+                ledger.update_resource(res.id, state="unknown", error=msg, actor=actor, message=msg,
+                                       attrs={"ambiguous_create_at": t_call.isoformat()})
+                raise _Unverified(p.name, "create_instance", msg + f"; no further create on {p.name} in this run",
+                                  hint=f"`broker status` counts it as possibly billing; `broker down {res.run_id}` or "
+                                       "`broker reconcile` resolves it once the provider's list answers") from None
+            if found is not None:
+                ledger.mark_created(res.id, found.provider_id, actor=actor)
+                ledger.event(res.run_id, actor, "adopted", f"create answered {what!r} but {found.provider_id} "
+                             "exists (found by run tag): adopted, not created again", resource_id=res.id)
+                say(f"{p.name}: {found.provider_id} exists despite the error: adopted")
+                return found.provider_id
+            left = settle - (time.monotonic() - t0)
+            if left <= 0:
+                break
+            time.sleep(min(left, max(0.5, settle / 5)))
+        if n >= attempts or not isinstance(err, (TransientError, ProviderError)):
+            raise err
+        pause = min(30.0, wait_s * 2 ** (n - 1))
+        say(f"{p.name} create_instance: {what}; proven absent by a list {settle:g} s later; retry {n + 1}/{attempts} "
+            f"in {pause:.1f} s")
+        time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class _StopFailover(Exception):
@@ -244,6 +411,13 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         for key, (_net, ids) in list(networks.items()):
             if key == keep:
                 continue
+            busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
+                    and r.kind == "instance" and not r.provider_id and r.region == key[1]]
+            if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
+                say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may live; "
+                    f"`broker down {run.id}` deletes it after the instance")
+                networks.pop(key)
+                continue
             for rid in reversed(ids):
                 res = ledger.resource(rid)
                 if res is not None and res.live:
@@ -270,6 +444,13 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
                                ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
                                onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
                                terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes)
+        except _Unverified as e:
+            fo.attempts.append(Attempt(label, opt.provider, "failed", e.message))
+            fo.last_error = e
+            fo.skip_providers[opt.provider] = (f"an ambiguous create on {opt.provider} could not be verified: no "
+                                               f"further create on {opt.provider} in this run")
+            say(f"{e.message}; skipping {opt.provider} for this run")
+            continue
         except _StopFailover as stop:
             fo.attempts.append(Attempt(label, opt.provider, "failed", stop.err.message))
             ledger.event(run.id, actor, "failover-stopped", stop.err.message)
@@ -282,10 +463,13 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
                 fo.plan_failures += 1
             region = opt.offers[0].region if opt.offers else None
             if isinstance(e, QuotaError):
-                fo.skip_regions[(opt.provider, region)] = f"quota exhausted in {opt.provider} {region or ''}".strip()
-                hint = e.hint or opt.next_step or f"raise the {opt.provider} service limit for {opt.summary}"
-                fo.quota_hints.append(f"{opt.provider} {region or ''}: {e.message}; {hint}".replace("  ", " "))
-                say(f"quota: {e.message}; skipping every {opt.provider} option in {region}")
+                qkey, qwhy = _quota_scope(opt, e)
+                fo.quota_blocked[qkey] = qwhy
+                advice = _quota_advice(opt, e, p, requirements, say)
+                if not (e.hint or opt.next_step or "`" in advice):
+                    advice += f"; raise the {opt.provider} service limit for {opt.summary}"
+                fo.quota_hints.append(advice)
+                say(f"quota: {e.message}; skipping the options {qwhy.split(' exhausted')[0]} covers there")
             elif isinstance(e, CapacityError):
                 for o in opt.offers:
                     fo.no_capacity[_cap_key(opt.provider, o)] = f"no capacity for {o.instance_type} in {o.zone or o.region}"
@@ -346,6 +530,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                                     poll_s=poll_s, say=say)
             if not ok:
                 res = ledger.resource(rid) or res
+                if res.state == "unknown" and not res.provider_id:
+                    continue  # an unverified create: no more creates on this provider; a later list resolves it
                 what = f"{res.provider} {res.kind} {res.provider_id or res.name} (ledger {res.id})"
                 raise _StopFailover(ProviderError(
                     res.provider, "terminate",
@@ -391,13 +577,16 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                               installation_id=ledger.installation_id, onstart=onstart,
                               idle_minutes=idle_minutes)
             try:
-                pid = _retrying(p.create_instance, req, attempts=transient_attempts, wait_s=retry_wait_s, say=say,
-                                what=f"{p.name} create_instance")
+                pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
+                                       say=say, actor=actor)
+            except _Unverified:
+                raise
             except ProviderError as e:
-                # the create failed; a retried create may still have left something (tag resolves it in cleanup)
+                # the create failed and nothing exists (proven by a list, or a definite error such as capacity)
                 ledger.update_resource(res.id, error=e.message, actor=actor, message=f"create failed: {e.message}")
                 raise
-            ledger.mark_created(res.id, pid, actor=actor)
+            if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
+                ledger.mark_created(res.id, pid, actor=actor)
             say(f"{p.name}: created {pid}")
         infos: list[InstanceInfo] = []
         for rid in inst_ids:
@@ -475,23 +664,53 @@ def requirements_of(recipe_or_req: Any) -> Requirements:
 
 
 # --------------------------------------------------------------------------------------------------- reconcile
+#: seconds a tagged resource of this installation must exist before reconcile treats it as an orphan: a create
+#: of a live run whose ledger row is still in flight must never be killed
+RECONCILE_MIN_AGE_S = 600.0
+#: another installation's resources are touched (only with ``--include-foreign``) when older than the longest
+#: deadline a recipe allows (``max_hours`` <= 168) plus one hour of grace: no live run of theirs can own them
+FOREIGN_MIN_AGE_S = (168 + 1) * 3600.0
+
+
 @dataclass
 class ReconcileReport:
     """What :func:`reconcile` found.
 
-    ``orphans``: tagged provider objects the ledger does not know or has as terminated.  ``adopted``: tagged
-    objects matching a live ``intent`` row without provider id (a crash between create and mark_created): known to
-    the ledger, ``broker down`` resolves them by tag; with ``terminate`` the row is given the id.  ``known``: count of tagged objects the ledger tracks as live.  ``errors``: provider ->
-    why it could not be listed.  ``terminated`` / ``failed``: ledger ids after ``terminate``.
+    ``orphans``: tagged provider objects of *this* installation (INSTALL_TAG = the ledger's installation id, or a
+    row of this ledger) that the ledger does not know, has as terminated or already holds as ``orphan``, older
+    than the age grace (with ``include_foreign`` also other installations' objects past
+    :data:`FOREIGN_MIN_AGE_S`).  ``foreign``: objects of another installation (another id, or none: an older
+    broker) - listed, never touched unless ``include_foreign``.  ``young``: this installation's unknown objects
+    younger than the age grace (a create in flight) - left alone.  ``adopted``: tagged objects matching a live
+    ``intent`` row without provider id (a crash between create and mark_created): ``broker down`` resolves them
+    by tag; with ``terminate`` the row is given the id.  ``unknown``: ledger rows left ``unknown`` by an ambiguous
+    create (possibly billing); with ``terminate`` they are resolved when the list allows.  ``known``: count of
+    tagged objects the ledger tracks as live.  ``errors``: provider -> why it could not be listed (never read as
+    "nothing there").  ``terminated`` / ``failed``: ledger ids after ``terminate``.
     """
 
     orphans: list[Any] = field(default_factory=list)
+    foreign: list[Any] = field(default_factory=list)
+    young: list[Any] = field(default_factory=list)
     adopted: list[Any] = field(default_factory=list)
+    unknown: list[Resource] = field(default_factory=list)
     known: int = 0
     errors: dict[str, str] = field(default_factory=dict)
     terminated: list[str] = field(default_factory=list)
     failed: list[Resource] = field(default_factory=list)
     checked: list[str] = field(default_factory=list)
+
+
+def is_mine(t: TaggedResource, ledger: Ledger) -> bool:
+    """Whether a tagged object belongs to this installation (its INSTALL_TAG is this ledger's id)."""
+    return bool(t.installation_id) and t.installation_id == ledger.installation_id
+
+
+def _age_s(t: TaggedResource, now: datetime) -> float | None:
+    if t.created_at is None:
+        return None
+    c = t.created_at if t.created_at.tzinfo else t.created_at.replace(tzinfo=now.tzinfo)
+    return (now - c).total_seconds()
 
 
 def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[str, Provider], dict[str, str]]:
@@ -533,28 +752,38 @@ def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[s
 
 
 def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool = False, actor: str = "reconcile",
-              say: Progress | None = None, confirm_timeout_s: float = 900.0, poll_s: float = 2.0) -> ReconcileReport:
+              say: Progress | None = None, confirm_timeout_s: float = 900.0, poll_s: float = 2.0,
+              include_foreign: bool = False, min_age_s: float = RECONCILE_MIN_AGE_S,
+              foreign_min_age_s: float = FOREIGN_MIN_AGE_S, now: datetime | None = None,
+              retry_s: float | None = None) -> ReconcileReport:
     """Compare what ``providers`` hold with broker's run tag (``list_tagged``) against the ledger.
 
-    With ``terminate``, each orphan is first written to the ledger (a new ``orphan`` row, or its old row reopened
-    as ``orphan``) and then terminated through :func:`broker.teardown.terminate_resource`, so the termination
-    itself is ledger-visible and a failure stays live in ``broker status``.  Never raises for provider errors.
+    Only this installation's objects become orphans, and only past ``min_age_s``; another installation's only with
+    ``include_foreign`` and past ``foreign_min_age_s`` (objects without a creation time never).  With
+    ``terminate``, each orphan is first written to the ledger (a new ``orphan`` row, or its old row reopened as
+    ``orphan``) and then terminated in dependency order (:func:`broker.teardown.teardown_order`: instances,
+    subnets, security lists / gateways, VCN; nothing whose dependency is still live) through
+    :func:`broker.teardown.terminate_resource` (TransientErrors retried), so the termination itself is
+    ledger-visible and a failure stays live in ``broker status``.  Never raises for provider errors.
     """
-    from broker.teardown import terminate_resource
+    from broker.teardown import TERMINATE_RETRY_S, blocked_by, teardown_order, terminate_resource
 
+    now = now or utcnow()
     rep = ReconcileReport()
     for name, p in providers.items():
         try:
             tagged = p.list_tagged(None)
         except Exception as e:  # noqa: BLE001 - one provider's failure must not hide another's orphans
-            rep.errors[name] = getattr(e, "message", str(e))
+            rep.errors[name] = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+            rep.unknown += [r for r in ledger.resources(live_only=True)
+                            if r.provider == p.name and r.state == "unknown"]
             continue
         rep.checked.append(name)
         for t in tagged:
             if t.state == "terminated":
                 continue
             row = ledger.find_by_provider_id(p.name, t.provider_id)
-            if row is not None and row.live:
+            if row is not None and row.live and row.state != "orphan":
                 rep.known += 1
                 continue
             if row is None:
@@ -565,30 +794,67 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
                     if terminate:  # listing never writes; with --terminate the intent row learns its id
                         ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
                                                message=f"found by run tag: {t.provider_id}")
-                    rep.adopted.append(t)
+                    if pending[0].state == "unknown":  # an ambiguous create that did happen: never used, so it goes
+                        rep.unknown.append(ledger.resource(pending[0].id) or pending[0])
+                    else:
+                        rep.adopted.append(t)
                     continue
+            age = _age_s(t, now)
+            if row is None and not is_mine(t, ledger):
+                if include_foreign and age is not None and age >= foreign_min_age_s:
+                    rep.orphans.append(t)
+                else:
+                    rep.foreign.append(t)
+                continue
+            if row is None and age is not None and age < min_age_s:
+                rep.young.append(t)
+                continue
             rep.orphans.append(t)
+        listed = {t.provider_id for t in tagged}
+        seen = {r.id for r in rep.unknown}
+        rep.unknown += [r for r in ledger.resources(live_only=True) if r.provider == p.name
+                        and r.state == "unknown" and r.id not in seen and r.provider_id not in listed]
     if not terminate:
         return rep
     by_name = {p.name: p for p in providers.values()}
-    # instances before the network objects they sit in (like teardown_order)
-    for t in sorted(rep.orphans, key=lambda t: t.kind != "instance"):
+    kw = dict(confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say,
+              retry_s=TERMINATE_RETRY_S if retry_s is None else retry_s)
+    failed_tags: list[Any] = []
+    for t in teardown_order(rep.orphans):
+        blocker = blocked_by(t, failed_tags)
         row = ledger.find_by_provider_id(t.provider, t.provider_id)
-        if row is not None:  # known but marked terminated: reopen
+        if row is not None and row.state != "orphan":  # known but marked terminated: reopen
             ledger.update_resource(row.id, state="orphan", terminated_at=None, terminated_by=None, actor=actor,
                                    message=f"{t.provider_id} still exists although the ledger had it terminated")
-        else:
+        elif row is None:
             row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
                                        region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
-                                       attrs={"found_by": "reconcile"})
+                                       attrs={"found_by": "reconcile", "installation_id": t.installation_id})
             ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
                                    created_at=t.created_at or row.created_at, actor=actor,
                                    message=f"orphan {t.kind} {t.provider_id} found by run tag")
         res = ledger.resource(row.id)
         assert res is not None
-        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider),
-                              confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say):
+        if blocker is not None:
+            ledger.update_resource(res.id, error=f"waits for {blocker.kind} {blocker.provider_id} (still live) to "
+                                   "go first", actor=actor, message="not tried: a dependency is still live")
+            failed_tags.append(t)
+            rep.failed.append(ledger.resource(res.id) or res)
+            continue
+        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider), **kw):
             rep.terminated.append(res.id)
         else:
+            failed_tags.append(t)
             rep.failed.append(ledger.resource(res.id) or res)
+    still_unknown: list[Resource] = []
+    for r in teardown_order(rep.unknown):
+        cur = ledger.resource(r.id) or r
+        if cur.live and by_name.get(cur.provider) is not None and cur.provider in rep.checked:
+            if terminate_resource(ledger, cur, actor, provider=by_name[cur.provider], **kw):
+                rep.terminated.append(cur.id)
+                continue
+            cur = ledger.resource(r.id) or cur
+        if cur.live:
+            still_unknown.append(cur)
+    rep.unknown = still_unknown
     return rep

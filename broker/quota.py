@@ -307,11 +307,11 @@ def verdict(need: Need, quotas: Iterable[Quota]) -> Verdict:
     parts = [f"{_n(q.available)} available in {q.scope or q.region or '-'}" for q in
              sorted(qs, key=lambda q: -q.available)]
     where = best.scope or best.region or "-"
-    want = best.used + u  # new limit so that `u` more fit next to what is used
+    want = suggest_limit(best.limit, best.used, u)  # limit + (need - available) in the best scope
     allowed = instances_allowed(need.limit.provider, need.spec, best.available)
     return Verdict(need, False, f"{head}; you have {', '.join(parts)} (= {allowed}× {it}): request "
-                                f"{need.limit.name} = {_n(max(want, best.limit))} in {where}",
-                   scope=where, request_value=float(max(want, best.limit)), quotas=qs)
+                                f"{need.limit.name} = {_n(want)} in {where}",
+                   scope=where, request_value=float(want), quotas=qs)
 
 
 def explain_usage(q: Quota, spec: InstanceSpec | None = None) -> str:
@@ -333,11 +333,22 @@ def explain_usage(q: Quota, spec: InstanceSpec | None = None) -> str:
     return s
 
 
+def suggest_limit(limit: float, used: float, need: float) -> float:
+    """The new limit to request so that a job needing ``need`` units fits in the limit's scope: the current limit
+    plus what the job needs there minus what is available there (never below the current limit).
+
+    E.g. limit 2, used 2, need 2 -> 4 (2 more); limit 4, used 1, need 2 -> 4 (it already fits).
+    """
+    available = max(0.0, float(limit) - float(used))
+    return float(limit) + max(0.0, float(need) - available)
+
+
 def desired_value(q: Quota | None, units_needed_: float) -> float:
-    """The new limit that lets ``units_needed_`` more run next to current use: ``max(limit, used + need)``."""
+    """The new limit that lets ``units_needed_`` run in ``q``'s scope (:func:`suggest_limit`); the need itself when
+    the limit is unknown."""
     if q is None:
         return float(units_needed_)
-    return float(max(q.limit, q.used + units_needed_))
+    return suggest_limit(q.limit, q.used, units_needed_)
 
 
 def request_command(provider: str, limit: str, value: float, *, scope: str | None = None,

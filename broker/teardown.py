@@ -1,4 +1,5 @@
-"""Idempotent, confirmed termination of ledger resources (used by the CLI, ``broker down`` and the watchdog).
+"""Idempotent, confirmed termination of ledger resources (used by the CLI, ``broker down``, the watchdog and
+``broker reconcile``).
 
 Rules (DESIGN.md "Money and safety invariants"):
 
@@ -6,19 +7,74 @@ Rules (DESIGN.md "Money and safety invariants"):
   blindly; a second claim of a ``terminating`` row is allowed (the first process may have died) and harmless
   because provider terminates are idempotent;
 * an ``intent`` row without a provider id is resolved through the run tag (``list_tagged``): the create may have
-  happened just before a crash;
-* instances are terminated before the network objects they sit in; those go in reverse creation order;
+  happened just before a crash.  An ``unknown`` row (a create answered ambiguously, see :mod:`broker.provision`)
+  is only proven absent by a list made at least the provider's ``create_settle_s`` after that create; a list
+  that cannot be read (ProviderError) never counts as "nothing there";
+* a terminate / delete answered with a TransientError (5xx, 429, 409 Conflict as the adapters map them) is
+  retried with exponential backoff (tenacity) for at most ``retry_s`` seconds;
+* dependency order (:func:`teardown_order`): instances -> volumes -> subnets -> security lists / route tables /
+  gateways -> security groups -> placement groups -> VCN / VPC; nothing of a later rank is tried while something
+  of an earlier rank of the same run and provider is still live (a subnet cannot go while an instance sits in
+  it: trying only burns 409s);
 * a failed terminate leaves the row live with its error, loud in ``broker status``, for the next try.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable
+from datetime import datetime
+from typing import Any, Callable, Sequence, TypeVar
 
 from broker.ledger import Ledger
-from broker.model import Resource
-from broker.provider import Provider, ProviderError
+from broker.model import Resource, utcnow
+from broker.provider import Provider, ProviderError, TransientError
+
+#: seconds a terminate / delete answered with a TransientError is retried (backoff 1 s, x2, at most 15 s)
+TERMINATE_RETRY_S = 120.0
+#: default for providers that do not say how long their list lags behind a create (``create_settle_s``)
+DEFAULT_CREATE_SETTLE_S = 20.0
+
+#: teardown rank by resource kind (lower first); kinds not listed rank with the gateways
+KIND_RANK: dict[str, int] = {
+    "instance": 0, "netns_node": 0, "slurm_job": 0,
+    "volume": 1, "boot_volume": 1,
+    "subnet": 2,
+    "security_list": 3, "route_table": 3, "internet_gateway": 3, "nat_gateway": 3, "service_gateway": 3,
+    "network_security_group": 3,
+    "security_group": 4,
+    "placement_group": 5,
+    "vcn": 6, "vpc": 6,
+}
+_OTHER_RANK = 3
+
+T = TypeVar("T")
+
+
+def kind_rank(kind: str) -> int:
+    """Where ``kind`` goes in :func:`teardown_order` (0 = first)."""
+    return KIND_RANK.get(kind, _OTHER_RANK)
+
+
+def create_settle_s(p: Provider | None) -> float:
+    """Seconds after a create call before the provider's list can prove the object absent."""
+    v = getattr(p, "create_settle_s", None)
+    return DEFAULT_CREATE_SETTLE_S if v is None else float(v)
+
+
+def _retry_terminate(p: Provider, res: Resource, retry_s: float, say: Callable[[str], None] | None) -> bool:
+    """``p.terminate`` retried on TransientError with exponential backoff for at most ``retry_s`` seconds."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    def before_sleep(rs: Any) -> None:
+        if say:
+            say(f"terminate {res.provider_id}: {rs.outcome.exception().message}; retry in {rs.next_action.sleep:.1f} s")
+
+    for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_delay(retry_s),
+                            wait=wait_exponential(multiplier=min(1.0, max(retry_s / 8, 0.01)), max=15),
+                            reraise=True, before_sleep=before_sleep):
+        with attempt:
+            return p.terminate(res.kind, res.provider_id or "", region=res.region, attrs=res.attrs)
+    return False  # pragma: no cover - tenacity either returns or raises
 
 
 def _provider(name: str, cache: dict[str, Provider]) -> Provider:
@@ -29,24 +85,50 @@ def _provider(name: str, cache: dict[str, Provider]) -> Provider:
     return cache[name]
 
 
+def _ambiguous_at(res: Resource) -> datetime | None:
+    at = (res.attrs or {}).get("ambiguous_create_at")
+    return datetime.fromisoformat(at) if at else None
+
+
 def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: Provider | None = None,
                        confirm_timeout_s: float = 900.0, poll_s: float = 2.0,
-                       say: Callable[[str], None] | None = None) -> bool:
+                       say: Callable[[str], None] | None = None, retry_s: float = TERMINATE_RETRY_S) -> bool:
     """Terminate one resource and confirm it is gone; True when the ledger now says ``terminated``.
 
-    Never raises for provider failures: the error is recorded on the row (state stays live) and False returned.
+    A TransientError from the terminate call is retried for ``retry_s`` seconds.  Never raises for provider (or
+    adapter) failures: the error is recorded on the row (state stays live) and False returned.
     """
     if res.state == "terminated":
         return True
-    p = provider or _provider(res.provider, {})
+    try:
+        p = provider or _provider(res.provider, {})
+    except Exception as e:  # noqa: BLE001 - an adapter that cannot load: the row stays live and says why
+        ledger.update_resource(res.id, error=f"adapter {res.provider} not available: {e}", actor=actor,
+                               message=f"terminate failed: {e}")
+        return False
+    unknown = _ambiguous_at(res) if not res.provider_id else None
     if not ledger.claim_termination(res.id, actor):
         return True
     try:
         if not res.provider_id:
+            # a ProviderError here (an unreadable list) propagates to the handler below: never "nothing there"
             match = [t for t in p.list_tagged(res.run_id) if t.kind == res.kind and t.name in (res.name, None)]
             if not match:
-                ledger.update_resource(res.id, state="terminated", terminated_by=actor, actor=actor,
-                                       message="no provider object carries this run's tag: the create never happened")
+                if unknown is not None:
+                    waited = (utcnow() - unknown).total_seconds()
+                    settle = create_settle_s(p)
+                    if waited < settle:
+                        ledger.update_resource(res.id, state="unknown", actor=actor, error=(
+                            f"ambiguous create {waited:.0f} s ago: a list cannot prove it absent before "
+                            f"{settle:.0f} s; counted as possibly billing until then"),
+                            message="not listed yet; too early to prove absent")
+                        return False
+                    why = (f"a list {waited:.0f} s after the ambiguous create shows nothing with this run's tag: "
+                           "it never existed")
+                else:
+                    why = "no provider object carries this run's tag: the create never happened"
+                ledger.update_resource(res.id, state="terminated", terminated_by=actor, error=None, actor=actor,
+                                       message=why, attrs={"never_created": True})
                 return True
             ledger.update_resource(res.id, provider_id=match[0].provider_id, actor=actor,
                                    message=f"found by run tag: {match[0].provider_id}")
@@ -54,11 +136,16 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
         assert res.provider_id is not None
         if say:
             say(f"terminating {res.provider} {res.kind} {res.provider_id}")
-        gone = p.terminate(res.kind, res.provider_id, region=res.region, attrs=res.attrs)
+        gone = _retry_terminate(p, res, retry_s, say)
         deadline = time.monotonic() + confirm_timeout_s
         while not gone and res.kind == "instance":
-            info = p.describe_instance(res.provider_id, region=res.region)
-            if info.state == "terminated":
+            try:
+                info = p.describe_instance(res.provider_id, region=res.region)
+            except TransientError as e:  # a throttled / failed describe proves nothing: look again
+                if say:
+                    say(f"describe {res.provider_id}: {e.message}; polling again")
+                info = None
+            if info is not None and info.state == "terminated":
                 gone = True
                 break
             if time.monotonic() > deadline:
@@ -74,33 +161,65 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
                                message=f"{res.kind} {res.provider_id} terminated")
         return True
     except ProviderError as e:
-        ledger.update_resource(res.id, error=str(e), actor=actor, message=f"terminate failed: {e.message}")
+        if unknown is not None and not res.provider_id:  # still cannot tell: stays unknown, possibly billing
+            ledger.update_resource(res.id, state="unknown", actor=actor, message=f"still unknown: {e.message}",
+                                   error=f"an ambiguous create not resolved: the list could not be read ({e})")
+        else:
+            ledger.update_resource(res.id, error=str(e), actor=actor, message=f"terminate failed: {e.message}")
+        return False
+    except Exception as e:  # noqa: BLE001 - an adapter bug must not leave the row unexplained or stop a teardown
+        msg = f"{type(e).__name__}: {e}"
+        ledger.update_resource(res.id, error=f"{res.provider}: unexpected error: {msg}", actor=actor,
+                               message=f"terminate failed: {msg}",
+                               **({"state": "unknown"} if unknown is not None and not res.provider_id else {}))
         return False
 
 
-def teardown_order(resources: list[Resource]) -> list[Resource]:
-    """Instances first (newest first), then everything else in reverse creation order."""
-    inst = [r for r in resources if r.kind == "instance"]
-    rest = [r for r in resources if r.kind != "instance"]
-    return sorted(inst, key=lambda r: r.created_at, reverse=True) + sorted(rest, key=lambda r: r.created_at,
-                                                                            reverse=True)
+def teardown_order(resources: Sequence[T]) -> list[T]:
+    """Dependency order (:data:`KIND_RANK`): instances first, then volumes, subnets, security lists / route tables
+    / gateways, security groups, placement groups, VCN / VPC; within a rank newest first.  Works on ledger
+    :class:`~broker.model.Resource` s and on :class:`~broker.provider.TaggedResource` s (``created_at`` may be
+    None there: oldest)."""
+    def key(r: Any) -> tuple:
+        t = getattr(r, "created_at", None)
+        return (kind_rank(r.kind), -(t.timestamp() if t else 0.0))
+
+    return sorted(resources, key=key)
+
+
+def blocked_by(res: Any, failed: Sequence[Any]) -> Any | None:
+    """The first of ``failed`` (still live after a try) that ``res`` must wait for: same provider and run, lower
+    rank.  None = ``res`` may be tried."""
+    for f in failed:
+        if (f.provider == res.provider and getattr(f, "run_id", None) == getattr(res, "run_id", None)
+                and kind_rank(f.kind) < kind_rank(res.kind)):
+            return f
+    return None
 
 
 def teardown_run(ledger: Ledger, run_id: str, actor: str, *, providers: dict[str, Provider] | None = None,
                  say: Callable[[str], None] | None = None, confirm_timeout_s: float = 900.0,
-                 poll_s: float = 2.0) -> list[Resource]:
-    """Terminate every live resource of ``run_id``; returns those still live afterwards (empty = all gone).
-
-    Network objects are only deleted once every instance of the run is confirmed gone.
-    """
+                 poll_s: float = 2.0, retry_s: float = TERMINATE_RETRY_S) -> list[Resource]:
+    """Terminate every live resource of ``run_id`` in dependency order; returns those still live afterwards
+    (empty = all gone).  A resource waits while one of a lower rank (e.g. an instance in its subnet) is still
+    live: it is not tried (that would only collect 409s) and stays live for the next ``broker down``."""
     cache: dict[str, Provider] = dict(providers or {})
     live = teardown_order(ledger.resources(run_id, live_only=True))
-    failed_instance = False
+    failed: list[Resource] = []
     for res in live:
-        if res.kind != "instance" and failed_instance:
-            continue  # a subnet cannot be deleted while an instance still sits in it
-        ok = terminate_resource(ledger, res, actor, provider=_provider(res.provider, cache), say=say,
-                                confirm_timeout_s=confirm_timeout_s, poll_s=poll_s)
-        if not ok and res.kind == "instance":
-            failed_instance = True
+        blocker = blocked_by(res, failed)
+        if blocker is not None:
+            if say:
+                say(f"{res.kind} {res.provider_id or res.name} waits: {blocker.kind} "
+                    f"{blocker.provider_id or blocker.name} is still live")
+            failed.append(res)
+            continue
+        try:
+            p: Provider | None = _provider(res.provider, cache)
+        except Exception:  # noqa: BLE001 - terminate_resource records why on the row
+            p = None
+        ok = terminate_resource(ledger, res, actor, provider=p, say=say, confirm_timeout_s=confirm_timeout_s,
+                                poll_s=poll_s, retry_s=retry_s)
+        if not ok:
+            failed.append(res)
     return ledger.resources(run_id, live_only=True)

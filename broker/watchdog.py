@@ -19,10 +19,21 @@ Each pass (:meth:`Watchdog.run_once`) reads the ledger and terminates, through
     misjudged pid (e.g. a ledger shared with another machine) at the price of at most two minutes of billing.
 
 Orphans: every ``orphan_scan_s`` (default 60 s; always on the first pass) the providers that hold resources in the
-ledger, or are configured, are asked for what carries broker's run tag (``list_tagged``).  Tagged objects the
-ledger does not know (and that are not the pending create of an ``intent`` row) are recorded on first sight as
-ledger rows in state ``orphan`` (``attrs["orphan_first_seen"]``) and terminated once seen for longer than
-``orphan_grace_s`` (default 600 s).
+ledger, or are configured, are asked for what carries broker's run tag (``list_tagged``).  Tagged objects of *this*
+installation (INSTALL_TAG = :attr:`broker.ledger.Ledger.installation_id`) the ledger does not know (and that are
+not the pending create of an ``intent`` / ``unknown`` row) are recorded on first sight as ledger rows in state
+``orphan`` (``attrs["orphan_first_seen"]``) and terminated once seen for longer than ``orphan_grace_s`` (default
+600 s).  Another installation's objects (another id, or none) are never recorded or touched: they are logged once
+as "other installation" (``broker reconcile --include-foreign`` is the only way to touch them).  A list that
+raises is an error of that provider (logged, in the heartbeat), never "nothing there".
+
+Unknown creates: a row left ``unknown`` by an ambiguous create (:mod:`broker.provision`) is resolved on every pass
+through :func:`broker.teardown.terminate_resource` (a list finds it -> terminated; proves it absent -> marked
+never created); until then each pass reports it as ``possibly-billing``.
+
+Runs: before terminating for a deadline or a budget, the watchdog records that reason on the run (status
+``deadline`` / ``interrupted``, message ``watchdog: ...``); the ledger keeps it when the dying CLI later reports a
+mere ``failed`` (e.g. "ssh connection lost").
 
 Every action goes to the ledger's event log with actor ``"watchdog"`` and the reason.  Provider errors never stop
 the loop: they are logged (once per distinct message), kept on the resource row (loud in ``broker status``) and
@@ -64,7 +75,7 @@ from broker.accounting import (ACTIVE_STATUSES, ENDED_STATUSES, Clock, effective
 from broker.ledger import Ledger
 from broker.model import Resource, Run
 from broker.provider import Provider
-from broker.teardown import teardown_order, terminate_resource
+from broker.teardown import kind_rank, teardown_order, terminate_resource
 
 
 class WatchdogBusy(Exception):
@@ -174,6 +185,7 @@ class Watchdog:
         self.errors: dict[str, str] = {}  # provider -> last orphan-scan error (heartbeat, status)
         self._last_scan: datetime | None = None
         self._retry: dict[str, tuple[datetime, int]] = {}  # resource id -> (next try, failures)
+        self._told: set[str] = set()  # foreign provider ids / unknown rows already logged
         self.started_at = system_clock()
         self.passes = 0
         self._stop = False
@@ -228,6 +240,15 @@ class Watchdog:
             except Exception as e:  # the ledger or a bug: keep the loop alive, say so loudly
                 self._log(run_id, "error", f"pass failed for this run: {type(e).__name__}: {e}")
                 actions.append(Action("error", run_id, None, f"{type(e).__name__}: {e}", ok=False))
+        for res in self.ledger.resources(live_only=True):
+            if res.state != "unknown":
+                continue
+            msg = (f"possibly billing: {res.provider} {res.kind} {res.name}: an ambiguous create not resolved yet "
+                   f"({res.error or 'no list could tell'}); counted at ${res.usd_per_hour:.4g}/h until resolved")
+            if res.id not in self._told:
+                self._told.add(res.id)
+                self._log(res.run_id, "possibly-billing", msg, resource_id=res.id)
+            actions.append(Action("possibly-billing", res.run_id, res.id, msg, ok=False, provider=res.provider))
         self.passes += 1
         return actions
 
@@ -272,6 +293,8 @@ class Watchdog:
                     return "idle", f"idle {float(idle_min):g} min after the job ended ({run.status})"
                 when = f"{_ago(since)} ago" if since != float("inf") else "earlier"
                 return "ended", f"run {run.status} {when} but this resource is still live (teardown did not complete)"
+        if res.state == "unknown" or (res.attrs.get("ambiguous_create_at") and not res.provider_id):
+            return "unknown", "an ambiguous create: resolving it by run tag (found -> terminate; absent -> never created)"
         if res.state == "orphan":
             seen = res.attrs.get("orphan_first_seen")
             first = datetime.fromisoformat(seen) if seen else res.created_at
@@ -298,9 +321,10 @@ class Watchdog:
         out: list[Action] = []
         targets = teardown_order([r for r in rows if r.id in todo])
         for res in targets:
-            if res.kind != "instance":
-                # a subnet / VCN cannot go while an instance still sits in it
-                if any(r.kind == "instance" for r in self.ledger.resources(run_id, live_only=True)):
+            if kind_rank(res.kind) > 0:
+                # dependency order: a subnet / VCN cannot go while an instance (or a subnet) still sits in it
+                if any(r.provider == res.provider and kind_rank(r.kind) < kind_rank(res.kind)
+                       for r in self.ledger.resources(run_id, live_only=True)):
                     continue
             nxt = self._retry.get(res.id)
             if nxt and now < nxt[0]:
@@ -329,7 +353,7 @@ class Watchdog:
             if not ok:
                 self._log(res.run_id, "terminate", f"{what}: {reason}", resource_id=res.id)
                 ok = terminate_resource(self.ledger, res, self.actor, provider=p,
-                                        confirm_timeout_s=self.confirm_timeout_s,
+                                        confirm_timeout_s=self.confirm_timeout_s, retry_s=self.confirm_timeout_s,
                                         poll_s=min(2.0, max(0.2, self.interval_s)))
         except Exception as e:  # unexpected (non-ProviderError) failure: record, keep going
             msg = f"{type(e).__name__}: {e}"
@@ -357,7 +381,7 @@ class Watchdog:
             return False
         for r in self.ledger.resources(tagged.run_id):
             if (r.provider == provider and r.kind == tagged.kind and not r.provider_id
-                    and r.state in ("intent", "creating", "terminating")
+                    and r.state in ("intent", "creating", "terminating", "unknown")
                     and (tagged.name is None or r.name == tagged.name)):
                 return True
         return False
@@ -375,10 +399,20 @@ class Watchdog:
                 self.errors[name] = msg
                 continue
             self.errors.pop(name, None)
+            mine = self.ledger.installation_id
             for t in tagged:
                 if t.state == "terminated" or self.ledger.find_by_provider_id(name, t.provider_id):
                     continue
                 if self._pending_create(name, t):
+                    continue
+                if t.installation_id != mine:  # another BROKER_HOME's (or an older broker's): never ours to kill
+                    key = f"{name}:{t.provider_id}"
+                    if key not in self._told:
+                        self._told.add(key)
+                        msg = (f"other installation: {name} {t.kind} {t.provider_id} (run {t.run_id}, installation "
+                               f"{t.installation_id or 'none'}) is not this installation's ({mine}): left alone")
+                        self._log(None, "foreign", msg)
+                        out.append(Action("foreign", t.run_id, None, msg, provider=name, provider_id=t.provider_id))
                     continue
                 run_id = t.run_id or "unknown"
                 res = self.ledger.record_intent(

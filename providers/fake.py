@@ -12,7 +12,14 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
   ``quota`` (QuotaError on create), ``gone`` (OfferGone), ``terminate`` (ProviderError on terminate),
   ``transient`` (TransientError on create), ``transient:<n>`` (TransientError on the first n creates only,
   counted in the state file), ``failed@<zone>`` (instances in that zone end in state ``failed`` instead of
-  ``running``), ``bootstrap`` (ProviderError from bootstrap after its first network object was created)
+  ``running``), ``bootstrap`` (ProviderError from bootstrap after its first network object was created),
+  ``create502`` / ``create502:<n>`` (the create *happens*, then the call answers ``502 {"success": false}`` as a
+  TransientError: every create, or the first n; ``create502@n<i>``: node i's creates only), ``no-idempotency`` (the client token is ignored, like Vast:
+  every create call makes a new instance), ``list`` (``list_tagged`` raises: an answer the adapter cannot read),
+  ``terminate500:<n>`` (the first n terminate calls answer HTTP 500 as a TransientError; nothing is deleted)
+
+  A network object (vcn / subnet) deleted while an instance or subnet still uses it answers ``409 Conflict`` as a
+  TransientError, the way the OCI adapter maps it.
 * ``BROKER_FAKE_HANG``   comma list of steps after which the calling process writes ``<state>.hang-<step>`` and
   sleeps (so a test can SIGKILL it at that exact point): ``before-create``, ``after-create``, ``ready``,
   ``before-terminate``, ``after-terminate``, ``after-vcn`` / ``after-subnet`` (multi-node bootstrap: the object
@@ -38,7 +45,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from broker.model import Offer, Requirements, utcnow
-from broker.provider import (RUN_TAG, CapacityError, InstanceInfo, NodeRequest, OfferGone, Provider, ProviderCheck,
+from broker.provider import (INSTALL_TAG, RUN_TAG, CapacityError, InstanceInfo, NodeRequest, OfferGone, Provider, ProviderCheck,
                              ProviderError, QuotaError, TaggedResource, TransientError)
 
 ZONES = ("fake-zone-1", "fake-zone-2")
@@ -71,6 +78,9 @@ class FakeProvider(Provider):
     topologies = ("simulated", "multi-node")
     #: its "instances" are this machine: clusters run their nodes as local processes
     local_exec = True
+    #: seconds after a create call before a list that does not show the instance proves it absent (the fake's
+    #: state file is consistent at once; real APIs lag)
+    create_settle_s = 0.0
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path
@@ -80,6 +90,21 @@ class FakeProvider(Provider):
 
     def _fails(self) -> set[str]:
         return _flags("BROKER_FAKE_FAIL") | self._fail
+
+    def _first_n(self, flag: str) -> bool:
+        """True while the ``<flag>:<n>`` injection still applies (counted in the state file); ``<flag>`` alone:
+        always."""
+        fails = self._fails()
+        if flag in fails:
+            return True
+        limited = [f for f in fails if f.startswith(flag + ":")]
+        if not limited:
+            return False
+        with self._state() as st:
+            counts = st.setdefault("counts", {})
+            counts[flag] = counts.get(flag, 0) + 1
+            n = counts[flag]
+        return n <= int(limited[0].split(":", 1)[1])
 
     @property
     def path(self) -> Path:
@@ -129,8 +154,11 @@ class FakeProvider(Provider):
                 raise ProviderError(self.name, "bootstrap", "create subnet: HTTP 500 (injected)")
             with self._state() as st:
                 nid = f"fake-{kind}-" + uuid.uuid4().hex[:8]
+                tags = {RUN_TAG: run_id}
+                if getattr(rec, "installation_id", None):
+                    tags[INSTALL_TAG] = rec.installation_id
                 st["networks"][nid] = {"id": nid, "kind": kind, "name": name, "state": "available",
-                                       "created_at": time.time(), "tags": {RUN_TAG: run_id},
+                                       "created_at": time.time(), "tags": tags,
                                        "parent": out.get("vcn_id")}
             _hang(f"after-{kind}")
             rec.created(rid, nid)
@@ -163,19 +191,24 @@ class FakeProvider(Provider):
                 net = st["networks"].get(req.network["subnet_id"])
             if net is None or net["state"] != "available":
                 raise ProviderError(self.name, "create_instance", f"subnet {req.network['subnet_id']} does not exist")
+        tags = {RUN_TAG: req.run_id, **({INSTALL_TAG: req.installation_id} if req.installation_id else {}),
+                **req.tags}
         with self._state() as st:
-            for iid, inst in st["instances"].items():  # idempotent on the client token
-                if inst["client_token"] == req.client_token:
+            for iid, inst in st["instances"].items():  # idempotent on the client token (unless no-idempotency)
+                if inst["client_token"] == req.client_token and "no-idempotency" not in fails:
                     return iid
             iid = "fake-i-" + uuid.uuid4().hex[:10]
             st["instances"][iid] = {
                 "id": iid, "state": "pending", "created_at": time.time(), "zone": req.offer.zone,
                 "instance_type": req.offer.instance_type, "usd_per_hour": req.offer.usd_per_hour,
-                "tags": {RUN_TAG: req.run_id, **req.tags}, "client_token": req.client_token, "name": req.name,
+                "tags": tags, "client_token": req.client_token, "name": req.name,
                 "gpu_count": req.offer.gpu_count, "subnet_id": req.network.get("subnet_id"),
                 "end_state": "failed" if f"failed@{req.offer.zone}" in fails else "running",
             }
         _hang("after-create")
+        if f"create502@n{req.node_index}" in fails or self._first_n("create502"):
+            raise TransientError(self.name, "create_instance", 'HTTP 502 {"success": false} (fake: created anyway)',
+                                 status=502)
         return iid
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
@@ -198,8 +231,11 @@ class FakeProvider(Provider):
         if "terminate" in self._fails():
             raise ProviderError(self.name, "terminate", f"{provider_id}: HTTP 500 (injected)",
                                 hint="retry `broker down`; the resource stays listed until it is gone")
-        with self._state() as st:
-            if kind != "instance":
+        if self._first_n("terminate500"):
+            raise TransientError(self.name, "terminate", f"{provider_id}: HTTP 500 (injected, transient)", status=500)
+        if kind != "instance":
+            users: list[str] = []
+            with self._state() as st:
                 net = st["networks"].get(provider_id)
                 if net is not None and net["state"] != "terminated":
                     users = [i["id"] for i in st["instances"].values()
@@ -207,11 +243,15 @@ class FakeProvider(Provider):
                     users += [n["id"] for n in st["networks"].values()
                               if n["state"] != "terminated" and n.get("parent") == provider_id]
                     if users:
-                        raise ProviderError(self.name, "terminate", f"{kind} {provider_id} is still in use by "
-                                            f"{', '.join(users)}", hint="terminate those first")
-                    net["state"] = "terminated"
-                    net["terminated_at"] = time.time()
-                return True
+                        st.setdefault("conflicts", []).append(provider_id)  # tests count 409s
+                    else:
+                        net["state"] = "terminated"
+                        net["terminated_at"] = time.time()
+            if users:
+                raise TransientError(self.name, "terminate", f"409 Conflict: {kind} {provider_id} is still in use "
+                                     f"by {', '.join(users)}", hint="terminate those first", status=409)
+            return True
+        with self._state() as st:
             inst = st["instances"].get(provider_id)
             if inst is not None:
                 inst["terminate_calls"] = inst.get("terminate_calls", 0) + 1  # tests count double terminations
@@ -222,17 +262,21 @@ class FakeProvider(Provider):
         return True
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        if "list" in self._fails():
+            raise ProviderError(self.name, "list_tagged", "unreadable answer: 200 {\"results\": [...]} has no "
+                                "'instances' key (injected)")
         with self._state() as st:
             insts = list(st["instances"].values())
             nets = list(st["networks"].values())
         out = [TaggedResource(provider=self.name, kind=n["kind"], provider_id=n["id"], run_id=n["tags"].get(RUN_TAG),
                               region="fake-region", state=n["state"], name=n["name"],
-                              created_at=datetime.fromtimestamp(n["created_at"], timezone.utc), usd_per_hour=0.0)
+                              created_at=datetime.fromtimestamp(n["created_at"], timezone.utc), usd_per_hour=0.0,
+                              installation_id=n["tags"].get(INSTALL_TAG))
                for n in nets if n["state"] != "terminated" and (run_id is None or n["tags"].get(RUN_TAG) == run_id)]
         return out + [TaggedResource(provider=self.name, kind="instance", provider_id=i["id"], run_id=i["tags"].get(RUN_TAG),
                                region="fake-region", state=i["state"], name=i["name"],
                                created_at=datetime.fromtimestamp(i["created_at"], timezone.utc),
-                               usd_per_hour=i["usd_per_hour"])
+                               usd_per_hour=i["usd_per_hour"], installation_id=i["tags"].get(INSTALL_TAG))
                 for i in insts
                 if i["state"] != "terminated" and RUN_TAG in i["tags"]
                 and (run_id is None or i["tags"].get(RUN_TAG) == run_id)]
@@ -242,6 +286,12 @@ class FakeProvider(Provider):
         """The raw state (tests)."""
         with self._state() as st:
             return dict(st["instances"])
+
+    def destroy(self, provider_id: str) -> None:
+        """Terminate an instance behind broker's back (the node's own dead-man switch, the console) (tests)."""
+        with self._state() as st:
+            st["instances"][provider_id]["state"] = "terminated"
+            st["instances"][provider_id]["terminated_at"] = time.time()
 
     def networks(self) -> dict[str, dict[str, Any]]:
         """The raw network objects (tests)."""

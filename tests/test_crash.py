@@ -96,7 +96,7 @@ STEPS = ["before-create", "after-create", "ready", "before-terminate", "after-te
 def test_sigkill_at_each_step_leaves_nothing_down_cannot_find(env, step):
     tmp, e = env
     start_and_kill_at(step, tmp, e)
-    status = json.loads(broker(["status", "--json"], e).stdout)
+    status = json.loads(broker(["status", "--json", "--no-refresh"], e).stdout)  # the ledger's own view
     live = status["live_resources"]
     assert len(live) == 1, f"{step}: the ledger must show the resource as live: {status}"
     row = live[0]
@@ -110,6 +110,8 @@ def test_sigkill_at_each_step_leaves_nothing_down_cannot_find(env, step):
         assert status["live_resources"][0]["provider_id"] is None
     if step == "ready":  # the provider reported running; the CLI died before recording it
         assert row["state"] == "creating" and row["provider_id"] in fake_live(e)
+        # `broker status` (refreshing from the provider) shows what the provider says
+        assert [r["state"] for r in status["live_resources"]] == ["running"]
     if step in ("before-terminate", "after-terminate"):
         assert row["state"] == "terminating"
         assert fake_live(e) == (set() if step == "after-terminate" else {row["provider_id"]})
@@ -132,9 +134,11 @@ def test_lost_ledger_row_after_create_is_found_and_removed_by_reconcile(env):
     db.commit()
     db.close()
     assert len(fake_live(e)) == 1
-    out = json.loads(broker(["reconcile", "--provider", "fake", "--json", "--yes"], e).stdout)
+    out = json.loads(broker(["reconcile", "--provider", "fake", "--json"], e).stdout)
+    assert out["orphans"] == [] and {o["provider_id"] for o in out["young"]} == fake_live(e)  # seconds old
+    out = json.loads(broker(["reconcile", "--provider", "fake", "--json", "--min-age", "0"], e).stdout)
     assert {o["provider_id"] for o in out["orphans"]} == fake_live(e)
-    rec = broker(["reconcile", "--provider", "fake", "--terminate", "--yes"], e)
+    rec = broker(["reconcile", "--provider", "fake", "--terminate", "--yes", "--min-age", "0"], e)
     assert rec.returncode == 0, rec.stdout + rec.stderr
     assert fake_live(e) == set()
     status = json.loads(broker(["status", "--json"], e).stdout)

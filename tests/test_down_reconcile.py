@@ -35,7 +35,8 @@ def _instance(p: FakeProvider, lg: Ledger, run_id: str, i: int = 0, *, record: b
     name = f"broker-{run_id}-n{i}"
     rid = lg.record_intent(run_id, "fake", "instance", name, usd_per_hour=offer.usd_per_hour).id if record else f"t{i}"
     pid = p.create_instance(NodeRequest(run_id=run_id, node_index=i, name=name, offer=offer, ssh_public_key="k",
-                                        client_token=rid, tags={"broker-run": run_id}))
+                                        client_token=rid, tags={"broker-run": run_id},
+                                        installation_id=lg.installation_id))
     if record:
         lg.mark_created(rid, pid)
     return pid
@@ -97,15 +98,15 @@ def test_reconcile_lists_then_terminates_orphans(env):
     _run(lg, "run-a")
     known = _instance(p, lg, "run-a", 0)
     orphan = _instance(p, lg, "ghost", 0, record=False)
-    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--json"])
+    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--json", "--min-age", "0"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert [o["provider_id"] for o in out["orphans"]] == [orphan] and out["known"] == 1
     assert p.instances()[orphan]["state"] != "terminated"  # listing never terminates
     # non-interactive --terminate without --yes refuses
-    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--terminate"])
+    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--terminate", "--min-age", "0"])
     assert r.exit_code != 0 and p.instances()[orphan]["state"] != "terminated"
-    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--terminate", "--yes"])
+    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake", "--terminate", "--yes", "--min-age", "0"])
     assert r.exit_code == 0, r.output
     assert p.instances()[orphan]["state"] == "terminated" and p.instances()[known]["state"] != "terminated"
     row = lg.find_by_provider_id("fake", orphan)

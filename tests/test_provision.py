@@ -275,12 +275,19 @@ def test_spent_usd_bills_per_second_from_the_intent():
     t0 = utcnow()
     r = Resource(id="r", run_id="x", provider="fake", kind="instance", name="n", usd_per_hour=3.6, created_at=t0)
     assert spent_usd(r, t0 + timedelta(seconds=10)) == pytest.approx(0.01)
-    done = r.model_copy(update={"terminated_at": t0 + timedelta(seconds=20), "state": "terminated"})
+    done = r.model_copy(update={"terminated_at": t0 + timedelta(seconds=20), "state": "terminated",
+                                "provider_id": "i-1"})
     assert spent_usd(done, t0 + timedelta(hours=5)) == pytest.approx(0.02)
-    # a created resource is charged at least the minimum billed time; an intent that never became one is not
-    short = done.model_copy(update={"provider_id": "i-1", "attrs": {"min_billed_seconds": 60}})
+    # a created resource is charged at least the minimum billed time
+    short = done.model_copy(update={"attrs": {"min_billed_seconds": 60}})
     assert spent_usd(short) == pytest.approx(0.06)
-    assert spent_usd(done.model_copy(update={"attrs": {"min_billed_seconds": 60}})) == pytest.approx(0.02)
+    # an intent that never became a resource (ended without a provider id) cost nothing: a run that rented
+    # nothing showed $0.07 spent (issue 12)
+    never = done.model_copy(update={"provider_id": None, "attrs": {"min_billed_seconds": 60}})
+    assert spent_usd(never) == 0.0
+    # while it is live (a create in flight, or unknown) it counts
+    assert spent_usd(never.model_copy(update={"state": "unknown", "terminated_at": None}),
+                     t0 + timedelta(seconds=10)) == pytest.approx(0.01)
 
 
 def test_storage_is_billed_with_the_instance(env, ledger):
@@ -317,17 +324,20 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
 
     o = options(p)[0].offers[0]
     stray = p.create_instance(NodeRequest(run_id="lost-run", node_index=0, name="broker-lost-run-n0", offer=o,
-                                          ssh_public_key="x", client_token="t1", tags={"broker-run": "lost-run"}))
+                                          ssh_public_key="x", client_token="t1", tags={"broker-run": "lost-run"},
+                                          installation_id=ledger.installation_id))
     # ... and one whose create happened but whose id never reached the ledger (crash after create)
     row = ledger.record_intent("run-1", "fake", "instance", "broker-run-1-n9", usd_per_hour=1.0)
     hidden = p.create_instance(NodeRequest(run_id="run-1", node_index=9, name="broker-run-1-n9", offer=o,
                                            ssh_public_key="x", client_token=row.id, tags={"broker-run": "run-1"}))
     rep = reconcile(ledger, {"fake": p})
+    assert rep.orphans == [] and [t.provider_id for t in rep.young] == [stray]  # created moments ago: age grace
+    rep = reconcile(ledger, {"fake": p}, min_age_s=0)
     assert [t.provider_id for t in rep.orphans] == [stray]
     assert [t.provider_id for t in rep.adopted] == [hidden] and ledger.resource(row.id).provider_id is None
     assert rep.known == 1 and known in p.instances()
 
-    rep = reconcile(ledger, {"fake": p}, terminate=True, poll_s=0.01)
+    rep = reconcile(ledger, {"fake": p}, terminate=True, poll_s=0.01, min_age_s=0)
     assert len(rep.terminated) == 1
     assert ledger.resource(row.id).provider_id == hidden and p.instances()[hidden]["state"] != "terminated"
     orphan_row = ledger.find_by_provider_id("fake", stray)

@@ -94,3 +94,108 @@ def test_status_empty_ledger(tmp_path, monkeypatch):
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
     res = CliRunner().invoke(app, ["status"])
     assert res.exit_code == 0 and "no live resources" in res.output and "watchdog: not running" in res.output
+
+
+# ------------------------------------------------------------------------------------------------ issue 12 item 9
+def _dead_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_status_refresh_marks_an_instance_the_provider_destroyed(setup):
+    """The node's dead-man switch destroyed the instance: status must not keep showing it running and billing."""
+    led, run, rows, home = setup
+    fake = FakeProvider()
+    fake.destroy(rows[0].provider_id)
+    data = json.loads(CliRunner().invoke(app, ["status", "--json", "--no-refresh"]).output)
+    assert rows[0].id in {r["id"] for r in data["live_resources"]}  # the ledger's view only
+    data = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)
+    assert {r["id"] for r in data["live_resources"]} == {rows[1].id}
+    row = led.resource(rows[0].id)
+    assert row.state == "terminated" and row.terminated_by == "provider" and row.terminated_at is not None
+    assert data["totals"]["usd_per_hour"] == 1.0
+
+
+def test_sigkilled_cli_then_down_is_not_provisioning_with_time_left(setup):
+    led, run, rows, home = setup
+    led.update_run(run.id, status="provisioning", pid=_dead_pid())
+    r = CliRunner().invoke(app, ["down", run.id])
+    assert r.exit_code == 0, r.output
+    after = led.get_run(run.id)
+    assert after.status == "interrupted" and "broker down" in after.message
+    data = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)
+    (r0,) = [r for r in data["runs"] if r["id"] == run.id]
+    assert r0["status"] == "interrupted" and r0["cost"]["live"] == 0
+    out = CliRunner().invoke(app, ["status"]).output
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith(run.id))
+    assert "interrupted" in line and "min" not in line  # no time left for an ended run
+
+
+def test_status_settles_a_run_whose_cli_died(setup):
+    led, run, rows, home = setup
+    led.update_run(run.id, status="provisioning", pid=_dead_pid())
+    data = json.loads(CliRunner().invoke(app, ["status", "--json", "--no-refresh"]).output)
+    (r0,) = [r for r in data["runs"] if r["id"] == run.id]
+    assert r0["status"] == "interrupted" and "died" in r0["message"]
+
+
+def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
+    from broker.accounting import FakeClock
+    from broker.orchestrate import end_run
+
+    led, run, rows, home = setup
+    clock = FakeClock()
+    clock.advance(3700)  # past the 1 h deadline
+    Watchdog(led, providers={"fake": FakeProvider()}, clock=clock, home=home).run_once()
+    assert led.get_run(run.id).status == "deadline"
+    end_run(led, run.id, None, status="failed", message="ssh connection lost")  # the CLI, moments later
+    after = led.get_run(run.id)
+    assert after.status == "deadline" and after.message.startswith("watchdog: deadline passed")
+    assert "ssh connection lost" in after.message
+
+
+def test_a_run_that_rented_nothing_shows_zero_spent(tmp_path, monkeypatch, fake_cloud):
+    from pathlib import Path
+
+    from broker.cloudrun import rank_options
+    from broker.model import Requirements
+    from broker.provider import NoValidPlan
+    from broker.provision import provision
+
+    fake_cloud(tmp_path, tmp_path / "fake-cloud.json")
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "capacity@fake-zone-1,capacity@fake-zone-2")
+    led = Ledger(tmp_path / "ledger.sqlite")
+    run = make_run(led, pid=os.getpid())
+    led.update_run(run.id, run_dir=str(tmp_path / "r"))
+    Path(tmp_path / "r").mkdir()
+    run = led.get_run(run.id)
+    p = FakeProvider()
+    req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=100, hours=1)
+    with pytest.raises(NoValidPlan):
+        provision(rank_options(p, req), run, req, led, providers={"fake": p}, poll_s=0.01, retry_wait_s=0.01)
+    import time
+
+    time.sleep(0.05)
+    data = json.loads(CliRunner().invoke(app, ["status", "--json", "--no-refresh"]).output)
+    (r0,) = [r for r in data["runs"] if r["id"] == run.id]
+    assert led.resources(run.id) and r0["cost"]["spent_usd"] == 0.0
+
+
+def test_status_is_readable_at_80_columns(setup, monkeypatch):
+    from broker import ui
+
+    led, run, rows, home = setup
+    monkeypatch.setattr(ui.console, "_width", 80)
+    out = CliRunner().invoke(app, ["status"]).output
+    # tables fit in 80 columns; sentences are soft-wrapped by the terminal (never cut, copy-paste intact)
+    assert all(len(line) <= 80 for line in out.splitlines() if line.startswith(" ")), out
+    assert "…" not in out  # nothing cut: ids fold, hints wrap
+    assert rows[0].provider_id in out.replace("\n", "") and "HTTP 500 (injected)" in out
+    assert "broker down RUN" in out.replace("\n", " ")
+    det = CliRunner().invoke(app, ["status", run.id]).output
+    assert "…" not in det
+    wide = CliRunner().invoke(app, ["status", "--wide"]).output
+    assert "exit codes" in wide.replace("\n", " ") or "exit" in wide

@@ -157,10 +157,15 @@ def test_idle_minutes_keeps_the_node_for_the_idle_time_after_the_job(ledger, fak
     assert ledger.resource(rows[0].id).state == "terminated"
 
 
-def _create_tagged(fake, run_id, name, token):
+def _create_tagged(fake, run_id, name, token, installation_id=None):
+    """A tagged fake instance; ``installation_id`` defaults to the test's BROKER_HOME ledger's (this installation)."""
+    if installation_id is None:
+        from broker.ledger import Ledger
+
+        installation_id = Ledger().installation_id
     offer = fake.offers(Requirements())[0]
     return fake.create_instance(NodeRequest(run_id=run_id, node_index=0, name=name, offer=offer,
-                                            ssh_public_key="k", client_token=token))
+                                            ssh_public_key="k", client_token=token, installation_id=installation_id))
 
 
 def test_orphan_recorded_on_first_sight_and_terminated_after_grace(ledger, fake):

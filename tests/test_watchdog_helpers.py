@@ -46,7 +46,7 @@ def provision(ledger: Ledger, fake: FakeProvider, run: Run, nodes: int = 2, usd_
                                    usd_per_hour=offer.usd_per_hour, deadline=run.deadline, attrs=attrs)
         pid = fake.create_instance(NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer,
                                                ssh_public_key="ssh-ed25519 AAAAC3test", client_token=res.id,
-                                               deadline=run.deadline))
+                                               deadline=run.deadline, installation_id=ledger.installation_id))
         ledger.mark_created(res.id, pid, state="running")
         out.append(ledger.resource(res.id))
     return out

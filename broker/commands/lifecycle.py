@@ -120,6 +120,22 @@ def kept_message(out: Any, idle_minutes: float) -> list[str]:
     return lines
 
 
+def _settle_run(ledger: Any, run_id: str, left: list) -> None:
+    """After ``broker down``: a run still marked active whose CLI process is dead (e.g. SIGKILLed while
+    provisioning) ends as ``interrupted``, so ``broker status`` stops showing it as provisioning with time left."""
+    from broker.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.model import utcnow
+
+    run = ledger.get_run(run_id)
+    if run is None or run.id != run_id or run.status not in ACTIVE_STATUSES or pid_alive(run.pid):
+        return
+    why = f"the CLI (pid {run.pid}) is gone" if run.pid else "no CLI drives it"
+    msg = (f"{why}; `broker down` terminated its resources" if not left else
+           f"{why}; `broker down` left {len(left)} resource(s) live: run it again")
+    ledger.update_run(run_id, status="interrupted", ended_at=utcnow(), message=msg)
+    ledger.event(run_id, "down", "end", f"interrupted: {msg}")
+
+
 def _res_dict(r: Any) -> dict:
     return {"resource_id": r.id, "run_id": r.run_id, "provider": r.provider, "kind": r.kind, "id": r.provider_id,
             "name": r.name, "state": r.state, "error": r.error}
@@ -162,6 +178,7 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
             left = teardown_run(ledger, rid, "down", say=say)
+            _settle_run(ledger, rid, left)
             for r in before:
                 now = ledger.resource(r.id) or r
                 report.append(_res_dict(now))
@@ -187,54 +204,82 @@ def register(app: typer.Typer) -> None:
         provider: str = typer.Option(None, "--provider", "-p", help="only this provider"),
         terminate: bool = typer.Option(False, "--terminate", help="terminate the orphans found"),
         yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
+        include_foreign: bool = typer.Option(False, "--include-foreign", help="also treat resources of other "
+                                             "installations (another BROKER_HOME, or an older broker without "
+                                             "installation tag) as orphans, but only those older than 169 h (the "
+                                             "longest deadline, 168 h, plus 1 h)"),
+        min_age: float = typer.Option(600.0, "--min-age", help="seconds a resource of this installation must "
+                                      "exist before it counts as an orphan (a create in flight is never one)",
+                                      min=0),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
-        """List resources providers hold with broker's run tag that the ledger does not know (orphans);
-        --terminate records them in the ledger and terminates them."""
+        """List resources providers hold with broker's run tag that the ledger does not know (orphans of this
+        installation), other installations' resources (left alone) and possibly billing 'unknown' creates;
+        --terminate records the orphans in the ledger and terminates them in dependency order."""
         from rich.markup import escape
 
         from broker.ledger import Ledger
         from broker.provider import BadInput
-        from broker.provision import reconcile, reconcile_providers
+        from broker.provision import FOREIGN_MIN_AGE_S, reconcile, reconcile_providers
         from broker.ui import console, err, print_json
 
         ledger = Ledger()
         provs, skipped = reconcile_providers(ledger, provider)
-        rep = reconcile(ledger, provs, terminate=False)
-        if rep.orphans and not terminate and not yes and not as_json and sys.stdin.isatty():
+        opts = dict(include_foreign=include_foreign, min_age_s=min_age)
+        rep = reconcile(ledger, provs, terminate=False, **opts)
+        todo = len(rep.orphans) + len(rep.unknown)
+        if todo and not terminate and not yes and not as_json and sys.stdin.isatty():
             for t in rep.orphans:
                 console.print(f"orphan: {t.provider} {t.kind} {t.provider_id} (run {t.run_id}, {t.state})")
             terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
-        elif rep.orphans and terminate and not yes:
+        elif todo and terminate and not yes:
             if not sys.stdin.isatty():
                 raise BadInput(f"{len(rep.orphans)} orphan(s) found; refusing to terminate without confirmation",
                                hint="add --yes to terminate them non-interactively")
             terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
-        if terminate and rep.orphans:
+        if terminate and todo:
             say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
-            done = reconcile(ledger, provs, terminate=True, say=say)
-            rep.terminated, rep.failed = done.terminated, done.failed
-            rep.adopted += done.adopted
+            done = reconcile(ledger, provs, terminate=True, say=say, **opts)
+            rep.terminated, rep.failed, rep.unknown = done.terminated, done.failed, done.unknown
+            rep.adopted += [t for t in done.adopted if t not in rep.adopted]
         if as_json:
             print_json({"checked": rep.checked, "skipped": skipped, "errors": rep.errors, "known": rep.known,
-                        "adopted": rep.adopted, "orphans": rep.orphans, "terminated": rep.terminated,
+                        "installation_id": ledger.installation_id, "adopted": rep.adopted, "orphans": rep.orphans,
+                        "foreign": rep.foreign, "young": rep.young,
+                        "unknown": [_res_dict(r) for r in rep.unknown], "terminated": rep.terminated,
                         "still_live": [_res_dict(r) for r in rep.failed]})
         else:
             console.print(f"checked: {', '.join(rep.checked) or 'no provider'}; {rep.known} tagged resource(s) "
-                          "known to the ledger")
+                          f"known to the ledger (installation {ledger.installation_id})")
             for n, why in {**skipped, **rep.errors}.items():
                 console.print(f"  [yellow]{n}[/]: {escape(why)}")
+            for n in rep.errors:
+                console.print(f"  [bold red]{n} could not be listed: its orphans and unknown creates are NOT "
+                              "known[/] (retry later)")
             for t in rep.adopted:
                 console.print(f"  {t.provider} {t.kind} {t.provider_id} belongs to an intent row of run {t.run_id} "
                               f"(created just before a crash); `broker down {t.run_id}` terminates it")
+            for r in rep.unknown:
+                console.print(f"  [bold red]possibly billing[/]: {r.provider} {r.kind} {r.name} of run {r.run_id}: "
+                              f"an ambiguous create not resolved yet ({escape(r.error or 'unknown')}); "
+                              f"worst case ${r.usd_per_hour:.4g}/h until its deadline")
+            for t in rep.foreign:
+                console.print(f"  other installation: {t.provider} {t.kind} {t.provider_id} run {t.run_id} "
+                              f"(installation {t.installation_id or 'none'}): left alone")
+            if rep.foreign and not include_foreign:
+                h = FOREIGN_MIN_AGE_S / 3600
+                console.print(f"  (--include-foreign treats those older than {h:g} h as orphans)")
+            for t in rep.young:
+                console.print(f"  {t.provider} {t.kind} {t.provider_id} run {t.run_id} is younger than "
+                              f"{min_age:g} s: left alone (a create may be in flight)")
             if not rep.orphans:
                 console.print("no orphans.")
             for t in rep.orphans:
                 console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
                               f"${t.usd_per_hour or 0:.4g}/h")
             if rep.terminated:
-                console.print(f"[green]terminated {len(rep.terminated)} orphan(s)[/]")
-            if rep.orphans and not terminate:
+                console.print(f"[green]terminated {len(rep.terminated)} resource(s)[/]")
+            if (rep.orphans or rep.unknown) and not terminate:
                 console.print("run `broker reconcile --terminate --yes` to terminate them")
         if rep.failed:
             err.print(f"[bold red]{len(rep.failed)} orphan(s) still live[/]: " + ", ".join(

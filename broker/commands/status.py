@@ -1,9 +1,16 @@
 """``broker status``: runs and live resources from the ledger, with money and the armed teardown layers.
 
-Per run: spent so far / budget, USD/hour of what is live, worst case at the deadline, time left.  Per live
-resource: provider, kind, id, age, USD/hour, spent so far, worst case at the deadline, time left, armed layers
-(CLI, watchdog, node) and the error of a failed terminate (red).  Money follows :mod:`broker.accounting`
-(billing counted from creation, per second).
+Per run: spent so far / budget, worst case at the deadline, time left (``--wide``: name, where, start, USD/hour,
+exit codes).  Per live resource: run, provider, kind, id, state, USD/hour, spent so far, worst case at the
+deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
+the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
+:mod:`broker.accounting` (billing counted from creation, per second; a create that never happened costs $0).
+
+The truth, not the ledger's last guess (issue 12): unless ``--no-refresh``, live instances are described at their
+provider (when its adapter says it is configured) and those the provider reports gone - e.g. destroyed by the
+node's own dead-man switch - are marked ``terminated`` (by ``provider``, at the time seen); a run still marked
+active whose CLI process is dead on this machine is marked ``interrupted`` (as the watchdog does).  Rows left
+``unknown`` by an ambiguous create are shown as possibly billing (counted at their worst case).
 """
 
 from __future__ import annotations
@@ -29,12 +36,81 @@ def _layers_text(layers: dict[str, bool], billing: bool) -> str:
     return " ".join(f"[green]{k}[/]" for k in on)
 
 
-def status_data(ledger, limit: int = 20, now=None) -> dict[str, Any]:
+def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, str]:
+    """Ask the providers about every live instance of the ledger (``describe_instance``); mark those reported gone
+    ``terminated`` (by ``provider``) and those reported running ``running``.  Only providers whose adapter says it
+    is configured are asked (``providers`` given: those).  Returns provider -> why it was not (fully) refreshed."""
+    from broker.accounting import system_clock
+
+    now = now or system_clock()
+    cache: dict[str, Any] = dict(providers or {})
+    notes: dict[str, str] = {}
+    rows = [r for r in ledger.resources(live_only=True)
+            if r.kind == "instance" and r.provider_id and r.provider not in ("local",)]
+    for res in rows:
+        if res.provider in notes:
+            continue
+        p = cache.get(res.provider)
+        if p is None:
+            if providers is not None:
+                continue
+            try:
+                from broker.providers import get_provider
+
+                p = get_provider(res.provider)
+                if not p.check().configured:
+                    notes[res.provider] = "not refreshed: no credentials"
+                    continue
+            except Exception as e:  # noqa: BLE001 - status must still print
+                notes[res.provider] = f"not refreshed: {e}"
+                continue
+            cache[res.provider] = p
+        try:
+            info = p.describe_instance(res.provider_id, region=res.region)
+        except Exception as e:  # noqa: BLE001 - a provider that cannot answer: say so, keep the ledger's view
+            notes[res.provider] = f"not refreshed: {getattr(e, 'message', None) or e}"
+            continue
+        if info.state == "terminated":
+            ledger.update_resource(res.id, state="terminated", terminated_at=now, terminated_by="provider",
+                                   error=None, actor="status",
+                                   message=f"{res.provider} reports {res.provider_id} gone "
+                                           f"({info.raw_state or info.state}; e.g. the node's own dead-man switch "
+                                           "or the console): marked terminated when seen")
+        elif info.state == "running" and res.state in ("creating", "intent"):
+            ledger.update_resource(res.id, state="running", actor="status", message=f"{res.provider_id} running")
+    return notes
+
+
+def settle_runs(ledger, now=None) -> list[str]:
+    """Runs still marked active whose CLI process (``Run.pid``) is dead on this machine become ``interrupted``
+    (the watchdog's rule (d)); returns their ids."""
+    from broker.accounting import ACTIVE_STATUSES, pid_alive, system_clock
+
+    now = now or system_clock()
+    out = []
+    for run in ledger.list_runs(limit=100000, statuses=ACTIVE_STATUSES):
+        if run.pid is None or pid_alive(run.pid):
+            continue
+        n_live = len(ledger.resources(run.id, live_only=True))
+        msg = (f"the CLI process (pid {run.pid}) died while the run was {run.status}; run marked interrupted"
+               + (f"; {n_live} resource(s) still live: `broker down {run.id}`" if n_live else "; nothing is live"))
+        ledger.update_run(run.id, status="interrupted", ended_at=now, message=msg)
+        ledger.event(run.id, "status", "cli-dead", msg)
+        out.append(run.id)
+    return out
+
+
+def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
+                providers: dict | None = None) -> dict[str, Any]:
     """Everything ``broker status --json`` prints: runs (with ``cost``), live resources (with ``cost``,
-    ``layers``, ``node_layer``), the watchdog's heartbeat, and totals over live resources."""
+    ``layers``, ``node_layer``), the watchdog's heartbeat, totals over live resources (``possibly_billing``:
+    rows left ``unknown`` by an ambiguous create) and ``refresh`` notes (provider -> why not refreshed).  With
+    ``refresh`` the providers are asked first (:func:`refresh_live`) and dead CLIs settled (:func:`settle_runs`)."""
     from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
 
     now = now or system_clock()
+    notes = refresh_live(ledger, providers, now) if refresh else {}
+    settle_runs(ledger, now)
     wd = watchdog_state(now)
     runs = ledger.list_runs(limit=limit)
     live = ledger.resources(live_only=True)
@@ -57,21 +133,38 @@ def status_data(ledger, limit: int = 20, now=None) -> dict[str, Any]:
                          "node_layer": node_layer(res, run)})
     totals = {"usd_per_hour": sum(r["cost"]["usd_per_hour"] for r in out_live),
               "spent_usd": sum(r["cost"]["spent_usd"] for r in out_live),
-              "errors": sum(1 for r in out_live if r.get("error"))}
+              "errors": sum(1 for r in out_live if r.get("error") and r["state"] != "unknown"),
+              "possibly_billing": sum(1 for r in out_live if r["state"] == "unknown")}
     return {"now": now.isoformat(), "runs": out_runs, "live_resources": out_live, "watchdog": wd.to_dict(),
-            "totals": totals}
+            "totals": totals, "refresh": {"done": refresh, "notes": notes}}
 
 
-def _resource_table(rows: list[dict[str, Any]], title: str):
+def _state_text(state: str) -> str:
+    if state == "orphan":
+        return "[bold red]orphan[/]"
+    if state == "unknown":
+        return "[bold red]unknown[/]"
+    return state
+
+
+def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = False):
+    """Live resources.  Narrow (80 columns): run + resource in one cell (folded, never cut), state, $/h, spent,
+    worst case, time left, layers; errors go below the table (:func:`_resource_notes`).  ``wide``: one column each,
+    errors inline."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
 
     from broker.ui import usd
 
-    t = Table(title=title, title_justify="left")
-    for col in ("run", "provider", "kind", "id", "state", "age", "$/h", "spent", "worst case", "time left",
-                "layers", "error"):
-        t.add_column(col)
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    if wide:
+        cols = ("run", "provider", "kind", "id", "state", "age", "$/h", "spent", "worst case", "time left",
+                "layers", "error")
+    else:
+        cols = ("run / resource", "state", "$/h", "spent", "worst", "left", "layers")
+    for col in cols:
+        t.add_column(col, overflow="fold")
     for r in rows:
         c = r["cost"]
         billing = c["usd_per_hour"] > 0
@@ -79,13 +172,33 @@ def _resource_table(rows: list[dict[str, Any]], title: str):
         left_txt = _dur(left)
         if left is not None and left < 0:
             left_txt = f"[bold red]{left_txt}[/]"
-        state = r["state"] if r["state"] != "orphan" else "[bold red]orphan[/]"
-        t.add_row(r["run_id"], r["provider"], r["kind"], escape(r["provider_id"] or f"({r['name']})"), state,
-                  _dur(c["age_s"]), usd(c["usd_per_hour"]) if billing else "free", usd(c["spent_usd"]),
-                  usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]", left_txt,
-                  _layers_text(r["layers"], billing),
-                  f"[bold red]{escape(r['error'])}[/]" if r.get("error") else "")
+        ident = escape(r["provider_id"] or f"({r['name']})")
+        worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+        rate = usd(c["usd_per_hour"]) if billing else "free"
+        if wide:
+            t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(r["state"]), _dur(c["age_s"]),
+                      rate, usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing),
+                      f"[bold red]{escape(r['error'])}[/]" if r.get("error") else "")
+        else:
+            t.add_row(f"{r['run_id']}\n{r['provider']} {r['kind']} {ident}", _state_text(r["state"]), rate,
+                      usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing))
     return t
+
+
+def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One full line per resource that needs attention (failed terminate, unknown create, orphan)."""
+    from rich.markup import escape
+
+    out = []
+    for r in rows:
+        what = f"{r['provider']} {r['kind']} {r['provider_id'] or r['name']}"
+        if r["state"] == "unknown":
+            out.append(f"[bold red]possibly billing[/]: {escape(what)} of run {r['run_id']}: an ambiguous create "
+                       f"not resolved yet ({escape(r.get('error') or 'no list could tell')}); `broker down "
+                       f"{r['run_id']}` or `broker reconcile` resolves it")
+        elif r.get("error"):
+            out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+    return out
 
 
 def _watchdog_line(wd: dict[str, Any]) -> str:
@@ -108,10 +221,15 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         run_id: str = typer.Argument(None, help="show one run in detail"),
         limit: int = typer.Option(20, "--limit", "-n", help="how many recent runs"),
+        wide: bool = typer.Option(False, "--wide", "-w", help="every column (name, where, start, $/h, exit codes, "
+                                  "age, errors inline)"),
+        no_refresh: bool = typer.Option(False, "--no-refresh", help="do not ask the providers about live "
+                                        "instances (the ledger's view only; no network)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
-        CLI / watchdog / node, errors)."""
+        CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
+        from rich import box
         from rich.markup import escape
         from rich.table import Table
 
@@ -123,6 +241,9 @@ def register(app: typer.Typer) -> None:
         if run_id:
             run = ledger.find_run(run_id)
             now = system_clock()
+            notes = {} if no_refresh else refresh_live(ledger, None, now)
+            settle_runs(ledger, now)
+            run = ledger.find_run(run.id)
             wd = watchdog_state(now)
             res = ledger.resources(run.id)
             rc = run_cost(run, res, now)
@@ -134,61 +255,77 @@ def register(app: typer.Typer) -> None:
                 from broker.ui import print_json
 
                 print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
-                            "watchdog": wd.to_dict()})
+                            "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
                 return
-            console.print(f"[bold]{run.id}[/] {run.name}: {run.status} ({run.topology} on {run.provider})")
+            console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
             if run.message:
                 console.print(f"  {escape(run.message)}")
             if run.started_at:
                 console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
                     f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
             codes = ", ".join(f"node {k}: {v}" for k, v in run.exit_codes.items()) or "-"
-            console.print(f"  exit codes: {codes}   run dir: {run.run_dir}")
+            console.print(f"  exit codes: {codes}")
+            console.print(f"  run dir: {run.run_dir}")
             active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
             console.print(f"  spent {usd(rc.spent_usd)} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
                           f"worst case at deadline {usd(rc.worst_case_usd)}"
                           + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
+            for prov, why in notes.items():
+                console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
             if rows:
-                console.print(_resource_table(rows, "resources"))
+                console.print(_resource_table(rows, "resources", wide=wide))
+                for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
+                    console.print("  " + line)
             for ev in ledger.events(run.id, limit=1000):
                 console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
                               f"{escape(ev['message'] or '')}")
             return
-        data = status_data(ledger, limit=limit)
+        data = status_data(ledger, limit=limit, refresh=not no_refresh)
         if as_json:
             from broker.ui import print_json
 
             print_json(data)
             return
-        from rich import box
-
         t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for col in ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
-                    "time left", "exit codes"):
-            t.add_column(col, no_wrap=col in ("run", "status", "$/h", "time left"))
+        cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
+                 "time left", "exit codes") if wide else ("run", "status", "spent / budget", "worst case", "left"))
+        for col in cols:
+            t.add_column(col, no_wrap=col == "run", overflow="fold")
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
             spent = f"{usd(c['spent_usd'])} / {usd(c['budget_usd'])}"
+            spent = f"[bold red]{spent}[/]" if over else spent
             active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
-            t.add_row(r["id"], r["name"], r["status"], f"{r['topology']} on {r['provider']}",
-                      (r["started_at"] or "-")[5:16].replace("T", " "),
-                      f"[bold red]{spent}[/]" if over else spent,
-                      usd(c["usd_per_hour"]) if c["live"] else "-",
-                      usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]",
-                      _dur(c["time_left_s"]) if active else "-",
-                      " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
+            worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+            left = _dur(c["time_left_s"]) if active else "-"
+            if wide:
+                t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",
+                          (r["started_at"] or "-")[5:16].replace("T", " "), spent,
+                          usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
+                          " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
+            else:
+                t.add_row(r["id"], r["status"], spent, worst, left)
         if data["runs"]:
             console.print(t)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
         console.print(_watchdog_line(data["watchdog"]))
+        for prov, why in data["refresh"]["notes"].items():
+            console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
         live = data["live_resources"]
         if not live:
             console.print("no live resources (nothing is billing).")
             return
-        console.print(_resource_table(live, "live resources"))
+        console.print(_resource_table(live, "live resources", wide=wide))
+        for line in _resource_notes(live):
+            console.print(line)
         tot = data["totals"]
         console.print(f"live: {len(live)} resource(s), {usd(tot['usd_per_hour'])}/h, spent so far "
-                      f"{usd(tot['spent_usd'])}" + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: "
-                                                  "`broker down RUN` retries" if tot["errors"] else ""))
+                      f"{usd(tot['spent_usd'])}"
+                      + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: `broker down RUN` retries"
+                         if tot["errors"] else "")
+                      + (f"; [bold red]{tot['possibly_billing']} possibly billing[/] (unknown create)"
+                         if tot["possibly_billing"] else ""))
+        if not wide:
+            console.print("[dim]details: `broker status RUN` or `broker status --wide`[/]")

@@ -1,0 +1,54 @@
+"""Budget refusals say budget (issue 12 item 10): worst case vs budget, what would fit, no hint for a setting the
+recipe already has."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from broker.explain import no_plan_error
+from broker.model import Requirements
+from broker.planner import plan
+from broker.providers.fake import FakeProvider
+
+
+def _recipe(**kw):
+    base = dict(name="tiny", nodes=2, gpus_per_node=1, budget_usd=0.05, max_hours=0.5, cpu_ok=True, path="t.yaml")
+    return SimpleNamespace(**{**base, **kw})
+
+
+def _plan(r, unavailable=None):
+    req = Requirements(nodes=r.nodes, gpus_per_node=r.gpus_per_node, cpu_ok=r.cpu_ok, budget_usd=r.budget_usd,
+                       hours=r.max_hours)
+    return plan(req, FakeProvider().offers(req), unavailable=unavailable)
+
+
+def test_budget_refusal_names_worst_case_budget_and_what_fits():
+    r = _recipe()
+    p = _plan(r, {"local": "simulated needs one host with 2 GPUs; this machine has 0 GPU(s)"})
+    assert p.chosen is None
+    e = no_plan_error(r, p)
+    msg, hint = e.message, e.hint
+    assert "the budget is the limit" in msg and "worst case of $0.90" in msg and "> budget $0.05" in msg
+    assert "fake.gpu2" in msg and "$1.80/h" in msg and "affords 0.02 h" in msg
+    assert "raise budget_usd to at least $0.90" in hint and "max_hours: 0.02" in hint
+    assert "cpu_ok" not in hint  # already set in the recipe
+    assert e.exit_code == 3
+
+
+def test_budget_that_affords_no_run_says_so():
+    r = _recipe(budget_usd=0.001, max_hours=1)
+    e = no_plan_error(r, _plan(r))
+    assert "affords no run" in e.message and "max_hours" not in e.hint
+    assert "raise budget_usd to at least $" in e.hint
+
+
+def test_cpu_ok_hint_only_when_it_is_not_set():
+    r = _recipe(cpu_ok=False, budget_usd=100, nodes=4)
+    local_why = "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU logic check)"
+    p = _plan(r, {"local": local_why})
+    p = p.model_copy(update={"options": []})  # pretend nothing is valid
+    e = no_plan_error(r, p)
+    assert "set cpu_ok: true" in e.hint
+    r2 = _recipe(cpu_ok=True, budget_usd=100, nodes=4)
+    e2 = no_plan_error(r2, p)
+    assert "cpu_ok" not in e2.hint
