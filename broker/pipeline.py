@@ -751,12 +751,9 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                      unavailable=facts.unavailable)
     if plan.chosen is None:
-        reasons = "; ".join(f"{o.provider} {o.topology.value} {o.summary}: {o.rejected[0]}"
-                            for o in plan.rejected[:4] if o.rejected)
-        raise NoValidPlan(f"no valid way to run {recipe.name} ({recipe.nodes} node(s) x {recipe.gpus_per_node} GPU, "
-                          f"budget ${recipe.budget_usd:g}, deadline {recipe.max_hours:g} h): {reasons}",
-                          hint=f"`broker plan --recipe {recipe.path}` shows every option; raise budget_usd, lower "
-                               "max_hours, accept more GPU models, or set cpu_ok: true for a CPU logic check here")
+        from broker.explain import no_plan_error
+
+        raise no_plan_error(recipe, plan)
     usable: list = []
     missing: dict[str, str] = {}
     for opt in plan.options:

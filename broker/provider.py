@@ -204,6 +204,11 @@ class Provider(ABC):
         """Create one node; returns the provider id.  Raises CapacityError, QuotaError, OfferGone, AuthError..."""
         raise NotSupported(self.name, "create_instance", "this provider cannot create instances")
 
+    def prepare_access(self, provider_id: str, public_key: str) -> None:
+        """Authorise ``public_key`` (OpenSSH format) on a running instance through the provider's key API, where it
+        has one (Vast.ai ``POST /api/v0/instances/{id}/ssh/``); idempotent.  Default: nothing (the key arrives with
+        the boot script / launch request).  Raises TransientError, ProviderError."""
+
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """Current state and addresses of one instance (``terminated`` when gone)."""
         raise NotSupported(self.name, "describe_instance", "not supported")

@@ -592,6 +592,11 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
         for rid in inst_ids:
             infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=say, actor=actor,
                                      timeout_s=ready_timeout_s, poll_s=poll_s))
+            # the run's key through the provider's key API too (Vast: POST /instances/{id}/ssh/), not only from
+            # the boot script: a container whose onstart ran late or not at all still accepts it
+            pid_ready = ledger.resource(rid).provider_id
+            _retrying(p.prepare_access, pid_ready, ssh_public_key, attempts=transient_attempts, wait_s=retry_wait_s,
+                      say=say, what=f"{p.name} prepare_access")
         return _cluster(opt, p, run, inst_ids, infos, simulated)
     except ProviderError as e:
         cleanup(e)

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli import app
-from broker.cloudrun import rank_options
+from broker.pipeline import rank_options
 from broker.ledger import Ledger
 from broker.model import Requirements, Run, TopologyKind, utcnow
 from broker.provider import NodeRequest, NoValidPlan, ProviderError

@@ -174,10 +174,10 @@ def test_env_reference_missing_names_variable_and_line(tmp_path, monkeypatch):
 
 
 def test_ledger_run_row_keeps_the_reference_not_the_value(tmp_path, monkeypatch, broker_home):
-    """The run row's recipe copy and the run folder's recipe.json (orchestrate.new_run) hold ${VAR}, never the
+    """The run row's recipe copy and the run folder's recipe.json (pipeline.new_run) hold ${VAR}, never the
     value; the recipe the executors get still has it."""
     from broker.ledger import Ledger
-    from broker.orchestrate import new_run
+    from broker.pipeline import new_run
 
     monkeypatch.setenv("MY_TOKEN", "s3cr3t-value")
     r = load_recipe(write(tmp_path, "env: {HF_TOKEN: '${MY_TOKEN}'}\n"))

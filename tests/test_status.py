@@ -144,7 +144,7 @@ def test_status_settles_a_run_whose_cli_died(setup):
 
 def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
     from broker.accounting import FakeClock
-    from broker.orchestrate import end_run
+    from broker.pipeline import end_run
 
     led, run, rows, home = setup
     clock = FakeClock()
@@ -160,7 +160,7 @@ def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
 def test_a_run_that_rented_nothing_shows_zero_spent(tmp_path, monkeypatch, fake_cloud):
     from pathlib import Path
 
-    from broker.cloudrun import rank_options
+    from broker.pipeline import rank_options
     from broker.model import Requirements
     from broker.provider import NoValidPlan
     from broker.provision import provision
