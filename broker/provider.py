@@ -93,6 +93,10 @@ class TransientError(ProviderError):
     """Throttling (429), 5xx or a network blip: retry with backoff."""
 
 
+class AmbiguousCreate(TransientError):
+    """a create that may or may not have happened (5xx / timeout): verify by listing before retrying"""
+
+
 class NotSupported(ProviderError):
     """The adapter does not implement this verb."""
 
