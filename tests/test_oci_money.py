@@ -233,3 +233,30 @@ def test_list_5xx_is_transient_at_once_not_retried_for_minutes(cfg, server):
         make(cfg, server).list_tagged("r1")
     assert ei.value.call == "list_instances" and time.monotonic() - t0 < 10
     assert len(server.log) == 1
+
+
+def test_missing_sdk_is_an_actionable_error_not_a_traceback(cfg, server, monkeypatch):
+    """Configured (a config dict) but without the `oci` extra: check() says what to install and a lifecycle call
+    is an AuthError naming the install command, never a ModuleNotFoundError."""
+    import builtins
+    import sys
+
+    from broker.provider import AuthError
+
+    real_import = builtins.__import__
+
+    def no_oci(name, *a, **k):
+        if name == "oci" or name.startswith("oci."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_oci)
+    for mod in [m for m in sys.modules if m == "oci" or m.startswith("oci.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    p = make(cfg, server)
+    chk = p.check()
+    assert not chk.configured and "not installed" in chk.detail and "pip install" in chk.hint
+    with pytest.raises(AuthError, match="not installed") as ei:
+        p.list_tagged("r1")
+    assert "pip install" in str(ei.value)
+    assert p.offers(__import__("broker.model", fromlist=["Requirements"]).Requirements())  # snapshot still plans

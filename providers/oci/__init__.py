@@ -47,7 +47,7 @@ from broker.providers.oci.offers import UNCONFIRMED_LIMITS, limit_for_shape, sha
 from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, cloud_init, deadman_cloud_init,
                                           deadman_watcher, firewall_script, idle_cloud_init, node_layers,
                                           self_terminate_function)
-from broker.providers.oci.sdk import PROVIDER, OCIApi, exceeded_limits, quota_request_command
+from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
            "UNCONFIRMED_LIMITS", "cloud_init", "deadman_cloud_init", "deadman_watcher", "exceeded_limits",
@@ -120,9 +120,10 @@ class OCIProvider(Provider):
             cfg = self.api.load_config()
         except ImportError:
             return ProviderCheck(provider=PROVIDER, configured=False, detail="the oci SDK is not installed",
-                                 hint="pip install 'broker[oci]'")
+                                 hint=INSTALL_HINT)
         except AuthError as e:
-            return ProviderCheck(provider=PROVIDER, configured=False, detail=e.message, hint=e.hint)
+            detail = "the oci SDK is not installed" if e.call == "import oci" else e.message
+            return ProviderCheck(provider=PROVIDER, configured=False, detail=detail, hint=e.hint)
         src = self.api.config_source
         region = self.api.region or cfg.get("region")
         try:

@@ -21,6 +21,8 @@ from broker.provider import (AmbiguousCreate, AuthError, CapacityError, Provider
 PROVIDER = "oci"
 
 _EXCEEDED = re.compile(r"service limits? (?:were|was) exceeded:\s*(.+?)(?:\.\s|\.$|$)", re.I | re.S)
+#: What to do when the SDK is missing (the `oci` extra).
+INSTALL_HINT = "install the OCI SDK: pip install 'broker[oci]' (or pip install oci)"
 CONFIG_HINT = ("run `oci setup config` (writes ~/.oci/config with your user, tenancy, fingerprint, key_file and "
                "region), or point OCI_CONFIG_FILE / OCI_PROFILE at an existing profile")
 
@@ -107,7 +109,10 @@ class OCIApi:
             if not any(c.is_file() for c in candidates):
                 raise AuthError(PROVIDER, "config.from_file", f"no OCI config file at {self.config_file}",
                                 hint=CONFIG_HINT)
-        import oci
+        try:
+            import oci
+        except ImportError:  # configured, but without the `oci` extra: a fix, not a traceback
+            raise AuthError(PROVIDER, "import oci", "the oci SDK is not installed", hint=INSTALL_HINT) from None
 
         where = "the config dict" if self._config_in is not None else \
             f"{self.config_file} profile [{self.profile}]"
@@ -133,6 +138,7 @@ class OCIApi:
     def client(self, kind: str) -> Any:
         """A cached SDK client: ``identity``, ``limits``, ``compute``, ``vnet`` or ``increase``."""
         if kind not in self._clients:
+            cfg = dict(self.load_config())  # first: AuthError (no config, no SDK) before any SDK import
             import oci
 
             cls = {"identity": oci.identity.IdentityClient, "limits": oci.limits.LimitsClient,
@@ -149,7 +155,6 @@ class OCIApi:
                 retry_base_sleep_time_seconds=1).get_retry_strategy()
             if self._breaker is not None:
                 kw["circuit_breaker_strategy"] = self._breaker
-            cfg = dict(self.load_config())
             if self._region:
                 cfg["region"] = self._region
             try:
