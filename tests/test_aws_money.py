@@ -211,6 +211,14 @@ def test_vcpu_limit_scope_is_region_and_family_bucket(sprov, stubs, it, vcpus, s
         sprov.create_instance(node(stub_offer(it, vcpus)))
     assert ei.value.scope == scope and ei.value.region == "us-east-1"
     assert ei.value.quota_code == ("L-DB2E81BA" if it.startswith("g") else "L-417A185B")
+    # what the core skips: options whose scope is the error's -- same family bucket in that region only
+    same = {o: sprov.quota_scope_of(stub_offer(o)) == ei.value.scope for o in ("g5.xlarge", "g6.xlarge",
+                                                                               "p4d.24xlarge", "p5.48xlarge")}
+    assert same == ({"g5.xlarge": True, "g6.xlarge": True, "p4d.24xlarge": False, "p5.48xlarge": False}
+                    if it.startswith("g") else
+                    {"g5.xlarge": False, "g6.xlarge": False, "p4d.24xlarge": True, "p5.48xlarge": True})
+    other_region = stub_offer(it).model_copy(update={"region": "us-west-2"})
+    assert sprov.quota_scope_of(other_region) != ei.value.scope
 
 
 # ------------------------------------------------------------------------------------------------ item 6

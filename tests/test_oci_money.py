@@ -172,6 +172,9 @@ def test_limit_exceeded_scope_is_the_availability_domain(cfg, server):
         p.create_instance(node_request(image="ocid1.image.oc1..mine", offer=offer_a10().model_copy(
             update={"zone": AD2})))
     assert ei.value.scope == AD2 and AD1 not in str(ei.value)
+    # what the core skips: AD-2 only; the same shape in AD-1 stays a candidate
+    assert p.quota_scope_of(offer_a10().model_copy(update={"zone": AD2})) == ei.value.scope
+    assert p.quota_scope_of(offer_a10()) != ei.value.scope
     assert "--value 3" in ei.value.hint  # used 2 in AD-2 + 1 GPU for this node
 
 

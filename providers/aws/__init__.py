@@ -138,6 +138,11 @@ class AWSProvider(Provider):
             return []
         return _offers.quotas(self.api, req, offers)
 
+    def quota_scope_of(self, offer: Offer) -> str | None:
+        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): ``<region>:<bucket>``
+        (:func:`.api.quota_scope`), so a G/VT vCPU limit skips the G/VT types of that region only, never P."""
+        return quota_scope(offer.region or self.region, offer.instance_type)
+
     # ------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
         """Security group and, for ``multi-node``, a cluster placement group (:func:`.network.bootstrap`), each

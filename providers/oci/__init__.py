@@ -179,6 +179,11 @@ class OCIProvider(Provider):
         ads = self.availability_domains() if any(o.provider == PROVIDER and not o.zone for o in offers) else []
         return _offers.capacity(self.api, offers, ads)
 
+    def quota_scope_of(self, offer: Offer) -> str | None:
+        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): its availability domain
+        (OCI GPU limits are per AD), so the core skips that AD only."""
+        return offer.zone or None
+
     # ------------------------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
         """Network for a run (:func:`broker.providers.oci.network.bootstrap`): VCN, internet gateway, default
