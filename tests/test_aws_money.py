@@ -256,3 +256,16 @@ def test_run_cleanup_in_dependency_order(prov, ec2):
     from broker.providers.aws import AWSProvider
 
     assert AWSProvider.delete_order == ("instance", "security_group", "placement_group")
+
+
+def test_boot_wait_command_matches_the_user_data_marker(tmp_path):
+    from broker.providers.aws import AWSProvider, boot_wait_command, user_data_script
+
+    work = tmp_path / "work"
+    cmd = boot_wait_command(str(work))
+    env = {"PATH": os.environ["PATH"], "BROKER_SSH_HOME": str(tmp_path / "home")}
+    assert subprocess.run(["bash", "-c", cmd], env=env, timeout=60).returncode != 0
+    script = user_data_script(None, 300, "", done_file=f"{work}/job.done")
+    assert subprocess.run(["bash", "-c", script], env=env, capture_output=True, timeout=30).returncode == 0
+    assert subprocess.run(["bash", "-c", cmd], env=env, timeout=60).returncode == 0
+    assert AWSProvider().boot_wait_command("ubuntu").endswith("test -e /home/ubuntu/broker/boot.done")

@@ -263,3 +263,29 @@ def test_missing_sdk_is_an_actionable_error_not_a_traceback(cfg, server, monkeyp
         p.list_tagged("r1")
     assert "pip install" in str(ei.value)
     assert p.offers(__import__("broker.model", fromlist=["Requirements"]).Requirements())  # snapshot still plans
+
+
+def test_boot_wait_command_waits_for_cloud_init_then_the_marker(tmp_path):
+    """The command the core runs after SSH accepts logins: `cloud-init status --wait`, then boot.done; it fails
+    until the boot script has really finished (item 3)."""
+    from broker.providers.oci.scripts import boot_wait_command
+
+    bash = shutil.which("bash")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for t in ("mkdir", "date", "id", "chown", "timeout", "test"):
+        if shutil.which(t):
+            (bindir / t).symlink_to(shutil.which(t))
+    calls = tmp_path / "cloud-init.calls"
+    fake = bindir / "cloud-init"
+    fake.write_text(f'#!/bin/bash\necho "$*" >> {calls}\nexit 1\n')  # "error": a step of user data failed
+    fake.chmod(0o755)
+    work = tmp_path / "work"
+    cmd = boot_wait_command(str(work))
+    env = {"PATH": str(bindir)}
+    assert subprocess.run([bash, "-c", cmd], env=env, timeout=30).returncode != 0  # booting: no marker yet
+    ud = cloud_init("10.0.0.0/16", done_file=f"{work}/job.done")
+    assert subprocess.run([bash, "-c", ud], env=env, capture_output=True, timeout=30).returncode == 0
+    assert subprocess.run([bash, "-c", cmd], env=env, timeout=30).returncode == 0  # the marker is the truth
+    assert calls.read_text().splitlines()[0] == "status --wait"
+    assert OCIProvider().boot_wait_command("opc").endswith("test -e /home/opc/broker/boot.done")

@@ -46,11 +46,11 @@ from broker.providers.aws.api import (INSTALL_HINT, PROVIDER, AWSApi, ClientFact
 from broker.providers.aws.lifecycle import DLAMI_NAME, TOKEN_TAG
 from broker.providers.aws.network import DELETE_ORDER
 from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
-from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, user_data_script
+from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, boot_wait_command, user_data_script
 
 __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
-           "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "credentials_present", "map_error",
-           "quota_scope", "user_data_script"]
+           "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",
+           "map_error", "quota_scope", "user_data_script"]
 
 
 class AWSProvider(Provider):
@@ -137,6 +137,13 @@ class AWSProvider(Provider):
         if not offers or not self.configured():
             return []
         return _offers.quotas(self.api, req, offers)
+
+    def boot_wait_command(self, ssh_user: str) -> str:
+        """Shell that waits for this adapter's boot script on a node of ``ssh_user`` (cloud-init, then
+        ``<workroot>/boot.done``); exit 0 = booted.  Run it after SSH accepts logins, before preflight."""
+        from broker.nodescripts import node_workroot
+
+        return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
 
     def quota_scope_of(self, offer: Offer) -> str | None:
         """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): ``<region>:<bucket>``

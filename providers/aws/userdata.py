@@ -84,3 +84,12 @@ BROKER_WORKROOT="${{BROKER_WORKROOT:-{folder}}}"
 mkdir -p "$BROKER_WORKROOT" && date -u +%Y-%m-%dT%H:%M:%SZ > "$BROKER_WORKROOT/{name}"
 if id {u} >/dev/null 2>&1; then chown {u}:{u} "$BROKER_WORKROOT" "$BROKER_WORKROOT/{name}" 2>/dev/null || true; fi
 """
+
+
+def boot_wait_command(workroot: str, *, timeout_s: int = 900) -> str:
+    """Shell the core runs on a node (over SSH, after it accepts logins) to wait for the boot script: waits for
+    cloud-init to finish where it exists (``cloud-init status --wait``, at most ``timeout_s`` seconds), then
+    exits 0 only when the boot-done marker ``<workroot>/boot.done`` exists."""
+    marker = shlex.quote(workroot.rstrip("/") + "/" + BOOT_DONE)
+    return (f"if command -v cloud-init >/dev/null 2>&1; then timeout {int(timeout_s)} cloud-init status --wait "
+            f">/dev/null 2>&1; fi; test -e {marker}")

@@ -44,15 +44,15 @@ from broker.providers.oci import lifecycle, network, offers as _offers, quota_re
 from broker.providers.oci.lifecycle import TOKEN_TAG
 from broker.providers.oci.network import DELETE_ORDER
 from broker.providers.oci.offers import UNCONFIRMED_LIMITS, limit_for_shape, shape_gpus, snapshot_offers
-from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, cloud_init, deadman_cloud_init,
-                                          deadman_watcher, firewall_script, idle_cloud_init, node_layers,
-                                          self_terminate_function)
+from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, boot_wait_command, cloud_init,
+                                          deadman_cloud_init, deadman_watcher, firewall_script, idle_cloud_init,
+                                          node_layers, self_terminate_function)
 from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
-           "UNCONFIRMED_LIMITS", "cloud_init", "deadman_cloud_init", "deadman_watcher", "exceeded_limits",
-           "firewall_script", "idle_cloud_init", "limit_for_shape", "node_layers", "quota_request_command",
-           "self_terminate_function", "shape_gpus", "snapshot_offers"]
+           "UNCONFIRMED_LIMITS", "boot_wait_command", "cloud_init", "deadman_cloud_init", "deadman_watcher",
+           "exceeded_limits", "firewall_script", "idle_cloud_init", "limit_for_shape", "node_layers",
+           "quota_request_command", "self_terminate_function", "shape_gpus", "snapshot_offers"]
 
 
 class OCIProvider(Provider):
@@ -178,6 +178,13 @@ class OCIProvider(Provider):
             return []
         ads = self.availability_domains() if any(o.provider == PROVIDER and not o.zone for o in offers) else []
         return _offers.capacity(self.api, offers, ads)
+
+    def boot_wait_command(self, ssh_user: str) -> str:
+        """Shell that waits for this adapter's boot script on a node of ``ssh_user`` (cloud-init, then
+        ``<workroot>/boot.done``); exit 0 = booted.  Run it after SSH accepts logins, before preflight."""
+        from broker.nodescripts import node_workroot
+
+        return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
 
     def quota_scope_of(self, offer: Offer) -> str | None:
         """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): its availability domain

@@ -187,3 +187,12 @@ def cloud_init(vcn_cidr: str, *, deadline: datetime | None = None, grace_seconds
         parts.append("# broker: onstart\n" + onstart.rstrip() + "\n")
     parts.append(boot_done_script(done_file.rsplit("/", 1)[0] + "/" + BOOT_DONE, ssh_user))
     return "\n".join(parts)
+
+
+def boot_wait_command(workroot: str, *, timeout_s: int = 900) -> str:
+    """Shell the core runs on a node (over SSH, after it accepts logins) to wait for the boot script: waits for
+    cloud-init to finish where it exists (``cloud-init status --wait``, at most ``timeout_s`` seconds), then
+    exits 0 only when the boot-done marker ``<workroot>/boot.done`` exists."""
+    marker = shlex.quote(workroot.rstrip("/") + "/" + BOOT_DONE)
+    return (f"if command -v cloud-init >/dev/null 2>&1; then timeout {int(timeout_s)} cloud-init status --wait "
+            f">/dev/null 2>&1; fi; test -e {marker}")
