@@ -289,3 +289,18 @@ def test_boot_wait_command_waits_for_cloud_init_then_the_marker(tmp_path):
     assert subprocess.run([bash, "-c", cmd], env=env, timeout=30).returncode == 0  # the marker is the truth
     assert calls.read_text().splitlines()[0] == "status --wait"
     assert OCIProvider().boot_wait_command("opc").endswith("test -e /home/opc/broker/boot.done")
+
+
+def test_delete_conflict_wait_is_bounded(cfg, server):
+    """A VCN delete that keeps answering 409 is retried with backoff for ``conflict_wait_s`` seconds of waiting,
+    then raised as TransientError for the core to retry later (item 6: never an endless adapter-side loop)."""
+    server.expect_request(f"/20160918/vcns/{VCN}", method="DELETE").respond_with_response(
+        err(409, "Conflict", "The Vcn has one or more dependent resources"))
+    slept: list[float] = []
+    p = OCIProvider(config=cfg, service_endpoint=server.url_for("").rstrip("/"), compartment_id=COMP,
+                    retry_strategy=oci.retry.NoneRetryStrategy(),
+                    circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy(),
+                    conflict_wait_s=20, sleep=slept.append)
+    with pytest.raises(TransientError) as ei:
+        p.terminate("vcn", VCN)
+    assert ei.value.status == 409 and slept == [2, 4, 8, 15] and len(server.log) == 5

@@ -141,21 +141,24 @@ def _gone(e: ProviderError) -> bool:
 
 
 def delete(api: "OCIApi", call: str, fn: Callable[[str], Any], rid: str, conflict_wait_s: float) -> bool:
-    """A network delete: 404 = gone -> True; 409 (dependents still going away) retried with backoff up to
-    ``conflict_wait_s``, then TransientError (the caller retries later); 429/5xx are TransientError."""
-    waited, pause = 0.0, 2.0
-    while True:
-        try:
-            api.call(call, fn, rid)
+    """A network delete: 404 = gone -> True; 409 (dependents still going away) retried with exponential backoff
+    (2, 4, 8, 15 s ...) until ``conflict_wait_s`` seconds were spent waiting, then TransientError (the caller
+    retries later); 429/5xx are TransientError at once."""
+    from tenacity import Retrying, retry_if_exception, wait_exponential
+
+    def conflict(e: BaseException) -> bool:
+        return isinstance(e, ProviderError) and e.status == 409
+
+    try:
+        for attempt in Retrying(retry=retry_if_exception(conflict), wait=wait_exponential(multiplier=2, max=15),
+                                stop=lambda rs: rs.idle_for >= conflict_wait_s, sleep=api.sleep, reraise=True):
+            with attempt:
+                api.call(call, fn, rid)
+    except ProviderError as e:
+        if _gone(e):
             return True
-        except ProviderError as e:
-            if _gone(e):
-                return True
-            if e.status != 409 or waited >= conflict_wait_s:
-                raise
-        api.sleep(pause)
-        waited += pause
-        pause = min(pause * 2, 15.0)
+        raise
+    return True
 
 
 def clear_routes(api: "OCIApi", rt_id: str, target_id: str) -> None:
