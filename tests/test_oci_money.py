@@ -304,3 +304,13 @@ def test_delete_conflict_wait_is_bounded(cfg, server):
     with pytest.raises(TransientError) as ei:
         p.terminate("vcn", VCN)
     assert ei.value.status == 409 and slept == [2, 4, 8, 15] and len(server.log) == 5
+
+
+def test_sdk_refusing_a_request_is_named_not_ambiguous(cfg, server):
+    """An id the SDK itself rejects (nothing sent) is a ProviderError naming the call, never a raw ValueError
+    nor an AmbiguousCreate."""
+    p = make(cfg, server)
+    with pytest.raises(ProviderError) as ei:
+        p.describe_instance(" ")
+    assert ei.value.call == "get_instance" and "invalid request" in ei.value.message
+    assert not isinstance(ei.value, TransientError) and len(server.log) == 0

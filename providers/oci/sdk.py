@@ -263,6 +263,8 @@ class OCIApi:
         except sdk_errors() as e:
             raise self.map_error(e, call, scope=scope, shape=shape, gpus=gpus, create=create) from e
         except (AttributeError, TypeError, ValueError, KeyError) as e:
+            if isinstance(e, ValueError) and "cannot be None" in str(e):  # the SDK's own check: nothing was sent
+                raise ProviderError(PROVIDER, call, f"invalid request: {e}") from e
             # the SDK could not deserialize a 2xx answer (e.g. a list where an object is expected)
             if create:
                 raise AmbiguousCreate(PROVIDER, call, f"unreadable answer ({type(e).__name__}): the create may "
