@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from broker.model import Offer, Quota, Requirements, utcnow
-from broker.provider import (RUN_TAG, AuthError, CapacityError, NodeRequest, ProviderError, QuotaError,
-                             QuotaRequest, TransientError)
+from broker.provider import (RUN_TAG, AmbiguousCreate, AuthError, CapacityError, NodeRequest, ProviderError,
+                             QuotaError, QuotaRequest, TransientError)
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +130,7 @@ def test_vcpu_limit_is_quota_error_with_ready_command(prov, stubs, it, vcpus, co
 
 @pytest.mark.parametrize("code,status,exc", [
     ("Unsupported", 400, CapacityError), ("AuthFailure", 401, AuthError), ("UnauthorizedOperation", 403, AuthError),
-    ("RequestLimitExceeded", 503, TransientError), ("InternalError", 500, TransientError),
+    ("RequestLimitExceeded", 503, TransientError), ("InternalError", 500, AmbiguousCreate),
     ("InstanceLimitExceeded", 400, QuotaError), ("InvalidParameterCombination", 400, ProviderError)])
 def test_launch_error_mapping(prov, stubs, code, status, exc):
     ec2 = prime_launch(stubs)
@@ -240,10 +240,16 @@ def test_bootstrap_placement_group_call_shape(prov, stubs):
     stubs.assert_done()
 
 
-def test_placement_group_error_without_custom_endpoint_is_raised_and_recorded(prov, stubs):
+@pytest.mark.parametrize("code,status,exc,recorded", [
+    ("InternalError", 500, AmbiguousCreate, []),  # may exist: the intent row stays for reconcile (issue 12 item 2)
+    ("InvalidParameterValue", 400, ProviderError, ["r1"])])  # refused for sure: recorded as failed
+def test_placement_group_error_without_custom_endpoint_is_raised_and_recorded(prov, stubs, code, status, exc,
+                                                                              recorded):
+    from broker.providers.aws import network
+
     ec2 = stubs.stub("ec2")
-    ec2.add_client_error("create_placement_group", service_error_code="InternalError", http_status_code=500)
-    failed = []
+    ec2.add_client_error("create_placement_group", service_error_code=code, http_status_code=status)
+    failed, events = [], []
 
     class Rec:
         def intent(self, kind, name, **kw):
@@ -256,11 +262,13 @@ def test_placement_group_error_without_custom_endpoint_is_raised_and_recorded(pr
             failed.append(rid)
 
         def event(self, msg):
-            pass
+            events.append(msg)
 
-    with pytest.raises(TransientError):
-        prov._placement_group(stubs.clients[("ec2", "us-east-1")], "run1", "us-east-1", Rec())
-    assert failed == ["r1"]
+    with pytest.raises(exc) as ei:
+        network.placement_group(prov.api, stubs.clients[("ec2", "us-east-1")], "run1", "us-east-1", Rec())
+    assert type(ei.value) is exc and failed == recorded
+    if not recorded:
+        assert any("may exist" in e for e in events)
 
 
 def test_capacity_not_offered_and_unknown(prov, stubs):
@@ -461,5 +469,5 @@ def test_missing_boto3_is_an_actionable_error_not_a_traceback(monkeypatch):
     chk = p.check()
     assert not chk.configured and "boto3 is not installed" in chk.detail and "'.[aws]'" in chk.hint
     with pytest.raises(AuthError, match="boto3 is not installed") as ei:
-        p._client("ec2")
+        p.api.client("ec2")
     assert "pip install" in str(ei.value)

@@ -1,0 +1,238 @@
+"""AWS instance lifecycle: image choice, launch, describe, terminate, the tag listing reconcile reads, the lookup by
+client token and the run's cleanup in dependency order.
+
+Launch calls go through a client with ``retries={"mode": "standard", "total_max_attempts": 1}`` (botocore would
+otherwise send a 500 ``InsufficientInstanceCapacity`` three times) and carry ``ClientToken`` = the ledger resource
+id; the instance is also tagged :data:`TOKEN_TAG` and looked up by that tag before launching, so a retried create
+after a crash or an :class:`broker.provider.AmbiguousCreate` returns the instance that exists instead of a second
+one.  Nodes run the AWS Deep Learning AMI (Ubuntu): SSH user ``ubuntu``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from broker.provider import (INSTALL_TAG, RUN_TAG, InstanceInfo, NodeRequest, NotSupported, ProviderError,
+                             TaggedResource, TransientError)
+from broker.providers.aws import network
+from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, instances_of, map_error, tags_of
+from broker.providers.aws.offers import list_price
+from broker.providers.aws.userdata import SSH_USER, user_data_script
+
+if TYPE_CHECKING:
+    from broker.providers.aws.api import AWSApi
+
+#: Tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
+TOKEN_TAG = "broker-client-token"
+#: Name pattern of the default image (AWS Deep Learning OSS Nvidia Driver AMI with PyTorch, Ubuntu 22.04).
+DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
+
+_STATE_MAP = {"pending": "pending", "running": "running", "shutting-down": "terminating",
+              "terminated": "terminated", "stopping": "stopped", "stopped": "stopped"}
+LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+
+
+def image_for(api: "AWSApi", ec2: Any, req: NodeRequest, region: str) -> tuple[str, str | None]:
+    """(image id, root device name): ``req.image``, else ``AWS_AMI_ID``, else the newest DLAMI by name."""
+    from broker.config import settings
+
+    image = req.image or settings().aws_ami_id
+    if image:
+        try:
+            imgs = ec2.describe_images(ImageIds=[image]).get("Images", [])
+            return image, (imgs[0].get("RootDeviceName") if imgs else None)
+        except Exception:  # noqa: BLE001 - the launch reports a bad image id itself
+            return image, None
+    call = "describe_images"
+    imgs = expect_list(call, api.call(ec2, call, {"region": region}, Owners=["amazon"], Filters=[
+        {"Name": "name", "Values": [DLAMI_NAME]}, {"Name": "state", "Values": ["available"]},
+        {"Name": "architecture", "Values": ["x86_64"]}]), "Images")
+    if not imgs:
+        raise ProviderError(PROVIDER, call, f"no Deep Learning AMI matching {DLAMI_NAME!r} in {region}",
+                            hint="set AWS_AMI_ID to an Ubuntu GPU image with PyTorch")
+    best = max(imgs, key=lambda i: i.get("CreationDate", ""))
+    return expect_str(call, best, "ImageId"), best.get("RootDeviceName")
+
+
+def find_by_token(api: "AWSApi", client_token: str, region: str | None = None) -> str | None:
+    """A live instance launched with ``client_token`` (tag ``broker-client-token``), if any."""
+    ec2 = api.client("ec2", region)
+    call = "describe_instances"
+    resp = api.call(ec2, call, {"region": region},
+                    Filters=[{"Name": f"tag:{TOKEN_TAG}", "Values": [client_token]},
+                             {"Name": "instance-state-name", "Values": LIVE_STATES}])
+    for i in instances_of(call, resp):
+        return i["InstanceId"]
+    return None
+
+
+def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | None) -> str:
+    """``run_instances`` for one node (one attempt, ``ClientToken``, tags RUN_TAG, INSTALL_TAG, TOKEN_TAG, Name);
+    returns the instance id.  An instance already launched with the token is returned instead.
+
+    Raises CapacityError (InsufficientInstanceCapacity: next zone; Unsupported: not offered), QuotaError
+    (VcpuLimitExceeded..., ``scope`` = region + family bucket, with the ``broker quota request`` command),
+    AuthError, AmbiguousCreate (5xx / timeout: verify with :func:`find_by_token`), TransientError."""
+    o = req.offer
+    existing = find_by_token(api, req.client_token, region)
+    if existing:
+        return existing
+    ec2 = api.client("ec2", region)
+    image, root_dev = image_for(api, ec2, req, region)
+    tags = network.run_tags(req.run_id, req.installation_id, req.name) + [
+        {"Key": TOKEN_TAG, "Value": req.client_token}]
+    tags += [{"Key": k, "Value": v} for k, v in req.tags.items()
+             if k not in (RUN_TAG, INSTALL_TAG, "Name", TOKEN_TAG)]
+    params: dict[str, Any] = {
+        "ImageId": image, "InstanceType": o.instance_type, "MinCount": 1, "MaxCount": 1,
+        "InstanceInitiatedShutdownBehavior": "terminate", "ClientToken": req.client_token[:64],
+        "UserData": user_data_script(req.deadline, req.grace_seconds, req.ssh_public_key, req.onstart,
+                                     idle_minutes=req.idle_minutes),
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
+                              {"ResourceType": "volume", "Tags": tags}],
+    }
+    placement: dict[str, str] = {}
+    if zone:
+        placement["AvailabilityZone"] = zone
+    if req.network.get("placement_group"):
+        placement["GroupName"] = req.network["placement_group"]
+    if placement:
+        params["Placement"] = placement
+    if req.network.get("security_group_id"):
+        params["SecurityGroupIds"] = [req.network["security_group_id"]]
+    if req.network.get("subnet_id"):
+        params["SubnetId"] = req.network["subnet_id"]
+    if root_dev:
+        params["BlockDeviceMappings"] = [{"DeviceName": root_dev, "Ebs": {
+            "VolumeSize": int(math.ceil(req.disk_gib)), "VolumeType": "gp3", "DeleteOnTermination": True}}]
+    if o.attrs.get("market") == "spot":
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    launch = api.client("ec2", region, launch=True)
+    ctx = {"instance_type": o.instance_type, "vcpus": o.vcpus or None, "nodes": int(req.network.get("nodes") or 1),
+           "zone": zone, "region": region, "create": True}
+    resp = api.call(launch, "run_instances", ctx, **params)
+    try:
+        return expect_str("run_instances", expect_list("run_instances", resp, "Instances")[0], "InstanceId")
+    except (ProviderError, IndexError):
+        from broker.provider import AmbiguousCreate
+
+        raise AmbiguousCreate(PROVIDER, "run_instances", "answer without an instance id: the launch may have "
+                              "happened", hint=f"look it up by client token {req.client_token}") from None
+
+
+def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> InstanceInfo:
+    """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown to EC2.
+    An answer broker cannot read is a ProviderError (never "terminated")."""
+    ec2 = api.client("ec2", region)
+    call = "describe_instances"
+    try:
+        resp = ec2.describe_instances(InstanceIds=[provider_id])
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+            return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not-found",
+                                ssh_user=SSH_USER, message="instance not found (gone)")
+        raise map_error(e, call, region=region) from e
+    inst = instances_of(call, resp)
+    if not inst:
+        return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not-found", ssh_user=SSH_USER)
+    i = inst[0]
+    state = i.get("State")
+    raw = state.get("Name") if isinstance(state, dict) else None
+    if not isinstance(raw, str):
+        from broker.providers.aws.api import unreadable
+
+        raise unreadable(call, f"instance {provider_id} without State.Name")
+    pub = i.get("PublicIpAddress")
+    reason = (i.get("StateReason") or {}).get("Message")
+    return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
+                        public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
+                        ssh_user=SSH_USER, message=reason)
+
+
+def terminate_instance(api: "AWSApi", provider_id: str, region: str | None) -> bool:
+    """True once describe shows ``terminated`` (or the id is gone); False while shutting down; 429/5xx are
+    TransientError (the core retries)."""
+    ec2 = api.client("ec2", region)
+    try:
+        ec2.terminate_instances(InstanceIds=[provider_id])
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+            return True
+        raise map_error(e, "terminate_instances", region=region) from e
+    return describe_instance(api, provider_id, region).state == "terminated"
+
+
+def terminate(api: "AWSApi", kind: str, provider_id: str, region: str | None) -> bool:
+    """Idempotent terminate / delete of one ``instance``, ``security_group`` or ``placement_group``."""
+    if kind == "instance":
+        return terminate_instance(api, provider_id, region)
+    if kind == "security_group":
+        return network.delete_security_group(api, provider_id, region)
+    if kind == "placement_group":
+        return network.delete_placement_group(api, provider_id, region)
+    raise NotSupported(PROVIDER, "terminate", f"unknown resource kind {kind!r}")
+
+
+def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource]:
+    """Instances (not terminated), security groups and placement groups carrying RUN_TAG (= ``run_id`` when
+    given) in the configured region; ``installation_id`` from INSTALL_TAG.  An answer broker cannot read (a
+    missing list, items without ids) is a ProviderError naming the call, never an empty list."""
+    region = api.region
+    ec2 = api.client("ec2", region)
+    tag_filter = ({"Name": f"tag:{RUN_TAG}", "Values": [run_id]} if run_id
+                  else {"Name": "tag-key", "Values": [RUN_TAG]})
+    out: list[TaggedResource] = []
+    token = None
+    call = "describe_instances"
+    while True:
+        params: dict[str, Any] = {"Filters": [tag_filter, {"Name": "instance-state-name", "Values": LIVE_STATES}]}
+        if token:
+            params["NextToken"] = token
+        resp = api.call(ec2, call, {"region": region}, **params)
+        for i in instances_of(call, resp):
+            tags = tags_of(call, i)
+            out.append(TaggedResource(provider=PROVIDER, kind="instance", provider_id=i["InstanceId"],
+                                      run_id=tags.get(RUN_TAG), region=region,
+                                      state=(i.get("State") or {}).get("Name"), created_at=i.get("LaunchTime"),
+                                      usd_per_hour=list_price(i.get("InstanceType")), name=tags.get("Name"),
+                                      installation_id=tags.get(INSTALL_TAG)))
+        token = resp.get("NextToken")
+        if not token:
+            break
+    call = "describe_security_groups"
+    sgs = api.call(ec2, call, {"region": region}, Filters=[tag_filter])
+    for g in expect_list(call, sgs, "SecurityGroups"):
+        tags = tags_of(call, g)
+        out.append(TaggedResource(provider=PROVIDER, kind="security_group", provider_id=expect_str(call, g, "GroupId"),
+                                  run_id=tags.get(RUN_TAG), region=region, name=g.get("GroupName"),
+                                  installation_id=tags.get(INSTALL_TAG)))
+    call = "describe_placement_groups"
+    try:  # one attempt (emulators without placement groups answer 500s that botocore would retry)
+        pgs = api.client("ec2", region, launch=True).describe_placement_groups(Filters=[tag_filter])
+    except Exception as e:  # noqa: BLE001
+        if not api.unimplemented(e):
+            raise map_error(e, call, region=region) from e
+        pgs = {"PlacementGroups": []}
+    for g in expect_list(call, pgs, "PlacementGroups"):
+        tags = tags_of(call, g)
+        name = expect_str(call, g, "GroupName")
+        out.append(TaggedResource(provider=PROVIDER, kind="placement_group", provider_id=name,
+                                  run_id=tags.get(RUN_TAG), region=region, state=g.get("State"), name=name,
+                                  installation_id=tags.get(INSTALL_TAG)))
+    return out
+
+
+def delete_run_network(api: "AWSApi", run_id: str) -> list[TaggedResource]:
+    """The run's own cleanup: everything tagged ``run_id`` in dependency order (instances, then security groups,
+    then placement groups).  Returns the instances still shutting down; the groups wait for them (TransientError
+    when a group is still in use: retry later)."""
+    left: list[TaggedResource] = []
+    for t in sorted(list_tagged(api, run_id), key=lambda t: network.delete_rank(t.kind)):
+        if t.kind != "instance" and left:
+            raise TransientError(PROVIDER, "delete_run_network", f"instances of run {run_id} are still shutting "
+                                 "down", hint="retry when they are terminated")
+        if not terminate(api, t.kind, t.provider_id, t.region):
+            left.append(t)
+    return left
