@@ -503,9 +503,23 @@ class CloudTarget(Target):
         ready = self.ssh_ready_timeout_s
         if ready is None:
             ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
-                READY_TIMEOUT_S.get(cluster.provider, DEFAULT_READY_TIMEOUT_S)
+                self._adapter_ready_timeout(cluster.provider)
         return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say,
                            ready_timeout_s=ready)
+
+    def _adapter_ready_timeout(self, name: str) -> float:
+        """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH), else
+        :data:`READY_TIMEOUT_S`."""
+        p = (self.providers or {}).get(name)
+        if p is None:
+            try:
+                from broker.providers import provider_class
+
+                p = provider_class(name)
+            except Exception:  # noqa: BLE001 - a test double or an unknown name: the table's default
+                p = None
+        value = getattr(p, "ssh_ready_timeout_s", None)
+        return float(value) if value else READY_TIMEOUT_S.get(name, DEFAULT_READY_TIMEOUT_S)
 
     def keep(self, recipe: Recipe, status: str) -> bool:
         return bool(recipe.idle_minutes) and self.keep_when_idle and status in KEEP_STATUSES

@@ -92,7 +92,7 @@ class Recipe(BaseModel):
     disk_gib: float = _bounded("disk_gib", 40.0)
     image: StrictStr | None = None  # container image for Vast.ai (default: a PyTorch image)
     idle_minutes: float | None = _bounded("idle_minutes", None)
-    # seconds to keep retrying SSH connect + auth after a node reports RUNNING (default per provider: OCI/AWS 300,
+    # seconds to keep retrying SSH connect + auth after a node reports RUNNING (default per provider: OCI 600, AWS 420,
     # Vast.ai 180, others 120)
     ready_timeout_s: float | None = Field(default=None, gt=0, le=3600)
     strict_lint: StrictBool = False
