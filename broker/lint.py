@@ -1080,10 +1080,12 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
 # ====================================================================================================== entry points
 def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for the file at ``path`` (sorted by line): a Slurm batch script when it has ``#SBATCH``
-    directives, Python otherwise.  Raises OSError when it cannot be read."""
+    directives (unless it is a ``.py`` file or has a python shebang), Python otherwise.  Raises OSError when it
+    cannot be read."""
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
-    if is_sbatch(text):
+    python = p.suffix == ".py" or re.match(r"#!.*python", text) is not None  # sbatch also runs Python scripts
+    if is_sbatch(text) and not python:
         return lint_sbatch(text, str(p))
     return lint_source(text, str(p), launched_by_torchrun=launched_by_torchrun)
 
