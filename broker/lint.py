@@ -874,7 +874,11 @@ class _Linter:
         for slurm, torchrun in SLURM_VS_TORCHRUN.items():
             theirs = [self._key_pos(x) for x in reads.get(torchrun, [])]
             for e in reads.get(slurm, []):
-                if theirs and self._key_pos(e) < min(theirs):
+                # within one function, order is precedence; a helper that reads only SLURM_* is a fallback
+                # called from elsewhere, and a module-level read runs before every function
+                mine = [self._key_pos(x) for x in reads.get(torchrun, []) if x.scope() is e.scope()]
+                against = mine or (theirs if e.scope() is self.module else [])
+                if against and self._key_pos(e) < min(against):
                     self.add(e, "slurm-env-under-torchrun", f"{slurm} is read before {torchrun}: under torchrun "
                              f"(srun .. torchrun) {slurm} counts Slurm tasks, one per node, not torchrun's workers")
                 elif not theirs and self.torchrun:
