@@ -23,8 +23,10 @@ Python scripts (``Finding.kind``):
   ``is_main = dist.get_rank() == 0`` flag or after ``if rank != 0: return``): unless the nodes share storage the
   other hosts never get the data.
 * ``slurm-env-under-torchrun`` -- ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` read before (preferred
-  over) ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``: under ``srun .. torchrun`` they count Slurm tasks (one per node),
-  not torchrun's workers.  A recipe's script (always started by torchrun) is flagged for any such read.
+  over) ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the same function (a module-level read comes before every
+  function): under ``srun .. torchrun`` they count Slurm tasks (one per node), not torchrun's workers.  A
+  helper that reads only SLURM_* is a fallback; a recipe's script (always started by torchrun) is flagged for
+  any such read.
 * ``syntax-error`` -- the file is not valid Python.
 
 Slurm batch scripts (``#SBATCH`` lines; ``.sbatch``/``.slurm``/``.sh``):
