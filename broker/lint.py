@@ -23,8 +23,10 @@ Python scripts (``Finding.kind``):
   ``is_main = dist.get_rank() == 0`` flag or after ``if rank != 0: return``): unless the nodes share storage the
   other hosts never get the data.
 * ``slurm-env-under-torchrun`` -- ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` read before (preferred
-  over) ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``: under ``srun .. torchrun`` they count Slurm tasks (one per node),
-  not torchrun's workers.  A recipe's script (always started by torchrun) is flagged for any such read.
+  over) ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the same function (a module-level read comes before every
+  function): under ``srun .. torchrun`` they count Slurm tasks (one per node), not torchrun's workers.  A
+  helper that reads only SLURM_* is a fallback; a recipe's script (always started by torchrun) is flagged for
+  any such read.
 * ``syntax-error`` -- the file is not valid Python.
 
 Slurm batch scripts (``#SBATCH`` lines; ``.sbatch``/``.slurm``/``.sh``):
@@ -874,7 +876,11 @@ class _Linter:
         for slurm, torchrun in SLURM_VS_TORCHRUN.items():
             theirs = [self._key_pos(x) for x in reads.get(torchrun, [])]
             for e in reads.get(slurm, []):
-                if theirs and self._key_pos(e) < min(theirs):
+                # within one function, order is precedence; a helper that reads only SLURM_* is a fallback
+                # called from elsewhere, and a module-level read runs before every function
+                mine = [self._key_pos(x) for x in reads.get(torchrun, []) if x.scope() is e.scope()]
+                against = mine or (theirs if e.scope() is self.module else [])
+                if against and self._key_pos(e) < min(against):
                     self.add(e, "slurm-env-under-torchrun", f"{slurm} is read before {torchrun}: under torchrun "
                              f"(srun .. torchrun) {slurm} counts Slurm tasks, one per node, not torchrun's workers")
                 elif not theirs and self.torchrun:
@@ -1080,10 +1086,12 @@ def lint_sbatch(text: str, path: str = "<job.sbatch>") -> list[Finding]:
 # ====================================================================================================== entry points
 def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for the file at ``path`` (sorted by line): a Slurm batch script when it has ``#SBATCH``
-    directives, Python otherwise.  Raises OSError when it cannot be read."""
+    directives (unless it is a ``.py`` file or has a python shebang), Python otherwise.  Raises OSError when it
+    cannot be read."""
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
-    if is_sbatch(text):
+    python = p.suffix == ".py" or re.match(r"#!.*python", text) is not None  # sbatch also runs Python scripts
+    if is_sbatch(text) and not python:
         return lint_sbatch(text, str(p))
     return lint_source(text, str(p), launched_by_torchrun=launched_by_torchrun)
 
