@@ -28,7 +28,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         if len(versions) > 1:
             cols += ["python", "torch", "CUDA", "NCCL"]
         for col in cols:
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for r in rows:
             cells = [str(r.node), r.host, str(r.rank), str(r.local_rank), str(r.world_size), r.cuda_visible_devices,
                      r.gpus, r.device, r.backend]
