@@ -36,7 +36,8 @@ _HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.di
 
 
 def _save():
-    if _PATH is None:
+    # only the rank itself writes: a forked child (a DataLoader worker ends with os._exit) must not overwrite it
+    if _PATH is None or _FACTS.get("pid") != os.getpid():
         return
     tmp = "%s.%d.tmp" % (_PATH, os.getpid())
     try:

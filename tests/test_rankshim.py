@@ -64,6 +64,20 @@ def test_exit_codes_and_os_exit_are_recorded(tmp_path, src, code):
     assert p.returncode == code and facts["exit_code"] == code and "ended" in facts
 
 
+def test_a_forked_child_exiting_does_not_overwrite_the_ranks_facts(tmp_path):
+    """DataLoader workers are forked and end with os._exit(0): that is not the rank's clean exit."""
+    src = ("import os, time\n"
+           "pid = os.fork()\n"
+           "if pid == 0:\n"
+           "    os._exit(0)\n"
+           "os.waitpid(pid, 0)\n"
+           "time.sleep(0.2)\n"
+           "os.kill(os.getpid(), 9)\n")  # the rank itself then dies without a word (the OOM killer)
+    p, facts = shim(tmp_path, src)
+    assert p.returncode == -9
+    assert "exit_code" not in facts and "ended" not in facts and "exception" not in facts
+
+
 def test_torch_device_and_backend_are_recorded_when_the_script_uses_torch(tmp_path):
     """torch.cuda.set_device is wrapped: the device a rank asked for is recorded even when it fails (CPU build)."""
     src = ("import torch, os\n"
