@@ -35,7 +35,9 @@ _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _NCCL_ENQUEUED = re.compile(r"\[rank(\d+)\]:.*[Ll]ast enqueued NCCL work: (\d+), last completed NCCL work: (\d+)")
 _NCCL_SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
 #: lines that count as errors in a run whose ranks all exited 0
-_ERROR_LINE = re.compile(r"^(Traceback \(most recent call last\):|.*\bERROR\b)")
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s?)?(Traceback \(most recent call last\):|.*\bERROR\b)")
+#: torch's excepthook prefixes a rank's traceback with ``[rankN]: ``
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 #: torchelastic's end-of-job barrier noise on a node whose peer (the store host) exited first: harmless
 _BENIGN = ("Error waiting on exit barrier", "exit barrier")
 
@@ -221,7 +223,7 @@ def _torchrun_failures(node: int, text: str) -> list[Failure]:
 def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[str, Any] | None]:
     """(type, message, user frame) of the first Python traceback in a log that is not torchrun's own (with
     ``agent``: torchrun's own too, for a launcher that failed before any rank ran, e.g. its store's port taken)."""
-    lines = text.splitlines()
+    lines = [_RANK_PREFIX.sub("", ln) for ln in text.splitlines()]
     for i, line in enumerate(lines):
         if not line.startswith("Traceback (most recent call last):"):
             continue
@@ -255,7 +257,7 @@ def error_lines(log_paths: dict[int, Path], limit: int = 12) -> list[str]:
     (torchelastic's harmless exit-barrier noise left out)."""
     out: list[str] = []
     for node, path in sorted(log_paths.items()):
-        lines = _read(path).splitlines()
+        lines = [_RANK_PREFIX.sub("", ln) for ln in _read(path).splitlines()]
         for k, line in enumerate(lines):
             if line.startswith("broker:") or any(b in line for b in _BENIGN):
                 continue

@@ -14,8 +14,9 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
   versions and the GPUs visible; ``torch.cuda.set_device`` and ``torch.distributed.init_process_group`` are
   wrapped so the device the rank uses and the backend are recorded (also when set_device raises);
 * on an uncaught exception: its type, message, the innermost frame in the user's code (not torch, not the
-  standard library) and the time; the exception is then re-raised, so the exit code and the traceback on stderr
-  stay what they were;
+  standard library) and the time; the traceback then goes through ``sys.excepthook`` without the shim's own
+  frames and the exit code is 1, as when the script runs alone (KeyboardInterrupt and other BaseExceptions are
+  re-raised as they are);
 * on a normal end (``sys.exit``, falling off the end, or ``os._exit``): the exit code and the time.
 
 Without a facts folder the script runs with nothing recorded.
@@ -258,7 +259,19 @@ def main(argv):
         raise
     except BaseException as e:
         _record_exception(e)
-        raise
+        if not isinstance(e, Exception):  # KeyboardInterrupt & co: Python's own exit behaviour
+            raise
+        # the traceback as if the script had been run directly (no shim or runpy frames), through
+        # sys.excepthook (torch's adds the [rankN]: prefix), and Python's exit code for an uncaught exception
+        tb = e.__traceback__
+        me = os.path.abspath(__file__)
+        while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) == me
+                                  or "runpy" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        if tb is not None:
+            e.with_traceback(tb)  # the default hook prints e.__traceback__, whatever tb it is given
+        sys.excepthook(type(e), e, e.__traceback__)
+        return 1
     _record_exit(0)
     return 0
 

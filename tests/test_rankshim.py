@@ -51,6 +51,8 @@ def test_uncaught_exception_is_recorded_and_reraised_with_the_same_exit_code(tmp
     plain = subprocess.run([sys.executable, str(tmp_path / "user" / "train.py")], capture_output=True, text=True)
     assert p.returncode == plain.returncode == 1
     assert "ZeroDivisionError: division by zero" in p.stderr  # the traceback still reaches the log
+    assert "rankshim" not in p.stderr and "runpy" not in p.stderr  # as if the script had run alone
+    assert p.stderr.count("File ") == plain.stderr.count("File ") == 2
     exc = facts["exception"]
     assert exc["type"] == "ZeroDivisionError" and exc["message"] == "division by zero"
     assert exc["frame"] == {"file": "train.py", "line": 2, "function": "step", "code": "return 1 / x"}
