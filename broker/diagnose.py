@@ -34,6 +34,8 @@ _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 #: NCCL's flight-recorder line: how far each rank got
 _NCCL_ENQUEUED = re.compile(r"\[rank(\d+)\]:.*[Ll]ast enqueued NCCL work: (\d+), last completed NCCL work: (\d+)")
 _NCCL_SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+#: a C++ exception that ended the process: ``terminate called after throwing an instance of 'T'`` + ``what():``
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)")
 #: lines that count as errors in a run whose ranks all exited 0
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s?)?(Traceback \(most recent call last\):|.*\bERROR\b)")
 #: torch's excepthook prefixes a rank's traceback with ``[rankN]: ``
@@ -349,6 +351,10 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
                 typ, msg, frame = _log_exception(text)
                 if typ and f.exit_code not in (None,) and (f.exit_code or 0) > 0:
                     f.exc_type, f.message, f.frame = typ, msg, frame
+                elif (f.exit_code or 0) < 0:  # a C++ abort (NCCL's watchdog): std::terminate's what() line
+                    m = _TERMINATE.search(text)
+                    if m:
+                        f.exc_type, f.message = m.group(1), m.group(2).strip()
                 fails.append(f)
                 known.add(f.rank)
     if not fails:  # no facts and no root-cause block: the first node that exited non-zero, its log's exception
@@ -373,13 +379,16 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
             order.append((diag.first.node, texts[diag.first.node]))
     order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
     diag.findings = _facts_findings(facts) + _match_catalogue(order)
-    waiting = any(fd.entry.waiting for fd in diag.findings[:3])
+    # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
+    # exited 0 before it the cause; a rank failing on its own after its peers finished is not
+    own = order[:2] if diag.first is not None else order
+    waiting = any(fd.entry.waiting for fd in _match_catalogue(own))
 
     # a rank that ended cleanly before the first failure, while the others then failed waiting: the cause
     first_at = diag.first.at if diag.first else None
     for d in facts:
         if d.get("exit_code") == 0 and d.get("ended") and (first_at is None or d["ended"] < first_at):
-            if waiting or (diag.first is not None and diag.first.exc_type == "" and diag.first.exit_code == -6):
+            if waiting:
                 diag.early_exits.append({"node": d.get("node"), "rank": d.get("rank"), "at": d["ended"]})
     if not facts and waiting:  # no facts: a node whose torchrun exited 0 while another waited and failed
         for node, code in sorted(codes.items()):

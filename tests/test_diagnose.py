@@ -71,6 +71,8 @@ def test_nccl_timeout_on_gpu_names_the_rank_that_never_arrived():
     assert d.first.node == 0 and d.first.exit_code == -6  # the waiting rank is aborted by the NCCL watchdog
     assert d.behind == [1]
     assert "SeqNum=2, OpType=ALLREDUCE" in d.findings[0].cause
+    assert d.first.exc_type == "c10::DistBackendError" and "Watchdog caught collective operation timeout" \
+        in d.first.message  # the abort's what(), not just "exit code -6"
 
 
 def test_rank_that_exits_early_is_the_cause_on_gpu_and_cpu():
@@ -83,6 +85,20 @@ def test_rank_that_exits_early_is_the_cause_on_gpu_and_cpu():
     assert "peer-gone" in ids(c)
     assert c.lines()[0].startswith("node 1, rank 1 exited 0 before a collective")
     assert c.lines()[1].startswith("then node 0, rank 0 failed: RuntimeError")
+
+
+def test_a_rank_that_finished_is_not_blamed_for_a_peers_own_error(tmp_path):
+    """Rank 1 exited 0 first, but rank 0 then failed on its own (not waiting for a peer): rank 0 is the cause."""
+    shutil.copytree(CPU / "early_exit", tmp_path / "run")
+    f = tmp_path / "run" / "node0" / "facts" / "rank0.json"
+    facts = json.loads(f.read_text())
+    facts["exception"] = {"type": "ValueError", "message": "bad eval batch", "frame": None}
+    f.write_text(json.dumps(facts))
+    for log in (tmp_path / "run").glob("node*.log"):
+        log.write_text("")
+    res = SimpleNamespace(status="failed", exit_codes={0: 1, 1: 0}, log_paths={})
+    d = explain(tmp_path / "run", res, 2)
+    assert d.early_exits == [] and d.headline == "node 0, rank 0 failed first: ValueError: bad eval batch"
 
 
 def test_nccl_without_gpu_on_cpu_build_and_on_gpu_host_with_no_visible_gpu():
