@@ -339,8 +339,9 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     for d in facts:
         exc = d.get("exception")
         if exc:
-            fails.append(Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"), exc_type=exc.get("type", ""),
-                                 message=exc.get("message", ""), frame=exc.get("frame")))
+            fails.append(Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
+                                 exc_type=exc.get("type", ""), message=exc.get("message", ""),
+                                 frame=exc.get("frame")))
         elif d.get("exit_code") not in (None, 0):
             fails.append(Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
                                  exit_code=d.get("exit_code")))
