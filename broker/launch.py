@@ -267,8 +267,8 @@ def _facts_row(d: dict, node: int, rank: int, local_rank: int, ws: int) -> RankR
                    device=txt(d.get("device")), backend=txt(d.get("backend")), host=txt(d.get("host")),
                    cuda_visible_devices="(unset)" if cvd is None else (cvd or "''"),
                    gpus=txt(d.get("gpus_visible")), python=txt(d.get("python")), torch=txt(d.get("torch")),
-                   cuda=txt(d.get("cuda_version")) if d.get("torch") else "?", nccl=txt(d.get("nccl_version"))
-                   if d.get("torch") else "?")
+                   cuda=(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
+                   nccl=(d.get("nccl_version") or "none") if d.get("torch") else "?")
 
 
 def rank_table(log_paths: dict[int, Path], *, nnodes: int, nproc_per_node: int) -> list[RankRow]:

@@ -38,8 +38,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         console.print(t)
         if len(versions) == 1:
             py, tv, cu, nc = next(iter(versions))
-            console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu if cu != 'None' else 'none (CPU build)'}"
-                          f", NCCL {nc if nc != 'None' else 'none'}[/]")
+            console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
         if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
             console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
                           "one process per node every LOCAL_RANK is 0 and each node's GPU is its cuda:0.[/]")
