@@ -71,9 +71,13 @@ def _torch_facts(torch):
         f["gpus_visible"] = int(torch.cuda.device_count()) if f["cuda_available"] else 0
     except Exception as e:  # noqa: BLE001 - a broken driver is a fact too
         f["cuda_available"], f["gpus_visible"], f["cuda_error"] = False, 0, str(e)[:300]
-    try:
-        v = torch.cuda.nccl.version() if f.get("cuda_version") else None
-        f["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else (str(v) if v else None)
+    try:  # torch.cuda.nccl is a submodule that `import torch` does not load
+        if f.get("cuda_version"):
+            import importlib
+            v = importlib.import_module("torch.cuda.nccl").version()
+            f["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else (str(v) if v else None)
+        else:
+            f["nccl_version"] = None
     except Exception:
         f["nccl_version"] = None
     return f
@@ -90,12 +94,14 @@ def _device_name(torch, device):
         return repr(device)
 
 
-def _patch():
-    """Wrap torch.cuda.set_device and init_process_group once they exist (idempotent)."""
+def _patch(done=None):
+    """Wrap torch.cuda.set_device and init_process_group once they exist (idempotent); ``done``: the module whose
+    import just finished (versions are read only once torch itself is fully imported)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return
-    if "torch" not in _FACTS and hasattr(torch, "__version__") and hasattr(torch, "cuda"):
+    if "torch" not in _FACTS and done in ("torch", None) and hasattr(torch, "__version__") \
+            and hasattr(torch, "cuda"):
         try:
             _FACTS.update(_torch_facts(torch))
         except Exception:
@@ -171,7 +177,7 @@ class _TorchHook:
         def exec_module(module):
             orig(module)
             try:
-                _patch()
+                _patch(name)
             except Exception:  # recording must never break the job
                 pass
 
@@ -241,7 +247,8 @@ def main(argv):
         "python": sys.version.split()[0], "script": script, "started": time.time()})
     _save()
     sys.meta_path.insert(0, _TorchHook())
-    _patch()  # torch already imported (sitecustomize): patch now
+    if "torch" in sys.modules:  # torch already imported (sitecustomize): patch now
+        _patch()
     real_exit = os._exit
 
     def _exit(code):

@@ -65,6 +65,24 @@ def test_invalid_device_ordinal_on_gpu_names_node_1_and_the_users_line():
     assert "lint rule device-from-rank" in text
 
 
+def test_shim_facts_on_gpu_table_and_first_failure():
+    """The shim on 2x H200: the table's device, backend and versions come from the facts of an unchanged script."""
+    d = GPU / "shim_ok"
+    rows = rank_table({i: d / f"node{i}.log" for i in (0, 1)}, nnodes=2, nproc_per_node=1)
+    assert [(r.node, r.rank, r.cuda_visible_devices, r.gpus, r.device, r.backend) for r in rows] == \
+        [(0, 0, "0", "1", "cuda:0", "nccl"), (1, 1, "1", "1", "cuda:0", "nccl")]
+    assert {(r.torch, r.cuda, r.nccl, r.python) for r in rows} == {("2.11.0+cu130", "13.0", "2.28.9", "3.12.3")}
+    b = GPU / "shim_bad_device"
+    res = SimpleNamespace(status="failed", exit_codes={0: -15, 1: 1},
+                          log_paths={i: b / f"node{i}.log" for i in (0, 1)})
+    diag = explain(b, res, 2)
+    assert diag.first.node == 1 and diag.first.rank == 1 and diag.first.source == "facts"
+    assert diag.first.frame == {"file": "g.py", "line": 4, "function": "<module>",
+                                "code": 'torch.cuda.set_device(int(os.environ["RANK"]))'}
+    assert load_facts(b)[1]["device"] == "cuda:1"  # the device the rank asked for, recorded before it failed
+    assert ids(diag)[0] == "invalid-device-ordinal"
+
+
 def test_nccl_timeout_on_gpu_names_the_rank_that_never_arrived():
     d = diagnose_gpu("timeout")
     assert ids(d)[0] == "collective-timeout"
