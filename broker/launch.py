@@ -53,11 +53,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def torchrun_argv(script: str, args: Iterable[str], *, nnodes: int, nproc_per_node: int, node_rank: int,
                   master_addr: str, master_port: int, python: str | None = None,
-                  extra: Iterable[str] = ()) -> list[str]:
-    """argv of one node's torchrun (``python -m torch.distributed.run`` so the venv's torch is used)."""
-    return [python or sys.executable, "-m", "torch.distributed.run",
+                  extra: Iterable[str] = (), shim: str | None = None, facts_dir: str | None = None) -> list[str]:
+    """argv of one node's torchrun (``python -m torch.distributed.run`` so the venv's torch is used).
+
+    ``shim``: the path of :mod:`broker.rankshim` on the node; torchrun then runs ``shim --facts FACTS_DIR --
+    script args`` (the script unchanged, each rank's facts written to ``facts_dir``)."""
+    head = [python or sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
-            f"--master_addr={master_addr}", f"--master_port={master_port}", *extra, script, *args]
+            f"--master_addr={master_addr}", f"--master_port={master_port}", *extra]
+    if shim:
+        return [*head, shim, *(["--facts", facts_dir] if facts_dir else []), "--", script, *args]
+    return [*head, script, *args]
+
+
+#: the rank-facts shim (stdlib only) that torchrun runs in front of the user's script
+RANKSHIM = Path(__file__).with_name("rankshim.py")
 
 
 # --------------------------------------------------------------------------------------------------- nodes
@@ -133,6 +143,13 @@ class RankRow:
     world_size: int
     device: str = "?"
     backend: str = "?"
+    host: str = "?"
+    cuda_visible_devices: str = "?"
+    gpus: str = "?"
+    python: str = "?"
+    torch: str = "?"
+    cuda: str = "?"
+    nccl: str = "?"
 
 
 @dataclass
@@ -148,10 +165,20 @@ class RunResult:
     missing_expect: list[str] = field(default_factory=list)
     ranks: list[RankRow] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)  # last lines of the failing node's log
+    #: error output (Traceback / ERROR lines) of a run whose ranks all exited 0: shown as "succeeded with errors"
+    error_lines: list[str] = field(default_factory=list)
+    #: the pipeline's diagnose step (:func:`broker.diagnose.explain`): the failing rank's own error, cause and fix
+    diagnosis: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
+        """Every node exited 0 and the expected output is there (error lines do not change the exit code)."""
         return self.status == "succeeded"
+
+    @property
+    def shown_status(self) -> str:
+        """The status for people: ``succeeded with errors`` when the ranks exited 0 but printed errors."""
+        return "succeeded with errors" if self.status == "succeeded" and self.error_lines else self.status
 
 
 class Supervisor:
@@ -239,17 +266,44 @@ def check_expect(log_path: Path, patterns: list[str]) -> list[str]:
     return [p for p in patterns if not re.search(p, text, re.MULTILINE)]
 
 
+def _facts_row(d: dict, node: int, rank: int, local_rank: int, ws: int) -> RankRow:
+    def txt(v: object) -> str:
+        return "?" if v is None else str(v)
+
+    cvd = d.get("cuda_visible_devices")
+    return RankRow(node=node, rank=rank, local_rank=local_rank, world_size=ws,
+                   device=txt(d.get("device")), backend=txt(d.get("backend")), host=txt(d.get("host")),
+                   cuda_visible_devices="(unset)" if cvd is None else (cvd or "''"),
+                   gpus=txt(d.get("gpus_visible")), python=txt(d.get("python")), torch=txt(d.get("torch")),
+                   cuda=(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
+                   nccl=(d.get("nccl_version") or "none") if d.get("torch") else "?")
+
+
 def rank_table(log_paths: dict[int, Path], *, nnodes: int, nproc_per_node: int) -> list[RankRow]:
-    """Per-rank rows from the logs' ``RANK=.. LOCAL_RANK=.. WORLD_SIZE=.. device=.. backend=..`` lines; ranks that
-    printed nothing get the values torchrun assigns (node_rank * nproc_per_node + local_rank)."""
+    """Per-rank rows from the rank facts that :mod:`broker.rankshim` wrote for any script
+    (``<run>/node<i>/facts/rank<r>.json`` beside the logs); for ranks without facts, the logs' own ``RANK=..
+    LOCAL_RANK=.. WORLD_SIZE=.. device=.. backend=..`` lines; ranks that left neither get the values torchrun
+    assigns (node_rank * nproc_per_node + local_rank)."""
+    import json
+
+    ws = nnodes * nproc_per_node
     seen: dict[int, RankRow] = {}
+    for node, path in log_paths.items():
+        for fp in sorted(Path(path).parent.glob(f"node{node}/facts/rank*.json")):
+            try:
+                d = json.loads(fp.read_text())
+                r = int(d["rank"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            lr = d.get("local_rank")
+            seen.setdefault(r, _facts_row(d, node, r, int(lr) if lr is not None else r % max(1, nproc_per_node),
+                                          int(d.get("world_size") or ws)))
     for node, path in log_paths.items():
         if not path.exists():
             continue
         for m in _RANK_LINE.finditer(path.read_text(encoding="utf-8", errors="replace")):
             r = int(m.group(1))
             seen.setdefault(r, RankRow(node, r, int(m.group(2)), int(m.group(3)), m.group(4), m.group(5)))
-    ws = nnodes * nproc_per_node
     rows = []
     for node in range(nnodes):
         for lr in range(nproc_per_node):
@@ -279,9 +333,40 @@ def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int, plan: "StagePla
     return out
 
 
+#: inherited variables that steer rendezvous, ranks and sockets: a value left in the user's shell (an old
+#: ``GLOO_SOCKET_IFNAME``, an ``salloc``'s ``SLURM_PROCID``) silently breaks a local run, so the nodes only get them
+#: when the recipe (or the provider's per-node layer) sets them
+INHERITED_DROP_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCHELASTIC_", "PMI_", "OMPI_COMM_WORLD_")
+INHERITED_DROP_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK",
+                                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"})
+#: kept although they match: host safety settings (NVLink multicast off on shared hosts) and debug output
+INHERITED_KEEP = frozenset({"NCCL_NVLS_ENABLE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
+
+
+def _steers_rendezvous(name: str) -> bool:
+    return name not in INHERITED_KEEP and (name in INHERITED_DROP_NAMES or name.startswith(INHERITED_DROP_PREFIXES))
+
+
+def dropped_inherited(base: dict[str, str], *layers: dict[str, str]) -> list[str]:
+    """Names in ``base`` that :func:`node_environment` does not pass on (no layer sets them), sorted."""
+    set_by_layers = {k for layer in layers for k in layer}
+    return sorted(k for k in base if _steers_rendezvous(k) and k not in set_by_layers)
+
+
+def dropped_line(names: list[str]) -> str:
+    """The line that says which inherited variables a local run did not pass to its nodes ('' for none)."""
+    if not names:
+        return ""
+    return ("not passed to the nodes (inherited from this shell, not set by the recipe): " + ", ".join(names)
+            + "; set them in the recipe's env to use them")
+
+
 def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str, str]:
-    """``base`` (usually os.environ) overlaid with ``layers``; unbuffered Python for live logs."""
-    env = dict(base)
+    """``base`` (usually os.environ) without its rendezvous/rank/socket variables (:func:`dropped_inherited`),
+    overlaid with ``layers``; unbuffered Python for live logs."""
+    drop = set(dropped_inherited(base, *layers))
+    env = {k: v for k, v in base.items() if k not in drop}
     for layer in layers:
         env.update(layer)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -332,10 +417,12 @@ class LocalLaunchSpec:
 
 
 def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
-    """The per-node torchrun argv for a local run (master 127.0.0.1)."""
+    """The per-node torchrun argv for a local run (master 127.0.0.1); each rank's facts go to
+    ``<run>/node<i>/facts`` (:mod:`broker.rankshim`)."""
     return [torchrun_argv(spec.script_rel, spec.args, nnodes=spec.nnodes, nproc_per_node=spec.nproc_per_node,
                           node_rank=i, master_addr="127.0.0.1", master_port=port, python=spec.python,
-                          extra=[f"--log-dir={node_dirs[i].parent / 'torchrun'}"])
+                          extra=[f"--log-dir={node_dirs[i].parent / 'torchrun'}"], shim=str(RANKSHIM),
+                          facts_dir=str(node_dirs[i].parent / "facts"))
             for i in range(spec.nnodes)]
 
 
@@ -360,8 +447,11 @@ class LocalExecutor(Executor):
 
         spec = self.spec
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        dropped = dropped_line(dropped_inherited(dict(os.environ), spec.env, *spec.node_envs))
         for p in self.logs.values():
-            p.write_text("")
+            p.write_text(f"broker: {dropped}\n" if dropped else "")
+        if dropped and self.echo:
+            self.echo(f"[broker] {dropped}")
         plan = stage_plan(spec.workdir)
         if self.say:
             self.say(plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else ""))
@@ -479,6 +569,13 @@ def finish_result(res: RunResult, expect: list[str], *, nnodes: int, nproc_per_n
             res.status = "failed"
             res.reason = ("every node exited 0 but rank 0's log lacks the expected output: "
                           + ", ".join(repr(p) for p in res.missing_expect))
+    if res.status == "succeeded":
+        from broker.diagnose import error_lines
+
+        res.error_lines = error_lines(res.log_paths)
+        if res.error_lines and not res.reason:
+            res.reason = (f"every node exited 0, but the logs hold {len(res.error_lines)} error line(s) "
+                          "(Traceback / ERROR)")
     if res.failed_node is not None:
         res.tail = log_tail(res.log_paths[res.failed_node])
     return res

@@ -737,16 +737,24 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
 
 
 def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
-    """The diagnose step: explain a failure (or a success with error lines) from the node logs; writes
-    ``diagnosis.txt`` in the run folder when there is something to say.  Never raises."""
-    try:
-        from broker import diagnose as dg
-    except ImportError:  # pragma: no cover - the module ships with broker
+    """The diagnose step: for a failed run (or one whose ranks exited 0 but printed errors), the node and rank that
+    failed first, that rank's own exception and the cause and fix from the catalogue (:func:`broker.diagnose.explain`,
+    from the rank facts and the node logs); kept in ``result.diagnosis`` and written to ``<run>/diagnosis.txt``.
+    Never raises: a diagnosis must not break the record of a run."""
+    if result.ok and not result.error_lines:
         return result
     try:
-        return dg.apply(result, recipe, run_dir)
-    except Exception:  # noqa: BLE001 - a diagnosis must never break the record of a run
-        return result
+        from broker.diagnose import explain
+
+        result.diagnosis = explain(run_dir, result, recipe.nodes).lines()
+    except Exception as e:  # noqa: BLE001
+        result.diagnosis = [f"(no diagnosis: {type(e).__name__}: {e})"]
+    if result.diagnosis:
+        try:
+            (run_dir / "diagnosis.txt").write_text("\n".join(result.diagnosis) + "\n")
+        except OSError:
+            pass
+    return result
 
 
 # --------------------------------------------------------------------------------------------------- plan + entry

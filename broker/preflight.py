@@ -8,15 +8,22 @@ Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
   recipe allows a CPU logic check (``cpu_ok``: WARN, gloo on CPU);
 * ``interface`` -- which interface holds the node's private address (``ip -o -4 addr``); FAIL when none does, or
   when ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` is forced (recipe env or node env) to another interface;
+* ``python`` / ``nccl`` -- one Python (minor) version and one NCCL version on every node;
+* ``disk`` -- free space on the work root's filesystem: FAIL under 1 GiB or a disk smaller than ``disk_gib``, WARN
+  under a quarter of ``disk_gib``;
 * ``mtu`` -- the private interfaces' MTUs are equal (a mismatch drops large frames: a hang mid-training);
 * ``tcp i->j`` -- for every ordered pair of nodes, real listeners on node j (node 0: the master port and a random
   ephemeral port; others: a random ephemeral port; NCCL and gloo open extra ephemeral ports, so a firewall that
   only opens the master port still hangs the job), connects from node i with a 2 s timeout:
   OPEN / FILTERED (no answer: packets dropped) / REFUSED (RST or ICMP unreachable) / UNREACHABLE (no route).
-  A failed probe names the likely cause: node j's ``iptables -S`` shows DROP/REJECT rules (or a DROP policy) ->
-  host firewall; otherwise FILTERED -> a cloud security rule (security list / network security group / security
-  group) or network ACL.  The network probes run concurrently with the torch check, so a FAIL comes within about
-  the 2 s timeout plus SSH and Python start-up (measured: PASS 0.8 s, FAIL 2.8-4.8 s, local-cluster.md sec. 3).
+  A failed probe names the likely cause, host rules first: the probe reads them as root (``sudo -n`` on a non-root
+  login) from iptables, nftables and firewalld; when the rule that decides a new TCP connection on that port
+  (in order; else the chain's policy) is DROP/REJECT on node j's input or node i's output -> host firewall, with
+  the exact command that opens the private network's CIDR (a REJECT ``icmp-host-prohibited`` looks UNREACHABLE,
+  so this comes before the route verdict); otherwise UNREACHABLE -> not one private network; FILTERED -> a cloud
+  security rule (security list / network security group / security group) or network ACL.  The network probes
+  run concurrently with the torch check, so a FAIL comes within about the 2 s timeout plus SSH and Python start-up
+  (measured: PASS 0.8 s, FAIL 2.8-4.8 s, local-cluster.md sec. 3).
 
 :func:`run_preflight` needs an open :class:`broker.remote.SSHCluster` with ``probe.py`` uploaded to every node.
 """
@@ -24,7 +31,9 @@ Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
+import re
 import shlex
 import time
 from dataclasses import asdict, dataclass, field
@@ -75,7 +84,8 @@ class PreflightReport:
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "wall_s": round(self.wall_s, 3), "checks": [asdict(c) for c in self.checks],
                 "ifaces": {str(k): v for k, v in self.ifaces.items()},
-                "info": {str(k): {kk: vv for kk, vv in v.items() if kk != "iptables"} for k, v in self.info.items()}}
+                "info": {str(k): {kk: vv for kk, vv in v.items() if kk not in ("iptables", "firewall")}
+                         for k, v in self.info.items()}}
 
 
 def render_text(report: PreflightReport) -> list[str]:
@@ -108,7 +118,8 @@ async def _info(ssh: "SSHCluster", i: int) -> dict[str, Any]:
     pre = ""
     if node.gpu_indices is not None:
         pre = f"CUDA_VISIBLE_DEVICES={shlex.quote(','.join(node.gpu_indices))} "
-    cmd = f"{pre}{ssh.py()} {shlex.quote(ssh.probe(i))} info {shlex.quote(node.private_ip)}"
+    cmd = f"{pre}{ssh.py()} {shlex.quote(ssh.probe(i))} info {shlex.quote(node.private_ip)} " \
+          f"{shlex.quote(ssh.cluster.workroot)}"
     code, out = await ssh.arun(i, cmd, timeout=120)
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
@@ -182,6 +193,7 @@ async def _network(ssh: "SSHCluster", master_port: int) -> tuple[dict[tuple[int,
 
 # ------------------------------------------------------------------------------------------------ judging
 def _firewall_rules(ipt: str | None, chain: str) -> list[str]:
+    """Every DROP/REJECT rule and DROP policy of ``chain`` in ``iptables -S`` output (whatever port)."""
     if not ipt:
         return []
     rules = []
@@ -195,27 +207,231 @@ def _firewall_rules(ipt: str | None, chain: str) -> list[str]:
     return rules
 
 
-def _cause(state: str, src: int, dst: int, info: dict[int, dict[str, Any]]) -> tuple[str, str]:
-    """(likely cause, fix) of a failed probe from node src to node dst."""
+def _ports_cover(spec: str, port: int) -> bool:
+    """``22``, ``1000:2000`` (iptables) or ``1000-2000`` / ``{ 22, 80 }`` (nft) covers ``port``?"""
+    for part in re.split(r"[,\s{}]+", spec.strip()):
+        if not part:
+            continue
+        lo, sep, hi = part.replace("-", ":").partition(":")
+        try:
+            if (int(lo) <= port <= int(hi)) if sep else int(lo) == port:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _addr_in(cidr: str, ip: str | None) -> bool:
+    if ip is None:
+        return True
+    try:
+        return ipaddress.ip_address(ip) in ipaddress.ip_network(cidr.lstrip("!"), strict=False)
+    except ValueError:
+        return False
+
+
+_SKIP_IPT = ("-i lo", "--state ESTABLISHED", "--ctstate ESTABLISHED", "--state RELATED", "--ctstate RELATED")
+
+
+def iptables_verdict(ipt: str | None, chain: str, port: int, peer: str | None) -> tuple[str, str] | None:
+    """Walk ``chain`` of ``iptables -S`` in order for a new TCP connection to/from ``peer`` on ``port``:
+    ("ACCEPT" | "DROP" | "REJECT", the deciding rule or policy), or None when there are no rules.  Jumps to
+    other chains and rules with matches this does not model are skipped."""
+    if not ipt:
+        return None
+    policy = None
+    for line in ipt.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "-P" and parts[1] == chain:
+            policy = (parts[2], line.strip())
+            continue
+        if len(parts) < 4 or parts[0] != "-A" or parts[1] != chain or any(k in line for k in _SKIP_IPT):
+            continue
+        m = re.search(r"-j (\w+)", line)
+        if not m or m.group(1) not in ("ACCEPT", "DROP", "REJECT"):
+            continue
+        proto = re.search(r"-p (\w+)", line)
+        if proto and proto.group(1) not in ("tcp", "all"):
+            continue
+        dport = re.search(r"--dports? (\S+)", line)
+        if dport and not _ports_cover(dport.group(1), port):
+            continue
+        src = re.search(r"-s (\S+)" if chain == "INPUT" else r"-d (\S+)", line)
+        if src and not _addr_in(src.group(1), peer):
+            continue
+        return m.group(1), line.strip()
+    if policy is not None:
+        return policy
+    return None
+
+
+def nft_verdict(ruleset: str | None, hook: str, port: int, peer: str | None) -> tuple[str, str, str] | None:
+    """The same for ``nft list ruleset``: the base chains on ``hook`` (input/output), in order; returns (verdict,
+    deciding rule or policy, "table FAMILY NAME chain NAME") or None."""
+    if not ruleset:
+        return None
+    table = chain = ""
+    in_base = False
+    policy: tuple[str, str, str] | None = None
+    for raw in ruleset.splitlines():
+        line = raw.strip()
+        m = re.match(r"table (\w+) (\S+) \{", line)
+        if m:
+            table, in_base = f"{m.group(1)} {m.group(2)}", False
+            continue
+        m = re.match(r"chain (\S+) \{", line)
+        if m:
+            chain, in_base = m.group(1), False
+            continue
+        if line.startswith("type filter hook"):
+            in_base = f"hook {hook}" in line
+            pm = re.search(r"policy (\w+)", line)
+            if in_base and pm and pm.group(1) in ("drop", "reject") and policy is None:
+                policy = (pm.group(1).upper(), line, f"table {table} chain {chain}")
+            continue
+        if not in_base or line == "}":
+            continue
+        verdict = next((v for v in ("accept", "drop", "reject") if re.search(rf"\b{v}\b", line)), None)
+        if verdict is None or re.search(r"\b(iif|iifname|oif|oifname) \"?lo\"?", line) or "ct state" in line \
+                and "new" not in line:
+            continue
+        if re.search(r"\b(udp|icmp|icmpv6)\b", line) and "tcp" not in line:
+            continue
+        dport = re.search(r"tcp dport (\{[^}]*\}|\S+)", line)
+        if dport and not _ports_cover(dport.group(1), port):
+            continue
+        addr = re.search(r"ip (saddr|daddr) (\S+)", line)
+        if addr and not _addr_in(addr.group(2), peer):
+            continue
+        return verdict.upper(), line, f"table {table} chain {chain}"
+    return policy
+
+
+def _firewalld_blocks(fw: dict[str, Any] | None, port: int, peer: str | None) -> tuple[str, str] | None:
+    """(zone, why) when firewalld runs and its default zone does not open ``port`` to ``peer``."""
+    if not fw or fw.get("state") != "running":
+        return None
+    text = fw.get("list") or ""
+    zone = fw.get("zone") or "public"
+
+    def field_(name: str) -> str:
+        m = re.search(rf"^\s*{name}:\s*(.*)$", text, re.MULTILINE)
+        return m.group(1).strip() if m else ""
+
+    if field_("target") in ("ACCEPT", "trusted") or zone == "trusted":
+        return None
+    for item in field_("ports").split():
+        p, _, proto = item.partition("/")
+        if proto == "tcp" and _ports_cover(p, port):
+            return None
+    if any(_addr_in(src, peer) for src in field_("sources").split()):
+        return None
+    return zone, f"firewalld zone {zone} opens only: services {field_('services') or '-'}, ports " \
+                 f"{field_('ports') or '-'}"
+
+
+def host_firewall(info: dict[str, Any], direction: str, port: int, peer: str | None) -> dict[str, str] | None:
+    """The host firewall rule that blocks a new TCP connection on ``port`` from/to ``peer`` on this node
+    (``direction`` "in" or "out"), as {"kind": firewalld|nftables|iptables, "rule": ..., "where": ...}; None when
+    the readable rules allow it."""
+    fw = info.get("firewall") or {}
+    if direction == "in":
+        z = _firewalld_blocks(fw.get("firewalld"), port, peer)
+        if z:
+            return {"kind": "firewalld", "rule": z[1], "where": z[0]}
+    nv = nft_verdict(fw.get("nft"), "input" if direction == "in" else "output", port, peer)
+    if nv and nv[0] in ("DROP", "REJECT"):
+        return {"kind": "nftables", "rule": nv[1], "where": nv[2]}
+    ipt = fw.get("iptables") if fw else None
+    if ipt is None:
+        ipt = info.get("iptables")
+    iv = iptables_verdict(ipt, "INPUT" if direction == "in" else "OUTPUT", port, peer)
+    if iv and iv[0] in ("DROP", "REJECT"):
+        return {"kind": "iptables", "rule": iv[1], "where": "INPUT" if direction == "in" else "OUTPUT"}
+    return None
+
+
+def _rules_readable(info: dict[str, Any]) -> tuple[bool, str]:
+    """(were any host rules read, why not)."""
+    fw = info.get("firewall")
+    if fw is None:
+        return info.get("iptables") is not None, info.get("iptables_error") or "iptables not readable"
+    if fw.get("iptables") is not None or fw.get("nft") is not None or (fw.get("firewalld") or {}).get("list"):
+        return True, ""
+    errs = [e for e in (fw.get("iptables_error"), fw.get("nft_error")) if e]
+    if not errs and fw.get("iptables") is None and fw.get("nft") is None:
+        return False, "no iptables or nft on the node"
+    why = "; ".join(errs)
+    if not fw.get("as_root") and ("password" in why or "sudo" in why):
+        why = f"`sudo -n` refused ({why}): give the login user passwordless sudo to read the rules"
+    return False, why
+
+
+def _private_cidr(info: dict[str, Any], ip: str | None) -> str:
+    """The CIDR of the network holding ``ip`` from the probe's ``cidrs``, or ``<private CIDR>``."""
+    for addrs in (info.get("cidrs") or {}).values():
+        for a in addrs:
+            try:
+                iface = ipaddress.ip_interface(a)
+            except ValueError:
+                continue
+            if ip and str(iface.ip) == ip:
+                return str(iface.network)
+    return "<private CIDR>"
+
+
+def open_command(kind: str, where: str, cidr: str, direction: str = "in") -> str:
+    """The exact command that opens all TCP from the private network's ``cidr`` in this host firewall."""
+    if kind == "firewalld":
+        return (f"sudo firewall-cmd --permanent --zone=trusted --add-source={cidr} && sudo firewall-cmd --reload")
+    if kind == "nftables":
+        m = re.match(r"table (\w+) (\S+) chain (\S+)", where)
+        fam, table, chain = (m.group(1), m.group(2), m.group(3)) if m else ("inet", "filter", "input")
+        key = "saddr" if direction == "in" else "daddr"
+        return f"sudo nft insert rule {fam} {table} {chain} ip {key} {cidr} meta l4proto tcp accept"
+    chain = "INPUT" if direction == "in" else "OUTPUT"
+    key = "-s" if direction == "in" else "-d"
+    return f"sudo iptables -I {chain} {key} {cidr} -p tcp -j ACCEPT"
+
+
+def _cause(state: str, src: int, dst: int, info: dict[int, dict[str, Any]], port: int | None = None,
+           ips: dict[int, str] | None = None) -> tuple[str, str]:
+    """(likely cause, fix) of a failed probe from node src to node dst on ``port``.  Host firewall rules are
+    looked at first (a REJECT with icmp-host-prohibited looks UNREACHABLE to the prober); the cloud security rule
+    is named only when the host rules that could be read allow the connection."""
     dinfo, sinfo = info.get(dst, {}), info.get(src, {})
-    drules = _firewall_rules(dinfo.get("iptables"), "INPUT")
-    srules = _firewall_rules(sinfo.get("iptables"), "OUTPUT")
+    ips = ips or {}
     allow = "allow all TCP between the nodes' private addresses"
+    if port is not None:
+        hit = host_firewall(dinfo, "in", port, ips.get(src))
+        node, direction = dst, "in"
+        if hit is None:
+            hit = host_firewall(sinfo, "out", port, ips.get(dst))
+            node, direction = src, "out"
+    else:  # legacy: any DROP/REJECT rule
+        d, o = _firewall_rules(dinfo.get("iptables"), "INPUT"), _firewall_rules(sinfo.get("iptables"), "OUTPUT")
+        hit = {"kind": "iptables", "rule": " | ".join((d or o)[:3]), "where": "INPUT" if d else "OUTPUT"} \
+            if d or o else None
+        node, direction = (dst, "in") if d else (src, "out")
+    if hit is not None:
+        cidr = _private_cidr(info.get(node, {}), ips.get(node))
+        what = {"iptables": f"iptables node {node} {hit['where']}: {hit['rule']}",
+                "nftables": f"nftables node {node} {hit['where']}: {hit['rule']}",
+                "firewalld": f"firewalld node {node}: {hit['rule']}"}[hit["kind"]]
+        return (f"host firewall ({what})",
+                f"{allow} in node {node}'s host firewall: `{open_command(hit['kind'], hit['where'], cidr, direction)}`")
+    readable, why = _rules_readable(dinfo)
     if state == "UNREACHABLE":
+        note = "" if readable else f" (node {dst}'s host firewall could not be read: {why}; a REJECT rule with " \
+                                   "icmp-host-prohibited also looks like this)"
         return (f"no route from node {src} to node {dst}'s private address: the nodes are not in one private "
-                "network", "put the nodes in the same subnet / VPC / VCN (or fix the routes)")
-    if drules or srules:
-        where = f"node {dst} INPUT: {' | '.join(drules[:3])}" if drules else \
-            f"node {src} OUTPUT: {' | '.join(srules[:3])}"
-        return (f"host firewall (iptables {where})",
-                f"{allow} in the host firewall, e.g. `iptables -I INPUT -s <private CIDR> -p tcp -j ACCEPT` on "
-                f"node {dst if drules else src}")
+                "network" + note, "put the nodes in the same subnet / VPC / VCN (or fix the routes)")
     if state == "REFUSED":
         return ("refused while a listener was running: a REJECT rule (host firewall not readable here, or a "
-                "network appliance)", f"{allow}; check `iptables -S` / nft on node {dst}")
-    unknown = dinfo.get("iptables") is None
-    note = " (node's iptables not readable: also check its host firewall)" if unknown else \
-        f" (node {dst} has no DROP/REJECT iptables rule)"
+                "network appliance)" + ("" if readable else f" ({why})"),
+                f"{allow}; check `sudo iptables -S` / `sudo nft list ruleset` on node {dst}")
+    note = f" (node {dst}'s host firewall not readable: {why}; also check it)" if not readable else \
+        f" (node {dst} has no DROP/REJECT iptables rule for this port)"
     return ("packets dropped on the way: a cloud security rule (security list / network security group / AWS "
             "security group) or a network ACL" + note,
             f"{allow}: an ingress rule for all TCP from the subnet CIDR (or the security group itself)")
@@ -253,6 +469,48 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
             checks.append(Check("torch", all_nodes, "FAIL",
                                 "different torch versions: " + ", ".join(f"node {i}: {v}" for i, v in versions.items()),
                                 "install the same torch version on every node"))
+    # python and NCCL: one version everywhere (torch is compared above)
+    pys = {i: d["pyversion"] for i, d in info.items() if d.get("pyversion")}
+    if len(pys) > 1:
+        minors = {".".join(v.split(".")[:2]) for v in pys.values()}
+        listing = ", ".join(f"node {i}: {v}" for i, v in sorted(pys.items()))
+        if len(minors) > 1:
+            checks.append(Check("python", all_nodes, "FAIL", f"different Python versions: {listing} (pickled "
+                                "objects and compiled packages differ between them)",
+                                "use one Python version (the same image or venv) on every node"))
+        elif len(set(pys.values())) > 1:
+            checks.append(Check("python", all_nodes, "WARN", f"different Python patch versions: {listing}",
+                                "prefer one image on every node"))
+        else:
+            checks.append(Check("python", all_nodes, "PASS", f"Python {next(iter(pys.values()))} on every node"))
+    nccls = {i: d["nccl_version"] for i, d in info.items() if d.get("nccl_version") and int(d.get("gpus") or 0)}
+    if len(nccls) > 1:
+        if len(set(nccls.values())) == 1:
+            checks.append(Check("nccl", all_nodes, "PASS", f"NCCL {next(iter(nccls.values()))} on every node"))
+        else:
+            checks.append(Check("nccl", all_nodes, "FAIL", "different NCCL versions: " + ", ".join(
+                f"node {i}: {v}" for i, v in sorted(nccls.items())) + " (ranks with different NCCL versions can "
+                "hang or fail in their first collective)", "install the same torch build (it bundles NCCL) on "
+                "every node, and unset NCCL library overrides (LD_LIBRARY_PATH, NCCL_* plugins)"))
+    # disk: the work root's filesystem against the recipe's disk_gib
+    want = float(getattr(recipe, "disk_gib", 0) or 0)
+    for i, d in sorted(info.items()):
+        dk = d.get("disk") or {}
+        if "free_bytes" not in dk:
+            continue
+        free, total = dk["free_bytes"] / 2**30, dk["total_bytes"] / 2**30
+        where = f"{free:.1f} GiB free of {total:.1f} GiB at {dk.get('path')}"
+        if free < 1.0:
+            checks.append(Check("disk", str(i), "FAIL", f"{where}: not enough for a checkpoint or the job's "
+                                "temporary files", f"free space on node {i} or use a larger disk (disk_gib)"))
+        elif want and total < 0.9 * want:
+            checks.append(Check("disk", str(i), "FAIL", f"{where}, but the recipe asks for disk_gib {want:g}",
+                                "use an offer/shape with the disk you asked for, or lower disk_gib"))
+        elif want and free < 0.25 * want:
+            checks.append(Check("disk", str(i), "WARN", f"{where}: under a quarter of disk_gib {want:g}",
+                                "free space, or raise disk_gib if checkpoints are large"))
+        else:
+            checks.append(Check("disk", str(i), "PASS", where + (f" (disk_gib {want:g})" if want else "")))
     # cuda
     need = recipe.gpus_per_node
     for i, d in info.items():
@@ -280,6 +538,15 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
         ifs = d.get("ifaces") or {}
         have = ", ".join(f"{k}={'/'.join(v['addrs']) or '-'}" for k, v in ifs.items())
         if not iface:
+            v6 = d.get("private_iface6") or next((k for k, a in (d.get("ifaces6") or {}).items()
+                                                  if node.private_ip in a), None)
+            if v6 or ":" in node.private_ip:
+                checks.append(Check("interface", str(i), "FAIL", f"private address {node.private_ip} is IPv6-only "
+                                    f"(on {v6 or 'no interface'} of node {i}; IPv4: {have}): torchrun's master "
+                                    "address, gloo/NCCL's socket interface and these probes need an IPv4 private "
+                                    "address", "give the nodes IPv4 private addresses (a dual-stack subnet / VPC "
+                                    "/ VCN) and use those"))
+                continue
             checks.append(Check("interface", str(i), "FAIL", f"private address {node.private_ip} is on no interface "
                                 f"of node {i} (has {have})", "use the node's private IP from `ip -o -4 addr`"))
             continue
@@ -335,7 +602,8 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
         if not failed:
             checks.append(Check(label, nodes, "PASS", f"{dst}: " + ", ".join(parts)))
         else:
-            cause, fix = _cause(failed[0]["state"], i, j, info)
+            ips = {k: nd.private_ip for k, nd in enumerate(cluster.nodes)}
+            cause, fix = _cause(failed[0]["state"], i, j, info, failed[0]["port"], ips)
             checks.append(Check(label, nodes, "FAIL", f"{dst}: " + ", ".join(parts) + f"; likely cause: {cause}",
                                 fix))
     return rep

@@ -1,7 +1,10 @@
 """Network and environment probe run ON the nodes by preflight (stdlib only: copied as-is and run with the node's
 python; it must not import broker).
 
-    python3 probe.py info PRIVATE_IP                  -> one JSON line: torch, CUDA, interfaces, MTU, iptables
+    python3 probe.py info PRIVATE_IP [PATH]           -> one JSON line: Python, torch, CUDA, NCCL, interfaces (IPv4
+                                                         and IPv6), MTU, free disk at PATH, host firewall rules
+                                                         (iptables, nftables, firewalld; read as root: `sudo -n`
+                                                         on a non-root login)
     python3 probe.py listen TIMEOUT_S HITS PORT...    -> first line JSON {"ports": [...]} (0 = a random free port);
                                                          exits after every port was hit HITS times or TIMEOUT_S
     python3 probe.py connect TIMEOUT_S HOST PORT...   -> one JSON line per port: OPEN | FILTERED | REFUSED | ...
@@ -59,6 +62,90 @@ def _ifaces():
     return out
 
 
+def _ifaces6():
+    """{ifname: [ipv6 address, ...]} from `ip -o -6 addr` (link-local fe80:: left out)."""
+    out = {}
+    rc, text = _run(["ip", "-o", "-6", "addr", "show"])
+    if rc != 0:
+        return out
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "inet6" and not parts[3].lower().startswith("fe80"):
+            out.setdefault(parts[1].split("@")[0], []).append(parts[3].split("/")[0])
+    return out
+
+
+def _cidrs():
+    """{ifname: ["10.0.0.5/24", ...]} (IPv4 with prefix: the private network's CIDR for firewall commands)."""
+    out = {}
+    rc, text = _run(["ip", "-o", "-4", "addr", "show"])
+    if rc == 0:
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 4 and parts[2] == "inet":
+                out.setdefault(parts[1].split("@")[0], []).append(parts[3])
+    return out
+
+
+def _as_root(argv):
+    """argv run as root: as is for root, through `sudo -n` (never prompts) otherwise."""
+    if os.geteuid() == 0:
+        return argv
+    return ["sudo", "-n"] + argv
+
+
+def _tool(name):
+    for d in ("", "/usr/sbin/", "/sbin/", "/usr/bin/"):
+        path = shutil.which(name) if not d else d + name
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+def firewall():
+    """Host firewall rules as root: {"as_root": bool, "iptables": text|None, "iptables_error": str|None,
+    "nft": text|None, "nft_error": ..., "firewalld": {"state": ..., "zone": ..., "list": text}|None}."""
+    res = {"as_root": os.geteuid() == 0, "iptables": None, "iptables_error": None, "nft": None, "nft_error": None,
+           "firewalld": None}
+    ipt = _tool("iptables")
+    if ipt:
+        rc, text = _run(_as_root([ipt, "-S"]), timeout=5)
+        if rc == 0:
+            res["iptables"] = text
+        else:
+            res["iptables_error"] = text.strip()[-200:] or "exit %d" % rc
+    nft = _tool("nft")
+    if nft:
+        rc, text = _run(_as_root([nft, "list", "ruleset"]), timeout=5)
+        if rc == 0:
+            res["nft"] = text
+        else:
+            res["nft_error"] = text.strip()[-200:] or "exit %d" % rc
+    fwc = _tool("firewall-cmd")
+    if fwc:
+        rc, state = _run(_as_root([fwc, "--state"]), timeout=5)
+        fw = {"state": state.strip() or "exit %d" % rc}
+        if rc == 0:
+            _, zone = _run(_as_root([fwc, "--get-default-zone"]), timeout=5)
+            fw["zone"] = zone.strip()
+            _, lst = _run(_as_root([fwc, "--list-all"]), timeout=5)
+            fw["list"] = lst
+        res["firewalld"] = fw
+    return res
+
+
+def disk_free(path):
+    """Free bytes on the filesystem holding PATH (its nearest existing parent)."""
+    p = os.path.abspath(os.path.expanduser(path or "~"))
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    try:
+        u = shutil.disk_usage(p)
+        return {"path": p, "free_bytes": u.free, "total_bytes": u.total}
+    except OSError as e:
+        return {"path": p, "error": str(e)}
+
+
 def _ioctl_addr(name):
     import fcntl
     import struct
@@ -79,14 +166,15 @@ def _sys_ifaces():
         return []
 
 
-def info(private_ip):
+def info(private_ip, disk_path=None):
     res = {"hostname": socket.gethostname(), "python": sys.executable, "pyversion": sys.version.split()[0]}
     t0 = time.time()
     code = ("import json,torch;c=torch.cuda.is_available();"
             "print(json.dumps({'torch':torch.__version__,'cuda':c,'cuda_version':torch.version.cuda,"
             "'gpus':torch.cuda.device_count() if c else 0,"
             "'gpu_names':[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if c else [],"
-            "'nccl':torch.distributed.is_nccl_available() if torch.distributed.is_available() else False}))")
+            "'nccl':torch.distributed.is_nccl_available() if torch.distributed.is_available() else False,"
+            "'nccl_version':'.'.join(map(str,torch.cuda.nccl.version())) if torch.version.cuda else None}))")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
@@ -100,11 +188,16 @@ def info(private_ip):
     ifs = _ifaces()
     res["ifaces"] = ifs
     res["private_iface"] = next((n for n, e in ifs.items() if private_ip in e["addrs"]), None)
-    res["iptables"] = None
-    if shutil.which("iptables") or os.path.exists("/usr/sbin/iptables"):
-        rc, text = _run(["iptables", "-S"], timeout=3)
-        res["iptables"] = text if rc == 0 else None
-        res["iptables_error"] = None if rc == 0 else text.strip()[-200:]
+    six = _ifaces6()
+    res["ifaces6"] = six
+    if res["private_iface"] is None:
+        res["private_iface6"] = next((n for n, a in six.items() if private_ip in a), None)
+    res["cidrs"] = _cidrs()
+    fw = firewall()
+    res["firewall"] = fw
+    res["iptables"] = fw["iptables"]
+    res["iptables_error"] = fw["iptables_error"]
+    res["disk"] = disk_free(disk_path)
     return res
 
 
@@ -239,7 +332,7 @@ def kill(pidfile, grace_s, markers=()):
 def main(argv):
     mode = argv[1]
     if mode == "info":
-        print(json.dumps(info(argv[2])), flush=True)
+        print(json.dumps(info(argv[2], argv[3] if len(argv) > 3 else None)), flush=True)
         return 0
     if mode == "listen":
         return listen(float(argv[2]), int(argv[3]), [int(x) for x in argv[4:]])

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.executor import Executor, run_steps
-from broker.launch import STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail, torchrun_argv
+from broker.launch import (RANKSHIM, STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail,
+                           torchrun_argv)
 from broker.model import Cluster
 from broker.provider import BadInput, ProviderError
 from broker.recipe import Recipe
@@ -408,14 +409,56 @@ def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[
     """(shell line run over ssh, the torchrun argv shown in the log) for node ``i``."""
     assert recipe.workdir is not None
     c = ssh.cluster
+    base = ssh.base(i)
     argv = torchrun_argv(str(recipe.script.relative_to(recipe.workdir)), recipe.args, nnodes=len(c.nodes),
                          nproc_per_node=recipe.gpus_per_node, node_rank=i, master_addr=c.master_addr,
-                         master_port=port, python=c.python)
+                         master_port=port, python=c.python, shim=f"{base}/{SHIM_NAME}", facts_dir=f"{base}/facts")
     q = shlex.quote
-    base = ssh.base(i)
     line = (f"cd {q(ssh.work(i))} && . {q(base + '/env.sh')} && exec setsid -w sh -c "
             f"'echo $$ > \"$0\"; exec \"$@\"' {q(base + '/torchrun.pid')} " + " ".join(q(a) for a in argv))
     return line, argv
+
+
+#: the rank-facts shim's file name in a node's folder (uploaded beside probe.py)
+SHIM_NAME = "rankshim.py"
+
+
+def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
+    """Upload the stdlib probe and the rank-facts shim (:mod:`broker.rankshim`) to every node's folder;
+    returns one result or exception per node."""
+    probe, shim = PROBE_SOURCE.read_bytes(), RANKSHIM.read_bytes()
+
+    async def _one(i: int) -> None:
+        await ssh.aput_bytes(i, probe, ssh.probe(i))
+        await ssh.aput_bytes(i, shim, f"{ssh.base(i)}/{SHIM_NAME}")
+
+    return ssh.gather([_one(i) for i in range(n)], timeout=120)
+
+
+def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
+    """Copy every node's rank facts (``<node folder>/facts/rank*.json``) to ``run_dir/node<i>/facts/``, best
+    effort (nodes whose connection is gone are skipped); returns how many files came back."""
+    async def _one(i: int) -> int:
+        conn = ssh._conns.get(i)
+        if conn is None or conn.is_closed():
+            return 0
+        remote = f"{ssh.base(i)}/facts"
+        got = 0
+        async with conn.start_sftp_client() as sftp:
+            try:
+                names = await sftp.listdir(remote)
+            except Exception:  # noqa: BLE001 - no facts (the job never started)
+                return 0
+            dst = Path(run_dir) / f"node{i}" / "facts"
+            dst.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                if name.startswith("rank") and name.endswith(".json"):
+                    await sftp.get(f"{remote}/{name}", str(dst / name))
+                    got += 1
+        return got
+
+    res = ssh.gather([_one(i) for i in range(n)], timeout=60)
+    return sum(r for r in res if isinstance(r, int))
 
 
 class SSHExecutor(Executor):
@@ -470,8 +513,7 @@ class SSHExecutor(Executor):
             self._open_with_retries()
             if self.ready_timeout_s > 0:
                 self._wait_boot()
-            probe = PROBE_SOURCE.read_bytes()
-            errs = ssh.gather([ssh.aput_bytes(i, probe, ssh.probe(i)) for i in range(n)], timeout=120)
+            errs = upload_node_scripts(ssh, n)
             bad = [(i, e) for i, e in enumerate(errs) if isinstance(e, BaseException)]
             if bad:
                 raise ProviderError("ssh", f"upload to node {bad[0][0]}", str(bad[0][1]))
@@ -599,6 +641,7 @@ class SSHExecutor(Executor):
             res.failed_node = first
             res.reason = (f"ssh connection to node {first} lost (its job's fate is unknown); stopped the other "
                           "nodes")
+        fetch_facts(ssh, self.run_dir, n)
         return res
 
     def collects(self) -> bool:

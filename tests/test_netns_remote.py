@@ -114,6 +114,9 @@ def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
     assert res.ok, (res.reason, res.tail)
     assert res.exit_codes == {0: 0, 1: 0}
     assert [(r.node, r.rank, r.world_size, r.backend) for r in res.ranks] == [(0, 0, 2, "gloo"), (1, 1, 2, "gloo")]
+    # the rank facts came back from every node (the table's host column is each node's own hostname)
+    assert [r.host for r in res.ranks] == ["node0", "node1"]
+    assert (run_dir / "node1" / "facts" / "rank1.json").exists()
     for i in (0, 1):
         log = (run_dir / f"node{i}.log").read_text()
         assert "all_reduce_sum=3 expected=3 ALLREDUCE_OK" in log  # (0+1) + (1+1)
@@ -141,6 +144,9 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     fails = [ch for ch in res.preflight.checks if ch.result == "FAIL"]
     assert [ch.check for ch in fails] == ["tcp 1->0"]  # stateful SSH-only on node 0: 0->1 still works
     assert "iptables" in fails[0].fix
+    # the exact command that opens the private network's CIDR in node 0's host firewall
+    subnet = c.ip(0).rsplit(".", 1)[0] + ".0/24"
+    assert f"`sudo iptables -I INPUT -s {subnet} -p tcp -j ACCEPT`" in fails[0].fix, fails[0].fix
     assert res.exit_codes == {}
     for i in (0, 1):  # the job was never started
         assert "torch.distributed.run" not in (run_dir / f"node{i}.log").read_text()

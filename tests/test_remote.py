@@ -42,8 +42,9 @@ def test_launch_command_is_static_rendezvous_under_setsid(tmp_path):
     finally:
         ssh.loop.close()
     assert argv == ["/opt/py/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
-                    "--node_rank=1", "--master_addr=10.0.0.10", "--master_port=29612", "train.py", "--msg",
-                    "it's fine"]
+                    "--node_rank=1", "--master_addr=10.0.0.10", "--master_port=29612",
+                    "/root/broker/run1/node1/rankshim.py", "--facts", "/root/broker/run1/node1/facts", "--",
+                    "train.py", "--msg", "it's fine"]
     assert line.startswith("cd /root/broker/run1/node1/work && . /root/broker/run1/node1/env.sh && exec setsid -w")
     assert shlex.split(line)[-len(argv):] == argv  # quoting round-trips
 

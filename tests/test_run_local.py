@@ -64,7 +64,10 @@ def test_crash_on_node_1_stops_both_nodes(cli_env, tmp_path):
     assert p.returncode == 1, p.stdout + p.stderr
     assert "status: failed" in p.stdout and "node 1 exited with code 1" in p.stdout
     assert "deliberate crash on rank 1" in p.stdout  # the crash is shown
-    assert "last lines of node 1" in p.stdout
+    # the diagnosis names the rank that failed first, its own error and its line, not torchrun's summary block
+    assert "diagnosis:" in p.stdout
+    assert "node 1, rank 1 failed first: RuntimeError: deliberate crash on rank 1 (--crash-on-rank)" in p.stdout
+    assert "at ddp_train.py:119 in main: raise RuntimeError(" in p.stdout
     run = Ledger().list_runs(limit=1)[0]
     assert run.status == "failed" and run.exit_codes["1"] == 1 and run.exit_codes["0"] not in (0, None)
 

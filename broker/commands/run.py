@@ -143,4 +143,6 @@ def result_dict(result: Any, usd: float = 0.0) -> dict:
     return {"status": result.status, "reason": result.reason, "wall_s": round(result.wall_s, 3),
             "exit_codes": result.exit_codes, "failed_node": result.failed_node,
             "missing_expect": result.missing_expect, "log_paths": {k: str(v) for k, v in result.log_paths.items()},
-            "ranks": [r.__dict__ for r in result.ranks], "usd": round(usd, 6)}
+            "ranks": [r.__dict__ for r in result.ranks], "usd": round(usd, 6),
+            "shown_status": result.shown_status, "error_lines": list(result.error_lines),
+            "diagnosis": list(result.diagnosis)}

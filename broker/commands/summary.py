@@ -16,31 +16,58 @@ EXIT_BARRIER_NOISE = "Error waiting on exit barrier"
 
 
 def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -> None:
-    """Topology, per-rank table, exit codes, wall time, cost and where the logs are."""
-    started = any(r.device != "?" for r in result.ranks)
+    """Topology, per-rank table (from the rank facts, for any script), status, the diagnosis (the rank that
+    failed first, its error, cause and fix), exit codes, wall time, cost and where the logs are."""
+    rows = result.ranks
+    started = any(r.device != "?" or r.host != "?" for r in rows)
     if started:
         t = Table(title=f"run {run.id}: {run.name} ({run.topology} on {run.provider})", title_justify="left")
-        for col in ("node", "RANK", "LOCAL_RANK", "WORLD_SIZE", "device", "backend"):
-            t.add_column(col)
-        for r in result.ranks:
-            t.add_row(str(r.node), str(r.rank), str(r.local_rank), str(r.world_size), r.device, r.backend)
+        cols = ["node", "host", "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "GPUs", "device",
+                "backend"]
+        versions = {(r.python, r.torch, r.cuda, r.nccl) for r in rows if r.torch != "?"}
+        if len(versions) > 1:
+            cols += ["python", "torch", "CUDA", "NCCL"]
+        for col in cols:
+            t.add_column(col, overflow="fold")
+        for r in rows:
+            cells = [str(r.node), r.host, str(r.rank), str(r.local_rank), str(r.world_size), r.cuda_visible_devices,
+                     r.gpus, r.device, r.backend]
+            if len(versions) > 1:
+                cells += [r.python, r.torch, r.cuda, r.nccl]
+            t.add_row(*(escape(c) for c in cells))
         console.print(t)
-        if all(r.local_rank == 0 for r in result.ranks) and len(result.ranks) > 1:
+        if len(versions) == 1:
+            py, tv, cu, nc = next(iter(versions))
+            console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
+        if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
             console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
                           "one process per node every LOCAL_RANK is 0 and each node's GPU is its cuda:0.[/]")
     else:
         console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): no rank reported in")
-    colour = "green" if result.ok else "red"
-    console.print(f"status: [bold {colour}]{result.status}[/]" + (f" - {escape(result.reason)}" if result.reason else ""))
+    colour = "green" if result.ok and not result.error_lines else ("yellow" if result.ok else "red")
+    console.print(f"status: [bold {colour}]{result.shown_status}[/]"
+                  + (f" - {escape(result.reason)}" if result.reason else ""))
+    run_dir = Path(run.run_dir) if run.run_dir else None
+    diag_lines: list[str] = list(result.diagnosis)
+    if not diag_lines and run_dir is not None and (not result.ok or result.error_lines):
+        from broker.diagnose import explain
+
+        try:
+            diag_lines = explain(run_dir, result, getattr(recipe, "nodes", None)).lines()
+        except Exception as e:  # noqa: BLE001 - a diagnosis must never hide the summary
+            diag_lines = [f"(no diagnosis: {type(e).__name__}: {e})"]
+        if diag_lines:
+            console.print("[bold]diagnosis:[/]")
+            for line in diag_lines:
+                console.out(f"  {line}", highlight=False)
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
     console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
     for k, p in sorted(result.log_paths.items()):
         console.print(f"log node {k}: {p}")
-    run_dir = Path(run.run_dir) if run.run_dir else None
     if run_dir and (run_dir / "preflight.txt").exists():
         console.print(f"preflight: {run_dir / 'preflight.txt'}")
-    if result.tail and not result.ok:
+    if result.tail and not result.ok and not diag_lines:
         console.print(f"[bold]last lines of node {result.failed_node}:[/]")
         for line in result.tail:
             console.out(f"  {line}", highlight=False)

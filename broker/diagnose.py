@@ -1,0 +1,417 @@
+"""What went wrong in a run, in words a learner can act on: the rank that failed first, its own error, and the
+cause and fix from a catalogue of classic failures.
+
+Inputs, all left in the run folder by the launchers:
+
+* the rank facts of :mod:`broker.rankshim` (``<run>/node<i>/facts/rank<r>.json``: host, RANK, device, backend,
+  versions, the exception with the frame in the user's script, the end time or the clean-exit time);
+* every node's log (``<run>/node<i>.log``), for torchrun's own lines (exit codes, signals, its "Root Cause"
+  block) and the libraries' messages the catalogue knows;
+* the :class:`broker.launch.RunResult` (status, exit codes).
+
+The catalogue is data (``broker/diagnoses.yaml``): log pattern -> cause -> fix -> the lint rule or preflight check
+that would have caught it.  :func:`explain` is the one entry point; :meth:`Diagnosis.lines` renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CATALOGUE_PATH = Path(__file__).with_name("diagnoses.yaml")
+
+#: torchrun's "Root Cause (first observed failure)" block
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_ROOT_TIME = re.compile(r"^\s*time\s*:\s*(\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+#: NCCL's flight-recorder line: how far each rank got
+_NCCL_ENQUEUED = re.compile(r"\[rank(\d+)\]:.*[Ll]ast enqueued NCCL work: (\d+), last completed NCCL work: (\d+)")
+_NCCL_SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
+#: a C++ exception that ended the process: ``terminate called after throwing an instance of 'T'`` + ``what():``
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)")
+#: lines that count as errors in a run whose ranks all exited 0
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s?)?(Traceback \(most recent call last\):|.*\bERROR\b)")
+#: torch's excepthook prefixes a rank's traceback with ``[rankN]: ``
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+#: torchelastic's end-of-job barrier noise on a node whose peer (the store host) exited first: harmless
+_BENIGN = ("Error waiting on exit barrier", "exit barrier")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One catalogue entry (see diagnoses.yaml for the fields)."""
+
+    id: str
+    patterns: tuple[str, ...]
+    cause: str
+    fix: str
+    caught_by: str
+    verified: str = ""
+    facts: str | None = None
+    waiting: bool = False
+
+    def search(self, text: str) -> re.Match | None:
+        for p in self.patterns:
+            m = re.search(p, text)
+            if m:
+                return m
+        return None
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> tuple[Entry, ...]:
+    """The entries of diagnoses.yaml, in order."""
+    raw = yaml.safe_load(CATALOGUE_PATH.read_text())
+    return tuple(Entry(id=e["id"], patterns=tuple(e.get("patterns") or ()), cause=" ".join(e["cause"].split()),
+                       fix=" ".join(e["fix"].split()), caught_by=e["caught_by"],
+                       verified=" ".join(str(e.get("verified", "")).split()), facts=e.get("facts"),
+                       waiting=bool(e.get("waiting"))) for e in raw)
+
+
+@dataclass
+class Finding:
+    """A catalogue entry that matched: where, and the line that matched."""
+
+    entry: Entry
+    node: int | None
+    line: str
+    what: str = ""
+
+    @property
+    def cause(self) -> str:
+        if not self.what:
+            return re.sub(r"\s*\(\{what\}\)", "", self.entry.cause).replace("{what}", "?")
+        return self.entry.cause.replace("{what}", self.what)
+
+
+@dataclass
+class Failure:
+    """A rank's end that was not a clean exit."""
+
+    node: int | None
+    rank: int | None
+    at: float | None  # epoch seconds
+    exc_type: str = ""
+    message: str = ""
+    frame: dict[str, Any] | None = None
+    exit_code: int | None = None
+    source: str = "facts"  # facts | torchrun
+
+    def where(self) -> str:
+        who = f"node {self.node}" if self.node is not None else "a node"
+        return f"{who}, rank {self.rank}" if self.rank is not None else who
+
+    def error(self) -> str:
+        if self.exc_type:
+            first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+            return f"{self.exc_type}: {first}" if first else self.exc_type
+        if self.exit_code is not None:
+            from broker.launch import describe_exit
+            return f"exit code {describe_exit(self.exit_code)}"
+        return "failed"
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`explain` found.  ``first``: the rank that failed first; ``early_exits``: ranks that exited 0
+    while others later failed waiting for them (named as the cause); ``findings``: catalogue matches, the most
+    relevant first; ``error_lines``: error output of a run whose ranks all exited 0."""
+
+    first: Failure | None = None
+    early_exits: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    error_lines: list[str] = field(default_factory=list)
+    behind: list[int] = field(default_factory=list)  # ranks that never reached the collective the others wait in
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        if self.early_exits:
+            e = self.early_exits[0]
+            who = f"node {e['node']}, rank {e['rank']}" if e.get("rank") is not None else \
+                f"node {e['node']} (its torchrun and ranks)"
+            return (f"{who} exited 0 before a collective the other ranks were waiting in: it is the cause, the "
+                    "others timed out or lost their peer")
+        if self.first is not None:
+            return f"{self.first.where()} failed first: {self.first.error()}"
+        if self.findings:
+            return self.findings[0].cause
+        return ""
+
+    def lines(self) -> list[str]:
+        """Plain text lines for the summary (empty when there is nothing to say)."""
+        out: list[str] = []
+        if self.headline:
+            out.append(self.headline)
+        f = self.first
+        if f is not None and (f.exc_type or f.frame):
+            if self.early_exits:
+                out.append(f"then {f.where()} failed: {f.error()}")
+            if f.frame:
+                fr = f.frame
+                out.append(f"  at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}: {fr.get('code', '')}")
+            rest = [ln for ln in f.message.strip().splitlines()[1:3] if ln.strip()]
+            out.extend(f"  {ln}" for ln in rest)
+        if self.behind:
+            out.append("never arrived at the collective the others waited in: rank(s) "
+                       + ", ".join(map(str, self.behind)))
+        seen: set[str] = set()
+        for fd in self.findings:
+            if fd.entry.id in seen:
+                continue
+            seen.add(fd.entry.id)
+            where = f" (node {fd.node})" if fd.node is not None else ""
+            out.append(f"cause [{fd.entry.id}]{where}: {fd.cause}")
+            out.append(f"  fix: {fd.entry.fix}")
+            out.append(f"  would have been caught by: {fd.entry.caught_by}")
+        if self.error_lines:
+            out.append("every node exited 0, but the ranks printed errors:")
+            out.extend(f"  {ln}" for ln in self.error_lines)
+        out.extend(self.notes)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def load_facts(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's facts under ``run_dir/node*/facts/``, sorted by rank (unreadable files skipped)."""
+    out = []
+    for p in sorted(Path(run_dir).glob("node*/facts/rank*.json")):
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if d.get("node") is None:
+            m = re.match(r"node(\d+)$", p.parent.parent.name)
+            d["node"] = int(m.group(1)) if m else None
+        out.append(d)
+    return sorted(out, key=lambda d: (d.get("rank") is None, d.get("rank") or 0))
+
+
+def _read(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _torchrun_failures(node: int, text: str) -> list[Failure]:
+    """Failures from torchrun's "Root Cause" blocks (one per failed rank; time to the second, local time)."""
+    out: list[Failure] = []
+    cur: dict[str, Any] = {}
+    for line in text.splitlines():
+        m = _ROOT_TIME.match(line)
+        if m:
+            cur = {"at": time.mktime(time.strptime(m.group(1), "%Y-%m-%d_%H:%M:%S"))}
+            continue
+        m = _ROOT_RANK.match(line)
+        if m and cur:
+            cur["rank"] = int(m.group(1))
+            continue
+        m = _ROOT_EXIT.match(line)
+        if m and "rank" in cur:
+            out.append(Failure(node=node, rank=cur["rank"], at=cur["at"], exit_code=int(m.group(1)),
+                               source="torchrun"))
+            cur = {}
+    return out
+
+
+def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[str, Any] | None]:
+    """(type, message, user frame) of the first Python traceback in a log that is not torchrun's own (with
+    ``agent``: torchrun's own too, for a launcher that failed before any rank ran, e.g. its store's port taken)."""
+    lines = [_RANK_PREFIX.sub("", ln) for ln in text.splitlines()]
+    for i, line in enumerate(lines):
+        if not line.startswith("Traceback (most recent call last):"):
+            continue
+        frame = None
+        j = i + 1
+        while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
+            m = re.match(r'\s+File "([^"]+)", line (\d+), in (\S+)', lines[j])
+            if m and "site-packages" not in m.group(1) and not m.group(1).startswith("<frozen"):
+                code = lines[j + 1].strip() if j + 1 < len(lines) else ""
+                frame = {"file": Path(m.group(1)).name, "line": int(m.group(2)), "function": m.group(3),
+                         "code": code}
+            j += 1
+        if j >= len(lines):
+            break
+        exc = lines[j]
+        if "ChildFailedError" in exc or "SignalException" in exc or \
+                (not agent and "torch/distributed/run.py" in "\n".join(lines[i:j])):
+            continue  # torchrun's own traceback, not the rank's
+        typ, _, msg = exc.partition(": ")
+        more = []
+        for ln in lines[j + 1:j + 4]:
+            if not ln.strip() or ln.startswith(("Traceback", "[", " ")) or re.match(r"^[EWI]\d{4} ", ln):
+                break
+            more.append(ln)
+        return typ.strip(), "\n".join([msg] + more), frame
+    return "", "", None
+
+
+def error_lines(log_paths: dict[int, Path], limit: int = 12) -> list[str]:
+    """``node i: <line>`` for the Traceback headers, their exception lines and ``ERROR`` lines in the logs
+    (torchelastic's harmless exit-barrier noise left out)."""
+    out: list[str] = []
+    for node, path in sorted(log_paths.items()):
+        lines = [_RANK_PREFIX.sub("", ln) for ln in _read(path).splitlines()]
+        for k, line in enumerate(lines):
+            if line.startswith("broker:") or any(b in line for b in _BENIGN):
+                continue
+            if not _ERROR_LINE.match(line):
+                continue
+            if line.startswith("Traceback"):
+                j = k + 1
+                while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
+                    j += 1
+                exc = lines[j] if j < len(lines) else ""
+                if any(b in "\n".join(lines[max(0, k - 3):j + 1]) for b in _BENIGN):
+                    continue
+                out.append(f"node {node}: {line} ... {exc}".rstrip())
+            else:
+                out.append(f"node {node}: {line}")
+            if len(out) >= limit:
+                return out
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ judging
+def _facts_findings(facts: list[dict[str, Any]]) -> list[Finding]:
+    out: list[Finding] = []
+    by_id = {e.id: e for e in catalogue()}
+    torch_versions = {d.get("torch") for d in facts if d.get("torch")}
+    if len(torch_versions) > 1 and "torch-version-skew" in by_id:
+        what = ", ".join(f"node {d.get('node')}: {d.get('torch')}" for d in facts if d.get("torch"))
+        out.append(Finding(by_id["torch-version-skew"], None, "rank facts", what))
+    ranks = [d.get("init_rank") for d in facts if d.get("init_rank") is not None]
+    dup = sorted({r for r in ranks if ranks.count(r) > 1})
+    if dup and "duplicate-rank" in by_id:
+        who = ", ".join(f"node {d.get('node')} (RANK={d.get('rank')})" for d in facts if d.get("init_rank") in dup)
+        out.append(Finding(by_id["duplicate-rank"], None, "rank facts",
+                           f"rank {', '.join(map(str, dup))} given to init_process_group by {who}"))
+    return out
+
+
+def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
+    out: list[Finding] = []
+    for entry in catalogue():
+        for node, text in texts:
+            for line in text.splitlines():
+                m = entry.search(line)
+                if m:
+                    what = (m.groupdict().get("what") or "").strip()
+                    out.append(Finding(entry, node, line.strip()[:300], what))
+                    break
+            else:
+                continue
+            break
+    return out
+
+
+def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
+    """Diagnose a finished run from its folder and its :class:`~broker.launch.RunResult` (never raises for odd
+    inputs: a diagnosis is best effort)."""
+    run_dir = Path(run_dir)
+    log_paths: dict[int, Path] = {int(k): Path(v) for k, v in (getattr(result, "log_paths", None) or {}).items()}
+    if not log_paths:
+        for p in run_dir.glob("node*.log"):
+            m = re.match(r"node(\d+)\.log$", p.name)
+            if m:
+                log_paths[int(m.group(1))] = p
+    texts = {n: _read(p) for n, p in sorted(log_paths.items())}
+    facts = load_facts(run_dir)
+    status = getattr(result, "status", "failed")
+    codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
+    diag = Diagnosis()
+
+    if status == "succeeded":
+        diag.error_lines = error_lines(log_paths)
+        diag.findings = _facts_findings(facts)
+        return diag
+
+    # failures: the shim's exceptions and non-zero exits first, torchrun's root-cause blocks for the rest
+    fails: list[Failure] = []
+    for d in facts:
+        exc = d.get("exception")
+        if exc:
+            fails.append(Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
+                                 exc_type=exc.get("type", ""), message=exc.get("message", ""),
+                                 frame=exc.get("frame")))
+        elif d.get("exit_code") not in (None, 0):
+            fails.append(Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
+                                 exit_code=d.get("exit_code")))
+    known = {f.rank for f in fails}
+    for node, text in texts.items():
+        for f in _torchrun_failures(node, text):
+            if f.rank not in known:
+                typ, msg, frame = _log_exception(text)
+                if typ and f.exit_code not in (None,) and (f.exit_code or 0) > 0:
+                    f.exc_type, f.message, f.frame = typ, msg, frame
+                elif (f.exit_code or 0) < 0:  # a C++ abort (NCCL's watchdog): std::terminate's what() line
+                    m = _TERMINATE.search(text)
+                    if m:
+                        f.exc_type, f.message = m.group(1), m.group(2).strip()
+                fails.append(f)
+                known.add(f.rank)
+    if not fails:  # no facts and no root-cause block: the first node that exited non-zero, its log's exception
+        for node, code in sorted(codes.items()):
+            if code not in (None, 0) and code != -15:
+                typ, msg, frame = _log_exception(texts.get(node, ""))
+                if not typ:
+                    typ, msg, frame = _log_exception(texts.get(node, ""), agent=True)
+                    typ = f"torchrun on node {node}: {typ}" if typ else ""
+                fails.append(Failure(node=node, rank=None, at=None, exc_type=typ, message=msg, frame=frame,
+                                     exit_code=code, source="log"))
+                break
+    fails.sort(key=lambda f: (f.at is None, f.at or 0.0))
+    diag.first = fails[0] if fails else None
+
+    # catalogue: the first failing node's log first, then the exception text, then the other logs
+    order: list[tuple[int | None, str]] = []
+    if diag.first is not None:
+        if diag.first.message:
+            order.append((diag.first.node, f"{diag.first.exc_type}: {diag.first.message}"))
+        if diag.first.node in texts:
+            order.append((diag.first.node, texts[diag.first.node]))
+    order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
+    diag.findings = _facts_findings(facts) + _match_catalogue(order)
+    # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
+    # exited 0 before it the cause; a rank failing on its own after its peers finished is not
+    own = order[:2] if diag.first is not None else order
+    waiting = any(fd.entry.waiting for fd in _match_catalogue(own))
+
+    # a rank that ended cleanly before the first failure, while the others then failed waiting: the cause
+    first_at = diag.first.at if diag.first else None
+    for d in facts:
+        if d.get("exit_code") == 0 and d.get("ended") and (first_at is None or d["ended"] < first_at):
+            if waiting:
+                diag.early_exits.append({"node": d.get("node"), "rank": d.get("rank"), "at": d["ended"]})
+    if not facts and waiting:  # no facts: a node whose torchrun exited 0 while another waited and failed
+        for node, code in sorted(codes.items()):
+            if code == 0:
+                diag.early_exits.append({"node": node, "rank": None, "at": None})
+    if diag.early_exits:
+        diag.findings.sort(key=lambda fd: not fd.entry.waiting)
+
+    # NCCL's flight recorder: the ranks that enqueued fewer collectives never reached the one the others wait in
+    enq: dict[int, int] = {}
+    for text in texts.values():
+        for m in _NCCL_ENQUEUED.finditer(text):
+            enq[int(m.group(1))] = int(m.group(2))
+        for line in text.splitlines():
+            m = _NCCL_SEQ.search(line)
+            if m and "timeout" in line:
+                r = re.search(r"\[Rank (\d+)\]", line)
+                if r:
+                    enq.setdefault(int(r.group(1)), int(m.group(1)))
+    if len(enq) > 1 and len(set(enq.values())) > 1:
+        top = max(enq.values())
+        diag.behind = sorted(r for r, v in enq.items() if v < top)
+    elif enq and nnodes and diag.early_exits:
+        diag.behind = [e["rank"] for e in diag.early_exits if e.get("rank") is not None]
+    return diag

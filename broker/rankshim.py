@@ -1,0 +1,287 @@
+"""Rank facts for any training script, unchanged (stdlib only: copied as-is to remote nodes; must not import broker).
+
+torchrun runs this file instead of the user's script::
+
+    python -m torch.distributed.run ... rankshim.py [--facts DIR] [--] train.py ARGS...
+
+It runs ``train.py`` as ``__main__`` (``runpy.run_path``, ``sys.argv`` and ``sys.path[0]`` as if it had been
+started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``--facts DIR``, else
+``$BROKER_FACTS_DIR``), updated as it learns:
+
+* at start: node (``BROKER_NODE_RANK``, else torchrun's ``GROUP_RANK``), host, pid, RANK, LOCAL_RANK, WORLD_SIZE,
+  CUDA_VISIBLE_DEVICES, Python version, script, start time;
+* when the script imports torch (an import hook; the shim never imports torch itself): torch / CUDA / NCCL
+  versions and the GPUs visible; ``torch.cuda.set_device`` and ``torch.distributed.init_process_group`` are
+  wrapped so the device the rank uses and the backend are recorded (also when set_device raises);
+* on an uncaught exception: its type, message, the innermost frame in the user's code (not torch, not the
+  standard library) and the time; the traceback then goes through ``sys.excepthook`` without the shim's own
+  frames and the exit code is 1, as when the script runs alone (KeyboardInterrupt and other BaseExceptions are
+  re-raised as they are);
+* on a normal end (``sys.exit``, falling off the end, or ``os._exit``): the exit code and the time.
+
+Without a facts folder the script runs with nothing recorded.
+"""
+
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+
+_FACTS = {}
+_PATH = None
+_SCRIPT_DIR = None
+_HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.distributed_c10d")
+
+
+def _save():
+    # only the rank itself writes: a forked child (a DataLoader worker ends with os._exit) must not overwrite it
+    if _PATH is None or _FACTS.get("pid") != os.getpid():
+        return
+    tmp = "%s.%d.tmp" % (_PATH, os.getpid())
+    try:
+        with open(tmp, "w") as f:
+            json.dump(_FACTS, f, indent=1, default=str)
+        os.replace(tmp, _PATH)
+    except OSError:  # a full disk must not change what the job does
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _int(name):
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _torch_facts(torch):
+    """Versions and GPUs, read without creating a CUDA context where torch allows."""
+    f = {"torch": getattr(torch, "__version__", None)}
+    try:
+        f["cuda_version"] = torch.version.cuda
+    except Exception:
+        f["cuda_version"] = None
+    try:
+        f["cuda_available"] = bool(torch.cuda.is_available())
+        f["gpus_visible"] = int(torch.cuda.device_count()) if f["cuda_available"] else 0
+    except Exception as e:  # noqa: BLE001 - a broken driver is a fact too
+        f["cuda_available"], f["gpus_visible"], f["cuda_error"] = False, 0, str(e)[:300]
+    try:  # torch.cuda.nccl is a submodule that `import torch` does not load
+        if f.get("cuda_version"):
+            import importlib
+            v = importlib.import_module("torch.cuda.nccl").version()
+            f["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else (str(v) if v else None)
+        else:
+            f["nccl_version"] = None
+    except Exception:
+        f["nccl_version"] = None
+    return f
+
+
+def _device_name(torch, device):
+    try:
+        if isinstance(device, int):
+            return "cuda:%d" % device
+        if isinstance(device, str):
+            return device if ":" in device or device == "cpu" else device + ":0"
+        return str(device)
+    except Exception:
+        return repr(device)
+
+
+def _patch(done=None):
+    """Wrap torch.cuda.set_device and init_process_group once they exist (idempotent); ``done``: the module whose
+    import just finished (versions are read only once torch itself is fully imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if "torch" not in _FACTS and done in ("torch", None) and hasattr(torch, "__version__") \
+            and hasattr(torch, "cuda"):
+        try:
+            _FACTS.update(_torch_facts(torch))
+        except Exception:
+            pass
+        _FACTS["torch"] = getattr(torch, "__version__", None)
+        _save()
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and hasattr(cuda, "set_device") and not getattr(cuda.set_device, "_broker", False):
+        orig_set = cuda.set_device
+
+        def set_device(device, *a, **k):
+            _FACTS["device"] = _device_name(torch, device)
+            _FACTS["device_set_at"] = time.time()
+            _save()
+            return orig_set(device, *a, **k)
+
+        set_device._broker = True
+        cuda.set_device = set_device
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group") and \
+            not getattr(dist.init_process_group, "_broker", False):
+        orig_init = dist.init_process_group
+
+        def init_process_group(*a, **k):
+            backend = k.get("backend", a[0] if a else None)
+            _FACTS["backend"] = str(backend) if backend else None
+            if k.get("rank") is not None:  # a rank given by the script (e.g. from SLURM_PROCID), not torchrun's
+                _FACTS["init_rank"] = k.get("rank")
+            if k.get("world_size") is not None:
+                _FACTS["init_world_size"] = k.get("world_size")
+            _FACTS["init_started"] = time.time()
+            _save()
+            out = orig_init(*a, **k)
+            try:
+                _FACTS["backend"] = str(dist.get_backend())
+            except Exception:
+                pass
+            try:
+                if "device" not in _FACTS:
+                    if torch.cuda.is_available() and torch.cuda.is_initialized():
+                        _FACTS["device"] = "cuda:%d" % torch.cuda.current_device()
+                    elif "nccl" not in str(_FACTS.get("backend")):
+                        _FACTS["device"] = "cpu"
+            except Exception:
+                pass
+            _FACTS["init_done"] = time.time()
+            _save()
+            return out
+
+        init_process_group._broker = True
+        dist.init_process_group = init_process_group
+
+
+class _TorchHook:
+    """A meta-path finder that patches torch right after torch (or torch.distributed) has been imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in _HOOK_NAMES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        orig = loader.exec_module
+
+        def exec_module(module):
+            orig(module)
+            try:
+                _patch(name)
+            except Exception:  # recording must never break the job
+                pass
+
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):
+            pass
+        return spec
+
+
+def _user_frame(tb):
+    """The innermost traceback frame in the user's code: under the script's folder, not a library."""
+    frames = traceback.extract_tb(tb)
+    mine = [fr for fr in frames if os.path.abspath(fr.filename) != os.path.abspath(__file__)]
+    for fr in reversed(mine):
+        p = os.path.abspath(fr.filename)
+        if _SCRIPT_DIR and p.startswith(_SCRIPT_DIR + os.sep) and "site-packages" not in p:
+            return {"file": os.path.relpath(p, _SCRIPT_DIR), "line": fr.lineno, "function": fr.name,
+                    "code": (fr.line or "").strip()}
+    if mine:
+        fr = mine[-1]
+        return {"file": fr.filename, "line": fr.lineno, "function": fr.name, "code": (fr.line or "").strip()}
+    return None
+
+
+def _record_exit(code):
+    if "exit_code" in _FACTS or "exception" in _FACTS:
+        return
+    _FACTS["exit_code"] = code
+    _FACTS["ended"] = time.time()
+    _save()
+
+
+def _record_exception(e):
+    _FACTS["exception"] = {"type": type(e).__module__ + "." + type(e).__qualname__
+                           if type(e).__module__ not in ("builtins", "__main__") else type(e).__qualname__,
+                           "message": str(e)[:4000], "frame": _user_frame(e.__traceback__)}
+    _FACTS["ended"] = time.time()
+    _save()
+
+
+def main(argv):
+    global _PATH, _SCRIPT_DIR
+    args = list(argv[1:])
+    facts_dir = os.environ.get("BROKER_FACTS_DIR")
+    if len(args) >= 2 and args[0] == "--facts":
+        facts_dir, args = args[1], args[2:]
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        print("usage: rankshim.py [--facts DIR] [--] SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    script = args[0]
+    _SCRIPT_DIR = os.path.dirname(os.path.abspath(script))
+    rank = _int("RANK")
+    if facts_dir:
+        try:
+            os.makedirs(facts_dir, exist_ok=True)
+            _PATH = os.path.join(facts_dir, "rank%s.json" % (rank if rank is not None else os.getpid()))
+        except OSError:
+            _PATH = None
+    node = _int("BROKER_NODE_RANK")
+    _FACTS.update({
+        "node": node if node is not None else _int("GROUP_RANK"), "host": socket.gethostname(), "pid": os.getpid(),
+        "rank": rank, "local_rank": _int("LOCAL_RANK"), "world_size": _int("WORLD_SIZE"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "python": sys.version.split()[0], "script": script, "started": time.time()})
+    _save()
+    sys.meta_path.insert(0, _TorchHook())
+    if "torch" in sys.modules:  # torch already imported (sitecustomize): patch now
+        _patch()
+    real_exit = os._exit
+
+    def _exit(code):
+        _record_exit(code)
+        real_exit(code)
+
+    os._exit = _exit
+    sys.argv = args
+    sys.path[0] = _SCRIPT_DIR
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        _record_exit(0 if code is None else code if isinstance(code, int) else 1)
+        raise
+    except BaseException as e:
+        _record_exception(e)
+        if not isinstance(e, Exception):  # KeyboardInterrupt & co: Python's own exit behaviour
+            raise
+        # the traceback as if the script had been run directly (no shim or runpy frames), through
+        # sys.excepthook (torch's adds the [rankN]: prefix), and Python's exit code for an uncaught exception
+        tb = e.__traceback__
+        me = os.path.abspath(__file__)
+        while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) == me
+                                  or "runpy" in tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        if tb is not None:
+            e.with_traceback(tb)  # the default hook prints e.__traceback__, whatever tb it is given
+        sys.excepthook(type(e), e, e.__traceback__)
+        return 1
+    _record_exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

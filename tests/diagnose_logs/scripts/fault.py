@@ -1,0 +1,89 @@
+"""One classic distributed-training fault per MODE, as a learner would write it (run under torchrun).
+
+    torchrun ... fault.py MODE
+
+Used by scripts/capture_diagnose_logs.py to capture the real logs under tests/diagnose_logs/ (CPU/gloo and GPU).
+"""
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+mode = sys.argv[1]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+timeout = datetime.timedelta(seconds=float(os.environ.get("FAULT_TIMEOUT_S", "10")))
+
+if mode == "bad_device":  # device from the global RANK: node 1 has one GPU, cuda:1 does not exist there
+    torch.cuda.set_device(int(os.environ["RANK"]))
+    dist.init_process_group("nccl", timeout=timeout)
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    print("sum", t.item(), flush=True)
+elif mode == "nccl_no_gpu":  # nccl where no GPU is visible
+    dist.init_process_group("nccl", timeout=timeout)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+elif mode == "gloo_unsupported":  # an operation gloo does not implement (torch 2.13's gloo has all_to_all, but
+    # not an AVG all_reduce of sparse tensors; older gloo raised "ProcessGroupGloo does not support alltoall")
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.all_reduce(torch.ones(4).to_sparse(), op=dist.ReduceOp.AVG)
+elif mode == "gloo_unsupported_caught":  # the demo that catches the error and exits 0 anyway
+    import traceback
+    dist.init_process_group("gloo", timeout=timeout)
+    try:
+        dist.all_reduce(torch.ones(4).to_sparse(), op=dist.ReduceOp.AVG)
+    except Exception:
+        traceback.print_exc()
+        print(f"ERROR: sparse all_reduce failed on rank {rank}; continuing", flush=True)
+    dist.destroy_process_group()
+elif mode in ("timeout", "early_exit"):  # rank 1 never arrives at the second collective
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend, timeout=timeout)
+    dev = "cuda" if backend == "nccl" else "cpu"
+    t = torch.ones(1, device=dev)
+    dist.all_reduce(t)
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    print(f"rank {rank}: first all_reduce ok", flush=True)
+    if rank == 1:
+        if mode == "early_exit":
+            print("rank 1: done, exiting", flush=True)
+            sys.exit(0)
+        time.sleep(600)
+    dist.all_reduce(t)
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    print("second all_reduce ok", flush=True)
+elif mode == "slurm_procid":  # rank from SLURM_PROCID, which is 0 for every process torchrun starts on a node
+    r = int(os.environ.get("SLURM_PROCID", os.environ["RANK"]))
+    dist.init_process_group("gloo", rank=r, world_size=world, timeout=timeout)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("sum", t.item(), flush=True)
+elif mode == "disk_full":  # a checkpoint larger than the filesystem
+    dist.init_process_group("gloo", timeout=timeout)
+    if rank == 0:
+        torch.save(torch.zeros(4 * 1024 * 1024), os.path.join(os.environ["FAULT_DIR"], "checkpoint.pt"))
+    dist.barrier()
+elif mode == "sigkill":  # the kernel's OOM killer sends SIGKILL; here the rank receives the same signal
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.barrier()
+    if rank == 1:
+        os.kill(os.getpid(), 9)
+    dist.barrier()
+elif mode == "iface":  # GLOO_SOCKET_IFNAME names an interface this host does not have
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.barrier()
+elif mode == "ok":
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.barrier()
+    print(f"rank {rank} ok", flush=True)
+    dist.destroy_process_group()
+else:
+    raise SystemExit(f"unknown mode {mode}")
