@@ -4,7 +4,7 @@ layers are armed.
 Billing model (conservative, documented): a resource bills ``usd_per_hour`` (US dollars per hour) from its
 ``created_at`` - the moment broker recorded the intent, i.e. *before* the provider's create call - until its
 ``terminated_at`` (or now while live), per second.  Real providers start billing a little later (Vast.ai on
-container start, OCI/AWS on launch; see /work/shared/reference/cloud-apis.md) and some bill a minimum (AWS/OCI per
+container start, OCI/AWS on launch; see docs/reference/cloud-apis.md) and some bill a minimum (AWS/OCI per
 second with a 60 s minimum): counting from creation over-estimates by a few seconds to minutes, never under.
 Once a resource was created (it has a provider id) at least ``attrs["min_billed_seconds"]`` (e.g. AWS's 60 s)
 are charged.  A row that ended without ever getting a provider id (the create failed and a list proved nothing
@@ -275,7 +275,7 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
     """The node-side dead-man switch of ``res``, as a short description, or None.
 
     Recorded facts win: ``attrs["node_layer"]`` (a description) or ``attrs["deadman"]`` (true / false).
-    Otherwise it follows what each adapter arms when the node has a deadline (DESIGN.md, invariant 4):
+    Otherwise it follows what each adapter arms when the node has a deadline (docs/design.md, invariant 4):
     Vast.ai - the onstart script destroys its own instance through the API (``CONTAINER_ID`` /
     ``CONTAINER_API_KEY``) at deadline + grace; AWS - ``InstanceInitiatedShutdownBehavior=terminate`` and a
     scheduled ``shutdown``; OCI - only with an instance principal (``attrs["instance_principal"]``, else the

@@ -12,8 +12,8 @@ refresh``) takes precedence over the shipped ``providers/snapshots/<provider>.cs
 Vast.ai offers (the adapter's live search), AWS list prices (the adapter's Pricing API reader,
 :func:`aws_live_offers`), OCI list prices (Oracle's public price list, :func:`oci_live_offers`, no credentials).
 
-The shipped snapshots are built from ``reference/prices/*.csv`` by :func:`build_shipped` (``python -m
-broker.catalog build <reference/prices> [out_dir]``).  Sources: Vast.ai bucket medians from the public SkyPilot
+The shipped snapshots are built from ``docs/reference/prices/*.csv`` by :func:`build_shipped` (``python -m
+broker.catalog build <docs/reference/prices> [out_dir]``).  Sources: Vast.ai bucket medians from the public SkyPilot
 catalog (``catalogs/v8/vast/vms.csv`` at commit 01b8cdda); OCI and AWS on-demand list prices from public
 third-party catalogs (SkyPilot catalog files; a migration that read Oracle's price-list API on 2026-09-09; public
 repositories quoting AWS us-east-1 after the June-2025 cut): unconfirmed against vendor pages, hence the date.
@@ -50,14 +50,14 @@ def _shipped_dir() -> Path:
 
 SHIPPED_DIR = _shipped_dir()
 
-#: Date the shipped snapshots were built from reference/prices (the figures were checked on that day).
+#: Date the shipped snapshots were built from docs/reference/prices (the figures were checked on that day).
 SHIPPED_DATE = "2026-11-29"
 
 # ---- assumptions written into the shipped snapshots (and stated there) -------------------------------------
 #: Vast.ai ``storage_cost`` varies per host; typical on-demand hosts ask 0.10-0.20 $/GB/month.
 VAST_STORAGE_USD_PER_GIB_MONTH = 0.15
 #: OCI boot volume, Balanced performance: 0.0255 $/GB/month storage + 10 VPU x 0.0017 (Oracle price list as
-#: commonly quoted; not in reference/prices, unconfirmed).
+#: commonly quoted; not in docs/reference/prices, unconfirmed).
 OCI_STORAGE_USD_PER_GIB_MONTH = 0.0425
 #: AWS EBS gp3 in us-east-1: 0.08 $/GB/month (AWS EBS pricing page as commonly quoted; unconfirmed).
 AWS_STORAGE_USD_PER_GIB_MONTH = 0.08
@@ -303,7 +303,7 @@ def _read_reference(path: Path) -> list[dict[str, str]]:
 
 
 def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = SHIPPED_DATE) -> list[Path]:
-    """Build ``vast.csv``, ``oci.csv``, ``aws.csv`` in ``out_dir`` from ``reference/prices`` CSV files.
+    """Build ``vast.csv``, ``oci.csv``, ``aws.csv`` in ``out_dir`` from ``docs/reference/prices`` CSV files.
 
     Inputs: ``vast-market-medians.csv`` (gpu_mem_mib_each, usd_per_hour per bucket) and
     ``oci-aws-list-prices.csv`` (per shape / instance type).  Returns the written paths.
@@ -344,14 +344,14 @@ def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = 
     return out
 
 
-if __name__ == "__main__":  # python -m broker.catalog build <reference/prices> [out_dir]
+if __name__ == "__main__":  # python -m broker.catalog build <docs/reference/prices> [out_dir]
     import sys
 
     if len(sys.argv) >= 3 and sys.argv[1] == "build":
         for p in build_shipped(Path(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else SHIPPED_DIR):
             print(p)
     else:
-        print("usage: python -m broker.catalog build <reference/prices dir> [out_dir]", file=sys.stderr)
+        print("usage: python -m broker.catalog build <docs/reference/prices dir> [out_dir]", file=sys.stderr)
         sys.exit(2)
 
 

@@ -3,7 +3,7 @@
 Free of pydantic (and of every other third-party import) so that the CLI's error boundary and ``broker --help``
 load it for free.  :mod:`broker.provider` re-exports every name here; both import paths work.
 
-Exit codes (DESIGN.md, README): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error,
+Exit codes (docs/design.md, README): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error,
 130 interrupted.
 """
 
@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130
 
 
 class BrokerError(Exception):
-    """Base of broker's errors; ``exit_code`` follows DESIGN.md (2 bad input, 3 no plan, 4 provider error)."""
+    """Base of broker's errors; ``exit_code`` follows docs/design.md (2 bad input, 3 no plan, 4 provider error)."""
 
     exit_code: int = 1
 

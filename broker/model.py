@@ -19,7 +19,7 @@ def utcnow() -> datetime:
 
 
 class TopologyKind(str, Enum):
-    """How N nodes are laid out (DESIGN.md "Topologies")."""
+    """How N nodes are laid out (docs/design.md "Topologies")."""
 
     simulated = "simulated"  # one host with N GPUs acts as N single-GPU nodes, master_addr 127.0.0.1
     multi_node = "multi-node"  # N hosts in one private network (same VCN subnet / VPC security group)

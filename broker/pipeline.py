@@ -106,7 +106,7 @@ class RunOutcome:
 
     @property
     def exit_code(self) -> int:
-        """DESIGN.md exit codes: 0 success, 1 the job failed, 4 something stayed live, 130 interrupted."""
+        """docs/design.md exit codes: 0 success, 1 the job failed, 4 something stayed live, 130 interrupted."""
         if self.left:
             return 4
         res = self.result

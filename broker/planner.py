@@ -3,7 +3,7 @@
 Pure and deterministic: :func:`plan` reads only its arguments (no clock unless ``now`` is omitted, no files, no
 network) and returns a :class:`broker.model.Plan`.  Costs come from :mod:`broker.pricing` only.
 
-Options (topologies, DESIGN.md):
+Options (topologies, docs/design.md):
 
 * ``simulated`` -- one host with at least ``nodes x gpus_per_node`` GPUs (any provider, Vast.ai included).
 * ``multi-node`` -- ``nodes`` hosts of one offer, each with at least ``gpus_per_node`` GPUs, in one private network

@@ -23,7 +23,7 @@ Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
   so this comes before the route verdict); otherwise UNREACHABLE -> not one private network; FILTERED -> a cloud
   security rule (security list / network security group / security group) or network ACL.  The network probes
   run concurrently with the torch check, so a FAIL comes within about the 2 s timeout plus SSH and Python start-up
-  (measured: PASS 0.8 s, FAIL 2.8-4.8 s, local-cluster.md sec. 3).
+  (measured: PASS 0.8 s, FAIL 2.8-4.8 s, docs/reference/local-cluster.md sec. 3).
 
 :func:`run_preflight` needs an open :class:`broker.remote.SSHCluster` with ``probe.py`` uploaded to every node.
 """

@@ -7,7 +7,7 @@ so the numbers they print and the budget checks they make agree exactly.
 Billing model (sources; prices themselves live in the snapshots, see :mod:`broker.catalog`):
 
 * **Per-second billing with a minimum billed time** (``Offer.min_billed_seconds``): the billed time of one unit is
-  ``max(ceil(seconds), min_billed_seconds)``.  Vast.ai bills per second with no stated minimum (cloud-apis.md A9);
+  ``max(ceil(seconds), min_billed_seconds)``.  Vast.ai bills per second with no stated minimum (docs/reference/cloud-apis.md A9);
   AWS EC2 Linux on-demand bills per second with a 60 s minimum (AWS EC2 pricing page); OCI compute bills per
   second with a one-minute minimum (Oracle "Compute pricing" FAQ).  The AWS and OCI minimums are vendor statements
   not re-checked here.

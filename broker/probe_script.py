@@ -13,7 +13,7 @@ python; it must not import broker).
                                                          and every process whose environment holds all K=V
                                                          (orphans), SIGKILL what is left after GRACE_S
 
-Probe design (measured in local-cluster.md section 3): a real listener on the master port and on a random
+Probe design (measured in docs/reference/local-cluster.md section 3): a real listener on the master port and on a random
 ephemeral port; a connect with a 2 s timeout: OPEN answers in milliseconds, FILTERED (no answer: packets dropped by
 a firewall DROP rule or a cloud security rule) after exactly the timeout, REFUSED (RST or ICMP unreachable while a
 listener runs: a REJECT rule) at once.

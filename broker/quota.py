@@ -1,6 +1,6 @@
 """Quota (service limit) logic, pure: which limit covers an instance type, unit conversions, plain-word verdicts.
 
-Two clouds count GPU quota differently (reference: cloud-apis.md B2 and C1):
+Two clouds count GPU quota differently (reference: docs/reference/cloud-apis.md B2 and C1):
 
 * **OCI** limits in service ``compute`` are per **availability domain** and counted in **GPUs**
   (``gpu-a10-count`` covers VM.GPU.A10.1/.2 and BM.GPU.A10.4).  Two VM.GPU.A10.1 nodes of one multi-node job need
@@ -10,7 +10,7 @@ Two clouds count GPU quota differently (reference: cloud-apis.md B2 and C1):
   for spot.  Two g5.xlarge (4 vCPUs each) need 8 vCPUs of ``L-DB2E81BA``.
 
 Hardware and list price per instance type come from the price snapshot in effect (:mod:`broker.catalog`: the
-shipped ``providers/snapshots/<provider>.csv`` or a refreshed one; cloud-apis.md C4/B7).
+shipped ``providers/snapshots/<provider>.csv`` or a refreshed one; docs/reference/cloud-apis.md C4/B7).
 
 Nothing here does I/O except :func:`instance_specs` reading the catalog snapshot.
 """
@@ -137,7 +137,7 @@ _OCI_LIMIT_PATTERNS: list[tuple[str, str]] = [
     (r"^(VM|BM)\.GPU3\.", "gpu3-count"),
     (r"^BM\.GPU4\.", "gpu4-count"),
     (r"^BM\.GPU\.A100-v2\.", "gpu-a100-v2-count"),
-    (r"^BM\.GPU\.H100\.", "gpu-h100-count"),  # name seen in third-party code only (cloud-apis.md B2)
+    (r"^BM\.GPU\.H100\.", "gpu-h100-count"),  # name seen in third-party code only (docs/reference/cloud-apis.md B2)
     (r"^BM\.GPU\.H200\.", "gpu-h200-count"),
     (r"^BM\.GPU\.B200\.", "gpu-b200-count"),
     (r"^BM\.GPU\.MI300X\.", "gpu-mi300x-count"),

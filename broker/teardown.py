@@ -1,7 +1,7 @@
 """Idempotent, confirmed termination of ledger resources (used by the CLI, ``broker down``, the watchdog and
 ``broker reconcile``).
 
-Rules (DESIGN.md "Money and safety invariants"):
+Rules (docs/design.md "Money and safety invariants"):
 
 * a resource is claimed (``terminating``) in the ledger before the provider call, so two processes do not race
   blindly; a second claim of a ``terminating`` row is allowed (the first process may have died) and harmless

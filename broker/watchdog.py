@@ -60,7 +60,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys

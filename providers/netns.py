@@ -1,7 +1,7 @@
 """A free local cluster: N "hosts" on this machine, each a Linux network namespace with its own sshd.
 
 Linux only, root only (``ip netns``, ``unshare``, ``mount --bind``).  Measured recipe:
-/work/shared/reference/local-cluster.md sections 3-4.
+docs/reference/local-cluster.md sections 3-4.
 
 Layout of one cluster (``cid`` = ``bkn`` + 6 hex digits, unique per cluster so parallel clusters never collide)::
 

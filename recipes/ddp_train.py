@@ -148,7 +148,7 @@ def main() -> int:
     if rank == 0 and not failed:
         print("DDP_OK", flush=True)
     # os._exit after destroy_process_group avoids the gloo exit-time SIGABRT seen in ~1 of 10 CPU runs
-    # (DESIGN.md "Known pitfalls"); flush first because os._exit skips interpreter cleanup.
+    # (docs/design.md "Known pitfalls"); flush first because os._exit skips interpreter cleanup.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1 if failed else 0)

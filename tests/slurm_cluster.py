@@ -1,4 +1,4 @@
-"""A real two-node Slurm 22.05 cluster on this machine, for tests (see reference/local-cluster.md section 5).
+"""A real two-node Slurm 22.05 cluster on this machine, for tests (see docs/reference/local-cluster.md section 5).
 
 Layout (everything under one temporary directory, nothing in /etc, no systemd):
 

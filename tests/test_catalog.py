@@ -11,7 +11,7 @@ from broker import catalog
 from broker.model import Offer, Requirements
 
 # ../shared beside the checkout (developers' machines and CI lay it there)
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "prices"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "prices"
 
 
 @pytest.fixture(autouse=True)

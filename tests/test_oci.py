@@ -1,4 +1,4 @@
-"""OCI adapter against the REAL ``oci`` SDK pointed at a local HTTP server (cloud-apis.md D3).
+"""OCI adapter against the REAL ``oci`` SDK pointed at a local HTTP server (docs/reference/cloud-apis.md D3).
 
 Responses are camelCase JSON as the OCI APIs return them; requests (paths, query parameters, bodies) are asserted.
 Retries and the circuit breaker are off so each test sees exactly the requests the adapter makes.

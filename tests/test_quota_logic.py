@@ -13,7 +13,7 @@ from broker.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_r
 AWS_TYPES = sorted(instance_specs("aws"))
 OCI_TYPES = sorted(instance_specs("oci"))
 
-#: Independent expectations (cloud-apis.md C1/C4 and B2/B7): type -> (limit, GPUs, vCPUs).
+#: Independent expectations (docs/reference/cloud-apis.md C1/C4 and B2/B7): type -> (limit, GPUs, vCPUs).
 EXPECTED = {
     "g4dn.xlarge": ("L-DB2E81BA", 1, 4), "g4dn.12xlarge": ("L-DB2E81BA", 4, 48), "g5.xlarge": ("L-DB2E81BA", 1, 4),
     "g5.8xlarge": ("L-DB2E81BA", 1, 32), "g5.12xlarge": ("L-DB2E81BA", 4, 48), "g6.xlarge": ("L-DB2E81BA", 1, 4),

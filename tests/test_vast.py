@@ -1,6 +1,6 @@
 """Vast.ai adapter at its real boundary (httpx + respx): request bodies asserted, responses shaped like the API's.
 
-Fixture fields and units follow /work/shared/reference/cloud-apis.md section A (offers: gpu_ram MB, cpu_ram MB,
+Fixture fields and units follow docs/reference/cloud-apis.md section A (offers: gpu_ram MB, cpu_ram MB,
 dph_total $/h incl. storage, storage_cost $/GB/month; instances: actual_status, ports, ssh_host/ssh_port ...).
 """
 

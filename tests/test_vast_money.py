@@ -1,6 +1,6 @@
 """Issue 12 (money safety) for the Vast.ai adapter, at its real boundary (httpx + respx).
 
-Each test models what the Vast.ai API answers (field names, units and error bodies per cloud-apis.md section A),
+Each test models what the Vast.ai API answers (field names, units and error bodies per docs/reference/cloud-apis.md section A),
 including the malformed and ambiguous answers seen against an independent emulator: a list without
 ``instances``, a bare JSON list, HTML instead of JSON, a rent answered ``502 {"success": false}`` after the
 instance was made, 5xx on DELETE, 429 past the retries, a host with less disk than asked.

@@ -1,6 +1,6 @@
 """AWS adapter (boto3): GPU instance types, vCPU quotas, zone offerings, lifecycle, quota requests.
 
-Facts (reference/cloud-apis.md section C):
+Facts (docs/reference/cloud-apis.md section C):
 
 * Offers are instance types with an on-demand price from the price snapshot in effect (:mod:`broker.catalog`);
   when credentials are present each type is expanded into one offer per availability zone that offers it

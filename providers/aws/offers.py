@@ -1,7 +1,7 @@
 """AWS read side: instance types priced from the snapshot, expanded per offering zone, vCPU quotas with usage,
 "offered" capacity facts and live list prices from the Pricing API.
 
-Facts (reference/cloud-apis.md section C): quotas are EC2 Service Quotas counted in **vCPUs** (``L-DB2E81BA``
+Facts (docs/reference/cloud-apis.md section C): quotas are EC2 Service Quotas counted in **vCPUs** (``L-DB2E81BA``
 running on-demand G and VT, ``L-417A185B`` running on-demand P; spot codes only when spot is asked for); usage from
 CloudWatch ``AWS/Usage`` ``ResourceCount`` (maximum over the last 15 minutes; 0 with a note when unreadable);
 ``describe_instance_type_offerings`` says where a type is offered, which is not capacity.

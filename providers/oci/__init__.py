@@ -1,6 +1,6 @@
 """``oci``: Oracle Cloud Infrastructure GPU shapes through the official ``oci`` SDK (2.189.0).
 
-What it does (facts: ``shared/reference/cloud-apis.md`` section B):
+What it does (facts: ``docs/reference/cloud-apis.md`` section B):
 
 * **offers** -- GPU shapes with list prices (OCI has no per-account price API, so prices always come from the
   price snapshot in effect: ``broker.catalog.snapshot_offers("oci", req)``),

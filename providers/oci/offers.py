@@ -16,7 +16,7 @@ from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, unrea
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
 
-#: Limit names whose existence was seen only in third-party code (cloud-apis.md B2): flagged in Quota/Offer attrs.
+#: Limit names whose existence was seen only in third-party code (docs/reference/cloud-apis.md B2): flagged in Quota/Offer attrs.
 UNCONFIRMED_LIMITS = {"gpu-h100-count"}
 
 
@@ -24,7 +24,7 @@ def limit_for_shape(shape: str) -> str | None:
     """The ``compute`` service limit (AD-scoped, counted in GPUs) that a GPU shape consumes; None when unknown.
 
     One table for the adapter and the quota helper: :func:`broker.quota.oci_limit_name` (Oracle compute
-    service-limit docs, cloud-apis.md B2; ``gpu-h100-count`` is unconfirmed).
+    service-limit docs, docs/reference/cloud-apis.md B2; ``gpu-h100-count`` is unconfirmed).
     """
     from broker.quota import oci_limit_name
 

@@ -3,7 +3,7 @@ the node-side dead-man switch.
 
 Layout (issue 11): :mod:`.client` speaks the REST API (key, httpx, retries, the one error mapping);
 :mod:`.offers` and :mod:`.lifecycle` are the contract verbs; :mod:`.boot` is what the instance runs at boot.
-:class:`VastProvider` binds them.  Endpoints, fields and units: cloud-apis.md section A (shared reference notes).
+:class:`VastProvider` binds them.  Endpoints, fields and units: docs/reference/cloud-apis.md section A (shared reference notes).
 
 Topology: Vast.ai hosts sit behind separate NATs, so only ``simulated`` (one host with N GPUs acting as N nodes)
 is offered; the nodes of that host reach each other on ``127.0.0.1`` (``InstanceInfo.private_ip``).

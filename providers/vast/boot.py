@@ -3,7 +3,7 @@ SSH key, delivered within Vast's 4048-character ``onstart`` limit.
 
 The idle watch itself and the job-done marker come from :mod:`broker.nodescripts` (shared by every adapter); this
 module owns Vast's self-destroy (``DELETE /api/v0/instances/$CONTAINER_ID/`` with the per-instance key Vast injects,
-cloud-apis.md A7) and the delivery.
+docs/reference/cloud-apis.md A7) and the delivery.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
     or python3's urllib when curl is missing), retrying every ``retry_seconds`` up to ``max_tries`` times until
     the API answers 2xx or 404 (gone).  That DELETE lives in ``<state_dir>/destroy.sh`` (one copy, used by both
     the timer and the idle stop).  The key is never printed.  Re-running it (instance restart) re-arms it.
-    Source of the mechanism: Vast docs, guides/instances/docker-environment (cloud-apis.md A7).
+    Source of the mechanism: Vast docs, guides/instances/docker-environment (docs/reference/cloud-apis.md A7).
 
     With ``idle_minutes`` it also starts the idle stop (:func:`broker.nodescripts.idle_watch_launcher`; pid in
     ``<state_dir>/idle.pid``, log ``idle.log``): once ``done_file`` (the SSH runner touches ``<workroot>/job.done``

@@ -1,7 +1,7 @@
 """The Vast.ai REST client: key lookup, one ``httpx.Client``, bounded retries (tenacity) and the one place where
 HTTP and transport failures become broker errors (:meth:`VastClient.request` through :func:`_mapped`).
 
-Endpoints, fields and units: the reference notes cloud-apis.md, section A.  Authentication: ``Authorization: Bearer <key>``; the key is never printed, logged or put
+Endpoints, fields and units: the reference notes docs/reference/cloud-apis.md, section A.  Authentication: ``Authorization: Bearer <key>``; the key is never printed, logged or put
 into an exception (server texts are scrubbed of it).  Base URL: ``VAST_API_URL`` (default ``https://console.vast.ai``).
 
 Retries follow the SDK's ``VastClient``: HTTP 429/502/503/504 and transport errors are retried a bounded number of

@@ -1,7 +1,7 @@
 """Vast.ai lifecycle: labels, re-quote, rent, SSH key, describe, destroy and the tagged-instance list (contract verbs
 ``create_instance`` / ``describe_instance`` / ``terminate`` / ``list_tagged`` plus ``prepare_access``).
 
-Endpoints (cloud-apis.md A2): ``PUT /api/v0/asks/{id}/`` rents (``{"success": true, "new_contract": <id>}``);
+Endpoints (docs/reference/cloud-apis.md A2): ``PUT /api/v0/asks/{id}/`` rents (``{"success": true, "new_contract": <id>}``);
 ``GET /api/v0/instances/{id}/?owner=me`` shows one (``{"instances": {...} | null}``); ``DELETE
 /api/v0/instances/{id}/`` destroys; ``GET /api/v1/instances/`` lists (``{"instances": [...], "next_token": ...}``,
 v0 list as fallback); ``POST /api/v0/instances/{id}/ssh/`` with ``{"ssh_key": ...}`` attaches a key.

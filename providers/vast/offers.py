@@ -1,7 +1,7 @@
 """Vast.ai read side: the query grammar, the offer search, row -> Offer, the snapshot when no key is configured,
 capacity and the price note (contract verbs ``offers`` / ``capacity`` / ``price_note``).
 
-Search: ``POST /api/v0/bundles/`` with the query dict as body, answered ``{"offers": [...]}`` (cloud-apis.md A2/A3).
+Search: ``POST /api/v0/bundles/`` with the query dict as body, answered ``{"offers": [...]}`` (docs/reference/cloud-apis.md A2/A3).
 Units: ``gpu_ram``/``cpu_ram`` MB, ``disk_space`` GB, ``inet_*`` Mbit/s, ``duration`` s, ``allocated_storage`` GiB
 (it prices the disk into ``dph_total``).
 """
