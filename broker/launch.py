@@ -194,16 +194,44 @@ class Supervisor:
         self.grace_s = grace_s
         self.poll_s = poll_s
         self._lock = threading.Lock()
+        self.log_errors: list[str] = []
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
-        with open(path, "a", encoding="utf-8", errors="replace") as f:
-            for line in node.lines():
-                line = line.rstrip("\n")
-                f.write(line + "\n")
-                f.flush()
-                if self.echo is not None:
-                    with self._lock:
-                        self.echo(f"[node {node.node_rank}] {line}")
+        """Copy the node's output to its log file and the console.  A log write that fails (a full disk) never
+        stops the draining: a node whose output is not read blocks in its next print."""
+        f = None
+        try:
+            f = open(path, "a", encoding="utf-8", errors="replace")
+        except OSError as e:
+            self._log_error(node, path, e)
+        for line in node.lines():
+            line = line.rstrip("\n")
+            if f is not None:
+                try:
+                    f.write(line + "\n")
+                    f.flush()
+                except OSError as e:
+                    self._log_error(node, path, e)
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+                    f = None
+            if self.echo is not None:
+                with self._lock:
+                    self.echo(f"[node {node.node_rank}] {line}")
+        if f is not None:
+            try:
+                f.close()
+            except OSError:
+                pass
+
+    def _log_error(self, node: NodeHandle, path: Path, e: OSError) -> None:
+        msg = f"cannot write node {node.node_rank}'s log {path}: {e.strerror or e} (filesystem full?); still streaming"
+        self.log_errors.append(msg)
+        if self.echo is not None:
+            with self._lock:
+                self.echo(f"[broker] {msg}")
 
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""

@@ -146,6 +146,7 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     (run_dir / "recipe.json").write_text(json.dumps(recipe_data, indent=2))
     if plan is not None:
         (run_dir / "plan.json").write_text(json.dumps(plan, indent=2, default=str))
+    _reserve_space(ledger)
     run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
               recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",
               created_at=now, started_at=now, deadline=now + timedelta(hours=recipe.max_hours),
@@ -153,14 +154,37 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     return ledger.create_run(run)
 
 
+#: bytes kept free beside the ledger (``<home>/.space-reserve``) so the end of a run can be recorded even when the
+#: job filled the filesystem: released on the first "database or disk is full", re-made by the next run
+SPACE_RESERVE_BYTES = 2 * 1024 * 1024
+
+
+def _reserve_path(ledger: "Ledger") -> Path:
+    return ledger.path.parent / ".space-reserve"
+
+
+def _reserve_space(ledger: "Ledger") -> None:
+    p = _reserve_path(ledger)
+    try:
+        if not p.exists() or p.stat().st_size < SPACE_RESERVE_BYTES:
+            with open(p, "wb") as f:
+                f.write(b"\0" * SPACE_RESERVE_BYTES)
+    except OSError:  # a nearly full disk: the run goes on; end_run then waits for space
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
 def end_run(ledger: "Ledger", run_id: str, result: "RunResult | None", *, status: str, message: str | None,
             actor: str = "cli", say: Say | None = None, retry_full_s: float = 120.0, **fields: object) -> Run:
     """Record the end of a run: status, end time, per-node exit codes and log paths from ``result`` (none when the
     job never produced one), the message, an ``end`` event; returns the updated row.
 
-    A full filesystem under the ledger (``database or disk is full``) is named and retried every 2 s for
-    ``retry_full_s`` seconds (space freed by the ended job usually returns); after that it raises BrokerError
-    naming the folder, and the run stays ``running`` in the ledger until the watchdog or ``broker status`` ends it.
+    A full filesystem under the ledger (``database or disk is full``, e.g. the job's checkpoints filled it): the
+    space reserve made at the start of the run (:data:`SPACE_RESERVE_BYTES`) is released and the write retried, so
+    the run is still recorded as ended; the full filesystem is named (``say``) and the message says so.  Without a
+    reserve the write is retried every 2 s for ``retry_full_s`` seconds, then BrokerError names the folder.
     """
     stop_at = time.monotonic() + retry_full_s
     told = False
@@ -173,6 +197,15 @@ def end_run(ledger: "Ledger", run_id: str, result: "RunResult | None", *, status
             ledger.event(run_id, actor, "end", status)
             break
         except sqlite3.OperationalError as e:
+            reserve = _reserve_path(ledger)
+            if "full" in str(e) and reserve.exists():
+                reserve.unlink()
+                note = (f"the filesystem holding {ledger.path.parent} is full (the job's files filled it); freed "
+                        "broker's space reserve to record the end of the run: free space before the next run")
+                if say:
+                    say(note)
+                message = f"{message}; {note}" if message else note
+                continue
             if "full" not in str(e) or time.monotonic() > stop_at:
                 if "full" in str(e):
                     raise BrokerError(f"cannot record the end of run {run_id}: the filesystem holding the ledger "
