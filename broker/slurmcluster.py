@@ -419,7 +419,9 @@ def node0_shell(state: ClusterState):
 
     class ClusterShell(Shell):
         def argv(self, argv: list[str]) -> list[str]:
-            return ssh_argv(state) + [f"export SLURM_CONF={shlex.quote(state.conf)}; " + shlex.join(argv)]
+            # sbatch exports the environment: torchrun's temporary folders land in the cluster's shared folder
+            return ssh_argv(state) + [f"export SLURM_CONF={shlex.quote(state.conf)} "
+                                      f"TMPDIR={shlex.quote(state.shared_dir + '/tmp')}; " + shlex.join(argv)]
 
     return ClusterShell(f"node0 of cluster {state.cluster_id}")
 
@@ -649,8 +651,8 @@ async def _prepare_node(ssh: "SSHCluster", state: ClusterState, i: int, key: byt
     q = shlex.quote
     d = state.node_dir(i)
     code, out = await ssh.arun(i, f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge {q(d)}/spool "
-                                  f"{q(state.shared_dir)}; chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
-                                  f"chmod 1777 {q(state.shared_dir)}")
+                                  f"{q(state.shared_dir)}/tmp; chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
+                                  f"chmod 1777 {q(state.shared_dir)} {q(state.shared_dir)}/tmp")
     if code != 0:
         raise ProviderError("slurm", f"prepare node{i}", f"exit {code}: {out.strip()[-300:]}")
     await ssh.aput_bytes(i, key, f"{d}/munge/munge.key", 0o400)
