@@ -122,6 +122,11 @@ class ClusterState:
         return f"{self.base}/nodes/node{i}"
 
     @property
+    def spool_dir(self) -> str:
+        """slurmd's spool on each node's own ``/run`` (short: slurmstepd's socket paths must fit in 108 bytes)."""
+        return f"/run/broker-slurmd-{self.cluster_id[-6:]}"
+
+    @property
     def ctld_dir(self) -> str:
         return f"{self.base}/ctld"
 
@@ -148,11 +153,15 @@ class ClusterState:
 
 # --------------------------------------------------------------------------------------------------- rendering
 def render_slurm_conf(*, cluster_name: str, controller: str, controller_addr: str, nodes: list[NodeFacts],
-                      base: str, munge_socket: str, ctld_port: int = CTLD_PORT, slurmd_port: int = SLURMD_PORT,
-                      max_minutes: int | None = None) -> str:
+                      base: str, munge_socket: str, spool_dir: str, ctld_port: int = CTLD_PORT,
+                      slurmd_port: int = SLURMD_PORT, max_minutes: int | None = None) -> str:
     """The cluster's ``slurm.conf``: slurmctld on node 0 (``controller`` = node 0's ``hostname -s``, which
     slurmctld compares with its own), every node a slurmd with its real CPUs, memory (MiB) and GPUs (``Gres``),
-    state, pid and log files under ``base``, MUNGE through ``munge_socket``, one default partition ``broker``."""
+    state, pid and log files under ``base``, MUNGE through ``munge_socket``, one default partition ``broker``.
+
+    ``spool_dir``: slurmd's spool (``/run/broker-slurmd-<tag>``, each node's own ``/run``): slurmstepd creates
+    Unix sockets there and a socket path may not exceed 108 bytes, which a spool under a deep run folder does
+    (measured: "Unix socket path ... is too long. (119 > 108)", the job requeued and held)."""
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", cluster_name):
         raise BadInput(f"cluster name {cluster_name!r}: letters, digits, '-' and '_' only (at most 40)")
     lines = [
@@ -168,7 +177,7 @@ def render_slurm_conf(*, cluster_name: str, controller: str, controller_addr: st
         f"StateSaveLocation={base}/ctld/state",
         f"SlurmctldPidFile={base}/ctld/slurmctld.pid",
         f"SlurmctldLogFile={base}/ctld/slurmctld.log",
-        f"SlurmdSpoolDir={base}/nodes/%n/spool",
+        f"SlurmdSpoolDir={spool_dir}/%n",
         f"SlurmdPidFile={base}/nodes/%n/slurmd.pid",
         f"SlurmdLogFile={base}/nodes/%n/slurmd.log",
         "ProctrackType=proctrack/linuxproc",
@@ -279,7 +288,7 @@ def start_script(state: ClusterState, i: int, *, cgroups: str | None) -> str:
     d = state.node_dir(i)
     sock = state.munge_socket
     sockdir = sock.rsplit("/", 1)[0]
-    lines = ["set -e", f"mkdir -p {q(d)}/spool {q(sockdir)}", f"chmod 755 {q(sockdir)}",
+    lines = ["set -e", f"mkdir -p {q(sockdir)} {q(state.spool_dir)}/node{i}", f"chmod 755 {q(sockdir)}",
              " ".join(q(a) for a in munged_argv(state, i)) + f" </dev/null >>{q(d)}/munged.console 2>&1",
              f"for k in $(seq 100); do [ -S {q(sock)} ] && break; sleep 0.1; done",
              f"munge -n -S {q(sock)} | unmunge -S {q(sock)} >/dev/null"]
@@ -304,15 +313,18 @@ def pid_files(state: ClusterState, i: int) -> list[str]:
 
 def stop_script(state: ClusterState, i: int, grace_s: float = 10.0) -> str:
     """Shell that stops node ``i``'s daemons by PID (SIGTERM, SIGKILL after ``grace_s``) and prints
-    ``STILL=<pid>`` for any that survived."""
+    ``STILL=<pid>`` for any that needed SIGKILL.  A zombie counts as stopped (``kill -0`` still succeeds on one
+    until its parent reaps it, which a container's PID 1 may do late)."""
     q = shlex.quote
     files = " ".join(q(f) for f in pid_files(state, i))
     steps = max(1, int(grace_s * 10))
-    return (f"pids=''; for f in {files}; do [ -s \"$f\" ] && p=$(cat \"$f\") && kill -0 \"$p\" 2>/dev/null && "
+    return ("alive() { [ -r /proc/$1/stat ] && ! grep -q ') Z ' /proc/$1/stat 2>/dev/null; }; "
+            f"pids=''; for f in {files}; do [ -s \"$f\" ] && p=$(cat \"$f\") && alive \"$p\" && "
             f"kill -TERM \"$p\" && pids=\"$pids $p\"; done; "
-            f"for k in $(seq {steps}); do alive=''; for p in $pids; do kill -0 $p 2>/dev/null && alive=\"$alive $p\"; "
-            f"done; [ -z \"$alive\" ] && break; sleep 0.1; done; "
-            f"for p in $pids; do kill -0 $p 2>/dev/null && kill -KILL $p && echo STILL=$p; done; true")
+            f"for k in $(seq {steps}); do left=''; for p in $pids; do alive $p && left=\"$left $p\"; "
+            f"done; [ -z \"$left\" ] && break; sleep 0.1; done; "
+            f"for p in $pids; do alive $p && kill -KILL $p && echo STILL=$p; done; "
+            "echo STOPPED=$(echo $pids | wc -w)")
 
 
 # --------------------------------------------------------------------------------------------------- cloud boot
@@ -569,7 +581,7 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
                                   + (f", {n.gpus} GPU" if n.gpus else "") for n in nodes))
         conf = render_slurm_conf(cluster_name=f"b{name}"[:40].replace("_", "-"), controller=nodes[0].hostname,
                                  controller_addr=nodes[0].private_ip, nodes=nodes, base=base,
-                                 munge_socket=state.munge_socket,
+                                 munge_socket=state.munge_socket, spool_dir=state.spool_dir,
                                  max_minutes=int(max_hours * 60) + 1 if max_hours else None)
         gres = render_gres_conf(nodes)
         key = secrets.token_bytes(1024)  # the cluster's MUNGE key: in memory, then 0400 files on the nodes
@@ -650,7 +662,7 @@ async def _prepare_node(ssh: "SSHCluster", state: ClusterState, i: int, key: byt
                         files: list[tuple[bytes, str, int]], *, netns: bool) -> None:
     q = shlex.quote
     d = state.node_dir(i)
-    code, out = await ssh.arun(i, f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge {q(d)}/spool "
+    code, out = await ssh.arun(i, f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge "
                                   f"{q(state.shared_dir)}/tmp; chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
                                   f"chmod 1777 {q(state.shared_dir)} {q(state.shared_dir)}/tmp")
     if code != 0:
@@ -849,13 +861,11 @@ def _stop_daemons(state: ClusterState, say: Say) -> int:
     try:
         for i in range(len(state.nodes)):
             try:
-                code, out = ssh.run(i, "n=0; for f in " + " ".join(shlex.quote(f) for f in pid_files(state, i))
-                                    + "; do [ -s \"$f\" ] && kill -0 $(cat \"$f\") 2>/dev/null && n=$((n+1)); "
-                                    "done; echo LIVE=$n; " + stop_script(state, i), timeout=40)
+                code, out = ssh.run(i, stop_script(state, i), timeout=40)
             except BrokerError as e:
                 say(f"node{i}: cannot stop its daemons over SSH ({e.message}); releasing the node removes them")
                 continue
-            m = re.search(r"LIVE=(\d+)", out)
+            m = re.search(r"STOPPED=(\d+)", out)
             count += int(m.group(1)) if m else 0
             still = re.findall(r"STILL=(\d+)", out)
             if still:

@@ -39,7 +39,10 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 #: CODES"; PartitionConfig is what 22.05 shows for more nodes than the partition has)
 HOPELESS_REASONS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
                     "DependencyNeverSatisfied", "AccountNotAllowed", "QOSMaxNodePerJobLimit",
-                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob")
+                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob",
+                    # the batch step could not start on its node (e.g. slurmstepd's socket path too long): Slurm
+                    # requeues the job and holds it for an administrator, so it never runs by itself
+                    "launch failed requeued held")
 
 
 @dataclass

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,20 +42,26 @@ def broker(home: Path, *args: str, timeout: float = 180) -> subprocess.Completed
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A cluster from `broker slurm up` (module-wide); always torn down with `broker slurm down`."""
-    home = tmp_path_factory.mktemp("slurm-up-home")
-    cp = broker(home, "slurm", "up", "--provider", "netns", "--nodes", "2", "--name", "t1", "--json")
+def cluster():
+    """A cluster from `broker slurm up` (module-wide); always torn down with `broker slurm down`.  Its home is
+    a folder of its own, not pytest's numbered temp folders: a parallel pytest session prunes those, and the
+    cluster's state (and the daemons' files) must outlive the module."""
+    home = Path(tempfile.mkdtemp(prefix="broker-slurmup-test-"))
     info = None
     try:
+        cp = broker(home, "slurm", "up", "--provider", "netns", "--nodes", "2", "--name", "t1", "--json")
         assert cp.returncode == 0, cp.stderr[-3000:]
         info = json.loads(cp.stdout)
         yield home, info, cp
     finally:
-        if info is not None:
-            state = _state(home, info["cluster_id"])
-            if state.netns_cid and netns.leftovers(state.netns_cid):
-                broker(home, "slurm", "down", info["cluster_id"])
+        try:
+            if info is not None:
+                state = _state(home, info["cluster_id"])
+                if state.netns_cid and netns.leftovers(state.netns_cid):
+                    broker(home, "slurm", "down", info["cluster_id"])
+                    assert not netns.leftovers(state.netns_cid)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _state(home: Path, cid: str):
