@@ -9,7 +9,7 @@ A recipe is a YAML file describing one distributed training job::
     env: {DDP_TIMEOUT_S: "120"}
     setup: ["python -c 'import torch'"]   # shell, once per node, before launch
     nodes: 2
-    gpus_per_node: 1
+    gpus_per_node: 1              # 0 = a CPU-only job (needs cpu_ok: true): one gloo process per node
     gpu: {models: [A10, L4, RTX 4090], min_mem_gib: 16}
     topology: any                 # simulated | multi-node | any
     cpu_ok: true                  # gloo on CPU is an acceptable logic check
@@ -58,7 +58,7 @@ class Recipe(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     setup: list[str] = Field(default_factory=list)
     nodes: int = Field(default=2, ge=1, le=64)
-    gpus_per_node: int = Field(default=1, ge=1, le=16)
+    gpus_per_node: int = Field(default=1, ge=0, le=16)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
     topology: Literal["simulated", "multi-node", "any"] = "any"
     cpu_ok: bool = False
@@ -76,6 +76,18 @@ class Recipe(BaseModel):
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
+    #: ``gpus_per_node: 0`` was given (a CPU-only job): the planner sees 0 GPUs per node (free-tier CPU machines
+    #: qualify), the launchers one process per node (``gpus_per_node`` is then 1)
+    cpu_only: bool = Field(default=False, exclude=True)
+
+    @model_validator(mode="after")
+    def _cpu_only(self) -> "Recipe":
+        self.cpu_only = self.gpus_per_node == 0  # never set from the file directly
+        if self.cpu_only:
+            if not self.cpu_ok:
+                raise ValueError("gpus_per_node 0 (a CPU-only job) needs cpu_ok: true")
+            self.gpus_per_node = 1
+        return self
 
     @field_validator("args", mode="before")
     @classmethod
@@ -118,7 +130,7 @@ class Recipe(BaseModel):
 
     def requirements(self) -> Requirements:
         """The provider-independent job description the planner works on."""
-        return Requirements(nodes=self.nodes, gpus_per_node=self.gpus_per_node, gpu_names=list(self.gpu.models),
+        return Requirements(nodes=self.nodes, gpus_per_node=0 if self.cpu_only else self.gpus_per_node, gpu_names=list(self.gpu.models),
                             min_gpu_mem_gib=self.gpu.min_mem_gib, hours=self.max_hours, budget_usd=self.budget_usd,
                             topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib)
 
@@ -127,7 +139,7 @@ _ALLOWED_HINT = {
     "topology": "one of: simulated, multi-node, any",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
     "nodes": "a whole number from 1 to 64",
-    "gpus_per_node": "a whole number from 1 to 16",
+    "gpus_per_node": "a whole number from 0 to 16 (0 = CPU-only, with cpu_ok: true)",
     "budget_usd": "a positive number of US dollars, e.g. 5",
     "max_hours": "a positive number of hours up to 168, e.g. 0.5",
     "cpu_ok": "true or false",

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from broker.catalog import SHIPPED_DIR
 from broker.model import Requirements
 from broker.planner import free_tier_offers, parse_free_tier, plan
@@ -74,3 +76,30 @@ def test_broker_plan_cpu_only_answers_free(cli_env):
                          "--provider", "oci", "--json"], cwd=REPO, env=cli_env, capture_output=True, text=True,
                         timeout=120)
     assert json.loads(cp.stdout)["chosen"]["usd_per_hour"] > 0
+
+
+def write_recipe(tmp_path: Path, extra: str) -> Path:
+    (tmp_path / "train.py").write_text("print('ok')\n")
+    p = tmp_path / "cpu.yaml"
+    p.write_text(f"name: cpu\nscript: train.py\nnodes: 2\nmax_hours: 0.5\n{extra}")
+    return p
+
+
+def test_recipe_gpus_per_node_0_is_a_cpu_only_job(tmp_path):
+    from broker.recipe import RecipeError, load_recipe
+
+    r = load_recipe(write_recipe(tmp_path, "gpus_per_node: 0\ncpu_ok: true\n"))
+    assert r.cpu_only and r.gpus_per_node == 1  # one gloo process per node for the launchers
+    assert r.requirements().gpus_per_node == 0 and r.requirements().cpu_ok
+    with pytest.raises(RecipeError, match="cpu_ok"):
+        load_recipe(write_recipe(tmp_path, "gpus_per_node: 0\n"))
+    assert not load_recipe(write_recipe(tmp_path, "gpus_per_node: 1\ncpu_ok: true\n")).cpu_only
+
+
+def test_broker_plan_of_a_cpu_only_recipe_is_free(tmp_path, cli_env):
+    p = write_recipe(tmp_path, "gpus_per_node: 0\ncpu_ok: true\n")
+    cp = subprocess.run([sys.executable, "-m", "broker", "plan", "--recipe", str(p), "--provider", "aws", "--json"],
+                        cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    c = json.loads(cp.stdout)["chosen"]
+    assert c["worst_case_usd"] == 0 and c["offers"][0]["instance_type"] in ("t2.micro", "t3.micro")

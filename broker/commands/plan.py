@@ -264,7 +264,7 @@ def register(app: typer.Typer) -> None:
             req = req.model_copy(update={"gpus_per_node": 0, "cpu_ok": True})
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query)
-        if cpu_only:
+        if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
             add_free_tier(req, facts, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
