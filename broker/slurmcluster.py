@@ -449,12 +449,34 @@ def close_shell(state: ClusterState) -> None:
 # --------------------------------------------------------------------------------------------------- the recipe
 def cluster_recipe(name: str, nodes: int, *, max_hours: float, budget_usd: float, gpus_per_node: int = 1,
                    cpu_ok: bool = True, gpu_models: list[str] | None = None):
-    """The Recipe that describes a cluster's nodes to the targets and the planner (no script is ever run)."""
+    """The Recipe that describes a cluster's nodes to the targets and the planner (no script is ever run);
+    ``cpu_ok`` makes it a CPU-only job (``gpus_per_node: 0``: CPU and free-tier machines qualify)."""
     from broker.recipe import GpuSpec, Recipe
 
     return Recipe(name=f"slurm-{name}", script=Path("slurm-cluster"), workdir=Path("."), nodes=nodes,
-                  gpus_per_node=max(1, gpus_per_node), cpu_ok=cpu_ok, max_hours=max_hours, budget_usd=budget_usd,
+                  gpus_per_node=0 if cpu_ok else max(1, gpus_per_node), cpu_ok=cpu_ok, max_hours=max_hours, budget_usd=budget_usd,
                   topology="multi-node", gpu=GpuSpec(models=gpu_models or [], min_mem_gib=0))
+
+
+def cpu_options(recipe: Any, provider: str) -> list:
+    """Ranked valid options for a CPU-only cluster on ``provider``: its own offers plus the free-tier CPU machines
+    (``providers/snapshots/free_tier.csv``, $0.00 within their limits).  Raises AuthError without credentials (a
+    snapshot price cannot be rented)."""
+    from broker.catalog import SHIPPED_DIR
+    from broker.facts import gather
+    from broker.planner import free_tier_offers, plan
+    from broker.provider import AuthError
+    from broker.providers import get_provider
+
+    chk = get_provider(provider).check()
+    if not chk.configured:
+        raise AuthError(provider, "credentials check", f"no credentials for {provider}: nothing can be rented",
+                        hint=chk.hint or chk.detail or "see .env.example")
+    req = recipe.requirements()
+    facts = gather(req, [provider])
+    offers = list(facts.offers) + free_tier_offers(req, (SHIPPED_DIR / "free_tier.csv").read_text())
+    p = plan(req, offers, facts.quotas, facts.capacities, notes=facts.notes)
+    return [o for o in p.options if o.valid and o.provider == provider]
 
 
 # --------------------------------------------------------------------------------------------------- up
@@ -477,8 +499,18 @@ def _target(opts: UpOptions, recipe: Any):
     if opts.provider == "netns":
         return NetnsTarget(recipe)
     if opts.provider in ("oci", "aws"):
-        _, options = plan_for_run(recipe, opts.provider)
-        options = [o for o in options if o.topology.value == "multi-node"] or options
+        if recipe.cpu_only:
+            options = cpu_options(recipe, opts.provider)
+        else:
+            _, options = plan_for_run(recipe, opts.provider)
+        options = [o for o in options if o.topology.value == "multi-node"]
+        if not options:
+            from broker.provider import NoValidPlan
+
+            raise NoValidPlan(f"no multi-node option on {opts.provider} for {opts.nodes} node(s) within "
+                              f"${opts.budget_usd:g} and {opts.max_hours:g} h",
+                              hint=f"`broker plan --provider {opts.provider} --nodes {opts.nodes} --topology "
+                                   "multi-node" + (" --cpu-only`" if recipe.cpu_only else "`") + " shows why")
         return CloudTarget(recipe, options, watchdog=opts.watchdog, onstart=cloud_onstart())
     raise BadInput(f"--provider {opts.provider!r}: slurm up acquires nodes from {', '.join(UP_PROVIDERS)}")
 

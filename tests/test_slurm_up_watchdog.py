@@ -71,3 +71,23 @@ def test_watchdog_deadline_tears_the_cluster_down(own_home):
     finally:
         if netns.leftovers(state.netns_cid):
             netns.remove_cid(state.netns_cid)
+
+
+def test_a_failed_up_releases_its_nodes_and_records_the_failure(own_home, monkeypatch):
+    """A node without a required binary: `up` fails with a sentence naming it, and the namespaces it had acquired
+    are gone, the ledger rows terminated, the run recorded as failed."""
+    from broker import slurmcluster as sc
+    from broker.ledger import Ledger
+    from broker.provider import ProviderError
+
+    monkeypatch.setattr(sc, "FACTS_CMD", sc.FACTS_CMD.replace("for b in munged",
+                                                               "for b in broker-no-such-daemon munged"))
+    led = Ledger()
+    with pytest.raises(ProviderError, match="broker-no-such-daemon are missing here"):
+        sc.up(sc.UpOptions(provider="netns", nodes=2), ledger=led)
+    [run] = led.list_runs(limit=10)
+    assert run.status == "failed" and run.topology == "slurm-cluster" and "slurm up failed" in run.message
+    rows = led.resources(run.id)
+    assert len(rows) == 2 and not led.resources(run.id, live_only=True)
+    cid = rows[0].attrs["cid"]
+    assert not netns.leftovers(cid)
