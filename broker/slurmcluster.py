@@ -277,7 +277,8 @@ def cgroup_mount_script(mounts_text: str | None = None) -> str:
 def munged_argv(state: ClusterState, i: int) -> list[str]:
     d = state.node_dir(i)
     return ["munged", f"--key-file={d}/munge/munge.key", f"--socket={state.munge_socket}",
-            f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log", f"--seed-file={d}/munge/munged.seed"]
+            f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log",
+            f"--seed-file={d}/munge/munged.seed"]
 
 
 def start_script(state: ClusterState, i: int, *, cgroups: str | None) -> str:
@@ -454,7 +455,8 @@ def cluster_recipe(name: str, nodes: int, *, max_hours: float, budget_usd: float
     from broker.recipe import GpuSpec, Recipe
 
     return Recipe(name=f"slurm-{name}", script=Path("slurm-cluster"), workdir=Path("."), nodes=nodes,
-                  gpus_per_node=0 if cpu_ok else max(1, gpus_per_node), cpu_ok=cpu_ok, max_hours=max_hours, budget_usd=budget_usd,
+                  gpus_per_node=0 if cpu_ok else max(1, gpus_per_node), cpu_ok=cpu_ok, max_hours=max_hours,
+                  budget_usd=budget_usd,
                   topology="multi-node", gpu=GpuSpec(models=gpu_models or [], min_mem_gib=0))
 
 

@@ -218,9 +218,11 @@ def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
     facts.offers.extend(offers)
     if offers:
         meta, _ = parse_free_tier(text)
-        facts.notes.append(f"free tier ({meta.get('date', '?')}): {', '.join(sorted({o.instance_type for o in offers}))}"
+        types = ", ".join(sorted({o.instance_type for o in offers}))
+        facts.notes.append(f"free tier ({meta.get('date', '?')}): {types}"
                            " at $0.00 within their limits (OCI: 2 E2.1.Micro per tenancy, A1 within 4 OCPUs / 24 GB; "
-                           "AWS: 750 instance-hours a month); see providers/snapshots/free_tier.csv for the assumptions")
+                           "AWS: 750 instance-hours a month); see providers/snapshots/free_tier.csv for the "
+                           "assumptions")
 
 
 def register(app: typer.Typer) -> None:
@@ -238,7 +240,8 @@ def register(app: typer.Typer) -> None:
         recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
         cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
         cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
-                                      "machines (OCI Always Free, AWS free tier) are $0.00 options within their limits"),
+                                      "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
+                                      "limits"),
         disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
         top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
