@@ -319,9 +319,10 @@ class SlurmExecutor(Executor):
         self.sh = prov.shell
         self.run_dir = Path(run.run_dir or ".")
         self.name = job_name(recipe)
-        base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
-        if opts.remote_base:
+        if opts.remote_base:  # a cluster's shared folder (`broker slurm up`)
             base = f"{opts.remote_base.rstrip('/')}/{run.id}"
+        else:
+            base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
         self.base = base
         self.work, self.log_dir, self.script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
         self.attrs = {"host": opts.host, "log_dir": self.log_dir, "script": self.script_path}
