@@ -13,7 +13,7 @@ from broker.errors import BadInput
 #: field -> (lowest, highest, lowest is exclusive, unit / what it is, example).  Highest is always inclusive.
 LIMITS: dict[str, tuple[float, float, bool, str, str]] = {
     "nodes": (1, 64, False, "nodes", "2"),
-    "gpus_per_node": (1, 16, False, "GPUs per node", "1"),
+    "gpus_per_node": (0, 16, False, "GPUs per node (0 = a CPU-only job)", "1"),
     "budget_usd": (0, 100_000, True, "US dollars", "5"),
     "max_hours": (0, 168, True, "hours (one week at most)", "0.5"),
     "min_mem_gib": (0, 1024, False, "GiB per GPU", "16"),

@@ -407,6 +407,10 @@ class SlurmTarget(Target):
         from broker.providers.slurm import SlurmProvider
 
         self.recipe, self.opts = recipe, options
+        if provider is None and options.cluster:  # a cluster from `broker slurm up`: commands run on its node 0
+            from broker.slurmcluster import attach
+
+            provider = attach(options)
         self.prov = provider or SlurmProvider(options.host)
         self.gpus = False
 

@@ -38,7 +38,7 @@ import heapq
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import lru_cache
 
 from broker import pricing
@@ -187,6 +187,77 @@ def _quota_command(q: Quota, value: float) -> str:
     return cmd
 
 
+# ------------------------------------------------------------------------------------------------ free tiers
+#: ``Offer.attrs`` key of a free-tier offer: {"max_units", "unit", "max_instance_hours", "note"}
+FREE_TIER_ATTR = "free_tier"
+
+
+def cpu_only(req: Requirements) -> bool:
+    """A CPU-only job: ``gpus_per_node`` 0 with ``cpu_ok`` (gloo on CPU; ``broker plan --cpu-only``)."""
+    return req.gpus_per_node == 0 and req.cpu_ok
+
+
+def parse_free_tier(text: str, *, now: datetime | None = None) -> tuple[dict[str, str], list[Offer]]:
+    """The free-tier snapshot (``providers/snapshots/free_tier.csv``: ``# key: value`` header lines, then CSV) ->
+    (header, $0.00 CPU offers).  Each offer carries its limit in ``attrs["free_tier"]``: ``max_units`` (nodes or
+    OCPUs at once, per tenancy) and/or ``max_instance_hours`` (a month, all instances together)."""
+    import csv
+    import io
+
+    meta: dict[str, str] = {}
+    body = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            k, _, v = line[1:].partition(":")
+            if k.strip() and v.strip() and k.strip() != "notes":
+                meta[k.strip()] = v.strip()
+        elif line.strip():
+            body.append(line)
+    date = meta.get("date", "")
+    try:
+        when = datetime.fromisoformat(date).replace(tzinfo=timezone.utc) if date else (now or utcnow())
+    except ValueError:
+        when = now or utcnow()
+    offers = []
+    for row in csv.DictReader(io.StringIO("\n".join(body))):
+        limit = {"max_units": int(row["max_units"]) if row.get("max_units") else None,
+                 "max_instance_hours": float(row["max_instance_hours"]) if row.get("max_instance_hours") else None,
+                 "unit": row.get("unit") or "", "note": row.get("notes") or ""}
+        offers.append(Offer(provider=row["provider"], offer_id=row["offer_id"], instance_type=row["instance_type"],
+                            region=row.get("region") or None, gpu_name="CPU", gpu_count=0, gpu_mem_gib=0.0,
+                            vcpus=float(row["vcpus"]), ram_gib=float(row["ram_gib"]), usd_per_hour=0.0,
+                            storage_usd_per_gib_month=0.0, min_billed_seconds=0, private_network=True,
+                            price_source=f"free tier {date} ({limit['note']})", price_time=when,
+                            attrs={FREE_TIER_ATTR: limit, "cpu": True, "arch": row.get("arch") or "x86_64"}))
+    return meta, offers
+
+
+def free_tier_offers(req: Requirements, text: str) -> list[Offer]:
+    """The free-tier offers that apply to ``req``: CPU-only jobs only (see :func:`cpu_only`), on the providers
+    ``req`` allows."""
+    if not cpu_only(req):
+        return []
+    _, offers = parse_free_tier(text)
+    return [o for o in offers if not req.providers or o.provider in req.providers]
+
+
+def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[tuple[str, str]]:
+    """A free-tier offer beyond its limit: N nodes at once (OCI: 2 E2.1.Micro; 4 A1 OCPUs, one per node here) or
+    N nodes x deadline hours beyond the monthly instance-hours (AWS 750)."""
+    lim = o.attrs.get(FREE_TIER_ATTR)
+    if not lim:
+        return []
+    out = []
+    if lim.get("max_units") is not None and units > lim["max_units"]:
+        out.append(("quota", f"free tier: {units} node(s) > {lim['max_units']} {lim.get('unit') or 'units'} "
+                             f"({o.instance_type}); beyond that it is not free"))
+    hours = ctx.hours
+    if lim.get("max_instance_hours") is not None and hours is not None and units * hours > lim["max_instance_hours"]:
+        out.append(("quota", f"free tier: {units} node(s) x {fmt_num(hours)} h > {fmt_num(lim['max_instance_hours'])} "
+                             f"{lim.get('unit') or 'instance-hours'}"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ evaluation
 class _Ctx:
     def __init__(self, req: Requirements, facts: _Facts):
@@ -207,6 +278,8 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
     req = ctx.req
     if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
         return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
+    if cpu_only(req) and o.gpu_count == 0:
+        return out  # a CPU-only job on a CPU machine: GPU model and memory do not apply
     if ctx.wanted and not any(gpu_name_matches(w, o.gpu_name) for w in ctx.wanted):
         out.append(("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: {', '.join(ctx.wanted)})"))
         if not full:
@@ -353,7 +426,7 @@ def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _C
         if reasons and not full:
             return reasons, None, ()
         qr, step = _quota_reasons(o, region, zone, units, ctx)
-        reasons += qr
+        reasons += qr + _free_tier_reasons(o, units, ctx)
         if reasons and not full:
             return reasons, step, ()
     rate, hours, wc, max_h, budget_reason = _costs(o, units, ctx)
@@ -438,11 +511,12 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
         if not cloud_topos:
             continue
         usd = o.usd_per_hour
-        if wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
+        cpu_offer = cpu_only(req) and o.gpu_count == 0
+        if not cpu_offer and wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
             counts["gpu-model"] += len(cloud_topos)
             rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
             continue
-        if o.gpu_mem_gib < min_mem:
+        if not cpu_offer and o.gpu_mem_gib < min_mem:
             counts["gpu-memory"] += len(cloud_topos)
             rej["gpu-memory"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
             continue
@@ -463,6 +537,8 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
                 elif caps_l and _capacity_blocked(facts, tkey, region, zone, units):
                     kind = "capacity"
                 elif quotas_l and _quota_blocked(quotas_l, o, region, zone, units):
+                    kind = "quota"
+                elif FREE_TIER_ATTR in o.attrs and _free_tier_reasons(o, units, ctx):
                     kind = "quota"
                 else:
                     kind = None

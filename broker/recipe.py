@@ -9,7 +9,7 @@ A recipe is a YAML file describing one distributed training job::
     env: {DDP_TIMEOUT_S: "120"}
     setup: ["python -c 'import torch'"]   # shell, once per node, before launch
     nodes: 2
-    gpus_per_node: 1
+    gpus_per_node: 1              # 0 = a CPU-only job (needs cpu_ok: true): one gloo process per node
     gpu: {models: [A10, L4, RTX 4090], min_mem_gib: 16}
     topology: any                 # simulated | multi-node | any
     cpu_ok: true                  # gloo on CPU is an acceptable logic check
@@ -109,6 +109,19 @@ class Recipe(BaseModel):
             raise ValueError(f"expected a path (text), got {type(v).__name__}")
         return v
 
+    #: ``gpus_per_node: 0`` was given (a CPU-only job): the planner sees 0 GPUs per node (free-tier CPU machines
+    #: qualify), the launchers one process per node (``gpus_per_node`` is then 1)
+    cpu_only: bool = Field(default=False, exclude=True)
+
+    @model_validator(mode="after")
+    def _cpu_only(self) -> "Recipe":
+        self.cpu_only = self.gpus_per_node == 0  # never set from the file directly
+        if self.cpu_only:
+            if not self.cpu_ok:
+                raise ValueError("gpus_per_node 0 (a CPU-only job) needs cpu_ok: true")
+            self.gpus_per_node = 1
+        return self
+
     @field_validator("args", mode="before")
     @classmethod
     def _args_strings(cls, v: Any) -> Any:
@@ -166,7 +179,8 @@ class Recipe(BaseModel):
 
     def requirements(self) -> Requirements:
         """The provider-independent job description the planner works on."""
-        return Requirements(nodes=self.nodes, gpus_per_node=self.gpus_per_node, gpu_names=list(self.gpu.models),
+        return Requirements(nodes=self.nodes, gpus_per_node=0 if self.cpu_only else self.gpus_per_node,
+                            gpu_names=list(self.gpu.models),
                             min_gpu_mem_gib=self.gpu.min_mem_gib, hours=self.max_hours, budget_usd=self.budget_usd,
                             topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib)
 
@@ -175,7 +189,7 @@ _ALLOWED_HINT = {
     "topology": "one of: simulated, multi-node, any",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
     "nodes": limits.allowed("nodes"),
-    "gpus_per_node": limits.allowed("gpus_per_node"),
+    "gpus_per_node": limits.allowed("gpus_per_node") + " (0 = CPU-only, with cpu_ok: true)",
     "budget_usd": limits.allowed("budget_usd"),
     "max_hours": limits.allowed("max_hours"),
     "disk_gib": limits.allowed("disk_gib"),

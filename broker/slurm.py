@@ -345,6 +345,12 @@ class SlurmOptions:
     poll_s: float = 0.5
     cancel_timeout_s: float = 60.0
     max_poll_errors: int = 30
+    #: a Slurm cluster broker built (``broker slurm up``): its id; commands then run on its node 0
+    #: (:func:`broker.slurmcluster.attach`)
+    cluster: str | None = None
+    #: folder on the cluster's shared file system for job folders (``<remote_base>/<run id>``); None = the login
+    #: user's ``~/.broker/slurm`` (remote) or the run folder (here)
+    remote_base: str | None = None
 
 
 class SlurmExecutor(Executor):
@@ -365,10 +371,15 @@ class SlurmExecutor(Executor):
         self.sh = prov.shell
         self.run_dir = Path(run.run_dir or ".")
         self.name = job_name(recipe)
-        base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
+        if opts.remote_base:  # a cluster's shared folder (`broker slurm up`)
+            base = f"{opts.remote_base.rstrip('/')}/{run.id}"
+        else:
+            base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
         self.base = base
         self.work, self.log_dir, self.script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
         self.attrs = {"host": opts.host, "log_dir": self.log_dir, "script": self.script_path}
+        if opts.cluster:
+            self.attrs["cluster"] = opts.cluster
         self.job_id: str | None = None
         self.res_id: str | None = None
         self.logs = {i: self.run_dir / f"node{i}.log" for i in range(recipe.nodes)}

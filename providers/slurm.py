@@ -39,7 +39,10 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 #: CODES"; PartitionConfig is what 22.05 shows for more nodes than the partition has)
 HOPELESS_REASONS = ("PartitionConfig", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
                     "DependencyNeverSatisfied", "AccountNotAllowed", "QOSMaxNodePerJobLimit",
-                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob")
+                    "QOSMaxWallDurationPerJobLimit", "QOSMaxCpuPerJobLimit", "QOSMaxGRESPerJob",
+                    # the batch step could not start on its node (e.g. slurmstepd's socket path too long): Slurm
+                    # requeues the job and holds it for an administrator, so it never runs by itself
+                    "launch failed requeued held")
 
 
 @dataclass
@@ -190,6 +193,14 @@ class Shell:
         return self.text(["sh", "-c", "cd && pwd"], call="home").strip()
 
 
+def cluster_shell(cluster_id: str) -> Shell:
+    """The shell on node 0 of the Slurm cluster ``cluster_id`` that ``broker slurm up`` built (its ledger run)."""
+    from broker.ledger import Ledger
+    from broker.slurmcluster import find, node0_shell
+
+    return node0_shell(find(Ledger(), cluster_id)[1])
+
+
 def _text(b: bytes | str | None) -> str:
     if b is None:
         return ""
@@ -223,7 +234,11 @@ class SlurmProvider(Provider):
 
     def _shell_for(self, attrs: dict[str, Any] | None) -> Shell:
         host = (attrs or {}).get("host") or None
-        return self.shell if host == self.host else Shell(host, ssh=self.shell.ssh)
+        if host == self.host:
+            return self.shell
+        if (attrs or {}).get("cluster"):  # a job on a cluster from `broker slurm up`: through its node 0
+            return cluster_shell(str(attrs["cluster"]))  # type: ignore[index]
+        return Shell(host, ssh=self.shell.ssh)
 
     # ---- read side
     def check(self) -> ProviderCheck:

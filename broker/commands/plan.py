@@ -240,6 +240,24 @@ def _requirements(recipe: Path | None, **flags: Any) -> "Requirements":
     return Requirements(**base)
 
 
+def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
+    """``--cpu-only``: add the free-tier snapshot's $0.00 CPU offers (``providers/snapshots/free_tier.csv``) of the
+    planned providers to ``facts`` and say where they come from."""
+    from broker.catalog import SHIPPED_DIR
+    from broker.planner import free_tier_offers, parse_free_tier
+
+    text = (SHIPPED_DIR / "free_tier.csv").read_text()
+    offers = [o for o in free_tier_offers(req, text) if o.provider in names]
+    facts.offers.extend(offers)
+    if offers:
+        meta, _ = parse_free_tier(text)
+        types = ", ".join(sorted({o.instance_type for o in offers}))
+        facts.notes.append(f"free tier ({meta.get('date', '?')}): {types}"
+                           " at $0.00 within their limits (OCI: 2 E2.1.Micro per tenancy, A1 within 4 OCPUs / 24 GB; "
+                           "AWS: 750 instance-hours a month); see providers/snapshots/free_tier.csv for the "
+                           "assumptions")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
@@ -254,6 +272,9 @@ def register(app: typer.Typer) -> None:
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
         recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
         cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
+        cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
+                                      "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
+                                      "limits"),
         disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
         top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
@@ -286,8 +307,12 @@ def register(app: typer.Typer) -> None:
                             cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
         if max_run:
             req = req.model_copy(update={"hours": None})
+        if cpu_only:
+            req = req.model_copy(update={"gpus_per_node": 0, "cpu_ok": True})
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query, offline=offline)
+        if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
+            add_free_tier(req, facts, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:

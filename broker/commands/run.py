@@ -31,6 +31,8 @@ def register(app: typer.Typer) -> None:
                                    "mtu) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
                                        "login node (user@host); default: Slurm commands on this machine"),
+        cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
+                                    "slurm up` (through its node 0)"),
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
         yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
@@ -43,8 +45,13 @@ def register(app: typer.Typer) -> None:
 
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
+        if cluster and provider != "slurm":
+            from broker.provider import BadInput
+
+            raise BadInput("--cluster works with --provider slurm only",
+                           hint="broker run RECIPE --provider slurm --cluster ID")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
-                                     watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json))
+                                     cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json))
 
 
 def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
@@ -88,7 +95,8 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
 
 
 def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
-                watchdog: bool = True, yes: bool = False, quiet: bool = False, as_json: bool = False) -> int:
+                cluster: str | None = None, watchdog: bool = True, yes: bool = False, quiet: bool = False,
+                as_json: bool = False) -> int:
     """``broker run`` through the one pipeline (:func:`broker.pipeline.run_recipe`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
@@ -105,7 +113,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 
         s = settings()
         slurm = SlurmOptions(host=slurm_host or s.broker_slurm_host, partition=s.broker_slurm_partition,
-                             account=s.broker_slurm_account, python=s.broker_slurm_python)
+                             account=s.broker_slurm_account, python=s.broker_slurm_python, cluster=cluster)
     ledger = Ledger()
     prog = ProgressPrinter(ledger)
 

@@ -1,4 +1,7 @@
-"""``broker slurm render RECIPE``: the sbatch script broker would submit for a recipe (see broker/slurm.py)."""
+"""``broker slurm render RECIPE``: the sbatch script broker would submit for a recipe (see broker/slurm.py).
+
+``broker slurm up|status|down``: a Slurm cluster of broker's own on acquired nodes (see broker/slurmcluster.py).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ def register(app: typer.Typer) -> None:
     slurm = typer.Typer(help="Slurm clusters: render the sbatch script of a recipe (run it with "
                              "`broker run RECIPE --provider slurm`).", no_args_is_help=True)
     app.add_typer(slurm, name="slurm")
+    register_cluster_commands(slurm)
 
     @slurm.command("render")
     def render_cmd(
@@ -61,3 +65,127 @@ def register(app: typer.Typer) -> None:
                        err=True)
         if not output:
             typer.echo(script, nl=False)
+
+
+def register_cluster_commands(slurm: typer.Typer) -> None:
+    """``broker slurm up | status | down``: clusters broker builds itself (broker/slurmcluster.py)."""
+
+    @slurm.command("up")
+    def up_cmd(
+        provider: str = typer.Option("netns", "--provider", "-p", help="where the nodes come from: netns (network "
+                                     "namespaces on this machine, free), oci or aws (rented VMs)"),
+        nodes: int = typer.Option(2, "--nodes", "-n", help="number of nodes (node0 = slurmctld + slurmd)"),
+        name: str = typer.Option(None, "--name", help="cluster name (default: a random one)"),
+        max_hours: float = typer.Option(2.0, "--max-hours", help="hard deadline in hours: the watchdog tears the "
+                                        "cluster down then"),
+        budget: float = typer.Option(5.0, "--budget", help="budget in USD for the cluster's nodes"),
+        gpus: bool = typer.Option(False, "--gpus", help="cloud: GPU nodes (default: CPU nodes, cpu_ok jobs)"),
+        recipe_path: Path = typer.Option(None, "--recipe", help="a recipe you mean to run: its script is linted "
+                                         "for the cluster's nodes (nccl with no CPU fallback on CPU nodes)"),
+        no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="rented nodes: do not ask before spending"),
+        as_json: bool = typer.Option(False, "--json", help='print {"cluster_id": ..., "nodes": [...]}'),
+    ) -> None:
+        """Acquire nodes, build Slurm on them over SSH (munge, slurmctld, slurmd) and wait until every node is
+        idle; prints the cluster id (use it with `broker run RECIPE --provider slurm --cluster ID`)."""
+        from rich.markup import escape
+
+        from broker.commands.run import confirm_spending
+        from broker.ledger import Ledger
+        from broker.slurmcluster import UpOptions, up
+        from broker.ui import console, err, print_json
+
+        recipe = None
+        if recipe_path is not None:
+            from broker.recipe import load_recipe
+
+            recipe = load_recipe(recipe_path)
+
+        def say(msg: str) -> None:
+            err.print(f"[dim]slurm up[/] {msg}", markup=True, highlight=False)
+
+        opts = UpOptions(provider=provider, nodes=nodes, name=name, max_hours=max_hours, budget_usd=budget,
+                         cpu_only=not gpus, watchdog=not no_watchdog)
+        state = up(opts, ledger=Ledger(), say=say,
+                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
+        advice = cpu_lint_advice(recipe, state) if recipe is not None else []
+        for line in advice:
+            err.print(f"[yellow]lint:[/] {escape(line)}", markup=True, highlight=False)
+        if as_json:
+            print_json({**state.to_json(), "advice": advice})
+        else:
+            err.print(f"shared directory: {state.shared_dir} ({state.shared_note})", markup=False, highlight=False)
+            err.print(f"run a recipe: broker run RECIPE --provider slurm --cluster {state.cluster_id}; "
+                      f"remove it: broker slurm down {state.cluster_id}", markup=False, highlight=False)
+            console.print(state.cluster_id, highlight=False)
+
+    @slurm.command("status")
+    def status_cmd(
+        cluster_id: str = typer.Argument(..., metavar="ID", help="cluster id from `broker slurm up`"),
+        as_json: bool = typer.Option(False, "--json", help="print as JSON"),
+    ) -> None:
+        """Nodes and their Slurm state, the queue, cost so far and the deadline of a cluster."""
+        from rich.table import Table
+
+        from broker.ledger import Ledger
+        from broker.slurmcluster import status
+        from broker.ui import console, err, print_json, usd
+
+        st = status(Ledger(), cluster_id)
+        if as_json:
+            print_json(st)
+            return
+        console.print(f"[bold]cluster {st['cluster_id']}[/] ({st['name']}, {st['provider']}): {st['status']}; "
+                      f"cost so far {usd(st['cost_usd'])}; deadline {st['deadline'] or '-'}; shared "
+                      f"{st['shared_dir']}", highlight=False)
+        t = Table("node", "state", "cpus", "gpus")
+        for n in st["nodes"]:
+            t.add_row(n["name"], n["state"], str(n["cpus"]), str(n["gpus"]))
+        console.print(t)
+        if st["queue"]:
+            q = Table("job", "name", "state", "time", "nodes", "reason")
+            for j in st["queue"]:
+                q.add_row(j["job_id"], j["name"], j["state"], j["time"], j["nodes"], j["reason"])
+            console.print(q)
+        else:
+            console.print("queue: empty", highlight=False)
+        if st["error"]:
+            err.print(f"[red]cannot ask the cluster:[/] {st['error']}", markup=True, highlight=False)
+
+    @slurm.command("down")
+    def down_cmd(
+        cluster_id: str = typer.Argument(..., metavar="ID", help="cluster id from `broker slurm up`"),
+        as_json: bool = typer.Option(False, "--json", help="print what is left as JSON"),
+    ) -> None:
+        """Stop the cluster's daemons by PID, release its nodes, check that nothing is left (exit 4 if it is)."""
+        from broker.ledger import Ledger
+        from broker.slurmcluster import down
+        from broker.ui import console, err, print_json
+
+        def say(msg: str) -> None:
+            err.print(f"[dim]slurm down[/] {msg}", markup=True, highlight=False)
+
+        left = down(Ledger(), cluster_id, say=say)
+        if as_json:
+            print_json({"cluster_id": cluster_id, "left": left})
+        elif left:
+            err.print("[bold red]still there:[/] " + "; ".join(left), markup=True, highlight=False)
+        else:
+            console.print(f"cluster {cluster_id}: torn down, nothing left", highlight=False)
+        if left:
+            raise typer.Exit(4)
+
+
+def cpu_lint_advice(recipe, state) -> list[str]:
+    """On a cluster without GPUs: the lint's ``nccl-no-fallback`` findings of ``recipe``'s script with the fix
+    (the job would fail there instead of using gloo); empty on GPU clusters or clean scripts."""
+    from broker.lint import FIXES, lint_script
+
+    if any(n.gpus for n in state.nodes):
+        return []
+    try:
+        findings = lint_script(recipe.script)
+    except OSError:
+        return []
+    return [f"{f.path}:{f.line}: this cluster has CPU nodes only and the script uses nccl with no fallback; "
+            f"fix: {FIXES['nccl-no-fallback']}" for f in findings if f.kind == "nccl-no-fallback"]
