@@ -56,10 +56,10 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             diag_lines = explain(run_dir, result, getattr(recipe, "nodes", None)).lines()
         except Exception as e:  # noqa: BLE001 - a diagnosis must never hide the summary
             diag_lines = [f"(no diagnosis: {type(e).__name__}: {e})"]
-        if diag_lines:
-            console.print("[bold]diagnosis:[/]")
-            for line in diag_lines:
-                console.out(f"  {line}", highlight=False)
+    if diag_lines:
+        console.print("[bold]diagnosis:[/]")
+        for line in diag_lines:
+            console.out(f"  {line}", highlight=False)
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
     console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
