@@ -173,7 +173,8 @@ def test_without_the_key_api_the_run_cannot_log_in(hosts, emulator, tmp_path):
     emu = emulator(hosts(1), install_posted_keys=False)
     out, ledger, lines, said = _run(tmp_path, ssh_ready_timeout_s=4)
     assert out.result is not None and not out.result.ok
-    assert "node 0" in out.result.reason or "auth" in out.result.reason.lower(), out.result.reason
+    assert "Permission denied" in out.result.reason and "cannot reach node 0" in out.result.reason, out.result.reason
+    assert any("waiting for SSH" in s and "Permission denied" in s for s in said), said  # auth was retried
     assert len(emu.keys_posted) == 1 and not emu.instances and out.left == []
     assert out.run.status == "failed" and out.exit_code == 1
 
