@@ -137,6 +137,7 @@ def _assert_clean_success(out, ledger, emu, lines, said):
     assert (Path(out.run.run_dir) / "artifacts" / "node0" / "checkpoint.pt").exists()
     rows = ledger.resources(out.run.id)
     assert [r.kind for r in rows] == ["instance"] and rows[0].state == "terminated"
+    assert sum(1 for m, p, _ in emu.calls if m == "PUT" and p.startswith("/api/v0/asks/")) == 1  # no failover
     iid = int(rows[0].provider_id)
     assert iid in emu.destroyed and iid not in emu.instances
     assert out.run.status == "succeeded" and out.left == [] and out.exit_code == 0
