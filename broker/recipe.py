@@ -11,7 +11,7 @@ A recipe is a YAML file describing one distributed training job::
     nodes: 2
     gpus_per_node: 1
     gpu: {models: [A10, L4, RTX 4090], min_mem_gib: 16}
-    topology: any                 # simulated | multi-node | any
+    topology: any                 # simulated | multi-node | any | hybrid
     cpu_ok: true                  # gloo on CPU is an acceptable logic check
     budget_usd: 5
     max_hours: 0.5                # hard deadline (wall clock, hours)
@@ -60,7 +60,7 @@ class Recipe(BaseModel):
     nodes: int = Field(default=2, ge=1, le=64)
     gpus_per_node: int = Field(default=1, ge=1, le=16)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
-    topology: Literal["simulated", "multi-node", "any"] = "any"
+    topology: Literal["simulated", "multi-node", "hybrid", "any"] = "any"
     cpu_ok: bool = False
     budget_usd: float = Field(default=5.0, gt=0)
     max_hours: float = Field(default=1.0, gt=0, le=168)
@@ -124,7 +124,7 @@ class Recipe(BaseModel):
 
 
 _ALLOWED_HINT = {
-    "topology": "one of: simulated, multi-node, any",
+    "topology": "one of: simulated, multi-node, any, hybrid",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
     "nodes": "a whole number from 1 to 64",
     "gpus_per_node": "a whole number from 1 to 16",

@@ -31,6 +31,11 @@ def register(app: typer.Typer) -> None:
                                    "mtu) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
                                        "login node (user@host); default: Slurm commands on this machine"),
+        topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
+                                     "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
+                                     "emulated here, two sites behind two NATs)"),
+        mesh: str = typer.Option("wireguard", "--mesh", help="hybrid only: wireguard (a tunnel per run) or "
+                                 "tailscale (an existing tailnet; TS_AUTHKEY in the environment or .env)"),
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
         yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
@@ -43,8 +48,13 @@ def register(app: typer.Typer) -> None:
 
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
+        if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
+            from broker.provider import BadInput
+
+            raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
-                                     watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json))
+                                     watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
+                                     topology=topology, mesh=mesh))
 
 
 def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
@@ -88,7 +98,8 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
 
 
 def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
-                watchdog: bool = True, yes: bool = False, quiet: bool = False, as_json: bool = False) -> int:
+                watchdog: bool = True, yes: bool = False, quiet: bool = False, as_json: bool = False,
+                topology: str | None = None, mesh: str = "wireguard") -> int:
     """``broker run`` through the one pipeline (:func:`broker.pipeline.run_recipe`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
@@ -118,7 +129,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 
     hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
-    out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog),
+    out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
+                                         topology=topology, mesh=mesh),
                      ledger=ledger, hooks=hooks)
     if as_json:
         print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
