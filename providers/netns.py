@@ -221,6 +221,7 @@ def remove_cid(cid: str, *, sshd_pids: list[int] | None = None) -> list[str]:
         if link.startswith(cid) and _CID.match(link):
             if _run(["ip", "link", "del", link], check=False).returncode == 0:
                 removed.append(f"link {link}")
+    removed += forget_hybrid_secrets(cid)  # a hybrid cluster's WireGuard keys (none for a plain cluster)
     return removed
 
 
@@ -505,7 +506,6 @@ class NetnsProvider(Provider):
         for pid in sshd_processes(cid):
             _kill_pids([pid], signal.SIGKILL)
         remove_cid(cid)
-        forget_hybrid_secrets(cid)  # a hybrid cluster's WireGuard keys (none for a plain cluster)
         return not leftovers(cid)
 
 

@@ -4,6 +4,7 @@ teardown and after a SIGKILL of `broker run` (via `broker down`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -193,3 +194,22 @@ def test_sigkill_of_broker_run_then_broker_down_removes_keys_and_interfaces(tmp_
         if cid:
             netns.remove_cid(cid)
             netns.forget_hybrid_secrets(cid)
+
+
+def test_removing_the_cluster_deletes_its_keys_and_sockets(tmp_path):
+    """Every removal path (release, `broker down`, `broker netns down`) goes through remove_cid: the keys go too."""
+    from broker.config import runs_dir
+    from broker.hybrid import tunnel_up
+
+    cid = netns.new_cid()
+    c, s = netns.up_hybrid(2, runs_dir() / "r-keys", cid=cid)
+    try:
+        tunnel_up(c, s)
+        assert len(list((c.root / "wg").glob("node*.conf"))) == 2
+        if json.loads((c.root / "tunnel.json").read_text())["how"] == "wireguard-go":
+            assert len(list(c.root.glob("node*/run/wireguard/*.sock"))) == 2
+    finally:
+        removed = netns.remove_cid(cid)
+    assert any(r.startswith("keys ") for r in removed), removed
+    assert not (c.root / "wg").exists() and not list(c.root.glob("node*/run/wireguard/*.sock"))
+    assert _wait(lambda: not _gone(cid, runs_dir().parent), 5)
