@@ -619,7 +619,7 @@ def _create_sites(c: NetnsCluster, s: HybridSites) -> None:
         _run(["ip", "-n", r, "link", "add", "lanbr", "type", "bridge"])
         _run(["ip", "-n", r, "addr", "add", f"{SUBNET_BASE}.{lan}.1/24", "dev", "lanbr"])
         _run(["ip", "-n", r, "link", "set", "lanbr", "up"])
-        _run(["ip", "netns", "exec", r, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        _run(["ip", "netns", "exec", r, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])  # this netns only
     _run(["ip", "-n", rh, "link", "add", "wan", "type", "veth", "peer", "name", "wan", "netns", rc])
     for site, r in (("home", rh), ("cloud", rc)):
         _run(["ip", "-n", r, "addr", "add", f"{s.wan_ip(site)}/24", "dev", "wan"])

@@ -204,3 +204,50 @@ def test_tailscale_not_running_here_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("TS_AUTHKEY", "tskey-x")
     with pytest.raises(hybrid.ProviderError, match="not on a tailnet"):
         hybrid.tailscale_plan(2, "r", exe=str(exe))
+
+
+# --------------------------------------------------------------------------------------------------- tunnel preflight
+def _cluster(mtu1: str = "1420"):
+    from broker.model import Cluster, ClusterNode
+
+    nodes = [ClusterNode(node_rank=i, host=f"10.0.0.{i}", private_ip=f"198.18.5.{i + 1}",
+                         env=hybrid.tunnel_env(f"wgabc{i}")) for i in range(2)]
+    return Cluster(run_id="r", provider="netns", topology=TopologyKind.hybrid, nodes=nodes, python="python3")
+
+
+class _Nodes:
+    """Stands in for SSHCluster.run: answers `wg show` and the MTU read per node."""
+
+    def __init__(self, handshake: int, mtu1: str = "1420"):
+        self.handshake, self.mtu1, self.cmds = handshake, mtu1, []
+
+    def __call__(self, i, cmd, timeout=60.0):
+        self.cmds.append((i, cmd))
+        if "public-key" in cmd:
+            return 0, "PEER1KEY=\n"
+        if "latest-handshakes" in cmd:
+            return 0, f"PEER1KEY=\t{self.handshake}\n"
+        if "/mtu" in cmd:
+            return 0, ("1420" if i == 0 else self.mtu1) + "\n"
+        return 0, ""
+
+
+def test_tunnel_preflight_passes_with_a_handshake_and_the_tunnel_mtu():
+    nodes = _Nodes(handshake=1764500000)
+    rows = hybrid.handshake_check(nodes, _cluster(), {1: 51820}, 1420, wait_s=1)
+    assert [(r.check, r.result) for r in rows] == [("tunnel", "PASS"), ("tunnel mtu", "PASS"), ("tunnel mtu", "PASS")]
+    assert any(i == 0 and "sendto" in c for i, c in nodes.cmds)  # node 0 sends through the tunnel first
+    assert any(i == 0 and "wg show wgabc0 latest-handshakes" in c for i, c in nodes.cmds)
+
+
+def test_tunnel_preflight_names_a_blocked_udp_port_and_a_wrong_mtu():
+    import time
+
+    t0 = time.monotonic()
+    rows = hybrid.handshake_check(_Nodes(handshake=0, mtu1="1500"), _cluster(), {1: 51820}, 1420, wait_s=1)
+    assert time.monotonic() - t0 < 5
+    tun = next(r for r in rows if r.check == "tunnel")
+    assert tun.result == "FAIL" and "UDP port 51820 is blocked" in tun.detail and "open UDP 51820" in tun.fix
+    mtu = [r for r in rows if r.check == "tunnel mtu"]
+    assert mtu[0].result == "PASS" and mtu[1].result == "FAIL" and "wgabc1 MTU 1500" in mtu[1].detail
+    assert "ip link set dev wgabc1 mtu 1420" in mtu[1].fix
