@@ -179,7 +179,11 @@ def test_sigkill_of_broker_run_then_broker_down_removes_keys_and_interfaces(tmp_
     try:
         assert _wait(lambda: any("SLEEPING" in f.read_text() for f in home.glob("runs/*/node*.log")), 120)
         cid = next(home.glob("runs/*/netns/*")).name
-        assert list(home.glob(f"runs/*/netns/{cid}/wg/*.conf")), "keys exist while the run is live"
+        confs = list(home.glob(f"runs/*/netns/{cid}/wg/*.conf"))
+        assert confs, "keys exist while the run is live"
+        keys = [ln.split("=", 1)[1].strip() for p in confs for ln in p.read_text().splitlines()
+                if ln.startswith("PrivateKey")]
+        assert len(keys) == 2
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert netns.leftovers(cid), "SIGKILL leaves the cluster behind"
@@ -188,6 +192,11 @@ def test_sigkill_of_broker_run_then_broker_down_removes_keys_and_interfaces(tmp_
                            text=True, timeout=120)
         assert d.returncode == 0, d.stdout + d.stderr
         assert _wait(lambda: not _gone(cid, home), 10), _gone(cid, home)
+        # the private keys were never written anywhere else under the broker home (ledger, logs, plan, state)
+        for f in home.rglob("*"):
+            if f.is_file():
+                data = f.read_bytes()
+                assert not any(k.encode() in data for k in keys), f
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
