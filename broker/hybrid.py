@@ -32,7 +32,6 @@ from broker.provider import BadInput, ProviderError
 
 if TYPE_CHECKING:
     from broker.providers.netns import HybridSites, NetnsCluster
-    from broker.wireguard import Tunnel
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there)
 TUN_PROVIDERS = ("oci", "aws")

@@ -554,8 +554,9 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
             rejected.append(build(e))
 
     if topo_req == "hybrid":
+        vms = "node 1 is a VM" if req.nodes == 2 else f"nodes 1-{req.nodes - 1} are VMs"
         out_notes.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
-                         f"nodes 1-{req.nodes - 1} are VMs with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
+                         f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
                          "per-run WireGuard tunnel; priced as the VMs only")
     if not allow_sim and topo_req != "local":
         out_notes.append(f"topology {topo_req} requested: simulated options not considered")

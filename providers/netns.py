@@ -523,7 +523,7 @@ class NetnsProvider(Provider):
 # The router namespaces follow the node naming (``n<digits>``) so remove_cid / down_all / `broker down` remove them
 # with the nodes.  The WireGuard interfaces live inside the node namespaces and go with them.
 HOME_ROUTER, CLOUD_ROUTER = 200, 201
-HYBRID_INJECTS = ("udp-blocked",)
+HYBRID_INJECTS = ("udp-blocked", "direct-blocked")
 
 
 @dataclass
@@ -600,6 +600,8 @@ def up_hybrid(n: int, run_dir: Path, *, cid: str, port: int = 51820, inject: str
         _start_sshds(c, ssh_wait_s)
         if inject == "udp-blocked":
             block_wireguard(sites)
+        elif inject == "direct-blocked":  # not a fault: proves the job needs nothing but the tunnel
+            block_direct(sites)
     except BaseException:
         c.down()
         raise

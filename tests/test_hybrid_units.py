@@ -137,7 +137,9 @@ def test_plan_cli_shows_hybrid_beside_the_others(tmp_path):
     assert p.returncode in (0, 3), p.stdout + p.stderr
     import json
 
-    d = json.loads(p.stdout)["plan"]
+    top = json.loads(p.stdout)
+    assert "--provider netns --topology hybrid" in top["next_step"] and "not wired yet" in top["next_step"]
+    d = top["plan"]
     topos = {o["topology"] for o in d["options"]}
     assert topos <= {"hybrid"} and d["options"], d["options"][:2]
     assert any(o["provider"] == "vast" and "/dev/net/tun" in o["rejected"][0] for o in d["rejected"])
@@ -207,7 +209,7 @@ def test_tailscale_not_running_here_is_named(tmp_path, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------------------- tunnel preflight
-def _cluster(mtu1: str = "1420"):
+def _cluster():
     from broker.model import Cluster, ClusterNode
 
     nodes = [ClusterNode(node_rank=i, host=f"10.0.0.{i}", private_ip=f"198.18.5.{i + 1}",

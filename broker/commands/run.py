@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
                                      "aws, or fake (a pretend cloud, to try the money paths); default: the "
                                      "cheapest valid plan"),
         inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
-                                   "mtu; with --topology hybrid: udp-blocked) so preflight catches it"),
+                                   "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
                                        "login node (user@host); default: Slurm commands on this machine"),
         topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
