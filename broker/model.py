@@ -24,6 +24,7 @@ class TopologyKind(str, Enum):
     simulated = "simulated"  # one host with N GPUs acts as N single-GPU nodes, master_addr 127.0.0.1
     multi_node = "multi-node"  # N hosts in one private network (same VCN subnet / VPC security group)
     local = "local"  # simulated on this machine, free
+    hybrid = "hybrid"  # node 0 = this machine, nodes 1.. = VMs, over a per-run WireGuard tunnel (broker.hybrid)
 
 
 class Offer(BaseModel):
@@ -114,7 +115,7 @@ class Requirements(BaseModel):
     min_gpu_mem_gib: float = 16.0
     hours: float | None = 1.0
     budget_usd: float | None = 5.0
-    topology: Literal["simulated", "multi-node", "local", "any"] = "any"
+    topology: Literal["simulated", "multi-node", "local", "hybrid", "any"] = "any"
     cpu_ok: bool = False
     disk_gib: float = 40.0
     providers: list[str] = Field(default_factory=list)  # empty = all
@@ -156,6 +157,8 @@ class PlanOption(BaseModel):
             return f"{self.topology.value} on {self.provider}"
         o = self.offers[0]
         what = f"{o.instance_type}" if self.topology is not TopologyKind.multi_node else f"{len(self.offers)}x {o.instance_type}"
+        if self.topology is TopologyKind.hybrid:
+            what = f"this machine + {len(self.offers)}x {o.instance_type}"
         where = "/".join(x for x in (o.region, o.zone) if x)
         return f"{what} ({where})" if where else what
 

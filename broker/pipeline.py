@@ -397,6 +397,87 @@ class NetnsTarget(Target):
         return left, []
 
 
+class HybridTarget(Target):
+    """The ``hybrid`` topology emulated on this machine (``--provider netns --topology hybrid``): node 0 in a "home"
+    namespace behind one NAT, nodes 1.. in a "cloud" site behind another, only the WireGuard UDP port between them
+    (:func:`broker.providers.netns.up_hybrid`), a per-run WireGuard tunnel (:func:`broker.hybrid.tunnel_up`), the
+    job over SSH with every rank on the tunnel interface.  Free; ledger rows of kind ``netns_node`` as for
+    :class:`NetnsTarget` (``broker down`` removes namespaces, interfaces and keys)."""
+
+    provider, topology = "netns", "hybrid"
+
+    def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
+        from broker.providers import netns
+
+        self.recipe, self.inject, self.port = recipe, inject, port
+        self.netns = netns
+        self.cluster_state: Any = None
+        self.sites: Any = None
+        self.tunnel: Any = None
+
+    def check(self) -> None:
+        from broker.wireguard import missing_tools
+
+        netns = self.netns
+        if self.inject is not None and self.inject not in netns.HYBRID_INJECTS:
+            raise BadInput(f"unknown hybrid fault {self.inject!r}", hint=f"choose one of: {', '.join(netns.HYBRID_INJECTS)}")
+        if self.recipe.nodes < 2:
+            raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
+        why = netns.missing_requirements() or missing_tools()
+        if why:
+            raise ProviderError("netns", "up hybrid", why, hint="run as root on Linux with openssh-server, iproute2, "
+                                "iptables and wireguard-tools (+ wireguard-go without the kernel module)")
+
+    def plan_record(self) -> dict[str, Any]:
+        return {**super().plan_record(), "devices": "no GPU used: gloo on CPU over the tunnel", "inject": self.inject}
+
+    def describe(self) -> str:
+        return ("topology hybrid emulated (netns: home + cloud behind two NATs, WireGuard between them, free); gloo "
+                "on CPU over the tunnel" + (f"; fault injected: {self.inject}" if self.inject else ""))
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster:
+        from broker.hybrid import emulated_cluster, tunnel_up
+
+        netns, r = self.netns, self.recipe
+        cid = netns.new_cid()
+        rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid, "hybrid": True})
+                for i in range(r.nodes)]
+        ctx.say(f"creating the two sites (home: node 0; cloud: nodes 1-{r.nodes - 1}) behind two NATs (cluster {cid})")
+        self.cluster_state, self.sites = netns.up_hybrid(r.nodes, Path(run.run_dir or "."), cid=cid, inject=self.inject)
+        for i, row in enumerate(rows):
+            ctx.ledger.mark_created(row.id, f"{cid}:{i}", state="running")
+        self.tunnel = t = tunnel_up(self.cluster_state, self.sites)
+        ctx.say(f"WireGuard tunnel up ({t.how}, MTU {t.mtu}): " + ", ".join(
+            f"node{i}={a} on {t.ifaces[i]}" for i, a in enumerate(t.addresses)) + "; keys in the run folder (0600), "
+            "deleted at teardown")
+        return emulated_cluster(self.cluster_state, t, run.id)
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.hybrid import make_executor
+
+        assert cluster is not None and self.sites is not None
+        ports = {i: self.sites.vm_port(i) for i in range(1, len(cluster.nodes))}
+        return make_executor(cluster, recipe, Path(run.run_dir or "."), ports=ports, mtu=self.tunnel.mtu,
+                             echo=ctx.hooks.echo, port=self.port, say=ctx.hooks.say)
+
+    @property
+    def releases(self) -> bool:
+        return True
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        from broker.hybrid import tunnel_down
+        from broker.teardown import teardown_run
+
+        if self.cluster_state is not None:
+            try:
+                tunnel_down(self.cluster_state, self.tunnel)
+            finally:
+                self.cluster_state.down()
+        left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": self.netns.NetnsProvider()},
+                            confirm_timeout_s=30)
+        return left, []
+
+
 class SlurmTarget(Target):
     """A Slurm cluster broker does not own (here or through ``options.host``): acquire checks the partition; the
     job is the executor's (:class:`broker.slurm.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
@@ -863,6 +944,8 @@ class RunRequest:
     inject: str | None = None
     slurm: "SlurmOptions | None" = None
     watchdog: bool = True
+    topology: str | None = None  # None = the recipe's; "hybrid": this machine + VMs over a tunnel
+    mesh: str = "wireguard"  # hybrid: wireguard (per-run tunnel) | tailscale (an existing tailnet)
 
 
 def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) -> Target:
@@ -872,6 +955,9 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     if p is not None and p not in RUN_PROVIDERS:
         raise BadInput(f"--provider {p!r} is not a provider broker can run on",
                        hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
+    topo = req.topology or recipe.topology
+    if topo == "hybrid":
+        return hybrid_target(recipe, req)
     if req.inject and p != "netns":
         raise BadInput("--inject works with --provider netns only",
                        hint="broker run RECIPE --provider netns --inject firewall")
@@ -892,6 +978,30 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
                 f"`broker plan --recipe {recipe.path}` lists them)")
         return LocalTarget(recipe)
     return CloudTarget(recipe, options, watchdog=req.watchdog)
+
+
+def hybrid_target(recipe: Recipe, req: RunRequest) -> Target:
+    """The target of a ``hybrid`` run: the emulation (``--provider netns``); a provider without /dev/net/tun is
+    refused with that reason."""
+    from broker.hybrid import MESHES, TUN_PROVIDERS, why_not_hybrid
+
+    p = req.provider
+    if req.mesh not in MESHES:
+        raise BadInput(f"--mesh {req.mesh!r} is not a mesh", hint=f"choose one of: {', '.join(MESHES)}")
+    if p == "netns":
+        if req.mesh != "wireguard":
+            raise BadInput("the emulated hybrid run (--provider netns) uses its own WireGuard tunnel",
+                           hint="leave out --mesh (or --mesh wireguard)")
+        return HybridTarget(recipe, inject=req.inject)
+    if p in ("local", "slurm"):
+        raise BadInput(f"--topology hybrid does not apply to --provider {p}",
+                       hint="--provider netns emulates it here; oci or aws rent the cloud side")
+    if p is not None and why_not_hybrid(p):
+        raise NoValidPlan(f"no hybrid option on {p}: {why_not_hybrid(p)}",
+                          hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider netns to emulate it")
+    raise NoValidPlan("hybrid runs on rented VMs are planned (`broker plan --topology hybrid`) but not launched yet: "
+                      "the OCI/AWS adapters do not embed the tunnel's user data (broker.wireguard.cloud_init) yet",
+                      hint="emulate it here with --provider netns --topology hybrid, or run multi-node on the cloud")
 
 
 def run_recipe(recipe: Recipe, req: RunRequest, *, ledger: "Ledger", hooks: Hooks | None = None) -> RunOutcome:

@@ -42,6 +42,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from broker import pricing
+from broker.hybrid import TUN_PROVIDERS, why_not_hybrid
 from broker.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
 
 #: With ``hours`` None: options whose budget affords less job time than this are rejected.
@@ -301,6 +302,14 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
             return [("topology", f"this machine has {o.gpu_count} GPU(s) < {ctx.n_total} needed "
                                  f"({req.nodes} nodes x {req.gpus_per_node})")]
         return []
+    if topo == "hybrid":
+        out = []
+        why = why_not_hybrid(o.provider)
+        if why:
+            out.append(("topology", why))
+        if o.gpu_count < req.gpus_per_node:
+            out.append(("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has {o.gpu_count}"))
+        return out
     if topo == "simulated":
         if o.gpu_count < ctx.n_total:
             return [("topology", f"simulated needs one host with {ctx.n_total} GPUs ({req.nodes} nodes x "
@@ -408,12 +417,17 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
     return units * rate, hours, wc, (None if free else max_h), reason
 
 
+def _units(topo: str, req: Requirements) -> int:
+    """Rented units of one option: every node for multi-node, the VMs only for hybrid (node 0 is this machine)."""
+    return req.nodes if topo == "multi-node" else (max(1, req.nodes - 1) if topo == "hybrid" else 1)
+
+
 def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, full: bool,
               offer_reasons: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None, tuple]:
     """Reasons (kind, text), quota next step, and (rate, hours, wc, max_h) of one candidate.
 
     ``full`` False stops after the first reason kind that rejects (screening); True collects every reason."""
-    units = ctx.req.nodes if topo == "multi-node" else 1
+    units = _units(topo, ctx.req)
     reasons = list(offer_reasons)
     step = None
     if reasons and not full:
@@ -437,7 +451,7 @@ def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _C
 
 def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[tuple[str, str]],
             step: str | None, costs: tuple) -> PlanOption:
-    units = ctx.req.nodes if topo == "multi-node" else 1
+    units = _units(topo, ctx.req)
     if (region, zone) != (o.region, o.zone):
         o = o.model_copy(update={"region": region, "zone": zone})
     rate, hours, wc, max_h = costs
@@ -470,6 +484,7 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     allow_local = topo_req in ("any", "simulated", "local")
     allow_sim = topo_req in ("any", "simulated")
     allow_multi = topo_req == "multi-node" or (topo_req == "any" and req.nodes > 1)
+    allow_hybrid = topo_req == "hybrid" and req.nodes > 1  # opt-in: it uses this machine as node 0
     providers = set(req.providers)
     out_notes = list(notes)
     if ctx.hours is not None and req.hours is None:
@@ -481,7 +496,8 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     valid: list[tuple] = []
     rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
     counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
-    cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi)) if ok)
+    cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi),
+                                        ("hybrid", allow_hybrid)) if ok)
     wanted, min_mem = ctx.wanted, req.gpu_mem_floor_gib
     n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
     budget, fixed_hours, disk = ctx.budget, ctx.hours, req.disk_gib
@@ -529,6 +545,8 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
         for topo in cloud_topos:
             if topo == "simulated":
                 units, ok = 1, gc >= n_total
+            elif topo == "hybrid":
+                units, ok = nodes - 1, gc >= per_node and prov in TUN_PROVIDERS
             else:
                 units, ok = nodes, o.private_network and gc >= per_node
             for region, zone in places:
@@ -611,6 +629,11 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
         for e in best(rej[kind], rejected_per_reason):
             rejected.append(build(e))
 
+    if topo_req == "hybrid":
+        vms = "node 1 is a VM" if req.nodes == 2 else f"nodes 1-{req.nodes - 1} are VMs"
+        out_notes.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
+                         f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
+                         "per-run WireGuard tunnel; priced as the VMs only")
     if not allow_sim and topo_req != "local":
         out_notes.append(f"topology {topo_req} requested: simulated options not considered")
     if not allow_multi and req.nodes > 1 and topo_req != "multi-node":

@@ -11,7 +11,7 @@ A recipe is a YAML file describing one distributed training job::
     nodes: 2
     gpus_per_node: 1              # 0 = a CPU-only job (needs cpu_ok: true): one gloo process per node
     gpu: {models: [A10, L4, RTX 4090], min_mem_gib: 16}
-    topology: any                 # simulated | multi-node | any
+    topology: any                 # simulated | multi-node | any | hybrid
     cpu_ok: true                  # gloo on CPU is an acceptable logic check
     budget_usd: 5
     max_hours: 0.5                # hard deadline (wall clock, hours)
@@ -83,7 +83,7 @@ class Recipe(BaseModel):
     nodes: int = _bounded("nodes", 2)
     gpus_per_node: int = _bounded("gpus_per_node", 1)
     gpu: GpuSpec = Field(default_factory=GpuSpec)
-    topology: Literal["simulated", "multi-node", "any"] = "any"
+    topology: Literal["simulated", "multi-node", "hybrid", "any"] = "any"
     cpu_ok: StrictBool = False
     budget_usd: float = _bounded("budget_usd", 5.0)
     max_hours: float = _bounded("max_hours", 1.0)
@@ -186,7 +186,7 @@ class Recipe(BaseModel):
 
 
 _ALLOWED_HINT = {
-    "topology": "one of: simulated, multi-node, any",
+    "topology": "one of: simulated, multi-node, any, hybrid",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
     "nodes": limits.allowed("nodes"),
     "gpus_per_node": limits.allowed("gpus_per_node") + " (0 = CPU-only, with cpu_ok: true)",

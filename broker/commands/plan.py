@@ -27,6 +27,8 @@ def what(opt: "PlanOption") -> str:
     if not opt.offers:
         return "-"
     o = opt.offers[0]
+    if opt.topology.value == "hybrid":
+        return f"here + {len(opt.offers)} x {o.instance_type}"
     return f"{len(opt.offers)} x {o.instance_type}" if opt.topology.value == "multi-node" else o.instance_type
 
 
@@ -102,6 +104,9 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
         steps = [o.next_step for o in plan.rejected if o.next_step]
         return steps[0] if steps else None
     run = f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
+    if c.topology.value == "hybrid":  # the cloud side is not launched yet (docs/hybrid.md)
+        return (f"broker run {recipe or 'RECIPE.yaml'} --provider netns --topology hybrid emulates it on this machine "
+                f"(launching hybrid on {c.provider} is not wired yet)")
     if c.provider in CLOUD:
         from broker.providers import get_provider
 
@@ -268,7 +273,7 @@ def register(app: typer.Typer) -> None:
         min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", min=0, help="GiB per GPU (default 16)"),
         hours: float = typer.Option(None, "--hours", min=0.001, help="hard deadline in hours (default 1)"),
         max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
-        topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | any"),
+        topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | hybrid | any"),
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
         recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
         cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
@@ -296,8 +301,9 @@ def register(app: typer.Typer) -> None:
         from broker.planner import plan as make_plan
         from broker.ui import err, print_json
 
-        if topology is not None and topology not in ("simulated", "multi-node", "local", "any"):
-            raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, local or any")
+        if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
+            raise BadInput(f"--topology {topology!r} is not a topology",
+                           hint="simulated, multi-node, local, hybrid or any")
         if max_run and hours is not None:
             raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
         if max_run and budget is None and recipe is None:

@@ -28,11 +28,16 @@ def register(app: typer.Typer) -> None:
                                      "aws, or fake (a pretend cloud, to try the money paths); default: the "
                                      "cheapest valid plan"),
         inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
-                                   "mtu) so preflight catches it"),
+                                   "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
                                        "login node (user@host); default: Slurm commands on this machine"),
         cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
                                     "slurm up` (through its node 0)"),
+        topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
+                                     "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
+                                     "emulated here, two sites behind two NATs)"),
+        mesh: str = typer.Option("wireguard", "--mesh", help="hybrid only: wireguard (a tunnel per run) or "
+                                 "tailscale (an existing tailnet; TS_AUTHKEY in the environment or .env)"),
         no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
                                          "(deadline and budget then rest on this CLI and the node alone)"),
         yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
@@ -45,13 +50,18 @@ def register(app: typer.Typer) -> None:
 
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
+        if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
+            from broker.provider import BadInput
+
+            raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
         if cluster and provider != "slurm":
             from broker.provider import BadInput
 
             raise BadInput("--cluster works with --provider slurm only",
                            hint="broker run RECIPE --provider slurm --cluster ID")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
-                                     cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json))
+                                     cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
+                                     topology=topology, mesh=mesh))
 
 
 def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
@@ -96,7 +106,8 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
 
 def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
                 cluster: str | None = None, watchdog: bool = True, yes: bool = False, quiet: bool = False,
-                as_json: bool = False) -> int:
+                as_json: bool = False, topology: str | None = None,
+                mesh: str = "wireguard") -> int:
     """``broker run`` through the one pipeline (:func:`broker.pipeline.run_recipe`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
@@ -127,7 +138,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
     try:
-        out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog),
+        out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
+                                             topology=topology, mesh=mesh),
                          ledger=ledger, hooks=hooks)
     finally:
         prog.close()

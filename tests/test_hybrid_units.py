@@ -1,0 +1,255 @@
+"""The hybrid topology without namespaces: keys and configs, cloud-init and security rules for the WireGuard port,
+the planner (VMs only priced; Vast rejected with its reason), the run command's refusals, the tailscale mesh
+against a stand-in `tailscale` command."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from broker import hybrid, wireguard as wg
+from broker.model import Offer, Requirements, TopologyKind, utcnow
+from broker.planner import plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tunnel(n: int = 2) -> wg.Tunnel:
+    return wg.make_tunnel(n, "198.18.77.0/24", {i: f"203.0.113.{i}:{51820 + i - 1}" for i in range(1, n)})
+
+
+# --------------------------------------------------------------------------------------------------- keys, configs
+def test_keys_are_x25519_and_match_wg_pubkey():
+    priv, pub = wg.genkey()
+    assert len(base64.b64decode(priv)) == 32 and len(base64.b64decode(pub)) == 32
+    assert wg.pubkey(priv) == pub
+    assert wg.genkey()[0] != priv  # fresh per call
+    if subprocess.run(["which", "wg"], capture_output=True).returncode == 0:
+        out = subprocess.run(["wg", "pubkey"], input=priv, capture_output=True, text=True).stdout.strip()
+        assert out == pub
+
+
+def test_configs_home_dials_out_with_keepalive_and_files_are_0600(tmp_path):
+    t = _tunnel(3)
+    home = t.conf(0)
+    assert "ListenPort" not in home  # behind NAT: no fixed port
+    assert home.count("PersistentKeepalive = 25") == 2
+    assert "Endpoint = 203.0.113.1:51820" in home and "Endpoint = 203.0.113.2:51821" in home
+    vm1 = t.conf(1, inner_endpoints={2: "10.0.0.12:51821"})
+    assert "ListenPort = 51820" in vm1 and "PersistentKeepalive" not in vm1
+    assert f"PublicKey = {t.peers[0].public_key}" in vm1
+    assert "Endpoint = 10.0.0.12:51821" in vm1  # VMs reach each other on their private network
+    assert vm1.split("[Peer]")[1].count("Endpoint") == 0  # home has no endpoint: learned from its handshake
+    assert t.peers[0].address == "198.18.77.1" and t.peers[2].address == "198.18.77.3"
+    paths = wg.write_confs(t, tmp_path / "wg")
+    assert stat.S_IMODE((tmp_path / "wg").stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in paths)
+    assert t.peers[1].private_key in paths[1].read_text()
+    assert t.peers[1].private_key not in repr(t)  # never in reprs (logs, ledger)
+    assert wg.forget(tmp_path / "wg") and not (tmp_path / "wg").exists()
+    assert not wg.forget(tmp_path / "wg")
+
+
+# --------------------------------------------------------------------------------------------------- cloud side
+def test_cloud_init_installs_wireguard_and_writes_the_vm_config():
+    t = _tunnel(2)
+    text = wg.cloud_init(t, 1)
+    assert text.startswith("#cloud-config\n")
+    doc = yaml.safe_load(text)
+    assert "wireguard-tools" in doc["packages"]
+    f = doc["write_files"][0]
+    assert f["path"] == "/etc/wireguard/wg0.conf" and f["permissions"] == "0600"
+    conf = f["content"]
+    assert f"PrivateKey = {t.peers[1].private_key}" in conf
+    assert "Address = 198.18.77.2/24" in conf and "MTU = 1420" in conf and "ListenPort = 51820" in conf
+    assert f"PublicKey = {t.peers[0].public_key}" in conf
+    cmds = [" ".join(c) if isinstance(c, list) else c for c in doc["runcmd"]]
+    assert any("--dport 51820" in c and "udp" in c for c in cmds)
+    assert any("wg-quick@wg0" in c for c in cmds)
+    with pytest.raises(ValueError):
+        wg.cloud_init(t, 0)
+    script = wg.user_data_script(t, 1)
+    assert "wg-quick" in script and "umask 077" in script and t.peers[1].private_key in script
+    assert subprocess.run(["sh", "-n"], input=script, text=True).returncode == 0
+
+
+def test_security_rules_open_only_the_wireguard_port_scoped_to_the_caller():
+    t = _tunnel(3)
+    rules = wg.security_rules(t, "203.0.113.9")
+    assert rules["aws"] == [
+        {"IpProtocol": "udp", "FromPort": 51820, "ToPort": 51820,
+         "IpRanges": [{"CidrIp": "203.0.113.9/32", "Description": "broker hybrid: WireGuard from this machine"}]},
+        {"IpProtocol": "udp", "FromPort": 51821, "ToPort": 51821,
+         "IpRanges": [{"CidrIp": "203.0.113.9/32", "Description": "broker hybrid: WireGuard from this machine"}]}]
+    oci = rules["oci"][0]
+    assert oci["protocol"] == "17" and oci["source"] == "203.0.113.9/32"
+    assert oci["udp_options"] == {"destination_port_range": {"min": 51820, "max": 51820}}
+    assert "tcp_options" not in oci
+    unknown = wg.security_rules(t, None)
+    assert unknown["aws"][0]["IpRanges"][0]["CidrIp"] == "0.0.0.0/0"
+    assert "unknown" in unknown["oci"][0]["description"]
+    v6 = wg.aws_ingress(51820, "2001:db8::1")
+    assert v6["Ipv6Ranges"][0]["CidrIpv6"] == "2001:db8::1/128"
+
+
+# --------------------------------------------------------------------------------------------------- planner
+def _offer(provider: str, usd: float, gpus: int = 1, itype: str = "vm.gpu") -> Offer:
+    return Offer(provider=provider, offer_id=f"{provider}-{itype}", instance_type=itype, gpu_name="A10",
+                 gpu_count=gpus, gpu_mem_gib=24, vcpus=8, usd_per_hour=usd, private_network=provider != "vast",
+                 price_source="test", price_time=utcnow(), region="r1")
+
+
+def test_planner_prices_hybrid_as_the_vms_only_and_rejects_vast_with_its_reason():
+    req = Requirements(nodes=2, gpus_per_node=1, hours=1.0, budget_usd=50, topology="hybrid")
+    offers = [_offer("vast", 0.20), _offer("aws", 1.00), _offer("oci", 2.00)]
+    p = plan(req, offers)
+    assert [o.provider for o in p.options] == ["aws", "oci"]
+    best = p.options[0]
+    assert best.topology is TopologyKind.hybrid and len(best.offers) == 1  # one VM: node 0 is this machine
+    assert best.usd_per_hour == pytest.approx(1.00, abs=0.01)
+    assert "this machine + 1x vm.gpu" in best.summary
+    vast = [o for o in p.rejected if o.provider == "vast"]
+    assert vast and "/dev/net/tun" in vast[0].rejected[0] and "vast containers have none" in vast[0].rejected[0]
+    assert any("priced as the VMs only" in n for n in p.notes)
+    # the same job as multi-node rents both nodes: hybrid halves the rented cost
+    multi = plan(req.model_copy(update={"topology": "multi-node"}), offers)
+    assert multi.options[0].usd_per_hour == pytest.approx(2 * best.usd_per_hour, rel=0.01)
+    # 3 nodes: two VMs
+    p3 = plan(req.model_copy(update={"nodes": 3}), offers)
+    assert len(p3.options[0].offers) == 2
+    # "any" never picks hybrid on its own (it uses this machine: opt-in)
+    anyp = plan(req.model_copy(update={"topology": "any"}), offers)
+    assert all(o.topology is not TopologyKind.hybrid for o in anyp.options + anyp.rejected)
+
+
+def test_plan_cli_shows_hybrid_beside_the_others(tmp_path):
+    env = dict(os.environ, BROKER_HOME=str(tmp_path / "home"), PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-m", "broker", "plan", "--nodes", "2", "--topology", "hybrid", "--json",
+                        "--provider", "vast", "--provider", "aws", "--provider", "oci"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode in (0, 3), p.stdout + p.stderr
+    import json
+
+    top = json.loads(p.stdout)
+    assert "--provider netns --topology hybrid" in top["next_step"] and "not wired yet" in top["next_step"]
+    d = top["plan"]
+    topos = {o["topology"] for o in d["options"]}
+    assert topos <= {"hybrid"} and d["options"], d["options"][:2]
+    assert any(o["provider"] == "vast" and "/dev/net/tun" in o["rejected"][0] for o in d["rejected"])
+
+
+# --------------------------------------------------------------------------------------------------- run refusals
+def test_run_hybrid_on_vast_is_refused_with_the_reason(tmp_path):
+    from broker.pipeline import RunRequest, choose_target
+    from broker.provider import BadInput, NoValidPlan
+    from broker.recipe import load_recipe
+
+    r = tmp_path / "r.yaml"
+    (tmp_path / "j.py").write_text("print(1)\n")
+    r.write_text("name: h\nscript: j.py\nnodes: 2\ncpu_ok: true\ntopology: hybrid\n")
+    rec = load_recipe(r)
+    with pytest.raises(NoValidPlan, match="/dev/net/tun"):
+        choose_target(rec, RunRequest(provider="vast"))
+    with pytest.raises(BadInput, match="does not apply"):
+        choose_target(rec, RunRequest(provider="local"))
+    with pytest.raises(BadInput, match="mesh"):
+        choose_target(rec, RunRequest(provider="netns", mesh="zerotier"))
+    t = choose_target(rec, RunRequest(provider="netns"))
+    assert t.topology == "hybrid"
+
+
+# --------------------------------------------------------------------------------------------------- tailscale
+def _stand_in(tmp_path: Path, state: str = "Running") -> Path:
+    exe = tmp_path / "tailscale"
+    log = tmp_path / "tailscale.log"
+    exe.write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+case "$1" in
+  status) echo '{{"BackendState": "{state}"}}';;
+  ip) echo 100.101.102.103;;
+  up) exit 0;;
+esac
+""")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_tailscale_mesh_with_a_stand_in_command(tmp_path, monkeypatch):
+    exe = _stand_in(tmp_path)
+    monkeypatch.delenv("TS_AUTHKEY", raising=False)
+    with pytest.raises(hybrid.BadInput, match="TS_AUTHKEY"):
+        hybrid.tailscale_plan(2, "run1", env_file=tmp_path / "none", exe=str(exe))
+    (tmp_path / ".env").write_text("# keys\nexport TS_AUTHKEY='tskey-auth-abc'\n")
+    got = hybrid.tailscale_plan(2, "run1", env_file=tmp_path / ".env", exe=str(exe))
+    assert got["master_addr"] == "100.101.102.103" and got["iface"] == "tailscale0"
+    assert got["env"]["GLOO_SOCKET_IFNAME"] == "tailscale0" and got["env"]["NCCL_IB_DISABLE"] == "1"
+    boot = got["vm_boot"][1]
+    assert "tailscale up --authkey=tskey-auth-abc --hostname=broker-run1-node1" in boot
+    assert subprocess.run(["sh", "-n"], input=boot, text=True).returncode == 0
+    # the VM's command line runs against the stand-in exactly as written
+    argv = hybrid.tailscale_up_argv("tskey-auth-abc", "n1", exe=str(exe))
+    assert subprocess.run(argv).returncode == 0
+    assert "up --authkey=tskey-auth-abc --hostname=n1" in (tmp_path / "tailscale.log").read_text()
+    monkeypatch.setenv("TS_AUTHKEY", "tskey-env")
+    assert hybrid.tailscale_authkey(tmp_path / ".env") == "tskey-env"  # the environment wins
+
+
+def test_tailscale_not_running_here_is_named(tmp_path, monkeypatch):
+    exe = _stand_in(tmp_path, state="NeedsLogin")
+    monkeypatch.setenv("TS_AUTHKEY", "tskey-x")
+    with pytest.raises(hybrid.ProviderError, match="not on a tailnet"):
+        hybrid.tailscale_plan(2, "r", exe=str(exe))
+
+
+# --------------------------------------------------------------------------------------------------- tunnel preflight
+def _cluster():
+    from broker.model import Cluster, ClusterNode
+
+    nodes = [ClusterNode(node_rank=i, host=f"10.0.0.{i}", private_ip=f"198.18.5.{i + 1}",
+                         env=hybrid.tunnel_env(f"wgabc{i}")) for i in range(2)]
+    return Cluster(run_id="r", provider="netns", topology=TopologyKind.hybrid, nodes=nodes, python="python3")
+
+
+class _Nodes:
+    """Stands in for SSHCluster.run: answers `wg show` and the MTU read per node."""
+
+    def __init__(self, handshake: int, mtu1: str = "1420"):
+        self.handshake, self.mtu1, self.cmds = handshake, mtu1, []
+
+    def __call__(self, i, cmd, timeout=60.0):
+        self.cmds.append((i, cmd))
+        if "public-key" in cmd:
+            return 0, "PEER1KEY=\n"
+        if "latest-handshakes" in cmd:
+            return 0, f"PEER1KEY=\t{self.handshake}\n"
+        if "/mtu" in cmd:
+            return 0, ("1420" if i == 0 else self.mtu1) + "\n"
+        return 0, ""
+
+
+def test_tunnel_preflight_passes_with_a_handshake_and_the_tunnel_mtu():
+    nodes = _Nodes(handshake=1764500000)
+    rows = hybrid.handshake_check(nodes, _cluster(), {1: 51820}, 1420, wait_s=1)
+    assert [(r.check, r.result) for r in rows] == [("tunnel", "PASS"), ("tunnel mtu", "PASS"), ("tunnel mtu", "PASS")]
+    assert any(i == 0 and "sendto" in c for i, c in nodes.cmds)  # node 0 sends through the tunnel first
+    assert any(i == 0 and "wg show wgabc0 latest-handshakes" in c for i, c in nodes.cmds)
+
+
+def test_tunnel_preflight_names_a_blocked_udp_port_and_a_wrong_mtu():
+    import time
+
+    t0 = time.monotonic()
+    rows = hybrid.handshake_check(_Nodes(handshake=0, mtu1="1500"), _cluster(), {1: 51820}, 1420, wait_s=1)
+    assert time.monotonic() - t0 < 5
+    tun = next(r for r in rows if r.check == "tunnel")
+    assert tun.result == "FAIL" and "UDP port 51820 is blocked" in tun.detail and "open UDP 51820" in tun.fix
+    mtu = [r for r in rows if r.check == "tunnel mtu"]
+    assert mtu[0].result == "PASS" and mtu[1].result == "FAIL" and "wgabc1 MTU 1500" in mtu[1].detail
+    assert "ip link set dev wgabc1 mtu 1420" in mtu[1].fix
