@@ -29,10 +29,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from werkzeug import Request, Response
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 API = "20160918"
 TERMINAL = ("TERMINATED",)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_request(self, *args: Any, **kwargs: Any) -> None:  # no access log on the test's stderr
+        pass
 
 
 def _now() -> str:
@@ -55,7 +60,7 @@ class OCIEmulator:
         self.timers: dict[str, float] = {}  # object id -> when its pending state change happens
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []  # (method, path, status) of every request
-        self._srv = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self._srv = make_server("127.0.0.1", 0, self.app, threaded=True, request_handler=_Quiet)
         self.url = f"http://127.0.0.1:{self._srv.server_port}"
         self._thread = threading.Thread(target=self._srv.serve_forever, daemon=True)
 

@@ -248,29 +248,31 @@ def test_sshd_late_after_running_the_run_waits_and_succeeds(e2e_factory):
 # ------------------------------------------------------------------------------------------------ case 3
 def test_teardown_retries_5xx_and_409_and_deletes_in_dependency_order(e2e_factory):
     e = e2e_factory()
-    # every delete kind answers a 5xx first; the VCN also meets its subnet still TERMINATING (409 Conflict)
+    # Every delete kind answers a 5xx first.  The subnet's delete is asynchronous (TERMINATING for 3 s), so the
+    # security list it uses meets a real 409 Conflict; the VCN answers 409 Conflict ("a subnet still exists") once.
     e.emu.subnet_delete_s = 3.0
     e.emu.fail.update({("DELETE", "instances"): [503], ("DELETE", "subnets"): [500, 502],
                        ("DELETE", "securityLists"): [503], ("DELETE", "internetGateways"): [500],
-                       ("DELETE", "vcns"): [503]})
+                       ("DELETE", "vcns"): [503, 409]})
     out, ledger = e.run()
     assert_ran(out, e)
     deletes = [(p.split("/")[2], st) for m, p, st in e.emu.journal if m == "DELETE"]
     assert all(not v for v in e.emu.fail.values()), e.emu.fail  # every injected failure was met
-    assert (("vcns", 409) in deletes), deletes  # the VCN met its subnet still terminating
+    assert ("securityLists", 409) in deletes and ("vcns", 409) in deletes, deletes
+    # no 409 anywhere else: nothing of a later rank was tried while something it depends on was live
+    assert {c for c, st in deletes if st == 409} == {"securityLists", "vcns"}, deletes
     ok = [c for c, st in deletes if st == 204]
     order = {"instances": 0, "subnets": 1, "securityLists": 2, "internetGateways": 2, "vcns": 3}
     assert [order[c] for c in ok] == sorted(order[c] for c in ok), ok  # dependency order
     assert sorted(ok) == sorted(["instances", "instances", "subnets", "securityLists", "internetGateways", "vcns"])
-    # nothing of a later rank was tried while an earlier one was still live: no 409 except the VCN's
-    assert [c for c, st in deletes if st == 409] == ["vcns"] * len([1 for c, st in deletes if st == 409])
     assert_nothing_live(e, out, ledger)
 
 
 # ------------------------------------------------------------------------------------------------ case 2
 def test_foreign_installation_instance_is_left_alone_by_reconcile_and_watchdog(e2e_factory, tmp_path, key_pem):
     e = e2e_factory()
-    foreign = e.emu.add_instance(tags={RUN_TAG: "r-theirs", INSTALL_TAG: "inst-someone-else"}, age_s=7 * 86400)
+    foreign = e.emu.add_instance(tags={RUN_TAG: "r-theirs", INSTALL_TAG: "inst-someone-else"},
+                                age_s=30 * 86400)  # older than any age grace: only its installation protects it
     out, ledger = e.run()
     assert_ran(out, e)
     assert_nothing_live(e, out, ledger, foreign={foreign})
@@ -286,4 +288,7 @@ def test_foreign_installation_instance_is_left_alone_by_reconcile_and_watchdog(e
     assert [o["id"] for o in e.emu.live("instances")] == [foreign]
     assert e.emu.objs["instances"][foreign]["lifecycleState"] == "RUNNING"
     assert not [j for j in e.emu.journal if j[0] == "DELETE" and foreign in j[1]]
-    assert foreign in outs[0] and "another installation" in outs[0], outs[0]
+    assert f"other installation: oci instance {foreign} run r-theirs (installation inst-someone-else): left alone" \
+        in outs[0], outs[0]
+    assert (f"foreign: other installation: oci instance {foreign} (run r-theirs, installation inst-someone-else) is "
+            "not this installation's") in outs[1], outs[1]
