@@ -49,8 +49,15 @@ def _fields_class() -> type:
         # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
         oci_instance_principal: bool = False
 
-        # AWS: the boto3 credential chain is used as is; these are optional overrides.
+        # AWS: the boto3 credential chain is used as is; these are optional overrides (read from .env too, where
+        # boto3 would not see them): keys, profile, and the region (AWS_DEFAULT_REGION, else the profile's, else
+        # AWS_REGION: boto3's own order, then the other SDKs' variable)
+        aws_access_key_id: SecretStr | None = None
+        aws_secret_access_key: SecretStr | None = None
+        aws_session_token: SecretStr | None = None
+        aws_profile: str | None = None
         aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
+        aws_region_alt: str | None = Field(default=None, validation_alias="AWS_REGION")
         aws_endpoint_url: str | None = None
         aws_ami_id: str | None = None
         aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
@@ -109,10 +116,15 @@ def settings() -> "Settings":
 
 
 def home_path() -> Path:
-    """Where the broker home is (``$BROKER_HOME`` or the platform's user data folder), without creating it."""
+    """Where the broker home is (``$BROKER_HOME``, else ``BROKER_HOME`` in ``.env``, else the platform's user data
+    folder), without creating it."""
     env = os.environ.get("BROKER_HOME")
     if env:
         return Path(env).expanduser()
+    if Path(".env").is_file():
+        from_file = settings().broker_home
+        if from_file:
+            return Path(from_file).expanduser()
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("broker", appauthor=False))

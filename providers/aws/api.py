@@ -248,14 +248,46 @@ class AWSApi:
         self.factory = client_factory
         self._clients: dict[tuple[str, str, bool], Any] = {}
 
+    def boto_session(self) -> Any:
+        """The boto3 session: the one given, else one built from the settings (environment or ``.env``: keys,
+        session token, profile); boto3's own chain fills in the rest.  Creating it does no network I/O."""
+        if self.session is not None:
+            return self.session
+        import boto3
+
+        from broker.config import settings
+
+        s = settings()
+        kw: dict[str, Any] = {}
+        if s.aws_access_key_id and s.aws_secret_access_key:
+            kw["aws_access_key_id"] = s.aws_access_key_id.get_secret_value()
+            kw["aws_secret_access_key"] = s.aws_secret_access_key.get_secret_value()
+            if s.aws_session_token:
+                kw["aws_session_token"] = s.aws_session_token.get_secret_value()
+        if s.aws_profile and not kw:
+            kw["profile_name"] = s.aws_profile
+        self.session = boto3.session.Session(**kw)
+        return self.session
+
     @property
     def region(self) -> str:
+        """The region: explicit, else AWS_DEFAULT_REGION (environment or .env), else the profile's (boto3's own
+        resolution, ``~/.aws/config``; only when credentials are configured, so planning offline imports no
+        boto3), else AWS_REGION, else us-east-1."""
         if self._region:
             return self._region
         from broker.config import settings
 
-        return (settings().aws_region or os.environ.get("AWS_REGION")
-                or getattr(self.session, "region_name", None) or "us-east-1")
+        s = settings()
+        if s.aws_region:
+            return s.aws_region
+        profile_region = None
+        if self.session is not None or (self.factory is None and self.configured()):
+            try:
+                profile_region = self.boto_session().region_name
+            except Exception:  # noqa: BLE001 - boto3 missing or a broken profile: the fallbacks below
+                profile_region = None
+        return profile_region or s.aws_region_alt or "us-east-1"
 
     @property
     def endpoint_url(self) -> str | None:
@@ -266,7 +298,12 @@ class AWSApi:
         return settings().aws_endpoint_url or None
 
     def configured(self) -> bool:
-        return self.factory is not None or self.session is not None or credentials_present()[0]
+        if self.factory is not None or self.session is not None or credentials_present()[0]:
+            return True
+        from broker.config import settings
+
+        s = settings()  # keys or a profile from .env, which boto3 alone would not see
+        return bool((s.aws_access_key_id and s.aws_secret_access_key) or s.aws_profile)
 
     def client(self, service: str, region: str | None = None, *, launch: bool = False) -> Any:
         """A cached boto3 client; ``launch`` = retries off (one attempt) for fast failover and no blind resend of
@@ -288,9 +325,7 @@ class AWSApi:
             if not self.configured():
                 raise AuthError(PROVIDER, f"{service} client", "no AWS credentials configured",
                                 hint=CREDENTIALS_HINT)
-            import boto3
-
-            session = self.session or boto3.session.Session()
+            session = self.boto_session()
             kwargs: dict[str, Any] = {"region_name": region, "config": cfg}
             if self.endpoint_url:
                 kwargs["endpoint_url"] = self.endpoint_url
