@@ -63,3 +63,13 @@ def test_broker_home_from_dotenv(fresh, monkeypatch):
     (fresh / ".env").write_text(f"BROKER_HOME={fresh / 'my-home'}\n")
     settings.cache_clear()
     assert home_path() == fresh / "my-home"
+
+
+def test_broker_check_sees_aws_keys_in_dotenv(fresh):
+    from broker.providers.aws import AWSProvider
+
+    assert not AWSProvider().check().configured
+    (fresh / ".env").write_text("AWS_ACCESS_KEY_ID=AKIAEXAMPLEONLY0000\nAWS_SECRET_ACCESS_KEY=not-a-real-secret\n")
+    settings.cache_clear()
+    chk = AWSProvider().check()
+    assert chk.configured and ".env" in chk.detail and "not-a-real-secret" not in chk.model_dump_json()

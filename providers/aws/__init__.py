@@ -95,6 +95,8 @@ class AWSProvider(Provider):
         if self.api.factory is not None or self.api.session is not None:
             return ProviderCheck(provider=PROVIDER, configured=True, detail="injected session/client factory")
         ok, where = credentials_present()
+        if not ok and self.api.configured():  # keys or a profile given in .env (the settings object)
+            ok, where = True, "AWS keys / profile in .env"
         if ok and importlib.util.find_spec("boto3") is None:
             return ProviderCheck(provider=PROVIDER, configured=False, detail=f"{where}, but boto3 is not installed",
                                  hint=INSTALL_HINT)
