@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
         recipes = sorted(r for r in files if r.endswith((".yaml", ".yml")) and "/" not in r)
-        typer.echo(f"wrote {len(files)} files to {directory}/: recipes {', '.join(recipes)}")
+        typer.echo(f"wrote {len(files)} files to {directory}/ (recipes: {', '.join(recipes)})")
         if recipes:
             first = "ddp_2node.yaml" if "ddp_2node.yaml" in recipes else recipes[0]
             typer.echo(f"next: broker plan --recipe {directory / first}   then: broker run {directory / first}")

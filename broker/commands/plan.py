@@ -198,6 +198,9 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             if o.next_step:
                 why += f"\n-> {o.next_step}"
             worst = usd(o.worst_case_usd) if o.offers else "-"
+            if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
+                    req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
+                worst = f"${o.worst_case_usd:,.4f}"
             if wide:
                 t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, escape(why))
             else:
@@ -266,12 +269,12 @@ def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan_cmd(
-        budget: float = typer.Option(None, "--budget", "-b", min=0, help="total budget in USD (worst case must fit)"),
-        nodes: int = typer.Option(None, "--nodes", "-n", min=1, help="nodes (default 2)"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="GPUs per node (default 1)"),
+        budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
+        nodes: int = typer.Option(None, "--nodes", "-n", help="nodes (default 2)"),
+        gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 1)"),
         gpu: list[str] = typer.Option(None, "--gpu", help="accepted GPU model (repeatable; default any)"),
-        min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", min=0, help="GiB per GPU (default 16)"),
-        hours: float = typer.Option(None, "--hours", min=0.001, help="hard deadline in hours (default 1)"),
+        min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", help="GiB per GPU (default 16)"),
+        hours: float = typer.Option(None, "--hours", help="hard deadline in hours (default 1)"),
         max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
         topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | hybrid | any"),
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
@@ -280,7 +283,7 @@ def register(app: typer.Typer) -> None:
         cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
                                       "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
                                       "limits"),
-        disk: float = typer.Option(None, "--disk", min=0, help="disk per node in GiB (default 40)"),
+        disk: float = typer.Option(None, "--disk", help="disk per node in GiB (default 40)"),
         top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
         offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "

@@ -21,21 +21,31 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     rows = result.ranks
     started = any(r.device != "?" or r.host != "?" for r in rows)
     if started:
-        t = Table(title=f"run {run.id}: {run.name} ({run.topology} on {run.provider})", title_justify="left")
-        cols = ["node", "host", "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "GPUs", "device",
-                "backend"]
+        from rich import box
+
+        # the headers are the variables a learner is reading about: never broken mid-word.  Below 110 columns the
+        # host and GPU count move to one line under the table so the rest fits 80 columns.
+        wide = console.width >= 110
+        t = Table(title=f"run {run.id}: {run.name} ({run.topology} on {run.provider})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        cols = ["node", *(["host"] if wide else []), "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+                *(["GPUs"] if wide else []), "device", "backend"]
         versions = {(r.python, r.torch, r.cuda, r.nccl) for r in rows if r.torch != "?"}
         if len(versions) > 1:
             cols += ["python", "torch", "CUDA", "NCCL"]
         for col in cols:
-            t.add_column(col, overflow="fold")
+            t.add_column(col, no_wrap=True)
         for r in rows:
-            cells = [str(r.node), r.host, str(r.rank), str(r.local_rank), str(r.world_size), r.cuda_visible_devices,
-                     r.gpus, r.device, r.backend]
+            cvd = {"": "(empty)", "''": "(empty)", '""': "(empty)"}.get(r.cuda_visible_devices, r.cuda_visible_devices)
+            cells = [str(r.node), *([r.host] if wide else []), str(r.rank), str(r.local_rank), str(r.world_size),
+                     cvd, *([r.gpus] if wide else []), r.device, r.backend]
             if len(versions) > 1:
                 cells += [r.python, r.torch, r.cuda, r.nccl]
             t.add_row(*(escape(c) for c in cells))
         console.print(t)
+        if not wide:
+            console.print("[dim]hosts: " + ", ".join(f"node {r.node} = {escape(r.host)} ({escape(r.gpus)} GPU(s) "
+                                                     "visible)" for r in rows if r.host != "?") + "[/]")
         if len(versions) == 1:
             py, tv, cu, nc = next(iter(versions))
             console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
