@@ -1141,6 +1141,50 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
     """Lint a recipe's script for ``broker run``: (findings, refuse).  ``refuse`` is True when the recipe asks
     for ``strict_lint`` and there is any finding, or the script does not parse; otherwise findings are warnings
     to print before launch.  The script runs under torchrun, so SLURM_* rank variables are findings."""
-    findings = lint_script(recipe.script, launched_by_torchrun=True)
+    findings = _cached_lint(Path(recipe.script))
     syntax = any(f.kind == "syntax-error" for f in findings)  # would fail on every rank: never launch it
     return findings, syntax or (bool(findings) and recipe.strict_lint)
+
+
+#: bumped whenever a rule changes, so cached results of an older linter are not reused
+LINT_CACHE_VERSION = 1
+
+
+def _cached_lint(script: Path) -> list[Finding]:
+    """:func:`lint_script` for a recipe's script (launched by torchrun), cached by the script's content in
+    ``<broker home>/cache/lint.json``: the analysis costs about a second per process (astroid), and `broker run`
+    lints the same unchanged script on every run.  The cache is best effort: any problem means a fresh lint."""
+    import hashlib
+    import json
+
+    try:
+        data = script.read_bytes()
+    except OSError:
+        return lint_script(script, launched_by_torchrun=True)
+    key = f"{LINT_CACHE_VERSION}:{hashlib.sha256(data).hexdigest()}:{script.resolve()}"
+    cache_file = None
+    cache: dict = {}
+    try:
+        from broker.config import broker_home
+
+        cache_file = broker_home() / "cache" / "lint.json"
+        cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+        hit = cache.get(key)
+        if isinstance(hit, list):
+            return [Finding(**f) for f in hit]
+    except Exception:  # noqa: BLE001 - an unreadable cache is a miss
+        cache = {}
+    findings = lint_script(script, launched_by_torchrun=True)
+    if cache_file is not None:
+        try:
+            from dataclasses import asdict
+
+            cache = {k: v for k, v in list(cache.items())[-200:]}  # bounded
+            cache[key] = [asdict(f) for f in findings]
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache))
+            tmp.replace(cache_file)
+        except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
+            pass
+    return findings

@@ -292,3 +292,24 @@ def test_provenance_walk_is_linear_not_exponential():
     got = lint_source("\n".join(lines) + "\n", "chain.py")
     assert time.perf_counter() - t0 < 20
     assert [(f.line, f.kind) for f in got] == [(len(lines), "device-from-rank")]
+
+
+def test_recipe_lint_is_cached_by_script_content(tmp_path, monkeypatch):
+    """`broker run` lints the same script every run: the result is cached by content, and an edit is linted anew."""
+    import broker.lint as lint
+    from broker.recipe import load_recipe
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "train.py").write_text("import os, torch\ntorch.cuda.set_device(int(os.environ['RANK']))\n")
+    (d / "r.yaml").write_text("name: j\nscript: train.py\ncpu_ok: true\n")
+    recipe = load_recipe(d / "r.yaml")
+    calls = []
+    real = lint.lint_script
+    monkeypatch.setattr(lint, "lint_script", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first, _ = lint.lint_recipe(recipe)
+    second, _ = lint.lint_recipe(recipe)
+    assert [f.kind for f in first] == [f.kind for f in second] == ["device-from-rank"] and len(calls) == 1
+    (d / "train.py").write_text("import os, torch\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n")
+    third, _ = lint.lint_recipe(recipe)
+    assert third == [] and len(calls) == 2
