@@ -623,7 +623,29 @@ class CloudTarget(Target):
             ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
                 self._adapter_ready_timeout(cluster.provider)
         return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say,
-                           ready_timeout_s=ready)
+                           ready_timeout_s=ready, on_auth_failure=self._reauthorise(cluster, ctx))
+
+    def _reauthorise(self, cluster: Cluster, ctx: Context) -> Callable[[], None] | None:
+        """When SSH logins are refused (the key has not reached the node yet), put the run's public key in through
+        the provider's key API again (Vast: ``POST /instances/{id}/ssh/``); None when there is no key file."""
+        if not cluster.ssh_key_path:
+            return None
+        pub = Path(cluster.ssh_key_path + ".pub")
+
+        def again() -> None:
+            from broker.providers import get_provider
+
+            try:
+                key = pub.read_text().strip()
+                p = (self.providers or {}).get(cluster.provider) or get_provider(cluster.provider)
+                for rid in {n.resource_id for n in cluster.nodes if n.resource_id}:
+                    res = ctx.ledger.resource(rid)
+                    if res is not None and res.provider_id:
+                        p.prepare_access(res.provider_id, key)
+            except Exception as e:  # noqa: BLE001 - the login retries go on; the last error is what is reported
+                ctx.say(f"could not put the key in again through {cluster.provider}'s key API: {e}")
+
+        return again
 
     def _adapter_ready_timeout(self, name: str) -> float:
         """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH), else

@@ -476,7 +476,8 @@ class SSHExecutor(Executor):
 
     def __init__(self, cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print,
                  port: int | None = None, preflight: bool = True, connect_timeout_s: float = 20.0,
-                 ready_timeout_s: float = 0.0, say: Echo = None):
+                 ready_timeout_s: float = 0.0, say: Echo = None,
+                 on_auth_failure: Callable[[], None] | None = None):
         n = len(cluster.nodes)
         if n != recipe.nodes:
             raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
@@ -492,6 +493,7 @@ class SSHExecutor(Executor):
         self.port = port or random.randint(29500, 29999)
         self.do_preflight = preflight
         self.ready_timeout_s = ready_timeout_s
+        self.on_auth_failure = on_auth_failure  # e.g. the provider's key API again, when logins are refused
         self.deadline_s = recipe.max_hours * 3600
         self.ssh = SSHCluster(cluster, run_dir=self.run_dir, connect_timeout_s=connect_timeout_s)
         self.report: "PreflightReport | None" = None
@@ -541,6 +543,8 @@ class SSHExecutor(Executor):
                     raise
                 if self.say and (attempt in (1, 2, 5) or attempt % 10 == 0):
                     self.say(f"waiting for SSH: {e.message}; retrying for up to {left:.0f} s more")
+                if self.on_auth_failure is not None and _auth_refused(e) and attempt in (1, 3, 6, 10):
+                    self.on_auth_failure()
                 time.sleep(min(delay, max(0.1, left)))
                 delay = min(delay * 2, 10.0)
 
@@ -661,6 +665,12 @@ class SSHExecutor(Executor):
                 _mark_done(self.ssh, self.n)
         finally:
             self.ssh.close()
+
+
+def _auth_refused(e: ProviderError) -> bool:
+    """An SSH failure where the node answered but refused the login (the key is not there yet)."""
+    text = e.message.lower()
+    return "permission denied" in text or "authentication" in text
 
 
 def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,

@@ -176,8 +176,19 @@ def test_without_the_key_api_the_run_cannot_log_in(hosts, emulator, tmp_path):
     assert out.result is not None and not out.result.ok
     assert "Permission denied" in out.result.reason and "cannot reach node 0" in out.result.reason, out.result.reason
     assert any("waiting for SSH" in s and "Permission denied" in s for s in said), said  # auth was retried
-    assert len(emu.keys_posted) == 1 and not emu.instances and out.left == []
+    assert len(emu.keys_posted) >= 2  # posted again when the logins were refused (and still never installed)
+    assert not emu.instances and out.left == []
     assert out.run.status == "failed" and out.exit_code == 1
+
+
+def test_a_key_lost_by_the_key_api_is_posted_again_when_logins_are_refused(hosts, emulator, tmp_path):
+    """Issue 12 item 3: "retry on auth failure".  The first key API call is answered with success but the key never
+    reaches the host; SSH refuses the login, broker posts the key again, the next login works."""
+    emu = emulator(hosts(1), lose_first_keys=1)
+    out, ledger, lines, said = _run(tmp_path)
+    _assert_clean_success(out, ledger, emu, lines, said)
+    assert len(emu.keys_posted) >= 2 and len({k for _, k in emu.keys_posted}) == 1
+    assert any("Permission denied" in s for s in said), said
 
 
 def test_foreign_installation_instance_is_left_alone(hosts, emulator, tmp_path, cli_env):

@@ -70,7 +70,8 @@ class VastEmulator:
     before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request."""
 
     def __init__(self, hosts, *, offers: list[dict[str, Any]] | None = None, boot_s: float = 0.5,
-                 sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True):
+                 sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True,
+                 lose_first_keys: int = 0):
         from pytest_httpserver import HTTPServer
 
         self.hosts = hosts
@@ -78,6 +79,9 @@ class VastEmulator:
         self.boot_s, self.sshd_delay_s = boot_s, sshd_delay_s
         self.delete_failures = delete_failures
         self.install_posted_keys = install_posted_keys
+        # the first N key API calls answer success but the key never reaches the host (seen: a key call racing
+        # the container's start); the client must post it again when logins are refused
+        self.lose_first_keys = lose_first_keys
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
@@ -266,7 +270,8 @@ class VastEmulator:
             if not key.startswith("ssh-"):
                 return self._json({"success": False, "error": "invalid_args", "msg": "invalid ssh key"}, 400)
             self.keys_posted.append((iid, key))
-            if self.install_posted_keys and inst.host is not None:
+            lost = len(self.keys_posted) <= self.lose_first_keys
+            if self.install_posted_keys and not lost and inst.host is not None:
                 with open(Path(self.hosts.root) / "ssh" / "authorized_keys", "a") as f:
                     f.write(key + "\n")
         return self._json({"success": True, "msg": "ssh key added to instance"})
