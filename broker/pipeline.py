@@ -612,18 +612,13 @@ class CloudTarget(Target):
         assert cluster is not None
         ctx.say(f"launching {len(cluster.nodes)} node(s) on {cluster.provider}")
         if cluster.local_exec:  # the fake cloud: "instances" are this machine
-            from broker.launch import LocalExecutor
-
-            return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
-                                 say=ctx.hooks.say)
-        from broker.remote import SSHExecutor
-
+            return cluster_executor(recipe, run, cluster, ctx)
         ready = self.ssh_ready_timeout_s
         if ready is None:
             ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
                 self._adapter_ready_timeout(cluster.provider)
-        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say,
-                           ready_timeout_s=ready, on_auth_failure=self._reauthorise(cluster, ctx))
+        return cluster_executor(recipe, run, cluster, ctx, ready_timeout_s=ready,
+                                on_auth_failure=self._reauthorise(cluster, ctx))
 
     def _reauthorise(self, cluster: Cluster, ctx: Context) -> Callable[[], None] | None:
         """When SSH logins are refused (the key has not reached the node yet), put the run's public key in through
@@ -710,14 +705,7 @@ class KeptTarget(Target):
         if len(cluster.nodes) != recipe.nodes:
             raise BadInput(f"run {self.origin.id} kept {len(cluster.nodes)} node(s) but recipe {recipe.name} asks for "
                            f"{recipe.nodes}", hint=f"set nodes: {len(cluster.nodes)} in the recipe")
-        if cluster.local_exec:
-            from broker.launch import LocalExecutor
-
-            return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
-                                 say=ctx.hooks.say)
-        from broker.remote import SSHExecutor
-
-        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
+        return cluster_executor(recipe, run, cluster, ctx)
 
     @property
     def releases(self) -> bool:
@@ -764,6 +752,19 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
                            workdir=recipe.workdir, nnodes=len(cluster.nodes), nproc_per_node=recipe.gpus_per_node,
                            env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
                            expect=list(recipe.expect), deadline_s=deadline_s, artifacts=list(recipe.artifacts))
+
+
+def cluster_executor(recipe: Recipe, run: Run, cluster: Cluster, ctx: Context, **ssh: Any) -> "Executor":
+    """The executor for an acquired cluster: local processes when its nodes are this machine (``local_exec``: the
+    fake cloud), else SSH (``ssh``: SSHExecutor options such as ``ready_timeout_s``)."""
+    if cluster.local_exec:
+        from broker.launch import LocalExecutor
+
+        return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
+                             say=ctx.hooks.say)
+    from broker.remote import SSHExecutor
+
+    return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say, **ssh)
 
 
 def _keep_until_idle(ledger: "Ledger", run: Run, idle_minutes: float, actor: str) -> list[Resource]:
