@@ -13,6 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+class _Model(BaseModel):
+    """Base of broker's value types: schemas are built on first use (``defer_build``), so a command pays only for
+    the models it touches (``bench/cli_startup.py``)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 def utcnow() -> datetime:
     """Timezone-aware now in UTC."""
     return datetime.now(timezone.utc)
@@ -27,7 +34,7 @@ class TopologyKind(str, Enum):
     hybrid = "hybrid"  # node 0 = this machine, nodes 1.. = VMs, over a per-run WireGuard tunnel (broker.hybrid)
 
 
-class Offer(BaseModel):
+class Offer(_Model):
     """One rentable unit: a Vast.ai offer (one host), an OCI shape or an AWS instance type in one place.
 
     ``gpu_mem_gib`` is per GPU.  ``usd_per_hour`` is for the whole unit (all its GPUs), excluding storage that is
@@ -61,7 +68,7 @@ class Offer(BaseModel):
         return f"{self.provider}/{self.region or '-'}/{self.zone or '-'}/{self.offer_id}"
 
 
-class Quota(BaseModel):
+class Quota(_Model):
     """A service limit as read from the provider.
 
     ``unit`` is what ``limit``/``used`` count: ``"gpus"`` (OCI ``gpu-*-count``) or ``"vcpus"`` (AWS
@@ -85,7 +92,7 @@ class Quota(BaseModel):
         return max(0.0, self.limit - self.used)
 
 
-class Capacity(BaseModel):
+class Capacity(_Model):
     """Host capacity for one instance type in one zone (OCI capacity report; AWS offerings; Vast rentable)."""
 
     provider: str
@@ -102,7 +109,7 @@ class Capacity(BaseModel):
 GPU_MEM_TOLERANCE = 0.02
 
 
-class Requirements(BaseModel):
+class Requirements(_Model):
     """What a job needs, independent of any provider.
 
     ``gpu_names`` empty = any model.  ``hours`` is the hard deadline used for the worst-case cost; None means
@@ -126,7 +133,7 @@ class Requirements(BaseModel):
         return self.min_gpu_mem_gib * (1 - GPU_MEM_TOLERANCE)
 
 
-class PlanOption(BaseModel):
+class PlanOption(_Model):
     """One way to run the job: a topology on one provider, with its cost and, when rejected, why.
 
     ``offers`` holds one offer for ``simulated`` (one host) and N (possibly equal) offers for ``multi-node``.
@@ -163,7 +170,7 @@ class PlanOption(BaseModel):
         return f"{what} ({where})" if where else what
 
 
-class Plan(BaseModel):
+class Plan(_Model):
     """The planner's answer: valid options ranked by cost (``options[0]`` is chosen) and the rejected ones."""
 
     requirements: Requirements
@@ -184,7 +191,7 @@ class Plan(BaseModel):
 ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan", "unknown"]
 
 
-class Resource(BaseModel):
+class Resource(_Model):
     """A ledger row: one thing that can cost money (instance, volume) or that must be cleaned (VCN, SG...).
 
     Written with state ``intent`` *before* the provider call that creates it; ``provider_id`` is filled right
@@ -218,7 +225,7 @@ RunStatus = Literal["planned", "provisioning", "running", "succeeded", "failed",
                     "tearing_down", "torn_down"]
 
 
-class Run(BaseModel):
+class Run(_Model):
     """A ledger row for one ``broker run``: recipe, plan, status, times, per-node exit codes, log paths."""
 
     id: str
@@ -241,7 +248,7 @@ class Run(BaseModel):
     pid: int | None = None  # the CLI process driving the run
 
 
-class ClusterNode(BaseModel):
+class ClusterNode(_Model):
     """One node of a provisioned cluster, as the runner reaches it.
 
     ``host``/``port``/``user``: the SSH endpoint (public IP, Vast proxy, or a netns address).  ``private_ip``: the
@@ -259,7 +266,7 @@ class ClusterNode(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class Cluster(BaseModel):
+class Cluster(_Model):
     """What provisioning hands to the runner: the nodes, the SSH material and how to run Python there.
 
     ``local_exec`` is True for providers whose "nodes" are processes on this machine (``local``, the ``fake``

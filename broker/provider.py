@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from broker.model import Capacity, Offer, Quota, Requirements
+from broker.model import Capacity, Offer, Quota, Requirements, _Model
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
 RUN_TAG = "broker-run"
@@ -50,7 +50,7 @@ from broker.errors import (  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------------------------- values
-class ProviderCheck(BaseModel):
+class ProviderCheck(_Model):
     """Result of :meth:`Provider.check`: are credentials present and usable."""
 
     provider: str
@@ -60,7 +60,7 @@ class ProviderCheck(BaseModel):
     hint: str | None = None
 
 
-class NodeRequest(BaseModel):
+class NodeRequest(_Model):
     """What to create for one node.  ``client_token`` is the ledger resource id (idempotency key)."""
 
     run_id: str
@@ -83,7 +83,7 @@ class NodeRequest(BaseModel):
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
 
 
-class InstanceInfo(BaseModel):
+class InstanceInfo(_Model):
     """What :meth:`Provider.describe_instance` returns.  ``state == "terminated"`` also when the provider no
     longer knows the id (gone)."""
 
@@ -99,7 +99,7 @@ class InstanceInfo(BaseModel):
     usd_per_hour: float | None = None
 
 
-class TaggedResource(BaseModel):
+class TaggedResource(_Model):
     """A provider-side object carrying broker's run tag (input to reconcile)."""
 
     provider: str
@@ -115,7 +115,7 @@ class TaggedResource(BaseModel):
     client_token: str | None = None  # NodeRequest.client_token (ledger row id) when the tag / label carries it
 
 
-class QuotaRequest(BaseModel):
+class QuotaRequest(_Model):
     """A quota / limit increase request, filed or drafted.
 
     ``state`` is the provider's word: OCI ACCEPTED / IN_PROGRESS / SUCCEEDED / PARTIALLY_SUCCEEDED / CANCELED /

@@ -77,3 +77,21 @@ def test_settings_class_still_importable():
     assert "vast_api_key" in Settings.model_fields
     with pytest.raises(ImportError):
         from broker.config import NoSuchThing  # noqa: F401
+
+
+def test_plan_does_not_coerce_options_through_pydantic_adapters(tmp_path):
+    """typer 0.29 builds a pydantic TypeAdapter for every CLI parameter on every start (+120 ms for ``broker plan``,
+    bench/cli_startup.py); pyproject pins ``typer<0.29``."""
+    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+                         "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
+    assert "typer._adapters" not in mods
+
+
+def test_value_types_build_their_schema_on_first_use():
+    """Importing broker.model builds no schema (``defer_build``): a command pays only for the models it uses."""
+    code = ("import broker.model as m\nassert not any(c.__pydantic_complete__ for c in (m.Offer, m.Run, m.Cluster))\n"
+            "m.Requirements(budget_usd=None)\nassert m.Requirements.__pydantic_complete__\n"
+            "assert not m.Run.__pydantic_complete__")
+    cp = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
