@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def print_json(data: Any) -> None:

@@ -37,3 +37,13 @@ def test_check_shows_urls_and_key_paths_whole_at_80_columns(cli_env):
     assert "…" not in out
     assert "https://cloud.vast.ai/manage-keys/" in out and "~/.config/vastai/vast_api_key" in out
     assert "~/.oci/config" in out
+
+
+def test_names_with_colons_print_as_written():
+    """A recipe or offer name like ``demo:fire:`` is printed as written, not turned into an emoji by rich."""
+    from broker.ui import console, err
+
+    for c in (console, err):
+        with c.capture() as cap:
+            c.print("run demo:fire: on node:rocket:1")
+        assert "demo:fire: on node:rocket:1" in cap.get()
