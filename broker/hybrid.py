@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -108,15 +109,19 @@ def tunnel_down(c: "NetnsCluster", t: EmulatedTunnel | None) -> None:
 
 def emulated_cluster(c: "NetnsCluster", t: EmulatedTunnel, run_id: str) -> Cluster:
     """The runner's view: SSH over the management addresses, ``private_ip`` = the tunnel address (node 0's is
-    ``MASTER_ADDR``), the tunnel interface in every node's env."""
+    ``MASTER_ADDR``), the tunnel interface in every node's env (plus its GPUs and ``NCCL_HOSTID`` where the
+    namespaces were given GPUs)."""
     base = c.cluster(run_id)
     nodes = [ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=t.addresses[i],
-                         resource_id=n.resource_id, env=tunnel_env(t.ifaces[i]))
+                         resource_id=n.resource_id, gpu_indices=n.gpu_indices, env={**n.env, **tunnel_env(t.ifaces[i])})
              for i, n in enumerate(base.nodes)]
     return base.model_copy(update={"nodes": nodes, "topology": TopologyKind.hybrid})
 
 
 # --------------------------------------------------------------------------------------------------- preflight
+_WG_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard public key: 32 bytes in base64
+
+
 def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: int, *,
                     wait_s: float = HANDSHAKE_WAIT_S) -> list[Any]:
     """The tunnel rows of preflight, over the executor's ``run(i, cmd, timeout)``: node 0 sends a packet to every
@@ -132,23 +137,38 @@ def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: in
             f"for a in {list(peers.values())!r}:\n"
             "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.sendto(b'x', (a, 9)); s.close()\n")
     keys: dict[int, str] = {}
+    unreadable: dict[int, str] = {}  # node -> why `wg show` gave no answer there (not a network verdict)
     for j in peers:
-        code, out = run(j, f"wg show {shlex.quote(cluster.nodes[j].env.get('GLOO_SOCKET_IFNAME', 'wg0'))} public-key",
-                        timeout=20)
-        keys[j] = out.strip().splitlines()[-1] if out.strip() else ""
+        iface = cluster.nodes[j].env.get('GLOO_SOCKET_IFNAME', 'wg0')
+        code, out = run(j, f"wg show {shlex.quote(iface)} public-key", timeout=20)
+        last = out.strip().splitlines()[-1].strip() if out.strip() else ""
+        if code == 0 and _WG_KEY.fullmatch(last):
+            keys[j] = last
+        else:
+            keys[j] = ""
+            unreadable[j] = f"`wg show {iface} public-key` on node {j}: exit {code}: {last or 'no output'}"
     t0 = time.monotonic()
     seen: dict[str, int] = {}
-    while True:
+    while keys and len(unreadable) < len(peers):
         run(0, f"{shlex.quote(cluster.python)} -c {shlex.quote(poke)}", timeout=20)
-        _, out = run(0, f"wg show {shlex.quote(iface0)} latest-handshakes", timeout=20)
+        code, out = run(0, f"wg show {shlex.quote(iface0)} latest-handshakes", timeout=20)
+        if code != 0:
+            last = out.strip().splitlines()[-1].strip() if out.strip() else "no output"
+            unreadable = {j: f"`wg show {iface0} latest-handshakes` on node 0: exit {code}: {last}" for j in peers}
+            break
         seen = parse_handshakes(out)
-        missing = [j for j in peers if seen.get(keys[j], 0) == 0]
+        missing = [j for j in peers if j not in unreadable and seen.get(keys[j], 0) == 0]
         if not missing or time.monotonic() - t0 > wait_s:
             break
         time.sleep(0.3)
     took = time.monotonic() - t0
     for j in peers:
-        if seen.get(keys[j], 0) > 0:
+        if j in unreadable:
+            rows.append(Check("tunnel", f"0<->{j}", "FAIL",
+                              f"cannot read the WireGuard interface ({unreadable[j]}), so the tunnel cannot be "
+                              f"checked", "make `wg` (wireguard-tools) available on every node's default PATH "
+                              "(apt-get install wireguard-tools) and check that the interface is up (`ip link`)"))
+        elif seen.get(keys[j], 0) > 0:
             rows.append(Check("tunnel", f"0<->{j}", "PASS", f"WireGuard handshake between node 0 and node {j} "
                               f"({peers[j]}) after {took:.1f} s"))
         else:

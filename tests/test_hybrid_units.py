@@ -220,15 +220,19 @@ def _cluster():
 class _Nodes:
     """Stands in for SSHCluster.run: answers `wg show` and the MTU read per node."""
 
-    def __init__(self, handshake: int, mtu1: str = "1420"):
-        self.handshake, self.mtu1, self.cmds = handshake, mtu1, []
+    KEY = "x" * 42 + "Q="  # the shape of a WireGuard public key (32 bytes, base64)
+
+    def __init__(self, handshake: int, mtu1: str = "1420", wg: dict[int, tuple[int, str]] | None = None):
+        self.handshake, self.mtu1, self.cmds, self.wg = handshake, mtu1, [], wg or {}
 
     def __call__(self, i, cmd, timeout=60.0):
         self.cmds.append((i, cmd))
+        if cmd.startswith("wg ") and i in self.wg:
+            return self.wg[i]
         if "public-key" in cmd:
-            return 0, "PEER1KEY=\n"
+            return 0, self.KEY + "\n"
         if "latest-handshakes" in cmd:
-            return 0, f"PEER1KEY=\t{self.handshake}\n"
+            return 0, f"{self.KEY}\t{self.handshake}\n"
         if "/mtu" in cmd:
             return 0, ("1420" if i == 0 else self.mtu1) + "\n"
         return 0, ""
@@ -253,3 +257,37 @@ def test_tunnel_preflight_names_a_blocked_udp_port_and_a_wrong_mtu():
     mtu = [r for r in rows if r.check == "tunnel mtu"]
     assert mtu[0].result == "PASS" and mtu[1].result == "FAIL" and "wgabc1 MTU 1500" in mtu[1].detail
     assert "ip link set dev wgabc1 mtu 1420" in mtu[1].fix
+
+
+def test_tunnel_preflight_names_a_node_where_wg_cannot_run_not_a_blocked_port():
+    """Seen on the 2x H200 device: `wg` was not on the SSH session's PATH of the nodes, `wg show` printed an error
+    and preflight blamed a blocked UDP port.  A failed `wg show` is its own FAIL, naming the command and its output."""
+    import time
+
+    for who, answer in ((1, (127, "bash: line 1: wg: command not found")),
+                        (0, (1, "Unable to access interface: No such file or directory"))):
+        t0 = time.monotonic()
+        rows = hybrid.handshake_check(_Nodes(handshake=1764500000, wg={who: answer}), _cluster(), {1: 51820}, 1420,
+                                      wait_s=3)
+        assert time.monotonic() - t0 < 3  # no point waiting for a handshake nobody can read
+        tun = next(r for r in rows if r.check == "tunnel")
+        assert tun.result == "FAIL" and "blocked" not in tun.detail, tun.detail
+        assert f"on node {who}: exit {answer[0]}: {answer[1]}" in tun.detail and "wireguard-tools" in tun.fix
+
+
+def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
+    """On a GPU machine the emulated hybrid run gives each namespace its own GPU and NCCL_HOSTID (as ``--provider
+    netns`` does), so NCCL uses sockets over the tunnel; the tunnel interface is in every node's env."""
+    from broker.hybrid import EmulatedTunnel, emulated_cluster
+    from broker.providers.netns import NetnsCluster
+
+    c = NetnsCluster(cid="bkn0a1b2c", root=tmp_path, subnet=7, n=2, gpus_per_node=1)
+    t = EmulatedTunnel(cid=c.cid, keys=tmp_path / "wg", ifaces=["wg0a1b2c0", "wg0a1b2c1"],
+                       addresses=["198.18.9.1", "198.18.9.2"], mtu=1420, how="wireguard-go", endpoints={})
+    cl = emulated_cluster(c, t, "r-1")
+    assert [n.gpu_indices for n in cl.nodes] == [["0"], ["1"]]
+    assert [n.env["NCCL_HOSTID"] for n in cl.nodes] == ["bkn0a1b2c-node0", "bkn0a1b2c-node1"]
+    assert [n.env["NCCL_SOCKET_IFNAME"] for n in cl.nodes] == t.ifaces
+    assert [n.private_ip for n in cl.nodes] == t.addresses
+    cpu = emulated_cluster(NetnsCluster(cid="bkn0a1b2c", root=tmp_path, subnet=7, n=2), t, "r-1")
+    assert [n.gpu_indices for n in cpu.nodes] == [None, None] and "NCCL_HOSTID" not in cpu.nodes[0].env
