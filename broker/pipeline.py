@@ -414,6 +414,8 @@ class HybridTarget(Target):
         self.cluster_state: Any = None
         self.sites: Any = None
         self.tunnel: Any = None
+        self.use_gpus = False
+        self.devices = "no GPU used: gloo on CPU over the tunnel"
 
     def check(self) -> None:
         from broker.wireguard import missing_tools
@@ -427,13 +429,17 @@ class HybridTarget(Target):
         if why:
             raise ProviderError("netns", "up hybrid", why, hint="run as root on Linux with openssh-server, iproute2, "
                                 "iptables and wireguard-tools (+ wireguard-go without the kernel module)")
+        r = self.recipe
+        self.use_gpus = netns.gpu_count() >= r.nodes * r.gpus_per_node > 0
+        self.devices = ("one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID), NCCL sockets over the "
+                        "tunnel" if self.use_gpus else "no GPU used: gloo on CPU over the tunnel")
 
     def plan_record(self) -> dict[str, Any]:
-        return {**super().plan_record(), "devices": "no GPU used: gloo on CPU over the tunnel", "inject": self.inject}
+        return {**super().plan_record(), "devices": self.devices, "inject": self.inject}
 
     def describe(self) -> str:
-        return ("topology hybrid emulated (netns: home + cloud behind two NATs, WireGuard between them, free); gloo "
-                "on CPU over the tunnel" + (f"; fault injected: {self.inject}" if self.inject else ""))
+        return ("topology hybrid emulated (netns: home + cloud behind two NATs, WireGuard between them, free); "
+                + self.devices + (f"; fault injected: {self.inject}" if self.inject else ""))
 
     def acquire(self, run: Run, ctx: Context) -> Cluster:
         from broker.hybrid import emulated_cluster, tunnel_up
@@ -443,7 +449,8 @@ class HybridTarget(Target):
         rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid, "hybrid": True})
                 for i in range(r.nodes)]
         ctx.say(f"creating the two sites (home: node 0; cloud: nodes 1-{r.nodes - 1}) behind two NATs (cluster {cid})")
-        self.cluster_state, self.sites = netns.up_hybrid(r.nodes, Path(run.run_dir or "."), cid=cid, inject=self.inject)
+        self.cluster_state, self.sites = netns.up_hybrid(r.nodes, Path(run.run_dir or "."), cid=cid, inject=self.inject,
+                                                         gpus_per_node=r.gpus_per_node if self.use_gpus else 0)
         for i, row in enumerate(rows):
             ctx.ledger.mark_created(row.id, f"{cid}:{i}", state="running")
         self.tunnel = t = tunnel_up(self.cluster_state, self.sites)

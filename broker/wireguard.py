@@ -236,16 +236,46 @@ def iface_up(iface: str, conf: Path, address: str, prefixlen: int, mtu: int, *, 
     return how
 
 
+def stop_process(pid: int, comm: str, *, wait_s: float = 3.0) -> bool:
+    """SIGTERM ``pid`` if it still runs ``comm`` (a pid file can outlive its process and the pid be reused), wait up
+    to ``wait_s`` seconds, then SIGKILL; reaps it when it is this process's child (no zombie is left).  Returns
+    whether a process was signalled."""
+    import signal
+
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() != comm[:15]:
+            return False
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return False
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:  # not ours: gone (or a zombie its parent will collect) when /proc says so
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+            except (OSError, IndexError):
+                return True
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ChildProcessError, ProcessLookupError, PermissionError):
+        pass
+    return True
+
+
 def iface_down(iface: str, *, ns: str | None = None, pidfile: Path | None = None,
                run_bind: Path | None = None) -> None:
     """Delete ``iface`` and stop its wireguard-go (by the pid in ``pidfile``); idempotent."""
-    import signal
-
     _run([*_ns(ns), "ip", "link", "del", iface], check=False)
     if pidfile and pidfile.exists():
         try:
-            os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
-        except (ValueError, ProcessLookupError, PermissionError):
+            stop_process(int(pidfile.read_text().strip()), "wireguard-go")
+        except ValueError:
             pass
     sock = (Path(run_bind) / "wireguard" if run_bind else WG_SOCKET_DIR) / f"{iface}.sock"
     if sock.exists():

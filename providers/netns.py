@@ -212,6 +212,18 @@ def _kill_pids(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+    if sig == signal.SIGKILL:
+        _reap(pids)
+
+
+def _reap(pids: list[int]) -> None:
+    """Collect the exit status of those of ``pids`` that are this process's children (wireguard-go and sshd started
+    in-process), so none stays a zombie while this process lives; others are left to their parent."""
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except (ChildProcessError, OSError):
+            pass
 
 
 def _ns_pids(ns: str) -> list[int]:
@@ -584,9 +596,10 @@ class HybridSites:
 
 
 def up_hybrid(n: int, run_dir: Path, *, cid: str, port: int = 51820, inject: str | None = None,
-              ssh_wait_s: float = 15.0) -> tuple[NetnsCluster, HybridSites]:
+              ssh_wait_s: float = 15.0, gpus_per_node: int = 0) -> tuple[NetnsCluster, HybridSites]:
     """Bring up the two sites for ``n`` nodes (module section above) with sshd on every node's management address;
-    returns the cluster handle (for ``down``) and the sites.  The tunnel itself is :mod:`broker.hybrid`'s.  On any
+    returns the cluster handle (for ``down``) and the sites.  ``gpus_per_node`` > 0: node i gets GPUs
+    ``i*g .. i*g+g-1`` and its own ``NCCL_HOSTID`` (as :func:`up`; the caller checks this machine has them).  The tunnel itself is :mod:`broker.hybrid`'s.  On any
     failure everything made so far is removed and ProviderError is raised."""
     why = missing_requirements() or (None if shutil.which("iptables") else "iptables is not installed")
     if why:
@@ -607,7 +620,7 @@ def up_hybrid(n: int, run_dir: Path, *, cid: str, port: int = 51820, inject: str
             raise ProviderError("netns", "up hybrid", "fewer than 5 free /24s left in 198.18.0.0/16",
                                 hint="remove leftovers with `broker netns down --all`")
         pick = [free.pop(secrets.randbelow(len(free))) for _ in range(5)]
-        c = NetnsCluster(cid=cid, root=root, subnet=pick[0], n=n, gpus_per_node=0)
+        c = NetnsCluster(cid=cid, root=root, subnet=pick[0], n=n, gpus_per_node=gpus_per_node)
         sites = HybridSites(cid=cid, n=n, home=pick[1], cloud=pick[2], wan=pick[3], tunnel=pick[4], port=port)
         c.save()
         sites.save(root)

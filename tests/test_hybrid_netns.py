@@ -225,3 +225,32 @@ def test_removing_the_cluster_deletes_its_keys_and_sockets(tmp_path):
     assert any(r.startswith("keys ") for r in removed), removed
     assert not (c.root / "wg").exists() and not list(c.root.glob("node*/run/wireguard/*.sock"))
     assert _wait(lambda: not _gone(cid, runs_dir().parent), 5)
+
+
+def test_teardown_leaves_no_wireguard_go_zombie(tmp_path):
+    """Seen on the 2x H200 device: `pgrep wireguard-go` still counted 2 after the runs ended (exited wireguard-go
+    children never collected).  Both teardown paths (tunnel_down, then remove_cid) reap what this process started."""
+    from broker.config import runs_dir
+    from broker.hybrid import tunnel_down, tunnel_up
+
+    def state(pid: int) -> str | None:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    for path in ("tunnel_down", "remove_cid"):
+        cid = netns.new_cid()
+        c, s = netns.up_hybrid(2, runs_dir() / f"r-zombie-{path}", cid=cid)
+        try:
+            t = tunnel_up(c, s)
+            if t.how != "wireguard-go":
+                pytest.skip("kernel WireGuard here: no wireguard-go process to reap")
+            pids = [int((t.keys / f"node{i}.conf.pid").read_text()) for i in range(2)]
+            assert all(state(p) in ("S", "R") for p in pids)
+            if path == "tunnel_down":
+                tunnel_down(c, t)
+                assert [state(p) for p in pids] == [None, None]
+        finally:
+            netns.remove_cid(cid)
+        assert [state(p) for p in pids] == [None, None], path
