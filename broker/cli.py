@@ -269,11 +269,19 @@ def _quiet_broken_pipe() -> int:
 
 def _plain_usage(cmd: Any) -> None:
     """Usage lines read ``broker run [OPTIONS] RECIPE``: newer Typer writes a required argument as ``{RECIPE}``
-    there (the Arguments list and the docs say ``RECIPE``); applied to ``cmd`` and every subcommand."""
+    there (the Arguments list and the docs say ``RECIPE``), ``{PATH...}...`` for ``PATH...``; applied to ``cmd`` and every subcommand."""
+    import re
+
     original = cmd.collect_usage_pieces
 
+    def plain(piece: str) -> str:
+        m = re.fullmatch(r"\{(.+)\}((?:\.\.\.)?)", piece)  # {RECIPE}, {PATH...}...
+        if m is None:
+            return piece
+        return m[1] if m[1].endswith("...") else m[1] + m[2]
+
     def pieces(ctx: Any) -> list[str]:
-        return [p[1:-1] if len(p) > 2 and p[0] == "{" and p[-1] == "}" else p for p in original(ctx)]
+        return [plain(p) for p in original(ctx)]
 
     cmd.collect_usage_pieces = pieces
     for sub in (getattr(cmd, "commands", None) or {}).values():
@@ -313,8 +321,11 @@ def main(argv: list[str] | None = None) -> None:
         if code == EXIT_INTERRUPTED and _interrupted and not as_json:
             _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
     except BaseException as e:  # noqa: BLE001 - the one boundary
-        if _broken_pipe(e) is not None and _closed_std_streams():  # `| head -1`; another pipe is a failure
+        pipe = _broken_pipe(e)
+        if pipe is not None and _closed_std_streams():  # `broker offers | head -1`
             code = _quiet_broken_pipe()
+        elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
+            code = _boundary(pipe, as_json)  # another pipe (a child's stdin): a failure (click would exit 1 silently)
         elif isinstance(e, SystemExit):  # sys.exit() somewhere below: keep its code
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:
