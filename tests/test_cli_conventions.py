@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 
 from broker import __version__
 from broker.errors import BadInput
@@ -197,7 +198,7 @@ def _groups() -> dict[tuple[str, ...], list[str]]:
             for name, sub in subs.items():
                 walk(sub, path + (name,))
 
-    walk(cli.command(), ())
+    walk(typer.main.get_command(cli.app), ())
     return out
 
 
@@ -213,7 +214,7 @@ def _leaves() -> list[tuple[str, ...]]:
         for name, sub in (subs or {}).items():
             walk(sub, path + (name,))
 
-    walk(cli.command(), ())
+    walk(typer.main.get_command(cli.app), ())
     return out
 
 
@@ -230,23 +231,22 @@ def test_every_short_help_is_whole_at_80_columns(group):
         assert name in rows and len(rows[name].split()) >= 3, (name, listed)
 
 
-def test_usage_lines_name_arguments_plainly():
+def test_usage_lines_name_arguments_plainly(capsys):
     """`broker run [OPTIONS] RECIPE`, not `{RECIPE}` (newer Typer's braces) nor a lower-case parameter name."""
     import re
+
+    from broker import cli
 
     cp = broker("run", "--help")
     assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE", cp.stdout
     cp = broker("run")  # the usage line of a usage error too
     assert cp.returncode == 2 and "Usage: broker run [OPTIONS] RECIPE" in cp.stderr, cp.stderr
-    from broker import cli
-
-    root = cli.command()
-    for path in _leaves():
-        cmd = root
-        for name in path:
-            cmd = cmd.commands[name]
-        ctx = cmd.make_context(" ".join(("broker",) + path), [], resilient_parsing=True)
-        usage = cmd.get_usage(ctx)
+    for path in _leaves():  # every command's --help, through the same entry point
+        with pytest.raises(SystemExit) as ex:
+            cli.main([*path, "--help"])
+        assert ex.value.code == 0
+        usage = capsys.readouterr().out.splitlines()[0]
+        assert usage.startswith(f"Usage: broker {' '.join(path)} [OPTIONS]"), usage
         args = usage.split("[OPTIONS]", 1)[1]
         assert not re.search(r"[{}<>]", args), usage
         assert args == args.upper(), usage  # RUN, [NODES], [PROVIDER]...: not run_id, nodes, provider
