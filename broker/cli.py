@@ -20,7 +20,8 @@ from typing import Any
 import typer
 
 from broker import __version__
-from broker.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError)
+from broker.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
+                           OutputClosed)
 
 app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> None:
             _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
     except BaseException as e:  # noqa: BLE001 - the one boundary
         pipe = _broken_pipe(e)
-        if pipe is not None and _closed_std_streams():  # `broker offers | head -1`
+        if isinstance(e, OutputClosed) or (pipe is not None and _closed_std_streams()):  # `broker offers | head -1`
             code = _quiet_broken_pipe()
         elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
             code = _boundary(pipe, as_json)  # another pipe (a child's stdin): a failure (click would exit 1 silently)

@@ -21,6 +21,16 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 
+class OutputClosed(SystemExit):
+    """stdout's (or stderr's) reader went away while broker wrote to it (``broker offers | head -1``): the command
+    ends as if killed by SIGPIPE, quietly, with exit code :data:`EXIT_BROKEN_PIPE`.  A SystemExit, so that no
+    ``except Exception`` below the CLI takes it for a failure of the job (``finally`` blocks, teardown among them,
+    still run; their output goes to /dev/null)."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_BROKEN_PIPE)
+
+
 class BrokerError(Exception):
     """Base of broker's errors; ``exit_code`` follows docs/design.md (2 bad input, 3 no plan, 4 provider error)."""
 

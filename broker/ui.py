@@ -11,13 +11,24 @@ from rich.console import Console
 
 
 class _Console(Console):
-    """rich's console, except that a closed pipe (``broker offers | head -1``) reaches the CLI's error boundary as
-    the BrokenPipeError it is (rich's default ends the process with exit 1 on its own)."""
+    """rich's console, except that a closed pipe (``broker offers | head -1``) ends the command with
+    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1."""
 
     def on_broken_pipe(self) -> None:
-        import errno
+        import os
+        import sys
 
-        raise BrokenPipeError(errno.EPIPE, "the output's reader went away (broken pipe)")
+        from broker.errors import OutputClosed
+
+        self.quiet = True
+        try:  # what is still written (teardown messages, Python's flush at exit) goes nowhere, as in rich
+            fd = self.file.fileno()
+        except (OSError, ValueError, AttributeError):
+            fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        raise OutputClosed()
 
 
 console = _Console(highlight=False, soft_wrap=True)

@@ -374,3 +374,22 @@ def test_folder_with_recipes_names_the_real_ones(tmp_path):
     (d / "notes.txt").write_text("x")
     out = one_message(broker("plan", "--recipe", str(d)), 2, "is a folder", "only.yaml", "second.yml")
     assert "notes.txt" not in out and "ddp_2node.yaml" not in out
+
+
+def test_closed_stdout_ends_a_command_as_systemexit_and_later_output_goes_nowhere(tmp_path):
+    """The console raises OutputClosed (a SystemExit, so no `except Exception` in the pipeline takes it for a
+    failed job) and what is written afterwards (teardown messages) no longer fails."""
+    code = ("import sys\nfrom broker.ui import console\nfrom broker.errors import OutputClosed\n"
+            "try:\n    console.print('x' * 100000)\n    sys.exit('not raised')\n"
+            "except Exception:\n    sys.exit('an Exception')\n"
+            "except OutputClosed as e:\n    got = e.code\n"
+            "console.print('released: every resource of the run')\n"
+            "sys.stderr.write(f'code={got}')\n")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        cp = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=w,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert cp.returncode == 0 and cp.stderr == "code=141", cp.stderr
