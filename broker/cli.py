@@ -5,7 +5,7 @@ what they need lazily so ``broker --help`` starts fast.
 
 One error boundary (:func:`main`): every failure ends in one message (what failed, what to do) and one exit code
 (:mod:`broker.errors`): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error, 130
-interrupted.  An unexpected error (a bug) says so, writes its traceback to a log file (``<BROKER_HOME>/logs``, or
+interrupted, 141 stdout closed early (``broker offers | head -1``: no message, as ``git log | head -1``).  An unexpected error (a bug) says so, writes its traceback to a log file (``<BROKER_HOME>/logs``, or
 the temp folder when that cannot be written) and prints the file's path; exit code 1.  With ``--json`` anywhere on
 the command line, errors are printed on stdout as one JSON object ``{"error": {...}}``.
 """
@@ -20,7 +20,8 @@ from typing import Any
 import typer
 
 from broker import __version__
-from broker.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError)
+from broker.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
+                           OutputClosed)
 
 app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -224,6 +225,77 @@ def handle(exc: BaseException, *, as_json: bool) -> int:
                    extra={"log": str(log) if log else None})
 
 
+def _broken_pipe(exc: BaseException) -> BrokenPipeError | None:
+    """The BrokenPipeError behind ``exc`` (itself, or what it was raised while handling: click turns EPIPE into
+    ``sys.exit(1)``), or None."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, BrokenPipeError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _closed_std_streams() -> list[int]:
+    """File descriptors among stdout (1) and stderr (2) that are pipes whose reader has gone (POLLERR)."""
+    import select
+
+    out: list[int] = []
+    for fd in (1, 2):
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLOUT)
+            if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0)):
+                out.append(fd)
+        except (OSError, ValueError, AttributeError):  # closed descriptor, no poll() on this platform
+            continue
+    return out
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's (or stderr's) reader went away (``broker offers | head -1``): no message, no traceback, exit 141
+    like ``git log | head -1``.  The closed streams point at /dev/null from here on, so that Python's own flush at
+    exit does not print "Exception ignored ... BrokenPipeError" (the note on SIGPIPE in Python's ``signal``
+    documentation)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in _closed_std_streams():
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _plain_usage(cmd: Any) -> None:
+    """Usage lines read ``broker run [OPTIONS] RECIPE``: newer Typer writes a required argument as ``{RECIPE}``
+    there (the Arguments list and the docs say ``RECIPE``), ``{PATH...}...`` for ``PATH...``; applied to ``cmd`` and every subcommand."""
+    import re
+
+    original = cmd.collect_usage_pieces
+
+    def plain(piece: str) -> str:
+        m = re.fullmatch(r"\{(.+)\}((?:\.\.\.)?)", piece)  # {RECIPE}, {PATH...}...
+        if m is None:
+            return piece
+        return m[1] if m[1].endswith("...") else m[1] + m[2]
+
+    def pieces(ctx: Any) -> list[str]:
+        return [plain(p) for p in original(ctx)]
+
+    cmd.collect_usage_pieces = pieces
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        _plain_usage(sub)
+
+
+def command() -> Any:
+    """The click command behind ``app`` (as ``app()`` builds it), with plain usage lines (:func:`_plain_usage`)."""
+    cmd = typer.main.get_command(app)
+    _plain_usage(cmd)
+    return cmd
+
+
 _interrupted = False
 
 
@@ -245,18 +317,29 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread
         pass
     try:
-        rv = app(args=args, prog_name="broker", standalone_mode=False)
+        rv = command()(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
         if code == EXIT_INTERRUPTED and _interrupted and not as_json:
             _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
-    except SystemExit as e:  # sys.exit() somewhere below: keep its code
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException as e:  # noqa: BLE001 - the one boundary
-        try:
-            code = handle(e, as_json=as_json)
-        except BaseException:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
-            code = EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_JOB_FAILED
+        pipe = _broken_pipe(e)
+        if isinstance(e, OutputClosed) or (pipe is not None and _closed_std_streams()):  # `broker offers | head -1`
+            code = _quiet_broken_pipe()
+        elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
+            code = _boundary(pipe, as_json)  # another pipe (a child's stdin): a failure (click would exit 1 silently)
+        elif isinstance(e, SystemExit):  # sys.exit() somewhere below: keep its code
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:
+            code = _boundary(e, as_json)
     sys.exit(code)
+
+
+def _boundary(e: BaseException, as_json: bool) -> int:
+    """:func:`handle`, guarded: a second Ctrl-C (or a failure) while reporting still ends in an exit code."""
+    try:
+        return handle(e, as_json=as_json)
+    except BaseException:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
+        return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_JOB_FAILED
 
 
 if __name__ == "__main__":

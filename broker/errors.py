@@ -4,7 +4,7 @@ Free of pydantic (and of every other third-party import) so that the CLI's error
 load it for free.  :mod:`broker.provider` re-exports every name here; both import paths work.
 
 Exit codes (docs/design.md, README): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error,
-130 interrupted.
+130 interrupted, 141 stdout closed early (``broker offers | head -1``: quiet, as git and cat end there).
 """
 
 from __future__ import annotations
@@ -16,6 +16,19 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
 EXIT_PROVIDER = 4
 EXIT_INTERRUPTED = 130
+#: the reader of stdout (or stderr) went away (a pipe into ``head``): 128 + SIGPIPE, what the shell reports for
+#: ``git log | head -1`` or ``cat big | head -1``; nothing is printed
+EXIT_BROKEN_PIPE = 141
+
+
+class OutputClosed(SystemExit):
+    """stdout's (or stderr's) reader went away while broker wrote to it (``broker offers | head -1``): the command
+    ends as if killed by SIGPIPE, quietly, with exit code :data:`EXIT_BROKEN_PIPE`.  A SystemExit, so that no
+    ``except Exception`` below the CLI takes it for a failure of the job (``finally`` blocks, teardown among them,
+    still run; their output goes to /dev/null)."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_BROKEN_PIPE)
 
 
 class BrokerError(Exception):

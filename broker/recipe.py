@@ -335,11 +335,29 @@ def _fields_of(model: type[BaseModel]) -> list[str]:
     return [n for n in model.model_fields if n != "path"]
 
 
+def _folder_error(p: Path) -> RecipeError:
+    """The error for a folder given as the recipe: the recipes (``*.yaml`` / ``*.yml``) it holds, or that it holds
+    none and how to get examples."""
+    try:
+        found = sorted(f.name for f in p.iterdir() if f.suffix in (".yaml", ".yml") and f.is_file())
+    except OSError:
+        found = []
+    if not found:
+        return RecipeError(f"{p}: is a folder and holds no recipe (*.yaml / *.yml)",
+                           hint="give the path of a recipe file; `broker init` writes example recipes "
+                                "(into ./broker-recipes)")
+    if len(found) == 1:
+        return RecipeError(f"{p}: is a folder, not a recipe file",
+                           hint=f"give the recipe file itself: {p / found[0]}")
+    shown = ", ".join(found[:8]) + (f" (and {len(found) - 8} more)" if len(found) > 8 else "")
+    return RecipeError(f"{p}: is a folder, not a recipe file; it holds {len(found)} YAML files: {shown}",
+                       hint=f"name one of them, e.g. {p / found[0]}")
+
+
 def _read_text(p: Path) -> str:
     """The recipe file's text; RecipeError for a folder, a missing / unreadable / huge / non-UTF-8 file."""
     if p.is_dir():
-        raise RecipeError(f"{p}: is a folder, not a recipe file",
-                          hint=f"give the path of a .yaml recipe inside it, e.g. {p / 'ddp_2node.yaml'}")
+        raise _folder_error(p)
     if not p.exists():
         raise RecipeError(f"{p}: no such recipe file",
                           hint="give the path of a .yaml recipe, e.g. recipes/ddp_2node.yaml (`broker init` writes "

@@ -8,8 +8,31 @@ from typing import Any
 
 from rich.console import Console
 
-console = Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+
+
+class _Console(Console):
+    """rich's console, except that a closed pipe (``broker offers | head -1``) ends the command with
+    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1."""
+
+    def on_broken_pipe(self) -> None:
+        import os
+        import sys
+
+        from broker.errors import OutputClosed
+
+        self.quiet = True
+        try:  # what is still written (teardown messages, Python's flush at exit) goes nowhere, as in rich
+            fd = self.file.fileno()
+        except (OSError, ValueError, AttributeError):
+            fd = sys.stdout.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+        raise OutputClosed()
+
+
+console = _Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written
+err = _Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def print_json(data: Any) -> None:
@@ -43,3 +66,46 @@ def hours(h: float | None) -> str:
 def echo_line(line: str) -> None:
     """Print a streamed log line verbatim (no markup interpretation)."""
     console.out(line, highlight=False)
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` wrapped to ``width`` cells at spaces, each ``\\n`` kept as a line break, and no paragraph ending in
+    one lone word (a widow like ``h`` of ``0.99 h``): the line before gives its last word when it has three or more
+    and the pair fits.  A word wider than ``width`` keeps a line of its own (the table folds it)."""
+    from rich.cells import cell_len
+
+    out: list[str] = []
+    for para in text.split("\n"):
+        lines: list[list[str]] = []
+        for word in para.split():
+            if lines and cell_len(" ".join(lines[-1] + [word])) <= width:
+                lines[-1].append(word)
+            else:
+                lines.append([word])
+        if len(lines) >= 2 and len(lines[-1]) == 1 and len(lines[-2]) >= 3 and \
+                cell_len(" ".join(lines[-2][-1:] + lines[-1])) <= width:
+            lines[-1].insert(0, lines[-2].pop())
+        out.extend(" ".join(ln) for ln in lines or [[]])
+    return out
+
+
+class Wrapped:
+    """A table cell of plain text wrapped by :func:`wrap_words` at the width the table gives it (rich's own wrap
+    can leave one word alone on the last line of a cell)."""
+
+    def __init__(self, text: str, style: str = "") -> None:
+        self.text = text
+        self.style = style
+
+    def __rich_measure__(self, console: Any, options: Any) -> Any:
+        from rich.cells import cell_len
+        from rich.measure import Measurement
+
+        words = self.text.split() or [""]
+        return Measurement(max(cell_len(w) for w in words),
+                           max(cell_len(" ".join(p.split())) for p in self.text.split("\n")))
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        yield Text("\n".join(wrap_words(self.text, options.max_width)), style=self.style)

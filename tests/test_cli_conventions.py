@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 
 from broker import __version__
 from broker.errors import BadInput
@@ -181,3 +182,71 @@ def test_render_keeps_env_references_and_prints_no_secret(tmp_path):
     # unset at render time is fine (resolved where the job runs)
     cp = broker("slurm", "render", str(p), env={"MY_TOKEN": ""})
     assert cp.returncode == 0
+
+
+# ------------------------------------------------------------------------------------------------ --help at 80 columns
+def _groups() -> dict[tuple[str, ...], list[str]]:
+    """{command path of each group: its subcommand names}, from the CLI itself (a new command is covered too)."""
+    from broker import cli
+
+    out: dict[tuple[str, ...], list[str]] = {}
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            out[path] = list(subs)
+            for name, sub in subs.items():
+                walk(sub, path + (name,))
+
+    walk(typer.main.get_command(cli.app), ())
+    return out
+
+
+def _leaves() -> list[tuple[str, ...]]:
+    from broker import cli
+
+    out: list[tuple[str, ...]] = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if not subs:
+            out.append(path)
+        for name, sub in (subs or {}).items():
+            walk(sub, path + (name,))
+
+    walk(typer.main.get_command(cli.app), ())
+    return out
+
+
+@pytest.mark.parametrize("group", sorted(_groups()))
+def test_every_short_help_is_whole_at_80_columns(group):
+    cp = broker(*group, "--help", env={"COLUMNS": "80"})
+    assert cp.returncode == 0, cp.stderr
+    cut = [ln for ln in cp.stdout.splitlines()[1:] if ln.rstrip().endswith(("...", "…"))]  # [0]: "[ARGS]..."
+    assert cp.stdout.startswith("Usage: broker")
+    assert not cut, cut
+    listed = cp.stdout.split("Commands:", 1)[1]
+    rows = {ln.split()[0]: ln for ln in listed.splitlines() if ln.startswith("  ") and not ln.startswith("   ")}
+    for name in _groups()[group]:  # every command on one line of its own, with its description
+        assert name in rows and len(rows[name].split()) >= 3, (name, listed)
+
+
+def test_usage_lines_name_arguments_plainly(capsys):
+    """`broker run [OPTIONS] RECIPE`, not `{RECIPE}` (newer Typer's braces) nor a lower-case parameter name."""
+    import re
+
+    from broker import cli
+
+    cp = broker("run", "--help")
+    assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE", cp.stdout
+    cp = broker("run")  # the usage line of a usage error too
+    assert cp.returncode == 2 and "Usage: broker run [OPTIONS] RECIPE" in cp.stderr, cp.stderr
+    for path in _leaves():  # every command's --help, through the same entry point
+        with pytest.raises(SystemExit) as ex:
+            cli.main([*path, "--help"])
+        assert ex.value.code == 0
+        usage = capsys.readouterr().out.splitlines()[0]
+        assert usage.startswith(f"Usage: broker {' '.join(path)} [OPTIONS]"), usage
+        args = usage.split("[OPTIONS]", 1)[1]
+        assert not re.search(r"[{}<>]", args), usage
+        assert args == args.upper(), usage  # RUN, [NODES], [PROVIDER]...: not run_id, nodes, provider

@@ -304,3 +304,92 @@ def test_crash_message_and_log_hold_no_secret(broker_home, monkeypatch, capsys):
     log = Path(out.err.split("traceback is in ")[1].split(":")[0])
     text = log.read_text()
     assert "vk-0123" not in text and "abcdefgh12345" not in text and "RuntimeError" in text
+
+
+# ------------------------------------------------------------------------------------------------ closed pipes
+def _into_closed_pipe(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`broker ARGS | head -1` without the race: stdout is a pipe whose reader is already gone, so the first write
+    meets EPIPE whatever the output's size."""
+    r, w = os.pipe()
+    os.close(r)
+    e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    try:
+        return subprocess.run([sys.executable, "-m", "broker", *args], cwd=REPO, env=e, stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("args", [["offers"], ["status"], ["plan", "--budget", "5"], ["plan", "--budget", "5",
+                                                                                      "--json"], ["--help"],
+                                  ["run", "--help"], ["cost"]])
+def test_closed_stdout_is_a_quiet_exit_141(args, broker_home):
+    """Like `git log | head -1`: no message, no traceback, no "Exception ignored" at shutdown; 141 = 128 + SIGPIPE,
+    what the shell reports for git or cat there."""
+    cp = _into_closed_pipe(*args, env={"BROKER_HOME": str(broker_home)})
+    assert cp.returncode == 141, cp.stderr
+    assert cp.stderr == ""
+
+
+def test_head_minus_1_through_a_shell(broker_home):
+    """The real thing: `broker offers | head -1` prints the first line and nothing on stderr."""
+    e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             BROKER_HOME=str(broker_home))
+    cp = subprocess.run(["bash", "-c", f'"{sys.executable}" -m broker offers | head -1; '
+                                       'echo "status=${PIPESTATUS[0]}" >&2'],
+                        cwd=REPO, env=e, capture_output=True, text=True, timeout=120)
+    assert cp.stdout.startswith("offers (") and len(cp.stdout.splitlines()) == 1, cp.stdout
+    status = cp.stderr.strip().splitlines()[-1]
+    assert cp.stderr.strip() == status and status in ("status=0", "status=141"), cp.stderr
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
+    """Only a closed stdout/stderr is quiet: EPIPE from another pipe (a child's stdin) is reported as a failure."""
+    code = ("import subprocess, sys; from broker import cli\n"
+            "@cli.app.command('pipe-test')\n"
+            "def _p():\n"
+            "    raise BrokenPipeError(32, 'Broken pipe (a child process)')\n"
+            "cli.main(['pipe-test'])\n")
+    e = dict(os.environ, PYTHONPATH=str(REPO), BROKER_HOME=str(tmp_path / "home"))
+    cp = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 1, cp.stderr
+    assert "Traceback" not in cp.stderr and "internal error:" in cp.stderr and "BrokenPipeError" in cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ a folder as recipe
+def test_empty_folder_as_recipe_says_it_holds_none(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "train.py").write_text("print(1)\n")
+    out = one_message(broker("run", f"{d}/"), 2, "holds no recipe", "*.yaml", "broker init")
+    assert "ddp_2node.yaml" not in out  # no file that is not there
+
+
+def test_folder_with_recipes_names_the_real_ones(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "only.yaml").write_text("name: j\nscript: t.py\n")
+    one_message(broker("run", str(d)), 2, "is a folder", str(d / "only.yaml"))
+    (d / "second.yml").write_text("name: j\nscript: t.py\n")
+    (d / "notes.txt").write_text("x")
+    out = one_message(broker("plan", "--recipe", str(d)), 2, "is a folder", "only.yaml", "second.yml")
+    assert "notes.txt" not in out and "ddp_2node.yaml" not in out
+
+
+def test_closed_stdout_ends_a_command_as_systemexit_and_later_output_goes_nowhere(tmp_path):
+    """The console raises OutputClosed (a SystemExit, so no `except Exception` in the pipeline takes it for a
+    failed job) and what is written afterwards (teardown messages) no longer fails."""
+    code = ("import sys\nfrom broker.ui import console\nfrom broker.errors import OutputClosed\n"
+            "try:\n    console.print('x' * 100000)\n    sys.exit('not raised')\n"
+            "except Exception:\n    sys.exit('an Exception')\n"
+            "except OutputClosed as e:\n    got = e.code\n"
+            "console.print('released: every resource of the run')\n"
+            "sys.stderr.write(f'code={got}')\n")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        cp = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=w,
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert cp.returncode == 0 and cp.stderr == "code=141", cp.stderr

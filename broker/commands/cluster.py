@@ -28,9 +28,9 @@ def _state_for(cid: str):
     return None
 
 
-@netns_app.command("up")
+@netns_app.command("up", short_help="Bring up N namespaces, each with its own sshd")
 def up_cmd(
-    nodes: int = typer.Argument(2, help="number of nodes"),
+    nodes: int = typer.Argument(2, metavar="[NODES]", help="number of nodes"),
     inject: str = typer.Option(None, "--inject", help="fault to reproduce: firewall | wrong-iface | mtu"),
     as_json: bool = typer.Option(False, "--json", help="print the cluster as JSON"),
 ) -> None:
@@ -53,9 +53,10 @@ def up_cmd(
     console.print(f"remove it with: broker netns down {c.cid}")
 
 
-@netns_app.command("down")
+@netns_app.command("down", short_help="Delete a cluster's namespaces and processes (idempotent)")
 def down_cmd(
-    cid: str = typer.Argument(None, help="cluster id (bkn + 6 hex digits), as printed by `broker netns up`"),
+    cid: str = typer.Argument(None, metavar="[CID]",
+                             help="cluster id (bkn + 6 hex digits), as printed by `broker netns up`"),
     all_: bool = typer.Option(False, "--all", help="remove every leftover netns cluster on this machine"),
 ) -> None:
     """Kill the cluster's sshd's and processes, delete its namespaces, veths and bridge (idempotent).
@@ -87,7 +88,7 @@ def down_cmd(
     console.print("removed: " + (", ".join(removed) if removed else "nothing (already gone)"))
 
 
-@netns_app.command("status")
+@netns_app.command("status", short_help="List the netns clusters on this machine")
 def status_cmd() -> None:
     """List the netns clusters on this machine (namespaces, links, sshd processes)."""
     from collections import defaultdict
@@ -110,4 +111,4 @@ def status_cmd() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(netns_app, name="netns")
+    app.add_typer(netns_app, name="netns", short_help="A local cluster in network namespaces (Linux, root)")

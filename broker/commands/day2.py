@@ -149,7 +149,7 @@ def _parse_since(value: str | None) -> datetime | None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("logs")
+    @app.command("logs", short_help="Print a run's node log; -f follows a live run")
     def logs_cmd(
         run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix (see `broker status`)"),
         node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
@@ -173,7 +173,8 @@ def register(app: typer.Typer) -> None:
                            hint="the run may have ended before the node started; `broker status " + run.id + "`")
         sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
 
-    @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    @app.command("ssh", short_help="A shell (or one command) on a node of a live or kept run",
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def ssh_cmd(
         ctx: typer.Context,
         run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix"),
@@ -208,7 +209,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(subprocess.run(argv).returncode)
         os.execvp("ssh", argv)
 
-    @app.command("exec")
+    @app.command("exec", short_help="Run a recipe on the kept nodes of a run (no provisioning)")
     def exec_cmd(
         run_id: str = typer.Argument(..., metavar="RUN", help="a run whose nodes were kept (recipe idle_minutes)"),
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="the recipe to run on those nodes"),
@@ -250,7 +251,7 @@ def register(app: typer.Typer) -> None:
                           highlight=False)
         raise typer.Exit(out.exit_code if not out.left else 4)
 
-    @app.command("cost")
+    @app.command("cost", short_help="What runs cost, per run and per provider (USD)")
     def cost_cmd(
         since: Optional[str] = typer.Option(None, "--since", help="only runs created on or after this date "
                                             "(YYYY-MM-DD)"),
@@ -279,7 +280,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"{p}: {usd(v)}", highlight=False)
         console.print(f"total: {usd(data['total_usd'])} over {len(data['runs'])} run(s)", highlight=False)
 
-    @app.command("clean")
+    @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies)")
     def clean_cmd(
         older_than: float = typer.Option(0.0, "--older-than", metavar="DAYS", min=0,
                                          help="only runs that ended at least DAYS days ago"),

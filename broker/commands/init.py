@@ -36,7 +36,7 @@ def example_files() -> dict[str, bytes]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("init")
+    @app.command("init", short_help="Write the example recipes into a folder")
     def init_cmd(
         directory: Path = typer.Argument(Path("broker-recipes"), metavar="[DIR]",
                                          help="folder to write the examples into (created; default ./broker-recipes)"),

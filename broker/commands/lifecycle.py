@@ -142,9 +142,9 @@ def _res_dict(r: Any) -> dict:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("down")
+    @app.command("down", short_help="Terminate every live resource of a run (idempotent)")
     def down_cmd(
-        run_id: str = typer.Argument(None, metavar="RUN", help="the run to tear down (a unique prefix is enough)"),
+        run_id: str = typer.Argument(None, metavar="[RUN]", help="the run to tear down (a unique prefix is enough)"),
         all_runs: bool = typer.Option(False, "--all", help="every run with live resources"),
         yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating (--all)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
@@ -199,7 +199,7 @@ def register(app: typer.Typer) -> None:
                           f"them in the provider's console ({', '.join(r.provider_id or r.name for r in still)})")
             raise typer.Exit(4)
 
-    @app.command("reconcile")
+    @app.command("reconcile", short_help="Resources with broker's tag that the ledger does not know")
     def reconcile_cmd(
         provider: str = typer.Option(None, "--provider", "-p", help="only this provider"),
         terminate: bool = typer.Option(False, "--terminate", help="terminate the orphans found"),

@@ -9,7 +9,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("lint")
+    @app.command("lint", short_help="Check training scripts and sbatch files for multi-node bugs")
     def lint_cmd(
         paths: list[Path] = typer.Argument(..., metavar="PATH...",
                                            help="training scripts, Slurm batch scripts (#SBATCH) or directories "

@@ -138,6 +138,9 @@ def compact_gpus(opt: "PlanOption") -> str:
 #: version of `broker plan --json`'s layout (bumped when a key changes meaning or goes away)
 PLAN_JSON_SCHEMA = 1
 
+#: width of the rejected table's option column below WIDE_COLUMNS (cells)
+OPTION_WIDTH = 24
+
 #: terminal width from which ``broker plan`` shows every column (GPUs, prices, where) without --wide
 WIDE_COLUMNS = 120
 
@@ -148,7 +151,9 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     from rich.markup import escape
     from rich.table import Table
 
-    from broker.ui import console, usd
+    from rich.cells import cell_len
+
+    from broker.ui import Wrapped, console, usd
 
     if wide is None:
         wide = console.width >= WIDE_COLUMNS
@@ -191,7 +196,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             for col in ("provider", "topology", "rented", "worst case", "why"):
                 t.add_column(col, no_wrap=col in ("provider", "topology", "worst case"))
         else:  # 80 columns: the option in one narrow column, the reasons beside it
-            t.add_column("option (worst case)", max_width=24)
+            t.add_column("option (worst case)", max_width=OPTION_WIDTH)
             t.add_column("why")
         for o in plan.rejected[:rejected_limit]:
             why = "; ".join(o.rejected)
@@ -202,9 +207,12 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                     req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
                 worst = f"${o.worst_case_usd:,.4f}"
             if wide:
-                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, escape(why))
-            else:
-                t.add_row(f"{o.provider} {o.topology.value}\n{escape(what(o))} ({worst})", escape(why))
+                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, Wrapped(why))
+            else:  # the worst case on a line of its own when it does not fit beside what is rented
+                option = f"{what(o)} ({worst})"
+                if cell_len(option) > OPTION_WIDTH:
+                    option = f"{what(o)}\n({worst})"
+                t.add_row(Wrapped(f"{o.provider} {o.topology.value}\n{option}"), Wrapped(why))
         console.print(t)
         if len(plan.rejected) > rejected_limit:
             console.print(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
@@ -267,7 +275,7 @@ def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("plan")
+    @app.command("plan", short_help="The cheapest valid way to run a job, and why not the others")
     def plan_cmd(
         budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
         nodes: int = typer.Option(None, "--nodes", "-n", help="nodes (default 2)"),
@@ -335,7 +343,7 @@ def register(app: typer.Typer) -> None:
                           "the budget or request quota", markup=True)
             raise typer.Exit(3)
 
-    @app.command("offers")
+    @app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")
     def offers_cmd(
         gpu: list[str] = typer.Option(None, "--gpu", help="GPU model (repeatable), e.g. 'RTX 4090', A10"),
         min_gpu_mem: float = typer.Option(0.0, "--min-gpu-mem", min=0, help="GiB per GPU"),
@@ -386,7 +394,7 @@ def register(app: typer.Typer) -> None:
         for n in facts.notes:
             console.print(f"[dim]note:[/] {escape(n)}")
 
-    @app.command("check")
+    @app.command("check", short_help="Whether each provider's credentials are present")
     def check_cmd(
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
         online: bool = typer.Option(False, "--online", help="also make one cheap authenticated call where the "
@@ -430,11 +438,11 @@ def register(app: typer.Typer) -> None:
 
     catalog_app = typer.Typer(help="Price snapshots: show what is in effect, refresh from live APIs.",
                               no_args_is_help=True)
-    app.add_typer(catalog_app, name="catalog")
+    app.add_typer(catalog_app, name="catalog", short_help="Price snapshots: show them, refresh from live APIs")
 
-    @catalog_app.command("show")
+    @catalog_app.command("show", short_help="Date, source and size of each price snapshot in effect")
     def catalog_show(
-        provider: list[str] = typer.Argument(None, help="providers (default: vast oci aws)"),
+        provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...", help="providers (default: vast oci aws)"),
         offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
@@ -474,7 +482,7 @@ def register(app: typer.Typer) -> None:
                               f"{o.storage_usd_per_gib_month:g}")
                 console.print(t)
 
-    @catalog_app.command("refresh")
+    @catalog_app.command("refresh", short_help="Write new dated price snapshots from live sources")
     def catalog_refresh(
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
     ) -> None:

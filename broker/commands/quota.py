@@ -180,9 +180,9 @@ def _print_check(res: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     qapp = typer.Typer(help="Check, explain and request GPU quota (service limits) on OCI and AWS.",
                        no_args_is_help=True)
-    app.add_typer(qapp, name="quota")
+    app.add_typer(qapp, name="quota", short_help="Check, explain and request GPU quota (OCI, AWS)")
 
-    @qapp.command("check")
+    @qapp.command("check", short_help="The GPU limits that matter for the job, and a verdict")
     def check_cmd(
         provider: Optional[str] = typer.Option(None, "--provider", "-p", help="oci or aws (default: both)"),
         region: Optional[str] = typer.Option(None, "--region", help="region (default: the provider's)"),
@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
         for r in results:
             _print_check(r)
 
-    @qapp.command("request")
+    @qapp.command("request", short_help="File (or --draft print) a quota increase for the job")
     def request_cmd(
         provider: str = typer.Option(..., "--provider", "-p", help="oci or aws"),
         value: Optional[float] = typer.Option(None, "--value",
@@ -257,7 +257,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"  {r.message}", markup=False)
         console.print("  `broker quota status` refreshes the state.", markup=False)
 
-    @qapp.command("status")
+    @qapp.command("status", short_help="Every quota request in the ledger, refreshed from the providers")
     def status_cmd(
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
         refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),

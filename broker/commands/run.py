@@ -21,7 +21,7 @@ from typing import Any
 import typer
 
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @app.command("run", short_help="Run a recipe: one torchrun per node, torn down at the end")
     def run_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
         provider: str = typer.Option(None, "--provider", "-p", help="where to run: local, netns, slurm, vast, oci, "

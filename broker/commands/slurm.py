@@ -13,10 +13,10 @@ import typer
 def register(app: typer.Typer) -> None:
     slurm = typer.Typer(help="Slurm clusters: render the sbatch script of a recipe (run it with "
                              "`broker run RECIPE --provider slurm`).", no_args_is_help=True)
-    app.add_typer(slurm, name="slurm")
+    app.add_typer(slurm, name="slurm", short_help="Slurm clusters: render, up, status, down")
     register_cluster_commands(slurm)
 
-    @slurm.command("render")
+    @slurm.command("render", short_help="Print (or write) the sbatch script for a recipe")
     def render_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
         partition: str = typer.Option(None, "--partition", "-p", help="Slurm partition (default: the cluster's)"),
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
 def register_cluster_commands(slurm: typer.Typer) -> None:
     """``broker slurm up | status | down``: clusters broker builds itself (broker/slurmcluster.py)."""
 
-    @slurm.command("up")
+    @slurm.command("up", short_help="Build a Slurm cluster on acquired nodes over SSH")
     def up_cmd(
         provider: str = typer.Option("netns", "--provider", "-p", help="where the nodes come from: netns (network "
                                      "namespaces on this machine, free), oci or aws (rented VMs)"),
@@ -119,7 +119,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
                       f"remove it: broker slurm down {state.cluster_id}", markup=False, highlight=False)
             console.print(state.cluster_id, highlight=False)
 
-    @slurm.command("status")
+    @slurm.command("status", short_help="A cluster's nodes, queue, cost so far and deadline")
     def status_cmd(
         cluster_id: str = typer.Argument(..., metavar="ID", help="cluster id from `broker slurm up`"),
         as_json: bool = typer.Option(False, "--json", help="print as JSON"),
@@ -152,7 +152,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         if st["error"]:
             err.print(f"[red]cannot ask the cluster:[/] {st['error']}", markup=True, highlight=False)
 
-    @slurm.command("down")
+    @slurm.command("down", short_help="Stop a cluster's daemons and release its nodes")
     def down_cmd(
         cluster_id: str = typer.Argument(..., metavar="ID", help="cluster id from `broker slurm up`"),
         as_json: bool = typer.Option(False, "--json", help="print what is left as JSON"),

@@ -217,9 +217,9 @@ def _watchdog_line(wd: dict[str, Any]) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("status")
+    @app.command("status", short_help="Recent runs (spent, worst case, time left), live resources")
     def status_cmd(
-        run_id: str = typer.Argument(None, help="show one run in detail"),
+        run_id: str = typer.Argument(None, metavar="[RUN]", help="show one run in detail"),
         limit: int = typer.Option(20, "--limit", "-n", help="how many recent runs"),
         wide: bool = typer.Option(False, "--wide", "-w", help="every column (name, where, start, $/h, exit codes, "
                                   "age, errors inline)"),

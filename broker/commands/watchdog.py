@@ -6,7 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("watchdog")
+    @app.command("watchdog", short_help="Terminate what is past its deadline or budget, or orphaned")
     def watchdog_cmd(
         once: bool = typer.Option(False, "--once", help="one pass, then exit (for cron / systemd timers)"),
         interval: float = typer.Option(None, "--interval", help="seconds between passes (default "
