@@ -34,6 +34,9 @@ class Facts:
         self.capacities: list[Capacity] = []
         self.notes: list[str] = []
         self.unavailable: dict[str, str] = {}
+        #: this machine's (GPU count, smallest GPU memory GiB; 0 = unknown), node 0 of a hybrid option; None when
+        #: the plan has no hybrid candidate
+        self.here: tuple[int, float] | None = None
 
 
 def check_names(names: list[str]) -> list[str]:
@@ -82,6 +85,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     from broker.providers import get_provider
 
     facts = Facts()
+    local_seen: object = None
     for name in names:
         if offline and name in CLOUD:
             facts.offers += _snapshot_fallback(name, req, facts, "--offline")
@@ -101,6 +105,8 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             else:
                 facts.notes.append(f"{name}: {_short(e)}")
             continue
+        if name == "local":
+            local_seen = p
         if name == "local" and hasattr(p, "why_not"):
             try:
                 why_not = p.why_not(req)
@@ -150,11 +156,27 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             facts.capacities += list(p.capacity(offers))
         except Exception as e:
             facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+    if req.nodes > 1 and req.topology in ("hybrid", "any"):
+        facts.here = _here(local_seen)
     if req.gpu_names and not [o for o in facts.offers if o.provider != "local"]:
         known = sorted({o.gpu_name for name in names if name in CLOUD for o in _snapshot_quiet(name)})
         facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
                            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
+
+
+def _here(local: object = None) -> tuple[int, float] | None:
+    """(GPU count, smallest GPU memory GiB) of this machine, from the local adapter's detection (nvidia-smi, else
+    the driver's /proc listing, whose memory is unknown: 0); None when detection fails."""
+    try:
+        gpus = getattr(local, "gpus", None)
+        if gpus is None:
+            from broker.providers.local import detect_gpus
+
+            gpus = detect_gpus()
+        return len(gpus), min((g.mem_gib for g in gpus), default=0.0)
+    except Exception:  # noqa: BLE001 - unknown: the planner does not check node 0
+        return None
 
 
 def _configured(p: object) -> bool:

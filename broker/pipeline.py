@@ -918,7 +918,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     req = recipe.requirements()
     names = [provider] if provider else list(DEFAULT_PROVIDERS)
     facts = gather(req, names)
-    plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
+    plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                      unavailable=facts.unavailable)
     if plan.chosen is None:
         from broker.explain import no_plan_error

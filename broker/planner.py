@@ -271,6 +271,7 @@ class _Ctx:
         if self.hours is None and self.budget is None:
             self.hours = DEFAULT_HOURS
         self.wanted = tuple(req.gpu_names)
+        self.here: tuple[int, float] | None = None  # this machine: (GPU count, smallest GPU memory GiB)
 
 
 def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
@@ -307,6 +308,9 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
         why = why_not_hybrid(o.provider)
         if why:
             out.append(("topology", why))
+        why = _why_not_node0(ctx)
+        if why:
+            out.append(("topology", why))
         if o.gpu_count < req.gpus_per_node:
             out.append(("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has {o.gpu_count}"))
         return out
@@ -322,6 +326,23 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
     if o.gpu_count < req.gpus_per_node:
         out.append(("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has {o.gpu_count}"))
     return out
+
+
+def _why_not_node0(ctx: "_Ctx") -> str | None:
+    """Why this machine cannot be node 0 of a hybrid run (None when it can, or when its GPUs are unknown)."""
+    req, here = ctx.req, ctx.here
+    if here is None or req.cpu_ok:
+        return None
+    count, mem = here
+    if count == 0:
+        return ("hybrid: node 0 is this machine, which has no GPU; set cpu_ok: true (or --cpu-ok) for gloo on CPU "
+                "on every node")
+    if count < req.gpus_per_node:
+        return f"hybrid: node 0 is this machine, which has {count} GPU(s) < {req.gpus_per_node} per node"
+    if 0 < mem < req.gpu_mem_floor_gib:  # 0: memory unknown (the driver's /proc listing gives the model only)
+        return (f"hybrid: node 0 is this machine, whose GPU memory {fmt_num(mem)} GiB < "
+                f"{fmt_num(req.min_gpu_mem_gib)} GiB")
+    return None
 
 
 def _capacity_reasons(o: Offer, region: str | None, zone: str | None, units: int,
@@ -464,13 +485,17 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
 # ------------------------------------------------------------------------------------------------ plan
 def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Quota] = (),
          capacities: Iterable[Capacity] = (), now: datetime | None = None, notes: Iterable[str] = (), *,
-         unavailable: Mapping[str, str] | None = None, top_k: int = 10, rejected_per_reason: int = 5) -> Plan:
+         unavailable: Mapping[str, str] | None = None, top_k: int = 10, rejected_per_reason: int = 5,
+         here: tuple[int, float] | None = None) -> Plan:
     """The cheapest valid options for ``requirements`` over ``offers`` and the rejected ones with reasons.
 
     ``quotas`` / ``capacities``: facts from the adapters (matched to offers by provider and instance type;
     zone-scoped quotas and capacity per zone).  ``unavailable``: provider -> why it offers nothing (e.g. the
     local machine's ``why_not``), listed as rejected options.  ``now``: the plan's timestamp (default: now).
     ``notes``: passed through to ``Plan.notes`` (price sources, missing credentials).
+    ``here``: this machine's (GPU count, smallest GPU memory in GiB), node 0 of a ``hybrid`` option; None =
+    unknown (not checked).  ``hybrid`` is opt-in (``topology: hybrid``); under ``any`` its cheapest valid option is
+    only named in the notes, never chosen.
 
     Returns a Plan whose ``options`` are the ``top_k`` best valid options (``options[0]`` is chosen: the cheapest
     valid one) and whose ``rejected`` holds up to ``rejected_per_reason`` representatives (the cheapest) per
@@ -484,7 +509,10 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     allow_local = topo_req in ("any", "simulated", "local")
     allow_sim = topo_req in ("any", "simulated")
     allow_multi = topo_req == "multi-node" or (topo_req == "any" and req.nodes > 1)
-    allow_hybrid = topo_req == "hybrid" and req.nodes > 1  # opt-in: it uses this machine as node 0
+    allow_hybrid = topo_req in ("hybrid", "any") and req.nodes > 1  # opt-in: under "any" only named in the notes
+    ctx.here = here
+    node0_ok = _why_not_node0(ctx) is None
+    hybrid_seen: list[tuple] = []  # valid hybrid entries under "any" (for the note)
     providers = set(req.providers)
     out_notes = list(notes)
     if ctx.hours is not None and req.hours is None:
@@ -498,6 +526,7 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
     cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi),
                                         ("hybrid", allow_hybrid)) if ok)
+    n_counted = sum(1 for t in cloud_topos if t != "hybrid" or topo_req == "hybrid")  # rejections per offer
     wanted, min_mem = ctx.wanted, req.gpu_mem_floor_gib
     n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
     budget, fixed_hours, disk = ctx.budget, ctx.hours, req.disk_gib
@@ -529,11 +558,11 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
         usd = o.usd_per_hour
         cpu_offer = cpu_only(req) and o.gpu_count == 0
         if not cpu_offer and wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
-            counts["gpu-model"] += len(cloud_topos)
+            counts["gpu-model"] += n_counted
             rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
             continue
         if not cpu_offer and o.gpu_mem_gib < min_mem:
-            counts["gpu-memory"] += len(cloud_topos)
+            counts["gpu-memory"] += n_counted
             rej["gpu-memory"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
             continue
         tkey = (prov, o.instance_type)
@@ -546,7 +575,9 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
             if topo == "simulated":
                 units, ok = 1, gc >= n_total
             elif topo == "hybrid":
-                units, ok = nodes - 1, gc >= per_node and prov in TUN_PROVIDERS
+                units, ok = nodes - 1, gc >= per_node and prov in TUN_PROVIDERS and node0_ok
+                if topo_req != "hybrid" and not ok:
+                    continue  # under "any" hybrid is only a note: its rejections would crowd the table
             else:
                 units, ok = nodes, o.private_network and gc >= per_node
             for region, zone in places:
@@ -561,6 +592,8 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
                 else:
                     kind = None
                 if kind is not None:
+                    if topo == "hybrid" and topo_req != "hybrid":
+                        continue
                     counts[kind] += 1
                     rej[kind].append((units * usd, units * usd, oi, region, zone, topo))
                     continue
@@ -590,6 +623,14 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
                     continue
                 wc = cost(units, rate, billed_s(pricing.deadline_seconds(max_h, allow), o.min_billed_seconds))
                 valid.append((-max_h, wc, oi, region, zone, topo))
+    if allow_hybrid and topo_req != "hybrid":  # under "any": hybrid only for the note
+        hybrid_seen = [e for e in valid if e[5] == "hybrid"]
+        valid = [e for e in valid if e[5] != "hybrid"]
+        for kind, lst in rej.items():
+            drop = sum(1 for e in lst if e[5] == "hybrid")
+            if drop:
+                counts[kind] -= drop
+                rej[kind] = [e for e in lst if e[5] != "hybrid"]
     counts = {k: v for k, v in counts.items() if v}
 
     def full_key(e: tuple) -> tuple:
@@ -634,6 +675,12 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
         out_notes.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
                          f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
                          "per-run WireGuard tunnel; priced as the VMs only")
+    if hybrid_seen:
+        h = build(best(hybrid_seen, 1)[0])
+        o = h.offers[0]
+        out_notes.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
+                         f"{h.provider} over a WireGuard tunnel, ${h.usd_per_hour:.2f}/h, worst case "
+                         f"${h.worst_case_usd:.2f}: opt in with --topology hybrid (docs/hybrid.md)")
     if not allow_sim and topo_req != "local":
         out_notes.append(f"topology {topo_req} requested: simulated options not considered")
     if not allow_multi and req.nodes > 1 and topo_req != "multi-node":

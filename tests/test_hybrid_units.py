@@ -124,15 +124,37 @@ def test_planner_prices_hybrid_as_the_vms_only_and_rejects_vast_with_its_reason(
     # 3 nodes: two VMs
     p3 = plan(req.model_copy(update={"nodes": 3}), offers)
     assert len(p3.options[0].offers) == 2
-    # "any" never picks hybrid on its own (it uses this machine: opt-in)
+    # "any" never picks hybrid on its own (it uses this machine: opt-in), it names the cheapest in a note
     anyp = plan(req.model_copy(update={"topology": "any"}), offers)
     assert all(o.topology is not TopologyKind.hybrid for o in anyp.options + anyp.rejected)
+    also = [n for n in anyp.notes if n.startswith("also possible: hybrid")]
+    assert len(also) == 1 and "1 x vm.gpu" in also[0] and "on aws" in also[0] and "--topology hybrid" in also[0]
+
+
+def test_hybrid_needs_this_machine_to_be_a_valid_node_0():
+    """Node 0 is this machine: a GPU job without a GPU here is no hybrid option (cpu_ok makes it gloo on CPU);
+    too little GPU memory here is named; memory unknown (driver listing only) is not held against it."""
+    req = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=1.0, budget_usd=50, topology="hybrid")
+    offers = [_offer("aws", 1.00)]
+    none = plan(req, offers, here=(0, 0.0))
+    assert not none.options and "node 0 is this machine, which has no GPU" in none.rejected[0].rejected[0]
+    assert "cpu_ok" in none.rejected[0].rejected[0]
+    assert plan(req.model_copy(update={"cpu_ok": True}), offers, here=(0, 0.0)).options
+    small = plan(req, offers, here=(1, 8.0))
+    assert not small.options and "GPU memory 8 GiB < 16 GiB" in small.rejected[0].rejected[0]
+    assert plan(req, offers, here=(1, 24.0)).options and plan(req, offers, here=(1, 0.0)).options
+    two = req.model_copy(update={"gpus_per_node": 2})
+    assert "1 GPU(s) < 2 per node" in plan(two, [_offer("aws", 1.00, gpus=2)], here=(1, 24.0)).rejected[0].rejected[0]
+    # under "any" an invalid node 0 just means no hybrid note, and nothing hybrid in the rejected table
+    anyp = plan(req.model_copy(update={"topology": "any"}), offers, here=(0, 0.0))
+    assert not [n for n in anyp.notes if n.startswith("also possible")]
+    assert all(o.topology is not TopologyKind.hybrid for o in anyp.rejected)
 
 
 def test_plan_cli_shows_hybrid_beside_the_others(tmp_path):
     env = dict(os.environ, BROKER_HOME=str(tmp_path / "home"), PYTHONWARNINGS="ignore")
     p = subprocess.run([sys.executable, "-m", "broker", "plan", "--nodes", "2", "--topology", "hybrid", "--json",
-                        "--provider", "vast", "--provider", "aws", "--provider", "oci"], cwd=ROOT, env=env,
+                        "--provider", "vast", "--provider", "aws", "--provider", "oci", "--cpu-ok"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode in (0, 3), p.stdout + p.stderr
     import json

@@ -63,7 +63,7 @@ def _rejected_cells(text: str) -> tuple[list[str], list[str]]:
     return [ln[:at].strip() for ln in body], [ln[at:].strip() for ln in body]
 
 
-@pytest.mark.parametrize("args", [["plan", "--budget", "5"], ["plan", "--nodes", "2", "--topology", "hybrid"]])
+@pytest.mark.parametrize("args", [["plan", "--budget", "5"], ["plan", "--nodes", "2", "--topology", "hybrid", "--cpu-ok"]])
 def test_rejected_reasons_wrap_without_a_lone_word(cli_env, args):
     out = _out(args, cli_env)
     option, why = _rejected_cells(out)

@@ -330,7 +330,7 @@ def register(app: typer.Typer) -> None:
         facts = gather(req, names, vast_query=vast_query, offline=offline)
         if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
             add_free_tier(req, facts, names)
-        p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes,
+        p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         if as_json:
             print_json({"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen, "next_step": next_step(p, recipe),
