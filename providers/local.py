@@ -14,9 +14,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import Provider, ProviderCheck
+from broker.provider import NotSupported, Provider, ProviderCheck
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,18 @@ class LocalProvider(Provider):
             return {"CUDA_VISIBLE_DEVICES": ""}
         mine = self.gpus[node_rank * req.gpus_per_node:(node_rank + 1) * req.gpus_per_node]
         return {"CUDA_VISIBLE_DEVICES": ",".join(x.index for x in mine)}
+
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """``local_node`` (this machine's part of a hybrid run on rented VMs: node 0's job, the WireGuard interface
+        with its ``wireguard-go`` and key folder): removed by :func:`broker.hybrid.local_node_down`; idempotent,
+        True once gone.  Nothing else on this machine is a resource."""
+        if kind != "local_node":
+            raise NotSupported(self.name, "terminate", f"this machine has no {kind} resources")
+        from broker.hybrid import local_node_down
+
+        local_node_down(attrs or {})
+        return True
 
     def offers(self, req: Requirements) -> list[Offer]:
         if self.why_not(req) is not None:
