@@ -292,3 +292,88 @@ def test_tailscale_mesh_vm_runs_tailscale_up_with_the_authkey(cloud_factory, tmp
     assert [i["lifecycleState"] for i in c.emu.objs["instances"].values()] == ["TERMINATED"]
     assert ledger.resources(out.run.id, live_only=True) == []
     no_secret_under_home(authkey)
+
+
+# ------------------------------------------------------------------------------------------------ SIGKILL
+def _run_in_child(c: Cloud, recipe: Path) -> None:  # pragma: no cover - runs in the forked child
+    c.run(recipe)
+    os._exit(0)
+
+
+def _job_procs(run_id: str) -> list[int]:
+    """Processes whose environment carries the run's id and node rank 0: node 0's torchrun and workers (the VM's
+    rank 1 shares this /proc: it is a namespace here, ended with the VM by the fixture)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                env = (p / "environ").read_bytes().split(b"\0")
+                if f"BROKER_RUN_ID={run_id}".encode() in env and b"BROKER_NODE_RANK=0" in env:
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return out
+
+
+def test_sigkill_of_broker_run_then_broker_down_cleans_this_machine(cloud_factory, tmp_path, monkeypatch, key_pem):
+    """`broker run` killed with SIGKILL mid-job leaves the tunnel, wireguard-go, the keys and node 0's job on this
+    machine; `broker down RUN` (a new process, from the ledger alone) removes all of it and the VM."""
+    import multiprocessing
+    import signal
+
+    from tests.conftest import broker_cmd
+    from tests.test_oci_e2e import oci_config_file
+
+    c = cloud_factory()
+    monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)
+    work = tmp_path / "sleepy"
+    work.mkdir()
+    (work / "job.py").write_text("import time\nprint('SLEEPING', flush=True)\ntime.sleep(600)\n")
+    r = tmp_path / "sleepy.yaml"
+    r.write_text(f"name: sleepy\nscript: {work / 'job.py'}\nworkdir: {work}\nnodes: 2\ngpus_per_node: 1\n"
+                 "cpu_ok: true\ntopology: hybrid\nmax_hours: 0.1\nbudget_usd: 20\n")
+    home = Path(os.environ["BROKER_HOME"])
+    child = multiprocessing.get_context("fork").Process(target=_run_in_child, args=(c, r))
+    child.start()
+    try:
+        end = time.monotonic() + 240
+        while not any("SLEEPING" in f.read_text() for f in home.glob("runs/*/node0.log")):
+            assert child.is_alive() and time.monotonic() < end, ("the run did not reach its job", c.boots)
+            time.sleep(0.3)
+        run_dir = next(home.glob("runs/*/node0.log")).parent
+        run_id = run_dir.name
+        conf = (run_dir / "wg" / "node0.conf").read_text()
+        node0_key = next(ln.split("=", 1)[1].strip() for ln in conf.splitlines() if ln.startswith("PrivateKey"))
+        cl = json.loads((run_dir / "cluster.json").read_text())
+        name = cl["nodes"][0]["env"]["GLOO_SOCKET_IFNAME"]
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        # what the dead CLI left on this machine
+        assert link_exists(name) and wg_procs(name) and (run_dir / "wg" / "node0.conf").exists()
+        assert _job_procs(run_id), "node 0's job outlives the CLI"
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                   PYTHONWARNINGS="ignore", OCI_CONFIG_FILE=str(oci_config_file(tmp_path, key_pem)),
+                   OCI_SERVICE_ENDPOINT=c.emu.url, OCI_COMPARTMENT_ID=COMP)
+        d = subprocess.run(broker_cmd("down", run_id), env=env, capture_output=True, text=True, timeout=180)
+        assert d.returncode == 0, d.stdout[-3000:] + d.stderr[-3000:]
+        end = time.monotonic() + 10
+        while (link_exists(name) or wg_procs(name) or _job_procs(run_id)) and time.monotonic() < end:
+            time.sleep(0.2)
+        left = {p: (Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:200]) for p in _job_procs(run_id)}
+        assert not link_exists(name) and wg_procs(name) == [] and left == {}, (left, d.stdout[-2000:])
+        assert not (run_dir / "wg").exists()
+        assert [i["lifecycleState"] for i in c.emu.objs["instances"].values()] == ["TERMINATED"]
+        assert Ledger().resources(run_id, live_only=True) == []
+        no_secret_under_home(node0_key)
+    finally:
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+        for pid in _job_procs(run_id) if "run_id" in locals() else []:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if "name" in locals() and link_exists(name):
+            subprocess.run(["ip", "link", "del", name])
+        for ln in wg_procs(locals().get("name", "-")):
+            os.kill(int(ln.split()[0]), signal.SIGKILL)
