@@ -100,6 +100,9 @@ class Cloud:
         from broker.providers.oci import OCIProvider
 
         self.vm, self.tmp = vm, tmp_path
+        # the security list is enforced in front of the VM, except with the stand-in tailnet: that is the netns
+        # bridge itself, where a real tailnet would carry the traffic inside its own (NAT-traversing) UDP
+        self.enforce_security_list = not vm_tailscale
         self.boots: list[tuple[int, str]] = []
         self.user_data: list[str] = []
         # the VM "image": its own /etc/wireguard and /usr/local/sbin (no systemd; tailscale where asked)
@@ -130,8 +133,29 @@ class Cloud:
         assert node == 1, f"only rank 1 is rented in a 2-node hybrid run, not {node}"
         return self.vm.ip(0), self.vm.ip(0)
 
+    def security_list_firewall(self, inst: dict[str, Any]) -> list[list[str]]:
+        """The cloud's network firewall in front of the VM, from the security lists of its subnet as the emulator
+        holds them (stateful ingress rules; what they do not allow never reaches the VM): ``iptables -t mangle``
+        rules on the VM's eth0, before its own host firewall.  Tunnel traffic (wg0) is inside the outer UDP."""
+        sub = self.emu.objs["subnets"][inst["subnetId"]]
+        rules = [["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]]
+        for sl in sub.get("securityListIds") or []:
+            for r in self.emu.objs["securityLists"][sl].get("ingressSecurityRules") or []:
+                src = ["-s", r["source"]]
+                if r["protocol"] == "all":
+                    rules.append([*src, "-j", "ACCEPT"])
+                    continue
+                proto, opts = {"6": ("tcp", "tcpOptions"), "17": ("udp", "udpOptions")}[r["protocol"]]
+                rng = (r.get(opts) or {}).get("destinationPortRange")
+                ports = ["--dport", f"{rng['min']}:{rng['max']}"] if rng else []
+                rules.append([*src, "-p", proto, *ports, "-j", "ACCEPT"])
+        return [["-A", "PREROUTING", "-i", "eth0", *r] for r in rules] + [["-A", "PREROUTING", "-i", "eth0", "-j",
+                                                                            "DROP"]]
+
     def on_running(self, inst: dict[str, Any]) -> None:
         """cloud-init: the run's SSH key, then the user data run as root inside the VM (before RUNNING shows)."""
+        for rule in self.security_list_firewall(inst) if self.enforce_security_list else []:
+            subprocess.run(["ip", "netns", "exec", self.vm.ns(0), "iptables", "-t", "mangle", *rule], check=True)
         with open(self.vm.root / "ssh" / "authorized_keys", "a") as f:
             f.write(inst["metadata"]["ssh_authorized_keys"].strip() + "\n")
         ud = base64.b64decode(inst["metadata"]["user_data"]).decode()
@@ -377,3 +401,25 @@ def test_sigkill_of_broker_run_then_broker_down_cleans_this_machine(cloud_factor
             subprocess.run(["ip", "link", "del", name])
         for ln in wg_procs(locals().get("name", "-")):
             os.kill(int(ln.split()[0]), signal.SIGKILL)
+
+
+def test_without_the_udp_rule_preflight_names_the_port_and_everything_is_torn_down(cloud_factory, tmp_path,
+                                                                                   monkeypatch):
+    """The security list is enforced in front of the VM: an adapter that did not open the WireGuard port leaves
+    the tunnel without a handshake; preflight says so (UDP 51820) and nothing is launched or left behind."""
+    c = cloud_factory()
+    monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)
+    opened: list[Any] = []
+    monkeypatch.setattr(type(c.provider), "open_ingress", lambda self, net, rules, rec: opened.append(rules))
+    t0 = time.monotonic()
+    out, ledger = c.run(ddp_recipe(tmp_path))
+    assert opened and [(r.protocol, r.port) for r in opened[0]] == [("udp", 51820)]
+    res = out.result
+    assert res is not None and not res.ok and res.exit_codes == {}, res  # nothing was started
+    assert "preflight failed" in res.reason and "UDP port 51820 is blocked" in res.reason, res.reason
+    assert [b[0] for b in c.boots] == [0]  # the VM's WireGuard itself came up
+    assert time.monotonic() - t0 < 120
+    iface = out.cluster.nodes[0].env["GLOO_SOCKET_IFNAME"]
+    assert not link_exists(iface) and wg_procs(iface) == [] and not (Path(out.run.run_dir) / "wg").exists()
+    assert [i["lifecycleState"] for i in c.emu.objs["instances"].values()] == ["TERMINATED"]
+    assert ledger.resources(out.run.id, live_only=True) == [] and out.left == []
