@@ -70,10 +70,11 @@ def test_aws_hybrid_provision_user_data_and_udp_ingress_from_the_caller(prov, ec
         assert teardown_run(ledger, run.id, "test", providers={"aws": prov}, poll_s=0.1) == []
 
 
-def test_ingress_rules_unknown_caller_and_ipv6():
+def test_ingress_rules_unknown_caller_and_ipv6(tmp_path):
     from broker import hybrid
 
-    mesh = hybrid.wireguard_mesh(2, "r-x", Path("/tmp") / "no-such-run-hybrid-units", subnet="198.18.78.0/24")
+    mesh = hybrid.wireguard_mesh(2, "r-x", tmp_path, subnet="198.18.78.0/24")
+    assert oct(mesh.keys.stat().st_mode & 0o777) == "0o700"
     try:
         assert [(r.protocol, r.port, r.cidr) for r in hybrid.ingress_rules(mesh.tunnel, None)] == [
             ("udp", 51820, "0.0.0.0/0")]
@@ -119,3 +120,41 @@ def test_vast_is_still_refused_for_hybrid_with_its_reason(tmp_path):
     with pytest.raises(Exception) as e2:  # oci without credentials: a plan, not "not launched yet"
         hybrid_target(load_recipe(r), RunRequest(provider="oci", topology="hybrid"))
     assert "not launched" not in str(e2.value)
+
+
+def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
+    """A ``local`` node of an SSH cluster (a hybrid run's node 0): commands, files, streamed processes and
+    timeouts through SSHCluster's own calls, no SSH; TS_AUTHKEY does not reach its commands."""
+    import asyncssh
+
+    from broker.model import Cluster, ClusterNode
+    from broker.remote import SSHCluster, node_base
+
+    monkeypatch.setenv("TS_AUTHKEY", "tskey-auth-secret")
+    node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
+                       workroot=str(tmp_path / "here"))
+    c = Cluster(run_id="r1", provider="oci", topology="hybrid", nodes=[node], workroot="/nonexistent")
+    assert node_base(c, 0) == f"{tmp_path}/here/r1/node0"
+    ssh = SSHCluster(c, run_dir=tmp_path / "run")
+    try:
+        ssh.open()
+        assert ssh.run(0, "echo hi; echo err >&2; echo ${TS_AUTHKEY:-none}; exit 3") == (3, "hi\nerr\nnone\n")
+        code, out = ssh.run(0, "sleep 5", timeout=0.5)
+        assert code is None and "timed out" in out
+        remote = f"{node_base(c, 0)}/f.txt"
+        ssh.loop.call(ssh.aput_bytes(0, b"data", remote, 0o600), timeout=10)
+        assert Path(remote).read_bytes() == b"data" and oct(Path(remote).stat().st_mode & 0o777) == "0o600"
+        assert ssh.loop.call(ssh.aget(0, remote, tmp_path / "back.txt"), timeout=10) is True
+        assert (tmp_path / "back.txt").read_bytes() == b"data"
+        assert ssh.loop.call(ssh.aget(0, remote + ".missing", tmp_path / "x"), timeout=10) is False
+
+        async def stream() -> tuple[list[str], int | None]:
+            conn = await ssh.aconn(0)
+            proc = await conn.create_process("printf 'a\\nb\\n'; exit 4", stderr=asyncssh.STDOUT, encoding="utf-8")
+            lines = [line async for line in proc.stdout]
+            await proc.wait()
+            return lines, proc.returncode
+
+        assert ssh.loop.call(stream(), timeout=10) == (["a\n", "b\n"], 4)
+    finally:
+        ssh.close()
