@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import NotSupported, Provider, ProviderCheck
+from broker.provider import NotSupported, Provider, ProviderCheck, TaggedResource
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,20 @@ class LocalProvider(Provider):
 
         local_node_down(attrs or {})
         return True
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """This machine's part of hybrid runs that may still exist (``local_node``): a run whose key folder
+        ``<runs>/<run_id>/wg`` or tunnel interface (``bkwg`` + the run id's tail) is still here; lets a teardown
+        that finds the ledger row without its id (the CLI died while the interface came up) remove it anyway."""
+        from broker.config import runs_dir
+        from broker.hybrid import local_iface
+
+        out = []
+        for d in runs_dir().glob(run_id or "*"):
+            if (d / "wg").is_dir() or Path("/sys/class/net", local_iface(d.name)).exists():
+                out.append(TaggedResource(provider=self.name, kind="local_node", provider_id="node0", run_id=d.name,
+                                          name="node0", state="running", usd_per_hour=0.0))
+        return out
 
     def offers(self, req: Requirements) -> list[Offer]:
         if self.why_not(req) is not None:

@@ -158,3 +158,22 @@ def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
         assert ssh.loop.call(stream(), timeout=10) == (["a\n", "b\n"], 4)
     finally:
         ssh.close()
+
+
+def test_local_node_row_without_id_is_still_removed_by_teardown(tmp_path):
+    """The CLI died between the ledger intent of this machine's tunnel and its `created`: `broker down`'s teardown
+    lists what is here (the key folder) and runs the removal with the row's attrs."""
+    from broker.config import runs_dir
+    from broker.teardown import teardown_run
+
+    run = _run(tmp_path, "20261130-130000-def456")
+    keys = runs_dir() / run.id / "wg"
+    keys.mkdir(parents=True, mode=0o700)
+    (keys / "node0.conf").write_text("[Interface]\nPrivateKey = secret\n")
+    ledger = Ledger()
+    ledger.record_intent(run.id, "local", "local_node", "node0", attrs={"keys": str(keys), "iface": "bkwgdef456",
+                                                                      "pidfile": str(keys / "node0.conf.pid")})
+    assert teardown_run(ledger, run.id, "test") == []
+    assert not keys.exists()
+    row = ledger.resources(run.id)[0]
+    assert row.state == "terminated" and not (row.attrs or {}).get("never_created")
