@@ -122,6 +122,11 @@ def emulated_cluster(c: "NetnsCluster", t: EmulatedTunnel, run_id: str) -> Clust
 _WG_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard public key: 32 bytes in base64
 
 
+def _root(cluster: Cluster, i: int) -> str:
+    """``sudo -n `` for a node whose login is not root (``wg show`` needs root), else nothing."""
+    return "" if cluster.nodes[i].local or cluster.nodes[i].user == "root" else "sudo -n "
+
+
 def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: int, *,
                     wait_s: float = HANDSHAKE_WAIT_S) -> list[Any]:
     """The tunnel rows of preflight, over the executor's ``run(i, cmd, timeout)``: node 0 sends a packet to every
@@ -140,7 +145,7 @@ def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: in
     unreadable: dict[int, str] = {}  # node -> why `wg show` gave no answer there (not a network verdict)
     for j in peers:
         iface = cluster.nodes[j].env.get('GLOO_SOCKET_IFNAME', 'wg0')
-        code, out = run(j, f"wg show {shlex.quote(iface)} public-key", timeout=20)
+        code, out = run(j, f"{_root(cluster, j)}wg show {shlex.quote(iface)} public-key", timeout=20)
         last = out.strip().splitlines()[-1].strip() if out.strip() else ""
         if code == 0 and _WG_KEY.fullmatch(last):
             keys[j] = last
@@ -150,8 +155,8 @@ def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: in
     t0 = time.monotonic()
     seen: dict[str, int] = {}
     while keys and len(unreadable) < len(peers):
-        run(0, f"{shlex.quote(cluster.python)} -c {shlex.quote(poke)}", timeout=20)
-        code, out = run(0, f"wg show {shlex.quote(iface0)} latest-handshakes", timeout=20)
+        run(0, f"{shlex.quote(cluster.nodes[0].python or cluster.python)} -c {shlex.quote(poke)}", timeout=20)
+        code, out = run(0, f"{_root(cluster, 0)}wg show {shlex.quote(iface0)} latest-handshakes", timeout=20)
         if code != 0:
             last = out.strip().splitlines()[-1].strip() if out.strip() else "no output"
             unreadable = {j: f"`wg show {iface0} latest-handshakes` on node 0: exit {code}: {last}" for j in peers}
@@ -192,15 +197,54 @@ def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: in
     return rows
 
 
-def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[int, int], mtu: int, **kw: Any):
-    """An SSH executor whose preflight starts with :func:`handshake_check` (a FAIL ends the run at once)."""
+def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[int, int], mtu: int | None,
+                  inner: dict[int, tuple[str, str]] | None = None, tailnet: bool = False, **kw: Any):
+    """An SSH executor whose preflight starts with :func:`handshake_check` (a FAIL ends the run at once).
+
+    ``mtu`` None: no tunnel check (``--mesh tailscale``: the tailnet is Tailscale's).  ``inner``: {VM rank:
+    (private address, WireGuard public key)}: with more than one VM, reach tells every VM where the others listen
+    (``wg set IF peer KEY endpoint PRIVATE:PORT``; their private addresses are known only once they run).  Nodes
+    with ``local=True`` (this machine) run as local processes (:mod:`broker.localconn`).  ``tailnet``: after
+    reach, every VM's ``private_ip`` and interface become its tailnet address and interface
+    (:data:`TAILNET_ADDR_CMD`)."""
     from broker.remote import SSHExecutor
 
     class HybridExecutor(SSHExecutor):
+        def reach(self) -> Any:
+            res = super().reach()
+            if res is None and tailnet:  # the VMs' tailnet addresses are known once they joined
+                for i, node in enumerate(self.cluster.nodes):
+                    if node.local:
+                        continue
+                    code, out = self.ssh.run(i, TAILNET_ADDR_CMD, timeout=30)
+                    parts = out.strip().splitlines()[-1].split() if out.strip() else []
+                    if code != 0 or len(parts) != 2:
+                        return self._fail(f"node {i} is not on the tailnet (`tailscale ip -4`: {out.strip()[-200:]})",
+                                          node=i)
+                    node.private_ip = parts[0]
+                    node.env.update(tunnel_env(parts[1]))
+                self._say("[hybrid] tailnet: " + ", ".join(f"node{i}={n.private_ip} on "
+                                                            f"{n.env.get('GLOO_SOCKET_IFNAME')}"
+                                                            for i, n in enumerate(self.cluster.nodes)))
+            if res is not None or not inner or len(inner) < 2:
+                return res
+            for i in inner:
+                iface = self.cluster.nodes[i].env.get("GLOO_SOCKET_IFNAME", "wg0")
+                for j, (addr, key) in inner.items():
+                    if j == i:
+                        continue
+                    code, out = self.ssh.run(i, f"{_root(self.cluster, i)}wg set {shlex.quote(iface)} peer "
+                                                f"{shlex.quote(key)} endpoint {shlex.quote(f'{addr}:{ports[j]}')}",
+                                             timeout=20)
+                    if code != 0:
+                        return self._fail(f"setting node {j}'s endpoint on node {i} failed: {out.strip()[-300:]}",
+                                          node=i)
+            return None
+
         def preflight(self) -> Any:
             from broker import preflight as pf
 
-            if not self.do_preflight:
+            if not self.do_preflight or mtu is None:
                 return super().preflight()
             t0 = time.monotonic()
             rows = handshake_check(self.ssh.run, self.cluster, ports, mtu)
@@ -288,7 +332,25 @@ def tailscale_self(*, exe: str | None = None, timeout: float = 10.0) -> TailnetS
     addr = (ip.stdout or "").strip().splitlines()
     if ip.returncode != 0 or not addr:
         raise ProviderError("tailscale", "tailscale ip -4", f"no tailnet IPv4 address (exit {ip.returncode})")
-    return TailnetSelf(address=addr[0].strip())
+    return TailnetSelf(address=addr[0].strip(), iface=iface_of(addr[0].strip()) or "tailscale0")
+
+
+def iface_of(address: str) -> str | None:
+    """The interface of this machine holding IPv4 ``address`` (``ip -o -4 addr``), None when none does."""
+    try:
+        out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) > 3 and parts[3].split("/")[0] == address:
+            return parts[1]
+    return None
+
+
+#: shell run on a VM of a ``--mesh tailscale`` run: its tailnet IPv4 and the interface holding it
+TAILNET_ADDR_CMD = ("a=$(tailscale ip -4 | head -1); i=$(ip -o -4 addr show | awk -v a=\"$a\" "
+                    "'{split($4, x, \"/\"); if (x[1] == a) print $2}' | head -1); echo \"$a ${i:-tailscale0}\"")
 
 
 def tailscale_plan(n: int, run_id: str, *, env_file: Path | None = None, exe: str | None = None) -> dict[str, Any]:
@@ -301,3 +363,193 @@ def tailscale_plan(n: int, run_id: str, *, env_file: Path | None = None, exe: st
     me = tailscale_self(exe=exe)
     return {"master_addr": me.address, "iface": me.iface, "env": tunnel_env(me.iface),
             "vm_boot": {i: tailscale_cloud_init(key, f"broker-{run_id}-node{i}") for i in range(1, n)}}
+
+
+# --------------------------------------------------------------------------------------------------- cloud side
+#: the interface WireGuard gets on the VMs (their boot script's wg-quick config)
+VM_IFACE = "wg0"
+
+
+def local_iface(run_id: str) -> str:
+    """This machine's tunnel interface for run ``run_id``: ``bkwg`` + the run id's last 6 characters (unique per
+    run, at most 15 characters)."""
+    import re
+
+    tail = re.sub(r"[^a-z0-9]", "", run_id.lower())[-6:]
+    return f"bkwg{tail}"
+
+
+def free_tunnel_subnet() -> str:
+    """A /24 of 198.18.0.0/16 that no address on this machine uses (the tunnel's: node i = host 1 + i); picked
+    under the netns provider's lock, like its own /24s."""
+    import fcntl
+    import secrets
+
+    from broker.providers import netns
+
+    with open(netns._LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        used = netns._used_subnets()
+        routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
+        used |= {int(x) for x in __import__("re").findall(rf"{netns.SUBNET_BASE}\.(\d+)\.", routes)}
+        free = [x for x in range(1, 255) if x not in used]
+        if not free:
+            raise ProviderError("wireguard", "tunnel subnet", "no free /24 left in 198.18.0.0/16 for the tunnel")
+        return f"{netns.SUBNET_BASE}.{free[secrets.randbelow(len(free))]}.0/24"
+
+
+def caller_public_ip(timeout_s: float = 3.0) -> str | None:
+    """This machine's public IPv4 as the VMs see it, to scope the WireGuard ingress rule: ``BROKER_PUBLIC_IP``
+    when set (``none`` = unknown), else one HTTPS lookup (``https://checkip.amazonaws.com``, ``timeout_s``);
+    None when unknown (the rule then allows any source: the port only answers WireGuard's key handshake)."""
+    import ipaddress
+    import urllib.request
+
+    val = os.environ.get("BROKER_PUBLIC_IP")
+    if val is not None:
+        val = val.strip()
+        if val.lower() in ("", "none", "unknown"):
+            return None
+        return str(ipaddress.ip_address(val))
+    try:
+        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=timeout_s) as r:  # noqa: S310
+            return str(ipaddress.ip_address(r.read().decode().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def ingress_rules(tunnel: Any, caller_ip: str | None) -> list[Any]:
+    """The provider-neutral inbound rules a WireGuard hybrid run needs (:class:`broker.provider.Ingress`): one UDP
+    port per VM, from the caller's address as /32 where known."""
+    from broker.provider import Ingress
+    from broker.wireguard import _caller_cidr
+
+    cidr, scoped = _caller_cidr(caller_ip)
+    ports = sorted({p.listen_port for p in tunnel.peers[1:] if p.listen_port})
+    desc = "broker hybrid: WireGuard from this machine" if scoped else "broker hybrid: WireGuard (caller unknown)"
+    return [Ingress(protocol="udp", port=p, cidr=cidr, description=desc) for p in ports]
+
+
+@dataclass
+class CloudMesh:
+    """How a hybrid run on rented VMs joins this machine (node 0) and the VMs (nodes 1..N-1).
+
+    ``mesh``: ``wireguard`` (a tunnel made for the run: ``tunnel``, this machine's interface ``iface`` and key
+    folder ``keys``) or ``tailscale`` (an existing tailnet: ``iface`` = ``tailscale0``, no tunnel, no keys).
+    ``master_addr``: node 0's address on the mesh; ``vm_iface``: the mesh interface on the VMs; ``mtu``: checked by
+    preflight (None for tailscale); ``ports``: {VM rank: its UDP port}."""
+
+    mesh: str
+    iface: str
+    vm_iface: str
+    master_addr: str
+    vm_boot: dict[int, str]
+    tunnel: Any = None
+    keys: Path | None = None
+    mtu: int | None = None
+    ports: dict[int, int] | None = None
+    how: str = ""
+
+
+def wireguard_mesh(n: int, run_id: str, run_dir: Path, *, subnet: str | None = None,
+                   port: int | None = None) -> CloudMesh:
+    """Keys and configs for a WireGuard hybrid run of ``n`` nodes: node 0 = this machine on ``local_iface``,
+    VM i listening on UDP ``port + i - 1``; each VM's boot lines (:func:`broker.wireguard.user_data_script`).  The
+    key folder ``<run_dir>/wg`` (0700) is made now and holds node 0's config once :func:`wireguard_up` writes it;
+    the VMs' private keys exist only in their boot lines (the provider's user data)."""
+    from broker import wireguard as wg
+
+    tun = wg.make_tunnel(n, subnet or free_tunnel_subnet(), {}, port=port or wg.DEFAULT_PORT)
+    keys = Path(run_dir) / "wg"
+    keys.mkdir(parents=True, exist_ok=True)
+    os.chmod(keys, 0o700)
+    return CloudMesh(mesh="wireguard", iface=local_iface(run_id), vm_iface=VM_IFACE, master_addr=tun.peers[0].address,
+                     vm_boot={i: wg.user_data_script(tun, i, iface=VM_IFACE) for i in range(1, n)}, tunnel=tun,
+                     keys=keys, mtu=tun.mtu, ports={i: tun.peers[i].listen_port for i in range(1, n)})
+
+
+def tailscale_mesh(n: int, run_id: str, *, env_file: Path | None = None, exe: str | None = None) -> CloudMesh:
+    """``--mesh tailscale``: this machine's tailnet address and ``tailscale0``, each VM's ``tailscale up`` boot
+    lines (:func:`tailscale_plan`); nothing is created on this machine."""
+    plan = tailscale_plan(n, run_id, env_file=env_file, exe=exe)
+    return CloudMesh(mesh="tailscale", iface=plan["iface"], vm_iface="tailscale0", master_addr=plan["master_addr"],
+                     vm_boot=plan["vm_boot"])
+
+
+def wireguard_up(m: CloudMesh, endpoints: dict[int, str], log: Path | None = None) -> str:
+    """Node 0's side of the tunnel: every VM's ``Endpoint`` (``public_ip:port``), node 0's config written 0600
+    into the 0700 key folder, the interface up on this machine (kernel module, else ``wireguard-go``, pid in
+    ``<keys>/node0.conf.pid``).  Returns ``kernel`` or ``wireguard-go``."""
+    from broker import wireguard as wg
+
+    assert m.tunnel is not None and m.keys is not None
+    for i, ep in endpoints.items():
+        m.tunnel.peers[i].endpoint = ep
+    conf = m.keys / "node0.conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(m.tunnel.conf(0))
+    os.chmod(conf, 0o600)
+    m.how = wg.iface_up(m.iface, conf, m.master_addr, m.tunnel.prefixlen, m.tunnel.mtu, log=log)
+    return m.how
+
+
+def local_node_attrs(m: CloudMesh, *, run_id: str, node0_base: str, python: str) -> dict[str, Any]:
+    """What the ledger row of this machine's part of a cloud hybrid run keeps (provider ``local``, kind
+    ``local_node``): where the tunnel interface, its pid file and key folder are (no key) and node 0's job (its
+    torchrun pid file and probe), so :func:`local_node_down` can remove them after the CLI died."""
+    out: dict[str, Any] = {"run_id": run_id, "mesh": m.mesh, "job_pidfile": f"{node0_base}/torchrun.pid",
+                           "probe": f"{node0_base}/probe.py", "python": python}
+    if m.mesh == "wireguard":
+        assert m.keys is not None and m.tunnel is not None
+        out.update(iface=m.iface, pidfile=str(m.keys / "node0.conf.pid"), keys=str(m.keys), subnet=m.tunnel.subnet)
+    return out
+
+
+def local_node_down(attrs: dict[str, Any]) -> None:
+    """Remove this machine's part of a cloud hybrid run: node 0's job (the probe's kill by pid file and
+    environment marker), the tunnel interface, its ``wireguard-go`` (pid file) and the key folder (configs
+    overwritten, then deleted).  Idempotent; what ``broker down`` / the watchdog run for the ledger row (provider
+    ``local``, kind ``local_node``) after the CLI died, and what release runs."""
+    import signal
+
+    from broker import wireguard as wg
+
+    probe, job = attrs.get("probe"), attrs.get("job_pidfile")
+    if probe and job and Path(probe).exists() and Path(job).exists():
+        subprocess.run([attrs.get("python") or "python3", probe, "kill", job, "2",
+                        f"BROKER_RUN_ID={attrs.get('run_id', '')}", "BROKER_NODE_RANK=0"],
+                       capture_output=True, timeout=60)
+    iface = attrs.get("iface")
+    if iface:
+        pidfile = Path(attrs["pidfile"]) if attrs.get("pidfile") else None
+        wg.iface_down(iface, pidfile=pidfile)
+        if pidfile is not None and pidfile.exists():
+            try:
+                pid = int(pidfile.read_text().strip())
+                for _ in range(50):  # wireguard-go got SIGTERM from iface_down: give it 5 s
+                    os.kill(pid, 0)
+                    time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass
+    if attrs.get("keys"):
+        wg.forget(Path(attrs["keys"]))
+
+
+def cloud_cluster(vms: Cluster, m: CloudMesh, *, run_id: str, workroot: str, python: str) -> Cluster:
+    """The hybrid cluster: node 0 = this machine (``local``: commands run here, ``workroot``/``python`` its own),
+    nodes 1.. = ``vms`` (provisioned in rank order); every node's ``private_ip`` is its mesh address (node 0's is
+    ``MASTER_ADDR``) and its env names the mesh interface (:func:`tunnel_env`)."""
+    if m.tunnel is not None:
+        addrs = [p.address for p in m.tunnel.peers]
+    else:
+        addrs = [m.master_addr] + [""] * len(vms.nodes)
+    nodes = [ClusterNode(node_rank=0, host="localhost", port=0, user=os.environ.get("USER", "root"),
+                         private_ip=m.master_addr, env=tunnel_env(m.iface), local=True, workroot=workroot,
+                         python=python)]
+    for k, n in enumerate(vms.nodes):
+        addr = addrs[k + 1] or n.private_ip
+        nodes.append(n.model_copy(update={"node_rank": k + 1, "private_ip": addr,
+                                          "env": {**n.env, **tunnel_env(m.vm_iface)}}))
+    return vms.model_copy(update={"nodes": nodes, "topology": TopologyKind.hybrid})

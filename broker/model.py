@@ -254,6 +254,9 @@ class ClusterNode(_Model):
     ``host``/``port``/``user``: the SSH endpoint (public IP, Vast proxy, or a netns address).  ``private_ip``: the
     address the other nodes use (node 0's is ``master_addr``; ``127.0.0.1`` for simulated nodes on one host).
     ``gpu_indices``: the CUDA_VISIBLE_DEVICES value for this node (None = all of the host's GPUs / not set).
+    ``local``: the node is THIS machine (a hybrid run's node 0): the SSH executor runs its commands as local
+    processes (:class:`broker.localconn.LocalConnection`) instead of over SSH; ``workroot`` / ``python`` then
+    replace the cluster's for this node (None = the cluster's).
     """
 
     node_rank: int
@@ -264,6 +267,9 @@ class ClusterNode(_Model):
     gpu_indices: list[str] | None = None
     resource_id: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    local: bool = False
+    workroot: str | None = None
+    python: str | None = None
 
 
 class Cluster(_Model):

@@ -682,6 +682,149 @@ class CloudTarget(Target):
         return left, []
 
 
+class CloudHybridTarget(CloudTarget):
+    """The ``hybrid`` topology on rented VMs (``--provider oci|aws --topology hybrid``): node 0 is THIS machine,
+    nodes 1..N-1 are VMs of the ranked hybrid plan options, provisioned ledger-first through :class:`CloudTarget`
+    (same failover, watchdog and teardown), joined by a mesh (:class:`broker.hybrid.CloudMesh`):
+
+    * ``wireguard`` (default): a tunnel made for the run (:func:`broker.hybrid.wireguard_mesh`): keys per run (never
+      in the ledger), each VM's config in its boot script (:func:`broker.wireguard.user_data_script` through
+      ``NodeRequest.onstart``), the run's network opened for exactly the VMs' UDP ports from this machine's public
+      address where known (:meth:`broker.provider.Provider.open_ingress`), then node 0's interface here (kernel
+      module or ``wireguard-go``; Endpoint = each VM's public IP, PersistentKeepalive 25);
+    * ``tailscale``: an existing tailnet (:func:`broker.hybrid.tailscale_mesh`): the VMs' boot lines run
+      ``tailscale up --authkey``; this machine's tailnet address is ``MASTER_ADDR``; nothing is created here.
+
+    This machine's part (node 0's job; the interface, pid file and key folder, never a key) is a ledger row
+    (provider ``local``, kind ``local_node``) recorded before the interface exists, so ``broker down`` and the
+    watchdog remove it after a SIGKILL of the CLI (:func:`broker.hybrid.local_node_down`).
+
+    The executor is the SSH executor with node 0 as local processes (:mod:`broker.localconn`) and the tunnel
+    checks first in preflight (:func:`broker.hybrid.make_executor`)."""
+
+    def __init__(self, recipe: Recipe, options: Plan | PlanOption | Iterable[PlanOption], *, mesh: str = "wireguard",
+                 env_file: Path | None = None, tailscale_exe: str | None = None, **kw: Any):
+        super().__init__(recipe, options, **kw)
+        self.mesh_kind, self.env_file, self.tailscale_exe = mesh, env_file, tailscale_exe
+        self.mesh: Any = None
+        self.tunnel_row: str | None = None
+        self.local_attrs: dict[str, Any] = {}
+        self.inner: dict[int, tuple[str, str]] = {}
+
+    def check(self) -> None:
+        from broker.wireguard import missing_tools
+
+        if self.recipe.nodes < 2:
+            raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
+        if self.mesh_kind == "wireguard":
+            why = missing_tools()
+            if why:
+                raise ProviderError("wireguard", "local tunnel", why, hint="node 0 (this machine) needs "
+                                    "wireguard-tools, and wireguard-go where the kernel has no wireguard module; "
+                                    "or use --mesh tailscale")
+            if os.geteuid() != 0:
+                raise ProviderError("wireguard", "local tunnel", "creating this machine's WireGuard interface needs "
+                                    "root", hint="run broker as root (sudo), or use --mesh tailscale")
+        else:
+            from broker.hybrid import tailscale_authkey, tailscale_self
+
+            if not tailscale_authkey(self.env_file):
+                raise BadInput("--mesh tailscale needs TS_AUTHKEY", hint="export TS_AUTHKEY=tskey-auth-... (or put "
+                               "it in .env)")
+            tailscale_self(exe=self.tailscale_exe)  # this machine must be on the tailnet before anything is rented
+        super().check()
+
+    def describe(self) -> str:
+        return "node 0 = this machine (free) + " + super().describe() + f"; mesh {self.mesh_kind}"
+
+    def plan_record(self) -> dict[str, Any]:
+        return {**super().plan_record(), "mesh": self.mesh_kind}
+
+    def acquire(self, run: Run, ctx: Context) -> Cluster:
+        import sys
+
+        from broker import hybrid
+
+        r = self.recipe
+        run_dir = Path(run.run_dir or ".")
+        if self.mesh_kind == "wireguard":
+            self.mesh = m = hybrid.wireguard_mesh(r.nodes, run.id, run_dir)
+            caller = hybrid.caller_public_ip()
+            rules = hybrid.ingress_rules(m.tunnel, caller)
+            ctx.say(f"WireGuard tunnel {m.tunnel.subnet}: node 0 (this machine) {m.master_addr} on {m.iface}; VMs "
+                    f"listen on UDP {', '.join(str(p) for p in sorted(m.ports.values()))}, opened from "
+                    f"{rules[0].cidr}" + ("" if caller else " (this machine's public address is unknown: set "
+                                          "BROKER_PUBLIC_IP to scope the rule)"))
+        else:
+            self.mesh = m = hybrid.tailscale_mesh(r.nodes, run.id, env_file=self.env_file, exe=self.tailscale_exe)
+            rules = []
+            ctx.say(f"tailnet: node 0 (this machine) {m.master_addr} on {m.iface}; the VMs join with TS_AUTHKEY")
+        self.provision_kw = {**self.provision_kw, "node_onstart": lambda i: m.vm_boot.get(i),
+                             "ingress": rules or None}
+        vms = super().acquire(run, ctx)
+        workroot = str(run_dir / "here")
+        self.local_attrs = hybrid.local_node_attrs(m, run_id=run.id, node0_base=f"{workroot}/{run.id}/node0",
+                                                   python=sys.executable)
+        row = ctx.ledger.record_intent(run.id, "local", "local_node", "node0", attrs=self.local_attrs)
+        self.tunnel_row = row.id
+        if m.mesh != "wireguard":
+            ctx.ledger.mark_created(row.id, "node0", state="running")
+        else:
+            ports = m.ports or {}
+            endpoints = {k + 1: f"{self._public_ip(n, ctx)}:{ports[k + 1]}" for k, n in enumerate(vms.nodes)}
+            self.inner = {k + 1: (n.private_ip, m.tunnel.peers[k + 1].public_key) for k, n in enumerate(vms.nodes)}
+            how = hybrid.wireguard_up(m, endpoints, log=run_dir / "wireguard.log")
+            ctx.ledger.mark_created(row.id, "node0", state="running", how=how)
+            ctx.say(f"WireGuard up on this machine ({how}, MTU {m.mtu}): {m.iface} {m.master_addr} -> "
+                    + ", ".join(f"node{i} {ep}" for i, ep in endpoints.items())
+                    + f"; keys in {m.keys} (0600), deleted at teardown")
+        cluster = hybrid.cloud_cluster(vms, m, run_id=run.id, workroot=workroot, python=sys.executable)
+        self.topology = "hybrid"
+        return cluster
+
+    def _public_ip(self, node: Any, ctx: Context) -> str:
+        """A VM's public address (its WireGuard endpoint): the ledger row's ``public_ip``, else its SSH host."""
+        res = ctx.ledger.resource(node.resource_id) if node.resource_id else None
+        return str(((res.attrs or {}).get("public_ip") if res else None) or node.host)
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.hybrid import make_executor
+
+        assert cluster is not None and self.mesh is not None
+        ctx.say(f"launching node 0 here and {len(cluster.nodes) - 1} node(s) on {cluster.provider}")
+        ready = self.ssh_ready_timeout_s
+        if ready is None:
+            ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
+                self._adapter_ready_timeout(cluster.provider)
+        m = self.mesh
+        return make_executor(cluster, recipe, Path(run.run_dir or "."), ports=m.ports or {}, mtu=m.mtu,
+                             inner=self.inner, tailnet=m.mesh == "tailscale", echo=ctx.hooks.echo,
+                             say=ctx.hooks.say, ready_timeout_s=ready,
+                             on_auth_failure=self._reauthorise(cluster, ctx))
+
+    def keep(self, recipe: Recipe, status: str) -> bool:
+        return False  # node 0 is this machine and the tunnel ends with the run: nothing is kept
+
+    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
+        from broker import hybrid
+        from broker.teardown import terminate_resource
+
+        m = self.mesh
+        try:
+            if self.tunnel_row is not None:
+                res = ctx.ledger.resource(self.tunnel_row)
+                if res is not None and res.live:
+                    from broker.providers.local import LocalProvider
+
+                    terminate_resource(ctx.ledger, res, ctx.actor, provider=LocalProvider(), say=ctx.hooks.say)
+            if m is not None and m.keys is not None:  # also when acquire failed before the row existed
+                hybrid.local_node_down({"iface": m.iface, "pidfile": str(m.keys / "node0.conf.pid"),
+                                        "keys": str(m.keys)})
+        finally:
+            left, kept = super().release(run, ctx, keep=False)
+        return left, kept
+
+
 #: Job statuses after which recipe ``idle_minutes`` keeps the nodes (the job ran to an end on its own).
 KEEP_STATUSES = ("succeeded", "failed")
 #: ledger resource kinds that are nodes (kept until idle, reached by `broker ssh` / `broker exec`)
@@ -1011,8 +1154,9 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
 
 
 def hybrid_target(recipe: Recipe, req: RunRequest) -> Target:
-    """The target of a ``hybrid`` run: the emulation (``--provider netns``); a provider without /dev/net/tun is
-    refused with that reason."""
+    """The target of a ``hybrid`` run: the emulation (``--provider netns``), or this machine + rented VMs of the
+    ranked hybrid options on oci / aws (:class:`CloudHybridTarget`, ``--mesh wireguard|tailscale``); a provider
+    without /dev/net/tun is refused with that reason (exit 3)."""
     from broker.hybrid import MESHES, TUN_PROVIDERS, why_not_hybrid
 
     p = req.provider
@@ -1029,9 +1173,14 @@ def hybrid_target(recipe: Recipe, req: RunRequest) -> Target:
     if p is not None and why_not_hybrid(p):
         raise NoValidPlan(f"no hybrid option on {p}: {why_not_hybrid(p)}",
                           hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider netns to emulate it")
-    raise NoValidPlan("hybrid runs on rented VMs are planned (`broker plan --topology hybrid`) but not launched yet: "
-                      "the OCI/AWS adapters do not embed the tunnel's user data (broker.wireguard.cloud_init) yet",
-                      hint="emulate it here with --provider netns --topology hybrid, or run multi-node on the cloud")
+    if recipe.nodes < 2:
+        raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
+    plan, options = plan_for_run(recipe.model_copy(update={"topology": "hybrid"}), p)
+    hybrid = [o for o in options if o.topology.value == "hybrid" and o.provider in TUN_PROVIDERS]
+    if not hybrid:
+        raise NoValidPlan(f"no valid hybrid option for {recipe.name}" + (f" on {p}" if p else ""),
+                          hint="`broker plan --topology hybrid` shows why each was rejected")
+    return CloudHybridTarget(recipe, hybrid, mesh=req.mesh, watchdog=req.watchdog)
 
 
 def run_recipe(recipe: Recipe, req: RunRequest, *, ledger: "Ledger", hooks: Hooks | None = None) -> RunOutcome:

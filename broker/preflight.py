@@ -118,8 +118,8 @@ async def _info(ssh: "SSHCluster", i: int) -> dict[str, Any]:
     pre = ""
     if node.gpu_indices is not None:
         pre = f"CUDA_VISIBLE_DEVICES={shlex.quote(','.join(node.gpu_indices))} "
-    cmd = f"{pre}{ssh.py()} {shlex.quote(ssh.probe(i))} info {shlex.quote(node.private_ip)} " \
-          f"{shlex.quote(ssh.cluster.workroot)}"
+    cmd = f"{pre}{ssh.py(i)} {shlex.quote(ssh.probe(i))} info {shlex.quote(node.private_ip)} " \
+          f"{shlex.quote(ssh.root(i))}"
     code, out = await ssh.arun(i, cmd, timeout=120)
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
@@ -130,7 +130,7 @@ async def _info(ssh: "SSHCluster", i: int) -> dict[str, Any]:
 async def _listen(ssh: "SSHCluster", j: int, ports: list[int], hits: int) -> tuple[Any, list[int] | str]:
     """Start a listener on node j; returns (process, actual ports) or (process, error text)."""
     conn = await ssh.aconn(j)
-    cmd = f"{ssh.py()} {shlex.quote(ssh.probe(j))} listen {LISTEN_S:g} {hits} " + " ".join(map(str, ports))
+    cmd = f"{ssh.py(j)} {shlex.quote(ssh.probe(j))} listen {LISTEN_S:g} {hits} " + " ".join(map(str, ports))
     proc = await conn.create_process(cmd, encoding="utf-8", errors="replace")
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)
@@ -148,7 +148,7 @@ async def _listen(ssh: "SSHCluster", j: int, ports: list[int], hits: int) -> tup
 
 
 async def _connect(ssh: "SSHCluster", i: int, host: str, ports: list[int]) -> list[dict[str, Any]]:
-    cmd = f"{ssh.py()} {shlex.quote(ssh.probe(i))} connect {PROBE_TIMEOUT_S:g} {shlex.quote(host)} " + \
+    cmd = f"{ssh.py(i)} {shlex.quote(ssh.probe(i))} connect {PROBE_TIMEOUT_S:g} {shlex.quote(host)} " + \
           " ".join(map(str, ports))
     code, out = await ssh.arun(i, cmd, timeout=30 + PROBE_TIMEOUT_S * len(ports))
     res = [json.loads(x) for x in out.splitlines() if x.startswith("{")]

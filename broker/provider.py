@@ -80,6 +80,23 @@ class NodeRequest(_Model):
     idle_minutes: float | None = None  # recipe idle_minutes: arms the node-side idle stop (job ended + no SSH)
 
 
+class Ingress(BaseModel):
+    """One inbound rule a run needs on its network beyond SSH (e.g. a hybrid run's WireGuard port): ``protocol``
+    ``udp`` or ``tcp``, destination ports ``port``..``port_to`` (inclusive), from ``cidr`` (the caller's public
+    address as /32 where known, else ``0.0.0.0/0``).  Adapters translate it into their own rule (OCI security list
+    rule, AWS ``IpPermissions``) in :meth:`Provider.open_ingress`."""
+
+    protocol: Literal["udp", "tcp"]
+    port: int
+    port_to: int | None = None
+    cidr: str = "0.0.0.0/0"
+    description: str = ""
+
+    @property
+    def last_port(self) -> int:
+        return self.port_to or self.port
+
+
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
 
 
@@ -199,6 +216,12 @@ class Provider(ABC):
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
         """Create (or reuse) network/security prerequisites for ``offers``; returns ids for NodeRequest.network."""
         return {}
+
+    def open_ingress(self, network: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+        """Add ``rules`` to the run's network that :meth:`bootstrap` returned (``network``), inbound only, nothing
+        else opened; ``rec.event`` says what was opened.  Idempotent.  Raises NotSupported where the provider's
+        network has no such rules, TransientError, ProviderError."""
+        raise NotSupported(self.name, "open_ingress", "this provider cannot open extra inbound ports")
 
     def create_instance(self, req: NodeRequest) -> str:
         """Create one node; returns the provider id.  Raises CapacityError, QuotaError, OfferGone, AuthError..."""

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
 from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
-from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, InstanceInfo, NodeRequest, NotSupported,
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
                              TransientError)
 
@@ -210,7 +210,8 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
     if ref is None or limit_name is None:
         return fallback
     simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
-    n_inst = 1 if simulated else opt.nodes
+    hybrid = opt.topology == TopologyKind.hybrid
+    n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
     spec = InstanceSpec(opt.provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus or 0),
                         o.ram_gib, o.usd_per_hour, o.region or "any")
     if ref.unit == "vcpus" and spec.vcpus <= 0:
@@ -356,13 +357,19 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
               ready_timeout_s: float = 900.0, poll_s: float = 5.0, ssh_public_key: str | None = None,
               ssh_key_path: str | None = None, image: str | None = None, onstart: str | None = None,
               transient_attempts: int = 4, retry_wait_s: float = 2.0, terminate_timeout_s: float = 600.0,
-              actor: str = "cli", idle_minutes: float | None = None) -> Cluster:
+              actor: str = "cli", idle_minutes: float | None = None,
+              node_onstart: Callable[[int], str | None] | None = None,
+              ingress: list[Ingress] | None = None) -> Cluster:
     """Create the machines of the first option that works; returns the ready cluster.
 
     ``plan``: a Plan (its valid ``options`` in rank order), one PlanOption or a ranked list.  ``run``: the ledger
     run (id, hard ``deadline``, ``run_dir`` where the SSH key goes).  ``requirements``: a Recipe or Requirements
     (``disk_gib``, ``image``, ``idle_minutes`` are read when present; ``idle_minutes`` given here wins: it goes to
     every NodeRequest so the adapter arms the node-side idle stop).  ``providers``: adapters by name (default: the registry).
+    ``node_onstart(node_rank)``: extra boot lines for one node, after ``onstart`` (a hybrid run's WireGuard
+    config of that VM); ``ingress``: inbound rules opened on the run's network right after bootstrap
+    (:meth:`Provider.open_ingress`, e.g. the WireGuard UDP port from the caller's address).  A ``hybrid`` option
+    rents ``nodes - 1`` instances (node 0 is this machine): their ranks, tags and ``node_index`` are 1..N-1.
     ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds.  A fresh ed25519 key
     is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
 
@@ -443,7 +450,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
                                ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
                                onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
-                               terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes)
+                               terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes,
+                               node_onstart=node_onstart, ingress=ingress)
         except _Unverified as e:
             fo.attempts.append(Attempt(label, opt.provider, "failed", e.message))
             fo.last_error = e
@@ -507,7 +515,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
              render: Progress, actor: str,
              ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
              onstart: str | None, transient_attempts: int, retry_wait_s: float, idle_minutes: float | None,
-             terminate_timeout_s: float) -> Cluster:
+             terminate_timeout_s: float, node_onstart: Callable[[int], str | None] | None = None,
+             ingress: list[Ingress] | None = None) -> Cluster:
     """One option: bootstrap, create every instance ledger-first, wait until running.  On a ProviderError every
     instance created here (and the network objects of a failed bootstrap) is terminated before it propagates."""
     from broker.teardown import terminate_resource
@@ -515,7 +524,9 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
     if not opt.offers:
         raise ProviderError(opt.provider, "provision", "the plan option has no offer")
     simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
-    n_inst = 1 if simulated else opt.nodes
+    hybrid = opt.topology == TopologyKind.hybrid
+    n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
+    first_rank = 1 if hybrid else 0  # hybrid: node 0 is this machine, the instances are ranks 1..N-1
     offers = [opt.offers[i] if i < len(opt.offers) else opt.offers[-1] for i in range(n_inst)]
     region = offers[0].region
     key = (opt.provider, region, opt.topology.value)
@@ -554,8 +565,12 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 mine.extend(rec.created_ids)
                 raise
             networks[key] = (net or {}, list(rec.created_ids))
+            if ingress:
+                _retrying(p.open_ingress, networks[key][0], list(ingress), rec, attempts=transient_attempts,
+                          wait_s=retry_wait_s, say=say, what=f"{p.name} open_ingress")
         inst_ids: list[str] = []
-        for i, offer in enumerate(offers):
+        for k, offer in enumerate(offers):
+            i = k + first_rank
             name = f"broker-{run.id}-n{i}"
             # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
             storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
@@ -574,7 +589,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
             req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
                               client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
                               network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
-                              installation_id=ledger.installation_id, onstart=onstart,
+                              installation_id=ledger.installation_id,
+                              onstart=_join_boot(onstart, node_onstart(i) if node_onstart else None),
                               idle_minutes=idle_minutes)
             try:
                 pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
@@ -604,6 +620,12 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
     except Exception as e:  # a bug or an unexpected error: still leave nothing behind
         cleanup(e)
         raise
+
+
+def _join_boot(*parts: str | None) -> str | None:
+    """Boot lines joined (None when there are none)."""
+    text = "\n".join(p.rstrip() for p in parts if p and p.strip())
+    return text + "\n" if text else None
 
 
 def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,

@@ -143,14 +143,23 @@ class SSHCluster:
     def probe(self, i: int) -> str:
         return f"{self.base(i)}/probe.py"
 
-    def py(self) -> str:
-        return shlex.quote(self.cluster.python)
+    def py(self, i: int | None = None) -> str:
+        """The training interpreter (quoted) on node ``i`` (its own where set, else the cluster's)."""
+        return shlex.quote(node_python(self.cluster, i))
+
+    def root(self, i: int) -> str:
+        """Node ``i``'s workroot (its own where set, else the cluster's)."""
+        return node_root(self.cluster, i)
 
     # ------------------------------------------------------------------ connections
     async def _connect(self, i: int) -> Any:
         import asyncssh
 
         node = self.cluster.nodes[i]
+        if node.local:  # this machine (a hybrid run's node 0): local processes, no SSH
+            from broker.localconn import LocalConnection
+
+            return LocalConnection()
         pinned = _known_hosts_has(self.known_hosts, node.host, node.port)
         opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
                                     keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
@@ -349,7 +358,7 @@ class RemoteNode:
         if self._done.is_set() and not self.lost:
             return
         i = self.node_rank
-        cmd = f"{self.ssh.py()} {shlex.quote(self.ssh.probe(i))} kill " \
+        cmd = f"{self.ssh.py(i)} {shlex.quote(self.ssh.probe(i))} kill " \
               f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g} " \
               f"BROKER_RUN_ID={shlex.quote(self.ssh.cluster.run_id)} BROKER_NODE_RANK={i}"
         try:
@@ -374,9 +383,22 @@ class RemoteRunResult(RunResult):
     preflight: "PreflightReport | None" = None
 
 
+def node_root(cluster: Cluster, i: int) -> str:
+    """Node ``i``'s workroot: its own (``ClusterNode.workroot``, e.g. this machine in a hybrid run) or the
+    cluster's."""
+    return (cluster.nodes[i].workroot if i < len(cluster.nodes) else None) or cluster.workroot
+
+
+def node_python(cluster: Cluster, i: int | None) -> str:
+    """Node ``i``'s training interpreter: its own (``ClusterNode.python``) or the cluster's."""
+    if i is not None and i < len(cluster.nodes) and cluster.nodes[i].python:
+        return cluster.nodes[i].python  # type: ignore[return-value]
+    return cluster.python
+
+
 def node_base(cluster: Cluster, i: int) -> str:
     """Node ``i``'s folder for this run: ``<workroot>/<run_id>/node<i>`` (simulated nodes share a host)."""
-    return f"{cluster.workroot.rstrip('/')}/{cluster.run_id}/node{i}"
+    return f"{node_root(cluster, i).rstrip('/')}/{cluster.run_id}/node{i}"
 
 
 def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dict[str, str]:
@@ -412,7 +434,7 @@ def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[
     base = ssh.base(i)
     argv = torchrun_argv(str(recipe.script.relative_to(recipe.workdir)), recipe.args, nnodes=len(c.nodes),
                          nproc_per_node=recipe.gpus_per_node, node_rank=i, master_addr=c.master_addr,
-                         master_port=port, python=c.python, shim=f"{base}/{SHIM_NAME}", facts_dir=f"{base}/facts")
+                         master_port=port, python=node_python(c, i), shim=f"{base}/{SHIM_NAME}", facts_dir=f"{base}/facts")
     q = shlex.quote
     line = (f"cd {q(ssh.work(i))} && . {q(base + '/env.sh')} && exec setsid -w sh -c "
             f"'echo $$ > \"$0\"; exec \"$@\"' {q(base + '/torchrun.pid')} " + " ".join(q(a) for a in argv))
@@ -554,8 +576,9 @@ class SSHExecutor(Executor):
                "cloud-init status 2>/dev/null | tail -1; else echo 'status: no cloud-init'; fi")
         ssh = self.ssh
         t = max(30.0, self.ready_timeout_s)
-        outs = ssh.gather([ssh.arun(i, cmd, timeout=t) for i in range(self.n)], timeout=t + 30)
-        for i, o in enumerate(outs):
+        remote = [i for i in range(self.n) if not self.cluster.nodes[i].local]  # this machine booted long ago
+        outs = ssh.gather([ssh.arun(i, cmd, timeout=t) for i in remote], timeout=t + 30)
+        for i, o in zip(remote, outs):
             if isinstance(o, BaseException) or o[0] is None:
                 raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init did not finish: {o}",
                                     hint="see /var/log/cloud-init-output.log on the node")
@@ -687,13 +710,15 @@ def _mark_done(ssh: SSHCluster, n: int) -> None:
     """Touch ``<workroot>/job.done`` (:func:`broker.nodescripts.job_done_path`) on every node, best effort (only
     nodes whose connection is still open; no reconnect): the job has ended, so the node-side idle watch
     (:func:`broker.nodescripts.idle_watch_script`) starts counting."""
-    root = ssh.cluster.workroot.rstrip("/")
-    cmd = f"mkdir -p {shlex.quote(root)} && touch {shlex.quote(root + '/job.done')}"
+    def cmd(i: int) -> str:
+        root = ssh.root(i).rstrip("/")
+        return f"mkdir -p {shlex.quote(root)} && touch {shlex.quote(root + '/job.done')}"
+
     live = [i for i in range(n) if (c := ssh._conns.get(i)) is not None and not c.is_closed()]
     if not live:
         return
     try:
-        ssh.gather([ssh.arun(i, cmd, timeout=15) for i in live], timeout=30)
+        ssh.gather([ssh.arun(i, cmd(i), timeout=15) for i in live], timeout=30)
     except Exception:  # noqa: BLE001 - best effort: the watchdog still ends the nodes after idle_minutes
         pass
 
@@ -702,7 +727,7 @@ async def _prepare(ssh: SSHCluster, i: int, tgz: bytes, env: dict[str, str]) -> 
     await ssh.aupload_tgz(i, tgz, ssh.work(i))
     if env.get("TMPDIR"):
         await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
-    await ssh.aput_bytes(i, env_file(env, ssh.cluster.python), ssh.base(i) + "/env.sh", 0o600)
+    await ssh.aput_bytes(i, env_file(env, node_python(ssh.cluster, i)), ssh.base(i) + "/env.sh", 0o600)
 
 
 async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: Echo) -> tuple[int | None, str]:
@@ -743,7 +768,7 @@ def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Pa
     safe = [p for p in patterns if not (Path(p).is_absolute() or ".." in Path(p).parts)]
     for i in range(n):
         q = shlex.quote
-        code, out = ssh.run(i, f"cd {q(ssh.work(i))} && {ssh.py()} -c {q(lister)} "
+        code, out = ssh.run(i, f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(lister)} "
                                + " ".join(q(p) for p in safe), timeout=60) if safe else (0, "[]")
         try:
             names = json.loads(out.strip().splitlines()[-1]) if code == 0 else []

@@ -14,9 +14,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import Provider, ProviderCheck
+from broker.provider import NotSupported, Provider, ProviderCheck, TaggedResource
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,32 @@ class LocalProvider(Provider):
             return {"CUDA_VISIBLE_DEVICES": ""}
         mine = self.gpus[node_rank * req.gpus_per_node:(node_rank + 1) * req.gpus_per_node]
         return {"CUDA_VISIBLE_DEVICES": ",".join(x.index for x in mine)}
+
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """``local_node`` (this machine's part of a hybrid run on rented VMs: node 0's job, the WireGuard interface
+        with its ``wireguard-go`` and key folder): removed by :func:`broker.hybrid.local_node_down`; idempotent,
+        True once gone.  Nothing else on this machine is a resource."""
+        if kind != "local_node":
+            raise NotSupported(self.name, "terminate", f"this machine has no {kind} resources")
+        from broker.hybrid import local_node_down
+
+        local_node_down(attrs or {})
+        return True
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """This machine's part of hybrid runs that may still exist (``local_node``): a run whose key folder
+        ``<runs>/<run_id>/wg`` or tunnel interface (``bkwg`` + the run id's tail) is still here; lets a teardown
+        that finds the ledger row without its id (the CLI died while the interface came up) remove it anyway."""
+        from broker.config import runs_dir
+        from broker.hybrid import local_iface
+
+        out = []
+        for d in runs_dir().glob(run_id or "*"):
+            if (d / "wg").is_dir() or Path("/sys/class/net", local_iface(d.name)).exists():
+                out.append(TaggedResource(provider=self.name, kind="local_node", provider_id="node0", run_id=d.name,
+                                          name="node0", state="running", usd_per_hour=0.0))
+        return out
 
     def offers(self, req: Requirements) -> list[Offer]:
         if self.why_not(req) is not None:

@@ -60,6 +60,7 @@ class OCIEmulator:
         self.timers: dict[str, float] = {}  # object id -> when its pending state change happens
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []  # (method, path, status) of every request
+        self.updates: list[tuple[str, dict[str, Any]]] = []  # (security list id, PUT body) of every update
         self._srv = make_server("127.0.0.1", 0, self.app, threaded=True, request_handler=_Quiet)
         self.url = f"http://127.0.0.1:{self._srv.server_port}"
         self._thread = threading.Thread(target=self._srv.serve_forever, daemon=True)
@@ -183,6 +184,12 @@ class OCIEmulator:
                     obj["routeRules"] = body["routeRules"]
                 if "freeformTags" in body:
                     obj["freeformTags"] = body["freeformTags"]
+                return self._json(obj)
+            if method == "PUT" and coll == "securityLists":  # UpdateSecurityListDetails replaces the lists given
+                self.updates.append((rid, body))
+                for k in ("ingressSecurityRules", "egressSecurityRules", "freeformTags", "displayName"):
+                    if k in body:
+                        obj[k] = body[k]
                 return self._json(obj)
             if method == "DELETE":
                 return self._delete(coll, obj)

@@ -160,7 +160,10 @@ def test_plan_cli_shows_hybrid_beside_the_others(tmp_path):
     import json
 
     top = json.loads(p.stdout)
-    assert "--provider netns --topology hybrid" in top["next_step"] and "not wired yet" in top["next_step"]
+    # the cloud side is launched: the next step runs the chosen hybrid option itself, not the emulation
+    chosen = top["plan"]["options"][0]["provider"]
+    assert f"--provider {chosen} --topology hybrid" in top["next_step"], top["next_step"]
+    assert "netns" not in top["next_step"] and "not wired" not in top["next_step"]
     d = top["plan"]
     topos = {o["topology"] for o in d["options"]}
     assert topos <= {"hybrid"} and d["options"], d["options"][:2]

@@ -104,9 +104,8 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
         steps = [o.next_step for o in plan.rejected if o.next_step]
         return steps[0] if steps else None
     run = f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
-    if c.topology.value == "hybrid":  # the cloud side is not launched yet (docs/hybrid.md)
-        return (f"broker run {recipe or 'RECIPE.yaml'} --provider netns --topology hybrid emulates it on this machine "
-                f"(launching hybrid on {c.provider} is not wired yet)")
+    if c.topology.value == "hybrid":  # node 0 is this machine (docs/hybrid.md)
+        run += " --topology hybrid"
     if c.provider in CLOUD:
         from broker.providers import get_provider
 

@@ -39,7 +39,7 @@ import importlib.util
 from typing import Any, ClassVar
 
 from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import InstanceInfo, NodeRequest, Provider, ProviderCheck, QuotaRequest, Recorder, TaggedResource
+from broker.provider import Ingress, InstanceInfo, NodeRequest, Provider, ProviderCheck, QuotaRequest, Recorder, TaggedResource
 from broker.providers.aws import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.aws.api import (INSTALL_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
                                       map_error, quota_scope)
@@ -163,6 +163,12 @@ class AWSProvider(Provider):
         zone = offers[0].zone if offers else None
         return network.bootstrap(self.api, run_id, region, zone, topology, len(offers), rec,
                                  getattr(settings(), "aws_subnet_id", None))
+
+    def open_ingress(self, net: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+        """``authorize_security_group_ingress`` on the run's security group (:func:`.network.open_ingress`): one
+        ``IpPermissions`` entry per rule (protocol, port range, the rule's CIDR).  Raises ProviderError,
+        TransientError."""
+        network.open_ingress(self.api, net, rules, rec)
 
     def find_by_token(self, client_token: str, region: str | None = None) -> str | None:
         """A live instance launched with ``client_token`` (tag ``broker-client-token``), if any."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder, TransientError)
+from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, Ingress, ProviderError, Recorder,
+                             TransientError)
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, map_error
 
 if TYPE_CHECKING:
@@ -90,6 +91,36 @@ def bootstrap(api: "AWSApi", run_id: str, region: str, zone: str | None, topolog
         pg = placement_group(api, api.client("ec2", region, launch=True), run_id, region, rec)
     return {"region": region, "zone": zone, "vpc_id": vpc_id, "subnet_id": subnet_id,
             "security_group_id": sg, "placement_group": pg, "nodes": nodes}
+
+
+def ip_permission(rule: Ingress) -> dict[str, Any]:
+    """The ``IpPermissions`` entry of one :class:`broker.provider.Ingress` rule (IPv4 ``IpRanges`` or IPv6
+    ``Ipv6Ranges`` by the CIDR)."""
+    perm: dict[str, Any] = {"IpProtocol": rule.protocol, "FromPort": rule.port, "ToPort": rule.last_port}
+    desc = rule.description or "broker run"
+    if ":" in rule.cidr:
+        perm["Ipv6Ranges"] = [{"CidrIpv6": rule.cidr, "Description": desc}]
+    else:
+        perm["IpRanges"] = [{"CidrIp": rule.cidr, "Description": desc}]
+    return perm
+
+
+def open_ingress(api: "AWSApi", net: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+    """``authorize_security_group_ingress`` of ``rules`` on ``net["security_group_id"]`` (the run's group from
+    :func:`bootstrap`); a rule already there (``InvalidPermission.Duplicate``) counts as done."""
+    sg, region = net.get("security_group_id"), net.get("region")
+    if not sg:
+        raise ProviderError(PROVIDER, "authorize_security_group_ingress", "the run's network has no security group")
+    perms = [ip_permission(r) for r in rules]
+    ec2 = api.client("ec2", region)
+    try:
+        ec2.authorize_security_group_ingress(GroupId=sg, IpPermissions=perms)
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] != "InvalidPermission.Duplicate":
+            raise map_error(e, "authorize_security_group_ingress", region=region) from e
+    rec.event(f"aws: security group {sg} opened inbound: " + ", ".join(
+        f"{r.protocol} {r.port}" + (f"-{r.last_port}" if r.last_port != r.port else "") + f" from {r.cidr}"
+        for r in rules))
 
 
 def placement_group(api: "AWSApi", ec2: Any, run_id: str, region: str, rec: Recorder) -> str | None:

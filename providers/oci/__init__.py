@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, ClassVar, Iterable
 
 from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import (AuthError, InstanceInfo, NodeRequest, Provider, ProviderCheck, ProviderError,
+from broker.provider import (AuthError, Ingress, InstanceInfo, NodeRequest, Provider, ProviderCheck, ProviderError,
                              QuotaRequest, Recorder, TaggedResource)
 from broker.providers.oci import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.oci.lifecycle import TOKEN_TAG
@@ -201,6 +201,11 @@ class OCIProvider(Provider):
         if self._subnet_id:
             return network.reuse_subnet(self.api, self._subnet_id, rec)
         return network.bootstrap(self.api, run_id, rec)
+
+    def open_ingress(self, net: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+        """Add ``rules`` to the run's security list (:func:`broker.providers.oci.network.open_ingress`: protocol
+        17 / 6 with a destination port range, from each rule's CIDR).  Raises ProviderError, TransientError."""
+        network.open_ingress(self.api, net, rules, rec)
 
     def create_instance(self, req: NodeRequest) -> str:
         """``launch_instance`` of ``req.offer`` in AD ``req.offer.zone`` into ``req.network["subnet_id"]``

@@ -12,7 +12,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder
+from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, Ingress, ProviderError, Recorder
 from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expect_tags
 
 if TYPE_CHECKING:
@@ -133,6 +133,47 @@ def bootstrap(api: "OCIApi", run_id: str, rec: Recorder) -> dict[str, Any]:
     wait_available(api, "get_subnet", vn.get_subnet, sub.id, sub)
     return {"subnet_id": sub.id, "vcn_id": vcn.id, "vcn_cidr": cidr, "security_list_id": sl.id,
             "internet_gateway_id": igw.id, "route_table_id": rt_id}
+
+
+def open_ingress(api: "OCIApi", net: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+    """Add ``rules`` to the run's security list (``net["security_list_id"]`` from :func:`bootstrap`): one stateful
+    ingress rule each, protocol 6 (TCP) / 17 (UDP) with ``destination_port_range``, from ``rule.cidr``; rules
+    already present are not added twice.  A reused subnet (``OCI_SUBNET_ID``) is not changed: the event says which
+    ports to open there.  Raises ProviderError / TransientError."""
+    import oci
+
+    m = oci.core.models
+    sl_id = net.get("security_list_id")
+    if not sl_id:
+        rec.event("oci: reused subnet (OCI_SUBNET_ID): its security list is not changed by broker; open "
+                  + ", ".join(f"{r.protocol} {r.port}-{r.last_port} from {r.cidr}" for r in rules) + " there")
+        return
+    vn = api.client("vnet")
+    sl = api.call("get_security_list", vn.get_security_list, sl_id).data
+    have = list(sl.ingress_security_rules or [])
+    added = []
+    for r in rules:
+        rng = m.PortRange(min=r.port, max=r.last_port)
+        rule = m.IngressSecurityRule(protocol="17" if r.protocol == "udp" else "6", source=r.cidr,
+                                     source_type="CIDR_BLOCK", is_stateless=False, description=r.description or None,
+                                     **({"udp_options": m.UdpOptions(destination_port_range=rng)} if r.protocol == "udp"
+                                        else {"tcp_options": m.TcpOptions(destination_port_range=rng)}))
+        opts = rule.udp_options or rule.tcp_options
+
+        def same(x: Any) -> bool:
+            o = x.udp_options if r.protocol == "udp" else x.tcp_options
+            pr = getattr(o, "destination_port_range", None)
+            return (x.protocol == rule.protocol and x.source == r.cidr and pr is not None
+                    and (pr.min, pr.max) == (opts.destination_port_range.min, opts.destination_port_range.max))
+
+        if not any(same(x) for x in have):
+            have.append(rule)
+            added.append(f"{r.protocol} {r.port}" + (f"-{r.last_port}" if r.last_port != r.port else "")
+                         + f" from {r.cidr}")
+    if added:
+        api.call("update_security_list", vn.update_security_list, sl_id,
+                 m.UpdateSecurityListDetails(ingress_security_rules=have))
+        rec.event(f"oci: security list {sl_id} opened inbound: " + ", ".join(added))
 
 
 # ---------------------------------------------------------------------------------------------- deletes
