@@ -400,21 +400,28 @@ def free_tunnel_subnet() -> str:
 
 def caller_public_ip(timeout_s: float = 3.0) -> str | None:
     """This machine's public IPv4 as the VMs see it, to scope the WireGuard ingress rule: ``BROKER_PUBLIC_IP``
-    when set (``none`` = unknown), else one HTTPS lookup (``https://checkip.amazonaws.com``, ``timeout_s``);
-    None when unknown (the rule then allows any source: the port only answers WireGuard's key handshake)."""
+    when set (``none`` = unknown; anything else that is not an IP address raises BadInput), else one HTTPS lookup
+    (``https://checkip.amazonaws.com``, which answers the caller's address as text; ``timeout_s`` seconds); None
+    when unknown (the rule then allows any source: the port only answers WireGuard's key handshake)."""
     import ipaddress
-    import urllib.request
+
+    import httpx
 
     val = os.environ.get("BROKER_PUBLIC_IP")
     if val is not None:
         val = val.strip()
         if val.lower() in ("", "none", "unknown"):
             return None
-        return str(ipaddress.ip_address(val))
+        try:
+            return str(ipaddress.ip_address(val))
+        except ValueError:
+            raise BadInput(f"BROKER_PUBLIC_IP={val!r} is not an IP address",
+                           hint="set it to this machine's public IPv4 (what the VMs see), or to none") from None
     try:
-        with urllib.request.urlopen("https://checkip.amazonaws.com", timeout=timeout_s) as r:  # noqa: S310
-            return str(ipaddress.ip_address(r.read().decode().strip()))
-    except (OSError, ValueError):
+        r = httpx.get("https://checkip.amazonaws.com", timeout=timeout_s)
+        r.raise_for_status()
+        return str(ipaddress.ip_address(r.text.strip()))
+    except (httpx.HTTPError, ValueError):
         return None
 
 

@@ -51,6 +51,8 @@ def broker_home(tmp_path_factory, monkeypatch):
     # `broker run` on rented (fake) machines would start a detached watchdog per test; tests that want one
     # start it themselves (tests/test_watchdog_process.py, test_run_starts_the_watchdog)
     monkeypatch.setenv("BROKER_WATCHDOG_AUTOSTART", "0")
+    # a hybrid run looks up this machine's public address unless told: never from a test
+    monkeypatch.setenv("BROKER_PUBLIC_IP", "none")
     from broker.config import settings
 
     settings.cache_clear()

@@ -177,3 +177,28 @@ def test_local_node_row_without_id_is_still_removed_by_teardown(tmp_path):
     assert not keys.exists()
     row = ledger.resources(run.id)[0]
     assert row.state == "terminated" and not (row.attrs or {}).get("never_created")
+
+
+def test_caller_public_ip_lookup_and_a_bad_setting(monkeypatch):
+    """Unset BROKER_PUBLIC_IP: one lookup (respx here); a failed or odd answer is "unknown"; a bad value is
+    BadInput naming the variable, not a traceback."""
+    import httpx
+    import respx
+
+    from broker.hybrid import caller_public_ip
+    from broker.provider import BadInput
+
+    monkeypatch.delenv("BROKER_PUBLIC_IP")
+    with respx.mock(assert_all_called=True) as mock:
+        route = mock.get("https://checkip.amazonaws.com")
+        route.return_value = httpx.Response(200, text="203.0.113.44\n")
+        assert caller_public_ip() == "203.0.113.44"
+        route.return_value = httpx.Response(503, text="busy")
+        assert caller_public_ip() is None
+        route.return_value = httpx.Response(200, text="<html>captive portal</html>")
+        assert caller_public_ip() is None
+        route.side_effect = httpx.ConnectTimeout("timed out")
+        assert caller_public_ip() is None
+    monkeypatch.setenv("BROKER_PUBLIC_IP", "my-laptop")
+    with pytest.raises(BadInput, match="BROKER_PUBLIC_IP"):
+        caller_public_ip()
