@@ -205,3 +205,25 @@ def test_progress_is_a_live_status_line_on_a_terminal_and_plain_lines_when_piped
     assert "tearing down" in plain and "/h]" in plain, plain[-3000:]
     piped = _cli(argv[3:], env)
     assert piped.returncode == 0 and "\x1b[" not in piped.stderr and "tearing down" in piped.stderr
+
+
+def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, capsys):
+    """Node 0 of a hybrid run is this machine (no sshd, stored as localhost:0): `broker ssh RUN 0` says so instead
+    of trying to connect, and `--config` lists the VMs only."""
+    from types import SimpleNamespace
+
+    import broker.pipeline
+    from broker import cli
+    from broker.commands.day2 import ssh_config
+    from broker.model import Cluster, ClusterNode, TopologyKind
+
+    cluster = Cluster(run_id="r-h", provider="oci", topology=TopologyKind.hybrid, ssh_key_path="/k", nodes=[
+        ClusterNode(node_rank=0, host="localhost", port=0, private_ip="198.18.9.1", local=True, workroot="/runs/r-h/here"),
+        ClusterNode(node_rank=1, host="198.18.3.4", user="ubuntu", private_ip="198.18.9.2")])
+    assert "broker-r-h-n0" not in ssh_config("r-h", cluster) and "HostName 198.18.3.4" in ssh_config("r-h", cluster)
+    monkeypatch.setattr(broker.pipeline, "kept_cluster",
+                        lambda ledger, rid: (SimpleNamespace(id="r-h", run_dir="/runs/r-h"), cluster))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["ssh", "r-h", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "node 0 of run r-h is this machine" in err and "/runs/r-h/here" in err, err

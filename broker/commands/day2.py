@@ -72,6 +72,8 @@ def ssh_config(run_id: str, cluster: Any) -> str:
     """``Host`` entries for ``~/.ssh/config`` (one per node: ``broker-<run>-n<i>``)."""
     out = []
     for n in cluster.nodes:
+        if getattr(n, "local", False):  # node 0 of a hybrid run is this machine
+            continue
         lines = [f"Host broker-{run_id}-n{n.node_rank}", f"  HostName {n.host}", f"  User {n.user}"]
         if n.port and n.port != 22:
             lines.append(f"  Port {n.port}")
@@ -200,6 +202,10 @@ def register(app: typer.Typer) -> None:
         if not 0 <= node < len(cluster.nodes):
             raise BadInput(f"run {run.id} has {len(cluster.nodes)} node(s): no node {node}",
                            hint=f"broker ssh {run.id} 0..{len(cluster.nodes) - 1}")
+        if cluster.nodes[node].local:  # node 0 of a hybrid run: this machine
+            raise BadInput(f"node {node} of run {run.id} is this machine (hybrid): no SSH needed",
+                           hint=f"its folder is {cluster.nodes[node].workroot or run.run_dir}; the VMs are nodes "
+                                f"1..{len(cluster.nodes) - 1}")
         argv = ssh_argv(cluster, node, command or None)
         if shutil.which("ssh") is None:
             raise BadInput("the ssh client is not installed", hint="apt-get install openssh-client")
