@@ -636,7 +636,9 @@ def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Q
     def full_key(e: tuple) -> tuple:
         value, wc, oi, region, zone, topo = e
         o = offers[oi]
-        return (value, wc, o.provider, o.instance_type, region or "", zone or "", o.offer_id, topo)
+        # at equal cost this machine comes first (nothing to rent, no account), then by name
+        return (value, wc, o.provider != "local", o.provider, o.instance_type, region or "", zone or "", o.offer_id,
+                topo)
 
     def best(entries: list[tuple], k: int) -> list[tuple]:
         """The k smallest entries by full key, deterministic under input order (ties on value pooled)."""

@@ -103,8 +103,8 @@ class LocalProvider(Provider):
 
     def uses_gpus(self, req: Requirements) -> bool:
         """True when the job gets one GPU per process here (else gloo on CPU)."""
-        g = self.gpus
-        return len(g) >= req.nodes * req.gpus_per_node and not any(
+        g, need = self.gpus, req.nodes * req.gpus_per_node
+        return need > 0 and len(g) >= need and not any(
             x.mem_gib and x.mem_gib < req.gpu_mem_floor_gib for x in g[: req.nodes * req.gpus_per_node])
 
     def node_env(self, req: Requirements, node_rank: int) -> dict[str, str]:

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker import catalog, pricing
-from broker.model import Capacity, Offer, Quota, Requirements
+from broker.model import Capacity, Offer, Quota, Requirements, utcnow
 from broker.planner import gpu_name_matches, plan
 
 T0 = datetime(2026, 11, 29, tzinfo=timezone.utc)
@@ -341,3 +341,18 @@ def test_one_capacity_fact_per_live_host_neither_blocks_nor_slows():
     facts = _Facts([], caps)
     assert facts.capacity_facts(("vast", "2x RTX 4090"), "R1") == [(None, "AVAILABLE", 1)]
     assert len(facts.capacity_facts(("vast", "2x RTX 4090"), None)) == 40
+
+
+def test_cpu_only_job_is_offered_here_and_this_machine_wins_a_tie():
+    """Seen by a new user: `gpus_per_node: 0` made the local adapter fail ("list index out of range") and the plan
+    chose a free-tier VM; this machine is free too and comes first at equal cost."""
+    from broker.providers.local import LocalProvider
+
+    req = Requirements(nodes=2, gpus_per_node=0, cpu_ok=True, hours=1.0, budget_usd=5)
+    here = LocalProvider(gpus=[]).offers(req)
+    assert len(here) == 1 and here[0].gpu_count == 0 and here[0].usd_per_hour == 0
+    free_vm = Offer(provider="aws", offer_id="t2.micro", instance_type="t2.micro", gpu_name="none", gpu_count=0,
+                    gpu_mem_gib=0, usd_per_hour=0.0, private_network=True, price_source="free tier",
+                    price_time=utcnow(), region="us-east-1")
+    p = plan(req, [free_vm, *here])
+    assert p.chosen is not None and p.chosen.provider == "local", [o.provider for o in p.options]
