@@ -119,3 +119,15 @@ def test_ctrl_c_stops_every_node(cli_env, tmp_path):
             except OSError:
                 pass
     assert left == []
+
+
+def test_a_script_importing_torch_shows_no_numpy_warning(cli_env, tmp_path):
+    """Seen by a new user: every recipe without PYTHONWARNINGS printed torch's "Failed to initialize NumPy"
+    (the install had no numpy); the train extra installs it."""
+    (tmp_path / "t.py").write_text("import torch\nprint('T', torch.zeros(2).numpy().sum())\n")
+    (tmp_path / "r.yaml").write_text("name: np\nscript: t.py\nnodes: 1\ngpus_per_node: 0\ncpu_ok: true\n"
+                                     "expect: ['T 0.0']\n")
+    env = {k: v for k, v in cli_env.items() if k != "PYTHONWARNINGS"}
+    p = _run(["run", str(tmp_path / "r.yaml"), "--provider", "local"], env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Failed to initialize NumPy" not in p.stdout + p.stderr
