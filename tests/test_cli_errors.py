@@ -81,6 +81,19 @@ def test_huge_number_is_echoed_plainly():
     assert "e+" not in out
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["--inject", "udp-blocked"], ["'udp-blocked' needs --topology hybrid", "firewall, wrong-iface, mtu",
+                                   "udp-blocked, direct-blocked"]),
+    (["--topology", "hybrid", "--inject", "mtu"], ["'mtu' is not one of the hybrid", "drop --topology hybrid"]),
+    (["--inject", "nosuch"], ["unknown fault 'nosuch'", "firewall, wrong-iface, mtu", "udp-blocked, direct-blocked"]),
+])
+def test_inject_of_the_other_topology_names_the_topology(tmp_path, job, args, needles):
+    """`--inject udp-blocked` without `--topology hybrid` said "unknown fault": it is a fault of the hybrid topology."""
+    p = job("nodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    one_message(broker("run", str(p), "--provider", "netns", *args, env={"BROKER_HOME": str(tmp_path / "home")}),
+                2, *needles)
+
+
 def test_directory_as_recipe(tmp_path):
     one_message(broker("run", str(tmp_path)), 2, str(tmp_path), "is a folder")
 
