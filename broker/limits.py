@@ -31,13 +31,30 @@ MAX_YAML_NODES = 20_000
 MAX_YAML_DEPTH = 50
 
 
+def plain(value: float | int) -> str:
+    """A number as people write it in a message: whole numbers in full (``1000000000``, never ``1e+09``), others
+    in their shortest exact form with a plain exponent only when huge or tiny (``0.5``, ``1e300``, ``1e-7``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    f = float(value)
+    if not math.isfinite(f):
+        return str(f)
+    if f.is_integer() and abs(f) < 1e16:
+        return str(int(f))
+    text = repr(f)
+    if "e" in text:
+        mant, exp = text.split("e")
+        text = f"{mant.removesuffix('.0')}e{int(exp)}"
+    return text
+
+
 def allowed(field: str) -> str:
     """What is allowed for ``field``, in words: ``a whole number from 1 to 64``."""
     lo, hi, open_lo, unit, example = LIMITS[field]
     if field in INTEGER_FIELDS:
-        return f"a whole number from {lo:g} to {hi:g}"
-    low = f"more than {lo:g}" if open_lo else f"at least {lo:g}"
-    return f"a number of {unit}, {low} and at most {hi:g}, e.g. {example}"
+        return f"a whole number from {plain(lo)} to {plain(hi)}"
+    low = f"more than {plain(lo)}" if open_lo else f"at least {plain(lo)}"
+    return f"a number of {unit}, {low} and at most {plain(hi)}, e.g. {example}"
 
 
 def problem(field: str, value: float | int) -> str | None:
@@ -48,9 +65,9 @@ def problem(field: str, value: float | int) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value} is not a finite number"
     if field in INTEGER_FIELDS and not float(value).is_integer():
-        return f"{value} is not a whole number"
+        return f"{plain(value)} is not a whole number"
     if value < lo or (open_lo and value == lo) or value > hi:
-        return f"{value:g} is out of range"
+        return f"{plain(value)} is out of range"
     return None
 
 

@@ -321,6 +321,23 @@ class LocalTarget(Target):
         return LocalExecutor(self.spec, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
 
 
+def inject_error(inject: str, *, hybrid: bool) -> BadInput:
+    """The error for a ``--inject`` fault the chosen netns topology cannot inject: a fault of the other topology
+    says which ``--topology`` it needs; an unknown one lists both sets."""
+    from broker.providers import netns
+
+    plain = ", ".join(netns.INJECTS)
+    tunnel = ", ".join(netns.HYBRID_INJECTS)
+    both = f"without --topology hybrid: {plain}; with --topology hybrid: {tunnel}"
+    if not hybrid and inject in netns.HYBRID_INJECTS:
+        return BadInput(f"fault {inject!r} needs --topology hybrid (it breaks the tunnel between the two sites)",
+                        hint=f"add --topology hybrid; the faults are {both}")
+    if hybrid and inject in netns.INJECTS:
+        return BadInput(f"fault {inject!r} is not one of the hybrid topology's (it needs the plain netns topology)",
+                        hint=f"drop --topology hybrid; the faults are {both}")
+    return BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {both}")
+
+
 class NetnsTarget(Target):
     """N network namespaces on this machine, each with its own sshd (``broker.providers.netns``), free; the job
     runs over SSH exactly as on rented VMs.  Nodes are ledger rows of kind ``netns_node`` ($0/hour), recorded
@@ -340,7 +357,7 @@ class NetnsTarget(Target):
     def check(self) -> None:
         netns = self.netns
         if self.inject is not None and self.inject not in netns.INJECTS:
-            raise BadInput(f"unknown fault {self.inject!r}", hint=f"choose one of: {', '.join(netns.INJECTS)}")
+            raise inject_error(self.inject, hybrid=False)
         why = netns.missing_requirements()
         if why:
             raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
@@ -422,7 +439,7 @@ class HybridTarget(Target):
 
         netns = self.netns
         if self.inject is not None and self.inject not in netns.HYBRID_INJECTS:
-            raise BadInput(f"unknown hybrid fault {self.inject!r}", hint=f"choose one of: {', '.join(netns.HYBRID_INJECTS)}")
+            raise inject_error(self.inject, hybrid=True)
         if self.recipe.nodes < 2:
             raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
         why = netns.missing_requirements() or missing_tools()

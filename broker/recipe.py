@@ -284,10 +284,27 @@ def _expanded_size(node: Any, memo: dict[int, int]) -> int:
     return n
 
 
+#: a character YAML does not allow in a document (its ``printable`` set, YAML 1.1 section 5.1): control characters
+#: such as NUL; PyYAML's reader would otherwise fail with an exception that names no line
+_NOT_YAML_TEXT = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
 def parse_yaml(text: str, where: str) -> tuple[Any, Any]:
     """(node tree, data) of one YAML document under broker's rules; raises RecipeError naming ``where:line``."""
     import yaml
 
+    bad = _NOT_YAML_TEXT.search(text)
+    if bad is not None:
+        at = bad.start()
+        line = text.count("\n", 0, at) + 1
+        col = at - (text.rfind("\n", 0, at) + 1) + 1
+        code = ord(bad.group())
+        what = "a NUL byte (0x00)" if code == 0 else f"the control character 0x{code:02x}"
+        binary = " (all zero bytes: is it a binary or truncated file?)" if not text.strip("\0") else ""
+        raise RecipeError(f"{where}:{line}:{col}: {what} at line {line}, column {col}{binary}; a recipe is a YAML "
+                          "text file and YAML does not allow control characters",
+                          hint="is this the right file? delete that character in a text editor (`cat -A` shows "
+                               "it as ^@ or ^G) and re-save the file as UTF-8 text")
     loader = _strict_loader()(text)
     try:
         node = loader.get_single_node()
@@ -489,6 +506,7 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
             msgs.append(f"{p}: missing required field '{field}'" + (f": {allowed}" if allowed else ""))
             continue
         got = err.get("input")
-        got_s = f" (got {got!r})" if got is not None and not isinstance(got, (dict, list)) else ""
+        shown = limits.plain(got) if isinstance(got, float) else repr(got)  # 1e9 reads 1000000000, not 1e+09
+        got_s = f" (got {shown})" if got is not None and not isinstance(got, (dict, list)) else ""
         msgs.append(f"{p}:{line}: field '{field}': {msg}{got_s}" + (f"; allowed: {allowed}" if allowed else ""))
     return "\n".join(msgs)

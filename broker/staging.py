@@ -4,10 +4,19 @@
 folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job folder.  What is never copied:
 
 * always: ``.git``, virtual environments (``.venv``, ``venv``, any folder holding a ``pyvenv.cfg``),
-  ``node_modules``, ``__pycache__``/``*.pyc``, ``.env`` and ``.env.*`` files, SSH and cloud keys (``id_*`` key
-  files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``, ``.vast_api_key``);
-* what the work folder's ``.gitignore`` and ``.brokerignore`` exclude (git's wildmatch rules, through the
-  `pathspec <https://pypi.org/project/pathspec/>`_ library; nested ``.gitignore`` files are honoured too).
+  ``node_modules``, ``__pycache__``/``*.pyc``, ``.env*`` files (``.env``, ``.envrc``, ``.env.local``, ...), SSH and
+  cloud keys (``id_*`` key files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``,
+  ``.vast_api_key``);
+* what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
+  work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
+  a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
+  ``.git/info/exclude``, each matched against the path relative to its own folder, the deepest decisive pattern
+  winning (as git does);
+* symbolic links: one whose target resolves outside the work folder (named in the summary as ``symlink outside the
+  workdir``), a dangling one, one to something the rules above exclude (a link to ``.env`` is as secret as
+  ``.env``), and a folder link that would loop.  A link inside the work folder to an allowed file is staged as a
+  copy of that file's content, by every executor (never as a link); a link to an allowed folder is staged as a copy
+  of that folder's staged files.
 
 The staged size per node is reported (:attr:`StagePlan.total_bytes`); above :data:`WARN_BYTES` the caller warns.
 """
@@ -25,20 +34,33 @@ WARN_BYTES = 100 * 1000 * 1000
 #: names (files or folders, at any depth) never copied to a node
 ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                     ".pytest_cache", ".ssh", ".oci", ".aws", ".tox"}
-#: gitignore-style patterns never copied to a node (secrets and keys)
-ALWAYS_SKIP_PATTERNS = [".env", ".env.*", "*.pyc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem",
+#: gitignore-style patterns never copied to a node (secrets and keys); ``.env*`` covers ``.env``, ``.envrc``,
+#: ``.env.local``, ``.env.production``
+ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem",
                         "*.key", "*.p12", "*.pfx", ".vast_api_key", "vast_api_key", ".netrc", "*.ppk"]
+
+#: the skip reasons named in :meth:`StagePlan.summary`
+OUTSIDE = "symlink outside the workdir"
+TO_EXCLUDED = "symlink to an excluded path"
+DANGLING = "dangling symlink"
+LOOP = "symlink loop"
 
 
 @dataclass
 class StagePlan:
     """The files of ``root`` to copy (paths relative to ``root``), their total size in bytes, and what was skipped
-    by which rule (first few names per rule, for the log)."""
+    by which rule (first few names per rule, for the log).  ``sources`` maps a staged path reached through a
+    symbolic link to the real file whose content is copied (absolute, inside ``root``)."""
 
     root: Path
     files: list[Path] = field(default_factory=list)
     total_bytes: int = 0
     skipped: dict[str, list[str]] = field(default_factory=dict)
+    sources: dict[Path, Path] = field(default_factory=dict)
+
+    def source(self, rel: Path) -> Path:
+        """The file whose content is staged at ``rel``."""
+        return self.sources.get(rel, self.root / rel)
 
     def size_text(self) -> str:
         """``1.2 MB`` style size of what is staged."""
@@ -50,9 +72,14 @@ class StagePlan:
         return f"{b:.1f} GB"  # pragma: no cover
 
     def summary(self) -> str:
-        """One line: ``staged 12 files, 1.2 MB per node (skipped: .git, .env)``."""
-        skipped = sorted({n for names in self.skipped.values() for n in names})
+        """One line: ``staged 12 files, 1.2 MB per node (not copied: .git, .env; skipped: shadowlink (symlink
+        outside the workdir))``."""
+        links = (OUTSIDE, TO_EXCLUDED, DANGLING, LOOP)
+        skipped = sorted({n for rule, names in self.skipped.items() if rule not in links for n in names})
         more = f" (not copied: {', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})" if skipped else ""
+        named = [f"{n} ({rule})" for rule in links for n in self.skipped.get(rule, [])]
+        if named:
+            more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
         return f"staged {len(self.files)} file(s), {self.size_text()} per node from {self.root}{more}"
 
     @property
@@ -77,85 +104,193 @@ def _is_venv(d: Path) -> bool:
     return (d / "pyvenv.cfg").is_file()
 
 
+def _decide(spec, path: str) -> bool | None:
+    """The last pattern of ``spec`` matching ``path`` decides: True (ignored), False (negated: kept), None (none
+    matches)."""
+    out = None
+    for pat in spec.patterns:
+        if pat.include is not None and pat.match_file(path) is not None:
+            out = bool(pat.include)
+    return out
+
+
+def git_top(folder: Path) -> Path | None:
+    """The root of the git work tree holding ``folder`` (the nearest folder upwards with a ``.git``), or None."""
+    for d in (folder, *folder.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def _git_exclude(top: Path) -> list[str]:
+    """``.git/info/exclude`` of the work tree ``top`` (a worktree's ``.git`` file leads to its common folder)."""
+    g = top / ".git"
+    if g.is_file():
+        text = _read_ignore(g)
+        line = text[0] if text else ""
+        if not line.startswith("gitdir:"):
+            return []
+        g = (top / line.split(":", 1)[1].strip()).resolve()
+        common = _read_ignore(g / "commondir")
+        if common:
+            g = (g / common[0].strip()).resolve()
+    return _read_ignore(g / "info" / "exclude")
+
+
+class _Rules:
+    """The ignore rules for paths inside ``root`` (a resolved folder): see the module docstring."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        top = git_top(root)
+        self.top = top if top is not None else root
+        self.prefix = [] if top is None else list(root.relative_to(top).parts)
+        self.exclude = _spec(_git_exclude(top)) if top is not None else None
+        self.always = _spec(ALWAYS_SKIP_PATTERNS)
+        self._specs: dict[tuple[str, ...], object] = {}
+
+    def _dir_spec(self, parts: tuple[str, ...]):
+        """The spec of the folder ``parts`` (relative to the repository root); None when it has no rules."""
+        if parts not in self._specs:
+            d = self.top.joinpath(*parts)
+            lines = _read_ignore(d / ".gitignore")
+            if len(parts) >= len(self.prefix):  # the work folder and below: .brokerignore too
+                lines += _read_ignore(d / ".brokerignore")
+            self._specs[parts] = _spec(lines) if lines else None
+        return self._specs[parts]
+
+    def _git_ignored(self, parts: list[str], is_dir: bool) -> bool:
+        full = self.prefix + parts
+        for j in range(len(full) - 1, -1, -1):
+            spec = self._dir_spec(tuple(full[:j]))
+            if spec is None:
+                continue
+            verdict = _decide(spec, "/".join(full[j:]) + ("/" if is_dir else ""))
+            if verdict is not None:
+                return verdict
+        if self.exclude is not None:
+            return bool(_decide(self.exclude, "/".join(full) + ("/" if is_dir else "")))
+        return False
+
+    def why(self, rel: str, is_dir: bool, *, ancestors: bool = False) -> str | None:
+        """Why the path ``rel`` (relative to the work folder) is not staged: ``"always"``, ``"ignore file"`` or None.
+        ``ancestors``: also check every folder above it (a path not reached by walking from the root)."""
+        parts = rel.split("/") if rel else []
+        checks = [(parts[:k], True) for k in range(1, len(parts))] if ancestors else []
+        for sub, sub_dir in checks + [(parts, is_dir)]:
+            name = sub[-1]
+            if sub_dir and (name in ALWAYS_SKIP_DIRS or _is_venv(self.root.joinpath(*sub))):
+                return "always"
+            if not sub_dir and self.always.match_file(name):
+                return "always"
+            if self._git_ignored(sub, sub_dir):
+                return "ignore file"
+        return None
+
+
 def stage_plan(root: Path) -> StagePlan:
-    """Walk ``root`` and decide what to copy (see the module docstring).  Symbolic links to files are followed;
-    links to folders are not entered.  Raises FileNotFoundError when ``root`` is not a folder."""
+    """Walk ``root`` and decide what to copy (see the module docstring for the rules, symbolic links included).
+    Raises FileNotFoundError when ``root`` is not a folder."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"work folder {root} does not exist")
-    always = _spec(ALWAYS_SKIP_PATTERNS)
+    real_root = root.resolve()
+    rules = _Rules(real_root)
     plan = StagePlan(root=root)
-    # (folder relative to root, spec of that folder's .gitignore/.brokerignore) from the root down
-    specs: list[tuple[str, object]] = []
 
     def note(rule: str, name: str) -> None:
         lst = plan.skipped.setdefault(rule, [])
         if len(lst) < 20:
             lst.append(name)
 
-    def ignored(rel: str, is_dir: bool) -> bool:
-        probe = rel + "/" if is_dir else rel
-        for base, spec in specs:
-            sub = probe if not base else (probe[len(base) + 1:] if probe.startswith(base + "/") else None)
-            if sub and spec.match_file(sub):  # type: ignore[attr-defined]
-                return True
-        return False
+    def add(rel: str, real: Path, linked: bool) -> None:
+        try:
+            size = real.stat().st_size
+        except OSError:
+            note("unreadable", rel)
+            return
+        plan.files.append(Path(rel))
+        plan.total_bytes += size
+        if linked:
+            plan.sources[Path(rel)] = real
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        d = Path(dirpath)
-        rel_dir = "" if d == root else d.relative_to(root).as_posix()
-        lines = _read_ignore(d / ".gitignore") + _read_ignore(d / ".brokerignore")
-        if lines:
-            specs.append((rel_dir, _spec(lines)))
-        keep_dirs = []
-        for name in sorted(dirnames):
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            if name in ALWAYS_SKIP_DIRS or _is_venv(d / name):
-                note("always", name + "/")
-            elif (d / name).is_symlink():
-                note("symlinked folder", rel + "/")
-            elif ignored(rel, True):
-                note("ignore file", rel + "/")
-            else:
-                keep_dirs.append(name)
-        dirnames[:] = keep_dirs
-        for name in sorted(filenames):
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            if always.match_file(name):
-                note("always", name)
+    def walk(real_dir: Path, rel_dir: str, chain: frozenset[Path], linked: bool) -> None:
+        """``real_dir``: the folder's real path; ``rel_dir``: where it is staged; ``chain``: the real folders above
+        (loop guard); ``linked``: reached through a folder link (then the real path is checked too)."""
+        try:
+            entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
+        except OSError:
+            note("unreadable", rel_dir + "/")
+            return
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            real = real_dir / e.name
+            if e.is_symlink():
+                target = Path(os.path.realpath(real))
+                if target != real_root and real_root not in target.parents:
+                    note(OUTSIDE, rel)
+                    continue
+                if not target.exists():
+                    note(DANGLING, rel)
+                    continue
+                is_dir = target.is_dir()
+                trel = target.relative_to(real_root).as_posix() if target != real_root else ""
+                if rules.why(rel, is_dir, ancestors=linked) or (trel and rules.why(trel, is_dir, ancestors=True)):
+                    note(TO_EXCLUDED, rel)
+                    continue
+                if is_dir:
+                    if target in chain:
+                        note(LOOP, rel)
+                    else:
+                        walk(target, rel, chain | {target}, True)
+                elif target.is_file():
+                    add(rel, target, True)
+                else:
+                    note("not a file", rel)
                 continue
-            if ignored(rel, False):
-                note("ignore file", rel)
-                continue
-            p = d / name
             try:
-                size = p.stat().st_size
-            except OSError:  # dangling link
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
                 note("unreadable", rel)
                 continue
-            plan.files.append(Path(rel))
-            plan.total_bytes += size
+            why = rules.why(rel, is_dir, ancestors=linked)
+            if not why and linked:  # reached through a folder link: its real place must be allowed too
+                why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
+            if why:
+                shown = e.name if why == "always" else rel  # "always" rules are by name, at any depth
+                note(why, shown + "/" if is_dir else shown)
+                continue
+            if is_dir:
+                walk(real, rel, chain | {real}, linked)
+            elif e.is_file(follow_symlinks=False):
+                add(rel, real, linked)
+            else:
+                note("not a file", rel)
+
+    walk(real_root, "", frozenset({real_root}), False)
     return plan
 
 
 def copy_staged(plan: StagePlan, dst: Path) -> None:
-    """Copy the planned files into ``dst`` (created; an existing ``dst`` is replaced)."""
+    """Copy the planned files into ``dst`` (created; an existing ``dst`` is replaced).  Every staged path becomes a
+    regular file (a linked file's content is copied)."""
     if dst.exists():
         shutil.rmtree(dst)
     dst.mkdir(parents=True)
     for rel in plan.files:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(plan.root / rel, target)
+        shutil.copy2(plan.source(rel), target)
 
 
 def tar_staged(plan: StagePlan) -> bytes:
-    """The planned files as one tar.gz (paths relative to the work folder)."""
+    """The planned files as one tar.gz (paths relative to the work folder), each a regular file as in
+    :func:`copy_staged` (a linked file's content, never a link)."""
     import io
     import tarfile
 
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", dereference=True) as tar:
         for rel in plan.files:
-            tar.add(str(plan.root / rel), arcname=rel.as_posix(), recursive=False)
+            tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False)
     return buf.getvalue()

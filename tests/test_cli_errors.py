@@ -60,6 +60,40 @@ def test_latin1_recipe_names_the_line(tmp_path, job):
     assert "iconv" in out
 
 
+@pytest.mark.parametrize("command", [["run"], ["plan", "--recipe"], ["slurm", "render"]])
+@pytest.mark.parametrize("content, where, what", [
+    (b"\0" * 64, ":1:1:", "NUL byte"),
+    (b"name: x\0\nscript: train.py\n", ":1:8:", "NUL byte"),
+    (b"name: j\nscript: train.py\nname2: x\x07\n", ":3:9:", "control character 0x07"),
+])
+def test_control_characters_in_a_recipe_are_bad_input(tmp_path, job, command, content, where, what):
+    """PyYAML's reader refuses NUL and control characters with an error that names no line; broker said "internal
+    error ... this is a bug" (rc 1).  Now: rc 2, the file, line and column, and what to do."""
+    p = tmp_path / "ctl.yaml"
+    p.write_bytes(content)
+    out = one_message(broker(*command, str(p)), 2, f"{p}{where}", what, "text editor")
+    assert "internal error" not in out and "bug" not in out
+
+
+def test_huge_number_is_echoed_plainly():
+    """`--hours 1e9` is echoed as 1000000000 (never Python's 1e+09)."""
+    out = one_message(broker("plan", "--hours", "1e9"), 2, "--hours 1000000000 is out of range")
+    assert "e+" not in out
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--inject", "udp-blocked"], ["'udp-blocked' needs --topology hybrid", "firewall, wrong-iface, mtu",
+                                   "udp-blocked, direct-blocked"]),
+    (["--topology", "hybrid", "--inject", "mtu"], ["'mtu' is not one of the hybrid", "drop --topology hybrid"]),
+    (["--inject", "nosuch"], ["unknown fault 'nosuch'", "firewall, wrong-iface, mtu", "udp-blocked, direct-blocked"]),
+])
+def test_inject_of_the_other_topology_names_the_topology(tmp_path, job, args, needles):
+    """`--inject udp-blocked` without `--topology hybrid` said "unknown fault": it is a fault of the hybrid topology."""
+    p = job("nodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    one_message(broker("run", str(p), "--provider", "netns", *args, env={"BROKER_HOME": str(tmp_path / "home")}),
+                2, *needles)
+
+
 def test_directory_as_recipe(tmp_path):
     one_message(broker("run", str(tmp_path)), 2, str(tmp_path), "is a folder")
 

@@ -263,3 +263,47 @@ def test_summary_prints_table_and_diagnosis(case, capsys, monkeypatch):
         assert "node 1, rank 1 failed first" in out and "killed-sigkill" in out
     else:
         assert "master-port-in-use" in out and "EADDRINUSE" in out
+
+
+def _no_rank_summary(tmp_path, capsys, result) -> str:
+    from broker.commands import summary
+
+    run = SimpleNamespace(id="r1", name="ddp-2node", topology="hybrid", provider="netns", run_dir=str(tmp_path))
+    summary.render_summary(run, result, SimpleNamespace(nodes=2))
+    return " ".join(capsys.readouterr().out.split())  # rich may wrap long lines
+
+
+def test_summary_after_a_failed_preflight_says_so_and_points_to_the_report(tmp_path, capsys):
+    """The trial's summary ended mid-sentence ("...: no rank reported in") and listed empty node logs; after a
+    failed preflight it says no rank started because of it and points to preflight.txt."""
+    from broker.remote import RemoteRunResult
+
+    logs = {i: tmp_path / f"node{i}.log" for i in range(2)}
+    for p in logs.values():
+        p.write_text("")
+    (tmp_path / "preflight.txt").write_text("FAIL tcp 0->1 29500: refused\n")
+    res = RemoteRunResult(status="failed", exit_codes={}, wall_s=3.0, log_paths=logs,
+                          reason="preflight failed: tcp 0->1", preflight=SimpleNamespace(ok=False))
+    out = _no_rank_summary(tmp_path, capsys, res)
+    assert "ddp-2node (hybrid on netns): no rank started: preflight failed" in out, out
+    assert "no rank reported in" not in out
+    assert f"preflight report (why no rank started): {tmp_path / 'preflight.txt'}" in out, out
+    assert "node0.log" not in out and "node1.log" not in out  # empty: not listed
+    assert "node logs: none written" in out
+
+
+@pytest.mark.parametrize("codes, status, text", [
+    ({}, "interrupted", "interrupted (Ctrl-C) before any rank started"),
+    ({0: -2, 1: -2}, "interrupted", "interrupted (Ctrl-C) before any rank reported"),
+    ({0: 1, 1: None}, "failed", "the nodes exited before any rank reported"),
+    ({}, "failed", "no rank started: the run stopped before launch"),
+    ({0: None, 1: None}, "deadline", "the deadline passed before any rank reported"),
+])
+def test_summary_without_ranks_is_a_whole_true_sentence(tmp_path, capsys, codes, status, text):
+    logs = {0: tmp_path / "node0.log", 1: tmp_path / "node1.log"}
+    logs[0].write_text("[W] torchrun starting\n")
+    logs[1].write_text("")
+    res = RunResult(status=status, exit_codes=codes, wall_s=1.0, log_paths=logs)
+    out = _no_rank_summary(tmp_path, capsys, res)
+    assert f"ddp-2node (hybrid on netns): {text}" in out, out
+    assert f"log node 0: {logs[0]}" in out and "node1.log" not in out  # only logs with content

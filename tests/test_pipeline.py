@@ -53,6 +53,109 @@ def test_staging_skips_secrets_venvs_and_ignored_files(tmp_path):
     assert "per node" in plan.summary() and not plan.too_big
 
 
+def _staged_trees(plan, tmp_path):
+    """What the local executor (copy_staged) and the SSH/Slurm executors (tar_staged, unpacked) put on a node:
+    {relative path: ("file", bytes) | ("link", target)} for each."""
+    import io
+    import tarfile
+
+    from broker.staging import copy_staged, tar_staged
+
+    def tree(d: Path) -> dict:
+        out = {}
+        for p in sorted(d.rglob("*")):
+            rel = p.relative_to(d).as_posix()
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_file():
+                out[rel] = ("file", p.read_bytes())
+        return out
+
+    copy_staged(plan, tmp_path / "local")
+    (tmp_path / "remote").mkdir()
+    with tarfile.open(fileobj=io.BytesIO(tar_staged(plan)), mode="r:gz") as tar:
+        tar.extractall(tmp_path / "remote", filter="tar")
+    return tree(tmp_path / "local"), tree(tmp_path / "remote")
+
+
+def test_staging_symlinks_one_rule_for_every_executor(tmp_path):
+    """A link out of the workdir (the trial's `shadowlink -> /etc/shadow`) or to an excluded file (`envlink -> .env`)
+    is never staged, by the local copy or the SSH tarball; a link to an allowed file or folder inside it is staged
+    as the same regular file(s) by both; folder links never loop."""
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "shadow").write_text("root:SECRET-HASH\n")
+    (outside / "dir" / "f.txt").write_text("outside\n")
+    w = tmp_path / "w"
+    (w / "pkg").mkdir(parents=True)
+    (w / "train.py").write_text("print('hi')\n")
+    (w / "pkg" / "model.py").write_text("x = 1\n")
+    (w / ".env").write_text("API_KEY=SECRET-ENV\n")
+    (w / "id_ed25519").write_text("SECRET-KEY\n")
+    (w / "data").mkdir()
+    (w / "data" / "big.bin").write_text("SECRET-IGNORED\n")
+    (w / ".gitignore").write_text("data/\n")
+    links = {"shadowlink": outside / "shadow", "outdir": outside / "dir", "envlink": ".env", "keylink": "id_ed25519",
+             "datalink": "data/big.bin", "datadir": "data", "same.py": "train.py", "abs.py": w / "pkg" / "model.py",
+             "pkglink": "pkg", "loop": ".", "dangling": "nowhere.txt"}
+    for name, target in links.items():
+        os.symlink(target, w / name)
+    os.symlink("..", w / "pkg" / "up")  # a loop through the parent
+    plan = stage_plan(w)
+    staged = sorted(p.as_posix() for p in plan.files)
+    assert staged == [".gitignore", "abs.py", "pkg/model.py", "pkglink/model.py", "same.py", "train.py"], staged
+    summary = plan.summary()
+    assert "shadowlink (symlink outside the workdir)" in summary and "SECRET" not in summary
+    skipped = {rule: sorted(names) for rule, names in plan.skipped.items()}
+    assert skipped["symlink outside the workdir"] == ["outdir", "shadowlink"]
+    assert skipped["symlink to an excluded path"] == ["datadir", "datalink", "envlink", "keylink"]
+    assert skipped["symlink loop"] == ["loop", "pkg/up", "pkglink/up"]
+    assert skipped["dangling symlink"] == ["dangling"]
+    assert plan.total_bytes == sum(len(f.read_bytes()) for f in (w / x for x in staged))
+    local, remote = _staged_trees(plan, tmp_path)
+    assert local == remote  # the same on every executor
+    assert all(kind == "file" for kind, _ in local.values()), local  # copies, never links (dangling elsewhere)
+    assert local["same.py"] == ("file", b"print('hi')\n") and local["pkglink/model.py"] == ("file", b"x = 1\n")
+    assert not any(b"SECRET" in data for _, data in local.values())
+
+
+def test_staging_skips_every_dotenv_file(tmp_path):
+    """`.env*` as documented: .envrc (direnv), .env.local, .env.production are secrets as much as .env."""
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "train.py").write_text("print('hi')\n")
+    for name in (".env", ".envrc", ".env.local", ".env.production", ".env.example"):
+        (w / name).write_text("TOKEN=SECRET\n")
+    plan = stage_plan(w)
+    assert [p.as_posix() for p in plan.files] == ["train.py"]
+    assert sorted(plan.skipped["always"]) == [".env", ".env.example", ".env.local", ".env.production", ".envrc"]
+
+
+def test_staging_applies_the_gitignore_files_of_the_enclosing_repository(tmp_path):
+    """Inside a git work tree the .gitignore files from the repository root down to the workdir apply (each relative
+    to its own folder, the deepest decisive pattern winning) and .git/info/exclude too, as `git status` sees it."""
+    repo = tmp_path / "repo"
+    w = repo / "proj" / "recipes"
+    (w / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("checkpoint.pt\n*.ckpt\n/top_only.txt\n/proj/recipes/outputs/\n")
+    (repo / "proj" / ".gitignore").write_text("!keep.ckpt\nscratch/\n")
+    (repo / ".git" / "info" / "exclude").write_text("local-notes.md\n")
+    (w / ".gitignore").write_text("sub/*.log\n")
+    files = {"train.py": "print(1)\n", "checkpoint.pt": "w", "sub/checkpoint.pt": "w", "a.ckpt": "w",
+             "keep.ckpt": "kept", "top_only.txt": "not anchored here", "outputs/o.bin": "o", "scratch/s.txt": "s",
+             "local-notes.md": "n", "sub/x.log": "l", "sub/ok.py": "ok\n"}
+    for rel, text in files.items():
+        (w / rel).parent.mkdir(parents=True, exist_ok=True)
+        (w / rel).write_text(text)
+    staged = sorted(p.as_posix() for p in stage_plan(w).files)
+    assert staged == [".gitignore", "keep.ckpt", "sub/ok.py", "top_only.txt", "train.py"], staged
+    # the same verdicts as git's own
+    shown = subprocess.run(["git", "-C", str(w), "ls-files", "--others", "--exclude-standard", "."],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(shown) == staged
+
+
 def test_script_outside_the_recipe_folder_is_refused_unless_workdir_says_so(tmp_path):
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / ".env").write_text("KEY=1\n")

@@ -131,3 +131,26 @@ def test_a_script_importing_torch_shows_no_numpy_warning(cli_env, tmp_path):
     p = _run(["run", str(tmp_path / "r.yaml"), "--provider", "local"], env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Failed to initialize NumPy" not in p.stdout + p.stderr
+
+
+def test_symlinks_out_of_the_workdir_never_reach_the_node(cli_env, tmp_path):
+    """The new-user trial: `shadowlink -> <a file outside>` and `envlink -> .env` in the workdir; a local run copied
+    their contents into node0/work.  Now neither is staged, and the staged summary names the skipped link."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "shadow").write_text("root:SECRET-HASH\n")
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "train.py").write_text("import os\nprint('FILES', sorted(os.listdir('.')), flush=True)\n")
+    (w / ".env").write_text("API_KEY=SECRET-ENV\n")
+    os.symlink(outside / "shadow", w / "shadowlink")
+    os.symlink(".env", w / "envlink")
+    os.symlink("train.py", w / "same.py")
+    (w / "ws.yaml").write_text("name: ws\nscript: train.py\nnodes: 1\ncpu_ok: true\nmax_hours: 0.1\n")
+    p = _run(["run", str(w / "ws.yaml"), "--provider", "local"], cli_env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "shadowlink (symlink outside the workdir)" in out and "SECRET" not in out
+    work = next(Path(cli_env["BROKER_HOME"]).rglob("node0/work"))
+    assert sorted(x.name for x in work.iterdir()) == ["same.py", "train.py", "ws.yaml"]
+    assert not (work / "same.py").is_symlink() and (work / "same.py").read_text() == (w / "train.py").read_text()

@@ -53,7 +53,8 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
                           "one process per node every LOCAL_RANK is 0 and each node's GPU is its cuda:0.[/]")
     else:
-        console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): no rank reported in")
+        console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): {no_rank_text(result)}",
+                      highlight=False)
     colour = "green" if result.ok and not result.error_lines else ("yellow" if result.ok else "red")
     console.print(f"status: [bold {colour}]{result.shown_status}[/]"
                   + (f" - {escape(result.reason)}" if result.reason else ""))
@@ -73,10 +74,17 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
     console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
-    for k, p in sorted(result.log_paths.items()):
-        console.print(f"log node {k}: {p}")
-    if run_dir and (run_dir / "preflight.txt").exists():
-        console.print(f"preflight: {run_dir / 'preflight.txt'}")
+    preflight = run_dir / "preflight.txt" if run_dir else None
+    if preflight is not None and preflight.exists() and preflight_failed(result):
+        console.print(f"preflight report (why no rank started): {preflight}", highlight=False)
+        preflight = None
+    written = {k: p for k, p in sorted(result.log_paths.items()) if _has_content(Path(p))}
+    for k, p in written.items():
+        console.print(f"log node {k}: {p}", highlight=False)
+    if result.log_paths and not written:
+        console.print("node logs: none written (no node printed anything)", highlight=False)
+    if preflight is not None and preflight.exists():
+        console.print(f"preflight: {preflight}", highlight=False)
     if result.tail and not result.ok and not diag_lines:
         console.print(f"[bold]last lines of node {result.failed_node}:[/]")
         for line in result.tail:
@@ -85,6 +93,37 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         console.print("[dim]note: a node's torchrun logged 'Error waiting on exit barrier' after training finished: "
                       "node 0's agent hosts the rendezvous store and exited first, so the other agent's end-of-job "
                       "barrier lost its connection. Harmless here (every node exited 0).[/]")
+
+
+def preflight_failed(result: RunResult) -> bool:
+    """Whether the run stopped at a failed preflight (the SSH executors' report, or the reason it gave)."""
+    report = getattr(result, "preflight", None)
+    return (report is not None and not report.ok) or result.reason.startswith("preflight failed")
+
+
+def no_rank_text(result: RunResult) -> str:
+    """The end of the summary's title when no rank reported its facts: a whole sentence on why, true for the case
+    (preflight failed, interrupted, the deadline, a step before launch failed, or the ranks exited first)."""
+    started = bool(result.exit_codes)
+    if preflight_failed(result):
+        return "no rank started: preflight failed"
+    if result.status == "interrupted":
+        return ("interrupted (Ctrl-C) before any rank reported" if started
+                else "interrupted (Ctrl-C) before any rank started")
+    if result.status == "deadline":
+        return "the deadline passed before any rank reported"
+    if not started:
+        return "no rank started: the run stopped before launch" if not result.ok else "no rank was started"
+    if result.ok:
+        return "every node exited 0, but no rank reported its facts"
+    return "the nodes exited before any rank reported"
+
+
+def _has_content(p: Path) -> bool:
+    try:
+        return p.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _logs_mention(result: RunResult, text: str) -> bool:
