@@ -307,3 +307,17 @@ def test_summary_without_ranks_is_a_whole_true_sentence(tmp_path, capsys, codes,
     out = _no_rank_summary(tmp_path, capsys, res)
     assert f"ddp-2node (hybrid on netns): {text}" in out, out
     assert f"log node 0: {logs[0]}" in out and "node1.log" not in out  # only logs with content
+
+
+def test_summary_hosts_line_leaves_out_unknown_gpu_counts(capsys, monkeypatch):
+    """A script that never imports torch (a CPU-only check) gave "node 0 = vm (? GPU(s) visible)"."""
+    from broker.commands import summary
+    from broker.launch import RankRow
+
+    monkeypatch.setattr(summary.console, "width", 80)
+    rr = RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={})
+    rr.ranks = [RankRow(0, 0, 0, 2, host="vm"), RankRow(1, 1, 0, 2, host="vm2", gpus="1")]
+    run = SimpleNamespace(id="r1", name="t", topology="local", provider="local", run_dir="/nonexistent")
+    summary.render_summary(run, rr, SimpleNamespace(nodes=2))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "node 0 = vm," in out and "node 1 = vm2 (1 GPU(s) visible)" in out and "?" not in out.split("hosts:")[1]

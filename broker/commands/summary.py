@@ -44,8 +44,10 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             t.add_row(*(escape(c) for c in cells))
         console.print(t)
         if not wide:
-            console.print("[dim]hosts: " + ", ".join(f"node {r.node} = {escape(r.host)} ({escape(r.gpus)} GPU(s) "
-                                                     "visible)" for r in rows if r.host != "?") + "[/]")
+            # GPUs are known once the script imports torch (the rank shim's hook); "?" is left out, not printed
+            console.print("[dim]hosts: " + ", ".join(
+                f"node {r.node} = {escape(r.host)}" + (f" ({escape(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
+                for r in rows if r.host != "?") + "[/]")
         if len(versions) == 1:
             py, tv, cu, nc = next(iter(versions))
             console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
