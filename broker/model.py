@@ -311,7 +311,7 @@ RunStatus = Literal["planned", "provisioning", "running", "succeeded", "failed",
                     "tearing_down", "torn_down"]
 
 #: the pydantic records, in broker.records: imported on first use of their names (PEP 562)
-_RECORDS = ("Resource", "Run", "ClusterNode", "Cluster", "_Model")
+_RECORDS = ("Resource", "Run", "ClusterNode", "Cluster")
 
 
 def __getattr__(name: str) -> Any:

@@ -58,7 +58,8 @@ from broker.errors import (  # noqa: E402,F401
 # --------------------------------------------------------------------------------------------------- values
 @dataclass(kw_only=True)
 class ProviderCheck:
-    """Result of :meth:`Provider.check`: are credentials present and usable."""
+    """Result of :meth:`Provider.check`: are credentials present and usable.  A dataclass (not a pydantic record):
+    ``broker plan`` asks it of the chosen option's provider."""
 
     provider: str
     configured: bool  # credentials present
