@@ -25,6 +25,7 @@ import csv
 import io
 import os
 import re
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -425,12 +426,12 @@ def oci_live_offers(get: Any = None, *, now: datetime | None = None) -> list["Of
     for o in base:
         hit = _oci_sku_for(o.gpu_name, skus)
         if hit is None:
-            out.append(o.model_copy(update={"attrs": {**o.attrs, "notes": f"price carried over from {o.price_source}"}}))
+            out.append(replace(o, attrs={**o.attrs, "notes": f"price carried over from {o.price_source}"}))
             continue
         per_gpu, sku = hit
-        out.append(o.model_copy(update={"usd_per_hour": round(per_gpu * o.gpu_count, 6), "price_time": when,
-                                        "price_source": "live OCI price list",
-                                        "attrs": {**o.attrs, "notes": f"{per_gpu:g} $/GPU-h x {o.gpu_count}: {sku}"}}))
+        out.append(replace(o, usd_per_hour=round(per_gpu * o.gpu_count, 6), price_time=when,
+                           price_source="live OCI price list",
+                           attrs={**o.attrs, "notes": f"{per_gpu:g} $/GPU-h x {o.gpu_count}: {sku}"}))
     return out
 
 
@@ -443,9 +444,9 @@ def aws_live_offers(live_prices: Any, *, now: datetime | None = None) -> list["O
     out = []
     for o in base:
         if o.instance_type in prices:
-            out.append(o.model_copy(update={"usd_per_hour": float(prices[o.instance_type]), "price_time": when,
-                                            "price_source": "live AWS Pricing API",
-                                            "attrs": {**o.attrs, "notes": "AWS Pricing API get_products"}}))
+            out.append(replace(o, usd_per_hour=float(prices[o.instance_type]), price_time=when,
+                               price_source="live AWS Pricing API",
+                               attrs={**o.attrs, "notes": "AWS Pricing API get_products"}))
         else:
-            out.append(o.model_copy(update={"attrs": {**o.attrs, "notes": f"price carried over from {o.price_source}"}}))
+            out.append(replace(o, attrs={**o.attrs, "notes": f"price carried over from {o.price_source}"}))
     return out

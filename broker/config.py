@@ -1,9 +1,10 @@
 """Settings and paths.
 
 Secrets and endpoints come from the environment or a ``.env`` file in the current directory (every name is listed
-in ``.env.example``).  Values are never printed: the settings keep secrets as ``SecretStr``.  Nothing here is
-built at import time: :func:`settings` builds the model on first use, and reads the environment without importing
-pydantic-settings when there is no ``.env`` file (the common case of ``broker plan``; saves ~100 ms of start-up).
+in ``.env.example``).  Values are never printed: the settings keep secrets as ``SecretStr`` / :class:`Secret`.  Nothing here is
+built at import time: :func:`settings` reads the environment into :class:`EnvSettings` without importing pydantic
+when there is no ``.env`` file (the common case of ``broker plan``; saves ~100 ms of start-up), and builds the
+pydantic-settings model (which validates the file) only when there is one.
 
 Paths: the broker home (ledger, run directories, watchdog lock) is ``$BROKER_HOME`` when set, else the user data
 directory from platformdirs (``~/.local/share/broker`` on Linux).
@@ -12,6 +13,7 @@ directory from platformdirs (``~/.local/share/broker`` on Linux).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,58 +24,130 @@ if TYPE_CHECKING:
     from pydantic_settings import BaseSettings as Settings
 
 
+class Secret:
+    """A secret setting read from the environment: :meth:`get_secret_value` gives it; ``str``/``repr`` show
+    ``**********`` only (as pydantic's ``SecretStr``, which the ``.env`` path gives)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        return self._value
+
+    def __str__(self) -> str:
+        return "**********" if self._value else ""
+
+    def __repr__(self) -> str:
+        return f"Secret('{self}')"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+def _env(name: str) -> Any:
+    """``field`` metadata: the setting is read from the environment variable ``name`` (not its own name)."""
+    return field(default=None, metadata={"env": name})
+
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """Every setting broker reads; names are the environment variables (case-insensitive) unless the field's
+    metadata names another (``AWS_DEFAULT_REGION``).  This is the one list of settings: :func:`settings` fills it
+    from the environment without pydantic when there is no ``.env`` file; :func:`_fields_class` builds the pydantic
+    model (``.env`` files, through pydantic-settings) from it."""
+
+    broker_home: Path | None = None
+
+    # Vast.ai: key also read from the vastai CLI's key files (see providers.vast).
+    vast_api_key: Secret | None = None
+    vast_api_url: str = "https://console.vast.ai"
+
+    # OCI: ~/.oci/config and profile; endpoint override for proxies / emulators (tests).
+    oci_config_file: str = "~/.oci/config"
+    oci_profile: str = "DEFAULT"
+    oci_compartment_id: str | None = None
+    oci_region: str | None = None
+    oci_service_endpoint: str | None = None  # base URL for every OCI client (tests)
+    oci_image_id: str | None = None
+    oci_subnet_id: str | None = None
+    # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
+    oci_instance_principal: bool = False
+
+    # AWS: the boto3 credential chain is used as is; these are optional overrides (read from .env too, where
+    # boto3 would not see them): keys, profile, and the region (AWS_DEFAULT_REGION, else the profile's, else
+    # AWS_REGION: boto3's own order, then the other SDKs' variable)
+    aws_access_key_id: Secret | None = None
+    aws_secret_access_key: Secret | None = None
+    aws_session_token: Secret | None = None
+    aws_profile: str | None = None
+    aws_region: str | None = _env("AWS_DEFAULT_REGION")
+    aws_region_alt: str | None = _env("AWS_REGION")
+    aws_endpoint_url: str | None = None
+    aws_ami_id: str | None = None
+    aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
+
+    # Slurm (--provider slurm): login node for ssh (default: Slurm commands on this machine), the Python with
+    # torch on the compute nodes, and the partition / account to submit to (default: the cluster's)
+    broker_slurm_host: str | None = None
+    broker_slurm_python: str = "python3"
+    broker_slurm_partition: str | None = None
+    broker_slurm_account: str | None = None
+
+    # Watchdog (seconds between rounds; `broker run` on rented machines starts it detached)
+    broker_watchdog_interval_s: float = 5.0
+    broker_watchdog_autostart: bool = True
+
+
+_TRUE = ("1", "on", "t", "true", "y", "yes")
+_FALSE = ("0", "off", "f", "false", "n", "no")
+
+
+def _parse(name: str, kind: str, text: str) -> Any:
+    """``text`` of environment variable ``name`` as a value of ``kind`` (the field's annotation), read as
+    pydantic reads it.  Raises BadInput naming the variable."""
+    base = kind.removesuffix(" | None")
+    if base == "str":
+        return text
+    if base == "Secret":
+        return Secret(text)
+    if base == "Path":
+        return Path(text)
+    if base == "bool":
+        t = text.strip().lower()
+        if t in _TRUE or t in _FALSE:
+            return t in _TRUE
+        raise BadInput(f"{name.upper()}={text!r} is not true or false", hint="use true/false (or 1/0, yes/no, on/off)")
+    if base == "float":
+        try:
+            return float(text)
+        except ValueError:
+            raise BadInput(f"{name.upper()}={text!r} is not a number", hint="e.g. 5 or 2.5") from None
+    raise TypeError(f"EnvSettings.{name}: no reader for {kind!r}")
+
+
+def _env_name(f: Any) -> str:
+    return f.metadata.get("env", f.name)
+
+
 @lru_cache(maxsize=1)
 def _fields_class() -> type:
-    """Every setting broker reads, as a pydantic model (names are the environment variables, case-insensitive)."""
-    from pydantic import BaseModel, ConfigDict, Field, SecretStr
+    """Every setting of :class:`EnvSettings` as a pydantic model (the base of the ``.env`` settings): the same names,
+    defaults and environment aliases; secrets as ``SecretStr``."""
+    from pydantic import ConfigDict, Field, SecretStr, create_model
 
-    class SettingsFields(BaseModel):
-        """Every setting broker reads; names are the environment variables (case-insensitive)."""
-
-        model_config = ConfigDict(extra="ignore")
-
-        broker_home: Path | None = None
-
-        # Vast.ai: key also read from the vastai CLI's key files (see providers.vast).
-        vast_api_key: SecretStr | None = None
-        vast_api_url: str = "https://console.vast.ai"
-
-        # OCI: ~/.oci/config and profile; endpoint override for proxies / emulators.
-        oci_config_file: str = "~/.oci/config"
-        oci_profile: str = "DEFAULT"
-        oci_compartment_id: str | None = None
-        oci_region: str | None = None
-        oci_service_endpoint: str | None = Field(default=None, description="base URL for every OCI client (tests)")
-        oci_image_id: str | None = None
-        oci_subnet_id: str | None = None
-        # Arm the OCI node-side dead-man switch (needs a dynamic group + policy: providers.oci.INSTANCE_PRINCIPAL_SETUP)
-        oci_instance_principal: bool = False
-
-        # AWS: the boto3 credential chain is used as is; these are optional overrides (read from .env too, where
-        # boto3 would not see them): keys, profile, and the region (AWS_DEFAULT_REGION, else the profile's, else
-        # AWS_REGION: boto3's own order, then the other SDKs' variable)
-        aws_access_key_id: SecretStr | None = None
-        aws_secret_access_key: SecretStr | None = None
-        aws_session_token: SecretStr | None = None
-        aws_profile: str | None = None
-        aws_region: str | None = Field(default=None, validation_alias="AWS_DEFAULT_REGION")
-        aws_region_alt: str | None = Field(default=None, validation_alias="AWS_REGION")
-        aws_endpoint_url: str | None = None
-        aws_ami_id: str | None = None
-        aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
-
-        # Slurm (--provider slurm): login node for ssh (default: Slurm commands on this machine), the Python with
-        # torch on the compute nodes, and the partition / account to submit to (default: the cluster's)
-        broker_slurm_host: str | None = None
-        broker_slurm_python: str = "python3"
-        broker_slurm_partition: str | None = None
-        broker_slurm_account: str | None = None
-
-        # Watchdog
-        broker_watchdog_interval_s: float = 5.0
-        broker_watchdog_autostart: bool = True  # `broker run` on rented machines starts it detached
-
-    return SettingsFields
+    types = {"str": str, "Secret": SecretStr, "Path": Path, "bool": bool, "float": float}
+    spec: dict[str, Any] = {}
+    for f in fields(EnvSettings):
+        base = f.type.removesuffix(" | None")
+        t = types[base] if base == f.type else (types[base] | None)
+        alias = f.metadata.get("env")
+        spec[f.name] = (t, Field(default=f.default, validation_alias=alias) if alias else f.default)
+    return create_model("SettingsFields", __config__=ConfigDict(extra="ignore"), **spec)
 
 
 @lru_cache(maxsize=1)
@@ -94,22 +168,24 @@ def __getattr__(name: str) -> Any:  # ``from broker.config import Settings`` sti
     raise AttributeError(f"module 'broker.config' has no attribute {name!r}")
 
 
-def _from_environment() -> Any:
-    """The settings from the environment alone, as pydantic-settings reads them (case-insensitive names,
-    validation aliases), without importing it: the fast path when there is no ``.env`` file."""
-    fields = _fields_class()
+def _from_environment() -> EnvSettings:
+    """The settings from the environment alone, as pydantic-settings reads them (case-insensitive names, the
+    ``AWS_DEFAULT_REGION`` / ``AWS_REGION`` aliases), without importing pydantic: the fast path when there is no
+    ``.env`` file.  Raises BadInput for a malformed value (a flag that is not true/false, a number that is not)."""
     env = {k.lower(): v for k, v in os.environ.items()}
     data = {}
-    for name, f in fields.model_fields.items():
-        key = f.validation_alias if isinstance(f.validation_alias, str) else name
-        if key.lower() in env:
-            data[key] = env[key.lower()]
-    return fields.model_validate(data)
+    for f in fields(EnvSettings):
+        key = _env_name(f).lower()
+        if key in env:
+            data[f.name] = _parse(key, f.type, env[key])
+    return EnvSettings(**data)
 
 
 @lru_cache(maxsize=1)
-def settings() -> "Settings":
-    """The process-wide settings (read once): the environment, then ``.env`` in the current directory."""
+def settings() -> "Settings | EnvSettings":
+    """The process-wide settings (read once): the environment, then ``.env`` in the current directory.  Without a
+    ``.env`` file they are an :class:`EnvSettings` (no pydantic import: ``broker plan`` reads them); with one, the
+    pydantic-settings model of the same fields."""
     if Path(".env").exists():
         return _settings_class()()
     return _from_environment()

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.model import Cluster, ClusterNode, TopologyKind
+from broker.model import TopologyKind
 from broker.provider import BadInput, ProviderError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pydantic records: imported where used (the planner imports this module: no pydantic there)
+    from broker.model import Cluster
     from broker.providers.netns import HybridSites, NetnsCluster
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there)
@@ -111,6 +112,8 @@ def emulated_cluster(c: "NetnsCluster", t: EmulatedTunnel, run_id: str) -> Clust
     """The runner's view: SSH over the management addresses, ``private_ip`` = the tunnel address (node 0's is
     ``MASTER_ADDR``), the tunnel interface in every node's env (plus its GPUs and ``NCCL_HOSTID`` where the
     namespaces were given GPUs)."""
+    from broker.model import ClusterNode
+
     base = c.cluster(run_id)
     nodes = [ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=t.addresses[i],
                          resource_id=n.resource_id, gpu_indices=n.gpu_indices, env={**n.env, **tunnel_env(t.ifaces[i])})
@@ -548,6 +551,8 @@ def cloud_cluster(vms: Cluster, m: CloudMesh, *, run_id: str, workroot: str, pyt
     """The hybrid cluster: node 0 = this machine (``local``: commands run here, ``workroot``/``python`` its own),
     nodes 1.. = ``vms`` (provisioned in rank order); every node's ``private_ip`` is its mesh address (node 0's is
     ``MASTER_ADDR``) and its env names the mesh interface (:func:`tunnel_env`)."""
+    from broker.model import ClusterNode
+
     if m.tunnel is not None:
         addrs = [p.address for p in m.tunnel.peers]
     else:

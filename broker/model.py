@@ -2,27 +2,80 @@
 
 Units are in the field names: ``usd_per_hour`` (US dollars per hour), ``gib`` (GiB, 2**30 bytes), ``seconds``.
 Every price carries where it came from (``price_source``) and when (``price_time``).
+
+The planner's types (:class:`Offer`, :class:`Quota`, :class:`Capacity`, :class:`Requirements`,
+:class:`PlanOption`, :class:`Plan`) are stdlib dataclasses: ``broker plan`` imports no pydantic
+(``bench/cli_startup.py``).  Their values come from code (adapters, the recipe, the CLI), never from a user's
+file unchecked; JSON coming back (a ledger plan) goes through ``from_dict``.  The ledger and cluster records
+(:class:`Resource`, :class:`Run`, :class:`ClusterNode`, :class:`Cluster`) stay pydantic models in
+:mod:`broker.records`, imported on first use of their names here (PEP 562 ``__getattr__``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class _Model(BaseModel):
-    """Base of broker's value types: schemas are built on first use (``defer_build``), so a command pays only for
-    the models it touches (``bench/cli_startup.py``)."""
-
-    model_config = ConfigDict(defer_build=True)
+if TYPE_CHECKING:
+    from broker.records import Cluster, ClusterNode, Resource, Run  # noqa: F401
 
 
 def utcnow() -> datetime:
     """Timezone-aware now in UTC."""
     return datetime.now(timezone.utc)
+
+
+def iso(t: datetime) -> str:
+    """``t`` in ISO 8601 as pydantic writes it in JSON: UTC as ``Z`` (``2026-11-29T00:00:00Z``), other offsets as
+    ``+HH:MM``, naive times without one."""
+    s = t.isoformat()
+    return s[:-6] + "Z" if s.endswith("+00:00") else s
+
+
+def parse_time(v: Any) -> datetime:
+    """A datetime from ``v`` (a datetime, or ISO 8601 text, ``Z`` accepted).  Raises ValueError, TypeError."""
+    if isinstance(v, datetime):
+        return v
+    if not isinstance(v, str):
+        raise TypeError(f"expected a datetime or ISO 8601 text, got {type(v).__name__}")
+    return datetime.fromisoformat(v[:-1] + "+00:00" if v.endswith(("Z", "z")) else v)
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps`` ``default`` for broker's values: dataclasses as dicts (``dataclasses.asdict``), datetimes as
+    :func:`iso`, enums by value.  Raises TypeError for anything else."""
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    if isinstance(o, datetime):
+        return iso(o)
+    if isinstance(o, Enum):
+        return o.value
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def to_json(o: Any) -> Any:
+    """``o`` (a dataclass value, or lists / dicts of them) as plain JSON data: what ``json.loads`` of its dump
+    gives (datetimes as ISO 8601 text, enums by value)."""
+    import json
+
+    return json.loads(json.dumps(o, default=json_default))
+
+
+def _check_choice(cls: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{cls}.{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _floats(obj: Any, names: tuple[str, ...]) -> None:
+    """Store the int values of ``obj``'s float fields ``names`` as floats (``vcpus=2`` -> ``2.0``), so JSON shows
+    ``2.0`` whatever the caller passed (as the pydantic models did)."""
+    for n in names:
+        v = getattr(obj, n)
+        if type(v) is int:
+            object.__setattr__(obj, n, float(v))
 
 
 class TopologyKind(str, Enum):
@@ -34,15 +87,14 @@ class TopologyKind(str, Enum):
     hybrid = "hybrid"  # node 0 = this machine, nodes 1.. = VMs, over a per-run WireGuard tunnel (broker.hybrid)
 
 
-class Offer(_Model):
+@dataclass(frozen=True, kw_only=True)
+class Offer:
     """One rentable unit: a Vast.ai offer (one host), an OCI shape or an AWS instance type in one place.
 
     ``gpu_mem_gib`` is per GPU.  ``usd_per_hour`` is for the whole unit (all its GPUs), excluding storage that is
     priced separately through ``storage_usd_per_gib_month``.  ``private_network`` is True where several units
     can be joined in one private network (OCI, AWS; never Vast.ai hosts, which sit behind separate NATs).
     """
-
-    model_config = ConfigDict(frozen=True)
 
     provider: str
     offer_id: str  # Vast ask id, or the instance type / shape name for OCI and AWS
@@ -60,20 +112,38 @@ class Offer(_Model):
     private_network: bool = False
     price_source: str
     price_time: datetime
-    attrs: dict[str, Any] = Field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _floats(self, ("gpu_mem_gib", "vcpus", "ram_gib", "usd_per_hour", "storage_usd_per_gib_month",
+                       "min_billed_seconds"))
 
     @property
     def key(self) -> str:
         """Stable identity: provider/region/zone/offer id."""
         return f"{self.provider}/{self.region or '-'}/{self.zone or '-'}/{self.offer_id}"
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Offer:
+        """An offer from its JSON form (:func:`to_json`): ``price_time`` ISO 8601 text.  Unknown keys are ignored.
+        Raises ValueError, TypeError (a missing or malformed field)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["price_time"] = parse_time(kw.get("price_time"))
+        kw["attrs"] = dict(kw.get("attrs") or {})
+        return cls(**kw)
 
-class Quota(_Model):
+
+QUOTA_UNITS = ("gpus", "vcpus", "instances")
+
+
+@dataclass(kw_only=True)
+class Quota:
     """A service limit as read from the provider.
 
     ``unit`` is what ``limit``/``used`` count: ``"gpus"`` (OCI ``gpu-*-count``) or ``"vcpus"`` (AWS
     ``L-DB2E81BA``...).  ``scope`` is the availability domain for AD-scoped OCI limits, else the region.
-    ``instance_types`` lists the shapes / instance types the limit covers.
+    ``instance_types`` lists the shapes / instance types the limit covers.  Raises ValueError for another unit.
     """
 
     provider: str
@@ -84,16 +154,25 @@ class Quota(_Model):
     limit: float
     used: float = 0.0
     unit: Literal["gpus", "vcpus", "instances"]
-    instance_types: list[str] = Field(default_factory=list)
+    instance_types: list[str] = field(default_factory=list)
     source: str = ""
+
+    def __post_init__(self) -> None:
+        _check_choice("Quota", "unit", self.unit, QUOTA_UNITS)
+        _floats(self, ("limit", "used"))
 
     @property
     def available(self) -> float:
         return max(0.0, self.limit - self.used)
 
 
-class Capacity(_Model):
-    """Host capacity for one instance type in one zone (OCI capacity report; AWS offerings; Vast rentable)."""
+CAPACITY_STATUSES = ("AVAILABLE", "OUT_OF_HOST_CAPACITY", "NOT_OFFERED", "UNKNOWN")
+
+
+@dataclass(kw_only=True)
+class Capacity:
+    """Host capacity for one instance type in one zone (OCI capacity report; AWS offerings; Vast rentable).
+    Raises ValueError for a ``status`` not in :data:`CAPACITY_STATUSES`."""
 
     provider: str
     region: str | None = None
@@ -103,47 +182,69 @@ class Capacity(_Model):
     available_count: int | None = None
     source: str = ""
 
+    def __post_init__(self) -> None:
+        _check_choice("Capacity", "status", self.status, CAPACITY_STATUSES)
+
 
 #: Cards sold as "24 GB" report 24564 MiB (23.99 GiB): GPU memory within this fraction below the minimum counts as
 #: enough (an RTX 4090 serves a 24 GiB job; an A10G's 22.35 GiB does not).
 GPU_MEM_TOLERANCE = 0.02
 
+REQUIREMENT_TOPOLOGIES = ("simulated", "multi-node", "local", "hybrid", "any")
 
-class Requirements(_Model):
+
+@dataclass(kw_only=True)
+class Requirements:
     """What a job needs, independent of any provider.
 
     ``gpu_names`` empty = any model.  ``hours`` is the hard deadline used for the worst-case cost; None means
-    "as long as the budget affords".
+    "as long as the budget affords".  Raises ValueError for a ``topology`` not in
+    :data:`REQUIREMENT_TOPOLOGIES`.
     """
 
     nodes: int = 2
     gpus_per_node: int = 1
-    gpu_names: list[str] = Field(default_factory=list)
+    gpu_names: list[str] = field(default_factory=list)
     min_gpu_mem_gib: float = 16.0
     hours: float | None = 1.0
     budget_usd: float | None = 5.0
     topology: Literal["simulated", "multi-node", "local", "hybrid", "any"] = "any"
     cpu_ok: bool = False
     disk_gib: float = 40.0
-    providers: list[str] = Field(default_factory=list)  # empty = all
+    providers: list[str] = field(default_factory=list)  # empty = all
+
+    def __post_init__(self) -> None:
+        if isinstance(self.topology, TopologyKind):
+            self.topology = self.topology.value
+        _check_choice("Requirements", "topology", self.topology, REQUIREMENT_TOPOLOGIES)
+        _floats(self, ("min_gpu_mem_gib", "hours", "budget_usd", "disk_gib"))
 
     @property
     def gpu_mem_floor_gib(self) -> float:
         """The least memory per GPU (GiB) that satisfies ``min_gpu_mem_gib`` (see :data:`GPU_MEM_TOLERANCE`)."""
         return self.min_gpu_mem_gib * (1 - GPU_MEM_TOLERANCE)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Requirements:
+        """Requirements from their JSON form (:func:`to_json`); unknown keys are ignored.  Raises ValueError,
+        TypeError."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
-class PlanOption(_Model):
+
+@dataclass(kw_only=True)
+class PlanOption:
     """One way to run the job: a topology on one provider, with its cost and, when rejected, why.
 
     ``offers`` holds one offer for ``simulated`` (one host) and N (possibly equal) offers for ``multi-node``.
     ``worst_case_usd`` = cost if the job runs to the hard deadline (setup allowance and storage included).
     ``max_hours_within_budget`` = the longest run the budget affords at this price.
+    ``topology`` given as text is turned into its :class:`TopologyKind` (ValueError for an unknown one).
     """
 
     provider: str
     topology: TopologyKind
-    offers: list[Offer] = Field(default_factory=list)
+    offers: list[Offer] = field(default_factory=list)
     nodes: int
     gpus_per_node: int
     usd_per_hour: float
@@ -151,8 +252,13 @@ class PlanOption(_Model):
     hours: float
     max_hours_within_budget: float | None = None
     price_source: str = ""
-    rejected: list[str] = Field(default_factory=list)  # reasons; empty = valid
+    rejected: list[str] = field(default_factory=list)  # reasons; empty = valid
     next_step: str | None = None  # e.g. a ready `broker quota request ...` command
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, TopologyKind):
+            self.topology = TopologyKind(self.topology)
+        _floats(self, ("usd_per_hour", "worst_case_usd", "hours", "max_hours_within_budget"))
 
     @property
     def valid(self) -> bool:
@@ -169,16 +275,27 @@ class PlanOption(_Model):
         where = "/".join(x for x in (o.region, o.zone) if x)
         return f"{what} ({where})" if where else what
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PlanOption:
+        """An option from its JSON form (:func:`to_json`, e.g. a run's ledger plan); unknown keys are ignored.
+        Raises ValueError, TypeError (a missing or malformed field)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["offers"] = [o if isinstance(o, Offer) else Offer.from_dict(o) for o in kw.get("offers") or []]
+        kw["rejected"] = list(kw.get("rejected") or [])
+        return cls(**kw)
 
-class Plan(_Model):
+
+@dataclass(kw_only=True)
+class Plan:
     """The planner's answer: valid options ranked by cost (``options[0]`` is chosen) and the rejected ones."""
 
     requirements: Requirements
-    options: list[PlanOption] = Field(default_factory=list)
-    rejected: list[PlanOption] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)  # e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"
-    created_at: datetime = Field(default_factory=utcnow)
-    rejected_counts: dict[str, int] = Field(default_factory=dict)  # every rejected candidate, by first reason kind
+    options: list[PlanOption] = field(default_factory=list)
+    rejected: list[PlanOption] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"
+    created_at: datetime = field(default_factory=utcnow)
+    rejected_counts: dict[str, int] = field(default_factory=dict)  # every rejected candidate, by first reason kind
     valid_count: int | None = None  # valid candidates found; ``options`` holds the best of them
 
     @property
@@ -190,105 +307,16 @@ class Plan(_Model):
 #: possibly billing (worst case) until a later list finds it (then it is terminated) or proves it absent.
 ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan", "unknown"]
 
-
-class Resource(_Model):
-    """A ledger row: one thing that can cost money (instance, volume) or that must be cleaned (VCN, SG...).
-
-    Written with state ``intent`` *before* the provider call that creates it; ``provider_id`` is filled right
-    after.  ``usd_per_hour`` is what it bills while alive (0 for free network objects).
-    """
-
-    id: str
-    run_id: str
-    provider: str
-    kind: str  # instance | vcn | subnet | internet_gateway | security_list | security_group | placement_group | ...
-    name: str
-    provider_id: str | None = None
-    region: str | None = None
-    zone: str | None = None
-    state: ResourceState = "intent"
-    usd_per_hour: float = 0.0
-    created_at: datetime = Field(default_factory=utcnow)
-    running_since: datetime | None = None
-    terminated_at: datetime | None = None
-    deadline: datetime | None = None
-    terminated_by: str | None = None
-    error: str | None = None
-    attrs: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def live(self) -> bool:
-        return self.state not in ("terminated",)
-
-
 RunStatus = Literal["planned", "provisioning", "running", "succeeded", "failed", "interrupted", "deadline",
                     "tearing_down", "torn_down"]
 
-
-class Run(_Model):
-    """A ledger row for one ``broker run``: recipe, plan, status, times, per-node exit codes, log paths."""
-
-    id: str
-    name: str
-    recipe_path: str | None = None
-    recipe: dict[str, Any] = Field(default_factory=dict)
-    plan: dict[str, Any] | None = None
-    provider: str = "local"
-    topology: str = "local"
-    status: RunStatus = "planned"
-    created_at: datetime = Field(default_factory=utcnow)
-    started_at: datetime | None = None
-    ended_at: datetime | None = None
-    deadline: datetime | None = None
-    budget_usd: float | None = None
-    exit_codes: dict[str, int | None] = Field(default_factory=dict)
-    run_dir: str | None = None
-    log_paths: dict[str, str] = Field(default_factory=dict)
-    message: str | None = None
-    pid: int | None = None  # the CLI process driving the run
+#: the pydantic records, in broker.records: imported on first use of their names (PEP 562)
+_RECORDS = ("Resource", "Run", "ClusterNode", "Cluster")
 
 
-class ClusterNode(_Model):
-    """One node of a provisioned cluster, as the runner reaches it.
+def __getattr__(name: str) -> Any:
+    if name in _RECORDS:
+        from broker import records
 
-    ``host``/``port``/``user``: the SSH endpoint (public IP, Vast proxy, or a netns address).  ``private_ip``: the
-    address the other nodes use (node 0's is ``master_addr``; ``127.0.0.1`` for simulated nodes on one host).
-    ``gpu_indices``: the CUDA_VISIBLE_DEVICES value for this node (None = all of the host's GPUs / not set).
-    ``local``: the node is THIS machine (a hybrid run's node 0): the SSH executor runs its commands as local
-    processes (:class:`broker.localconn.LocalConnection`) instead of over SSH; ``workroot`` / ``python`` then
-    replace the cluster's for this node (None = the cluster's).
-    """
-
-    node_rank: int
-    host: str
-    port: int = 22
-    user: str = "root"
-    private_ip: str
-    gpu_indices: list[str] | None = None
-    resource_id: str | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    local: bool = False
-    workroot: str | None = None
-    python: str | None = None
-
-
-class Cluster(_Model):
-    """What provisioning hands to the runner: the nodes, the SSH material and how to run Python there.
-
-    ``local_exec`` is True for providers whose "nodes" are processes on this machine (``local``, the ``fake``
-    test provider): the runner then starts them as local subprocesses instead of over SSH.
-    """
-
-    run_id: str
-    provider: str
-    topology: TopologyKind
-    nodes: list[ClusterNode]
-    ssh_key_path: str | None = None
-    known_hosts_path: str | None = None
-    python: str = "python3"
-    workroot: str = "/root/broker"
-    local_exec: bool = False
-
-    @property
-    def master_addr(self) -> str:
-        return self.nodes[0].private_ip
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, utcnow
+from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, to_json, utcnow
 from broker.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
 from broker.recipe import Recipe
 
@@ -614,7 +614,7 @@ class CloudTarget(Target):
                      failover_options=len(self.options))
 
     def plan_record(self) -> dict[str, Any]:
-        return {"options": [o.model_dump(mode="json") for o in self.options]}
+        return {"options": to_json(self.options)}
 
     def describe(self) -> str:
         o = self.options[0]

@@ -38,6 +38,7 @@ import heapq
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from functools import lru_cache
 
@@ -474,7 +475,7 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
             step: str | None, costs: tuple) -> PlanOption:
     units = _units(topo, ctx.req)
     if (region, zone) != (o.region, o.zone):
-        o = o.model_copy(update={"region": region, "zone": zone})
+        o = replace(o, region=region, zone=zone)
     rate, hours, wc, max_h = costs
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,

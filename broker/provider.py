@@ -13,17 +13,23 @@ Verbs (after SkyPilot's ``sky/provision``):
 
 Ledger-first: the orchestrator records an ``intent`` before calling ``create_instance``; adapters that create
 several objects (``bootstrap``) call the :class:`Recorder` they are given *before* each create and right after.
+
+Importing this module imports no pydantic (``broker plan`` loads every adapter): the lifecycle records
+(:class:`~broker.records.NodeRequest`, ``Ingress``, ``InstanceInfo``, ``TaggedResource``, ``QuotaRequest``) live in
+:mod:`broker.records` and are re-exported here on first use of their names (PEP 562); adapters import them under
+``TYPE_CHECKING`` and inside the verbs that build them.
 """
 
 from __future__ import annotations
 
 from abc import ABC
-from datetime import datetime
-from typing import Any, ClassVar, Literal, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from broker.model import Capacity, Offer, Quota, Requirements
 
-from broker.model import Capacity, Offer, Quota, Requirements, _Model
+if TYPE_CHECKING:
+    from broker.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
 RUN_TAG = "broker-run"
@@ -50,8 +56,10 @@ from broker.errors import (  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------------------------------- values
-class ProviderCheck(_Model):
-    """Result of :meth:`Provider.check`: are credentials present and usable."""
+@dataclass(kw_only=True)
+class ProviderCheck:
+    """Result of :meth:`Provider.check`: are credentials present and usable.  A dataclass (not a pydantic record):
+    ``broker plan`` asks it of the chosen option's provider."""
 
     provider: str
     configured: bool  # credentials present
@@ -60,98 +68,19 @@ class ProviderCheck(_Model):
     hint: str | None = None
 
 
-class NodeRequest(_Model):
-    """What to create for one node.  ``client_token`` is the ledger resource id (idempotency key)."""
-
-    run_id: str
-    node_index: int
-    name: str  # broker-<run_id>-n<i>
-    offer: Offer
-    ssh_public_key: str
-    client_token: str
-    installation_id: str | None = None  # tagged as INSTALL_TAG beside RUN_TAG on everything created for the node
-    disk_gib: float = 40.0
-    image: str | None = None
-    deadline: datetime | None = None  # hard deadline: arms the node-side dead-man switch
-    grace_seconds: float = 300.0
-    network: dict[str, Any] = Field(default_factory=dict)  # ids returned by bootstrap (subnet, sg, pg ...)
-    tags: dict[str, str] = Field(default_factory=dict)
-    onstart: str | None = None  # extra shell run at boot (after the dead-man switch is armed)
-    idle_minutes: float | None = None  # recipe idle_minutes: arms the node-side idle stop (job ended + no SSH)
-
-
-class Ingress(BaseModel):
-    """One inbound rule a run needs on its network beyond SSH (e.g. a hybrid run's WireGuard port): ``protocol``
-    ``udp`` or ``tcp``, destination ports ``port``..``port_to`` (inclusive), from ``cidr`` (the caller's public
-    address as /32 where known, else ``0.0.0.0/0``).  Adapters translate it into their own rule (OCI security list
-    rule, AWS ``IpPermissions``) in :meth:`Provider.open_ingress`."""
-
-    protocol: Literal["udp", "tcp"]
-    port: int
-    port_to: int | None = None
-    cidr: str = "0.0.0.0/0"
-    description: str = ""
-
-    @property
-    def last_port(self) -> int:
-        return self.port_to or self.port
-
-
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
 
-
-class InstanceInfo(_Model):
-    """What :meth:`Provider.describe_instance` returns.  ``state == "terminated"`` also when the provider no
-    longer knows the id (gone)."""
-
-    provider_id: str
-    state: InstanceState
-    raw_state: str | None = None
-    public_ip: str | None = None
-    private_ip: str | None = None
-    ssh_host: str | None = None
-    ssh_port: int = 22
-    ssh_user: str = "root"
-    message: str | None = None
-    usd_per_hour: float | None = None
+#: the adapters' pydantic records, in broker.records: imported on first use of their names (PEP 562), so that
+#: importing this module (every adapter does) imports no pydantic
+_RECORDS = ("NodeRequest", "Ingress", "InstanceInfo", "TaggedResource", "QuotaRequest")
 
 
-class TaggedResource(_Model):
-    """A provider-side object carrying broker's run tag (input to reconcile)."""
+def __getattr__(name: str) -> Any:
+    if name in _RECORDS:
+        from broker import records
 
-    provider: str
-    kind: str
-    provider_id: str
-    run_id: str | None
-    region: str | None = None
-    state: str | None = None
-    created_at: datetime | None = None
-    usd_per_hour: float | None = None
-    name: str | None = None
-    installation_id: str | None = None  # INSTALL_TAG's value; None when the resource carries none (older broker)
-    client_token: str | None = None  # NodeRequest.client_token (ledger row id) when the tag / label carries it
-
-
-class QuotaRequest(_Model):
-    """A quota / limit increase request, filed or drafted.
-
-    ``state`` is the provider's word: OCI ACCEPTED / IN_PROGRESS / SUCCEEDED / PARTIALLY_SUCCEEDED / CANCELED /
-    FAILED; AWS PENDING / CASE_OPENED / APPROVED / DENIED / CASE_CLOSED / NOT_APPROVED / INVALID_REQUEST; ``DRAFT``
-    for a request printed but not filed.  ``form`` holds the filled-in console form fields for ``--draft``.
-    """
-
-    provider: str
-    limit_name: str  # OCI limit name / AWS quota code
-    region: str | None = None
-    scope: str | None = None  # OCI availability domain for AD-scoped limits
-    value: float  # the requested new limit, in ``unit``
-    unit: str
-    request_id: str | None = None
-    state: str = "DRAFT"
-    reason: str = ""
-    message: str = ""
-    form: dict[str, Any] = Field(default_factory=dict)
-    created_at: datetime | None = None
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Recorder(Protocol):

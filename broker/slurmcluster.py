@@ -876,7 +876,7 @@ def _release_target(run: "Run", state: ClusterState):
             except (OSError, ValueError, TypeError):
                 t.cluster_state = None
         return t
-    options = [PlanOption.model_validate(o) for o in (run.plan or {}).get("options", [])]
+    options = [PlanOption.from_dict(o) for o in (run.plan or {}).get("options", [])]
     return CloudTarget(recipe, options, keep_when_idle=False)
 
 

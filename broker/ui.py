@@ -36,11 +36,18 @@ err = _Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def print_json(data: Any) -> None:
-    """Print ``data`` as JSON on stdout (datetimes as ISO 8601, pydantic models dumped)."""
+    """Print ``data`` as JSON on stdout: pydantic models dumped, broker's dataclass values as dicts with datetimes
+    in ISO 8601 as pydantic writes them (:func:`broker.model.to_json`: UTC as ``Z``), other datetimes
+    ``isoformat()``, anything else as ``str``."""
+    import dataclasses
 
     def default(o: Any) -> Any:
         if hasattr(o, "model_dump"):
             return o.model_dump(mode="json")
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            from broker.model import to_json
+
+            return to_json(o)
         if isinstance(o, datetime):
             return o.isoformat()
         return str(o)

@@ -42,11 +42,14 @@ import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from broker.model import Offer, Requirements, utcnow
-from broker.provider import (INSTALL_TAG, RUN_TAG, CapacityError, InstanceInfo, NodeRequest, OfferGone, Provider, ProviderCheck,
-                             ProviderError, QuotaError, TaggedResource, TransientError)
+from broker.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone, Provider, ProviderCheck, ProviderError,
+                             QuotaError, TransientError)
+
+if TYPE_CHECKING:
+    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
 
 ZONES = ("fake-zone-1", "fake-zone-2")
 
@@ -212,6 +215,8 @@ class FakeProvider(Provider):
         return iid
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
+        from broker.provider import InstanceInfo
+
         with self._state() as st:
             inst = st["instances"].get(provider_id)
             if inst is None:
@@ -262,6 +267,8 @@ class FakeProvider(Provider):
         return True
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        from broker.provider import TaggedResource
+
         if "list" in self._fails():
             raise ProviderError(self.name, "list_tagged", "unreadable answer: 200 {\"results\": [...]} has no "
                                 "'instances' key (injected)")

@@ -14,10 +14,13 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import NotSupported, Provider, ProviderCheck, TaggedResource
+from broker.provider import NotSupported, Provider, ProviderCheck
+
+if TYPE_CHECKING:
+    from broker.provider import TaggedResource
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class LocalProvider(Provider):
         """This machine's part of hybrid runs that may still exist (``local_node``): a run whose key folder
         ``<runs>/<run_id>/wg`` or tunnel interface (``bkwg`` + the run id's tail) is still here; lets a teardown
         that finds the ledger row without its id (the CLI died while the interface came up) remove it anyway."""
+        from broker.provider import TaggedResource
         from broker.config import runs_dir
         from broker.hybrid import local_iface
 

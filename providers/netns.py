@@ -43,10 +43,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.model import Cluster, ClusterNode, Offer, Requirements, TopologyKind, utcnow
-from broker.provider import BadInput, Provider, ProviderCheck, ProviderError, TaggedResource
+from broker.model import Offer, Requirements, TopologyKind, utcnow
+from broker.provider import BadInput, Provider, ProviderCheck, ProviderError
+
+if TYPE_CHECKING:
+    from broker.model import Cluster, ClusterNode
+    from broker.provider import TaggedResource
 
 #: every object this provider creates starts with this (namespaces, bridge, veths)
 PREFIX = "bkn"
@@ -181,6 +185,8 @@ class NetnsCluster:
 
     # ---------------------------------------------------------------- the Cluster the runner uses
     def cluster(self, run_id: str) -> Cluster:
+        from broker.model import Cluster, ClusterNode
+
         nodes = []
         for i in range(self.n):
             env: dict[str, str] = {}
@@ -514,6 +520,7 @@ class NetnsProvider(Provider):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Nodes of clusters whose state lives in a run's folder (``<runs>/<run_id>/netns/<cid>/state.json``)
         and whose namespaces still exist."""
+        from broker.provider import TaggedResource
         from broker.config import runs_dir
 
         out = []

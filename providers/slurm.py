@@ -25,10 +25,12 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from broker.provider import (AuthError, BadInput, Provider, ProviderCheck, ProviderError, RUN_TAG, TaggedResource,
-                             TransientError)
+from broker.provider import AuthError, BadInput, Provider, ProviderCheck, ProviderError, RUN_TAG, TransientError
+
+if TYPE_CHECKING:
+    from broker.provider import TaggedResource
 
 #: job states after which nothing more happens (squeue/sacct/scontrol spelling)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -350,6 +352,8 @@ class SlurmProvider(Provider):
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Queued or running jobs submitted by broker (``--comment=broker-run=<run id>``)."""
+        from broker.provider import TaggedResource
+
         out = self.shell.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
         found = []
         for row in out.strip().splitlines():

@@ -11,6 +11,7 @@ import os
 import subprocess
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -217,7 +218,7 @@ def test_vcpu_limit_scope_is_region_and_family_bucket(sprov, stubs, it, vcpus, s
     assert same == ({"g5.xlarge": True, "g6.xlarge": True, "p4d.24xlarge": False, "p5.48xlarge": False}
                     if it.startswith("g") else
                     {"g5.xlarge": False, "g6.xlarge": False, "p4d.24xlarge": True, "p5.48xlarge": True})
-    other_region = stub_offer(it).model_copy(update={"region": "us-west-2"})
+    other_region = replace(stub_offer(it), region="us-west-2")
     assert sprov.quota_scope_of(other_region) != ei.value.scope
 
 

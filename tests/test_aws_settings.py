@@ -72,4 +72,4 @@ def test_broker_check_sees_aws_keys_in_dotenv(fresh):
     (fresh / ".env").write_text("AWS_ACCESS_KEY_ID=AKIAEXAMPLEONLY0000\nAWS_SECRET_ACCESS_KEY=not-a-real-secret\n")
     settings.cache_clear()
     chk = AWSProvider().check()
-    assert chk.configured and ".env" in chk.detail and "not-a-real-secret" not in chk.model_dump_json()
+    assert chk.configured and ".env" in chk.detail and "not-a-real-secret" not in repr(chk)

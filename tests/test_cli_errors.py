@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,7 +143,7 @@ def test_pricing_never_overflows():
     assert max_billed_seconds(1e308, 1, 0.4) == MAX_SECONDS
     assert max_billed_seconds(math.inf, 1, 0.4) == MAX_SECONDS
     assert max_hours_within(1e308, o) > 1e10
-    assert max_hours_within(1e308, [o, o.model_copy(update={"usd_per_hour": 0.5})]) > 1e10
+    assert max_hours_within(1e308, [o, replace(o, usd_per_hour=0.5)]) > 1e10
 
 
 # ------------------------------------------------------------------------------------------------ BROKER_HOME

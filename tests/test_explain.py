@@ -3,6 +3,7 @@ recipe already has."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 from broker.explain import no_plan_error
@@ -46,7 +47,7 @@ def test_cpu_ok_hint_only_when_it_is_not_set():
     r = _recipe(cpu_ok=False, budget_usd=100, nodes=4)
     local_why = "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU logic check)"
     p = _plan(r, {"local": local_why})
-    p = p.model_copy(update={"options": []})  # pretend nothing is valid
+    p = replace(p, options=[])  # pretend nothing is valid
     e = no_plan_error(r, p)
     assert "set cpu_ok: true" in e.hint
     r2 = _recipe(cpu_ok=True, budget_usd=100, nodes=4)

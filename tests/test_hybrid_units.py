@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,13 +120,13 @@ def test_planner_prices_hybrid_as_the_vms_only_and_rejects_vast_with_its_reason(
     assert vast and "/dev/net/tun" in vast[0].rejected[0] and "vast containers have none" in vast[0].rejected[0]
     assert any("priced as the VMs only" in n for n in p.notes)
     # the same job as multi-node rents both nodes: hybrid halves the rented cost
-    multi = plan(req.model_copy(update={"topology": "multi-node"}), offers)
+    multi = plan(replace(req, topology="multi-node"), offers)
     assert multi.options[0].usd_per_hour == pytest.approx(2 * best.usd_per_hour, rel=0.01)
     # 3 nodes: two VMs
-    p3 = plan(req.model_copy(update={"nodes": 3}), offers)
+    p3 = plan(replace(req, nodes=3), offers)
     assert len(p3.options[0].offers) == 2
     # "any" never picks hybrid on its own (it uses this machine: opt-in), it names the cheapest in a note
-    anyp = plan(req.model_copy(update={"topology": "any"}), offers)
+    anyp = plan(replace(req, topology="any"), offers)
     assert all(o.topology is not TopologyKind.hybrid for o in anyp.options + anyp.rejected)
     also = [n for n in anyp.notes if n.startswith("also possible: hybrid")]
     assert len(also) == 1 and "1 x vm.gpu" in also[0] and "on aws" in also[0] and "--topology hybrid" in also[0]
@@ -139,14 +140,14 @@ def test_hybrid_needs_this_machine_to_be_a_valid_node_0():
     none = plan(req, offers, here=(0, 0.0))
     assert not none.options and "node 0 is this machine, which has no GPU" in none.rejected[0].rejected[0]
     assert "cpu_ok" in none.rejected[0].rejected[0]
-    assert plan(req.model_copy(update={"cpu_ok": True}), offers, here=(0, 0.0)).options
+    assert plan(replace(req, cpu_ok=True), offers, here=(0, 0.0)).options
     small = plan(req, offers, here=(1, 8.0))
     assert not small.options and "GPU memory 8 GiB < 16 GiB" in small.rejected[0].rejected[0]
     assert plan(req, offers, here=(1, 24.0)).options and plan(req, offers, here=(1, 0.0)).options
-    two = req.model_copy(update={"gpus_per_node": 2})
+    two = replace(req, gpus_per_node=2)
     assert "1 GPU(s) < 2 per node" in plan(two, [_offer("aws", 1.00, gpus=2)], here=(1, 24.0)).rejected[0].rejected[0]
     # under "any" an invalid node 0 just means no hybrid note, and nothing hybrid in the rejected table
-    anyp = plan(req.model_copy(update={"topology": "any"}), offers, here=(0, 0.0))
+    anyp = plan(replace(req, topology="any"), offers, here=(0, 0.0))
     assert not [n for n in anyp.notes if n.startswith("also possible")]
     assert all(o.topology is not TopologyKind.hybrid for o in anyp.rejected)
 

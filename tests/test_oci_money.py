@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -169,11 +170,10 @@ def test_limit_exceeded_scope_is_the_availability_domain(cfg, server):
         .respond_with_response(jresp({"used": 2, "available": 0}))
     p = make(cfg, server)
     with pytest.raises(QuotaError) as ei:
-        p.create_instance(node_request(image="ocid1.image.oc1..mine", offer=offer_a10().model_copy(
-            update={"zone": AD2})))
+        p.create_instance(node_request(image="ocid1.image.oc1..mine", offer=replace(offer_a10(), zone=AD2)))
     assert ei.value.scope == AD2 and AD1 not in str(ei.value)
     # what the core skips: AD-2 only; the same shape in AD-1 stays a candidate
-    assert p.quota_scope_of(offer_a10().model_copy(update={"zone": AD2})) == ei.value.scope
+    assert p.quota_scope_of(replace(offer_a10(), zone=AD2)) == ei.value.scope
     assert p.quota_scope_of(offer_a10()) != ei.value.scope
     assert "--value 3" in ei.value.hint  # used 2 in AD-2 + 1 GPU for this node
 

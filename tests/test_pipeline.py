@@ -272,6 +272,7 @@ def test_paid_run_asks_on_a_terminal_no_refuses_yes_runs(cli_env, tmp_path):
 
 # --------------------------------------------------------------------------------------------------- Ctrl-C
 def test_release_is_shielded_from_one_ctrl_c_and_abandoned_by_a_second():
+    before = signal.getsignal(signal.SIGINT)  # default, or broker.cli's when an earlier test ran cli.main in-process
     said: list[str] = []
     with shielded(said.append):
         os.kill(os.getpid(), signal.SIGINT)
@@ -285,7 +286,7 @@ def test_release_is_shielded_from_one_ctrl_c_and_abandoned_by_a_second():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)
     assert any("abandoned" in s for s in said)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 # --------------------------------------------------------------------------------------------------- layering

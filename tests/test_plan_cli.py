@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,7 @@ def test_catalog_refresh_uses_the_adapters_live_sources(monkeypatch):
 
         def live_offers(self, req):
             o = catalog.snapshot_offers("vast")[0]
-            return [o.model_copy(update={"offer_id": "4242", "usd_per_hour": 0.21, "price_source": "live vast"})]
+            return [replace(o, offer_id="4242", usd_per_hour=0.21, price_source="live vast")]
 
     class LiveAws(Provider):
         name = "aws"

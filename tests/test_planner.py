@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 
 import pytest
@@ -102,7 +103,7 @@ def test_oci_quota_per_availability_domain_with_next_step():
     assert by_zone["AD-2"].next_step.endswith("--value 5 --scope AD-2 --region us-ashburn-1")
     assert by_zone["AD-2"].offers[0].region == "us-ashburn-1"
     # enough in AD-2: that AD is chosen, AD-1 stays rejected
-    quotas[1] = quotas[1].model_copy(update={"used": 0})
+    quotas[1] = replace(quotas[1], used=0)
     p = plan(Requirements(budget_usd=10, hours=1, topology="multi-node"), [a10], quotas)
     assert [o.zone for o in p.chosen.offers] == ["AD-2", "AD-2"]
     assert p.chosen.worst_case_usd == pytest.approx(2 * (2.0 + 0.0425 * 40 / 730) * 4500 / 3600, abs=1e-12)
@@ -116,7 +117,7 @@ def test_aws_vcpu_quota_two_g5_need_8():
     [multi] = [o for o in p.rejected if o.topology.value == "multi-node"]
     assert multi.rejected == ["quota L-DB2E81BA 4 of 4 vcpus available in us-east-1; needs 8"]
     assert multi.next_step == "broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1"
-    q8 = q.model_copy(update={"limit": 8})
+    q8 = replace(q, limit=8)
     assert plan(Requirements(budget_usd=5, hours=1), [g5], [q8]).chosen.topology.value == "multi-node"
 
 
@@ -189,7 +190,7 @@ def test_deterministic_under_input_order(snapshot_offers):
     shuffled = list(snapshot_offers)
     random.Random(7).shuffle(shuffled)
     other = plan(req, shuffled, now=T0)
-    assert other.model_dump() == ref.model_dump()
+    assert asdict(other) == asdict(ref)
 
 
 def test_large_input_is_bounded_output():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -263,7 +264,7 @@ def test_auth_error_skips_the_provider(env, ledger):
     assert cluster.provider == "fake"
     assert sum(s.startswith("skip ") for s in steps) == len(options(bad)) - 1
     # an adapter that cannot be loaded is skipped the same way
-    ghost = [o.model_copy(update={"provider": "nosuch"}) for o in options(good)[:1]]
+    ghost = [replace(o, provider="nosuch") for o in options(good)[:1]]
     run2 = make_run(ledger, env, "run-2")
     cluster = provision(ghost + options(good)[:1], run2, Requirements(), ledger, providers={"fake": good}, **FAST)
     assert cluster.provider == "fake"
@@ -297,8 +298,8 @@ def test_storage_is_billed_with_the_instance(env, ledger):
     run = make_run(ledger, env)
     opt = options(p)[0]
     o = opt.offers[0]
-    vastish = Offer(**{**o.model_dump(), "storage_usd_per_gib_month": 0.073})  # 40 GiB -> $0.004/h
-    opt = opt.model_copy(update={"offers": [vastish]})
+    vastish = replace(o, storage_usd_per_gib_month=0.073)  # 40 GiB -> $0.004/h
+    opt = replace(opt, offers=[vastish])
     provision([opt], run, Requirements(disk_gib=40), ledger, providers={"fake": p}, **FAST)
     row = ledger.resources("run-1")[0]
     assert row.usd_per_hour == pytest.approx(o.usd_per_hour + 0.004)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from dataclasses import replace
 
 from broker.model import Quota
 from broker.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
@@ -129,9 +130,9 @@ def test_aws_verdict_vcpus_to_instances():
     assert not v.ok and v.request_value == 8
     assert v.sentence.startswith("2× g5.xlarge needs 8 vCPUs of L-DB2E81BA (Running On-Demand G and VT instances) in "
                                  "us-east-1; you have 4 available in us-east-1 (= 1× g5.xlarge)")
-    q2 = q.model_copy(update={"limit": 16, "used": 8})
+    q2 = replace(q, limit=16, used=8)
     assert verdict(need, [q2]).ok
-    v3 = verdict(need, [q.model_copy(update={"limit": 8, "used": 4})])
+    v3 = verdict(need, [replace(q, limit=8, used=4)])
     assert not v3.ok and v3.request_value == 12  # used 4 + needed 8
 
 
@@ -165,7 +166,7 @@ def test_desired_value_and_reason():
     assert desired_value(None, 8) == 8
     q = Quota(provider="aws", name="L-DB2E81BA", limit=4, used=4, unit="vcpus")
     assert desired_value(q, 8) == 12
-    assert desired_value(q.model_copy(update={"limit": 32}), 8) == 32
+    assert desired_value(replace(q, limit=32), 8) == 32
     assert default_reason(2, 1, "g5.xlarge").startswith("PyTorch distributed training validation: 2 nodes x 1 GPU")
 
 
@@ -198,6 +199,6 @@ def test_option_quota_block_aws_vcpus():
     reason, cmd = option_quota_block(offers, [q])
     assert "needs 8 vCPUs of L-DB2E81BA in us-east-1; 4 available" in reason
     assert cmd == "broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1"
-    assert option_quota_block(offers, [q.model_copy(update={"limit": 8})]) is None
-    spot_q = q.model_copy(update={"name": "L-3819A6DF"})
+    assert option_quota_block(offers, [replace(q, limit=8)]) is None
+    spot_q = replace(q, name="L-3819A6DF")
     assert option_quota_block(offers, [spot_q]) is None  # a spot limit does not block on-demand

@@ -3,6 +3,7 @@ are read without pydantic-settings unless a .env file needs it (bench/cli_startu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -62,13 +63,33 @@ def test_environment_fast_path_matches_pydantic_settings(tmp_path, monkeypatch):
         monkeypatch.setenv(k, v)
     fast = config._from_environment()
     full = config._settings_class()()
-    a, b = fast.model_dump(), full.model_dump()
-    a["vast_api_key"] = a["vast_api_key"].get_secret_value()
-    b["vast_api_key"] = b["vast_api_key"].get_secret_value()
-    assert a == b
+    names = [f.name for f in dataclasses.fields(config.EnvSettings)]
+    assert set(names) == set(type(full).model_fields) == set(config._fields_class().model_fields)
+
+    def plain(v):
+        return v.get_secret_value() if hasattr(v, "get_secret_value") else v
+
+    assert {n: plain(getattr(fast, n)) for n in names} == {n: plain(getattr(full, n)) for n in names}
+    assert fast.vast_api_key.get_secret_value() == "k-123" and "k-123" not in repr(fast)
     assert fast.aws_region == "eu-west-1" and fast.oci_instance_principal is True
     assert fast.broker_watchdog_autostart is False and fast.broker_watchdog_interval_s == 2.5
-    assert set(config._fields_class().model_fields) == set(config._settings_class().model_fields)
+    assert {n: f.default for n, f in config._fields_class().model_fields.items()} == {
+        f.name: f.default for f in dataclasses.fields(config.EnvSettings)}
+
+
+@pytest.mark.parametrize("name,value", [("BROKER_WATCHDOG_AUTOSTART", "maybe"), ("BROKER_WATCHDOG_INTERVAL_S", "5s")])
+def test_environment_fast_path_rejects_what_pydantic_rejects(tmp_path, monkeypatch, name, value):
+    from pydantic import ValidationError
+
+    from broker import config
+    from broker.errors import BadInput
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(BadInput, match=name):
+        config._from_environment()
+    with pytest.raises(ValidationError):
+        config._settings_class()()
 
 
 def test_settings_class_still_importable():
@@ -87,11 +108,83 @@ def test_plan_does_not_coerce_options_through_pydantic_adapters(tmp_path):
     assert "typer._adapters" not in mods
 
 
-def test_value_types_build_their_schema_on_first_use():
-    """Importing broker.model builds no schema (``defer_build``): a command pays only for the models it uses."""
-    code = ("import broker.model as m\nassert not any(c.__pydantic_complete__ for c in (m.Offer, m.Run, m.Cluster))\n"
-            "m.Requirements(budget_usd=None)\nassert m.Requirements.__pydantic_complete__\n"
-            "assert not m.Run.__pydantic_complete__")
+def test_records_build_their_schema_on_first_use():
+    """Importing broker.model imports no pydantic; the ledger / cluster records (broker.records, reached through
+    broker.model's lazy names) build no schema until first used (``defer_build``)."""
+    code = ("import sys\nimport broker.model as m, broker.provider as p\nassert 'pydantic' not in sys.modules\n"
+            "m.Requirements(budget_usd=None)\nassert 'pydantic' not in sys.modules\n"
+            "from broker.model import Cluster, ClusterNode, Run\nfrom broker.provider import InstanceInfo\n"
+            "assert 'pydantic' in sys.modules and Cluster is sys.modules['broker.records'].Cluster\n"
+            "assert not any(c.__pydantic_complete__ for c in (Run, Cluster, ClusterNode, InstanceInfo))\n"
+            "ClusterNode(node_rank=0, host='h', private_ip='10.0.0.1')\nassert ClusterNode.__pydantic_complete__\n"
+            "assert not Run.__pydantic_complete__")
     cp = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
                         text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
+
+
+def test_plan_imports_no_pydantic(tmp_path):
+    """``broker plan`` works on the planner's dataclasses only: no pydantic import (~95 ms), no plugin scan, no
+    schema build (bench/cli_startup.py); the adapters reach their pydantic records only inside lifecycle verbs."""
+    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+                         "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
+    assert "broker.planner" in mods and "broker.providers.aws" in mods  # the plan really ran over the adapters
+    for heavy in ("pydantic", "pydantic_core", "broker.records", "typer._adapters"):
+        assert heavy not in mods, heavy
+
+
+def test_unknown_lazy_name_is_an_attribute_error():
+    import broker.model
+    import broker.provider
+
+    with pytest.raises(ImportError):
+        from broker.model import NoSuchThing  # noqa: F401
+    with pytest.raises(AttributeError):
+        broker.provider.NoSuchThing  # noqa: B018
+
+
+def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
+    """``plan --json`` of the dataclass plan is what ``model_dump(mode="json")`` of the pydantic models gave: the
+    same keys in field order, pydantic's own dump of the same values (UTC times as ``...Z``, topology by value),
+    float fields as floats whatever the adapter passed (``vcpus=2`` of the local machine prints ``2.0``); and the
+    chosen option reads back (``PlanOption.from_dict``, as a run's ledger plan does)."""
+    from dataclasses import fields
+
+    from pydantic import TypeAdapter
+    from typer.testing import CliRunner
+
+    import broker.planner
+    from broker import catalog
+    from broker.cli import app
+    from broker.config import settings
+    from broker.model import Offer, Plan, PlanOption
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "h"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for k in list(os.environ):
+        if k.startswith(("AWS_", "VAST_", "OCI_")):
+            monkeypatch.delenv(k, raising=False)
+    settings.cache_clear()
+    catalog._CACHE.clear()
+    seen: list = []
+    real = broker.planner.plan
+    monkeypatch.setattr(broker.planner, "plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    r = CliRunner().invoke(app, ["plan", "--budget", "5", "--cpu-ok", "--offline", "--json"])
+    settings.cache_clear()
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    p = seen[0]
+    assert list(data) == ["schema_version", "chosen", "next_step", "plan"] and data["schema_version"] == 1
+    assert list(data["plan"]) == [f.name for f in fields(Plan)]
+    assert list(data["chosen"]) == [f.name for f in fields(PlanOption)]
+    assert data["plan"] == TypeAdapter(Plan).dump_python(p, mode="json")
+    assert data["chosen"] == TypeAdapter(PlanOption).dump_python(p.chosen, mode="json")
+    assert data["plan"]["created_at"].endswith("Z") and data["chosen"]["topology"] == p.chosen.topology.value
+    float_fields = [f.name for f in fields(Offer) if f.type == "float"]
+    offers = [o for opt in data["plan"]["options"] + data["plan"]["rejected"] for o in opt["offers"]]
+    assert any(o["provider"] == "local" for o in offers)
+    for o in offers:
+        assert list(o) == [f.name for f in fields(Offer)]
+        assert all(isinstance(o[n], float) for n in float_fields), o
+    assert PlanOption.from_dict(data["chosen"]) == p.chosen

@@ -3,6 +3,7 @@ it: record_intent -> FakeProvider.create_instance -> mark_created."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from broker.ledger import Ledger, new_id
@@ -38,7 +39,7 @@ def provision(ledger: Ledger, fake: FakeProvider, run: Run, nodes: int = 2, usd_
               attrs: dict | None = None) -> list[Resource]:
     """Create ``nodes`` fake instances ledger-first; returns the ledger rows."""
     offer = [o for o in fake.offers(Requirements()) if o.gpu_count == 1][0]
-    offer = offer.model_copy(update={"usd_per_hour": usd_per_hour})
+    offer = replace(offer, usd_per_hour=usd_per_hour)
     out = []
     for i in range(nodes):
         name = f"broker-{run.id}-n{i}"

@@ -8,6 +8,7 @@ machine without credentials plans offline (no network call at all).
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -246,9 +247,9 @@ def _requirements(recipe: Path | None, **flags: Any) -> "Requirements":
     if recipe is not None:
         from broker.recipe import load_recipe
 
-        base = load_recipe(recipe, resolve=False).requirements().model_dump()  # planning needs no env values
+        base = asdict(load_recipe(recipe, resolve=False).requirements())  # planning needs no env values
     else:
-        base = Requirements(budget_usd=None).model_dump()
+        base = asdict(Requirements(budget_usd=None))
     for k, v in flags.items():
         if v is not None and v != []:
             base[k] = v
@@ -322,9 +323,9 @@ def register(app: typer.Typer) -> None:
                             min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
                             cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
         if max_run:
-            req = req.model_copy(update={"hours": None})
+            req = replace(req, hours=None)
         if cpu_only:
-            req = req.model_copy(update={"gpus_per_node": 0, "cpu_ok": True})
+            req = replace(req, gpus_per_node=0, cpu_ok=True)
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query, offline=offline)
         if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0

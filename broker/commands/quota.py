@@ -6,6 +6,7 @@ in :mod:`broker.quota`.  Requests go through the adapters' ``request_quota()`` a
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Optional
 
 import typer
@@ -90,7 +91,7 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
                             usd_per_hour=s.usd_per_hour, private_network=True, price_source=s.source,
                             price_time=s.price_time))
     if spot:  # adapters pick the spot quota for offers marked so (AWS L-3819A6DF / L-7212CCBC)
-        offers = [o.model_copy(update={"attrs": {**o.attrs, "market": "spot"}}) for o in offers]
+        offers = [replace(o, attrs={**o.attrs, "market": "spot"}) for o in offers]
     return offers
 
 
@@ -122,7 +123,7 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
             quotas = prov.quotas(req, _offers_for(prov, provider, req, needs, region, spot))
         except ProviderError as e:
             out["error"] = str(e)
-    out["quotas"] = [q.model_dump() | {"available": q.available} for q in quotas]
+    out["quotas"] = [asdict(q) | {"available": q.available} for q in quotas]
     specs = instance_specs(provider)
     read = {q.name for q in quotas}
     unread = sorted({n.limit.name for n in needs if n.limit.name not in read})
@@ -344,12 +345,12 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
             raise BadInput(f"{need.limit.name} is counted per availability domain: say which one with --scope",
                            hint="`broker quota check --provider oci` shows every AD's limit (with credentials); "
                                 "the console shows the ADs under Governance > Limits, Quotas and Usage")
-        q = q.model_copy(update={"scope": "<your availability domain, e.g. Uocm:US-ASHBURN-AD-1>"})
+        q = replace(q, scope="<your availability domain, e.g. Uocm:US-ASHBURN-AD-1>")
         note += "fill in the availability domain you will launch in (the limit is counted per AD).\n"
     if provider == "oci" and not (region or q.region):
         from broker.config import settings
 
-        q = q.model_copy(update={"region": settings().oci_region or "<your region, e.g. us-ashburn-1>"})
+        q = replace(q, region=settings().oci_region or "<your region, e.g. us-ashburn-1>")
     target = float(value) if value is not None else desired_value(q if q.source != "not read" else None, need.units)
     why = reason or default_reason(nodes, gpus_per_node, need.spec.instance_type)
     note += (f"{need.instances}× {need.spec.instance_type} ({need.topology}) needs {need.units} "

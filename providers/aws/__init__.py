@@ -36,10 +36,10 @@ session / client factory was injected).  boto3 is imported lazily inside functio
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import Ingress, InstanceInfo, NodeRequest, Provider, ProviderCheck, QuotaRequest, Recorder, TaggedResource
+from broker.provider import Provider, ProviderCheck, Recorder
 from broker.providers.aws import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.aws.api import (INSTALL_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
                                       map_error, quota_scope)
@@ -47,6 +47,9 @@ from broker.providers.aws.lifecycle import DLAMI_NAME, TOKEN_TAG
 from broker.providers.aws.network import DELETE_ORDER
 from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
 from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, boot_wait_command, user_data_script
+
+if TYPE_CHECKING:
+    from broker.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
            "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",

@@ -13,8 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, InstanceInfo, NodeRequest, NotSupported, ProviderError,
-                             TaggedResource, TransientError)
+from broker.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
 from broker.providers.aws import network
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, instances_of, map_error, tags_of
 from broker.providers.aws.offers import list_price
@@ -22,6 +21,7 @@ from broker.providers.aws.userdata import SSH_USER, user_data_script
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
+    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
 
 #: Tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
@@ -125,6 +125,8 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
 def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> InstanceInfo:
     """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown to EC2.
     An answer broker cannot read is a ProviderError (never "terminated")."""
+    from broker.provider import InstanceInfo
+
     ec2 = api.client("ec2", region)
     call = "describe_instances"
     try:
@@ -179,6 +181,8 @@ def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource
     """Instances (not terminated), security groups and placement groups carrying RUN_TAG (= ``run_id`` when
     given) in the configured region; ``installation_id`` from INSTALL_TAG.  An answer broker cannot read (a
     missing list, items without ids) is a ProviderError naming the call, never an empty list."""
+    from broker.provider import TaggedResource
+
     region = api.region
     ec2 = api.client("ec2", region)
     tag_filter = ({"Name": f"tag:{RUN_TAG}", "Values": [run_id]} if run_id
@@ -228,6 +232,8 @@ def delete_run_network(api: "AWSApi", run_id: str) -> list[TaggedResource]:
     """The run's own cleanup: everything tagged ``run_id`` in dependency order (instances, then security groups,
     then placement groups).  Returns the instances still shutting down; the groups wait for them (TransientError
     when a group is still in use: retry later)."""
+    from broker.provider import TaggedResource
+
     left: list[TaggedResource] = []
     for t in sorted(list_tagged(api, run_id), key=lambda t: network.delete_rank(t.kind)):
         if t.kind != "instance" and left:

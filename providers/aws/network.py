@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, Ingress, ProviderError, Recorder,
-                             TransientError)
+from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder, TransientError
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, map_error
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
+    from broker.provider import Ingress
 
 #: Deletion order of the kinds this adapter creates (a kind missing here sorts last).
 DELETE_ORDER: tuple[str, ...] = ("instance", "security_group", "placement_group")

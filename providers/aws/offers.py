@@ -10,7 +10,7 @@ CloudWatch ``AWS/Usage`` ``ResourceCount`` (maximum over the last 15 minutes; 0 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +71,8 @@ def offers(api: "AWSApi", base: list[Offer], cache: OfferCache) -> list[Offer]:
             attrs.update(cache.hw.get(o.instance_type, {}))
             if region != (o.region or region):
                 attrs["price_region"] = o.region
-            out.append(o.model_copy(update={"region": region, "zone": z, "offer_id": o.instance_type,
-                                            "attrs": attrs, "private_network": True}))
+            out.append(replace(o, region=region, zone=z, offer_id=o.instance_type, attrs=attrs,
+                               private_network=True))
     return out
 
 

@@ -7,11 +7,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from broker.model import Quota
-from broker.provider import AuthError, ProviderError, QuotaRequest
+from broker.provider import AuthError, ProviderError
 from broker.providers.aws.api import error_code, map_error, unreadable
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
+    from broker.provider import QuotaRequest
 
 def quota_form(api: "AWSApi", quota: Quota, value: float, reason: str) -> dict[str, Any]:
     from broker.quota import AWS_QUOTA_CODES
@@ -37,6 +38,8 @@ def request_quota(api: "AWSApi", quota: Quota, value: float, reason: str, *, dra
     into the support case if AWS opens one).  An open request (ResourceAlreadyExistsException) is looked up
     with ``list_requested_service_quota_change_history_by_quota`` and returned, not duplicated.
     Raises AuthError (AccessDenied: names the IAM permission), ProviderError."""
+    from broker.provider import QuotaRequest
+
     region = quota.region or api.region
     form = quota_form(api, quota, value, reason)
     base = dict(provider="aws", limit_name=quota.name, region=region, scope=region, value=float(value),
@@ -103,6 +106,8 @@ _STATE_WORDS = {
 
 
 def _to_request(rq: dict[str, Any], base: dict[str, Any], message: str | None = None) -> QuotaRequest:
+    from broker.provider import QuotaRequest
+
     state = str(rq.get("Status") or "PENDING")
     msg = message or _STATE_WORDS.get(state, state)
     if rq.get("CaseId"):

@@ -35,11 +35,10 @@ the file and profile, never the key or its contents.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import (AuthError, Ingress, InstanceInfo, NodeRequest, Provider, ProviderCheck, ProviderError,
-                             QuotaRequest, Recorder, TaggedResource)
+from broker.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
 from broker.providers.oci import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.oci.lifecycle import TOKEN_TAG
 from broker.providers.oci.network import DELETE_ORDER
@@ -48,6 +47,9 @@ from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, b
                                           deadman_cloud_init, deadman_watcher, firewall_script, idle_cloud_init,
                                           node_layers, self_terminate_function)
 from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
+
+if TYPE_CHECKING:
+    from broker.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
            "UNCONFIRMED_LIMITS", "boot_wait_command", "cloud_init", "deadman_cloud_init", "deadman_watcher",

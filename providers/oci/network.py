@@ -12,11 +12,12 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, Ingress, ProviderError, Recorder
+from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder
 from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expect_tags
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
+    from broker.provider import Ingress
 
 VCN_CIDR, SUBNET_CIDR = "10.0.0.0/16", "10.0.1.0/24"
 #: Deletion order of the kinds this adapter creates: instances, then subnets, then what the subnets used (security

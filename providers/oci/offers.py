@@ -7,6 +7,7 @@ service limits, AD-scoped and counted in GPUs (``broker.quota.oci_limit_name`` i
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from broker.model import Capacity, Offer, Quota, Requirements
@@ -54,7 +55,7 @@ def snapshot_offers(req: Requirements) -> list[Offer]:
         attrs = {**o.attrs, "limit_name": lim, "limit_unit": "gpus", "limit_scope": "AD"}
         if lim in UNCONFIRMED_LIMITS:
             attrs["limit_unconfirmed"] = True
-        out.append(o.model_copy(update={"private_network": True, "attrs": attrs}))
+        out.append(replace(o, private_network=True, attrs=attrs))
     return [o for o in out if _matches(o, req)]
 
 
@@ -87,7 +88,7 @@ def availability_domains(api: "OCIApi") -> list[str]:
 
 def offers_per_ad(base: list[Offer], region: str | None, ads: list[str]) -> list[Offer]:
     """``base`` (snapshot offers) expanded to one offer per availability domain, with the region."""
-    return [o.model_copy(update={"region": region, "zone": ad, "offer_id": o.instance_type})
+    return [replace(o, region=region, zone=ad, offer_id=o.instance_type)
             for ad in ads for o in base]
 
 

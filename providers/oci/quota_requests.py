@@ -7,11 +7,12 @@ import math
 from typing import TYPE_CHECKING
 
 from broker.model import Quota
-from broker.provider import AuthError, ProviderError, QuotaRequest
+from broker.provider import AuthError, ProviderError
 from broker.providers.oci.sdk import PROVIDER
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
+    from broker.provider import QuotaRequest
 
 OPEN_STATES = ("ACCEPTED", "IN_PROGRESS")
 POLICY_HINT = ("your OCI user's group needs an IAM policy that allows filing limit increase requests in the "
@@ -35,6 +36,8 @@ def request_quota(api: "OCIApi", quota: Quota, value: float, reason: str, *, dra
 
     Raises AuthError (missing IAM permission, with the fix), ProviderError.
     """
+    from broker.provider import QuotaRequest
+
     new_value = int(math.ceil(value))
     region = quota.region or api.region
     scope = quota.scope

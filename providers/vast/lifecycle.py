@@ -24,8 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.model import Offer
-from broker.provider import (RUN_TAG, AmbiguousCreate, BadInput, InstanceInfo, NodeRequest, NotSupported, OfferGone,
-                             ProviderError, TaggedResource, TransientError)
+from broker.provider import RUN_TAG, AmbiguousCreate, BadInput, NotSupported, OfferGone, ProviderError, TransientError
 
 from broker.providers.vast.boot import authorized_key_script, fit_onstart, onstart_script
 from broker.providers.vast.client import DELETE_RETRY_STATUSES, PROVIDER, body_message, expect, says_gone
@@ -33,6 +32,7 @@ from broker.providers.vast.offers import disk_short
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.providers.vast.client import VastClient
+    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
 
 #: Image used when the recipe names none: PyTorch with CUDA 12.4 (runs on hosts with cuda_max_good >= 12.4).
 DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -101,6 +101,8 @@ def parse_label(label: Any) -> tuple[str, int | None] | None:
 # --------------------------------------------------------------------------------------------------- rows
 def instance_info(provider_id: str, row: dict[str, Any]) -> InstanceInfo:
     """One instance row (show / list) → InstanceInfo (see :meth:`VastLifecycle.describe_instance`)."""
+    from broker.provider import InstanceInfo
+
     raw = row.get("actual_status")
     if raw in _PENDING:
         state = "pending"
@@ -372,6 +374,8 @@ class VastLifecycle:
         An instance created here with less ``disk_space`` than asked is ``failed``.  Raises ProviderError when
         the answer's shape is unknown (never "terminated" for an unreadable answer).
         """
+        from broker.provider import InstanceInfo
+
         row = self._show(provider_id)
         if not row:
             return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not found")
@@ -445,6 +449,8 @@ class VastLifecycle:
         Without a configured key nothing can be listed and [] is returned (reconcile / the watchdog loop over
         every provider); a rejected key raises AuthError; an unreadable list raises ProviderError.
         """
+        from broker.provider import TaggedResource
+
         if not self.api.key():
             return []
         out = []
