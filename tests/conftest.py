@@ -171,3 +171,14 @@ def fake_ssh_sessions(tmp_path):
     for f in bindir.iterdir():
         f.chmod(0o755)
     return f"{bindir}:{os.environ['PATH']}", sessions
+
+
+@pytest.fixture(scope="session")
+def key_pem() -> str:
+    """A throwaway RSA private key (PKCS8 PEM) for the OCI SDK's request signing against the local emulator."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption()).decode()

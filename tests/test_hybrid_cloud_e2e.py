@@ -47,16 +47,6 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(_why is no
 NO_SYSTEMD = "#!/bin/sh\necho 'System has not been booted with systemd as init system (PID 1).' >&2\nexit 1\n"
 
 
-@pytest.fixture(scope="module")
-def key_pem() -> str:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
-
-
 @pytest.fixture
 def vm(tmp_path):
     """The rented VM of rank 1: one netns host with sshd."""

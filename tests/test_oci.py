@@ -29,16 +29,6 @@ REGION = "us-ashburn-1"
 PEM_MARK = "BEGIN PRIVATE KEY"
 
 
-@pytest.fixture(scope="module")
-def key_pem() -> str:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
-
-
 @pytest.fixture
 def cfg(key_pem: str) -> dict[str, Any]:
     return {"user": "ocid1.user.oc1..aaaaaaaauser", "tenancy": TENANCY,
