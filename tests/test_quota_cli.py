@@ -135,9 +135,9 @@ def test_request_oci_sized_per_ad_recorded_and_status(monkeypatch):
     r = cli("quota", "status")
     assert r.exit_code == 0 and "IN_PROGRESS" in r.output
     r = cli("quota", "status", "--json")
-    assert json.loads(r.output)[0]["state"] == "SUCCEEDED"
+    assert json.loads(r.output)["requests"][0]["state"] == "SUCCEEDED"
     r = cli("quota", "status", "--json")  # final state: not asked again (the fake has no states left)
-    assert json.loads(r.output)[0]["state"] == "SUCCEEDED"
+    assert json.loads(r.output)["requests"][0]["state"] == "SUCCEEDED"
 
 
 def test_request_oci_draft_prints_form_files_nothing(monkeypatch):
@@ -235,7 +235,7 @@ def test_aws_request_files_vcpus_on_demand_and_status_denied(monkeypatch):
     sq.add_response("get_requested_service_quota_change", {"RequestedQuota": {
         "Id": "req-1", "QuotaCode": "L-DB2E81BA", "DesiredValue": 12.0, "Status": "DENIED"}}, {"RequestId": "req-1"})
     r = cli("quota", "status", "--json")
-    row = json.loads(r.output)[0]
+    row = json.loads(r.output)["requests"][0]
     assert (row["provider_request_id"], row["state"], row["unit"]) == ("req-1", "DENIED", "vcpus")
     assert "denied" in row["note"]
     sq.assert_no_pending_responses()

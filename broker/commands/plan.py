@@ -327,10 +327,13 @@ def register(app: typer.Typer) -> None:
             req = req.model_copy(update={"gpus_per_node": 0, "cpu_ok": True})
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query, offline=offline)
+        from broker.facts import log_plan
+
         if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
             add_free_tier(req, facts, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
+        log_plan(p)
         if as_json:
             print_json({"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen, "next_step": next_step(p, recipe),
                         "plan": p})
@@ -350,6 +353,8 @@ def register(app: typer.Typer) -> None:
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
         limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (vCPU/RAM, disk price); default: "
+                                  f"when the terminal has {WIDE_COLUMNS} columns"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
@@ -374,9 +379,14 @@ def register(app: typer.Typer) -> None:
 
         t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", True),
-                            ("$/hour", True), ("disk $/GiB/mo", True), ("where", False), ("net", True)):
-            t.add_column(col, no_wrap=nowrap, justify="right" if col.startswith(("$", "disk")) else "left")
+        if wide is None:
+            wide = console.width >= WIDE_COLUMNS
+        cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
+        cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
+        cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
+        for col, nowrap in cols:
+            t.add_column(col, no_wrap=nowrap, overflow="fold",
+                         justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
                 offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
@@ -384,12 +394,19 @@ def register(app: typer.Typer) -> None:
                 offer = o.offer_id
             else:
                 offer = f"{o.offer_id} ({o.instance_type})"
-            t.add_row(o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G"),
-                      f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
-                      usd(o.usd_per_hour),
-                      "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}",
-                      escape(where_of(o) or "any"), "private" if o.private_network else "public")
+            cells = [o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G")]
+            if wide:
+                cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
+                          usd(o.usd_per_hour),
+                          "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}"]
+            else:
+                cells += [usd(o.usd_per_hour)]
+            cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
+            t.add_row(*cells)
         console.print(t)
+        if not wide:
+            console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
+                          "prices[/]")
         for n in facts.notes:
             console.print(f"[dim]note:[/] {escape(n)}")
 
