@@ -233,6 +233,12 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
         path, cmd = path + (a,), sub
     if path != here and name in _opts(cmd):
         return f"{name} is an option of the command: broker {' '.join(path)} {name}"
+    here_cmd = dict(_commands(root)).get(here)
+    arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
+                and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)
+    if arg is not None:
+        shown = (arg.metavar or arg.name.upper()).strip("[]")
+        return f"{' '.join(('broker',) + here)} takes {shown} as an argument: broker {' '.join(here)} {shown}"
     homes = [" ".join(("broker",) + p) for p, c in _commands(root) if p and name in _opts(c)]
     if not homes:
         return None

@@ -151,7 +151,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             if name not in CLOUD:
                 facts.notes.append(f"{name}: {why}")
         else:
-            _log.info("%s: %d offer(s)", name, len(offers))
+            _log.info("%s: %d offer(s)%s", name, len(offers), _source(offers))
             try:
                 note = p.price_note()
             except Exception:
@@ -184,6 +184,15 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
         facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
                            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
+
+
+def _source(offers: list["Offer"]) -> str:
+    """`` from the live API`` / `` from the price snapshot`` / both, by the offers' price sources ('' if none)."""
+    live = sum(1 for o in offers if str(o.price_source).startswith("live"))
+    snap = sum(1 for o in offers if "snapshot" in str(o.price_source) and not str(o.price_source).startswith("live"))
+    if live and snap:
+        return f" ({live} from the live API, {snap} from the price snapshot)"
+    return " from the live API" if live else " from the price snapshot" if snap else ""
 
 
 def log_plan(plan: object) -> None:

@@ -46,6 +46,18 @@ class _Console(Console):
         super().print(*objects, **kw)
 
 
+    def out(self, *objects: Any, sep: str = " ", end: str = "\n", style: Any = None,
+            highlight: bool | None = None) -> None:
+        """rich's ``out`` (no markup), its text wrapped as prose like :meth:`print`; :func:`echo_line` (node log
+        lines) writes verbatim instead."""
+        text = sep.join(str(o) for o in objects)
+        super().out("\n".join(wrap_plain(text, self.width)), end=end, style=style, highlight=highlight)
+
+    def verbatim(self, line: str) -> None:
+        """``line`` as written: never wrapped, no markup (streamed node logs)."""
+        super().out(line, highlight=False)
+
+
 console = _Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written
 err = _Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
@@ -92,9 +104,17 @@ def hours(h: float | None) -> str:
     return f"{h:.2f} h" if h < 100 else f"{h:,.0f} h"
 
 
+#: prefixes of broker's own lines among the streamed ones (wrapped as prose); every other line is a node's log
+PROSE_TAGS = ("[broker] ", "[preflight] ", "[slurm] ")
+
+
 def echo_line(line: str) -> None:
-    """Print a streamed log line verbatim (no markup interpretation)."""
-    console.out(line, highlight=False)
+    """Print a streamed line: a node's log line (``[node i] ...``) verbatim (no markup, never wrapped); broker's
+    own (``[broker]``, ``[preflight]``, ``[slurm]``) wrapped as prose under their tag."""
+    if line.startswith(PROSE_TAGS):
+        console.out(line)
+    else:
+        console.verbatim(line)
 
 
 def wrap_words(text: str, width: int) -> list[str]:
@@ -140,6 +160,10 @@ class Wrapped:
         yield Text("\n".join(wrap_words(self.text, options.max_width)), style=self.style)
 
 
+#: units kept on the line of their number ("1.00 h", "358 B", "16 GiB")
+_UNITS = r"(?:h|s|ms|min|B|kB|MB|GB|GiB|TB|G|%)[,;.)]?"
+
+
 def _tokens(plain: str, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[int, int]]:
     """(start, end) of the unbreakable pieces of one line: runs of non-spaces, where a `backticked` command and each
     substring in ``keep`` (a command, a path with spaces) count as one piece."""
@@ -161,6 +185,9 @@ def _tokens(plain: str, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[
         if out:
             pa, pb = out[-1]
             if any(w0 < b and a < w1 and w0 < pb and pa < w1 for w0, w1 in whole):  # both touch one whole span
+                out[-1] = (pa, b)
+                continue
+            if re.fullmatch(r"[$~]?[\d.,]+", plain[pa:pb]) and re.fullmatch(_UNITS, plain[a:b]):  # "1.00 h"
                 out[-1] = (pa, b)
                 continue
         out.append((a, b))
@@ -204,12 +231,13 @@ def _commands_in(plain: str, spans: list[tuple[int, int]]) -> list[tuple[int, in
 
 def hanging_indent(plain: str) -> int:
     """The indent of a wrapped line's continuation: under the text after a leading ``->`` / ``-`` / ``*`` marker,
-    else two more than the line's own indent."""
+    else two more than the line's own indent (after a :data:`PROSE_TAGS` tag such as ``[preflight]``)."""
     import re
 
-    m = re.match(r"( *)(?:(->|-|\*|•) )?", plain)
+    tag = next((len(t) for t in PROSE_TAGS if plain.startswith(t)), 0)
+    m = re.match(r"( *)(?:(->|-|\*|•) )?", plain[tag:])
     assert m is not None
-    return m.end() if m.group(2) else len(m.group(1)) + 2
+    return tag + (m.end() if m.group(2) else len(m.group(1)) + 2)
 
 
 def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[int, int]]:

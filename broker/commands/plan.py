@@ -8,15 +8,19 @@ machine without credentials plans offline (no network call at all).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+_log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from broker.model import Offer, Plan, PlanOption, Requirements
 
-from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather  # noqa: E402
+from broker.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
+                          log_plan)
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -327,8 +331,6 @@ def register(app: typer.Typer) -> None:
             req = req.model_copy(update={"gpus_per_node": 0, "cpu_ok": True})
         names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
         facts = gather(req, names, vast_query=vast_query, offline=offline)
-        from broker.facts import log_plan
-
         if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
             add_free_tier(req, facts, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
@@ -439,6 +441,10 @@ def register(app: typer.Typer) -> None:
                                              hint="plans use the shipped price snapshot"))
             except Exception as e:
                 results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
+            r = results[-1]
+            _log.info("check %s: credentials %s, %s%s", name, "present" if r.configured else "missing",
+                      {True: "usable", False: "not usable", None: "not tried online"}[r.usable],
+                      f" ({r.detail})" if r.detail else "")
         if as_json:
             print_json({"providers": results})
             return
