@@ -43,6 +43,11 @@ class _Console(Console):
                                    style=kw.pop("style", None) or "")
             kw["soft_wrap"] = True
             objects = (wrap_text(text, self.width, keep=keep),)
+        else:  # a table's title is prose too (the console's soft wrap would keep it on one line)
+            for o in objects:
+                title = getattr(o, "title", None)
+                if isinstance(title, str) and hasattr(o, "add_row"):
+                    o.title = wrap_text(self.render_str(title), self.width)
         super().print(*objects, **kw)
 
 
