@@ -263,7 +263,11 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
         if hasattr(exc, "option_name") and hasattr(exc, "possibilities"):  # NoSuchOption
             where = _option_home(exc, args)
             if where:
-                exc.message = f"{exc.message}\n  -> {where}"  # type: ignore[attr-defined]
+                from broker.ui import err as err_console
+                from broker.ui import wrap_plain
+
+                exc.message = "\n".join([exc.message, *wrap_plain(f"  -> {where}",  # type: ignore[attr-defined]
+                                                                  err_console.width)])
                 hint = where
         if as_json:
             return _report(exc.exit_code, exc.format_message().split("\n")[0], hint, kind="UsageError", as_json=True)

@@ -119,6 +119,7 @@ def _failing_job(tmp_path):
                                                                    "--cpu-ok"],
                                   ["check"], ["offers", "--limit", "60"], ["status"], ["run", "--help"],
                                   ["netns", "down", "--help"], ["--json", "status"], ["run", "--budget", "5", "x"],
+                                  ["quota", "status", "--nodes", "3"],
                                   ["plan", "--recipe", "no-such.yaml"]])
 def test_every_line_fits_80_columns(cli_env, args):
     p = subprocess.run(broker_cmd(*args), cwd=REPO, env=dict(cli_env, COLUMNS="80"), capture_output=True,
