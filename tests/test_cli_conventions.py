@@ -346,3 +346,17 @@ def test_every_json_output_has_schema_version(tmp_path, path):
     assert list(doc)[0] == "schema_version"
     if cp.returncode != 0 and "error" in doc:
         assert cp.stderr.startswith("error: "), cp.stderr  # the message on stderr as well
+
+
+def test_aws_debug_params_hide_boot_scripts_and_keys():
+    """`-vv` logs an AWS call's parameters; a boot script (which can carry a WireGuard key or TS_AUTHKEY) and any
+    key/secret/token value are replaced by their length, at any depth; tag keys and key pair names stay."""
+    from broker.providers.aws.api import loggable_params
+
+    text = loggable_params({"InstanceType": "g5.xlarge", "UserData": "IyEvYmluL2Jhc2gKVFNfQVVUSEtFWT10c2tleS0xMjM=",
+                            "KeyName": "broker-r1", "TagSpecifications": [{"Tags": [{"Key": "broker-run",
+                                                                                   "Value": "r1"}]}],
+                            "LaunchTemplateData": {"UserData": "c2VjcmV0", "SessionToken": "tok-abcdef"}})
+    assert "IyEvYmluL2Jhc2g" not in text and "c2VjcmV0" not in text and "tok-abcdef" not in text
+    assert '"UserData": "<44 chars>"' in text and '"KeyName": "broker-r1"' in text
+    assert '"Key": "broker-run"' in text and '"InstanceType": "g5.xlarge"' in text
