@@ -113,7 +113,7 @@ def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bo
     from broker.ui import wrap_plain
 
     label = "internal error" if kind == "internal" else "error"
-    width = err_console.width  # the terminal's, else COLUMNS, else 80 (pipes, CI logs)
+    width = err_console.prose_width  # the terminal's, else COLUMNS, else 80 (pipes, CI logs)
     first, *more = wrap_plain(f"{label}: {message}", width)
     typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
     for line in more:
@@ -267,7 +267,7 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
                 from broker.ui import wrap_plain
 
                 exc.message = "\n".join([exc.message, *wrap_plain(f"  -> {where}",  # type: ignore[attr-defined]
-                                                                  err_console.width)])
+                                                                  err_console.prose_width)])
                 hint = where
         if as_json:
             return _report(exc.exit_code, exc.format_message().split("\n")[0], hint, kind="UsageError", as_json=True)
@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, OutputClosed) or (pipe is not None and _closed_std_streams()):  # `broker offers | head -1`
             code = _quiet_broken_pipe()
         elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
-            code = _boundary(pipe, as_json, args)  # another pipe (a child's stdin): a failure (click would exit 1 silently)
+            # another pipe (a child's stdin): a failure (click would exit 1 silently)
+            code = _boundary(pipe, as_json, args)
         elif isinstance(e, SystemExit):  # sys.exit() somewhere below: keep its code
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:

@@ -9,10 +9,16 @@ from typing import Any
 from rich.console import Console
 
 
+#: the prose width under ``BROKER_NO_WRAP`` (no line is that long)
+NO_WRAP_WIDTH = 1_000_000
+
 
 class _Console(Console):
     """rich's console, except that a closed pipe (``broker offers | head -1``) ends the command with
-    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1."""
+    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1, and that text is
+    prose wrapped at the console's width (the terminal's; in a pipe ``COLUMNS``, else 80) between words, never
+    inside a command, URL or path (:meth:`print`, :meth:`out`), while node log lines stay verbatim
+    (:meth:`verbatim`)."""
 
     def on_broken_pipe(self) -> None:
         import os
@@ -30,8 +36,18 @@ class _Console(Console):
         os.close(devnull)
         raise OutputClosed()
 
+    @property
+    def prose_width(self) -> int:
+        """The width prose wraps at: the console's (the terminal's; in a pipe ``COLUMNS``, else 80); no wrapping
+        (a very large width) when ``BROKER_NO_WRAP`` is set to anything but ``""``/``0`` (logs meant for grep)."""
+        import os
 
-    def print(self, *objects: Any, keep: "tuple[str, ...] | list[str]" = (), **kw: Any) -> None:  # type: ignore[override]
+        if os.environ.get("BROKER_NO_WRAP", "").strip() not in ("", "0"):
+            return NO_WRAP_WIDTH
+        return self.width
+
+    def print(self, *objects: Any, keep: "tuple[str, ...] | list[str]" = (),  # type: ignore[override]
+              **kw: Any) -> None:
         """rich's ``print``; plain strings (markup allowed) are prose: wrapped at the console's width on word
         boundaries with a hanging indent (:func:`wrap_text`), never inside a `backticked` command, a URL, a path or
         a substring in ``keep``.  Renderables (tables) are rich's own; :func:`echo_line` (node logs) is never
@@ -42,21 +58,20 @@ class _Console(Console):
                                    emoji=kw.pop("emoji", None), highlight=kw.pop("highlight", None),
                                    style=kw.pop("style", None) or "")
             kw["soft_wrap"] = True
-            objects = (wrap_text(text, self.width, keep=keep),)
+            objects = (wrap_text(text, self.prose_width, keep=keep),)
         else:  # a table's title is prose too (the console's soft wrap would keep it on one line)
             for o in objects:
                 title = getattr(o, "title", None)
                 if isinstance(title, str) and hasattr(o, "add_row"):
-                    o.title = wrap_text(self.render_str(title), self.width)
+                    o.title = wrap_text(self.render_str(title), self.prose_width)
         super().print(*objects, **kw)
-
 
     def out(self, *objects: Any, sep: str = " ", end: str = "\n", style: Any = None,
             highlight: bool | None = None) -> None:
         """rich's ``out`` (no markup), its text wrapped as prose like :meth:`print`; :func:`echo_line` (node log
         lines) writes verbatim instead."""
         text = sep.join(str(o) for o in objects)
-        super().out("\n".join(wrap_plain(text, self.width)), end=end, style=style, highlight=highlight)
+        super().out("\n".join(wrap_plain(text, self.prose_width)), end=end, style=style, highlight=highlight)
 
     def verbatim(self, line: str) -> None:
         """``line`` as written: never wrapped, no markup (streamed node logs)."""

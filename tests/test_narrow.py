@@ -13,6 +13,12 @@ from rich.cells import cell_len
 from tests.conftest import REPO, broker_cmd
 
 
+@pytest.fixture(autouse=True)
+def wrapping_on(broker_home, monkeypatch):
+    """This file checks the wrapping itself: BROKER_NO_WRAP (set for the rest of the suite) is off here."""
+    monkeypatch.delenv("BROKER_NO_WRAP", raising=False)
+
+
 def _out(args, env, columns=80):
     p = subprocess.run(broker_cmd(*args), cwd=REPO, env=dict(env, COLUMNS=str(columns)), capture_output=True,
                        text=True, timeout=120)
@@ -222,3 +228,11 @@ def test_console_prose_wraps_and_node_lines_stay_verbatim(monkeypatch):
     assert len(pre) >= 2 and all(cell_len(ln) <= 40 for ln in pre), pre
     assert pre[0].startswith("[preflight] tcp  0->1  FAIL") and all(ln.startswith(" " * 14) for ln in pre[1:])
     assert pre[-1].strip().endswith(" 198.18.0.1:29500")  # no lone last piece
+
+
+def test_broker_no_wrap_keeps_prose_on_one_line(cli_env):
+    """BROKER_NO_WRAP=1 (logs meant for grep): prose lines are not wrapped; tables still fit the width."""
+    out = _out(["plan", "--budget", "5"], dict(cli_env, BROKER_NO_WRAP="1"))
+    chosen = [ln for ln in out.splitlines() if ln.startswith("chosen: ")]
+    assert len(chosen) == 1 and cell_len(chosen[0]) > 80 and chosen[0].endswith("(SkyPilot catalog medians))")
+    assert all(cell_len(ln) <= 80 for ln in _table_lines(out))
