@@ -52,8 +52,8 @@ _UNLOGGED_PARAMS = ("userdata", "password", "secret", "token", "key", "privateke
 
 
 def loggable_params(params: dict[str, Any]) -> str:
-    """``params`` of an API call for the debug log: top-level values (at any depth) whose names suggest secrets (``UserData``,
-    ``*Token``, ``*Key``...) become ``<N chars>``; the rest is shortened to 300 characters."""
+    """``params`` of an API call for the debug log: values (at any depth) whose names suggest secrets
+    (``UserData``, ``*Token``, ``*Key``...) become ``<N chars>``; the rest is shortened to 300 characters."""
     import json
 
     def safe(name: str, value: Any) -> Any:
