@@ -360,3 +360,24 @@ def test_aws_debug_params_hide_boot_scripts_and_keys():
     assert "IyEvYmluL2Jhc2g" not in text and "c2VjcmV0" not in text and "tok-abcdef" not in text
     assert '"UserData": "<44 chars>"' in text and '"KeyName": "broker-r1"' in text
     assert '"Key": "broker-run"' in text and '"InstanceType": "g5.xlarge"' in text
+
+
+def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
+    """`-vv` logs every command broker runs on a node and its exit status (node 0 of a hybrid run is this machine:
+    the same SSHCluster calls, no SSH needed for the test)."""
+    import logging
+
+    from broker.model import Cluster, ClusterNode
+    from broker.remote import SSHCluster
+
+    node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
+                       workroot=str(tmp_path / "here"))
+    ssh = SSHCluster(Cluster(run_id="r1", provider="oci", topology="hybrid", nodes=[node]), run_dir=tmp_path / "run")
+    try:
+        ssh.open()
+        with caplog.at_level(logging.DEBUG, logger="broker"):
+            assert ssh.run(0, "echo hi; exit 3") == (3, "hi\n")
+    finally:
+        ssh.close()
+    msgs = [r.getMessage() for r in caplog.records if r.name == "broker.remote"]
+    assert "ssh node 0: echo hi; exit 3" in msgs and "ssh node 0: exit 3" in msgs, msgs
