@@ -7,7 +7,8 @@ One error boundary (:func:`main`): every failure ends in one message (what faile
 (:mod:`broker.errors`): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error, 130
 interrupted, 141 stdout closed early (``broker offers | head -1``: no message, as ``git log | head -1``).  An unexpected error (a bug) says so, writes its traceback to a log file (``<BROKER_HOME>/logs``, or
 the temp folder when that cannot be written) and prints the file's path; exit code 1.  With ``--json`` anywhere on
-the command line, errors are printed on stdout as one JSON object ``{"error": {...}}``.
+the command line, an error is also printed on stdout as one JSON object ``{"schema_version": 1, "error": {...}}``
+(the one-line message stays on stderr).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import typer
 
@@ -49,12 +50,31 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+class _Scrubbed:
+    """A logging filter that passes every record with its message scrubbed of secrets (:func:`scrub`)."""
+
+    def filter(self, record: Any) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string: logging reports it itself
+            return True
+        clean = scrub(text)
+        if clean != text or record.args:
+            record.msg, record.args = clean, ()
+        return True
+
+
 def setup_logging(verbosity: int) -> None:
-    """``-v``: stdlib logging at INFO to stderr; ``-vv``: DEBUG."""
+    """``-v``: broker's own logging (``broker.*`` loggers) at INFO to stderr; ``-vv``: DEBUG.  Other libraries
+    (httpx, botocore, oci, asyncssh) stay at WARNING: their debug output carries request headers.  Every record
+    is scrubbed of secret values (:func:`scrub`) on its way out."""
     import logging
 
-    logging.basicConfig(level=logging.INFO if verbosity == 1 else logging.DEBUG, stream=sys.stderr,
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    for h in logging.getLogger().handlers:
+        h.addFilter(_Scrubbed())
+    logging.getLogger("broker").setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
 
 
 @app.callback()
@@ -75,19 +95,34 @@ for _name in COMMAND_MODULES:
 # ------------------------------------------------------------------------------------------------ error boundary
 def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bool,
             extra: dict[str, Any] | None = None) -> int:
-    """Print one error (stderr, or a JSON object on stdout with ``--json``); returns ``code``."""
+    """Print one error: the one-line message (and its hint) on stderr, and with ``--json`` also a JSON object
+    ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads); returns ``code``."""
     if as_json:
         import json
 
+        from broker.ui import json_payload
+
         err: dict[str, Any] = {"type": kind, "message": message, "hint": hint, "exit_code": code}
         err.update(extra or {})
-        sys.stdout.write(json.dumps({"error": err}, indent=2) + "\n")
-        sys.stdout.flush()
-        return code
+        try:
+            sys.stdout.write(json.dumps(json_payload({"error": err}), indent=2) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):  # stdout gone: the stderr line below still says it
+            pass
+    from broker.ui import err as err_console
+    from broker.ui import wrap_plain
+
     label = "internal error" if kind == "internal" else "error"
-    typer.echo(typer.style(f"{label}:", fg="red", bold=True) + f" {message}", err=True)
+    width = err_console.prose_width  # the terminal's, else COLUMNS, else 80 (pipes, CI logs)
+    first, *more = wrap_plain(f"{label}: {message}", width)
+    typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
+    for line in more:
+        typer.echo(line, err=True)
     if hint:
-        typer.echo(typer.style("  ->", fg="yellow") + f" {hint}", err=True)
+        first, *more = wrap_plain(f"  -> {hint}", width)
+        typer.echo(typer.style("  ->", fg="yellow") + first[4:], err=True)
+        for line in more:
+            typer.echo(line, err=True)
     return code
 
 
@@ -164,8 +199,58 @@ def _usage_errors() -> tuple[type, ...]:
     return tuple(out)
 
 
-def handle(exc: BaseException, *, as_json: bool) -> int:
-    """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable)."""
+def _commands(cmd: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(name path, command) of ``cmd`` and every command below it."""
+    yield path, cmd
+    for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+        yield from _commands(sub, path + (name,))
+
+
+def _opts(cmd: Any) -> set[str]:
+    return {o for p in getattr(cmd, "params", []) for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+
+
+def _option_home(exc: Any, args: list[str]) -> str | None:
+    """For click's "No such option": drop suggestions that are not close (click offers ``--version`` for
+    ``--json``, ``--quiet`` for ``--budget``) and say where the option belongs: ``--json is an option of the
+    command: broker status --json`` when it was put before the command that has it, else which commands have it.
+    None when no command has it."""
+    import difflib
+
+    name = exc.option_name
+    exc.possibilities = [p for p in (exc.possibilities or [])  # a typo's real option (--budgt: --budget) stays
+                         if difflib.SequenceMatcher(None, name, p).ratio() >= 0.8]
+    root = exc.ctx.find_root().command if exc.ctx is not None else command()
+    here = tuple(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ()
+    # the command the user named: the words of args that walk down the command tree from where the error was
+    path, cmd = here, dict(_commands(root)).get(here, root)
+    for a in args[args.index(name) + 1 if name in args else 0:]:
+        sub = (getattr(cmd, "commands", None) or {}).get(a)
+        if sub is None:
+            if a.startswith("-"):
+                continue
+            break
+        path, cmd = path + (a,), sub
+    if path != here and name in _opts(cmd):
+        return f"{name} is an option of the command: broker {' '.join(path)} {name}"
+    here_cmd = dict(_commands(root)).get(here)
+    arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
+                and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)
+    if arg is not None:
+        shown = (arg.metavar or arg.name.upper()).strip("[]")
+        return f"{' '.join(('broker',) + here)} takes {shown} as an argument: broker {' '.join(here)} {shown}"
+    homes = [" ".join(("broker",) + p) for p, c in _commands(root) if p and name in _opts(c)]
+    if not homes:
+        return None
+    if len(homes) > 4:
+        homes = homes[:4] + ["..."]
+    return f"{name} is an option of {', '.join(homes)}, not of {' '.join(('broker',) + here)}"
+
+
+def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) -> int:
+    """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable);
+    ``args``: the command line (to say where a misplaced option belongs)."""
+    args = list(sys.argv[1:] if args is None else args)
     import errno
     import sqlite3
 
@@ -174,8 +259,18 @@ def handle(exc: BaseException, *, as_json: bool) -> int:
     if isinstance(exc, typer.Exit):
         return exc.exit_code
     if isinstance(exc, _usage_errors()):  # usage errors: the parser's own message, exit 2
+        hint = "see --help"
+        if hasattr(exc, "option_name") and hasattr(exc, "possibilities"):  # NoSuchOption
+            where = _option_home(exc, args)
+            if where:
+                from broker.ui import err as err_console
+                from broker.ui import wrap_plain
+
+                exc.message = "\n".join([exc.message, *wrap_plain(f"  -> {where}",  # type: ignore[attr-defined]
+                                                                  err_console.prose_width)])
+                hint = where
         if as_json:
-            return _report(exc.exit_code, exc.format_message(), "see --help", kind="UsageError", as_json=True)
+            return _report(exc.exit_code, exc.format_message().split("\n")[0], hint, kind="UsageError", as_json=True)
         exc.show()
         return exc.exit_code
     if isinstance(exc, typer.Abort):
@@ -289,8 +384,34 @@ def _plain_usage(cmd: Any) -> None:
         _plain_usage(sub)
 
 
+def _help_keeps_hyphenated_words() -> None:
+    """Help text wraps between words only: click's wrapper (textwrap) also breaks after a hyphen, which splits
+    values such as ``direct-blocked`` into "direct-" / "blocked" (Typer's vendored click and click itself)."""
+    import importlib
+
+    for mod in ("typer._click._textwrap", "click._textwrap"):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        base = getattr(m, "TextWrapper", None)
+        if base is None or getattr(base, "_broker_no_hyphen_break", False):
+            continue
+
+        class _Wrapper(base):  # type: ignore[misc, valid-type]
+            _broker_no_hyphen_break = True
+
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                kw["break_on_hyphens"] = False
+                super().__init__(*a, **kw)
+
+        m.TextWrapper = _Wrapper  # type: ignore[attr-defined]
+
+
 def command() -> Any:
-    """The click command behind ``app`` (as ``app()`` builds it), with plain usage lines (:func:`_plain_usage`)."""
+    """The click command behind ``app`` (as ``app()`` builds it), with plain usage lines (:func:`_plain_usage`)
+    and help that never breaks a hyphenated word (:func:`_help_keeps_hyphenated_words`)."""
+    _help_keeps_hyphenated_words()
     cmd = typer.main.get_command(app)
     _plain_usage(cmd)
     return cmd
@@ -326,18 +447,19 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, OutputClosed) or (pipe is not None and _closed_std_streams()):  # `broker offers | head -1`
             code = _quiet_broken_pipe()
         elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
-            code = _boundary(pipe, as_json)  # another pipe (a child's stdin): a failure (click would exit 1 silently)
+            # another pipe (a child's stdin): a failure (click would exit 1 silently)
+            code = _boundary(pipe, as_json, args)
         elif isinstance(e, SystemExit):  # sys.exit() somewhere below: keep its code
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:
-            code = _boundary(e, as_json)
+            code = _boundary(e, as_json, args)
     sys.exit(code)
 
 
-def _boundary(e: BaseException, as_json: bool) -> int:
+def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) -> int:
     """:func:`handle`, guarded: a second Ctrl-C (or a failure) while reporting still ends in an exit code."""
     try:
-        return handle(e, as_json=as_json)
+        return handle(e, as_json=as_json, args=args)
     except BaseException:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
         return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_JOB_FAILED
 

@@ -14,11 +14,16 @@ started), which skips the remaining steps; steps raise only for Ctrl-C or bugs.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from broker.launch import RunResult
+    from broker.staging import StagePlan
+
+_log = logging.getLogger(__name__)
 
 Say = Callable[[str], None] | None
 
@@ -69,21 +74,91 @@ def run_steps(ex: Executor, say: Say = None) -> "RunResult":
     """Run ``ex``'s steps in order (see the module docstring) and return the finished result.  ``say`` gets one
     progress line per step.  Ctrl-C propagates after ``close(job_ended=False)``."""
     ended = False
+    kind = type(ex).__name__
     try:
         for step in ("reach", "preflight", "stage"):
-            if say and getattr(type(ex), step) is not getattr(Executor, step):  # only steps this executor has
-                say(step)
+            if getattr(type(ex), step) is not getattr(Executor, step):  # only steps this executor has
+                _log.info("step %s (%s)", step, kind)
+                if say:
+                    say(step)
             res = getattr(ex, step)()
             if res is not None:
+                _log.info("step %s ended the run: %s", step, getattr(res, "reason", None) or getattr(res, "status", ""))
                 ended = True
                 return ex.finish(res)
+        _log.info("step launch (%s)", kind)
         if say:
             say("launch")
         res = ex.launch()
-        if say and ex.collects():
-            say("collect")
+        _log.info("job ended: %s%s", getattr(res, "status", "?"),
+                  f" ({res.reason})" if getattr(res, "reason", None) else "")
+        if ex.collects():
+            _log.info("step collect (%s)", kind)
+            if say:
+                say("collect")
         ex.collect(res)
         ended = True
         return ex.finish(res)
     finally:
+        _log.debug("closing the %s (job ended: %s)", kind, ended)
         ex.close(ended)
+
+
+#: the file in a run's folder that lists what was staged and what was not copied (and by which rule)
+STAGED_LIST = "staged.txt"
+
+
+def not_copied(plan: "StagePlan") -> list[str]:
+    """Every entry of ``plan.root`` that is not copied to the nodes, at its top (a folder none of whose files is
+    staged is one entry ``name/``; its content is not listed), as ``/``-separated paths relative to the root, sorted.
+    :attr:`broker.staging.StagePlan.skipped` keeps only the first names per rule; this is the whole list."""
+    import os
+
+    staged = {Path(f).as_posix() for f in plan.files}
+    holds = {p.as_posix() for f in plan.files for p in Path(f).parents if p.as_posix() != "."}
+    out: list[str] = []
+    root = Path(plan.root)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        rel = (lambda name: name) if rel_dir == "." else (lambda name: f"{rel_dir}/{name}")
+        keep = []
+        for name in sorted(dirnames):
+            if rel(name) in holds and not (Path(dirpath) / name).is_symlink():
+                keep.append(name)
+            else:
+                out.append(rel(name) + "/")
+        dirnames[:] = keep
+        out += [rel(name) for name in sorted(filenames) if rel(name) not in staged]
+    return sorted(out)
+
+
+def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
+    """The one staging line for the screen, and the full lists in ``<run_dir>/staged.txt`` (:data:`STAGED_LIST`).
+
+    The screen keeps :meth:`broker.staging.StagePlan.summary`'s short form (its "not copied" list stops after six
+    names) and says where the whole list is; ``-v`` logs the size per node and the whole "not copied" list.
+    ``run_dir`` None (or a folder that cannot be written): the short form only.  Never raises for I/O."""
+    try:
+        skipped = not_copied(plan)
+    except OSError:
+        skipped = sorted({n for names in plan.skipped.values() for n in names})
+    _log.info("staging %d file(s), %s (%d bytes) per node from %s", len(plan.files), plan.size_text(),
+              plan.total_bytes, plan.root)
+    if skipped:
+        _log.info("not copied to the nodes (%d): %s", len(skipped), ", ".join(skipped))
+    line = plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else "")
+    if run_dir is None:
+        return line
+    out = Path(run_dir) / STAGED_LIST
+    text = [f"# staged from {plan.root}: {len(plan.files)} file(s), {plan.size_text()} per node"]
+    text += [Path(f).as_posix() for f in plan.files]
+    text += ["", f"# not copied ({len(skipped)})"] + skipped
+    text += ["", "# why (rule: first names)"] + [f"{rule}: {', '.join(names)}"
+                                                 for rule, names in sorted(plan.skipped.items())]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(text) + "\n", encoding="utf-8")
+    except OSError as e:
+        _log.warning("cannot write %s: %s", out, e)
+        return line
+    return f"{line}; full list: {out}"

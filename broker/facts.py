@@ -8,10 +8,13 @@ plans offline (no network call at all).
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from broker.model import Capacity, Offer, Quota, Requirements
+
+_log = logging.getLogger(__name__)
 
 #: Providers planned over by default (``--provider`` narrows).
 DEFAULT_PROVIDERS = ("local", "vast", "oci", "aws")
@@ -62,8 +65,10 @@ def _snapshot_fallback(name: str, req: "Requirements | None", facts: Facts, why:
         offers = catalog.snapshot_offers(name, req)
         date, _ = catalog.snapshot_info(name)
     except FileNotFoundError:
+        _log.info("%s: not planned: %s, and no price snapshot", name, why)
         facts.notes.append(f"{name}: {why}; no price snapshot either: not planned")
         return []
+    _log.info("%s: %d offer(s) from the price snapshot of %s (%s)", name, len(offers), date, why)
     label = catalog.snapshot_meta(name).get("label", "")
     facts.notes.append(f"{name}: prices: snapshot {date} ({label}); live quote needs "
                        f"{CREDENTIALS_HINT.get(name, 'credentials')} ({why})")
@@ -86,6 +91,8 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
 
     facts = Facts()
     local_seen: object = None
+    _log.info("asking providers %s for %d node(s) x %d GPU(s)%s", ", ".join(names), req.nodes, req.gpus_per_node,
+              " (offline: snapshots only)" if offline else "")
     for name in names:
         if offline and name in CLOUD:
             facts.offers += _snapshot_fallback(name, req, facts, "--offline")
@@ -113,8 +120,13 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             except Exception as e:
                 why_not = f"local check failed: {_short(e)}"
             if why_not:
+                _log.info("local: not a candidate: %s", why_not)
                 facts.unavailable["local"] = why_not
                 continue
+        configured = _configured(p) if name in CLOUD else True
+        _log.info("%s: asking for offers (%s)", name, "live API" if name in CLOUD and configured else
+                  "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
+                  "adapter")
         try:
             if name == "vast" and vast_query:
                 offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
@@ -139,22 +151,31 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             if name not in CLOUD:
                 facts.notes.append(f"{name}: {why}")
         else:
+            _log.info("%s: %d offer(s)%s", name, len(offers), _source(offers))
             try:
                 note = p.price_note()
             except Exception:
                 note = None
+            if note:
+                _log.debug("%s", note if note.startswith(name) else f"{name}: {note}")
             if note:
                 facts.notes.append(note if note.startswith(name) else f"{name}: {note}")
         facts.offers += offers
         if not facts_too or not offers:
             continue
         try:
-            facts.quotas += list(p.quotas(req, offers))
+            quotas = list(p.quotas(req, offers))
+            facts.quotas += quotas
+            _log.info("%s: %d quota(s)", name, len(quotas))
         except Exception as e:
+            _log.info("%s: quotas unknown: %s", name, _short(e))
             facts.notes.append(f"{name}: quotas unknown ({_short(e)}); planned as if not limiting")
         try:
-            facts.capacities += list(p.capacity(offers))
+            caps = list(p.capacity(offers))
+            facts.capacities += caps
+            _log.info("%s: %d capacity answer(s)", name, len(caps))
         except Exception as e:
+            _log.info("%s: capacity unknown: %s", name, _short(e))
             facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
     if req.nodes > 1 and req.topology in ("hybrid", "any"):
         facts.here = _here(local_seen)
@@ -163,6 +184,38 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
         facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
                            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
+
+
+def _source(offers: list["Offer"]) -> str:
+    """`` from the live API`` / `` from the price snapshot`` / both, by the offers' price sources ('' if none)."""
+    live = sum(1 for o in offers if str(o.price_source).startswith("live"))
+    snap = sum(1 for o in offers if "snapshot" in str(o.price_source) and not str(o.price_source).startswith("live"))
+    if live and snap:
+        return f" ({live} from the live API, {snap} from the price snapshot)"
+    return " from the live API" if live else " from the price snapshot" if snap else ""
+
+
+def log_plan(plan: object) -> None:
+    """Log what the planner chose and why (``-vv``): the chosen option against the next valid ones, and why the
+    cheapest rejected ones were rejected.  Never raises (a log line must not stop a plan)."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        return
+    try:
+        options = list(getattr(plan, "options", []) or [])
+        rejected = list(getattr(plan, "rejected", []) or [])
+        c = getattr(plan, "chosen", None)
+        _log.debug("plan: %d valid option(s), %d rejected", len(options), len(rejected))
+        if c is not None:
+            _log.debug("chosen: %s on %s (%s): the cheapest valid worst case, $%.4f ($%.4f/h for %.2f h; %s)",
+                       c.topology.value, c.provider, c.summary, c.worst_case_usd, c.usd_per_hour, c.hours,
+                       c.price_source)
+        for o in options[1:4]:
+            _log.debug("next valid: %s on %s (%s), worst case $%.4f", o.topology.value, o.provider, o.summary,
+                       o.worst_case_usd)
+        for o in rejected[:8]:
+            _log.debug("rejected: %s on %s (%s): %s", o.topology.value, o.provider, o.summary, "; ".join(o.rejected))
+    except Exception as e:  # noqa: BLE001
+        _log.debug("plan: cannot describe it (%s)", e)
 
 
 def _here(local: object = None) -> tuple[int, float] | None:

@@ -481,8 +481,11 @@ class LocalExecutor(Executor):
         if dropped and self.echo:
             self.echo(f"[broker] {dropped}")
         plan = stage_plan(spec.workdir)
+        from broker.executor import staging_line
+
+        line = staging_line(plan, self.run_dir)
         if self.say:
-            self.say(plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else ""))
+            self.say(line)
         self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan)
         path = python_first_path(spec.python, os.environ.get("PATH"))
         self.envs = [node_environment(dict(os.environ), spec.env,

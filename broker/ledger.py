@@ -12,6 +12,7 @@ share the file; every write is its own short transaction and readers never block
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import uuid
 from datetime import datetime, timezone
@@ -21,6 +22,7 @@ from typing import Any, Iterable
 from broker.model import Resource, Run, utcnow
 
 SCHEMA_VERSION = 1
+_log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -345,6 +347,10 @@ class Ledger:
                message: str | None) -> None:
         self._db.execute("INSERT INTO events (at, run_id, resource_id, actor, action, message) VALUES (?,?,?,?,?,?)",
                          (utcnow().isoformat(), run_id, resource_id, actor, action, message))
+        # every ledger write of a billable resource (intent, created, running, terminating, terminated) and run
+        # event passes here: `broker -v` shows them as they happen
+        _log.info("ledger: run %s%s %s by %s%s", run_id or "-", f" resource {resource_id}" if resource_id else "",
+                  action, actor, f": {message}" if message else "")
 
     # ------------------------------------------------------------------------------------------- quota requests
     def add_quota_request(self, provider: str, limit_name: str, requested_value: float, *, region: str | None = None,

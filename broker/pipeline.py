@@ -27,6 +27,7 @@ Release is shielded: a Ctrl-C during teardown says that resources are still bein
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -42,6 +43,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from broker.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, to_json, utcnow
 from broker.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
 from broker.recipe import Recipe
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from broker.executor import Executor
@@ -992,10 +995,15 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     ctx = Context(ledger=ledger, hooks=hooks, actor=actor)
     target.check()
     quote = target.quote()
+    _log.info("target: %s (%s, topology %s)", type(target).__name__, target.provider, target.topology)
+    if quote is not None:
+        _log.info("quote: $%.4f/h, worst case $%.2f", getattr(quote, "usd_per_hour", 0.0) or 0.0,
+                  getattr(quote, "worst_case_usd", 0.0) or 0.0)
     if quote is not None and hooks.confirm is not None and not hooks.confirm(quote):
         raise Declined("not confirmed: nothing was created", hint="run again and answer y, or pass --yes")
     target.prepare(ctx)
     run = new_run(ledger, recipe, provider=target.provider, topology=target.topology, plan=target.plan_record())
+    _log.info("run %s: %s on %s (%s), folder %s", run.id, recipe.name, target.provider, target.describe(), run.run_dir)
     ledger.event(run.id, actor, "start", f"{recipe.name}: {target.describe()}")
     if hooks.on_start:
         hooks.on_start(run, target.describe())
@@ -1026,8 +1034,10 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     finally:
         try:
             if target.releases:
+                _log.info("run %s: releasing (%s; keep: %s)", run.id, status, keep)
                 with shielded(hooks.say):
                     left, kept = target.release(run, ctx, keep=keep)
+                _log.info("run %s: released; still live: %d, kept: %d", run.id, len(left), len(kept))
         finally:
             if kept:
                 message = ((message + "; ") if message else "") + (
@@ -1071,7 +1081,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
     be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options, or the credentials needed.
     """
-    from broker.facts import DEFAULT_PROVIDERS, gather
+    from broker.facts import DEFAULT_PROVIDERS, gather, log_plan
     from broker.planner import plan as make_plan
     from broker.providers import get_provider
 
@@ -1080,6 +1090,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     facts = gather(req, names)
     plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                      unavailable=facts.unavailable)
+    log_plan(plan)
     if plan.chosen is None:
         from broker.explain import no_plan_error
 
@@ -1146,6 +1157,8 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
         raise BadInput(f"--provider {p!r} is not a provider broker can run on",
                        hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
     topo = req.topology or recipe.topology
+    _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
+               "--topology" if req.topology else "the recipe")
     if topo == "hybrid":
         return hybrid_target(recipe, req)
     if req.inject and p != "netns":
@@ -1160,6 +1173,8 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
 
         return SlurmTarget(recipe, req.slurm or SlurmOptions())
     plan, options = plan_for_run(recipe, p)
+    _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
+              options[0].provider, len(options))
     if options[0].provider == "local":
         if say:
             others = (plan.valid_count or len(plan.options)) - 1

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import queue
 import random
 import shlex
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.executor import Executor, run_steps
+from broker.executor import Executor, run_steps, staging_line
 from broker.launch import (RANKSHIM, STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail,
                            torchrun_argv)
 from broker.model import Cluster
@@ -59,6 +60,8 @@ from broker.recipe import Recipe
 
 if TYPE_CHECKING:
     from broker.preflight import PreflightReport
+
+_log = logging.getLogger(__name__)
 
 PROBE_SOURCE = Path(__file__).with_name("probe_script.py")
 #: keepalive interval (s) x count: how long a silently dead connection takes to be declared lost
@@ -167,10 +170,13 @@ class SSHCluster:
         if self.cluster.ssh_key_path:
             opts["client_keys"] = [self.cluster.ssh_key_path]
             opts["agent_path"] = None
+        _log.info("ssh: connecting to node %d at %s@%s:%s (host key %s)", i, node.user, node.host, node.port,
+                  "pinned" if pinned else "new")
         try:
             conn = await asyncssh.connect(node.host, **opts)
         except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
             why = getattr(e, "reason", None) or str(e) or type(e).__name__
+            _log.info("ssh: node %d not reachable: %s", i, why)
             raise ProviderError("ssh", f"connect node {i}", f"cannot reach node {i} at {node.user}@{node.host}:"
                                 f"{node.port}: {why}",
                                 hint="check that the node is running, its SSH port is open to you, and the key "
@@ -226,10 +232,13 @@ class SSHCluster:
         import asyncssh
 
         conn = await self.aconn(i)
+        _log.debug("ssh node %d: %s", i, cmd)
         try:
             r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT)
         except asyncssh.TimeoutError as e:
+            _log.debug("ssh node %d: timed out after %.0f s", i, timeout)
             return None, f"timed out after {timeout:.0f} s: {(e.stdout or '')[-500:]}"
+        _log.debug("ssh node %d: exit %s", i, r.returncode)
         return r.returncode, str(r.stdout or "")
 
     def run(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
@@ -303,6 +312,7 @@ class RemoteNode:
         import asyncssh
 
         conn = await self.ssh.aconn(self.node_rank)
+        _log.debug("ssh node %d: start %s", self.node_rank, self.command)
         self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding="utf-8",
                                                errors="replace")
         asyncio.ensure_future(self._read())
@@ -617,8 +627,9 @@ class SSHExecutor(Executor):
         envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
         assert recipe.workdir is not None
         plan = stage_plan(recipe.workdir)
+        line = staging_line(plan, self.run_dir)
         if self.say:
-            self.say(plan.summary() + (" (large: add a .brokerignore)" if plan.too_big else ""))
+            self.say(line)
         tgz = tar_staged(plan)
         errs = ssh.gather([_prepare(ssh, i, tgz, envs[i]) for i in range(n)], timeout=600)
         for i, e in enumerate(errs):
@@ -742,6 +753,7 @@ async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: 
         if echo:
             echo(f"[node {i}] $ {cmd}")
         line = f"cd {q(ssh.work(i))} && . {q(ssh.base(i) + '/env.sh')} && exec bash -c {q(cmd)}"
+        _log.debug("ssh node %d: %s", i, line)
         async with conn.create_process(line, stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace") as proc:
             with open(log, "a", encoding="utf-8") as f:
                 async for out in proc.stdout:

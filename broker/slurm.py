@@ -392,8 +392,11 @@ class SlurmExecutor(Executor):
         sh.mkdir(self.base)
         assert recipe.workdir is not None
         plan = stage_plan(recipe.workdir)
+        from broker.executor import staging_line
+
+        line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)
         if self.echo:
-            self.echo(f"[slurm] {plan.summary()}")
+            self.echo(f"[slurm] {line}")
         sh.put_tgz(tar_staged(plan), self.work)
         sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
         script = render_sbatch(recipe, partition=self.opts.partition, account=self.opts.account,

@@ -9,10 +9,16 @@ from typing import Any
 from rich.console import Console
 
 
+#: the prose width under ``BROKER_NO_WRAP`` (no line is that long)
+NO_WRAP_WIDTH = 1_000_000
+
 
 class _Console(Console):
     """rich's console, except that a closed pipe (``broker offers | head -1``) ends the command with
-    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1."""
+    :class:`broker.errors.OutputClosed` (quiet, exit 141) where rich's default is a plain exit 1, and that text is
+    prose wrapped at the console's width (the terminal's; in a pipe ``COLUMNS``, else 80) between words, never
+    inside a command, URL or path (:meth:`print`, :meth:`out`), while node log lines stay verbatim
+    (:meth:`verbatim`)."""
 
     def on_broken_pipe(self) -> None:
         import os
@@ -30,15 +36,70 @@ class _Console(Console):
         os.close(devnull)
         raise OutputClosed()
 
+    @property
+    def prose_width(self) -> int:
+        """The width prose wraps at: the console's (the terminal's; in a pipe ``COLUMNS``, else 80); no wrapping
+        (a very large width) when ``BROKER_NO_WRAP`` is set to anything but ``""``/``0`` (logs meant for grep)."""
+        import os
+
+        if os.environ.get("BROKER_NO_WRAP", "").strip() not in ("", "0"):
+            return NO_WRAP_WIDTH
+        return self.width
+
+    def print(self, *objects: Any, keep: "tuple[str, ...] | list[str]" = (),  # type: ignore[override]
+              **kw: Any) -> None:
+        """rich's ``print``; plain strings (markup allowed) are prose: wrapped at the console's width on word
+        boundaries with a hanging indent (:func:`wrap_text`), never inside a `backticked` command, a URL, a path or
+        a substring in ``keep``.  Renderables (tables) are rich's own; :func:`echo_line` (node logs) is never
+        wrapped."""
+        if objects and all(isinstance(o, str) for o in objects) and not kw.get("no_wrap") \
+                and kw.get("width") is None and kw.get("justify") is None and kw.get("overflow") is None:
+            text = self.render_str(kw.pop("sep", " ").join(objects), markup=kw.pop("markup", None),
+                                   emoji=kw.pop("emoji", None), highlight=kw.pop("highlight", None),
+                                   style=kw.pop("style", None) or "")
+            kw["soft_wrap"] = True
+            objects = (wrap_text(text, self.prose_width, keep=keep),)
+        else:  # a table's title is prose too (the console's soft wrap would keep it on one line)
+            for o in objects:
+                title = getattr(o, "title", None)
+                if isinstance(title, str) and hasattr(o, "add_row"):
+                    o.title = wrap_text(self.render_str(title), self.prose_width)
+        super().print(*objects, **kw)
+
+    def out(self, *objects: Any, sep: str = " ", end: str = "\n", style: Any = None,
+            highlight: bool | None = None) -> None:
+        """rich's ``out`` (no markup), its text wrapped as prose like :meth:`print`; :func:`echo_line` (node log
+        lines) writes verbatim instead."""
+        text = sep.join(str(o) for o in objects)
+        super().out("\n".join(wrap_plain(text, self.prose_width)), end=end, style=style, highlight=highlight)
+
+    def verbatim(self, line: str) -> None:
+        """``line`` as written: never wrapped, no markup (streamed node logs)."""
+        super().out(line, highlight=False)
+
 
 console = _Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written
 err = _Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
-def print_json(data: Any) -> None:
+#: The version of every ``--json`` output's shape (the top-level ``schema_version`` key of each object printed);
+#: raised when a key is removed or changes meaning (adding keys does not raise it).
+JSON_SCHEMA_VERSION = 1
+
+
+def json_payload(data: Any) -> Any:
+    """``data`` with ``schema_version`` first when it is a dict (kept when the dict already has one); else as is."""
+    if isinstance(data, dict):
+        return {"schema_version": data.get("schema_version", JSON_SCHEMA_VERSION),
+                **{k: v for k, v in data.items() if k != "schema_version"}}
+    return data
+
+
+def print_json(data: Any, *, indent: int | None = 2) -> None:
     """Print ``data`` as JSON on stdout: pydantic models dumped, broker's dataclass values as dicts with datetimes
     in ISO 8601 as pydantic writes them (:func:`broker.model.to_json`: UTC as ``Z``), other datetimes
-    ``isoformat()``, anything else as ``str``."""
+    ``isoformat()``, anything else as ``str``; a dict gets ``schema_version`` (:data:`JSON_SCHEMA_VERSION`) as its
+    first key.  ``indent`` None: one line (streams)."""
     import dataclasses
 
     def default(o: Any) -> Any:
@@ -52,7 +113,7 @@ def print_json(data: Any) -> None:
             return o.isoformat()
         return str(o)
 
-    print(json.dumps(data, default=default, indent=2))
+    print(json.dumps(json_payload(data), default=default, indent=indent), flush=indent is None)
 
 
 def usd(x: float | None) -> str:
@@ -70,9 +131,17 @@ def hours(h: float | None) -> str:
     return f"{h:.2f} h" if h < 100 else f"{h:,.0f} h"
 
 
+#: prefixes of broker's own lines among the streamed ones (wrapped as prose); every other line is a node's log
+PROSE_TAGS = ("[broker] ", "[preflight] ", "[slurm] ")
+
+
 def echo_line(line: str) -> None:
-    """Print a streamed log line verbatim (no markup interpretation)."""
-    console.out(line, highlight=False)
+    """Print a streamed line: a node's log line (``[node i] ...``) verbatim (no markup, never wrapped); broker's
+    own (``[broker]``, ``[preflight]``, ``[slurm]``) wrapped as prose under their tag."""
+    if line.startswith(PROSE_TAGS):
+        console.out(line)
+    else:
+        console.verbatim(line)
 
 
 def wrap_words(text: str, width: int) -> list[str]:
@@ -116,3 +185,150 @@ class Wrapped:
         from rich.text import Text
 
         yield Text("\n".join(wrap_words(self.text, options.max_width)), style=self.style)
+
+
+#: units kept on the line of their number ("1.00 h", "358 B", "16 GiB")
+_UNITS = r"(?:h|s|ms|min|B|kB|MB|GB|GiB|TB|G|%)[,;.)]?"
+
+
+def _tokens(plain: str, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[int, int]]:
+    """(start, end) of the unbreakable pieces of one line: runs of non-spaces, where a `backticked` command and each
+    substring in ``keep`` (a command, a path with spaces) count as one piece."""
+    import re
+
+    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", plain)]
+    whole: list[tuple[int, int]] = []
+    for m in re.finditer(r"`[^`\n]+`", plain):
+        whole.append((m.start(), m.end()))
+    for k in keep:
+        if k and " " in k.strip():
+            at = plain.find(k)
+            while at >= 0:
+                whole.append((at, at + len(k)))
+                at = plain.find(k, at + len(k))
+    whole += _commands_in(plain, spans)
+    out: list[tuple[int, int]] = []
+    for a, b in spans:
+        if out:
+            pa, pb = out[-1]
+            if any(w0 < b and a < w1 and w0 < pb and pa < w1 for w0, w1 in whole):  # both touch one whole span
+                out[-1] = (pa, b)
+                continue
+            if re.fullmatch(r"[$~]?[\d.,]+", plain[pa:pb]) and re.fullmatch(_UNITS, plain[a:b]):  # "1.00 h"
+                out[-1] = (pa, b)
+                continue
+        out.append((a, b))
+    return out
+
+
+def _commands_in(plain: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(start, end) of unquoted ``broker ...`` commands in ``plain`` (``then broker run RECIPE.yaml --provider
+    vast``): ``broker``, up to two subcommand words, then the tokens that look like arguments (options, the value
+    after an option, paths, files, ``KEY=value``, placeholders in capitals, numbers); a token ending in ``,;)`` ends
+    the command."""
+    import re
+
+    out: list[tuple[int, int]] = []
+    words = [plain[a:b] for a, b in spans]
+    i = 0
+    while i < len(spans):
+        if words[i] != "broker" or i + 1 >= len(spans):
+            i += 1
+            continue
+        j, subs = i + 1, 0
+        while j < len(spans) and subs < 2 and re.fullmatch(r"[a-z][a-z0-9-]*", words[j]):
+            j, subs = j + 1, subs + 1
+        if subs == 0:
+            i += 1
+            continue
+        prev_opt = False
+        while j < len(spans) and not words[j - 1].endswith((",", ";", ")")):
+            w = words[j]
+            if w.startswith("-") or prev_opt or re.search(r"[/.=~$*]", w) or re.fullmatch(r"[A-Z0-9_.]+", w) \
+                    or re.fullmatch(r"[\d.]+[,;)]?", w):
+                prev_opt = w.startswith("--") and "=" not in w
+                j += 1
+            else:
+                break
+        if j - i > 1:
+            out.append((spans[i][0], spans[j - 1][1]))
+        i = j
+    return out
+
+
+def hanging_indent(plain: str) -> int:
+    """The indent of a wrapped line's continuation: under the text after a leading ``->`` / ``-`` / ``*`` marker,
+    else two more than the line's own indent (after a :data:`PROSE_TAGS` tag such as ``[preflight]``)."""
+    import re
+
+    tag = next((len(t) for t in PROSE_TAGS if plain.startswith(t)), 0)
+    m = re.match(r"( *)(?:(->|-|\*|•) )?", plain[tag:])
+    assert m is not None
+    return tag + (m.end() if m.group(2) else len(m.group(1)) + 2)
+
+
+def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[int, int]]:
+    """Where one line (no ``\n``) breaks: (start, end) of each output line in ``plain`` (the first starts at 0 to
+    keep the indent; continuation lines get :func:`hanging_indent`).  Greedy on :func:`_tokens`, then no lone last
+    piece when the line before has three or more and the pair fits (as :func:`wrap_words`); a piece wider than the
+    width keeps a line of its own."""
+    from rich.cells import cell_len
+
+    if cell_len(plain) <= width:
+        return [(0, len(plain))]
+    toks = _tokens(plain, keep)
+    if not toks:
+        return [(0, len(plain))]
+    hang = hanging_indent(plain)
+    if hang * 2 > width:
+        hang = 0
+    lines: list[list[int]] = []
+
+    def width_of(idx: list[int], first: bool) -> int:
+        a = 0 if first else toks[idx[0]][0]
+        return (0 if first else hang) + cell_len(plain[a:toks[idx[-1]][1]])
+
+    for i in range(len(toks)):
+        if lines and width_of(lines[-1] + [i], len(lines) == 1) <= width:
+            lines[-1].append(i)
+        else:
+            lines.append([i])
+    if len(lines) >= 2 and len(lines[-1]) == 1 and len(lines[-2]) >= 3 and \
+            width_of([lines[-2][-1], lines[-1][0]], len(lines) == 2) <= width:
+        lines[-1].insert(0, lines[-2].pop())
+    return [(0 if n == 0 else toks[ln[0]][0], toks[ln[-1]][1]) for n, ln in enumerate(lines)]
+
+
+def wrap_text(text: Any, width: int, keep: "tuple[str, ...] | list[str]" = ()) -> Any:
+    """``text`` (a rich ``Text``) wrapped by :func:`wrap_line_spans` line by line, styles kept; a ``Text``."""
+    from rich.text import Text
+
+    plain = text.plain
+    out: list[Any] = []
+    at = 0
+    for line in plain.split("\n"):
+        seg = text[at:at + len(line)]
+        at += len(line) + 1
+        spans = wrap_line_spans(line, width, keep)
+        if len(spans) == 1 and spans[0] == (0, len(line)):
+            out.append(seg)
+            continue
+        hang = hanging_indent(line)
+        hang = 0 if hang * 2 > width else hang
+        for n, (a, b) in enumerate(spans):
+            piece = seg[a:b]
+            out.append(piece if n == 0 else Text(" " * hang) + piece)
+    result = Text("\n").join(out)
+    result.end = text.end
+    return result
+
+
+def wrap_plain(text: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) -> list[str]:
+    """Plain ``text`` wrapped as :func:`wrap_text` does (for messages not printed through a console)."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        hang = hanging_indent(line)
+        hang = 0 if hang * 2 > width else hang
+        spans = wrap_line_spans(line, width, keep)
+        out += [line[a:b] if n == 0 else " " * hang + line[a:b] for n, (a, b) in enumerate(spans)]
+    return out

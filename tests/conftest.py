@@ -53,6 +53,9 @@ def broker_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("BROKER_WATCHDOG_AUTOSTART", "0")
     # a hybrid run looks up this machine's public address unless told: never from a test
     monkeypatch.setenv("BROKER_PUBLIC_IP", "none")
+    # prose is not wrapped at the width in tests that check what is said (tests/test_narrow.py checks the wrapping,
+    # with this unset)
+    monkeypatch.setenv("BROKER_NO_WRAP", "1")
     from broker.config import settings
 
     settings.cache_clear()

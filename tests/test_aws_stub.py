@@ -471,3 +471,26 @@ def test_missing_boto3_is_an_actionable_error_not_a_traceback(monkeypatch):
     with pytest.raises(AuthError, match="boto3 is not installed") as ei:
         p.api.client("ec2")
     assert "pip install" in str(ei.value)
+
+
+def test_debug_log_names_each_call_and_outcome_never_the_boot_script(prov, stubs, caplog):
+    """`broker -vv`: each EC2 call is logged with its name and outcome (ok, or the mapped error); its parameters
+    at DEBUG without the UserData boot script (it can carry keys)."""
+    import logging
+
+    from botocore.stub import ANY
+
+    ec2 = prime_launch(stubs)
+    ec2.add_client_error("run_instances", service_error_code="InsufficientInstanceCapacity",
+                         service_message="no g5.xlarge capacity", http_status_code=500,
+                         expected_params={"ImageId": ANY, "InstanceType": ANY, "MinCount": 1, "MaxCount": 1,
+                                          "InstanceInitiatedShutdownBehavior": ANY, "ClientToken": ANY,
+                                          "UserData": ANY, "TagSpecifications": ANY, "SecurityGroupIds": ANY,
+                                          "Placement": ANY, "BlockDeviceMappings": ANY})
+    with caplog.at_level(logging.DEBUG, logger="broker"), pytest.raises(CapacityError):
+        prov.create_instance(node(offer()))
+    text = caplog.text
+    assert "aws describe_instances: ok" in text
+    assert "aws run_instances: failed" in text and "InsufficientInstanceCapacity" in text
+    assert '"UserData": "<' in text and '"InstanceType": "g5.xlarge"' in text
+    assert "#!/" not in text and "ssh-ed25519 AAA" not in text

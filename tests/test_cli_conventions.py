@@ -3,6 +3,7 @@ side effects or local paths, every sbatch --time form."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -250,3 +251,133 @@ def test_usage_lines_name_arguments_plainly(capsys):
         args = usage.split("[OPTIONS]", 1)[1]
         assert not re.search(r"[{}<>]", args), usage
         assert args == args.upper(), usage  # RUN, [NODES], [PROVIDER]...: not run_id, nodes, provider
+
+
+# ------------------------------------------------------------------------------------------------ -v / -vv
+@pytest.mark.parametrize("args, info, debug", [
+    (["plan", "--budget", "5"], ["INFO broker.facts: asking providers local, vast, oci, aws",
+                                 "INFO broker.facts: vast: asking for offers (price snapshot: not configured)",
+                                 "INFO broker.facts: vast: 27 offer(s) from the price snapshot"],
+     ["DEBUG broker.facts: chosen: simulated on vast", "DEBUG broker.facts: rejected: "]),
+    (["offers"], ["INFO broker.facts: asking providers vast, oci, aws"], []),
+])
+def test_verbose_logs_what_broker_does_and_stdout_does_not_change(tmp_path, args, info, debug):
+    env = {"BROKER_HOME": str(tmp_path), "COLUMNS": "80"}
+    quiet, v, vv = broker(*args, env=env), broker("-v", *args, env=env), broker("-vv", *args, env=env)
+    assert quiet.returncode == v.returncode == vv.returncode == 0, vv.stderr
+    assert quiet.stderr == "" and v.stdout == quiet.stdout and vv.stdout == quiet.stdout
+    for line in info:
+        assert line in v.stderr and line in vv.stderr, v.stderr
+    for line in debug:
+        assert line not in v.stderr and line in vv.stderr, vv.stderr
+    assert "DEBUG" not in v.stderr
+
+
+def test_verbose_leaves_other_libraries_quiet_and_scrubs_secrets(tmp_path):
+    """Only broker's own loggers speak at -vv (httpx/botocore debug output carries request headers), and a secret
+    value from the environment is scrubbed from any record."""
+    code = ("import logging, sys; from broker import cli\n"
+            "@cli.app.command('log-test')\n"
+            "def _l():\n"
+            "    logging.getLogger('httpx').info('GET https://x/ Authorization: Bearer lib-secret')\n"
+            "    logging.getLogger('broker.x').debug('key is %s', 'sentinel-secret-value-123')\n"
+            "cli.main(sys.argv[1:])\n")
+    e = dict(os.environ, PYTHONPATH=str(REPO), BROKER_HOME=str(tmp_path), VAST_API_KEY="sentinel-secret-value-123")
+    cp = subprocess.run([sys.executable, "-c", code, "-vv", "log-test"], env=e, capture_output=True, text=True,
+                        timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "lib-secret" not in cp.stderr and "sentinel-secret-value-123" not in cp.stderr
+    assert "DEBUG broker.x: key is ***" in cp.stderr
+
+
+def test_verbose_check_and_status(tmp_path):
+    env = {"BROKER_HOME": str(tmp_path)}
+    cp = broker("-v", "status", env=env)
+    assert cp.returncode == 0 and "INFO broker.commands.status: status: ledger " in cp.stderr, cp.stderr
+    assert "0 live instance(s) to refresh" in cp.stderr
+    cp = broker("-vv", "check", env=env)
+    assert cp.returncode == 0 and "INFO broker.commands.plan: check vast: credentials missing" in cp.stderr, \
+        cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ --json
+#: one cheap invocation per command that has --json (an error is JSON too, so some are expected to fail)
+JSON_CALLS = {
+    ("catalog", "show"): ["catalog", "show"],
+    ("check",): ["check"],
+    ("cost",): ["cost"],
+    ("down",): ["down", "no-such-run"],
+    ("exec",): ["exec", "no-such-run", "recipes/ddp_2node.yaml"],
+    ("lint",): ["lint", "recipes/ddp_train.py"],
+    ("netns", "up"): ["netns", "up", "--nodes", "0"],
+    ("offers",): ["offers", "--limit", "1"],
+    ("plan",): ["plan", "--budget", "5"],
+    ("quota", "check"): ["quota", "check", "-p", "oci"],
+    ("quota", "request"): ["quota", "request", "-p", "nope"],
+    ("quota", "status"): ["quota", "status", "--no-refresh"],
+    ("reconcile",): ["reconcile"],
+    ("run",): ["run", "no-such.yaml"],
+    ("slurm", "down"): ["slurm", "down", "nope"],
+    ("slurm", "status"): ["slurm", "status", "nope"],
+    ("slurm", "up"): ["slurm", "up", "--provider", "nope"],
+    ("status",): ["status"],
+    ("watchdog",): ["watchdog", "--once"],
+}
+
+
+def test_every_json_command_is_listed_here():
+    from broker.cli import command
+
+    have = {p for p, c in _walk(command()) if "--json" in {o for prm in c.params for o in prm.opts}}
+    assert have == set(JSON_CALLS), have ^ set(JSON_CALLS)
+
+
+def _walk(cmd, path=()):
+    yield path, cmd
+    for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+        yield from _walk(sub, path + (name,))
+
+
+@pytest.mark.parametrize("path", sorted(JSON_CALLS))
+def test_every_json_output_has_schema_version(tmp_path, path):
+    cp = broker(*JSON_CALLS[path], "--json", env={"BROKER_HOME": str(tmp_path)})
+    doc = json.loads(cp.stdout)
+    assert isinstance(doc, dict) and doc["schema_version"] == 1, cp.stdout
+    assert list(doc)[0] == "schema_version"
+    if cp.returncode != 0 and "error" in doc:
+        assert cp.stderr.startswith("error: "), cp.stderr  # the message on stderr as well
+
+
+def test_aws_debug_params_hide_boot_scripts_and_keys():
+    """`-vv` logs an AWS call's parameters; a boot script (which can carry a WireGuard key or TS_AUTHKEY) and any
+    key/secret/token value are replaced by their length, at any depth; tag keys and key pair names stay."""
+    from broker.providers.aws.api import loggable_params
+
+    text = loggable_params({"InstanceType": "g5.xlarge", "UserData": "IyEvYmluL2Jhc2gKVFNfQVVUSEtFWT10c2tleS0xMjM=",
+                            "KeyName": "broker-r1", "TagSpecifications": [{"Tags": [{"Key": "broker-run",
+                                                                                   "Value": "r1"}]}],
+                            "LaunchTemplateData": {"UserData": "c2VjcmV0", "SessionToken": "tok-abcdef"}})
+    assert "IyEvYmluL2Jhc2g" not in text and "c2VjcmV0" not in text and "tok-abcdef" not in text
+    assert '"UserData": "<44 chars>"' in text and '"KeyName": "broker-r1"' in text
+    assert '"Key": "broker-run"' in text and '"InstanceType": "g5.xlarge"' in text
+
+
+def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
+    """`-vv` logs every command broker runs on a node and its exit status (node 0 of a hybrid run is this machine:
+    the same SSHCluster calls, no SSH needed for the test)."""
+    import logging
+
+    from broker.model import Cluster, ClusterNode
+    from broker.remote import SSHCluster
+
+    node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
+                       workroot=str(tmp_path / "here"))
+    ssh = SSHCluster(Cluster(run_id="r1", provider="oci", topology="hybrid", nodes=[node]), run_dir=tmp_path / "run")
+    try:
+        ssh.open()
+        with caplog.at_level(logging.DEBUG, logger="broker"):
+            assert ssh.run(0, "echo hi; exit 3") == (3, "hi\n")
+    finally:
+        ssh.close()
+    msgs = [r.getMessage() for r in caplog.records if r.name == "broker.remote"]
+    assert "ssh node 0: echo hi; exit 3" in msgs and "ssh node 0: exit 3" in msgs, msgs

@@ -25,13 +25,20 @@ def broker(*args: str, env: dict | None = None, cwd: Path | None = None, timeout
                           text=True, timeout=timeout)
 
 
+def unwrapped(text: str) -> str:
+    """``text`` with the line breaks and hanging indents of wrapped prose made single spaces (messages wrap at the
+    terminal's width, 80 in a pipe; a path or command is never broken, so needles are found whole)."""
+    return " ".join(text.split())
+
+
 def one_message(cp: subprocess.CompletedProcess, code: int, *needles: str) -> str:
     out = cp.stdout + cp.stderr
     assert cp.returncode == code, out
     assert "Traceback" not in out, out
     assert "error:" in cp.stderr, out
+    flat = unwrapped(out)
     for n in needles:
-        assert n in out, out
+        assert n in out or unwrapped(n) in flat, out
     return out
 
 
@@ -251,7 +258,7 @@ def test_unexpected_error_writes_a_crash_log(broker_home, capsys):
         code, out = _handle(e, capsys)
     assert code == 1
     assert "internal error:" in out.err and "ZeroDivisionError: boom" in out.err and "bug" in out.err
-    log = Path(out.err.split("traceback is in ")[1].split(":")[0])
+    log = Path(unwrapped(out.err).split("traceback is in ")[1].split(":")[0])
     assert log.parent == broker_home / "logs"
     text = log.read_text()
     assert "Traceback" in text and "ZeroDivisionError: boom" in text and "test_cli_errors.py" in text
@@ -336,7 +343,7 @@ def test_crash_message_and_log_hold_no_secret(broker_home, monkeypatch, capsys):
     except RuntimeError as e:
         code, out = _handle(e, capsys)
     assert code == 1 and "vk-0123" not in out.err and "abcdefgh12345" not in out.err and "api_key=***" in out.err
-    log = Path(out.err.split("traceback is in ")[1].split(":")[0])
+    log = Path(unwrapped(out.err).split("traceback is in ")[1].split(":")[0])
     text = log.read_text()
     assert "vk-0123" not in text and "abcdefgh12345" not in text and "RuntimeError" in text
 
@@ -428,3 +435,42 @@ def test_closed_stdout_ends_a_command_as_systemexit_and_later_output_goes_nowher
     finally:
         os.close(w)
     assert cp.returncode == 0 and cp.stderr == "code=141", cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ --json errors
+def test_json_error_is_on_stdout_and_the_message_on_stderr(job):
+    """As the README says: with --json the error object is on stdout (for the script) and the one-line message on
+    stderr as well (for the person reading the CI log)."""
+    p = job("nodes: true\n")
+    cp = broker("plan", "--recipe", str(p), "--json")
+    assert cp.returncode == 2
+    doc = json.loads(cp.stdout)
+    assert doc["schema_version"] == 1 and doc["error"]["type"] == "RecipeError"
+    assert cp.stderr.startswith("error: ") and "nodes" in cp.stderr and "{" not in cp.stderr, cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ misplaced options
+def test_a_command_option_before_the_command_says_where_it_goes():
+    cp = broker("--json", "status")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    assert "--json is an option of the command: broker status --json" in cp.stderr, cp.stderr
+    assert "Possible options" not in cp.stderr and "--version" not in cp.stderr, cp.stderr
+    cp = broker("--json", "quota", "status")
+    assert "--json is an option of the command: broker quota status --json" in cp.stderr, cp.stderr
+    doc = json.loads(cp.stdout)  # --json anywhere: the error is JSON too, with the same hint
+    assert doc["error"]["hint"] == "--json is an option of the command: broker quota status --json"
+    assert doc["error"]["message"] == "No such option: --json"
+
+
+def test_an_option_of_another_command_names_that_command_not_a_random_one(tmp_path):
+    cp = broker("run", "--budget", "5", str(tmp_path / "r.yaml"))
+    assert cp.returncode == 2
+    assert "Possible options" not in cp.stderr and "--quiet" not in cp.stderr, cp.stderr
+    assert "--budget is an option of broker plan" in unwrapped(cp.stderr), cp.stderr
+    cp = broker("run", "--recipe", str(tmp_path / "r.yaml"))
+    assert "broker run takes RECIPE as an argument: broker run RECIPE" in unwrapped(cp.stderr), cp.stderr
+
+
+def test_a_typo_keeps_its_real_suggestion():
+    cp = broker("plan", "--budgt", "5")
+    assert cp.returncode == 2 and "(Possible options: --budget)" in cp.stderr, cp.stderr

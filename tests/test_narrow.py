@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from rich.cells import cell_len
 
 from tests.conftest import REPO, broker_cmd
+
+
+@pytest.fixture(autouse=True)
+def wrapping_on(broker_home, monkeypatch):
+    """This file checks the wrapping itself: BROKER_NO_WRAP (set for the rest of the suite) is off here."""
+    monkeypatch.delenv("BROKER_NO_WRAP", raising=False)
 
 
 def _out(args, env, columns=80):
@@ -82,3 +89,150 @@ def test_wrap_words_keeps_breaks_and_moves_a_widow():
     assert wrap_words("a b\n-> do this", 80) == ["a b", "-> do this"]
     assert wrap_words("one two", 3) == ["one", "two"]  # two words: nothing to give
     assert wrap_words("x" * 10 + " y", 5) == ["x" * 10, "y"]  # a word wider than the cell keeps its own line
+
+
+# ------------------------------------------------------------------------------------------------ every line fits
+def _too_wide(text: str, width: int = 80) -> list[str]:
+    """Lines wider than ``width`` cells, except a node's streamed log line (verbatim by design) and a line that is
+    one unbreakable piece (a path, URL or `backticked` command longer than the width keeps a line of its own)."""
+    bad = []
+    for ln in text.splitlines():
+        if cell_len(ln) <= width or ln.startswith("[node "):
+            continue
+        piece = ln.strip()
+        if " " not in piece or re.fullmatch(r"`[^`]+`[,;.)]?", piece):
+            continue
+        bad.append(ln)
+    return bad
+
+
+def _failing_job(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "train.py").write_text(
+        "import os\nprint('rank', os.environ.get('RANK'), 'says ' + 'a long line of its own log ' * 6, flush=True)\n"
+        "if os.environ.get('RANK') == '1':\n    raise RuntimeError('boom: simulated failure on rank 1 of the job')\n")
+    (job / "r.yaml").write_text("name: a-failing-job-with-a-rather-long-name\nscript: train.py\nnodes: 2\n"
+                                "cpu_ok: true\nmax_hours: 0.1\n")
+    for d in (".git", ".aws", ".ssh", ".oci", "data"):
+        (job / d).mkdir()
+    for f in (".env", ".env.local", "a.pem", "b.key", "id_rsa", "data/skip.bin", ".gitignore"):
+        (job / f).write_text("data/\n" if f == ".gitignore" else "x")
+    return job / "r.yaml"
+
+
+@pytest.mark.parametrize("args", [["plan", "--budget", "5"], ["plan", "--nodes", "2", "--topology", "hybrid",
+                                                                   "--cpu-ok"],
+                                  ["check"], ["offers", "--limit", "60"], ["status"], ["run", "--help"],
+                                  ["netns", "down", "--help"], ["--json", "status"], ["run", "--budget", "5", "x"],
+                                  ["quota", "status", "--nodes", "3"],
+                                  ["plan", "--recipe", "no-such.yaml"]])
+def test_every_line_fits_80_columns(cli_env, args):
+    p = subprocess.run(broker_cmd(*args), cwd=REPO, env=dict(cli_env, COLUMNS="80"), capture_output=True,
+                       text=True, timeout=120)
+    assert "Traceback" not in p.stderr
+    assert "…" not in p.stdout + p.stderr
+    assert not _too_wide(p.stdout), _too_wide(p.stdout)
+    assert not _too_wide(p.stderr), _too_wide(p.stderr)
+
+
+@pytest.mark.slow
+def test_a_failing_run_fits_80_columns_and_lists_what_was_not_staged(cli_env, tmp_path):
+    recipe = _failing_job(tmp_path)
+    env = dict(cli_env, COLUMNS="80")
+    p = subprocess.run(broker_cmd("run", str(recipe)), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    assert not _too_wide(p.stdout), _too_wide(p.stdout)
+    assert not _too_wide(p.stderr), _too_wide(p.stderr)
+    # the node's own long line is streamed verbatim, whole
+    assert any(ln.startswith("[node 0] rank 0 says ") and cell_len(ln) > 80 for ln in p.stdout.splitlines())
+    # the screen keeps the short form and says where the full list is
+    flat = " ".join(p.stderr.split())
+    assert "(not copied: .aws/, .env, .env.local, .git/, .oci/, .ssh/, ...)" in flat, p.stderr
+    m = re.search(r"full list: (\S+/staged\.txt)", flat)
+    assert m, p.stderr
+    listed = Path(m[1]).read_text()
+    for name in (".aws/", ".env", ".env.local", ".git/", ".oci/", ".ssh/", "a.pem", "b.key", "id_rsa", "data/"):
+        assert f"\n{name}\n" in listed, listed
+    assert "\ntrain.py\n" in listed and "\nr.yaml\n" in listed
+    # -v logs the size and the whole list
+    v = subprocess.run(broker_cmd("-v", "run", str(recipe)), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert v.returncode == 1
+    assert re.search(r"INFO broker\.executor: staging 3 file\(s\), \d+ B \(\d+ bytes\) per node", v.stderr), v.stderr
+    assert "not copied to the nodes (10): .aws/, .env, .env.local, .git/, .oci/, .ssh/, a.pem, b.key, data/, id_rsa" \
+        in v.stderr, v.stderr
+    assert "INFO broker.executor: step stage" in v.stderr and "INFO broker.executor: step launch" in v.stderr
+    assert re.search(r"INFO broker\.ledger: ledger: run \S+ start by cli", v.stderr), v.stderr
+    assert "INFO broker.pipeline: run " in v.stderr
+    assert v.stdout.count("[node 1] RuntimeError: boom") == 1
+
+
+def test_offers_at_80_columns_keeps_ids_and_network_whole(cli_env):
+    out = _out(["offers", "--limit", "60"], cli_env)
+    assert "…" not in out
+    assert re.search(r"^ oci\s+BM\.GPU\.A100-v2\.8\s+8x A100-80GB 80G\s+\$32\.00\s+any\s+private\s*$", out, re.M), out
+    assert re.search(r"^ vast\s+snapshot\s+.*\spublic\s*$", out, re.M)
+    assert "--wide adds vCPU/RAM and disk prices" in " ".join(out.split())
+    wide = _out(["offers", "--limit", "60", "--wide"], cli_env, columns=160)
+    assert "vCPU/RAM GiB" in wide and "disk $/GiB/mo" in wide
+
+
+def test_help_keeps_hyphenated_values_and_has_no_rst_markup(cli_env):
+    out = _out(["run", "--help"], cli_env)
+    assert "direct-blocked" in out and "direct-\n" not in out
+    out = _out(["netns", "down", "--help"], cli_env)
+    assert "``" not in out and "'bkn' + 6 hex digits" in " ".join(out.split())
+
+
+def test_prose_wraps_at_words_and_never_inside_a_command_url_or_path():
+    from broker.ui import wrap_plain
+
+    text = ("-> set VAST_API_KEY (environment or .env) or save the key from https://cloud.vast.ai/manage-keys/ to "
+            "~/.config/vastai/vast_api_key (`vastai set api-key ...`)")
+    lines = wrap_plain(text, 50)
+    assert all(cell_len(ln) <= 50 for ln in lines), lines
+    assert any("https://cloud.vast.ai/manage-keys/" in ln for ln in lines)
+    assert any("~/.config/vastai/vast_api_key" in ln for ln in lines)
+    assert any("`vastai set api-key ...`" in ln for ln in lines)
+    assert all(ln.startswith("   ") for ln in lines[1:])  # hanging indent under the text after "->"
+    # an unquoted broker command moves to the next line whole
+    lines = wrap_plain("next: configure vast (VAST_API_KEY; see .env.example), then broker run RECIPE.yaml "
+                       "--provider vast", 60)
+    assert lines == ["next: configure vast (VAST_API_KEY; see .env.example), then",
+                     "  broker run RECIPE.yaml --provider vast"]
+    # a token longer than the width keeps a line of its own; a number keeps its unit; no lone last word
+    long = "/very/" + "x" * 90 + "/path"
+    assert wrap_plain(f"log: {long} written", 40) == ["log:", f"  {long}", "  written"]
+    assert wrap_plain("worst case $0.39 at a 1.00 h deadline (snapshot)", 24) == [
+        "worst case $0.39 at a", "  1.00 h deadline", "  (snapshot)"]
+    assert wrap_plain("short line", 80) == ["short line"]
+
+
+def test_console_prose_wraps_and_node_lines_stay_verbatim(monkeypatch):
+    from broker.ui import _Console, echo_line
+    import broker.ui as ui
+
+    c = _Console(width=40, highlight=False, soft_wrap=True, emoji=False, force_terminal=False)
+    monkeypatch.setattr(ui, "console", c)
+    with c.capture() as cap:
+        c.print("[bold]chosen:[/] simulated on vast: 2x RTX 3090 (Quebec, CA, NA), worst case $0.39")
+        echo_line("[node 0] " + "a very long log line " * 4)
+        echo_line("[preflight] tcp  0->1  FAIL  node 1 cannot reach node 0 at 198.18.0.1:29500")
+    lines = cap.get().splitlines()
+    assert lines[0] == "chosen: simulated on vast: 2x RTX 3090" and lines[1] == "  (Quebec, CA, NA), worst case $0.39"
+    assert lines[2] == "[node 0] " + "a very long log line " * 4
+    pre = lines[3:]  # broker's own line: wrapped under its tag
+    assert len(pre) >= 2 and all(cell_len(ln) <= 40 for ln in pre), pre
+    assert pre[0].startswith("[preflight] tcp  0->1  FAIL") and all(ln.startswith(" " * 14) for ln in pre[1:])
+    assert pre[-1].strip().endswith(" 198.18.0.1:29500")  # no lone last piece
+
+
+def test_broker_no_wrap_keeps_prose_on_one_line(cli_env):
+    """BROKER_NO_WRAP=1 (logs meant for grep): prose lines are not wrapped; tables still fit the width."""
+    out = _out(["plan", "--budget", "5"], dict(cli_env, BROKER_NO_WRAP="1"))
+    chosen = [ln for ln in out.splitlines() if ln.startswith("chosen: ")]
+    assert len(chosen) == 1 and cell_len(chosen[0]) > 80 and chosen[0].endswith("(SkyPilot catalog medians))")
+    assert all(cell_len(ln) <= 80 for ln in _table_lines(out))

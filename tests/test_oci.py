@@ -784,3 +784,28 @@ def test_launch_never_retried_even_with_a_retrying_client(cfg, server):
     with pytest.raises(TransientError):
         p2.availability_domains()
     assert len([e for e, _ in server.log if e.path.endswith("availabilityDomains")]) == 3
+
+
+def test_calls_are_logged_with_name_and_outcome_never_the_key(cfg, server, caplog):
+    """`broker -v`: each OCI call through the one error-mapping place is logged with its name and outcome; the
+    signing key (and its config) never."""
+    import logging
+
+    path = "/20190729/services/compute/limits/gpu-a10-count/resourceAvailability"
+    server.expect_request(path).respond_with_response(jresp({"used": 1, "available": 3}))
+    with caplog.at_level(logging.DEBUG, logger="broker"):
+        make(cfg, server).quotas(Requirements(), [offer("VM.GPU.A10.1", AD1)])
+    ok = [r.getMessage() for r in caplog.records if r.name == "broker.providers.oci.sdk" and r.levelname == "INFO"]
+    assert ok and all(m.startswith("oci ") and ": ok (" in m for m in ok), ok
+    assert "PRIVATE KEY" not in caplog.text and "fingerprint" not in caplog.text
+
+
+def test_a_refused_call_is_logged_as_failed(cfg, server, caplog):
+    import logging
+
+    server.expect_request("/20190729/services/compute/limits/gpu-a10-count/resourceAvailability") \
+        .respond_with_response(err(404, "NotAuthorizedOrNotFound", "Authorization failed."))
+    with caplog.at_level(logging.INFO, logger="broker"), pytest.raises(AuthError):
+        make(cfg, server).quotas(Requirements(), [offer()])
+    assert any(": failed (" in r.getMessage() and "NotAuthorizedOrNotFound" in r.getMessage()
+               for r in caplog.records if r.name == "broker.providers.oci.sdk"), caplog.text

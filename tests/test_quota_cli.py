@@ -76,11 +76,16 @@ def cli(*args: str):
     return runner.invoke(app, list(args))
 
 
+def flat(text: str) -> str:
+    """``text`` with wrapped prose joined again (lines wrap at the width between words, commands kept whole)."""
+    return " ".join(text.split())
+
+
 def test_check_oci_verdict_and_missing_aws(monkeypatch):
     use(monkeypatch, oci=FakeOCI())
     r = cli("quota", "check", "--instance-type", "VM.GPU.A10.1")
     assert r.exit_code == 0, r.output
-    assert "2× VM.GPU.A10.1 needs gpu-a10-count ≥ 2 in one AD; you have 1 available in AD-1" in r.output
+    assert "2× VM.GPU.A10.1 needs gpu-a10-count ≥ 2 in one AD; you have 1 available in AD-1" in flat(r.output)
     assert "broker quota request --provider oci --limit gpu-a10-count --value 2 --scope AD-1" in r.output
     assert "0 of 1 GPU used means 1 GPU may be launched" in r.output
     assert "aws: provider not available" in r.output
@@ -135,9 +140,9 @@ def test_request_oci_sized_per_ad_recorded_and_status(monkeypatch):
     r = cli("quota", "status")
     assert r.exit_code == 0 and "IN_PROGRESS" in r.output
     r = cli("quota", "status", "--json")
-    assert json.loads(r.output)[0]["state"] == "SUCCEEDED"
+    assert json.loads(r.output)["requests"][0]["state"] == "SUCCEEDED"
     r = cli("quota", "status", "--json")  # final state: not asked again (the fake has no states left)
-    assert json.loads(r.output)[0]["state"] == "SUCCEEDED"
+    assert json.loads(r.output)["requests"][0]["state"] == "SUCCEEDED"
 
 
 def test_request_oci_draft_prints_form_files_nothing(monkeypatch):
@@ -217,7 +222,7 @@ def test_aws_check_real_adapter(monkeypatch):
     r = cli("quota", "check", "-p", "aws", "-t", "g5.xlarge")
     assert r.exit_code == 0, r.output
     assert ("2× g5.xlarge needs 8 vCPUs of L-DB2E81BA (Running On-Demand G and VT instances) in us-east-1; "
-            "you have 4 available in us-east-1 (= 1× g5.xlarge)") in r.output
+            "you have 4 available in us-east-1 (= 1× g5.xlarge)") in flat(r.output)
     assert "broker quota request --provider aws --limit L-DB2E81BA --value 8 --region us-east-1" in r.output
 
 
@@ -235,7 +240,7 @@ def test_aws_request_files_vcpus_on_demand_and_status_denied(monkeypatch):
     sq.add_response("get_requested_service_quota_change", {"RequestedQuota": {
         "Id": "req-1", "QuotaCode": "L-DB2E81BA", "DesiredValue": 12.0, "Status": "DENIED"}}, {"RequestId": "req-1"})
     r = cli("quota", "status", "--json")
-    row = json.loads(r.output)[0]
+    row = json.loads(r.output)["requests"][0]
     assert (row["provider_request_id"], row["state"], row["unit"]) == ("req-1", "DENIED", "vcpus")
     assert "denied" in row["note"]
     sq.assert_no_pending_responses()

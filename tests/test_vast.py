@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
+import re
+
 import respx
 
 from broker.model import Offer, Requirements
@@ -610,3 +612,28 @@ def test_a_24_gib_job_queries_low_enough_for_an_rtx_4090():
         offers = p.offers(Requirements(nodes=2, min_gpu_mem_gib=24))
     assert json.loads(route.calls.last.request.content)["gpu_ram"]["gte"] <= 24564
     assert [o.gpu_name for o in offers] == ["RTX 4090"]
+
+
+def test_verbose_plan_logs_the_calls_and_never_the_key(monkeypatch, capsys):
+    """`broker -vv plan` against the (respx-mocked) Vast API logs which providers are asked, that Vast's offers are
+    live, each API call with its outcome and the request path, and never the key (nor the Authorization header),
+    though the key is in the environment and in every request."""
+    from broker import cli
+
+    monkeypatch.setenv("VAST_API_KEY", KEY)
+    monkeypatch.setenv("COLUMNS", "80")
+    with respx.mock(base_url=URL, assert_all_mocked=True, assert_all_called=False) as mock:
+        route = mock.post("/api/v0/bundles/").respond(json={"offers": [offer_row(), offer_row(id=300, machine_id=7)]})
+        other = mock.route().respond(json={})  # anything else the adapter asks (user, credit): an empty answer
+        with pytest.raises(SystemExit) as ex:
+            cli.main(["-vv", "plan", "--budget", "5", "--provider", "vast", "--nodes", "1", "--gpus-per-node", "2"])
+    out = capsys.readouterr()
+    assert route.called and route.calls.last.request.headers["Authorization"] == f"Bearer {KEY}"
+    assert ex.value.code in (0, 3), out.err
+    assert KEY not in out.err and KEY not in out.out and "Bearer" not in out.err, out.err
+    assert "INFO broker.facts: asking providers vast" in out.err
+    assert "vast: asking for offers (live API)" in out.err
+    assert re.search(r"INFO broker\.providers\.vast\.client: vast search offers.*: HTTP 200 \(1 try", out.err)
+    assert re.search(r"DEBUG broker\.providers\.vast\.client: .*POST /api/v0/bundles/", out.err)
+    assert "DEBUG broker.facts: chosen: simulated on vast" in out.err
+    assert not other.called or all(KEY not in str(c.request.url) for c in other.calls)

@@ -383,7 +383,9 @@ def test_cli_once_json_and_busy_lock(ledger, fake, home):
         assert ledger.resource(rows[0].id).state == "running"  # the lock holder does the work, not this one
     res = CliRunner().invoke(app, ["watchdog", "--once", "--json"])
     assert res.exit_code == 0, res.output
-    acts = json.loads(res.output)
+    doc = json.loads(res.output)
+    assert doc["schema_version"] == 1
+    acts = doc["actions"]
     term = [a for a in acts if a["kind"] == "terminate"]
     assert [a["resource_id"] for a in term] == [rows[0].id] and term[0]["ok"]
     assert "deadline passed" in term[0]["reason"]

@@ -61,7 +61,7 @@ def down_cmd(
 ) -> None:
     """Kill the cluster's sshd's and processes, delete its namespaces, veths and bridge (idempotent).
 
-    The id must be a whole cluster id (``bkn`` + 6 hex digits): a part of one (``bkn``) or any other word is an
+    The id must be a whole cluster id ('bkn' + 6 hex digits): a part of one ('bkn') or any other word is an
     error (exit 2), never a pattern."""
     from broker.errors import BadInput
 

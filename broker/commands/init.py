@@ -60,7 +60,10 @@ def register(app: typer.Typer) -> None:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
         recipes = sorted(r for r in files if r.endswith((".yaml", ".yml")) and "/" not in r)
-        typer.echo(f"wrote {len(files)} files to {directory}/ (recipes: {', '.join(recipes)})")
+        from broker.ui import console
+
+        console.print(f"wrote {len(files)} files to {directory}/ (recipes: {', '.join(recipes)})", markup=False)
         if recipes:
             first = "ddp_2node.yaml" if "ddp_2node.yaml" in recipes else recipes[0]
-            typer.echo(f"next: broker plan --recipe {directory / first}   then: broker run {directory / first}")
+            plan, run = f"broker plan --recipe {directory / first}", f"broker run {directory / first}"
+            console.print(f"next: {plan}   then: {run}", markup=False, keep=[plan, run])

@@ -8,16 +8,20 @@ machine without credentials plans offline (no network call at all).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+_log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from broker.model import Offer, Plan, PlanOption, Requirements
 
-from broker.facts import CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather  # noqa: E402
+from broker.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
+                          log_plan)
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -332,6 +336,7 @@ def register(app: typer.Typer) -> None:
             add_free_tier(req, facts, names)
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
+        log_plan(p)
         if as_json:
             print_json({"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen, "next_step": next_step(p, recipe),
                         "plan": p})
@@ -351,6 +356,8 @@ def register(app: typer.Typer) -> None:
         provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
         limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
         vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (vCPU/RAM, disk price); default: "
+                                  f"when the terminal has {WIDE_COLUMNS} columns"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
@@ -375,9 +382,14 @@ def register(app: typer.Typer) -> None:
 
         t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        for col, nowrap in (("provider", True), ("offer", False), ("GPUs", True), ("vCPU/RAM GiB", True),
-                            ("$/hour", True), ("disk $/GiB/mo", True), ("where", False), ("net", True)):
-            t.add_column(col, no_wrap=nowrap, justify="right" if col.startswith(("$", "disk")) else "left")
+        if wide is None:
+            wide = console.width >= WIDE_COLUMNS
+        cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
+        cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
+        cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
+        for col, nowrap in cols:
+            t.add_column(col, no_wrap=nowrap, overflow="fold",
+                         justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
                 offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
@@ -385,12 +397,19 @@ def register(app: typer.Typer) -> None:
                 offer = o.offer_id
             else:
                 offer = f"{o.offer_id} ({o.instance_type})"
-            t.add_row(o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G"),
-                      f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
-                      usd(o.usd_per_hour),
-                      "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}",
-                      escape(where_of(o) or "any"), "private" if o.private_network else "public")
+            cells = [o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G")]
+            if wide:
+                cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
+                          usd(o.usd_per_hour),
+                          "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}"]
+            else:
+                cells += [usd(o.usd_per_hour)]
+            cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
+            t.add_row(*cells)
         console.print(t)
+        if not wide:
+            console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
+                          "prices[/]")
         for n in facts.notes:
             console.print(f"[dim]note:[/] {escape(n)}")
 
@@ -423,6 +442,10 @@ def register(app: typer.Typer) -> None:
                                              hint="plans use the shipped price snapshot"))
             except Exception as e:
                 results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
+            r = results[-1]
+            _log.info("check %s: credentials %s, %s%s", name, "present" if r.configured else "missing",
+                      {True: "usable", False: "not usable", None: "not tried online"}[r.usable],
+                      f" ({r.detail})" if r.detail else "")
         if as_json:
             print_json({"providers": results})
             return

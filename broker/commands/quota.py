@@ -270,7 +270,7 @@ def register(app: typer.Typer) -> None:
 
         rows = request_statuses(refresh=refresh)
         if as_json:
-            print_json(rows)
+            print_json({"requests": rows})
             return
         if not rows:
             console.print("no quota requests recorded (`broker quota request` files one).")

@@ -56,13 +56,16 @@ def register(app: typer.Typer) -> None:
         job = shlex.quote(str(output)) if output else "job.sbatch"
         where = (f"in {shlex.quote(workdir)}" if workdir else
                  f"from a copy of {recipe.workdir} on the cluster (the job runs in the folder you submit from)")
-        typer.echo(("wrote " + str(output) + "; " if output else "")
-                   + f"logs go to {logs}/ (relative to the job folder); it must exist before sbatch opens the "
-                   f"batch log. Submit {where}:\n  mkdir -p {shlex.quote(logs)} && sbatch {job}", err=True)
+        from broker.ui import err
+
+        submit = f"mkdir -p {shlex.quote(logs)} && sbatch {job}"
+        err.print(("wrote " + str(output) + "; " if output else "")
+                  + f"logs go to {logs}/ (relative to the job folder); it must exist before sbatch opens the "
+                  f"batch log. Submit {where}:\n  {submit}", markup=False, keep=[submit, where])
         refs = recipe.env_references()
         if refs:
-            typer.echo(f"the job reads {', '.join(refs)} from the environment sbatch is run in (sbatch exports it)",
-                       err=True)
+            err.print(f"the job reads {', '.join(refs)} from the environment sbatch is run in (sbatch exports it)",
+                      markup=False)
         if not output:
             typer.echo(script, nl=False)
 

@@ -15,9 +15,12 @@ active whose CLI process is dead on this machine is marked ``interrupted`` (as t
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import typer
+
+_log = logging.getLogger(__name__)
 
 
 def _dur(seconds: float | None) -> str:
@@ -47,6 +50,8 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
     notes: dict[str, str] = {}
     rows = [r for r in ledger.resources(live_only=True)
             if r.kind == "instance" and r.provider_id and r.provider not in ("local",)]
+    _log.info("status: ledger %s; %d live instance(s) to refresh at their provider", getattr(ledger, "path", "?"),
+              len(rows))
     for res in rows:
         if res.provider in notes:
             continue
@@ -69,7 +74,10 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
             info = p.describe_instance(res.provider_id, region=res.region)
         except Exception as e:  # noqa: BLE001 - a provider that cannot answer: say so, keep the ledger's view
             notes[res.provider] = f"not refreshed: {getattr(e, 'message', None) or e}"
+            _log.info("status: %s %s: %s", res.provider, res.provider_id, notes[res.provider])
             continue
+        _log.info("status: %s %s is %s at the provider (ledger: %s)", res.provider, res.provider_id, info.state,
+                  res.state)
         if info.state == "terminated":
             ledger.update_resource(res.id, state="terminated", terminated_at=now, terminated_by="provider",
                                    error=None, actor="status",

@@ -17,18 +17,18 @@ def register(app: typer.Typer) -> None:
                                           "died) before its still-live resources are terminated", min=0),
         exit_when_idle: float = typer.Option(None, "--exit-when-idle", help="exit after this many seconds with "
                                              "no live resource and no active run (default: run until stopped)"),
-        as_json: bool = typer.Option(False, "--json", help="print actions as JSON (one object per line)"),
+        as_json: bool = typer.Option(False, "--json", help="print actions as JSON (one object per line; with "
+                                     "--once one object whose \"actions\" lists them)"),
     ) -> None:
         """Terminate what is past its deadline or budget, left over by a dead CLI, or orphaned.
 
         One instance at a time: a second one prints which pid holds the lock and exits with code 0.
         """
-        import json
         import sys
 
         from broker.config import settings
         from broker.ledger import Ledger
-        from broker.ui import console, err
+        from broker.ui import console, err, print_json
         from broker.watchdog import Watchdog, WatchdogBusy, WatchdogLock
 
         interval_s = interval if interval is not None else settings().broker_watchdog_interval_s
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         def emit(actions) -> None:
             if as_json:
                 for a in actions:
-                    print(json.dumps(a.to_dict()), flush=True)
+                    print_json(a.to_dict(), indent=None)
 
         try:
             wd = Watchdog(Ledger(), interval_s=interval_s, orphan_grace_s=orphan_grace, ended_grace_s=ended_grace,
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
             if once:
                 actions = wd.run_once()
                 if as_json:
-                    print(json.dumps([a.to_dict() for a in actions], indent=2))
+                    print_json({"actions": [a.to_dict() for a in actions]})
                 elif not actions:
                     console.print("watchdog: nothing to do (every live resource is within its deadline and budget)")
                 return

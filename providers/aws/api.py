@@ -11,6 +11,7 @@ service (169.254.169.254).
 from __future__ import annotations
 
 import configparser
+import logging
 import math
 import os
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from broker.provider import (AmbiguousCreate, AuthError, CapacityError, Provider
                              TransientError)
 
 PROVIDER = "aws"
+_log = logging.getLogger(__name__)
 #: What to do when boto3 is missing (the `aws` extra).
 INSTALL_HINT = "install the AWS SDK: pip install -e '.[aws]' (or pip install boto3)"
 CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (.env.example)"
@@ -45,6 +47,30 @@ BUCKETS = {"G": "G/VT", "P": "P", "standard": "standard"}
 
 
 # --------------------------------------------------------------------------------------------------- credentials
+#: request parameters whose values are never logged (boot scripts can carry keys; names are lower-cased)
+_UNLOGGED_PARAMS = ("userdata", "password", "secret", "token", "key", "privatekey", "credential")
+
+
+def loggable_params(params: dict[str, Any]) -> str:
+    """``params`` of an API call for the debug log: values (at any depth) whose names suggest secrets
+    (``UserData``, ``*Token``, ``*Key``...) become ``<N chars>``; the rest is shortened to 300 characters."""
+    import json
+
+    def safe(name: str, value: Any) -> Any:
+        low = name.lower()
+        # (a tag's "Key" and a key pair's name are not secrets)
+        if any(w in low for w in _UNLOGGED_PARAMS) and low not in ("key", "keyname"):
+            return f"<{len(str(value))} chars>"
+        if isinstance(value, dict):
+            return {k: safe(str(k), v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [safe(name, v) for v in value]
+        return value
+
+    text = json.dumps({k: safe(k, v) for k, v in params.items()}, default=str)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
 def credentials_present(env: dict[str, str] | None = None, home: Path | None = None) -> tuple[bool, str]:
     """Whether the boto3 chain would find credentials, decided from env vars and ``~/.aws`` files only (no
     network, no metadata service).  Returns (present, where)."""
@@ -337,15 +363,24 @@ class AWSApi:
     def errors(self, call: str, **ctx: Any) -> Iterator[None]:
         """``with api.errors("run_instances", instance_type=..., create=True): ...``: botocore errors raised
         inside become broker errors (:func:`map_error` with ``ctx``), cause chained."""
+        import time
+
+        t0 = time.monotonic()
         try:
             yield
-        except ProviderError:
+        except ProviderError as e:
+            _log.info("aws %s: failed (%.2f s): %s", call, time.monotonic() - t0, e.message)
             raise
         except Exception as e:  # noqa: BLE001 - translated at the edge
-            raise map_error(e, call, **ctx) from e
+            mapped = map_error(e, call, **ctx)
+            _log.info("aws %s: failed (%.2f s): %s", call, time.monotonic() - t0, mapped.message)
+            raise mapped from e
+        _log.info("aws %s: ok (%.2f s)", call, time.monotonic() - t0)
 
     def call(self, client: Any, op: str, _ctx: dict[str, Any] | None = None, **params: Any) -> Any:
         """``client.<op>(**params)`` with errors mapped (``_ctx``: :func:`map_error` keywords)."""
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug("aws %s: params %s", op, loggable_params(params))
         with self.errors(op, **(_ctx or {})):
             return getattr(client, op)(**params)
 

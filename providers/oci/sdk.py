@@ -9,6 +9,7 @@ an SDK exception themselves.  The SDK is imported lazily (inside methods): ``bro
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import time
@@ -19,6 +20,7 @@ from broker.provider import (AmbiguousCreate, AuthError, CapacityError, Provider
                              TransientError)
 
 PROVIDER = "oci"
+_log = logging.getLogger(__name__)
 
 _EXCEEDED = re.compile(r"service limits? (?:were|was) exceeded:\s*(.+?)(?:\.\s|\.$|$)", re.I | re.S)
 #: What to do when the SDK is missing (the `oci` extra).
@@ -256,12 +258,17 @@ class OCIApi:
                create: bool = False) -> Iterator[None]:
         """``with api.errors("launch_instance", scope=ad, create=True): ...``: SDK errors raised inside become
         broker errors (:meth:`map_error`), cause chained."""
+        _log.debug("oci %s: scope=%s shape=%s", call, scope, shape)
+        t0 = time.monotonic()
         try:
             yield
-        except ProviderError:
+        except ProviderError as e:
+            _log.info("oci %s: failed (%.2f s): %s", call, time.monotonic() - t0, e.message)
             raise
         except sdk_errors() as e:
-            raise self.map_error(e, call, scope=scope, shape=shape, gpus=gpus, create=create) from e
+            mapped = self.map_error(e, call, scope=scope, shape=shape, gpus=gpus, create=create)
+            _log.info("oci %s: failed (%.2f s): %s", call, time.monotonic() - t0, mapped.message)
+            raise mapped from e
         except (AttributeError, TypeError, ValueError, KeyError) as e:
             if isinstance(e, ValueError) and "cannot be None" in str(e):  # the SDK's own check: nothing was sent
                 raise ProviderError(PROVIDER, call, f"invalid request: {e}") from e
@@ -270,6 +277,7 @@ class OCIApi:
                 raise AmbiguousCreate(PROVIDER, call, f"unreadable answer ({type(e).__name__}): the create may "
                                       "have happened", hint="list by tag / retry token before creating again") from e
             raise unreadable(call, f"the SDK could not read it ({type(e).__name__}: {e})") from e
+        _log.info("oci %s: ok (%.2f s)", call, time.monotonic() - t0)
 
     def call(self, call: str, fn: Callable[..., Any], *args: Any, _scope: str | None = None,
              _shape: str | None = None, **kwargs: Any) -> Any:

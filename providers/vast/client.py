@@ -18,6 +18,7 @@ Error tree (most specific first): 401/403 -> AuthError; 402 or a credit text -> 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
 PROVIDER = "vast"
+_log = logging.getLogger(__name__)
 DEFAULT_API_URL = "https://console.vast.ai"
 #: HTTP statuses retried (as vastai's VastClient does).
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
@@ -310,17 +312,28 @@ class VastClient:
                     raise _Retry(r, delay)
             return r
 
-        with self._mapped(call):
-            try:
-                for attempt in Retrying(stop=stop, wait=self._wait, retry=retry_if_exception_type(retryable),
-                                        sleep=self.sleep, reraise=True):
-                    with attempt:
-                        r = once()
-            except _Retry as exc:
-                raise _Status(exc.response, n) from None
-            if not (r.is_success or r.status_code in accept):
-                raise _Status(r, n)
-            return r
+        # the request's method, path and parameters, never its headers (the key is the Authorization header)
+        _log.debug("vast %s: %s %s params=%s body=%s", call, method, path, self.scrub(json.dumps(params or {},
+                   default=str)), "yes" if json_body is not None else "no")
+        t0 = time.monotonic()
+        try:
+            with self._mapped(call):
+                try:
+                    for attempt in Retrying(stop=stop, wait=self._wait, retry=retry_if_exception_type(retryable),
+                                            sleep=self.sleep, reraise=True):
+                        with attempt:
+                            r = once()
+                except _Retry as exc:
+                    raise _Status(exc.response, n) from None
+                if not (r.is_success or r.status_code in accept):
+                    raise _Status(r, n)
+        except ProviderError as e:
+            _log.info("vast %s: failed after %d tr%s, %.2f s: %s", call, n, "y" if n == 1 else "ies",
+                      time.monotonic() - t0, e.message)
+            raise
+        _log.info("vast %s: HTTP %d (%d tr%s, %.2f s)", call, r.status_code, n, "y" if n == 1 else "ies",
+                  time.monotonic() - t0)
+        return r
 
     def json(self, r: "httpx.Response", call: str) -> Any:
         """The answer's JSON; ProviderError naming ``call`` when it is not JSON (fail closed)."""
