@@ -24,9 +24,12 @@ from broker import __version__
 from broker.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
                            OutputClosed)
 
-app = typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
-                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]})
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
+                       no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+                       rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
+
 
 #: modules that add commands (each has ``register(app)``)
 COMMAND_MODULES = [
@@ -77,7 +80,6 @@ def setup_logging(verbosity: int) -> None:
     logging.getLogger("broker").setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
 
 
-@app.callback()
 def _root(
     version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
                                  help="print broker's version and exit"),
@@ -88,8 +90,53 @@ def _root(
         setup_logging(verbose)
 
 
-for _name in COMMAND_MODULES:
-    importlib.import_module(_name).register(app)
+#: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every
+#: registered command's signature on each start; tests/test_startup.py checks this table against the modules)
+COMMANDS = {
+    **dict.fromkeys(("plan", "offers", "check", "catalog"), "broker.commands.plan"),
+    "run": "broker.commands.run", "status": "broker.commands.status",
+    **dict.fromkeys(("down", "reconcile"), "broker.commands.lifecycle"),
+    "watchdog": "broker.commands.watchdog", "quota": "broker.commands.quota", "lint": "broker.commands.lint",
+    "netns": "broker.commands.cluster", "slurm": "broker.commands.slurm",
+    **dict.fromkeys(("logs", "ssh", "exec", "cost", "clean"), "broker.commands.day2"),
+    "init": "broker.commands.init",
+}
+
+
+def make_app(modules: list[str]) -> typer.Typer:
+    """A ``broker`` Typer app with the root options and the commands of ``modules`` (``register(app)`` each)."""
+    a = _new_app()
+    a.callback()(_root)
+    for name in modules:
+        importlib.import_module(name).register(a)
+    return a
+
+
+_full_app: typer.Typer | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``broker.cli.app``: the app with every command, built on first use (PEP 562)."""
+    if name == "app":
+        global _full_app
+        if _full_app is None:
+            _full_app = make_app(COMMAND_MODULES)
+        return _full_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _app_for(args: list[str]) -> typer.Typer:
+    """The full app, unless ``args`` name one known command (after root options) and the full app was never
+    built (tests add commands to it): then an app with that command's module only."""
+    import os
+
+    if _full_app is not None or any(k.endswith("_COMPLETE") for k in os.environ):
+        return __getattr__("app")
+    first = next((a for a in args if not a.startswith("-")), None)
+    roots = [a for a in args[: args.index(first)]] if first is not None else args
+    if first in COMMANDS and all(a in ("-v", "-vv", "-vvv", "--verbose") for a in roots):
+        return make_app([COMMANDS[first]])
+    return __getattr__("app")
 
 
 # ------------------------------------------------------------------------------------------------ error boundary
@@ -190,12 +237,9 @@ def _usage_errors() -> tuple[type, ...]:
     base = getattr(typer, "TyperException", None)
     if base is not None:
         out.append(base)
-    try:
-        import click
-
+    click = sys.modules.get("click")  # an older Typer imported click itself; never import it for nothing (~10 ms)
+    if click is not None:
         out.append(click.exceptions.ClickException)
-    except ImportError:
-        pass
     return tuple(out)
 
 
@@ -220,7 +264,7 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
     name = exc.option_name
     exc.possibilities = [p for p in (exc.possibilities or [])  # a typo's real option (--budgt: --budget) stays
                          if difflib.SequenceMatcher(None, name, p).ratio() >= 0.8]
-    root = exc.ctx.find_root().command if exc.ctx is not None else command()
+    root = command()  # the whole tree (a run may have built only its own command)
     here = tuple(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ()
     # the command the user named: the words of args that walk down the command tree from where the error was
     path, cmd = here, dict(_commands(root)).get(here, root)
@@ -390,6 +434,8 @@ def _help_keeps_hyphenated_words() -> None:
     import importlib
 
     for mod in ("typer._click._textwrap", "click._textwrap"):
+        if mod.startswith("click") and "click" not in sys.modules:  # only an older Typer's own click
+            continue
         try:
             m = importlib.import_module(mod)
         except ImportError:
@@ -408,11 +454,11 @@ def _help_keeps_hyphenated_words() -> None:
         m.TextWrapper = _Wrapper  # type: ignore[attr-defined]
 
 
-def command() -> Any:
-    """The click command behind ``app`` (as ``app()`` builds it), with plain usage lines (:func:`_plain_usage`)
-    and help that never breaks a hyphenated word (:func:`_help_keeps_hyphenated_words`)."""
+def command(a: typer.Typer | None = None) -> Any:
+    """The click command behind ``a`` (default: the full app; as ``app()`` builds it), with plain usage lines
+    (:func:`_plain_usage`) and help that never breaks a hyphenated word (:func:`_help_keeps_hyphenated_words`)."""
     _help_keeps_hyphenated_words()
-    cmd = typer.main.get_command(app)
+    cmd = typer.main.get_command(a if a is not None else __getattr__("app"))
     _plain_usage(cmd)
     return cmd
 
@@ -438,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread
         pass
     try:
-        rv = command()(args=args, prog_name="broker", standalone_mode=False)
+        rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
         if code == EXIT_INTERRUPTED and _interrupted and not as_json:
             _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)

@@ -188,3 +188,41 @@ def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
         assert list(o) == [f.name for f in fields(Offer)]
         assert all(isinstance(o[n], float) for n in float_fields), o
     assert PlanOption.from_dict(data["chosen"]) == p.chosen
+
+
+def test_plan_does_not_import_the_click_package(tmp_path):
+    """Typer >= 0.26 vendors click (typer._click); importing the separate click package too cost ~10 ms per start."""
+    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+                         "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
+    import typer
+
+    if hasattr(typer, "_click"):
+        assert "click" not in mods
+
+
+def test_the_command_table_matches_what_the_modules_register():
+    """broker.cli.COMMANDS (command -> module, used to build only the invoked command) lists exactly what each
+    command module registers."""
+    import importlib
+
+    import typer
+
+    from broker import cli
+
+    seen = {}
+    for m in cli.COMMAND_MODULES:
+        a = typer.Typer()
+        importlib.import_module(m).register(a)
+        for c in a.registered_commands:
+            seen[c.name or c.callback.__name__.replace("_", "-")] = m
+        for g in a.registered_groups:
+            seen[g.name] = m
+    assert seen == cli.COMMANDS
+
+
+def test_plan_builds_only_its_own_commands(tmp_path):
+    """`broker plan` imports the plan command module only (the others and their Typer signatures cost ~15 ms)."""
+    mods = modules_after("from broker import cli\ntry:\n    cli.main(['-v', 'plan', '--budget', '5'])\nexcept "
+                         "SystemExit:\n    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
+    assert "broker.commands.plan" in mods
+    assert not {m for m in mods if m.startswith("broker.commands.")} - {"broker.commands", "broker.commands.plan"}
