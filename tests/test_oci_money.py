@@ -23,7 +23,7 @@ from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderErro
                              TransientError)
 from broker.providers.oci import TOKEN_TAG, OCIProvider, cloud_init  # noqa: E402
 from test_oci import (AD1, AD2, COMP, IGW, RT, SL, SUBNET, VCN, OrderRecorder, _env, cfg, err,  # noqa: E402,F401
-                      instance_json, jresp, key_pem, make, network_server, node_request, server)
+                      instance_json, jresp, make, network_server, node_request, server)
 
 INST = "inst-A"
 
