@@ -83,8 +83,9 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     ``offline``: no provider is asked; clouds are planned from their price snapshots (no network call).
     A provider that is not configured (or whose adapter cannot load) is planned from its snapshot, with a note.
     A *configured* cloud whose live answer fails (rate limit, 5xx, credentials rejected, an unreadable answer)
-    raises that ProviderError (exit 4): a plan from the snapshot would offer ids that cannot be rented, and the
-    error says to retry or to pass ``--offline``.  A malformed ``vast_query`` raises BadInput."""
+    is left out of the plan with the reason (``unavailable``), never replaced by its snapshot, whose offer ids
+    cannot be rented; when it is the only provider asked, that ProviderError is raised (exit 4) and says to retry
+    or to pass ``--offline``.  A malformed ``vast_query`` raises BadInput."""
     from broker.provider import BadInput, ProviderError
 
     from broker.providers import get_provider
@@ -136,11 +137,18 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             raise
         except ProviderError as e:
             if name in CLOUD and _configured(p):
-                if "--offline" not in (e.hint or ""):
-                    e.hint = ((e.hint + "; ") if e.hint else "") + (
-                        "`broker plan --offline` plans from the price snapshot meanwhile (nothing can be rented "
-                        "from it)")
-                raise
+                if len(names) == 1:  # the user asked for this provider alone: its failure is the answer
+                    if "--offline" not in (e.hint or ""):
+                        e.hint = ((e.hint + "; ") if e.hint else "") + (
+                            "`broker plan --offline` plans from the price snapshot meanwhile (nothing can be "
+                            "rented from it)")
+                    raise
+                # one unreachable cloud must not block the others (nor a free run here): left out of this plan,
+                # never replaced by its snapshot, whose offer ids cannot be rented
+                why = f"live offers failed, left out of this plan: {_short(e)}"
+                _log.info("%s: %s", name, why)
+                facts.unavailable[name] = why + (f" ({e.hint})" if e.hint else "")
+                continue
             why = f"offers failed: {_short(e)}"
             offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
             if name not in CLOUD:

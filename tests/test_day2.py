@@ -227,3 +227,24 @@ def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, caps
         cli.main(["ssh", "r-h", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "node 0 of run r-h is this machine" in err and "/runs/r-h/here" in err, err
+
+
+def test_an_unreachable_vast_is_left_out_and_a_free_run_here_still_runs(cli_env, httpserver, tmp_path):
+    """Second new-user trial: with VAST_API_KEY set and Vast.ai unreachable, `broker plan` and even a free local
+    `broker run` ended with exit 4.  Among several providers the failing one is left out of the plan (with its
+    reason, never its snapshot); asked alone it is still the error."""
+    httpserver.expect_request("/api/v0/bundles/", method="POST").respond_with_data("busy", status=503)
+    env = dict(cli_env, VAST_API_KEY="test-key-not-real", VAST_API_URL=httpserver.url_for("/").rstrip("/"),
+               BROKER_NO_WRAP="1")
+    p = _cli(["plan", "--budget", "5", "--cpu-ok", "--json"], env, timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    plan = json.loads(p.stdout)["plan"]
+    assert all(o["provider"] != "vast" for o in plan["options"])
+    vast = [o for o in plan["rejected"] if o["provider"] == "vast"]
+    assert vast and "left out of this plan" in vast[0]["rejected"][0] and "503" in vast[0]["rejected"][0]
+    assert "test-key-not-real" not in p.stdout + p.stderr
+    (tmp_path / "t.py").write_text("print('HELLO')\n")
+    (tmp_path / "r.yaml").write_text("name: here\nscript: t.py\nnodes: 1\ngpus_per_node: 0\ncpu_ok: true\n"
+                                     "expect: ['HELLO']\n")
+    r = _cli(["run", str(tmp_path / "r.yaml")], env, timeout=240)
+    assert r.returncode == 0 and "status: succeeded" in r.stdout, r.stdout + r.stderr
