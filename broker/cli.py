@@ -67,17 +67,41 @@ class _Scrubbed:
         return True
 
 
+_log_handler: Any = None
+
+
 def setup_logging(verbosity: int) -> None:
     """``-v``: broker's own logging (``broker.*`` loggers) at INFO to stderr; ``-vv``: DEBUG.  Other libraries
-    (httpx, botocore, oci, asyncssh) stay at WARNING: their debug output carries request headers.  Every record
-    is scrubbed of secret values (:func:`scrub`) on its way out."""
+    (httpx, botocore, oci, asyncssh) are left alone (only their warnings show): their debug output carries request
+    headers.  Every record is scrubbed of secret values (:func:`scrub`) on its way out.  The handler is broker's
+    own, on the ``broker`` logger, and :func:`reset_logging` removes it when the command ends (an in-process
+    ``main()`` leaves no logging state behind)."""
     import logging
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
-    for h in logging.getLogger().handlers:
-        h.addFilter(_Scrubbed())
-    logging.getLogger("broker").setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
+    global _log_handler
+    reset_logging()
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.addFilter(_Scrubbed())
+    logger = logging.getLogger("broker")
+    logger.addHandler(h)
+    logger.setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
+    logger.propagate = False
+    _log_handler = h
+
+
+def reset_logging() -> None:
+    """Undo :func:`setup_logging` (idempotent)."""
+    global _log_handler
+    if _log_handler is None:
+        return
+    import logging
+
+    logger = logging.getLogger("broker")
+    logger.removeHandler(_log_handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
+    _log_handler = None
 
 
 def _root(
@@ -499,6 +523,8 @@ def main(argv: list[str] | None = None) -> None:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:
             code = _boundary(e, as_json, args)
+    finally:
+        reset_logging()
     sys.exit(code)
 
 

@@ -381,3 +381,25 @@ def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
         ssh.close()
     msgs = [r.getMessage() for r in caplog.records if r.name == "broker.remote"]
     assert "ssh node 0: echo hi; exit 3" in msgs and "ssh node 0: exit 3" in msgs, msgs
+
+
+def test_verbose_main_in_process_leaves_no_logging_state(capsys):
+    """An in-process `cli.main(['-vv', ...])` left its handler on a stream that was later closed: every later
+    command in that process printed "--- Logging error ---" into its output (seen as JSON that would not parse)."""
+    import json
+    import logging
+
+    from typer.testing import CliRunner
+
+    from broker import cli
+
+    before = (list(logging.getLogger().handlers), logging.getLogger("broker").level)
+    try:
+        cli.main(["-vv", "plan", "--budget", "5", "--offline"])
+    except SystemExit:
+        pass
+    assert "INFO broker" in capsys.readouterr().err
+    assert (list(logging.getLogger().handlers), logging.getLogger("broker").level) == before
+    assert not logging.getLogger("broker").handlers
+    r = CliRunner().invoke(cli.app, ["plan", "--budget", "5", "--offline", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["schema_version"] >= 1
