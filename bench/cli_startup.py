@@ -6,7 +6,11 @@ goals (``--help`` <= 5x, ``plan`` <= 7x).  Both wall time and CPU time (user + s
 ``getrusage``) are shown; on a shared, loaded machine the CPU ratio is the fair one (the goals are checked on it).  ``--imports`` adds the slowest imports of each command
 (``python -X importtime``), to see where the time goes.
 
-Run: ``python bench/cli_startup.py [--starts 15] [--imports]``.
+Each command is run once first and must exit 0: a broker that cannot run at all (a python without broker
+installed) fails loudly (exit 2, the command's stderr tail) instead of timing failures.
+
+Run with the venv's python (the one broker is installed in): ``.venv/bin/python bench/cli_startup.py [--starts 15]
+[--imports]``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,22 @@ def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]
     return wall, (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
 
 
+class BrokerDoesNotRun(RuntimeError):
+    """A timed command did not exit 0 (its message holds the command, the exit status and its stderr tail)."""
+
+
+def check_runs(argv: list[str], env: dict[str, str], cwd: str) -> None:
+    """Run ``argv`` once; raise :class:`BrokerDoesNotRun` unless it exits 0 (timing a failing command would
+    measure nothing)."""
+    cp = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                        check=False)
+    if cp.returncode != 0:
+        tail = "\n".join(cp.stderr.strip().splitlines()[-15:]) or "(no stderr)"
+        raise BrokerDoesNotRun(f"`{' '.join(argv)}` exited {cp.returncode}; its stderr ends:\n{tail}\n"
+                               f"run this benchmark with the python broker is installed in (the venv's: "
+                               f".venv/bin/python bench/cli_startup.py)")
+
+
 def measure(starts: int) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) seconds of the baseline and of each command (runs interleaved, after one warm-up each)."""
     home = tempfile.mkdtemp(prefix="broker-bench-")
@@ -62,8 +82,8 @@ def measure(starts: int) -> dict[str, tuple[float, float]]:
                 "broker --help": _broker() + ["--help"],
                 "broker plan --budget 5": _broker() + ["plan", "--budget", "5"]}
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
-        for argv in cmds.values():  # warm caches (and write .pyc files)
-            _time(argv, env, home)
+        for argv in cmds.values():  # must run at all; warms caches (and writes .pyc files)
+            check_runs(argv, env, home)
         for _ in range(starts):
             for k, argv in cmds.items():
                 times[k].append(_time(argv, env, home))
@@ -93,7 +113,11 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=15, help="runs per command (median)")
     ap.add_argument("--imports", action="store_true", help="also list the slowest imports of each command")
     a = ap.parse_args()
-    med = measure(a.starts)
+    try:
+        med = measure(a.starts)
+    except BrokerDoesNotRun as e:
+        print(f"cli_startup: broker does not run, nothing measured: {e}", file=sys.stderr)
+        sys.exit(2)
     bw, bc = med["python -c pass"]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"python -c pass: wall {bw * 1000:.1f} ms, CPU {bc * 1000:.1f} ms (median of {a.starts}; {os.cpu_count()} "

@@ -165,10 +165,12 @@ def _app_for(args: list[str]) -> typer.Typer:
 
 # ------------------------------------------------------------------------------------------------ error boundary
 def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bool,
-            extra: dict[str, Any] | None = None) -> int:
+            extra: dict[str, Any] | None = None, json_object: bool = True) -> int:
     """Print one error: the one-line message (and its hint) on stderr, and with ``--json`` also a JSON object
-    ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads); returns ``code``."""
-    if as_json:
+    ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads) unless ``json_object`` is False (the
+    command printed its own object with the error in it); returns ``code``.  With ``--json`` the stderr lines are
+    never wrapped; a closed stderr leaves ``code`` as it is."""
+    if as_json and json_object:
         import json
 
         from broker.ui import json_payload
@@ -180,20 +182,24 @@ def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bo
             sys.stdout.flush()
         except (BrokenPipeError, ValueError):  # stdout gone: the stderr line below still says it
             pass
+    from broker.ui import NO_WRAP_WIDTH, wrap_plain
     from broker.ui import err as err_console
-    from broker.ui import wrap_plain
 
     label = "internal error" if kind == "internal" else "error"
-    width = err_console.prose_width  # the terminal's, else COLUMNS, else 80 (pipes, CI logs)
-    first, *more = wrap_plain(f"{label}: {message}", width)
-    typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
-    for line in more:
-        typer.echo(line, err=True)
-    if hint:
-        first, *more = wrap_plain(f"  -> {hint}", width)
-        typer.echo(typer.style("  ->", fg="yellow") + first[4:], err=True)
+    # the terminal's, else COLUMNS, else 80 (pipes, CI logs); with --json one line each (a script greps it)
+    width = NO_WRAP_WIDTH if as_json else err_console.prose_width
+    try:
+        first, *more = wrap_plain(f"{label}: {message}", width)
+        typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
         for line in more:
             typer.echo(line, err=True)
+        if hint:
+            first, *more = wrap_plain(f"  -> {hint}", width)
+            typer.echo(typer.style("  ->", fg="yellow") + first[4:], err=True)
+            for line in more:
+                typer.echo(line, err=True)
+    except (BrokenPipeError, OutputClosed, OSError, ValueError):  # stderr closed (`2>&1 | head -0`): the code stands
+        _quiet_broken_pipe()
     return code
 
 
@@ -339,7 +345,10 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
                 hint = where
         if as_json:
             return _report(exc.exit_code, exc.format_message().split("\n")[0], hint, kind="UsageError", as_json=True)
-        exc.show()
+        try:
+            exc.show()
+        except (BrokenPipeError, OSError, ValueError):  # stderr closed (`2>&1 | head -0`): the code stands
+            _quiet_broken_pipe()
         return exc.exit_code
     if isinstance(exc, typer.Abort):
         cause = exc.__cause__ or exc.__context__
@@ -454,7 +463,8 @@ def _plain_usage(cmd: Any) -> None:
 
 def _help_keeps_hyphenated_words() -> None:
     """Help text wraps between words only: click's wrapper (textwrap) also breaks after a hyphen, which splits
-    values such as ``direct-blocked`` into "direct-" / "blocked" (Typer's vendored click and click itself)."""
+    values such as ``direct-blocked`` into "direct-" / "blocked", and between the words of a `backticked command`
+    (Typer's vendored click and click itself); both are kept whole."""
     import importlib
 
     for mod in ("typer._click._textwrap", "click._textwrap"):
@@ -474,6 +484,22 @@ def _help_keeps_hyphenated_words() -> None:
             def __init__(self, *a: Any, **kw: Any) -> None:
                 kw["break_on_hyphens"] = False
                 super().__init__(*a, **kw)
+
+            def _split(self, text: str) -> list[str]:
+                """textwrap's chunks, a `backticked command` (spaces and all) one chunk: never split."""
+                chunks = super()._split(text)
+                if text.count("`") % 2:  # an unpaired backtick: plain words
+                    return chunks
+                out: list[str] = []
+                inside = False
+                for ch in chunks:
+                    if inside:
+                        out[-1] += ch
+                    else:
+                        out.append(ch)
+                    if ch.count("`") % 2:
+                        inside = not inside
+                return out
 
         m.TextWrapper = _Wrapper  # type: ignore[attr-defined]
 
@@ -529,11 +555,19 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) -> int:
-    """:func:`handle`, guarded: a second Ctrl-C (or a failure) while reporting still ends in an exit code."""
+    """:func:`handle`, guarded: a second Ctrl-C (or a failure) while reporting still ends in an exit code; a closed
+    stderr while reporting keeps the error's own exit code."""
     try:
         return handle(e, as_json=as_json, args=args)
-    except BaseException:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
-        return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else EXIT_JOB_FAILED
+    except BaseException as failure:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
+        if isinstance(e, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        code = getattr(e, "exit_code", None)
+        if isinstance(failure, (OSError, ValueError, OutputClosed)) and _closed_std_streams() and \
+                isinstance(code, int) and code:  # stderr closed while reporting: the error's own code stands
+            _quiet_broken_pipe()
+            return code
+        return EXIT_JOB_FAILED
 
 
 if __name__ == "__main__":

@@ -48,13 +48,14 @@ def plain(value: float | int) -> str:
     return text
 
 
-def allowed(field: str) -> str:
-    """What is allowed for ``field``, in words: ``a whole number from 1 to 64``."""
-    lo, hi, open_lo, unit, example = LIMITS[field]
+def allowed(field: str, example: bool = True) -> str:
+    """What is allowed for ``field``, in words: ``a whole number from 1 to 64``; ``example`` False leaves out the
+    trailing ``e.g. 5`` (where the hint already gives one)."""
+    lo, hi, open_lo, unit, ex = LIMITS[field]
     if field in INTEGER_FIELDS:
         return f"a whole number from {plain(lo)} to {plain(hi)}"
     low = f"more than {plain(lo)}" if open_lo else f"at least {plain(lo)}"
-    return f"a number of {unit}, {low} and at most {plain(hi)}, e.g. {example}"
+    return f"a number of {unit}, {low} and at most {plain(hi)}" + (f", e.g. {ex}" if example else "")
 
 
 def problem(field: str, value: float | int) -> str | None:
@@ -77,5 +78,5 @@ def check_number(flag: str, field: str, value: float | int | None) -> None:
         return
     why = problem(field, value)
     if why:
-        raise BadInput(f"{flag} {why}: allowed is {allowed(field)}",
+        raise BadInput(f"{flag} {why}: allowed is {allowed(field, example=False)}",
                        hint=f"e.g. {flag} {LIMITS[field][4]}")

@@ -96,27 +96,30 @@ EXIT_CALLS = {"exit", "_exit", "quit"}
 SBATCH_SUFFIXES = {".sbatch", ".slurm", ".sh", ".bash"}
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", "node_modules", ".tox", ".mypy_cache", ".pytest_cache"}
 
-SRUN_FIX = ("start one torchrun per node through srun: srun --nodes=$SLURM_NNODES --ntasks-per-node=1 bash -c "
+#: Each fix: prose with the code to write in `backticks` (``broker lint`` prints each snippet verbatim on a line of
+#: its own, never wrapped).
+SRUN_FIX = ("start one torchrun per node through srun: `srun --nodes=$SLURM_NNODES --ntasks-per-node=1 bash -c "
             "'exec torchrun --nnodes=$SLURM_NNODES --nproc_per_node=GPUS --node_rank=$SLURM_NODEID "
-            "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT train.py' (single quotes: $SLURM_NODEID is "
+            "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT train.py'` (single quotes: $SLURM_NODEID is "
             "expanded on each node; `broker slurm render RECIPE` writes the whole script)")
 FIXES = {
-    "device-from-rank": "pick the GPU from the local rank: local_rank = int(os.environ['LOCAL_RANK']); "
-                        "torch.cuda.set_device(local_rank); device = torch.device('cuda', local_rank)",
-    "nccl-no-fallback": "backend = 'nccl' if torch.cuda.is_available() else 'gloo'; "
-                        "dist.init_process_group(backend=backend)",
-    "local-rank-writes": "key one-writer work on the global rank: if int(os.environ['RANK']) == 0 "
-                         "(or dist.get_rank() == 0)",
-    "download-global-rank-0": "download once per node: if local_rank == 0: download(...), then dist.barrier() "
+    "device-from-rank": "pick the GPU from the local rank: `local_rank = int(os.environ['LOCAL_RANK'])`; "
+                        "`torch.cuda.set_device(local_rank)`; `device = torch.device('cuda', local_rank)`",
+    "nccl-no-fallback": "`backend = 'nccl' if torch.cuda.is_available() else 'gloo'`; "
+                        "`dist.init_process_group(backend=backend)`",
+    "local-rank-writes": "key one-writer work on the global rank: `if int(os.environ['RANK']) == 0:` "
+                         "(or `dist.get_rank() == 0`)",
+    "download-global-rank-0": "download once per node: `if local_rank == 0: download(...)`, then `dist.barrier()` "
                               "before every rank reads it (or download on every rank)",
-    "slurm-env-under-torchrun": "read torchrun's variables first: rank = int(os.environ['RANK']), world = "
-                                "int(os.environ['WORLD_SIZE']), local_rank = int(os.environ['LOCAL_RANK']); use "
+    "slurm-env-under-torchrun": "read torchrun's variables first: `rank = int(os.environ['RANK'])`, "
+                                "`world = int(os.environ['WORLD_SIZE'])`, "
+                                "`local_rank = int(os.environ['LOCAL_RANK'])`; use "
                                 "SLURM_* only when RANK is absent (a script started by srun without torchrun)",
     "syntax-error": "fix the syntax error; torchrun would fail on every rank",
     "sbatch-torchrun-not-srun": SRUN_FIX,
-    "sbatch-no-node-rank": "give every node its rank: torchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
-                           "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT (or a rendezvous: "
-                           "--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT), started by srun once "
+    "sbatch-no-node-rank": "give every node its rank: `torchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
+                           "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT` (or a rendezvous: "
+                           "`--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT`), started by srun once "
                            "per node",
 }
 KINDS = tuple(FIXES)

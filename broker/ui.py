@@ -145,20 +145,22 @@ def echo_line(line: str) -> None:
 
 
 def wrap_words(text: str, width: int) -> list[str]:
-    """``text`` wrapped to ``width`` cells at spaces, each ``\\n`` kept as a line break, and no paragraph ending in
-    one lone word (a widow like ``h`` of ``0.99 h``): the line before gives its last word when it has three or more
+    """``text`` wrapped to ``width`` cells at spaces (never inside the pieces :func:`_tokens` keeps whole), each
+    ``\\n`` kept as a line break, and no paragraph ending in one lone word (a widow like ``h`` of ``0.99 h``): the line before gives its last word when it has three or more
     and the pair fits.  A word wider than ``width`` keeps a line of its own (the table folds it)."""
     from rich.cells import cell_len
 
     out: list[str] = []
     for para in text.split("\n"):
+        para = " ".join(para.split())
         lines: list[list[str]] = []
-        for word in para.split():
+        # unbreakable pieces as in prose (:func:`_tokens`): a `command`, a short list item ("A100 PCIE"), "0.99 h"
+        for word in (para[a:b] for a, b in _tokens(para)):
             if lines and cell_len(" ".join(lines[-1] + [word])) <= width:
                 lines[-1].append(word)
             else:
                 lines.append([word])
-        if len(lines) >= 2 and len(lines[-1]) == 1 and len(lines[-2]) >= 3 and \
+        if len(lines) >= 2 and len(lines[-1]) == 1 and " " not in lines[-1][0] and len(lines[-2]) >= 3 and \
                 cell_len(" ".join(lines[-2][-1:] + lines[-1])) <= width:
             lines[-1].insert(0, lines[-2].pop())
         out.extend(" ".join(ln) for ln in lines or [[]])
@@ -177,7 +179,7 @@ class Wrapped:
         from rich.cells import cell_len
         from rich.measure import Measurement
 
-        words = self.text.split() or [""]
+        words = [p[a:b] for p in (" ".join(q.split()) for q in self.text.split("\n")) for a, b in _tokens(p)] or [""]
         return Measurement(max(cell_len(w) for w in words),
                            max(cell_len(" ".join(p.split())) for p in self.text.split("\n")))
 
@@ -207,6 +209,7 @@ def _tokens(plain: str, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[
                 whole.append((at, at + len(k)))
                 at = plain.find(k, at + len(k))
     whole += _commands_in(plain, spans)
+    whole += _list_items(plain)
     out: list[tuple[int, int]] = []
     for a, b in spans:
         if out:
@@ -218,6 +221,29 @@ def _tokens(plain: str, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[
                 out[-1] = (pa, b)
                 continue
         out.append((a, b))
+    return out
+
+
+#: the longest list item (cells) kept on one line, and its most words: ``A100 PCIE``, ``RTX 3090``
+LIST_ITEM_CELLS = 24
+LIST_ITEM_WORDS = 3
+
+
+def _list_items(plain: str) -> list[tuple[int, int]]:
+    """(start, end) of the short items of comma-separated lists (``models: A100 PCIE, RTX 3090, H100 SXM``): an
+    item of two or three words, at most :data:`LIST_ITEM_CELLS` long, between ``, `` (or a list's ``: ``/``(``
+    start) and ``,``/``;``/``)``/the end, is one unbreakable piece, so a model name never splits."""
+    import re
+
+    out: list[tuple[int, int]] = []
+    for m in re.finditer(r"(?:(?<=, )|(?<=: )|(?<=\())([^,;:()\s][^,;:()]*?)(?=,|;|\)|$)", plain):
+        item = m.group(1)
+        words = item.split()
+        if not 2 <= len(words) <= LIST_ITEM_WORDS or len(item) > LIST_ITEM_CELLS:
+            continue
+        after, before = plain[m.end():m.end() + 1], plain[max(0, m.start() - 2):m.start()]
+        if after == "," or before == ", ":  # part of a list, not a clause after a colon
+            out.append((m.start(), m.end()))
     return out
 
 
@@ -293,8 +319,9 @@ def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" 
             lines[-1].append(i)
         else:
             lines.append([i])
-    if len(lines) >= 2 and len(lines[-1]) == 1 and len(lines[-2]) >= 3 and \
-            width_of([lines[-2][-1], lines[-1][0]], len(lines) == 2) <= width:
+    # the pair goes on a continuation line (hanging indent), whichever line it came from
+    lone = len(lines) >= 2 and len(lines[-1]) == 1 and " " not in plain[slice(*toks[lines[-1][0]])]
+    if lone and len(lines[-2]) >= 3 and width_of([lines[-2][-1], lines[-1][0]], False) <= width:
         lines[-1].insert(0, lines[-2].pop())
     return [(0 if n == 0 else toks[ln[0]][0], toks[ln[-1]][1]) for n, ln in enumerate(lines)]
 
@@ -332,3 +359,36 @@ def wrap_plain(text: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) 
         spans = wrap_line_spans(line, width, keep)
         out += [line[a:b] if n == 0 else " " * hang + line[a:b] for n, (a, b) in enumerate(spans)]
     return out
+
+
+def drop_empty_columns(table: Any) -> Any:
+    """``table`` (a rich ``Table``) without the columns whose every cell is empty (``mem`` for a CPU-only job);
+    returns it."""
+    def empty(cell: Any) -> bool:
+        return isinstance(cell, str) and not cell.strip()
+
+    table.columns[:] = [c for c in table.columns if not all(empty(x) for x in c._cells)]
+    for i, c in enumerate(table.columns):  # rich pads the first/last column by this index
+        c._index = i
+    return table
+
+
+def print_table(table: Any, *, wide: bool = False, out: "Console | None" = None) -> None:
+    """Print ``table`` on ``out`` (default: stdout's console) with no cell ever cut: when even its narrowest
+    layout (each column at its longest word) is wider than the terminal, or ``wide`` is set (the user asked for
+    every column: nothing squeezed, each column at its natural width), the table is printed wider than the
+    terminal rather than cropping values (the terminal may then wrap the lines)."""
+    from rich.measure import Measurement
+
+    c = out or console
+    m = Measurement.get(c, c.options.update_width(NO_WRAP_WIDTH), table)
+    need = m.maximum if wide else m.minimum
+    if need <= c.width:
+        c.print(table)
+        return
+    saved = c._width
+    c.width = need
+    try:
+        c.print(table)
+    finally:
+        c._width = saved

@@ -474,3 +474,31 @@ def test_an_option_of_another_command_names_that_command_not_a_random_one(tmp_pa
 def test_a_typo_keeps_its_real_suggestion():
     cp = broker("plan", "--budgt", "5")
     assert cp.returncode == 2 and "(Possible options: --budget)" in cp.stderr, cp.stderr
+
+
+# ------------------------------------------------------------------------------------------------ closed stderr
+@pytest.mark.parametrize("args", [["status", "nosuch"], ["plan", "--bogus"], ["--json", "status"]])
+def test_a_closed_stderr_keeps_the_errors_exit_code(args, broker_home):
+    """`broker status nosuch 2>&1 | head -0`: the message cannot be written, but the exit code is still the
+    error's (2), not 1; no "Exception ignored" either (stderr is gone)."""
+    r, w = os.pipe()
+    os.close(r)
+    e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             BROKER_HOME=str(broker_home))
+    try:
+        cp = subprocess.run([sys.executable, "-m", "broker", *args], cwd=REPO, env=e, stdout=subprocess.PIPE,
+                            stderr=w, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert cp.returncode == 2, cp.stdout
+
+
+def test_json_mode_stderr_message_is_one_line_and_the_hint_gives_one_example():
+    """With --json the stderr message is one line whatever the width (a CI log is grepped), and the budget hint
+    says "e.g." once."""
+    cp = broker("plan", "--budget", "0", "--json", env={"COLUMNS": "80", "BROKER_NO_WRAP": "0"})
+    assert cp.returncode == 2
+    lines = cp.stderr.splitlines()
+    assert lines[0].startswith("error: --budget") and len(lines) == 2, cp.stderr
+    assert lines[1].startswith("  -> ") and cp.stderr.count("e.g.") == 1, cp.stderr
+    assert json.loads(cp.stdout)["error"]["exit_code"] == 2

@@ -236,3 +236,112 @@ def test_broker_no_wrap_keeps_prose_on_one_line(cli_env):
     chosen = [ln for ln in out.splitlines() if ln.startswith("chosen: ")]
     assert len(chosen) == 1 and cell_len(chosen[0]) > 80 and chosen[0].endswith("(SkyPilot catalog medians))")
     assert all(cell_len(ln) <= 80 for ln in _table_lines(out))
+
+
+# ------------------------------------------------------------------------------------------------ whole cells
+#: a money cell cut short ("$0.0") or whole ("$0.34", "$0.0050", "$1,234.00")
+_MONEY = re.compile(r"\$\d[\d,]*\.?\d*")
+
+
+def _cells_whole(out: str) -> None:
+    """Every money value has its cents (2 or 4 decimals), "unlimited" is whole, no '…' and no header split."""
+    assert "…" not in out, out
+    for m in _MONEY.findall(out):
+        assert re.fullmatch(r"\$[\d,]+\.\d{2}(\d{2})?", m), (m, out)
+    assert not re.search(r"unlimite(?!d)", out), out
+
+
+def _cpu_recipe(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    p = tmp_path / "it.yaml"
+    p.write_text("name: it\nscript: train.py\nnodes: 2\ngpus_per_node: 0\ncpu_ok: true\nbudget_usd: 5\n")
+    return p
+
+
+def test_plan_tables_at_80_columns_never_cut_a_value(cli_env, tmp_path):
+    """At 80 columns `$/h` read "$0.0", `max h` "unlimite", an empty `mem` column took room and a CPU shape was
+    cut to "VM.Standard.E2.1.Mic…"; with --wide the header `where` became "wh/er/e" and "us-east-1" split."""
+    recipe = _cpu_recipe(tmp_path)
+    default = _out(["plan", "--budget", "5"], cli_env)
+    _cells_whole(default)
+    header = next(ln for ln in default.splitlines() if "provider" in ln and "topology" in ln)
+    assert re.search(r"\$/h\s+worst\s+max h", header), header
+    cpu = _out(["plan", "--recipe", str(recipe)], cli_env)
+    _cells_whole(cpu)
+    header = next(ln for ln in cpu.splitlines() if "provider" in ln and "topology" in ln)
+    assert " mem " not in header + " " and re.search(r"\$/h\s+worst\s+max h", header), header
+    assert "VM.Standard.E2.1.Micro" in cpu, cpu
+    wide = _out(["plan", "--recipe", str(recipe), "--wide"], cli_env)
+    _cells_whole(wide)
+    header = next(ln for ln in wide.splitlines() if "provider" in ln and "topology" in ln)
+    assert re.search(r"\bwhere\s*$", header) and re.search(r"\$/h\s+worst\s+max h\s+prices", header), header
+    assert "us-east-1" in wide, wide
+
+
+def test_status_wide_at_80_columns_is_wider_rather_than_squeezed(cli_env, broker_home):
+    """`broker status --wide` split its headers ("star/ted", "wors/t") and cut values ("stag", "$0.0")."""
+    from datetime import timedelta
+
+    from broker.ledger import Ledger
+    from broker.model import utcnow
+    from broker.providers.fake import FakeProvider
+    from tests.test_watchdog_helpers import make_run, provision
+
+    led = Ledger(broker_home / "ledger.sqlite")
+    env = dict(cli_env, BROKER_FAKE_STATE=str(broker_home / "fake-cloud.json"))
+    import os
+
+    os.environ["BROKER_FAKE_STATE"] = env["BROKER_FAKE_STATE"]
+    try:
+        for status in ("provisioning", "succeeded", "tearing_down"):
+            run = make_run(led, deadline=utcnow() + timedelta(hours=1), budget_usd=5.0, status=status)
+        provision(led, FakeProvider(), run, nodes=1, usd_per_hour=0.0123)
+    finally:
+        os.environ.pop("BROKER_FAKE_STATE", None)
+        led.close()
+    out = _out(["status", "--wide", "--no-refresh"], env)
+    _cells_whole(out)
+    header = next(ln for ln in out.splitlines() if "status" in ln and "run" in ln)
+    for h in ("started (UTC)", "spent / budget", "worst case", "time left", "exit codes"):
+        assert h in header, header
+    for s in ("provisioning", "succeeded", "tearing_down"):
+        assert re.search(rf"\b{s}\b", out), out
+
+
+@pytest.mark.parametrize("text, width, whole", [
+    ("job: 2 node(s) x 1 GPU (>= 16 GiB, H900), 1 h deadline, budget none, topology any", 80, "topology any"),
+    ("no offer has GPU model H900; models in the price snapshots: A10, A100 PCIE, A100 SXM4, H100 SXM, L4, "
+     "RTX 3090, RTX 4090, T4, V100", 40, None),
+])
+def test_no_lone_last_word_and_model_names_stay_whole(text, width, whole):
+    from rich.text import Text
+
+    from broker.ui import wrap_text, wrap_words
+
+    lines = wrap_text(Text(text), width).plain.split("\n")
+    assert len(lines[-1].split()) >= 2, lines
+    if whole:
+        assert whole in lines[-1], lines
+    for name in ("A100 PCIE", "RTX 3090", "H100 SXM", "A100 SXM4", "RTX 4090"):
+        if name in text:
+            assert any(name in ln for ln in lines), lines
+            assert any(name in ln for ln in wrap_words(text, width)), wrap_words(text, width)
+
+
+def test_run_help_keeps_backticked_commands_whole(cli_env):
+    out = _out(["run", "--help"], cli_env)
+    for span in re.findall(r"`[^`]+`", out.replace("\n", " ")):
+        assert span in " ".join(out.split()) and "\n" not in span
+    for ln in out.splitlines():
+        assert ln.count("`") % 2 == 0, ln
+
+
+def test_lint_prints_code_snippets_verbatim_on_their_own_lines(cli_env, tmp_path):
+    t = tmp_path / "t.py"
+    t.write_text("import os, torch\nrank = int(os.environ['RANK'])\ntorch.cuda.set_device(rank)\n")
+    p = subprocess.run(broker_cmd("lint", str(t)), cwd=REPO, env=dict(cli_env, COLUMNS="80"), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    lines = [ln.strip() for ln in p.stdout.splitlines()]
+    assert "local_rank = int(os.environ['LOCAL_RANK'])" in lines, p.stdout
+    assert "torch.cuda.set_device(local_rank)" in lines, p.stdout

@@ -328,3 +328,19 @@ def test_unknown_gpu_model_is_named_with_the_known_ones():
     assert r.exit_code == 3
     assert "no offer has GPU model RTX 9999; models in the price snapshots: " in r.output
     assert "RTX 4090" in r.output and "vast: snapshot 2026-11-29" in r.output
+
+
+def test_no_valid_plan_in_json_mode_carries_an_error_object_and_a_stderr_line(tmp_path):
+    """`broker plan --gpu H900 --json` exited 3 with `chosen: null`, no error object and nothing on stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VAST_", "OCI_"))}
+    env.update(BROKER_HOME=str(tmp_path / "h"), OCI_CONFIG_FILE=str(tmp_path / "none"), HOME=str(tmp_path),
+               AWS_EC2_METADATA_DISABLED="true", COLUMNS="80")
+    out = subprocess.run([sys.executable, "-m", "broker", "plan", "--gpu", "H900", "--json"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["chosen"] is None and doc["plan"]["rejected"]
+    e = doc["error"]
+    assert e["kind"] == "no_valid_plan" and e["exit_code"] == 3 and e["message"] and e["hint"]
+    lines = out.stderr.splitlines()
+    assert lines and lines[0].startswith("error: no valid plan") and "{" not in out.stderr, out.stderr

@@ -36,6 +36,34 @@ def register(app: typer.Typer) -> None:
         from broker.provider import BadInput
         from broker.ui import console, print_json
 
+        def print_fix(fix: str) -> None:
+            """``fix: PROSE`` wrapped as prose, each `backticked` code snippet verbatim on a line of its own
+            (never wrapped: it is meant to be copied)."""
+            import re
+
+            parts = re.split(r"`([^`]+)`", fix)
+            prose: list[str] = []
+            first = True
+
+            def flush() -> None:
+                nonlocal first
+                text = " ".join(" ".join(prose).split()).strip(" ;,")
+                prose.clear()
+                if text:
+                    console.print(("    fix: " if first else "      ") + escape(text), highlight=False)
+                    first = False
+
+            for i, part in enumerate(parts):
+                if i % 2 == 0:
+                    prose.append(part)
+                    continue
+                flush()
+                if first:
+                    console.print("    fix:", highlight=False)
+                    first = False
+                console.verbatim("        " + part)
+            flush()
+
         files, problems = lintable_files(paths)
         if problems:
             raise BadInput("; ".join(problems), hint="give Python training scripts, Slurm batch scripts (#SBATCH) "
@@ -56,7 +84,7 @@ def register(app: typer.Typer) -> None:
             for f in findings:
                 console.print(f"{escape(f.path)}:{f.line}: [bold red]error[/] {escape('[' + f.kind + ']')} "
                               f"{escape(f.message)}", highlight=False)
-                console.print(f"    fix: {escape(f.fix)}", highlight=False)
+                print_fix(f.fix)
             console.print(f"{len(findings)} finding(s) in {len({f.path for f in findings})} of {len(files)} file(s)",
                           highlight=False)
         raise typer.Exit(1 if findings else 0)

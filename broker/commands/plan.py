@@ -157,7 +157,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
 
     from rich.cells import cell_len
 
-    from broker.ui import Wrapped, console, usd
+    from broker.ui import Wrapped, console, drop_empty_columns, print_table, usd
 
     if wide is None:
         wide = console.width >= WIDE_COLUMNS
@@ -174,15 +174,16 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                         f"{deadline} + setup)",
                   title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
+        # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
+        # wrap, and fold a word longer than their column
         cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                ("rented", "left", not wide)]
+                ("rented", "left", False)]
         cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
         cols += [("$/h", "right", True), ("worst", "right", True), ("max h", "right", True)]
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
         for col, just, nowrap in cols:
-            t.add_column(col, justify=just, no_wrap=nowrap,  # type: ignore[arg-type]
-                         overflow="ellipsis" if col == "rented" and not wide else "fold")
+            t.add_column(col, justify=just, no_wrap=nowrap, overflow="fold")  # type: ignore[arg-type]
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
             row = ["[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
                    escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd),
@@ -190,7 +191,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
             t.add_row(*row)
-        console.print(t)
+        print_table(drop_empty_columns(t), wide=wide)
         if not wide:
             console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                           "and where each option is[/]", soft_wrap=False)
@@ -217,7 +218,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                 if cell_len(option) > OPTION_WIDTH:
                     option = f"{what(o)}\n({worst})"
                 t.add_row(Wrapped(f"{o.provider} {o.topology.value}\n{option}"), Wrapped(why))
-        console.print(t)
+        print_table(t)
         if len(plan.rejected) > rejected_limit:
             console.print(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
     for n in plan.notes:
@@ -337,13 +338,23 @@ def register(app: typer.Typer) -> None:
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         log_plan(p)
+        no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)",
+                   "relax the job, raise the budget or request quota")
         if as_json:
-            print_json({"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen, "next_step": next_step(p, recipe),
-                        "plan": p})
+            doc: dict[str, Any] = {"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen,
+                                   "next_step": next_step(p, recipe), "plan": p}
+            if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
+                doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
+                                "hint": no_plan[1], "exit_code": 3}
+            print_json(doc)
         else:
             render_plan(p, recipe, limit=top, wide=wide)
         if p.chosen is None:
-            if not as_json:
+            if as_json:  # the one-line message on stderr, as for other errors in JSON mode
+                from broker.cli import _report
+
+                _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
+            else:
                 err.print("[bold red]no valid plan:[/] every option is rejected (reasons above); relax the job, raise "
                           "the budget or request quota", markup=True)
             raise typer.Exit(3)
@@ -366,7 +377,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.model import Requirements
         from broker.planner import fmt_num, gpu_name_matches
-        from broker.ui import console, print_json, usd
+        from broker.ui import console, print_json, print_table, usd
 
         req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
                            hours=None, budget_usd=None, topology="any")
@@ -406,7 +417,7 @@ def register(app: typer.Typer) -> None:
                 cells += [usd(o.usd_per_hour)]
             cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
             t.add_row(*cells)
-        console.print(t)
+        print_table(t, wide=wide)
         if not wide:
             console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
                           "prices[/]")

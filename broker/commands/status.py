@@ -171,8 +171,8 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
                 "layers", "error")
     else:
         cols = ("run / resource", "state", "$/h", "spent", "worst", "left", "layers")
-    for col in cols:
-        t.add_column(col, overflow="fold")
+    for col in cols:  # short values never wrap (nor are cut: print_table); names, ids and errors fold
+        t.add_column(col, overflow="fold", no_wrap=col not in ("run / resource", "id", "error", "layers"))
     for r in rows:
         c = r["cost"]
         billing = c["usd_per_hour"] > 0
@@ -243,7 +243,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
         from broker.ledger import Ledger
-        from broker.ui import console, usd
+        from broker.ui import console, print_table, usd
 
         ledger = Ledger()
         if run_id:
@@ -281,7 +281,7 @@ def register(app: typer.Typer) -> None:
             for prov, why in notes.items():
                 console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
             if rows:
-                console.print(_resource_table(rows, "resources", wide=wide))
+                print_table(_resource_table(rows, "resources", wide=wide), wide=wide)
                 for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
                     console.print("  " + line)
             for ev in ledger.events(run.id, limit=1000):
@@ -297,8 +297,8 @@ def register(app: typer.Typer) -> None:
         t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
                  "time left", "exit codes") if wide else ("run", "status", "spent / budget", "worst case", "left"))
-        for col in cols:
-            t.add_column(col, no_wrap=col == "run", overflow="fold")
+        for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
+            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold")
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
@@ -315,7 +315,7 @@ def register(app: typer.Typer) -> None:
             else:
                 t.add_row(r["id"], r["status"], spent, worst, left)
         if data["runs"]:
-            console.print(t)
+            print_table(t, wide=wide)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
         console.print(_watchdog_line(data["watchdog"]))
@@ -325,7 +325,7 @@ def register(app: typer.Typer) -> None:
         if not live:
             console.print("no live resources (nothing is billing).")
             return
-        console.print(_resource_table(live, "live resources", wide=wide))
+        print_table(_resource_table(live, "live resources", wide=wide), wide=wide)
         for line in _resource_notes(live):
             console.print(line)
         tot = data["totals"]
