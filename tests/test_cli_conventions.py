@@ -89,7 +89,8 @@ def test_examples_are_package_data():
     files = example_files()
     assert {"ddp_2node.yaml", "ddp_train.py", "allreduce_bench.yaml", "data/digits.csv.gz"} <= set(files)
     py = (REPO / "pyproject.toml").read_text()
-    assert '"broker.recipes" = "recipes"' in py and '"broker.recipes" = ["*.yaml", "*.py", "data/*.gz"' in py
+    assert '"broker.recipes" = "recipes"' in py and '"broker.recipes" = ["*.yaml", "*.py"]' in py
+    assert '"broker.recipes.data" = ["*.gz", "*.md"]' in py  # the wheel's content: tests/test_install.py
     assert "__init__.py" not in files
 
 
