@@ -474,3 +474,26 @@ def test_an_option_of_another_command_names_that_command_not_a_random_one(tmp_pa
 def test_a_typo_keeps_its_real_suggestion():
     cp = broker("plan", "--budgt", "5")
     assert cp.returncode == 2 and "(Possible options: --budget)" in cp.stderr, cp.stderr
+
+
+@pytest.mark.parametrize("byte, caret", [(b"\x1b", "^["), (b"\x7f", "^?"), (b"\x07", "^G"), (b"\x01", "^A")])
+def test_control_character_hint_names_its_caret_form(tmp_path, job, byte, caret):
+    """The hint said `cat -A` shows the character "as ^@ or ^G" whatever it was: ESC shows as ^[ and DEL as ^?."""
+    p = tmp_path / "ctl.yaml"
+    p.write_bytes(b"name: j\nscript: train.py\nname2: x" + byte + b"\n")
+    out = one_message(broker("plan", "--recipe", str(p)), 2, f"{p}:3:9:", f"shows it as {caret})")
+    assert "^@ or ^G" not in out
+
+
+@pytest.mark.parametrize("encoding, raw_prefix, name", [
+    ("utf-16", b"", "UTF-16"),          # Python writes the LE BOM 0xff 0xfe
+    ("utf-16-be", b"\xfe\xff", "UTF-16"),
+    ("utf-16-le", b"", "UTF-16LE"),     # no BOM: a NUL every other byte
+    ("utf-32", b"", "UTF-32"),
+])
+def test_utf16_recipe_is_named_and_converted_from_utf16(tmp_path, job, encoding, raw_prefix, name):
+    """A UTF-16 recipe was told `iconv -f latin1` (or "NUL byte at line 1"): name the encoding and convert from it."""
+    p = tmp_path / "wide.yaml"
+    p.write_bytes(raw_prefix + "name: j\nscript: train.py\n".encode(encoding))
+    out = one_message(broker("plan", "--recipe", str(p)), 2, str(p), f"{name}", f"iconv -f {name} -t UTF-8")
+    assert "latin1" not in out and "NUL byte at" not in out
