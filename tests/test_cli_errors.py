@@ -453,12 +453,12 @@ def test_json_error_is_on_stdout_and_the_message_on_stderr(job):
 def test_a_command_option_before_the_command_says_where_it_goes():
     cp = broker("--json", "status")
     assert cp.returncode == 2 and "Traceback" not in cp.stderr
-    assert "--json is an option of the command: broker status --json" in cp.stderr, cp.stderr
+    assert "--json is an option of the command and goes after it: broker status --json" in cp.stderr, cp.stderr
     assert "Possible options" not in cp.stderr and "--version" not in cp.stderr, cp.stderr
     cp = broker("--json", "quota", "status")
-    assert "--json is an option of the command: broker quota status --json" in cp.stderr, cp.stderr
+    assert "--json is an option of the command and goes after it: broker quota status --json" in cp.stderr, cp.stderr
     doc = json.loads(cp.stdout)  # --json anywhere: the error is JSON too, with the same hint
-    assert doc["error"]["hint"] == "--json is an option of the command: broker quota status --json"
+    assert doc["error"]["hint"] == "--json is an option of the command and goes after it: broker quota status --json"
     assert doc["error"]["message"] == "No such option: --json"
 
 
@@ -497,3 +497,29 @@ def test_utf16_recipe_is_named_and_converted_from_utf16(tmp_path, job, encoding,
     p.write_bytes(raw_prefix + "name: j\nscript: train.py\n".encode(encoding))
     out = one_message(broker("plan", "--recipe", str(p)), 2, str(p), f"{name}", f"iconv -f {name} -t UTF-8")
     assert "latin1" not in out and "NUL byte at" not in out
+
+
+@pytest.mark.parametrize("args", [["plan", "-v"], ["status", "-v"], ["status", "--verbose"]])
+def test_a_root_option_after_the_command_says_it_goes_before(args):
+    """`broker plan -v` said only "No such option: -v": -v is broker's own option, before the command."""
+    cp = broker(*args)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    opt = args[1]
+    assert f"{opt} is an option of broker itself and goes before the command: broker {opt} {args[0]} ..." \
+        in unwrapped(cp.stderr), cp.stderr
+
+
+def test_a_command_option_with_a_value_before_the_command_says_it_goes_after():
+    """`broker --budget 5 plan` listed every command with --budget "not of broker": it goes after the command."""
+    cp = broker("--budget", "5", "plan")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    assert "--budget is an option of the command and goes after it: broker plan --budget 5" \
+        in unwrapped(cp.stderr), cp.stderr
+
+
+def test_a_plan_option_on_run_names_the_recipe_field(tmp_path):
+    """`broker run --budget 5 RECIPE`: a run's budget is the recipe's budget_usd field."""
+    cp = broker("run", "--budget", "5", str(tmp_path / "r.yaml"))
+    assert "for a run it is the recipe's `budget_usd:` field" in unwrapped(cp.stderr), cp.stderr
+    cp = broker("run", "--hours", "1", str(tmp_path / "r.yaml"))
+    assert "`max_hours:` field" in unwrapped(cp.stderr), cp.stderr
