@@ -523,3 +523,18 @@ def test_a_plan_option_on_run_names_the_recipe_field(tmp_path):
     assert "for a run it is the recipe's `budget_usd:` field" in unwrapped(cp.stderr), cp.stderr
     cp = broker("run", "--hours", "1", str(tmp_path / "r.yaml"))
     assert "`max_hours:` field" in unwrapped(cp.stderr), cp.stderr
+
+
+@pytest.mark.parametrize("args, suggested", [
+    (["--inject", "udp-blocked"], "--provider netns --topology hybrid --inject udp-blocked"),
+    (["--topology", "hybrid", "--inject", "direct-blocked"], "--provider netns --topology hybrid --inject direct-blocked"),
+    (["--inject", "mtu"], "--provider netns --inject mtu"),
+])
+def test_inject_without_netns_suggests_the_matching_command(tmp_path, job, args, suggested):
+    """`broker run R --inject udp-blocked` (no --provider) hinted `--provider netns --inject firewall`: a command that
+    injects another fault and would then fail for want of --topology hybrid.  Now it suggests the same fault."""
+    p = job("nodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    out = one_message(broker("run", str(p), *args, env={"BROKER_HOME": str(tmp_path / "home")}), 2,
+                      f"broker run {p} {suggested}")
+    if "hybrid" not in suggested:
+        assert "--topology hybrid" not in out, out

@@ -317,3 +317,11 @@ def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
     assert [n.private_ip for n in cl.nodes] == t.addresses
     cpu = emulated_cluster(NetnsCluster(cid="bkn0a1b2c", root=tmp_path, subnet=7, n=2), t, "r-1")
     assert [n.gpu_indices for n in cpu.nodes] == [None, None] and "NCCL_HOSTID" not in cpu.nodes[0].env
+
+
+def test_cloud_side_of_a_hybrid_run_is_named_in_words():
+    """The emulated hybrid run said `cloud: nodes 1-1` for one VM."""
+    from broker.pipeline import cloud_nodes
+
+    assert cloud_nodes(2) == "node 1"
+    assert cloud_nodes(4) == "nodes 1-3"
