@@ -346,3 +346,18 @@ def test_ddp_train_says_why_it_fails_and_the_diagnosis_shows_it(tmp_path):
     log.write_text(cp.stdout + cp.stderr)
     found = [ln for ln in error_lines({0: log}) if "loss did not fall" in ln]
     assert found and "first " in found[0] and "last " in found[0] and "more epochs" in found[0], cp.stderr
+
+
+@pytest.mark.parametrize("logs, cuda", [(CPU / "ok", False), (GPU / "shim_ok", True)])
+def test_summary_says_cuda0_only_when_the_ranks_used_cuda(logs, cuda, capsys):
+    """The summary of a gloo-on-CPU run said "each node's GPU is its cuda:0" on a run without GPUs."""
+    from broker.commands import summary
+
+    paths = {i: logs / f"node{i}.log" for i in (0, 1)}
+    rr = finish_result(RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths=paths), [],
+                       nnodes=2, nproc_per_node=1)
+    run = SimpleNamespace(id="r1", name="t", topology="local", provider="local", run_dir=str(logs))
+    summary.render_summary(run, rr, SimpleNamespace(nodes=2))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every LOCAL_RANK is 0" in out, out
+    assert ("each node's GPU is its cuda:0" in out) is cuda, out
