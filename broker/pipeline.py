@@ -1081,6 +1081,20 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
 
 
 # --------------------------------------------------------------------------------------------------- plan + entry
+def local_choice_text(plan: Plan, recipe: Recipe) -> str:
+    """What ``broker run`` says when this machine is the plan's choice.  The count is the plan's valid options,
+    this machine included, as ``broker plan`` counts them ("N valid"); for a CPU-only job ``broker plan`` also adds
+    the free-tier snapshot's $0.00 CPU offers, which a run never rents, so its count can be higher: said here."""
+    valid = plan.valid_count or len(plan.options)
+    if valid <= 1:
+        return "plan: this machine (free) is the only valid option"
+    cpu_only = recipe.gpus_per_node == 0 and recipe.cpu_ok
+    extra = (", and the free-tier CPU offers it adds for a CPU-only job, which a run does not rent"
+             if cpu_only else "")
+    return (f"plan: this machine (free) is the cheapest of {valid} valid options "
+            f"(`broker plan --recipe {recipe.path}` lists them{extra})")
+
+
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
     """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
     options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
@@ -1188,10 +1202,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
               options[0].provider, len(options))
     if options[0].provider == "local":
         if say:
-            others = (plan.valid_count or len(plan.options)) - 1
-            say("plan: this machine (free) is the only valid option" if others == 0 else
-                f"plan: this machine (free) is the cheapest valid option ({others} other valid option(s); "
-                f"`broker plan --recipe {recipe.path}` lists them)")
+            say(local_choice_text(plan, recipe))
         return LocalTarget(recipe)
     return CloudTarget(recipe, options, watchdog=req.watchdog)
 

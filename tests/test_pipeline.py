@@ -465,3 +465,20 @@ def test_no_docstring_points_outside_the_repository():
     assert bad == []
     for ref in ("docs/design.md", "docs/reference/cloud-apis.md", "docs/reference/local-cluster.md"):
         assert (REPO / ref).is_file()
+
+
+def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(tmp_path):
+    """`broker run` said "41 other valid option(s)" where `broker plan` said "50 valid" for the same CPU-only job:
+    run counted the others (not this machine) and plan adds the free-tier CPU offers that a run never rents.  Run
+    now counts as plan does (this machine included) and names the free-tier difference."""
+    from types import SimpleNamespace
+
+    from broker.pipeline import local_choice_text
+
+    plan = SimpleNamespace(valid_count=42, options=[])
+    cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml")
+    text = local_choice_text(plan, cpu)
+    assert "cheapest of 42 valid options" in text and "free-tier CPU offers" in text and "other" not in text
+    gpu = SimpleNamespace(gpus_per_node=1, cpu_ok=False, path="g.yaml")
+    assert "free-tier" not in local_choice_text(plan, gpu)
+    assert local_choice_text(SimpleNamespace(valid_count=1, options=[]), gpu).endswith("the only valid option")
