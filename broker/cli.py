@@ -281,9 +281,9 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
         path, cmd = path + (a,), sub
     if path != here and name in _opts(cmd):
         shown = f"{name} {value}" if value else name
-        return f"{name} is an option of the command and goes after it: broker {' '.join(path)} {shown}"
+        return f"{name} goes after the command: broker {' '.join(path)} {shown}"
     if here and name in _opts(root):
-        return f"{name} is an option of broker itself and goes before the command: broker {name} {' '.join(here)} ..."
+        return f"{name} is an option of broker itself: broker {name} {' '.join(here)} ..."
     here_cmd = dict(_commands(root)).get(here)
     arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
                 and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)

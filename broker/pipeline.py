@@ -1089,10 +1089,10 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
     if valid <= 1:
         return "plan: this machine (free) is the only valid option"
     cpu_only = recipe.gpus_per_node == 0 and recipe.cpu_ok
-    extra = (", and the free-tier CPU offers it adds for a CPU-only job, which a run does not rent"
+    extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
              if cpu_only else "")
-    return (f"plan: this machine (free) is the cheapest of {valid} valid options "
-            f"(`broker plan --recipe {recipe.path}` lists them{extra})")
+    return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
+            f"`broker plan --recipe {recipe.path}` lists them{extra}")
 
 
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
