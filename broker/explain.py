@@ -137,8 +137,10 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     name = getattr(recipe, "name", "the job")
     budget = getattr(recipe, "budget_usd", None)
     hours = getattr(recipe, "max_hours", None)
-    head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s) x "
-            f"{getattr(recipe, 'gpus_per_node', '?')} GPU"
+    per_node = getattr(recipe, "gpus_per_node", "?")
+    shape = ("CPU only (gloo)" if per_node == 0 and getattr(recipe, "cpu_ok", False) else f"x {per_node} GPU")
+    head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s)"
+            + ("," if shape.startswith("CPU") else "") + f" {shape}"
             + (f", budget {_usd(budget)}" if budget is not None else "")
             + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
     parts: list[str] = []

@@ -76,3 +76,12 @@ def test_only_no_gpu_here_says_cpu_ok():
     e = no_plan_error(r, p)
     assert "this machine has no GPU: add --cpu-ok" in e.hint, e.hint
     assert "budget" not in e.hint and "quota" not in e.hint and "GPU models" not in e.hint, e.hint
+
+
+def test_cpu_only_job_is_not_called_0_gpu():
+    r = _recipe(gpus_per_node=0, cpu_ok=True, budget_usd=100, max_hours=1)
+    p = replace(_plan(_recipe(budget_usd=100, max_hours=1)), options=[])
+    e = no_plan_error(r, p)
+    assert "(2 node(s), CPU only (gloo), budget $100.00" in e.message and "0 GPU" not in e.message, e.message
+    e1 = no_plan_error(_recipe(), p)
+    assert "(2 node(s) x 1 GPU, budget" in e1.message, e1.message
