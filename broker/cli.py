@@ -298,7 +298,11 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
     here = tuple(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ()
     # the command the user named: the words of args that walk down the command tree from where the error was
     path, cmd = here, dict(_commands(root)).get(here, root)
-    for a in args[args.index(name) + 1 if name in args else 0:]:
+    after = args[args.index(name) + 1:] if name in args else args
+    value = ""  # `broker --budget 5 plan`: the word after the option is its value, not a command
+    if after and not after[0].startswith("-") and after[0] not in (getattr(cmd, "commands", None) or {}):
+        value, after = after[0], after[1:]
+    for a in after:
         sub = (getattr(cmd, "commands", None) or {}).get(a)
         if sub is None:
             if a.startswith("-"):
@@ -306,7 +310,10 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
             break
         path, cmd = path + (a,), sub
     if path != here and name in _opts(cmd):
-        return f"{name} is an option of the command: broker {' '.join(path)} {name}"
+        shown = f"{name} {value}" if value else name
+        return f"{name} goes after the command: broker {' '.join(path)} {shown}"
+    if here and name in _opts(root):
+        return f"{name} is an option of broker itself: broker {name} {' '.join(here)} ..."
     here_cmd = dict(_commands(root)).get(here)
     arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
                 and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)
@@ -318,7 +325,14 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
         return None
     if len(homes) > 4:
         homes = homes[:4] + ["..."]
-    return f"{name} is an option of {', '.join(homes)}, not of {' '.join(('broker',) + here)}"
+    field = _RECIPE_FIELD.get(name) if here == ("run",) else None
+    also = f"; for a run it is the recipe's `{field}:` field" if field else ""
+    return f"{name} is an option of {', '.join(homes)}, not of {' '.join(('broker',) + here)}{also}"
+
+
+#: plan options whose value a run takes from its recipe (broker/recipe.py's fields)
+_RECIPE_FIELD = {"--budget": "budget_usd", "-b": "budget_usd", "--hours": "max_hours", "--nodes": "nodes",
+                 "-n": "nodes", "--gpus-per-node": "gpus_per_node"}
 
 
 def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) -> int:

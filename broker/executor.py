@@ -109,27 +109,11 @@ STAGED_LIST = "staged.txt"
 
 
 def not_copied(plan: "StagePlan") -> list[str]:
-    """Every entry of ``plan.root`` that is not copied to the nodes, at its top (a folder none of whose files is
-    staged is one entry ``name/``; its content is not listed), as ``/``-separated paths relative to the root, sorted.
-    :attr:`broker.staging.StagePlan.skipped` keeps only the first names per rule; this is the whole list."""
-    import os
-
-    staged = {Path(f).as_posix() for f in plan.files}
-    holds = {p.as_posix() for f in plan.files for p in Path(f).parents if p.as_posix() != "."}
-    out: list[str] = []
-    root = Path(plan.root)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel_dir = Path(dirpath).relative_to(root).as_posix()
-        rel = (lambda name: name) if rel_dir == "." else (lambda name: f"{rel_dir}/{name}")
-        keep = []
-        for name in sorted(dirnames):
-            if rel(name) in holds and not (Path(dirpath) / name).is_symlink():
-                keep.append(name)
-            else:
-                out.append(rel(name) + "/")
-        dirnames[:] = keep
-        out += [rel(name) for name in sorted(filenames) if rel(name) not in staged]
-    return sorted(out)
+    """Every entry of ``plan.root`` that is not copied to the nodes, as the ``/``-separated path it would have on a
+    node (relative to the root; a folder ``name/`` stands for its content), sorted: the walk's own record
+    (:attr:`broker.staging.StagePlan.excluded`), so a file staged through a folder link is never also "not copied"
+    and every entry has its rule."""
+    return sorted(plan.excluded)
 
 
 def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
@@ -138,10 +122,7 @@ def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
     The screen keeps :meth:`broker.staging.StagePlan.summary`'s short form (its "not copied" list stops after six
     names) and says where the whole list is; ``-v`` logs the size per node and the whole "not copied" list.
     ``run_dir`` None (or a folder that cannot be written): the short form only.  Never raises for I/O."""
-    try:
-        skipped = not_copied(plan)
-    except OSError:
-        skipped = sorted({n for names in plan.skipped.values() for n in names})
+    skipped = not_copied(plan)
     _log.info("staging %d file(s), %s (%d bytes) per node from %s", len(plan.files), plan.size_text(),
               plan.total_bytes, plan.root)
     if skipped:
@@ -153,8 +134,11 @@ def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
     text = [f"# staged from {plan.root}: {len(plan.files)} file(s), {plan.size_text()} per node"]
     text += [Path(f).as_posix() for f in plan.files]
     text += ["", f"# not copied ({len(skipped)})"] + skipped
-    text += ["", "# why (rule: first names)"] + [f"{rule}: {', '.join(names)}"
-                                                 for rule, names in sorted(plan.skipped.items())]
+    by_rule: dict[str, list[str]] = {}
+    for name in skipped:
+        by_rule.setdefault(plan.excluded[name], []).append(name)
+    text += ["", "# why (rule: every entry above)"] + [f"{rule}: {', '.join(names)}"
+                                                      for rule, names in sorted(by_rule.items())]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(text) + "\n", encoding="utf-8")

@@ -87,14 +87,60 @@ def _other_reasons(plan: Plan, limit: int = 3) -> list[str]:
     return out
 
 
+_NO_GPU_HERE = ("no GPU", "this machine has 0 GPU", "which has no GPU")
+
+
+def _first_reasons(plan: Plan) -> list[str]:
+    return [o.rejected[0] for o in plan.rejected if o.rejected]
+
+
+def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool) -> list[str]:
+    """What to change when no option is valid, following the rejection reasons (not a blanket "relax the job,
+    raise the budget or request quota"): only GPU-model rejections name the models that are offered; only "this
+    machine has no GPU" says --cpu-ok; otherwise one hint per reason kind that occurred.  ``cpu_ok``: whether the
+    job already allows gloo on CPU (its hint is then left out); ``budget_given``: whether a budget was set."""
+    counts = plan.rejected_counts or {}
+    firsts = _first_reasons(plan)
+    no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
+    cpu_hint = "this machine has no GPU: add --cpu-ok (recipe: cpu_ok: true) for a gloo-on-CPU logic check"
+    if firsts and len(no_gpu_here) == len(firsts) and not cpu_ok:
+        return [cpu_hint]
+    kinds = {k for k, n in counts.items() if n and k != "provider"}
+    if kinds == {"gpu-model"}:
+        wanted = ", ".join(plan.requirements.gpu_names) or "the models asked for"
+        offered = sorted({x.gpu_name for o in plan.rejected for x in o.offers
+                          if o.rejected and o.rejected[0].startswith("GPU model")})
+        out = [f"no offer has GPU model {wanted}; offered here: {', '.join(offered)} (`broker offers` lists them "
+               "all): name one of those in gpu.models (or --gpu)" if offered else
+               f"no offer has GPU model {wanted}: `broker offers` lists the models offered"]
+        if no_gpu_here and not cpu_ok:
+            out.append(cpu_hint)
+        return out
+    hints: list[str] = []
+    if counts.get("budget") and budget_given:
+        hints.append("raise budget_usd or lower max_hours")
+    if counts.get("gpu-model") or counts.get("gpu-memory"):
+        hints.append("accept more GPU models (gpu.models) or less GPU memory")
+    if counts.get("quota"):
+        hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
+    if counts.get("capacity"):
+        hints.append("try later or other regions / zones")
+    topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
+    if not cpu_ok and "cpu_ok" in topo_text:
+        hints.append("set cpu_ok: true in the recipe for a gloo-on-CPU logic check on this machine")
+    return hints
+
+
 def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     """The NoValidPlan for a plan without a chosen option.  ``recipe``: the Recipe (``name``, ``nodes``,
     ``gpus_per_node``, ``budget_usd``, ``max_hours``, ``cpu_ok``, ``path`` are read when present)."""
     name = getattr(recipe, "name", "the job")
     budget = getattr(recipe, "budget_usd", None)
     hours = getattr(recipe, "max_hours", None)
-    head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s) x "
-            f"{getattr(recipe, 'gpus_per_node', '?')} GPU"
+    per_node = getattr(recipe, "gpus_per_node", "?")
+    shape = ("CPU only (gloo)" if per_node == 0 and getattr(recipe, "cpu_ok", False) else f"x {per_node} GPU")
+    head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s)"
+            + ("," if shape.startswith("CPU") else "") + f" {shape}"
             + (f", budget {_usd(budget)}" if budget is not None else "")
             + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
     parts: list[str] = []
@@ -106,19 +152,8 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     others = _other_reasons(plan)
     if others:
         parts.append(("other options: " if b else "") + "; ".join(others))
-    counts = plan.rejected_counts or {}
     if not b:
-        if counts.get("budget") and budget is not None:
-            hints.append("raise budget_usd or lower max_hours")
-        if counts.get("gpu-model") or counts.get("gpu-memory"):
-            hints.append("accept more GPU models (gpu.models) or less GPU memory")
-        if counts.get("quota"):
-            hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
-        if counts.get("capacity"):
-            hints.append("try later or other regions / zones")
-        topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
-        if not getattr(recipe, "cpu_ok", False) and "cpu_ok" in topo_text:
-            hints.append("set cpu_ok: true in the recipe for a gloo-on-CPU logic check on this machine")
+        hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None)
     path = getattr(recipe, "path", None)
     hints.append(f"`broker plan --recipe {path}` shows every option" if path else "`broker plan` shows every option")
     return NoValidPlan(head + ": " + (". ".join(parts) if parts else "every option was rejected"),

@@ -261,14 +261,8 @@ def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[i
                 for line in text:
                     self._say(f"[preflight] {line}")
                 return self._fail("preflight failed: " + "; ".join(rep.failures()))
-            for r in rows:
-                self._say(f"[preflight] {r.result} {r.check} {r.nodes}: {r.detail}")
-            out = super().preflight()
-            if self.report is not None:
-                self.report.checks[:0] = rows
-                (self.run_dir / "preflight.json").write_text(json.dumps(self.report.to_dict(), indent=2))
-                (self.run_dir / "preflight.txt").write_text("\n".join(pf.render_text(self.report)) + "\n")
-            return out
+            self.lead_checks = rows  # the tunnel rows lead the one preflight table (not lines above it)
+            return super().preflight()
 
     return HybridExecutor(cluster, recipe, run_dir, **kw)
 

@@ -324,6 +324,11 @@ class LocalTarget(Target):
         return LocalExecutor(self.spec, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
 
 
+def cloud_nodes(nodes: int) -> str:
+    """The cloud side of a hybrid run of ``nodes`` nodes (node 0 is this machine): "node 1" or "nodes 1-3"."""
+    return "node 1" if nodes == 2 else f"nodes 1-{nodes - 1}"
+
+
 def inject_error(inject: str, *, hybrid: bool) -> BadInput:
     """The error for a ``--inject`` fault the chosen netns topology cannot inject: a fault of the other topology
     says which ``--topology`` it needs; an unknown one lists both sets."""
@@ -468,7 +473,7 @@ class HybridTarget(Target):
         cid = netns.new_cid()
         rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid, "hybrid": True})
                 for i in range(r.nodes)]
-        ctx.say(f"creating the two sites (home: node 0; cloud: nodes 1-{r.nodes - 1}) behind two NATs (cluster {cid})")
+        ctx.say(f"creating the two sites (home: node 0; cloud: {cloud_nodes(r.nodes)}) behind two NATs (cluster {cid})")
         self.cluster_state, self.sites = netns.up_hybrid(r.nodes, Path(run.run_dir or "."), cid=cid, inject=self.inject,
                                                          gpus_per_node=r.gpus_per_node if self.use_gpus else 0)
         for i, row in enumerate(rows):
@@ -1076,6 +1081,20 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
 
 
 # --------------------------------------------------------------------------------------------------- plan + entry
+def local_choice_text(plan: Plan, recipe: Recipe) -> str:
+    """What ``broker run`` says when this machine is the plan's choice.  The count is the plan's valid options,
+    this machine included, as ``broker plan`` counts them ("N valid"); for a CPU-only job ``broker plan`` also adds
+    the free-tier snapshot's $0.00 CPU offers, which a run never rents, so its count can be higher: said here."""
+    valid = plan.valid_count or len(plan.options)
+    if valid <= 1:
+        return "plan: this machine (free) is the only valid option"
+    cpu_only = recipe.gpus_per_node == 0 and recipe.cpu_ok
+    extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
+             if cpu_only else "")
+    return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
+            f"`broker plan --recipe {recipe.path}` lists them{extra}")
+
+
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
     """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
     options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
@@ -1159,11 +1178,17 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     topo = req.topology or recipe.topology
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
+    if req.inject and p != "netns":
+        from broker.providers import netns
+
+        if req.inject not in (*netns.INJECTS, *netns.HYBRID_INJECTS):
+            raise inject_error(req.inject, hybrid=topo == "hybrid")
+        hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
+        raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
+                       hint=f"broker run {recipe.path} --provider netns" + (" --topology hybrid" if hybrid else "")
+                       + f" --inject {req.inject}")
     if topo == "hybrid":
         return hybrid_target(recipe, req)
-    if req.inject and p != "netns":
-        raise BadInput("--inject works with --provider netns only",
-                       hint="broker run RECIPE --provider netns --inject firewall")
     if p == "local":
         return LocalTarget(recipe)
     if p == "netns":
@@ -1177,10 +1202,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
               options[0].provider, len(options))
     if options[0].provider == "local":
         if say:
-            others = (plan.valid_count or len(plan.options)) - 1
-            say("plan: this machine (free) is the only valid option" if others == 0 else
-                f"plan: this machine (free) is the cheapest valid option ({others} other valid option(s); "
-                f"`broker plan --recipe {recipe.path}` lists them)")
+            say(local_choice_text(plan, recipe))
         return LocalTarget(recipe)
     return CloudTarget(recipe, options, watchdog=req.watchdog)
 

@@ -322,8 +322,10 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
         return []
     out = []
     if not o.private_network:
+        alt = (f"use simulated on one host with {ctx.n_total} GPUs" if ctx.n_total else
+               "use simulated: every node on one host, CPU only (gloo)")
         out.append(("topology", f"multi-node across {o.provider} hosts is not valid: they share no private network "
-                                f"(separate NATs); use simulated on one host with {ctx.n_total} GPUs"))
+                                f"(separate NATs); {alt}"))
     if o.gpu_count < req.gpus_per_node:
         out.append(("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has {o.gpu_count}"))
     return out

@@ -289,6 +289,16 @@ def _expanded_size(node: Any, memo: dict[int, int]) -> int:
 _NOT_YAML_TEXT = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+def _caret(code: int) -> str:
+    """How ``cat -A`` shows the control character ``code``: ^@ .. ^_ for 0x00-0x1f (0x1b is ^[), ^? for 0x7f; "" for
+    others (a C1 control is two UTF-8 bytes, which cat -A shows as M- sequences)."""
+    if code < 0x20:
+        return "^" + chr(code + 0x40)
+    if code == 0x7f:
+        return "^?"
+    return ""
+
+
 def parse_yaml(text: str, where: str) -> tuple[Any, Any]:
     """(node tree, data) of one YAML document under broker's rules; raises RecipeError naming ``where:line``."""
     import yaml
@@ -303,8 +313,9 @@ def parse_yaml(text: str, where: str) -> tuple[Any, Any]:
         binary = " (all zero bytes: is it a binary or truncated file?)" if not text.strip("\0") else ""
         raise RecipeError(f"{where}:{line}:{col}: {what} at line {line}, column {col}{binary}; a recipe is a YAML "
                           "text file and YAML does not allow control characters",
-                          hint="is this the right file? delete that character in a text editor (`cat -A` shows "
-                               "it as ^@ or ^G) and re-save the file as UTF-8 text")
+                          hint="is this the right file? delete that character in a text editor" +
+                               (f" (`cat -A` shows it as {_caret(code)})" if _caret(code) else "") +
+                               " and re-save the file as UTF-8 text")
     loader = _strict_loader()(text)
     try:
         node = loader.get_single_node()
@@ -387,6 +398,11 @@ def _read_text(p: Path) -> str:
     except OSError as e:
         raise RecipeError(f"{p}: cannot read the recipe: {e.strerror or e}",
                           hint="check the path and its permissions") from None
+    wide = _utf16_or_32(raw)
+    if wide:
+        raise RecipeError(f"{p}: {wide} text, not UTF-8; a recipe is a UTF-8 YAML file",
+                          hint=f"re-save it as UTF-8 in the editor, or convert it: iconv -f {wide.split()[0]} "
+                               f"-t UTF-8 {p} > fixed.yaml")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -394,6 +410,27 @@ def _read_text(p: Path) -> str:
         raise RecipeError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); a recipe "
                           "is a UTF-8 YAML file",
                           hint="is this the right file? re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+#: byte-order marks, longest first (the UTF-32 LE mark begins with the UTF-16 LE one)
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+         (b"\xfe\xff", "UTF-16"))
+
+
+def _utf16_or_32(raw: bytes) -> str:
+    """"UTF-16 ..." / "UTF-32 ..." when ``raw`` is text in that encoding (a byte-order mark, or, without one, a NUL
+    as every other byte of mostly-ASCII text); "" otherwise."""
+    for bom, name in _BOMS:
+        if raw.startswith(bom):
+            return f"{name} (byte-order mark 0x{bom.hex()})"
+    head = raw[:512]
+    if len(head) >= 4 and b"\0" in head and head.strip(b"\0"):
+        for start, name in ((1, "UTF-16LE"), (0, "UTF-16BE")):
+            zeros = head[start::2]
+            others = head[1 - start::2]
+            if zeros.count(0) == len(zeros) and others.count(0) == 0:
+                return f"{name} (a NUL byte every other byte, no byte-order mark)"
+    return ""
 
 
 def _dotenv() -> dict[str, str]:

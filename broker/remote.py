@@ -530,6 +530,8 @@ class SSHExecutor(Executor):
         self.ssh = SSHCluster(cluster, run_dir=self.run_dir, connect_timeout_s=connect_timeout_s)
         self.report: "PreflightReport | None" = None
         self.ifaces: dict[int, str] = {}
+        #: preflight rows checked before the table's own (a hybrid run's tunnel rows): the first rows of its table
+        self.lead_checks: list = []
 
     def _say(self, msg: str) -> None:
         if self.echo is not None:
@@ -609,6 +611,7 @@ class SSHExecutor(Executor):
                 break
             self.port = random.randint(29500, 29999)
             report = pf.run_preflight(ssh, recipe, self.port)
+        report.checks[:0] = self.lead_checks
         self.report = report
         (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
         text = pf.render_text(report)

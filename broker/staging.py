@@ -23,6 +23,7 @@ The staged size per node is reported (:attr:`StagePlan.total_bytes`); above :dat
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class StagePlan:
     total_bytes: int = 0
     skipped: dict[str, list[str]] = field(default_factory=dict)
     sources: dict[Path, Path] = field(default_factory=dict)
+    #: every entry not copied, as its ``/``-separated path relative to ``root`` (the same path a staged file would
+    #: have; a folder ends in ``/`` and its content is not listed) -> the rule that skipped it
+    excluded: dict[str, str] = field(default_factory=dict)
 
     def source(self, rel: Path) -> Path:
         """The file whose content is staged at ``rel``."""
@@ -75,9 +79,9 @@ class StagePlan:
         """One line: ``staged 12 files, 1.2 MB per node (not copied: .git, .env; skipped: shadowlink (symlink
         outside the workdir))``."""
         links = (OUTSIDE, TO_EXCLUDED, DANGLING, LOOP)
-        skipped = sorted({n for rule, names in self.skipped.items() if rule not in links for n in names})
+        skipped = sorted(n for n, rule in self.excluded.items() if rule not in links)
         more = f" (not copied: {', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})" if skipped else ""
-        named = [f"{n} ({rule})" for rule in links for n in self.skipped.get(rule, [])]
+        named = [f"{n} ({rule})" for rule in links for n in sorted(self.excluded) if self.excluded[n] == rule]
         if named:
             more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
         return f"staged {len(self.files)} file(s), {self.size_text()} per node from {self.root}{more}"
@@ -199,6 +203,7 @@ def stage_plan(root: Path) -> StagePlan:
     plan = StagePlan(root=root)
 
     def note(rule: str, name: str) -> None:
+        plan.excluded[name] = rule
         lst = plan.skipped.setdefault(rule, [])
         if len(lst) < 20:
             lst.append(name)
@@ -226,6 +231,12 @@ def stage_plan(root: Path) -> StagePlan:
             rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
             real = real_dir / e.name
             if e.is_symlink():
+                try:
+                    os.stat(real)
+                except OSError as err:
+                    if err.errno == errno.ELOOP:  # links that point at each other: realpath() gives up quietly
+                        note(LOOP, rel)
+                        continue
                 target = Path(os.path.realpath(real))
                 if target != real_root and real_root not in target.parents:
                     note(OUTSIDE, rel)
@@ -257,8 +268,7 @@ def stage_plan(root: Path) -> StagePlan:
             if not why and linked:  # reached through a folder link: its real place must be allowed too
                 why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
             if why:
-                shown = e.name if why == "always" else rel  # "always" rules are by name, at any depth
-                note(why, shown + "/" if is_dir else shown)
+                note(why, rel + "/" if is_dir else rel)  # the path as staged (sub/.aws/, never a bare .aws/)
                 continue
             if is_dir:
                 walk(real, rel, chain | {real}, linked)

@@ -144,9 +144,20 @@ def main() -> int:
 
     dist.barrier()
     dist.destroy_process_group()
-    failed = not in_sync or accuracy < args.min_accuracy or not (last_loss < first_loss)
-    if rank == 0 and not failed:
-        print("DDP_OK", flush=True)
+    reasons = []
+    if not in_sync:
+        reasons.append("parameters differ between ranks after training (DDP did not keep them in sync)")
+    if accuracy < args.min_accuracy:
+        reasons.append(f"held-out accuracy {accuracy:.4f} is below --min-accuracy {args.min_accuracy:g}")
+    if not (last_loss < first_loss):
+        reasons.append(f"loss did not fall: first {first_loss:.4f}, last {last_loss:.4f} over {args.epochs} "
+                       "epoch(s); run more epochs (--epochs 2 or more)")
+    failed = bool(reasons)
+    if rank == 0:
+        for why in reasons:
+            print(f"ERROR: {why}", file=sys.stderr, flush=True)
+        if not failed:
+            print("DDP_OK", flush=True)
     # os._exit after destroy_process_group avoids the gloo exit-time SIGABRT seen in ~1 of 10 CPU runs
     # (docs/design.md "Known pitfalls"); flush first because os._exit skips interpreter cleanup.
     sys.stdout.flush()

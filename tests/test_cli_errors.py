@@ -453,12 +453,12 @@ def test_json_error_is_on_stdout_and_the_message_on_stderr(job):
 def test_a_command_option_before_the_command_says_where_it_goes():
     cp = broker("--json", "status")
     assert cp.returncode == 2 and "Traceback" not in cp.stderr
-    assert "--json is an option of the command: broker status --json" in cp.stderr, cp.stderr
+    assert "--json goes after the command: broker status --json" in cp.stderr, cp.stderr
     assert "Possible options" not in cp.stderr and "--version" not in cp.stderr, cp.stderr
     cp = broker("--json", "quota", "status")
-    assert "--json is an option of the command: broker quota status --json" in cp.stderr, cp.stderr
+    assert "--json goes after the command: broker quota status --json" in cp.stderr, cp.stderr
     doc = json.loads(cp.stdout)  # --json anywhere: the error is JSON too, with the same hint
-    assert doc["error"]["hint"] == "--json is an option of the command: broker quota status --json"
+    assert doc["error"]["hint"] == "--json goes after the command: broker quota status --json"
     assert doc["error"]["message"] == "No such option: --json"
 
 
@@ -502,3 +502,67 @@ def test_json_mode_stderr_message_is_one_line_and_the_hint_gives_one_example():
     assert lines[0].startswith("error: --budget") and len(lines) == 2, cp.stderr
     assert lines[1].startswith("  -> ") and cp.stderr.count("e.g.") == 1, cp.stderr
     assert json.loads(cp.stdout)["error"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("byte, caret", [(b"\x1b", "^["), (b"\x7f", "^?"), (b"\x07", "^G"), (b"\x01", "^A")])
+def test_control_character_hint_names_its_caret_form(tmp_path, job, byte, caret):
+    """The hint said `cat -A` shows the character "as ^@ or ^G" whatever it was: ESC shows as ^[ and DEL as ^?."""
+    p = tmp_path / "ctl.yaml"
+    p.write_bytes(b"name: j\nscript: train.py\nname2: x" + byte + b"\n")
+    out = one_message(broker("plan", "--recipe", str(p)), 2, f"{p}:3:9:", f"shows it as {caret})")
+    assert "^@ or ^G" not in out
+
+
+@pytest.mark.parametrize("encoding, raw_prefix, name", [
+    ("utf-16", b"", "UTF-16"),          # Python writes the LE BOM 0xff 0xfe
+    ("utf-16-be", b"\xfe\xff", "UTF-16"),
+    ("utf-16-le", b"", "UTF-16LE"),     # no BOM: a NUL every other byte
+    ("utf-32", b"", "UTF-32"),
+])
+def test_utf16_recipe_is_named_and_converted_from_utf16(tmp_path, job, encoding, raw_prefix, name):
+    """A UTF-16 recipe was told `iconv -f latin1` (or "NUL byte at line 1"): name the encoding and convert from it."""
+    p = tmp_path / "wide.yaml"
+    p.write_bytes(raw_prefix + "name: j\nscript: train.py\n".encode(encoding))
+    out = one_message(broker("plan", "--recipe", str(p)), 2, str(p), f"{name}", f"iconv -f {name} -t UTF-8")
+    assert "latin1" not in out and "NUL byte at" not in out
+
+
+@pytest.mark.parametrize("args", [["plan", "-v"], ["status", "-v"], ["status", "--verbose"]])
+def test_a_root_option_after_the_command_says_it_goes_before(args):
+    """`broker plan -v` said only "No such option: -v": -v is broker's own option, before the command."""
+    cp = broker(*args)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    opt = args[1]
+    assert f"{opt} is an option of broker itself: broker {opt} {args[0]} ..." \
+        in unwrapped(cp.stderr), cp.stderr
+
+
+def test_a_command_option_with_a_value_before_the_command_says_it_goes_after():
+    """`broker --budget 5 plan` listed every command with --budget "not of broker": it goes after the command."""
+    cp = broker("--budget", "5", "plan")
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr
+    assert "--budget goes after the command: broker plan --budget 5" \
+        in unwrapped(cp.stderr), cp.stderr
+
+
+def test_a_plan_option_on_run_names_the_recipe_field(tmp_path):
+    """`broker run --budget 5 RECIPE`: a run's budget is the recipe's budget_usd field."""
+    cp = broker("run", "--budget", "5", str(tmp_path / "r.yaml"))
+    assert "for a run it is the recipe's `budget_usd:` field" in unwrapped(cp.stderr), cp.stderr
+    cp = broker("run", "--hours", "1", str(tmp_path / "r.yaml"))
+    assert "`max_hours:` field" in unwrapped(cp.stderr), cp.stderr
+
+
+@pytest.mark.parametrize("args, suggested", [
+    (["--inject", "udp-blocked"], "--provider netns --topology hybrid --inject udp-blocked"),
+    (["--topology", "hybrid", "--inject", "direct-blocked"], "--provider netns --topology hybrid --inject direct-blocked"),
+    (["--inject", "mtu"], "--provider netns --inject mtu"),
+])
+def test_inject_without_netns_suggests_the_matching_command(tmp_path, job, args, suggested):
+    """`broker run R --inject udp-blocked` (no --provider) hinted `--provider netns --inject firewall`: a command that
+    injects another fault and would then fail for want of --topology hybrid.  Now it suggests the same fault."""
+    p = job("nodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    out = one_message(broker("run", str(p), *args, env={"BROKER_HOME": str(tmp_path / "home")}), 2,
+                      f"broker run {p} {suggested}")
+    if "hybrid" not in suggested:
+        assert "--topology hybrid" not in out, out

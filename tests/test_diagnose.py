@@ -321,3 +321,43 @@ def test_summary_hosts_line_leaves_out_unknown_gpu_counts(capsys, monkeypatch):
     summary.render_summary(run, rr, SimpleNamespace(nodes=2))
     out = " ".join(capsys.readouterr().out.split())
     assert "node 0 = vm," in out and "node 1 = vm2 (1 GPU(s) visible)" in out and "?" not in out.split("hosts:")[1]
+
+
+def test_ddp_train_says_why_it_fails_and_the_diagnosis_shows_it(tmp_path):
+    """recipes/ddp_train.py --epochs 1 exited 1 without a word (its loss cannot fall in one epoch): it now prints an
+    ERROR line with the first and last loss, which error_lines (the run summary's diagnosis) picks up."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    repo = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               CUDA_VISIBLE_DEVICES="")
+    cp = subprocess.run([sys.executable, str(repo / "recipes" / "ddp_train.py"), "--epochs", "1",
+                         "--checkpoint", str(tmp_path / "c.pt")], env=env, capture_output=True, text=True,
+                        timeout=300, cwd=tmp_path)
+    assert cp.returncode == 1, cp.stdout + cp.stderr
+    log = tmp_path / "node0.log"
+    log.write_text(cp.stdout + cp.stderr)
+    found = [ln for ln in error_lines({0: log}) if "loss did not fall" in ln]
+    assert found and "first " in found[0] and "last " in found[0] and "more epochs" in found[0], cp.stderr
+
+
+@pytest.mark.parametrize("logs, cuda", [(CPU / "ok", False), (GPU / "shim_ok", True)])
+def test_summary_says_cuda0_only_when_the_ranks_used_cuda(logs, cuda, capsys):
+    """The summary of a gloo-on-CPU run said "each node's GPU is its cuda:0" on a run without GPUs."""
+    from broker.commands import summary
+
+    paths = {i: logs / f"node{i}.log" for i in (0, 1)}
+    rr = finish_result(RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths=paths), [],
+                       nnodes=2, nproc_per_node=1)
+    run = SimpleNamespace(id="r1", name="t", topology="local", provider="local", run_dir=str(logs))
+    summary.render_summary(run, rr, SimpleNamespace(nodes=2))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "every LOCAL_RANK is 0" in out, out
+    assert ("each node's GPU is its cuda:0" in out) is cuda, out

@@ -53,3 +53,35 @@ def test_cpu_ok_hint_only_when_it_is_not_set():
     r2 = _recipe(cpu_ok=True, budget_usd=100, nodes=4)
     e2 = no_plan_error(r2, p)
     assert "cpu_ok" not in e2.hint
+
+
+def test_only_unknown_gpu_model_names_the_models_offered():
+    """"relax the job, raise the budget or request quota" when the only cause was a GPU model no one offers: name
+    the models that exist instead."""
+    r = _recipe(budget_usd=100, max_hours=1)
+    req = Requirements(nodes=2, gpus_per_node=1, gpu_names=["H300"], budget_usd=100, hours=1)
+    p = plan(req, FakeProvider().offers(req),
+             unavailable={"local": "simulated needs one host with 2 GPUs; this machine has 0 GPU(s)"})
+    assert p.chosen is None
+    e = no_plan_error(r, p)
+    assert "no offer has GPU model H300" in e.hint and "FakeGPU" in e.hint, e.hint
+    assert "budget" not in e.hint and "quota" not in e.hint, e.hint
+
+
+def test_only_no_gpu_here_says_cpu_ok():
+    r = _recipe(cpu_ok=False, budget_usd=100, max_hours=1)
+    req = Requirements(nodes=2, gpus_per_node=1, budget_usd=100, hours=1, providers=["local"])
+    why = "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU logic check)"
+    p = plan(req, [], unavailable={"local": why})
+    e = no_plan_error(r, p)
+    assert "this machine has no GPU: add --cpu-ok" in e.hint, e.hint
+    assert "budget" not in e.hint and "quota" not in e.hint and "GPU models" not in e.hint, e.hint
+
+
+def test_cpu_only_job_is_not_called_0_gpu():
+    r = _recipe(gpus_per_node=0, cpu_ok=True, budget_usd=100, max_hours=1)
+    p = replace(_plan(_recipe(budget_usd=100, max_hours=1)), options=[])
+    e = no_plan_error(r, p)
+    assert "(2 node(s), CPU only (gloo), budget $100.00" in e.message and "0 GPU" not in e.message, e.message
+    e1 = no_plan_error(_recipe(), p)
+    assert "(2 node(s) x 1 GPU, budget" in e1.message, e1.message

@@ -317,3 +317,38 @@ def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
     assert [n.private_ip for n in cl.nodes] == t.addresses
     cpu = emulated_cluster(NetnsCluster(cid="bkn0a1b2c", root=tmp_path, subnet=7, n=2), t, "r-1")
     assert [n.gpu_indices for n in cpu.nodes] == [None, None] and "NCCL_HOSTID" not in cpu.nodes[0].env
+
+
+def test_cloud_side_of_a_hybrid_run_is_named_in_words():
+    """The emulated hybrid run said `cloud: nodes 1-1` for one VM."""
+    from broker.pipeline import cloud_nodes
+
+    assert cloud_nodes(2) == "node 1"
+    assert cloud_nodes(4) == "nodes 1-3"
+
+
+def test_passing_tunnel_checks_are_rows_of_the_one_preflight_table(tmp_path, monkeypatch):
+    """A passing hybrid run printed its tunnel checks as `[preflight] PASS tunnel ...` lines above the table's
+    header; they are now the first rows of the same table (screen, preflight.txt and preflight.json alike)."""
+    from types import SimpleNamespace
+
+    from broker import preflight as pf
+
+    cluster = _cluster()
+    recipe = SimpleNamespace(nodes=2, name="j", max_hours=0.1)
+    tunnel = [pf.Check("tunnel", "0<->1", "PASS", "WireGuard handshake between node 0 and node 1"),
+              pf.Check("tunnel mtu", "0", "PASS", "wg0 MTU 1420 (the tunnel's)")]
+    monkeypatch.setattr(hybrid, "handshake_check", lambda *a, **k: list(tunnel))
+    monkeypatch.setattr(pf, "run_preflight", lambda *a, **k: pf.PreflightReport(
+        checks=[pf.Check("tcp listen", "0", "PASS", "node 0 listens")], wall_s=0.1))
+    said: list[str] = []
+    ex = hybrid.make_executor(cluster, recipe, tmp_path, ports={0: 51820, 1: 51820}, mtu=1420, echo=said.append,
+                              port=29500)
+    assert ex.preflight() is None
+    lines = [ln for ln in said if ln.startswith("[preflight]")]
+    assert lines[0].split()[1:3] == ["check", "node(s)"], said  # the header first, then every row
+    assert not any(ln.startswith("[preflight] PASS") for ln in lines), said
+    body = [ln.split()[1] for ln in lines[1:-1]]
+    assert body == ["tunnel", "tunnel", "tcp"], said
+    text = (tmp_path / "preflight.txt").read_text().splitlines()
+    assert [ln.split()[0] for ln in text[1:-1]] == ["tunnel", "tunnel", "tcp"], text

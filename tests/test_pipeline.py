@@ -119,6 +119,52 @@ def test_staging_symlinks_one_rule_for_every_executor(tmp_path):
     assert not any(b"SECRET" in data for _, data in local.values())
 
 
+def test_staged_list_not_copied_list_and_summary_agree(tmp_path):
+    """The trial's staged.txt contradicted itself: `datalink/README.md` staged while `datalink/` was "not copied"
+    with no reason; `sub/` not copied while the why-section and the printed line said `.aws/`; `loop1`/`loop2`
+    (links to each other) called dangling; the line said `.env` where the file said `wd/.env`.  Now one record:
+    the same relative paths everywhere, every not-copied entry under its rule, loops named as loops."""
+    from broker.executor import STAGED_LIST, staging_line
+
+    w = tmp_path / "w"
+    (w / "data").mkdir(parents=True)
+    (w / "data" / "README.md").write_text("data\n")
+    (w / "train.py").write_text("print(1)\n")
+    os.symlink("data", w / "datalink")
+    (w / "sub" / ".aws").mkdir(parents=True)
+    (w / "sub" / ".aws" / "credentials").write_text("SECRET\n")
+    (w / "sub" / "ok.py").write_text("x = 1\n")
+    (w / "wd").mkdir()
+    (w / "wd" / ".env").write_text("SECRET\n")
+    os.symlink("loop2", w / "loop1")
+    os.symlink("loop1", w / "loop2")
+    plan = stage_plan(w)
+    run = tmp_path / "run"
+    line = staging_line(plan, run)
+    text = (run / STAGED_LIST).read_text()
+    head, rest = text.split("\n# not copied (")
+    staged = [ln for ln in head.splitlines()[1:] if ln]
+    body, why = rest.split("\n# why")
+    listed = [ln for ln in body.splitlines()[1:] if ln]
+    reasons = {}
+    for ln in why.splitlines()[1:]:
+        if ln:
+            rule, names = ln.split(": ", 1)
+            for n in names.split(", "):
+                reasons[n] = rule
+    assert "datalink/README.md" in staged and "data/README.md" in staged, text
+    for entry in listed:  # nothing both staged and not copied
+        assert not any(f == entry or f.startswith(entry) for f in staged if entry.endswith("/") or f == entry), \
+            (entry, text)
+    assert sorted(reasons) == sorted(listed), text  # every not-copied entry has its reason
+    assert "sub/.aws/" in listed and reasons["sub/.aws/"] == "always" and "sub/" not in listed, text
+    assert "wd/.env" in listed and ".env" not in listed and ".aws/" not in listed, text
+    assert reasons["loop1"] == reasons["loop2"] == "symlink loop", text
+    flat = " ".join(line.split())
+    assert "sub/.aws/" in flat and "wd/.env" in flat and "loop1 (symlink loop)" in flat, line
+    assert "dangling" not in flat, line
+
+
 def test_staging_skips_every_dotenv_file(tmp_path):
     """`.env*` as documented: .envrc (direnv), .env.local, .env.production are secrets as much as .env."""
     w = tmp_path / "w"
@@ -419,3 +465,20 @@ def test_no_docstring_points_outside_the_repository():
     assert bad == []
     for ref in ("docs/design.md", "docs/reference/cloud-apis.md", "docs/reference/local-cluster.md"):
         assert (REPO / ref).is_file()
+
+
+def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(tmp_path):
+    """`broker run` said "41 other valid option(s)" where `broker plan` said "50 valid" for the same CPU-only job:
+    run counted the others (not this machine) and plan adds the free-tier CPU offers that a run never rents.  Run
+    now counts as plan does (this machine included) and names the free-tier difference."""
+    from types import SimpleNamespace
+
+    from broker.pipeline import local_choice_text
+
+    plan = SimpleNamespace(valid_count=42, options=[])
+    cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml")
+    text = local_choice_text(plan, cpu)
+    assert "cheapest of 42 valid options" in text and "free-tier CPU offers" in text and "other" not in text
+    gpu = SimpleNamespace(gpus_per_node=1, cpu_ok=False, path="g.yaml")
+    assert "free-tier" not in local_choice_text(plan, gpu)
+    assert local_choice_text(SimpleNamespace(valid_count=1, options=[]), gpu).endswith("the only valid option")

@@ -357,3 +357,15 @@ def test_cpu_only_job_is_offered_here_and_this_machine_wins_a_tie():
                     price_time=utcnow(), region="us-east-1")
     p = plan(req, [free_vm, *here])
     assert p.chosen is not None and p.chosen.provider == "local", [o.provider for o in p.options]
+
+
+def test_cpu_only_job_reasons_never_ask_for_zero_gpus():
+    """A CPU-only job (gpus_per_node 0, cpu_ok) was told "use simulated on one host with 0 GPUs"."""
+    req = Requirements(nodes=2, gpus_per_node=0, cpu_ok=True, budget_usd=50, hours=1)
+    p = plan(req, [mk("vast", "v1", 1, 24, 0.3)], now=T0)
+    reasons = [r for o in p.rejected for r in o.rejected if "multi-node across vast" in r]
+    assert reasons, p.rejected
+    assert all("0 GPUs" not in r and "CPU only (gloo)" in r for r in reasons), reasons
+    req1 = Requirements(nodes=2, gpus_per_node=1, budget_usd=50, hours=1, topology="multi-node")
+    p1 = plan(req1, [mk("vast", "v1", 1, 24, 0.3)], now=T0)
+    assert any("one host with 2 GPUs" in r for o in p1.rejected for r in o.rejected), p1.rejected

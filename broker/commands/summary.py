@@ -52,8 +52,10 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             py, tv, cu, nc = next(iter(versions))
             console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
         if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
+            cuda = any(str(r.device).startswith("cuda") for r in rows)  # a CPU (gloo) run has no cuda:0
             console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
-                          "one process per node every LOCAL_RANK is 0 and each node's GPU is its cuda:0.[/]")
+                          "one process per node every LOCAL_RANK is 0"
+                          + (" and each node's GPU is its cuda:0" if cuda else "") + ".[/]")
     else:
         console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): {no_rank_text(result)}",
                       highlight=False)
