@@ -344,3 +344,21 @@ def test_no_valid_plan_in_json_mode_carries_an_error_object_and_a_stderr_line(tm
     assert e["kind"] == "no_valid_plan" and e["exit_code"] == 3 and e["message"] and e["hint"]
     lines = out.stderr.splitlines()
     assert lines and lines[0].startswith("error: no valid plan") and "{" not in out.stderr, out.stderr
+
+
+def test_plan_header_and_no_plan_hint_follow_the_job(tmp_path):
+    """The second trial: a CPU-only job's header read "2 node(s) x 0 GPU (>= 16 GiB, any model)", and `broker plan`
+    ended every no-valid-plan with "relax the job, raise the budget or request quota" whatever the reasons."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "VAST_", "OCI_"))}
+    env.update(BROKER_HOME=str(tmp_path / "h"), OCI_CONFIG_FILE=str(tmp_path / "none"), HOME=str(tmp_path),
+               AWS_EC2_METADATA_DISABLED="true", COLUMNS="80", BROKER_NO_WRAP="1")
+
+    def plan(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "broker", "plan", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    cpu = plan("--cpu-only")
+    assert cpu.returncode == 0 and "job: 2 node(s), CPU only (gloo)," in cpu.stdout and "0 GPU" not in cpu.stdout
+    gpu = plan("--gpu", "H900", "--provider", "aws")
+    assert gpu.returncode == 3 and "relax the job" not in gpu.stderr, gpu.stderr
+    assert "no offer matched the job" in gpu.stderr and "models in the price snapshots" in gpu.stdout

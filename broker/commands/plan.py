@@ -165,9 +165,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
     hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
     budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
-    console.print(f"[bold]job:[/] {req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, "
-                  f"{escape(models)}), {hours}, budget {budget}, topology {req.topology}"
-                  + (", cpu_ok" if req.cpu_ok else ""), soft_wrap=False)
+    job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
+           f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
+    console.print(f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
+                  + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""), soft_wrap=False)
     if plan.options:
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
         t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
@@ -338,8 +339,12 @@ def register(app: typer.Typer) -> None:
         p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                       unavailable=facts.unavailable, top_k=max(top * 8, 20))
         log_plan(p)
-        no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)",
-                   "relax the job, raise the budget or request quota")
+        from broker.explain import no_plan_hints
+
+        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+            "no offer matched the job at all (GPU model, memory, providers): see the notes above"
+            if not p.rejected else "relax the job, raise the budget or request quota")
+        no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
         if as_json:
             doc: dict[str, Any] = {"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen,
                                    "next_step": next_step(p, recipe), "plan": p}
@@ -355,8 +360,10 @@ def register(app: typer.Typer) -> None:
 
                 _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
             else:
-                err.print("[bold red]no valid plan:[/] every option is rejected (reasons above); relax the job, raise "
-                          "the budget or request quota", markup=True)
+                from rich.markup import escape as esc
+
+                err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
+                          markup=True)
             raise typer.Exit(3)
 
     @app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")
