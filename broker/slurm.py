@@ -143,7 +143,7 @@ def batch_log_path(log_dir: str | Path, name: str, job_id: str) -> str:
 def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str | None = None,
                   time: str | None = None, log_dir: str | Path, port: int | None = None, python: str = "python3",
                   workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None,
-                  env_refs: bool = False) -> str:
+                  env_refs: bool = False, shim: str | None = None, facts_dir: str | None = None) -> str:
     """The sbatch script (bash) for ``recipe``.
 
     ``log_dir``: where Slurm writes ``<name>-<jobid>-batch.out`` and the per-node ``<name>-<jobid>-node<i>.out``;
@@ -158,6 +158,9 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
     ``env_refs``: write env values that reference ``${NAME}`` as written (expanded in the job from the submitting
     environment) instead of their resolved values: a script that is printed never carries a secret.
+    ``shim``/``facts_dir``: paths on the cluster of :mod:`broker.rankshim` and the shared folder its per-rank facts
+    go to (``broker run`` on Slurm); torchrun then runs the shim in front of the script (``slurm render`` leaves
+    them out: the script stands alone).
 
     Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
     """
@@ -236,6 +239,7 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     torchrun = " ".join([
         q(python), "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc_per_node={g}",
         "--node_rank=$SLURM_NODEID", "--master_addr=$MASTER_ADDR", "--master_port=$MASTER_PORT",
+        *([q(shim), *(["--facts", q(facts_dir)] if facts_dir else []), "--"] if shim else []),
         q(script_rel), *(q(a) for a in recipe.args)])
     inner = (f'echo "broker: node $SLURM_NODEID on $(hostname): torchrun --node_rank=$SLURM_NODEID"; '
              f"exec {torchrun}")
@@ -377,6 +381,7 @@ class SlurmExecutor(Executor):
             base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
         self.base = base
         self.work, self.log_dir, self.script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
+        self.shim_path, self.facts_dir = f"{base}/rankshim.py", f"{base}/facts"
         self.attrs = {"host": opts.host, "log_dir": self.log_dir, "script": self.script_path}
         if opts.cluster:
             self.attrs["cluster"] = opts.cluster
@@ -399,9 +404,13 @@ class SlurmExecutor(Executor):
             self.echo(f"[slurm] {line}")
         sh.put_tgz(tar_staged(plan), self.work)
         sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
+        from broker.launch import RANKSHIM
+
+        sh.write(self.shim_path, RANKSHIM.read_text())  # rank facts for any script (the summary's rank table)
+        sh.mkdir(self.facts_dir)
         script = render_sbatch(recipe, partition=self.opts.partition, account=self.opts.account,
                                time=self.opts.time, log_dir=self.log_dir, python=self.opts.python, workdir=self.work,
-                               gpus=self.gpus)
+                               gpus=self.gpus, shim=self.shim_path, facts_dir=self.facts_dir)
         sh.write(self.script_path, script)
         (self.run_dir / "job.sbatch").write_text(script)
         return None
@@ -547,9 +556,38 @@ class SlurmExecutor(Executor):
                     found[0].append(pat)
         record_artifacts(result, pats, found, self.run_dir, self.echo)
 
+    def fetch_facts(self) -> int:
+        """Copy the ranks' facts from the job's shared ``facts`` folder into ``<run>/node<i>/facts/`` (node i from
+        each file), where the rank table reads them; returns how many.  Best effort: a missing file is a rank
+        without facts (the table then uses the log's own RANK line)."""
+        import json
+        import re
+        import shlex
+
+        try:
+            names = self.sh.text(["sh", "-c", f"ls {shlex.quote(self.facts_dir)} 2>/dev/null || true"],
+                                 call="ls facts").split()
+        except Exception:  # noqa: BLE001 - the table falls back to the logs
+            return 0
+        got = 0
+        for name in names:
+            if not re.fullmatch(r"rank\d+\.json", name):
+                continue
+            data = self.sh.read_from(f"{self.facts_dir}/{name}", 0)
+            try:
+                node = int(json.loads(data).get("node") or 0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+            dst = self.run_dir / f"node{node}" / "facts" / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+            got += 1
+        return got
+
     def finish(self, result):
         from broker.launch import finish_result
 
+        self.fetch_facts()
         result.wall_s = time_mod.monotonic() - self.t0
         return finish_result(result, list(self.recipe.expect), nnodes=self.recipe.nodes,
                              nproc_per_node=self.recipe.gpus_per_node)

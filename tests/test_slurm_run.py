@@ -100,6 +100,13 @@ def test_recipe_runs_on_two_slurm_nodes(cluster, tmp_path):
     assert (work / "setup-node1.txt").read_text().strip() == "node1"
     assert (work / "checkpoint.pt").exists()
     assert list((tmp_path / "tmp").glob("torchelastic_*"))  # the job saw the submitter's environment
+    # the rank shim ran in front of the script on every node: facts per rank, copied back per node
+    import json
+
+    facts = {i: json.loads((run_dir / f"node{i}" / "facts" / f"rank{i}.json").read_text()) for i in (0, 1)}
+    assert [(f["node"], f["rank"], f["world_size"], f["host"]) for f in facts.values()] == [
+        (0, 0, 2, "node0"), (1, 1, 2, "node1")]
+    assert "rankshim.py --facts" in (run_dir / "job.sbatch").read_text()
     print(f"slurm run wall time {wall:.1f} s")
 
 
