@@ -185,3 +185,34 @@ def key_pem() -> str:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption()).decode()
+
+
+def netns_missing() -> str | None:
+    """None when network-namespace hosts can be made here (root, iproute2, sshd); else why not."""
+    from broker.providers.netns import missing_requirements
+
+    return missing_requirements()
+
+
+@pytest.fixture
+def netns_hosts(tmp_path):
+    """``make(n)``: a netns cluster of n hosts with sshd (skips where none can be made); every cluster made is
+    removed at the end, leaving no namespace or link (other clusters may run beside ours)."""
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.providers import netns
+
+    made = []
+
+    def make(n: int):
+        c = netns.up(n, tmp_path / f"hosts{len(made)}", use_gpus=False)
+        made.append(c)
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in made:
+            c.down()
+        assert [x for c in made for x in netns.leftovers(c.cid)] == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.ledger import Ledger
-from tests.conftest import REPO, broker_cmd
+from tests.conftest import REPO, broker_cmd, netns_missing
 
 
 def _cli(args, env, timeout=240, **kw):
@@ -116,14 +116,8 @@ def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------- kept netns
-def _netns_missing():
-    from broker.providers import netns
-
-    return netns.missing_requirements()
-
-
 @pytest.mark.netns
-@pytest.mark.skipif(_netns_missing() is not None, reason=f"netns: {_netns_missing()}")
+@pytest.mark.skipif(netns_missing() is not None, reason=f"netns: {netns_missing()}")
 def test_ssh_and_exec_on_kept_netns_nodes_then_down(cli_env, tmp_path):
     from broker.providers import netns
 

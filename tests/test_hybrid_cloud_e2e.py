@@ -48,14 +48,9 @@ NO_SYSTEMD = "#!/bin/sh\necho 'System has not been booted with systemd as init s
 
 
 @pytest.fixture
-def vm(tmp_path):
-    """The rented VM of rank 1: one netns host with sshd."""
-    c = netns.up(1, tmp_path / "hosts", use_gpus=False)
-    try:
-        yield c
-    finally:
-        c.down()
-        assert netns.leftovers(c.cid) == []
+def vm(netns_hosts):
+    """The rented VM of rank 1: one netns host with sshd (tests/conftest.py netns_hosts)."""
+    return netns_hosts(1)
 
 
 def tailscale_standin(path: Path, *, address: str, state: Path | None) -> None:

@@ -16,7 +16,6 @@ import random
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from broker.planner import plan  # noqa: E402
 from broker.provider import INSTALL_TAG, RUN_TAG  # noqa: E402
 from broker.recipe import load_recipe  # noqa: E402
 from tests.conftest import REPO, broker_cmd  # noqa: E402
+from tests.netfwd import LateForwarder  # noqa: E402
 from tests.oci_emulator import OCIEmulator  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -42,38 +42,10 @@ AD = "Uocm:US-ASHBURN-AD-1"
 REGION = "us-ashburn-1"
 
 
-def _netns_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    from broker.providers.netns import missing_requirements
-
-    return missing_requirements()
-
-
 @pytest.fixture
-def hosts(tmp_path):
-    why = _netns_missing()
-    if why:
-        pytest.skip(why)
-    from broker.providers import netns
-
-    c = netns.up(2, tmp_path / "hosts", use_gpus=False)
-    try:
-        yield c
-    finally:
-        c.down()
-        assert netns.leftovers(c.cid) == []
-
-
-@pytest.fixture(scope="module")
-def key_pem() -> str:
-    """A throwaway RSA key for the OCI config (the emulator does not check signatures; never a real key)."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
+def hosts(netns_hosts):
+    """Two netns hosts with sshd: the "instances" (tests/conftest.py netns_hosts)."""
+    return netns_hosts(2)
 
 
 def oci_config_file(tmp_path: Path, key_pem: str) -> Path:
@@ -86,57 +58,6 @@ def oci_config_file(tmp_path: Path, key_pem: str) -> Path:
                    f"fingerprint=11:22:33:44:55:66:77:88:99:00:aa:bb:cc:dd:ee:ff\nkey_file={key}\n"
                    f"tenancy={TENANCY}\nregion={REGION}\n")
     return cfg
-
-
-class LateSSH:
-    """Port 22 of a loopback address: refuses until ``start()`` + ``delay_s``, then forwards to ``target``
-    (a node whose sshd starts after the provider reported RUNNING)."""
-
-    def __init__(self, addr: str, target: tuple[str, int], delay_s: float):
-        self.addr, self.target, self.delay_s = addr, target, delay_s
-        self.stop = threading.Event()
-        self.running_at: float | None = None
-        self.accepting_at: float | None = None
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-
-    def start(self) -> None:
-        self.running_at = time.monotonic()
-        self.thread.start()
-
-    def _serve(self) -> None:
-        if self.stop.wait(self.delay_s):
-            return
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((self.addr, 22))
-        srv.listen(16)
-        srv.settimeout(0.2)
-        self.accepting_at = time.monotonic()
-        while not self.stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except socket.timeout:
-                continue
-            c.settimeout(None)
-            u = socket.create_connection(self.target, timeout=5)
-            u.settimeout(None)
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-        srv.close()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def _recipe(tmp_path: Path):
@@ -156,10 +77,11 @@ class E2E:
         from broker.providers.oci import OCIProvider
 
         self.hosts, self.tmp_path = hosts, tmp_path
-        self.late: dict[int, LateSSH] = {}
+        self.late: dict[int, LateForwarder] = {}
         if late_s is not None:
             net = random.randint(1, 250)
-            self.late = {i: LateSSH(f"127.77.{net}.{i + 1}", (hosts.ip(i), 22), late_s) for i in range(2)}
+            self.late = {i: LateForwarder((hosts.ip(i), 22), late_s, addr=f"127.77.{net}.{i + 1}", port=22,
+                                         start=False) for i in range(2)}
             for f in self.late.values():  # an sshd on *:22 of this machine would take the port
                 try:
                     with socket.socket() as s:

@@ -9,10 +9,8 @@ import json
 import os
 import pty
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from broker.pipeline import Hooks, LocalTarget, run_pipeline, shielded
 from broker.recipe import RecipeError, load_recipe
 from broker.staging import stage_plan
 from tests.conftest import REPO, broker_cmd
+from tests.netfwd import LateForwarder
 
 
 # --------------------------------------------------------------------------------------------------- staging
@@ -363,55 +362,6 @@ def test_installed_broker_has_broker_providers_and_no_top_level_providers(tmp_pa
 
 
 # --------------------------------------------------------------------------------------------------- SSH readiness
-class LateForwarder:
-    """A TCP port on 127.0.0.1 that refuses connections for ``delay_s`` seconds, then forwards to ``target``:
-    a node whose sshd starts after the provider said RUNNING."""
-
-    def __init__(self, target: tuple[str, int], delay_s: float):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.target, self.delay_s = target, delay_s
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        if self.stop.wait(self.delay_s):
-            return
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind(("127.0.0.1", self.port))
-        srv.listen(8)
-        srv.settimeout(0.2)
-        while not self.stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except socket.timeout:
-                continue
-            c.settimeout(None)  # accepted sockets inherit the listener's 0.2 s timeout
-            u = socket.create_connection(self.target, timeout=5)
-            u.settimeout(None)
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-        srv.close()
-
-    @staticmethod
-    def _pipe(a: socket.socket, b: socket.socket) -> None:
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-
 def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
     from broker.providers import netns
 

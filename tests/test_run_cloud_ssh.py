@@ -9,7 +9,6 @@ node 0's private IP) and `simulated` (one 2-GPU host, two torchruns on it, maste
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -26,27 +25,10 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 
-def _netns_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    from broker.providers.netns import missing_requirements
-
-    return missing_requirements()
-
-
 @pytest.fixture
-def hosts(tmp_path):
-    why = _netns_missing()
-    if why:
-        pytest.skip(why)
-    from broker.providers import netns
-
-    c = netns.up(2, tmp_path / "hosts", use_gpus=False)
-    try:
-        yield c
-    finally:
-        c.down()
-        assert not netns.leftovers(c.cid)
+def hosts(netns_hosts):
+    """Two netns hosts with sshd: the "instances" (tests/conftest.py netns_hosts)."""
+    return netns_hosts(2)
 
 
 class NetnsBackedCloud(FakeProvider):

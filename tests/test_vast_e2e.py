@@ -8,7 +8,6 @@ key reaches the host only through the key API (``POST /api/v0/instances/{id}/ssh
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,35 +24,10 @@ from tests.vast_emulator import API_KEY, VastEmulator
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 
-def _netns_missing() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    from broker.providers.netns import missing_requirements
-
-    return missing_requirements()
-
-
 @pytest.fixture
-def hosts(tmp_path):
-    """``make(n)``: a netns cluster of n hosts with sshd, removed at the end (no namespace or link left)."""
-    why = _netns_missing()
-    if why:
-        pytest.skip(why)
-    from broker.providers import netns
-
-    made = []
-
-    def make(n: int):
-        c = netns.up(n, tmp_path / f"hosts{len(made)}", use_gpus=False)
-        made.append(c)
-        return c
-
-    try:
-        yield make
-    finally:
-        for c in made:
-            c.down()
-        assert [x for c in made for x in netns.leftovers(c.cid)] == []  # other clusters may run beside ours
+def hosts(netns_hosts):
+    """``make(n)``: a netns cluster of n hosts with sshd, removed at the end (tests/conftest.py netns_hosts)."""
+    return netns_hosts
 
 
 @pytest.fixture
