@@ -146,24 +146,14 @@ def echo_line(line: str) -> None:
 
 def wrap_words(text: str, width: int) -> list[str]:
     """``text`` wrapped to ``width`` cells at spaces (never inside the pieces :func:`_tokens` keeps whole), each
-    ``\\n`` kept as a line break, and no paragraph ending in one lone word (a widow like ``h`` of ``0.99 h``): the line before gives its last word when it has three or more
-    and the pair fits.  A word wider than ``width`` keeps a line of its own (the table folds it)."""
-    from rich.cells import cell_len
-
+    ``\\n`` kept as a line break, and no paragraph ending in one lone word (a widow like ``h`` of ``0.99 h``): the
+    line before gives its last word when it has three or more and the pair fits.  A word wider than ``width`` keeps
+    a line of its own (the table folds it).  :func:`wrap_line_spans` without a hanging indent, on each paragraph
+    with its whitespace collapsed."""
     out: list[str] = []
     for para in text.split("\n"):
         para = " ".join(para.split())
-        lines: list[list[str]] = []
-        # unbreakable pieces as in prose (:func:`_tokens`): a `command`, a short list item ("A100 PCIE"), "0.99 h"
-        for word in (para[a:b] for a, b in _tokens(para)):
-            if lines and cell_len(" ".join(lines[-1] + [word])) <= width:
-                lines[-1].append(word)
-            else:
-                lines.append([word])
-        if len(lines) >= 2 and len(lines[-1]) == 1 and " " not in lines[-1][0] and len(lines[-2]) >= 3 and \
-                cell_len(" ".join(lines[-2][-1:] + lines[-1])) <= width:
-            lines[-1].insert(0, lines[-2].pop())
-        out.extend(" ".join(ln) for ln in lines or [[]])
+        out += [para[a:b] for a, b in wrap_line_spans(para, width, hang=0)]
     return out
 
 
@@ -293,11 +283,18 @@ def hanging_indent(plain: str) -> int:
     return tag + (m.end() if m.group(2) else len(m.group(1)) + 2)
 
 
-def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) -> list[tuple[int, int]]:
+def _hang(plain: str, width: int) -> int:
+    """:func:`hanging_indent`, or none when it would take half the width or more."""
+    hang = hanging_indent(plain)
+    return 0 if hang * 2 > width else hang
+
+
+def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" = (),
+                    hang: int | None = None) -> list[tuple[int, int]]:
     """Where one line (no ``\n``) breaks: (start, end) of each output line in ``plain`` (the first starts at 0 to
-    keep the indent; continuation lines get :func:`hanging_indent`).  Greedy on :func:`_tokens`, then no lone last
-    piece when the line before has three or more and the pair fits (as :func:`wrap_words`); a piece wider than the
-    width keeps a line of its own."""
+    keep the indent; continuation lines get ``hang`` cells of indent, default :func:`hanging_indent`).  Greedy on
+    :func:`_tokens`, then no lone last piece when the line before has three or more and the pair fits; a piece
+    wider than the width keeps a line of its own."""
     from rich.cells import cell_len
 
     if cell_len(plain) <= width:
@@ -305,9 +302,8 @@ def wrap_line_spans(plain: str, width: int, keep: "tuple[str, ...] | list[str]" 
     toks = _tokens(plain, keep)
     if not toks:
         return [(0, len(plain))]
-    hang = hanging_indent(plain)
-    if hang * 2 > width:
-        hang = 0
+    if hang is None:
+        hang = _hang(plain, width)
     lines: list[list[int]] = []
 
     def width_of(idx: list[int], first: bool) -> int:
@@ -336,12 +332,11 @@ def wrap_text(text: Any, width: int, keep: "tuple[str, ...] | list[str]" = ()) -
     for line in plain.split("\n"):
         seg = text[at:at + len(line)]
         at += len(line) + 1
-        spans = wrap_line_spans(line, width, keep)
+        hang = _hang(line, width)
+        spans = wrap_line_spans(line, width, keep, hang)
         if len(spans) == 1 and spans[0] == (0, len(line)):
             out.append(seg)
             continue
-        hang = hanging_indent(line)
-        hang = 0 if hang * 2 > width else hang
         for n, (a, b) in enumerate(spans):
             piece = seg[a:b]
             out.append(piece if n == 0 else Text(" " * hang) + piece)
@@ -354,9 +349,8 @@ def wrap_plain(text: str, width: int, keep: "tuple[str, ...] | list[str]" = ()) 
     """Plain ``text`` wrapped as :func:`wrap_text` does (for messages not printed through a console)."""
     out: list[str] = []
     for line in text.split("\n"):
-        hang = hanging_indent(line)
-        hang = 0 if hang * 2 > width else hang
-        spans = wrap_line_spans(line, width, keep)
+        hang = _hang(line, width)
+        spans = wrap_line_spans(line, width, keep, hang)
         out += [line[a:b] if n == 0 else " " * hang + line[a:b] for n, (a, b) in enumerate(spans)]
     return out
 
