@@ -139,9 +139,6 @@ def compact_gpus(opt: "PlanOption") -> str:
     return f"{round(opt.offers[0].gpu_mem_gib):g}G"
 
 
-#: version of `broker plan --json`'s layout (bumped when a key changes meaning or goes away)
-PLAN_JSON_SCHEMA = 1
-
 #: width of the rejected table's option column below WIDE_COLUMNS (cells)
 OPTION_WIDTH = 24
 
@@ -346,7 +343,8 @@ def register(app: typer.Typer) -> None:
             if not p.rejected else "relax the job, raise the budget or request quota")
         no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
         if as_json:
-            doc: dict[str, Any] = {"schema_version": PLAN_JSON_SCHEMA, "chosen": p.chosen,
+            # schema_version first: print_json adds it (broker.ui.JSON_SCHEMA_VERSION), as for every --json object
+            doc: dict[str, Any] = {"chosen": p.chosen,
                                    "next_step": next_step(p, recipe), "plan": p}
             if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
                 doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
