@@ -136,7 +136,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
         except BadInput:
             raise
         except ProviderError as e:
-            if name in CLOUD and _configured(p):
+            if name in CLOUD and configured:
                 if len(names) == 1:  # the user asked for this provider alone: its failure is the answer
                     if "--offline" not in (e.hint or ""):
                         e.hint = ((e.hint + "; ") if e.hint else "") + (
