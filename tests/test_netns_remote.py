@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,10 +163,14 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     assert "host firewall" in res.reason and "node 0" in res.reason and "FILTERED" in res.reason
     fails = [ch for ch in res.preflight.checks if ch.result == "FAIL"]
     assert [ch.check for ch in fails] == ["tcp 1->0"]  # stateful SSH-only on node 0: 0->1 still works
-    assert "iptables" in fails[0].fix
-    # the exact command that opens the private network's CIDR in node 0's host firewall
+    # the exact command that opens the private network's CIDR in node 0's host firewall, for the tool that holds
+    # the rule on this node (iptables-legacy, or nftables where iptables is nft's front end)
     subnet = c.ip(0).rsplit(".", 1)[0] + ".0/24"
-    assert f"`sudo iptables -I INPUT -s {subnet} -p tcp -j ACCEPT`" in fails[0].fix, fails[0].fix
+    tool = _firewall_tool(c.ns(0))
+    want = {"iptables": f"sudo iptables -I INPUT -s {subnet} -p tcp -j ACCEPT",
+            "nftables": f"sudo nft insert rule ip filter INPUT ip saddr {subnet} meta l4proto tcp accept"}[tool]
+    assert f"`{want}`" in fails[0].fix, (tool, fails[0].fix)
+    assert f"{tool} node 0" in res.reason, (tool, res.reason)
     assert res.exit_codes == {}
     for i in (0, 1):  # the job was never started
         assert "torch.distributed.run" not in (run_dir / f"node{i}.log").read_text()
@@ -177,6 +183,39 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     assert res.preflight.wall_s < bound, (res.preflight.wall_s, before, after)
     # the whole run ended long before the job's own timeouts would have (DDP_TIMEOUT_S, the deadline)
     assert run_s < min(float(recipe.env["DDP_TIMEOUT_S"]), recipe.max_hours * 3600), run_s
+    # the printed command really opens the port: run it (as root, without sudo) in node 0, then connect from node 1
+    assert not _connects(c, 0, 1), "the injected firewall should drop new TCP from node 1"
+    subprocess.run(["ip", "netns", "exec", c.ns(0), *shlex.split(want)[1:]], check=True, timeout=30)
+    assert _connects(c, 0, 1), f"`{want}` did not open node 0's firewall"
+
+
+def _firewall_tool(ns: str) -> str:
+    """The tool that holds a namespace's INPUT DROP rule as the node sees it: ``nftables`` when ``nft list
+    ruleset`` shows it (Debian's iptables is nft's front end when nftables is installed), else ``iptables``."""
+    if shutil.which("nft"):
+        out = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "ruleset"], capture_output=True,
+                             text=True, timeout=30).stdout
+        if re.search(r"chain INPUT \{[^}]*\bdrop\b", out):
+            return "nftables"
+    return "iptables"
+
+
+def _connects(c: netns.NetnsCluster, dst: int, src: int, port: int = 18931) -> bool:
+    """Whether a new TCP connection from node ``src`` reaches a listener on node ``dst``'s private address."""
+    srv = subprocess.Popen(["ip", "netns", "exec", c.ns(dst), sys.executable, "-c",
+                            "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+                            f"socket.SO_REUSEADDR, 1); s.bind(('{c.ip(dst)}', {port})); s.listen(); "
+                            "print('up', flush=True); s.settimeout(8); c, _ = s.accept()"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "up"
+        cli = subprocess.run(["ip", "netns", "exec", c.ns(src), sys.executable, "-c",
+                              f"import socket; socket.create_connection(('{c.ip(dst)}', {port}), timeout=2)"],
+                             capture_output=True, timeout=30)
+        return cli.returncode == 0
+    finally:
+        srv.kill()
+        srv.wait()
 
 
 def test_wrong_interface_is_named(make_cluster, tmp_path):
