@@ -384,7 +384,7 @@ def free_tunnel_subnet() -> str:
 
     from broker.providers import netns
 
-    with open(netns._LOCK, "w") as lock:
+    with netns._subnet_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         used = netns._used_subnets()
         routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
