@@ -47,6 +47,32 @@ def looks_secret(name: str) -> bool:
     return bool(SECRET_NAME.search(name))
 
 
+#: shortest value the log scrubber replaces
+MIN_SCRUB_LEN = 6
+#: values of this process's recipe secrets (``secrets:``): every log line is scrubbed of them (broker.cli.scrub)
+_SECRETS: set[str] = set()
+
+
+def register_secret(value: str) -> None:
+    """Remember ``value`` as a secret of this process: :func:`known_secrets` gives it to the log scrubber.
+    Values shorter than :data:`MIN_SCRUB_LEN` are not (masking them would mangle every line that holds them)."""
+    if value and len(value) >= MIN_SCRUB_LEN:
+        _SECRETS.add(value)
+
+
+def known_secrets() -> list[str]:
+    """The secret values registered so far, longest first (so a value that contains another is masked whole)."""
+    return sorted(_SECRETS, key=len, reverse=True)
+
+
+def mask_secrets(text: str, values: "list[str] | None" = None) -> str:
+    """``text`` with every registered secret value (or ``values``) replaced by :data:`MASK`."""
+    for v in (known_secrets() if values is None else values):
+        if v and v in text:
+            text = text.replace(v, MASK)
+    return text
+
+
 # --------------------------------------------------------------------------------------------------- files
 def private_opener(path: str, flags: int) -> int:
     """``opener`` for :func:`open`: creates the file 0600 (never following a symlink in its last component)."""
