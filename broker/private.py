@@ -37,6 +37,8 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 #: characters>`` first and renames it, so a ControlPath must leave 17 bytes for that
 SUN_PATH_MAX = 107
 SSH_TEMP_SUFFIX = 17
+#: where the short runtime folder goes when the home's path is too long for a socket (``/tmp/broker-<uid>``)
+SHORT_BASE = Path("/tmp")
 #: length of ssh's ``%C`` (a SHA-1 hash of the connection, in hex)
 SSH_HASH_LEN = 40
 
@@ -193,7 +195,7 @@ def runtime_dir(*, socket_room: int = 0) -> Path:
     home_run = broker_home() / "run"
     if len(str(home_run)) + 1 + socket_room <= SUN_PATH_MAX:
         return _make_checked(home_run)
-    return _make_checked(Path("/tmp") / f"broker-{os.geteuid()}")
+    return _make_checked(SHORT_BASE / f"broker-{os.geteuid()}")
 
 
 def machine_lock_dir() -> Path:
