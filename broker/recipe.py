@@ -112,7 +112,12 @@ class Recipe(BaseModel):
     #: the ``secrets:`` values (resolved by the loader; merged into ``env`` for the nodes, never serialized)
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
     #: one-line warnings found while loading (secret-looking env names), for the CLI to print
-    warnings: list[str] = Field(default_factory=list, exclude=True)
+    _load_warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One-line warnings found while loading (an ``env:`` value whose name looks secret), for the CLI."""
+        return list(self._load_warnings)
 
     @field_validator("script", "workdir", mode="before")
     @classmethod
@@ -571,10 +576,10 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
         if looks_secret(k):
             register_secret(v)  # a ${NAME} resolved into a secret-looking name: no log line shows its value
     out = recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve(),
-                                    "env": {**env, **secret_values}, "warnings": _secret_env_warnings(template, p,
-                                                                                                      lines)})
+                                    "env": {**env, **secret_values}})
     out._env_template = template
     out._secret_values = secret_values
+    out._load_warnings = _secret_env_warnings(template, p, lines)
     return out
 
 
