@@ -565,3 +565,20 @@ def test_local_run_secrets_reach_only_the_ranks(tmp_path, cli_env, broker_home):
             assert value not in text, f"a secret value is in {where}"
     recorded = json.loads((run_dir / "recipe.json").read_text())
     assert recorded["secrets"] == ["BROKER_TEST_SECRET"] and recorded["env"]["WANDB_API_KEY"] == "********"
+
+
+def test_slurm_batch_script_is_written_0600(tmp_path):
+    """The batch script carries the recipe's env and secrets: the Slurm shell writes it 0600 from its creation
+    (here, under umask 022; over ssh the same with ``umask 077``), also over an older 0644 file."""
+    from broker.providers.slurm import Shell
+
+    old = os.umask(0o022)
+    try:
+        Shell().write(str(tmp_path / "job.sbatch"), "export HF_TOKEN=x\n")
+        (tmp_path / "old.sbatch").write_text("stale")
+        os.chmod(tmp_path / "old.sbatch", 0o644)
+        Shell().write(str(tmp_path / "old.sbatch"), "export HF_TOKEN=y\n")
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "job.sbatch") == 0o600 and mode(tmp_path / "old.sbatch") == 0o600
+    assert (tmp_path / "old.sbatch").read_text() == "export HF_TOKEN=y\n"
