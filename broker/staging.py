@@ -37,9 +37,10 @@ WARN_BYTES = 100 * 1000 * 1000
 ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                     ".pytest_cache", ".ssh", ".oci", ".aws", ".tox"}
 #: gitignore-style patterns never copied to a node (secrets and keys), matched against file names; ``.env*`` covers
-#: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``, ``id_ed25519.pub``,
-#: ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files (``credentials.json``,
-#: ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``, ``home.wg.conf``: a private key)
+#: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``,
+#: ``id_ed25519.pub``, ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files
+#: (``credentials.json``, ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``,
+#: ``home.wg.conf``: they hold a private key)
 ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_*", "!id_*.py", "*.pem", "*.key", "*.p12", "*.pfx", ".vast_api_key",
                         "vast_api_key", ".netrc", "_netrc", "*.ppk", "credentials*.json", "token*.json", "*.wg.conf",
                         "wg*.conf", ".git-credentials", ".pgpass"]
