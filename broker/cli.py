@@ -212,6 +212,11 @@ def scrub(text: str) -> str:
     for name, value in os.environ.items():
         if len(value) >= 8 and re.search(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL", name, re.I) and value in text:
             text = text.replace(value, "***")
+    from broker.private import known_secrets
+
+    for value in known_secrets():  # the recipe's secrets: values, whatever their names
+        if value in text:
+            text = text.replace(value, "***")
     return re.sub(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s'\"]+", r"\1***", text)
 
 

@@ -215,11 +215,16 @@ def _home_error(home: Path, what: str, e: OSError | None = None) -> BadInput:
 
 
 def ensure_dir(d: Path, home: Path | None = None) -> Path:
-    """Create folder ``d`` (under the broker home) and check it is writable; BadInput (exit 2) naming the folder
+    """Create folder ``d`` (under the broker home) 0700 and check it is writable; BadInput (exit 2) naming the folder
     and the fix otherwise (read-only file system, a file in the way, no permission)."""
     home = home or d
+    from broker.private import private_dir, tighten_dir
+
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        existed = d.is_dir()
+        private_dir(d)  # 0700 from its creation, under any umask: the ledger and run logs are the user's alone
+        if existed and (d != home or (d / "ledger.sqlite").exists()):
+            tighten_dir(d)  # a home / runs folder an older broker made 0755 (never a folder that is not broker's)
     except FileExistsError as e:  # a file (or a dangling link) where the folder should be
         raise _home_error(home, "is not a folder" if d == home else f"cannot hold {d.name}/ (a file is in the way)",
                           e) from None

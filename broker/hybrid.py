@@ -384,7 +384,7 @@ def free_tunnel_subnet() -> str:
 
     from broker.providers import netns
 
-    with open(netns._LOCK, "w") as lock:
+    with netns._subnet_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         used = netns._used_subnets()
         routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
@@ -464,9 +464,9 @@ def wireguard_mesh(n: int, run_id: str, run_dir: Path, *, subnet: str | None = N
     from broker import wireguard as wg
 
     tun = wg.make_tunnel(n, subnet or free_tunnel_subnet(), {}, port=port or wg.DEFAULT_PORT)
-    keys = Path(run_dir) / "wg"
-    keys.mkdir(parents=True, exist_ok=True)
-    os.chmod(keys, 0o700)
+    from broker.private import private_dir
+
+    keys = private_dir(Path(run_dir) / "wg")  # 0700 from its creation
     return CloudMesh(mesh="wireguard", iface=local_iface(run_id), vm_iface=VM_IFACE, master_addr=tun.peers[0].address,
                      vm_boot={i: wg.user_data_script(tun, i, iface=VM_IFACE) for i in range(1, n)}, tunnel=tun,
                      keys=keys, mtu=tun.mtu, ports={i: tun.peers[i].listen_port for i in range(1, n)})
@@ -489,11 +489,9 @@ def wireguard_up(m: CloudMesh, endpoints: dict[int, str], log: Path | None = Non
     assert m.tunnel is not None and m.keys is not None
     for i, ep in endpoints.items():
         m.tunnel.peers[i].endpoint = ep
-    conf = m.keys / "node0.conf"
-    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(m.tunnel.conf(0))
-    os.chmod(conf, 0o600)
+    from broker.private import write_private
+
+    conf = write_private(m.keys / "node0.conf", m.tunnel.conf(0))  # 0600 from its creation
     m.how = wg.iface_up(m.iface, conf, m.master_addr, m.tunnel.prefixlen, m.tunnel.mtu, log=log)
     return m.how
 

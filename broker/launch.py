@@ -57,8 +57,11 @@ def torchrun_argv(script: str, args: Iterable[str], *, nnodes: int, nproc_per_no
     """argv of one node's torchrun (``python -m torch.distributed.run`` so the venv's torch is used).
 
     ``shim``: the path of :mod:`broker.rankshim` on the node; torchrun then runs ``shim --facts FACTS_DIR --
-    script args`` (the script unchanged, each rank's facts written to ``facts_dir``)."""
-    head = [python or sys.executable, "-m", "torch.distributed.run",
+    script args`` (the script unchanged, each rank's facts written to ``facts_dir``), and is itself started by the
+    shim (``shim --torchrun``) so that node 0's rendezvous store listens on ``master_addr`` only, not on every
+    interface (:func:`broker.rankshim._torchrun`)."""
+    start = [shim, "--torchrun"] if shim else ["-m", "torch.distributed.run"]
+    head = [python or sys.executable, *start,
             f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}", f"--node_rank={node_rank}",
             f"--master_addr={master_addr}", f"--master_port={master_port}", *extra]
     if shim:
@@ -391,9 +394,13 @@ def dropped_line(names: list[str]) -> str:
 
 
 def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str, str]:
-    """``base`` (usually os.environ) without its rendezvous/rank/socket variables (:func:`dropped_inherited`),
+    """``base`` (usually os.environ) without its rendezvous/rank/socket variables (:func:`dropped_inherited`) and
+    without the cloud credentials broker itself reads (:func:`broker.private.credential_names`: a local job is
+    not given the user's VAST_API_KEY / AWS_* / OCI_* / TS_AUTHKEY; the recipe's ``secrets:`` pass one on),
     overlaid with ``layers``; unbuffered Python for live logs."""
-    drop = set(dropped_inherited(base, *layers))
+    from broker.private import credential_names
+
+    drop = set(dropped_inherited(base, *layers)) | set(credential_names(base))
     env = {k: v for k, v in base.items() if k not in drop}
     for layer in layers:
         env.update(layer)

@@ -5,7 +5,8 @@ Money is data: a resource row is written with state ``intent`` *before* the prov
 updated with the provider id right after (``mark_created``).  Crashes anywhere leave a row that ``broker status``
 shows and ``broker down`` / the watchdog clean.  Secrets are never written here.
 
-Location: ``broker.config.ledger_path()`` (``$BROKER_HOME/ledger.sqlite``).  Several processes (CLI, watchdog)
+Location: ``broker.config.ledger_path()`` (``$BROKER_HOME/ledger.sqlite``), created 0600 (its ``-wal`` /
+``-shm`` files too) in a 0700 home.  Several processes (CLI, watchdog)
 share the file; every write is its own short transaction and readers never block writers (WAL).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import uuid
 from datetime import datetime, timezone
@@ -127,6 +129,19 @@ def _dec_row(row: sqlite3.Row, json_keys: Iterable[str]) -> dict[str, Any]:
     return d
 
 
+def _private_file(path: Path) -> None:
+    """Create the ledger file 0600 before SQLite opens it (SQLite gives its ``-wal`` / ``-shm`` files the
+    database file's mode, so they are 0600 too); a ledger an older broker wrote 0644 is narrowed."""
+    from broker.private import FILE_MODE, private_dir, tighten_file
+
+    private_dir(path.parent)
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
+    except FileExistsError:
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            tighten_file(p)
+
+
 class Ledger:
     """Access to the ledger file.  Cheap to create; safe to use from several processes.
 
@@ -139,7 +154,7 @@ class Ledger:
 
             path = ledger_path()
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(self.path)
         self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -125,8 +125,10 @@ class _Result:
 
 
 class _File:
-    def __init__(self, path: str, mode: str):
-        self.f = open(path, mode)
+    def __init__(self, path: str, mode: str, permissions: int | None = None):
+        # created with its final mode, as the SFTP server does with the open's attributes
+        self.f = open(path, mode, opener=None if permissions is None else
+                      (lambda p, flags: os.open(p, flags, permissions)))
 
     async def write(self, data: bytes | str) -> None:
         self.f.write(data)
@@ -147,8 +149,16 @@ class LocalSFTP:
     async def makedirs(self, path: str, exist_ok: bool = False) -> None:
         Path(path).mkdir(parents=True, exist_ok=exist_ok)
 
-    def open(self, path: str, mode: str = "r") -> _File:
-        return _File(path, mode)
+    def open(self, path: str, mode: str = "r", attrs: Any = None) -> _File:
+        return _File(path, mode, getattr(attrs, "permissions", None))
+
+    async def remove(self, path: str) -> None:
+        import asyncssh
+
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            raise asyncssh.SFTPNoSuchFile(f"{path}: no such file") from None
 
     async def chmod(self, path: str, mode: int) -> None:
         os.chmod(path, mode)

@@ -142,13 +142,14 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     from broker.ledger import new_id
 
     run_id = utcnow().strftime("%Y%m%d-%H%M%S-") + new_id()[:6]
-    run_dir = runs_dir() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from broker.private import private_dir, write_private
+
+    run_dir = private_dir(runs_dir() / run_id)  # 0700; its files 0600 from their creation
     now = utcnow()
-    recipe_data = recipe.model_dump(mode="json")
-    (run_dir / "recipe.json").write_text(json.dumps(recipe_data, indent=2))
+    recipe_data = recipe.model_dump(mode="json")  # secrets: names only; secret-looking env values masked
+    write_private(run_dir / "recipe.json", json.dumps(recipe_data, indent=2))
     if plan is not None:
-        (run_dir / "plan.json").write_text(json.dumps(plan, indent=2, default=str))
+        write_private(run_dir / "plan.json", json.dumps(plan, indent=2, default=str))
     _reserve_space(ledger)
     run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
               recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",

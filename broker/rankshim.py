@@ -20,6 +20,17 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
 * on a normal end (``sys.exit``, falling off the end, or ``os._exit``): the exit code and the time.
 
 Without a facts folder the script runs with nothing recorded.
+
+The same file also starts torchrun itself, so that the rendezvous store listens only on ``MASTER_ADDR``::
+
+    python rankshim.py --torchrun TORCHRUN_OPTIONS... rankshim.py [--facts DIR] [--] train.py ARGS...
+
+is ``python -m torch.distributed.run TORCHRUN_OPTIONS... ...`` except on node 0 (``--node_rank=0``): torchrun's
+static rendezvous hosts its c10d ``TCPStore`` there, and a TCPStore server listens on every interface
+(``*:PORT``) whatever host it is given.  Its public ``master_listen_fd`` argument takes a socket that is already
+listening; this mode hands it one bound to ``--master_addr`` (``127.0.0.1`` for local runs, node 0's private or
+tunnel address otherwise).  When that address cannot be bound here, one ``broker:`` line says so and torch's
+default (every interface) applies.
 """
 
 import json
@@ -219,9 +230,63 @@ def _record_exception(e):
     _save()
 
 
+def _listening_socket(host, port):
+    """A TCP socket bound to ``host:port`` and listening (the address family of ``host``); OSError when not."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    s = socket.socket(family, kind, proto)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(addr)
+        s.listen(socket.SOMAXCONN)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+def _bind_rendezvous():
+    """Make torchrun's static rendezvous create its TCPStore server on a socket bound to its ``master_addr``."""
+    try:
+        from torch.distributed.elastic.rendezvous import static_tcp_rendezvous as st
+    except ImportError:  # no torch here: torchrun itself will say so
+        return
+    real = st.TCPStore
+
+    def store(host_name, port, world_size=None, is_master=False, *args, **kwargs):
+        if is_master and kwargs.get("master_listen_fd") is None:
+            try:
+                kwargs["master_listen_fd"] = _listening_socket(host_name, port).detach()
+            except OSError as e:
+                print("broker: cannot bind the rendezvous to %s:%s (%s); it listens on every interface"
+                      % (host_name, port, e.strerror or e), file=sys.stderr, flush=True)
+        return real(host_name, port, world_size, is_master, *args, **kwargs)
+
+    st.TCPStore = store
+
+
+def _torchrun(args):
+    """``python -m torch.distributed.run ARGS`` with the rendezvous bound to ``--master_addr`` on node 0."""
+    opts = {}
+    for a in args:
+        if not a.startswith("--"):
+            break  # the training script: what follows are its arguments, not torchrun's
+        k, _, v = a.partition("=")
+        opts[k.lstrip("-").replace("-", "_")] = v
+    if opts.get("node_rank", "0") == "0" and opts.get("master_addr"):
+        _bind_rendezvous()
+    sys.argv = ["torchrun", *args]
+    sys.path[0] = os.getcwd()  # as with -m: not this file's folder
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main()
+    return 0
+
+
 def main(argv):
     global _PATH, _SCRIPT_DIR
     args = list(argv[1:])
+    if args[:1] == ["--torchrun"]:
+        return _torchrun(args[1:])
     facts_dir = os.environ.get("BROKER_FACTS_DIR")
     if len(args) >= 2 and args[0] == "--facts":
         facts_dir, args = args[1], args[2:]

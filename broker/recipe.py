@@ -25,6 +25,12 @@ given twice is an error, and YAML aliases are bounded (:data:`broker.limits.MAX_
 :func:`load_recipe` resolves them into :attr:`Recipe.env` (what the nodes get), while the recipe's serialized
 form (``model_dump``, the copy in the ledger's run row, ``--json``) keeps the ``${NAME}`` text, never the value.
 
+``secrets:`` lists names only (``secrets: [WANDB_API_KEY, HF_TOKEN]``, like SkyPilot's ``secrets:``): each value
+comes from the environment (first) or ``.env`` when the recipe is loaded to run, goes into the nodes' environment
+(:attr:`Recipe.env`) and nowhere else: ``model_dump`` (``recipe.json``, the ledger, ``--json``) shows the names,
+never a value.  An ``env:`` value whose name looks secret (``*KEY*``, ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``)
+is masked the same way, with a warning (:attr:`Recipe.warnings`) that points to ``secrets:``.
+
 Errors name the file, the line, the field and what is allowed (:class:`RecipeError`, exit code 2).
 """
 
@@ -79,6 +85,8 @@ class Recipe(BaseModel):
     args: list[StrictStr] = Field(default_factory=list)
     workdir: Path | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    #: names of variables whose values the nodes get from this machine's environment or .env (never stored)
+    secrets: list[StrictStr] = Field(default_factory=list)
     setup: list[StrictStr] = Field(default_factory=list)
     nodes: int = _bounded("nodes", 2)
     gpus_per_node: int = _bounded("gpus_per_node", 1)
@@ -101,6 +109,15 @@ class Recipe(BaseModel):
     path: Path | None = Field(default=None, exclude=True)
     #: env as written (``${NAME}`` references unresolved): what model_dump / the ledger / --json show
     _env_template: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: the ``secrets:`` values (resolved by the loader; merged into ``env`` for the nodes, never serialized)
+    _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: one-line warnings found while loading (secret-looking env names), for the CLI to print
+    _load_warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """One-line warnings found while loading (an ``env:`` value whose name looks secret), for the CLI."""
+        return list(self._load_warnings)
 
     @field_validator("script", "workdir", mode="before")
     @classmethod
@@ -146,11 +163,44 @@ class Recipe(BaseModel):
             return out
         return v
 
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"secret name {name!r} is not a valid environment variable name (a name, not a "
+                                 "value: the value comes from the environment or .env)")
+            if name in seen:
+                raise ValueError(f"secret {name!r} is listed twice")
+            seen.add(name)
+        return v
+
+    @model_validator(mode="after")
+    def _secrets_not_in_env(self) -> "Recipe":
+        both = sorted(set(self.secrets) & set(self.env))
+        if both:
+            raise ValueError(f"{', '.join(both)} is in both 'env' and 'secrets'; keep it in 'secrets' only (its "
+                             "value then comes from the environment or .env and is never stored)")
+        return self
+
     @field_serializer("env")
     def _env_as_written(self, env: dict[str, str]) -> dict[str, str]:
-        """Never serialize a resolved ``${NAME}`` value: the template text stands in for it."""
+        """Never serialize a resolved ``${NAME}`` value (the template text stands in for it), a ``secrets:``
+        value (left out: the ``secrets`` list names it) or the literal value of a secret-looking name (masked)."""
+        from broker.private import MASK, looks_secret
+
         t = self._env_template
-        return {k: (t[k] if k in t and _ENV_REF.search(t[k]) else v) for k, v in env.items()}
+        out = {}
+        for k, v in env.items():
+            if k in self.secrets:  # a secrets: value merged in by the loader (env itself never names one)
+                continue
+            written = t.get(k, v)
+            if _ENV_REF.search(written):
+                out[k] = written
+            else:
+                out[k] = MASK if looks_secret(k) and written else written
+        return out
 
     def env_references(self) -> list[str]:
         """Names of the variables the env values reference as ``${NAME}`` (sorted, unique)."""
@@ -199,6 +249,7 @@ _ALLOWED_HINT = {
     "args": "a list of strings, e.g. [\"--epochs\", \"12\"]",
     "setup": "a list of shell commands (strings)",
     "env": "a mapping of NAME: value (text, number or true/false; ${OTHER} takes OTHER from the environment)",
+    "secrets": "a list of variable names (their values come from the environment or .env), e.g. [WANDB_API_KEY]",
     "expect": "a list of regular expressions",
     "artifacts": "a list of file paths (strings)",
     "image": "a container image name (text)",
@@ -518,8 +569,58 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
     template = dict(recipe.env)
     env = resolve_env(template, where=str(p), lines=lines) if resolve else template
-    out = recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve(), "env": env})
+    secret_values = resolve_secrets(recipe.secrets, where=str(p), lines=lines) if resolve else {}
+    from broker.private import looks_secret, register_secret
+
+    for k, v in env.items():
+        if looks_secret(k):
+            register_secret(v)  # a ${NAME} resolved into a secret-looking name: no log line shows its value
+    out = recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve(),
+                                    "env": {**env, **secret_values}})
     out._env_template = template
+    out._secret_values = secret_values
+    out._load_warnings = _secret_env_warnings(template, p, lines)
+    return out
+
+
+def resolve_secrets(names: list[str], *, where: str = "recipe",
+                    lines: dict[tuple, int] | None = None) -> dict[str, str]:
+    """The values of the recipe's ``secrets:`` names, from the environment (first) or ``.env`` in the current
+    folder; an empty value counts as unset.  Each value is registered with :func:`broker.private.register_secret`
+    so no log line shows it.  Raises RecipeError naming the file, line and variable (never a value) when one is
+    not set, before anything is rented."""
+    if not names:
+        return {}
+    import os
+
+    from broker.private import register_secret
+
+    dot = _dotenv()
+    out: dict[str, str] = {}
+    for i, name in enumerate(names):
+        val = os.environ.get(name) or dot.get(name)
+        if not val:
+            line = (lines or {}).get(("secrets", i)) or (lines or {}).get(("secrets",)) or "?"
+            raise RecipeError(f"{where}:{line}: field 'secrets': {name} is not set in the environment or in .env "
+                              "(a secret's value is read from this machine when the run starts, never from the "
+                              "recipe)", hint=f"export {name}=... (or add {name}=... to .env in the folder you run "
+                                              "broker from) and run again")
+        register_secret(val)
+        out[name] = val
+    return out
+
+
+def _secret_env_warnings(env: dict[str, str], p: Path, lines: dict[tuple, int]) -> list[str]:
+    """One line per ``env:`` name that looks secret and holds a literal value (not a ``${NAME}`` reference)."""
+    from broker.private import looks_secret
+
+    out = []
+    for k, v in env.items():
+        if looks_secret(k) and v and not _ENV_REF.search(v):
+            line = lines.get(("env", k)) or lines.get(("env",)) or "?"
+            out.append(f"{p}:{line}: env {k} looks like a secret: its value is masked in recipe.json, the ledger "
+                       f"and --json, but it is written in the recipe; move it to 'secrets: [{k}]' and export {k} "
+                       "(or put it in .env)")
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from broker.model import Offer, ResourceState, RunStatus, TopologyKind, utcnow
 from broker.provider import InstanceState
@@ -76,6 +76,24 @@ class Run(_Model):
     log_paths: dict[str, str] = Field(default_factory=dict)
     message: str | None = None
     pid: int | None = None  # the CLI process driving the run
+
+    @field_serializer("recipe")
+    def _recipe_masked(self, recipe: dict[str, Any]) -> dict[str, Any]:
+        """The recipe with its secret-looking ``env`` values masked, whatever wrote the row (a ledger of an older
+        broker stored them in clear): the ledger, ``broker status RUN --json`` and the summaries never show one."""
+        return mask_recipe(recipe)
+
+
+def mask_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a serialized recipe whose ``env`` values of secret-looking names (:func:`broker.private.looks_secret`)
+    are masked, ``${NAME}`` references kept; other fields as they are."""
+    from broker.private import MASK, looks_secret
+
+    env = recipe.get("env") if isinstance(recipe, dict) else None
+    if not isinstance(env, dict):
+        return recipe
+    masked = {k: (MASK if looks_secret(str(k)) and v and "${" not in str(v) else v) for k, v in env.items()}
+    return {**recipe, "env": masked}
 
 
 class ClusterNode(_Model):

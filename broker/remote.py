@@ -245,12 +245,20 @@ class SSHCluster:
         return self.loop.call(self.arun(i, cmd, timeout=timeout), timeout=timeout + 15)
 
     async def aput_bytes(self, i: int, data: bytes, remote: str, mode: int = 0o644) -> None:
+        """Write ``data`` to ``remote`` on node ``i``, the file created with ``mode`` (SFTP open attributes; an
+        earlier file there is removed first so it cannot keep a wider mode): a secret file (0600) is never
+        readable by another user of the node, not even between the write and a chmod."""
+        import asyncssh
+
         conn = await self.aconn(i)
         async with conn.start_sftp_client() as sftp:
             await sftp.makedirs(str(Path(remote).parent), exist_ok=True)
-            async with sftp.open(remote, "wb") as f:
+            try:
+                await sftp.remove(remote)
+            except asyncssh.SFTPError:
+                pass  # not there yet
+            async with sftp.open(remote, "wb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as f:
                 await f.write(data)
-            await sftp.chmod(remote, mode)
 
     async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
         """Copy the staged files of folder ``local`` (:func:`broker.staging.stage_plan`) to ``remote`` (replaced)."""

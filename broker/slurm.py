@@ -412,7 +412,9 @@ class SlurmExecutor(Executor):
                                time=self.opts.time, log_dir=self.log_dir, python=self.opts.python, workdir=self.work,
                                gpus=self.gpus, shim=self.shim_path, facts_dir=self.facts_dir)
         sh.write(self.script_path, script)
-        (self.run_dir / "job.sbatch").write_text(script)
+        from broker.private import mask_secrets, write_private
+
+        write_private(self.run_dir / "job.sbatch", mask_secrets(script))  # the run folder's copy: no secret values
         return None
 
     def launch(self) -> "RunResult":

@@ -414,9 +414,12 @@ def private_cidr(ips: list[str]) -> str:
 # --------------------------------------------------------------------------------------------------- SSH shell
 def ssh_argv(state: ClusterState) -> list[str]:
     """``ssh`` to node 0 with the cluster's key and pinned host keys (one shared connection, 30 s linger)."""
+    from broker.private import control_path
+
     n = state.nodes[0]
+    # the shared connection's socket in this user's 0700 runtime folder (never shared /tmp)
     argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "LogLevel=ERROR",
-            "-o", "ControlMaster=auto", "-o", f"ControlPath=/tmp/broker-slurm-{state.cluster_id[-6:]}-%C",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={control_path('slurm-' + state.cluster_id[-6:])}",
             "-o", "ControlPersist=30", "-p", str(n.port)]
     if state.ssh_key_path:
         argv += ["-i", state.ssh_key_path, "-o", "IdentitiesOnly=yes"]

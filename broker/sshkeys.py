@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import base64
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,18 +40,20 @@ def fingerprint(public_key: str) -> str:
 def generate(run_dir: Path | str, *, comment: str | None = None) -> KeyPair:
     """Create ``<run_dir>/ssh/id_ed25519`` (0600) and ``id_ed25519.pub``; returns the pair.
 
-    An existing key in that folder is reused (a resumed run keeps its key); a private key with wider permissions
-    than 0600 is tightened.  Raises OSError when the folder cannot be written.
+    Both files are created 0600 in a 0700 folder (under any umask).  An existing key in that folder is reused (a
+    resumed run keeps its key); a private key with wider permissions than 0600 is tightened.  Raises OSError when
+    the folder cannot be written.
     """
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    d = Path(run_dir) / "ssh"
-    d.mkdir(parents=True, exist_ok=True)
-    os.chmod(d, 0o700)
+    from broker.private import private_dir, tighten_dir, tighten_file, write_private
+
+    d = private_dir(Path(run_dir) / "ssh")
+    tighten_dir(d)  # a folder an older broker made 0755
     priv_path, pub_path = d / "id_ed25519", d / "id_ed25519.pub"
     if priv_path.exists() and pub_path.exists():
-        os.chmod(priv_path, 0o600)
+        tighten_file(priv_path)
         pub = pub_path.read_text().strip()
         return KeyPair(priv_path, pub_path, pub, fingerprint(pub))
     key = Ed25519PrivateKey.generate()
@@ -60,12 +61,7 @@ def generate(run_dir: Path | str, *, comment: str | None = None) -> KeyPair:
                              serialization.NoEncryption())
     pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     pub = f"{pub} {comment or 'broker-' + Path(run_dir).name}"
-    # create with 0600 from the start: never a moment where the key is world-readable
-    fd = os.open(priv_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, priv)
-    finally:
-        os.close(fd)
-    os.chmod(priv_path, 0o600)
-    pub_path.write_text(pub + "\n")
+    # created 0600 (O_NOFOLLOW): never a moment where the key is readable by another user, no chmod after
+    write_private(priv_path, priv)
+    write_private(pub_path, pub + "\n")
     return KeyPair(priv_path, pub_path, pub, fingerprint(pub))

@@ -6,7 +6,8 @@ folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job fold
 * always: ``.git``, virtual environments (``.venv``, ``venv``, any folder holding a ``pyvenv.cfg``),
   ``node_modules``, ``__pycache__``/``*.pyc``, ``.env*`` files (``.env``, ``.envrc``, ``.env.local``, ...), SSH and
   cloud keys (``id_*`` key files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``,
-  ``.vast_api_key``);
+  ``.vast_api_key``), credential and token files (``credentials*.json``, ``token*.json``, ``.netrc``,
+  ``.git-credentials``) and WireGuard configs (``wg*.conf``, ``*.wg.conf``);
 * what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
   work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
   a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
@@ -35,10 +36,14 @@ WARN_BYTES = 100 * 1000 * 1000
 #: names (files or folders, at any depth) never copied to a node
 ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
                     ".pytest_cache", ".ssh", ".oci", ".aws", ".tox"}
-#: gitignore-style patterns never copied to a node (secrets and keys); ``.env*`` covers ``.env``, ``.envrc``,
-#: ``.env.local``, ``.env.production``
-ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*", "*.pem",
-                        "*.key", "*.p12", "*.pfx", ".vast_api_key", "vast_api_key", ".netrc", "*.ppk"]
+#: gitignore-style patterns never copied to a node (secrets and keys), matched against file names; ``.env*`` covers
+#: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``,
+#: ``id_ed25519.pub``, ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files
+#: (``credentials.json``, ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``,
+#: ``home.wg.conf``: they hold a private key)
+ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_*", "!id_*.py", "*.pem", "*.key", "*.p12", "*.pfx", ".vast_api_key",
+                        "vast_api_key", ".netrc", "_netrc", "*.ppk", "credentials*.json", "token*.json", "*.wg.conf",
+                        "wg*.conf", ".git-credentials", ".pgpass"]
 
 #: the skip reasons named in :meth:`StagePlan.summary`
 OUTSIDE = "symlink outside the workdir"

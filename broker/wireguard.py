@@ -134,15 +134,14 @@ def make_tunnel(n: int, subnet: str, endpoints: dict[int, str], *, port: int = D
 
 def write_confs(tunnel: Tunnel, folder: Path, *, inner_endpoints: dict[int, str] | None = None) -> list[Path]:
     """Write ``node<i>.conf`` for every node into ``folder`` (0700), each file 0600; returns the paths."""
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    from broker.private import private_dir, tighten_dir, write_private
+
+    private_dir(folder)
+    tighten_dir(folder)
     out = []
     for i in range(len(tunnel.peers)):
         p = folder / f"node{i}.conf"
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(tunnel.conf(i, inner_endpoints=inner_endpoints))
-        os.chmod(p, 0o600)
+        write_private(p, tunnel.conf(i, inner_endpoints=inner_endpoints))  # 0600 from its creation
         out.append(p)
     return out
 

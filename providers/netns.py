@@ -74,8 +74,24 @@ def cid_of(name: str) -> str | None:
     return m.group(1) if m else None
 INJECTS = ("firewall", "wrong-iface", "mtu")
 SUBNET_BASE = "198.18"  # 198.18.0.0/16 only (198.19.0.0/16 belongs to the Slurm cluster)
-_LOCK = Path("/tmp/broker-netns.lock")
+#: the lock that makes subnet choice and creation atomic among parallel callers (every broker home on the
+#: machine): in root's own /run/broker (0700), opened O_NOFOLLOW, never a /tmp path another user could plant
+LOCK_NAME = "netns.lock"
 SSHD = "/usr/sbin/sshd"
+
+
+def lock_path() -> Path:
+    """Where the subnet lock is (:data:`LOCK_NAME` in :func:`broker.private.machine_lock_dir`)."""
+    from broker.private import machine_lock_dir
+
+    return machine_lock_dir() / LOCK_NAME
+
+
+def _subnet_lock() -> Any:
+    """The subnet lock file, open (created 0600, O_NOFOLLOW: a symlink planted there is refused, not followed)."""
+    from broker.private import open_lock
+
+    return os.fdopen(open_lock(lock_path()), "r+")
 
 
 def sshd_path() -> str | None:
@@ -329,7 +345,7 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
     check_cid(cid)
     root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
     root.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK, "w") as lock:  # subnet choice and creation are atomic among parallel callers
+    with _subnet_lock() as lock:  # subnet choice and creation are atomic among parallel callers
         fcntl.flock(lock, fcntl.LOCK_EX)
         used = _used_subnets()
         free = [x for x in range(1, 255) if x not in used]
@@ -619,7 +635,7 @@ def up_hybrid(n: int, run_dir: Path, *, cid: str, port: int = 51820, inject: str
         raise BadInput(f"not a netns cluster id: {cid!r}")
     root = Path(run_dir).resolve() / "netns" / cid
     root.mkdir(parents=True, exist_ok=True)
-    with open(_LOCK, "w") as lock:
+    with _subnet_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         used = _used_subnets()
         free = [x for x in range(1, 255) if x not in used]

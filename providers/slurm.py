@@ -85,9 +85,13 @@ class Shell:
     def argv(self, argv: list[str]) -> list[str]:
         if self.host is None:
             return argv
-        # one shared connection for the many short commands of a run (ControlMaster; it lingers 60 s after)
+        # one shared connection for the many short commands of a run (ControlMaster; it lingers 60 s after); its
+        # socket in this user's 0700 runtime folder, never shared /tmp (a socket another user bound first there
+        # would answer our commands and receive the batch script)
+        from broker.private import control_path
+
         return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=auto",
-                "-o", "ControlPath=/tmp/broker-ssh-%C", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
+                "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
 
     def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
             call: str | None = None) -> subprocess.CompletedProcess:
@@ -135,10 +139,14 @@ class Shell:
             self.text(["mkdir", "-p", path], call="mkdir")
 
     def write(self, path: str, data: str) -> None:
+        # 0600 from its creation: the batch script carries the recipe's env and secrets
         if self.host is None:
-            Path(path).write_text(data, encoding="utf-8")
+            from broker.private import write_private
+
+            write_private(path, data)
         else:
-            cp = self.run(["sh", "-c", f"cat > {shlex.quote(path)}"], input=data, call="write")
+            cp = self.run(["sh", "-c", f"umask 077; rm -f {shlex.quote(path)}; cat > {shlex.quote(path)}"],
+                          input=data, call="write")
             if cp.returncode != 0:
                 raise ProviderError("slurm", "write", f"cannot write {path} on {self.host}: "
                                     f"{_text(cp.stderr).strip()}")

@@ -41,7 +41,9 @@ def test_launch_command_is_static_rendezvous_under_setsid(tmp_path):
         line, argv = launch_command(ssh, r, 1, 29612)
     finally:
         ssh.loop.close()
-    assert argv == ["/opt/py/bin/python3", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+    # torchrun started by the shim (--torchrun): node 0's rendezvous store then listens on master_addr only
+    assert argv == ["/opt/py/bin/python3", "/root/broker/run1/node1/rankshim.py", "--torchrun", "--nnodes=2",
+                    "--nproc_per_node=2",
                     "--node_rank=1", "--master_addr=10.0.0.10", "--master_port=29612",
                     "/root/broker/run1/node1/rankshim.py", "--facts", "/root/broker/run1/node1/facts", "--",
                     "train.py", "--msg", "it's fine"]

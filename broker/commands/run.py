@@ -71,6 +71,8 @@ def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:
     from broker.lint import lint_recipe
     from broker.ui import err
 
+    for w in getattr(recipe, "warnings", ()):  # secret-looking env values: point to secrets:
+        err.print(f"[yellow]warning:[/] {escape(w)}", markup=True, highlight=False)
     findings, refuse = lint_recipe(recipe)
     for f in findings:
         err.print(f"[yellow]lint:[/] {escape(f.format())}", markup=True, highlight=False)
