@@ -1,0 +1,107 @@
+"""Shell-script lint (broker/shlint.py): launch lines of any shell script, and the chapter's ``train_ddp.sh`` header
+against a cluster's nodes as sinfo / scontrol report them (no daemons: the parsers get the commands' real output
+shapes, Slurm 22.05)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from broker.shlint import (FATAL, ClusterNodes, check_against_cluster, lint_shell, parse_mem_mb, parse_minutes,
+                           parse_scontrol_nodes, parse_sinfo_partitions, sbatch_directives)
+
+BOOK = Path(__file__).parent / "slurm_book"
+
+SINFO = "broker*|2:01:00|2|node[0-1]\n"
+SCONTROL = (
+    "NodeName=node0 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=2 CPULoad=0.50 AvailableFeatures=(null) "
+    "ActiveFeatures=(null) Gres=(null) NodeAddr=198.18.0.2 NodeHostName=node0 Version=22.05.8 OS=Linux "
+    "RealMemory=23000 AllocMem=0 FreeMem=1000 Sockets=2 Boards=1 State=IDLE ThreadsPerCore=1 TmpDisk=0 Weight=1 "
+    "Owner=N/A MCS_label=N/A Partitions=broker BootTime=None SlurmdStartTime=None\n"
+    "NodeName=node1 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=2 CPULoad=0.50 Gres=(null) NodeAddr=198.18.0.3 "
+    "RealMemory=23000 State=IDLE Partitions=broker\n")
+
+
+def cluster() -> ClusterNodes:
+    return ClusterNodes(parse_sinfo_partitions(SINFO), parse_scontrol_nodes(SCONTROL), minutes_left=100.0)
+
+
+def test_parsers_read_sinfo_scontrol_and_sbatch_units():
+    c = cluster()
+    assert c.partitions["broker"]["default"] and c.partitions["broker"]["nodes"] == 2
+    assert c.partitions["broker"]["max_minutes"] == 121
+    assert c.nodes["node1"] == {"cpus": 2, "memory_mb": 23000, "gpus": 0, "partitions": ["broker"]}
+    g = parse_scontrol_nodes("NodeName=g0 CPUTot=64 RealMemory=512000 Gres=gpu:h200:8(S:0-1) Partitions=gpu\n")
+    assert g["g0"]["gpus"] == 8
+    assert parse_mem_mb("32G") == 32768 and parse_mem_mb("4096") == 4096 and parse_mem_mb("1T") == 1048576
+    assert parse_minutes("00:30:00") == 30 and parse_minutes("1-02") == 26 * 60 and parse_minutes("90") == 90
+    assert parse_minutes("UNLIMITED") == float("inf") and parse_minutes("x") is None
+    ds = sbatch_directives("#!/bin/bash\n#SBATCH -N 2 -t 5\n#SBATCH --gres gpu:1\necho\n#SBATCH --mem=1G\n")
+    assert [(d.line, d.name, d.value) for d in ds] == [(2, "nodes", "2"), (2, "time", "5"), (3, "gres", "gpu:1")]
+
+
+def test_the_chapters_train_ddp_sh_has_each_problem_at_its_line():
+    path = BOOK / "train_ddp.sh"
+    text = path.read_text()
+    found = lint_shell(text, "train_ddp.sh") + check_against_cluster(text, "train_ddp.sh", cluster())
+    got = sorted((f.line, f.kind) for f in found)
+    assert got == [(3, "sbatch-partition"), (6, "sbatch-gres"), (7, "sbatch-cpus"), (8, "sbatch-mem"),
+                   (16, "shell-no-master-addr"), (18, "shell-rank-from-procid"),
+                   (21, "sbatch-torchrun-not-srun")], got
+    by = {f.kind: f for f in found}
+    # what the cluster has, and the line to write instead
+    assert "has no partition 'gpu' (it has: broker)" in by["sbatch-partition"].message
+    assert "no GPUs" in by["sbatch-gres"].message and "Invalid generic resource" in by["sbatch-gres"].message
+    assert "2 CPU(s)" in by["sbatch-cpus"].message and "--cpus-per-task=2" in by["sbatch-cpus"].fix
+    assert "22.5 GiB" in by["sbatch-mem"].message and "--mem=" in by["sbatch-mem"].fix
+    assert "scontrol show hostnames" in by["shell-no-master-addr"].fix
+    assert "only the first node" in by["sbatch-torchrun-not-srun"].message
+    assert {f.kind for f in found} - FATAL == {"shell-rank-from-procid"}  # a warning: the rest cannot run
+
+
+def test_the_fixed_file_is_clean_on_the_same_cluster():
+    text = (BOOK / "train_ddp_fixed.sh").read_text()
+    assert lint_shell(text, "f.sh") == [] and check_against_cluster(text, "f.sh", cluster()) == []
+
+
+def test_time_beyond_maxtime_refused_and_beyond_the_deadline_warned():
+    c = cluster()
+    f, = check_against_cluster("#!/bin/bash\n#SBATCH --time=3:00:00\n", "j.sh", c)
+    assert f.kind == "sbatch-time" and f.line == 2 and "121 minute(s)" in f.message and f.kind in FATAL
+    c.minutes_left = 20
+    f, = check_against_cluster("#!/bin/bash\n#SBATCH --time=60\n", "j.sh", c)
+    assert f.kind == "sbatch-time-deadline" and f.kind not in FATAL and "20 minute(s)" in f.message
+    f, = check_against_cluster("#!/bin/bash\n#SBATCH --nodes=3\n", "j.sh", c)
+    assert f.kind == "sbatch-nodes" and "has 2 node(s)" in f.message
+
+
+def test_launch_lines_of_scripts_without_sbatch():
+    # the node rank expanded by the calling shell: every node claims rank 0
+    f, = lint_shell("#!/bin/bash\nsrun -N 2 torchrun --nnodes=2 --node_rank=$SLURM_NODEID "
+                    "--master_addr=node0 t.py\n", "go.sh")
+    assert (f.line, f.kind) == (2, "shell-node-rank-expanded-early")
+    assert lint_shell("#!/bin/bash\nsrun -N 2 bash -c 'torchrun --nnodes=2 --node_rank=$SLURM_NODEID "
+                      "--master_addr=node0 t.py'\n", "go.sh") == []
+    f, = lint_shell("#!/bin/bash\ntorchrun --nnodes=2 --node_rank=$SLURM_NODEID t.py\n", "launch_torchrun.sh")
+    assert f.kind == "shell-no-master-addr" and "127.0.0.1" in f.message
+    # one-node torchrun: nothing to say; a comment silences a finding
+    assert lint_shell("#!/bin/bash\nexport RANK=$SLURM_PROCID\ntorchrun --standalone --nproc_per_node=2 t.py\n",
+                      "one.sh")[0].kind == "shell-rank-from-procid"
+    assert lint_shell("#!/bin/bash\ntorchrun --standalone --nproc_per_node=2 t.py\n", "one.sh") == []
+    assert lint_shell("#!/bin/bash\ntorchrun --nnodes=2 --node_rank=1 t.py  # broker-lint: ignore\n", "x.sh") == []
+
+
+def test_broker_lint_checks_any_shell_script_and_says_so_when_clean(tmp_path):
+    from broker.cli import app
+
+    launch = tmp_path / "launch_torchrun.sh"
+    launch.write_text("#!/bin/bash\ntorchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID t.py\n")
+    r = CliRunner().invoke(app, ["lint", str(launch)])
+    assert r.exit_code == 1 and f"{launch}:2:" in r.output and "shell-no-master-addr" in r.output, r.output
+    launch.write_text("#!/bin/bash\ntorchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
+                      "--master_addr=$MASTER_ADDR --master_port=29500 t.py\n")
+    r = CliRunner().invoke(app, ["lint", str(launch)])
+    assert r.exit_code == 0 and "no findings" in r.output, r.output
+    r = CliRunner().invoke(app, ["lint", str(BOOK / "train_ddp.sh")])
+    assert r.exit_code == 1 and "train_ddp.sh:21:" in r.output and "train_ddp.sh:16:" in r.output
