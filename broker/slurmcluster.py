@@ -611,6 +611,9 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
                              known_hosts_path=cluster.known_hosts_path or str(ssh.known_hosts), nodes=nodes,
                              munge_socket=f"/run/broker-munge-{run.id[-6:]}/munge.socket", netns_cid=netns_cid)
         state.save(run_dir)
+        # `broker ssh CLUSTER [NODE]` reads the nodes from here, as for any run (paths and addresses, no secret)
+        (run_dir / "cluster.json").write_text(cluster.model_copy(update={
+            "known_hosts_path": state.known_hosts_path}).model_dump_json(indent=2))
         say("nodes: " + "; ".join(f"{n.name} {n.private_ip} {n.cpus} CPU, {n.memory_mb} MiB"
                                   + (f", {n.gpus} GPU" if n.gpus else "") for n in nodes))
         conf = render_slurm_conf(cluster_name=f"b{name}"[:40].replace("_", "-"), controller=nodes[0].hostname,
@@ -804,6 +807,62 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
     if opts.python in (None, "", "python3"):
         opts.python = state.python
     return prov
+
+
+# --------------------------------------------------------------------------------------------------- exec
+def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: Say | None = None,
+                    timeout_s: float = 600.0) -> int | None:
+    """``broker exec CLUSTER -- CMD``: run ``command`` on every node of the Slurm cluster ``run_id`` (id or unique
+    prefix) over SSH with ``SLURM_CONF`` set, printing ``[node i] line``; returns the highest exit status.  None
+    when ``run_id`` is not a cluster from ``broker slurm up`` (the caller runs a recipe instead).  Raises BadInput
+    when the cluster is down or no command is given."""
+    from broker.accounting import ACTIVE_STATUSES
+    from broker.model import Cluster
+    from broker.remote import SSHCluster
+
+    try:
+        run = ledger.find_run(run_id)
+    except BrokerError:
+        return None
+    if run.topology != TOPOLOGY:
+        return None
+    if not command:
+        raise BadInput(f"no command for cluster {run.id}", hint=f"broker exec {run.id} -- sinfo -N")
+    if run.status not in ACTIVE_STATUSES:
+        raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
+                       hint="start one with `broker slurm up --provider netns --nodes 2`")
+    state = ClusterState.load(Path(run.run_dir or "."))
+    cl = Cluster.model_validate_json((Path(run.run_dir or ".") / "cluster.json").read_text()) \
+        if (Path(run.run_dir or ".") / "cluster.json").exists() else None
+    if cl is None:
+        from broker.model import ClusterNode, TopologyKind
+
+        cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
+                     nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
+                            for i, n in enumerate(state.nodes)],
+                     ssh_key_path=state.ssh_key_path, known_hosts_path=state.known_hosts_path)
+    echo = echo or print
+    line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
+                                                               shlex.join(command))
+    ssh = SSHCluster(cl, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
+    worst = 0
+    try:
+        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],
+                          timeout=timeout_s + 30)
+        for i, r in enumerate(outs):
+            if isinstance(r, BaseException):
+                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
+                worst = max(worst, 255)
+                continue
+            code, out = r
+            for ln in out.splitlines():
+                echo(f"[node {i}] {ln}")
+            if code:
+                echo(f"[node {i}] exit {code}")
+            worst = max(worst, code)
+    finally:
+        ssh.close()
+    return worst
 
 
 # --------------------------------------------------------------------------------------------------- status
