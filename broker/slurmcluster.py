@@ -636,7 +636,8 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
         del key
         if not netns:
             _cloud_network(ssh, state, say)
-        cg = cgroup_mount_script() if netns else None
+            state.save(run_dir)  # the shared directory's note
+        cg = cgroup_mount_script() if netns else CLOUD_CGROUPS.format(script=cgroup_mount_script())
         say("starting munged, slurmctld (node0) and slurmd on every node")
         _must(ssh, 0, start_script(state, 0, cgroups=cg), "start munged/slurmctld/slurmd on node0", timeout=60)
         outs = ssh.gather([ssh.arun(i, start_script(state, i, cgroups=cg), timeout=60)
@@ -717,11 +718,41 @@ def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
            "cat /etc/hosts.broker > /etc/hosts; rm -f /etc/hosts.broker")
     for i in range(len(state.nodes)):
         _must(ssh, i, cmd, "write /etc/hosts")
+    shared_on = _already_shared(ssh, state)
+    if shared_on:
+        # a cluster file system (or one disk behind every node) is already there: an NFS export over it would
+        # only add a second path to the same files
+        say(f"{state.shared_dir} is already one file system on every node ({shared_on}): no NFS export needed")
+        state.shared_note = f"{state.shared_dir}: already shared by the nodes (a file written on node0 is seen on " \
+                            "every node)"
+        return
     cidr = private_cidr([n.private_ip for n in state.nodes])
     say(f"NFS: {state.shared_dir} exported from node0 to {cidr}")
     _must(ssh, 0, nfs_server_script(state.shared_dir, cidr), "NFS export on node0", timeout=120)
     for i in range(1, len(state.nodes)):
         _must(ssh, i, nfs_client_script(state.nodes[0].private_ip, state.shared_dir), "NFS mount", timeout=400)
+
+
+def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
+    """A marker written into the shared directory on node 0 and looked for on the others: "" when some node does
+    not see it (NFS is needed), else a note saying so."""
+    if len(state.nodes) < 2:
+        return "one node"
+    q = shlex.quote
+    marker = f"{state.shared_dir}/.broker-shared-{secrets.token_hex(4)}"
+    _must(ssh, 0, f"mkdir -p {q(state.shared_dir)} && echo {q(state.cluster_id)} > {q(marker)}", "shared dir marker")
+    try:
+        for i in range(1, len(state.nodes)):
+            code, out = ssh.run(i, f"cat {q(marker)} 2>/dev/null", timeout=20)
+            if code != 0 or out.strip() != state.cluster_id:
+                return ""
+        return f"node0's marker file seen on node1..node{len(state.nodes) - 1}"
+    finally:
+        ssh.run(0, f"rm -f {q(marker)}", timeout=20)
+
+
+#: cloud nodes: slurmd needs a cgroup file system; a VM has one (systemd), a container-like node may not
+CLOUD_CGROUPS = "mountpoint -q /sys/fs/cgroup || [ -n \"$(ls -A /sys/fs/cgroup 2>/dev/null)\" ] || {{ {script}; }}"
 
 
 def _logs(ssh: "SSHCluster", state: ClusterState, i: int, n: int = 15) -> str:
