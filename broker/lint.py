@@ -1119,7 +1119,7 @@ def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
                     continue
                 if f.suffix == ".py":
                     found.append(f)
-                elif f.suffix in SBATCH_SUFFIXES and _head_is_sbatch(f):
+                elif f.suffix in SBATCH_SUFFIXES and (_head_is_sbatch(f) or _shell_launches(f)):
                     found.append(f)
             if not found:
                 problems.append(f"{p}: no Python or Slurm batch script in this directory")
@@ -1129,6 +1129,12 @@ def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
         else:
             problems.append(f"{p}: no such file or directory")
     return files, problems
+
+
+def _shell_launches(p: Path) -> bool:
+    from broker.shlint import launches  # a shell script that starts torchrun/srun (checked by broker.shlint)
+
+    return launches(p)
 
 
 def _head_is_sbatch(p: Path) -> bool:

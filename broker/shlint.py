@@ -78,6 +78,17 @@ def is_shell_script(path: Path, text: str | None = None) -> bool:
     return bool(_SHEBANG.match(text.split("\n", 1)[0]))
 
 
+def launches(path: Path) -> bool:
+    """A shell script that starts distributed training (mentions torchrun, ``torch.distributed.run`` or srun): what
+    ``broker lint DIR`` picks up besides batch scripts."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            text = fh.read(65536)
+    except OSError:
+        return False
+    return re.search(r"\b(torchrun|torch\.distributed\.(run|launch)|srun)\b", text) is not None
+
+
 # --------------------------------------------------------------------------------------------------- header
 @dataclass(frozen=True)
 class Directive:

@@ -301,6 +301,24 @@ def job_files(sh: Any, job_id: str, name: str) -> tuple[str | None, str | None, 
     return std[0], std[1], first
 
 
+def route_line(line: str, logs: dict[int, Path], per_node: int, tag: str = "") -> str:
+    """Append one line of the job's output to its node's log and return it as shown: ``srun --label`` lines
+    (``3: text``) belong to node ``task // per_node`` (``[node i] text``); any other line is the batch shell's,
+    which runs on the job's first node (``[batch<tag>] line``, kept in node 0's log).  Control characters are
+    stripped from what is shown (a node may not drive the terminal); the log keeps the bytes as written."""
+    m = _LABEL.match(line)
+    node = int(m.group(1)) // max(1, per_node) if m else None
+    if m and node in logs:
+        with open(logs[node], "a", encoding="utf-8") as fh:
+            fh.write(m.group(2) + "\n")
+        shown = f"[node {node}] {m.group(2)}"
+    else:
+        with open(logs[0], "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        shown = f"[batch{tag}] {line}"
+    return _CTRL.sub("", shown)
+
+
 def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, run_dir: Path, out: Outcome, *,
             echo, say, poll_s, ledger, res_id):
     """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out)."""
@@ -314,21 +332,9 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
 
     def on_line(tag: str):
         def f(line: str) -> None:
-            m = _LABEL.match(line)
-            node = None
-            if m:
-                node = int(m.group(1)) // max(1, per_node)
-                text = m.group(2)
-            if m and node in logs:
-                with open(logs[node], "a", encoding="utf-8") as fh:
-                    fh.write(text + "\n")
-                shown = f"[node {node}] {text}"
-            else:
-                with open(logs[0], "a", encoding="utf-8") as fh:  # the batch shell runs on the job's first node
-                    fh.write(line + "\n")
-                shown = f"[batch{tag}] {line}"
+            shown = route_line(line, logs, per_node, tag)
             if echo:
-                echo(_CTRL.sub("", shown))
+                echo(shown)
         return f
 
     last, info, status, reason = "", None, None, ""

@@ -105,3 +105,78 @@ def test_broker_lint_checks_any_shell_script_and_says_so_when_clean(tmp_path):
     assert r.exit_code == 0 and "no findings" in r.output, r.output
     r = CliRunner().invoke(app, ["lint", str(BOOK / "train_ddp.sh")])
     assert r.exit_code == 1 and "train_ddp.sh:21:" in r.output and "train_ddp.sh:16:" in r.output
+
+
+def test_broker_lint_on_a_directory_picks_up_launch_scripts(tmp_path):
+    import json
+
+    from broker.cli import app
+
+    (tmp_path / "launch.sh").write_text("#!/bin/bash\nsrun -N 2 torchrun --nnodes=2 --node_rank=$SLURM_NODEID "
+                                        "--master_addr=node0 t.py\n")
+    (tmp_path / "tool.sh").write_text("#!/bin/bash\necho not a launcher\n")
+    r = CliRunner().invoke(app, ["lint", str(tmp_path), "--json"])
+    out = json.loads(r.output)
+    assert [Path(f).name for f in out["files"]] == ["launch.sh"]
+    assert [f["kind"] for f in out["findings"]] == ["shell-node-rank-expanded-early"] and r.exit_code == 1
+
+
+# ------------------------------------------------------------------------------ slurm submit helpers (no daemons)
+def test_output_patterns_are_expanded_as_sbatch_does():
+    from broker.slurmsubmit import expand_pattern
+
+    assert expand_pattern("logs/%x-%j.out", job_id="42", name="train_ddp") == "logs/train_ddp-42.out"
+    assert expand_pattern("/w/slurm-%5j-%u-%N.%%", job_id="42", name="x", node="node0") == "/w/slurm-00042-root-node0.%"
+
+
+def test_labelled_lines_go_to_their_node_and_the_batch_shell_to_node_0(tmp_path):
+    from broker.slurmsubmit import Outcome, _Stream
+
+    class Sh:  # the remote file, grown between pumps
+        data = b""
+
+        def read_from(self, path, offset):
+            return self.data[offset:]
+
+    sh = Sh()
+    logs = {0: tmp_path / "node0.log", 1: tmp_path / "node1.log"}
+    for p in logs.values():
+        p.write_text("")
+    shown = []
+    from broker.slurmsubmit import route_line
+
+    def on_line(line):
+        shown.append(route_line(line, logs, 1))
+
+    s = _Stream(sh, "/remote.out", tmp_path / "job.out", on_line)
+    sh.data = b"job 7 on node[0-1]\n0: rank 0\n1: ra"
+    s.pump()
+    sh.data += b"nk 1\x1b[2J\n"
+    s.pump(final=True)
+    assert logs[1].read_text() == "rank 1\x1b[2J\n" and "rank 0" in logs[0].read_text()
+    assert "job 7" in logs[0].read_text() and (tmp_path / "job.out").read_bytes() == sh.data
+    assert shown[0] == "[batch] job 7 on node[0-1]" and shown[1] == "[node 0] rank 0"
+    assert shown[-1] == "[node 1] rank 1[2J"  # no control sequence reaches the terminal
+    logs2 = {0: tmp_path / "a.log", 1: tmp_path / "b.log"}  # two tasks per node: tasks 2, 3 are node 1's
+    for p in logs2.values():
+        p.write_text("")
+    assert route_line("3: x", logs2, 2) == "[node 1] x" and route_line("1: y", logs2, 2) == "[node 0] y"
+    assert Outcome("r", "1", "COMPLETED", 0, 0, "succeeded").exit_status == 0
+    assert Outcome("r", "1", "TIMEOUT", 0, 15, "failed").exit_status == 1
+
+
+def test_diagnosis_names_torchrun_outside_srun_only_when_the_job_did_not_complete(tmp_path):
+    from broker.launch import RunResult
+    from broker.slurmsubmit import Outcome, diagnose
+
+    text = (BOOK / "train_ddp.sh").read_text()
+    found = lint_shell(text, "train_ddp.sh")
+    (tmp_path / "node0.log").write_text("job 2 on node[0-1]\n")
+    (tmp_path / "node1.log").write_text("")
+    logs = {0: tmp_path / "node0.log", 1: tmp_path / "node1.log"}
+    out = Outcome("r", "2", "TIMEOUT", 0, 15, "failed", log_paths=logs)
+    lines = diagnose(out, found, 2, tmp_path, RunResult("failed", {}, 0.0, logs))
+    assert lines[0].startswith("only node 0 ever started: torchrun is not under srun (train_ddp.sh:21)")
+    assert "no output from node 1" in lines[0] and "srun" in lines[1]
+    ok = Outcome("r", "3", "COMPLETED", 0, 0, "succeeded", log_paths=logs)
+    assert diagnose(ok, found, 2, tmp_path, RunResult("succeeded", {0: 0, 1: 0}, 0.0, logs)) == []

@@ -149,9 +149,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         if args and args[0] == "--":
             args = args[1:]
 
-        def report(findings) -> None:
-            if as_json:
-                return
+        def report(findings) -> None:  # stderr, also with --json: a refusal's reasons are these lines
             for f in findings:
                 err.print(escape(format_finding(f)), markup=True, highlight=False)
                 _print_fix(f.fix, err)
