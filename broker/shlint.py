@@ -4,6 +4,9 @@
 Launch rules (any shell script; ``Finding.kind``), on top of :func:`broker.lint.lint_sbatch`'s two
 (``sbatch-torchrun-not-srun``, ``sbatch-no-node-rank``):
 
+* ``sbatch-python-not-srun`` -- ``python train.py`` in the batch shell of a multi-node job where ``train.py``
+  (found beside the batch script) calls ``init_process_group``: it runs once, on the first node, and waits for
+  ranks that never start.
 * ``shell-node-rank-expanded-early`` -- ``srun ... torchrun --node_rank=$SLURM_NODEID`` with the variable outside
   single quotes: the *calling* shell (the batch shell, on the first node) expands it once, so every node claims
   node rank 0 and the rendezvous never completes.
@@ -47,6 +50,10 @@ FIXES = {
                               "give torchrun the node's index instead: `--node_rank=$SLURM_NODEID` (inside the "
                               "single-quoted srun command)",
     "shell-no-master-addr": MASTER_FIX,
+    "sbatch-python-not-srun": "start it once per task through srun: `srun --ntasks-per-node=GPUS python train.py` "
+                              "(the script then reads SLURM_PROCID / SLURM_NTASKS), or one torchrun per node: "
+                              "`srun bash -c 'exec torchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
+                              "--master_addr=$MASTER_ADDR --master_port=$MASTER_PORT train.py'`",
     "sbatch-partition": "",
     "sbatch-nodes": "",
     "sbatch-gres": "",
@@ -56,7 +63,7 @@ FIXES = {
     "sbatch-time-deadline": "",
 }
 #: findings after which the job cannot run as written (refused by ``broker slurm submit`` without ``--yes``)
-FATAL = {"sbatch-torchrun-not-srun", "sbatch-no-node-rank", "shell-node-rank-expanded-early",
+FATAL = {"sbatch-torchrun-not-srun", "sbatch-no-node-rank", "shell-node-rank-expanded-early", "sbatch-python-not-srun",
          "shell-no-master-addr", "sbatch-partition", "sbatch-nodes", "sbatch-gres", "sbatch-cpus", "sbatch-mem",
          "sbatch-time"}
 
@@ -239,15 +246,46 @@ def _unquoted_refs(s: str, names: str, start: int = 0) -> bool:
     return re.search(r"\$\{?(?:" + names + r")\b", "".join(out)[start:]) is not None
 
 
-def lint_shell(text: str, path: str = "<script.sh>", *, nodes: int | None = None) -> list[Finding]:
+_PYTHON = re.compile(r"(?:^|[\s;&|(])((?:\S*/)?python[\d.]*)\s+(?:-[A-Za-z]+\s+)*(?P<script>[^\s;&|]+\.py)\b")
+
+
+def _python_not_srun(commands: list[tuple[int, str]], path: str, nodes: int, base: Path | None) -> list[Finding]:
+    """``python train.py`` in the batch shell of a multi-node job, when ``train.py`` (beside the batch script)
+    starts a process group: it runs once, on the first node, and waits for ranks that never start."""
+    out = []
+    for lineno, line in commands:
+        m = _PYTHON.search(line)
+        if not m or re.match(r"\s*(echo|printf)\b", line) or _TORCHRUN.search(line):
+            continue
+        if re.search(r"(?:^|[\s;&|(])srun\b", line[:m.start(1)]):
+            continue
+        script = Path(m.group("script"))
+        target = script if script.is_absolute() or base is None else base / script
+        try:
+            distributed = "init_process_group" in target.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if distributed:
+            out.append(Finding(path, lineno + line[:m.start(1)].count("\n"), "sbatch-python-not-srun",
+                               f"{m.group('script')} starts a process group but runs in the batch shell of a "
+                               f"{nodes}-node job: once, on the first node only, waiting for ranks that never start",
+                               FIXES["sbatch-python-not-srun"]))
+    return out
+
+
+def lint_shell(text: str, path: str = "<script.sh>", *, nodes: int | None = None,
+               base: Path | None = None) -> list[Finding]:
     """Findings for the launch lines of a shell script (sorted by line).  ``nodes``: the allocation's size when
     known (default: the ``#SBATCH --nodes`` of the header; a torchrun ``--nnodes`` above 1 or ``$SLURM_NNODES``
-    also makes a line multi-node)."""
+    also makes a line multi-node).  ``base``: the folder the script's relative paths start from (default: the
+    folder of ``path``), where ``python train.py`` is looked at."""
     findings = list(lint_sbatch(text, path)) if is_sbatch(text) else []
     batch = is_sbatch(text)
     n_alloc = nodes if nodes is not None else sbatch_nodes(text)
     commands = _shell_commands(text)
     runs = _torchrun_lines(text)
+    if batch and n_alloc > 1:
+        findings += _python_not_srun(commands, path, n_alloc, base if base is not None else Path(path).parent)
     master_set: list[tuple[int, str]] = []
     for lineno, line in commands:
         for m in re.finditer(r"(?:^|[\s;&|(])(?:export\s+)?MASTER_ADDR=(\S*)", line):

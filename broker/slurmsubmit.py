@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,7 +414,8 @@ def diagnose(out: Outcome, findings: list["Finding"], nnodes: int, run_dir: Path
         lines.append(f"only node 0 ever started: torchrun is not under srun ({f.path}:{f.line}); the batch shell "
                      f"runs on the first node of the {nnodes}-node allocation only, so its torchrun waited for the "
                      f"other node(s) until Slurm ended the job ({out.state})"
-                     + ("" if others else "; no output from " + ("node 1" if nnodes == 2 else f"nodes 1..{nnodes - 1}")))
+                     + ("" if others else "; no output from "
+                        + ("node 1" if nnodes == 2 else f"nodes 1..{nnodes - 1}")))
         lines.append(f"fix: {f.fix.replace('`', '')}")
     try:
         from broker.diagnose import explain
@@ -431,7 +431,3 @@ def format_finding(f: "Finding") -> str:
     from broker.shlint import FATAL
 
     return f"{f.path}:{f.line}: {'error' if f.kind in FATAL else 'warning'} [{f.kind}] {f.message}"
-
-
-def quote_args(args: list[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)

@@ -180,3 +180,13 @@ def test_diagnosis_names_torchrun_outside_srun_only_when_the_job_did_not_complet
     assert "no output from node 1" in lines[0] and "srun" in lines[1]
     ok = Outcome("r", "3", "COMPLETED", 0, 0, "succeeded", log_paths=logs)
     assert diagnose(ok, found, 2, tmp_path, RunResult("succeeded", {0: 0, 1: 0}, 0.0, logs)) == []
+
+
+def test_python_in_the_batch_shell_of_a_multi_node_job(tmp_path):
+    (tmp_path / "train.py").write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n")
+    (tmp_path / "prep.py").write_text("print('data ready')\n")
+    job = ("#!/bin/bash\n#SBATCH --nodes=2\npython prep.py\npython -u train.py --epochs 3\n"
+           "srun python train.py\n")
+    f, = lint_shell(job, str(tmp_path / "job.sh"))
+    assert (f.line, f.kind) == (4, "sbatch-python-not-srun") and f.kind in FATAL and "train.py" in f.message
+    assert lint_shell(job.replace("--nodes=2", "--nodes=1"), str(tmp_path / "job.sh")) == []
