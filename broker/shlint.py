@@ -311,7 +311,7 @@ def lint_shell(text: str, path: str = "<script.sh>", *, nodes: int | None = None
                                     "shell that runs srun expands it once, on the first node, so every node "
                                     "claims node rank 0", FIXES["shell-node-rank-expanded-early"]))
         static = re.search(r"--node[_-]rank\b", after) and not re.search(r"--rdzv[_-]endpoint\b", after)
-        if static and "--standalone" not in after:
+        if static and "--standalone" not in after and "PET_MASTER_ADDR" not in text:  # torchrun's own env form
             if not re.search(r"--master[_-]addr\b", after):
                 findings.append(Finding(path, lineno, "shell-no-master-addr",
                                         "torchrun with --node_rank and no --master_addr on several nodes: it uses "

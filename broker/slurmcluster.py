@@ -906,7 +906,8 @@ def status(ledger: "Ledger", cluster_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {"cluster_id": run.id, "name": state.name, "provider": state.provider,
                            "status": run.status, "deadline": run.deadline.isoformat() if run.deadline else None,
                            "budget_usd": run.budget_usd, "cost_usd": round(run_cost(ledger, run.id), 6),
-                           "shared_dir": state.shared_dir, "nodes": [], "queue": [], "error": None}
+                           "shared_dir": state.shared_dir, "slurm_conf": state.conf, "nodes": [], "queue": [],
+                           "error": None}
     if run.status not in ACTIVE_STATUSES:
         out["nodes"] = [{"name": n.name, "state": "down", "cpus": n.cpus, "gpus": n.gpus} for n in state.nodes]
         return out

@@ -209,6 +209,8 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
             console.print(q)
         else:
             console.print("queue: empty", highlight=False)
+        console.print(f"on a node (`broker ssh {st['cluster_id']} [NODE]`): export SLURM_CONF={st['slurm_conf']}; "
+                      f"or from here: broker exec {st['cluster_id']} -- sinfo -N", markup=False, highlight=False)
         if st["error"]:
             err.print(f"[red]cannot ask the cluster:[/] {st['error']}", markup=True, highlight=False)
 
