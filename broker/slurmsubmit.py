@@ -134,7 +134,7 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     finding that means it cannot run and no ``yes``), ProviderError (Slurm or SSH refused)."""
     from broker.accounting import ACTIVE_STATUSES
     from broker.launch import RunResult
-    from broker.pipeline import end_run, new_run
+    from broker.pipeline import end_run, new_run, shielded
     from broker.providers.slurm import SlurmProvider
     from broker.shlint import FATAL, header, sbatch_nodes
     from broker.slurmcluster import cluster_recipe, find, node0_shell
@@ -223,18 +223,19 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         status, reason, info, out = _follow(prov, sh, attrs, job_id, run, run_c.deadline, h, name, per_node,
                                             nnodes, run_dir, out, echo=echo, say=say, poll_s=poll_s, ledger=ledger,
                                             res_id=res_id)
-    except KeyboardInterrupt:
-        if job_id:
-            _cancel(prov, job_id, attrs)
-        status, reason = "interrupted", "interrupted (Ctrl-C)" + (f"; cancelled Slurm job {job_id}" if job_id else "")
-        out.status = status
-        end_run(ledger, run.id, None, status=status, message=reason)
-        raise
     except BaseException as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
         if job_id and info is None:
-            _cancel(prov, job_id, attrs)
-        end_run(ledger, run.id, None, status="failed", message=f"slurm submit failed: "
-                f"{getattr(e, 'message', None) or e}")
+            with shielded(say):  # a second Ctrl-C must not leave the job running
+                gone = _cancel(prov, job_id, attrs)
+            if gone.done and res_id:
+                ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                       message=f"Slurm job {job_id} cancelled: {gone.state}")
+        why = ("interrupted (Ctrl-C)" if interrupted else
+               f"slurm submit failed: {getattr(e, 'message', None) or e}")
+        if job_id:
+            why += f"; cancelled Slurm job {job_id}"
+        end_run(ledger, run.id, None, status="interrupted" if interrupted else "failed", message=why)
         raise
     if info is not None and info.done and res_id:
         ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",

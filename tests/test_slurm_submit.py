@@ -166,6 +166,42 @@ def test_ssh_and_exec_reach_the_nodes(cluster):
     assert cp.returncode == 1 and "[node 0] exit 1" in cp.stdout
 
 
+@pytest.mark.timeout(300)
+def test_ctrl_c_cancels_the_job_and_ends_the_run(cluster, tmp_path):
+    import signal
+    import time
+
+    home, cid = cluster
+    (tmp_path / "sleep.sh").write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=5\necho started\nsleep 300\n")
+    env = {**os.environ, "BROKER_HOME": str(home), "PYTHONWARNINGS": "ignore", "BROKER_WATCHDOG_AUTOSTART": "0"}
+    env.pop("SLURM_CONF", None)
+    p = subprocess.Popen([sys.executable, "-m", "broker", "slurm", "submit", str(tmp_path / "sleep.sh"), "--cluster",
+                          cid], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not [j for j in _queue(home, cid) if j["state"] == "RUNNING"]:
+            time.sleep(1)
+        assert [j["state"] for j in _queue(home, cid)] == ["RUNNING"]
+        time.sleep(2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, (out[-2000:], err[-3000:])
+    assert _queue(home, cid) == []  # scancelled
+    run_id = re.search(r"run (\d{8}-\d{6}-\w+)", err).group(1)
+    st = broker(home, "status", run_id, "--json")
+    assert '"interrupted"' in st.stdout, st.stdout[-2000:]
+    from broker.config import settings
+    from broker.ledger import Ledger
+
+    os.environ["BROKER_HOME"] = str(home)
+    settings.cache_clear()
+    (res,) = Ledger().resources(run_id)
+    assert res.state == "terminated" and res.kind == "slurm_job"  # not left loud in `broker status`
+
+
 def test_down_leaves_nothing(cluster):
     home, cid = cluster
     from broker.slurmcluster import ClusterState, leftovers
