@@ -190,3 +190,16 @@ def test_python_in_the_batch_shell_of_a_multi_node_job(tmp_path):
     f, = lint_shell(job, str(tmp_path / "job.sh"))
     assert (f.line, f.kind) == (4, "sbatch-python-not-srun") and f.kind in FATAL and "train.py" in f.message
     assert lint_shell(job.replace("--nodes=2", "--nodes=1"), str(tmp_path / "job.sh")) == []
+
+
+def test_the_catalogue_names_slurms_time_limit_with_the_srun_fix():
+    from types import SimpleNamespace
+
+    from broker.diagnose import explain
+
+    d = Path(__file__).parent / "diagnose_logs" / "cpu" / "slurm_time_limit"
+    res = SimpleNamespace(status="failed", exit_codes={}, log_paths={0: d / "node0.log", 1: d / "node1.log"})
+    diag = explain(d, res, 2)
+    assert [f.entry.id for f in diag.findings] == ["slurm-time-limit"]
+    text = "\n".join(diag.lines())
+    assert "batch host node0" in text and "srun" in text and "--time" in text
