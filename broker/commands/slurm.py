@@ -119,6 +119,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         else:
             err.print(f"shared directory: {state.shared_dir} ({state.shared_note})", markup=False, highlight=False)
             err.print(f"run a recipe: broker run RECIPE --provider slurm --cluster {state.cluster_id}; "
+                      f"your own sbatch file: broker slurm submit FILE.sh --cluster {state.cluster_id}; "
                       f"remove it: broker slurm down {state.cluster_id}", markup=False, highlight=False)
             console.print(state.cluster_id, highlight=False)
 
