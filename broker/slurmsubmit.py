@@ -189,6 +189,7 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     info = None
     res_id = None
     out = Outcome(run.id, None, "NOT_SUBMITTED", None, None, "failed", findings=findings)
+    t0 = time.monotonic()
     try:
         from broker.executor import staging_line
         from broker.staging import stage_plan, tar_staged
@@ -226,11 +227,15 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     except BaseException as e:
         interrupted = isinstance(e, KeyboardInterrupt)
         if job_id and info is None:
-            with shielded(say):  # a second Ctrl-C must not leave the job running
-                gone = _cancel(prov, job_id, attrs)
-            if gone.done and res_id:
-                ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
-                                       message=f"Slurm job {job_id} cancelled: {gone.state}")
+            try:
+                with shielded(say):  # a second Ctrl-C must not leave the job running
+                    gone = _cancel(prov, job_id, attrs)
+                if gone.done and res_id:
+                    ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                           message=f"Slurm job {job_id} cancelled: {gone.state}")
+            except Exception as ce:  # noqa: BLE001 - the row stays live: `broker down` / the watchdog retry
+                say(f"could not cancel Slurm job {job_id} ({getattr(ce, 'message', None) or ce}); "
+                    f"`broker down {run.id}` retries")
         why = ("interrupted (Ctrl-C)" if interrupted else
                f"slurm submit failed: {getattr(e, 'message', None) or e}")
         if job_id:
@@ -242,9 +247,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
                                message=f"Slurm job {job_id} ended: {info.state}, exit {info.exit_code}",
                                attrs={"nodes": info.nodes, "final_state": info.state})
     out.status = status
-    result = RunResult(status=status, exit_codes={i: (0 if status == "succeeded" else None)
-                                                  for i in out.log_paths} if status == "succeeded" else {},
-                       wall_s=0.0, log_paths=out.log_paths, reason=reason)
+    # Slurm reports one exit code for the batch step, not one per node: per-node codes only when all is well
+    result = RunResult(status=status, exit_codes={i: 0 for i in out.log_paths} if status == "succeeded" else {},
+                       wall_s=time.monotonic() - t0, log_paths=out.log_paths, reason=reason)
     out.diagnosis = diagnose(out, findings, nnodes, run_dir, result)
     if out.diagnosis:
         (run_dir / "diagnosis.txt").write_text("\n".join(out.diagnosis) + "\n")
