@@ -127,14 +127,15 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def submit_cmd(
         ctx: typer.Context,
-        script: Path = typer.Argument(..., metavar="FILE.sh", help="your sbatch file; its folder is staged with it"),
+        script: Path = typer.Argument(..., metavar="FILE",
+                                      help="your sbatch file (FILE.sh); its folder is staged with it"),
         cluster: str = typer.Option(..., "--cluster", "-c", metavar="ID", help="cluster id from `broker slurm up`"),
         yes: bool = typer.Option(False, "--yes", "-y", help="submit even when a finding says it cannot run as "
                                  "written"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream the job's output"),
         as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
     ) -> None:
-        """Check FILE.sh against the cluster's real nodes (each #SBATCH line, the torchrun/srun lines), then
+        """Check FILE (your sbatch file) against the cluster's real nodes (each #SBATCH line, the torchrun/srun lines), then
         stage its folder to the cluster's shared directory, sbatch it (arguments after -- go to the script),
         stream its --output/--error files and end with Slurm's state, the exit code and a diagnosis.
 
