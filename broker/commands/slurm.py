@@ -136,8 +136,8 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
     ) -> None:
         """Check FILE (your sbatch file) against the cluster's real nodes (each #SBATCH line, the torchrun/srun
-        lines), then stage its folder to the cluster's shared directory, sbatch it (arguments after -- go to the script),
-        stream its --output/--error files and end with Slurm's state, the exit code and a diagnosis.
+        lines), then stage its folder to the cluster's shared directory, sbatch it (arguments after -- go to the
+        script), stream its --output/--error files and end with Slurm's state, the exit code and a diagnosis.
 
         Exit status: 0 completed, 1 the job failed (FAILED, TIMEOUT, CANCELLED, ...), 2 refused (a finding means it
         cannot run as written; --yes submits anyway), 4 Slurm or SSH error, 130 interrupted (the job is cancelled)."""
