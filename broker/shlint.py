@@ -4,6 +4,9 @@
 Launch rules (any shell script; ``Finding.kind``), on top of :func:`broker.lint.lint_sbatch`'s two
 (``sbatch-torchrun-not-srun``, ``sbatch-no-node-rank``):
 
+* ``sbatch-torchrun-per-task`` -- ``srun ... torchrun`` in a job with ``--ntasks-per-node`` above 1 (and no
+  ``--ntasks-per-node=1`` on the srun line): srun starts one torchrun per *task*, several per node, all with the
+  node's rank.
 * ``sbatch-python-not-srun`` -- ``python train.py`` in the batch shell of a multi-node job where ``train.py``
   (found beside the batch script) calls ``init_process_group``: it runs once, on the first node, and waits for
   ranks that never start.
@@ -50,6 +53,9 @@ FIXES = {
                               "give torchrun the node's index instead: `--node_rank=$SLURM_NODEID` (inside the "
                               "single-quoted srun command)",
     "shell-no-master-addr": MASTER_FIX,
+    "sbatch-torchrun-per-task": "one torchrun per node: `#SBATCH --ntasks-per-node=1` (torchrun starts the node's "
+                                "GPUS workers with `--nproc_per_node=GPUS`), or `srun --ntasks-per-node=1 ...` on "
+                                "the torchrun line",
     "sbatch-python-not-srun": "start it once per task through srun: `srun --ntasks-per-node=GPUS python train.py` "
                               "(the script then reads SLURM_PROCID / SLURM_NTASKS), or one torchrun per node: "
                               "`srun bash -c 'exec torchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID "
@@ -64,6 +70,7 @@ FIXES = {
 }
 #: findings after which the job cannot run as written (refused by ``broker slurm submit`` without ``--yes``)
 FATAL = {"sbatch-torchrun-not-srun", "sbatch-no-node-rank", "shell-node-rank-expanded-early", "sbatch-python-not-srun",
+         "sbatch-torchrun-per-task",
          "shell-no-master-addr", "sbatch-partition", "sbatch-nodes", "sbatch-gres", "sbatch-cpus", "sbatch-mem",
          "sbatch-time"}
 
@@ -305,7 +312,16 @@ def lint_shell(text: str, path: str = "<script.sh>", *, nodes: int | None = None
                                              or _nodes(nn.group(1)) > 1))
         if not multi:
             continue
-        if re.search(r"(?:^|[\s;&|(])srun\b", before) and _unquoted_refs(line, "SLURM_NODEID|SLURM_PROCID", at):
+        srun = re.search(r"(?:^|[\s;&|(])srun\b", before)
+        tasks_d = header(text).get("ntasks-per-node") if batch else None
+        if (srun and tasks_d and tasks_d.value.isdigit() and int(tasks_d.value) > 1
+                and not re.search(r"--ntasks-per-node[= ]1\b|--ntasks[= ]\$\{?SLURM_(JOB_)?NNODES\b|-n\s*\$\{?SLURM_"
+                                  r"(JOB_)?NNODES\b", before[srun.start():])):
+            findings.append(Finding(path, lineno, "sbatch-torchrun-per-task",
+                                    f"srun starts torchrun once per task and the job has --ntasks-per-node="
+                                    f"{tasks_d.value} (line {tasks_d.line}): {tasks_d.value} torchrun agents per node "
+                                    "claim the same node rank", FIXES["sbatch-torchrun-per-task"]))
+        if srun and _unquoted_refs(line, "SLURM_NODEID|SLURM_PROCID", at):
             findings.append(Finding(path, lineno, "shell-node-rank-expanded-early",
                                     "the node rank ($SLURM_NODEID) on this srun line is outside single quotes: the "
                                     "shell that runs srun expands it once, on the first node, so every node "

@@ -203,3 +203,13 @@ def test_the_catalogue_names_slurms_time_limit_with_the_srun_fix():
     assert [f.entry.id for f in diag.findings] == ["slurm-time-limit"]
     text = "\n".join(diag.lines())
     assert "batch host node0" in text and "srun" in text and "--time" in text
+
+
+def test_torchrun_under_srun_with_several_tasks_per_node():
+    job = ("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=4\n"
+           "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)\n"
+           "srun bash -c 'torchrun --nnodes=2 --nproc_per_node=4 --node_rank=$SLURM_NODEID "
+           "--master_addr=$MASTER_ADDR t.py'\n")
+    f, = lint_shell(job, "j.sh")
+    assert (f.line, f.kind) == (5, "sbatch-torchrun-per-task") and "line 3" in f.message and f.kind in FATAL
+    assert lint_shell(job.replace("srun bash", "srun --ntasks-per-node=1 bash"), "j.sh") == []
