@@ -213,3 +213,13 @@ def test_torchrun_under_srun_with_several_tasks_per_node():
     f, = lint_shell(job, "j.sh")
     assert (f.line, f.kind) == (5, "sbatch-torchrun-per-task") and "line 3" in f.message and f.kind in FATAL
     assert lint_shell(job.replace("srun bash", "srun --ntasks-per-node=1 bash"), "j.sh") == []
+
+
+def test_the_sbatch_broker_renders_has_no_shell_finding():
+    from broker.recipe import load_recipe
+    from broker.slurm import render_sbatch
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml")
+    for gpus in (True, False):
+        script = render_sbatch(recipe, log_dir="/tmp/logs", gpus=gpus)
+        assert lint_shell(script, "rendered.sbatch") == []
