@@ -233,6 +233,11 @@ def register(app: typer.Typer) -> None:
                                echo=lambda line: sys.stdout.write(line + "\n"))
         if code is not None:
             raise typer.Exit(code)
+        if [a for a in ctx.args if a != "--"]:
+            from broker.provider import BadInput
+
+            raise BadInput(f"unexpected argument(s) after {recipe_path}: {' '.join(ctx.args)}",
+                           hint="broker exec RUN RECIPE (a command after -- runs only on `broker slurm up` clusters)")
         from broker.commands.lifecycle import ProgressPrinter
         from broker.commands.run import lint_or_refuse, result_dict
         from broker.commands.summary import render_summary
