@@ -1094,8 +1094,10 @@ def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list
     p = Path(path)
     text = p.read_text(encoding="utf-8", errors="replace")
     python = p.suffix == ".py" or re.match(r"#!.*python", text) is not None  # sbatch also runs Python scripts
-    if is_sbatch(text) and not python:
-        return lint_sbatch(text, str(p))
+    if not python and (is_sbatch(text) or p.suffix in SBATCH_SUFFIXES or re.match(r"#!.*\bsh\b|#!.*bash", text)):
+        from broker.shlint import lint_shell  # torchrun/srun lines of any shell script
+
+        return lint_shell(text, str(p))
     return lint_source(text, str(p), launched_by_torchrun=launched_by_torchrun)
 
 
@@ -1117,19 +1119,22 @@ def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
                     continue
                 if f.suffix == ".py":
                     found.append(f)
-                elif f.suffix in SBATCH_SUFFIXES and _head_is_sbatch(f):
+                elif f.suffix in SBATCH_SUFFIXES and (_head_is_sbatch(f) or _shell_launches(f)):
                     found.append(f)
             if not found:
                 problems.append(f"{p}: no Python or Slurm batch script in this directory")
             files += found
         elif p.is_file():
-            if p.suffix in SBATCH_SUFFIXES and not _head_is_sbatch(p):
-                problems.append(f"{p}: a shell script with no #SBATCH directives (not a Slurm batch script)")
-            else:
-                files.append(p)
+            files.append(p)  # a shell script without #SBATCH: its torchrun/srun lines (broker.shlint)
         else:
             problems.append(f"{p}: no such file or directory")
     return files, problems
+
+
+def _shell_launches(p: Path) -> bool:
+    from broker.shlint import launches  # a shell script that starts torchrun/srun (checked by broker.shlint)
+
+    return launches(p)
 
 
 def _head_is_sbatch(p: Path) -> bool:

@@ -614,6 +614,9 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
                              known_hosts_path=cluster.known_hosts_path or str(ssh.known_hosts), nodes=nodes,
                              munge_socket=f"/run/broker-munge-{run.id[-6:]}/munge.socket", netns_cid=netns_cid)
         state.save(run_dir)
+        # `broker ssh CLUSTER [NODE]` reads the nodes from here, as for any run (paths and addresses, no secret)
+        (run_dir / "cluster.json").write_text(cluster.model_copy(update={
+            "known_hosts_path": state.known_hosts_path}).model_dump_json(indent=2))
         say("nodes: " + "; ".join(f"{n.name} {n.private_ip} {n.cpus} CPU, {n.memory_mb} MiB"
                                   + (f", {n.gpus} GPU" if n.gpus else "") for n in nodes))
         conf = render_slurm_conf(cluster_name=f"b{name}"[:40].replace("_", "-"), controller=nodes[0].hostname,
@@ -636,7 +639,8 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
         del key
         if not netns:
             _cloud_network(ssh, state, say)
-        cg = cgroup_mount_script() if netns else None
+            state.save(run_dir)  # the shared directory's note
+        cg = cgroup_mount_script() if netns else CLOUD_CGROUPS.format(script=cgroup_mount_script())
         say("starting munged, slurmctld (node0) and slurmd on every node")
         _must(ssh, 0, start_script(state, 0, cgroups=cg), "start munged/slurmctld/slurmd on node0", timeout=60)
         outs = ssh.gather([ssh.arun(i, start_script(state, i, cgroups=cg), timeout=60)
@@ -717,11 +721,41 @@ def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
            "cat /etc/hosts.broker > /etc/hosts; rm -f /etc/hosts.broker")
     for i in range(len(state.nodes)):
         _must(ssh, i, cmd, "write /etc/hosts")
+    shared_on = _already_shared(ssh, state)
+    if shared_on:
+        # a cluster file system (or one disk behind every node) is already there: an NFS export over it would
+        # only add a second path to the same files
+        say(f"{state.shared_dir} is already one file system on every node ({shared_on}): no NFS export needed")
+        state.shared_note = f"{state.shared_dir}: already shared by the nodes (a file written on node0 is seen on " \
+                            "every node)"
+        return
     cidr = private_cidr([n.private_ip for n in state.nodes])
     say(f"NFS: {state.shared_dir} exported from node0 to {cidr}")
     _must(ssh, 0, nfs_server_script(state.shared_dir, cidr), "NFS export on node0", timeout=120)
     for i in range(1, len(state.nodes)):
         _must(ssh, i, nfs_client_script(state.nodes[0].private_ip, state.shared_dir), "NFS mount", timeout=400)
+
+
+def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
+    """A marker written into the shared directory on node 0 and looked for on the others: "" when some node does
+    not see it (NFS is needed), else a note saying so."""
+    if len(state.nodes) < 2:
+        return "one node"
+    q = shlex.quote
+    marker = f"{state.shared_dir}/.broker-shared-{secrets.token_hex(4)}"
+    _must(ssh, 0, f"mkdir -p {q(state.shared_dir)} && echo {q(state.cluster_id)} > {q(marker)}", "shared dir marker")
+    try:
+        for i in range(1, len(state.nodes)):
+            code, out = ssh.run(i, f"cat {q(marker)} 2>/dev/null", timeout=20)
+            if code != 0 or out.strip() != state.cluster_id:
+                return ""
+        return f"node0's marker file seen on node1..node{len(state.nodes) - 1}"
+    finally:
+        ssh.run(0, f"rm -f {q(marker)}", timeout=20)
+
+
+#: cloud nodes: slurmd needs a cgroup file system; a VM has one (systemd), a container-like node may not
+CLOUD_CGROUPS = "mountpoint -q /sys/fs/cgroup || [ -n \"$(ls -A /sys/fs/cgroup 2>/dev/null)\" ] || {{ {script}; }}"
 
 
 def _logs(ssh: "SSHCluster", state: ClusterState, i: int, n: int = 15) -> str:
@@ -809,6 +843,62 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
     return prov
 
 
+# --------------------------------------------------------------------------------------------------- exec
+def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: Say | None = None,
+                    timeout_s: float = 600.0) -> int | None:
+    """``broker exec CLUSTER -- CMD``: run ``command`` on every node of the Slurm cluster ``run_id`` (id or unique
+    prefix) over SSH with ``SLURM_CONF`` set, printing ``[node i] line``; returns the highest exit status.  None
+    when ``run_id`` is not a cluster from ``broker slurm up`` (the caller runs a recipe instead).  Raises BadInput
+    when the cluster is down or no command is given."""
+    from broker.accounting import ACTIVE_STATUSES
+    from broker.model import Cluster
+    from broker.remote import SSHCluster
+
+    try:
+        run = ledger.find_run(run_id)
+    except BrokerError:
+        return None
+    if run.topology != TOPOLOGY:
+        return None
+    if not command:
+        raise BadInput(f"no command for cluster {run.id}", hint=f"broker exec {run.id} -- sinfo -N")
+    if run.status not in ACTIVE_STATUSES:
+        raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
+                       hint="start one with `broker slurm up --provider netns --nodes 2`")
+    state = ClusterState.load(Path(run.run_dir or "."))
+    cl = Cluster.model_validate_json((Path(run.run_dir or ".") / "cluster.json").read_text()) \
+        if (Path(run.run_dir or ".") / "cluster.json").exists() else None
+    if cl is None:
+        from broker.model import ClusterNode, TopologyKind
+
+        cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
+                     nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
+                            for i, n in enumerate(state.nodes)],
+                     ssh_key_path=state.ssh_key_path, known_hosts_path=state.known_hosts_path)
+    echo = echo or print
+    line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
+                                                               shlex.join(command))
+    ssh = SSHCluster(cl, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
+    worst = 0
+    try:
+        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],
+                          timeout=timeout_s + 30)
+        for i, r in enumerate(outs):
+            if isinstance(r, BaseException):
+                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
+                worst = max(worst, 255)
+                continue
+            code, out = r
+            for ln in out.splitlines():
+                echo(f"[node {i}] {ln}")
+            if code:
+                echo(f"[node {i}] exit {code}")
+            worst = max(worst, code)
+    finally:
+        ssh.close()
+    return worst
+
+
 # --------------------------------------------------------------------------------------------------- status
 def status(ledger: "Ledger", cluster_id: str) -> dict[str, Any]:
     """Nodes with their Slurm state, the queue, cost so far and the deadline (``broker slurm status``)."""
@@ -819,7 +909,8 @@ def status(ledger: "Ledger", cluster_id: str) -> dict[str, Any]:
     out: dict[str, Any] = {"cluster_id": run.id, "name": state.name, "provider": state.provider,
                            "status": run.status, "deadline": run.deadline.isoformat() if run.deadline else None,
                            "budget_usd": run.budget_usd, "cost_usd": round(run_cost(ledger, run.id), 6),
-                           "shared_dir": state.shared_dir, "nodes": [], "queue": [], "error": None}
+                           "shared_dir": state.shared_dir, "slurm_conf": state.conf, "nodes": [], "queue": [],
+                           "error": None}
     if run.status not in ACTIVE_STATUSES:
         out["nodes"] = [{"name": n.name, "state": "down", "cpus": n.cpus, "gpus": n.gpus} for n in state.nodes]
         return out

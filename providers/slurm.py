@@ -280,12 +280,15 @@ class SlurmProvider(Provider):
         return total if seen else None
 
     # ---- jobs
-    def submit(self, script_path: str, *, run_id: str | None = None, extra: list[str] = ()) -> str:
-        """``sbatch --parsable`` the script; returns the job id.  Raises ProviderError with sbatch's message."""
-        argv = ["sbatch", "--parsable", *extra]
+    def submit(self, script_path: str, *, run_id: str | None = None, extra: list[str] = (), args: list[str] = (),
+               prefix: list[str] = ()) -> str:
+        """``sbatch --parsable [extra] SCRIPT [args]`` (``args``: the script's own arguments; ``prefix``: a command
+        in front of sbatch, e.g. ``env PATH=...``); returns the job id.  Raises ProviderError with sbatch's
+        message."""
+        argv = [*prefix, "sbatch", "--parsable", *extra]
         if run_id:
             argv.append(f"--comment={RUN_TAG}={run_id}")
-        cp = self.shell.run(argv + [script_path], call="sbatch")
+        cp = self.shell.run(argv + [script_path, *args], call="sbatch")
         out, err = _text(cp.stdout).strip(), _text(cp.stderr).strip()
         if cp.returncode != 0 or not out:
             raise ProviderError("slurm", "sbatch", err or out or f"exit {cp.returncode}",

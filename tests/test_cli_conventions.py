@@ -320,6 +320,7 @@ JSON_CALLS = {
     ("run",): ["run", "no-such.yaml"],
     ("slurm", "down"): ["slurm", "down", "nope"],
     ("slurm", "status"): ["slurm", "status", "nope"],
+    ("slurm", "submit"): ["slurm", "submit", "nope.sh", "--cluster", "nope"],
     ("slurm", "up"): ["slurm", "up", "--provider", "nope"],
     ("status",): ["status"],
     ("watchdog",): ["watchdog", "--once"],

@@ -149,8 +149,8 @@ def test_cli_exit_codes_match_the_words(tmp_path):
     assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2 and "missing.py" in str(r.exception)
     sh = tmp_path / "setup.sh"
     sh.write_text("#!/bin/bash\npip install torch\n")
-    r = CliRunner().invoke(app, ["lint", str(sh)])
-    assert isinstance(r.exception, BadInput) and "#SBATCH" in str(r.exception)
+    r = CliRunner().invoke(app, ["lint", str(sh)])  # a shell script without #SBATCH: its launch lines are checked
+    assert r.exit_code == 0 and "no findings" in r.output, r.output
     (tmp_path / "empty").mkdir()
     r = CliRunner().invoke(app, ["lint", str(tmp_path / "empty")])
     assert isinstance(r.exception, BadInput) and "no Python" in str(r.exception)

@@ -215,14 +215,29 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(subprocess.run(argv).returncode)
         os.execvp("ssh", argv)
 
-    @app.command("exec", short_help="Run a recipe on the kept nodes of a run (no provisioning)")
+    @app.command("exec", short_help="Run a recipe on the kept nodes of a run (no provisioning)",
+                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def exec_cmd(
+        ctx: typer.Context,
         run_id: str = typer.Argument(..., metavar="RUN", help="a run whose nodes were kept (recipe idle_minutes)"),
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="the recipe to run on those nodes"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     ) -> None:
-        """Run RECIPE on the kept nodes of RUN (recipe idle_minutes), without provisioning; the idle timer restarts."""
+        """Run RECIPE on the kept nodes of RUN (recipe idle_minutes), without provisioning; the idle timer restarts.
+        On a cluster from `broker slurm up`: `broker exec CLUSTER -- CMD` runs CMD on every node."""
+        from broker.ledger import Ledger as _Ledger
+        from broker.slurmcluster import exec_on_cluster
+
+        code = exec_on_cluster(_Ledger(), run_id, [str(recipe_path), *[a for a in ctx.args if a != "--"]],
+                               echo=lambda line: sys.stdout.write(line + "\n"))
+        if code is not None:
+            raise typer.Exit(code)
+        if [a for a in ctx.args if a != "--"]:
+            from broker.provider import BadInput
+
+            raise BadInput(f"unexpected argument(s) after {recipe_path}: {' '.join(ctx.args)}",
+                           hint="broker exec RUN RECIPE (a command after -- runs only on `broker slurm up` clusters)")
         from broker.commands.lifecycle import ProgressPrinter
         from broker.commands.run import lint_or_refuse, result_dict
         from broker.commands.summary import render_summary

@@ -22,9 +22,11 @@ def register(app: typer.Typer) -> None:
         rank-0 work (writes, result prints, checkpoints, profiler traces) keyed on LOCAL_RANK; downloads by
         global rank 0 only; SLURM_PROCID/SLURM_NTASKS preferred over torchrun's RANK/WORLD_SIZE.  Check Slurm
         batch scripts for torchrun started from the batch shell of a multi-node allocation (not through srun)
-        and torchrun without --node_rank or a rendezvous.  Prints file:line, the mistake and the fix.
+        and torchrun without --node_rank or a rendezvous; any shell script for the node rank expanded before srun,
+        RANK=$SLURM_PROCID under torchrun and a master address that is not node 0's.  Prints file:line, the
+        mistake and the fix.
 
-        Exit status: 0 no findings, 1 findings, 2 bad input (a missing path, a shell script without #SBATCH).
+        Exit status: 0 no findings, 1 findings, 2 bad input (a missing path).
 
         Silence one finding with a `# broker-lint: ignore[KIND]` comment on its line.
         """

@@ -119,8 +119,67 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         else:
             err.print(f"shared directory: {state.shared_dir} ({state.shared_note})", markup=False, highlight=False)
             err.print(f"run a recipe: broker run RECIPE --provider slurm --cluster {state.cluster_id}; "
+                      f"your own sbatch file: broker slurm submit FILE.sh --cluster {state.cluster_id}; "
                       f"remove it: broker slurm down {state.cluster_id}", markup=False, highlight=False)
             console.print(state.cluster_id, highlight=False)
+
+    @slurm.command("submit", short_help="Check your own sbatch file against a cluster, submit it, follow it",
+                   context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+    def submit_cmd(
+        ctx: typer.Context,
+        script: Path = typer.Argument(..., metavar="FILE",
+                                      help="your sbatch file (FILE.sh); its folder is staged with it"),
+        cluster: str = typer.Option(..., "--cluster", "-c", metavar="ID", help="cluster id from `broker slurm up`"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="submit even when a finding says it cannot run as "
+                                 "written"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream the job's output"),
+        as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
+    ) -> None:
+        """Check FILE (your sbatch file) against the cluster's real nodes (each #SBATCH line, the torchrun/srun
+        lines), then stage its folder to the cluster's shared directory, sbatch it (arguments after -- go to the
+        script), stream its --output/--error files and end with Slurm's state, the exit code and a diagnosis.
+
+        Exit status: 0 completed, 1 the job failed (FAILED, TIMEOUT, CANCELLED, ...), 2 refused (a finding means it
+        cannot run as written; --yes submits anyway), 4 Slurm or SSH error, 130 interrupted (the job is cancelled)."""
+        from rich.markup import escape
+
+        from broker.ledger import Ledger
+        from broker.slurmsubmit import format_finding, submit
+        from broker.ui import console, echo_line, err, print_json
+
+        args = [a for a in ctx.args]
+        if args and args[0] == "--":
+            args = args[1:]
+
+        def report(findings) -> None:  # stderr, also with --json: a refusal's reasons are these lines
+            for f in findings:
+                err.print(escape(format_finding(f)), markup=True, highlight=False)
+                _print_fix(f.fix, err)
+            if not findings:
+                err.print(f"{escape(str(script))}: no findings against cluster {escape(cluster)}", markup=True,
+                          highlight=False)
+
+        def say(msg: str) -> None:
+            if not as_json:
+                err.print(f"[dim]slurm submit[/] {escape(msg)}", markup=True, highlight=False)
+
+        out = submit(Ledger(), cluster, script, args, yes=yes, report=report, say=say,
+                     echo=None if (quiet or as_json) else echo_line)
+        if as_json:
+            from dataclasses import asdict
+
+            d = asdict(out)
+            d["log_paths"] = {str(k): str(v) for k, v in out.log_paths.items()}
+            d["files"] = [str(p) for p in out.files]
+            print_json(d)
+        else:
+            code = f"{out.exit_code}:{out.signal or 0}" if out.exit_code is not None else "-"
+            console.print(f"[bold]run {out.run_id}[/]: Slurm job {out.job_id} {out.state}, ExitCode {code} "
+                          f"({out.status}); logs in {escape(str(out.files[0].parent if out.files else ''))}",
+                          highlight=False)
+            for line in out.diagnosis:
+                console.print(escape(line), highlight=False)
+        raise typer.Exit(out.exit_status)
 
     @slurm.command("status", short_help="A cluster's nodes, queue, cost so far and deadline")
     def status_cmd(
@@ -152,6 +211,8 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
             console.print(q)
         else:
             console.print("queue: empty", highlight=False)
+        console.print(f"on a node (`broker ssh {st['cluster_id']} [NODE]`): export SLURM_CONF={st['slurm_conf']}; "
+                      f"or from here: broker exec {st['cluster_id']} -- sinfo -N", markup=False, highlight=False)
         if st["error"]:
             err.print(f"[red]cannot ask the cluster:[/] {st['error']}", markup=True, highlight=False)
 
@@ -192,3 +253,25 @@ def cpu_lint_advice(recipe, state) -> list[str]:
         return []
     return [f"{f.path}:{f.line}: this cluster has CPU nodes only and the script uses nccl with no fallback; "
             f"fix: {FIXES['nccl-no-fallback']}" for f in findings if f.kind == "nccl-no-fallback"]
+
+
+def _print_fix(fix: str, out) -> None:
+    """``    fix: PROSE`` with each `backticked` snippet verbatim on a line of its own (meant to be copied)."""
+    import re
+
+    from rich.markup import escape
+
+    parts = re.split(r"`([^`]+)`", fix)
+    first = True
+    for i, part in enumerate(parts):
+        text = " ".join(part.split()).strip(" ;,") if i % 2 == 0 else part
+        if not text:
+            continue
+        lead = "    fix: " if first else "      "
+        first = False
+        if i % 2 == 0:
+            out.print(lead + escape(text), highlight=False)
+        else:
+            if lead.strip():
+                out.print(lead.rstrip(), highlight=False)
+            out.verbatim("        " + text) if hasattr(out, "verbatim") else out.print("        " + escape(text))
