@@ -86,26 +86,79 @@ class NodeHandle(Protocol):
         """Terminate the node's processes: SIGTERM, then SIGKILL after ``grace_s``.  Idempotent."""
 
 
+#: bytes read from a node's output at a time, and the pipe size asked for (Linux ``F_SETPIPE_SZ``; 1 MiB is the
+#: default most an unprivileged process may set): a rank printing fast fills a 64 KiB pipe in about a millisecond
+READ_CHUNK = 1 << 20
+#: after a read shorter than this, the reader waits :data:`BATCH_S` so that a rank printing line by line is read
+#: in blocks of many lines (one wake-up, one log write and one console write per block, not per line)
+SMALL_READ = 1 << 16
+#: the wait of :data:`SMALL_READ`, seconds: the 1 MiB pipe holds far more than a rank prints in that time
+BATCH_S = 0.01
+
+
+def _enlarge_pipe(fd: int) -> bool:
+    """Ask for a :data:`READ_CHUNK` pipe buffer on ``fd``; False where the system refuses (then no batching wait)."""
+    import fcntl
+
+    op = getattr(fcntl, "F_SETPIPE_SZ", 1031 if sys.platform.startswith("linux") else None)
+    if op is None:
+        return False
+    try:
+        return fcntl.fcntl(fd, op, READ_CHUNK) >= READ_CHUNK
+    except OSError:
+        return False
+
+
 class LocalNode:
     """A subprocess on this machine (a node's torchrun, or a setup command), in its own process group so the
-    whole tree can be killed; stdout and stderr merged."""
+    whole tree can be killed; stdout and stderr merged into one pipe, read as raw bytes (:meth:`chunks`)."""
 
     def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
         self.node_rank = node_rank
         self.argv = argv
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
-                                     errors="replace")
+                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+        assert self.proc.stdout is not None
+        self._batch_s = BATCH_S if _enlarge_pipe(self.proc.stdout.fileno()) else 0.0
+
+    def chunks(self) -> Iterable[bytes]:
+        """The node's output as it comes (stdout and stderr merged), in blocks of whole or partial lines, until the
+        process and everything holding its pipe end."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            data = os.read(fd, READ_CHUNK)
+            if not data:
+                return
+            yield data
+            if self._batch_s and len(data) < SMALL_READ:
+                time.sleep(self._batch_s)
 
     def lines(self) -> Iterable[str]:
-        assert self.proc.stdout is not None
-        yield from self.proc.stdout
+        yield from chunk_lines(self.chunks())
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         kill_group(self.proc, grace_s)
+
+
+def chunk_lines(chunks: Iterable[bytes]) -> Iterable[str]:
+    """Text lines (each ending in a newline but maybe the last) of a stream of byte blocks, decoded as UTF-8 with
+    replacement characters for bytes that are not."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    rest = ""
+    for data in chunks:
+        text = rest + dec.decode(data)
+        *whole, rest = text.split("\n")
+        for line in whole:
+            yield line + "\n"
+    rest += dec.decode(b"", final=True)
+    if rest:
+        yield rest
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
@@ -181,10 +234,102 @@ class RunResult:
         return "succeeded with errors" if self.status == "succeeded" and self.error_lines else self.status
 
 
+#: the longest line kept back waiting for its newline (characters): a rank that never ends a line (a progress bar
+#: drawn with carriage returns) is shown in pieces of this size instead of held in memory
+MAX_PARTIAL = 1 << 16
+#: node output waiting for a slow (or paused) terminal, bytes: past this, blocks are dropped from the display (the
+#: node log keeps them) so that a node never waits on broker's console
+MAX_BACKLOG = 32 << 20
+
+
+class _Display:
+    """Node output on its way to the console, written by one thread of its own: the readers of the nodes' pipes
+    never wait on the terminal.  A backlog over :data:`MAX_BACKLOG` bytes is dropped from the display and said in
+    one line once the terminal caught up.  ``echo`` with a ``block(prefix, text)`` method (:data:`broker.ui
+    .echo_line`) gets whole blocks of lines; any other callable gets one ``[node i] line`` call per line."""
+
+    def __init__(self, echo: Callable[[str], None]):
+        import collections
+
+        self.echo = echo
+        self.block = getattr(echo, "block", None)
+        self._q: "collections.deque[tuple[str, str]]" = collections.deque()
+        self._size = 0
+        self._dropped: dict[str, int] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="broker-display", daemon=True)
+        self._thread.start()
+
+    def put(self, prefix: str, text: str) -> None:
+        """Queue ``text`` (whole lines, each ending in a newline) to be shown under ``prefix``; ``prefix`` '' = a
+        line of broker's own."""
+        with self._cv:
+            if self.failed is not None:
+                return
+            if self._size + len(text) > MAX_BACKLOG and prefix:
+                self._dropped[prefix] = self._dropped.get(prefix, 0) + text.count("\n")
+                return
+            self._q.append((prefix, text))
+            self._size += len(text)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._closed:
+                    self._cv.wait()
+                item = self._q.popleft() if self._q else None
+                if item is not None:
+                    self._size -= len(item[1])
+                dropped = {} if self._q else self._dropped  # said once the terminal has caught up
+                if dropped:
+                    self._dropped = {}
+            try:
+                if item is not None:
+                    self._show(*item)
+                for p, n in dropped.items():
+                    self.echo(f"[broker] {n} line(s) of {p.strip()[1:-1]} not shown: the terminal did not keep up "
+                              "(every line is in that node's log)")
+            except BaseException as e:  # noqa: BLE001 - a closed terminal: stop showing, keep draining the nodes
+                with self._cv:
+                    self.failed = e
+                    self._q.clear()
+                return
+            if item is None:
+                return
+
+    def _show(self, prefix: str, text: str) -> None:
+        if not prefix:
+            self.echo(text.rstrip("\n"))
+        elif self.block is not None:
+            self.block(prefix, text)
+        else:
+            for line in text[:-1].split("\n"):
+                self.echo(prefix + line)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Show what is queued (waits at most ``timeout_s`` for the terminal) and end the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout_s)
+
+
+def _node_chunks(node: NodeHandle) -> Iterable[bytes]:
+    chunks = getattr(node, "chunks", None)
+    if chunks is not None:
+        return chunks()
+    return (line.encode("utf-8", "surrogateescape") for line in node.lines())
+
+
 class Supervisor:
     """Streams, logs and supervises a set of nodes until all end, one fails, the deadline passes or Ctrl-C.
 
-    ``echo`` receives each prefixed line for the console (``None`` = quiet).
+    ``echo`` receives each prefixed line for the console (``None`` = quiet); one with a ``block(prefix, text)``
+    method (:data:`broker.ui.echo_line`) receives whole blocks of lines instead.  The node logs get the nodes'
+    raw bytes; the console gets them from a thread of its own (:class:`_Display`).
     """
 
     def __init__(self, log_paths: dict[int, Path], *, echo: Callable[[str], None] | None = print,
@@ -195,21 +340,30 @@ class Supervisor:
         self.poll_s = poll_s
         self._lock = threading.Lock()
         self.log_errors: list[str] = []
+        self._display: _Display | None = None
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
-        """Copy the node's output to its log file and the console.  A log write that fails (a full disk) never
-        stops the draining: a node whose output is not read blocks in its next print."""
+        """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
+        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  A log write that fails (a full
+        disk) never stops the draining: a node whose output is not read blocks in its next print."""
+        import codecs
+
         f = None
         try:
-            f = open(path, "a", encoding="utf-8", errors="replace")
+            f = open(path, "ab", buffering=0)
         except OSError as e:
             self._log_error(node, path, e)
-        for line in node.lines():
-            line = line.rstrip("\n")
+        display = self._display
+        prefix = f"[node {node.node_rank}] "
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        partial, last = "", b"\n"
+        for data in _node_chunks(node):
+            if not data:
+                continue
+            last = data
             if f is not None:
                 try:
-                    f.write(line + "\n")
-                    f.flush()
+                    f.write(data)
                 except OSError as e:
                     self._log_error(node, path, e)
                     try:
@@ -217,11 +371,26 @@ class Supervisor:
                     except OSError:
                         pass
                     f = None
-            if self.echo is not None:
-                with self._lock:
-                    self.echo(f"[node {node.node_rank}] {line}")
+            if display is None:
+                continue
+            text = partial + dec.decode(data)
+            cut = text.rfind("\n") + 1
+            if cut:
+                display.put(prefix, text[:cut])
+                partial = text[cut:]
+            else:
+                partial = text
+            if len(partial) > MAX_PARTIAL:
+                display.put(prefix, partial + "\n")
+                partial = ""
+        if display is not None:
+            partial += dec.decode(b"", final=True)
+            if partial:
+                display.put(prefix, partial + "\n")
         if f is not None:
             try:
+                if not last.endswith(b"\n"):  # later lines (broker's own, the next command's) start on their own
+                    f.write(b"\n")
                 f.close()
             except OSError:
                 pass
@@ -229,13 +398,16 @@ class Supervisor:
     def _log_error(self, node: NodeHandle, path: Path, e: OSError) -> None:
         msg = f"cannot write node {node.node_rank}'s log {path}: {e.strerror or e} (filesystem full?); still streaming"
         self.log_errors.append(msg)
-        if self.echo is not None:
+        if self._display is not None:
+            self._display.put("", f"[broker] {msg}\n")
+        elif self.echo is not None:
             with self._lock:
                 self.echo(f"[broker] {msg}")
 
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
+        self._display = _Display(self.echo) if self.echo is not None else None
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
                  for n in nodes]
         for t in pumps:
@@ -263,6 +435,9 @@ class Supervisor:
             self.stop_all(nodes)
             for t in pumps:
                 t.join(timeout=5)
+            if self._display is not None:
+                self._display.close()
+                self._display = None
         codes = {n.node_rank: n.poll() for n in nodes}
         return RunResult(status=status, exit_codes=codes, wall_s=time.monotonic() - t0, log_paths=self.log_paths,
                          reason=reason, failed_node=failed)
