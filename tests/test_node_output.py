@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -283,3 +284,47 @@ def test_broker_logs_strips_controls_and_v_shows_them(cli_env, tmp_path):
     assert shown.returncode == 0 and "visible text é中\tend" in shown.stdout and "\x1b" not in shown.stdout
     verbose = cli("-v", "logs", run_id)
     assert "\\x1b]0;owned title\\x07\\x1b[2Kvisible text" in verbose.stdout and "\x1b" not in verbose.stdout
+
+
+# --------------------------------------------------------------------------------------------------- this machine as a node
+@pytest.fixture
+def local_node(tmp_path):
+    """An SSHCluster whose node 0 is this machine (a hybrid run's node 0: broker.localconn), and its work folder."""
+    from broker.remote import SSHCluster
+
+    cluster = Cluster(run_id="r2", provider="netns", topology=TopologyKind.hybrid, python=sys.executable,
+                      workroot=str(tmp_path / "root"),
+                      nodes=[ClusterNode(node_rank=0, host="127.0.0.1", private_ip="127.0.0.1", local=True)])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ssh = SSHCluster(cluster, run_dir=run_dir)
+    work = Path(ssh.work(0))
+    work.mkdir(parents=True)
+    try:
+        yield ssh, work, run_dir
+    finally:
+        ssh.close()
+
+
+def test_this_machine_as_a_node_gets_the_same_artifact_checks(local_node, tmp_path):
+    ssh, work, run_dir = local_node
+    (tmp_path / "secret").write_text("s3cr3t\n")
+    (work / "leak.txt").symlink_to(tmp_path / "secret")
+    (work / "model.pt").write_bytes(b"weights")
+    res = _collect(ssh, run_dir, patterns=["*.txt", "*.pt"])
+    assert _files(run_dir / "artifacts" / "node0") == ["model.pt"]
+    assert res.status == "failed" and "'leak.txt' (a symlink to " in res.reason
+
+
+def test_remote_node_output_is_logged_raw_and_shown_clean(local_node, capsys):
+    from broker.remote import RemoteNode
+    from broker.ui import echo_line
+
+    ssh, work, run_dir = local_node
+    log = run_dir / "node0.log"
+    node = RemoteNode(ssh, 0, f"{shlex.quote(sys.executable)} -c {shlex.quote(OSC_CSI)}")
+    res = Supervisor({0: log}, echo=echo_line, grace_s=1.0).run([node], deadline_s=60)
+    assert res.status == "succeeded"
+    out = capsys.readouterr().out
+    assert "[node 0] visible text é中\tend\n" in out and "\x1b" not in out
+    assert b"\x1b]0;owned title\x07\x1b[2Kvisible text \xc3\xa9" in log.read_bytes()
