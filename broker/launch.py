@@ -244,14 +244,14 @@ MAX_BACKLOG = 32 << 20
 class _Display:
     """Node output on its way to the console, written by one thread of its own: the readers of the nodes' pipes
     never wait on the terminal.  A backlog over :data:`MAX_BACKLOG` bytes is dropped from the display and said in
-    one line once the terminal caught up.  ``echo`` with a ``block(prefix, text)`` method (:data:`broker.ui
-    .echo_line`) gets whole blocks of lines; any other callable gets one ``[node i] line`` call per line."""
+    one line once the terminal caught up.  ``echo()`` gives the console callable at the time of each block: one
+    with a ``block(prefix, text)`` method (:data:`broker.ui.echo_line`) gets whole blocks of lines; any other gets
+    one ``[node i] line`` call per line; None shows nothing."""
 
-    def __init__(self, echo: Callable[[str], None]):
+    def __init__(self, echo: "Callable[[], Callable[[str], None] | None]"):
         import collections
 
-        self.echo = echo
-        self.block = getattr(echo, "block", None)
+        self._echo = echo  # looked up for each block: the supervisor may swap its echo while nodes are stopped
         self._q: "collections.deque[tuple[str, str]]" = collections.deque()
         self._size = 0
         self._dropped: dict[str, int] = {}
@@ -289,8 +289,8 @@ class _Display:
                 if item is not None:
                     self._show(*item)
                 for p, n in dropped.items():
-                    self.echo(f"[broker] {n} line(s) of {p.strip()[1:-1]} not shown: the terminal did not keep up "
-                              "(every line is in that node's log)")
+                    self._show("", f"[broker] {n} line(s) of {p.strip()[1:-1]} not shown: the terminal did not keep "
+                               "up (every line is in that node's log)")
             except BaseException as e:  # noqa: BLE001 - a closed terminal: stop showing, keep draining the nodes
                 with self._cv:
                     self.failed = e
@@ -300,13 +300,17 @@ class _Display:
                 return
 
     def _show(self, prefix: str, text: str) -> None:
+        echo = self._echo()
+        if echo is None:
+            return
+        block = getattr(echo, "block", None)
         if not prefix:
-            self.echo(text.rstrip("\n"))
-        elif self.block is not None:
-            self.block(prefix, text)
+            echo(text.rstrip("\n"))
+        elif block is not None:
+            block(prefix, text)
         else:
             for line in text[:-1].split("\n"):
-                self.echo(prefix + line)
+                echo(prefix + line)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Show what is queued (waits at most ``timeout_s`` for the terminal) and end the thread."""
@@ -317,9 +321,10 @@ class _Display:
 
 
 def _node_chunks(node: NodeHandle) -> Iterable[bytes]:
-    chunks = getattr(node, "chunks", None)
-    if chunks is not None:
-        return chunks()
+    """The node's raw output blocks: its own ``chunks()`` where its class has one, else its ``lines()`` encoded
+    (a wrapper that forwards other attributes but times ``lines()`` keeps working)."""
+    if getattr(type(node), "chunks", None) is not None:
+        return node.chunks()  # type: ignore[attr-defined]
     return (line.encode("utf-8", "surrogateescape") for line in node.lines())
 
 
@@ -406,7 +411,7 @@ class Supervisor:
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
-        self._display = _Display(self.echo) if self.echo is not None else None
+        self._display = _Display(lambda: self.echo) if self.echo is not None else None
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
                  for n in nodes]
         for t in pumps:

@@ -328,3 +328,28 @@ def test_remote_node_output_is_logged_raw_and_shown_clean(local_node, capsys):
     out = capsys.readouterr().out
     assert "[node 0] visible text é中\tend\n" in out and "\x1b" not in out
     assert b"\x1b]0;owned title\x07\x1b[2Kvisible text \xc3\xa9" in log.read_bytes()
+
+
+def test_a_terminal_that_does_not_keep_up_never_stalls_the_node(tmp_path, monkeypatch):
+    """The console is written by its own thread; past the backlog cap lines are dropped from the display (and
+    said), never from the log, and the node is never made to wait."""
+    import time
+
+    from broker import launch
+
+    monkeypatch.setattr(launch, "MAX_BACKLOG", 512)
+    shown: list[str] = []
+
+    def slow_terminal(line: str) -> None:
+        time.sleep(0.05)
+        shown.append(line)
+
+    code = "for i in range(20000): print(f'line {i}', flush=True)\nprint('LAST', flush=True)"
+    log = tmp_path / "node0.log"
+    node = LocalNode(0, [sys.executable, "-c", code], dict(os.environ), tmp_path)
+    res = Supervisor({0: log}, echo=slow_terminal, grace_s=1.0).run([node], deadline_s=120)
+    assert res.status == "succeeded"
+    text = log.read_text()
+    assert text.count("\n") == 20001 and text.endswith("line 19999\nLAST\n")  # the log has every line
+    assert len(shown) < 20001
+    assert any(s.startswith("[broker] ") and "line(s) of node 0 not shown" in s for s in shown)
