@@ -353,3 +353,29 @@ def test_a_terminal_that_does_not_keep_up_never_stalls_the_node(tmp_path, monkey
     assert text.count("\n") == 20001 and text.endswith("line 19999\nLAST\n")  # the log has every line
     assert len(shown) < 20001
     assert any(s.startswith("[broker] ") and "line(s) of node 0 not shown" in s for s in shown)
+
+
+def test_slurm_login_node_artifacts_are_resolved_there_and_capped(tmp_path):
+    """``--slurm-host``: the login node resolves each artifact (realpath) before it is read, and no more than the
+    cap is ever read (the shell runs here, as ssh would run it there)."""
+    from types import SimpleNamespace
+
+    from broker.providers.slurm import Shell
+    from broker.slurm import SlurmExecutor
+
+    work = tmp_path / "job"
+    work.mkdir()
+    (work / "ckpt.pt").write_bytes(b"w" * 100)
+    (work / "big.pt").write_bytes(b"b" * 5000)
+    (work / "hosts").symlink_to("/etc/hosts")
+    ex = SimpleNamespace(work=str(work), sh=Shell())
+    root = tmp_path / "artifacts" / "node0"
+    budget = ArtifactBudget(per_file=1000, total=1 << 20)
+    assert SlurmExecutor._fetch_remote(ex, "ckpt.pt", root, budget) is True
+    assert (root / "ckpt.pt").read_bytes() == b"w" * 100
+    assert SlurmExecutor._fetch_remote(ex, "missing.pt", root, budget) is False
+    with pytest.raises(RefusedArtifact, match="a symlink to /etc/hosts, outside the job folder"):
+        SlurmExecutor._fetch_remote(ex, "hosts", root, budget)
+    with pytest.raises(RefusedArtifact, match="over the 1000 bytes cap"):
+        SlurmExecutor._fetch_remote(ex, "big.pt", root, budget)
+    assert sorted(p.name for p in root.iterdir()) == ["ckpt.pt"]
