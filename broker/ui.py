@@ -164,15 +164,37 @@ def show_controls(on: bool) -> None:
     _show_controls = bool(on)
 
 
+#: what may follow an ESC, anchored (the ESC branch of ``_CONTROLS``, for text split at each ESC)
+_ESC_TAIL = re.compile(r"\[[0-?]*[ -/]*[@-~]?|[\]PX^_][^\x07\x1b\x9c\n]*(?:\x07|\x9c)?|[ -/]*[0-~]?")
+#: UTF-8 bytes that are never a C0 control or DEL (the fast check's table)
+_NOT_C0 = bytes(range(0x20, 0x7F)) + b"\t\n" + bytes(range(0x80, 0x100))
+_C1 = re.compile(r"[\x80-\x9f]")
+
+
 def strip_controls(text: str) -> str:
     """``text`` without control sequences and control characters (see ``_CONTROLS``), newlines and tabs kept, every
     printable character (any script, emoji) kept; of a line with carriage returns (progress bars) what the terminal
-    would end up showing: the text after the last one."""
-    if _ANY_CONTROL.search(text) is None:
+    would end up showing: the text after the last one.
+
+    The same as ``_CONTROLS.sub("", text)`` (after the carriage returns), done with byte-level scans: a block of
+    thousands of lines with an escape sequence now and then costs about 0.1 us a line instead of 1."""
+    data = text.encode("utf-8", "surrogatepass")
+    c0 = data.translate(None, _NOT_C0)
+    if b"\xc2" in data and _C1.search(text) is not None:  # C1 controls (U+0080..U+009F): the plain way
+        if "\r" in text:
+            text = _OVERWRITTEN.sub("", text)
+        return _CONTROLS.sub("", text)
+    if not c0:
         return text
-    if "\r" in text:
+    if b"\r" in c0:
         text = _OVERWRITTEN.sub("", text)
-    return _CONTROLS.sub("", text)
+    if b"\x1b" in c0:
+        head, *parts = text.split("\x1b")
+        text = head + "".join(p[_ESC_TAIL.match(p).end():] for p in parts)  # type: ignore[union-attr]
+    for c in set(c0.decode("ascii")) - {"\x1b"}:
+        if c in text:
+            text = text.replace(c, "")
+    return text
 
 
 def visible_controls(text: str) -> str:

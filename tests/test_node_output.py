@@ -252,6 +252,22 @@ def test_strip_and_show_controls():
     assert visible_controls("\x1b]0;t\x07x\ty\n") == "\\x1b]0;t\\x07x\ty\n"
 
 
+def test_the_fast_strip_is_the_regex_strip():
+    """strip_controls' byte-level fast path removes exactly what the one regex (``_CONTROLS``) does."""
+    import random
+
+    from broker import ui
+
+    def by_regex(t: str) -> str:
+        return ui._CONTROLS.sub("", ui._OVERWRITTEN.sub("", t) if "\r" in t else t)
+
+    alphabet = list("ab \t\n\r\x1b[]PX^_0;2Km\x07\\\x9c\x9b\x9d\x00\x7f(B?/~@") + ["\u00e9", "\u00b0", "\u4e2d"]
+    rng = random.Random(7)
+    for _ in range(20000):
+        t = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 24)))
+        assert ui.strip_controls(t) == by_regex(t), repr(t)
+
+
 def test_streamed_node_lines_reach_the_terminal_without_control_sequences(tmp_path, capsys):
     from broker.ui import echo_line
 
