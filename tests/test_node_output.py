@@ -395,3 +395,22 @@ def test_slurm_login_node_artifacts_are_resolved_there_and_capped(tmp_path):
     with pytest.raises(RefusedArtifact, match="over the 1000 bytes cap"):
         SlurmExecutor._fetch_remote(ex, "big.pt", root, budget)
     assert sorted(p.name for p in root.iterdir()) == ["ckpt.pt"]
+
+
+def test_a_failing_rank_s_error_with_escapes_reaches_neither_summary_nor_status_raw(cli_env, tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "t.py").write_text("raise RuntimeError('\\x1b]0;owned\\x07\\x1b[2Kdisk on fire')\n")
+    (d / "r.yaml").write_text("name: esc\nscript: t.py\nnodes: 1\ncpu_ok: true\nmax_hours: 0.1\n")
+
+    def cli(*args):
+        return subprocess.run(broker_cmd(*args), cwd=REPO, env=cli_env, capture_output=True, text=True,
+                              timeout=300, stdin=subprocess.DEVNULL)
+
+    p = cli("run", str(d / "r.yaml"), "--provider", "local")
+    assert p.returncode == 1
+    assert "disk on fire" in p.stdout and "\x1b" not in p.stdout + p.stderr
+    run_id = next(ln.split()[1].rstrip(":") for ln in p.stdout.splitlines() if ln.startswith("run "))
+    st = cli("status", run_id, "--no-refresh")
+    assert st.returncode == 0, st.stderr
+    assert "\x1b" not in st.stdout
