@@ -414,3 +414,15 @@ def test_a_failing_rank_s_error_with_escapes_reaches_neither_summary_nor_status_
     st = cli("status", run_id, "--no-refresh")
     assert st.returncode == 0, st.stderr
     assert "\x1b" not in st.stdout
+
+
+def test_broker_logs_follow_strips_controls_too(tmp_path):
+    import io
+
+    from broker.commands.day2 import follow_log
+
+    log = tmp_path / "node0.log"
+    log.write_bytes(b"\x1b]0;owned\x07\x1b[2Kstep 1\n\x1b[31mred\x1b[0m\n")
+    out = io.StringIO()
+    follow_log(type("NoRun", (), {"get_run": lambda self, rid: None})(), "r", log, out=out, poll_s=0.01)
+    assert out.getvalue() == "step 1\nred\n"
