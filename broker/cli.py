@@ -102,6 +102,8 @@ def reset_logging() -> None:
     logger.setLevel(logging.NOTSET)
     logger.propagate = True
     _log_handler = None
+    if "broker.ui" in sys.modules:  # -v also showed node output's control characters as text
+        sys.modules["broker.ui"].show_controls(False)
 
 
 def _root(
@@ -112,6 +114,9 @@ def _root(
 ) -> None:
     if verbose:
         setup_logging(verbose)
+        from broker.ui import show_controls
+
+        show_controls(True)  # node output shows its control characters as text (ESC as \x1b), never raw
 
 
 #: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every

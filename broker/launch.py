@@ -22,7 +22,6 @@ import fnmatch
 import os
 import re
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 from broker.executor import Executor, run_steps
 
@@ -89,26 +88,79 @@ class NodeHandle(Protocol):
         """Terminate the node's processes: SIGTERM, then SIGKILL after ``grace_s``.  Idempotent."""
 
 
+#: bytes read from a node's output at a time, and the pipe size asked for (Linux ``F_SETPIPE_SZ``; 1 MiB is the
+#: default most an unprivileged process may set): a rank printing fast fills a 64 KiB pipe in about a millisecond
+READ_CHUNK = 1 << 20
+#: after a read shorter than this, the reader waits :data:`BATCH_S` so that a rank printing line by line is read
+#: in blocks of many lines (one wake-up, one log write and one console write per block, not per line)
+SMALL_READ = 1 << 16
+#: the wait of :data:`SMALL_READ`, seconds: the 1 MiB pipe holds far more than a rank prints in that time
+BATCH_S = 0.01
+
+
+def _enlarge_pipe(fd: int) -> bool:
+    """Ask for a :data:`READ_CHUNK` pipe buffer on ``fd``; False where the system refuses (then no batching wait)."""
+    import fcntl
+
+    op = getattr(fcntl, "F_SETPIPE_SZ", 1031 if sys.platform.startswith("linux") else None)
+    if op is None:
+        return False
+    try:
+        return fcntl.fcntl(fd, op, READ_CHUNK) >= READ_CHUNK
+    except OSError:
+        return False
+
+
 class LocalNode:
     """A subprocess on this machine (a node's torchrun, or a setup command), in its own process group so the
-    whole tree can be killed; stdout and stderr merged."""
+    whole tree can be killed; stdout and stderr merged into one pipe, read as raw bytes (:meth:`chunks`)."""
 
     def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
         self.node_rank = node_rank
         self.argv = argv
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True, bufsize=1,
-                                     errors="replace")
+                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+        assert self.proc.stdout is not None
+        self._batch_s = BATCH_S if _enlarge_pipe(self.proc.stdout.fileno()) else 0.0
+
+    def chunks(self) -> Iterable[bytes]:
+        """The node's output as it comes (stdout and stderr merged), in blocks of whole or partial lines, until the
+        process and everything holding its pipe end."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while True:
+            data = os.read(fd, READ_CHUNK)
+            if not data:
+                return
+            yield data
+            if self._batch_s and len(data) < SMALL_READ:
+                time.sleep(self._batch_s)
 
     def lines(self) -> Iterable[str]:
-        assert self.proc.stdout is not None
-        yield from self.proc.stdout
+        yield from chunk_lines(self.chunks())
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         kill_group(self.proc, grace_s)
+
+
+def chunk_lines(chunks: Iterable[bytes]) -> Iterable[str]:
+    """Text lines (each ending in a newline but maybe the last) of a stream of byte blocks, decoded as UTF-8 with
+    replacement characters for bytes that are not."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    rest = ""
+    for data in chunks:
+        text = rest + dec.decode(data)
+        *whole, rest = text.split("\n")
+        for line in whole:
+            yield line + "\n"
+    rest += dec.decode(b"", final=True)
+    if rest:
+        yield rest
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
@@ -184,10 +236,107 @@ class RunResult:
         return "succeeded with errors" if self.status == "succeeded" and self.error_lines else self.status
 
 
+#: the longest line kept back waiting for its newline (characters): a rank that never ends a line (a progress bar
+#: drawn with carriage returns) is shown in pieces of this size instead of held in memory
+MAX_PARTIAL = 1 << 16
+#: node output waiting for a slow (or paused) terminal, bytes: past this, blocks are dropped from the display (the
+#: node log keeps them) so that a node never waits on broker's console
+MAX_BACKLOG = 32 << 20
+
+
+class _Display:
+    """Node output on its way to the console, written by one thread of its own: the readers of the nodes' pipes
+    never wait on the terminal.  A backlog over :data:`MAX_BACKLOG` bytes is dropped from the display and said in
+    one line once the terminal caught up.  ``echo()`` gives the console callable at the time of each block: one
+    with a ``block(prefix, text)`` method (:data:`broker.ui.echo_line`) gets whole blocks of lines; any other gets
+    one ``[node i] line`` call per line; None shows nothing."""
+
+    def __init__(self, echo: "Callable[[], Callable[[str], None] | None]"):
+        import collections
+
+        self._echo = echo  # looked up for each block: the supervisor may swap its echo while nodes are stopped
+        self._q: "collections.deque[tuple[str, str]]" = collections.deque()
+        self._size = 0
+        self._dropped: dict[str, int] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="broker-display", daemon=True)
+        self._thread.start()
+
+    def put(self, prefix: str, text: str) -> None:
+        """Queue ``text`` (whole lines, each ending in a newline) to be shown under ``prefix``; ``prefix`` '' = a
+        line of broker's own."""
+        with self._cv:
+            if self.failed is not None:
+                return
+            if self._size + len(text) > MAX_BACKLOG and prefix:
+                self._dropped[prefix] = self._dropped.get(prefix, 0) + text.count("\n")
+                return
+            self._q.append((prefix, text))
+            self._size += len(text)
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._closed:
+                    self._cv.wait()
+                item = self._q.popleft() if self._q else None
+                if item is not None:
+                    self._size -= len(item[1])
+                dropped = {} if self._q else self._dropped  # said once the terminal has caught up
+                if dropped:
+                    self._dropped = {}
+            try:
+                if item is not None:
+                    self._show(*item)
+                for p, n in dropped.items():
+                    self._show("", f"[broker] {n} line(s) of {p.strip()[1:-1]} not shown: the terminal did not keep "
+                               "up (every line is in that node's log)")
+            except BaseException as e:  # noqa: BLE001 - a closed terminal: stop showing, keep draining the nodes
+                with self._cv:
+                    self.failed = e
+                    self._q.clear()
+                return
+            if item is None:
+                return
+
+    def _show(self, prefix: str, text: str) -> None:
+        echo = self._echo()
+        if echo is None:
+            return
+        block = getattr(echo, "block", None)
+        if not prefix:
+            echo(text.rstrip("\n"))
+        elif block is not None:
+            block(prefix, text)
+        else:
+            for line in text[:-1].split("\n"):
+                echo(prefix + line)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Show what is queued (waits at most ``timeout_s`` for the terminal) and end the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout_s)
+
+
+def _node_chunks(node: NodeHandle) -> Iterable[bytes]:
+    """The node's raw output blocks: its own ``chunks()`` where its class has one, else its ``lines()`` encoded
+    (a wrapper that forwards other attributes but times ``lines()`` keeps working)."""
+    if getattr(type(node), "chunks", None) is not None:
+        return node.chunks()  # type: ignore[attr-defined]
+    return (line.encode("utf-8", "surrogateescape") for line in node.lines())
+
+
 class Supervisor:
     """Streams, logs and supervises a set of nodes until all end, one fails, the deadline passes or Ctrl-C.
 
-    ``echo`` receives each prefixed line for the console (``None`` = quiet).
+    ``echo`` receives each prefixed line for the console (``None`` = quiet); one with a ``block(prefix, text)``
+    method (:data:`broker.ui.echo_line`) receives whole blocks of lines instead.  The node logs get the nodes'
+    raw bytes; the console gets them from a thread of its own (:class:`_Display`).
     """
 
     def __init__(self, log_paths: dict[int, Path], *, echo: Callable[[str], None] | None = print,
@@ -198,21 +347,30 @@ class Supervisor:
         self.poll_s = poll_s
         self._lock = threading.Lock()
         self.log_errors: list[str] = []
+        self._display: _Display | None = None
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
-        """Copy the node's output to its log file and the console.  A log write that fails (a full disk) never
-        stops the draining: a node whose output is not read blocks in its next print."""
+        """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
+        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  A log write that fails (a full
+        disk) never stops the draining: a node whose output is not read blocks in its next print."""
+        import codecs
+
         f = None
         try:
-            f = open(path, "a", encoding="utf-8", errors="replace")
+            f = open(path, "ab", buffering=0)
         except OSError as e:
             self._log_error(node, path, e)
-        for line in node.lines():
-            line = line.rstrip("\n")
+        display = self._display
+        prefix = f"[node {node.node_rank}] "
+        dec = codecs.getincrementaldecoder("utf-8")("replace")
+        partial, last = "", b"\n"
+        for data in _node_chunks(node):
+            if not data:
+                continue
+            last = data
             if f is not None:
                 try:
-                    f.write(line + "\n")
-                    f.flush()
+                    f.write(data)
                 except OSError as e:
                     self._log_error(node, path, e)
                     try:
@@ -220,11 +378,26 @@ class Supervisor:
                     except OSError:
                         pass
                     f = None
-            if self.echo is not None:
-                with self._lock:
-                    self.echo(f"[node {node.node_rank}] {line}")
+            if display is None:
+                continue
+            text = partial + dec.decode(data)
+            cut = text.rfind("\n") + 1
+            if cut:
+                display.put(prefix, text[:cut])
+                partial = text[cut:]
+            else:
+                partial = text
+            if len(partial) > MAX_PARTIAL:
+                display.put(prefix, partial + "\n")
+                partial = ""
+        if display is not None:
+            partial += dec.decode(b"", final=True)
+            if partial:
+                display.put(prefix, partial + "\n")
         if f is not None:
             try:
+                if not last.endswith(b"\n"):  # later lines (broker's own, the next command's) start on their own
+                    f.write(b"\n")
                 f.close()
             except OSError:
                 pass
@@ -232,13 +405,16 @@ class Supervisor:
     def _log_error(self, node: NodeHandle, path: Path, e: OSError) -> None:
         msg = f"cannot write node {node.node_rank}'s log {path}: {e.strerror or e} (filesystem full?); still streaming"
         self.log_errors.append(msg)
-        if self.echo is not None:
+        if self._display is not None:
+            self._display.put("", f"[broker] {msg}\n")
+        elif self.echo is not None:
             with self._lock:
                 self.echo(f"[broker] {msg}")
 
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
+        self._display = _Display(lambda: self.echo) if self.echo is not None else None
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
                  for n in nodes]
         for t in pumps:
@@ -266,6 +442,9 @@ class Supervisor:
             self.stop_all(nodes)
             for t in pumps:
                 t.join(timeout=5)
+            if self._display is not None:
+                self._display.close()
+                self._display = None
         codes = {n.node_rank: n.poll() for n in nodes}
         return RunResult(status=status, exit_codes=codes, wall_s=time.monotonic() - t0, log_paths=self.log_paths,
                          reason=reason, failed_node=failed)
@@ -534,14 +713,12 @@ class LocalExecutor(Executor):
         if not self.spec.artifacts:
             return
         found: dict[int, list[str]] = {}
+        refused: dict[int, list[str]] = {}
+        budget = ArtifactBudget()
         for i, d in enumerate(self.dirs):
-            names = match_artifacts(d, self.spec.artifacts)
-            for rel in names:
-                dst = self.run_dir / "artifacts" / f"node{i}" / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(d / rel, dst)
-            found[i] = names
-        record_artifacts(result, self.spec.artifacts, found, self.run_dir, self.echo)
+            found[i], refused[i] = collect_local(d, self.spec.artifacts, self.run_dir / "artifacts" / f"node{i}",
+                                                 budget, node=i)
+        record_artifacts(result, self.spec.artifacts, found, self.run_dir, self.echo, refused)
 
     def finish(self, result: RunResult) -> RunResult:
         result.wall_s = time.monotonic() - self.t0
@@ -556,6 +733,108 @@ def run_local(spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], Non
 
 
 # --------------------------------------------------------------------------------------------------- artifacts
+# A node is input, not authority: the names it sends back and the files behind them are checked before anything is
+# written here.  Names must be relative, without ``..``, and land inside ``<run>/artifacts/node<i>/``; a file must
+# be a regular file inside the node's work folder (a symlink out of it is refused); sizes are bounded.
+
+#: the most one artifact may hold (GiB), all the artifacts of a run together (GiB), and how many files one node
+#: may send back; the environment (never a folder's ``.env``) may raise the first two
+ARTIFACT_MAX_GIB = 20.0
+ARTIFACTS_MAX_GIB = 100.0
+ARTIFACT_MAX_FILES = 10_000
+GIB = 1 << 30
+
+
+class RefusedArtifact(ValueError):
+    """An artifact broker will not collect; the message says why (the name is the caller's to add)."""
+
+
+def _gib_setting(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        v = float(raw) if raw else default
+    except ValueError:
+        return default
+    return v if v > 0 else default
+
+
+@dataclass
+class ArtifactBudget:
+    """The size bounds of one run's artifact collection (bytes), and what was collected so far."""
+
+    per_file: int = field(default_factory=lambda: int(_gib_setting("BROKER_ARTIFACT_MAX_GIB", ARTIFACT_MAX_GIB) * GIB))
+    total: int = field(default_factory=lambda: int(_gib_setting("BROKER_ARTIFACTS_MAX_GIB", ARTIFACTS_MAX_GIB) * GIB))
+    max_files: int = ARTIFACT_MAX_FILES
+    used: int = 0
+
+    def check(self, size: int) -> None:
+        """Raises RefusedArtifact when a file of ``size`` bytes is over a cap (given what was collected)."""
+        if size > self.per_file:
+            raise RefusedArtifact(f"{_size(size)} is over the {_size(self.per_file)} cap for one artifact "
+                                  "(BROKER_ARTIFACT_MAX_GIB raises it)")
+        if self.used + size > self.total:
+            raise RefusedArtifact(f"{_size(size)} would bring the run's artifacts over the {_size(self.total)} cap "
+                                  "for all of them (BROKER_ARTIFACTS_MAX_GIB raises it)")
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n / div:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def artifact_destination(root: Path, name: object) -> Path:
+    """Where the artifact ``name`` (a path relative to a node's work folder, as the node sent it back) goes under
+    ``root`` (``<run>/artifacts/node<i>``).  Raises RefusedArtifact for a name that is not a string, is empty, holds
+    control characters, is absolute, climbs out with ``..``, or resolves outside ``root`` (a symlink there)."""
+    if not isinstance(name, str) or not name.strip():
+        raise RefusedArtifact("not a file name")
+    if any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in name):
+        raise RefusedArtifact("the name holds control characters")
+    if name.startswith("/") or Path(name).is_absolute():
+        raise RefusedArtifact("an absolute path: artifacts are paths relative to the node's work folder")
+    parts = Path(name).parts
+    if ".." in parts:
+        raise RefusedArtifact("the name climbs out of the work folder with '..'")
+    parts = tuple(p for p in parts if p != ".")
+    if not parts:
+        raise RefusedArtifact("not a file name")
+    dst = root.joinpath(*parts)
+    base = os.path.realpath(root)
+    if not os.path.realpath(dst).startswith(base.rstrip("/") + "/"):
+        raise RefusedArtifact(f"it would be written outside {root}")
+    return dst
+
+
+def open_artifact(dst: Path) -> "Any":
+    """A new file at ``dst`` for writing (binary, mode 0600), never through a symlink; its folders are created."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def write_capped(dst: Path, chunks: "Iterable[bytes]", budget: ArtifactBudget) -> int:
+    """Write ``chunks`` to the new file ``dst`` (:func:`open_artifact`) within ``budget`` (counted as it comes: a
+    file may grow, or its size be misreported); returns the bytes written.  Over a cap the partial file is removed
+    and RefusedArtifact raised."""
+    got = 0
+    try:
+        with open_artifact(dst) as out:
+            for data in chunks:
+                got += len(data)
+                budget.check(got)
+                out.write(data)
+    except BaseException:
+        try:
+            os.unlink(dst)
+        except OSError:
+            pass
+        raise
+    budget.used += got
+    return got
+
+
 def match_artifacts(workdir: Path, patterns: list[str]) -> list[str]:
     """Files under ``workdir`` matching the recipe's ``artifacts`` globs (``**`` allowed), relative paths, sorted.
     Patterns that are absolute or climb out with ``..`` match nothing."""
@@ -564,19 +843,54 @@ def match_artifacts(workdir: Path, patterns: list[str]) -> list[str]:
         if Path(pat).is_absolute() or ".." in Path(pat).parts:
             continue
         for p in workdir.glob(pat):
-            if p.is_file():
+            if p.is_file() or p.is_symlink():
                 out.add(p.relative_to(workdir).as_posix())
     return sorted(out)
 
 
+def collect_local(workdir: Path, patterns: list[str], root: Path, budget: ArtifactBudget,
+                  node: int = 0) -> tuple[list[str], list[str]]:
+    """Copy the files of ``workdir`` that match ``patterns`` (on this machine) into ``root`` within ``budget``;
+    returns (names collected, ``'name' (why)`` for each one refused: a symlink out of ``workdir``, not a regular
+    file, over a size cap)."""
+    got, refused = [], []
+    base = os.path.realpath(workdir).rstrip("/") + "/"
+    for rel in match_artifacts(workdir, patterns):
+        try:
+            dst = artifact_destination(root, rel)
+            real = os.path.realpath(workdir / rel)
+            if not real.startswith(base):
+                raise RefusedArtifact(f"a symlink to {real}, outside node {node}'s work folder")
+            if not os.path.isfile(real):
+                raise RefusedArtifact("not a regular file")
+            if len(got) >= budget.max_files:
+                raise RefusedArtifact(f"more than {budget.max_files} files")
+            budget.check(os.stat(real).st_size)
+
+            def _read(path: str = real) -> Iterable[bytes]:
+                with open(path, "rb") as f:
+                    while data := f.read(READ_CHUNK):
+                        yield data
+
+            write_capped(dst, _read(), budget)
+            got.append(rel)
+        except RefusedArtifact as e:
+            refused.append(f"{rel!r} ({e})")
+    return got, refused
+
+
 def record_artifacts(result: RunResult, patterns: list[str], found: dict[int, list[str]], run_dir: Path,
-                     echo: Callable[[str], None] | None) -> None:
+                     echo: Callable[[str], None] | None, refused: dict[int, list[str]] | None = None) -> None:
     """Log what was collected from each node into ``run_dir/artifacts/node<i>/`` (in rank 0's log and on the
-    console); a pattern that no node produced fails a succeeded run with that name (issue 13 item 5)."""
+    console); a pattern that no node produced fails a succeeded run with that name (issue 13 item 5); an artifact
+    broker refused (``refused``: node -> ``'name' (why)``) fails the run and is named in its reason."""
     lines = []
     for i, names in sorted(found.items()):
         if names:
             lines.append(f"artifacts from node {i}: {', '.join(names)} -> {run_dir / 'artifacts' / f'node{i}'}")
+    bad = [f"node {i}: {r}" for i, rs in sorted((refused or {}).items()) for r in rs]
+    for b in bad:
+        lines.append(f"artifact refused, nothing written for it: {b}")
     missing = []
     for pat in patterns:
         if Path(pat).is_absolute() or ".." in Path(pat).parts:
@@ -593,6 +907,13 @@ def record_artifacts(result: RunResult, patterns: list[str], found: dict[int, li
     if echo:
         for ln in lines:
             echo(f"[broker] {ln}")
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more (see node 0's log)" if len(bad) > 5 else "")
+        why = f"artifact(s) refused: {shown}"
+        if result.status == "succeeded":
+            result.status, result.reason = "failed", why
+        else:
+            result.reason = f"{result.reason}; {why}" if result.reason else why
     if missing and result.status == "succeeded":
         result.status = "failed"
         result.reason = "listed artifact(s) produced by no node: " + ", ".join(missing)

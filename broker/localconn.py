@@ -39,20 +39,26 @@ def _env() -> dict[str, str]:
 
 
 class _Text:
-    """An asyncio byte stream read as text lines (asyncssh's ``encoding="utf-8"`` reader)."""
+    """An asyncio byte stream read as text lines (asyncssh's ``encoding="utf-8"`` reader), or as bytes with
+    ``encoding=None`` (asyncssh's raw reader)."""
 
-    def __init__(self, reader: asyncio.StreamReader | None):
+    def __init__(self, reader: asyncio.StreamReader | None, encoding: str | None = "utf-8"):
         self.reader = reader
+        self.encoding = encoding
 
-    async def readline(self) -> str:
-        if self.reader is None:
-            return ""
-        return (await self.reader.readline()).decode("utf-8", "replace")
+    def _out(self, data: bytes) -> Any:
+        return data if self.encoding is None else data.decode(self.encoding, "replace")
 
-    async def read(self) -> str:
+    async def readline(self) -> Any:
         if self.reader is None:
-            return ""
-        return (await self.reader.read()).decode("utf-8", "replace")
+            return self._out(b"")
+        return self._out(await self.reader.readline())
+
+    async def read(self, n: int = -1) -> Any:
+        """Up to ``n`` bytes as soon as some are there (``-1``: everything until the end), as asyncssh reads."""
+        if self.reader is None:
+            return self._out(b"")
+        return self._out(await self.reader.read(n))
 
     def __aiter__(self) -> "_Text":
         return self
@@ -68,10 +74,10 @@ class LocalProcess:
     """A local process with asyncssh's ``SSHClientProcess`` surface: ``stdout``/``stderr`` text readers,
     ``wait()``, ``returncode``, ``exit_status``, ``exit_signal``, ``close()``."""
 
-    def __init__(self, proc: asyncio.subprocess.Process):
+    def __init__(self, proc: asyncio.subprocess.Process, encoding: str | None = "utf-8"):
         self.proc = proc
-        self.stdout = _Text(proc.stdout)
-        self.stderr = _Text(proc.stderr)
+        self.stdout = _Text(proc.stdout, encoding)
+        self.stderr = _Text(proc.stderr, encoding)
 
     @property
     def exit_status(self) -> int | None:
@@ -133,8 +139,8 @@ class _File:
     async def write(self, data: bytes | str) -> None:
         self.f.write(data)
 
-    async def read(self) -> bytes | str:
-        return self.f.read()
+    async def read(self, size: int = -1) -> bytes | str:
+        return self.f.read(size)
 
     async def __aenter__(self) -> "_File":
         return self
@@ -170,6 +176,19 @@ class LocalSFTP:
             raise asyncssh.SFTPNoSuchFile(f"{remote}: no such file")
         if os.path.abspath(remote) != os.path.abspath(local):
             shutil.copyfile(remote, local)
+
+    async def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
+    async def stat(self, path: str) -> Any:
+        """The file's size and mode, as asyncssh's ``SFTPAttrs`` (``size``, ``permissions``) carries them."""
+        import asyncssh
+
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise asyncssh.SFTPNoSuchFile(f"{path}: no such file") from None
+        return asyncssh.SFTPAttrs(size=st.st_size, permissions=st.st_mode)
 
     async def listdir(self, path: str) -> list[str]:
         import asyncssh
@@ -207,13 +226,13 @@ class LocalConnection:
     def get_server_host_key(self) -> None:
         return None
 
-    async def _spawn(self, cmd: str, *, merge: bool) -> LocalProcess:
+    async def _spawn(self, cmd: str, *, merge: bool, encoding: str | None = "utf-8") -> LocalProcess:
         import asyncio.subprocess as sp
 
         proc = await asyncio.create_subprocess_exec(
             _shell(), "-c", cmd, stdin=sp.DEVNULL, stdout=sp.PIPE, stderr=sp.STDOUT if merge else sp.PIPE,
             env=_env(), cwd=os.path.expanduser("~"), start_new_session=True)
-        lp = LocalProcess(proc)
+        lp = LocalProcess(proc, encoding)
         self._procs = [p for p in self._procs if p.returncode is None] + [lp]
         return lp
 
@@ -221,7 +240,7 @@ class LocalConnection:
                        errors: str = "strict", **_: Any) -> _Starting:
         import asyncssh
 
-        return _Starting(self._spawn(cmd, merge=stderr is asyncssh.STDOUT))
+        return _Starting(self._spawn(cmd, merge=stderr is asyncssh.STDOUT, encoding=encoding))
 
     async def run(self, cmd: str, *, check: bool = False, timeout: float | None = None, stderr: Any = None,
                   **_: Any) -> _Result:

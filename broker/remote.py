@@ -44,6 +44,7 @@ import json
 import logging
 import queue
 import random
+import re
 import shlex
 import threading
 import time
@@ -309,7 +310,7 @@ class RemoteNode:
         self.node_rank = node_rank
         self.command = command
         self.lost = False
-        self._q: queue.Queue[str | None] = queue.Queue()
+        self._q: queue.Queue[bytes | None] = queue.Queue()
         self._code: int | None = None
         self._done = threading.Event()
         self._proc: Any = None
@@ -321,24 +322,31 @@ class RemoteNode:
 
         conn = await self.ssh.aconn(self.node_rank)
         _log.debug("ssh node %d: start %s", self.node_rank, self.command)
-        self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding="utf-8",
-                                               errors="replace")
+        # raw bytes (encoding None): the node log keeps exactly what the node printed
+        self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding=None)
         asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
+        from broker.launch import BATCH_S, READ_CHUNK, SMALL_READ
+
         code: int | None = None
         try:
-            async for line in self._proc.stdout:
-                self._q.put(line)
+            while True:  # blocks of output, not lines: one queue hand-over per block (see broker.launch)
+                data = await self._proc.stdout.read(READ_CHUNK)
+                if not data:
+                    break
+                self._q.put(data)
+                if len(data) < SMALL_READ:
+                    await asyncio.sleep(BATCH_S)  # the SSH channel's window holds what arrives meanwhile
             await self._proc.wait()
             code = self._proc.returncode
         except Exception as e:  # connection errors surface here
-            self._q.put(f"broker: reading node {self.node_rank}'s output failed: {e}\n")
+            self._q.put(f"broker: reading node {self.node_rank}'s output failed: {e}\n".encode())
             code = None
         finally:
             if code is None:
                 self.lost = True
-                self._q.put(f"broker: ssh connection to node {self.node_rank} lost\n")
+                self._q.put(f"broker: ssh connection to node {self.node_rank} lost\n".encode())
                 code = 255
             self._code = code
             self._done.set()
@@ -349,12 +357,18 @@ class RemoteNode:
         """True once the node's output ended and its exit status (or the connection loss) is known."""
         return self._done.is_set() and not self.lost
 
-    def lines(self) -> Iterable[str]:
+    def chunks(self) -> Iterable[bytes]:
+        """The node's output (stdout and stderr merged) in raw blocks, until it ends or the connection is lost."""
         while True:
-            line = self._q.get()
-            if line is None:
+            data = self._q.get()
+            if data is None:
                 return
-            yield line
+            yield data
+
+    def lines(self) -> Iterable[str]:
+        from broker.launch import chunk_lines
+
+        yield from chunk_lines(self.chunks())
 
     def poll(self) -> int | None:
         if self._done.is_set():
@@ -478,6 +492,8 @@ def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
 def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
     """Copy every node's rank facts (``<node folder>/facts/rank*.json``) to ``run_dir/node<i>/facts/``, best
     effort (nodes whose connection is gone are skipped); returns how many files came back."""
+    from broker.launch import ArtifactBudget
+
     async def _one(i: int) -> int:
         conn = ssh._conns.get(i)
         if conn is None or conn.is_closed():
@@ -491,10 +507,14 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
                 return 0
             dst = Path(run_dir) / f"node{i}" / "facts"
             dst.mkdir(parents=True, exist_ok=True)
-            for name in names:
-                if name.startswith("rank") and name.endswith(".json"):
-                    await sftp.get(f"{remote}/{name}", str(dst / name))
+        for name in names:  # a name the node sends back: only rank<r>.json, at most FACTS_MAX_BYTES
+            if isinstance(name, str) and re.fullmatch(r"rank\d{1,6}\.json", name):
+                budget = ArtifactBudget(per_file=FACTS_MAX_BYTES, total=FACTS_MAX_BYTES * 1024)
+                try:
+                    await afetch_checked(ssh, i, remote, name, dst / name, budget)
                     got += 1
+                except Exception:  # noqa: BLE001 - a rank without facts: the table uses its log line
+                    pass
         return got
 
     res = ssh.gather([_one(i) for i in range(n)], timeout=60)
@@ -778,33 +798,118 @@ async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: 
     return 0, ""
 
 
-def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Path, result: RunResult,
-                       echo: Echo) -> None:
-    """Fetch the files matching the recipe's ``artifacts`` globs from EVERY node's work folder into
-    ``run_dir/artifacts/node<i>/`` (nodes whose connection is gone are skipped and named)."""
-    from broker.launch import record_artifacts
+#: the most bytes the node's answer to the artifact listing may hold (a node that answers endlessly is refused)
+LISTING_MAX_BYTES = 16 << 20
+#: the most bytes one rank-facts file may hold
+FACTS_MAX_BYTES = 1 << 20
 
-    lister = ("import glob, json, os, sys; pats = sys.argv[1:]; "
-              "print(json.dumps(sorted({p for pat in pats for p in glob.glob(pat, recursive=True) "
-              "if os.path.isfile(p)})))")
+_LISTER = ("import glob, json, os, sys; pats = sys.argv[1:]; "
+           "print(json.dumps(sorted({p for pat in pats for p in glob.glob(pat, recursive=True) "
+           "if os.path.isfile(p) or os.path.islink(p)})))")
+
+
+async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str]) -> list[Any]:
+    """The names node ``i`` says match ``patterns`` in its work folder (unchecked: the caller validates each).
+    Raises RefusedArtifact when the answer is over :data:`LISTING_MAX_BYTES` or not a JSON list."""
+    from broker.launch import RefusedArtifact
+
+    q = shlex.quote
+    cmd = f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(_LISTER)} " + " ".join(q(p) for p in patterns)
+    conn = await ssh.aconn(i)
+    chunks, size = [], 0
+    async with conn.create_process(cmd, encoding="utf-8", errors="replace") as proc:
+        async def _read() -> None:
+            nonlocal size
+            while data := await proc.stdout.read(1 << 16):
+                size += len(data)
+                if size > LISTING_MAX_BYTES:
+                    raise RefusedArtifact(f"the node's list of artifacts is over {LISTING_MAX_BYTES >> 20} MiB")
+                chunks.append(data)
+        await asyncio.wait_for(_read(), 60)
+        await asyncio.wait_for(proc.wait(), 30)
+    if proc.returncode != 0:
+        return []
+    try:
+        names = json.loads("".join(chunks).strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RefusedArtifact("the node's list of artifacts is not JSON") from None
+    if not isinstance(names, list):
+        raise RefusedArtifact("the node's list of artifacts is not a list")
+    return names
+
+
+async def afetch_checked(ssh: SSHCluster, i: int, folder: str, rel: str, dst: Path, budget: Any) -> int:
+    """Copy ``<folder>/<rel>`` from node ``i`` to the new local file ``dst`` over SFTP, within ``budget``
+    (:class:`broker.launch.ArtifactBudget`, counted while the bytes come: a node may misreport a size); returns
+    the bytes written.  Raises RefusedArtifact when the node resolves the path (SFTP ``realpath``: symlinks
+    followed) outside ``folder``, or to something that is not a regular file, or over a cap (the partial file is
+    removed); asyncssh's SFTP errors when it cannot be read."""
+    import stat as st
+
+    from broker.launch import READ_CHUNK, RefusedArtifact, open_artifact
+
+    conn = await ssh.aconn(i)
+    async with conn.start_sftp_client() as sftp:
+        base = (await sftp.realpath(folder)).rstrip("/") + "/"
+        real = await sftp.realpath(f"{folder}/{rel}")
+        if not real.startswith(base):
+            raise RefusedArtifact(f"a symlink to {real}, outside node {i}'s work folder")
+        attrs = await sftp.stat(real)
+        if attrs.permissions is None or not st.S_ISREG(attrs.permissions):
+            raise RefusedArtifact("not a regular file")
+        budget.check(attrs.size or 0)
+        got = 0
+        try:
+            async with sftp.open(real, "rb") as f:
+                with open_artifact(dst) as out:
+                    while data := await f.read(READ_CHUNK):
+                        got += len(data)
+                        budget.check(got)
+                        out.write(data)
+        except BaseException:
+            dst.unlink(missing_ok=True)
+            raise
+    budget.used += got
+    return got
+
+
+def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Path, result: RunResult,
+                       echo: Echo, budget: Any = None) -> None:
+    """Fetch the files matching the recipe's ``artifacts`` globs from EVERY node's work folder into
+    ``run_dir/artifacts/node<i>/`` (nodes whose connection is gone are skipped and named).  Every name a node sends
+    back is checked before anything is written (:func:`broker.launch.artifact_destination`, then
+    :func:`afetch_checked`); a refused one fails the run with its name and why."""
+    from broker.launch import ArtifactBudget, RefusedArtifact, artifact_destination, record_artifacts
+
+    budget = budget or ArtifactBudget()
     found: dict[int, list[str]] = {}
+    refused: dict[int, list[str]] = {}
     safe = [p for p in patterns if not (Path(p).is_absolute() or ".." in Path(p).parts)]
     for i in range(n):
-        q = shlex.quote
-        code, out = ssh.run(i, f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(lister)} "
-                               + " ".join(q(p) for p in safe), timeout=60) if safe else (0, "[]")
+        got: list[str] = []
+        bad: list[str] = refused.setdefault(i, [])
+        found[i] = got
+        root = run_dir / "artifacts" / f"node{i}"
         try:
-            names = json.loads(out.strip().splitlines()[-1]) if code == 0 else []
-        except (ValueError, IndexError):
-            names = []
-        got = []
+            names = ssh.loop.call(_alist_artifacts(ssh, i, safe), timeout=120) if safe else []
+        except RefusedArtifact as e:
+            bad.append(f"(the listing) ({e})")
+            continue
+        except Exception as e:  # noqa: BLE001 - the node is gone: its artifacts count as missing below
+            if echo:
+                echo(f"[broker] artifacts of node {i} could not be listed: {e}")
+            continue
         for rel in names:
+            shown = repr(rel) if isinstance(rel, str) else repr(rel)[:80]
             try:
-                if ssh.loop.call(ssh.aget(i, f"{ssh.work(i)}/{rel}", run_dir / "artifacts" / f"node{i}" / rel),
-                                 timeout=600):
-                    got.append(rel)
+                if len(got) >= budget.max_files:
+                    raise RefusedArtifact(f"more than {budget.max_files} files")
+                dst = artifact_destination(root, rel)
+                ssh.loop.call(afetch_checked(ssh, i, ssh.work(i), rel, dst, budget), timeout=3600)
+                got.append(rel)
+            except RefusedArtifact as e:
+                bad.append(f"{shown} ({e})")
             except Exception as e:  # noqa: BLE001 - named in the log; a missing artifact fails the run below
                 if echo:
-                    echo(f"[broker] artifact {rel} could not be fetched from node {i}: {e}")
-        found[i] = got
-    record_artifacts(result, patterns, found, run_dir, echo)
+                    echo(f"[broker] artifact {shown} could not be fetched from node {i}: {e}")
+    record_artifacts(result, patterns, found, run_dir, echo, refused)

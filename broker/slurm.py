@@ -532,31 +532,63 @@ class SlurmExecutor(Executor):
     def collect(self, result) -> None:
         """Artifacts from the job folder (one folder that every node of the allocation writes to) into
         ``<run>/artifacts/node0/`` (local clusters; on a remote login node, listed and copied back over ssh)."""
-        from broker.launch import match_artifacts, record_artifacts
+        from broker.launch import ArtifactBudget, RefusedArtifact, collect_local, record_artifacts
 
         pats = list(self.recipe.artifacts)
         if not pats:
             return
+        root = self.run_dir / "artifacts" / "node0"
+        budget = ArtifactBudget()
         found: dict[int, list[str]] = {0: []}
+        refused: dict[int, list[str]] = {0: []}
         if self.opts.host is None:
-            import shutil
-
-            for rel in match_artifacts(Path(self.work), pats):
-                dst = self.run_dir / "artifacts" / "node0" / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(Path(self.work) / rel, dst)
-                found[0].append(rel)
+            found[0], refused[0] = collect_local(Path(self.work), pats, root, budget)
         else:
             for pat in pats:
                 if Path(pat).is_absolute() or ".." in Path(pat).parts:
                     continue
-                data = self.sh.read_from(f"{self.work}/{pat}", 0)
-                if data:
-                    dst = self.run_dir / "artifacts" / "node0" / pat
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    dst.write_bytes(data)
-                    found[0].append(pat)
-        record_artifacts(result, pats, found, self.run_dir, self.echo)
+                try:
+                    if self._fetch_remote(pat, root, budget):
+                        found[0].append(pat)
+                except RefusedArtifact as e:
+                    refused[0].append(f"{pat!r} ({e})")
+        record_artifacts(result, pats, found, self.run_dir, self.echo, refused)
+
+    def _fetch_remote(self, rel: str, root: Path, budget) -> bool:
+        """Copy the job folder's ``rel`` from the login node into ``root`` within ``budget``; False when it is not
+        there.  The login node resolves it first (``realpath``): a symlink out of the job folder, a file that is
+        not regular or one over a cap is refused (RefusedArtifact), and no more than the cap is ever read."""
+        import subprocess
+
+        from broker.launch import READ_CHUNK, RefusedArtifact, artifact_destination, write_capped
+
+        dst = artifact_destination(root, rel)
+        q = shlex.quote
+        check = (f"w=$(realpath -e -- {q(self.work)}) && p=$(realpath -e -- {q(self.work + '/' + rel)}) || exit 3; "
+                 'case "$p" in "$w"/*) ;; *) echo "OUTSIDE $p"; exit 0;; esac; '
+                 '[ -f "$p" ] || { echo "NOTFILE"; exit 0; }; echo "FILE $(stat -L -c %s -- "$p") $p"')
+        cp = self.sh.run(["sh", "-c", check], call="realpath", timeout=30)
+        out = cp.stdout.decode("utf-8", "replace").strip() if isinstance(cp.stdout, bytes) else str(cp.stdout)
+        if cp.returncode != 0 or not out:
+            return False
+        kind, _, rest = out.partition(" ")
+        if kind == "OUTSIDE":
+            raise RefusedArtifact(f"a symlink to {rest}, outside the job folder")
+        if kind != "FILE":
+            raise RefusedArtifact("not a regular file")
+        size, _, real = rest.partition(" ")
+        budget.check(int(size) if size.isdigit() else 0)
+        # streamed, never more than the cap: the file may have grown since, and it may be large
+        p = subprocess.Popen(self.sh.argv(["head", "-c", str(budget.per_file + 1), "--", real]),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert p.stdout is not None
+        try:
+            write_capped(dst, iter(lambda: p.stdout.read(READ_CHUNK), b""), budget)  # type: ignore[union-attr]
+        finally:
+            p.stdout.close()
+            p.kill()
+            p.wait()
+        return True
 
     def fetch_facts(self) -> int:
         """Copy the ranks' facts from the job's shared ``facts`` folder into ``<run>/node<i>/facts/`` (node i from

@@ -37,7 +37,9 @@ def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s:
                 f.seek(pos)
                 data = f.read()
             if data:
-                out.write(data.decode("utf-8", errors="replace"))
+                from broker.ui import node_text
+
+                out.write(node_text(data.decode("utf-8", errors="replace")))
                 out.flush()
                 pos += len(data)
         run = ledger.get_run(run_id)
@@ -173,7 +175,9 @@ def register(app: typer.Typer) -> None:
         if not path.exists():
             raise BadInput(f"run {run.id} has no log for node {node} ({path})",
                            hint="the run may have ended before the node started; `broker status " + run.id + "`")
-        sys.stdout.write(path.read_text(encoding="utf-8", errors="replace"))
+        from broker.ui import node_text
+
+        sys.stdout.write(node_text(path.read_text(encoding="utf-8", errors="replace")))
 
     @app.command("ssh", short_help="A shell (or one command) on a node of a live or kept run",
                  context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

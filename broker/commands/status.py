@@ -243,7 +243,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
         from broker.ledger import Ledger
-        from broker.ui import console, print_table, usd
+        from broker.ui import console, node_text, print_table, usd
 
         ledger = Ledger()
         if run_id:
@@ -266,8 +266,8 @@ def register(app: typer.Typer) -> None:
                             "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
                 return
             console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
-            if run.message:
-                console.print(f"  {escape(run.message)}")
+            if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
+                console.print(f"  {escape(node_text(run.message))}")
             if run.started_at:
                 console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
                     f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
@@ -286,7 +286,7 @@ def register(app: typer.Typer) -> None:
                     console.print("  " + line)
             for ev in ledger.events(run.id, limit=1000):
                 console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
-                              f"{escape(ev['message'] or '')}")
+                              f"{escape(node_text(ev['message'] or ''))}")
             return
         data = status_data(ledger, limit=limit, refresh=not no_refresh)
         if as_json:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from broker.launch import RunResult, describe_exit
 from broker.model import Run
-from broker.ui import console, usd
+from broker.ui import console, node_text, usd
 
 #: torchelastic's end-of-job barrier on a node whose peer (the store host, node 0) exited first
 EXIT_BARRIER_NOISE = "Error waiting on exit barrier"
@@ -61,7 +61,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
                       highlight=False)
     colour = "green" if result.ok and not result.error_lines else ("yellow" if result.ok else "red")
     console.print(f"status: [bold {colour}]{result.shown_status}[/]"
-                  + (f" - {escape(result.reason)}" if result.reason else ""))
+                  + (f" - {escape(node_text(result.reason))}" if result.reason else ""))
     run_dir = Path(run.run_dir) if run.run_dir else None
     diag_lines: list[str] = list(result.diagnosis)
     if not diag_lines and run_dir is not None and (not result.ok or result.error_lines):
@@ -73,8 +73,8 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             diag_lines = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if diag_lines:
         console.print("[bold]diagnosis:[/]")
-        for line in diag_lines:
-            console.out(f"  {line}", highlight=False)
+        for line in diag_lines:  # quoted from the nodes' logs: no control sequence reaches the terminal
+            console.out(f"  {node_text(line)}", highlight=False)
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
     console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
@@ -92,7 +92,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     if result.tail and not result.ok and not diag_lines:
         console.print(f"[bold]last lines of node {result.failed_node}:[/]")
         for line in result.tail:
-            console.out(f"  {line}", highlight=False)
+            console.out(f"  {node_text(line)}", highlight=False)
     if result.ok and _logs_mention(result, EXIT_BARRIER_NOISE):
         console.print("[dim]note: a node's torchrun logged 'Error waiting on exit barrier' after training finished: "
                       "node 0's agent hosts the rendezvous store and exited first, so the other agent's end-of-job "
