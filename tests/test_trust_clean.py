@@ -86,7 +86,7 @@ def test_clean_lists_and_refuses_without_a_terminal_or_yes(broker_home, cli_env)
     assert "20261101-000000-old000" in r.stdout and "MB" in r.stdout  # listed with sizes
     assert all((runs / f"20261101-00000{i}-old00{i}" / "ckpt.pt").exists() for i in range(2))
     dry = _cli(["clean", "--dry-run"], cli_env)
-    assert dry.returncode == 0 and "would remove: 2 run folder(s)" in dry.stdout
+    assert dry.returncode == 0 and "would remove 2 run folder(s)" in dry.stdout
     assert all((runs / f"20261101-00000{i}-old00{i}").exists() for i in range(2))
 
 

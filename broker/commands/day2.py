@@ -378,7 +378,7 @@ def register(app: typer.Typer) -> None:
             console.print("nothing to remove: no ended run has a folder"
                           + (f" older than {older_than:g} day(s)" if older_than else ""), highlight=False)
             return
-        console.print(f"{'would remove' if dry_run else 'to remove'}: {len(todo)} run folder(s), {_mb(total)}",
+        console.print(f"{'would remove' if dry_run else 'will remove'} {len(todo)} run folder(s), {_mb(total)}:",
                       highlight=False)
         for r, path, size in todo:
             ended = (r.ended_at or r.created_at)
