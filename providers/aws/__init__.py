@@ -97,9 +97,13 @@ class AWSProvider(Provider):
 
     def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
                         run_id: str | None = None) -> TaggedResource | None:
-        """One object's broker tags read in its own region (``list_tagged`` sees the configured region only)."""
+        """One object's broker tags read in its own region (``list_tagged`` sees the configured region only).
+        Raises AuthError when no credentials are configured (never None: that would read as "gone")."""
         if not self.configured():
-            return None
+            from broker.provider import AuthError
+
+            raise AuthError(PROVIDER, f"describe {kind} {provider_id}", "no AWS credentials configured",
+                            hint="configure AWS credentials (see .env.example), then retry")
         return lifecycle.tagged_resource(self.api, kind, self.require_id(kind, provider_id, f"describe {kind}"),
                                          region or self.region, run_id)
     #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
