@@ -171,6 +171,7 @@ def test_down_terminates_only_what_the_provider_tags_as_ours(fake, case):
     assert p.instances()[pid]["state"] != "terminated"
     assert "refused" in r.output and pid in r.output
     assert "broker did not create it" in r.output or "carries" in r.output
+    assert "1 ledger row(s) refused" in r.output and "delete them in the provider's console" not in r.output
 
 
 def test_watchdog_does_not_terminate_a_crafted_row_past_its_deadline(fake):
