@@ -125,7 +125,7 @@ def folder_removed(ledger: Any, run: Any) -> str | None:
     ev = [e for e in ledger.events(run.id, limit=1_000_000) if e.get("action") == CLEAN_ACTION]
     if not ev:
         return None
-    at = ev[-1].get("at") or ev[-1].get("ts") or ev[-1].get("created_at")
+    at = ev[-1].get("at")
     when = f" on {str(at)[:16].replace('T', ' ')}" if at else ""
     return f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`{when}: its logs and files are gone"
 
