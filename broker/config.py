@@ -1,7 +1,11 @@
 """Settings and paths.
 
-Secrets and endpoints come from the environment or a ``.env`` file in the current directory (every name is listed
-in ``.env.example``).  Values are never printed: the settings keep secrets as ``SecretStr`` / :class:`Secret`.  Nothing here is
+Keys come from the environment or a ``.env`` file in the current directory (every name is listed in
+``.env.example``).  Where broker sends them and which ledger it obeys do not: endpoint overrides (``*_URL``,
+``*ENDPOINT*``) and ``BROKER_HOME`` are read from the real environment only (:func:`env_only`), because a ``.env``
+arrives with any folder a user clones; one set in ``.env`` is ignored with a one-line notice on stderr.  An empty
+value means "unset", in the environment and in ``.env``.  A non-loopback endpoint must be https
+(:func:`check_endpoint`).  Values are never printed: the settings keep secrets as ``SecretStr`` / :class:`Secret`.  Nothing here is
 built at import time: :func:`settings` reads the environment into :class:`EnvSettings` without importing pydantic
 when there is no ``.env`` file (the common case of ``broker plan``; saves ~100 ms of start-up), and builds the
 pydantic-settings model (which validates the file) only when there is one.
@@ -19,6 +23,51 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker.errors import BadInput
+
+#: hosts an http:// endpoint may name (a local emulator or proxy); anything else must be https
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def env_only(name: str) -> bool:
+    """Whether setting ``name`` (a variable or field name, any case) may come from the real environment only:
+    ``BROKER_HOME`` and every endpoint override (``*_URL``, ``*ENDPOINT*``: where broker sends the account's key)."""
+    n = name.lower()
+    return n == "broker_home" or n.endswith("_url") or "endpoint" in n
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """``host`` (a name or an IP address, brackets allowed) is this machine: ``localhost``, 127.0.0.0/8 or ::1."""
+    import ipaddress
+
+    h = (host or "").strip("[]").lower()
+    if h in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def check_endpoint(name: str, url: str) -> str:
+    """``url`` of endpoint setting ``name`` when it is safe to send a key to: https, or http to a loopback host.
+    Raises BadInput naming the variable and the fix otherwise (plain http elsewhere would carry the key in clear)."""
+    from urllib.parse import urlsplit
+
+    var = name.upper()
+    try:
+        u = urlsplit(url.strip())
+        host = u.hostname
+    except ValueError:
+        u, host = None, None
+    if u is None or u.scheme not in ("http", "https") or not host:
+        raise BadInput(f"{var}={url!r} is not an http(s) URL",
+                       hint=f"set {var} to a URL like https://host[:port] in the environment, or unset it")
+    if u.scheme == "http" and not is_loopback_host(host):
+        raise BadInput(f"{var}={url} is plain http to {host}, which is not this machine: broker would send the "
+                       "account's key there in clear",
+                       hint=f"use https://{u.netloc}{u.path} (or an http:// endpoint on 127.0.0.1 / localhost), or "
+                            f"unset {var}")
+    return url
 
 if TYPE_CHECKING:
     from pydantic_settings import BaseSettings as Settings
@@ -153,11 +202,22 @@ def _fields_class() -> type:
 @lru_cache(maxsize=1)
 def _settings_class() -> type:
     """The pydantic-settings model (environment + ``.env``), built on first use: pydantic-settings is imported only
-    when a ``.env`` file has to be read."""
-    from pydantic_settings import BaseSettings, SettingsConfigDict
+    when a ``.env`` file has to be read.  The ``.env`` source drops :func:`env_only` settings; empty values are
+    unset in both sources."""
+    from pydantic_settings import BaseSettings, DotEnvSettingsSource, SettingsConfigDict
+
+    class KeysOnlyDotEnv(DotEnvSettingsSource):
+        def _load_env_vars(self) -> Any:
+            return {k: v for k, v in super()._load_env_vars().items() if not env_only(k)}
 
     class Settings(BaseSettings, _fields_class()):
-        model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+        model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore",
+                                          env_ignore_empty=True)
+
+        @classmethod
+        def settings_customise_sources(cls, settings_cls: Any, init_settings: Any, env_settings: Any,
+                                       dotenv_settings: Any, file_secret_settings: Any) -> tuple:
+            return init_settings, env_settings, KeysOnlyDotEnv(settings_cls), file_secret_settings
 
     return Settings
 
@@ -172,7 +232,7 @@ def _from_environment() -> EnvSettings:
     """The settings from the environment alone, as pydantic-settings reads them (case-insensitive names, the
     ``AWS_DEFAULT_REGION`` / ``AWS_REGION`` aliases), without importing pydantic: the fast path when there is no
     ``.env`` file.  Raises BadInput for a malformed value (a flag that is not true/false, a number that is not)."""
-    env = {k.lower(): v for k, v in os.environ.items()}
+    env = {k.lower(): v for k, v in os.environ.items() if v.strip()}  # empty = unset, as env_ignore_empty
     data = {}
     for f in fields(EnvSettings):
         key = _env_name(f).lower()
@@ -181,26 +241,64 @@ def _from_environment() -> EnvSettings:
     return EnvSettings(**data)
 
 
+#: (``.env`` path, variable) pairs already reported by :func:`_dotenv_notice` in this process
+_NOTICED: set[tuple[str, str]] = set()
+
+
+def _dotenv_notice() -> None:
+    """One line on stderr when ``./.env`` sets (non-empty) a setting that only the real environment may set
+    (:func:`env_only`): the value is ignored, and the line names the file, the variables and the fix.  Once per
+    file and variable in a process.  Never raises (an unreadable ``.env`` is pydantic-settings' to report)."""
+    p = Path(".env")
+    if not p.is_file():
+        return
+    try:
+        from dotenv import dotenv_values
+
+        names = [k for k, v in dotenv_values(p, encoding="utf-8").items() if env_only(k) and (v or "").strip()]
+    except Exception:  # noqa: BLE001 - a notice must not break a command
+        return
+    where = str(p.resolve())
+    names = [n for n in names if (where, n.upper()) not in _NOTICED]
+    if not names:
+        return
+    _NOTICED.update((where, n.upper()) for n in names)
+    import sys
+
+    sys.stderr.write(f"broker: ignoring {', '.join(n.upper() for n in names)} in {where}: endpoints and the broker "
+                     f"home come from the real environment only (export {names[0].upper()}=... in your shell to "
+                     "use it)\n")
+
+
+def _check_endpoints(s: Any) -> Any:
+    for f in fields(EnvSettings):
+        v = getattr(s, f.name, None)
+        if f.name != "broker_home" and env_only(_env_name(f)) and isinstance(v, str) and v.strip():
+            check_endpoint(_env_name(f), v)
+    return s
+
+
 @lru_cache(maxsize=1)
 def settings() -> "Settings | EnvSettings":
-    """The process-wide settings (read once): the environment, then ``.env`` in the current directory.  Without a
-    ``.env`` file they are an :class:`EnvSettings` (no pydantic import: ``broker plan`` reads them); with one, the
-    pydantic-settings model of the same fields."""
+    """The process-wide settings (read once): the environment, then ``.env`` in the current directory for what it
+    may set (keys, not :func:`env_only` settings: those in it are ignored with a notice).  Without a ``.env`` file
+    they are an :class:`EnvSettings` (no pydantic import: ``broker plan`` reads them); with one, the
+    pydantic-settings model of the same fields.  Raises BadInput for a malformed value or an endpoint that is
+    plain http to another machine (:func:`check_endpoint`)."""
     if Path(".env").exists():
-        return _settings_class()()
-    return _from_environment()
+        _dotenv_notice()
+        return _check_endpoints(_settings_class()())
+    return _check_endpoints(_from_environment())
 
 
 def home_path() -> Path:
-    """Where the broker home is (``$BROKER_HOME``, else ``BROKER_HOME`` in ``.env``, else the platform's user data
-    folder), without creating it."""
-    env = os.environ.get("BROKER_HOME")
+    """Where the broker home is (``$BROKER_HOME`` from the real environment, else the platform's user data folder),
+    without creating it.  A ``BROKER_HOME`` in ``.env`` is ignored (with a notice): a cloned folder must not point
+    broker at another ledger."""
+    env = os.environ.get("BROKER_HOME", "").strip()
     if env:
         return Path(env).expanduser()
-    if Path(".env").is_file():
-        from_file = settings().broker_home
-        if from_file:
-            return Path(from_file).expanduser()
+    _dotenv_notice()
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("broker", appauthor=False))
@@ -208,7 +306,7 @@ def home_path() -> Path:
 
 def _home_error(home: Path, what: str, e: OSError | None = None) -> BadInput:
     why = f": {e.strerror or e}" if e is not None else ""
-    src = "BROKER_HOME" if os.environ.get("BROKER_HOME") else "the broker home"
+    src = "BROKER_HOME" if os.environ.get("BROKER_HOME", "").strip() else "the broker home"
     return BadInput(f"{src} {home} {what}{why}",
                     hint="set BROKER_HOME to a folder you can write (it holds the ledger and run logs), e.g. "
                          "export BROKER_HOME=~/.local/share/broker")

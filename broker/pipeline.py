@@ -898,6 +898,10 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     kept one).  Raises BadInput saying why not."""
     run = ledger.find_run(run_id)
     path = Path(run.run_dir or ".", "cluster.json")
+    if not path.exists() and any(e.get("action") == "clean" for e in ledger.events(run.id, limit=1_000_000)):
+        raise BadInput(f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`: its cluster "
+                       "record and keys are gone, so there are no nodes to reach",
+                       hint=f"`broker status {run.id}` still shows what the run did and cost")
     if not path.exists():
         raise BadInput(f"run {run.id} has no nodes to reach ({run.provider}: "
                        f"{'processes on this machine' if run.provider == 'local' else 'no cluster recorded'})",

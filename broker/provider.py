@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
 RUN_TAG = "broker-run"
+#: the default provider id form (:meth:`Provider.valid_id`): letters, digits and ``. _ : @ -``, at most 255
+#: characters, starting with a letter or digit; ``..`` refused besides (no path, no URL part, no shell word)
+_SAFE_ID = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,254}"
+
 #: Tag / label key carrying the installation id (one per BROKER_HOME ledger, :attr:`broker.ledger.Ledger.installation_id`):
 #: orphan handling only terminates resources of its own installation.
 INSTALL_TAG = "broker-install"
@@ -116,6 +120,37 @@ class Provider(ABC):
     topologies: ClassVar[tuple[str, ...]] = ("simulated",)
     #: Folder on the nodes for run files (work dirs, logs, probes); None = ``~/broker`` of the SSH user.
     node_workroot: ClassVar[str | None] = None
+    #: True when every object the adapter creates carries RUN_TAG and INSTALL_TAG provider-side and
+    #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
+    #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
+    owner_tags: ClassVar[bool] = False
+
+    # ---- ids
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """Whether ``provider_id`` has the form of an id this provider gives a ``kind`` resource.  Checked before
+        an id from the ledger or from an answer names anything (a URL, a path, a shell word).  Default: letters,
+        digits and ``. _ : @ -`` (no ``/``, no ``..``, no spaces); adapters narrow it (Vast: digits)."""
+        import re
+
+        return (isinstance(provider_id, str) and re.fullmatch(_SAFE_ID, provider_id) is not None
+                and ".." not in provider_id)
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        """Words for the form :meth:`valid_id` accepts (for error messages)."""
+        return "letters, digits and . _ : @ - only"
+
+    @classmethod
+    def require_id(cls, kind: str, provider_id: str, call: str) -> str:
+        """``provider_id`` when :meth:`valid_id`; else raises ProviderError naming the id, its expected form and
+        the fix (a ledger row or an answer is input: a bad id is never sent anywhere)."""
+        if not cls.valid_id(kind, provider_id):
+            raise ProviderError(cls.name, call, f"{provider_id!r} is not a {cls.name} {kind} id "
+                                f"({cls.id_form(kind)}): refused, nothing was sent",
+                                hint="the ledger row (or the provider's answer) is damaged or was edited; check "
+                                     "`broker status` and the provider's console")
+        return provider_id
 
     # ---- read side
     def check(self) -> ProviderCheck:
@@ -174,6 +209,18 @@ class Provider(ABC):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Resources the provider holds that carry broker's run tag (all runs when ``run_id`` is None)."""
         return []
+
+    def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
+                        run_id: str | None = None) -> TaggedResource | None:
+        """The provider's own view of one object's broker tags: the TaggedResource (run and installation as the
+        provider stores them) when it holds ``provider_id`` of ``kind``, not terminated, with RUN_TAG (= ``run_id``
+        when given); None when it holds no such object.  Default: looked up in :meth:`list_tagged`; adapters whose
+        list is narrower than their resources (AWS: one region) read the one object.  Raises ProviderError when
+        the provider cannot be read (never None for "could not tell")."""
+        for t in self.list_tagged(run_id):
+            if t.provider_id == provider_id and t.kind == kind:
+                return t
+        return None
 
     # ---- quota requests
     def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:

@@ -827,7 +827,9 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
                         rep.adopted.append(t)
                     continue
             age = _age_s(t, now)
-            if row is None and not is_mine(t, ledger):
+            # the provider's tag decides, not a ledger row: a (crafted or stale) terminated row naming another
+            # installation's object does not make it ours; untagged (older broker) objects need a row of ours
+            if (row is None or t.installation_id) and not is_mine(t, ledger):
                 if include_foreign and age is not None and age >= foreign_min_age_s:
                     rep.orphans.append(t)
                 else:
@@ -868,7 +870,8 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
             failed_tags.append(t)
             rep.failed.append(ledger.resource(res.id) or res)
             continue
-        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider), **kw):
+        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider), tagged=t,
+                              foreign_ok=include_foreign, **kw):
             rep.terminated.append(res.id)
         else:
             failed_tags.append(t)

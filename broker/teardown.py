@@ -16,7 +16,11 @@ Rules (docs/design.md "Money and safety invariants"):
   gateways -> security groups -> placement groups -> VCN / VPC; nothing of a later rank is tried while something
   of an earlier rank of the same run and provider is still live (a subnet cannot go while an instance sits in
   it: trying only burns 409s);
-* a failed terminate leaves the row live with its error, loud in ``broker status``, for the next try.
+* a failed terminate leaves the row live with its error, loud in ``broker status``, for the next try;
+* a ledger row is data, not a command (:func:`refusal`): its provider id must have the provider's form
+  (``Provider.valid_id``), and where the provider keeps broker's tags (``Provider.owner_tags``) the object must be
+  shown by the provider with this installation's and this run's tags; otherwise nothing is sent and the row stays
+  live with an error naming it ("refused").
 """
 
 from __future__ import annotations
@@ -27,12 +31,17 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from broker.ledger import Ledger
 from broker.model import Resource, utcnow
-from broker.provider import Provider, ProviderError, TransientError
+from broker.provider import INSTALL_TAG, RUN_TAG, Provider, ProviderError, TransientError
 
 #: seconds a terminate / delete answered with a TransientError is retried (backoff 1 s, x2, at most 15 s)
 TERMINATE_RETRY_S = 120.0
 #: default for providers that do not say how long their list lags behind a create (``create_settle_s``)
 DEFAULT_CREATE_SETTLE_S = 20.0
+
+#: actors that act on rows they did not just write (the ledger is input to them): they terminate only what the
+#: provider shows with this installation's and run's tags (:func:`refusal`).  A run's own CLI tears down the
+#: objects it created itself in this process, even while the provider's list cannot be read.
+TAG_CHECKED_ACTORS = ("down", "reconcile", "watchdog")
 
 #: teardown rank by resource kind (lower first); kinds not listed rank with the gateways
 KIND_RANK: dict[str, int] = {
@@ -90,12 +99,57 @@ def _ambiguous_at(res: Resource) -> datetime | None:
     return datetime.fromisoformat(at) if at else None
 
 
+def refusal(ledger: Ledger, res: Resource, p: Provider, tagged: Any = None, *, check_tags: bool = True,
+            foreign_ok: bool = False) -> tuple[str, str]:
+    """Whether ``res`` (with a provider id) may be terminated, by what the provider says, not the ledger:
+    ``("ok", "")``; ``("gone", why)`` when the provider no longer holds it (nothing to send); ``("refuse", why)``
+    when the id is not of the provider's form or the provider shows the object without this installation's and
+    run's tags (a crafted or damaged row: never terminated); ``("wait", why)`` when a just-created object is not
+    listed yet.  ``tagged``: the provider-side view the caller has just read (reconcile), else it is read here
+    (``Provider.tagged_resource``); ``check_tags`` False: the id's form only; ``foreign_ok``: another
+    installation's tag is accepted (``reconcile --include-foreign`` decided on the provider's list).  Raises
+    ProviderError when the provider cannot be read (never taken for "ours")."""
+    pid = res.provider_id or ""
+    what = f"{res.provider} {res.kind} {pid!r}"
+    if not p.valid_id(res.kind, pid):
+        return "refuse", (f"refused: {what} is not a {res.provider} {res.kind} id ({p.id_form(res.kind)}); nothing "
+                          "was sent. The ledger row was damaged or edited: check the provider's console")
+    if not check_tags or not getattr(p, "owner_tags", False):
+        return "ok", ""
+    mine = ledger.installation_id
+    t = tagged if tagged is not None else p.tagged_resource(res.kind, pid, region=res.region, run_id=res.run_id)
+    if t is not None:
+        if t.run_id != res.run_id and not (t.run_id and res.run_id.startswith(t.run_id)):  # (a cut Vast label)
+            return "refuse", (f"refused: {what} carries {RUN_TAG}={t.run_id}, not this row's run {res.run_id}: not "
+                              "terminated (a ledger row cannot name another run's object)")
+        if t.installation_id != mine and not foreign_ok:
+            return "refuse", (f"refused: {what} carries {INSTALL_TAG}={t.installation_id or '(none)'}, not this "
+                              f"installation's {mine}: not terminated (another BROKER_HOME's; `broker reconcile "
+                              "--include-foreign` handles old ones)")
+        return "ok", ""
+    if res.kind != "instance":
+        return "gone", f"{what} is not held with this run's tag: gone (or never ours); nothing was sent"
+    info = p.describe_instance(pid, region=res.region)
+    if info.state == "terminated":
+        return "gone", f"{what} no longer exists at the provider"
+    age = (utcnow() - res.created_at).total_seconds() if res.created_at else None
+    if age is not None and age < create_settle_s(p):
+        return "wait", f"{what} is not listed with this run's tag yet ({age:.0f} s after its create); tried again later"
+    return "refuse", (f"refused: {res.provider} shows instance {pid} ({info.raw_state or info.state}) without "
+                      f"{RUN_TAG}={res.run_id} / {INSTALL_TAG}={mine}: broker did not create it, so it is not "
+                      "terminated. If it is yours, delete it in the provider's console")
+
+
 def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: Provider | None = None,
                        confirm_timeout_s: float = 900.0, poll_s: float = 2.0,
-                       say: Callable[[str], None] | None = None, retry_s: float = TERMINATE_RETRY_S) -> bool:
+                       say: Callable[[str], None] | None = None, retry_s: float = TERMINATE_RETRY_S,
+                       tagged: Any = None, foreign_ok: bool = False) -> bool:
     """Terminate one resource and confirm it is gone; True when the ledger now says ``terminated``.
 
-    A TransientError from the terminate call is retried for ``retry_s`` seconds.  Never raises for provider (or
+    For the actors of :data:`TAG_CHECKED_ACTORS`, only what the provider shows as this installation's and run's
+    (:func:`refusal`; ``tagged``: the provider's view just read by the caller; ``foreign_ok``: see there) is
+    terminated; every actor checks the id's form; a refused row stays live with the reason as its error.  A
+    TransientError from the terminate call is retried for ``retry_s`` seconds.  Never raises for provider (or
     adapter) failures: the error is recorded on the row (state stays live) and False returned.
     """
     if res.state == "terminated":
@@ -107,6 +161,7 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
                                message=f"terminate failed: {e}")
         return False
     unknown = _ambiguous_at(res) if not res.provider_id else None
+    prev_state = res.state
     if not ledger.claim_termination(res.id, actor):
         return True
     try:
@@ -133,7 +188,20 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
             ledger.update_resource(res.id, provider_id=match[0].provider_id, actor=actor,
                                    message=f"found by run tag: {match[0].provider_id}")
             res = res.model_copy(update={"provider_id": match[0].provider_id})
+            tagged = tagged if tagged is not None else match[0]
         assert res.provider_id is not None
+        verdict, why = refusal(ledger, res, p, tagged, check_tags=actor in TAG_CHECKED_ACTORS,
+                               foreign_ok=foreign_ok)
+        if verdict == "gone":
+            ledger.update_resource(res.id, state="terminated", terminated_by=actor, error=None, actor=actor,
+                                   message=why)
+            return True
+        if verdict != "ok":
+            ledger.update_resource(res.id, state=prev_state, terminated_by=res.terminated_by, error=why, actor=actor,
+                                   message=why)
+            if say:
+                say(why)
+            return False
         if say:
             say(f"terminating {res.provider} {res.kind} {res.provider_id}")
         gone = _retry_terminate(p, res, retry_s, say)

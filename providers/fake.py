@@ -79,6 +79,7 @@ class FakeProvider(Provider):
 
     name = "fake"
     topologies = ("simulated", "multi-node")
+    owner_tags = True  # models a cloud: run and installation tags on every object
     #: its "instances" are this machine: clusters run their nodes as local processes
     local_exec = True
     #: seconds after a create call before a list that does not show the instance proves it absent (the fake's

@@ -56,13 +56,13 @@ def test_region_follows_the_profile_then_aws_region(fresh, monkeypatch):
     assert _api().region == "ap-south-1"  # no region anywhere in boto3's chain: AWS_REGION
 
 
-def test_broker_home_from_dotenv(fresh, monkeypatch):
+def test_broker_home_from_dotenv_is_ignored(fresh, monkeypatch):
     from broker.config import home_path
 
     monkeypatch.delenv("BROKER_HOME", raising=False)
     (fresh / ".env").write_text(f"BROKER_HOME={fresh / 'my-home'}\n")
     settings.cache_clear()
-    assert home_path() == fresh / "my-home"
+    assert home_path() != fresh / "my-home"  # a cloned folder's .env must not choose the ledger
 
 
 def test_broker_check_sees_aws_keys_in_dotenv(fresh):

@@ -109,8 +109,8 @@ def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path)
                        status="running", created_at=now, started_at=now, run_dir=str(live_dir), pid=os.getpid()))
     dry = _cli(["clean", "--dry-run"], cli_env)
     assert "would remove 1 run folder" in dry.stdout and Path(ended["run_dir"]).exists()
-    assert "removed 0 run folder" in _cli(["clean", "--older-than", "3"], cli_env).stdout
-    out = _cli(["clean"], cli_env)
+    assert "nothing to remove" in _cli(["clean", "--older-than", "3"], cli_env).stdout
+    out = _cli(["clean", "--yes"], cli_env)
     assert out.returncode == 0 and "removed 1 run folder(s)" in out.stdout, out.stdout + out.stderr
     assert not Path(ended["run_dir"]).exists() and (live_dir / "node0.log").exists()
 

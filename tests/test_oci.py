@@ -516,21 +516,23 @@ def test_describe_running_with_ips_and_gone(cfg, server):
                                        ("TERMINATING", "terminating"), ("TERMINATED", "terminated"),
                                        ("STOPPED", "stopped")])
 def test_describe_states(cfg, server, raw, state):
-    server.expect_request("/20160918/instances/i9").respond_with_response(jresp(instance_json("i9", raw)))
-    info = make(cfg, server).describe_instance("i9")
+    server.expect_request("/20160918/instances/ocid1.instance.oc1..i9").respond_with_response(
+        jresp(instance_json("ocid1.instance.oc1..i9", raw)))
+    info = make(cfg, server).describe_instance("ocid1.instance.oc1..i9")
     assert info.state == state and info.raw_state == raw and info.private_ip is None
 
 
 def test_terminate_instance_preserve_boot_volume_false_and_idempotent(cfg, server):
-    server.expect_ordered_request("/20160918/instances/i1", method="DELETE",
+    server.expect_ordered_request("/20160918/instances/ocid1.instance.oc1..i1", method="DELETE",
                                   query_string={"preserveBootVolume": "false"}).respond_with_response(
         Response(status=204, headers={"opc-request-id": "r"}))
-    server.expect_ordered_request("/20160918/instances/i1", method="DELETE",
+    server.expect_ordered_request("/20160918/instances/ocid1.instance.oc1..i1", method="DELETE",
                                   query_string={"preserveBootVolume": "false"}).respond_with_response(
         err(404, "NotAuthorizedOrNotFound", "Authorization failed or requested resource not found."))
     p = make(cfg, server)
-    assert p.terminate("instance", "i1") is False  # requested; the caller polls describe until TERMINATED
-    assert p.terminate("instance", "i1") is True  # already gone
+    # requested; the caller polls describe until TERMINATED
+    assert p.terminate("instance", "ocid1.instance.oc1..i1") is False
+    assert p.terminate("instance", "ocid1.instance.oc1..i1") is True  # already gone
     server.check_assertions()
 
 
@@ -583,10 +585,11 @@ def test_terminate_network_objects(cfg, server):
 
 def test_list_tagged(cfg, server):
     server.expect_request("/20160918/instances", method="GET", query_string={"compartmentId": COMP}) \
-        .respond_with_response(jresp([instance_json("i1", "RUNNING"),
-                                      instance_json("i2", "TERMINATED"),
-                                      {**instance_json("i3", "RUNNING"), "freeformTags": {RUN_TAG: "other"}},
-                                      {**instance_json("i4", "RUNNING"), "freeformTags": {}}]))
+        .respond_with_response(jresp([instance_json("ocid1.instance.oc1..i1", "RUNNING"),
+                                      instance_json("ocid1.instance.oc1..i2", "TERMINATED"),
+                                      {**instance_json("ocid1.instance.oc1..i3", "RUNNING"),
+                                       "freeformTags": {RUN_TAG: "other"}},
+                                      {**instance_json("ocid1.instance.oc1..i4", "RUNNING"), "freeformTags": {}}]))
     server.expect_request("/20160918/vcns", method="GET").respond_with_response(jresp([
         {"id": VCN, "compartmentId": COMP, "cidrBlocks": ["10.0.0.0/16"], "lifecycleState": "AVAILABLE",
          "displayName": "broker-r1-vcn", "freeformTags": {RUN_TAG: "r1"}, "timeCreated": "2026-11-30T00:00:00.000Z"}]))
@@ -594,9 +597,10 @@ def test_list_tagged(cfg, server):
         server.expect_request(f"/20160918/{path}", method="GET").respond_with_response(jresp([]))
     p = make(cfg, server)
     tagged = p.list_tagged("r1")
-    assert [(t.kind, t.provider_id, t.run_id) for t in tagged] == [("instance", "i1", "r1"), ("vcn", VCN, "r1")]
+    assert [(t.kind, t.provider_id, t.run_id) for t in tagged] == [("instance", "ocid1.instance.oc1..i1", "r1"),
+                                                                   ("vcn", VCN, "r1")]
     assert tagged[0].usd_per_hour == 2.0 and tagged[1].name == "broker-r1-vcn"
-    assert {t.provider_id for t in p.list_tagged(None)} == {"i1", "i3", VCN}
+    assert {t.provider_id for t in p.list_tagged(None)} == {"ocid1.instance.oc1..i1", "ocid1.instance.oc1..i3", VCN}
 
 
 # ------------------------------------------------------------------------------------------------ quota requests

@@ -70,21 +70,24 @@ def serve_lists(server, instances: Any, **network: Any) -> None:
 
 
 def test_list_tagged_reports_the_installation(cfg, server):
-    mine = {**instance_json("i1", "RUNNING"), "freeformTags": {RUN_TAG: "r1", INSTALL_TAG: INST}}
-    theirs = {**instance_json("i2", "RUNNING"), "freeformTags": {RUN_TAG: "r9", INSTALL_TAG: "inst-B"}}
-    old = {**instance_json("i3", "RUNNING"), "freeformTags": {RUN_TAG: "r0"}}
+    mine = {**instance_json("ocid1.instance.oc1..i1", "RUNNING"), "freeformTags": {RUN_TAG: "r1", INSTALL_TAG: INST}}
+    theirs = {**instance_json("ocid1.instance.oc1..i2", "RUNNING"),
+              "freeformTags": {RUN_TAG: "r9", INSTALL_TAG: "inst-B"}}
+    old = {**instance_json("ocid1.instance.oc1..i3", "RUNNING"), "freeformTags": {RUN_TAG: "r0"}}
     serve_lists(server, [mine, theirs, old], vcns=[
         {"id": VCN, "compartmentId": COMP, "cidrBlocks": ["10.0.0.0/16"], "lifecycleState": "AVAILABLE",
          "displayName": "broker-r1-vcn", "freeformTags": {RUN_TAG: "r1", INSTALL_TAG: INST}}])
     got = {t.provider_id: t.installation_id for t in make(cfg, server).list_tagged(None)}
-    assert got == {"i1": INST, "i2": "inst-B", "i3": None, VCN: INST}
+    assert got == {"ocid1.instance.oc1..i1": INST, "ocid1.instance.oc1..i2": "inst-B", "ocid1.instance.oc1..i3": None,
+                   VCN: INST}
 
 
 # ------------------------------------------------------------------------------------------------ item 2
 @pytest.mark.parametrize("answer,what", [
     ({"items": [], "nextPage": None}, "without 'id'"),  # an object where a list is expected (the SDK reads keys)
     ([{"compartmentId": COMP, "lifecycleState": "RUNNING", "freeformTags": {RUN_TAG: "r1"}}], "without 'id'"),
-    ([{**instance_json("i1", "RUNNING"), "freeformTags": [RUN_TAG, "r1"]}], "could not read"),  # tags: a list
+    ([{**instance_json("ocid1.instance.oc1..i1", "RUNNING"), "freeformTags": [RUN_TAG, "r1"]}],
+     "could not read"),  # tags: a list
     (["i1", "i2"], "without 'id'"),                     # a bare list of strings
 ])
 def test_unreadable_list_is_an_error_never_empty(cfg, server, answer, what):
@@ -96,9 +99,10 @@ def test_unreadable_list_is_an_error_never_empty(cfg, server, answer, what):
 
 
 def test_unreadable_describe_is_an_error_not_terminated(cfg, server):
-    server.expect_request("/20160918/instances/i1").respond_with_response(jresp({"id": "i1", "shape": "x"}))
+    server.expect_request("/20160918/instances/ocid1.instance.oc1..i1").respond_with_response(
+        jresp({"id": "ocid1.instance.oc1..i1", "shape": "x"}))
     with pytest.raises(ProviderError) as ei:
-        make(cfg, server).describe_instance("i1")
+        make(cfg, server).describe_instance("ocid1.instance.oc1..i1")
     assert ei.value.call == "get_instance" and "lifecycle_state" in ei.value.message
 
 
@@ -111,17 +115,19 @@ def test_launch_5xx_is_ambiguous_and_verifiable_by_token(cfg, server, status, co
         p.create_instance(node_request(image="ocid1.image.oc1..mine"))
     assert ei.value.call == "launch_instance" and ei.value.status == status
     assert len([e for e, _ in server.log if e.method == "POST"]) == 1  # never resent
-    made = {**instance_json("i7", "PROVISIONING"), "freeformTags": {RUN_TAG: "r1", TOKEN_TAG: "res-abc"}}
-    gone = {**instance_json("i6", "TERMINATED"), "freeformTags": {RUN_TAG: "r1", TOKEN_TAG: "res-abc"}}
+    made = {**instance_json("ocid1.instance.oc1..i7", "PROVISIONING"),
+            "freeformTags": {RUN_TAG: "r1", TOKEN_TAG: "res-abc"}}
+    gone = {**instance_json("ocid1.instance.oc1..i6", "TERMINATED"),
+            "freeformTags": {RUN_TAG: "r1", TOKEN_TAG: "res-abc"}}
     server.expect_request("/20160918/instances", method="GET").respond_with_response(jresp([gone, made]))
-    assert p.find_by_token("res-abc") == "i7"
+    assert p.find_by_token("res-abc") == "ocid1.instance.oc1..i7"
     assert p.find_by_token("res-other") is None
 
 
 def test_launch_read_timeout_is_ambiguous(cfg, server):
     def slow(request: Request) -> Response:
         time.sleep(1.5)
-        return jresp(instance_json("i8"))
+        return jresp(instance_json("ocid1.instance.oc1..i8"))
 
     server.expect_request("/20160918/instances", method="POST").respond_with_handler(slow)
     p = make(cfg, server)
@@ -184,22 +190,24 @@ def test_limit_exceeded_scope_is_the_availability_domain(cfg, server):
 def test_delete_5xx_429_409_is_transient(cfg, server, status, code):
     server.expect_request(f"/20160918/subnets/{SUBNET}", method="DELETE").respond_with_response(
         err(status, code, "busy"))
-    server.expect_request("/20160918/instances/i1", method="DELETE").respond_with_response(err(status, code, "busy"))
-    server.expect_request("/20160918/instances/i1", method="GET").respond_with_response(
-        jresp(instance_json("i1", "RUNNING")))
+    server.expect_request("/20160918/instances/ocid1.instance.oc1..i1", method="DELETE").respond_with_response(
+        err(status, code, "busy"))
+    server.expect_request("/20160918/instances/ocid1.instance.oc1..i1", method="GET").respond_with_response(
+        jresp(instance_json("ocid1.instance.oc1..i1", "RUNNING")))
     p = make(cfg, server, conflict_wait_s=0)
     with pytest.raises(TransientError):
         p.terminate("subnet", SUBNET)
     with pytest.raises(TransientError):
-        p.terminate("instance", "i1")
+        p.terminate("instance", "ocid1.instance.oc1..i1")
 
 
 def test_terminate_gone_is_true(cfg, server):
-    for path in (f"subnets/{SUBNET}", f"vcns/{VCN}", "instances/i1"):
+    for path in (f"subnets/{SUBNET}", f"vcns/{VCN}", "instances/ocid1.instance.oc1..i1"):
         server.expect_request(f"/20160918/{path}", method="DELETE").respond_with_response(
             err(404, "NotAuthorizedOrNotFound", "gone"))
     p = make(cfg, server)
-    assert p.terminate("subnet", SUBNET) and p.terminate("vcn", VCN) and p.terminate("instance", "i1")
+    assert p.terminate("subnet", SUBNET) and p.terminate("vcn", VCN)
+    assert p.terminate("instance", "ocid1.instance.oc1..i1")
 
 
 def test_run_network_deleted_in_dependency_order(cfg, server):
@@ -207,7 +215,7 @@ def test_run_network_deleted_in_dependency_order(cfg, server):
     gateway -> VCN; the VCN is never tried while the subnet exists."""
     tags = {RUN_TAG: "r1", INSTALL_TAG: INST}
     common = {"compartmentId": COMP, "lifecycleState": "AVAILABLE", "freeformTags": tags}
-    serve_lists(server, [{**instance_json("i1", "TERMINATED")}],
+    serve_lists(server, [{**instance_json("ocid1.instance.oc1..i1", "TERMINATED")}],
                 vcns=[{**common, "id": VCN, "cidrBlocks": ["10.0.0.0/16"], "defaultRouteTableId": RT}],
                 subnets=[{**common, "id": SUBNET, "vcnId": VCN, "cidrBlock": "10.0.1.0/24"}],
                 internetGateways=[{**common, "id": IGW, "vcnId": VCN}],
@@ -312,5 +320,6 @@ def test_sdk_refusing_a_request_is_named_not_ambiguous(cfg, server):
     p = make(cfg, server)
     with pytest.raises(ProviderError) as ei:
         p.describe_instance(" ")
-    assert ei.value.call == "get_instance" and "invalid request" in ei.value.message
+    # refused by the adapter's OCID check before the SDK sees it (the SDK's own "invalid request" behind it)
+    assert ei.value.call == "get_instance" and "nothing was sent" in ei.value.message
     assert not isinstance(ei.value, TransientError) and len(server.log) == 0

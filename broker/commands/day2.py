@@ -116,28 +116,92 @@ def _dir_size(p: Path) -> int:
     return total
 
 
-def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = False) -> tuple[list[str], int]:
-    """Remove the run folders of ended runs older than ``older_than_days`` (by end time); never a run that is active
-    or still has live resources.  Returns (removed run ids, bytes freed)."""
+#: the ledger event ``broker clean`` leaves on a run whose folder it removed (read by logs / ssh)
+CLEAN_ACTION = "clean"
+
+
+def folder_removed(ledger: Any, run: Any) -> str | None:
+    """When ``broker clean`` removed ``run``'s folder: one sentence saying so (with the date), else None."""
+    if run.run_dir and Path(run.run_dir).exists():
+        return None
+    ev = [e for e in ledger.events(run.id, limit=1_000_000) if e.get("action") == CLEAN_ACTION]
+    if not ev:
+        return None
+    at = ev[-1].get("at")
+    when = f" on {str(at)[:16].replace('T', ' ')}" if at else ""
+    return f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`{when}: its logs and files are gone"
+
+
+def run_folder_refusal(run_dir: str | None, runs: Path) -> str | None:
+    """Why ``run_dir`` (a ledger row's, so input) must not be deleted, or None when it is a folder directly inside
+    ``runs`` (``<home>/runs/<name>``): refused are relative paths, ``..`` parts, a symlink, and anything whose
+    real location is not a child of the real ``runs`` folder."""
+    if not run_dir:
+        return "no folder recorded"
+    p = Path(run_dir)
+    if not p.is_absolute():
+        return f"{run_dir!r} is a relative path"
+    if ".." in p.parts:
+        return f"{run_dir!r} contains '..'"
+    if p.is_symlink():
+        return f"{run_dir} is a symbolic link (to {os.readlink(p)})"
+    try:
+        real, root = p.resolve(strict=True), runs.resolve(strict=True)
+    except (OSError, RuntimeError) as e:
+        return f"{run_dir} cannot be resolved ({e})"
+    if real.parent != root:
+        return f"{run_dir} is not inside {root}/"
+    if not real.is_dir():
+        return f"{run_dir} is not a folder"
+    return None
+
+
+def clean_candidates(ledger: Any, *, older_than_days: float = 0.0) -> tuple[list[tuple[Any, Path, int]],
+                                                                          list[tuple[Any, str]]]:
+    """What ``broker clean`` would remove: ``[(run, folder, bytes)]`` for ended runs older than ``older_than_days``
+    (by end time) whose folder exists, never a run that is active or still has live resources; and
+    ``[(run, why)]`` for rows whose ``run_dir`` is refused (:func:`run_folder_refusal`: a ledger row cannot make
+    clean delete outside ``<home>/runs/``)."""
     from broker.accounting import ENDED_STATUSES
+    from broker.config import runs_dir
     from broker.model import utcnow
 
+    runs = runs_dir()
     cutoff = utcnow() - timedelta(days=older_than_days)
-    removed, freed = [], 0
+    todo, refused = [], []
     for r in ledger.list_runs(limit=100000):
-        if r.status not in ENDED_STATUSES or not r.run_dir or not Path(r.run_dir).exists():
+        if r.status not in ENDED_STATUSES or not r.run_dir:
+            continue
+        if not (Path(r.run_dir).exists() or Path(r.run_dir).is_symlink()):
             continue
         if ledger.resources(r.id, live_only=True):
             continue
         if (r.ended_at or r.created_at) and (r.ended_at or r.created_at) > cutoff:
             continue
-        size = _dir_size(Path(r.run_dir))
+        why = run_folder_refusal(r.run_dir, runs)
+        if why:
+            refused.append((r, why))
+            continue
+        todo.append((r, Path(r.run_dir), _dir_size(Path(r.run_dir))))
+    return todo, refused
+
+
+def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = False) -> tuple[list[str], int]:
+    """Remove the run folders of :func:`clean_candidates` (only inside ``<home>/runs/``); never a run that is
+    active or still has live resources.  Returns (removed run ids, bytes freed)."""
+    todo, _ = clean_candidates(ledger, older_than_days=older_than_days)
+    removed, freed = [], 0
+    for r, path, size in todo:
         if not dry_run:
-            shutil.rmtree(r.run_dir, ignore_errors=True)
-            ledger.event(r.id, "cli", "clean", f"run folder removed ({size} bytes)")
+            shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks inside the folder
+            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
         removed.append(r.id)
         freed += size
     return removed, freed
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
 
 
 def _parse_since(value: str | None) -> datetime | None:
@@ -173,6 +237,9 @@ def register(app: typer.Typer) -> None:
             follow_log(ledger, run.id, path)
             return
         if not path.exists():
+            removed = folder_removed(ledger, run)
+            if removed:
+                raise BadInput(removed, hint=f"`broker status {run.id}` still shows what the run did and cost")
             raise BadInput(f"run {run.id} has no log for node {node} ({path})",
                            hint="the run may have ended before the node started; `broker status " + run.id + "`")
         from broker.ui import node_text
@@ -305,20 +372,53 @@ def register(app: typer.Typer) -> None:
             console.print(f"{p}: {usd(v)}", highlight=False)
         console.print(f"total: {usd(data['total_usd'])} over {len(data['runs'])} run(s)", highlight=False)
 
-    @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies)")
+    @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
     def clean_cmd(
         older_than: float = typer.Option(0.0, "--older-than", metavar="DAYS", min=0,
                                          help="only runs that ended at least DAYS days ago"),
         dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed"),
+        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask (needed without a terminal)"),
     ) -> None:
-        """Remove the run folders of ended runs (logs, work copies, artifacts), never of live ones."""
-        from broker.ledger import Ledger
-        from broker.ui import console
+        """List the folders of ended runs (logs, work copies, checkpoints, artifacts) with their sizes, ask, then
+        remove them; never of live runs, never outside <home>/runs/.  Without a terminal it needs --yes."""
+        from rich.markup import escape
 
-        removed, freed = clean_runs(Ledger(), older_than_days=older_than, dry_run=dry_run)
-        verb = "would remove" if dry_run else "removed"
-        console.print(f"{verb} {len(removed)} run folder(s), {freed / 1e6:.1f} MB"
-                      + (f": {', '.join(removed[:10])}{' ...' if len(removed) > 10 else ''}" if removed else ""),
+        from broker.ledger import Ledger
+        from broker.provider import BadInput
+        from broker.ui import console, err
+
+        ledger = Ledger()
+        todo, refused = clean_candidates(ledger, older_than_days=older_than)
+        for r, why in refused:
+            err.print(f"[bold red]refused[/]: run {r.id}'s folder is not deleted: {escape(why)} (a ledger row's "
+                      "run_dir must be a folder inside the broker home's runs/)", highlight=False)
+        total = sum(size for _, _, size in todo)
+        if not todo:
+            console.print("nothing to remove: no ended run has a folder"
+                          + (f" older than {older_than:g} day(s)" if older_than else ""), highlight=False)
+            return
+        console.print(f"{'would remove' if dry_run else 'will remove'} {len(todo)} run folder(s), {_mb(total)}:",
                       highlight=False)
+        for r, path, size in todo:
+            ended = (r.ended_at or r.created_at)
+            console.print(f"  {r.id}  {escape(r.name or '')}  {r.status}"
+                          f"{'  ended ' + ended.strftime('%Y-%m-%d') if ended else ''}  {_mb(size):>10}  "
+                          f"{escape(str(path))}", highlight=False)
+        if dry_run:
+            return
+        if not yes:
+            if not sys.stdin.isatty():
+                raise BadInput(f"refusing to remove {len(todo)} run folder(s) ({_mb(total)}) without confirmation",
+                               hint="pass --yes to remove them without asking (--dry-run only lists them)")
+            if not typer.confirm(f"remove these {len(todo)} run folder(s) ({_mb(total)})?", default=False):
+                console.print("nothing removed.")
+                raise typer.Exit(1)
+        removed, freed = [], 0
+        for r, path, size in todo:
+            shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks inside the folder
+            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
+            removed.append(r.id)
+            freed += size
+        console.print(f"removed {len(removed)} run folder(s), {_mb(freed)}", highlight=False)
 
 

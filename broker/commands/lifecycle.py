@@ -192,11 +192,18 @@ def register(app: typer.Typer) -> None:
             print_json({"runs": run_ids, "resources": report, "still_live": [_res_dict(r) for r in still]})
         elif not run_ids:
             console.print("nothing live in the ledger.")
+        refused = [r for r in still if (r.error or "").startswith("refused:")]
+        if refused and not as_json:  # a ledger row is data: what the provider does not show as ours is not killed
+            err.print(f"[bold red]{len(refused)} ledger row(s) refused[/]: the provider does not show "
+                      f"{', '.join(escape(r.provider_id or r.name) for r in refused)} as this installation's (or the "
+                      "id is not the provider's form); nothing was terminated for them. Check the provider's console "
+                      "and whether the ledger file was edited", highlight=False)
         if still:
-            if not as_json:
-                err.print(f"[bold red]{len(still)} resource(s) still live[/]: run `broker down "
-                          f"{' '.join(dict.fromkeys(r.run_id for r in still))}` again; if it keeps failing, delete "
-                          f"them in the provider's console ({', '.join(r.provider_id or r.name for r in still)})")
+            if not as_json and len(still) > len(refused):
+                err.print(f"[bold red]{len(still) - len(refused)} resource(s) still live[/]: run `broker down "
+                          f"{' '.join(dict.fromkeys(r.run_id for r in still if r not in refused))}` again; if it "
+                          "keeps failing, delete them in the provider's console "
+                          f"({', '.join(r.provider_id or r.name for r in still if r not in refused)})")
             raise typer.Exit(4)
 
     @app.command("reconcile", short_help="Resources with broker's tag that the ledger does not know")

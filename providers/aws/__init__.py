@@ -35,6 +35,8 @@ session / client factory was injected).  boto3 is imported lazily inside functio
 
 from __future__ import annotations
 
+import re
+
 import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,6 +58,13 @@ __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "
            "map_error", "quota_scope", "user_data_script"]
 
 
+_AWS_ID = re.compile(r"([a-z]+)-[0-9a-f]{1,17}")
+_AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+#: ledger kind -> EC2 id prefix
+_AWS_PREFIX = {"instance": "i", "security_group": "sg", "volume": "vol", "subnet": "subnet", "vpc": "vpc",
+               "route_table": "rtb", "internet_gateway": "igw", "nat_gateway": "nat"}
+
+
 class AWSProvider(Provider):
     """Amazon EC2 GPU instances (``simulated`` on a multi-GPU type, ``multi-node`` in one security group).
 
@@ -67,6 +76,36 @@ class AWSProvider(Provider):
 
     name = PROVIDER
     topologies = ("simulated", "multi-node")
+    owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
+
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """EC2 ids are ``<prefix>-<hex>`` (``i-`` instances, ``sg-`` security groups, ``vol-`` volumes, ``subnet-``,
+        ``vpc-`` ...; 8 or 17 hex digits in practice); a placement group is named (letters, digits, ``._-``)."""
+        if not isinstance(provider_id, str):
+            return False
+        if kind == "placement_group":
+            return _AWS_NAME.fullmatch(provider_id) is not None
+        m = _AWS_ID.fullmatch(provider_id)
+        return m is not None and m.group(1) == _AWS_PREFIX.get(kind, m.group(1))
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        if kind == "placement_group":
+            return "a placement group name: letters, digits and . _ -"
+        return f"{_AWS_PREFIX.get(kind, '<prefix>')}-<hex digits>, e.g. {_AWS_PREFIX.get(kind, 'i')}-0123456789abcdef0"
+
+    def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
+                        run_id: str | None = None) -> TaggedResource | None:
+        """One object's broker tags read in its own region (``list_tagged`` sees the configured region only).
+        Raises AuthError when no credentials are configured (never None: that would read as "gone")."""
+        if not self.configured():
+            from broker.provider import AuthError
+
+            raise AuthError(PROVIDER, f"describe {kind} {provider_id}", "no AWS credentials configured",
+                            hint="configure AWS credentials (see .env.example), then retry")
+        return lifecycle.tagged_resource(self.api, kind, self.require_id(kind, provider_id, f"describe {kind}"),
+                                         region or self.region, run_id)
     #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
     #: long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 420.0
@@ -188,14 +227,15 @@ class AWSProvider(Provider):
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown."""
-        return lifecycle.describe_instance(self.api, provider_id, region)
+        return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "describe_instances"),
+                                           region)
 
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
         """Idempotent; a gone resource is True.  instance: True once describe shows ``terminated``; security_group
         / placement_group: True once deleted (TransientError while instances still hold them: DependencyViolation,
         InUse; and on 429/5xx: the core retries)."""
-        return lifecycle.terminate(self.api, kind, provider_id, region)
+        return lifecycle.terminate(self.api, kind, self.require_id(kind, provider_id, f"terminate {kind}"), region)
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Instances (not terminated), security groups and placement groups carrying ``broker-run`` (= ``run_id``

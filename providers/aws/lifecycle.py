@@ -228,6 +228,47 @@ def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource
     return out
 
 
+#: EC2 error codes that mean "no such object" for the describe calls of :func:`tagged_resource`
+_NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed", "InvalidGroup.NotFound",
+              "InvalidGroupId.Malformed", "InvalidPlacementGroup.Unknown", "InvalidPlacementGroup.NotFound")
+
+
+def tagged_resource(api: "AWSApi", kind: str, provider_id: str, region: str | None,
+                    run_id: str | None = None) -> TaggedResource | None:
+    """One instance / security group / placement group with its tags, read in ``region``; None when EC2 does not
+    hold it (or it is terminated, or it carries no RUN_TAG / another run's when ``run_id`` is given).  Other kinds:
+    NotSupported.  An unreadable answer is a ProviderError."""
+    from broker.provider import TaggedResource
+
+    ec2 = api.client("ec2", region)
+    ops = {"instance": ("describe_instances", {"InstanceIds": [provider_id]}),
+           "security_group": ("describe_security_groups", {"GroupIds": [provider_id]}),
+           "placement_group": ("describe_placement_groups", {"GroupNames": [provider_id]})}
+    if kind not in ops:
+        raise NotSupported(PROVIDER, f"describe {kind}", "broker creates no such AWS resource")
+    call, params = ops[kind]
+    try:
+        resp = getattr(ec2, call)(**params)
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] in _NOT_FOUND:
+            return None
+        raise map_error(e, call, region=region) from e
+    if kind == "instance":
+        items = instances_of(call, resp)
+        items = [i for i in items if (i.get("State") or {}).get("Name") != "terminated"]
+    else:
+        items = expect_list(call, resp, "SecurityGroups" if kind == "security_group" else "PlacementGroups")
+    for i in items:
+        tags = tags_of(call, i)
+        if RUN_TAG not in tags or (run_id is not None and tags[RUN_TAG] != run_id):
+            continue
+        return TaggedResource(provider=PROVIDER, kind=kind, provider_id=provider_id, run_id=tags.get(RUN_TAG),
+                              region=region, state=(i.get("State") or {}).get("Name")
+                              if isinstance(i.get("State"), dict) else i.get("State"),
+                              installation_id=tags.get(INSTALL_TAG))
+    return None
+
+
 def delete_run_network(api: "AWSApi", run_id: str) -> list[TaggedResource]:
     """The run's own cleanup: everything tagged ``run_id`` in dependency order (instances, then security groups,
     then placement groups).  Returns the instances still shutting down; the groups wait for them (TransientError

@@ -34,6 +34,8 @@ the file and profile, never the key or its contents.
 
 from __future__ import annotations
 
+import re
+
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
@@ -57,6 +59,10 @@ __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "O
            "quota_request_command", "self_terminate_function", "shape_gpus", "snapshot_offers"]
 
 
+#: an OCID (docs.oracle.com "Resource Identifiers"): ocid1.<resource type>.<realm>.[region][.future use].<unique id>
+_OCID = re.compile(r"ocid1\.[a-z0-9_-]+\.[a-z0-9_-]+\.[a-z0-9_-]*(\.[a-z0-9_-]+)?\.[a-z0-9_-]+", re.IGNORECASE)
+
+
 class OCIProvider(Provider):
     """Oracle Cloud Infrastructure.  Topologies: ``simulated`` (one multi-GPU shape) and ``multi-node`` (N shapes in
     one VCN subnet).
@@ -75,6 +81,17 @@ class OCIProvider(Provider):
 
     name = PROVIDER
     topologies = ("simulated", "multi-node")
+    owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
+
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """An OCID: ``ocid1.<type>.<realm>.[region][.future].<unique>`` (letters, digits, ``-``/``_`` per part; the
+        region part may be empty, as in ``ocid1.tenancy.oc1..aaaa``)."""
+        return isinstance(provider_id, str) and _OCID.fullmatch(provider_id) is not None
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        return "an OCID, ocid1.<type>.<realm>.[region].<unique>"
     #: After RUNNING, sshd on an Oracle Linux GPU image accepts logins 30-60 s later and cloud-init (firewall,
     #: OCI CLI install for the dead-man switch) runs on: how long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 600.0
@@ -234,7 +251,7 @@ class OCIProvider(Provider):
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """State (pending/running/stopped/terminating/terminated) and, when running, the primary VNIC's private and
         public IP.  A 404 means gone: ``terminated``."""
-        return lifecycle.describe_instance(self.api, provider_id)
+        return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "get_instance"))
 
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
@@ -246,6 +263,7 @@ class OCIProvider(Provider):
         * ``subnet`` / ``security_list`` / ``vcn``: ``delete_*``; 404 = gone -> True.
         * ``internet_gateway``: route rules targeting it are first removed from its VCN's default route table.
         """
+        self.require_id(kind, provider_id, f"terminate {kind}")
         if kind == "instance":
             return lifecycle.terminate_instance(self.api, provider_id)
         return network.delete_network_object(self.api, kind, provider_id, attrs, self._conflict_wait_s)

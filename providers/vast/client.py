@@ -88,15 +88,14 @@ def find_api_key(explicit: str | None = None) -> tuple[str | None, str]:
 
 
 def api_url(explicit: str | None = None) -> str:
-    """Base URL: ``explicit`` → ``VAST_API_URL`` (environment / .env) → ``https://console.vast.ai``."""
-    url = explicit or os.environ.get("VAST_API_URL", "").strip()
-    if not url:
-        try:
-            from broker.config import settings
+    """Base URL: ``explicit`` → ``VAST_API_URL`` (the real environment only: :func:`broker.config.env_only`) →
+    ``https://console.vast.ai``.  Raises BadInput for a plain-http ``VAST_API_URL`` to another machine."""
+    from broker.config import check_endpoint, settings
 
-            url = settings().vast_api_url or ""
-        except Exception:
-            url = ""
+    url = explicit or os.environ.get("VAST_API_URL", "").strip()  # read now: tests and embedders change it
+    if url and not explicit:
+        check_endpoint("VAST_API_URL", url)
+    url = url or settings().vast_api_url or ""
     return (url.strip() or DEFAULT_API_URL).rstrip("/")
 
 

@@ -44,6 +44,7 @@ LIST_V1 = "list instances (GET /api/v1/instances/)"
 LIST_V0 = "list instances (GET /api/v0/instances/)"
 
 _PENDING = {None, "", "created", "loading", "rebooting", "scheduling"}
+_VAST_ID = re.compile(r"[0-9]{1,20}")
 _FAILED = {"exited", "offline", "unknown", "frozen"}
 
 
@@ -174,6 +175,23 @@ class VastLifecycle:
     _unverified: dict[str, str]
     #: instance id -> disk (GiB) its create asked for (checked again by describe when unknown at create)
     _disk_wanted: dict[str, float]
+    owner_tags = True  # the label carries run, installation and client token (make_label)
+
+    # ---- ids: Vast instance (contract) and offer (ask) ids are integers
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """Vast ids are decimal integers (instances, offers): ``123456``; nothing else names a Vast object."""
+        return isinstance(provider_id, str) and _VAST_ID.fullmatch(provider_id) is not None
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        return "digits only, e.g. 31337"
+
+    def _url(self, template: str, kind: str, provider_id: Any, call: str) -> str:
+        """``template`` with ``{}`` replaced by the validated, URL-escaped id (ProviderError when not an id)."""
+        from urllib.parse import quote
+
+        return template.format(quote(self.require_id(kind, str(provider_id), call), safe=""))
 
     def _label(self, run_id: str, node_index: int, installation_id: str | None = None,
                client_token: str | None = None) -> str:
@@ -256,7 +274,7 @@ class VastLifecycle:
         self.requote(req.offer, req.disk_gib)
         body = self.create_body(req)
         try:  # 429 = rejected before processing: safe to resend; nothing else is resent
-            r = self.api.request("PUT", f"/api/v0/asks/{oid}/", call, json_body=body, retry_on=frozenset({429}),
+            r = self.api.request("PUT", self._url("/api/v0/asks/{}/", "offer", oid, call), call, json_body=body, retry_on=frozenset({429}),
                                  retry_transport=False, accept={400, 404, 410})
         except TransientError as exc:
             if exc.status == 429 or not getattr(exc, "request_sent", True):
@@ -278,7 +296,8 @@ class VastLifecycle:
                                 f"({self.api.scrub(body_message(r))})", hint="broker moves on to the next offer")
             raise ProviderError(PROVIDER, call, f"Vast.ai refused: {self.api.scrub(body_message(r))}",
                                 hint="check the offer, image and disk, then retry")
-        if not (isinstance(data, dict) and data.get("success") and data.get("new_contract") is not None):
+        if not (isinstance(data, dict) and data.get("success") and data.get("new_contract") is not None
+                and self.valid_id("instance", str(data["new_contract"]))):  # an answer is input too
             return self._settle(req, label, call, f"HTTP {r.status_code} without an instance id "
                                                   f"({self.api.scrub(body_message(r))!r})")
         return self._check_disk(str(data["new_contract"]), req, call)
@@ -343,7 +362,8 @@ class VastLifecycle:
         call = f"attach the run's SSH key to instance {provider_id} (POST /api/v0/instances/{provider_id}/ssh/)"
         if not key:
             raise BadInput(f"vast: {call}: the public key is empty")
-        r = self.api.request("POST", f"/api/v0/instances/{provider_id}/ssh/", call, json_body={"ssh_key": key},
+        r = self.api.request("POST", self._url("/api/v0/instances/{}/ssh/", "instance", provider_id, call), call,
+                             json_body={"ssh_key": key},
                              accept={400, 409})
         already = "already" in body_message(r).lower() or "exists" in body_message(r).lower()
         if r.status_code in (400, 409):
@@ -359,7 +379,8 @@ class VastLifecycle:
 
     def _show(self, provider_id: str) -> dict[str, Any] | None:
         call = f"describe instance {provider_id} (GET /api/v0/instances/{provider_id}/)"
-        r = self.api.request("GET", f"/api/v0/instances/{provider_id}/", call, params={"owner": "me"}, accept={404})
+        r = self.api.request("GET", self._url("/api/v0/instances/{}/", "instance", provider_id, call), call,
+                             params={"owner": "me"}, accept={404})
         if r.status_code == 404:
             return None
         return show_row(self.api.json(r, call), provider_id, call)
@@ -400,7 +421,8 @@ class VastLifecycle:
         if kind != "instance":
             raise NotSupported(PROVIDER, f"terminate {kind}", "Vast.ai resources are instances only")
         call = f"destroy instance {provider_id} (DELETE /api/v0/instances/{provider_id}/)"
-        r = self.api.request("DELETE", f"/api/v0/instances/{provider_id}/", call, json_body={},
+        r = self.api.request("DELETE", self._url("/api/v0/instances/{}/", "instance", provider_id, call), call,
+                             json_body={},
                              retry_on=DELETE_RETRY_STATUSES, attempts=self.delete_attempts,
                              max_s=self.delete_timeout_s, accept={400, 404, 410})
         if r.status_code in (400, 410) and not says_gone(r):
@@ -463,6 +485,7 @@ class VastLifecycle:
                                                              and run_id.startswith(rid)):
                 continue
             rid = run_id if run_id is not None else rid  # a cut label still belongs to the run asked for
+            expect(row.get("id"), LIST_V1, "an integer instance id", self.valid_id("instance", str(row.get("id"))))
             start = row.get("start_date")
             out.append(TaggedResource(
                 provider=PROVIDER, kind="instance", provider_id=str(row.get("id")), run_id=rid,
