@@ -51,6 +51,19 @@ def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s:
         time.sleep(poll_s)
 
 
+def find_run_or_latest(ledger: Any, run_id: str | None) -> Any:
+    """The run ``run_id`` names (an id or unique prefix), or the newest run for ``latest`` / None.  Raises BadInput
+    when there is no run yet (or nothing matches)."""
+    if run_id in (None, "", "latest"):
+        runs = ledger.list_runs(limit=1)
+        if not runs:
+            from broker.provider import BadInput
+
+            raise BadInput("there are no runs yet", hint="`broker run RECIPE` (or `broker run -d RECIPE`) starts one")
+        return runs[0]
+    return ledger.find_run(run_id)
+
+
 def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[str]:
     """``ssh`` argv for node ``node`` of a stored cluster: the run's key, its known_hosts (new keys accepted and
     added, changed keys refused), the node's user, host and port."""
@@ -153,7 +166,8 @@ def _parse_since(value: str | None) -> datetime | None:
 def register(app: typer.Typer) -> None:
     @app.command("logs", short_help="Print a run's node log; -f follows a live run")
     def logs_cmd(
-        run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix (see `broker status`)"),
+        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix (see `broker "
+                                     "status`) or latest (the default: the newest run)"),
         node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the run is live"),
     ) -> None:
@@ -162,7 +176,7 @@ def register(app: typer.Typer) -> None:
         from broker.provider import BadInput
 
         ledger = Ledger()
-        run = ledger.find_run(run_id)
+        run = find_run_or_latest(ledger, run_id)
         nodes = int((run.recipe or {}).get("nodes") or 1)
         if not 0 <= node < max(nodes, 1):
             raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")

@@ -174,6 +174,11 @@ def register(app: typer.Typer) -> None:
         report: list[dict] = []
         still: list[Any] = []
         for rid in run_ids:
+            from broker.commands.run import stop_detached
+
+            run_row = ledger.get_run(rid)
+            if run_row is not None and stop_detached(run_row) and not as_json:  # `broker run -d`: its own teardown
+                console.print(f"[bold]{rid}[/]: the background run was interrupted (it tears down its nodes)")
             before = ledger.resources(rid, live_only=True)
             if not as_json:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")

@@ -44,11 +44,22 @@ def register(app: typer.Typer) -> None:
                                  "without a terminal)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        detach: bool = typer.Option(False, "--detach", "-d", help="run in the background: print the run id and "
+                                    "how to follow it (`broker logs -f`), then return; paid runs need --yes"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.recipe import load_recipe
 
         recipe = load_recipe(recipe_path)
+        if detach:  # checked here (bad input fails in the foreground); the background process lints again
+            lint_or_refuse(recipe, as_json=as_json)
+            argv = [str(recipe.path or recipe_path)]
+            for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
+                                ("--cluster", cluster), ("--topology", topology)):
+                if value is not None:
+                    argv += [flag, value]
+            argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
+            raise typer.Exit(run_detached(argv, recipe, as_json=as_json))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
             from broker.provider import BadInput
@@ -130,6 +141,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 
     def started(run: Any, description: str) -> None:
         prog.bind(run)
+        _tell_detached_parent(run)
         if not as_json:
             console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
                           f"process(es), {description}", highlight=False)
@@ -156,6 +168,134 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
         err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
     return out.exit_code
+
+
+#: environment variable naming the file where a background ``broker run`` (``-d``) writes its run id once the run
+#: row exists (:func:`run_detached` waits for it)
+DETACH_ID_ENV = "BROKER_DETACHED_RUN_ID_FILE"
+#: marker in a run's folder: the run is driven by a background process (``broker down`` interrupts it first)
+DETACHED_MARKER = "detached.json"
+#: how long ``broker run -d`` waits for the background process to create its run, seconds
+DETACH_START_TIMEOUT_S = 300.0
+
+
+def _tell_detached_parent(run: Any) -> None:
+    """In a background run (``-d``): write the run id for the waiting parent and mark the run folder as detached."""
+    import json
+    import os
+
+    path = os.environ.pop(DETACH_ID_ENV, None)
+    if not path:
+        return
+    try:
+        if run.run_dir:
+            (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
+        tmp = Path(path + ".tmp")
+        tmp.write_text(run.id)
+        tmp.replace(path)  # whole or nothing: the parent never reads half an id
+    except OSError:
+        pass
+
+
+def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
+                 timeout_s: float = DETACH_START_TIMEOUT_S) -> int:
+    """``broker run -d``: start ``broker run ARGS -q`` as a background process (its own session, stdin closed,
+    output to ``<home>/logs/run-<time>-<pid>.out``), wait until it has created its run (or ended), print the run id
+    and how to follow it; returns 0, or the background process's exit code when it ended before the run started
+    (its output is shown then: e.g. a paid run without --yes)."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    from broker.config import home_path
+    from broker.ui import console, err, print_json
+
+    logs = home_path() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.out"
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    id_dir = tempfile.mkdtemp(prefix="broker-detach-", dir=str(logs))
+    id_file = Path(id_dir) / "run-id"
+    env = dict(os.environ, **{DETACH_ID_ENV: str(id_file)})
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args, "-q"], stdin=subprocess.DEVNULL,
+                                stdout=fd, stderr=fd, env=env, start_new_session=True, close_fds=True)
+    finally:
+        os.close(fd)
+    t0 = time.monotonic()
+    run_id = None
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            if id_file.exists():
+                run_id = id_file.read_text().strip()
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    finally:
+        if run_id is not None or proc.poll() is not None:
+            for f in Path(id_dir).iterdir():
+                f.unlink(missing_ok=True)
+            os.rmdir(id_dir)
+    if run_id is None:
+        code = proc.poll()
+        text = out_path.read_text(encoding="utf-8", errors="replace")
+        if code is None:
+            from broker.provider import ProviderError
+
+            raise ProviderError(f"the background run did not start within {timeout_s:.0f} s (pid {proc.pid} is "
+                                f"still working)", hint=f"its output so far is in {out_path}; `broker status` "
+                                                          "shows the run once it starts")
+        sys.stderr.write(text)
+        return code or 1
+    if as_json:
+        print_json({"run_id": run_id, "pid": proc.pid, "output": str(out_path), "detached": True})
+        return 0
+    console.print(f"[bold]run {run_id}[/]: {recipe.name}, running in the background (pid {proc.pid})",
+                  highlight=False)
+    for what, cmd in (("follow its log", f"broker logs -f {run_id}"), ("its state", f"broker status {run_id}"),
+                      ("stop it", f"broker down {run_id}")):
+        console.print(f"  {what + ':':<15} {cmd}", highlight=False, soft_wrap=True)
+    err.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def quote_path(p: Any) -> str:
+    """``p`` as a shell word a user can paste (quoted when it holds spaces or shell characters)."""
+    import shlex
+
+    return shlex.quote(str(p))
+
+
+def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
+    """When ``run`` is driven by a live background process (``broker run -d``): interrupt it (SIGINT, the same
+    shielded teardown as Ctrl-C) and wait up to ``grace_s`` seconds for it to end.  Returns True when one was
+    interrupted.  A pid whose folder has no detached marker naming it is never signalled."""
+    import json
+    import os
+    import signal
+    import time
+
+    from broker.accounting import pid_alive
+
+    if not run.run_dir or not run.pid or not pid_alive(run.pid):
+        return False
+    try:
+        marker = json.loads((Path(run.run_dir) / DETACHED_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("pid") != run.pid:
+        return False
+    try:
+        os.kill(run.pid, signal.SIGINT)
+    except OSError:
+        return False
+    t0 = time.monotonic()
+    while pid_alive(run.pid) and time.monotonic() - t0 < grace_s:
+        time.sleep(0.2)
+    return True
 
 
 def result_dict(result: Any, usd: float = 0.0) -> dict:

@@ -1,7 +1,7 @@
 """``broker status``: runs and live resources from the ledger, with money and the armed teardown layers.
 
-Per run: spent so far / budget, worst case at the deadline, time left (``--wide``: name, where, start, USD/hour,
-exit codes).  Per live resource: run, provider, kind, id, state, USD/hour, spent so far, worst case at the
+Per run: id, recipe name, where (provider and topology), state, spent so far / budget, time left (``--wide``:
+start, USD/hour, worst case at the deadline, exit codes).  Per live resource: run, provider, kind, id, state, USD/hour, spent so far, worst case at the
 deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
 the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
 :mod:`broker.accounting` (billing counted from creation, per second; a create that never happened costs $0).
@@ -145,6 +145,15 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
               "possibly_billing": sum(1 for r in out_live if r["state"] == "unknown")}
     return {"now": now.isoformat(), "runs": out_runs, "live_resources": out_live, "watchdog": wd.to_dict(),
             "totals": totals, "refresh": {"done": refresh, "notes": notes}}
+
+
+def _where(provider: str | None, topology: str | None) -> str:
+    """Where a run ran, short: the provider, and the topology when it says more than the provider's name
+    (``vast simulated``, ``oci multi-node``, ``local``)."""
+    provider = provider or "?"
+    if not topology or topology == provider or topology == "any":
+        return provider
+    return f"{provider} {topology}"
 
 
 def _state_text(state: str) -> str:
@@ -296,9 +305,11 @@ def register(app: typer.Typer) -> None:
             return
         t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
-                 "time left", "exit codes") if wide else ("run", "status", "spent / budget", "worst case", "left"))
+                 "time left", "exit codes") if wide else ("run", "name", "where", "status", "spent / budget",
+                                                          "left"))
         for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
-            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold")
+            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold",
+                         max_width=14 if col == "name" and not wide else None)
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
@@ -313,7 +324,8 @@ def register(app: typer.Typer) -> None:
                           usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
                           " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
             else:
-                t.add_row(r["id"], r["status"], spent, worst, left)
+                t.add_row(r["id"], escape(r["name"]), _where(r["provider"], r["topology"]), r["status"], spent,
+                          left)
         if data["runs"]:
             print_table(t, wide=wide)
         else:

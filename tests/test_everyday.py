@@ -1,0 +1,118 @@
+"""Everyday commands as a user of SkyPilot / dstack expects them: a detached run that prints its id and how to
+follow it, `logs` of the latest run, a status that names runs within 80 columns, one error style for usage
+errors with did-you-mean, and recipe messages that are sentences."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from broker.ledger import Ledger
+from tests.conftest import REPO, broker_cmd
+
+TICKER = """
+import os, time
+rank = int(os.environ["RANK"])
+for i in range(int(os.environ.get("TICKS", "3"))):
+    print(f"rank {rank} tick {i}", flush=True)
+    time.sleep(float(os.environ.get("TICK_S", "0.2")))
+print(f"rank {rank} LAST_LINE", flush=True)
+"""
+
+
+def _cli(args, env, timeout=240, **kw):
+    return subprocess.run(broker_cmd(*args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+def _ticker(tmp_path: Path, extra: str = "") -> Path:
+    d = tmp_path / "my recipes"  # a space: the printed commands must stay copyable
+    d.mkdir(exist_ok=True)
+    (d / "ticker.py").write_text(TICKER)
+    (d / "r.yaml").write_text("name: ticker\nscript: ticker.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n" + extra)
+    return d / "r.yaml"
+
+
+def _wait_ended(run_id: str, timeout: float = 90) -> str:
+    from broker.accounting import ACTIVE_STATUSES
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        run = Ledger().get_run(run_id)
+        if run is not None and run.status not in ACTIVE_STATUSES:
+            return run.status
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} did not end")
+
+
+def test_run_detached_returns_with_the_id_and_logs_latest_follows_it(cli_env, tmp_path):
+    env = dict(cli_env, TICKS="10", TICK_S="0.5")
+    t0 = time.monotonic()
+    p = _cli(["run", "-d", str(_ticker(tmp_path))], env)
+    assert p.returncode == 0, p.stderr
+    run_id = Ledger().list_runs()[0].id
+    assert f"run {run_id}" in p.stdout
+    for cmd in (f"broker logs -f {run_id}", f"broker status {run_id}", f"broker down {run_id}"):
+        assert cmd in p.stdout
+    back = time.monotonic() - t0
+    run = Ledger().get_run(run_id)
+    assert run.status == "running" and run.pid != os.getpid()  # still going, driven by another process
+    f = _cli(["logs", "-f"], env, timeout=120)  # latest by default
+    assert f.returncode == 0, f.stderr
+    assert "rank 0 tick 0" in f.stdout and "rank 0 LAST_LINE" in f.stdout
+    assert _wait_ended(run_id) == "succeeded"
+    assert back < time.monotonic() - t0  # it came back before the run ended
+    again = _cli(["logs", "latest", "--node", "1"], env)
+    assert again.returncode == 0 and "rank 1 LAST_LINE" in again.stdout
+
+
+def test_down_interrupts_a_detached_run(cli_env, tmp_path):
+    env = dict(cli_env, TICKS="200", TICK_S="0.5")
+    p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)
+    assert p.returncode == 0, p.stderr
+    run = Ledger().list_runs()[0]
+    d = _cli(["down", run.id], env, timeout=180)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert "interrupted" in d.stdout
+    assert _wait_ended(run.id, timeout=30) in ("interrupted", "failed")
+    from broker.accounting import pid_alive
+
+    assert not pid_alive(run.pid)
+
+
+def test_run_detached_that_cannot_start_says_why_in_the_foreground(cli_env, tmp_path):
+    p = _cli(["run", "-d", str(_ticker(tmp_path)), "--provider", "fake"], cli_env)  # paid, no --yes, no terminal
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "--yes" in p.stderr and not Ledger().list_runs()
+
+
+def test_logs_without_any_run_says_so(cli_env):
+    p = _cli(["logs"], cli_env)
+    assert p.returncode == 2 and "no runs yet" in p.stderr
+
+
+def test_status_names_runs_within_80_columns(tmp_path, monkeypatch):
+    from broker import ui
+    from broker.cli import app
+    from test_watchdog_helpers import make_run
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    monkeypatch.setattr(ui.console, "_width", 80)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    make_run(led, budget_usd=5.0)
+    for name, prov, topo in (("gpt-small-finetune", "vast", "simulated"), ("resnet", "oci", "multi-node")):
+        r = make_run(led, budget_usd=5.0)
+        led.update_run(r.id, name=name, provider=prov, topology=topo, status="succeeded")
+    res = CliRunner().invoke(app, ["status", "--no-refresh"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert max(len(x) for x in lines) <= 80, res.output
+    text = res.output.replace("\n", " ")
+    for word in ("gpt-small", "resnet", "vast", "simulated", "oci", "multi-node", "succeeded", "name", "where"):
+        assert word in text, res.output
