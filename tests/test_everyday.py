@@ -116,3 +116,47 @@ def test_status_names_runs_within_80_columns(tmp_path, monkeypatch):
     text = res.output.replace("\n", " ")
     for word in ("gpt-small", "resnet", "vast", "simulated", "oci", "multi-node", "succeeded", "name", "where"):
         assert word in text, res.output
+
+
+# ------------------------------------------------------------------------------------------------ one error style
+def _main(args, capsys):
+    from broker import cli
+
+    with pytest.raises(SystemExit) as ex:
+        cli.main(args)
+    out = capsys.readouterr()
+    return ex.value.code, out.out, " ".join(out.err.split())
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["plan", "--budget", "abc"], ["error: Invalid value for '--budget'", "-> usage: broker plan [OPTIONS]"]),
+    (["run"], ["error: Missing argument 'RECIPE'", "usage: broker run [OPTIONS] RECIPE"]),
+    (["launch", "r.yaml"], ["error: no command 'launch'", "did you mean `broker run`?"]),
+    (["plan", "r.yaml"], ["the recipe goes after --recipe: broker plan --recipe r.yaml"]),
+    (["plan", "--provider", "vasti"], ["--provider 'vasti' is not a provider", "did you mean --provider vast?"]),
+    (["plan", "--topology", "multinode"], ["did you mean --topology multi-node?", "simulated, multi-node"]),
+    (["run", "r.yaml", "--mesh=wireguad"], ["did you mean --mesh wireguard?"]),
+])
+def test_usage_errors_print_broker_style_with_did_you_mean(args, needles, capsys, broker_home):
+    code, out, err = _main(args, capsys)
+    assert code == 2, err
+    assert "Usage:" not in err and "Try 'broker" not in err, err
+    assert err.startswith("error: ") and " -> " in err, err
+    for n in needles:
+        assert n in err, err
+
+
+def test_enum_flags_accept_another_case(capsys, broker_home):
+    code, out, err = _main(["plan", "--provider", "LOCAL", "--topology", "Simulated", "--nodes", "2", "--cpu-ok",
+                            "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["chosen"]["provider"] == "local", out
+
+
+def test_ssh_words_after_the_run_are_not_checked():
+    from broker.choices import normalize_args
+
+    assert normalize_args(["ssh", "RUN", "--", "ls", "-p", "X"]) == ["ssh", "RUN", "--", "ls", "-p", "X"]
+    assert normalize_args(["slurm", "submit", "-p", "gpu"]) == ["slurm", "submit", "-p", "gpu"]
+    assert normalize_args(["run", "r.yaml", "-p", "Vast", "--", "--provider", "x"])[3] == "vast"
