@@ -160,3 +160,47 @@ def test_ssh_words_after_the_run_are_not_checked():
     assert normalize_args(["ssh", "RUN", "--", "ls", "-p", "X"]) == ["ssh", "RUN", "--", "ls", "-p", "X"]
     assert normalize_args(["slurm", "submit", "-p", "gpu"]) == ["slurm", "submit", "-p", "gpu"]
     assert normalize_args(["run", "r.yaml", "-p", "Vast", "--", "--provider", "x"])[3] == "vast"
+
+
+# ------------------------------------------------------------------------------------------- recipe messages
+def _recipe(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    p = tmp_path / "r.yaml"
+    p.write_text(body)
+    return p
+
+
+def test_setup_expect_and_artifacts_take_one_text_as_skypilot_does(tmp_path):
+    from broker.recipe import load_recipe
+
+    r = load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nsetup: echo hi\nexpect: out.txt\n"
+                                      "artifacts: '*.pt'\n"))
+    assert r.setup == ["echo hi"] and r.expect == ["out.txt"] and r.artifacts == ["*.pt"]
+    block = load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nsetup: |\n  pip list\n  echo done\n"))
+    assert block.setup == ["pip list\necho done\n"]  # a block is one shell script
+
+
+@pytest.mark.parametrize("body, needles, not_in", [
+    ("name: j\nscript: train.py\nbudget_usd: 1e12\n",
+     ["field 'budget_usd'", "1000000000000 is more than the largest allowed, 100000"], ["valid number"]),
+    ("name: j\nscript: train.py\nmax_hours: 0\n", ["0 is too small: it must be more than 0"], ["Input should"]),
+    ("name: j\nscript: .\n", ["field 'script'", "is a folder", "must name the training script"], ["outside"]),
+    ("name: tické\nscript: train.py\n", ["field 'name'", "'é' is not allowed in a name"], ["^[A-Za-z", "pattern"]),
+    ("name: -x\nscript: train.py\n", ["must start with a letter or digit, not '-'"], ["pattern"]),
+])
+def test_recipe_errors_are_sentences(tmp_path, body, needles, not_in):
+    from broker.recipe import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError) as ei:
+        load_recipe(_recipe(tmp_path, body))
+    text = " ".join(f"{ei.value.message} {ei.value.hint or ''}".split())
+    for n in needles:
+        assert n in text, text
+    for n in not_in:
+        assert n not in text, text
+
+
+def test_exponent_budget_within_bounds_is_a_number(tmp_path):
+    from broker.recipe import load_recipe
+
+    assert load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nbudget_usd: 2.5e1\n")).budget_usd == 25.0
