@@ -204,3 +204,29 @@ def test_exponent_budget_within_bounds_is_a_number(tmp_path):
     from broker.recipe import load_recipe
 
     assert load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nbudget_usd: 2.5e1\n")).budget_usd == 25.0
+
+
+# ------------------------------------------------------------------------------------------- copyable commands
+def test_kept_nodes_ssh_command_is_one_quoted_line():
+    import shlex
+    from types import SimpleNamespace as NS
+
+    from broker.commands.lifecycle import kept_message
+
+    node = NS(user="root", host="203.0.113.7", port=2222)
+    cluster = NS(nodes=[node], local_exec=False, ssh_key_path="/home/me/my keys/id_ed25519", workroot="/root/work")
+    out = NS(run=NS(id="r-1"), kept=[NS(provider="vast", provider_id="123", name="n0")], cluster=cluster)
+    lines = kept_message(out, 10)
+    ssh = next(x for x in lines if "ssh into node 0" in x)
+    cmd = ssh.split(": ", 1)[1]
+    assert shlex.split(cmd) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-p", "2222", "root@203.0.113.7"]
+
+
+def test_hints_quote_recipe_paths_with_spaces(tmp_path, capsys, broker_home):
+    (tmp_path / "my dir").mkdir()
+    p = _recipe(tmp_path / "my dir", "name: j\nscript: train.py\nnodes: 2\ncpu_ok: true\n")
+    code, out, err = _main(["run", str(p), "--inject", "firewall"], capsys)
+    assert code == 2, err
+    import shlex
+
+    assert f"broker run {shlex.quote(str(p))} --provider netns" in err, err

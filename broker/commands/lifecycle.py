@@ -106,9 +106,13 @@ def kept_message(out: Any, idle_minutes: float) -> list[str]:
     c = out.cluster
     if c is not None and c.nodes and not c.local_exec:
         n0 = c.nodes[0]
-        key = f"-i {c.ssh_key_path} " if c.ssh_key_path else ""
+        import shlex
+
+        key = f"-i {shlex.quote(str(c.ssh_key_path))} " if c.ssh_key_path else ""
         port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
-        lines.append(f"  ssh into node 0: ssh {key}{port}{n0.user}@{n0.host}   (run files in {c.workroot}/{run_id})")
+        # the command alone on its line (printed unwrapped): a paste runs it as it is
+        lines.append(f"  ssh into node 0: ssh {key}{port}{shlex.quote(f'{n0.user}@{n0.host}')}")
+        lines.append(f"  run files on node 0: {shlex.quote(f'{c.workroot}/{run_id}')}")
     if c is not None and c.local_exec:  # this machine (fake provider): no node-side watch, only the watchdog
         lines.append(f"  the watchdog terminates them {idle_minutes:g} min after the job ended (or at the deadline / "
                      "budget)")

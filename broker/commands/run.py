@@ -145,7 +145,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
         if not as_json:
             console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
                           f"process(es), {description}", highlight=False)
-            console.print(f"logs: {run.run_dir}", highlight=False)
+            console.print(f"logs: {quote_path(run.run_dir)}", highlight=False)
 
     hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
