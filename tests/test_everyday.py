@@ -230,3 +230,48 @@ def test_hints_quote_recipe_paths_with_spaces(tmp_path, capsys, broker_home):
     import shlex
 
     assert f"broker run {shlex.quote(str(p))} --provider netns" in err, err
+
+
+# ------------------------------------------------------------------------------------------- quiet backends
+def _fatal_slurm(tmp_path: Path, monkeypatch) -> None:
+    """Slurm commands that exist but reach no controller (a machine with the binaries and no cluster)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for cmd in ("squeue", "sinfo", "sacct", "scontrol", "sbatch", "scancel"):
+        (bin_dir / cmd).write_text("#!/bin/sh\necho \"$0: fatal: Could not establish a configuration source\" >&2\n"
+                                   "echo \"$0: fatal: second line\" >&2\nexit 1\n")
+        (bin_dir / cmd).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_slurm_with_nothing_live_is_not_asked_and_status_stays_quiet(tmp_path, monkeypatch):
+    from broker import ui
+    from broker.cli import app
+    from broker.watchdog import Watchdog
+    from test_watchdog_helpers import make_run
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    monkeypatch.setattr(ui.console, "_width", 80)
+    _fatal_slurm(tmp_path, monkeypatch)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    run = make_run(led, status="succeeded")
+    res = led.record_intent(run.id, "slurm", "slurm_job", "job")
+    led.mark_created(res.id, "123", state="running")
+    led.update_resource(res.id, state="terminated")
+    wd = Watchdog(led, home=tmp_path, orphan_scan_s=0)
+    wd.run_once()
+    assert "slurm" not in wd.errors, wd.errors
+    wd.write_heartbeat()
+    out = CliRunner().invoke(app, ["status", "--no-refresh"]).output
+    assert "squeue" not in out and "fatal" not in out, out
+
+
+def test_status_shows_a_backend_error_only_when_it_holds_something_live():
+    from broker.commands.status import _watchdog_line
+
+    wd = {"alive": True, "pid": 1, "age_s": 1.0,
+          "errors": {"slurm": "slurm: list_tagged failed: squeue: fatal: a\nsqueue: fatal: b", "vast": "vast: 500"}}
+    quiet = _watchdog_line(wd, set())
+    assert "squeue" not in quiet and "vast: 500" in quiet
+    loud = _watchdog_line(wd, {"slurm"})
+    assert loud.count("squeue: fatal") == 1  # one line, not the backend's whole stderr

@@ -218,8 +218,13 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _watchdog_line(wd: dict[str, Any]) -> str:
+def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -> str:
+    """The watchdog's state, and its provider errors: only those of a cloud or of a provider that holds a live
+    resource of this installation (``live_providers``; None: all), each on one line (a backend's multi-line
+    stderr is cut to its first line: ``broker status --json`` has it whole)."""
     from rich.markup import escape
+
+    from broker.providers import CLOUD
 
     if wd["alive"]:
         line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
@@ -229,7 +234,10 @@ def _watchdog_line(wd: dict[str, Any]) -> str:
     else:
         line = "watchdog: [yellow]not running[/] (`broker run` starts it; or `broker watchdog`)"
     for prov, msg in (wd.get("errors") or {}).items():
-        line += f"\n  [bold red]{escape(prov)}: {escape(msg)}[/]"
+        if live_providers is not None and prov not in CLOUD and prov not in live_providers:
+            continue  # an optional backend holding nothing of ours: its failure is no news
+        first = msg.strip().splitlines()[0] if msg.strip() else msg
+        line += f"\n  [bold red]{escape(prov)}: {escape(first)}[/]"
     return line
 
 
@@ -330,7 +338,7 @@ def register(app: typer.Typer) -> None:
             print_table(t, wide=wide)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
-        console.print(_watchdog_line(data["watchdog"]))
+        console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))
         for prov, why in data["refresh"]["notes"].items():
             console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
         live = data["live_resources"]
