@@ -275,3 +275,13 @@ def test_status_shows_a_backend_error_only_when_it_holds_something_live():
     assert "squeue" not in quiet and "vast: 500" in quiet
     loud = _watchdog_line(wd, {"slurm"})
     assert loud.count("squeue: fatal") == 1  # one line, not the backend's whole stderr
+
+
+def test_reconcile_that_cannot_list_never_says_no_orphans(tmp_path, monkeypatch, fake_cloud):
+    from broker.cli import app
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "list")
+    r = CliRunner().invoke(app, ["reconcile", "--provider", "fake"])
+    assert r.exit_code == 4, r.output
+    assert "no orphans." not in r.output and "unknown at fake" in r.output and "could not be listed" in r.output

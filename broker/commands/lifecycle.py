@@ -281,8 +281,12 @@ def register(app: typer.Typer) -> None:
             for t in rep.young:
                 console.print(f"  {t.provider} {t.kind} {t.provider_id} run {t.run_id} is younger than "
                               f"{min_age:g} s: left alone (a create may be in flight)")
-            if not rep.orphans:
+            if not rep.orphans and not rep.errors:
                 console.print("no orphans.")
+            elif not rep.orphans:  # exit 4 below: never a plain "no orphans" over a provider it could not ask
+                listed = [n for n in rep.checked if n not in rep.errors]
+                console.print(f"no orphans found{' at ' + ', '.join(listed) if listed else ''}; "
+                              f"[bold red]unknown at {', '.join(rep.errors)}[/] (not listed)")
             for t in rep.orphans:
                 console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
                               f"${t.usd_per_hour or 0:.4g}/h")
@@ -296,4 +300,7 @@ def register(app: typer.Typer) -> None:
                 "status`; retry `broker reconcile --terminate --yes` or `broker down <run>`")
             raise typer.Exit(4)
         if rep.errors:
+            if not as_json:
+                err.print(f"[bold red]error:[/] {', '.join(rep.errors)} could not be listed: orphans there are not "
+                          "known (exit 4)", highlight=False)
             raise typer.Exit(4)
