@@ -285,3 +285,23 @@ def test_reconcile_that_cannot_list_never_says_no_orphans(tmp_path, monkeypatch,
     r = CliRunner().invoke(app, ["reconcile", "--provider", "fake"])
     assert r.exit_code == 4, r.output
     assert "no orphans." not in r.output and "unknown at fake" in r.output and "could not be listed" in r.output
+
+
+# ------------------------------------------------------------------------------------------- --vast-query offline
+@pytest.mark.parametrize("offline", [False, True])
+def test_vast_query_is_honoured_against_the_snapshot_or_refused(offline, broker_home, capsys):
+    extra = ["--offline"] if offline else []
+    base = ["plan", "--provider", "vast", "--nodes", "2", "--json", *extra]
+    code, out, err = _main([*base, "--vast-query", "garbage!!"], capsys)
+    assert code == 2 and "garbage!!" in err, err
+    code, out, err = _main([*base, "--vast-query", "reliability>0.98 num_gpus>=2"], capsys)
+    assert code == 2 and "reliability cannot be checked without a Vast API key" in err, err
+    code, out, err = _main(base, capsys)
+    assert code == 0, err
+    everything = json.loads(out)
+    code, out, err = _main([*base, "--vast-query", "num_gpus>=4"], capsys)
+    assert code == 0, err
+    filtered = json.loads(out)
+    opts = filtered["plan"]["options"]
+    assert opts and all(o["offers"][0]["gpu_count"] >= 4 for o in opts), opts
+    assert len(opts) < len(everything["plan"]["options"])
