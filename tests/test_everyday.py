@@ -305,3 +305,14 @@ def test_vast_query_is_honoured_against_the_snapshot_or_refused(offline, broker_
     opts = filtered["plan"]["options"]
     assert opts and all(o["offers"][0]["gpu_count"] >= 4 for o in opts), opts
     assert len(opts) < len(everything["plan"]["options"])
+
+
+def test_offers_for_local_lists_this_machine(broker_home, capsys, monkeypatch):
+    from broker.providers.local import LocalProvider
+
+    monkeypatch.setattr(LocalProvider, "gpus", property(lambda self: []))  # a machine without GPU (as CI)
+    code, out, err = _main(["offers", "--provider", "local", "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["total"] == 1 and data["offers"][0]["provider"] == "local", data
+    assert any("no GPU" in n for n in data["notes"])
