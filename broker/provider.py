@@ -116,6 +116,8 @@ class Provider(ABC):
     topologies: ClassVar[tuple[str, ...]] = ("simulated",)
     #: Folder on the nodes for run files (work dirs, logs, probes); None = ``~/broker`` of the SSH user.
     node_workroot: ClassVar[str | None] = None
+    #: True when its money is pretend (no one is billed): ``broker cost`` shows it apart, outside the total.
+    pretend_money: ClassVar[bool] = False
 
     # ---- read side
     def check(self) -> ProviderCheck:

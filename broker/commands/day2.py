@@ -112,8 +112,21 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
         rows.append({"run": r.id, "name": r.name, "provider": r.provider, "status": r.status,
                      "created_at": r.created_at.isoformat() if r.created_at else None, "usd": usd})
         by_provider[r.provider] = round(by_provider.get(r.provider, 0.0) + usd, 6)
+    pretend = sorted(p for p in by_provider if _pretend_money(p))
     return {"since": since.isoformat() if since else None, "provider": provider, "runs": rows,
-            "by_provider": by_provider, "total_usd": round(sum(by_provider.values()), 6)}
+            "by_provider": by_provider, "pretend_providers": pretend,
+            "pretend_usd": round(sum(by_provider[p] for p in pretend), 6),
+            "total_usd": round(sum(v for p, v in by_provider.items() if p not in pretend), 6)}
+
+
+def _pretend_money(provider: str | None) -> bool:
+    """Whether ``provider``'s money is pretend (its adapter's ``pretend_money``: the fake cloud); unknown: no."""
+    try:
+        from broker.providers import provider_class
+
+        return bool(getattr(provider_class(provider or ""), "pretend_money", False))
+    except Exception:  # noqa: BLE001 - an adapter that cannot be imported bills for real as far as we know
+        return False
 
 
 def _dir_size(p: Path) -> int:
@@ -297,8 +310,13 @@ def register(app: typer.Typer) -> None:
         if len(data["runs"]) > 50:
             console.print(f"... {len(data['runs']) - 50} older run(s); --json lists all")
         for p, v in sorted(data["by_provider"].items()):
-            console.print(f"{p}: {usd(v)}", highlight=False)
-        console.print(f"total: {usd(data['total_usd'])} over {len(data['runs'])} run(s)", highlight=False)
+            pretend = " (pretend money: not billed, not in the total)" if p in data["pretend_providers"] else ""
+            console.print(f"{p}: {usd(v)}{pretend}", highlight=False)
+        real = [r for r in data["runs"] if r["provider"] not in data["pretend_providers"]]
+        console.print(f"total: {usd(data['total_usd'])} over {len(real)} run(s)"
+                      + (f" (plus {len(data['runs']) - len(real)} run(s) on "
+                         f"{', '.join(data['pretend_providers'])}: pretend)" if len(real) < len(data["runs"]) else ""),
+                      highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies)")
     def clean_cmd(
