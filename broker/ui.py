@@ -135,6 +135,29 @@ def hours(h: float | None) -> str:
 PROSE_TAGS = ("[broker] ", "[preflight] ", "[slurm] ")
 
 
+#: node output that is known noise on the terminal (kept in the node logs): torch's c10d warning when a reverse
+#: lookup of the peer fails at once (network namespaces have no resolver), harmless
+TERMINAL_NOISE = ("The hostname of the client socket cannot be retrieved",)
+
+
+def is_terminal_noise(line: str) -> bool:
+    """Whether a streamed ``[node i] ...`` line is noise on the terminal: empty after its tag, or known harmless
+    (:data:`TERMINAL_NOISE`).  Node logs keep every line; only the terminal leaves these out."""
+    import re
+
+    m = re.match(r"\[node \d+\]\s?(.*)\Z", line.rstrip("\r\n"), re.S)
+    if m is None:
+        return False
+    rest = m.group(1)
+    return not rest.strip() or any(n in rest for n in TERMINAL_NOISE)
+
+
+def echo_node_line(line: str) -> None:
+    """:func:`echo_line` for the run's stream, minus terminal noise (:func:`is_terminal_noise`)."""
+    if not is_terminal_noise(line):
+        echo_line(line)
+
+
 def echo_line(line: str) -> None:
     """Print a streamed line: a node's log line (``[node i] ...``) verbatim (no markup, never wrapped); broker's
     own (``[broker]``, ``[preflight]``, ``[slurm]``) wrapped as prose under their tag."""

@@ -316,3 +316,33 @@ def test_offers_for_local_lists_this_machine(broker_home, capsys, monkeypatch):
     data = json.loads(out)
     assert data["total"] == 1 and data["offers"][0]["provider"] == "local", data
     assert any("no GPU" in n for n in data["notes"])
+
+
+# ------------------------------------------------------------------------------------------- terminal noise
+def test_c10d_hostname_noise_and_empty_node_lines_stay_off_the_terminal(tmp_path, capsys, broker_home):
+    from broker.ui import echo_node_line, is_terminal_noise
+
+    noise = "[node 1] [W1201 21:00:00 socket.cpp:752] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    assert is_terminal_noise(noise) and is_terminal_noise("[node 0] ") and is_terminal_noise("[node 3]")
+    assert not is_terminal_noise("[node 0] step 1 loss 0.5") and not is_terminal_noise("[broker] ")
+    for line in (noise, "[node 0] ", "[node 0] step 1 loss 0.5"):
+        echo_node_line(line)
+    out = capsys.readouterr().out
+    assert "step 1 loss 0.5" in out and "hostname of the client socket" not in out
+    assert "[node 0] \n" not in out and out.count("[node") == 1
+
+
+def test_a_run_keeps_noise_in_the_node_log_but_not_on_the_terminal(cli_env, tmp_path):
+    d = tmp_path / "noisy"
+    d.mkdir()
+    (d / "noisy.py").write_text("import sys\nprint('', flush=True)\nprint('[c10d] The hostname of the client socket "
+                                "cannot be retrieved. err=-3', file=sys.stderr, flush=True)\nprint('REAL_LINE')\n")
+    (d / "r.yaml").write_text("name: noisy\nscript: noisy.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    p = _cli(["run", str(d / "r.yaml")], cli_env)
+    assert p.returncode == 0, p.stderr
+    term = p.stdout + p.stderr
+    assert "[node 0] REAL_LINE" in term and "hostname of the client socket" not in term
+    assert "[node 0] \n" not in term and not any(x.strip() in ("[node 0]", "[node 1]") for x in term.splitlines())
+    run = Ledger().list_runs()[0]
+    log = (Path(run.run_dir) / "node0.log").read_text()
+    assert "hostname of the client socket" in log

@@ -126,7 +126,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     from broker.commands.summary import render_summary
     from broker.ledger import Ledger
     from broker.pipeline import Hooks, RunRequest, run_recipe
-    from broker.ui import console, echo_line, err, print_json
+    from broker.ui import console, echo_node_line, err, print_json
 
     slurm = None
     if provider == "slurm":
@@ -147,7 +147,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
                           f"process(es), {description}", highlight=False)
             console.print(f"logs: {quote_path(run.run_dir)}", highlight=False)
 
-    hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
+    hooks = Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
     try:
         out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
