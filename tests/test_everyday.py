@@ -346,3 +346,38 @@ def test_a_run_keeps_noise_in_the_node_log_but_not_on_the_terminal(cli_env, tmp_
     run = Ledger().list_runs()[0]
     log = (Path(run.run_dir) / "node0.log").read_text()
     assert "hostname of the client socket" in log
+
+
+# ------------------------------------------------------------------------------------------- staging what is named
+def _ignored_scratch(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "scratch" / "conf").mkdir(parents=True)
+    (repo / ".git").mkdir()  # a git work tree (git_top looks for .git)
+    (repo / ".gitignore").write_text("scratch/\n")
+    (repo / "scratch" / "ticker.py").write_text(TICKER)
+    (repo / "scratch" / "conf" / "c.yaml").write_text("a: 1\n")
+    (repo / "scratch" / "notes.txt").write_text("not named\n")
+    (repo / "scratch" / ".env").write_text("SECRET=1\n")
+    (repo / "scratch" / "r.yaml").write_text("name: ticker\nscript: ticker.py\nargs: [--config, conf/c.yaml, "
+                                             "--env=.env]\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+    return repo / "scratch"
+
+
+def test_named_files_are_staged_although_the_enclosing_repo_ignores_the_folder(tmp_path):
+    from broker.staging import recipe_files, stage_plan
+
+    d = _ignored_scratch(tmp_path)
+    keep = recipe_files(d, "ticker.py", ["--config", "conf/c.yaml", "--env=.env", "--epochs", "3"])
+    assert keep == ["ticker.py", "conf/c.yaml", ".env"]
+    assert stage_plan(d).files == []  # the rule as it was: 0 files
+    plan = stage_plan(d, keep=keep)
+    assert sorted(f.as_posix() for f in plan.files) == ["conf/c.yaml", "ticker.py"]  # never .env (a secret)
+    assert plan.forced["ticker.py"] == f"scratch/ in {tmp_path / 'repo' / '.gitignore'}"
+    assert "ticker.py (scratch/ in" in plan.summary() and "notes.txt" in plan.summary()
+
+
+def test_a_run_from_an_ignored_folder_stages_its_script(cli_env, tmp_path):
+    d = _ignored_scratch(tmp_path)
+    p = _cli(["run", str(d / "r.yaml")], dict(cli_env, TICKS="1"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "staged 2 file(s)" in p.stdout + p.stderr and "rank 0 LAST_LINE" in p.stdout
