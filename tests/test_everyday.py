@@ -381,3 +381,36 @@ def test_a_run_from_an_ignored_folder_stages_its_script(cli_env, tmp_path):
     p = _cli(["run", str(d / "r.yaml")], dict(cli_env, TICKS="1"))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "staged 2 file(s)" in p.stdout + p.stderr and "rank 0 LAST_LINE" in p.stdout
+
+
+# ------------------------------------------------------------------------------------------- dpkg's lock
+def test_scripts_test_waits_for_dpkgs_lock_with_a_limit_and_a_message(tmp_path):
+    import sys
+
+    lock = tmp_path / "lock-frontend"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR)\nfcntl.lockf(fd, fcntl.LOCK_EX)\n"
+                               "print('held', flush=True)\nsys.stdin.read()\n"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        env = dict(os.environ, BROKER_APT_LOCKS=f"{tmp_path / 'absent'} {lock}")
+        late = subprocess.run([str(REPO / "scripts" / "apt-lock-wait"), "1"], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert late.returncode == 1, late.stderr
+        assert f"held by process {holder.pid}" in late.stderr and "BROKER_APT_LOCK_TIMEOUT" in late.stderr
+        waiting = subprocess.Popen([str(REPO / "scripts" / "apt-lock-wait"), "120"], env=env, text=True,
+                                   stderr=subprocess.PIPE)
+        assert "waiting up to 120 s" in waiting.stderr.readline()
+        holder.stdin.close()  # the holder ends: its lock goes
+        holder.wait(timeout=30)
+        assert waiting.wait(timeout=60) == 0
+        assert "is free after" in waiting.stderr.read()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    free = subprocess.run([str(REPO / "scripts" / "apt-lock-wait"), "1"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert free.returncode == 0 and free.stderr == ""
+    assert "apt-lock-wait" in (REPO / "scripts" / "test").read_text()
