@@ -414,3 +414,50 @@ def test_scripts_test_waits_for_dpkgs_lock_with_a_limit_and_a_message(tmp_path):
                           timeout=60)
     assert free.returncode == 0 and free.stderr == ""
     assert "apt-lock-wait" in (REPO / "scripts" / "test").read_text()
+
+
+# ------------------------------------------------------------------------------------------- netns up
+def test_netns_up_above_8_nodes_asks_and_refuses_without_a_terminal(cli_env):
+    p = _cli(["netns", "up", "9"], cli_env)
+    assert p.returncode == 2 and "--yes" in p.stderr and "nothing was created" in p.stderr, p.stderr
+    assert not Ledger().list_runs()
+
+
+def test_netns_up_is_a_run_in_the_ledger_with_a_deadline_the_watchdog_enforces(cli_env):
+    from tests.conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from datetime import timedelta
+
+    from broker.accounting import FakeClock
+    from broker.providers import netns
+    from broker.providers.netns import NetnsProvider
+    from broker.watchdog import Watchdog
+
+    p = _cli(["netns", "up", "2", "--hours", "0.5", "--json"], cli_env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    cid, run_id = data["cid"], data["run_id"]
+    try:
+        led = Ledger()
+        run = led.get_run(run_id)
+        rows = led.resources(run_id, live_only=True)
+        assert run.status == "running" and run.deadline is not None and len(rows) == 2
+        assert {r.provider_id for r in rows} == {f"{cid}:0", f"{cid}:1"} and all(r.deadline for r in rows)
+        st = _cli(["status", "--no-refresh"], cli_env)
+        assert run_id in st.stdout and "netns" in st.stdout
+        clock = FakeClock(run.deadline + timedelta(seconds=5))
+        Watchdog(led, providers={"netns": NetnsProvider()}, clock=clock).run_once()
+        assert not netns.leftovers(cid)
+        assert not led.resources(run_id, live_only=True)
+        # a second one, removed by hand: its run ends
+        p2 = _cli(["netns", "up", "2", "--json"], cli_env, timeout=120)
+        assert p2.returncode == 0, p2.stderr
+        d2 = json.loads(p2.stdout)
+        assert _cli(["netns", "down", d2["cid"]], cli_env, timeout=120).returncode == 0
+        assert Ledger().get_run(d2["run_id"]).status == "torn_down"
+        assert not Ledger().resources(d2["run_id"], live_only=True)
+    finally:
+        netns.remove_cid(cid)
