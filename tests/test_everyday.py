@@ -461,3 +461,14 @@ def test_netns_up_is_a_run_in_the_ledger_with_a_deadline_the_watchdog_enforces(c
         assert not Ledger().resources(d2["run_id"], live_only=True)
     finally:
         netns.remove_cid(cid)
+
+
+# ------------------------------------------------------------------------------------------- --idle-minutes
+def test_idle_minutes_on_the_command_line_overrides_the_recipe(cli_env, tmp_path):
+    r = _ticker(tmp_path, "idle_minutes: 30\n")
+    bad = _cli(["run", str(r), "--idle-minutes", "-1"], cli_env)
+    assert bad.returncode == 2 and "--idle-minutes" in bad.stderr and "minutes" in bad.stderr, bad.stderr
+    p = _cli(["run", str(r), "--idle-minutes", "5", "--json", "-q"], dict(cli_env, TICKS="1"))
+    assert p.returncode == 0, p.stderr
+    run = Ledger().get_run(json.loads(p.stdout)["run"]["id"])
+    assert run.recipe["idle_minutes"] == 5

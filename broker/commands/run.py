@@ -46,11 +46,18 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
         detach: bool = typer.Option(False, "--detach", "-d", help="run in the background: print the run id and "
                                     "how to follow it (`broker logs -f`), then return; paid runs need --yes"),
+        idle_minutes: float = typer.Option(None, "--idle-minutes", metavar="MINUTES", help="keep the nodes this "
+                                           "many minutes after the job for `broker ssh`/`exec` (overrides the "
+                                           "recipe's idle_minutes)"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
+        from broker.limits import check_number
         from broker.recipe import load_recipe
 
+        check_number("--idle-minutes", "idle_minutes", idle_minutes)
         recipe = load_recipe(recipe_path)
+        if idle_minutes is not None:
+            recipe = recipe.model_copy(update={"idle_minutes": float(idle_minutes)})
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
             argv = [str(recipe.path or recipe_path)]
@@ -59,6 +66,8 @@ def register(app: typer.Typer) -> None:
                 if value is not None:
                     argv += [flag, value]
             argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
+            if idle_minutes is not None:
+                argv += ["--idle-minutes", str(idle_minutes)]
             raise typer.Exit(run_detached(argv, recipe, as_json=as_json))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
