@@ -472,3 +472,37 @@ def test_idle_minutes_on_the_command_line_overrides_the_recipe(cli_env, tmp_path
     assert p.returncode == 0, p.stderr
     run = Ledger().get_run(json.loads(p.stdout)["run"]["id"])
     assert run.recipe["idle_minutes"] == 5
+
+
+# ------------------------------------------------------------------------------------------- ssh --config --install
+def test_ssh_config_install_includes_brokers_file_once_with_a_backup(tmp_path, monkeypatch):
+    import shutil
+    from types import SimpleNamespace as NS
+
+    from broker.commands.day2 import install_ssh_config, ssh_config
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "my home"))
+    node = NS(node_rank=0, host="198.18.0.9", user="root", port=2222, local=False)
+    cluster = NS(nodes=[node], ssh_key_path=str(tmp_path / "my keys" / "id"), known_hosts_path=None)
+    user = tmp_path / "dot-ssh" / "config"
+    user.parent.mkdir()
+    user.write_text("Host work\n  HostName 192.0.2.1\n")
+    own, where, backup = install_ssh_config("r-1", ssh_config("r-1", cluster), user_config=user)
+    assert where == user and backup == user.with_name("config.broker-backup")
+    assert backup.read_text() == "Host work\n  HostName 192.0.2.1\n"
+    text = user.read_text()
+    assert text.index("Include") < text.index("Host work") and text.count("Include") == 1
+    assert oct(own.stat().st_mode & 0o777) == "0o600"
+    again = install_ssh_config("r-1", ssh_config("r-1", cluster), user_config=user)
+    assert again[2] is None and user.read_text() == text  # idempotent
+    install_ssh_config("r-2", ssh_config("r-2", cluster), user_config=user)
+    assert own.read_text().count("Host broker-r-1-n0") == 1 and "Host broker-r-2-n0" in own.read_text()
+    if shutil.which("ssh") is None:
+        pytest.skip("no ssh client")
+    g = subprocess.run(["ssh", "-G", "-F", str(user), "broker-r-1-n0"], capture_output=True, text=True, timeout=30)
+    assert g.returncode == 0, g.stderr
+    conf = dict(line.split(" ", 1) for line in g.stdout.splitlines() if " " in line)
+    assert conf["hostname"] == "198.18.0.9" and conf["port"] == "2222" and conf["user"] == "root"
+    assert str(tmp_path / "my keys" / "id") in g.stdout
+    assert subprocess.run(["ssh", "-G", "-F", str(user), "work"], capture_output=True, text=True,
+                          timeout=30).stdout.count("hostname 192.0.2.1") == 1

@@ -91,12 +91,66 @@ def ssh_config(run_id: str, cluster: Any) -> str:
         if n.port and n.port != 22:
             lines.append(f"  Port {n.port}")
         if cluster.ssh_key_path:
-            lines += [f"  IdentityFile {cluster.ssh_key_path}", "  IdentitiesOnly yes"]
+            lines += [f"  IdentityFile {_ssh_word(str(cluster.ssh_key_path))}", "  IdentitiesOnly yes"]
         if cluster.known_hosts_path:
-            lines.append(f"  UserKnownHostsFile {cluster.known_hosts_path}")
+            lines.append(f"  UserKnownHostsFile {_ssh_word(str(cluster.known_hosts_path))}")
         lines.append("  StrictHostKeyChecking accept-new")
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
+
+
+#: markers around one run's Host entries in broker's own ssh config
+_BEGIN, _END = "# broker run {} begin", "# broker run {} end"
+
+
+def install_ssh_config(run_id: str, entries: str, *, user_config: Path | None = None,
+                       own: Path | None = None) -> tuple[Path, Path, Path | str | None]:
+    """Put run ``run_id``'s Host ``entries`` in broker's own ssh config (``<home>/ssh_config``, 0600; an earlier
+    block of the same run is replaced) and make ``~/.ssh/config`` (``user_config``) ``Include`` it, at its top (an
+    Include after a ``Host`` line would only apply inside that Host).  Idempotent: a second call changes nothing
+    in ``~/.ssh/config``.  Returns (broker's file, the user's file, what changed there: the backup's path, ``""``
+    when the file was created, None when it already included broker's file)."""
+    from broker.config import home_path
+
+    own = own or home_path() / "ssh_config"
+    user_config = user_config or Path.home() / ".ssh" / "config"
+    old = own.read_text(encoding="utf-8") if own.exists() else ""
+    begin, end = _BEGIN.format(run_id), _END.format(run_id)
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        old = head + rest.split(end, 1)[1].lstrip("\n")
+    text = old.rstrip("\n") + ("\n\n" if old.strip() else "") + f"{begin}\n{entries.rstrip()}\n{end}\n"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(own.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(own.with_suffix(".tmp"), own)
+    include = f"Include {_ssh_word(str(own))}"
+    current = user_config.read_text(encoding="utf-8") if user_config.exists() else None
+    if current is not None and any(line.strip() == include for line in current.splitlines()):
+        return own, user_config, None
+    user_config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    changed: Path | str = ""
+    if current is not None:
+        changed = user_config.with_name(user_config.name + ".broker-backup")
+        fd = os.open(changed, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(current)
+    note = "# broker: Host broker-<run>-n<i> entries (`broker ssh RUN --config --install`)"
+    new = f"{note}\n{include}\n\n" + (current or "")
+    tmp = user_config.with_name(user_config.name + ".broker-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(new)
+    if current is not None:
+        os.chmod(tmp, user_config.stat().st_mode & 0o777)
+    os.replace(tmp, user_config)
+    return own, user_config, changed
+
+
+def _ssh_word(text: str) -> str:
+    """``text`` as one word of an ssh config line (double quotes around a path with spaces)."""
+    return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
 def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None) -> dict[str, Any]:
@@ -209,6 +263,9 @@ def register(app: typer.Typer) -> None:
         run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix"),
         node_arg: Optional[str] = typer.Argument(None, metavar="[NODE]", help="node index (default 0)"),
         config: bool = typer.Option(False, "--config", help="print Host entries for ~/.ssh/config instead"),
+        install: bool = typer.Option(False, "--install", help="with --config: write them to broker's own ssh "
+                                     "config and Include it from ~/.ssh/config (once; a backup is kept), so "
+                                     "`ssh broker-RUN-n0` works"),
     ) -> None:
         """A shell (or, after --, one command) on a node of a live or kept run, with the run's key and known_hosts."""
         from broker.ledger import Ledger
@@ -219,6 +276,17 @@ def register(app: typer.Typer) -> None:
         if cluster.local_exec:
             raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
                            hint=f"their folders are under {run.run_dir}")
+        if install and not config:
+            raise BadInput("--install goes with --config", hint=f"broker ssh {run.id} --config --install")
+        if config and install:
+            from broker.ui import console
+
+            own, user, changed = install_ssh_config(run.id, ssh_config(run.id, cluster))
+            console.print(f"wrote the Host entries of run {run.id} to {own}", highlight=False)
+            console.print((f"added `Include {own}` to {user}" + (f" (backup: {changed})" if changed else ""))
+                          if changed is not None else f"{user} already includes it", highlight=False)
+            console.print(f"  ssh broker-{run.id}-n0", highlight=False, soft_wrap=True)
+            return
         if config:
             sys.stdout.write(ssh_config(run.id, cluster))
             return
