@@ -179,9 +179,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     return out.exit_code
 
 
-#: environment variable naming the file where a background ``broker run`` (``-d``) writes its run id once the run
-#: row exists (:func:`run_detached` waits for it)
-DETACH_ID_ENV = "BROKER_DETACHED_RUN_ID_FILE"
+#: environment variable set for a background ``broker run`` (``-d``): its run folder gets :data:`DETACHED_MARKER`
+DETACHED_ENV = "BROKER_DETACHED_RUN"
 #: marker in a run's folder: the run is driven by a background process (``broker down`` interrupts it first)
 DETACHED_MARKER = "detached.json"
 #: how long ``broker run -d`` waits for the background process to create its run, seconds
@@ -189,19 +188,14 @@ DETACH_START_TIMEOUT_S = 300.0
 
 
 def _tell_detached_parent(run: Any) -> None:
-    """In a background run (``-d``): write the run id for the waiting parent and mark the run folder as detached."""
+    """In a background run (``-d``): mark the run folder as driven by this process (for ``broker down``)."""
     import json
     import os
 
-    path = os.environ.pop(DETACH_ID_ENV, None)
-    if not path:
+    if os.environ.pop(DETACHED_ENV, None) != "1" or not run.run_dir:
         return
     try:
-        if run.run_dir:
-            (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
-        tmp = Path(path + ".tmp")
-        tmp.write_text(run.id)
-        tmp.replace(path)  # whole or nothing: the parent never reads half an id
+        (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
     except OSError:
         pass
 
@@ -209,45 +203,39 @@ def _tell_detached_parent(run: Any) -> None:
 def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
                  timeout_s: float = DETACH_START_TIMEOUT_S) -> int:
     """``broker run -d``: start ``broker run ARGS -q`` as a background process (its own session, stdin closed,
-    output to ``<home>/logs/run-<time>-<pid>.out``), wait until it has created its run (or ended), print the run id
-    and how to follow it; returns 0, or the background process's exit code when it ended before the run started
-    (its output is shown then: e.g. a paid run without --yes)."""
+    output to ``<home>/logs/run-<time>-<pid>.out``), wait until it has created its run (the ledger's row with its
+    pid) or ended, print the run id and how to follow it; returns 0, or the background process's exit code when
+    it ended before the run started (its output is shown then: e.g. a paid run without --yes)."""
     import os
     import subprocess
     import sys
-    import tempfile
     import time
 
     from broker.config import home_path
+    from broker.ledger import Ledger
     from broker.ui import console, err, print_json
 
     logs = home_path() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     out_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.out"
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    id_dir = tempfile.mkdtemp(prefix="broker-detach-", dir=str(logs))
-    id_file = Path(id_dir) / "run-id"
-    env = dict(os.environ, **{DETACH_ID_ENV: str(id_file)})
+    env = dict(os.environ, **{DETACHED_ENV: "1"})
     try:
         proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args, "-q"], stdin=subprocess.DEVNULL,
                                 stdout=fd, stderr=fd, env=env, start_new_session=True, close_fds=True)
     finally:
         os.close(fd)
+    ledger = Ledger()
     t0 = time.monotonic()
     run_id = None
-    try:
-        while time.monotonic() - t0 < timeout_s:
-            if id_file.exists():
-                run_id = id_file.read_text().strip()
-                break
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-    finally:
+    while time.monotonic() - t0 < timeout_s:
+        # the run row carries its CLI's pid (broker.pipeline.new_run): the background process's
+        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
         if run_id is not None or proc.poll() is not None:
-            for f in Path(id_dir).iterdir():
-                f.unlink(missing_ok=True)
-            os.rmdir(id_dir)
+            break
+        time.sleep(0.1)
+    if run_id is None:
+        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
     if run_id is None:
         code = proc.poll()
         text = out_path.read_text(encoding="utf-8", errors="replace")
