@@ -245,6 +245,20 @@ def recipe_files(workdir: Path, script: Path | str, args: list[str] = ()) -> lis
     return out
 
 
+#: the rule that skips broker's own home when it lies inside a work folder
+BROKER_HOME_RULE = "broker home"
+
+
+def _broker_home() -> Path | None:
+    """The broker home (resolved), or None when it cannot be known."""
+    try:
+        from broker.config import home_path
+
+        return home_path().resolve()
+    except Exception:  # noqa: BLE001 - staging never fails for this
+        return None
+
+
 def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
     """Walk ``root`` and decide what to copy (see the module docstring for the rules, symbolic links included).
     ``keep``: files the recipe names (:func:`recipe_files`): staged even when an ignore file drops them (the
@@ -256,6 +270,7 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
     real_root = root.resolve()
     rules = _Rules(real_root)
     plan = StagePlan(root=root)
+    home = _broker_home()
 
     def note(rule: str, name: str) -> None:
         plan.excluded[name] = rule
@@ -320,6 +335,11 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
                 note("unreadable", rel)
                 continue
             why = rules.why(rel, is_dir, ancestors=linked)
+            if not why and is_dir and home is not None and real == home:
+                # broker's own home (ledger, run folders) inside the work folder: never a node's business, and
+                # opening the live ledger's files here would drop this process's SQLite locks (POSIX fcntl locks
+                # go with any close of the file), letting another process checkpoint the WAL under it
+                why = BROKER_HOME_RULE
             if not why and linked:  # reached through a folder link: its real place must be allowed too
                 why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
             if why:

@@ -506,3 +506,35 @@ def test_ssh_config_install_includes_brokers_file_once_with_a_backup(tmp_path, m
     assert str(tmp_path / "my keys" / "id") in g.stdout
     assert subprocess.run(["ssh", "-G", "-F", str(user), "work"], capture_output=True, text=True,
                           timeout=30).stdout.count("hostname 192.0.2.1") == 1
+
+
+def test_the_broker_home_inside_the_work_folder_is_never_staged(tmp_path, monkeypatch):
+    from broker.staging import BROKER_HOME_RULE, stage_plan
+
+    work = tmp_path / "proj"
+    (work / "home" / "runs").mkdir(parents=True)
+    (work / "home" / "ledger.sqlite").write_text("")
+    (work / "train.py").write_text("print(1)\n")
+    monkeypatch.setenv("BROKER_HOME", str(work / "home"))
+    plan = stage_plan(work)
+    assert [f.as_posix() for f in plan.files] == ["train.py"]
+    assert plan.excluded["home/"] == BROKER_HOME_RULE
+
+
+def test_a_detached_run_whose_work_folder_holds_the_home_records_its_end(cli_env, tmp_path):
+    """Staging the live ledger's files closed them in the running CLI, which drops its SQLite (POSIX) locks: the
+    parent's exit then checkpointed the WAL away and the run's end was lost (it stayed `running`)."""
+    r = _ticker(tmp_path)
+    env = dict(cli_env, BROKER_HOME=str(r.parent / "home"), TICKS="4", TICK_S="0.3")
+    p = _cli(["run", "-d", str(r)], env)
+    assert p.returncode == 0, p.stderr
+    assert _cli(["status", "--no-refresh"], env).returncode == 0
+    assert _cli(["logs", "-f"], env, timeout=120).returncode == 0
+    led = Ledger(r.parent / "home" / "ledger.sqlite")
+    run = led.list_runs()[0]
+    t0 = time.monotonic()
+    while run.status == "running" and time.monotonic() - t0 < 30:
+        time.sleep(0.5)
+        run = led.get_run(run.id)
+    assert run.status == "succeeded", run
+    assert [e["action"] for e in led.events(run.id)][-1] == "end"
