@@ -324,7 +324,7 @@ def register(app: typer.Typer) -> None:
         from broker.ledger import Ledger
         from broker.pipeline import Hooks, KeptTarget, kept_cluster, run_pipeline
         from broker.recipe import load_recipe
-        from broker.ui import console, echo_line, print_json
+        from broker.ui import console, echo_node_line, print_json
 
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
@@ -339,7 +339,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
-                               hooks=Hooks(echo=None if (quiet or as_json) else echo_line, say=prog,
+                               hooks=Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog,
                                            on_start=started))
         finally:
             prog.close()
