@@ -344,7 +344,11 @@ def inject_error(inject: str, *, hybrid: bool) -> BadInput:
     if hybrid and inject in netns.INJECTS:
         return BadInput(f"fault {inject!r} is not one of the hybrid topology's (it needs the plain netns topology)",
                         hint=f"drop --topology hybrid; the faults are {both}")
-    return BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {both}")
+    from broker.choices import closest
+
+    near = closest(inject, (*netns.INJECTS, *netns.HYBRID_INJECTS))
+    return BadInput(f"unknown fault {inject!r}",
+                    hint=(f"did you mean --inject {near}? " if near else "") + f"choose one of: {both}")
 
 
 class NetnsTarget(Target):

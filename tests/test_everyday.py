@@ -538,3 +538,9 @@ def test_a_detached_run_whose_work_folder_holds_the_home_records_its_end(cli_env
         run = led.get_run(run.id)
     assert run.status == "succeeded", run
     assert [e["action"] for e in led.events(run.id)][-1] == "end"
+
+
+def test_an_unknown_fault_gets_a_did_you_mean(tmp_path, capsys, broker_home):
+    p = _recipe(tmp_path, "name: j\nscript: train.py\nnodes: 2\ncpu_ok: true\n")
+    code, out, err = _main(["run", str(p), "--provider", "netns", "--inject", "firewal"], capsys)
+    assert code == 2 and "unknown fault 'firewal'" in err and "did you mean --inject firewall?" in err, err
