@@ -156,6 +156,7 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     if not b:
         hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None)
     path = getattr(recipe, "path", None)
-    hints.append(f"`broker plan --recipe {shlex.quote(str(path))}` shows every option" if path else "`broker plan` shows every option")
+    hints.append(f"`broker plan --recipe {shlex.quote(str(path))}` shows every option" if path
+                 else "`broker plan` shows every option")
     return NoValidPlan(head + ": " + (". ".join(parts) if parts else "every option was rejected"),
                        hint="; ".join(hints))

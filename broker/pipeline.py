@@ -1190,7 +1190,8 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
             raise inject_error(req.inject, hybrid=topo == "hybrid")
         hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
         raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {shlex.quote(str(recipe.path))} --provider netns" + (" --topology hybrid" if hybrid else "")
+                       hint=f"broker run {shlex.quote(str(recipe.path))} --provider netns"
+                       + (" --topology hybrid" if hybrid else "")
                        + f" --inject {req.inject}")
     if topo == "hybrid":
         return hybrid_target(recipe, req)

@@ -322,7 +322,8 @@ def test_offers_for_local_lists_this_machine(broker_home, capsys, monkeypatch):
 def test_c10d_hostname_noise_and_empty_node_lines_stay_off_the_terminal(tmp_path, capsys, broker_home):
     from broker.ui import echo_node_line, is_terminal_noise
 
-    noise = "[node 1] [W1201 21:00:00 socket.cpp:752] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    noise = ("[node 1] [W1201 21:00:00 socket.cpp:752] [c10d] The hostname of the client socket cannot be "
+             "retrieved. err=-3")
     assert is_terminal_noise(noise) and is_terminal_noise("[node 0] ") and is_terminal_noise("[node 3]")
     assert not is_terminal_noise("[node 0] step 1 loss 0.5") and not is_terminal_noise("[broker] ")
     for line in (noise, "[node 0] ", "[node 0] step 1 loss 0.5"):

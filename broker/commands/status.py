@@ -1,8 +1,8 @@
 """``broker status``: runs and live resources from the ledger, with money and the armed teardown layers.
 
 Per run: id, recipe name, where (provider and topology), state, spent so far / budget, time left (``--wide``:
-start, USD/hour, worst case at the deadline, exit codes).  Per live resource: run, provider, kind, id, state, USD/hour, spent so far, worst case at the
-deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
+start, USD/hour, worst case at the deadline, exit codes).  Per live resource: run, provider, kind, id, state,
+USD/hour, spent so far, worst case at the deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
 the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
 :mod:`broker.accounting` (billing counted from creation, per second; a create that never happened costs $0).
 
