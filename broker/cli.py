@@ -337,10 +337,11 @@ _RECIPE_FIELD = {"--budget": "budget_usd", "-b": "budget_usd", "--hours": "max_h
 
 #: words users of other tools type for a command, and broker's command for them (click's own suggestion is by
 #: spelling: `launch` -> `plan`)
-COMMAND_ALIASES = {"launch": "run", "apply": "run", "submit": "run", "start": "run", "up": "run",
+#: (never `stop` -> `down`: a user who wants the disk kept must not be pointed at what deletes it)
+COMMAND_ALIASES = {"launch": "run", "apply": "run", "submit": "run", "up": "run",
                    "ls": "status", "ps": "status", "queue": "status", "list": "status", "show": "status",
                    "log": "logs", "tail": "logs", "destroy": "down", "terminate": "down", "delete": "down",
-                   "teardown": "down", "stop": "down", "kill": "down", "cancel": "down", "shell": "ssh",
+                   "teardown": "down", "kill": "down", "cancel": "down", "shell": "ssh",
                    "price": "offers", "prices": "offers", "gpus": "offers", "show-gpus": "offers", "costs": "cost",
                    "config": "check", "doctor": "check"}
 

@@ -545,3 +545,8 @@ def test_an_unknown_fault_gets_a_did_you_mean(tmp_path, capsys, broker_home):
     p = _recipe(tmp_path, "name: j\nscript: train.py\nnodes: 2\ncpu_ok: true\n")
     code, out, err = _main(["run", str(p), "--provider", "netns", "--inject", "firewal"], capsys)
     assert code == 2 and "unknown fault 'firewal'" in err and "did you mean --inject firewall?" in err, err
+
+
+def test_stop_is_never_pointed_at_down(capsys, broker_home):
+    code, out, err = _main(["stop", "r-1"], capsys)
+    assert code == 2 and "broker down" not in err and "no such command 'stop'" in err.lower(), err
