@@ -345,6 +345,51 @@ _RECIPE_FIELD = {"--budget": "budget_usd", "-b": "budget_usd", "--hours": "max_h
                  "-n": "nodes", "--gpus-per-node": "gpus_per_node"}
 
 
+#: words users of other tools type for a command, and broker's command for them (click's own suggestion is by
+#: spelling: `launch` -> `plan`)
+#: (never `stop` -> `down`: a user who wants the disk kept must not be pointed at what deletes it)
+COMMAND_ALIASES = {"launch": "run", "apply": "run", "submit": "run", "up": "run",
+                   "ls": "status", "ps": "status", "queue": "status", "list": "status", "show": "status",
+                   "log": "logs", "tail": "logs", "destroy": "down", "terminate": "down", "delete": "down",
+                   "teardown": "down", "kill": "down", "cancel": "down", "shell": "ssh",
+                   "price": "offers", "prices": "offers", "gpus": "offers", "show-gpus": "offers", "costs": "cost",
+                   "config": "check", "doctor": "check"}
+
+
+def _usage_message(exc: Any, args: list[str]) -> tuple[str, str]:
+    """(message, hint) for a parser usage error: the parser's one-line message (click's "Did you mean" for a
+    command replaced by :data:`COMMAND_ALIASES`' word where there is one), and as hint where a misplaced option
+    belongs (:func:`_option_home`), else the command's usage line and where its help is."""
+    import re
+
+    message = exc.format_message().strip().split("\n")[0]
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "broker"
+    hint = f"`{path} --help` lists its arguments and options"
+    if ctx is not None:
+        try:
+            usage = ctx.get_usage().strip()
+            hint = f"usage: {usage[len('Usage: '):] if usage.startswith('Usage: ') else usage} (`{path} --help`)"
+        except Exception:  # noqa: BLE001 - the plain hint stands
+            pass
+    m = re.match(r"No such command '(.+?)'\.", message)
+    if m:
+        known = getattr(getattr(ctx, "command", None), "commands", None) or {}
+        alias = COMMAND_ALIASES.get(m[1].lower())
+        if alias and alias in known:
+            return f"no command '{m[1]}' in {path}", f"did you mean `{path} {alias}`? (`{path} --help` lists them)"
+        return message[0].lower() + message[1:], f"`{path} --help` lists the commands"
+    m = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((\S+\.ya?ml)\)", message)
+    if m and ctx is not None and "--recipe" in _opts(ctx.command):  # `broker plan r.yaml`
+        return message, f"the recipe goes after --recipe: {path} --recipe {m[1]}"
+    if hasattr(exc, "option_name") and hasattr(exc, "possibilities"):  # NoSuchOption
+        where = _option_home(exc, args)
+        message = exc.format_message().strip().split("\n")[0]
+        if where:
+            hint = where
+    return message, hint
+
+
 def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) -> int:
     """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable);
     ``args``: the command line (to say where a misplaced option belongs)."""
@@ -356,24 +401,9 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
         return _report(exc.exit_code, exc.message, exc.hint, kind=type(exc).__name__, as_json=as_json)
     if isinstance(exc, typer.Exit):
         return exc.exit_code
-    if isinstance(exc, _usage_errors()):  # usage errors: the parser's own message, exit 2
-        hint = "see --help"
-        if hasattr(exc, "option_name") and hasattr(exc, "possibilities"):  # NoSuchOption
-            where = _option_home(exc, args)
-            if where:
-                from broker.ui import err as err_console
-                from broker.ui import wrap_plain
-
-                exc.message = "\n".join([exc.message, *wrap_plain(f"  -> {where}",  # type: ignore[attr-defined]
-                                                                  err_console.prose_width)])
-                hint = where
-        if as_json:
-            return _report(exc.exit_code, exc.format_message().split("\n")[0], hint, kind="UsageError", as_json=True)
-        try:
-            exc.show()
-        except (BrokenPipeError, OSError, ValueError):  # stderr closed (`2>&1 | head -0`): the code stands
-            _quiet_broken_pipe()
-        return exc.exit_code
+    if isinstance(exc, _usage_errors()):  # usage errors: the parser's message in broker's own style, exit 2
+        message, hint = _usage_message(exc, args)
+        return _report(exc.exit_code, message, hint, kind="UsageError", as_json=as_json)
     if isinstance(exc, typer.Abort):
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, EOFError):
@@ -558,6 +588,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:  # not the main thread
         pass
     try:
+        from broker.choices import normalize_args
+
+        args = normalize_args(args)  # --provider LOCAL -> local; --provider vasti: did you mean vast? (exit 2)
         rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
         if code == EXIT_INTERRUPTED and _interrupted and not as_json:

@@ -10,6 +10,7 @@ budget affords; the hint names only changes that would help and that the recipe 
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
 from broker.model import Plan, PlanOption
@@ -155,6 +156,7 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     if not b:
         hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None)
     path = getattr(recipe, "path", None)
-    hints.append(f"`broker plan --recipe {path}` shows every option" if path else "`broker plan` shows every option")
+    hints.append(f"`broker plan --recipe {shlex.quote(str(path))}` shows every option" if path
+                 else "`broker plan` shows every option")
     return NoValidPlan(head + ": " + (". ".join(parts) if parts else "every option was rejected"),
                        hint="; ".join(hints))

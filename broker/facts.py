@@ -96,7 +96,12 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
               " (offline: snapshots only)" if offline else "")
     for name in names:
         if offline and name in CLOUD:
-            facts.offers += _snapshot_fallback(name, req, facts, "--offline")
+            offers = _snapshot_fallback(name, req, facts, "--offline")
+            if name == "vast" and vast_query:  # honoured against the snapshot, or refused: never ignored
+                from broker.providers.vast.offers import filter_snapshot, parse_vast_query
+
+                offers = filter_snapshot(offers, parse_vast_query(vast_query), vast_query)
+            facts.offers += offers
             continue
         try:
             p = get_provider(name)

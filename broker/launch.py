@@ -666,7 +666,9 @@ class LocalExecutor(Executor):
             p.write_text(f"broker: {dropped}\n" if dropped else "")
         if dropped and self.echo:
             self.echo(f"[broker] {dropped}")
-        plan = stage_plan(spec.workdir)
+        from broker.staging import recipe_files
+
+        plan = stage_plan(spec.workdir, keep=recipe_files(spec.workdir, spec.script_rel, spec.args))
         from broker.executor import staging_line
 
         line = staging_line(plan, self.run_dir)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import sqlite3
 import threading
@@ -344,7 +345,11 @@ def inject_error(inject: str, *, hybrid: bool) -> BadInput:
     if hybrid and inject in netns.INJECTS:
         return BadInput(f"fault {inject!r} is not one of the hybrid topology's (it needs the plain netns topology)",
                         hint=f"drop --topology hybrid; the faults are {both}")
-    return BadInput(f"unknown fault {inject!r}", hint=f"choose one of: {both}")
+    from broker.choices import closest
+
+    near = closest(inject, (*netns.INJECTS, *netns.HYBRID_INJECTS))
+    return BadInput(f"unknown fault {inject!r}",
+                    hint=(f"did you mean --inject {near}? " if near else "") + f"choose one of: {both}")
 
 
 class NetnsTarget(Target):
@@ -1097,7 +1102,7 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
     extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
              if cpu_only else "")
     return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
-            f"`broker plan --recipe {recipe.path}` lists them{extra}")
+            f"`broker plan --recipe {shlex.quote(str(recipe.path))}` lists them{extra}")
 
 
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
@@ -1190,7 +1195,8 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
             raise inject_error(req.inject, hybrid=topo == "hybrid")
         hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
         raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {recipe.path} --provider netns" + (" --topology hybrid" if hybrid else "")
+                       hint=f"broker run {shlex.quote(str(recipe.path))} --provider netns"
+                       + (" --topology hybrid" if hybrid else "")
                        + f" --inject {req.inject}")
     if topo == "hybrid":
         return hybrid_target(recipe, req)

@@ -124,6 +124,8 @@ class Provider(ABC):
     #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
     #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
     owner_tags: ClassVar[bool] = False
+    #: True when its money is pretend (no one is billed): ``broker cost`` shows it apart, outside the total.
+    pretend_money: ClassVar[bool] = False
 
     # ---- ids
     @classmethod

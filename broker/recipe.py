@@ -49,6 +49,19 @@ from broker.errors import BadInput
 from broker.model import Requirements
 
 
+#: a number in exponent notation as YAML 1.2 writes it (``1e12``, ``-2.5E-3``)
+_EXPONENT_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _as_number(v: Any) -> Any:
+    """``v`` as a number when it is exponent-notation text (YAML 1.1 leaves ``1e12`` text), else ``v``; whole
+    values stay whole (``nodes: 1e1`` is 10)."""
+    if isinstance(v, str) and _EXPONENT_NUMBER.fullmatch(v.strip()):
+        f = float(v)
+        return int(f) if f.is_integer() and abs(f) < 2**53 else f
+    return v
+
+
 class RecipeError(BadInput):
     """A recipe is wrong; the message names file, line, field and the fix."""
 
@@ -138,6 +151,25 @@ class Recipe(BaseModel):
                 raise ValueError("gpus_per_node 0 (a CPU-only job) needs cpu_ok: true")
             self.gpus_per_node = 1
         return self
+
+    @field_validator("setup", "expect", "artifacts", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        """One text where a list is expected (``setup: "pip install -r requirements.txt"``, as SkyPilot takes it;
+        a ``|`` block is one shell script) is a list of that one entry."""
+        return [v] if isinstance(v, str) else v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _exponent_numbers(cls, data: Any) -> Any:
+        """Numbers written with an exponent and no dot (``budget_usd: 1e12``) are numbers: YAML 1.1 (PyYAML) reads
+        them as text, YAML 1.2 as numbers; they then meet the field's bounds like any number."""
+        if isinstance(data, dict):
+            data = {k: _as_number(v) if k in limits.LIMITS else v for k, v in data.items()}
+            gpu = data.get("gpu")
+            if isinstance(gpu, dict) and "min_mem_gib" in gpu:
+                data["gpu"] = {**gpu, "min_mem_gib": _as_number(gpu["min_mem_gib"])}
+        return data
 
     @field_validator("args", mode="before")
     @classmethod
@@ -247,7 +279,7 @@ _ALLOWED_HINT = {
     "cpu_ok": "true or false",
     "strict_lint": "true or false",
     "args": "a list of strings, e.g. [\"--epochs\", \"12\"]",
-    "setup": "a list of shell commands (strings)",
+    "setup": "a shell command (text) or a list of shell commands",
     "env": "a mapping of NAME: value (text, number or true/false; ${OTHER} takes OTHER from the environment)",
     "secrets": "a list of variable names (their values come from the environment or .env), e.g. [WANDB_API_KEY]",
     "expect": "a list of regular expressions",
@@ -544,6 +576,11 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     script = recipe.script if recipe.script.is_absolute() else base / recipe.script
     workdir = recipe.workdir if recipe.workdir.is_absolute() else base / recipe.workdir
     line = lines.get(("script",), "?")
+    if script.is_dir():
+        raise RecipeError(f"{p}:{line}: field 'script': {recipe.script} is a folder ({script.resolve()}); 'script' "
+                          "must name the training script file",
+                          hint="e.g. script: train.py (a .py file next to the recipe); the folder copied to every "
+                               "node is 'workdir:' (default: the script's folder)")
     if "workdir" not in data:
         workdir = script.parent
         if not script.resolve().parent.is_relative_to(base):
@@ -624,6 +661,22 @@ def _secret_env_warnings(env: dict[str, str], p: Path, lines: dict[tuple, int]) 
     return out
 
 
+def _pattern_sentence(value: str) -> str:
+    """Why ``value`` is not a valid name, in words: the characters that are not allowed, a bad first character,
+    or the length."""
+    bad = sorted({c for c in value if not (c.isascii() and (c.isalnum() or c in "_.-"))})
+    if bad:
+        return (f"{', '.join(repr(c) for c in bad)} {'is' if len(bad) == 1 else 'are'} not allowed in a name "
+                "(ASCII letters, digits, '-', '_' and '.' only)")
+    if not value:
+        return "the name is empty"
+    if not value[0].isalnum():
+        return f"a name must start with a letter or digit, not {value[0]!r}"
+    if len(value) > 63:
+        return f"the name is {len(value)} characters long; at most 63 are allowed"
+    return "not a valid name"
+
+
 def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
     msgs = []
     for err in e.errors():
@@ -640,11 +693,24 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
         allowed = (_ALLOWED_GPU.get(str(loc[1])) if loc[:1] == ("gpu",) and len(loc) > 1 else
                    _ALLOWED_HINT.get(str(loc[0]))) if loc else None
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "string_pattern_mismatch" and isinstance(err.get("input"), str):
+            msg = _pattern_sentence(err["input"])  # a sentence, never the regular expression
+        bound = err.get("ctx") or {}
+        said = False  # the message already shows the value
+        if isinstance(err.get("input"), (int, float)) and not isinstance(err.get("input"), bool) and \
+                err["type"] in ("less_than_equal", "less_than", "greater_than", "greater_than_equal"):
+            v = limits.plain(err["input"])
+            if "le" in bound or "lt" in bound:
+                msg = f"{v} is more than the largest allowed, {limits.plain(bound.get('le', bound.get('lt')))}"
+            else:
+                msg = f"{v} is too small: it must be " + (f"more than {limits.plain(bound['gt'])}" if "gt" in bound
+                                                         else f"at least {limits.plain(bound.get('ge'))}")
+            said = True
         if err["type"] == "missing":
             msgs.append(f"{p}: missing required field '{field}'" + (f": {allowed}" if allowed else ""))
             continue
         got = err.get("input")
         shown = limits.plain(got) if isinstance(got, float) else repr(got)  # 1e9 reads 1000000000, not 1e+09
-        got_s = f" (got {shown})" if got is not None and not isinstance(got, (dict, list)) else ""
+        got_s = f" (got {shown})" if got is not None and not isinstance(got, (dict, list)) and not said else ""
         msgs.append(f"{p}:{line}: field '{field}': {msg}{got_s}" + (f"; allowed: {allowed}" if allowed else ""))
     return "\n".join(msgs)

@@ -657,7 +657,9 @@ class SSHExecutor(Executor):
         ssh, recipe, n = self.ssh, self.recipe, self.n
         envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
         assert recipe.workdir is not None
-        plan = stage_plan(recipe.workdir)
+        from broker.staging import recipe_files
+
+        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
         line = staging_line(plan, self.run_dir)
         if self.say:
             self.say(line)

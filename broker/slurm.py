@@ -396,7 +396,9 @@ class SlurmExecutor(Executor):
         recipe, sh = self.recipe, self.sh
         sh.mkdir(self.base)
         assert recipe.workdir is not None
-        plan = stage_plan(recipe.workdir)
+        from broker.staging import recipe_files
+
+        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
         from broker.executor import staging_line
 
         line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)

@@ -66,6 +66,9 @@ class StagePlan:
     #: every entry not copied, as its ``/``-separated path relative to ``root`` (the same path a staged file would
     #: have; a folder ends in ``/`` and its content is not listed) -> the rule that skipped it
     excluded: dict[str, str] = field(default_factory=dict)
+    #: files the recipe names (its script, files its arguments name) staged although an ignore rule drops them
+    #: -> that rule (``scratch/ in /repo/.gitignore``)
+    forced: dict[str, str] = field(default_factory=dict)
 
     def source(self, rel: Path) -> Path:
         """The file whose content is staged at ``rel``."""
@@ -89,6 +92,9 @@ class StagePlan:
         named = [f"{n} ({rule})" for rule in links for n in sorted(self.excluded) if self.excluded[n] == rule]
         if named:
             more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
+        if self.forced:
+            more += " (staged although ignored, the recipe names them: " + ", ".join(
+                f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
         return f"staged {len(self.files)} file(s), {self.size_text()} per node from {self.root}{more}"
 
     @property
@@ -181,6 +187,32 @@ class _Rules:
             return bool(_decide(self.exclude, "/".join(full) + ("/" if is_dir else "")))
         return False
 
+    def ignoring_rule(self, rel: str) -> str | None:
+        """The ignore rule that drops the path ``rel`` (a file relative to the work folder) or a folder above it,
+        as ``pattern in file`` (``scratch/ in /repo/.gitignore``); None when none does."""
+        parts = rel.split("/")
+        for k in range(1, len(parts) + 1):
+            sub, is_dir = parts[:k], k < len(parts)
+            full = self.prefix + sub
+            for j in range(len(full) - 1, -1, -1):
+                spec = self._dir_spec(tuple(full[:j]))
+                if spec is None:
+                    continue
+                path = "/".join(full[j:]) + ("/" if is_dir else "")
+                hit = None
+                for pat in spec.patterns:
+                    if pat.include is not None and pat.match_file(path) is not None:
+                        hit = pat if pat.include else None
+                if hit is not None:
+                    d = self.top.joinpath(*full[:j])
+                    where = d / ".gitignore" if hit.pattern in _read_ignore(d / ".gitignore") else d / ".brokerignore"
+                    return f"{hit.pattern} in {where}"
+                if any(pat.include is not None and pat.match_file(path) is not None for pat in spec.patterns):
+                    break  # a negation decided: kept at this level
+            if self.exclude is not None and _decide(self.exclude, "/".join(full) + ("/" if is_dir else "")):
+                return f"a pattern in {self.top / '.git' / 'info' / 'exclude'}"
+        return None
+
     def why(self, rel: str, is_dir: bool, *, ancestors: bool = False) -> str | None:
         """Why the path ``rel`` (relative to the work folder) is not staged: ``"always"``, ``"ignore file"`` or None.
         ``ancestors``: also check every folder above it (a path not reached by walking from the root)."""
@@ -197,8 +229,45 @@ class _Rules:
         return None
 
 
-def stage_plan(root: Path) -> StagePlan:
+def recipe_files(workdir: Path, script: Path | str, args: list[str] = ()) -> list[str]:
+    """The files a recipe names inside ``workdir``: its script, and each argument that is the path of a file
+    there (``--config conf/base.yaml``, ``--data=data/train.txt``), as ``/``-separated paths relative to
+    ``workdir`` (what :func:`stage_plan` takes as ``keep``)."""
+    root = Path(workdir).resolve()
+    out: list[str] = []
+    for word in [str(script), *[a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in args]]:
+        if not word or word.startswith("-"):
+            continue
+        p = Path(word) if Path(word).is_absolute() else root / word
+        try:
+            real = p.resolve()
+            if real.is_file() and root in real.parents:
+                rel = real.relative_to(root).as_posix()
+                if rel not in out:
+                    out.append(rel)
+        except OSError:
+            continue
+    return out
+
+
+#: the rule that skips broker's own home when it lies inside a work folder
+BROKER_HOME_RULE = "broker home"
+
+
+def _broker_home() -> Path | None:
+    """The broker home (resolved), or None when it cannot be known."""
+    try:
+        from broker.config import home_path
+
+        return home_path().resolve()
+    except Exception:  # noqa: BLE001 - staging never fails for this
+        return None
+
+
+def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
     """Walk ``root`` and decide what to copy (see the module docstring for the rules, symbolic links included).
+    ``keep``: files the recipe names (:func:`recipe_files`): staged even when an ignore file drops them (the
+    rule is recorded in :attr:`StagePlan.forced`), never when an always-skipped rule does (secrets, keys).
     Raises FileNotFoundError when ``root`` is not a folder."""
     root = Path(root)
     if not root.is_dir():
@@ -206,6 +275,7 @@ def stage_plan(root: Path) -> StagePlan:
     real_root = root.resolve()
     rules = _Rules(real_root)
     plan = StagePlan(root=root)
+    home = _broker_home()
 
     def note(rule: str, name: str) -> None:
         plan.excluded[name] = rule
@@ -270,6 +340,11 @@ def stage_plan(root: Path) -> StagePlan:
                 note("unreadable", rel)
                 continue
             why = rules.why(rel, is_dir, ancestors=linked)
+            if not why and is_dir and home is not None and real == home:
+                # broker's own home (ledger, run folders) inside the work folder: never a node's business, and
+                # opening the live ledger's files here would drop this process's SQLite locks (POSIX fcntl locks
+                # go with any close of the file), letting another process checkpoint the WAL under it
+                why = BROKER_HOME_RULE
             if not why and linked:  # reached through a folder link: its real place must be allowed too
                 why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
             if why:
@@ -283,6 +358,19 @@ def stage_plan(root: Path) -> StagePlan:
                 note("not a file", rel)
 
     walk(real_root, "", frozenset({real_root}), False)
+    staged = {f.as_posix() for f in plan.files}
+    for rel in keep:
+        if rel in staged or not (real_root / rel).is_file() or (real_root / rel).is_symlink():
+            continue
+        parts = rel.split("/")
+        if any(p in ALWAYS_SKIP_DIRS for p in parts[:-1]) or rules.always.match_file(parts[-1]):
+            continue  # a secret or a key stays home even when named
+        rule = rules.ignoring_rule(rel)
+        if rule is None:
+            continue
+        add(rel, real_root / rel, False)
+        plan.excluded.pop(rel, None)
+        plan.forced[rel] = rule
     return plan
 
 

@@ -255,6 +255,43 @@ class _StreamEcho:
 echo_line = _StreamEcho()
 
 
+#: node output that is known noise on the terminal (kept in the node logs): torch's c10d warning when a reverse
+#: lookup of the peer fails at once (network namespaces have no resolver), harmless
+TERMINAL_NOISE = ("The hostname of the client socket cannot be retrieved",)
+
+
+def is_terminal_noise(line: str) -> bool:
+    """Whether a streamed ``[node i] ...`` line is noise on the terminal: empty after its tag, or known harmless
+    (:data:`TERMINAL_NOISE`).  Node logs keep every line; only the terminal leaves these out."""
+    m = re.match(r"\[node \d+\]\s?(.*)\Z", line.rstrip("\r\n"), re.S)
+    if m is None:
+        return False
+    rest = m.group(1)
+    return not rest.strip() or any(n in rest for n in TERMINAL_NOISE)
+
+
+class _NodeStreamEcho(_StreamEcho):
+    """:data:`echo_line` for a run's stream, minus terminal noise (:func:`is_terminal_noise`), line by line or in
+    blocks (the block path checks for noise with substring scans first, so clean blocks cost nothing extra)."""
+
+    def __call__(self, line: str) -> None:
+        if not is_terminal_noise(line):
+            super().__call__(line)
+
+    def block(self, prefix: str, text: str) -> None:
+        if "\n\n" in text or text.startswith("\n") or any(n in text for n in TERMINAL_NOISE) \
+                or re.search(r"^[ \t\r]*$", text.rstrip("\n"), re.M):
+            kept = [ln for ln in text.split("\n")[: -1 if text.endswith("\n") else None]
+                    if ln.strip() and not any(n in ln for n in TERMINAL_NOISE)]
+            if not kept:
+                return
+            text = "\n".join(kept) + "\n"
+        super().block(prefix, text)
+
+
+echo_node_line = _NodeStreamEcho()
+
+
 def wrap_words(text: str, width: int) -> list[str]:
     """``text`` wrapped to ``width`` cells at spaces (never inside the pieces :func:`_tokens` keeps whole), each
     ``\\n`` kept as a line break, and no paragraph ending in one lone word (a widow like ``h`` of ``0.99 h``): the

@@ -198,10 +198,12 @@ class Watchdog:
         return self._cache[name]
 
     def _scan_providers(self) -> list[str]:
-        """Providers to ask for tagged resources: the given ones, else those in the ledger plus configured clouds."""
+        """Providers to ask for tagged resources: the given ones, else those holding a live row of the ledger plus
+        configured clouds.  An optional backend (slurm, netns) whose rows all ended is not asked: on a machine
+        with its commands but no cluster it would only fail (``squeue: fatal: ...``) on every pass."""
         if self._given is not None:
             return list(self._given)
-        names = {r.provider for r in self.ledger.resources()} - {"local"}
+        names = {r.provider for r in self.ledger.resources(live_only=True)} - {"local"}
         from broker.providers import CLOUD
 
         for name in CLOUD:

@@ -82,6 +82,8 @@ class FakeProvider(Provider):
     owner_tags = True  # models a cloud: run and installation tags on every object
     #: its "instances" are this machine: clusters run their nodes as local processes
     local_exec = True
+    #: its prices are made up: no one pays them
+    pretend_money = True
     #: seconds after a create call before a list that does not show the instance proves it absent (the fake's
     #: state file is consistent at once; real APIs lag)
     create_settle_s = 0.0

@@ -144,6 +144,17 @@ class LocalProvider(Provider):
                                           name="node0", state="running", usd_per_hour=0.0))
         return out
 
+    def machine_offer(self) -> Offer:
+        """This machine as one free offer, whatever a job asks: its GPUs (count, model, GiB each), or none
+        (``CPU (gloo)``, 0 GPUs) on a machine without one; what ``broker offers --provider local`` lists."""
+        g = self.gpus
+        return Offer(provider="local", offer_id="this-machine", instance_type="this machine",
+                     gpu_name=g[0].name if g else "CPU (gloo)", gpu_count=len(g),
+                     gpu_mem_gib=g[0].mem_gib if g else 0.0,
+                     vcpus=os.cpu_count() or 1, usd_per_hour=0.0, min_billed_seconds=0,
+                     price_source="free (this machine)", price_time=utcnow(),
+                     attrs={"topology": TopologyKind.local.value, "cpu": not g})
+
     def offers(self, req: Requirements) -> list[Offer]:
         if self.why_not(req) is not None:
             return []

@@ -242,7 +242,7 @@ def test_usage_lines_name_arguments_plainly(capsys):
     cp = broker("run", "--help")
     assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE", cp.stdout
     cp = broker("run")  # the usage line of a usage error too
-    assert cp.returncode == 2 and "Usage: broker run [OPTIONS] RECIPE" in cp.stderr, cp.stderr
+    assert cp.returncode == 2 and "usage: broker run [OPTIONS] RECIPE" in cp.stderr, cp.stderr
     for path in _leaves():  # every command's --help, through the same entry point
         with pytest.raises(SystemExit) as ex:
             cli.main([*path, "--help"])

@@ -84,7 +84,8 @@ def test_cost_totals_match_the_ledger(cli_env, tmp_path):
     want = sum(run_cost(led, r.id) for r in led.list_runs())
     data = json.loads(_cli(["cost", "--json"], env).stdout)
     assert len(data["runs"]) == 3 and want > 0
-    assert data["total_usd"] == pytest.approx(want, abs=1e-4)
+    assert data["total_usd"] == 0 and data["pretend_usd"] == pytest.approx(want, abs=1e-4)  # fake: pretend money
+    assert data["pretend_providers"] == ["fake"]
     assert data["by_provider"]["local"] == 0 and data["by_provider"]["fake"] == pytest.approx(want, abs=1e-4)
     only = json.loads(_cli(["cost", "--json", "--provider", "local"], env).stdout)
     assert [r["provider"] for r in only["runs"]] == ["local"] and only["total_usd"] == 0
@@ -92,7 +93,8 @@ def test_cost_totals_match_the_ledger(cli_env, tmp_path):
     assert future["runs"] == [] and future["total_usd"] == 0
     assert _cli(["cost", "--since", "yesterday"], env).returncode == 2
     text = _cli(["cost"], env).stdout
-    assert "total:" in text and "fake:" in text
+    assert "total: $0.00 over 1 run(s) (plus 2 run(s) on fake: pretend)" in text and "fake:" in text
+    assert "pretend money: not billed, not in the total" in text
 
 
 def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path):

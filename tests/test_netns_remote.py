@@ -381,7 +381,7 @@ def test_cli_netns_up_status_down(tmp_path):
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert cid and len(netns.sshd_processes(cid)) == 2
-        cfg = next((tmp_path / "home").glob(f"netns-clusters/*/netns/{cid}/ssh/config"))
+        cfg = next((tmp_path / "home").glob(f"runs/*/netns/{cid}/ssh/config"))  # the cluster is a run
         r = subprocess.run(["ssh", "-F", str(cfg), "node1", "hostname"], capture_output=True, text=True, timeout=30)
         assert r.stdout.strip() == "node1", r.stderr
         st = subprocess.run(cli + ["status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -86,7 +86,7 @@ def test_defaults(tmp_path):
     ("name: j\nscript: train.py\ncpu_ok: maybe\n", 3, ["field 'cpu_ok'", "true or false"]),
     ("name: j\nscript: train.py\nexpect: ['(']\n", 3, ["field 'expect'", "not a valid regular expression"]),
     ("name: j\nscript: train.py\nenv: {'BAD NAME': 1}\n", 3, ["field 'env'", "not a valid environment variable"]),
-    ("name: j\nscript: train.py\nsetup: echo\n", 3, ["field 'setup'", "list of shell commands"]),
+    ("name: j\nscript: train.py\nsetup: 5\n", 3, ["field 'setup'", "shell command"]),
     ("name: 'bad name!'\nscript: train.py\n", 1, ["field 'name'", "letters, digits"]),
     ("name: j\nscript: train.py\ngpu: {min_mem_gib: -2}\n", 3, ["field 'gpu.min_mem_gib'"]),
 ])

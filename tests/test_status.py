@@ -78,7 +78,7 @@ def test_status_table_and_detail_view(setup):
     res = CliRunner().invoke(app, ["status"])
     assert res.exit_code == 0, res.output
     out = res.output
-    assert "spent / budget" in out and "$2.00 / $5.00" in out and "worst case" in out
+    assert "spent / budget" in out and "$2.00 / $5.00" in out and "worst" in out
     assert "watchdog: running" in out and f"pid {os.getpid()}" in out
     assert rows[0].provider_id in out and "cli watchdog node" in out
     assert "HTTP 500 (injected)" in out and "1 failed terminate(s)" in out

@@ -53,6 +53,19 @@ def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s:
         time.sleep(poll_s)
 
 
+def find_run_or_latest(ledger: Any, run_id: str | None) -> Any:
+    """The run ``run_id`` names (an id or unique prefix), or the newest run for ``latest`` / None.  Raises BadInput
+    when there is no run yet (or nothing matches)."""
+    if run_id in (None, "", "latest"):
+        runs = ledger.list_runs(limit=1)
+        if not runs:
+            from broker.provider import BadInput
+
+            raise BadInput("there are no runs yet", hint="`broker run RECIPE` (or `broker run -d RECIPE`) starts one")
+        return runs[0]
+    return ledger.find_run(run_id)
+
+
 def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[str]:
     """``ssh`` argv for node ``node`` of a stored cluster: the run's key, its known_hosts (new keys accepted and
     added, changed keys refused), the node's user, host and port."""
@@ -80,12 +93,66 @@ def ssh_config(run_id: str, cluster: Any) -> str:
         if n.port and n.port != 22:
             lines.append(f"  Port {n.port}")
         if cluster.ssh_key_path:
-            lines += [f"  IdentityFile {cluster.ssh_key_path}", "  IdentitiesOnly yes"]
+            lines += [f"  IdentityFile {_ssh_word(str(cluster.ssh_key_path))}", "  IdentitiesOnly yes"]
         if cluster.known_hosts_path:
-            lines.append(f"  UserKnownHostsFile {cluster.known_hosts_path}")
+            lines.append(f"  UserKnownHostsFile {_ssh_word(str(cluster.known_hosts_path))}")
         lines.append("  StrictHostKeyChecking accept-new")
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
+
+
+#: markers around one run's Host entries in broker's own ssh config
+_BEGIN, _END = "# broker run {} begin", "# broker run {} end"
+
+
+def install_ssh_config(run_id: str, entries: str, *, user_config: Path | None = None,
+                       own: Path | None = None) -> tuple[Path, Path, Path | str | None]:
+    """Put run ``run_id``'s Host ``entries`` in broker's own ssh config (``<home>/ssh_config``, 0600; an earlier
+    block of the same run is replaced) and make ``~/.ssh/config`` (``user_config``) ``Include`` it, at its top (an
+    Include after a ``Host`` line would only apply inside that Host).  Idempotent: a second call changes nothing
+    in ``~/.ssh/config``.  Returns (broker's file, the user's file, what changed there: the backup's path, ``""``
+    when the file was created, None when it already included broker's file)."""
+    from broker.config import home_path
+
+    own = own or home_path() / "ssh_config"
+    user_config = user_config or Path.home() / ".ssh" / "config"
+    old = own.read_text(encoding="utf-8") if own.exists() else ""
+    begin, end = _BEGIN.format(run_id), _END.format(run_id)
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        old = head + rest.split(end, 1)[1].lstrip("\n")
+    text = old.rstrip("\n") + ("\n\n" if old.strip() else "") + f"{begin}\n{entries.rstrip()}\n{end}\n"
+    own.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(own.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(own.with_suffix(".tmp"), own)
+    include = f"Include {_ssh_word(str(own))}"
+    current = user_config.read_text(encoding="utf-8") if user_config.exists() else None
+    if current is not None and any(line.strip() == include for line in current.splitlines()):
+        return own, user_config, None
+    user_config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    changed: Path | str = ""
+    if current is not None:
+        changed = user_config.with_name(user_config.name + ".broker-backup")
+        fd = os.open(changed, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(current)
+    note = "# broker: Host broker-<run>-n<i> entries (`broker ssh RUN --config --install`)"
+    new = f"{note}\n{include}\n\n" + (current or "")
+    tmp = user_config.with_name(user_config.name + ".broker-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(new)
+    if current is not None:
+        os.chmod(tmp, user_config.stat().st_mode & 0o777)
+    os.replace(tmp, user_config)
+    return own, user_config, changed
+
+
+def _ssh_word(text: str) -> str:
+    """``text`` as one word of an ssh config line (double quotes around a path with spaces)."""
+    return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
 def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None) -> dict[str, Any]:
@@ -101,8 +168,21 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
         rows.append({"run": r.id, "name": r.name, "provider": r.provider, "status": r.status,
                      "created_at": r.created_at.isoformat() if r.created_at else None, "usd": usd})
         by_provider[r.provider] = round(by_provider.get(r.provider, 0.0) + usd, 6)
+    pretend = sorted(p for p in by_provider if _pretend_money(p))
     return {"since": since.isoformat() if since else None, "provider": provider, "runs": rows,
-            "by_provider": by_provider, "total_usd": round(sum(by_provider.values()), 6)}
+            "by_provider": by_provider, "pretend_providers": pretend,
+            "pretend_usd": round(sum(by_provider[p] for p in pretend), 6),
+            "total_usd": round(sum(v for p, v in by_provider.items() if p not in pretend), 6)}
+
+
+def _pretend_money(provider: str | None) -> bool:
+    """Whether ``provider``'s money is pretend (its adapter's ``pretend_money``: the fake cloud); unknown: no."""
+    try:
+        from broker.providers import provider_class
+
+        return bool(getattr(provider_class(provider or ""), "pretend_money", False))
+    except Exception:  # noqa: BLE001 - an adapter that cannot be imported bills for real as far as we know
+        return False
 
 
 def _dir_size(p: Path) -> int:
@@ -219,7 +299,8 @@ def _parse_since(value: str | None) -> datetime | None:
 def register(app: typer.Typer) -> None:
     @app.command("logs", short_help="Print a run's node log; -f follows a live run")
     def logs_cmd(
-        run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix (see `broker status`)"),
+        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix (see `broker "
+                                     "status`) or latest (the default: the newest run)"),
         node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the run is live"),
     ) -> None:
@@ -228,7 +309,7 @@ def register(app: typer.Typer) -> None:
         from broker.provider import BadInput
 
         ledger = Ledger()
-        run = ledger.find_run(run_id)
+        run = find_run_or_latest(ledger, run_id)
         nodes = int((run.recipe or {}).get("nodes") or 1)
         if not 0 <= node < max(nodes, 1):
             raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")
@@ -253,6 +334,9 @@ def register(app: typer.Typer) -> None:
         run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix"),
         node_arg: Optional[str] = typer.Argument(None, metavar="[NODE]", help="node index (default 0)"),
         config: bool = typer.Option(False, "--config", help="print Host entries for ~/.ssh/config instead"),
+        install: bool = typer.Option(False, "--install", help="with --config: write them to broker's own ssh "
+                                     "config and Include it from ~/.ssh/config (once; a backup is kept), so "
+                                     "`ssh broker-RUN-n0` works"),
     ) -> None:
         """A shell (or, after --, one command) on a node of a live or kept run, with the run's key and known_hosts."""
         from broker.ledger import Ledger
@@ -263,6 +347,17 @@ def register(app: typer.Typer) -> None:
         if cluster.local_exec:
             raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
                            hint=f"their folders are under {run.run_dir}")
+        if install and not config:
+            raise BadInput("--install goes with --config", hint=f"broker ssh {run.id} --config --install")
+        if config and install:
+            from broker.ui import console
+
+            own, user, changed = install_ssh_config(run.id, ssh_config(run.id, cluster))
+            console.print(f"wrote the Host entries of run {run.id} to {own}", highlight=False)
+            console.print((f"added `Include {own}` to {user}" + (f" (backup: {changed})" if changed else ""))
+                          if changed is not None else f"{user} already includes it", highlight=False)
+            console.print(f"  ssh broker-{run.id}-n0", highlight=False, soft_wrap=True)
+            return
         if config:
             sys.stdout.write(ssh_config(run.id, cluster))
             return
@@ -315,7 +410,7 @@ def register(app: typer.Typer) -> None:
         from broker.ledger import Ledger
         from broker.pipeline import Hooks, KeptTarget, kept_cluster, run_pipeline
         from broker.recipe import load_recipe
-        from broker.ui import console, echo_line, print_json
+        from broker.ui import console, echo_node_line, print_json
 
         recipe = load_recipe(recipe_path)
         lint_or_refuse(recipe, as_json=as_json)
@@ -330,7 +425,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
-                               hooks=Hooks(echo=None if (quiet or as_json) else echo_line, say=prog,
+                               hooks=Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog,
                                            on_start=started))
         finally:
             prog.close()
@@ -369,8 +464,13 @@ def register(app: typer.Typer) -> None:
         if len(data["runs"]) > 50:
             console.print(f"... {len(data['runs']) - 50} older run(s); --json lists all")
         for p, v in sorted(data["by_provider"].items()):
-            console.print(f"{p}: {usd(v)}", highlight=False)
-        console.print(f"total: {usd(data['total_usd'])} over {len(data['runs'])} run(s)", highlight=False)
+            pretend = " (pretend money: not billed, not in the total)" if p in data["pretend_providers"] else ""
+            console.print(f"{p}: {usd(v)}{pretend}", highlight=False)
+        real = [r for r in data["runs"] if r["provider"] not in data["pretend_providers"]]
+        console.print(f"total: {usd(data['total_usd'])} over {len(real)} run(s)"
+                      + (f" (plus {len(data['runs']) - len(real)} run(s) on "
+                         f"{', '.join(data['pretend_providers'])}: pretend)" if len(real) < len(data["runs"]) else ""),
+                      highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
     def clean_cmd(

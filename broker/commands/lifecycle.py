@@ -106,9 +106,13 @@ def kept_message(out: Any, idle_minutes: float) -> list[str]:
     c = out.cluster
     if c is not None and c.nodes and not c.local_exec:
         n0 = c.nodes[0]
-        key = f"-i {c.ssh_key_path} " if c.ssh_key_path else ""
+        import shlex
+
+        key = f"-i {shlex.quote(str(c.ssh_key_path))} " if c.ssh_key_path else ""
         port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
-        lines.append(f"  ssh into node 0: ssh {key}{port}{n0.user}@{n0.host}   (run files in {c.workroot}/{run_id})")
+        # the command alone on its line (printed unwrapped): a paste runs it as it is
+        lines.append(f"  ssh into node 0: ssh {key}{port}{shlex.quote(f'{n0.user}@{n0.host}')}")
+        lines.append(f"  run files on node 0: {shlex.quote(f'{c.workroot}/{run_id}')}")
     if c is not None and c.local_exec:  # this machine (fake provider): no node-side watch, only the watchdog
         lines.append(f"  the watchdog terminates them {idle_minutes:g} min after the job ended (or at the deadline / "
                      "budget)")
@@ -174,6 +178,11 @@ def register(app: typer.Typer) -> None:
         report: list[dict] = []
         still: list[Any] = []
         for rid in run_ids:
+            from broker.commands.run import stop_detached
+
+            run_row = ledger.get_run(rid)
+            if run_row is not None and stop_detached(run_row) and not as_json:  # `broker run -d`: its own teardown
+                console.print(f"[bold]{rid}[/]: the background run was interrupted (it tears down its nodes)")
             before = ledger.resources(rid, live_only=True)
             if not as_json:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
@@ -279,8 +288,12 @@ def register(app: typer.Typer) -> None:
             for t in rep.young:
                 console.print(f"  {t.provider} {t.kind} {t.provider_id} run {t.run_id} is younger than "
                               f"{min_age:g} s: left alone (a create may be in flight)")
-            if not rep.orphans:
+            if not rep.orphans and not rep.errors:
                 console.print("no orphans.")
+            elif not rep.orphans:  # exit 4 below: never a plain "no orphans" over a provider it could not ask
+                listed = [n for n in rep.checked if n not in rep.errors]
+                console.print(f"no orphans found{' at ' + ', '.join(listed) if listed else ''}; "
+                              f"[bold red]unknown at {', '.join(rep.errors)}[/] (not listed)")
             for t in rep.orphans:
                 console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
                               f"${t.usd_per_hour or 0:.4g}/h")
@@ -294,4 +307,7 @@ def register(app: typer.Typer) -> None:
                 "status`; retry `broker reconcile --terminate --yes` or `broker down <run>`")
             raise typer.Exit(4)
         if rep.errors:
+            if not as_json:
+                err.print(f"[bold red]error:[/] {', '.join(rep.errors)} could not be listed: orphans there are not "
+                          "known (exit 4)", highlight=False)
             raise typer.Exit(4)

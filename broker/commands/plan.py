@@ -390,6 +390,15 @@ def register(app: typer.Typer) -> None:
                        vast_query=vast_query)
         rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
                 and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
+        if provider and "local" in provider and not any(o.provider == "local" for o in rows):
+            # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
+            from broker.providers import get_provider
+
+            here = get_provider("local").machine_offer()
+            rows.append(here)
+            facts.notes.append("local: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
+                               if here.gpu_count else "has no GPU: it runs a job with cpu_ok: true (gloo on CPU), "
+                               "free"))
         rows.sort(key=lambda o: (o.usd_per_hour, o.key))
         if as_json:
             print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
@@ -413,7 +422,9 @@ def register(app: typer.Typer) -> None:
                 offer = o.offer_id
             else:
                 offer = f"{o.offer_id} ({o.instance_type})"
-            cells = [o.provider, escape(offer), escape(f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G")]
+            gpus = (f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G" if o.gpu_count else
+                    f"none ({fmt_num(o.vcpus)} CPUs)")
+            cells = [o.provider, escape(offer), escape(gpus)]
             if wide:
                 cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
                           usd(o.usd_per_hour),

@@ -44,11 +44,31 @@ def register(app: typer.Typer) -> None:
                                  "without a terminal)"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
         as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+        detach: bool = typer.Option(False, "--detach", "-d", help="run in the background: print the run id and "
+                                    "how to follow it (`broker logs -f`), then return; paid runs need --yes"),
+        idle_minutes: float = typer.Option(None, "--idle-minutes", metavar="MINUTES", help="keep the nodes this "
+                                           "many minutes after the job for `broker ssh`/`exec` (overrides the "
+                                           "recipe's idle_minutes)"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
+        from broker.limits import check_number
         from broker.recipe import load_recipe
 
+        check_number("--idle-minutes", "idle_minutes", idle_minutes)
         recipe = load_recipe(recipe_path)
+        if idle_minutes is not None:
+            recipe = recipe.model_copy(update={"idle_minutes": float(idle_minutes)})
+        if detach:  # checked here (bad input fails in the foreground); the background process lints again
+            lint_or_refuse(recipe, as_json=as_json)
+            argv = [str(recipe.path or recipe_path)]
+            for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
+                                ("--cluster", cluster), ("--topology", topology)):
+                if value is not None:
+                    argv += [flag, value]
+            argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
+            if idle_minutes is not None:
+                argv += ["--idle-minutes", str(idle_minutes)]
+            raise typer.Exit(run_detached(argv, recipe, as_json=as_json))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
             from broker.provider import BadInput
@@ -117,7 +137,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     from broker.commands.summary import render_summary
     from broker.ledger import Ledger
     from broker.pipeline import Hooks, RunRequest, run_recipe
-    from broker.ui import console, echo_line, err, print_json
+    from broker.ui import console, echo_node_line, err, print_json
 
     slurm = None
     if provider == "slurm":
@@ -132,12 +152,13 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 
     def started(run: Any, description: str) -> None:
         prog.bind(run)
+        _tell_detached_parent(run)
         if not as_json:
             console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
                           f"process(es), {description}", highlight=False)
-            console.print(f"logs: {run.run_dir}", highlight=False)
+            console.print(f"logs: {quote_path(run.run_dir)}", highlight=False)
 
-    hooks = Hooks(echo=None if (quiet or as_json) else echo_line, say=prog, on_start=started,
+    hooks = Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
     try:
         out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
@@ -158,6 +179,122 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
         err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")
     return out.exit_code
+
+
+#: environment variable set for a background ``broker run`` (``-d``): its run folder gets :data:`DETACHED_MARKER`
+DETACHED_ENV = "BROKER_DETACHED_RUN"
+#: marker in a run's folder: the run is driven by a background process (``broker down`` interrupts it first)
+DETACHED_MARKER = "detached.json"
+#: how long ``broker run -d`` waits for the background process to create its run, seconds
+DETACH_START_TIMEOUT_S = 300.0
+
+
+def _tell_detached_parent(run: Any) -> None:
+    """In a background run (``-d``): mark the run folder as driven by this process (for ``broker down``)."""
+    import json
+    import os
+
+    if os.environ.pop(DETACHED_ENV, None) != "1" or not run.run_dir:
+        return
+    try:
+        (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
+    except OSError:
+        pass
+
+
+def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
+                 timeout_s: float = DETACH_START_TIMEOUT_S) -> int:
+    """``broker run -d``: start ``broker run ARGS -q`` as a background process (its own session, stdin closed,
+    output to ``<home>/logs/run-<time>-<pid>.out``), wait until it has created its run (the ledger's row with its
+    pid) or ended, print the run id and how to follow it; returns 0, or the background process's exit code when
+    it ended before the run started (its output is shown then: e.g. a paid run without --yes)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from broker.config import home_path
+    from broker.ledger import Ledger
+    from broker.ui import console, err, print_json
+
+    logs = home_path() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.out"
+    fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    env = dict(os.environ, **{DETACHED_ENV: "1"})
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args, "-q"], stdin=subprocess.DEVNULL,
+                                stdout=fd, stderr=fd, env=env, start_new_session=True, close_fds=True)
+    finally:
+        os.close(fd)
+    ledger = Ledger()
+    t0 = time.monotonic()
+    run_id = None
+    while time.monotonic() - t0 < timeout_s:
+        # the run row carries its CLI's pid (broker.pipeline.new_run): the background process's
+        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
+        if run_id is not None or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    if run_id is None:
+        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
+    if run_id is None:
+        code = proc.poll()
+        text = out_path.read_text(encoding="utf-8", errors="replace")
+        if code is None:
+            from broker.provider import ProviderError
+
+            raise ProviderError(f"the background run did not start within {timeout_s:.0f} s (pid {proc.pid} is "
+                                f"still working)", hint=f"its output so far is in {out_path}; `broker status` "
+                                                          "shows the run once it starts")
+        sys.stderr.write(text)
+        return code or 1
+    if as_json:
+        print_json({"run_id": run_id, "pid": proc.pid, "output": str(out_path), "detached": True})
+        return 0
+    console.print(f"[bold]run {run_id}[/]: {recipe.name}, running in the background (pid {proc.pid})",
+                  highlight=False)
+    for what, cmd in (("follow its log", f"broker logs -f {run_id}"), ("its state", f"broker status {run_id}"),
+                      ("stop it", f"broker down {run_id}")):
+        console.print(f"  {what + ':':<15} {cmd}", highlight=False, soft_wrap=True)
+    err.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def quote_path(p: Any) -> str:
+    """``p`` as a shell word a user can paste (quoted when it holds spaces or shell characters)."""
+    import shlex
+
+    return shlex.quote(str(p))
+
+
+def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
+    """When ``run`` is driven by a live background process (``broker run -d``): interrupt it (SIGINT, the same
+    shielded teardown as Ctrl-C) and wait up to ``grace_s`` seconds for it to end.  Returns True when one was
+    interrupted.  A pid whose folder has no detached marker naming it is never signalled."""
+    import json
+    import os
+    import signal
+    import time
+
+    from broker.accounting import pid_alive
+
+    if not run.run_dir or not run.pid or not pid_alive(run.pid):
+        return False
+    try:
+        marker = json.loads((Path(run.run_dir) / DETACHED_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("pid") != run.pid:
+        return False
+    try:
+        os.kill(run.pid, signal.SIGINT)
+    except OSError:
+        return False
+    t0 = time.monotonic()
+    while pid_alive(run.pid) and time.monotonic() - t0 < grace_s:
+        time.sleep(0.2)
+    return True
 
 
 def result_dict(result: Any, usd: float = 0.0) -> dict:

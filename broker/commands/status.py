@@ -1,8 +1,8 @@
 """``broker status``: runs and live resources from the ledger, with money and the armed teardown layers.
 
-Per run: spent so far / budget, worst case at the deadline, time left (``--wide``: name, where, start, USD/hour,
-exit codes).  Per live resource: run, provider, kind, id, state, USD/hour, spent so far, worst case at the
-deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
+Per run: id, recipe name, where (provider and topology), state, spent so far / budget, time left (``--wide``:
+start, USD/hour, worst case at the deadline, exit codes).  Per live resource: run, provider, kind, id, state,
+USD/hour, spent so far, worst case at the deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
 the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
 :mod:`broker.accounting` (billing counted from creation, per second; a create that never happened costs $0).
 
@@ -147,6 +147,15 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
             "totals": totals, "refresh": {"done": refresh, "notes": notes}}
 
 
+def _where(provider: str | None, topology: str | None) -> str:
+    """Where a run ran, short: the provider, and the topology when it says more than the provider's name
+    (``vast simulated``, ``oci multi-node``, ``local``)."""
+    provider = provider or "?"
+    if not topology or topology == provider or topology == "any":
+        return provider
+    return f"{provider} {topology}"
+
+
 def _state_text(state: str) -> str:
     if state == "orphan":
         return "[bold red]orphan[/]"
@@ -209,8 +218,13 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def _watchdog_line(wd: dict[str, Any]) -> str:
+def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -> str:
+    """The watchdog's state, and its provider errors: only those of a cloud or of a provider that holds a live
+    resource of this installation (``live_providers``; None: all), each on one line (a backend's multi-line
+    stderr is cut to its first line: ``broker status --json`` has it whole)."""
     from rich.markup import escape
+
+    from broker.providers import CLOUD
 
     if wd["alive"]:
         line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
@@ -220,7 +234,10 @@ def _watchdog_line(wd: dict[str, Any]) -> str:
     else:
         line = "watchdog: [yellow]not running[/] (`broker run` starts it; or `broker watchdog`)"
     for prov, msg in (wd.get("errors") or {}).items():
-        line += f"\n  [bold red]{escape(prov)}: {escape(msg)}[/]"
+        if live_providers is not None and prov not in CLOUD and prov not in live_providers:
+            continue  # an optional backend holding nothing of ours: its failure is no news
+        first = msg.strip().splitlines()[0] if msg.strip() else msg
+        line += f"\n  [bold red]{escape(prov)}: {escape(first)}[/]"
     return line
 
 
@@ -296,9 +313,11 @@ def register(app: typer.Typer) -> None:
             return
         t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
-                 "time left", "exit codes") if wide else ("run", "status", "spent / budget", "worst case", "left"))
+                 "time left", "exit codes") if wide else ("run", "name", "where", "status", "spent / budget",
+                                                          "left"))
         for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
-            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold")
+            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold",
+                         max_width=14 if col == "name" and not wide else None)
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
@@ -313,12 +332,13 @@ def register(app: typer.Typer) -> None:
                           usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
                           " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
             else:
-                t.add_row(r["id"], r["status"], spent, worst, left)
+                t.add_row(r["id"], escape(r["name"]), _where(r["provider"], r["topology"]), r["status"], spent,
+                          left)
         if data["runs"]:
             print_table(t, wide=wide)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
-        console.print(_watchdog_line(data["watchdog"]))
+        console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))
         for prov, why in data["refresh"]["notes"].items():
             console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
         live = data["live_resources"]

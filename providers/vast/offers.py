@@ -143,6 +143,40 @@ def parse_vast_query(query: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: query field -> how to read it from a snapshot Offer (the snapshot knows no more of a host than these); memory in
+#: MB as the query's (GB x 1000) values are
+SNAPSHOT_FIELDS: dict[str, Any] = {
+    "num_gpus": lambda o: o.gpu_count, "gpu_name": lambda o: o.gpu_name,
+    "gpu_ram": lambda o: o.gpu_mem_gib * 1000, "gpu_total_ram": lambda o: o.gpu_mem_gib * o.gpu_count * 1000,
+    "dph_total": lambda o: o.usd_per_hour, "geolocation": lambda o: o.region or "",
+}
+
+
+def _holds(value: Any, op: str, want: Any) -> bool:
+    if op in ("in", "notin"):
+        wanted = [str(w).lower() for w in (want if isinstance(want, list) else [want])]
+        inside = str(value).lower() in wanted or any(w in str(value).lower() for w in wanted)
+        return inside if op == "in" else not inside
+    if isinstance(value, str) or isinstance(want, str):
+        a, b = str(value).lower(), str(want).lower()
+        return {"eq": a == b, "neq": a != b}.get(op, False)
+    return {"gt": value > want, "gte": value >= want, "lt": value < want, "lte": value <= want,
+            "eq": value == want, "neq": value != want}.get(op, False)
+
+
+def filter_snapshot(offers: list[Offer], query: dict[str, dict[str, Any]], text: str) -> list[Offer]:
+    """``offers`` (snapshot, no API key) that meet a parsed ``--vast-query`` (:func:`parse_vast_query`).  Raises
+    BadInput naming the fields the snapshot cannot answer (``reliability``, ``inet_up`` ...): an offline plan
+    never pretends a filter was applied."""
+    unknown = [f for f in query if f not in SNAPSHOT_FIELDS]
+    if unknown:
+        raise BadInput(f"--vast-query {text!r}: {', '.join(unknown)} cannot be checked without a Vast API key (the "
+                       f"price snapshot knows only {', '.join(SNAPSHOT_FIELDS)})",
+                       hint="set VAST_API_KEY to search live offers, or leave those terms out of --vast-query")
+    return [o for o in offers if all(_holds(SNAPSHOT_FIELDS[f](o), op, want)
+                                     for f, ops in query.items() for op, want in ops.items())]
+
+
 def vast_gpu_names(names: list[str]) -> list[str]:
     """Vast.ai spellings for the user's GPU names: ``RTX_4090`` → ``RTX 4090``; ``H100`` → every H100 variant."""
     out: list[str] = []
@@ -262,6 +296,8 @@ class VastOffers:
         if req.topology in ("multi-node", "local"):
             return []  # Vast hosts share no private network; only "simulated" is offered
         if not self.api.key():
+            if vast_query:  # parsed (and refused when malformed) before anything else, as a live search would
+                return filter_snapshot(self._snapshot(req), parse_vast_query(vast_query), vast_query)
             return self._snapshot(req)
         return self.live_offers(req, vast_query)
 
