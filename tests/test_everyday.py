@@ -333,6 +333,17 @@ def test_c10d_hostname_noise_and_empty_node_lines_stay_off_the_terminal(tmp_path
     assert "[node 0] \n" not in out and out.count("[node") == 1
 
 
+def test_noise_is_left_out_of_streamed_blocks_too(capsys, broker_home):
+    """The run's stream hands the console whole blocks of a node's lines: the same lines stay off the terminal."""
+    from broker.ui import echo_node_line
+
+    echo_node_line.block("[node 1] ", "step 1\n\n[c10d] The hostname of the client socket cannot be retrieved. "
+                                      "err=-3\n   \nstep 2\n")
+    echo_node_line.block("[node 0] ", "\n\n")
+    out = capsys.readouterr().out
+    assert out == "[node 1] step 1\n[node 1] step 2\n", repr(out)
+
+
 def test_a_run_keeps_noise_in_the_node_log_but_not_on_the_terminal(cli_env, tmp_path):
     d = tmp_path / "noisy"
     d.mkdir()
