@@ -130,9 +130,14 @@ class Diagnosis:
     error_lines: list[str] = field(default_factory=list)
     behind: list[int] = field(default_factory=list)  # ranks that never reached the collective the others wait in
     notes: list[str] = field(default_factory=list)
+    #: ``<run>/stall.json`` (:mod:`broker.stall`): every rank's place when the run stalled, cause and fix
+    stall: dict[str, Any] | None = None
 
     @property
     def headline(self) -> str:
+        if self.stall:
+            head = "at the deadline" if self.stall.get("when") == "deadline" else "stalled"
+            return f"{head}: " + str(self.stall["lines"][0])
         if self.early_exits:
             e = self.early_exits[0]
             who = f"node {e['node']}, rank {e['rank']}" if e.get("rank") is not None else \
@@ -150,6 +155,14 @@ class Diagnosis:
         out: list[str] = []
         if self.headline:
             out.append(self.headline)
+        if self.stall:
+            st = self.stall
+            out.extend(str(ln) for ln in st["lines"][1:])
+            seen = (f"no output for {st.get('silent_s', '?')} s, the same stacks {st.get('gap_s', '?')} s apart"
+                    if st.get("when") != "deadline" else "one stack sample at the deadline")
+            out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
+            out.append(f"  fix: {st.get('fix', '')}")
+            out.extend(str(ln) for ln in st.get("flight_recorder") or [])
         f = self.first
         if f is not None and (f.exc_type or f.frame):
             if self.early_exits:
@@ -313,6 +326,35 @@ def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
     return out
 
 
+#: statuses of runs whose nodes broker stopped itself: their ends (SIGTERM, torchrun's exit 1) blame nobody
+STOPPED_BY_BROKER = ("deadline", "interrupted")
+#: exceptions a rank raises because broker stopped it
+_STOP_EXCEPTIONS = ("KeyboardInterrupt", "SignalException", "SystemExit")
+
+
+def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> Diagnosis:
+    """A deadline or interrupted run: only a rank's own exception from before the stop is a failure; the rest is
+    a note that broker stopped the nodes (never "node 0 failed first: exit code 1" for a node broker stopped)."""
+    own = [d for d in facts if d.get("exception") and not any(x in str(d["exception"].get("type", ""))
+                                                               for x in _STOP_EXCEPTIONS)]
+    if own:
+        d = min(own, key=lambda d: d.get("ended") or 0.0)
+        exc = d["exception"]
+        diag.first = Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
+                             exc_type=exc.get("type", ""), message=exc.get("message", ""), frame=exc.get("frame"))
+    why = "the deadline passed" if status == "deadline" else "the run was interrupted (Ctrl-C or a signal)"
+    running = [d.get("rank") for d in facts if d.get("ended") is None]
+    note = f"{why}: broker stopped every node (their exit codes are broker's signals, not failures)"
+    if running:
+        note += "; rank(s) " + ", ".join(map(str, running)) + " were still running"
+    diag.notes.append(note)
+    if status == "deadline" and diag.stall is None:
+        diag.notes.append("if the ranks were waiting for each other, a lower stall_s in the recipe names where each "
+                          "one was long before the deadline")
+    diag.findings = _facts_findings(facts)
+    return diag
+
+
 def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     """Diagnose a finished run from its folder and its :class:`~broker.launch.RunResult` (never raises for odd
     inputs: a diagnosis is best effort)."""
@@ -328,11 +370,21 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
     diag = Diagnosis()
+    from broker.stall import flight_recorder_from_run, read_stall
+
+    diag.stall = read_stall(run_dir)
+    if diag.stall is not None:
+        diag.stall["flight_recorder"] = flight_recorder_from_run(run_dir)
 
     if status == "succeeded":
         diag.error_lines = error_lines(log_paths)
         diag.findings = _facts_findings(facts)
         return diag
+    if diag.stall is not None and diag.stall.get("stopped"):
+        diag.findings = _facts_findings(facts)  # broker stopped every node: no rank is blamed for its end
+        return diag
+    if status in STOPPED_BY_BROKER:
+        return _stopped_run(diag, status, facts)
 
     # failures: the shim's exceptions and non-zero exits first, torchrun's root-cause blocks for the rest
     fails: list[Failure] = []

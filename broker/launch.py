@@ -37,6 +37,7 @@ from broker.executor import Executor, run_steps
 
 if TYPE_CHECKING:
     from broker.staging import StagePlan
+    from broker.stall import StallWatch
 
 #: how long a node gets between SIGTERM and SIGKILL when it is stopped, seconds
 STOP_GRACE_S = 3.0
@@ -195,6 +196,7 @@ class Supervisor:
         self.poll_s = poll_s
         self._lock = threading.Lock()
         self.log_errors: list[str] = []
+        self.stall: "StallWatch | None" = None  # set by the executor: stop (or report) a run that hangs
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output to its log file and the console.  A log write that fails (a full disk) never
@@ -236,8 +238,9 @@ class Supervisor:
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
+        handles = self.stall.wrap(nodes) if self.stall is not None else nodes
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
-                 for n in nodes]
+                 for n in handles]
         for t in pumps:
             t.start()
         status, reason, failed = "succeeded", "", None
@@ -255,14 +258,22 @@ class Supervisor:
                 if deadline_s is not None and time.monotonic() - t0 > deadline_s:
                     status = "deadline"
                     reason = f"deadline of {deadline_s:.0f} s reached; stopped every node"
+                    if self.stall is not None:
+                        self.stall.at_deadline()
+                    break
+                if self.stall is not None and self.stall.check():
+                    status, reason = "failed", self.stall.reason
                     break
                 time.sleep(self.poll_s)
         except KeyboardInterrupt:
             status, reason = "interrupted", "interrupted (Ctrl-C); stopped every node"
         finally:
+            echo = self.echo
+            self.echo = quiet_after_stop(echo, [n.node_rank for n in nodes if n.poll() is None])
             self.stop_all(nodes)
             for t in pumps:
                 t.join(timeout=5)
+            self.echo = echo
         codes = {n.node_rank: n.poll() for n in nodes}
         return RunResult(status=status, exit_codes=codes, wall_s=time.monotonic() - t0, log_paths=self.log_paths,
                          reason=reason, failed_node=failed)
@@ -274,6 +285,23 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join()
+
+
+def quiet_after_stop(echo: Callable[[str], None] | None, stopped: list[int]) -> Callable[[str], None] | None:
+    """The console echo while broker stops ``stopped`` nodes: one line says so, and what those nodes print from
+    then on (torchelastic's ``SignalException`` tracebacks for the SIGTERM broker sent, ~30 lines a node) goes to
+    their logs only."""
+    if echo is None or not stopped:
+        return echo
+    echo(f"[broker] stopping node(s) {', '.join(map(str, stopped))} (SIGTERM, SIGKILL after {STOP_GRACE_S:g} s); "
+         "what they print from now on is only in their logs")
+    prefixes = tuple(f"[node {i}] " for i in stopped)
+
+    def quiet(line: str) -> None:
+        if not line.startswith(prefixes):
+            echo(line)
+
+    return quiet
 
 
 def describe_exit(code: int | None) -> str:
@@ -442,6 +470,8 @@ class LocalLaunchSpec:
     master_port: int | None = None
     python: str | None = None
     artifacts: list[str] = field(default_factory=list)
+    stall_s: float | None = None  # seconds without output before the ranks' stacks are sampled (None: no watch)
+    on_stall: str = "stop"
 
 
 def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
@@ -511,6 +541,11 @@ class LocalExecutor(Executor):
                 f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
         nodes: list[NodeHandle] = []
         sup = Supervisor(self.logs, echo=self.echo)
+        if spec.stall_s:
+            from broker.stall import StallWatch, local_sampler
+            sup.stall = StallWatch(spec.stall_s, local_sampler(d.parent / "facts" for d in self.dirs),
+                                   on_stall=spec.on_stall, run_dir=self.run_dir, echo=self.echo,
+                                   world_size=spec.nnodes * spec.nproc_per_node)
         try:
             for i, argv in enumerate(argvs):
                 nodes.append(LocalNode(i, argv, self.envs[i], self.dirs[i]))

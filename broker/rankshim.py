@@ -19,11 +19,23 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
   re-raised as they are);
 * on a normal end (``sys.exit``, falling off the end, or ``os._exit``): the exit code and the time.
 
+With a facts folder the rank also arms :mod:`faulthandler` on ``SIGUSR1``: the signal appends every thread's Python
+stack to ``DIR/rank<RANK>.stack`` (a C-level handler: it answers while the rank is blocked inside a collective);
+and sets ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (PyTorch's flight recorder, nccl and gloo) with the dump on a collective
+timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
+DIR`` (run on the node by :mod:`broker.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
+installed, and prints their stacks as JSON.
+
 Without a facts folder the script runs with nothing recorded.
 """
 
+import faulthandler
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
 import runpy
 import socket
 import sys
@@ -34,6 +46,11 @@ _FACTS = {}
 _PATH = None
 _SCRIPT_DIR = None
 _HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.distributed_c10d")
+#: the signal on which a rank dumps its Python stacks (torchelastic uses SIGTERM/SIGINT/SIGHUP/SIGQUIT, not this)
+STACK_SIGNAL = signal.SIGUSR1
+#: flight-recorder entries per process group when the environment sets none (a few KiB of host memory)
+FR_ENTRIES = "2000"
+_STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
 
 
 def _save():
@@ -219,9 +236,141 @@ def _record_exception(e):
     _save()
 
 
+def _arm_diagnostics(facts_dir, rank):
+    """Stacks on SIGUSR1 into ``rank<R>.stack``; the flight recorder on, its timeout dump into the facts folder."""
+    global _STACK_FILE
+    try:
+        _STACK_FILE = open(os.path.join(facts_dir, "rank%s.stack" % rank), "a")
+        faulthandler.register(STACK_SIGNAL, file=_STACK_FILE, all_threads=True, chain=False)
+        _FACTS["stack_file"] = os.path.basename(_STACK_FILE.name)
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        _STACK_FILE = None
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ and "TORCH_FR_BUFFER_SIZE" not in os.environ:
+        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_ENTRIES
+    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+        os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(facts_dir, "fr_trace_rank")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    _save()
+
+
+_FRAME_FILES = re.compile(r'File "([^"]+)", line (\d+)|\(([^()]+):(\d+)\)\s*$', re.M)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not a rank that can answer
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _code_lines(pid, text):
+    """``{"file:line": source}`` for the frames in ``text`` (relative names resolved in the rank's own folder)."""
+    import linecache
+    out = {}
+    for m in _FRAME_FILES.finditer(text):
+        name, line = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        key = "%s:%s" % (name, line)
+        if key in out or name.startswith("<"):
+            continue
+        path = name if os.path.isabs(name) else os.path.join("/proc/%d/cwd" % pid, name)
+        code = linecache.getline(path, int(line)).strip()
+        if code:
+            out[key] = code[:300]
+    return out
+
+
+def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
+    """Every live rank of ``facts_dir`` (from its ``rank*.json``): ``{rank: {"pid", "node", "tool", "text",
+    "code"}}`` -- its Python stacks from ``py-spy dump`` when installed and allowed, else from the faulthandler the
+    shim armed on SIGUSR1 (waits up to ``wait_s`` seconds for the dump to land).  A rank that has ended is
+    ``{"pid", "node", "ended": True, "exit_code", "exception", "frame"}``; one that gave no stack is left out."""
+    ranks, ended = {}, {}
+    try:
+        names = sorted(os.listdir(facts_dir))
+    except OSError:
+        return {}
+    for name in names:
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(facts_dir, name)) as f:
+                d = json.load(f)
+            pid = int(d["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if "ended" in d or not _alive(pid):
+            exc = d.get("exception") or {}
+            ended[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "ended": True,
+                                                     "exit_code": d.get("exit_code"), "exception": exc.get("type"),
+                                                     "frame": exc.get("frame")}
+            continue
+        ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file")}
+    pyspy = shutil.which("py-spy") if use_pyspy else None
+    sizes = {}
+    for r, info in ranks.items():
+        if pyspy:
+            try:
+                p = subprocess.run([pyspy, "dump", "--pid", str(info["pid"])], capture_output=True, text=True,
+                                   timeout=20)
+                if p.returncode == 0 and p.stdout.strip():
+                    info.update(tool="py-spy", text=p.stdout)
+                    continue
+            except (OSError, subprocess.SubprocessError):
+                pass
+        if not info.get("stack_file"):
+            continue
+        path = os.path.join(facts_dir, info["stack_file"])
+        try:
+            sizes[r] = os.path.getsize(path)
+        except OSError:
+            sizes[r] = 0
+        try:
+            os.kill(info["pid"], STACK_SIGNAL)
+        except OSError:
+            sizes.pop(r)
+    end = time.time() + wait_s
+    pending = set(sizes)
+    last = {}
+    while pending and time.time() < end:
+        time.sleep(0.1)
+        for r in list(pending):
+            try:
+                size = os.path.getsize(os.path.join(facts_dir, ranks[r]["stack_file"]))
+            except OSError:
+                continue
+            if size > sizes[r] and last.get(r) == size:  # grown, and stopped growing
+                pending.discard(r)
+            last[r] = size
+    for r in sizes:
+        try:
+            with open(os.path.join(facts_dir, ranks[r]["stack_file"]), errors="replace") as f:
+                f.seek(sizes[r])
+                text = f.read(256 * 1024)
+        except OSError:
+            continue
+        if text.strip():
+            ranks[r].update(tool="faulthandler", text=text)
+    out = dict(ended)
+    for r, info in ranks.items():
+        if info.get("text"):
+            out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],
+                      "code": _code_lines(info["pid"], info["text"])}
+    return out
+
+
 def main(argv):
     global _PATH, _SCRIPT_DIR
     args = list(argv[1:])
+    if len(args) >= 2 and args[0] == "--dump-stacks":
+        print(json.dumps(dump_stacks(args[1], use_pyspy="--no-py-spy" not in args)))
+        return 0
     facts_dir = os.environ.get("BROKER_FACTS_DIR")
     if len(args) >= 2 and args[0] == "--facts":
         facts_dir, args = args[1], args[2:]
@@ -246,6 +395,8 @@ def main(argv):
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "python": sys.version.split()[0], "script": script, "started": time.time()})
     _save()
+    if _PATH is not None:
+        _arm_diagnostics(facts_dir, rank if rank is not None else os.getpid())
     sys.meta_path.insert(0, _TorchHook())
     if "torch" in sys.modules:  # torch already imported (sitecustomize): patch now
         _patch()

@@ -80,6 +80,60 @@ elif mode == "sigkill":  # the kernel's OOM killer sends SIGKILL; here the rank 
 elif mode == "iface":  # GLOO_SOCKET_IFNAME names an interface this host does not have
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
+elif mode == "hang":  # rank 0 waits in all_reduce; rank 1 is busy elsewhere (a learner's "it just hangs")
+    dist.init_process_group("gloo", timeout=timeout)
+    t = torch.ones(1)
+    print(f"rank {rank}: started", flush=True)
+    if rank == 1:
+        time.sleep(600)
+    dist.all_reduce(t)
+    print("sum", t.item(), flush=True)
+elif mode == "world_size4":  # world_size hard-coded for a 4-GPU box, run with 2 ranks
+    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timeout)
+    dist.barrier()
+elif mode == "shapes":  # every rank reduces a tensor of its own length
+    dist.init_process_group("gloo", timeout=timeout)
+    t = torch.ones(rank + 1)
+    dist.all_reduce(t)
+    print("sum", t.sum().item(), flush=True)
+elif mode == "slow":  # rank 1 is only slow: it arrives after the others' timeout
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.barrier()
+    if rank == 1:
+        time.sleep(float(os.environ.get("FAULT_SLOW_S", "8")))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print("sum", t.item(), flush=True)
+elif mode == "cuda_on_cpu":  # the book's ch.3 start: a GPU picked before any CUDA check
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    dist.init_process_group("gloo", timeout=timeout)
+elif mode in ("ddp_unused", "ddp_models"):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Net(torch.nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.a = torch.nn.Linear(4, width)
+            self.b = torch.nn.Linear(width, 1)
+            self.unused = torch.nn.Linear(4, 4)  # never called in forward
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    dist.init_process_group("gloo", timeout=timeout)
+    width = 8 + (rank if mode == "ddp_models" else 0)  # ddp_models: each rank builds a different model
+    model = DDP(Net(width))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    print("trained", flush=True)
+elif mode == "comment_text":  # a comment quoting an error message must not become the diagnosis
+    dist.init_process_group("gloo", timeout=timeout)
+    value = {"lr": 0.1}
+    print(value["momentum"])  # on GPUs this used to fail with "invalid device ordinal"
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
