@@ -316,14 +316,19 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     sizes = {}
     for r, info in ranks.items():
         if pyspy:
-            try:
-                p = subprocess.run([pyspy, "dump", "--pid", str(info["pid"])], capture_output=True, text=True,
-                                   timeout=20)
+            # full file names tell the user's files from the libraries' (py-spy shortens them to the package
+            # part otherwise); an older py-spy without the option gets a second call without it
+            for extra in (["--full-filenames"], []):
+                try:
+                    p = subprocess.run([pyspy, "dump", "--pid", str(info["pid"])] + extra, capture_output=True,
+                                       text=True, timeout=20)
+                except (OSError, subprocess.SubprocessError):
+                    break
                 if p.returncode == 0 and p.stdout.strip():
                     info.update(tool="py-spy", text=p.stdout)
-                    continue
-            except (OSError, subprocess.SubprocessError):
-                pass
+                    break
+            if info.get("text"):
+                continue
         if not info.get("stack_file"):
             continue
         path = os.path.join(facts_dir, info["stack_file"])

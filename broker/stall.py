@@ -147,9 +147,17 @@ def parse_stacks(text: str) -> list[tuple[str, list[Frame]]]:
     return threads
 
 
+#: top-level packages py-spy shows without their site-packages folder (when it shortens file names)
+_SHORT_LIBS = frozenset({"torch", "torchvision", "numpy", "transformers", "accelerate", "lightning",
+                         "pytorch_lightning", "threading.py", "multiprocessing", "queue.py", "selectors.py",
+                         "socket.py", "subprocess.py", "concurrent", "asyncio"})
+
+
 def _is_user(f: Frame) -> bool:
     p = f.file.replace("\\", "/")
     if p.startswith("<") or "/site-packages/" in p or "/dist-packages/" in p or p.endswith("rankshim.py"):
+        return False
+    if not p.startswith("/") and p.split("/")[0] in _SHORT_LIBS:  # py-spy's shortened library names
         return False
     return not re.search(r"/lib/python3\.\d+/", p)
 
