@@ -654,6 +654,14 @@ class SSHExecutor(Executor):
                     return res
         nodes: list[RemoteNode] = []
         sup = Supervisor(logs, echo=self.echo)
+        if recipe.stall_s:
+            from broker.stall import StallWatch, remote_sampler, remote_stack_command
+            sup.stall = StallWatch(recipe.stall_s, remote_sampler(lambda i, cmd: ssh.run(i, cmd, timeout=30),
+                                                                  {i: remote_stack_command(node_python(ssh.cluster, i),
+                                                                                           ssh.base(i), SHIM_NAME)
+                                                                   for i in range(n)}),
+                                   on_stall=recipe.on_stall, run_dir=self.run_dir, echo=self.echo,
+                                   world_size=n * recipe.gpus_per_node)
         try:
             for i in range(n):
                 line, argv = launch_command(ssh, recipe, i, self.port)

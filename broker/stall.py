@@ -465,6 +465,15 @@ def local_sampler(facts_dirs: Iterable[Path], wait_s: float = 3.0) -> Sampler:
     return sample
 
 
+def remote_stack_command(python: str, base: str, shim_name: str = "rankshim.py") -> str:
+    """The shell line that prints the stacks of the ranks of a node whose folder is ``base`` (the shim and its
+    ``facts/`` live there)."""
+    import shlex
+
+    q = shlex.quote
+    return f"{q(python)} {q(base + '/' + shim_name)} --dump-stacks {q(base + '/facts')}"
+
+
 def remote_sampler(run: Callable[[int, str], tuple[int | None, str]], commands: dict[int, str]) -> Sampler:
     """Stacks of remote nodes: ``run(i, command)`` runs ``commands[i]`` (``python rankshim.py --dump-stacks DIR``)
     on node ``i`` and returns (exit code, output); the JSON answers are merged (a node that does not answer is
