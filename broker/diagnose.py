@@ -36,6 +36,9 @@ _NCCL_ENQUEUED = re.compile(r"\[rank(\d+)\]:.*[Ll]ast enqueued NCCL work: (\d+),
 _NCCL_SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
 #: a C++ exception that ended the process: ``terminate called after throwing an instance of 'T'`` + ``what():``
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)")
+#: ``python -m torch.distributed.run`` with a Python that lacks torch: runpy's one-line error
+_NO_MODULE = re.compile(r"Error while finding module specification for '[\w.]+' \((?P<type>\w+Error): "
+                        r"(?P<msg>[^)\n]*)\)")
 #: lines that count as errors in a run whose ranks all exited 0
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s?)?(Traceback \(most recent call last\):|.*\bERROR\b)")
 #: torch's excepthook prefixes a rank's traceback with ``[rankN]: ``
@@ -167,11 +170,10 @@ class Diagnosis:
         if f is not None and (f.exc_type or f.frame):
             if self.early_exits:
                 out.append(f"then {f.where()} failed: {f.error()}")
+            out.extend(f"  {ln}" for ln in message_rest(f.message))
             if f.frame:
                 fr = f.frame
                 out.append(f"  at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}: {fr.get('code', '')}")
-            rest = [ln for ln in f.message.strip().splitlines()[1:3] if ln.strip()]
-            out.extend(f"  {ln}" for ln in rest)
         if self.behind:
             out.append("never arrived at the collective the others waited in: rank(s) "
                        + ", ".join(map(str, self.behind)))
@@ -189,6 +191,20 @@ class Diagnosis:
             out.extend(f"  {ln}" for ln in self.error_lines)
         out.extend(self.notes)
         return out
+
+
+def message_rest(message: str, limit: int = 12) -> list[str]:
+    """The lines of an exception message after its first (torch's text stays whole and in order), up to the C++
+    ``Exception raised from`` trace that follows it, at most ``limit`` lines."""
+    out = []
+    for ln in message.strip().splitlines()[1:]:
+        if ln.startswith(("Exception raised from", "frame #")):
+            break
+        if ln.strip():
+            out.append(ln.rstrip())
+        if len(out) >= limit:
+            break
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -307,6 +323,98 @@ def _facts_findings(facts: list[dict[str, Any]]) -> list[Finding]:
         who = ", ".join(f"node {d.get('node')} (RANK={d.get('rank')})" for d in facts if d.get("init_rank") in dup)
         out.append(Finding(by_id["duplicate-rank"], None, "rank facts",
                            f"rank {', '.join(map(str, dup))} given to init_process_group by {who}"))
+    out += _init_findings(facts, by_id) + _collective_findings(facts, by_id)
+    return out
+
+
+_LOCALHOST = re.compile(r"(localhost|127\.\d+\.\d+\.\d+|\[?::1\]?)")
+
+
+def _init_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
+    """What init_process_group was given: a world size other than torchrun's, a localhost init_method on a
+    multi-host run, MASTER_ADDR/PORT changed by the script."""
+    out: list[Finding] = []
+    bad = [d for d in facts if d.get("init_world_size") is not None and d.get("world_size") is not None
+           and d["init_world_size"] != d["world_size"]]
+    if bad and "world-size-mismatch" in by_id:
+        d = bad[0]
+        out.append(Finding(by_id["world-size-mismatch"], d.get("node"), "rank facts",
+                           f"{d['init_world_size']} but torchrun started {d['world_size']} rank(s)"))
+    hosts = {d.get("host") for d in facts if d.get("host")}
+    multi = len(hosts) > 1
+    loc = [d for d in facts if d.get("init_method") and _LOCALHOST.search(str(d["init_method"]))]
+    if loc and multi and "init-method-localhost" in by_id:
+        out.append(Finding(by_id["init-method-localhost"], loc[0].get("node"), "rank facts",
+                           repr(loc[0]["init_method"])))
+    moved = [d for d in facts if d.get("init_master") and d.get("master") and d["init_master"] != d["master"]]
+    if moved and "master-env-overwritten" in by_id:
+        d = moved[0]
+        out.append(Finding(by_id["master-env-overwritten"], d.get("node"), "rank facts",
+                           f"{d['init_master']} where torchrun gave {d['master']}"))
+    return out
+
+
+def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
+    """From each rank's last collective call (the shim counts them): different shapes in the same call, or a
+    rank that entered it after another rank had already given up (slow, not missing)."""
+    last = {d.get("rank"): d["last_collective"] for d in facts
+            if isinstance(d.get("last_collective"), dict) and d.get("rank") is not None}
+    if len(last) < 2:
+        return []
+    out: list[Finding] = []
+    top = max(c.get("n", 0) for c in last.values())
+    at_top = {r: c for r, c in last.items() if c.get("n") == top}
+    ops = {c.get("op") for c in at_top.values()}
+    if len(at_top) > 1 and len(ops) == 1:
+        shapes = {r: c.get("shape") for r, c in at_top.items()}
+        if len({json.dumps(v) for v in shapes.values()}) > 1 and "collective-shapes-differ" in by_id:
+            op = ops.pop()
+            what = f"{op} call #{top}: " + ", ".join(
+                f"rank {r} {_shape_text(v)}" for r, v in sorted(shapes.items()))
+            out.append(Finding(by_id["collective-shapes-differ"], None, "rank facts", what))
+            return out
+    ends = [d.get("ended") for d in facts if d.get("exception") and d.get("ended")]
+    if len(at_top) == len(last) and ends and "slow-rank" in by_id:
+        gave_up = min(ends)
+        late = sorted((c["at"], r) for r, c in at_top.items() if isinstance(c.get("at"), (int, float))
+                      and c["at"] > gave_up - 0.5)
+        early = [c["at"] for c in at_top.values() if isinstance(c.get("at"), (int, float))]
+        if late and early and len(late) < len(at_top):
+            at, r = late[0]
+            op = at_top[r].get("op")
+            out.append(Finding(by_id["slow-rank"], None, "rank facts",
+                               f"rank {r} reached {op} call #{top} {at - min(early):.1f} s after the first rank"))
+    return out
+
+
+def _shape_text(v: Any) -> str:
+    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and isinstance(v[1], str):
+        return f"{tuple(v[0])} {v[1]}"
+    return str(v)
+
+
+#: findings that are only the symptom of a cause found in the rank facts (dropped when such a cause is there)
+_SYMPTOMS = ("collective-timeout", "peer-gone")
+_CAUSES_FROM_FACTS = ("world-size-mismatch", "collective-shapes-differ", "slow-rank", "init-method-localhost",
+                      "master-env-overwritten", "duplicate-rank")
+
+
+def searchable_lines(text: str) -> list[str]:
+    """The lines of a log the catalogue may match: everything except what a Python traceback quotes from the
+    source (the ``File "...", line N`` lines, the source line under each and its ``^^^`` marks): a comment that says
+    "invalid device ordinal" is not that error."""
+    out: list[str] = []
+    in_tb = False
+    for raw in text.splitlines():
+        line = _RANK_PREFIX.sub("", raw)
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb = True
+            continue
+        if in_tb:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue  # a frame, its source line, or a caret line
+            in_tb = False  # the exception line ends the traceback
+        out.append(line)
     return out
 
 
@@ -314,7 +422,7 @@ def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
     out: list[Finding] = []
     for entry in catalogue():
         for node, text in texts:
-            for line in text.splitlines():
+            for line in searchable_lines(text):
                 m = entry.search(line)
                 if m:
                     what = (m.groupdict().get("what") or "").strip()
@@ -417,6 +525,10 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
                 if not typ:
                     typ, msg, frame = _log_exception(texts.get(node, ""), agent=True)
                     typ = f"torchrun on node {node}: {typ}" if typ else ""
+                if not typ:  # python -m torch.distributed.run could not even start (no torch in that Python)
+                    m = _NO_MODULE.search(texts.get(node, ""))
+                    if m:
+                        typ, msg = f"{m.group('type')} (torchrun on node {node} did not start)", m.group("msg")
                 fails.append(Failure(node=node, rank=None, at=None, exc_type=typ, message=msg, frame=frame,
                                      exit_code=code, source="log"))
                 break
@@ -432,6 +544,8 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
             order.append((diag.first.node, texts[diag.first.node]))
     order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
     diag.findings = _facts_findings(facts) + _match_catalogue(order)
+    if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
+        diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
     # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
     # exited 0 before it the cause; a rank failing on its own after its peers finished is not
     own = order[:2] if diag.first is not None else order

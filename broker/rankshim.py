@@ -149,6 +149,12 @@ def _patch(done=None):
                 _FACTS["init_rank"] = k.get("rank")
             if k.get("world_size") is not None:
                 _FACTS["init_world_size"] = k.get("world_size")
+            init_method = k.get("init_method", a[1] if len(a) > 1 else None)
+            if init_method:  # a rendezvous address written into the script (tcp://localhost:...)
+                _FACTS["init_method"] = str(init_method)[:300]
+            # MASTER_ADDR/PORT as the script left them (torchrun's are in "master"): a script that sets them
+            # itself points every node at its own idea of node 0
+            _FACTS["init_master"] = "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
             _FACTS["init_started"] = time.time()
             _save()
             out = orig_init(*a, **k)
@@ -170,6 +176,54 @@ def _patch(done=None):
 
         init_process_group._broker = True
         dist.init_process_group = init_process_group
+    if dist is not None:
+        for name in _COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if callable(fn) and not getattr(fn, "_broker", False):
+                setattr(dist, name, _counted(name, fn))
+
+
+#: torch.distributed calls counted per rank (the user's own calls: torch's internal ones are not patched)
+_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "monitored_barrier", "all_to_all",
+                "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
+                "scatter_object_list", "send", "recv")
+_SAVE_EVERY_S = 0.5  # facts are rewritten at most this often by collective calls (a loop may call thousands)
+_last_save = [0.0]
+
+
+def _shape(x):
+    try:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            return [list(x.shape), str(x.dtype).replace("torch.", "")]
+        if isinstance(x, (list, tuple)) and x and hasattr(x[0], "shape"):
+            return [_shape(t) for t in x[:4]]
+    except Exception:
+        pass
+    return None
+
+
+def _counted(name, fn):
+    """``fn`` that records, per rank, how many collectives it started, the last one's name, shapes and time."""
+    def collective(*a, **k):
+        n = _FACTS.get("collectives", 0) + 1
+        arg = a[0] if a else next((v for v in k.values() if hasattr(v, "shape") or isinstance(v, (list, tuple))),
+                                  None)
+        _FACTS["collectives"] = n
+        _FACTS["last_collective"] = {"n": n, "op": name, "shape": _shape(arg), "at": time.time()}
+        now = time.time()
+        if now - _last_save[0] >= _SAVE_EVERY_S:
+            _last_save[0] = now
+            _save()
+        out = fn(*a, **k)
+        _FACTS["last_collective"]["done"] = True
+        return out
+
+    collective._broker = True
+    collective.__wrapped__ = fn
+    collective.__name__ = getattr(fn, "__name__", name)
+    collective.__doc__ = getattr(fn, "__doc__", None)
+    return collective
 
 
 class _TorchHook:
@@ -398,7 +452,8 @@ def main(argv):
         "node": node if node is not None else _int("GROUP_RANK"), "host": socket.gethostname(), "pid": os.getpid(),
         "rank": rank, "local_rank": _int("LOCAL_RANK"), "world_size": _int("WORLD_SIZE"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "python": sys.version.split()[0], "script": script, "started": time.time()})
+        "python": sys.version.split()[0], "script": script, "started": time.time(),
+        "master": "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))})
     _save()
     if _PATH is not None:
         _arm_diagnostics(facts_dir, rank if rank is not None else os.getpid())

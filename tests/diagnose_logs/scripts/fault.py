@@ -134,6 +134,15 @@ elif mode == "comment_text":  # a comment quoting an error message must not beco
     dist.init_process_group("gloo", timeout=timeout)
     value = {"lr": 0.1}
     print(value["momentum"])  # on GPUs this used to fail with "invalid device ordinal"
+elif mode == "tcp_localhost":  # the rendezvous address written into the script: every node looks at itself
+    dist.init_process_group("gloo", init_method="tcp://localhost:29511", rank=rank, world_size=world,
+                            timeout=timeout)
+    dist.barrier()
+elif mode == "master_env":  # MASTER_ADDR/PORT overwritten by the script: torchrun's values are lost
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = "12355"
+    dist.init_process_group("gloo", timeout=timeout)
+    dist.barrier()
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
