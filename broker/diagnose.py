@@ -135,6 +135,8 @@ class Diagnosis:
     notes: list[str] = field(default_factory=list)
     #: ``<run>/stall.json`` (:mod:`broker.stall`): every rank's place when the run stalled, cause and fix
     stall: dict[str, Any] | None = None
+    #: a succeeded run that may have trained wrong (:func:`sanity_warnings`)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
@@ -189,6 +191,8 @@ class Diagnosis:
         if self.error_lines:
             out.append("every node exited 0, but the ranks printed errors:")
             out.extend(f"  {ln}" for ln in self.error_lines)
+        for w in self.warnings:
+            out.append(f"warning: {w}")
         out.extend(self.notes)
         return out
 
@@ -306,6 +310,49 @@ def error_lines(log_paths: dict[int, Path], limit: int = 12) -> list[str]:
                 out.append(f"node {node}: {line}")
             if len(out) >= limit:
                 return out
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ silent wrong results
+def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
+    """Warnings for a run that succeeded but may have trained wrong, from the shim's DDP sanity record (``data``
+    in each rank's facts): every rank iterated the whole dataset (no DistributedSampler), a DistributedSampler
+    without set_epoch over several epochs (the same order every epoch), one torch.save path written by several
+    ranks.  Empty when the facts hold no such record (a script without DataLoader, or older facts)."""
+    ranks = [d for d in facts if isinstance(d.get("data"), dict) and d.get("rank") is not None]
+    world = max([int(d.get("world_size") or 1) for d in facts] or [1])
+    if world < 2 or not ranks:
+        return []
+    out: list[str] = []
+    full: dict[int, int] = {}
+    for d in ranks:
+        for ld in d["data"].get("loaders") or []:
+            n, sampler = ld.get("dataset_len"), str(ld.get("sampler"))
+            if not n or "Distributed" in sampler or not ld.get("passes"):
+                continue
+            if (ld.get("samples") or 0) / ld["passes"] >= n:
+                full[d["rank"]] = n
+    if len(full) == len(ranks) == world:
+        n = max(full.values())
+        out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): the {world} ranks "
+                   "trained on the same data, so the run did the work of one rank; use "
+                   "sampler=DistributedSampler(dataset) in the DataLoader (and shuffle=False there)")
+    no_epoch = [d["rank"] for d in ranks if not d["data"].get("set_epoch") and any(
+        "Distributed" in str(ld.get("sampler")) and (ld.get("passes") or 0) > 1 for ld in d["data"].get("loaders") or [])]
+    if no_epoch:
+        passes = max((ld.get("passes") or 0) for d in ranks for ld in d["data"].get("loaders") or [])
+        out.append(f"DistributedSampler.set_epoch was never called on rank(s) {', '.join(map(str, no_epoch))} over "
+                   f"{passes} epochs: every epoch used the same order; call sampler.set_epoch(epoch) at the start of "
+                   "each epoch")
+    writers: dict[str, list[int]] = {}
+    for d in ranks:
+        for path in d["data"].get("saved") or []:
+            writers.setdefault(str(path), []).append(d["rank"])
+    for path, rs in sorted(writers.items()):
+        if len(rs) > 1:
+            out.append(f"ranks {', '.join(map(str, sorted(rs)))} all wrote {path} with torch.save: on shared "
+                       "storage they overwrite each other (a torn file), on separate disks every node keeps its own "
+                       "copy; save from one rank: `if dist.get_rank() == 0: torch.save(...)`")
     return out
 
 
@@ -487,6 +534,7 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     if status == "succeeded":
         diag.error_lines = error_lines(log_paths)
         diag.findings = _facts_findings(facts)
+        diag.warnings = sanity_warnings(facts)
         return diag
     if diag.stall is not None and diag.stall.get("stopped"):
         diag.findings = _facts_findings(facts)  # broker stopped every node: no rank is blamed for its end

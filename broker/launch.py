@@ -170,6 +170,8 @@ class RunResult:
     error_lines: list[str] = field(default_factory=list)
     #: the pipeline's diagnose step (:func:`broker.diagnose.explain`): the failing rank's own error, cause and fix
     diagnosis: list[str] = field(default_factory=list)
+    #: a succeeded run that may have trained wrong (:func:`broker.diagnose.sanity_warnings`): "succeeded, with N warnings"
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -179,7 +181,11 @@ class RunResult:
     @property
     def shown_status(self) -> str:
         """The status for people: ``succeeded with errors`` when the ranks exited 0 but printed errors."""
-        return "succeeded with errors" if self.status == "succeeded" and self.error_lines else self.status
+        if self.status == "succeeded" and self.error_lines:
+            return "succeeded with errors"
+        if self.status == "succeeded" and self.warnings:
+            return f"succeeded, with {len(self.warnings)} warning{'s' if len(self.warnings) > 1 else ''}"
+        return self.status
 
 
 class Supervisor:
@@ -639,6 +645,10 @@ def finish_result(res: RunResult, expect: list[str], *, nnodes: int, nproc_per_n
         from broker.diagnose import error_lines
 
         res.error_lines = error_lines(res.log_paths)
+        if res.log_paths:
+            from broker.diagnose import load_facts, sanity_warnings
+
+            res.warnings = sanity_warnings(load_facts(next(iter(res.log_paths.values())).parent))
         if res.error_lines and not res.reason:
             res.reason = (f"every node exited 0, but the logs hold {len(res.error_lines)} error line(s) "
                           "(Traceback / ERROR)")

@@ -1065,7 +1065,7 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
     failed first, that rank's own exception and the cause and fix from the catalogue (:func:`broker.diagnose.explain`,
     from the rank facts and the node logs); kept in ``result.diagnosis`` and written to ``<run>/diagnosis.txt``.
     Never raises: a diagnosis must not break the record of a run."""
-    if result.ok and not result.error_lines:
+    if result.ok and not result.error_lines and not getattr(result, "warnings", None):
         return result
     try:
         from broker.diagnose import explain

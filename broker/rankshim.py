@@ -125,6 +125,8 @@ def _patch(done=None):
             pass
         _FACTS["torch"] = getattr(torch, "__version__", None)
         _save()
+    if done in ("torch", None):
+        _patch_data(torch)
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and hasattr(cuda, "set_device") and not getattr(cuda.set_device, "_broker", False):
         orig_set = cuda.set_device
@@ -181,6 +183,88 @@ def _patch(done=None):
             fn = getattr(dist, name, None)
             if callable(fn) and not getattr(fn, "_broker", False):
                 setattr(dist, name, _counted(name, fn))
+
+
+def _data():
+    return _FACTS.setdefault("data", {"loaders": [], "set_epoch": 0, "saved": []})
+
+
+def _batch_len(b):
+    """Samples in one batch: the first dimension of its first tensor (a tensor, a tuple/list or a dict)."""
+    if isinstance(b, dict):
+        b = next(iter(b.values()), None)
+    elif isinstance(b, (list, tuple)) and b:
+        b = b[0]
+    try:
+        return int(b.shape[0]) if getattr(b, "shape", None) else 1
+    except Exception:
+        return 1
+
+
+def _patch_data(torch):
+    """The DDP sanity record (no script change): per DataLoader the dataset's size, the sampler's class, the
+    passes and samples it yielded; DistributedSampler.set_epoch calls; the paths torch.save wrote."""
+    try:
+        data = sys.modules.get("torch.utils.data") or getattr(getattr(torch, "utils", None), "data", None)
+        loader_cls = getattr(data, "DataLoader", None)
+        if loader_cls is not None and not getattr(loader_cls.__iter__, "_broker", False):
+            orig_iter = loader_cls.__iter__
+
+            def __iter__(self):
+                rec = getattr(self, "_broker_rec", None)
+                if rec is None:
+                    try:
+                        n = len(self.dataset)
+                    except Exception:
+                        n = None
+                    rec = {"dataset_len": n, "sampler": type(getattr(self, "sampler", None)).__name__,
+                           "passes": 0, "samples": 0, "batches": 0}
+                    d = _data()
+                    if len(d["loaders"]) < 8:
+                        d["loaders"].append(rec)
+                    try:
+                        self._broker_rec = rec
+                    except Exception:
+                        pass
+                rec["passes"] += 1
+                rec["samples_this_pass"] = 0
+                _save()
+                for batch in orig_iter(self):
+                    k = _batch_len(batch)
+                    rec["samples"] += k
+                    rec["samples_this_pass"] += k
+                    rec["batches"] += 1
+                    yield batch
+                _save()
+
+            __iter__._broker = True
+            loader_cls.__iter__ = __iter__
+        sampler_cls = getattr(data, "DistributedSampler", None)
+        if sampler_cls is not None and not getattr(sampler_cls.set_epoch, "_broker", False):
+            orig_set_epoch = sampler_cls.set_epoch
+
+            def set_epoch(self, epoch):
+                _data()["set_epoch"] += 1
+                return orig_set_epoch(self, epoch)
+
+            set_epoch._broker = True
+            sampler_cls.set_epoch = set_epoch
+        save = getattr(torch, "save", None)
+        if save is not None and not getattr(save, "_broker", False):
+            def torch_save(obj, f, *a, **k):
+                if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+                    path = os.fsdecode(os.fspath(f))
+                    saved = _data()["saved"]
+                    if path not in saved and len(saved) < 32:
+                        saved.append(path)
+                        _save()
+                return save(obj, f, *a, **k)
+
+            torch_save._broker = True
+            torch_save.__wrapped__ = save
+            torch.save = torch_save
+    except Exception:  # recording must never break the job
+        pass
 
 
 #: torch.distributed calls counted per rank (the user's own calls: torch's internal ones are not patched)

@@ -181,6 +181,8 @@ CASES = {
     "no_torch": case_no_torch,
     "deadline": case_deadline,
     "interrupted": case_interrupted,
+    "silent_wrong": lambda t: run_local(spec("silent_wrong"), t, echo=None),
+    "no_set_epoch": lambda t: run_local(spec("no_set_epoch"), t, echo=None),
     "tcp_localhost": case_netns("tcp_localhost"),
     "master_env": case_netns("master_env"),
 }

@@ -143,6 +143,24 @@ elif mode == "master_env":  # MASTER_ADDR/PORT overwritten by the script: torchr
     os.environ["MASTER_PORT"] = "12355"
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
+elif mode in ("silent_wrong", "no_set_epoch"):  # runs to the end, exit 0, and trains wrong
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    dist.init_process_group("gloo", timeout=timeout)
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    if mode == "silent_wrong":  # no DistributedSampler: every rank trains on all 16 samples
+        loader = DataLoader(data, batch_size=4, shuffle=True)
+    else:  # a DistributedSampler, but set_epoch is never called: the same order every epoch
+        loader = DataLoader(data, batch_size=4, sampler=DistributedSampler(data))
+    model = torch.nn.Linear(4, 1)
+    for epoch in range(2):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+    if mode == "silent_wrong" or rank == 0:  # silent_wrong: every rank saves to the same path
+        torch.save(model.state_dict(), "checkpoint.pt")
+    print(f"rank {rank} done", flush=True)
+    dist.destroy_process_group()
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
