@@ -28,10 +28,10 @@ def _line(code: str) -> int:
     return next(i + 1 for i in range(start, len(lines)) if lines[i].strip() == code)
 
 
-def _hang_spec(stall_s: float, on_stall: str, deadline_s: float):
+def _hang_spec(stall_s: float, on_stall: str, deadline_s: float, mode: str = "hang"):
     from broker.launch import LocalLaunchSpec
 
-    return LocalLaunchSpec(script_rel="fault.py", args=["hang"], workdir=FAULT.parent, nnodes=2, nproc_per_node=1,
+    return LocalLaunchSpec(script_rel="fault.py", args=[mode], workdir=FAULT.parent, nnodes=2, nproc_per_node=1,
                            env={"PYTHONWARNINGS": "ignore", "FAULT_TIMEOUT_S": "600", "CUDA_VISIBLE_DEVICES": ""},
                            node_envs=[{}, {}], setup=[], expect=[], deadline_s=deadline_s, stall_s=stall_s,
                            on_stall=on_stall)
@@ -80,6 +80,18 @@ def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path):
     text = "\n".join(d.lines())
     assert "rank 1 never called all_reduce" in text and "failed first" not in text, text
     assert "the deadline passed: broker stopped every node" in text
+
+
+def test_rank0_only_evaluation_through_the_ddp_model_is_named(tmp_path):
+    """Rank 0 evaluates through the DDP model (its forward broadcasts BatchNorm's buffers), rank 1 does not: the
+    stall names DDP's forward on rank 0, not a bare 'all ranks timed out'."""
+    pytest.importorskip("torch")
+    from broker.launch import run_local
+
+    res = run_local(_hang_spec(5, "stop", 120, "eval_rank0"), tmp_path / "run", echo=None)
+    assert res.status == "failed", res.reason
+    assert "rank 0 waits in the DDP model's forward (it broadcasts buffers such as BatchNorm's from rank 0)" \
+        in res.reason and "rank 1 never called the DDP model's forward: it is in time.sleep" in res.reason
 
 
 # ------------------------------------------------------------------------------------------------ stacks

@@ -161,6 +161,20 @@ elif mode in ("silent_wrong", "no_set_epoch"):  # runs to the end, exit 0, and t
         torch.save(model.state_dict(), "checkpoint.pt")
     print(f"rank {rank} done", flush=True)
     dist.destroy_process_group()
+elif mode == "eval_rank0":  # evaluation on rank 0 only, through the DDP model (its forward broadcasts buffers)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", timeout=timeout)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+    model(torch.randn(8, 4)).sum().backward()
+    print(f"rank {rank}: trained", flush=True)
+    if rank == 0:
+        model.eval()
+        with torch.no_grad():
+            print("eval", model(torch.randn(8, 4)).sum().item(), flush=True)
+    else:
+        time.sleep(600)  # rank 1 goes on with its own work
+    dist.barrier()
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
