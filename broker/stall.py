@@ -79,6 +79,7 @@ class Place:
     ended: bool = False
     exit_code: int | None = None
     exception: str | None = None
+    importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -196,7 +197,8 @@ def _op_name(f: Frame) -> str | None:
 def place_of(rank: int, node: int | None, text: str, code: dict[str, str] | None = None) -> Place:
     """The :class:`Place` of one rank from its stack dump ``text``; ``code``: ``{"file:line": source}``."""
     frames = _main_thread(parse_stacks(text))
-    pl = Place(rank=rank, node=node, inner=frames[0] if frames else None)
+    pl = Place(rank=rank, node=node, inner=frames[0] if frames else None,
+               importing=any(f.file.startswith("<frozen importlib") for f in frames))
     k = next((i for i, f in enumerate(frames) if _is_user(f)), len(frames))
     pl.user = frames[k] if k < len(frames) else None
     for f in frames[:k]:  # innermost first: the last match is the call the user's line made
@@ -378,7 +380,7 @@ class StallWatch:
         if silent < self.stall_s:
             return False
         raw1, first = self._sample()
-        if not any(not p.ended for p in first):
+        if not any(not p.ended for p in first) or any(p.importing for p in first):
             self.last_output = self.clock()  # nothing to judge (no rank started yet?): look again after stall_s
             return False
         time.sleep(self.gap_s)

@@ -214,6 +214,16 @@ def test_watch_needs_silence_and_two_equal_samples(monkeypatch):
     assert any(s.startswith("[broker] stalled: no output for") for s in said)
 
 
+def test_a_rank_still_importing_is_starting_not_stalled():
+    importing = {"node": 1, "text": "Current thread 0x1 (most recent call first):\n"
+                 '  File "<frozen importlib._bootstrap>", line 1 in _find_and_load\n'
+                 '  File "train.py", line 2 in <module>\n', "code": {"train.py:2": "import torch"}}
+    clock = _Clock()
+    w = StallWatch(5, lambda: {"0": _entry(0, "init_process_group", 9), "1": importing}, clock=clock, gap_s=0)
+    clock.t = 6
+    assert not w.check() and w.found is None
+
+
 def test_watch_does_not_judge_when_no_rank_answers():
     clock = _Clock()
     w = StallWatch(5, lambda: {}, clock=clock, gap_s=0)
