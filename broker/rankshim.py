@@ -408,6 +408,34 @@ def _alive(pid):
         return True
 
 
+def _cpu_s(pid):
+    """CPU seconds used so far by ``pid`` and its live children (DataLoader workers), from /proc (None when
+    unreadable).  A rank blocked in a collective or a sleep uses ~none; one that computes uses a core."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def stat(p):
+        with open("/proc/%s/stat" % p) as f:
+            return f.read().rsplit(")", 1)[-1].split()
+
+    try:
+        fields = stat(pid)
+    except (OSError, IndexError):
+        return None
+    total = int(fields[11]) + int(fields[12])  # utime, stime
+    try:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and name != str(pid):
+                try:
+                    f = stat(name)
+                    if f[1] == str(pid):  # ppid
+                        total += int(f[11]) + int(f[12])
+                except (OSError, IndexError, ValueError):
+                    continue
+    except OSError:
+        pass
+    return total / float(tick)
+
+
 def _code_lines(pid, text):
     """``{"file:line": source}`` for the frames in ``text`` (relative names resolved in the rank's own folder)."""
     import linecache
@@ -504,7 +532,8 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     for r, info in ranks.items():
         if info.get("text"):
             out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],
-                      "code": _code_lines(info["pid"], info["text"])}
+                      "code": _code_lines(info["pid"], info["text"]), "cpu_s": _cpu_s(info["pid"]),
+                      "t": time.time()}
     return out
 
 

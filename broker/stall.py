@@ -80,6 +80,8 @@ class Place:
     exit_code: int | None = None
     exception: str | None = None
     importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
+    cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
+    t: float | None = None  # when it was sampled (epoch seconds)
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -232,7 +234,10 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
         text = e.get("text")
         if isinstance(text, str) and text.strip():
             code = e.get("code") if isinstance(e.get("code"), dict) else {}
-            out.append(place_of(rank, node, text, {str(k): str(v) for k, v in code.items()}))
+            pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
+            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
+            out.append(pl)
     return sorted(out, key=lambda p: p.rank)
 
 
@@ -249,6 +254,24 @@ class Verdict:
     @property
     def headline(self) -> str:
         return self.lines[0] if self.lines else ""
+
+
+#: share of one core a rank must use between the samples to count as computing (busy), not blocked
+BUSY_SHARE = 0.2
+
+
+def busy_ranks(first: list[Place], second: list[Place]) -> set[int]:
+    """Ranks that used at least :data:`BUSY_SHARE` of a core between the two samples: computing at the same
+    line (a long step that prints nothing), not blocked."""
+    a = {p.rank: p for p in first}
+    out = set()
+    for p in second:
+        q = a.get(p.rank)
+        if q is None or None in (p.cpu_s, q.cpu_s, p.t, q.t) or p.t <= q.t:
+            continue
+        if (p.cpu_s - q.cpu_s) >= BUSY_SHARE * (p.t - q.t):
+            out.add(p.rank)
+    return out
 
 
 _SAME_ORDER = ("every rank must call the same collectives in the same order: look for a collective that only some "
@@ -389,6 +412,22 @@ class StallWatch:
         raw2, second = self._sample()
         if [p.key() for p in first] != [p.key() for p in second]:
             self.last_output = self.clock()  # the stacks moved: silent progress, not a stall
+            return False
+        live = [p for p in second if not p.ended]
+        busy = busy_ranks(first, second)
+        outside = [p for p in live if not p.collective]
+        # computing at one line is progress: every rank busy, or a rank busy outside the collective the others
+        # wait in (a slow rank: the collective completes when it arrives)
+        if busy and (busy >= {p.rank for p in live} or any(p.rank in busy for p in outside)):
+            slow = [p for p in outside if p.rank in busy]
+            if slow and self._reported != ("slow", tuple(p.key() for p in second)):
+                self._reported = ("slow", tuple(p.key() for p in second))
+                self._say(f"no output for {self.clock() - self.last_output:.0f} s: "
+                          + "; ".join(f"rank {p.rank} is busy {p.elsewhere()}" for p in slow)
+                          + (" while " + "; ".join(p.describe() for p in live if p.collective)
+                             if any(p.collective for p in live) else "")
+                          + " (computing, not stuck: not stopped)")
+            self.last_output = self.clock()
             return False
         v = verdict(second, self.world_size)
         silent = self.clock() - self.last_output

@@ -94,6 +94,19 @@ def test_rank0_only_evaluation_through_the_ddp_model_is_named(tmp_path):
         in res.reason and "rank 1 never called the DDP model's forward: it is in time.sleep" in res.reason
 
 
+def test_a_rank_that_computes_silently_is_slow_not_stalled(tmp_path):
+    """Rank 1 spins on one line for 20 s (the same stack in every sample) while rank 0 waits in all_reduce:
+    it uses CPU, so it is computing; the run is not stopped and ends by itself, with one report line."""
+    pytest.importorskip("torch")
+    from broker.launch import run_local
+
+    lines: list[str] = []
+    res = run_local(_hang_spec(4, "stop", 120, "busy"), tmp_path / "run", echo=lines.append)
+    assert res.status == "succeeded", (res.reason, lines[-20:])
+    assert any("rank 1 is busy" in ln and "(computing, not stuck: not stopped)" in ln for ln in lines), lines
+    assert not (tmp_path / "run" / "stall.json").exists()
+
+
 # ------------------------------------------------------------------------------------------------ stacks
 FAULTHANDLER = """\
 Thread 0x00007f0000000002 (most recent call first):
@@ -222,6 +235,21 @@ def test_a_rank_still_importing_is_starting_not_stalled():
     w = StallWatch(5, lambda: {"0": _entry(0, "init_process_group", 9), "1": importing}, clock=clock, gap_s=0)
     clock.t = 6
     assert not w.check() and w.found is None
+
+
+def test_cpu_use_between_the_samples_tells_computing_from_blocked():
+    def sample(cpu1, t):
+        e0, e1 = _entry(0, "all_reduce", 40), _entry(1, None, 33, "x = step(batch)")
+        e0.update(cpu_s=1.0, t=t)
+        e1.update(cpu_s=cpu1, t=t)
+        return {"0": e0, "1": e1}
+
+    for cpu_late, stalled in ((5.0 + 2.5, False), (5.0 + 0.1, True)):  # 2.5 of 3 s on a core: busy; 0.1: blocked
+        samples = [sample(5.0, 100.0), sample(cpu_late, 103.0)]
+        clock = _Clock()
+        w = StallWatch(5, lambda: samples.pop(0), clock=clock, gap_s=0)
+        clock.t = 6
+        assert w.check() is stalled
 
 
 def test_watch_does_not_judge_when_no_rank_answers():

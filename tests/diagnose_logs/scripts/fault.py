@@ -175,6 +175,14 @@ elif mode == "eval_rank0":  # evaluation on rank 0 only, through the DDP model (
     else:
         time.sleep(600)  # rank 1 goes on with its own work
     dist.barrier()
+elif mode == "busy":  # rank 1 computes for a while without printing (slow, not stuck), then joins
+    dist.init_process_group("gloo", timeout=timeout)
+    t = torch.ones(1)
+    print(f"rank {rank}: started", flush=True)
+    end = time.time() + float(os.environ.get("FAULT_BUSY_S", "20"))
+    while rank == 1 and time.time() < end: sum(range(10000))  # noqa: E701 - one line: the same stack each sample
+    dist.all_reduce(t)
+    print("sum", t.item(), flush=True)
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
