@@ -541,6 +541,8 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
         return diag
     if status in STOPPED_BY_BROKER:
         return _stopped_run(diag, status, facts)
+    if diag.stall is None:  # a collective timeout's flight-recorder dumps (nccl): how far each rank got
+        diag.notes.extend(flight_recorder_from_run(run_dir))
 
     # failures: the shim's exceptions and non-zero exits first, torchrun's root-cause blocks for the rest
     fails: list[Failure] = []

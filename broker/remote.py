@@ -468,8 +468,9 @@ def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
 
 
 def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
-    """Copy every node's rank facts (``<node folder>/facts/rank*.json``) to ``run_dir/node<i>/facts/``, best
-    effort (nodes whose connection is gone are skipped); returns how many files came back."""
+    """Copy every node's rank facts (``<node folder>/facts/rank*.json``, and the flight recorder's
+    ``fr_trace_rank*`` dumps) to ``run_dir/node<i>/facts/``, best effort (nodes whose connection is gone are
+    skipped); returns how many files came back."""
     async def _one(i: int) -> int:
         conn = ssh._conns.get(i)
         if conn is None or conn.is_closed():
@@ -484,7 +485,7 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
             dst = Path(run_dir) / f"node{i}" / "facts"
             dst.mkdir(parents=True, exist_ok=True)
             for name in names:
-                if name.startswith("rank") and name.endswith(".json"):
+                if (name.startswith("rank") and name.endswith(".json")) or name.startswith("fr_trace_rank"):
                     await sftp.get(f"{remote}/{name}", str(dst / name))
                     got += 1
         return got

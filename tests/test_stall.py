@@ -312,3 +312,20 @@ def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_failed_runs_diagnosis_carries_the_flight_recorder(tmp_path):
+    """A failed run (no stall) with the recorder's dumps in its facts folders: the diagnosis names the rank
+    behind, after the failure itself."""
+    import shutil
+
+    from broker.diagnose import explain
+
+    shutil.copytree(LOGS / "cpu" / "gloo_timeout", tmp_path / "run")
+    for i in (0, 1):
+        shutil.copy(LOGS / "cpu" / "flight_recorder" / f"node{i}" / "facts" / f"fr_trace_rank{i}",
+                    tmp_path / "run" / f"node{i}" / "facts")
+    res = SimpleNamespace(status="failed", exit_codes={0: 1, 1: -15},
+                          log_paths={i: tmp_path / "run" / f"node{i}.log" for i in (0, 1)})
+    lines = explain(tmp_path / "run", res, 2).lines()
+    assert lines[-1] == "flight recorder: rank(s) 1 never enqueued collective #2 (all_reduce) that rank(s) 0 wait in"
