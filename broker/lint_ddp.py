@@ -7,7 +7,8 @@
 * ``master-env-in-script`` -- ``os.environ["MASTER_ADDR"] = ...`` (or ``MASTER_PORT``, or ``os.environ.update``)
   in the script: torchrun's values are overwritten (``setdefault`` is fine).
 * ``collective-under-rank0`` -- a collective (``all_reduce``, ``barrier``, ``broadcast`` ...) that only rank 0 runs
-  (under ``if rank == 0``, after ``if rank != 0: return``): the other ranks never join it and rank 0 hangs.
+  (under ``if rank == 0``, after ``if rank != 0: return``), or a DDP model called there (its forward broadcasts
+  buffers): the other ranks never join it and rank 0 hangs.
 * ``dataloader-no-sampler`` -- a ``DataLoader`` without ``sampler=`` in a DDP script: every rank trains on the
   whole dataset (a rank-0-only loader, such as evaluation, is fine).
 * ``set-epoch-missing`` -- a shuffling ``DistributedSampler`` whose ``set_epoch`` is never called: every epoch
@@ -34,7 +35,7 @@ FIXES = {
     "master-env-in-script": "delete the assignment (torchrun and broker set MASTER_ADDR/MASTER_PORT), or "
                             "`os.environ.setdefault('MASTER_ADDR', 'localhost')` for runs without torchrun",
     "collective-under-rank0": "call the collective on every rank (outside the `if rank == 0:`), and keep only the "
-                              "printing or saving under it",
+                              "printing or saving under it; evaluate a DDP model on rank 0 through `model.module`",
     "dataloader-no-sampler": "`sampler = DistributedSampler(dataset)`; "
                              "`DataLoader(dataset, batch_size=B, sampler=sampler)` (no shuffle=True beside it)",
     "set-epoch-missing": "`sampler.set_epoch(epoch)` at the start of every epoch",
@@ -109,6 +110,12 @@ def _is_ddp_script(L: Any) -> bool:
                for x in L.module.nodes_of_class(n.Name))
 
 
+def _is_ddp_model(L: Any, name: Any) -> bool:
+    vals, _ = L.values(name)
+    return any(isinstance(v, L.n.Call) and _name(v.func) in ("DistributedDataParallel", "DDP") for v in vals
+               if hasattr(v, "func"))
+
+
 def check(L: Any) -> None:
     """Run every rule of this module on the linter ``L`` (findings go through ``L.add``)."""
     n = L.n
@@ -138,6 +145,11 @@ def check(L: Any) -> None:
         elif fn in COLLECTIVES and _is_dist_call(n, c) and _rank0_only(L, c):
             L.add(c, "collective-under-rank0", f"{c.func.as_string()}() runs on rank 0 only: the other ranks never "
                   "call it, so rank 0 waits in it forever (or until the timeout)")
+        elif isinstance(c.func, n.Name) and c.func.name in L.bound and _is_ddp_model(L, c.func) \
+                and _rank0_only(L, c):
+            L.add(c, "collective-under-rank0", f"{c.func.name}(...) is a DistributedDataParallel model called on rank "
+                  "0 only: its forward broadcasts buffers (BatchNorm's) to every rank, so rank 0 waits for ranks "
+                  "that never call it; evaluate with model.module(...) there")
         elif fn == "DataLoader" and ddp:
             if _kw(c, "sampler") is None and _kw(c, "batch_sampler") is None and len(c.args) < 4 \
                     and not _rank0_only(L, c):
