@@ -20,7 +20,7 @@
   general lint, whose scripts may be GPU-only by design).
 
 Each rule walks the calls and assignments the linter already collected once (linear in the file), and uses the
-linter's public helpers: ``add``, ``values``, ``prov``, ``is_environ``, ``guards``, ``cuda_check``.
+linter's public helpers: ``add``, ``values``, ``zero_test``, ``is_environ``, ``cuda_check``.
 """
 
 from __future__ import annotations
@@ -96,9 +96,38 @@ def _int_values(L: Any, e: Any) -> bool:
     return False
 
 
-def _rank0_only(L: Any, node: Any) -> bool:
-    """``node`` runs on (global or local) rank 0 only, by the rank-0 tests around it in its function."""
-    return any(positive for _, positive in L.guards(node))
+def _rank_regions(L: Any) -> tuple[set[int], set[int]]:
+    """(ids of calls that run on rank 0 only, ids of calls under any rank test) in one pass over the ``if``
+    statements: the branch a rank-0 test selects, and what follows ``if rank != 0: return`` in its block.  One
+    walk per rank test (not a walk up from every call: linear in the file for the common shapes)."""
+    from broker.lint import _exits
+
+    n = L.n
+    only: set[int] = set()
+    guarded: set[int] = set()
+
+    def mark(stmts: list, rank0: bool) -> None:
+        for st in stmts:
+            for c in st.nodes_of_class(n.Call):
+                guarded.add(id(c))
+                if rank0:
+                    only.add(id(c))
+
+    for st in L.module.nodes_of_class(n.If):
+        t = L.zero_test(st.test)
+        if not t:
+            continue
+        positive = t[1]
+        mark(st.body, positive)
+        mark(st.orelse, not positive)
+        body_exits, else_exits = _exits(st.body), _exits(st.orelse)
+        if body_exits != else_exits:  # `if rank != 0: return`: what follows runs where the test is false
+            seq = next((getattr(st.parent, f) for f in ("body", "orelse", "finalbody", "handlers")
+                        if isinstance(getattr(st.parent, f, None), list) and
+                        any(x is st for x in getattr(st.parent, f))), [])
+            after = seq[[i for i, x in enumerate(seq) if x is st][0] + 1:] if seq else []
+            mark(after, positive if else_exits else not positive)
+    return only, guarded
 
 
 def _is_ddp_script(L: Any) -> bool:
@@ -120,8 +149,12 @@ def check(L: Any) -> None:
     """Run every rule of this module on the linter ``L`` (findings go through ``L.add``)."""
     n = L.n
     ddp = _is_ddp_script(L)
+    ddp_names = {t.name for a in L.module.nodes_of_class(n.Assign) if isinstance(a.value, n.Call)
+                 and _name(a.value.func) in ("DistributedDataParallel", "DDP")
+                 for t in a.targets if isinstance(t, n.AssignName)}
     samplers: list[Any] = []
     set_epoch = False
+    rank0, guarded = _rank_regions(L)
     for c in L.calls:
         fn = _name(c.func)
         if fn == "init_process_group":
@@ -142,17 +175,17 @@ def check(L: Any) -> None:
                         L.add(c, "init-method-localhost", f"init_method {text!r} names this host: on several "
                               "machines every node looks for the rendezvous on itself")
                         break
-        elif fn in COLLECTIVES and _is_dist_call(n, c) and _rank0_only(L, c):
+        elif fn in COLLECTIVES and _is_dist_call(n, c) and id(c) in rank0:
             L.add(c, "collective-under-rank0", f"{c.func.as_string()}() runs on rank 0 only: the other ranks never "
                   "call it, so rank 0 waits in it forever (or until the timeout)")
-        elif isinstance(c.func, n.Name) and c.func.name in L.bound and _is_ddp_model(L, c.func) \
-                and _rank0_only(L, c):
+        elif isinstance(c.func, n.Name) and c.func.name in ddp_names and _is_ddp_model(L, c.func) \
+                and id(c) in rank0:
             L.add(c, "collective-under-rank0", f"{c.func.name}(...) is a DistributedDataParallel model called on rank "
                   "0 only: its forward broadcasts buffers (BatchNorm's) to every rank, so rank 0 waits for ranks "
                   "that never call it; evaluate with model.module(...) there")
         elif fn == "DataLoader" and ddp:
             if _kw(c, "sampler") is None and _kw(c, "batch_sampler") is None and len(c.args) < 4 \
-                    and not _rank0_only(L, c):
+                    and id(c) not in rank0:
                 L.add(c, "dataloader-no-sampler", "this DataLoader has no sampler in a DDP script: every rank "
                       "iterates the whole dataset, so the ranks train on the same data")
         elif fn == "DistributedSampler":
@@ -163,7 +196,7 @@ def check(L: Any) -> None:
             set_epoch = True
         elif fn == "save" and ddp and isinstance(c.func, n.Attribute) and c.func.expr.as_string() == "torch":
             path = c.args[1] if len(c.args) > 1 else _kw(c, "f")
-            if path is not None and isinstance(path, n.Const) and isinstance(path.value, str) and not L.guards(c):
+            if path is not None and isinstance(path, n.Const) and isinstance(path.value, str) and id(c) not in guarded:
                 L.add(c, "save-every-rank", f"torch.save to {path.value!r} runs on every rank: the ranks write one "
                       "file at the same time (or each node keeps its own copy)")
     if samplers and not set_epoch and any(isinstance(x, n.For) for x in L.module.nodes_of_class(n.For)):
