@@ -329,3 +329,29 @@ def test_a_failed_runs_diagnosis_carries_the_flight_recorder(tmp_path):
                           log_paths={i: tmp_path / "run" / f"node{i}.log" for i in (0, 1)})
     lines = explain(tmp_path / "run", res, 2).lines()
     assert lines[-1] == "flight recorder: rank(s) 1 never enqueued collective #2 (all_reduce) that rank(s) 0 wait in"
+
+
+def test_broker_run_pipeline_uses_the_recipes_stall_s_and_exits_1_with_the_places(tmp_path, monkeypatch):
+    """The recipe's stall_s reaches the local executor through the pipeline; the run record and the diagnosis
+    say where each rank was; the job's exit code is 1 (the job failed), not the deadline's."""
+    pytest.importorskip("torch")
+    import shutil
+
+    from broker.ledger import Ledger
+    from broker.pipeline import Hooks, LocalTarget, run_pipeline
+    from broker.recipe import load_recipe
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    job = tmp_path / "job"
+    job.mkdir()
+    shutil.copy(FAULT, job / "fault.py")
+    (job / "r.yaml").write_text("name: hang\nscript: fault.py\nargs: [hang]\nnodes: 2\ncpu_ok: true\n"
+                                "gpus_per_node: 0\nmax_hours: 0.05\nstall_s: 5\n"
+                                "env: {FAULT_TIMEOUT_S: '600', CUDA_VISIBLE_DEVICES: ''}\n")
+    recipe = load_recipe(job / "r.yaml")
+    assert (recipe.stall_s, recipe.on_stall) == (5, "stop")
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks(echo=None))
+    assert out.exit_code == 1 and out.result.status == "failed", out.result.reason
+    assert out.result.diagnosis[0].startswith("stalled: rank 0 waits in all_reduce at fault.py:")
+    assert "rank 1 never called all_reduce: it is in time.sleep" in out.result.diagnosis[0]
+    assert (Path(out.run.run_dir) / "diagnosis.txt").read_text().startswith("stalled: ")
