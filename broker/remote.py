@@ -657,7 +657,7 @@ class SSHExecutor(Executor):
         sup = Supervisor(logs, echo=self.echo)
         if recipe.stall_s:
             from broker.stall import StallWatch, remote_sampler, remote_stack_command
-            sup.stall = StallWatch(recipe.stall_s, remote_sampler(lambda i, cmd: ssh.run(i, cmd, timeout=30),
+            sup.stall = StallWatch(recipe.stall_s, remote_sampler(lambda i, cmd: ssh.run(i, cmd, timeout=15),
                                                                   {i: remote_stack_command(node_python(ssh.cluster, i),
                                                                                            ssh.base(i), SHIM_NAME)
                                                                    for i in range(n)}),
