@@ -334,9 +334,9 @@ def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
                 full[d["rank"]] = n
     if len(full) == len(ranks) == world:
         n = max(full.values())
-        out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): the {world} ranks "
-                   "trained on the same data, so the run did the work of one rank; use "
-                   "sampler=DistributedSampler(dataset) in the DataLoader (and shuffle=False there)")
+        out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): if that is the "
+                   f"training data, the {world} ranks trained on the same samples and the run did the work of one "
+                   "rank; use sampler=DistributedSampler(dataset) in the DataLoader (and no shuffle=True there)")
     no_epoch = [d["rank"] for d in ranks if not d["data"].get("set_epoch") and any(
         "Distributed" in str(ld.get("sampler")) and (ld.get("passes") or 0) > 1 for ld in d["data"].get("loaders") or [])]
     if no_epoch:
