@@ -355,3 +355,18 @@ def test_broker_run_pipeline_uses_the_recipes_stall_s_and_exits_1_with_the_place
     assert out.result.diagnosis[0].startswith("stalled: rank 0 waits in all_reduce at fault.py:")
     assert "rank 1 never called all_reduce: it is in time.sleep" in out.result.diagnosis[0]
     assert (Path(out.run.run_dir) / "diagnosis.txt").read_text().startswith("stalled: ")
+
+
+def test_a_deadline_report_says_where_every_rank_was(tmp_path):
+    """stall_s longer than the deadline: the deadline stops the hang, and its report is not empty: one stack
+    sample names both ranks' places, and no node is blamed."""
+    pytest.importorskip("torch")
+    from broker.diagnose import explain
+    from broker.launch import run_local
+
+    res = run_local(_hang_spec(600, "stop", 25), tmp_path / "run", echo=None)
+    assert res.status == "deadline", res.reason
+    text = "\n".join(explain(tmp_path / "run", res, 2).lines())
+    assert text.startswith("at the deadline: rank 0 waits in all_reduce at fault.py:"), text
+    assert "rank 1 never called all_reduce: it is in time.sleep" in text and "failed first" not in text
+    assert "the deadline passed: broker stopped every node" in text
