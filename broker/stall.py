@@ -29,7 +29,6 @@ import json
 import os
 import pickle
 import re
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,7 +375,6 @@ class StallWatch:
         self.found: Verdict | None = None
         self.reason = ""
         self._reported: tuple | None = None
-        self._lock = threading.Lock()
 
     def wrap(self, nodes: list[Any]) -> list[Any]:
         """The nodes with their output lines timed (pass the result to the supervisor's pumps)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
