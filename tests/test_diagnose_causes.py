@@ -157,8 +157,11 @@ def test_no_sampler_and_one_checkpoint_path_end_succeeded_with_2_warnings(capsys
 
 
 def test_distributed_sampler_without_set_epoch_is_a_warning():
+    from broker.commands.run import result_dict
+
     _, res = _succeeded("no_set_epoch")
     assert res.shown_status == "succeeded, with 1 warning", res.warnings
+    assert result_dict(res)["warnings"] == res.warnings and result_dict(res)["status"] == "succeeded"
     assert res.warnings[0].startswith("DistributedSampler.set_epoch was never called on rank(s) 0, 1 over 2 epochs")
 
 
