@@ -471,6 +471,8 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
             pid = int(d["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        if d.get("host") not in (None, socket.gethostname()):
+            continue  # a facts folder shared by several hosts (Slurm): another host's pid means nothing here
         if "ended" in d or not _alive(pid):
             exc = d.get("exception") or {}
             ended[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "ended": True,
