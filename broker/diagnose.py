@@ -630,4 +630,10 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
         diag.behind = sorted(r for r, v in enq.items() if v < top)
     elif enq and nnodes and diag.early_exits:
         diag.behind = [e["rank"] for e in diag.early_exits if e.get("rank") is not None]
+    if not diag.behind and waiting:  # the shim's count of each rank's collective calls says the same on gloo
+        counts = {d.get("rank"): d["last_collective"].get("n") for d in facts
+                  if isinstance(d.get("last_collective"), dict) and d.get("rank") is not None}
+        if len(counts) > 1 and len(set(counts.values())) > 1:
+            top = max(v for v in counts.values() if isinstance(v, int))
+            diag.behind = sorted(r for r, v in counts.items() if isinstance(v, int) and v < top)
     return diag

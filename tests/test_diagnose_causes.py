@@ -168,3 +168,11 @@ def test_distributed_sampler_without_set_epoch_is_a_warning():
 def test_a_correct_run_has_no_warnings():
     _, res = _succeeded("ok")
     assert res.warnings == [] and res.shown_status == "succeeded"
+
+
+def test_gloo_timeout_names_the_rank_that_never_arrived_from_the_collective_counts():
+    """On gloo there is no NCCL 'last enqueued work' line: the shim's count of each rank's collective calls
+    (rank 0 in its second all_reduce, rank 1 asleep after its first) names rank 1."""
+    d = diagnose("gloo_timeout")
+    assert d.behind == [1]
+    assert "never arrived at the collective the others waited in: rank(s) 1" in text(d)
