@@ -36,6 +36,9 @@ _NCCL_ENQUEUED = re.compile(r"\[rank(\d+)\]:.*[Ll]ast enqueued NCCL work: (\d+),
 _NCCL_SEQ = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)")
 #: a C++ exception that ended the process: ``terminate called after throwing an instance of 'T'`` + ``what():``
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'\n\s*what\(\):\s*(.*)")
+#: ``python -m torch.distributed.run`` with a Python that lacks torch: runpy's one-line error
+_NO_MODULE = re.compile(r"Error while finding module specification for '[\w.]+' \((?P<type>\w+Error): "
+                        r"(?P<msg>[^)\n]*)\)")
 #: lines that count as errors in a run whose ranks all exited 0
 _ERROR_LINE = re.compile(r"^(\[rank\d+\]:\s?)?(Traceback \(most recent call last\):|.*\bERROR\b)")
 #: torch's excepthook prefixes a rank's traceback with ``[rankN]: ``
@@ -130,9 +133,16 @@ class Diagnosis:
     error_lines: list[str] = field(default_factory=list)
     behind: list[int] = field(default_factory=list)  # ranks that never reached the collective the others wait in
     notes: list[str] = field(default_factory=list)
+    #: ``<run>/stall.json`` (:mod:`broker.stall`): every rank's place when the run stalled, cause and fix
+    stall: dict[str, Any] | None = None
+    #: a succeeded run that may have trained wrong (:func:`sanity_warnings`)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def headline(self) -> str:
+        if self.stall:
+            head = "at the deadline" if self.stall.get("when") == "deadline" else "stalled"
+            return f"{head}: " + str(self.stall["lines"][0])
         if self.early_exits:
             e = self.early_exits[0]
             who = f"node {e['node']}, rank {e['rank']}" if e.get("rank") is not None else \
@@ -150,15 +160,22 @@ class Diagnosis:
         out: list[str] = []
         if self.headline:
             out.append(self.headline)
+        if self.stall:
+            st = self.stall
+            out.extend(str(ln) for ln in st["lines"][1:])
+            seen = (f"no output for {st.get('silent_s', '?')} s, the same stacks {st.get('gap_s', '?')} s apart"
+                    if st.get("when") != "deadline" else "one stack sample at the deadline")
+            out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
+            out.append(f"  fix: {st.get('fix', '')}")
+            out.extend(str(ln) for ln in st.get("flight_recorder") or [])
         f = self.first
         if f is not None and (f.exc_type or f.frame):
             if self.early_exits:
                 out.append(f"then {f.where()} failed: {f.error()}")
+            out.extend(f"  {ln}" for ln in message_rest(f.message))
             if f.frame:
                 fr = f.frame
                 out.append(f"  at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}: {fr.get('code', '')}")
-            rest = [ln for ln in f.message.strip().splitlines()[1:3] if ln.strip()]
-            out.extend(f"  {ln}" for ln in rest)
         if self.behind:
             out.append("never arrived at the collective the others waited in: rank(s) "
                        + ", ".join(map(str, self.behind)))
@@ -174,8 +191,24 @@ class Diagnosis:
         if self.error_lines:
             out.append("every node exited 0, but the ranks printed errors:")
             out.extend(f"  {ln}" for ln in self.error_lines)
+        for w in self.warnings:
+            out.append(f"warning: {w}")
         out.extend(self.notes)
         return out
+
+
+def message_rest(message: str, limit: int = 12) -> list[str]:
+    """The lines of an exception message after its first (torch's text stays whole and in order), up to the C++
+    ``Exception raised from`` trace that follows it, at most ``limit`` lines."""
+    out = []
+    for ln in message.strip().splitlines()[1:]:
+        if ln.startswith(("Exception raised from", "frame #")):
+            break
+        if ln.strip():
+            out.append(ln.rstrip())
+        if len(out) >= limit:
+            break
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -283,6 +316,49 @@ def error_lines(log_paths: dict[int, Path], limit: int = 12) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------------------------------------ silent wrong results
+def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
+    """Warnings for a run that succeeded but may have trained wrong, from the shim's DDP sanity record (``data``
+    in each rank's facts): every rank iterated the whole dataset (no DistributedSampler), a DistributedSampler
+    without set_epoch over several epochs (the same order every epoch), one torch.save path written by several
+    ranks.  Empty when the facts hold no such record (a script without DataLoader, or older facts)."""
+    ranks = [d for d in facts if isinstance(d.get("data"), dict) and d.get("rank") is not None]
+    world = max([int(d.get("world_size") or 1) for d in facts] or [1])
+    if world < 2 or not ranks:
+        return []
+    out: list[str] = []
+    full: dict[int, int] = {}
+    for d in ranks:
+        for ld in d["data"].get("loaders") or []:
+            n, sampler = ld.get("dataset_len"), str(ld.get("sampler"))
+            if not n or "Distributed" in sampler or not ld.get("passes"):
+                continue
+            if (ld.get("samples") or 0) / ld["passes"] >= n:
+                full[d["rank"]] = n
+    if len(full) == len(ranks) == world:
+        n = max(full.values())
+        out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): if that is the "
+                   f"training data, the {world} ranks trained on the same samples and the run did the work of one "
+                   "rank; use sampler=DistributedSampler(dataset) in the DataLoader (and no shuffle=True there)")
+    no_epoch = [d["rank"] for d in ranks if not d["data"].get("set_epoch") and any(
+        "Distributed" in str(ld.get("sampler")) and (ld.get("passes") or 0) > 1 for ld in d["data"].get("loaders") or [])]
+    if no_epoch:
+        passes = max((ld.get("passes") or 0) for d in ranks for ld in d["data"].get("loaders") or [])
+        out.append(f"DistributedSampler.set_epoch was never called on rank(s) {', '.join(map(str, no_epoch))} over "
+                   f"{passes} epochs: every epoch used the same order; call sampler.set_epoch(epoch) at the start of "
+                   "each epoch")
+    writers: dict[str, list[int]] = {}
+    for d in ranks:
+        for path in d["data"].get("saved") or []:
+            writers.setdefault(str(path), []).append(d["rank"])
+    for path, rs in sorted(writers.items()):
+        if len(rs) > 1:
+            out.append(f"ranks {', '.join(map(str, sorted(rs)))} all wrote {path} with torch.save: on shared "
+                       "storage they overwrite each other (a torn file), on separate disks every node keeps its own "
+                       "copy; save from one rank: `if dist.get_rank() == 0: torch.save(...)`")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ judging
 def _facts_findings(facts: list[dict[str, Any]]) -> list[Finding]:
     out: list[Finding] = []
@@ -297,6 +373,98 @@ def _facts_findings(facts: list[dict[str, Any]]) -> list[Finding]:
         who = ", ".join(f"node {d.get('node')} (RANK={d.get('rank')})" for d in facts if d.get("init_rank") in dup)
         out.append(Finding(by_id["duplicate-rank"], None, "rank facts",
                            f"rank {', '.join(map(str, dup))} given to init_process_group by {who}"))
+    out += _init_findings(facts, by_id) + _collective_findings(facts, by_id)
+    return out
+
+
+_LOCALHOST = re.compile(r"(localhost|127\.\d+\.\d+\.\d+|\[?::1\]?)")
+
+
+def _init_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
+    """What init_process_group was given: a world size other than torchrun's, a localhost init_method on a
+    multi-host run, MASTER_ADDR/PORT changed by the script."""
+    out: list[Finding] = []
+    bad = [d for d in facts if d.get("init_world_size") is not None and d.get("world_size") is not None
+           and d["init_world_size"] != d["world_size"]]
+    if bad and "world-size-mismatch" in by_id:
+        d = bad[0]
+        out.append(Finding(by_id["world-size-mismatch"], d.get("node"), "rank facts",
+                           f"{d['init_world_size']} but torchrun started {d['world_size']} rank(s)"))
+    hosts = {d.get("host") for d in facts if d.get("host")}
+    multi = len(hosts) > 1
+    loc = [d for d in facts if d.get("init_method") and _LOCALHOST.search(str(d["init_method"]))]
+    if loc and multi and "init-method-localhost" in by_id:
+        out.append(Finding(by_id["init-method-localhost"], loc[0].get("node"), "rank facts",
+                           repr(loc[0]["init_method"])))
+    moved = [d for d in facts if d.get("init_master") and d.get("master") and d["init_master"] != d["master"]]
+    if moved and "master-env-overwritten" in by_id:
+        d = moved[0]
+        out.append(Finding(by_id["master-env-overwritten"], d.get("node"), "rank facts",
+                           f"{d['init_master']} where torchrun gave {d['master']}"))
+    return out
+
+
+def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
+    """From each rank's last collective call (the shim counts them): different shapes in the same call, or a
+    rank that entered it after another rank had already given up (slow, not missing)."""
+    last = {d.get("rank"): d["last_collective"] for d in facts
+            if isinstance(d.get("last_collective"), dict) and d.get("rank") is not None}
+    if len(last) < 2:
+        return []
+    out: list[Finding] = []
+    top = max(c.get("n", 0) for c in last.values())
+    at_top = {r: c for r, c in last.items() if c.get("n") == top}
+    ops = {c.get("op") for c in at_top.values()}
+    if len(at_top) > 1 and len(ops) == 1:
+        shapes = {r: c.get("shape") for r, c in at_top.items()}
+        if len({json.dumps(v) for v in shapes.values()}) > 1 and "collective-shapes-differ" in by_id:
+            op = ops.pop()
+            what = f"{op} call #{top}: " + ", ".join(
+                f"rank {r} {_shape_text(v)}" for r, v in sorted(shapes.items()))
+            out.append(Finding(by_id["collective-shapes-differ"], None, "rank facts", what))
+            return out
+    ends = [d.get("ended") for d in facts if d.get("exception") and d.get("ended")]
+    if len(at_top) == len(last) and ends and "slow-rank" in by_id:
+        gave_up = min(ends)
+        late = sorted((c["at"], r) for r, c in at_top.items() if isinstance(c.get("at"), (int, float))
+                      and c["at"] > gave_up - 0.5)
+        early = [c["at"] for c in at_top.values() if isinstance(c.get("at"), (int, float))]
+        if late and early and len(late) < len(at_top):
+            at, r = late[0]
+            op = at_top[r].get("op")
+            out.append(Finding(by_id["slow-rank"], None, "rank facts",
+                               f"rank {r} reached {op} call #{top} {at - min(early):.1f} s after the first rank"))
+    return out
+
+
+def _shape_text(v: Any) -> str:
+    if isinstance(v, list) and len(v) == 2 and isinstance(v[0], list) and isinstance(v[1], str):
+        return f"{tuple(v[0])} {v[1]}"
+    return str(v)
+
+
+#: findings that are only the symptom of a cause found in the rank facts (dropped when such a cause is there)
+_SYMPTOMS = ("collective-timeout", "peer-gone")
+_CAUSES_FROM_FACTS = ("world-size-mismatch", "collective-shapes-differ", "slow-rank", "init-method-localhost",
+                      "master-env-overwritten", "duplicate-rank")
+
+
+def searchable_lines(text: str) -> list[str]:
+    """The lines of a log the catalogue may match: everything except what a Python traceback quotes from the
+    source (the ``File "...", line N`` lines, the source line under each and its ``^^^`` marks): a comment that says
+    "invalid device ordinal" is not that error."""
+    out: list[str] = []
+    in_tb = False
+    for raw in text.splitlines():
+        line = _RANK_PREFIX.sub("", raw)
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb = True
+            continue
+        if in_tb:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue  # a frame, its source line, or a caret line
+            in_tb = False  # the exception line ends the traceback
+        out.append(line)
     return out
 
 
@@ -304,7 +472,7 @@ def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
     out: list[Finding] = []
     for entry in catalogue():
         for node, text in texts:
-            for line in text.splitlines():
+            for line in searchable_lines(text):
                 m = entry.search(line)
                 if m:
                     what = (m.groupdict().get("what") or "").strip()
@@ -314,6 +482,35 @@ def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
                 continue
             break
     return out
+
+
+#: statuses of runs whose nodes broker stopped itself: their ends (SIGTERM, torchrun's exit 1) blame nobody
+STOPPED_BY_BROKER = ("deadline", "interrupted")
+#: exceptions a rank raises because broker stopped it
+_STOP_EXCEPTIONS = ("KeyboardInterrupt", "SignalException", "SystemExit")
+
+
+def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> Diagnosis:
+    """A deadline or interrupted run: only a rank's own exception from before the stop is a failure; the rest is
+    a note that broker stopped the nodes (never "node 0 failed first: exit code 1" for a node broker stopped)."""
+    own = [d for d in facts if d.get("exception") and not any(x in str(d["exception"].get("type", ""))
+                                                               for x in _STOP_EXCEPTIONS)]
+    if own:
+        d = min(own, key=lambda d: d.get("ended") or 0.0)
+        exc = d["exception"]
+        diag.first = Failure(node=d.get("node"), rank=d.get("rank"), at=d.get("ended"),
+                             exc_type=exc.get("type", ""), message=exc.get("message", ""), frame=exc.get("frame"))
+    why = "the deadline passed" if status == "deadline" else "the run was interrupted (Ctrl-C or a signal)"
+    running = [d.get("rank") for d in facts if d.get("ended") is None]
+    note = f"{why}: broker stopped every node (their exit codes are broker's signals, not failures)"
+    if running:
+        note += "; rank(s) " + ", ".join(map(str, running)) + " were still running"
+    diag.notes.append(note)
+    if status == "deadline" and diag.stall is None:
+        diag.notes.append("if the ranks were waiting for each other, a lower stall_s in the recipe names where each "
+                          "one was long before the deadline")
+    diag.findings = _facts_findings(facts)
+    return diag
 
 
 def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
@@ -331,11 +528,24 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
     diag = Diagnosis()
+    from broker.stall import flight_recorder_from_run, read_stall
+
+    diag.stall = read_stall(run_dir)
+    if diag.stall is not None:
+        diag.stall["flight_recorder"] = flight_recorder_from_run(run_dir)
 
     if status == "succeeded":
         diag.error_lines = error_lines(log_paths)
         diag.findings = _facts_findings(facts)
+        diag.warnings = sanity_warnings(facts)
         return diag
+    if diag.stall is not None and diag.stall.get("stopped"):
+        diag.findings = _facts_findings(facts)  # broker stopped every node: no rank is blamed for its end
+        return diag
+    if status in STOPPED_BY_BROKER:
+        return _stopped_run(diag, status, facts)
+    if diag.stall is None:  # a collective timeout's flight-recorder dumps (nccl): how far each rank got
+        diag.notes.extend(flight_recorder_from_run(run_dir))
 
     # failures: the shim's exceptions and non-zero exits first, torchrun's root-cause blocks for the rest
     fails: list[Failure] = []
@@ -368,6 +578,10 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
                 if not typ:
                     typ, msg, frame = _log_exception(texts.get(node, ""), agent=True)
                     typ = f"torchrun on node {node}: {typ}" if typ else ""
+                if not typ:  # python -m torch.distributed.run could not even start (no torch in that Python)
+                    m = _NO_MODULE.search(texts.get(node, ""))
+                    if m:
+                        typ, msg = f"{m.group('type')} (torchrun on node {node} did not start)", m.group("msg")
                 fails.append(Failure(node=node, rank=None, at=None, exc_type=typ, message=msg, frame=frame,
                                      exit_code=code, source="log"))
                 break
@@ -383,6 +597,8 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
             order.append((diag.first.node, texts[diag.first.node]))
     order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
     diag.findings = _facts_findings(facts) + _match_catalogue(order)
+    if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
+        diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
     # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
     # exited 0 before it the cause; a rank failing on its own after its peers finished is not
     own = order[:2] if diag.first is not None else order
@@ -417,4 +633,10 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
         diag.behind = sorted(r for r, v in enq.items() if v < top)
     elif enq and nnodes and diag.early_exits:
         diag.behind = [e["rank"] for e in diag.early_exits if e.get("rank") is not None]
+    if not diag.behind and waiting:  # the shim's count of each rank's collective calls says the same on gloo
+        counts = {d.get("rank"): d["last_collective"].get("n") for d in facts
+                  if isinstance(d.get("last_collective"), dict) and d.get("rank") is not None}
+        if len(counts) > 1 and len(set(counts.values())) > 1:
+            top = max(v for v in counts.values() if isinstance(v, int))
+            diag.behind = sorted(r for r, v in counts.items() if isinstance(v, int) and v < top)
     return diag

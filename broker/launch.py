@@ -36,6 +36,7 @@ from broker.executor import Executor, run_steps
 
 if TYPE_CHECKING:
     from broker.staging import StagePlan
+    from broker.stall import StallWatch
 
 #: how long a node gets between SIGTERM and SIGKILL when it is stopped, seconds
 STOP_GRACE_S = 3.0
@@ -224,6 +225,8 @@ class RunResult:
     error_lines: list[str] = field(default_factory=list)
     #: the pipeline's diagnose step (:func:`broker.diagnose.explain`): the failing rank's own error, cause and fix
     diagnosis: list[str] = field(default_factory=list)
+    #: a succeeded run that may have trained wrong (:func:`broker.diagnose.sanity_warnings`): "succeeded, with N warnings"
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -233,7 +236,11 @@ class RunResult:
     @property
     def shown_status(self) -> str:
         """The status for people: ``succeeded with errors`` when the ranks exited 0 but printed errors."""
-        return "succeeded with errors" if self.status == "succeeded" and self.error_lines else self.status
+        if self.status == "succeeded" and self.error_lines:
+            return "succeeded with errors"
+        if self.status == "succeeded" and self.warnings:
+            return f"succeeded, with {len(self.warnings)} warning{'s' if len(self.warnings) > 1 else ''}"
+        return self.status
 
 
 #: the longest line kept back waiting for its newline (characters): a rank that never ends a line (a progress bar
@@ -348,6 +355,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self.log_errors: list[str] = []
         self._display: _Display | None = None
+        self.stall: "StallWatch | None" = None  # set by the executor: stop (or report) a run that hangs
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
@@ -415,8 +423,9 @@ class Supervisor:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
         self._display = _Display(lambda: self.echo) if self.echo is not None else None
+        handles = self.stall.wrap(nodes) if self.stall is not None else nodes
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
-                 for n in nodes]
+                 for n in handles]
         for t in pumps:
             t.start()
         status, reason, failed = "succeeded", "", None
@@ -434,17 +443,25 @@ class Supervisor:
                 if deadline_s is not None and time.monotonic() - t0 > deadline_s:
                     status = "deadline"
                     reason = f"deadline of {deadline_s:.0f} s reached; stopped every node"
+                    if self.stall is not None:
+                        self.stall.at_deadline()
+                    break
+                if self.stall is not None and self.stall.check():
+                    status, reason = "failed", self.stall.reason
                     break
                 time.sleep(self.poll_s)
         except KeyboardInterrupt:
             status, reason = "interrupted", "interrupted (Ctrl-C); stopped every node"
         finally:
+            echo = self.echo
+            self.echo = quiet_after_stop(echo, [n.node_rank for n in nodes if n.poll() is None])
             self.stop_all(nodes)
             for t in pumps:
                 t.join(timeout=5)
-            if self._display is not None:
+            if self._display is not None:  # shown under the quiet echo: stopped nodes' last lines stay off
                 self._display.close()
                 self._display = None
+            self.echo = echo
         codes = {n.node_rank: n.poll() for n in nodes}
         return RunResult(status=status, exit_codes=codes, wall_s=time.monotonic() - t0, log_paths=self.log_paths,
                          reason=reason, failed_node=failed)
@@ -456,6 +473,23 @@ class Supervisor:
             t.start()
         for t in threads:
             t.join()
+
+
+def quiet_after_stop(echo: Callable[[str], None] | None, stopped: list[int]) -> Callable[[str], None] | None:
+    """The console echo while broker stops ``stopped`` nodes: one line says so, and what those nodes print from
+    then on (torchelastic's ``SignalException`` tracebacks for the SIGTERM broker sent, ~30 lines a node) goes to
+    their logs only."""
+    if echo is None or not stopped:
+        return echo
+    echo(f"[broker] stopping node(s) {', '.join(map(str, stopped))} (SIGTERM, SIGKILL after {STOP_GRACE_S:g} s); "
+         "what they print from now on is only in their logs")
+    prefixes = tuple(f"[node {i}] " for i in stopped)
+
+    def quiet(line: str) -> None:
+        if not line.startswith(prefixes):
+            echo(line)
+
+    return quiet
 
 
 def describe_exit(code: int | None) -> str:
@@ -628,6 +662,8 @@ class LocalLaunchSpec:
     master_port: int | None = None
     python: str | None = None
     artifacts: list[str] = field(default_factory=list)
+    stall_s: float | None = None  # seconds without output before the ranks' stacks are sampled (None: no watch)
+    on_stall: str = "stop"
 
 
 def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
@@ -699,6 +735,11 @@ class LocalExecutor(Executor):
                 f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
         nodes: list[NodeHandle] = []
         sup = Supervisor(self.logs, echo=self.echo)
+        if spec.stall_s:
+            from broker.stall import StallWatch, local_sampler
+            sup.stall = StallWatch(spec.stall_s, local_sampler(d.parent / "facts" for d in self.dirs),
+                                   on_stall=spec.on_stall, run_dir=self.run_dir, echo=self.echo,
+                                   world_size=spec.nnodes * spec.nproc_per_node)
         try:
             for i, argv in enumerate(argvs):
                 nodes.append(LocalNode(i, argv, self.envs[i], self.dirs[i]))
@@ -934,6 +975,10 @@ def finish_result(res: RunResult, expect: list[str], *, nnodes: int, nproc_per_n
         from broker.diagnose import error_lines
 
         res.error_lines = error_lines(res.log_paths)
+        if res.log_paths:
+            from broker.diagnose import load_facts, sanity_warnings
+
+            res.warnings = sanity_warnings(load_facts(next(iter(res.log_paths.values())).parent))
         if res.error_lines and not res.reason:
             res.reason = (f"every node exited 0, but the logs hold {len(res.error_lines)} error line(s) "
                           "(Traceback / ERROR)")

@@ -122,6 +122,11 @@ FIXES = {
                            "`--rdzv_backend=c10d --rdzv_endpoint=$MASTER_ADDR:$MASTER_PORT`), started by srun once "
                            "per node",
 }
+# the DDP rules (hard-coded world size, localhost rendezvous, collectives under rank 0, samplers, saves) live in
+# their own module
+from broker.lint_ddp import FIXES as _DDP_FIXES  # noqa: E402
+
+FIXES.update(_DDP_FIXES)
 KINDS = tuple(FIXES)
 
 
@@ -792,6 +797,9 @@ class _Linter:
             if self._cuda_string_with_rank(e):
                 self.add(e, "device-from-rank", f"device string {e.as_string()} is built from the global rank")
         self._slurm_env()
+        from broker import lint_ddp
+
+        lint_ddp.check(self)
         self.findings.sort(key=lambda f: (f.line, f.kind))
         return self.findings
 
@@ -1150,12 +1158,19 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
     for ``strict_lint`` and there is any finding, or the script does not parse; otherwise findings are warnings
     to print before launch.  The script runs under torchrun, so SLURM_* rank variables are findings."""
     findings = _cached_lint(Path(recipe.script))
+    if recipe.cpu_only:  # a GPU asked for without a check fails on every rank of a CPU-only run
+        from broker.lint_ddp import cpu_run_findings
+
+        try:
+            findings = findings + cpu_run_findings(Path(recipe.script).read_text(), str(recipe.script))
+        except OSError:
+            pass
     syntax = any(f.kind == "syntax-error" for f in findings)  # would fail on every rank: never launch it
     return findings, syntax or (bool(findings) and recipe.strict_lint)
 
 
 #: bumped whenever a rule changes, so cached results of an older linter are not reused
-LINT_CACHE_VERSION = 1
+LINT_CACHE_VERSION = 2
 
 
 def _cached_lint(script: Path) -> list[Finding]:

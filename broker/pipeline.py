@@ -301,7 +301,7 @@ def local_spec(recipe: Recipe) -> "tuple[LocalLaunchSpec, str]":
                            workdir=recipe.workdir, nnodes=recipe.nodes, nproc_per_node=recipe.gpus_per_node,
                            env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
                            expect=list(recipe.expect), deadline_s=recipe.max_hours * 3600,
-                           artifacts=list(recipe.artifacts))
+                           artifacts=list(recipe.artifacts), stall_s=recipe.stall_s, on_stall=recipe.on_stall)
     return spec, devices
 
 
@@ -936,7 +936,8 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
     return LocalLaunchSpec(script_rel=str(recipe.script.relative_to(recipe.workdir)), args=list(recipe.args),
                            workdir=recipe.workdir, nnodes=len(cluster.nodes), nproc_per_node=recipe.gpus_per_node,
                            env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
-                           expect=list(recipe.expect), deadline_s=deadline_s, artifacts=list(recipe.artifacts))
+                           expect=list(recipe.expect), deadline_s=deadline_s, artifacts=list(recipe.artifacts),
+                           stall_s=recipe.stall_s, on_stall=recipe.on_stall)
 
 
 def cluster_executor(recipe: Recipe, run: Run, cluster: Cluster, ctx: Context, **ssh: Any) -> "Executor":
@@ -1074,7 +1075,7 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
     failed first, that rank's own exception and the cause and fix from the catalogue (:func:`broker.diagnose.explain`,
     from the rank facts and the node logs); kept in ``result.diagnosis`` and written to ``<run>/diagnosis.txt``.
     Never raises: a diagnosis must not break the record of a run."""
-    if result.ok and not result.error_lines:
+    if result.ok and not result.error_lines and not getattr(result, "warnings", None):
         return result
     try:
         from broker.diagnose import explain

@@ -19,6 +19,13 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
   re-raised as they are);
 * on a normal end (``sys.exit``, falling off the end, or ``os._exit``): the exit code and the time.
 
+With a facts folder the rank also arms :mod:`faulthandler` on ``SIGUSR1``: the signal appends every thread's Python
+stack to ``DIR/rank<RANK>.stack`` (a C-level handler: it answers while the rank is blocked inside a collective);
+and sets ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (PyTorch's flight recorder, nccl and gloo) with the dump on a collective
+timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
+DIR`` (run on the node by :mod:`broker.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
+installed, and prints their stacks as JSON.
+
 Without a facts folder the script runs with nothing recorded.
 
 The same file also starts torchrun itself, so that the rendezvous store listens only on ``MASTER_ADDR``::
@@ -33,8 +40,13 @@ tunnel address otherwise).  When that address cannot be bound here, one ``broker
 default (every interface) applies.
 """
 
+import faulthandler
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
 import runpy
 import socket
 import sys
@@ -45,6 +57,11 @@ _FACTS = {}
 _PATH = None
 _SCRIPT_DIR = None
 _HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.distributed_c10d")
+#: the signal on which a rank dumps its Python stacks (torchelastic uses SIGTERM/SIGINT/SIGHUP/SIGQUIT, not this)
+STACK_SIGNAL = signal.SIGUSR1
+#: flight-recorder entries per process group when the environment sets none (a few KiB of host memory)
+FR_ENTRIES = "2000"
+_STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
 
 
 def _save():
@@ -119,6 +136,8 @@ def _patch(done=None):
             pass
         _FACTS["torch"] = getattr(torch, "__version__", None)
         _save()
+    if done in ("torch", None):
+        _patch_data(torch)
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and hasattr(cuda, "set_device") and not getattr(cuda.set_device, "_broker", False):
         orig_set = cuda.set_device
@@ -143,6 +162,12 @@ def _patch(done=None):
                 _FACTS["init_rank"] = k.get("rank")
             if k.get("world_size") is not None:
                 _FACTS["init_world_size"] = k.get("world_size")
+            init_method = k.get("init_method", a[1] if len(a) > 1 else None)
+            if init_method:  # a rendezvous address written into the script (tcp://localhost:...)
+                _FACTS["init_method"] = str(init_method)[:300]
+            # MASTER_ADDR/PORT as the script left them (torchrun's are in "master"): a script that sets them
+            # itself points every node at its own idea of node 0
+            _FACTS["init_master"] = "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
             _FACTS["init_started"] = time.time()
             _save()
             out = orig_init(*a, **k)
@@ -164,6 +189,136 @@ def _patch(done=None):
 
         init_process_group._broker = True
         dist.init_process_group = init_process_group
+    if dist is not None:
+        for name in _COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if callable(fn) and not getattr(fn, "_broker", False):
+                setattr(dist, name, _counted(name, fn))
+
+
+def _data():
+    return _FACTS.setdefault("data", {"loaders": [], "set_epoch": 0, "saved": []})
+
+
+def _batch_len(b):
+    """Samples in one batch: the first dimension of its first tensor (a tensor, a tuple/list or a dict)."""
+    if isinstance(b, dict):
+        b = next(iter(b.values()), None)
+    elif isinstance(b, (list, tuple)) and b:
+        b = b[0]
+    try:
+        return int(b.shape[0]) if getattr(b, "shape", None) else 1
+    except Exception:
+        return 1
+
+
+def _patch_data(torch):
+    """The DDP sanity record (no script change): per DataLoader the dataset's size, the sampler's class, the
+    passes and samples it yielded; DistributedSampler.set_epoch calls; the paths torch.save wrote."""
+    try:
+        data = sys.modules.get("torch.utils.data") or getattr(getattr(torch, "utils", None), "data", None)
+        loader_cls = getattr(data, "DataLoader", None)
+        if loader_cls is not None and not getattr(loader_cls.__iter__, "_broker", False):
+            orig_iter = loader_cls.__iter__
+
+            def __iter__(self):
+                rec = getattr(self, "_broker_rec", None)
+                if rec is None:
+                    try:
+                        n = len(self.dataset)
+                    except Exception:
+                        n = None
+                    rec = {"dataset_len": n, "sampler": type(getattr(self, "sampler", None)).__name__,
+                           "passes": 0, "samples": 0, "batches": 0}
+                    d = _data()
+                    if len(d["loaders"]) < 8:
+                        d["loaders"].append(rec)
+                    try:
+                        self._broker_rec = rec
+                    except Exception:
+                        pass
+                rec["passes"] += 1
+                rec["samples_this_pass"] = 0
+                _save()
+                for batch in orig_iter(self):
+                    k = _batch_len(batch)
+                    rec["samples"] += k
+                    rec["samples_this_pass"] += k
+                    rec["batches"] += 1
+                    yield batch
+                _save()
+
+            __iter__._broker = True
+            loader_cls.__iter__ = __iter__
+        sampler_cls = getattr(data, "DistributedSampler", None)
+        if sampler_cls is not None and not getattr(sampler_cls.set_epoch, "_broker", False):
+            orig_set_epoch = sampler_cls.set_epoch
+
+            def set_epoch(self, epoch):
+                _data()["set_epoch"] += 1
+                return orig_set_epoch(self, epoch)
+
+            set_epoch._broker = True
+            sampler_cls.set_epoch = set_epoch
+        save = getattr(torch, "save", None)
+        if save is not None and not getattr(save, "_broker", False):
+            def torch_save(obj, f, *a, **k):
+                if isinstance(f, (str, bytes)) or hasattr(f, "__fspath__"):
+                    path = os.fsdecode(os.fspath(f))
+                    saved = _data()["saved"]
+                    if path not in saved and len(saved) < 32:
+                        saved.append(path)
+                        _save()
+                return save(obj, f, *a, **k)
+
+            torch_save._broker = True
+            torch_save.__wrapped__ = save
+            torch.save = torch_save
+    except Exception:  # recording must never break the job
+        pass
+
+
+#: torch.distributed calls counted per rank (the user's own calls: torch's internal ones are not patched)
+_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "monitored_barrier", "all_to_all",
+                "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
+                "scatter_object_list", "send", "recv")
+_SAVE_EVERY_S = 0.5  # facts are rewritten at most this often by collective calls (a loop may call thousands)
+_last_save = [0.0]
+
+
+def _shape(x):
+    try:
+        if hasattr(x, "shape") and hasattr(x, "dtype"):
+            return [list(x.shape), str(x.dtype).replace("torch.", "")]
+        if isinstance(x, (list, tuple)) and x and hasattr(x[0], "shape"):
+            return [_shape(t) for t in x[:4]]
+    except Exception:
+        pass
+    return None
+
+
+def _counted(name, fn):
+    """``fn`` that records, per rank, how many collectives it started, the last one's name, shapes and time."""
+    def collective(*a, **k):
+        n = _FACTS.get("collectives", 0) + 1
+        arg = a[0] if a else next((v for v in k.values() if hasattr(v, "shape") or isinstance(v, (list, tuple))),
+                                  None)
+        _FACTS["collectives"] = n
+        _FACTS["last_collective"] = {"n": n, "op": name, "shape": _shape(arg), "at": time.time()}
+        now = time.time()
+        if now - _last_save[0] >= _SAVE_EVERY_S:
+            _last_save[0] = now
+            _save()
+        out = fn(*a, **k)
+        _FACTS["last_collective"]["done"] = True
+        return out
+
+    collective._broker = True
+    collective.__wrapped__ = fn
+    collective.__name__ = getattr(fn, "__name__", name)
+    collective.__doc__ = getattr(fn, "__doc__", None)
+    return collective
 
 
 class _TorchHook:
@@ -282,11 +437,179 @@ def _torchrun(args):
     return 0
 
 
+def _arm_diagnostics(facts_dir, rank):
+    """Stacks on SIGUSR1 into ``rank<R>.stack``; the flight recorder on, its timeout dump into the facts folder."""
+    global _STACK_FILE
+    try:
+        _STACK_FILE = open(os.path.join(facts_dir, "rank%s.stack" % rank), "a")
+        faulthandler.register(STACK_SIGNAL, file=_STACK_FILE, all_threads=True, chain=False)
+        _FACTS["stack_file"] = os.path.basename(_STACK_FILE.name)
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        _STACK_FILE = None
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ and "TORCH_FR_BUFFER_SIZE" not in os.environ:
+        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_ENTRIES
+    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+        os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(facts_dir, "fr_trace_rank")
+    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    _save()
+
+
+_FRAME_FILES = re.compile(r'File "([^"]+)", line (\d+)|\(([^()]+):(\d+)\)\s*$', re.M)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not a rank that can answer
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _cpu_s(pid):
+    """CPU seconds used so far by ``pid`` and its live children (DataLoader workers), from /proc (None when
+    unreadable).  A rank blocked in a collective or a sleep uses ~none; one that computes uses a core."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def stat(p):
+        with open("/proc/%s/stat" % p) as f:
+            return f.read().rsplit(")", 1)[-1].split()
+
+    try:
+        fields = stat(pid)
+    except (OSError, IndexError):
+        return None
+    total = int(fields[11]) + int(fields[12])  # utime, stime
+    try:
+        for name in os.listdir("/proc"):
+            if name.isdigit() and name != str(pid):
+                try:
+                    f = stat(name)
+                    if f[1] == str(pid):  # ppid
+                        total += int(f[11]) + int(f[12])
+                except (OSError, IndexError, ValueError):
+                    continue
+    except OSError:
+        pass
+    return total / float(tick)
+
+
+def _code_lines(pid, text):
+    """``{"file:line": source}`` for the frames in ``text`` (relative names resolved in the rank's own folder)."""
+    import linecache
+    out = {}
+    for m in _FRAME_FILES.finditer(text):
+        name, line = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        key = "%s:%s" % (name, line)
+        if key in out or name.startswith("<"):
+            continue
+        path = name if os.path.isabs(name) else os.path.join("/proc/%d/cwd" % pid, name)
+        code = linecache.getline(path, int(line)).strip()
+        if code:
+            out[key] = code[:300]
+    return out
+
+
+def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
+    """Every live rank of ``facts_dir`` (from its ``rank*.json``): ``{rank: {"pid", "node", "tool", "text",
+    "code"}}`` -- its Python stacks from ``py-spy dump`` when installed and allowed, else from the faulthandler the
+    shim armed on SIGUSR1 (waits up to ``wait_s`` seconds for the dump to land).  A rank that has ended is
+    ``{"pid", "node", "ended": True, "exit_code", "exception", "frame"}``; one that gave no stack is left out."""
+    ranks, ended = {}, {}
+    try:
+        names = sorted(os.listdir(facts_dir))
+    except OSError:
+        return {}
+    for name in names:
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(facts_dir, name)) as f:
+                d = json.load(f)
+            pid = int(d["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if d.get("host") not in (None, socket.gethostname()):
+            continue  # a facts folder shared by several hosts (Slurm): another host's pid means nothing here
+        if "ended" in d or not _alive(pid):
+            exc = d.get("exception") or {}
+            ended[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "ended": True,
+                                                     "exit_code": d.get("exit_code"), "exception": exc.get("type"),
+                                                     "frame": exc.get("frame")}
+            continue
+        ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file")}
+    pyspy = shutil.which("py-spy") if use_pyspy else None
+    sizes = {}
+    for r, info in ranks.items():
+        if pyspy:
+            # full file names tell the user's files from the libraries' (py-spy shortens them to the package
+            # part otherwise); an older py-spy without the option gets a second call without it
+            for extra in (["--full-filenames"], []):
+                try:
+                    p = subprocess.run([pyspy, "dump", "--pid", str(info["pid"])] + extra, capture_output=True,
+                                       text=True, timeout=20)
+                except (OSError, subprocess.SubprocessError):
+                    break
+                if p.returncode == 0 and p.stdout.strip():
+                    info.update(tool="py-spy", text=p.stdout)
+                    break
+            if info.get("text"):
+                continue
+        if not info.get("stack_file"):
+            continue
+        path = os.path.join(facts_dir, info["stack_file"])
+        try:
+            sizes[r] = os.path.getsize(path)
+        except OSError:
+            sizes[r] = 0
+        try:
+            os.kill(info["pid"], STACK_SIGNAL)
+        except OSError:
+            sizes.pop(r)
+    end = time.time() + wait_s
+    pending = set(sizes)
+    last = {}
+    while pending and time.time() < end:
+        time.sleep(0.1)
+        for r in list(pending):
+            try:
+                size = os.path.getsize(os.path.join(facts_dir, ranks[r]["stack_file"]))
+            except OSError:
+                continue
+            if size > sizes[r] and last.get(r) == size:  # grown, and stopped growing
+                pending.discard(r)
+            last[r] = size
+    for r in sizes:
+        try:
+            with open(os.path.join(facts_dir, ranks[r]["stack_file"]), errors="replace") as f:
+                f.seek(sizes[r])
+                text = f.read(256 * 1024)
+        except OSError:
+            continue
+        if text.strip():
+            ranks[r].update(tool="faulthandler", text=text)
+    out = dict(ended)
+    for r, info in ranks.items():
+        if info.get("text"):
+            out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],
+                      "code": _code_lines(info["pid"], info["text"]), "cpu_s": _cpu_s(info["pid"]),
+                      "t": time.time()}
+    return out
+
+
 def main(argv):
     global _PATH, _SCRIPT_DIR
     args = list(argv[1:])
     if args[:1] == ["--torchrun"]:
         return _torchrun(args[1:])
+    if len(args) >= 2 and args[0] == "--dump-stacks":
+        print(json.dumps(dump_stacks(args[1], use_pyspy="--no-py-spy" not in args)))
+        return 0
     facts_dir = os.environ.get("BROKER_FACTS_DIR")
     if len(args) >= 2 and args[0] == "--facts":
         facts_dir, args = args[1], args[2:]
@@ -309,8 +632,11 @@ def main(argv):
         "node": node if node is not None else _int("GROUP_RANK"), "host": socket.gethostname(), "pid": os.getpid(),
         "rank": rank, "local_rank": _int("LOCAL_RANK"), "world_size": _int("WORLD_SIZE"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "python": sys.version.split()[0], "script": script, "started": time.time()})
+        "python": sys.version.split()[0], "script": script, "started": time.time(),
+        "master": "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))})
     _save()
+    if _PATH is not None:
+        _arm_diagnostics(facts_dir, rank if rank is not None else os.getpid())
     sys.meta_path.insert(0, _TorchHook())
     if "torch" in sys.modules:  # torch already imported (sitecustomize): patch now
         _patch()

@@ -117,6 +117,10 @@ class Recipe(BaseModel):
     # Vast.ai 180, others 120)
     ready_timeout_s: float | None = Field(default=None, gt=0, le=3600)
     strict_lint: StrictBool = False
+    # seconds without output from any node before broker samples the ranks' stacks to name a hang (broker.stall);
+    # 0 turns the watch off; on_stall: stop every node (a paid hang burns money) or only report it
+    stall_s: float = Field(default=60.0, ge=0, le=86400)
+    on_stall: Literal["stop", "report"] = "stop"
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
@@ -278,6 +282,8 @@ _ALLOWED_HINT = {
     "idle_minutes": limits.allowed("idle_minutes"),
     "cpu_ok": "true or false",
     "strict_lint": "true or false",
+    "stall_s": "seconds without output before the ranks' stacks are read (0 to 1 day; 0 = off)",
+    "on_stall": "stop or report",
     "args": "a list of strings, e.g. [\"--epochs\", \"12\"]",
     "setup": "a shell command (text) or a list of shell commands",
     "env": "a mapping of NAME: value (text, number or true/false; ${OTHER} takes OTHER from the environment)",

@@ -490,8 +490,10 @@ def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
 
 
 def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
-    """Copy every node's rank facts (``<node folder>/facts/rank*.json``) to ``run_dir/node<i>/facts/``, best
-    effort (nodes whose connection is gone are skipped); returns how many files came back."""
+    """Copy every node's rank facts (``<node folder>/facts/rank*.json``, and the flight recorder's
+    ``fr_trace_rank*`` dumps) to ``run_dir/node<i>/facts/``, best effort (nodes whose connection is gone are
+    skipped); returns how many files came back.  The names are the node's answer: only those two forms, each
+    under its size cap."""
     from broker.launch import ArtifactBudget
 
     async def _one(i: int) -> int:
@@ -507,14 +509,21 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
                 return 0
             dst = Path(run_dir) / f"node{i}" / "facts"
             dst.mkdir(parents=True, exist_ok=True)
-        for name in names:  # a name the node sends back: only rank<r>.json, at most FACTS_MAX_BYTES
-            if isinstance(name, str) and re.fullmatch(r"rank\d{1,6}\.json", name):
-                budget = ArtifactBudget(per_file=FACTS_MAX_BYTES, total=FACTS_MAX_BYTES * 1024)
-                try:
-                    await afetch_checked(ssh, i, remote, name, dst / name, budget)
-                    got += 1
-                except Exception:  # noqa: BLE001 - a rank without facts: the table uses its log line
-                    pass
+        for name in names:  # a name the node sends back: only rank<r>.json / fr_trace_rank<r>, each capped
+            if not isinstance(name, str):
+                continue
+            if re.fullmatch(r"rank\d{1,6}\.json", name):
+                cap = FACTS_MAX_BYTES
+            elif re.fullmatch(r"fr_trace_rank\d{1,6}", name):
+                cap = FR_TRACE_MAX_BYTES
+            else:
+                continue
+            budget = ArtifactBudget(per_file=cap, total=cap)
+            try:
+                await afetch_checked(ssh, i, remote, name, dst / name, budget)
+                got += 1
+            except Exception:  # noqa: BLE001 - a rank without facts: the table uses its log line
+                pass
         return got
 
     res = ssh.gather([_one(i) for i in range(n)], timeout=60)
@@ -684,6 +693,14 @@ class SSHExecutor(Executor):
                     return res
         nodes: list[RemoteNode] = []
         sup = Supervisor(logs, echo=self.echo)
+        if recipe.stall_s:
+            from broker.stall import StallWatch, remote_sampler, remote_stack_command
+            sup.stall = StallWatch(recipe.stall_s, remote_sampler(lambda i, cmd: ssh.run(i, cmd, timeout=15),
+                                                                  {i: remote_stack_command(node_python(ssh.cluster, i),
+                                                                                           ssh.base(i), SHIM_NAME)
+                                                                   for i in range(n)}),
+                                   on_stall=recipe.on_stall, run_dir=self.run_dir, echo=self.echo,
+                                   world_size=n * recipe.gpus_per_node)
         try:
             for i in range(n):
                 line, argv = launch_command(ssh, recipe, i, self.port)
@@ -803,6 +820,8 @@ async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: 
 #: the most bytes the node's answer to the artifact listing may hold (a node that answers endlessly is refused)
 LISTING_MAX_BYTES = 16 << 20
 #: the most bytes one rank-facts file may hold
+#: a flight-recorder dump (pickled entries of the last collectives per rank), bytes
+FR_TRACE_MAX_BYTES = 64 << 20
 FACTS_MAX_BYTES = 1 << 20
 
 _LISTER = ("import glob, json, os, sys; pats = sys.argv[1:]; "

@@ -102,6 +102,62 @@ def case_disk_full(tmp: Path):
         mnt.rmdir()
 
 
+def case_netns(mode: str):
+    """``mode`` on two netns hosts (own host name and /etc/hosts each, no *_SOCKET_IFNAME), master = node 0's IP:
+    what a script that names localhost as its rendezvous does on two real machines."""
+    def run(tmp: Path):
+        from broker.providers import netns
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        c = netns.up(2, tmp, use_gpus=False)
+        try:
+            logs = {i: tmp / f"node{i}.log" for i in range(2)}
+            nodes = []
+            for i in range(2):
+                work = tmp / f"node{i}" / "work"
+                shutil.copytree(SCRIPTS, work)
+                hosts = tmp / f"hosts{i}"
+                hosts.write_text(f"127.0.0.1 localhost\n{c.ip(i)} node{i}\n")
+                logs[i].write_text("")
+                argv = torchrun_argv("fault.py", [mode], nnodes=2, nproc_per_node=1, node_rank=i,
+                                     master_addr=c.ip(0), master_port=29577, shim=str(RANKSHIM),
+                                     facts_dir=str(tmp / f"node{i}" / "facts"))
+                inner = f"mount --bind {hosts} /etc/hosts && hostname node{i} && exec " + " ".join(argv)
+                env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOO_", "NCCL_", "MASTER_"))}
+                env.update(BASE_ENV, BROKER_NODE_RANK=str(i), PYTHONUNBUFFERED="1")
+                nodes.append(LocalNode(i, ["ip", "netns", "exec", c.ns(i), "unshare", "--mount", "--uts", "sh",
+                                           "-c", inner], env, work))
+            res = Supervisor(logs, echo=None).run(nodes, deadline_s=60)
+            return finish_result(res, [], nnodes=2, nproc_per_node=1)
+        finally:
+            c.down()
+    return run
+
+
+def case_no_torch(tmp: Path):
+    """The nodes' Python has no torch (a venv that was never set up): torchrun itself cannot start."""
+    sp = spec("ok")
+    sp.python = "/usr/bin/python3"
+    return run_local(sp, tmp, echo=None)
+
+
+def case_deadline(tmp: Path):
+    """A hang that reaches the run's deadline (no stall watch): broker stops both nodes."""
+    sp = spec("hang", {"FAULT_TIMEOUT_S": "300"})
+    sp.deadline_s = 12
+    return run_local(sp, tmp, echo=None)
+
+
+def case_interrupted(tmp: Path):
+    """Ctrl-C during a hang: SIGINT reaches broker (the nodes run in their own sessions), which stops them."""
+    import signal
+    import threading
+
+    sp = spec("hang", {"FAULT_TIMEOUT_S": "300"})
+    threading.Timer(12, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    return run_local(sp, tmp, echo=None)
+
+
 CASES = {
     "ok": lambda t: run_local(spec("ok"), t, echo=None),
     "eaddrinuse": case_eaddrinuse,
@@ -115,6 +171,20 @@ CASES = {
     "slurm_procid": lambda t: run_local(spec("slurm_procid", {"SLURM_PROCID": "0"}), t, echo=None),
     "disk_full": case_disk_full,
     "sigkill": lambda t: run_local(spec("sigkill"), t, echo=None),
+    "world_size4": lambda t: run_local(spec("world_size4"), t, echo=None),
+    "shapes": lambda t: run_local(spec("shapes"), t, echo=None),
+    "slow_rank": lambda t: run_local(spec("slow", {"FAULT_SLOW_S": "9"}), t, echo=None),
+    "cuda_on_cpu": lambda t: run_local(spec("cuda_on_cpu"), t, echo=None),
+    "ddp_unused": lambda t: run_local(spec("ddp_unused"), t, echo=None),
+    "ddp_models": lambda t: run_local(spec("ddp_models"), t, echo=None),
+    "comment_text": lambda t: run_local(spec("comment_text"), t, echo=None),
+    "no_torch": case_no_torch,
+    "deadline": case_deadline,
+    "interrupted": case_interrupted,
+    "silent_wrong": lambda t: run_local(spec("silent_wrong"), t, echo=None),
+    "no_set_epoch": lambda t: run_local(spec("no_set_epoch"), t, echo=None),
+    "tcp_localhost": case_netns("tcp_localhost"),
+    "master_env": case_netns("master_env"),
 }
 
 

@@ -189,7 +189,9 @@ def test_every_catalogue_entry_is_matched_by_a_real_excerpt(tmp_path):
     """Each entry is the first finding on at least one captured excerpt (skew: on the real facts, edited)."""
     got = set()
     for name in ("eaddrinuse", "loopback_refused", "iface_not_found", "gloo_unsupported", "nccl_no_gpu",
-                 "gloo_timeout", "early_exit", "slurm_procid", "disk_full", "sigkill", "slurm_time_limit"):
+                 "gloo_timeout", "early_exit", "slurm_procid", "disk_full", "sigkill", "world_size4", "shapes",
+                 "slow_rank", "cuda_on_cpu", "no_torch", "ddp_unused", "ddp_models", "tcp_localhost", "master_env",
+                 "slurm_time_limit"):
         got.update(ids(diagnose_cpu(name)))
     for name in GPU_CODES:
         got.update(ids(diagnose_gpu(name)))

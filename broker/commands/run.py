@@ -304,4 +304,4 @@ def result_dict(result: Any, usd: float = 0.0) -> dict:
             "missing_expect": result.missing_expect, "log_paths": {k: str(v) for k, v in result.log_paths.items()},
             "ranks": [r.__dict__ for r in result.ranks], "usd": round(usd, 6),
             "shown_status": result.shown_status, "error_lines": list(result.error_lines),
-            "diagnosis": list(result.diagnosis)}
+            "diagnosis": list(result.diagnosis), "warnings": list(getattr(result, "warnings", []))}

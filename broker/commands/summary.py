@@ -59,7 +59,8 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     else:
         console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): {no_rank_text(result)}",
                       highlight=False)
-    colour = "green" if result.ok and not result.error_lines else ("yellow" if result.ok else "red")
+    colour = "green" if result.ok and not result.error_lines and not getattr(result, "warnings", None) else \
+        ("yellow" if result.ok else "red")
     console.print(f"status: [bold {colour}]{result.shown_status}[/]"
                   + (f" - {escape(node_text(result.reason))}" if result.reason else ""))
     run_dir = Path(run.run_dir) if run.run_dir else None
