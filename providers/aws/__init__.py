@@ -66,7 +66,27 @@ class AWSProvider(Provider):
     """
 
     name = PROVIDER
-    topologies = ("simulated", "multi-node")
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    topologies = ("simulated", "multi-node", "hybrid")
+    rents = True
+    pretend = False
+    planned_by_default = True
+    quota = True
+    quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
+    quota_scope = "region"
+    node_switch = "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+    node_switch_requires = None
+    setup_allowance_s = 600
+    create_settle_s = 20.0
+    credentials_hint = "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
+    native_query = False
+    live_offer_search = False
+    live_price_list = "api"  # live_prices(), the Pricing API
+    #: where live_prices() reads, in words (a refreshed snapshot's source)
+    live_prices_source: ClassVar[str] = "AWS Pricing API get_products (on-demand Linux, shared)"
+    snapshot = "aws.csv"
+    local_exec = False
+    ingress_rule_format = "IpPermissions"
     #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
     #: long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 420.0
