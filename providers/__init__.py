@@ -22,7 +22,8 @@ from broker.provider import Provider as _Base
 if TYPE_CHECKING:
     from broker.provider import Provider
 
-#: name -> ("module:Class", the capabilities where that class differs from broker.provider.Provider's defaults).
+#: name -> ("module:Class", the capabilities where that class differs from broker.provider.Provider's defaults, and
+#: always its topologies).
 #: Adding a provider: one line here (docs/architecture.md, "Adding a provider").
 PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "local": ("broker.providers.local:LocalProvider",
