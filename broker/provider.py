@@ -167,6 +167,9 @@ class Provider(ABC):
     #: Where ``broker catalog refresh`` reads list prices: ``"api"`` (the adapter's ``live_prices(types)``, with
     #: credentials), ``"public"`` (the class's ``public_price_offers()``, a public price list, no credentials), None.
     live_price_list: ClassVar[str | None] = None
+    #: Where ``live_prices()`` reads, in words (the source line of a refreshed snapshot; with ``live_price_list``
+    #: ``"api"``).
+    live_prices_source: ClassVar[str] = "list prices from the provider's Pricing API (live_prices)"
     #: File name of its shipped price snapshot in ``providers/snapshots/`` (``"vast.csv"``); None = no snapshot.
     snapshot: ClassVar[str | None] = None
     #: Its "instances" are this machine: clusters run their nodes as local processes (``Cluster.local_exec``).

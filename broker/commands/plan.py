@@ -583,7 +583,7 @@ def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
         offers = p.live_offers(req)  # type: ignore[attr-defined]
         return list(offers), f"live {name} offer search (broker catalog refresh)"
     if caps.live_price_list == "api":  # list prices for the snapshot's instance types, with credentials
-        source = p.live_prices_source  # type: ignore[attr-defined]
+        source = p.live_prices_source
         return catalog.repriced_offers(name, p.live_prices, source=source), source  # type: ignore[attr-defined]
     live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
     return live, f"live {name} offers (broker catalog refresh)"

@@ -82,7 +82,6 @@ class AWSProvider(Provider):
     native_query = False
     live_offer_search = False
     live_price_list = "api"  # live_prices(), the Pricing API
-    #: where live_prices() reads, in words (a refreshed snapshot's source)
     live_prices_source: ClassVar[str] = "AWS Pricing API get_products (on-demand Linux, shared)"
     snapshot = "aws.csv"
     local_exec = False
