@@ -30,11 +30,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.providers import SNAPSHOT
+
 if TYPE_CHECKING:
     from broker.model import Offer, Requirements
 
-#: Providers with a shipped snapshot.
-PROVIDERS = ("vast", "oci", "aws")
+#: Providers with a shipped snapshot (the adapters' ``snapshot`` capability, read from the registry).
+PROVIDERS = SNAPSHOT
 
 COLUMNS = ["offer_id", "instance_type", "gpu_name", "gpu_count", "gpu_mem_gib", "vcpus", "ram_gib", "usd_per_hour",
            "region", "zone", "storage_usd_per_gib_month", "min_billed_seconds", "private_network", "notes"]
@@ -117,13 +119,21 @@ def overlay_dir() -> Path:
     return broker_home() / "catalog"
 
 
+def snapshot_file(provider: str) -> str:
+    """File name of ``provider``'s snapshot (its adapter's ``snapshot`` capability; ``<provider>.csv`` for a
+    provider that ships none, where a refresh may still write one)."""
+    from broker.providers import capability
+
+    return capability(provider, "snapshot") or f"{provider}.csv"
+
+
 def shipped_path(provider: str) -> Path:
-    return SHIPPED_DIR / f"{provider}.csv"
+    return SHIPPED_DIR / snapshot_file(provider)
 
 
 def snapshot_path(provider: str) -> Path | None:
     """The snapshot in effect for ``provider``: the refreshed overlay if present, else the shipped one, else None."""
-    over = overlay_dir() / f"{provider}.csv"
+    over = overlay_dir() / snapshot_file(provider)
     if over.is_file():
         return over
     p = shipped_path(provider)
@@ -294,7 +304,7 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
     sources = sorted({o.price_source for o in offers})
     src = source or f"live {provider} API read by `broker catalog refresh` at {when:%Y-%m-%dT%H:%M:%SZ}"
     notes = [f"{len(rows)} offers; adapter price sources: {'; '.join(sources)[:300]}"]
-    out = path or overlay_dir() / f"{provider}.csv"
+    out = path or overlay_dir() / snapshot_file(provider)
     return write_snapshot(out, provider, date, src, "live refresh", notes, rows)
 
 
@@ -435,18 +445,18 @@ def oci_live_offers(get: Any = None, *, now: datetime | None = None) -> list["Of
     return out
 
 
-def aws_live_offers(live_prices: Any, *, now: datetime | None = None) -> list["Offer"]:
-    """AWS snapshot instance types repriced with ``live_prices(instance_types) -> {type: USD/hour}`` (the AWS
-    adapter's Pricing API reader).  Types without a live price keep their snapshot price (notes say so)."""
-    base = snapshot_offers("aws")
+def repriced_offers(provider: str, live_prices: Any, *, source: str, now: datetime | None = None) -> list["Offer"]:
+    """``provider``'s snapshot instance types repriced with ``live_prices(instance_types) -> {type: USD/hour}`` (the
+    adapter's list-price reader: capability ``live_price_list`` ``"api"``), each repriced offer's ``price_source``
+    ``"live <source>"``.  Types without a live price keep their snapshot price (notes say so)."""
+    base = snapshot_offers(provider)
     prices = live_prices(sorted({o.instance_type for o in base}))
     when = now or datetime.now(timezone.utc)
     out = []
     for o in base:
         if o.instance_type in prices:
             out.append(replace(o, usd_per_hour=float(prices[o.instance_type]), price_time=when,
-                               price_source="live AWS Pricing API",
-                               attrs={**o.attrs, "notes": "AWS Pricing API get_products"}))
+                               price_source=f"live {source}", attrs={**o.attrs, "notes": source}))
         else:
             out.append(replace(o, attrs={**o.attrs, "notes": f"price carried over from {o.price_source}"}))
     return out

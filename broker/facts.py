@@ -11,21 +11,22 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from broker import providers as _registry
+
 if TYPE_CHECKING:
     from broker.model import Capacity, Offer, Quota, Requirements
 
 _log = logging.getLogger(__name__)
 
-#: Providers planned over by default (``--provider`` narrows).
-DEFAULT_PROVIDERS = ("local", "vast", "oci", "aws")
-CLOUD = ("vast", "oci", "aws")
+#: Providers planned over by default (``--provider`` narrows): capability ``planned_by_default``.
+DEFAULT_PROVIDERS = _registry.DEFAULT
+#: Providers that rent machines (capability ``rents``, not ``pretend``): planned from their price snapshot when
+#: not configured or offline.
+CLOUD = _registry.CLOUD
 
-#: What each cloud needs for live prices, quotas and capacity (shown when it falls back to the snapshot).
-CREDENTIALS_HINT = {
-    "vast": "VAST_API_KEY",
-    "oci": "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)",
-    "aws": "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
-}
+#: What each cloud needs for live prices, quotas and capacity (shown when it falls back to the snapshot):
+#: capability ``credentials_hint``.
+CREDENTIALS_HINT = {n: h for n in _registry.REGISTRY if (h := _registry.capability(n, "credentials_hint"))}
 
 
 class Facts:
@@ -134,7 +135,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
                   "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
                   "adapter")
         try:
-            if name == "vast" and vast_query:
+            if vast_query and _registry.capability(name, "native_query"):
                 offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
             else:
                 offers = list(p.offers(req))

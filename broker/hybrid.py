@@ -1,8 +1,9 @@
 """The ``hybrid`` topology: node 0 = this machine, nodes 1..N-1 = rented VMs, joined by a per-run WireGuard tunnel
 (:mod:`broker.wireguard`) or an existing tailnet (``--mesh tailscale``).
 
-* which providers can be the cloud side (:data:`TUN_PROVIDERS`: full VMs with ``/dev/net/tun``; Vast.ai containers
-  have none, so neither WireGuard nor Tailscale runs there: :data:`NO_TUN_REASON`);
+* which providers can be the cloud side (:data:`TUN_PROVIDERS`: rented full VMs with ``/dev/net/tun``, the
+  adapters with ``hybrid`` among their ``topologies``; containers have none, so neither WireGuard nor Tailscale
+  runs there: :data:`NO_TUN_REASON`);
 * the emulation on one machine (``broker run RECIPE --provider netns --topology hybrid``): two sites behind two NATs
   (:func:`broker.providers.netns.up_hybrid`), the tunnel between them (:func:`tunnel_up`), the job over it;
 * the tunnel check preflight runs first (:class:`HybridExecutor`): every VM must have completed a WireGuard
@@ -30,15 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from broker.model import TopologyKind
 from broker.provider import BadInput, ProviderError
+from broker.providers import HYBRID_CLOUD
 
 if TYPE_CHECKING:  # pydantic records: imported where used (the planner imports this module: no pydantic there)
     from broker.model import Cluster
     from broker.providers.netns import HybridSites, NetnsCluster
 
-#: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there)
-TUN_PROVIDERS = ("oci", "aws")
+#: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
+#: ``hybrid`` among the adapter's ``topologies``
+TUN_PROVIDERS = HYBRID_CLOUD
 NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {provider} containers have none "
-                 "(use oci or aws for the cloud side)")
+                 "(use " + " or ".join(TUN_PROVIDERS) + " for the cloud side)")
 HANDSHAKE_WAIT_S = 6.0
 MESHES = ("wireguard", "tailscale")
 

@@ -15,9 +15,10 @@ Billing model (sources; prices themselves live in the snapshots, see :mod:`broke
   ``storage_usd_per_gib_month * disk_gib / 730`` USD per hour (730 hours per month, the convention of the AWS and
   OCI price lists).  Vast's ``storage_cost`` is $/GB/month; broker applies it per GiB (1.07x more conservative).
 * **Setup allowance**: machines bill while they boot and pull the image, before the job starts, and while they are
-  torn down.  The hard deadline therefore covers ``hours`` of job time *plus* a per-provider allowance
-  (:data:`SETUP_ALLOWANCE_SECONDS`).  These are broker's assumptions, not vendor figures: Vast.ai 10 min (docker
-  image pull on the host), OCI 15 min (GPU VMs and bare-metal shapes boot slowly), AWS 10 min, local 0.
+  torn down.  The hard deadline therefore covers ``hours`` of job time *plus* a per-provider allowance (each
+  adapter's ``setup_allowance_s`` capability, :func:`setup_allowance_seconds`).  These are broker's assumptions,
+  not vendor figures: Vast.ai 10 min (docker image pull on the host), OCI 15 min (GPU VMs and bare-metal shapes
+  boot slowly), AWS 10 min, local 0.
 * **Worst case** = every unit billed for the whole hard deadline (job hours + allowance), storage included:
   ``sum(count * (usd_per_hour + storage_usd_per_hour) * billed_seconds / 3600)``.
 """
@@ -34,10 +35,7 @@ if TYPE_CHECKING:
 #: Hours in a billing month (AWS / OCI list-price convention).
 HOURS_PER_MONTH = 730.0
 
-#: Billed time before the job starts and during teardown, per provider, in seconds (assumptions, see module doc).
-SETUP_ALLOWANCE_SECONDS: dict[str, int] = {"vast": 600, "oci": 900, "aws": 600, "local": 0, "fake": 0,
-                                            "netns": 0, "slurm": 0}
-#: Allowance for providers not listed above, in seconds.
+#: Allowance for providers that are not registered (the ``Provider.setup_allowance_s`` default), in seconds.
 DEFAULT_SETUP_ALLOWANCE_SECONDS = 600
 
 #: Tolerance when turning a float duration into whole billed seconds (absorbs float noise such as 3599.9999999).
@@ -48,8 +46,13 @@ MAX_SECONDS = 1 << 62
 
 
 def setup_allowance_seconds(provider: str) -> int:
-    """Setup + teardown allowance in seconds for ``provider`` (:data:`SETUP_ALLOWANCE_SECONDS`)."""
-    return SETUP_ALLOWANCE_SECONDS.get(provider, DEFAULT_SETUP_ALLOWANCE_SECONDS)
+    """Setup + teardown allowance in seconds for ``provider``: its adapter's ``setup_allowance_s`` capability
+    (read from the registry, no adapter import), :data:`DEFAULT_SETUP_ALLOWANCE_SECONDS` for an unknown name."""
+    from broker.providers import REGISTRY, capability
+
+    if provider not in REGISTRY:
+        return DEFAULT_SETUP_ALLOWANCE_SECONDS
+    return int(capability(provider, "setup_allowance_s"))
 
 
 def storage_usd_per_hour(storage_usd_per_gib_month: float, disk_gib: float) -> float:

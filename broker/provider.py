@@ -109,6 +109,13 @@ class Recorder(Protocol):
 
 
 # --------------------------------------------------------------------------------------------------- contract
+#: The capability attributes of :class:`Provider` (class attributes, documented there), in declaration order.
+CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
+                "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
+                "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
+                "ingress_rule_format")
+
+
 class Provider(ABC):
     """Base class of every adapter.  Read-side verbs default to "nothing"; lifecycle verbs raise NotSupported.
 
@@ -116,16 +123,12 @@ class Provider(ABC):
     """
 
     name: ClassVar[str] = "?"
-    #: Topologies this provider can offer.
-    topologies: ClassVar[tuple[str, ...]] = ("simulated",)
     #: Folder on the nodes for run files (work dirs, logs, probes); None = ``~/broker`` of the SSH user.
     node_workroot: ClassVar[str | None] = None
     #: True when every object the adapter creates carries RUN_TAG and INSTALL_TAG provider-side and
     #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
     #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
     owner_tags: ClassVar[bool] = False
-    #: True when its money is pretend (no one is billed): ``broker cost`` shows it apart, outside the total.
-    pretend_money: ClassVar[bool] = False
 
     # ---- ids
     @classmethod
@@ -153,6 +156,64 @@ class Provider(ABC):
                                 hint="the ledger row (or the provider's answer) is damaged or was edited; check "
                                      "`broker status` and the provider's console")
         return provider_id
+
+    # ---- capabilities: what the core asks of a provider instead of testing its name.  Every registered adapter
+    # declares each one in its own class body (tests/test_provider_capabilities.py), and the registry line in
+    # ``providers/__init__.py`` repeats the values that differ from these defaults as plain data, so that
+    # ``broker plan`` derives its provider lists without importing the adapter modules.
+    #: Topologies this provider can offer (``simulated``, ``multi-node``, ``local``, ``slurm``, ``hybrid``: it can
+    #: host the rented side of a hybrid run, i.e. full VMs with ``/dev/net/tun`` for WireGuard / Tailscale).
+    topologies: ClassVar[tuple[str, ...]] = ("simulated",)
+    #: It creates machines billed by the hour (ledger-first provisioning, the confirmation prompt, the watchdog's
+    #: and reconcile's scans of configured providers).
+    rents: ClassVar[bool] = False
+    #: An emulation (the file-backed ``fake`` cloud): it behaves like a cloud but no money or real machine is
+    #: involved; never planned over or scanned unless named, and ``broker cost`` shows its money apart, outside
+    #: the total.
+    pretend: ClassVar[bool] = False
+    #: Asked by ``broker plan`` / ``broker check`` / ``broker run`` when no ``--provider`` narrows them.
+    planned_by_default: ClassVar[bool] = False
+    #: It has service limits broker can read and raise (``broker quota check|request``, plan rejections).
+    quota: ClassVar[bool] = False
+    #: What its GPU limits count: ``"gpus"`` or ``"vcpus"`` (None without :attr:`quota`).
+    quota_unit: ClassVar[str | None] = None
+    #: Where its GPU limits are counted: ``"AD"`` (per availability domain / zone) or ``"region"`` (None without
+    #: :attr:`quota`).
+    quota_scope: ClassVar[str | None] = None
+    #: The node-side dead-man switch its boot mechanism arms, in words (``"scheduled shutdown, ..."``); None = no
+    #: node-side teardown layer.
+    node_switch: ClassVar[str | None] = None
+    #: The resource attribute / setting the node switch needs to be armed (``"instance_principal"``); None = always
+    #: armed when :attr:`node_switch` is set.
+    node_switch_requires: ClassVar[str | None] = None
+    #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
+    #: and worst case (:func:`broker.pricing.setup_allowance_seconds`); broker's assumption, not a vendor figure.
+    setup_allowance_s: ClassVar[int] = 600
+    #: Seconds the SSH executor retries connect + auth after the provider reports an instance running.
+    ssh_ready_timeout_s: ClassVar[float] = 120.0
+    #: Seconds after a create call before a list that does not show the object proves it absent (list lag).
+    create_settle_s: ClassVar[float] = 20.0
+    #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
+    credentials_hint: ClassVar[str | None] = None
+    #: ``offers()`` takes the provider's native query string (``broker plan --vast-query``).
+    native_query: ClassVar[bool] = False
+    #: The adapter has ``live_offers(req)``: a live market search (``broker catalog refresh``, no snapshot
+    #: fallback).
+    live_offer_search: ClassVar[bool] = False
+    #: Where ``broker catalog refresh`` reads list prices: ``"api"`` (the adapter's ``live_prices(types)``, with
+    #: credentials), ``"public"`` (the class's ``public_price_offers()``, a public price list, no credentials), None.
+    live_price_list: ClassVar[str | None] = None
+    #: Where ``live_prices()`` reads, in words (the source line of a refreshed snapshot; with ``live_price_list``
+    #: ``"api"``).
+    live_prices_source: ClassVar[str] = "list prices from the provider's Pricing API (live_prices)"
+    #: File name of its shipped price snapshot in ``providers/snapshots/`` (``"vast.csv"``); None = no snapshot.
+    snapshot: ClassVar[str | None] = None
+    #: Its "instances" are this machine: clusters run their nodes as local processes (``Cluster.local_exec``).
+    local_exec: ClassVar[bool] = False
+    #: The shape of the ingress rules its network takes for a hybrid run's WireGuard port
+    #: (:func:`broker.wireguard.security_rules`): ``"IpPermissions"`` (EC2 security groups) or
+    #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
+    ingress_rule_format: ClassVar[str | None] = None
 
     # ---- read side
     def check(self) -> ProviderCheck:

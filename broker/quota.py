@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Literal
 
 from broker.model import Quota
+from broker.providers import capability
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -168,10 +169,10 @@ def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> Limit
     """The limit that must allow ``instance_type`` (None when the type is not a GPU type of that provider)."""
     if provider == "aws":
         q = aws_quota_code(instance_type, spot=spot)
-        return None if q is None else LimitRef("aws", q.code, q.name, "vcpus", "region", "ec2")
+        return None if q is None else LimitRef(provider, q.code, q.name, "vcpus", "region", "ec2")
     if provider == "oci":
         name = oci_limit_name(instance_type)
-        return None if name is None else LimitRef("oci", name, f"compute limit {name} (GPUs per AD)", "gpus",
+        return None if name is None else LimitRef(provider, name, f"compute limit {name} (GPUs per AD)", "gpus",
                                                   "AD", "compute")
     return None
 
@@ -202,14 +203,20 @@ def gpus_to_vcpus(spec: InstanceSpec, gpus: int) -> int:
     return instances_to_vcpus(spec, math.ceil(gpus / spec.gpus)) if spec.gpus else 0
 
 
+def _counts_vcpus(provider: str) -> bool:
+    """Whether ``provider``'s GPU limits count vCPUs (its ``quota_unit`` capability; else GPUs)."""
+    return capability(provider, "quota_unit") == "vcpus"
+
+
 def units_needed(provider: str, spec: InstanceSpec, instances: int) -> int:
-    """The amount of the covering limit ``instances`` of ``spec`` need: GPUs for OCI, vCPUs for AWS."""
-    return instances_to_vcpus(spec, instances) if provider == "aws" else instances_to_gpus(spec, instances)
+    """The amount of the covering limit ``instances`` of ``spec`` need, in the provider's ``quota_unit``: GPUs for
+    OCI, vCPUs for AWS."""
+    return instances_to_vcpus(spec, instances) if _counts_vcpus(provider) else instances_to_gpus(spec, instances)
 
 
 def instances_allowed(provider: str, spec: InstanceSpec, units: float) -> int:
     """How many instances of ``spec`` ``units`` of the covering limit allow."""
-    return vcpus_to_instances(spec, units) if provider == "aws" else gpus_to_instances(spec, units)
+    return vcpus_to_instances(spec, units) if _counts_vcpus(provider) else gpus_to_instances(spec, units)
 
 
 # ------------------------------------------------------------------------------------------------ topologies
@@ -289,7 +296,7 @@ def verdict(need: Need, quotas: Iterable[Quota]) -> Verdict:
     """
     qs = [q for q in quotas if q.name == need.limit.name]
     it, n, u = need.spec.instance_type, need.instances, need.units
-    if need.limit.provider == "oci":
+    if need.limit.scope_kind == "AD":
         head = f"{n}× {it} needs {need.limit.name} ≥ {u} in one AD"
     else:
         head = (f"{n}× {it} needs {u} vCPUs of {need.limit.name} ({need.limit.description})"
@@ -359,7 +366,7 @@ def request_command(provider: str, limit: str, value: float, *, scope: str | Non
     """
     v = int(value) if float(value).is_integer() else value
     cmd = f"broker quota request --provider {provider} --limit {limit} --value {v}"
-    if scope and provider == "oci":
+    if scope and capability(provider, "quota_scope") == "AD":
         cmd += f" --scope {scope}"
     if region:
         cmd += f" --region {region}"
@@ -384,7 +391,7 @@ def option_quota_block(offers: list["Offer"], quotas: Iterable[Quota], *, spot: 
     quotas = list(quotas)
     groups: dict[tuple[str, str, str | None], list["Offer"]] = {}
     for o in offers:
-        scope = o.zone if o.provider == "oci" else o.region
+        scope = o.zone if capability(o.provider, "quota_scope") == "AD" else o.region
         groups.setdefault((o.provider, o.instance_type, scope), []).append(o)
     for (provider, it, scope), grp in groups.items():
         ref = limit_for(provider, it, spot=spot or any(o.attrs.get("market") == "spot" for o in grp))
@@ -393,8 +400,8 @@ def option_quota_block(offers: list["Offer"], quotas: Iterable[Quota], *, spot: 
         o = grp[0]
         spec = InstanceSpec(provider, it, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus), o.ram_gib,
                             o.usd_per_hour, o.region or "any")
-        if provider == "aws" and spec.vcpus <= 0:
-            spec = instance_specs("aws").get(it, spec)
+        if _counts_vcpus(provider) and spec.vcpus <= 0:
+            spec = instance_specs(provider).get(it, spec)
         units = units_needed(provider, spec, len(grp))
         match = [q for q in quotas if q.provider == provider and q.name == ref.name
                  and (scope is None or (q.scope or q.region) in (scope, None))]

@@ -360,8 +360,20 @@ def oci_ingress(port: int, caller_ip: str | None) -> dict:
             else "broker hybrid: WireGuard (caller address unknown)"}
 
 
+#: ingress rule builders by the adapters' ``ingress_rule_format`` capability
+INGRESS_RULE_FORMATS = {"IpPermissions": aws_ingress, "IngressSecurityRule": oci_ingress}
+
+
 def security_rules(tunnel: Tunnel, caller_ip: str | None) -> dict[str, list[dict]]:
-    """The ingress rules a hybrid run needs on the VMs' side, per provider: one UDP port per VM, nothing else."""
+    """The ingress rules a hybrid run needs on the VMs' side, per provider (each registered provider with an
+    ``ingress_rule_format``, in that format): one UDP port per VM, nothing else."""
+    from broker.providers import REGISTRY, capability
+
     ports = sorted({p.listen_port for p in tunnel.peers[1:] if p.listen_port})
-    return {"aws": [aws_ingress(p, caller_ip) for p in ports], "oci": [oci_ingress(p, caller_ip) for p in ports]}
+    out: dict[str, list[dict]] = {}
+    for name in REGISTRY:
+        fmt = capability(name, "ingress_rule_format")
+        if fmt is not None:
+            out[name] = [INGRESS_RULE_FORMATS[fmt](p, caller_ip) for p in ports]
+    return out
 

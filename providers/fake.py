@@ -78,15 +78,30 @@ class FakeProvider(Provider):
     """A file-backed pretend cloud with private networking (``simulated`` and ``multi-node``)."""
 
     name = "fake"
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("simulated", "multi-node")
+    rents = True  # through the same ledger-first provisioning as a cloud
+    pretend = True  # ...but nothing is billed: never planned over or scanned unless named
+    planned_by_default = False
+    quota = False
+    quota_unit = None
+    quota_scope = None
+    node_switch = None
+    node_switch_requires = None
+    setup_allowance_s = 0
+    ssh_ready_timeout_s = 120.0
     owner_tags = True  # models a cloud: run and installation tags on every object
     #: its "instances" are this machine: clusters run their nodes as local processes
     local_exec = True
-    #: its prices are made up: no one pays them
-    pretend_money = True
     #: seconds after a create call before a list that does not show the instance proves it absent (the fake's
     #: state file is consistent at once; real APIs lag)
     create_settle_s = 0.0
+    credentials_hint = None
+    native_query = False
+    live_offer_search = False
+    live_price_list = None
+    snapshot = None
+    ingress_rule_format = None
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path

@@ -70,7 +70,26 @@ class LocalProvider(Provider):
     """This machine.  Free; one topology: ``local`` (N simulated nodes on loopback)."""
 
     name = "local"
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("local",)
+    rents = False
+    pretend = False
+    planned_by_default = True
+    quota = False
+    quota_unit = None
+    quota_scope = None
+    node_switch = None
+    node_switch_requires = None
+    setup_allowance_s = 0  # nothing is billed
+    ssh_ready_timeout_s = 120.0
+    create_settle_s = 20.0
+    credentials_hint = None
+    native_query = False
+    live_offer_search = False
+    live_price_list = None
+    snapshot = None
+    local_exec = True  # the nodes are processes on this machine
+    ingress_rule_format = None
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus

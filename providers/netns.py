@@ -506,7 +506,26 @@ class NetnsProvider(Provider):
     """The ``netns`` provider: a free ``multi-node`` cluster of namespaces on this machine (see module doc)."""
 
     name: ClassVar[str] = "netns"
-    topologies: ClassVar[tuple[str, ...]] = ("multi-node",)
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    topologies: ClassVar[tuple[str, ...]] = ("multi-node", "hybrid")  # hybrid: two NAT'd sites emulated here
+    rents = False
+    pretend = False
+    planned_by_default = False
+    quota = False
+    quota_unit = None
+    quota_scope = None
+    node_switch = None
+    node_switch_requires = None
+    setup_allowance_s = 0
+    ssh_ready_timeout_s = 120.0
+    create_settle_s = 20.0
+    credentials_hint = None
+    native_query = False
+    live_offer_search = False
+    live_price_list = None
+    snapshot = None
+    local_exec = False  # the nodes are reached over SSH inside their namespaces
+    ingress_rule_format = None
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

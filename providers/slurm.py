@@ -235,7 +235,26 @@ class SlurmProvider(Provider):
     """A Slurm cluster reached here or through SSH (``host``).  Resource kind: ``slurm_job`` (id = job id)."""
 
     name = "slurm"
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("slurm",)
+    rents = False  # the cluster's owner bills, not broker
+    pretend = False
+    planned_by_default = False
+    quota = False
+    quota_unit = None
+    quota_scope = None
+    node_switch = None
+    node_switch_requires = None
+    setup_allowance_s = 0
+    ssh_ready_timeout_s = 120.0
+    create_settle_s = 20.0
+    credentials_hint = None
+    native_query = False
+    live_offer_search = False
+    live_price_list = None
+    snapshot = None
+    local_exec = False
+    ingress_rule_format = None
 
     def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None

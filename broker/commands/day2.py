@@ -176,13 +176,10 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
 
 
 def _pretend_money(provider: str | None) -> bool:
-    """Whether ``provider``'s money is pretend (its adapter's ``pretend_money``: the fake cloud); unknown: no."""
-    try:
-        from broker.providers import provider_class
+    """Whether ``provider``'s money is pretend (its ``pretend`` capability: the fake cloud); unknown: no."""
+    from broker.providers import capability
 
-        return bool(getattr(provider_class(provider or ""), "pretend_money", False))
-    except Exception:  # noqa: BLE001 - an adapter that cannot be imported bills for real as far as we know
-        return False
+    return bool(capability(provider or "", "pretend"))
 
 
 def _dir_size(p: Path) -> int:

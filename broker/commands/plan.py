@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 from broker.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
                           log_plan)
+from broker.providers import SNAPSHOT  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -492,7 +493,8 @@ def register(app: typer.Typer) -> None:
 
     @catalog_app.command("show", short_help="Date, source and size of each price snapshot in effect")
     def catalog_show(
-        provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...", help="providers (default: vast oci aws)"),
+        provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...",
+                                             help=f"providers (default: {' '.join(SNAPSHOT)})"),
         offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
@@ -575,21 +577,24 @@ def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
     from broker import catalog
     from broker.model import Requirements
 
-    if name == "oci":  # public price list: no credentials needed
-        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
-    from broker.providers import get_provider
+    from broker.providers import capabilities, get_provider, provider_class
 
+    caps = capabilities(name)
     try:
+        if caps.live_price_list == "public":  # a public price list: no credentials needed
+            return provider_class(name).public_price_offers()  # type: ignore[attr-defined]
         p = get_provider(name)
     except ImportError as e:
         return f"adapter not available ({_short(e)})"
     chk = p.check()
     if not chk.configured:
-        return f"no credentials ({chk.hint or CREDENTIALS_HINT.get(name, '')})"
+        return f"no credentials ({chk.hint or caps.credentials_hint or ''})"
     req = Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None, budget_usd=None)
-    if hasattr(p, "live_offers"):  # Vast.ai: a live search, no snapshot fallback
-        return list(p.live_offers(req)), f"live {name} offer search (broker catalog refresh)"
-    if hasattr(p, "live_prices"):  # AWS: Pricing API list prices for the snapshot's instance types
-        return catalog.aws_live_offers(p.live_prices), "AWS Pricing API get_products (on-demand Linux, shared)"
+    if caps.live_offer_search:  # a live market search, no snapshot fallback
+        offers = p.live_offers(req)  # type: ignore[attr-defined]
+        return list(offers), f"live {name} offer search (broker catalog refresh)"
+    if caps.live_price_list == "api":  # list prices for the snapshot's instance types, with credentials
+        source = p.live_prices_source
+        return catalog.repriced_offers(name, p.live_prices, source=source), source  # type: ignore[attr-defined]
     live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
     return live, f"live {name} offers (broker catalog refresh)"

@@ -11,15 +11,23 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
+from broker import providers as _registry
+
 if TYPE_CHECKING:
     from broker.model import Offer, Quota
     from broker.provider import Provider
     from broker.quota import Need
 
-QUOTA_PROVIDERS = ("oci", "aws")
+#: Providers with readable / requestable GPU limits: the adapters with the ``quota`` capability.
+QUOTA_PROVIDERS = _registry.QUOTA
 #: Request states after which nothing changes any more (OCI and AWS words).
 FINAL_STATES = {"APPROVED", "DENIED", "CASE_CLOSED", "NOT_APPROVED", "INVALID_REQUEST", "SUCCEEDED",
                 "PARTIALLY_SUCCEEDED", "CANCELED", "FAILED", "DRAFT"}
+
+
+def _scope_kind(provider: str) -> str | None:
+    """Where ``provider``'s GPU limits are counted: ``"AD"``, ``"region"`` (its ``quota_scope`` capability)."""
+    return _registry.capability(provider, "quota_scope")
 
 
 class ProviderUnavailable(Exception):
@@ -338,16 +346,17 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     q = next((x for x in mine if (x.scope or x.region) == v.scope), mine[0] if mine else None)
     if q is None:
         q = Quota(provider=provider, name=need.limit.name, description=need.limit.description,
-                  region=region, scope=scope or (region if provider == "aws" else None), limit=0, used=0,
+                  region=region, scope=scope or (region if _scope_kind(provider) == "region" else None), limit=0,
+                  used=0,
                   unit=need.limit.unit, instance_types=[need.spec.instance_type], source="not read")
-    if provider == "oci" and not (scope or q.scope):
+    if _scope_kind(provider) == "AD" and not (scope or q.scope):
         if not draft:
             raise BadInput(f"{need.limit.name} is counted per availability domain: say which one with --scope",
                            hint="`broker quota check --provider oci` shows every AD's limit (with credentials); "
                                 "the console shows the ADs under Governance > Limits, Quotas and Usage")
         q = replace(q, scope="<your availability domain, e.g. Uocm:US-ASHBURN-AD-1>")
         note += "fill in the availability domain you will launch in (the limit is counted per AD).\n"
-    if provider == "oci" and not (region or q.region):
+    if _scope_kind(provider) == "AD" and not (region or q.region):  # the AD's region goes on the form
         from broker.config import settings
 
         q = replace(q, region=settings().oci_region or "<your region, e.g. us-ashburn-1>")

@@ -75,7 +75,26 @@ class AWSProvider(Provider):
     """
 
     name = PROVIDER
-    topologies = ("simulated", "multi-node")
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    topologies = ("simulated", "multi-node", "hybrid")
+    rents = True
+    pretend = False
+    planned_by_default = True
+    quota = True
+    quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
+    quota_scope = "region"
+    node_switch = "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+    node_switch_requires = None
+    setup_allowance_s = 600
+    create_settle_s = 20.0
+    credentials_hint = "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
+    native_query = False
+    live_offer_search = False
+    live_price_list = "api"  # live_prices(), the Pricing API
+    live_prices_source: ClassVar[str] = "AWS Pricing API get_products (on-demand Linux, shared)"
+    snapshot = "aws.csv"
+    local_exec = False
+    ingress_rule_format = "IpPermissions"
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod

@@ -80,7 +80,26 @@ class OCIProvider(Provider):
     """
 
     name = PROVIDER
-    topologies = ("simulated", "multi-node")
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    topologies = ("simulated", "multi-node", "hybrid")
+    rents = True
+    pretend = False
+    planned_by_default = True
+    quota = True
+    quota_unit = "gpus"  # gpu-<model>-count limits
+    quota_scope = "AD"
+    #: an in-OS shutdown does not stop OCI GPU billing: only an API terminate with an instance principal does
+    node_switch = "self-terminate with an instance principal at deadline + grace"
+    node_switch_requires = "instance_principal"
+    setup_allowance_s = 900  # GPU VMs and bare-metal shapes boot slowly
+    create_settle_s = 20.0
+    credentials_hint = "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)"
+    native_query = False
+    live_offer_search = False
+    live_price_list = "public"  # public_price_offers()
+    snapshot = "oci.csv"
+    local_exec = False
+    ingress_rule_format = "IngressSecurityRule"
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -162,6 +181,15 @@ class OCIProvider(Provider):
         from broker.catalog import snapshot_info
 
         return f"prices: OCI list-price snapshot {snapshot_info(PROVIDER)[0]} (OCI has no per-account price API)"
+
+    @staticmethod
+    def public_price_offers() -> tuple[list[Offer], str]:
+        """(the snapshot's shapes repriced from Oracle's public price list, that source in words) for ``broker
+        catalog refresh`` (:attr:`live_price_list` ``"public"``: no credentials).  Raises httpx errors when the list
+        cannot be fetched, ValueError when it holds no GPU SKU."""
+        from broker import catalog
+
+        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
 
     def availability_domains(self) -> list[str]:
         """AD names of the region (``IdentityClient.list_availability_domains(tenancy)``), or the constructor's."""

@@ -44,7 +44,27 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     """
 
     name = PROVIDER
-    topologies: ClassVar[tuple[str, ...]] = ("simulated",)
+    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    topologies: ClassVar[tuple[str, ...]] = ("simulated",)  # hosts sit behind separate NATs; no /dev/net/tun
+    rents = True
+    pretend = False
+    planned_by_default = True
+    quota = False  # no service limits: credit is the limit
+    quota_unit = None
+    quota_scope = None
+    node_switch = "self-destroy via the Vast API at deadline + grace"
+    node_switch_requires = None
+    setup_allowance_s = 600  # docker image pull on the host
+    #: containers start sshd from onstart, well before the job's image work is done: seconds
+    ssh_ready_timeout_s = 180.0
+    create_settle_s = 20.0
+    credentials_hint = "VAST_API_KEY"
+    native_query = True  # --vast-query
+    live_offer_search = True  # live_offers()
+    live_price_list = None
+    snapshot = "vast.csv"
+    local_exec = False
+    ingress_rule_format = None
 
     def __init__(self, api_key: str | None = None, api_url: str | None = None, *, max_attempts: int = 4,
                  backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 60.0,
