@@ -98,10 +98,9 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     for name in names:
         if offline and name in CLOUD:
             offers = _snapshot_fallback(name, req, facts, "--offline")
-            if name == "vast" and vast_query:  # honoured against the snapshot, or refused: never ignored
-                from broker.providers.vast.offers import filter_snapshot, parse_vast_query
-
-                offers = filter_snapshot(offers, parse_vast_query(vast_query), vast_query)
+            if vast_query and _registry.capability(name, "native_query"):
+                # honoured against the snapshot, or refused: never ignored
+                offers = _registry.provider_class(name).query_snapshot(offers, vast_query)
             facts.offers += offers
             continue
         try:

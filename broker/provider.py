@@ -215,6 +215,14 @@ class Provider(ABC):
     #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
     ingress_rule_format: ClassVar[str | None] = None
 
+    @classmethod
+    def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:
+        """``offers`` from the shipped snapshot narrowed by the provider's own query language (``native_query``
+        providers: ``--vast-query``) without asking the provider; raises BadInput for a query it cannot parse or
+        a field the snapshot cannot check (a query is honoured or refused, never ignored).  Default: the query is
+        refused, since only ``native_query`` providers have one."""
+        raise BadInput(f"{cls.name} has no query language of its own: drop the query")
+
     # ---- read side
     def check(self) -> ProviderCheck:
         """Whether credentials are present (no network) and, when ``online`` work is allowed, usable."""

@@ -66,6 +66,14 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     local_exec = False
     ingress_rule_format = None
 
+    @classmethod
+    def query_snapshot(cls, offers: list, query: str) -> list:
+        """The snapshot's offers that meet ``query`` (``vastai search offers`` syntax) on the fields the snapshot
+        has; BadInput for a malformed query or a field it lacks (e.g. ``reliability``)."""
+        from broker.providers.vast.offers import filter_snapshot, parse_vast_query
+
+        return filter_snapshot(offers, parse_vast_query(query), query)
+
     def __init__(self, api_key: str | None = None, api_url: str | None = None, *, max_attempts: int = 4,
                  backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 60.0,
                  min_reliability: float = 0.98, min_inet_mbps: float = 100.0, min_cuda: float = 12.1,
