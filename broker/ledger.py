@@ -227,15 +227,76 @@ class Ledger:
                            f"{', ...' if len(matches) > 3 else ''})", hint="give more of the run id")
         raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
 
-    def list_runs(self, limit: int = 20, statuses: Iterable[str] | None = None) -> list[Run]:
+    def list_runs(self, limit: int | None = 20, statuses: Iterable[str] | None = None) -> list[Run]:
+        """The newest ``limit`` runs (every run with ``limit=None``: what must see all of them, such as settling
+        dead CLIs, passes None; a large number would silently drop the oldest), optionally only ``statuses``."""
         q, args = "SELECT * FROM runs", []
         if statuses:
             st = list(statuses)
             q += f" WHERE status IN ({','.join('?' for _ in st)})"
             args += st
-        q += " ORDER BY created_at DESC LIMIT ?"
-        args.append(limit)
+        q += " ORDER BY created_at DESC"
+        if limit is not None:
+            q += " LIMIT ?"
+            args.append(limit)
         return [Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+
+    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
+        """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
+        settling dead CLIs needs, without building a Run per row."""
+        st = list(statuses)
+        q = (f"SELECT id, status, pid FROM runs WHERE pid IS NOT NULL AND status IN ({','.join('?' for _ in st)}) "
+             "ORDER BY created_at DESC")
+        return [(r[0], r[1], int(r[2])) for r in self._db.execute(q, st)]
+
+    # ------------------------------------------------------------------------------------------- cost (SQL sums)
+    def _cost_filter(self, now: datetime, since: datetime | None, provider: str | None) -> tuple[str, dict]:
+        """(WHERE clause over ``runs``, parameters incl. those of ``spent_usd_sql()`` at ``now``)."""
+        from broker.accounting import _frac_s_sql, _whole_s_sql, now_sql_params
+
+        params: dict[str, Any] = dict(now_sql_params(now))
+        where = []
+        if since is not None:
+            sp = now_sql_params(since)
+            params.update(since_s=sp["now_s"], since_frac=sp["now_frac"])
+            where.append(f"({_whole_s_sql('runs.created_at')} - :since_s) + "
+                         f"({_frac_s_sql('runs.created_at')} - :since_frac) >= 0")
+        if provider is not None:
+            params["provider"] = provider
+            where.append("runs.provider = :provider")
+        return (" WHERE " + " AND ".join(where)) if where else "", params
+
+    def run_costs(self, now: datetime, *, since: datetime | None = None, provider: str | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+        """What each run cost until ``now`` (US dollars, the rule of ``broker.accounting.resource_cost`` summed in
+        SQL over all its resources), newest first: dicts with ``run``, ``name``, ``provider``, ``status``,
+        ``created_at`` (ISO text) and ``usd``.  ``since``: runs created at or after it; ``limit``: the newest
+        ``limit`` only (None: all)."""
+        from broker.accounting import spent_usd_sql
+
+        where, params = self._cost_filter(now, since, provider)
+        runs = f"SELECT id, name, provider, status, created_at FROM runs{where} ORDER BY created_at DESC"
+        if limit is not None:
+            runs += " LIMIT :limit"
+            params["limit"] = limit
+        q = (f"SELECT r.*, (SELECT TOTAL({spent_usd_sql()}) FROM resources WHERE resources.run_id = r.id) "
+             f"FROM ({runs}) AS r")
+        return [{"run": r[0], "name": r[1], "provider": r[2], "status": r[3], "created_at": r[4], "usd": r[5]}
+                for r in self._db.execute(q, params)]
+
+    def cost_totals(self, now: datetime, *, since: datetime | None = None,
+                    provider: str | None = None) -> dict[str | None, tuple[int, float]]:
+        """Per provider: (number of runs, what they cost until ``now`` in US dollars), summed in SQL over every
+        run that matches (no cap), with the filters of :meth:`run_costs`."""
+        from broker.accounting import spent_usd_sql
+
+        where, params = self._cost_filter(now, since, provider)
+        counts = {r[0]: int(r[1]) for r in self._db.execute(
+            f"SELECT runs.provider, COUNT(*) FROM runs{where} GROUP BY runs.provider", params)}
+        usd = {r[0]: float(r[1]) for r in self._db.execute(
+            f"SELECT runs.provider, TOTAL({spent_usd_sql()}) FROM resources JOIN runs ON runs.id = resources.run_id"
+            f"{where} GROUP BY runs.provider", params)}
+        return {p: (n, usd.get(p, 0.0)) for p, n in counts.items()}
 
     # ------------------------------------------------------------------------------------------- resources
     def record_intent(self, run_id: str, provider: str, kind: str, name: str, *, region: str | None = None,

@@ -86,21 +86,20 @@ def ssh_config(run_id: str, cluster: Any) -> str:
     return "\n\n".join(out) + "\n"
 
 
-def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None) -> dict[str, Any]:
-    """What runs cost per the ledger: per run and per provider (USD), newest first."""
-    from broker.provision import run_cost
+def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None,
+              rows: int | None = None) -> dict[str, Any]:
+    """What runs cost per the ledger (USD), summed in SQL: ``by_provider`` and ``total_usd`` over every matching
+    run (``run_count`` of them), ``runs`` the newest ``rows`` of them (all with None), newest first."""
+    from broker.model import utcnow
 
-    runs = [r for r in ledger.list_runs(limit=100000)
-            if (since is None or (r.created_at and r.created_at >= since))
-            and (provider is None or r.provider == provider)]
-    rows, by_provider = [], {}
-    for r in runs:
-        usd = round(run_cost(ledger, r.id), 6)
-        rows.append({"run": r.id, "name": r.name, "provider": r.provider, "status": r.status,
-                     "created_at": r.created_at.isoformat() if r.created_at else None, "usd": usd})
-        by_provider[r.provider] = round(by_provider.get(r.provider, 0.0) + usd, 6)
-    return {"since": since.isoformat() if since else None, "provider": provider, "runs": rows,
-            "by_provider": by_provider, "total_usd": round(sum(by_provider.values()), 6)}
+    now = utcnow()
+    totals = ledger.cost_totals(now, since=since, provider=provider)
+    runs = [dict(r, usd=round(r["usd"], 6)) for r in ledger.run_costs(now, since=since, provider=provider,
+                                                                        limit=rows)]
+    return {"since": since.isoformat() if since else None, "provider": provider, "runs": runs,
+            "run_count": sum(n for n, _ in totals.values()),
+            "by_provider": {p: round(usd, 6) for p, (_n, usd) in totals.items()},
+            "total_usd": round(sum(usd for _n, usd in totals.values()), 6)}
 
 
 def _dir_size(p: Path) -> int:
@@ -122,7 +121,7 @@ def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = Fal
 
     cutoff = utcnow() - timedelta(days=older_than_days)
     removed, freed = [], 0
-    for r in ledger.list_runs(limit=100000):
+    for r in ledger.list_runs(limit=None):
         if r.status not in ENDED_STATUSES or not r.run_dir or not Path(r.run_dir).exists():
             continue
         if ledger.resources(r.id, live_only=True):
@@ -270,7 +269,7 @@ def register(app: typer.Typer) -> None:
         from broker.ledger import Ledger
         from broker.ui import console, print_json, usd
 
-        data = cost_data(Ledger(), since=_parse_since(since), provider=provider)
+        data = cost_data(Ledger(), since=_parse_since(since), provider=provider, rows=None if as_json else 50)
         if as_json:
             print_json(data)
             return
@@ -280,11 +279,11 @@ def register(app: typer.Typer) -> None:
         for r in data["runs"][:50]:
             t.add_row(r["run"], r["provider"], r["status"], usd(r["usd"]))
         console.print(t)
-        if len(data["runs"]) > 50:
-            console.print(f"... {len(data['runs']) - 50} older run(s); --json lists all")
-        for p, v in sorted(data["by_provider"].items()):
+        if data["run_count"] > 50:
+            console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")
+        for p, v in sorted(data["by_provider"].items(), key=lambda kv: str(kv[0])):
             console.print(f"{p}: {usd(v)}", highlight=False)
-        console.print(f"total: {usd(data['total_usd'])} over {len(data['runs'])} run(s)", highlight=False)
+        console.print(f"total: {usd(data['total_usd'])} over {data['run_count']} run(s)", highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies)")
     def clean_cmd(

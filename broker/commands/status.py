@@ -96,15 +96,15 @@ def settle_runs(ledger, now=None) -> list[str]:
 
     now = now or system_clock()
     out = []
-    for run in ledger.list_runs(limit=100000, statuses=ACTIVE_STATUSES):
-        if run.pid is None or pid_alive(run.pid):
+    for run_id, status, pid in ledger.cli_pids(ACTIVE_STATUSES):
+        if pid_alive(pid):
             continue
-        n_live = len(ledger.resources(run.id, live_only=True))
-        msg = (f"the CLI process (pid {run.pid}) died while the run was {run.status}; run marked interrupted"
-               + (f"; {n_live} resource(s) still live: `broker down {run.id}`" if n_live else "; nothing is live"))
-        ledger.update_run(run.id, status="interrupted", ended_at=now, message=msg)
-        ledger.event(run.id, "status", "cli-dead", msg)
-        out.append(run.id)
+        n_live = len(ledger.resources(run_id, live_only=True))
+        msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
+               + (f"; {n_live} resource(s) still live: `broker down {run_id}`" if n_live else "; nothing is live"))
+        ledger.update_run(run_id, status="interrupted", ended_at=now, message=msg)
+        ledger.event(run_id, "status", "cli-dead", msg)
+        out.append(run_id)
     return out
 
 
