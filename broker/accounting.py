@@ -27,10 +27,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.model import Resource, Run, utcnow
+from broker.model import utcnow
 from broker.provider import NoValidPlan
+
+if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
+    from broker.model import Resource, Run
 
 #: A clock: a callable returning the current time as an aware (UTC) datetime.
 Clock = Callable[[], datetime]

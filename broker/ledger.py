@@ -17,9 +17,12 @@ import sqlite3
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from broker.model import Resource, Run, utcnow
+from broker.model import utcnow
+
+if TYPE_CHECKING:
+    from broker.records import Resource, Run
 
 SCHEMA_VERSION = 1
 _log = logging.getLogger(__name__)
@@ -97,6 +100,15 @@ CREATE TABLE IF NOT EXISTS quota_requests (
 _RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
 _RES_JSON = ("attrs",)
 _TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at")
+
+
+def _records() -> Any:
+    """broker.records, imported on first use: its pydantic import (~100 ms) is only paid when a row is read, so
+    `broker status` on an empty home never pays it (the comprehension calls this once per row, not at all for
+    none)."""
+    import broker.records
+
+    return broker.records
 
 
 def new_id(prefix: str = "") -> str:
@@ -187,6 +199,8 @@ class Ledger:
         """
         if not fields:
             return
+        from broker.records import Run
+
         bad = set(fields) - set(Run.model_fields)
         if bad:
             raise KeyError(f"unknown run fields: {sorted(bad)}")
@@ -210,6 +224,8 @@ class Ledger:
             if len(rows) != 1:
                 return None
             row = rows[0]
+        from broker.records import Run
+
         return Run(**_dec_row(row, _RUN_JSON))
 
     def find_run(self, run_id: str) -> Run:
@@ -239,7 +255,7 @@ class Ledger:
         if limit is not None:
             q += " LIMIT ?"
             args.append(limit)
-        return [Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+        return [_records().Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
 
     def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
         """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
@@ -304,6 +320,8 @@ class Ledger:
                       attrs: dict[str, Any] | None = None, resource_id: str | None = None,
                       actor: str = "cli") -> Resource:
         """Write a resource row in state ``intent`` (call *before* the provider's create call)."""
+        from broker.records import Resource
+
         res = Resource(id=resource_id or new_id("r-"), run_id=run_id, provider=provider, kind=kind, name=name,
                        region=region, zone=zone, usd_per_hour=usd_per_hour, deadline=deadline, attrs=attrs or {})
         d = res.model_dump()
@@ -331,6 +349,8 @@ class Ledger:
     def update_resource(self, resource_id: str, *, actor: str | None = None, message: str | None = None,
                         **fields: Any) -> None:
         """Update columns of a resource (``attrs`` is merged, not replaced); logs an event when ``actor`` given."""
+        from broker.records import Resource
+
         bad = set(fields) - set(Resource.model_fields)
         if bad:
             raise KeyError(f"unknown resource fields: {sorted(bad)}")
@@ -372,7 +392,7 @@ class Ledger:
 
     def resource(self, resource_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
-        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
 
     def resources(self, run_id: str | None = None, *, live_only: bool = False) -> list[Resource]:
         q, args = "SELECT * FROM resources WHERE 1=1", []
@@ -382,12 +402,12 @@ class Ledger:
         if live_only:
             q += " AND state != 'terminated'"
         q += " ORDER BY created_at"
-        return [Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
+        return [_records().Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
 
     def find_by_provider_id(self, provider: str, provider_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE provider = ? AND provider_id = ?",
                                (provider, provider_id)).fetchone()
-        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
 
     # ------------------------------------------------------------------------------------------- events
     def event(self, run_id: str | None, actor: str, action: str, message: str | None = None,
