@@ -1,8 +1,8 @@
 """CLI start-up time as a ratio to a bare interpreter (``python -c pass``), measured in the same run.
 
-Times ``broker --help``, ``broker status`` (an empty home) and ``broker plan --budget 5`` (offline: a temporary BROKER_HOME, no credentials, no
-network), each the median of ``--starts`` runs interleaved with the baseline's, and prints the ratios against the
-goals (``--help`` <= 5x, ``status`` <= 4x, ``plan`` <= 4x).  Both wall time and CPU time (user + system of the child, from
+Times ``broker --help``, ``broker status`` (an empty home) and ``broker plan --budget 5`` (offline: a temporary
+BROKER_HOME, no credentials, no network), each the median of ``--starts`` runs interleaved with the baseline's, and
+prints the ratios against the goals (``--help`` <= 5x, ``status`` <= 4x, ``plan`` <= 4x).  Both wall time and CPU time (user + system of the child, from
 ``getrusage``) are shown; on a shared, loaded machine the CPU ratio is the fair one (the goals are checked on it).  ``--imports`` adds the slowest imports of each command
 (``python -X importtime``), to see where the time goes.
 
@@ -131,7 +131,8 @@ def main() -> None:
         print(f"{k}: wall {w * 1000:.1f} ms = {w / bw:.1f}x, CPU {c * 1000:.1f} ms = {ratio:.1f}x python -c pass "
               f"(goal <= {goal:g}x on CPU: {'met' if ratio <= goal else 'missed'})")
     if a.imports:
-        for label, argv in (("--help", ["--help"]), ("status", ["status"]), ("plan --budget 5", ["plan", "--budget", "5"])):
+        for label, argv in (("--help", ["--help"]), ("status", ["status"]),
+                            ("plan --budget 5", ["plan", "--budget", "5"])):
             print(f"slowest imports of broker {label} (cumulative ms):")
             for us, name in slowest_imports(argv):
                 print(f"  {us / 1000:7.1f}  {name}")

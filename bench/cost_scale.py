@@ -104,8 +104,8 @@ def main() -> None:
 
 
 RSS = """import os, resource, subprocess, sys
-p = subprocess.run([sys.executable, "-m", "broker", "cost", *sys.argv[2:]], env=dict(os.environ, BROKER_HOME=sys.argv[1]),
-                   stdout=subprocess.DEVNULL)
+p = subprocess.run([sys.executable, "-m", "broker", "cost", *sys.argv[2:]],
+                   env=dict(os.environ, BROKER_HOME=sys.argv[1]), stdout=subprocess.DEVNULL)
 print(f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f}")"""
 
 
