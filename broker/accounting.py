@@ -27,10 +27,13 @@ import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.model import Resource, Run, utcnow
+from broker.model import utcnow
 from broker.provider import NoValidPlan
+
+if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
+    from broker.model import Resource, Run
 
 #: A clock: a callable returning the current time as an aware (UTC) datetime.
 Clock = Callable[[], datetime]
@@ -70,6 +73,49 @@ def _aware(t: datetime | None) -> datetime | None:
 def hourly_usd(res: Resource) -> float:
     """What ``res`` bills per hour (US dollars), storage included (see the module docstring)."""
     return float(res.usd_per_hour or 0.0)
+
+
+def _whole_s_sql(col: str) -> str:
+    """SQL: whole seconds since 1970 of ISO-8601 text column ``col`` as the ledger writes it (Python's
+    ``isoformat()``: ``2026-01-02T03:04:05[.123456][+00:00]``, six digits of fraction when there is one).  The
+    fraction is cut off first: SQLite keeps milliseconds only and would round into the next second."""
+    tz = f"CASE WHEN substr({col}, 20, 1) = '.' THEN substr({col}, 27) ELSE substr({col}, 20) END"
+    return f"round((julianday(substr({col}, 1, 19) || {tz}) - 2440587.5) * 86400.0)"
+
+
+def _frac_s_sql(col: str) -> str:
+    """SQL: the fraction of the second of ISO-8601 text column ``col`` (0.0 without one), to the microsecond."""
+    return f"(CASE WHEN substr({col}, 20, 1) = '.' THEN CAST(substr({col}, 21, 6) AS INTEGER) / 1e6 ELSE 0.0 END)"
+
+
+def rate_sql(t: str = "resources") -> str:
+    """The SQL twin of :func:`hourly_usd` over row ``t`` of the ``resources`` table (US dollars per hour): keep the
+    two in step."""
+    return f"{t}.usd_per_hour"
+
+
+def spent_usd_sql(t: str = "resources") -> str:
+    """The SQL twin of ``resource_cost(res, None, now).spent_usd`` over row ``t`` of the ``resources`` table (US
+    dollars): rate x billed seconds / 3600, for sums in the database (``broker cost`` over 100,000s of runs).
+    Named parameters from :func:`now_sql_params`.  The age subtracts whole and fractional seconds apart so it keeps
+    the microsecond, as ``timedelta.total_seconds`` does."""
+    ended = f"{t}.state = 'terminated' AND COALESCE({t}.terminated_at, '') != ''"
+    age = (f"max(0.0, (CASE WHEN {ended} THEN {_whole_s_sql(t + '.terminated_at')} ELSE :now_s END"
+           f" - {_whole_s_sql(t + '.created_at')})"
+           f" + (CASE WHEN {ended} THEN {_frac_s_sql(t + '.terminated_at')} ELSE :now_frac END"
+           f" - {_frac_s_sql(t + '.created_at')}))")
+    has_id = f"COALESCE({t}.provider_id, '') != ''"
+    minimum = f"COALESCE(CAST(json_extract({t}.attrs, '$.min_billed_seconds') AS REAL), 0.0)"
+    return (f"(CASE WHEN {t}.state = 'terminated' AND NOT {has_id} THEN 0.0"  # never rented
+            f" ELSE {rate_sql(t)} * (CASE WHEN {has_id} THEN max({age}, {minimum}) ELSE {age} END) / 3600.0 END)")
+
+
+def now_sql_params(now: datetime) -> dict[str, float]:
+    """``{"now_s": .., "now_frac": ..}`` for :func:`spent_usd_sql`: ``now`` as whole seconds since 1970 and the
+    fraction, apart (a float of the whole timestamp would round the microseconds)."""
+    now = _aware(now)
+    whole = now.replace(microsecond=0)
+    return {"now_s": int(whole.timestamp()), "now_frac": now.microsecond / 1e6}
 
 
 def _billed_s(res: Resource, seconds: float) -> float:

@@ -19,9 +19,12 @@ import sqlite3
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from broker.model import Resource, Run, utcnow
+from broker.model import utcnow
+
+if TYPE_CHECKING:
+    from broker.records import Resource, Run
 
 SCHEMA_VERSION = 1
 _log = logging.getLogger(__name__)
@@ -99,6 +102,15 @@ CREATE TABLE IF NOT EXISTS quota_requests (
 _RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
 _RES_JSON = ("attrs",)
 _TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at")
+
+
+def _records() -> Any:
+    """broker.records, imported on first use: its pydantic import (~100 ms) is only paid when a row is read, so
+    `broker status` on an empty home never pays it (the comprehension calls this once per row, not at all for
+    none)."""
+    import broker.records
+
+    return broker.records
 
 
 def new_id(prefix: str = "") -> str:
@@ -202,6 +214,8 @@ class Ledger:
         """
         if not fields:
             return
+        from broker.records import Run
+
         bad = set(fields) - set(Run.model_fields)
         if bad:
             raise KeyError(f"unknown run fields: {sorted(bad)}")
@@ -225,6 +239,8 @@ class Ledger:
             if len(rows) != 1:
                 return None
             row = rows[0]
+        from broker.records import Run
+
         return Run(**_dec_row(row, _RUN_JSON))
 
     def find_run(self, run_id: str) -> Run:
@@ -242,15 +258,76 @@ class Ledger:
                            f"{', ...' if len(matches) > 3 else ''})", hint="give more of the run id")
         raise BadInput(f"no run {run_id!r} in the ledger", hint="`broker status` lists the runs")
 
-    def list_runs(self, limit: int = 20, statuses: Iterable[str] | None = None) -> list[Run]:
+    def list_runs(self, limit: int | None = 20, statuses: Iterable[str] | None = None) -> list[Run]:
+        """The newest ``limit`` runs (every run with ``limit=None``: what must see all of them, such as settling
+        dead CLIs, passes None; a large number would silently drop the oldest), optionally only ``statuses``."""
         q, args = "SELECT * FROM runs", []
         if statuses:
             st = list(statuses)
             q += f" WHERE status IN ({','.join('?' for _ in st)})"
             args += st
-        q += " ORDER BY created_at DESC LIMIT ?"
-        args.append(limit)
-        return [Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+        q += " ORDER BY created_at DESC"
+        if limit is not None:
+            q += " LIMIT ?"
+            args.append(limit)
+        return [_records().Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+
+    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
+        """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
+        settling dead CLIs needs, without building a Run per row."""
+        st = list(statuses)
+        q = (f"SELECT id, status, pid FROM runs WHERE pid IS NOT NULL AND status IN ({','.join('?' for _ in st)}) "
+             "ORDER BY created_at DESC")
+        return [(r[0], r[1], int(r[2])) for r in self._db.execute(q, st)]
+
+    # ------------------------------------------------------------------------------------------- cost (SQL sums)
+    def _cost_filter(self, now: datetime, since: datetime | None, provider: str | None) -> tuple[str, dict]:
+        """(WHERE clause over ``runs``, parameters incl. those of ``spent_usd_sql()`` at ``now``)."""
+        from broker.accounting import _frac_s_sql, _whole_s_sql, now_sql_params
+
+        params: dict[str, Any] = dict(now_sql_params(now))
+        where = []
+        if since is not None:
+            sp = now_sql_params(since)
+            params.update(since_s=sp["now_s"], since_frac=sp["now_frac"])
+            where.append(f"({_whole_s_sql('runs.created_at')} - :since_s) + "
+                         f"({_frac_s_sql('runs.created_at')} - :since_frac) >= 0")
+        if provider is not None:
+            params["provider"] = provider
+            where.append("runs.provider = :provider")
+        return (" WHERE " + " AND ".join(where)) if where else "", params
+
+    def run_costs(self, now: datetime, *, since: datetime | None = None, provider: str | None = None,
+                  limit: int | None = None) -> list[dict[str, Any]]:
+        """What each run cost until ``now`` (US dollars, the rule of ``broker.accounting.resource_cost`` summed in
+        SQL over all its resources), newest first: dicts with ``run``, ``name``, ``provider``, ``status``,
+        ``created_at`` (ISO text) and ``usd``.  ``since``: runs created at or after it; ``limit``: the newest
+        ``limit`` only (None: all)."""
+        from broker.accounting import spent_usd_sql
+
+        where, params = self._cost_filter(now, since, provider)
+        runs = f"SELECT id, name, provider, status, created_at FROM runs{where} ORDER BY created_at DESC"
+        if limit is not None:
+            runs += " LIMIT :limit"
+            params["limit"] = limit
+        q = (f"SELECT r.*, (SELECT TOTAL({spent_usd_sql()}) FROM resources WHERE resources.run_id = r.id) "
+             f"FROM ({runs}) AS r")
+        return [{"run": r[0], "name": r[1], "provider": r[2], "status": r[3], "created_at": r[4], "usd": r[5]}
+                for r in self._db.execute(q, params)]
+
+    def cost_totals(self, now: datetime, *, since: datetime | None = None,
+                    provider: str | None = None) -> dict[str | None, tuple[int, float]]:
+        """Per provider: (number of runs, what they cost until ``now`` in US dollars), summed in SQL over every
+        run that matches (no cap), with the filters of :meth:`run_costs`."""
+        from broker.accounting import spent_usd_sql
+
+        where, params = self._cost_filter(now, since, provider)
+        counts = {r[0]: int(r[1]) for r in self._db.execute(
+            f"SELECT runs.provider, COUNT(*) FROM runs{where} GROUP BY runs.provider", params)}
+        usd = {r[0]: float(r[1]) for r in self._db.execute(
+            f"SELECT runs.provider, TOTAL({spent_usd_sql()}) FROM resources JOIN runs ON runs.id = resources.run_id"
+            f"{where} GROUP BY runs.provider", params)}
+        return {p: (n, usd.get(p, 0.0)) for p, n in counts.items()}
 
     # ------------------------------------------------------------------------------------------- resources
     def record_intent(self, run_id: str, provider: str, kind: str, name: str, *, region: str | None = None,
@@ -258,6 +335,8 @@ class Ledger:
                       attrs: dict[str, Any] | None = None, resource_id: str | None = None,
                       actor: str = "cli") -> Resource:
         """Write a resource row in state ``intent`` (call *before* the provider's create call)."""
+        from broker.records import Resource
+
         res = Resource(id=resource_id or new_id("r-"), run_id=run_id, provider=provider, kind=kind, name=name,
                        region=region, zone=zone, usd_per_hour=usd_per_hour, deadline=deadline, attrs=attrs or {})
         d = res.model_dump()
@@ -285,6 +364,8 @@ class Ledger:
     def update_resource(self, resource_id: str, *, actor: str | None = None, message: str | None = None,
                         **fields: Any) -> None:
         """Update columns of a resource (``attrs`` is merged, not replaced); logs an event when ``actor`` given."""
+        from broker.records import Resource
+
         bad = set(fields) - set(Resource.model_fields)
         if bad:
             raise KeyError(f"unknown resource fields: {sorted(bad)}")
@@ -326,7 +407,7 @@ class Ledger:
 
     def resource(self, resource_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
-        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
 
     def resources(self, run_id: str | None = None, *, live_only: bool = False) -> list[Resource]:
         q, args = "SELECT * FROM resources WHERE 1=1", []
@@ -336,12 +417,12 @@ class Ledger:
         if live_only:
             q += " AND state != 'terminated'"
         q += " ORDER BY created_at"
-        return [Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
+        return [_records().Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
 
     def find_by_provider_id(self, provider: str, provider_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE provider = ? AND provider_id = ?",
                                (provider, provider_id)).fetchone()
-        return Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
 
     # ------------------------------------------------------------------------------------------- events
     def event(self, run_id: str | None, actor: str, action: str, message: str | None = None,

@@ -229,6 +229,8 @@ class _Linter:
         self._busy: set[int] = set()
         self._work_memo: dict[int, list] = {}
         self._callee_memo: dict[int, Any] = {}
+        self._sites: dict[int, list] | None = None  # built once by _call_index
+        self._spawns: dict[str, list] = {}
         self._memo: dict[tuple[str, int], Any] = {}
         #: every name bound somewhere in the file; lookups of other names would load astroid's builtins (~1 s)
         self.bound: set[str] = {x.name for x in module.nodes_of_class((nodes.AssignName, nodes.FunctionDef,
@@ -373,8 +375,26 @@ class _Linter:
                         return m
         return None
 
+    def _call_index(self) -> tuple[dict[int, list], dict[str, list]]:
+        """Every call of the file grouped once by the local function it calls (by id) and the mp.spawn-like calls
+        by the name of the function they spawn, in file order: asking per parameter walked every call of the
+        file each time (quadratic: a 10k-line script took 20 s)."""
+        if self._sites is None:
+            n = self.n
+            sites: dict[int, list] = {}
+            spawns: dict[str, list] = {}
+            for c in self.calls:
+                fn = self.local_function(c)
+                if fn is not None:
+                    sites.setdefault(id(fn), []).append(c)
+                if _attr_or_name(c.func) in SPAWN_CALLS and c.args and isinstance(c.args[0], n.Name):
+                    spawns.setdefault(c.args[0].name, []).append(c)
+            self._sites, self._spawns = sites, spawns
+        return self._sites, self._spawns
+
     def call_sites(self, fn: Any) -> list:
-        return [c for c in self.calls if self.local_function(c) is fn]
+        """The calls of this file whose callee is ``fn`` (a FunctionDef), in file order."""
+        return list(self._call_index()[0].get(id(fn), ()))
 
     def param_values(self, fn: Any, param: str) -> tuple[list, bool]:
         """What every call site in the module passes for ``param`` of ``fn`` (its default where not passed)."""
@@ -391,20 +411,19 @@ class _Linter:
         out: list = []
         unknown = False
         sites = 0
-        for c in self.calls:  # mp.spawn(fn, args=(..)): the first parameter is the local process index
-            if _attr_or_name(c.func) in SPAWN_CALLS and c.args and isinstance(c.args[0], n.Name) and \
-                    c.args[0].name == fn.name:
-                sites += 1
-                if positional and param == positional[0]:
-                    out.append(_LOCAL_INDEX)
+        # mp.spawn(fn, args=(..)): the first parameter is the local process index
+        for c in self._call_index()[1].get(fn.name, ()):
+            sites += 1
+            if positional and param == positional[0]:
+                out.append(_LOCAL_INDEX)
+            else:
+                extra = next((k.value for k in c.keywords or [] if k.arg == "args"),
+                             c.args[1] if len(c.args) > 1 else None)
+                idx = positional.index(param) - 1 if param in positional else -1
+                if isinstance(extra, n.Tuple) and 0 <= idx < len(extra.elts):
+                    out.append(extra.elts[idx])
                 else:
-                    extra = next((k.value for k in c.keywords or [] if k.arg == "args"),
-                                 c.args[1] if len(c.args) > 1 else None)
-                    idx = positional.index(param) - 1 if param in positional else -1
-                    if isinstance(extra, n.Tuple) and 0 <= idx < len(extra.elts):
-                        out.append(extra.elts[idx])
-                    else:
-                        unknown = True
+                    unknown = True
         for c in self.call_sites(fn):
             sites += 1
             params = positional[1:] if is_method else positional  # self.f(..) / Model(..) -> __init__

@@ -14,10 +14,11 @@ file unchecked; JSON coming back (a ledger plan) goes through ``from_dict``.  Th
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal
 
 if TYPE_CHECKING:
     from broker.records import Cluster, ClusterNode, Resource, Run  # noqa: F401
@@ -87,13 +88,17 @@ class TopologyKind(str, Enum):
     hybrid = "hybrid"  # node 0 = this machine, nodes 1.. = VMs, over a per-run WireGuard tunnel (broker.hybrid)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Offer:
     """One rentable unit: a Vast.ai offer (one host), an OCI shape or an AWS instance type in one place.
 
     ``gpu_mem_gib`` is per GPU.  ``usd_per_hour`` is for the whole unit (all its GPUs), excluding storage that is
     priced separately through ``storage_usd_per_gib_month``.  ``private_network`` is True where several units
     can be joined in one private network (OCI, AWS; never Vast.ai hosts, which sit behind separate NATs).
+
+    Built by the million (a live market, a catalog): slots (no ``__dict__``), the texts many offers share
+    (provider, type, region, zone, GPU name, price source) interned, and an ``__init__`` that sets the slots
+    directly instead of the frozen dataclass's ``object.__setattr__`` per field (bench/planner_build.py).
     """
 
     provider: str
@@ -114,9 +119,32 @@ class Offer:
     price_time: datetime
     attrs: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        _floats(self, ("gpu_mem_gib", "vcpus", "ram_gib", "usd_per_hour", "storage_usd_per_gib_month",
-                       "min_billed_seconds"))
+    def __init__(self, *, provider: str, offer_id: str, instance_type: str, region: str | None = None,
+                 zone: str | None = None, gpu_name: str, gpu_count: int, gpu_mem_gib: float, vcpus: float = 0,
+                 ram_gib: float = 0, usd_per_hour: float, storage_usd_per_gib_month: float = 0.0,
+                 min_billed_seconds: float = 60.0, private_network: bool = False, price_source: str,
+                 price_time: datetime, attrs: dict[str, Any] | None = None) -> None:
+        # int values of float fields are stored as floats (vcpus=2 -> 2.0) so JSON shows 2.0 whatever the caller
+        # passed, as the pydantic models did
+        s, intern = _OFFER_SET, sys.intern  # inline: a helper call per field costs as much as the rest
+        s[0](self, intern(provider) if type(provider) is str else provider)
+        s[1](self, offer_id)
+        s[2](self, intern(instance_type) if type(instance_type) is str else instance_type)
+        s[3](self, intern(region) if type(region) is str else region)
+        s[4](self, intern(zone) if type(zone) is str else zone)
+        s[5](self, intern(gpu_name) if type(gpu_name) is str else gpu_name)
+        s[6](self, gpu_count)
+        s[7](self, float(gpu_mem_gib) if type(gpu_mem_gib) is int else gpu_mem_gib)
+        s[8](self, float(vcpus) if type(vcpus) is int else vcpus)
+        s[9](self, float(ram_gib) if type(ram_gib) is int else ram_gib)
+        s[10](self, float(usd_per_hour) if type(usd_per_hour) is int else usd_per_hour)
+        s[11](self, float(storage_usd_per_gib_month) if type(storage_usd_per_gib_month) is int
+              else storage_usd_per_gib_month)
+        s[12](self, float(min_billed_seconds) if type(min_billed_seconds) is int else min_billed_seconds)
+        s[13](self, private_network)
+        s[14](self, intern(price_source) if type(price_source) is str else price_source)
+        s[15](self, price_time)
+        s[16](self, {} if attrs is None else attrs)
 
     @property
     def key(self) -> str:
@@ -127,11 +155,30 @@ class Offer:
     def from_dict(cls, d: dict[str, Any]) -> Offer:
         """An offer from its JSON form (:func:`to_json`): ``price_time`` ISO 8601 text.  Unknown keys are ignored.
         Raises ValueError, TypeError (a missing or malformed field)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in d.items() if k in known}
+        kw = {k: v for k, v in d.items() if k in _OFFER_FIELDS}
         kw["price_time"] = parse_time(kw.get("price_time"))
         kw["attrs"] = dict(kw.get("attrs") or {})
         return cls(**kw)
+
+
+def build_offers(rows: Iterable[dict[str, Any]]) -> list[Offer]:
+    """``Offer(**row)`` for every keyword row, with Python's cyclic garbage collector paused meanwhile: offers make
+    no reference cycles, and the collector re-scanning every offer built so far was 40 % of building a million."""
+    import gc
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return [Offer(**r) for r in rows]
+    finally:
+        if was:
+            gc.enable()
+
+
+#: the slot setters of Offer in field order (what its __init__ sets: member descriptors skip the frozen check)
+_OFFER_SET = [getattr(Offer, f.name).__set__ for f in dataclasses.fields(Offer)]
+_OFFER_FIELDS = frozenset(f.name for f in dataclasses.fields(Offer))
+assert [f.name for f in dataclasses.fields(Offer)] == list(Offer.__init__.__code__.co_varnames[1:18])
 
 
 QUOTA_UNITS = ("gpus", "vcpus", "instances")

@@ -61,6 +61,7 @@ from broker.recipe import Recipe
 
 if TYPE_CHECKING:
     from broker.preflight import PreflightReport
+    from broker.staging import StagedTar
 
 _log = logging.getLogger(__name__)
 
@@ -263,17 +264,27 @@ class SSHCluster:
 
     async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
         """Copy the staged files of folder ``local`` (:func:`broker.staging.stage_plan`) to ``remote`` (replaced)."""
-        from broker.staging import stage_plan, tar_staged
+        from broker.staging import stage_plan, staged_tar
 
-        await self.aupload_tgz(i, tar_staged(stage_plan(local)), remote)
+        with staged_tar(stage_plan(local)) as tar:
+            await self.aupload_tgz(i, tar, remote)
 
-    async def aupload_tgz(self, i: int, data: bytes, remote: str) -> None:
-        """Unpack the tar.gz ``data`` into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""
-        tgz = f"{remote}.tar.gz"
-        await self.aput_bytes(i, data, tgz, 0o600)
+    async def aupload_tgz(self, i: int, data: "bytes | StagedTar", remote: str) -> None:
+        """Unpack the tar.gz ``data`` (bytes) or the :class:`broker.staging.StagedTar` file (streamed from disk:
+        memory stays flat whatever its size) into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""
+        if isinstance(data, (bytes, bytearray)):
+            tgz, flags = f"{remote}.tar.gz", "-xzf"
+            await self.aput_bytes(i, data, tgz, 0o600)
+        else:
+            tgz, flags = f"{remote}.{data.path.name}", data.tar_flags
+            conn = await self.aconn(i)
+            async with conn.start_sftp_client() as sftp:
+                await sftp.makedirs(str(Path(tgz).parent), exist_ok=True)
+                await sftp.put(str(data.path), tgz)
+                await sftp.chmod(tgz, 0o600)
         q = shlex.quote
         code, out = await self.arun(i, f"rm -rf {q(remote)} && mkdir -p {q(remote)} && "
-                                       f"tar -xzf {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=120)
+                                       f"tar {flags} {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=600)
         if code != 0:
             raise ProviderError("ssh", f"upload to node {i}", f"unpacking the work folder failed: {out.strip()[-300:]}",
                                 hint="check free disk space and that tar exists on the node")
@@ -661,7 +672,7 @@ class SSHExecutor(Executor):
         return None
 
     def stage(self) -> RemoteRunResult | None:
-        from broker.staging import stage_plan, tar_staged
+        from broker.staging import stage_plan, staged_tar
 
         ssh, recipe, n = self.ssh, self.recipe, self.n
         envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
@@ -672,8 +683,8 @@ class SSHExecutor(Executor):
         line = staging_line(plan, self.run_dir)
         if self.say:
             self.say(line)
-        tgz = tar_staged(plan)
-        errs = ssh.gather([_prepare(ssh, i, tgz, envs[i]) for i in range(n)], timeout=600)
+        with staged_tar(plan, self.run_dir) as tar:  # one file on disk, streamed to every node
+            errs = ssh.gather([_prepare(ssh, i, tar, envs[i]) for i in range(n)], timeout=600)
         for i, e in enumerate(errs):
             if isinstance(e, BaseException):
                 msg = e.message if isinstance(e, ProviderError) else str(e)
@@ -784,7 +795,7 @@ def _mark_done(ssh: SSHCluster, n: int) -> None:
         pass
 
 
-async def _prepare(ssh: SSHCluster, i: int, tgz: bytes, env: dict[str, str]) -> None:
+async def _prepare(ssh: SSHCluster, i: int, tgz: "bytes | StagedTar", env: dict[str, str]) -> None:
     await ssh.aupload_tgz(i, tgz, ssh.work(i))
     if env.get("TMPDIR"):
         await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)

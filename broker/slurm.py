@@ -391,7 +391,7 @@ class SlurmExecutor(Executor):
         self.t0 = time_mod.monotonic()
 
     def stage(self) -> None:
-        from broker.staging import stage_plan, tar_staged
+        from broker.staging import stage_plan, staged_tar
 
         recipe, sh = self.recipe, self.sh
         sh.mkdir(self.base)
@@ -404,7 +404,8 @@ class SlurmExecutor(Executor):
         line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)
         if self.echo:
             self.echo(f"[slurm] {line}")
-        sh.put_tgz(tar_staged(plan), self.work)
+        with staged_tar(plan, self.run_dir if str(self.run_dir) != "." else None) as tar:
+            sh.put_tgz(tar, self.work)  # streamed from one file on disk: memory stays flat
         sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
         from broker.launch import RANKSHIM
 

@@ -260,16 +260,16 @@ class Watchdog:
     def _check_clis(self, now: datetime) -> list[Action]:
         """Rule (d): runs marked active whose CLI process is dead become ``interrupted``."""
         out = []
-        for run in self.ledger.list_runs(limit=100000, statuses=ACTIVE_STATUSES):
-            if run.pid is None or pid_alive(run.pid):
+        for run_id, status, pid in self.ledger.cli_pids(ACTIVE_STATUSES):
+            if pid_alive(pid):
                 continue
-            n_live = len(self.ledger.resources(run.id, live_only=True))
-            msg = (f"the CLI process (pid {run.pid}) died while the run was {run.status}; run marked interrupted"
+            n_live = len(self.ledger.resources(run_id, live_only=True))
+            msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
                    + (f"; its {n_live} live resource(s) are terminated after {_ago(self.ended_grace_s)} grace "
                       f"(or at the deadline / budget, whichever comes first)" if n_live else ""))
-            self.ledger.update_run(run.id, status="interrupted", ended_at=now, message=msg)
-            self._log(run.id, "cli-dead", msg)
-            out.append(Action("cli-dead", run.id, None, msg))
+            self.ledger.update_run(run_id, status="interrupted", ended_at=now, message=msg)
+            self._log(run_id, "cli-dead", msg)
+            out.append(Action("cli-dead", run_id, None, msg))
         return out
 
     def _reason(self, res: Resource, run: Run | None, spent: float | None, hourly: float | None,

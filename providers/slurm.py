@@ -31,6 +31,7 @@ from broker.provider import AuthError, BadInput, Provider, ProviderCheck, Provid
 
 if TYPE_CHECKING:
     from broker.provider import TaggedResource
+    from broker.staging import StagedTar
 
 #: job states after which nothing more happens (squeue/sacct/scontrol spelling)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -94,8 +95,9 @@ class Shell:
                 "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
 
     def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
-            call: str | None = None) -> subprocess.CompletedProcess:
-        """Run ``argv`` and return the completed process (never raises for a non-zero exit).
+            call: str | None = None, stdin: Any = None) -> subprocess.CompletedProcess:
+        """Run ``argv`` and return the completed process (never raises for a non-zero exit).  ``stdin``: an open
+        file to read from instead of ``input``.
 
         Raises ProviderError when the command (or ssh) cannot be started, TransientError on timeout, AuthError
         when ssh itself fails (exit 255).
@@ -106,7 +108,7 @@ class Shell:
                                 hint="run broker on a Slurm login node, or pass --slurm-host user@login")
         try:
             cp = subprocess.run(self.argv(argv), input=input.encode() if isinstance(input, str) else input,
-                                capture_output=True, timeout=timeout)
+                                capture_output=True, timeout=timeout, **({"stdin": stdin} if stdin else {}))
         except FileNotFoundError as e:
             raise ProviderError("slurm", call, f"cannot start {e.filename}",
                                 hint="install the Slurm client commands or OpenSSH") from None
@@ -178,8 +180,10 @@ class Shell:
             raise ProviderError("slurm", "upload", f"cannot unpack the workdir into {dst} on {self.host}: "
                                 f"{_text(cp.stderr).strip()}")
 
-    def put_tgz(self, data: bytes, dst: str) -> None:
-        """Unpack the tar.gz ``data`` into ``dst`` on the cluster (replaced)."""
+    def put_tgz(self, data: "bytes | StagedTar", dst: str) -> None:
+        """Unpack ``data`` into ``dst`` on the cluster (replaced): tar.gz bytes, or a
+        :class:`broker.staging.StagedTar` file, read from disk as it is unpacked (memory stays flat)."""
+        staged = not isinstance(data, (bytes, bytearray))
         if self.host is None:
             import io
             import tarfile
@@ -187,11 +191,18 @@ class Shell:
             if Path(dst).exists():
                 shutil.rmtree(dst)
             Path(dst).mkdir(parents=True)
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            with (tarfile.open(data.path, mode="r:*") if staged else
+                  tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")) as tar:
                 tar.extractall(dst, filter="data")
             return
-        cp = self.run(["sh", "-c", f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(dst)} && "
-                                   f"tar -C {shlex.quote(dst)} -xzf -"], input=data, call="upload", timeout=600)
+        flags = data.tar_flags if staged else "-xzf"
+        argv = ["sh", "-c", f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(dst)} && "
+                            f"tar -C {shlex.quote(dst)} {flags} -"]
+        if staged:
+            with open(data.path, "rb") as f:
+                cp = self.run(argv, stdin=f, call="upload", timeout=600)
+        else:
+            cp = self.run(argv, input=data, call="upload", timeout=600)
         if cp.returncode != 0:
             raise ProviderError("slurm", "upload", f"cannot unpack the workdir into {dst} on {self.host}: "
                                 f"{_text(cp.stderr).strip()}")

@@ -227,3 +227,34 @@ def test_plan_builds_only_its_own_commands(tmp_path):
                          "SystemExit:\n    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
     assert "broker.commands.plan" in mods
     assert not {m for m in mods if m.startswith("broker.commands.")} - {"broker.commands", "broker.commands.plan"}
+
+
+def test_status_on_an_empty_home_imports_no_pydantic_or_rich(tmp_path):
+    """`broker status` with nothing in the ledger reads no record (the pydantic records load on the first row) and
+    lays out nothing (no rich): bench/cli_startup.py measures it; a run in the ledger still shows through rich."""
+    env = {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"}
+    code = "from broker import cli\ntry:\n    cli.main(['status'])\nexcept SystemExit:\n    pass"
+    mods = modules_after(code, tmp_path, env)
+    assert "broker.ledger" in mods and "broker.accounting" in mods
+    for heavy in ("pydantic", "broker.records", "rich.console", "rich.table"):
+        assert heavy not in mods, heavy
+    from datetime import datetime, timezone
+
+    from broker.ledger import Ledger
+    from broker.model import Run
+
+    Ledger(tmp_path / "h" / "ledger.sqlite").create_run(Run(id="20261201-000000-abc123", name="t", provider="local",
+                                                            topology="local", status="succeeded",
+                                                            created_at=datetime.now(timezone.utc)))
+    mods = modules_after(code, tmp_path, env)
+    assert "broker.records" in mods and "rich.table" in mods
+
+
+def test_status_on_an_empty_home_prints_what_the_rich_path_printed(tmp_path):
+    env = dict(os.environ, BROKER_HOME=str(tmp_path / "h"), PYTHONPATH=str(REPO), COLUMNS="100")
+    cp = subprocess.run([sys.executable, "-m", "broker", "status"], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout == ("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
+                         "watchdog: not running (`broker run` starts it; or `broker watchdog`)\n"
+                         "no live resources (nothing is billing).\n")

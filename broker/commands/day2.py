@@ -155,24 +155,25 @@ def _ssh_word(text: str) -> str:
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
-def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None) -> dict[str, Any]:
-    """What runs cost per the ledger: per run and per provider (USD), newest first."""
-    from broker.provision import run_cost
+def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None,
+              rows: int | None = None) -> dict[str, Any]:
+    """What runs cost per the ledger (USD), summed in SQL: ``by_provider`` over every matching run (``run_count``
+    of them), ``runs`` the newest ``rows`` of them (all with None), newest first.  A provider whose money is
+    pretend (the fake cloud) is named in ``pretend_providers`` and left out of ``total_usd``."""
+    from broker.model import utcnow
 
-    runs = [r for r in ledger.list_runs(limit=100000)
-            if (since is None or (r.created_at and r.created_at >= since))
-            and (provider is None or r.provider == provider)]
-    rows, by_provider = [], {}
-    for r in runs:
-        usd = round(run_cost(ledger, r.id), 6)
-        rows.append({"run": r.id, "name": r.name, "provider": r.provider, "status": r.status,
-                     "created_at": r.created_at.isoformat() if r.created_at else None, "usd": usd})
-        by_provider[r.provider] = round(by_provider.get(r.provider, 0.0) + usd, 6)
-    pretend = sorted(p for p in by_provider if _pretend_money(p))
-    return {"since": since.isoformat() if since else None, "provider": provider, "runs": rows,
-            "by_provider": by_provider, "pretend_providers": pretend,
-            "pretend_usd": round(sum(by_provider[p] for p in pretend), 6),
-            "total_usd": round(sum(v for p, v in by_provider.items() if p not in pretend), 6)}
+    now = utcnow()
+    totals = ledger.cost_totals(now, since=since, provider=provider)
+    runs = [dict(r, usd=round(r["usd"], 6)) for r in ledger.run_costs(now, since=since, provider=provider,
+                                                                        limit=rows)]
+    pretend = sorted((p for p in totals if _pretend_money(p)), key=str)
+    return {"since": since.isoformat() if since else None, "provider": provider, "runs": runs,
+            "run_count": sum(n for n, _ in totals.values()),
+            "by_provider": {p: round(usd, 6) for p, (_n, usd) in totals.items()},
+            "pretend_providers": pretend,
+            "pretend_run_count": sum(totals[p][0] for p in pretend),
+            "pretend_usd": round(sum(totals[p][1] for p in pretend), 6),
+            "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6)}
 
 
 def _pretend_money(provider: str | None) -> bool:
@@ -246,7 +247,7 @@ def clean_candidates(ledger: Any, *, older_than_days: float = 0.0) -> tuple[list
     runs = runs_dir()
     cutoff = utcnow() - timedelta(days=older_than_days)
     todo, refused = [], []
-    for r in ledger.list_runs(limit=100000):
+    for r in ledger.list_runs(limit=None):
         if r.status not in ENDED_STATUSES or not r.run_dir:
             continue
         if not (Path(r.run_dir).exists() or Path(r.run_dir).is_symlink()):
@@ -448,7 +449,7 @@ def register(app: typer.Typer) -> None:
         from broker.ledger import Ledger
         from broker.ui import console, print_json, usd
 
-        data = cost_data(Ledger(), since=_parse_since(since), provider=provider)
+        data = cost_data(Ledger(), since=_parse_since(since), provider=provider, rows=None if as_json else 50)
         if as_json:
             print_json(data)
             return
@@ -458,16 +459,15 @@ def register(app: typer.Typer) -> None:
         for r in data["runs"][:50]:
             t.add_row(r["run"], r["provider"], r["status"], usd(r["usd"]))
         console.print(t)
-        if len(data["runs"]) > 50:
-            console.print(f"... {len(data['runs']) - 50} older run(s); --json lists all")
-        for p, v in sorted(data["by_provider"].items()):
+        if data["run_count"] > 50:
+            console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")
+        for p, v in sorted(data["by_provider"].items(), key=lambda kv: str(kv[0])):
             pretend = " (pretend money: not billed, not in the total)" if p in data["pretend_providers"] else ""
             console.print(f"{p}: {usd(v)}{pretend}", highlight=False)
-        real = [r for r in data["runs"] if r["provider"] not in data["pretend_providers"]]
-        console.print(f"total: {usd(data['total_usd'])} over {len(real)} run(s)"
-                      + (f" (plus {len(data['runs']) - len(real)} run(s) on "
-                         f"{', '.join(data['pretend_providers'])}: pretend)" if len(real) < len(data["runs"]) else ""),
-                      highlight=False)
+        n_pretend = data["pretend_run_count"]
+        console.print(f"total: {usd(data['total_usd'])} over {data['run_count'] - n_pretend} run(s)"
+                      + (f" (plus {n_pretend} run(s) on {', '.join(map(str, data['pretend_providers']))}: pretend)"
+                         if n_pretend else ""), highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
     def clean_cmd(

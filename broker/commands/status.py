@@ -96,15 +96,15 @@ def settle_runs(ledger, now=None) -> list[str]:
 
     now = now or system_clock()
     out = []
-    for run in ledger.list_runs(limit=100000, statuses=ACTIVE_STATUSES):
-        if run.pid is None or pid_alive(run.pid):
+    for run_id, status, pid in ledger.cli_pids(ACTIVE_STATUSES):
+        if pid_alive(pid):
             continue
-        n_live = len(ledger.resources(run.id, live_only=True))
-        msg = (f"the CLI process (pid {run.pid}) died while the run was {run.status}; run marked interrupted"
-               + (f"; {n_live} resource(s) still live: `broker down {run.id}`" if n_live else "; nothing is live"))
-        ledger.update_run(run.id, status="interrupted", ended_at=now, message=msg)
-        ledger.event(run.id, "status", "cli-dead", msg)
-        out.append(run.id)
+        n_live = len(ledger.resources(run_id, live_only=True))
+        msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
+               + (f"; {n_live} resource(s) still live: `broker down {run_id}`" if n_live else "; nothing is live"))
+        ledger.update_run(run_id, status="interrupted", ended_at=now, message=msg)
+        ledger.event(run_id, "status", "cli-dead", msg)
+        out.append(run_id)
     return out
 
 
@@ -241,6 +241,19 @@ def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -
     return line
 
 
+def _print_nothing_yet() -> None:
+    """What ``broker status`` prints for a ledger with no run, no live resource and no watchdog ever started, as
+    the rich path prints it (the watchdog state in yellow on a colour terminal), without importing rich."""
+    import os
+    import sys
+
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    state = "\033[33mnot running\033[0m" if color else "not running"
+    sys.stdout.write("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
+                     f"watchdog: {state} (`broker run` starts it; or `broker watchdog`)\n"
+                     "no live resources (nothing is billing).\n")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("status", short_help="Recent runs (spent, worst case, time left), live resources")
     def status_cmd(
@@ -254,15 +267,22 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
         CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
+        from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
+        from broker.ledger import Ledger
+
+        ledger = Ledger()
+        if not run_id and not as_json:
+            data = status_data(ledger, limit=limit, refresh=not no_refresh)
+            if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
+                    and not data["watchdog"]["pid"]:
+                _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
+                return
         from rich import box
         from rich.markup import escape
         from rich.table import Table
 
-        from broker.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
-        from broker.ledger import Ledger
         from broker.ui import console, node_text, print_table, usd
 
-        ledger = Ledger()
         if run_id:
             run = ledger.find_run(run_id)
             now = system_clock()
@@ -305,11 +325,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
                               f"{escape(node_text(ev['message'] or ''))}")
             return
-        data = status_data(ledger, limit=limit, refresh=not no_refresh)
         if as_json:
             from broker.ui import print_json
 
-            print_json(data)
+            print_json(status_data(ledger, limit=limit, refresh=not no_refresh))
             return
         t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
