@@ -41,7 +41,7 @@ def test_cost_over_110k_runs_is_exact_and_lists_every_run(broker_home):
         ms = (3600 + i % 97) * 1000 + (i * 31) % 1000  # ms-resolution ages
         ended = created + timedelta(milliseconds=ms)
         quarters = i % 5 + 2  # $0.50 .. $1.50 per hour
-        prov = ("fake", "vast", "oci")[i % 3]
+        prov = ("aws", "vast", "oci")[i % 3]  # real money only: the fake cloud's is kept out of the total
         runs.append((f"run-{i:06d}", "t", prov, "succeeded", created.isoformat(), None))
         resources.append((f"r-{i:06d}", f"run-{i:06d}", prov, f"i-{i}", "terminated", quarters / 4,
                           created.isoformat(), ended.isoformat(), "{}"))
@@ -128,9 +128,9 @@ def test_settle_runs_sees_the_oldest_of_more_than_100000_active_runs(broker_home
 
 def test_cost_cli_counts_every_run_in_the_table(cli_env, broker_home):
     led = Ledger()
-    runs = [(f"run-{i:03d}", "t", "fake", "succeeded", (T0 + timedelta(seconds=i)).isoformat(), None)
+    runs = [(f"run-{i:03d}", "t", "vast", "succeeded", (T0 + timedelta(seconds=i)).isoformat(), None)
             for i in range(60)]
-    res = [(f"r-{i:03d}", f"run-{i:03d}", "fake", "i", "terminated", 1.0, (T0 + timedelta(seconds=i)).isoformat(),
+    res = [(f"r-{i:03d}", f"run-{i:03d}", "vast", str(1000 + i), "terminated", 1.0, (T0 + timedelta(seconds=i)).isoformat(),
             (T0 + timedelta(seconds=i, hours=1)).isoformat(), None) for i in range(60)]
     _bulk(led, runs, res)
     p = subprocess.run([sys.executable, "-m", "broker", "cost"], env=cli_env, capture_output=True, text=True,
