@@ -35,7 +35,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _dc_replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -979,11 +979,49 @@ def shielded(say: Say | None, *, window_s: float = 2.0) -> Iterator[None]:
             say(f"still releasing resources (teardown); press Ctrl-C again within {window_s:g} s to abandon it and "
                 "leave the rest to the watchdog")
 
+    def hold(signum: int, frame: Any) -> None:
+        # SIGTERM / SIGHUP while tearing down (`timeout` sends TERM again, the closed terminal HUP): the teardown
+        # they asked for is running; only a second Ctrl-C abandons it
+        if say:
+            try:
+                say(f"{signal.Signals(signum).name} received: still releasing resources (teardown); broker exits "
+                    "when it is done")
+            except (OSError, ValueError, SystemExit):  # the terminal is gone (SIGHUP): say nothing
+                pass
+
     old = signal.signal(signal.SIGINT, handler)
+    olds = {sig: signal.signal(sig, hold) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+        for sig, h in olds.items():
+            signal.signal(sig, h)
+
+
+def _signal_name(e: BaseException) -> str:
+    """"Ctrl-C" for a KeyboardInterrupt, else the signal's name (SIGTERM / SIGHUP: :class:`broker.errors.Terminated`)."""
+    return getattr(e, "signame", None) or "Ctrl-C"
+
+
+def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``fn`` that stops printing once its terminal is gone (a closed terminal answers EIO; a closed pipe EPIPE):
+    the teardown that follows a SIGHUP must not die on a progress line."""
+    if fn is None:
+        return None
+    gone = [False]
+
+    def say(msg: str) -> None:
+        if gone[0]:
+            _log.info("%s", msg)
+            return
+        try:
+            fn(msg)
+        except (OSError, ValueError, SystemExit):  # SystemExit: broker.errors.OutputClosed
+            gone[0] = True
+            _log.info("%s", msg)
+
+    return say
 
 
 def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hooks | None = None,
@@ -997,6 +1035,8 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     from broker.executor import STEP_TEXT, run_steps
 
     hooks = hooks or Hooks()
+    if hooks.say is not None or hooks.echo is not None:
+        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
     ctx = Context(ledger=ledger, hooks=hooks, actor=actor)
     target.check()
     quote = target.quote()
@@ -1027,11 +1067,15 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
         result = diagnose(result, recipe, Path(run.run_dir or "."))
         status, message = result.status, result.reason
         keep = target.keep(recipe, status)
-    except KeyboardInterrupt:
-        status, message = "interrupted", "interrupted (Ctrl-C) before the job finished"
+    except KeyboardInterrupt as e:
+        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
         raise
     except BrokerError as e:
         message = e.message
+        from broker.provision import ClockOut
+
+        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
+            status = e.status
         raise
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
         message = str(e)

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
 from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
-from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
                              TransientError)
 
@@ -119,9 +119,39 @@ def spent_usd(res: Resource, now: datetime | None = None) -> float:
 
 
 def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
-    """Sum of :func:`spent_usd` over every resource of ``run_id`` (live and terminated), USD."""
+    """US dollars ``run_id`` has cost so far (live and terminated resources): the ``spent_usd`` of
+    :func:`broker.accounting.run_cost`, the one place a run's money is summed."""
+    from broker.accounting import run_cost as _run_cost
+
+    run = ledger.get_run(run_id)
+    rows = ledger.resources(run_id)
+    if run is None or run.id != run_id:  # rows without a run row (reconcile's "unknown" run)
+        return sum(spent_usd(r, now) for r in rows)
+    return _run_cost(run, rows, now or utcnow()).spent_usd
+
+
+def run_clock(ledger: Ledger, run: Run, now: datetime | None = None) -> tuple[float, str]:
+    """Seconds the run has left on its one clock and what ends it first: ``(seconds, "deadline" | "budget")``.
+
+    The deadline is ``run.deadline``; the budget ends when what the run has spent plus what its live resources
+    bill per hour (the provider's reported rate where the ledger has it) reaches ``run.budget_usd``.  Without a
+    deadline and a budget: ``(inf, "deadline")``.  Negative or 0 = the clock has run out: nothing new may be
+    rented and every wait ends."""
+    from broker.accounting import _aware, run_cost as _run_cost
+
     now = now or utcnow()
-    return sum(spent_usd(r, now) for r in ledger.resources(run_id))
+    left, why = float("inf"), "deadline"
+    cur = ledger.get_run(run.id) or run
+    dl = _aware(cur.deadline)
+    if dl is not None:
+        left = (dl - now).total_seconds()
+    if cur.budget_usd is not None:
+        rc = _run_cost(cur, ledger.resources(run.id), now)
+        room = cur.budget_usd - rc.spent_usd
+        b_left = room / rc.usd_per_hour * 3600.0 if rc.usd_per_hour > 0 else (float("inf") if room > 0 else 0.0)
+        if b_left < left:
+            left, why = b_left, "budget"
+    return left, why
 
 
 def live_usd_per_hour(ledger: Ledger, run_id: str | None = None) -> float:
@@ -239,6 +269,42 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
 
 class _NeverReady(ProviderError):
     pass
+
+
+class ClockOut(BrokerError):
+    """The run's one clock ran out while provisioning: its deadline passed, its budget is spent, or the watchdog
+    ended the run.  Nothing more is rented; the run ends with ``status`` (``deadline`` or ``interrupted``) and
+    exit code 1 after teardown."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, status: str = "deadline", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
+    """Seconds left on the run's clock (:func:`run_clock`) before ``doing`` (e.g. "renting the next offer");
+    raises :class:`ClockOut` when none are left or the run was ended by the watchdog (its status is an end)."""
+    from broker.accounting import ENDED_STATUSES
+
+    cur = ledger.get_run(run.id)
+    if cur is not None and cur.id == run.id and cur.status in ENDED_STATUSES:
+        raise ClockOut(f"run {run.id} ended ({cur.status}: {cur.message or 'no message'}) before {doing}; "
+                       "nothing more is rented", status=cur.status if cur.status != "failed" else "interrupted",
+                       hint=f"`broker status {run.id}` shows what is left; `broker down {run.id}` removes it")
+    left, why = run_clock(ledger, run)
+    if left <= 0:
+        if why == "budget":
+            msg = (f"the run's budget ${float(run.budget_usd or 0):,.2f} is spent before {doing}; nothing more is "
+                   "rented")
+            status = "interrupted"
+        else:
+            msg = f"the run's deadline passed before {doing}; nothing is rented after the deadline"
+            status = "deadline"
+        raise ClockOut(msg, status=status, hint="raise max_hours / budget_usd in the recipe, or pick offers that "
+                                                "start faster (`broker plan` lists them)")
+    return left
 
 
 class _Unverified(ProviderError):
@@ -444,6 +510,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
             say(f"skip {label}: {why}")
             continue
+        check_clock(ledger, run, f"trying {label}")
         say(f"try {label}")
         try:
             p = prov(opt.provider)
@@ -572,6 +639,7 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
         for k, offer in enumerate(offers):
             i = k + first_rank
             name = f"broker-{run.id}-n{i}"
+            check_clock(ledger, run, f"renting {offer.instance_type} for node {i}")
             # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
             storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
             res = ledger.record_intent(
@@ -630,12 +698,20 @@ def _join_boot(*parts: str | None) -> str | None:
 
 def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,
                 timeout_s: float, poll_s: float) -> InstanceInfo:
+    """Describe ``res`` until ``running``; bounded by ``timeout_s`` and by the run's clock (:func:`check_clock`:
+    the deadline, the budget, the watchdog ending the run raise :class:`ClockOut`, never "try the next offer")."""
     import time
 
     assert res is not None and res.provider_id
     t0 = time.monotonic()
     last = None
     while True:
+        left = check_clock(ledger, run, f"{res.provider_id} became running")
+        cur = ledger.resource(res.id)
+        if cur is not None and cur.state in ("terminating", "terminated") and cur.terminated_by not in (None, actor):
+            check_clock(ledger, run, f"{res.provider_id} became running")  # the watchdog ended the run: ClockOut
+            raise _NeverReady(p.name, "describe_instance", f"{res.provider_id} was terminated by "
+                              f"{cur.terminated_by} while broker waited for it ({cur.error or 'no reason given'})")
         try:
             info = p.describe_instance(res.provider_id, region=res.region)
         except TransientError as e:
@@ -652,13 +728,14 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
                     message=f"{res.provider_id} running")
                 return info
             if info.state in DEAD_STATES:
+                check_clock(ledger, run, f"{res.provider_id} became running")  # gone because the run ended?
                 raise _NeverReady(p.name, "describe_instance",
                                   f"{res.provider_id} became {info.raw_state or info.state} instead of running"
                                   + (f" ({info.message})" if info.message else ""))
         if time.monotonic() - t0 > timeout_s:
             raise _NeverReady(p.name, "describe_instance",
                               f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
-        time.sleep(poll_s)
+        time.sleep(max(0.0, min(poll_s, left)))
 
 
 def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],
