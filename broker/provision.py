@@ -283,6 +283,58 @@ class ClockOut(BrokerError):
         self.status = status
 
 
+class RateAboveBudget(ClockOut):
+    """The provider reports a rate more than :data:`RATE_TOLERANCE` above the planned one and at that rate the run
+    no longer fits its budget: the run stops and is torn down (exit 3, like a plan that does not fit)."""
+
+    exit_code = 3
+
+
+#: a reported rate this much above the planned one (0.10 = 10 %) is checked against the budget
+RATE_TOLERANCE = 0.10
+
+
+def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, reported_usd_per_hour: float, *,
+                         say: Progress, actor: str) -> Resource:
+    """Make the provider's rate the ledger's: ``res.usd_per_hour`` becomes what ``p`` reports for the instance
+    (US dollars per hour; plus the recorded storage rate unless the adapter's ``reported_rate_includes_storage``,
+    as Vast's ``dph_total``), the planned one kept in ``attrs["planned_usd_per_hour"]``.  Every money figure reads
+    the ledger (status, cost, the budget guard, the watchdog), so they all use it from here on.
+
+    A reported rate more than :data:`RATE_TOLERANCE` above the planned one is said with both numbers; when the
+    run's worst case at that rate (until its deadline) exceeds its budget, raises :class:`RateAboveBudget`."""
+    from broker.accounting import run_cost as _run_cost
+
+    a = res.attrs or {}
+    planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
+    storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
+                                                                                    or 0.0)
+    rate = round(float(reported_usd_per_hour) + storage, 6)
+    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9
+    if changed:
+        ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
+                               attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
+                                      "rate_source": f"{p.name} reported"},
+                               message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
+                                       f"${planned:.4g}/h)")
+    res = ledger.resource(res.id) or res
+    if changed and planned > 0 and rate > planned * (1 + RATE_TOLERANCE):
+        cur = ledger.get_run(run.id) or run
+        rc = _run_cost(cur, ledger.resources(run.id), utcnow())
+        pct = (rate / planned - 1) * 100
+        both = (f"{p.name} reports ${rate:.4g}/h for {res.provider_id}, {pct:.0f} % above the planned "
+                f"${planned:.4g}/h")
+        if cur.budget_usd is not None and (rc.worst_case_usd is None or rc.worst_case_usd > cur.budget_usd + 1e-9):
+            worst = "unbounded" if rc.worst_case_usd is None else f"${rc.worst_case_usd:,.2f}"
+            raise RateAboveBudget(f"{both}: at that rate the run's worst case is {worst}, above its budget "
+                                  f"${cur.budget_usd:,.2f}; stopping and tearing down", status="failed",
+                                  hint="raise budget_usd or lower max_hours in the recipe, or pick another offer "
+                                       "(`broker plan` shows the planned prices)")
+        say(f"{both}; the worst case at that rate (${float(rc.worst_case_usd or 0):,.2f}) still fits the budget"
+            + (f" ${cur.budget_usd:,.2f}" if cur.budget_usd is not None else "") + ": going on")
+    return res
+
+
 def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
     """Seconds left on the run's clock (:func:`run_clock`) before ``doing`` (e.g. "renting the next offer");
     raises :class:`ClockOut` when none are left or the run was ended by the watchdog (its status is an end)."""
@@ -721,6 +773,8 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
             if info.state != last:
                 say(f"{p.name}: {res.provider_id} is {info.raw_state or info.state}")
                 last = info.state
+            if info.usd_per_hour is not None and info.state not in DEAD_STATES:
+                res = record_reported_rate(p, ledger, res, run, info.usd_per_hour, say=say, actor=actor)
             if info.state == "running":
                 ledger.update_resource(res.id, state="running", actor=actor, attrs={
                     k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),

@@ -228,3 +228,166 @@ def test_a_closed_terminal_tears_down(fake_run):
     assert _fake_live(e) == set()
     st = _run_status(e)
     assert st["live_resources"] == [] and st["runs"][0]["status"] == "interrupted", time.monotonic() - t0
+
+
+# --------------------------------------------------------------------------------------------------- one clock
+def _climbing_offers():
+    """Five hosts, each dearer than the last, up to an H100 at $4.38/h (the exact case)."""
+    from tests.vast_emulator import offer_row
+
+    rows = [offer_row(5101 + i, machine_id=11 + i, num_gpus=2, dph_total=p, gpu_name=g)
+            for i, (p, g) in enumerate([(0.30, "RTX 3090"), (0.45, "RTX 4090"), (0.90, "A100 PCIE"),
+                                        (1.60, "A100 SXM4"), (4.38, "H100 SXM")])]
+    for r in rows:
+        r["gpu_ram"] = 81920 if "H100" in r["gpu_name"] or "A100" in r["gpu_name"] else 24576
+    return rows
+
+
+def _vast_options(p, budget: float = 50.0, at_least: int = 3):
+    from broker.model import Requirements
+    from broker.pipeline import rank_options
+
+    req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=budget, hours=1)
+    opts = [o for o in rank_options(p, req) if o.provider == "vast"]
+    assert len(opts) >= at_least, opts
+    return opts
+
+
+def _rents(emu) -> int:
+    return sum(1 for m, path, _ in emu.calls if m == "PUT" and path.startswith("/api/v0/asks/"))
+
+
+def test_instances_that_never_leave_loading_end_at_the_deadline_and_nothing_more_is_rented(vast_env, tmp_path):
+    from broker.provision import ClockOut, provision
+
+    emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
+    ledger = Ledger()
+    p = _vast()
+    run = _run(ledger, tmp_path, hours=4 / 3600)  # the deadline is 4 s away; the ready timeout is 900 s
+    with pytest.raises(ClockOut, match="deadline") as err:
+        provision(_vast_options(p), run, _req(), ledger, providers={"vast": p}, ready_timeout_s=900, poll_s=0.1,
+                  retry_wait_s=0.01, terminate_timeout_s=10)
+    assert err.value.status == "deadline"
+    assert _rents(emu) == 1  # the first offer only: nothing after the deadline
+    assert emu.instances == {} and ledger.resources(run.id, live_only=True) == []
+
+
+def test_a_watchdog_kill_at_the_deadline_is_not_a_failed_offer(vast_env, tmp_path):
+    """The watchdog terminates the loading instance at the deadline; the CLI then sees it "not found": that is the
+    end of the run (status deadline), never a reason to rent the next, dearer offer."""
+    import threading
+    import time
+
+    from broker.provision import ClockOut, provision
+    from broker.watchdog import Watchdog
+
+    emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
+    ledger = Ledger()
+    p = _vast()
+    run = _run(ledger, tmp_path, hours=3 / 3600)
+    stop = threading.Event()
+
+    def watchdog() -> None:
+        w = Watchdog(Ledger(), providers={"vast": _vast()}, interval_s=0.2, confirm_timeout_s=5)
+        while not stop.is_set():
+            w.run_once()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watchdog, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(ClockOut):
+            provision(_vast_options(p), run, _req(), ledger, providers={"vast": p}, ready_timeout_s=900, poll_s=0.1,
+                      retry_wait_s=0.01, terminate_timeout_s=10)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert _rents(emu) == 1 and emu.instances == {}
+
+
+def test_a_run_whose_instances_never_load_ends_as_deadline_through_the_pipeline(vast_env, tmp_path):
+    from datetime import timedelta
+
+    from broker.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.provision import ClockOut
+    from broker.recipe import load_recipe
+
+    emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "job.py").write_text("print('JOB_OK')\n")
+    (tmp_path / "r" / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 2\ncpu_ok: true\n"
+                                           "topology: simulated\nbudget_usd: 50\nmax_hours: 1\n")
+    recipe = load_recipe(tmp_path / "r" / "r.yaml")
+    p = _vast()
+    ledger = Ledger()
+
+    def shorten(run, _desc) -> None:  # a deadline 4 s away (the recipe's smallest max_hours is far longer)
+        ledger.update_run(run.id, deadline=utcnow() + timedelta(seconds=4))
+
+    said: list[str] = []
+    target = CloudTarget(recipe, _vast_options(p), providers={"vast": p}, poll_s=0.1, ready_timeout_s=900)
+    with pytest.raises(ClockOut):
+        run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=said.append, on_start=shorten))
+    (run,) = ledger.list_runs()
+    assert run.status == "deadline" and "deadline" in run.message
+    assert _rents(emu) == 1 and emu.instances == {}
+
+
+def test_the_deadline_status_survives_the_clis_later_steps(vast_env, tmp_path):
+    ledger = Ledger()
+    run = _run(ledger, tmp_path)
+    ledger.update_run(run.id, status="deadline", message="watchdog: deadline passed 0 s ago")
+    for later in ("running", "tearing_down", "failed"):
+        ledger.update_run(run.id, status=later, message=f"then {later}")
+    assert ledger.get_run(run.id).status == "deadline"
+
+
+def _req():
+    from broker.model import Requirements
+
+    return Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=50, hours=1)
+
+
+# --------------------------------------------------------------------------------------------------- the provider's rate
+def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_env, tmp_path):
+    from broker.provision import RateAboveBudget, provision, run_cost
+    from tests.vast_emulator import offer_row
+
+    emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], dph_factor=60, boot_s=0.4)
+    ledger = Ledger()
+    p = _vast()
+    run = _run(ledger, tmp_path, budget=0.50)
+    with pytest.raises(RateAboveBudget) as err:
+        provision(_vast_options(p, budget=0.5, at_least=1)[:1], run, _req(), ledger, providers={"vast": p}, poll_s=0.05,
+                  retry_wait_s=0.01, terminate_timeout_s=10)
+    msg = err.value.message
+    assert "$18/h" in msg and "$0.3" in msg and "budget $0.50" in msg, msg
+    assert emu.instances == {}  # torn down
+    (row,) = ledger.resources(run.id)
+    assert row.usd_per_hour == pytest.approx(18.0) and row.attrs["planned_usd_per_hour"] < 0.5
+    assert row.state == "terminated"
+    # the money so far is counted at the provider's rate: 18 $/h from the intent on
+    age_h = (row.terminated_at - row.created_at).total_seconds() / 3600
+    assert run_cost(ledger, run.id) >= 18.0 * age_h * 0.999
+
+
+def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_env, tmp_path):
+    from broker.accounting import run_cost as account
+    from broker.provision import provision
+
+    from tests.vast_emulator import offer_row
+
+    emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], dph_factor=2.0, boot_s=0.4)
+    ledger = Ledger()
+    p = _vast()
+    run = _run(ledger, tmp_path, budget=50)
+    said: list[str] = []
+    cluster = provision(_vast_options(p, at_least=1)[:1], run, _req(), ledger, providers={"vast": p}, poll_s=0.05,
+                        retry_wait_s=0.01, terminate_timeout_s=10, progress=said.append)
+    assert cluster.nodes
+    (row,) = ledger.resources(run.id, live_only=True)
+    assert row.usd_per_hour == pytest.approx(0.60) and row.attrs["rate_source"] == "vast reported"
+    assert any("$0.6/h" in s and "above the planned" in s and "still fits" in s for s in said), said
+    rc = account(ledger.get_run(run.id), ledger.resources(run.id), utcnow())
+    assert rc.usd_per_hour == pytest.approx(0.60)  # status / cost / the watchdog's budget rule read this
+    assert emu.instances
