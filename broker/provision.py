@@ -23,8 +23,12 @@ Failover rules (docs/design.md, issue 4):
 * ``TransientError`` on bootstrap -> retried with bounded exponential backoff (tenacity) before failing over;
 * ``AuthError`` / ``NotSupported`` -> skip that provider.
 
-Ambiguous creates (issue 12): a ``create_instance`` that raised a TransientError, a 5xx / 408 / 409, a
-ProviderError without status or an untranslated exception may have created the instance anyway.  It is never
+Create errors are sorted (:func:`_ambiguous`): definite answers (validation, not found, auth, quota / limit,
+capacity, an adapter's refusal before any create call) fail the option at once; a 429 / throttling answer
+(:func:`_throttled`) is retried in place (same row, same zone) after the provider's ``Retry-After``, never a
+reason to move to the next zone.  Ambiguous creates: a ``create_instance`` that raised an AmbiguousCreate, a
+TransientError without status, a 5xx / 408 / 409 or an untranslated exception may have created the instance
+anyway.  It is never
 retried blindly: the provider's ``list_tagged`` is asked (polling until ``create_settle_s`` of the adapter, default
 20 s, has passed since the call) whether the instance (run tag + node name) exists.  Found -> adopted (its id goes
 to the intent row).  Proven absent -> the create is retried with the same row and client token (bounded attempts).
@@ -53,7 +57,7 @@ from typing import Any, Callable, Iterable
 
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
-from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
+from broker.nodescripts import deadman_grace_s, job_done_path, node_workroot  # noqa: F401 - re-exported
 from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
                              TransientError)
@@ -365,14 +369,39 @@ class _Unverified(ProviderError):
 
 
 def _ambiguous(e: BaseException) -> bool:
-    """Whether a failed create may still have created the instance (5xx, timeout, unreadable answer)."""
-    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported)):
+    """Whether a failed create may still have created the instance: only when the request may have reached the
+    provider and no definite answer came back (an :class:`AmbiguousCreate`, a 5xx, a 408 / 409, a timeout or an
+    unreadable answer).  Definite answers are never ambiguous: validation / not found (a 4xx, or a ProviderError
+    without status: the adapter's own refusal before any create call, e.g. no image found), auth, quota / limit,
+    capacity, and a 429 (the request was refused, nothing was made)."""
+    from broker.errors import AmbiguousCreate
+
+    if isinstance(e, AmbiguousCreate):
+        return True
+    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported, BadInput)):
+        return False
+    if _throttled(e):
         return False
     if isinstance(e, TransientError):
-        return True
-    if isinstance(e, ProviderError):
         return e.status is None or e.status >= 500 or e.status in (408, 409)
+    if isinstance(e, ProviderError):
+        return e.status is not None and (e.status >= 500 or e.status in (408, 409))
     return isinstance(e, Exception)  # not translated (a timeout, a parsing error after the request went out)
+
+
+def _throttled(e: BaseException) -> bool:
+    """A 429 / throttling answer: the provider refused the request (nothing created); retry in place after its
+    backoff, never a reason to leave the zone / availability domain."""
+    return isinstance(e, TransientError) and (e.status == 429 or bool(getattr(e, "throttled", False)))
+
+
+def _backoff_s(e: BaseException, n: int, wait_s: float) -> float:
+    """Seconds to wait before attempt ``n + 1``: the provider's ``Retry-After`` (``e.retry_after_s``, set by the
+    adapter) when it gave one, else ``wait_s`` doubling, at most 30 s."""
+    ra = getattr(e, "retry_after_s", None)
+    if isinstance(ra, (int, float)) and ra >= 0:
+        return min(float(ra), 120.0)
+    return min(30.0, wait_s * 2 ** (n - 1))
 
 
 def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None:
@@ -389,7 +418,7 @@ def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None
 
 
 def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledger, *, attempts: int,
-                     wait_s: float, say: Progress, actor: str) -> str:
+                     wait_s: float, say: Progress, actor: str, clock: Callable[[], Any] | None = None) -> str:
     """``create_instance`` such that at most one instance exists for the intent row ``res``, whatever the API
     answers (see the module docstring).  Returns the provider id; raises the create's error when it is proven
     that nothing exists, :class:`_Unverified` when that cannot be established."""
@@ -398,13 +427,28 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
     from broker.teardown import create_settle_s
 
     settle = create_settle_s(p)
-    for n in range(1, max(1, attempts) + 1):
+    throttled = 0
+    n = 0
+    while n < max(1, attempts):
+        n += 1
         t_call = utcnow()
         t0 = time.monotonic()
         try:
             return p.create_instance(req)
         except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised
-            if isinstance(e, KeyboardInterrupt) or not _ambiguous(e):
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if _throttled(e) and throttled < max(1, attempts) * 2:
+                throttled += 1
+                n -= 1  # a refused request is not an attempt: retried in place, same row, same zone
+                pause = _backoff_s(e, throttled, wait_s)
+                say(f"{p.name}: create {req.name} throttled ({getattr(e, 'message', e)}): nothing was created; "
+                    f"trying again in the same zone in {pause:.1f} s")
+                time.sleep(pause)
+                if clock is not None:
+                    clock()  # the run's clock: raises ClockOut after the deadline / budget
+                continue
+            if not _ambiguous(e):
                 raise
             err = e
         what = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
@@ -433,10 +477,12 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
             time.sleep(min(left, max(0.5, settle / 5)))
         if n >= attempts or not isinstance(err, (TransientError, ProviderError)):
             raise err
-        pause = min(30.0, wait_s * 2 ** (n - 1))
+        pause = _backoff_s(err, n, wait_s)
         say(f"{p.name} create_instance: {what}; proven absent by a list {settle:g} s later; retry {n + 1}/{attempts} "
             f"in {pause:.1f} s")
         time.sleep(pause)
+        if clock is not None:
+            clock()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -606,6 +652,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
                 say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
             elif isinstance(e, (OfferGone, _NeverReady)):
                 say(f"{e.message}; trying the next offer")
+            elif _throttled(e):  # the API's rate limit is the account's, not the zone's: another AD would be too
+                fo.skip_providers[opt.provider] = f"{opt.provider} keeps throttling creates (429): retry later"
+                say(f"{e.message}; {opt.provider} still throttles after the retries: no more creates there now")
             else:
                 say(f"failed: {e.message}; trying the next option")
             continue
@@ -688,6 +737,7 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 _retrying(p.open_ingress, networks[key][0], list(ingress), rec, attempts=transient_attempts,
                           wait_s=retry_wait_s, say=say, what=f"{p.name} open_ingress")
         inst_ids: list[str] = []
+        grace = deadman_grace_s(_max_hours(run))
         for k, offer in enumerate(offers):
             i = k + first_rank
             name = f"broker-{run.id}-n{i}"
@@ -701,12 +751,13 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                        "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
                        "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
                        "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
-                       "min_billed_seconds": offer.min_billed_seconds})
+                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
                 f"(${offer.usd_per_hour:.4g}/h)")
             req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
+                              grace_seconds=grace,
                               client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
                               network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
                               installation_id=ledger.installation_id,
@@ -714,12 +765,16 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                               idle_minutes=idle_minutes)
             try:
                 pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
-                                       say=say, actor=actor)
+                                       say=say, actor=actor,
+                                       clock=lambda: check_clock(ledger, run, f"creating {name} again"))
             except _Unverified:
                 raise
             except ProviderError as e:
-                # the create failed and nothing exists (proven by a list, or a definite error such as capacity)
-                ledger.update_resource(res.id, error=e.message, actor=actor, message=f"create failed: {e.message}")
+                # the create failed and nothing exists (proven by a list, or a definite error such as capacity):
+                # the row ends here, no list is needed to prove it
+                ledger.update_resource(res.id, state="terminated", error=e.message, terminated_by=actor,
+                                       actor=actor, attrs={"never_created": True},
+                                       message=f"create failed, nothing exists: {e.message}")
                 raise
             if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
                 ledger.mark_created(res.id, pid, actor=actor)
@@ -740,6 +795,14 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
     except Exception as e:  # a bug or an unexpected error: still leave nothing behind
         cleanup(e)
         raise
+
+
+def _max_hours(run: Run) -> float | None:
+    """The run's length in hours: its deadline minus its start (the recipe's ``max_hours``), None without one."""
+    start = run.started_at or run.created_at
+    if run.deadline is None or start is None:
+        return None
+    return max(0.0, (run.deadline - start).total_seconds() / 3600.0)
 
 
 def _join_boot(*parts: str | None) -> str | None:

@@ -94,8 +94,8 @@ def retry_command(res: Resource) -> str:
 
 def stuck_message(res: Resource, waited_s: float) -> str:
     """The sentence for a resource the provider still shows after its delete: id, $/hour, the retry command."""
-    return (f"{res.provider} {res.kind} {res.provider_id} is still there {waited_s:.0f} s after broker asked to "
-            f"delete it (the provider accepted the delete but still lists it) and may bill "
+    return (f"{res.provider} {res.kind} {res.provider_id} still not gone {waited_s:.0f} s after broker asked to "
+            f"delete it (the provider accepted the delete but still shows it) and may bill "
             f"${float(res.usd_per_hour or 0.0):.4g}/h: retry with `{retry_command(res)}`, or delete "
             f"{res.provider_id} in the {res.provider} console")
 

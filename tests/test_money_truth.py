@@ -391,3 +391,29 @@ def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_e
     rc = account(ledger.get_run(run.id), ledger.resources(run.id), utcnow())
     assert rc.usd_per_hour == pytest.approx(0.60)  # status / cost / the watchdog's budget rule read this
     assert emu.instances
+
+
+# --------------------------------------------------------------------------------------------------- dead-man grace
+@pytest.mark.parametrize("hours,grace", [(72 / 3600, 60), (0.5, 180), (1.0, 300), (24, 300)])
+def test_the_dead_man_grace_scales_with_the_job_and_is_stated(vast_env, tmp_path, hours, grace):
+    import math
+
+    from broker.accounting import node_layer
+    from broker.provision import provision
+    from tests.vast_emulator import offer_row
+
+    emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], boot_s=0.2)
+    ledger = Ledger()
+    p = _vast()
+    now = utcnow()
+    run = _run(ledger, tmp_path, hours=hours)
+    ledger.update_run(run.id, started_at=now, deadline=now + timedelta(hours=hours))
+    run = ledger.get_run(run.id)
+    provision(_vast_options(p, at_least=1)[:1], run, _req(), ledger, providers={"vast": p}, poll_s=0.05,
+              retry_wait_s=0.01, terminate_timeout_s=10)
+    (body,) = [b for m, path, b in emu.calls if m == "PUT" and path.startswith("/api/v0/asks/")]
+    fire_at = int(math.ceil(run.deadline.timestamp() + grace))
+    assert f"sleep_until={fire_at}" in body["onstart"] or str(fire_at) in body["onstart"]
+    (row,) = ledger.resources(run.id, live_only=True)
+    assert row.attrs["deadman_grace_s"] == pytest.approx(grace)
+    assert f"deadline + {grace:g} s grace" in node_layer(row, run)

@@ -206,6 +206,8 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
                        f"{r['run_id']}` or `broker reconcile` resolves it")
         elif r.get("error"):
             out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+        if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
+            out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
     return out
 
 
