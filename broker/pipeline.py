@@ -649,6 +649,12 @@ class CloudTarget(Target):
         if ready is None:
             ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
                 self._adapter_ready_timeout(cluster.provider)
+        from broker.provision import run_clock
+
+        left, why = run_clock(ctx.ledger, run)  # the run's one clock bounds the sshd / boot wait too
+        if left < ready:
+            ctx.say(f"waiting at most {max(1.0, left):.0f} s for SSH and boot (the run's {why} is that close)")
+            ready = max(1.0, left)
         return cluster_executor(recipe, run, cluster, ctx, ready_timeout_s=ready,
                                 on_auth_failure=self._reauthorise(cluster, ctx))
 
@@ -932,14 +938,25 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
 def cluster_executor(recipe: Recipe, run: Run, cluster: Cluster, ctx: Context, **ssh: Any) -> "Executor":
     """The executor for an acquired cluster: local processes when its nodes are this machine (``local_exec``: the
     fake cloud), else SSH (``ssh``: SSHExecutor options such as ``ready_timeout_s``)."""
+    from broker.provision import run_clock
+
     if cluster.local_exec:
         from broker.launch import LocalExecutor
 
-        return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
-                             say=ctx.hooks.say)
+        spec = cluster_spec(recipe, cluster, run)
+        left = run_clock(ctx.ledger, run)[0]  # the run's one clock, as below
+        if spec.deadline_s is None or left < spec.deadline_s:
+            spec = _dc_replace(spec, deadline_s=max(1.0, left))
+        return LocalExecutor(spec, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
     from broker.remote import SSHExecutor
 
-    return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say, **ssh)
+    ex = SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say, **ssh)
+    # the job ends on the run's one clock (its deadline or its budget at the rates the ledger holds), not
+    # max_hours counted again from now: provisioning already spent part of it
+    left = run_clock(ctx.ledger, run)[0]
+    if left < ex.deadline_s:
+        ex.deadline_s = max(1.0, left)
+    return ex
 
 
 def _keep_until_idle(ledger: "Ledger", run: Run, idle_minutes: float, actor: str) -> list[Resource]:
