@@ -668,8 +668,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         return cluster
 
     drop_networks(keep=None)
-    lines = [f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else "") for a in fo.attempts]
-    hint = "; ".join(fo.quota_hints) if fo.quota_hints else "try later, widen the GPU list or raise the budget"
+    lines = _attempt_lines(fo.attempts)
+    hints = list(dict.fromkeys(fo.quota_hints))  # one sentence per limit, not one per option it blocked
+    hint = "; ".join(hints) if hints else "try later, widen the GPU list or raise the budget"
     if fo.quota_hints:
         hint = "raise these quotas (`broker quota request ...`): " + hint
     msg = "could not provision any option of the plan:\n" + "\n".join(lines)
@@ -677,6 +678,21 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         e = fo.last_error
         raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
     raise NoValidPlan(msg, hint=hint)
+
+
+def _attempt_lines(attempts: list[Attempt]) -> list[str]:
+    """One line per option tried; a reason already given for an earlier option is not repeated (the same
+    rejection for every option of a provider reads once, then "same as option N")."""
+    first: dict[tuple[str, str], int] = {}
+    out = []
+    for n, a in enumerate(attempts, 1):
+        key = (a.outcome, a.reason)
+        if a.reason and key in first:
+            out.append(f"  - {a.option}: {a.outcome}: same as {attempts[first[key] - 1].option.split(':')[0]}")
+            continue
+        first.setdefault(key, n)
+        out.append(f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else ""))
+    return out
 
 
 def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
