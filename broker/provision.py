@@ -221,10 +221,16 @@ def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None,
     ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
     limit = getattr(e, "limit_name", None) or (ref.name if ref else None)
     zone = getattr(e, "scope", None)
-    if zone is None and ref is not None and ref.scope_kind == "AD":
+    if zone == o.region:
+        zone = None  # a region-wide limit (the adapter names the region as its scope)
+    if zone is None and ref is not None and ref.scope_kind == "AD" and limit == ref.name:
         zone = o.zone  # OCI GPU limits are per availability domain: the offer's AD
     where = " ".join(x for x in (o.region, zone) if x) or opt.provider
     what = f"limit {limit}" if limit else "quota"
+    if limit is not None and (ref is None or limit != ref.name):
+        # not the instance's own compute limit (a VCN / subnet count): every option of the region needs it,
+        # whatever its shape or AD, so none of them is tried (each would build the network again to hit it)
+        return (opt.provider, o.region, None, zone), f"{what} exhausted in {opt.provider} {where}"
     return (opt.provider, o.region, limit, zone), f"{what} exhausted in {opt.provider} {where}"
 
 
@@ -241,8 +247,8 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
     where = zone or o.region or "-"
     base = f"{opt.provider} {where}: {e.message}"
     fallback = base + (f"; {e.hint}" if e.hint else (f"; {opt.next_step}" if opt.next_step else ""))
-    if ref is None or limit_name is None:
-        return fallback
+    if ref is None or limit_name is None or limit_name != ref.name:
+        return fallback  # a limit the quota helper does not file (e.g. subnet-count): the adapter's console hint
     simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
     hybrid = opt.topology == TopologyKind.hybrid
     n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
@@ -671,8 +677,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     lines = _attempt_lines(fo.attempts)
     hints = list(dict.fromkeys(fo.quota_hints))  # one sentence per limit, not one per option it blocked
     hint = "; ".join(hints) if hints else "try later, widen the GPU list or raise the budget"
-    if fo.quota_hints:
-        hint = "raise these quotas (`broker quota request ...`): " + hint
+    if hints:
+        fileable = any("`broker quota request" in h for h in hints)
+        hint = ("raise these quotas (`broker quota request ...`): " if fileable else "raise these limits: ") + hint
     msg = "could not provision any option of the plan:\n" + "\n".join(lines)
     if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
         e = fo.last_error

@@ -138,3 +138,45 @@ def test_aws_no_image_found_before_run_instances_is_definite_not_settled_and_che
         assert not any(r.attrs.get("ambiguous_create_at") for r in rows)
     finally:
         server.stop()
+
+
+# --------------------------------------------------------------------------------------------------- region limits
+class SubnetLimited(FakeProvider):
+    """The fake cloud whose network bootstrap hits a region-wide subnet limit, as OCI answers it (400
+    LimitExceeded for ``subnet-count``, scope = the region)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.bootstraps = 0
+
+    def bootstrap(self, run_id, offers, topology, rec):
+        from broker.provider import QuotaError
+
+        self.bootstraps += 1
+        e = QuotaError(self.name, "create_subnet", "service limit subnet-count exceeded: The following service "
+                       "limits were exceeded: subnet-count", hint="raise subnet-count (Console: Governance & "
+                       "Administration > Limits, Quotas and Usage) or delete unused resources that count against it")
+        e.scope, e.limit_name = offers[0].region, "subnet-count"
+        raise e
+
+
+def test_a_region_wide_network_limit_is_hit_once_and_suggests_no_unfileable_request(tmp_path, fake_cloud):
+    from broker.pipeline import rank_options
+    from broker.provider import NoValidPlan
+    from broker.provision import provision
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    p = SubnetLimited()
+    req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="multi-node", budget_usd=100, hours=1)
+    opts = [o for o in rank_options(p, req) if o.topology.value == "multi-node"]
+    regions = {o.offers[0].region for o in opts}
+    zones = {(o.offers[0].region, o.offers[0].zone) for o in opts}
+    assert len(zones) > len(regions)  # more than one zone per region to rebuild the network in
+    ledger = Ledger()
+    with pytest.raises(NoValidPlan) as ei:
+        provision(opts, _run(ledger, tmp_path, "fake"), Requirements(), ledger, providers={"fake": p},
+                  poll_s=0.02, retry_wait_s=0.01, terminate_timeout_s=5)
+    assert p.bootstraps == len(regions)  # once per region, not once per zone
+    text = str(ei.value)
+    assert "broker quota request" not in text and "Limits, Quotas and Usage" in text
+    assert ei.value.message.count("subnet-count exceeded") == len(regions)
