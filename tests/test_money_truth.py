@@ -417,3 +417,58 @@ def test_the_dead_man_grace_scales_with_the_job_and_is_stated(vast_env, tmp_path
     (row,) = ledger.resources(run.id, live_only=True)
     assert row.attrs["deadman_grace_s"] == pytest.approx(grace)
     assert f"deadline + {grace:g} s grace" in node_layer(row, run)
+
+
+# --------------------------------------------------------------------------------------------------- node stopped
+def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_path, fake_cloud):
+    import json
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from broker.cli import app
+    from broker.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
+    from broker.providers.fake import FakeProvider
+    from broker.recipe import load_recipe
+
+    state = tmp_path / "fake.json"
+    fake_cloud(tmp_path / "home", state)
+    (tmp_path / "r").mkdir()
+    started = tmp_path / "started"
+    (tmp_path / "r" / "job.py").write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\n"
+                                           "time.sleep(300)\n")
+    (tmp_path / "r" / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\n"
+                                           "topology: simulated\nbudget_usd: 50\nmax_hours: 1\n")
+    recipe = load_recipe(tmp_path / "r" / "r.yaml")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    seen: dict = {}
+
+    def stop_it() -> None:  # the console / the provider stops the node while the job runs
+        while not started.exists():
+            time.sleep(0.05)
+        (iid,) = [i for i, x in p.instances().items() if x["state"] == "running"]
+        with p._state() as st:
+            st["instances"][iid]["state"] = "stopped"
+        for _ in range(400):  # what `broker status` says before the run has torn it down
+            r = CliRunner().invoke(app, ["status", "--json"])
+            live = json.loads(r.output)["live_resources"] if r.exit_code == 0 else []
+            if live and (live[0].get("attrs") or {}).get("provider_state") == "stopped":
+                seen["status"] = CliRunner().invoke(app, ["status"]).output
+                return
+            time.sleep(0.02)
+
+    t = threading.Thread(target=stop_it, daemon=True)
+    t.start()
+    said: list[str] = []
+    with pytest.raises(NodeLost, match="stopped"):
+        run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                     ledger=ledger, hooks=Hooks(say=said.append))
+    t.join(timeout=30)
+    (run,) = ledger.list_runs()
+    assert run.status == "failed" and "stopped" in run.message
+    (row,) = [r for r in ledger.resources(run.id) if r.kind == "instance"]
+    assert row.state == "terminated" and row.attrs["provider_state"] == "stopped"
+    assert "status" in seen and "stopped" in seen["status"]
