@@ -472,3 +472,32 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
     (row,) = [r for r in ledger.resources(run.id) if r.kind == "instance"]
     assert row.state == "terminated" and row.attrs["provider_state"] == "stopped"
     assert "status" in seen and "stopped" in seen["status"]
+
+
+def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path, fake_cloud):
+    """Provisioning took part of the run's time: the SSH executor's limit is what is left of the deadline (or of
+    the budget at the rates the ledger holds), not the recipe's max_hours from now."""
+    from broker.model import Cluster, ClusterNode
+    from broker.pipeline import Context, Hooks, cluster_executor
+    from broker.recipe import load_recipe
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "job.py").write_text("print('hi')\n")
+    (tmp_path / "r" / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\n"
+                                           "topology: simulated\nbudget_usd: 50\nmax_hours: 1\n")
+    recipe = load_recipe(tmp_path / "r" / "r.yaml")
+    ledger = Ledger()
+    run = _run(ledger, tmp_path, hours=1.0)
+    ledger.update_run(run.id, deadline=utcnow() + timedelta(seconds=120))
+    cluster = Cluster(run_id=run.id, provider="vast", topology="simulated", workroot=str(tmp_path / "w"),
+                      nodes=[ClusterNode(node_rank=0, host="127.0.0.1", port=22, user="root",
+                                         private_ip="127.0.0.1")])
+    ex = cluster_executor(recipe, ledger.get_run(run.id), cluster, Context(ledger=ledger, hooks=Hooks()))
+    assert 100 < ex.deadline_s <= 120
+    # the budget runs out first: $1 at $60/h lasts 60 s
+    res = ledger.record_intent(run.id, "vast", "instance", "n0", usd_per_hour=60.0, deadline=run.deadline)
+    ledger.mark_created(res.id, "1", state="running")
+    ledger.update_run(run.id, budget_usd=1.0, deadline=utcnow() + timedelta(hours=1))
+    ex = cluster_executor(recipe, ledger.get_run(run.id), cluster, Context(ledger=ledger, hooks=Hooks()))
+    assert 50 < ex.deadline_s <= 60
