@@ -42,6 +42,14 @@ terminate fails, failover **stops** with a :class:`ProviderError` naming the liv
 by ``bootstrap`` are kept for later options in the same provider + region and deleted when no longer needed (or
 left to ``teardown_run``, which deletes them after the instances).
 
+One clock per run (:func:`run_clock`, :func:`check_clock`): before each option, before each create and on every
+poll of a pending instance the run's deadline and budget (spent + live $/hour from the ledger) are checked; when
+either has run out, or the watchdog ended the run, :class:`ClockOut` stops provisioning (status ``deadline`` /
+``interrupted``): nothing is rented after the deadline, and an instance the watchdog killed is never taken for a
+failed offer.  The rate the provider reports for an instance (describe's ``usd_per_hour``) replaces the planned one
+in the ledger (:func:`record_reported_rate`); more than 10 % above the plan and past the budget it raises
+:class:`RateAboveBudget`.
+
 Costs: :func:`spent_usd` bills each resource per second from its ledger ``created_at`` (the moment the intent
 was recorded, i.e. just before the create call) until ``terminated_at`` (or now).  That is conservative on
 purpose: Vast.ai bills storage from creation, AWS / OCI bill from ``running``; starting at the intent can only

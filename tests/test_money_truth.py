@@ -2,9 +2,14 @@
 
 * a DELETE answered ``{"success": true}`` whose instance stays is re-sent until the provider shows it gone, or the
   resource is named with its id, its $/h and the command that retries;
-* (more below: the run's clock, the provider's rate, signals, create errors, the dead-man grace).
+* SIGTERM, SIGHUP and a closed terminal (a real pty) tear down a real ``broker run`` like Ctrl-C, exit 143 / 129;
+* one clock per run: instances that never leave ``loading`` end at the deadline with nothing more rented (also when
+  the watchdog kills them), the run's status stays ``deadline``, the job's limit is what is left of the clock;
+* the provider's rate (``dph_total`` 60x the plan) drives every money figure and stops a run it no longer fits;
+* the dead-man grace scales with the job; a node stopped mid-job ends the run and shows as stopped.
 
-The Vast.ai adapter talks HTTP to tests/vast_emulator.py (no netns: the instances here need no host).
+The Vast.ai adapter talks HTTP to tests/vast_emulator.py (no netns: the instances here need no host); the signal
+and stopped-node cases use the file-backed fake cloud.
 """
 
 from __future__ import annotations
