@@ -312,17 +312,10 @@ class RateAboveBudget(ClockOut):
 RATE_TOLERANCE = 0.10
 
 
-def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, reported_usd_per_hour: float, *,
-                         say: Progress, actor: str) -> Resource:
-    """Make the provider's rate the ledger's: ``res.usd_per_hour`` becomes what ``p`` reports for the instance
-    (US dollars per hour; plus the recorded storage rate unless the adapter's ``reported_rate_includes_storage``,
-    as Vast's ``dph_total``), the planned one kept in ``attrs["planned_usd_per_hour"]``.  Every money figure reads
-    the ledger (status, cost, the budget guard, the watchdog), so they all use it from here on.
-
-    A reported rate more than :data:`RATE_TOLERANCE` above the planned one is said with both numbers; when the
-    run's worst case at that rate (until its deadline) exceeds its budget, raises :class:`RateAboveBudget`."""
-    from broker.accounting import run_cost as _run_cost
-
+def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd_per_hour: float, *,
+                        actor: str) -> tuple[Resource, float, float, bool]:
+    """Write the provider's rate for ``res`` to the ledger (see :func:`record_reported_rate`, which also judges
+    it); returns (the updated row, planned $/hour, the rate now recorded, whether it changed)."""
     a = res.attrs or {}
     planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
     storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
@@ -335,7 +328,21 @@ def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, r
                                       "rate_source": f"{p.name} reported"},
                                message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
                                        f"${planned:.4g}/h)")
-    res = ledger.resource(res.id) or res
+    return ledger.resource(res.id) or res, planned, rate, changed
+
+
+def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, reported_usd_per_hour: float, *,
+                         say: Progress, actor: str) -> Resource:
+    """Make the provider's rate the ledger's: ``res.usd_per_hour`` becomes what ``p`` reports for the instance
+    (US dollars per hour; plus the recorded storage rate unless the adapter's ``reported_rate_includes_storage``,
+    as Vast's ``dph_total``), the planned one kept in ``attrs["planned_usd_per_hour"]``.  Every money figure reads
+    the ledger (status, cost, the budget guard, the watchdog), so they all use it from here on.
+
+    A reported rate more than :data:`RATE_TOLERANCE` above the planned one is said with both numbers; when the
+    run's worst case at that rate (until its deadline) exceeds its budget, raises :class:`RateAboveBudget`."""
+    from broker.accounting import run_cost as _run_cost
+
+    res, planned, rate, changed = adopt_reported_rate(p, ledger, res, reported_usd_per_hour, actor=actor)
     if changed and planned > 0 and rate > planned * (1 + RATE_TOLERANCE):
         cur = ledger.get_run(run.id) or run
         rc = _run_cost(cur, ledger.resources(run.id), utcnow())

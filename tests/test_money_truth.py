@@ -506,3 +506,21 @@ def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path,
     ledger.update_run(run.id, budget_usd=1.0, deadline=utcnow() + timedelta(hours=1))
     ex = cluster_executor(recipe, ledger.get_run(run.id), cluster, Context(ledger=ledger, hooks=Hooks()))
     assert 50 < ex.deadline_s <= 60
+
+
+def test_the_watchdog_takes_the_providers_rate_and_enforces_the_budget_with_it(vast_env, tmp_path):
+    """The CLI died before it recorded the rate: the watchdog's scan reads ``dph_total`` 60x the plan from the
+    instance list and its budget rule stops the instance at that rate."""
+    from broker.watchdog import Watchdog
+
+    emu = vast_env(dph_factor=60)
+    ledger = Ledger()
+    run = _run(ledger, tmp_path, budget=0.50)
+    iid, res = _instance_row(ledger, run, emu, usd_per_hour=0.40)  # the plan's $0.40/h: $0.013 in 2 min
+    ledger.update_resource(res.id, created_at=utcnow() - timedelta(minutes=2))
+    w = Watchdog(ledger, providers={"vast": _vast()}, orphan_scan_s=0, confirm_timeout_s=5, home=tmp_path / "wd")
+    acts = w.run_once() + w.run_once()
+    row = ledger.resource(res.id)
+    assert row.usd_per_hour == pytest.approx(24.0) and row.attrs["planned_usd_per_hour"] == pytest.approx(0.40)
+    assert any(a.kind == "terminate" and "budget" in a.reason for a in acts), acts
+    assert iid not in emu.instances and row.state == "terminated"
