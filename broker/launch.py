@@ -257,8 +257,8 @@ class Supervisor:
                     reason = f"deadline of {deadline_s:.0f} s reached; stopped every node"
                     break
                 time.sleep(self.poll_s)
-        except KeyboardInterrupt:
-            status, reason = "interrupted", "interrupted (Ctrl-C); stopped every node"
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (broker.errors.Terminated names it)
+            status, reason = "interrupted", f"interrupted ({getattr(e, 'signame', None) or 'Ctrl-C'}); stopped every node"
         finally:
             self.stop_all(nodes)
             for t in pumps:

@@ -146,11 +146,15 @@ def fake_run(tmp_path):
 
         popen.setdefault("stdout", subprocess.PIPE)
         popen.setdefault("stderr", subprocess.STDOUT)
+        if step.startswith("/"):  # a file the job itself writes: the job is running
+            (tmp_path / "recipe" / "job.py").write_text(f"import pathlib, time\npathlib.Path({step!r}).touch()\n"
+                                                        "time.sleep(300)\n")
+        hang = {} if step.startswith("/") else {"BROKER_FAKE_HANG": step}
         proc = subprocess.Popen([sys.executable, "-m", "broker", "run", str(tmp_path / "recipe" / "r.yaml"),
-                                 "--provider", "fake", "--yes"], cwd=REPO, env=dict(e, BROKER_FAKE_HANG=step),
+                                 "--provider", "fake", "--yes"], cwd=REPO, env=dict(e, **hang),
                                 start_new_session=popen.pop("start_new_session", True), **popen)
         procs.append(proc)
-        marker = Path(f"{e['BROKER_FAKE_STATE']}.hang-{step}")
+        marker = Path(step) if step.startswith("/") else Path(f"{e['BROKER_FAKE_STATE']}.hang-{step}")
         t0 = time.monotonic()
         while not marker.exists():
             assert proc.poll() is None, f"broker run ended (rc {proc.returncode}) before {step}"
@@ -203,6 +207,20 @@ def test_sigterm_and_sighup_tear_down_like_ctrl_c_and_say_so(fake_run, sig, code
     st = _run_status(e)
     assert st["live_resources"] == [] and st["runs"][0]["status"] == "interrupted"
     assert name in (st["runs"][0].get("message") or "")
+
+
+def test_sigterm_while_the_job_runs_stops_it_and_tears_down(fake_run, tmp_path):
+    import signal
+
+    proc, e = fake_run(str(tmp_path / "job-started"))
+    assert len(_fake_live(e)) == 1
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    out = out.decode()
+    assert proc.returncode == 143, out
+    assert _fake_live(e) == set() and "terminated by SIGTERM" in out
+    run = _run_status(e)["runs"][0]
+    assert run["status"] == "interrupted" and "SIGTERM" in run["message"]
 
 
 def test_a_closed_terminal_tears_down(fake_run):
