@@ -335,13 +335,15 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
         return "dead-man switch" if a["deadman"] else None
     if res.kind != "instance" or effective_deadline(res, run) is None:
         return None
+    g = a.get("deadman_grace_s")
+    grace = f"deadline + {float(g):g} s grace" if isinstance(g, (int, float)) else "deadline + grace"
     if res.provider == "vast":
-        return "self-destroy via the Vast API at deadline + grace"
+        return f"self-destroy via the Vast API at {grace}"
     if res.provider == "aws":
-        return "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+        return f"scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
     if res.provider == "oci":
         ip = a["instance_principal"] if "instance_principal" in a else _oci_instance_principal_setting()
-        return "self-terminate with an instance principal at deadline + grace" if ip else None
+        return f"self-terminate with an instance principal at {grace}" if ip else None
     return None
 
 

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import typer
 
 from broker import __version__
+from broker.errors import Terminated  # SIGTERM / SIGHUP as an interrupt
 from broker.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
                            OutputClosed)
 
@@ -404,6 +405,13 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
     if isinstance(exc, _usage_errors()):  # usage errors: the parser's message in broker's own style, exit 2
         message, hint = _usage_message(exc, args)
         return _report(exc.exit_code, message, hint, kind="UsageError", as_json=as_json)
+    term = exc if isinstance(exc, Terminated) else (exc.__cause__ or exc.__context__) \
+        if isinstance(exc, typer.Abort) else None
+    if isinstance(term, Terminated):
+        return _report(term.exit_code, f"terminated by {term.signame}"
+                       + (" (the terminal closed)" if term.signame == "SIGHUP" else "")
+                       + ": broker tore down what the run had rented before exiting", None, kind="Terminated",
+                       as_json=as_json)
     if isinstance(exc, typer.Abort):
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, EOFError):
@@ -576,6 +584,15 @@ def _on_sigint(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+_terminated: Terminated | None = None
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
+    global _terminated
+    _terminated = Terminated(signum)
+    raise _terminated
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app behind one error boundary (:func:`handle`) and exits."""
     import signal
@@ -585,6 +602,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _on_sigint)  # Typer turns Ctrl-C into exit 130 silently: note it
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill`, `timeout`, a closed terminal: the same teardown
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_terminate)
     except ValueError:  # not the main thread
         pass
     try:
@@ -593,7 +613,9 @@ def main(argv: list[str] | None = None) -> None:
         args = normalize_args(args)  # --provider LOCAL -> local; --provider vasti: did you mean vast? (exit 2)
         rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
-        if code == EXIT_INTERRUPTED and _interrupted and not as_json:
+        if code == EXIT_INTERRUPTED and _terminated is not None:  # Typer's silent 130 for SIGTERM / SIGHUP
+            code = _boundary(_terminated, as_json, args)
+        elif code == EXIT_INTERRUPTED and _interrupted and not as_json:
             _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
     except BaseException as e:  # noqa: BLE001 - the one boundary
         pipe = _broken_pipe(e)
@@ -606,6 +628,9 @@ def main(argv: list[str] | None = None) -> None:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         else:
             code = _boundary(e, as_json, args)
+        if _terminated is not None and code != _terminated.exit_code:
+            # the terminal closed (SIGHUP): writing the report failed with EIO; the signal's code still says why
+            code = _terminated.exit_code
     finally:
         reset_logging()
     sys.exit(code)
@@ -618,7 +643,7 @@ def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) ->
         return handle(e, as_json=as_json, args=args)
     except BaseException as failure:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
         if isinstance(e, KeyboardInterrupt):
-            return EXIT_INTERRUPTED
+            return e.exit_code if isinstance(e, Terminated) else EXIT_INTERRUPTED
         code = getattr(e, "exit_code", None)
         if isinstance(failure, (OSError, ValueError, OutputClosed)) and _closed_std_streams() and \
                 isinstance(code, int) and code:  # stderr closed while reporting: the error's own code stands

@@ -4,7 +4,7 @@ Free of pydantic (and of every other third-party import) so that the CLI's error
 load it for free.  :mod:`broker.provider` re-exports every name here; both import paths work.
 
 Exit codes (docs/design.md, README): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error,
-130 interrupted, 141 stdout closed early (``broker offers | head -1``: quiet, as git and cat end there).
+130 interrupted (SIGINT), 143 / 129 terminated by SIGTERM / SIGHUP (after teardown), 141 stdout closed early (``broker offers | head -1``: quiet, as git and cat end there).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3
 EXIT_PROVIDER = 4
 EXIT_INTERRUPTED = 130
+#: 128 + the signal number, as a shell reports a process ended by it; broker exits so only after its teardown
+EXIT_SIGTERM = 143
+EXIT_SIGHUP = 129
 #: the reader of stdout (or stderr) went away (a pipe into ``head``): 128 + SIGPIPE, what the shell reports for
 #: ``git log | head -1`` or ``cat big | head -1``; nothing is printed
 EXIT_BROKEN_PIPE = 141
@@ -29,6 +32,26 @@ class OutputClosed(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(EXIT_BROKEN_PIPE)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, ``timeout``, systemd) or SIGHUP (the terminal or ssh session closed) as an interrupt: a
+    KeyboardInterrupt, so that every path that tears down after Ctrl-C runs for them too; the CLI then exits with
+    ``exit_code`` (128 + ``signum``: 143 / 129) and a sentence naming the signal."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signum)
+        self.signum = signum
+        self.exit_code = 128 + signum
+        try:
+            self.signame = signal.Signals(signum).name
+        except ValueError:
+            self.signame = f"signal {signum}"
+
+    def __str__(self) -> str:
+        return self.signame
 
 
 class BrokerError(Exception):

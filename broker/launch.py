@@ -450,8 +450,8 @@ class Supervisor:
                     status, reason = "failed", self.stall.reason
                     break
                 time.sleep(self.poll_s)
-        except KeyboardInterrupt:
-            status, reason = "interrupted", "interrupted (Ctrl-C); stopped every node"
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (broker.errors.Terminated names it)
+            status, reason = "interrupted", f"interrupted ({getattr(e, 'signame', None) or 'Ctrl-C'}); stopped every node"
         finally:
             echo = self.echo
             self.echo = quiet_after_stop(echo, [n.node_rank for n in nodes if n.poll() is None])

@@ -209,8 +209,8 @@ class Ledger:
 
         An end the watchdog enforced wins: when the row's message starts with ``watchdog:`` and its status is an
         end the watchdog records (``deadline`` / ``interrupted``), a later ``failed`` / ``interrupted`` (the CLI
-        losing its SSH connections because the watchdog terminated the nodes) keeps the watchdog's status and
-        message, with the CLI's message appended.
+        losing its SSH connections because the watchdog terminated the nodes) or an active status (the CLI going on
+        to ``running`` / ``tearing_down``) keeps the watchdog's status and message, with the CLI's message appended.
         """
         if not fields:
             return
@@ -219,7 +219,8 @@ class Ledger:
         bad = set(fields) - set(Run.model_fields)
         if bad:
             raise KeyError(f"unknown run fields: {sorted(bad)}")
-        if fields.get("status") in ("failed", "interrupted"):
+        # an active status too (the CLI's "running" / "tearing_down" after the watchdog ended the run): the end stays
+        if fields.get("status") in ("failed", "interrupted", "planned", "provisioning", "running", "tearing_down"):
             cur = self._db.execute("SELECT status, message FROM runs WHERE id = ?", (run_id,)).fetchone()
             if cur is not None and cur["status"] in ("deadline", "interrupted") \
                     and (cur["message"] or "").startswith("watchdog:"):

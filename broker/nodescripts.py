@@ -16,6 +16,21 @@ from __future__ import annotations
 import shlex
 
 
+#: bounds of the node-side dead-man switch's grace after the deadline (seconds), see :func:`deadman_grace_s`
+DEADMAN_GRACE_MIN_S = 60.0
+DEADMAN_GRACE_MAX_S = 300.0
+
+
+def deadman_grace_s(max_hours: float | None) -> float:
+    """Seconds after the deadline at which a node's dead-man switch fires: 10 % of the run's ``max_hours`` (in
+    hours), at least :data:`DEADMAN_GRACE_MIN_S` (the CLI and the watchdog get the first minute to tear down
+    cleanly) and at most :data:`DEADMAN_GRACE_MAX_S` (a short job is not billed 5 more minutes when the CLI died):
+    ``min(300, max(60, 0.1 * max_hours * 3600))``.  Unknown ``max_hours``: the maximum."""
+    if max_hours is None or max_hours <= 0:
+        return DEADMAN_GRACE_MAX_S
+    return min(DEADMAN_GRACE_MAX_S, max(DEADMAN_GRACE_MIN_S, 0.1 * float(max_hours) * 3600.0))
+
+
 def node_workroot(ssh_user: str, override: str | None = None) -> str:
     """The folder on a node for broker's run files (``Cluster.workroot``): ``override`` (the adapter's
     ``node_workroot``) when set, else ``/root/broker`` for root and ``/home/<user>/broker`` for anyone else."""

@@ -35,8 +35,9 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
+import contextlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as _dc_replace
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -270,6 +271,10 @@ class Target(ABC):
     def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
         """Tear down what acquire made, or keep it (``keep``); returns (still live after teardown, kept)."""
         return [], []
+
+    def watching(self, run: Run, ctx: Context) -> "contextlib.AbstractContextManager[None]":
+        """A context held while the job runs (cloud targets watch their nodes there); nothing by default."""
+        return contextlib.nullcontext()
 
     @property
     def releases(self) -> bool:
@@ -582,6 +587,8 @@ class CloudTarget(Target):
         self.ready_timeout_s, self.poll_s = ready_timeout_s, poll_s
         self.ssh_ready_timeout_s = ssh_ready_timeout_s
         self.watchdog = watchdog  # None: leave the watchdog to the caller; True: start one; False: --no-watchdog
+        #: seconds between the describes of the nodes while the job runs (a node stopped mid-job ends it)
+        self.monitor_s = float(provision_kw.pop("monitor_s", MONITOR_S))
         self.provision_kw = provision_kw
 
     def check(self) -> None:
@@ -655,6 +662,12 @@ class CloudTarget(Target):
         if ready is None:
             ready = recipe.ready_timeout_s if getattr(recipe, "ready_timeout_s", None) else \
                 self._adapter_ready_timeout(cluster.provider)
+        from broker.provision import run_clock
+
+        left, why = run_clock(ctx.ledger, run)  # the run's one clock bounds the sshd / boot wait too
+        if left < ready:
+            ctx.say(f"waiting at most {max(1.0, left):.0f} s for SSH and boot (the run's {why} is that close)")
+            ready = max(1.0, left)
         return cluster_executor(recipe, run, cluster, ctx, ready_timeout_s=ready,
                                 on_auth_failure=self._reauthorise(cluster, ctx))
 
@@ -696,6 +709,11 @@ class CloudTarget(Target):
 
     def keep(self, recipe: Recipe, status: str) -> bool:
         return bool(recipe.idle_minutes) and self.keep_when_idle and status in KEEP_STATUSES
+
+    def watching(self, run: Run, ctx: Context) -> "contextlib.AbstractContextManager[None]":
+        """While the job runs: describe every instance of ``run`` each ``monitor_s`` seconds; one the provider
+        shows stopped / failed / gone ends the job at once (:func:`watch_nodes`)."""
+        return watch_nodes(ctx.ledger, run, self.providers, ctx, interval_s=self.monitor_s)
 
     @property
     def releases(self) -> bool:
@@ -943,14 +961,25 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
 def cluster_executor(recipe: Recipe, run: Run, cluster: Cluster, ctx: Context, **ssh: Any) -> "Executor":
     """The executor for an acquired cluster: local processes when its nodes are this machine (``local_exec``: the
     fake cloud), else SSH (``ssh``: SSHExecutor options such as ``ready_timeout_s``)."""
+    from broker.provision import run_clock
+
     if cluster.local_exec:
         from broker.launch import LocalExecutor
 
-        return LocalExecutor(cluster_spec(recipe, cluster, run), Path(run.run_dir or "."), echo=ctx.hooks.echo,
-                             say=ctx.hooks.say)
+        spec = cluster_spec(recipe, cluster, run)
+        left = run_clock(ctx.ledger, run)[0]  # the run's one clock, as below
+        if spec.deadline_s is None or left < spec.deadline_s:
+            spec = _dc_replace(spec, deadline_s=max(1.0, left))
+        return LocalExecutor(spec, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say)
     from broker.remote import SSHExecutor
 
-    return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say, **ssh)
+    ex = SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, say=ctx.hooks.say, **ssh)
+    # the job ends on the run's one clock (its deadline or its budget at the rates the ledger holds), not
+    # max_hours counted again from now: provisioning already spent part of it
+    left = run_clock(ctx.ledger, run)[0]
+    if left < ex.deadline_s:
+        ex.deadline_s = max(1.0, left)
+    return ex
 
 
 def _keep_until_idle(ledger: "Ledger", run: Run, idle_minutes: float, actor: str) -> list[Resource]:
@@ -990,11 +1019,121 @@ def shielded(say: Say | None, *, window_s: float = 2.0) -> Iterator[None]:
             say(f"still releasing resources (teardown); press Ctrl-C again within {window_s:g} s to abandon it and "
                 "leave the rest to the watchdog")
 
+    def hold(signum: int, frame: Any) -> None:
+        # SIGTERM / SIGHUP while tearing down (`timeout` sends TERM again, the closed terminal HUP): the teardown
+        # they asked for is running; only a second Ctrl-C abandons it
+        if say:
+            try:
+                say(f"{signal.Signals(signum).name} received: still releasing resources (teardown); broker exits "
+                    "when it is done")
+            except (OSError, ValueError, SystemExit):  # the terminal is gone (SIGHUP): say nothing
+                pass
+
     old = signal.signal(signal.SIGINT, handler)
+    olds = {sig: signal.signal(sig, hold) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+        for sig, h in olds.items():
+            signal.signal(sig, h)
+
+
+#: seconds between the describes of a cloud run's nodes while its job runs (CloudTarget ``monitor_s``)
+MONITOR_S = 30.0
+
+
+class NodeLost(BrokerError):
+    """A node the job runs on was stopped, failed or disappeared at the provider while the job ran (exit 1)."""
+
+    exit_code = 1
+
+
+def watch_nodes(ledger: "Ledger", run: Run, providers: dict[str, Provider] | None, ctx: Context, *,
+                interval_s: float) -> "contextlib.AbstractContextManager[None]":
+    """A context for the job's duration: a thread describes every live instance of ``run`` each ``interval_s``
+    seconds; one that the provider shows ``stopped`` / ``failed`` / ``terminated`` gets that state and why on its
+    ledger row (``attrs["provider_state"]``, ``error``: ``broker status`` shows it) and the job is ended at once
+    (:class:`NodeLost` raised in the main thread through SIGUSR2), instead of waiting for SSH to time out while the
+    other nodes bill.  Describe errors are ignored (the next pass looks again).  Outside the main thread: nothing."""
+    import _thread
+
+    if threading.current_thread() is not threading.main_thread() or interval_s <= 0:
+        return contextlib.nullcontext()
+
+    @contextmanager
+    def watching() -> Iterator[None]:
+        stop = threading.Event()
+        lost: list[str] = []
+
+        def on_lost(signum: int, frame: Any) -> None:
+            if lost and not stop.is_set():
+                raise NodeLost(lost[0], hint=f"`broker status {run.id}` shows the node; the run is torn down")
+
+        def loop() -> None:
+            from broker.providers import get_provider
+
+            cache: dict[str, Provider] = dict(providers or {})
+            while not stop.wait(interval_s):
+                for res in ledger.resources(run.id, live_only=True):
+                    if res.kind != "instance" or not res.provider_id or res.state in ("terminating", "terminated"):
+                        continue
+                    try:
+                        p = cache.get(res.provider) or cache.setdefault(res.provider, get_provider(res.provider))
+                        info = p.describe_instance(res.provider_id, region=res.region)
+                    except Exception:  # noqa: BLE001 - a failed describe proves nothing: the next pass looks again
+                        continue
+                    if info.state not in ("stopped", "failed", "terminated") or stop.is_set():
+                        continue
+                    raw = info.raw_state or info.state
+                    msg = (f"node {res.attrs.get('node_index', '?')} ({res.provider} {res.provider_id}) became {raw} "
+                           "at the provider while the job ran"
+                           + (f" ({info.message})" if info.message else "")
+                           + ("; it may still bill its disk" if info.state == "stopped" else "")
+                           + ": ended the job")
+                    ledger.update_resource(res.id, error=msg, attrs={"provider_state": info.state},
+                                           actor=ctx.actor, message=msg)
+                    lost.append(msg)
+                    ctx.say(msg)
+                    _thread.interrupt_main(signal.SIGUSR2)
+                    return
+
+        old = signal.signal(signal.SIGUSR2, on_lost)
+        t = threading.Thread(target=loop, name=f"watch-nodes-{run.id}", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join(timeout=interval_s + 30)
+            signal.signal(signal.SIGUSR2, old)
+
+    return watching()
+
+
+def _signal_name(e: BaseException) -> str:
+    """"Ctrl-C" for a KeyboardInterrupt, else the signal's name (SIGTERM / SIGHUP: :class:`broker.errors.Terminated`)."""
+    return getattr(e, "signame", None) or "Ctrl-C"
+
+
+def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``fn`` that stops printing once its terminal is gone (a closed terminal answers EIO; a closed pipe EPIPE):
+    the teardown that follows a SIGHUP must not die on a progress line."""
+    if fn is None:
+        return None
+    gone = [False]
+
+    def say(msg: str) -> None:
+        if gone[0]:
+            _log.info("%s", msg)
+            return
+        try:
+            fn(msg)
+        except (OSError, ValueError, SystemExit):  # SystemExit: broker.errors.OutputClosed
+            gone[0] = True
+            _log.info("%s", msg)
+
+    return say
 
 
 def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hooks | None = None,
@@ -1008,6 +1147,8 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     from broker.executor import STEP_TEXT, run_steps
 
     hooks = hooks or Hooks()
+    if hooks.say is not None or hooks.echo is not None:
+        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
     ctx = Context(ledger=ledger, hooks=hooks, actor=actor)
     target.check()
     quote = target.quote()
@@ -1034,15 +1175,20 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
         if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
             Path(run.run_dir or ".", "cluster.json").write_text(cluster.model_dump_json(indent=2))
         ex = target.executor(recipe, run, cluster, ctx)
-        result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+        with target.watching(run, ctx):
+            result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
         result = diagnose(result, recipe, Path(run.run_dir or "."))
         status, message = result.status, result.reason
         keep = target.keep(recipe, status)
-    except KeyboardInterrupt:
-        status, message = "interrupted", "interrupted (Ctrl-C) before the job finished"
+    except KeyboardInterrupt as e:
+        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
         raise
     except BrokerError as e:
         message = e.message
+        from broker.provision import ClockOut
+
+        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
+            status = e.status
         raise
     except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
         message = str(e)

@@ -23,8 +23,12 @@ Failover rules (docs/design.md, issue 4):
 * ``TransientError`` on bootstrap -> retried with bounded exponential backoff (tenacity) before failing over;
 * ``AuthError`` / ``NotSupported`` -> skip that provider.
 
-Ambiguous creates (issue 12): a ``create_instance`` that raised a TransientError, a 5xx / 408 / 409, a
-ProviderError without status or an untranslated exception may have created the instance anyway.  It is never
+Create errors are sorted (:func:`_ambiguous`): definite answers (validation, not found, auth, quota / limit,
+capacity, an adapter's refusal before any create call) fail the option at once; a 429 / throttling answer
+(:func:`_throttled`) is retried in place (same row, same zone) after the provider's ``Retry-After``, never a
+reason to move to the next zone.  Ambiguous creates: a ``create_instance`` that raised an AmbiguousCreate, a
+TransientError without status, a 5xx / 408 / 409 or an untranslated exception may have created the instance
+anyway.  It is never
 retried blindly: the provider's ``list_tagged`` is asked (polling until ``create_settle_s`` of the adapter, default
 20 s, has passed since the call) whether the instance (run tag + node name) exists.  Found -> adopted (its id goes
 to the intent row).  Proven absent -> the create is retried with the same row and client token (bounded attempts).
@@ -37,6 +41,14 @@ Before moving on, every instance the failed attempt created is terminated (``bro
 terminate fails, failover **stops** with a :class:`ProviderError` naming the live resource.  Network objects made
 by ``bootstrap`` are kept for later options in the same provider + region and deleted when no longer needed (or
 left to ``teardown_run``, which deletes them after the instances).
+
+One clock per run (:func:`run_clock`, :func:`check_clock`): before each option, before each create and on every
+poll of a pending instance the run's deadline and budget (spent + live $/hour from the ledger) are checked; when
+either has run out, or the watchdog ended the run, :class:`ClockOut` stops provisioning (status ``deadline`` /
+``interrupted``): nothing is rented after the deadline, and an instance the watchdog killed is never taken for a
+failed offer.  The rate the provider reports for an instance (describe's ``usd_per_hour``) replaces the planned one
+in the ledger (:func:`record_reported_rate`); more than 10 % above the plan and past the budget it raises
+:class:`RateAboveBudget`.
 
 Costs: :func:`spent_usd` bills each resource per second from its ledger ``created_at`` (the moment the intent
 was recorded, i.e. just before the create call) until ``terminated_at`` (or now).  That is conservative on
@@ -53,8 +65,8 @@ from typing import Any, Callable, Iterable
 
 from broker.ledger import Ledger
 from broker.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
-from broker.nodescripts import job_done_path, node_workroot  # noqa: F401 - re-exported
-from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
+from broker.nodescripts import deadman_grace_s, job_done_path, node_workroot  # noqa: F401 - re-exported
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
                              NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
                              TransientError)
 
@@ -119,9 +131,39 @@ def spent_usd(res: Resource, now: datetime | None = None) -> float:
 
 
 def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
-    """Sum of :func:`spent_usd` over every resource of ``run_id`` (live and terminated), USD."""
+    """US dollars ``run_id`` has cost so far (live and terminated resources): the ``spent_usd`` of
+    :func:`broker.accounting.run_cost`, the one place a run's money is summed."""
+    from broker.accounting import run_cost as _run_cost
+
+    run = ledger.get_run(run_id)
+    rows = ledger.resources(run_id)
+    if run is None or run.id != run_id:  # rows without a run row (reconcile's "unknown" run)
+        return sum(spent_usd(r, now) for r in rows)
+    return _run_cost(run, rows, now or utcnow()).spent_usd
+
+
+def run_clock(ledger: Ledger, run: Run, now: datetime | None = None) -> tuple[float, str]:
+    """Seconds the run has left on its one clock and what ends it first: ``(seconds, "deadline" | "budget")``.
+
+    The deadline is ``run.deadline``; the budget ends when what the run has spent plus what its live resources
+    bill per hour (the provider's reported rate where the ledger has it) reaches ``run.budget_usd``.  Without a
+    deadline and a budget: ``(inf, "deadline")``.  Negative or 0 = the clock has run out: nothing new may be
+    rented and every wait ends."""
+    from broker.accounting import _aware, run_cost as _run_cost
+
     now = now or utcnow()
-    return sum(spent_usd(r, now) for r in ledger.resources(run_id))
+    left, why = float("inf"), "deadline"
+    cur = ledger.get_run(run.id) or run
+    dl = _aware(cur.deadline)
+    if dl is not None:
+        left = (dl - now).total_seconds()
+    if cur.budget_usd is not None:
+        rc = _run_cost(cur, ledger.resources(run.id), now)
+        room = cur.budget_usd - rc.spent_usd
+        b_left = room / rc.usd_per_hour * 3600.0 if rc.usd_per_hour > 0 else (float("inf") if room > 0 else 0.0)
+        if b_left < left:
+            left, why = b_left, "budget"
+    return left, why
 
 
 def live_usd_per_hour(ledger: Ledger, run_id: str | None = None) -> float:
@@ -187,10 +229,16 @@ def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None,
     ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
     limit = getattr(e, "limit_name", None) or (ref.name if ref else None)
     zone = getattr(e, "scope", None)
-    if zone is None and ref is not None and ref.scope_kind == "AD":
+    if zone == o.region:
+        zone = None  # a region-wide limit (the adapter names the region as its scope)
+    if zone is None and ref is not None and ref.scope_kind == "AD" and limit == ref.name:
         zone = o.zone  # OCI GPU limits are per availability domain: the offer's AD
     where = " ".join(x for x in (o.region, zone) if x) or opt.provider
     what = f"limit {limit}" if limit else "quota"
+    if limit is not None and (ref is None or limit != ref.name):
+        # not the instance's own compute limit (a VCN / subnet count): every option of the region needs it,
+        # whatever its shape or AD, so none of them is tried (each would build the network again to hit it)
+        return (opt.provider, o.region, None, zone), f"{what} exhausted in {opt.provider} {where}"
     return (opt.provider, o.region, limit, zone), f"{what} exhausted in {opt.provider} {where}"
 
 
@@ -207,8 +255,8 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
     where = zone or o.region or "-"
     base = f"{opt.provider} {where}: {e.message}"
     fallback = base + (f"; {e.hint}" if e.hint else (f"; {opt.next_step}" if opt.next_step else ""))
-    if ref is None or limit_name is None:
-        return fallback
+    if ref is None or limit_name is None or limit_name != ref.name:
+        return fallback  # a limit the quota helper does not file (e.g. subnet-count): the adapter's console hint
     simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
     hybrid = opt.topology == TopologyKind.hybrid
     n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
@@ -241,20 +289,140 @@ class _NeverReady(ProviderError):
     pass
 
 
+class ClockOut(BrokerError):
+    """The run's one clock ran out while provisioning: its deadline passed, its budget is spent, or the watchdog
+    ended the run.  Nothing more is rented; the run ends with ``status`` (``deadline`` or ``interrupted``) and
+    exit code 1 after teardown."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, status: str = "deadline", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+class RateAboveBudget(ClockOut):
+    """The provider reports a rate more than :data:`RATE_TOLERANCE` above the planned one and at that rate the run
+    no longer fits its budget: the run stops and is torn down (exit 3, like a plan that does not fit)."""
+
+    exit_code = 3
+
+
+#: a reported rate this much above the planned one (0.10 = 10 %) is checked against the budget
+RATE_TOLERANCE = 0.10
+
+
+def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd_per_hour: float, *,
+                        actor: str) -> tuple[Resource, float, float, bool]:
+    """Write the provider's rate for ``res`` to the ledger (see :func:`record_reported_rate`, which also judges
+    it); returns (the updated row, planned $/hour, the rate now recorded, whether it changed)."""
+    a = res.attrs or {}
+    planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
+    storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
+                                                                                    or 0.0)
+    rate = round(float(reported_usd_per_hour) + storage, 6)
+    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9
+    if changed:
+        ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
+                               attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
+                                      "rate_source": f"{p.name} reported"},
+                               message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
+                                       f"${planned:.4g}/h)")
+    return ledger.resource(res.id) or res, planned, rate, changed
+
+
+def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, reported_usd_per_hour: float, *,
+                         say: Progress, actor: str) -> Resource:
+    """Make the provider's rate the ledger's: ``res.usd_per_hour`` becomes what ``p`` reports for the instance
+    (US dollars per hour; plus the recorded storage rate unless the adapter's ``reported_rate_includes_storage``,
+    as Vast's ``dph_total``), the planned one kept in ``attrs["planned_usd_per_hour"]``.  Every money figure reads
+    the ledger (status, cost, the budget guard, the watchdog), so they all use it from here on.
+
+    A reported rate more than :data:`RATE_TOLERANCE` above the planned one is said with both numbers; when the
+    run's worst case at that rate (until its deadline) exceeds its budget, raises :class:`RateAboveBudget`."""
+    from broker.accounting import run_cost as _run_cost
+
+    res, planned, rate, changed = adopt_reported_rate(p, ledger, res, reported_usd_per_hour, actor=actor)
+    if changed and planned > 0 and rate > planned * (1 + RATE_TOLERANCE):
+        cur = ledger.get_run(run.id) or run
+        rc = _run_cost(cur, ledger.resources(run.id), utcnow())
+        pct = (rate / planned - 1) * 100
+        both = (f"{p.name} reports ${rate:.4g}/h for {res.provider_id}, {pct:.0f} % above the planned "
+                f"${planned:.4g}/h")
+        if cur.budget_usd is not None and (rc.worst_case_usd is None or rc.worst_case_usd > cur.budget_usd + 1e-9):
+            worst = "unbounded" if rc.worst_case_usd is None else f"${rc.worst_case_usd:,.2f}"
+            raise RateAboveBudget(f"{both}: at that rate the run's worst case is {worst}, above its budget "
+                                  f"${cur.budget_usd:,.2f}; stopping and tearing down", status="failed",
+                                  hint="raise budget_usd or lower max_hours in the recipe, or pick another offer "
+                                       "(`broker plan` shows the planned prices)")
+        say(f"{both}; the worst case at that rate (${float(rc.worst_case_usd or 0):,.2f}) still fits the budget"
+            + (f" ${cur.budget_usd:,.2f}" if cur.budget_usd is not None else "") + ": going on")
+    return res
+
+
+def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
+    """Seconds left on the run's clock (:func:`run_clock`) before ``doing`` (e.g. "renting the next offer");
+    raises :class:`ClockOut` when none are left or the run was ended by the watchdog (its status is an end)."""
+    from broker.accounting import ENDED_STATUSES
+
+    cur = ledger.get_run(run.id)
+    if cur is not None and cur.id == run.id and cur.status in ENDED_STATUSES:
+        raise ClockOut(f"run {run.id} ended ({cur.status}: {cur.message or 'no message'}) before {doing}; "
+                       "nothing more is rented", status=cur.status if cur.status != "failed" else "interrupted",
+                       hint=f"`broker status {run.id}` shows what is left; `broker down {run.id}` removes it")
+    left, why = run_clock(ledger, run)
+    if left <= 0:
+        if why == "budget":
+            msg = (f"the run's budget ${float(run.budget_usd or 0):,.2f} is spent before {doing}; nothing more is "
+                   "rented")
+            status = "interrupted"
+        else:
+            msg = f"the run's deadline passed before {doing}; nothing is rented after the deadline"
+            status = "deadline"
+        raise ClockOut(msg, status=status, hint="raise max_hours / budget_usd in the recipe, or pick offers that "
+                                                "start faster (`broker plan` lists them)")
+    return left
+
+
 class _Unverified(ProviderError):
     """An ambiguous create whose outcome no list could establish: the row is ``unknown``; stop creating on this
     provider for the run."""
 
 
 def _ambiguous(e: BaseException) -> bool:
-    """Whether a failed create may still have created the instance (5xx, timeout, unreadable answer)."""
-    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported)):
+    """Whether a failed create may still have created the instance: only when the request may have reached the
+    provider and no definite answer came back (an :class:`AmbiguousCreate`, a 5xx, a 408 / 409, a timeout or an
+    unreadable answer).  Definite answers are never ambiguous: validation / not found (a 4xx, or a ProviderError
+    without status: the adapter's own refusal before any create call, e.g. no image found), auth, quota / limit,
+    capacity, and a 429 (the request was refused, nothing was made)."""
+    from broker.errors import AmbiguousCreate
+
+    if isinstance(e, AmbiguousCreate):
+        return True
+    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported, BadInput)):
+        return False
+    if _throttled(e):
         return False
     if isinstance(e, TransientError):
-        return True
-    if isinstance(e, ProviderError):
         return e.status is None or e.status >= 500 or e.status in (408, 409)
+    if isinstance(e, ProviderError):
+        return e.status is not None and (e.status >= 500 or e.status in (408, 409))
     return isinstance(e, Exception)  # not translated (a timeout, a parsing error after the request went out)
+
+
+def _throttled(e: BaseException) -> bool:
+    """A 429 / throttling answer: the provider refused the request (nothing created); retry in place after its
+    backoff, never a reason to leave the zone / availability domain."""
+    return isinstance(e, TransientError) and (e.status == 429 or bool(getattr(e, "throttled", False)))
+
+
+def _backoff_s(e: BaseException, n: int, wait_s: float) -> float:
+    """Seconds to wait before attempt ``n + 1``: the provider's ``Retry-After`` (``e.retry_after_s``, set by the
+    adapter) when it gave one, else ``wait_s`` doubling, at most 30 s."""
+    ra = getattr(e, "retry_after_s", None)
+    if isinstance(ra, (int, float)) and ra >= 0:
+        return min(float(ra), 120.0)
+    return min(30.0, wait_s * 2 ** (n - 1))
 
 
 def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None:
@@ -271,7 +439,7 @@ def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None
 
 
 def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledger, *, attempts: int,
-                     wait_s: float, say: Progress, actor: str) -> str:
+                     wait_s: float, say: Progress, actor: str, clock: Callable[[], Any] | None = None) -> str:
     """``create_instance`` such that at most one instance exists for the intent row ``res``, whatever the API
     answers (see the module docstring).  Returns the provider id; raises the create's error when it is proven
     that nothing exists, :class:`_Unverified` when that cannot be established."""
@@ -280,13 +448,28 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
     from broker.teardown import create_settle_s
 
     settle = create_settle_s(p)
-    for n in range(1, max(1, attempts) + 1):
+    throttled = 0
+    n = 0
+    while n < max(1, attempts):
+        n += 1
         t_call = utcnow()
         t0 = time.monotonic()
         try:
             return p.create_instance(req)
         except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised
-            if isinstance(e, KeyboardInterrupt) or not _ambiguous(e):
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if _throttled(e) and throttled < max(1, attempts) * 2:
+                throttled += 1
+                n -= 1  # a refused request is not an attempt: retried in place, same row, same zone
+                pause = _backoff_s(e, throttled, wait_s)
+                say(f"{p.name}: create {req.name} throttled ({getattr(e, 'message', e)}): nothing was created; "
+                    f"trying again in the same zone in {pause:.1f} s")
+                time.sleep(pause)
+                if clock is not None:
+                    clock()  # the run's clock: raises ClockOut after the deadline / budget
+                continue
+            if not _ambiguous(e):
                 raise
             err = e
         what = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
@@ -315,10 +498,12 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
             time.sleep(min(left, max(0.5, settle / 5)))
         if n >= attempts or not isinstance(err, (TransientError, ProviderError)):
             raise err
-        pause = min(30.0, wait_s * 2 ** (n - 1))
+        pause = _backoff_s(err, n, wait_s)
         say(f"{p.name} create_instance: {what}; proven absent by a list {settle:g} s later; retry {n + 1}/{attempts} "
             f"in {pause:.1f} s")
         time.sleep(pause)
+        if clock is not None:
+            clock()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -444,6 +629,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
             say(f"skip {label}: {why}")
             continue
+        check_clock(ledger, run, f"trying {label}")
         say(f"try {label}")
         try:
             p = prov(opt.provider)
@@ -487,6 +673,9 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
                 say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
             elif isinstance(e, (OfferGone, _NeverReady)):
                 say(f"{e.message}; trying the next offer")
+            elif _throttled(e):  # the API's rate limit is the account's, not the zone's: another AD would be too
+                fo.skip_providers[opt.provider] = f"{opt.provider} keeps throttling creates (429): retry later"
+                say(f"{e.message}; {opt.provider} still throttles after the retries: no more creates there now")
             else:
                 say(f"failed: {e.message}; trying the next option")
             continue
@@ -500,15 +689,32 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         return cluster
 
     drop_networks(keep=None)
-    lines = [f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else "") for a in fo.attempts]
-    hint = "; ".join(fo.quota_hints) if fo.quota_hints else "try later, widen the GPU list or raise the budget"
-    if fo.quota_hints:
-        hint = "raise these quotas (`broker quota request ...`): " + hint
+    lines = _attempt_lines(fo.attempts)
+    hints = list(dict.fromkeys(fo.quota_hints))  # one sentence per limit, not one per option it blocked
+    hint = "; ".join(hints) if hints else "try later, widen the GPU list or raise the budget"
+    if hints:
+        fileable = any("`broker quota request" in h for h in hints)
+        hint = ("raise these quotas (`broker quota request ...`): " if fileable else "raise these limits: ") + hint
     msg = "could not provision any option of the plan:\n" + "\n".join(lines)
     if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
         e = fo.last_error
         raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
     raise NoValidPlan(msg, hint=hint)
+
+
+def _attempt_lines(attempts: list[Attempt]) -> list[str]:
+    """One line per option tried; a reason already given for an earlier option is not repeated (the same
+    rejection for every option of a provider reads once, then "same as option N")."""
+    first: dict[tuple[str, str], int] = {}
+    out = []
+    for n, a in enumerate(attempts, 1):
+        key = (a.outcome, a.reason)
+        if a.reason and key in first:
+            out.append(f"  - {a.option}: {a.outcome}: same as {attempts[first[key] - 1].option.split(':')[0]}")
+            continue
+        first.setdefault(key, n)
+        out.append(f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else ""))
+    return out
 
 
 def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
@@ -569,9 +775,11 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                 _retrying(p.open_ingress, networks[key][0], list(ingress), rec, attempts=transient_attempts,
                           wait_s=retry_wait_s, say=say, what=f"{p.name} open_ingress")
         inst_ids: list[str] = []
+        grace = deadman_grace_s(_max_hours(run))
         for k, offer in enumerate(offers):
             i = k + first_rank
             name = f"broker-{run.id}-n{i}"
+            check_clock(ledger, run, f"renting {offer.instance_type} for node {i}")
             # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
             storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
             res = ledger.record_intent(
@@ -581,12 +789,13 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                        "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
                        "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
                        "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
-                       "min_billed_seconds": offer.min_billed_seconds})
+                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
                 f"(${offer.usd_per_hour:.4g}/h)")
             req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
+                              grace_seconds=grace,
                               client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
                               network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
                               installation_id=ledger.installation_id,
@@ -594,12 +803,16 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                               idle_minutes=idle_minutes)
             try:
                 pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
-                                       say=say, actor=actor)
+                                       say=say, actor=actor,
+                                       clock=lambda: check_clock(ledger, run, f"creating {name} again"))
             except _Unverified:
                 raise
             except ProviderError as e:
-                # the create failed and nothing exists (proven by a list, or a definite error such as capacity)
-                ledger.update_resource(res.id, error=e.message, actor=actor, message=f"create failed: {e.message}")
+                # the create failed and nothing exists (proven by a list, or a definite error such as capacity):
+                # the row ends here, no list is needed to prove it
+                ledger.update_resource(res.id, state="terminated", error=e.message, terminated_by=actor,
+                                       actor=actor, attrs={"never_created": True},
+                                       message=f"create failed, nothing exists: {e.message}")
                 raise
             if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
                 ledger.mark_created(res.id, pid, actor=actor)
@@ -622,6 +835,14 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
         raise
 
 
+def _max_hours(run: Run) -> float | None:
+    """The run's length in hours: its deadline minus its start (the recipe's ``max_hours``), None without one."""
+    start = run.started_at or run.created_at
+    if run.deadline is None or start is None:
+        return None
+    return max(0.0, (run.deadline - start).total_seconds() / 3600.0)
+
+
 def _join_boot(*parts: str | None) -> str | None:
     """Boot lines joined (None when there are none)."""
     text = "\n".join(p.rstrip() for p in parts if p and p.strip())
@@ -630,12 +851,20 @@ def _join_boot(*parts: str | None) -> str | None:
 
 def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,
                 timeout_s: float, poll_s: float) -> InstanceInfo:
+    """Describe ``res`` until ``running``; bounded by ``timeout_s`` and by the run's clock (:func:`check_clock`:
+    the deadline, the budget, the watchdog ending the run raise :class:`ClockOut`, never "try the next offer")."""
     import time
 
     assert res is not None and res.provider_id
     t0 = time.monotonic()
     last = None
     while True:
+        left = check_clock(ledger, run, f"{res.provider_id} became running")
+        cur = ledger.resource(res.id)
+        if cur is not None and cur.state in ("terminating", "terminated") and cur.terminated_by not in (None, actor):
+            check_clock(ledger, run, f"{res.provider_id} became running")  # the watchdog ended the run: ClockOut
+            raise _NeverReady(p.name, "describe_instance", f"{res.provider_id} was terminated by "
+                              f"{cur.terminated_by} while broker waited for it ({cur.error or 'no reason given'})")
         try:
             info = p.describe_instance(res.provider_id, region=res.region)
         except TransientError as e:
@@ -645,6 +874,8 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
             if info.state != last:
                 say(f"{p.name}: {res.provider_id} is {info.raw_state or info.state}")
                 last = info.state
+            if info.usd_per_hour is not None and info.state not in DEAD_STATES:
+                res = record_reported_rate(p, ledger, res, run, info.usd_per_hour, say=say, actor=actor)
             if info.state == "running":
                 ledger.update_resource(res.id, state="running", actor=actor, attrs={
                     k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),
@@ -652,13 +883,14 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
                     message=f"{res.provider_id} running")
                 return info
             if info.state in DEAD_STATES:
+                check_clock(ledger, run, f"{res.provider_id} became running")  # gone because the run ended?
                 raise _NeverReady(p.name, "describe_instance",
                                   f"{res.provider_id} became {info.raw_state or info.state} instead of running"
                                   + (f" ({info.message})" if info.message else ""))
         if time.monotonic() - t0 > timeout_s:
             raise _NeverReady(p.name, "describe_instance",
                               f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
-        time.sleep(poll_s)
+        time.sleep(max(0.0, min(poll_s, left)))
 
 
 def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],

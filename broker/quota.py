@@ -358,6 +358,32 @@ def desired_value(q: Quota | None, units_needed_: float) -> float:
     return suggest_limit(q.limit, q.used, units_needed_)
 
 
+#: the largest new limit broker files, per unit (GPUs for OCI, vCPUs for AWS): more is a typo, never a DDP job
+MAX_REQUEST_VALUE: dict[str, float] = {"gpus": 1024.0, "vcpus": 20000.0}
+
+
+def check_request_value(value: float, *, limit_name: str, unit: str, current: float | None = None) -> None:
+    """Refuse a quota request value that no provider form would take or that cannot help: not a whole number, not
+    above 0, not above the ``current`` limit (when read), or above :data:`MAX_REQUEST_VALUE` for its ``unit``.
+    Raises :class:`broker.errors.BadInput` (exit 2) naming the value, the bound and what to pass instead."""
+    from broker.errors import BadInput
+
+    word = "GPUs" if unit == "gpus" else ("vCPUs" if unit == "vcpus" else unit)
+    cap = MAX_REQUEST_VALUE.get(unit)
+    hint = (f"pass --value as the new limit, a whole number of {word} above the current limit"
+            + (f" ({current:g})" if current is not None else "") + (f" and at most {cap:g}" if cap else "")
+            + ", or leave it out to request what the job needs")
+    if not math.isfinite(value) or value <= 0 or value != math.floor(value):
+        raise BadInput(f"--value {value:g} is not a new limit for {limit_name}: it must be a whole number of {word} "
+                       "above 0", hint=hint)
+    if current is not None and value <= current:
+        raise BadInput(f"--value {value:g} does not raise {limit_name}: its current limit is already {current:g} "
+                       f"{word}; a request must exceed it", hint=hint)
+    if cap is not None and value > cap:
+        raise BadInput(f"--value {value:g} {word} for {limit_name} is above the {cap:g} broker files (a typo?)",
+                       hint=hint)
+
+
 def request_command(provider: str, limit: str, value: float, *, scope: str | None = None,
                     region: str | None = None) -> str:
     """The ready ``broker quota request ...`` command that would unblock a plan option (scope only for OCI ADs).

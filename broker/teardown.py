@@ -16,7 +16,11 @@ Rules (docs/design.md "Money and safety invariants"):
   gateways -> security groups -> placement groups -> VCN / VPC; nothing of a later rank is tried while something
   of an earlier rank of the same run and provider is still live (a subnet cannot go while an instance sits in
   it: trying only burns 409s);
-* a failed terminate leaves the row live with its error, loud in ``broker status``, for the next try;
+* a delete is done when the provider shows the resource gone, not when it answers "success": an instance still
+  described after its delete gets the delete re-sent with exponential backoff until it is gone or
+  ``confirm_timeout_s`` ends, with a progress line every :data:`PROGRESS_EVERY_S` seconds;
+* a failed terminate leaves the row live with its error (id, $/hour and the command that retries,
+  :func:`stuck_message`), loud in ``broker status``, for the next try;
 * a ledger row is data, not a command (:func:`refusal`): its provider id must have the provider's form
   (``Provider.valid_id``), and where the provider keeps broker's tags (``Provider.owner_tags``) the object must be
   shown by the provider with this installation's and this run's tags; otherwise nothing is sent and the row stays
@@ -58,6 +62,12 @@ _OTHER_RANK = 3
 
 T = TypeVar("T")
 
+#: seconds between the progress lines of a teardown that waits for the provider to show a resource gone
+PROGRESS_EVERY_S = 10.0
+#: the first re-send of a delete comes this many polls after the last one, then doubles (at most RESEND_MAX_S)
+RESEND_POLLS = 5
+RESEND_MAX_S = 30.0
+
 
 def kind_rank(kind: str) -> int:
     """Where ``kind`` goes in :func:`teardown_order` (0 = first)."""
@@ -84,6 +94,59 @@ def _retry_terminate(p: Provider, res: Resource, retry_s: float, say: Callable[[
         with attempt:
             return p.terminate(res.kind, res.provider_id or "", region=res.region, attrs=res.attrs)
     return False  # pragma: no cover - tenacity either returns or raises
+
+
+def retry_command(res: Resource) -> str:
+    """The command that retries the teardown of ``res`` (its run's ``broker down``)."""
+    return f"broker down {res.run_id}" if res.run_id and res.run_id != "unknown" else "broker reconcile --terminate"
+
+
+def stuck_message(res: Resource, waited_s: float) -> str:
+    """The sentence for a resource the provider still shows after its delete: id, $/hour, the retry command."""
+    return (f"{res.provider} {res.kind} {res.provider_id} still not gone {waited_s:.0f} s after broker asked to "
+            f"delete it (the provider accepted the delete but still shows it) and may bill "
+            f"${float(res.usd_per_hour or 0.0):.4g}/h: retry with `{retry_command(res)}`, or delete "
+            f"{res.provider_id} in the {res.provider} console")
+
+
+def _confirm_gone(p: Provider, res: Resource, *, confirm_timeout_s: float, poll_s: float,
+                  say: Callable[[str], None] | None) -> bool:
+    """Describe ``res`` until the provider shows it gone, re-sending the delete with exponential backoff (a delete
+    answered "success" is a request, not the provider's word that it is gone), for at most ``confirm_timeout_s``
+    seconds; a progress line at once and every :data:`PROGRESS_EVERY_S` seconds.  True = gone."""
+    assert res.provider_id is not None
+    t0 = time.monotonic()
+    end = t0 + confirm_timeout_s
+    last_send, sends, k = t0, 1, 0
+    next_progress = t0
+    state = "listed"
+    while True:
+        try:
+            info = p.describe_instance(res.provider_id, region=res.region)
+        except TransientError as e:  # a throttled / failed describe proves nothing: look again
+            if say:
+                say(f"describe {res.provider_id}: {e.message}; polling again")
+            info = None
+        if info is not None:
+            if info.state == "terminated":
+                return True
+            state = info.raw_state or info.state
+        now = time.monotonic()
+        if now >= end:
+            return False
+        if say and now >= next_progress:
+            say(f"{res.provider} {res.kind} {res.provider_id}: still {state} {now - t0:.0f} s after the delete "
+                f"(sent {sends}x); re-sending until the provider shows it gone (up to {confirm_timeout_s:.0f} s)")
+            next_progress = now + PROGRESS_EVERY_S
+        if now - last_send >= min(RESEND_MAX_S, RESEND_POLLS * max(poll_s, 0.001) * 2 ** k):
+            sends, k, last_send = sends + 1, k + 1, now
+            try:
+                if p.terminate(res.kind, res.provider_id, region=res.region, attrs=res.attrs):
+                    return True
+            except TransientError as e:
+                if say:
+                    say(f"re-sent delete of {res.provider_id}: {e.message}; trying again")
+        time.sleep(max(0.0, min(poll_s, end - time.monotonic())))
 
 
 def _provider(name: str, cache: dict[str, Provider]) -> Provider:
@@ -205,25 +268,15 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
         if say:
             say(f"terminating {res.provider} {res.kind} {res.provider_id}")
         gone = _retry_terminate(p, res, retry_s, say)
-        deadline = time.monotonic() + confirm_timeout_s
-        while not gone and res.kind == "instance":
-            try:
-                info = p.describe_instance(res.provider_id, region=res.region)
-            except TransientError as e:  # a throttled / failed describe proves nothing: look again
-                if say:
-                    say(f"describe {res.provider_id}: {e.message}; polling again")
-                info = None
-            if info is not None and info.state == "terminated":
-                gone = True
-                break
-            if time.monotonic() > deadline:
-                break
-            time.sleep(poll_s)
+        if not gone and res.kind == "instance":
+            gone = _confirm_gone(p, res, confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say)
         if not gone and res.kind != "instance":
             gone = True  # non-instance deletes are synchronous where the adapter returns
         if not gone:
-            ledger.update_resource(res.id, error=f"terminate requested but still not gone after "
-                                                 f"{confirm_timeout_s:.0f} s", actor=actor, message="not confirmed")
+            msg = stuck_message(res, confirm_timeout_s)
+            ledger.update_resource(res.id, error=msg, actor=actor, message="not confirmed gone")
+            if say:
+                say(msg)
             return False
         ledger.update_resource(res.id, state="terminated", terminated_by=actor, error=None, actor=actor,
                                message=f"{res.kind} {res.provider_id} terminated")

@@ -402,7 +402,17 @@ class Watchdog:
             self.errors.pop(name, None)
             mine = self.ledger.installation_id
             for t in tagged:
-                if t.state == "terminated" or self.ledger.find_by_provider_id(name, t.provider_id):
+                if t.state == "terminated":
+                    continue
+                known = self.ledger.find_by_provider_id(name, t.provider_id)
+                if known is not None:
+                    if known.live and t.usd_per_hour is not None and known.kind == "instance":
+                        # the provider's rate, also when the CLI died before it could record it: the budget
+                        # rule above then counts what is really billed
+                        from broker.provision import adopt_reported_rate
+
+                        adopt_reported_rate(self._provider(name), self.ledger, known, t.usd_per_hour,
+                                            actor=self.actor)
                     continue
                 if self._pending_create(name, t):
                     continue

@@ -338,3 +338,34 @@ def test_oci_draft_without_credentials_leaves_the_ad_to_fill_in(monkeypatch, tmp
     from broker.provider import BadInput
 
     assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2 and "--scope" in str(r.exception)
+
+
+@pytest.mark.parametrize("value,words", [("-3", "whole number"), ("0", "whole number"), ("1.5", "whole number"),
+                                         ("1", "already 1"), ("1e8", "above the 1024")])
+def test_request_refuses_a_value_that_cannot_raise_the_limit(monkeypatch, value, words):
+    fake = FakeOCI()  # AD-1: limit 1, used 0
+    use(monkeypatch, oci=fake)
+    from broker.provider import BadInput
+
+    r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1", "--scope", "AD-1", "--value", value)
+    assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2, r.output
+    assert words in flat(str(r.exception)) and "--value" in r.exception.hint
+    assert fake.filed == []  # nothing filed
+    from broker.ledger import Ledger
+
+    assert Ledger().quota_requests() == []
+
+
+def test_quota_status_takes_a_provider(monkeypatch):
+    use(monkeypatch, oci=FakeOCI())
+    from broker.ledger import Ledger
+
+    with Ledger() as led:
+        led.add_quota_request("oci", "gpu-a10-count", 2, scope="AD-1", unit="gpus", state="SUCCEEDED")
+        led.add_quota_request("aws", "L-DB2E81BA", 8, region="us-east-1", unit="vcpus", state="DENIED")
+    r = cli("quota", "status", "--provider", "aws", "--json", "--no-refresh")
+    assert r.exit_code == 0, r.output
+    assert [x["provider"] for x in json.loads(r.output)["requests"]] == ["aws"]
+    from broker.provider import BadInput
+
+    assert isinstance(cli("quota", "status", "--provider", "vast").exception, BadInput)

@@ -67,11 +67,16 @@ class VastEmulator:
     """The emulator; ``url`` goes into ``VAST_API_URL``.  ``hosts``: a :class:`NetnsCluster` (rented instances take
     its hosts in order).  ``boot_s``: seconds from rent to ``running``; ``sshd_delay_s``: seconds from the first
     ``running`` answer until the instance's SSH port accepts; ``delete_failures``: how many DELETE calls answer 500
-    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request."""
+    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request.
+    Faults seen on the real API: ``lying_deletes``: how many DELETE calls per instance answer ``{"success": true}``
+    while the instance stays listed; ``never_ready``: instances stay ``loading`` (``actual_status`` null, then
+    ``loading``) for ever; ``dph_factor``: the instance rows report ``dph_total`` this many times the offer's;
+    ``hostless``: instances are rented without a netns host (nothing to log in to; ``hosts`` may be None)."""
 
     def __init__(self, hosts, *, offers: list[dict[str, Any]] | None = None, boot_s: float = 0.5,
                  sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True,
-                 lose_first_keys: int = 0):
+                 lose_first_keys: int = 0, lying_deletes: int = 0, never_ready: bool = False,
+                 dph_factor: float = 1.0, hostless: bool = False):
         from pytest_httpserver import HTTPServer
 
         self.hosts = hosts
@@ -82,6 +87,8 @@ class VastEmulator:
         # the first N key API calls answer success but the key never reaches the host (seen: a key call racing
         # the container's start); the client must post it again when logins are refused
         self.lose_first_keys = lose_first_keys
+        self.lying_deletes, self.never_ready = lying_deletes, never_ready
+        self.dph_factor, self.hostless = dph_factor, hostless
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
@@ -170,7 +177,9 @@ class VastEmulator:
     def _row(self, inst: Instance) -> dict[str, Any]:
         now = time.time()
         status: str | None = None
-        if now - inst.created >= self.boot_s:
+        if self.never_ready:
+            status = "loading" if now - inst.created >= self.boot_s / 2 else None
+        elif now - inst.created >= self.boot_s:
             status = "running"
             if inst.running_since is None:
                 inst.running_since = now
@@ -191,7 +200,7 @@ class VastEmulator:
                 "status_msg": "success, running pytorch/pytorch" if status == "running" else "Loading image",
                 "ssh_host": host, "ssh_port": port, "ssh_idx": "1", "public_ipaddr": host,
                 "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)}]} if port else {},
-                "local_ipaddrs": "10.0.0.5 ", "dph_total": o["dph_total"], "dph_base": o["dph_base"],
+                "local_ipaddrs": "10.0.0.5 ", "dph_total": round(o["dph_total"] * self.dph_factor, 6), "dph_base": o["dph_base"],
                 "storage_cost": o["storage_cost"], "num_gpus": o["num_gpus"], "gpu_name": o["gpu_name"],
                 "gpu_ram": o["gpu_ram"], "cpu_ram": o["cpu_ram"],
                 "disk_space": float(inst.body.get("disk") or o["disk_space"]), "label": inst.label,
@@ -227,12 +236,12 @@ class VastEmulator:
             if offer is None or offer["rented"]:
                 return self._json({"success": False, "error": "no_such_ask",
                                    "msg": f"Instance type by id {ask} is not available."}, 400)
-            if not self._free_hosts:
+            if not self._free_hosts and not self.hostless:
                 return self._json({"success": False, "error": "no_such_ask", "msg": "no host left (emulator)"}, 400)
             offer["rented"] = True
             iid = self._new_id()
-            self.instances[iid] = Instance(iid, ask, self._free_hosts.pop(0), str(body.get("label") or ""), body,
-                                           offer)
+            host = self._free_hosts.pop(0) if self._free_hosts else None
+            self.instances[iid] = Instance(iid, ask, host, str(body.get("label") or ""), body, offer)
         return self._json({"success": True, "new_contract": iid})
 
     def _show(self, request):
@@ -288,6 +297,8 @@ class VastEmulator:
             if n <= self.delete_failures:
                 return self._json({"success": False, "error": "server_error",
                                    "msg": "Internal server error, please try again"}, 500)
+            if n <= self.delete_failures + self.lying_deletes:
+                return self._json({"success": True})  # accepted, yet the instance stays (and bills)
             inst = self.instances.pop(iid)
             self.destroyed.append(iid)
             if inst.forward is not None:

@@ -270,13 +270,18 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
         refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),
+        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only this provider's requests (oci, aws)"),
     ) -> None:
-        """Every quota request in the ledger, refreshed from the providers."""
+        """Every quota request in the ledger (or one provider's), refreshed from the providers."""
         from rich.table import Table
 
+        from broker.provider import BadInput
         from broker.ui import console, print_json
 
-        rows = request_statuses(refresh=refresh)
+        if provider is not None and provider not in QUOTA_PROVIDERS:
+            raise BadInput(f"quota requests are filed for {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+                           hint="`broker quota status --provider oci` (or aws), or leave --provider out")
+        rows = request_statuses(refresh=refresh, provider=provider)
         if as_json:
             print_json({"requests": rows})
             return
@@ -361,6 +366,10 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
 
         q = replace(q, region=settings().oci_region or "<your region, e.g. us-ashburn-1>")
     target = float(value) if value is not None else desired_value(q if q.source != "not read" else None, need.units)
+    from broker.quota import check_request_value
+
+    check_request_value(target, limit_name=need.limit.name, unit=need.limit.unit,
+                        current=float(q.limit) if q.source != "not read" else None)
     why = reason or default_reason(nodes, gpus_per_node, need.spec.instance_type)
     note += (f"{need.instances}× {need.spec.instance_type} ({need.topology}) needs {need.units} "
              f"{need.limit.unit} of {need.limit.name}; requesting a limit of {target:g}")
@@ -385,15 +394,16 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     return r, note
 
 
-def request_statuses(refresh: bool = True) -> list[dict[str, Any]]:
-    """Every ledger quota request; open ones refreshed through the adapter (errors kept per row in ``note``)."""
+def request_statuses(refresh: bool = True, provider: str | None = None) -> list[dict[str, Any]]:
+    """Every ledger quota request (``provider``'s alone when given); open ones refreshed through the adapter
+    (errors kept per row in ``note``)."""
     from broker.ledger import Ledger
     from broker.provider import BrokerError, QuotaRequest
 
     out: list[dict[str, Any]] = []
     provs: dict[str, Any] = {}
     with Ledger() as led:
-        for row in led.quota_requests():
+        for row in led.quota_requests(provider):
             row = dict(row)
             row["note"] = ""
             if refresh and row.get("provider_request_id") and (row.get("state") or "") not in FINAL_STATES:

@@ -156,7 +156,15 @@ def _where(provider: str | None, topology: str | None) -> str:
     return f"{provider} {topology}"
 
 
+def _shown_state(r: dict[str, Any]) -> str:
+    """The ledger state, or what the provider last showed when that is worse (a node stopped mid-job)."""
+    seen = (r.get("attrs") or {}).get("provider_state")
+    return str(seen) if seen in ("stopped", "failed") and r["state"] == "running" else r["state"]
+
+
 def _state_text(state: str) -> str:
+    if state in ("stopped", "failed"):
+        return f"[bold red]{state}[/]"
     if state == "orphan":
         return "[bold red]orphan[/]"
     if state == "unknown":
@@ -193,11 +201,11 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
         worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
         rate = usd(c["usd_per_hour"]) if billing else "free"
         if wide:
-            t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(r["state"]), _dur(c["age_s"]),
+            t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(_shown_state(r)), _dur(c["age_s"]),
                       rate, usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing),
                       f"[bold red]{escape(r['error'])}[/]" if r.get("error") else "")
         else:
-            t.add_row(f"{r['run_id']}\n{r['provider']} {r['kind']} {ident}", _state_text(r["state"]), rate,
+            t.add_row(f"{r['run_id']}\n{r['provider']} {r['kind']} {ident}", _state_text(_shown_state(r)), rate,
                       usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing))
     return t
 
@@ -215,6 +223,8 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
                        f"{r['run_id']}` or `broker reconcile` resolves it")
         elif r.get("error"):
             out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+        if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
+            out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
     return out
 
 

@@ -148,9 +148,10 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> In
         raise unreadable(call, f"instance {provider_id} without State.Name")
     pub = i.get("PublicIpAddress")
     reason = (i.get("StateReason") or {}).get("Message")
+    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger
     return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
                         public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
-                        ssh_user=SSH_USER, message=reason)
+                        ssh_user=SSH_USER, message=reason, usd_per_hour=list_price(i.get("InstanceType")))
 
 
 def terminate_instance(api: "AWSApi", provider_id: str, region: str | None) -> bool:

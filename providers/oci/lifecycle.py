@@ -84,10 +84,25 @@ def create_instance(api: "OCIApi", req: NodeRequest, *, ad: str, subnet: str, im
         freeform_tags=tags)
     cc = api.client("compute")
     call = "launch_instance"
-    with api.errors(call, scope=ad, shape=shape, gpus=shape_gpus(shape), create=True):
-        inst = cc.launch_instance(details, opc_retry_token=req.client_token[:64],
-                                  retry_strategy=oci.retry.NoneRetryStrategy()).data
+    try:
+        with api.errors(call, scope=ad, shape=shape, gpus=shape_gpus(shape), create=True):
+            inst = cc.launch_instance(details, opc_retry_token=req.client_token[:64],
+                                      retry_strategy=oci.retry.NoneRetryStrategy()).data
+    except TransientError as e:
+        if e.status == 429:  # refused, nothing made: the core retries in this AD after OCI's Retry-After
+            e.retry_after_s = retry_after_s(e.__cause__)  # type: ignore[attr-defined]
+        raise
     return network.created_object(call, inst).id
+
+
+def retry_after_s(e: BaseException | None) -> float | None:
+    """Seconds from a ``Retry-After`` header of an SDK ServiceError (None when it carries none)."""
+    headers = getattr(e, "headers", None) or {}
+    try:
+        value = next((v for k, v in dict(headers).items() if str(k).lower() == "retry-after"), None)
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def instance_state(api: "OCIApi", provider_id: str) -> str:

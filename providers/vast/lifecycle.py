@@ -171,6 +171,8 @@ class VastLifecycle:
     node_workroot: Any
     delete_attempts: int
     delete_timeout_s: float
+    #: describe's ``usd_per_hour`` is the instance's ``dph_total``, which includes its storage at the disk asked
+    reported_rate_includes_storage = True
     #: client token -> why its create was ambiguous (never rented again; only looked up)
     _unverified: dict[str, str]
     #: instance id -> disk (GiB) its create asked for (checked again by describe when unknown at create)
