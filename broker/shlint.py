@@ -36,6 +36,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from broker.lint import FIXES as PY_FIXES
 from broker.lint import Finding, _shell_commands, _TORCHRUN, is_sbatch, lint_sbatch
@@ -431,6 +432,34 @@ def _fmt_mb(mb: int) -> str:
     return f"{mb / 1024:.1f} GiB ({mb} MiB)" if mb >= 1024 else f"{mb} MiB"
 
 
+_SRUN_OPT = re.compile(r"(?<![\w-])--(cpus-per-task|gpus-per-node|gpus|gres)(?:=|\s+)(\S+)")
+
+
+def _srun_repeats(text: str, refused: Callable[[str, str], bool]) -> list[tuple[int, str]]:
+    """(line, ``--option=value``) of each ``srun`` command line that repeats an option ``refused(option, value)``
+    names: srun asks for its step's resources again, so fixing only the ``#SBATCH`` line leaves the step refused."""
+    out = []
+    for lineno, line in _shell_commands(text):
+        m = re.search(r"(?<![\w-])srun\b", line)
+        if not m or re.match(r"\s*(echo|printf)\b", line):
+            continue
+        for o in _SRUN_OPT.finditer(line, m.end()):
+            if refused(o.group(1), o.group(2).strip("'\"")):
+                out.append((lineno + line[:o.start()].count("\n"), f"--{o.group(1)}={o.group(2)}"))
+    return out
+
+
+def _also_msg(also: list[tuple[int, str]], path: str) -> str:
+    return "".join(f"; the srun line at {path}:{ln} asks for it again ({opt})" for ln, opt in also)
+
+
+def _also_fix(also: list[tuple[int, str]], instead: str) -> str:
+    if not also:
+        return ""
+    where = ", ".join(str(ln) for ln, _ in also)
+    return f"; change the srun line{'s' if len(also) > 1 else ''} ({where}) too ({instead})"
+
+
 def check_against_cluster(text: str, path: str, cluster: ClusterNodes, *, where: str = "this cluster") -> list[Finding]:
     """Each ``#SBATCH`` directive of the header against what the cluster's nodes have (see the module docstring);
     every finding names the directive's line, what the cluster has and the line to write instead."""
@@ -470,11 +499,12 @@ def check_against_cluster(text: str, path: str, cluster: ClusterNodes, *, where:
         fit = max(1, max_cpus // max(1, tasks)) if d is cpt_d else max(1, max_cpus // max(1, cpt))
         what = (f"--ntasks-per-node={tasks} x --cpus-per-task={cpt} = {tasks * cpt} CPUs per node"
                 if tasks_d and cpt_d else f"--{d.name}={d.value}")
+        also = _srun_repeats(text, lambda o, v: o == "cpus-per-task" and v.isdigit() and int(v) > max_cpus)
         out.append(Finding(path, d.line, "sbatch-cpus",
                            f"{what}: the nodes of {where} have {max_cpus} CPU(s) each; the job would never start "
-                           "(sbatch: Requested node configuration is not available)",
+                           "(sbatch: Requested node configuration is not available)" + _also_msg(also, path),
                            f"`#SBATCH --{d.name}={fit}` (torchrun starts the node's workers itself: one task "
-                           "per node is the usual shape)"))
+                           "per node is the usual shape)" + _also_fix(also, f"--cpus-per-task={fit}")))
     gpus, gd = gpus_asked(h)
     max_gpus = max((n["gpus"] for n in pool.values()), default=0)
     if gd is not None and gpus > max_gpus:
@@ -487,7 +517,11 @@ def check_against_cluster(text: str, path: str, cluster: ClusterNodes, *, where:
         else:
             msg = f"--{gd.name}={gd.value}: the nodes of {where} have at most {max_gpus} GPU(s) each"
             fix = f"`#SBATCH --gres=gpu:{max_gpus}` (and torchrun `--nproc_per_node={max_gpus}`)"
-        out.append(Finding(path, gd.line, "sbatch-gres", msg, fix))
+        also = _srun_repeats(text, lambda o, v: (o in ("gpus-per-node", "gpus") and (max_gpus == 0 or (
+            re.search(r"(\d+)$", v) and int(re.search(r"(\d+)$", v).group(1)) > max_gpus)))
+            or (o == "gres" and "gpu" in v))
+        out.append(Finding(path, gd.line, "sbatch-gres", msg + _also_msg(also, path),
+                           fix + _also_fix(also, "no GPU option" if max_gpus == 0 else f"--gpus-per-node={max_gpus}")))
     mem_d = h.get("mem")
     if mem_d:
         mb = parse_mem_mb(mem_d.value)

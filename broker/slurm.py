@@ -154,7 +154,8 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
     ``workdir``: the job's working directory on the cluster's shared file system (``#SBATCH --chdir``); the
     recipe's script path is taken relative to the recipe's workdir and run from there.  Default: the recipe's
     workdir itself.
-    ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo).
+    ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo;
+    always False for a ``gpus_per_node: 0`` recipe).
     ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
     ``env_refs``: write env values that reference ``${NAME}`` as written (expanded in the job from the submitting
     environment) instead of their resolved values: a script that is printed never carries a secret.
@@ -164,6 +165,8 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
 
     Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
     """
+    if getattr(recipe, "cpu_only", False):  # gpus_per_node: 0 asks for no GPU at all: never --gpus-per-node
+        gpus = False
     if not gpus and not recipe.cpu_ok:
         raise BadInput(f"recipe {recipe.name} needs GPUs (cpu_ok is false) but the script was asked for CPU only",
                        hint="drop --cpu-only, or set cpu_ok: true in the recipe for a gloo logic check")

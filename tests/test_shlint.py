@@ -223,3 +223,36 @@ def test_the_sbatch_broker_renders_has_no_shell_finding():
     for gpus in (True, False):
         script = render_sbatch(recipe, log_dir="/tmp/logs", gpus=gpus)
         assert lint_shell(script, "rendered.sbatch") == []
+
+
+def test_a_refused_option_that_srun_repeats_names_the_srun_line_too():
+    from broker.recipe import load_recipe
+    from broker.slurm import render_sbatch
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml")
+    script = render_sbatch(recipe, log_dir="slurm-logs", workdir=".")  # 1 GPU and 4 CPUs per node
+    lines = script.splitlines()
+    srun = next(i for i, ln in enumerate(lines, 1) if ln.startswith("STEP=(srun"))
+    found = {f.kind: f for f in check_against_cluster(script, "job.sbatch", cluster())}
+    gres, cpus = found["sbatch-gres"], found["sbatch-cpus"]
+    assert lines[gres.line - 1] == "#SBATCH --gpus-per-node=1" and lines[cpus.line - 1] == "#SBATCH --cpus-per-task=4"
+    assert f"job.sbatch:{srun} asks for it again (--gpus-per-node=1)" in gres.message
+    assert f"job.sbatch:{srun} asks for it again (--cpus-per-task=4)" in cpus.message
+    assert f"change the srun line ({srun}) too (--cpus-per-task=2)" in cpus.fix
+    assert f"change the srun line ({srun}) too" in gres.fix
+    # an srun line asking for what the nodes have is not named; an echo of srun is no srun line
+    ok = ("#!/bin/bash\n#SBATCH --cpus-per-task=4\necho srun --cpus-per-task=4\nsrun --cpus-per-task=2 hostname\n")
+    (f,) = check_against_cluster(ok, "ok.sh", cluster())
+    assert "srun" not in f.message and "srun" not in f.fix
+
+
+def test_a_cpu_only_recipe_renders_no_gpu_request(tmp_path):
+    from broker.recipe import load_recipe
+    from broker.slurm import render_sbatch
+
+    src = (Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml").read_text()
+    (tmp_path / "ddp_train.py").write_text("print('x')\n")
+    (tmp_path / "cpu.yaml").write_text(src.replace("gpus_per_node: 1", "gpus_per_node: 0"))
+    script = render_sbatch(load_recipe(tmp_path / "cpu.yaml"), log_dir="slurm-logs", workdir=".")
+    assert "gpus-per-node" not in script and "#SBATCH --cpus-per-task=1" in script
+    assert check_against_cluster(script, "job.sbatch", cluster()) == []
