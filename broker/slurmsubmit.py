@@ -11,7 +11,7 @@ built.
 3. **Stage** the file's folder (``broker.staging``: .gitignore / .brokerignore respected) to
    ``<shared dir>/jobs/<run id>/work`` and create the folders of ``--output``/``--error`` there (Slurm cannot open
    a file in a missing folder: the job would end at once with no log).
-4. **sbatch** ``--chdir=<work>`` (unless the file sets ``--chdir``) with the cluster's Python first on ``PATH``
+4. **sbatch** ``--chdir=<work>`` (a relative ``--chdir`` of the file taken against ``<work>``) with the cluster's Python first on ``PATH``
    (``torchrun`` and ``python`` of the nodes), ``--comment=broker-run=<run id>``, the script's own arguments.
 5. **Follow**: ``squeue`` (PENDING with its reason, RUNNING), then ``sacct``/``scontrol`` for the final state
    (COMPLETED, FAILED, TIMEOUT, CANCELLED, ...); the job's ``StdOut``/``StdErr`` (``scontrol show job``) are
@@ -62,6 +62,8 @@ class Outcome:
     files: list[Path] = field(default_factory=list)
     diagnosis: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
+    #: what Slurm itself says of a job that ended without writing any output (read before the diagnosis)
+    slurm_notes: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -198,7 +200,8 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         say(staging_line(plan, run_dir) + f" -> {work}")
         sh.mkdir(base)
         sh.put_tgz(tar_staged(plan), work)
-        made = _output_dirs(h, work)
+        chdir = job_dir(h, work)
+        made = _output_dirs(h, chdir)
         if made:
             sh.text(["mkdir", "-p", *made], call="mkdir")
             say(f"created {', '.join(os.path.relpath(d, work) + '/' for d in made)} in the job folder (Slurm "
@@ -206,7 +209,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run_c.deadline,
                                    attrs=attrs)
         res_id = res.id
-        extra = [] if "chdir" in h else [f"--chdir={work}"]
+        # on the command line it wins over the file's own: a relative `#SBATCH --chdir=.` would be taken against
+        # the home of the user slurmd runs the job as (/root), not the staged folder
+        extra = [f"--chdir={chdir}"]
         pydir = str(Path(state.python).parent) if state.python.startswith("/") else None
         prefix = (["env", f"PATH={pydir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
                   if pydir else [])
@@ -257,6 +262,16 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
             message=f"Slurm job {job_id} {out.state}, ExitCode {out.exit_code}:{out.signal or 0}"
                     + (f"; {reason}" if reason else ""))
     return out
+
+
+def job_dir(h: dict, work: str) -> str:
+    """The job's working directory on the cluster: the staged folder ``work``, or the file's ``--chdir``
+    taken against it when relative (an absolute one is kept as written)."""
+    d = h.get("chdir")
+    if d is None or not d.value.strip():
+        return work
+    v = d.value.strip()
+    return v if v.startswith("/") else os.path.normpath(f"{work}/{v}")
 
 
 def _output_dirs(h: dict, work: str) -> list[str]:
@@ -399,6 +414,11 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     for s in streams:
         s.pump(final=True)
     out.state, out.exit_code, out.signal, out.nodes = info.state, info.exit_code, info.signal, info.nodes
+    if info.state != "COMPLETED" and not any(p.exists() and p.stat().st_size for p in out.files):
+        try:
+            out.slurm_notes = no_output_reason(sh, job_id, info)
+        except Exception as e:  # noqa: BLE001 - the note is best effort; the state and exit code stand
+            out.slurm_notes = [f"(could not ask Slurm why job {job_id} wrote nothing: {type(e).__name__}: {e})"]
     if status is None:
         status = "succeeded" if info.state == "COMPLETED" and (info.exit_code or 0) == 0 else "failed"
         if status == "failed":
@@ -407,12 +427,43 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     return status, reason, info, out
 
 
+def no_output_reason(sh: Any, job_id: str, info: Any) -> list[str]:
+    """Why a job that ended without a line of output did so, from Slurm's own record (``scontrol show job``:
+    Reason, StdOut, WorkDir) and whether the folder of its StdOut exists on node 0 (slurmd cannot create it:
+    "Could not open stdout file" in slurmd's log, the job FAILED before the script ran)."""
+    from broker.providers.slurm import parse_scontrol_job
+
+    cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol show job", timeout=30)
+    raw = cp.stdout.decode(errors="replace") if isinstance(cp.stdout, bytes) else (cp.stdout or "")
+    kv = parse_scontrol_job(raw) if cp.returncode == 0 and raw.strip() else {}
+    code = f"ExitCode {info.exit_code}:{info.signal or 0}"
+    reason = (kv.get("Reason") or getattr(info, "reason", "") or "").strip()
+    said = f"Slurm job {job_id} {info.state} ({code}" + (f", Reason={reason}" if reason and reason != "None"
+                                                           else "") + ") without writing any output"
+    std = kv.get("StdOut")
+    if not std:
+        return [said + "; Slurm no longer remembers the job's files (scontrol show job): slurmd's log on the "
+                "job's first node says why"]
+    first = (kv.get("BatchHost") or "node0").strip()
+    user = (kv.get("UserId") or "root(0)").split("(")[0] or "root"
+    path = expand_pattern(std, job_id=job_id, name=kv.get("JobName") or "", user=user, node=first)
+    folder = path.rsplit("/", 1)[0] or "/"
+    there = sh.run(["test", "-d", folder], call="test -d", timeout=30).returncode == 0
+    if not there:
+        return [said + f": its output file {path} (StdOut; WorkDir={kv.get('WorkDir', '?')}) is in a folder that "
+                f"does not exist ({folder}); slurmd could not open it, so the job ended before the script ran",
+                "fix: point #SBATCH --output/--error at a folder that exists before sbatch (a folder of the "
+                "submitted file's own, without %j in its name, is created by `broker slurm submit`)"]
+    return [said + f"; its output file is {path} (StdOut; WorkDir={kv.get('WorkDir', '?')}): if it is missing, "
+            "slurmd could not open it (permissions or a file system the nodes do not share)"]
+
+
 def diagnose(out: Outcome, findings: list["Finding"], nnodes: int, run_dir: Path, result: Any) -> list[str]:
     """The diagnosis lines of a job that did not complete: torchrun outside srun on a multi-node job first (the
     logs say nothing of it: node 0 waits in the rendezvous until the time limit), then the catalogue."""
     if out.status == "succeeded":
         return []
-    lines: list[str] = []
+    lines: list[str] = list(out.slurm_notes)
     not_srun = [f for f in findings if f.kind == "sbatch-torchrun-not-srun"]
     if not_srun and nnodes > 1:
         others = [i for i, p in out.log_paths.items() if i > 0 and p.exists() and p.stat().st_size]

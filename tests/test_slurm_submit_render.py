@@ -1,0 +1,50 @@
+"""``broker slurm render`` then ``broker slurm submit`` of what it wrote, on a real 2-node netns cluster: a CPU
+recipe's render runs in the staged folder (its relative ``#SBATCH --chdir=.`` is the staged folder, not the home of
+slurmd's user), and a job whose ``--output`` folder does not exist is diagnosed from Slurm's own record instead of
+ending with an empty log.  Skipped with the reason when not root or slurm-wlm/munge/sshd are missing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+try:
+    from test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401 - the module's cluster fixture
+except ImportError:  # tests/ imported as a package
+    from tests.test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401
+
+
+@pytest.mark.timeout(400)
+def test_renders_output_for_a_cpu_recipe_runs_in_the_staged_folder(cluster, tmp_path):
+    home, cid = cluster
+    shutil.copy(REPO / "recipes" / "ddp_train.py", tmp_path / "ddp_train.py")
+    shutil.copytree(REPO / "recipes" / "data", tmp_path / "data")
+    text = (REPO / "recipes" / "ddp_2node.yaml").read_text().replace("gpus_per_node: 1", "gpus_per_node: 0")
+    text = text.replace('args: ["--epochs", "12", "--min-accuracy", "0.85"]', 'args: ["--epochs", "2"]')
+    (tmp_path / "cpu.yaml").write_text(text)
+    cp = broker(home, "slurm", "render", str(tmp_path / "cpu.yaml"), "--output", str(tmp_path / "job.sbatch"))
+    assert cp.returncode == 0, cp.stderr
+    assert "#SBATCH --chdir=." in (tmp_path / "job.sbatch").read_text()
+    cp = broker(home, "slurm", "submit", str(tmp_path / "job.sbatch"), "--cluster", cid, timeout=300)
+    assert cp.returncode == 0, (cp.stdout[-3000:], cp.stderr[-3000:])
+    flat = " ".join(cp.stdout.split())
+    assert re.search(r"Slurm job \d+ COMPLETED, ExitCode 0:0 \(succeeded\)", flat), flat
+    assert "ALLREDUCE_OK" in cp.stdout or "DDP_OK" in cp.stdout or "broker: training step exit status 0" in \
+        cp.stdout, cp.stdout[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_job_that_cannot_open_its_output_is_diagnosed_from_slurm(cluster, tmp_path):
+    home, cid = cluster
+    # %j in the folder: nothing can create it before sbatch, and slurmd does not
+    (tmp_path / "nolog.sh").write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=2\n"
+                                       "#SBATCH --output=logs-%j/out.txt\necho never\n")
+    cp = broker(home, "slurm", "submit", str(tmp_path / "nolog.sh"), "--cluster", cid, timeout=240)
+    assert cp.returncode == 1, (cp.stdout[-3000:], cp.stderr[-3000:])
+    flat = " ".join(cp.stdout.split())
+    assert re.search(r"Slurm job (\d+) FAILED \(ExitCode \d+:\d+.*\) without writing any output", flat), flat
+    job_id = re.search(r"Slurm job (\d+) FAILED", flat).group(1)
+    assert f"logs-{job_id}/out.txt" in flat and "folder that does not exist" in flat, flat
