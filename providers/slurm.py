@@ -392,10 +392,53 @@ class SlurmProvider(Provider):
         return info.done
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
-        """Queued or running jobs submitted by broker (``--comment=broker-run=<run id>``)."""
+        """Queued or running jobs submitted by broker (``--comment=broker-run=<run id>``).
+
+        Jobs on clusters ``broker slurm up`` built (ledger rows with ``attrs.cluster``) are asked of that
+        cluster's own controller through its node 0; a cluster that is no longer up holds no jobs (its nodes are
+        gone).  This provider's own Slurm (here or ``host``) is asked only when it has a host or the ledger holds a
+        job that is not on such a cluster: on a machine without a controller, squeue only prints errors.  Raises
+        ProviderError when a Slurm that should answer does not."""
+        local, clusters = self._where_jobs_are(run_id)
+        found: list[TaggedResource] = []
+        for cid in clusters:
+            sh = self._cluster_shell_if_up(cid)
+            if sh is not None:
+                found += self._tagged_on(sh, run_id)
+        if local:
+            found += self._tagged_on(self.shell, run_id)
+        return found
+
+    def _where_jobs_are(self, run_id: str | None) -> tuple[bool, list[str]]:
+        """(ask this provider's own Slurm, the ``broker slurm up`` clusters whose jobs the ledger records)."""
+        if self.host:
+            return True, []
+        try:
+            from broker.ledger import Ledger
+
+            rows = [r for r in Ledger().resources(run_id) if r.provider == self.name and r.kind == "slurm_job"]
+        except Exception:  # noqa: BLE001 - no ledger to read: the plain behaviour, this machine's Slurm
+            return True, []
+        clusters = list(dict.fromkeys(str(r.attrs["cluster"]) for r in rows if (r.attrs or {}).get("cluster")))
+        local = any(not (r.attrs or {}).get("cluster") for r in rows) or not rows
+        return local, clusters
+
+    @staticmethod
+    def _cluster_shell_if_up(cluster_id: str) -> Shell | None:
+        from broker.accounting import ACTIVE_STATUSES
+        from broker.ledger import Ledger
+        from broker.slurmcluster import find, node0_shell
+
+        try:
+            run, state = find(Ledger(), cluster_id)
+        except BadInput:
+            return None  # no such cluster (any more): nothing of it can hold a job
+        return node0_shell(state) if run.status in ACTIVE_STATUSES else None
+
+    def _tagged_on(self, sh: Shell, run_id: str | None) -> list[TaggedResource]:
         from broker.provider import TaggedResource
 
-        out = self.shell.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
+        out = sh.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
         found = []
         for row in out.strip().splitlines():
             jid, comment, state, name = (row.split("|") + ["", "", ""])[:4]
