@@ -50,6 +50,30 @@ def test_a_job_that_cannot_open_its_output_is_diagnosed_from_slurm(cluster, tmp_
     assert f"logs-{job_id}/out.txt" in flat and "folder that does not exist" in flat, flat
 
 
+def test_ssh_on_a_slurm_up_cluster_has_slurm_conf(cluster):
+    home, cid = cluster
+    cp = broker(home, "ssh", cid, "0", "--", "sinfo", "-h", "-N", "-o", "%N")
+    assert cp.returncode == 0, (cp.stdout, cp.stderr[-2000:])
+    assert "node0" in cp.stdout and "node1" in cp.stdout
+    # an interactive session: a terminal and a login shell that has SLURM_CONF
+    from broker.ledger import Ledger
+    from broker.slurmcluster import ClusterState, slurm_ssh_argv
+
+    import os
+
+    from broker.config import settings
+
+    os.environ["BROKER_HOME"] = str(home)
+    settings.cache_clear()
+    run = Ledger().get_run(cid)
+    conf = ClusterState.load(Path(run.run_dir)).conf
+    argv = slurm_ssh_argv(run, ["ssh", "-p", "22", "root@198.18.0.2"], None)
+    assert argv[:4] == ["ssh", "-p", "22", "-t"] and argv[4:6] == ["root@198.18.0.2", "--"]
+    assert argv[6].startswith(f"export SLURM_CONF={conf};") and argv[6].endswith('exec "${SHELL:-/bin/bash}" -l')
+    assert slurm_ssh_argv(run, ["ssh", "h", "--", "hostname"], ["hostname"]) == \
+        ["ssh", "h", "--", f"export SLURM_CONF={conf};", "hostname"]
+
+
 def _no_local_squeue(cp) -> None:
     text = cp.stdout + cp.stderr
     assert "squeue: error" not in text and "squeue: fatal" not in text and "list_tagged failed" not in text, text

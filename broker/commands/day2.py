@@ -371,6 +371,9 @@ def register(app: typer.Typer) -> None:
                            hint=f"its folder is {cluster.nodes[node].workroot or run.run_dir}; the VMs are nodes "
                                 f"1..{len(cluster.nodes) - 1}")
         argv = ssh_argv(cluster, node, command or None)
+        from broker.slurmcluster import slurm_ssh_argv  # a `broker slurm up` cluster: SLURM_CONF in the session
+
+        argv = slurm_ssh_argv(run, argv, command)
         if shutil.which("ssh") is None:
             raise BadInput("the ssh client is not installed", hint="apt-get install openssh-client")
         if command:
