@@ -327,6 +327,14 @@ def lint_shell(text: str, path: str = "<script.sh>", *, nodes: int | None = None
                                     "the node rank ($SLURM_NODEID) on this srun line is outside single quotes: the "
                                     "shell that runs srun expands it once, on the first node, so every node "
                                     "claims node rank 0", FIXES["shell-node-rank-expanded-early"]))
+        # a loopback master written on the line itself: every node then looks for the master on itself
+        lit = re.search(r"--(master[_-]addr|rdzv[_-]endpoint)[= ]['\"]?(localhost|127\.\d+\.\d+\.\d+|::1|"
+                        r"\[::1\])(?![\w.-])", after)
+        if lit:
+            findings.append(Finding(path, lineno + after[:lit.start()].count("\n"), "shell-no-master-addr",
+                                    f"--{lit.group(1)}={lit.group(2)} on a multi-node torchrun: each node looks for "
+                                    "the master on itself and waits until the rendezvous times out", MASTER_FIX))
+            continue
         static = re.search(r"--node[_-]rank\b", after) and not re.search(r"--rdzv[_-]endpoint\b", after)
         if static and "--standalone" not in after and "PET_MASTER_ADDR" not in text:  # torchrun's own env form
             if not re.search(r"--master[_-]addr\b", after):

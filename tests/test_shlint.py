@@ -256,3 +256,22 @@ def test_a_cpu_only_recipe_renders_no_gpu_request(tmp_path):
     script = render_sbatch(load_recipe(tmp_path / "cpu.yaml"), log_dir="slurm-logs", workdir=".")
     assert "gpus-per-node" not in script and "#SBATCH --cpus-per-task=1" in script
     assert check_against_cluster(script, "job.sbatch", cluster()) == []
+
+
+def test_a_loopback_master_on_a_multi_node_torchrun_line_is_named(tmp_path):
+    for opt in ("--master_addr=localhost", "--master-addr 127.0.0.1", "--rdzv_endpoint=localhost:29500"):
+        text = ("#!/bin/bash\nset -e\ntorchrun --nnodes=2 --nproc_per_node=1 --node_rank=$NODE_RANK \\\n"
+                f"  {opt} --master_port=29500 train.py\n")
+        (f,) = [f for f in lint_shell(text, "launch_torchrun.sh") if f.kind == "shell-no-master-addr"]
+        assert f.line == 4 and opt.split()[0].split("=")[0] in f.message, (opt, f)
+    # one node: localhost is right
+    one = "#!/bin/bash\ntorchrun --nnodes=1 --nproc_per_node=2 --master_addr=localhost train.py\n"
+    assert [f for f in lint_shell(one, "one.sh") if f.kind == "shell-no-master-addr"] == []
+    # the CLI: `broker lint launch_torchrun.sh` exits non-zero and names it
+    (tmp_path / "launch_torchrun.sh").write_text(
+        "#!/bin/bash\ntorchrun --nnodes=2 --nproc_per_node=1 --node_rank=0 --master_addr=localhost "
+        "--master_port=29500 train.py\n")
+    from broker.cli import app
+
+    r = CliRunner().invoke(app, ["lint", str(tmp_path / "launch_torchrun.sh")])
+    assert r.exit_code != 0 and "shell-no-master-addr" in r.output, r.output
