@@ -258,10 +258,17 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     out.diagnosis = diagnose(out, findings, nnodes, run_dir, result)
     if out.diagnosis:
         (run_dir / "diagnosis.txt").write_text("\n".join(out.diagnosis) + "\n")
-    end_run(ledger, run.id, result, status=status,
-            message=f"Slurm job {job_id} {out.state}, ExitCode {out.exit_code}:{out.signal or 0}"
-                    + (f"; {reason}" if reason else ""))
+    end_run(ledger, run.id, result, status=status, message=end_message(job_id, out, reason))
     return out
+
+
+def end_message(job_id: str | None, out: Outcome, reason: str) -> str:
+    """The run's closing line: Slurm's state and exit code once, then the reason when it says more (a reason
+    that already is the state line, ``Slurm job 7 FAILED (JobLaunchFailure), ExitCode 0:53``, replaces it)."""
+    line = f"Slurm job {job_id} {out.state}, ExitCode {out.exit_code}:{out.signal or 0}"
+    if not reason:
+        return line
+    return reason if reason.startswith(f"Slurm job {job_id} {out.state}") else f"{line}; {reason}"
 
 
 def job_dir(h: dict, work: str) -> str:
@@ -339,6 +346,17 @@ def route_line(line: str, logs: dict[int, Path], per_node: int, tag: str = "") -
     return _CTRL.sub("", shown)
 
 
+def is_stream_noise(shown: str) -> bool:
+    """Whether a shown line (``[node i] ...`` or ``[batch...] ...``) is known harmless noise the terminal leaves
+    out, as ``broker run``'s stream does (:func:`broker.ui.is_terminal_noise`); the logs keep every line."""
+    from broker.ui import TERMINAL_NOISE, is_terminal_noise
+
+    if is_terminal_noise(shown):
+        return True
+    m = re.match(r"\[batch[^\]]*\]\s?(.*)\Z", shown, re.S)
+    return bool(m) and any(n in m.group(1) for n in TERMINAL_NOISE)
+
+
 def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, run_dir: Path, out: Outcome, *,
             echo, say, poll_s, ledger, res_id):
     """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out)."""
@@ -353,7 +371,7 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     def on_line(tag: str):
         def f(line: str) -> None:
             shown = route_line(line, logs, per_node, tag)
-            if echo:
+            if echo and not is_stream_noise(shown):
                 echo(shown)
         return f
 
@@ -477,10 +495,35 @@ def diagnose(out: Outcome, findings: list["Finding"], nnodes: int, run_dir: Path
     try:
         from broker.diagnose import explain
 
-        lines += explain(run_dir, result, nnodes).lines()
+        catalogue = explain(run_dir, result, nnodes).lines()
     except Exception as e:  # noqa: BLE001 - a diagnosis is best effort
-        lines.append(f"(no catalogue diagnosis: {type(e).__name__}: {e})")
-    return lines
+        catalogue = [f"(no catalogue diagnosis: {type(e).__name__}: {e})"]
+    # the time-limit entry restates the torchrun-outside-srun paragraph above: said once is enough
+    return lines + _said_once(catalogue, drop={"slurm-time-limit"} if lines and not_srun and nnodes > 1 else set())
+
+
+_CAUSE = re.compile(r"^cause \[([\w-]+)\](?: \(node \d+\))?: (.*)$")
+
+
+def _said_once(lines: list[str], drop: set[str]) -> list[str]:
+    """The catalogue's lines without repeats: a cause in ``drop`` goes with its indented fix lines, a headline
+    that a cause line repeats word for word goes (the cause keeps its fix), and an exact repeat goes."""
+    causes = {m.group(2): m.group(1) for m in map(_CAUSE.match, lines) if m}
+    out: list[str] = []
+    skipping = False
+    for ln in lines:
+        m = _CAUSE.match(ln)
+        if m:
+            skipping = m.group(1) in drop
+        elif skipping and ln.startswith(" "):
+            continue
+        else:
+            skipping = False
+        if skipping or (not m and causes.get(ln) in drop) or (not m and ln in causes) or (
+                ln in out and not ln.startswith(" ")):
+            continue
+        out.append(ln)
+    return out
 
 
 def format_finding(f: "Finding") -> str:

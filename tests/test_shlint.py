@@ -275,3 +275,32 @@ def test_a_loopback_master_on_a_multi_node_torchrun_line_is_named(tmp_path):
 
     r = CliRunner().invoke(app, ["lint", str(tmp_path / "launch_torchrun.sh")])
     assert r.exit_code != 0 and "shell-no-master-addr" in r.output, r.output
+
+
+def test_the_submit_stream_and_diagnosis_say_each_thing_once(tmp_path):
+    from broker.launch import RunResult
+    from broker.slurmsubmit import Outcome, diagnose, end_message, is_stream_noise
+
+    c10d = "[W1201 22:44:42.607 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+    assert is_stream_noise(f"[batch stderr] {c10d}") and is_stream_noise(f"[node 1] {c10d}")
+    assert not is_stream_noise("[batch] job 1 on node[0-1]") and not is_stream_noise("[node 0] rank 0")
+    # TIMEOUT of the book's launch: the srun paragraph once, not again as the catalogue's headline and cause
+    d = Path(__file__).parent / "diagnose_logs" / "cpu" / "slurm_time_limit"
+    for f in d.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    found = lint_shell((BOOK / "train_ddp.sh").read_text(), "train_ddp.sh")
+    logs = {0: tmp_path / "node0.log", 1: tmp_path / "node1.log"}
+    for p in logs.values():
+        if not p.exists():
+            p.write_text("")
+    out = Outcome("r", "1", "TIMEOUT", 0, 15, "failed", log_paths=logs)
+    lines = diagnose(out, found, 2, tmp_path, RunResult("failed", {}, 0.0, logs, reason="Slurm job 1 TIMEOUT"))
+    text = "\n".join(lines)
+    assert text.count("only node 0 ever started") == 1
+    assert text.count("runs on the first node only") <= 1 and "cause [slurm-time-limit]" not in text, text
+    # the closing line names the state and exit code once
+    f = Outcome("r", "7", "FAILED", 0, 53, "failed")
+    assert end_message("7", f, "Slurm job 7 FAILED (JobLaunchFailure), ExitCode 0:53") == \
+        "Slurm job 7 FAILED (JobLaunchFailure), ExitCode 0:53"
+    assert end_message("7", f, "") == "Slurm job 7 FAILED, ExitCode 0:53"
