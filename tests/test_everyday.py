@@ -72,6 +72,18 @@ def test_run_detached_returns_with_the_id_and_logs_latest_follows_it(cli_env, tm
     assert again.returncode == 0 and "rank 1 LAST_LINE" in again.stdout
 
 
+def test_run_detached_prints_every_line_on_stdout_and_returns(cli_env, tmp_path):
+    """`broker run -d R > file`: the last line ("output: ...") came on stderr, apart from the rest, after the
+    command had returned; stdout must carry every line, newline-terminated, when the parent exits."""
+    env = dict(cli_env, TICKS="20", TICK_S="0.5")
+    p = _cli(["run", "-d", str(_ticker(tmp_path))], env)
+    assert p.returncode == 0, p.stderr
+    run_id = Ledger().list_runs()[0].id
+    assert p.stdout.endswith("\n") and "output:" in p.stdout.splitlines()[-1], p.stdout
+    assert "output:" not in p.stderr, p.stderr
+    assert _wait_ended(run_id) == "succeeded"
+
+
 def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     env = dict(cli_env, TICKS="200", TICK_S="0.5")
     p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)

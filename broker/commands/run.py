@@ -215,7 +215,7 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
 
     from broker.config import home_path
     from broker.ledger import Ledger
-    from broker.ui import console, err, print_json
+    from broker.ui import console, print_json
 
     logs = home_path() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,9 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
     for what, cmd in (("follow its log", f"broker logs -f {run_id}"), ("its state", f"broker status {run_id}"),
                       ("stop it", f"broker down {run_id}")):
         console.print(f"  {what + ':':<15} {cmd}", highlight=False, soft_wrap=True)
-    err.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    # on stdout with the rest: `broker run -d > file` and `X=$(broker run -d ...)` get every line, in order
+    console.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
     return 0
 
 
