@@ -66,6 +66,21 @@ def find_run_or_latest(ledger: Any, run_id: str | None) -> Any:
     return ledger.find_run(run_id)
 
 
+def _say_final_state(run: Any) -> None:
+    """After ``broker logs -f``: the run's state in one line on stderr (the log on stdout stays the node's own);
+    the exit status stays 0 (the log was printed), the line says whether the job failed."""
+    from rich.markup import escape
+
+    from broker.accounting import ACTIVE_STATUSES
+    from broker.ui import err, node_text
+
+    if run.status in ACTIVE_STATUSES:
+        return  # followed until a timeout, or the CLI died: `broker status` settles it
+    style = "green" if run.status == "succeeded" else "bold red"
+    msg = f": {escape(node_text(run.message))}" if run.message else ""
+    err.print(f"run {run.id} [{style}]{run.status}[/]{msg}", highlight=False)
+
+
 def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[str]:
     """``ssh`` argv for node ``node`` of a stored cluster: the run's key, its known_hosts (new keys accepted and
     added, changed keys refused), the node's user, host and port."""
@@ -357,6 +372,7 @@ def register(app: typer.Typer) -> None:
         path = _node_log(run, node)
         if follow:
             follow_log(ledger, run.id, path)
+            _say_final_state(ledger.get_run(run.id) or run)
             return
         if not path.exists():
             removed = folder_removed(ledger, run)
