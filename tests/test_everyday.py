@@ -114,6 +114,8 @@ def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     from broker.accounting import pid_alive
 
     assert not pid_alive(run.pid)
+    ended = Ledger().get_run(run.id)  # it was `broker down`, not a Ctrl-C nobody pressed
+    assert "Ctrl-C" not in (ended.message or "") and "broker down" in (ended.message or ""), ended.message
 
 
 def test_run_detached_that_cannot_start_says_why_in_the_foreground(cli_env, tmp_path):

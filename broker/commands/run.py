@@ -296,7 +296,24 @@ def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
     t0 = time.monotonic()
     while pid_alive(run.pid) and time.monotonic() - t0 < grace_s:
         time.sleep(0.2)
+    if not pid_alive(run.pid):
+        _say_who_interrupted(run.id)
     return True
+
+
+def _say_who_interrupted(run_id: str) -> None:
+    """The background run took ``broker down``'s SIGINT for a Ctrl-C: its ledger row says who stopped it."""
+    import re
+
+    from broker.ledger import Ledger
+
+    ledger = Ledger()
+    ended = ledger.get_run(run_id)
+    if ended is None or ended.status != "interrupted" or not ended.message:
+        return
+    said = re.sub(r"interrupted \((?:Ctrl-C|SIGINT)\)", "interrupted by `broker down`", ended.message)
+    if said != ended.message:
+        ledger.update_run(run_id, message=said)
 
 
 def result_dict(result: Any, usd: float = 0.0) -> dict:
