@@ -245,12 +245,20 @@ class Ledger:
         return Run(**_dec_row(row, _RUN_JSON))
 
     def find_run(self, run_id: str) -> Run:
-        """The run with this id or unique id prefix.  Raises BadInput naming the matches when the prefix is
-        ambiguous, or saying where to look when nothing matches."""
+        """The run with this id or unique id prefix, or the newest run for ``latest`` (every RUN argument takes
+        it).  Raises BadInput naming the matches when the prefix is ambiguous, or saying where to look when nothing
+        matches."""
         run = self.get_run(run_id)
         if run is not None:
             return run
         from broker.provider import BadInput
+
+        if run_id == "latest":
+            newest = self.list_runs(limit=1)
+            if not newest:
+                raise BadInput("there are no runs yet",
+                               hint="`broker run RECIPE` (or `broker run -d RECIPE`) starts one")
+            return newest[0]
 
         matches = [r["id"] for r in self._db.execute("SELECT id FROM runs WHERE id LIKE ? ORDER BY created_at",
                                                      (run_id + "%",)).fetchall()]

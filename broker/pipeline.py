@@ -916,11 +916,30 @@ class KeptTarget(Target):
         return [], []  # the nodes stay with (and are ended through) the origin run
 
 
+def netns_cluster(run: Run) -> Cluster | None:
+    """The cluster of a ``broker netns up`` run (its state in ``<run dir>/netns/<cid>/state.json``), as the
+    Cluster ssh and exec reach; None when the run's folder holds none."""
+    if run.provider != "netns" or not run.run_dir:
+        return None
+    states = sorted(Path(run.run_dir, "netns").glob("*/state.json"))
+    if not states:
+        return None
+    from broker.providers.netns import NetnsCluster
+
+    return NetnsCluster.load(states[0].parent).cluster(run.id)
+
+
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     """The run (id or unique prefix) and its stored cluster, when its nodes are still live (a running run, or a
     kept one).  Raises BadInput saying why not."""
     run = ledger.find_run(run_id)
     path = Path(run.run_dir or ".", "cluster.json")
+    stood_up = None if path.exists() else netns_cluster(run)  # `broker netns up`: a cluster with no job
+    if stood_up is not None:
+        if not [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]:
+            raise BadInput(f"the nodes of netns cluster {run.id} are gone (status {run.status})",
+                           hint="`broker netns up 2` stands up a new one")
+        return run, stood_up
     if not path.exists() and any(e.get("action") == "clean" for e in ledger.events(run.id, limit=1_000_000)):
         raise BadInput(f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`: its cluster "
                        "record and keys are gone, so there are no nodes to reach",
@@ -928,7 +947,8 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     if not path.exists():
         raise BadInput(f"run {run.id} has no nodes to reach ({run.provider}: "
                        f"{'processes on this machine' if run.provider == 'local' else 'no cluster recorded'})",
-                       hint="`broker ssh` and `broker exec` work on runs on netns or rented machines")
+                       hint=f"`broker status {run.id}` shows what it did; `broker ssh` and `broker exec` reach "
+                            "the nodes of a live or kept run (rented machines, `broker netns up`)")
     live = [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]
     if not live:
         raise BadInput(f"the nodes of run {run.id} are gone (status {run.status})",

@@ -683,6 +683,34 @@ def _pattern_sentence(value: str) -> str:
     return "not a valid name"
 
 
+#: pydantic error types -> what the value must be, as a user reads it
+_TYPE_WORDS = {"int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
+               "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+               "bool_type": "true or false", "string_type": "text", "list_type": "a list", "dict_type": "a mapping"}
+
+
+def _type_sentence(field: str, err: dict, allowed: str | None) -> str | None:
+    """A validator's type or choice error as a sentence: the field, what was given, what is allowed and, for a
+    choice, the closest valid value (``multinode``: did you mean 'multi-node'?).  None for other errors."""
+    import re
+
+    got = err.get("input")
+    shown = limits.plain(got) if isinstance(got, float) else repr(got)
+    if err["type"] in ("literal_error", "enum"):
+        from broker.choices import closest
+
+        choices = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+        near = closest(str(got), choices) if choices and got is not None else None
+        return (f"field '{field}': {shown} is not one of the allowed values"
+                + (f": did you mean '{near}'?" if near else "")
+                + f" allowed: {allowed or 'one of: ' + ', '.join(choices)}")
+    what = _TYPE_WORDS.get(err["type"])
+    if what is None:
+        return None
+    return f"field '{field}' must be {what}, not {shown}" + (f"; allowed: {allowed}" if allowed and allowed != what
+                                                              else "")
+
+
 def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
     msgs = []
     for err in e.errors():
@@ -714,6 +742,10 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
             said = True
         if err["type"] == "missing":
             msgs.append(f"{p}: missing required field '{field}'" + (f": {allowed}" if allowed else ""))
+            continue
+        sentence = _type_sentence(field, err, allowed)
+        if sentence:
+            msgs.append(f"{p}:{line}: {sentence}")
             continue
         got = err.get("input")
         shown = limits.plain(got) if isinstance(got, float) else repr(got)  # 1e9 reads 1000000000, not 1e+09

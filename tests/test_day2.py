@@ -153,6 +153,35 @@ def test_ssh_and_exec_on_kept_netns_nodes_then_down(cli_env, tmp_path):
     _ = cid, sys
 
 
+@pytest.mark.netns
+@pytest.mark.skipif(netns_missing() is not None, reason=f"netns: {netns_missing()}")
+def test_ssh_and_exec_reach_a_netns_up_cluster(cli_env, tmp_path):
+    """`broker netns up 2` is a run in the ledger: `broker ssh RUN 1 -- hostname` said "no nodes to reach (netns:
+    no cluster recorded)" with a hint that contradicted it, `--config --install` failed the same way, and
+    `broker exec RUN -- hostname` took hostname for a recipe file."""
+    from broker.providers import netns
+
+    p = _cli(["netns", "up", "2", "--json"], cli_env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads(p.stdout)
+    cid, run_id = data["cid"], data["run_id"]
+    try:
+        h = _cli(["ssh", run_id, "1", "--", "hostname"], cli_env, timeout=60)
+        assert h.returncode == 0 and h.stdout.strip() == "node1", h.stdout + h.stderr
+        cfg = _cli(["ssh", "--config", run_id], cli_env)
+        assert cfg.returncode == 0 and f"Host broker-{run_id}-n1" in cfg.stdout, cfg.stdout + cfg.stderr
+        e = _cli(["exec", run_id, "--", "hostname"], cli_env, timeout=60)
+        assert e.returncode == 0, e.stdout + e.stderr
+        assert "[node 0] node0" in e.stdout and "[node 1] node1" in e.stdout, e.stdout
+        bad = _cli(["exec", run_id, "--", "sh", "-c", "exit 3"], cli_env, timeout=60)
+        assert bad.returncode == 3 and "[node 0] exit 3" in bad.stdout, bad.stdout + bad.stderr
+    finally:
+        _cli(["netns", "down", cid], cli_env, timeout=120)
+        netns.remove_cid(cid)
+    gone = _cli(["ssh", run_id, "--", "true"], cli_env)
+    assert gone.returncode == 2 and "gone" in gone.stderr, gone.stderr
+
+
 def test_plan_with_a_rate_limited_vast_says_so_and_offline_plans_from_the_snapshot(cli_env, httpserver):
     """Issue 12 item 8: a configured Vast whose search is rate-limited past the retries is a provider error (exit 4)
     naming the rate limit and --offline, never a silent snapshot plan whose offer ids cannot be rented."""

@@ -5,6 +5,7 @@ errors with did-you-mean, and recipe messages that are sentences."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import time
@@ -72,6 +73,35 @@ def test_run_detached_returns_with_the_id_and_logs_latest_follows_it(cli_env, tm
     assert again.returncode == 0 and "rank 1 LAST_LINE" in again.stdout
 
 
+def test_run_detached_prints_every_line_on_stdout_and_returns(cli_env, tmp_path):
+    """`broker run -d R > file`: the last line ("output: ...") came on stderr, apart from the rest, after the
+    command had returned; stdout must carry every line, newline-terminated, when the parent exits."""
+    env = dict(cli_env, TICKS="20", TICK_S="0.5")
+    p = _cli(["run", "-d", str(_ticker(tmp_path))], env)
+    assert p.returncode == 0, p.stderr
+    run_id = Ledger().list_runs()[0].id
+    assert p.stdout.endswith("\n") and "output:" in p.stdout.splitlines()[-1], p.stdout
+    assert "output:" not in p.stderr, p.stderr
+    assert _wait_ended(run_id) == "succeeded"
+
+
+def test_logs_follow_ends_with_the_runs_state_and_latest_is_taken_by_every_run_argument(cli_env, tmp_path):
+    """`broker logs -f latest` on a failed run printed no final state; `broker ssh latest` said "no run 'latest'"."""
+    r = _ticker(tmp_path, "")
+    (r.parent / "ticker.py").write_text(TICKER + "raise SystemExit(3)\n")
+    p = _cli(["run", str(r), "-q"], cli_env)
+    assert p.returncode == 1, p.stdout + p.stderr
+    run_id = Ledger().list_runs()[0].id
+    f = _cli(["logs", "-f", "latest"], cli_env)
+    assert f.returncode == 0 and "rank 0 LAST_LINE" in f.stdout, f.stdout + f.stderr
+    assert re.search(rf"run {run_id} failed", f.stderr), f.stderr
+    for args in (["ssh", "latest"], ["exec", "latest", "--", "hostname"], ["status", "latest"],
+                 ["down", "latest"]):
+        q = _cli(args, cli_env)
+        assert "no run 'latest'" not in q.stderr, (args, q.stderr)
+        assert run_id in q.stdout + q.stderr, (args, q.stdout, q.stderr)
+
+
 def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     env = dict(cli_env, TICKS="200", TICK_S="0.5")
     p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)
@@ -84,6 +114,8 @@ def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     from broker.accounting import pid_alive
 
     assert not pid_alive(run.pid)
+    ended = Ledger().get_run(run.id)  # it was `broker down`, not a Ctrl-C nobody pressed
+    assert "Ctrl-C" not in (ended.message or "") and "broker down" in (ended.message or ""), ended.message
 
 
 def test_run_detached_that_cannot_start_says_why_in_the_foreground(cli_env, tmp_path):

@@ -345,3 +345,42 @@ def test_lint_prints_code_snippets_verbatim_on_their_own_lines(cli_env, tmp_path
     lines = [ln.strip() for ln in p.stdout.splitlines()]
     assert "local_rank = int(os.environ['LOCAL_RANK'])" in lines, p.stdout
     assert "torch.cuda.set_device(local_rank)" in lines, p.stdout
+
+
+def _status_history(broker_home):
+    """A ledger with a Slurm cluster run, a netns cluster torn down and an interrupted run (long names, topologies
+    that repeat the provider's name, states with underscores)."""
+    from datetime import timedelta
+
+    from broker.ledger import Ledger, new_id
+    from broker.model import Run, utcnow
+
+    led = Ledger(broker_home / "ledger.sqlite")
+    now = utcnow()
+    for name, prov, topo, st in [("sbatch-train_ddp_batchshell", "slurm", "slurm-cluster", "succeeded"),
+                                 ("netns-cluster", "netns", "multi-node", "torn_down"),
+                                 ("ddp_2node", "vast", "simulated", "interrupted"),
+                                 ("ddp_2node", "local", "local", "tearing_down")]:
+        led.create_run(Run(id=new_id("run-"), name=name, provider=prov, topology=topo, status=st, created_at=now,
+                           started_at=now, deadline=now + timedelta(hours=1), budget_usd=5.0))
+    led.close()
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_status_runs_fit_the_width_one_line_per_run(cli_env, broker_home, columns):
+    """`broker status` with a Slurm run and an interrupted run was 82 columns in a pipe, split names
+    ("sbatch-tra/in_ddp_bat/chshell"), cut "slurm-clust", put "$0.00 /" and "$5.00" on two rows and showed
+    `torn_down`; names still split at 120 columns."""
+    _status_history(broker_home)
+    out = _out(["status", "--no-refresh"], cli_env, columns=columns)
+    lines = out.split("runs\n", 1)[1].split("\nwatchdog:", 1)[0].splitlines()
+    assert all(cell_len(ln) <= columns for ln in lines), [ln for ln in lines if cell_len(ln) > columns]
+    body = [ln for ln in lines[2:] if ln.strip()]
+    assert len(body) == 4 and all(ln.startswith("run-") for ln in body), out  # one line per run
+    assert len(re.findall(r"\$0\.00 ?/ ?\$5\.00", out)) == 4, out  # money cells whole
+    assert "torn down" in out and "tearing down" in out and "torn_down" not in out, out
+    assert re.search(r"\bslurm\b", out) and "slurm-clust" not in out.replace("slurm-cluster", ""), out
+    if columns == 120:
+        assert "sbatch-train_ddp_batchshell" in out, out
+    else:
+        assert "sbatch-" in out and "…" in out, out

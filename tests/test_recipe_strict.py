@@ -33,7 +33,7 @@ def fails(p: Path, *needles: str) -> str:
 
 
 @pytest.mark.parametrize("body, needles", [
-    ("nodes: true\n", ["field 'nodes'", "valid integer", "True", "whole number from 1 to 64"]),
+    ("nodes: true\n", ["field 'nodes'", "must be a whole number", "True", "whole number from 1 to 64"]),
     ("nodes: '2'\n", ["field 'nodes'", "'2'"]),
     ("nodes: 2.5\n", ["field 'nodes'"]),
     ("gpus_per_node: false\n", ["field 'gpus_per_node'"]),
@@ -189,3 +189,16 @@ def test_ledger_run_row_keeps_the_reference_not_the_value(tmp_path, monkeypatch,
         if f.is_file():
             assert b"s3cr3t" not in f.read_bytes(), f
     assert r.env["HF_TOKEN"] == "s3cr3t-value"
+
+
+@pytest.mark.parametrize("body, needles", [
+    ("topology: multinode\n", ["field 'topology'", "'multinode'", "did you mean 'multi-node'?", "allowed:",
+                               "simulated"]),
+    ("nodes: two\n", ["field 'nodes' must be a whole number, not 'two'", "from 1 to 64"]),
+    ("cpu_ok: maybe\n", ["field 'cpu_ok' must be true or false, not 'maybe'"]),
+])
+def test_type_and_choice_errors_are_sentences_with_the_closest_value(tmp_path, body, needles):
+    """The validator's own wording ("Input should be a valid integer", "Input should be 'simulated', ...") with
+    no did-you-mean reached the user; the `--topology` flag already named the closest value."""
+    msg = fails(write(tmp_path, body), *needles)
+    assert "Input should" not in msg, msg

@@ -66,6 +66,21 @@ def find_run_or_latest(ledger: Any, run_id: str | None) -> Any:
     return ledger.find_run(run_id)
 
 
+def _say_final_state(run: Any) -> None:
+    """After ``broker logs -f``: the run's state in one line on stderr (the log on stdout stays the node's own);
+    the exit status stays 0 (the log was printed), the line says whether the job failed."""
+    from rich.markup import escape
+
+    from broker.accounting import ACTIVE_STATUSES
+    from broker.ui import err, node_text
+
+    if run.status in ACTIVE_STATUSES:
+        return  # followed until a timeout, or the CLI died: `broker status` settles it
+    style = "green" if run.status == "succeeded" else "bold red"
+    msg = f": {escape(node_text(run.message))}" if run.message else ""
+    err.print(f"run {run.id} [{style}]{run.status}[/]{msg}", highlight=False)
+
+
 def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[str]:
     """``ssh`` argv for node ``node`` of a stored cluster: the run's key, its known_hosts (new keys accepted and
     added, changed keys refused), the node's user, host and port."""
@@ -81,6 +96,49 @@ def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[
     if command:
         argv += ["--", *command]
     return argv
+
+
+def looks_like_command(recipe_arg: str) -> bool:
+    """``broker exec RUN -- CMD``: the word after RUN is a command, not a recipe, when no such file exists and it
+    is not named like a recipe (``*.yaml``/``*.yml``: those get the recipe's own "no such file" error)."""
+    return not Path(recipe_arg).exists() and Path(recipe_arg).suffix.lower() not in (".yaml", ".yml")
+
+
+def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, timeout_s: float = 600.0) -> int:
+    """Run ``command`` on every node of the live or kept run ``run_id`` (a ``broker netns up`` cluster, kept
+    nodes) over SSH, printing ``[node i] line``; returns the highest exit status (255: a node not reached).
+    Raises BadInput when the run has no nodes to reach."""
+    import shlex
+
+    from broker.pipeline import kept_cluster
+    from broker.remote import SSHCluster
+
+    run, cluster = kept_cluster(ledger, run_id)
+    if cluster.local_exec:
+        from broker.provider import BadInput
+
+        raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
+                       hint=f"their folders are under {run.run_dir}")
+    line = command[0] if len(command) == 1 else shlex.join(command)
+    ssh = SSHCluster(cluster, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
+    worst = 0
+    try:
+        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(cluster.nodes))],
+                          timeout=timeout_s + 30)
+        for i, r in enumerate(outs):
+            if isinstance(r, BaseException):
+                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
+                worst = max(worst, 255)
+                continue
+            code, out = r
+            for ln in out.splitlines():
+                echo(f"[node {i}] {ln}")
+            if code:
+                echo(f"[node {i}] exit {code}")
+            worst = max(worst, code)
+    finally:
+        ssh.close()
+    return worst
 
 
 def ssh_config(run_id: str, cluster: Any) -> str:
@@ -314,6 +372,7 @@ def register(app: typer.Typer) -> None:
         path = _node_log(run, node)
         if follow:
             follow_log(ledger, run.id, path)
+            _say_final_state(ledger.get_run(run.id) or run)
             return
         if not path.exists():
             removed = folder_removed(ledger, run)
@@ -400,6 +459,10 @@ def register(app: typer.Typer) -> None:
                                echo=lambda line: sys.stdout.write(line + "\n"))
         if code is not None:
             raise typer.Exit(code)
+        if looks_like_command(str(recipe_path)):  # `broker exec RUN -- hostname`: on every node
+            raise typer.Exit(exec_command(_Ledger(), find_run_or_latest(_Ledger(), run_id).id,
+                                          [str(recipe_path), *[a for a in ctx.args if a != "--"]],
+                                          echo=lambda line: sys.stdout.write(line + "\n")))
         if [a for a in ctx.args if a != "--"]:
             from broker.provider import BadInput
 

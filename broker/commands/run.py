@@ -215,7 +215,7 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
 
     from broker.config import home_path
     from broker.ledger import Ledger
-    from broker.ui import console, err, print_json
+    from broker.ui import console, print_json
 
     logs = home_path() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -257,7 +257,9 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
     for what, cmd in (("follow its log", f"broker logs -f {run_id}"), ("its state", f"broker status {run_id}"),
                       ("stop it", f"broker down {run_id}")):
         console.print(f"  {what + ':':<15} {cmd}", highlight=False, soft_wrap=True)
-    err.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    # on stdout with the rest: `broker run -d > file` and `X=$(broker run -d ...)` get every line, in order
+    console.print(f"  {'output:':<15} {quote_path(out_path)}", markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
     return 0
 
 
@@ -294,7 +296,24 @@ def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
     t0 = time.monotonic()
     while pid_alive(run.pid) and time.monotonic() - t0 < grace_s:
         time.sleep(0.2)
+    if not pid_alive(run.pid):
+        _say_who_interrupted(run.id)
     return True
+
+
+def _say_who_interrupted(run_id: str) -> None:
+    """The background run took ``broker down``'s SIGINT for a Ctrl-C: its ledger row says who stopped it."""
+    import re
+
+    from broker.ledger import Ledger
+
+    ledger = Ledger()
+    ended = ledger.get_run(run_id)
+    if ended is None or ended.status != "interrupted" or not ended.message:
+        return
+    said = re.sub(r"interrupted \((?:Ctrl-C|SIGINT)\)", "interrupted by `broker down`", ended.message)
+    if said != ended.message:
+        ledger.update_run(run_id, message=said)
 
 
 def result_dict(result: Any, usd: float = 0.0) -> dict:

@@ -156,6 +156,36 @@ def _where(provider: str | None, topology: str | None) -> str:
     return f"{provider} {topology}"
 
 
+#: a run's ledger status as words, for the narrow table (``--wide`` and ``--json`` keep the ledger's value)
+_RUN_STATUS_WORDS = {"torn_down": "torn down", "tearing_down": "tearing down"}
+
+
+def _run_status_words(status: str) -> str:
+    return _RUN_STATUS_WORDS.get(status, status.replace("_", " "))
+
+
+def _short_where(provider: str | None, topology: str | None) -> str:
+    """:func:`_where` for the narrow table: a topology that only repeats the provider (``slurm-cluster`` on
+    ``slurm``) or that a provider always has (``netns``: multi-node) is left out."""
+    provider = provider or "?"
+    if topology and (provider in topology or provider in ("netns", "local")):
+        return provider
+    return _where(provider, topology)
+
+
+def _fit_name_where(width: int, fixed: int, name_w: int, where_w: int) -> tuple[int, int]:
+    """Widths of the name and where columns (cells) when the other columns take ``fixed`` cells of a ``width``
+    table: both whole when they fit, else the place whole while the name keeps 10 cells, the name ellipsized to
+    the rest (never wrapped: a run's row stays one line); the place is cut only below that."""
+    room = max(18, width - fixed)
+    if name_w + where_w <= room:
+        return name_w, where_w
+    name_min = min(name_w, 10)
+    if room - where_w >= name_min:
+        return room - where_w, where_w
+    return name_min, room - name_min
+
+
 def _shown_state(r: dict[str, Any]) -> str:
     """The ledger state, or what the provider last showed when that is worse (a node stopped mid-job)."""
     seen = (r.get("attrs") or {}).get("provider_state")
@@ -170,6 +200,40 @@ def _state_text(state: str) -> str:
     if state == "unknown":
         return "[bold red]unknown[/]"
     return state
+
+
+def _narrow_runs_table(rows: list[tuple[str, str, str, str, str, str]], width: int):
+    """The runs table at ``width`` cells (the terminal's, 80 in a pipe): one line per run (id, name, where,
+    status, spent / budget, time left); ids, states and money whole, the name (then the place) ellipsized to fit
+    rather than wrapped."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.markup import escape, render
+    from rich.table import Table
+
+    # the time left only when a run is still active (an ended run's is "-"): the room goes to names and places
+    head = ("run", "name", "where", "status", "spent / budget", "left")
+    if all(row[5] == "-" for row in rows):
+        head, rows = head[:5], [row[:5] for row in rows]
+
+    def nat(i: int) -> int:
+        return max([cell_len(head[i])] + [cell_len(render(row[i]).plain if i == 4 else row[i]) for row in rows])
+
+    gaps = 2 * (len(head) - 1)  # collapse_padding: two cells between columns, none at the edges
+    fixed = gaps + sum(nat(i) for i in range(len(head)) if i not in (1, 2))
+    if fixed + nat(1) + nat(2) > width:  # tight: "$0.00/$5.00" gives names two more cells
+        head = head[:4] + ("spent/budget",) + head[5:]
+        rows = [row[:4] + (row[4].replace(" / ", "/"),) + row[5:] for row in rows]
+        fixed = gaps + sum(nat(i) for i in range(len(head)) if i not in (1, 2))
+    name_w, where_w = _fit_name_where(width, fixed, nat(1), nat(2))
+    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              show_edge=False)
+    for i, col in enumerate(head):
+        t.add_column(col, no_wrap=True, overflow="ellipsis" if i in (1, 2) else "fold",
+                     max_width={1: name_w, 2: where_w}.get(i))
+    for row in rows:
+        t.add_row(row[0], escape(row[1]), escape(row[2]), *row[3:])
+    return t
 
 
 def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = False):
@@ -340,13 +404,15 @@ def register(app: typer.Typer) -> None:
 
             print_json(status_data(ledger, limit=limit, refresh=not no_refresh))
             return
-        t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        cols = (("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
-                 "time left", "exit codes") if wide else ("run", "name", "where", "status", "spent / budget",
-                                                          "left"))
-        for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
-            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"), overflow="fold",
-                         max_width=14 if col == "name" and not wide else None)
+        if wide:
+            t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                      collapse_padding=True)
+            cols = ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
+                    "time left", "exit codes")
+            for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
+                t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"),
+                             overflow="fold")
+        rows_narrow = []
         for r in data["runs"]:
             c = r["cost"]
             over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
@@ -361,8 +427,10 @@ def register(app: typer.Typer) -> None:
                           usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
                           " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
             else:
-                t.add_row(r["id"], escape(r["name"]), _where(r["provider"], r["topology"]), r["status"], spent,
-                          left)
+                rows_narrow.append((r["id"], r["name"], _short_where(r["provider"], r["topology"]),
+                                    _run_status_words(r["status"]), spent, left))
+        if not wide:
+            t = _narrow_runs_table(rows_narrow, console.width)
         if data["runs"]:
             print_table(t, wide=wide)
         else:
