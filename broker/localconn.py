@@ -177,6 +177,14 @@ class LocalSFTP:
         if os.path.abspath(remote) != os.path.abspath(local):
             shutil.copyfile(remote, local)
 
+    async def put(self, local: str, remote: str) -> None:
+        """Copy the local file ``local`` to ``remote`` (this machine: a plain copy, created 0600)."""
+        if os.path.abspath(remote) == os.path.abspath(local):
+            return
+        fd = os.open(remote, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(local, "rb") as src, os.fdopen(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
     async def realpath(self, path: str) -> str:
         return os.path.realpath(path)
 

@@ -332,6 +332,23 @@ def test_this_machine_as_a_node_gets_the_same_artifact_checks(local_node, tmp_pa
     assert res.status == "failed" and "'leak.txt' (a symlink to " in res.reason
 
 
+def test_this_machine_as_a_node_takes_the_streamed_work_folder(local_node, tmp_path):
+    """A hybrid run's node 0 (this machine) gets the work folder through the same streamed-tar upload as a remote
+    node: the tar file is put (SFTP ``put``) and unpacked there."""
+    from broker.staging import stage_plan, staged_tar
+
+    ssh, work, run_dir = local_node
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "train.py").write_text("print('hi')\n")
+    (src / "sub" / "data.bin").write_bytes(b"\0" * 4096)
+    dest = Path(ssh.base(0)) / "work2"
+    with staged_tar(stage_plan(src), tmp_path / "tars") as t:
+        ssh.gather([ssh.aupload_tgz(0, t, str(dest))], timeout=60)
+    assert (dest / "train.py").read_text() == "print('hi')\n"
+    assert (dest / "sub" / "data.bin").stat().st_size == 4096
+
+
 def test_remote_node_output_is_logged_raw_and_shown_clean(local_node, capsys):
     from broker.remote import RemoteNode
     from broker.ui import echo_line
