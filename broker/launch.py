@@ -510,17 +510,23 @@ def check_expect(log_path: Path, patterns: list[str]) -> list[str]:
     return [p for p in patterns if not re.search(p, text, re.MULTILINE)]
 
 
+#: the most characters kept of one value of a node's rank facts (a node writes that file: any size, any bytes)
+MAX_FACT_CHARS = 256
+
+
 def _facts_row(d: dict, node: int, rank: int, local_rank: int, ws: int) -> RankRow:
-    def txt(v: object) -> str:
-        return "?" if v is None else str(v)
+    from broker.ui import strip_controls
+
+    def txt(v: object) -> str:  # a node's value: no control/bidi characters, bounded (also in --json)
+        return "?" if v is None else strip_controls(str(v))[:MAX_FACT_CHARS]
 
     cvd = d.get("cuda_visible_devices")
     return RankRow(node=node, rank=rank, local_rank=local_rank, world_size=ws,
                    device=txt(d.get("device")), backend=txt(d.get("backend")), host=txt(d.get("host")),
-                   cuda_visible_devices="(unset)" if cvd is None else (cvd or "''"),
+                   cuda_visible_devices="(unset)" if cvd is None else (txt(cvd) or "''"),
                    gpus=txt(d.get("gpus_visible")), python=txt(d.get("python")), torch=txt(d.get("torch")),
-                   cuda=(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
-                   nccl=(d.get("nccl_version") or "none") if d.get("torch") else "?")
+                   cuda=txt(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
+                   nccl=txt(d.get("nccl_version") or "none") if d.get("torch") else "?")
 
 
 def rank_table(log_paths: dict[int, Path], *, nnodes: int, nproc_per_node: int) -> list[RankRow]:
