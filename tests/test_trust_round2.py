@@ -63,3 +63,117 @@ def test_bidi_controls_are_removed_and_shown_with_v():
         t = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
         want = ui._CONTROLS.sub("", ui._OVERWRITTEN.sub("", t) if "\r" in t else t)
         assert ui.strip_controls(t) == want, repr(t)
+
+
+# ------------------------------------------------------------------------------------------- .env: where, not keys
+def _dotenv(folder: Path, monkeypatch, text: str, *clear: str):
+    from broker import config
+
+    monkeypatch.chdir(folder)
+    for v in clear:
+        monkeypatch.delenv(v, raising=False)
+    (folder / ".env").write_text(text)
+    config.settings.cache_clear()
+    config._NOTICED.clear()
+    return config
+
+
+@pytest.mark.parametrize("var,value", [("OCI_REGION", "attacker.example"), ("AWS_DEFAULT_REGION", "evil.example/x"),
+                                       ("AWS_REGION", "us-east-1.attacker.example"), ("OCI_REGION", "us-ashburn-1@x")])
+def test_a_region_that_is_not_the_provider_s_form_is_refused(var, value, tmp_path, monkeypatch):
+    from broker.errors import BadInput
+
+    config = _dotenv(tmp_path, monkeypatch, f"{var}={value}\n", "OCI_REGION", "AWS_DEFAULT_REGION", "AWS_REGION")
+    try:
+        with pytest.raises(BadInput) as e:
+            config.settings()
+        assert var in str(e.value) and "region" in str(e.value) and e.value.hint
+    finally:
+        config.settings.cache_clear()
+
+
+def test_a_valid_region_from_dotenv_is_used(tmp_path, monkeypatch):
+    config = _dotenv(tmp_path, monkeypatch, "OCI_REGION=eu-frankfurt-1\nAWS_DEFAULT_REGION=us-gov-west-1\n",
+                     "OCI_REGION", "AWS_DEFAULT_REGION", "AWS_REGION")
+    try:
+        s = config.settings()
+        assert s.oci_region == "eu-frankfurt-1" and s.aws_region == "us-gov-west-1"
+    finally:
+        config.settings.cache_clear()
+
+
+def test_oci_sdk_never_builds_an_endpoint_from_a_dotenv_region(tmp_path, monkeypatch, cli_env):
+    """The exact case: ``OCI_REGION=attacker.example`` in ``.env`` made the OCI SDK call
+    ``https://iaas.attacker.example/...``.  Now no OCI client is built: the adapter refuses, naming the variable
+    and the form (``broker offers`` then shows the snapshot prices with that note)."""
+    import subprocess
+
+    from tests.conftest import broker_cmd
+
+    (tmp_path / ".env").write_text("OCI_REGION=attacker.example\n")
+    env = dict(cli_env)
+    for v in ("OCI_REGION", "OCI_SERVICE_ENDPOINT"):
+        env.pop(v, None)
+    p = subprocess.run(broker_cmd("offers", "--provider", "oci"), cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    out = " ".join((p.stdout + p.stderr).split())
+    assert "OCI_REGION='attacker.example' is not a oci region name" in out and "us-ashburn-1" in out, out
+    assert "iaas.attacker.example" not in out
+
+
+def test_an_explicit_region_is_validated_by_the_sdk_wrappers():
+    from broker.errors import BadInput
+    from broker.providers.aws.api import AWSApi
+    from broker.providers.oci.sdk import OCIApi
+
+    with pytest.raises(BadInput):
+        OCIApi(config={}, region="attacker.example")
+    with pytest.raises(BadInput):
+        AWSApi(region="attacker.example")
+    assert OCIApi(config={}, region="us-ashburn-1")._region == "us-ashburn-1"
+
+
+@pytest.mark.parametrize("var,value", [("BROKER_SLURM_HOST", "attacker@127.0.0.1"), ("OCI_PROFILE", "OTHER"),
+                                       ("AWS_PROFILE", "prod"), ("OCI_CONFIG_FILE", "/tmp/evil-oci-config")])
+def test_hosts_and_credential_pointers_in_dotenv_are_ignored_with_one_line(var, value, tmp_path, monkeypatch,
+                                                                           capsys):
+    config = _dotenv(tmp_path, monkeypatch, f"{var}={value}\nVAST_API_KEY=k\n", var)
+    try:
+        s = config.settings()
+        assert getattr(s, var.lower()) == getattr(config.EnvSettings(), var.lower())
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("broker: ignoring")]
+        assert len(lines) == 1 and var in lines[0] and "real environment" in lines[0]
+    finally:
+        config.settings.cache_clear()
+
+
+def test_slurm_host_from_the_environment_still_works(tmp_path, monkeypatch):
+    config = _dotenv(tmp_path, monkeypatch, "VAST_API_KEY=k\n")
+    monkeypatch.setenv("BROKER_SLURM_HOST", "me@login.example")
+    try:
+        assert config.settings().broker_slurm_host == "me@login.example"
+    finally:
+        config.settings.cache_clear()
+
+
+def test_a_dotenv_vast_key_that_overrides_the_key_file_says_so(tmp_path, monkeypatch, capsys):
+    from broker.providers.vast import client
+
+    home = tmp_path / "home"
+    (home / ".config" / "vastai").mkdir(parents=True)
+    (home / ".config" / "vastai" / "vast_api_key").write_text("users-own-key\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    folder = tmp_path / "cloned"
+    folder.mkdir()
+    config = _dotenv(folder, monkeypatch, "VAST_API_KEY=someone-elses-key\n", "VAST_API_KEY")
+    client._OVERRIDE_NOTICED.clear()
+    try:
+        key, where = client.find_api_key()
+        assert key == "someone-elses-key" and where == "VAST_API_KEY (.env)"
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "overrides the key in" in err and "vast_api_key" in err
+        assert "someone-elses-key" not in err and "users-own-key" not in err
+    finally:
+        config.settings.cache_clear()
