@@ -177,3 +177,49 @@ def test_a_dotenv_vast_key_that_overrides_the_key_file_says_so(tmp_path, monkeyp
         assert "someone-elses-key" not in err and "users-own-key" not in err
     finally:
         config.settings.cache_clear()
+
+
+# ------------------------------------------------------------------------------------------------------- secrets
+def _recipe(tmp_path: Path, env_yaml: str, extra: str = "") -> Path:
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    r = tmp_path / "r.yaml"
+    r.write_text(f"name: s\nscript: t.py\nnodes: 1\ncpu_ok: true\nmax_hours: 0.1\n{extra}env:\n{env_yaml}")
+    return r
+
+
+@pytest.mark.parametrize("name", ["VAST_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "TS_AUTHKEY",
+                                  "OCI_PRIVATE_KEY_PASSPHRASE_TOKEN"])
+def test_env_that_copies_broker_s_own_credential_is_refused(name, tmp_path, monkeypatch):
+    from broker.errors import BadInput
+    from broker.recipe import load_recipe
+
+    monkeypatch.setenv(name, "value-of-the-users-credential")
+    r = _recipe(tmp_path, f"  JOB_KEY: ${{{name}}}\n")
+    for resolve in (True, False):
+        with pytest.raises(BadInput) as e:
+            load_recipe(r, resolve=resolve)
+        msg = str(e.value) + " " + (e.value.hint or "")
+        assert name in msg and "secrets:" in msg and "value-of-the-users-credential" not in msg
+
+
+def test_env_referencing_other_variables_still_resolves(tmp_path, monkeypatch):
+    from broker.recipe import load_recipe
+
+    monkeypatch.setenv("MY_DATASET", "/data/x")
+    rec = load_recipe(_recipe(tmp_path, "  DATA: ${MY_DATASET}\n"))
+    assert rec.env["DATA"] == "/data/x"
+
+
+def test_url_credentials_in_env_are_masked_where_stored(tmp_path, monkeypatch):
+    from broker.private import known_secrets
+    from broker.recipe import load_recipe
+
+    monkeypatch.setenv("DB_PASS", "hunter2-db-pass")
+    rec = load_recipe(_recipe(tmp_path, "  DB: postgres://alice:s3cr3t-pw@db.example:5432/x\n"
+                                        "  MIRROR: https://pypi.example/simple\n"))
+    dumped = json.dumps(rec.model_dump(mode="json"))
+    assert "s3cr3t-pw" not in dumped and "postgres://alice:********@db.example:5432/x" in dumped
+    assert "https://pypi.example/simple" in dumped  # a URL without a password is kept
+    assert rec.env["DB"] == "postgres://alice:s3cr3t-pw@db.example:5432/x"  # the node still gets it
+    assert "s3cr3t-pw" in known_secrets()  # and log lines are scrubbed of it
+    assert any("URL with a password" in w for w in rec._load_warnings)
