@@ -359,20 +359,29 @@ class Supervisor:
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
-        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  A log write that fails (a full
-        disk) never stops the draining: a node whose output is not read blocks in its next print."""
+        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  The values of the recipe's
+        secrets (registered with :func:`broker.private.register_secret`) are masked in both, also when a value is
+        split across two blocks (:class:`broker.private.StreamScrubber`; no work when none is registered).  A log
+        write that fails (a full disk) never stops the draining: a node whose output is not read blocks in its
+        next print."""
         import codecs
+
+        from broker.private import StreamScrubber, private_opener
 
         f = None
         try:
-            f = open(path, "ab", buffering=0)
+            f = open(path, "ab", buffering=0, opener=private_opener)
         except OSError as e:
             self._log_error(node, path, e)
         display = self._display
         prefix = f"[node {node.node_rank}] "
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         partial, last = "", b"\n"
-        for data in _node_chunks(node):
+        scrub = StreamScrubber()
+        chunks = _node_chunks(node)
+        if scrub:
+            chunks = _scrubbed(chunks, scrub)
+        for data in chunks:
             if not data:
                 continue
             last = data
@@ -502,6 +511,16 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+def _scrubbed(chunks, scrub):
+    """``chunks`` (a node's output blocks) with the secrets ``scrub`` knows masked; what it holds back at the end
+    (the possible start of a value) comes last."""
+    for data in chunks:
+        yield scrub.feed(data) if data else data
+    tail = scrub.flush()
+    if tail:
+        yield tail
 
 
 def check_expect(log_path: Path, patterns: list[str]) -> list[str]:

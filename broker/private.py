@@ -90,6 +90,43 @@ def mask_secrets(text: str, values: "list[str] | None" = None) -> str:
     return text
 
 
+class StreamScrubber:
+    """Masks secret values in a byte stream cut into arbitrary blocks (a node's output): :meth:`feed` returns
+    the block with every value replaced by :data:`MASK`, holding back the end of the block only while it could be
+    the start of a value (at most ``len(longest value) - 1`` bytes), so a value split across two blocks is caught
+    too; :meth:`flush` returns what is held at the end of the stream.  ``values``: default the registered ones."""
+
+    def __init__(self, values: "list[str] | None" = None) -> None:
+        vals = known_secrets() if values is None else sorted(values, key=len, reverse=True)
+        self._values = [v.encode("utf-8", "surrogatepass") for v in vals if v]
+        self._mask = MASK.encode()
+        self._held = b""
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._held + data if self._held else data
+        for v in self._values:
+            if v in buf:
+                buf = buf.replace(v, self._mask)
+        keep = 0
+        for v in self._values:  # the longest end of buf that begins a value: held until the next block
+            for k in range(min(len(v) - 1, len(buf)), keep, -1):
+                if buf.endswith(v[:k]):
+                    keep = k
+                    break
+        if keep:
+            self._held = buf[-keep:]
+            return buf[:-keep]
+        self._held = b""
+        return buf
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
 # --------------------------------------------------------------------------------------------------- files
 def private_opener(path: str, flags: int) -> int:
     """``opener`` for :func:`open`: creates the file 0600 (never following a symlink in its last component)."""

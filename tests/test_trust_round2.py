@@ -223,3 +223,44 @@ def test_url_credentials_in_env_are_masked_where_stored(tmp_path, monkeypatch):
     assert rec.env["DB"] == "postgres://alice:s3cr3t-pw@db.example:5432/x"  # the node still gets it
     assert "s3cr3t-pw" in known_secrets()  # and log lines are scrubbed of it
     assert any("URL with a password" in w for w in rec._load_warnings)
+
+
+def test_stream_scrubber_masks_a_value_split_anywhere():
+    from broker.private import MASK, StreamScrubber
+
+    secret = "tok-0123456789abcdef"
+    text = f"a {secret} b {secret}{secret} tok-01 end\n".encode()
+    for cut1 in range(len(text)):
+        for cut2 in (cut1 + 1, cut1 + 7, len(text)):
+            sc = StreamScrubber([secret, "other-secret-value"])
+            out = sc.feed(text[:cut1]) + sc.feed(text[cut1:cut2]) + sc.feed(text[cut2:]) + sc.flush()
+            assert out == text.replace(secret.encode(), MASK.encode()), (cut1, cut2)
+    assert not StreamScrubber([])
+
+
+SPLIT_PRINT = ("import os, sys, time\n"
+               "v = os.environ['JOB_SECRET']\n"
+               "sys.stdout.write('secret is ' + v[:5]); sys.stdout.flush(); time.sleep(0.3)\n"
+               "sys.stdout.write(v[5:] + ' and again ' + v + '\\n'); sys.stdout.flush()\n")
+
+
+def test_a_secret_the_job_prints_is_masked_on_the_terminal_and_in_the_node_log(tmp_path, capsys):
+    import os
+    import sys
+
+    from broker.launch import LocalNode, Supervisor
+    from broker.private import register_secret
+    from broker.ui import echo_line
+
+    secret = "s3cr3t-printed-by-the-job-42"
+    register_secret(secret)
+    log = tmp_path / "node0.log"
+    node = LocalNode(0, [sys.executable, "-c", SPLIT_PRINT], dict(os.environ, JOB_SECRET=secret), tmp_path)
+    res = Supervisor({0: log}, echo=echo_line, grace_s=1.0).run([node], deadline_s=60)
+    assert res.status == "succeeded"
+    out = capsys.readouterr().out
+    raw = log.read_bytes()
+    assert secret not in out and secret.encode() not in raw
+    assert secret[:5].encode() not in raw  # the half in the first block was held back, then masked whole
+    assert "[node 0] secret is ******** and again ********" in out
+    assert b"secret is ******** and again ********\n" in raw
