@@ -7,7 +7,9 @@ folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job fold
   ``node_modules``, ``__pycache__``/``*.pyc``, ``.env*`` files (``.env``, ``.envrc``, ``.env.local``, ...), SSH and
   cloud keys (``id_*`` key files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``,
   ``.vast_api_key``), credential and token files (``credentials*.json``, ``token*.json``, ``.netrc``,
-  ``.git-credentials``) and WireGuard configs (``wg*.conf``, ``*.wg.conf``);
+  ``.git-credentials``, ``credentials``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``, ``.npmrc``,
+  ``kubeconfig``, ``.docker/``, ``.kube/``, ``.vault-token``, ``secrets.yaml``) and WireGuard configs (``wg*.conf``,
+  ``*.wg.conf``), in any case (``ID_RSA``, ``KEY.PEM``);
 * what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
   work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
   a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
@@ -35,15 +37,28 @@ WARN_BYTES = 100 * 1000 * 1000
 
 #: names (files or folders, at any depth) never copied to a node
 ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
-                    ".pytest_cache", ".ssh", ".oci", ".aws", ".tox"}
+                    ".pytest_cache", ".ssh", ".oci", ".aws", ".tox", ".docker", ".kube", ".gnupg", ".azure"}
 #: gitignore-style patterns never copied to a node (secrets and keys), matched against file names; ``.env*`` covers
 #: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``,
 #: ``id_ed25519.pub``, ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files
 #: (``credentials.json``, ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``,
-#: ``home.wg.conf``: they hold a private key)
+#: ``home.wg.conf``: they hold a private key); cloud and registry credentials (AWS ``credentials``, Google's
+#: ``application_default_credentials.json``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``,
+#: ``.npmrc``, ``kubeconfig``, ``.vault-token``, ``secrets.yaml``).  Matched case-insensitively (the patterns are
+#: lower case and the name is lowered: ``ID_RSA``, ``KEY.PEM``, ``Credentials.json`` are skipped too; see
+#: :func:`always_skipped_dir`); ``.docker/`` and ``.kube/`` (their ``config`` holds registry/cluster tokens) are
+#: folders of :data:`ALWAYS_SKIP_DIRS`
 ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_*", "!id_*.py", "*.pem", "*.key", "*.p12", "*.pfx", ".vast_api_key",
                         "vast_api_key", ".netrc", "_netrc", "*.ppk", "credentials*.json", "token*.json", "*.wg.conf",
-                        "wg*.conf", ".git-credentials", ".pgpass"]
+                        "wg*.conf", ".git-credentials", ".pgpass", "credentials", "*_credentials.json",
+                        "client_secret*.json", "service-account*.json", "service_account*.json", ".pypirc", ".npmrc",
+                        "kubeconfig", "*.kubeconfig", ".vault-token", "secrets.yaml", "secrets.yml", ".dockercfg",
+                        "*.jks", "*.keystore"]
+
+
+def always_skipped_dir(name: str) -> bool:
+    """Whether a folder called ``name`` is never copied (:data:`ALWAYS_SKIP_DIRS`, any case: ``.SSH`` too)."""
+    return name in ALWAYS_SKIP_DIRS or name.lower() in ALWAYS_SKIP_DIRS
 
 #: the skip reasons named in :meth:`StagePlan.summary`
 OUTSIDE = "symlink outside the workdir"
@@ -220,9 +235,9 @@ class _Rules:
         checks = [(parts[:k], True) for k in range(1, len(parts))] if ancestors else []
         for sub, sub_dir in checks + [(parts, is_dir)]:
             name = sub[-1]
-            if sub_dir and (name in ALWAYS_SKIP_DIRS or _is_venv(self.root.joinpath(*sub))):
+            if sub_dir and (always_skipped_dir(name) or _is_venv(self.root.joinpath(*sub))):
                 return "always"
-            if not sub_dir and self.always.match_file(name):
+            if not sub_dir and self.always.match_file(name.lower()):
                 return "always"
             if self._git_ignored(sub, sub_dir):
                 return "ignore file"
@@ -363,7 +378,7 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
         if rel in staged or not (real_root / rel).is_file() or (real_root / rel).is_symlink():
             continue
         parts = rel.split("/")
-        if any(p in ALWAYS_SKIP_DIRS for p in parts[:-1]) or rules.always.match_file(parts[-1]):
+        if any(always_skipped_dir(p) for p in parts[:-1]) or rules.always.match_file(parts[-1].lower()):
             continue  # a secret or a key stays home even when named
         rule = rules.ignoring_rule(rel)
         if rule is None:

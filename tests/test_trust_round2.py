@@ -264,3 +264,27 @@ def test_a_secret_the_job_prints_is_masked_on_the_terminal_and_in_the_node_log(t
     assert secret[:5].encode() not in raw  # the half in the first block was held back, then masked whole
     assert "[node 0] secret is ******** and again ********" in out
     assert b"secret is ******** and again ********\n" in raw
+
+
+# ------------------------------------------------------------------------------------------------------- staging
+def test_credential_files_in_any_case_and_more_kinds_are_not_staged(tmp_path):
+    from broker.executor import staging_line
+    from broker.staging import stage_plan
+
+    w = tmp_path / "w"
+    w.mkdir()
+    names = ["ID_RSA", "KEY.PEM", "Credentials.json", "credentials", "application_default_credentials.json",
+             "client_secret_123.apps.json", "service-account-prod.json", ".pypirc", ".npmrc", "kubeconfig",
+             ".vault-token", "secrets.yaml", "secrets.yml", "Token.JSON", "WG0.conf"]
+    for n in names + ["train.py", "ID_utils.py", "config.json", "secrets_test.py"]:
+        (w / n).write_text("x")
+    for d in (".docker", ".kube", ".SSH"):
+        (w / d).mkdir()
+        (w / d / "config" if d != ".docker" else w / d / "config.json").write_text("token")
+    plan = stage_plan(w)
+    assert sorted(str(f) for f in plan.files) == ["ID_utils.py", "config.json", "secrets_test.py", "train.py"]
+    run = tmp_path / "run"
+    run.mkdir()
+    staging_line(plan, run)
+    skipped = (run / "staged.txt").read_text().split("# not copied", 1)[1]
+    assert all(n in skipped for n in names + [".docker", ".kube", ".SSH"]), skipped
