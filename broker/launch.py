@@ -119,8 +119,10 @@ class LocalNode:
     def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
         self.node_rank = node_rank
         self.argv = argv
+        # umask 077: what the node writes (its work folder, torchrun's logs, the rank facts) lies in the run folder,
+        # which is the user's alone (files 0600, folders 0700 under any umask of the shell)
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0, umask=0o077)
         assert self.proc.stdout is not None
         self._batch_s = BATCH_S if _enlarge_pipe(self.proc.stdout.fileno()) else 0.0
 
@@ -513,6 +515,12 @@ def describe_exit(code: int | None) -> str:
     return str(code)
 
 
+def _private_opener(path: str, flags: int) -> int:
+    from broker.private import private_opener
+
+    return private_opener(path, flags)
+
+
 def _scrubbed(chunks, scrub):
     """``chunks`` (a node's output blocks) with the secrets ``scrub`` knows masked; what it holds back at the end
     (the possible start of a value) comes last."""
@@ -659,7 +667,7 @@ def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Pat
               echo: Callable[[str], None] | None, timeout_s: float) -> tuple[int, str]:
     """Run each setup command with bash in ``cwd``; returns (exit code, failing command or '')."""
     for cmd in commands:
-        with open(log_path, "a", encoding="utf-8") as f:
+        with open(log_path, "a", encoding="utf-8", opener=_private_opener) as f:
             f.write(f"$ {cmd}\n")
         if echo:
             echo(f"[node {node_rank}] $ {cmd}")
@@ -720,11 +728,13 @@ class LocalExecutor(Executor):
     def stage(self) -> RunResult | None:
         from broker.staging import stage_plan
 
+        from broker.private import private_dirs, write_private
+
         spec = self.spec
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.run_dir)
         dropped = dropped_line(dropped_inherited(dict(os.environ), spec.env, *spec.node_envs))
         for p in self.logs.values():
-            p.write_text(f"broker: {dropped}\n" if dropped else "")
+            write_private(p, f"broker: {dropped}\n" if dropped else "")
         if dropped and self.echo:
             self.echo(f"[broker] {dropped}")
         from broker.staging import recipe_files
@@ -876,8 +886,11 @@ def artifact_destination(root: Path, name: object) -> Path:
 
 
 def open_artifact(dst: Path) -> "Any":
-    """A new file at ``dst`` for writing (binary, mode 0600), never through a symlink; its folders are created."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    """A new file at ``dst`` for writing (binary, mode 0600), never through a symlink; its folders are created
+    0700."""
+    from broker.private import private_dirs
+
+    private_dirs(dst.parent)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     return os.fdopen(fd, "wb")
 

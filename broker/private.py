@@ -165,6 +165,27 @@ def private_dir(d: Path | str) -> Path:
     return p
 
 
+def private_dirs(d: Path | str) -> Path:
+    """Create folder ``d`` and every missing folder above it 0700 (``os.makedirs`` gives the parents the umask's
+    mode): for the folders inside a run folder (``node0/work``, ``artifacts/node1``).  Returns ``d``; raises
+    OSError."""
+    p = Path(d)
+    missing = []
+    q = p
+    while not q.is_dir():
+        missing.append(q)
+        if q.parent == q:
+            break
+        q = q.parent
+    for m in reversed(missing):
+        try:
+            os.mkdir(m, DIR_MODE)
+        except FileExistsError:
+            if not m.is_dir():
+                raise
+    return p
+
+
 def tighten_dir(d: Path | str) -> None:
     """Narrow folder ``d`` to 0700 when this user owns it, it is wider and it is not a shared folder (sticky bit:
     /tmp).  For homes and run folders an older broker created 0755; best effort (never raises)."""

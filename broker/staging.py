@@ -458,7 +458,7 @@ def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
                     while view:
                         view = view[os.write(dfd, view):]
                 ways.copied += 1
-            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode) & 0o700)  # the owner's bits: a node folder is private
             os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(dfd)
@@ -473,15 +473,17 @@ def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
     A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
     (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
     user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``."""
+    from broker.private import private_dirs
+
     if dst.exists():
         shutil.rmtree(dst)
-    dst.mkdir(parents=True)
+    private_dirs(dst)  # 0700 (and the node folder above it): a copy of the user's files in the run folder
     ways = _CopyWays()
     made: set[Path] = {dst}
     for rel in plan.files:
         target = dst / rel
         if target.parent not in made:  # one mkdir per folder, not one per file
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(target.parent)
             made.add(target.parent)
         _copy_file(plan.source(rel), target, ways)
     return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied}

@@ -288,3 +288,45 @@ def test_credential_files_in_any_case_and_more_kinds_are_not_staged(tmp_path):
     staging_line(plan, run)
     skipped = (run / "staged.txt").read_text().split("# not copied", 1)[1]
     assert all(n in skipped for n in names + [".docker", ".kube", ".SSH"]), skipped
+
+
+# ------------------------------------------------------------------------------------------------- file modes
+def test_every_file_of_a_finished_local_run_is_private_under_umask_022(cli_env, tmp_path):
+    """node0.log, staged.txt, artifacts/, node0/ (its work copy, torchrun's logs, the rank facts) were created
+    0644 / 0755 under umask 022; now every file is 0600 (an executable the user staged keeps its owner x bit) and
+    every folder 0700."""
+    import os
+    import stat
+    import subprocess
+
+    from tests.conftest import REPO, broker_cmd
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "t.py").write_text("open('out.txt', 'w').write('x')\nprint('hi')\n")
+    (d / "tool.sh").write_text("#!/bin/sh\n")
+    os.chmod(d / "tool.sh", 0o755)
+    (d / "r.yaml").write_text("name: modes\nscript: t.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n"
+                              "setup: ['echo set up']\nartifacts: [out.txt]\n")
+    p = subprocess.run(broker_cmd("run", str(d / "r.yaml"), "--provider", "local"), cwd=REPO, env=cli_env,
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL, umask=0o022)
+    assert p.returncode == 0, p.stdout + p.stderr
+    runs = Path(cli_env["BROKER_HOME"]) / "runs"
+    (run,) = list(runs.iterdir())
+    wide = []
+    seen = set()
+    for dirpath, dirnames, filenames in os.walk(run):
+        for name in dirnames:
+            m = stat.S_IMODE(os.lstat(os.path.join(dirpath, name)).st_mode)
+            if m != 0o700:
+                wide.append((oct(m), os.path.relpath(os.path.join(dirpath, name), run)))
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, run)
+            seen.add(rel)
+            m = stat.S_IMODE(os.lstat(full).st_mode)
+            if m != (0o700 if name == "tool.sh" else 0o600):
+                wide.append((oct(m), rel))
+    assert not wide, wide
+    assert {"node0.log", "node1.log", "staged.txt", "recipe.json", "artifacts/node0/out.txt",
+            "node0/work/t.py", "node0/facts/rank0.json"} <= seen, sorted(seen)
