@@ -156,6 +156,12 @@ class Recipe(BaseModel):
             self.gpus_per_node = 1
         return self
 
+    @field_serializer("gpus_per_node")
+    def _gpus_as_written(self, n: int) -> int:
+        """What the recipe said: 0 for a CPU-only job (the launchers' 1 process per node is not the user's value;
+        recipe.json / the ledger / --json read back as the same recipe)."""
+        return 0 if self.cpu_only else n
+
     @field_validator("setup", "expect", "artifacts", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:

@@ -330,3 +330,33 @@ def test_every_file_of_a_finished_local_run_is_private_under_umask_022(cli_env, 
     assert not wide, wide
     assert {"node0.log", "node1.log", "staged.txt", "recipe.json", "artifacts/node0/out.txt",
             "node0/work/t.py", "node0/facts/rank0.json"} <= seen, sorted(seen)
+
+
+# ------------------------------------------------------------------------------------------------- recipe.json
+def test_recipe_json_records_gpus_per_node_as_written(tmp_path, cli_env):
+    """recipe.json said ``gpus_per_node: 1`` for a recipe that said 0: the CPU-only validator sets 1 for the
+    launchers (one process per node); the stored recipe is what the user wrote, and reads back as the same job."""
+    import subprocess
+
+    from broker.recipe import Recipe, load_recipe
+    from tests.conftest import REPO, broker_cmd
+
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "t.py").write_text("print('hi')\n")
+    (d / "r.yaml").write_text("name: cpu\nscript: t.py\nnodes: 1\ngpus_per_node: 0\ncpu_ok: true\nmax_hours: 0.1\n")
+    rec = load_recipe(d / "r.yaml")
+    assert rec.cpu_only and rec.gpus_per_node == 1  # what the launchers use
+    dumped = rec.model_dump(mode="json")
+    assert dumped["gpus_per_node"] == 0
+    again = Recipe.model_validate({k: v for k, v in dumped.items() if k not in ("script", "workdir")} |
+                                  {"script": "t.py"})
+    assert again.cpu_only and again.requirements().gpus_per_node == 0
+    p = subprocess.run(broker_cmd("run", str(d / "r.yaml"), "--provider", "local"), cwd=REPO, env=cli_env,
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run,) = list((Path(cli_env["BROKER_HOME"]) / "runs").iterdir())
+    assert json.loads((run / "recipe.json").read_text())["gpus_per_node"] == 0
+    # a GPU recipe is unchanged
+    (d / "g.yaml").write_text("name: g\nscript: t.py\nnodes: 1\ngpus_per_node: 4\nmax_hours: 0.1\n")
+    assert load_recipe(d / "g.yaml").model_dump(mode="json")["gpus_per_node"] == 4
