@@ -407,7 +407,7 @@ class _CopyWays:
 
 
 def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
-    """``dst`` (created; never existing) gets ``src``'s bytes, permission bits and times.
+    """``dst`` (created 0600; never existing) gets ``src``'s bytes, its owner's permission bits and its times.
 
     In order: a reflink (``FICLONE``: the node's copy shares the blocks copy-on-write, so it costs no data copy and
     a node writing to it changes its own blocks only), then ``copy_file_range`` (an in-kernel copy), then plain
@@ -468,7 +468,8 @@ def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
 
 def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
     """Copy the planned files into ``dst`` (created; an existing ``dst`` is replaced).  Every staged path becomes a
-    regular file of its own (a linked file's content is copied) with the source's permission bits and times.
+    regular file of its own (a linked file's content is copied) with the source's owner permission bits (group
+    and others get none: the copy lies in a private run folder) and times; the folders are created 0700.
 
     A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
     (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
@@ -541,11 +542,18 @@ class StagedTar:
         return "-xzf" if self.compressed else "-xf"
 
 
+def _owner_only(info):
+    """A tar member with the owner's permission bits only (as :func:`copy_staged` gives local copies): a node's
+    work folder is private, also on a cluster's shared file system."""
+    info.mode &= 0o700
+    return info
+
+
 def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
     """Stream the planned files as a tar into the binary file object ``out`` (``write`` and ``tell``; gzip level 1
     when ``compress``),
-    paths relative to the work folder, each a regular file with its permission bits and times (a linked file's
-    content, never a link): memory stays constant whatever the sizes."""
+    paths relative to the work folder, each a regular file with its owner's permission bits and its times (a
+    linked file's content, never a link): memory stays constant whatever the sizes."""
     import gzip
     import tarfile
 
@@ -556,7 +564,7 @@ def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
         # buffer that is copied on every write); 1 MiB copy blocks instead of 16 KiB
         with tarfile.TarFile(fileobj=gz or out, mode="w", dereference=True, copybufsize=1 << 20) as tar:
             for rel in plan.files:
-                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False)
+                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False, filter=_owner_only)
     finally:
         if gz is not None:
             gz.close()  # writes the gzip trailer; ``out`` stays open (the caller's)
