@@ -2,8 +2,10 @@
 
 Keys come from the environment or a ``.env`` file in the current directory (every name is listed in
 ``.env.example``).  Where broker sends them and which ledger it obeys do not: endpoint overrides (``*_URL``,
-``*ENDPOINT*``) and ``BROKER_HOME`` are read from the real environment only (:func:`env_only`), because a ``.env``
-arrives with any folder a user clones; one set in ``.env`` is ignored with a one-line notice on stderr.  An empty
+``*ENDPOINT*``), hosts (``*_HOST``), other credential files and profiles (``*_CONFIG_FILE``, ``*_PROFILE``) and
+``BROKER_HOME`` are read from the real environment only (:func:`env_only`), because a ``.env`` arrives with any
+folder a user clones; one set in ``.env`` is ignored with a one-line notice on stderr.  Regions may come from
+``.env`` but must have their provider's form (:func:`check_regions`).  An empty
 value means "unset", in the environment and in ``.env``.  A non-loopback endpoint must be https
 (:func:`check_endpoint`).  Values are never printed: the settings keep secrets as ``SecretStr`` / :class:`Secret`.  Nothing here is
 built at import time: :func:`settings` reads the environment into :class:`EnvSettings` without importing pydantic
@@ -28,11 +30,23 @@ from broker.errors import BadInput
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 
 
-def env_only(name: str) -> bool:
-    """Whether setting ``name`` (a variable or field name, any case) may come from the real environment only:
-    ``BROKER_HOME`` and every endpoint override (``*_URL``, ``*ENDPOINT*``: where broker sends the account's key)."""
+def is_endpoint(name: str) -> bool:
+    """Whether setting ``name`` (any case) is an endpoint override (``*_URL``, ``*ENDPOINT*``): a URL broker sends
+    the account's key to (checked by :func:`check_endpoint`)."""
     n = name.lower()
-    return n == "broker_home" or n.endswith("_url") or "endpoint" in n
+    return n.endswith("_url") or "endpoint" in n
+
+
+def env_only(name: str) -> bool:
+    """Whether setting ``name`` (a variable or field name, any case) may come from the real environment only: what
+    names WHERE broker connects or WHOSE credentials it reads -- ``BROKER_HOME``, every endpoint override
+    (:func:`is_endpoint`), every host (``*_HOST``: the Slurm login host receives the batch script with the
+    secrets) and every pointer to another credentials file or profile (``*_CONFIG_FILE``, ``*_CREDENTIALS_FILE``,
+    ``*_PROFILE``).  Regions may come from ``.env``: they are validated against their provider's form instead
+    (:func:`check_regions`)."""
+    n = name.lower()
+    return (n == "broker_home" or is_endpoint(n) or n.endswith("_host")
+            or n.endswith(("_config_file", "_credentials_file", "_profile")))
 
 
 def is_loopback_host(host: str | None) -> bool:
@@ -98,9 +112,14 @@ class Secret:
         return hash(self._value)
 
 
-def _env(name: str) -> Any:
+def _env(name: str, **meta: Any) -> Any:
     """``field`` metadata: the setting is read from the environment variable ``name`` (not its own name)."""
-    return field(default=None, metadata={"env": name})
+    return field(default=None, metadata={"env": name, **meta})
+
+
+def _region_of(provider: str) -> Any:
+    """``field`` metadata: the setting is a region of ``provider`` (validated by :func:`check_regions`)."""
+    return field(default=None, metadata={"region_of": provider})
 
 
 @dataclass(frozen=True)
@@ -120,7 +139,7 @@ class EnvSettings:
     oci_config_file: str = "~/.oci/config"
     oci_profile: str = "DEFAULT"
     oci_compartment_id: str | None = None
-    oci_region: str | None = None
+    oci_region: str | None = _region_of("oci")
     oci_service_endpoint: str | None = None  # base URL for every OCI client (tests)
     oci_image_id: str | None = None
     oci_subnet_id: str | None = None
@@ -134,8 +153,8 @@ class EnvSettings:
     aws_secret_access_key: Secret | None = None
     aws_session_token: Secret | None = None
     aws_profile: str | None = None
-    aws_region: str | None = _env("AWS_DEFAULT_REGION")
-    aws_region_alt: str | None = _env("AWS_REGION")
+    aws_region: str | None = _env("AWS_DEFAULT_REGION", region_of="aws")
+    aws_region_alt: str | None = _env("AWS_REGION", region_of="aws")
     aws_endpoint_url: str | None = None
     aws_ami_id: str | None = None
     aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
@@ -265,17 +284,45 @@ def _dotenv_notice() -> None:
     _NOTICED.update((where, n.upper()) for n in names)
     import sys
 
-    sys.stderr.write(f"broker: ignoring {', '.join(n.upper() for n in names)} in {where}: endpoints and the broker "
-                     f"home come from the real environment only (export {names[0].upper()}=... in your shell to "
-                     "use it)\n")
+    sys.stderr.write(f"broker: ignoring {', '.join(n.upper() for n in names)} in {where}: endpoints, hosts, "
+                     "credential files/profiles and the broker home come from the real environment only (export "
+                     f"{names[0].upper()}=... in your shell to use it)\n")
+
+
+def check_region(provider: Any, name: str, region: str) -> str:
+    """``region`` of setting ``name`` when it has ``provider``'s region form (the adapter class's
+    :meth:`~broker.provider.Provider.valid_region`); raises BadInput naming the variable, the form and the fix
+    otherwise.  A region becomes part of the SDK's host name (``iaas.<region>.oraclecloud.com``): a value such as
+    ``attacker.example`` would send the signed requests elsewhere."""
+    r = region.strip()
+    if not provider.valid_region(r):
+        var = name.upper()
+        raise BadInput(f"{var}={region!r} is not a {provider.name} region name ({provider.region_form()}): the "
+                       "SDK would build the provider's endpoint from it",
+                       hint=f"set {var} to a region name such as {provider.region_example()} (in the environment or "
+                            ".env), or unset it to use the profile's region")
+    return r
+
+
+def check_regions(s: Any) -> Any:
+    """Settings ``s`` after checking every region setting (metadata ``region_of``) that is set against its
+    provider's form (:func:`check_region`).  The adapter class is imported only for a region that is set."""
+    for f in fields(EnvSettings):
+        prov = f.metadata.get("region_of")
+        v = getattr(s, f.name, None)
+        if prov and isinstance(v, str) and v.strip():
+            from broker.providers import provider_class
+
+            check_region(provider_class(prov), _env_name(f), v)
+    return s
 
 
 def _check_endpoints(s: Any) -> Any:
     for f in fields(EnvSettings):
         v = getattr(s, f.name, None)
-        if f.name != "broker_home" and env_only(_env_name(f)) and isinstance(v, str) and v.strip():
+        if is_endpoint(_env_name(f)) and isinstance(v, str) and v.strip():
             check_endpoint(_env_name(f), v)
-    return s
+    return check_regions(s)
 
 
 @lru_cache(maxsize=1)

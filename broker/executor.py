@@ -140,8 +140,10 @@ def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
     text += ["", "# why (rule: every entry above)"] + [f"{rule}: {', '.join(names)}"
                                                       for rule, names in sorted(by_rule.items())]
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n".join(text) + "\n", encoding="utf-8")
+        from broker.private import private_dirs, write_private
+
+        private_dirs(out.parent)
+        write_private(out, "\n".join(text) + "\n")
     except OSError as e:
         _log.warning("cannot write %s: %s", out, e)
         return line

@@ -258,9 +258,11 @@ def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[i
             if bad:
                 rep = pf.PreflightReport(checks=rows, wall_s=time.monotonic() - t0)
                 self.report = rep
-                (self.run_dir / "preflight.json").write_text(json.dumps(rep.to_dict(), indent=2))
+                from broker.private import write_private
+
+                write_private(self.run_dir / "preflight.json", json.dumps(rep.to_dict(), indent=2))
                 text = pf.render_text(rep)
-                (self.run_dir / "preflight.txt").write_text("\n".join(text) + "\n")
+                write_private(self.run_dir / "preflight.txt", "\n".join(text) + "\n")
                 for line in text:
                     self._say(f"[preflight] {line}")
                 return self._fail("preflight failed: " + "; ".join(rep.failures()))

@@ -119,8 +119,10 @@ class LocalNode:
     def __init__(self, node_rank: int, argv: list[str], env: dict[str, str], cwd: Path):
         self.node_rank = node_rank
         self.argv = argv
+        # umask 077: what the node writes (its work folder, torchrun's logs, the rank facts) lies in the run folder,
+        # which is the user's alone (files 0600, folders 0700 under any umask of the shell)
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, bufsize=0, umask=0o077)
         assert self.proc.stdout is not None
         self._batch_s = BATCH_S if _enlarge_pipe(self.proc.stdout.fileno()) else 0.0
 
@@ -359,20 +361,29 @@ class Supervisor:
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
-        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  A log write that fails (a full
-        disk) never stops the draining: a node whose output is not read blocks in its next print."""
+        logs -f`` sees it at once) and, decoded, in whole lines, to the display.  The values of the recipe's
+        secrets (registered with :func:`broker.private.register_secret`) are masked in both, also when a value is
+        split across two blocks (:class:`broker.private.StreamScrubber`; no work when none is registered).  A log
+        write that fails (a full disk) never stops the draining: a node whose output is not read blocks in its
+        next print."""
         import codecs
+
+        from broker.private import StreamScrubber, private_opener
 
         f = None
         try:
-            f = open(path, "ab", buffering=0)
+            f = open(path, "ab", buffering=0, opener=private_opener)
         except OSError as e:
             self._log_error(node, path, e)
         display = self._display
         prefix = f"[node {node.node_rank}] "
         dec = codecs.getincrementaldecoder("utf-8")("replace")
         partial, last = "", b"\n"
-        for data in _node_chunks(node):
+        scrub = StreamScrubber()
+        chunks = _node_chunks(node)
+        if scrub:
+            chunks = _scrubbed(chunks, scrub)
+        for data in chunks:
             if not data:
                 continue
             last = data
@@ -504,23 +515,45 @@ def describe_exit(code: int | None) -> str:
     return str(code)
 
 
+def _private_opener(path: str, flags: int) -> int:
+    from broker.private import private_opener
+
+    return private_opener(path, flags)
+
+
+def _scrubbed(chunks, scrub):
+    """``chunks`` (a node's output blocks) with the secrets ``scrub`` knows masked; what it holds back at the end
+    (the possible start of a value) comes last."""
+    for data in chunks:
+        yield scrub.feed(data) if data else data
+    tail = scrub.flush()
+    if tail:
+        yield tail
+
+
 def check_expect(log_path: Path, patterns: list[str]) -> list[str]:
     """The patterns that do not match anywhere in the log (rank 0's)."""
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.exists() else ""
     return [p for p in patterns if not re.search(p, text, re.MULTILINE)]
 
 
+#: the most characters kept of one value of a node's rank facts (a node writes that file: any size, any bytes)
+MAX_FACT_CHARS = 256
+
+
 def _facts_row(d: dict, node: int, rank: int, local_rank: int, ws: int) -> RankRow:
-    def txt(v: object) -> str:
-        return "?" if v is None else str(v)
+    from broker.ui import strip_controls
+
+    def txt(v: object) -> str:  # a node's value: no control/bidi characters, bounded (also in --json)
+        return "?" if v is None else strip_controls(str(v))[:MAX_FACT_CHARS]
 
     cvd = d.get("cuda_visible_devices")
     return RankRow(node=node, rank=rank, local_rank=local_rank, world_size=ws,
                    device=txt(d.get("device")), backend=txt(d.get("backend")), host=txt(d.get("host")),
-                   cuda_visible_devices="(unset)" if cvd is None else (cvd or "''"),
+                   cuda_visible_devices="(unset)" if cvd is None else (txt(cvd) or "''"),
                    gpus=txt(d.get("gpus_visible")), python=txt(d.get("python")), torch=txt(d.get("torch")),
-                   cuda=(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
-                   nccl=(d.get("nccl_version") or "none") if d.get("torch") else "?")
+                   cuda=txt(d.get("cuda_version") or "none (CPU build)") if d.get("torch") else "?",
+                   nccl=txt(d.get("nccl_version") or "none") if d.get("torch") else "?")
 
 
 def rank_table(log_paths: dict[int, Path], *, nnodes: int, nproc_per_node: int) -> list[RankRow]:
@@ -634,7 +667,7 @@ def run_setup(commands: list[str], cwd: Path, env: dict[str, str], log_path: Pat
               echo: Callable[[str], None] | None, timeout_s: float) -> tuple[int, str]:
     """Run each setup command with bash in ``cwd``; returns (exit code, failing command or '')."""
     for cmd in commands:
-        with open(log_path, "a", encoding="utf-8") as f:
+        with open(log_path, "a", encoding="utf-8", opener=_private_opener) as f:
             f.write(f"$ {cmd}\n")
         if echo:
             echo(f"[node {node_rank}] $ {cmd}")
@@ -695,11 +728,13 @@ class LocalExecutor(Executor):
     def stage(self) -> RunResult | None:
         from broker.staging import stage_plan
 
+        from broker.private import private_dirs, write_private
+
         spec = self.spec
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.run_dir)
         dropped = dropped_line(dropped_inherited(dict(os.environ), spec.env, *spec.node_envs))
         for p in self.logs.values():
-            p.write_text(f"broker: {dropped}\n" if dropped else "")
+            write_private(p, f"broker: {dropped}\n" if dropped else "")
         if dropped and self.echo:
             self.echo(f"[broker] {dropped}")
         from broker.staging import recipe_files
@@ -851,8 +886,11 @@ def artifact_destination(root: Path, name: object) -> Path:
 
 
 def open_artifact(dst: Path) -> "Any":
-    """A new file at ``dst`` for writing (binary, mode 0600), never through a symlink; its folders are created."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    """A new file at ``dst`` for writing (binary, mode 0600), never through a symlink; its folders are created
+    0700."""
+    from broker.private import private_dirs
+
+    private_dirs(dst.parent)
     fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     return os.fdopen(fd, "wb")
 

@@ -1193,7 +1193,9 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     try:
         cluster = target.acquire(run, ctx)
         if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
-            Path(run.run_dir or ".", "cluster.json").write_text(cluster.model_dump_json(indent=2))
+            from broker.private import write_private
+
+            write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
         ex = target.executor(recipe, run, cluster, ctx)
         with target.watching(run, ctx):
             result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
@@ -1251,7 +1253,9 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
         result.diagnosis = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if result.diagnosis:
         try:
-            (run_dir / "diagnosis.txt").write_text("\n".join(result.diagnosis) + "\n")
+            from broker.private import write_private
+
+            write_private(run_dir / "diagnosis.txt", "\n".join(result.diagnosis) + "\n")
         except OSError:
             pass
     return result

@@ -67,12 +67,64 @@ def known_secrets() -> list[str]:
     return sorted(_SECRETS, key=len, reverse=True)
 
 
+#: the password of a URL with credentials (``scheme://user:password@host``): group 1 the part before it
+URL_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@/\s]+)@")
+
+
+def url_passwords(text: str) -> list[str]:
+    """The passwords of every URL with credentials in ``text`` (``scheme://user:password@host``)."""
+    return [m.group(2) for m in URL_CREDENTIALS.finditer(text)]
+
+
+def mask_url_credentials(text: str) -> str:
+    """``text`` with the password of every URL with credentials replaced by :data:`MASK`
+    (``postgres://u:********@db``)."""
+    return URL_CREDENTIALS.sub(lambda m: m.group(1) + MASK + "@", text) if "://" in text else text
+
+
 def mask_secrets(text: str, values: "list[str] | None" = None) -> str:
     """``text`` with every registered secret value (or ``values``) replaced by :data:`MASK`."""
     for v in (known_secrets() if values is None else values):
         if v and v in text:
             text = text.replace(v, MASK)
     return text
+
+
+class StreamScrubber:
+    """Masks secret values in a byte stream cut into arbitrary blocks (a node's output): :meth:`feed` returns
+    the block with every value replaced by :data:`MASK`, holding back the end of the block only while it could be
+    the start of a value (at most ``len(longest value) - 1`` bytes), so a value split across two blocks is caught
+    too; :meth:`flush` returns what is held at the end of the stream.  ``values``: default the registered ones."""
+
+    def __init__(self, values: "list[str] | None" = None) -> None:
+        vals = known_secrets() if values is None else sorted(values, key=len, reverse=True)
+        self._values = [v.encode("utf-8", "surrogatepass") for v in vals if v]
+        self._mask = MASK.encode()
+        self._held = b""
+
+    def __bool__(self) -> bool:
+        return bool(self._values)
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self._held + data if self._held else data
+        for v in self._values:
+            if v in buf:
+                buf = buf.replace(v, self._mask)
+        keep = 0
+        for v in self._values:  # the longest end of buf that begins a value: held until the next block
+            for k in range(min(len(v) - 1, len(buf)), keep, -1):
+                if buf.endswith(v[:k]):
+                    keep = k
+                    break
+        if keep:
+            self._held = buf[-keep:]
+            return buf[:-keep]
+        self._held = b""
+        return buf
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
 
 
 # --------------------------------------------------------------------------------------------------- files
@@ -109,6 +161,27 @@ def private_dir(d: Path | str) -> Path:
             os.mkdir(p, DIR_MODE)  # mkdir's mode is narrowed by the umask, never widened: 0700 under any umask
         except FileExistsError:
             if not p.is_dir():
+                raise
+    return p
+
+
+def private_dirs(d: Path | str) -> Path:
+    """Create folder ``d`` and every missing folder above it 0700 (``os.makedirs`` gives the parents the umask's
+    mode): for the folders inside a run folder (``node0/work``, ``artifacts/node1``).  Returns ``d``; raises
+    OSError."""
+    p = Path(d)
+    missing = []
+    q = p
+    while not q.is_dir():
+        missing.append(q)
+        if q.parent == q:
+            break
+        q = q.parent
+    for m in reversed(missing):
+        try:
+            os.mkdir(m, DIR_MODE)
+        except FileExistsError:
+            if not m.is_dir():
                 raise
     return p
 
@@ -233,6 +306,33 @@ def open_lock(path: Path | str) -> int:
 #: own variables for the clouds broker talks to (boto3: AWS_*, the OCI SDK: OCI_*, google-auth: GOOGLE_*)
 _OTHER_CREDENTIAL_NAMES = frozenset({"TS_AUTHKEY", "TAILSCALE_AUTHKEY", "CONTAINER_API_KEY"})
 _OTHER_CREDENTIAL_PREFIXES = ("GOOGLE_", "CLOUDSDK_", "VASTAI_")
+
+
+def broker_secret_names() -> frozenset[str]:
+    """Names of the secrets broker itself reads (upper case): every secret setting of
+    :class:`broker.config.EnvSettings` (``VAST_API_KEY``, ``AWS_SECRET_ACCESS_KEY`` ...), the other credentials it
+    keeps from local jobs (``TS_AUTHKEY`` ...), and every secret-looking name (:func:`looks_secret`) of a
+    provider's settings family (``VAST_``, ``OCI_``, ``AWS_``, ``GOOGLE_`` ...).  A recipe's ``env:`` may not copy
+    them to the nodes (a recipe is often someone else's); ``secrets:`` names one explicitly."""
+    from dataclasses import fields
+
+    from broker.config import EnvSettings, _env_name
+
+    names, prefixes = set(_OTHER_CREDENTIAL_NAMES), set(_OTHER_CREDENTIAL_PREFIXES)
+    for f in fields(EnvSettings):
+        env = _env_name(f).upper()
+        if "Secret" in str(f.type):
+            names.add(env)
+        if not env.startswith("BROKER_"):
+            prefixes.add(env.split("_", 1)[0] + "_")
+    return frozenset(names | {f"{p}*" for p in prefixes})
+
+
+def is_broker_secret(name: str) -> bool:
+    """Whether ``name`` is one of broker's own secrets (:func:`broker_secret_names`)."""
+    n = name.upper()
+    known = broker_secret_names()
+    return n in known or (looks_secret(n) and any(p.endswith("*") and n.startswith(p[:-1]) for p in known))
 
 
 def credential_names(environ: dict[str, str] | os._Environ) -> list[str]:

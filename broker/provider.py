@@ -146,6 +146,27 @@ class Provider(ABC):
         """Words for the form :meth:`valid_id` accepts (for error messages)."""
         return "letters, digits and . _ : @ - only"
 
+    # ---- regions
+    @classmethod
+    def valid_region(cls, region: str) -> bool:
+        """Whether ``region`` has the form of this provider's region names.  A region setting may come from a
+        folder's ``.env`` and SDKs build endpoint host names from it, so it is checked
+        (:func:`broker.config.check_region`).  Default: lowercase letters, digits and ``-`` (never a dot, a
+        slash or ``@``); adapters narrow it (OCI ``us-ashburn-1``, AWS ``us-east-1``)."""
+        import re
+
+        return isinstance(region, str) and re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", region) is not None
+
+    @classmethod
+    def region_form(cls) -> str:
+        """Words for the form :meth:`valid_region` accepts (for error messages)."""
+        return "lowercase letters, digits and -"
+
+    @classmethod
+    def region_example(cls) -> str:
+        """A region name of the form :meth:`valid_region` accepts (for error messages)."""
+        return "us-east-1"
+
     @classmethod
     def require_id(cls, kind: str, provider_id: str, call: str) -> str:
         """``provider_id`` when :meth:`valid_id`; else raises ProviderError naming the id, its expected form and

@@ -156,6 +156,12 @@ class Recipe(BaseModel):
             self.gpus_per_node = 1
         return self
 
+    @field_serializer("gpus_per_node")
+    def _gpus_as_written(self, n: int) -> int:
+        """What the recipe said: 0 for a CPU-only job (the launchers' 1 process per node is not the user's value;
+        recipe.json / the ledger / --json read back as the same recipe)."""
+        return 0 if self.cpu_only else n
+
     @field_validator("setup", "expect", "artifacts", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
@@ -223,8 +229,9 @@ class Recipe(BaseModel):
     @field_serializer("env")
     def _env_as_written(self, env: dict[str, str]) -> dict[str, str]:
         """Never serialize a resolved ``${NAME}`` value (the template text stands in for it), a ``secrets:``
-        value (left out: the ``secrets`` list names it) or the literal value of a secret-looking name (masked)."""
-        from broker.private import MASK, looks_secret
+        value (left out: the ``secrets`` list names it), the literal value of a secret-looking name (masked) or the
+        password of a URL with credentials (masked)."""
+        from broker.private import MASK, looks_secret, mask_url_credentials
 
         t = self._env_template
         out = {}
@@ -233,9 +240,9 @@ class Recipe(BaseModel):
                 continue
             written = t.get(k, v)
             if _ENV_REF.search(written):
-                out[k] = written
-            else:
-                out[k] = MASK if looks_secret(k) and written else written
+                out[k] = mask_url_credentials(written)
+            else:  # a URL's password is a secret whatever the name (scheme://user:password@host)
+                out[k] = MASK if looks_secret(k) and written else mask_url_credentials(written)
         return out
 
     def env_references(self) -> list[str]:
@@ -611,13 +618,16 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
         raise RecipeError(f"{p}:{line}: field 'script': {script} is outside workdir {workdir}",
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
     template = dict(recipe.env)
+    _refuse_broker_credentials(template, p, lines)
     env = resolve_env(template, where=str(p), lines=lines) if resolve else template
     secret_values = resolve_secrets(recipe.secrets, where=str(p), lines=lines) if resolve else {}
-    from broker.private import looks_secret, register_secret
+    from broker.private import looks_secret, register_secret, url_passwords
 
     for k, v in env.items():
         if looks_secret(k):
             register_secret(v)  # a ${NAME} resolved into a secret-looking name: no log line shows its value
+        for pw in url_passwords(v):  # scheme://user:password@host: the password is a secret whatever the name
+            register_secret(pw)
     out = recipe.model_copy(update={"script": script, "workdir": workdir, "path": p.resolve(),
                                     "env": {**env, **secret_values}})
     out._env_template = template
@@ -653,11 +663,34 @@ def resolve_secrets(names: list[str], *, where: str = "recipe",
     return out
 
 
+def _refuse_broker_credentials(env: dict[str, str], p: Path, lines: dict[tuple, int]) -> None:
+    """Raise RecipeError when an ``env:`` value references one of broker's own credentials (``${VAST_API_KEY}``,
+    ``${AWS_SECRET_ACCESS_KEY}``: :func:`broker.private.is_broker_secret`): a recipe, often written by someone
+    else, would copy the user's cloud keys to every rented node.  ``secrets:`` is the explicit way."""
+    from broker.private import is_broker_secret
+
+    for k, v in env.items():
+        for name in _ENV_REF.findall(v):
+            if is_broker_secret(name):
+                line = lines.get(("env", k)) or lines.get(("env",)) or "?"
+                raise RecipeError(f"{p}:{line}: field 'env.{k}': ${{{name}}} is broker's own credential; an env: "
+                                  "value would copy it to every node (and into recipe.json's template)",
+                                  hint=f"remove it from env:, or, if the job really needs {name}, list it under "
+                                       f"'secrets: [{name}]' (its value then goes only to the nodes' environment)")
+
+
 def _secret_env_warnings(env: dict[str, str], p: Path, lines: dict[tuple, int]) -> list[str]:
-    """One line per ``env:`` name that looks secret and holds a literal value (not a ``${NAME}`` reference)."""
-    from broker.private import looks_secret
+    """One line per ``env:`` name that looks secret and holds a literal value (not a ``${NAME}`` reference), and
+    per value that is a URL with a password (``scheme://user:password@host``)."""
+    from broker.private import URL_CREDENTIALS, looks_secret
 
     out = []
+    for k, v in env.items():
+        if v and not looks_secret(k) and URL_CREDENTIALS.search(v) and not _ENV_REF.search(v):
+            line = lines.get(("env", k)) or lines.get(("env",)) or "?"
+            out.append(f"{p}:{line}: env {k} is a URL with a password: the password is masked in recipe.json, the "
+                       f"ledger and --json, but it is written in the recipe; move it to 'secrets: [{k}]' and export "
+                       f"{k} (or put it in .env)")
     for k, v in env.items():
         if looks_secret(k) and v and not _ENV_REF.search(v):
             line = lines.get(("env", k)) or lines.get(("env",)) or "?"

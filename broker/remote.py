@@ -518,8 +518,9 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
                 names = await sftp.listdir(remote)
             except Exception:  # noqa: BLE001 - no facts (the job never started)
                 return 0
-            dst = Path(run_dir) / f"node{i}" / "facts"
-            dst.mkdir(parents=True, exist_ok=True)
+            from broker.private import private_dirs
+
+            dst = private_dirs(Path(run_dir) / f"node{i}" / "facts")
         for name in names:  # a name the node sends back: only rank<r>.json / fr_trace_rank<r>, each capped
             if not isinstance(name, str):
                 continue
@@ -562,13 +563,15 @@ class SSHExecutor(Executor):
         if n != recipe.nodes:
             raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
         self.cluster, self.recipe, self.n = cluster, recipe, n
+        from broker.private import private_dirs, write_private
+
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.run_dir)
         self.echo, self.say = echo, say
         self.t0 = time.monotonic()
         self.logs = {i: self.run_dir / f"node{i}.log" for i in range(n)}
         for p in self.logs.values():
-            p.write_text("")
+            write_private(p, "")
         self.port_given = port is not None
         self.port = port or random.randint(29500, 29999)
         self.do_preflight = preflight
@@ -661,9 +664,11 @@ class SSHExecutor(Executor):
             report = pf.run_preflight(ssh, recipe, self.port)
         report.checks[:0] = self.lead_checks
         self.report = report
-        (self.run_dir / "preflight.json").write_text(json.dumps(report.to_dict(), indent=2))
+        from broker.private import write_private
+
+        write_private(self.run_dir / "preflight.json", json.dumps(report.to_dict(), indent=2))
         text = pf.render_text(report)
-        (self.run_dir / "preflight.txt").write_text("\n".join(text) + "\n")
+        write_private(self.run_dir / "preflight.txt", "\n".join(text) + "\n")
         for line in text:
             self._say(f"[preflight] {line}")
         if not report.ok:

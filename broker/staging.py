@@ -7,7 +7,9 @@ folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job fold
   ``node_modules``, ``__pycache__``/``*.pyc``, ``.env*`` files (``.env``, ``.envrc``, ``.env.local``, ...), SSH and
   cloud keys (``id_*`` key files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``,
   ``.vast_api_key``), credential and token files (``credentials*.json``, ``token*.json``, ``.netrc``,
-  ``.git-credentials``) and WireGuard configs (``wg*.conf``, ``*.wg.conf``);
+  ``.git-credentials``, ``credentials``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``, ``.npmrc``,
+  ``kubeconfig``, ``.docker/``, ``.kube/``, ``.vault-token``, ``secrets.yaml``) and WireGuard configs (``wg*.conf``,
+  ``*.wg.conf``), in any case (``ID_RSA``, ``KEY.PEM``);
 * what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
   work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
   a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
@@ -35,15 +37,28 @@ WARN_BYTES = 100 * 1000 * 1000
 
 #: names (files or folders, at any depth) never copied to a node
 ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
-                    ".pytest_cache", ".ssh", ".oci", ".aws", ".tox"}
+                    ".pytest_cache", ".ssh", ".oci", ".aws", ".tox", ".docker", ".kube", ".gnupg", ".azure"}
 #: gitignore-style patterns never copied to a node (secrets and keys), matched against file names; ``.env*`` covers
 #: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``,
 #: ``id_ed25519.pub``, ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files
 #: (``credentials.json``, ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``,
-#: ``home.wg.conf``: they hold a private key)
+#: ``home.wg.conf``: they hold a private key); cloud and registry credentials (AWS ``credentials``, Google's
+#: ``application_default_credentials.json``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``,
+#: ``.npmrc``, ``kubeconfig``, ``.vault-token``, ``secrets.yaml``).  Matched case-insensitively (the patterns are
+#: lower case and the name is lowered: ``ID_RSA``, ``KEY.PEM``, ``Credentials.json`` are skipped too; see
+#: :func:`always_skipped_dir`); ``.docker/`` and ``.kube/`` (their ``config`` holds registry/cluster tokens) are
+#: folders of :data:`ALWAYS_SKIP_DIRS`
 ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_*", "!id_*.py", "*.pem", "*.key", "*.p12", "*.pfx", ".vast_api_key",
                         "vast_api_key", ".netrc", "_netrc", "*.ppk", "credentials*.json", "token*.json", "*.wg.conf",
-                        "wg*.conf", ".git-credentials", ".pgpass"]
+                        "wg*.conf", ".git-credentials", ".pgpass", "credentials", "*_credentials.json",
+                        "client_secret*.json", "service-account*.json", "service_account*.json", ".pypirc", ".npmrc",
+                        "kubeconfig", "*.kubeconfig", ".vault-token", "secrets.yaml", "secrets.yml", ".dockercfg",
+                        "*.jks", "*.keystore"]
+
+
+def always_skipped_dir(name: str) -> bool:
+    """Whether a folder called ``name`` is never copied (:data:`ALWAYS_SKIP_DIRS`, any case: ``.SSH`` too)."""
+    return name in ALWAYS_SKIP_DIRS or name.lower() in ALWAYS_SKIP_DIRS
 
 #: the skip reasons named in :meth:`StagePlan.summary`
 OUTSIDE = "symlink outside the workdir"
@@ -220,9 +235,9 @@ class _Rules:
         checks = [(parts[:k], True) for k in range(1, len(parts))] if ancestors else []
         for sub, sub_dir in checks + [(parts, is_dir)]:
             name = sub[-1]
-            if sub_dir and (name in ALWAYS_SKIP_DIRS or _is_venv(self.root.joinpath(*sub))):
+            if sub_dir and (always_skipped_dir(name) or _is_venv(self.root.joinpath(*sub))):
                 return "always"
-            if not sub_dir and self.always.match_file(name):
+            if not sub_dir and self.always.match_file(name.lower()):
                 return "always"
             if self._git_ignored(sub, sub_dir):
                 return "ignore file"
@@ -363,7 +378,7 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
         if rel in staged or not (real_root / rel).is_file() or (real_root / rel).is_symlink():
             continue
         parts = rel.split("/")
-        if any(p in ALWAYS_SKIP_DIRS for p in parts[:-1]) or rules.always.match_file(parts[-1]):
+        if any(always_skipped_dir(p) for p in parts[:-1]) or rules.always.match_file(parts[-1].lower()):
             continue  # a secret or a key stays home even when named
         rule = rules.ignoring_rule(rel)
         if rule is None:
@@ -392,7 +407,7 @@ class _CopyWays:
 
 
 def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
-    """``dst`` (created; never existing) gets ``src``'s bytes, permission bits and times.
+    """``dst`` (created 0600; never existing) gets ``src``'s bytes, its owner's permission bits and its times.
 
     In order: a reflink (``FICLONE``: the node's copy shares the blocks copy-on-write, so it costs no data copy and
     a node writing to it changes its own blocks only), then ``copy_file_range`` (an in-kernel copy), then plain
@@ -443,7 +458,7 @@ def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
                     while view:
                         view = view[os.write(dfd, view):]
                 ways.copied += 1
-            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode) & 0o700)  # the owner's bits: a node folder is private
             os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(dfd)
@@ -453,20 +468,23 @@ def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
 
 def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
     """Copy the planned files into ``dst`` (created; an existing ``dst`` is replaced).  Every staged path becomes a
-    regular file of its own (a linked file's content is copied) with the source's permission bits and times.
+    regular file of its own (a linked file's content is copied) with the source's owner permission bits (group
+    and others get none: the copy lies in a private run folder) and times; the folders are created 0700.
 
     A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
     (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
     user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``."""
+    from broker.private import private_dirs
+
     if dst.exists():
         shutil.rmtree(dst)
-    dst.mkdir(parents=True)
+    private_dirs(dst)  # 0700 (and the node folder above it): a copy of the user's files in the run folder
     ways = _CopyWays()
     made: set[Path] = {dst}
     for rel in plan.files:
         target = dst / rel
         if target.parent not in made:  # one mkdir per folder, not one per file
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(target.parent)
             made.add(target.parent)
         _copy_file(plan.source(rel), target, ways)
     return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied}
@@ -524,11 +542,18 @@ class StagedTar:
         return "-xzf" if self.compressed else "-xf"
 
 
+def _owner_only(info):
+    """A tar member with the owner's permission bits only (as :func:`copy_staged` gives local copies): a node's
+    work folder is private, also on a cluster's shared file system."""
+    info.mode &= 0o700
+    return info
+
+
 def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
     """Stream the planned files as a tar into the binary file object ``out`` (``write`` and ``tell``; gzip level 1
     when ``compress``),
-    paths relative to the work folder, each a regular file with its permission bits and times (a linked file's
-    content, never a link): memory stays constant whatever the sizes."""
+    paths relative to the work folder, each a regular file with its owner's permission bits and its times (a
+    linked file's content, never a link): memory stays constant whatever the sizes."""
     import gzip
     import tarfile
 
@@ -539,7 +564,7 @@ def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
         # buffer that is copied on every write); 1 MiB copy blocks instead of 16 KiB
         with tarfile.TarFile(fileobj=gz or out, mode="w", dereference=True, copybufsize=1 << 20) as tar:
             for rel in plan.files:
-                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False)
+                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False, filter=_owner_only)
     finally:
         if gz is not None:
             gz.close()  # writes the gzip trailer; ``out`` stays open (the caller's)

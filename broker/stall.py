@@ -480,9 +480,11 @@ class StallWatch:
                 "lines": v.lines, "cause": v.cause, "fix": v.fix, "ranks": [p.as_dict() for p in v.places],
                 "flight_recorder": []}
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "stall.json").write_text(json.dumps(data, indent=1) + "\n")
-            with open(self.run_dir / "stacks.txt", "w", encoding="utf-8") as f:
+            from broker.private import private_dirs, private_opener, write_private
+
+            private_dirs(self.run_dir)
+            write_private(self.run_dir / "stall.json", json.dumps(data, indent=1) + "\n")
+            with open(self.run_dir / "stacks.txt", "w", encoding="utf-8", opener=private_opener) as f:
                 for r, e in sorted(raw.items(), key=lambda kv: kv[0]):
                     if isinstance(e, dict) and isinstance(e.get("text"), str):
                         f.write(f"=== rank {r} (node {e.get('node')}, pid {e.get('pid')}, {e.get('tool')})\n")

@@ -148,9 +148,12 @@ _CONTROLS = re.compile(  # every branch starts with one character, so re skips p
     r"\x1b(?:\[[0-?]*[ -/]*[@-~]?|[\]PX^_][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?|[ -/]*[0-~]?)"
     r"|\x9b[0-?]*[ -/]*[@-~]?"
     r"|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
-    r"|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]")
-#: any control character but tab and newline (the fast "nothing to do" check)
-_ANY_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+    r"|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: any control character but tab and newline, and the Unicode bidi embeddings/overrides/isolates (U+202A-202E,
+#: U+2066-2069: they reorder what the terminal shows, e.g. make a path or a command read backwards)
+_ANY_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: the bidi controls alone (their UTF-8 forms all start E2 80 or E2 81: the fast path's byte check)
+_BIDI = re.compile(r"[\u202a-\u202e\u2066-\u2069]")
 #: what a carriage return makes a terminal overwrite: the text before the last CR of a line that goes on after it
 _OVERWRITTEN = re.compile(r"[^\r\n]*\r+(?=[^\r\n])")
 
@@ -172,15 +175,17 @@ _C1 = re.compile(r"[\x80-\x9f]")
 
 
 def strip_controls(text: str) -> str:
-    """``text`` without control sequences and control characters (see ``_CONTROLS``), newlines and tabs kept, every
-    printable character (any script, emoji) kept; of a line with carriage returns (progress bars) what the terminal
-    would end up showing: the text after the last one.
+    """``text`` without control sequences, control characters and Unicode bidi controls (see ``_CONTROLS``),
+    newlines and tabs kept, every printable character (any script, emoji) kept; of a line with carriage returns
+    (progress bars) what the terminal would end up showing: the text after the last one.
 
     The same as ``_CONTROLS.sub("", text)`` (after the carriage returns), done with byte-level scans: a block of
     thousands of lines with an escape sequence now and then costs about 0.1 us a line instead of 1."""
     data = text.encode("utf-8", "surrogatepass")
     c0 = data.translate(None, _NOT_C0)
-    if b"\xc2" in data and _C1.search(text) is not None:  # C1 controls (U+0080..U+009F): the plain way
+    if (b"\xc2" in data and _C1.search(text) is not None) or \
+            ((b"\xe2\x80" in data or b"\xe2\x81" in data) and _BIDI.search(text) is not None):
+        # C1 controls (U+0080..U+009F) or bidi controls (both rare): the plain way
         if "\r" in text:
             text = _OVERWRITTEN.sub("", text)
         return _CONTROLS.sub("", text)
@@ -201,7 +206,8 @@ def visible_controls(text: str) -> str:
     """``text`` with every control character but tab and newline written as visible text: ESC as ``\\x1b``."""
     if _ANY_CONTROL.search(text) is None:
         return text
-    return _ANY_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _ANY_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if m.group() < "\u0100"
+                            else f"\\u{ord(m.group()):04x}", text)
 
 
 def node_text(text: str) -> str:

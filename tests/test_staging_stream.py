@@ -66,7 +66,8 @@ def test_streamed_tar_round_trips_content_modes_times_and_links(tmp_path, compre
     assert got == local
     assert got["same.py"][0] == (w / "train.py").read_bytes()
     assert got["pkglink/deep/m.py"][0] == b"x = 1\n"
-    assert got["run.sh"][1] == 0o750 and got["pkg/deep/m.py"][1] == 0o600
+    # the owner's bits only (0750 -> 0700): a node's work folder is private, like the run folder it lies in
+    assert got["run.sh"][1] == 0o700 and got["pkg/deep/m.py"][1] == 0o600
     assert got["train.py"][2] == 1_600_000_000
     assert "empty.txt" in got and got["empty.txt"][0] == b""
 

@@ -75,7 +75,10 @@ def test_env_only_names_the_class():
 
     assert all(env_only(n) for n in ("BROKER_HOME", "VAST_API_URL", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL",
                                      "oci_service_endpoint", "FOO_API_URL", "X_ENDPOINT_OVERRIDE"))
-    assert not any(env_only(n) for n in ("VAST_API_KEY", "AWS_SECRET_ACCESS_KEY", "OCI_PROFILE", "AWS_DEFAULT_REGION"))
+    # hosts and pointers to other credentials are where broker connects / whose key it uses: environment only
+    assert all(env_only(n) for n in ("BROKER_SLURM_HOST", "OCI_PROFILE", "AWS_PROFILE", "OCI_CONFIG_FILE"))
+    # regions may come from .env: they are validated against their provider's form instead
+    assert not any(env_only(n) for n in ("VAST_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "OCI_REGION"))
 
 
 def _home_env(cli_env, tmp_path):

@@ -11,6 +11,20 @@ from broker.launch import RunResult, describe_exit
 from broker.model import Run
 from broker.ui import console, node_text, usd
 
+#: the most characters of one rank fact (host, device, backend, versions) shown: a node chooses these values
+MAX_FACT = 64
+
+
+def fact_text(value: object) -> str:
+    """One value from a node's rank facts, ready for rich markup: control and bidi characters removed
+    (:func:`broker.ui.node_text`), cut to :data:`MAX_FACT` characters, and markup escaped (a node's ``[bold]`` is
+    shown, not obeyed)."""
+    text = node_text(str(value)).replace("\n", " ").replace("\t", " ")
+    if len(text) > MAX_FACT:
+        text = text[:MAX_FACT - 1] + "…"
+    return escape(text)
+
+
 #: torchelastic's end-of-job barrier on a node whose peer (the store host, node 0) exited first
 EXIT_BARRIER_NOISE = "Error waiting on exit barrier"
 
@@ -41,15 +55,16 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
                      cvd, *([r.gpus] if wide else []), r.device, r.backend]
             if len(versions) > 1:
                 cells += [r.python, r.torch, r.cuda, r.nccl]
-            t.add_row(*(escape(c) for c in cells))
+            t.add_row(*(fact_text(c) for c in cells))
         console.print(t)
         if not wide:
             # GPUs are known once the script imports torch (the rank shim's hook); "?" is left out, not printed
             console.print("[dim]hosts: " + ", ".join(
-                f"node {r.node} = {escape(r.host)}" + (f" ({escape(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
+                f"node {r.node} = {fact_text(r.host)}"
+                + (f" ({fact_text(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
                 for r in rows if r.host != "?") + "[/]")
         if len(versions) == 1:
-            py, tv, cu, nc = next(iter(versions))
+            py, tv, cu, nc = (fact_text(v) for v in next(iter(versions)))
             console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
         if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
             cuda = any(str(r.device).startswith("cuda") for r in rows)  # a CPU (gloo) run has no cuda:0

@@ -60,6 +60,8 @@ __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "
 
 _AWS_ID = re.compile(r"([a-z]+)-[0-9a-f]{1,17}")
 _AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+#: an AWS region code (docs.aws.amazon.com "Regions and Zones"): us-east-1, us-gov-west-1, ap-southeast-2
+_AWS_REGION = re.compile(r"[a-z]{2}(?:-gov)?-[a-z]+-\d{1,2}")
 #: ledger kind -> EC2 id prefix
 _AWS_PREFIX = {"instance": "i", "security_group": "sg", "volume": "vol", "subnet": "subnet", "vpc": "vpc",
                "route_table": "rtb", "internet_gateway": "igw", "nat_gateway": "nat"}
@@ -107,6 +109,16 @@ class AWSProvider(Provider):
             return _AWS_NAME.fullmatch(provider_id) is not None
         m = _AWS_ID.fullmatch(provider_id)
         return m is not None and m.group(1) == _AWS_PREFIX.get(kind, m.group(1))
+
+    @classmethod
+    def valid_region(cls, region: str) -> bool:
+        """AWS region codes are ``<geo>[-gov]-<direction>-<n>`` (``us-east-1``, ``us-gov-west-1``,
+        ``ap-southeast-2``); boto3 builds ``ec2.<region>.amazonaws.com`` from them, so nothing else is accepted."""
+        return isinstance(region, str) and _AWS_REGION.fullmatch(region) is not None
+
+    @classmethod
+    def region_form(cls) -> str:
+        return "<geo>[-gov]-<direction>-<number>, e.g. us-east-1"
 
     @classmethod
     def id_form(cls, kind: str) -> str:

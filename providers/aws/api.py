@@ -271,6 +271,11 @@ class AWSApi:
         self.session = session
         self._endpoint_url = endpoint_url
         self._region = region
+        if region:  # a region from a ledger row or a caller is input too: boto3 builds the host name from it
+            from broker.config import check_region
+            from broker.providers.aws import AWSProvider
+
+            self._region = check_region(AWSProvider, "region", region)
         self.factory = client_factory
         self._clients: dict[tuple[str, str, bool], Any] = {}
 

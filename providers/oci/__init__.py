@@ -63,6 +63,10 @@ __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "O
 _OCID = re.compile(r"ocid1\.[a-z0-9_-]+\.[a-z0-9_-]+\.[a-z0-9_-]*(\.[a-z0-9_-]+)?\.[a-z0-9_-]+", re.IGNORECASE)
 
 
+#: an OCI region identifier (docs.oracle.com "Regions and Availability Domains"): us-ashburn-1, ap-chuncheon-1
+_OCI_REGION = re.compile(r"[a-z]+-[a-z]+-\d+")
+
+
 class OCIProvider(Provider):
     """Oracle Cloud Infrastructure.  Topologies: ``simulated`` (one multi-GPU shape) and ``multi-node`` (N shapes in
     one VCN subnet).
@@ -107,6 +111,20 @@ class OCIProvider(Provider):
         """An OCID: ``ocid1.<type>.<realm>.[region][.future].<unique>`` (letters, digits, ``-``/``_`` per part; the
         region part may be empty, as in ``ocid1.tenancy.oc1..aaaa``)."""
         return isinstance(provider_id, str) and _OCID.fullmatch(provider_id) is not None
+
+    @classmethod
+    def valid_region(cls, region: str) -> bool:
+        """OCI region identifiers are ``<area>-<city>-<n>`` (``us-ashburn-1``, ``eu-frankfurt-1``); the SDK builds
+        ``iaas.<region>.oraclecloud.com`` from them, so nothing else is accepted."""
+        return isinstance(region, str) and _OCI_REGION.fullmatch(region) is not None
+
+    @classmethod
+    def region_form(cls) -> str:
+        return "<area>-<city>-<number>, e.g. us-ashburn-1"
+
+    @classmethod
+    def region_example(cls) -> str:
+        return "us-ashburn-1"
 
     @classmethod
     def id_form(cls, kind: str) -> str:

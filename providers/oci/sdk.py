@@ -86,6 +86,11 @@ class OCIApi:
         self.endpoint = service_endpoint or s.oci_service_endpoint
         self._compartment = compartment_id or s.oci_compartment_id
         self._region = region or s.oci_region
+        if region:  # a region from a ledger row or a caller is input too: the SDK builds the host name from it
+            from broker.config import check_region
+            from broker.providers.oci import OCIProvider
+
+            self._region = check_region(OCIProvider, "region", region)
         self._retry = retry_strategy
         self._breaker = circuit_breaker_strategy
         self.sleep = sleep

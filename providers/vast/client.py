@@ -56,6 +56,28 @@ def _xdg_key_path() -> Path:
     return base / "vastai" / "vast_api_key"
 
 
+#: key files already reported by :func:`_key_file_overridden` in this process
+_OVERRIDE_NOTICED: set[str] = set()
+
+
+def _key_file_overridden(key: str) -> None:
+    """One line on stderr when ``./.env``'s VAST_API_KEY replaces a different key in the vastai key file: a cloned
+    folder then bills (and sees) another account than the user's own.  Never the keys themselves."""
+    import sys
+
+    for path in (_xdg_key_path(), Path.home() / ".vast_api_key"):
+        try:
+            file_key = path.read_text().strip() if path.is_file() else ""
+        except OSError:
+            continue
+        if file_key:
+            if file_key != key and str(path) not in _OVERRIDE_NOTICED:
+                _OVERRIDE_NOTICED.add(str(path))
+                sys.stderr.write(f"broker: VAST_API_KEY in {Path('.env').resolve()} overrides the key in {path} "
+                                 "(another account's key: remove it from .env to use your own)\n")
+            return
+
+
 def find_api_key(explicit: str | None = None) -> tuple[str | None, str]:
     """The Vast.ai API key and where it came from (a description, never the key).
 
@@ -73,7 +95,9 @@ def find_api_key(explicit: str | None = None) -> tuple[str | None, str]:
 
         s = settings().vast_api_key
         if s is not None and s.get_secret_value().strip():
-            return s.get_secret_value().strip(), "VAST_API_KEY (.env)"
+            key = s.get_secret_value().strip()
+            _key_file_overridden(key)
+            return key, "VAST_API_KEY (.env)"
     except Exception:  # a broken .env must not break key lookup from files
         pass
     for path in (_xdg_key_path(), Path.home() / ".vast_api_key"):
