@@ -1136,24 +1136,37 @@ def _signal_name(e: BaseException) -> str:
     return getattr(e, "signame", None) or "Ctrl-C"
 
 
-def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] | None:
-    """``fn`` that stops printing once its terminal is gone (a closed terminal answers EIO; a closed pipe EPIPE):
-    the teardown that follows a SIGHUP must not die on a progress line."""
-    if fn is None:
-        return None
-    gone = [False]
+class _QuietWhenGone:
+    """A console callable that stops printing once its terminal is gone (a closed terminal answers EIO; a closed
+    pipe EPIPE): the teardown that follows a SIGHUP must not die on a progress line.  A wrapped echo that takes
+    whole blocks of node output (``block(prefix, text)``, :data:`broker.ui.echo_line`) keeps taking them."""
 
-    def say(msg: str) -> None:
-        if gone[0]:
-            _log.info("%s", msg)
+    def __init__(self, fn: Callable[[str], None]):
+        self._fn = fn
+        self._gone = False
+        if getattr(fn, "block", None) is not None:
+            self.block = self._block
+
+    def _guard(self, show: Callable[[], None], text: str) -> None:
+        if self._gone:
+            _log.info("%s", text)
             return
         try:
-            fn(msg)
+            show()
         except (OSError, ValueError, SystemExit):  # SystemExit: broker.errors.OutputClosed
-            gone[0] = True
-            _log.info("%s", msg)
+            self._gone = True
+            _log.info("%s", text)
 
-    return say
+    def __call__(self, msg: str) -> None:
+        self._guard(lambda: self._fn(msg), msg)
+
+    def _block(self, prefix: str, text: str) -> None:
+        self._guard(lambda: self._fn.block(prefix, text), text)  # type: ignore[attr-defined]
+
+
+def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] | None:
+    """``fn`` wrapped in :class:`_QuietWhenGone` (None stays None)."""
+    return None if fn is None else _QuietWhenGone(fn)
 
 
 def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hooks | None = None,
