@@ -404,6 +404,11 @@ def _init_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list
     return out
 
 
+#: the least lag (seconds) between the first and a late rank at the same collective that counts as "slow"
+SLOW_RANK_MIN_GAP_S = 3.0
+_TIMEOUT_TEXT = re.compile(r"[Tt]imed? ?out|[Tt]imeout|DistStoreError|Watchdog caught")
+
+
 def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
     """From each rank's last collective call (the shim counts them): different shapes in the same call, or a
     rank that entered it after another rank had already given up (slow, not missing)."""
@@ -424,12 +429,16 @@ def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -
             out.append(Finding(by_id["collective-shapes-differ"], None, "rank facts", what))
             return out
     ends = [d.get("ended") for d in facts if d.get("exception") and d.get("ended")]
-    if len(at_top) == len(last) and ends and "slow-rank" in by_id:
+    # a slow rank is only inferred when some rank gave up on a timeout: ranks that all raised a definite error
+    # at the same call (NCCL's "Duplicate GPU detected") were not waiting for a late peer
+    timed_out = any(_TIMEOUT_TEXT.search(str(d["exception"].get("message", "")) + str(d["exception"].get("type", "")))
+                    for d in facts if isinstance(d.get("exception"), dict))
+    if len(at_top) == len(last) and ends and timed_out and "slow-rank" in by_id:
         gave_up = min(ends)
         late = sorted((c["at"], r) for r, c in at_top.items() if isinstance(c.get("at"), (int, float))
                       and c["at"] > gave_up - 0.5)
         early = [c["at"] for c in at_top.values() if isinstance(c.get("at"), (int, float))]
-        if late and early and len(late) < len(at_top):
+        if late and early and len(late) < len(at_top) and late[0][0] - min(early) >= SLOW_RANK_MIN_GAP_S:
             at, r = late[0]
             op = at_top[r].get("op")
             out.append(Finding(by_id["slow-rank"], None, "rank facts",
@@ -596,7 +605,11 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
         if diag.first.node in texts:
             order.append((diag.first.node, texts[diag.first.node]))
     order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
-    diag.findings = _facts_findings(facts) + _match_catalogue(order)
+    # a definite error the ranks raised (an exception line naming its cause) comes before an inference from the
+    # rank facts; symptoms (a timeout, a peer gone) and waiting causes come after the facts
+    matched = _match_catalogue(order)
+    definite = [fd for fd in matched if fd.entry.id not in _SYMPTOMS and not fd.entry.waiting]
+    diag.findings = definite + _facts_findings(facts) + [fd for fd in matched if fd not in definite]
     if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
         diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
     # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had

@@ -42,6 +42,15 @@ def diagnose_gpu(name: str) -> Diagnosis:
     return explain(GPU, res, 2)
 
 
+def diagnose_gpu_case(name: str) -> Diagnosis:
+    """A GPU case laid out as the CPU ones (a folder with result.json, node logs and rank facts)."""
+    d = GPU / name
+    r = json.loads((d / "result.json").read_text())
+    res = SimpleNamespace(status=r["status"], exit_codes={int(k): v for k, v in r["exit_codes"].items()},
+                          log_paths={int(p.stem[4:]): p for p in d.glob("node*.log")})
+    return explain(d, res, 2)
+
+
 def ids(d: Diagnosis) -> list[str]:
     return [f.entry.id for f in d.findings]
 
@@ -195,6 +204,7 @@ def test_every_catalogue_entry_is_matched_by_a_real_excerpt(tmp_path):
         got.update(ids(diagnose_cpu(name)))
     for name in GPU_CODES:
         got.update(ids(diagnose_gpu(name)))
+    got.update(ids(diagnose_gpu_case("dup_gpu")))
     test_torch_version_skew_from_rank_facts(tmp_path)
     got.add("torch-version-skew")
     assert got >= {e.id for e in catalogue()}, sorted({e.id for e in catalogue()} - got)
@@ -363,3 +373,28 @@ def test_summary_says_cuda0_only_when_the_ranks_used_cuda(logs, cuda, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "every LOCAL_RANK is 0" in out, out
     assert ("each node's GPU is its cuda:0" in out) is cuda, out
+
+
+def test_two_ranks_on_one_gpu_is_duplicate_gpu_not_a_slow_rank():
+    """1x H200 (bench/results/h200x1_dup_gpu.txt): both ranks set_device(LOCAL_RANK=0) on the one GPU; NCCL's
+    "Duplicate GPU detected" is the cause, not a facts inference of a rank arriving 0.0 s late."""
+    diag = diagnose_gpu_case("dup_gpu")
+    assert ids(diag)[0] == "duplicate-gpu"
+    assert "slow-rank" not in ids(diag)
+    text = "\n".join(diag.lines())
+    assert "Duplicate GPU detected" in text and "LOCAL_RANK" in text and "0.0 s" not in text
+
+
+def test_slow_rank_needs_a_real_gap_and_a_timeout(tmp_path):
+    """The facts-based slow-rank verdict: kept for the real 9 s late rank, dropped when the gap is a fraction of a
+    second or no rank timed out."""
+    assert "slow-rank" in ids(diagnose_cpu("slow_rank"))
+    shutil.copytree(CPU / "slow_rank", tmp_path / "run")
+    f = next((tmp_path / "run").glob("node1/facts/rank1.json"))
+    facts = json.loads(f.read_text())
+    other = json.loads(next((tmp_path / "run").glob("node0/facts/rank0.json")).read_text())
+    facts["last_collective"]["at"] = other["last_collective"]["at"] + 0.2
+    f.write_text(json.dumps(facts))
+    _, res = cpu_case("slow_rank")
+    res.log_paths = {n: tmp_path / "run" / p.name for n, p in res.log_paths.items()}
+    assert "slow-rank" not in ids(explain(tmp_path / "run", res, 2))
