@@ -173,7 +173,7 @@ class Diagnosis:
             if self.early_exits:
                 out.append(f"then {f.where()} failed: {f.error()}")
             out.extend(f"  {ln}" for ln in message_rest(f.message))
-            if f.frame:
+            if f.frame and not _is_broker_frame(str(f.frame.get("file", ""))):  # broker's shim is not the user's
                 fr = f.frame
                 out.append(f"  at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}: {fr.get('code', '')}")
         if self.behind:
@@ -255,6 +255,16 @@ def _torchrun_failures(node: int, text: str) -> list[Failure]:
     return out
 
 
+#: files of broker's own code that run on the nodes: their frames are never the user's line
+_BROKER_NODE_FILES = ("rankshim.py",)
+
+
+def _is_broker_frame(path: str) -> bool:
+    """Whether a traceback's file is broker's (the rank shim, wherever it was staged), not the user's script."""
+    p = path.replace("\\", "/")
+    return Path(p).name in _BROKER_NODE_FILES
+
+
 def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[str, Any] | None]:
     """(type, message, user frame) of the first Python traceback in a log that is not torchrun's own (with
     ``agent``: torchrun's own too, for a launcher that failed before any rank ran, e.g. its store's port taken)."""
@@ -266,7 +276,8 @@ def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[st
         j = i + 1
         while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
             m = re.match(r'\s+File "([^"]+)", line (\d+), in (\S+)', lines[j])
-            if m and "site-packages" not in m.group(1) and not m.group(1).startswith("<frozen"):
+            if m and "site-packages" not in m.group(1) and not m.group(1).startswith("<frozen") \
+                    and not _is_broker_frame(m.group(1)):
                 code = lines[j + 1].strip() if j + 1 < len(lines) else ""
                 frame = {"file": Path(m.group(1)).name, "line": int(m.group(2)), "function": m.group(3),
                          "code": code}

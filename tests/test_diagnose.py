@@ -400,3 +400,12 @@ def test_slow_rank_needs_a_real_gap_and_a_timeout(tmp_path):
     _, res = cpu_case("slow_rank")
     res.log_paths = {}
     assert "slow-rank" not in ids(explain(tmp_path / "run", res, 2))
+
+
+def test_broker_shim_frames_are_never_the_users_frame():
+    """1x H200 (bench/results/h200x1_no_torch.txt): the node's Python has no torch; the traceback is all broker's
+    rank shim (rankshim.py _torchrun importing torch.distributed.run), which is not the user's line."""
+    diag = diagnose_gpu_case("no_torch")
+    assert ids(diag)[0] == "torch-missing"
+    assert diag.first.frame is None, diag.first.frame
+    assert "rankshim.py" not in "\n".join(diag.lines())
