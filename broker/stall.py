@@ -17,7 +17,7 @@ The stacks come from the node: ``rankshim.py --dump-stacks FACTS_DIR`` (:func:`b
 :func:`remote_sampler`) and call :meth:`StallWatch.check` from their supervision loop; every node's output lines
 pass through :meth:`StallWatch.wrap`, which keeps the last output time.
 
-The flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the shim) dumps each rank's last collectives on a
+The flight recorder (``TORCH_FR_BUFFER_SIZE`` or, before torch 2.11, ``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the shim) dumps each rank's last collectives on a
 collective timeout into the facts folder (``fr_trace_rank<R>``); :func:`flight_recorder_lines` names the ranks that
 are behind from those dumps.
 """
