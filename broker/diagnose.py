@@ -173,7 +173,7 @@ class Diagnosis:
             if self.early_exits:
                 out.append(f"then {f.where()} failed: {f.error()}")
             out.extend(f"  {ln}" for ln in message_rest(f.message))
-            if f.frame:
+            if f.frame and not _is_broker_frame(str(f.frame.get("file", ""))):  # broker's shim is not the user's
                 fr = f.frame
                 out.append(f"  at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}: {fr.get('code', '')}")
         if self.behind:
@@ -255,6 +255,16 @@ def _torchrun_failures(node: int, text: str) -> list[Failure]:
     return out
 
 
+#: files of broker's own code that run on the nodes: their frames are never the user's line
+_BROKER_NODE_FILES = ("rankshim.py",)
+
+
+def _is_broker_frame(path: str) -> bool:
+    """Whether a traceback's file is broker's (the rank shim, wherever it was staged), not the user's script."""
+    p = path.replace("\\", "/")
+    return Path(p).name in _BROKER_NODE_FILES
+
+
 def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[str, Any] | None]:
     """(type, message, user frame) of the first Python traceback in a log that is not torchrun's own (with
     ``agent``: torchrun's own too, for a launcher that failed before any rank ran, e.g. its store's port taken)."""
@@ -266,7 +276,8 @@ def _log_exception(text: str, *, agent: bool = False) -> tuple[str, str, dict[st
         j = i + 1
         while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
             m = re.match(r'\s+File "([^"]+)", line (\d+), in (\S+)', lines[j])
-            if m and "site-packages" not in m.group(1) and not m.group(1).startswith("<frozen"):
+            if m and "site-packages" not in m.group(1) and not m.group(1).startswith("<frozen") \
+                    and not _is_broker_frame(m.group(1)):
                 code = lines[j + 1].strip() if j + 1 < len(lines) else ""
                 frame = {"file": Path(m.group(1)).name, "line": int(m.group(2)), "function": m.group(3),
                          "code": code}
@@ -404,6 +415,11 @@ def _init_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list
     return out
 
 
+#: the least lag (seconds) between the first and a late rank at the same collective that counts as "slow"
+SLOW_RANK_MIN_GAP_S = 3.0
+_TIMEOUT_TEXT = re.compile(r"[Tt]imed? ?out|[Tt]imeout|DistStoreError|Watchdog caught")
+
+
 def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -> list[Finding]:
     """From each rank's last collective call (the shim counts them): different shapes in the same call, or a
     rank that entered it after another rank had already given up (slow, not missing)."""
@@ -424,12 +440,16 @@ def _collective_findings(facts: list[dict[str, Any]], by_id: dict[str, Entry]) -
             out.append(Finding(by_id["collective-shapes-differ"], None, "rank facts", what))
             return out
     ends = [d.get("ended") for d in facts if d.get("exception") and d.get("ended")]
-    if len(at_top) == len(last) and ends and "slow-rank" in by_id:
+    # a slow rank is only inferred when some rank gave up on a timeout: ranks that all raised a definite error
+    # at the same call (NCCL's "Duplicate GPU detected") were not waiting for a late peer
+    timed_out = any(_TIMEOUT_TEXT.search(str(d["exception"].get("message", "")) + str(d["exception"].get("type", "")))
+                    for d in facts if isinstance(d.get("exception"), dict))
+    if len(at_top) == len(last) and ends and timed_out and "slow-rank" in by_id:
         gave_up = min(ends)
         late = sorted((c["at"], r) for r, c in at_top.items() if isinstance(c.get("at"), (int, float))
                       and c["at"] > gave_up - 0.5)
         early = [c["at"] for c in at_top.values() if isinstance(c.get("at"), (int, float))]
-        if late and early and len(late) < len(at_top):
+        if late and early and len(late) < len(at_top) and late[0][0] - min(early) >= SLOW_RANK_MIN_GAP_S:
             at, r = late[0]
             op = at_top[r].get("op")
             out.append(Finding(by_id["slow-rank"], None, "rank facts",
@@ -596,7 +616,11 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
         if diag.first.node in texts:
             order.append((diag.first.node, texts[diag.first.node]))
     order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
-    diag.findings = _facts_findings(facts) + _match_catalogue(order)
+    # a definite error the ranks raised (an exception line naming its cause) comes before an inference from the
+    # rank facts; symptoms (a timeout, a peer gone) and waiting causes come after the facts
+    matched = _match_catalogue(order)
+    definite = [fd for fd in matched if fd.entry.id not in _SYMPTOMS and not fd.entry.waiting]
+    diag.findings = definite + _facts_findings(facts) + [fd for fd in matched if fd not in definite]
     if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
         diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
     # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had

@@ -130,6 +130,14 @@ FIXES.update(_DDP_FIXES)
 KINDS = tuple(FIXES)
 
 
+#: the text right before a device index in a device string: "cuda:" (f"cuda:{rank}", "cuda:" + str(rank))
+_DEVICE_PREFIX = re.compile(r"\bcuda:\s*$")
+#: "cuda:%d" % rank
+_DEVICE_PERCENT = re.compile(r"\bcuda:\s*%")
+#: "cuda:{}".format(rank)
+_DEVICE_FORMAT = re.compile(r"\bcuda:\s*\{")
+
+
 @dataclass(frozen=True)
 class Finding:
     """One mistake: ``path:line``, its kind, what is wrong and the fix."""
@@ -671,16 +679,20 @@ class _Linter:
 
     def _cuda_string_with_rank(self, e: Any) -> bool:
         n = self.n
+        # a device string puts the rank right after "cuda:"; a status line that mentions cuda and the rank
+        # (print(f"rank {rank}: cuda_available=...")) is text, not a device
         if isinstance(e, n.JoinedStr):
-            text = "".join(v.value for v in e.values if _is_str(v))
-            return "cuda" in text and any(isinstance(v, n.FormattedValue) and "rank" in self.prov(v.value)
-                                          for v in e.values)
+            vals = list(e.values)
+            return any(isinstance(v, n.FormattedValue) and "rank" in self.prov(v.value) and i > 0
+                       and _is_str(vals[i - 1]) and _DEVICE_PREFIX.search(vals[i - 1].value)
+                       for i, v in enumerate(vals))
         if isinstance(e, n.BinOp) and e.op in ("+", "%"):  # "cuda:" + str(rank), "cuda:%d" % rank
-            if _is_str(e.left) and "cuda" in e.left.value:
+            if _is_str(e.left) and (_DEVICE_PREFIX.search(e.left.value) if e.op == "+"
+                                    else _DEVICE_PERCENT.search(e.left.value)):
                 return "rank" in self.prov(e.right) or (
                     isinstance(e.right, n.Tuple) and any("rank" in self.prov(x) for x in e.right.elts))
         if isinstance(e, n.Call) and isinstance(e.func, n.Attribute) and e.func.attrname == "format" and \
-                _is_str(e.func.expr) and "cuda" in e.func.expr.value:
+                _is_str(e.func.expr) and _DEVICE_FORMAT.search(e.func.expr.value):
             return any("rank" in self.prov(a) for a in e.args) or \
                 any("rank" in self.prov(k.value) for k in e.keywords or [])
         return False

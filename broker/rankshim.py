@@ -21,8 +21,9 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
 
 With a facts folder the rank also arms :mod:`faulthandler` on ``SIGUSR1``: the signal appends every thread's Python
 stack to ``DIR/rank<RANK>.stack`` (a C-level handler: it answers while the rank is blocked inside a collective);
-and sets ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (PyTorch's flight recorder, nccl and gloo) with the dump on a collective
-timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
+and sets ``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE`` before torch 2.11: PyTorch's flight recorder,
+nccl and gloo) with the dump on a collective timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment
+already chose.  ``rankshim.py --dump-stacks
 DIR`` (run on the node by :mod:`broker.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
 installed, and prints their stacks as JSON.
 
@@ -437,6 +438,35 @@ def _torchrun(args):
     return 0
 
 
+#: the first torch whose flight recorder reads TORCH_FR_BUFFER_SIZE / TORCH_FR_DUMP_TEMP_FILE and warns on the
+#: TORCH_NCCL_* names (measured: 2.11.0+cu130 on an H200 warns "TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use
+#: TORCH_FR_BUFFER_SIZE"; 2.13's FlightRecorder.hpp reads {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"});
+#: older ones read only the TORCH_NCCL_* names
+FR_NEW_NAMES_FROM = (2, 11)
+
+
+def _torch_version():
+    """The installed torch's version string, read from its metadata (no torch import: the shim sets the flight
+    recorder's variables before the script imports torch); None when torch is not installed."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - Python < 3.8
+        return None
+    try:
+        return version("torch")
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def fr_env_names(torch_version):
+    """``(buffer size variable, dump file variable)`` of the flight recorder for a torch version string such as
+    ``"2.11.0+cu130"`` (None or unparsable: the old TORCH_NCCL_* names, which every torch before 2.11 reads)."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version or "")
+    if m and (int(m.group(1)), int(m.group(2))) >= FR_NEW_NAMES_FROM:
+        return "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"
+    return "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+
+
 def _arm_diagnostics(facts_dir, rank):
     """Stacks on SIGUSR1 into ``rank<R>.stack``; the flight recorder on, its timeout dump into the facts folder."""
     global _STACK_FILE
@@ -446,10 +476,12 @@ def _arm_diagnostics(facts_dir, rank):
         _FACTS["stack_file"] = os.path.basename(_STACK_FILE.name)
     except (OSError, ValueError, AttributeError, RuntimeError):
         _STACK_FILE = None
-    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in os.environ and "TORCH_FR_BUFFER_SIZE" not in os.environ:
-        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = FR_ENTRIES
-    if "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
-        os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(facts_dir, "fr_trace_rank")
+    size_name, file_name = fr_env_names(_torch_version())
+    # the user's own setting, under either name, wins
+    if not any(n in os.environ for n in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")):
+        os.environ[size_name] = FR_ENTRIES
+    if not any(n in os.environ for n in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")):
+        os.environ[file_name] = os.path.join(facts_dir, "fr_trace_rank")
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     _save()
 

@@ -17,7 +17,7 @@ The stacks come from the node: ``rankshim.py --dump-stacks FACTS_DIR`` (:func:`b
 :func:`remote_sampler`) and call :meth:`StallWatch.check` from their supervision loop; every node's output lines
 pass through :meth:`StallWatch.wrap`, which keeps the last output time.
 
-The flight recorder (``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the shim) dumps each rank's last collectives on a
+The flight recorder (``TORCH_FR_BUFFER_SIZE`` or, before torch 2.11, ``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the shim) dumps each rank's last collectives on a
 collective timeout into the facts folder (``fr_trace_rank<R>``); :func:`flight_recorder_lines` names the ranks that
 are behind from those dumps.
 """
@@ -78,6 +78,7 @@ class Place:
     ended: bool = False
     exit_code: int | None = None
     exception: str | None = None
+    waits: bool = False  # in a known wait (a collective, Work.wait, torch.cuda.synchronize): waiting even if it spins
     importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
     cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
     t: float | None = None  # when it was sampled (epoch seconds)
@@ -179,10 +180,33 @@ def _main_thread(threads: list[tuple[str, list[Frame]]]) -> list[Frame]:
     return threads[0][1] if threads else []
 
 
+#: names for frames that are only waits: a rank there waits for its peers or the GPU, whatever CPU it uses
+#: (NCCL's waits spin a core: torch.cuda.synchronize after a collective that never completes is 100 % busy)
+_SYNC = "torch.cuda.synchronize (it waits for the GPU's queued work: an NCCL collective enqueued before it)"
+_WORK_WAIT = "Work.wait() (a collective started with async_op=True)"
+_WAIT_FUNCS = frozenset({"wait", "_wait", "wait_all", "wait_stream", "_wait_for_pending_works", "_watchdog",
+                         "_nccl_watchdog", "monitored_barrier", "barrier"})
+#: the user's own line when it is itself a wait that has no Python frame below it (a C++ method: work.wait())
+_WAIT_CALL = re.compile(r"(?:\.wait|\.synchronize|\bsynchronize|\.wait_stream|\bbarrier)\s*\(")
+
+
+def _wait_name(f: Frame) -> str | None:
+    """The name of a known wait for frame ``f``, None when it is not one."""
+    p = f.file.replace("\\", "/")
+    if "torch/cuda/" in p and f.function == "synchronize":
+        return _SYNC
+    if "torch/distributed/" in p and f.function in _WAIT_FUNCS:
+        return f.function if f.function in COLLECTIVES else _WORK_WAIT
+    return None
+
+
 def _op_name(f: Frame) -> str | None:
     p = f.file.replace("\\", "/")
     if "torch/distributed/" in p and f.function in COLLECTIVES:
         return f.function
+    w = _wait_name(f)
+    if w:
+        return w
     if p.endswith("torch/nn/parallel/distributed.py"):
         if f.function == "__init__":
             return "DistributedDataParallel(...) (it checks that every rank has the same model, then broadcasts " \
@@ -206,8 +230,14 @@ def place_of(rank: int, node: int | None, text: str, code: dict[str, str] | None
         name = _op_name(f)
         if name:
             pl.collective = name
+            # a public collective or a wait is a wait; DDP's forward/backward compute too (busy there is progress)
+            pl.waits = pl.waits or _wait_name(f) is not None or (
+                "torch/distributed/" in f.file.replace("\\", "/") and f.function in COLLECTIVES)
     if pl.user is not None and code:
         pl.code = code.get(f"{pl.user.file}:{pl.user.line}", "")
+    if pl.collective is None and pl.code and pl.inner == pl.user and _WAIT_CALL.search(pl.code):
+        # the user's line calls a C++ wait directly (work.wait(), stream.synchronize()): no library frame below it
+        pl.collective, pl.waits = ("torch.cuda.synchronize" if "synchronize" in pl.code else _WORK_WAIT), True
     return pl
 
 
@@ -387,6 +417,7 @@ class StallWatch:
         self.found: Verdict | None = None
         self.reason = ""
         self._reported: tuple | None = None
+        self._busy_at = float("-inf")  # when the ranks were last judged busy (computing)
 
     def wrap(self, nodes: list[Any]) -> list[Any]:
         """The nodes with their output lines timed (pass the result to the supervisor's pumps)."""
@@ -410,8 +441,8 @@ class StallWatch:
         is ``stop`` (the caller then stops every node, with :attr:`reason`).  Blocks for about ``gap_s`` while
         sampling."""
         silent = self.clock() - self.last_output
-        if silent < self.stall_s:
-            return False
+        if silent < self.stall_s or self.clock() - self._busy_at < self.stall_s:
+            return False  # silent too briefly, or judged busy less than stall_s ago: judge again after stall_s
         raw1, first = self._sample()
         if not any(not p.ended for p in first) or any(p.importing for p in first):
             self.last_output = self.clock()  # nothing to judge (no rank started yet?): look again after stall_s
@@ -424,20 +455,23 @@ class StallWatch:
             self.last_output = self.clock()  # the stacks moved: silent progress, not a stall
             return False
         live = [p for p in second if not p.ended]
-        busy = busy_ranks(first, second)
+        # a rank in a known wait is waiting however much CPU it uses (NCCL spins a core while it waits)
+        busy = busy_ranks(first, second) - {p.rank for p in second if p.waits}
         outside = [p for p in live if not p.collective]
         # computing at one line is progress: every rank busy, or a rank busy outside the collective the others
         # wait in (a slow rank: the collective completes when it arrives)
         if busy and (busy >= {p.rank for p in live} or any(p.rank in busy for p in outside)):
             slow = [p for p in outside if p.rank in busy]
-            if slow and self._reported != ("slow", tuple(p.key() for p in second)):
+            if slow:
+                # said at each judgement (every stall_s of silence), with the silence so far: a busy run is
+                # re-judged, never passed once for ever
                 self._reported = ("slow", tuple(p.key() for p in second))
                 self._say(f"no output for {self.clock() - self.last_output:.0f} s: "
                           + "; ".join(f"rank {p.rank} is busy {p.elsewhere()}" for p in slow)
                           + (" while " + "; ".join(p.describe() for p in live if p.collective)
                              if any(p.collective for p in live) else "")
                           + " (computing, not stuck: not stopped)")
-            self.last_output = self.clock()
+            self._busy_at = self.clock()  # the silence keeps counting; the next judgement comes after stall_s
             return False
         v = verdict(second, self.world_size)
         silent = self.clock() - self.last_output

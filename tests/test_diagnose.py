@@ -42,6 +42,15 @@ def diagnose_gpu(name: str) -> Diagnosis:
     return explain(GPU, res, 2)
 
 
+def diagnose_gpu_case(name: str) -> Diagnosis:
+    """A GPU case laid out as the CPU ones (a folder with result.json, node logs and rank facts)."""
+    d = GPU / name
+    r = json.loads((d / "result.json").read_text())
+    res = SimpleNamespace(status=r["status"], exit_codes={int(k): v for k, v in r["exit_codes"].items()},
+                          log_paths={int(p.stem[4:]): p for p in d.glob("node*.log")})
+    return explain(d, res, 2)
+
+
 def ids(d: Diagnosis) -> list[str]:
     return [f.entry.id for f in d.findings]
 
@@ -195,6 +204,7 @@ def test_every_catalogue_entry_is_matched_by_a_real_excerpt(tmp_path):
         got.update(ids(diagnose_cpu(name)))
     for name in GPU_CODES:
         got.update(ids(diagnose_gpu(name)))
+    got.update(ids(diagnose_gpu_case("dup_gpu")))
     test_torch_version_skew_from_rank_facts(tmp_path)
     got.add("torch-version-skew")
     assert got >= {e.id for e in catalogue()}, sorted({e.id for e in catalogue()} - got)
@@ -363,3 +373,39 @@ def test_summary_says_cuda0_only_when_the_ranks_used_cuda(logs, cuda, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "every LOCAL_RANK is 0" in out, out
     assert ("each node's GPU is its cuda:0" in out) is cuda, out
+
+
+def test_two_ranks_on_one_gpu_is_duplicate_gpu_not_a_slow_rank():
+    """1x H200 (bench/results/h200x1_dup_gpu.txt): both ranks set_device(LOCAL_RANK=0) on the one GPU; NCCL's
+    "Duplicate GPU detected" is the cause, not a facts inference of a rank arriving 0.0 s late."""
+    diag = diagnose_gpu_case("dup_gpu")
+    assert ids(diag)[0] == "duplicate-gpu"
+    assert "slow-rank" not in ids(diag)
+    text = "\n".join(diag.lines())
+    assert "Duplicate GPU detected" in text and "LOCAL_RANK" in text and "0.0 s" not in text
+
+
+def test_slow_rank_needs_a_real_gap_and_a_timeout(tmp_path):
+    """The facts-based slow-rank verdict: kept for the real 9 s late rank, dropped when the gap is a fraction of a
+    second or no rank timed out."""
+    assert "slow-rank" in ids(diagnose_cpu("slow_rank"))
+    shutil.copytree(CPU / "slow_rank", tmp_path / "run")
+    # the same 9 s lag, but the ranks raised a definite error instead of timing out: not a slow rank
+    for f in (tmp_path / "run").glob("node*/facts/rank*.json"):
+        facts = json.loads(f.read_text())
+        facts["exception"] = {"type": "ValueError", "message": "bad batch", "frame": None}
+        f.write_text(json.dumps(facts))
+    for log in (tmp_path / "run").glob("node*.log"):
+        log.write_text("")
+    _, res = cpu_case("slow_rank")
+    res.log_paths = {}
+    assert "slow-rank" not in ids(explain(tmp_path / "run", res, 2))
+
+
+def test_broker_shim_frames_are_never_the_users_frame():
+    """1x H200 (bench/results/h200x1_no_torch.txt): the node's Python has no torch; the traceback is all broker's
+    rank shim (rankshim.py _torchrun importing torch.distributed.run), which is not the user's line."""
+    diag = diagnose_gpu_case("no_torch")
+    assert ids(diag)[0] == "torch-missing"
+    assert diag.first.frame is None, diag.first.frame
+    assert "rankshim.py" not in "\n".join(diag.lines())

@@ -291,7 +291,8 @@ def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
     from broker.launch import RANKSHIM
 
     script = tmp_path / "train.py"
-    script.write_text("import os, time\nprint(os.environ['TORCH_NCCL_TRACE_BUFFER_SIZE'], flush=True)\n"
+    script.write_text("import os, time\nprint(os.environ.get('TORCH_FR_BUFFER_SIZE') or "
+                      "os.environ['TORCH_NCCL_TRACE_BUFFER_SIZE'], flush=True)\n"
                       "time.sleep(60)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
@@ -369,3 +370,112 @@ def test_a_deadline_report_says_where_every_rank_was(tmp_path):
     assert text.startswith("at the deadline: rank 0 waits in all_reduce at fault.py:"), text
     assert "rank 1 never called all_reduce: it is in time.sleep" in text and "failed first" not in text
     assert "the deadline passed: broker stopped every node" in text
+
+
+# ------------------------------------------------------------------------------------------------ known waits spin
+def _sync_entry(rank, cpu_s, t, line=59):
+    """Rank waiting for NCCL inside torch.cuda.synchronize (1x H200, bench/results/h200x1_hang_nccl.txt): it spins."""
+    text = ("Current thread 0x1 (most recent call first):\n"
+            '  File "/opt/torch/.venv/lib/python3.12/site-packages/torch/cuda/__init__.py", line 1162 in synchronize\n'
+            f'  File "faults.py", line {line} in <module>\n')
+    return {"node": rank, "tool": "faulthandler", "text": text, "code": {f"faults.py:{line}": "torch.cuda.synchronize()"},
+            "cpu_s": cpu_s, "t": t}
+
+
+def _wait_entry(rank, cpu_s, t, line=70):
+    """A user's ``work.wait()``: a C++ method, no Python frame below the user's line."""
+    e = {"node": rank, "tool": "faulthandler", "text": "Current thread 0x1 (most recent call first):\n"
+         f'  File "train.py", line {line} in <module>\n', "code": {f"train.py:{line}": "work.wait()"},
+         "cpu_s": cpu_s, "t": t}
+    return e
+
+
+def _sleep_entry(rank, cpu_s, t):
+    e = _entry(rank, None, 33, "time.sleep(600)")
+    e.update(cpu_s=cpu_s, t=t)
+    return e
+
+
+@pytest.mark.parametrize("waiting", [_sync_entry, _wait_entry])
+def test_a_rank_spinning_in_a_known_wait_is_waiting_not_busy(waiting):
+    """The real NCCL hang: rank 0 spins a core in torch.cuda.synchronize (or work.wait()) for a collective rank 1
+    never enqueued; it was 'computing, not stuck' and the run hung to the caller's timeout.  Now: stalled."""
+    samples = [{"0": waiting(0, 10.0, 100.0), "1": _sleep_entry(1, 1.0, 100.0)},
+               {"0": waiting(0, 13.0, 103.0), "1": _sleep_entry(1, 1.0, 103.0)}]
+    clock = _Clock()
+    said: list[str] = []
+    w = StallWatch(5, lambda: samples.pop(0), clock=clock, gap_s=0, echo=said.append)
+    clock.t = 6
+    assert w.check(), said
+    assert not any("computing, not stuck" in s for s in said), said
+    assert w.reason.split("; ")[1].startswith("rank 0 waits in ") and "rank 1" in w.reason, w.reason
+
+
+def test_every_rank_spinning_in_synchronize_is_stalled_too():
+    samples = [{"0": _sync_entry(0, 10.0, 100.0), "1": _sync_entry(1, 10.0, 100.0)},
+               {"0": _sync_entry(0, 13.0, 103.0), "1": _sync_entry(1, 13.0, 103.0)}]
+    clock = _Clock()
+    w = StallWatch(5, lambda: samples.pop(0), clock=clock, gap_s=0)
+    clock.t = 6
+    assert w.check() and w.found is not None
+
+
+def test_a_run_judged_busy_is_judged_again_after_each_stall_s():
+    """Busy once is not busy for ever: after a further stall_s of silence the ranks are sampled again; when the
+    busy rank has stopped using CPU the run is stalled, and the silence reported counts from the last output."""
+    def pair(cpu_a, cpu_b, t):
+        e0, e1 = _entry(0, "all_reduce", 40), _entry(1, None, 33, "x = step(batch)")
+        e0.update(cpu_s=1.0, t=t)
+        e1.update(cpu_s=cpu_a, t=t)
+        return [{"0": e0, "1": e1}, {"0": dict(e0, t=t + 3), "1": dict(e1, cpu_s=cpu_b, t=t + 3)}]
+
+    samples = pair(5.0, 7.5, 100.0) + pair(7.5, 10.0, 110.0) + pair(10.0, 10.1, 120.0)
+    clock = _Clock()
+    said: list[str] = []
+    w = StallWatch(10, lambda: samples.pop(0), clock=clock, gap_s=0, echo=said.append)
+    clock.t = 10
+    assert not w.check() and len(samples) == 4  # busy: not stopped
+    clock.t = 15
+    assert not w.check() and len(samples) == 4  # judged busy 5 s ago: not sampled again yet
+    clock.t = 20
+    assert not w.check() and len(samples) == 2  # judged again, still busy, said again
+    assert sum("computing, not stuck" in s for s in said) == 2, said
+    clock.t = 30
+    assert w.check() and not samples  # no longer computing: stalled
+    assert "no output for 30 s" in w.reason, w.reason
+
+
+def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path):
+    """torch 2.11 warns on every rank that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated: the shim sets the name the
+    installed torch reads (from its metadata, no torch import) and keeps a user's own setting under either name."""
+    import importlib.metadata
+    import os
+    import subprocess
+
+    from broker.launch import RANKSHIM
+    from broker.rankshim import fr_env_names
+
+    assert fr_env_names("2.11.0+cu130") == ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
+    assert fr_env_names("2.13.0+cpu") == ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
+    assert fr_env_names("2.5.1") == ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    assert fr_env_names(None) == ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    want = fr_env_names(importlib.metadata.version("torch"))
+    script = tmp_path / "train.py"
+    script.write_text("import os, json\nprint(json.dumps({k: v for k, v in os.environ.items() "
+                      "if k.startswith('TORCH_')}))\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
+    base.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+
+    def env_seen(**extra):
+        out = subprocess.run([sys.executable, str(RANKSHIM), "--facts", str(tmp_path / "facts"), "--", "train.py"],
+                             cwd=tmp_path, env={**base, **extra}, capture_output=True, text=True, timeout=60)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    seen = env_seen()
+    assert seen[want[0]] == "2000" and seen[want[1]].endswith("fr_trace_rank")
+    old = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_BUFFER_SIZE",
+           "TORCH_FR_DUMP_TEMP_FILE"} - set(want)
+    assert not old & set(seen), seen  # only the names this torch reads: no deprecation warning on every rank
+    mine = env_seen(TORCH_NCCL_TRACE_BUFFER_SIZE="50", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/mine")
+    assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and mine["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/mine"
+    assert "TORCH_FR_BUFFER_SIZE" not in mine and "TORCH_FR_DUMP_TEMP_FILE" not in mine
