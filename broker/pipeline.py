@@ -919,8 +919,11 @@ class KeptTarget(Target):
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     """The run (id or unique prefix) and its stored cluster, when its nodes are still live (a running run, or a
     kept one).  Raises BadInput saying why not."""
+    from broker.runfolder import check_cluster, confined_run_dir
+
     run = ledger.find_run(run_id)
-    path = Path(run.run_dir or ".", "cluster.json")
+    folder = confined_run_dir(run)  # a ledger row is input: its folder must be <home>/runs/<run id>
+    path = folder / "cluster.json"
     if not path.exists() and any(e.get("action") == "clean" for e in ledger.events(run.id, limit=1_000_000)):
         raise BadInput(f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`: its cluster "
                        "record and keys are gone, so there are no nodes to reach",
@@ -933,7 +936,13 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     if not live:
         raise BadInput(f"the nodes of run {run.id} are gone (status {run.status})",
                        hint="set idle_minutes in the recipe to keep the nodes after the job, then `broker run` again")
-    return run, Cluster.model_validate_json(path.read_text())
+    try:
+        cluster = Cluster.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise BadInput(f"the cluster record {path} of run {run.id} cannot be read: {str(e).splitlines()[0]}",
+                       hint=f"the run's folder was damaged or edited; `broker down {run.id}` still ends its nodes") \
+            from None
+    return run, check_cluster(cluster, run, folder)
 
 
 def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec":

@@ -818,7 +818,9 @@ def find(ledger: "Ledger", cluster_id: str) -> tuple["Run", ClusterState]:
     if run is None or run.topology != TOPOLOGY:
         raise BadInput(f"no Slurm cluster {cluster_id!r} in the ledger",
                        hint="`broker slurm up` prints the id; `broker status` lists runs (topology slurm-cluster)")
-    return run, ClusterState.load(Path(run.run_dir or "."))
+    from broker.runfolder import confined_run_dir
+
+    return run, ClusterState.load(confined_run_dir(run))  # a ledger row's folder: only <home>/runs/<id>
 
 
 def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
@@ -865,9 +867,14 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     if run.status not in ACTIVE_STATUSES:
         raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
-    state = ClusterState.load(Path(run.run_dir or "."))
-    cl = Cluster.model_validate_json((Path(run.run_dir or ".") / "cluster.json").read_text()) \
-        if (Path(run.run_dir or ".") / "cluster.json").exists() else None
+    from broker.runfolder import check_cluster, confined_run_dir
+
+    folder = confined_run_dir(run)  # a ledger row's folder is input: only <home>/runs/<run id>
+    state = ClusterState.load(folder)
+    cl = Cluster.model_validate_json((folder / "cluster.json").read_text()) \
+        if (folder / "cluster.json").exists() else None
+    if cl is not None:
+        check_cluster(cl, run, folder)
     if cl is None:
         from broker.model import ClusterNode, TopologyKind
 
@@ -878,7 +885,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     echo = echo or print
     line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
                                                                shlex.join(command))
-    ssh = SSHCluster(cl, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
+    ssh = SSHCluster(cl, run_dir=folder, connect_timeout_s=15)
     worst = 0
     try:
         outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],
