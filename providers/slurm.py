@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import AuthError, BadInput, Provider, ProviderCheck, ProviderError, RUN_TAG, TransientError
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, Provider, ProviderCheck, ProviderError,
+                             TransientError)
 
 if TYPE_CHECKING:
     from broker.provider import TaggedResource
@@ -266,6 +267,46 @@ class SlurmProvider(Provider):
     snapshot = None
     local_exec = False
     ingress_rule_format = None
+
+    #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
+    #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run
+    owner_tags = True
+    #: the comment names the run only (no installation tag): the installation is checked when a comment carries one
+    install_tags = False
+    #: :meth:`tagged_resource` needs the row's attrs (which login host / cluster the job is on)
+    tags_need_attrs = True
+
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """A Slurm job id: digits only (what ``sbatch --parsable`` prints)."""
+        return isinstance(provider_id, str) and provider_id.isascii() and provider_id.isdigit()
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        return "digits only"
+
+    def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
+                        run_id: str | None = None, attrs: dict[str, Any] | None = None) -> TaggedResource | None:
+        """The job's broker tags as Slurm stores them: its comment (``squeue -h -j ID -o %k|%T``), as a
+        TaggedResource whose run_id is the ``broker-run=`` value (None for a job without one: not broker's);
+        None when the queue does not hold the job (finished or unknown: nothing to cancel).  Raises ProviderError
+        when squeue cannot be read."""
+        from broker.provider import TaggedResource
+
+        if kind != "slurm_job" or not self.valid_id(kind, provider_id):
+            return None
+        cp = self._shell_for(attrs).run(["squeue", "-h", "-j", provider_id, "-o", "%k|%T"], call="squeue")
+        out, err = _text(cp.stdout).strip(), _text(cp.stderr).strip()
+        if cp.returncode != 0:
+            if "invalid job id" in err.lower():
+                return None
+            raise ProviderError("slurm", "squeue", err or f"exit {cp.returncode}")
+        if not out:
+            return None
+        comment, _, state = out.splitlines()[0].rpartition("|")
+        tags = dict(w.split("=", 1) for w in comment.replace(",", " ").split() if "=" in w)
+        return TaggedResource(provider=self.name, kind=kind, provider_id=provider_id, run_id=tags.get(RUN_TAG),
+                              state=state.strip() or None, installation_id=tags.get(INSTALL_TAG))
 
     def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None
