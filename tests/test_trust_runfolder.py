@@ -237,15 +237,22 @@ def fake_slurm(tmp_path):
     d = tmp_path / "bin"
     d.mkdir()
     log = tmp_path / "calls.log"
-    for name in ("squeue", "scancel", "sacct", "scontrol"):
-        (d / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n'
-                              + ('cat "$(dirname "$0")/squeue.out" 2>/dev/null\n' if name == "squeue" else "")
-                              + ('echo "$3|CANCELLED|0:15|"\n' if name == "sacct" else ""))
+    bodies = {
+        # the job leaves the queue once scancel ran; its comment (%k) comes from squeue.out
+        "squeue": f'[ -e {d}/cancelled ] && exit 0\n'
+                  f'case "$*" in *%k*) cat {d}/squeue.out ;; *) echo "RUNNING|None" ;; esac\n',
+        "scancel": f"touch {d}/cancelled\n",
+        "sacct": 'echo "$2|CANCELLED by 0|0:15|"\n',
+        "scontrol": "exit 1\n",
+    }
+    for name, body in bodies.items():
+        (d / name).write_text(f'#!/bin/bash\necho "{name} $*" >> {log}\n' + body)
         (d / name).chmod(0o755)
     return d, log
 
 
 @pytest.mark.parametrize("comment,expect_cancel", [
+    ("broker-run=20261201-000000-slurm1x", False),  # a run whose id merely starts with this one's
     ("", False),                                   # a job without broker's tag: not ours
     ("broker-run=20261201-000000-other1", False),  # another run's job
     ("broker-run=20261201-000000-slurm1", True),   # this run's own job
@@ -266,11 +273,13 @@ def test_down_scancels_only_a_job_whose_comment_names_the_run(comment, expect_ca
         assert "squeue -h -j 777" in calls
 
 
-def test_down_sends_nothing_for_a_job_id_that_is_not_digits(fake_slurm, broker_home, cli_env):
+@pytest.mark.parametrize("job_id", ["--me", "777_1", "777 --user=root"])
+def test_down_sends_nothing_for_a_job_id_that_is_not_digits(job_id, fake_slurm, broker_home, cli_env):
+    """``--me`` as a job id would have made scancel cancel every job of the user."""
     d, log = fake_slurm
     run_id = "20261201-000000-slurm2"
     _live_run(broker_home, run_id, str(broker_home / "runs" / run_id), provider="slurm", kind="slurm_job",
-              provider_id="777 --user=root").close()
+              provider_id=job_id).close()
     env = dict(cli_env, PATH=f"{d}:{cli_env['PATH']}")
     r = _cli(["down", run_id], env)
     assert not log.exists() or "scancel" not in log.read_text(), log.read_text()
