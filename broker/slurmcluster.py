@@ -425,7 +425,12 @@ def ssh_argv(state: ClusterState) -> list[str]:
         argv += ["-i", state.ssh_key_path, "-o", "IdentitiesOnly=yes"]
     if state.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={state.known_hosts_path}", "-o", "StrictHostKeyChecking=yes"]
-    return argv + [f"{n.user}@{n.host}"]
+    from broker.runfolder import USER_RE, valid_host
+
+    if not USER_RE.fullmatch(str(n.user)) or not valid_host(n.host):  # read from the run's folder: input
+        raise BadInput(f"refused: cluster {state.cluster_id}'s node 0 user {n.user!r} / host {n.host!r} is not a "
+                       "user name / an IP address or DNS name", hint="the cluster's state file was edited")
+    return argv + ["-l", str(n.user), "--", n.host]
 
 
 def node0_shell(state: ClusterState):

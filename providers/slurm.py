@@ -92,8 +92,18 @@ class Shell:
         # would answer our commands and receive the batch script)
         from broker.private import control_path
 
+        # the host may come from a ledger row's attrs (`down` of a run on a login node): checked, and after "--"
+        # so that it can never be read as an ssh option
+        user, _, host = self.host.rpartition("@")
+        from broker.runfolder import USER_RE, valid_host
+
+        if (user and not USER_RE.fullmatch(user)) or not valid_host(host):
+            raise ProviderError("slurm", "ssh", f"{self.host!r} is not a [user@]host (an IP address or DNS name): "
+                                "refused, nothing was run",
+                                hint="give --host as user@host; a ledger row naming another host was edited")
         return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
+                "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", "--", self.host,
+                shlex.join(argv)]
 
     def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
             call: str | None = None, stdin: Any = None) -> subprocess.CompletedProcess:

@@ -284,3 +284,42 @@ def test_down_sends_nothing_for_a_job_id_that_is_not_digits(job_id, fake_slurm, 
     r = _cli(["down", run_id], env)
     assert not log.exists() or "scancel" not in log.read_text(), log.read_text()
     assert "refused" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_down_does_not_ssh_to_a_host_a_row_names_as_an_option(fake_slurm, broker_home, cli_env, tmp_path):
+    """A slurm_job row's ``attrs.host`` picks where squeue / scancel run: an ssh option there is refused."""
+    d, log = fake_slurm
+    (d / "ssh").write_text(f'#!/bin/bash\necho "ssh $*" >> {log}\n')
+    (d / "ssh").chmod(0o755)
+    run_id = "20261201-000000-slurm3"
+    lg = _live_run(broker_home, run_id, str(broker_home / "runs" / run_id), provider="slurm", kind="slurm_job",
+                   provider_id="777")
+    rid = lg.resources(run_id)[0].id
+    lg.update_resource(rid, attrs={"host": "-oProxyCommand=touch /tmp/x"})
+    lg.close()
+    r = _cli(["down", run_id], dict(cli_env, PATH=f"{d}:{cli_env['PATH']}"))
+    calls = log.read_text() if log.exists() else ""
+    assert "ssh" not in calls and "scancel" not in calls, calls
+    assert "refused" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_down_signals_no_pid_named_by_a_crafted_run_folder(broker_home, cli_env, tmp_path):
+    """``down`` interrupts a detached run by the pid in its folder's marker: a row whose folder is elsewhere (with a
+    marker naming any live process) must not make root signal that process."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        evil = tmp_path / "evil"
+        evil.mkdir()
+        (evil / ".detached").write_text(json.dumps({"pid": victim.pid}))
+        from broker.commands import run as run_mod
+
+        (evil / run_mod.DETACHED_MARKER).write_text(json.dumps({"pid": victim.pid}))
+        lg = Ledger(broker_home / "ledger.sqlite")
+        lg.create_run(Run(id="20261201-000000-sig001", name="x", status="running", run_dir=str(evil),
+                          pid=victim.pid))
+        lg.close()
+        _cli(["down", "20261201-000000-sig001"], cli_env)
+        assert victim.poll() is None, "the process named by the crafted folder was signalled"
+    finally:
+        victim.kill()
+        victim.wait()
