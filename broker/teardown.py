@@ -184,7 +184,8 @@ def refusal(ledger: Ledger, res: Resource, p: Provider, tagged: Any = None, *, c
         res.kind, pid, region=res.region, run_id=res.run_id,
         **({"attrs": res.attrs} if getattr(p, "tags_need_attrs", False) else {}))
     if t is not None:
-        if t.run_id != res.run_id and not (t.run_id and res.run_id.startswith(t.run_id)):  # (a cut Vast label)
+        cut = getattr(p, "cut_run_tags", True)  # a provider that may shorten the tag (a cut Vast label)
+        if t.run_id != res.run_id and not (cut and t.run_id and res.run_id.startswith(t.run_id)):
             return "refuse", (f"refused: {what} carries {RUN_TAG}={t.run_id}, not this row's run {res.run_id}: not "
                               "terminated (a ledger row cannot name another run's object)")
         # a provider whose tag names the run only (Slurm's job comment) is checked on the installation when the

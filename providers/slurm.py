@@ -283,6 +283,8 @@ class SlurmProvider(Provider):
     owner_tags = True
     #: the comment names the run only (no installation tag): the installation is checked when a comment carries one
     install_tags = False
+    #: the comment holds the whole run id (never shortened): a comment naming only a prefix of it is not this run's
+    cut_run_tags = False
     #: :meth:`tagged_resource` needs the row's attrs (which login host / cluster the job is on)
     tags_need_attrs = True
 

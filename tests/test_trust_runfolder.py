@@ -253,6 +253,7 @@ def fake_slurm(tmp_path):
 
 @pytest.mark.parametrize("comment,expect_cancel", [
     ("broker-run=20261201-000000-slurm1x", False),  # a run whose id merely starts with this one's
+    ("broker-run=20261201", False),                 # a prefix of this run's id: Slurm never cuts the comment
     ("", False),                                   # a job without broker's tag: not ours
     ("broker-run=20261201-000000-other1", False),  # another run's job
     ("broker-run=20261201-000000-slurm1", True),   # this run's own job
