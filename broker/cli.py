@@ -227,31 +227,54 @@ def scrub(text: str) -> str:
 
 
 def crash_log(exc: BaseException) -> Path | None:
-    """Write ``exc``'s traceback to ``<BROKER_HOME>/logs/crash-<time>-<pid>.log`` (or the temp folder when the
-    home cannot be written); returns the file, None when nothing could be written."""
+    """Write ``exc``'s traceback to ``<BROKER_HOME>/logs/crash-<time>-<pid>.log``, or, when the home cannot be
+    written, to this user's own 0700 folder ``/tmp/broker-<uid>/logs`` (never a shared folder: another user could
+    plant a symlink there); returns the file, None when nothing could be written.  Each folder must be a real
+    folder this user owns, mode 0700 (:func:`broker.private.check_private_dir`); the file is created 0600 with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a name planted there is never followed nor overwritten)."""
     import os
-    import tempfile
     import time
     import traceback
 
     text = scrub(f"broker {__version__} on Python {sys.version.split()[0]}\ncommand: broker {' '.join(sys.argv[1:])}\n\n"
                  + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-    name = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-    candidates: list[Path] = []
+    stem = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    candidates: list[Any] = []  # callables giving a folder
     try:
         from broker.config import home_path
 
-        candidates.append(home_path() / "logs")
+        home_logs = home_path() / "logs"
+        candidates.append(lambda: home_logs)
     except Exception:  # noqa: BLE001 - the fallback below is the point
         pass
-    candidates.append(Path(tempfile.gettempdir()) / "broker-logs")
-    for d in candidates:
+
+    def own_tmp() -> Path:
+        from broker import private
+
+        base = private.SHORT_BASE / f"broker-{os.geteuid()}"
+        private.private_dir(base)
+        private.check_private_dir(base, what="crash-log folder")
+        return base / "logs"
+
+    candidates.append(own_tmp)
+    for where in candidates:
         try:
-            d.mkdir(parents=True, exist_ok=True)
-            p = d / name
-            p.write_text(text, encoding="utf-8")
-            return p
-        except OSError:
+            from broker.private import check_private_dir, private_dir, tighten_dir
+
+            d = where()
+            private_dir(d)
+            tighten_dir(d)
+            check_private_dir(d, what="crash-log folder")
+            for n in range(10):
+                p = d / (stem + (f"-{n}" if n else "") + ".log")
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                except FileExistsError:
+                    continue
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                return p
+        except Exception:  # noqa: BLE001 - OSError, or BadInput for a folder another user planted: next place
             continue
     return None
 

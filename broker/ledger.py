@@ -131,14 +131,53 @@ def _enc(key: str, value: Any) -> Any:
 
 
 def _dec_row(row: sqlite3.Row, json_keys: Iterable[str]) -> dict[str, Any]:
+    """The row's columns decoded (JSON columns, times).  Raises _FieldError (a ValueError) naming the column
+    whose text cannot be decoded."""
     d = dict(row)
     for k in json_keys:
         if d.get(k) is not None:
-            d[k] = json.loads(d[k])
+            try:
+                d[k] = json.loads(d[k])
+            except (TypeError, ValueError) as e:
+                raise _FieldError(k, f"not JSON: {e}") from None
     for k in _TIMES:
         if d.get(k):
-            d[k] = datetime.fromisoformat(d[k])
+            try:
+                d[k] = datetime.fromisoformat(d[k])
+            except (TypeError, ValueError) as e:
+                raise _FieldError(k, f"not a time: {e}") from None
     return d
+
+
+#: (table, row id) already reported as damaged in this process: one line each, not one per read
+_REPORTED: set[tuple[str, str]] = set()
+
+
+def damaged_row_message(table: str, row: Any, exc: Exception, ledger_file: Any) -> str:
+    """One sentence for a ledger row that does not validate: which run (and resource), which field, what to do."""
+    field = "?"
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            loc = errors()[0].get("loc") or ()
+            field = ".".join(str(x) for x in loc) or "?"
+        except Exception:  # noqa: BLE001 - the message below still names the row
+            pass
+    elif isinstance(exc, _FieldError):
+        field = exc.field
+    d = dict(row)
+    value = d.get(field.split(".")[0]) if field != "?" else None
+    run_id = d.get("run_id") if table == "resources" else d.get("id")
+    what = f"run {run_id}" + (f" resource {d.get('id')}" if table == "resources" else "")
+    return (f"damaged ledger row: {what} has an invalid {field} ({value!r}); the row is skipped. Fix or remove it "
+            f"(sqlite3 {ledger_file} \"SELECT * FROM {table} WHERE id = '{d.get('id')}'\"), or restore the ledger "
+            "from a backup; if it names a live resource, check the provider's console")
+
+
+class _FieldError(ValueError):
+    def __init__(self, field: str, why: str):
+        super().__init__(why)
+        self.field = field
 
 
 def _private_file(path: Path) -> None:
@@ -166,6 +205,8 @@ class Ledger:
 
             path = ledger_path()
         self.path = Path(path)
+        #: run / resource id -> the sentence for a row that did not validate (:meth:`_row`)
+        self.damaged: dict[str, str] = {}
         _private_file(self.path)
         self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
@@ -240,9 +281,25 @@ class Ledger:
             if len(rows) != 1:
                 return None
             row = rows[0]
-        from broker.records import Run
+        return self._row("runs", row)
 
-        return Run(**_dec_row(row, _RUN_JSON))
+    def _row(self, table: str, row: sqlite3.Row) -> Any:
+        """The Run / Resource of ``row``, or None when it does not validate (a damaged or edited ledger): then one
+        line naming the row, the field and what to do goes to stderr (once per row) and the id is remembered in
+        :attr:`damaged` (so ``find_run`` can say why).  A row is input: it never crashes a command."""
+        cls = _records().Run if table == "runs" else _records().Resource
+        try:
+            return cls(**_dec_row(row, _RUN_JSON if table == "runs" else _RES_JSON))
+        except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+            import sys
+
+            msg = damaged_row_message(table, row, e, self.path)
+            key = (table, str(dict(row).get("id")))
+            self.damaged[key[1]] = msg
+            if key not in _REPORTED:
+                _REPORTED.add(key)
+                sys.stderr.write(f"warning: {msg}\n")
+            return None
 
     def find_run(self, run_id: str) -> Run:
         """The run with this id or unique id prefix, or the newest run for ``latest`` (every RUN argument takes
@@ -259,6 +316,9 @@ class Ledger:
                 raise BadInput("there are no runs yet",
                                hint="`broker run RECIPE` (or `broker run -d RECIPE`) starts one")
             return newest[0]
+        hit = next(((rid, m) for rid, m in self.damaged.items() if rid == run_id or rid.startswith(run_id)), None)
+        if hit:
+            raise BadInput(hit[1], hint=f"`broker down {hit[0]}` still terminates the live resources recorded for it")
 
         matches = [r["id"] for r in self._db.execute("SELECT id FROM runs WHERE id LIKE ? ORDER BY created_at",
                                                      (run_id + "%",)).fetchall()]
@@ -279,7 +339,7 @@ class Ledger:
         if limit is not None:
             q += " LIMIT ?"
             args.append(limit)
-        return [_records().Run(**_dec_row(r, _RUN_JSON)) for r in self._db.execute(q, args).fetchall()]
+        return [x for r in self._db.execute(q, args).fetchall() if (x := self._row("runs", r)) is not None]
 
     def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
         """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
@@ -416,7 +476,7 @@ class Ledger:
 
     def resource(self, resource_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
-        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return self._row("resources", row) if row else None
 
     def resources(self, run_id: str | None = None, *, live_only: bool = False) -> list[Resource]:
         q, args = "SELECT * FROM resources WHERE 1=1", []
@@ -426,12 +486,12 @@ class Ledger:
         if live_only:
             q += " AND state != 'terminated'"
         q += " ORDER BY created_at"
-        return [_records().Resource(**_dec_row(r, _RES_JSON)) for r in self._db.execute(q, args).fetchall()]
+        return [x for r in self._db.execute(q, args).fetchall() if (x := self._row("resources", r)) is not None]
 
     def find_by_provider_id(self, provider: str, provider_id: str) -> Resource | None:
         row = self._db.execute("SELECT * FROM resources WHERE provider = ? AND provider_id = ?",
                                (provider, provider_id)).fetchone()
-        return _records().Resource(**_dec_row(row, _RES_JSON)) if row else None
+        return self._row("resources", row) if row else None
 
     # ------------------------------------------------------------------------------------------- events
     def event(self, run_id: str | None, actor: str, action: str, message: str | None = None,

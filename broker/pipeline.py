@@ -932,14 +932,17 @@ def netns_cluster(run: Run) -> Cluster | None:
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     """The run (id or unique prefix) and its stored cluster, when its nodes are still live (a running run, or a
     kept one).  Raises BadInput saying why not."""
+    from broker.runfolder import check_cluster, confined_run_dir
+
     run = ledger.find_run(run_id)
-    path = Path(run.run_dir or ".", "cluster.json")
+    folder = confined_run_dir(run)  # a ledger row is input: its folder must be <home>/runs/<run id>
+    path = folder / "cluster.json"
     stood_up = None if path.exists() else netns_cluster(run)  # `broker netns up`: a cluster with no job
     if stood_up is not None:
         if not [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]:
             raise BadInput(f"the nodes of netns cluster {run.id} are gone (status {run.status})",
                            hint="`broker netns up 2` stands up a new one")
-        return run, stood_up
+        return run, check_cluster(stood_up, run, folder)
     if not path.exists() and any(e.get("action") == "clean" for e in ledger.events(run.id, limit=1_000_000)):
         raise BadInput(f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`: its cluster "
                        "record and keys are gone, so there are no nodes to reach",
@@ -953,7 +956,13 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     if not live:
         raise BadInput(f"the nodes of run {run.id} are gone (status {run.status})",
                        hint="set idle_minutes in the recipe to keep the nodes after the job, then `broker run` again")
-    return run, Cluster.model_validate_json(path.read_text())
+    try:
+        cluster = Cluster.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise BadInput(f"the cluster record {path} of run {run.id} cannot be read: {str(e).splitlines()[0]}",
+                       hint=f"the run's folder was damaged or edited; `broker down {run.id}` still ends its nodes") \
+            from None
+    return run, check_cluster(cluster, run, folder)
 
 
 def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec":

@@ -425,7 +425,12 @@ def ssh_argv(state: ClusterState) -> list[str]:
         argv += ["-i", state.ssh_key_path, "-o", "IdentitiesOnly=yes"]
     if state.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={state.known_hosts_path}", "-o", "StrictHostKeyChecking=yes"]
-    return argv + [f"{n.user}@{n.host}"]
+    from broker.runfolder import USER_RE, valid_host
+
+    if not USER_RE.fullmatch(str(n.user)) or not valid_host(n.host):  # read from the run's folder: input
+        raise BadInput(f"refused: cluster {state.cluster_id}'s node 0 user {n.user!r} / host {n.host!r} is not a "
+                       "user name / an IP address or DNS name", hint="the cluster's state file was edited")
+    return argv + ["-l", str(n.user), "--", n.host]
 
 
 def node0_shell(state: ClusterState):
@@ -839,7 +844,9 @@ def find(ledger: "Ledger", cluster_id: str) -> tuple["Run", ClusterState]:
     if run is None or run.topology != TOPOLOGY:
         raise BadInput(f"no Slurm cluster {cluster_id!r} in the ledger",
                        hint="`broker slurm up` prints the id; `broker status` lists runs (topology slurm-cluster)")
-    return run, ClusterState.load(Path(run.run_dir or "."))
+    from broker.runfolder import confined_run_dir
+
+    return run, ClusterState.load(confined_run_dir(run))  # a ledger row's folder: only <home>/runs/<id>
 
 
 def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
@@ -886,9 +893,14 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     if run.status not in ACTIVE_STATUSES:
         raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
-    state = ClusterState.load(Path(run.run_dir or "."))
-    cl = Cluster.model_validate_json((Path(run.run_dir or ".") / "cluster.json").read_text()) \
-        if (Path(run.run_dir or ".") / "cluster.json").exists() else None
+    from broker.runfolder import check_cluster, confined_run_dir
+
+    folder = confined_run_dir(run)  # a ledger row's folder is input: only <home>/runs/<run id>
+    state = ClusterState.load(folder)
+    cl = Cluster.model_validate_json((folder / "cluster.json").read_text()) \
+        if (folder / "cluster.json").exists() else None
+    if cl is not None:
+        check_cluster(cl, run, folder)
     if cl is None:
         from broker.model import ClusterNode, TopologyKind
 
@@ -899,7 +911,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     echo = echo or print
     line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
                                                                shlex.join(command))
-    ssh = SSHCluster(cl, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
+    ssh = SSHCluster(cl, run_dir=folder, connect_timeout_s=15)
     worst = 0
     try:
         outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],

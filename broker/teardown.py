@@ -180,12 +180,18 @@ def refusal(ledger: Ledger, res: Resource, p: Provider, tagged: Any = None, *, c
     if not check_tags or not getattr(p, "owner_tags", False):
         return "ok", ""
     mine = ledger.installation_id
-    t = tagged if tagged is not None else p.tagged_resource(res.kind, pid, region=res.region, run_id=res.run_id)
+    t = tagged if tagged is not None else p.tagged_resource(
+        res.kind, pid, region=res.region, run_id=res.run_id,
+        **({"attrs": res.attrs} if getattr(p, "tags_need_attrs", False) else {}))
     if t is not None:
-        if t.run_id != res.run_id and not (t.run_id and res.run_id.startswith(t.run_id)):  # (a cut Vast label)
+        cut = getattr(p, "cut_run_tags", True)  # a provider that may shorten the tag (a cut Vast label)
+        if t.run_id != res.run_id and not (cut and t.run_id and res.run_id.startswith(t.run_id)):
             return "refuse", (f"refused: {what} carries {RUN_TAG}={t.run_id}, not this row's run {res.run_id}: not "
                               "terminated (a ledger row cannot name another run's object)")
-        if t.installation_id != mine and not foreign_ok:
+        # a provider whose tag names the run only (Slurm's job comment) is checked on the installation when the
+        # object carries one
+        no_install_tag = not getattr(p, "install_tags", True) and t.installation_id is None
+        if t.installation_id != mine and not foreign_ok and not no_install_tag:
             return "refuse", (f"refused: {what} carries {INSTALL_TAG}={t.installation_id or '(none)'}, not this "
                               f"installation's {mine}: not terminated (another BROKER_HOME's; `broker reconcile "
                               "--include-foreign` handles old ones)")

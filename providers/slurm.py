@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import AuthError, BadInput, Provider, ProviderCheck, ProviderError, RUN_TAG, TransientError
+from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, Provider, ProviderCheck, ProviderError,
+                             TransientError)
 
 if TYPE_CHECKING:
     from broker.provider import TaggedResource
@@ -91,8 +92,18 @@ class Shell:
         # would answer our commands and receive the batch script)
         from broker.private import control_path
 
+        # the host may come from a ledger row's attrs (`down` of a run on a login node): checked, and after "--"
+        # so that it can never be read as an ssh option
+        user, _, host = self.host.rpartition("@")
+        from broker.runfolder import USER_RE, valid_host
+
+        if (user and not USER_RE.fullmatch(user)) or not valid_host(host):
+            raise ProviderError("slurm", "ssh", f"{self.host!r} is not a [user@]host (an IP address or DNS name): "
+                                "refused, nothing was run",
+                                hint="give --host as user@host; a ledger row naming another host was edited")
         return [self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", self.host, shlex.join(argv)]
+                "-o", f"ControlPath={control_path('ssh')}", "-o", "ControlPersist=60", "--", self.host,
+                shlex.join(argv)]
 
     def run(self, argv: list[str], *, input: bytes | str | None = None, timeout: float = 60.0,
             call: str | None = None, stdin: Any = None) -> subprocess.CompletedProcess:
@@ -266,6 +277,48 @@ class SlurmProvider(Provider):
     snapshot = None
     local_exec = False
     ingress_rule_format = None
+
+    #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
+    #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run
+    owner_tags = True
+    #: the comment names the run only (no installation tag): the installation is checked when a comment carries one
+    install_tags = False
+    #: the comment holds the whole run id (never shortened): a comment naming only a prefix of it is not this run's
+    cut_run_tags = False
+    #: :meth:`tagged_resource` needs the row's attrs (which login host / cluster the job is on)
+    tags_need_attrs = True
+
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """A Slurm job id: digits only (what ``sbatch --parsable`` prints)."""
+        return isinstance(provider_id, str) and provider_id.isascii() and provider_id.isdigit()
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        return "digits only"
+
+    def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
+                        run_id: str | None = None, attrs: dict[str, Any] | None = None) -> TaggedResource | None:
+        """The job's broker tags as Slurm stores them: its comment (``squeue -h -j ID -o %k|%T``), as a
+        TaggedResource whose run_id is the ``broker-run=`` value (None for a job without one: not broker's);
+        None when the queue does not hold the job (finished or unknown: nothing to cancel).  Raises ProviderError
+        when squeue cannot be read."""
+        from broker.provider import TaggedResource
+
+        if kind != "slurm_job" or not self.valid_id(kind, provider_id):
+            return None
+        cp = self._shell_for(attrs).run(["squeue", "-h", "-j", provider_id, "-o", "%k|%T"], call="squeue")
+        out, err = _text(cp.stdout).strip(), _text(cp.stderr).strip()
+        if cp.returncode != 0:
+            if "invalid job id" in err.lower():
+                return None
+            raise ProviderError("slurm", "squeue", err or f"exit {cp.returncode}")
+        if not out:
+            return None
+        comment, _, state = out.splitlines()[0].rpartition("|")
+        tags = dict(w.split("=", 1) for w in comment.replace(",", " ").split() if "=" in w)
+        return TaggedResource(provider=self.name, kind=kind, provider_id=provider_id, run_id=tags.get(RUN_TAG),
+                              state=state.strip() or None, installation_id=tags.get(INSTALL_TAG))
 
     def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None

@@ -264,23 +264,27 @@ def test_unexpected_error_writes_a_crash_log(broker_home, capsys):
     assert "Traceback" in text and "ZeroDivisionError: boom" in text and "test_cli_errors.py" in text
 
 
-def test_crash_log_falls_back_to_the_temp_folder(tmp_path, monkeypatch, capsys):
+def test_crash_log_falls_back_to_the_users_own_folder(tmp_path, monkeypatch, capsys):
+    """Not a shared temp folder (another user could plant symlinks there): this user's 0700 broker-<uid>."""
+    import os
+
+    from broker import private
+
     f = tmp_path / "afile"
     f.write_text("x")
     monkeypatch.setenv("BROKER_HOME", str(f))
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    import tempfile
-
-    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(private, "SHORT_BASE", tmp_path / "tmp")
     try:
         raise RuntimeError("x")
     except RuntimeError as e:
         code, out = _handle(e, capsys, as_json=True)
     assert code == 1
     err = json.loads(out.out)["error"]
-    assert err["type"] == "internal" and Path(err["log"]).parent == tmp_path / "tmp" / "broker-logs"
-    assert "RuntimeError" in Path(err["log"]).read_text()
+    log = Path(err["log"])
+    assert err["type"] == "internal" and log.parent == tmp_path / "tmp" / f"broker-{os.geteuid()}" / "logs"
+    assert "RuntimeError" in log.read_text()
+    assert log.stat().st_mode & 0o777 == 0o600 and log.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_keyboard_interrupt_is_130(capsys):

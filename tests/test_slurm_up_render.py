@@ -196,7 +196,7 @@ def test_node0_shell_runs_commands_with_the_clusters_conf(tmp_path):
     st = state(tmp_path)
     sh = sc.node0_shell(st)
     argv = sh.argv(["sinfo", "-h"])
-    assert argv[0] == "ssh" and argv[-2] == "root@198.18.7.10"
+    assert argv[0] == "ssh" and argv[-5:-1] == ["-l", "root", "--", "198.18.7.10"]  # never read as an option
     assert f"-i" in argv and st.ssh_key_path in argv and f"UserKnownHostsFile={st.known_hosts_path}" in argv
     assert argv[-1].startswith(f"export SLURM_CONF={st.conf} TMPDIR={st.shared_dir}/tmp; ") and \
         argv[-1].endswith("sinfo -h")
@@ -225,7 +225,9 @@ def test_run_on_an_unknown_or_ended_cluster_is_refused(tmp_path):
     led = Ledger()
     with pytest.raises(BadInput, match="no Slurm cluster"):
         sc.attach(SlurmOptions(cluster="nope"), led)
-    run_dir = tmp_path / "r"
+    from broker.config import runs_dir
+
+    run_dir = runs_dir() / "20260101-000000-abcdef"  # a run's folder is only ever <home>/runs/<run id>
     run_dir.mkdir()
     state(tmp_path).save(run_dir)
     led.create_run(Run(id="20260101-000000-abcdef", name="slurm-t", provider="netns", topology=sc.TOPOLOGY,
@@ -241,7 +243,7 @@ def test_run_on_an_unknown_or_ended_cluster_is_refused(tmp_path):
     from broker.providers.slurm import SlurmProvider
 
     sh = SlurmProvider()._shell_for({"host": prov.shell.host, "cluster": "20260101-000000-abcdef"})
-    assert sh.argv(["scancel", "7"])[-2:] == ["root@198.18.7.10", f"export SLURM_CONF={tmp_path}/c/etc/slurm.conf "
+    assert sh.argv(["scancel", "7"])[-2:] == ["198.18.7.10", f"export SLURM_CONF={tmp_path}/c/etc/slurm.conf "
                                                                    f"TMPDIR={tmp_path}/c/shared/tmp; scancel 7"]
 
 

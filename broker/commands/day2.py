@@ -18,8 +18,11 @@ import typer
 
 
 def _node_log(run: Any, node: int) -> Path:
-    p = (run.log_paths or {}).get(str(node))
-    return Path(p) if p else Path(run.run_dir or ".") / f"node{node}.log"
+    """Node ``node``'s log, confined to the run's folder (:func:`broker.runfolder.confined_log`: a ledger row's
+    ``log_paths`` / ``run_dir`` never name a file elsewhere)."""
+    from broker.runfolder import confined_log
+
+    return confined_log(run, node)
 
 
 def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s: float = 0.5,
@@ -84,17 +87,25 @@ def _say_final_state(run: Any) -> None:
 def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[str]:
     """``ssh`` argv for node ``node`` of a stored cluster: the run's key, its known_hosts (new keys accepted and
     added, changed keys refused), the node's user, host and port."""
+    from broker.provider import BadInput
+    from broker.runfolder import USER_RE, valid_host
+
     n = cluster.nodes[node]
+    # the user and host come from a file in the run's folder: checked here too (not only in kept_cluster), and
+    # passed as -l USER and after "--", so neither can ever be read as an ssh option
+    if not (isinstance(n.user, str) and USER_RE.fullmatch(n.user)) or not valid_host(n.host):
+        raise BadInput(f"refused: node {node}'s ssh user {n.user!r} / host {n.host!r} is not a user name / an IP "
+                       "address or DNS name", hint="the run's cluster.json was edited; nothing was run")
     argv = ["ssh", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=accept-new"]
     if cluster.ssh_key_path:
         argv += ["-i", cluster.ssh_key_path]
     if cluster.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={cluster.known_hosts_path}"]
     if n.port and n.port != 22:
-        argv += ["-p", str(n.port)]
-    argv.append(f"{n.user}@{n.host}")
+        argv += ["-p", str(int(n.port))]
+    argv += ["-l", n.user, "--", n.host]  # after "--" ssh parses no more options: the command follows as is
     if command:
-        argv += ["--", *command]
+        argv += list(command)
     return argv
 
 
@@ -147,7 +158,8 @@ def ssh_config(run_id: str, cluster: Any) -> str:
     for n in cluster.nodes:
         if getattr(n, "local", False):  # node 0 of a hybrid run is this machine
             continue
-        lines = [f"Host broker-{run_id}-n{n.node_rank}", f"  HostName {n.host}", f"  User {n.user}"]
+        lines = [f"Host broker-{_ssh_value(run_id)}-n{int(n.node_rank)}", f"  HostName {_ssh_value(n.host)}",
+                 f"  User {_ssh_value(n.user)}"]
         if n.port and n.port != 22:
             lines.append(f"  Port {n.port}")
         if cluster.ssh_key_path:
@@ -208,8 +220,26 @@ def install_ssh_config(run_id: str, entries: str, *, user_config: Path | None = 
     return own, user_config, changed
 
 
+def _ssh_value(text: Any) -> str:
+    """``text`` as a bare ssh config value; BadInput when it holds whitespace, a quote, a control character or
+    starts with '-' (a value from a run's files must never add a line or an option to an ssh config)."""
+    s = str(text)
+    if not s or s.startswith("-") or any(c.isspace() or c in "\"'\\#" or ord(c) < 32 or ord(c) == 127 for c in s):
+        from broker.provider import BadInput
+
+        raise BadInput(f"refused: {s!r} cannot be an ssh config value (whitespace, quotes, control characters)",
+                       hint="the run's cluster.json was edited; nothing was written")
+    return s
+
+
 def _ssh_word(text: str) -> str:
-    """``text`` as one word of an ssh config line (double quotes around a path with spaces)."""
+    """``text`` as one word of an ssh config line (double quotes around a path with spaces); BadInput for a
+    newline, a quote or a control character (they would end the line or the word)."""
+    if any(c in "\"\\" or (ord(c) < 32 and c != " ") or ord(c) == 127 for c in text):
+        from broker.provider import BadInput
+
+        raise BadInput(f"refused: {text!r} cannot be an ssh config path (quotes or control characters)",
+                       hint="the run's cluster.json was edited; nothing was written")
     return f'"{text}"' if any(c.isspace() for c in text) else text
 
 
@@ -268,10 +298,17 @@ def folder_removed(ledger: Any, run: Any) -> str | None:
     return f"the folder of run {run.id} ({run.run_dir}) was removed by `broker clean`{when}: its logs and files are gone"
 
 
-def run_folder_refusal(run_dir: str | None, runs: Path) -> str | None:
-    """Why ``run_dir`` (a ledger row's, so input) must not be deleted, or None when it is a folder directly inside
-    ``runs`` (``<home>/runs/<name>``): refused are relative paths, ``..`` parts, a symlink, and anything whose
-    real location is not a child of the real ``runs`` folder."""
+def run_folder_refusal(run_dir: str | None, runs: Path, run_id: str | None = None) -> str | None:
+    """Why ``run_dir`` (a ledger row's, so input) must not be deleted, or None when it resolves to the folder
+    ``<real runs>/<run_id>`` (with ``run_id`` None: any folder directly inside the real ``runs``): refused are
+    relative paths, ``..`` parts, a symlink, another run's folder, and anything outside ``runs``."""
+    if run_id is not None:
+        from broker.runfolder import run_dir_refusal
+
+        why, real = run_dir_refusal(run_dir, run_id, runs)
+        if why is None and real is not None and not real.is_dir():
+            return f"{run_dir} is not a folder"
+        return why
     if not run_dir:
         return "no folder recorded"
     p = Path(run_dir)
@@ -314,11 +351,14 @@ def clean_candidates(ledger: Any, *, older_than_days: float = 0.0) -> tuple[list
             continue
         if (r.ended_at or r.created_at) and (r.ended_at or r.created_at) > cutoff:
             continue
-        why = run_folder_refusal(r.run_dir, runs)
+        why = run_folder_refusal(r.run_dir, runs, r.id)
         if why:
             refused.append((r, why))
             continue
-        todo.append((r, Path(r.run_dir), _dir_size(Path(r.run_dir))))
+        # resolved once, here: the removal acts on this real path inside the 0700 home (where no other user can
+        # swap a symlink in), never on the row's text again
+        real = Path(r.run_dir).resolve(strict=True)
+        todo.append((r, real, _dir_size(real)))
     return todo, refused
 
 
@@ -329,11 +369,21 @@ def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = Fal
     removed, freed = [], 0
     for r, path, size in todo:
         if not dry_run:
-            shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks inside the folder
+            _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
             ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
         removed.append(r.id)
         freed += size
     return removed, freed
+
+
+def _remove_run_folder(run: Any, real: Path) -> None:
+    """Remove ``real`` (the resolved folder :func:`clean_candidates` checked) after checking once more that it is
+    still exactly ``<real runs>/<run id>`` and not a symlink; rmtree never follows symlinks inside it."""
+    from broker.config import runs_dir
+
+    if real != runs_dir().resolve() / run.id or real.is_symlink():
+        return
+    shutil.rmtree(real, ignore_errors=True)
 
 
 def _mb(n: int) -> str:
@@ -578,7 +628,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1)
         removed, freed = [], 0
         for r, path, size in todo:
-            shutil.rmtree(path, ignore_errors=True)  # rmtree never follows symlinks inside the folder
+            _remove_run_folder(r, path)
             ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
             removed.append(r.id)
             freed += size

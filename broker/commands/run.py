@@ -283,8 +283,15 @@ def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
 
     if not run.run_dir or not run.pid or not pid_alive(run.pid):
         return False
+    from broker.provider import BadInput
+    from broker.runfolder import confined_run_dir
+
+    try:  # the marker is trusted only in the run's own folder (a crafted row must not pick the pid signalled)
+        folder = confined_run_dir(run)
+    except BadInput:
+        return False
     try:
-        marker = json.loads((Path(run.run_dir) / DETACHED_MARKER).read_text())
+        marker = json.loads((folder / DETACHED_MARKER).read_text())
     except (OSError, ValueError):
         return False
     if marker.get("pid") != run.pid:
