@@ -117,9 +117,10 @@ def _env(name: str, **meta: Any) -> Any:
     return field(default=None, metadata={"env": name, **meta})
 
 
-def _region_of(provider: str) -> Any:
-    """``field`` metadata: the setting is a region of ``provider`` (validated by :func:`check_regions`)."""
-    return field(default=None, metadata={"region_of": provider})
+def _region() -> Any:
+    """``field`` metadata: the setting is a region of the provider its name starts with (``<provider>_region``,
+    validated by :func:`check_regions` against that adapter's form)."""
+    return field(default=None, metadata={"region": True})
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class EnvSettings:
     oci_config_file: str = "~/.oci/config"
     oci_profile: str = "DEFAULT"
     oci_compartment_id: str | None = None
-    oci_region: str | None = _region_of("oci")
+    oci_region: str | None = _region()
     oci_service_endpoint: str | None = None  # base URL for every OCI client (tests)
     oci_image_id: str | None = None
     oci_subnet_id: str | None = None
@@ -153,8 +154,8 @@ class EnvSettings:
     aws_secret_access_key: Secret | None = None
     aws_session_token: Secret | None = None
     aws_profile: str | None = None
-    aws_region: str | None = _env("AWS_DEFAULT_REGION", region_of="aws")
-    aws_region_alt: str | None = _env("AWS_REGION", region_of="aws")
+    aws_region: str | None = _env("AWS_DEFAULT_REGION", region=True)
+    aws_region_alt: str | None = _env("AWS_REGION", region=True)
     aws_endpoint_url: str | None = None
     aws_ami_id: str | None = None
     aws_subnet_id: str | None = None  # launch into this subnet's VPC instead of the default VPC
@@ -305,10 +306,11 @@ def check_region(provider: Any, name: str, region: str) -> str:
 
 
 def check_regions(s: Any) -> Any:
-    """Settings ``s`` after checking every region setting (metadata ``region_of``) that is set against its
-    provider's form (:func:`check_region`).  The adapter class is imported only for a region that is set."""
+    """Settings ``s`` after checking every region setting (metadata ``region``; the provider is the first word of
+    the field's name) that is set against its provider's form (:func:`check_region`).  The adapter class is
+    imported only for a region that is set."""
     for f in fields(EnvSettings):
-        prov = f.metadata.get("region_of")
+        prov = f.name.split("_", 1)[0] if f.metadata.get("region") else None
         v = getattr(s, f.name, None)
         if prov and isinstance(v, str) and v.strip():
             from broker.providers import provider_class
