@@ -450,7 +450,7 @@ def node0_shell(state: ClusterState):
 def slurm_ssh_argv(run: Any, argv: list[str], command: list[str] | None) -> list[str]:
     """``broker ssh`` on a cluster ``broker slurm up`` built: the session gets ``SLURM_CONF`` (the cluster's
     ``slurm.conf`` is not in the default place, so ``sinfo`` would find no configuration source).  ``argv``: the
-    ssh argv as built for any kept run (``... user@host`` then ``-- COMMAND`` when one is given); returned with
+    ssh argv as built for any kept run (``... -l USER -- HOST`` then the command when one is given); returned with
     ``export SLURM_CONF=...;`` in front of the command, or for a shell ``-t`` and a login shell that has it.  Any
     other run: ``argv`` unchanged."""
     if getattr(run, "topology", None) != TOPOLOGY or not getattr(run, "run_dir", None):
@@ -460,12 +460,15 @@ def slurm_ssh_argv(run: Any, argv: list[str], command: list[str] | None) -> list
     except Exception:  # noqa: BLE001 - no state file: the session works, only without SLURM_CONF
         return argv
     export = f"export SLURM_CONF={shlex.quote(conf)};"
-    if command:
-        i = len(argv) - len(command) - 1  # the "--" in front of the command
-        if i >= 0 and argv[i] == "--":
-            return [*argv[:i + 1], export, *argv[i + 1:]]
+    try:
+        h = argv.index("--") + 1  # ssh's own options end at "--"; the host follows, then the command
+    except ValueError:
         return argv
-    return [*argv[:-1], "-t", argv[-1], "--", f'{export} exec "${{SHELL:-/bin/bash}}" -l']
+    if h >= len(argv):
+        return argv
+    if command:
+        return [*argv[:h + 1], export, *argv[h + 1:]]
+    return [*argv[:h - 1], "-t", "--", argv[h], f'{export} exec "${{SHELL:-/bin/bash}}" -l']
 
 
 def close_shell(state: ClusterState) -> None:

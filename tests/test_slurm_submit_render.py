@@ -67,11 +67,13 @@ def test_ssh_on_a_slurm_up_cluster_has_slurm_conf(cluster):
     settings.cache_clear()
     run = Ledger().get_run(cid)
     conf = ClusterState.load(Path(run.run_dir)).conf
-    argv = slurm_ssh_argv(run, ["ssh", "-p", "22", "root@198.18.0.2"], None)
-    assert argv[:4] == ["ssh", "-p", "22", "-t"] and argv[4:6] == ["root@198.18.0.2", "--"]
-    assert argv[6].startswith(f"export SLURM_CONF={conf};") and argv[6].endswith('exec "${SHELL:-/bin/bash}" -l')
-    assert slurm_ssh_argv(run, ["ssh", "h", "--", "hostname"], ["hostname"]) == \
-        ["ssh", "h", "--", f"export SLURM_CONF={conf};", "hostname"]
+    # the argv `broker ssh` builds: ssh's options, then "--", the host and the command (nothing after "--" is an
+    # ssh option)
+    argv = slurm_ssh_argv(run, ["ssh", "-p", "22", "-l", "root", "--", "198.18.0.2"], None)
+    assert argv[:7] == ["ssh", "-p", "22", "-l", "root", "-t", "--"] and argv[7] == "198.18.0.2"
+    assert argv[8].startswith(f"export SLURM_CONF={conf};") and argv[8].endswith('exec "${SHELL:-/bin/bash}" -l')
+    assert slurm_ssh_argv(run, ["ssh", "-l", "root", "--", "h", "hostname"], ["hostname"]) == \
+        ["ssh", "-l", "root", "--", "h", f"export SLURM_CONF={conf};", "hostname"]
 
 
 def _no_local_squeue(cp) -> None:
