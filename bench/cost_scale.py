@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 def fill(home: Path, n: int) -> None:
     os.environ["BROKER_HOME"] = str(home)
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     led = Ledger(home / "ledger.sqlite")
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

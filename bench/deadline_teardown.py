@@ -1,7 +1,7 @@
 """Deadline to "nothing billing" with the CLI alive: how long after a run's deadline the provider still holds a
 live instance of it, printed as a ratio to the poll interval the run uses (goal: at most 10 s).
 
-Two cases, each through the real pipeline (:func:`broker.pipeline.run_pipeline`, a CloudTarget):
+Two cases, each through the real pipeline (:func:`broker.run.pipeline.run_pipeline`, a CloudTarget):
 
 * ``job``: the fake cloud (file-backed, instances are local processes) runs a job that would sleep for 10 min;
   the deadline comes while the job runs;
@@ -35,7 +35,7 @@ GOAL_S = 10.0
 
 
 def _recipe(d: Path, nodes: int):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     (d / "job.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     (d / "r.yaml").write_text(f"name: deadline-bench\nscript: job.py\nnodes: {nodes}\ncpu_ok: true\n"
@@ -45,10 +45,10 @@ def _recipe(d: Path, nodes: int):
 
 def _measure(recipe, target, live: "callable", poll_s: float) -> float:
     """Seconds from the run's deadline until ``live()`` (what the provider holds) is empty."""
-    from broker.errors import BrokerError
-    from broker.ledger import Ledger
-    from broker.model import utcnow
-    from broker.pipeline import Hooks, run_pipeline
+    from broker.core.errors import BrokerError
+    from broker.money.ledger import Ledger
+    from broker.core.model import utcnow
+    from broker.run.pipeline import Hooks, run_pipeline
 
     ledger = Ledger()
     deadline: list = []
@@ -84,7 +84,7 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
 
 
 def case_job(poll_s: float) -> float:
-    from broker.pipeline import CloudTarget, rank_options
+    from broker.run.pipeline import CloudTarget, rank_options
     from broker.providers.fake import FakeProvider
 
     with tempfile.TemporaryDirectory() as d:
@@ -104,7 +104,7 @@ def case_job(poll_s: float) -> float:
 
 
 def case_loading(poll_s: float) -> float:
-    from broker.pipeline import CloudTarget, rank_options
+    from broker.run.pipeline import CloudTarget, rank_options
     from broker.providers.vast import VastProvider
     from tests.vast_emulator import API_KEY, VastEmulator, offer_row
 
@@ -114,7 +114,7 @@ def case_loading(poll_s: float) -> float:
                                          for i in range(4)], never_ready=True, hostless=True, boot_s=0.2)
         try:
             os.environ["VAST_API_URL"], os.environ["VAST_API_KEY"] = emu.url, API_KEY
-            from broker.config import settings
+            from broker.core.config import settings
 
             settings.cache_clear()
             recipe = _recipe(Path(d), 2)

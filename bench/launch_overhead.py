@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from broker.launch import free_port, torchrun_argv  # noqa: E402
-from broker.recipe import load_recipe  # noqa: E402
+from broker.run.launch import free_port, torchrun_argv  # noqa: E402
+from broker.core.recipe import load_recipe  # noqa: E402
 
 
 def bare(recipe, env, node_envs) -> float:

@@ -1,4 +1,4 @@
-"""Does broker lint stay linear in file size with the DDP rules (broker/lint_ddp.py)?
+"""Does broker lint stay linear in file size with the DDP rules (broker/lint/ddp.py)?
 
     .venv/bin/python bench/lint_ddp_scale.py
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker import lint_ddp  # noqa: E402
-from broker.lint import lint_source  # noqa: E402
+from broker.lint import ddp as lint_ddp
+from broker.lint.rules import lint_source  # noqa: E402
 
 
 def script(n: int) -> str:

@@ -74,10 +74,10 @@ def script(lines: int) -> str:
 
 def lint_seconds(path: Path) -> float:
     """CPU seconds (user + sys) of one `broker lint` subprocess on ``path``; CPU, not wall: the machine is shared."""
-    code = ("import resource, sys\nfrom broker.lint import lint_script\n"
+    code = ("import resource, sys\nfrom broker.lint.rules import lint_script\n"
             "lint_script(sys.argv[1])\n"
             "r = resource.getrusage(resource.RUSAGE_SELF)\nprint(r.ru_utime + r.ru_stime)")
-    base = ("import resource\nimport astroid, broker.lint\n"
+    base = ("import resource\nimport astroid, broker.lint.rules\n"
             "r = resource.getrusage(resource.RUSAGE_SELF)\nprint(r.ru_utime + r.ru_stime)")
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO, check=True)
     imp = subprocess.run([sys.executable, "-c", base], capture_output=True, text=True, cwd=REPO, check=True)

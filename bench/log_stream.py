@@ -55,7 +55,7 @@ WRAP = ("import atexit, json, resource, sys\n"
         "    r = resource.getrusage(resource.RUSAGE_SELF)\n"
         "    open(out, 'w').write(json.dumps({'cpu_s': r.ru_utime + r.ru_stime}))\n"
         "atexit.register(_w)\n"
-        "from broker.cli import main\n"
+        "from broker.cli.app import main\n"
         "sys.argv[0] = 'broker'\n"
         "main()\n")
 

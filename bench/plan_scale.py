@@ -1,7 +1,7 @@
 """Planner scale and CLI start-up benchmark.
 
 Prints, for 1k, 10k and 100k synthetic offers (a Vast-like market plus OCI/AWS shapes, with quotas and capacity
-facts, one capacity fact per Vast host as the live adapter reports), the median time of one ``broker.planner.plan`` call and the growth ratio to the previous size (10x more
+facts, one capacity fact per Vast host as the live adapter reports), the median time of one ``broker.plan.planner.plan`` call and the growth ratio to the previous size (10x more
 offers -> ~10x time means linear).  Offer objects are built before timing: the planner's own work is measured.
 Then the start-up time of ``python -m broker --help`` and of ``python -m broker plan --budget 5`` (offline, no
 credentials) beside ``python -c pass``, each the median of several runs, as a ratio.
@@ -26,8 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.model import Capacity, Offer, Quota, Requirements  # noqa: E402
-from broker.planner import plan  # noqa: E402
+from broker.core.model import Capacity, Offer, Quota, Requirements  # noqa: E402
+from broker.plan.planner import plan  # noqa: E402
 
 T0 = datetime(2026, 11, 29, tzinfo=timezone.utc)
 GPUS = [("RTX 3090", 24.0, 0.16), ("RTX 4090", 23.99, 0.38), ("RTX 4070S Ti", 15.99, 0.17), ("A100 SXM4", 40.0, 0.75),

@@ -1,8 +1,8 @@
 """Building a million offers against planning over them, in the same run.
 
 Rows are made first as an adapter reads them (dicts of fresh strings and floats: a JSON market answer, a CSV
-catalog), then timed: building ``--offers`` ``broker.model.Offer`` objects from them (``broker.model.build_offers``) (CPU seconds, and the memory
-they hold: resident set growth with the rows already resident), and one ``broker.planner.plan`` call over them
+catalog), then timed: building ``--offers`` ``broker.core.model.Offer`` objects from them (``broker.core.model.build_offers``) (CPU seconds, and the memory
+they hold: resident set growth with the rows already resident), and one ``broker.plan.planner.plan`` call over them
 (2 nodes x 1 GPU >= 16 GiB, 1 h, budget $5, as bench/plan_scale.py).  Rounds alternate build and plan; the
 median of the per-round ratios build / plan is printed with the load average.  Goal: building <= planning,
 <= 500 MiB.
@@ -27,14 +27,14 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from plan_scale import CAPS, GPUS, QUOTAS, SHAPES, T0  # noqa: E402
 
-from broker.model import Capacity, Offer, Requirements  # noqa: E402
+from broker.core.model import Capacity, Offer, Requirements  # noqa: E402
 
 try:
-    from broker.model import build_offers
+    from broker.core.model import build_offers
 except ImportError:  # a checkout from before build_offers: what its adapters did
     def build_offers(rows):
         return [Offer(**r) for r in rows]
-from broker.planner import plan  # noqa: E402
+from broker.plan.planner import plan  # noqa: E402
 
 
 def rows(n: int, seed: int = 0) -> list[dict]:

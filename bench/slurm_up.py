@@ -2,7 +2,7 @@
 
 broker: acquire two netns nodes through the pipeline's NetnsTarget (ledger rows, namespaces, sshd), then over SSH
 read the node facts, write the MUNGE key and slurm.conf, start munged/slurmctld/slurmd and poll `sinfo` on node 0
-until both nodes are idle (:func:`broker.slurmcluster.up`).  Then `slurm down` is timed too.
+until both nodes are idle (:func:`broker.slurm.cluster.up`).  Then `slurm down` is timed too.
 
 Baseline: the test fixture that builds the same Slurm cluster directly on this machine with no SSH and no ledger
 (tests/slurm_cluster.py: namespaces, munged, slurmctld in the root namespace, slurmd per node), from nothing to
@@ -47,9 +47,9 @@ def broker_round() -> tuple[float, float]:
     home = Path(tempfile.mkdtemp(prefix="broker-bench-slurmup-"))
     os.environ["BROKER_HOME"] = str(home)
     os.environ["BROKER_WATCHDOG_AUTOSTART"] = "0"
-    from broker.config import settings
-    from broker.ledger import Ledger
-    from broker.slurmcluster import UpOptions, down, up
+    from broker.core.config import settings
+    from broker.money.ledger import Ledger
+    from broker.slurm.cluster import UpOptions, down, up
 
     settings.cache_clear()
     led = Ledger()

@@ -1,8 +1,8 @@
 """Staging mechanics against the plain tools, in the same run.
 
-* local: copying a work folder of ``--files`` small files into a node folder (``broker.staging.copy_staged``)
+* local: copying a work folder of ``--files`` small files into a node folder (``broker.run.staging.copy_staged``)
   against ``cp -a`` of the same folder;
-* SSH / Slurm: one ``--gib`` GiB file of random bytes packed for upload (``broker.staging.staged_tar``: a tar file
+* SSH / Slurm: one ``--gib`` GiB file of random bytes packed for upload (``broker.run.staging.staged_tar``: a tar file
   on disk, compressed only when worth it) against ``tar -cf - | cat > /dev/null``;
   with ``--old`` also the former in-memory ``tar.gz`` (``tarfile`` ``w:gz``) for the record.
 
@@ -33,7 +33,7 @@ import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 what, src, dst = sys.argv[2:5]
 from pathlib import Path
-from broker.staging import copy_staged, stage_plan, staged_tar
+from broker.run.staging import copy_staged, stage_plan, staged_tar
 plan = stage_plan(Path(src))
 r0 = resource.getrusage(resource.RUSAGE_SELF); t = time.perf_counter()
 extra = {}
@@ -136,7 +136,7 @@ def main() -> None:
 
 
 def _bare_rss() -> float:
-    code = "import resource, sys; sys.path.insert(0, sys.argv[1]); import broker.staging; " \
+    code = "import resource, sys; sys.path.insert(0, sys.argv[1]); import broker.run.staging; " \
            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     return float(subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True,
                                 check=True).stdout)

@@ -5,9 +5,9 @@
 
 Every list of providers the core needs (the clouds, the default plan set, who has quotas, who can host a hybrid
 run's rented side, who ships a price snapshot) is derived here from the capability attributes of the adapters
-(:data:`broker.provider.CAPABILITIES`, documented on :class:`broker.provider.Provider`), never kept by hand in the
+(:data:`broker.core.provider.CAPABILITIES`, documented on :class:`broker.core.provider.Provider`), never kept by hand in the
 core.  The registry line of each provider repeats, as plain data, the capabilities in which its adapter class differs
-from the :class:`~broker.provider.Provider` defaults, so these lists cost no adapter import;
+from the :class:`~broker.core.provider.Provider` defaults, so these lists cost no adapter import;
 ``tests/test_provider_capabilities.py`` checks that each line equals its class.
 """
 
@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.provider import CAPABILITIES, BadInput
-from broker.provider import Provider as _Base
+from broker.core.provider import CAPABILITIES, BadInput
+from broker.core.provider import Provider as _Base
 
 if TYPE_CHECKING:
-    from broker.provider import Provider
+    from broker.core.provider import Provider
 
-#: name -> ("module:Class", the capabilities where that class differs from broker.provider.Provider's defaults, and
+#: name -> ("module:Class", the capabilities where that class differs from broker.core.provider.Provider's defaults, and
 #: always its topologies).
 #: Adding a provider: one line here (docs/architecture.md, "Adding a provider").
 PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -58,7 +58,7 @@ REGISTRY: dict[str, str] = {name: target for name, (target, _) in PROVIDERS.item
 
 class Capabilities:
     """The capability attributes of one provider, read from its registry line (the adapter is not imported);
-    attributes as documented on :class:`broker.provider.Provider`."""
+    attributes as documented on :class:`broker.core.provider.Provider`."""
 
     __slots__ = ("name", "_values")
 
@@ -94,7 +94,7 @@ def capabilities(name: str) -> Capabilities:
 
 
 def capability(name: str, attr: str) -> Any:
-    """Capability ``attr`` of ``name``; the :class:`broker.provider.Provider` default for a name that is not
+    """Capability ``attr`` of ``name``; the :class:`broker.core.provider.Provider` default for a name that is not
     registered (a test double, a row of a ledger written by a newer broker)."""
     caps = _CAPS.get(name)
     return getattr(caps, attr) if caps is not None else getattr(_Base, attr)

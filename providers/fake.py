@@ -44,12 +44,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from broker.model import Offer, Requirements, utcnow
-from broker.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone, Provider, ProviderCheck, ProviderError,
+from broker.core.model import Offer, Requirements, utcnow
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone, Provider, ProviderCheck, ProviderError,
                              QuotaError, TransientError)
 
 if TYPE_CHECKING:
-    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
 
 ZONES = ("fake-zone-1", "fake-zone-2")
 
@@ -58,7 +58,7 @@ def _state_path() -> Path:
     p = os.environ.get("BROKER_FAKE_STATE")
     if p:
         return Path(p)
-    from broker.config import broker_home
+    from broker.core.config import broker_home
 
     return broker_home() / "fake-cloud.json"
 
@@ -78,7 +78,7 @@ class FakeProvider(Provider):
     """A file-backed pretend cloud with private networking (``simulated`` and ``multi-node``)."""
 
     name = "fake"
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("simulated", "multi-node")
     rents = True  # through the same ledger-first provisioning as a cloud
     pretend = True  # ...but nothing is billed: never planned over or scanned unless named
@@ -233,7 +233,7 @@ class FakeProvider(Provider):
         return iid
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
-        from broker.provider import InstanceInfo
+        from broker.core.provider import InstanceInfo
 
         with self._state() as st:
             inst = st["instances"].get(provider_id)
@@ -285,7 +285,7 @@ class FakeProvider(Provider):
         return True
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
-        from broker.provider import TaggedResource
+        from broker.core.provider import TaggedResource
 
         if "list" in self._fails():
             raise ProviderError(self.name, "list_tagged", "unreadable answer: 200 {\"results\": [...]} has no "

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import NotSupported, Provider, ProviderCheck
+from broker.core.model import Offer, Requirements, TopologyKind, utcnow
+from broker.core.provider import NotSupported, Provider, ProviderCheck
 
 if TYPE_CHECKING:
-    from broker.provider import TaggedResource
+    from broker.core.provider import TaggedResource
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class LocalProvider(Provider):
     """This machine.  Free; one topology: ``local`` (N simulated nodes on loopback)."""
 
     name = "local"
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("local",)
     rents = False
     pretend = False
@@ -139,11 +139,11 @@ class LocalProvider(Provider):
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
         """``local_node`` (this machine's part of a hybrid run on rented VMs: node 0's job, the WireGuard interface
-        with its ``wireguard-go`` and key folder): removed by :func:`broker.hybrid.local_node_down`; idempotent,
+        with its ``wireguard-go`` and key folder): removed by :func:`broker.run.hybrid.local_node_down`; idempotent,
         True once gone.  Nothing else on this machine is a resource."""
         if kind != "local_node":
             raise NotSupported(self.name, "terminate", f"this machine has no {kind} resources")
-        from broker.hybrid import local_node_down
+        from broker.run.hybrid import local_node_down
 
         local_node_down(attrs or {})
         return True
@@ -152,9 +152,9 @@ class LocalProvider(Provider):
         """This machine's part of hybrid runs that may still exist (``local_node``): a run whose key folder
         ``<runs>/<run_id>/wg`` or tunnel interface (``bkwg`` + the run id's tail) is still here; lets a teardown
         that finds the ledger row without its id (the CLI died while the interface came up) remove it anyway."""
-        from broker.provider import TaggedResource
-        from broker.config import runs_dir
-        from broker.hybrid import local_iface
+        from broker.core.provider import TaggedResource
+        from broker.core.config import runs_dir
+        from broker.run.hybrid import local_iface
 
         out = []
         for d in runs_dir().glob(run_id or "*"):

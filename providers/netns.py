@@ -45,12 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.provider import BadInput, Provider, ProviderCheck, ProviderError
+from broker.core.model import Offer, Requirements, TopologyKind, utcnow
+from broker.core.provider import BadInput, Provider, ProviderCheck, ProviderError
 
 if TYPE_CHECKING:
-    from broker.model import Cluster, ClusterNode
-    from broker.provider import TaggedResource
+    from broker.core.model import Cluster, ClusterNode
+    from broker.core.provider import TaggedResource
 
 #: every object this provider creates starts with this (namespaces, bridge, veths)
 PREFIX = "bkn"
@@ -81,15 +81,15 @@ SSHD = "/usr/sbin/sshd"
 
 
 def lock_path() -> Path:
-    """Where the subnet lock is (:data:`LOCK_NAME` in :func:`broker.private.machine_lock_dir`)."""
-    from broker.private import machine_lock_dir
+    """Where the subnet lock is (:data:`LOCK_NAME` in :func:`broker.core.private.machine_lock_dir`)."""
+    from broker.core.private import machine_lock_dir
 
     return machine_lock_dir() / LOCK_NAME
 
 
 def _subnet_lock() -> Any:
     """The subnet lock file, open (created 0600, O_NOFOLLOW: a symlink planted there is refused, not followed)."""
-    from broker.private import open_lock
+    from broker.core.private import open_lock
 
     return os.fdopen(open_lock(lock_path()), "r+")
 
@@ -201,7 +201,7 @@ class NetnsCluster:
 
     # ---------------------------------------------------------------- the Cluster the runner uses
     def cluster(self, run_id: str) -> Cluster:
-        from broker.model import Cluster, ClusterNode
+        from broker.core.model import Cluster, ClusterNode
 
         nodes = []
         for i in range(self.n):
@@ -506,7 +506,7 @@ class NetnsProvider(Provider):
     """The ``netns`` provider: a free ``multi-node`` cluster of namespaces on this machine (see module doc)."""
 
     name: ClassVar[str] = "netns"
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies: ClassVar[tuple[str, ...]] = ("multi-node", "hybrid")  # hybrid: two NAT'd sites emulated here
     rents = False
     pretend = False
@@ -555,8 +555,8 @@ class NetnsProvider(Provider):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Nodes of clusters whose state lives in a run's folder (``<runs>/<run_id>/netns/<cid>/state.json``)
         and whose namespaces still exist."""
-        from broker.provider import TaggedResource
-        from broker.config import runs_dir
+        from broker.core.provider import TaggedResource
+        from broker.core.config import runs_dir
 
         out = []
         live = {x.split()[1] for x in leftovers()}
@@ -585,7 +585,7 @@ class NetnsProvider(Provider):
 
 
 # =================================================================================================== hybrid sites
-# Two "sites" on this machine for the emulated ``hybrid`` topology (broker.hybrid): node 0 at "home", nodes 1..N-1
+# Two "sites" on this machine for the emulated ``hybrid`` topology (broker.run.hybrid): node 0 at "home", nodes 1..N-1
 # in the "cloud", each site behind its own NAT router; only the WireGuard UDP port crosses between them.
 #
 #   node i      netns <cid>n<i>: eth0 = management (the bridge above, SSH only: the node can answer, never start,
@@ -641,7 +641,7 @@ def up_hybrid(n: int, run_dir: Path, *, cid: str, port: int = 51820, inject: str
               ssh_wait_s: float = 15.0, gpus_per_node: int = 0) -> tuple[NetnsCluster, HybridSites]:
     """Bring up the two sites for ``n`` nodes (module section above) with sshd on every node's management address;
     returns the cluster handle (for ``down``) and the sites.  ``gpus_per_node`` > 0: node i gets GPUs
-    ``i*g .. i*g+g-1`` and its own ``NCCL_HOSTID`` (as :func:`up`; the caller checks this machine has them).  The tunnel itself is :mod:`broker.hybrid`'s.  On any
+    ``i*g .. i*g+g-1`` and its own ``NCCL_HOSTID`` (as :func:`up`; the caller checks this machine has them).  The tunnel itself is :mod:`broker.run.hybrid`'s.  On any
     failure everything made so far is removed and ProviderError is raised."""
     why = missing_requirements() or (None if shutil.which("iptables") else "iptables is not installed")
     if why:
@@ -747,7 +747,7 @@ def block_direct(s: HybridSites) -> None:
 
 def hybrid_secrets(cid: str) -> list[Path]:
     """The WireGuard key folders of cluster ``cid`` under any run folder (``<runs>/*/netns/<cid>/wg``)."""
-    from broker.config import runs_dir
+    from broker.core.config import runs_dir
 
     if not re.fullmatch(rf"{PREFIX}[0-9a-f]{{6}}", cid):
         return []
@@ -756,7 +756,7 @@ def hybrid_secrets(cid: str) -> list[Path]:
 
 def forget_hybrid_secrets(cid: str) -> list[str]:
     """Delete the WireGuard keys of cluster ``cid`` and wireguard-go's leftover sockets; returns what went."""
-    from broker.wireguard import forget
+    from broker.run.wireguard import forget
 
     gone = []
     for p in hybrid_secrets(cid):

@@ -1,6 +1,6 @@
 """A Slurm cluster the user can reach, as a provider: jobs instead of instances.
 
-broker does not schedule anything here; it submits the recipe's batch script (``broker.slurm.render_sbatch``) with
+broker does not schedule anything here; it submits the recipe's batch script (``broker.slurm.executor.render_sbatch``) with
 ``sbatch --parsable`` and follows the job.  The cluster is reached either directly (the Slurm client commands are
 on this machine: a login node, or a cluster in a test) or through SSH to a login node (``host="user@login"``):
 every command is then run as ``ssh <host> '<command>'`` and files are read with ``tail -c +N``.  Jobs cost nothing
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, Provider, ProviderCheck, ProviderError,
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, Provider, ProviderCheck, ProviderError,
                              TransientError)
 
 if TYPE_CHECKING:
-    from broker.provider import TaggedResource
-    from broker.staging import StagedTar
+    from broker.core.provider import TaggedResource
+    from broker.run.staging import StagedTar
 
 #: job states after which nothing more happens (squeue/sacct/scontrol spelling)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
@@ -90,12 +90,12 @@ class Shell:
         # one shared connection for the many short commands of a run (ControlMaster; it lingers 60 s after); its
         # socket in this user's 0700 runtime folder, never shared /tmp (a socket another user bound first there
         # would answer our commands and receive the batch script)
-        from broker.private import control_path
+        from broker.core.private import control_path
 
         # the host may come from a ledger row's attrs (`down` of a run on a login node): checked, and after "--"
         # so that it can never be read as an ssh option
         user, _, host = self.host.rpartition("@")
-        from broker.runfolder import USER_RE, valid_host
+        from broker.core.runfolder import USER_RE, valid_host
 
         if (user and not USER_RE.fullmatch(user)) or not valid_host(host):
             raise ProviderError("slurm", "ssh", f"{self.host!r} is not a [user@]host (an IP address or DNS name): "
@@ -154,7 +154,7 @@ class Shell:
     def write(self, path: str, data: str) -> None:
         # 0600 from its creation: the batch script carries the recipe's env and secrets
         if self.host is None:
-            from broker.private import write_private
+            from broker.core.private import write_private
 
             write_private(path, data)
         else:
@@ -193,7 +193,7 @@ class Shell:
 
     def put_tgz(self, data: "bytes | StagedTar", dst: str) -> None:
         """Unpack ``data`` into ``dst`` on the cluster (replaced): tar.gz bytes, or a
-        :class:`broker.staging.StagedTar` file, read from disk as it is unpacked (memory stays flat)."""
+        :class:`broker.run.staging.StagedTar` file, read from disk as it is unpacked (memory stays flat)."""
         staged = not isinstance(data, (bytes, bytearray))
         if self.host is None:
             import io
@@ -227,8 +227,8 @@ class Shell:
 
 def cluster_shell(cluster_id: str) -> Shell:
     """The shell on node 0 of the Slurm cluster ``cluster_id`` that ``broker slurm up`` built (its ledger run)."""
-    from broker.ledger import Ledger
-    from broker.slurmcluster import find, node0_shell
+    from broker.money.ledger import Ledger
+    from broker.slurm.cluster import find, node0_shell
 
     return node0_shell(find(Ledger(), cluster_id)[1])
 
@@ -257,7 +257,7 @@ class SlurmProvider(Provider):
     """A Slurm cluster reached here or through SSH (``host``).  Resource kind: ``slurm_job`` (id = job id)."""
 
     name = "slurm"
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("slurm",)
     rents = False  # the cluster's owner bills, not broker
     pretend = False
@@ -303,7 +303,7 @@ class SlurmProvider(Provider):
         TaggedResource whose run_id is the ``broker-run=`` value (None for a job without one: not broker's);
         None when the queue does not hold the job (finished or unknown: nothing to cancel).  Raises ProviderError
         when squeue cannot be read."""
-        from broker.provider import TaggedResource
+        from broker.core.provider import TaggedResource
 
         if kind != "slurm_job" or not self.valid_id(kind, provider_id):
             return None
@@ -467,7 +467,7 @@ class SlurmProvider(Provider):
         if self.host:
             return True, []
         try:
-            from broker.ledger import Ledger
+            from broker.money.ledger import Ledger
 
             rows = [r for r in Ledger().resources(run_id) if r.provider == self.name and r.kind == "slurm_job"]
         except Exception:  # noqa: BLE001 - no ledger to read: the plain behaviour, this machine's Slurm
@@ -478,9 +478,9 @@ class SlurmProvider(Provider):
 
     @staticmethod
     def _cluster_shell_if_up(cluster_id: str) -> Shell | None:
-        from broker.accounting import ACTIVE_STATUSES
-        from broker.ledger import Ledger
-        from broker.slurmcluster import find, node0_shell
+        from broker.money.accounting import ACTIVE_STATUSES
+        from broker.money.ledger import Ledger
+        from broker.slurm.cluster import find, node0_shell
 
         try:
             run, state = find(Ledger(), cluster_id)
@@ -489,7 +489,7 @@ class SlurmProvider(Provider):
         return node0_shell(state) if run.status in ACTIVE_STATUSES else None
 
     def _tagged_on(self, sh: Shell, run_id: str | None) -> list[TaggedResource]:
-        from broker.provider import TaggedResource
+        from broker.core.provider import TaggedResource
 
         out = sh.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
         found = []

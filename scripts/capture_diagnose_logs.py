@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from broker.launch import (RANKSHIM, LocalLaunchSpec, LocalNode, Supervisor, finish_result, free_port,  # noqa: E402
+from broker.run.launch import (RANKSHIM, LocalLaunchSpec, LocalNode, Supervisor, finish_result, free_port,  # noqa: E402
                            run_local, torchrun_argv)
 
 SCRIPTS = REPO / "tests" / "diagnose_logs" / "scripts"

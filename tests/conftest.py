@@ -56,7 +56,7 @@ def broker_home(tmp_path_factory, monkeypatch):
     # prose is not wrapped at the width in tests that check what is said (tests/test_narrow.py checks the wrapping,
     # with this unset)
     monkeypatch.setenv("BROKER_NO_WRAP", "1")
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     yield home
@@ -133,7 +133,7 @@ def own_httpserver():
 @pytest.fixture
 def tmp_ledger(tmp_path):
     """A ledger at ``tmp_path/ledger.sqlite``, closed at the end."""
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     led = Ledger(tmp_path / "ledger.sqlite")
     yield led

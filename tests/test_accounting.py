@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.accounting import (FakeClock, armed_layers, check_budget, node_layer, pid_alive, resource_cost,
+from broker.money.accounting import (FakeClock, armed_layers, check_budget, node_layer, pid_alive, resource_cost,
                                run_cost, watchdog_state)
-from broker.model import Resource, Run, utcnow
-from broker.provider import NoValidPlan
+from broker.core.model import Resource, Run, utcnow
+from broker.core.provider import NoValidPlan
 
 T0 = utcnow().replace(microsecond=0)
 

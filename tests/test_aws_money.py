@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from werkzeug import Request, Response
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, QuotaError,
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, QuotaError,
                              TransientError)
 from test_aws_moto import ENV, Rec, ec2, env, image_id, moto_url, node_req, offer, prov  # noqa: F401
 from test_aws_stub import Stubs, node, prime_launch  # noqa: F401
@@ -101,7 +101,7 @@ def test_unreadable_describe_is_not_terminated(sprov, stubs):
 
 
 def test_unreadable_offerings_is_an_error(sprov, stubs):
-    from broker.model import Requirements
+    from broker.core.model import Requirements
 
     stubs.stub("ec2").add_response("describe_instance_type_offerings", {})
     with pytest.raises(ProviderError) as ei:

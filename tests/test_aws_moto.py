@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker.model import Offer, Requirements, utcnow
-from broker.provider import RUN_TAG, NodeRequest
+from broker.core.model import Offer, Requirements, utcnow
+from broker.core.provider import RUN_TAG, NodeRequest
 
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
        "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -225,8 +225,8 @@ class LedgerRec:
 def test_crash_after_create_is_found_by_tag_and_torn_down(prov, ec2):
     """Ledger-first: a crash between run_instances and mark_created leaves an intent row; teardown finds the
     instance by the run tag and removes it, then the security group."""
-    from broker.ledger import Ledger
-    from broker.teardown import teardown_run
+    from broker.money.ledger import Ledger
+    from broker.money.teardown import teardown_run
 
     run = "run-" + uuid.uuid4().hex[:8]
     led = Ledger()

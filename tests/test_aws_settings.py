@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.config import settings
+from broker.core.config import settings
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_region_follows_the_profile_then_aws_region(fresh, monkeypatch):
 
 
 def test_broker_home_from_dotenv_is_ignored(fresh, monkeypatch):
-    from broker.config import home_path
+    from broker.core.config import home_path
 
     monkeypatch.delenv("BROKER_HOME", raising=False)
     (fresh / ".env").write_text(f"BROKER_HOME={fresh / 'my-home'}\n")

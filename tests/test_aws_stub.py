@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.model import Offer, Quota, Requirements, utcnow
-from broker.provider import (RUN_TAG, AmbiguousCreate, AuthError, CapacityError, NodeRequest, ProviderError,
+from broker.core.model import Offer, Quota, Requirements, utcnow
+from broker.core.provider import (RUN_TAG, AmbiguousCreate, AuthError, CapacityError, NodeRequest, ProviderError,
                              QuotaError, QuotaRequest, TransientError)
 
 
@@ -452,7 +452,7 @@ def test_missing_boto3_is_an_actionable_error_not_a_traceback(monkeypatch):
     import importlib.util
 
     import broker.providers.aws as aws
-    from broker.provider import AuthError
+    from broker.core.provider import AuthError
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake")

@@ -1,4 +1,4 @@
-"""Shipped price snapshots and the refreshed overlay (broker.catalog)."""
+"""Shipped price snapshots and the refreshed overlay (broker.plan.catalog)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import catalog
-from broker.model import Offer, Requirements
+from broker.plan import catalog
+from broker.core.model import Offer, Requirements
 
 # ../shared beside the checkout (developers' machines and CI lay it there)
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "prices"
@@ -142,7 +142,7 @@ def test_oci_price_list_parsing_and_shape_matching():
 
 def test_vast_snapshot_rows_carry_no_placeholder_cpu_or_ram():
     """The source lists 32 vCPU / 64 GiB for every Vast bucket (a placeholder): unknown stays unknown."""
-    from broker.catalog import snapshot_offers
+    from broker.plan.catalog import snapshot_offers
 
     offers = snapshot_offers("vast")
     assert offers and all(o.vcpus == 0 and o.ram_gib == 0 for o in offers)

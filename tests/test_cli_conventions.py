@@ -13,7 +13,7 @@ import pytest
 import typer
 
 from broker import __version__
-from broker.errors import BadInput
+from broker.core.errors import BadInput
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,7 +39,7 @@ def test_shell_completion_is_on():
 
 
 def test_verbose_sends_logging_to_stderr(tmp_path):
-    code = ("import logging, sys; from broker import cli\n"
+    code = ("import logging, sys; from broker.cli import app as cli\n"
             "@cli.app.command('log-test')\n"
             "def _l():\n    logging.getLogger('broker.x').info('hello-info'); "
             "logging.getLogger('broker.x').debug('hello-debug')\n"
@@ -71,7 +71,7 @@ def test_init_writes_the_examples_and_they_load(tmp_path):
     for f in ("ddp_2node.yaml", "ddp_train.py", "allreduce_bench.yaml", "allreduce_bench.py", "data/digits.csv.gz"):
         assert (d / f).read_bytes() == (REPO / "recipes" / f).read_bytes(), f
     assert not list(d.rglob("__pycache__"))
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     r = load_recipe(d / "ddp_2node.yaml")
     assert r.script == (d / "ddp_train.py").resolve()
@@ -84,7 +84,7 @@ def test_init_writes_the_examples_and_they_load(tmp_path):
 def test_examples_are_package_data():
     """The examples are in the package (broker.recipes), so `pip install` ships them: they come from there, not
     from the checkout's recipes/ folder."""
-    from broker.commands.init import example_files
+    from broker.cli.init import example_files
 
     files = example_files()
     assert {"ddp_2node.yaml", "ddp_train.py", "allreduce_bench.yaml", "data/digits.csv.gz"} <= set(files)
@@ -145,7 +145,7 @@ def test_render_paths_only_when_asked(recipe_path, tmp_path):
     ("2-12", 216000), ("1-00:30", 88200), ("1-02:03:04", 93784), ("0-0:1", 60),
 ])
 def test_every_sbatch_time_form(value, seconds):
-    from broker.slurm import check_time, time_seconds
+    from broker.slurm.executor import check_time, time_seconds
 
     assert time_seconds(value) == seconds
     assert check_time(value) == value
@@ -154,7 +154,7 @@ def test_every_sbatch_time_form(value, seconds):
 @pytest.mark.parametrize("value", ["5m", "1:2:3:4", "1-25", "1-02:60", "01:60:00", "00:00:60", "-1", "", "1d",
                                    "0", "00:00:00", "UNLIMITED"])
 def test_bad_sbatch_times(value):
-    from broker.slurm import check_time
+    from broker.slurm.executor import check_time
 
     with pytest.raises(BadInput):
         check_time(value)
@@ -189,8 +189,7 @@ def test_render_keeps_env_references_and_prints_no_secret(tmp_path):
 # ------------------------------------------------------------------------------------------------ --help at 80 columns
 def _groups() -> dict[tuple[str, ...], list[str]]:
     """{command path of each group: its subcommand names}, from the CLI itself (a new command is covered too)."""
-    from broker import cli
-
+    from broker.cli import app as cli
     out: dict[tuple[str, ...], list[str]] = {}
 
     def walk(cmd, path):
@@ -205,8 +204,7 @@ def _groups() -> dict[tuple[str, ...], list[str]]:
 
 
 def _leaves() -> list[tuple[str, ...]]:
-    from broker import cli
-
+    from broker.cli import app as cli
     out: list[tuple[str, ...]] = []
 
     def walk(cmd, path):
@@ -237,8 +235,7 @@ def test_usage_lines_name_arguments_plainly(capsys):
     """`broker run [OPTIONS] RECIPE`, not `{RECIPE}` (newer Typer's braces) nor a lower-case parameter name."""
     import re
 
-    from broker import cli
-
+    from broker.cli import app as cli
     cp = broker("run", "--help")
     assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE", cp.stdout
     cp = broker("run")  # the usage line of a usage error too
@@ -256,11 +253,11 @@ def test_usage_lines_name_arguments_plainly(capsys):
 
 # ------------------------------------------------------------------------------------------------ -v / -vv
 @pytest.mark.parametrize("args, info, debug", [
-    (["plan", "--budget", "5"], ["INFO broker.facts: asking providers local, vast, oci, aws",
-                                 "INFO broker.facts: vast: asking for offers (price snapshot: not configured)",
-                                 "INFO broker.facts: vast: 27 offer(s) from the price snapshot"],
-     ["DEBUG broker.facts: chosen: simulated on vast", "DEBUG broker.facts: rejected: "]),
-    (["offers"], ["INFO broker.facts: asking providers vast, oci, aws"], []),
+    (["plan", "--budget", "5"], ["INFO broker.plan.facts: asking providers local, vast, oci, aws",
+                                 "INFO broker.plan.facts: vast: asking for offers (price snapshot: not configured)",
+                                 "INFO broker.plan.facts: vast: 27 offer(s) from the price snapshot"],
+     ["DEBUG broker.plan.facts: chosen: simulated on vast", "DEBUG broker.plan.facts: rejected: "]),
+    (["offers"], ["INFO broker.plan.facts: asking providers vast, oci, aws"], []),
 ])
 def test_verbose_logs_what_broker_does_and_stdout_does_not_change(tmp_path, args, info, debug):
     env = {"BROKER_HOME": str(tmp_path), "COLUMNS": "80"}
@@ -277,7 +274,7 @@ def test_verbose_logs_what_broker_does_and_stdout_does_not_change(tmp_path, args
 def test_verbose_leaves_other_libraries_quiet_and_scrubs_secrets(tmp_path):
     """Only broker's own loggers speak at -vv (httpx/botocore debug output carries request headers), and a secret
     value from the environment is scrubbed from any record."""
-    code = ("import logging, sys; from broker import cli\n"
+    code = ("import logging, sys; from broker.cli import app as cli\n"
             "@cli.app.command('log-test')\n"
             "def _l():\n"
             "    logging.getLogger('httpx').info('GET https://x/ Authorization: Bearer lib-secret')\n"
@@ -294,10 +291,10 @@ def test_verbose_leaves_other_libraries_quiet_and_scrubs_secrets(tmp_path):
 def test_verbose_check_and_status(tmp_path):
     env = {"BROKER_HOME": str(tmp_path)}
     cp = broker("-v", "status", env=env)
-    assert cp.returncode == 0 and "INFO broker.commands.status: status: ledger " in cp.stderr, cp.stderr
+    assert cp.returncode == 0 and "INFO broker.cli.status: status: ledger " in cp.stderr, cp.stderr
     assert "0 live instance(s) to refresh" in cp.stderr
     cp = broker("-vv", "check", env=env)
-    assert cp.returncode == 0 and "INFO broker.commands.plan: check vast: credentials missing" in cp.stderr, \
+    assert cp.returncode == 0 and "INFO broker.cli.plan: check vast: credentials missing" in cp.stderr, \
         cp.stderr
 
 
@@ -328,7 +325,7 @@ JSON_CALLS = {
 
 
 def test_every_json_command_is_listed_here():
-    from broker.cli import command
+    from broker.cli.app import command
 
     have = {p for p, c in _walk(command()) if "--json" in {o for prm in c.params for o in prm.opts}}
     assert have == set(JSON_CALLS), have ^ set(JSON_CALLS)
@@ -369,8 +366,8 @@ def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
     the same SSHCluster calls, no SSH needed for the test)."""
     import logging
 
-    from broker.model import Cluster, ClusterNode
-    from broker.remote import SSHCluster
+    from broker.core.model import Cluster, ClusterNode
+    from broker.run.remote import SSHCluster
 
     node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
                        workroot=str(tmp_path / "here"))
@@ -381,7 +378,7 @@ def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
             assert ssh.run(0, "echo hi; exit 3") == (3, "hi\n")
     finally:
         ssh.close()
-    msgs = [r.getMessage() for r in caplog.records if r.name == "broker.remote"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "broker.run.remote"]
     assert "ssh node 0: echo hi; exit 3" in msgs and "ssh node 0: exit 3" in msgs, msgs
 
 
@@ -393,8 +390,7 @@ def test_verbose_main_in_process_leaves_no_logging_state(capsys):
 
     from typer.testing import CliRunner
 
-    from broker import cli
-
+    from broker.cli import app as cli
     before = (list(logging.getLogger().handlers), logging.getLogger("broker").level)
     try:
         cli.main(["-vv", "plan", "--budget", "5", "--offline"])

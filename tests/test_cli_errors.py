@@ -1,4 +1,4 @@
-"""The CLI's one error boundary (broker.cli.main): every failure is one message with what to do and the documented
+"""The CLI's one error boundary (broker.cli.app.main): every failure is one message with what to do and the documented
 exit code (0 ok, 1 job failed, 2 bad input, 3 no valid plan, 4 provider error, 130 interrupted); never a Python
 traceback.  Run through `python -m broker` in a subprocess, exactly as a user meets it."""
 
@@ -140,8 +140,8 @@ def test_pricing_never_overflows():
     """pricing itself clamps (the planner may be called from code with any float)."""
     import math
 
-    from broker.model import Offer, utcnow
-    from broker.pricing import MAX_SECONDS, billed_seconds, max_billed_seconds, max_hours_within, worst_case_usd
+    from broker.core.model import Offer, utcnow
+    from broker.plan.pricing import MAX_SECONDS, billed_seconds, max_billed_seconds, max_hours_within, worst_case_usd
 
     o = Offer(provider="vast", offer_id="1", instance_type="x", gpu_name="RTX 4090", gpu_count=1, gpu_mem_gib=24,
               usd_per_hour=0.4, price_source="t", price_time=utcnow())
@@ -245,7 +245,7 @@ def test_usage_error_exit_2():
 
 
 def _handle(exc: BaseException, capsys, **kw):
-    from broker.cli import handle
+    from broker.cli.app import handle
 
     code = handle(exc, as_json=kw.get("as_json", False))
     return code, capsys.readouterr()
@@ -268,8 +268,7 @@ def test_crash_log_falls_back_to_the_users_own_folder(tmp_path, monkeypatch, cap
     """Not a shared temp folder (another user could plant symlinks there): this user's 0700 broker-<uid>."""
     import os
 
-    from broker import private
-
+    from broker.core import private
     f = tmp_path / "afile"
     f.write_text("x")
     monkeypatch.setenv("BROKER_HOME", str(f))
@@ -308,7 +307,7 @@ def test_sigint_exits_130(tmp_path):
     import time
 
     e = dict(os.environ, PYTHONPATH=str(REPO), BROKER_HOME=str(tmp_path / "home"))
-    code = ("import sys, time, typer; from broker import cli\n"
+    code = ("import sys, time, typer; from broker.cli import app as cli\n"
             "@cli.app.command('sleep-test')\n"
             "def _s():\n    print('ready', flush=True); time.sleep(30)\n"
             "cli.main(['sleep-test'])\n")
@@ -323,7 +322,7 @@ def test_sigint_exits_130(tmp_path):
 
 
 def test_provider_and_plan_errors_keep_their_codes(capsys):
-    from broker.errors import NoValidPlan, ProviderError
+    from broker.core.errors import NoValidPlan, ProviderError
 
     code, out = _handle(ProviderError("vast", "search", "HTTP 500", hint="retry later"), capsys)
     assert code == 4 and "vast: search failed: HTTP 500" in out.err and "retry later" in out.err
@@ -391,7 +390,7 @@ def test_head_minus_1_through_a_shell(broker_home):
 
 def test_a_broken_pipe_that_is_not_stdout_is_still_an_error(tmp_path):
     """Only a closed stdout/stderr is quiet: EPIPE from another pipe (a child's stdin) is reported as a failure."""
-    code = ("import subprocess, sys; from broker import cli\n"
+    code = ("import subprocess, sys; from broker.cli import app as cli\n"
             "@cli.app.command('pipe-test')\n"
             "def _p():\n"
             "    raise BrokenPipeError(32, 'Broken pipe (a child process)')\n"
@@ -425,7 +424,7 @@ def test_folder_with_recipes_names_the_real_ones(tmp_path):
 def test_closed_stdout_ends_a_command_as_systemexit_and_later_output_goes_nowhere(tmp_path):
     """The console raises OutputClosed (a SystemExit, so no `except Exception` in the pipeline takes it for a
     failed job) and what is written afterwards (teardown messages) no longer fails."""
-    code = ("import sys\nfrom broker.ui import console\nfrom broker.errors import OutputClosed\n"
+    code = ("import sys\nfrom broker.core.ui import console\nfrom broker.core.errors import OutputClosed\n"
             "try:\n    console.print('x' * 100000)\n    sys.exit('not raised')\n"
             "except Exception:\n    sys.exit('an Exception')\n"
             "except OutputClosed as e:\n    got = e.code\n"

@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "providers"
-ALLOWED = {"broker.model", "broker.provider", "broker.config", "broker.nodescripts", "broker.catalog", "broker.quota"}
+ALLOWED = {"broker.core.model", "broker.core.provider", "broker.core.config", "broker.core.nodescripts", "broker.plan.catalog", "broker.plan.quota"}
 SDKS = ("oci", "boto3", "botocore")
+
+
+def _is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def imports(path: Path) -> list[tuple[str, bool]]:
@@ -23,8 +32,8 @@ def imports(path: Path) -> list[tuple[str, bool]]:
         if isinstance(node, ast.Import):
             out += [(a.name, id(node) in top) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "broker":  # `from broker import catalog`
-                out += [(f"broker.{a.name}", id(node) in top) for a in node.names]
+            if node.module.startswith("broker") and all(_is_module(f"{node.module}.{a.name}") for a in node.names):
+                out += [(f"{node.module}.{a.name}", id(node) in top) for a in node.names]  # `from broker.plan import catalog`
             else:
                 out.append((node.module, id(node) in top))
     return out

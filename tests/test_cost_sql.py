@@ -1,5 +1,5 @@
 """`broker cost` and the settling of dead CLIs see every run: costs are summed in SQL with the rule of
-broker.accounting.resource_cost (checked row by row against it), with no cap on the number of runs."""
+broker.money.accounting.resource_cost (checked row by row against it), with no cap on the number of runs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from fractions import Fraction
 
 import pytest
 
-from broker.accounting import ACTIVE_STATUSES, resource_cost
-from broker.commands.day2 import cost_data
-from broker.ledger import Ledger
-from broker.model import Resource, Run
+from broker.money.accounting import ACTIVE_STATUSES, resource_cost
+from broker.cli.day2 import cost_data
+from broker.money.ledger import Ledger
+from broker.core.model import Resource, Run
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -112,7 +112,7 @@ def test_several_resources_and_a_run_without_any(broker_home):
 
 def test_settle_runs_sees_the_oldest_of_more_than_100000_active_runs(broker_home):
     """One dead CLI behind 100,000 newer active runs: the old limit=100000 never looked at it."""
-    from broker.commands.status import settle_runs
+    from broker.cli.status import settle_runs
 
     led = Ledger()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

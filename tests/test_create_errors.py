@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Requirements, Run, utcnow
-from broker.provider import TransientError
+from broker.money.ledger import Ledger
+from broker.core.model import Requirements, Run, utcnow
+from broker.core.provider import TransientError
 from broker.providers.fake import FakeProvider
 
 
@@ -48,8 +48,8 @@ class Throttling(FakeProvider):
 
 
 def test_a_429_on_create_is_retried_in_place_not_checked_by_tag_nor_moved_to_the_next_zone(tmp_path, fake_cloud):
-    from broker.pipeline import rank_options
-    from broker.provision import provision
+    from broker.run.pipeline import rank_options
+    from broker.money.provision import provision
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     p = Throttling(3)
@@ -72,7 +72,7 @@ def test_oci_launch_429_is_definite_and_keeps_oci_s_retry_after(own_httpserver, 
     pytest.importorskip("oci")
     import test_oci
 
-    from broker.provision import _ambiguous, _throttled
+    from broker.money.provision import _ambiguous, _throttled
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("OCI_CONFIG_FILE", str(tmp_path / "no-such-oci-config"))
@@ -98,9 +98,9 @@ def test_aws_no_image_found_before_run_instances_is_definite_not_settled_and_che
 
     import boto3
 
-    from broker.provider import NoValidPlan, ProviderError
+    from broker.core.provider import NoValidPlan, ProviderError
     from broker.providers.aws import AWSProvider
-    from broker.provision import provision
+    from broker.money.provision import provision
 
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
            "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -118,7 +118,7 @@ def test_aws_no_image_found_before_run_instances_is_definite_not_settled_and_che
         lists = []
         real_list = p.list_tagged
         p.list_tagged = lambda run_id=None: lists.append(run_id) or real_list(run_id)  # type: ignore[method-assign]
-        from broker.model import PlanOption
+        from broker.core.model import PlanOption
         from test_aws_moto import offer
 
         opts = [PlanOption(provider="aws", topology="simulated", offers=[offer(zone=z)], nodes=1, gpus_per_node=1,
@@ -150,7 +150,7 @@ class SubnetLimited(FakeProvider):
         self.bootstraps = 0
 
     def bootstrap(self, run_id, offers, topology, rec):
-        from broker.provider import QuotaError
+        from broker.core.provider import QuotaError
 
         self.bootstraps += 1
         e = QuotaError(self.name, "create_subnet", "service limit subnet-count exceeded: The following service "
@@ -161,9 +161,9 @@ class SubnetLimited(FakeProvider):
 
 
 def test_a_region_wide_network_limit_is_hit_once_and_suggests_no_unfileable_request(tmp_path, fake_cloud):
-    from broker.pipeline import rank_options
-    from broker.provider import NoValidPlan
-    from broker.provision import provision
+    from broker.run.pipeline import rank_options
+    from broker.core.provider import NoValidPlan
+    from broker.money.provision import provision
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     p = SubnetLimited()

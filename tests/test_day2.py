@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
+from broker.money.ledger import Ledger
 from tests.conftest import REPO, broker_cmd, netns_missing
 
 
@@ -73,7 +73,7 @@ def test_logs_follow_a_live_run_until_it_ends(cli_env, tmp_path):
 
 
 def test_cost_totals_match_the_ledger(cli_env, tmp_path):
-    from broker.provision import run_cost
+    from broker.money.provision import run_cost
 
     env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
     for _ in range(2):
@@ -98,7 +98,7 @@ def test_cost_totals_match_the_ledger(cli_env, tmp_path):
 
 
 def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path):
-    from broker.model import Run, utcnow
+    from broker.core.model import Run, utcnow
 
     p = _cli(["run", str(_ticker(tmp_path)), "--json"], cli_env)
     ended = json.loads(p.stdout)["run"]
@@ -237,16 +237,16 @@ def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, caps
     of trying to connect, and `--config` lists the VMs only."""
     from types import SimpleNamespace
 
-    import broker.pipeline
-    from broker import cli
-    from broker.commands.day2 import ssh_config
-    from broker.model import Cluster, ClusterNode, TopologyKind
+    import broker.run.pipeline
+    from broker.cli import app as cli
+    from broker.cli.day2 import ssh_config
+    from broker.core.model import Cluster, ClusterNode, TopologyKind
 
     cluster = Cluster(run_id="r-h", provider="oci", topology=TopologyKind.hybrid, ssh_key_path="/k", nodes=[
         ClusterNode(node_rank=0, host="localhost", port=0, private_ip="198.18.9.1", local=True, workroot="/runs/r-h/here"),
         ClusterNode(node_rank=1, host="198.18.3.4", user="ubuntu", private_ip="198.18.9.2")])
     assert "broker-r-h-n0" not in ssh_config("r-h", cluster) and "HostName 198.18.3.4" in ssh_config("r-h", cluster)
-    monkeypatch.setattr(broker.pipeline, "kept_cluster",
+    monkeypatch.setattr(broker.run.pipeline, "kept_cluster",
                         lambda ledger, rid: (SimpleNamespace(id="r-h", run_dir="/runs/r-h"), cluster))
     with pytest.raises(SystemExit) as e:
         cli.main(["ssh", "r-h", "0"])

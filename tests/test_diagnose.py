@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.diagnose import Diagnosis, catalogue, error_lines, explain, load_facts
-from broker.launch import RunResult, finish_result, rank_table
+from broker.run.diagnose import Diagnosis, catalogue, error_lines, explain, load_facts
+from broker.run.launch import RunResult, finish_result, rank_table
 
 LOGS = Path(__file__).resolve().parent / "diagnose_logs"
 CPU, GPU = LOGS / "cpu", LOGS / "gpu"
@@ -257,7 +257,7 @@ def test_load_facts_sorted_by_rank():
 
 @pytest.mark.parametrize("case", ["ok", "succeeded_with_errors", "sigkill", "eaddrinuse"])
 def test_summary_prints_table_and_diagnosis(case, capsys, monkeypatch):
-    from broker.commands import summary
+    from broker.cli import summary
 
     d, res = cpu_case(case)
     rr = RunResult(status=res.status, exit_codes=res.exit_codes, wall_s=1.0, log_paths=res.log_paths)
@@ -278,7 +278,7 @@ def test_summary_prints_table_and_diagnosis(case, capsys, monkeypatch):
 
 
 def _no_rank_summary(tmp_path, capsys, result) -> str:
-    from broker.commands import summary
+    from broker.cli import summary
 
     run = SimpleNamespace(id="r1", name="ddp-2node", topology="hybrid", provider="netns", run_dir=str(tmp_path))
     summary.render_summary(run, result, SimpleNamespace(nodes=2))
@@ -288,7 +288,7 @@ def _no_rank_summary(tmp_path, capsys, result) -> str:
 def test_summary_after_a_failed_preflight_says_so_and_points_to_the_report(tmp_path, capsys):
     """The trial's summary ended mid-sentence ("...: no rank reported in") and listed empty node logs; after a
     failed preflight it says no rank started because of it and points to preflight.txt."""
-    from broker.remote import RemoteRunResult
+    from broker.run.remote import RemoteRunResult
 
     logs = {i: tmp_path / f"node{i}.log" for i in range(2)}
     for p in logs.values():
@@ -323,8 +323,8 @@ def test_summary_without_ranks_is_a_whole_true_sentence(tmp_path, capsys, codes,
 
 def test_summary_hosts_line_leaves_out_unknown_gpu_counts(capsys, monkeypatch):
     """A script that never imports torch (a CPU-only check) gave "node 0 = vm (? GPU(s) visible)"."""
-    from broker.commands import summary
-    from broker.launch import RankRow
+    from broker.cli import summary
+    from broker.run.launch import RankRow
 
     monkeypatch.setattr(summary.console, "width", 80)
     rr = RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={})
@@ -363,7 +363,7 @@ def test_ddp_train_says_why_it_fails_and_the_diagnosis_shows_it(tmp_path):
 @pytest.mark.parametrize("logs, cuda", [(CPU / "ok", False), (GPU / "shim_ok", True)])
 def test_summary_says_cuda0_only_when_the_ranks_used_cuda(logs, cuda, capsys):
     """The summary of a gloo-on-CPU run said "each node's GPU is its cuda:0" on a run without GPUs."""
-    from broker.commands import summary
+    from broker.cli import summary
 
     paths = {i: logs / f"node{i}.log" for i in (0, 1)}
     rr = finish_result(RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths=paths), [],

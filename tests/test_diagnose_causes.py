@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.diagnose import Diagnosis, explain, searchable_lines
+from broker.run.diagnose import Diagnosis, explain, searchable_lines
 
 CPU = Path(__file__).resolve().parent / "diagnose_logs" / "cpu"
 
@@ -129,7 +129,7 @@ def test_symptoms_stay_when_no_fact_explains_them(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ silent wrong results
 def _succeeded(case: str):
-    from broker.launch import RunResult, finish_result
+    from broker.run.launch import RunResult, finish_result
 
     d = CPU / case
     logs = {int(p.stem[4:]): p for p in d.glob("node*.log")}
@@ -140,8 +140,8 @@ def _succeeded(case: str):
 def test_no_sampler_and_one_checkpoint_path_end_succeeded_with_2_warnings(capsys):
     """Every rank iterated all 16 samples (no DistributedSampler) and saved checkpoint.pt: exit 0 everywhere, and
     the run is "succeeded, with 2 warnings" naming both causes, in the summary too."""
-    from broker.commands import summary
-    from broker.pipeline import diagnose as diagnose_step
+    from broker.cli import summary
+    from broker.run.pipeline import diagnose as diagnose_step
 
     d, res = _succeeded("silent_wrong")
     assert res.ok and res.shown_status == "succeeded, with 2 warnings", res.warnings
@@ -157,7 +157,7 @@ def test_no_sampler_and_one_checkpoint_path_end_succeeded_with_2_warnings(capsys
 
 
 def test_distributed_sampler_without_set_epoch_is_a_warning():
-    from broker.commands.run import result_dict
+    from broker.cli.run import result_dict
 
     _, res = _succeeded("no_set_epoch")
     assert res.shown_status == "succeeded, with 1 warning", res.warnings

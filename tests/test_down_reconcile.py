@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.ledger import Ledger
-from broker.model import Run, utcnow
-from broker.provider import NodeRequest
+from broker.cli.app import app
+from broker.money.ledger import Ledger
+from broker.core.model import Run, utcnow
+from broker.core.provider import NodeRequest
 from broker.providers.fake import FakeProvider
 
 
@@ -24,7 +24,7 @@ def env(tmp_path, fake_cloud):
 
 
 def _ledger() -> Ledger:
-    from broker.config import ledger_path
+    from broker.core.config import ledger_path
 
     return Ledger(ledger_path())
 
@@ -43,7 +43,7 @@ def _instance(p: FakeProvider, lg: Ledger, run_id: str, i: int = 0, *, record: b
 
 
 def _req():
-    from broker.model import Requirements
+    from broker.core.model import Requirements
 
     return Requirements()
 
@@ -129,8 +129,7 @@ def test_reconcile_reopens_a_row_the_ledger_wrongly_has_as_terminated(env):
 
 
 def test_ssh_key_is_fresh_0600_and_valid_openssh(env):
-    from broker import sshkeys
-
+    from broker.core import sshkeys
     a = sshkeys.generate(env / "r1")
     b = sshkeys.generate(env / "r2")
     assert a.public_key != b.public_key and a.public_key.startswith("ssh-ed25519 ")
@@ -151,10 +150,10 @@ def test_down_and_status_say_when_a_prefix_is_ambiguous(tmp_path):
     """`broker down 2026` with several runs said "no run '2026' in the ledger"; it must say the prefix is ambiguous."""
     from typer.testing import CliRunner
 
-    from broker.cli import app
-    from broker.ledger import Ledger
-    from broker.model import Run
-    from broker.provider import BadInput
+    from broker.cli.app import app
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run
+    from broker.core.provider import BadInput
 
     lg = Ledger()
     for rid in ("20261130-010101-aaaaaa", "20261130-020202-bbbbbb"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.ledger import Ledger
+from broker.money.ledger import Ledger
 from tests.conftest import REPO, broker_cmd
 
 TICKER = """
@@ -41,7 +41,7 @@ def _ticker(tmp_path: Path, extra: str = "") -> Path:
 
 
 def _wait_ended(run_id: str, timeout: float = 90) -> str:
-    from broker.accounting import ACTIVE_STATUSES
+    from broker.money.accounting import ACTIVE_STATUSES
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -111,7 +111,7 @@ def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     assert d.returncode == 0, d.stdout + d.stderr
     assert "interrupted" in d.stdout
     assert _wait_ended(run.id, timeout=30) in ("interrupted", "failed")
-    from broker.accounting import pid_alive
+    from broker.money.accounting import pid_alive
 
     assert not pid_alive(run.pid)
     ended = Ledger().get_run(run.id)  # it was `broker down`, not a Ctrl-C nobody pressed
@@ -130,8 +130,8 @@ def test_logs_without_any_run_says_so(cli_env):
 
 
 def test_status_names_runs_within_80_columns(tmp_path, monkeypatch):
-    from broker import ui
-    from broker.cli import app
+    from broker.core import ui
+    from broker.cli.app import app
     from test_watchdog_helpers import make_run
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
@@ -152,8 +152,7 @@ def test_status_names_runs_within_80_columns(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ one error style
 def _main(args, capsys):
-    from broker import cli
-
+    from broker.cli import app as cli
     with pytest.raises(SystemExit) as ex:
         cli.main(args)
     out = capsys.readouterr()
@@ -187,7 +186,7 @@ def test_enum_flags_accept_another_case(capsys, broker_home):
 
 
 def test_ssh_words_after_the_run_are_not_checked():
-    from broker.choices import normalize_args
+    from broker.core.choices import normalize_args
 
     assert normalize_args(["ssh", "RUN", "--", "ls", "-p", "X"]) == ["ssh", "RUN", "--", "ls", "-p", "X"]
     assert normalize_args(["slurm", "submit", "-p", "gpu"]) == ["slurm", "submit", "-p", "gpu"]
@@ -203,7 +202,7 @@ def _recipe(tmp_path: Path, body: str) -> Path:
 
 
 def test_setup_expect_and_artifacts_take_one_text_as_skypilot_does(tmp_path):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     r = load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nsetup: echo hi\nexpect: out.txt\n"
                                       "artifacts: '*.pt'\n"))
@@ -221,7 +220,7 @@ def test_setup_expect_and_artifacts_take_one_text_as_skypilot_does(tmp_path):
     ("name: -x\nscript: train.py\n", ["must start with a letter or digit, not '-'"], ["pattern"]),
 ])
 def test_recipe_errors_are_sentences(tmp_path, body, needles, not_in):
-    from broker.recipe import RecipeError, load_recipe
+    from broker.core.recipe import RecipeError, load_recipe
 
     with pytest.raises(RecipeError) as ei:
         load_recipe(_recipe(tmp_path, body))
@@ -233,7 +232,7 @@ def test_recipe_errors_are_sentences(tmp_path, body, needles, not_in):
 
 
 def test_exponent_budget_within_bounds_is_a_number(tmp_path):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     assert load_recipe(_recipe(tmp_path, "name: j\nscript: train.py\nbudget_usd: 2.5e1\n")).budget_usd == 25.0
 
@@ -243,7 +242,7 @@ def test_kept_nodes_ssh_command_is_one_quoted_line():
     import shlex
     from types import SimpleNamespace as NS
 
-    from broker.commands.lifecycle import kept_message
+    from broker.cli.lifecycle import kept_message
 
     node = NS(user="root", host="203.0.113.7", port=2222)
     cluster = NS(nodes=[node], local_exec=False, ssh_key_path="/home/me/my keys/id_ed25519", workroot="/root/work")
@@ -277,9 +276,9 @@ def _fatal_slurm(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_slurm_with_nothing_live_is_not_asked_and_status_stays_quiet(tmp_path, monkeypatch):
-    from broker import ui
-    from broker.cli import app
-    from broker.watchdog import Watchdog
+    from broker.core import ui
+    from broker.cli.app import app
+    from broker.money.watchdog import Watchdog
     from test_watchdog_helpers import make_run
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
@@ -299,7 +298,7 @@ def test_slurm_with_nothing_live_is_not_asked_and_status_stays_quiet(tmp_path, m
 
 
 def test_status_shows_a_backend_error_only_when_it_holds_something_live():
-    from broker.commands.status import _watchdog_line
+    from broker.cli.status import _watchdog_line
 
     wd = {"alive": True, "pid": 1, "age_s": 1.0,
           "errors": {"slurm": "slurm: list_tagged failed: squeue: fatal: a\nsqueue: fatal: b", "vast": "vast: 500"}}
@@ -310,7 +309,7 @@ def test_status_shows_a_backend_error_only_when_it_holds_something_live():
 
 
 def test_reconcile_that_cannot_list_never_says_no_orphans(tmp_path, monkeypatch, fake_cloud):
-    from broker.cli import app
+    from broker.cli.app import app
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     monkeypatch.setenv("BROKER_FAKE_FAIL", "list")
@@ -352,7 +351,7 @@ def test_offers_for_local_lists_this_machine(broker_home, capsys, monkeypatch):
 
 # ------------------------------------------------------------------------------------------- terminal noise
 def test_c10d_hostname_noise_and_empty_node_lines_stay_off_the_terminal(tmp_path, capsys, broker_home):
-    from broker.ui import echo_node_line, is_terminal_noise
+    from broker.core.ui import echo_node_line, is_terminal_noise
 
     noise = ("[node 1] [W1201 21:00:00 socket.cpp:752] [c10d] The hostname of the client socket cannot be "
              "retrieved. err=-3")
@@ -367,7 +366,7 @@ def test_c10d_hostname_noise_and_empty_node_lines_stay_off_the_terminal(tmp_path
 
 def test_noise_is_left_out_of_streamed_blocks_too(capsys, broker_home):
     """The run's stream hands the console whole blocks of a node's lines: the same lines stay off the terminal."""
-    from broker.ui import echo_node_line
+    from broker.core.ui import echo_node_line
 
     echo_node_line.block("[node 1] ", "step 1\n\n[c10d] The hostname of the client socket cannot be retrieved. "
                                       "err=-3\n   \nstep 2\n")
@@ -408,7 +407,7 @@ def _ignored_scratch(tmp_path: Path) -> Path:
 
 
 def test_named_files_are_staged_although_the_enclosing_repo_ignores_the_folder(tmp_path):
-    from broker.staging import recipe_files, stage_plan
+    from broker.run.staging import recipe_files, stage_plan
 
     d = _ignored_scratch(tmp_path)
     keep = recipe_files(d, "ticker.py", ["--config", "conf/c.yaml", "--env=.env", "--epochs", "3"])
@@ -475,10 +474,10 @@ def test_netns_up_is_a_run_in_the_ledger_with_a_deadline_the_watchdog_enforces(c
         pytest.skip(why)
     from datetime import timedelta
 
-    from broker.accounting import FakeClock
+    from broker.money.accounting import FakeClock
     from broker.providers import netns
     from broker.providers.netns import NetnsProvider
-    from broker.watchdog import Watchdog
+    from broker.money.watchdog import Watchdog
 
     p = _cli(["netns", "up", "2", "--hours", "0.5", "--json"], cli_env, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -523,7 +522,7 @@ def test_ssh_config_install_includes_brokers_file_once_with_a_backup(tmp_path, m
     import shutil
     from types import SimpleNamespace as NS
 
-    from broker.commands.day2 import install_ssh_config, ssh_config
+    from broker.cli.day2 import install_ssh_config, ssh_config
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "my home"))
     node = NS(node_rank=0, host="198.18.0.9", user="root", port=2222, local=False)
@@ -553,7 +552,7 @@ def test_ssh_config_install_includes_brokers_file_once_with_a_backup(tmp_path, m
 
 
 def test_the_broker_home_inside_the_work_folder_is_never_staged(tmp_path, monkeypatch):
-    from broker.staging import BROKER_HOME_RULE, stage_plan
+    from broker.run.staging import BROKER_HOME_RULE, stage_plan
 
     work = tmp_path / "proj"
     (work / "home" / "runs").mkdir(parents=True)

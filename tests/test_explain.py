@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from broker.explain import no_plan_error
-from broker.model import Requirements
-from broker.planner import plan
+from broker.plan.explain import no_plan_error
+from broker.core.model import Requirements
+from broker.plan.planner import plan
 from broker.providers.fake import FakeProvider
 
 

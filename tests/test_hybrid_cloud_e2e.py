@@ -27,13 +27,13 @@ import pytest
 
 oci = pytest.importorskip("oci")
 
-from broker.ledger import Ledger  # noqa: E402
-from broker.model import utcnow  # noqa: E402
-from broker.pipeline import CloudHybridTarget, Hooks, run_pipeline  # noqa: E402
-from broker.planner import plan  # noqa: E402
+from broker.money.ledger import Ledger  # noqa: E402
+from broker.core.model import utcnow  # noqa: E402
+from broker.run.pipeline import CloudHybridTarget, Hooks, run_pipeline  # noqa: E402
+from broker.plan.planner import plan  # noqa: E402
 from broker.providers import netns  # noqa: E402
-from broker.recipe import load_recipe  # noqa: E402
-from broker.wireguard import missing_tools  # noqa: E402
+from broker.core.recipe import load_recipe  # noqa: E402
+from broker.run.wireguard import missing_tools  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.oci_emulator import OCIEmulator  # noqa: E402
 from tests.test_oci_e2e import AD, COMP, REGION, TENANCY  # noqa: E402

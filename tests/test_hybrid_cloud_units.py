@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Requirements, Run, utcnow
-from broker.planner import plan
-from broker.provider import NoValidPlan
+from broker.money.ledger import Ledger
+from broker.core.model import Requirements, Run, utcnow
+from broker.plan.planner import plan
+from broker.core.provider import NoValidPlan
 from tests.test_aws_moto import ec2, env, image_id, moto_url, offer, prov  # noqa: F401 - fixtures
 
 pytest.importorskip("moto")
@@ -29,9 +29,9 @@ def _run(tmp_path: Path, run_id: str = "20261130-120000-abc123") -> Run:
 
 
 def test_aws_hybrid_provision_user_data_and_udp_ingress_from_the_caller(prov, ec2, tmp_path):  # noqa: F811
-    from broker import hybrid
-    from broker.provision import provision
-    from broker.teardown import teardown_run
+    from broker.run import hybrid
+    from broker.money.provision import provision
+    from broker.money.teardown import teardown_run
 
     req = Requirements(nodes=3, gpus_per_node=1, hours=1.0, budget_usd=50, topology="hybrid")
     opts = [o for o in plan(req, [offer()]).options if o.valid and o.topology.value == "hybrid"]
@@ -71,8 +71,7 @@ def test_aws_hybrid_provision_user_data_and_udp_ingress_from_the_caller(prov, ec
 
 
 def test_ingress_rules_unknown_caller_and_ipv6(tmp_path):
-    from broker import hybrid
-
+    from broker.run import hybrid
     mesh = hybrid.wireguard_mesh(2, "r-x", tmp_path, subnet="198.18.78.0/24")
     assert oct(mesh.keys.stat().st_mode & 0o777) == "0o700"
     try:
@@ -84,14 +83,13 @@ def test_ingress_rules_unknown_caller_and_ipv6(tmp_path):
         assert ip_permission(hybrid.ingress_rules(mesh.tunnel, "2001:db8::1")[0])["Ipv6Ranges"][0]["CidrIpv6"] == \
             "2001:db8::1/128"
     finally:
-        from broker.wireguard import forget
+        from broker.run.wireguard import forget
 
         forget(mesh.keys)
 
 
 def test_local_iface_and_tunnel_subnet():
-    from broker import hybrid
-
+    from broker.run import hybrid
     assert hybrid.local_iface("20261130-152712-558c39") == "bkwg558c39"
     assert len(hybrid.local_iface("x" * 40)) <= 15
     net = ipaddress.ip_network(hybrid.free_tunnel_subnet())
@@ -99,7 +97,7 @@ def test_local_iface_and_tunnel_subnet():
 
 
 def test_caller_public_ip_from_env(monkeypatch):
-    from broker.hybrid import caller_public_ip
+    from broker.run.hybrid import caller_public_ip
 
     monkeypatch.setenv("BROKER_PUBLIC_IP", "203.0.113.9")
     assert caller_public_ip() == "203.0.113.9"
@@ -108,8 +106,8 @@ def test_caller_public_ip_from_env(monkeypatch):
 
 
 def test_vast_is_still_refused_for_hybrid_with_its_reason(tmp_path):
-    from broker.pipeline import RunRequest, hybrid_target
-    from broker.recipe import load_recipe
+    from broker.run.pipeline import RunRequest, hybrid_target
+    from broker.core.recipe import load_recipe
 
     r = tmp_path / "r.yaml"
     (tmp_path / "t.py").write_text("print(1)\n")
@@ -127,8 +125,8 @@ def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
     timeouts through SSHCluster's own calls, no SSH; TS_AUTHKEY does not reach its commands."""
     import asyncssh
 
-    from broker.model import Cluster, ClusterNode
-    from broker.remote import SSHCluster, node_base
+    from broker.core.model import Cluster, ClusterNode
+    from broker.run.remote import SSHCluster, node_base
 
     monkeypatch.setenv("TS_AUTHKEY", "tskey-auth-secret")
     node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
@@ -163,8 +161,8 @@ def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
 def test_local_node_row_without_id_is_still_removed_by_teardown(tmp_path):
     """The CLI died between the ledger intent of this machine's tunnel and its `created`: `broker down`'s teardown
     lists what is here (the key folder) and runs the removal with the row's attrs."""
-    from broker.config import runs_dir
-    from broker.teardown import teardown_run
+    from broker.core.config import runs_dir
+    from broker.money.teardown import teardown_run
 
     run = _run(tmp_path, "20261130-130000-def456")
     keys = runs_dir() / run.id / "wg"
@@ -185,8 +183,8 @@ def test_caller_public_ip_lookup_and_a_bad_setting(monkeypatch):
     import httpx
     import respx
 
-    from broker.hybrid import caller_public_ip
-    from broker.provider import BadInput
+    from broker.run.hybrid import caller_public_ip
+    from broker.core.provider import BadInput
 
     monkeypatch.delenv("BROKER_PUBLIC_IP")
     with respx.mock(assert_all_called=True) as mock:

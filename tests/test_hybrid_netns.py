@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.providers import netns
-from broker.wireguard import missing_tools
+from broker.run.wireguard import missing_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def _wait(cond, timeout: float) -> bool:
 
 def test_only_the_wireguard_port_crosses_the_sites(tmp_path):
     """The layout itself: node 0 cannot open TCP to node 1 (LAN, management or WAN address), the tunnel can."""
-    from broker.hybrid import tunnel_down, tunnel_up
+    from broker.run.hybrid import tunnel_down, tunnel_up
 
     cid = netns.new_cid()
     c, s = netns.up_hybrid(2, tmp_path, cid=cid)
@@ -210,8 +210,8 @@ def test_sigkill_of_broker_run_then_broker_down_removes_keys_and_interfaces(tmp_
 
 def test_removing_the_cluster_deletes_its_keys_and_sockets(tmp_path):
     """Every removal path (release, `broker down`, `broker netns down`) goes through remove_cid: the keys go too."""
-    from broker.config import runs_dir
-    from broker.hybrid import tunnel_up
+    from broker.core.config import runs_dir
+    from broker.run.hybrid import tunnel_up
 
     cid = netns.new_cid()
     c, s = netns.up_hybrid(2, runs_dir() / "r-keys", cid=cid)
@@ -230,8 +230,8 @@ def test_removing_the_cluster_deletes_its_keys_and_sockets(tmp_path):
 def test_teardown_leaves_no_wireguard_go_zombie(tmp_path):
     """Seen on the 2x H200 device: `pgrep wireguard-go` still counted 2 after the runs ended (exited wireguard-go
     children never collected).  Both teardown paths (tunnel_down, then remove_cid) reap what this process started."""
-    from broker.config import runs_dir
-    from broker.hybrid import tunnel_down, tunnel_up
+    from broker.core.config import runs_dir
+    from broker.run.hybrid import tunnel_down, tunnel_up
 
     def state(pid: int) -> str | None:
         try:

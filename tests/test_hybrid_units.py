@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker import hybrid, wireguard as wg
-from broker.model import Offer, Requirements, TopologyKind, utcnow
-from broker.planner import plan
+from broker.run import hybrid
+
+from broker.run import wireguard as wg
+from broker.core.model import Offer, Requirements, TopologyKind, utcnow
+from broker.plan.planner import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -173,9 +175,9 @@ def test_plan_cli_shows_hybrid_beside_the_others(tmp_path):
 
 # --------------------------------------------------------------------------------------------------- run refusals
 def test_run_hybrid_on_vast_is_refused_with_the_reason(tmp_path):
-    from broker.pipeline import RunRequest, choose_target
-    from broker.provider import BadInput, NoValidPlan
-    from broker.recipe import load_recipe
+    from broker.run.pipeline import RunRequest, choose_target
+    from broker.core.provider import BadInput, NoValidPlan
+    from broker.core.recipe import load_recipe
 
     r = tmp_path / "r.yaml"
     (tmp_path / "j.py").write_text("print(1)\n")
@@ -236,7 +238,7 @@ def test_tailscale_not_running_here_is_named(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------------- tunnel preflight
 def _cluster():
-    from broker.model import Cluster, ClusterNode
+    from broker.core.model import Cluster, ClusterNode
 
     nodes = [ClusterNode(node_rank=i, host=f"10.0.0.{i}", private_ip=f"198.18.5.{i + 1}",
                          env=hybrid.tunnel_env(f"wgabc{i}")) for i in range(2)]
@@ -304,7 +306,7 @@ def test_tunnel_preflight_names_a_node_where_wg_cannot_run_not_a_blocked_port():
 def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
     """On a GPU machine the emulated hybrid run gives each namespace its own GPU and NCCL_HOSTID (as ``--provider
     netns`` does), so NCCL uses sockets over the tunnel; the tunnel interface is in every node's env."""
-    from broker.hybrid import EmulatedTunnel, emulated_cluster
+    from broker.run.hybrid import EmulatedTunnel, emulated_cluster
     from broker.providers.netns import NetnsCluster
 
     c = NetnsCluster(cid="bkn0a1b2c", root=tmp_path, subnet=7, n=2, gpus_per_node=1)
@@ -321,7 +323,7 @@ def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
 
 def test_cloud_side_of_a_hybrid_run_is_named_in_words():
     """The emulated hybrid run said `cloud: nodes 1-1` for one VM."""
-    from broker.pipeline import cloud_nodes
+    from broker.run.pipeline import cloud_nodes
 
     assert cloud_nodes(2) == "node 1"
     assert cloud_nodes(4) == "nodes 1-3"
@@ -332,8 +334,7 @@ def test_passing_tunnel_checks_are_rows_of_the_one_preflight_table(tmp_path, mon
     header; they are now the first rows of the same table (screen, preflight.txt and preflight.json alike)."""
     from types import SimpleNamespace
 
-    from broker import preflight as pf
-
+    from broker.run import preflight as pf
     cluster = _cluster()
     recipe = SimpleNamespace(nodes=2, name="j", max_hours=0.1)
     tunnel = [pf.Check("tunnel", "0<->1", "PASS", "WireGuard handshake between node 0 and node 1"),

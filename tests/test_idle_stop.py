@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from broker.accounting import FakeClock
-from broker.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
-from broker.ledger import Ledger
-from broker.recipe import load_recipe
-from broker.watchdog import Watchdog
+from broker.money.accounting import FakeClock
+from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.money.ledger import Ledger
+from broker.core.recipe import load_recipe
+from broker.money.watchdog import Watchdog
 from broker.providers.fake import FakeProvider
 from tests.conftest import REPO, broker_cmd
 
@@ -88,7 +88,7 @@ def test_failed_job_is_kept_too_with_its_status(tmp_path, ledger):
     assert out.result is not None and out.result.status == "failed"
     assert out.kept_until_idle and len(_live(cloud)) == 1
     assert ledger.get_run(out.run.id).status == "failed"
-    from broker.teardown import teardown_run
+    from broker.money.teardown import teardown_run
 
     assert teardown_run(ledger, out.run.id, "down") == [] and _live(cloud) == []
 
@@ -109,7 +109,7 @@ def test_keep_when_idle_false_tears_down_at_once(tmp_path, ledger):
 
 
 def test_ctrl_c_tears_down_even_with_idle_minutes(tmp_path, ledger, monkeypatch):
-    import broker.launch as launch
+    import broker.run.launch as launch
 
     def interrupted(*a, **kw):
         raise KeyboardInterrupt
@@ -168,8 +168,8 @@ def test_cli_without_a_watchdog_ignores_idle_minutes_and_says_why(cli_env, broke
 def test_kept_message_names_the_key_endpoint_and_how_to_stop():
     from types import SimpleNamespace
 
-    from broker.commands.lifecycle import kept_message
-    from broker.model import Cluster, ClusterNode, Resource, TopologyKind, utcnow
+    from broker.cli.lifecycle import kept_message
+    from broker.core.model import Cluster, ClusterNode, Resource, TopologyKind, utcnow
 
     cluster = Cluster(run_id="run-x", provider="vast", topology=TopologyKind.multi_node, workroot="/root/broker",
                       ssh_key_path="/home/me/.broker/runs/run-x/ssh/id_ed25519",

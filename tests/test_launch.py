@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.launch import (LocalLaunchSpec, LocalNode, Supervisor, check_expect, free_port, local_argvs,
+from broker.run.launch import (LocalLaunchSpec, LocalNode, Supervisor, check_expect, free_port, local_argvs,
                            rank_table, run_local, torchrun_argv)
-from broker.model import Requirements
-from broker.pipeline import local_spec
-from broker.provider import NoValidPlan
-from broker.recipe import load_recipe
+from broker.core.model import Requirements
+from broker.run.pipeline import local_spec
+from broker.core.provider import NoValidPlan
+from broker.core.recipe import load_recipe
 from broker.providers.local import LocalGpu, LocalProvider, detect_gpus
 
 REPO = Path(__file__).resolve().parent.parent

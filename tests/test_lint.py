@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.lint import lint_script, lint_source
+from broker.lint.rules import lint_script, lint_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,8 +134,8 @@ def test_syntax_error_is_one_finding():
 
 def test_cli_exit_codes_match_the_words(tmp_path):
     """0 no findings, 1 findings (with or without the old --strict), 2 bad input."""
-    from broker.cli import app
-    from broker.provider import BadInput
+    from broker.cli.app import app
+    from broker.core.provider import BadInput
 
     bad = tmp_path / "bad.py"
     bad.write_text("import os, torch\nrank = int(os.environ['RANK'])\ntorch.cuda.set_device(rank)\n")
@@ -161,7 +161,7 @@ def test_cli_exit_codes_match_the_words(tmp_path):
 def test_cli_several_paths_and_directories_json(tmp_path):
     import json
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     d = tmp_path / "proj"
     (d / "sub").mkdir(parents=True)
@@ -186,9 +186,9 @@ def test_cli_several_paths_and_directories_json(tmp_path):
 
 
 def test_sbatch_fix_is_the_srun_pattern_broker_renders(tmp_path):
-    from broker.lint import lint_sbatch
-    from broker.recipe import load_recipe
-    from broker.slurm import render_sbatch
+    from broker.lint.rules import lint_sbatch
+    from broker.core.recipe import load_recipe
+    from broker.slurm.executor import render_sbatch
 
     (f,) = [x for x in lint_sbatch("#!/bin/bash\n#SBATCH -N 2\ntorchrun --node_rank=0 t.py\n", "j.sbatch")]
     assert f.kind == "sbatch-torchrun-not-srun" and "only the first node" in f.message
@@ -231,13 +231,13 @@ def test_core_cli_does_not_import_astroid():
     import subprocess
     import sys
 
-    code = "import sys, broker.cli; assert 'astroid' not in sys.modules, 'astroid imported at start'"
+    code = "import sys, broker.cli.app; assert 'astroid' not in sys.modules, 'astroid imported at start'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_lint_recipe_strict_refuses(tmp_path):
-    from broker.lint import lint_recipe
-    from broker.recipe import load_recipe
+    from broker.lint.rules import lint_recipe
+    from broker.core.recipe import load_recipe
 
     (tmp_path / "t.py").write_text("import torch.distributed as dist\ndist.init_process_group('nccl')\n")
     (tmp_path / "r.yaml").write_text("name: t\nscript: t.py\nstrict_lint: true\n")
@@ -249,7 +249,7 @@ def test_lint_recipe_strict_refuses(tmp_path):
 
 
 def test_cli_syntax_error_is_a_finding(tmp_path):
-    from broker.cli import app
+    from broker.cli.app import app
 
     bad = tmp_path / "broken.py"
     bad.write_text("def x(:\n")
@@ -296,8 +296,8 @@ def test_provenance_walk_is_linear_not_exponential():
 
 def test_recipe_lint_is_cached_by_script_content(tmp_path, monkeypatch):
     """`broker run` lints the same script every run: the result is cached by content, and an edit is linted anew."""
-    import broker.lint as lint
-    from broker.recipe import load_recipe
+    import broker.lint.rules as lint
+    from broker.core.recipe import load_recipe
 
     d = tmp_path / "job"
     d.mkdir()

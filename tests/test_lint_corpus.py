@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.lint import KINDS, lint_script
+from broker.lint.rules import KINDS, lint_script
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
 SNIPPETS = sorted(p for p in CORPUS.iterdir() if p.suffix in (".py", ".sbatch"))

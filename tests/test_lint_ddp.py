@@ -1,4 +1,4 @@
-"""The DDP lint rules (broker/lint_ddp.py): the CPU-run rule on its own corpus (tests/lint_corpus/cpu_run/, same
+"""The DDP lint rules (broker/lint/ddp.py): the CPU-run rule on its own corpus (tests/lint_corpus/cpu_run/, same
 labels as tests/lint_corpus), its place in lint_recipe (CPU-only recipes only), and the rules on the real fault
 scripts whose run-time failures the catalogue explains."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.lint import lint_source
-from broker.lint_ddp import CPU_FIXES, cpu_run_findings
+from broker.lint.rules import lint_source
+from broker.lint.ddp import CPU_FIXES, cpu_run_findings
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus" / "cpu_run"
 MARK = re.compile(r"#\s*(expect|ok):\s*([\w\-]+)")
@@ -28,7 +28,7 @@ def test_cpu_run_corpus(path):
 
 
 def _recipe(tmp_path, gpus: int):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     (tmp_path / "train.py").write_text((CORPUS / "cuda_unchecked.py").read_text())
     (tmp_path / "r.yaml").write_text(f"name: t\nscript: train.py\nnodes: 2\ncpu_ok: true\ngpus_per_node: {gpus}\n")
@@ -36,7 +36,7 @@ def _recipe(tmp_path, gpus: int):
 
 
 def test_lint_recipe_flags_unchecked_cuda_only_on_a_cpu_only_run(tmp_path, monkeypatch):
-    from broker.lint import lint_recipe
+    from broker.lint.rules import lint_recipe
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     cpu, _ = lint_recipe(_recipe(tmp_path, 0))

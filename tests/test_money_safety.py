@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.pipeline import rank_options
-from broker.ledger import Ledger
-from broker.model import Requirements, Run, TopologyKind, utcnow
-from broker.provider import NodeRequest, NoValidPlan, ProviderError
-from broker.provision import provision, reconcile
+from broker.cli.app import app
+from broker.run.pipeline import rank_options
+from broker.money.ledger import Ledger
+from broker.core.model import Requirements, Run, TopologyKind, utcnow
+from broker.core.provider import NodeRequest, NoValidPlan, ProviderError
+from broker.money.provision import provision, reconcile
 from broker.providers.fake import FakeProvider
-from broker.teardown import teardown_order, teardown_run
-from broker.watchdog import Watchdog
+from broker.money.teardown import teardown_order, teardown_run
+from broker.money.watchdog import Watchdog
 
 FAST = dict(poll_s=0.02, retry_wait_s=0.01, terminate_timeout_s=5)
 
@@ -149,7 +149,7 @@ def test_unverifiable_create_is_unknown_and_stops_creating_on_that_provider(clou
     # the watchdog reports it every pass (the CLI too)
     r = CliRunner().invoke(app, ["watchdog", "--once"])
     assert r.exit_code == 0 and "possibly billing" in r.output, r.output
-    from broker.accounting import FakeClock
+    from broker.money.accounting import FakeClock
 
     clock = FakeClock()
     w = Watchdog(a, providers={"fake": p}, home=cloud / "A", clock=clock)
@@ -227,7 +227,7 @@ def test_watchdog_retries_a_500_on_delete(cloud, monkeypatch):
 
 
 def test_teardown_order_follows_dependencies():
-    from broker.model import Resource
+    from broker.core.model import Resource
 
     t0 = utcnow()
     kinds = ["vcn", "subnet", "internet_gateway", "security_list", "route_table", "instance", "instance",
@@ -289,7 +289,7 @@ def test_409_on_a_network_delete_is_retried_until_the_dependency_is_gone(cloud):
             p.destroy(i)
 
     threading.Thread(target=finish_later).start()
-    from broker.teardown import terminate_resource
+    from broker.money.teardown import terminate_resource
 
     assert terminate_resource(a, subnet, "test", provider=p, retry_s=20, poll_s=0.01)
     with p._state() as st:
@@ -298,7 +298,7 @@ def test_409_on_a_network_delete_is_retried_until_the_dependency_is_gone(cloud):
 
 # ------------------------------------------------------------------------------------------------ quota scope
 def _opt(provider: str, it: str, region: str, zone: str | None, *, nodes: int = 2, gpus: int = 1, vcpus: float = 4):
-    from broker.model import Offer, PlanOption
+    from broker.core.model import Offer, PlanOption
 
     o = Offer(provider=provider, offer_id=it, instance_type=it, region=region, zone=zone, gpu_name="G",
               gpu_count=gpus, gpu_mem_gib=24, vcpus=vcpus, ram_gib=16, usd_per_hour=1.0, private_network=True,
@@ -315,7 +315,7 @@ class QuotaStub(FakeProvider):
         self.blocked, self.error_kw, self._quotas, self.tried = blocked, error_kw, list(quotas), []
 
     def create_instance(self, req):
-        from broker.provider import QuotaError
+        from broker.core.provider import QuotaError
 
         self.tried.append((req.offer.instance_type, req.offer.region, req.offer.zone))
         if self.blocked(req.offer):
@@ -353,7 +353,7 @@ def test_oci_quota_in_one_ad_skips_only_that_ad_and_suggests_what_is_missing(clo
 
 def test_aws_g_family_quota_does_not_drop_p_family_options(cloud):
     """A G-family VcpuLimitExceeded must not drop the P-family options of the region (nor other regions)."""
-    from broker.model import Quota
+    from broker.core.model import Quota
 
     g_quota = Quota(provider="aws", name="L-DB2E81BA", region="us-east-1", limit=4, used=4, unit="vcpus")
     p = QuotaStub("aws", lambda o: o.instance_type.startswith("g") and o.region == "us-east-1",
@@ -374,7 +374,7 @@ def test_aws_g_family_quota_does_not_drop_p_family_options(cloud):
 
 
 def test_suggest_limit_is_need_minus_available():
-    from broker.quota import suggest_limit
+    from broker.plan.quota import suggest_limit
 
     assert suggest_limit(2, 2, 2) == 4  # it suggested 1 for this
     assert suggest_limit(4, 1, 2) == 4  # fits already

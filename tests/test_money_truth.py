@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Run, utcnow
-from broker.teardown import terminate_resource
+from broker.money.ledger import Ledger
+from broker.core.model import Run, utcnow
+from broker.money.teardown import terminate_resource
 from tests.vast_emulator import API_KEY, VastEmulator
 
 
@@ -31,7 +31,7 @@ def vast_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "broker"))
     monkeypatch.chdir(tmp_path)
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     started: list[VastEmulator] = []
@@ -267,8 +267,8 @@ def _climbing_offers():
 
 
 def _vast_options(p, budget: float = 50.0, at_least: int = 3):
-    from broker.model import Requirements
-    from broker.pipeline import rank_options
+    from broker.core.model import Requirements
+    from broker.run.pipeline import rank_options
 
     req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=budget, hours=1)
     opts = [o for o in rank_options(p, req) if o.provider == "vast"]
@@ -281,7 +281,7 @@ def _rents(emu) -> int:
 
 
 def test_instances_that_never_leave_loading_end_at_the_deadline_and_nothing_more_is_rented(vast_env, tmp_path):
-    from broker.provision import ClockOut, provision
+    from broker.money.provision import ClockOut, provision
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
     ledger = Ledger()
@@ -301,8 +301,8 @@ def test_a_watchdog_kill_at_the_deadline_is_not_a_failed_offer(vast_env, tmp_pat
     import threading
     import time
 
-    from broker.provision import ClockOut, provision
-    from broker.watchdog import Watchdog
+    from broker.money.provision import ClockOut, provision
+    from broker.money.watchdog import Watchdog
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
     ledger = Ledger()
@@ -331,9 +331,9 @@ def test_a_watchdog_kill_at_the_deadline_is_not_a_failed_offer(vast_env, tmp_pat
 def test_a_run_whose_instances_never_load_ends_as_deadline_through_the_pipeline(vast_env, tmp_path):
     from datetime import timedelta
 
-    from broker.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.provision import ClockOut
-    from broker.recipe import load_recipe
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.money.provision import ClockOut
+    from broker.core.recipe import load_recipe
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
     (tmp_path / "r").mkdir()
@@ -366,14 +366,14 @@ def test_the_deadline_status_survives_the_clis_later_steps(vast_env, tmp_path):
 
 
 def _req():
-    from broker.model import Requirements
+    from broker.core.model import Requirements
 
     return Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=50, hours=1)
 
 
 # --------------------------------------------------------------------------------------------------- the provider's rate
 def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_env, tmp_path):
-    from broker.provision import RateAboveBudget, provision, run_cost
+    from broker.money.provision import RateAboveBudget, provision, run_cost
     from tests.vast_emulator import offer_row
 
     emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], dph_factor=60, boot_s=0.4)
@@ -395,8 +395,8 @@ def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_
 
 
 def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_env, tmp_path):
-    from broker.accounting import run_cost as account
-    from broker.provision import provision
+    from broker.money.accounting import run_cost as account
+    from broker.money.provision import provision
 
     from tests.vast_emulator import offer_row
 
@@ -421,8 +421,8 @@ def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_e
 def test_the_dead_man_grace_scales_with_the_job_and_is_stated(vast_env, tmp_path, hours, grace):
     import math
 
-    from broker.accounting import node_layer
-    from broker.provision import provision
+    from broker.money.accounting import node_layer
+    from broker.money.provision import provision
     from tests.vast_emulator import offer_row
 
     emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], boot_s=0.2)
@@ -450,10 +450,10 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
 
     from typer.testing import CliRunner
 
-    from broker.cli import app
-    from broker.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
+    from broker.cli.app import app
+    from broker.run.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
     from broker.providers.fake import FakeProvider
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     state = tmp_path / "fake.json"
     fake_cloud(tmp_path / "home", state)
@@ -500,9 +500,9 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
 def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path, fake_cloud):
     """Provisioning took part of the run's time: the SSH executor's limit is what is left of the deadline (or of
     the budget at the rates the ledger holds), not the recipe's max_hours from now."""
-    from broker.model import Cluster, ClusterNode
-    from broker.pipeline import Context, Hooks, cluster_executor
-    from broker.recipe import load_recipe
+    from broker.core.model import Cluster, ClusterNode
+    from broker.run.pipeline import Context, Hooks, cluster_executor
+    from broker.core.recipe import load_recipe
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     (tmp_path / "r").mkdir()
@@ -529,7 +529,7 @@ def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path,
 def test_the_watchdog_takes_the_providers_rate_and_enforces_the_budget_with_it(vast_env, tmp_path):
     """The CLI died before it recorded the rate: the watchdog's scan reads ``dph_total`` 60x the plan from the
     instance list and its budget rule stops the instance at that rate."""
-    from broker.watchdog import Watchdog
+    from broker.money.watchdog import Watchdog
 
     emu = vast_env(dph_factor=60)
     ledger = Ledger()

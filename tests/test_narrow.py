@@ -49,7 +49,7 @@ def test_check_shows_urls_and_key_paths_whole_at_80_columns(cli_env):
 
 def test_names_with_colons_print_as_written():
     """A recipe or offer name like ``demo:fire:`` is printed as written, not turned into an emoji by rich."""
-    from broker.ui import console, err
+    from broker.core.ui import console, err
 
     for c in (console, err):
         with c.capture() as cap:
@@ -82,7 +82,7 @@ def test_rejected_reasons_wrap_without_a_lone_word(cli_env, args):
 
 
 def test_wrap_words_keeps_breaks_and_moves_a_widow():
-    from broker.ui import wrap_words
+    from broker.core.ui import wrap_words
 
     assert wrap_words("worst case $5.01 at 1 h > budget $5.00; affords 0.99 h", 52) == [
         "worst case $5.01 at 1 h > budget $5.00; affords", "0.99 h"]
@@ -164,9 +164,9 @@ def test_a_failing_run_fits_80_columns_and_lists_what_was_not_staged(cli_env, tm
     assert re.search(r"INFO broker\.executor: staging 3 file\(s\), \d+ B \(\d+ bytes\) per node", v.stderr), v.stderr
     assert "not copied to the nodes (10): .aws/, .env, .env.local, .git/, .oci/, .ssh/, a.pem, b.key, data/, id_rsa" \
         in v.stderr, v.stderr
-    assert "INFO broker.executor: step stage" in v.stderr and "INFO broker.executor: step launch" in v.stderr
+    assert "INFO broker.run.executor: step stage" in v.stderr and "INFO broker.run.executor: step launch" in v.stderr
     assert re.search(r"INFO broker\.ledger: ledger: run \S+ start by cli", v.stderr), v.stderr
-    assert "INFO broker.pipeline: run " in v.stderr
+    assert "INFO broker.run.pipeline: run " in v.stderr
     assert v.stdout.count("[node 1] RuntimeError: boom") == 1
 
 
@@ -188,7 +188,7 @@ def test_help_keeps_hyphenated_values_and_has_no_rst_markup(cli_env):
 
 
 def test_prose_wraps_at_words_and_never_inside_a_command_url_or_path():
-    from broker.ui import wrap_plain
+    from broker.core.ui import wrap_plain
 
     text = ("-> set VAST_API_KEY (environment or .env) or save the key from https://cloud.vast.ai/manage-keys/ to "
             "~/.config/vastai/vast_api_key (`vastai set api-key ...`)")
@@ -212,8 +212,8 @@ def test_prose_wraps_at_words_and_never_inside_a_command_url_or_path():
 
 
 def test_console_prose_wraps_and_node_lines_stay_verbatim(monkeypatch):
-    from broker.ui import _Console, echo_line
-    import broker.ui as ui
+    from broker.core.ui import _Console, echo_line
+    import broker.core.ui as ui
 
     c = _Console(width=40, highlight=False, soft_wrap=True, emoji=False, force_terminal=False)
     monkeypatch.setattr(ui, "console", c)
@@ -282,8 +282,8 @@ def test_status_wide_at_80_columns_is_wider_rather_than_squeezed(cli_env, broker
     """`broker status --wide` split its headers ("star/ted", "wors/t") and cut values ("stag", "$0.0")."""
     from datetime import timedelta
 
-    from broker.ledger import Ledger
-    from broker.model import utcnow
+    from broker.money.ledger import Ledger
+    from broker.core.model import utcnow
     from broker.providers.fake import FakeProvider
     from tests.test_watchdog_helpers import make_run, provision
 
@@ -316,7 +316,7 @@ def test_status_wide_at_80_columns_is_wider_rather_than_squeezed(cli_env, broker
 def test_no_lone_last_word_and_model_names_stay_whole(text, width, whole):
     from rich.text import Text
 
-    from broker.ui import wrap_text, wrap_words
+    from broker.core.ui import wrap_text, wrap_words
 
     lines = wrap_text(Text(text), width).plain.split("\n")
     assert len(lines[-1].split()) >= 2, lines
@@ -352,8 +352,8 @@ def _status_history(broker_home):
     that repeat the provider's name, states with underscores)."""
     from datetime import timedelta
 
-    from broker.ledger import Ledger, new_id
-    from broker.model import Run, utcnow
+    from broker.money.ledger import Ledger, new_id
+    from broker.core.model import Run, utcnow
 
     led = Ledger(broker_home / "ledger.sqlite")
     now = utcnow()

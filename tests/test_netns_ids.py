@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import BadInput
+from broker.core.errors import BadInput
 from broker.providers import netns
 
 ROOT = Path(__file__).resolve().parents[1]

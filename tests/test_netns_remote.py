@@ -63,7 +63,7 @@ def test_failed_up_removes_everything(tmp_path, monkeypatch):
 
 
 def small_recipe(tmp_path: Path, **update):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     r = load_recipe(ROOT / "recipes" / "ddp_2node.yaml")
     upd = {"args": ["--epochs", "2", "--min-accuracy", "0"], "expect": ["ALLREDUCE_OK", "DDP_OK"]}
@@ -85,7 +85,7 @@ time.sleep(300)
 
 
 def sleeper_recipe(tmp_path: Path):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     d = tmp_path / "job"
     d.mkdir()
@@ -95,8 +95,8 @@ def sleeper_recipe(tmp_path: Path):
 
 
 def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
-    from broker import remote
-    from broker.remote import run_remote
+    from broker.run import remote
+    from broker.run.remote import run_remote
 
     c = make_cluster(2)
     # the first randomly chosen master port is taken on node 0: preflight notices and another one is used
@@ -145,8 +145,8 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     2 s connect timeout decides (not the job's DDP_TIMEOUT_S or its deadline).  Under 10 s on an idle machine;
     the bound grows with the measured cost of the torch check when the machine is loaded (the speed claim itself
     is bench/'s)."""
-    from broker.preflight import PROBE_TIMEOUT_S
-    from broker.remote import run_remote
+    from broker.run.preflight import PROBE_TIMEOUT_S
+    from broker.run.remote import run_remote
 
     c = make_cluster(2, inject="firewall")
     cluster = c.cluster("t2")
@@ -219,7 +219,7 @@ def _connects(c: netns.NetnsCluster, dst: int, src: int, port: int = 18931) -> b
 
 
 def test_wrong_interface_is_named(make_cluster, tmp_path):
-    from broker.remote import run_remote
+    from broker.run.remote import run_remote
 
     c = make_cluster(2, inject="wrong-iface")
     res = run_remote(c.cluster("t3"), small_recipe(tmp_path), tmp_path / "run", echo=None)
@@ -230,7 +230,7 @@ def test_wrong_interface_is_named(make_cluster, tmp_path):
 
 
 def test_mtu_mismatch_and_accept_new_host_keys(make_cluster, tmp_path):
-    from broker.remote import run_remote
+    from broker.run.remote import run_remote
 
     c = make_cluster(2, inject="mtu")
     cl = c.cluster("t4").model_copy(update={"known_hosts_path": None})  # like fresh cloud VMs: accept-new
@@ -247,7 +247,7 @@ def test_mtu_mismatch_and_accept_new_host_keys(make_cluster, tmp_path):
 
 
 def test_pinned_host_key_mismatch_is_refused(make_cluster, tmp_path):
-    from broker.remote import run_remote
+    from broker.run.remote import run_remote
 
     c = make_cluster(1)
     other = tmp_path / "other_key"
@@ -302,7 +302,7 @@ def _marked_alive(run_id: str) -> list[int]:
 
 
 def _start_sleeper(c, tmp_path, name):
-    from broker.remote import run_remote
+    from broker.run.remote import run_remote
 
     run_dir = tmp_path / "run"
     box: dict = {}
@@ -362,7 +362,7 @@ def test_cli_run_netns_with_firewall_records_and_tears_down(tmp_path):
                         "firewall", "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "host firewall" in p.stdout
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     led = Ledger()  # the autouse fixture points BROKER_HOME at the same folder
     run = led.list_runs(1)[0]

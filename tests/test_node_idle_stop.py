@@ -60,7 +60,7 @@ def test_vast_idle_stop_sends_the_dead_man_delete(node, bg_pidfiles, own_httpser
     srv.expect_request(f"/api/v0/instances/{INSTANCE_ID}/", method="DELETE",
                        headers={"Authorization": f"Bearer {SECRET}"}).respond_with_json({"success": True})
     bg_pidfiles += [state / "idle.pid", state / "deadman.pid"]
-    from broker.model import utcnow
+    from broker.core.model import utcnow
     from datetime import timedelta
 
     script = onstart_script(utcnow() + timedelta(hours=1), 0, srv.url_for("/").rstrip("/"), state_dir=str(state),
@@ -82,7 +82,7 @@ def test_vast_idle_stop_sends_the_dead_man_delete(node, bg_pidfiles, own_httpser
 def test_vast_onstart_without_idle_minutes_starts_no_idle_watch(node, bg_pidfiles):
     _bindir, path, _sessions, _done, state = node
     bg_pidfiles.append(state / "deadman.pid")
-    from broker.model import utcnow
+    from broker.core.model import utcnow
     from datetime import timedelta
 
     script = onstart_script(utcnow() + timedelta(hours=1), 0, "http://127.0.0.1:9", state_dir=str(state))

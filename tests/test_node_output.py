@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.launch import (ArtifactBudget, LocalNode, RefusedArtifact, RunResult, Supervisor, artifact_destination,
+from broker.run.launch import (ArtifactBudget, LocalNode, RefusedArtifact, RunResult, Supervisor, artifact_destination,
                            collect_local)
-from broker.model import Cluster, ClusterNode, TopologyKind
+from broker.core.model import Cluster, ClusterNode, TopologyKind
 from tests.conftest import REPO, broker_cmd
 
 asyncssh = pytest.importorskip("asyncssh")
@@ -31,7 +31,7 @@ class LyingNode:
     (when set) is the size its SFTP ``stat`` reports for every file."""
 
     def __init__(self, root: Path):
-        from broker.remote import LoopThread
+        from broker.run.remote import LoopThread
 
         self.root = root
         self.names: object = []
@@ -74,7 +74,7 @@ class LyingNode:
 @pytest.fixture
 def lying(tmp_path):
     """(node, its work folder, an SSHCluster connected to it, the run folder)."""
-    from broker.remote import SSHCluster
+    from broker.run.remote import SSHCluster
 
     node = LyingNode(tmp_path)
     cluster = Cluster(run_id="r1", provider="netns", topology=TopologyKind.multi_node, python=sys.executable,
@@ -96,7 +96,7 @@ def lying(tmp_path):
 
 
 def _collect(ssh, run_dir, patterns=("*",), budget=None) -> RunResult:
-    from broker.remote import _collect_artifacts
+    from broker.run.remote import _collect_artifacts
 
     log = run_dir / "node0.log"
     log.write_text("")
@@ -242,7 +242,7 @@ OSC_CSI = ("import sys\n"
 
 
 def test_strip_and_show_controls():
-    from broker.ui import strip_controls, visible_controls
+    from broker.core.ui import strip_controls, visible_controls
 
     assert strip_controls("\x1b]0;title\x07a\x1b[2Kb\x1b]8;;http://x\x1b\\c\x1b]8;;\x1b\\\td é中😀\n") == \
         "abc\td é中😀\n"
@@ -256,8 +256,7 @@ def test_the_fast_strip_is_the_regex_strip():
     """strip_controls' byte-level fast path removes exactly what the one regex (``_CONTROLS``) does."""
     import random
 
-    from broker import ui
-
+    from broker.core import ui
     def by_regex(t: str) -> str:
         return ui._CONTROLS.sub("", ui._OVERWRITTEN.sub("", t) if "\r" in t else t)
 
@@ -269,7 +268,7 @@ def test_the_fast_strip_is_the_regex_strip():
 
 
 def test_streamed_node_lines_reach_the_terminal_without_control_sequences(tmp_path, capsys):
-    from broker.ui import echo_line
+    from broker.core.ui import echo_line
 
     log = tmp_path / "node0.log"
     node = LocalNode(0, [sys.executable, "-c", OSC_CSI], dict(os.environ), tmp_path)
@@ -305,8 +304,8 @@ def test_broker_logs_strips_controls_and_v_shows_them(cli_env, tmp_path):
 # --------------------------------------------------------------------------------------------------- this machine as a node
 @pytest.fixture
 def local_node(tmp_path):
-    """An SSHCluster whose node 0 is this machine (a hybrid run's node 0: broker.localconn), and its work folder."""
-    from broker.remote import SSHCluster
+    """An SSHCluster whose node 0 is this machine (a hybrid run's node 0: broker.run.localconn), and its work folder."""
+    from broker.run.remote import SSHCluster
 
     cluster = Cluster(run_id="r2", provider="netns", topology=TopologyKind.hybrid, python=sys.executable,
                       workroot=str(tmp_path / "root"),
@@ -335,7 +334,7 @@ def test_this_machine_as_a_node_gets_the_same_artifact_checks(local_node, tmp_pa
 def test_this_machine_as_a_node_takes_the_streamed_work_folder(local_node, tmp_path):
     """A hybrid run's node 0 (this machine) gets the work folder through the same streamed-tar upload as a remote
     node: the tar file is put (SFTP ``put``) and unpacked there."""
-    from broker.staging import stage_plan, staged_tar
+    from broker.run.staging import stage_plan, staged_tar
 
     ssh, work, run_dir = local_node
     src = tmp_path / "src"
@@ -350,8 +349,8 @@ def test_this_machine_as_a_node_takes_the_streamed_work_folder(local_node, tmp_p
 
 
 def test_remote_node_output_is_logged_raw_and_shown_clean(local_node, capsys):
-    from broker.remote import RemoteNode
-    from broker.ui import echo_line
+    from broker.run.remote import RemoteNode
+    from broker.core.ui import echo_line
 
     ssh, work, run_dir = local_node
     log = run_dir / "node0.log"
@@ -368,8 +367,7 @@ def test_a_terminal_that_does_not_keep_up_never_stalls_the_node(tmp_path, monkey
     said), never from the log, and the node is never made to wait."""
     import time
 
-    from broker import launch
-
+    from broker.run import launch
     monkeypatch.setattr(launch, "MAX_BACKLOG", 512)
     shown: list[str] = []
 
@@ -394,7 +392,7 @@ def test_slurm_login_node_artifacts_are_resolved_there_and_capped(tmp_path):
     from types import SimpleNamespace
 
     from broker.providers.slurm import Shell
-    from broker.slurm import SlurmExecutor
+    from broker.slurm.executor import SlurmExecutor
 
     work = tmp_path / "job"
     work.mkdir()
@@ -436,7 +434,7 @@ def test_a_failing_rank_s_error_with_escapes_reaches_neither_summary_nor_status_
 def test_broker_logs_follow_strips_controls_too(tmp_path):
     import io
 
-    from broker.commands.day2 import follow_log
+    from broker.cli.day2 import follow_log
 
     log = tmp_path / "node0.log"
     log.write_bytes(b"\x1b]0;owned\x07\x1b[2Kstep 1\n\x1b[31mred\x1b[0m\n")

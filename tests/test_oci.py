@@ -17,8 +17,8 @@ from werkzeug import Request, Response
 
 oci = pytest.importorskip("oci")
 
-from broker.model import Offer, Quota, Requirements, utcnow  # noqa: E402
-from broker.provider import (RUN_TAG, AuthError, CapacityError, NodeRequest, ProviderError,  # noqa: E402
+from broker.core.model import Offer, Quota, Requirements, utcnow  # noqa: E402
+from broker.core.provider import (RUN_TAG, AuthError, CapacityError, NodeRequest, ProviderError,  # noqa: E402
                              QuotaError, QuotaRequest, TransientError)
 from broker.providers.oci import OCIProvider, limit_for_shape  # noqa: E402
 
@@ -38,7 +38,7 @@ def cfg(key_pem: str) -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def _env(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    from broker.config import settings
+    from broker.core.config import settings
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     for var in ("OCI_CONFIG_FILE", "OCI_PROFILE", "OCI_COMPARTMENT_ID", "OCI_REGION", "OCI_SERVICE_ENDPOINT",
@@ -98,7 +98,7 @@ def test_check_configured_from_dict_and_file(cfg, server, tmp_path, monkeypatch)
                     f"key_file={keyf}\nregion=eu-frankfurt-1\n")
     monkeypatch.setenv("OCI_CONFIG_FILE", str(conf))
     monkeypatch.setenv("OCI_PROFILE", "WORK")
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     p = OCIProvider()
@@ -351,7 +351,7 @@ def test_bootstrap_failed_create_is_recorded(cfg, server):
 
 def test_bootstrap_reuses_named_subnet(cfg, server, monkeypatch):
     monkeypatch.setenv("OCI_SUBNET_ID", SUBNET)
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     server.expect_request(f"/20160918/subnets/{SUBNET}", method="GET").respond_with_response(jresp(
@@ -692,7 +692,7 @@ def test_quota_request_status(cfg, server):
 
 # ------------------------------------------------------------------------------------------------ with the real ledger
 class LedgerRecorder:
-    """Adapter of broker.ledger.Ledger to the Recorder protocol (what provisioning hands to bootstrap)."""
+    """Adapter of broker.money.ledger.Ledger to the Recorder protocol (what provisioning hands to bootstrap)."""
 
     def __init__(self, ledger, run_id: str, journal: list[tuple[str, str]]):
         self.ledger, self.run_id, self.journal = ledger, run_id, journal
@@ -713,9 +713,9 @@ class LedgerRecorder:
 
 
 def test_bootstrap_launch_and_teardown_through_the_ledger(cfg, server, tmp_path):
-    from broker.ledger import Ledger
-    from broker.model import Run
-    from broker.teardown import teardown_run
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run
+    from broker.money.teardown import teardown_run
 
     journal: list[tuple[str, str]] = []
     network_server(server, journal, {})
@@ -759,7 +759,7 @@ def test_unconfigured_offers_do_not_import_the_sdk(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; import broker.providers.oci as o; from broker.model import Requirements; "
+    code = ("import sys; import broker.providers.oci as o; from broker.core.model import Requirements; "
             "p = o.OCIProvider(); n = len(p.offers(Requirements())); c = p.check().configured; "
             "assert n > 0 and not c; assert 'oci' not in sys.modules, 'oci imported'; print('ok')")
     env = {**os.environ, "OCI_CONFIG_FILE": str(tmp_path / "absent"), "BROKER_HOME": str(tmp_path)}

@@ -24,12 +24,12 @@ import pytest
 
 oci = pytest.importorskip("oci")
 
-from broker.ledger import Ledger  # noqa: E402
-from broker.model import utcnow  # noqa: E402
-from broker.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
-from broker.planner import plan  # noqa: E402
-from broker.provider import INSTALL_TAG, RUN_TAG  # noqa: E402
-from broker.recipe import load_recipe  # noqa: E402
+from broker.money.ledger import Ledger  # noqa: E402
+from broker.core.model import utcnow  # noqa: E402
+from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
+from broker.plan.planner import plan  # noqa: E402
+from broker.core.provider import INSTALL_TAG, RUN_TAG  # noqa: E402
+from broker.core.recipe import load_recipe  # noqa: E402
 from tests.conftest import REPO, broker_cmd  # noqa: E402
 from tests.netfwd import LateForwarder  # noqa: E402
 from tests.oci_emulator import OCIEmulator  # noqa: E402

@@ -19,7 +19,7 @@ from werkzeug import Request, Response
 
 oci = pytest.importorskip("oci")
 
-from broker.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, QuotaError,  # noqa: E402
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, QuotaError,  # noqa: E402
                              TransientError)
 from broker.providers.oci import TOKEN_TAG, OCIProvider, cloud_init  # noqa: E402
 from test_oci import (AD1, AD2, COMP, IGW, RT, SL, SUBNET, VCN, OrderRecorder, _env, cfg, err,  # noqa: E402,F401
@@ -252,7 +252,7 @@ def test_missing_sdk_is_an_actionable_error_not_a_traceback(cfg, server, monkeyp
     import builtins
     import sys
 
-    from broker.provider import AuthError
+    from broker.core.provider import AuthError
 
     real_import = builtins.__import__
 
@@ -270,7 +270,7 @@ def test_missing_sdk_is_an_actionable_error_not_a_traceback(cfg, server, monkeyp
     with pytest.raises(AuthError, match="not installed") as ei:
         p.list_tagged("r1")
     assert "pip install" in str(ei.value)
-    assert p.offers(__import__("broker.model", fromlist=["Requirements"]).Requirements())  # snapshot still plans
+    assert p.offers(__import__("broker.core.model", fromlist=["Requirements"]).Requirements())  # snapshot still plans
 
 
 def test_boot_wait_command_waits_for_cloud_init_then_the_marker(tmp_path):

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from broker.model import Offer, build_offers
+from broker.core.model import Offer, build_offers
 
 T = datetime(2026, 1, 1, tzinfo=timezone.utc)
 ROW = dict(provider="vast", offer_id="1", instance_type="2x RTX 4090", region="US", gpu_name="RTX 4090",
@@ -41,7 +41,7 @@ def test_replace_asdict_eq_pickle_and_from_dict():
     assert r.zone == "AD-1" and r.offer_id == "1" and r.attrs == {"host_id": 7}
     assert dataclasses.asdict(o)["attrs"] == {"host_id": 7} and o == Offer(**ROW, attrs={"host_id": 7})
     assert pickle.loads(pickle.dumps(o)) == o
-    from broker.model import to_json
+    from broker.core.model import to_json
 
     assert Offer.from_dict(to_json(o)) == o
 

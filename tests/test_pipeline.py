@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.pipeline import Hooks, LocalTarget, run_pipeline, shielded
-from broker.recipe import RecipeError, load_recipe
-from broker.staging import stage_plan
+from broker.money.ledger import Ledger
+from broker.run.pipeline import Hooks, LocalTarget, run_pipeline, shielded
+from broker.core.recipe import RecipeError, load_recipe
+from broker.run.staging import stage_plan
 from tests.conftest import REPO, broker_cmd
 from tests.netfwd import LateForwarder
 
@@ -58,7 +58,7 @@ def _staged_trees(plan, tmp_path):
     import io
     import tarfile
 
-    from broker.staging import copy_staged, tar_staged
+    from broker.run.staging import copy_staged, tar_staged
 
     def tree(d: Path) -> dict:
         out = {}
@@ -123,7 +123,7 @@ def test_staged_list_not_copied_list_and_summary_agree(tmp_path):
     with no reason; `sub/` not copied while the why-section and the printed line said `.aws/`; `loop1`/`loop2`
     (links to each other) called dangling; the line said `.env` where the file said `wd/.env`.  Now one record:
     the same relative paths everywhere, every not-copied entry under its rule, loops named as loops."""
-    from broker.executor import STAGED_LIST, staging_line
+    from broker.run.executor import STAGED_LIST, staging_line
 
     w = tmp_path / "w"
     (w / "data").mkdir(parents=True)
@@ -317,7 +317,7 @@ def test_paid_run_asks_on_a_terminal_no_refuses_yes_runs(cli_env, tmp_path):
 
 # --------------------------------------------------------------------------------------------------- Ctrl-C
 def test_release_is_shielded_from_one_ctrl_c_and_abandoned_by_a_second():
-    before = signal.getsignal(signal.SIGINT)  # default, or broker.cli's when an earlier test ran cli.main in-process
+    before = signal.getsignal(signal.SIGINT)  # default, or broker.cli.app's when an earlier test ran cli.main in-process
     said: list[str] = []
     with shielded(said.append):
         os.kill(os.getpid(), signal.SIGINT)
@@ -336,8 +336,8 @@ def test_release_is_shielded_from_one_ctrl_c_and_abandoned_by_a_second():
 
 # --------------------------------------------------------------------------------------------------- layering
 def test_adapters_import_no_orchestration():
-    banned = {"broker.pipeline", "broker.provision", "broker.teardown", "broker.watchdog", "broker.remote",
-              "broker.launch", "broker.executor", "broker.slurm", "broker.orchestrate", "broker.cloudrun"}
+    banned = {"broker.run.pipeline", "broker.money.provision", "broker.money.teardown", "broker.money.watchdog", "broker.run.remote",
+              "broker.run.launch", "broker.run.executor", "broker.slurm.executor", "broker.orchestrate", "broker.cloudrun"}
     bad = []
     for path in (REPO / "providers").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -368,7 +368,7 @@ def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
     why = netns.missing_requirements()
     if why:
         pytest.skip(f"netns: {why}")
-    from broker.remote import SSHExecutor, run_remote
+    from broker.run.remote import SSHExecutor, run_remote
 
     c = netns.up(2, tmp_path / "c", use_gpus=False)
     try:
@@ -389,7 +389,7 @@ def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
         late = late_cluster(fwd)
         said: list[str] = []
         t0 = time.monotonic()
-        from broker.executor import run_steps
+        from broker.run.executor import run_steps
 
         res = run_steps(SSHExecutor(late, recipe, tmp_path / "run1", echo=None, connect_timeout_s=2,
                                     ready_timeout_s=60, say=said.append))
@@ -423,7 +423,7 @@ def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(
     now counts as plan does (this machine included) and names the free-tier difference."""
     from types import SimpleNamespace
 
-    from broker.pipeline import local_choice_text
+    from broker.run.pipeline import local_choice_text
 
     plan = SimpleNamespace(valid_count=42, options=[])
     cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml")

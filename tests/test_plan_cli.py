@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker import catalog
-from broker.cli import app
+from broker.plan import catalog
+from broker.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +31,7 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.vast_api_key, ~/.oci, ~/.aws
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     catalog._CACHE.clear()
@@ -116,7 +116,7 @@ def test_plan_max_run_uses_the_budget_as_deadline():
 
 def test_a_failing_adapter_is_a_note_not_a_crash(monkeypatch):
     import broker.providers as providers
-    from broker.provider import Provider, TransientError
+    from broker.core.provider import Provider, TransientError
 
     class Boom(Provider):
         name = "vast"
@@ -155,7 +155,7 @@ def test_check_reports_each_provider():
 
 
 #: An answer of Oracle's public price list, in the shape public price collectors read ([3rd-party], see
-#: broker.catalog.OCI_PRICE_LIST_URL): GPU SKUs per GPU-hour, pay-as-you-go.
+#: broker.plan.catalog.OCI_PRICE_LIST_URL): GPU SKUs per GPU-hour, pay-as-you-go.
 OCI_PRICE_LIST = {"items": [
     {"partNumber": "B95909", "displayName": "Compute - GPU - A10", "metricName": "GPU Per Hour",
      "serviceCategory": "Compute - GPU",
@@ -206,8 +206,8 @@ def test_catalog_refresh_unreachable_price_list_keeps_the_snapshot():
 
 def test_catalog_refresh_uses_the_adapters_live_sources(monkeypatch):
     import broker.providers as providers
-    from broker.model import Offer
-    from broker.provider import Provider, ProviderCheck
+    from broker.core.model import Offer
+    from broker.core.provider import Provider, ProviderCheck
 
     class LiveVast(Provider):
         name = "vast"
@@ -270,9 +270,9 @@ def test_a_broken_adapter_constructor_falls_back_to_the_snapshot(monkeypatch):
 
 
 def test_equal_options_in_several_zones_are_one_row():
-    from broker.commands.plan import group_zones, rented
-    from broker.model import Capacity, Requirements
-    from broker.planner import plan
+    from broker.cli.plan import group_zones, rented
+    from broker.core.model import Capacity, Requirements
+    from broker.plan.planner import plan
 
     g4 = [o for o in catalog.snapshot_offers("aws") if o.instance_type == "g4dn.xlarge"]
     caps = [Capacity(provider="aws", region="us-east-1", zone=z, instance_type="g4dn.xlarge", status="UNKNOWN")
@@ -302,7 +302,7 @@ def test_gpu_less_machine_without_cpu_ok_explains_local_and_rents(monkeypatch):
 
 def test_vast_query_reaches_the_vast_adapter(monkeypatch):
     import broker.providers as providers
-    from broker.provider import BadInput, Provider
+    from broker.core.provider import BadInput, Provider
 
     seen = {}
 

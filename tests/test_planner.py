@@ -11,9 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import catalog, pricing
-from broker.model import Capacity, Offer, Quota, Requirements, utcnow
-from broker.planner import gpu_name_matches, plan
+from broker.plan import catalog
+
+from broker.plan import pricing
+from broker.core.model import Capacity, Offer, Quota, Requirements, utcnow
+from broker.plan.planner import gpu_name_matches, plan
 
 T0 = datetime(2026, 11, 29, tzinfo=timezone.utc)
 PRIVATE = {"vast": False, "oci": True, "aws": True, "local": False}
@@ -337,7 +339,7 @@ def test_one_capacity_fact_per_live_host_neither_blocks_nor_slows():
     assert p.chosen.offers[0].offer_id == "0" and p.valid_count == 4000
     vast_multi = [o for o in p.rejected if o.topology.value == "multi-node"]
     assert vast_multi and all("private network" in o.rejected[0] for o in vast_multi)
-    from broker.planner import _Facts
+    from broker.plan.planner import _Facts
 
     facts = _Facts([], caps)
     assert facts.capacity_facts(("vast", "2x RTX 4090"), "R1") == [(None, "AVAILABLE", 1)]

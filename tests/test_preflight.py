@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from broker import preflight as pf
-from broker.model import Cluster, ClusterNode, TopologyKind
-from broker.recipe import Recipe
+from broker.run import preflight as pf
+from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.recipe import Recipe
 
 
 def cluster(n=2, env=None):

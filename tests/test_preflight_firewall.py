@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from broker import preflight as pf
-from broker import probe_script
+from broker.run import preflight as pf
+from broker.run import probe_script
 from test_preflight import OPEN, cluster, info, judge, probe, recipe
 
 #: an OCI platform image's iptables (abridged): SSH and established traffic in, everything else REJECTed with

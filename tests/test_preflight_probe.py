@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-import broker.probe_script as probe
+import broker.run.probe_script as probe
 
 PROBE = Path(probe.__file__)
 

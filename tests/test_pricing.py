@@ -1,4 +1,4 @@
-"""Cost rules (broker.pricing): exact numbers, and the budget inverse never overshoots."""
+"""Cost rules (broker.plan.pricing): exact numbers, and the budget inverse never overshoots."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import pricing
-from broker.model import Offer
+from broker.plan import pricing
+from broker.core.model import Offer
 
 T0 = datetime(2026, 11, 29, tzinfo=timezone.utc)
 

@@ -49,10 +49,10 @@ def test_home_ledger_run_folder_and_keys_are_private_under_umask_022(tmp_path, b
         def no_chmod(*a, **k):
             raise AssertionError(f"chmod called: {{a}}")
         os.chmod = os.fchmod = no_chmod
-        from broker.ledger import Ledger
-        from broker.recipe import load_recipe
-        from broker.pipeline import new_run
-        from broker import sshkeys
+        from broker.money.ledger import Ledger
+        from broker.core.recipe import load_recipe
+        from broker.run.pipeline import new_run
+        from broker.core import sshkeys
         led = Ledger()
         run = new_run(led, load_recipe({str(tmp_path / 'r.yaml')!r}), provider="local", topology="local",
                       plan={{"x": 1}})
@@ -81,7 +81,7 @@ def test_an_older_home_is_narrowed_and_an_unrelated_folder_is_not(tmp_path):
     other = tmp_path / "project"
     other.mkdir()
     os.chmod(other, 0o755)
-    code = "from broker.ledger import Ledger; Ledger().close()"
+    code = "from broker.money.ledger import Ledger; Ledger().close()"
     assert _child(code, {**os.environ, "BROKER_HOME": str(old)}).returncode == 0
     assert mode(old) == 0o700 and mode(old / "ledger.sqlite") == 0o600
     assert _child(code, {**os.environ, "BROKER_HOME": str(other)}).returncode == 0
@@ -89,7 +89,7 @@ def test_an_older_home_is_narrowed_and_an_unrelated_folder_is_not(tmp_path):
 
 
 def test_write_private_never_follows_a_symlink_and_narrows_before_writing(tmp_path):
-    from broker.private import write_private
+    from broker.core.private import write_private
 
     victim = tmp_path / "victim"
     victim.write_text("keep")
@@ -136,8 +136,8 @@ def test_node_secret_files_are_created_with_their_mode_over_sftp(tmp_path):
     another mode and no chmod (setstat) follows the write; a 0644 file already there is replaced, not reused."""
     import asyncssh
 
-    from broker.model import Cluster, ClusterNode, TopologyKind
-    from broker.remote import SSHCluster
+    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.run.remote import SSHCluster
 
     root = tmp_path / "node-fs"
     (root / "w").mkdir(parents=True)
@@ -211,7 +211,7 @@ def _expanded_control_path(template: str, dest: str) -> str:
 def test_a_socket_planted_at_the_old_controlpath_never_hears_from_broker(tmp_path):
     """Another user binds ``/tmp/broker-ssh-%C`` first (what the shared ControlPath was): broker's ssh to the
     Slurm login host must not connect to it (it would send that user our commands and the batch script)."""
-    from broker.provider import ProviderError
+    from broker.core.provider import ProviderError
     from broker.providers.slurm import Shell
 
     dest = f"u{uuid.uuid4().hex[:10]}@127.0.0.1"
@@ -254,7 +254,7 @@ def test_a_socket_planted_at_the_old_controlpath_never_hears_from_broker(tmp_pat
 
 
 def test_slurm_cluster_controlpath_is_in_a_private_folder(tmp_path):
-    from broker.slurmcluster import ssh_argv
+    from broker.slurm.cluster import ssh_argv
 
     class N:
         host, port, user = "198.18.0.10", 22, "root"
@@ -272,9 +272,9 @@ def test_slurm_cluster_controlpath_is_in_a_private_folder(tmp_path):
 def test_a_runtime_folder_another_user_made_is_refused(tmp_path, monkeypatch):
     """The short /tmp fallback (used when the home's path is too long for a socket) made first by another user,
     and a symlink or a 0755 folder in the home, are refused with the folder and the fix -- never used."""
-    from broker import private
-    from broker.errors import BadInput
-    from broker.private import check_private_dir, runtime_dir
+    from broker.core import private
+    from broker.core.errors import BadInput
+    from broker.core.private import check_private_dir, runtime_dir
 
     long_home = tmp_path / ("h" * 80)
     monkeypatch.setenv("BROKER_HOME", str(long_home))
@@ -304,7 +304,7 @@ def test_root_never_follows_a_symlink_planted_at_a_lock_path(tmp_path):
     """``nobody`` plants a symlink at a lock path (as at the old /tmp/broker-netns.lock): root's lock open refuses it
     (O_NOFOLLOW) and the file it points to is neither created nor truncated; the netns lock itself lives in root's
     own /run/broker (0700), not in /tmp."""
-    from broker.private import open_lock
+    from broker.core.private import open_lock
     from broker.providers import netns
 
     with _shared_tmp() as shared:
@@ -343,7 +343,7 @@ def test_a_missing_secret_is_an_error_before_anything_is_rented(tmp_path, cli_en
 
 
 def test_secret_names_are_validated():
-    from broker.recipe import Recipe
+    from broker.core.recipe import Recipe
 
     with pytest.raises(Exception, match="not a valid environment variable name"):
         Recipe.model_validate(dict(name="t", script="t.py", secrets=["abc=def"]))
@@ -354,8 +354,8 @@ def test_secret_names_are_validated():
 def test_an_old_ledger_row_with_a_clear_env_secret_is_masked_in_status_json(cli_env, broker_home):
     """A run row written by an older broker holds ``AWS_SECRET_ACCESS_KEY`` in clear: ``broker status RUN
     --json`` shows it masked (the record masks whatever wrote the row)."""
-    from broker.ledger import Ledger
-    from broker.model import Run
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run
 
     sentinel = "old-row-sentinel-" + uuid.uuid4().hex
     with Ledger() as led:
@@ -373,8 +373,8 @@ def test_an_old_ledger_row_with_a_clear_env_secret_is_masked_in_status_json(cli_
 
 
 def test_credential_files_are_not_staged_and_named_as_skipped(tmp_path):
-    from broker.executor import staging_line
-    from broker.staging import stage_plan
+    from broker.run.executor import staging_line
+    from broker.run.staging import stage_plan
 
     w = tmp_path / "w"
     w.mkdir()
@@ -393,7 +393,7 @@ def test_credential_files_are_not_staged_and_named_as_skipped(tmp_path):
 
 
 def test_local_jobs_do_not_inherit_brokers_cloud_credentials():
-    from broker.launch import node_environment
+    from broker.run.launch import node_environment
 
     base = {"PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "0",
             "NCCL_DEBUG": "INFO", "VAST_API_KEY": "v", "AWS_SECRET_ACCESS_KEY": "a", "AWS_ACCESS_KEY_ID": "i",

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.pipeline import rank_options
-from broker.ledger import Ledger
-from broker.model import Requirements, Resource, Run, TopologyKind, utcnow
-from broker.provider import AuthError, NoValidPlan, OfferGone, ProviderError
-from broker.provision import provision, reconcile, run_cost, spent_usd
-from broker.teardown import teardown_run
+from broker.run.pipeline import rank_options
+from broker.money.ledger import Ledger
+from broker.core.model import Requirements, Resource, Run, TopologyKind, utcnow
+from broker.core.provider import AuthError, NoValidPlan, OfferGone, ProviderError
+from broker.money.provision import provision, reconcile, run_cost, spent_usd
+from broker.money.teardown import teardown_run
 from broker.providers.fake import FakeProvider
 
 
@@ -102,7 +102,7 @@ def test_multi_node_bootstraps_network_ledger_first_and_tears_down_in_order(env,
 
 
 def test_half_created_multi_node_attempt_is_cleaned_before_failover(env, ledger):
-    from broker.provider import CapacityError
+    from broker.core.provider import CapacityError
 
     class SecondNodeNoCapacity(FakeProvider):
         def create_instance(self, req):
@@ -292,7 +292,7 @@ def test_spent_usd_bills_per_second_from_the_intent():
 
 
 def test_storage_is_billed_with_the_instance(env, ledger):
-    from broker.model import Offer
+    from broker.core.model import Offer
 
     p = FakeProvider()
     run = make_run(ledger, env)
@@ -321,7 +321,7 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
     provision(options(p)[:1], run, Requirements(), ledger, providers={"fake": p}, **FAST)
     known = live_fake(p)[0]
     # an instance nobody recorded (e.g. the ledger file was lost) ...
-    from broker.provider import NodeRequest
+    from broker.core.provider import NodeRequest
 
     o = options(p)[0].offers[0]
     stray = p.create_instance(NodeRequest(run_id="lost-run", node_index=0, name="broker-lost-run-n0", offer=o,
@@ -352,7 +352,7 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
 def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     (tmp_path / "job.py").write_text("print('JOB_OK')\n")
     (tmp_path / "r.yaml").write_text("name: q\nscript: job.py\nnodes: 2\ncpu_ok: true\n")
@@ -366,7 +366,7 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     assert lg.resources(run.id, live_only=True) == []
     # a cloud without credentials: planned from the snapshot, but nothing is rented and the fix is named
     r = CliRunner().invoke(app, ["run", str(tmp_path / "r.yaml"), "--provider", "vast"])
-    from broker.provider import AuthError
+    from broker.core.provider import AuthError
 
     assert isinstance(r.exception, AuthError) and r.exception.exit_code == 4
     assert "vast: credentials check failed: no credentials" in str(r.exception)
@@ -378,7 +378,7 @@ def test_progress_printer_shows_elapsed_cost_and_rate(env, ledger):
 
     from rich.console import Console
 
-    from broker.commands.lifecycle import ProgressPrinter
+    from broker.cli.lifecycle import ProgressPrinter
 
     buf = io.StringIO()
     pp = ProgressPrinter(ledger, Console(file=buf, width=200))

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from broker.model import Quota
-from broker.provider import AuthError, Provider, ProviderCheck, QuotaRequest
+from broker.core.model import Quota
+from broker.core.provider import AuthError, Provider, ProviderCheck, QuotaRequest
 
 runner = CliRunner()
 
@@ -60,7 +60,7 @@ class FakeOCI(Provider):
 
 
 def use(monkeypatch, **provs: Any) -> None:
-    import broker.commands.quota as qc
+    import broker.cli.quota as qc
 
     def factory(name, region=None):
         if name not in provs:
@@ -71,7 +71,7 @@ def use(monkeypatch, **provs: Any) -> None:
 
 
 def cli(*args: str):
-    from broker.cli import app
+    from broker.cli.app import app
 
     return runner.invoke(app, list(args))
 
@@ -117,7 +117,7 @@ def test_check_from_recipe(monkeypatch, tmp_path):
 
 
 def test_check_unknown_instance_type_is_bad_input(monkeypatch):
-    from broker.provider import BadInput
+    from broker.core.provider import BadInput
 
     use(monkeypatch, oci=FakeOCI())
     r = cli("quota", "check", "-p", "oci", "-t", "VM.GPU.Nope")
@@ -133,7 +133,7 @@ def test_request_oci_sized_per_ad_recorded_and_status(monkeypatch):
     assert (quota.name, quota.scope, value, draft) == ("gpu-a10-count", "AD-1", 2.0, False)
     assert reason.startswith("PyTorch distributed training validation: 2 nodes x 1 GPU")
     assert "state ACCEPTED" in r.output
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     rows = Ledger().quota_requests()
     assert len(rows) == 1 and rows[0]["scope"] == "AD-1" and rows[0]["state"] == "ACCEPTED"
@@ -151,7 +151,7 @@ def test_request_oci_draft_prints_form_files_nothing(monkeypatch):
     r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1", "--draft", "--reason", "DDP smoke test")
     assert r.exit_code == 0, r.output
     assert fake.filed[0][3] is True and "not filed" in r.output and "DDP smoke test" in r.output
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     assert Ledger().quota_requests() == []
 
@@ -263,7 +263,7 @@ def test_aws_request_open_request_not_duplicated_in_ledger(monkeypatch):
         r = cli("quota", "request", "-p", "aws", "-t", "g5.xlarge", "--value", "16")
         assert r.exit_code == 0, r.output
         assert "already open" in r.output and "req-open" in r.output
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     assert len(Ledger().quota_requests()) == 1
 
@@ -314,7 +314,7 @@ def test_aws_request_draft_without_credentials(monkeypatch, tmp_path):
 def test_real_factory_reports_missing_module(monkeypatch):
     import broker.providers as providers
 
-    from broker.commands.quota import ProviderUnavailable, provider_factory
+    from broker.cli.quota import ProviderUnavailable, provider_factory
 
     monkeypatch.setitem(providers.REGISTRY, "oci", "providers.no_such_module:X")
     with pytest.raises(ProviderUnavailable, match="not available"):
@@ -335,7 +335,7 @@ def test_oci_draft_without_credentials_leaves_the_ad_to_fill_in(monkeypatch, tmp
     assert "gpu-a10-count" in r.output and "not filed" in r.output
     assert "<your availability domain" in r.output and "<your region" in r.output
     r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1")
-    from broker.provider import BadInput
+    from broker.core.provider import BadInput
 
     assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2 and "--scope" in str(r.exception)
 
@@ -345,20 +345,20 @@ def test_oci_draft_without_credentials_leaves_the_ad_to_fill_in(monkeypatch, tmp
 def test_request_refuses_a_value_that_cannot_raise_the_limit(monkeypatch, value, words):
     fake = FakeOCI()  # AD-1: limit 1, used 0
     use(monkeypatch, oci=fake)
-    from broker.provider import BadInput
+    from broker.core.provider import BadInput
 
     r = cli("quota", "request", "-p", "oci", "-t", "VM.GPU.A10.1", "--scope", "AD-1", "--value", value)
     assert isinstance(r.exception, BadInput) and r.exception.exit_code == 2, r.output
     assert words in flat(str(r.exception)) and "--value" in r.exception.hint
     assert fake.filed == []  # nothing filed
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     assert Ledger().quota_requests() == []
 
 
 def test_quota_status_takes_a_provider(monkeypatch):
     use(monkeypatch, oci=FakeOCI())
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     with Ledger() as led:
         led.add_quota_request("oci", "gpu-a10-count", 2, scope="AD-1", unit="gpus", state="SUCCEEDED")
@@ -366,6 +366,6 @@ def test_quota_status_takes_a_provider(monkeypatch):
     r = cli("quota", "status", "--provider", "aws", "--json", "--no-refresh")
     assert r.exit_code == 0, r.output
     assert [x["provider"] for x in json.loads(r.output)["requests"]] == ["aws"]
-    from broker.provider import BadInput
+    from broker.core.provider import BadInput
 
     assert isinstance(cli("quota", "status", "--provider", "vast").exception, BadInput)

@@ -1,12 +1,12 @@
-"""broker.quota: which limit covers each type, unit conversions for every type in the snapshot, verdict sentences."""
+"""broker.plan.quota: which limit covers each type, unit conversions for every type in the snapshot, verdict sentences."""
 
 from __future__ import annotations
 
 import pytest
 from dataclasses import replace
 
-from broker.model import Quota
-from broker.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
+from broker.core.model import Quota
+from broker.plan.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
                           explain_usage, gpus_to_instances, gpus_to_vcpus, instance_specs, instances_allowed,
                           instances_to_gpus, instances_to_vcpus, limit_for, needs_for, oci_limit_name, units_needed,
                           vcpus_to_instances, verdict)
@@ -33,7 +33,7 @@ def test_snapshot_types_all_have_expectations():
 
 @pytest.mark.parametrize("provider", ["oci", "aws"])
 def test_every_snapshot_offer_has_a_covering_limit(provider):
-    from broker.catalog import snapshot_offers
+    from broker.plan.catalog import snapshot_offers
 
     offers = snapshot_offers(provider)
     assert offers
@@ -154,7 +154,7 @@ def test_explain_critical_misreading():
 
 
 def test_request_command():
-    from broker.quota import request_command
+    from broker.plan.quota import request_command
 
     assert request_command("oci", "gpu-a10-count", 2.0, scope="AD-1", region="us-ashburn-1") == \
         "broker quota request --provider oci --limit gpu-a10-count --value 2 --scope AD-1 --region us-ashburn-1"
@@ -171,14 +171,14 @@ def test_desired_value_and_reason():
 
 
 def _offer(provider, it, zone, region, gpus=1, vcpus=4):
-    from broker.model import Offer, utcnow
+    from broker.core.model import Offer, utcnow
 
     return Offer(provider=provider, offer_id=it, instance_type=it, region=region, zone=zone, gpu_name="A10",
                  gpu_count=gpus, gpu_mem_gib=24, vcpus=vcpus, usd_per_hour=1.0, price_source="t", price_time=utcnow())
 
 
 def test_option_quota_block_oci_per_ad():
-    from broker.quota import option_quota_block
+    from broker.plan.quota import option_quota_block
 
     offers = [_offer("oci", "VM.GPU.A10.1", "AD-1", "us-ashburn-1", vcpus=30)] * 2
     block = option_quota_block(offers, [q_oci("AD-1", 1, 0), q_oci("AD-2", 8, 0)])
@@ -192,7 +192,7 @@ def test_option_quota_block_oci_per_ad():
 
 
 def test_option_quota_block_aws_vcpus():
-    from broker.quota import option_quota_block
+    from broker.plan.quota import option_quota_block
 
     offers = [_offer("aws", "g5.xlarge", "us-east-1a", "us-east-1")] * 2
     q = Quota(provider="aws", name="L-DB2E81BA", region="us-east-1", scope="us-east-1", limit=4, used=0, unit="vcpus")

@@ -1,4 +1,4 @@
-"""The rank-facts shim (broker/rankshim.py) in front of unchanged scripts, and the local launcher's environment
+"""The rank-facts shim (broker/run/rankshim.py) in front of unchanged scripts, and the local launcher's environment
 hygiene, on real processes (torchrun on CPU/gloo for the end-to-end ones)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.launch import (RANKSHIM, LocalLaunchSpec, dropped_inherited, dropped_line, node_environment, run_local,
+from broker.run.launch import (RANKSHIM, LocalLaunchSpec, dropped_inherited, dropped_line, node_environment, run_local,
                            torchrun_argv)
 
 SCRIPTS = Path(__file__).resolve().parent / "diagnose_logs" / "scripts"

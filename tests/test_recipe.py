@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.recipe import RecipeError, load_recipe
+from broker.core.recipe import RecipeError, load_recipe
 
 REPO = Path(__file__).resolve().parent.parent
 

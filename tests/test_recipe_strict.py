@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import limits
-from broker.recipe import RecipeError, load_recipe
+from broker.core import limits
+from broker.core.recipe import RecipeError, load_recipe
 
 
 def write(tmp_path: Path, body: str) -> Path:
@@ -128,7 +128,7 @@ def test_deep_nesting_is_an_error_not_a_recursion_error(tmp_path):
 
 
 def test_limits_are_one_table(tmp_path):
-    """The recipe's bounds come from broker.limits: raising a limit there raises it for recipes and flags."""
+    """The recipe's bounds come from broker.core.limits: raising a limit there raises it for recipes and flags."""
     lo, hi, *_ = limits.LIMITS["nodes"]
     assert load_recipe(write(tmp_path, f"nodes: {int(hi)}\n")).nodes == hi
     fails(write(tmp_path, f"nodes: {int(hi) + 1}\n"), "field 'nodes'")
@@ -176,8 +176,8 @@ def test_env_reference_missing_names_variable_and_line(tmp_path, monkeypatch):
 def test_ledger_run_row_keeps_the_reference_not_the_value(tmp_path, monkeypatch, broker_home):
     """The run row's recipe copy and the run folder's recipe.json (pipeline.new_run) hold ${VAR}, never the
     value; the recipe the executors get still has it."""
-    from broker.ledger import Ledger
-    from broker.pipeline import new_run
+    from broker.money.ledger import Ledger
+    from broker.run.pipeline import new_run
 
     monkeypatch.setenv("MY_TOKEN", "s3cr3t-value")
     r = load_recipe(write(tmp_path, "env: {HF_TOKEN: '${MY_TOKEN}'}\n"))

@@ -6,9 +6,9 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from broker.model import Cluster, ClusterNode, TopologyKind
-from broker.recipe import Recipe
-from broker.remote import SSHCluster, _known_hosts_has, env_file, launch_command, node_env
+from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.recipe import Recipe
+from broker.run.remote import SSHCluster, _known_hosts_has, env_file, launch_command, node_env
 
 
 def make(tmp_path: Path):

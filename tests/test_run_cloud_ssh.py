@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
-from broker.ledger import Ledger
-from broker.model import TopologyKind
-from broker.provider import InstanceInfo, NodeRequest
-from broker.recipe import load_recipe
+from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.money.ledger import Ledger
+from broker.core.model import TopologyKind
+from broker.core.provider import InstanceInfo, NodeRequest
+from broker.core.recipe import load_recipe
 from broker.providers.fake import FakeProvider
 from tests.conftest import REPO
 

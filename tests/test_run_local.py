@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from broker.ledger import Ledger
+from broker.money.ledger import Ledger
 from tests.conftest import REPO, broker_cmd
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from broker.accounting import watchdog_state
+from broker.money.accounting import watchdog_state
 from tests.conftest import REPO, broker_cmd
 
 

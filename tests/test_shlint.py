@@ -1,4 +1,4 @@
-"""Shell-script lint (broker/shlint.py): launch lines of any shell script, and the chapter's ``train_ddp.sh`` header
+"""Shell-script lint (broker/lint/shell.py): launch lines of any shell script, and the chapter's ``train_ddp.sh`` header
 against a cluster's nodes as sinfo / scontrol report them (no daemons: the parsers get the commands' real output
 shapes, Slurm 22.05)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from broker.shlint import (FATAL, ClusterNodes, check_against_cluster, lint_shell, parse_mem_mb, parse_minutes,
+from broker.lint.shell import (FATAL, ClusterNodes, check_against_cluster, lint_shell, parse_mem_mb, parse_minutes,
                            parse_scontrol_nodes, parse_sinfo_partitions, sbatch_directives)
 
 BOOK = Path(__file__).parent / "slurm_book"
@@ -93,7 +93,7 @@ def test_launch_lines_of_scripts_without_sbatch():
 
 
 def test_broker_lint_checks_any_shell_script_and_says_so_when_clean(tmp_path):
-    from broker.cli import app
+    from broker.cli.app import app
 
     launch = tmp_path / "launch_torchrun.sh"
     launch.write_text("#!/bin/bash\ntorchrun --nnodes=$SLURM_NNODES --node_rank=$SLURM_NODEID t.py\n")
@@ -110,7 +110,7 @@ def test_broker_lint_checks_any_shell_script_and_says_so_when_clean(tmp_path):
 def test_broker_lint_on_a_directory_picks_up_launch_scripts(tmp_path):
     import json
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     (tmp_path / "launch.sh").write_text("#!/bin/bash\nsrun -N 2 torchrun --nnodes=2 --node_rank=$SLURM_NODEID "
                                         "--master_addr=node0 t.py\n")
@@ -123,14 +123,14 @@ def test_broker_lint_on_a_directory_picks_up_launch_scripts(tmp_path):
 
 # ------------------------------------------------------------------------------ slurm submit helpers (no daemons)
 def test_output_patterns_are_expanded_as_sbatch_does():
-    from broker.slurmsubmit import expand_pattern
+    from broker.slurm.submit import expand_pattern
 
     assert expand_pattern("logs/%x-%j.out", job_id="42", name="train_ddp") == "logs/train_ddp-42.out"
     assert expand_pattern("/w/slurm-%5j-%u-%N.%%", job_id="42", name="x", node="node0") == "/w/slurm-00042-root-node0.%"
 
 
 def test_labelled_lines_go_to_their_node_and_the_batch_shell_to_node_0(tmp_path):
-    from broker.slurmsubmit import Outcome, _Stream
+    from broker.slurm.submit import Outcome, _Stream
 
     class Sh:  # the remote file, grown between pumps
         data = b""
@@ -143,7 +143,7 @@ def test_labelled_lines_go_to_their_node_and_the_batch_shell_to_node_0(tmp_path)
     for p in logs.values():
         p.write_text("")
     shown = []
-    from broker.slurmsubmit import route_line
+    from broker.slurm.submit import route_line
 
     def on_line(line):
         shown.append(route_line(line, logs, 1))
@@ -166,8 +166,8 @@ def test_labelled_lines_go_to_their_node_and_the_batch_shell_to_node_0(tmp_path)
 
 
 def test_diagnosis_names_torchrun_outside_srun_only_when_the_job_did_not_complete(tmp_path):
-    from broker.launch import RunResult
-    from broker.slurmsubmit import Outcome, diagnose
+    from broker.run.launch import RunResult
+    from broker.slurm.submit import Outcome, diagnose
 
     text = (BOOK / "train_ddp.sh").read_text()
     found = lint_shell(text, "train_ddp.sh")
@@ -195,7 +195,7 @@ def test_python_in_the_batch_shell_of_a_multi_node_job(tmp_path):
 def test_the_catalogue_names_slurms_time_limit_with_the_srun_fix():
     from types import SimpleNamespace
 
-    from broker.diagnose import explain
+    from broker.run.diagnose import explain
 
     d = Path(__file__).parent / "diagnose_logs" / "cpu" / "slurm_time_limit"
     res = SimpleNamespace(status="failed", exit_codes={}, log_paths={0: d / "node0.log", 1: d / "node1.log"})
@@ -216,8 +216,8 @@ def test_torchrun_under_srun_with_several_tasks_per_node():
 
 
 def test_the_sbatch_broker_renders_has_no_shell_finding():
-    from broker.recipe import load_recipe
-    from broker.slurm import render_sbatch
+    from broker.core.recipe import load_recipe
+    from broker.slurm.executor import render_sbatch
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml")
     for gpus in (True, False):
@@ -226,8 +226,8 @@ def test_the_sbatch_broker_renders_has_no_shell_finding():
 
 
 def test_a_refused_option_that_srun_repeats_names_the_srun_line_too():
-    from broker.recipe import load_recipe
-    from broker.slurm import render_sbatch
+    from broker.core.recipe import load_recipe
+    from broker.slurm.executor import render_sbatch
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml")
     script = render_sbatch(recipe, log_dir="slurm-logs", workdir=".")  # 1 GPU and 4 CPUs per node
@@ -247,8 +247,8 @@ def test_a_refused_option_that_srun_repeats_names_the_srun_line_too():
 
 
 def test_a_cpu_only_recipe_renders_no_gpu_request(tmp_path):
-    from broker.recipe import load_recipe
-    from broker.slurm import render_sbatch
+    from broker.core.recipe import load_recipe
+    from broker.slurm.executor import render_sbatch
 
     src = (Path(__file__).resolve().parents[1] / "recipes" / "ddp_2node.yaml").read_text()
     (tmp_path / "ddp_train.py").write_text("print('x')\n")
@@ -271,15 +271,15 @@ def test_a_loopback_master_on_a_multi_node_torchrun_line_is_named(tmp_path):
     (tmp_path / "launch_torchrun.sh").write_text(
         "#!/bin/bash\ntorchrun --nnodes=2 --nproc_per_node=1 --node_rank=0 --master_addr=localhost "
         "--master_port=29500 train.py\n")
-    from broker.cli import app
+    from broker.cli.app import app
 
     r = CliRunner().invoke(app, ["lint", str(tmp_path / "launch_torchrun.sh")])
     assert r.exit_code != 0 and "shell-no-master-addr" in r.output, r.output
 
 
 def test_the_submit_stream_and_diagnosis_say_each_thing_once(tmp_path):
-    from broker.launch import RunResult
-    from broker.slurmsubmit import Outcome, diagnose, end_message, is_stream_noise
+    from broker.run.launch import RunResult
+    from broker.slurm.submit import Outcome, diagnose, end_message, is_stream_noise
 
     c10d = "[W1201 22:44:42.607 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
     assert is_stream_noise(f"[batch stderr] {c10d}") and is_stream_noise(f"[node 1] {c10d}")

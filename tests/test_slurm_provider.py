@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.slurm import LogFollower
+from broker.slurm.executor import LogFollower
 from broker.providers.slurm import JobInfo, Shell, SlurmProvider, parse_exit_code, parse_scontrol_job
 
 
@@ -86,7 +86,7 @@ def test_ssh_shell_quotes_the_remote_command():
 
 
 def test_missing_client_is_a_provider_error(monkeypatch, tmp_path):
-    from broker.provider import ProviderError
+    from broker.core.provider import ProviderError
 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ProviderError, match="squeue is not installed"):
@@ -113,7 +113,7 @@ def test_log_follower_keeps_partial_lines(tmp_path):
 
 def test_no_cluster_configured_says_how_to_reach_one(tmp_path, monkeypatch):
     """Slurm installed but no slurm.conf: the error named only sinfo's DNS SRV noise; it must say what to do."""
-    from broker.provider import ProviderError
+    from broker.core.provider import ProviderError
 
     fake_bin(tmp_path, monkeypatch, sinfo=(
         'echo "sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host" >&2\n'

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.recipe import load_recipe
-from broker.slurm import node_exit_codes, render_sbatch, slurm_time
+from broker.core.recipe import load_recipe
+from broker.slurm.executor import node_exit_codes, render_sbatch, slurm_time
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def test_render_cpu_only_and_fixed_port(recipe, tmp_path):
 
 
 def test_render_rejects_bad_input(recipe, tmp_path):
-    from broker.provider import BadInput
+    from broker.core.provider import BadInput
 
     with pytest.raises(BadInput, match="HH:MM:SS"):
         render_sbatch(recipe, log_dir=tmp_path, time="90 minutes")

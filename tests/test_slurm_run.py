@@ -57,7 +57,7 @@ def broker_run(cluster, tmp_path: Path, recipe: Path, *extra: str, timeout: floa
 
 
 def ledger_rows(tmp_path: Path):
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     with Ledger(tmp_path / "home" / "ledger.sqlite") as led:
         runs = led.list_runs()
@@ -137,8 +137,8 @@ def test_deadline_cancels_the_job(cluster, tmp_path):
 
 def test_terminate_scancels_a_ledger_job(cluster, tmp_path, monkeypatch):
     """broker down / the watchdog: teardown_run -> SlurmProvider.terminate('slurm_job', id) = scancel."""
-    from broker.ledger import Ledger
-    from broker.teardown import teardown_run
+    from broker.money.ledger import Ledger
+    from broker.money.teardown import teardown_run
     from broker.providers.slurm import SlurmProvider
 
     for k, v in cluster.env.items():
@@ -263,10 +263,10 @@ def test_unknown_partition_is_bad_input(cluster, tmp_path):
 def test_sbatch_rejection_is_a_provider_error(cluster, tmp_path, monkeypatch):
     """sbatch refuses a GPU request on a cluster without GPU GRES at once: the run fails with exit 4 semantics
     (ProviderError naming sbatch and its message), the ledger row is closed, and nothing is queued."""
-    from broker.ledger import Ledger
-    from broker.provider import ProviderError
-    from broker.recipe import load_recipe
-    from broker.slurm import SlurmOptions, run_recipe_slurm
+    from broker.money.ledger import Ledger
+    from broker.core.provider import ProviderError
+    from broker.core.recipe import load_recipe
+    from broker.slurm.executor import SlurmOptions, run_recipe_slurm
     from broker.providers.slurm import SlurmProvider
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
@@ -286,8 +286,8 @@ def test_sbatch_rejection_is_a_provider_error(cluster, tmp_path, monkeypatch):
 def test_log_dir_missing_at_submission_is_reported_not_hung(cluster, tmp_path, monkeypatch):
     """Why the submitter creates the log directory: without it sbatch exits 0 and the job dies at launch
     (JobLaunchFailure) with no log at all.  broker must report that as a failed run, promptly."""
-    from broker.ledger import Ledger
-    from broker.slurm import SlurmOptions, run_recipe_slurm
+    from broker.money.ledger import Ledger
+    from broker.slurm.executor import SlurmOptions, run_recipe_slurm
     from broker.providers.slurm import Shell
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
@@ -295,7 +295,7 @@ def test_log_dir_missing_at_submission_is_reported_not_hung(cluster, tmp_path, m
     real_mkdir = Shell.mkdir
     monkeypatch.setattr(Shell, "mkdir", lambda self, path: None if path.endswith("/logs") else real_mkdir(self, path))
     recipe_path = write_recipe(tmp_path, args=[], name="ddp-nolog")
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     with Ledger(tmp_path / "home" / "ledger.sqlite") as led:
         run, result = run_recipe_slurm(load_recipe(recipe_path), ledger=led, echo=None,

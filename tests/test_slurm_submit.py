@@ -58,7 +58,7 @@ def cluster():
     finally:
         try:
             if cid is not None:
-                from broker.slurmcluster import ClusterState
+                from broker.slurm.cluster import ClusterState
 
                 state = ClusterState.load(home / "runs" / cid)
                 if state.netns_cid and netns.leftovers(state.netns_cid):
@@ -120,8 +120,8 @@ def test_the_fixed_file_runs_on_both_nodes_and_is_a_run_in_the_ledger(cluster):
     cost = json.loads(broker(home, "cost", "--json").stdout)
     row = next(r for r in cost["runs"] if r["run"] == run_id)
     assert row["provider"] == "slurm" and row["usd"] == 0.0
-    from broker.config import settings
-    from broker.ledger import Ledger
+    from broker.core.config import settings
+    from broker.money.ledger import Ledger
 
     os.environ["BROKER_HOME"] = str(home)
     settings.cache_clear()
@@ -192,8 +192,8 @@ def test_ctrl_c_cancels_the_job_and_ends_the_run(cluster, tmp_path):
     run_id = re.search(r"run (\d{8}-\d{6}-\w+)", err).group(1)
     st = broker(home, "status", run_id, "--json")
     assert '"interrupted"' in st.stdout, st.stdout[-2000:]
-    from broker.config import settings
-    from broker.ledger import Ledger
+    from broker.core.config import settings
+    from broker.money.ledger import Ledger
 
     os.environ["BROKER_HOME"] = str(home)
     settings.cache_clear()
@@ -203,7 +203,7 @@ def test_ctrl_c_cancels_the_job_and_ends_the_run(cluster, tmp_path):
 
 def test_down_leaves_nothing(cluster):
     home, cid = cluster
-    from broker.slurmcluster import ClusterState, leftovers
+    from broker.slurm.cluster import ClusterState, leftovers
 
     state = ClusterState.load(home / "runs" / cid)
     cp = broker(home, "slurm", "down", cid, "--json")

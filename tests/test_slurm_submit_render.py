@@ -56,12 +56,12 @@ def test_ssh_on_a_slurm_up_cluster_has_slurm_conf(cluster):
     assert cp.returncode == 0, (cp.stdout, cp.stderr[-2000:])
     assert "node0" in cp.stdout and "node1" in cp.stdout
     # an interactive session: a terminal and a login shell that has SLURM_CONF
-    from broker.ledger import Ledger
-    from broker.slurmcluster import ClusterState, slurm_ssh_argv
+    from broker.money.ledger import Ledger
+    from broker.slurm.cluster import ClusterState, slurm_ssh_argv
 
     import os
 
-    from broker.config import settings
+    from broker.core.config import settings
 
     os.environ["BROKER_HOME"] = str(home)
     settings.cache_clear()

@@ -65,15 +65,15 @@ def cluster():
 
 
 def _state(home: Path, cid: str):
-    from broker.slurmcluster import ClusterState
+    from broker.slurm.cluster import ClusterState
 
     return ClusterState.load(home / "runs" / cid)
 
 
 def _run_row(home: Path, run_id: str):
     os.environ["BROKER_HOME"] = str(home)
-    from broker.config import settings
-    from broker.ledger import Ledger
+    from broker.core.config import settings
+    from broker.money.ledger import Ledger
 
     settings.cache_clear()
     led = Ledger()
@@ -140,7 +140,7 @@ def test_ddp_2node_runs_through_the_cluster_with_ranks_on_different_nodes(cluste
 def test_down_leaves_no_namespace_daemon_or_mount(cluster):
     home, info, _ = cluster
     state = _state(home, info["cluster_id"])
-    from broker.slurmcluster import leftovers, pid_files
+    from broker.slurm.cluster import leftovers, pid_files
 
     pidfiles = [Path(f) for i in range(2) for f in pid_files(state, i)]
     pids = [int(p.read_text().strip()) for p in pidfiles if p.exists() and p.read_text().strip()]

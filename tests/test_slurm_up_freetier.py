@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.catalog import SHIPPED_DIR
-from broker.model import Requirements
-from broker.planner import free_tier_offers, parse_free_tier, plan
+from broker.plan.catalog import SHIPPED_DIR
+from broker.core.model import Requirements
+from broker.plan.planner import free_tier_offers, parse_free_tier, plan
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = (SHIPPED_DIR / "free_tier.csv").read_text()
@@ -86,7 +86,7 @@ def write_recipe(tmp_path: Path, extra: str) -> Path:
 
 
 def test_recipe_gpus_per_node_0_is_a_cpu_only_job(tmp_path):
-    from broker.recipe import RecipeError, load_recipe
+    from broker.core.recipe import RecipeError, load_recipe
 
     r = load_recipe(write_recipe(tmp_path, "gpus_per_node: 0\ncpu_ok: true\n"))
     assert r.cpu_only and r.gpus_per_node == 1  # one gloo process per node for the launchers

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker import slurmcluster as sc
-from broker.provider import BadInput, ProviderError
+from broker.slurm import cluster as sc
+from broker.core.provider import BadInput, ProviderError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,8 +203,8 @@ def test_node0_shell_runs_commands_with_the_clusters_conf(tmp_path):
 
 
 def test_cpu_lint_advice_on_cpu_nodes_only(tmp_path):
-    from broker.commands.slurm import cpu_lint_advice
-    from broker.recipe import load_recipe
+    from broker.cli.slurm import cpu_lint_advice
+    from broker.core.recipe import load_recipe
 
     (tmp_path / "train.py").write_text("import torch.distributed as dist\ndist.init_process_group(backend='nccl')\n")
     (tmp_path / "r.yaml").write_text("name: r\nscript: train.py\ncpu_ok: true\n")
@@ -218,14 +218,14 @@ def test_cpu_lint_advice_on_cpu_nodes_only(tmp_path):
 
 
 def test_run_on_an_unknown_or_ended_cluster_is_refused(tmp_path):
-    from broker.ledger import Ledger
-    from broker.model import Run
-    from broker.slurm import SlurmOptions
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run
+    from broker.slurm.executor import SlurmOptions
 
     led = Ledger()
     with pytest.raises(BadInput, match="no Slurm cluster"):
         sc.attach(SlurmOptions(cluster="nope"), led)
-    from broker.config import runs_dir
+    from broker.core.config import runs_dir
 
     run_dir = runs_dir() / "20260101-000000-abcdef"  # a run's folder is only ever <home>/runs/<run id>
     run_dir.mkdir()
@@ -251,7 +251,7 @@ def test_slurm_up_on_a_cloud_without_credentials_creates_nothing(cli_env, broker
     cp = subprocess.run([sys.executable, "-m", "broker", "slurm", "up", "--provider", "aws", "--nodes", "2",
                          "--yes"], cwd=REPO, env=cli_env, capture_output=True, text=True, timeout=120)
     assert cp.returncode != 0 and "credentials" in cp.stderr.lower()
-    from broker.ledger import Ledger
+    from broker.money.ledger import Ledger
 
     assert Ledger().list_runs(limit=10) == []
 

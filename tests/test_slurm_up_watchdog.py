@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slurm, pytest.mark.slow,
 @pytest.fixture
 def own_home(monkeypatch):
     """A broker home outside pytest's numbered temp folders (a parallel session may prune those)."""
-    from broker.config import settings
+    from broker.core.config import settings
 
     home = Path(tempfile.mkdtemp(prefix="broker-slurmup-wd-"))
     monkeypatch.setenv("BROKER_HOME", str(home))
@@ -44,9 +44,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_watchdog_deadline_tears_the_cluster_down(own_home):
-    from broker.ledger import Ledger
-    from broker.slurmcluster import UpOptions, down, leftovers, pid_files, up
-    from broker.watchdog import Watchdog
+    from broker.money.ledger import Ledger
+    from broker.slurm.cluster import UpOptions, down, leftovers, pid_files, up
+    from broker.money.watchdog import Watchdog
 
     led = Ledger()
     state = up(UpOptions(provider="netns", nodes=2, max_hours=0.5), ledger=led)
@@ -76,9 +76,9 @@ def test_watchdog_deadline_tears_the_cluster_down(own_home):
 def test_a_failed_up_releases_its_nodes_and_records_the_failure(own_home, monkeypatch):
     """A node without a required binary: `up` fails with a sentence naming it, and the namespaces it had acquired
     are gone, the ledger rows terminated, the run recorded as failed."""
-    from broker import slurmcluster as sc
-    from broker.ledger import Ledger
-    from broker.provider import ProviderError
+    from broker.slurm import cluster as sc
+    from broker.money.ledger import Ledger
+    from broker.core.provider import ProviderError
 
     monkeypatch.setattr(sc, "FACTS_CMD", sc.FACTS_CMD.replace("for b in munged",
                                                                "for b in broker-no-such-daemon munged"))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import staging
-from broker.staging import copy_staged, stage_plan, staged_tar, worth_compressing, write_tar
+from broker.run import staging
+from broker.run.staging import copy_staged, stage_plan, staged_tar, worth_compressing, write_tar
 
 
 def _work(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Stall detection (broker/stall.py): a real 2-node torchrun job that hangs (rank 0 in all_reduce, rank 1 in
+"""Stall detection (broker/run/stall.py): a real 2-node torchrun job that hangs (rank 0 in all_reduce, rank 1 in
 time.sleep) is named with both ranks' places long before its deadline; the stack parsers and the verdicts on
 faulthandler / py-spy text; the flight-recorder reader on real dumps."""
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.stall import (Frame, StallWatch, flight_recorder_from_run, parse_stacks, place_of, places_from_sample,
+from broker.run.stall import (Frame, StallWatch, flight_recorder_from_run, parse_stacks, place_of, places_from_sample,
                           read_flight_recorder, verdict)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def _line(code: str) -> int:
 
 
 def _hang_spec(stall_s: float, on_stall: str, deadline_s: float, mode: str = "hang"):
-    from broker.launch import LocalLaunchSpec
+    from broker.run.launch import LocalLaunchSpec
 
     return LocalLaunchSpec(script_rel="fault.py", args=[mode], workdir=FAULT.parent, nnodes=2, nproc_per_node=1,
                            env={"PYTHONWARNINGS": "ignore", "FAULT_TIMEOUT_S": "600", "CUDA_VISIBLE_DEVICES": ""},
@@ -40,8 +40,8 @@ def test_a_real_hang_is_named_with_both_ranks_places_and_stopped(tmp_path):
     """The exact case: rank 0 waits in all_reduce, rank 1 sleeps.  stall_s 5 and a 90 s deadline: the run ends as
     a stall (not at the deadline) with both places; the console gets one line for the nodes broker stopped."""
     pytest.importorskip("torch")
-    from broker.diagnose import explain
-    from broker.launch import run_local
+    from broker.run.diagnose import explain
+    from broker.run.launch import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(5, "stop", 90), tmp_path / "run", echo=lines.append)
@@ -66,8 +66,8 @@ def test_a_real_hang_is_named_with_both_ranks_places_and_stopped(tmp_path):
 
 def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path):
     pytest.importorskip("torch")
-    from broker.diagnose import explain
-    from broker.launch import run_local
+    from broker.run.diagnose import explain
+    from broker.run.launch import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(4, "report", 35), tmp_path / "run", echo=lines.append)
@@ -85,7 +85,7 @@ def test_rank0_only_evaluation_through_the_ddp_model_is_named(tmp_path):
     """Rank 0 evaluates through the DDP model (its forward broadcasts BatchNorm's buffers), rank 1 does not: the
     stall names DDP's forward on rank 0, not a bare 'all ranks timed out'."""
     pytest.importorskip("torch")
-    from broker.launch import run_local
+    from broker.run.launch import run_local
 
     res = run_local(_hang_spec(5, "stop", 120, "eval_rank0"), tmp_path / "run", echo=None)
     assert res.status == "failed", res.reason
@@ -97,7 +97,7 @@ def test_a_rank_that_computes_silently_is_slow_not_stalled(tmp_path):
     """Rank 1 spins on one line for 20 s (the same stack in every sample) while rank 0 waits in all_reduce:
     it uses CPU, so it is computing; the run is not stopped and ends by itself, with one report line."""
     pytest.importorskip("torch")
-    from broker.launch import run_local
+    from broker.run.launch import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(4, "stop", 120, "busy"), tmp_path / "run", echo=lines.append)
@@ -207,7 +207,7 @@ class _Clock:
 
 
 def test_watch_needs_silence_and_two_equal_samples(monkeypatch):
-    import broker.stall as stall
+    import broker.run.stall as stall
 
     clock = _Clock()
     samples = [{"0": _entry(0, "all_reduce", 40), "1": _entry(1, None, 33)},
@@ -288,7 +288,7 @@ def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
     import subprocess
     import time
 
-    from broker.launch import RANKSHIM
+    from broker.run.launch import RANKSHIM
 
     script = tmp_path / "train.py"
     script.write_text("import os, time\nprint(os.environ.get('TORCH_FR_BUFFER_SIZE') or "
@@ -319,7 +319,7 @@ def test_a_failed_runs_diagnosis_carries_the_flight_recorder(tmp_path):
     behind, after the failure itself."""
     import shutil
 
-    from broker.diagnose import explain
+    from broker.run.diagnose import explain
 
     shutil.copytree(LOGS / "cpu" / "gloo_timeout", tmp_path / "run")
     for i in (0, 1):
@@ -337,9 +337,9 @@ def test_broker_run_pipeline_uses_the_recipes_stall_s_and_exits_1_with_the_place
     pytest.importorskip("torch")
     import shutil
 
-    from broker.ledger import Ledger
-    from broker.pipeline import Hooks, LocalTarget, run_pipeline
-    from broker.recipe import load_recipe
+    from broker.money.ledger import Ledger
+    from broker.run.pipeline import Hooks, LocalTarget, run_pipeline
+    from broker.core.recipe import load_recipe
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     job = tmp_path / "job"
@@ -361,8 +361,8 @@ def test_a_deadline_report_says_where_every_rank_was(tmp_path):
     """stall_s longer than the deadline: the deadline stops the hang, and its report is not empty: one stack
     sample names both ranks' places, and no node is blamed."""
     pytest.importorskip("torch")
-    from broker.diagnose import explain
-    from broker.launch import run_local
+    from broker.run.diagnose import explain
+    from broker.run.launch import run_local
 
     res = run_local(_hang_spec(600, "stop", 25), tmp_path / "run", echo=None)
     assert res.status == "deadline", res.reason
@@ -452,8 +452,8 @@ def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path):
     import os
     import subprocess
 
-    from broker.launch import RANKSHIM
-    from broker.rankshim import fr_env_names
+    from broker.run.launch import RANKSHIM
+    from broker.run.rankshim import fr_env_names
 
     assert fr_env_names("2.11.0+cu130") == ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
     assert fr_env_names("2.13.0+cpu") == ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")

@@ -1,4 +1,4 @@
-"""Stall detection over SSH (broker/stall.py through broker.remote.SSHExecutor): two netns hosts with their own
+"""Stall detection over SSH (broker/run/stall.py through broker.run.remote.SSHExecutor): two netns hosts with their own
 sshd, a real gloo job where rank 0 waits in all_reduce and rank 1 sleeps; the stacks are read on the nodes
 (``rankshim.py --dump-stacks``) and the run is stopped long before its deadline with both places named (root only)."""
 
@@ -34,9 +34,9 @@ def _home(tmp_path, monkeypatch):
 
 
 def test_a_hang_on_two_ssh_hosts_is_named_and_stopped(tmp_path):
-    from broker.diagnose import explain
-    from broker.recipe import load_recipe
-    from broker.remote import run_remote
+    from broker.run.diagnose import explain
+    from broker.core.recipe import load_recipe
+    from broker.run.remote import run_remote
 
     d = tmp_path / "job"
     d.mkdir()

@@ -25,7 +25,7 @@ def modules_after(code: str, cwd: Path, env: dict | None = None) -> set[str]:
 
 
 def test_help_imports_no_pydantic_or_rich_help(tmp_path):
-    mods = modules_after("import sys\nfrom broker import cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n"
+    mods = modules_after("import sys\nfrom broker.cli import app as cli\ntry:\n    cli.main(['--help'])\nexcept SystemExit:\n"
                          "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h")})
     for heavy in ("pydantic", "pydantic_settings", "typer.rich_utils", "rich.markdown", "rich.console", "yaml",
                   "httpx", "asyncssh"):
@@ -33,16 +33,16 @@ def test_help_imports_no_pydantic_or_rich_help(tmp_path):
 
 
 def test_errors_module_is_pydantic_free(tmp_path):
-    mods = modules_after("import broker.errors, broker.limits, broker.config", tmp_path)
+    mods = modules_after("import broker.core.errors, broker.core.limits, broker.core.config", tmp_path)
     assert "pydantic" not in mods and "typer" not in mods
 
 
 def test_plan_reads_settings_without_pydantic_settings(tmp_path):
-    mods = modules_after("from broker.config import settings\ns = settings()\nassert s.vast_api_key is None",
+    mods = modules_after("from broker.core.config import settings\ns = settings()\nassert s.vast_api_key is None",
                          tmp_path, {"BROKER_HOME": str(tmp_path / "h")})
     assert "pydantic_settings" not in mods
     (tmp_path / ".env").write_text("VAST_API_KEY=k-from-dotenv\n")
-    mods = modules_after("from broker.config import settings\n"
+    mods = modules_after("from broker.core.config import settings\n"
                          "assert settings().vast_api_key.get_secret_value() == 'k-from-dotenv'",
                          tmp_path)
     assert "pydantic_settings" in mods
@@ -54,8 +54,7 @@ ENV = {"VAST_API_KEY": "k-123", "vast_api_url": "https://x", "OCI_INSTANCE_PRINC
 
 
 def test_environment_fast_path_matches_pydantic_settings(tmp_path, monkeypatch):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(tmp_path)  # no .env here
     for k in list(os.environ):
         if k.upper() in {n.upper() for n in ENV} or k.upper().startswith(("VAST_", "OCI_", "BROKER_")):
@@ -82,8 +81,8 @@ def test_environment_fast_path_matches_pydantic_settings(tmp_path, monkeypatch):
 def test_environment_fast_path_rejects_what_pydantic_rejects(tmp_path, monkeypatch, name, value):
     from pydantic import ValidationError
 
-    from broker import config
-    from broker.errors import BadInput
+    from broker.core import config
+    from broker.core.errors import BadInput
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(name, value)
@@ -94,28 +93,28 @@ def test_environment_fast_path_rejects_what_pydantic_rejects(tmp_path, monkeypat
 
 
 def test_settings_class_still_importable():
-    from broker.config import Settings
+    from broker.core.config import Settings
 
     assert "vast_api_key" in Settings.model_fields
     with pytest.raises(ImportError):
-        from broker.config import NoSuchThing  # noqa: F401
+        from broker.core.config import NoSuchThing  # noqa: F401
 
 
 def test_plan_does_not_coerce_options_through_pydantic_adapters(tmp_path):
     """typer 0.29 builds a pydantic TypeAdapter for every CLI parameter on every start (+120 ms for ``broker plan``,
     bench/cli_startup.py); pyproject pins ``typer<0.29``."""
-    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+    mods = modules_after("from broker.cli import app as cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
                          "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
     assert "typer._adapters" not in mods
 
 
 def test_records_build_their_schema_on_first_use():
-    """Importing broker.model imports no pydantic; the ledger / cluster records (broker.records, reached through
-    broker.model's lazy names) build no schema until first used (``defer_build``)."""
-    code = ("import sys\nimport broker.model as m, broker.provider as p\nassert 'pydantic' not in sys.modules\n"
+    """Importing broker.core.model imports no pydantic; the ledger / cluster records (broker.core.records, reached through
+    broker.core.model's lazy names) build no schema until first used (``defer_build``)."""
+    code = ("import sys\nimport broker.core.model as m, broker.core.provider as p\nassert 'pydantic' not in sys.modules\n"
             "m.Requirements(budget_usd=None)\nassert 'pydantic' not in sys.modules\n"
-            "from broker.model import Cluster, ClusterNode, Run\nfrom broker.provider import InstanceInfo\n"
-            "assert 'pydantic' in sys.modules and Cluster is sys.modules['broker.records'].Cluster\n"
+            "from broker.core.model import Cluster, ClusterNode, Run\nfrom broker.core.provider import InstanceInfo\n"
+            "assert 'pydantic' in sys.modules and Cluster is sys.modules['broker.core.records'].Cluster\n"
             "assert not any(c.__pydantic_complete__ for c in (Run, Cluster, ClusterNode, InstanceInfo))\n"
             "ClusterNode(node_rank=0, host='h', private_ip='10.0.0.1')\nassert ClusterNode.__pydantic_complete__\n"
             "assert not Run.__pydantic_complete__")
@@ -127,21 +126,21 @@ def test_records_build_their_schema_on_first_use():
 def test_plan_imports_no_pydantic(tmp_path):
     """``broker plan`` works on the planner's dataclasses only: no pydantic import (~95 ms), no plugin scan, no
     schema build (bench/cli_startup.py); the adapters reach their pydantic records only inside lifecycle verbs."""
-    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+    mods = modules_after("from broker.cli import app as cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
                          "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
-    assert "broker.planner" in mods and "broker.providers.aws" in mods  # the plan really ran over the adapters
-    for heavy in ("pydantic", "pydantic_core", "broker.records", "typer._adapters"):
+    assert "broker.plan.planner" in mods and "broker.providers.aws" in mods  # the plan really ran over the adapters
+    for heavy in ("pydantic", "pydantic_core", "broker.core.records", "typer._adapters"):
         assert heavy not in mods, heavy
 
 
 def test_unknown_lazy_name_is_an_attribute_error():
-    import broker.model
-    import broker.provider
+    import broker.core.model
+    import broker.core.provider
 
     with pytest.raises(ImportError):
-        from broker.model import NoSuchThing  # noqa: F401
+        from broker.core.model import NoSuchThing  # noqa: F401
     with pytest.raises(AttributeError):
-        broker.provider.NoSuchThing  # noqa: B018
+        broker.core.provider.NoSuchThing  # noqa: B018
 
 
 def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
@@ -154,11 +153,11 @@ def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
     from pydantic import TypeAdapter
     from typer.testing import CliRunner
 
-    import broker.planner
-    from broker import catalog
-    from broker.cli import app
-    from broker.config import settings
-    from broker.model import Offer, Plan, PlanOption
+    import broker.plan.planner
+    from broker.plan import catalog
+    from broker.cli.app import app
+    from broker.core.config import settings
+    from broker.core.model import Offer, Plan, PlanOption
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "h"))
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -169,8 +168,8 @@ def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
     settings.cache_clear()
     catalog._CACHE.clear()
     seen: list = []
-    real = broker.planner.plan
-    monkeypatch.setattr(broker.planner, "plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    real = broker.plan.planner.plan
+    monkeypatch.setattr(broker.plan.planner, "plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     r = CliRunner().invoke(app, ["plan", "--budget", "5", "--cpu-ok", "--offline", "--json"])
     settings.cache_clear()
     assert r.exit_code == 0, r.output
@@ -193,7 +192,7 @@ def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
 
 def test_plan_does_not_import_the_click_package(tmp_path):
     """Typer >= 0.26 vendors click (typer._click); importing the separate click package too cost ~10 ms per start."""
-    mods = modules_after("from broker import cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
+    mods = modules_after("from broker.cli import app as cli\ntry:\n    cli.main(['plan', '--budget', '5'])\nexcept SystemExit:\n"
                          "    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
     import typer
 
@@ -202,14 +201,13 @@ def test_plan_does_not_import_the_click_package(tmp_path):
 
 
 def test_the_command_table_matches_what_the_modules_register():
-    """broker.cli.COMMANDS (command -> module, used to build only the invoked command) lists exactly what each
+    """broker.cli.app.COMMANDS (command -> module, used to build only the invoked command) lists exactly what each
     command module registers."""
     import importlib
 
     import typer
 
-    from broker import cli
-
+    from broker.cli import app as cli
     seen = {}
     for m in cli.COMMAND_MODULES:
         a = typer.Typer()
@@ -223,31 +221,31 @@ def test_the_command_table_matches_what_the_modules_register():
 
 def test_plan_builds_only_its_own_commands(tmp_path):
     """`broker plan` imports the plan command module only (the others and their Typer signatures cost ~15 ms)."""
-    mods = modules_after("from broker import cli\ntry:\n    cli.main(['-v', 'plan', '--budget', '5'])\nexcept "
+    mods = modules_after("from broker.cli import app as cli\ntry:\n    cli.main(['-v', 'plan', '--budget', '5'])\nexcept "
                          "SystemExit:\n    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
-    assert "broker.commands.plan" in mods
-    assert not {m for m in mods if m.startswith("broker.commands.")} - {"broker.commands", "broker.commands.plan"}
+    assert "broker.cli.plan" in mods
+    assert not {m for m in mods if m.startswith("broker.cli.")} - {"broker.cli", "broker.cli.app", "broker.cli.plan"}
 
 
 def test_status_on_an_empty_home_imports_no_pydantic_or_rich(tmp_path):
     """`broker status` with nothing in the ledger reads no record (the pydantic records load on the first row) and
     lays out nothing (no rich): bench/cli_startup.py measures it; a run in the ledger still shows through rich."""
     env = {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"}
-    code = "from broker import cli\ntry:\n    cli.main(['status'])\nexcept SystemExit:\n    pass"
+    code = "from broker.cli import app as cli\ntry:\n    cli.main(['status'])\nexcept SystemExit:\n    pass"
     mods = modules_after(code, tmp_path, env)
-    assert "broker.ledger" in mods and "broker.accounting" in mods
-    for heavy in ("pydantic", "broker.records", "rich.console", "rich.table"):
+    assert "broker.money.ledger" in mods and "broker.money.accounting" in mods
+    for heavy in ("pydantic", "broker.core.records", "rich.console", "rich.table"):
         assert heavy not in mods, heavy
     from datetime import datetime, timezone
 
-    from broker.ledger import Ledger
-    from broker.model import Run
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run
 
     Ledger(tmp_path / "h" / "ledger.sqlite").create_run(Run(id="20261201-000000-abc123", name="t", provider="local",
                                                             topology="local", status="succeeded",
                                                             created_at=datetime.now(timezone.utc)))
     mods = modules_after(code, tmp_path, env)
-    assert "broker.records" in mods and "rich.table" in mods
+    assert "broker.core.records" in mods and "rich.table" in mods
 
 
 def test_status_on_an_empty_home_prints_what_the_rich_path_printed(tmp_path):

@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 from typer.testing import CliRunner
 
-from broker.cli import app
-from broker.ledger import Ledger
-from broker.model import utcnow
-from broker.watchdog import Watchdog
+from broker.cli.app import app
+from broker.money.ledger import Ledger
+from broker.core.model import utcnow
+from broker.money.watchdog import Watchdog
 from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 
@@ -21,8 +21,7 @@ from test_watchdog_helpers import make_run, provision
 def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
     monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
-    from broker import ui
-
+    from broker.core import ui
     monkeypatch.setattr(ui.console, "_width", 260)
     led = Ledger(tmp_path / "ledger.sqlite")
     now = utcnow()
@@ -143,8 +142,8 @@ def test_status_settles_a_run_whose_cli_died(setup):
 
 
 def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
-    from broker.accounting import FakeClock
-    from broker.pipeline import end_run
+    from broker.money.accounting import FakeClock
+    from broker.run.pipeline import end_run
 
     led, run, rows, home = setup
     clock = FakeClock()
@@ -160,10 +159,10 @@ def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
 def test_a_run_that_rented_nothing_shows_zero_spent(tmp_path, monkeypatch, fake_cloud):
     from pathlib import Path
 
-    from broker.pipeline import rank_options
-    from broker.model import Requirements
-    from broker.provider import NoValidPlan
-    from broker.provision import provision
+    from broker.run.pipeline import rank_options
+    from broker.core.model import Requirements
+    from broker.core.provider import NoValidPlan
+    from broker.money.provision import provision
 
     fake_cloud(tmp_path, tmp_path / "fake-cloud.json")
     monkeypatch.setenv("BROKER_FAKE_FAIL", "capacity@fake-zone-1,capacity@fake-zone-2")
@@ -185,8 +184,7 @@ def test_a_run_that_rented_nothing_shows_zero_spent(tmp_path, monkeypatch, fake_
 
 
 def test_status_is_readable_at_80_columns(setup, monkeypatch):
-    from broker import ui
-
+    from broker.core import ui
     led, run, rows, home = setup
     monkeypatch.setattr(ui.console, "_width", 80)
     out = CliRunner().invoke(app, ["status"]).output

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Run, utcnow
+from broker.money.ledger import Ledger
+from broker.core.model import Run, utcnow
 from tests.conftest import REPO, broker_cmd
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Run
+from broker.money.ledger import Ledger
+from broker.core.model import Run
 from tests.conftest import REPO, broker_cmd
 
 
@@ -25,7 +25,7 @@ def _nobody() -> tuple[int, int]:
 
 
 def _crash(monkeypatch, home: Path) -> Path | None:
-    from broker.cli import crash_log
+    from broker.cli.app import crash_log
 
     monkeypatch.setenv("BROKER_HOME", str(home))
     try:
@@ -37,8 +37,7 @@ def _crash(monkeypatch, home: Path) -> Path | None:
 @pytest.fixture
 def shared_tmp(tmp_path, monkeypatch):
     """A world-writable sticky folder standing in for /tmp (TMPDIR and broker's short base both point there)."""
-    from broker import private
-
+    from broker.core import private
     t = tmp_path / "tmp"
     t.mkdir()
     t.chmod(0o1777)

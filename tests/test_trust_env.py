@@ -57,8 +57,7 @@ def test_dotenv_endpoint_never_gets_the_key(folder, cli_env, own_httpserver):
 
 @pytest.mark.parametrize("var", ["VAST_API_URL", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL", "BROKER_HOME"])
 def test_every_env_only_setting_is_ignored_in_dotenv(var, folder, monkeypatch):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(folder)
     for v in ("VAST_API_URL", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(v, raising=False)
@@ -71,7 +70,7 @@ def test_every_env_only_setting_is_ignored_in_dotenv(var, folder, monkeypatch):
 
 
 def test_env_only_names_the_class():
-    from broker.config import env_only
+    from broker.core.config import env_only
 
     assert all(env_only(n) for n in ("BROKER_HOME", "VAST_API_URL", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL",
                                      "oci_service_endpoint", "FOO_API_URL", "X_ENDPOINT_OVERRIDE"))
@@ -103,8 +102,8 @@ def _seed_billing(home: Path) -> None:
     """A live billing instance in the ledger under ``home`` (a real SQLite file)."""
     from datetime import timedelta
 
-    from broker.ledger import Ledger
-    from broker.model import Run, utcnow
+    from broker.money.ledger import Ledger
+    from broker.core.model import Run, utcnow
 
     led = Ledger(home / "ledger.sqlite")
     now = utcnow()
@@ -139,8 +138,7 @@ def test_env_example_copied_as_dotenv_changes_nothing(folder, cli_env, tmp_path)
 
 
 def test_env_example_settings_equal_the_defaults(folder, monkeypatch):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(folder)
     for k in list(os.environ):
         if k.upper().startswith(("VAST_", "OCI_", "AWS_", "BROKER_")):
@@ -156,8 +154,7 @@ def test_env_example_settings_equal_the_defaults(folder, monkeypatch):
 
 
 def test_empty_value_means_unset(folder, monkeypatch):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(folder)
     monkeypatch.setenv("VAST_API_URL", "")
     monkeypatch.setenv("BROKER_WATCHDOG_INTERVAL_S", "")
@@ -175,8 +172,8 @@ def test_empty_value_means_unset(folder, monkeypatch):
 
 @pytest.mark.parametrize("var", ["VAST_API_URL", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL"])
 def test_plain_http_endpoint_to_another_machine_is_refused(var, folder, monkeypatch):
-    from broker import config
-    from broker.errors import BadInput
+    from broker.core import config
+    from broker.core.errors import BadInput
 
     monkeypatch.chdir(folder)
     monkeypatch.setenv(var, "http://198.18.0.9:8080")
@@ -189,8 +186,7 @@ def test_plain_http_endpoint_to_another_machine_is_refused(var, folder, monkeypa
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9", "http://localhost:9", "http://[::1]:9",
                                  "https://proxy.example:8443"])
 def test_loopback_http_and_https_endpoints_are_accepted(url, folder, monkeypatch):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(folder)
     monkeypatch.setenv("VAST_API_URL", url)
     config.settings.cache_clear()

@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Run, utcnow
+from broker.money.ledger import Ledger
+from broker.core.model import Run, utcnow
 from tests.conftest import broker_cmd
 
 from tests.vast_emulator import API_KEY as KEY  # noqa: E402
@@ -94,7 +94,7 @@ def test_traversal_id_sends_no_request_with_the_key(vast_emu, broker_home, cli_e
 
 
 def test_adapter_refuses_and_escapes_before_any_request(vast_emu):
-    from broker.provider import ProviderError
+    from broker.core.provider import ProviderError
     from broker.providers.vast import VastProvider
 
     p = VastProvider(max_attempts=1)
@@ -110,7 +110,7 @@ def test_vast_row_the_account_holds_without_our_label_is_refused(vast_emu, broke
     """A crafted row naming a real instance of the account (another tool's, no broker label): named, not
     terminated; an instance broker labelled for this installation and run is terminated."""
     from broker.providers.vast import VastProvider, make_label
-    from broker.teardown import teardown_run
+    from broker.money.teardown import teardown_run
 
     lg, _ = crafted(broker_home, "vast", "0")
     other = vast_emu.add_instance("my-jupyter-box")
@@ -141,8 +141,8 @@ def fake(tmp_path, fake_cloud):
 
 
 def _fake_instance(p, run_id: str, installation_id: str | None, tagged: bool = True) -> str:
-    from broker.provider import NodeRequest
-    from broker.model import Requirements
+    from broker.core.provider import NodeRequest
+    from broker.core.model import Requirements
 
     offer = next(o for o in p.offers(Requirements()) if o.gpu_count == 1)
     pid = p.create_instance(NodeRequest(run_id=run_id, node_index=0, name=f"broker-{run_id}-n0", offer=offer,
@@ -158,7 +158,7 @@ def _fake_instance(p, run_id: str, installation_id: str | None, tagged: bool = T
 def test_down_terminates_only_what_the_provider_tags_as_ours(fake, case):
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     p, home = fake
     lg = Ledger(home / "ledger.sqlite")
@@ -175,7 +175,7 @@ def test_down_terminates_only_what_the_provider_tags_as_ours(fake, case):
 
 
 def test_watchdog_does_not_terminate_a_crafted_row_past_its_deadline(fake):
-    from broker.watchdog import Watchdog
+    from broker.money.watchdog import Watchdog
 
     p, home = fake
     lg = Ledger(home / "ledger.sqlite")
@@ -194,7 +194,7 @@ def test_watchdog_does_not_terminate_a_crafted_row_past_its_deadline(fake):
 def test_unreadable_tags_never_count_as_ours(fake, monkeypatch):
     """While the provider's list cannot be read, `down` does not terminate (it cannot tell whose it is); once
     it can, the same row goes."""
-    from broker.teardown import teardown_run
+    from broker.money.teardown import teardown_run
 
     p, home = fake
     lg = Ledger(home / "ledger.sqlite")
@@ -212,7 +212,7 @@ def test_unreadable_tags_never_count_as_ours(fake, monkeypatch):
 def test_reconcile_ignores_a_terminated_row_naming_another_installations_object(fake):
     """A (crafted or stale) terminated row for another installation's tagged instance does not make it an orphan
     of ours."""
-    from broker.provision import reconcile
+    from broker.money.provision import reconcile
 
     p, home = fake
     lg = Ledger(home / "ledger.sqlite")
@@ -245,9 +245,9 @@ def moto(monkeypatch):
 def test_aws_instance_without_our_tags_is_refused(moto, broker_home):
     import boto3
 
-    from broker.provider import INSTALL_TAG, RUN_TAG
+    from broker.core.provider import INSTALL_TAG, RUN_TAG
     from broker.providers.aws import AWSProvider
-    from broker.teardown import teardown_run
+    from broker.money.teardown import teardown_run
 
     session = boto3.session.Session(region_name="us-east-1")
     ec2 = session.client("ec2", endpoint_url=moto)
@@ -275,7 +275,7 @@ def test_oci_instance_of_another_installation_is_refused(broker_home, key_pem):
     import oci
 
     from broker.providers.oci import OCIProvider
-    from broker.teardown import teardown_run
+    from broker.money.teardown import teardown_run
     from tests.oci_emulator import OCIEmulator
 
     comp = "ocid1.compartment.oc1..aaaaaaaatrust"
@@ -305,7 +305,7 @@ def test_status_json_shows_the_refusal(fake):
     """The refused row stays loud: `broker status --json` lists it live with the reason."""
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     p, home = fake
     pid = _fake_instance(p, "run-crafted", None, tagged=False)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.launch import RunResult, rank_table
+from broker.run.launch import RunResult, rank_table
 
 HOSTILE = "\x1b]0;TITLE\x07\x1b[2J\x9b2J\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\[/dim][bold]BOLD\u202eevil"
 
@@ -28,8 +28,8 @@ def _hostile_facts(tmp_path: Path) -> dict[int, Path]:
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_node_facts_reach_the_summary_without_controls_or_markup(tmp_path, capsys, monkeypatch, width):
-    from broker import ui
-    from broker.commands import summary
+    from broker.core import ui
+    from broker.cli import summary
 
     logs = _hostile_facts(tmp_path)
     rows = rank_table(logs, nnodes=1, nproc_per_node=1)
@@ -49,8 +49,7 @@ def test_node_facts_reach_the_summary_without_controls_or_markup(tmp_path, capsy
 
 
 def test_bidi_controls_are_removed_and_shown_with_v():
-    from broker import ui
-
+    from broker.core import ui
     assert ui.strip_controls("a\u202eb\u2066c\u2069d\u202a—’\n") == "abcd—’\n"
     assert ui.strip_controls("\x1b[31m\u202dx\x9b2J") == "x"
     assert ui.visible_controls("a\u202eb") == "a\\u202eb"
@@ -67,8 +66,7 @@ def test_bidi_controls_are_removed_and_shown_with_v():
 
 # ------------------------------------------------------------------------------------------- .env: where, not keys
 def _dotenv(folder: Path, monkeypatch, text: str, *clear: str):
-    from broker import config
-
+    from broker.core import config
     monkeypatch.chdir(folder)
     for v in clear:
         monkeypatch.delenv(v, raising=False)
@@ -81,7 +79,7 @@ def _dotenv(folder: Path, monkeypatch, text: str, *clear: str):
 @pytest.mark.parametrize("var,value", [("OCI_REGION", "attacker.example"), ("AWS_DEFAULT_REGION", "evil.example/x"),
                                        ("AWS_REGION", "us-east-1.attacker.example"), ("OCI_REGION", "us-ashburn-1@x")])
 def test_a_region_that_is_not_the_provider_s_form_is_refused(var, value, tmp_path, monkeypatch):
-    from broker.errors import BadInput
+    from broker.core.errors import BadInput
 
     config = _dotenv(tmp_path, monkeypatch, f"{var}={value}\n", "OCI_REGION", "AWS_DEFAULT_REGION", "AWS_REGION")
     try:
@@ -122,7 +120,7 @@ def test_oci_sdk_never_builds_an_endpoint_from_a_dotenv_region(tmp_path, monkeyp
 
 
 def test_an_explicit_region_is_validated_by_the_sdk_wrappers():
-    from broker.errors import BadInput
+    from broker.core.errors import BadInput
     from broker.providers.aws.api import AWSApi
     from broker.providers.oci.sdk import OCIApi
 
@@ -190,8 +188,8 @@ def _recipe(tmp_path: Path, env_yaml: str, extra: str = "") -> Path:
 @pytest.mark.parametrize("name", ["VAST_API_KEY", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "TS_AUTHKEY",
                                   "OCI_PRIVATE_KEY_PASSPHRASE_TOKEN"])
 def test_env_that_copies_broker_s_own_credential_is_refused(name, tmp_path, monkeypatch):
-    from broker.errors import BadInput
-    from broker.recipe import load_recipe
+    from broker.core.errors import BadInput
+    from broker.core.recipe import load_recipe
 
     monkeypatch.setenv(name, "value-of-the-users-credential")
     r = _recipe(tmp_path, f"  JOB_KEY: ${{{name}}}\n")
@@ -203,7 +201,7 @@ def test_env_that_copies_broker_s_own_credential_is_refused(name, tmp_path, monk
 
 
 def test_env_referencing_other_variables_still_resolves(tmp_path, monkeypatch):
-    from broker.recipe import load_recipe
+    from broker.core.recipe import load_recipe
 
     monkeypatch.setenv("MY_DATASET", "/data/x")
     rec = load_recipe(_recipe(tmp_path, "  DATA: ${MY_DATASET}\n"))
@@ -211,8 +209,8 @@ def test_env_referencing_other_variables_still_resolves(tmp_path, monkeypatch):
 
 
 def test_url_credentials_in_env_are_masked_where_stored(tmp_path, monkeypatch):
-    from broker.private import known_secrets
-    from broker.recipe import load_recipe
+    from broker.core.private import known_secrets
+    from broker.core.recipe import load_recipe
 
     monkeypatch.setenv("DB_PASS", "hunter2-db-pass")
     rec = load_recipe(_recipe(tmp_path, "  DB: postgres://alice:s3cr3t-pw@db.example:5432/x\n"
@@ -226,7 +224,7 @@ def test_url_credentials_in_env_are_masked_where_stored(tmp_path, monkeypatch):
 
 
 def test_stream_scrubber_masks_a_value_split_anywhere():
-    from broker.private import MASK, StreamScrubber
+    from broker.core.private import MASK, StreamScrubber
 
     secret = "tok-0123456789abcdef"
     text = f"a {secret} b {secret}{secret} tok-01 end\n".encode()
@@ -248,9 +246,9 @@ def test_a_secret_the_job_prints_is_masked_on_the_terminal_and_in_the_node_log(t
     import os
     import sys
 
-    from broker.launch import LocalNode, Supervisor
-    from broker.private import register_secret
-    from broker.ui import echo_line
+    from broker.run.launch import LocalNode, Supervisor
+    from broker.core.private import register_secret
+    from broker.core.ui import echo_line
 
     secret = "s3cr3t-printed-by-the-job-42"
     register_secret(secret)
@@ -268,8 +266,8 @@ def test_a_secret_the_job_prints_is_masked_on_the_terminal_and_in_the_node_log(t
 
 # ------------------------------------------------------------------------------------------------------- staging
 def test_credential_files_in_any_case_and_more_kinds_are_not_staged(tmp_path):
-    from broker.executor import staging_line
-    from broker.staging import stage_plan
+    from broker.run.executor import staging_line
+    from broker.run.staging import stage_plan
 
     w = tmp_path / "w"
     w.mkdir()
@@ -338,7 +336,7 @@ def test_recipe_json_records_gpus_per_node_as_written(tmp_path, cli_env):
     launchers (one process per node); the stored recipe is what the user wrote, and reads back as the same job."""
     import subprocess
 
-    from broker.recipe import Recipe, load_recipe
+    from broker.core.recipe import Recipe, load_recipe
     from tests.conftest import REPO, broker_cmd
 
     d = tmp_path / "job"

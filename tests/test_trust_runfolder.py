@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import Run, utcnow
+from broker.money.ledger import Ledger
+from broker.core.model import Run, utcnow
 from tests.conftest import REPO, broker_cmd
 
 
@@ -115,9 +115,9 @@ def test_ssh_config_install_refuses_injected_lines(broker_home, cli_env, tmp_pat
 
 
 def test_ssh_argv_keeps_user_and_host_out_of_option_parsing():
-    from broker.commands.day2 import ssh_argv, ssh_config
-    from broker.model import Cluster
-    from broker.provider import BadInput
+    from broker.cli.day2 import ssh_argv, ssh_config
+    from broker.core.model import Cluster
+    from broker.core.provider import BadInput
 
     c = Cluster.model_validate({"run_id": "r", "provider": "netns", "topology": "multi-node",
                                 "master_addr": "10.0.0.1",
@@ -203,7 +203,7 @@ def test_clean_refuses_a_row_naming_another_runs_folder(broker_home, cli_env):
 def test_clean_removes_the_checked_path_not_a_swapped_symlink(broker_home, tmp_path, monkeypatch):
     """The race: a row's run_dir reached the home through a symlinked parent; clean checked it, then the symlink
     was pointed at a victim and the unresolved path was rmtree-d there.  Now the resolved path is removed."""
-    from broker.commands import day2
+    from broker.cli import day2
 
     run_id = "20261201-000000-race01"
     real = broker_home / "runs" / run_id
@@ -312,7 +312,7 @@ def test_down_signals_no_pid_named_by_a_crafted_run_folder(broker_home, cli_env,
         evil = tmp_path / "evil"
         evil.mkdir()
         (evil / ".detached").write_text(json.dumps({"pid": victim.pid}))
-        from broker.commands import run as run_mod
+        from broker.cli import run as run_mod
 
         (evil / run_mod.DETACHED_MARKER).write_text(json.dumps({"pid": victim.pid}))
         lg = Ledger(broker_home / "ledger.sqlite")

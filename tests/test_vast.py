@@ -19,8 +19,8 @@ import re
 
 import respx
 
-from broker.model import Offer, Requirements
-from broker.provider import AuthError, BadInput, NodeRequest, OfferGone, ProviderError, TransientError
+from broker.core.model import Offer, Requirements
+from broker.core.provider import AuthError, BadInput, NodeRequest, OfferGone, ProviderError, TransientError
 
 URL = "https://console.vast.ai"
 KEY = "vk-test-0123456789abcdef"
@@ -38,7 +38,7 @@ def env(tmp_path, monkeypatch):
     for var in ("VAST_API_KEY", "VAST_API_URL", "XDG_CONFIG_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)  # no stray .env
-    from broker.config import settings
+    from broker.core.config import settings
 
     settings.cache_clear()
     yield home
@@ -105,7 +105,7 @@ def node_request(**over) -> NodeRequest:
 # --------------------------------------------------------------------------------------------------- key lookup
 def test_key_lookup_order(env, monkeypatch, tmp_path):
     from broker.providers.vast import find_api_key
-    from broker.config import settings
+    from broker.core.config import settings
 
     assert find_api_key()[0] is None
     legacy = env / ".vast_api_key"
@@ -246,14 +246,14 @@ def test_snapshot_fallback_without_key(monkeypatch):
 
     p = VastProvider()
     with respx.mock(assert_all_mocked=True) as mock:
-        monkeypatch.setitem(sys.modules, "broker.catalog", None)  # module absent -> []
+        monkeypatch.setitem(sys.modules, "broker.plan.catalog", None)  # module absent -> []
         assert p.offers(Requirements()) == []
         snap = replace(a_offer(), price_source="snapshot 2026-11-29",
                        price_time=datetime(2026, 11, 29, tzinfo=timezone.utc))
-        fake = type(sys)("broker.catalog")
+        fake = type(sys)("broker.plan.catalog")
         calls = []
         fake.snapshot_offers = lambda prov, req: calls.append((prov, req)) or [snap]  # type: ignore[attr-defined]
-        monkeypatch.setitem(sys.modules, "broker.catalog", fake)
+        monkeypatch.setitem(sys.modules, "broker.plan.catalog", fake)
         assert p.offers(Requirements()) == [snap]
         assert calls[0][0] == "vast" and mock.calls.call_count == 0
     assert p.price_note() == "vast: snapshot 2026-11-29; live quote needs VAST_API_KEY"
@@ -515,7 +515,7 @@ def test_label_round_trip():
 
 def test_provider_registry_and_terminate_kind():
     from broker.providers import get_provider
-    from broker.provider import NotSupported
+    from broker.core.provider import NotSupported
 
     p = get_provider("vast")
     assert p.name == "vast" and p.topologies == ("simulated",)
@@ -540,10 +540,10 @@ def test_unreachable_live_search_with_a_key_raises_instead_of_planning_from_the_
     cannot be rented ("offer id 'snapshot:...' is not a Vast.ai ask id"); it now raises and says --offline."""
     snap = replace(a_offer(), offer_id="2x-RTX_4090", price_source="snapshot 2026-11-29",
                    price_time=datetime(2026, 11, 29, tzinfo=timezone.utc))
-    fake = type(sys)("broker.catalog")
+    fake = type(sys)("broker.plan.catalog")
     calls = []
     fake.snapshot_offers = lambda prov, req: calls.append(prov) or [snap]  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "broker.catalog", fake)
+    monkeypatch.setitem(sys.modules, "broker.plan.catalog", fake)
     p = make_provider(max_attempts=2)
     with respx.mock(base_url=URL) as mock:
         mock.post("/api/v0/bundles/").respond(503, text="Service Unavailable")
@@ -578,8 +578,8 @@ def test_create_429_is_resent_after_retry_after_and_list_without_key_is_empty(mo
 
 def test_teardown_resolves_a_crashed_create_through_the_label(tmp_path):
     """Crash between the rent and mark_created: the ledger row has no id; teardown finds it by the run label."""
-    from broker.ledger import Ledger
-    from broker.teardown import terminate_resource
+    from broker.money.ledger import Ledger
+    from broker.money.teardown import terminate_resource
 
     p = make_provider()
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
@@ -597,7 +597,7 @@ def test_teardown_resolves_a_crashed_create_through_the_label(tmp_path):
 def test_live_offer_storage_is_not_priced_twice():
     """dph_total already includes the searched disk: the worst case is dph_total x the deadline, nothing more
     (a bug priced the disk a second time from storage_cost)."""
-    from broker import pricing
+    from broker.plan import pricing
     from broker.providers.vast import offer_from_row
 
     o = offer_from_row(offer_row(dph_total=0.36, storage_cost=0.2))
@@ -618,8 +618,7 @@ def test_verbose_plan_logs_the_calls_and_never_the_key(monkeypatch, capsys):
     """`broker -vv plan` against the (respx-mocked) Vast API logs which providers are asked, that Vast's offers are
     live, each API call with its outcome and the request path, and never the key (nor the Authorization header),
     though the key is in the environment and in every request."""
-    from broker import cli
-
+    from broker.cli import app as cli
     monkeypatch.setenv("VAST_API_KEY", KEY)
     monkeypatch.setenv("COLUMNS", "80")
     with respx.mock(base_url=URL, assert_all_mocked=True, assert_all_called=False) as mock:
@@ -631,9 +630,9 @@ def test_verbose_plan_logs_the_calls_and_never_the_key(monkeypatch, capsys):
     assert route.called and route.calls.last.request.headers["Authorization"] == f"Bearer {KEY}"
     assert ex.value.code in (0, 3), out.err
     assert KEY not in out.err and KEY not in out.out and "Bearer" not in out.err, out.err
-    assert "INFO broker.facts: asking providers vast" in out.err
+    assert "INFO broker.plan.facts: asking providers vast" in out.err
     assert "vast: asking for offers (live API)" in out.err
     assert re.search(r"INFO broker\.providers\.vast\.client: vast search offers.*: HTTP 200 \(1 try", out.err)
     assert re.search(r"DEBUG broker\.providers\.vast\.client: .*POST /api/v0/bundles/", out.err)
-    assert "DEBUG broker.facts: chosen: simulated on vast" in out.err
+    assert "DEBUG broker.plan.facts: chosen: simulated on vast" in out.err
     assert not other.called or all(KEY not in str(c.request.url) for c in other.calls)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import wait_for
 
-from broker.model import utcnow
+from broker.core.model import utcnow
 from broker.providers.vast import onstart_script
 
 INSTANCE_ID = "12345"

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.ledger import Ledger
-from broker.model import TopologyKind
-from broker.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
-from broker.recipe import load_recipe
+from broker.money.ledger import Ledger
+from broker.core.model import TopologyKind
+from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.core.recipe import load_recipe
 from tests.conftest import REPO, broker_cmd
 from tests.vast_emulator import API_KEY, VastEmulator
 

@@ -15,16 +15,16 @@ import httpx
 import pytest
 import respx
 
-from broker.model import Requirements
-from broker.provider import AmbiguousCreate, BadInput, OfferGone, ProviderError, TransientError
+from broker.core.model import Requirements
+from broker.core.provider import AmbiguousCreate, BadInput, OfferGone, ProviderError, TransientError
 
 from tests.test_vast import KEY, LABEL, URL, a_offer, env, instance_row, make_provider, node_request, offer_row
 
 __all__ = ["env"]  # the autouse fixture isolating HOME / VAST_* (imported so it applies here too)
 
-RUN = "20261130-141522-abcdef"  # broker.pipeline.new_run's run id shape (22 characters)
-INSTALL = "bi0123456789"  # broker.ledger's installation id shape
-TOKEN = "r-0123456789ab"  # broker.ledger.new_id("r-"): the client token
+RUN = "20261130-141522-abcdef"  # broker.run.pipeline.new_run's run id shape (22 characters)
+INSTALL = "bi0123456789"  # broker.money.ledger's installation id shape
+TOKEN = "r-0123456789ab"  # broker.money.ledger.new_id("r-"): the client token
 
 
 def show(mock, iid, *answers):
@@ -308,10 +308,10 @@ def test_disk_unknown_at_create_is_checked_by_describe():
 
 # --------------------------------------------------------------------------------------------------- item 8
 def test_rate_limit_past_the_retries_says_so_and_never_falls_back_to_the_snapshot(monkeypatch):
-    fake = type(sys)("broker.catalog")
+    fake = type(sys)("broker.plan.catalog")
     calls = []
     fake.snapshot_offers = lambda prov, req: calls.append(prov) or [a_offer()]  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "broker.catalog", fake)
+    monkeypatch.setitem(sys.modules, "broker.plan.catalog", fake)
     p = make_provider(max_attempts=3)
     with respx.mock(base_url=URL) as mock:
         route = mock.post("/api/v0/bundles/").respond(
@@ -331,13 +331,13 @@ def test_rate_limit_past_the_retries_says_so_and_never_falls_back_to_the_snapsho
 
 
 def test_adapter_imports_only_the_contract():
-    """Issue 11: the adapter depends on broker.model / provider / config / nodescripts / catalog only."""
+    """Issue 11: the adapter depends on broker.core.model / provider / config / nodescripts / catalog only."""
     import ast
     from pathlib import Path
 
     import broker.providers.vast as pkg
 
-    allowed = {"broker.model", "broker.provider", "broker.config", "broker.nodescripts", "broker.catalog"}
+    allowed = {"broker.core.model", "broker.core.provider", "broker.core.config", "broker.core.nodescripts", "broker.plan.catalog"}
     for path in Path(pkg.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("broker"):

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from broker.accounting import FakeClock
-from broker.model import Requirements
-from broker.provider import NodeRequest, ProviderError
-from broker.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
+from broker.money.accounting import FakeClock
+from broker.core.model import Requirements
+from broker.core.provider import NodeRequest, ProviderError
+from broker.money.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
 from test_watchdog_helpers import CountingFake, make_run, provision
 
 
@@ -160,7 +160,7 @@ def test_idle_minutes_keeps_the_node_for_the_idle_time_after_the_job(ledger, fak
 def _create_tagged(fake, run_id, name, token, installation_id=None):
     """A tagged fake instance; ``installation_id`` defaults to the test's BROKER_HOME ledger's (this installation)."""
     if installation_id is None:
-        from broker.ledger import Ledger
+        from broker.money.ledger import Ledger
 
         installation_id = Ledger().installation_id
     offer = fake.offers(Requirements())[0]
@@ -264,7 +264,7 @@ def test_list_tagged_error_is_logged_once_and_the_pass_goes_on(ledger, home):
     assert len([e for e in ledger.events() if e["action"] == "error"]) == 1
     assert ledger.resource(rows[0].id).state == "terminated"
     w.write_heartbeat()
-    from broker.accounting import watchdog_state
+    from broker.money.accounting import watchdog_state
 
     st = watchdog_state(home=home)
     assert st.alive and st.pid == os.getpid() and "HTTP 503" in st.errors["fake"]
@@ -378,7 +378,7 @@ def test_unconfirmed_terminate_is_confirmed_on_a_later_pass_not_repeated(ledger,
 def test_cli_once_json_and_busy_lock(ledger, fake, home):
     from typer.testing import CliRunner
 
-    from broker.cli import app
+    from broker.cli.app import app
 
     run = make_run(ledger, deadline_s=-1)
     rows = provision(ledger, fake, run, nodes=1)

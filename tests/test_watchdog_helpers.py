@@ -1,4 +1,4 @@
-"""Shared helpers for the watchdog tests (no tests here): ledger-first fake provisioning, as broker.provision does
+"""Shared helpers for the watchdog tests (no tests here): ledger-first fake provisioning, as broker.money.provision does
 it: record_intent -> FakeProvider.create_instance -> mark_created."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from broker.ledger import Ledger, new_id
-from broker.model import Requirements, Resource, Run, utcnow
-from broker.provider import NodeRequest
+from broker.money.ledger import Ledger, new_id
+from broker.core.model import Requirements, Resource, Run, utcnow
+from broker.core.provider import NodeRequest
 from broker.providers.fake import FakeProvider
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.accounting import pid_alive, watchdog_state
-from broker.ledger import Ledger
-from broker.model import utcnow
+from broker.money.accounting import pid_alive, watchdog_state
+from broker.money.ledger import Ledger
+from broker.core.model import utcnow
 from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 
@@ -78,8 +78,8 @@ CLI_SCRIPT = """
 import os, sys, time
 from datetime import timedelta
 sys.path.insert(0, sys.argv[1])
-from broker.ledger import Ledger
-from broker.model import utcnow
+from broker.money.ledger import Ledger
+from broker.core.model import utcnow
 from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 led = Ledger()
@@ -165,7 +165,7 @@ def test_two_watchdogs_started_at_once_one_runs_one_exits_with_a_clear_message(h
 
 
 def test_start_detached_starts_one_and_it_exits_when_idle(home, procs):
-    from broker.watchdog import start_detached
+    from broker.money.watchdog import start_detached
 
     pid = start_detached(home, interval_s=0.5, exit_when_idle_s=2.0)
     assert pid
@@ -181,9 +181,9 @@ DETACHING_CLI = """
 import os, sys, time
 from datetime import timedelta
 sys.path.insert(0, sys.argv[1])
-from broker.ledger import Ledger
-from broker.model import utcnow
-from broker.watchdog import start_detached
+from broker.money.ledger import Ledger
+from broker.core.model import utcnow
+from broker.money.watchdog import start_detached
 from broker.providers.fake import FakeProvider
 from test_watchdog_helpers import make_run, provision
 wd_pid = start_detached(interval_s=0.5, exit_when_idle_s=5)  # what `broker run` does before provisioning

@@ -2,7 +2,7 @@
 
 Facts (docs/reference/cloud-apis.md section C):
 
-* Offers are instance types with an on-demand price from the price snapshot in effect (:mod:`broker.catalog`);
+* Offers are instance types with an on-demand price from the price snapshot in effect (:mod:`broker.plan.catalog`);
   when credentials are present each type is expanded into one offer per availability zone that offers it
   (``describe_instance_type_offerings``; offered is not capacity).  Live list prices come from the Pricing API
   (:meth:`AWSProvider.live_prices`, used by ``broker catalog refresh``).
@@ -40,8 +40,8 @@ import re
 import importlib.util
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import Provider, ProviderCheck, Recorder
+from broker.core.model import Capacity, Offer, Quota, Requirements
+from broker.core.provider import Provider, ProviderCheck, Recorder
 from broker.providers.aws import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.aws.api import (INSTALL_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
                                       map_error, quota_scope)
@@ -51,7 +51,7 @@ from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
 from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, boot_wait_command, user_data_script
 
 if TYPE_CHECKING:
-    from broker.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
            "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",
@@ -77,7 +77,7 @@ class AWSProvider(Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("simulated", "multi-node", "hybrid")
     rents = True
     pretend = False
@@ -131,7 +131,7 @@ class AWSProvider(Provider):
         """One object's broker tags read in its own region (``list_tagged`` sees the configured region only).
         Raises AuthError when no credentials are configured (never None: that would read as "gone")."""
         if not self.configured():
-            from broker.provider import AuthError
+            from broker.core.provider import AuthError
 
             raise AuthError(PROVIDER, f"describe {kind} {provider_id}", "no AWS credentials configured",
                             hint="configure AWS credentials (see .env.example), then retry")
@@ -178,7 +178,7 @@ class AWSProvider(Provider):
                                                   "(prices and plans work from the snapshot without them)")
 
     def price_note(self) -> str:
-        from broker.catalog import snapshot_info
+        from broker.plan.catalog import snapshot_info
 
         return (f"prices: AWS us-east-1 on-demand snapshot {snapshot_info('aws')[0]} (third-party); live list prices "
                 "via `broker catalog refresh` (AWS Pricing API, needs AWS credentials)")
@@ -216,7 +216,7 @@ class AWSProvider(Provider):
     def boot_wait_command(self, ssh_user: str) -> str:
         """Shell that waits for this adapter's boot script on a node of ``ssh_user`` (cloud-init, then
         ``<workroot>/boot.done``); exit 0 = booted.  Run it after SSH accepts logins, before preflight."""
-        from broker.nodescripts import node_workroot
+        from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
 
@@ -230,7 +230,7 @@ class AWSProvider(Provider):
         """Security group and, for ``multi-node``, a cluster placement group (:func:`.network.bootstrap`), each
         recorded with ``rec`` and tagged RUN_TAG + INSTALL_TAG.  Returns ``{"region", "zone", "vpc_id",
         "subnet_id", "security_group_id", "placement_group", "nodes"}``."""
-        from broker.config import settings
+        from broker.core.config import settings
 
         region = (offers[0].region if offers else None) or self.region
         zone = offers[0].zone if offers else None

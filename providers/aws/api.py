@@ -2,7 +2,7 @@
 errors become broker errors.
 
 :meth:`AWSApi.errors` (a context manager after httpx's ``map_httpcore_exceptions``) maps every botocore exception
-raised inside to the most specific :mod:`broker.provider` error, cause chained; :meth:`AWSApi.call` wraps one call
+raised inside to the most specific :mod:`broker.core.provider` error, cause chained; :meth:`AWSApi.call` wraps one call
 in it.  The verb modules never catch a botocore exception themselves.  boto3 is imported lazily, and no client is
 created unless credentials are present: creating one resolves credentials and may probe the instance metadata
 service (169.254.169.254).
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from broker.provider import (AmbiguousCreate, AuthError, CapacityError, ProviderError, QuotaError,
+from broker.core.provider import (AmbiguousCreate, AuthError, CapacityError, ProviderError, QuotaError,
                              TransientError)
 
 PROVIDER = "aws"
@@ -117,7 +117,7 @@ def error_code(e: BaseException) -> tuple[str, int | None, str]:
 def quota_scope(region: str | None, instance_type: str | None) -> str | None:
     """What a vCPU limit blocks: ``"<region>:<bucket>"`` (``us-east-1:G/VT``, ``us-east-1:P``); the region alone
     when the type has no known family."""
-    from broker.quota import aws_family
+    from broker.plan.quota import aws_family
 
     fam = aws_family(instance_type or "")
     if fam is None:
@@ -128,7 +128,7 @@ def quota_scope(region: str | None, instance_type: str | None) -> str | None:
 def map_error(e: BaseException, call: str, *, instance_type: str | None = None, vcpus: float | None = None,
               nodes: int = 1, zone: str | None = None, region: str | None = None,
               create: bool = False) -> ProviderError:
-    """Translate a botocore exception into a :mod:`broker.provider` error (message names call and next step).
+    """Translate a botocore exception into a :mod:`broker.core.provider` error (message names call and next step).
 
     ``create``: the call creates an object, so a 5xx other than a capacity / throttling answer, or a read timeout,
     is an :class:`AmbiguousCreate` (it may have happened: look it up by client token / tag before creating
@@ -187,7 +187,7 @@ def map_error(e: BaseException, call: str, *, instance_type: str | None = None, 
 
 def _quota_error(call: str, code: str, status: int | None, msg: str, *, instance_type: str | None,
                  vcpus: float | None, nodes: int, region: str | None) -> QuotaError:
-    from broker.quota import AWS_QUOTA_CODES, aws_quota_code
+    from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
 
     q = aws_quota_code(instance_type or "", spot=code == "MaxSpotInstanceCountExceeded")
     if q is None:
@@ -272,7 +272,7 @@ class AWSApi:
         self._endpoint_url = endpoint_url
         self._region = region
         if region:  # a region from a ledger row or a caller is input too: boto3 builds the host name from it
-            from broker.config import check_region
+            from broker.core.config import check_region
             from broker.providers.aws import AWSProvider
 
             self._region = check_region(AWSProvider, "region", region)
@@ -286,7 +286,7 @@ class AWSApi:
             return self.session
         import boto3
 
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings()
         kw: dict[str, Any] = {}
@@ -307,7 +307,7 @@ class AWSApi:
         boto3), else AWS_REGION, else us-east-1."""
         if self._region:
             return self._region
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings()
         if s.aws_region:
@@ -324,14 +324,14 @@ class AWSApi:
     def endpoint_url(self) -> str | None:
         if self._endpoint_url:
             return self._endpoint_url
-        from broker.config import settings
+        from broker.core.config import settings
 
         return settings().aws_endpoint_url or None
 
     def configured(self) -> bool:
         if self.factory is not None or self.session is not None or credentials_present()[0]:
             return True
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings()  # keys or a profile from .env, which boto3 alone would not see
         return bool((s.aws_access_key_id and s.aws_secret_access_key) or s.aws_profile)

@@ -4,7 +4,7 @@ client token and the run's cleanup in dependency order.
 Launch calls go through a client with ``retries={"mode": "standard", "total_max_attempts": 1}`` (botocore would
 otherwise send a 500 ``InsufficientInstanceCapacity`` three times) and carry ``ClientToken`` = the ledger resource
 id; the instance is also tagged :data:`TOKEN_TAG` and looked up by that tag before launching, so a retried create
-after a crash or an :class:`broker.provider.AmbiguousCreate` returns the instance that exists instead of a second
+after a crash or an :class:`broker.core.provider.AmbiguousCreate` returns the instance that exists instead of a second
 one.  Nodes run the AWS Deep Learning AMI (Ubuntu): SSH user ``ubuntu``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
+from broker.core.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
 from broker.providers.aws import network
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, instances_of, map_error, tags_of
 from broker.providers.aws.offers import list_price
@@ -21,7 +21,7 @@ from broker.providers.aws.userdata import SSH_USER, user_data_script
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
-    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
 
 #: Tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
@@ -35,7 +35,7 @@ LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 def image_for(api: "AWSApi", ec2: Any, req: NodeRequest, region: str) -> tuple[str, str | None]:
     """(image id, root device name): ``req.image``, else ``AWS_AMI_ID``, else the newest DLAMI by name."""
-    from broker.config import settings
+    from broker.core.config import settings
 
     image = req.image or settings().aws_ami_id
     if image:
@@ -116,7 +116,7 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
     try:
         return expect_str("run_instances", expect_list("run_instances", resp, "Instances")[0], "InstanceId")
     except (ProviderError, IndexError):
-        from broker.provider import AmbiguousCreate
+        from broker.core.provider import AmbiguousCreate
 
         raise AmbiguousCreate(PROVIDER, "run_instances", "answer without an instance id: the launch may have "
                               "happened", hint=f"look it up by client token {req.client_token}") from None
@@ -125,7 +125,7 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
 def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> InstanceInfo:
     """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown to EC2.
     An answer broker cannot read is a ProviderError (never "terminated")."""
-    from broker.provider import InstanceInfo
+    from broker.core.provider import InstanceInfo
 
     ec2 = api.client("ec2", region)
     call = "describe_instances"
@@ -182,7 +182,7 @@ def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource
     """Instances (not terminated), security groups and placement groups carrying RUN_TAG (= ``run_id`` when
     given) in the configured region; ``installation_id`` from INSTALL_TAG.  An answer broker cannot read (a
     missing list, items without ids) is a ProviderError naming the call, never an empty list."""
-    from broker.provider import TaggedResource
+    from broker.core.provider import TaggedResource
 
     region = api.region
     ec2 = api.client("ec2", region)
@@ -239,7 +239,7 @@ def tagged_resource(api: "AWSApi", kind: str, provider_id: str, region: str | No
     """One instance / security group / placement group with its tags, read in ``region``; None when EC2 does not
     hold it (or it is terminated, or it carries no RUN_TAG / another run's when ``run_id`` is given).  Other kinds:
     NotSupported.  An unreadable answer is a ProviderError."""
-    from broker.provider import TaggedResource
+    from broker.core.provider import TaggedResource
 
     ec2 = api.client("ec2", region)
     ops = {"instance": ("describe_instances", {"InstanceIds": [provider_id]}),
@@ -274,7 +274,7 @@ def delete_run_network(api: "AWSApi", run_id: str) -> list[TaggedResource]:
     """The run's own cleanup: everything tagged ``run_id`` in dependency order (instances, then security groups,
     then placement groups).  Returns the instances still shutting down; the groups wait for them (TransientError
     when a group is still in use: retry later)."""
-    from broker.provider import TaggedResource
+    from broker.core.provider import TaggedResource
 
     left: list[TaggedResource] = []
     for t in sorted(list_tagged(api, run_id), key=lambda t: network.delete_rank(t.kind)):

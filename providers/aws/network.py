@@ -2,7 +2,7 @@
 placement group; their deletes, in dependency order (instances -> security groups -> placement groups).
 
 Ledger-first: each create is preceded by ``rec.intent`` and followed by ``rec.created``; a create refused for sure
-is ``rec.failed``; an ambiguous one (5xx / timeout, :class:`broker.provider.AmbiguousCreate`) keeps its intent row
+is ``rec.failed``; an ambiguous one (5xx / timeout, :class:`broker.core.provider.AmbiguousCreate`) keeps its intent row
 because the object may exist (found by its tags).  Every object carries RUN_TAG and INSTALL_TAG.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder, TransientError
+from broker.core.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder, TransientError
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, map_error
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
-    from broker.provider import Ingress
+    from broker.core.provider import Ingress
 
 #: Deletion order of the kinds this adapter creates (a kind missing here sorts last).
 DELETE_ORDER: tuple[str, ...] = ("instance", "security_group", "placement_group")
@@ -94,7 +94,7 @@ def bootstrap(api: "AWSApi", run_id: str, region: str, zone: str | None, topolog
 
 
 def ip_permission(rule: Ingress) -> dict[str, Any]:
-    """The ``IpPermissions`` entry of one :class:`broker.provider.Ingress` rule (IPv4 ``IpRanges`` or IPv6
+    """The ``IpPermissions`` entry of one :class:`broker.core.provider.Ingress` rule (IPv4 ``IpRanges`` or IPv6
     ``Ipv6Ranges`` by the CIDR)."""
     perm: dict[str, Any] = {"IpProtocol": rule.protocol, "FromPort": rule.port, "ToPort": rule.last_port}
     desc = rule.description or "broker run"

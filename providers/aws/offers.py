@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from broker.model import Capacity, Offer, Quota, Requirements, utcnow
-from broker.provider import BadInput, ProviderError
+from broker.core.model import Capacity, Offer, Quota, Requirements, utcnow
+from broker.core.provider import BadInput, ProviderError
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, map_error, unreadable
 
 if TYPE_CHECKING:
@@ -46,14 +46,14 @@ class OfferCache:
 
 def list_price(instance_type: str | None) -> float | None:
     """On-demand $/hour of ``instance_type`` in the price snapshot in effect; None when it is not there."""
-    from broker.catalog import snapshot_price
+    from broker.plan.catalog import snapshot_price
 
     return snapshot_price(PROVIDER, instance_type)
 
 
 def snapshot(req: Requirements) -> list[Offer]:
-    """Offers of the price snapshot in effect (:func:`broker.catalog.snapshot_offers`), filtered by ``req``."""
-    from broker.catalog import snapshot_offers
+    """Offers of the price snapshot in effect (:func:`broker.plan.catalog.snapshot_offers`), filtered by ``req``."""
+    from broker.plan.catalog import snapshot_offers
 
     return list(snapshot_offers(PROVIDER, req))
 
@@ -207,7 +207,7 @@ def live_prices(api: "AWSApi", instance_types: list[str], region: str | None = N
 def quotas(api: "AWSApi", req: Requirements, offers_: list[Offer]) -> list[Quota]:
     """The vCPU quotas covering ``offers_`` (on-demand; spot codes when ``req``/offers ask for spot), read with
     ``get_service_quota`` (falling back to ``get_aws_default_service_quota`` on NoSuchResourceException)."""
-    from broker.quota import AWS_QUOTA_CODES, aws_quota_code
+    from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
 
     spot = bool(getattr(req, "spot", False)) or any(o.attrs.get("market") == "spot" for o in offers_)
     groups: dict[tuple[str, str], list[str]] = {}
@@ -254,7 +254,7 @@ def quota_value(api: "AWSApi", code: str, region: str) -> tuple[float, str, str]
 def usage(api: "AWSApi", code: str, region: str) -> tuple[float, str]:
     """vCPUs in use for a quota: CloudWatch ``AWS/Usage`` ``ResourceCount`` (max over 15 min).  On any error
     returns (0, note)."""
-    from broker.quota import AWS_QUOTA_CODES
+    from broker.plan.quota import AWS_QUOTA_CODES
 
     q = AWS_QUOTA_CODES[code]
     cls = f"{q.family}/{'OnDemand' if q.market == 'on-demand' else 'Spot'}"

@@ -25,7 +25,7 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
        time* to ``deadline + grace_seconds`` (computed on the node from the absolute epoch, so slow boots do not
        push the deadline out; 0 when already past).  With ``InstanceInitiatedShutdownBehavior="terminate"`` the
        shutdown terminates the instance and stops all billing.  No deadline: nothing is scheduled.
-    2. With ``idle_minutes``: starts the idle stop (:func:`broker.nodescripts.idle_watch_launcher`, files in
+    2. With ``idle_minutes``: starts the idle stop (:func:`broker.core.nodescripts.idle_watch_launcher`, files in
        ``state_dir``): once ``done_file`` (default ``/home/ubuntu/broker/job.done``; the SSH runner touches it
        when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs
        ``shutdown -h now`` (a terminate, as in 1).
@@ -36,7 +36,7 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
        ``$BROKER_WORKROOT`` overrides the folder), owned by ``ssh_user``: the core waits for it (or for
        ``cloud-init status --wait``) before preflight.
     """
-    from broker.nodescripts import job_done_path
+    from broker.core.nodescripts import job_done_path
 
     done_file = done_file or job_done_path(ssh_user)
     lines = ["#!/bin/bash", "# broker node bootstrap (user data)", "set -u"]
@@ -54,7 +54,7 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
             '|| echo "broker: could not schedule shutdown" >&2',
         ]
     if idle_minutes:
-        from broker.nodescripts import idle_watch_launcher
+        from broker.core.nodescripts import idle_watch_launcher
 
         lines.append(idle_watch_launcher(
             idle_minutes, 'shutdown -h now "broker: idle stop (job ended, no SSH session), terminating"',

@@ -3,7 +3,7 @@
 What it does (facts: ``docs/reference/cloud-apis.md`` section B):
 
 * **offers** -- GPU shapes with list prices (OCI has no per-account price API, so prices always come from the
-  price snapshot in effect: ``broker.catalog.snapshot_offers("oci", req)``),
+  price snapshot in effect: ``broker.plan.catalog.snapshot_offers("oci", req)``),
   expanded per availability domain (``IdentityClient.list_availability_domains``) when configured.
 * **quotas** -- service limits of service ``compute`` (``gpu-a10-count`` ...), AD-scoped, counted in GPUs, read with
   ``LimitsClient.get_resource_availability`` per AD (``limit = used + available``).
@@ -39,8 +39,8 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
-from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
+from broker.core.model import Capacity, Offer, Quota, Requirements
+from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
 from broker.providers.oci import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.oci.lifecycle import TOKEN_TAG
 from broker.providers.oci.network import DELETE_ORDER
@@ -51,7 +51,7 @@ from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, b
 from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
 
 if TYPE_CHECKING:
-    from broker.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
            "UNCONFIRMED_LIMITS", "boot_wait_command", "cloud_init", "deadman_cloud_init", "deadman_watcher",
@@ -71,7 +71,7 @@ class OCIProvider(Provider):
     """Oracle Cloud Infrastructure.  Topologies: ``simulated`` (one multi-GPU shape) and ``multi-node`` (N shapes in
     one VCN subnet).
 
-    Args (all optional; defaults come from :func:`broker.config.settings`):
+    Args (all optional; defaults come from :func:`broker.core.config.settings`):
         config: an OCI config dict (``user``, ``tenancy``, ``fingerprint``, ``key_file``/``key_content``,
             ``region``) instead of the file and profile.
         service_endpoint: base URL for every client (``OCI_SERVICE_ENDPOINT``).
@@ -84,7 +84,7 @@ class OCIProvider(Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies = ("simulated", "multi-node", "hybrid")
     rents = True
     pretend = False
@@ -144,7 +144,7 @@ class OCIProvider(Provider):
                  retry_strategy: Any = None, circuit_breaker_strategy: Any = None,
                  instance_principal: bool | None = None, conflict_wait_s: float = 120.0,
                  sleep: Callable[[float], None] = time.sleep):
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings()
         self.api = OCIApi(config, service_endpoint=service_endpoint, compartment_id=compartment_id, region=region,
@@ -196,7 +196,7 @@ class OCIProvider(Provider):
         return node_layers(self.instance_principal)
 
     def price_note(self) -> str | None:
-        from broker.catalog import snapshot_info
+        from broker.plan.catalog import snapshot_info
 
         return f"prices: OCI list-price snapshot {snapshot_info(PROVIDER)[0]} (OCI has no per-account price API)"
 
@@ -205,8 +205,7 @@ class OCIProvider(Provider):
         """(the snapshot's shapes repriced from Oracle's public price list, that source in words) for ``broker
         catalog refresh`` (:attr:`live_price_list` ``"public"``: no credentials).  Raises httpx errors when the list
         cannot be fetched, ValueError when it holds no GPU SKU."""
-        from broker import catalog
-
+        from broker.plan import catalog
         return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
 
     def availability_domains(self) -> list[str]:
@@ -247,7 +246,7 @@ class OCIProvider(Provider):
     def boot_wait_command(self, ssh_user: str) -> str:
         """Shell that waits for this adapter's boot script on a node of ``ssh_user`` (cloud-init, then
         ``<workroot>/boot.done``); exit 0 = booted.  Run it after SSH accepts logins, before preflight."""
-        from broker.nodescripts import node_workroot
+        from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
 

@@ -2,7 +2,7 @@
 deletes, in dependency order.
 
 Ledger-first: every create is preceded by ``rec.intent`` and followed by ``rec.created``; a create that failed
-for sure is ``rec.failed``; an ambiguous one (5xx / timeout, :class:`broker.provider.AmbiguousCreate`) keeps its
+for sure is ``rec.failed``; an ambiguous one (5xx / timeout, :class:`broker.core.provider.AmbiguousCreate`) keeps its
 intent row, because the object may exist: :meth:`OCIProvider.list_tagged` finds it by its tags.
 """
 
@@ -12,12 +12,12 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder
+from broker.core.provider import INSTALL_TAG, RUN_TAG, AmbiguousCreate, ProviderError, Recorder
 from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expect_tags
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
-    from broker.provider import Ingress
+    from broker.core.provider import Ingress
 
 VCN_CIDR, SUBNET_CIDR = "10.0.0.0/16", "10.0.1.0/24"
 #: Deletion order of the kinds this adapter creates: instances, then subnets, then what the subnets used (security

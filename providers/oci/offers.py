@@ -1,7 +1,7 @@
 """OCI read side: GPU shapes and their limits, offers per availability domain, quotas, capacity reports.
 
 Prices always come from the price snapshot in effect (OCI has no per-account price API); limits are ``compute``
-service limits, AD-scoped and counted in GPUs (``broker.quota.oci_limit_name`` is the one shape -> limit table).
+service limits, AD-scoped and counted in GPUs (``broker.plan.quota.oci_limit_name`` is the one shape -> limit table).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable
 
-from broker.model import Capacity, Offer, Quota, Requirements
-from broker.provider import AuthError, ProviderError
+from broker.core.model import Capacity, Offer, Quota, Requirements
+from broker.core.provider import AuthError, ProviderError
 from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, unreadable
 
 if TYPE_CHECKING:
@@ -24,17 +24,17 @@ UNCONFIRMED_LIMITS = {"gpu-h100-count"}
 def limit_for_shape(shape: str) -> str | None:
     """The ``compute`` service limit (AD-scoped, counted in GPUs) that a GPU shape consumes; None when unknown.
 
-    One table for the adapter and the quota helper: :func:`broker.quota.oci_limit_name` (Oracle compute
+    One table for the adapter and the quota helper: :func:`broker.plan.quota.oci_limit_name` (Oracle compute
     service-limit docs, docs/reference/cloud-apis.md B2; ``gpu-h100-count`` is unconfirmed).
     """
-    from broker.quota import oci_limit_name
+    from broker.plan.quota import oci_limit_name
 
     return oci_limit_name(shape)
 
 
 def shape_gpus(shape: str) -> int:
     """GPUs in a shape (from the price snapshot in effect, else the trailing ``.N`` of the name, else 1)."""
-    from broker.catalog import snapshot_offer
+    from broker.plan.catalog import snapshot_offer
 
     o = snapshot_offer(PROVIDER, shape)
     if o is not None:
@@ -44,11 +44,10 @@ def shape_gpus(shape: str) -> int:
 
 
 def snapshot_offers(req: Requirements) -> list[Offer]:
-    """Offers of the price snapshot in effect for OCI (:func:`broker.catalog.snapshot_offers`; no region/AD).
+    """Offers of the price snapshot in effect for OCI (:func:`broker.plan.catalog.snapshot_offers`; no region/AD).
 
     Every offer gets ``private_network=True`` and ``attrs["limit_name"]``."""
-    from broker import catalog
-
+    from broker.plan import catalog
     out = []
     for o in catalog.snapshot_offers(PROVIDER, req):
         lim = limit_for_shape(o.instance_type)
@@ -61,7 +60,7 @@ def snapshot_offers(req: Requirements) -> list[Offer]:
 
 def list_price(shape: str | None) -> float | None:
     """$/hour of ``shape`` in the price snapshot in effect; None when it is not there."""
-    from broker.catalog import snapshot_price
+    from broker.plan.catalog import snapshot_price
 
     return snapshot_price(PROVIDER, shape)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from broker.model import Quota
-from broker.provider import AuthError, ProviderError
+from broker.core.model import Quota
+from broker.core.provider import AuthError, ProviderError
 from broker.providers.oci.sdk import PROVIDER
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
-    from broker.provider import QuotaRequest
+    from broker.core.provider import QuotaRequest
 
 OPEN_STATES = ("ACCEPTED", "IN_PROGRESS")
 POLICY_HINT = ("your OCI user's group needs an IAM policy that allows filing limit increase requests in the "
@@ -36,7 +36,7 @@ def request_quota(api: "OCIApi", quota: Quota, value: float, reason: str, *, dra
 
     Raises AuthError (missing IAM permission, with the fix), ProviderError.
     """
-    from broker.provider import QuotaRequest
+    from broker.core.provider import QuotaRequest
 
     new_value = int(math.ceil(value))
     region = quota.region or api.region

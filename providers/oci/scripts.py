@@ -1,7 +1,7 @@
 """OCI boot scripts: what cloud-init runs on a node at first boot (host firewall, dead-man switch, idle stop,
 the boot-done marker).
 
-The generic pieces (idle watch, job-done path, workroot) come from :mod:`broker.nodescripts`; this module adds the
+The generic pieces (idle watch, job-done path, workroot) come from :mod:`broker.core.nodescripts`; this module adds the
 OCI self-terminate (instance-principal signer) and the delivery as cloud-init user data.
 """
 
@@ -127,8 +127,8 @@ def idle_cloud_init(idle_minutes: float, *, done_file: str, region: str | None =
     """Cloud-init shell snippet for the idle stop with an instance principal: once ``done_file``
     (``<workroot>/job.done``, touched by the SSH runner when the job has ended) exists and no SSH session was seen
     for ``idle_minutes``, the node terminates itself (:func:`self_terminate_function`, the dead-man switch's call;
-    see :func:`broker.nodescripts.idle_watch_launcher` for the files in ``state_dir``)."""
-    from broker.nodescripts import idle_watch_launcher
+    see :func:`broker.core.nodescripts.idle_watch_launcher` for the files in ``state_dir``)."""
+    from broker.core.nodescripts import idle_watch_launcher
 
     return _OCI_CLI_INSTALL + idle_watch_launcher(
         idle_minutes, 'broker_self_terminate "broker idle stop: job ended, no SSH session"', done_file=done_file,

@@ -2,7 +2,7 @@
 
 Everything that speaks the ``oci`` SDK goes through :class:`OCIApi`: :meth:`OCIApi.errors` (a context manager
 after httpx's ``map_httpcore_exceptions``) turns ``oci.exceptions.ServiceError`` and transport errors into the most
-specific :mod:`broker.provider` error, cause chained; :meth:`OCIApi.call` and :meth:`OCIApi.all_pages` wrap one
+specific :mod:`broker.core.provider` error, cause chained; :meth:`OCIApi.call` and :meth:`OCIApi.all_pages` wrap one
 call / every page in it.  The verb modules (``offers``, ``network``, ``lifecycle``, ``quota_requests``) never catch
 an SDK exception themselves.  The SDK is imported lazily (inside methods): ``broker plan`` without OCI never loads it.
 """
@@ -16,7 +16,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from broker.provider import (AmbiguousCreate, AuthError, CapacityError, ProviderError, QuotaError,
+from broker.core.provider import (AmbiguousCreate, AuthError, CapacityError, ProviderError, QuotaError,
                              TransientError)
 
 PROVIDER = "oci"
@@ -69,7 +69,7 @@ def _never_sent(e: BaseException) -> bool:
 class OCIApi:
     """Config, cached SDK clients and error mapping for one OCI profile.
 
-    Args (all optional; defaults come from :func:`broker.config.settings`): ``config`` (a dict instead of the file
+    Args (all optional; defaults come from :func:`broker.core.config.settings`): ``config`` (a dict instead of the file
     and profile), ``service_endpoint`` (base URL for every client), ``compartment_id``, ``region``,
     ``retry_strategy`` / ``circuit_breaker_strategy`` (passed to every client; tests pass the "none" ones),
     ``sleep`` (waits between polls).  The constructor does no I/O and imports nothing from the SDK.
@@ -78,7 +78,7 @@ class OCIApi:
     def __init__(self, config: dict[str, Any] | None = None, *, service_endpoint: str | None = None,
                  compartment_id: str | None = None, region: str | None = None, retry_strategy: Any = None,
                  circuit_breaker_strategy: Any = None, sleep: Callable[[float], None] = time.sleep):
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings()
         self._config_in = dict(config) if config is not None else None
@@ -87,7 +87,7 @@ class OCIApi:
         self._compartment = compartment_id or s.oci_compartment_id
         self._region = region or s.oci_region
         if region:  # a region from a ledger row or a caller is input too: the SDK builds the host name from it
-            from broker.config import check_region
+            from broker.core.config import check_region
             from broker.providers.oci import OCIProvider
 
             self._region = check_region(OCIProvider, "region", region)

@@ -1,1 +1,1 @@
-"""Shipped price snapshots (CSV package data, read by broker.catalog)."""
+"""Shipped price snapshots (CSV package data, read by broker.plan.catalog)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Callable, ClassVar
 
-from broker.provider import AuthError, Provider, ProviderCheck, ProviderError
+from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError
 
 from broker.providers.vast.boot import NODE_DIR, ONSTART_LIMIT, fit_onstart, onstart_script
 from broker.providers.vast.client import (CREDIT_HINT, DEFAULT_API_URL, KEY_HINT, MAX_RETRY_AFTER_S, PROVIDER,
@@ -44,7 +44,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
+    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
     topologies: ClassVar[tuple[str, ...]] = ("simulated",)  # hosts sit behind separate NATs; no /dev/net/tun
     rents = True
     pretend = False

@@ -1,7 +1,7 @@
 """What a Vast.ai instance runs at boot (its ``onstart``): the node-side dead-man switch, the idle stop and the run's
 SSH key, delivered within Vast's 4048-character ``onstart`` limit.
 
-The idle watch itself and the job-done marker come from :mod:`broker.nodescripts` (shared by every adapter); this
+The idle watch itself and the job-done marker come from :mod:`broker.core.nodescripts` (shared by every adapter); this
 module owns Vast's self-destroy (``DELETE /api/v0/instances/$CONTAINER_ID/`` with the per-instance key Vast injects,
 docs/reference/cloud-apis.md A7) and the delivery.
 """
@@ -14,7 +14,7 @@ import math
 import shlex
 from datetime import datetime, timezone
 
-from broker.provider import BadInput
+from broker.core.provider import BadInput
 
 #: Documented limit of the ``onstart`` field (characters); longer scripts are sent gzip+base64 encoded.
 ONSTART_LIMIT = 4048
@@ -98,7 +98,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
     the timer and the idle stop).  The key is never printed.  Re-running it (instance restart) re-arms it.
     Source of the mechanism: Vast docs, guides/instances/docker-environment (docs/reference/cloud-apis.md A7).
 
-    With ``idle_minutes`` it also starts the idle stop (:func:`broker.nodescripts.idle_watch_launcher`; pid in
+    With ``idle_minutes`` it also starts the idle stop (:func:`broker.core.nodescripts.idle_watch_launcher`; pid in
     ``<state_dir>/idle.pid``, log ``idle.log``): once ``done_file`` (the SSH runner touches ``<workroot>/job.done``
     when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs ``destroy.sh``.
     ``idle_poll_s``: seconds between its checks.  ``deadline`` None: no timer (idle stop only).
@@ -128,7 +128,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
 """
     arm_idle = ""
     if idle_minutes:
-        from broker.nodescripts import idle_watch_launcher
+        from broker.core.nodescripts import idle_watch_launcher
 
         arm_idle = idle_watch_launcher(idle_minutes, f'bash {d}/destroy.sh "idle stop"', done_file=done_file,
                                        state_dir=state_dir, poll_s=idle_poll_s)

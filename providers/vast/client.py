@@ -7,7 +7,7 @@ into an exception (server texts are scrubbed of it).  Base URL: ``VAST_API_URL``
 Retries follow the SDK's ``VastClient``: HTTP 429/502/503/504 and transport errors are retried a bounded number of
 times, honouring ``Retry-After`` up to 60 s; a 429 whose JSON says ``"error": "search_quota_exceeded"`` (daily
 quota, resets at UTC midnight) is not retried.  A caller that must not resend a request (the rent) narrows
-``retry_on`` and reads :attr:`broker.provider.ProviderError.status` / ``request_sent`` on the error it gets.
+``retry_on`` and reads :attr:`broker.core.provider.ProviderError.status` / ``request_sent`` on the error it gets.
 
 Error tree (most specific first): 401/403 -> AuthError; 402 or a credit text -> ProviderError
 ``insufficient_credit``; 429 ``search_quota_exceeded`` -> ProviderError; 429 -> TransientError "rate-limited";
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from broker.provider import AuthError, ProviderError, TransientError
+from broker.core.provider import AuthError, ProviderError, TransientError
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -91,7 +91,7 @@ def find_api_key(explicit: str | None = None) -> tuple[str | None, str]:
     if env:
         return env, "VAST_API_KEY"
     try:
-        from broker.config import settings
+        from broker.core.config import settings
 
         s = settings().vast_api_key
         if s is not None and s.get_secret_value().strip():
@@ -112,9 +112,9 @@ def find_api_key(explicit: str | None = None) -> tuple[str | None, str]:
 
 
 def api_url(explicit: str | None = None) -> str:
-    """Base URL: ``explicit`` → ``VAST_API_URL`` (the real environment only: :func:`broker.config.env_only`) →
+    """Base URL: ``explicit`` → ``VAST_API_URL`` (the real environment only: :func:`broker.core.config.env_only`) →
     ``https://console.vast.ai``.  Raises BadInput for a plain-http ``VAST_API_URL`` to another machine."""
-    from broker.config import check_endpoint, settings
+    from broker.core.config import check_endpoint, settings
 
     url = explicit or os.environ.get("VAST_API_URL", "").strip()  # read now: tests and embedders change it
     if url and not explicit:

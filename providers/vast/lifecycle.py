@@ -11,7 +11,7 @@ Money rules kept here:
 * every instance is labelled ``broker-run:<run_id>:n<i>/<installation_id>/<client_token>`` (client token = the
   ledger row id), so a list tells whose run, which installation and which intent row an instance belongs to;
 * the rent is never resent after it may have reached Vast.ai (5xx, timeout, 2xx without an id): the instance is
-  looked up by its label; when that cannot settle it, :class:`~broker.provider.AmbiguousCreate` is raised and this
+  looked up by its label; when that cannot settle it, :class:`~broker.core.provider.AmbiguousCreate` is raised and this
   intent is never rented again by this adapter (a later call only looks it up);
 * an answer whose shape is not the documented one is a ProviderError, never "nothing there";
 * a destroy is retried on 5xx / 429 / 409 for a bounded time; 404 is gone; every terminate confirms by describe.
@@ -23,8 +23,8 @@ import re
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from broker.model import Offer
-from broker.provider import RUN_TAG, AmbiguousCreate, BadInput, NotSupported, OfferGone, ProviderError, TransientError
+from broker.core.model import Offer
+from broker.core.provider import RUN_TAG, AmbiguousCreate, BadInput, NotSupported, OfferGone, ProviderError, TransientError
 
 from broker.providers.vast.boot import authorized_key_script, fit_onstart, onstart_script
 from broker.providers.vast.client import DELETE_RETRY_STATUSES, PROVIDER, body_message, expect, says_gone
@@ -32,7 +32,7 @@ from broker.providers.vast.offers import disk_short
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.providers.vast.client import VastClient
-    from broker.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
 
 #: Image used when the recipe names none: PyTorch with CUDA 12.4 (runs on hosts with cuda_max_good >= 12.4).
 DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -102,7 +102,7 @@ def parse_label(label: Any) -> tuple[str, int | None] | None:
 # --------------------------------------------------------------------------------------------------- rows
 def instance_info(provider_id: str, row: dict[str, Any]) -> InstanceInfo:
     """One instance row (show / list) → InstanceInfo (see :meth:`VastLifecycle.describe_instance`)."""
-    from broker.provider import InstanceInfo
+    from broker.core.provider import InstanceInfo
 
     raw = row.get("actual_status")
     if raw in _PENDING:
@@ -234,7 +234,7 @@ class VastLifecycle:
         over 4048 chars), label (run, installation, client token), runtype ssh."""
         parts = ["#!/bin/bash"]
         if req.deadline is not None or req.idle_minutes:
-            from broker.nodescripts import job_done_path
+            from broker.core.nodescripts import job_done_path
 
             parts.append(onstart_script(req.deadline, req.grace_seconds, self.api.url, idle_minutes=req.idle_minutes,
                                         done_file=job_done_path("root", self.node_workroot)))
@@ -397,7 +397,7 @@ class VastLifecycle:
         An instance created here with less ``disk_space`` than asked is ``failed``.  Raises ProviderError when
         the answer's shape is unknown (never "terminated" for an unreadable answer).
         """
-        from broker.provider import InstanceInfo
+        from broker.core.provider import InstanceInfo
 
         row = self._show(provider_id)
         if not row:
@@ -473,7 +473,7 @@ class VastLifecycle:
         Without a configured key nothing can be listed and [] is returned (reconcile / the watchdog loop over
         every provider); a rejected key raises AuthError; an unreadable list raises ProviderError.
         """
-        from broker.provider import TaggedResource
+        from broker.core.provider import TaggedResource
 
         if not self.api.key():
             return []

@@ -12,8 +12,8 @@ import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.model import Capacity, Offer, Requirements, utcnow
-from broker.provider import BadInput
+from broker.core.model import Capacity, Offer, Requirements, utcnow
+from broker.core.provider import BadInput
 
 from broker.providers.vast.client import PROVIDER, expect
 
@@ -285,7 +285,7 @@ class VastOffers:
 
     def offers(self, req: Requirements, vast_query: str | None = None) -> list[Offer]:
         """Live offers (``POST /api/v0/bundles/``, cheapest first) when a key is configured, else the shipped
-        snapshot (``broker.catalog.snapshot_offers``; [] when that module is absent).
+        snapshot (``broker.plan.catalog.snapshot_offers``; [] when that module is absent).
 
         With a key configured there is no silent fallback: a snapshot offer cannot be rented, so a failed live
         search raises (issue 12 item 8) and the error says what to do (rate limit: when to retry; ``--offline``
@@ -316,7 +316,7 @@ class VastOffers:
 
     def _snapshot(self, req: Requirements) -> list[Offer]:
         try:
-            from broker.catalog import snapshot_offers
+            from broker.plan.catalog import snapshot_offers
         except ImportError:
             self._last_source = "snapshot (not installed)"
             return []
@@ -347,7 +347,7 @@ class VastOffers:
         src = self._last_source if (self._last_source or "").startswith("snapshot ") else None
         if src is None:  # no snapshot offer matched this job: still name the snapshot's date
             try:
-                from broker.catalog import snapshot_info
+                from broker.plan.catalog import snapshot_info
 
                 src = f"snapshot {snapshot_info('vast')[0]}"
             except (ImportError, FileNotFoundError):

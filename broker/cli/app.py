@@ -1,0 +1,678 @@
+"""The ``broker`` command line (Typer).  Thin: parse, call the core, render with rich.
+
+Each feature lives in ``broker/cli/<feature>.py`` with a ``register(app)`` function; command bodies import
+what they need lazily so ``broker --help`` starts fast.
+
+One error boundary (:func:`main`): every failure ends in one message (what failed, what to do) and one exit code
+(:mod:`broker.core.errors`): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error, 130
+interrupted, 141 stdout closed early (``broker offers | head -1``: no message, as ``git log | head -1``).  An unexpected error (a bug) says so, writes its traceback to a log file (``<BROKER_HOME>/logs``, or
+the temp folder when that cannot be written) and prints the file's path; exit code 1.  With ``--json`` anywhere on
+the command line, an error is also printed on stdout as one JSON object ``{"schema_version": 1, "error": {...}}``
+(the one-line message stays on stderr).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import typer
+
+from broker import __version__
+from broker.core.errors import Terminated  # SIGTERM / SIGHUP as an interrupt
+from broker.core.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
+                           OutputClosed)
+
+
+def _new_app() -> typer.Typer:
+    return typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
+                       no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+                       rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+#: modules that add commands (each has ``register(app)``)
+COMMAND_MODULES = [
+    "broker.cli.plan",  # plan, offers, check, catalog
+    "broker.cli.run",
+    "broker.cli.status",
+    "broker.cli.lifecycle",  # down, reconcile
+    "broker.cli.watchdog",
+    "broker.cli.quota",
+    "broker.cli.lint",
+    "broker.cli.cluster",  # netns up|down|status
+    "broker.cli.slurm",
+    "broker.cli.day2",  # logs, ssh, exec, cost, clean
+    "broker.cli.init",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"broker {__version__}")
+        raise typer.Exit()
+
+
+class _Scrubbed:
+    """A logging filter that passes every record with its message scrubbed of secrets (:func:`scrub`)."""
+
+    def filter(self, record: Any) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string: logging reports it itself
+            return True
+        clean = scrub(text)
+        if clean != text or record.args:
+            record.msg, record.args = clean, ()
+        return True
+
+
+_log_handler: Any = None
+
+
+def setup_logging(verbosity: int) -> None:
+    """``-v``: broker's own logging (``broker.*`` loggers) at INFO to stderr; ``-vv``: DEBUG.  Other libraries
+    (httpx, botocore, oci, asyncssh) are left alone (only their warnings show): their debug output carries request
+    headers.  Every record is scrubbed of secret values (:func:`scrub`) on its way out.  The handler is broker's
+    own, on the ``broker`` logger, and :func:`reset_logging` removes it when the command ends (an in-process
+    ``main()`` leaves no logging state behind)."""
+    import logging
+
+    global _log_handler
+    reset_logging()
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    h.addFilter(_Scrubbed())
+    logger = logging.getLogger("broker")
+    logger.addHandler(h)
+    logger.setLevel(logging.INFO if verbosity == 1 else logging.DEBUG)
+    logger.propagate = False
+    _log_handler = h
+
+
+def reset_logging() -> None:
+    """Undo :func:`setup_logging` (idempotent)."""
+    global _log_handler
+    if _log_handler is None:
+        return
+    import logging
+
+    logger = logging.getLogger("broker")
+    logger.removeHandler(_log_handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True
+    _log_handler = None
+    if "broker.core.ui" in sys.modules:  # -v also showed node output's control characters as text
+        sys.modules["broker.core.ui"].show_controls(False)
+
+
+def _root(
+    version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                 help="print broker's version and exit"),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
+                                help="log what broker does to stderr (-v info, -vv debug)"),
+) -> None:
+    if verbose:
+        setup_logging(verbose)
+        from broker.core.ui import show_controls
+
+        show_controls(True)  # node output shows its control characters as text (ESC as \x1b), never raw
+
+
+#: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every
+#: registered command's signature on each start; tests/test_startup.py checks this table against the modules)
+COMMANDS = {
+    **dict.fromkeys(("plan", "offers", "check", "catalog"), "broker.cli.plan"),
+    "run": "broker.cli.run", "status": "broker.cli.status",
+    **dict.fromkeys(("down", "reconcile"), "broker.cli.lifecycle"),
+    "watchdog": "broker.cli.watchdog", "quota": "broker.cli.quota", "lint": "broker.cli.lint",
+    "netns": "broker.cli.cluster", "slurm": "broker.cli.slurm",
+    **dict.fromkeys(("logs", "ssh", "exec", "cost", "clean"), "broker.cli.day2"),
+    "init": "broker.cli.init",
+}
+
+
+def make_app(modules: list[str]) -> typer.Typer:
+    """A ``broker`` Typer app with the root options and the commands of ``modules`` (``register(app)`` each)."""
+    a = _new_app()
+    a.callback()(_root)
+    for name in modules:
+        importlib.import_module(name).register(a)
+    return a
+
+
+_full_app: typer.Typer | None = None
+
+
+def __getattr__(name: str) -> Any:
+    """``broker.cli.app.app``: the app with every command, built on first use (PEP 562)."""
+    if name == "app":
+        global _full_app
+        if _full_app is None:
+            _full_app = make_app(COMMAND_MODULES)
+        return _full_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _app_for(args: list[str]) -> typer.Typer:
+    """The full app, unless ``args`` name one known command (after root options) and the full app was never
+    built (tests add commands to it): then an app with that command's module only."""
+    import os
+
+    if _full_app is not None or any(k.endswith("_COMPLETE") for k in os.environ):
+        return __getattr__("app")
+    first = next((a for a in args if not a.startswith("-")), None)
+    roots = [a for a in args[: args.index(first)]] if first is not None else args
+    if first in COMMANDS and all(a in ("-v", "-vv", "-vvv", "--verbose") for a in roots):
+        return make_app([COMMANDS[first]])
+    return __getattr__("app")
+
+
+# ------------------------------------------------------------------------------------------------ error boundary
+def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bool,
+            extra: dict[str, Any] | None = None, json_object: bool = True) -> int:
+    """Print one error: the one-line message (and its hint) on stderr, and with ``--json`` also a JSON object
+    ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads) unless ``json_object`` is False (the
+    command printed its own object with the error in it); returns ``code``.  With ``--json`` the stderr lines are
+    never wrapped; a closed stderr leaves ``code`` as it is."""
+    if as_json and json_object:
+        import json
+
+        from broker.core.ui import json_payload
+
+        err: dict[str, Any] = {"type": kind, "message": message, "hint": hint, "exit_code": code}
+        err.update(extra or {})
+        try:
+            sys.stdout.write(json.dumps(json_payload({"error": err}), indent=2) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):  # stdout gone: the stderr line below still says it
+            pass
+    from broker.core.ui import NO_WRAP_WIDTH, wrap_plain
+    from broker.core.ui import err as err_console
+
+    label = "internal error" if kind == "internal" else "error"
+    # the terminal's, else COLUMNS, else 80 (pipes, CI logs); with --json one line each (a script greps it)
+    width = NO_WRAP_WIDTH if as_json else err_console.prose_width
+    try:
+        first, *more = wrap_plain(f"{label}: {message}", width)
+        typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
+        for line in more:
+            typer.echo(line, err=True)
+        if hint:
+            first, *more = wrap_plain(f"  -> {hint}", width)
+            typer.echo(typer.style("  ->", fg="yellow") + first[4:], err=True)
+            for line in more:
+                typer.echo(line, err=True)
+    except (BrokenPipeError, OutputClosed, OSError, ValueError):  # stderr closed (`2>&1 | head -0`): the code stands
+        _quiet_broken_pipe()
+    return code
+
+
+def scrub(text: str) -> str:
+    """``text`` without secrets: values of environment variables whose names say key / secret / token / password
+    (8 characters or more) and ``api_key=...``-style query values become ``***``."""
+    import os
+    import re
+
+    for name, value in os.environ.items():
+        if len(value) >= 8 and re.search(r"KEY|SECRET|TOKEN|PASSW|CREDENTIAL", name, re.I) and value in text:
+            text = text.replace(value, "***")
+    from broker.core.private import known_secrets
+
+    for value in known_secrets():  # the recipe's secrets: values, whatever their names
+        if value in text:
+            text = text.replace(value, "***")
+    return re.sub(r"(?i)((?:api[_-]?key|token|secret|password)=)[^&\s'\"]+", r"\1***", text)
+
+
+def crash_log(exc: BaseException) -> Path | None:
+    """Write ``exc``'s traceback to ``<BROKER_HOME>/logs/crash-<time>-<pid>.log``, or, when the home cannot be
+    written, to this user's own 0700 folder ``/tmp/broker-<uid>/logs`` (never a shared folder: another user could
+    plant a symlink there); returns the file, None when nothing could be written.  Each folder must be a real
+    folder this user owns, mode 0700 (:func:`broker.core.private.check_private_dir`); the file is created 0600 with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a name planted there is never followed nor overwritten)."""
+    import os
+    import time
+    import traceback
+
+    text = scrub(f"broker {__version__} on Python {sys.version.split()[0]}\ncommand: broker {' '.join(sys.argv[1:])}\n\n"
+                 + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    stem = f"crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    candidates: list[Any] = []  # callables giving a folder
+    try:
+        from broker.core.config import home_path
+
+        home_logs = home_path() / "logs"
+        candidates.append(lambda: home_logs)
+    except Exception:  # noqa: BLE001 - the fallback below is the point
+        pass
+
+    def own_tmp() -> Path:
+        from broker.core import private
+        base = private.SHORT_BASE / f"broker-{os.geteuid()}"
+        private.private_dir(base)
+        private.check_private_dir(base, what="crash-log folder")
+        return base / "logs"
+
+    candidates.append(own_tmp)
+    for where in candidates:
+        try:
+            from broker.core.private import check_private_dir, private_dir, tighten_dir
+
+            d = where()
+            private_dir(d)
+            tighten_dir(d)
+            check_private_dir(d, what="crash-log folder")
+            for n in range(10):
+                p = d / (stem + (f"-{n}" if n else "") + ".log")
+                try:
+                    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                except FileExistsError:
+                    continue
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                return p
+        except Exception:  # noqa: BLE001 - OSError, or BadInput for a folder another user planted: next place
+            continue
+    return None
+
+
+def _home_hint() -> str:
+    try:
+        from broker.core.config import home_path
+
+        home = str(home_path())
+    except Exception:  # noqa: BLE001
+        home = "?"
+    return (f"the broker home is {home}: set BROKER_HOME to a folder you can write (it holds the ledger and run "
+            "logs)")
+
+
+#: OS errors that are about the user's files or machine, not a bug: errno names
+_USER_OS_ERRORS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOENT", "ENOTDIR", "EISDIR", "EEXIST",
+                   "ENAMETOOLONG", "ELOOP", "EMFILE", "ENFILE")
+
+
+def _usage_errors() -> tuple[type, ...]:
+    """Usage-error base classes: Typer's own (Typer >= 0.20 vendors click) and click's (older Typer)."""
+    out: list[type] = []
+    base = getattr(typer, "TyperException", None)
+    if base is not None:
+        out.append(base)
+    click = sys.modules.get("click")  # an older Typer imported click itself; never import it for nothing (~10 ms)
+    if click is not None:
+        out.append(click.exceptions.ClickException)
+    return tuple(out)
+
+
+def _commands(cmd: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """(name path, command) of ``cmd`` and every command below it."""
+    yield path, cmd
+    for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
+        yield from _commands(sub, path + (name,))
+
+
+def _opts(cmd: Any) -> set[str]:
+    return {o for p in getattr(cmd, "params", []) for o in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))}
+
+
+def _option_home(exc: Any, args: list[str]) -> str | None:
+    """For click's "No such option": drop suggestions that are not close (click offers ``--version`` for
+    ``--json``, ``--quiet`` for ``--budget``) and say where the option belongs: ``--json is an option of the
+    command: broker status --json`` when it was put before the command that has it, else which commands have it.
+    None when no command has it."""
+    import difflib
+
+    name = exc.option_name
+    exc.possibilities = [p for p in (exc.possibilities or [])  # a typo's real option (--budgt: --budget) stays
+                         if difflib.SequenceMatcher(None, name, p).ratio() >= 0.8]
+    root = command()  # the whole tree (a run may have built only its own command)
+    here = tuple(exc.ctx.command_path.split()[1:]) if exc.ctx is not None else ()
+    # the command the user named: the words of args that walk down the command tree from where the error was
+    path, cmd = here, dict(_commands(root)).get(here, root)
+    after = args[args.index(name) + 1:] if name in args else args
+    value = ""  # `broker --budget 5 plan`: the word after the option is its value, not a command
+    if after and not after[0].startswith("-") and after[0] not in (getattr(cmd, "commands", None) or {}):
+        value, after = after[0], after[1:]
+    for a in after:
+        sub = (getattr(cmd, "commands", None) or {}).get(a)
+        if sub is None:
+            if a.startswith("-"):
+                continue
+            break
+        path, cmd = path + (a,), sub
+    if path != here and name in _opts(cmd):
+        shown = f"{name} {value}" if value else name
+        return f"{name} goes after the command: broker {' '.join(path)} {shown}"
+    if here and name in _opts(root):
+        return f"{name} is an option of broker itself: broker {name} {' '.join(here)} ..."
+    here_cmd = dict(_commands(root)).get(here)
+    arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
+                and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)
+    if arg is not None:
+        shown = (arg.metavar or arg.name.upper()).strip("[]")
+        return f"{' '.join(('broker',) + here)} takes {shown} as an argument: broker {' '.join(here)} {shown}"
+    homes = [" ".join(("broker",) + p) for p, c in _commands(root) if p and name in _opts(c)]
+    if not homes:
+        return None
+    if len(homes) > 4:
+        homes = homes[:4] + ["..."]
+    field = _RECIPE_FIELD.get(name) if here == ("run",) else None
+    also = f"; for a run it is the recipe's `{field}:` field" if field else ""
+    return f"{name} is an option of {', '.join(homes)}, not of {' '.join(('broker',) + here)}{also}"
+
+
+#: plan options whose value a run takes from its recipe (broker/core/recipe.py's fields)
+_RECIPE_FIELD = {"--budget": "budget_usd", "-b": "budget_usd", "--hours": "max_hours", "--nodes": "nodes",
+                 "-n": "nodes", "--gpus-per-node": "gpus_per_node"}
+
+
+#: words users of other tools type for a command, and broker's command for them (click's own suggestion is by
+#: spelling: `launch` -> `plan`)
+#: (never `stop` -> `down`: a user who wants the disk kept must not be pointed at what deletes it)
+COMMAND_ALIASES = {"launch": "run", "apply": "run", "submit": "run", "up": "run",
+                   "ls": "status", "ps": "status", "queue": "status", "list": "status", "show": "status",
+                   "log": "logs", "tail": "logs", "destroy": "down", "terminate": "down", "delete": "down",
+                   "teardown": "down", "kill": "down", "cancel": "down", "shell": "ssh",
+                   "price": "offers", "prices": "offers", "gpus": "offers", "show-gpus": "offers", "costs": "cost",
+                   "config": "check", "doctor": "check"}
+
+
+def _usage_message(exc: Any, args: list[str]) -> tuple[str, str]:
+    """(message, hint) for a parser usage error: the parser's one-line message (click's "Did you mean" for a
+    command replaced by :data:`COMMAND_ALIASES`' word where there is one), and as hint where a misplaced option
+    belongs (:func:`_option_home`), else the command's usage line and where its help is."""
+    import re
+
+    message = exc.format_message().strip().split("\n")[0]
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else "broker"
+    hint = f"`{path} --help` lists its arguments and options"
+    if ctx is not None:
+        try:
+            usage = ctx.get_usage().strip()
+            hint = f"usage: {usage[len('Usage: '):] if usage.startswith('Usage: ') else usage} (`{path} --help`)"
+        except Exception:  # noqa: BLE001 - the plain hint stands
+            pass
+    m = re.match(r"No such command '(.+?)'\.", message)
+    if m:
+        known = getattr(getattr(ctx, "command", None), "commands", None) or {}
+        alias = COMMAND_ALIASES.get(m[1].lower())
+        if alias and alias in known:
+            return f"no command '{m[1]}' in {path}", f"did you mean `{path} {alias}`? (`{path} --help` lists them)"
+        return message[0].lower() + message[1:], f"`{path} --help` lists the commands"
+    m = re.match(r"Got unexpected extra argument(?:s|\(s\))? \((\S+\.ya?ml)\)", message)
+    if m and ctx is not None and "--recipe" in _opts(ctx.command):  # `broker plan r.yaml`
+        return message, f"the recipe goes after --recipe: {path} --recipe {m[1]}"
+    if hasattr(exc, "option_name") and hasattr(exc, "possibilities"):  # NoSuchOption
+        where = _option_home(exc, args)
+        message = exc.format_message().strip().split("\n")[0]
+        if where:
+            hint = where
+    return message, hint
+
+
+def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) -> int:
+    """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable);
+    ``args``: the command line (to say where a misplaced option belongs)."""
+    args = list(sys.argv[1:] if args is None else args)
+    import errno
+    import sqlite3
+
+    if isinstance(exc, BrokerError):
+        return _report(exc.exit_code, exc.message, exc.hint, kind=type(exc).__name__, as_json=as_json)
+    if isinstance(exc, typer.Exit):
+        return exc.exit_code
+    if isinstance(exc, _usage_errors()):  # usage errors: the parser's message in broker's own style, exit 2
+        message, hint = _usage_message(exc, args)
+        return _report(exc.exit_code, message, hint, kind="UsageError", as_json=as_json)
+    term = exc if isinstance(exc, Terminated) else (exc.__cause__ or exc.__context__) \
+        if isinstance(exc, typer.Abort) else None
+    if isinstance(term, Terminated):
+        return _report(term.exit_code, f"terminated by {term.signame}"
+                       + (" (the terminal closed)" if term.signame == "SIGHUP" else "")
+                       + ": broker tore down what the run had rented before exiting", None, kind="Terminated",
+                       as_json=as_json)
+    if isinstance(exc, typer.Abort):
+        cause = exc.__cause__ or exc.__context__
+        if isinstance(cause, EOFError):
+            return _report(EXIT_BAD_INPUT, "a question needed an answer but input ended (stdin closed)",
+                           "answer on a terminal, or pass the option that skips the question (e.g. --yes)",
+                           kind="EOFError", as_json=as_json)
+        return _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=as_json)
+    if isinstance(exc, KeyboardInterrupt):
+        return _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=as_json)
+    if isinstance(exc, sqlite3.OperationalError):
+        try:
+            from broker.core.config import home_path
+
+            where = f" ({home_path() / 'ledger.sqlite'})"
+        except Exception:  # noqa: BLE001
+            where = ""
+        return _report(EXIT_BAD_INPUT, f"the ledger{where} cannot be used: {exc}", _home_hint(),
+                       kind="LedgerError", as_json=as_json)
+    if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _USER_OS_ERRORS:
+        where = exc.filename if exc.filename is not None else ""
+        msg = f"{where}: {exc.strerror}" if where else str(exc.strerror or exc)
+        try:
+            from broker.core.config import home_path
+
+            in_home = where and Path(str(where)).resolve().is_relative_to(home_path().resolve())
+        except Exception:  # noqa: BLE001
+            in_home = False
+        if in_home:
+            hint = _home_hint()
+        elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            hint = "free some disk space and try again"
+        else:
+            hint = "check the path and its permissions"
+        return _report(EXIT_BAD_INPUT, msg, hint, kind=type(exc).__name__, as_json=as_json)
+    if isinstance(exc, MemoryError):
+        return _report(EXIT_JOB_FAILED, "out of memory", "close other programs or use a machine with more memory",
+                       kind="MemoryError", as_json=as_json)
+    log = crash_log(exc)
+    detail = scrub(f"{type(exc).__name__}: {exc}")
+    if len(detail) > 300:
+        detail = detail[:300] + "..."
+    hint = (f"this is a bug in broker; the traceback is in {log}: please report it with that file" if log else
+            "this is a bug in broker; please report it with the command you ran")
+    return _report(EXIT_JOB_FAILED, f"unexpected {detail}", hint, kind="internal", as_json=as_json,
+                   extra={"log": str(log) if log else None})
+
+
+def _broken_pipe(exc: BaseException) -> BrokenPipeError | None:
+    """The BrokenPipeError behind ``exc`` (itself, or what it was raised while handling: click turns EPIPE into
+    ``sys.exit(1)``), or None."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, BrokenPipeError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _closed_std_streams() -> list[int]:
+    """File descriptors among stdout (1) and stderr (2) that are pipes whose reader has gone (POLLERR)."""
+    import select
+
+    out: list[int] = []
+    for fd in (1, 2):
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLOUT)
+            if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0)):
+                out.append(fd)
+        except (OSError, ValueError, AttributeError):  # closed descriptor, no poll() on this platform
+            continue
+    return out
+
+
+def _quiet_broken_pipe() -> int:
+    """stdout's (or stderr's) reader went away (``broker offers | head -1``): no message, no traceback, exit 141
+    like ``git log | head -1``.  The closed streams point at /dev/null from here on, so that Python's own flush at
+    exit does not print "Exception ignored ... BrokenPipeError" (the note on SIGPIPE in Python's ``signal``
+    documentation)."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in _closed_std_streams():
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
+def _plain_usage(cmd: Any) -> None:
+    """Usage lines read ``broker run [OPTIONS] RECIPE``: newer Typer writes a required argument as ``{RECIPE}``
+    there (the Arguments list and the docs say ``RECIPE``), ``{PATH...}...`` for ``PATH...``; applied to ``cmd`` and every subcommand."""
+    import re
+
+    original = cmd.collect_usage_pieces
+
+    def plain(piece: str) -> str:
+        m = re.fullmatch(r"\{(.+)\}((?:\.\.\.)?)", piece)  # {RECIPE}, {PATH...}...
+        if m is None:
+            return piece
+        return m[1] if m[1].endswith("...") else m[1] + m[2]
+
+    def pieces(ctx: Any) -> list[str]:
+        return [plain(p) for p in original(ctx)]
+
+    cmd.collect_usage_pieces = pieces
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        _plain_usage(sub)
+
+
+def _help_keeps_hyphenated_words() -> None:
+    """Help text wraps between words only: click's wrapper (textwrap) also breaks after a hyphen, which splits
+    values such as ``direct-blocked`` into "direct-" / "blocked", and between the words of a `backticked command`
+    (Typer's vendored click and click itself); both are kept whole."""
+    import importlib
+
+    for mod in ("typer._click._textwrap", "click._textwrap"):
+        if mod.startswith("click") and "click" not in sys.modules:  # only an older Typer's own click
+            continue
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        base = getattr(m, "TextWrapper", None)
+        if base is None or getattr(base, "_broker_no_hyphen_break", False):
+            continue
+
+        class _Wrapper(base):  # type: ignore[misc, valid-type]
+            _broker_no_hyphen_break = True
+
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                kw["break_on_hyphens"] = False
+                super().__init__(*a, **kw)
+
+            def _split(self, text: str) -> list[str]:
+                """textwrap's chunks, a `backticked command` (spaces and all) one chunk: never split."""
+                chunks = super()._split(text)
+                if text.count("`") % 2:  # an unpaired backtick: plain words
+                    return chunks
+                out: list[str] = []
+                inside = False
+                for ch in chunks:
+                    if inside:
+                        out[-1] += ch
+                    else:
+                        out.append(ch)
+                    if ch.count("`") % 2:
+                        inside = not inside
+                return out
+
+        m.TextWrapper = _Wrapper  # type: ignore[attr-defined]
+
+
+def command(a: typer.Typer | None = None) -> Any:
+    """The click command behind ``a`` (default: the full app; as ``app()`` builds it), with plain usage lines
+    (:func:`_plain_usage`) and help that never breaks a hyphenated word (:func:`_help_keeps_hyphenated_words`)."""
+    _help_keeps_hyphenated_words()
+    cmd = typer.main.get_command(a if a is not None else __getattr__("app"))
+    _plain_usage(cmd)
+    return cmd
+
+
+_interrupted = False
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+_terminated: Terminated | None = None
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
+    global _terminated
+    _terminated = Terminated(signum)
+    raise _terminated
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: runs the app behind one error boundary (:func:`handle`) and exits."""
+    import signal
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)  # Typer turns Ctrl-C into exit 130 silently: note it
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # `kill`, `timeout`, a closed terminal: the same teardown
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _on_terminate)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        from broker.core.choices import normalize_args
+
+        args = normalize_args(args)  # --provider LOCAL -> local; --provider vasti: did you mean vast? (exit 2)
+        rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
+        if code == EXIT_INTERRUPTED and _terminated is not None:  # Typer's silent 130 for SIGTERM / SIGHUP
+            code = _boundary(_terminated, as_json, args)
+        elif code == EXIT_INTERRUPTED and _interrupted and not as_json:
+            _report(EXIT_INTERRUPTED, "interrupted", None, kind="KeyboardInterrupt", as_json=False)
+    except BaseException as e:  # noqa: BLE001 - the one boundary
+        pipe = _broken_pipe(e)
+        if isinstance(e, OutputClosed) or (pipe is not None and _closed_std_streams()):  # `broker offers | head -1`
+            code = _quiet_broken_pipe()
+        elif pipe is not None and (e is pipe or (isinstance(e, SystemExit) and e.__context__ is pipe)):
+            # another pipe (a child's stdin): a failure (click would exit 1 silently)
+            code = _boundary(pipe, as_json, args)
+        elif isinstance(e, SystemExit):  # sys.exit() somewhere below: keep its code
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:
+            code = _boundary(e, as_json, args)
+        if _terminated is not None and code != _terminated.exit_code:
+            # the terminal closed (SIGHUP): writing the report failed with EIO; the signal's code still says why
+            code = _terminated.exit_code
+    finally:
+        reset_logging()
+    sys.exit(code)
+
+
+def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) -> int:
+    """:func:`handle`, guarded: a second Ctrl-C (or a failure) while reporting still ends in an exit code; a closed
+    stderr while reporting keeps the error's own exit code."""
+    try:
+        return handle(e, as_json=as_json, args=args)
+    except BaseException as failure:  # noqa: BLE001 - a second Ctrl-C (or a failure) while reporting
+        if isinstance(e, KeyboardInterrupt):
+            return e.exit_code if isinstance(e, Terminated) else EXIT_INTERRUPTED
+        code = getattr(e, "exit_code", None)
+        if isinstance(failure, (OSError, ValueError, OutputClosed)) and _closed_std_streams() and \
+                isinstance(code, int) and code:  # stderr closed while reporting: the error's own code stands
+            _quiet_broken_pipe()
+            return code
+        return EXIT_JOB_FAILED
+
+
+if __name__ == "__main__":
+    main()

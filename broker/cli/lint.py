@@ -1,0 +1,92 @@
+"""``broker lint PATH... [--json]``: static check of training scripts and Slurm batch scripts for multi-host
+mistakes.  Exit status: 0 no findings, 1 findings, 2 bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("lint", short_help="Check training scripts and sbatch files for multi-node bugs")
+    def lint_cmd(
+        paths: list[Path] = typer.Argument(..., metavar="PATH...",
+                                           help="training scripts, Slurm batch scripts (#SBATCH) or directories "
+                                                "(their *.py and batch scripts, recursively)"),
+        as_json: bool = typer.Option(False, "--json", help="print the findings as JSON"),
+        strict: bool = typer.Option(False, "--strict", hidden=True,
+                                    help="accepted for old scripts: findings always exit 1 now"),
+    ) -> None:
+        """Check Python training scripts for: the GPU picked from the global rank; nccl without a CUDA fallback;
+        rank-0 work (writes, result prints, checkpoints, profiler traces) keyed on LOCAL_RANK; downloads by
+        global rank 0 only; SLURM_PROCID/SLURM_NTASKS preferred over torchrun's RANK/WORLD_SIZE.  Check Slurm
+        batch scripts for torchrun started from the batch shell of a multi-node allocation (not through srun)
+        and torchrun without --node_rank or a rendezvous; any shell script for the node rank expanded before srun,
+        RANK=$SLURM_PROCID under torchrun and a master address that is not node 0's.  Prints file:line, the
+        mistake and the fix.
+
+        Exit status: 0 no findings, 1 findings, 2 bad input (a missing path).
+
+        Silence one finding with a `# broker-lint: ignore[KIND]` comment on its line.
+        """
+        from dataclasses import asdict
+
+        from rich.markup import escape
+
+        from broker.lint.rules import lint_script, lintable_files
+        from broker.core.provider import BadInput
+        from broker.core.ui import console, print_json
+
+        def print_fix(fix: str) -> None:
+            """``fix: PROSE`` wrapped as prose, each `backticked` code snippet verbatim on a line of its own
+            (never wrapped: it is meant to be copied)."""
+            import re
+
+            parts = re.split(r"`([^`]+)`", fix)
+            prose: list[str] = []
+            first = True
+
+            def flush() -> None:
+                nonlocal first
+                text = " ".join(" ".join(prose).split()).strip(" ;,")
+                prose.clear()
+                if text:
+                    console.print(("    fix: " if first else "      ") + escape(text), highlight=False)
+                    first = False
+
+            for i, part in enumerate(parts):
+                if i % 2 == 0:
+                    prose.append(part)
+                    continue
+                flush()
+                if first:
+                    console.print("    fix:", highlight=False)
+                    first = False
+                console.verbatim("        " + part)
+            flush()
+
+        files, problems = lintable_files(paths)
+        if problems:
+            raise BadInput("; ".join(problems), hint="give Python training scripts, Slurm batch scripts (#SBATCH) "
+                                                     "or directories holding them")
+        findings = []
+        for f in files:
+            try:
+                findings += lint_script(f)
+            except OSError as e:
+                raise BadInput(f"{f}: cannot read it ({e.strerror or e})", hint="check the path and its permissions")
+        if as_json:
+            print_json({"paths": [str(p) for p in paths], "files": [str(f) for f in files],
+                        "findings": [asdict(f) for f in findings]})
+        elif not findings:
+            what = str(files[0]) if len(files) == 1 else f"{len(files)} files"
+            console.print(f"{escape(what)}: no findings", highlight=False)
+        else:
+            for f in findings:
+                console.print(f"{escape(f.path)}:{f.line}: [bold red]error[/] {escape('[' + f.kind + ']')} "
+                              f"{escape(f.message)}", highlight=False)
+                print_fix(f.fix)
+            console.print(f"{len(findings)} finding(s) in {len({f.path for f in findings})} of {len(files)} file(s)",
+                          highlight=False)
+        raise typer.Exit(1 if findings else 0)

@@ -1,0 +1,456 @@
+"""``broker status``: runs and live resources from the ledger, with money and the armed teardown layers.
+
+Per run: id, recipe name, where (provider and topology), state, spent so far / budget, time left (``--wide``:
+start, USD/hour, worst case at the deadline, exit codes).  Per live resource: run, provider, kind, id, state,
+USD/hour, spent so far, worst case at the deadline, time left, armed layers (CLI, watchdog, node); the error of a failed terminate is printed in full below
+the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
+:mod:`broker.money.accounting` (billing counted from creation, per second; a create that never happened costs $0).
+
+The truth, not the ledger's last guess (issue 12): unless ``--no-refresh``, live instances are described at their
+provider (when its adapter says it is configured) and those the provider reports gone - e.g. destroyed by the
+node's own dead-man switch - are marked ``terminated`` (by ``provider``, at the time seen); a run still marked
+active whose CLI process is dead on this machine is marked ``interrupted`` (as the watchdog does).  Rows left
+``unknown`` by an ambiguous create are shown as possibly billing (counted at their worst case).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import typer
+
+_log = logging.getLogger(__name__)
+
+
+def _dur(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    neg = seconds < 0
+    s = abs(seconds)
+    txt = f"{s:.0f} s" if s < 120 else (f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h")
+    return f"passed {txt} ago" if neg else txt
+
+
+def _layers_text(layers: dict[str, bool], billing: bool) -> str:
+    on = [k for k in ("cli", "watchdog", "node") if layers.get(k)]
+    if not on:
+        return "[bold red]none[/]" if billing else "[dim]none[/]"
+    return " ".join(f"[green]{k}[/]" for k in on)
+
+
+def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, str]:
+    """Ask the providers about every live instance of the ledger (``describe_instance``); mark those reported gone
+    ``terminated`` (by ``provider``) and those reported running ``running``.  Only providers whose adapter says it
+    is configured are asked (``providers`` given: those).  Returns provider -> why it was not (fully) refreshed."""
+    from broker.money.accounting import system_clock
+
+    now = now or system_clock()
+    cache: dict[str, Any] = dict(providers or {})
+    notes: dict[str, str] = {}
+    rows = [r for r in ledger.resources(live_only=True)
+            if r.kind == "instance" and r.provider_id and r.provider not in ("local",)]
+    _log.info("status: ledger %s; %d live instance(s) to refresh at their provider", getattr(ledger, "path", "?"),
+              len(rows))
+    for res in rows:
+        if res.provider in notes:
+            continue
+        p = cache.get(res.provider)
+        if p is None:
+            if providers is not None:
+                continue
+            try:
+                from broker.providers import get_provider
+
+                p = get_provider(res.provider)
+                if not p.check().configured:
+                    notes[res.provider] = "not refreshed: no credentials"
+                    continue
+            except Exception as e:  # noqa: BLE001 - status must still print
+                notes[res.provider] = f"not refreshed: {e}"
+                continue
+            cache[res.provider] = p
+        try:
+            info = p.describe_instance(res.provider_id, region=res.region)
+        except Exception as e:  # noqa: BLE001 - a provider that cannot answer: say so, keep the ledger's view
+            notes[res.provider] = f"not refreshed: {getattr(e, 'message', None) or e}"
+            _log.info("status: %s %s: %s", res.provider, res.provider_id, notes[res.provider])
+            continue
+        _log.info("status: %s %s is %s at the provider (ledger: %s)", res.provider, res.provider_id, info.state,
+                  res.state)
+        if info.state == "terminated":
+            ledger.update_resource(res.id, state="terminated", terminated_at=now, terminated_by="provider",
+                                   error=None, actor="status",
+                                   message=f"{res.provider} reports {res.provider_id} gone "
+                                           f"({info.raw_state or info.state}; e.g. the node's own dead-man switch "
+                                           "or the console): marked terminated when seen")
+        elif info.state == "running" and res.state in ("creating", "intent"):
+            ledger.update_resource(res.id, state="running", actor="status", message=f"{res.provider_id} running")
+    return notes
+
+
+def settle_runs(ledger, now=None) -> list[str]:
+    """Runs still marked active whose CLI process (``Run.pid``) is dead on this machine become ``interrupted``
+    (the watchdog's rule (d)); returns their ids."""
+    from broker.money.accounting import ACTIVE_STATUSES, pid_alive, system_clock
+
+    now = now or system_clock()
+    out = []
+    for run_id, status, pid in ledger.cli_pids(ACTIVE_STATUSES):
+        if pid_alive(pid):
+            continue
+        n_live = len(ledger.resources(run_id, live_only=True))
+        msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
+               + (f"; {n_live} resource(s) still live: `broker down {run_id}`" if n_live else "; nothing is live"))
+        ledger.update_run(run_id, status="interrupted", ended_at=now, message=msg)
+        ledger.event(run_id, "status", "cli-dead", msg)
+        out.append(run_id)
+    return out
+
+
+def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
+                providers: dict | None = None) -> dict[str, Any]:
+    """Everything ``broker status --json`` prints: runs (with ``cost``), live resources (with ``cost``,
+    ``layers``, ``node_layer``), the watchdog's heartbeat, totals over live resources (``possibly_billing``:
+    rows left ``unknown`` by an ambiguous create) and ``refresh`` notes (provider -> why not refreshed).  With
+    ``refresh`` the providers are asked first (:func:`refresh_live`) and dead CLIs settled (:func:`settle_runs`)."""
+    from broker.money.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
+
+    now = now or system_clock()
+    notes = refresh_live(ledger, providers, now) if refresh else {}
+    settle_runs(ledger, now)
+    wd = watchdog_state(now)
+    runs = ledger.list_runs(limit=limit)
+    live = ledger.resources(live_only=True)
+    run_ids = {r.id for r in runs} | {r.run_id for r in live}
+    run_by_id = {}
+    for rid in run_ids:
+        run = ledger.get_run(rid)
+        if run is not None and run.id == rid:
+            run_by_id[rid] = run
+    out_runs = []
+    for run in runs:
+        rc = run_cost(run, ledger.resources(run.id), now).to_dict()
+        rc.pop("resources")
+        out_runs.append({**run.model_dump(mode="json"), "cost": rc})
+    out_live = []
+    for res in live:
+        run = run_by_id.get(res.run_id)
+        c = resource_cost(res, run, now).to_dict()
+        out_live.append({**res.model_dump(mode="json"), "cost": c, "layers": armed_layers(res, run, wd),
+                         "node_layer": node_layer(res, run)})
+    totals = {"usd_per_hour": sum(r["cost"]["usd_per_hour"] for r in out_live),
+              "spent_usd": sum(r["cost"]["spent_usd"] for r in out_live),
+              "errors": sum(1 for r in out_live if r.get("error") and r["state"] != "unknown"),
+              "possibly_billing": sum(1 for r in out_live if r["state"] == "unknown")}
+    return {"now": now.isoformat(), "runs": out_runs, "live_resources": out_live, "watchdog": wd.to_dict(),
+            "totals": totals, "refresh": {"done": refresh, "notes": notes}}
+
+
+def _where(provider: str | None, topology: str | None) -> str:
+    """Where a run ran, short: the provider, and the topology when it says more than the provider's name
+    (``vast simulated``, ``oci multi-node``, ``local``)."""
+    provider = provider or "?"
+    if not topology or topology == provider or topology == "any":
+        return provider
+    return f"{provider} {topology}"
+
+
+#: a run's ledger status as words, for the narrow table (``--wide`` and ``--json`` keep the ledger's value)
+_RUN_STATUS_WORDS = {"torn_down": "torn down", "tearing_down": "tearing down"}
+
+
+def _run_status_words(status: str) -> str:
+    return _RUN_STATUS_WORDS.get(status, status.replace("_", " "))
+
+
+def _short_where(provider: str | None, topology: str | None) -> str:
+    """:func:`_where` for the narrow table: a topology that only repeats the provider (``slurm-cluster`` on
+    ``slurm``) or that a provider always has (``netns``: multi-node) is left out."""
+    provider = provider or "?"
+    if topology and (provider in topology or provider in ("netns", "local")):
+        return provider
+    return _where(provider, topology)
+
+
+def _fit_name_where(width: int, fixed: int, name_w: int, where_w: int) -> tuple[int, int]:
+    """Widths of the name and where columns (cells) when the other columns take ``fixed`` cells of a ``width``
+    table: both whole when they fit, else the place whole while the name keeps 10 cells, the name ellipsized to
+    the rest (never wrapped: a run's row stays one line); the place is cut only below that."""
+    room = max(18, width - fixed)
+    if name_w + where_w <= room:
+        return name_w, where_w
+    name_min = min(name_w, 10)
+    if room - where_w >= name_min:
+        return room - where_w, where_w
+    return name_min, room - name_min
+
+
+def _shown_state(r: dict[str, Any]) -> str:
+    """The ledger state, or what the provider last showed when that is worse (a node stopped mid-job)."""
+    seen = (r.get("attrs") or {}).get("provider_state")
+    return str(seen) if seen in ("stopped", "failed") and r["state"] == "running" else r["state"]
+
+
+def _state_text(state: str) -> str:
+    if state in ("stopped", "failed"):
+        return f"[bold red]{state}[/]"
+    if state == "orphan":
+        return "[bold red]orphan[/]"
+    if state == "unknown":
+        return "[bold red]unknown[/]"
+    return state
+
+
+def _narrow_runs_table(rows: list[tuple[str, str, str, str, str, str]], width: int):
+    """The runs table at ``width`` cells (the terminal's, 80 in a pipe): one line per run (id, name, where,
+    status, spent / budget, time left); ids, states and money whole, the name (then the place) ellipsized to fit
+    rather than wrapped."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.markup import escape, render
+    from rich.table import Table
+
+    # the time left only when a run is still active (an ended run's is "-"): the room goes to names and places
+    head = ("run", "name", "where", "status", "spent / budget", "left")
+    if all(row[5] == "-" for row in rows):
+        head, rows = head[:5], [row[:5] for row in rows]
+
+    def nat(i: int) -> int:
+        return max([cell_len(head[i])] + [cell_len(render(row[i]).plain if i == 4 else row[i]) for row in rows])
+
+    gaps = 2 * (len(head) - 1)  # collapse_padding: two cells between columns, none at the edges
+    fixed = gaps + sum(nat(i) for i in range(len(head)) if i not in (1, 2))
+    if fixed + nat(1) + nat(2) > width:  # tight: "$0.00/$5.00" gives names two more cells
+        head = head[:4] + ("spent/budget",) + head[5:]
+        rows = [row[:4] + (row[4].replace(" / ", "/"),) + row[5:] for row in rows]
+        fixed = gaps + sum(nat(i) for i in range(len(head)) if i not in (1, 2))
+    name_w, where_w = _fit_name_where(width, fixed, nat(1), nat(2))
+    t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              show_edge=False)
+    for i, col in enumerate(head):
+        t.add_column(col, no_wrap=True, overflow="ellipsis" if i in (1, 2) else "fold",
+                     max_width={1: name_w, 2: where_w}.get(i))
+    for row in rows:
+        t.add_row(row[0], escape(row[1]), escape(row[2]), *row[3:])
+    return t
+
+
+def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = False):
+    """Live resources.  Narrow (80 columns): run + resource in one cell (folded, never cut), state, $/h, spent,
+    worst case, time left, layers; errors go below the table (:func:`_resource_notes`).  ``wide``: one column each,
+    errors inline."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from broker.core.ui import usd
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    if wide:
+        cols = ("run", "provider", "kind", "id", "state", "age", "$/h", "spent", "worst case", "time left",
+                "layers", "error")
+    else:
+        cols = ("run / resource", "state", "$/h", "spent", "worst", "left", "layers")
+    for col in cols:  # short values never wrap (nor are cut: print_table); names, ids and errors fold
+        t.add_column(col, overflow="fold", no_wrap=col not in ("run / resource", "id", "error", "layers"))
+    for r in rows:
+        c = r["cost"]
+        billing = c["usd_per_hour"] > 0
+        left = c["time_left_s"]
+        left_txt = _dur(left)
+        if left is not None and left < 0:
+            left_txt = f"[bold red]{left_txt}[/]"
+        ident = escape(r["provider_id"] or f"({r['name']})")
+        worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+        rate = usd(c["usd_per_hour"]) if billing else "free"
+        if wide:
+            t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(_shown_state(r)), _dur(c["age_s"]),
+                      rate, usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing),
+                      f"[bold red]{escape(r['error'])}[/]" if r.get("error") else "")
+        else:
+            t.add_row(f"{r['run_id']}\n{r['provider']} {r['kind']} {ident}", _state_text(_shown_state(r)), rate,
+                      usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing))
+    return t
+
+
+def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One full line per resource that needs attention (failed terminate, unknown create, orphan)."""
+    from rich.markup import escape
+
+    out = []
+    for r in rows:
+        what = f"{r['provider']} {r['kind']} {r['provider_id'] or r['name']}"
+        if r["state"] == "unknown":
+            out.append(f"[bold red]possibly billing[/]: {escape(what)} of run {r['run_id']}: an ambiguous create "
+                       f"not resolved yet ({escape(r.get('error') or 'no list could tell')}); `broker down "
+                       f"{r['run_id']}` or `broker reconcile` resolves it")
+        elif r.get("error"):
+            out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+        if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
+            out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
+    return out
+
+
+def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -> str:
+    """The watchdog's state, and its provider errors: only those of a cloud or of a provider that holds a live
+    resource of this installation (``live_providers``; None: all), each on one line (a backend's multi-line
+    stderr is cut to its first line: ``broker status --json`` has it whole)."""
+    from rich.markup import escape
+
+    from broker.providers import CLOUD
+
+    if wd["alive"]:
+        line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
+    elif wd["pid"]:
+        line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_dur(wd['age_s'])} ago): "
+                "start `broker watchdog`")
+    else:
+        line = "watchdog: [yellow]not running[/] (`broker run` starts it; or `broker watchdog`)"
+    for prov, msg in (wd.get("errors") or {}).items():
+        if live_providers is not None and prov not in CLOUD and prov not in live_providers:
+            continue  # an optional backend holding nothing of ours: its failure is no news
+        first = msg.strip().splitlines()[0] if msg.strip() else msg
+        line += f"\n  [bold red]{escape(prov)}: {escape(first)}[/]"
+    return line
+
+
+def _print_nothing_yet() -> None:
+    """What ``broker status`` prints for a ledger with no run, no live resource and no watchdog ever started, as
+    the rich path prints it (the watchdog state in yellow on a colour terminal), without importing rich."""
+    import os
+    import sys
+
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+    state = "\033[33mnot running\033[0m" if color else "not running"
+    sys.stdout.write("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
+                     f"watchdog: {state} (`broker run` starts it; or `broker watchdog`)\n"
+                     "no live resources (nothing is billing).\n")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("status", short_help="Recent runs (spent, worst case, time left), live resources")
+    def status_cmd(
+        run_id: str = typer.Argument(None, metavar="[RUN]", help="show one run in detail"),
+        limit: int = typer.Option(20, "--limit", "-n", help="how many recent runs"),
+        wide: bool = typer.Option(False, "--wide", "-w", help="every column (name, where, start, $/h, exit codes, "
+                                  "age, errors inline)"),
+        no_refresh: bool = typer.Option(False, "--no-refresh", help="do not ask the providers about live "
+                                        "instances (the ledger's view only; no network)"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
+        CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
+        from broker.money.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
+        from broker.money.ledger import Ledger
+
+        ledger = Ledger()
+        if not run_id and not as_json:
+            data = status_data(ledger, limit=limit, refresh=not no_refresh)
+            if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
+                    and not data["watchdog"]["pid"]:
+                _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
+                return
+        from rich import box
+        from rich.markup import escape
+        from rich.table import Table
+
+        from broker.core.ui import console, node_text, print_table, usd
+
+        if run_id:
+            run = ledger.find_run(run_id)
+            now = system_clock()
+            notes = {} if no_refresh else refresh_live(ledger, None, now)
+            settle_runs(ledger, now)
+            run = ledger.find_run(run.id)
+            wd = watchdog_state(now)
+            res = ledger.resources(run.id)
+            rc = run_cost(run, res, now)
+            rows = [{**r.model_dump(mode="json"), "cost": resource_cost(r, run, now).to_dict(),
+                     "layers": armed_layers(r, run, wd), "node_layer": node_layer(r, run)} for r in res]
+            cost = rc.to_dict()
+            cost.pop("resources")
+            if as_json:
+                from broker.core.ui import print_json
+
+                print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
+                            "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
+                return
+            console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
+            if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
+                console.print(f"  {escape(node_text(run.message))}")
+            if run.started_at:
+                console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
+                    f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
+            codes = ", ".join(f"node {k}: {v}" for k, v in run.exit_codes.items()) or "-"
+            console.print(f"  exit codes: {codes}")
+            console.print(f"  run dir: {run.run_dir}")
+            active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
+            console.print(f"  spent {usd(rc.spent_usd)} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
+                          f"worst case at deadline {usd(rc.worst_case_usd)}"
+                          + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
+            for prov, why in notes.items():
+                console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
+            if rows:
+                print_table(_resource_table(rows, "resources", wide=wide), wide=wide)
+                for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
+                    console.print("  " + line)
+            for ev in ledger.events(run.id, limit=1000):
+                console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
+                              f"{escape(node_text(ev['message'] or ''))}")
+            return
+        if as_json:
+            from broker.core.ui import print_json
+
+            print_json(status_data(ledger, limit=limit, refresh=not no_refresh))
+            return
+        if wide:
+            t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                      collapse_padding=True)
+            cols = ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
+                    "time left", "exit codes")
+            for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
+                t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"),
+                             overflow="fold")
+        rows_narrow = []
+        for r in data["runs"]:
+            c = r["cost"]
+            over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
+            spent = f"{usd(c['spent_usd'])} / {usd(c['budget_usd'])}"
+            spent = f"[bold red]{spent}[/]" if over else spent
+            active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
+            worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+            left = _dur(c["time_left_s"]) if active else "-"
+            if wide:
+                t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",
+                          (r["started_at"] or "-")[5:16].replace("T", " "), spent,
+                          usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
+                          " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
+            else:
+                rows_narrow.append((r["id"], r["name"], _short_where(r["provider"], r["topology"]),
+                                    _run_status_words(r["status"]), spent, left))
+        if not wide:
+            t = _narrow_runs_table(rows_narrow, console.width)
+        if data["runs"]:
+            print_table(t, wide=wide)
+        else:
+            console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
+        console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))
+        for prov, why in data["refresh"]["notes"].items():
+            console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
+        live = data["live_resources"]
+        if not live:
+            console.print("no live resources (nothing is billing).")
+            return
+        print_table(_resource_table(live, "live resources", wide=wide), wide=wide)
+        for line in _resource_notes(live):
+            console.print(line)
+        tot = data["totals"]
+        console.print(f"live: {len(live)} resource(s), {usd(tot['usd_per_hour'])}/h, spent so far "
+                      f"{usd(tot['spent_usd'])}"
+                      + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: `broker down RUN` retries"
+                         if tot["errors"] else "")
+                      + (f"; [bold red]{tot['possibly_billing']} possibly billing[/] (unknown create)"
+                         if tot["possibly_billing"] else ""))
+        if not wide:
+            console.print("[dim]details: `broker status RUN` or `broker status --wide`[/]")

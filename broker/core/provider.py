@@ -1,0 +1,327 @@
+"""The contract every provider adapter implements, and the errors the core reacts to.
+
+Adapters (``providers/<name>.py``) translate their SDK's or API's failures into these errors once, at the edge;
+nothing above them parses provider messages.  Adapters import their SDK lazily (inside methods), never at module
+level, so ``broker --help`` and ``broker plan`` stay fast and work without the SDK installed.
+
+Verbs (after SkyPilot's ``sky/provision``):
+
+* read side: :meth:`Provider.check`, :meth:`Provider.offers`, :meth:`Provider.quotas`, :meth:`Provider.capacity`
+* lifecycle: :meth:`Provider.bootstrap` (network / security prerequisites), :meth:`Provider.create_instance`,
+  :meth:`Provider.describe_instance`, :meth:`Provider.terminate` (idempotent, any resource kind),
+  :meth:`Provider.list_tagged` (what the provider holds with broker's run tag: reconcile input).
+
+Ledger-first: the orchestrator records an ``intent`` before calling ``create_instance``; adapters that create
+several objects (``bootstrap``) call the :class:`Recorder` they are given *before* each create and right after.
+
+Importing this module imports no pydantic (``broker plan`` loads every adapter): the lifecycle records
+(:class:`~broker.core.records.NodeRequest`, ``Ingress``, ``InstanceInfo``, ``TaggedResource``, ``QuotaRequest``) live in
+:mod:`broker.core.records` and are re-exported here on first use of their names (PEP 562); adapters import them under
+``TYPE_CHECKING`` and inside the verbs that build them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from broker.core.model import Capacity, Offer, Quota, Requirements
+
+if TYPE_CHECKING:
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+
+#: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
+RUN_TAG = "broker-run"
+#: the default provider id form (:meth:`Provider.valid_id`): letters, digits and ``. _ : @ -``, at most 255
+#: characters, starting with a letter or digit; ``..`` refused besides (no path, no URL part, no shell word)
+_SAFE_ID = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,254}"
+
+#: Tag / label key carrying the installation id (one per BROKER_HOME ledger, :attr:`broker.money.ledger.Ledger.installation_id`):
+#: orphan handling only terminates resources of its own installation.
+INSTALL_TAG = "broker-install"
+
+
+# --------------------------------------------------------------------------------------------------- errors
+# The error classes live in broker.core.errors (free of pydantic, cheap to import); re-exported here.
+from broker.core.errors import (  # noqa: E402,F401
+    AmbiguousCreate,
+    AuthError,
+    BadInput,
+    BrokerError,
+    CapacityError,
+    NoValidPlan,
+    NotSupported,
+    OfferGone,
+    ProviderError,
+    QuotaError,
+    TransientError,
+)
+
+
+# --------------------------------------------------------------------------------------------------- values
+@dataclass(kw_only=True)
+class ProviderCheck:
+    """Result of :meth:`Provider.check`: are credentials present and usable.  A dataclass (not a pydantic record):
+    ``broker plan`` asks it of the chosen option's provider."""
+
+    provider: str
+    configured: bool  # credentials present
+    usable: bool | None = None  # a cheap authenticated call succeeded (None = not tried: offline)
+    detail: str = ""
+    hint: str | None = None
+
+
+InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
+
+#: the adapters' pydantic records, in broker.core.records: imported on first use of their names (PEP 562), so that
+#: importing this module (every adapter does) imports no pydantic
+_RECORDS = ("NodeRequest", "Ingress", "InstanceInfo", "TaggedResource", "QuotaRequest")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RECORDS:
+        from broker.core import records
+        return getattr(records, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class Recorder(Protocol):
+    """Ledger hooks handed to adapters that create several objects (bootstrap)."""
+
+    def intent(self, kind: str, name: str, *, region: str | None = None, zone: str | None = None,
+               usd_per_hour: float = 0.0, attrs: dict[str, Any] | None = None) -> str:
+        """Record that ``kind``/``name`` is about to be created; returns the ledger resource id."""
+
+    def created(self, resource_id: str, provider_id: str, **attrs: Any) -> None:
+        """Record the provider's id right after the create call returned."""
+
+    def failed(self, resource_id: str, error: str) -> None:
+        """The create failed and nothing exists."""
+
+    def event(self, message: str) -> None:
+        """A progress line (also goes to the ledger's event log)."""
+
+    @property
+    def installation_id(self) -> str | None:
+        """This installation's id, to tag (INSTALL_TAG) on every object bootstrap creates."""
+
+
+# --------------------------------------------------------------------------------------------------- contract
+#: The capability attributes of :class:`Provider` (class attributes, documented there), in declaration order.
+CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
+                "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
+                "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
+                "ingress_rule_format")
+
+
+class Provider(ABC):
+    """Base class of every adapter.  Read-side verbs default to "nothing"; lifecycle verbs raise NotSupported.
+
+    Subclasses set ``name`` and override what they support.  Constructors must not do I/O or import SDKs.
+    """
+
+    name: ClassVar[str] = "?"
+    #: Folder on the nodes for run files (work dirs, logs, probes); None = ``~/broker`` of the SSH user.
+    node_workroot: ClassVar[str | None] = None
+    #: True when every object the adapter creates carries RUN_TAG and INSTALL_TAG provider-side and
+    #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
+    #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
+    owner_tags: ClassVar[bool] = False
+
+    # ---- ids
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """Whether ``provider_id`` has the form of an id this provider gives a ``kind`` resource.  Checked before
+        an id from the ledger or from an answer names anything (a URL, a path, a shell word).  Default: letters,
+        digits and ``. _ : @ -`` (no ``/``, no ``..``, no spaces); adapters narrow it (Vast: digits)."""
+        import re
+
+        return (isinstance(provider_id, str) and re.fullmatch(_SAFE_ID, provider_id) is not None
+                and ".." not in provider_id)
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        """Words for the form :meth:`valid_id` accepts (for error messages)."""
+        return "letters, digits and . _ : @ - only"
+
+    # ---- regions
+    @classmethod
+    def valid_region(cls, region: str) -> bool:
+        """Whether ``region`` has the form of this provider's region names.  A region setting may come from a
+        folder's ``.env`` and SDKs build endpoint host names from it, so it is checked
+        (:func:`broker.core.config.check_region`).  Default: lowercase letters, digits and ``-`` (never a dot, a
+        slash or ``@``); adapters narrow it (OCI ``us-ashburn-1``, AWS ``us-east-1``)."""
+        import re
+
+        return isinstance(region, str) and re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", region) is not None
+
+    @classmethod
+    def region_form(cls) -> str:
+        """Words for the form :meth:`valid_region` accepts (for error messages)."""
+        return "lowercase letters, digits and -"
+
+    @classmethod
+    def region_example(cls) -> str:
+        """A region name of the form :meth:`valid_region` accepts (for error messages)."""
+        return "us-east-1"
+
+    @classmethod
+    def require_id(cls, kind: str, provider_id: str, call: str) -> str:
+        """``provider_id`` when :meth:`valid_id`; else raises ProviderError naming the id, its expected form and
+        the fix (a ledger row or an answer is input: a bad id is never sent anywhere)."""
+        if not cls.valid_id(kind, provider_id):
+            raise ProviderError(cls.name, call, f"{provider_id!r} is not a {cls.name} {kind} id "
+                                f"({cls.id_form(kind)}): refused, nothing was sent",
+                                hint="the ledger row (or the provider's answer) is damaged or was edited; check "
+                                     "`broker status` and the provider's console")
+        return provider_id
+
+    # ---- capabilities: what the core asks of a provider instead of testing its name.  Every registered adapter
+    # declares each one in its own class body (tests/test_provider_capabilities.py), and the registry line in
+    # ``providers/__init__.py`` repeats the values that differ from these defaults as plain data, so that
+    # ``broker plan`` derives its provider lists without importing the adapter modules.
+    #: Topologies this provider can offer (``simulated``, ``multi-node``, ``local``, ``slurm``, ``hybrid``: it can
+    #: host the rented side of a hybrid run, i.e. full VMs with ``/dev/net/tun`` for WireGuard / Tailscale).
+    topologies: ClassVar[tuple[str, ...]] = ("simulated",)
+    #: It creates machines billed by the hour (ledger-first provisioning, the confirmation prompt, the watchdog's
+    #: and reconcile's scans of configured providers).
+    rents: ClassVar[bool] = False
+    #: An emulation (the file-backed ``fake`` cloud): it behaves like a cloud but no money or real machine is
+    #: involved; never planned over or scanned unless named, and ``broker cost`` shows its money apart, outside
+    #: the total.
+    pretend: ClassVar[bool] = False
+    #: Asked by ``broker plan`` / ``broker check`` / ``broker run`` when no ``--provider`` narrows them.
+    planned_by_default: ClassVar[bool] = False
+    #: It has service limits broker can read and raise (``broker quota check|request``, plan rejections).
+    quota: ClassVar[bool] = False
+    #: What its GPU limits count: ``"gpus"`` or ``"vcpus"`` (None without :attr:`quota`).
+    quota_unit: ClassVar[str | None] = None
+    #: Where its GPU limits are counted: ``"AD"`` (per availability domain / zone) or ``"region"`` (None without
+    #: :attr:`quota`).
+    quota_scope: ClassVar[str | None] = None
+    #: The node-side dead-man switch its boot mechanism arms, in words (``"scheduled shutdown, ..."``); None = no
+    #: node-side teardown layer.
+    node_switch: ClassVar[str | None] = None
+    #: The resource attribute / setting the node switch needs to be armed (``"instance_principal"``); None = always
+    #: armed when :attr:`node_switch` is set.
+    node_switch_requires: ClassVar[str | None] = None
+    #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
+    #: and worst case (:func:`broker.plan.pricing.setup_allowance_seconds`); broker's assumption, not a vendor figure.
+    setup_allowance_s: ClassVar[int] = 600
+    #: Seconds the SSH executor retries connect + auth after the provider reports an instance running.
+    ssh_ready_timeout_s: ClassVar[float] = 120.0
+    #: Seconds after a create call before a list that does not show the object proves it absent (list lag).
+    create_settle_s: ClassVar[float] = 20.0
+    #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
+    credentials_hint: ClassVar[str | None] = None
+    #: ``offers()`` takes the provider's native query string (``broker plan --vast-query``).
+    native_query: ClassVar[bool] = False
+    #: The adapter has ``live_offers(req)``: a live market search (``broker catalog refresh``, no snapshot
+    #: fallback).
+    live_offer_search: ClassVar[bool] = False
+    #: Where ``broker catalog refresh`` reads list prices: ``"api"`` (the adapter's ``live_prices(types)``, with
+    #: credentials), ``"public"`` (the class's ``public_price_offers()``, a public price list, no credentials), None.
+    live_price_list: ClassVar[str | None] = None
+    #: Where ``live_prices()`` reads, in words (the source line of a refreshed snapshot; with ``live_price_list``
+    #: ``"api"``).
+    live_prices_source: ClassVar[str] = "list prices from the provider's Pricing API (live_prices)"
+    #: File name of its shipped price snapshot in ``providers/snapshots/`` (``"vast.csv"``); None = no snapshot.
+    snapshot: ClassVar[str | None] = None
+    #: Its "instances" are this machine: clusters run their nodes as local processes (``Cluster.local_exec``).
+    local_exec: ClassVar[bool] = False
+    #: The shape of the ingress rules its network takes for a hybrid run's WireGuard port
+    #: (:func:`broker.run.wireguard.security_rules`): ``"IpPermissions"`` (EC2 security groups) or
+    #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
+    ingress_rule_format: ClassVar[str | None] = None
+
+    @classmethod
+    def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:
+        """``offers`` from the shipped snapshot narrowed by the provider's own query language (``native_query``
+        providers: ``--vast-query``) without asking the provider; raises BadInput for a query it cannot parse or
+        a field the snapshot cannot check (a query is honoured or refused, never ignored).  Default: the query is
+        refused, since only ``native_query`` providers have one."""
+        raise BadInput(f"{cls.name} has no query language of its own: drop the query")
+
+    # ---- read side
+    def check(self) -> ProviderCheck:
+        """Whether credentials are present (no network) and, when ``online`` work is allowed, usable."""
+        return ProviderCheck(provider=self.name, configured=False, detail="not implemented")
+
+    def offers(self, req: Requirements) -> list[Offer]:
+        """Offers that may serve ``req`` (live when configured, else from the shipped snapshot).
+
+        Raises: AuthError, TransientError, ProviderError.
+        """
+        return []
+
+    def quotas(self, req: Requirements, offers: list[Offer]) -> list[Quota]:
+        """Service limits relevant to ``offers`` (empty when unknown or not applicable)."""
+        return []
+
+    def capacity(self, offers: list[Offer]) -> list[Capacity]:
+        """Capacity facts for ``offers`` (empty when unknown)."""
+        return []
+
+    def price_note(self) -> str | None:
+        """One line on where prices come from, e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"."""
+        return None
+
+    # ---- lifecycle
+    def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
+        """Create (or reuse) network/security prerequisites for ``offers``; returns ids for NodeRequest.network."""
+        return {}
+
+    def open_ingress(self, network: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+        """Add ``rules`` to the run's network that :meth:`bootstrap` returned (``network``), inbound only, nothing
+        else opened; ``rec.event`` says what was opened.  Idempotent.  Raises NotSupported where the provider's
+        network has no such rules, TransientError, ProviderError."""
+        raise NotSupported(self.name, "open_ingress", "this provider cannot open extra inbound ports")
+
+    def create_instance(self, req: NodeRequest) -> str:
+        """Create one node; returns the provider id.  Raises CapacityError, QuotaError, OfferGone, AuthError..."""
+        raise NotSupported(self.name, "create_instance", "this provider cannot create instances")
+
+    def prepare_access(self, provider_id: str, public_key: str) -> None:
+        """Authorise ``public_key`` (OpenSSH format) on a running instance through the provider's key API, where it
+        has one (Vast.ai ``POST /api/v0/instances/{id}/ssh/``); idempotent.  Default: nothing (the key arrives with
+        the boot script / launch request).  Raises TransientError, ProviderError."""
+
+    def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
+        """Current state and addresses of one instance (``terminated`` when gone)."""
+        raise NotSupported(self.name, "describe_instance", "not supported")
+
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """Terminate / delete one resource; idempotent.  Returns True when it is confirmed gone (or never
+        existed), False when termination was requested but is still in progress."""
+        raise NotSupported(self.name, "terminate", "not supported")
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        """Resources the provider holds that carry broker's run tag (all runs when ``run_id`` is None)."""
+        return []
+
+    def tagged_resource(self, kind: str, provider_id: str, *, region: str | None = None,
+                        run_id: str | None = None) -> TaggedResource | None:
+        """The provider's own view of one object's broker tags: the TaggedResource (run and installation as the
+        provider stores them) when it holds ``provider_id`` of ``kind``, not terminated, with RUN_TAG (= ``run_id``
+        when given); None when it holds no such object.  Default: looked up in :meth:`list_tagged`; adapters whose
+        list is narrower than their resources (AWS: one region) read the one object.  Raises ProviderError when
+        the provider cannot be read (never None for "could not tell")."""
+        for t in self.list_tagged(run_id):
+            if t.provider_id == provider_id and t.kind == kind:
+                return t
+        return None
+
+    # ---- quota requests
+    def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
+        """File (or with ``draft`` only fill in) an increase of ``quota`` to ``value`` (in ``quota.unit``).
+
+        An already-open request for the same limit is returned (state as the provider reports it), not
+        duplicated.  Raises AuthError, ProviderError.
+        """
+        raise NotSupported(self.name, "request_quota", "this provider has no quota requests")
+
+    def quota_request_status(self, request: QuotaRequest) -> QuotaRequest:
+        """The request refreshed from the provider."""
+        raise NotSupported(self.name, "quota_request_status", "this provider has no quota requests")

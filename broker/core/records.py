@@ -1,0 +1,234 @@
+"""The pydantic records of the ledger and of provisioning: :class:`Resource`, :class:`Run` (ledger rows),
+:class:`ClusterNode`, :class:`Cluster` (what provisioning hands to the runner), and the adapters' records
+(:class:`NodeRequest`, :class:`Ingress`, :class:`InstanceInfo`, :class:`TaggedResource`, :class:`QuotaRequest`).
+
+Kept apart from :mod:`broker.core.model` / :mod:`broker.core.provider` so that ``broker plan`` imports no pydantic: those
+modules re-export these names lazily (PEP 562 ``__getattr__``), so ``from broker.core.model import Cluster`` and
+``from broker.core.provider import InstanceInfo`` keep working and load this module (and pydantic) on first use.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from broker.core.model import Offer, ResourceState, RunStatus, TopologyKind, utcnow
+from broker.core.provider import InstanceState
+
+
+class _Model(BaseModel):
+    """Base of broker's pydantic records: schemas are built on first use (``defer_build``), so a command pays only
+    for the models it touches (``bench/cli_startup.py``)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Resource(_Model):
+    """A ledger row: one thing that can cost money (instance, volume) or that must be cleaned (VCN, SG...).
+
+    Written with state ``intent`` *before* the provider call that creates it; ``provider_id`` is filled right
+    after.  ``usd_per_hour`` is what it bills while alive (0 for free network objects).
+    """
+
+    id: str
+    run_id: str
+    provider: str
+    kind: str  # instance | vcn | subnet | internet_gateway | security_list | security_group | placement_group | ...
+    name: str
+    provider_id: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    state: ResourceState = "intent"
+    usd_per_hour: float = 0.0
+    created_at: datetime = Field(default_factory=utcnow)
+    running_since: datetime | None = None
+    terminated_at: datetime | None = None
+    deadline: datetime | None = None
+    terminated_by: str | None = None
+    error: str | None = None
+    attrs: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def live(self) -> bool:
+        return self.state not in ("terminated",)
+
+
+class Run(_Model):
+    """A ledger row for one ``broker run``: recipe, plan, status, times, per-node exit codes, log paths."""
+
+    id: str
+    name: str
+    recipe_path: str | None = None
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    plan: dict[str, Any] | None = None
+    provider: str = "local"
+    topology: str = "local"
+    status: RunStatus = "planned"
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    deadline: datetime | None = None
+    budget_usd: float | None = None
+    exit_codes: dict[str, int | None] = Field(default_factory=dict)
+    run_dir: str | None = None
+    log_paths: dict[str, str] = Field(default_factory=dict)
+    message: str | None = None
+    pid: int | None = None  # the CLI process driving the run
+
+    @field_serializer("recipe")
+    def _recipe_masked(self, recipe: dict[str, Any]) -> dict[str, Any]:
+        """The recipe with its secret-looking ``env`` values masked, whatever wrote the row (a ledger of an older
+        broker stored them in clear): the ledger, ``broker status RUN --json`` and the summaries never show one."""
+        return mask_recipe(recipe)
+
+
+def mask_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a serialized recipe whose ``env`` values of secret-looking names (:func:`broker.core.private.looks_secret`)
+    are masked, ``${NAME}`` references kept; other fields as they are."""
+    from broker.core.private import MASK, looks_secret
+
+    env = recipe.get("env") if isinstance(recipe, dict) else None
+    if not isinstance(env, dict):
+        return recipe
+    masked = {k: (MASK if looks_secret(str(k)) and v and "${" not in str(v) else v) for k, v in env.items()}
+    return {**recipe, "env": masked}
+
+
+class ClusterNode(_Model):
+    """One node of a provisioned cluster, as the runner reaches it.
+
+    ``host``/``port``/``user``: the SSH endpoint (public IP, Vast proxy, or a netns address).  ``private_ip``: the
+    address the other nodes use (node 0's is ``master_addr``; ``127.0.0.1`` for simulated nodes on one host).
+    ``gpu_indices``: the CUDA_VISIBLE_DEVICES value for this node (None = all of the host's GPUs / not set).
+    ``local``: the node is THIS machine (a hybrid run's node 0): the SSH executor runs its commands as local
+    processes (:class:`broker.run.localconn.LocalConnection`) instead of over SSH; ``workroot`` / ``python`` then
+    replace the cluster's for this node (None = the cluster's).
+    """
+
+    node_rank: int
+    host: str
+    port: int = 22
+    user: str = "root"
+    private_ip: str
+    gpu_indices: list[str] | None = None
+    resource_id: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    local: bool = False
+    workroot: str | None = None
+    python: str | None = None
+
+
+class Cluster(_Model):
+    """What provisioning hands to the runner: the nodes, the SSH material and how to run Python there.
+
+    ``local_exec`` is True for providers whose "nodes" are processes on this machine (``local``, the ``fake``
+    test provider): the runner then starts them as local subprocesses instead of over SSH.
+    """
+
+    run_id: str
+    provider: str
+    topology: TopologyKind
+    nodes: list[ClusterNode]
+    ssh_key_path: str | None = None
+    known_hosts_path: str | None = None
+    python: str = "python3"
+    workroot: str = "/root/broker"
+    local_exec: bool = False
+
+    @property
+    def master_addr(self) -> str:
+        return self.nodes[0].private_ip
+
+
+# ----------------------------------------------------------------------------------- adapters' records
+class NodeRequest(_Model):
+    """What to create for one node.  ``client_token`` is the ledger resource id (idempotency key)."""
+
+    run_id: str
+    node_index: int
+    name: str  # broker-<run_id>-n<i>
+    offer: Offer
+    ssh_public_key: str
+    client_token: str
+    installation_id: str | None = None  # tagged as INSTALL_TAG beside RUN_TAG on everything created for the node
+    disk_gib: float = 40.0
+    image: str | None = None
+    deadline: datetime | None = None  # hard deadline: arms the node-side dead-man switch
+    grace_seconds: float = 300.0
+    network: dict[str, Any] = Field(default_factory=dict)  # ids returned by bootstrap (subnet, sg, pg ...)
+    tags: dict[str, str] = Field(default_factory=dict)
+    onstart: str | None = None  # extra shell run at boot (after the dead-man switch is armed)
+    idle_minutes: float | None = None  # recipe idle_minutes: arms the node-side idle stop (job ended + no SSH)
+
+
+class Ingress(BaseModel):
+    """One inbound rule a run needs on its network beyond SSH (e.g. a hybrid run's WireGuard port): ``protocol``
+    ``udp`` or ``tcp``, destination ports ``port``..``port_to`` (inclusive), from ``cidr`` (the caller's public
+    address as /32 where known, else ``0.0.0.0/0``).  Adapters translate it into their own rule (OCI security list
+    rule, AWS ``IpPermissions``) in :meth:`Provider.open_ingress`."""
+
+    protocol: Literal["udp", "tcp"]
+    port: int
+    port_to: int | None = None
+    cidr: str = "0.0.0.0/0"
+    description: str = ""
+
+    @property
+    def last_port(self) -> int:
+        return self.port_to or self.port
+
+
+class InstanceInfo(_Model):
+    """What :meth:`Provider.describe_instance` returns.  ``state == "terminated"`` also when the provider no
+    longer knows the id (gone)."""
+
+    provider_id: str
+    state: InstanceState
+    raw_state: str | None = None
+    public_ip: str | None = None
+    private_ip: str | None = None
+    ssh_host: str | None = None
+    ssh_port: int = 22
+    ssh_user: str = "root"
+    message: str | None = None
+    usd_per_hour: float | None = None
+
+
+class TaggedResource(_Model):
+    """A provider-side object carrying broker's run tag (input to reconcile)."""
+
+    provider: str
+    kind: str
+    provider_id: str
+    run_id: str | None
+    region: str | None = None
+    state: str | None = None
+    created_at: datetime | None = None
+    usd_per_hour: float | None = None
+    name: str | None = None
+    installation_id: str | None = None  # INSTALL_TAG's value; None when the resource carries none (older broker)
+    client_token: str | None = None  # NodeRequest.client_token (ledger row id) when the tag / label carries it
+
+
+class QuotaRequest(_Model):
+    """A quota / limit increase request, filed or drafted.
+
+    ``state`` is the provider's word: OCI ACCEPTED / IN_PROGRESS / SUCCEEDED / PARTIALLY_SUCCEEDED / CANCELED /
+    FAILED; AWS PENDING / CASE_OPENED / APPROVED / DENIED / CASE_CLOSED / NOT_APPROVED / INVALID_REQUEST; ``DRAFT``
+    for a request printed but not filed.  ``form`` holds the filled-in console form fields for ``--draft``.
+    """
+
+    provider: str
+    limit_name: str  # OCI limit name / AWS quota code
+    region: str | None = None
+    scope: str | None = None  # OCI availability domain for AD-scoped limits
+    value: float  # the requested new limit, in ``unit``
+    unit: str
+    request_id: str | None = None
+    state: str = "DRAFT"
+    reason: str = ""
+    message: str = ""
+    form: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None

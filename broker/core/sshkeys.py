@@ -1,0 +1,67 @@
+"""A fresh SSH key pair per run (ed25519), private key 0600 in the run directory.
+
+The private key lives only in ``<run_dir>/ssh/id_ed25519`` (mode 0600, folder 0700); the public key (OpenSSH
+one-line format, ``ssh-ed25519 AAAA... broker-<run>``) goes to the provider.  Neither key is logged or written
+to the ledger: only the private key's *path* is (``Cluster.ssh_key_path``).
+
+Generation uses the ``cryptography`` library (installed with ``oci`` / ``asyncssh``), imported lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """Where the private key is and the public key text.
+
+    ``public_key``: OpenSSH authorized_keys line.  ``fingerprint``: ``SHA256:<base64>`` as ``ssh-keygen -l`` prints.
+    """
+
+    private_key_path: Path
+    public_key_path: Path
+    public_key: str
+    fingerprint: str
+
+    def __repr__(self) -> str:  # never the key material beyond the public part
+        return f"KeyPair(private_key_path={str(self.private_key_path)!r}, fingerprint={self.fingerprint!r})"
+
+
+def fingerprint(public_key: str) -> str:
+    """``SHA256:...`` fingerprint of an OpenSSH public key line (same as ``ssh-keygen -lf``)."""
+    blob = base64.b64decode(public_key.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def generate(run_dir: Path | str, *, comment: str | None = None) -> KeyPair:
+    """Create ``<run_dir>/ssh/id_ed25519`` (0600) and ``id_ed25519.pub``; returns the pair.
+
+    Both files are created 0600 in a 0700 folder (under any umask).  An existing key in that folder is reused (a
+    resumed run keeps its key); a private key with wider permissions than 0600 is tightened.  Raises OSError when
+    the folder cannot be written.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from broker.core.private import private_dir, tighten_dir, tighten_file, write_private
+
+    d = private_dir(Path(run_dir) / "ssh")
+    tighten_dir(d)  # a folder an older broker made 0755
+    priv_path, pub_path = d / "id_ed25519", d / "id_ed25519.pub"
+    if priv_path.exists() and pub_path.exists():
+        tighten_file(priv_path)
+        pub = pub_path.read_text().strip()
+        return KeyPair(priv_path, pub_path, pub, fingerprint(pub))
+    key = Ed25519PrivateKey.generate()
+    priv = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                             serialization.NoEncryption())
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    pub = f"{pub} {comment or 'broker-' + Path(run_dir).name}"
+    # created 0600 (O_NOFOLLOW): never a moment where the key is readable by another user, no chmod after
+    write_private(priv_path, priv)
+    write_private(pub_path, pub + "\n")
+    return KeyPair(priv_path, pub_path, pub, fingerprint(pub))

@@ -1,0 +1,355 @@
+"""Budget accounting (pure): what each resource and run has cost, what it can cost at worst, and which teardown
+layers are armed.
+
+Billing model (conservative, documented): a resource bills ``usd_per_hour`` (US dollars per hour) from its
+``created_at`` - the moment broker recorded the intent, i.e. *before* the provider's create call - until its
+``terminated_at`` (or now while live), per second.  Real providers start billing a little later (Vast.ai on
+container start, OCI/AWS on launch; see docs/reference/cloud-apis.md) and some bill a minimum (AWS/OCI per
+second with a 60 s minimum): counting from creation over-estimates by a few seconds to minutes, never under.
+Once a resource was created (it has a provider id) at least ``attrs["min_billed_seconds"]`` (e.g. AWS's 60 s)
+are charged.  A row that ended without ever getting a provider id (the create failed and a list proved nothing
+exists) cost nothing: $0, not the seconds between the intent and the failure.  A live row without provider id
+(a create in flight, or ``unknown`` after an ambiguous create) is counted as billing.  Storage counts when it is recorded: inside the instance's ``usd_per_hour`` (provisioning adds the
+disk's price there and shows the part in ``attrs["storage_usd_per_hour"]``, which is therefore not added again)
+or as its own ledger row (``kind="volume"`` with its ``usd_per_hour``).  The same rule as
+``broker.money.provision.spent_usd``.
+
+Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
+Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the
+watchdog's heartbeat file).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from broker.core.model import utcnow
+from broker.core.provider import NoValidPlan
+
+if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
+    from broker.core.model import Resource, Run
+
+#: A clock: a callable returning the current time as an aware (UTC) datetime.
+Clock = Callable[[], datetime]
+
+#: Run statuses in which the CLI is (or should be) driving the run.
+ACTIVE_STATUSES = ("planned", "provisioning", "running", "tearing_down")
+#: Run statuses after which nothing of the run should still bill.
+ENDED_STATUSES = ("succeeded", "failed", "interrupted", "deadline", "torn_down")
+
+
+def system_clock() -> datetime:
+    """The real clock (UTC, aware)."""
+    return utcnow()
+
+
+class FakeClock:
+    """A settable clock for tests: ``clock()`` returns ``start`` plus what :meth:`advance` added."""
+
+    def __init__(self, start: datetime | None = None):
+        self.now = start or utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        self.now = self.now + timedelta(seconds=seconds)
+        return self.now
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    if t is not None and t.tzinfo is None:
+        return t.replace(tzinfo=timezone.utc)
+    return t
+
+
+# --------------------------------------------------------------------------------------------------- resources
+def hourly_usd(res: Resource) -> float:
+    """What ``res`` bills per hour (US dollars), storage included (see the module docstring)."""
+    return float(res.usd_per_hour or 0.0)
+
+
+def _whole_s_sql(col: str) -> str:
+    """SQL: whole seconds since 1970 of ISO-8601 text column ``col`` as the ledger writes it (Python's
+    ``isoformat()``: ``2026-01-02T03:04:05[.123456][+00:00]``, six digits of fraction when there is one).  The
+    fraction is cut off first: SQLite keeps milliseconds only and would round into the next second."""
+    tz = f"CASE WHEN substr({col}, 20, 1) = '.' THEN substr({col}, 27) ELSE substr({col}, 20) END"
+    return f"round((julianday(substr({col}, 1, 19) || {tz}) - 2440587.5) * 86400.0)"
+
+
+def _frac_s_sql(col: str) -> str:
+    """SQL: the fraction of the second of ISO-8601 text column ``col`` (0.0 without one), to the microsecond."""
+    return f"(CASE WHEN substr({col}, 20, 1) = '.' THEN CAST(substr({col}, 21, 6) AS INTEGER) / 1e6 ELSE 0.0 END)"
+
+
+def rate_sql(t: str = "resources") -> str:
+    """The SQL twin of :func:`hourly_usd` over row ``t`` of the ``resources`` table (US dollars per hour): keep the
+    two in step."""
+    return f"{t}.usd_per_hour"
+
+
+def spent_usd_sql(t: str = "resources") -> str:
+    """The SQL twin of ``resource_cost(res, None, now).spent_usd`` over row ``t`` of the ``resources`` table (US
+    dollars): rate x billed seconds / 3600, for sums in the database (``broker cost`` over 100,000s of runs).
+    Named parameters from :func:`now_sql_params`.  The age subtracts whole and fractional seconds apart so it keeps
+    the microsecond, as ``timedelta.total_seconds`` does."""
+    ended = f"{t}.state = 'terminated' AND COALESCE({t}.terminated_at, '') != ''"
+    age = (f"max(0.0, (CASE WHEN {ended} THEN {_whole_s_sql(t + '.terminated_at')} ELSE :now_s END"
+           f" - {_whole_s_sql(t + '.created_at')})"
+           f" + (CASE WHEN {ended} THEN {_frac_s_sql(t + '.terminated_at')} ELSE :now_frac END"
+           f" - {_frac_s_sql(t + '.created_at')}))")
+    has_id = f"COALESCE({t}.provider_id, '') != ''"
+    minimum = f"COALESCE(CAST(json_extract({t}.attrs, '$.min_billed_seconds') AS REAL), 0.0)"
+    return (f"(CASE WHEN {t}.state = 'terminated' AND NOT {has_id} THEN 0.0"  # never rented
+            f" ELSE {rate_sql(t)} * (CASE WHEN {has_id} THEN max({age}, {minimum}) ELSE {age} END) / 3600.0 END)")
+
+
+def now_sql_params(now: datetime) -> dict[str, float]:
+    """``{"now_s": .., "now_frac": ..}`` for :func:`spent_usd_sql`: ``now`` as whole seconds since 1970 and the
+    fraction, apart (a float of the whole timestamp would round the microseconds)."""
+    now = _aware(now)
+    whole = now.replace(microsecond=0)
+    return {"now_s": int(whole.timestamp()), "now_frac": now.microsecond / 1e6}
+
+
+def _billed_s(res: Resource, seconds: float) -> float:
+    if res.provider_id:
+        return max(seconds, float(res.attrs.get("min_billed_seconds") or 0.0))
+    return seconds
+
+
+def effective_deadline(res: Resource, run: Run | None) -> datetime | None:
+    """The resource's own deadline, else its run's (None when neither has one)."""
+    return _aware(res.deadline) or (_aware(run.deadline) if run else None)
+
+
+@dataclass
+class ResourceCost:
+    """Money of one resource at ``now``.  Dollars (``*_usd``), dollars per hour, seconds."""
+
+    resource_id: str
+    usd_per_hour: float
+    age_s: float  # since created_at (until terminated_at when terminated)
+    spent_usd: float  # hourly x age, per second (at least the minimum billed seconds once created)
+    deadline: datetime | None
+    worst_case_usd: float | None  # hourly x (deadline - created_at); None without a deadline
+    time_left_s: float | None  # deadline - now (negative = passed); None without a deadline or when terminated
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["deadline"] = self.deadline.isoformat() if self.deadline else None
+        return d
+
+
+def resource_cost(res: Resource, run: Run | None, now: datetime) -> ResourceCost:
+    """Spent so far, worst case at the deadline and time left for ``res`` at ``now``."""
+    hourly = hourly_usd(res)
+    created = _aware(res.created_at) or now
+    end = _aware(res.terminated_at) if res.state == "terminated" and res.terminated_at else now
+    age = max(0.0, (end - created).total_seconds())
+    dl = effective_deadline(res, run)
+    worst = None
+    left = None
+    never = res.state == "terminated" and not res.provider_id  # nothing was ever rented
+    spent = 0.0 if never else hourly * _billed_s(res, age) / 3600.0
+    if dl is not None:
+        worst = hourly * _billed_s(res, max(0.0, (dl - created).total_seconds(), age)) / 3600.0
+        if res.state == "terminated":
+            worst = spent  # it cannot bill any more
+        else:
+            left = (dl - now).total_seconds()
+    return ResourceCost(resource_id=res.id, usd_per_hour=hourly, age_s=age, spent_usd=spent,
+                        deadline=dl, worst_case_usd=worst, time_left_s=left)
+
+
+@dataclass
+class RunCost:
+    """Money of one run at ``now``: sums over all its resources (terminated ones count what they cost)."""
+
+    run_id: str
+    usd_per_hour: float  # of the live resources
+    spent_usd: float
+    worst_case_usd: float | None  # None when a live resource has no deadline (unbounded)
+    budget_usd: float | None
+    budget_left_usd: float | None
+    deadline: datetime | None
+    time_left_s: float | None
+    live: int
+    resources: list[ResourceCost] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["deadline"] = self.deadline.isoformat() if self.deadline else None
+        d["resources"] = [r.to_dict() for r in self.resources]
+        return d
+
+
+def run_cost(run: Run, resources: Iterable[Resource], now: datetime) -> RunCost:
+    """Sum :func:`resource_cost` over ``resources`` (all of the run's rows, live or not)."""
+    costs = []
+    hourly = spent = worst = 0.0
+    unbounded = False
+    live = 0
+    for res in resources:
+        c = resource_cost(res, run, now)
+        costs.append(c)
+        spent += c.spent_usd
+        if res.state != "terminated":
+            live += 1
+            hourly += c.usd_per_hour
+            if c.worst_case_usd is None:
+                unbounded = unbounded or c.usd_per_hour > 0
+            else:
+                worst += c.worst_case_usd
+        else:
+            worst += c.spent_usd
+    dl = _aware(run.deadline)
+    return RunCost(run_id=run.id, usd_per_hour=hourly, spent_usd=spent,
+                   worst_case_usd=None if unbounded else worst, budget_usd=run.budget_usd,
+                   budget_left_usd=None if run.budget_usd is None else run.budget_usd - spent, deadline=dl,
+                   time_left_s=(dl - now).total_seconds() if dl else None, live=live, resources=costs)
+
+
+# --------------------------------------------------------------------------------------------------- budget
+def check_budget(worst_case_usd: float, budget_usd: float | None, usd_per_hour: float) -> None:
+    """Refuse a plan whose worst case (hourly x deadline, storage included) exceeds the budget.
+
+    Returns None when it fits (or there is no budget).  Raises :class:`NoValidPlan` (exit 3) naming the worst
+    case, the budget and the longest ``max_hours`` that fits, e.g. message "worst case $7.20 (1.00 h at
+    $7.20/h) exceeds the budget $5.00; at most 0.69 h fits", hint "set max_hours: 0.69 or raise budget_usd to at
+    least $7.20".
+    """
+    if budget_usd is None or worst_case_usd <= budget_usd + 1e-9:
+        return None
+    if usd_per_hour > 0:
+        hours = worst_case_usd / usd_per_hour
+        fit = math.floor(budget_usd / usd_per_hour * 100) / 100  # round down: never stretch the budget
+        what = f"{hours:.2f} h at ${usd_per_hour:,.2f}/h"
+        if fit > 0:
+            hint = f"set max_hours: {fit:.2f} or raise budget_usd to at least ${worst_case_usd:,.2f}"
+            fits = f"; at most {fit:.2f} h fits"
+        else:
+            hint = f"raise budget_usd to at least ${usd_per_hour / 100:,.2f} (0.01 h) or pick a cheaper offer"
+            fits = "; not even 0.01 h fits"
+    else:
+        what, fits, hint = "fixed costs", "", f"raise budget_usd to at least ${worst_case_usd:,.2f}"
+    raise NoValidPlan(f"worst case ${worst_case_usd:,.2f} ({what}) exceeds the budget ${budget_usd:,.2f}{fits}",
+                      hint=hint)
+
+
+# --------------------------------------------------------------------------------------------------- layers
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists on this machine and is not a zombie (signal-0 probe + /proc state)."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass
+class WatchdogState:
+    """What the heartbeat file says about the running watchdog."""
+
+    pid: int | None = None
+    heartbeat_at: datetime | None = None
+    interval_s: float | None = None
+    started_at: datetime | None = None
+    alive: bool = False  # pid exists and the heartbeat is fresh
+    age_s: float | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # provider -> last error of an orphan scan
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("heartbeat_at", "started_at"):
+            d[k] = d[k].isoformat() if d[k] else None
+        return d
+
+
+def heartbeat_path(home: Path | None = None) -> Path:
+    """``<broker home>/watchdog.json``: pid, start time, last heartbeat, interval, provider errors."""
+    if home is None:
+        from broker.core.config import broker_home
+
+        home = broker_home()
+    return Path(home) / "watchdog.json"
+
+
+def watchdog_state(now: datetime | None = None, home: Path | None = None,
+                   stale_after_s: float | None = None) -> WatchdogState:
+    """Read the heartbeat.  The watchdog counts as armed when its pid is alive and the heartbeat is younger than
+    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination)."""
+    now = now or utcnow()
+    try:
+        data = json.loads(heartbeat_path(home).read_text())
+    except (OSError, ValueError):
+        return WatchdogState()
+    hb = datetime.fromisoformat(data["heartbeat_at"]) if data.get("heartbeat_at") else None
+    st = datetime.fromisoformat(data["started_at"]) if data.get("started_at") else None
+    interval = float(data.get("interval_s") or 5.0)
+    age = (now - hb).total_seconds() if hb else None
+    limit = stale_after_s if stale_after_s is not None else 3 * interval + 60.0
+    alive = bool(data.get("pid")) and pid_alive(int(data["pid"])) and age is not None and age <= limit
+    return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=alive,
+                         age_s=age, errors=dict(data.get("errors") or {}))
+
+
+def _oci_instance_principal_setting() -> bool:
+    try:
+        from broker.core.config import settings
+
+        return bool(getattr(settings(), "oci_instance_principal", False))
+    except Exception:
+        return False
+
+
+def node_layer(res: Resource, run: Run | None = None) -> str | None:
+    """The node-side dead-man switch of ``res``, as a short description, or None.
+
+    Recorded facts win: ``attrs["node_layer"]`` (a description) or ``attrs["deadman"]`` (true / false).
+    Otherwise it follows what each adapter arms when the node has a deadline (docs/design.md, invariant 4):
+    Vast.ai - the onstart script destroys its own instance through the API (``CONTAINER_ID`` /
+    ``CONTAINER_API_KEY``) at deadline + grace; AWS - ``InstanceInitiatedShutdownBehavior=terminate`` and a
+    scheduled ``shutdown``; OCI - only with an instance principal (``attrs["instance_principal"]``, else the
+    ``OCI_INSTANCE_PRINCIPAL`` setting), because an in-OS shutdown does not stop OCI GPU billing and only an API
+    terminate does.  Other providers (local, fake, netns, slurm): none.
+    """
+    a = res.attrs or {}
+    if a.get("node_layer"):
+        return str(a["node_layer"])
+    if "deadman" in a:
+        return "dead-man switch" if a["deadman"] else None
+    if res.kind != "instance" or effective_deadline(res, run) is None:
+        return None
+    g = a.get("deadman_grace_s")
+    grace = f"deadline + {float(g):g} s grace" if isinstance(g, (int, float)) else "deadline + grace"
+    if res.provider == "vast":
+        return f"self-destroy via the Vast API at {grace}"
+    if res.provider == "aws":
+        return f"scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
+    if res.provider == "oci":
+        ip = a["instance_principal"] if "instance_principal" in a else _oci_instance_principal_setting()
+        return f"self-terminate with an instance principal at {grace}" if ip else None
+    return None
+
+
+def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str, bool]:
+    """The teardown layers protecting ``res``: ``cli`` (the run's CLI process is alive here and the run is
+    active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
+    switch was armed at provisioning)."""
+    cli = bool(run and run.status in ACTIVE_STATUSES and pid_alive(run.pid))
+    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}

@@ -1,0 +1,1121 @@
+"""Ledger-first provisioning with failover down a plan's ranked options, and cost-so-far helpers.
+
+:func:`provision` turns ranked :class:`~broker.core.model.PlanOption` s into a running :class:`~broker.core.model.Cluster`:
+
+1. ``provider.bootstrap`` (network / security prerequisites) through a :class:`LedgerRecorder`, so every object it
+   creates is written to the ledger before its create call and gets its provider id right after;
+2. per instance: ``ledger.record_intent`` (state ``intent``, USD/hour, the run's hard deadline) **before**
+   ``provider.create_instance`` (whose idempotency ``client_token`` is the ledger row id), ``ledger.mark_created``
+   right after;
+3. ``describe_instance`` until ``running``; ``failed`` / ``stopped`` / ``terminated`` or the ready timeout count
+   as "never ready".
+
+Failover rules (docs/design.md, issue 4):
+
+* ``OfferGone`` or never ready -> the next option;
+* ``CapacityError`` -> skip the remaining options for the same instance type in the same zone / availability
+  domain and region (they would hit the same empty pool), so the next option tried is another zone, then region;
+* ``QuotaError`` -> skip only the limit's scope: the remaining options of that provider + region that the same
+  limit covers (:func:`broker.plan.quota.limit_for`: the OCI GPU limit, the AWS family bucket; a G-family limit never
+  drops P-family options) and, for AD-scoped limits (OCI), only in that availability domain (``QuotaError.scope``,
+  else the offer's zone).  Without a known limit: the whole provider + region.  The quota to raise is reported
+  with the new limit = current limit + (what the option needs there - what is available there);
+* ``TransientError`` on bootstrap -> retried with bounded exponential backoff (tenacity) before failing over;
+* ``AuthError`` / ``NotSupported`` -> skip that provider.
+
+Create errors are sorted (:func:`_ambiguous`): definite answers (validation, not found, auth, quota / limit,
+capacity, an adapter's refusal before any create call) fail the option at once; a 429 / throttling answer
+(:func:`_throttled`) is retried in place (same row, same zone) after the provider's ``Retry-After``, never a
+reason to move to the next zone.  Ambiguous creates: a ``create_instance`` that raised an AmbiguousCreate, a
+TransientError without status, a 5xx / 408 / 409 or an untranslated exception may have created the instance
+anyway.  It is never
+retried blindly: the provider's ``list_tagged`` is asked (polling until ``create_settle_s`` of the adapter, default
+20 s, has passed since the call) whether the instance (run tag + node name) exists.  Found -> adopted (its id goes
+to the intent row).  Proven absent -> the create is retried with the same row and client token (bounded attempts).
+The list cannot be read (ProviderError) -> the row becomes ``unknown`` (live, counted at its worst case, shown as
+possibly billing by ``status`` / ``reconcile`` / ``watchdog``), **no further create is made on that provider in
+this run**, and failover goes on with other providers.  A later list resolves the row (found -> terminated; absent
+-> terminated as never created).  So at most one instance exists per intent row whatever the API answers.
+
+Before moving on, every instance the failed attempt created is terminated (``broker.money.teardown``); if that
+terminate fails, failover **stops** with a :class:`ProviderError` naming the live resource.  Network objects made
+by ``bootstrap`` are kept for later options in the same provider + region and deleted when no longer needed (or
+left to ``teardown_run``, which deletes them after the instances).
+
+One clock per run (:func:`run_clock`, :func:`check_clock`): before each option, before each create and on every
+poll of a pending instance the run's deadline and budget (spent + live $/hour from the ledger) are checked; when
+either has run out, or the watchdog ended the run, :class:`ClockOut` stops provisioning (status ``deadline`` /
+``interrupted``): nothing is rented after the deadline, and an instance the watchdog killed is never taken for a
+failed offer.  The rate the provider reports for an instance (describe's ``usd_per_hour``) replaces the planned one
+in the ledger (:func:`record_reported_rate`); more than 10 % above the plan and past the budget it raises
+:class:`RateAboveBudget`.
+
+Costs: :func:`spent_usd` bills each resource per second from its ledger ``created_at`` (the moment the intent
+was recorded, i.e. just before the create call) until ``terminated_at`` (or now).  That is conservative on
+purpose: Vast.ai bills storage from creation, AWS / OCI bill from ``running``; starting at the intent can only
+over-state the spend by the seconds a create call takes, never under-state it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from broker.money.ledger import Ledger
+from broker.core.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
+from broker.core.nodescripts import deadman_grace_s, job_done_path, node_workroot  # noqa: F401 - re-exported
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
+                             NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
+                             TransientError)
+
+Progress = Callable[[str], None]
+
+#: hours in a billing month (8760 / 12), to turn USD per GiB-month into USD per hour
+HOURS_PER_MONTH = 730.0
+
+#: instance states that will never become ``running`` (give up at once)
+DEAD_STATES = ("failed", "stopped", "terminated", "terminating")
+
+
+# --------------------------------------------------------------------------------------------------- recorder
+class LedgerRecorder:
+    """:class:`broker.core.provider.Recorder` backed by the ledger: adapters call it around each create.
+
+    ``created_ids`` lists the ledger resource ids recorded through this recorder (for cleanup on failure).
+    """
+
+    def __init__(self, ledger: Ledger, run_id: str, provider: str, deadline: datetime | None, actor: str = "cli",
+                 progress: Progress | None = None):
+        self.ledger = ledger
+        self.run_id = run_id
+        self.provider = provider
+        self.deadline = deadline
+        self.actor = actor
+        self.progress = progress
+        self.created_ids: list[str] = []
+
+    @property
+    def installation_id(self) -> str:
+        return self.ledger.installation_id
+
+    def intent(self, kind: str, name: str, *, region: str | None = None, zone: str | None = None,
+               usd_per_hour: float = 0.0, attrs: dict[str, Any] | None = None) -> str:
+        res = self.ledger.record_intent(self.run_id, self.provider, kind, name, region=region, zone=zone,
+                                        usd_per_hour=usd_per_hour, deadline=self.deadline, attrs=attrs,
+                                        actor=self.actor)
+        self.created_ids.append(res.id)
+        return res.id
+
+    def created(self, resource_id: str, provider_id: str, **attrs: Any) -> None:
+        self.ledger.mark_created(resource_id, provider_id, state="running", actor=self.actor, **attrs)
+
+    def failed(self, resource_id: str, error: str) -> None:
+        self.ledger.update_resource(resource_id, state="terminated", error=error, terminated_by=self.actor,
+                                    actor=self.actor, message=f"create failed, nothing exists: {error}")
+
+    def event(self, message: str) -> None:
+        self.ledger.event(self.run_id, self.actor, "progress", message)
+        if self.progress:
+            self.progress(message)
+
+
+# --------------------------------------------------------------------------------------------------- costs
+def spent_usd(res: Resource, now: datetime | None = None) -> float:
+    """US dollars ``res`` has cost so far (see :func:`broker.money.accounting.resource_cost`: per second from the
+    intent's ``created_at`` until termination or ``now``, at least the minimum billed seconds once created)."""
+    from broker.money.accounting import resource_cost
+
+    return resource_cost(res, None, now or utcnow()).spent_usd
+
+
+def run_cost(ledger: Ledger, run_id: str, now: datetime | None = None) -> float:
+    """US dollars ``run_id`` has cost so far (live and terminated resources): the ``spent_usd`` of
+    :func:`broker.money.accounting.run_cost`, the one place a run's money is summed."""
+    from broker.money.accounting import run_cost as _run_cost
+
+    run = ledger.get_run(run_id)
+    rows = ledger.resources(run_id)
+    if run is None or run.id != run_id:  # rows without a run row (reconcile's "unknown" run)
+        return sum(spent_usd(r, now) for r in rows)
+    return _run_cost(run, rows, now or utcnow()).spent_usd
+
+
+def run_clock(ledger: Ledger, run: Run, now: datetime | None = None) -> tuple[float, str]:
+    """Seconds the run has left on its one clock and what ends it first: ``(seconds, "deadline" | "budget")``.
+
+    The deadline is ``run.deadline``; the budget ends when what the run has spent plus what its live resources
+    bill per hour (the provider's reported rate where the ledger has it) reaches ``run.budget_usd``.  Without a
+    deadline and a budget: ``(inf, "deadline")``.  Negative or 0 = the clock has run out: nothing new may be
+    rented and every wait ends."""
+    from broker.money.accounting import _aware, run_cost as _run_cost
+
+    now = now or utcnow()
+    left, why = float("inf"), "deadline"
+    cur = ledger.get_run(run.id) or run
+    dl = _aware(cur.deadline)
+    if dl is not None:
+        left = (dl - now).total_seconds()
+    if cur.budget_usd is not None:
+        rc = _run_cost(cur, ledger.resources(run.id), now)
+        room = cur.budget_usd - rc.spent_usd
+        b_left = room / rc.usd_per_hour * 3600.0 if rc.usd_per_hour > 0 else (float("inf") if room > 0 else 0.0)
+        if b_left < left:
+            left, why = b_left, "budget"
+    return left, why
+
+
+def live_usd_per_hour(ledger: Ledger, run_id: str | None = None) -> float:
+    """What the live resources (of ``run_id``, or all) bill per hour right now, USD/hour."""
+    return sum(r.usd_per_hour for r in ledger.resources(run_id, live_only=True))
+
+
+# --------------------------------------------------------------------------------------------------- attempts
+@dataclass
+class Attempt:
+    """One option tried: what, the outcome (``ok`` | ``skipped`` | ``failed``) and why."""
+
+    option: str
+    provider: str
+    outcome: str
+    reason: str = ""
+
+
+@dataclass
+class _Failover:
+    attempts: list[Attempt] = field(default_factory=list)
+    quota_hints: list[str] = field(default_factory=list)
+    skip_providers: dict[str, str] = field(default_factory=dict)  # provider -> why
+    skip_regions: dict[tuple[str, str | None], str] = field(default_factory=dict)  # (provider, region) -> why
+    #: (provider, region, limit name or None = any, zone/AD or None = the whole region) -> why
+    quota_blocked: dict[tuple[str, str | None, str | None, str | None], str] = field(default_factory=dict)
+    no_capacity: dict[tuple, str] = field(default_factory=dict)  # (provider, region, zone, type) -> why
+    plan_failures: int = 0  # failures that mean "this option cannot be had now" (quota, capacity, gone, not ready)
+    last_error: ProviderError | None = None
+
+    def skip_reason(self, opt: PlanOption) -> str | None:
+        if opt.provider in self.skip_providers:
+            return self.skip_providers[opt.provider]
+        for o in opt.offers:
+            if (opt.provider, o.region) in self.skip_regions:
+                return self.skip_regions[(opt.provider, o.region)]
+            for (prov, region, limit, zone), why in self.quota_blocked.items():
+                if prov != opt.provider or region != o.region or (zone is not None and o.zone != zone):
+                    continue
+                if limit is None or _limit_name(opt.provider, o) == limit:
+                    return why
+            if _cap_key(opt.provider, o) in self.no_capacity:
+                return self.no_capacity[_cap_key(opt.provider, o)]
+        return None
+
+
+def _cap_key(provider: str, o: Offer) -> tuple:
+    return (provider, o.region, o.zone, o.instance_type)
+
+
+def _limit_name(provider: str, o: Offer) -> str | None:
+    from broker.plan.quota import limit_for
+
+    ref = limit_for(provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    return ref.name if ref else None
+
+
+def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None, str | None, str | None], str]:
+    """The scope a QuotaError blocks (key of ``_Failover.quota_blocked``) and its words."""
+    from broker.plan.quota import limit_for
+
+    o = opt.offers[0]
+    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    limit = getattr(e, "limit_name", None) or (ref.name if ref else None)
+    zone = getattr(e, "scope", None)
+    if zone == o.region:
+        zone = None  # a region-wide limit (the adapter names the region as its scope)
+    if zone is None and ref is not None and ref.scope_kind == "AD" and limit == ref.name:
+        zone = o.zone  # OCI GPU limits are per availability domain: the offer's AD
+    where = " ".join(x for x in (o.region, zone) if x) or opt.provider
+    what = f"limit {limit}" if limit else "quota"
+    if limit is not None and (ref is None or limit != ref.name):
+        # not the instance's own compute limit (a VCN / subnet count): every option of the region needs it,
+        # whatever its shape or AD, so none of them is tried (each would build the network again to hit it)
+        return (opt.provider, o.region, None, zone), f"{what} exhausted in {opt.provider} {where}"
+    return (opt.provider, o.region, limit, zone), f"{what} exhausted in {opt.provider} {where}"
+
+
+def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any, say: Progress) -> str:
+    """The sentence + ready command for the quota to raise: the new limit is the current limit plus what this
+    option needs in the scope minus what is available there (:func:`broker.plan.quota.suggest_limit`).  Limit and use
+    come from the error when the adapter read them, else from one ``quotas()`` call; the adapter's hint otherwise."""
+    from broker.plan.quota import InstanceSpec, limit_for, request_command, suggest_limit, units_needed
+
+    o = opt.offers[0]
+    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    limit_name = getattr(e, "limit_name", None) or (ref.name if ref else None)
+    zone = getattr(e, "scope", None) or (o.zone if ref is not None and ref.scope_kind == "AD" else None)
+    where = zone or o.region or "-"
+    base = f"{opt.provider} {where}: {e.message}"
+    fallback = base + (f"; {e.hint}" if e.hint else (f"; {opt.next_step}" if opt.next_step else ""))
+    if ref is None or limit_name is None or limit_name != ref.name:
+        return fallback  # a limit the quota helper does not file (e.g. subnet-count): the adapter's console hint
+    simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
+    hybrid = opt.topology == TopologyKind.hybrid
+    n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
+    spec = InstanceSpec(opt.provider, o.instance_type, o.gpu_name, o.gpu_count, o.gpu_mem_gib, int(o.vcpus or 0),
+                        o.ram_gib, o.usd_per_hour, o.region or "any")
+    if ref.unit == "vcpus" and spec.vcpus <= 0:
+        return fallback
+    need = units_needed(opt.provider, spec, n_inst)
+    limit, used = getattr(e, "limit", None), getattr(e, "used", None)
+    if limit is None or used is None:
+        try:
+            reqs = requirements_of(requirements)
+            qs = [q for q in p.quotas(reqs, list(opt.offers)) if q.name == limit_name
+                  and (zone is None or q.scope in (zone, None)) and (q.region in (o.region, None))]
+        except Exception as err:  # noqa: BLE001 - advice only: keep the adapter's hint
+            say(f"quota: could not read {limit_name} ({getattr(err, 'message', err)})")
+            qs = []
+        if not qs:
+            return fallback
+        limit, used = qs[0].limit, qs[0].used
+    unit = "GPUs" if ref.unit == "gpus" else "vCPUs"
+    avail = max(0.0, float(limit) - float(used))
+    value = suggest_limit(limit, used, need)
+    cmd = request_command(opt.provider, limit_name, value, scope=zone, region=o.region)
+    return (f"{base}; {opt.summary} needs {need:g} {unit} of {limit_name} in {where}, {avail:g} available "
+            f"(limit {float(limit):g}, used {float(used):g}): request {value - float(limit):+g} -> `{cmd}`")
+
+
+class _NeverReady(ProviderError):
+    pass
+
+
+class ClockOut(BrokerError):
+    """The run's one clock ran out while provisioning: its deadline passed, its budget is spent, or the watchdog
+    ended the run.  Nothing more is rented; the run ends with ``status`` (``deadline`` or ``interrupted``) and
+    exit code 1 after teardown."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, status: str = "deadline", hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+class RateAboveBudget(ClockOut):
+    """The provider reports a rate more than :data:`RATE_TOLERANCE` above the planned one and at that rate the run
+    no longer fits its budget: the run stops and is torn down (exit 3, like a plan that does not fit)."""
+
+    exit_code = 3
+
+
+#: a reported rate this much above the planned one (0.10 = 10 %) is checked against the budget
+RATE_TOLERANCE = 0.10
+
+
+def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd_per_hour: float, *,
+                        actor: str) -> tuple[Resource, float, float, bool]:
+    """Write the provider's rate for ``res`` to the ledger (see :func:`record_reported_rate`, which also judges
+    it); returns (the updated row, planned $/hour, the rate now recorded, whether it changed)."""
+    a = res.attrs or {}
+    planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
+    storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
+                                                                                    or 0.0)
+    rate = round(float(reported_usd_per_hour) + storage, 6)
+    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9
+    if changed:
+        ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
+                               attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
+                                      "rate_source": f"{p.name} reported"},
+                               message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
+                                       f"${planned:.4g}/h)")
+    return ledger.resource(res.id) or res, planned, rate, changed
+
+
+def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, reported_usd_per_hour: float, *,
+                         say: Progress, actor: str) -> Resource:
+    """Make the provider's rate the ledger's: ``res.usd_per_hour`` becomes what ``p`` reports for the instance
+    (US dollars per hour; plus the recorded storage rate unless the adapter's ``reported_rate_includes_storage``,
+    as Vast's ``dph_total``), the planned one kept in ``attrs["planned_usd_per_hour"]``.  Every money figure reads
+    the ledger (status, cost, the budget guard, the watchdog), so they all use it from here on.
+
+    A reported rate more than :data:`RATE_TOLERANCE` above the planned one is said with both numbers; when the
+    run's worst case at that rate (until its deadline) exceeds its budget, raises :class:`RateAboveBudget`."""
+    from broker.money.accounting import run_cost as _run_cost
+
+    res, planned, rate, changed = adopt_reported_rate(p, ledger, res, reported_usd_per_hour, actor=actor)
+    if changed and planned > 0 and rate > planned * (1 + RATE_TOLERANCE):
+        cur = ledger.get_run(run.id) or run
+        rc = _run_cost(cur, ledger.resources(run.id), utcnow())
+        pct = (rate / planned - 1) * 100
+        both = (f"{p.name} reports ${rate:.4g}/h for {res.provider_id}, {pct:.0f} % above the planned "
+                f"${planned:.4g}/h")
+        if cur.budget_usd is not None and (rc.worst_case_usd is None or rc.worst_case_usd > cur.budget_usd + 1e-9):
+            worst = "unbounded" if rc.worst_case_usd is None else f"${rc.worst_case_usd:,.2f}"
+            raise RateAboveBudget(f"{both}: at that rate the run's worst case is {worst}, above its budget "
+                                  f"${cur.budget_usd:,.2f}; stopping and tearing down", status="failed",
+                                  hint="raise budget_usd or lower max_hours in the recipe, or pick another offer "
+                                       "(`broker plan` shows the planned prices)")
+        say(f"{both}; the worst case at that rate (${float(rc.worst_case_usd or 0):,.2f}) still fits the budget"
+            + (f" ${cur.budget_usd:,.2f}" if cur.budget_usd is not None else "") + ": going on")
+    return res
+
+
+def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
+    """Seconds left on the run's clock (:func:`run_clock`) before ``doing`` (e.g. "renting the next offer");
+    raises :class:`ClockOut` when none are left or the run was ended by the watchdog (its status is an end)."""
+    from broker.money.accounting import ENDED_STATUSES
+
+    cur = ledger.get_run(run.id)
+    if cur is not None and cur.id == run.id and cur.status in ENDED_STATUSES:
+        raise ClockOut(f"run {run.id} ended ({cur.status}: {cur.message or 'no message'}) before {doing}; "
+                       "nothing more is rented", status=cur.status if cur.status != "failed" else "interrupted",
+                       hint=f"`broker status {run.id}` shows what is left; `broker down {run.id}` removes it")
+    left, why = run_clock(ledger, run)
+    if left <= 0:
+        if why == "budget":
+            msg = (f"the run's budget ${float(run.budget_usd or 0):,.2f} is spent before {doing}; nothing more is "
+                   "rented")
+            status = "interrupted"
+        else:
+            msg = f"the run's deadline passed before {doing}; nothing is rented after the deadline"
+            status = "deadline"
+        raise ClockOut(msg, status=status, hint="raise max_hours / budget_usd in the recipe, or pick offers that "
+                                                "start faster (`broker plan` lists them)")
+    return left
+
+
+class _Unverified(ProviderError):
+    """An ambiguous create whose outcome no list could establish: the row is ``unknown``; stop creating on this
+    provider for the run."""
+
+
+def _ambiguous(e: BaseException) -> bool:
+    """Whether a failed create may still have created the instance: only when the request may have reached the
+    provider and no definite answer came back (an :class:`AmbiguousCreate`, a 5xx, a 408 / 409, a timeout or an
+    unreadable answer).  Definite answers are never ambiguous: validation / not found (a 4xx, or a ProviderError
+    without status: the adapter's own refusal before any create call, e.g. no image found), auth, quota / limit,
+    capacity, and a 429 (the request was refused, nothing was made)."""
+    from broker.core.errors import AmbiguousCreate
+
+    if isinstance(e, AmbiguousCreate):
+        return True
+    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported, BadInput)):
+        return False
+    if _throttled(e):
+        return False
+    if isinstance(e, TransientError):
+        return e.status is None or e.status >= 500 or e.status in (408, 409)
+    if isinstance(e, ProviderError):
+        return e.status is not None and (e.status >= 500 or e.status in (408, 409))
+    return isinstance(e, Exception)  # not translated (a timeout, a parsing error after the request went out)
+
+
+def _throttled(e: BaseException) -> bool:
+    """A 429 / throttling answer: the provider refused the request (nothing created); retry in place after its
+    backoff, never a reason to leave the zone / availability domain."""
+    return isinstance(e, TransientError) and (e.status == 429 or bool(getattr(e, "throttled", False)))
+
+
+def _backoff_s(e: BaseException, n: int, wait_s: float) -> float:
+    """Seconds to wait before attempt ``n + 1``: the provider's ``Retry-After`` (``e.retry_after_s``, set by the
+    adapter) when it gave one, else ``wait_s`` doubling, at most 30 s."""
+    ra = getattr(e, "retry_after_s", None)
+    if isinstance(ra, (int, float)) and ra >= 0:
+        return min(float(ra), 120.0)
+    return min(30.0, wait_s * 2 ** (n - 1))
+
+
+def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None:
+    """The provider object that is ``res`` (run tag, kind and name) and no other ledger row's; raises what
+    ``list_tagged`` raises."""
+    for t in p.list_tagged(res.run_id):
+        if t.kind != res.kind or t.name not in (res.name, None) or t.state == "terminated":
+            continue
+        other = ledger.find_by_provider_id(p.name, t.provider_id)
+        if other is not None and other.id != res.id:
+            continue  # an earlier option's node of the same name
+        return t
+    return None
+
+
+def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledger, *, attempts: int,
+                     wait_s: float, say: Progress, actor: str, clock: Callable[[], Any] | None = None) -> str:
+    """``create_instance`` such that at most one instance exists for the intent row ``res``, whatever the API
+    answers (see the module docstring).  Returns the provider id; raises the create's error when it is proven
+    that nothing exists, :class:`_Unverified` when that cannot be established."""
+    import time
+
+    from broker.money.teardown import create_settle_s
+
+    settle = create_settle_s(p)
+    throttled = 0
+    n = 0
+    while n < max(1, attempts):
+        n += 1
+        t_call = utcnow()
+        t0 = time.monotonic()
+        try:
+            return p.create_instance(req)
+        except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            if _throttled(e) and throttled < max(1, attempts) * 2:
+                throttled += 1
+                n -= 1  # a refused request is not an attempt: retried in place, same row, same zone
+                pause = _backoff_s(e, throttled, wait_s)
+                say(f"{p.name}: create {req.name} throttled ({getattr(e, 'message', e)}): nothing was created; "
+                    f"trying again in the same zone in {pause:.1f} s")
+                time.sleep(pause)
+                if clock is not None:
+                    clock()  # the run's clock: raises ClockOut after the deadline / budget
+                continue
+            if not _ambiguous(e):
+                raise
+            err = e
+        what = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        say(f"{p.name}: create {req.name} answered ambiguously ({what}); checking by run tag whether it exists")
+        while True:
+            try:
+                found = _listed(p, res, ledger)
+            except Exception as le:  # noqa: BLE001 - an unreadable list proves nothing
+                why = getattr(le, "message", None) or f"{type(le).__name__}: {le}"
+                msg = (f"create of {req.name} answered ambiguously ({what}) and the instance list could not be read "
+                       f"({why}): it may exist and bill")
+                ledger.update_resource(res.id, state="unknown", error=msg, actor=actor, message=msg,
+                                       attrs={"ambiguous_create_at": t_call.isoformat()})
+                raise _Unverified(p.name, "create_instance", msg + f"; no further create on {p.name} in this run",
+                                  hint=f"`broker status` counts it as possibly billing; `broker down {res.run_id}` or "
+                                       "`broker reconcile` resolves it once the provider's list answers") from None
+            if found is not None:
+                ledger.mark_created(res.id, found.provider_id, actor=actor)
+                ledger.event(res.run_id, actor, "adopted", f"create answered {what!r} but {found.provider_id} "
+                             "exists (found by run tag): adopted, not created again", resource_id=res.id)
+                say(f"{p.name}: {found.provider_id} exists despite the error: adopted")
+                return found.provider_id
+            left = settle - (time.monotonic() - t0)
+            if left <= 0:
+                break
+            time.sleep(min(left, max(0.5, settle / 5)))
+        if n >= attempts or not isinstance(err, (TransientError, ProviderError)):
+            raise err
+        pause = _backoff_s(err, n, wait_s)
+        say(f"{p.name} create_instance: {what}; proven absent by a list {settle:g} s later; retry {n + 1}/{attempts} "
+            f"in {pause:.1f} s")
+        time.sleep(pause)
+        if clock is not None:
+            clock()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _StopFailover(Exception):
+    def __init__(self, err: ProviderError):
+        self.err = err
+
+
+def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]:
+    if isinstance(plan, Plan):
+        return [o for o in plan.options if o.valid]
+    if isinstance(plan, PlanOption):
+        return [plan]
+    return list(plan)
+
+
+def _retrying(fn: Callable[..., Any], *args: Any, attempts: int, wait_s: float, say: Progress, what: str,
+              **kwargs: Any) -> Any:
+    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s) ``attempts``
+    times in all; the last TransientError propagates."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+    def before_sleep(rs: Any) -> None:
+        say(f"{what}: {rs.outcome.exception().message}; retry {rs.attempt_number + 1}/{attempts} "
+            f"in {rs.next_action.sleep:.1f} s")
+
+    for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_attempt(attempts),
+                            wait=wait_exponential(multiplier=wait_s, max=30), reraise=True,
+                            before_sleep=before_sleep):
+        with attempt:
+            return fn(*args, **kwargs)
+
+
+def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirements: Any, ledger: Ledger, *,
+              providers: dict[str, Provider] | None = None, progress: Progress | None = None,
+              ready_timeout_s: float = 900.0, poll_s: float = 5.0, ssh_public_key: str | None = None,
+              ssh_key_path: str | None = None, image: str | None = None, onstart: str | None = None,
+              transient_attempts: int = 4, retry_wait_s: float = 2.0, terminate_timeout_s: float = 600.0,
+              actor: str = "cli", idle_minutes: float | None = None,
+              node_onstart: Callable[[int], str | None] | None = None,
+              ingress: list[Ingress] | None = None) -> Cluster:
+    """Create the machines of the first option that works; returns the ready cluster.
+
+    ``plan``: a Plan (its valid ``options`` in rank order), one PlanOption or a ranked list.  ``run``: the ledger
+    run (id, hard ``deadline``, ``run_dir`` where the SSH key goes).  ``requirements``: a Recipe or Requirements
+    (``disk_gib``, ``image``, ``idle_minutes`` are read when present; ``idle_minutes`` given here wins: it goes to
+    every NodeRequest so the adapter arms the node-side idle stop).  ``providers``: adapters by name (default: the registry).
+    ``node_onstart(node_rank)``: extra boot lines for one node, after ``onstart`` (a hybrid run's WireGuard
+    config of that VM); ``ingress``: inbound rules opened on the run's network right after bootstrap
+    (:meth:`Provider.open_ingress`, e.g. the WireGuard UDP port from the caller's address).  A ``hybrid`` option
+    rents ``nodes - 1`` instances (node 0 is this machine): their ranks, tags and ``node_index`` are 1..N-1.
+    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds.  A fresh ed25519 key
+    is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
+
+    Raises NoValidPlan (exit 3) when every option failed or was skipped (the message lists each attempt and the
+    quotas to raise); ProviderError (exit 4) when a half-created resource could not be terminated (failover stops;
+    the message names the resource and says to run ``broker down <run>``).
+    """
+    from broker.providers import get_provider
+
+    options = _options(plan)
+    if not options:
+        raise NoValidPlan("no plan option to provision", hint="`broker plan RECIPE` shows why every option was rejected")
+    cache: dict[str, Provider] = dict(providers or {})
+    say_ = progress or (lambda _s: None)
+
+    def say(msg: str) -> None:
+        ledger.event(run.id, actor, "provision", msg)
+        say_(msg)
+
+    def prov(name: str) -> Provider:
+        if name not in cache:
+            try:
+                cache[name] = get_provider(name)
+            except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
+                raise NotSupported(name, "load adapter", str(e),
+                                   hint=f"install broker's '{name}' extra (pip install 'broker[{name}]')") from None
+        return cache[name]
+
+    if ssh_public_key is None:
+        from broker.core import sshkeys
+        from broker.core.config import runs_dir
+
+        kp = sshkeys.generate(Path(run.run_dir) if run.run_dir else runs_dir() / run.id, comment=f"broker-{run.id}")
+        ssh_public_key, ssh_key_path = kp.public_key, str(kp.private_key_path)
+        say(f"ssh key {kp.fingerprint} in {kp.private_key_path}")
+
+    disk_gib = float(getattr(requirements, "disk_gib", 40.0) or 40.0)
+    image = image or getattr(requirements, "image", None)
+    if idle_minutes is None:
+        idle_minutes = getattr(requirements, "idle_minutes", None)
+    fo = _Failover()
+    networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = {}
+
+    def drop_networks(keep: tuple | None) -> None:
+        for key, (_net, ids) in list(networks.items()):
+            if key == keep:
+                continue
+            busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
+                    and r.kind == "instance" and not r.provider_id and r.region == key[1]]
+            if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
+                say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may live; "
+                    f"`broker down {run.id}` deletes it after the instance")
+                networks.pop(key)
+                continue
+            for rid in reversed(ids):
+                res = ledger.resource(rid)
+                if res is not None and res.live:
+                    from broker.money.teardown import terminate_resource
+
+                    if not terminate_resource(ledger, res, actor, provider=prov(res.provider),
+                                              confirm_timeout_s=terminate_timeout_s, poll_s=poll_s, say=say):
+                        say(f"could not delete {res.kind} {res.provider_id or res.name} yet; `broker down {run.id}` "
+                            "retries it")
+            networks.pop(key)
+
+    for n, opt in enumerate(options, 1):
+        label = f"option {n}/{len(options)}: {opt.topology.value} {opt.summary} on {opt.provider} " \
+                f"(${opt.usd_per_hour:.4g}/h)"
+        why = fo.skip_reason(opt)
+        if why:
+            fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
+            say(f"skip {label}: {why}")
+            continue
+        check_clock(ledger, run, f"trying {label}")
+        say(f"try {label}")
+        try:
+            p = prov(opt.provider)
+            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
+                               ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
+                               onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
+                               terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes,
+                               node_onstart=node_onstart, ingress=ingress)
+        except _Unverified as e:
+            fo.attempts.append(Attempt(label, opt.provider, "failed", e.message))
+            fo.last_error = e
+            fo.skip_providers[opt.provider] = (f"an ambiguous create on {opt.provider} could not be verified: no "
+                                               f"further create on {opt.provider} in this run")
+            say(f"{e.message}; skipping {opt.provider} for this run")
+            continue
+        except _StopFailover as stop:
+            fo.attempts.append(Attempt(label, opt.provider, "failed", stop.err.message))
+            ledger.event(run.id, actor, "failover-stopped", stop.err.message)
+            raise stop.err from None
+        except ProviderError as e:
+            reason = e.message + (f" ({e.hint})" if e.hint else "")
+            fo.attempts.append(Attempt(label, opt.provider, "failed", reason))
+            fo.last_error = e
+            if isinstance(e, (QuotaError, CapacityError, OfferGone, _NeverReady)):
+                fo.plan_failures += 1
+            region = opt.offers[0].region if opt.offers else None
+            if isinstance(e, QuotaError):
+                qkey, qwhy = _quota_scope(opt, e)
+                fo.quota_blocked[qkey] = qwhy
+                advice = _quota_advice(opt, e, p, requirements, say)
+                if not (e.hint or opt.next_step or "`" in advice):
+                    advice += f"; raise the {opt.provider} service limit for {opt.summary}"
+                fo.quota_hints.append(advice)
+                say(f"quota: {e.message}; skipping the options {qwhy.split(' exhausted')[0]} covers there")
+            elif isinstance(e, CapacityError):
+                for o in opt.offers:
+                    fo.no_capacity[_cap_key(opt.provider, o)] = f"no capacity for {o.instance_type} in {o.zone or o.region}"
+                say(f"capacity: {e.message}; trying the next zone / region")
+            elif isinstance(e, (AuthError, NotSupported)):
+                fo.skip_providers[opt.provider] = f"{opt.provider} unusable: {e.message}"
+                say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
+            elif isinstance(e, (OfferGone, _NeverReady)):
+                say(f"{e.message}; trying the next offer")
+            elif _throttled(e):  # the API's rate limit is the account's, not the zone's: another AD would be too
+                fo.skip_providers[opt.provider] = f"{opt.provider} keeps throttling creates (429): retry later"
+                say(f"{e.message}; {opt.provider} still throttles after the retries: no more creates there now")
+            else:
+                say(f"failed: {e.message}; trying the next option")
+            continue
+        fo.attempts.append(Attempt(label, opt.provider, "ok"))
+        key = (opt.provider, opt.offers[0].region if opt.offers else None, opt.topology.value)
+        drop_networks(keep=key)
+        cluster.ssh_key_path = ssh_key_path
+        if run.run_dir:
+            cluster.known_hosts_path = str(Path(run.run_dir) / "ssh" / "known_hosts")
+        say(f"ready: {len(cluster.nodes)} node(s), master {cluster.master_addr}")
+        return cluster
+
+    drop_networks(keep=None)
+    lines = _attempt_lines(fo.attempts)
+    hints = list(dict.fromkeys(fo.quota_hints))  # one sentence per limit, not one per option it blocked
+    hint = "; ".join(hints) if hints else "try later, widen the GPU list or raise the budget"
+    if hints:
+        fileable = any("`broker quota request" in h for h in hints)
+        hint = ("raise these quotas (`broker quota request ...`): " if fileable else "raise these limits: ") + hint
+    msg = "could not provision any option of the plan:\n" + "\n".join(lines)
+    if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
+        e = fo.last_error
+        raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
+    raise NoValidPlan(msg, hint=hint)
+
+
+def _attempt_lines(attempts: list[Attempt]) -> list[str]:
+    """One line per option tried; a reason already given for an earlier option is not repeated (the same
+    rejection for every option of a provider reads once, then "same as option N")."""
+    first: dict[tuple[str, str], int] = {}
+    out = []
+    for n, a in enumerate(attempts, 1):
+        key = (a.outcome, a.reason)
+        if a.reason and key in first:
+            out.append(f"  - {a.option}: {a.outcome}: same as {attempts[first[key] - 1].option.split(':')[0]}")
+            continue
+        first.setdefault(key, n)
+        out.append(f"  - {a.option}: {a.outcome}" + (f": {a.reason}" if a.reason else ""))
+    return out
+
+
+def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
+             render: Progress, actor: str,
+             ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
+             onstart: str | None, transient_attempts: int, retry_wait_s: float, idle_minutes: float | None,
+             terminate_timeout_s: float, node_onstart: Callable[[int], str | None] | None = None,
+             ingress: list[Ingress] | None = None) -> Cluster:
+    """One option: bootstrap, create every instance ledger-first, wait until running.  On a ProviderError every
+    instance created here (and the network objects of a failed bootstrap) is terminated before it propagates."""
+    from broker.money.teardown import terminate_resource
+
+    if not opt.offers:
+        raise ProviderError(opt.provider, "provision", "the plan option has no offer")
+    simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
+    hybrid = opt.topology == TopologyKind.hybrid
+    n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
+    first_rank = 1 if hybrid else 0  # hybrid: node 0 is this machine, the instances are ranks 1..N-1
+    offers = [opt.offers[i] if i < len(opt.offers) else opt.offers[-1] for i in range(n_inst)]
+    region = offers[0].region
+    key = (opt.provider, region, opt.topology.value)
+    mine: list[str] = []  # ledger ids this attempt must clean up on failure
+
+    def cleanup(err: BaseException) -> None:
+        for rid in reversed(mine):
+            res = ledger.resource(rid)
+            if res is None or not res.live:
+                continue
+            ok = terminate_resource(ledger, res, actor, provider=p, confirm_timeout_s=terminate_timeout_s,
+                                    poll_s=poll_s, say=say)
+            if not ok:
+                res = ledger.resource(rid) or res
+                if res.state == "unknown" and not res.provider_id:
+                    continue  # an unverified create: no more creates on this provider; a later list resolves it
+                what = f"{res.provider} {res.kind} {res.provider_id or res.name} (ledger {res.id})"
+                raise _StopFailover(ProviderError(
+                    res.provider, "terminate",
+                    f"after a failed attempt ({getattr(err, 'message', err)}) {what} could not be terminated and "
+                    f"is still live: {(res.error or 'not confirmed gone').splitlines()[0]}; stopped failing over "
+                    "so no second machine is rented while this one may still bill",
+                    hint=f"run `broker down {run.id}` (retries the terminate); if it keeps failing, delete "
+                         f"{res.provider_id or res.name} in the {res.provider} console"))
+
+    rec = LedgerRecorder(ledger, run.id, p.name, run.deadline, actor, progress=render)  # it logs to the ledger
+    try:
+        if key in networks:
+            net = networks[key][0]
+        else:
+            say(f"{p.name}: bootstrap ({opt.topology.value}, {region})")
+            try:
+                net = _retrying(p.bootstrap, run.id, offers, opt.topology.value, rec, attempts=transient_attempts,
+                                wait_s=retry_wait_s, say=say, what=f"{p.name} bootstrap")
+            except BaseException:
+                mine.extend(rec.created_ids)
+                raise
+            networks[key] = (net or {}, list(rec.created_ids))
+            if ingress:
+                _retrying(p.open_ingress, networks[key][0], list(ingress), rec, attempts=transient_attempts,
+                          wait_s=retry_wait_s, say=say, what=f"{p.name} open_ingress")
+        inst_ids: list[str] = []
+        grace = deadman_grace_s(_max_hours(run))
+        for k, offer in enumerate(offers):
+            i = k + first_rank
+            name = f"broker-{run.id}-n{i}"
+            check_clock(ledger, run, f"renting {offer.instance_type} for node {i}")
+            # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
+            storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
+            res = ledger.record_intent(
+                run.id, p.name, "instance", name, region=offer.region, zone=offer.zone,
+                usd_per_hour=offer.usd_per_hour + storage, deadline=run.deadline, actor=actor,
+                attrs={"offer_key": offer.key, "offer_id": offer.offer_id, "instance_type": offer.instance_type,
+                       "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
+                       "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
+                       "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
+                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace})
+            mine.append(res.id)
+            inst_ids.append(res.id)
+            say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
+                f"(${offer.usd_per_hour:.4g}/h)")
+            req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
+                              grace_seconds=grace,
+                              client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
+                              network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
+                              installation_id=ledger.installation_id,
+                              onstart=_join_boot(onstart, node_onstart(i) if node_onstart else None),
+                              idle_minutes=idle_minutes)
+            try:
+                pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
+                                       say=say, actor=actor,
+                                       clock=lambda: check_clock(ledger, run, f"creating {name} again"))
+            except _Unverified:
+                raise
+            except ProviderError as e:
+                # the create failed and nothing exists (proven by a list, or a definite error such as capacity):
+                # the row ends here, no list is needed to prove it
+                ledger.update_resource(res.id, state="terminated", error=e.message, terminated_by=actor,
+                                       actor=actor, attrs={"never_created": True},
+                                       message=f"create failed, nothing exists: {e.message}")
+                raise
+            if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
+                ledger.mark_created(res.id, pid, actor=actor)
+            say(f"{p.name}: created {pid}")
+        infos: list[InstanceInfo] = []
+        for rid in inst_ids:
+            infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=say, actor=actor,
+                                     timeout_s=ready_timeout_s, poll_s=poll_s))
+            # the run's key through the provider's key API too (Vast: POST /instances/{id}/ssh/), not only from
+            # the boot script: a container whose onstart ran late or not at all still accepts it
+            pid_ready = ledger.resource(rid).provider_id
+            _retrying(p.prepare_access, pid_ready, ssh_public_key, attempts=transient_attempts, wait_s=retry_wait_s,
+                      say=say, what=f"{p.name} prepare_access")
+        return _cluster(opt, p, run, inst_ids, infos, simulated)
+    except ProviderError as e:
+        cleanup(e)
+        raise
+    except Exception as e:  # a bug or an unexpected error: still leave nothing behind
+        cleanup(e)
+        raise
+
+
+def _max_hours(run: Run) -> float | None:
+    """The run's length in hours: its deadline minus its start (the recipe's ``max_hours``), None without one."""
+    start = run.started_at or run.created_at
+    if run.deadline is None or start is None:
+        return None
+    return max(0.0, (run.deadline - start).total_seconds() / 3600.0)
+
+
+def _join_boot(*parts: str | None) -> str | None:
+    """Boot lines joined (None when there are none)."""
+    text = "\n".join(p.rstrip() for p in parts if p and p.strip())
+    return text + "\n" if text else None
+
+
+def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,
+                timeout_s: float, poll_s: float) -> InstanceInfo:
+    """Describe ``res`` until ``running``; bounded by ``timeout_s`` and by the run's clock (:func:`check_clock`:
+    the deadline, the budget, the watchdog ending the run raise :class:`ClockOut`, never "try the next offer")."""
+    import time
+
+    assert res is not None and res.provider_id
+    t0 = time.monotonic()
+    last = None
+    while True:
+        left = check_clock(ledger, run, f"{res.provider_id} became running")
+        cur = ledger.resource(res.id)
+        if cur is not None and cur.state in ("terminating", "terminated") and cur.terminated_by not in (None, actor):
+            check_clock(ledger, run, f"{res.provider_id} became running")  # the watchdog ended the run: ClockOut
+            raise _NeverReady(p.name, "describe_instance", f"{res.provider_id} was terminated by "
+                              f"{cur.terminated_by} while broker waited for it ({cur.error or 'no reason given'})")
+        try:
+            info = p.describe_instance(res.provider_id, region=res.region)
+        except TransientError as e:
+            info = None
+            say(f"{p.name}: describe {res.provider_id}: {e.message}; polling again")
+        if info is not None:
+            if info.state != last:
+                say(f"{p.name}: {res.provider_id} is {info.raw_state or info.state}")
+                last = info.state
+            if info.usd_per_hour is not None and info.state not in DEAD_STATES:
+                res = record_reported_rate(p, ledger, res, run, info.usd_per_hour, say=say, actor=actor)
+            if info.state == "running":
+                ledger.update_resource(res.id, state="running", actor=actor, attrs={
+                    k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),
+                                      ("ssh_host", info.ssh_host), ("ssh_port", info.ssh_port)) if v is not None},
+                    message=f"{res.provider_id} running")
+                return info
+            if info.state in DEAD_STATES:
+                check_clock(ledger, run, f"{res.provider_id} became running")  # gone because the run ended?
+                raise _NeverReady(p.name, "describe_instance",
+                                  f"{res.provider_id} became {info.raw_state or info.state} instead of running"
+                                  + (f" ({info.message})" if info.message else ""))
+        if time.monotonic() - t0 > timeout_s:
+            raise _NeverReady(p.name, "describe_instance",
+                              f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
+        time.sleep(max(0.0, min(poll_s, left)))
+
+
+def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],
+             simulated: bool) -> Cluster:
+    nodes: list[ClusterNode] = []
+    g = opt.gpus_per_node
+    if simulated:
+        info = infos[0]
+        for i in range(opt.nodes):
+            nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or "127.0.0.1",
+                                     port=info.ssh_port, user=info.ssh_user, private_ip="127.0.0.1",
+                                     gpu_indices=[str(j) for j in range(i * g, (i + 1) * g)],
+                                     resource_id=inst_ids[0]))
+    else:
+        for i, info in enumerate(infos):
+            ip = info.private_ip or info.public_ip
+            if not ip:
+                raise ProviderError(p.name, "describe_instance", f"{info.provider_id} reports no private IP",
+                                    hint=f"`broker down {run.id}` and report this provider response")
+            nodes.append(ClusterNode(node_rank=i, host=info.ssh_host or info.public_ip or ip, port=info.ssh_port,
+                                     user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
+    workroot = node_workroot(nodes[0].user, p.node_workroot)
+    return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes, workroot=workroot,
+                   local_exec=bool(getattr(p, "local_exec", False)))
+
+
+def requirements_of(recipe_or_req: Any) -> Requirements:
+    """Requirements from a Recipe (``.requirements()``) or Requirements itself."""
+    return recipe_or_req if isinstance(recipe_or_req, Requirements) else recipe_or_req.requirements()
+
+
+# --------------------------------------------------------------------------------------------------- reconcile
+#: seconds a tagged resource of this installation must exist before reconcile treats it as an orphan: a create
+#: of a live run whose ledger row is still in flight must never be killed
+RECONCILE_MIN_AGE_S = 600.0
+#: another installation's resources are touched (only with ``--include-foreign``) when older than the longest
+#: deadline a recipe allows (``max_hours`` <= 168) plus one hour of grace: no live run of theirs can own them
+FOREIGN_MIN_AGE_S = (168 + 1) * 3600.0
+
+
+@dataclass
+class ReconcileReport:
+    """What :func:`reconcile` found.
+
+    ``orphans``: tagged provider objects of *this* installation (INSTALL_TAG = the ledger's installation id, or a
+    row of this ledger) that the ledger does not know, has as terminated or already holds as ``orphan``, older
+    than the age grace (with ``include_foreign`` also other installations' objects past
+    :data:`FOREIGN_MIN_AGE_S`).  ``foreign``: objects of another installation (another id, or none: an older
+    broker) - listed, never touched unless ``include_foreign``.  ``young``: this installation's unknown objects
+    younger than the age grace (a create in flight) - left alone.  ``adopted``: tagged objects matching a live
+    ``intent`` row without provider id (a crash between create and mark_created): ``broker down`` resolves them
+    by tag; with ``terminate`` the row is given the id.  ``unknown``: ledger rows left ``unknown`` by an ambiguous
+    create (possibly billing); with ``terminate`` they are resolved when the list allows.  ``known``: count of
+    tagged objects the ledger tracks as live.  ``errors``: provider -> why it could not be listed (never read as
+    "nothing there").  ``terminated`` / ``failed``: ledger ids after ``terminate``.
+    """
+
+    orphans: list[Any] = field(default_factory=list)
+    foreign: list[Any] = field(default_factory=list)
+    young: list[Any] = field(default_factory=list)
+    adopted: list[Any] = field(default_factory=list)
+    unknown: list[Resource] = field(default_factory=list)
+    known: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+    terminated: list[str] = field(default_factory=list)
+    failed: list[Resource] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+
+def is_mine(t: TaggedResource, ledger: Ledger) -> bool:
+    """Whether a tagged object belongs to this installation (its INSTALL_TAG is this ledger's id)."""
+    return bool(t.installation_id) and t.installation_id == ledger.installation_id
+
+
+def _age_s(t: TaggedResource, now: datetime) -> float | None:
+    if t.created_at is None:
+        return None
+    c = t.created_at if t.created_at.tzinfo else t.created_at.replace(tzinfo=now.tzinfo)
+    return (now - c).total_seconds()
+
+
+def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[str, Provider], dict[str, str]]:
+    """The providers to ask: ``only``, else every cloud adapter whose ``check()`` says configured plus any provider
+    the ledger has rows for (``fake`` also when ``BROKER_FAKE_STATE`` is set).  Returns (adapters, skipped: why)."""
+    import os
+
+    from broker.providers import CLOUD, get_provider
+
+    names = [only] if only else list(dict.fromkeys([*CLOUD, *sorted({r.provider for r in ledger.resources()}),
+                                                    *(["fake"] if os.environ.get("BROKER_FAKE_STATE") else [])]))
+    out: dict[str, Provider] = {}
+    skipped: dict[str, str] = {}
+    in_ledger = {r.provider for r in ledger.resources()}
+    for n in names:
+        if n == "local":
+            continue
+        try:
+            p = get_provider(n)
+        except ImportError as e:
+            skipped[n] = f"adapter not available ({e})"
+            continue
+        except Exception as e:  # noqa: BLE001 - BadInput for an unknown --provider propagates below
+            if only:
+                raise
+            skipped[n] = str(e)
+            continue
+        if not only and n not in in_ledger and n != "fake":
+            try:
+                chk = p.check()
+            except Exception as e:  # noqa: BLE001
+                skipped[n] = f"check failed: {e}"
+                continue
+            if not chk.configured:
+                skipped[n] = f"not configured{': ' + chk.hint if chk.hint else ''}"
+                continue
+        out[n] = p
+    return out, skipped
+
+
+def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool = False, actor: str = "reconcile",
+              say: Progress | None = None, confirm_timeout_s: float = 900.0, poll_s: float = 2.0,
+              include_foreign: bool = False, min_age_s: float = RECONCILE_MIN_AGE_S,
+              foreign_min_age_s: float = FOREIGN_MIN_AGE_S, now: datetime | None = None,
+              retry_s: float | None = None) -> ReconcileReport:
+    """Compare what ``providers`` hold with broker's run tag (``list_tagged``) against the ledger.
+
+    Only this installation's objects become orphans, and only past ``min_age_s``; another installation's only with
+    ``include_foreign`` and past ``foreign_min_age_s`` (objects without a creation time never).  With
+    ``terminate``, each orphan is first written to the ledger (a new ``orphan`` row, or its old row reopened as
+    ``orphan``) and then terminated in dependency order (:func:`broker.money.teardown.teardown_order`: instances,
+    subnets, security lists / gateways, VCN; nothing whose dependency is still live) through
+    :func:`broker.money.teardown.terminate_resource` (TransientErrors retried), so the termination itself is
+    ledger-visible and a failure stays live in ``broker status``.  Never raises for provider errors.
+    """
+    from broker.money.teardown import TERMINATE_RETRY_S, blocked_by, teardown_order, terminate_resource
+
+    now = now or utcnow()
+    rep = ReconcileReport()
+    for name, p in providers.items():
+        try:
+            tagged = p.list_tagged(None)
+        except Exception as e:  # noqa: BLE001 - one provider's failure must not hide another's orphans
+            rep.errors[name] = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+            rep.unknown += [r for r in ledger.resources(live_only=True)
+                            if r.provider == p.name and r.state == "unknown"]
+            continue
+        rep.checked.append(name)
+        for t in tagged:
+            if t.state == "terminated":
+                continue
+            row = ledger.find_by_provider_id(p.name, t.provider_id)
+            if row is not None and row.live and row.state != "orphan":
+                rep.known += 1
+                continue
+            if row is None:
+                pending = [r for r in ledger.resources(t.run_id, live_only=True) if t.run_id
+                           and r.provider == p.name and r.kind == t.kind and not r.provider_id
+                           and t.name in (r.name, None)]
+                if pending:
+                    if terminate:  # listing never writes; with --terminate the intent row learns its id
+                        ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
+                                               message=f"found by run tag: {t.provider_id}")
+                    if pending[0].state == "unknown":  # an ambiguous create that did happen: never used, so it goes
+                        rep.unknown.append(ledger.resource(pending[0].id) or pending[0])
+                    else:
+                        rep.adopted.append(t)
+                    continue
+            age = _age_s(t, now)
+            # the provider's tag decides, not a ledger row: a (crafted or stale) terminated row naming another
+            # installation's object does not make it ours; untagged (older broker) objects need a row of ours
+            if (row is None or t.installation_id) and not is_mine(t, ledger):
+                if include_foreign and age is not None and age >= foreign_min_age_s:
+                    rep.orphans.append(t)
+                else:
+                    rep.foreign.append(t)
+                continue
+            if row is None and age is not None and age < min_age_s:
+                rep.young.append(t)
+                continue
+            rep.orphans.append(t)
+        listed = {t.provider_id for t in tagged}
+        seen = {r.id for r in rep.unknown}
+        rep.unknown += [r for r in ledger.resources(live_only=True) if r.provider == p.name
+                        and r.state == "unknown" and r.id not in seen and r.provider_id not in listed]
+    if not terminate:
+        return rep
+    by_name = {p.name: p for p in providers.values()}
+    kw = dict(confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say,
+              retry_s=TERMINATE_RETRY_S if retry_s is None else retry_s)
+    failed_tags: list[Any] = []
+    for t in teardown_order(rep.orphans):
+        blocker = blocked_by(t, failed_tags)
+        row = ledger.find_by_provider_id(t.provider, t.provider_id)
+        if row is not None and row.state != "orphan":  # known but marked terminated: reopen
+            ledger.update_resource(row.id, state="orphan", terminated_at=None, terminated_by=None, actor=actor,
+                                   message=f"{t.provider_id} still exists although the ledger had it terminated")
+        elif row is None:
+            row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
+                                       region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
+                                       attrs={"found_by": "reconcile", "installation_id": t.installation_id})
+            ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
+                                   created_at=t.created_at or row.created_at, actor=actor,
+                                   message=f"orphan {t.kind} {t.provider_id} found by run tag")
+        res = ledger.resource(row.id)
+        assert res is not None
+        if blocker is not None:
+            ledger.update_resource(res.id, error=f"waits for {blocker.kind} {blocker.provider_id} (still live) to "
+                                   "go first", actor=actor, message="not tried: a dependency is still live")
+            failed_tags.append(t)
+            rep.failed.append(ledger.resource(res.id) or res)
+            continue
+        if terminate_resource(ledger, res, actor, provider=by_name.get(t.provider), tagged=t,
+                              foreign_ok=include_foreign, **kw):
+            rep.terminated.append(res.id)
+        else:
+            failed_tags.append(t)
+            rep.failed.append(ledger.resource(res.id) or res)
+    still_unknown: list[Resource] = []
+    for r in teardown_order(rep.unknown):
+        cur = ledger.resource(r.id) or r
+        if cur.live and by_name.get(cur.provider) is not None and cur.provider in rep.checked:
+            if terminate_resource(ledger, cur, actor, provider=by_name[cur.provider], **kw):
+                rep.terminated.append(cur.id)
+                continue
+            cur = ledger.resource(r.id) or cur
+        if cur.live:
+            still_unknown.append(cur)
+    rep.unknown = still_unknown
+    return rep

@@ -1,0 +1,162 @@
+"""Why there is no plan, in words a user can act on (pure: no I/O).
+
+:func:`no_plan_error` turns a :class:`~broker.core.model.Plan` without a chosen option into the :class:`NoValidPlan`
+(exit 3) that ``broker run`` raises.  When the budget is what rejects the options that meet everything else, the
+message says so first: the cheapest such option's worst case against the budget, and how many hours of it the
+budget affords; the hint names only changes that would help and that the recipe does not already have (never
+"set cpu_ok: true" when it is set).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from broker.core.model import Plan, PlanOption
+from broker.core.provider import NoValidPlan
+
+#: how a budget rejection reads (broker.plan.planner._costs)
+_BUDGET_PREFIXES = ("worst case ", "budget ")
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def is_budget_reason(text: str) -> bool:
+    """Whether a rejection reason is the budget's (worst case over the budget, or a budget that affords no run)."""
+    return text.startswith(_BUDGET_PREFIXES)
+
+
+def budget_only(plan: Plan) -> list[PlanOption]:
+    """Rejected options that only the budget rejects (they meet GPU, topology, capacity and quota), cheapest
+    worst case first."""
+    out = [o for o in plan.rejected if o.rejected and all(is_budget_reason(r) for r in o.rejected)]
+    return sorted(out, key=lambda o: (o.worst_case_usd, o.usd_per_hour))
+
+
+def budget_sentence(plan: Plan, budget_usd: float | None) -> tuple[str, list[str]] | None:
+    """(sentence, hint parts) when the budget is the limit, else None.
+
+    E.g. "the budget is the limit: the cheapest option that meets everything else, 1x RTX 3090 (vast) at
+    $0.20/h, has a worst case of $0.12 for 0.5 h (setup included) > budget $0.05; the budget affords 0.08 h of
+    it"; hints "raise budget_usd to at least $0.12", "or set max_hours: 0.08".
+    """
+    if budget_usd is None:
+        return None
+    cands = budget_only(plan)
+    if not cands:
+        return None
+    o = cands[0]
+    what = f"{o.summary} on {o.provider}" if o.offers else f"{o.topology.value} on {o.provider}"
+    s = (f"the budget is the limit: the cheapest option that meets everything else, {what} at "
+         f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd)} for {_num(round(o.hours, 2))} h "
+         f"(setup included) > budget {_usd(budget_usd)}")
+    hints = [f"raise budget_usd to at least {_usd(math.ceil(o.worst_case_usd * 100) / 100)}"]
+    from broker.plan.planner import MIN_RUN_SECONDS
+
+    fit = o.max_hours_within_budget
+    if fit is not None and fit * 3600.0 >= MIN_RUN_SECONDS:
+        fit_h = math.floor(fit * 100) / 100
+        s += f"; the budget affords {_num(fit_h)} h ({fit * 60:.0f} min) of it"
+        if MIN_RUN_SECONDS <= fit_h * 3600.0 and fit_h < o.hours:
+            hints.append(f"or set max_hours: {_num(fit_h)}")
+    else:
+        s += "; the budget affords no run of it (setup alone costs more)"
+    return s, hints
+
+
+def _other_reasons(plan: Plan, limit: int = 3) -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    for o in plan.rejected:
+        if not o.rejected or all(is_budget_reason(r) for r in o.rejected):
+            continue
+        r = next(x for x in o.rejected if not is_budget_reason(x))
+        key = r.split(";")[0][:60]
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f"{o.provider} {o.topology.value}{' ' + o.summary if o.offers else ''}: {r}")
+        if len(out) >= limit:
+            break
+    return out
+
+
+_NO_GPU_HERE = ("no GPU", "this machine has 0 GPU", "which has no GPU")
+
+
+def _first_reasons(plan: Plan) -> list[str]:
+    return [o.rejected[0] for o in plan.rejected if o.rejected]
+
+
+def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool) -> list[str]:
+    """What to change when no option is valid, following the rejection reasons (not a blanket "relax the job,
+    raise the budget or request quota"): only GPU-model rejections name the models that are offered; only "this
+    machine has no GPU" says --cpu-ok; otherwise one hint per reason kind that occurred.  ``cpu_ok``: whether the
+    job already allows gloo on CPU (its hint is then left out); ``budget_given``: whether a budget was set."""
+    counts = plan.rejected_counts or {}
+    firsts = _first_reasons(plan)
+    no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
+    cpu_hint = "this machine has no GPU: add --cpu-ok (recipe: cpu_ok: true) for a gloo-on-CPU logic check"
+    if firsts and len(no_gpu_here) == len(firsts) and not cpu_ok:
+        return [cpu_hint]
+    kinds = {k for k, n in counts.items() if n and k != "provider"}
+    if kinds == {"gpu-model"}:
+        wanted = ", ".join(plan.requirements.gpu_names) or "the models asked for"
+        offered = sorted({x.gpu_name for o in plan.rejected for x in o.offers
+                          if o.rejected and o.rejected[0].startswith("GPU model")})
+        out = [f"no offer has GPU model {wanted}; offered here: {', '.join(offered)} (`broker offers` lists them "
+               "all): name one of those in gpu.models (or --gpu)" if offered else
+               f"no offer has GPU model {wanted}: `broker offers` lists the models offered"]
+        if no_gpu_here and not cpu_ok:
+            out.append(cpu_hint)
+        return out
+    hints: list[str] = []
+    if counts.get("budget") and budget_given:
+        hints.append("raise budget_usd or lower max_hours")
+    if counts.get("gpu-model") or counts.get("gpu-memory"):
+        hints.append("accept more GPU models (gpu.models) or less GPU memory")
+    if counts.get("quota"):
+        hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
+    if counts.get("capacity"):
+        hints.append("try later or other regions / zones")
+    topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
+    if not cpu_ok and "cpu_ok" in topo_text:
+        hints.append("set cpu_ok: true in the recipe for a gloo-on-CPU logic check on this machine")
+    return hints
+
+
+def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
+    """The NoValidPlan for a plan without a chosen option.  ``recipe``: the Recipe (``name``, ``nodes``,
+    ``gpus_per_node``, ``budget_usd``, ``max_hours``, ``cpu_ok``, ``path`` are read when present)."""
+    name = getattr(recipe, "name", "the job")
+    budget = getattr(recipe, "budget_usd", None)
+    hours = getattr(recipe, "max_hours", None)
+    per_node = getattr(recipe, "gpus_per_node", "?")
+    shape = ("CPU only (gloo)" if per_node == 0 and getattr(recipe, "cpu_ok", False) else f"x {per_node} GPU")
+    head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s)"
+            + ("," if shape.startswith("CPU") else "") + f" {shape}"
+            + (f", budget {_usd(budget)}" if budget is not None else "")
+            + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
+    parts: list[str] = []
+    hints: list[str] = []
+    b = budget_sentence(plan, budget)
+    if b:
+        parts.append(b[0])
+        hints += b[1]
+    others = _other_reasons(plan)
+    if others:
+        parts.append(("other options: " if b else "") + "; ".join(others))
+    if not b:
+        hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None)
+    path = getattr(recipe, "path", None)
+    hints.append(f"`broker plan --recipe {shlex.quote(str(path))}` shows every option" if path
+                 else "`broker plan` shows every option")
+    return NoValidPlan(head + ": " + (". ".join(parts) if parts else "every option was rejected"),
+                       hint="; ".join(hints))

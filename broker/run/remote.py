@@ -1,0 +1,951 @@
+"""Running a recipe on separate hosts over SSH (asyncssh): upload, preflight, setup, torchrun per node, supervise.
+
+:func:`run_remote` is the entry point.  Per node ``i`` of the :class:`~broker.core.model.Cluster`:
+
+1. connect (one asyncssh connection per node, kept open; keepalives every 5 s so a dead link is noticed within
+   about 15 s); upload the stdlib probe (``broker/run/probe_script.py``) to ``<workroot>/<run_id>/node<i>/probe.py``;
+2. preflight (:mod:`broker.run.preflight`): one table of checks; any FAIL ends the run before launch (status
+   ``failed``, nothing started);
+3. upload the recipe's ``workdir`` (a tar.gz over SFTP, unpacked there) to ``<workroot>/<run_id>/node<i>/work``
+   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem) and the node's
+   environment as ``env.sh`` (mode 0600; values never appear on a command line or in the logs);
+4. run the recipe's ``setup`` commands once per node (all nodes in parallel);
+5. start ``<cluster.python> -m torch.distributed.run --nnodes --nproc_per_node --node_rank=i
+   --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
+   ``torchrun.pid``) and hand the nodes to :class:`broker.run.launch.Supervisor` (``[node i]`` logs, per-node log
+   files, stop all when one fails, deadline, Ctrl-C);
+6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder;
+7. when the job has ended (success or failure, not Ctrl-C), touch ``<workroot>/job.done`` on every node (best
+   effort): the node-side idle stop (recipe ``idle_minutes``) counts from then.
+
+Environment of each node, later layers win: ``PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1``, ``TMPDIR`` in the node's
+run folder, ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (the marker that finds orphans), ``NCCL_SOCKET_IFNAME`` =
+``GLOO_SOCKET_IFNAME`` = the interface holding the node's private address (found by preflight; an exact name,
+because gloo rejects ``^`` exclusion lists), the recipe's ``env``, ``CUDA_VISIBLE_DEVICES`` from
+``ClusterNode.gpu_indices``, then ``ClusterNode.env``.
+
+Stopping a node kills it for real: a second SSH channel runs ``probe.py kill`` which SIGTERMs the process group,
+every descendant (torchrun starts its workers in new sessions) and every process whose environment carries this
+run's and node's ``BROKER_RUN_ID``/``BROKER_NODE_RANK`` (workers orphaned by a killed torchrun), and SIGKILLs what
+is left after the grace period.  A node whose launched process has exited counts as ended even while an orphan
+still holds its output open (after ``EXIT_DRAIN_S``).  If the SSH connection of a running node drops, that node counts as failed (exit code None, reason "ssh
+connection to node i lost"), the others are stopped, and the caller's teardown still runs.
+
+Host keys: with ``cluster.known_hosts_path`` naming a file that lists the host, the key is pinned (mismatch =
+error).  A host missing from it (fresh cloud VMs) is accepted on first connect and its key appended to that file
+(``accept-new``, as OpenSSH's ``StrictHostKeyChecking=accept-new``); without a path, ``<run_dir>/known_hosts``
+is used that way.  asyncssh is imported lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import random
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from broker.run.executor import Executor, run_steps, staging_line
+from broker.run.launch import (RANKSHIM, STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail,
+                           torchrun_argv)
+from broker.core.model import Cluster
+from broker.core.provider import BadInput, ProviderError
+from broker.core.recipe import Recipe
+
+if TYPE_CHECKING:
+    from broker.run.preflight import PreflightReport
+    from broker.run.staging import StagedTar
+
+_log = logging.getLogger(__name__)
+
+PROBE_SOURCE = Path(__file__).with_name("probe_script.py")
+#: keepalive interval (s) x count: how long a silently dead connection takes to be declared lost
+KEEPALIVE_S, KEEPALIVE_COUNT = 5, 3
+#: seconds between a node's exit status and its output's end after which the node counts as ended anyway
+EXIT_DRAIN_S = 2.0
+
+Echo = Callable[[str], None] | None
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; :meth:`call` runs a coroutine there and waits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="broker-ssh", daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Any, timeout: float | None = None) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+
+        async def _cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.call(_cancel_all(), timeout=10)
+        except Exception:  # pragma: no cover - best effort
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _known_hosts_has(path: Path, host: str, port: int) -> bool:
+    if not path.exists():
+        return False
+    want = {host if port == 22 else f"[{host}]:{port}"}
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#") and want & set(parts[0].split(",")):
+            return True
+    return False
+
+
+class SSHCluster:
+    """One asyncssh connection per node of ``cluster``, on a background event loop.
+
+    Paths on node ``i``: :meth:`base` = ``<workroot>/<run_id>/node<i>``, with ``work/``, ``probe.py``,
+    ``env.sh``, ``torchrun.pid`` inside.  Raises ProviderError("ssh", ...) when a node cannot be reached.
+    """
+
+    def __init__(self, cluster: Cluster, *, run_dir: Path, connect_timeout_s: float = 20.0):
+        self.cluster = cluster
+        self.run_dir = Path(run_dir)
+        self.connect_timeout_s = connect_timeout_s
+        self.loop = LoopThread()
+        self._conns: dict[int, Any] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        kh = cluster.known_hosts_path
+        self.known_hosts = Path(kh) if kh else self.run_dir / "known_hosts"
+
+    # ------------------------------------------------------------------ paths
+    def base(self, i: int) -> str:
+        return node_base(self.cluster, i)
+
+    def work(self, i: int) -> str:
+        return f"{self.base(i)}/work"
+
+    def probe(self, i: int) -> str:
+        return f"{self.base(i)}/probe.py"
+
+    def py(self, i: int | None = None) -> str:
+        """The training interpreter (quoted) on node ``i`` (its own where set, else the cluster's)."""
+        return shlex.quote(node_python(self.cluster, i))
+
+    def root(self, i: int) -> str:
+        """Node ``i``'s workroot (its own where set, else the cluster's)."""
+        return node_root(self.cluster, i)
+
+    # ------------------------------------------------------------------ connections
+    async def _connect(self, i: int) -> Any:
+        import asyncssh
+
+        node = self.cluster.nodes[i]
+        if node.local:  # this machine (a hybrid run's node 0): local processes, no SSH
+            from broker.run.localconn import LocalConnection
+
+            return LocalConnection()
+        pinned = _known_hosts_has(self.known_hosts, node.host, node.port)
+        opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
+                                    keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
+                                    known_hosts=str(self.known_hosts) if pinned else None)
+        if self.cluster.ssh_key_path:
+            opts["client_keys"] = [self.cluster.ssh_key_path]
+            opts["agent_path"] = None
+        _log.info("ssh: connecting to node %d at %s@%s:%s (host key %s)", i, node.user, node.host, node.port,
+                  "pinned" if pinned else "new")
+        try:
+            conn = await asyncssh.connect(node.host, **opts)
+        except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
+            why = getattr(e, "reason", None) or str(e) or type(e).__name__
+            _log.info("ssh: node %d not reachable: %s", i, why)
+            raise ProviderError("ssh", f"connect node {i}", f"cannot reach node {i} at {node.user}@{node.host}:"
+                                f"{node.port}: {why}",
+                                hint="check that the node is running, its SSH port is open to you, and the key "
+                                     "is authorised") from None
+        if not pinned:  # accept-new: remember the key so later connections are pinned
+            key = conn.get_server_host_key()
+            if key is not None:
+                name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
+                self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.known_hosts, "a") as f:
+                    f.write(f"{name} {key.export_public_key('openssh').decode().strip()}\n")
+        return conn
+
+    async def aconn(self, i: int) -> Any:
+        """The open connection to node ``i`` (reconnects when it was closed or lost)."""
+        lock = self._locks.setdefault(i, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(i)
+            if conn is not None and not conn.is_closed():
+                return conn
+            conn = await self._connect(i)
+            self._conns[i] = conn
+            return conn
+
+    def open(self) -> None:
+        """Connect to every node in parallel; raises ProviderError naming the first unreachable node."""
+        async def _all() -> None:
+            res = await asyncio.gather(*(self.aconn(i) for i in range(len(self.cluster.nodes))),
+                                       return_exceptions=True)
+            for r in res:
+                if isinstance(r, BaseException):
+                    raise r
+        self.loop.call(_all(), timeout=self.connect_timeout_s + 15)
+
+    def close(self) -> None:
+        async def _close() -> None:
+            for c in list(self._conns.values()):
+                c.close()
+            for c in list(self._conns.values()):
+                try:
+                    await asyncio.wait_for(c.wait_closed(), 5)
+                except Exception:  # pragma: no cover
+                    pass
+        try:
+            self.loop.call(_close(), timeout=15)
+        except Exception:  # pragma: no cover
+            pass
+        self.loop.close()
+
+    # ------------------------------------------------------------------ commands and files
+    async def arun(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
+        """Run ``cmd`` (a shell line) on node ``i``; returns (exit status or None, stdout+stderr)."""
+        import asyncssh
+
+        conn = await self.aconn(i)
+        _log.debug("ssh node %d: %s", i, cmd)
+        try:
+            r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT)
+        except asyncssh.TimeoutError as e:
+            _log.debug("ssh node %d: timed out after %.0f s", i, timeout)
+            return None, f"timed out after {timeout:.0f} s: {(e.stdout or '')[-500:]}"
+        _log.debug("ssh node %d: exit %s", i, r.returncode)
+        return r.returncode, str(r.stdout or "")
+
+    def run(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
+        return self.loop.call(self.arun(i, cmd, timeout=timeout), timeout=timeout + 15)
+
+    async def aput_bytes(self, i: int, data: bytes, remote: str, mode: int = 0o644) -> None:
+        """Write ``data`` to ``remote`` on node ``i``, the file created with ``mode`` (SFTP open attributes; an
+        earlier file there is removed first so it cannot keep a wider mode): a secret file (0600) is never
+        readable by another user of the node, not even between the write and a chmod."""
+        import asyncssh
+
+        conn = await self.aconn(i)
+        async with conn.start_sftp_client() as sftp:
+            await sftp.makedirs(str(Path(remote).parent), exist_ok=True)
+            try:
+                await sftp.remove(remote)
+            except asyncssh.SFTPError:
+                pass  # not there yet
+            async with sftp.open(remote, "wb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as f:
+                await f.write(data)
+
+    async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
+        """Copy the staged files of folder ``local`` (:func:`broker.run.staging.stage_plan`) to ``remote`` (replaced)."""
+        from broker.run.staging import stage_plan, staged_tar
+
+        with staged_tar(stage_plan(local)) as tar:
+            await self.aupload_tgz(i, tar, remote)
+
+    async def aupload_tgz(self, i: int, data: "bytes | StagedTar", remote: str) -> None:
+        """Unpack the tar.gz ``data`` (bytes) or the :class:`broker.run.staging.StagedTar` file (streamed from disk:
+        memory stays flat whatever its size) into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""
+        if isinstance(data, (bytes, bytearray)):
+            tgz, flags = f"{remote}.tar.gz", "-xzf"
+            await self.aput_bytes(i, data, tgz, 0o600)
+        else:
+            tgz, flags = f"{remote}.{data.path.name}", data.tar_flags
+            conn = await self.aconn(i)
+            async with conn.start_sftp_client() as sftp:
+                await sftp.makedirs(str(Path(tgz).parent), exist_ok=True)
+                await sftp.put(str(data.path), tgz)
+                await sftp.chmod(tgz, 0o600)
+        q = shlex.quote
+        code, out = await self.arun(i, f"rm -rf {q(remote)} && mkdir -p {q(remote)} && "
+                                       f"tar {flags} {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=600)
+        if code != 0:
+            raise ProviderError("ssh", f"upload to node {i}", f"unpacking the work folder failed: {out.strip()[-300:]}",
+                                hint="check free disk space and that tar exists on the node")
+
+    async def aget(self, i: int, remote: str, local: Path) -> bool:
+        """Fetch one file; False when it does not exist on the node."""
+        import asyncssh
+
+        conn = await self.aconn(i)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        async with conn.start_sftp_client() as sftp:
+            try:
+                await sftp.get(remote, str(local))
+            except asyncssh.SFTPNoSuchFile:
+                return False
+        return True
+
+    def gather(self, coros: Iterable[Any], timeout: float) -> list[Any]:
+        """Run coroutines concurrently on the loop; returns results or exceptions, in order."""
+        async def _g() -> list[Any]:
+            return await asyncio.gather(*coros, return_exceptions=True)
+        return self.loop.call(_g(), timeout=timeout)
+
+
+class RemoteNode:
+    """A torchrun running on a node over SSH; implements :class:`broker.run.launch.NodeHandle`.
+
+    ``poll()`` returns the remote exit status; a dropped connection gives 255 (OpenSSH's convention) and sets
+    ``lost``.
+    """
+
+    def __init__(self, ssh: SSHCluster, node_rank: int, command: str):
+        self.ssh = ssh
+        self.node_rank = node_rank
+        self.command = command
+        self.lost = False
+        self._q: queue.Queue[bytes | None] = queue.Queue()
+        self._code: int | None = None
+        self._done = threading.Event()
+        self._proc: Any = None
+        self._exited_at: float | None = None
+        ssh.loop.call(self._start(), timeout=ssh.connect_timeout_s + 15)
+
+    async def _start(self) -> None:
+        import asyncssh
+
+        conn = await self.ssh.aconn(self.node_rank)
+        _log.debug("ssh node %d: start %s", self.node_rank, self.command)
+        # raw bytes (encoding None): the node log keeps exactly what the node printed
+        self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding=None)
+        asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        from broker.run.launch import BATCH_S, READ_CHUNK, SMALL_READ
+
+        code: int | None = None
+        try:
+            while True:  # blocks of output, not lines: one queue hand-over per block (see broker.run.launch)
+                data = await self._proc.stdout.read(READ_CHUNK)
+                if not data:
+                    break
+                self._q.put(data)
+                if len(data) < SMALL_READ:
+                    await asyncio.sleep(BATCH_S)  # the SSH channel's window holds what arrives meanwhile
+            await self._proc.wait()
+            code = self._proc.returncode
+        except Exception as e:  # connection errors surface here
+            self._q.put(f"broker: reading node {self.node_rank}'s output failed: {e}\n".encode())
+            code = None
+        finally:
+            if code is None:
+                self.lost = True
+                self._q.put(f"broker: ssh connection to node {self.node_rank} lost\n".encode())
+                code = 255
+            self._code = code
+            self._done.set()
+            self._q.put(None)
+
+    @property
+    def finished(self) -> bool:
+        """True once the node's output ended and its exit status (or the connection loss) is known."""
+        return self._done.is_set() and not self.lost
+
+    def chunks(self) -> Iterable[bytes]:
+        """The node's output (stdout and stderr merged) in raw blocks, until it ends or the connection is lost."""
+        while True:
+            data = self._q.get()
+            if data is None:
+                return
+            yield data
+
+    def lines(self) -> Iterable[str]:
+        from broker.run.launch import chunk_lines
+
+        yield from chunk_lines(self.chunks())
+
+    def poll(self) -> int | None:
+        if self._done.is_set():
+            return self._code
+        # The launched process has exited but the channel is still open: an orphaned descendant (torchrun
+        # starts workers in their own sessions) holds the output pipe.  Count the node as ended after a short
+        # drain period; stop() then kills the orphans by their environment marker.
+        proc = self._proc
+        if proc is not None and (proc.exit_status is not None or proc.exit_signal is not None):
+            if self._exited_at is None:
+                self._exited_at = time.monotonic()
+            elif time.monotonic() - self._exited_at > EXIT_DRAIN_S:
+                rc = proc.returncode
+                return 255 if rc is None else rc
+        return None
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Kill the remote process group and its descendants over a second channel; idempotent."""
+        if self._done.is_set() and not self.lost:
+            return
+        i = self.node_rank
+        cmd = f"{self.ssh.py(i)} {shlex.quote(self.ssh.probe(i))} kill " \
+              f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g} " \
+              f"BROKER_RUN_ID={shlex.quote(self.ssh.cluster.run_id)} BROKER_NODE_RANK={i}"
+        try:
+            self.ssh.run(i, cmd, timeout=grace_s + 20)
+        except Exception as e:  # node unreachable: teardown of the machine is the caller's job
+            self._q.put(f"broker: could not stop node {i} over ssh: {e}\n")
+        if not self._done.wait(grace_s + 10):
+            async def _close() -> None:
+                if self._proc is not None:
+                    self._proc.close()
+            try:
+                self.ssh.loop.call(_close(), timeout=5)
+            except Exception:  # pragma: no cover
+                pass
+            self._done.wait(5)
+
+
+@dataclass
+class RemoteRunResult(RunResult):
+    """A :class:`RunResult` plus the preflight report (None when preflight was skipped)."""
+
+    preflight: "PreflightReport | None" = None
+
+
+def node_root(cluster: Cluster, i: int) -> str:
+    """Node ``i``'s workroot: its own (``ClusterNode.workroot``, e.g. this machine in a hybrid run) or the
+    cluster's."""
+    return (cluster.nodes[i].workroot if i < len(cluster.nodes) else None) or cluster.workroot
+
+
+def node_python(cluster: Cluster, i: int | None) -> str:
+    """Node ``i``'s training interpreter: its own (``ClusterNode.python``) or the cluster's."""
+    if i is not None and i < len(cluster.nodes) and cluster.nodes[i].python:
+        return cluster.nodes[i].python  # type: ignore[return-value]
+    return cluster.python
+
+
+def node_base(cluster: Cluster, i: int) -> str:
+    """Node ``i``'s folder for this run: ``<workroot>/<run_id>/node<i>`` (simulated nodes share a host)."""
+    return f"{node_root(cluster, i).rstrip('/')}/{cluster.run_id}/node{i}"
+
+
+def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dict[str, str]:
+    """The environment of node ``i``'s torchrun (layers as in the module docstring)."""
+    node = cluster.nodes[i]
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "BROKER_NODE_RANK": str(i),
+           "BROKER_RUN_ID": cluster.run_id,
+           # torchrun's and the job's temporary files stay in the run's folder on the node
+           "TMPDIR": f"{node_base(cluster, i)}/tmp"}
+    if iface:
+        env["NCCL_SOCKET_IFNAME"] = env["GLOO_SOCKET_IFNAME"] = iface
+    env.update(recipe.env)
+    if node.gpu_indices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(node.gpu_indices)
+    env.update(node.env)
+    return env
+
+
+def env_file(env: dict[str, str], python: str | None = None) -> bytes:
+    """``env.sh`` for a node: one quoted ``export`` per variable; with an absolute ``python`` (the training
+    interpreter), its ``bin/`` goes first on ``PATH`` so ``setup`` commands use that Python and pip."""
+    lines = [f"export {k}={shlex.quote(v)}\n" for k, v in env.items()]
+    if python and python.startswith("/"):
+        bindir = python.rsplit("/", 1)[0] or "/"
+        lines.append(f'export PATH={shlex.quote(bindir)}:"$PATH"\n')
+    return "".join(lines).encode()
+
+
+def launch_command(ssh: SSHCluster, recipe: Recipe, i: int, port: int) -> tuple[str, list[str]]:
+    """(shell line run over ssh, the torchrun argv shown in the log) for node ``i``."""
+    assert recipe.workdir is not None
+    c = ssh.cluster
+    base = ssh.base(i)
+    argv = torchrun_argv(str(recipe.script.relative_to(recipe.workdir)), recipe.args, nnodes=len(c.nodes),
+                         nproc_per_node=recipe.gpus_per_node, node_rank=i, master_addr=c.master_addr,
+                         master_port=port, python=node_python(c, i), shim=f"{base}/{SHIM_NAME}", facts_dir=f"{base}/facts")
+    q = shlex.quote
+    line = (f"cd {q(ssh.work(i))} && . {q(base + '/env.sh')} && exec setsid -w sh -c "
+            f"'echo $$ > \"$0\"; exec \"$@\"' {q(base + '/torchrun.pid')} " + " ".join(q(a) for a in argv))
+    return line, argv
+
+
+#: the rank-facts shim's file name in a node's folder (uploaded beside probe.py)
+SHIM_NAME = "rankshim.py"
+
+
+def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
+    """Upload the stdlib probe and the rank-facts shim (:mod:`broker.run.rankshim`) to every node's folder;
+    returns one result or exception per node."""
+    probe, shim = PROBE_SOURCE.read_bytes(), RANKSHIM.read_bytes()
+
+    async def _one(i: int) -> None:
+        await ssh.aput_bytes(i, probe, ssh.probe(i))
+        await ssh.aput_bytes(i, shim, f"{ssh.base(i)}/{SHIM_NAME}")
+
+    return ssh.gather([_one(i) for i in range(n)], timeout=120)
+
+
+def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
+    """Copy every node's rank facts (``<node folder>/facts/rank*.json``, and the flight recorder's
+    ``fr_trace_rank*`` dumps) to ``run_dir/node<i>/facts/``, best effort (nodes whose connection is gone are
+    skipped); returns how many files came back.  The names are the node's answer: only those two forms, each
+    under its size cap."""
+    from broker.run.launch import ArtifactBudget
+
+    async def _one(i: int) -> int:
+        conn = ssh._conns.get(i)
+        if conn is None or conn.is_closed():
+            return 0
+        remote = f"{ssh.base(i)}/facts"
+        got = 0
+        async with conn.start_sftp_client() as sftp:
+            try:
+                names = await sftp.listdir(remote)
+            except Exception:  # noqa: BLE001 - no facts (the job never started)
+                return 0
+            from broker.core.private import private_dirs
+
+            dst = private_dirs(Path(run_dir) / f"node{i}" / "facts")
+        for name in names:  # a name the node sends back: only rank<r>.json / fr_trace_rank<r>, each capped
+            if not isinstance(name, str):
+                continue
+            if re.fullmatch(r"rank\d{1,6}\.json", name):
+                cap = FACTS_MAX_BYTES
+            elif re.fullmatch(r"fr_trace_rank\d{1,6}", name):
+                cap = FR_TRACE_MAX_BYTES
+            else:
+                continue
+            budget = ArtifactBudget(per_file=cap, total=cap)
+            try:
+                await afetch_checked(ssh, i, remote, name, dst / name, budget)
+                got += 1
+            except Exception:  # noqa: BLE001 - a rank without facts: the table uses its log line
+                pass
+        return got
+
+    res = ssh.gather([_one(i) for i in range(n)], timeout=60)
+    return sum(r for r in res if isinstance(r, int))
+
+
+class SSHExecutor(Executor):
+    """The job on ``cluster``'s nodes over SSH (netns hosts, rented VMs): the executor steps of
+    :mod:`broker.run.executor`, as laid out in this module's docstring.
+
+    ``port``: the master port (default: random in 29500-29999, checked free by preflight on node 0).
+    ``preflight``: run the checks (a FAIL ends the run, status ``failed``, before anything starts).
+    ``ready_timeout_s``: how long :meth:`reach` retries SSH connect + auth (nodes that report RUNNING often accept
+    SSH 30-60 s later), with exponential backoff capped at 10 s; then it waits for boot scripts
+    (``cloud-init status --wait`` where cloud-init exists, at most the remaining time).
+    Raises BadInput when the cluster and recipe disagree on the node count.  Node logs: ``run_dir/node<i>.log``;
+    preflight: ``run_dir/preflight.json`` and ``preflight.txt``; artifacts: ``run_dir/artifacts/node<i>/``.
+    """
+
+    def __init__(self, cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print,
+                 port: int | None = None, preflight: bool = True, connect_timeout_s: float = 20.0,
+                 ready_timeout_s: float = 0.0, say: Echo = None,
+                 on_auth_failure: Callable[[], None] | None = None):
+        n = len(cluster.nodes)
+        if n != recipe.nodes:
+            raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
+        self.cluster, self.recipe, self.n = cluster, recipe, n
+        from broker.core.private import private_dirs, write_private
+
+        self.run_dir = Path(run_dir)
+        private_dirs(self.run_dir)
+        self.echo, self.say = echo, say
+        self.t0 = time.monotonic()
+        self.logs = {i: self.run_dir / f"node{i}.log" for i in range(n)}
+        for p in self.logs.values():
+            write_private(p, "")
+        self.port_given = port is not None
+        self.port = port or random.randint(29500, 29999)
+        self.do_preflight = preflight
+        self.ready_timeout_s = ready_timeout_s
+        self.on_auth_failure = on_auth_failure  # e.g. the provider's key API again, when logins are refused
+        self.deadline_s = recipe.max_hours * 3600
+        self.ssh = SSHCluster(cluster, run_dir=self.run_dir, connect_timeout_s=connect_timeout_s)
+        self.report: "PreflightReport | None" = None
+        self.ifaces: dict[int, str] = {}
+        #: preflight rows checked before the table's own (a hybrid run's tunnel rows): the first rows of its table
+        self.lead_checks: list = []
+
+    def _say(self, msg: str) -> None:
+        if self.echo is not None:
+            self.echo(msg)
+
+    def _fail(self, reason: str, *, node: int | None = None) -> RemoteRunResult:
+        return RemoteRunResult(status="failed", exit_codes={},  # nothing was started
+                               wall_s=time.monotonic() - self.t0, log_paths=self.logs, reason=reason,
+                               failed_node=node, preflight=self.report)
+
+    # ------------------------------------------------------------------ steps
+    def reach(self) -> RemoteRunResult | None:
+        ssh, n = self.ssh, self.n
+        try:
+            self._open_with_retries()
+            if self.ready_timeout_s > 0:
+                self._wait_boot()
+            errs = upload_node_scripts(ssh, n)
+            bad = [(i, e) for i, e in enumerate(errs) if isinstance(e, BaseException)]
+            if bad:
+                raise ProviderError("ssh", f"upload to node {bad[0][0]}", str(bad[0][1]))
+        except ProviderError as e:
+            return self._fail(f"{e.message}" + (f" ({e.hint})" if e.hint else ""))
+        return None
+
+    def _open_with_retries(self) -> None:
+        """Connect to every node; with ``ready_timeout_s`` retry refused / timed-out connects and failed auth
+        (keys often arrive after sshd starts) with exponential backoff until that time has passed."""
+        stop_at = time.monotonic() + self.ready_timeout_s
+        delay, attempt = 1.0, 0
+        while True:
+            attempt += 1
+            try:
+                self.ssh.open()
+                if attempt > 1 and self.say:
+                    self.say(f"every node accepts SSH (attempt {attempt})")
+                return
+            except ProviderError as e:
+                left = stop_at - time.monotonic()
+                if left <= 0:
+                    if attempt > 1:
+                        e.message += f" (retried {attempt} times over {self.ready_timeout_s:.0f} s)"
+                    raise
+                if self.say and (attempt in (1, 2, 5) or attempt % 10 == 0):
+                    self.say(f"waiting for SSH: {e.message}; retrying for up to {left:.0f} s more")
+                if self.on_auth_failure is not None and _auth_refused(e) and attempt in (1, 3, 6, 10):
+                    self.on_auth_failure()
+                time.sleep(min(delay, max(0.1, left)))
+                delay = min(delay * 2, 10.0)
+
+    def _wait_boot(self) -> None:
+        """Wait for boot scripts (``cloud-init status --wait`` where cloud-init exists) on every node."""
+        cmd = ("if command -v cloud-init >/dev/null 2>&1; then cloud-init status --wait >/dev/null 2>&1; "
+               "cloud-init status 2>/dev/null | tail -1; else echo 'status: no cloud-init'; fi")
+        ssh = self.ssh
+        t = max(30.0, self.ready_timeout_s)
+        remote = [i for i in range(self.n) if not self.cluster.nodes[i].local]  # this machine booted long ago
+        outs = ssh.gather([ssh.arun(i, cmd, timeout=t) for i in remote], timeout=t + 30)
+        for i, o in zip(remote, outs):
+            if isinstance(o, BaseException) or o[0] is None:
+                raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init did not finish: {o}",
+                                    hint="see /var/log/cloud-init-output.log on the node")
+            if "error" in o[1].lower():
+                raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init reported {o[1].strip()}",
+                                    hint="see /var/log/cloud-init-output.log on the node")
+
+    def preflight(self) -> RemoteRunResult | None:
+        from broker.run import preflight as pf
+        ssh, recipe = self.ssh, self.recipe
+        if not self.do_preflight:
+            self.ifaces = pf.detect_ifaces(ssh)
+            return None
+        report = pf.run_preflight(ssh, recipe, self.port)
+        for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
+            if self.port_given or not report.only_master_port_busy(self.port):
+                break
+            self.port = random.randint(29500, 29999)
+            report = pf.run_preflight(ssh, recipe, self.port)
+        report.checks[:0] = self.lead_checks
+        self.report = report
+        from broker.core.private import write_private
+
+        write_private(self.run_dir / "preflight.json", json.dumps(report.to_dict(), indent=2))
+        text = pf.render_text(report)
+        write_private(self.run_dir / "preflight.txt", "\n".join(text) + "\n")
+        for line in text:
+            self._say(f"[preflight] {line}")
+        if not report.ok:
+            return self._fail("preflight failed: " + "; ".join(report.failures()))
+        self.ifaces = report.ifaces
+        return None
+
+    def stage(self) -> RemoteRunResult | None:
+        from broker.run.staging import stage_plan, staged_tar
+
+        ssh, recipe, n = self.ssh, self.recipe, self.n
+        envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
+        assert recipe.workdir is not None
+        from broker.run.staging import recipe_files
+
+        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
+        line = staging_line(plan, self.run_dir)
+        if self.say:
+            self.say(line)
+        with staged_tar(plan, self.run_dir) as tar:  # one file on disk, streamed to every node
+            errs = ssh.gather([_prepare(ssh, i, tar, envs[i]) for i in range(n)], timeout=600)
+        for i, e in enumerate(errs):
+            if isinstance(e, BaseException):
+                msg = e.message if isinstance(e, ProviderError) else str(e)
+                return self._fail(f"preparing node {i} failed: {msg}", node=i)
+        return None
+
+    def launch(self) -> RemoteRunResult:
+        ssh, recipe, n, logs = self.ssh, self.recipe, self.n, self.logs
+        if recipe.setup:
+            codes = ssh.gather([_setup(ssh, i, recipe.setup, logs[i], self.echo) for i in range(n)],
+                               timeout=self.deadline_s)
+            for i, c in enumerate(codes):
+                if isinstance(c, BaseException) or c[0] != 0:
+                    what = str(c) if isinstance(c, BaseException) else f"(exit {describe_exit(c[0])}): {c[1]}"
+                    res = self._fail(f"setup command failed on node {i} {what}", node=i)
+                    res.tail = log_tail(logs[i])
+                    return res
+        nodes: list[RemoteNode] = []
+        sup = Supervisor(logs, echo=self.echo)
+        if recipe.stall_s:
+            from broker.run.stall import StallWatch, remote_sampler, remote_stack_command
+            sup.stall = StallWatch(recipe.stall_s, remote_sampler(lambda i, cmd: ssh.run(i, cmd, timeout=15),
+                                                                  {i: remote_stack_command(node_python(ssh.cluster, i),
+                                                                                           ssh.base(i), SHIM_NAME)
+                                                                   for i in range(n)}),
+                                   on_stall=recipe.on_stall, run_dir=self.run_dir, echo=self.echo,
+                                   world_size=n * recipe.gpus_per_node)
+        try:
+            for i in range(n):
+                line, argv = launch_command(ssh, recipe, i, self.port)
+                with open(logs[i], "a", encoding="utf-8") as f:
+                    f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+                nodes.append(RemoteNode(ssh, i, line))
+        except BaseException as e:
+            sup.stop_all(nodes)  # type: ignore[arg-type]
+            if isinstance(e, Exception):
+                return self._fail(f"starting torchrun on node {len(nodes)} failed: {e}", node=len(nodes))
+            raise
+        remaining = max(1.0, self.deadline_s - (time.monotonic() - self.t0))
+        base = sup.run(nodes, deadline_s=remaining)  # type: ignore[arg-type]
+        # nodes that ended while an orphan still held their output, or ended on their own: sweep their leftovers
+        sweep = [threading.Thread(target=nd.stop, args=(1.0,)) for nd in nodes if not nd.finished]
+        for th in sweep:
+            th.start()
+        for th in sweep:
+            th.join()
+        res = RemoteRunResult(**base.__dict__, preflight=self.report)
+        lost = [nd.node_rank for nd in nodes if nd.lost]
+        for r in lost:
+            res.exit_codes[r] = None
+        if lost and res.status == "failed":
+            first = res.failed_node if res.failed_node in lost else lost[0]
+            res.failed_node = first
+            res.reason = (f"ssh connection to node {first} lost (its job's fate is unknown); stopped the other "
+                          "nodes")
+        fetch_facts(ssh, self.run_dir, n)
+        return res
+
+    def collects(self) -> bool:
+        return bool(self.recipe.artifacts)
+
+    def collect(self, result: RunResult) -> None:
+        if self.recipe.artifacts:
+            _collect_artifacts(self.ssh, self.n, list(self.recipe.artifacts), self.run_dir, result, self.echo)
+
+    def finish(self, result: RunResult) -> RunResult:
+        result.wall_s = time.monotonic() - self.t0
+        return finish_result(result, self.recipe.expect, nnodes=self.n, nproc_per_node=self.recipe.gpus_per_node)
+
+    def close(self, job_ended: bool) -> None:
+        try:
+            if job_ended:
+                _mark_done(self.ssh, self.n)
+        finally:
+            self.ssh.close()
+
+
+def _auth_refused(e: ProviderError) -> bool:
+    """An SSH failure where the node answered but refused the login (the key is not there yet)."""
+    text = e.message.lower()
+    return "permission denied" in text or "authentication" in text
+
+
+def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,
+               preflight: bool = True, connect_timeout_s: float = 20.0,
+               ready_timeout_s: float = 0.0) -> RemoteRunResult:
+    """Run ``recipe`` on ``cluster``'s nodes over SSH (:class:`SSHExecutor` through
+    :func:`broker.run.executor.run_steps`); returns the result (never raises for a failing job)."""
+    ex = SSHExecutor(cluster, recipe, run_dir, echo=echo, port=port, preflight=preflight,
+                     connect_timeout_s=connect_timeout_s, ready_timeout_s=ready_timeout_s)
+    return run_steps(ex)  # type: ignore[return-value]
+
+
+def _mark_done(ssh: SSHCluster, n: int) -> None:
+    """Touch ``<workroot>/job.done`` (:func:`broker.core.nodescripts.job_done_path`) on every node, best effort (only
+    nodes whose connection is still open; no reconnect): the job has ended, so the node-side idle watch
+    (:func:`broker.core.nodescripts.idle_watch_script`) starts counting."""
+    def cmd(i: int) -> str:
+        root = ssh.root(i).rstrip("/")
+        return f"mkdir -p {shlex.quote(root)} && touch {shlex.quote(root + '/job.done')}"
+
+    live = [i for i in range(n) if (c := ssh._conns.get(i)) is not None and not c.is_closed()]
+    if not live:
+        return
+    try:
+        ssh.gather([ssh.arun(i, cmd(i), timeout=15) for i in live], timeout=30)
+    except Exception:  # noqa: BLE001 - best effort: the watchdog still ends the nodes after idle_minutes
+        pass
+
+
+async def _prepare(ssh: SSHCluster, i: int, tgz: "bytes | StagedTar", env: dict[str, str]) -> None:
+    await ssh.aupload_tgz(i, tgz, ssh.work(i))
+    if env.get("TMPDIR"):
+        await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
+    await ssh.aput_bytes(i, env_file(env, node_python(ssh.cluster, i)), ssh.base(i) + "/env.sh", 0o600)
+
+
+async def _setup(ssh: SSHCluster, i: int, commands: list[str], log: Path, echo: Echo) -> tuple[int | None, str]:
+    """Run the setup commands in order on node ``i``, streaming into its log; (exit code, failing command)."""
+    import asyncssh
+
+    q = shlex.quote
+    conn = await ssh.aconn(i)
+    for cmd in commands:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"$ {cmd}\n")
+        if echo:
+            echo(f"[node {i}] $ {cmd}")
+        line = f"cd {q(ssh.work(i))} && . {q(ssh.base(i) + '/env.sh')} && exec bash -c {q(cmd)}"
+        _log.debug("ssh node %d: %s", i, line)
+        async with conn.create_process(line, stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace") as proc:
+            with open(log, "a", encoding="utf-8") as f:
+                async for out in proc.stdout:
+                    f.write(out if out.endswith("\n") else out + "\n")
+                    f.flush()
+                    if echo:
+                        echo(f"[node {i}] {out.rstrip()}")
+            await proc.wait()
+        if proc.returncode != 0:
+            return proc.returncode, cmd
+    return 0, ""
+
+
+#: the most bytes the node's answer to the artifact listing may hold (a node that answers endlessly is refused)
+LISTING_MAX_BYTES = 16 << 20
+#: the most bytes one rank-facts file may hold
+#: a flight-recorder dump (pickled entries of the last collectives per rank), bytes
+FR_TRACE_MAX_BYTES = 64 << 20
+FACTS_MAX_BYTES = 1 << 20
+
+_LISTER = ("import glob, json, os, sys; pats = sys.argv[1:]; "
+           "print(json.dumps(sorted({p for pat in pats for p in glob.glob(pat, recursive=True) "
+           "if os.path.isfile(p) or os.path.islink(p)})))")
+
+
+async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str]) -> list[Any]:
+    """The names node ``i`` says match ``patterns`` in its work folder (unchecked: the caller validates each).
+    Raises RefusedArtifact when the answer is over :data:`LISTING_MAX_BYTES` or not a JSON list."""
+    from broker.run.launch import RefusedArtifact
+
+    q = shlex.quote
+    cmd = f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(_LISTER)} " + " ".join(q(p) for p in patterns)
+    conn = await ssh.aconn(i)
+    chunks, size = [], 0
+    async with conn.create_process(cmd, encoding="utf-8", errors="replace") as proc:
+        async def _read() -> None:
+            nonlocal size
+            while data := await proc.stdout.read(1 << 16):
+                size += len(data)
+                if size > LISTING_MAX_BYTES:
+                    raise RefusedArtifact(f"the node's list of artifacts is over {LISTING_MAX_BYTES >> 20} MiB")
+                chunks.append(data)
+        await asyncio.wait_for(_read(), 60)
+        await asyncio.wait_for(proc.wait(), 30)
+    if proc.returncode != 0:
+        return []
+    try:
+        names = json.loads("".join(chunks).strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RefusedArtifact("the node's list of artifacts is not JSON") from None
+    if not isinstance(names, list):
+        raise RefusedArtifact("the node's list of artifacts is not a list")
+    return names
+
+
+async def afetch_checked(ssh: SSHCluster, i: int, folder: str, rel: str, dst: Path, budget: Any) -> int:
+    """Copy ``<folder>/<rel>`` from node ``i`` to the new local file ``dst`` over SFTP, within ``budget``
+    (:class:`broker.run.launch.ArtifactBudget`, counted while the bytes come: a node may misreport a size); returns
+    the bytes written.  Raises RefusedArtifact when the node resolves the path (SFTP ``realpath``: symlinks
+    followed) outside ``folder``, or to something that is not a regular file, or over a cap (the partial file is
+    removed); asyncssh's SFTP errors when it cannot be read."""
+    import stat as st
+
+    from broker.run.launch import READ_CHUNK, RefusedArtifact, open_artifact
+
+    conn = await ssh.aconn(i)
+    async with conn.start_sftp_client() as sftp:
+        base = (await sftp.realpath(folder)).rstrip("/") + "/"
+        real = await sftp.realpath(f"{folder}/{rel}")
+        if not real.startswith(base):
+            raise RefusedArtifact(f"a symlink to {real}, outside node {i}'s work folder")
+        attrs = await sftp.stat(real)
+        if attrs.permissions is None or not st.S_ISREG(attrs.permissions):
+            raise RefusedArtifact("not a regular file")
+        budget.check(attrs.size or 0)
+        got = 0
+        try:
+            async with sftp.open(real, "rb") as f:
+                with open_artifact(dst) as out:
+                    while data := await f.read(READ_CHUNK):
+                        got += len(data)
+                        budget.check(got)
+                        out.write(data)
+        except BaseException:
+            dst.unlink(missing_ok=True)
+            raise
+    budget.used += got
+    return got
+
+
+def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Path, result: RunResult,
+                       echo: Echo, budget: Any = None) -> None:
+    """Fetch the files matching the recipe's ``artifacts`` globs from EVERY node's work folder into
+    ``run_dir/artifacts/node<i>/`` (nodes whose connection is gone are skipped and named).  Every name a node sends
+    back is checked before anything is written (:func:`broker.run.launch.artifact_destination`, then
+    :func:`afetch_checked`); a refused one fails the run with its name and why."""
+    from broker.run.launch import ArtifactBudget, RefusedArtifact, artifact_destination, record_artifacts
+
+    budget = budget or ArtifactBudget()
+    found: dict[int, list[str]] = {}
+    refused: dict[int, list[str]] = {}
+    safe = [p for p in patterns if not (Path(p).is_absolute() or ".." in Path(p).parts)]
+    for i in range(n):
+        got: list[str] = []
+        bad: list[str] = refused.setdefault(i, [])
+        found[i] = got
+        root = run_dir / "artifacts" / f"node{i}"
+        try:
+            names = ssh.loop.call(_alist_artifacts(ssh, i, safe), timeout=120) if safe else []
+        except RefusedArtifact as e:
+            bad.append(f"(the listing) ({e})")
+            continue
+        except Exception as e:  # noqa: BLE001 - the node is gone: its artifacts count as missing below
+            if echo:
+                echo(f"[broker] artifacts of node {i} could not be listed: {e}")
+            continue
+        for rel in names:
+            shown = repr(rel) if isinstance(rel, str) else repr(rel)[:80]
+            try:
+                if len(got) >= budget.max_files:
+                    raise RefusedArtifact(f"more than {budget.max_files} files")
+                dst = artifact_destination(root, rel)
+                ssh.loop.call(afetch_checked(ssh, i, ssh.work(i), rel, dst, budget), timeout=3600)
+                got.append(rel)
+            except RefusedArtifact as e:
+                bad.append(f"{shown} ({e})")
+            except Exception as e:  # noqa: BLE001 - named in the log; a missing artifact fails the run below
+                if echo:
+                    echo(f"[broker] artifact {shown} could not be fetched from node {i}: {e}")
+    record_artifacts(result, patterns, found, run_dir, echo, refused)

@@ -1,0 +1,607 @@
+"""What of a recipe's ``workdir`` is copied to the nodes: one staging rule for every executor.
+
+:func:`stage_plan` walks the work folder once and returns the files to copy; local runs copy them into each node's
+folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job folder.  What is never copied:
+
+* always: ``.git``, virtual environments (``.venv``, ``venv``, any folder holding a ``pyvenv.cfg``),
+  ``node_modules``, ``__pycache__``/``*.pyc``, ``.env*`` files (``.env``, ``.envrc``, ``.env.local``, ...), SSH and
+  cloud keys (``id_*`` key files, ``*.pem``, ``*.key``, ``*.p12``, ``*.pfx``, ``.ssh``, ``.oci``, ``.aws``,
+  ``.vast_api_key``), credential and token files (``credentials*.json``, ``token*.json``, ``.netrc``,
+  ``.git-credentials``, ``credentials``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``, ``.npmrc``,
+  ``kubeconfig``, ``.docker/``, ``.kube/``, ``.vault-token``, ``secrets.yaml``) and WireGuard configs (``wg*.conf``,
+  ``*.wg.conf``), in any case (``ID_RSA``, ``KEY.PEM``);
+* what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
+  work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
+  a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
+  ``.git/info/exclude``, each matched against the path relative to its own folder, the deepest decisive pattern
+  winning (as git does);
+* symbolic links: one whose target resolves outside the work folder (named in the summary as ``symlink outside the
+  workdir``), a dangling one, one to something the rules above exclude (a link to ``.env`` is as secret as
+  ``.env``), and a folder link that would loop.  A link inside the work folder to an allowed file is staged as a
+  copy of that file's content, by every executor (never as a link); a link to an allowed folder is staged as a copy
+  of that folder's staged files.
+
+The staged size per node is reported (:attr:`StagePlan.total_bytes`); above :data:`WARN_BYTES` the caller warns.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: staged size per node above which a run warns (bytes): 100 MB
+WARN_BYTES = 100 * 1000 * 1000
+
+#: names (files or folders, at any depth) never copied to a node
+ALWAYS_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", "__pycache__", ".mypy_cache",
+                    ".pytest_cache", ".ssh", ".oci", ".aws", ".tox", ".docker", ".kube", ".gnupg", ".azure"}
+#: gitignore-style patterns never copied to a node (secrets and keys), matched against file names; ``.env*`` covers
+#: ``.env``, ``.envrc``, ``.env.local``, ``.env.production``; ``id_*`` the SSH key files (``id_rsa``,
+#: ``id_ed25519.pub``, ``id_ecdsa_sk``) but not Python modules (``id_utils.py``); OAuth client / token files
+#: (``credentials.json``, ``token.json``, ``token_drive.json``) and WireGuard configs (``wg0.conf``,
+#: ``home.wg.conf``: they hold a private key); cloud and registry credentials (AWS ``credentials``, Google's
+#: ``application_default_credentials.json``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``,
+#: ``.npmrc``, ``kubeconfig``, ``.vault-token``, ``secrets.yaml``).  Matched case-insensitively (the patterns are
+#: lower case and the name is lowered: ``ID_RSA``, ``KEY.PEM``, ``Credentials.json`` are skipped too; see
+#: :func:`always_skipped_dir`); ``.docker/`` and ``.kube/`` (their ``config`` holds registry/cluster tokens) are
+#: folders of :data:`ALWAYS_SKIP_DIRS`
+ALWAYS_SKIP_PATTERNS = [".env*", "*.pyc", "id_*", "!id_*.py", "*.pem", "*.key", "*.p12", "*.pfx", ".vast_api_key",
+                        "vast_api_key", ".netrc", "_netrc", "*.ppk", "credentials*.json", "token*.json", "*.wg.conf",
+                        "wg*.conf", ".git-credentials", ".pgpass", "credentials", "*_credentials.json",
+                        "client_secret*.json", "service-account*.json", "service_account*.json", ".pypirc", ".npmrc",
+                        "kubeconfig", "*.kubeconfig", ".vault-token", "secrets.yaml", "secrets.yml", ".dockercfg",
+                        "*.jks", "*.keystore"]
+
+
+def always_skipped_dir(name: str) -> bool:
+    """Whether a folder called ``name`` is never copied (:data:`ALWAYS_SKIP_DIRS`, any case: ``.SSH`` too)."""
+    return name in ALWAYS_SKIP_DIRS or name.lower() in ALWAYS_SKIP_DIRS
+
+#: the skip reasons named in :meth:`StagePlan.summary`
+OUTSIDE = "symlink outside the workdir"
+TO_EXCLUDED = "symlink to an excluded path"
+DANGLING = "dangling symlink"
+LOOP = "symlink loop"
+
+
+@dataclass
+class StagePlan:
+    """The files of ``root`` to copy (paths relative to ``root``), their total size in bytes, and what was skipped
+    by which rule (first few names per rule, for the log).  ``sources`` maps a staged path reached through a
+    symbolic link to the real file whose content is copied (absolute, inside ``root``)."""
+
+    root: Path
+    files: list[Path] = field(default_factory=list)
+    total_bytes: int = 0
+    skipped: dict[str, list[str]] = field(default_factory=dict)
+    sources: dict[Path, Path] = field(default_factory=dict)
+    #: every entry not copied, as its ``/``-separated path relative to ``root`` (the same path a staged file would
+    #: have; a folder ends in ``/`` and its content is not listed) -> the rule that skipped it
+    excluded: dict[str, str] = field(default_factory=dict)
+    #: files the recipe names (its script, files its arguments name) staged although an ignore rule drops them
+    #: -> that rule (``scratch/ in /repo/.gitignore``)
+    forced: dict[str, str] = field(default_factory=dict)
+
+    def source(self, rel: Path) -> Path:
+        """The file whose content is staged at ``rel``."""
+        return self.sources.get(rel, self.root / rel)
+
+    def size_text(self) -> str:
+        """``1.2 MB`` style size of what is staged."""
+        b = float(self.total_bytes)
+        for unit in ("B", "kB", "MB", "GB"):
+            if b < 1000 or unit == "GB":
+                return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+            b /= 1000
+        return f"{b:.1f} GB"  # pragma: no cover
+
+    def summary(self) -> str:
+        """One line: ``staged 12 files, 1.2 MB per node (not copied: .git, .env; skipped: shadowlink (symlink
+        outside the workdir))``."""
+        links = (OUTSIDE, TO_EXCLUDED, DANGLING, LOOP)
+        skipped = sorted(n for n, rule in self.excluded.items() if rule not in links)
+        more = f" (not copied: {', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})" if skipped else ""
+        named = [f"{n} ({rule})" for rule in links for n in sorted(self.excluded) if self.excluded[n] == rule]
+        if named:
+            more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
+        if self.forced:
+            more += " (staged although ignored, the recipe names them: " + ", ".join(
+                f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
+        return f"staged {len(self.files)} file(s), {self.size_text()} per node from {self.root}{more}"
+
+    @property
+    def too_big(self) -> bool:
+        return self.total_bytes > WARN_BYTES
+
+
+def _spec(lines: list[str]):
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _read_ignore(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _is_venv(d: Path) -> bool:
+    return (d / "pyvenv.cfg").is_file()
+
+
+def _decide(spec, path: str) -> bool | None:
+    """The last pattern of ``spec`` matching ``path`` decides: True (ignored), False (negated: kept), None (none
+    matches)."""
+    out = None
+    for pat in spec.patterns:
+        if pat.include is not None and pat.match_file(path) is not None:
+            out = bool(pat.include)
+    return out
+
+
+def git_top(folder: Path) -> Path | None:
+    """The root of the git work tree holding ``folder`` (the nearest folder upwards with a ``.git``), or None."""
+    for d in (folder, *folder.parents):
+        if (d / ".git").exists():
+            return d
+    return None
+
+
+def _git_exclude(top: Path) -> list[str]:
+    """``.git/info/exclude`` of the work tree ``top`` (a worktree's ``.git`` file leads to its common folder)."""
+    g = top / ".git"
+    if g.is_file():
+        text = _read_ignore(g)
+        line = text[0] if text else ""
+        if not line.startswith("gitdir:"):
+            return []
+        g = (top / line.split(":", 1)[1].strip()).resolve()
+        common = _read_ignore(g / "commondir")
+        if common:
+            g = (g / common[0].strip()).resolve()
+    return _read_ignore(g / "info" / "exclude")
+
+
+class _Rules:
+    """The ignore rules for paths inside ``root`` (a resolved folder): see the module docstring."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        top = git_top(root)
+        self.top = top if top is not None else root
+        self.prefix = [] if top is None else list(root.relative_to(top).parts)
+        self.exclude = _spec(_git_exclude(top)) if top is not None else None
+        self.always = _spec(ALWAYS_SKIP_PATTERNS)
+        self._specs: dict[tuple[str, ...], object] = {}
+
+    def _dir_spec(self, parts: tuple[str, ...]):
+        """The spec of the folder ``parts`` (relative to the repository root); None when it has no rules."""
+        if parts not in self._specs:
+            d = self.top.joinpath(*parts)
+            lines = _read_ignore(d / ".gitignore")
+            if len(parts) >= len(self.prefix):  # the work folder and below: .brokerignore too
+                lines += _read_ignore(d / ".brokerignore")
+            self._specs[parts] = _spec(lines) if lines else None
+        return self._specs[parts]
+
+    def _git_ignored(self, parts: list[str], is_dir: bool) -> bool:
+        full = self.prefix + parts
+        for j in range(len(full) - 1, -1, -1):
+            spec = self._dir_spec(tuple(full[:j]))
+            if spec is None:
+                continue
+            verdict = _decide(spec, "/".join(full[j:]) + ("/" if is_dir else ""))
+            if verdict is not None:
+                return verdict
+        if self.exclude is not None:
+            return bool(_decide(self.exclude, "/".join(full) + ("/" if is_dir else "")))
+        return False
+
+    def ignoring_rule(self, rel: str) -> str | None:
+        """The ignore rule that drops the path ``rel`` (a file relative to the work folder) or a folder above it,
+        as ``pattern in file`` (``scratch/ in /repo/.gitignore``); None when none does."""
+        parts = rel.split("/")
+        for k in range(1, len(parts) + 1):
+            sub, is_dir = parts[:k], k < len(parts)
+            full = self.prefix + sub
+            for j in range(len(full) - 1, -1, -1):
+                spec = self._dir_spec(tuple(full[:j]))
+                if spec is None:
+                    continue
+                path = "/".join(full[j:]) + ("/" if is_dir else "")
+                hit = None
+                for pat in spec.patterns:
+                    if pat.include is not None and pat.match_file(path) is not None:
+                        hit = pat if pat.include else None
+                if hit is not None:
+                    d = self.top.joinpath(*full[:j])
+                    where = d / ".gitignore" if hit.pattern in _read_ignore(d / ".gitignore") else d / ".brokerignore"
+                    return f"{hit.pattern} in {where}"
+                if any(pat.include is not None and pat.match_file(path) is not None for pat in spec.patterns):
+                    break  # a negation decided: kept at this level
+            if self.exclude is not None and _decide(self.exclude, "/".join(full) + ("/" if is_dir else "")):
+                return f"a pattern in {self.top / '.git' / 'info' / 'exclude'}"
+        return None
+
+    def why(self, rel: str, is_dir: bool, *, ancestors: bool = False) -> str | None:
+        """Why the path ``rel`` (relative to the work folder) is not staged: ``"always"``, ``"ignore file"`` or None.
+        ``ancestors``: also check every folder above it (a path not reached by walking from the root)."""
+        parts = rel.split("/") if rel else []
+        checks = [(parts[:k], True) for k in range(1, len(parts))] if ancestors else []
+        for sub, sub_dir in checks + [(parts, is_dir)]:
+            name = sub[-1]
+            if sub_dir and (always_skipped_dir(name) or _is_venv(self.root.joinpath(*sub))):
+                return "always"
+            if not sub_dir and self.always.match_file(name.lower()):
+                return "always"
+            if self._git_ignored(sub, sub_dir):
+                return "ignore file"
+        return None
+
+
+def recipe_files(workdir: Path, script: Path | str, args: list[str] = ()) -> list[str]:
+    """The files a recipe names inside ``workdir``: its script, and each argument that is the path of a file
+    there (``--config conf/base.yaml``, ``--data=data/train.txt``), as ``/``-separated paths relative to
+    ``workdir`` (what :func:`stage_plan` takes as ``keep``)."""
+    root = Path(workdir).resolve()
+    out: list[str] = []
+    for word in [str(script), *[a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in args]]:
+        if not word or word.startswith("-"):
+            continue
+        p = Path(word) if Path(word).is_absolute() else root / word
+        try:
+            real = p.resolve()
+            if real.is_file() and root in real.parents:
+                rel = real.relative_to(root).as_posix()
+                if rel not in out:
+                    out.append(rel)
+        except OSError:
+            continue
+    return out
+
+
+#: the rule that skips broker's own home when it lies inside a work folder
+BROKER_HOME_RULE = "broker home"
+
+
+def _broker_home() -> Path | None:
+    """The broker home (resolved), or None when it cannot be known."""
+    try:
+        from broker.core.config import home_path
+
+        return home_path().resolve()
+    except Exception:  # noqa: BLE001 - staging never fails for this
+        return None
+
+
+def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
+    """Walk ``root`` and decide what to copy (see the module docstring for the rules, symbolic links included).
+    ``keep``: files the recipe names (:func:`recipe_files`): staged even when an ignore file drops them (the
+    rule is recorded in :attr:`StagePlan.forced`), never when an always-skipped rule does (secrets, keys).
+    Raises FileNotFoundError when ``root`` is not a folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"work folder {root} does not exist")
+    real_root = root.resolve()
+    rules = _Rules(real_root)
+    plan = StagePlan(root=root)
+    home = _broker_home()
+
+    def note(rule: str, name: str) -> None:
+        plan.excluded[name] = rule
+        lst = plan.skipped.setdefault(rule, [])
+        if len(lst) < 20:
+            lst.append(name)
+
+    def add(rel: str, real: Path, linked: bool) -> None:
+        try:
+            size = real.stat().st_size
+        except OSError:
+            note("unreadable", rel)
+            return
+        plan.files.append(Path(rel))
+        plan.total_bytes += size
+        if linked:
+            plan.sources[Path(rel)] = real
+
+    def walk(real_dir: Path, rel_dir: str, chain: frozenset[Path], linked: bool) -> None:
+        """``real_dir``: the folder's real path; ``rel_dir``: where it is staged; ``chain``: the real folders above
+        (loop guard); ``linked``: reached through a folder link (then the real path is checked too)."""
+        try:
+            entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
+        except OSError:
+            note("unreadable", rel_dir + "/")
+            return
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            real = real_dir / e.name
+            if e.is_symlink():
+                try:
+                    os.stat(real)
+                except OSError as err:
+                    if err.errno == errno.ELOOP:  # links that point at each other: realpath() gives up quietly
+                        note(LOOP, rel)
+                        continue
+                target = Path(os.path.realpath(real))
+                if target != real_root and real_root not in target.parents:
+                    note(OUTSIDE, rel)
+                    continue
+                if not target.exists():
+                    note(DANGLING, rel)
+                    continue
+                is_dir = target.is_dir()
+                trel = target.relative_to(real_root).as_posix() if target != real_root else ""
+                if rules.why(rel, is_dir, ancestors=linked) or (trel and rules.why(trel, is_dir, ancestors=True)):
+                    note(TO_EXCLUDED, rel)
+                    continue
+                if is_dir:
+                    if target in chain:
+                        note(LOOP, rel)
+                    else:
+                        walk(target, rel, chain | {target}, True)
+                elif target.is_file():
+                    add(rel, target, True)
+                else:
+                    note("not a file", rel)
+                continue
+            try:
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
+                note("unreadable", rel)
+                continue
+            why = rules.why(rel, is_dir, ancestors=linked)
+            if not why and is_dir and home is not None and real == home:
+                # broker's own home (ledger, run folders) inside the work folder: never a node's business, and
+                # opening the live ledger's files here would drop this process's SQLite locks (POSIX fcntl locks
+                # go with any close of the file), letting another process checkpoint the WAL under it
+                why = BROKER_HOME_RULE
+            if not why and linked:  # reached through a folder link: its real place must be allowed too
+                why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
+            if why:
+                note(why, rel + "/" if is_dir else rel)  # the path as staged (sub/.aws/, never a bare .aws/)
+                continue
+            if is_dir:
+                walk(real, rel, chain | {real}, linked)
+            elif e.is_file(follow_symlinks=False):
+                add(rel, real, linked)
+            else:
+                note("not a file", rel)
+
+    walk(real_root, "", frozenset({real_root}), False)
+    staged = {f.as_posix() for f in plan.files}
+    for rel in keep:
+        if rel in staged or not (real_root / rel).is_file() or (real_root / rel).is_symlink():
+            continue
+        parts = rel.split("/")
+        if any(always_skipped_dir(p) for p in parts[:-1]) or rules.always.match_file(parts[-1].lower()):
+            continue  # a secret or a key stays home even when named
+        rule = rules.ignoring_rule(rel)
+        if rule is None:
+            continue
+        add(rel, real_root / rel, False)
+        plan.excluded.pop(rel, None)
+        plan.forced[rel] = rule
+    return plan
+
+
+#: Linux ``FICLONE`` ioctl (``_IOW(0x94, 9, int)``): make ``dst`` share ``src``'s extents, copy-on-write
+_FICLONE = 0x40049409
+#: errors that mean "this filesystem (pair) cannot do that": fall back to the next way of copying
+_UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EBADF}
+
+
+class _CopyWays:
+    """What the filesystems of one copy_staged call can do, learnt on the first file of each (source device,
+    destination device) pair: the first refusal switches that pair to the next way for every later file (a failed
+    ioctl per file would cost as much as the copy)."""
+
+    def __init__(self) -> None:
+        self.no_clone: set[tuple[int, int]] = set()
+        self.no_range: set[tuple[int, int]] = set()
+        self.cloned = self.ranged = self.copied = 0
+
+
+def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
+    """``dst`` (created 0600; never existing) gets ``src``'s bytes, its owner's permission bits and its times.
+
+    In order: a reflink (``FICLONE``: the node's copy shares the blocks copy-on-write, so it costs no data copy and
+    a node writing to it changes its own blocks only), then ``copy_file_range`` (an in-kernel copy), then plain
+    reads and writes.  Never a hard link: a job writing to a linked file in place would change the user's own
+    source file."""
+    import fcntl
+    import stat
+
+    sfd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(sfd)
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            pair = (st.st_dev, os.fstat(dfd).st_dev)
+            done = st.st_size == 0
+            if not done and pair not in ways.no_clone:
+                try:
+                    fcntl.ioctl(dfd, _FICLONE, sfd)
+                    done = True
+                    ways.cloned += 1
+                except OSError as e:
+                    if e.errno not in _UNSUPPORTED:
+                        raise
+                    ways.no_clone.add(pair)
+            if not done and pair not in ways.no_range:
+                try:
+                    left = st.st_size
+                    while left > 0:
+                        n = os.copy_file_range(sfd, dfd, left)
+                        if n == 0:
+                            break
+                        left -= n
+                    done = True
+                    ways.ranged += 1
+                except OSError as e:
+                    if e.errno not in _UNSUPPORTED:
+                        raise
+                    ways.no_range.add(pair)
+                    os.lseek(sfd, 0, os.SEEK_SET)
+                    os.ftruncate(dfd, 0)
+                    os.lseek(dfd, 0, os.SEEK_SET)
+            if not done:
+                while True:
+                    chunk = os.read(sfd, 1 << 20)
+                    if not chunk:
+                        break
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(dfd, view):]
+                ways.copied += 1
+            os.fchmod(dfd, stat.S_IMODE(st.st_mode) & 0o700)  # the owner's bits: a node folder is private
+            os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
+    """Copy the planned files into ``dst`` (created; an existing ``dst`` is replaced).  Every staged path becomes a
+    regular file of its own (a linked file's content is copied) with the source's owner permission bits (group
+    and others get none: the copy lies in a private run folder) and times; the folders are created 0700.
+
+    A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
+    (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
+    user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``."""
+    from broker.core.private import private_dirs
+
+    if dst.exists():
+        shutil.rmtree(dst)
+    private_dirs(dst)  # 0700 (and the node folder above it): a copy of the user's files in the run folder
+    ways = _CopyWays()
+    made: set[Path] = {dst}
+    for rel in plan.files:
+        target = dst / rel
+        if target.parent not in made:  # one mkdir per folder, not one per file
+            private_dirs(target.parent)
+            made.add(target.parent)
+        _copy_file(plan.source(rel), target, ways)
+    return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied}
+
+
+#: file name endings whose content is already compressed (or is packed numbers that gzip barely shrinks): a tar
+#: of mostly these is sent as it is
+COMPRESSED_SUFFIXES = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".7z", ".rar", ".jpg", ".jpeg",
+                       ".png", ".webp", ".gif", ".mp4", ".mkv", ".webm", ".mp3", ".flac", ".ogg", ".parquet",
+                       ".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npz", ".h5", ".arrow", ".whl", ".tfrecord")
+
+#: files at least this big are sampled (their first 64 KiB compressed) instead of judged by their name alone
+_SAMPLE_BYTES = 1 << 20
+
+
+def worth_compressing(plan: StagePlan) -> bool:
+    """Whether gzip would pay for the staged files: True when at least half of the bytes look compressible (not
+    an already-compressed kind by name, and for files of 1 MiB or more a first 64 KiB that zlib shrinks by at
+    least 10 %).  Measured on the shared 2-core machine (bench/staging_scale.py): gzip of 1 GiB of incompressible
+    data took 23 s of CPU for nothing, faster than most links only for source-like text."""
+    import zlib
+
+    good = 0
+    for rel in plan.files:
+        src = plan.source(rel)
+        try:
+            size = src.stat().st_size
+        except OSError:
+            continue
+        if rel.name.lower().endswith(COMPRESSED_SUFFIXES):
+            continue
+        if size >= _SAMPLE_BYTES:
+            try:
+                with open(src, "rb") as f:
+                    head = f.read(1 << 16)
+            except OSError:
+                continue
+            if len(zlib.compress(head, 1)) > 0.9 * len(head):
+                continue
+        good += size
+    return good * 2 >= plan.total_bytes
+
+
+@dataclass
+class StagedTar:
+    """The staged files as one tar archive on local disk: ``path``, gzip-compressed when ``compressed`` (then the
+    node unpacks it with ``tar -xzf``, else ``tar -xf``)."""
+
+    path: Path
+    compressed: bool
+
+    @property
+    def tar_flags(self) -> str:
+        """``-xzf`` or ``-xf``: what unpacks it."""
+        return "-xzf" if self.compressed else "-xf"
+
+
+def _owner_only(info):
+    """A tar member with the owner's permission bits only (as :func:`copy_staged` gives local copies): a node's
+    work folder is private, also on a cluster's shared file system."""
+    info.mode &= 0o700
+    return info
+
+
+def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
+    """Stream the planned files as a tar into the binary file object ``out`` (``write`` and ``tell``; gzip level 1
+    when ``compress``),
+    paths relative to the work folder, each a regular file with its owner's permission bits and its times (a
+    linked file's content, never a link): memory stays constant whatever the sizes."""
+    import gzip
+    import tarfile
+
+    # tarfile's own "w|gz" compresses at level 9 (no level in stream mode before Python 3.12): gzip around it
+    gz = gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0) if compress else None
+    try:
+        # plain "w" on the caller's file object writes each block straight through ("w|" gathers them in a bytes
+        # buffer that is copied on every write); 1 MiB copy blocks instead of 16 KiB
+        with tarfile.TarFile(fileobj=gz or out, mode="w", dereference=True, copybufsize=1 << 20) as tar:
+            for rel in plan.files:
+                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False, filter=_owner_only)
+    finally:
+        if gz is not None:
+            gz.close()  # writes the gzip trailer; ``out`` stays open (the caller's)
+
+
+class staged_tar:
+    """``with staged_tar(plan, folder) as t:`` the planned files as a :class:`StagedTar` in a private temporary
+    folder under ``folder`` (default: the system's), written once and shared by every node's upload, removed on
+    exit.  ``compress``: None decides by :func:`worth_compressing`."""
+
+    def __init__(self, plan: StagePlan, folder: Path | None = None, *, compress: bool | None = None):
+        self.plan, self.folder, self.compress = plan, folder, compress
+        self._dir: str | None = None
+
+    def __enter__(self) -> StagedTar:
+        import tempfile
+
+        if self.folder is not None:
+            Path(self.folder).mkdir(parents=True, exist_ok=True)
+        self._dir = tempfile.mkdtemp(prefix="stage-", dir=self.folder)  # 0700: the user's files
+        compress = worth_compressing(self.plan) if self.compress is None else self.compress
+        path = Path(self._dir) / ("work.tar.gz" if compress else "work.tar")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            write_tar(self.plan, f, compress=compress)
+        return StagedTar(path, compress)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def tar_staged(plan: StagePlan) -> bytes:
+    """The planned files as one tar.gz in memory (paths relative to the work folder), each a regular file as in
+    :func:`copy_staged`.  Small folders only: uploads stream a :func:`staged_tar` file instead."""
+    import io
+
+    buf = io.BytesIO()
+    write_tar(plan, buf, compress=True)
+    return buf.getvalue()

@@ -1,0 +1,652 @@
+"""Stall detection: ranks that are alive but make no progress, named with the place each rank is in.
+
+A run is *stalled* when no node printed a line for ``stall_s`` seconds (recipe ``stall_s``, default 60) **and** two
+samples of every rank's Python stack, ``gap_s`` seconds apart, put every rank at the same place.  Then each rank's
+place is named -- the collective it waits in (``all_reduce``, ``barrier``, DDP's forward ...) from the frames in
+``torch/distributed``, or the line of the user's script where it is elsewhere -- with the cause and the fix::
+
+    rank 0 waits in all_reduce at train.py:40; rank 1 never called all_reduce: it is at train.py:33 (time.sleep(600))
+
+``on_stall: stop`` (the default: a paid hang burns money) stops every node; ``report`` only says so and lets the run
+go on to its end or its deadline.  What was found is kept in ``<run>/stall.json`` (read by :mod:`broker.run.diagnose`)
+and the raw stacks in ``<run>/stacks.txt``.
+
+The stacks come from the node: ``rankshim.py --dump-stacks FACTS_DIR`` (:func:`broker.run.rankshim.dump_stacks`) asks
+``py-spy dump`` where it is installed, else sends ``SIGUSR1`` to each rank, on which the shim armed
+:mod:`faulthandler`.  Executors give :class:`StallWatch` a *sampler* (``() -> {rank: entry}``, :func:`local_sampler`,
+:func:`remote_sampler`) and call :meth:`StallWatch.check` from their supervision loop; every node's output lines
+pass through :meth:`StallWatch.wrap`, which keeps the last output time.
+
+The flight recorder (``TORCH_FR_BUFFER_SIZE`` or, before torch 2.11, ``TORCH_NCCL_TRACE_BUFFER_SIZE``, set by the shim) dumps each rank's last collectives on a
+collective timeout into the facts folder (``fr_trace_rank<R>``); :func:`flight_recorder_lines` names the ranks that
+are behind from those dumps.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+#: seconds between the two stack samples that must agree before a run is called stalled
+SAMPLE_GAP_S = 3.0
+
+#: public torch.distributed calls a rank can wait in (the outermost one under the user's frame is named)
+COLLECTIVES = frozenset("""
+all_reduce all_reduce_coalesced all_reduce_multigpu reduce broadcast broadcast_object_list all_gather
+all_gather_into_tensor all_gather_object all_gather_coalesced gather gather_object scatter scatter_object_list
+reduce_scatter reduce_scatter_tensor all_to_all all_to_all_single barrier monitored_barrier send recv isend irecv
+batch_isend_irecv send_object_list recv_object_list new_group init_process_group destroy_process_group
+""".split())
+
+_FAULTHANDLER_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_PYSPY_THREAD = re.compile(r'^Thread (\S+) \((?P<state>[^)]*)\)(?:: "(?P<name>[^"]*)")?')
+_PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One Python frame: file as the rank saw it, line number, function name."""
+
+    file: str
+    line: int
+    function: str
+
+    @property
+    def short(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+
+@dataclass
+class Place:
+    """Where one rank is: the collective it waits in (None: not in one), the innermost frame of the user's code,
+    the innermost frame of all (a library's, when the rank is inside one), the source line of the user's frame."""
+
+    rank: int
+    node: int | None
+    collective: str | None = None
+    user: Frame | None = None
+    inner: Frame | None = None
+    code: str = ""
+    ended: bool = False
+    exit_code: int | None = None
+    exception: str | None = None
+    waits: bool = False  # in a known wait (a collective, Work.wait, torch.cuda.synchronize): waiting even if it spins
+    importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
+    cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
+    t: float | None = None  # when it was sampled (epoch seconds)
+
+    def key(self) -> tuple:
+        return (self.rank, self.ended, self.collective, self.user, self.inner)
+
+    def at(self) -> str:
+        """``train.py:33``, or the library frame when there is no user frame."""
+        if self.user is None:
+            return f"{self.inner.function} ({self.inner.short})" if self.inner else "an unknown place"
+        s = self.user.short
+        if self.inner is not None and self.inner != self.user and self.collective is None:
+            s += f", inside {self.inner.function} ({self.inner.short})"
+        return s
+
+    def call(self) -> str:
+        """The call on the user's line (``time.sleep``), '' when the line is not a call."""
+        m = re.match(r"^\s*(?:[\w.\[\], ]+\s*=\s*)?(?:await\s+|return\s+)?([A-Za-z_][\w.]*)\s*\(", self.code)
+        return m.group(1) if m else ""
+
+    def elsewhere(self) -> str:
+        """``in time.sleep at train.py:33`` / ``at train.py:33 (x = y)``."""
+        c = self.call()
+        if c:
+            return f"in {c} at {self.at()}"
+        return f"at {self.at()}" + (f" ({self.code})" if self.code else "")
+
+    def describe(self) -> str:
+        if self.ended:
+            how = f"raised {self.exception}" if self.exception else f"exited with code {self.exit_code}"
+            return f"rank {self.rank} has already ended ({how})"
+        if self.collective:
+            return f"rank {self.rank} waits in {self.collective} at {self.at()}"
+        return f"rank {self.rank} is {self.elsewhere()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        fr = (lambda f: None if f is None else {"file": f.file, "line": f.line, "function": f.function})
+        return {"rank": self.rank, "node": self.node, "collective": self.collective, "user": fr(self.user),
+                "inner": fr(self.inner), "code": self.code, "ended": self.ended, "exit_code": self.exit_code,
+                "exception": self.exception, "text": self.describe()}
+
+
+# ------------------------------------------------------------------------------------------------ parsing stacks
+def parse_stacks(text: str) -> list[tuple[str, list[Frame]]]:
+    """Threads of a ``faulthandler`` dump or of ``py-spy dump`` output: ``[(thread header, frames innermost
+    first)]``.  Only the last dump in ``text`` counts (a stack file grows by one dump per signal)."""
+    lines = text.splitlines()
+    # a faulthandler dump starts with its first thread header after the previous dump's last frame: keep the last
+    # dump (headers following a frame line start a new dump only when the thread id repeats)
+    threads: list[tuple[str, list[Frame]]] = []
+    seen: set[str] = set()
+    cur: list[Frame] | None = None
+    for ln in lines:
+        m = _FAULTHANDLER_THREAD.match(ln) or (_PYSPY_THREAD.match(ln) if not ln.startswith(" ") else None)
+        if m:
+            tid = m.group(2) if m.re is _FAULTHANDLER_THREAD else m.group(1)
+            if tid in seen:  # the same thread again: a newer dump begins
+                threads, seen = [], set()
+            seen.add(tid)
+            cur = []
+            threads.append((ln.strip(), cur))
+            continue
+        if cur is None:
+            continue
+        m = _FAULTHANDLER_FRAME.match(ln) or _PYSPY_FRAME.match(ln)
+        if m:
+            cur.append(Frame(m.group("file"), int(m.group("line")), m.group("func").strip()))
+    return threads
+
+
+#: top-level packages py-spy shows without their site-packages folder (when it shortens file names)
+_SHORT_LIBS = frozenset({"torch", "torchvision", "numpy", "transformers", "accelerate", "lightning",
+                         "pytorch_lightning", "threading.py", "multiprocessing", "queue.py", "selectors.py",
+                         "socket.py", "subprocess.py", "concurrent", "asyncio"})
+
+
+def _is_user(f: Frame) -> bool:
+    p = f.file.replace("\\", "/")
+    if p.startswith("<") or "/site-packages/" in p or "/dist-packages/" in p or p.endswith("rankshim.py"):
+        return False
+    if not p.startswith("/") and p.split("/")[0] in _SHORT_LIBS:  # py-spy's shortened library names
+        return False
+    return not re.search(r"/lib/python3\.\d+/", p)
+
+
+def _main_thread(threads: list[tuple[str, list[Frame]]]) -> list[Frame]:
+    """The thread that runs the script: the shim's (rankshim.py at its bottom), else one with user frames."""
+    for _, frames in threads:
+        if any(f.file.endswith("rankshim.py") for f in frames) or any(f.function == "<module>" and _is_user(f)
+                                                                       for f in frames):
+            return frames
+    for header, frames in threads:
+        if "MainThread" in header:
+            return frames
+    for _, frames in threads:
+        if any(_is_user(f) for f in frames):
+            return frames
+    return threads[0][1] if threads else []
+
+
+#: names for frames that are only waits: a rank there waits for its peers or the GPU, whatever CPU it uses
+#: (NCCL's waits spin a core: torch.cuda.synchronize after a collective that never completes is 100 % busy)
+_SYNC = "torch.cuda.synchronize (it waits for the GPU's queued work: an NCCL collective enqueued before it)"
+_WORK_WAIT = "Work.wait() (a collective started with async_op=True)"
+_WAIT_FUNCS = frozenset({"wait", "_wait", "wait_all", "wait_stream", "_wait_for_pending_works", "_watchdog",
+                         "_nccl_watchdog", "monitored_barrier", "barrier"})
+#: the user's own line when it is itself a wait that has no Python frame below it (a C++ method: work.wait())
+_WAIT_CALL = re.compile(r"(?:\.wait|\.synchronize|\bsynchronize|\.wait_stream|\bbarrier)\s*\(")
+
+
+def _wait_name(f: Frame) -> str | None:
+    """The name of a known wait for frame ``f``, None when it is not one."""
+    p = f.file.replace("\\", "/")
+    if "torch/cuda/" in p and f.function == "synchronize":
+        return _SYNC
+    if "torch/distributed/" in p and f.function in _WAIT_FUNCS:
+        return f.function if f.function in COLLECTIVES else _WORK_WAIT
+    return None
+
+
+def _op_name(f: Frame) -> str | None:
+    p = f.file.replace("\\", "/")
+    if "torch/distributed/" in p and f.function in COLLECTIVES:
+        return f.function
+    w = _wait_name(f)
+    if w:
+        return w
+    if p.endswith("torch/nn/parallel/distributed.py"):
+        if f.function == "__init__":
+            return "DistributedDataParallel(...) (it checks that every rank has the same model, then broadcasts " \
+                   "rank 0's)"
+        if f.function in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers", "_check_sync_bufs_pre_fwd",
+                          "_distributed_broadcast_coalesced"):
+            return "the DDP model's forward (it broadcasts buffers such as BatchNorm's from rank 0)"
+    if "torch/autograd/" in p and f.function in ("backward", "_engine_run_backward"):
+        return "backward() (under DDP it all-reduces the gradients)"
+    return None
+
+
+def place_of(rank: int, node: int | None, text: str, code: dict[str, str] | None = None) -> Place:
+    """The :class:`Place` of one rank from its stack dump ``text``; ``code``: ``{"file:line": source}``."""
+    frames = _main_thread(parse_stacks(text))
+    pl = Place(rank=rank, node=node, inner=frames[0] if frames else None,
+               importing=any(f.file.startswith("<frozen importlib") for f in frames))
+    k = next((i for i, f in enumerate(frames) if _is_user(f)), len(frames))
+    pl.user = frames[k] if k < len(frames) else None
+    for f in frames[:k]:  # innermost first: the last match is the call the user's line made
+        name = _op_name(f)
+        if name:
+            pl.collective = name
+            # a public collective or a wait is a wait; DDP's forward/backward compute too (busy there is progress)
+            pl.waits = pl.waits or _wait_name(f) is not None or (
+                "torch/distributed/" in f.file.replace("\\", "/") and f.function in COLLECTIVES)
+    if pl.user is not None and code:
+        pl.code = code.get(f"{pl.user.file}:{pl.user.line}", "")
+    if pl.collective is None and pl.code and pl.inner == pl.user and _WAIT_CALL.search(pl.code):
+        # the user's line calls a C++ wait directly (work.wait(), stream.synchronize()): no library frame below it
+        pl.collective, pl.waits = ("torch.cuda.synchronize" if "synchronize" in pl.code else _WORK_WAIT), True
+    return pl
+
+
+def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
+    """:class:`Place` per rank of one :func:`broker.run.rankshim.dump_stacks` answer, sorted by rank."""
+    out = []
+    for r, e in sample.items():
+        try:
+            rank = int(r)
+        except ValueError:
+            continue
+        if not isinstance(e, dict):
+            continue
+        node = e.get("node") if isinstance(e.get("node"), int) else None
+        if e.get("ended"):
+            fr = e.get("frame") if isinstance(e.get("frame"), dict) else None
+            pl = Place(rank=rank, node=node, ended=True, exit_code=e.get("exit_code"),
+                       exception=str(e["exception"])[:200] if e.get("exception") else None)
+            if fr:
+                pl.user = Frame(str(fr.get("file")), int(fr.get("line") or 0), str(fr.get("function")))
+            out.append(pl)
+            continue
+        text = e.get("text")
+        if isinstance(text, str) and text.strip():
+            code = e.get("code") if isinstance(e.get("code"), dict) else {}
+            pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
+            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
+            out.append(pl)
+    return sorted(out, key=lambda p: p.rank)
+
+
+# ------------------------------------------------------------------------------------------------ the verdict
+@dataclass
+class Verdict:
+    """What the places say: ``lines`` (one per rank, then the summary line), ``cause`` and ``fix``."""
+
+    lines: list[str]
+    cause: str
+    fix: str
+    places: list[Place] = field(default_factory=list)
+
+    @property
+    def headline(self) -> str:
+        return self.lines[0] if self.lines else ""
+
+
+#: share of one core a rank must use between the samples to count as computing (busy), not blocked
+BUSY_SHARE = 0.2
+
+
+def busy_ranks(first: list[Place], second: list[Place]) -> set[int]:
+    """Ranks that used at least :data:`BUSY_SHARE` of a core between the two samples: computing at the same
+    line (a long step that prints nothing), not blocked."""
+    a = {p.rank: p for p in first}
+    out = set()
+    for p in second:
+        q = a.get(p.rank)
+        if q is None or None in (p.cpu_s, q.cpu_s, p.t, q.t) or p.t <= q.t:
+            continue
+        if (p.cpu_s - q.cpu_s) >= BUSY_SHARE * (p.t - q.t):
+            out.add(p.rank)
+    return out
+
+
+_SAME_ORDER = ("every rank must call the same collectives in the same order: look for a collective that only some "
+               "ranks reach (under `if rank == 0`, after an early `break`/`return`, a loop whose length differs per "
+               "rank such as uneven batches), or a rank that is only slow (then raise stall_s)")
+
+
+def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
+    """Name the stall from every rank's place (:func:`places_from_sample`)."""
+    live = [p for p in places if not p.ended]
+    ended = [p for p in places if p.ended]
+    waiting = [p for p in live if p.collective]
+    elsewhere = [p for p in live if not p.collective]
+    missing = sorted(set(range(world_size)) - {p.rank for p in places}) if world_size else []
+    lines: list[str] = []
+    if waiting and (elsewhere or ended):
+        ops = [p.collective for p in waiting]
+        op = max(set(ops), key=ops.count)
+        short = op.split(" (")[0]
+        w = "; ".join(p.describe() for p in waiting)
+        others = "; ".join((f"rank {p.rank} never called {short}: it is {p.elsewhere()}" if not p.ended else p.describe())
+                           for p in elsewhere + ended)
+        lines.append(f"{w}; {others}")
+        behind = ", ".join(str(p.rank) for p in elsewhere + ended)
+        if ended and not elsewhere:
+            cause = (f"rank(s) {behind} ended while the others wait for them in {short}: the others can only time "
+                     "out")
+            fix = ("make every rank run the same number of steps and collectives before it ends (uneven data per "
+                   "rank, an early exit or an exception caught on one rank cause this)")
+        else:
+            cause = f"rank(s) {behind} never reached the {short} the others wait in, so they wait forever"
+            fix = _SAME_ORDER
+    elif waiting:
+        where = {(p.collective, p.user) for p in waiting}
+        lines.append("; ".join(p.describe() for p in waiting))
+        if len(where) > 1:
+            cause = "the ranks wait in different collectives (or at different lines): they call them in a different order"
+            fix = _SAME_ORDER
+        elif waiting[0].collective == "init_process_group":
+            cause = ("every rank waits in init_process_group: not all of the ranks it expects have joined (a "
+                     "world_size or rank given to init_process_group that differs from torchrun's, or a node that "
+                     "never started)")
+            fix = ("call init_process_group() without rank=/world_size= (torchrun sets RANK and WORLD_SIZE), and "
+                   "check that every node started")
+        else:
+            cause = (f"every rank waits in {waiting[0].collective.split(' (')[0]} at the same line: a rank of another "
+                     "node is missing, the tensors differ between ranks (shape or dtype), or the network between the "
+                     "nodes is blocked")
+            fix = ("print the tensor's shape and dtype on every rank before the call; check that every node's ranks "
+                   "are alive (`broker logs`); a blocked port is found by preflight")
+    else:
+        lines.append("; ".join(p.describe() for p in live) or "no rank answered")
+        cause = ("no rank is inside a collective: the job is stuck or very slow in its own code (a step that takes "
+                 "longer than stall_s without printing, a DataLoader, an input() or a lock)")
+        fix = ("look at the lines above; print progress more often, or raise the recipe's stall_s if a step "
+               "legitimately takes that long")
+    if missing:
+        lines.append("no stack from rank(s) " + ", ".join(map(str, missing)) + " (not started, or gone)")
+    return Verdict(lines=lines, cause=cause, fix=fix, places=places)
+
+
+# ------------------------------------------------------------------------------------------------ watching a run
+Sampler = Callable[[], dict[str, dict[str, Any]]]
+
+
+class _Timed:
+    """A node handle whose output lines stamp the watch's last-output time (everything else passes through)."""
+
+    def __init__(self, node: Any, watch: "StallWatch"):
+        self._node, self._watch = node, watch
+
+    def lines(self) -> Iterable[str]:
+        for line in self._node.lines():
+            self._watch.last_output = self._watch.clock()
+            yield line
+
+    def chunks(self) -> Iterable[bytes]:
+        """The node's raw output blocks (its own ``chunks()`` where its class has one, else its lines encoded),
+        each stamping the last-output time: the streaming path reads blocks, not lines."""
+        node = self._node
+        if getattr(type(node), "chunks", None) is not None:
+            blocks: Iterable[bytes] = node.chunks()
+        else:
+            blocks = (line.encode("utf-8", "surrogateescape") for line in node.lines())
+        for data in blocks:
+            self._watch.last_output = self._watch.clock()
+            yield data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node, name)
+
+
+class StallWatch:
+    """Decides, from the last output time and two stack samples, whether the run is stalled.
+
+    ``stall_s``: seconds without any node's output before the stacks are sampled; ``sample``: returns every rank's
+    stacks (:func:`broker.run.rankshim.dump_stacks`'s shape); ``on_stall``: ``stop`` or ``report``; ``run_dir``: where
+    ``stall.json`` and ``stacks.txt`` go; ``echo``: receives ``[broker] ...`` lines.  ``world_size``: names ranks
+    that gave no stack.
+    """
+
+    def __init__(self, stall_s: float, sample: Sampler, *, on_stall: str = "stop", run_dir: Path | None = None,
+                 echo: Callable[[str], None] | None = None, gap_s: float = SAMPLE_GAP_S,
+                 world_size: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self.stall_s = float(stall_s)
+        self.sample = sample
+        self.on_stall = on_stall
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.echo = echo
+        self.gap_s = gap_s
+        self.world_size = world_size
+        self.clock = clock
+        self.last_output = clock()
+        self.found: Verdict | None = None
+        self.reason = ""
+        self._reported: tuple | None = None
+        self._busy_at = float("-inf")  # when the ranks were last judged busy (computing)
+
+    def wrap(self, nodes: list[Any]) -> list[Any]:
+        """The nodes with their output lines timed (pass the result to the supervisor's pumps)."""
+        self.last_output = self.clock()
+        return [_Timed(n, self) for n in nodes]
+
+    def _say(self, line: str) -> None:
+        if self.echo is not None:
+            self.echo(f"[broker] {line}")
+
+    def _sample(self) -> tuple[dict[str, dict[str, Any]], list[Place]]:
+        try:
+            raw = self.sample() or {}
+        except Exception as e:  # noqa: BLE001 - a failed sample is no evidence of a stall
+            self._say(f"could not read the ranks' stacks: {type(e).__name__}: {e}")
+            raw = {}
+        return raw, places_from_sample(raw)
+
+    def check(self) -> bool:
+        """Sample when the output has been silent for ``stall_s``; True when the run is stalled and ``on_stall``
+        is ``stop`` (the caller then stops every node, with :attr:`reason`).  Blocks for about ``gap_s`` while
+        sampling."""
+        silent = self.clock() - self.last_output
+        if silent < self.stall_s or self.clock() - self._busy_at < self.stall_s:
+            return False  # silent too briefly, or judged busy less than stall_s ago: judge again after stall_s
+        raw1, first = self._sample()
+        if not any(not p.ended for p in first) or any(p.importing for p in first):
+            self.last_output = self.clock()  # nothing to judge (no rank started yet?): look again after stall_s
+            return False
+        time.sleep(self.gap_s)
+        if self.clock() - self.last_output < self.stall_s:
+            return False  # output came while sampling: progress
+        raw2, second = self._sample()
+        if [p.key() for p in first] != [p.key() for p in second]:
+            self.last_output = self.clock()  # the stacks moved: silent progress, not a stall
+            return False
+        live = [p for p in second if not p.ended]
+        # a rank in a known wait is waiting however much CPU it uses (NCCL spins a core while it waits)
+        busy = busy_ranks(first, second) - {p.rank for p in second if p.waits}
+        outside = [p for p in live if not p.collective]
+        # computing at one line is progress: every rank busy, or a rank busy outside the collective the others
+        # wait in (a slow rank: the collective completes when it arrives)
+        if busy and (busy >= {p.rank for p in live} or any(p.rank in busy for p in outside)):
+            slow = [p for p in outside if p.rank in busy]
+            if slow:
+                # said at each judgement (every stall_s of silence), with the silence so far: a busy run is
+                # re-judged, never passed once for ever
+                self._reported = ("slow", tuple(p.key() for p in second))
+                self._say(f"no output for {self.clock() - self.last_output:.0f} s: "
+                          + "; ".join(f"rank {p.rank} is busy {p.elsewhere()}" for p in slow)
+                          + (" while " + "; ".join(p.describe() for p in live if p.collective)
+                             if any(p.collective for p in live) else "")
+                          + " (computing, not stuck: not stopped)")
+            self._busy_at = self.clock()  # the silence keeps counting; the next judgement comes after stall_s
+            return False
+        v = verdict(second, self.world_size)
+        silent = self.clock() - self.last_output
+        key = tuple(p.key() for p in second)
+        stop = self.on_stall == "stop"
+        if key != self._reported:
+            self._reported = key
+            self.found = v
+            self._say(f"stalled: no output for {silent:.0f} s and every rank at the same place in two stack samples "
+                      f"{self.gap_s:.0f} s apart")
+            for ln in v.lines:
+                self._say(ln)
+            self._say(f"cause: {v.cause}")
+            self._say(f"fix: {v.fix}")
+            self._say("on_stall: stop -> stopping every node (recipe on_stall: report keeps a stalled run going)"
+                      if stop else "on_stall: report -> the run goes on")
+            self._write(v, raw2, silent, stop)
+        self.reason = (f"stalled: no output for {silent:.0f} s; {v.headline}; stopped every node" if stop else "")
+        if not stop:
+            self.last_output = self.clock()
+        return stop
+
+    def at_deadline(self) -> None:
+        """One stack sample when the deadline stops a run that had not been found stalled: where every rank was
+        (``stall.json`` with ``when: deadline``), so a deadline report is never empty."""
+        if self.found is not None:
+            return
+        raw, places = self._sample()
+        if not any(not p.ended for p in places):
+            return
+        v = verdict(places, self.world_size)
+        self._say("at the deadline: " + "; ".join(v.lines))
+        self._write(v, raw, self.clock() - self.last_output, False, when="deadline")
+
+    def _write(self, v: Verdict, raw: dict[str, dict[str, Any]], silent: float, stopped: bool,
+               when: str = "stall") -> None:
+        if self.run_dir is None:
+            return
+        data = {"when": when, "silent_s": round(silent, 1), "gap_s": self.gap_s, "stopped": stopped,
+                "lines": v.lines, "cause": v.cause, "fix": v.fix, "ranks": [p.as_dict() for p in v.places],
+                "flight_recorder": []}
+        try:
+            from broker.core.private import private_dirs, private_opener, write_private
+
+            private_dirs(self.run_dir)
+            write_private(self.run_dir / "stall.json", json.dumps(data, indent=1) + "\n")
+            with open(self.run_dir / "stacks.txt", "w", encoding="utf-8", opener=private_opener) as f:
+                for r, e in sorted(raw.items(), key=lambda kv: kv[0]):
+                    if isinstance(e, dict) and isinstance(e.get("text"), str):
+                        f.write(f"=== rank {r} (node {e.get('node')}, pid {e.get('pid')}, {e.get('tool')})\n")
+                        f.write(e["text"].rstrip() + "\n\n")
+        except OSError:
+            pass
+
+
+def read_stall(run_dir: Path) -> dict[str, Any] | None:
+    """``<run>/stall.json`` as :meth:`StallWatch.check` wrote it (None when the run never stalled)."""
+    try:
+        d = json.loads((Path(run_dir) / "stall.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and isinstance(d.get("lines"), list) else None
+
+
+# ------------------------------------------------------------------------------------------------ samplers
+def local_sampler(facts_dirs: Iterable[Path], wait_s: float = 3.0) -> Sampler:
+    """Stacks of the ranks whose facts are in ``facts_dirs`` (this machine's nodes), merged."""
+    from broker.run import rankshim
+    dirs = [Path(d) for d in facts_dirs]
+
+    def sample() -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for d in dirs:
+            out.update(rankshim.dump_stacks(str(d), wait_s=wait_s))
+        return out
+
+    return sample
+
+
+def remote_stack_command(python: str, base: str, shim_name: str = "rankshim.py") -> str:
+    """The shell line that prints the stacks of the ranks of a node whose folder is ``base`` (the shim and its
+    ``facts/`` live there)."""
+    import shlex
+
+    q = shlex.quote
+    return f"{q(python)} {q(base + '/' + shim_name)} --dump-stacks {q(base + '/facts')}"
+
+
+def remote_sampler(run: Callable[[int, str], tuple[int | None, str]], commands: dict[int, str]) -> Sampler:
+    """Stacks of remote nodes: ``run(i, command)`` runs ``commands[i]`` (``python rankshim.py --dump-stacks DIR``)
+    on node ``i`` and returns (exit code, output); the JSON answers are merged (a node that does not answer is
+    left out)."""
+
+    def sample() -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for i, cmd in sorted(commands.items()):
+            try:
+                code, text = run(i, cmd)
+            except Exception:  # noqa: BLE001 - a node that does not answer gives no stacks
+                continue
+            if code != 0:
+                continue
+            try:
+                d = json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
+            except ValueError:
+                continue
+            if isinstance(d, dict):
+                out.update({str(k): v for k, v in d.items() if isinstance(v, dict)})
+        return out
+
+    return sample
+
+
+# ------------------------------------------------------------------------------------------------ flight recorder
+class _DataOnly(pickle.Unpickler):
+    """A node's pickle is input, never code: only plain data (dicts, lists, text, numbers) may be loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}: not plain data")
+
+
+def read_flight_recorder(path: Path, max_bytes: int = 64 << 20) -> dict[str, Any] | None:
+    """One flight-recorder dump (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank; pickle of ``{"version",
+    "pg_config", "entries": [...]}``, or its JSON form): the dict, or None when unreadable."""
+    try:
+        data = Path(path).read_bytes()[: max_bytes + 1]
+    except OSError:
+        return None
+    if len(data) > max_bytes:
+        return None
+    try:
+        d = json.loads(data) if data[:1] == b"{" else _DataOnly(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - a torn or foreign file is no dump
+        return None
+    return d if isinstance(d, dict) and isinstance(d.get("entries"), list) else None
+
+
+def flight_recorder_lines(dumps: dict[int, dict[str, Any]]) -> list[str]:
+    """What the dumps of several ranks say: per rank its last collective (sequence number, name, sizes, state);
+    the ranks behind the furthest one are named: ``rank 1 is behind: its last collective is #3 all_reduce
+    (completed), rank 0 is at #4 all_reduce (started)``."""
+    last: dict[int, dict[str, Any]] = {}
+    for r, d in dumps.items():
+        ents = [e for e in d.get("entries", []) if isinstance(e, dict) and not e.get("is_p2p")
+                and isinstance(e.get("collective_seq_id"), int)]
+        if ents:
+            last[r] = max(ents, key=lambda e: e["collective_seq_id"])
+    if not last:
+        return []
+
+    def desc(e: dict[str, Any]) -> str:
+        name = str(e.get("profiling_name", "?")).split(":")[-1]
+        return f"#{e['collective_seq_id']} {name} {e.get('input_sizes')} ({e.get('state')})"
+
+    out = [f"flight recorder: rank {r}'s last collective is {desc(e)}" for r, e in sorted(last.items())]
+    top = max(e["collective_seq_id"] for e in last.values())
+    ahead = [r for r, e in last.items() if e["collective_seq_id"] == top]
+    behind = sorted(r for r, e in last.items() if e["collective_seq_id"] < top)
+    if behind:
+        out.append(f"flight recorder: rank(s) {', '.join(map(str, behind))} never enqueued collective #{top} "
+                   f"({str(last[ahead[0]].get('profiling_name', '?')).split(':')[-1]}) that rank(s) "
+                   f"{', '.join(map(str, sorted(ahead)))} wait in")
+    sizes = {r: e.get("input_sizes") for r, e in last.items() if e["collective_seq_id"] == top}
+    if len({json.dumps(v) for v in sizes.values()}) > 1:
+        out.append("flight recorder: the ranks gave collective #%d different tensor sizes: %s"
+                   % (top, ", ".join(f"rank {r}: {v}" for r, v in sorted(sizes.items()))))
+    return out
+
+
+def flight_recorder_from_run(run_dir: Path) -> list[str]:
+    """:func:`flight_recorder_lines` of the dumps under ``<run>/node*/facts/fr_trace_rank*``."""
+    dumps: dict[int, dict[str, Any]] = {}
+    for p in sorted(Path(run_dir).glob("node*/facts/fr_trace_rank*")):
+        m = re.search(r"(\d+)$", p.name)
+        d = read_flight_recorder(p) if m else None
+        if d is not None:
+            dumps[int(m.group(1))] = d
+    return flight_recorder_lines(dumps)

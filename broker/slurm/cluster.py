@@ -1,0 +1,1066 @@
+"""``broker slurm up|status|down``: a Slurm cluster of its own on acquired nodes, built over SSH.
+
+The cluster is a *run* in the ledger (provider = the node provider, topology ``slurm-cluster``, a hard deadline
+from ``--max-hours``, a budget): its nodes are acquired through the pipeline's targets
+(:class:`broker.run.pipeline.NetnsTarget` for ``netns``, :class:`broker.run.pipeline.CloudTarget` - ledger-first
+:func:`broker.money.provision.provision` - for ``oci``/``aws``), so the watchdog, the deadline, ``broker down`` and
+``broker status`` apply to it exactly as to any run.  Its id (the run id) is the cluster id.
+
+Then, over SSH (:class:`broker.run.remote.SSHCluster`), on every node:
+
+1. facts: ``nproc``, ``MemTotal`` of ``/proc/meminfo``, ``nvidia-smi -L`` (GPUs), ``hostname -s``, and whether the
+   Slurm and MUNGE binaries are there; on netns nodes they are this machine's (missing = install them here), on
+   cloud VMs ``apt-get install slurm-wlm munge`` (the boot script :func:`cloud_onstart` already started it);
+2. one MUNGE key per cluster (1024 random bytes, generated in memory, written over SFTP with mode 0400 on every
+   node, never printed and never in the ledger);
+3. ``slurm.conf`` (:func:`render_slurm_conf`: node 0 = slurmctld + slurmd, the others slurmd; the real CPU, memory
+   and GPU counts) and ``gres.conf`` (:func:`render_gres_conf`) under the per-cluster folder ``<base>/etc``;
+4. ``munged`` with its own key, socket, pid, log and seed files; ``slurmctld`` on node 0 and ``slurmd -N node<i>``
+   on every node with that ``slurm.conf`` (``-f``; client commands get ``SLURM_CONF``), their state, pid and log
+   files under ``<base>``.  The MUNGE socket lives in ``/run/broker-munge-<tag>/``: one path in ``slurm.conf``
+   (``AuthInfo=socket=``) that is each node's own (a netns node has a private ``/run``; a VM has its own disk);
+5. one shared directory at the same absolute path on every node: netns nodes share this machine's file system
+   (``<run dir>/cluster/shared``); cloud VMs mount ``/srv/broker-shared`` over NFS from node 0
+   (:func:`nfs_server_script` / :func:`nfs_client_script`, restricted to the private network's CIDR).
+
+Done when ``sinfo`` on node 0 shows every node ``idle``.
+
+Inside a netns node (``ip netns exec`` + a private mount namespace) ``/sys/fs/cgroup`` is empty: slurmd needs
+this machine's cgroup layout mounted again there (:func:`cgroup_mount_script`); those mounts live and die with
+the node's mount namespace.  The host's ``/etc`` is shared, so nothing is written to ``/etc/slurm`` or
+``/etc/munge``: every daemon is pointed at the cluster's own files.
+
+``broker slurm down`` stops the daemons by PID (their pid files, over SSH), releases the nodes through the same
+target (namespaces deleted / VMs terminated and confirmed gone), and checks that no namespace, daemon or mount of
+the cluster is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from broker.core.provider import BadInput, BrokerError, ProviderError
+
+if TYPE_CHECKING:
+    from broker.money.ledger import Ledger
+    from broker.core.model import Cluster, Run
+    from broker.run.remote import SSHCluster
+    from broker.slurm.executor import SlurmOptions
+
+Say = Callable[[str], None]
+
+#: the run topology of a Slurm cluster broker built
+TOPOLOGY = "slurm-cluster"
+#: node providers ``broker slurm up`` acquires from
+UP_PROVIDERS = ("netns", "oci", "aws")
+#: the cluster's state beside the run (no secrets in it)
+STATE_FILE = "slurmcluster.json"
+CTLD_PORT = 6817
+SLURMD_PORT = 6818
+PARTITION = "broker"
+#: the shared directory on cloud VMs (NFS from node 0)
+CLOUD_SHARED_DIR = "/srv/broker-shared"
+CLOUD_BASE = "/var/lib/broker-slurm"
+SLURM_BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun", "sinfo", "squeue",
+                  "scontrol", "scancel")
+DEFAULT_MAX_HOURS = 2.0
+DEFAULT_BUDGET_USD = 5.0
+
+
+# --------------------------------------------------------------------------------------------------- values
+@dataclass
+class NodeFacts:
+    """One node as Slurm sees it: ``name`` (``node<i>``, the Slurm NodeName), SSH endpoint, private address,
+    ``hostname`` (``hostname -s``), ``cpus`` (nproc), ``memory_mb`` (MemTotal in MiB), ``gpus`` (count) and the
+    GPU device indices (``/dev/nvidia<i>``) it owns."""
+
+    name: str
+    host: str
+    private_ip: str
+    port: int = 22
+    user: str = "root"
+    hostname: str = ""
+    cpus: int = 1
+    memory_mb: int = 1
+    gpus: int = 0
+    gpu_devices: list[int] = field(default_factory=list)
+    gpu_name: str = ""
+
+
+@dataclass
+class ClusterState:
+    """What ``slurm status|down`` and ``run --cluster`` need (``<run dir>/slurmcluster.json``; no secrets)."""
+
+    cluster_id: str
+    name: str
+    provider: str
+    base: str
+    shared_dir: str
+    shared_note: str
+    python: str
+    ssh_key_path: str | None
+    known_hosts_path: str | None
+    nodes: list[NodeFacts]
+    munge_socket: str
+    netns_cid: str | None = None
+    ctld_port: int = CTLD_PORT
+    slurmd_port: int = SLURMD_PORT
+
+    @property
+    def conf(self) -> str:
+        return f"{self.base}/etc/slurm.conf"
+
+    def node_dir(self, i: int) -> str:
+        return f"{self.base}/nodes/node{i}"
+
+    @property
+    def spool_dir(self) -> str:
+        """slurmd's spool on each node's own ``/run`` (short: slurmstepd's socket paths must fit in 108 bytes)."""
+        return f"/run/broker-slurmd-{self.cluster_id[-6:]}"
+
+    @property
+    def ctld_dir(self) -> str:
+        return f"{self.base}/ctld"
+
+    def save(self, run_dir: Path) -> None:
+        (Path(run_dir) / STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "ClusterState":
+        p = Path(run_dir) / STATE_FILE
+        try:
+            d = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise BadInput(f"no Slurm cluster state in {run_dir} ({e})",
+                           hint="is this a cluster id from `broker slurm up`? `broker status` lists runs") from None
+        d["nodes"] = [NodeFacts(**n) for n in d["nodes"]]
+        return cls(**d)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster_id": self.cluster_id, "name": self.name, "provider": self.provider,
+                "shared_dir": self.shared_dir,
+                "nodes": [{"name": n.name, "host": n.host, "private_ip": n.private_ip, "cpus": n.cpus,
+                           "memory_mb": n.memory_mb, "gpus": n.gpus} for n in self.nodes]}
+
+
+# --------------------------------------------------------------------------------------------------- rendering
+def render_slurm_conf(*, cluster_name: str, controller: str, controller_addr: str, nodes: list[NodeFacts],
+                      base: str, munge_socket: str, spool_dir: str, ctld_port: int = CTLD_PORT,
+                      slurmd_port: int = SLURMD_PORT, max_minutes: int | None = None) -> str:
+    """The cluster's ``slurm.conf``: slurmctld on node 0 (``controller`` = node 0's ``hostname -s``, which
+    slurmctld compares with its own), every node a slurmd with its real CPUs, memory (MiB) and GPUs (``Gres``),
+    state, pid and log files under ``base``, MUNGE through ``munge_socket``, one default partition ``broker``.
+
+    ``spool_dir``: slurmd's spool (``/run/broker-slurmd-<tag>``, each node's own ``/run``): slurmstepd creates
+    Unix sockets there and a socket path may not exceed 108 bytes, which a spool under a deep run folder does
+    (measured: "Unix socket path ... is too long. (119 > 108)", the job requeued and held)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", cluster_name):
+        raise BadInput(f"cluster name {cluster_name!r}: letters, digits, '-' and '_' only (at most 40)")
+    lines = [
+        f"ClusterName={cluster_name.lower()}",
+        f"SlurmctldHost={controller}({controller_addr})",
+        f"SlurmctldPort={ctld_port}",
+        f"SlurmdPort={slurmd_port}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={munge_socket}",
+        f"StateSaveLocation={base}/ctld/state",
+        f"SlurmctldPidFile={base}/ctld/slurmctld.pid",
+        f"SlurmctldLogFile={base}/ctld/slurmctld.log",
+        f"SlurmdSpoolDir={spool_dir}/%n",
+        f"SlurmdPidFile={base}/nodes/%n/slurmd.pid",
+        f"SlurmdLogFile={base}/nodes/%n/slurmd.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "MpiDefault=none",
+        "ReturnToService=2",
+        "SlurmdTimeout=60",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+        "KillWait=5",
+    ]
+    if any(n.gpus for n in nodes):
+        lines.append("GresTypes=gpu")
+    for n in nodes:
+        gres = f" Gres=gpu:{n.gpus}" if n.gpus else ""
+        lines.append(f"NodeName={n.name} NodeAddr={n.private_ip} CPUs={n.cpus} RealMemory={n.memory_mb}{gres} "
+                     "State=UNKNOWN")
+    limit = str(max_minutes) if max_minutes else "INFINITE"
+    lines.append(f"PartitionName={PARTITION} Nodes={','.join(n.name for n in nodes)} Default=YES MaxTime={limit} "
+                 "State=UP")
+    return "\n".join(lines) + "\n"
+
+
+def render_gres_conf(nodes: list[NodeFacts]) -> str:
+    """``gres.conf``: one line per GPU node naming its device files (``/dev/nvidia<i>``); empty without GPUs."""
+    out = []
+    for n in nodes:
+        if not n.gpus:
+            continue
+        devs = n.gpu_devices or list(range(n.gpus))
+        files = (f"/dev/nvidia{devs[0]}" if len(devs) == 1 else
+                 "/dev/nvidia[" + ",".join(str(d) for d in devs) + "]")
+        out.append(f"NodeName={n.name} Name=gpu File={files}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+FACTS_CMD = ("echo NPROC=$(nproc); grep '^MemTotal:' /proc/meminfo; echo HOST=$(hostname -s); "
+             "(nvidia-smi --query-gpu=index,name --format=csv,noheader 2>/dev/null | sed 's/^/GPU=/') || true; "
+             "for b in " + " ".join(SLURM_BINARIES) + "; do command -v $b >/dev/null 2>&1 || "
+             "[ -x /usr/sbin/$b ] || echo MISSING=$b; done")
+
+
+def parse_facts(out: str) -> dict[str, Any]:
+    """The output of :data:`FACTS_CMD` -> ``cpus``, ``memory_mb``, ``hostname``, ``gpus`` [(index, name)],
+    ``missing`` [binary names].  Raises ProviderError when a count cannot be read."""
+    cpus = mem_kb = None
+    host = ""
+    gpus: list[tuple[int, str]] = []
+    missing: list[str] = []
+    for line in out.splitlines():
+        line = line.strip()
+        if line.startswith("NPROC=") and line[6:].isdigit():
+            cpus = int(line[6:])
+        elif line.startswith("MemTotal:"):
+            m = re.search(r"(\d+)\s*kB", line)
+            mem_kb = int(m.group(1)) if m else None
+        elif line.startswith("HOST="):
+            host = line[5:]
+        elif line.startswith("GPU="):
+            idx, _, name = line[4:].partition(",")
+            if idx.strip().isdigit():
+                gpus.append((int(idx), name.strip()))
+        elif line.startswith("MISSING="):
+            missing.append(line[8:])
+    if cpus is None or mem_kb is None:
+        raise ProviderError("slurm", "node facts", f"cannot read nproc / MemTotal from the node: {out.strip()[-300:]}")
+    return {"cpus": cpus, "memory_mb": mem_kb // 1024, "hostname": host, "gpus": gpus, "missing": missing}
+
+
+def cgroup_mount_script(mounts_text: str | None = None) -> str:
+    """Shell that mounts this machine's cgroup layout again on ``/sys/fs/cgroup`` (run inside a netns node's
+    mount namespace, where ``ip netns exec`` left ``/sys/fs/cgroup`` empty and slurmd would fail with "No
+    filesystem mounted on /sys/fs/cgroup").  ``mounts_text``: ``/proc/self/mounts`` of this machine."""
+    text = mounts_text if mounts_text is not None else Path("/proc/self/mounts").read_text()
+    mounts = [line.split() for line in text.splitlines() if len(line.split()) >= 4]
+    v1 = [(m[1], m[3]) for m in mounts if m[2] == "cgroup" and m[1].startswith("/sys/fs/cgroup/")]
+    v2 = [m[1] for m in mounts if m[2] == "cgroup2" and m[1].startswith("/sys/fs/cgroup")]
+    if "/sys/fs/cgroup" in v2:
+        return "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup"
+    cmds = ["mountpoint -q /sys/fs/cgroup || mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup"]
+    for path, opts in v1:
+        keep = [o for o in opts.split(",") if o not in ("rw", "ro", "relatime", "nosuid", "nodev", "noexec")]
+        if all(o.startswith("name=") for o in keep):
+            keep = ["none", *keep]
+        cmds.append(f"mkdir -p {path} && (mountpoint -q {path} || mount -t cgroup -o {','.join(keep)} cgroup {path})")
+    for path in v2:
+        cmds.append(f"mkdir -p {path} && (mountpoint -q {path} || mount -t cgroup2 none {path})")
+    return " && ".join(cmds)
+
+
+def munged_argv(state: ClusterState, i: int) -> list[str]:
+    d = state.node_dir(i)
+    return ["munged", f"--key-file={d}/munge/munge.key", f"--socket={state.munge_socket}",
+            f"--pid-file={d}/munge/munged.pid", f"--log-file={d}/munge/munged.log",
+            f"--seed-file={d}/munge/munged.seed"]
+
+
+def start_script(state: ClusterState, i: int, *, cgroups: str | None) -> str:
+    """The shell run over SSH on node ``i`` to start its daemons (the key and the configs are already there):
+    munged (and a ``munge | unmunge`` round trip), slurmctld on node 0, then slurmd ``-N node<i>``.  Every daemon
+    daemonizes itself; stdio goes to ``<node dir>/*.console``; pid files under ``<base>``."""
+    q = shlex.quote
+    d = state.node_dir(i)
+    sock = state.munge_socket
+    sockdir = sock.rsplit("/", 1)[0]
+    lines = ["set -e", f"mkdir -p {q(sockdir)} {q(state.spool_dir)}/node{i}", f"chmod 755 {q(sockdir)}",
+             " ".join(q(a) for a in munged_argv(state, i)) + f" </dev/null >>{q(d)}/munged.console 2>&1",
+             f"for k in $(seq 100); do [ -S {q(sock)} ] && break; sleep 0.1; done",
+             f"munge -n -S {q(sock)} | unmunge -S {q(sock)} >/dev/null"]
+    if i == 0:
+        lines += [f"mkdir -p {q(state.ctld_dir)}/state",
+                  f"slurmctld -i -f {q(state.conf)} </dev/null >>{q(state.ctld_dir)}/slurmctld.console 2>&1"]
+    if cgroups:
+        lines.append(cgroups)
+    lines.append(f"slurmd -f {q(state.conf)} -N node{i} </dev/null >>{q(d)}/slurmd.console 2>&1")
+    return "\n".join(lines) + "\n"
+
+
+#: pid files of a node's daemons, in stop order (slurmd first: it may still run job steps)
+def pid_files(state: ClusterState, i: int) -> list[str]:
+    d = state.node_dir(i)
+    files = [f"{d}/slurmd.pid"]
+    if i == 0:
+        files.append(f"{state.ctld_dir}/slurmctld.pid")
+    files.append(f"{d}/munge/munged.pid")
+    return files
+
+
+def stop_script(state: ClusterState, i: int, grace_s: float = 10.0) -> str:
+    """Shell that stops node ``i``'s daemons by PID (SIGTERM, SIGKILL after ``grace_s``) and prints
+    ``STILL=<pid>`` for any that needed SIGKILL.  A zombie counts as stopped (``kill -0`` still succeeds on one
+    until its parent reaps it, which a container's PID 1 may do late)."""
+    q = shlex.quote
+    files = " ".join(q(f) for f in pid_files(state, i))
+    steps = max(1, int(grace_s * 10))
+    return ("alive() { [ -r /proc/$1/stat ] && ! grep -q ') Z ' /proc/$1/stat 2>/dev/null; }; "
+            f"pids=''; for f in {files}; do [ -s \"$f\" ] && p=$(cat \"$f\") && alive \"$p\" && "
+            f"kill -TERM \"$p\" && pids=\"$pids $p\"; done; "
+            f"for k in $(seq {steps}); do left=''; for p in $pids; do alive $p && left=\"$left $p\"; "
+            f"done; [ -z \"$left\" ] && break; sleep 0.1; done; "
+            f"for p in $pids; do alive $p && kill -KILL $p && echo STILL=$p; done; "
+            "echo STOPPED=$(echo $pids | wc -w)")
+
+
+# --------------------------------------------------------------------------------------------------- cloud boot
+def cloud_onstart(shared_dir: str = CLOUD_SHARED_DIR) -> str:
+    """The boot script every cloud node runs (``NodeRequest.onstart``, which the OCI and AWS adapters embed in
+    their cloud-init user data after the dead-man switch): install Slurm, MUNGE and the NFS server and client
+    without starting the distribution's own slurmd/slurmctld (broker starts its own with its own config), and
+    create the shared directory.  Node 0's private address is known only after boot, so the export and the mounts
+    are done over SSH (:func:`nfs_server_script`, :func:`nfs_client_script`)."""
+    q = shlex.quote
+    return "\n".join([
+        "export DEBIAN_FRONTEND=noninteractive",
+        "for k in 1 2 3 4 5; do apt-get update -q && apt-get install -y -q slurm-wlm munge nfs-kernel-server "
+        "nfs-common && break; sleep 10; done",
+        "systemctl disable --now slurmd slurmctld 2>/dev/null || true",
+        f"mkdir -p {q(shared_dir)}",
+        "touch /var/lib/broker-slurm-packages.done",
+    ]) + "\n"
+
+
+def cloud_config(role: str, *, shared_dir: str = CLOUD_SHARED_DIR, cidr: str | None = None,
+                 server_ip: str | None = None) -> str:
+    """A ``#cloud-config`` document for one node of a cloud Slurm cluster: ``role`` ``server`` (node 0: Slurm +
+    MUNGE + nfs-kernel-server, ``shared_dir`` exported read-write to ``cidr`` only) or ``client`` (nfs-common,
+    ``shared_dir`` mounted from ``server_ip`` at the same path, retried until the server answers).  For images
+    and providers where the user data can differ per node; broker's own flow uses :func:`cloud_onstart` plus the
+    same steps over SSH."""
+    import yaml
+
+    if role not in ("server", "client"):
+        raise BadInput(f"cloud-config role {role!r}: server or client")
+    doc: dict[str, Any] = {"package_update": True, "packages": ["slurm-wlm", "munge"]}
+    if role == "server":
+        if not cidr:
+            raise BadInput("the NFS server needs the private network's CIDR (never exported to the world)")
+        doc["packages"].append("nfs-kernel-server")
+        doc["write_files"] = [{"path": "/etc/exports.d/broker.exports", "permissions": "0644",
+                               "content": export_line(shared_dir, cidr) + "\n"}]
+        doc["runcmd"] = [["mkdir", "-p", shared_dir], ["chmod", "1777", shared_dir],
+                         ["systemctl", "enable", "--now", "nfs-server"], ["exportfs", "-ra"],
+                         ["systemctl", "disable", "--now", "slurmd", "slurmctld"]]
+    else:
+        if not server_ip:
+            raise BadInput("an NFS client needs node 0's private address")
+        doc["packages"].append("nfs-common")
+        doc["runcmd"] = [["mkdir", "-p", shared_dir],
+                         ["sh", "-c", mount_loop(server_ip, shared_dir)],
+                         ["systemctl", "disable", "--now", "slurmd", "slurmctld"]]
+    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
+
+
+def export_line(shared_dir: str, cidr: str) -> str:
+    """``/etc/exports`` line: the private network only, read-write, root kept (jobs run as root)."""
+    return f"{shared_dir} {cidr}(rw,sync,no_subtree_check,no_root_squash)"
+
+
+def mount_loop(server_ip: str, shared_dir: str, tries: int = 60) -> str:
+    q = shlex.quote
+    return (f"for k in $(seq {tries}); do mountpoint -q {q(shared_dir)} && break; mount -t nfs -o vers=4,hard "
+            f"{q(server_ip)}:{q(shared_dir)} {q(shared_dir)} && break; sleep 5; done; mountpoint -q {q(shared_dir)}")
+
+
+def nfs_server_script(shared_dir: str, cidr: str) -> str:
+    """Shell run on node 0 over SSH: export ``shared_dir`` to ``cidr`` (the private network) and reload."""
+    q = shlex.quote
+    return (f"set -e; mkdir -p {q(shared_dir)} /etc/exports.d; chmod 1777 {q(shared_dir)}; "
+            f"echo {q(export_line(shared_dir, cidr))} > /etc/exports.d/broker.exports; "
+            "systemctl enable --now nfs-server >/dev/null 2>&1 || systemctl restart nfs-kernel-server; exportfs -ra")
+
+
+def nfs_client_script(server_ip: str, shared_dir: str) -> str:
+    """Shell run on nodes 1.. over SSH: mount node 0's ``shared_dir`` at the same path."""
+    return f"set -e; mkdir -p {shlex.quote(shared_dir)}; " + mount_loop(server_ip, shared_dir)
+
+
+def private_cidr(ips: list[str]) -> str:
+    """The /24 that holds every private address (our clusters live in one subnet); wider when they differ."""
+    import ipaddress
+
+    nets = {ipaddress.ip_network(f"{ip}/24", strict=False) for ip in ips}
+    if len(nets) == 1:
+        return str(nets.pop())
+    return str(ipaddress.ip_network(f"{ips[0]}/16", strict=False))
+
+
+# --------------------------------------------------------------------------------------------------- SSH shell
+def ssh_argv(state: ClusterState) -> list[str]:
+    """``ssh`` to node 0 with the cluster's key and pinned host keys (one shared connection, 30 s linger)."""
+    from broker.core.private import control_path
+
+    n = state.nodes[0]
+    # the shared connection's socket in this user's 0700 runtime folder (never shared /tmp)
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "-o", "LogLevel=ERROR",
+            "-o", "ControlMaster=auto", "-o", f"ControlPath={control_path('slurm-' + state.cluster_id[-6:])}",
+            "-o", "ControlPersist=30", "-p", str(n.port)]
+    if state.ssh_key_path:
+        argv += ["-i", state.ssh_key_path, "-o", "IdentitiesOnly=yes"]
+    if state.known_hosts_path:
+        argv += ["-o", f"UserKnownHostsFile={state.known_hosts_path}", "-o", "StrictHostKeyChecking=yes"]
+    from broker.core.runfolder import USER_RE, valid_host
+
+    if not USER_RE.fullmatch(str(n.user)) or not valid_host(n.host):  # read from the run's folder: input
+        raise BadInput(f"refused: cluster {state.cluster_id}'s node 0 user {n.user!r} / host {n.host!r} is not a "
+                       "user name / an IP address or DNS name", hint="the cluster's state file was edited")
+    return argv + ["-l", str(n.user), "--", n.host]
+
+
+def node0_shell(state: ClusterState):
+    """A :class:`broker.providers.slurm.Shell` whose commands run on node 0 over SSH with the cluster's key and
+    ``SLURM_CONF`` pointing at the cluster's ``slurm.conf``."""
+    from broker.providers.slurm import Shell
+
+    class ClusterShell(Shell):
+        def argv(self, argv: list[str]) -> list[str]:
+            # sbatch exports the environment: torchrun's temporary folders land in the cluster's shared folder
+            return ssh_argv(state) + [f"export SLURM_CONF={shlex.quote(state.conf)} "
+                                      f"TMPDIR={shlex.quote(state.shared_dir + '/tmp')}; " + shlex.join(argv)]
+
+    return ClusterShell(f"node0 of cluster {state.cluster_id}")
+
+
+def slurm_ssh_argv(run: Any, argv: list[str], command: list[str] | None) -> list[str]:
+    """``broker ssh`` on a cluster ``broker slurm up`` built: the session gets ``SLURM_CONF`` (the cluster's
+    ``slurm.conf`` is not in the default place, so ``sinfo`` would find no configuration source).  ``argv``: the
+    ssh argv as built for any kept run (``... -l USER -- HOST`` then the command when one is given); returned with
+    ``export SLURM_CONF=...;`` in front of the command, or for a shell ``-t`` and a login shell that has it.  Any
+    other run: ``argv`` unchanged."""
+    if getattr(run, "topology", None) != TOPOLOGY or not getattr(run, "run_dir", None):
+        return argv
+    try:
+        conf = ClusterState.load(Path(run.run_dir)).conf
+    except Exception:  # noqa: BLE001 - no state file: the session works, only without SLURM_CONF
+        return argv
+    export = f"export SLURM_CONF={shlex.quote(conf)};"
+    try:
+        h = argv.index("--") + 1  # ssh's own options end at "--"; the host follows, then the command
+    except ValueError:
+        return argv
+    if h >= len(argv):
+        return argv
+    if command:
+        return [*argv[:h + 1], export, *argv[h + 1:]]
+    return [*argv[:h - 1], "-t", "--", argv[h], f'{export} exec "${{SHELL:-/bin/bash}}" -l']
+
+
+def close_shell(state: ClusterState) -> None:
+    """End the shared SSH connection to node 0 (``ssh -O exit``), if one lingers."""
+    import subprocess
+
+    argv = ssh_argv(state)
+    subprocess.run(argv[:-1] + ["-O", "exit", argv[-1]], capture_output=True, timeout=15)
+
+
+# --------------------------------------------------------------------------------------------------- the recipe
+def cluster_recipe(name: str, nodes: int, *, max_hours: float, budget_usd: float, gpus_per_node: int = 1,
+                   cpu_ok: bool = True, gpu_models: list[str] | None = None):
+    """The Recipe that describes a cluster's nodes to the targets and the planner (no script is ever run);
+    ``cpu_ok`` makes it a CPU-only job (``gpus_per_node: 0``: CPU and free-tier machines qualify)."""
+    from broker.core.recipe import GpuSpec, Recipe
+
+    return Recipe(name=f"slurm-{name}", script=Path("slurm-cluster"), workdir=Path("."), nodes=nodes,
+                  gpus_per_node=0 if cpu_ok else max(1, gpus_per_node), cpu_ok=cpu_ok, max_hours=max_hours,
+                  budget_usd=budget_usd,
+                  topology="multi-node", gpu=GpuSpec(models=gpu_models or [], min_mem_gib=0))
+
+
+def cpu_options(recipe: Any, provider: str) -> list:
+    """Ranked valid options for a CPU-only cluster on ``provider``: its own offers plus the free-tier CPU machines
+    (``providers/snapshots/free_tier.csv``, $0.00 within their limits).  Raises AuthError without credentials (a
+    snapshot price cannot be rented)."""
+    from broker.plan.catalog import SHIPPED_DIR
+    from broker.plan.facts import gather
+    from broker.plan.planner import free_tier_offers, plan
+    from broker.core.provider import AuthError
+    from broker.providers import get_provider
+
+    chk = get_provider(provider).check()
+    if not chk.configured:
+        raise AuthError(provider, "credentials check", f"no credentials for {provider}: nothing can be rented",
+                        hint=chk.hint or chk.detail or "see .env.example")
+    req = recipe.requirements()
+    facts = gather(req, [provider])
+    offers = list(facts.offers) + free_tier_offers(req, (SHIPPED_DIR / "free_tier.csv").read_text())
+    p = plan(req, offers, facts.quotas, facts.capacities, notes=facts.notes)
+    return [o for o in p.options if o.valid and o.provider == provider]
+
+
+# --------------------------------------------------------------------------------------------------- up
+@dataclass
+class UpOptions:
+    provider: str = "netns"
+    nodes: int = 2
+    name: str | None = None
+    max_hours: float = DEFAULT_MAX_HOURS
+    budget_usd: float = DEFAULT_BUDGET_USD
+    gpus_per_node: int = 1
+    cpu_only: bool = True
+    idle_timeout_s: float = 120.0
+    watchdog: bool = True
+
+
+def _target(opts: UpOptions, recipe: Any):
+    from broker.run.pipeline import CloudTarget, NetnsTarget, plan_for_run
+
+    if opts.provider == "netns":
+        return NetnsTarget(recipe)
+    if opts.provider in ("oci", "aws"):
+        if recipe.cpu_only:
+            options = cpu_options(recipe, opts.provider)
+        else:
+            _, options = plan_for_run(recipe, opts.provider)
+        options = [o for o in options if o.topology.value == "multi-node"]
+        if not options:
+            from broker.core.provider import NoValidPlan
+
+            raise NoValidPlan(f"no multi-node option on {opts.provider} for {opts.nodes} node(s) within "
+                              f"${opts.budget_usd:g} and {opts.max_hours:g} h",
+                              hint=f"`broker plan --provider {opts.provider} --nodes {opts.nodes} --topology "
+                                   "multi-node" + (" --cpu-only`" if recipe.cpu_only else "`") + " shows why")
+        return CloudTarget(recipe, options, watchdog=opts.watchdog, onstart=cloud_onstart())
+    raise BadInput(f"--provider {opts.provider!r}: slurm up acquires nodes from {', '.join(UP_PROVIDERS)}")
+
+
+def up(opts: UpOptions, *, ledger: "Ledger", say: Say | None = None,
+       confirm: Callable[[Any], bool] | None = None) -> ClusterState:
+    """Acquire ``opts.nodes`` nodes, record the cluster as a run, build Slurm on them over SSH and wait until
+    ``sinfo`` shows every node idle; returns the cluster's state.  On any failure the nodes are released (shielded
+    from one Ctrl-C), the run is recorded as failed and the error re-raised."""
+    from broker.run.pipeline import Context, Declined, Hooks, end_run, new_run, shielded
+
+    if not 1 <= opts.nodes <= 64:
+        raise BadInput(f"--nodes {opts.nodes}: a cluster has 1 to 64 nodes")
+    if opts.max_hours <= 0:
+        raise BadInput("--max-hours must be positive")
+    name = opts.name or f"c{secrets.token_hex(3)}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}", name):
+        raise BadInput(f"--name {name!r}: letters, digits, '-' and '_' (at most 40, starting with a letter or digit)")
+    recipe = cluster_recipe(name, opts.nodes, max_hours=opts.max_hours, budget_usd=opts.budget_usd,
+                            gpus_per_node=opts.gpus_per_node, cpu_ok=opts.cpu_only)
+    hooks = Hooks(say=say, confirm=confirm)
+    ctx = Context(ledger=ledger, hooks=hooks)
+    target = _target(opts, recipe)
+    target.check()
+    quote = target.quote()
+    if quote is not None and confirm is not None and not confirm(quote):
+        raise Declined("not confirmed: nothing was created", hint="run again and answer y, or pass --yes")
+    target.prepare(ctx)
+    if opts.provider == "netns" and opts.watchdog:
+        _start_watchdog(ctx)
+    run = new_run(ledger, recipe, provider=target.provider, topology=TOPOLOGY, plan=target.plan_record())
+    ledger.event(run.id, "cli", "start", f"slurm cluster {name}: {target.describe()}")
+    ctx.say(f"cluster {run.id}: acquiring {opts.nodes} node(s) on {opts.provider}")
+    try:
+        cluster = target.acquire(run, ctx)
+        ledger.update_run(run.id, status="provisioning", topology=TOPOLOGY)
+        state = build(cluster, run, name=name, provider=opts.provider, say=ctx.say,
+                      netns_cid=getattr(getattr(target, "cluster_state", None), "cid", None),
+                      idle_timeout_s=opts.idle_timeout_s, max_hours=opts.max_hours)
+    except BaseException as e:
+        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        message = getattr(e, "message", None) or str(e) or type(e).__name__
+        try:
+            with shielded(say):
+                left, _ = target.release(run, ctx, keep=False)
+        finally:
+            end_run(ledger, run.id, None, status=status, message=f"slurm up failed: {message}", say=say)
+        raise
+    # the cluster outlives this CLI: no driving pid (the watchdog's dead-CLI rule must not end it); the deadline
+    # and the budget still apply
+    ledger.update_run(run.id, status="running", pid=None,
+                      message=f"Slurm cluster {name} up: {len(state.nodes)} node(s) idle")
+    ledger.event(run.id, "cli", "slurm-up", f"{len(state.nodes)} node(s) idle; shared dir {state.shared_dir}")
+    return state
+
+
+def _start_watchdog(ctx: Any) -> None:
+    from broker.core.config import settings
+
+    if not settings().broker_watchdog_autostart:
+        return
+    from broker.money.watchdog import start_detached
+
+    pid = start_detached()
+    if pid:
+        ctx.say(f"watchdog started (pid {pid}); it enforces the cluster's deadline even after this CLI exits")
+
+
+def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say, netns_cid: str | None = None,
+          idle_timeout_s: float = 120.0, max_hours: float | None = None) -> ClusterState:
+    """Build Slurm on the acquired ``cluster`` over SSH (module docstring steps 1-5); returns the saved state."""
+    from broker.run.remote import SSHCluster
+
+    run_dir = Path(run.run_dir or ".")
+    netns = provider == "netns"
+    base = str(run_dir.resolve() / "cluster") if netns else f"{CLOUD_BASE}/{run.id}"
+    shared = f"{base}/shared" if netns else CLOUD_SHARED_DIR
+    note = ("netns nodes share this machine's file system: the same path on every node" if netns else
+            f"NFS from node 0 ({cluster.nodes[0].private_ip}) mounted at the same path on every node")
+    t0 = time.monotonic()
+    ssh = SSHCluster(cluster, run_dir=run_dir)
+    try:
+        _open(ssh, timeout_s=300.0 if not netns else 30.0)
+        say(f"reached {len(cluster.nodes)} node(s) over SSH")
+        facts = [parse_facts(_must(ssh, i, FACTS_CMD, "read node facts")) for i in range(len(cluster.nodes))]
+        _ensure_binaries(ssh, facts, netns=netns, say=say)
+        nodes = []
+        for i, (cn, f) in enumerate(zip(cluster.nodes, facts)):
+            devs = [int(g) for g in cn.gpu_indices] if cn.gpu_indices else [g[0] for g in f["gpus"]]
+            nodes.append(NodeFacts(name=f"node{i}", host=cn.host, port=cn.port, user=cn.user,
+                                   private_ip=cn.private_ip, hostname=f["hostname"] or f"node{i}", cpus=f["cpus"],
+                                   memory_mb=f["memory_mb"], gpus=len(devs), gpu_devices=devs,
+                                   gpu_name=f["gpus"][0][1] if f["gpus"] else ""))
+        state = ClusterState(cluster_id=run.id, name=name, provider=provider, base=base, shared_dir=shared,
+                             shared_note=note, python=cluster.python, ssh_key_path=cluster.ssh_key_path,
+                             known_hosts_path=cluster.known_hosts_path or str(ssh.known_hosts), nodes=nodes,
+                             munge_socket=f"/run/broker-munge-{run.id[-6:]}/munge.socket", netns_cid=netns_cid)
+        state.save(run_dir)
+        # `broker ssh CLUSTER [NODE]` reads the nodes from here, as for any run (paths and addresses, no secret)
+        (run_dir / "cluster.json").write_text(cluster.model_copy(update={
+            "known_hosts_path": state.known_hosts_path}).model_dump_json(indent=2))
+        say("nodes: " + "; ".join(f"{n.name} {n.private_ip} {n.cpus} CPU, {n.memory_mb} MiB"
+                                  + (f", {n.gpus} GPU" if n.gpus else "") for n in nodes))
+        conf = render_slurm_conf(cluster_name=f"b{name}"[:40].replace("_", "-"), controller=nodes[0].hostname,
+                                 controller_addr=nodes[0].private_ip, nodes=nodes, base=base,
+                                 munge_socket=state.munge_socket, spool_dir=state.spool_dir,
+                                 max_minutes=int(max_hours * 60) + 1 if max_hours else None)
+        gres = render_gres_conf(nodes)
+        key = secrets.token_bytes(1024)  # the cluster's MUNGE key: in memory, then 0400 files on the nodes
+        writes = []
+        for i in range(len(nodes)):
+            if netns and i > 0:
+                targets = []  # one file system: node 0's copies of the configs are every node's
+            else:
+                targets = [(conf.encode(), f"{base}/etc/slurm.conf", 0o644), (gres.encode(), f"{base}/etc/gres.conf",
+                                                                              0o644)]
+            writes.append(_prepare_node(ssh, state, i, key, targets, netns=netns))
+        for r in ssh.gather(writes, timeout=120):
+            if isinstance(r, BaseException):
+                raise r
+        del key
+        if not netns:
+            _cloud_network(ssh, state, say)
+            state.save(run_dir)  # the shared directory's note
+        cg = cgroup_mount_script() if netns else CLOUD_CGROUPS.format(script=cgroup_mount_script())
+        say("starting munged, slurmctld (node0) and slurmd on every node")
+        _must(ssh, 0, start_script(state, 0, cgroups=cg), "start munged/slurmctld/slurmd on node0", timeout=60)
+        outs = ssh.gather([ssh.arun(i, start_script(state, i, cgroups=cg), timeout=60)
+                           for i in range(1, len(nodes))], timeout=90)
+        for i, r in enumerate(outs, start=1):
+            if isinstance(r, BaseException):
+                raise r
+            if r[0] != 0:
+                raise ProviderError("slurm", f"start node{i}", f"exit {r[0]}: {r[1].strip()[-500:]}\n"
+                                    + _logs(ssh, state, i))
+        _wait_idle(ssh, state, idle_timeout_s)
+        say(f"sinfo on node0: {len(nodes)} node(s) idle after {time.monotonic() - t0:.1f} s")
+        return state
+    finally:
+        ssh.close()
+
+
+def _open(ssh: "SSHCluster", timeout_s: float) -> None:
+    stop = time.monotonic() + timeout_s
+    while True:
+        try:
+            ssh.open()
+            return
+        except ProviderError:
+            if time.monotonic() > stop:
+                raise
+            time.sleep(2.0)
+
+
+def _must(ssh: "SSHCluster", i: int, cmd: str, what: str, *, timeout: float = 60.0) -> str:
+    code, out = ssh.run(i, cmd, timeout=timeout)
+    if code != 0:
+        raise ProviderError("slurm", what, f"node{i}: exit {code}: {out.strip()[-800:]}")
+    return out
+
+
+def _ensure_binaries(ssh: "SSHCluster", facts: list[dict], *, netns: bool, say: Say) -> None:
+    missing = sorted({b for f in facts for b in f["missing"]})
+    if not missing:
+        return
+    if netns:
+        raise ProviderError("slurm", "check binaries", f"netns nodes use this machine's binaries and "
+                            f"{', '.join(missing)} are missing here",
+                            hint="apt-get install -y slurm-wlm munge")
+    say(f"installing slurm-wlm and munge ({', '.join(missing)} missing)")
+    cmd = ("export DEBIAN_FRONTEND=noninteractive; for k in 1 2 3; do apt-get update -q && apt-get install -y -q "
+           "slurm-wlm munge nfs-kernel-server nfs-common && break; sleep 10; done; "
+           "systemctl disable --now slurmd slurmctld >/dev/null 2>&1; true")
+    for r in ssh.gather([ssh.arun(i, cmd, timeout=900) for i in range(len(facts))], timeout=960):
+        if isinstance(r, BaseException):
+            raise r
+    for i in range(len(facts)):
+        left = parse_facts(_must(ssh, i, FACTS_CMD, "read node facts"))["missing"]
+        if left:
+            raise ProviderError("slurm", "apt-get install", f"node{i} still lacks {', '.join(left)}",
+                                hint="check the image (Debian/Ubuntu with apt) and the node's access to its mirror")
+
+
+async def _prepare_node(ssh: "SSHCluster", state: ClusterState, i: int, key: bytes,
+                        files: list[tuple[bytes, str, int]], *, netns: bool) -> None:
+    q = shlex.quote
+    d = state.node_dir(i)
+    code, out = await ssh.arun(i, f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge "
+                                  f"{q(state.shared_dir)}/tmp; chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
+                                  f"chmod 1777 {q(state.shared_dir)} {q(state.shared_dir)}/tmp")
+    if code != 0:
+        raise ProviderError("slurm", f"prepare node{i}", f"exit {code}: {out.strip()[-300:]}")
+    await ssh.aput_bytes(i, key, f"{d}/munge/munge.key", 0o400)
+    for data, path, mode in files:
+        await ssh.aput_bytes(i, data, path, mode)
+
+
+def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
+    """Cloud VMs: every node's name in /etc/hosts (jobs use ``node0`` as MASTER_ADDR) and the NFS share."""
+    hosts = "".join(f"{n.private_ip} {n.name}\n" for n in state.nodes)
+    q = shlex.quote
+    cmd = (f"grep -v ' node[0-9]*$' /etc/hosts > /etc/hosts.broker; printf %s {q(hosts)} >> /etc/hosts.broker; "
+           "cat /etc/hosts.broker > /etc/hosts; rm -f /etc/hosts.broker")
+    for i in range(len(state.nodes)):
+        _must(ssh, i, cmd, "write /etc/hosts")
+    shared_on = _already_shared(ssh, state)
+    if shared_on:
+        # a cluster file system (or one disk behind every node) is already there: an NFS export over it would
+        # only add a second path to the same files
+        say(f"{state.shared_dir} is already one file system on every node ({shared_on}): no NFS export needed")
+        state.shared_note = f"{state.shared_dir}: already shared by the nodes (a file written on node0 is seen on " \
+                            "every node)"
+        return
+    cidr = private_cidr([n.private_ip for n in state.nodes])
+    say(f"NFS: {state.shared_dir} exported from node0 to {cidr}")
+    _must(ssh, 0, nfs_server_script(state.shared_dir, cidr), "NFS export on node0", timeout=120)
+    for i in range(1, len(state.nodes)):
+        _must(ssh, i, nfs_client_script(state.nodes[0].private_ip, state.shared_dir), "NFS mount", timeout=400)
+
+
+def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
+    """A marker written into the shared directory on node 0 and looked for on the others: "" when some node does
+    not see it (NFS is needed), else a note saying so."""
+    if len(state.nodes) < 2:
+        return "one node"
+    q = shlex.quote
+    marker = f"{state.shared_dir}/.broker-shared-{secrets.token_hex(4)}"
+    _must(ssh, 0, f"mkdir -p {q(state.shared_dir)} && echo {q(state.cluster_id)} > {q(marker)}", "shared dir marker")
+    try:
+        for i in range(1, len(state.nodes)):
+            code, out = ssh.run(i, f"cat {q(marker)} 2>/dev/null", timeout=20)
+            if code != 0 or out.strip() != state.cluster_id:
+                return ""
+        return f"node0's marker file seen on node1..node{len(state.nodes) - 1}"
+    finally:
+        ssh.run(0, f"rm -f {q(marker)}", timeout=20)
+
+
+#: cloud nodes: slurmd needs a cgroup file system; a VM has one (systemd), a container-like node may not
+CLOUD_CGROUPS = "mountpoint -q /sys/fs/cgroup || [ -n \"$(ls -A /sys/fs/cgroup 2>/dev/null)\" ] || {{ {script}; }}"
+
+
+def _logs(ssh: "SSHCluster", state: ClusterState, i: int, n: int = 15) -> str:
+    q = shlex.quote
+    files = [f"{state.node_dir(i)}/slurmd.log", f"{state.node_dir(i)}/munge/munged.log",
+             f"{state.node_dir(i)}/slurmd.console"]
+    if i == 0:
+        files += [f"{state.ctld_dir}/slurmctld.log", f"{state.ctld_dir}/slurmctld.console"]
+    cmd = "; ".join(f"[ -f {q(f)} ] && echo '--- {f}' && tail -n {n} {q(f)}" for f in files) + "; true"
+    try:
+        return ssh.run(i, cmd, timeout=20)[1]
+    except Exception as e:  # noqa: BLE001 - logs are a courtesy in an error message
+        return f"(cannot read node{i}'s logs: {e})"
+
+
+def sinfo_cmd(state: ClusterState) -> str:
+    return f"SLURM_CONF={shlex.quote(state.conf)} sinfo -h -N -o '%N|%T|%c|%G'"
+
+
+def parse_sinfo_nodes(out: str) -> list[dict[str, Any]]:
+    """``sinfo -h -N -o '%N|%T|%c|%G'`` -> [{"name", "state", "cpus", "gpus"}] (one row per node)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for line in out.strip().splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 4:
+            continue
+        name, state, cpus, gres = parts[:4]
+        gpus = 0
+        for g in gres.split(","):
+            m = re.match(r"gpu(?::[^:(]+)?:(\d+)", g.strip())
+            if m:
+                gpus += int(m.group(1))
+        rows[name] = {"name": name, "state": state.rstrip("*~#!%$@^-"), "cpus": int(cpus) if cpus.isdigit() else None,
+                      "gpus": gpus}
+    return list(rows.values())
+
+
+def _wait_idle(ssh: "SSHCluster", state: ClusterState, timeout_s: float) -> None:
+    stop = time.monotonic() + timeout_s
+    names = {n.name for n in state.nodes}
+    out = ""
+    while True:
+        code, out = ssh.run(0, sinfo_cmd(state), timeout=20)
+        if code == 0:
+            rows = parse_sinfo_nodes(out)
+            if {r["name"] for r in rows if r["state"] == "idle"} >= names:
+                return
+        if time.monotonic() > stop:
+            logs = "\n".join(_logs(ssh, state, i) for i in range(len(state.nodes)))
+            raise ProviderError("slurm", "sinfo", f"the nodes are not idle after {timeout_s:.0f} s (sinfo: "
+                                f"{out.strip()[-300:]!r})\n{logs}",
+                                hint="the daemons' logs are above; `broker slurm down` removes the cluster")
+        time.sleep(0.3)
+
+
+# --------------------------------------------------------------------------------------------------- lookup
+def find(ledger: "Ledger", cluster_id: str) -> tuple["Run", ClusterState]:
+    """The cluster's run and state; BadInput when ``cluster_id`` is not a Slurm cluster broker built."""
+    run = ledger.get_run(cluster_id)
+    if run is None or run.topology != TOPOLOGY:
+        raise BadInput(f"no Slurm cluster {cluster_id!r} in the ledger",
+                       hint="`broker slurm up` prints the id; `broker status` lists runs (topology slurm-cluster)")
+    from broker.core.runfolder import confined_run_dir
+
+    return run, ClusterState.load(confined_run_dir(run))  # a ledger row's folder: only <home>/runs/<id>
+
+
+def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
+    """For ``broker run --provider slurm --cluster ID``: a SlurmProvider whose commands run on node 0 of the
+    cluster, and ``opts`` pointed there (host label, the shared directory for job folders, the nodes' Python)."""
+    from broker.money.accounting import ACTIVE_STATUSES
+    from broker.money.ledger import Ledger
+    from broker.providers.slurm import SlurmProvider
+
+    led = ledger or Ledger()
+    run, state = find(led, opts.cluster or "")
+    if run.status not in ACTIVE_STATUSES:
+        raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
+                       hint="start one with `broker slurm up --provider netns --nodes 2`")
+    prov = SlurmProvider()
+    prov.shell = node0_shell(state)
+    prov.host = prov.shell.host
+    opts.host = prov.shell.host
+    opts.remote_base = f"{state.shared_dir}/jobs"
+    if opts.python in (None, "", "python3"):
+        opts.python = state.python
+    return prov
+
+
+# --------------------------------------------------------------------------------------------------- exec
+def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: Say | None = None,
+                    timeout_s: float = 600.0) -> int | None:
+    """``broker exec CLUSTER -- CMD``: run ``command`` on every node of the Slurm cluster ``run_id`` (id or unique
+    prefix) over SSH with ``SLURM_CONF`` set, printing ``[node i] line``; returns the highest exit status.  None
+    when ``run_id`` is not a cluster from ``broker slurm up`` (the caller runs a recipe instead).  Raises BadInput
+    when the cluster is down or no command is given."""
+    from broker.money.accounting import ACTIVE_STATUSES
+    from broker.core.model import Cluster
+    from broker.run.remote import SSHCluster
+
+    try:
+        run = ledger.find_run(run_id)
+    except BrokerError:
+        return None
+    if run.topology != TOPOLOGY:
+        return None
+    if not command:
+        raise BadInput(f"no command for cluster {run.id}", hint=f"broker exec {run.id} -- sinfo -N")
+    if run.status not in ACTIVE_STATUSES:
+        raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
+                       hint="start one with `broker slurm up --provider netns --nodes 2`")
+    from broker.core.runfolder import check_cluster, confined_run_dir
+
+    folder = confined_run_dir(run)  # a ledger row's folder is input: only <home>/runs/<run id>
+    state = ClusterState.load(folder)
+    cl = Cluster.model_validate_json((folder / "cluster.json").read_text()) \
+        if (folder / "cluster.json").exists() else None
+    if cl is not None:
+        check_cluster(cl, run, folder)
+    if cl is None:
+        from broker.core.model import ClusterNode, TopologyKind
+
+        cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
+                     nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
+                            for i, n in enumerate(state.nodes)],
+                     ssh_key_path=state.ssh_key_path, known_hosts_path=state.known_hosts_path)
+    echo = echo or print
+    line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
+                                                               shlex.join(command))
+    ssh = SSHCluster(cl, run_dir=folder, connect_timeout_s=15)
+    worst = 0
+    try:
+        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],
+                          timeout=timeout_s + 30)
+        for i, r in enumerate(outs):
+            if isinstance(r, BaseException):
+                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
+                worst = max(worst, 255)
+                continue
+            code, out = r
+            for ln in out.splitlines():
+                echo(f"[node {i}] {ln}")
+            if code:
+                echo(f"[node {i}] exit {code}")
+            worst = max(worst, code)
+    finally:
+        ssh.close()
+    return worst
+
+
+# --------------------------------------------------------------------------------------------------- status
+def status(ledger: "Ledger", cluster_id: str) -> dict[str, Any]:
+    """Nodes with their Slurm state, the queue, cost so far and the deadline (``broker slurm status``)."""
+    from broker.money.accounting import ACTIVE_STATUSES
+    from broker.money.provision import run_cost
+
+    run, state = find(ledger, cluster_id)
+    out: dict[str, Any] = {"cluster_id": run.id, "name": state.name, "provider": state.provider,
+                           "status": run.status, "deadline": run.deadline.isoformat() if run.deadline else None,
+                           "budget_usd": run.budget_usd, "cost_usd": round(run_cost(ledger, run.id), 6),
+                           "shared_dir": state.shared_dir, "slurm_conf": state.conf, "nodes": [], "queue": [],
+                           "error": None}
+    if run.status not in ACTIVE_STATUSES:
+        out["nodes"] = [{"name": n.name, "state": "down", "cpus": n.cpus, "gpus": n.gpus} for n in state.nodes]
+        return out
+    sh = node0_shell(state)
+    try:
+        out["nodes"] = parse_sinfo_nodes(sh.text(["sinfo", "-h", "-N", "-o", "%N|%T|%c|%G"], call="sinfo",
+                                                 timeout=30))
+        q = sh.text(["squeue", "-h", "-o", "%i|%j|%T|%M|%D|%R"], call="squeue", timeout=30)
+        for line in q.strip().splitlines():
+            f = (line.split("|") + [""] * 6)[:6]
+            out["queue"].append({"job_id": f[0], "name": f[1], "state": f[2], "time": f[3], "nodes": f[4],
+                                 "reason": f[5]})
+    except BrokerError as e:
+        out["error"] = e.message
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- down
+def down(ledger: "Ledger", cluster_id: str, *, say: Say | None = None, actor: str = "cli") -> list[str]:
+    """Stop the daemons by PID, release the nodes through the cluster's target, check that nothing is left; the
+    run ends ``torn_down``.  Returns what is still there (empty = nothing)."""
+    from broker.run.pipeline import Context, Hooks, end_run, shielded
+
+    run, state = find(ledger, cluster_id)
+    say = say or (lambda _m: None)
+    stopped = _stop_daemons(state, say)
+    ctx = Context(ledger=ledger, hooks=Hooks(say=say), actor=actor)
+    ledger.update_run(run.id, status="tearing_down")
+    target = _release_target(run, state)
+    with shielded(say):
+        left_res, _ = target.release(run, ctx, keep=False)
+    try:
+        close_shell(state)
+    except Exception:  # noqa: BLE001 - no lingering connection is fine
+        pass
+    left = [f"{r.provider} {r.kind} {r.provider_id or r.name} still live" for r in left_res]
+    left += leftovers(state)
+    msg = (f"Slurm cluster torn down ({stopped} daemon(s) stopped by PID)" if not left else
+           "Slurm cluster teardown incomplete: " + "; ".join(left))
+    end_run(ledger, run.id, None, status="torn_down" if not left else "failed", message=msg, actor=actor, say=say)
+    return left
+
+
+def _release_target(run: "Run", state: ClusterState):
+    from broker.core.model import PlanOption
+    from broker.run.pipeline import CloudTarget, NetnsTarget
+
+    recipe = cluster_recipe(state.name, len(state.nodes), max_hours=1.0, budget_usd=run.budget_usd or 1.0)
+    if state.provider == "netns":
+        from broker.providers import netns
+
+        t = NetnsTarget(recipe)
+        if state.netns_cid:
+            root = Path(run.run_dir or ".").resolve() / "netns" / state.netns_cid
+            try:
+                t.cluster_state = netns.NetnsCluster.load(root)
+            except (OSError, ValueError, TypeError):
+                t.cluster_state = None
+        return t
+    options = [PlanOption.from_dict(o) for o in (run.plan or {}).get("options", [])]
+    return CloudTarget(recipe, options, keep_when_idle=False)
+
+
+def _stop_daemons(state: ClusterState, say: Say) -> int:
+    """SIGTERM (then SIGKILL) every daemon of the cluster by its pid file, over SSH; returns how many pid files
+    named a live daemon.  Unreachable nodes are skipped (their release removes everything)."""
+    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.run.remote import SSHCluster
+
+    cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
+                 nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
+                        for i, n in enumerate(state.nodes)],
+                 ssh_key_path=state.ssh_key_path, known_hosts_path=state.known_hosts_path)
+    ssh = SSHCluster(cl, run_dir=Path("."), connect_timeout_s=10)
+    count = 0
+    try:
+        for i in range(len(state.nodes)):
+            try:
+                code, out = ssh.run(i, stop_script(state, i), timeout=40)
+            except BrokerError as e:
+                say(f"node{i}: cannot stop its daemons over SSH ({e.message}); releasing the node removes them")
+                continue
+            m = re.search(r"STOPPED=(\d+)", out)
+            count += int(m.group(1)) if m else 0
+            still = re.findall(r"STILL=(\d+)", out)
+            if still:
+                say(f"node{i}: daemons {', '.join(still)} needed SIGKILL")
+        say(f"stopped {count} daemon(s) by PID")
+    finally:
+        ssh.close()
+    return count
+
+
+def leftovers(state: ClusterState) -> list[str]:
+    """What of the cluster is still on this machine: namespaces (netns), daemons whose command line names the
+    cluster's folder, mounts under it.  Cloud nodes are checked by their release (terminated and confirmed)."""
+    out: list[str] = []
+    if state.netns_cid:
+        from broker.providers import netns
+
+        out += netns.leftovers(state.netns_cid)
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            st = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if st != "Z" and state.base in cmd and any(x in cmd for x in ("munged", "slurmd", "slurmctld")):
+            out.append(f"process {d.name}: {cmd.strip()[:120]}")
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        mounts = []
+    out += [f"mount {m.split()[1]}" for m in mounts if len(m.split()) > 1 and m.split()[1].startswith(state.base)]
+    return out

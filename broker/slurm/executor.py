@@ -1,0 +1,674 @@
+"""sbatch scripts for recipes: one ``torchrun`` per node, started by ``srun``.
+
+:func:`render_sbatch` turns a :class:`~broker.core.recipe.Recipe` into a batch script; ``broker slurm render`` prints
+it and the ``slurm`` provider (``providers/slurm.py``) submits it.
+
+The broken published pattern
+----------------------------
+Many tutorials put ``torchrun --nnodes=2 ... train.py`` straight into the batch script.  The batch script runs on
+the *first* node of the allocation only, so exactly one torchrun starts: it waits for the second node's agent
+until the rendezvous timeout (900 s for static rendezvous) and the job burns the whole allocation doing nothing;
+variants that start it in the background and end the script with ``wait; echo done`` (or any trailing command)
+even make Slurm report ``COMPLETED``, because a batch job's exit status is its script's last command's.  Variants
+that pass ``--node_rank=$SLURM_NODEID`` without ``srun`` get node rank 0 on the batch host only, and variants that
+do use ``srun`` but write ``srun torchrun --node_rank=$SLURM_NODEID`` expand ``$SLURM_NODEID`` *once*, in the batch
+shell on node 0, so every node claims node rank 0.
+
+The working pattern, rendered here:
+
+* ``#SBATCH --nodes=N --ntasks-per-node=1``: one task per node, and that task is torchrun, which starts the
+  node's ``G`` worker processes (``--nproc_per_node=G``);
+* ``MASTER_ADDR`` = the first host of ``scontrol show hostnames "$SLURM_JOB_NODELIST"`` and a ``MASTER_PORT``
+  derived from the job id (high range, so two jobs sharing a node do not collide) or chosen at render time;
+* ``srun --kill-on-bad-exit=1 bash -c '... --node_rank=$SLURM_NODEID ...'``: single quotes, so the node rank is
+  expanded by the shell srun starts *on each node* (Slurm sets ``SLURM_NODEID`` per node), and one failing node
+  ends the whole step instead of leaving its peers waiting;
+* per-node logs from ``srun --output=<dir>/%x-%j-node%n.out`` (``%n`` = node index within the job): the batch
+  script's own ``#SBATCH --output`` only captures the batch step, i.e. node 0's shell;
+* the log directory is created by the submitter *before* ``sbatch``: slurmstepd opens the ``--output`` file
+  before the script runs, and with a missing directory ``sbatch`` still exits 0 while the job ends at once as
+  ``JobState=FAILED Reason=JobLaunchFailure ExitCode=0:53`` with no log anywhere (measured on Slurm 22.05); the
+  script creates it again (``mkdir -p``) for its ``srun`` steps;
+* ``setup`` runs once per node in its own ``srun`` step before training;
+* ``set -euo pipefail`` and the training ``srun`` as the last command (``exit $rc``), so the job's state and
+  exit code are the training's.
+
+Source of the Slurm facts: the sbatch/srun man pages of Slurm 22.05 (filename patterns ``%x %j %n``,
+``--kill-on-bad-exit``, ``--open-mode``, ``SLURM_NODEID``/``SLURM_NNODES``), verified on a two-node Slurm 22.05
+cluster (tests/test_slurm_run.py).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time as time_mod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from broker.run.launch import RunResult
+
+from broker.run.executor import Executor
+from broker.core.provider import BadInput
+from broker.core.recipe import Recipe
+
+#: MASTER_PORT = BASE + SLURM_JOB_ID % SPAN when no port is given at render time (ports 29500..48999)
+PORT_BASE = 29500
+PORT_SPAN = 19500
+
+#: sbatch --time forms: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+_TIME_FORMS = (
+    re.compile(r"^(?P<m>\d+)$"),
+    re.compile(r"^(?P<m>\d+):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<h>\d+):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2})$"),
+    re.compile(r"^(?P<d>\d+)-(?P<h>\d{1,2}):(?P<m>\d{1,2}):(?P<s>\d{1,2})$"),
+)
+_TIME_HELP = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def slurm_time(max_hours: float) -> str:
+    """``HH:MM:SS`` (Slurm ``--time``) for ``max_hours`` hours, rounded up to the next minute, at least 1 min."""
+    minutes = max(1, int(-(-max_hours * 60 // 1)))
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+_ENV_REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _env_ref_value(template: str) -> str:
+    """``template`` double-quoted for bash with only its ``${NAME}`` references left to expand."""
+    out, pos = [], 0
+    for m in _ENV_REF.finditer(template):
+        out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(re.sub(r'([\\"$`])', r"\\\1", template[pos:]))
+    return '"' + "".join(out) + '"'
+
+
+def time_seconds(value: str) -> int | None:
+    """Seconds of an sbatch ``--time`` value in any of its forms (:data:`_TIME_HELP`); None when malformed."""
+    v = value.strip()
+    for form in _TIME_FORMS:
+        m = form.match(v)
+        if not m:
+            continue
+        g = {k: int(x) for k, x in m.groupdict().items() if x is not None}
+        if "d" in g and g.get("h", 0) > 23:
+            return None
+        if "h" in g and g.get("m", 0) > 59:  # minutes alone (or MM:SS) may exceed 59
+            return None
+        if g.get("s", 0) > 59:
+            return None
+        return ((g.get("d", 0) * 24 + g.get("h", 0)) * 60 + g.get("m", 0)) * 60 + g.get("s", 0)
+    return None
+
+
+def check_time(value: str) -> str:
+    """Validate an sbatch ``--time`` value (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); raises
+    BadInput.  Zero (Slurm's "no limit") is refused: every run has a hard deadline."""
+    secs = time_seconds(value)
+    if secs is None:
+        raise BadInput(f"--time {value!r} is not a Slurm time: give {_TIME_HELP}",
+                       hint="e.g. 30 (minutes), 00:30:00 (HH:MM:SS) or 1-12 (1 day 12 hours)")
+    if secs == 0:
+        raise BadInput(f"--time {value!r} means no time limit", hint="every run has a hard deadline: e.g. 00:30:00")
+    return value.strip()
+
+
+def job_name(recipe: Recipe) -> str:
+    """Slurm job name (``%x`` in file patterns): the recipe name, safe for file names."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", recipe.name)
+
+
+def node_log_pattern(log_dir: str | Path) -> str:
+    """The srun ``--output`` pattern of the per-node logs: ``<dir>/%x-%j-node%n.out``."""
+    return f"{log_dir}/%x-%j-node%n.out"
+
+
+def node_log_path(log_dir: str | Path, name: str, job_id: str, node: int) -> str:
+    """The per-node log file Slurm writes for ``node`` (pattern of :func:`node_log_pattern` expanded)."""
+    return f"{log_dir}/{name}-{job_id}-node{node}.out"
+
+
+def batch_log_path(log_dir: str | Path, name: str, job_id: str) -> str:
+    """The batch step's log (``#SBATCH --output``): the batch shell on node 0 and srun's own messages."""
+    return f"{log_dir}/{name}-{job_id}-batch.out"
+
+
+def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str | None = None,
+                  time: str | None = None, log_dir: str | Path, port: int | None = None, python: str = "python3",
+                  workdir: str | Path | None = None, gpus: bool = True, cpus_per_task: int | None = None,
+                  env_refs: bool = False, shim: str | None = None, facts_dir: str | None = None) -> str:
+    """The sbatch script (bash) for ``recipe``.
+
+    ``log_dir``: where Slurm writes ``<name>-<jobid>-batch.out`` and the per-node ``<name>-<jobid>-node<i>.out``;
+    the caller must create it before ``sbatch`` (the script creates it again for the srun steps).
+    ``time``: ``HH:MM:SS`` wall-clock limit (default: the recipe's ``max_hours``, rounded up to a minute).
+    ``port``: fixed ``MASTER_PORT``; default ``29500 + SLURM_JOB_ID % 19500`` (evaluated in the job).
+    ``python``: the interpreter on the nodes that has torch (``python -m torch.distributed.run`` = torchrun).
+    ``workdir``: the job's working directory on the cluster's shared file system (``#SBATCH --chdir``); the
+    recipe's script path is taken relative to the recipe's workdir and run from there.  Default: the recipe's
+    workdir itself.
+    ``gpus``: request ``--gpus-per-node`` (False for CPU-only clusters running a ``cpu_ok`` recipe with gloo;
+    always False for a ``gpus_per_node: 0`` recipe).
+    ``cpus_per_task``: CPUs for each node's torchrun and its workers (default 4 per GPU, 1 per process on CPU).
+    ``env_refs``: write env values that reference ``${NAME}`` as written (expanded in the job from the submitting
+    environment) instead of their resolved values: a script that is printed never carries a secret.
+    ``shim``/``facts_dir``: paths on the cluster of :mod:`broker.run.rankshim` and the shared folder its per-rank facts
+    go to (``broker run`` on Slurm); torchrun then runs the shim in front of the script (``slurm render`` leaves
+    them out: the script stands alone).
+
+    Raises BadInput for a malformed ``time``, a ``log_dir``/``workdir`` with whitespace, quotes or ``%``, or a recipe that needs GPUs when ``gpus`` is False.
+    """
+    if getattr(recipe, "cpu_only", False):  # gpus_per_node: 0 asks for no GPU at all: never --gpus-per-node
+        gpus = False
+    if not gpus and not recipe.cpu_ok:
+        raise BadInput(f"recipe {recipe.name} needs GPUs (cpu_ok is false) but the script was asked for CPU only",
+                       hint="drop --cpu-only, or set cpu_ok: true in the recipe for a gloo logic check")
+    assert recipe.workdir is not None
+    g = recipe.gpus_per_node
+    n = recipe.nodes
+    limit = check_time(time) if time else slurm_time(recipe.max_hours)
+    cpus = cpus_per_task or (4 * g if gpus else g)
+    name = job_name(recipe)
+    wd = str(workdir) if workdir is not None else str(recipe.workdir)
+    script_rel = str(recipe.script.relative_to(recipe.workdir))
+    log_dir = str(log_dir)
+    for what, value in (("log_dir", log_dir), ("workdir", wd)):
+        if re.search(r'[\s"\'%]', value):  # #SBATCH lines are split on whitespace; % starts a file pattern
+            raise BadInput(f"{what} {value!r} contains whitespace, a quote or '%', which #SBATCH lines cannot carry",
+                           hint="use a directory path without spaces, quotes or '%'")
+    q = shlex.quote
+
+    lines = [
+        "#!/bin/bash",
+        f"# broker: sbatch script for recipe {recipe.name} ({n} nodes x {g} process(es)); see broker/slurm/executor.py",
+        f"#SBATCH --job-name={name}",
+        f"#SBATCH --nodes={n}",
+        "#SBATCH --ntasks-per-node=1",
+    ]
+    if gpus:
+        lines.append(f"#SBATCH --gpus-per-node={g}")
+    lines += [
+        f"#SBATCH --cpus-per-task={cpus}",
+        f"#SBATCH --time={limit}",
+        f"#SBATCH --chdir={wd}",
+        # batch step only (node 0's shell + srun's own error lines); the nodes' logs come from srun --output
+        f"#SBATCH --output={log_dir}/%x-%j-batch.out",
+        f"#SBATCH --error={log_dir}/%x-%j-batch.out",
+    ]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    lines += [
+        "set -euo pipefail",
+        "",
+        f"LOG_DIR={q(log_dir)}",
+        'mkdir -p "$LOG_DIR"',
+        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)"',
+    ]
+    if port is not None:
+        lines.append(f"export MASTER_PORT={int(port)}")
+    else:
+        lines.append(f"export MASTER_PORT=$(( {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN} ))")
+    env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **recipe.env}
+    if not gpus:
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    written = recipe.model_dump(include={"env"})["env"] if env_refs else {}  # ${NAME} kept as written
+    for k, v in env.items():
+        t = written.get(k)
+        value = _env_ref_value(t) if t is not None and _ENV_REF.search(t) else q(v)
+        lines.append(f"export {k}={value}")
+    lines += [
+        'echo "broker: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST ($SLURM_NNODES nodes), '
+        'MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"',
+        "",
+        "# every srun step appends to the same per-node file: %n = node index within the job",
+        # --cpus-per-task again: srun 22.05 no longer inherits it from the job (each step would get 1 CPU)
+        f'STEP=(srun --nodes={n} --ntasks-per-node=1 --cpus-per-task={cpus}'
+        + (f" --gpus-per-node={g}" if gpus else "")
+        + ' --kill-on-bad-exit=1 --open-mode=append --output="$LOG_DIR/%x-%j-node%n.out")',
+    ]
+    if recipe.setup:
+        setup = " && ".join(f"( {c} )" for c in recipe.setup)
+        inner = f'echo "broker: setup on $(hostname) (node $SLURM_NODEID)"; set -e; {setup}'
+        lines += ["", "# setup: once per node, before training", f'"${{STEP[@]}}" bash -c {q(inner)}']
+    torchrun = " ".join([
+        q(python), "-m", "torch.distributed.run", "--nnodes=$SLURM_NNODES", f"--nproc_per_node={g}",
+        "--node_rank=$SLURM_NODEID", "--master_addr=$MASTER_ADDR", "--master_port=$MASTER_PORT",
+        *([q(shim), *(["--facts", q(facts_dir)] if facts_dir else []), "--"] if shim else []),
+        q(script_rel), *(q(a) for a in recipe.args)])
+    inner = (f'echo "broker: node $SLURM_NODEID on $(hostname): torchrun --node_rank=$SLURM_NODEID"; '
+             f"exec {torchrun}")
+    lines += [
+        "",
+        "# one torchrun per node; single quotes: $SLURM_NODEID is expanded on each node, not here",
+        "rc=0",
+        f'"${{STEP[@]}}" bash -c {q(inner)} || rc=$?',
+        'echo "broker: training step exit status $rc"',
+        "exit $rc",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------- running
+class LogFollower:
+    """Tails files on the cluster (through the provider's shell) into local files and the console.
+
+    Each followed file has a label (``node 0``, ``batch``); complete lines are appended to the local copy and
+    echoed as ``[label] line``; a last partial line is kept until it is complete or :meth:`pump` is called with
+    ``final=True``.
+    """
+
+    def __init__(self, shell, echo: Callable[[str], None] | None):
+        self.shell = shell
+        self.echo = echo
+        self.files: list[dict] = []
+
+    def add(self, label: str, remote: str, local: Path) -> None:
+        local.write_text("")
+        self.files.append({"label": label, "remote": remote, "local": local, "offset": 0, "partial": b""})
+
+    def pump(self, final: bool = False) -> None:
+        for f in self.files:
+            data = self.shell.read_from(f["remote"], f["offset"])
+            if not data and not (final and f["partial"]):
+                continue
+            f["offset"] += len(data)
+            buf = f["partial"] + data
+            lines = buf.split(b"\n")
+            f["partial"] = lines.pop()
+            if final and f["partial"]:
+                lines.append(f["partial"])
+                f["partial"] = b""
+            if not lines:
+                continue
+            text = [ln.decode("utf-8", errors="replace").rstrip("\r") for ln in lines]
+            with open(f["local"], "a", encoding="utf-8") as out:
+                out.write("".join(t + "\n" for t in text))
+            if self.echo is not None:
+                for t in text:
+                    self.echo(f"[{f['label']}] {t}")
+
+
+_SRUN_ERR = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (Exited with exit code (\d+)|Terminated|Killed"
+                       r"|.*)$", re.MULTILINE)
+
+
+def _task_ids(spec: str) -> list[int]:
+    out = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def node_exit_codes(batch_log: str, nnodes: int, job_ok: bool) -> tuple[dict[int, int | None], int | None]:
+    """Per-node exit codes from srun's error lines in the batch log, and the node that failed first.
+
+    With ``--ntasks-per-node=1`` task *i* runs on node *i*.  ``srun: error: node1: task 1: Exited with exit code 1``
+    gives node 1 code 1; ``Terminated``/``Killed`` (a peer stopped by ``--kill-on-bad-exit``) give -15/-9.  Nodes
+    without a line get 0 when the job succeeded, else None (unknown).  The failing node is the first one that
+    exited with a non-zero code of its own (not a signal), else the first one that was signalled.
+    """
+    codes: dict[int, int | None] = {i: (0 if job_ok else None) for i in range(nnodes)}
+    exited, signalled = [], []
+    for m in _SRUN_ERR.finditer(batch_log):
+        for t in _task_ids(m.group(2)):
+            if t >= nnodes:
+                continue
+            if m.group(4) is not None:
+                codes[t] = int(m.group(4))
+                exited.append(t)
+            elif m.group(3) == "Terminated":
+                codes[t] = -15
+                signalled.append(t)
+            elif m.group(3) == "Killed":
+                codes[t] = -9
+                signalled.append(t)
+    failed = next((t for t in exited if codes[t]), None)
+    if failed is None and signalled:
+        failed = signalled[0]
+    return codes, failed
+
+
+@dataclass
+class SlurmOptions:
+    """Where and how to submit: ``host`` (``user@login`` for SSH, None = this machine), partition, account,
+    ``time`` (HH:MM:SS; default from max_hours), ``python`` on the nodes, poll interval in seconds."""
+
+    host: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    python: str = "python3"
+    poll_s: float = 0.5
+    cancel_timeout_s: float = 60.0
+    max_poll_errors: int = 30
+    #: a Slurm cluster broker built (``broker slurm up``): its id; commands then run on its node 0
+    #: (:func:`broker.slurm.cluster.attach`)
+    cluster: str | None = None
+    #: folder on the cluster's shared file system for job folders (``<remote_base>/<run id>``); None = the login
+    #: user's ``~/.broker/slurm`` (remote) or the run folder (here)
+    remote_base: str | None = None
+
+
+class SlurmExecutor(Executor):
+    """The job as one sbatch job on a Slurm cluster (here or through ``opts.host``): the executor steps of
+    :mod:`broker.run.executor`.
+
+    Ledger: one ``slurm_job`` resource (``usd_per_hour`` 0) written *before* ``sbatch`` and given the job id right
+    after, so ``broker down`` can scancel it.  Logs: ``<run dir>/node<i>.log`` (copies of the per-node Slurm logs,
+    streamed as ``[node i]``) and ``<run dir>/batch.log`` (the batch step, streamed as ``[batch]``).  The deadline
+    (``max_hours``) and Ctrl-C end the job with ``scancel``.  Raises ProviderError when submission fails (nothing
+    left running).
+    """
+
+    def __init__(self, recipe: Recipe, prov, opts: "SlurmOptions", *, run, ledger, gpus: bool,
+                 echo: Callable[[str], None] | None):
+        self.recipe, self.prov, self.opts, self.run, self.ledger, self.gpus = recipe, prov, opts, run, ledger, gpus
+        self.echo = echo
+        self.sh = prov.shell
+        self.run_dir = Path(run.run_dir or ".")
+        self.name = job_name(recipe)
+        if opts.remote_base:  # a cluster's shared folder (`broker slurm up`)
+            base = f"{opts.remote_base.rstrip('/')}/{run.id}"
+        else:
+            base = f"{self.sh.home()}/.broker/slurm/{run.id}" if opts.host else str(self.run_dir / "slurm")
+        self.base = base
+        self.work, self.log_dir, self.script_path = f"{base}/work", f"{base}/logs", f"{base}/job.sbatch"
+        self.shim_path, self.facts_dir = f"{base}/rankshim.py", f"{base}/facts"
+        self.attrs = {"host": opts.host, "log_dir": self.log_dir, "script": self.script_path}
+        if opts.cluster:
+            self.attrs["cluster"] = opts.cluster
+        self.job_id: str | None = None
+        self.res_id: str | None = None
+        self.logs = {i: self.run_dir / f"node{i}.log" for i in range(recipe.nodes)}
+        self.t0 = time_mod.monotonic()
+
+    def stage(self) -> None:
+        from broker.run.staging import stage_plan, staged_tar
+
+        recipe, sh = self.recipe, self.sh
+        sh.mkdir(self.base)
+        assert recipe.workdir is not None
+        from broker.run.staging import recipe_files
+
+        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
+        from broker.run.executor import staging_line
+
+        line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)
+        if self.echo:
+            self.echo(f"[slurm] {line}")
+        with staged_tar(plan, self.run_dir if str(self.run_dir) != "." else None) as tar:
+            sh.put_tgz(tar, self.work)  # streamed from one file on disk: memory stays flat
+        sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
+        from broker.run.launch import RANKSHIM
+
+        sh.write(self.shim_path, RANKSHIM.read_text())  # rank facts for any script (the summary's rank table)
+        sh.mkdir(self.facts_dir)
+        script = render_sbatch(recipe, partition=self.opts.partition, account=self.opts.account,
+                               time=self.opts.time, log_dir=self.log_dir, python=self.opts.python, workdir=self.work,
+                               gpus=self.gpus, shim=self.shim_path, facts_dir=self.facts_dir)
+        sh.write(self.script_path, script)
+        from broker.core.private import mask_secrets, write_private
+
+        write_private(self.run_dir / "job.sbatch", mask_secrets(script))  # the run folder's copy: no secret values
+        return None
+
+    def launch(self) -> "RunResult":
+        from broker.run.launch import RunResult, describe_exit
+        from broker.core.provider import ProviderError
+
+        recipe, ledger, run, prov, opts, attrs = self.recipe, self.ledger, self.run, self.prov, self.opts, self.attrs
+        echo, name, where = self.echo, self.name, self.sh.where
+        res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run.deadline,
+                                   attrs=attrs)
+        self.res_id = res_id = res.id
+        try:
+            job_id = prov.submit(self.script_path, run_id=run.id)
+        except BaseException as e:
+            # sbatch either printed a job id or submitted nothing; a crash in between is resolved by the run tag
+            ledger.update_resource(res_id, state="terminated", error=str(e)[:500], actor="cli",
+                                   message="sbatch failed: nothing was submitted")
+            raise
+        self.job_id = job_id
+        ledger.mark_created(res_id, job_id, state="running")
+        ledger.event(run.id, "cli", "submitted", f"Slurm job {job_id} {where}", resource_id=res_id)
+        if echo:
+            echo(f"[slurm] submitted job {job_id} {where}; script {self.script_path}")
+
+        logs = self.logs
+        follower = LogFollower(self.sh, echo)
+        follower.add("batch", batch_log_path(self.log_dir, name, job_id), self.run_dir / "batch.log")
+        for i in range(recipe.nodes):
+            follower.add(f"node {i}", node_log_path(self.log_dir, name, job_id, i), logs[i])
+
+        deadline_s = recipe.max_hours * 3600
+        status, reason = None, ""
+        info = None
+        last_state = ""
+        next_state = 0.0
+        poll_s = max(opts.poll_s, 2.0) if opts.host else opts.poll_s  # each poll is an ssh round trip there
+        errors = 0
+        try:
+            while True:
+                now = time_mod.monotonic()
+                fresh = None
+                try:
+                    follower.pump()
+                    if now >= next_state:
+                        fresh = prov.job(job_id, attrs=attrs)
+                        next_state = now + poll_s
+                    errors = 0
+                except ProviderError as e:  # an ssh blip or a slow slurmctld: keep following, give up after a while
+                    errors += 1
+                    if errors >= opts.max_poll_errors:
+                        raise
+                    if echo:
+                        echo(f"[slurm] cannot follow job {job_id} right now ({e.message}); retrying")
+                    time_mod.sleep(poll_s)
+                    continue
+                if fresh is not None:
+                    info = fresh
+                    if info.state != last_state:
+                        last_state = info.state
+                        ledger.event(run.id, "cli", "job_state", f"{job_id} {info.state} {info.reason}".strip(),
+                                     resource_id=res_id)
+                        if echo and info.state in ("PENDING", "RUNNING"):
+                            echo(f"[slurm] job {job_id} {info.state}"
+                                 + (f" ({info.reason})" if info.reason and info.state == "PENDING" else ""))
+                    if info.done:
+                        break
+                    if info.hopeless:
+                        status = "failed"
+                        reason = (f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); "
+                                  "cancelled it")
+                        break
+                if now - self.t0 > deadline_s:
+                    status, reason = "deadline", f"deadline of {deadline_s:.0f} s reached; cancelled Slurm job {job_id}"
+                    break
+                time_mod.sleep(poll_s)
+        except KeyboardInterrupt:
+            status, reason = "interrupted", f"interrupted (Ctrl-C); cancelled Slurm job {job_id}"
+        if status is not None:  # deadline, Ctrl-C or hopeless: scancel and wait for a final state
+            prov.cancel(job_id, attrs=attrs)
+            stop_by = time_mod.monotonic() + opts.cancel_timeout_s
+            info = prov.job(job_id, attrs=attrs)
+            while not info.done and time_mod.monotonic() < stop_by:
+                time_mod.sleep(opts.poll_s)
+                info = prov.job(job_id, attrs=attrs)
+        follower.pump(final=True)
+        assert info is not None
+        if info.done:
+            ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                   message=f"Slurm job {job_id} ended: {info.state}, exit {info.exit_code}",
+                                   attrs={"nodes": info.nodes, "final_state": info.state})
+        batch_text = (self.run_dir / "batch.log").read_text(encoding="utf-8", errors="replace")
+        job_ok = info.state == "COMPLETED" and (info.exit_code or 0) == 0
+        codes, failed = node_exit_codes(batch_text, recipe.nodes, job_ok)
+        if status is None:
+            if job_ok:
+                status = "succeeded"
+            else:
+                status = "failed"
+                if failed is None:
+                    failed = 0
+                detail = (f"node {failed} exited with code {describe_exit(codes.get(failed))}"
+                          if codes.get(failed) is not None else "the job failed")
+                host = (f" ({info.nodes[failed]})" if failed < len(info.nodes) and codes.get(failed) is not None
+                        else "")
+                why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
+                reason = (f"{detail}{host}; Slurm job {job_id} {info.state}{why}, ExitCode "
+                          f"{info.exit_code}:{info.signal or 0}")
+        codes = {k: v for k, v in codes.items() if v is not None}  # nodes whose exit Slurm did not report
+        return RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - self.t0, log_paths=logs,
+                         reason=reason, failed_node=failed if status == "failed" else None)
+
+    def collects(self) -> bool:
+        return bool(self.recipe.artifacts)
+
+    def collect(self, result) -> None:
+        """Artifacts from the job folder (one folder that every node of the allocation writes to) into
+        ``<run>/artifacts/node0/`` (local clusters; on a remote login node, listed and copied back over ssh)."""
+        from broker.run.launch import ArtifactBudget, RefusedArtifact, collect_local, record_artifacts
+
+        pats = list(self.recipe.artifacts)
+        if not pats:
+            return
+        root = self.run_dir / "artifacts" / "node0"
+        budget = ArtifactBudget()
+        found: dict[int, list[str]] = {0: []}
+        refused: dict[int, list[str]] = {0: []}
+        if self.opts.host is None:
+            found[0], refused[0] = collect_local(Path(self.work), pats, root, budget)
+        else:
+            for pat in pats:
+                if Path(pat).is_absolute() or ".." in Path(pat).parts:
+                    continue
+                try:
+                    if self._fetch_remote(pat, root, budget):
+                        found[0].append(pat)
+                except RefusedArtifact as e:
+                    refused[0].append(f"{pat!r} ({e})")
+        record_artifacts(result, pats, found, self.run_dir, self.echo, refused)
+
+    def _fetch_remote(self, rel: str, root: Path, budget) -> bool:
+        """Copy the job folder's ``rel`` from the login node into ``root`` within ``budget``; False when it is not
+        there.  The login node resolves it first (``realpath``): a symlink out of the job folder, a file that is
+        not regular or one over a cap is refused (RefusedArtifact), and no more than the cap is ever read."""
+        import subprocess
+
+        from broker.run.launch import READ_CHUNK, RefusedArtifact, artifact_destination, write_capped
+
+        dst = artifact_destination(root, rel)
+        q = shlex.quote
+        check = (f"w=$(realpath -e -- {q(self.work)}) && p=$(realpath -e -- {q(self.work + '/' + rel)}) || exit 3; "
+                 'case "$p" in "$w"/*) ;; *) echo "OUTSIDE $p"; exit 0;; esac; '
+                 '[ -f "$p" ] || { echo "NOTFILE"; exit 0; }; echo "FILE $(stat -L -c %s -- "$p") $p"')
+        cp = self.sh.run(["sh", "-c", check], call="realpath", timeout=30)
+        out = cp.stdout.decode("utf-8", "replace").strip() if isinstance(cp.stdout, bytes) else str(cp.stdout)
+        if cp.returncode != 0 or not out:
+            return False
+        kind, _, rest = out.partition(" ")
+        if kind == "OUTSIDE":
+            raise RefusedArtifact(f"a symlink to {rest}, outside the job folder")
+        if kind != "FILE":
+            raise RefusedArtifact("not a regular file")
+        size, _, real = rest.partition(" ")
+        budget.check(int(size) if size.isdigit() else 0)
+        # streamed, never more than the cap: the file may have grown since, and it may be large
+        p = subprocess.Popen(self.sh.argv(["head", "-c", str(budget.per_file + 1), "--", real]),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert p.stdout is not None
+        try:
+            write_capped(dst, iter(lambda: p.stdout.read(READ_CHUNK), b""), budget)  # type: ignore[union-attr]
+        finally:
+            p.stdout.close()
+            p.kill()
+            p.wait()
+        return True
+
+    def fetch_facts(self) -> int:
+        """Copy the ranks' facts from the job's shared ``facts`` folder into ``<run>/node<i>/facts/`` (node i from
+        each file), where the rank table reads them; returns how many.  Best effort: a missing file is a rank
+        without facts (the table then uses the log's own RANK line)."""
+        import json
+        import re
+        import shlex
+
+        try:
+            names = self.sh.text(["sh", "-c", f"ls {shlex.quote(self.facts_dir)} 2>/dev/null || true"],
+                                 call="ls facts").split()
+        except Exception:  # noqa: BLE001 - the table falls back to the logs
+            return 0
+        got = 0
+        for name in names:
+            if not re.fullmatch(r"rank\d+\.json", name):
+                continue
+            data = self.sh.read_from(f"{self.facts_dir}/{name}", 0)
+            try:
+                node = int(json.loads(data).get("node") or 0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+            dst = self.run_dir / f"node{node}" / "facts" / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+            got += 1
+        return got
+
+    def finish(self, result):
+        from broker.run.launch import finish_result
+
+        self.fetch_facts()
+        result.wall_s = time_mod.monotonic() - self.t0
+        return finish_result(result, list(self.recipe.expect), nnodes=self.recipe.nodes,
+                             nproc_per_node=self.recipe.gpus_per_node)
+
+    def close(self, job_ended: bool) -> None:
+        if not job_ended and self.job_id is not None:  # crashed or interrupted before a result: cancel it
+            try:
+                self.prov.cancel(self.job_id, attrs=self.attrs)
+            except Exception:  # noqa: BLE001 - the ledger row stays live; broker down retries
+                pass
+
+
+def slurm_preconditions(recipe: Recipe, prov, opts: "SlurmOptions") -> bool:
+    """Check the partition can serve ``recipe``; returns whether it has GPUs.  Raises NoValidPlan / BadInput."""
+    from broker.core.provider import NoValidPlan
+
+    sh = prov.shell
+    gpus = prov.has_gpus(opts.partition)
+    if not gpus and not recipe.cpu_ok:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has no GPUs "
+                          f"(sinfo shows no gpu GRES) and {recipe.name} needs {recipe.world_size}",
+                          hint="choose a GPU partition (BROKER_SLURM_PARTITION), or set cpu_ok: true for a gloo check")
+    have = prov.partition_nodes(opts.partition)
+    if have is None and opts.partition:
+        raise BadInput(f"the Slurm cluster {sh.where} has no partition {opts.partition!r}",
+                       hint="see `sinfo` for the partitions; set BROKER_SLURM_PARTITION to one of them")
+    if have is not None and have < recipe.nodes:
+        raise NoValidPlan(f"the Slurm partition {opts.partition or '(default)'} {sh.where} has {have} node(s); "
+                          f"{recipe.name} needs {recipe.nodes}",
+                          hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
+    return gpus
+
+
+def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
+                     options: SlurmOptions | None = None, provider=None,
+                     on_start: Callable[[object, str], None] | None = None):
+    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
+    Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a
+    :class:`broker.run.pipeline.SlurmTarget`)."""
+    from broker.run.pipeline import Hooks, SlurmTarget, run_pipeline
+
+    target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
+    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
+    return out.run, out.result

@@ -1,0 +1,533 @@
+"""``broker slurm submit FILE.sh --cluster ID [-- ARGS]``: a user's own sbatch file on a cluster ``broker slurm up``
+built.
+
+1. **Check** before anything is queued: the ``#SBATCH`` header against the cluster's real nodes (``sinfo -h -o
+   '%P|%l|%D|%N'``, ``scontrol show node -o``) and the launch lines (:mod:`broker.lint.shell`), each finding with
+   ``file:line``, what the cluster has and the fix.  A finding in :data:`broker.lint.shell.FATAL` (the job cannot run
+   as written) refuses the submission (BadInput, exit 2) unless ``yes``.
+2. **A run** in the ledger: provider ``slurm``, topology ``slurm``, the cluster's deadline and budget, one
+   ``slurm_job`` resource written before ``sbatch`` (``attrs.cluster``: ``broker down RUN`` scancels it through
+   node 0); so ``broker status``, ``broker logs RUN [--node I]`` and ``broker cost`` show it.
+3. **Stage** the file's folder (``broker.run.staging``: .gitignore / .brokerignore respected) to
+   ``<shared dir>/jobs/<run id>/work`` and create the folders of ``--output``/``--error`` there (Slurm cannot open
+   a file in a missing folder: the job would end at once with no log).
+4. **sbatch** ``--chdir=<work>`` (a relative ``--chdir`` of the file taken against ``<work>``) with the cluster's Python first on ``PATH``
+   (``torchrun`` and ``python`` of the nodes), ``--comment=broker-run=<run id>``, the script's own arguments.
+5. **Follow**: ``squeue`` (PENDING with its reason, RUNNING), then ``sacct``/``scontrol`` for the final state
+   (COMPLETED, FAILED, TIMEOUT, CANCELLED, ...); the job's ``StdOut``/``StdErr`` (``scontrol show job``) are
+   streamed as they grow, ``srun --label`` lines (``3: text``) tagged ``[node i]`` (task // ntasks-per-node),
+   others ``[batch]`` (the batch shell runs on node 0).  Copies land in the run folder: the two files as Slurm
+   named them, ``node<i>.log`` per node.  The cluster's deadline and Ctrl-C end the job with ``scancel``.
+6. **End** with the Slurm state, the exit code and the diagnosis: the catalogue :func:`broker.run.diagnose.explain`
+   uses for ``broker run``, plus "only node 0 ever started: torchrun is not under srun" when a multi-node job
+   whose torchrun runs in the batch shell did not complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from broker.core.provider import BadInput, ProviderError
+
+if TYPE_CHECKING:
+    from broker.money.ledger import Ledger
+    from broker.lint.rules import Finding
+    from broker.lint.shell import ClusterNodes
+
+Say = Callable[[str], None]
+_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
+#: control characters a node's output may not send to the terminal (tab kept)
+_CTRL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
+
+
+@dataclass
+class Outcome:
+    """How a submitted job ended: the run id, Slurm's job id, ``state`` (Slurm's word), ``exit_code``/``signal``
+    (``ExitCode=code:signal``), ``status`` (succeeded | failed | deadline | interrupted), the findings printed
+    before submission, the local copies of the logs and the diagnosis lines."""
+
+    run_id: str
+    job_id: str | None
+    state: str
+    exit_code: int | None
+    signal: int | None
+    status: str
+    findings: list["Finding"] = field(default_factory=list)
+    log_paths: dict[int, Path] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    diagnosis: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    #: what Slurm itself says of a job that ended without writing any output (read before the diagnosis)
+    slurm_notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status: 0 completed with code 0, 130 interrupted, 1 otherwise."""
+        return 0 if self.status == "succeeded" else 130 if self.status == "interrupted" else 1
+
+
+def cluster_nodes(sh: Any, deadline: Any = None) -> "ClusterNodes":
+    """What the cluster's nodes offer, asked on node 0 (``sinfo`` partitions with MaxTime, ``scontrol show node``
+    CPUs, memory, GPUs) and the minutes left before ``deadline`` (a datetime).  Raises ProviderError when Slurm
+    does not answer."""
+    from broker.core.model import utcnow
+    from broker.lint.shell import ClusterNodes, parse_scontrol_nodes, parse_sinfo_partitions
+
+    parts = parse_sinfo_partitions(sh.text(["sinfo", "-h", "-o", "%P|%l|%D|%N"], call="sinfo", timeout=30))
+    nodes = parse_scontrol_nodes(sh.text(["scontrol", "show", "node", "-o"], call="scontrol show node", timeout=30))
+    left = (deadline - utcnow()).total_seconds() / 60 if deadline is not None else None
+    return ClusterNodes(parts, nodes, minutes_left=left)
+
+
+def check(script: Path, cluster: "ClusterNodes", *, where: str) -> list["Finding"]:
+    """The launch-line findings and the header-against-cluster findings of ``script``, sorted by line."""
+    from broker.lint.shell import check_against_cluster, lint_shell, sbatch_nodes
+
+    text = script.read_text(encoding="utf-8", errors="replace")
+    shown = str(script)
+    found = lint_shell(text, shown, nodes=sbatch_nodes(text)) + check_against_cluster(text, shown, cluster,
+                                                                                       where=where)
+    return sorted(found, key=lambda f: (f.line, f.kind))
+
+
+def expand_pattern(pattern: str, *, job_id: str, name: str, user: str = "root", node: str = "node0") -> str:
+    """sbatch's filename pattern (``%j %J %A %x %u %N %n %t %a %%``) for the batch step's own files."""
+    subs = {"j": job_id, "J": job_id, "A": job_id, "a": "4294967294", "x": name, "u": user, "N": node, "n": "0",
+            "t": "0", "s": "batch", "%": "%"}
+    return re.sub(r"%(\d*)([jJAaxuNnts%])", lambda m: subs[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
+
+
+class _Stream:
+    """One remote file followed by offset; complete lines are handed to ``on_line``."""
+
+    def __init__(self, sh: Any, remote: str, local: Path, on_line: Callable[[str], None]):
+        self.sh, self.remote, self.local, self.on_line = sh, remote, local, on_line
+        self.offset, self.partial = 0, b""
+        local.write_bytes(b"")
+
+    def pump(self, final: bool = False) -> None:
+        data = self.sh.read_from(self.remote, self.offset)
+        if data:
+            self.offset += len(data)
+            with open(self.local, "ab") as f:
+                f.write(data)
+        buf = self.partial + data
+        lines = buf.split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        for ln in lines:
+            self.on_line(ln.decode("utf-8", errors="replace").rstrip("\r"))
+
+
+def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | None = None, *, yes: bool = False,
+           echo: Say | None = None, say: Say | None = None, poll_s: float = 1.0,
+           report: Callable[[list["Finding"]], None] | None = None) -> Outcome:
+    """Check, record, stage, sbatch and follow ``script`` on the cluster ``cluster_id`` (module docstring).
+
+    ``echo`` gets each log line (``[node i] ...`` / ``[batch] ...``), ``say`` progress, ``report`` the findings
+    before anything is queued.  Raises BadInput (not a cluster, the cluster is down, a file that cannot be read, a
+    finding that means it cannot run and no ``yes``), ProviderError (Slurm or SSH refused)."""
+    from broker.money.accounting import ACTIVE_STATUSES
+    from broker.run.launch import RunResult
+    from broker.run.pipeline import end_run, new_run, shielded
+    from broker.providers.slurm import SlurmProvider
+    from broker.lint.shell import FATAL, header, sbatch_nodes
+    from broker.slurm.cluster import cluster_recipe, find, node0_shell
+
+    say = say or (lambda _m: None)
+    run_c, state = find(ledger, cluster_id)
+    if run_c.status not in ACTIVE_STATUSES:
+        raise BadInput(f"Slurm cluster {run_c.id} is {run_c.status}, not up",
+                       hint="start one with `broker slurm up --provider netns --nodes 2`")
+    script = Path(script)
+    try:
+        text = script.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise BadInput(f"{script}: cannot read it ({e.strerror or e})", hint="give the path of your sbatch file") \
+            from None
+    sh = node0_shell(state)
+    facts = cluster_nodes(sh, run_c.deadline)
+    findings = check(script, facts, where=f"cluster {run_c.id}")
+    if report:
+        report(findings)
+    fatal = [f for f in findings if f.kind in FATAL]
+    if fatal and not yes:
+        raise BadInput(f"{script} cannot run as written on cluster {run_c.id}: {len(fatal)} problem(s), each at its "
+                       "line above; nothing was queued",
+                       hint="fix those lines (the fix is under each), or pass --yes to submit it anyway")
+
+    h = header(text)
+    nnodes = sbatch_nodes(text)
+    per_node = int(h["ntasks-per-node"].value) if "ntasks-per-node" in h and \
+        h["ntasks-per-node"].value.isdigit() else 1
+    name = h["job-name"].value if "job-name" in h else script.name
+    minutes = facts.minutes_left if facts.minutes_left is not None else 60.0
+    recipe = cluster_recipe(re.sub(r"[^A-Za-z0-9_-]", "-", script.stem)[:30] or "job", max(1, nnodes),
+                            max_hours=max(minutes / 60, 1 / 3600), budget_usd=run_c.budget_usd or 0.0)
+    recipe = recipe.model_copy(update={"name": f"sbatch-{script.stem}", "script": script.resolve(),
+                                       "workdir": script.resolve().parent, "args": list(args or [])})
+    run = new_run(ledger, recipe, provider="slurm", topology="slurm",
+                  plan={"cluster": run_c.id, "script": str(script.resolve()), "findings": len(findings)})
+    ledger.update_run(run.id, deadline=run_c.deadline, budget_usd=run_c.budget_usd)  # the cluster's clock and budget
+    run_dir = Path(run.run_dir or ".")
+    ledger.event(run.id, "cli", "start", f"sbatch {script.name} on Slurm cluster {run_c.id}"
+                 + (f" ({len(fatal)} finding(s) overridden by --yes)" if fatal else ""))
+    (run_dir / script.name).write_text(text)
+
+    prov = SlurmProvider()
+    prov.shell, prov.host = sh, sh.host
+    base = f"{state.shared_dir}/jobs/{run.id}"
+    work = f"{base}/work"
+    attrs = {"host": sh.host, "cluster": run_c.id, "script": f"{work}/{script.name}"}
+    job_id: str | None = None
+    status, reason = "failed", ""
+    info = None
+    res_id = None
+    out = Outcome(run.id, None, "NOT_SUBMITTED", None, None, "failed", findings=findings)
+    t0 = time.monotonic()
+    try:
+        from broker.run.executor import staging_line
+        from broker.run.staging import stage_plan, tar_staged
+
+        plan = stage_plan(script.resolve().parent)
+        say(staging_line(plan, run_dir) + f" -> {work}")
+        sh.mkdir(base)
+        sh.put_tgz(tar_staged(plan), work)
+        chdir = job_dir(h, work)
+        made = _output_dirs(h, chdir)
+        if made:
+            sh.text(["mkdir", "-p", *made], call="mkdir")
+            say(f"created {', '.join(os.path.relpath(d, work) + '/' for d in made)} in the job folder (Slurm "
+                "cannot open --output/--error files in a missing folder: the job would end at once with no log)")
+        res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run_c.deadline,
+                                   attrs=attrs)
+        res_id = res.id
+        # on the command line it wins over the file's own: a relative `#SBATCH --chdir=.` would be taken against
+        # the home of the user slurmd runs the job as (/root), not the staged folder
+        extra = [f"--chdir={chdir}"]
+        pydir = str(Path(state.python).parent) if state.python.startswith("/") else None
+        prefix = (["env", f"PATH={pydir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+                  if pydir else [])
+        try:
+            job_id = prov.submit(f"{work}/{script.name}", run_id=run.id, extra=extra, args=list(args or []),
+                                 prefix=prefix)
+        except BaseException as e:
+            ledger.update_resource(res_id, state="terminated", error=str(e)[:500], actor="cli",
+                                   message="sbatch failed: nothing was submitted")
+            raise
+        out.job_id = job_id
+        ledger.mark_created(res_id, job_id, state="running")
+        ledger.event(run.id, "cli", "submitted", f"Slurm job {job_id} on cluster {run_c.id}", resource_id=res_id)
+        say(f"submitted job {job_id} ({name}, {nnodes} node(s)) on cluster {run_c.id}; run {run.id}")
+        status, reason, info, out = _follow(prov, sh, attrs, job_id, run, run_c.deadline, h, name, per_node,
+                                            nnodes, run_dir, out, echo=echo, say=say, poll_s=poll_s, ledger=ledger,
+                                            res_id=res_id)
+    except BaseException as e:
+        interrupted = isinstance(e, KeyboardInterrupt)
+        if job_id and info is None:
+            try:
+                with shielded(say):  # a second Ctrl-C must not leave the job running
+                    gone = _cancel(prov, job_id, attrs)
+                if gone.done and res_id:
+                    ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                           message=f"Slurm job {job_id} cancelled: {gone.state}")
+            except Exception as ce:  # noqa: BLE001 - the row stays live: `broker down` / the watchdog retry
+                say(f"could not cancel Slurm job {job_id} ({getattr(ce, 'message', None) or ce}); "
+                    f"`broker down {run.id}` retries")
+        why = ("interrupted (Ctrl-C)" if interrupted else
+               f"slurm submit failed: {getattr(e, 'message', None) or e}")
+        if job_id:
+            why += f"; cancelled Slurm job {job_id}"
+        end_run(ledger, run.id, None, status="interrupted" if interrupted else "failed", message=why)
+        raise
+    if info is not None and info.done and res_id:
+        ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                               message=f"Slurm job {job_id} ended: {info.state}, exit {info.exit_code}",
+                               attrs={"nodes": info.nodes, "final_state": info.state})
+    out.status = status
+    # Slurm reports one exit code for the batch step, not one per node: per-node codes only when all is well
+    result = RunResult(status=status, exit_codes={i: 0 for i in out.log_paths} if status == "succeeded" else {},
+                       wall_s=time.monotonic() - t0, log_paths=out.log_paths, reason=reason)
+    out.diagnosis = diagnose(out, findings, nnodes, run_dir, result)
+    if out.diagnosis:
+        (run_dir / "diagnosis.txt").write_text("\n".join(out.diagnosis) + "\n")
+    end_run(ledger, run.id, result, status=status, message=end_message(job_id, out, reason))
+    return out
+
+
+def end_message(job_id: str | None, out: Outcome, reason: str) -> str:
+    """The run's closing line: Slurm's state and exit code once, then the reason when it says more (a reason
+    that already is the state line, ``Slurm job 7 FAILED (JobLaunchFailure), ExitCode 0:53``, replaces it)."""
+    line = f"Slurm job {job_id} {out.state}, ExitCode {out.exit_code}:{out.signal or 0}"
+    if not reason:
+        return line
+    return reason if reason.startswith(f"Slurm job {job_id} {out.state}") else f"{line}; {reason}"
+
+
+def job_dir(h: dict, work: str) -> str:
+    """The job's working directory on the cluster: the staged folder ``work``, or the file's ``--chdir``
+    taken against it when relative (an absolute one is kept as written)."""
+    d = h.get("chdir")
+    if d is None or not d.value.strip():
+        return work
+    v = d.value.strip()
+    return v if v.startswith("/") else os.path.normpath(f"{work}/{v}")
+
+
+def _output_dirs(h: dict, work: str) -> list[str]:
+    """Folders of ``--output``/``--error`` (relative to the job folder) that hold no ``%`` pattern."""
+    dirs = []
+    for key in ("output", "error"):
+        d = h.get(key)
+        if d is None or not d.value or "/" not in d.value:
+            continue
+        folder = d.value.rsplit("/", 1)[0]
+        if "%" in folder or ".." in Path(folder).parts:
+            continue
+        full = folder if folder.startswith("/") else f"{work}/{folder}"
+        if full not in dirs:
+            dirs.append(full)
+    return dirs
+
+
+def _cancel(prov: Any, job_id: str, attrs: dict, timeout_s: float = 60.0) -> Any:
+    prov.cancel(job_id, attrs=attrs)
+    stop = time.monotonic() + timeout_s
+    info = prov.job(job_id, attrs=attrs)
+    while not info.done and time.monotonic() < stop:
+        time.sleep(0.5)
+        info = prov.job(job_id, attrs=attrs)
+    return info
+
+
+def job_files(sh: Any, job_id: str, name: str) -> tuple[str | None, str | None, str]:
+    """(StdOut, StdErr, the first node) of a job per ``scontrol show job -o`` with sbatch's patterns expanded (Slurm
+    22.05 prints them as given); (None, None, "") while slurmctld does not answer."""
+    from broker.providers.slurm import parse_scontrol_job
+
+    cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol show job", timeout=30)
+    if cp.returncode != 0 or not cp.stdout:
+        return None, None, ""
+    kv = parse_scontrol_job(cp.stdout.decode(errors="replace") if isinstance(cp.stdout, bytes) else cp.stdout)
+    first = (kv.get("BatchHost") or "").strip()
+    if first in ("", "(null)"):
+        first = "node0"
+    user = (kv.get("UserId") or "root(0)").split("(")[0] or "root"
+    jname = kv.get("JobName") or name
+    std = []
+    for key in ("StdOut", "StdErr"):
+        v = kv.get(key)
+        std.append(expand_pattern(v, job_id=job_id, name=jname, user=user, node=first) if v else None)
+    return std[0], std[1], first
+
+
+def route_line(line: str, logs: dict[int, Path], per_node: int, tag: str = "") -> str:
+    """Append one line of the job's output to its node's log and return it as shown: ``srun --label`` lines
+    (``3: text``) belong to node ``task // per_node`` (``[node i] text``); any other line is the batch shell's,
+    which runs on the job's first node (``[batch<tag>] line``, kept in node 0's log).  Control characters are
+    stripped from what is shown (a node may not drive the terminal); the log keeps the bytes as written."""
+    m = _LABEL.match(line)
+    node = int(m.group(1)) // max(1, per_node) if m else None
+    if m and node in logs:
+        with open(logs[node], "a", encoding="utf-8") as fh:
+            fh.write(m.group(2) + "\n")
+        shown = f"[node {node}] {m.group(2)}"
+    else:
+        with open(logs[0], "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+        shown = f"[batch{tag}] {line}"
+    return _CTRL.sub("", shown)
+
+
+def is_stream_noise(shown: str) -> bool:
+    """Whether a shown line (``[node i] ...`` or ``[batch...] ...``) is known harmless noise the terminal leaves
+    out, as ``broker run``'s stream does (:func:`broker.core.ui.is_terminal_noise`); the logs keep every line."""
+    from broker.core.ui import TERMINAL_NOISE, is_terminal_noise
+
+    if is_terminal_noise(shown):
+        return True
+    m = re.match(r"\[batch[^\]]*\]\s?(.*)\Z", shown, re.S)
+    return bool(m) and any(n in m.group(1) for n in TERMINAL_NOISE)
+
+
+def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, run_dir: Path, out: Outcome, *,
+            echo, say, poll_s, ledger, res_id):
+    """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out)."""
+    from broker.core.model import utcnow
+
+    logs = {i: run_dir / f"node{i}.log" for i in range(max(1, nnodes))}
+    for p in logs.values():
+        p.write_text("")
+    out.log_paths = logs
+    streams: list[_Stream] = []
+
+    def on_line(tag: str):
+        def f(line: str) -> None:
+            shown = route_line(line, logs, per_node, tag)
+            if echo and not is_stream_noise(shown):
+                echo(shown)
+        return f
+
+    last, info, status, reason = "", None, None, ""
+    errors = 0
+    files_known = False
+    while True:
+        try:
+            if not files_known:
+                so, se, _first = job_files(sh, job_id, name)
+                if so:
+                    files_known = True
+                    seen = set()
+                    for path, tag in ((so, ""), (se, " stderr")):
+                        if not path or path in seen:
+                            continue
+                        seen.add(path)
+                        local = run_dir / Path(path).name
+                        streams.append(_Stream(sh, path, local, on_line(tag if path != so else "")))
+                        out.files.append(local)
+                        say(f"following {path}")
+            for s in streams:
+                s.pump()
+            info = prov.job(job_id, attrs=attrs)
+            errors = 0
+        except ProviderError as e:
+            errors += 1
+            if errors >= 30:
+                raise
+            say(f"cannot follow job {job_id} right now ({e.message}); retrying")
+            time.sleep(poll_s)
+            continue
+        if info.state != last:
+            last = info.state
+            ledger.event(run.id, "cli", "job_state", f"{job_id} {info.state} {info.reason}".strip(), resource_id=res_id)
+            if not info.done:
+                say(f"job {job_id} {info.state}" + (f" ({info.reason})" if info.reason and info.state == "PENDING"
+                                                    else ""))
+        if info.done:
+            break
+        if info.hopeless:
+            reason = f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); cancelled it"
+            status = "failed"
+            info = _cancel(prov, job_id, attrs)
+            break
+        if deadline is not None and utcnow() >= deadline:
+            reason = f"the cluster's deadline ({deadline.isoformat()}) was reached; cancelled Slurm job {job_id}"
+            status = "deadline"
+            info = _cancel(prov, job_id, attrs)
+            break
+        time.sleep(poll_s)
+    if not files_known:
+        so, se, _ = job_files(sh, job_id, name)
+        for path in dict.fromkeys(p for p in (so, se) if p):
+            local = run_dir / Path(path).name
+            streams.append(_Stream(sh, path, local, on_line("")))
+            out.files.append(local)
+    for s in streams:
+        s.pump(final=True)
+    out.state, out.exit_code, out.signal, out.nodes = info.state, info.exit_code, info.signal, info.nodes
+    if info.state != "COMPLETED" and not any(p.exists() and p.stat().st_size for p in out.files):
+        try:
+            out.slurm_notes = no_output_reason(sh, job_id, info)
+        except Exception as e:  # noqa: BLE001 - the note is best effort; the state and exit code stand
+            out.slurm_notes = [f"(could not ask Slurm why job {job_id} wrote nothing: {type(e).__name__}: {e})"]
+    if status is None:
+        status = "succeeded" if info.state == "COMPLETED" and (info.exit_code or 0) == 0 else "failed"
+        if status == "failed":
+            why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
+            reason = f"Slurm job {job_id} {info.state}{why}, ExitCode {info.exit_code}:{info.signal or 0}"
+    return status, reason, info, out
+
+
+def no_output_reason(sh: Any, job_id: str, info: Any) -> list[str]:
+    """Why a job that ended without a line of output did so, from Slurm's own record (``scontrol show job``:
+    Reason, StdOut, WorkDir) and whether the folder of its StdOut exists on node 0 (slurmd cannot create it:
+    "Could not open stdout file" in slurmd's log, the job FAILED before the script ran)."""
+    from broker.providers.slurm import parse_scontrol_job
+
+    cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol show job", timeout=30)
+    raw = cp.stdout.decode(errors="replace") if isinstance(cp.stdout, bytes) else (cp.stdout or "")
+    kv = parse_scontrol_job(raw) if cp.returncode == 0 and raw.strip() else {}
+    code = f"ExitCode {info.exit_code}:{info.signal or 0}"
+    reason = (kv.get("Reason") or getattr(info, "reason", "") or "").strip()
+    said = f"Slurm job {job_id} {info.state} ({code}" + (f", Reason={reason}" if reason and reason != "None"
+                                                           else "") + ") without writing any output"
+    std = kv.get("StdOut")
+    if not std:
+        return [said + "; Slurm no longer remembers the job's files (scontrol show job): slurmd's log on the "
+                "job's first node says why"]
+    first = (kv.get("BatchHost") or "node0").strip()
+    user = (kv.get("UserId") or "root(0)").split("(")[0] or "root"
+    path = expand_pattern(std, job_id=job_id, name=kv.get("JobName") or "", user=user, node=first)
+    folder = path.rsplit("/", 1)[0] or "/"
+    there = sh.run(["test", "-d", folder], call="test -d", timeout=30).returncode == 0
+    if not there:
+        return [said + f": its output file {path} (StdOut; WorkDir={kv.get('WorkDir', '?')}) is in a folder that "
+                f"does not exist ({folder}); slurmd could not open it, so the job ended before the script ran",
+                "fix: point #SBATCH --output/--error at a folder that exists before sbatch (a folder of the "
+                "submitted file's own, without %j in its name, is created by `broker slurm submit`)"]
+    return [said + f"; its output file is {path} (StdOut; WorkDir={kv.get('WorkDir', '?')}): if it is missing, "
+            "slurmd could not open it (permissions or a file system the nodes do not share)"]
+
+
+def diagnose(out: Outcome, findings: list["Finding"], nnodes: int, run_dir: Path, result: Any) -> list[str]:
+    """The diagnosis lines of a job that did not complete: torchrun outside srun on a multi-node job first (the
+    logs say nothing of it: node 0 waits in the rendezvous until the time limit), then the catalogue."""
+    if out.status == "succeeded":
+        return []
+    lines: list[str] = list(out.slurm_notes)
+    not_srun = [f for f in findings if f.kind == "sbatch-torchrun-not-srun"]
+    if not_srun and nnodes > 1:
+        others = [i for i, p in out.log_paths.items() if i > 0 and p.exists() and p.stat().st_size]
+        f = not_srun[0]
+        lines.append(f"only node 0 ever started: torchrun is not under srun ({f.path}:{f.line}); the batch shell "
+                     f"runs on the first node of the {nnodes}-node allocation only, so its torchrun waited for the "
+                     f"other node(s) until Slurm ended the job ({out.state})"
+                     + ("" if others else "; no output from "
+                        + ("node 1" if nnodes == 2 else f"nodes 1..{nnodes - 1}")))
+        lines.append(f"fix: {f.fix.replace('`', '')}")
+    try:
+        from broker.run.diagnose import explain
+
+        catalogue = explain(run_dir, result, nnodes).lines()
+    except Exception as e:  # noqa: BLE001 - a diagnosis is best effort
+        catalogue = [f"(no catalogue diagnosis: {type(e).__name__}: {e})"]
+    # the time-limit entry restates the torchrun-outside-srun paragraph above: said once is enough
+    return lines + _said_once(catalogue, drop={"slurm-time-limit"} if lines and not_srun and nnodes > 1 else set())
+
+
+_CAUSE = re.compile(r"^cause \[([\w-]+)\](?: \(node \d+\))?: (.*)$")
+
+
+def _said_once(lines: list[str], drop: set[str]) -> list[str]:
+    """The catalogue's lines without repeats: a cause in ``drop`` goes with its indented fix lines, a headline
+    that a cause line repeats word for word goes (the cause keeps its fix), and an exact repeat goes."""
+    causes = {m.group(2): m.group(1) for m in map(_CAUSE.match, lines) if m}
+    out: list[str] = []
+    skipping = False
+    for ln in lines:
+        m = _CAUSE.match(ln)
+        if m:
+            skipping = m.group(1) in drop
+        elif skipping and ln.startswith(" "):
+            continue
+        else:
+            skipping = False
+        if skipping or (not m and causes.get(ln) in drop) or (not m and ln in causes) or (
+                ln in out and not ln.startswith(" ")):
+            continue
+        out.append(ln)
+    return out
+
+
+def format_finding(f: "Finding") -> str:
+    """``file:line: error|warning [kind] message`` (the fix follows on its own line in the CLI)."""
+    from broker.lint.shell import FATAL
+
+    return f"{f.path}:{f.line}: {'error' if f.kind in FATAL else 'warning'} [{f.kind}] {f.message}"
