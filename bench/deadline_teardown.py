@@ -48,7 +48,8 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
     from broker.core.errors import BrokerError
     from broker.money.ledger import Ledger
     from broker.core.model import utcnow
-    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.run.runrecord import Hooks
+    from broker.run.pipeline import run_pipeline
 
     ledger = Ledger()
     deadline: list = []
@@ -84,7 +85,8 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
 
 
 def case_job(poll_s: float) -> float:
-    from broker.run.pipeline import CloudTarget, rank_options
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.planstep import rank_options
     from broker.providers.fake import FakeProvider
 
     with tempfile.TemporaryDirectory() as d:
@@ -104,7 +106,8 @@ def case_job(poll_s: float) -> float:
 
 
 def case_loading(poll_s: float) -> float:
-    from broker.run.pipeline import CloudTarget, rank_options
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.planstep import rank_options
     from broker.providers.vast import VastProvider
     from tests.vast_emulator import API_KEY, VastEmulator, offer_row
 

@@ -1,5 +1,5 @@
 """The AWS adapter reports the list price of the type EC2 actually launched (moto in server mode), so the core
-records the provider's rate, not the plan's (broker.money.provision.record_reported_rate)."""
+records the provider's rate, not the plan's (broker.money.cost.record_reported_rate)."""
 
 from __future__ import annotations
 

@@ -367,7 +367,7 @@ def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
     import logging
 
     from broker.core.model import Cluster, ClusterNode
-    from broker.run.remote import SSHCluster
+    from broker.run.sshcluster import SSHCluster
 
     node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,
                        workroot=str(tmp_path / "here"))

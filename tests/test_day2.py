@@ -73,7 +73,7 @@ def test_logs_follow_a_live_run_until_it_ends(cli_env, tmp_path):
 
 
 def test_cost_totals_match_the_ledger(cli_env, tmp_path):
-    from broker.money.provision import run_cost
+    from broker.money.cost import run_spent_usd
 
     env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
     for _ in range(2):
@@ -81,7 +81,7 @@ def test_cost_totals_match_the_ledger(cli_env, tmp_path):
         assert p.returncode == 0, p.stderr
     assert _cli(["run", str(_ticker(tmp_path)), "-q"], env).returncode == 0  # a free local run
     led = Ledger()
-    want = sum(run_cost(led, r.id) for r in led.list_runs())
+    want = sum(run_spent_usd(led, r.id) for r in led.list_runs())
     data = json.loads(_cli(["cost", "--json"], env).stdout)
     assert len(data["runs"]) == 3 and want > 0
     assert data["total_usd"] == 0 and data["pretend_usd"] == pytest.approx(want, abs=1e-4)  # fake: pretend money
@@ -237,7 +237,7 @@ def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, caps
     of trying to connect, and `--config` lists the VMs only."""
     from types import SimpleNamespace
 
-    import broker.run.pipeline
+    import broker.run.kept
     from broker.cli import app as cli
     from broker.cli.day2 import ssh_config
     from broker.core.model import Cluster, ClusterNode, TopologyKind
@@ -246,7 +246,7 @@ def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, caps
         ClusterNode(node_rank=0, host="localhost", port=0, private_ip="198.18.9.1", local=True, workroot="/runs/r-h/here"),
         ClusterNode(node_rank=1, host="198.18.3.4", user="ubuntu", private_ip="198.18.9.2")])
     assert "broker-r-h-n0" not in ssh_config("r-h", cluster) and "HostName 198.18.3.4" in ssh_config("r-h", cluster)
-    monkeypatch.setattr(broker.run.pipeline, "kept_cluster",
+    monkeypatch.setattr(broker.run.kept, "kept_cluster",
                         lambda ledger, rid: (SimpleNamespace(id="r-h", run_dir="/runs/r-h"), cluster))
     with pytest.raises(SystemExit) as e:
         cli.main(["ssh", "r-h", "0"])

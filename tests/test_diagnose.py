@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from broker.run.diagnose import Diagnosis, catalogue, error_lines, explain, load_facts
-from broker.run.launch import RunResult, finish_result, rank_table
+from broker.run.supervisor import RunResult, finish_result, rank_table
 
 LOGS = Path(__file__).resolve().parent / "diagnose_logs"
 CPU, GPU = LOGS / "cpu", LOGS / "gpu"
@@ -324,7 +324,7 @@ def test_summary_without_ranks_is_a_whole_true_sentence(tmp_path, capsys, codes,
 def test_summary_hosts_line_leaves_out_unknown_gpu_counts(capsys, monkeypatch):
     """A script that never imports torch (a CPU-only check) gave "node 0 = vm (? GPU(s) visible)"."""
     from broker.cli import summary
-    from broker.run.launch import RankRow
+    from broker.run.supervisor import RankRow
 
     monkeypatch.setattr(summary.console, "width", 80)
     rr = RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={})

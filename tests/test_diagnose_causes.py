@@ -129,7 +129,7 @@ def test_symptoms_stay_when_no_fact_explains_them(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ silent wrong results
 def _succeeded(case: str):
-    from broker.run.launch import RunResult, finish_result
+    from broker.run.supervisor import RunResult, finish_result
 
     d = CPU / case
     logs = {int(p.stem[4:]): p for p in d.glob("node*.log")}

@@ -29,7 +29,9 @@ oci = pytest.importorskip("oci")
 
 from broker.money.ledger import Ledger  # noqa: E402
 from broker.core.model import utcnow  # noqa: E402
-from broker.run.pipeline import CloudHybridTarget, Hooks, run_pipeline  # noqa: E402
+from broker.run.cloudtarget import CloudHybridTarget
+from broker.run.runrecord import Hooks
+from broker.run.pipeline import run_pipeline  # noqa: E402
 from broker.plan.planner import plan  # noqa: E402
 from broker.providers import netns  # noqa: E402
 from broker.core.recipe import load_recipe  # noqa: E402

@@ -126,7 +126,7 @@ def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
     import asyncssh
 
     from broker.core.model import Cluster, ClusterNode
-    from broker.run.remote import SSHCluster, node_base
+    from broker.run.sshcluster import SSHCluster, node_base
 
     monkeypatch.setenv("TS_AUTHKEY", "tskey-auth-secret")
     node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,

@@ -323,7 +323,7 @@ def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
 
 def test_cloud_side_of_a_hybrid_run_is_named_in_words():
     """The emulated hybrid run said `cloud: nodes 1-1` for one VM."""
-    from broker.run.pipeline import cloud_nodes
+    from broker.run.targets import cloud_nodes
 
     assert cloud_nodes(2) == "node 1"
     assert cloud_nodes(4) == "nodes 1-3"

@@ -11,7 +11,10 @@ import subprocess
 import pytest
 
 from broker.money.accounting import FakeClock
-from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.run.cloudtarget import CloudTarget
+from broker.run.runrecord import Hooks
+from broker.run.planstep import rank_options
+from broker.run.pipeline import run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.recipe import load_recipe
 from broker.money.watchdog import Watchdog

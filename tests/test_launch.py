@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.launch import (LocalLaunchSpec, LocalNode, Supervisor, check_expect, free_port, local_argvs,
-                           rank_table, run_local, torchrun_argv)
+from broker.run.launch import LocalLaunchSpec, free_port, local_argvs, run_local, torchrun_argv
+from broker.run.supervisor import LocalNode, Supervisor, check_expect, rank_table
 from broker.core.model import Requirements
-from broker.run.pipeline import local_spec
+from broker.run.targets import local_spec
 from broker.core.provider import NoValidPlan
 from broker.core.recipe import load_recipe
 from broker.providers.local import LocalGpu, LocalProvider, detect_gpus

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.lint.rules import lint_script, lint_source
+from broker.lint.rules import lint_script
+from broker.lint.script import lint_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -186,7 +187,7 @@ def test_cli_several_paths_and_directories_json(tmp_path):
 
 
 def test_sbatch_fix_is_the_srun_pattern_broker_renders(tmp_path):
-    from broker.lint.rules import lint_sbatch
+    from broker.lint.sbatch import lint_sbatch
     from broker.core.recipe import load_recipe
     from broker.slurm.executor import render_sbatch
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.lint.rules import KINDS, lint_script
+from broker.lint.kinds import KINDS
+from broker.lint.rules import lint_script
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
 SNIPPETS = sorted(p for p in CORPUS.iterdir() if p.suffix in (".py", ".sbatch"))

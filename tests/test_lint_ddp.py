@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.lint.rules import lint_source
+from broker.lint.script import lint_source
 from broker.lint.ddp import CPU_FIXES, cpu_run_findings
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus" / "cpu_run"

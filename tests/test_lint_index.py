@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.lint import rules as lint
-from broker.lint.rules import SPAWN_CALLS, _attr_or_name, _Linter, _parse, _suppressed
+from broker.lint import script as lint
+from broker.lint.kinds import SPAWN_CALLS, _attr_or_name
+from broker.lint.script import _Linter, _parse, _suppressed
 
 CORPUS = Path(__file__).resolve().parent / "lint_corpus"
 SNIPPETS = sorted(p for p in CORPUS.iterdir() if p.suffix == ".py")

@@ -12,11 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli.app import app
-from broker.run.pipeline import rank_options
+from broker.run.planstep import rank_options
 from broker.money.ledger import Ledger
 from broker.core.model import Requirements, Run, TopologyKind, utcnow
 from broker.core.provider import NodeRequest, NoValidPlan, ProviderError
-from broker.money.provision import provision, reconcile
+from broker.money.provision import provision
+from broker.money.reconcile import reconcile
 from broker.providers.fake import FakeProvider
 from broker.money.teardown import teardown_order, teardown_run
 from broker.money.watchdog import Watchdog

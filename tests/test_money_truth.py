@@ -268,7 +268,7 @@ def _climbing_offers():
 
 def _vast_options(p, budget: float = 50.0, at_least: int = 3):
     from broker.core.model import Requirements
-    from broker.run.pipeline import rank_options
+    from broker.run.planstep import rank_options
 
     req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=budget, hours=1)
     opts = [o for o in rank_options(p, req) if o.provider == "vast"]
@@ -281,7 +281,8 @@ def _rents(emu) -> int:
 
 
 def test_instances_that_never_leave_loading_end_at_the_deadline_and_nothing_more_is_rented(vast_env, tmp_path):
-    from broker.money.provision import ClockOut, provision
+    from broker.money.cost import ClockOut
+    from broker.money.provision import provision
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
     ledger = Ledger()
@@ -301,7 +302,8 @@ def test_a_watchdog_kill_at_the_deadline_is_not_a_failed_offer(vast_env, tmp_pat
     import threading
     import time
 
-    from broker.money.provision import ClockOut, provision
+    from broker.money.cost import ClockOut
+    from broker.money.provision import provision
     from broker.money.watchdog import Watchdog
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
@@ -331,8 +333,10 @@ def test_a_watchdog_kill_at_the_deadline_is_not_a_failed_offer(vast_env, tmp_pat
 def test_a_run_whose_instances_never_load_ends_as_deadline_through_the_pipeline(vast_env, tmp_path):
     from datetime import timedelta
 
-    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.money.provision import ClockOut
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.runrecord import Hooks
+    from broker.run.pipeline import run_pipeline
+    from broker.money.cost import ClockOut
     from broker.core.recipe import load_recipe
 
     emu = vast_env(offers=_climbing_offers(), never_ready=True, boot_s=0.2)
@@ -373,7 +377,8 @@ def _req():
 
 # --------------------------------------------------------------------------------------------------- the provider's rate
 def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_env, tmp_path):
-    from broker.money.provision import RateAboveBudget, provision, run_cost
+    from broker.money.cost import RateAboveBudget, run_spent_usd
+    from broker.money.provision import provision
     from tests.vast_emulator import offer_row
 
     emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.30)], dph_factor=60, boot_s=0.4)
@@ -391,7 +396,7 @@ def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_
     assert row.state == "terminated"
     # the money so far is counted at the provider's rate: 18 $/h from the intent on
     age_h = (row.terminated_at - row.created_at).total_seconds() / 3600
-    assert run_cost(ledger, run.id) >= 18.0 * age_h * 0.999
+    assert run_spent_usd(ledger, run.id) >= 18.0 * age_h * 0.999
 
 
 def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_env, tmp_path):
@@ -451,7 +456,11 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
     from typer.testing import CliRunner
 
     from broker.cli.app import app
-    from broker.run.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.runrecord import Hooks
+    from broker.run.guard import NodeLost
+    from broker.run.planstep import rank_options
+    from broker.run.pipeline import run_pipeline
     from broker.providers.fake import FakeProvider
     from broker.core.recipe import load_recipe
 
@@ -501,7 +510,8 @@ def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path,
     """Provisioning took part of the run's time: the SSH executor's limit is what is left of the deadline (or of
     the budget at the rates the ledger holds), not the recipe's max_hours from now."""
     from broker.core.model import Cluster, ClusterNode
-    from broker.run.pipeline import Context, Hooks, cluster_executor
+    from broker.run.runrecord import Context, Hooks
+    from broker.run.kept import cluster_executor
     from broker.core.recipe import load_recipe
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.launch import (ArtifactBudget, LocalNode, RefusedArtifact, RunResult, Supervisor, artifact_destination,
-                           collect_local)
+from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination, collect_local
+from broker.run.supervisor import LocalNode, RunResult, Supervisor
 from broker.core.model import Cluster, ClusterNode, TopologyKind
 from tests.conftest import REPO, broker_cmd
 
@@ -31,7 +31,7 @@ class LyingNode:
     (when set) is the size its SFTP ``stat`` reports for every file."""
 
     def __init__(self, root: Path):
-        from broker.run.remote import LoopThread
+        from broker.run.sshcluster import LoopThread
 
         self.root = root
         self.names: object = []
@@ -74,7 +74,7 @@ class LyingNode:
 @pytest.fixture
 def lying(tmp_path):
     """(node, its work folder, an SSHCluster connected to it, the run folder)."""
-    from broker.run.remote import SSHCluster
+    from broker.run.sshcluster import SSHCluster
 
     node = LyingNode(tmp_path)
     cluster = Cluster(run_id="r1", provider="netns", topology=TopologyKind.multi_node, python=sys.executable,
@@ -305,7 +305,7 @@ def test_broker_logs_strips_controls_and_v_shows_them(cli_env, tmp_path):
 @pytest.fixture
 def local_node(tmp_path):
     """An SSHCluster whose node 0 is this machine (a hybrid run's node 0: broker.run.localconn), and its work folder."""
-    from broker.run.remote import SSHCluster
+    from broker.run.sshcluster import SSHCluster
 
     cluster = Cluster(run_id="r2", provider="netns", topology=TopologyKind.hybrid, python=sys.executable,
                       workroot=str(tmp_path / "root"),
@@ -349,7 +349,7 @@ def test_this_machine_as_a_node_takes_the_streamed_work_folder(local_node, tmp_p
 
 
 def test_remote_node_output_is_logged_raw_and_shown_clean(local_node, capsys):
-    from broker.run.remote import RemoteNode
+    from broker.run.sshcluster import RemoteNode
     from broker.core.ui import echo_line
 
     ssh, work, run_dir = local_node
@@ -367,8 +367,8 @@ def test_a_terminal_that_does_not_keep_up_never_stalls_the_node(tmp_path, monkey
     said), never from the log, and the node is never made to wait."""
     import time
 
-    from broker.run import launch
-    monkeypatch.setattr(launch, "MAX_BACKLOG", 512)
+    from broker.run import supervisor
+    monkeypatch.setattr(supervisor, "MAX_BACKLOG", 512)
     shown: list[str] = []
 
     def slow_terminal(line: str) -> None:

@@ -26,7 +26,9 @@ oci = pytest.importorskip("oci")
 
 from broker.money.ledger import Ledger  # noqa: E402
 from broker.core.model import utcnow  # noqa: E402
-from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
+from broker.run.cloudtarget import CloudTarget
+from broker.run.runrecord import Hooks
+from broker.run.pipeline import run_pipeline  # noqa: E402
 from broker.plan.planner import plan  # noqa: E402
 from broker.core.provider import INSTALL_TAG, RUN_TAG  # noqa: E402
 from broker.core.recipe import load_recipe  # noqa: E402

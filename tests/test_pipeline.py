@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.run.pipeline import Hooks, LocalTarget, run_pipeline, shielded
+from broker.run.runrecord import Hooks
+from broker.run.targets import LocalTarget
+from broker.run.pipeline import run_pipeline
+from broker.run.guard import shielded
 from broker.core.recipe import RecipeError, load_recipe
 from broker.run.staging import stage_plan
 from tests.conftest import REPO, broker_cmd
@@ -423,7 +426,7 @@ def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(
     now counts as plan does (this machine included) and names the free-tier difference."""
     from types import SimpleNamespace
 
-    from broker.run.pipeline import local_choice_text
+    from broker.run.planstep import local_choice_text
 
     plan = SimpleNamespace(valid_count=42, options=[])
     cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml")

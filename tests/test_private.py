@@ -51,7 +51,7 @@ def test_home_ledger_run_folder_and_keys_are_private_under_umask_022(tmp_path, b
         os.chmod = os.fchmod = no_chmod
         from broker.money.ledger import Ledger
         from broker.core.recipe import load_recipe
-        from broker.run.pipeline import new_run
+        from broker.run.runrecord import new_run
         from broker.core import sshkeys
         led = Ledger()
         run = new_run(led, load_recipe({str(tmp_path / 'r.yaml')!r}), provider="local", topology="local",
@@ -137,7 +137,7 @@ def test_node_secret_files_are_created_with_their_mode_over_sftp(tmp_path):
     import asyncssh
 
     from broker.core.model import Cluster, ClusterNode, TopologyKind
-    from broker.run.remote import SSHCluster
+    from broker.run.sshcluster import SSHCluster
 
     root = tmp_path / "node-fs"
     (root / "w").mkdir(parents=True)

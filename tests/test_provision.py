@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.pipeline import rank_options
+from broker.run.planstep import rank_options
 from broker.money.ledger import Ledger
 from broker.core.model import Requirements, Resource, Run, TopologyKind, utcnow
 from broker.core.provider import AuthError, NoValidPlan, OfferGone, ProviderError
-from broker.money.provision import provision, reconcile, run_cost, spent_usd
+from broker.money.provision import provision
+from broker.money.reconcile import reconcile
+from broker.money.cost import run_spent_usd, spent_usd
 from broker.money.teardown import teardown_run
 from broker.providers.fake import FakeProvider
 
@@ -306,12 +308,12 @@ def test_storage_is_billed_with_the_instance(env, ledger):
     assert row.attrs["storage_usd_per_hour"] == pytest.approx(0.004)
 
 
-def test_run_cost(env, ledger):
+def test_run_spent_usd(env, ledger):
     run = make_run(ledger, env)
     res = ledger.record_intent("run-1", "fake", "instance", "n0", usd_per_hour=1.8, deadline=run.deadline)
     ledger.mark_created(res.id, "fake-i-1")
     later = res.created_at + timedelta(minutes=30)
-    assert run_cost(ledger, "run-1", later) == pytest.approx(0.9)
+    assert run_spent_usd(ledger, "run-1", later) == pytest.approx(0.9)
 
 
 # ------------------------------------------------------------------------------------------------ reconcile

@@ -177,7 +177,7 @@ def test_ledger_run_row_keeps_the_reference_not_the_value(tmp_path, monkeypatch,
     """The run row's recipe copy and the run folder's recipe.json (pipeline.new_run) hold ${VAR}, never the
     value; the recipe the executors get still has it."""
     from broker.money.ledger import Ledger
-    from broker.run.pipeline import new_run
+    from broker.run.runrecord import new_run
 
     monkeypatch.setenv("MY_TOKEN", "s3cr3t-value")
     r = load_recipe(write(tmp_path, "env: {HF_TOKEN: '${MY_TOKEN}'}\n"))

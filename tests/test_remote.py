@@ -8,7 +8,8 @@ from pathlib import Path
 
 from broker.core.model import Cluster, ClusterNode, TopologyKind
 from broker.core.recipe import Recipe
-from broker.run.remote import SSHCluster, _known_hosts_has, env_file, launch_command, node_env
+from broker.run.sshcluster import SSHCluster, _known_hosts_has
+from broker.run.remote import env_file, launch_command, node_env
 
 
 def make(tmp_path: Path):

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.run.cloudtarget import CloudTarget
+from broker.run.runrecord import Hooks
+from broker.run.planstep import rank_options
+from broker.run.pipeline import run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
 from broker.core.provider import InstanceInfo, NodeRequest

@@ -166,7 +166,7 @@ def test_labelled_lines_go_to_their_node_and_the_batch_shell_to_node_0(tmp_path)
 
 
 def test_diagnosis_names_torchrun_outside_srun_only_when_the_job_did_not_complete(tmp_path):
-    from broker.run.launch import RunResult
+    from broker.run.supervisor import RunResult
     from broker.slurm.submit import Outcome, diagnose
 
     text = (BOOK / "train_ddp.sh").read_text()
@@ -278,7 +278,7 @@ def test_a_loopback_master_on_a_multi_node_torchrun_line_is_named(tmp_path):
 
 
 def test_the_submit_stream_and_diagnosis_say_each_thing_once(tmp_path):
-    from broker.run.launch import RunResult
+    from broker.run.supervisor import RunResult
     from broker.slurm.submit import Outcome, diagnose, end_message, is_stream_noise
 
     c10d = "[W1201 22:44:42.607 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"

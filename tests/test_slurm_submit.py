@@ -58,7 +58,7 @@ def cluster():
     finally:
         try:
             if cid is not None:
-                from broker.slurm.cluster import ClusterState
+                from broker.slurm.render import ClusterState
 
                 state = ClusterState.load(home / "runs" / cid)
                 if state.netns_cid and netns.leftovers(state.netns_cid):
@@ -203,7 +203,8 @@ def test_ctrl_c_cancels_the_job_and_ends_the_run(cluster, tmp_path):
 
 def test_down_leaves_nothing(cluster):
     home, cid = cluster
-    from broker.slurm.cluster import ClusterState, leftovers
+    from broker.slurm.render import ClusterState
+    from broker.slurm.cluster import leftovers
 
     state = ClusterState.load(home / "runs" / cid)
     cp = broker(home, "slurm", "down", cid, "--json")

@@ -57,7 +57,8 @@ def test_ssh_on_a_slurm_up_cluster_has_slurm_conf(cluster):
     assert "node0" in cp.stdout and "node1" in cp.stdout
     # an interactive session: a terminal and a login shell that has SLURM_CONF
     from broker.money.ledger import Ledger
-    from broker.slurm.cluster import ClusterState, slurm_ssh_argv
+    from broker.slurm.render import ClusterState
+    from broker.slurm.cluster import slurm_ssh_argv
 
     import os
 

@@ -65,7 +65,7 @@ def cluster():
 
 
 def _state(home: Path, cid: str):
-    from broker.slurm.cluster import ClusterState
+    from broker.slurm.render import ClusterState
 
     return ClusterState.load(home / "runs" / cid)
 
@@ -140,7 +140,8 @@ def test_ddp_2node_runs_through_the_cluster_with_ranks_on_different_nodes(cluste
 def test_down_leaves_no_namespace_daemon_or_mount(cluster):
     home, info, _ = cluster
     state = _state(home, info["cluster_id"])
-    from broker.slurm.cluster import leftovers, pid_files
+    from broker.slurm.cluster import leftovers
+    from broker.slurm.render import pid_files
 
     pidfiles = [Path(f) for i in range(2) for f in pid_files(state, i)]
     pids = [int(p.read_text().strip()) for p in pidfiles if p.exists() and p.read_text().strip()]

@@ -13,18 +13,19 @@ import pytest
 import yaml
 
 from broker.slurm import cluster as sc
+from broker.slurm import render
 from broker.core.provider import BadInput, ProviderError
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def nodes(gpus: tuple[int, ...] = (0, 0)) -> list[sc.NodeFacts]:
-    return [sc.NodeFacts(name=f"node{i}", host=f"198.18.7.{10 + i}", private_ip=f"10.0.0.{10 + i}", hostname=f"h{i}",
+def nodes(gpus: tuple[int, ...] = (0, 0)) -> list[render.NodeFacts]:
+    return [render.NodeFacts(name=f"node{i}", host=f"198.18.7.{10 + i}", private_ip=f"10.0.0.{10 + i}", hostname=f"h{i}",
                          cpus=4 + i, memory_mb=7900, gpus=g, gpu_devices=list(range(g))) for i, g in enumerate(gpus)]
 
 
-def conf(ns: list[sc.NodeFacts], **kw) -> str:
-    return sc.render_slurm_conf(cluster_name="bdemo", controller="h0", controller_addr="10.0.0.10", nodes=ns,
+def conf(ns: list[render.NodeFacts], **kw) -> str:
+    return render.render_slurm_conf(cluster_name="bdemo", controller="h0", controller_addr="10.0.0.10", nodes=ns,
                                 base="/srv/c1", munge_socket="/run/broker-munge-x/munge.socket",
                                 spool_dir="/run/broker-slurmd-x", **kw)
 
@@ -56,39 +57,39 @@ def test_slurm_conf_gpus_and_gres_conf():
     assert "GresTypes=gpu" in text
     assert "NodeName=node0 NodeAddr=10.0.0.10 CPUs=4 RealMemory=7900 Gres=gpu:2 State=UNKNOWN" in text
     assert "Gres=gpu:1" in text and "MaxTime=INFINITE" in text
-    assert sc.render_gres_conf(ns) == ("NodeName=node0 Name=gpu File=/dev/nvidia[0,1]\n"
+    assert render.render_gres_conf(ns) == ("NodeName=node0 Name=gpu File=/dev/nvidia[0,1]\n"
                                        "NodeName=node1 Name=gpu File=/dev/nvidia0\n")
     # a netns node that owns GPU 3 only (split GPUs) names that device
     ns[1].gpu_devices = [3]
-    assert "NodeName=node1 Name=gpu File=/dev/nvidia3" in sc.render_gres_conf(ns)
-    assert sc.render_gres_conf(nodes()) == ""
+    assert "NodeName=node1 Name=gpu File=/dev/nvidia3" in render.render_gres_conf(ns)
+    assert render.render_gres_conf(nodes()) == ""
 
 
 def test_slurm_conf_rejects_a_bad_cluster_name():
     with pytest.raises(BadInput):
-        sc.render_slurm_conf(cluster_name="bad name", controller="h", controller_addr="1.2.3.4", nodes=nodes(),
+        render.render_slurm_conf(cluster_name="bad name", controller="h", controller_addr="1.2.3.4", nodes=nodes(),
                              base="/b", munge_socket="/s", spool_dir="/run/x")
 
 
 def test_parse_facts_counts_gpus_and_missing_binaries():
     out = ("NPROC=8\nMemTotal:       32768000 kB\nHOST=ip-10-0-0-10\nGPU=0, NVIDIA A10G\nGPU=1, NVIDIA A10G\n"
            "MISSING=slurmd\nMISSING=munged\n")
-    f = sc.parse_facts(out)
+    f = render.parse_facts(out)
     assert f == {"cpus": 8, "memory_mb": 32000, "hostname": "ip-10-0-0-10",
                  "gpus": [(0, "NVIDIA A10G"), (1, "NVIDIA A10G")], "missing": ["slurmd", "munged"]}
     with pytest.raises(ProviderError):
-        sc.parse_facts("bash: nproc: command not found\n")
+        render.parse_facts("bash: nproc: command not found\n")
 
 
 def test_facts_command_runs_here():
-    out = subprocess.run(["sh", "-c", sc.FACTS_CMD], capture_output=True, text=True).stdout
-    f = sc.parse_facts(out)
+    out = subprocess.run(["sh", "-c", render.FACTS_CMD], capture_output=True, text=True).stdout
+    f = render.parse_facts(out)
     assert f["cpus"] == os.cpu_count() and f["memory_mb"] > 100
 
 
 def test_parse_sinfo_nodes():
     out = "node0|idle|2|(null)\nnode1|mixed*|8|gpu:2\nnode2|down~|4|gpu:a10:1,foo:3\n"
-    assert sc.parse_sinfo_nodes(out) == [
+    assert render.parse_sinfo_nodes(out) == [
         {"name": "node0", "state": "idle", "cpus": 2, "gpus": 0},
         {"name": "node1", "state": "mixed", "cpus": 8, "gpus": 2},
         {"name": "node2", "state": "down", "cpus": 4, "gpus": 1}]
@@ -96,17 +97,17 @@ def test_parse_sinfo_nodes():
 
 def test_cgroup_mount_script_v1_and_v2():
     v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
-    assert sc.cgroup_mount_script(v2) == "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup"
+    assert render.cgroup_mount_script(v2) == "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup"
     v1 = ("tmpfs /sys/fs/cgroup tmpfs ro 0 0\n"
           "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0\n"
           "cgroup /sys/fs/cgroup/systemd cgroup rw,nosuid,nodev,noexec,relatime,xattr,name=systemd 0 0\n")
-    s = sc.cgroup_mount_script(v1)
+    s = render.cgroup_mount_script(v1)
     assert "mount -t tmpfs" in s and "mount -t cgroup -o memory cgroup /sys/fs/cgroup/memory" in s
     assert "mount -t cgroup -o xattr,name=systemd cgroup /sys/fs/cgroup/systemd" in s
 
 
-def state(tmp_path: Path, n: int = 2) -> sc.ClusterState:
-    return sc.ClusterState(cluster_id="20260101-000000-abcdef", name="t", provider="netns", base=str(tmp_path / "c"),
+def state(tmp_path: Path, n: int = 2) -> render.ClusterState:
+    return render.ClusterState(cluster_id="20260101-000000-abcdef", name="t", provider="netns", base=str(tmp_path / "c"),
                            shared_dir=str(tmp_path / "c" / "shared"), shared_note="", python=sys.executable,
                            ssh_key_path=str(tmp_path / "k"), known_hosts_path=str(tmp_path / "kh"), nodes=nodes(),
                            munge_socket="/run/broker-munge-abcdef/munge.socket", netns_cid="bkn123456")
@@ -114,7 +115,7 @@ def state(tmp_path: Path, n: int = 2) -> sc.ClusterState:
 
 def test_start_script_controller_only_on_node0(tmp_path):
     st = state(tmp_path)
-    s0, s1 = sc.start_script(st, 0, cgroups="CGROUPS"), sc.start_script(st, 1, cgroups=None)
+    s0, s1 = render.start_script(st, 0, cgroups="CGROUPS"), render.start_script(st, 1, cgroups=None)
     assert f"slurmctld -i -f {st.conf}" in s0 and "slurmctld" not in s1
     assert f"slurmd -f {st.conf} -N node1" in s1 and "CGROUPS" in s0 and "CGROUPS" not in s1
     assert f"--key-file={st.node_dir(1)}/munge/munge.key" in s1 and "--socket=/run/broker-munge-abcdef" in s1
@@ -124,17 +125,17 @@ def test_start_script_controller_only_on_node0(tmp_path):
 def test_state_round_trip_holds_no_secret(tmp_path):
     st = state(tmp_path)
     st.save(tmp_path)
-    again = sc.ClusterState.load(tmp_path)
+    again = render.ClusterState.load(tmp_path)
     assert again == st
-    assert "key" not in {k for k in sc.ClusterState.__dataclass_fields__ if k != "ssh_key_path"}
+    assert "key" not in {k for k in render.ClusterState.__dataclass_fields__ if k != "ssh_key_path"}
     with pytest.raises(BadInput):
-        sc.ClusterState.load(tmp_path / "nope")
+        render.ClusterState.load(tmp_path / "nope")
 
 
 def test_stop_script_stops_daemons_by_pid(tmp_path):
     """The real shell: TERM the pids in the pid files; one that ignores TERM gets KILL after the grace."""
     st = state(tmp_path)
-    files = sc.pid_files(st, 0)
+    files = render.pid_files(st, 0)
     assert [Path(f).name for f in files] == ["slurmd.pid", "slurmctld.pid", "munged.pid"]
     procs = [subprocess.Popen(["sleep", "60"]),
              subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]),
@@ -143,7 +144,7 @@ def test_stop_script_stops_daemons_by_pid(tmp_path):
     for f, p in zip(files, procs):
         Path(f).parent.mkdir(parents=True, exist_ok=True)
         Path(f).write_text(f"{p.pid}\n")
-    out = subprocess.run(["sh", "-c", sc.stop_script(st, 0, grace_s=1.0)], capture_output=True, text=True,
+    out = subprocess.run(["sh", "-c", render.stop_script(st, 0, grace_s=1.0)], capture_output=True, text=True,
                          timeout=20).stdout
     for p in procs:
         p.wait(timeout=5)
@@ -152,7 +153,7 @@ def test_stop_script_stops_daemons_by_pid(tmp_path):
 
 
 def test_cloud_config_server_exports_to_the_private_network_only():
-    doc = sc.cloud_config("server", cidr="10.0.0.0/24")
+    doc = render.cloud_config("server", cidr="10.0.0.0/24")
     assert doc.startswith("#cloud-config\n")
     d = yaml.safe_load(doc)
     assert {"slurm-wlm", "munge", "nfs-kernel-server"} <= set(d["packages"])
@@ -162,34 +163,34 @@ def test_cloud_config_server_exports_to_the_private_network_only():
     assert ["exportfs", "-ra"] in d["runcmd"]
     assert ["systemctl", "disable", "--now", "slurmd", "slurmctld"] in d["runcmd"]
     with pytest.raises(BadInput):
-        sc.cloud_config("server")  # never exported to the world
+        render.cloud_config("server")  # never exported to the world
     with pytest.raises(BadInput):
-        sc.cloud_config("peer", cidr="10.0.0.0/24")
+        render.cloud_config("peer", cidr="10.0.0.0/24")
 
 
 def test_cloud_config_client_mounts_node0_at_the_same_path():
-    d = yaml.safe_load(sc.cloud_config("client", server_ip="10.0.0.10"))
+    d = yaml.safe_load(render.cloud_config("client", server_ip="10.0.0.10"))
     assert "nfs-common" in d["packages"] and "nfs-kernel-server" not in d["packages"]
     mount = d["runcmd"][1][2]
     assert "mount -t nfs" in mount and "10.0.0.10:/srv/broker-shared /srv/broker-shared" in mount
     assert mount.endswith("mountpoint -q /srv/broker-shared")  # the step fails when it never mounted
     with pytest.raises(BadInput):
-        sc.cloud_config("client")
+        render.cloud_config("client")
 
 
 def test_cloud_onstart_and_nfs_scripts_are_valid_shell():
-    for script in (sc.cloud_onstart(), sc.nfs_server_script("/srv/broker-shared", "10.0.0.0/24"),
-                   sc.nfs_client_script("10.0.0.10", "/srv/broker-shared")):
+    for script in (render.cloud_onstart(), render.nfs_server_script("/srv/broker-shared", "10.0.0.0/24"),
+                   render.nfs_client_script("10.0.0.10", "/srv/broker-shared")):
         assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
-    on = sc.cloud_onstart()
+    on = render.cloud_onstart()
     assert "apt-get install -y -q slurm-wlm munge nfs-kernel-server nfs-common" in on
     assert "systemctl disable --now slurmd slurmctld" in on
-    assert "10.0.0.0/24(rw" in sc.nfs_server_script("/srv/broker-shared", "10.0.0.0/24")
+    assert "10.0.0.0/24(rw" in render.nfs_server_script("/srv/broker-shared", "10.0.0.0/24")
 
 
 def test_private_cidr():
-    assert sc.private_cidr(["10.0.3.7", "10.0.3.9"]) == "10.0.3.0/24"
-    assert sc.private_cidr(["172.31.5.1", "172.31.9.1"]) == "172.31.0.0/16"
+    assert render.private_cidr(["10.0.3.7", "10.0.3.9"]) == "10.0.3.0/24"
+    assert render.private_cidr(["172.31.5.1", "172.31.9.1"]) == "172.31.0.0/16"
 
 
 def test_node0_shell_runs_commands_with_the_clusters_conf(tmp_path):
@@ -268,7 +269,7 @@ def test_spool_is_short_whatever_the_run_folder(tmp_path):
     st = state(tmp_path / ("deep" * 20))
     sock = f"{st.spool_dir}/node0/node0_123456.4294967291"
     assert len(sock) < 108
-    assert f"SlurmdSpoolDir={st.spool_dir}/%n" in sc.render_slurm_conf(
+    assert f"SlurmdSpoolDir={st.spool_dir}/%n" in render.render_slurm_conf(
         cluster_name="b", controller="node0", controller_addr="1.2.3.4", nodes=nodes(), base=st.base,
         munge_socket=st.munge_socket, spool_dir=st.spool_dir)
 

@@ -45,7 +45,8 @@ def _alive(pid: int) -> bool:
 
 def test_watchdog_deadline_tears_the_cluster_down(own_home):
     from broker.money.ledger import Ledger
-    from broker.slurm.cluster import UpOptions, down, leftovers, pid_files, up
+    from broker.slurm.cluster import UpOptions, down, leftovers, up
+    from broker.slurm.render import pid_files
     from broker.money.watchdog import Watchdog
 
     led = Ledger()

@@ -338,7 +338,9 @@ def test_broker_run_pipeline_uses_the_recipes_stall_s_and_exits_1_with_the_place
     import shutil
 
     from broker.money.ledger import Ledger
-    from broker.run.pipeline import Hooks, LocalTarget, run_pipeline
+    from broker.run.runrecord import Hooks
+    from broker.run.targets import LocalTarget
+    from broker.run.pipeline import run_pipeline
     from broker.core.recipe import load_recipe
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))

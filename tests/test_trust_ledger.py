@@ -212,7 +212,7 @@ def test_unreadable_tags_never_count_as_ours(fake, monkeypatch):
 def test_reconcile_ignores_a_terminated_row_naming_another_installations_object(fake):
     """A (crafted or stale) terminated row for another installation's tagged instance does not make it an orphan
     of ours."""
-    from broker.money.provision import reconcile
+    from broker.money.reconcile import reconcile
 
     p, home = fake
     lg = Ledger(home / "ledger.sqlite")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker.run.launch import RunResult, rank_table
+from broker.run.supervisor import RunResult, rank_table
 
 HOSTILE = "\x1b]0;TITLE\x07\x1b[2J\x9b2J\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\[/dim][bold]BOLD\u202eevil"
 
@@ -246,7 +246,7 @@ def test_a_secret_the_job_prints_is_masked_on_the_terminal_and_in_the_node_log(t
     import os
     import sys
 
-    from broker.run.launch import LocalNode, Supervisor
+    from broker.run.supervisor import LocalNode, Supervisor
     from broker.core.private import register_secret
     from broker.core.ui import echo_line
 

@@ -16,7 +16,10 @@ import pytest
 
 from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
-from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.run.cloudtarget import CloudTarget
+from broker.run.runrecord import Hooks
+from broker.run.planstep import rank_options
+from broker.run.pipeline import run_pipeline
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO, broker_cmd
 from tests.vast_emulator import API_KEY, VastEmulator

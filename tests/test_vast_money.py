@@ -22,7 +22,7 @@ from tests.test_vast import KEY, LABEL, URL, a_offer, env, instance_row, make_pr
 
 __all__ = ["env"]  # the autouse fixture isolating HOME / VAST_* (imported so it applies here too)
 
-RUN = "20261130-141522-abcdef"  # broker.run.pipeline.new_run's run id shape (22 characters)
+RUN = "20261130-141522-abcdef"  # broker.run.runrecord.new_run's run id shape (22 characters)
 INSTALL = "bi0123456789"  # broker.money.ledger's installation id shape
 TOKEN = "r-0123456789ab"  # broker.money.ledger.new_id("r-"): the client token
 
