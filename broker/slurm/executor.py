@@ -35,7 +35,7 @@ The working pattern, rendered here:
 
 Source of the Slurm facts: the sbatch/srun man pages of Slurm 22.05 (filename patterns ``%x %j %n``,
 ``--kill-on-bad-exit``, ``--open-mode``, ``SLURM_NODEID``/``SLURM_NNODES``), verified on a two-node Slurm 22.05
-cluster (tests/test_slurm_run.py).
+cluster (tests/slurm/test_slurm_run.py).
 """
 
 from __future__ import annotations
