@@ -102,6 +102,7 @@ class FakeProvider(Provider):
     live_price_list = None
     snapshot = None
     ingress_rule_format = None
+    interruptible = False
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path

@@ -526,6 +526,7 @@ class NetnsProvider(Provider):
     snapshot = None
     local_exec = False  # the nodes are reached over SSH inside their namespaces
     ingress_rule_format = None
+    interruptible = False
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

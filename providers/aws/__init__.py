@@ -97,6 +97,7 @@ class AWSProvider(Provider):
     snapshot = "aws.csv"
     local_exec = False
     ingress_rule_format = "IpPermissions"
+    interruptible = False
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod

@@ -104,6 +104,7 @@ class OCIProvider(Provider):
     snapshot = "oci.csv"
     local_exec = False
     ingress_rule_format = "IngressSecurityRule"
+    interruptible = False
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod

@@ -65,6 +65,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     snapshot = "vast.csv"
     local_exec = False
     ingress_rule_format = None
+    interruptible = False
 
     @classmethod
     def query_snapshot(cls, offers: list, query: str) -> list:
