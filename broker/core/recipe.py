@@ -320,7 +320,9 @@ class Recipe(BaseModel):
         return Requirements(nodes=self.nodes, gpus_per_node=0 if self.cpu_only else self.gpus_per_node,
                             gpu_names=list(self.gpu.models),
                             min_gpu_mem_gib=self.gpu.min_mem_gib, hours=self.max_hours, budget_usd=self.budget_usd,
-                            topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib)
+                            topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib,
+                            interruptible=self.interruptible, max_restarts=self.max_restarts,
+                            checkpoint_every_s=self.checkpoint_every_s)
 
 
 _ALLOWED_HINT = {
