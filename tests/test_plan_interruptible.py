@@ -16,10 +16,10 @@ from broker.plan.planner import plan
 NOW = datetime(2026, 11, 29, tzinfo=timezone.utc)
 
 
-def offer(provider="aws", it="g5.xlarge", usd=1.0, price=None, market=True, gpus=2, **attrs):
+def offer(provider="aws", it="g5.xlarge", usd=1.0, price=None, gpus=2, **attrs):
     a = dict(attrs)
     if price is not None:
-        a.update({spot.PRICE_ATTR: price, spot.MARKET_ATTR: market, spot.SOURCE_ATTR: "test price"})
+        a.update({spot.PRICE_ATTR: price, spot.SOURCE_ATTR: "test price"})
     return Offer(provider=provider, offer_id=it, instance_type=it, region="us-east-1", gpu_name="A10G",
                  gpu_count=gpus, gpu_mem_gib=24, usd_per_hour=usd, min_billed_seconds=0, price_source="snap",
                  price_time=NOW, attrs=a)
@@ -96,7 +96,7 @@ def test_true_without_any_interruptible_price_is_no_valid_plan():
 
 
 def test_fixed_discount_has_no_bid_and_market_price_gets_the_margin():
-    oci = spot.variant(offer("oci", "VM.GPU3.1", 2.95, price=1.475, market=False))
+    oci = spot.variant(offer("oci", "VM.GPU3.1", 2.95, price=1.475))
     assert oci.usd_per_hour == 1.475 and oci.attrs[spot.BID_ATTR] is None
     aws = spot.variant(offer(price=0.40))
     assert aws.usd_per_hour == aws.attrs[spot.BID_ATTR] == pytest.approx(0.44)
@@ -123,3 +123,8 @@ def test_plan_is_unchanged_without_interruptible_prices():
     a = plan(req("false"), [offer()])
     assert [o.worst_case_usd for o in a.options] and not any("interruptible" in n for n in a.notes)
     assert a.chosen.expected_usd is None and not a.chosen.interruptible
+
+
+def test_a_provider_without_the_capability_gets_no_interruptible_option():
+    assert spot.variant(offer("netns", price=0.1)) is None
+    assert spot.variant(offer("fake", price=0.1)) is None

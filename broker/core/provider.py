@@ -112,7 +112,7 @@ class Recorder(Protocol):
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
                 "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format", "interruptible")
+                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour")
 
 
 class Provider(ABC):
@@ -237,6 +237,12 @@ class Provider(ABC):
     #: It rents interruptible capacity (Vast.ai bid instances, EC2 spot, OCI preemptible VMs: cheaper, may be taken
     #: back at any time) when a NodeRequest asks for it, and :meth:`preemption` tells a preemption from a crash.
     interruptible: ClassVar[bool] = False
+    #: Its interruptible price is a market price (Vast ``min_bid``, EC2 spot price): broker bids / caps a margin
+    #: over it (:data:`broker.plan.interruptible.BID_MARGIN`); False = a fixed price (OCI preemptible: 50 %).
+    interruptible_bid: ClassVar[bool] = False
+    #: Preemptions per unit-hour the expected cost of its interruptible capacity assumes (broker's assumption, see
+    #: :mod:`broker.plan.interruptible`; 0.0 where it has none).
+    preemptions_per_hour: ClassVar[float] = 0.0
 
     @classmethod
     def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:

@@ -34,12 +34,16 @@ most R (a run preempted more often stops at R restarts; at a rate where every re
 k = R).  Expected billed hours = ``hours + allowance + k x lost_h``; expected USD = ``units x rate x`` that.  The
 on-demand option's expected cost is its worst case (the job may need every hour of the deadline).
 
-**Preemption rates** are broker's assumptions, stated as such: no provider publishes a per-hour rate for GPUs.
-AWS's Spot Instance Advisor buckets monthly interruption frequency (``<5 %`` ... ``>20 %`` of instances a month,
+**Preemption rates** are broker's assumptions, stated as such (each adapter's ``preemptions_per_hour``
+capability; ``interruptible_bid`` says whether its price is a market price): no provider publishes a per-hour
+rate for GPUs.  AWS's Spot Instance Advisor buckets monthly interruption frequency (``<5 %`` ... ``>20 %`` of instances a month,
 interruptible.md section 5); the worst bucket is about 0.0003 per hour, broker assumes 0.02 (GPU spot capacity
 is scarcer than the advisor's average and a training run is the instance's whole life).  Vast.ai publishes no
 statistic; a bid loses to any higher bid or on-demand renter on the same host: broker assumes 0.1 per hour.
 OCI publishes none either; reclaimed when capacity is needed: 0.05 per hour.
+
+An offer's interruptible capacity is planned only when its provider declares the ``interruptible`` capability
+(it can rent it and tell a preemption from a crash).
 
 ``interruptible: auto`` picks an interruptible option only when its expected cost is lower than the best
 on-demand option's (per hour of job time when the budget sets the deadline); ``true`` plans interruptible
@@ -59,8 +63,6 @@ from broker.plan import pricing
 PRICE_ATTR = "interruptible_usd_per_hour"
 #: Offer.attrs key: where that price came from (``"live Vast.ai min_bid ..."``, ``"snapshot 2026-11-29 ..."``)
 SOURCE_ATTR = "interruptible_price_source"
-#: Offer.attrs key: the price is a market price (Vast bid, AWS spot): broker bids / caps BID_MARGIN over it
-MARKET_ATTR = "interruptible_market"
 #: Offer.attrs key of an interruptible variant: True
 FLAG_ATTR = "interruptible"
 #: Offer.attrs key of a variant: the bid (Vast ``price``) or cap (AWS ``MaxPrice``), USD per hour; None for OCI
@@ -74,12 +76,14 @@ MIN_BID_ATTR = "min_bid"
 
 #: Fraction over the market price broker bids (Vast ``price``) or caps (AWS ``MaxPrice``): 10 %
 BID_MARGIN = 0.10
-#: OCI preemptible capacity: this fraction of the on-demand price, fixed (OCI preemptible doc, 2025-02-11)
-OCI_PREEMPTIBLE_FRACTION = 0.5
-#: Assumed preemptions per unit-hour, by provider (see the module docstring: broker's assumptions)
-PREEMPTIONS_PER_HOUR: dict[str, float] = {"vast": 0.10, "aws": 0.02, "oci": 0.05}
-#: For a provider not in PREEMPTIONS_PER_HOUR
+#: Preemptions per unit-hour assumed for a provider that declares none (``preemptions_per_hour`` 0.0)
 DEFAULT_PREEMPTIONS_PER_HOUR = 0.10
+
+
+def _capability(provider: str, attr: str) -> Any:
+    from broker.providers import capability
+
+    return capability(provider, attr)
 
 
 def bid(market_price_usd_per_hour: float) -> float:
@@ -91,12 +95,12 @@ def bid(market_price_usd_per_hour: float) -> float:
 
 
 def preemptions_per_hour(o: Offer) -> float:
-    """Assumed preemptions per hour of one unit of ``o``: its :data:`RATE_ATTR`, else the provider's
-    :data:`PREEMPTIONS_PER_HOUR`, else :data:`DEFAULT_PREEMPTIONS_PER_HOUR`."""
+    """Assumed preemptions per hour of one unit of ``o``: its :data:`RATE_ATTR`, else its provider's
+    ``preemptions_per_hour`` capability, else :data:`DEFAULT_PREEMPTIONS_PER_HOUR`."""
     r = o.attrs.get(RATE_ATTR)
     if isinstance(r, (int, float)) and not isinstance(r, bool) and r >= 0:
         return float(r)
-    return PREEMPTIONS_PER_HOUR.get(o.provider, DEFAULT_PREEMPTIONS_PER_HOUR)
+    return float(_capability(o.provider, "preemptions_per_hour") or DEFAULT_PREEMPTIONS_PER_HOUR)
 
 
 def is_variant(o: Offer) -> bool:
@@ -108,16 +112,18 @@ def variant(o: Offer) -> Offer | None:
     """The interruptible twin of on-demand offer ``o`` (None when ``o`` carries no :data:`PRICE_ATTR`, or one that
     is not below its on-demand price: then interruptible capacity saves nothing and is not offered)."""
     price = o.attrs.get(PRICE_ATTR)
+    if not _capability(o.provider, "interruptible"):
+        return None
     if not isinstance(price, (int, float)) or isinstance(price, bool) or not 0 < price:
         return None
-    market = bool(o.attrs.get(MARKET_ATTR))
+    market = bool(_capability(o.provider, "interruptible_bid"))
     pay = bid(price) if market else float(price)
     if pay >= o.usd_per_hour:
         return None
     attrs: dict[str, Any] = {**o.attrs, FLAG_ATTR: True, ON_DEMAND_ATTR: o.usd_per_hour,
                              BID_ATTR: pay if market else None}
-    if o.provider == "vast" and isinstance(o.attrs.get(MIN_BID_ATTR), (int, float)):
-        attrs[BID_ATTR] = bid(float(o.attrs[MIN_BID_ATTR]))  # Vast's create body carries the GPU bid only
+    if market and isinstance(o.attrs.get(MIN_BID_ATTR), (int, float)):
+        attrs[BID_ATTR] = bid(float(o.attrs[MIN_BID_ATTR]))  # Vast's create body carries the bid alone
     src = o.attrs.get(SOURCE_ATTR) or o.price_source
     how = f"bid {int(BID_MARGIN * 100)}% over " if market else ""
     return replace(o, usd_per_hour=pay, price_source=f"interruptible: {how}{src}", attrs=attrs)
@@ -306,3 +312,13 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
         notes.append("interruptible: auto kept on-demand (the interruptible option costs no less expected)")
     return replace(od, options=merged, rejected=od.rejected + sp.rejected, notes=notes, rejected_counts=counts,
                    valid_count=(od.valid_count or 0) + (sp.valid_count or 0))
+
+
+def ledger_attrs(o: Offer) -> dict[str, Any]:
+    """What the ledger row of a node rented from ``o`` records about interruptible capacity: ``interruptible``
+    True, ``bid_usd_per_hour`` (the Vast bid / AWS ``MaxPrice``; None for a fixed price), ``on_demand_usd_per_hour``
+    and ``interruptible_usd_per_hour`` (what the plan priced); {} for an on-demand offer."""
+    if not is_variant(o):
+        return {}
+    return {"interruptible": True, BID_ATTR: o.attrs.get(BID_ATTR), ON_DEMAND_ATTR: o.attrs.get(ON_DEMAND_ATTR),
+            PRICE_ATTR: o.usd_per_hour}

@@ -97,7 +97,9 @@ class AWSProvider(Provider):
     snapshot = "aws.csv"
     local_exec = False
     ingress_rule_format = "IpPermissions"
-    interruptible = False
+    interruptible = True
+    interruptible_bid = True
+    preemptions_per_hour = 0.02
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod

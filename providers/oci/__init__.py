@@ -104,7 +104,9 @@ class OCIProvider(Provider):
     snapshot = "oci.csv"
     local_exec = False
     ingress_rule_format = "IngressSecurityRule"
-    interruptible = False
+    interruptible = True
+    interruptible_bid = False
+    preemptions_per_hour = 0.05
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
