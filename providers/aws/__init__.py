@@ -264,6 +264,12 @@ class AWSProvider(Provider):
         return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "describe_instances"),
                                            region)
 
+    def preemption(self, resource_id: str) -> str | None:
+        """EC2's reason when it interrupted spot instance ``resource_id`` (state reason
+        ``Server.SpotInstanceTermination``, spot request status ``instance-terminated-by-price`` ...,
+        :func:`.lifecycle.preemption`); None when it did not or the instance is not spot.  Raises ProviderError."""
+        return lifecycle.preemption(self.api, self.require_id("instance", resource_id, "describe_instances"), None)
+
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:
         """Idempotent; a gone resource is True.  instance: True once describe shows ``terminated``; security_group
