@@ -147,3 +147,50 @@ def test_a_destroyed_instance_is_not_a_preemption_and_a_failed_call_raises(vast_
         _vast().preemption("31001")
     with pytest.raises(ProviderError):
         v.preemption("../1")  # an id is checked before it names a URL
+
+
+def test_provision_is_ledger_first_tagged_like_on_demand_and_records_the_bid(vast_env, tmp_path):
+    """Through broker.money.provision: the intent row exists before the PUT, carries interruptible / bid /
+    on-demand price, and the instance's label (broker's tag on Vast) is the on-demand one."""
+    from broker.money.ledger import Ledger
+    from broker.money.provision import provision
+    from broker.providers.vast.lifecycle import read_label
+    from tests.test_money_truth import _req as money_req
+    from tests.test_money_truth import _run
+
+    emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.40, min_bid=0.15)], boot_s=0.2)
+    ledger = Ledger()
+    p = _vast()
+    run = _run(ledger, tmp_path)
+    req = money_req()
+    req.interruptible = "true"
+    opt = plan(req, p.offers(req)).chosen
+    assert opt.interruptible
+    seen_rows_at_put: list[int] = []
+    real = emu._rent
+
+    def rent(request):
+        seen_rows_at_put.append(len(ledger.resources(run.id)))
+        return real(request)
+
+    emu._rent = rent
+    emu.server.clear()  # re-register the handlers with the spy in place
+    import re as _re
+
+    s = emu.server
+    s.expect_request("/api/v0/bundles/", method="POST").respond_with_handler(emu._search)
+    s.expect_request(_re.compile(r"^/api/v0/asks/\d+/$"), method="PUT").respond_with_handler(rent)
+    s.expect_request(_re.compile(r"^/api/v0/instances/\d+/ssh/$"), method="POST").respond_with_handler(emu._key)
+    s.expect_request(_re.compile(r"^/api/v0/instances/\d+/$"), method="GET").respond_with_handler(emu._show)
+    s.expect_request(_re.compile(r"^/api/v0/instances/\d+/$"), method="DELETE").respond_with_handler(emu._delete)
+    s.expect_request(_re.compile(r"^/api/v[01]/instances/$"), method="GET").respond_with_handler(emu._list)
+    cluster = provision([opt], run, req, ledger, providers={"vast": p}, poll_s=0.05, retry_wait_s=0.01,
+                        terminate_timeout_s=10)
+    assert cluster.nodes and seen_rows_at_put == [1]  # the intent was written before the create call
+    (row,) = ledger.resources(run.id, live_only=True)
+    assert row.attrs["interruptible"] is True
+    assert row.attrs["bid_usd_per_hour"] == spot.bid(0.15)
+    assert row.attrs["on_demand_usd_per_hour"] == 0.40
+    (inst,) = emu.instances.values()
+    lab = read_label(inst.label)
+    assert lab is not None and lab.run_id == run.id and inst.body["price"] == spot.bid(0.15)
