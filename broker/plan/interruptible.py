@@ -108,33 +108,48 @@ def is_variant(o: Offer) -> bool:
     return o.attrs.get(FLAG_ATTR) is True
 
 
-def variant(o: Offer) -> Offer | None:
-    """The interruptible twin of on-demand offer ``o`` (None when ``o`` carries no :data:`PRICE_ATTR`, or one that
-    is not below its on-demand price: then interruptible capacity saves nothing and is not offered)."""
+def variant(o: Offer, _caps: dict[str, tuple[bool, bool]] | None = None) -> Offer | None:
+    """The interruptible twin of on-demand offer ``o`` (None when ``o`` carries no :data:`PRICE_ATTR`, its provider
+    lacks the ``interruptible`` capability, or the price is not below its on-demand price: then interruptible
+    capacity saves nothing and is not offered).  ``_caps``: a per-call cache of (interruptible, interruptible_bid)
+    by provider."""
     price = o.attrs.get(PRICE_ATTR)
-    if not _capability(o.provider, "interruptible"):
-        return None
     if not isinstance(price, (int, float)) or isinstance(price, bool) or not 0 < price:
         return None
-    market = bool(_capability(o.provider, "interruptible_bid"))
+    caps = None if _caps is None else _caps.get(o.provider)
+    if caps is None:
+        caps = (bool(_capability(o.provider, "interruptible")), bool(_capability(o.provider, "interruptible_bid")))
+        if _caps is not None:
+            _caps[o.provider] = caps
+    able, market = caps
+    if not able:
+        return None
     pay = bid(price) if market else float(price)
     if pay >= o.usd_per_hour:
         return None
     attrs: dict[str, Any] = {**o.attrs, FLAG_ATTR: True, ON_DEMAND_ATTR: o.usd_per_hour,
                              BID_ATTR: pay if market else None}
-    if market and isinstance(o.attrs.get(MIN_BID_ATTR), (int, float)):
-        attrs[BID_ATTR] = bid(float(o.attrs[MIN_BID_ATTR]))  # Vast's create body carries the bid alone
+    mb = o.attrs.get(MIN_BID_ATTR)
+    if market and isinstance(mb, (int, float)):
+        attrs[BID_ATTR] = bid(float(mb))  # Vast's create body carries the bid alone (storage is billed apart)
     src = o.attrs.get(SOURCE_ATTR) or o.price_source
     how = f"bid {int(BID_MARGIN * 100)}% over " if market else ""
-    return replace(o, usd_per_hour=pay, price_source=f"interruptible: {how}{src}", attrs=attrs)
+    # built directly (not dataclasses.replace): a live market has ~100k offers (bench/plan_scale.py)
+    return Offer(provider=o.provider, offer_id=o.offer_id, instance_type=o.instance_type, region=o.region,
+                 zone=o.zone, gpu_name=o.gpu_name, gpu_count=o.gpu_count, gpu_mem_gib=o.gpu_mem_gib, vcpus=o.vcpus,
+                 ram_gib=o.ram_gib, usd_per_hour=pay, storage_usd_per_gib_month=o.storage_usd_per_gib_month,
+                 min_billed_seconds=o.min_billed_seconds, private_network=o.private_network,
+                 price_source=f"interruptible: {how}{src}", price_time=o.price_time, attrs=attrs)
 
 
 def variants(offers: Iterable[Offer]) -> list[Offer]:
     """The interruptible twins of every on-demand offer in ``offers`` that has an interruptible price."""
     out = []
+    caps: dict[str, tuple[bool, bool]] = {}
     for o in offers:
-        if PRICE_ATTR in o.attrs and not is_variant(o):
-            v = variant(o)
+        a = o.attrs
+        if PRICE_ATTR in a and a.get(FLAG_ATTR) is not True:
+            v = variant(o, caps)
             if v is not None:
                 out.append(v)
     return out
