@@ -82,6 +82,8 @@ def test_launch_carries_preemptible_config_and_tags(oci_env):
     assert inst["freeformTags"]["broker-run"] == "20261201-000000-ocisp1"
     assert inst["freeformTags"]["broker-install"] == "bi0123456789"
     assert prov.preemption(iid) is None  # running
+    # the rate OCI bills it is the preemptible one (half the list price), not on-demand
+    assert prov.describe_instance(iid).usd_per_hour == pytest.approx(c.offers[0].attrs[spot.ON_DEMAND_ATTR] / 2)
 
 
 def test_on_demand_launch_has_no_preemptible_config(oci_env):
@@ -89,6 +91,7 @@ def test_on_demand_launch_has_no_preemptible_config(oci_env):
     od = next(o for o in plan(_req("auto"), prov.offers(_req())).options if not o.interruptible)
     iid = prov.create_instance(_node(od.offers[0]))
     assert "preemptibleInstanceConfig" not in emu.objs["instances"][iid]
+    assert prov.describe_instance(iid).usd_per_hour == pytest.approx(od.offers[0].usd_per_hour)
     emu.objs["instances"][iid]["lifecycleState"] = "TERMINATED"  # ended without broker: still no preemption
     assert prov.preemption(iid) is None
 

@@ -153,10 +153,13 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> In
         raise unreadable(call, f"instance {provider_id} without State.Name")
     pub = i.get("PublicIpAddress")
     reason = (i.get("StateReason") or {}).get("Message")
-    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger
+    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger.  A
+    # spot instance bills the spot price, capped by the launch's MaxPrice (the plan's bid), never the on-demand list
+    # price: no rate is reported for it, so the planned cap stays the ledger's rate
+    rate = None if i.get("InstanceLifecycle") == "spot" else list_price(i.get("InstanceType"))
     return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
                         public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
-                        ssh_user=SSH_USER, message=reason, usd_per_hour=list_price(i.get("InstanceType")))
+                        ssh_user=SSH_USER, message=reason, usd_per_hour=rate)
 
 
 #: ``StateReason.Code`` of an instance EC2 took back (interruptible.md 2.6): terminated / stopped by Spot

@@ -140,8 +140,12 @@ def describe_instance(api: "OCIApi", provider_id: str) -> InstanceInfo:
     raw = inst.lifecycle_state
     state = _STATE.get(raw, "unknown")
     user = expect_tags(call, inst).get("broker-ssh-user", "opc")
-    info = InstanceInfo(provider_id=provider_id, state=state, raw_state=raw, ssh_user=user,
-                        usd_per_hour=list_price(inst.shape))
+    rate = list_price(inst.shape)
+    if rate is not None and getattr(inst, "preemptible_instance_config", None) is not None:
+        from broker.providers.oci.offers import PREEMPTIBLE_FRACTION
+
+        rate = round(rate * PREEMPTIBLE_FRACTION, 6)  # preemptible capacity bills half the on-demand rate
+    info = InstanceInfo(provider_id=provider_id, state=state, raw_state=raw, ssh_user=user, usd_per_hour=rate)
     if state == "running":
         vn = api.client("vnet")
         atts = api.all_pages("list_vnic_attachments", cc.list_vnic_attachments, inst.compartment_id,
