@@ -117,3 +117,12 @@ def test_interruptible_without_checkpoint_dir_warns_that_it_restarts_from_scratc
 def test_misspelt_field_is_suggested(tmp_path):
     with pytest.raises(RecipeError, match="did you mean 'checkpoint_dir'"):
         load_recipe(write(tmp_path, "checkpoint_dirs: ck\n"))
+
+
+def test_requirements_carry_the_interruptible_fields_to_the_planner(tmp_path):
+    r = load_recipe(write(tmp_path, "interruptible: auto\ncheckpoint_dir: ck\ncheckpoint_every_s: 30\n"
+                                    "max_restarts: 5\n"))
+    req = r.requirements()
+    assert (req.interruptible, req.max_restarts, req.checkpoint_every_s) == ("auto", 5, 30)
+    d = load_recipe(write(tmp_path, "")).requirements()
+    assert (d.interruptible, d.max_restarts, d.checkpoint_every_s) == ("false", 3, 60)
