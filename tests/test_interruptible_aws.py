@@ -205,3 +205,34 @@ def test_unknown_instance_is_not_a_preemption_and_failures_raise(ec2_fault):
         p.preemption(IID)
     with pytest.raises(ProviderError):
         p.preemption("i-../../x")
+
+
+def test_interruptible_plans_read_the_spot_vcpu_limit_beside_on_demand(monkeypatch, tmp_path):
+    """Service Quotas through botocore's Stubber (request bodies asserted): with interruptible asked for, the
+    spot limit (L-3819A6DF) is read too and marked as counting interruptible capacity only."""
+    from broker.providers.aws import AWSProvider
+    from tests.test_aws_stub import Stubs
+    from tests.test_aws_stub import offer as stub_offer
+
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    stubs = Stubs()
+    prov = AWSProvider(client_factory=stubs, region="us-east-1")
+    sq = stubs.stub("service-quotas")
+    cw = stubs.stub("cloudwatch")
+    for code, name, value in (("L-DB2E81BA", "Running On-Demand G and VT instances", 64.0),
+                              ("L-3819A6DF", "All G and VT Spot Instance Requests", 0.0)):
+        sq.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": value,
+                                                        "QuotaName": name}},
+                        {"ServiceCode": "ec2", "QuotaCode": code})
+        cw.add_response("get_metric_statistics", {"Datapoints": []})
+    qs = prov.quotas(Requirements(interruptible="auto"), [stub_offer()])
+    assert sorted((q.name, q.interruptible, q.limit) for q in qs) == [("L-3819A6DF", True, 0.0),
+                                                                      ("L-DB2E81BA", False, 64.0)]
+    stubs.assert_done()
+    o = _with_price(stub_offer(), 0.40)
+    p = plan(Requirements(nodes=1, gpus_per_node=1, hours=1, budget_usd=20, topology="simulated",
+                          interruptible="auto"), [o], qs)
+    assert p.chosen is not None and not p.chosen.interruptible  # no spot vCPUs: on-demand
+    assert any("L-3819A6DF" in r for x in p.rejected for r in x.rejected)

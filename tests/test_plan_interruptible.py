@@ -16,12 +16,13 @@ from broker.plan.planner import plan
 NOW = datetime(2026, 11, 29, tzinfo=timezone.utc)
 
 
-def offer(provider="aws", it="g5.xlarge", usd=1.0, price=None, gpus=2, **attrs):
+def offer(provider="aws", it="g5.xlarge", usd=1.0, price=None, gpus=2, vcpus=0, **attrs):
     a = dict(attrs)
     if price is not None:
         a.update({spot.PRICE_ATTR: price, spot.SOURCE_ATTR: "test price"})
     return Offer(provider=provider, offer_id=it, instance_type=it, region="us-east-1", gpu_name="A10G",
-                 gpu_count=gpus, gpu_mem_gib=24, usd_per_hour=usd, min_billed_seconds=0, price_source="snap",
+                 gpu_count=gpus, gpu_mem_gib=24, vcpus=vcpus, usd_per_hour=usd, min_billed_seconds=0,
+                 price_source="snap",
                  price_time=NOW, attrs=a)
 
 
@@ -128,3 +129,26 @@ def test_plan_is_unchanged_without_interruptible_prices():
 def test_a_provider_without_the_capability_gets_no_interruptible_option():
     assert spot.variant(offer("netns", price=0.1)) is None
     assert spot.variant(offer("fake", price=0.1)) is None
+
+
+def test_interruptible_options_are_judged_by_their_own_limits():
+    from broker.core.model import Quota
+
+    od_q = Quota(provider="aws", name="L-DB2E81BA", region="us-east-1", scope="us-east-1", limit=64, used=0,
+                 unit="vcpus", instance_types=["g5.xlarge"])
+    spot_q = Quota(provider="aws", name="L-3819A6DF", region="us-east-1", scope="us-east-1", limit=0, used=0,
+                   unit="vcpus", instance_types=["g5.xlarge"], interruptible=True)
+    o = offer(price=0.40, vcpus=4)
+    p = plan(req("auto"), [o], [od_q, spot_q])
+    assert p.chosen and not p.chosen.interruptible  # spot vCPU limit 0: only on-demand is valid
+    why = [r for x in p.rejected for r in x.rejected if "L-3819A6DF" in r]
+    assert why and all("interruptible" in r for r in why)
+    assert plan(req("auto"), [o], [od_q]).chosen.interruptible  # no spot limit known: the provider's others apply
+    # a spot limit never blocks on-demand
+    assert plan(req("false"), [o], [spot_q, replace_limit(od_q, 64)]).chosen is not None
+
+
+def replace_limit(q, limit):
+    from dataclasses import replace
+
+    return replace(q, limit=limit)

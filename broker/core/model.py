@@ -203,6 +203,9 @@ class Quota:
     unit: Literal["gpus", "vcpus", "instances"]
     instance_types: list[str] = field(default_factory=list)
     source: str = ""
+    #: the limit counts interruptible capacity only (AWS "All G and VT Spot Instance Requests"): the planner judges
+    #: interruptible options by it, and on-demand ones never (a provider without such limits: its others apply)
+    interruptible: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("Quota", "unit", self.unit, QUOTA_UNITS)

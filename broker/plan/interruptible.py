@@ -235,10 +235,15 @@ def _spot_pass(base: PlanFn, req: Requirements, spot: list[Offer], args: tuple, 
     rejected: list[PlanOption] = []
     counts: dict[str, int] = {}
     valid = 0
+    quotas = list(kw.get("quotas") or ())
     for prov, offers in sorted(by_prov.items()):
         extra_h = req.max_restarts * pricing.setup_allowance_seconds(prov) / 3600.0
         r = replace(req, hours=req.hours + extra_h) if req.hours is not None else req
-        p = base(r, offers, *args, **{**kw, "unavailable": None, "notes": ()})
+        # a provider with limits of its own for interruptible capacity (AWS spot vCPUs) is judged by those only
+        own = [q for q in quotas if q.provider == prov and getattr(q, "interruptible", False)]
+        qs = own + [q for q in quotas if q.provider != prov] if own else [
+            q for q in quotas if not getattr(q, "interruptible", False)]
+        p = base(r, offers, *args, **{**kw, "unavailable": None, "notes": (), "quotas": qs})
         options += [_annotate(o, req, extra_h) for o in p.options]
         rejected += [_annotate(o, req, extra_h) for o in p.rejected]
         for k, v in p.rejected_counts.items():
@@ -288,7 +293,8 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
     req = requirements
     od_offers = [o for o in offers if not is_variant(o)]
     spot = variants(od_offers) + [o for o in offers if is_variant(o)]
-    od = base(req, od_offers, *args, **kw)
+    od_kw = {**kw, "quotas": [q for q in kw.get("quotas") or () if not getattr(q, "interruptible", False)]}
+    od = base(req, od_offers, *args, **od_kw)
     if not spot:
         if req.interruptible == "true":
             provs = sorted({o.provider for o in od_offers if not req.providers or o.provider in req.providers})

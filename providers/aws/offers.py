@@ -275,23 +275,27 @@ def quotas(api: "AWSApi", req: Requirements, offers_: list[Offer]) -> list[Quota
     from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
 
     spot = bool(getattr(req, "spot", False)) or any(o.attrs.get("market") == "spot" for o in offers_)
-    groups: dict[tuple[str, str], list[str]] = {}
+    # interruptible options are judged by the spot vCPU limits (separate from on-demand, often 0 on new accounts)
+    also_spot = not spot and getattr(req, "interruptible", "false") != "false"
+    groups: dict[tuple[str, str, bool], list[str]] = {}
     for o in offers_:
-        q = aws_quota_code(o.instance_type, spot=spot)
-        if q is None:
-            continue
-        lst = groups.setdefault((o.region or api.region, q.code), [])
-        if o.instance_type not in lst:
-            lst.append(o.instance_type)
+        for market in ((spot, True) if also_spot else (spot,)):
+            q = aws_quota_code(o.instance_type, spot=market)
+            if q is None:
+                continue
+            lst = groups.setdefault((o.region or api.region, q.code, market and also_spot), [])
+            if o.instance_type not in lst:
+                lst.append(o.instance_type)
     out: list[Quota] = []
-    for (region, code), types in groups.items():
+    for (region, code, interruptible), types in groups.items():
         value, name, source = quota_value(api, code, region)
         used, note = usage(api, code, region)
         desc = name or AWS_QUOTA_CODES[code].name
         if note:
             desc += f" ({note})"
         out.append(Quota(provider=PROVIDER, name=code, description=desc, region=region, scope=region,
-                         limit=value, used=used, unit="vcpus", instance_types=types, source=source))
+                         limit=value, used=used, unit="vcpus", instance_types=types, source=source,
+                         interruptible=interruptible))
     return out
 
 
