@@ -13,7 +13,7 @@ from broker.core.errors import AuthError, ProviderError
 from broker.core.model import Requirements
 from broker.plan import interruptible as spot
 from broker.plan.planner import plan
-from tests.test_aws_moto import ENV, env, ec2, image_id, moto_url, node_req, offer, prov  # noqa: F401
+from tests.providers.aws.test_aws_moto import ENV, env, ec2, image_id, moto_url, node_req, offer, prov  # noqa: F401
 
 
 def _req(mode="true"):
@@ -211,8 +211,8 @@ def test_interruptible_plans_read_the_spot_vcpu_limit_beside_on_demand(monkeypat
     """Service Quotas through botocore's Stubber (request bodies asserted): with interruptible asked for, the
     spot limit (L-3819A6DF) is read too and marked as counting interruptible capacity only."""
     from broker.providers.aws import AWSProvider
-    from tests.test_aws_stub import Stubs
-    from tests.test_aws_stub import offer as stub_offer
+    from tests.providers.aws.test_aws_stub import Stubs
+    from tests.providers.aws.test_aws_stub import offer as stub_offer
 
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)

@@ -1,4 +1,4 @@
-"""OCI preemptible instances with the real oci SDK against tests/oci_emulator.py: the 50 % price on the shapes
+"""OCI preemptible instances with the real oci SDK against tests/support/oci_emulator.py: the 50 % price on the shapes
 that have preemptible capacity, preemptibleInstanceConfig in LaunchInstance, and a reclaim by OCI told apart from
 broker's own terminate."""
 
@@ -15,7 +15,7 @@ from broker.core.errors import ProviderError  # noqa: E402
 from broker.core.model import Requirements, utcnow  # noqa: E402
 from broker.plan import interruptible as spot  # noqa: E402
 from broker.plan.planner import plan  # noqa: E402
-from tests.oci_emulator import OCIEmulator  # noqa: E402
+from tests.support.oci_emulator import OCIEmulator  # noqa: E402
 
 TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy"
 COMP = "ocid1.compartment.oc1..aaaaaaaaspot"

@@ -11,8 +11,8 @@ from broker.core.errors import AuthError, CapacityError, OfferGone, ProviderErro
 from broker.core.model import Requirements
 from broker.plan import interruptible as spot
 from broker.plan.planner import plan
-from tests.test_money_truth import _vast, vast_env  # noqa: F401 - the fixture
-from tests.vast_emulator import offer_row
+from tests.money.test_money_truth import _vast, vast_env  # noqa: F401 - the fixture
+from tests.support.vast_emulator import offer_row
 
 
 def _req(mode="auto"):
@@ -155,8 +155,8 @@ def test_provision_is_ledger_first_tagged_like_on_demand_and_records_the_bid(vas
     from broker.money.ledger import Ledger
     from broker.money.provision import provision
     from broker.providers.vast.lifecycle import read_label
-    from tests.test_money_truth import _req as money_req
-    from tests.test_money_truth import _run
+    from tests.money.test_money_truth import _req as money_req
+    from tests.money.test_money_truth import _run
 
     emu = vast_env(offers=[offer_row(5101, machine_id=11, dph_total=0.40, min_bid=0.15)], boot_s=0.2)
     ledger = Ledger()
