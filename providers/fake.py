@@ -102,6 +102,9 @@ class FakeProvider(Provider):
     live_price_list = None
     snapshot = None
     ingress_rule_format = None
+    interruptible = False
+    interruptible_bid = False
+    preemptions_per_hour = 0.0
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path

@@ -90,6 +90,9 @@ class LocalProvider(Provider):
     snapshot = None
     local_exec = True  # the nodes are processes on this machine
     ingress_rule_format = None
+    interruptible = False
+    interruptible_bid = False
+    preemptions_per_hour = 0.0
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus

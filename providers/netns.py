@@ -526,6 +526,9 @@ class NetnsProvider(Provider):
     snapshot = None
     local_exec = False  # the nodes are reached over SSH inside their namespaces
     ingress_rule_format = None
+    interruptible = False
+    interruptible_bid = False
+    preemptions_per_hour = 0.0
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

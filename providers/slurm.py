@@ -277,6 +277,9 @@ class SlurmProvider(Provider):
     snapshot = None
     local_exec = False
     ingress_rule_format = None
+    interruptible = False
+    interruptible_bid = False
+    preemptions_per_hour = 0.0
 
     #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
     #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run

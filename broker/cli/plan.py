@@ -178,15 +178,22 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
                 ("rented", "left", False)]
         cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-        cols += [("$/h", "right", True), ("worst", "right", True), ("max h", "right", True)]
+        cols += [("$/h", "right", True), ("worst", "right", True)]
+        spot = any(o.interruptible for o in plan.options)
+        if spot:  # interruptible options: their expected cost with restarts beside the worst case
+            cols += [("exp", "right", True)]
+        cols += [("max h", "right", True)]
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
         for col, just, nowrap in cols:
             t.add_column(col, justify=just, no_wrap=nowrap, overflow="fold")  # type: ignore[arg-type]
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            row = ["[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
-                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd),
-                   max_hours_text(o, req.budget_usd)]
+            topo = o.topology.value + (" int." if o.interruptible else "")
+            row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
+                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd)]
+            if spot:
+                row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+            row += [max_hours_text(o, req.budget_usd)]
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
             t.add_row(*row)
@@ -194,6 +201,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if not wide:
             console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                           "and where each option is[/]", soft_wrap=False)
+        if spot:
+            console.print(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
+                          f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
+                          "with restarts[/]", soft_wrap=False)
     if plan.rejected:
         t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         if wide:
@@ -227,6 +238,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if c is not None:
         console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
                       f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
+        if c.interruptible:
+            console.print(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
+                          f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
+                          f"{req.interruptible}` in the recipe and a checkpoint_dir: to resume", soft_wrap=False)
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
@@ -303,6 +318,9 @@ def register(app: typer.Typer) -> None:
         wide: bool = typer.Option(None, "--wide/--narrow", help="every column (GPU models, price sources, where); "
                                   "default: when the terminal has 120 columns or more"),
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+        interruptible: str = typer.Option(None, "--interruptible", help="false | true | auto: rent interruptible "
+                                          "(bid / spot / preemptible) capacity; auto = only when its expected cost "
+                                          "with restarts is lower (default: the recipe's, else false)"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
         from broker.core.errors import BadInput
@@ -319,13 +337,18 @@ def register(app: typer.Typer) -> None:
         if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
             raise BadInput(f"--topology {topology!r} is not a topology",
                            hint="simulated, multi-node, local, hybrid or any")
+        if interruptible is not None and interruptible.strip().lower() not in ("false", "true", "auto"):
+            raise BadInput(f"--interruptible {interruptible!r} is not one of false, true, auto",
+                           hint="e.g. --interruptible auto (interruptible capacity only when it is cheaper "
+                                "expected)")
         if max_run and hours is not None:
             raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
         if max_run and budget is None and recipe is None:
             raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
         req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
                             min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
-                            cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
+                            cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None,
+                            interruptible=interruptible.strip().lower() if interruptible is not None else None)
         if max_run:
             req = replace(req, hours=None)
         if cpu_only:

@@ -203,6 +203,9 @@ class Quota:
     unit: Literal["gpus", "vcpus", "instances"]
     instance_types: list[str] = field(default_factory=list)
     source: str = ""
+    #: the limit counts interruptible capacity only (AWS "All G and VT Spot Instance Requests"): the planner judges
+    #: interruptible options by it, and on-demand ones never (a provider without such limits: its others apply)
+    interruptible: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("Quota", "unit", self.unit, QUOTA_UNITS)
@@ -259,11 +262,19 @@ class Requirements:
     cpu_ok: bool = False
     disk_gib: float = 40.0
     providers: list[str] = field(default_factory=list)  # empty = all
+    #: rent interruptible capacity (bid / spot / preemptible): "false", "true" or "auto" (only when the expected
+    #: cost with restarts is lower); see :mod:`broker.plan.interruptible`
+    interruptible: Literal["false", "true", "auto"] = "false"
+    #: restarts after preemptions the budget must cover (attempts = max_restarts + 1)
+    max_restarts: int = 3
+    #: seconds between checkpoint copies: the work lost to a preemption is half of it on average
+    checkpoint_every_s: int = 60
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, TopologyKind):
             self.topology = self.topology.value
         _check_choice("Requirements", "topology", self.topology, REQUIREMENT_TOPOLOGIES)
+        _check_choice("Requirements", "interruptible", self.interruptible, ("false", "true", "auto"))
         _floats(self, ("min_gpu_mem_gib", "hours", "budget_usd", "disk_gib"))
 
     @property
@@ -301,11 +312,21 @@ class PlanOption:
     price_source: str = ""
     rejected: list[str] = field(default_factory=list)  # reasons; empty = valid
     next_step: str | None = None  # e.g. a ready `broker quota request ...` command
+    #: interruptible capacity (bid / spot / preemptible): ``worst_case_usd`` then covers ``max_restarts + 1``
+    #: attempts (one setup allowance each), ``hours`` is the job time (:mod:`broker.plan.interruptible`)
+    interruptible: bool = False
+    #: restarts after preemptions the worst case covers (0 for on-demand)
+    max_restarts: int = 0
+    #: expected USD: on-demand = ``worst_case_usd``; interruptible = the restart model's expectation
+    expected_usd: float | None = None
+    #: preemptions per hour of the whole option assumed by the expectation (None for on-demand)
+    preemptions_per_hour: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, TopologyKind):
             self.topology = TopologyKind(self.topology)
-        _floats(self, ("usd_per_hour", "worst_case_usd", "hours", "max_hours_within_budget"))
+        _floats(self, ("usd_per_hour", "worst_case_usd", "hours", "max_hours_within_budget", "expected_usd",
+                       "preemptions_per_hour"))
 
     @property
     def valid(self) -> bool:

@@ -112,7 +112,7 @@ class Recorder(Protocol):
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
                 "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format")
+                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour")
 
 
 class Provider(ABC):
@@ -234,6 +234,15 @@ class Provider(ABC):
     #: (:func:`broker.run.wireguard.security_rules`): ``"IpPermissions"`` (EC2 security groups) or
     #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
     ingress_rule_format: ClassVar[str | None] = None
+    #: It rents interruptible capacity (Vast.ai bid instances, EC2 spot, OCI preemptible VMs: cheaper, may be taken
+    #: back at any time) when a NodeRequest asks for it, and :meth:`preemption` tells a preemption from a crash.
+    interruptible: ClassVar[bool] = False
+    #: Its interruptible price is a market price (Vast ``min_bid``, EC2 spot price): broker bids / caps a margin
+    #: over it (:data:`broker.plan.interruptible.BID_MARGIN`); False = a fixed price (OCI preemptible: 50 %).
+    interruptible_bid: ClassVar[bool] = False
+    #: Preemptions per unit-hour the expected cost of its interruptible capacity assumes (broker's assumption, see
+    #: :mod:`broker.plan.interruptible`; 0.0 where it has none).
+    preemptions_per_hour: ClassVar[float] = 0.0
 
     @classmethod
     def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:
@@ -296,6 +305,18 @@ class Provider(ABC):
         """Terminate / delete one resource; idempotent.  Returns True when it is confirmed gone (or never
         existed), False when termination was requested but is still in progress."""
         raise NotSupported(self.name, "terminate", "not supported")
+
+    def preemption(self, resource_id: str) -> str | None:
+        """Whether the provider took instance ``resource_id`` (its provider id) back.
+
+        Returns the provider's own reason, in its words (``"outbid: actual_status stopped, intended running"``,
+        ``"Server.SpotInstanceTermination: ..."``, ``"preempted: lifecycleState TERMINATED ..."``) when it says the
+        instance was preempted / outbid / interrupted / reclaimed; None when it was not, or when the provider cannot
+        tell (a crash of the job, a node broker terminated itself, a provider without interruptible capacity).
+        Default: None.  Raises ProviderError (TransientError, AuthError) when the call to the provider failed:
+        "could not ask" is never None.
+        """
+        return None
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Resources the provider holds that carry broker's run tag (all runs when ``run_id`` is None)."""

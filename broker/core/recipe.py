@@ -121,6 +121,16 @@ class Recipe(BaseModel):
     # 0 turns the watch off; on_stall: stop every node (a paid hang burns money) or only report it
     stall_s: float = Field(default=60.0, ge=0, le=86400)
     on_stall: Literal["stop", "report"] = "stop"
+    # interruptible (bid / spot / preemptible) capacity: "true" rents it, "auto" only when its expected cost with
+    # restarts is lower than on-demand, "false" never (YAML true/false are accepted and read as "true"/"false")
+    interruptible: Literal["false", "true", "auto"] = "false"
+    #: folder (relative to the workdir, inside it) the job writes its checkpoints to: copied back from node 0
+    #: every ``checkpoint_every_s`` seconds and restored on the new node(s) after a preemption; None = none
+    checkpoint_dir: StrictStr | None = None
+    #: seconds between copies of ``checkpoint_dir`` back from node 0 (> 0)
+    checkpoint_every_s: int = Field(default=60, strict=True, gt=0, le=86400)
+    #: how many times a preempted run is rented again and relaunched (0 = never; attempts = max_restarts + 1)
+    max_restarts: int = Field(default=3, strict=True, ge=0, le=100)
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
@@ -161,6 +171,41 @@ class Recipe(BaseModel):
         """What the recipe said: 0 for a CPU-only job (the launchers' 1 process per node is not the user's value;
         recipe.json / the ledger / --json read back as the same recipe)."""
         return 0 if self.cpu_only else n
+
+    @field_validator("interruptible", mode="before")
+    @classmethod
+    def _interruptible_words(cls, v: Any) -> Any:
+        """YAML ``true``/``false`` (booleans) read as "true"/"false"; text is taken in any case (``Auto``)."""
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str) and v.strip().lower() in ("true", "false", "auto"):
+            return v.strip().lower()
+        return v
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_relative(cls, v: str | None) -> str | None:
+        """A folder inside the workdir, written relative to it: never absolute, never ``..``, never the workdir
+        itself (restoring it would overwrite the job's code), no control characters or backslashes (it becomes
+        a path on every node and in shell words)."""
+        if v is None:
+            return v
+        from pathlib import PurePosixPath
+
+        if not v.strip():
+            raise ValueError("the folder name is empty")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v) or "\\" in v:
+            raise ValueError(f"{v!r} holds a control character or a backslash; write a plain relative folder "
+                             "such as checkpoints")
+        pp = PurePosixPath(v)
+        if pp.is_absolute() or v.startswith("~"):
+            raise ValueError(f"{v!r} is an absolute path; give a folder relative to the workdir, e.g. checkpoints")
+        if ".." in pp.parts:
+            raise ValueError(f"{v!r} leaves the workdir ('..'); give a folder inside the workdir, e.g. checkpoints")
+        norm = str(pp)
+        if norm in (".", ""):
+            raise ValueError("'.' is the workdir itself; give a sub-folder of it, e.g. checkpoints")
+        return norm
 
     @field_validator("setup", "expect", "artifacts", mode="before")
     @classmethod
@@ -275,7 +320,9 @@ class Recipe(BaseModel):
         return Requirements(nodes=self.nodes, gpus_per_node=0 if self.cpu_only else self.gpus_per_node,
                             gpu_names=list(self.gpu.models),
                             min_gpu_mem_gib=self.gpu.min_mem_gib, hours=self.max_hours, budget_usd=self.budget_usd,
-                            topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib)
+                            topology=self.topology, cpu_ok=self.cpu_ok, disk_gib=self.disk_gib,
+                            interruptible=self.interruptible, max_restarts=self.max_restarts,
+                            checkpoint_every_s=self.checkpoint_every_s)
 
 
 _ALLOWED_HINT = {
@@ -301,6 +348,10 @@ _ALLOWED_HINT = {
     "gpu": "a mapping with 'models' (list of GPU names) and 'min_mem_gib' (number)",
     "script": "the path of a Python training script, relative to the recipe",
     "workdir": "a folder relative to the recipe file",
+    "interruptible": "true, false or auto (auto: only when the expected cost with restarts is lower)",
+    "checkpoint_dir": "a folder inside the workdir, relative to it (e.g. checkpoints)",
+    "checkpoint_every_s": "whole seconds between checkpoint copies, more than 0 (at most 86400)",
+    "max_restarts": "a whole number of restarts after preemptions, 0 to 100",
 }
 _ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
 
@@ -617,6 +668,18 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     except ValueError:
         raise RecipeError(f"{p}:{line}: field 'script': {script} is outside workdir {workdir}",
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
+    if recipe.checkpoint_dir is not None:
+        # a symlink inside the workdir may point out of it: the folder copied back and restored must be inside
+        ck = (workdir / recipe.checkpoint_dir).resolve()
+        if not ck.is_relative_to(workdir.resolve()) or ck == workdir.resolve():
+            raise RecipeError(f"{p}:{lines.get(('checkpoint_dir',), '?')}: field 'checkpoint_dir': "
+                              f"{recipe.checkpoint_dir} resolves to {ck}, outside workdir {workdir.resolve()} "
+                              "(a symbolic link?)",
+                              hint="give a plain folder inside the workdir (e.g. checkpoints), not a link out of it")
+        if ck.exists() and not ck.is_dir():
+            raise RecipeError(f"{p}:{lines.get(('checkpoint_dir',), '?')}: field 'checkpoint_dir': "
+                              f"{recipe.checkpoint_dir} is a file in the workdir, not a folder",
+                              hint="name the folder the job writes its checkpoints into (e.g. checkpoints)")
     template = dict(recipe.env)
     _refuse_broker_credentials(template, p, lines)
     env = resolve_env(template, where=str(p), lines=lines) if resolve else template
@@ -633,6 +696,11 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     out._env_template = template
     out._secret_values = secret_values
     out._load_warnings = _secret_env_warnings(template, p, lines)
+    if recipe.interruptible != "false" and recipe.checkpoint_dir is None:
+        out._load_warnings.append(
+            f"{p}:{lines.get(('interruptible',), '?')}: interruptible: {recipe.interruptible} without "
+            "'checkpoint_dir:': after a preemption the job restarts from the beginning; set checkpoint_dir: to "
+            "the folder your script saves to and loads from")
     return out
 
 

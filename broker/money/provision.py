@@ -365,6 +365,16 @@ class _StopFailover(Exception):
         self.err = err
 
 
+def _interruptible_attrs(offer: Offer) -> dict[str, Any]:
+    """The ledger attrs of an interruptible node (``interruptible``, ``bid_usd_per_hour``,
+    ``on_demand_usd_per_hour``: :func:`broker.plan.interruptible.ledger_attrs`); {} for on-demand."""
+    if offer.attrs.get("interruptible") is not True:
+        return {}
+    from broker.plan.interruptible import ledger_attrs
+
+    return ledger_attrs(offer)
+
+
 def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]:
     if isinstance(plan, Plan):
         return [o for o in plan.options if o.valid]
@@ -641,7 +651,8 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                        "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
                        "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
                        "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
-                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace})
+                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace,
+                       **_interruptible_attrs(offer)})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "

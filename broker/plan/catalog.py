@@ -39,7 +39,28 @@ if TYPE_CHECKING:
 PROVIDERS = SNAPSHOT
 
 COLUMNS = ["offer_id", "instance_type", "gpu_name", "gpu_count", "gpu_mem_gib", "vcpus", "ram_gib", "usd_per_hour",
-           "region", "zone", "storage_usd_per_gib_month", "min_billed_seconds", "private_network", "notes"]
+           "region", "zone", "storage_usd_per_gib_month", "min_billed_seconds", "private_network", "notes",
+           "interruptible_usd_per_hour"]
+
+#: Interruptible (bid / spot / preemptible) $/hour of the whole unit, by instance type, where
+#: docs/reference (interruptible.md, prices/) gives one, with its source: written into the shipped snapshots'
+#: ``interruptible_usd_per_hour`` column (empty = no figure: such offers get no interruptible option offline).
+INTERRUPTIBLE_PRICES: dict[str, tuple[float, str]] = {
+    # AWS g5.xlarge: "spot seen 0.42-0.45" (prices/oci-aws-list-prices.csv); the upper end, a plan never
+    # promises less than was seen
+    "g5.xlarge": (0.45, "EC2 spot price seen 0.42-0.45 $/h in us-east-1 (reference price list); upper end"),
+    # OCI preemptible: 50 % of on-demand, fixed, in all regions; GPU preemptible only on VM.GPU2 / VM.GPU3
+    # (OCI preemptible doc updated 2025-02-11; interruptible.md section 5)
+    "VM.GPU2.1": (0.6375, "OCI preemptible: 50 % of on-demand (OCI doc 2025-02-11)"),
+    "VM.GPU3.1": (1.475, "OCI preemptible: 50 % of on-demand (OCI doc 2025-02-11)"),
+    # Vast RTX 4090: min_bid ~0.12 $/h against ~0.24 on-demand (dstack issue #4026, 2026-07-13): half the
+    # bucket median
+    "1x RTX 4090": (0.20, "Vast min_bid about 50 % of on-demand for RTX 4090 (dstack #4026, 2026-07-13)"),
+    "2x RTX 4090": (0.395, "Vast min_bid about 50 % of on-demand for RTX 4090 (dstack #4026, 2026-07-13)"),
+    "4x RTX 4090": (0.695, "Vast min_bid about 50 % of on-demand for RTX 4090 (dstack #4026, 2026-07-13)"),
+    "5x RTX 4090": (1.00, "Vast min_bid about 50 % of on-demand for RTX 4090 (dstack #4026, 2026-07-13)"),
+    "8x RTX 4090": (1.385, "Vast min_bid about 50 % of on-demand for RTX 4090 (dstack #4026, 2026-07-13)"),
+}
 
 def _shipped_dir() -> Path:
     """The installed ``broker.providers.snapshots`` package folder (the repository's ``providers/snapshots/``)."""
@@ -162,6 +183,18 @@ def _parse(text: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
 _CACHE: dict[tuple[str, int], tuple[dict[str, Any], list["Offer"]]] = {}
 
 
+def _interruptible_attrs(cell: str | None, source: str) -> dict[str, Any]:
+    """The ``interruptible_usd_per_hour`` cell of a snapshot row as offer attrs (:mod:`broker.plan.interruptible`);
+    {} when empty or not a positive number."""
+    try:
+        v = float(cell) if cell not in (None, "") else None
+    except ValueError:
+        v = None
+    if v is None or not v > 0:
+        return {}
+    return {"interruptible_usd_per_hour": v, "interruptible_price_source": source}
+
+
 def _load(provider: str) -> tuple[dict[str, Any], list["Offer"]]:
     """(meta, offers) of the snapshot in effect; cached per file and mtime.  Raises FileNotFoundError."""
     path = snapshot_path(provider)
@@ -193,7 +226,8 @@ def _load(provider: str) -> tuple[dict[str, Any], list["Offer"]]:
             min_billed_seconds=float(r.get("min_billed_seconds") or 0),
             private_network=(r.get("private_network", "").strip().lower() in ("true", "1", "yes")),
             price_source=source, price_time=when,
-            attrs={"snapshot": str(path.name), **({"notes": r["notes"]} if r.get("notes") else {})}))
+            attrs={"snapshot": str(path.name), **({"notes": r["notes"]} if r.get("notes") else {}),
+                   **_interruptible_attrs(r.get("interruptible_usd_per_hour"), source)}))
     meta["path"] = str(path)
     meta["price_source"] = source
     _CACHE[key] = (meta, offers)
@@ -300,6 +334,8 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
         "storage_usd_per_gib_month": _fmt(o.storage_usd_per_gib_month),
         "min_billed_seconds": _fmt(o.min_billed_seconds), "private_network": str(bool(o.private_network)).lower(),
         "notes": str(o.attrs.get("notes", "")),
+        "interruptible_usd_per_hour": (_fmt(o.attrs["interruptible_usd_per_hour"])
+                                       if isinstance(o.attrs.get("interruptible_usd_per_hour"), (int, float)) else ""),
     } for o in sorted(offers, key=lambda o: (o.usd_per_hour, o.key))]
     sources = sorted({o.price_source for o in offers})
     src = source or f"live {provider} API read by `broker catalog refresh` at {when:%Y-%m-%dT%H:%M:%SZ}"
@@ -311,6 +347,22 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
 # ------------------------------------------------------------------------------------------------ building
 def _read_reference(path: Path) -> list[dict[str, str]]:
     return _parse(path.read_text(encoding="utf-8"))[1]
+
+
+def _with_interruptible(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the :data:`INTERRUPTIBLE_PRICES` figure of their instance type (empty cell where none)."""
+    return [{**r, "interruptible_usd_per_hour": _fmt(INTERRUPTIBLE_PRICES[r["instance_type"]][0])
+             if r["instance_type"] in INTERRUPTIBLE_PRICES else ""} for r in rows]
+
+
+def _interruptible_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """The header note naming the source of each interruptible price in ``rows``."""
+    srcs: dict[str, list[str]] = {}
+    for r in rows:
+        hit = INTERRUPTIBLE_PRICES.get(r["instance_type"])
+        if hit:
+            srcs.setdefault(hit[1], []).append(r["instance_type"])
+    return [f"interruptible_usd_per_hour ({', '.join(types)}): {src}" for src, types in srcs.items()]
 
 
 def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = SHIPPED_DATE) -> list[Path]:
@@ -333,8 +385,8 @@ def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = 
             "storage_usd_per_gib_month": _fmt(VAST_STORAGE_USD_PER_GIB_MONTH), "min_billed_seconds": "0",
             "private_network": "false", "notes": "bucket median"})
     m = _META["vast"]
-    out.append(write_snapshot(Path(out_dir) / "vast.csv", "vast", date, m["source"], m["label"], m["notes"],
-                              vast_rows))
+    out.append(write_snapshot(Path(out_dir) / "vast.csv", "vast", date, m["source"], m["label"],
+                              m["notes"] + _interruptible_notes(vast_rows), _with_interruptible(vast_rows)))
     by_provider: dict[str, list[dict[str, Any]]] = {"oci": [], "aws": []}
     for r in _read_reference(reference_dir / "oci-aws-list-prices.csv"):
         p = r["provider"]
@@ -350,7 +402,8 @@ def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = 
             "private_network": "true", "notes": r.get("notes", "")})
     for p, rows in by_provider.items():
         m = _META[p]
-        out.append(write_snapshot(Path(out_dir) / f"{p}.csv", p, date, m["source"], m["label"], m["notes"], rows))
+        out.append(write_snapshot(Path(out_dir) / f"{p}.csv", p, date, m["source"], m["label"],
+                                  m["notes"] + _interruptible_notes(rows), _with_interruptible(rows)))
     _CACHE.clear()
     return out
 

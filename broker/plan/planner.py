@@ -486,10 +486,32 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
 
 
 # ------------------------------------------------------------------------------------------------ plan
+#: Offer.attrs key of an offer's interruptible price (broker.plan.interruptible.PRICE_ATTR; repeated here so the
+#: on-demand-only path does not import that module)
+_SPOT_PRICE, _SPOT_FLAG = "interruptible_usd_per_hour", "interruptible"
+
+
 def plan(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Quota] = (),
          capacities: Iterable[Capacity] = (), now: datetime | None = None, notes: Iterable[str] = (), *,
          unavailable: Mapping[str, str] | None = None, top_k: int = 10, rejected_per_reason: int = 5,
          here: tuple[int, float] | None = None) -> Plan:
+    """The cheapest valid options for ``requirements`` over ``offers`` (see :func:`plan_on_demand`), with
+    interruptible (bid / spot / preemptible) options as ``requirements.interruptible`` asks when any offer has an
+    interruptible price (:func:`broker.plan.interruptible.plan`): ``false`` plans on-demand and names what
+    interruptible would save, ``true`` plans interruptible only, ``auto`` both, ranked by expected cost."""
+    kw = dict(quotas=list(quotas), capacities=list(capacities), now=now, notes=list(notes), unavailable=unavailable,
+              top_k=top_k, rejected_per_reason=rejected_per_reason, here=here)
+    if requirements.interruptible != "false" or any(_SPOT_PRICE in o.attrs or _SPOT_FLAG in o.attrs for o in offers):
+        from broker.plan import interruptible
+
+        return interruptible.plan(plan_on_demand, requirements, offers, **kw)
+    return plan_on_demand(requirements, offers, **kw)
+
+
+def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: Iterable[Quota] = (),
+                   capacities: Iterable[Capacity] = (), now: datetime | None = None, notes: Iterable[str] = (), *,
+                   unavailable: Mapping[str, str] | None = None, top_k: int = 10, rejected_per_reason: int = 5,
+                   here: tuple[int, float] | None = None) -> Plan:
     """The cheapest valid options for ``requirements`` over ``offers`` and the rejected ones with reasons.
 
     ``quotas`` / ``capacities``: facts from the adapters (matched to offers by provider and instance type;

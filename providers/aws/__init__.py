@@ -97,6 +97,9 @@ class AWSProvider(Provider):
     snapshot = "aws.csv"
     local_exec = False
     ingress_rule_format = "IpPermissions"
+    interruptible = True
+    interruptible_bid = True
+    preemptions_per_hour = 0.02
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod
@@ -260,6 +263,12 @@ class AWSProvider(Provider):
         """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown."""
         return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "describe_instances"),
                                            region)
+
+    def preemption(self, resource_id: str) -> str | None:
+        """EC2's reason when it interrupted spot instance ``resource_id`` (state reason
+        ``Server.SpotInstanceTermination``, spot request status ``instance-terminated-by-price`` ...,
+        :func:`.lifecycle.preemption`); None when it did not or the instance is not spot.  Raises ProviderError."""
+        return lifecycle.preemption(self.api, self.require_id("instance", resource_id, "describe_instances"), None)
 
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:

@@ -106,9 +106,14 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
     if root_dev:
         params["BlockDeviceMappings"] = [{"DeviceName": root_dev, "Ebs": {
             "VolumeSize": int(math.ceil(req.disk_gib)), "VolumeType": "gp3", "DeleteOnTermination": True}}]
-    if o.attrs.get("market") == "spot":
-        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    if o.attrs.get("market") == "spot" or o.attrs.get("interruptible") is True:
+        # one-time + terminate: a preempted node is gone (billing ends), broker rents again; MaxPrice = the plan's
+        # bid caps what the spot price can bill (AWS interrupts instead: instance-terminated-by-price)
+        spot_options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+        cap = o.attrs.get("bid_usd_per_hour")
+        if isinstance(cap, (int, float)) and not isinstance(cap, bool) and cap > 0.001:
+            spot_options["MaxPrice"] = f"{cap:.4f}"
+        params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot_options}
     launch = api.client("ec2", region, launch=True)
     ctx = {"instance_type": o.instance_type, "vcpus": o.vcpus or None, "nodes": int(req.network.get("nodes") or 1),
            "zone": zone, "region": region, "create": True}
@@ -148,10 +153,66 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> In
         raise unreadable(call, f"instance {provider_id} without State.Name")
     pub = i.get("PublicIpAddress")
     reason = (i.get("StateReason") or {}).get("Message")
-    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger
+    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger.  A
+    # spot instance bills the spot price, capped by the launch's MaxPrice (the plan's bid), never the on-demand list
+    # price: no rate is reported for it, so the planned cap stays the ledger's rate
+    rate = None if i.get("InstanceLifecycle") == "spot" else list_price(i.get("InstanceType"))
     return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
                         public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
-                        ssh_user=SSH_USER, message=reason, usd_per_hour=list_price(i.get("InstanceType")))
+                        ssh_user=SSH_USER, message=reason, usd_per_hour=rate)
+
+
+#: ``StateReason.Code`` of an instance EC2 took back (interruptible.md 2.6): terminated / stopped by Spot
+SPOT_STATE_REASONS = ("Server.SpotInstanceTermination", "Server.SpotInstanceShutdown")
+#: spot request ``Status.Code`` values that mean an interruption (done or under its two-minute notice)
+SPOT_REQUEST_INTERRUPTED = ("instance-terminated-by-price", "instance-terminated-no-capacity",
+                            "instance-terminated-capacity-oversubscribed", "instance-terminated-launch-group-constraint",
+                            "instance-stopped-by-price", "instance-stopped-no-capacity",
+                            "instance-stopped-capacity-oversubscribed", "marked-for-termination", "marked-for-stop")
+
+
+def preemption(api: "AWSApi", provider_id: str, region: str | None) -> str | None:
+    """EC2's own reason when it interrupted spot instance ``provider_id``: ``StateReason.Code``
+    ``Server.SpotInstanceTermination`` / ``Server.SpotInstanceShutdown``, or its spot request's ``Status.Code``
+    (``instance-terminated-by-price``, ``-no-capacity``, ``marked-for-termination`` under the two-minute notice,
+    :data:`SPOT_REQUEST_INTERRUPTED`).  None for an on-demand instance, a running spot instance without a notice,
+    one terminated by broker (``Client.UserInitiatedShutdown``) or the OS, and one EC2 no longer knows.  Raises
+    ProviderError (AuthError, TransientError) when a call fails or its answer cannot be read."""
+    ec2 = api.client("ec2", region)
+    call = "describe_instances"
+    try:
+        resp = ec2.describe_instances(InstanceIds=[provider_id])
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+            return None
+        raise map_error(e, call, region=region) from e
+    inst = instances_of(call, resp)
+    if not inst:
+        return None
+    i = inst[0]
+    if i.get("InstanceLifecycle") != "spot":
+        return None
+    sr = i.get("StateReason") if isinstance(i.get("StateReason"), dict) else {}
+    state = (i.get("State") or {}).get("Name") if isinstance(i.get("State"), dict) else None
+    if sr.get("Code") in SPOT_STATE_REASONS:
+        return f"spot interruption: {sr.get('Code')} ({sr.get('Message') or 'no message'}), state {state}"
+    req_id = i.get("SpotInstanceRequestId")
+    if not isinstance(req_id, str) or not req_id:
+        return None  # moto gives none; real RunInstances spot instances carry one
+    call = "describe_spot_instance_requests"
+    try:
+        r = ec2.describe_spot_instance_requests(SpotInstanceRequestIds=[req_id])
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] == "InvalidSpotInstanceRequestID.NotFound":
+            return None
+        raise map_error(e, call, region=region) from e
+    for item in expect_list(call, r, "SpotInstanceRequests"):
+        status = item.get("Status") if isinstance(item.get("Status"), dict) else {}
+        code = status.get("Code")
+        if code in SPOT_REQUEST_INTERRUPTED:
+            return (f"spot interruption: request {req_id} status {code} ({status.get('Message') or 'no message'}), "
+                    f"instance state {state}")
+    return None
 
 
 def terminate_instance(api: "AWSApi", provider_id: str, region: str | None) -> bool:

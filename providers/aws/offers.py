@@ -21,6 +21,10 @@ from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_s
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
 
+import logging  # noqa: E402
+
+_log = logging.getLogger(__name__)
+
 #: Region of the Pricing API endpoint.
 PRICING_REGION = "us-east-1"
 
@@ -73,6 +77,67 @@ def offers(api: "AWSApi", base: list[Offer], cache: OfferCache) -> list[Offer]:
                 attrs["price_region"] = o.region
             out.append(replace(o, region=region, zone=z, offer_id=o.instance_type, attrs=attrs,
                                private_network=True))
+    return with_spot_prices(api, out, region)
+
+
+#: ``describe_spot_price_history`` product of broker's nodes (Linux in a VPC)
+SPOT_PRODUCTS = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+
+
+def spot_prices(api: "AWSApi", instance_types: list[str], region: str) -> dict[tuple[str, str], tuple[float, str]]:
+    """(instance type, zone) -> (current spot $/hour, its timestamp as text) from ``describe_spot_price_history``
+    (the latest row per type and zone, Linux products only).  Raises ProviderError for an unreadable answer."""
+    call = "describe_spot_price_history"
+    if not instance_types:
+        return {}
+    ec2 = api.client("ec2", region)
+    now = utcnow()
+    out: dict[tuple[str, str], tuple[float, Any]] = {}
+    token: str | None = None
+    for _ in range(20):  # pages of up to 1000 rows: a handful of types x zones fit in one
+        kw: dict[str, Any] = {"InstanceTypes": sorted(set(instance_types)), "ProductDescriptions": list(SPOT_PRODUCTS),
+                              "StartTime": now, "MaxResults": 1000}
+        if token:
+            kw["NextToken"] = token
+        resp = api.call(ec2, call, {"region": region}, **kw)
+        for row in expect_list(call, resp, "SpotPriceHistory"):
+            if row.get("ProductDescription") not in SPOT_PRODUCTS:
+                continue
+            try:
+                key = (expect_str(call, row, "InstanceType"), expect_str(call, row, "AvailabilityZone"))
+                price = float(expect_str(call, row, "SpotPrice"))
+            except ValueError:
+                raise unreadable(call, f"SpotPrice {row.get('SpotPrice')!r} is not a number") from None
+            ts = row.get("Timestamp")
+            if key not in out or (ts is not None and str(ts) > str(out[key][1])):
+                out[key] = (price, ts)
+        token = resp.get("NextToken") if isinstance(resp, dict) else None
+        if not token:
+            break
+    return {k: (p, str(ts)) for k, (p, ts) in out.items()}
+
+
+def with_spot_prices(api: "AWSApi", offers_: list[Offer], region: str) -> list[Offer]:
+    """``offers_`` with the current spot price of their type and zone as their interruptible price (attrs
+    ``interruptible_usd_per_hour`` / ``interruptible_price_source``, :mod:`broker.plan.interruptible`).  A spot
+    price history broker may not read (AccessDenied, an emulator without it) leaves the snapshot's spot price
+    where it has one, and says so in ``interruptible_price_source``; an unreadable answer raises ProviderError."""
+    try:
+        prices = spot_prices(api, [o.instance_type for o in offers_], region)
+    except ProviderError as e:
+        if "unreadable answer" in e.message:  # fail closed on a shape broker does not know
+            raise
+        _log.info("aws: spot price history not read (%s); snapshot spot prices stay", e)
+        return offers_
+    out = []
+    for o in offers_:
+        hit = prices.get((o.instance_type, o.zone or ""))
+        if hit is None:
+            out.append(o)
+            continue
+        price, ts = hit
+        out.append(replace(o, attrs={**o.attrs, "interruptible_usd_per_hour": price,
+                                     "interruptible_price_source": f"live EC2 spot price {o.zone} {ts}"}))
     return out
 
 
@@ -210,23 +275,27 @@ def quotas(api: "AWSApi", req: Requirements, offers_: list[Offer]) -> list[Quota
     from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
 
     spot = bool(getattr(req, "spot", False)) or any(o.attrs.get("market") == "spot" for o in offers_)
-    groups: dict[tuple[str, str], list[str]] = {}
+    # interruptible options are judged by the spot vCPU limits (separate from on-demand, often 0 on new accounts)
+    also_spot = not spot and getattr(req, "interruptible", "false") != "false"
+    groups: dict[tuple[str, str, bool], list[str]] = {}
     for o in offers_:
-        q = aws_quota_code(o.instance_type, spot=spot)
-        if q is None:
-            continue
-        lst = groups.setdefault((o.region or api.region, q.code), [])
-        if o.instance_type not in lst:
-            lst.append(o.instance_type)
+        for market in ((spot, True) if also_spot else (spot,)):
+            q = aws_quota_code(o.instance_type, spot=market)
+            if q is None:
+                continue
+            lst = groups.setdefault((o.region or api.region, q.code, market and also_spot), [])
+            if o.instance_type not in lst:
+                lst.append(o.instance_type)
     out: list[Quota] = []
-    for (region, code), types in groups.items():
+    for (region, code, interruptible), types in groups.items():
         value, name, source = quota_value(api, code, region)
         used, note = usage(api, code, region)
         desc = name or AWS_QUOTA_CODES[code].name
         if note:
             desc += f" ({note})"
         out.append(Quota(provider=PROVIDER, name=code, description=desc, region=region, scope=region,
-                         limit=value, used=used, unit="vcpus", instance_types=types, source=source))
+                         limit=value, used=used, unit="vcpus", instance_types=types, source=source,
+                         interruptible=interruptible))
     return out
 
 

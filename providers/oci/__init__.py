@@ -104,6 +104,9 @@ class OCIProvider(Provider):
     snapshot = "oci.csv"
     local_exec = False
     ingress_rule_format = "IngressSecurityRule"
+    interruptible = True
+    interruptible_bid = False
+    preemptions_per_hour = 0.05
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -155,6 +158,8 @@ class OCIProvider(Provider):
         self._subnet_id = subnet_id or s.oci_subnet_id
         self.instance_principal = s.oci_instance_principal if instance_principal is None else instance_principal
         self._conflict_wait_s = conflict_wait_s
+        #: instance ids this adapter sent a terminate for (preemption() tells them from OCI's reclaims)
+        self._terminated_here: set[str] = set()
 
     @property
     def region(self) -> str | None:
@@ -218,7 +223,7 @@ class OCIProvider(Provider):
         """GPU shapes priced from the snapshot; per AD (zone) and with the profile's region when configured.
 
         Raises AuthError / TransientError when configured but the AD listing fails."""
-        base = snapshot_offers(req)
+        base = _offers.with_preemptible_price(snapshot_offers(req))
         if not self.api.configured():
             return base
         return _offers.offers_per_ad(base, self.region, self.availability_domains())
@@ -310,8 +315,17 @@ class OCIProvider(Provider):
         """
         self.require_id(kind, provider_id, f"terminate {kind}")
         if kind == "instance":
+            self._terminated_here.add(provider_id)  # before the call: a terminate that reached OCI is broker's
             return lifecycle.terminate_instance(self.api, provider_id)
         return network.delete_network_object(self.api, kind, provider_id, attrs, self._conflict_wait_s)
+
+    def preemption(self, resource_id: str) -> str | None:
+        """OCI reclaimed preemptible instance ``resource_id``: it is TERMINATING / TERMINATED and this adapter did
+        not terminate it (:func:`.lifecycle.preemption`; OCI records no reason on the instance, so a terminate sent
+        by another broker process reads as a preemption here: the caller checks its ledger first).  Raises
+        ProviderError."""
+        rid = self.require_id("instance", resource_id, "get_instance")
+        return lifecycle.preemption(self.api, rid, rid in self._terminated_here)
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Instances (not TERMINATED) and network objects (VCNs, subnets, internet gateways, security lists) in the

@@ -82,6 +82,11 @@ def create_instance(api: "OCIApi", req: NodeRequest, *, ad: str, subnet: str, im
         metadata={"ssh_authorized_keys": req.ssh_public_key,
                   "user_data": base64.b64encode(ud.encode()).decode()},
         freeform_tags=tags)
+    if req.offer.attrs.get("interruptible") is True:
+        # preemptible: OCI may reclaim it at any time; TERMINATE (the only action) without keeping the boot volume,
+        # so nothing bills after a preemption and broker rents again
+        details.preemptible_instance_config = m.PreemptibleInstanceConfigDetails(
+            preemption_action=m.TerminatePreemptionAction(preserve_boot_volume=False))
     cc = api.client("compute")
     call = "launch_instance"
     try:
@@ -135,8 +140,12 @@ def describe_instance(api: "OCIApi", provider_id: str) -> InstanceInfo:
     raw = inst.lifecycle_state
     state = _STATE.get(raw, "unknown")
     user = expect_tags(call, inst).get("broker-ssh-user", "opc")
-    info = InstanceInfo(provider_id=provider_id, state=state, raw_state=raw, ssh_user=user,
-                        usd_per_hour=list_price(inst.shape))
+    rate = list_price(inst.shape)
+    if rate is not None and getattr(inst, "preemptible_instance_config", None) is not None:
+        from broker.providers.oci.offers import PREEMPTIBLE_FRACTION
+
+        rate = round(rate * PREEMPTIBLE_FRACTION, 6)  # preemptible capacity bills half the on-demand rate
+    info = InstanceInfo(provider_id=provider_id, state=state, raw_state=raw, ssh_user=user, usd_per_hour=rate)
     if state == "running":
         vn = api.client("vnet")
         atts = api.all_pages("list_vnic_attachments", cc.list_vnic_attachments, inst.compartment_id,
@@ -148,6 +157,30 @@ def describe_instance(api: "OCIApi", provider_id: str) -> InstanceInfo:
             info.private_ip, info.public_ip = vnics[0].private_ip, vnics[0].public_ip
             info.ssh_host = vnics[0].public_ip or vnics[0].private_ip
     return info
+
+
+def preemption(api: "OCIApi", provider_id: str, terminated_here: bool) -> str | None:
+    """OCI's word that it reclaimed preemptible instance ``provider_id``: the instance carries a
+    ``preemptibleInstanceConfig`` and is TERMINATING / TERMINATED although broker did not terminate it
+    (``terminated_here``: this adapter sent the terminate).  OCI's Instance has no termination-reason field
+    (interruptible.md 3.5): a preemptible instance that ends without broker's terminate can only have been
+    reclaimed.  None for an on-demand instance, a live one, one broker terminated, or one OCI no longer knows
+    (404).  Raises ProviderError (AuthError, TransientError) when the call fails or the answer is unreadable."""
+    cc = api.client("compute")
+    call = "get_instance"
+    try:
+        inst = api.call(call, cc.get_instance, provider_id).data
+    except ProviderError as e:
+        if e.status == 404 and e.code != "NotAuthenticated":
+            return None
+        raise
+    expect_fields(call, inst, "lifecycle_state")
+    pre = getattr(inst, "preemptible_instance_config", None)
+    if pre is None or terminated_here or inst.lifecycle_state not in ("TERMINATING", "TERMINATED"):
+        return None
+    action = getattr(getattr(pre, "preemption_action", None), "type", None) or "?"
+    return (f"preempted: OCI reclaimed preemptible instance {provider_id} (lifecycleState {inst.lifecycle_state}, "
+            f"preemptionAction {action}) without a terminate from broker")
 
 
 def terminate_instance(api: "OCIApi", provider_id: str) -> bool:

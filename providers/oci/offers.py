@@ -196,3 +196,28 @@ def capacity(api: "OCIApi", offers: list[Offer], ads_default: list[str]) -> list
                                 status=status, available_count=sa.available_count,
                                 source="ComputeClient.create_compute_capacity_report"))
     return out
+
+
+#: Shape prefixes with preemptible GPU capacity: VM.GPU2 (P100) and VM.GPU3 (V100) only; no bare metal, no A10 /
+#: A100 / H100 VMs (OCI preemptible doc, updated 2025-02-11; interruptible.md 3.2)
+PREEMPTIBLE_GPU_SHAPES = ("VM.GPU2.", "VM.GPU3.")
+#: Preemptible capacity costs this fraction of on-demand, in all regions (OCI preemptible doc, 2025-02-11)
+PREEMPTIBLE_FRACTION = 0.5
+
+
+def with_preemptible_price(offers: list[Offer]) -> list[Offer]:
+    """``offers`` with the preemptible price (:data:`PREEMPTIBLE_FRACTION` of the on-demand price in effect) of the
+    shapes that have preemptible capacity as their interruptible price (:mod:`broker.plan.interruptible` attrs);
+    other shapes lose any interruptible price (OCI would refuse to launch them preemptible)."""
+    from dataclasses import replace
+
+    out = []
+    for o in offers:
+        attrs = {k: v for k, v in o.attrs.items()
+                 if k not in ("interruptible_usd_per_hour", "interruptible_price_source")}
+        if o.instance_type.startswith(PREEMPTIBLE_GPU_SHAPES) and o.usd_per_hour > 0:
+            attrs["interruptible_usd_per_hour"] = round(o.usd_per_hour * PREEMPTIBLE_FRACTION, 6)
+            attrs["interruptible_price_source"] = (f"OCI preemptible: {PREEMPTIBLE_FRACTION:.0%} of {o.price_source} "
+                                                   "(OCI preemptible doc 2025-02-11)")
+        out.append(replace(o, attrs=attrs) if attrs != o.attrs else o)
+    return out

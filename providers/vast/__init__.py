@@ -65,6 +65,9 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     snapshot = "vast.csv"
     local_exec = False
     ingress_rule_format = None
+    interruptible = True
+    interruptible_bid = True
+    preemptions_per_hour = 0.1
 
     @classmethod
     def query_snapshot(cls, offers: list, query: str) -> list:

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.core.model import Offer
-from broker.core.provider import RUN_TAG, AmbiguousCreate, BadInput, NotSupported, OfferGone, ProviderError, TransientError
+from broker.core.provider import RUN_TAG, AmbiguousCreate, BadInput, CapacityError, NotSupported, OfferGone, ProviderError, TransientError
 
 from broker.providers.vast.boot import authorized_key_script, fit_onstart, onstart_script
 from broker.providers.vast.client import DELETE_RETRY_STATUSES, PROVIDER, body_message, expect, says_gone
@@ -221,6 +221,17 @@ class VastLifecycle:
         if disk_short(row.get("disk_space"), disk_gib):
             raise OfferGone(PROVIDER, call, f"offer {offer.offer_id} has {row['disk_space']:g} GB of disk, the recipe "
                             f"asks {disk_gib:g} GiB", hint="broker moves on to the next offer")
+        if offer.attrs.get("interruptible") is True:
+            # an interruptible rental pays its bid, not dph_total: the bid must still win (>= the current min_bid)
+            bid = offer.attrs.get("bid_usd_per_hour")
+            mb = row.get("min_bid")
+            if not isinstance(bid, (int, float)):
+                raise BadInput(f"vast: interruptible offer {offer.offer_id} carries no bid",
+                               hint="re-plan (`broker plan`): the plan prices the bid")
+            if isinstance(mb, (int, float)) and mb > bid:
+                raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s minimum bid rose to ${mb:.4f}/h, above the "
+                                f"planned bid ${bid:.4f}/h", hint="re-plan (`broker plan`) to see current bids")
+            return row
         price = float(row.get("dph_total") or 0.0)
         if price > offer.usd_per_hour * (1 + self.price_tolerance):
             raise OfferGone(PROVIDER, call, f"offer {offer.offer_id} now costs ${price:.4f}/h, planned "
@@ -255,6 +266,9 @@ class VastLifecycle:
             "label": self._label(req.run_id, req.node_index, req.installation_id, req.client_token),
             "cancel_unavail": True,
             "target_state": "running",
+            # an interruptible (bid) rental: Vast rents on-demand when price is absent (interruptible.md 1.2)
+            **({"price": float(req.offer.attrs["bid_usd_per_hour"])}
+               if req.offer.attrs.get("interruptible") is True else {}),
         }
 
     def create_instance(self, req: NodeRequest) -> str:
@@ -292,6 +306,15 @@ class VastLifecycle:
             data: Any = r.json()
         except ValueError:
             data = None
+        if isinstance(data, dict) and data.get("success") is False and data.get("new_contract") is not None:
+            # a bid Vast could not schedule: it may create the instance stopped and still answer failure with its
+            # id (interruptible.md 1.3); destroy it, then say there was no capacity at this bid
+            stale = str(data["new_contract"])
+            if self.valid_id("instance", stale):
+                self.terminate("instance", stale)
+            raise CapacityError(PROVIDER, call, f"Vast.ai did not schedule the bid on offer {oid} "
+                                f"({self.api.scrub(body_message(r))}); the stopped instance {stale} it created was "
+                                "destroyed", hint="broker moves on to the next offer; re-plan to see current bids")
         if isinstance(data, dict) and data.get("success") is False:  # a plain refusal: nothing was rented
             if says_gone(r):
                 raise OfferGone(PROVIDER, call, f"offer {oid} was taken before it could be rented "
@@ -409,6 +432,25 @@ class VastLifecycle:
                 f"disk {float(row['disk_space']):g} GB is less than the {want:g} GiB asked; destroy it and use "
                 "another offer")})
         return info
+
+    def preemption(self, resource_id: str) -> str | None:
+        """Whether Vast.ai took interruptible instance ``resource_id`` back (outbid): its row is a bid rental
+        (``is_bid``) and its container was stopped under it: ``actual_status`` ``stopped`` or ``exited`` (or
+        ``cur_state`` ``stopped``) while broker never stops an instance (it destroys them), or every state field
+        reads ``stopped`` (dstack's outbid test, interruptible.md 1.7).  Returns the reason with Vast's own fields,
+        None for an on-demand row, a running or pending one, or one that is gone (destroyed: not a preemption).
+        Raises ProviderError / TransientError / AuthError when the instance cannot be read."""
+        row = self._show(self.require_id("instance", str(resource_id), f"preemption check of {resource_id}"))
+        if not row or row.get("is_bid") is not True:
+            return None
+        actual, cur = row.get("actual_status"), row.get("cur_state")
+        intended, nxt = row.get("intended_status"), row.get("next_state")
+        if actual in ("stopped", "exited") or cur == "stopped":
+            msg = str(row.get("status_msg") or "").strip()
+            return (f"outbid: Vast.ai shows actual_status {actual}, cur_state {cur}, intended_status {intended}, "
+                    f"next_state {nxt} on bid instance {resource_id}" + (f" ({self.api.scrub(msg)[:200]})" if msg
+                                                                         else ""))
+        return None
 
     def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
                   attrs: dict[str, Any] | None = None) -> bool:

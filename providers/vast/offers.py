@@ -203,6 +203,19 @@ def offer_rows(data: Any, call: str) -> list[dict[str, Any]]:
     return rows  # type: ignore[return-value]
 
 
+def _bid_attrs(row: dict[str, Any], dph_total: float, now: datetime) -> dict[str, Any]:
+    """The interruptible price of one ``/bundles/`` row (:mod:`broker.plan.interruptible` attrs): ``min_bid``
+    ("current minimum bid price in $/hr for interruptible") plus the row's other charges, ``dph_total - dph_base``
+    (storage: a bid does not lower it); {} without a positive ``min_bid``."""
+    mb = row.get("min_bid")
+    if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not mb > 0:
+        return {}
+    base = row.get("dph_base")
+    extra = max(0.0, dph_total - float(base)) if isinstance(base, (int, float)) and not isinstance(base, bool) else 0.0
+    return {"min_bid": float(mb), "interruptible_usd_per_hour": round(float(mb) + extra, 6),
+            "interruptible_price_source": f"live Vast.ai min_bid {now.strftime('%Y-%m-%d %H:%M UTC')}"}
+
+
 def offer_from_row(row: dict[str, Any], now: datetime | None = None) -> Offer | None:
     """One ``/bundles/`` row → Offer (None when a required field is missing).
 
@@ -221,6 +234,7 @@ def offer_from_row(row: dict[str, Any], now: datetime | None = None) -> Offer | 
                   "inet_down_cost", "cuda_max_good", "driver_version", "verification", "direct_port_count",
                   "dph_base", "disk_space", "duration", "dlperf", "compute_cap", "public_ipaddr", "static_ip")
     attrs = {k: row[k] for k in attrs_keys if row.get(k) is not None}
+    attrs.update(_bid_attrs(row, price, now))
     return Offer(
         provider=PROVIDER, offer_id=oid, instance_type=f"{n}x {gpu}", region=row.get("geolocation") or None,
         gpu_name=gpu, gpu_count=n, gpu_mem_gib=round(float(row.get("gpu_ram") or 0) / 1024, 2),

@@ -205,3 +205,19 @@ def test_the_not_yet_done_list_is_not_stale():
     found = census()
     stale = {f: n for f, n in NOT_YET_DONE.items() if found.get(f, 0) < n}
     assert not stale, f"fewer cloud-name constants than listed (lower the counts / drop the files): {stale}, {found}"
+
+
+def test_preemption_defaults_to_cannot_tell():
+    """The base class says None ("not preempted, or cannot tell") for any id; it makes no call."""
+    class P(Provider):
+        name = "p"
+    assert P().preemption("i-123") is None
+    assert "ProviderError" in (Provider.preemption.__doc__ or "")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_interruptible_adapter_tells_preemption_itself(name):
+    """A provider that rents interruptible capacity must be able to tell a preemption from a crash."""
+    cls = registry.provider_class(name)
+    if cls.interruptible:
+        assert cls.preemption is not Provider.preemption, f"{cls.__name__} is interruptible but has no preemption()"

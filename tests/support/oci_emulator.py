@@ -33,6 +33,8 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 
 API = "20160918"
 TERMINAL = ("TERMINATED",)
+#: shape prefixes with preemptible capacity among GPU and small shapes (OCI preemptible doc, 2025-02-11)
+PREEMPTIBLE_SHAPES = ("VM.GPU2.", "VM.GPU3.", "VM.Standard", "VM.DenseIO", "VM.Optimized3.")
 
 
 class _Quiet(WSGIRequestHandler):
@@ -61,6 +63,7 @@ class OCIEmulator:
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []  # (method, path, status) of every request
         self.updates: list[tuple[str, dict[str, Any]]] = []  # (security list id, PUT body) of every update
+        self.events: list[dict[str, Any]] = []  # Events-service events emitted (preemption actions)
         self._srv = make_server("127.0.0.1", 0, self.app, threaded=True, request_handler=_Quiet)
         self.url = f"http://127.0.0.1:{self._srv.server_port}"
         self._thread = threading.Thread(target=self._srv.serve_forever, daemon=True)
@@ -95,6 +98,19 @@ class OCIEmulator:
                 "displayName": name, "lifecycleState": state, "freeformTags": dict(tags), "timeCreated": created,
                 "region": self.region}
         return iid
+
+    def preempt(self, iid: str) -> None:
+        """OCI reclaims preemptible instance ``iid`` (test hook): the Events service's
+        ``com.oraclecloud.computeapi.instancepreemptionaction`` event is recorded in ``events``, then the instance
+        goes TERMINATING -> TERMINATED (``terminate_s``) like a user terminate; GetInstance carries no reason."""
+        with self.lock:
+            inst = self.objs["instances"][iid]
+            action = ((inst.get("preemptibleInstanceConfig") or {}).get("preemptionAction") or {}).get("type")
+            self.events.append({"eventType": "com.oraclecloud.computeapi.instancepreemptionaction",
+                                "data": {"resourceId": iid, "compartmentId": inst["compartmentId"],
+                                         "additionalDetails": {"preemptionAction": action}}})
+            inst["lifecycleState"] = "TERMINATING"
+            self.timers[iid] = time.monotonic() + self.terminate_s
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -243,10 +259,19 @@ class OCIEmulator:
         iid, vid, aid = self.new_id("instance"), self.new_id("vnic"), self.new_id("vnicattachment")
         node = int(tags.get("broker-node", "0"))
         public, private = self.addresses(node) if self.addresses else (None, "10.0.1.2")
+        pre = b.get("preemptibleInstanceConfig")
+        if pre is not None:
+            shape = str(b.get("shape") or "")
+            if not shape.startswith(PREEMPTIBLE_SHAPES):  # the 400 seen for an unsupported shape
+                return self._err(400, "InvalidParameter",
+                                 f"Invalid Preemptible instance shape: {shape} (is not supported)")
+            if (pre.get("preemptionAction") or {}).get("type") != "TERMINATE":
+                return self._err(400, "InvalidParameter", "preemptionAction.type must be TERMINATE")
         inst = {"id": iid, "compartmentId": b.get("compartmentId"), "availabilityDomain": b.get("availabilityDomain"),
                 "shape": b.get("shape"), "displayName": b.get("displayName"), "lifecycleState": "PROVISIONING",
                 "freeformTags": tags, "timeCreated": _now(), "region": self.region,
-                "metadata": b.get("metadata") or {}, "subnetId": sub["id"]}
+                "metadata": b.get("metadata") or {}, "subnetId": sub["id"],
+                **({"preemptibleInstanceConfig": pre} if pre is not None else {})}
         self.objs["instances"][iid] = inst
         self.objs["vnics"][vid] = {"id": vid, "compartmentId": b.get("compartmentId"), "isPrimary": True,
                                    "privateIp": private, "publicIp": public if vnic.get("assignPublicIp") else None,

@@ -37,8 +37,9 @@ API_KEY = "test-vast-key-0123456789"
 
 
 def offer_row(ask_id: int, *, machine_id: int, num_gpus: int = 2, gpu_name: str = "RTX 3090",
-              dph_total: float = 0.40, disk_space: float = 200.0) -> dict[str, Any]:
-    """One ``/bundles/`` row with the documented fields and units (A8)."""
+              dph_total: float = 0.40, disk_space: float = 200.0, min_bid: float | None = None) -> dict[str, Any]:
+    """One ``/bundles/`` row with the documented fields and units (A8); ``min_bid`` ($/h, the current minimum bid
+    for an interruptible rental) defaults to 45 % of ``dph_total``."""
     return {"id": ask_id, "ask_contract_id": ask_id, "bundle_id": ask_id, "machine_id": machine_id,
             "host_id": 7000 + machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus, "gpu_ram": 24576,
             "gpu_total_ram": 24576 * num_gpus, "dph_total": dph_total, "dph_base": round(dph_total * 0.9, 4),
@@ -47,7 +48,8 @@ def offer_row(ask_id: int, *, machine_id: int, num_gpus: int = 2, gpu_name: str 
             "inet_down_cost": 0.01, "reliability": 0.995, "reliability2": 0.995, "geolocation": "Quebec, CA",
             "cuda_max_good": 12.4, "driver_version": "550.54.14", "direct_port_count": 20,
             "verification": "verified", "compute_cap": 860, "duration": 30 * 86400.0, "rentable": True,
-            "rented": False, "external": False, "verified": True, "public_ipaddr": "127.0.0.1"}
+            "rented": False, "external": False, "verified": True, "public_ipaddr": "127.0.0.1",
+            "min_bid": round(dph_total * 0.45, 4) if min_bid is None else min_bid, "is_bid": False}
 
 
 @dataclass
@@ -61,6 +63,9 @@ class Instance:
     created: float = field(default_factory=time.time)
     running_since: float | None = None
     forward: Any = None  # the late sshd port (a LateForwarder)
+    bid: float | None = None  # the create body's ``price``: an interruptible (bid) instance
+    #: forced states (test hooks: outbid, exited): actual_status, cur_state, next_state, intended_status
+    forced: dict[str, str] | None = None
 
 
 class VastEmulator:
@@ -195,18 +200,26 @@ class VastEmulator:
                     inst.forward = LateForwarder((self.hosts.ip(inst.host), 22), self.sshd_delay_s)
                 host, port = "127.0.0.1", inst.forward.port
         o = inst.offer
-        return {"id": inst.id, "machine_id": o["machine_id"], "host_id": o["host_id"], "actual_status": status,
-                "intended_status": "running", "cur_state": "running", "next_state": "running",
+        states = {"actual_status": status, "intended_status": "running", "cur_state": "running",
+                  "next_state": "running"}
+        if inst.forced:
+            states.update(inst.forced)
+            status = states["actual_status"]
+            if status != "running":
+                host, port = "127.0.0.1", 0
+        dph = inst.bid + (o["dph_total"] - o["dph_base"]) if inst.bid is not None else o["dph_total"]
+        return {"id": inst.id, "machine_id": o["machine_id"], "host_id": o["host_id"], **states,
                 "status_msg": "success, running pytorch/pytorch" if status == "running" else "Loading image",
                 "ssh_host": host, "ssh_port": port, "ssh_idx": "1", "public_ipaddr": host,
                 "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)}]} if port else {},
-                "local_ipaddrs": "10.0.0.5 ", "dph_total": round(o["dph_total"] * self.dph_factor, 6), "dph_base": o["dph_base"],
+                "local_ipaddrs": "10.0.0.5 ", "dph_total": round(dph * self.dph_factor, 6), "dph_base": o["dph_base"],
                 "storage_cost": o["storage_cost"], "num_gpus": o["num_gpus"], "gpu_name": o["gpu_name"],
                 "gpu_ram": o["gpu_ram"], "cpu_ram": o["cpu_ram"],
                 "disk_space": float(inst.body.get("disk") or o["disk_space"]), "label": inst.label,
                 "start_date": inst.created, "end_date": None, "image_runtype": inst.body.get("runtype", "ssh"),
                 "geolocation": o["geolocation"], "uptime_mins": round((now - inst.created) / 60, 2),
-                "is_bid": False, "extra_env": [[k, v] for k, v in (inst.body.get("env") or {}).items()]}
+                "is_bid": inst.bid is not None, "min_bid": o.get("min_bid"),
+                "extra_env": [[k, v] for k, v in (inst.body.get("env") or {}).items()]}
 
     @staticmethod
     def _iid(request) -> int:
@@ -238,11 +251,38 @@ class VastEmulator:
                                    "msg": f"Instance type by id {ask} is not available."}, 400)
             if not self._free_hosts and not self.hostless:
                 return self._json({"success": False, "error": "no_such_ask", "msg": "no host left (emulator)"}, 400)
+            price = body.get("price")
+            if price is not None and not (isinstance(price, (int, float)) and 0.001 <= price <= 32):
+                return self._json({"success": False, "error": "invalid_args",
+                                   "msg": "price must be a number from 0.001 to 32"}, 400)
+            low = price is not None and price < float(offer.get("min_bid") or 0)
+            if low and body.get("cancel_unavail"):
+                # with cancel_unavail a bid that cannot be scheduled is an error and nothing is created
+                return self._json({"success": False, "error": "bid_too_low",
+                                   "msg": f"bid {price} is below the minimum bid {offer['min_bid']}"}, 400)
             offer["rented"] = True
             iid = self._new_id()
             host = self._free_hosts.pop(0) if self._free_hosts else None
-            self.instances[iid] = Instance(iid, ask, host, str(body.get("label") or ""), body, offer)
+            inst = Instance(iid, ask, host, str(body.get("label") or ""), body, offer, bid=price)
+            self.instances[iid] = inst
+            if low:  # seen (dstack): the instance is created stopped and the answer says failure with its id
+                inst.forced = dict.fromkeys(("actual_status", "cur_state", "next_state", "intended_status"),
+                                            "stopped")
+                return self._json({"success": False, "error": "insufficient_bid", "new_contract": iid,
+                                   "msg": "bid below the current minimum"})
         return self._json({"success": True, "new_contract": iid})
+
+    def outbid(self, iid: int, *, intended: str = "running") -> None:
+        """Another renter outbids instance ``iid`` (test hook): the container is stopped (actual_status, cur_state,
+        next_state ``stopped``); ``intended`` is what intended_status reads (unconfirmed on the real API)."""
+        with self._lock:
+            self.instances[iid].forced = {"actual_status": "stopped", "cur_state": "stopped",
+                                          "next_state": "stopped", "intended_status": intended}
+
+    def exit_container(self, iid: int) -> None:
+        """Instance ``iid``'s container exits unexpectedly (test hook): actual_status ``exited``."""
+        with self._lock:
+            self.instances[iid].forced = {"actual_status": "exited"}
 
     def _show(self, request):
         if (bad := self._enter(request)) is not None:
