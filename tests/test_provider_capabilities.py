@@ -92,16 +92,17 @@ def test_the_derived_lists_are_what_the_core_used_to_keep_by_hand():
     from broker.run import hybrid
     from broker.cli import quota as quota_cmd
 
-    assert registry.CLOUD == facts.CLOUD == ("vast", "oci", "aws")
-    assert facts.DEFAULT_PROVIDERS == ("local", "vast", "oci", "aws")
-    assert catalog.PROVIDERS == ("vast", "oci", "aws")
-    assert quota_cmd.QUOTA_PROVIDERS == ("oci", "aws")
-    assert hybrid.TUN_PROVIDERS == ("oci", "aws")
-    assert "(use oci or aws for the cloud side)" in hybrid.NO_TUN_REASON
-    assert set(facts.CREDENTIALS_HINT) == {"vast", "oci", "aws"}
+    # gcp came as one registry line (docs/architecture.md "Adding a provider") and joined every list it matches
+    assert registry.CLOUD == facts.CLOUD == ("vast", "oci", "aws", "gcp")
+    assert facts.DEFAULT_PROVIDERS == ("local", "vast", "oci", "aws", "gcp")
+    assert catalog.PROVIDERS == ("vast", "oci", "aws", "gcp")
+    assert quota_cmd.QUOTA_PROVIDERS == ("oci", "aws", "gcp")
+    assert hybrid.TUN_PROVIDERS == ("oci", "aws", "gcp")
+    assert "(use oci or aws or gcp for the cloud side)" in hybrid.NO_TUN_REASON
+    assert set(facts.CREDENTIALS_HINT) == {"vast", "oci", "aws", "gcp"}
     assert {n: pricing.setup_allowance_seconds(n) for n in NAMES} == {
-        "local": 0, "vast": 600, "oci": 900, "aws": 600, "netns": 0, "slurm": 0, "fake": 0}
-    assert pricing.setup_allowance_seconds("gcp") == pricing.DEFAULT_SETUP_ALLOWANCE_SECONDS
+        "local": 0, "vast": 600, "oci": 900, "aws": 600, "gcp": 900, "netns": 0, "slurm": 0, "fake": 0}
+    assert pricing.setup_allowance_seconds("nosuch") == pricing.DEFAULT_SETUP_ALLOWANCE_SECONDS
 
 
 def test_a_new_registry_line_reaches_every_derived_list():
