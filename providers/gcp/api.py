@@ -148,6 +148,14 @@ class GCPApi:
         found (``google.auth.load_credentials_from_file``, scope cloud-platform).  Raises AuthError."""
         if self._credentials is not None:
             return self._credentials
+        if any((ep or "").startswith("http://") for ep in (self.compute_endpoint, self.quotas_endpoint,
+                                                          self.billing_endpoint)):
+            # a plain-http endpoint (a local emulator) never gets a real token: nothing secret leaves in clear
+            from google.auth.credentials import AnonymousCredentials
+
+            self._credentials = AnonymousCredentials()
+            self.source = "anonymous (plain-http endpoint)"
+            return self._credentials
         path, where = find_credentials()
         if path is None:
             raise AuthError(PROVIDER, "load credentials", where, hint=CREDENTIALS_HINT)
@@ -157,10 +165,25 @@ class GCPApi:
         except ImportError:
             raise AuthError(PROVIDER, "import google.auth", "google-auth is not installed", hint=INSTALL_HINT) \
                 from None
+        kind = _read_json(path).get("type", "?")
         try:
-            creds, _ = google.auth.load_credentials_from_file(str(path), scopes=SCOPES)
-        except gexc.DefaultCredentialsError as e:
-            kind = _read_json(path).get("type", "?")
+            # the credential-type-specific loaders (google-auth warns that the generic one may load a file of
+            # an unexpected type); other types (external_account ...) through the generic loader
+            if kind == "service_account":
+                from google.oauth2 import service_account
+
+                creds = service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
+            elif kind == "authorized_user":
+                from google.oauth2 import credentials as user_credentials
+
+                creds = user_credentials.Credentials.from_authorized_user_file(str(path), scopes=SCOPES)
+            else:
+                import warnings
+
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    creds, _ = google.auth.load_credentials_from_file(str(path), scopes=SCOPES)
+        except (gexc.DefaultCredentialsError, ValueError, KeyError) as e:
             raise AuthError(PROVIDER, "load credentials", f"{where}: a {kind!r} credentials file google-auth "
                             f"cannot use ({str(e).split(':')[0]})", hint=CREDENTIALS_HINT) from None
         self._credentials = creds
@@ -203,12 +226,16 @@ class GCPApi:
             yield
         except ProviderError:
             raise
-        except Exception as e:  # noqa: BLE001 - every SDK failure gets one translation
+        except Exception as e:  # noqa: BLE001 - every SDK / transport failure gets one translation
+            if not _is_api_failure(e):
+                raise  # a bug before anything was sent (TypeError ...): not a provider answer
             raise translate(e, call, create=create, region=region) from e
 
-    def call(self, call: str, fn: Callable[..., Any], *args: Any, create: bool = False, region: str | None = None,
-             **kw: Any) -> Any:
-        with self.errors(call, create=create, region=region):
+    def call(self, call: str, fn: Callable[..., Any], *args: Any, _create: bool = False,
+             _region: str | None = None, **kw: Any) -> Any:
+        """``fn(*args, **kw)`` with the error mapping (``_create``: a create call, whose 5xx is ambiguous;
+        ``_region``: the region a quota error names when the message does not)."""
+        with self.errors(call, create=_create, region=_region):
             return fn(*args, **kw)
 
     def wait(self, op: Any, call: str, *, zone: str | None = None, region: str | None = None,
@@ -228,17 +255,24 @@ class GCPApi:
             self.sleep(self.poll_s)
             if zone:
                 c = self.client("zone_operations")
-                op = self.call(call, c.get, project=project, zone=zone, operation=op.name, create=create)
+                op = self.call(call, c.get, project=project, zone=zone, operation=op.name, _create=create)
             elif region:
                 c = self.client("region_operations")
-                op = self.call(call, c.get, project=project, region=region, operation=op.name, create=create)
+                op = self.call(call, c.get, project=project, region=region, operation=op.name, _create=create)
             else:
                 c = self.client("global_operations")
-                op = self.call(call, c.get, project=project, operation=op.name, create=create)
+                op = self.call(call, c.get, project=project, operation=op.name, _create=create)
         errs = list(op.error.errors) if op.error and op.error.errors else []
         if errs:
             raise op_error(call, errs, int(op.http_error_status_code or 0) or None, zone=zone, region=region)
         return op
+
+
+def _is_api_failure(e: BaseException) -> bool:
+    """An answer (or the lack of one) from Google: api_core / google-auth / requests / socket errors."""
+    mod = type(e).__module__ or ""
+    return (mod.startswith(("google.api_core", "google.auth", "requests", "urllib3", "http.client"))
+            or isinstance(e, (OSError, TimeoutError, ConnectionError)))
 
 
 def _op_done(op: Any) -> bool:

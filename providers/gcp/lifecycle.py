@@ -105,11 +105,14 @@ def create_instance(api: "GCPApi", req: "NodeRequest", *, zone: str, image: str,
     project = api.require_project("instances.insert")
     body = instance_body(req, project=project, zone=zone, net=req.network, image=image, ssh_user=ssh_user,
                          workroot=workroot)
-    rid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"broker:{req.client_token}"))
+    rid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"broker:{req.client_token}:{zone}"))  # a retry of this row here
     ic = api.client("instances")
     region = zone.rsplit("-", 1)[0]
-    op = api.call("instances.insert", ic.insert_unary, project=project, zone=zone, instance_resource=body,
-                  request_id=rid, create=True, region=region, timeout=120.0)
+    from google.cloud import compute_v1 as c
+
+    request = c.InsertInstanceRequest(project=project, zone=zone, instance_resource=body, request_id=rid)
+    op = api.call("instances.insert", ic.insert_unary, request=request, _create=True, _region=region,
+                  timeout=120.0)
     api.wait(op, "instances.insert", zone=zone, create=True)
     return f"{zone}:{body.name}"
 

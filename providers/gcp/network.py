@@ -56,7 +56,7 @@ def _insert(api: "GCPApi", rec: "Recorder", kind: str, name: str, pid: str, fn: 
     region = where
     rid = rec.intent(kind, name, region=region)
     try:
-        op = api.call(call, fn, create=True, **kw)
+        op = api.call(call, fn, _create=True, **kw)
     except ProviderError as e:
         if not e.ambiguous:
             rec.failed(rid, e.message)
