@@ -306,32 +306,38 @@ def test_list_tagged_fails_loudly_on_an_unreadable_answer(emu):
         p.list_tagged("r-x")
 
 
-def test_teardown_through_the_core_deletes_everything_in_order(emu, tmp_path, monkeypatch):
-    """The core's teardown (ledger rows -> provider deletes) with the run's objects recorded by provision."""
-    from broker.money.ledger import Ledger
+def test_provision_fails_over_a_stocked_out_zone_and_teardown_leaves_nothing(emu, tmp_ledger, tmp_path):
+    """The core's ledger-first provisioning with the real adapter: zone a is out of stock, so the option in the
+    next zone serves; the core's teardown then deletes instances, firewalls, subnet and network in order."""
+    from broker.core.model import Run
     from broker.money.provision import provision
     from broker.money.teardown import teardown_run
     from broker.plan.planner import plan
 
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     p = make(emu)
-    emu.stockout.add("us-central1-a")  # the first zone is out of stock: the next zone serves
+    emu.stockout.add("us-central1-a")
     r = req(2)
     offs = [o for o in p.offers(r) if o.instance_type == "n1-standard-4+nvidia-tesla-t4"]
-    opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid]
-    assert opts
-    ledger = Ledger()
-    run = ledger.create_run(name="gcp-unit", plan={}, budget_usd=5, max_hours=1) if hasattr(ledger, "create_run") \
-        else None
-    if run is None:
-        pytest.skip("ledger API differs")
-    cluster = provision(opts, run, r, ledger, providers={"gcp": p}, poll_s=0.0, ssh_public_key="ssh-ed25519 AAAA x")
+    opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid and o.topology.value == "multi-node"]
+    assert [o.offers[0].zone for o in opts][:1] == ["us-central1-a"], [o.offers[0].zone for o in opts]
+    now = utcnow()
+    run = tmp_ledger.create_run(Run(id="r-gcpunit", name="t", provider="gcp", topology="multi-node",
+                                    status="provisioning", created_at=now, deadline=now + timedelta(hours=1),
+                                    run_dir=str(tmp_path / "runs" / "r-gcpunit")))
+    Path(run.run_dir).mkdir(parents=True)
+    cluster = provision(opts, run, r, tmp_ledger, providers={"gcp": p}, poll_s=0.01, retry_wait_s=0.01,
+                        terminate_timeout_s=5)
     assert len(cluster.nodes) == 2
-    assert all(":" in n.provider_id and not n.provider_id.startswith("us-central1-a:") for n in cluster.nodes) \
-        if hasattr(cluster.nodes[0], "provider_id") else True
-    teardown_run(ledger, run.id, actor="cli", providers={"gcp": p}, poll_s=0.0)
+    zones = {i["zone"].rsplit("/", 1)[-1] for i in emu.live("instances")}
+    assert zones == {"us-central1-b"}, zones
+    inserts = [(m, pth, st) for m, pth, st in emu.journal if m == "POST" and pth.endswith("/instances")]
+    assert any("/zones/us-central1-a/" in pth for _, pth, _ in inserts)  # tried, stocked out, moved on
+    kinds = sorted(x.kind for x in tmp_ledger.resources(run.id))
+    assert kinds.count("instance") >= 2 and {"vpc", "subnet", "firewall"} <= set(kinds)
+    assert teardown_run(tmp_ledger, run.id, "test", providers={"gcp": p}, poll_s=0.01) == []
     assert {c: emu.live(c) for c in ("instances", "disks", "networks", "subnetworks", "firewalls")} == {
         c: [] for c in ("instances", "disks", "networks", "subnetworks", "firewalls")}
+    assert tmp_ledger.resources(run.id, live_only=True) == []
 
 
 # ------------------------------------------------------------------------------------------------ quota requests

@@ -42,7 +42,7 @@ def state_of(pref: object) -> str:
     cfg = pref.quota_config  # type: ignore[attr-defined]
     if pref.reconciling:  # type: ignore[attr-defined]
         return "PENDING"
-    granted = cfg.granted_value.value if "granted_value" in cfg else 0
+    granted = int(cfg.granted_value or 0) if "granted_value" in cfg else 0  # Int64Value: a plain int
     preferred = cfg.preferred_value
     if granted >= preferred:
         return "APPROVED"
@@ -85,7 +85,8 @@ def request_quota(api: "GCPApi", quota: Quota, value: float, reason: str, *, dra
     parent = f"projects/{project}/locations/global"
     try:
         prefs = api.call("list_quota_preferences",
-                         lambda: list(qc.list_quota_preferences(parent=parent, filter="reconciling=true")))
+                         lambda: list(qc.list_quota_preferences(request={"parent": parent,
+                                                                         "filter": "reconciling=true"})))
         for p in prefs:
             if p.quota_id == qid and p.reconciling and dict(p.dimensions) == dims:
                 return base.model_copy(update={
@@ -122,7 +123,7 @@ def quota_request_status(api: "GCPApi", request: "QuotaRequest") -> "QuotaReques
         raise
     st = state_of(p)
     cfg = p.quota_config
-    granted = cfg.granted_value.value if "granted_value" in cfg else 0
+    granted = int(cfg.granted_value or 0) if "granted_value" in cfg else 0  # Int64Value: a plain int
     detail = cfg.state_detail or ""
     return request.model_copy(update={"state": st, "message": f"{st}: granted {granted} of "
                                                              f"{cfg.preferred_value}" + (f" ({detail})" if detail
