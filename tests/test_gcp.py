@@ -440,3 +440,40 @@ def test_broker_quota_check_request_status_against_the_emulator(emu, tmp_path, m
     assert p.returncode == 0, p.stderr[-3000:]
     rows = json.loads(p.stdout)["requests"]
     assert rows[0]["state"] == "APPROVED", rows
+
+
+# ------------------------------------------------------------------------------------------------ hybrid, slurm
+def test_open_ingress_adds_one_firewall_rule_per_port_to_the_run_tag(emu):
+    from broker.core.provider import Ingress
+
+    p = make(emu)
+    rec = Rec()
+    net = p.bootstrap("r-hyb", [_t4(p)], "hybrid", rec)
+    rules = [Ingress(protocol="udp", port=51821, cidr="198.51.100.7/32", description="wireguard")]
+    p.open_ingress(net, rules, rec)
+    p.open_ingress(net, rules, rec)  # idempotent: the existing rule counts as done
+    fw = next(f for f in emu.live("firewalls") if f["allowed"][0]["IPProtocol"] == "udp")
+    assert fw["sourceRanges"] == ["198.51.100.7/32"] and fw["targetTags"] == [net["tag"]]
+    assert fw["allowed"] == [{"IPProtocol": "udp", "ports": ["51821"]}]
+    assert len(emu.live("firewalls")) == 3
+    assert any(k == "event" and "51821" in m for k, _, m in rec.log)
+
+
+def test_gcp_hosts_hybrid_runs_and_slurm_clusters_through_its_capabilities(emu, tmp_path, monkeypatch):
+    """No core file names gcp: the hybrid hosts and slurm up's node providers are derived from capabilities, and
+    slurm up's target on gcp is the CloudTarget over its multi-node options."""
+    from broker.run import hybrid
+    from broker.run.pipeline import CloudTarget
+    from broker.slurm import cluster
+
+    assert "gcp" in hybrid.TUN_PROVIDERS and "gcp" in cluster.UP_PROVIDERS
+    env = _env(emu, tmp_path)
+    for k in ("CLOUDSDK_CONFIG", "GOOGLE_CLOUD_PROJECT", "GCP_COMPUTE_ENDPOINT", "GCP_QUOTAS_ENDPOINT"):
+        monkeypatch.setenv(k, env[k])
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    opts = cluster.UpOptions(provider="gcp", nodes=2, cpu_only=False, budget_usd=5, max_hours=1)
+    recipe = cluster.cluster_recipe("c1", 2, max_hours=1, budget_usd=5, gpus_per_node=1, cpu_ok=False)
+    target = cluster._target(opts, recipe)
+    assert isinstance(target, CloudTarget)
+    assert {o.provider for o in target.options} == {"gcp"}
+    assert all(o.topology.value == "multi-node" for o in target.options)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
+from broker.providers import names_where
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
@@ -59,8 +60,10 @@ Say = Callable[[str], None]
 
 #: the run topology of a Slurm cluster broker built
 TOPOLOGY = "slurm-cluster"
+#: rented clouds that create multi-node clusters (capabilities: rents, not pretend, topology "multi-node")
+CLOUD_UP_PROVIDERS = names_where(lambda c: c.rents and not c.pretend and "multi-node" in c.topologies)
 #: node providers ``broker slurm up`` acquires from
-UP_PROVIDERS = ("netns", "oci", "aws")
+UP_PROVIDERS = ("netns",) + CLOUD_UP_PROVIDERS
 #: the cluster's state beside the run (no secrets in it)
 STATE_FILE = "slurmcluster.json"
 CTLD_PORT = 6817
@@ -532,7 +535,7 @@ def _target(opts: UpOptions, recipe: Any):
 
     if opts.provider == "netns":
         return NetnsTarget(recipe)
-    if opts.provider in ("oci", "aws"):
+    if opts.provider in CLOUD_UP_PROVIDERS:
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
         else:
