@@ -477,3 +477,27 @@ def test_gcp_hosts_hybrid_runs_and_slurm_clusters_through_its_capabilities(emu, 
     assert isinstance(target, CloudTarget)
     assert {o.provider for o in target.options} == {"gcp"}
     assert all(o.topology.value == "multi-node" for o in target.options)
+
+
+def test_broker_check_and_catalog_refresh_from_the_billing_catalog(emu, tmp_path):
+    """``broker check`` names the ADC file and the project's source; ``broker catalog refresh --provider gcp``
+    writes a dated snapshot with live GPU prices, which then plans with the zones still known."""
+    from tests.conftest import broker_cmd
+
+    env = _env(emu, tmp_path)
+    env["GCP_BILLING_ENDPOINT"] = emu.url
+    p = subprocess.run(broker_cmd("check", "--provider", "gcp", "--json"), env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "application default credentials" in p.stdout and "GOOGLE_CLOUD_PROJECT" in p.stdout, p.stdout
+    assert '"s"' not in p.stdout and "refresh_token" not in p.stdout  # no secret of the ADC file
+    p = subprocess.run(broker_cmd("catalog", "refresh", "--provider", "gcp"), env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    snap = Path(env["BROKER_HOME"]) / "catalog" / "gcp.csv"
+    text = snap.read_text()
+    assert "n1-standard-4+nvidia-tesla-t4" in text and "0.489999" in text, text[:3000]
+    p = subprocess.run(broker_cmd("plan", "--provider", "gcp", "--budget", "5", "--json"), env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "us-central1-b" in p.stdout  # zones survive a refresh (the adapter's table)
