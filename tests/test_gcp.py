@@ -501,3 +501,14 @@ def test_broker_check_and_catalog_refresh_from_the_billing_catalog(emu, tmp_path
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "us-central1-b" in p.stdout  # zones survive a refresh (the adapter's table)
+
+
+def test_a_plain_http_endpoint_elsewhere_is_refused(monkeypatch):
+    from broker.core.provider import BadInput
+    from broker.providers.gcp import GCPProvider
+
+    monkeypatch.setenv("GCP_COMPUTE_ENDPOINT", "http://198.51.100.9:8080")
+    with pytest.raises(BadInput, match="GCP_COMPUTE_ENDPOINT"):
+        GCPProvider()
+    monkeypatch.setenv("GCP_COMPUTE_ENDPOINT", "http://127.0.0.1:9")
+    assert GCPProvider().api.compute_endpoint == "http://127.0.0.1:9"

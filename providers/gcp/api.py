@@ -80,6 +80,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _endpoint(var: str, given: str | None) -> str | None:
+    """An endpoint override (the constructor's, else the environment's ``var``): https, or plain http to this
+    machine only (:func:`broker.core.config.check_endpoint`; raises BadInput otherwise)."""
+    from broker.core.config import check_endpoint
+
+    url = given or os.environ.get(var) or None
+    return check_endpoint(var, url) if url else None
+
+
 class GCPApi:
     """Credentials, clients and the error mapping for one project.
 
@@ -92,9 +101,9 @@ class GCPApi:
                  op_timeout_s: float = 600.0, poll_s: float = 1.0, sleep: Callable[[float], None] = time.sleep):
         self._project = project
         self._credentials = credentials
-        self.compute_endpoint = compute_endpoint or os.environ.get("GCP_COMPUTE_ENDPOINT") or None
-        self.quotas_endpoint = quotas_endpoint or os.environ.get("GCP_QUOTAS_ENDPOINT") or None
-        self.billing_endpoint = billing_endpoint or os.environ.get("GCP_BILLING_ENDPOINT") or None
+        self.compute_endpoint = _endpoint("GCP_COMPUTE_ENDPOINT", compute_endpoint)
+        self.quotas_endpoint = _endpoint("GCP_QUOTAS_ENDPOINT", quotas_endpoint)
+        self.billing_endpoint = _endpoint("GCP_BILLING_ENDPOINT", billing_endpoint)
         self.op_timeout_s, self.poll_s, self.sleep = op_timeout_s, poll_s, sleep
         self._clients: dict[str, Any] = {}
         self.source = "credentials given to the adapter" if credentials is not None else None
