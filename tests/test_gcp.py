@@ -512,3 +512,23 @@ def test_a_plain_http_endpoint_elsewhere_is_refused(monkeypatch):
         GCPProvider()
     monkeypatch.setenv("GCP_COMPUTE_ENDPOINT", "http://127.0.0.1:9")
     assert GCPProvider().api.compute_endpoint == "http://127.0.0.1:9"
+
+
+def test_broker_plan_offline_shows_gcp_options_and_rejections_without_importing_the_sdks(tmp_path):
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys\nsys.argv = ['broker', 'plan', '--budget', '5', '--wide']\nfrom broker.cli.app import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('SDK=' + ','.join(sorted(m for m in sys.modules if m.startswith(('google.auth', 'google.cloud',"
+            " 'google.api_core')))))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "GCP_", "CLOUDSDK"))}
+    env.update(PYTHONPATH=str(REPO), CLOUDSDK_CONFIG=str(tmp_path / "nogcloud"), BROKER_HOME=str(tmp_path / "h"),
+               COLUMNS="200")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                        env=env)
+    out = cp.stdout
+    assert "SDK=\n" in out or out.rstrip().endswith("SDK="), out[-500:]
+    assert "gcp" in out and "n1-standard-4+nvidia-tesla-t4" in out, out[-3000:]
+    assert "gcp simulated" in out or "gcp " in out

@@ -148,7 +148,7 @@ def test_reading_the_capabilities_imports_no_adapter(tmp_path):
     mods = set(json.loads(line[-1][5:]))
     adapters = {m for m in mods if m.startswith("broker.providers.")}
     assert not adapters, adapters
-    for heavy in ("pydantic", "oci", "boto3", "botocore", "httpx"):
+    for heavy in ("pydantic", "oci", "boto3", "botocore", "httpx", "google"):
         assert heavy not in mods, heavy
 
 

@@ -153,9 +153,13 @@ class GCPProvider(Provider):
     def check(self) -> ProviderCheck:
         """Which credentials were found (GOOGLE_APPLICATION_CREDENTIALS or the gcloud ADC file) and the project
         (GOOGLE_CLOUD_PROJECT or the file's); no network call, no secret printed."""
-        try:
-            import google.auth  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        try:  # found, not imported: `broker plan` asks check() and must import no SDK
+            installed = importlib.util.find_spec("google.auth") is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
             return ProviderCheck(provider=PROVIDER, configured=False, detail="the Google Cloud clients are not "
                                  "installed", hint=INSTALL_HINT)
         if self.api.source and self.api._credentials is not None:
