@@ -466,7 +466,9 @@ def test_gcp_hosts_hybrid_runs_and_slurm_clusters_through_its_capabilities(emu, 
     from broker.run.pipeline import CloudTarget
     from broker.slurm import cluster
 
-    assert "gcp" in hybrid.TUN_PROVIDERS and "gcp" in cluster.UP_PROVIDERS
+    from broker.run.pipeline import RUN_PROVIDERS
+
+    assert "gcp" in hybrid.TUN_PROVIDERS and "gcp" in cluster.UP_PROVIDERS and "gcp" in RUN_PROVIDERS
     env = _env(emu, tmp_path)
     for k in ("CLOUDSDK_CONFIG", "GOOGLE_CLOUD_PROJECT", "GCP_COMPUTE_ENDPOINT", "GCP_QUOTAS_ENDPOINT"):
         monkeypatch.setenv(k, env[k])
