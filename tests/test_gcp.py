@@ -534,3 +534,38 @@ def test_broker_plan_offline_shows_gcp_options_and_rejections_without_importing_
     assert "SDK=\n" in out or out.rstrip().endswith("SDK="), out[-500:]
     assert "gcp" in out and "n1-standard-4+nvidia-tesla-t4" in out, out[-3000:]
     assert "gcp simulated" in out or "gcp " in out
+
+
+def test_provision_skips_what_an_exhausted_gpu_quota_covers_and_serves_another_gpu(emu, tmp_ledger, tmp_path):
+    """QUOTA_EXCEEDED on NVIDIA_T4_GPUS skips every T4 option of the region (not the L4 ones), with the ready
+    `broker quota request` command in the progress."""
+    from broker.core.model import Run
+    from broker.money.provision import provision
+    from broker.money.teardown import teardown_run
+    from broker.plan.planner import plan
+
+    p = make(emu)
+    emu.quota_exceeded["NVIDIA_T4_GPUS"] = "us-central1"
+    r = req(2)
+    offs = [o for o in p.offers(r) if o.instance_type in ("n1-standard-4+nvidia-tesla-t4", "g2-standard-4")]
+    opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid and o.topology.value == "multi-node"]
+    assert opts[0].offers[0].instance_type == "n1-standard-4+nvidia-tesla-t4"
+    now = utcnow()
+    run = tmp_ledger.create_run(Run(id="r-gcpq", name="t", provider="gcp", topology="multi-node",
+                                    status="provisioning", created_at=now, deadline=now + timedelta(hours=1),
+                                    run_dir=str(tmp_path / "runs" / "r-gcpq")))
+    Path(run.run_dir).mkdir(parents=True)
+    said: list[str] = []
+    cluster = provision(opts, run, r, tmp_ledger, providers={"gcp": p}, poll_s=0.01, retry_wait_s=0.01,
+                        terminate_timeout_s=5, progress=said.append)
+    assert {i["machineType"].rsplit("/", 1)[-1] for i in emu.live("instances")} == {"g2-standard-4"}
+    assert len(cluster.nodes) == 2
+    t4_inserts = [pth for m, pth, st in emu.journal if m == "POST" and pth.endswith("/instances") and st == 403]
+    assert len(t4_inserts) == 1, t4_inserts  # one refusal, then the other T4 zones are skipped
+    text = "\n".join(str(s) for s in said)
+    assert "NVIDIA_T4_GPUS" in text and "us-central1" in text, text[-3000:]
+    assert teardown_run(tmp_ledger, run.id, "test", providers={"gcp": p}, poll_s=0.01) == []
+    assert {c: emu.live(c) for c in COLLS} == {c: [] for c in COLLS}
+
+
+COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
