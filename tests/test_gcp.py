@@ -85,12 +85,12 @@ def test_snapshot_offers_every_family_with_spot_and_zones():
     from broker.providers.gcp import snapshot_offers
 
     offers = {o.instance_type: o for o in snapshot_offers(None)}
-    assert {"n1-standard-4+nvidia-tesla-t4", "n1-standard-4+nvidia-tesla-p4", "n1-standard-8+nvidia-tesla-p100",
-            "n1-standard-8+nvidia-tesla-v100", "g2-standard-4", "a2-highgpu-1g"} <= set(offers)
-    t4 = offers["n1-standard-4+nvidia-tesla-t4"]
+    assert {"n1-standard-4+t4", "n1-standard-4+p4", "n1-standard-8+p100",
+            "n1-standard-8+v100", "g2-standard-4", "a2-highgpu-1g"} <= set(offers)
+    t4 = offers["n1-standard-4+t4"]
     assert t4.usd_per_hour == pytest.approx(0.539999) and t4.attrs["spot_usd_per_hour"] < t4.usd_per_hour
     assert t4.attrs["zones"] == ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
-    assert offers["n1-standard-8+nvidia-tesla-p100"].attrs["zones"] == ["us-central1-c", "us-central1-f"]
+    assert offers["n1-standard-8+p100"].attrs["zones"] == ["us-central1-c", "us-central1-f"]
     assert all(o.private_network and o.region == "us-central1" for o in offers.values())
 
 
@@ -118,14 +118,14 @@ def test_configured_offers_one_per_zone(emu):
 
 def test_quotas_read_regional_gpu_cpu_and_gpus_all_regions(emu):
     p = make(emu)
-    offs = [o for o in p.offers(req()) if o.instance_type in ("n1-standard-4+nvidia-tesla-t4", "a2-highgpu-1g")]
+    offs = [o for o in p.offers(req()) if o.instance_type in ("n1-standard-4+t4", "a2-highgpu-1g")]
     qs = {q.name: q for q in p.quotas(req(), offs)}
     assert qs["NVIDIA_T4_GPUS"].limit == 4 and qs["NVIDIA_T4_GPUS"].region == "us-central1"
     assert qs["CPUS"].unit == "vcpus" and qs["CPUS"].limit == 24
     assert qs["A2_CPUS"].limit == 0
     g = qs["GPUS_ALL_REGIONS"]
     assert g.region is None and g.scope is None and g.unit == "gpus"
-    assert set(g.instance_types) == {"n1-standard-4+nvidia-tesla-t4", "a2-highgpu-1g"}
+    assert set(g.instance_types) == {"n1-standard-4+t4", "a2-highgpu-1g"}
     # spot offers are judged on the PREEMPTIBLE_ metric
     from dataclasses import replace
     spot = [replace(o, attrs={**o.attrs, "market": "spot"}) for o in offs[:1]]
@@ -150,7 +150,7 @@ def test_a_project_without_gpus_all_regions_is_not_blocked(emu):
 
     emu.project_quotas = {}
     p = make(emu)
-    offs = [o for o in p.offers(req()) if o.instance_type == "n1-standard-4+nvidia-tesla-t4"]
+    offs = [o for o in p.offers(req()) if o.instance_type == "n1-standard-4+t4"]
     result = plan(req(), offs, p.quotas(req(), offs), now=utcnow())
     assert [o for o in result.options if o.valid]
 
@@ -187,7 +187,7 @@ def test_check_names_the_adc_file_and_google_cloud_project(monkeypatch, tmp_path
 
 # ------------------------------------------------------------------------------------------------ lifecycle
 def _t4(p, zone: str | None = None):
-    return next(o for o in p.offers(req()) if o.instance_type == "n1-standard-4+nvidia-tesla-t4"
+    return next(o for o in p.offers(req()) if o.instance_type == "n1-standard-4+t4"
                 and (zone is None or o.zone == zone))
 
 
@@ -317,7 +317,7 @@ def test_provision_fails_over_a_stocked_out_zone_and_teardown_leaves_nothing(emu
     p = make(emu)
     emu.stockout.add("us-central1-a")
     r = req(2)
-    offs = [o for o in p.offers(r) if o.instance_type == "n1-standard-4+nvidia-tesla-t4"]
+    offs = [o for o in p.offers(r) if o.instance_type == "n1-standard-4+t4"]
     opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid and o.topology.value == "multi-node"]
     assert [o.offers[0].zone for o in opts][:1] == ["us-central1-a"], [o.offers[0].zone for o in opts]
     now = utcnow()
@@ -343,7 +343,7 @@ def test_provision_fails_over_a_stocked_out_zone_and_teardown_leaves_nothing(emu
 # ------------------------------------------------------------------------------------------------ quota requests
 def _quota(name: str = "NVIDIA_T4_GPUS", region: str | None = "us-central1") -> Quota:
     return Quota(provider="gcp", name=name, region=region, scope=region, limit=0, used=0, unit="gpus",
-                 instance_types=["n1-standard-4+nvidia-tesla-t4"], source="test")
+                 instance_types=["n1-standard-4+t4"], source="test")
 
 
 def test_quota_request_files_a_preference_and_does_not_duplicate_an_open_one(emu, monkeypatch):
@@ -388,11 +388,11 @@ def test_quota_request_needs_a_contact_email(emu, monkeypatch):
 # ------------------------------------------------------------------------------------------------ live prices
 def test_live_prices_from_the_billing_catalog_follow_pages(emu):
     p = make(emu)
-    prices = p.live_prices(["n1-standard-4+nvidia-tesla-t4", "n1-standard-16+4xnvidia-tesla-t4",
-                            "n1-standard-8+nvidia-tesla-v100", "g2-standard-4"])
-    assert prices["n1-standard-4+nvidia-tesla-t4"] == pytest.approx(0.539999 - 0.35 + 0.30)
-    assert prices["n1-standard-16+4xnvidia-tesla-t4"] == pytest.approx(2.16 - 4 * 0.35 + 4 * 0.30)
-    assert prices["n1-standard-8+nvidia-tesla-v100"] == pytest.approx(2.86 - 2.48 + 2.40)  # on the 2nd page
+    prices = p.live_prices(["n1-standard-4+t4", "n1-standard-16+4xt4",
+                            "n1-standard-8+v100", "g2-standard-4"])
+    assert prices["n1-standard-4+t4"] == pytest.approx(0.539999 - 0.35 + 0.30)
+    assert prices["n1-standard-16+4xt4"] == pytest.approx(2.16 - 4 * 0.35 + 4 * 0.30)
+    assert prices["n1-standard-8+v100"] == pytest.approx(2.86 - 2.48 + 2.40)  # on the 2nd page
     assert "g2-standard-4" not in prices
     assert any("pageToken=1" in path or m == "GET" for m, path, _ in emu.journal)
 
@@ -429,7 +429,7 @@ def test_broker_quota_check_request_status_against_the_emulator(emu, tmp_path, m
     assert not t4["ok"] and "broker quota request --provider gcp --limit NVIDIA_T4_GPUS --value 2" in t4["next_step"]
     p = subprocess.run(broker_cmd("quota", "request", "--provider", "gcp", "--limit", "NVIDIA_T4_GPUS",
                                   "--region", "us-central1", "--nodes", "2", "--instance-type",
-                                  "n1-standard-4+nvidia-tesla-t4"), env=env, capture_output=True, text=True,
+                                  "n1-standard-4+t4"), env=env, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert "state PENDING" in p.stdout and len(emu.objs["quotaPreferences"]) == 1
@@ -498,7 +498,7 @@ def test_broker_check_and_catalog_refresh_from_the_billing_catalog(emu, tmp_path
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     snap = Path(env["BROKER_HOME"]) / "catalog" / "gcp.csv"
     text = snap.read_text()
-    assert "n1-standard-4+nvidia-tesla-t4" in text and "0.489999" in text, text[:3000]
+    assert "n1-standard-4+t4" in text and "0.489999" in text, text[:3000]
     p = subprocess.run(broker_cmd("plan", "--provider", "gcp", "--budget", "5", "--json"), env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -532,7 +532,7 @@ def test_broker_plan_offline_shows_gcp_options_and_rejections_without_importing_
                         env=env)
     out = cp.stdout
     assert "SDK=\n" in out or out.rstrip().endswith("SDK="), out[-500:]
-    assert "gcp" in out and "n1-standard-4+nvidia-tesla-t4" in out, out[-3000:]
+    assert "gcp" in out and "n1-standard-4+t4" in out, out[-3000:]
     assert "gcp simulated" in out or "gcp " in out
 
 
@@ -547,9 +547,9 @@ def test_provision_skips_what_an_exhausted_gpu_quota_covers_and_serves_another_g
     p = make(emu)
     emu.quota_exceeded["NVIDIA_T4_GPUS"] = "us-central1"
     r = req(2)
-    offs = [o for o in p.offers(r) if o.instance_type in ("n1-standard-4+nvidia-tesla-t4", "g2-standard-4")]
+    offs = [o for o in p.offers(r) if o.instance_type in ("n1-standard-4+t4", "g2-standard-4")]
     opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid and o.topology.value == "multi-node"]
-    assert opts[0].offers[0].instance_type == "n1-standard-4+nvidia-tesla-t4"
+    assert opts[0].offers[0].instance_type == "n1-standard-4+t4"
     now = utcnow()
     run = tmp_ledger.create_run(Run(id="r-gcpq", name="t", provider="gcp", topology="multi-node",
                                     status="provisioning", created_at=now, deadline=now + timedelta(hours=1),

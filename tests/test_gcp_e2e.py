@@ -60,7 +60,7 @@ def test_two_node_run_on_emulated_gcp_succeeds_and_leaves_nothing(netns_hosts, t
         p.node_workroot = str(tmp_path / "node-work")
         recipe = _recipe(tmp_path)
         req = recipe.requirements()
-        offers = [o for o in p.offers(req) if o.instance_type == "n1-standard-4+nvidia-tesla-t4"]
+        offers = [o for o in p.offers(req) if o.instance_type == "n1-standard-4+t4"]
         options = [o for o in plan(req, offers, now=utcnow()).options if o.valid]
         assert options and options[0].offers[0].zone == "us-central1-a"
         lines: list[str] = []

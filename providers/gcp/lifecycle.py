@@ -55,7 +55,7 @@ def instance_body(req: "NodeRequest", *, project: str, zone: str, net: dict[str,
     t = parse_type(req.offer.instance_type)
     if t is None:
         raise ProviderError(PROVIDER, "instances.insert", f"{req.offer.instance_type!r} is not a GCP GPU type",
-                            hint="instance types look like n1-standard-4+nvidia-tesla-t4 or g2-standard-4")
+                            hint="instance types look like n1-standard-4+t4 or g2-standard-4")
     spot = req.offer.attrs.get("market") == "spot"
     name = gce_name(req.name)
     run_id = req.run_id
@@ -157,7 +157,10 @@ def _price_of(inst: Any, machine_type: str) -> float | None:
         a = accs[0]
         n = int(a.accelerator_count or 1)
         acc = (a.accelerator_type or "").rsplit("/", 1)[-1]
-        it = f"{machine_type}+{'' if n == 1 else f'{n}x'}{acc}"
+        from broker.providers.gcp.offers import ALIASES
+
+        short = next((k for k, v in ALIASES.items() if v == acc), acc)
+        it = f"{machine_type}+{'' if n == 1 else f'{n}x'}{short}"
     return list_price(it)
 
 

@@ -1,8 +1,8 @@
 """GCP read side: instance types (machine type + GPUs), offers per zone, quotas from the Compute API, live prices
 from the Cloud Billing Catalog.
 
-An instance type is ``<machine type>[+[<N>x]<accelerator type>]``: ``n1-standard-4+nvidia-tesla-t4`` (N1 with an
-attached T4), ``n1-standard-16+4xnvidia-tesla-t4``, or an accelerator-optimized type with its GPUs built in
+An instance type is ``<machine type>[+[<N>x]<GPU>]``: ``n1-standard-4+t4`` (N1 with an attached
+``nvidia-tesla-t4``; the full accelerator type is accepted too), ``n1-standard-16+4xt4``, or an accelerator-optimized type with its GPUs built in
 (``g2-standard-4``: 1 L4; ``a2-highgpu-1g``: 1 A100 40GB).  The snapshot's ``notes`` carry the spot total
 (``spot 0.182``) and the zones (``zones us-central1-a us-central1-b``).
 """
@@ -37,6 +37,10 @@ SKU_WORDS: dict[str, str] = {
     "nvidia-l4": "Nvidia L4 GPU", "nvidia-tesla-a100": "Nvidia Tesla A100 GPU",
 }
 GLOBAL_GPU_METRIC = "GPUS_ALL_REGIONS"
+#: the short GPU names instance types use (``n1-standard-4+t4``) -> accelerator type (short enough for 80 columns)
+ALIASES: dict[str, str] = {"t4": "nvidia-tesla-t4", "v100": "nvidia-tesla-v100", "p100": "nvidia-tesla-p100",
+                           "p4": "nvidia-tesla-p4", "l4": "nvidia-l4", "a100": "nvidia-tesla-a100",
+                           "a100-80gb": "nvidia-a100-80gb"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,7 @@ def parse_type(instance_type: str) -> GpuType | None:
         return None
     machine, count, acc = m.group(1), m.group(2), m.group(3)
     if acc:
+        acc = ALIASES.get(acc, acc)
         if acc not in ACCELERATORS:
             return None
         return GpuType(instance_type, machine, acc, int(count or 1), True)
