@@ -569,3 +569,14 @@ def test_provision_skips_what_an_exhausted_gpu_quota_covers_and_serves_another_g
 
 
 COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
+
+
+def test_status_counts_the_gcp_node_switch_as_a_teardown_layer():
+    from broker.core.model import Resource
+    from broker.money.accounting import node_layer
+
+    res = Resource(id="res1", run_id="r1", provider="gcp", kind="instance", name="n0",
+                   deadline=utcnow() + timedelta(hours=1))
+    assert node_layer(res) == "self-delete with the VM's service account at deadline + grace (else power off)"
+    assert node_layer(res.model_copy(update={"deadline": None})) is None
+    assert node_layer(res.model_copy(update={"provider": "netns"})) is None
