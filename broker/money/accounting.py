@@ -344,6 +344,11 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
     if res.provider == "oci":
         ip = a["instance_principal"] if "instance_principal" in a else _oci_instance_principal_setting()
         return f"self-terminate with an instance principal at {grace}" if ip else None
+    from broker.providers import capability
+
+    switch = capability(res.provider, "node_switch")
+    if switch and capability(res.provider, "node_switch_requires") is None:
+        return str(switch)  # a provider whose switch is armed whenever the node has a deadline (its capability)
     return None
 
 

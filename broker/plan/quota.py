@@ -174,7 +174,21 @@ def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> Limit
         name = oci_limit_name(instance_type)
         return None if name is None else LimitRef(provider, name, f"compute limit {name} (GPUs per AD)", "gpus",
                                                   "AD", "compute")
-    return None
+    return _adapter_limit(provider, instance_type, spot)
+
+
+def _adapter_limit(provider: str, instance_type: str, spot: bool) -> LimitRef | None:
+    """The covering limit as the adapter itself names it (its class's ``limit_ref(instance_type, spot=)``), for
+    a quota provider whose table is not in this module; None when it has none or cannot be imported."""
+    if not capability(provider, "quota"):
+        return None
+    from broker.providers import provider_class
+
+    try:
+        fn = getattr(provider_class(provider), "limit_ref", None)
+    except Exception:  # noqa: BLE001 - unknown / not importable: no limit known
+        return None
+    return fn(instance_type, spot=spot) if fn is not None else None
 
 
 # ------------------------------------------------------------------------------------------------ conversions

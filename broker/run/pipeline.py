@@ -194,8 +194,10 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
     return result
 
 
-#: providers ``broker run --provider`` accepts
-RUN_PROVIDERS = ("local", "netns", "slurm", "vast", "oci", "aws", "fake")
+from broker.providers import CLOUD as _CLOUD  # noqa: E402 - the registry's rented clouds (capabilities)
+
+#: providers ``broker run --provider`` accepts (every rented cloud of the registry among them)
+RUN_PROVIDERS = tuple(dict.fromkeys(("local", "netns", "slurm", "vast", "oci", "aws", "fake") + _CLOUD))
 
 
 @dataclass

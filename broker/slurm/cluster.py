@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
+from broker.providers import names_where
 from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, ClusterState, FACTS_CMD, NodeFacts, Say,
                                  cgroup_mount_script, cloud_onstart, nfs_client_script, nfs_server_script, parse_facts,
                                  parse_sinfo_nodes, private_cidr, render_gres_conf, render_slurm_conf, sinfo_cmd,
@@ -61,8 +62,10 @@ if TYPE_CHECKING:
 
 #: the run topology of a Slurm cluster broker built
 TOPOLOGY = "slurm-cluster"
+#: rented clouds that create multi-node clusters (capabilities: rents, not pretend, topology "multi-node")
+CLOUD_UP_PROVIDERS = names_where(lambda c: c.rents and not c.pretend and "multi-node" in c.topologies)
 #: node providers ``broker slurm up`` acquires from
-UP_PROVIDERS = ("netns", "oci", "aws")
+UP_PROVIDERS = ("netns",) + CLOUD_UP_PROVIDERS
 DEFAULT_MAX_HOURS = 2.0
 DEFAULT_BUDGET_USD = 5.0
 
@@ -190,7 +193,7 @@ def _target(opts: UpOptions, recipe: Any):
 
     if opts.provider == "netns":
         return NetnsTarget(recipe)
-    if opts.provider in ("oci", "aws"):
+    if opts.provider in CLOUD_UP_PROVIDERS:
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
         else:

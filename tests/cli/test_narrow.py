@@ -171,12 +171,12 @@ def test_a_failing_run_fits_80_columns_and_lists_what_was_not_staged(cli_env, tm
 
 
 def test_offers_at_80_columns_keeps_ids_and_network_whole(cli_env):
-    out = _out(["offers", "--limit", "60"], cli_env)
+    out = _out(["offers", "--limit", "100"], cli_env)
     assert "…" not in out
     assert re.search(r"^ oci\s+BM\.GPU\.A100-v2\.8\s+8x A100-80GB 80G\s+\$32\.00\s+any\s+private\s*$", out, re.M), out
     assert re.search(r"^ vast\s+snapshot\s+.*\spublic\s*$", out, re.M)
     assert "--wide adds vCPU/RAM and disk prices" in " ".join(out.split())
-    wide = _out(["offers", "--limit", "60", "--wide"], cli_env, columns=160)
+    wide = _out(["offers", "--limit", "100", "--wide"], cli_env, columns=160)
     assert "vCPU/RAM GiB" in wide and "disk $/GiB/mo" in wide
 
 

@@ -148,9 +148,9 @@ def test_check_reports_each_provider():
     r = run("check", "--json")
     assert r.exit_code == 0, r.output
     rows = {x["provider"]: x for x in json.loads(r.output)["providers"]}
-    assert set(rows) == {"local", "vast", "oci", "aws"}
+    assert set(rows) == {"local", "vast", "oci", "aws", "gcp"}
     assert rows["local"]["configured"] is True
-    for p in ("vast", "oci", "aws"):
+    for p in ("vast", "oci", "aws", "gcp"):
         assert rows[p]["configured"] is False  # no credentials (or no adapter yet)
 
 

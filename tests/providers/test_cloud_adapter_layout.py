@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "providers"
 ALLOWED = {"broker.core.model", "broker.core.provider", "broker.core.config", "broker.core.nodescripts", "broker.plan.catalog", "broker.plan.quota"}
-SDKS = ("oci", "boto3", "botocore")
+SDKS = ("oci", "boto3", "botocore", "google")
 
 
 def _is_module(name: str) -> bool:
@@ -39,7 +39,7 @@ def imports(path: Path) -> list[tuple[str, bool]]:
     return out
 
 
-FILES = sorted((ROOT / "oci").glob("*.py")) + sorted((ROOT / "aws").glob("*.py"))
+FILES = sorted((ROOT / "oci").glob("*.py")) + sorted((ROOT / "aws").glob("*.py")) + sorted((ROOT / "gcp").glob("*.py"))
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")

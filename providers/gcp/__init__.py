@@ -1,0 +1,271 @@
+"""``gcp``: Google Compute Engine GPU VMs through the official clients (``google-cloud-compute`` REST transport,
+``google-cloud-quotas``, ``google-cloud-billing``, ``google-auth``), imported lazily.
+
+What it does (facts: ``docs/reference/gcp-fixtures.md``):
+
+* **offers** -- N1 + T4 / V100 / P4 / P100, G2 (L4) and A2 (A100) from the dated snapshot
+  ``providers/snapshots/gcp.csv`` (on-demand total per type; spot total and zones in the notes), one offer per zone
+  that offers the GPU when configured; ``broker catalog refresh`` reprices the GPU part from the Cloud Billing
+  Catalog API (:attr:`live_price_list` ``"api"``).
+* **quotas** -- ``regions.get``: ``NVIDIA_<MODEL>_GPUS`` (``PREEMPTIBLE_NVIDIA_*`` for spot) and the CPU metric
+  of the machine family (``CPUS``, ``A2_CPUS``); ``projects.get``: ``GPUS_ALL_REGIONS`` (0 on new projects: the plan
+  says "quota GPUS_ALL_REGIONS 0 of 0 gpus available").
+* **lifecycle** -- per run a custom-mode VPC and subnet (or ``GCP_NETWORK``, e.g. ``default``), firewall rules by
+  network tag (all traffic between the run's VMs; SSH from ``GCP_SSH_SOURCE_RANGES``, default anywhere), one
+  single-GPU VM per node (Deep Learning VM image, ``install-nvidia-driver``, ``startup-script`` with the dead-man
+  switch, labels ``broker-run`` / ``broker-install``), deletes in dependency order (instances, left-over disks,
+  subnet, firewalls, network).  Stockout (``ZONE_RESOURCE_POOL_EXHAUSTED``) -> CapacityError (next zone, then next
+  option); ``QUOTA_EXCEEDED`` -> QuotaError naming metric and region.
+* **quota requests** -- Cloud Quotas ``QuotaPreference`` (duplicates not filed), or the console form.
+
+Layout: :mod:`.api` (credentials, clients, operation polling, the one error mapping), :mod:`.offers`,
+:mod:`.network`, :mod:`.lifecycle`, :mod:`.scripts`, :mod:`.quota_requests`.
+
+Settings (environment): ``GOOGLE_APPLICATION_CREDENTIALS`` / the gcloud ADC file, ``GOOGLE_CLOUD_PROJECT``,
+``GCP_REGION`` (default us-central1), ``GCP_ZONES`` (comma list), ``GCP_IMAGE``, ``GCP_NETWORK``,
+``GCP_SSH_SOURCE_RANGES``, ``GCP_QUOTA_CONTACT_EMAIL``, ``GCP_COMPUTE_ENDPOINT`` / ``GCP_QUOTAS_ENDPOINT`` /
+``GCP_BILLING_ENDPOINT`` (tests).  They are Google's own variables or adapter-local ones, read here, so the core
+settings need no GCP field.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+
+from broker.core.model import Capacity, Offer, Quota, Requirements
+from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
+from broker.providers.gcp import lifecycle, network, offers as _offers, quota_requests
+from broker.providers.gcp.api import INSTALL_HINT, PROVIDER, GCPApi, find_credentials
+from broker.providers.gcp.lifecycle import DEFAULT_IMAGE, TOKEN_TAG
+from broker.providers.gcp.network import DELETE_ORDER
+from broker.providers.gcp.offers import parse_type, snapshot_offers
+
+if TYPE_CHECKING:
+    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.plan.quota import LimitRef
+
+__all__ = ["DEFAULT_IMAGE", "DELETE_ORDER", "GCPApi", "GCPProvider", "PROVIDER", "TOKEN_TAG", "parse_type",
+           "snapshot_offers"]
+
+_REGION = re.compile(r"[a-z]+-[a-z]+\d+")
+_ZONE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
+_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+
+
+class GCPProvider(Provider):
+    """Google Compute Engine.  Topologies: ``simulated`` (one multi-GPU VM), ``multi-node`` (N single-GPU VMs in
+    one VPC subnet), ``hybrid`` (the VMs of a hybrid run).
+
+    Args (all optional): ``project``, ``credentials`` (a google-auth credentials object), ``region``, ``zones``,
+    ``compute_endpoint`` / ``quotas_endpoint`` / ``billing_endpoint``, ``image``, ``network`` (an existing network
+    to use instead of a per-run one), ``ssh_user`` (default ``broker``), ``ssh_sources`` (CIDRs allowed to SSH),
+    ``poll_s`` / ``op_timeout_s`` (operation polling, seconds), ``sleep``.  The constructor does no I/O.
+    """
+
+    name = PROVIDER
+    # capabilities (broker.core.provider.Provider documents each; the registry line repeats them)
+    topologies = ("simulated", "multi-node", "hybrid")
+    rents = True
+    pretend = False
+    planned_by_default = True
+    quota = True
+    quota_unit = "gpus"  # NVIDIA_<MODEL>_GPUS, GPUS_ALL_REGIONS (CPU metrics come as vcpus Quotas beside them)
+    quota_scope = "region"
+    node_switch = "self-delete with the VM's service account at deadline + grace (else power off)"
+    node_switch_requires = None
+    setup_allowance_s = 900  # DLVM first boot installs the NVIDIA driver
+    ssh_ready_timeout_s: ClassVar[float] = 600.0
+    create_settle_s = 20.0
+    credentials_hint = "Google ADC (gcloud auth application-default login or GOOGLE_APPLICATION_CREDENTIALS) " \
+                       "and GOOGLE_CLOUD_PROJECT"
+    native_query = False
+    live_offer_search = False
+    live_price_list = "api"
+    live_prices_source: ClassVar[str] = "GPU prices from the Cloud Billing Catalog API (host part from the snapshot)"
+    snapshot = "gcp.csv"
+    interruptible = False  # spot VMs are priced in the snapshot; renting them is not built yet
+    interruptible_bid = False
+    preemptions_per_hour = 0.0
+    local_exec = False
+    ingress_rule_format = None
+    owner_tags = True
+    delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
+
+    @classmethod
+    def valid_id(cls, kind: str, provider_id: str) -> bool:
+        """``<zone>:<name>`` for instances and disks, ``<region>:<name>`` for subnets, a GCE name otherwise."""
+        if not isinstance(provider_id, str):
+            return False
+        if kind in ("instance", "boot_volume"):
+            return re.fullmatch(rf"[a-z]+-[a-z]+\d+-[a-z]:{_NAME}", provider_id) is not None
+        if kind == "subnet":
+            return re.fullmatch(rf"[a-z]+-[a-z]+\d+:{_NAME}", provider_id) is not None
+        return re.fullmatch(_NAME, provider_id) is not None
+
+    @classmethod
+    def id_form(cls, kind: str) -> str:
+        return {"instance": "<zone>:<name>", "boot_volume": "<zone>:<name>",
+                "subnet": "<region>:<name>"}.get(kind, "a GCE name ([a-z][-a-z0-9]*, at most 63)")
+
+    @classmethod
+    def valid_region(cls, region: str) -> bool:
+        return isinstance(region, str) and _REGION.fullmatch(region) is not None
+
+    @classmethod
+    def region_form(cls) -> str:
+        return "<area>-<direction><n>, e.g. us-central1"
+
+    @classmethod
+    def region_example(cls) -> str:
+        return "us-central1"
+
+    @classmethod
+    def limit_ref(cls, instance_type: str, *, spot: bool = False) -> "LimitRef | None":
+        """The regional GPU metric that must allow ``instance_type`` (``NVIDIA_T4_GPUS``, ``PREEMPTIBLE_...`` for
+        spot), counted in GPUs per region; None for a type broker does not know."""
+        from broker.plan.quota import LimitRef
+
+        t = parse_type(instance_type)
+        metric = t.gpu_metric(spot=spot) if t else None
+        if metric is None:
+            return None
+        return LimitRef(PROVIDER, metric, f"Compute Engine {metric} (GPUs per region)", "gpus", "region", "compute")
+
+    def __init__(self, *, project: str | None = None, credentials: Any = None, region: str | None = None,
+                 zones: list[str] | None = None, compute_endpoint: str | None = None,
+                 quotas_endpoint: str | None = None, billing_endpoint: str | None = None, image: str | None = None,
+                 network: str | None = None, ssh_user: str | None = None, ssh_sources: list[str] | None = None,
+                 poll_s: float = 1.0, op_timeout_s: float = 600.0, sleep: Callable[[float], None] = time.sleep):
+        self.api = GCPApi(project=project, credentials=credentials, compute_endpoint=compute_endpoint,
+                          quotas_endpoint=quotas_endpoint, billing_endpoint=billing_endpoint, poll_s=poll_s,
+                          op_timeout_s=op_timeout_s, sleep=sleep)
+        self.region = region or os.environ.get("GCP_REGION") or None
+        env_zones = [z.strip() for z in os.environ.get("GCP_ZONES", "").split(",") if z.strip()]
+        self._zones = list(zones) if zones else (env_zones or None)
+        self._image = image or os.environ.get("GCP_IMAGE") or DEFAULT_IMAGE
+        self._network = network or os.environ.get("GCP_NETWORK") or None
+        self.ssh_user = ssh_user or os.environ.get("GCP_SSH_USER") or "broker"
+        src = ssh_sources or [s.strip() for s in os.environ.get("GCP_SSH_SOURCE_RANGES", "").split(",")
+                              if s.strip()]
+        self._ssh_sources = src or None
+
+    # ------------------------------------------------------------------------------------ read side
+    def check(self) -> ProviderCheck:
+        """Which credentials were found (GOOGLE_APPLICATION_CREDENTIALS or the gcloud ADC file) and the project
+        (GOOGLE_CLOUD_PROJECT or the file's); no network call, no secret printed."""
+        import importlib.util
+
+        try:  # found, not imported: `broker plan` asks check() and must import no SDK
+            installed = importlib.util.find_spec("google.auth") is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            return ProviderCheck(provider=PROVIDER, configured=False, detail="the Google Cloud clients are not "
+                                 "installed", hint=INSTALL_HINT)
+        if self.api.source and self.api._credentials is not None:
+            where = self.api.source
+        else:
+            path, where = find_credentials()
+            if path is None:
+                return ProviderCheck(provider=PROVIDER, configured=False, detail=where,
+                                     hint="run `gcloud auth application-default login` or set "
+                                          "GOOGLE_APPLICATION_CREDENTIALS, and GOOGLE_CLOUD_PROJECT")
+            try:
+                self.api.credentials()
+            except AuthError as e:
+                return ProviderCheck(provider=PROVIDER, configured=True, usable=False, detail=e.message,
+                                     hint=e.hint)
+        project = self.api.project
+        if not project:
+            return ProviderCheck(provider=PROVIDER, configured=False, detail=f"{where}; no project",
+                                 hint="export GOOGLE_CLOUD_PROJECT=<your project id>")
+        ep = self.api.compute_endpoint
+        return ProviderCheck(provider=PROVIDER, configured=True, usable=None,
+                             detail=f"{where}, project {project} (from {self.api.project_source()})"
+                                    + (f", endpoint {ep}" if ep else ""))
+
+    def price_note(self) -> str | None:
+        from broker.plan.catalog import snapshot_info
+
+        return f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; spot totals in the snapshot notes"
+
+    def live_prices(self, types: Iterable[str]) -> dict[str, float]:
+        """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /
+        TransientError / ProviderError."""
+        return _offers.live_prices(self.api, types)
+
+    def offers(self, req: Requirements) -> list[Offer]:
+        """Snapshot offers; one per zone that offers the GPU when configured (``zones`` / ``GCP_ZONES`` narrow)."""
+        base = snapshot_offers(req)
+        if self.region:
+            base = [o for o in base if o.region in (None, self.region)]
+        if not self.api.configured():
+            return base
+        return _offers.offers_per_zone(base, self._zones)
+
+    def quotas(self, req: Requirements, offers: list[Offer]) -> list[Quota]:
+        """GPU and CPU metrics per region (``regions.get``) and ``GPUS_ALL_REGIONS`` (``projects.get``) for
+        ``offers``; [] unconfigured.  Raises AuthError, TransientError, ProviderError."""
+        if not self.api.configured():
+            return []
+        return _offers.quotas(self.api, offers)
+
+    def capacity(self, offers: list[Offer]) -> list[Capacity]:
+        """GCP has no capacity report: capacity shows only at insert (stockout -> next zone)."""
+        return []
+
+    def quota_scope_of(self, offer: Offer) -> str | None:
+        return None
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
+        """The run's network (:func:`.network.bootstrap`), each object recorded before and after its insert."""
+        region = next((o.region for o in offers if o.region), None) or self.region or "us-central1"
+        return network.bootstrap(self.api, run_id, region, rec, network=self._network,
+                                 ssh_sources=self._ssh_sources)
+
+    def open_ingress(self, net: dict[str, Any], rules: list[Ingress], rec: Recorder) -> None:
+        """One firewall rule per rule (:func:`.network.open_ingress`)."""
+        network.open_ingress(self.api, net, rules, rec)
+
+    def create_instance(self, req: NodeRequest) -> str:
+        """``instances.insert`` in ``req.offer.zone`` (the first zone of the type when none); see
+        :func:`.lifecycle.create_instance` for the errors."""
+        zone = req.offer.zone or next(iter(req.offer.attrs.get("zones") or []), None)
+        if not zone:
+            raise ProviderError(PROVIDER, "instances.insert", f"no zone known for {req.offer.instance_type}",
+                                hint="set GCP_ZONES (e.g. us-central1-a)")
+        return lifecycle.create_instance(self.api, req, zone=zone, image=req.image or self._image,
+                                         ssh_user=self.ssh_user, workroot=self.node_workroot)
+
+    def find_by_token(self, client_token: str, region: str | None = None) -> str | None:
+        return lifecycle.find_by_token(self.api, client_token)
+
+    def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
+        return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "instances.get"))
+
+    def terminate(self, kind: str, provider_id: str, *, region: str | None = None,
+                  attrs: dict[str, Any] | None = None) -> bool:
+        """Idempotent delete; gone (404) is True.  ``instance``: ``instances.delete`` (False until
+        :meth:`describe_instance` shows it gone; its boot disk auto-deletes); ``boot_volume``: ``disks.delete``;
+        ``firewall`` / ``subnet`` / ``vpc``: delete and wait (a dependant still there: TransientError)."""
+        self.require_id(kind, provider_id, f"delete {kind}")
+        if kind == "instance":
+            return lifecycle.terminate_instance(self.api, provider_id)
+        if kind == "boot_volume":
+            return lifecycle.delete_disk(self.api, provider_id)
+        return network.delete_network_object(self.api, kind, provider_id)
+
+    def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
+        return lifecycle.list_tagged(self.api, run_id)
+
+    # ------------------------------------------------------------------------------------ quota requests
+    def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
+        """File (or draft) a Cloud Quotas QuotaPreference (:func:`.quota_requests.request_quota`)."""
+        return quota_requests.request_quota(self.api, quota, value, reason, draft=draft)
+
+    def quota_request_status(self, request: QuotaRequest) -> QuotaRequest:
+        return quota_requests.quota_request_status(self.api, request)

@@ -1,0 +1,130 @@
+"""GCP quota increase requests through the Cloud Quotas API (``QuotaPreference``), and the console form when
+there are no credentials (or ``--draft``).
+
+A Compute metric maps to a Cloud Quotas ``quotaId``: ``NVIDIA_T4_GPUS`` -> ``NVIDIA-T4-GPUS-per-project-region``
+(dimension ``region``), ``GPUS_ALL_REGIONS`` -> ``GPUS-ALL-REGIONS-per-project`` (no dimension).  The rule is a
+heuristic seen in public use (docs/reference/gcp-fixtures.md).  An open preference (``reconciling``) for the same
+quota and region is returned instead of filing a duplicate.  Increases need a contact email
+(``GCP_QUOTA_CONTACT_EMAIL``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import TYPE_CHECKING
+
+from broker.core.model import Quota
+from broker.core.provider import AuthError, BadInput, ProviderError
+from broker.providers.gcp.api import PROVIDER
+
+if TYPE_CHECKING:
+    from broker.core.provider import QuotaRequest
+    from broker.providers.gcp.api import GCPApi
+
+SERVICE = "compute.googleapis.com"
+CONSOLE = "https://console.cloud.google.com/iam-admin/quotas"
+PERMISSION_HINT = ("enable the Cloud Quotas API (cloudquotas.googleapis.com) and give your account the role "
+                   "roles/cloudquotas.admin; or file it in the console with the form that "
+                   "`broker quota request --provider gcp --draft` prints")
+
+
+def quota_id(metric: str) -> str:
+    """Cloud Quotas ``quotaId`` of a Compute metric (``NVIDIA_T4_GPUS`` -> ``NVIDIA-T4-GPUS-per-project-region``)."""
+    base = metric.replace("_", "-")
+    return f"{base}-per-project" if metric.endswith("ALL_REGIONS") else f"{base}-per-project-region"
+
+
+def state_of(pref: object) -> str:
+    """PENDING while reconciling; then APPROVED (granted >= preferred), PARTIALLY_SUCCEEDED (0 < granted <
+    preferred) or DENIED."""
+    cfg = pref.quota_config  # type: ignore[attr-defined]
+    if pref.reconciling:  # type: ignore[attr-defined]
+        return "PENDING"
+    granted = int(cfg.granted_value or 0) if "granted_value" in cfg else 0  # Int64Value: a plain int
+    preferred = cfg.preferred_value
+    if granted >= preferred:
+        return "APPROVED"
+    return "PARTIALLY_SUCCEEDED" if granted > 0 else "DENIED"
+
+
+def request_quota(api: "GCPApi", quota: Quota, value: float, reason: str, *, draft: bool = False) -> "QuotaRequest":
+    """File a QuotaPreference raising ``quota`` (a Compute metric; ``quota.region`` for regional ones) to
+    ``value``.  ``draft`` or no credentials: only the console form (state ``DRAFT``) with the link and the exact
+    fields.  Raises BadInput (no contact email), AuthError (API off / no permission, with the fix),
+    ProviderError."""
+    from broker.core.provider import QuotaRequest
+
+    new_value = int(math.ceil(value))
+    qid = quota_id(quota.name)
+    regional = not quota.name.endswith("ALL_REGIONS")
+    region = quota.region if regional else None
+    project = api.project
+    email = os.environ.get("GCP_QUOTA_CONTACT_EMAIL", "")
+    dims = {"region": region} if region else {}
+    form = {"console": f"{CONSOLE}?project={project or '<your project>'}", "service": SERVICE, "quotaId": qid,
+            "metric": f"{SERVICE}/{quota.name.lower()}", "dimensions": dims or "(none: project-wide)",
+            "preferredValue": new_value, "justification": reason,
+            "contactEmail": email or "<your email (GCP_QUOTA_CONTACT_EMAIL)>",
+            "gcloud": (f"gcloud beta quotas preferences create --service={SERVICE} --quota-id={qid} "
+                       f"--preferred-value={new_value}" + (f" --dimensions=region={region}" if region else "")
+                       + f" --project={project or '<project>'} --justification='{reason}' "
+                       f"--email={email or '<email>'}")}
+    base = QuotaRequest(provider=PROVIDER, limit_name=quota.name, region=region, scope=region, value=new_value,
+                        unit=quota.unit, reason=reason, form=form)
+    if draft or not api.configured():
+        why = "not filed (draft)" if draft else "not filed: no GCP credentials; file it in the console"
+        return base.model_copy(update={"state": "DRAFT", "message": why})
+    if not email:
+        raise BadInput("a GCP quota increase needs a contact email (Cloud Quotas contactEmail)",
+                       hint="export GCP_QUOTA_CONTACT_EMAIL=you@example.com, or use --draft")
+    from google.cloud import cloudquotas_v1 as cq
+
+    qc = api.client("quotas")
+    parent = f"projects/{project}/locations/global"
+    try:
+        prefs = api.call("list_quota_preferences",
+                         lambda: list(qc.list_quota_preferences(request={"parent": parent,
+                                                                         "filter": "reconciling=true"})))
+        for p in prefs:
+            if p.quota_id == qid and p.reconciling and dict(p.dimensions) == dims:
+                return base.model_copy(update={
+                    "request_id": p.name, "state": "PENDING", "value": float(p.quota_config.preferred_value),
+                    "message": f"an open request already exists ({p.name}); not filed again"})
+        pref_id = f"broker-{qid.lower()}-{region or 'global'}-{int(time.time())}"[:63]
+        created = api.call("create_quota_preference", qc.create_quota_preference, parent=parent,
+                           quota_preference_id=pref_id, quota_preference=cq.QuotaPreference(
+                               service=SERVICE, quota_id=qid, dimensions=dims,
+                               quota_config=cq.QuotaConfig(preferred_value=new_value), justification=reason,
+                               contact_email=email))
+    except ProviderError as e:
+        if isinstance(e, AuthError) or e.status in (401, 403):
+            raise AuthError(PROVIDER, e.call, f"not allowed to use the Cloud Quotas API ({e.status} {e.code})",
+                            hint=PERMISSION_HINT, code=e.code, status=e.status) from None
+        raise
+    trace = created.quota_config.trace_id
+    return base.model_copy(update={"request_id": created.name, "state": state_of(created),
+                                   "message": "filed" + (f"; trace id {trace} (quote it to support)" if trace
+                                                         else "")})
+
+
+def quota_request_status(api: "GCPApi", request: "QuotaRequest") -> "QuotaRequest":
+    """The request refreshed with ``get_quota_preference`` (state from :func:`state_of`)."""
+    if not request.request_id:
+        return request
+    qc = api.client("quotas")
+    try:
+        p = api.call("get_quota_preference", qc.get_quota_preference, name=request.request_id)
+    except ProviderError as e:
+        if isinstance(e, AuthError) or e.status in (401, 403):
+            raise AuthError(PROVIDER, e.call, f"not allowed to read Cloud Quotas ({e.status})", hint=PERMISSION_HINT,
+                            code=e.code, status=e.status) from None
+        raise
+    st = state_of(p)
+    cfg = p.quota_config
+    granted = int(cfg.granted_value or 0) if "granted_value" in cfg else 0  # Int64Value: a plain int
+    detail = cfg.state_detail or ""
+    return request.model_copy(update={"state": st, "message": f"{st}: granted {granted} of "
+                                                             f"{cfg.preferred_value}" + (f" ({detail})" if detail
+                                                                                         else "")})
