@@ -14,7 +14,7 @@ import pytest
 
 from broker.cli import fastplan
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plan_click_command():
