@@ -16,17 +16,22 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any, Iterator
-
-import typer
+from typing import TYPE_CHECKING, Any, Iterator
 
 from broker import __version__
 from broker.core.errors import Terminated  # SIGTERM / SIGHUP as an interrupt
 from broker.core.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
                            OutputClosed)
 
+if TYPE_CHECKING:
+    import typer
+
+# typer (~45 ms of imports) is imported where it is used: `broker plan`'s parser-free start (broker.cli.fastplan)
+# never needs it
 
 def _new_app() -> typer.Typer:
+    import typer
+
     return typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
                        no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                        rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,6 +55,8 @@ COMMAND_MODULES = [
 
 def _version(value: bool) -> None:
     if value:
+        import typer
+
         typer.echo(f"broker {__version__}")
         raise typer.Exit()
 
@@ -107,17 +114,29 @@ def reset_logging() -> None:
         sys.modules["broker.core.ui"].show_controls(False)
 
 
-def _root(
-    version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
-                                 help="print broker's version and exit"),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
-                                help="log what broker does to stderr (-v info, -vv debug)"),
-) -> None:
+def root_verbose(verbose: int) -> None:
+    """What the root option ``-v`` (``verbose``: how many) does before any command: :func:`setup_logging`, and node
+    output's control characters shown as text."""
     if verbose:
         setup_logging(verbose)
         from broker.core.ui import show_controls
 
         show_controls(True)  # node output shows its control characters as text (ESC as \x1b), never raw
+
+
+def _root_callback() -> Any:
+    """The root options (``--version``, ``-v``) as a Typer callback."""
+    import typer
+
+    def _root(
+        version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                     help="print broker's version and exit"),
+        verbose: int = typer.Option(0, "--verbose", "-v", count=True, show_default=False,
+                                    help="log what broker does to stderr (-v info, -vv debug)"),
+    ) -> None:
+        root_verbose(verbose)
+
+    return _root
 
 
 #: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every
@@ -136,7 +155,7 @@ COMMANDS = {
 def make_app(modules: list[str]) -> typer.Typer:
     """A ``broker`` Typer app with the root options and the commands of ``modules`` (``register(app)`` each)."""
     a = _new_app()
-    a.callback()(_root)
+    a.callback()(_root_callback())
     for name in modules:
         importlib.import_module(name).register(a)
     return a
@@ -176,6 +195,8 @@ def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bo
     ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads) unless ``json_object`` is False (the
     command printed its own object with the error in it); returns ``code``.  With ``--json`` the stderr lines are
     never wrapped; a closed stderr leaves ``code`` as it is."""
+    import typer
+
     if as_json and json_object:
         import json
 
@@ -296,6 +317,8 @@ _USER_OS_ERRORS = ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOENT", "EN
 
 def _usage_errors() -> tuple[type, ...]:
     """Usage-error base classes: Typer's own (Typer >= 0.20 vendors click) and click's (older Typer)."""
+    import typer
+
     out: list[type] = []
     base = getattr(typer, "TyperException", None)
     if base is not None:
@@ -419,6 +442,8 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
     args = list(sys.argv[1:] if args is None else args)
     import errno
     import sqlite3
+
+    import typer
 
     if isinstance(exc, BrokerError):
         return _report(exc.exit_code, exc.message, exc.hint, kind=type(exc).__name__, as_json=as_json)
@@ -591,6 +616,8 @@ def _help_keeps_hyphenated_words() -> None:
 def command(a: typer.Typer | None = None) -> Any:
     """The click command behind ``a`` (default: the full app; as ``app()`` builds it), with plain usage lines
     (:func:`_plain_usage`) and help that never breaks a hyphenated word (:func:`_help_keeps_hyphenated_words`)."""
+    import typer.main
+
     _help_keeps_hyphenated_words()
     cmd = typer.main.get_command(a if a is not None else __getattr__("app"))
     _plain_usage(cmd)
@@ -633,7 +660,13 @@ def main(argv: list[str] | None = None) -> None:
         from broker.core.choices import normalize_args
 
         args = normalize_args(args)  # --provider LOCAL -> local; --provider vasti: did you mean vast? (exit 2)
-        rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
+        from broker.cli import fastplan
+
+        fast = fastplan.parse(args)  # `broker plan ...` in its common forms: no Typer app to build (start-up time)
+        if fast is not None:
+            rv = fastplan.run(*fast)
+        else:
+            rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
         if code == EXIT_INTERRUPTED and _terminated is not None:  # Typer's silent 130 for SIGTERM / SIGHUP
             code = _boundary(_terminated, as_json, args)

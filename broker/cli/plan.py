@@ -13,11 +13,11 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
-
 _log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    import typer
+
     from broker.core.model import Offer, Plan, PlanOption, Requirements
 
 from broker.plan.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
@@ -178,22 +178,15 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
                 ("rented", "left", False)]
         cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-        cols += [("$/h", "right", True), ("worst", "right", True)]
-        spot = any(o.interruptible for o in plan.options)
-        if spot:  # interruptible options: their expected cost with restarts beside the worst case
-            cols += [("exp", "right", True)]
-        cols += [("max h", "right", True)]
+        cols += [("$/h", "right", True), ("worst", "right", True), ("max h", "right", True)]
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
         for col, just, nowrap in cols:
             t.add_column(col, justify=just, no_wrap=nowrap, overflow="fold")  # type: ignore[arg-type]
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            topo = o.topology.value + (" int." if o.interruptible else "")
-            row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
-                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd)]
-            if spot:
-                row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
-            row += [max_hours_text(o, req.budget_usd)]
+            row = ["[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
+                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd),
+                   max_hours_text(o, req.budget_usd)]
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
             t.add_row(*row)
@@ -201,10 +194,6 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if not wide:
             console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                           "and where each option is[/]", soft_wrap=False)
-        if spot:
-            console.print(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
-                          f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
-                          "with restarts[/]", soft_wrap=False)
     if plan.rejected:
         t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         if wide:
@@ -238,10 +227,6 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if c is not None:
         console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
                       f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
-        if c.interruptible:
-            console.print(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
-                          f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
-                          f"{req.interruptible}` in the recipe and a checkpoint_dir: to resume", soft_wrap=False)
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
@@ -293,7 +278,85 @@ def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
                            "assumptions")
 
 
-def register(app: typer.Typer) -> None:
+def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_per_node: int | None = None,
+                 gpu: "list[str] | None" = None, min_gpu_mem: float | None = None, hours: float | None = None,
+                 max_run: bool = False, topology: str | None = None, provider: "list[str] | None" = None,
+                 recipe: Path | None = None, cpu_ok: bool | None = None, cpu_only: bool = False,
+                 disk: float | None = None, top: int = 8, vast_query: str | None = None, offline: bool = False,
+                 wide: bool | None = None, as_json: bool = False, interruptible: str | None = None) -> int:
+    """``broker plan``'s body, for the Typer command and for the parser-free start of
+    :mod:`broker.cli.fastplan` alike (the parameters are the command's options, already parsed): prints the plan
+    and returns the exit code, 0 or 3 (no valid plan).  Raises :class:`broker.core.errors.BadInput` for a bad
+    value."""
+    from broker.core.errors import BadInput
+    from broker.core.limits import check_number
+
+    # the same limits as a recipe's (broker.core.limits), before anything is planned
+    for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
+                               ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours),
+                               ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
+        check_number(flag, field, value)
+    from broker.plan.planner import plan as make_plan
+    from broker.core.ui import err, print_json
+
+    if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
+        raise BadInput(f"--topology {topology!r} is not a topology",
+                       hint="simulated, multi-node, local, hybrid or any")
+    if interruptible is not None and interruptible.strip().lower() not in ("false", "true", "auto"):
+        raise BadInput(f"--interruptible {interruptible!r} is not one of false, true, auto",
+                       hint="e.g. --interruptible auto (interruptible capacity only when it is cheaper expected)")
+    if max_run and hours is not None:
+        raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
+    if max_run and budget is None and recipe is None:
+        raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
+    req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
+                        min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
+                        cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None,
+                        interruptible=interruptible.strip().lower() if interruptible is not None else None)
+    if max_run:
+        req = replace(req, hours=None)
+    if cpu_only:
+        req = replace(req, gpus_per_node=0, cpu_ok=True)
+    names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
+    facts = gather(req, names, vast_query=vast_query, offline=offline)
+    if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
+        add_free_tier(req, facts, names)
+    p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
+                  unavailable=facts.unavailable, top_k=max(top * 8, 20))
+    log_plan(p)
+    from broker.plan.explain import no_plan_hints
+
+    hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+        "no offer matched the job at all (GPU model, memory, providers): see the notes above"
+        if not p.rejected else "relax the job, raise the budget or request quota")
+    no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
+    if as_json:
+        # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
+        doc: dict[str, Any] = {"chosen": p.chosen,
+                               "next_step": next_step(p, recipe), "plan": p}
+        if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
+            doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
+                            "hint": no_plan[1], "exit_code": 3}
+        print_json(doc)
+    else:
+        render_plan(p, recipe, limit=top, wide=wide)
+    if p.chosen is None:
+        if as_json:  # the one-line message on stderr, as for other errors in JSON mode
+            from broker.cli.app import _report
+
+            _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
+        else:
+            from rich.markup import escape as esc
+
+            err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
+                      markup=True)
+        return 3
+    return 0
+
+
+def register(app: "typer.Typer") -> None:
+    import typer
+
     @app.command("plan", short_help="The cheapest valid way to run a job, and why not the others")
     def plan_cmd(
         budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
@@ -323,70 +386,12 @@ def register(app: typer.Typer) -> None:
                                           "with restarts is lower (default: the recipe's, else false)"),
     ) -> None:
         """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
-        from broker.core.errors import BadInput
-        from broker.core.limits import check_number
-
-        # the same limits as a recipe's (broker.core.limits), before anything is planned
-        for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
-                                   ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours),
-                                   ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
-            check_number(flag, field, value)
-        from broker.plan.planner import plan as make_plan
-        from broker.core.ui import err, print_json
-
-        if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
-            raise BadInput(f"--topology {topology!r} is not a topology",
-                           hint="simulated, multi-node, local, hybrid or any")
-        if interruptible is not None and interruptible.strip().lower() not in ("false", "true", "auto"):
-            raise BadInput(f"--interruptible {interruptible!r} is not one of false, true, auto",
-                           hint="e.g. --interruptible auto (interruptible capacity only when it is cheaper "
-                                "expected)")
-        if max_run and hours is not None:
-            raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
-        if max_run and budget is None and recipe is None:
-            raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
-        req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
-                            min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
-                            cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None,
-                            interruptible=interruptible.strip().lower() if interruptible is not None else None)
-        if max_run:
-            req = replace(req, hours=None)
-        if cpu_only:
-            req = replace(req, gpus_per_node=0, cpu_ok=True)
-        names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
-        facts = gather(req, names, vast_query=vast_query, offline=offline)
-        if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
-            add_free_tier(req, facts, names)
-        p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
-                      unavailable=facts.unavailable, top_k=max(top * 8, 20))
-        log_plan(p)
-        from broker.plan.explain import no_plan_hints
-
-        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
-            "no offer matched the job at all (GPU model, memory, providers): see the notes above"
-            if not p.rejected else "relax the job, raise the budget or request quota")
-        no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
-        if as_json:
-            # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
-            doc: dict[str, Any] = {"chosen": p.chosen,
-                                   "next_step": next_step(p, recipe), "plan": p}
-            if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
-                doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
-                                "hint": no_plan[1], "exit_code": 3}
-            print_json(doc)
-        else:
-            render_plan(p, recipe, limit=top, wide=wide)
-        if p.chosen is None:
-            if as_json:  # the one-line message on stderr, as for other errors in JSON mode
-                from broker.cli.app import _report
-
-                _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
-            else:
-                from rich.markup import escape as esc
-
-                err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
-                          markup=True)
-            raise typer.Exit(3)
+        code = plan_command(budget=budget, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, min_gpu_mem=min_gpu_mem,
+                            hours=hours, max_run=max_run, topology=topology, provider=provider, recipe=recipe,
+                            cpu_ok=cpu_ok, cpu_only=cpu_only, disk=disk, top=top, vast_query=vast_query,
+                            offline=offline, wide=wide, as_json=as_json, interruptible=interruptible)
+        if code:
+            raise typer.Exit(code)
 
     @app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")
     def offers_cmd(

@@ -43,7 +43,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from broker.plan import pricing
-from broker.run.hybrid import TUN_PROVIDERS, why_not_hybrid
+from broker.providers import HYBRID_CLOUD as TUN_PROVIDERS  # == broker.run.hybrid's (that module: ~15 ms)
 from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
 
 #: With ``hours`` None: options whose budget affords less job time than this are rejected.
@@ -306,6 +306,8 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
         return []
     if topo == "hybrid":
         out = []
+        from broker.run.hybrid import why_not_hybrid  # subprocess, shutil, json: not for every plan
+
         why = why_not_hybrid(o.provider)
         if why:
             out.append(("topology", why))

@@ -398,30 +398,46 @@ _UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno
 class _CopyWays:
     """What the filesystems of one copy_staged call can do, learnt on the first file of each (source device,
     destination device) pair: the first refusal switches that pair to the next way for every later file (a failed
-    ioctl per file would cost as much as the copy)."""
+    ioctl per file would cost as much as the copy).  ``dst_dev``: the destination folder's device (every copy lands
+    there: one stat, not one per file); ``umask``: the process's (None when unknown: then every file is chmod-ed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dst_dev: int = -1, umask: int | None = None) -> None:
         self.no_clone: set[tuple[int, int]] = set()
         self.no_range: set[tuple[int, int]] = set()
         self.cloned = self.ranged = self.copied = 0
+        self.dst_dev = dst_dev
+        self.umask = umask
 
 
-def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
-    """``dst`` (created 0600; never existing) gets ``src``'s bytes, its owner's permission bits and its times.
+def _umask() -> int | None:
+    """This process's umask, read without changing it (``/proc/self/status``, Linux 4.7+); None when unknown."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _copy_file(src: str, dst: str, ways: _CopyWays) -> None:
+    """``dst`` (created, never existing) gets ``src``'s bytes, its owner's permission bits and its times.
 
     In order: a reflink (``FICLONE``: the node's copy shares the blocks copy-on-write, so it costs no data copy and
     a node writing to it changes its own blocks only), then ``copy_file_range`` (an in-kernel copy), then plain
     reads and writes.  Never a hard link: a job writing to a linked file in place would change the user's own
-    source file."""
+    source file.  Six system calls for a small file (open, fstat, open, copy_file_range, utimensat, two closes;
+    a chmod only when the umask takes owner bits): the file is created with its final mode."""
     import fcntl
-    import stat
 
     sfd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         st = os.fstat(sfd)
-        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        mode = st.st_mode & 0o700  # the owner's bits: a node folder is private
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
-            pair = (st.st_dev, os.fstat(dfd).st_dev)
+            pair = (st.st_dev, ways.dst_dev)
             done = st.st_size == 0
             if not done and pair not in ways.no_clone:
                 try:
@@ -458,7 +474,8 @@ def _copy_file(src: Path, dst: Path, ways: _CopyWays) -> None:
                     while view:
                         view = view[os.write(dfd, view):]
                 ways.copied += 1
-            os.fchmod(dfd, stat.S_IMODE(st.st_mode) & 0o700)  # the owner's bits: a node folder is private
+            if ways.umask is None or mode & ways.umask:  # the umask took bits of the mode asked for at creation
+                os.fchmod(dfd, mode)
             os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(dfd)
@@ -473,20 +490,40 @@ def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
 
     A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
     (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
-    user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``."""
-    from broker.core.private import private_dirs
+    user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``.
+
+    Cost on ext4 (no reflinks; bench/staging_scale.py, docs/staging.md): the system calls of creating each file
+    dominate, so the loop does no per-file ``pathlib`` work, no stat of the copy and no chmod (the file is created
+    with its mode).  A hard link would be one system call per file but shares the inode (a rank writing into a
+    staged file in place would change the user's file); threads measured slower (the GIL and the filesystem's
+    journal serialise the creations); a bind or overlay mount of the work folder would show the files the staging
+    rules exclude (secrets, ignored files) and needs root."""
+    from broker.core.private import DIR_MODE, private_dirs
 
     if dst.exists():
         shutil.rmtree(dst)
     private_dirs(dst)  # 0700 (and the node folder above it): a copy of the user's files in the run folder
-    ways = _CopyWays()
-    made: set[Path] = {dst}
+    base = os.fspath(dst)
+    ways = _CopyWays(os.stat(base).st_dev, _umask())
+    made: set[str] = {""}
+    root = os.fspath(plan.root)
+    sources = plan.sources
     for rel in plan.files:
-        target = dst / rel
-        if target.parent not in made:  # one mkdir per folder, not one per file
-            private_dirs(target.parent)
-            made.add(target.parent)
-        _copy_file(plan.source(rel), target, ways)
+        r = rel.as_posix()
+        parent = r.rpartition("/")[0]
+        if parent not in made:  # one mkdir per folder, not one per file; parents first
+            parts = parent.split("/")
+            for k in range(1, len(parts) + 1):
+                sub = "/".join(parts[:k])
+                if sub not in made:
+                    try:
+                        os.mkdir(f"{base}/{sub}", DIR_MODE)
+                    except FileExistsError:
+                        if not os.path.isdir(f"{base}/{sub}"):
+                            raise
+                    made.add(sub)
+        src = sources.get(rel)
+        _copy_file(f"{root}/{r}" if src is None else os.fspath(src), f"{base}/{r}", ways)
     return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied}
 
 
