@@ -178,15 +178,22 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
                 ("rented", "left", False)]
         cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-        cols += [("$/h", "right", True), ("worst", "right", True), ("max h", "right", True)]
+        cols += [("$/h", "right", True), ("worst", "right", True)]
+        spot = any(o.interruptible for o in plan.options)
+        if spot:  # interruptible options: their expected cost with restarts beside the worst case
+            cols += [("exp", "right", True)]
+        cols += [("max h", "right", True)]
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
         for col, just, nowrap in cols:
             t.add_column(col, justify=just, no_wrap=nowrap, overflow="fold")  # type: ignore[arg-type]
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            row = ["[bold green]*[/]" if i == 0 else "", o.provider, o.topology.value, escape(what(o)),
-                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd),
-                   max_hours_text(o, req.budget_usd)]
+            topo = o.topology.value + (" int." if o.interruptible else "")
+            row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
+                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd)]
+            if spot:
+                row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+            row += [max_hours_text(o, req.budget_usd)]
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
             t.add_row(*row)
@@ -194,6 +201,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if not wide:
             console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                           "and where each option is[/]", soft_wrap=False)
+        if spot:
+            console.print(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
+                          f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
+                          "with restarts[/]", soft_wrap=False)
     if plan.rejected:
         t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         if wide:
@@ -227,6 +238,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if c is not None:
         console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
                       f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
+        if c.interruptible:
+            console.print(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
+                          f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
+                          f"{req.interruptible}` in the recipe and a checkpoint_dir: to resume", soft_wrap=False)
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
