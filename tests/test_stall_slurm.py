@@ -75,7 +75,10 @@ def test_a_hang_on_two_slurm_nodes_is_named_and_cancelled(cluster, tmp_path):
     assert f"[broker] {WANT}" in out, out
     assert "[broker] cause: rank(s) 1 never reached the all_reduce" in out, out
     assert "status: deadline" not in out, out
+    # one line for broker's scancel; torchrun's SignalException tracebacks only in the node logs
+    assert out.count("[slurm] cancelling job ") == 1 and "SignalException" not in out, out
     run_dir, run, resources = _run_dir(tmp_path)
+    assert "SignalException" in (run_dir / "node0.log").read_text()
     assert run.status == "failed"
     st = json.loads((run_dir / "stall.json").read_text())
     assert st["stopped"] and st["when"] == "stall"

@@ -558,7 +558,8 @@ class SlurmExecutor(Executor):
                 time_mod.sleep(poll_s)
         except KeyboardInterrupt:
             status, reason = "interrupted", f"interrupted (Ctrl-C); cancelled Slurm job {job_id}"
-        if status is not None:  # deadline, Ctrl-C or hopeless: scancel and wait for a final state
+        if status is not None:  # deadline, Ctrl-C, a stall or hopeless: scancel and wait for a final state
+            self._quiet_after_cancel(follower, job_id)
             prov.cancel(job_id, attrs=attrs)
             stop_by = time_mod.monotonic() + opts.cancel_timeout_s
             info = prov.job(job_id, attrs=attrs)
@@ -592,6 +593,20 @@ class SlurmExecutor(Executor):
         # a stalled job was cancelled by broker: no node failed by itself (the stall names every rank's place)
         return RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - self.t0, log_paths=logs,
                          reason=reason, failed_node=failed if status == "failed" and not stalled else None)
+
+    def _quiet_after_cancel(self, follower: LogFollower, job_id: str) -> None:
+        """One console line for the scancel broker is about to send; what the job prints after it (torchrun's
+        ``SignalException`` traceback on every node, ~30 lines a node, srun's ``Terminated``) goes to the logs
+        only.  The lines printed so far are shown first."""
+        if self.echo is None:
+            return
+        try:
+            follower.pump()
+        except Exception:  # noqa: BLE001 - the final pump after the cancel copies what is left
+            pass
+        self.echo(f"[slurm] cancelling job {job_id} (scancel: SIGTERM to every node, SIGKILL after the cluster's "
+                  "KillWait); what the nodes print from now on is only in their logs")
+        follower.echo = None
 
     def _stall_watch(self, follower: LogFollower, job_id: str):
         """The stall watch of a running job (None when the recipe's ``stall_s`` is 0): silence measured on the
