@@ -44,7 +44,7 @@ def cluster():
     yield from cluster_fixture()
 
 
-def _run(cluster, tmp_path: Path, on_stall: str, max_hours: float = 0.05):
+def _run(cluster, tmp_path: Path, on_stall: str, max_hours: float = 0.05, *extra: str, env_extra=None):
     d = tmp_path / "job"
     d.mkdir()
     (d / "train.py").write_text(HANG)
@@ -53,9 +53,9 @@ def _run(cluster, tmp_path: Path, on_stall: str, max_hours: float = 0.05):
                               "env: {PYTHONWARNINGS: ignore}\n")
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, **cluster.env, "BROKER_HOME": str(tmp_path / "home"), "BROKER_SLURM_PYTHON": sys.executable,
-           "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp_path / "tmp")}
+           "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp_path / "tmp"), **(env_extra or {})}
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "broker", "run", str(d / "r.yaml"), "--provider", "slurm"],
+    cp = subprocess.run([sys.executable, "-m", "broker", "run", str(d / "r.yaml"), "--provider", "slurm", *extra],
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     return cp, time.monotonic() - t0
 
@@ -104,3 +104,32 @@ def test_on_stall_report_on_slurm_names_the_hang_and_lets_the_deadline_end_it(cl
     assert run.status == "deadline"
     assert not json.loads((run_dir / "stall.json").read_text())["stopped"]
     assert "node 0 failed first" not in out and "node 1 failed first" not in out, out
+
+
+FAKE_SSH = r"""#!/bin/bash
+# stand-in for ssh to a login node: drops the options, records the command, runs it with bash in a home of its own
+while [[ $1 == -* ]]; do case $1 in -o|-p|-i|-F|-l) shift 2;; *) shift;; esac; done
+shift
+echo "$*" >> "$FAKE_SSH_LOG"
+export HOME="$FAKE_SSH_HOME"
+cd "$HOME"
+exec bash -c "$*"
+"""
+
+
+def test_a_hang_through_an_ssh_login_node_is_named_too(cluster, tmp_path):
+    """--slurm-host: the stack step goes through `ssh <login> 'srun --jobid=J --overlap ...'` like every other
+    Slurm command."""
+    bin_dir, home = tmp_path / "bin", tmp_path / "login-home"
+    bin_dir.mkdir()
+    home.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    cp, _ = _run(cluster, tmp_path, "stop", 0.05, "--slurm-host", "alice@login1",
+                 env_extra={"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SSH_LOG": str(tmp_path / "ssh.log"),
+                            "FAKE_SSH_HOME": str(home)})
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 1, f"{out}\n{cluster.logs()}"
+    assert f"[broker] {WANT}" in out and "failed first" not in out, out
+    calls = (tmp_path / "ssh.log").read_text().splitlines()
+    assert any(c.startswith("srun --jobid=") and " --overlap " in c and "--dump-stacks" in c for c in calls), calls
