@@ -1,5 +1,5 @@
 """Stall detection on the Slurm executor (broker/slurm/executor.py): a real two-node Slurm 22.05 cluster
-(tests/slurm_cluster.py), a gloo job where rank 0 waits in all_reduce and rank 1 sleeps.  The stacks are read on
+(tests/support/slurm_cluster.py), a gloo job where rank 0 waits in all_reduce and rank 1 sleeps.  The stacks are read on
 every node by an overlapping ``srun`` step (``rankshim.py --dump-stacks``); the job is named with both ranks'
 places and cancelled long before its deadline.  Skipped with the reason when not root or slurm-wlm/munge are
 missing."""
@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from slurm_cluster import cluster_fixture
-except ImportError:  # tests/ imported as a package
-    from tests.slurm_cluster import cluster_fixture
+from tests.support.slurm_cluster import cluster_fixture
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
