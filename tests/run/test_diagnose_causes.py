@@ -180,9 +180,9 @@ def test_gloo_timeout_names_the_rank_that_never_arrived_from_the_collective_coun
 
 # ------------------------------------------------------------------------------------------------ the catalogue's notes
 def _lint_kinds() -> set[str]:
-    from broker.lint import ddp, rules, shell
+    from broker.lint import ddp, kinds, shell
 
-    return set(rules.KINDS) | set(ddp.KINDS) | set(ddp.CPU_FIXES) | set(shell.FIXES)
+    return set(kinds.KINDS) | set(ddp.KINDS) | set(ddp.CPU_FIXES) | set(shell.FIXES)
 
 
 def _preflight_checks() -> set[str]:
