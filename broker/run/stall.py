@@ -308,6 +308,11 @@ _SAME_ORDER = ("every rank must call the same collectives in the same order: loo
                "rank such as uneven batches), or a rank that is only slow (then raise stall_s)")
 
 
+#: the names :func:`_op_name` gives the collectives of a DDP training step (forward's buffer broadcast, backward's
+#: gradient all-reduce)
+_IN_STEP = ("backward()", "the DDP model's forward")
+
+
 def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
     """Name the stall from every rank's place (:func:`places_from_sample`)."""
     live = [p for p in places if not p.ended]
@@ -336,7 +341,20 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
     elif waiting:
         where = {(p.collective, p.user) for p in waiting}
         lines.append("; ".join(p.describe() for p in waiting))
-        if len(where) > 1:
+        in_step = [p for p in waiting if p.collective.startswith(_IN_STEP)]
+        past = [p for p in waiting if not p.collective.startswith(_IN_STEP)]
+        if len(where) > 1 and in_step and past:
+            # a training step's DDP collective on some ranks, a later collective on the others: the others left the
+            # loop first (the classic "hangs at the last step" of uneven data per rank)
+            a = ", ".join(str(p.rank) for p in past)
+            b = ", ".join(str(p.rank) for p in in_step)
+            cause = (f"rank(s) {a} left the training loop (waiting in {past[0].collective.split(' (')[0]} at "
+                     f"{past[0].at()}) while rank(s) {b} still run a step ({in_step[0].collective.split(' (')[0]} "
+                     f"at {in_step[0].at()}): the ranks got different numbers of batches (uneven data per rank)")
+            fix = ("give every rank the same number of batches: a DistributedSampler over the whole dataset "
+                   "(drop_last=True where the length does not divide), or wrap the loop in `with model.join():` "
+                   "(DDP's support for uneven inputs)")
+        elif len(where) > 1:
             cause = "the ranks wait in different collectives (or at different lines): they call them in a different order"
             fix = _SAME_ORDER
         elif waiting[0].collective == "init_process_group":

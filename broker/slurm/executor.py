@@ -271,6 +271,8 @@ class LogFollower:
         self.shell = shell
         self.echo = echo
         self.files: list[dict] = []
+        #: called whenever a followed file grew (the stall watch's last-output time)
+        self.on_data: Callable[[], None] | None = None
 
     def add(self, label: str, remote: str, local: Path) -> None:
         local.write_text("")
@@ -282,6 +284,8 @@ class LogFollower:
             if not data and not (final and f["partial"]):
                 continue
             f["offset"] += len(data)
+            if data and self.on_data is not None:
+                self.on_data()
             buf = f["partial"] + data
             lines = buf.split(b"\n")
             f["partial"] = lines.pop()
@@ -337,6 +341,53 @@ def node_exit_codes(batch_log: str, nnodes: int, job_ok: bool) -> tuple[dict[int
     if failed is None and signalled:
         failed = signalled[0]
     return codes, failed
+
+
+def stack_step_argv(job_id: str, nnodes: int, python: str, shim: str, facts_dir: str) -> list[str]:
+    """The ``srun`` step that prints the stacks of the ranks of every node of job ``job_id``: one
+    ``rankshim.py --dump-stacks`` per node, each printing one JSON line (:func:`broker.run.rankshim.dump_stacks`).
+
+    ``--overlap``: the step shares the CPUs, memory and GPUs of the training step (without it, it would wait
+    for them, i.e. for ever); ``--ntasks-per-node=1``: one reader per node, which signals only the ranks of its own
+    host (the facts folder is shared by every node; a pid means something only on its own host)."""
+    return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nnodes}", "--ntasks-per-node=1", "--quiet",
+            "--kill-on-bad-exit=0", python, shim, "--dump-stacks", facts_dir]
+
+
+def parse_stack_answers(text: str) -> dict[str, dict]:
+    """The JSON lines of every node's ``--dump-stacks`` answer merged into ``{rank: entry}`` (other lines, srun's
+    own, are skipped)."""
+    import json
+
+    out: dict[str, dict] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            out.update({str(k): v for k, v in d.items() if isinstance(v, dict)})
+    return out
+
+
+def slurm_sampler(sh, job_id: str, nnodes: int, python: str, shim: str, facts_dir: str,
+                  before: Callable[[], None] | None = None, timeout_s: float = 40.0):
+    """A :data:`broker.run.stall.Sampler` for a running Slurm job: :func:`stack_step_argv` through the provider's
+    shell (here or over ssh to the login node).  ``before`` runs first (the log follower's pump: output that came
+    in the meantime counts as progress).  A step that fails or times out gives no stacks (an empty sample)."""
+
+    def sample() -> dict[str, dict]:
+        if before is not None:
+            before()
+        cp = sh.run(stack_step_argv(job_id, nnodes, python, shim, facts_dir), call="srun --dump-stacks",
+                    timeout=timeout_s)
+        out = cp.stdout.decode("utf-8", "replace") if isinstance(cp.stdout, bytes) else str(cp.stdout or "")
+        return parse_stack_answers(out)
+
+    return sample
 
 
 @dataclass
@@ -452,6 +503,8 @@ class SlurmExecutor(Executor):
             follower.add(f"node {i}", node_log_path(self.log_dir, name, job_id, i), logs[i])
 
         deadline_s = recipe.max_hours * 3600
+        watch = self._stall_watch(follower, job_id)
+        stalled = False
         status, reason = None, ""
         info = None
         last_state = ""
@@ -480,6 +533,8 @@ class SlurmExecutor(Executor):
                     info = fresh
                     if info.state != last_state:
                         last_state = info.state
+                        if watch is not None and info.state == "RUNNING":
+                            watch.last_output = watch.clock()  # silence counts from the start, not from sbatch
                         ledger.event(run.id, "cli", "job_state", f"{job_id} {info.state} {info.reason}".strip(),
                                      resource_id=res_id)
                         if echo and info.state in ("PENDING", "RUNNING"):
@@ -494,11 +549,17 @@ class SlurmExecutor(Executor):
                         break
                 if now - self.t0 > deadline_s:
                     status, reason = "deadline", f"deadline of {deadline_s:.0f} s reached; cancelled Slurm job {job_id}"
+                    if watch is not None and last_state == "RUNNING":
+                        watch.at_deadline()  # where every rank was: a deadline report is never empty
+                    break
+                if watch is not None and last_state == "RUNNING" and watch.check():
+                    status, reason, stalled = "failed", f"{watch.reason}; cancelled Slurm job {job_id}", True
                     break
                 time_mod.sleep(poll_s)
         except KeyboardInterrupt:
             status, reason = "interrupted", f"interrupted (Ctrl-C); cancelled Slurm job {job_id}"
-        if status is not None:  # deadline, Ctrl-C or hopeless: scancel and wait for a final state
+        if status is not None:  # deadline, Ctrl-C, a stall or hopeless: scancel and wait for a final state
+            self._quiet_after_cancel(follower, job_id)
             prov.cancel(job_id, attrs=attrs)
             stop_by = time_mod.monotonic() + opts.cancel_timeout_s
             info = prov.job(job_id, attrs=attrs)
@@ -529,8 +590,42 @@ class SlurmExecutor(Executor):
                 reason = (f"{detail}{host}; Slurm job {job_id} {info.state}{why}, ExitCode "
                           f"{info.exit_code}:{info.signal or 0}")
         codes = {k: v for k, v in codes.items() if v is not None}  # nodes whose exit Slurm did not report
+        # a stalled job was cancelled by broker: no node failed by itself (the stall names every rank's place)
         return RunResult(status=status, exit_codes=codes, wall_s=time_mod.monotonic() - self.t0, log_paths=logs,
-                         reason=reason, failed_node=failed if status == "failed" else None)
+                         reason=reason, failed_node=failed if status == "failed" and not stalled else None)
+
+    def _quiet_after_cancel(self, follower: LogFollower, job_id: str) -> None:
+        """One console line for the scancel broker is about to send; what the job prints after it (torchrun's
+        ``SignalException`` traceback on every node, ~30 lines a node, srun's ``Terminated``) goes to the logs
+        only.  The lines printed so far are shown first."""
+        if self.echo is None:
+            return
+        try:
+            follower.pump()
+        except Exception:  # noqa: BLE001 - the final pump after the cancel copies what is left
+            pass
+        self.echo(f"[slurm] cancelling job {job_id} (scancel: SIGTERM to every node, SIGKILL after the cluster's "
+                  "KillWait); what the nodes print from now on is only in their logs")
+        follower.echo = None
+
+    def _stall_watch(self, follower: LogFollower, job_id: str):
+        """The stall watch of a running job (None when the recipe's ``stall_s`` is 0): silence measured on the
+        followed logs, stacks read on every node by an overlapping ``srun`` step (:func:`slurm_sampler`)."""
+        recipe = self.recipe
+        if not recipe.stall_s:
+            return None
+        from broker.run.stall import StallWatch
+
+        watch = StallWatch(recipe.stall_s, slurm_sampler(self.sh, job_id, recipe.nodes, self.opts.python,
+                                                         self.shim_path, self.facts_dir, before=follower.pump),
+                           on_stall=recipe.on_stall, run_dir=self.run_dir, echo=self.echo,
+                           world_size=recipe.world_size)
+
+        def stamp() -> None:
+            watch.last_output = watch.clock()
+
+        follower.on_data = stamp
+        return watch
 
     def collects(self) -> bool:
         return bool(self.recipe.artifacts)

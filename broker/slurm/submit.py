@@ -369,12 +369,24 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     out.log_paths = logs
     streams: list[_Stream] = []
 
+    quiet = []  # set once broker cancels the job: what it prints after (torchrun's SignalException) is log only
+
     def on_line(tag: str):
         def f(line: str) -> None:
             shown = route_line(line, logs, per_node, tag)
-            if echo and not is_stream_noise(shown):
+            if echo and not quiet and not is_stream_noise(shown):
                 echo(shown)
         return f
+
+    def cancelling() -> None:
+        for s in streams:
+            try:
+                s.pump()
+            except ProviderError:
+                pass
+        say(f"cancelling job {job_id} (scancel: SIGTERM to every node, SIGKILL after the cluster's KillWait); what "
+            "the nodes print from now on is only in their logs")
+        quiet.append(True)
 
     last, info, status, reason = "", None, None, ""
     errors = 0
@@ -416,11 +428,13 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
         if info.hopeless:
             reason = f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); cancelled it"
             status = "failed"
+            cancelling()
             info = _cancel(prov, job_id, attrs)
             break
         if deadline is not None and utcnow() >= deadline:
             reason = f"the cluster's deadline ({deadline.isoformat()}) was reached; cancelled Slurm job {job_id}"
             status = "deadline"
+            cancelling()
             info = _cancel(prov, job_id, attrs)
             break
         time.sleep(poll_s)

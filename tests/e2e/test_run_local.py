@@ -113,6 +113,9 @@ def test_ctrl_c_stops_every_node(cli_env, tmp_path):
     rest, _ = p.communicate(timeout=60)
     assert p.returncode == 130, rest[-2000:]
     assert "status: interrupted" in rest
+    # one line for the SIGTERM broker sent; torchrun's SignalException tracebacks are in the node logs only
+    assert rest.count("[broker] stopping node(s) ") == 1 and "SignalException" not in rest, rest[-3000:]
+    assert "failed first" not in rest, rest[-3000:]
     run = Ledger().list_runs(limit=1)[0]
     assert run.status == "interrupted"
     # no process of this run is left: torchrun agents and workers ran with cwd inside the run directory

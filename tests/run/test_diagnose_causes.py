@@ -176,3 +176,55 @@ def test_gloo_timeout_names_the_rank_that_never_arrived_from_the_collective_coun
     d = diagnose("gloo_timeout")
     assert d.behind == [1]
     assert "never arrived at the collective the others waited in: rank(s) 1" in text(d)
+
+
+# ------------------------------------------------------------------------------------------------ the catalogue's notes
+def _lint_kinds() -> set[str]:
+    from broker.lint import ddp, kinds, shell
+
+    return set(kinds.KINDS) | set(ddp.KINDS) | set(ddp.CPU_FIXES) | set(shell.FIXES)
+
+
+def _preflight_checks() -> set[str]:
+    import re as _re
+
+    import broker.run.preflight as pf
+
+    return set(_re.findall(r'Check\("([a-z][a-z ]*)"', Path(pf.__file__).read_text()))
+
+
+def test_every_caught_by_note_names_a_rule_or_check_that_exists():
+    """The "would have been caught by" notes are not stale: every lint rule and preflight check they name is
+    one broker has, and no entry says "no lint rule yet"."""
+    import re as _re
+
+    from broker.run.diagnose import catalogue
+
+    kinds, checks = _lint_kinds(), _preflight_checks()
+    assert {"hard-coded-world-size", "cuda-without-check", "sbatch-python-not-srun"} <= kinds
+    assert {"torch", "tcp listen", "interface", "disk", "cuda"} <= checks
+    named = 0
+    for e in catalogue():
+        note = e.caught_by
+        assert "yet" not in note, (e.id, note)
+        for m in _re.finditer(r"lint rules? ([\w-]+(?:(?:, | and )[\w-]+)*)", note):
+            for rule in _re.split(r", | and ", m.group(1)):
+                assert rule in kinds, f"{e.id}: caught_by names lint rule {rule!r}, which broker lint does not have"
+                named += 1
+        for m in _re.finditer(r"preflight check ([a-z]+(?: listen)?)", note):
+            assert m.group(1) in checks, f"{e.id}: caught_by names preflight check {m.group(1)!r}, which is not one"
+            named += 1
+    assert named >= 12
+
+
+@pytest.mark.parametrize("entry, rule", [
+    ("world-size-mismatch", "hard-coded-world-size"), ("init-method-localhost", "init-method-localhost"),
+    ("master-env-overwritten", "master-env-in-script"), ("cuda-on-cpu-run", "cuda-without-check"),
+    ("duplicate-rank", "slurm-env-under-torchrun"), ("invalid-device-ordinal", "device-from-rank"),
+    ("collective-timeout", "collective-under-rank0"),
+])
+def test_a_cause_a_lint_rule_finds_says_which(entry, rule):
+    from broker.run.diagnose import catalogue
+
+    (e,) = [x for x in catalogue() if x.id == entry]
+    assert rule in e.caught_by and not e.caught_by.startswith("none"), e.caught_by

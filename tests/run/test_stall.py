@@ -70,7 +70,7 @@ def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path):
     from broker.run.launch import run_local
 
     lines: list[str] = []
-    res = run_local(_hang_spec(4, "report", 35), tmp_path / "run", echo=lines.append)
+    res = run_local(_hang_spec(4, "report", 60), tmp_path / "run", echo=lines.append)  # 60 s: start-up is slow on a loaded host
     assert res.status == "deadline", res.reason
     assert any("on_stall: report -> the run goes on" in ln for ln in lines), lines
     st = json.loads((tmp_path / "run" / "stall.json").read_text())
@@ -91,6 +91,32 @@ def test_rank0_only_evaluation_through_the_ddp_model_is_named(tmp_path):
     assert res.status == "failed", res.reason
     assert "rank 0 waits in the DDP model's forward (it broadcasts buffers such as BatchNorm's from rank 0)" \
         in res.reason and "rank 1 never called the DDP model's forward: it is in time.sleep" in res.reason
+
+
+def test_uneven_batches_per_rank_hang_at_the_last_step_is_named(tmp_path):
+    """Rank 0 has 3 batches, rank 1 has 2 (no DistributedSampler): rank 1 leaves the loop and waits in the
+    barrier after it while rank 0's third backward() waits for a gradient all-reduce no one joins.  Named as uneven
+    data per rank, with both places and DDP's join() / a DistributedSampler as the fix."""
+    pytest.importorskip("torch")
+    from broker.run.launch import run_local
+
+    res = run_local(_hang_spec(5, "stop", 120, "uneven"), tmp_path / "run", echo=None)
+    step = _line_in("uneven", "model(x).sum().backward()  # DDP all-reduces the gradients here: rank 0's third "
+                              "one has no partner")
+    after = _line_in("uneven", 'dist.barrier()  # "wait for everyone before saving"')
+    assert res.status == "failed", res.reason
+    assert (f"rank 0 waits in backward() (under DDP it all-reduces the gradients) at fault.py:{step}; "
+            f"rank 1 waits in barrier at fault.py:{after}") in res.reason, res.reason
+    st = json.loads((tmp_path / "run" / "stall.json").read_text())
+    assert st["cause"].startswith(f"rank(s) 1 left the training loop (waiting in barrier at fault.py:{after}) "
+                                  f"while rank(s) 0 still run a step"), st["cause"]
+    assert "different numbers of batches" in st["cause"] and "model.join()" in st["fix"]
+
+
+def _line_in(mode: str, code: str) -> int:
+    lines = FAULT.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if f'mode == "{mode}"' in ln)
+    return next(i + 1 for i in range(start, len(lines)) if lines[i].strip() == code)
 
 
 def test_a_rank_that_computes_silently_is_slow_not_stalled(tmp_path):
@@ -185,6 +211,11 @@ def _entry(rank, collective=None, line=33, code="time.sleep(600)", ended=False, 
      "rank 0 waits in all_reduce at train.py:40; rank 1 has already ended (exited with code 0)", "ended while"),
     ({"0": _entry(0, None, 20, "x = heavy(batch)"), "1": _entry(1, None, 20, "x = heavy(batch)")},
      "rank 0 is in heavy at train.py:20; rank 1 is in heavy at train.py:20", "no rank is inside a collective"),
+    ({"0": {**_entry(0, None, 30, "loss.backward()"), "text": "Current thread 0x1 (most recent call first):\n"
+            '  File "/v/site-packages/torch/autograd/__init__.py", line 1 in backward\n'
+            '  File "train.py", line 30 in <module>\n'}, "1": _entry(1, "barrier", 35, "dist.barrier()")},
+     "rank 0 waits in backward() (under DDP it all-reduces the gradients) at train.py:30; rank 1 waits in barrier "
+     "at train.py:35", "rank(s) 1 left the training loop"),
     ({"0": _entry(0, "init_process_group", 9), "1": _entry(1, "init_process_group", 9)},
      "rank 0 waits in init_process_group at train.py:9", "world_size or rank given to init_process_group"),
 ])

@@ -129,6 +129,8 @@ def test_deadline_cancels_the_job(cluster, tmp_path):
     out = cp.stdout + cp.stderr
     assert cp.returncode == 1, out
     assert "status: deadline" in out and "cancelled Slurm job" in out
+    assert out.count("[slurm] cancelling job ") == 1 and "SignalException" not in out, out
+    assert "failed first" not in out, out  # broker cancelled the job: no node is blamed for its end
     run, resources = ledger_rows(tmp_path)
     assert run.status == "deadline"
     assert resources[0].attrs["final_state"] == "CANCELLED" and resources[0].state == "terminated"
@@ -226,8 +228,11 @@ def test_ctrl_c_cancels_the_job(cluster, tmp_path):
     out = "".join(lines) + rest
     assert proc.returncode == 130, out
     assert "status: interrupted" in out
+    # one line for the scancel broker sent; torchrun's SignalException tracebacks go to the node logs only
+    assert out.count("[slurm] cancelling job ") == 1 and "SignalException" not in out, out
     run, resources = ledger_rows(tmp_path)
     assert run.status == "interrupted" and resources[0].attrs["final_state"] == "CANCELLED"
+    assert "failed first" not in out, out
     assert cluster.client("squeue", "-h").stdout.strip() == ""
 
 

@@ -114,3 +114,55 @@ def test_reconcile_asks_the_clusters_controller_and_a_down_cluster_holds_no_job(
     cp = broker(home, "reconcile")  # the cluster is gone, and with it its jobs
     assert cp.returncode == 0, (cp.stdout[-2000:], cp.stderr[-2000:])
     _no_local_squeue(cp)
+
+
+def test_a_job_broker_cancels_shows_one_line_and_keeps_torchruns_tracebacks_in_the_logs(tmp_path):
+    """The cluster's deadline: broker scancels the job; the console gets one line for it, and the SignalException
+    tracebacks torchrun prints for the SIGTERM are in the copied logs only (never ~30 lines a node on screen)."""
+    import datetime
+    import subprocess as sp
+    from types import SimpleNamespace
+
+    from broker.core.model import utcnow
+    from broker.providers.slurm import JobInfo
+    from broker.slurm.submit import Outcome, _follow
+
+    (tmp_path / "cluster").mkdir()
+    out_file = tmp_path / "cluster" / "slurm-7.out"
+    out_file.write_text("0: epoch 0 loss 1.0\n1: epoch 0 loss 1.1\n")
+    trace = ("0: Traceback (most recent call last):\n0:   File \"run.py\", line 86, in _terminate_process_handler\n"
+             "0: torch.distributed.elastic.multiprocessing.api.SignalException: Process 9 got signal: 15\n")
+
+    class Sh:
+        def run(self, argv, **kw):
+            return sp.CompletedProcess(argv, 0, stdout=f"JobId=7 JobName=j StdOut={out_file} StdErr={out_file} "
+                                                       "BatchHost=node0 UserId=root(0)".encode(), stderr=b"")
+
+        def read_from(self, path, offset):
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+
+    class Prov:
+        cancelled = False
+
+        def job(self, job_id, attrs=None):
+            return JobInfo(job_id, "CANCELLED" if self.cancelled else "RUNNING")
+
+        def cancel(self, job_id, attrs=None):
+            self.cancelled = True
+            with open(out_file, "a") as f:
+                f.write(trace)
+
+    shown, said = [], []
+    ledger = SimpleNamespace(event=lambda *a, **k: None)
+    run = SimpleNamespace(id="r1")
+    out = Outcome("r1", "7", "RUNNING", None, None, "failed")
+    status, reason, info, out = _follow(Prov(), Sh(), {}, "7", run, utcnow() - datetime.timedelta(seconds=1), {},
+                                        "j", 1, 2, tmp_path, out, echo=shown.append, say=said.append, poll_s=0.01,
+                                        ledger=ledger, res_id=None)
+    assert status == "deadline" and info.state == "CANCELLED"
+    assert "[node 0] epoch 0 loss 1.0" in shown and "[node 1] epoch 0 loss 1.1" in shown
+    assert not any("SignalException" in s or "Traceback" in s for s in shown), shown
+    assert sum(s.startswith("cancelling job 7 (scancel") for s in said) == 1, said
+    assert "SignalException" in (tmp_path / "node0.log").read_text()

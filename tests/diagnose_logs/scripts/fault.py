@@ -183,6 +183,17 @@ elif mode == "busy":  # rank 1 computes for a while without printing (slow, not 
     while rank == 1 and time.time() < end: sum(range(10000))  # noqa: E701 - one line: the same stack each sample
     dist.all_reduce(t)
     print("sum", t.item(), flush=True)
+elif mode == "uneven":  # each rank gets its own share of 10 samples without a DistributedSampler: 6 and 4
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", timeout=timeout)
+    model = DDP(torch.nn.Linear(4, 1))
+    mine = torch.randn(6 if rank == 0 else 4, 4)  # uneven: rank 0 has 3 batches of 2, rank 1 has 2
+    print(f"rank {rank}: {len(mine) // 2} batches", flush=True)
+    for x in mine.split(2):
+        model(x).sum().backward()  # DDP all-reduces the gradients here: rank 0's third one has no partner
+    dist.barrier()  # "wait for everyone before saving"
+    print(f"rank {rank} done", flush=True)
 elif mode == "ok":
     dist.init_process_group("gloo", timeout=timeout)
     dist.barrier()
