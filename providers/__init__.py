@@ -31,25 +31,26 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "vast": ("broker.providers.vast:VastProvider",
              dict(topologies=("simulated",), rents=True, planned_by_default=True,
                   node_switch="self-destroy via the Vast API at deadline + grace", ssh_ready_timeout_s=180.0,
-                  credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv")),
+                  credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv",
+                  stoppable=True)),
     "oci": ("broker.providers.oci:OCIProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="AD",
                  node_switch="self-terminate with an instance principal at deadline + grace",
                  node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
-                 snapshot="oci.csv", ingress_rule_format="IngressSecurityRule")),
+                 snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", stoppable=True)),
     "aws": ("broker.providers.aws:AWSProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="vcpus", quota_scope="region",
                  node_switch="scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate",
                  ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
-                 live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions")),
+                 live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions", stoppable=True)),
     "netns": ("broker.providers.netns:NetnsProvider", dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0)),
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
     "fake": ("broker.providers.fake:FakeProvider",
              dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
-                  create_settle_s=0.0, local_exec=True)),
+                  create_settle_s=0.0, local_exec=True, stoppable=True)),
 }
 
 #: name -> "module:Class"
@@ -116,6 +117,8 @@ QUOTA: tuple[str, ...] = names_where(lambda c: c.quota)
 HYBRID_CLOUD: tuple[str, ...] = names_where(lambda c: c.rents and not c.pretend and "hybrid" in c.topologies)
 #: Providers with a shipped price snapshot.
 SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
+#: Providers that can stop an instance keeping its disk (``broker stop`` / ``broker start``).
+STOPPABLE: tuple[str, ...] = names_where(lambda c: c.stoppable)
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
 

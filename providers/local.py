@@ -90,6 +90,7 @@ class LocalProvider(Provider):
     snapshot = None
     local_exec = True  # the nodes are processes on this machine
     ingress_rule_format = None
+    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus

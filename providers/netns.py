@@ -526,6 +526,7 @@ class NetnsProvider(Provider):
     snapshot = None
     local_exec = False  # the nodes are reached over SSH inside their namespaces
     ingress_rule_format = None
+    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

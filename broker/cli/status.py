@@ -188,6 +188,8 @@ def _fit_name_where(width: int, fixed: int, name_w: int, where_w: int) -> tuple[
 
 def _shown_state(r: dict[str, Any]) -> str:
     """The ledger state, or what the provider last showed when that is worse (a node stopped mid-job)."""
+    if r["state"] == "stopped":  # `broker stop`: on purpose, its disk billing
+        return "stopped (disk)"
     seen = (r.get("attrs") or {}).get("provider_state")
     return str(seen) if seen in ("stopped", "failed") and r["state"] == "running" else r["state"]
 
@@ -275,8 +277,10 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
 
 
 def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
-    """One full line per resource that needs attention (failed terminate, unknown create, orphan)."""
+    """One full line per resource that needs attention (failed terminate, unknown create, orphan, stopped)."""
     from rich.markup import escape
+
+    from broker.core.ui import usd
 
     out = []
     for r in rows:
@@ -287,6 +291,12 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
                        f"{r['run_id']}` or `broker reconcile` resolves it")
         elif r.get("error"):
             out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+        if r["state"] == "stopped":
+            c = r.get("cost") or {}
+            dl = f" until {str(c.get('deadline'))[:16]}Z" if c.get("deadline") else ""
+            out.append(f"{escape(what)} of run {r['run_id']}: stopped, billing {usd(c.get('usd_per_hour') or 0.0)}"
+                       f"/h for its disk{dl}; `broker start {r['run_id']}` resumes it, `broker down "
+                       f"{r['run_id']}` deletes it")
         if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
             out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
     return out

@@ -65,6 +65,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     snapshot = "vast.csv"
     local_exec = False
     ingress_rule_format = None
+    stoppable = True  # PUT /instances/{id}/ {"state": "stopped"|"running"}; storage bills while stopped
 
     @classmethod
     def query_snapshot(cls, offers: list, query: str) -> list:
