@@ -589,6 +589,6 @@ def test_an_unknown_fault_gets_a_did_you_mean(tmp_path, capsys, broker_home):
     assert code == 2 and "unknown fault 'firewal'" in err and "did you mean --inject firewall?" in err, err
 
 
-def test_stop_is_never_pointed_at_down(capsys, broker_home):
+def test_stop_of_an_unknown_run_says_so(capsys, broker_home):
     code, out, err = _main(["stop", "r-1"], capsys)
-    assert code == 2 and "broker down" not in err and "no such command 'stop'" in err.lower(), err
+    assert code == 2 and "no run 'r-1'" in err and "broker status" in err, err

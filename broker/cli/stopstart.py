@@ -54,6 +54,21 @@ def _wait_state(p: Any, res: Any, want: str, timeout_s: float, poll_s: float) ->
         time.sleep(poll_s)
 
 
+def _retrying(call: Any, timeout_s: float, poll_s: float) -> None:
+    """``call()``, again on TransientError (e.g. OCI's 409 IncorrectState while a stop is still settling: AWS and
+    OCI report ``stopping`` as stopped) until ``timeout_s`` seconds have passed; then the error stands."""
+    from broker.core.provider import TransientError
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            return call()
+        except TransientError:
+            if time.monotonic() - t0 >= timeout_s:
+                raise
+            time.sleep(max(poll_s, 0.05))
+
+
 def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float = 600.0, poll_s: float = 2.0,
              providers: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Stop every running machine of ``run_id`` (ledger-first, see the module docstring); returns one dict per
@@ -147,7 +162,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
                            attrs={"restarted_at": at.isoformat()},
                            message=f"start requested; {what} bills ${res.usd_per_hour:.4g}/h again until "
                                    f"{deadline:%Y-%m-%d %H:%MZ}")
-        p.start(res.provider_id, region=res.region)
+        _retrying(lambda: p.start(res.provider_id, region=res.region), timeout_s, poll_s)
         info = _wait_state(p, res, "running", timeout_s, poll_s)
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
                "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
@@ -231,11 +246,13 @@ def register(app: typer.Typer) -> None:
         from broker.core.ui import console, print_json
         from broker.money.ledger import Ledger
 
-        check_number("--hours", "hours", hours)
+        check_number("--hours", "max_hours", hours)
         ledger = Ledger()
         run = ledger.find_run(run_id)
         rows = stop_run(ledger, run.id, hours=hours, timeout_s=timeout)
-        if not no_watchdog:
+        from broker.core.config import settings
+
+        if not no_watchdog and settings().broker_watchdog_autostart:  # the stopped disks' deadline needs it
             from broker.money.watchdog import start_detached
 
             start_detached()
@@ -276,7 +293,7 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
 
         if hours is not None:
-            check_number("--hours", "hours", hours)
+            check_number("--hours", "max_hours", hours)
         ledger = Ledger()
         run = ledger.find_run(run_id)
         rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout)
