@@ -28,7 +28,7 @@ _CANNOT = {"local": "its nodes are processes on this machine", "netns": "its nod
 
 def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
     from broker.core.provider import BadInput
-    from broker.providers import STOPPABLE, capability
+    from broker.providers import PRETEND, STOPPABLE, capability
 
     rows = [r for r in ledger.resources(run.id, live_only=True) if r.kind in ("instance", "netns_node")]
     if not rows:
@@ -38,7 +38,7 @@ def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]
     if cannot:
         why = "; ".join(f"{p}: {_CANNOT.get(p, 'it has no stopped state that keeps a disk')}" for p in cannot)
         raise BadInput(f"the machines of run {run.id} cannot be stopped keeping their disks ({why})",
-                       hint=f"`broker down {run.id}` ends them; machines on {', '.join(p for p in STOPPABLE if p != 'fake')} "
+                       hint=f"`broker down {run.id}` ends them; machines on {', '.join(p for p in STOPPABLE if p not in PRETEND)} "
                             "can be stopped and started")
     picked = [r for r in rows if r.state in states and r.provider_id]
     return picked
