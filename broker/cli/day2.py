@@ -414,8 +414,19 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
         from broker.core.provider import BadInput
 
+        from broker.cli import starting
+
         ledger = Ledger()
-        run = find_run_or_latest(ledger, run_id)
+        pend = starting.find(ledger, run_id)
+        if pend is not None:  # `broker run -d` whose background process has not written its row yet
+            if not pend["alive"]:
+                raise starting.not_started(pend)
+            if not follow:
+                raise BadInput(f"run {pend['run_id']} is still starting in the background (pid {pend['pid']}): no "
+                               "log yet", hint=f"`broker logs -f {pend['run_id']}` waits for it")
+            run = starting.wait_for_row(ledger, pend)
+        else:
+            run = find_run_or_latest(ledger, run_id)
         nodes = int((run.recipe or {}).get("nodes") or 1)
         if not 0 <= node < max(nodes, 1):
             raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")

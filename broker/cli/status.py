@@ -16,6 +16,7 @@ active whose CLI process is dead on this machine is marked ``interrupted`` (as t
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import typer
@@ -355,8 +356,24 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
 
         ledger = Ledger()
+        from broker.cli import starting
+
+        pend = starting.find(ledger, run_id) if run_id else None
+        if pend is not None:  # `broker run -d` whose background process has not written its row (yet)
+            if as_json:
+                from broker.core.ui import print_json
+
+                print_json({"starting": pend})
+            elif pend["alive"]:
+                sys.stdout.write(starting.describe(pend) + "\n")
+            if not pend["alive"]:
+                raise starting.not_started(pend)
+            return
+        pending = [] if run_id else starting.pending(ledger)
         if not run_id and not as_json:
             data = status_data(ledger, limit=limit, refresh=not no_refresh)
+            for d in pending:
+                sys.stdout.write(starting.describe(d) + "\n")
             if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
                     and not data["watchdog"]["pid"]:
                 _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
@@ -412,7 +429,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             from broker.core.ui import print_json
 
-            print_json(status_data(ledger, limit=limit, refresh=not no_refresh))
+            print_json({**status_data(ledger, limit=limit, refresh=not no_refresh), "starting": pending})
             return
         if wide:
             t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,

@@ -226,11 +226,18 @@ class Ledger:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._migrate()
-        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        # written only when missing: an INSERT OR IGNORE takes the write lock even when it inserts nothing, and a
+        # reader (`broker status` beside a run that holds the lock) must not wait for a writer to open the file
+        have = {r[0] for r in self._db.execute("SELECT key FROM meta WHERE key IN ('schema_version', "
+                                               "'installation_id')")}
+        if "schema_version" not in have:
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
         # this installation's id: random, created once per ledger (BROKER_HOME); tagged on every created resource
         # beside the run id so orphan handling never touches another installation's resources (issue 12 item 1)
-        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
-                         ("bi" + uuid.uuid4().hex[:10],))
+        if "installation_id" not in have:
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
+                             ("bi" + uuid.uuid4().hex[:10],))
 
     def _migrate(self) -> None:
         """Add the columns of :data:`_MIGRATIONS` a ledger written by an older broker lacks (in one transaction,
