@@ -341,3 +341,47 @@ def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
     assert "running at" in r.stdout and led.resource(res.id).state == "running"
     again = cli("start", run.id)
     assert again.returncode == 2 and f"broker stop {run.id}" in again.stderr, again.stderr
+
+
+@pytest.mark.netns
+def test_vast_start_refreshes_the_ssh_address_and_logs_in_again(netns_hosts, broker_home, tmp_path):
+    """A Vast host maps its SSH port anew on start: the run's cluster.json gets the new port and `broker start`
+    logs in with the run's key through it (a real sshd in a network namespace behind the emulator's late port)."""
+    from broker.cli.stopstart import start_run, stop_run
+    from broker.core.config import runs_dir
+    from broker.core.private import private_dir, write_private
+    from broker.core.records import Cluster, ClusterNode
+    from broker.providers.vast import VastProvider
+    from tests.vast_emulator import API_KEY, VastEmulator
+
+    hosts = netns_hosts(1)
+    emu = VastEmulator(hosts, boot_s=0.2, sshd_delay_s=0.5)
+    p = VastProvider(api_key=API_KEY, api_url=emu.url, sleep=lambda s: None)
+    try:
+        iid = emu.add_instance("kept", host=0)
+        led = Ledger()
+        run = _run(led, "vast")
+        folder = private_dir(runs_dir() / run.id)
+        led.update_run(run.id, run_dir=str(folder))
+        run = led.get_run(run.id)
+        key = folder / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        p.prepare_access(str(iid), (folder / "id_ed25519.pub").read_text().strip())
+        res = _instance(led, run, "vast", str(iid))
+        info = p.describe_instance(str(iid))
+        old_port = info.ssh_port
+        write_private(folder / "cluster.json", Cluster(
+            run_id=run.id, provider="vast", topology="simulated", ssh_key_path=str(key),
+            known_hosts_path=str(folder / "known_hosts"),
+            nodes=[ClusterNode(node_rank=0, host=info.ssh_host, port=old_port, private_ip="127.0.0.1",
+                               resource_id=res.id)]).model_dump_json())
+        stop_run(led, run.id, poll_s=0.05, providers={"vast": p})
+        out = start_run(led, run.id, poll_s=0.1, timeout_s=60, providers={"vast": p})
+        assert out[0]["state"] == "running" and out[0]["port"] != old_port, out
+        assert out[0]["ssh"] is True, out
+        stored = Cluster.model_validate_json((folder / "cluster.json").read_text())
+        assert stored.nodes[0].port == out[0]["port"]
+        assert led.resource(res.id).attrs["ssh_port"] == out[0]["port"]
+    finally:
+        p.close()
+        emu.close()
