@@ -335,6 +335,9 @@ def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
     assert json.loads(state.read_text())["instances"]["fake-i-1"]["state"] == "stopped"
     st = cli("status")
     assert st.returncode == 0, st.stderr
+    for args in (["ssh", run.id], ["exec", run.id, "--", "true"]):  # not a wait for a machine that is off
+        q = cli(*args)
+        assert q.returncode == 2 and "are stopped" in q.stderr and f"broker start {run.id}" in q.stderr, q.stderr
     assert "stopped, billing $0.02/h for its disk" in " ".join(st.stdout.split()), st.stdout
     r = cli("start", run.id, "--hours", "1")
     assert r.returncode == 0, r.stderr + r.stdout

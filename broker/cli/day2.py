@@ -124,6 +124,9 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
     from broker.run.pipeline import kept_cluster
     from broker.run.remote import SSHCluster
 
+    from broker.cli.stopstart import refuse_stopped
+
+    refuse_stopped(ledger, run_id)
     run, cluster = kept_cluster(ledger, run_id)
     if cluster.local_exec:
         from broker.core.provider import BadInput
@@ -461,6 +464,9 @@ def register(app: typer.Typer) -> None:
         from broker.run.pipeline import kept_cluster
         from broker.core.provider import BadInput
 
+        from broker.cli.stopstart import refuse_stopped
+
+        refuse_stopped(Ledger(), run_id)
         run, cluster = kept_cluster(Ledger(), run_id)
         if cluster.local_exec:
             raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
