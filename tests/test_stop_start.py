@@ -335,6 +335,8 @@ def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
     assert json.loads(state.read_text())["instances"]["fake-i-1"]["state"] == "stopped"
     st = cli("status")
     assert st.returncode == 0, st.stderr
+    c = cli("cost")
+    assert c.returncode == 0 and "stopped, billing $0.02/h for its disk" in c.stdout, c.stdout + c.stderr
     for args in (["ssh", run.id], ["exec", run.id, "--", "true"]):  # not a wait for a machine that is off
         q = cli(*args)
         assert q.returncode == 2 and "are stopped" in q.stderr and f"broker start {run.id}" in q.stderr, q.stderr

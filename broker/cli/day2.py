@@ -264,7 +264,16 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
             "pretend_providers": pretend,
             "pretend_run_count": sum(totals[p][0] for p in pretend),
             "pretend_usd": round(sum(totals[p][1] for p in pretend), 6),
-            "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6)}
+            "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6),
+            "stopped": _stopped_rows(ledger)}
+
+
+def _stopped_rows(ledger: Any) -> list[dict[str, Any]]:
+    """Machines ``broker stop`` stopped: run, provider, provider id, what they bill while stopped ($/h, their disk)
+    and the deadline at which they are deleted."""
+    return [{"run": r.run_id, "provider": r.provider, "provider_id": r.provider_id,
+             "usd_per_hour": r.stopped_usd_per_hour or 0.0, "deadline": r.deadline.isoformat() if r.deadline else None}
+            for r in ledger.resources(live_only=True) if r.state == "stopped"]
 
 
 def _pretend_money(provider: str | None) -> bool:
@@ -601,6 +610,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"total: {usd(data['total_usd'])} over {data['run_count'] - n_pretend} run(s)"
                       + (f" (plus {n_pretend} run(s) on {', '.join(map(str, data['pretend_providers']))}: pretend)"
                          if n_pretend else ""), highlight=False)
+        for r in data["stopped"]:
+            console.print(f"run {r['run']}: {r['provider']} {r['provider_id']} stopped, billing "
+                          f"{usd(r['usd_per_hour'])}/h for its disk" + (f" until {r['deadline'][:16]}Z"
+                                                                       if r["deadline"] else ""), highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
     def clean_cmd(
