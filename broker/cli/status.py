@@ -85,8 +85,11 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
                                    message=f"{res.provider} reports {res.provider_id} gone "
                                            f"({info.raw_state or info.state}; e.g. the node's own dead-man switch "
                                            "or the console): marked terminated when seen")
-        elif info.state == "running" and res.state in ("creating", "intent"):
+        elif info.state == "running" and res.state in ("creating", "intent", "starting"):
             ledger.update_resource(res.id, state="running", actor="status", message=f"{res.provider_id} running")
+        elif info.state == "stopped" and res.state == "stopping":  # a `broker stop` that did not wait it out
+            ledger.change_rate(res.id, "stopped", at=now, actor="status",
+                               message=f"{res.provider_id} stopped (confirmed by `broker status`)")
     return notes
 
 
