@@ -390,3 +390,19 @@ def test_vast_start_refreshes_the_ssh_address_and_logs_in_again(netns_hosts, bro
     finally:
         p.close()
         emu.close()
+
+
+def test_a_refused_stop_leaves_the_row_as_it_was(tmp_path, vast):
+    from broker.cli.stopstart import stop_run
+    from broker.core.provider import ProviderError
+
+    emu, p = vast
+    iid = emu.add_instance("x", age_s=3600)
+    led = Ledger(tmp_path / "l.sqlite")
+    run = _run(led, "vast")
+    res = _instance(led, run, "vast", str(iid))
+    emu.refuse_state = "the host is being serviced"
+    with pytest.raises(ProviderError, match="the host is being serviced"):
+        stop_run(led, run.id, poll_s=0.05, providers={"vast": p})
+    after = led.resource(res.id)
+    assert after.state == "running" and after.deadline == res.deadline and after.stopped_at is None

@@ -93,6 +93,8 @@ class VastEmulator:
         self.lose_first_keys = lose_first_keys
         self.lying_deletes, self.never_ready = lying_deletes, never_ready
         self.dph_factor, self.hostless = dph_factor, hostless
+        #: a message: every stop / start (PUT instances/{id}/) is refused with it (``400 {"success": false}``)
+        self.refuse_state: str | None = None
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
@@ -299,6 +301,8 @@ class VastEmulator:
             return bad
         iid = self._iid(request)
         want = (request.get_json(silent=True) or {}).get("state")
+        if self.refuse_state:
+            return self._json({"success": False, "error": "invalid_args", "msg": self.refuse_state}, 400)
         with self._lock:
             inst = self.instances.get(iid)
             if inst is None:

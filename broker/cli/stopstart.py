@@ -119,8 +119,14 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
                                        f"{deadline:%Y-%m-%d %H:%MZ}")
         try:
             p.stop(res.provider_id, region=res.region)
-        except Exception:
-            ledger.update_resource(res.id, state=res.state, actor="cli", message=f"stop of {what} failed")
+        except Exception as e:
+            try:  # refused: back to what it was, unless the provider shows the stop under way after all
+                running = p.describe_instance(res.provider_id, region=res.region).state == "running"
+            except Exception:  # noqa: BLE001 - cannot tell: the row stays `stopping` (full rate, its deadline)
+                running = False
+            if running:
+                ledger.update_resource(res.id, state=res.state, deadline=res.deadline, actor="cli",
+                                       message=f"stop of {what} failed: {getattr(e, 'message', e)}")
             raise
         info = _wait_state(p, res, "stopped", timeout_s, poll_s)
         if info.state == "stopped":
