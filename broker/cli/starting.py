@@ -45,13 +45,15 @@ def clear(run_id: str) -> None:
 def entries() -> list[dict[str, Any]]:
     """Every starting file, newest first, each with ``alive`` (its pid runs) and, when dead, ``tail`` (the last
     lines of its output)."""
-    from broker.money.accounting import pid_alive
-
-    out = []
     try:
         files = list(starting_dir().glob("*.json"))
     except OSError:
         return []
+    if not files:
+        return []
+    from broker.money.accounting import pid_alive
+
+    out = []
     for f in files:
         try:
             d = json.loads(f.read_text())
