@@ -162,7 +162,7 @@ def test_a_run_whose_cli_still_drives_the_job_is_not_stopped(tmp_path):
 @pytest.fixture
 def vast():
     from broker.providers.vast import VastProvider
-    from tests.vast_emulator import API_KEY, VastEmulator
+    from tests.support.vast_emulator import API_KEY, VastEmulator
 
     emu = VastEmulator(None, hostless=True, boot_s=0.2)
     p = VastProvider(api_key=API_KEY, api_url=emu.url, sleep=lambda s: None)
@@ -232,7 +232,7 @@ def test_oci_stop_and_start_with_the_real_sdk_refresh_the_address(tmp_path, key_
     oci = pytest.importorskip("oci")
     from broker.cli.stopstart import start_run, stop_run
     from broker.providers.oci import OCIProvider
-    from tests.oci_emulator import OCIEmulator
+    from tests.support.oci_emulator import OCIEmulator
 
     comp = "ocid1.compartment.oc1..aaaaaaaacomp"
     with OCIEmulator(compartment=comp, boot_s=0.2, restart_addresses=lambda n: "198.51.100.7") as emu:
@@ -357,7 +357,7 @@ def test_vast_start_refreshes_the_ssh_address_and_logs_in_again(netns_hosts, bro
     from broker.core.private import private_dir, write_private
     from broker.core.records import Cluster, ClusterNode
     from broker.providers.vast import VastProvider
-    from tests.vast_emulator import API_KEY, VastEmulator
+    from tests.support.vast_emulator import API_KEY, VastEmulator
 
     hosts = netns_hosts(1)
     emu = VastEmulator(hosts, boot_s=0.2, sshd_delay_s=0.5)
