@@ -32,7 +32,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
              dict(topologies=("simulated",), rents=True, planned_by_default=True,
                   node_switch="self-destroy via the Vast API at deadline + grace", ssh_ready_timeout_s=180.0,
                   credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv",
-                  interruptible=True, interruptible_bid=True, preemptions_per_hour=0.1)),
+                  interruptible=True, interruptible_bid=True, preemptions_per_hour=0.1, stoppable=True)),
     "oci": ("broker.providers.oci:OCIProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="AD",
@@ -40,14 +40,14 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
                  node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
                  snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", interruptible=True,
-                 preemptions_per_hour=0.05)),
+                 preemptions_per_hour=0.05, stoppable=True)),
     "aws": ("broker.providers.aws:AWSProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="vcpus", quota_scope="region",
                  node_switch="scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate",
                  ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
                  live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions", interruptible=True,
-                 interruptible_bid=True, preemptions_per_hour=0.02)),
+                 interruptible_bid=True, preemptions_per_hour=0.02, stoppable=True)),
     "gcp": ("broker.providers.gcp:GCPProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="region",
@@ -60,7 +60,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
     "fake": ("broker.providers.fake:FakeProvider",
              dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
-                  create_settle_s=0.0, local_exec=True)),
+                  create_settle_s=0.0, local_exec=True, stoppable=True)),
 }
 
 #: name -> "module:Class"
@@ -127,6 +127,8 @@ QUOTA: tuple[str, ...] = names_where(lambda c: c.quota)
 HYBRID_CLOUD: tuple[str, ...] = names_where(lambda c: c.rents and not c.pretend and "hybrid" in c.topologies)
 #: Providers with a shipped price snapshot.
 SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
+#: Providers that can stop an instance keeping its disk (``broker stop`` / ``broker start``).
+STOPPABLE: tuple[str, ...] = names_where(lambda c: c.stoppable)
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
 

@@ -105,6 +105,7 @@ class FakeProvider(Provider):
     interruptible = False
     interruptible_bid = False
     preemptions_per_hour = 0.0
+    stoppable = True  # pretend: the state file keeps a stopped instance and bills its disk rate
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path
@@ -286,6 +287,34 @@ class FakeProvider(Provider):
                 inst["terminated_at"] = time.time()
         _hang("after-terminate")
         return True
+
+    #: what a stopped fake instance bills for its pretend disk, $/h (``BROKER_FAKE_STOPPED_USD_PER_HOUR``)
+    STOPPED_USD_PER_HOUR = 0.02
+
+    def _set_state(self, provider_id: str, frm: tuple[str, ...], to: str, call: str) -> None:
+        with self._state() as st:
+            inst = st["instances"].get(provider_id)
+            if inst is None or inst["state"] == "terminated":
+                raise ProviderError(self.name, call, f"instance {provider_id} no longer exists",
+                                    hint="`broker down RUN` records it gone")
+            if inst["state"] not in frm + (to,):
+                raise ProviderError(self.name, call, f"instance {provider_id} is {inst['state']}")
+            inst["state"] = to
+            inst.setdefault("state_calls", []).append(to)
+
+    def stop(self, provider_id: str, *, region: str | None = None) -> None:
+        """The state file's instance becomes ``stopped`` at once."""
+        self._set_state(provider_id, ("running",), "stopped", "stop")
+
+    def start(self, provider_id: str, *, region: str | None = None) -> None:
+        """The state file's stopped instance becomes ``running`` at once."""
+        self._set_state(provider_id, ("stopped",), "running", "start")
+
+    def stopped_rate(self, provider_id: str, *, region: str | None = None,
+                     attrs: dict[str, Any] | None = None) -> tuple[float, str]:
+        """``BROKER_FAKE_STOPPED_USD_PER_HOUR`` (default :attr:`STOPPED_USD_PER_HOUR`) $/h."""
+        rate = float(os.environ.get("BROKER_FAKE_STOPPED_USD_PER_HOUR", self.STOPPED_USD_PER_HOUR))
+        return rate, "the fake cloud's pretend disk"
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         from broker.core.provider import TaggedResource

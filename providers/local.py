@@ -93,6 +93,7 @@ class LocalProvider(Provider):
     interruptible = False
     interruptible_bid = False
     preemptions_per_hour = 0.0
+    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus

@@ -529,6 +529,7 @@ class NetnsProvider(Provider):
     interruptible = False
     interruptible_bid = False
     preemptions_per_hour = 0.0
+    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

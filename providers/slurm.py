@@ -280,6 +280,7 @@ class SlurmProvider(Provider):
     interruptible = False
     interruptible_bid = False
     preemptions_per_hour = 0.0
+    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
 
     #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
     #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run

@@ -43,6 +43,7 @@ COMMAND_MODULES = [
     "broker.cli.run",
     "broker.cli.status",
     "broker.cli.lifecycle",  # down, reconcile
+    "broker.cli.stopstart",  # stop, start
     "broker.cli.watchdog",
     "broker.cli.quota",
     "broker.cli.lint",
@@ -145,6 +146,7 @@ COMMANDS = {
     **dict.fromkeys(("plan", "offers", "check", "catalog"), "broker.cli.plan"),
     "run": "broker.cli.run", "status": "broker.cli.status",
     **dict.fromkeys(("down", "reconcile"), "broker.cli.lifecycle"),
+    **dict.fromkeys(("stop", "start"), "broker.cli.stopstart"),
     "watchdog": "broker.cli.watchdog", "quota": "broker.cli.quota", "lint": "broker.cli.lint",
     "netns": "broker.cli.cluster", "slurm": "broker.cli.slurm",
     **dict.fromkeys(("logs", "ssh", "exec", "cost", "clean"), "broker.cli.day2"),

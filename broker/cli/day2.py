@@ -124,6 +124,9 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
     from broker.run.kept import kept_cluster
     from broker.run.sshcluster import SSHCluster
 
+    from broker.cli.stopstart import refuse_stopped
+
+    refuse_stopped(ledger, run_id)
     run, cluster = kept_cluster(ledger, run_id)
     if cluster.local_exec:
         from broker.core.provider import BadInput
@@ -261,7 +264,16 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
             "pretend_providers": pretend,
             "pretend_run_count": sum(totals[p][0] for p in pretend),
             "pretend_usd": round(sum(totals[p][1] for p in pretend), 6),
-            "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6)}
+            "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6),
+            "stopped": _stopped_rows(ledger)}
+
+
+def _stopped_rows(ledger: Any) -> list[dict[str, Any]]:
+    """Machines ``broker stop`` stopped: run, provider, provider id, what they bill while stopped ($/h, their disk)
+    and the deadline at which they are deleted."""
+    return [{"run": r.run_id, "provider": r.provider, "provider_id": r.provider_id,
+             "usd_per_hour": r.stopped_usd_per_hour or 0.0, "deadline": r.deadline.isoformat() if r.deadline else None}
+            for r in ledger.resources(live_only=True) if r.state == "stopped"]
 
 
 def _pretend_money(provider: str | None) -> bool:
@@ -414,8 +426,19 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
         from broker.core.provider import BadInput
 
+        from broker.cli import starting
+
         ledger = Ledger()
-        run = find_run_or_latest(ledger, run_id)
+        pend = starting.find(ledger, run_id)
+        if pend is not None:  # `broker run -d` whose background process has not written its row yet
+            if not pend["alive"]:
+                raise starting.not_started(pend)
+            if not follow:
+                raise BadInput(f"run {pend['run_id']} is still starting in the background (pid {pend['pid']}): no "
+                               "log yet", hint=f"`broker logs -f {pend['run_id']}` waits for it")
+            run = starting.wait_for_row(ledger, pend)
+        else:
+            run = find_run_or_latest(ledger, run_id)
         nodes = int((run.recipe or {}).get("nodes") or 1)
         if not 0 <= node < max(nodes, 1):
             raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")
@@ -450,6 +473,9 @@ def register(app: typer.Typer) -> None:
         from broker.run.kept import kept_cluster
         from broker.core.provider import BadInput
 
+        from broker.cli.stopstart import refuse_stopped
+
+        refuse_stopped(Ledger(), run_id)
         run, cluster = kept_cluster(Ledger(), run_id)
         if cluster.local_exec:
             raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
@@ -586,6 +612,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"total: {usd(data['total_usd'])} over {data['run_count'] - n_pretend} run(s)"
                       + (f" (plus {n_pretend} run(s) on {', '.join(map(str, data['pretend_providers']))}: pretend)"
                          if n_pretend else ""), highlight=False)
+        for r in data["stopped"]:
+            console.print(f"run {r['run']}: {r['provider']} {r['provider_id']} stopped, billing "
+                          f"{usd(r['usd_per_hour'])}/h for its disk" + (f" until {r['deadline'][:16]}Z"
+                                                                       if r["deadline"] else ""), highlight=False)
 
     @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
     def clean_cmd(

@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
             argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
             if idle_minutes is not None:
                 argv += ["--idle-minutes", str(idle_minutes)]
-            raise typer.Exit(run_detached(argv, recipe, as_json=as_json))
+            raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
             from broker.core.provider import BadInput
@@ -186,8 +186,6 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
 DETACHED_ENV = "BROKER_DETACHED_RUN"
 #: marker in a run's folder: the run is driven by a background process (``broker down`` interrupts it first)
 DETACHED_MARKER = "detached.json"
-#: how long ``broker run -d`` waits for the background process to create its run, seconds
-DETACH_START_TIMEOUT_S = 300.0
 
 
 def _tell_detached_parent(run: Any) -> None:
@@ -197,63 +195,56 @@ def _tell_detached_parent(run: Any) -> None:
 
     if os.environ.pop(DETACHED_ENV, None) != "1" or not run.run_dir:
         return
+    from broker.cli import starting
+
+    starting.clear(run.id)  # the row exists now: status and logs read the ledger
     try:
         (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
     except OSError:
         pass
 
 
-def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
-                 timeout_s: float = DETACH_START_TIMEOUT_S) -> int:
-    """``broker run -d``: start ``broker run ARGS -q`` as a background process (its own session, stdin closed,
-    output to ``<home>/logs/run-<time>-<pid>.out``), wait until it has created its run (the ledger's row with its
-    pid) or ended, print the run id and how to follow it; returns 0, or the background process's exit code when
-    it ended before the run started (its output is shown then: e.g. a paid run without --yes)."""
+def run_detached(args: list[str], recipe: Any, *, as_json: bool = False, provider: str | None = None,
+                 yes: bool = False) -> int:
+    """``broker run -d``: choose the run id here, start ``broker run ARGS -q`` with it as a background process (its
+    own session, stdin closed, output to ``<home>/logs/run-<run id>.out``) and print the id and how to follow it
+    at once; returns 0.  This process never opens the ledger (it returns even while another process holds its
+    write lock): ``<home>/starting/<run id>.json`` (:mod:`broker.cli.starting`) tells ``broker status`` / ``logs``
+    about the run until its row exists, and why it did not start if its process ends first.  Raises BadInput
+    when ``provider`` rents paid machines and ``yes`` is not given (the background process could not ask)."""
     import os
     import subprocess
     import sys
-    import time
 
+    from broker.cli import starting
     from broker.core.config import home_path
-    from broker.money.ledger import Ledger
+    from broker.core.private import private_dir
+    from broker.core.runfolder import RUN_ID_ENV, make_run_id
     from broker.core.ui import console, print_json
 
-    logs = home_path() / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    out_path = logs / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.out"
+    if provider and not yes:
+        from broker.providers import capability
+
+        if capability(provider, "rents"):
+            from broker.core.provider import BadInput
+
+            raise BadInput(f"--provider {provider} rents paid machines and a background run has no terminal to "
+                           "confirm the cost: nothing was created", hint="pass --yes (`broker plan` shows the cost)")
+    run_id = make_run_id()
+    logs = private_dir(home_path() / "logs")
+    out_path = logs / f"run-{run_id}.out"
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    env = dict(os.environ, **{DETACHED_ENV: "1"})
+    env = dict(os.environ, **{DETACHED_ENV: "1", RUN_ID_ENV: run_id})
     try:
         proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args, "-q"], stdin=subprocess.DEVNULL,
                                 stdout=fd, stderr=fd, env=env, start_new_session=True, close_fds=True)
     finally:
         os.close(fd)
-    ledger = Ledger()
-    t0 = time.monotonic()
-    run_id = None
-    while time.monotonic() - t0 < timeout_s:
-        # the run row carries its CLI's pid (broker.run.runrecord.new_run): the background process's
-        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
-        if run_id is not None or proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    if run_id is None:
-        run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
-    if run_id is None:
-        code = proc.poll()
-        text = out_path.read_text(encoding="utf-8", errors="replace")
-        if code is None:
-            from broker.core.provider import ProviderError
-
-            raise ProviderError(f"the background run did not start within {timeout_s:.0f} s (pid {proc.pid} is "
-                                f"still working)", hint=f"its output so far is in {out_path}; `broker status` "
-                                                          "shows the run once it starts")
-        sys.stderr.write(text)
-        return code or 1
+    starting.record(run_id, proc.pid, out_path, recipe.name)
     if as_json:
         print_json({"run_id": run_id, "pid": proc.pid, "output": str(out_path), "detached": True})
         return 0
-    console.print(f"[bold]run {run_id}[/]: {recipe.name}, running in the background (pid {proc.pid})",
+    console.print(f"[bold]run {run_id}[/]: {recipe.name}, starting in the background (pid {proc.pid})",
                   highlight=False)
     for what, cmd in (("follow its log", f"broker logs -f {run_id}"), ("its state", f"broker status {run_id}"),
                       ("stop it", f"broker down {run_id}")):

@@ -16,6 +16,7 @@ active whose CLI process is dead on this machine is marked ``interrupted`` (as t
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import typer
@@ -84,8 +85,11 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
                                    message=f"{res.provider} reports {res.provider_id} gone "
                                            f"({info.raw_state or info.state}; e.g. the node's own dead-man switch "
                                            "or the console): marked terminated when seen")
-        elif info.state == "running" and res.state in ("creating", "intent"):
+        elif info.state == "running" and res.state in ("creating", "intent", "starting"):
             ledger.update_resource(res.id, state="running", actor="status", message=f"{res.provider_id} running")
+        elif info.state == "stopped" and res.state == "stopping":  # a `broker stop` that did not wait it out
+            ledger.change_rate(res.id, "stopped", at=now, actor="status",
+                               message=f"{res.provider_id} stopped (confirmed by `broker status`)")
     return notes
 
 
@@ -188,6 +192,8 @@ def _fit_name_where(width: int, fixed: int, name_w: int, where_w: int) -> tuple[
 
 def _shown_state(r: dict[str, Any]) -> str:
     """The ledger state, or what the provider last showed when that is worse (a node stopped mid-job)."""
+    if r["state"] == "stopped":  # `broker stop`: on purpose, its disk billing
+        return "stopped (disk)"
     seen = (r.get("attrs") or {}).get("provider_state")
     return str(seen) if seen in ("stopped", "failed") and r["state"] == "running" else r["state"]
 
@@ -275,8 +281,10 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
 
 
 def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
-    """One full line per resource that needs attention (failed terminate, unknown create, orphan)."""
+    """One full line per resource that needs attention (failed terminate, unknown create, orphan, stopped)."""
     from rich.markup import escape
+
+    from broker.core.ui import usd
 
     out = []
     for r in rows:
@@ -287,6 +295,12 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
                        f"{r['run_id']}` or `broker reconcile` resolves it")
         elif r.get("error"):
             out.append(f"[bold red]{escape(what)}[/]: {escape(r['error'])}")
+        if r["state"] == "stopped":
+            c = r.get("cost") or {}
+            dl = f" until {str(c.get('deadline'))[:16]}Z" if c.get("deadline") else ""
+            out.append(f"{escape(what)} of run {r['run_id']}: stopped, billing {usd(c.get('usd_per_hour') or 0.0)}"
+                       f"/h for its disk{dl}; `broker start {r['run_id']}` resumes it, `broker down "
+                       f"{r['run_id']}` deletes it")
         if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
             out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
     return out
@@ -345,8 +359,24 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
 
         ledger = Ledger()
+        from broker.cli import starting
+
+        pend = starting.find(ledger, run_id) if run_id else None
+        if pend is not None:  # `broker run -d` whose background process has not written its row (yet)
+            if as_json:
+                from broker.core.ui import print_json
+
+                print_json({"starting": pend})
+            elif pend["alive"]:
+                sys.stdout.write(starting.describe(pend) + "\n")
+            if not pend["alive"]:
+                raise starting.not_started(pend)
+            return
+        pending = [] if run_id else starting.pending(ledger)
         if not run_id and not as_json:
             data = status_data(ledger, limit=limit, refresh=not no_refresh)
+            for d in pending:
+                sys.stdout.write(starting.describe(d) + "\n")
             if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
                     and not data["watchdog"]["pid"]:
                 _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
@@ -402,7 +432,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             from broker.core.ui import print_json
 
-            print_json(status_data(ledger, limit=limit, refresh=not no_refresh))
+            print_json({**status_data(ledger, limit=limit, refresh=not no_refresh), "starting": pending})
             return
         if wide:
             t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,

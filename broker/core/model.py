@@ -373,7 +373,11 @@ class Plan:
 
 #: ``unknown``: a create answered ambiguously (5xx, timeout) and no list could prove whether it exists: counted as
 #: possibly billing (worst case) until a later list finds it (then it is terminated) or proves it absent.
-ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan", "unknown"]
+#: ``stopping`` / ``stopped`` / ``starting``: ``broker stop`` / ``broker start`` (ledger-first: ``stopping`` and
+#: ``starting`` are written before the provider call, ``stopped`` / ``running`` once it is confirmed); a
+#: ``stopped`` row bills ``stopped_usd_per_hour`` (its disk), the others their ``usd_per_hour``.
+ResourceState = Literal["intent", "creating", "running", "terminating", "terminated", "failed", "orphan", "unknown",
+                        "stopping", "stopped", "starting"]
 
 RunStatus = Literal["planned", "provisioning", "running", "succeeded", "failed", "interrupted", "deadline",
                     "tearing_down", "torn_down"]

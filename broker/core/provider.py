@@ -112,7 +112,7 @@ class Recorder(Protocol):
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
                 "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour")
+                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable")
 
 
 class Provider(ABC):
@@ -243,6 +243,10 @@ class Provider(ABC):
     #: Preemptions per unit-hour the expected cost of its interruptible capacity assumes (broker's assumption, see
     #: :mod:`broker.plan.interruptible`; 0.0 where it has none).
     preemptions_per_hour: ClassVar[float] = 0.0
+    #: It can stop an instance keeping its disk and start it again (``broker stop`` / ``broker start``): the
+    #: adapter implements :meth:`stop`, :meth:`start` and :meth:`stopped_rate`, and :meth:`describe_instance`
+    #: reports ``stopped``.
+    stoppable: ClassVar[bool] = False
 
     @classmethod
     def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:
@@ -333,6 +337,28 @@ class Provider(ABC):
             if t.provider_id == provider_id and t.kind == kind:
                 return t
         return None
+
+    # ---- stop / start (``stoppable`` providers)
+    def stop(self, provider_id: str, *, region: str | None = None) -> None:
+        """Ask the provider to stop instance ``provider_id`` keeping its disk (a power-off, not a delete).  Returns
+        once the request is accepted; :meth:`describe_instance` reports ``stopped`` when it is done (the caller
+        polls it).  Idempotent: stopping a stopped instance is accepted.  Raises NotSupported (not
+        :attr:`stoppable`), TransientError (retry), ProviderError (refused: the message says why)."""
+        raise NotSupported(self.name, "stop", "this provider cannot stop an instance and keep its disk")
+
+    def start(self, provider_id: str, *, region: str | None = None) -> None:
+        """Ask the provider to start stopped instance ``provider_id`` again.  Returns once the request is accepted;
+        :meth:`describe_instance` reports ``running`` with the (often new) addresses when it is up.  Raises
+        NotSupported, CapacityError (the host / shape has no room now), TransientError, ProviderError."""
+        raise NotSupported(self.name, "start", "this provider cannot start a stopped instance")
+
+    def stopped_rate(self, provider_id: str, *, region: str | None = None,
+                     attrs: dict[str, Any] | None = None) -> tuple[float, str]:
+        """What instance ``provider_id`` bills while stopped: (US dollars per hour, the basis in words, e.g.
+        ``"storage_cost $0.10/GB/month x 200 GB (instance row)"``), from the provider's answer where it gives one,
+        else from the adapter's documented rate and the disk recorded in ``attrs`` (``disk_gib``).  Raises
+        NotSupported, TransientError, ProviderError."""
+        raise NotSupported(self.name, "stopped_rate", "this provider cannot stop an instance")
 
     # ---- quota requests
     def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:

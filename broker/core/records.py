@@ -49,6 +49,14 @@ class Resource(_Model):
     terminated_by: str | None = None
     error: str | None = None
     attrs: dict[str, Any] = Field(default_factory=dict)
+    #: when ``broker stop`` confirmed it stopped (None while not stopped)
+    stopped_at: datetime | None = None
+    #: what it bills while ``stopped``, US dollars per hour (its disk; None = never stopped)
+    stopped_usd_per_hour: float | None = None
+    #: US dollars billed before ``rate_since`` (each rate change folds the money so far in here)
+    banked_usd: float = 0.0
+    #: when the rate in effect began (None = ``created_at``: the rate never changed)
+    rate_since: datetime | None = None
 
     @property
     def live(self) -> bool:

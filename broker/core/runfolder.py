@@ -124,3 +124,29 @@ def check_cluster(cluster: Any, run: Any, folder: Path) -> Any:
         if folder not in real.parents or any(c in str(value) for c in "\n\r\"'") or str(value).startswith("-"):
             raise refuse(field, value)
     return cluster
+
+
+# --------------------------------------------------------------------------------------------------- run ids
+#: environment variable that hands a background ``broker run -d`` the run id its parent chose and printed
+RUN_ID_ENV = "BROKER_RUN_ID"
+#: the form of a run id: UTC start ``YYYYMMDD-HHMMSS`` and 6 hex digits
+RUN_ID_RE = r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}"
+
+
+def make_run_id() -> str:
+    """A new run id: the UTC time and 6 random hex digits (``20261202-004241-3fa9c1``)."""
+    import uuid
+
+    from broker.core.model import utcnow
+
+    return utcnow().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def reserved_run_id() -> str | None:
+    """The run id a ``broker run -d`` parent chose for this process (:data:`RUN_ID_ENV`, taken once: removed from
+    the environment so no child process inherits it), or None.  An id of another form is ignored (None)."""
+    import os
+    import re
+
+    rid = os.environ.pop(RUN_ID_ENV, None)
+    return rid if rid and re.fullmatch(RUN_ID_RE, rid) else None

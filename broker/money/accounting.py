@@ -14,6 +14,12 @@ disk's price there and shows the part in ``attrs["storage_usd_per_hour"]``, whic
 or as its own ledger row (``kind="volume"`` with its ``usd_per_hour``).  The same rule as
 ``broker.money.cost.spent_usd``.
 
+Stopped machines (``broker stop``): a ``stopped`` row bills ``stopped_usd_per_hour`` (its disk, as the provider
+reports it or the adapter documents it) from the moment the stop was *confirmed*; until then (``stopping``) and
+from the moment a start is *requested* (``starting``) it bills its full ``usd_per_hour`` again, so a change of
+state never lowers the count before the provider has acted.  Each change folds the money so far into
+``banked_usd`` and the new rate counts from ``rate_since``: spent = banked + rate x (end - rate_since).
+
 Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
 Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the
 watchdog's heartbeat file).
@@ -71,7 +77,10 @@ def _aware(t: datetime | None) -> datetime | None:
 
 # --------------------------------------------------------------------------------------------------- resources
 def hourly_usd(res: Resource) -> float:
-    """What ``res`` bills per hour (US dollars), storage included (see the module docstring)."""
+    """What ``res`` bills per hour (US dollars), storage included; a ``stopped`` row its disk only (see the module
+    docstring)."""
+    if res.state == "stopped" and res.stopped_usd_per_hour is not None:
+        return float(res.stopped_usd_per_hour)
     return float(res.usd_per_hour or 0.0)
 
 
@@ -91,7 +100,8 @@ def _frac_s_sql(col: str) -> str:
 def rate_sql(t: str = "resources") -> str:
     """The SQL twin of :func:`hourly_usd` over row ``t`` of the ``resources`` table (US dollars per hour): keep the
     two in step."""
-    return f"{t}.usd_per_hour"
+    return (f"(CASE WHEN {t}.state = 'stopped' AND {t}.stopped_usd_per_hour IS NOT NULL "
+            f"THEN {t}.stopped_usd_per_hour ELSE {t}.usd_per_hour END)")
 
 
 def spent_usd_sql(t: str = "resources") -> str:
@@ -100,14 +110,16 @@ def spent_usd_sql(t: str = "resources") -> str:
     Named parameters from :func:`now_sql_params`.  The age subtracts whole and fractional seconds apart so it keeps
     the microsecond, as ``timedelta.total_seconds`` does."""
     ended = f"{t}.state = 'terminated' AND COALESCE({t}.terminated_at, '') != ''"
+    since = f"COALESCE({t}.rate_since, {t}.created_at)"  # the current rate's start (created_at: never changed)
     age = (f"max(0.0, (CASE WHEN {ended} THEN {_whole_s_sql(t + '.terminated_at')} ELSE :now_s END"
-           f" - {_whole_s_sql(t + '.created_at')})"
+           f" - {_whole_s_sql(since)})"
            f" + (CASE WHEN {ended} THEN {_frac_s_sql(t + '.terminated_at')} ELSE :now_frac END"
-           f" - {_frac_s_sql(t + '.created_at')}))")
+           f" - {_frac_s_sql(since)}))")
     has_id = f"COALESCE({t}.provider_id, '') != ''"
     minimum = f"COALESCE(CAST(json_extract({t}.attrs, '$.min_billed_seconds') AS REAL), 0.0)"
+    floor = f"(CASE WHEN {has_id} THEN {t}.usd_per_hour * {minimum} / 3600.0 ELSE 0.0 END)"
     return (f"(CASE WHEN {t}.state = 'terminated' AND NOT {has_id} THEN 0.0"  # never rented
-            f" ELSE {rate_sql(t)} * (CASE WHEN {has_id} THEN max({age}, {minimum}) ELSE {age} END) / 3600.0 END)")
+            f" ELSE max(COALESCE({t}.banked_usd, 0.0) + {rate_sql(t)} * {age} / 3600.0, {floor}) END)")
 
 
 def now_sql_params(now: datetime) -> dict[str, float]:
@@ -157,9 +169,18 @@ def resource_cost(res: Resource, run: Run | None, now: datetime) -> ResourceCost
     worst = None
     left = None
     never = res.state == "terminated" and not res.provider_id  # nothing was ever rented
-    spent = 0.0 if never else hourly * _billed_s(res, age) / 3600.0
+    changed = res.rate_since is not None  # broker stop / start changed the rate: banked + current segment
+    if changed:
+        seg = max(0.0, (end - _aware(res.rate_since)).total_seconds())
+        floor = float(res.usd_per_hour or 0.0) * _billed_s(res, 0.0) / 3600.0
+        spent = 0.0 if never else max(float(res.banked_usd or 0.0) + hourly * seg / 3600.0, floor)
+    else:
+        spent = 0.0 if never else hourly * _billed_s(res, age) / 3600.0
     if dl is not None:
-        worst = hourly * _billed_s(res, max(0.0, (dl - created).total_seconds(), age)) / 3600.0
+        if changed:
+            worst = spent + hourly * max(0.0, (dl - now).total_seconds()) / 3600.0
+        else:
+            worst = hourly * _billed_s(res, max(0.0, (dl - created).total_seconds(), age)) / 3600.0
         if res.state == "terminated":
             worst = spent  # it cannot bill any more
         else:

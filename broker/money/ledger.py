@@ -26,7 +26,9 @@ from broker.core.model import utcnow
 if TYPE_CHECKING:
     from broker.core.records import Resource, Run
 
-SCHEMA_VERSION = 1
+#: 2: resources gained ``stopped_at``, ``stopped_usd_per_hour``, ``banked_usd``, ``rate_since`` (broker stop/start);
+#: an older file gets them on open (:data:`_MIGRATIONS`)
+SCHEMA_VERSION = 2
 _log = logging.getLogger(__name__)
 
 _SCHEMA = """
@@ -68,7 +70,11 @@ CREATE TABLE IF NOT EXISTS resources (
     deadline TEXT,
     terminated_by TEXT,
     error TEXT,
-    attrs TEXT
+    attrs TEXT,
+    stopped_at TEXT,
+    stopped_usd_per_hour REAL,
+    banked_usd REAL NOT NULL DEFAULT 0,
+    rate_since TEXT
 );
 CREATE INDEX IF NOT EXISTS resources_run ON resources(run_id);
 CREATE INDEX IF NOT EXISTS resources_state ON resources(state);
@@ -99,9 +105,14 @@ CREATE TABLE IF NOT EXISTS quota_requests (
 );
 """
 
+#: columns added after schema 1, as (table, column, declaration): added to an older file when it is opened
+_MIGRATIONS = (("resources", "stopped_at", "TEXT"), ("resources", "stopped_usd_per_hour", "REAL"),
+               ("resources", "banked_usd", "REAL NOT NULL DEFAULT 0"), ("resources", "rate_since", "TEXT"))
+
 _RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
 _RES_JSON = ("attrs",)
-_TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at")
+_TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at",
+          "stopped_at", "rate_since")
 
 
 def _records() -> Any:
@@ -214,11 +225,34 @@ class Ledger:
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
-        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._migrate()
+        # written only when missing: an INSERT OR IGNORE takes the write lock even when it inserts nothing, and a
+        # reader (`broker status` beside a run that holds the lock) must not wait for a writer to open the file
+        have = {r[0] for r in self._db.execute("SELECT key FROM meta WHERE key IN ('schema_version', "
+                                               "'installation_id')")}
+        if "schema_version" not in have:
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
         # this installation's id: random, created once per ledger (BROKER_HOME); tagged on every created resource
         # beside the run id so orphan handling never touches another installation's resources (issue 12 item 1)
-        self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
-                         ("bi" + uuid.uuid4().hex[:10],))
+        if "installation_id" not in have:
+            self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
+                             ("bi" + uuid.uuid4().hex[:10],))
+
+    def _migrate(self) -> None:
+        """Add the columns of :data:`_MIGRATIONS` a ledger written by an older broker lacks (in one transaction,
+        so two processes opening an old file at once add each column once), and record the schema version."""
+        def missing() -> list[tuple[str, str, str]]:
+            have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")} for t in {m[0] for m in _MIGRATIONS}}
+            return [m for m in _MIGRATIONS if m[1] not in have[m[0]]]
+
+        if not missing():
+            return
+        with self._tx():
+            for table, col, decl in missing():  # read again inside the lock: another process may have added them
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
+            self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
+                             (str(SCHEMA_VERSION),))
 
     @property
     def installation_id(self) -> str:
@@ -458,6 +492,33 @@ class Ledger:
             if actor:
                 action = fields.get("state", "update")
                 self._event(row["run_id"], resource_id, actor, str(action), message)
+
+    def change_rate(self, resource_id: str, state: str, *, at: datetime, actor: str, message: str | None = None,
+                    **fields: Any) -> None:
+        """Move a resource to ``state`` whose billing rate differs (``stopped`` bills ``stopped_usd_per_hour``,
+        ``starting`` / ``running`` ``usd_per_hour`` again): the money billed until ``at`` at the old rate is folded
+        into ``banked_usd`` and the new rate counts from ``at`` (``rate_since``), in one transaction.  ``fields``:
+        further columns (``stopped_usd_per_hour``, ``deadline``, ``attrs`` merged).  Raises KeyError for an
+        unknown resource."""
+        from broker.money.accounting import resource_cost
+
+        with self._tx():
+            row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
+            if row is None:
+                raise KeyError(resource_id)
+            res = _records().Resource(**_dec_row(row, _RES_JSON))
+            banked = resource_cost(res, None, at).spent_usd
+            if "attrs" in fields:
+                fields["attrs"] = {**res.attrs, **fields["attrs"]}
+            fields.update(state=state, banked_usd=banked, rate_since=at)
+            if state == "stopped":
+                fields.setdefault("stopped_at", at)
+            elif state in ("starting", "running"):
+                fields["stopped_at"] = None
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            self._db.execute(f"UPDATE resources SET {sets} WHERE id = ?",
+                             [_enc(k, v) for k, v in fields.items()] + [resource_id])
+            self._event(row["run_id"], resource_id, actor, state, message)
 
     def claim_termination(self, resource_id: str, actor: str) -> bool:
         """Atomically move a live resource to ``terminating``; False when it is already terminated.

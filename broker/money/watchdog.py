@@ -18,6 +18,12 @@ Each pass (:meth:`Watchdog.run_once`) reads the ledger and terminates, through
     the same grace (``ended_grace_s``), or earlier when the deadline or the budget says so.  The grace covers a
     misjudged pid (e.g. a ledger shared with another machine) at the price of at most two minutes of billing.
 
+Stopped machines (``broker stop`` / ``broker start``): a resource the user stopped (``stopping`` / ``stopped`` /
+``starting``) or started again (``attrs["restarted_at"]``) is held on purpose, so rule (c) leaves it; rules (a)
+and (b) hold as ever: ``broker stop`` gives the stopped disk its own deadline (``--hours``, default 24 h) and
+``broker start`` the running machine another (``--hours``), both on the resource row, and the budget counts the
+disk rate while stopped.  The watchdog deletes a stopped machine at its deadline like any other.
+
 Orphans: every ``orphan_scan_s`` (default 60 s; always on the first pass) the providers that hold resources in the
 ledger, or are configured, are asked for what carries broker's run tag (``list_tagged``).  Tagged objects of *this*
 installation (INSTALL_TAG = :attr:`broker.money.ledger.Ledger.installation_id`) the ledger does not know (and that are
@@ -285,7 +291,8 @@ class Watchdog:
             if hourly and spent + hourly * self.interval_s / 3600.0 >= run.budget_usd:
                 return "budget", (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent "
                                   f"${spent:,.4f} at ${hourly:,.2f}/h")
-        if run is not None and run.status in ENDED_STATUSES:
+        held = res.state in ("stopping", "stopped", "starting") or bool(res.attrs.get("restarted_at"))
+        if run is not None and run.status in ENDED_STATUSES and not held:
             idle_min = res.attrs.get("idle_minutes") or (run.recipe or {}).get("idle_minutes")
             grace = float(idle_min) * 60.0 if idle_min else self.ended_grace_s
             since = (now - run.ended_at).total_seconds() if run.ended_at else float("inf")

@@ -112,7 +112,10 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     from broker.core.config import runs_dir
     from broker.money.ledger import new_id
 
-    run_id = utcnow().strftime("%Y%m%d-%H%M%S-") + new_id()[:6]
+    from broker.core.runfolder import reserved_run_id
+
+    # `broker run -d` chose and printed the id before this process started
+    run_id = reserved_run_id() or utcnow().strftime("%Y%m%d-%H%M%S-") + new_id()[:6]
     from broker.core.private import private_dir, write_private
 
     run_dir = private_dir(runs_dir() / run_id)  # 0700; its files 0600 from their creation

@@ -100,6 +100,7 @@ class AWSProvider(Provider):
     interruptible = True
     interruptible_bid = True
     preemptions_per_hour = 0.02
+    stoppable = True  # StopInstances / StartInstances; EBS volumes bill while stopped
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod
@@ -276,6 +277,22 @@ class AWSProvider(Provider):
         / placement_group: True once deleted (TransientError while instances still hold them: DependencyViolation,
         InUse; and on 429/5xx: the core retries)."""
         return lifecycle.terminate(self.api, kind, self.require_id(kind, provider_id, f"terminate {kind}"), region)
+
+    def stop(self, provider_id: str, *, region: str | None = None) -> None:
+        """``StopInstances``: the EBS volumes stay (and bill, see :meth:`stopped_rate`).  Spot instances cannot be
+        stopped (EC2 answers UnsupportedOperation: a ProviderError).  Raises TransientError, ProviderError."""
+        lifecycle.set_running(self.api, self.require_id("instance", provider_id, "stop_instances"), region, False)
+
+    def start(self, provider_id: str, *, region: str | None = None) -> None:
+        """``StartInstances``; the public IP changes (no Elastic IP): describe again.  Raises CapacityError
+        (InsufficientInstanceCapacity), TransientError, ProviderError."""
+        lifecycle.set_running(self.api, self.require_id("instance", provider_id, "start_instances"), region, True)
+
+    def stopped_rate(self, provider_id: str, *, region: str | None = None,
+                     attrs: dict[str, Any] | None = None) -> tuple[float, str]:
+        """The EBS volumes' $/h (sizes from ``DescribeVolumes``)."""
+        return lifecycle.stopped_rate(self.api, self.require_id("instance", provider_id, "describe_instances"),
+                                      region, attrs)
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Instances (not terminated), security groups and placement groups carrying ``broker-run`` (= ``run_id``

@@ -228,6 +228,52 @@ def terminate_instance(api: "AWSApi", provider_id: str, region: str | None) -> b
     return describe_instance(api, provider_id, region).state == "terminated"
 
 
+#: $/GB/month of an EBS volume (gp3, us-east-1), the snapshot's documented ASSUMPTION; other types bill more
+EBS_USD_PER_GB_MONTH = 0.08
+
+
+def set_running(api: "AWSApi", provider_id: str, region: str | None, run: bool) -> None:
+    """``StartInstances`` (``run``) or ``StopInstances``; a stopped instance stays stopped, and so on (EC2 accepts
+    both as no-ops).  ``IncorrectInstanceState`` (e.g. stopping an instance that is still pending) and 429/5xx
+    are mapped (TransientError / ProviderError); an unknown id is a ProviderError naming it."""
+    ec2 = api.client("ec2", region)
+    call = "start_instances" if run else "stop_instances"
+    try:
+        (ec2.start_instances if run else ec2.stop_instances)(InstanceIds=[provider_id])
+    except Exception as e:  # noqa: BLE001
+        if error_code(e)[0] in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
+            from broker.core.provider import ProviderError
+
+            raise ProviderError("aws", call, f"instance {provider_id} no longer exists",
+                                hint="`broker down RUN` records it gone") from None
+        raise map_error(e, call, region=region) from e
+
+
+def stopped_rate(api: "AWSApi", provider_id: str, region: str | None,
+                 attrs: dict[str, Any] | None) -> tuple[float, str]:
+    """$/h of ``provider_id`` while stopped: its EBS volumes (``DescribeVolumes`` sizes, GiB) x
+    :data:`EBS_USD_PER_GB_MONTH` / 730 h; ``attrs["storage_usd_per_hour"]`` when EC2 lists no volume."""
+    ec2 = api.client("ec2", region)
+    call = "describe_instances"
+    try:
+        inst = instances_of(call, ec2.describe_instances(InstanceIds=[provider_id]))
+        vols = [m["Ebs"]["VolumeId"] for i in inst for m in i.get("BlockDeviceMappings") or []
+                if isinstance(m.get("Ebs"), dict) and m["Ebs"].get("VolumeId")]
+        sizes = [float(v.get("Size") or 0) for v in
+                 ec2.describe_volumes(VolumeIds=vols).get("Volumes", [])] if vols else []
+    except Exception as e:  # noqa: BLE001
+        raise map_error(e, call, region=region) from e
+    if sizes:
+        gb = sum(sizes)
+        return (gb * EBS_USD_PER_GB_MONTH / 730.0,
+                f"EBS {gb:g} GiB x ${EBS_USD_PER_GB_MONTH}/GB/month (gp3 price: broker's assumption)")
+    a = attrs or {}
+    if a.get("storage_usd_per_hour"):
+        return float(a["storage_usd_per_hour"]), "EBS (recorded storage rate)"
+    gb = float(a.get("disk_gib") or 0)
+    return gb * EBS_USD_PER_GB_MONTH / 730.0, f"EBS {gb:g} GiB (recorded disk) x ${EBS_USD_PER_GB_MONTH}/GB/month"
+
+
 def terminate(api: "AWSApi", kind: str, provider_id: str, region: str | None) -> bool:
     """Idempotent terminate / delete of one ``instance``, ``security_group`` or ``placement_group``."""
     if kind == "instance":

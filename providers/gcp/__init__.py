@@ -89,6 +89,7 @@ class GCPProvider(Provider):
     interruptible = False  # spot VMs are priced in the snapshot; renting them is not built yet
     interruptible_bid = False
     preemptions_per_hour = 0.0
+    stoppable = False  # instances.stop/start exist; broker stop/start is not built for GCP yet
     local_exec = False
     ingress_rule_format = None
     owner_tags = True

@@ -107,6 +107,7 @@ class OCIProvider(Provider):
     interruptible = True
     interruptible_bid = False
     preemptions_per_hour = 0.05
+    stoppable = True  # InstanceAction STOP / START; boot volume bills (and most GPU shapes keep billing)
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -326,6 +327,21 @@ class OCIProvider(Provider):
         ProviderError."""
         rid = self.require_id("instance", resource_id, "get_instance")
         return lifecycle.preemption(self.api, rid, rid in self._terminated_here)
+    def stop(self, provider_id: str, *, region: str | None = None) -> None:
+        """``instance_action(id, "STOP")``: the boot volume stays (and bills; most GPU shapes keep billing in
+        full, see :meth:`stopped_rate`).  Raises TransientError (429 / 5xx / 409 in progress), ProviderError."""
+        lifecycle.instance_action(self.api, self.require_id("instance", provider_id, "instance_action"), "STOP")
+
+    def start(self, provider_id: str, *, region: str | None = None) -> None:
+        """``instance_action(id, "START")``; the public IP may change (ephemeral): describe again.  Raises
+        TransientError, ProviderError (e.g. out of host capacity)."""
+        lifecycle.instance_action(self.api, self.require_id("instance", provider_id, "instance_action"), "START")
+
+    def stopped_rate(self, provider_id: str, *, region: str | None = None,
+                     attrs: dict[str, Any] | None = None) -> tuple[float, str]:
+        """Boot volume $/h, plus the shape's full list price for GPU shapes OCI bills while stopped (all but
+        VM.GPU.A10.x; :func:`.lifecycle.keeps_billing_stopped`)."""
+        return lifecycle.stopped_rate(self.api, self.require_id("instance", provider_id, "get_instance"), attrs)
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Instances (not TERMINATED) and network objects (VCNs, subnets, internet gateways, security lists) in the

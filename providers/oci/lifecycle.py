@@ -270,3 +270,54 @@ def delete_run_network(api: "OCIApi", run_id: str, conflict_wait_s: float) -> li
         network.delete_network_object(api, t.kind, t.provider_id, None, conflict_wait_s)
     return left
 
+
+
+#: $/GB/month of a boot volume (Balanced: 0.0255 storage + 10 VPU x 0.0017), the snapshot's documented ASSUMPTION
+BOOT_VOLUME_USD_PER_GB_MONTH = 0.0425
+
+
+def keeps_billing_stopped(shape: str | None) -> bool:
+    """Whether OCI keeps billing ``shape`` in full while it is stopped: every GPU shape except ``VM.GPU.A10.*``
+    (Oracle, "Resource Billing for Stopped Instances": the GPUs stay reserved); standard shapes pause."""
+    s = (shape or "").upper()
+    return "GPU" in s and not s.startswith("VM.GPU.A10")
+
+
+def instance_action(api: "OCIApi", provider_id: str, action: str) -> None:
+    """``instance_action(id, "STOP" | "START")``; a 409 (already in that state or on its way) is accepted when
+    ``get_instance`` shows the state asked for, else it stays an error (TransientError / ProviderError)."""
+    cc = api.client("compute")
+    try:
+        api.call(f"instance_action {action}", cc.instance_action, provider_id, action)
+    except ProviderError as e:
+        if e.status == 404 and e.code != "NotAuthenticated":
+            raise ProviderError(PROVIDER, f"instance_action {action}", f"instance {provider_id} no longer exists",
+                                hint="`broker down RUN` records it gone") from None
+        if e.status != 409:
+            raise
+        want = "stopped" if action == "STOP" else "running"
+        if instance_state(api, provider_id) not in (want, "pending" if action == "START" else want):
+            raise
+
+
+def stopped_rate(api: "OCIApi", provider_id: str, attrs: dict[str, Any] | None) -> tuple[float, str]:
+    """$/h of ``provider_id`` while stopped: its boot volume (``attrs["storage_usd_per_hour"]``, else
+    ``disk_gib`` x :data:`BOOT_VOLUME_USD_PER_GB_MONTH` / 730 h), plus the shape's full price where OCI keeps
+    billing it stopped (:func:`keeps_billing_stopped`)."""
+    a = attrs or {}
+    cc = api.client("compute")
+    inst = api.call("get_instance", cc.get_instance, provider_id).data
+    shape = getattr(inst, "shape", None) or a.get("instance_type")
+    disk = float(a.get("storage_usd_per_hour") or 0.0)
+    basis = "boot volume (recorded storage rate)"
+    if not disk:
+        gb = float(a.get("disk_gib") or 50)
+        disk = gb * BOOT_VOLUME_USD_PER_GB_MONTH / 730.0
+        basis = f"boot volume {gb:g} GB x ${BOOT_VOLUME_USD_PER_GB_MONTH}/GB/month (broker's assumption)"
+    if keeps_billing_stopped(shape):
+        full = list_price(shape)
+        if full is None:
+            full = float(a.get("reported_usd_per_hour") or a.get("planned_usd_per_hour") or 0.0)
+        return disk + float(full or 0.0), (f"{basis} + {shape} in full: OCI keeps billing this GPU shape while "
+                                           "stopped (only VM.GPU.A10.x pauses); only `broker down` ends it")
+    return disk, basis

@@ -68,6 +68,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     interruptible = True
     interruptible_bid = True
     preemptions_per_hour = 0.1
+    stoppable = True  # PUT /instances/{id}/ {"state": "stopped"|"running"}; storage bills while stopped
 
     @classmethod
     def query_snapshot(cls, offers: list, query: str) -> list:

@@ -109,10 +109,10 @@ def instance_info(provider_id: str, row: dict[str, Any]) -> InstanceInfo:
         state = "pending"
     elif raw == "running":
         state = "running"
+    elif raw == "stopped" or (raw == "exited" and row.get("intended_status") == "stopped"):
+        state = "stopped"  # a container stopped on request reads exited with intended_status stopped
     elif raw in _FAILED:
         state = "failed"
-    elif raw == "stopped":
-        state = "stopped"
     else:
         state = "unknown"
     ssh_host, ssh_port = row.get("ssh_host"), row.get("ssh_port")
@@ -480,6 +480,53 @@ class VastLifecycle:
                 raise ProviderError(PROVIDER, call, f"Vast.ai refused: {self.api.scrub(body_message(r))}",
                                     hint="retry `broker down`; the instance stays listed until it is gone")
         return self.describe_instance(provider_id).state == "terminated"
+
+    def _set_state(self, provider_id: str, state: str) -> None:
+        verb = "stop" if state == "stopped" else "start"
+        call = f"{verb} instance {provider_id} (PUT /api/v0/instances/{provider_id}/ state={state})"
+        r = self.api.request("PUT", self._url("/api/v0/instances/{}/", "instance", provider_id, call), call,
+                             json_body={"state": state}, accept={404})
+        if r.status_code == 404 or says_gone(r):
+            raise ProviderError(PROVIDER, call, f"instance {provider_id} no longer exists",
+                                hint="`broker status` shows the run; `broker down RUN` records it gone")
+        try:
+            data = r.json()
+        except ValueError:
+            data = {}
+        if isinstance(data, dict) and data.get("success") is False:
+            raise ProviderError(PROVIDER, call, f"Vast.ai refused: {self.api.scrub(body_message(r))}",
+                                hint="`broker status` shows the instance; retry, or `broker down RUN` deletes it")
+
+    def stop(self, provider_id: str, *, region: str | None = None) -> None:
+        """``PUT /api/v0/instances/{id}/`` ``{"state": "stopped"}``: the container stops, the disk stays and keeps
+        billing ``storage_cost`` (see :meth:`stopped_rate`).  Raises ProviderError (refused / gone),
+        TransientError."""
+        self._set_state(provider_id, "stopped")
+
+    def start(self, provider_id: str, *, region: str | None = None) -> None:
+        """``PUT /api/v0/instances/{id}/`` ``{"state": "running"}``.  The host's ports (SSH included) may differ
+        afterwards: describe again.  Raises ProviderError (refused, e.g. the host's GPUs were rented meanwhile),
+        TransientError."""
+        self._set_state(provider_id, "running")
+
+    def stopped_rate(self, provider_id: str, *, region: str | None = None,
+                     attrs: dict[str, Any] | None = None) -> tuple[float, str]:
+        """The instance row's ``storage_cost`` ($/GB/month) x ``disk_space`` (GB) / 720 h (a 30-day month: the
+        higher hourly figure).  Falls back to ``attrs["disk_gib"]`` and Vast's default $0.10/GB/month when the
+        row lacks them.  Raises ProviderError when the instance is gone."""
+        row = self._show(provider_id)
+        if not row:
+            raise ProviderError(PROVIDER, f"describe instance {provider_id}", "the instance no longer exists",
+                                hint="`broker down RUN` records it gone")
+        per_gb = row.get("storage_cost")
+        gb = row.get("disk_space") or (attrs or {}).get("disk_gib")
+        basis = "instance row"
+        if not isinstance(per_gb, (int, float)):
+            per_gb, basis = 0.10, "Vast's default storage price"
+        if not isinstance(gb, (int, float)):
+            gb, basis = 0.0, basis + "; disk size unknown"
+        rate = float(per_gb) * float(gb) / 720.0
+        return rate, f"storage ${float(per_gb):g}/GB/month x {float(gb):g} GB ({basis})"
 
     def _list_rows(self) -> list[dict[str, Any]]:
         """Every instance of the account: v1 list paginated by ``next_token``; v0 list when v1 is absent.  Raises

@@ -319,7 +319,9 @@ JSON_CALLS = {
     ("slurm", "status"): ["slurm", "status", "nope"],
     ("slurm", "submit"): ["slurm", "submit", "nope.sh", "--cluster", "nope"],
     ("slurm", "up"): ["slurm", "up", "--provider", "nope"],
+    ("start",): ["start", "no-such-run"],
     ("status",): ["status"],
+    ("stop",): ["stop", "no-such-run"],
     ("watchdog",): ["watchdog", "--once"],
 }
 

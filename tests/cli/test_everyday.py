@@ -40,6 +40,24 @@ def _ticker(tmp_path: Path, extra: str = "") -> Path:
     return d / "r.yaml"
 
 
+def _detached_id(p) -> str:
+    """The run id `broker run -d` printed (its first line: ``run ID: name, starting in the background``)."""
+    m = re.search(r"^run (\S+): ", p.stdout, re.M)
+    assert m, p.stdout
+    return m.group(1)
+
+
+def _wait_row(run_id: str, timeout: float = 90):
+    """The run's ledger row, once the background process has written it."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        run = Ledger().get_run(run_id)
+        if run is not None:
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} has no row")
+
+
 def _wait_ended(run_id: str, timeout: float = 90) -> str:
     from broker.money.accounting import ACTIVE_STATUSES
 
@@ -57,8 +75,8 @@ def test_run_detached_returns_with_the_id_and_logs_latest_follows_it(cli_env, tm
     t0 = time.monotonic()
     p = _cli(["run", "-d", str(_ticker(tmp_path))], env)
     assert p.returncode == 0, p.stderr
-    run_id = Ledger().list_runs()[0].id
-    assert f"run {run_id}" in p.stdout
+    run_id = _detached_id(p)
+    _wait_row(run_id)
     for cmd in (f"broker logs -f {run_id}", f"broker status {run_id}", f"broker down {run_id}"):
         assert cmd in p.stdout
     back = time.monotonic() - t0
@@ -79,7 +97,8 @@ def test_run_detached_prints_every_line_on_stdout_and_returns(cli_env, tmp_path)
     env = dict(cli_env, TICKS="20", TICK_S="0.5")
     p = _cli(["run", "-d", str(_ticker(tmp_path))], env)
     assert p.returncode == 0, p.stderr
-    run_id = Ledger().list_runs()[0].id
+    run_id = _detached_id(p)
+    _wait_row(run_id)
     assert p.stdout.endswith("\n") and "output:" in p.stdout.splitlines()[-1], p.stdout
     assert "output:" not in p.stderr, p.stderr
     assert _wait_ended(run_id) == "succeeded"
@@ -106,7 +125,10 @@ def test_down_interrupts_a_detached_run(cli_env, tmp_path):
     env = dict(cli_env, TICKS="200", TICK_S="0.5")
     p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)
     assert p.returncode == 0, p.stderr
-    run = Ledger().list_runs()[0]
+    run = _wait_row(_detached_id(p))
+    t0 = time.monotonic()
+    while not (Path(run.run_dir) / "detached.json").exists() and time.monotonic() - t0 < 60:
+        time.sleep(0.2)  # `broker down` interrupts a background process that has marked its folder
     d = _cli(["down", run.id], env, timeout=180)
     assert d.returncode == 0, d.stdout + d.stderr
     assert "interrupted" in d.stdout
@@ -122,6 +144,50 @@ def test_run_detached_that_cannot_start_says_why_in_the_foreground(cli_env, tmp_
     p = _cli(["run", "-d", str(_ticker(tmp_path)), "--provider", "fake"], cli_env)  # paid, no --yes, no terminal
     assert p.returncode == 2, p.stdout + p.stderr
     assert "--yes" in p.stderr and not Ledger().list_runs()
+
+
+def test_run_detached_returns_before_the_background_process_has_written_its_row(cli_env, tmp_path):
+    """`broker run -d` waited about 5 s for the background process's ledger row; the parent now chooses the id and
+    returns at once: here the ledger's write lock is held throughout, so no row can have been written."""
+    import sqlite3
+
+    from broker.core.config import ledger_path
+
+    env = dict(cli_env, TICKS="2", TICK_S="0.1")
+    Ledger().close()
+    lock = sqlite3.connect(ledger_path(), isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")  # every ledger write (the background run's first row) waits for this
+    try:
+        p = _cli(["run", "-d", str(_ticker(tmp_path))], env, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+        run_id = _detached_id(p)
+        assert f"broker logs -f {run_id}" in p.stdout
+        assert lock.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0  # returned before any row
+        s = _cli(["status", "--no-refresh"], env, timeout=60)  # a reader does not wait for the writer
+        assert f"run {run_id} (ticker): starting in the background" in s.stdout, s.stdout + s.stderr
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert _wait_ended(run_id) == "succeeded"  # the run then went on with the id the parent printed
+    assert not list((Path(cli_env["BROKER_HOME"]) / "starting").glob("*.json"))
+
+
+def test_a_detached_run_that_dies_at_start_is_reported_by_status_and_logs(cli_env, tmp_path):
+    from broker.cli import starting
+
+    # --cluster without --provider slurm passes the parent and is refused by the background process at once
+    p = _cli(["run", "-d", str(_ticker(tmp_path)), "--cluster", "c1"], cli_env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    run_id = _detached_id(p)
+    t0 = time.monotonic()
+    while any(d["alive"] for d in starting.entries()) and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+    s = _cli(["status", "--no-refresh"], cli_env)
+    assert f"run {run_id} (ticker): did not start" in s.stdout and "--provider slurm" in s.stdout, s.stdout
+    for args in (["logs", run_id], ["logs", "-f"], ["status", run_id]):
+        q = _cli(args, cli_env)
+        assert q.returncode == 1, (args, q.stdout, q.stderr)
+        assert "ended before it started" in q.stderr and "--cluster works with --provider slurm" in q.stderr, q.stderr
 
 
 def test_logs_without_any_run_says_so(cli_env):
@@ -572,6 +638,10 @@ def test_a_detached_run_whose_work_folder_holds_the_home_records_its_end(cli_env
     p = _cli(["run", "-d", str(r)], env)
     assert p.returncode == 0, p.stderr
     assert _cli(["status", "--no-refresh"], env).returncode == 0
+    _wait_row_in = Ledger(r.parent / "home" / "ledger.sqlite")
+    t0 = time.monotonic()
+    while _wait_row_in.get_run(_detached_id(p)) is None and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
     assert _cli(["logs", "-f"], env, timeout=120).returncode == 0
     led = Ledger(r.parent / "home" / "ledger.sqlite")
     run = led.list_runs()[0]
@@ -589,6 +659,6 @@ def test_an_unknown_fault_gets_a_did_you_mean(tmp_path, capsys, broker_home):
     assert code == 2 and "unknown fault 'firewal'" in err and "did you mean --inject firewall?" in err, err
 
 
-def test_stop_is_never_pointed_at_down(capsys, broker_home):
+def test_stop_of_an_unknown_run_says_so(capsys, broker_home):
     code, out, err = _main(["stop", "r-1"], capsys)
-    assert code == 2 and "broker down" not in err and "no such command 'stop'" in err.lower(), err
+    assert code == 2 and "no run 'r-1'" in err and "broker status" in err, err

@@ -6,6 +6,10 @@ What it keeps: VCNs (each with its default route table), internet gateways, secu
 
 * instances go PROVISIONING -> RUNNING ``boot_s`` seconds after the launch, TERMINATING -> TERMINATED
   ``terminate_s`` after ``terminate_instance`` (and stay listed as TERMINATED);
+* ``instance_action`` (``POST /instances/{id}?action=STOP|START``): RUNNING -> STOPPING -> STOPPED and STOPPED ->
+  STARTING -> RUNNING ``boot_s`` seconds later; a started instance gets a new ephemeral public IP
+  (``restart_addresses(node_index)`` when given, else the next 203.0.113.x); an action in the wrong state is 409
+  ``IncorrectState``;
 * a subnet delete is asynchronous: the subnet is TERMINATING for ``subnet_delete_s`` seconds, then gone;
 * 409 Conflict: deleting a subnet that still holds a live instance, a security list a subnet still uses, an
   internet gateway a route rule still targets, a VCN that still holds a subnet / gateway / security list;
@@ -50,10 +54,13 @@ class OCIEmulator:
     def __init__(self, *, compartment: str, ads: tuple[str, ...] = ("AD-1",), region: str = "us-ashburn-1",
                  boot_s: float = 0.5, terminate_s: float = 1.0, subnet_delete_s: float = 1.5,
                  addresses: Callable[[int], tuple[str | None, str]] | None = None,
-                 on_running: Callable[[dict[str, Any]], None] | None = None, login_user: str | None = None):
+                 on_running: Callable[[dict[str, Any]], None] | None = None, login_user: str | None = None,
+                 restart_addresses: Callable[[int], str | None] | None = None):
         self.compartment, self.ads, self.region = compartment, ads, region
         self.boot_s, self.terminate_s, self.subnet_delete_s = boot_s, terminate_s, subnet_delete_s
         self.addresses, self.on_running, self.login_user = addresses, on_running, login_user
+        self.restart_addresses = restart_addresses
+        self.actions: list[tuple[str, str]] = []  # (instance id, action) of every instance_action
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
         self.objs: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in (
@@ -121,6 +128,12 @@ class OCIEmulator:
             del self.timers[oid]
             if oid in self.objs["instances"]:
                 inst = self.objs["instances"][oid]
+                if inst["lifecycleState"] == "STOPPING":
+                    inst["lifecycleState"] = "STOPPED"
+                    continue
+                if inst["lifecycleState"] == "STARTING":
+                    inst["lifecycleState"] = "RUNNING"
+                    continue
                 if inst["lifecycleState"] == "PROVISIONING":
                     inst["lifecycleState"] = "RUNNING"
                     for a in self.objs["vnicAttachments"].values():
@@ -195,6 +208,8 @@ class OCIEmulator:
                 return self._err(404, "NotAuthorizedOrNotFound", f"{coll}/{rid} not found")
             if method == "GET":
                 return self._json(obj)
+            if method == "POST" and coll == "instances" and q.get("action"):
+                return self._action(obj, q.get("action"))
             if method == "PUT" and coll == "routeTables":
                 if "routeRules" in body:
                     obj["routeRules"] = body["routeRules"]
@@ -282,6 +297,28 @@ class OCIEmulator:
                                              "timeCreated": _now()}
         self.timers[iid] = time.monotonic() + self.boot_s
         return self._json(inst)
+
+    def _action(self, inst: dict[str, Any], action: str) -> Response:
+        self.actions.append((inst["id"], action))
+        state = inst["lifecycleState"]
+        if action == "STOP" and state in ("RUNNING", "STOPPING", "STOPPED"):
+            if state == "RUNNING":
+                inst["lifecycleState"] = "STOPPING"
+                self.timers[inst["id"]] = time.monotonic() + self.boot_s
+            return self._json(inst)
+        if action == "START" and state in ("STOPPED", "STARTING", "RUNNING"):
+            if state == "STOPPED":
+                inst["lifecycleState"] = "STARTING"
+                self.timers[inst["id"]] = time.monotonic() + self.boot_s
+                node = int(inst["freeformTags"].get("broker-node", "0"))
+                for a in self.objs["vnicAttachments"].values():
+                    if a["instanceId"] == inst["id"]:
+                        v = self.objs["vnics"][a["vnicId"]]
+                        if v.get("publicIp"):
+                            v["publicIp"] = (self.restart_addresses(node) if self.restart_addresses
+                                             else f"203.0.113.{next(self.ids) % 250 + 1}")
+            return self._json(inst)
+        return self._err(409, "IncorrectState", f"instance is {state}; cannot {action}")
 
     def _conflict(self, what: str) -> Response:
         return self._err(409, "Conflict", what)

@@ -13,6 +13,9 @@ Endpoints, field names, units and error bodies follow docs/reference/cloud-apis.
   ``limit``, ``after_token``); ``GET /api/v0/instances/`` the same without the token;
 * ``POST /api/v0/instances/{id}/ssh/`` -- ``{"ssh_key": ...}``: the key is written into the instance's host's
   ``authorized_keys`` (the only way a key reaches a host here: ``onstart`` is never run);
+* ``PUT /api/v0/instances/{id}/`` -- ``{"state": "stopped"|"running"}``: stopped rows read ``actual_status``
+  ``exited`` with ``intended_status`` ``stopped`` (as the real API shows a stopped container); started again they
+  boot like a new rent (``boot_s``) and, behind a late sshd port, get a new SSH port (hosts change address on start);
 * ``DELETE /api/v0/instances/{id}/`` -- ``{"success": true}``; ``404 {"success": false, "error":
   "no_such_instance"}`` when unknown; the first ``delete_failures[id]`` calls answer ``500``.
 
@@ -66,6 +69,7 @@ class Instance:
     bid: float | None = None  # the create body's ``price``: an interruptible (bid) instance
     #: forced states (test hooks: outbid, exited): actual_status, cur_state, next_state, intended_status
     forced: dict[str, str] | None = None
+    stopped: bool = False
 
 
 class VastEmulator:
@@ -94,6 +98,8 @@ class VastEmulator:
         self.lose_first_keys = lose_first_keys
         self.lying_deletes, self.never_ready = lying_deletes, never_ready
         self.dph_factor, self.hostless = dph_factor, hostless
+        #: a message: every stop / start (PUT instances/{id}/) is refused with it (``400 {"success": false}``)
+        self.refuse_state: str | None = None
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
@@ -108,6 +114,7 @@ class VastEmulator:
         s.expect_request(re.compile(r"^/api/v0/asks/\d+/$"), method="PUT").respond_with_handler(self._rent)
         s.expect_request(re.compile(r"^/api/v0/instances/\d+/ssh/$"), method="POST").respond_with_handler(self._key)
         s.expect_request(re.compile(r"^/api/v0/instances/\d+/$"), method="GET").respond_with_handler(self._show)
+        s.expect_request(re.compile(r"^/api/v0/instances/\d+/$"), method="PUT").respond_with_handler(self._put)
         s.expect_request(re.compile(r"^/api/v0/instances/\d+/$"), method="DELETE").respond_with_handler(self._delete)
         s.expect_request(re.compile(r"^/api/v[01]/instances/$"), method="GET").respond_with_handler(self._list)
         s.start()
@@ -190,6 +197,8 @@ class VastEmulator:
                 inst.running_since = now
         elif now - inst.created >= self.boot_s / 2:
             status = "loading"
+        if inst.stopped:
+            status = "exited"
         host, port = "127.0.0.1", 0
         if status == "running" and inst.host is not None:
             host, port = self.hosts.ip(inst.host), 22
@@ -200,8 +209,9 @@ class VastEmulator:
                     inst.forward = LateForwarder((self.hosts.ip(inst.host), 22), self.sshd_delay_s)
                 host, port = "127.0.0.1", inst.forward.port
         o = inst.offer
-        states = {"actual_status": status, "intended_status": "running", "cur_state": "running",
-                  "next_state": "running"}
+        run_state = "stopped" if inst.stopped else "running"
+        states = {"actual_status": status, "intended_status": run_state, "cur_state": run_state,
+                  "next_state": run_state}
         if inst.forced:
             states.update(inst.forced)
             status = states["actual_status"]
@@ -324,6 +334,30 @@ class VastEmulator:
                 with open(Path(self.hosts.root) / "ssh" / "authorized_keys", "a") as f:
                     f.write(key + "\n")
         return self._json({"success": True, "msg": "ssh key added to instance"})
+
+    def _put(self, request):
+        if (bad := self._enter(request)) is not None:
+            return bad
+        iid = self._iid(request)
+        want = (request.get_json(silent=True) or {}).get("state")
+        if self.refuse_state:
+            return self._json({"success": False, "error": "invalid_args", "msg": self.refuse_state}, 400)
+        with self._lock:
+            inst = self.instances.get(iid)
+            if inst is None:
+                return self._json({"success": False, "error": "no_such_instance",
+                                   "msg": f"Instance {iid} not found."}, 404)
+            if want == "stopped":
+                inst.stopped = True
+            elif want == "running" and inst.stopped:
+                inst.stopped = False
+                inst.created, inst.running_since = time.time(), None  # boots again
+                if inst.forward is not None:  # a new port for SSH, as hosts re-map on start
+                    inst.forward.stop.set()
+                    inst.forward = None
+            elif want != "running":
+                return self._json({"success": False, "error": "invalid_args", "msg": f"bad state {want!r}"}, 400)
+        return self._json({"success": True})
 
     def _delete(self, request):
         if (bad := self._enter(request)) is not None:

@@ -1,0 +1,337 @@
+"""``broker stop RUN`` / ``broker start RUN``: stop a run's rented machines keeping their disks, start them again.
+
+Where the provider can (:attr:`broker.core.provider.Provider.stoppable`: Vast.ai, OCI, AWS and the pretend
+``fake``).  Ledger-first, as every change of what bills: each machine's row goes ``stopping`` (with the disk's
+deadline and its stopped rate) *before* the provider's stop call and ``stopped`` once ``describe_instance``
+confirms it; a start writes ``starting`` (full rate again, a new deadline) before the call and ``running`` with the
+machine's new addresses after it.  Until the stop is confirmed the full rate is counted; from the start request on
+it is again (:mod:`broker.money.accounting`).
+
+Deadlines: a stopped disk still bills, so it keeps a deadline: ``--hours`` (default 24) from the stop, after which
+the watchdog deletes it like any other resource (``broker stop`` starts the watchdog).  A started machine gets
+``--hours`` from the start (default: the recipe's ``max_hours``).  The node-side dead-man switch of the first boot
+is not counted on after a stop (``attrs["deadman"] = False``): the watchdog and these deadlines are the layers.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import typer
+
+#: why a provider that cannot stop machines cannot, in words (for the refusal)
+_CANNOT = {"local": "its nodes are processes on this machine", "netns": "its nodes are network namespaces here",
+           "slurm": "Slurm allocations cannot be suspended by broker"}
+
+
+def refuse_stopped(ledger: Any, run_id: str) -> None:
+    """Raise BadInput when the machines of run ``run_id`` are stopped (``broker ssh`` / ``exec`` would wait for a
+    machine that is off), naming ``broker start``; nothing when the run is unknown or not stopped."""
+    from broker.core.provider import BadInput
+
+    try:
+        run = ledger.find_run(run_id)
+    except BadInput:
+        return  # the caller's own lookup says why
+    off = [r for r in ledger.resources(run.id, live_only=True) if r.state in ("stopping", "stopped")]
+    if off:
+        raise BadInput(f"the machines of run {run.id} are stopped ({', '.join(r.provider_id or r.name for r in off)})",
+                       hint=f"`broker start {run.id}` starts them again (a new address, SSH checked)")
+
+
+def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
+    from broker.core.provider import BadInput
+    from broker.providers import PRETEND, STOPPABLE, capability
+
+    rows = [r for r in ledger.resources(run.id, live_only=True) if r.kind in ("instance", "netns_node")]
+    if not rows:
+        raise BadInput(f"run {run.id} has no live machines (status {run.status})",
+                       hint=f"`broker status {run.id}` shows what it did")
+    cannot = sorted({r.provider for r in rows if not capability(r.provider, "stoppable")})
+    if cannot:
+        why = "; ".join(f"{p}: {_CANNOT.get(p, 'it has no stopped state that keeps a disk')}" for p in cannot)
+        raise BadInput(f"the machines of run {run.id} cannot be stopped keeping their disks ({why})",
+                       hint=f"`broker down {run.id}` ends them; machines on {', '.join(p for p in STOPPABLE if p not in PRETEND)} "
+                            "can be stopped and started")
+    picked = [r for r in rows if r.state in states and r.provider_id]
+    return picked
+
+
+def _wait_state(p: Any, res: Any, want: str, timeout_s: float, poll_s: float) -> Any:
+    """describe_instance until it reports ``want`` (or ``terminated``), at most ``timeout_s`` seconds."""
+    t0 = time.monotonic()
+    while True:
+        info = p.describe_instance(res.provider_id, region=res.region)
+        if info.state in (want, "terminated") or time.monotonic() - t0 >= timeout_s:
+            return info
+        time.sleep(poll_s)
+
+
+def _retrying(call: Any, timeout_s: float, poll_s: float) -> None:
+    """``call()``, again on TransientError (e.g. OCI's 409 IncorrectState while a stop is still settling: AWS and
+    OCI report ``stopping`` as stopped) until ``timeout_s`` seconds have passed; then the error stands."""
+    from broker.core.provider import TransientError
+
+    t0 = time.monotonic()
+    while True:
+        try:
+            return call()
+        except TransientError:
+            if time.monotonic() - t0 >= timeout_s:
+                raise
+            time.sleep(max(poll_s, 0.05))
+
+
+def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float = 600.0, poll_s: float = 2.0,
+             providers: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Stop every running machine of ``run_id`` (ledger-first, see the module docstring); returns one dict per
+    machine: ``provider``, ``provider_id``, ``state`` (``stopped``, or ``stopping`` when not confirmed within
+    ``timeout_s`` seconds), ``usd_per_hour`` (while stopped, $/h), ``basis``, ``deadline``.  Raises BadInput (the
+    run's CLI still drives its job; nothing to stop; a provider that cannot stop), the provider's errors."""
+    from broker.core.model import utcnow
+    from broker.core.provider import BadInput
+    from broker.money.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.providers import get_provider
+
+    run = ledger.find_run(run_id)
+    if run.status in ACTIVE_STATUSES and pid_alive(run.pid):
+        raise BadInput(f"run {run.id} is still {run.status} (its CLI, pid {run.pid}, drives the job): stopping its "
+                       "machines now would fail the job and the CLI would delete them",
+                       hint=f"wait for the job to end (with --idle-minutes its machines stay for `broker stop`), "
+                            f"or `broker down {run.id}`")
+    rows = _stoppable_rows(ledger, run, ("running", "stopping"))
+    if not rows:
+        raise BadInput(f"run {run.id} has no running machines to stop",
+                       hint=f"`broker status {run.id}` shows their state; `broker start {run.id}` starts stopped ones")
+    cache = dict(providers or {})
+    out = []
+    for res in rows:
+        p = cache.setdefault(res.provider, get_provider(res.provider) if res.provider not in cache else None)
+        rate, basis = p.stopped_rate(res.provider_id, region=res.region, attrs=res.attrs)
+        deadline = utcnow() + timedelta(hours=hours)
+        what = f"{res.provider} {res.kind} {res.provider_id}"
+        # ledger first: the row says a stop is under way (full rate still counted) before the provider hears it
+        ledger.update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
+                               attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
+                               message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
+                                       f"{deadline:%Y-%m-%d %H:%MZ}")
+        try:
+            p.stop(res.provider_id, region=res.region)
+        except Exception as e:
+            try:  # refused: back to what it was, unless the provider shows the stop under way after all
+                running = p.describe_instance(res.provider_id, region=res.region).state == "running"
+            except Exception:  # noqa: BLE001 - cannot tell: the row stays `stopping` (full rate, its deadline)
+                running = False
+            if running:
+                ledger.update_resource(res.id, state=res.state, deadline=res.deadline, actor="cli",
+                                       message=f"stop of {what} failed: {getattr(e, 'message', e)}")
+            raise
+        info = _wait_state(p, res, "stopped", timeout_s, poll_s)
+        if info.state == "stopped":
+            ledger.change_rate(res.id, "stopped", at=utcnow(), actor="cli",
+                               message=f"{what} stopped ({info.raw_state}); billing ${rate:.4g}/h for its disk")
+        elif info.state == "terminated":
+            ledger.update_resource(res.id, state="terminated", terminated_by="provider", actor="cli",
+                                   message=f"{what} is gone at the provider")
+        out.append({"resource": res.id, "provider": res.provider, "provider_id": res.provider_id,
+                    "state": info.state if info.state in ("stopped", "terminated") else "stopping",
+                    "usd_per_hour": rate, "running_usd_per_hour": res.usd_per_hour, "basis": basis,
+                    "deadline": deadline.isoformat()})
+    return out
+
+
+def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s: float = 600.0,
+              poll_s: float = 2.0, providers: dict[str, Any] | None = None,
+              ssh_check: bool = True) -> list[dict[str, Any]]:
+    """Start every stopped machine of ``run_id`` again: budget checked, ledger-first (``starting`` before the call),
+    then the new addresses written to the ledger and the run's ``cluster.json`` and SSH tried on each node.
+    Returns one dict per machine (``provider_id``, ``state``, ``host``, ``port``, ``ssh``: True / False / None not
+    tried, ``deadline``).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
+    does not cover ``hours`` at the full rate: exit 3), the provider's errors."""
+    from broker.core.model import utcnow
+    from broker.core.provider import BadInput, NoValidPlan
+    from broker.money.accounting import run_cost
+    from broker.providers import get_provider
+
+    run = ledger.find_run(run_id)
+    rows = _stoppable_rows(ledger, run, ("stopped", "stopping", "starting"))
+    if not rows:
+        raise BadInput(f"run {run.id} has no stopped machines", hint=f"`broker stop {run.id}` stops them")
+    if hours is None:
+        hours = float((run.recipe or {}).get("max_hours") or 1.0)
+    now = utcnow()
+    if run.budget_usd is not None:
+        spent = run_cost(run, ledger.resources(run.id), now).spent_usd
+        hourly = sum(r.usd_per_hour for r in rows)
+        worst = spent + hourly * hours
+        if worst > run.budget_usd + 1e-9:
+            fit = max(0.0, (run.budget_usd - spent) / hourly) if hourly else 0.0
+            raise NoValidPlan(f"starting run {run.id} for {hours:g} h at ${hourly:,.2f}/h brings it to "
+                              f"${worst:,.2f}, over its budget ${run.budget_usd:,.2f} (spent ${spent:,.2f})",
+                              hint=(f"`broker start {run.id} --hours {int(fit * 100) / 100:g}`" if fit >= 0.01 else
+                                    f"`broker down {run.id}` deletes the stopped disks"))
+    cache = dict(providers or {})
+    out = []
+    for res in rows:
+        p = cache.setdefault(res.provider, get_provider(res.provider) if res.provider not in cache else None)
+        deadline = utcnow() + timedelta(hours=hours)
+        what = f"{res.provider} {res.kind} {res.provider_id}"
+        at = utcnow()
+        ledger.change_rate(res.id, "starting", at=at, deadline=deadline, actor="cli",
+                           attrs={"restarted_at": at.isoformat()},
+                           message=f"start requested; {what} bills ${res.usd_per_hour:.4g}/h again until "
+                                   f"{deadline:%Y-%m-%d %H:%MZ}")
+        _retrying(lambda: p.start(res.provider_id, region=res.region), timeout_s, poll_s)
+        info = _wait_state(p, res, "running", timeout_s, poll_s)
+        row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
+               "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
+               "usd_per_hour": res.usd_per_hour}
+        if info.state == "running":
+            ledger.update_resource(res.id, state="running", actor="cli", attrs={
+                "public_ip": info.public_ip, "private_ip": info.private_ip, "ssh_host": info.ssh_host,
+                "ssh_port": info.ssh_port}, message=f"{what} running again at {info.ssh_host}:{info.ssh_port}")
+        elif info.state == "terminated":
+            ledger.update_resource(res.id, state="terminated", terminated_by="provider", actor="cli",
+                                   message=f"{what} is gone at the provider")
+        out.append(row)
+    _refresh_cluster(ledger, run, out)
+    if ssh_check:
+        _check_ssh(run, out, p_timeout=timeout_s)
+    return out
+
+
+def _refresh_cluster(ledger: Any, run: Any, rows: list[dict[str, Any]]) -> None:
+    """Write the started machines' new SSH host / port into the run's ``cluster.json`` (providers hand out a new
+    address on start), so ``broker ssh`` / ``exec`` reach them."""
+    from broker.core.private import write_private
+    from broker.core.records import Cluster
+    from broker.core.runfolder import confined_run_dir
+
+    try:
+        path = confined_run_dir(run) / "cluster.json"
+        cluster = Cluster.model_validate_json(path.read_text())
+    except (OSError, ValueError, Exception):  # noqa: BLE001 - no stored cluster (fake / local): nothing to refresh
+        return
+    by_res = {r["resource"]: r for r in rows if r["state"] == "running" and r["host"]}
+    nodes = []
+    for n in cluster.nodes:
+        r = by_res.get(n.resource_id or "")
+        nodes.append(n.model_copy(update={"host": r["host"], "port": int(r["port"] or 22)}) if r else n)
+    write_private(path, cluster.model_copy(update={"nodes": nodes}).model_dump_json(indent=2))
+
+
+def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float) -> None:
+    """Log in to every started node once (``ssh ... true`` with the run's key), retrying while sshd comes up, at
+    most ``p_timeout`` seconds; records ``ssh`` True / False per row."""
+    import subprocess
+
+    from broker.cli.day2 import ssh_argv
+    from broker.core.records import Cluster
+    from broker.core.runfolder import confined_run_dir
+
+    try:
+        cluster = Cluster.model_validate_json((confined_run_dir(run) / "cluster.json").read_text())
+    except Exception:  # noqa: BLE001 - no cluster record: nothing to log in to
+        return
+    for r in rows:
+        idx = next((i for i, n in enumerate(cluster.nodes) if n.resource_id == r["resource"]), None)
+        if idx is None or r["state"] != "running" or cluster.nodes[idx].local:
+            continue
+        argv = ssh_argv(cluster, idx, ["true"])
+        argv[1:1] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+        t0 = time.monotonic()
+        r["ssh"] = False
+        while time.monotonic() - t0 < p_timeout:
+            if subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode == 0:
+                r["ssh"] = True
+                break
+            time.sleep(1.0)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("stop", short_help="Stop a run's machines keeping their disks (the disks still bill)")
+    def stop_cmd(
+        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
+        hours: float = typer.Option(24.0, "--hours", metavar="HOURS", help="delete the stopped machines this many "
+                                    "hours from now unless started again (their disks bill until then)"),
+        timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for the "
+                                      "provider to confirm"),
+        no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog (the "
+                                         "stopped disks' deadline then rests on a later `broker watchdog`)"),
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    ) -> None:
+        """Stop RUN's rented machines keeping their disks; `broker start RUN` resumes them, `broker down` deletes."""
+        from broker.core.limits import check_number
+        from broker.core.ui import console, print_json
+        from broker.money.ledger import Ledger
+
+        check_number("--hours", "max_hours", hours)
+        ledger = Ledger()
+        run = ledger.find_run(run_id)
+        rows = stop_run(ledger, run.id, hours=hours, timeout_s=timeout)
+        from broker.core.config import settings
+
+        if not no_watchdog and settings().broker_watchdog_autostart:  # the stopped disks' deadline needs it
+            from broker.money.watchdog import start_detached
+
+            start_detached()
+        if as_json:
+            print_json({"run_id": run.id, "machines": rows})
+            return
+        for r in rows:
+            what = f"{r['provider']} instance {r['provider_id']}"
+            if r["state"] == "stopped":
+                console.print(f"{what}: stopped, billing ${r['usd_per_hour']:.4g}/h for its disk ({r['basis']}); "
+                              f"deleted at {r['deadline'][:16]}Z unless started", markup=False, highlight=False)
+            elif r["state"] == "terminated":
+                console.print(f"{what}: gone at the provider", markup=False, highlight=False)
+            else:
+                console.print(f"{what}: stop requested, not confirmed within {timeout:g} s; `broker status` "
+                              "shows it, `broker stop` again confirms", markup=False, highlight=False)
+            if r["usd_per_hour"] >= 0.5 * (r["running_usd_per_hour"] or 0) > 0:
+                console.print(f"  note: stopped it still bills ${r['usd_per_hour']:.4g}/h of its "
+                              f"${r['running_usd_per_hour']:.4g}/h; only `broker down {run.id}` ends that",
+                              markup=False, highlight=False)
+        console.print(f"  start it:  broker start {run.id}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
+        if any(r["state"] == "stopping" for r in rows):
+            raise typer.Exit(4)
+
+    @app.command("start", short_help="Start a stopped run's machines again (new addresses, SSH checked)")
+    def start_cmd(
+        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
+        hours: float = typer.Option(None, "--hours", metavar="HOURS", help="delete the machines this many hours "
+                                    "from now (default: the recipe's max_hours)"),
+        timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for each "
+                                      "machine to run and answer SSH"),
+        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    ) -> None:
+        """Start RUN's stopped machines; their new addresses go to the run's records, then SSH is tried."""
+        from broker.core.limits import check_number
+        from broker.core.ui import console, print_json
+        from broker.money.ledger import Ledger
+
+        if hours is not None:
+            check_number("--hours", "max_hours", hours)
+        ledger = Ledger()
+        run = ledger.find_run(run_id)
+        rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout)
+        bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False]
+        if as_json:
+            print_json({"run_id": run.id, "machines": rows})
+        else:
+            for r in rows:
+                what = f"{r['provider']} instance {r['provider_id']}"
+                if r["state"] != "running":
+                    console.print(f"{what}: {r['state']} (not running within {timeout:g} s)", markup=False,
+                                  highlight=False)
+                    continue
+                ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
+                console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
+                              f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
+            console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
+        if bad:
+            raise typer.Exit(4)
