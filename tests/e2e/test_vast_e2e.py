@@ -18,7 +18,7 @@ from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
 from broker.run.cloudtarget import CloudTarget
 from broker.run.runrecord import Hooks
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.run.pipeline import run_pipeline
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO, broker_cmd

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.money.ledger import Ledger
 from broker.core.model import Requirements, Resource, Run, TopologyKind, utcnow
 from broker.core.provider import AuthError, NoValidPlan, OfferGone, ProviderError
