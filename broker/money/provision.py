@@ -10,7 +10,7 @@
 3. ``describe_instance`` until ``running``; ``failed`` / ``stopped`` / ``terminated`` or the ready timeout count
    as "never ready".
 
-Failover rules (docs/design.md, issue 4):
+Failover rules (docs/design.md):
 
 * ``OfferGone`` or never ready -> the next option;
 * ``CapacityError`` -> skip the remaining options for the same instance type in the same zone / availability

@@ -127,7 +127,7 @@ def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str,
 
 def python_first_path(python: str | None, path: str | None) -> str:
     """``PATH`` with the training interpreter's ``bin/`` first, so ``setup`` commands' ``python``/``pip`` are the
-    ones torchrun uses (issue 15: the venv's, not whatever comes first on the user's PATH)."""
+    ones torchrun uses (the venv's, not whatever comes first on the user's PATH)."""
     bindir = str(Path(python or sys.executable).parent)
     rest = [p for p in (path or os.defpath).split(os.pathsep) if p and p != bindir]
     return os.pathsep.join([bindir, *rest])

@@ -95,7 +95,7 @@ def test_status_empty_ledger(tmp_path, monkeypatch):
     assert res.exit_code == 0 and "no live resources" in res.output and "watchdog: not running" in res.output
 
 
-# ------------------------------------------------------------------------------------------------ issue 12 item 9
+# ------------------------------------------------------------------------------------ dead CLIs, settled runs
 def _dead_pid() -> int:
     import subprocess
 

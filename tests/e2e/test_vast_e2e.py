@@ -1,5 +1,5 @@
 """The real Vast.ai adapter through the whole pipeline (plan -> provision -> SSH executor -> teardown) against a
-stateful Vast API emulator (tests/support/vast_emulator.py) whose instances are netns hosts with a real sshd (issue 12).
+stateful Vast API emulator (tests/support/vast_emulator.py) whose instances are netns hosts with a real sshd.
 
 Vast is simulated-only: one 2-GPU host is ONE netns host carrying two simulated nodes (gloo on CPU, cpu_ok).  The
 adapter is pointed at the emulator with VAST_API_URL and a fake VAST_API_KEY; `onstart` never runs, so the run's
@@ -159,7 +159,7 @@ def test_without_the_key_api_the_run_cannot_log_in(hosts, emulator, tmp_path):
 
 
 def test_a_key_lost_by_the_key_api_is_posted_again_when_logins_are_refused(hosts, emulator, tmp_path):
-    """Issue 12 item 3: "retry on auth failure".  The first key API call is answered with success but the key never
+    """Retry on auth failure.  The first key API call is answered with success but the key never
     reaches the host; SSH refuses the login, broker posts the key again, the next login works."""
     emu = emulator(hosts(1), lose_first_keys=1)
     out, ledger, lines, said = _run(tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 12 (core part) against the file-backed fake cloud: two installations on one account, ambiguous creates,
+"""Money safety of the core against the file-backed fake cloud: two installations on one account, ambiguous creates,
 teardown that finishes (transient 5xx, 409 while a dependency lives, dependency order) and quota scope."""
 
 from __future__ import annotations

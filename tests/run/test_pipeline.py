@@ -406,7 +406,7 @@ def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
 
 
 def test_no_docstring_points_outside_the_repository():
-    """Issue 15: references in code name files of this repository (docs/design.md, docs/reference/...), never the
+    """References in code name files of this repository (docs/design.md, docs/reference/...), never the
     team's shared folder."""
     import re
 
