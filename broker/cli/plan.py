@@ -278,296 +278,302 @@ def add_free_tier(req: "Requirements", facts: Any, names: list[str]) -> None:
                            "assumptions")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("plan", short_help="The cheapest valid way to run a job, and why not the others")
-    def plan_cmd(
-        budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
-        nodes: int = typer.Option(None, "--nodes", "-n", help="nodes (default 2)"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 1)"),
-        gpu: list[str] = typer.Option(None, "--gpu", help="accepted GPU model (repeatable; default any)"),
-        min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", help="GiB per GPU (default 16)"),
-        hours: float = typer.Option(None, "--hours", help="hard deadline in hours (default 1)"),
-        max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
-        topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | hybrid | any"),
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
-        recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
-        cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
-        cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
-                                      "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
-                                      "limits"),
-        disk: float = typer.Option(None, "--disk", help="disk per node in GiB (default 40)"),
-        top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
-        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
-        offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "
-                                     "snapshots (also when an API is rate-limited or down)"),
-        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (GPU models, price sources, where); "
-                                  "default: when the terminal has 120 columns or more"),
-        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-    ) -> None:
-        """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
-        from broker.core.errors import BadInput
-        from broker.core.limits import check_number
+def plan_cmd(
+    budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
+    nodes: int = typer.Option(None, "--nodes", "-n", help="nodes (default 2)"),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 1)"),
+    gpu: list[str] = typer.Option(None, "--gpu", help="accepted GPU model (repeatable; default any)"),
+    min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", help="GiB per GPU (default 16)"),
+    hours: float = typer.Option(None, "--hours", help="hard deadline in hours (default 1)"),
+    max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
+    topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | hybrid | any"),
+    provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
+    recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
+    cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
+    cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
+                                  "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
+                                  "limits"),
+    disk: float = typer.Option(None, "--disk", help="disk per node in GiB (default 40)"),
+    top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
+    vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+    offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "
+                                 "snapshots (also when an API is rate-limited or down)"),
+    wide: bool = typer.Option(None, "--wide/--narrow", help="every column (GPU models, price sources, where); "
+                              "default: when the terminal has 120 columns or more"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+) -> None:
+    """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
+    from broker.core.errors import BadInput
+    from broker.core.limits import check_number
 
-        # the same limits as a recipe's (broker.core.limits), before anything is planned
-        for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
-                                   ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours),
-                                   ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
-            check_number(flag, field, value)
-        from broker.plan.planner import plan as make_plan
-        from broker.core.ui import err, print_json
+    # the same limits as a recipe's (broker.core.limits), before anything is planned
+    for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
+                               ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours),
+                               ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
+        check_number(flag, field, value)
+    from broker.plan.planner import plan as make_plan
+    from broker.core.ui import err, print_json
 
-        if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
-            raise BadInput(f"--topology {topology!r} is not a topology",
-                           hint="simulated, multi-node, local, hybrid or any")
-        if max_run and hours is not None:
-            raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
-        if max_run and budget is None and recipe is None:
-            raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
-        req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
-                            min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
-                            cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
-        if max_run:
-            req = replace(req, hours=None)
-        if cpu_only:
-            req = replace(req, gpus_per_node=0, cpu_ok=True)
-        names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
-        facts = gather(req, names, vast_query=vast_query, offline=offline)
-        if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
-            add_free_tier(req, facts, names)
-        p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
-                      unavailable=facts.unavailable, top_k=max(top * 8, 20))
-        log_plan(p)
-        from broker.plan.explain import no_plan_hints
+    if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
+        raise BadInput(f"--topology {topology!r} is not a topology",
+                       hint="simulated, multi-node, local, hybrid or any")
+    if max_run and hours is not None:
+        raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
+    if max_run and budget is None and recipe is None:
+        raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
+    req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
+                        min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
+                        cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None)
+    if max_run:
+        req = replace(req, hours=None)
+    if cpu_only:
+        req = replace(req, gpus_per_node=0, cpu_ok=True)
+    names = check_names(provider) if provider else list(DEFAULT_PROVIDERS)
+    facts = gather(req, names, vast_query=vast_query, offline=offline)
+    if cpu_only or (req.gpus_per_node == 0 and req.cpu_ok):  # --cpu-only or a recipe's gpus_per_node: 0
+        add_free_tier(req, facts, names)
+    p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
+                  unavailable=facts.unavailable, top_k=max(top * 8, 20))
+    log_plan(p)
+    from broker.plan.explain import no_plan_hints
 
-        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
-            "no offer matched the job at all (GPU model, memory, providers): see the notes above"
-            if not p.rejected else "relax the job, raise the budget or request quota")
-        no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
-        if as_json:
-            # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
-            doc: dict[str, Any] = {"chosen": p.chosen,
-                                   "next_step": next_step(p, recipe), "plan": p}
-            if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
-                doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
-                                "hint": no_plan[1], "exit_code": 3}
-            print_json(doc)
+    hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+        "no offer matched the job at all (GPU model, memory, providers): see the notes above"
+        if not p.rejected else "relax the job, raise the budget or request quota")
+    no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
+    if as_json:
+        # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
+        doc: dict[str, Any] = {"chosen": p.chosen,
+                               "next_step": next_step(p, recipe), "plan": p}
+        if p.chosen is None:  # like every error in JSON mode: an error object beside the plan
+            doc["error"] = {"type": "NoValidPlan", "kind": "no_valid_plan", "message": no_plan[0],
+                            "hint": no_plan[1], "exit_code": 3}
+        print_json(doc)
+    else:
+        render_plan(p, recipe, limit=top, wide=wide)
+    if p.chosen is None:
+        if as_json:  # the one-line message on stderr, as for other errors in JSON mode
+            from broker.cli.app import _report
+
+            _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
         else:
-            render_plan(p, recipe, limit=top, wide=wide)
-        if p.chosen is None:
-            if as_json:  # the one-line message on stderr, as for other errors in JSON mode
-                from broker.cli.app import _report
+            from rich.markup import escape as esc
 
-                _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
-            else:
-                from rich.markup import escape as esc
+            err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
+                      markup=True)
+        raise typer.Exit(3)
 
-                err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
-                          markup=True)
-            raise typer.Exit(3)
 
-    @app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")
-    def offers_cmd(
-        gpu: list[str] = typer.Option(None, "--gpu", help="GPU model (repeatable), e.g. 'RTX 4090', A10"),
-        min_gpu_mem: float = typer.Option(0.0, "--min-gpu-mem", min=0, help="GiB per GPU"),
-        num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="at least this many GPUs per offer"),
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
-        limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
-        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
-        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (vCPU/RAM, disk price); default: "
-                                  f"when the terminal has {WIDE_COLUMNS} columns"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
-        from rich.markup import escape
-        from rich.table import Table
+def offers_cmd(
+    gpu: list[str] = typer.Option(None, "--gpu", help="GPU model (repeatable), e.g. 'RTX 4090', A10"),
+    min_gpu_mem: float = typer.Option(0.0, "--min-gpu-mem", min=0, help="GiB per GPU"),
+    num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="at least this many GPUs per offer"),
+    provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
+    limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
+    vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
+    wide: bool = typer.Option(None, "--wide/--narrow", help="every column (vCPU/RAM, disk price); default: "
+                              f"when the terminal has {WIDE_COLUMNS} columns"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
+    from rich.markup import escape
+    from rich.table import Table
 
-        from broker.core.model import Requirements
-        from broker.plan.planner import fmt_num, gpu_name_matches
-        from broker.core.ui import console, print_json, print_table, usd
+    from broker.core.model import Requirements
+    from broker.plan.planner import fmt_num, gpu_name_matches
+    from broker.core.ui import console, print_json, print_table, usd
 
-        req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
-                           hours=None, budget_usd=None, topology="any")
-        facts = gather(req, check_names(provider) if provider else list(CLOUD), facts_too=False,
-                       vast_query=vast_query)
-        rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
-                and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
-        if provider and "local" in provider and not any(o.provider == "local" for o in rows):
-            # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
-            from broker.providers import get_provider
-
-            here = get_provider("local").machine_offer()
-            rows.append(here)
-            facts.notes.append("local: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
-                               if here.gpu_count else "has no GPU: it runs a job with cpu_ok: true (gloo on CPU), "
-                               "free"))
-        rows.sort(key=lambda o: (o.usd_per_hour, o.key))
-        if as_json:
-            print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
-            return
-        from rich import box
-
-        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        if wide is None:
-            wide = console.width >= WIDE_COLUMNS
-        cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
-        cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
-        cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
-        for col, nowrap in cols:
-            t.add_column(col, no_wrap=nowrap, overflow="fold",
-                         justify="right" if col.startswith(("$", "disk")) else "left")
-        for o in rows[:limit]:
-            if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
-                offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
-            elif o.offer_id == o.instance_type or o.gpu_name in o.instance_type:
-                offer = o.offer_id
-            else:
-                offer = f"{o.offer_id} ({o.instance_type})"
-            gpus = (f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G" if o.gpu_count else
-                    f"none ({fmt_num(o.vcpus)} CPUs)")
-            cells = [o.provider, escape(offer), escape(gpus)]
-            if wide:
-                cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
-                          usd(o.usd_per_hour),
-                          "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}"]
-            else:
-                cells += [usd(o.usd_per_hour)]
-            cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
-            t.add_row(*cells)
-        print_table(t, wide=wide)
-        if not wide:
-            console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
-                          "prices[/]")
-        for n in facts.notes:
-            console.print(f"[dim]note:[/] {escape(n)}")
-
-    @app.command("check", short_help="Whether each provider's credentials are present")
-    def check_cmd(
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
-        online: bool = typer.Option(False, "--online", help="also make one cheap authenticated call where the "
-                                    "adapter has one (Vast.ai: current user and credit)"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Whether each provider's credentials are present (no network) and, with --online, usable."""
-        import inspect
-
-        from rich.markup import escape
-        from broker.core.provider import ProviderCheck
-        from broker.core.ui import console, print_json
+    req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
+                       hours=None, budget_usd=None, topology="any")
+    facts = gather(req, check_names(provider) if provider else list(CLOUD), facts_too=False,
+                   vast_query=vast_query)
+    rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
+            and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
+    if provider and "local" in provider and not any(o.provider == "local" for o in rows):
+        # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
         from broker.providers import get_provider
 
-        results: list[ProviderCheck] = []
-        for name in check_names(provider) if provider else list(DEFAULT_PROVIDERS):
-            try:
-                p = get_provider(name)
-                if online and "online" in inspect.signature(p.check).parameters:
-                    results.append(p.check(online=True))  # type: ignore[call-arg]
-                else:
-                    results.append(p.check())
-            except ImportError as e:
-                results.append(ProviderCheck(provider=name, configured=False, usable=None,
-                                             detail=f"adapter broker.providers.{name} not available: {_short(e)}",
-                                             hint="plans use the shipped price snapshot"))
-            except Exception as e:
-                results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
-            r = results[-1]
-            _log.info("check %s: credentials %s, %s%s", name, "present" if r.configured else "missing",
-                      {True: "usable", False: "not usable", None: "not tried online"}[r.usable],
-                      f" ({r.detail})" if r.detail else "")
-        if as_json:
-            print_json({"providers": results})
-            return
-        # one block per provider (URLs and key paths are never cut: they are what the user must copy)
-        for r in results:
-            usable = {True: "usable", False: "NOT usable", None: "not tried online"}[r.usable]
-            state = "[green]present[/]" if r.configured else "[yellow]missing[/]"
-            console.print(f"[bold]{r.provider}[/]: credentials {state}, {usable}", highlight=False)
-            if r.detail:
-                console.print(f"  {escape(r.detail)}", highlight=False, soft_wrap=False)
-            if r.hint:
-                console.print(f"  -> {escape(r.hint)}", highlight=False, soft_wrap=True)
+        here = get_provider("local").machine_offer()
+        rows.append(here)
+        facts.notes.append("local: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
+                           if here.gpu_count else "has no GPU: it runs a job with cpu_ok: true (gloo on CPU), "
+                           "free"))
+    rows.sort(key=lambda o: (o.usd_per_hour, o.key))
+    if as_json:
+        print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
+        return
+    from rich import box
 
+    t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    if wide is None:
+        wide = console.width >= WIDE_COLUMNS
+    cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
+    cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
+    cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
+    for col, nowrap in cols:
+        t.add_column(col, no_wrap=nowrap, overflow="fold",
+                     justify="right" if col.startswith(("$", "disk")) else "left")
+    for o in rows[:limit]:
+        if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
+            offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
+        elif o.offer_id == o.instance_type or o.gpu_name in o.instance_type:
+            offer = o.offer_id
+        else:
+            offer = f"{o.offer_id} ({o.instance_type})"
+        gpus = (f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G" if o.gpu_count else
+                f"none ({fmt_num(o.vcpus)} CPUs)")
+        cells = [o.provider, escape(offer), escape(gpus)]
+        if wide:
+            cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
+                      usd(o.usd_per_hour),
+                      "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}"]
+        else:
+            cells += [usd(o.usd_per_hour)]
+        cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
+        t.add_row(*cells)
+    print_table(t, wide=wide)
+    if not wide:
+        console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
+                      "prices[/]")
+    for n in facts.notes:
+        console.print(f"[dim]note:[/] {escape(n)}")
+
+
+def check_cmd(
+    provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
+    online: bool = typer.Option(False, "--online", help="also make one cheap authenticated call where the "
+                                "adapter has one (Vast.ai: current user and credit)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Whether each provider's credentials are present (no network) and, with --online, usable."""
+    import inspect
+
+    from rich.markup import escape
+    from broker.core.provider import ProviderCheck
+    from broker.core.ui import console, print_json
+    from broker.providers import get_provider
+
+    results: list[ProviderCheck] = []
+    for name in check_names(provider) if provider else list(DEFAULT_PROVIDERS):
+        try:
+            p = get_provider(name)
+            if online and "online" in inspect.signature(p.check).parameters:
+                results.append(p.check(online=True))  # type: ignore[call-arg]
+            else:
+                results.append(p.check())
+        except ImportError as e:
+            results.append(ProviderCheck(provider=name, configured=False, usable=None,
+                                         detail=f"adapter broker.providers.{name} not available: {_short(e)}",
+                                         hint="plans use the shipped price snapshot"))
+        except Exception as e:
+            results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
+        r = results[-1]
+        _log.info("check %s: credentials %s, %s%s", name, "present" if r.configured else "missing",
+                  {True: "usable", False: "not usable", None: "not tried online"}[r.usable],
+                  f" ({r.detail})" if r.detail else "")
+    if as_json:
+        print_json({"providers": results})
+        return
+    # one block per provider (URLs and key paths are never cut: they are what the user must copy)
+    for r in results:
+        usable = {True: "usable", False: "NOT usable", None: "not tried online"}[r.usable]
+        state = "[green]present[/]" if r.configured else "[yellow]missing[/]"
+        console.print(f"[bold]{r.provider}[/]: credentials {state}, {usable}", highlight=False)
+        if r.detail:
+            console.print(f"  {escape(r.detail)}", highlight=False, soft_wrap=False)
+        if r.hint:
+            console.print(f"  -> {escape(r.hint)}", highlight=False, soft_wrap=True)
+
+
+def catalog_show(
+    provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...",
+                                         help=f"providers (default: {' '.join(SNAPSHOT)})"),
+    offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Date, source, notes and size of each provider's price snapshot in effect."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from broker.plan import catalog
+    from broker.core.provider import BadInput
+    from broker.core.ui import console, print_json
+
+    names = list(provider) if provider else list(catalog.PROVIDERS)
+    metas = []
+    for n in names:
+        try:
+            metas.append(catalog.snapshot_meta(n))
+        except FileNotFoundError as e:
+            raise BadInput(str(e), hint=f"providers with snapshots: {', '.join(catalog.PROVIDERS)}") from None
+    if as_json:
+        print_json({"snapshots": [{**m, **({"offer_list": catalog.snapshot_offers(m['provider'])} if offers
+                                             else {})} for m in metas]})
+        return
+    for m in metas:
+        kind = "refreshed" if m["overlay"] else "shipped"
+        console.print(f"[bold]{m['provider']}[/]: snapshot {m['date']} ({escape(m.get('label', ''))}), "
+                      f"{m['offers']} offers, {kind}: {escape(m['path'])}")
+        console.print(f"  source: {escape(m.get('source', ''))}")
+        for note in m.get("notes", []):
+            console.print(f"  note: {escape(note)}")
+        if offers:
+            t = Table(show_header=True)
+            for col in ("instance type", "GPUs", "GiB/GPU", "$/h", "region", "min billed s", "storage $/GiB/mo"):
+                t.add_column(col)
+            for o in catalog.snapshot_offers(m["provider"]):
+                t.add_row(escape(o.instance_type), f"{o.gpu_count}x {escape(o.gpu_name)}", f"{o.gpu_mem_gib:g}",
+                          f"{o.usd_per_hour:g}", escape(o.region or "any"), f"{o.min_billed_seconds:g}",
+                          f"{o.storage_usd_per_gib_month:g}")
+            console.print(t)
+
+
+def catalog_refresh(
+    provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
+) -> None:
+    """Write new dated snapshots from live sources (kept in the broker home, used before the shipped ones).
+
+    Vast.ai: a live offer search (VAST_API_KEY).  AWS: the Pricing API (AWS credentials).  OCI: Oracle's
+    public price list (no credentials).  A provider whose source is unavailable keeps its snapshot."""
+    from rich.markup import escape
+
+    from broker.plan import catalog
+    from broker.core.ui import console
+
+    failed = 0
+    for name in (list(provider) if provider else list(CLOUD)):
+        date, _ = catalog.snapshot_info(name)
+        keep = f"keeping snapshot {date}"
+        try:
+            got = live_catalog(name)
+        except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
+            failed += 1
+            console.print(f"[red]{name}: refresh failed[/]: {escape(_short(e))}; {keep}")
+            continue
+        if isinstance(got, str):
+            console.print(f"{name}: {escape(got)}; {keep}")
+            continue
+        offers, source = got
+        if not offers:
+            console.print(f"{name}: the live source returned no offers; {keep}")
+            continue
+        path = catalog.refresh(name, offers, source=source)
+        console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
+    if failed:
+        raise typer.Exit(4)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan``, ``offers``, ``check`` and ``catalog show|refresh`` to ``app``."""
+    app.command("plan", short_help="The cheapest valid way to run a job, and why not the others")(plan_cmd)
+    app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")(offers_cmd)
+    app.command("check", short_help="Whether each provider's credentials are present")(check_cmd)
     catalog_app = typer.Typer(help="Price snapshots: show what is in effect, refresh from live APIs.",
                               no_args_is_help=True)
     app.add_typer(catalog_app, name="catalog", short_help="Price snapshots: show them, refresh from live APIs")
-
-    @catalog_app.command("show", short_help="Date, source and size of each price snapshot in effect")
-    def catalog_show(
-        provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...",
-                                             help=f"providers (default: {' '.join(SNAPSHOT)})"),
-        offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Date, source, notes and size of each provider's price snapshot in effect."""
-        from rich.markup import escape
-        from rich.table import Table
-
-        from broker.plan import catalog
-        from broker.core.provider import BadInput
-        from broker.core.ui import console, print_json
-
-        names = list(provider) if provider else list(catalog.PROVIDERS)
-        metas = []
-        for n in names:
-            try:
-                metas.append(catalog.snapshot_meta(n))
-            except FileNotFoundError as e:
-                raise BadInput(str(e), hint=f"providers with snapshots: {', '.join(catalog.PROVIDERS)}") from None
-        if as_json:
-            print_json({"snapshots": [{**m, **({"offer_list": catalog.snapshot_offers(m['provider'])} if offers
-                                                 else {})} for m in metas]})
-            return
-        for m in metas:
-            kind = "refreshed" if m["overlay"] else "shipped"
-            console.print(f"[bold]{m['provider']}[/]: snapshot {m['date']} ({escape(m.get('label', ''))}), "
-                          f"{m['offers']} offers, {kind}: {escape(m['path'])}")
-            console.print(f"  source: {escape(m.get('source', ''))}")
-            for note in m.get("notes", []):
-                console.print(f"  note: {escape(note)}")
-            if offers:
-                t = Table(show_header=True)
-                for col in ("instance type", "GPUs", "GiB/GPU", "$/h", "region", "min billed s", "storage $/GiB/mo"):
-                    t.add_column(col)
-                for o in catalog.snapshot_offers(m["provider"]):
-                    t.add_row(escape(o.instance_type), f"{o.gpu_count}x {escape(o.gpu_name)}", f"{o.gpu_mem_gib:g}",
-                              f"{o.usd_per_hour:g}", escape(o.region or "any"), f"{o.min_billed_seconds:g}",
-                              f"{o.storage_usd_per_gib_month:g}")
-                console.print(t)
-
-    @catalog_app.command("refresh", short_help="Write new dated price snapshots from live sources")
-    def catalog_refresh(
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
-    ) -> None:
-        """Write new dated snapshots from live sources (kept in the broker home, used before the shipped ones).
-
-        Vast.ai: a live offer search (VAST_API_KEY).  AWS: the Pricing API (AWS credentials).  OCI: Oracle's
-        public price list (no credentials).  A provider whose source is unavailable keeps its snapshot."""
-        from rich.markup import escape
-
-        from broker.plan import catalog
-        from broker.core.ui import console
-
-        failed = 0
-        for name in (list(provider) if provider else list(CLOUD)):
-            date, _ = catalog.snapshot_info(name)
-            keep = f"keeping snapshot {date}"
-            try:
-                got = live_catalog(name)
-            except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
-                failed += 1
-                console.print(f"[red]{name}: refresh failed[/]: {escape(_short(e))}; {keep}")
-                continue
-            if isinstance(got, str):
-                console.print(f"{name}: {escape(got)}; {keep}")
-                continue
-            offers, source = got
-            if not offers:
-                console.print(f"{name}: the live source returned no offers; {keep}")
-                continue
-            path = catalog.refresh(name, offers, source=source)
-            console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
-        if failed:
-            raise typer.Exit(4)
+    catalog_app.command("show", short_help="Date, source and size of each price snapshot in effect")(catalog_show)
+    catalog_app.command("refresh", short_help="Write new dated price snapshots from live sources")(catalog_refresh)
 
 
 def live_catalog(name: str) -> "tuple[list[Offer], str] | str":

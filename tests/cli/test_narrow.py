@@ -161,11 +161,11 @@ def test_a_failing_run_fits_80_columns_and_lists_what_was_not_staged(cli_env, tm
     v = subprocess.run(broker_cmd("-v", "run", str(recipe)), cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=240)
     assert v.returncode == 1
-    assert re.search(r"INFO broker\.executor: staging 3 file\(s\), \d+ B \(\d+ bytes\) per node", v.stderr), v.stderr
+    assert re.search(r"INFO broker\.run\.executor: staging 3 file\(s\), \d+ B \(\d+ bytes\) per node", v.stderr), v.stderr
     assert "not copied to the nodes (10): .aws/, .env, .env.local, .git/, .oci/, .ssh/, a.pem, b.key, data/, id_rsa" \
         in v.stderr, v.stderr
     assert "INFO broker.run.executor: step stage" in v.stderr and "INFO broker.run.executor: step launch" in v.stderr
-    assert re.search(r"INFO broker\.ledger: ledger: run \S+ start by cli", v.stderr), v.stderr
+    assert re.search(r"INFO broker\.money\.ledger: ledger: run \S+ start by cli", v.stderr), v.stderr
     assert "INFO broker.run.pipeline: run " in v.stderr
     assert v.stdout.count("[node 1] RuntimeError: boom") == 1
 
