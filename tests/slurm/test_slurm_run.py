@@ -14,10 +14,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.support.slurm_cluster import cluster_fixture
-except ImportError:  # tests/ imported as a package
-    from tests.support.slurm_cluster import cluster_fixture
+from tests.support.slurm_cluster import cluster_fixture
 
 REPO = Path(__file__).resolve().parents[2]
 
