@@ -174,7 +174,7 @@ class CloudTarget(Target):
 
     def watching(self, run: Run, ctx: Context) -> "contextlib.AbstractContextManager[None]":
         """While the job runs: describe every instance of ``run`` each ``monitor_s`` seconds; one the provider
-        shows stopped / failed / gone ends the job at once (:func:`watch_nodes`)."""
+        shows stopped / failed / gone ends the job at once (:func:`broker.run.guard.watch_nodes`)."""
         return watch_nodes(ctx.ledger, run, self.providers, ctx, interval_s=self.monitor_s)
 
     @property
