@@ -86,7 +86,7 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
 
 def case_job(poll_s: float) -> float:
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.providers.fake import FakeProvider
 
     with tempfile.TemporaryDirectory() as d:
@@ -107,7 +107,7 @@ def case_job(poll_s: float) -> float:
 
 def case_loading(poll_s: float) -> float:
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.providers.vast import VastProvider
     from tests.support.vast_emulator import API_KEY, VastEmulator, offer_row
 

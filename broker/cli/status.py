@@ -6,7 +6,7 @@ USD/hour, spent so far, worst case at the deadline, time left, armed layers (CLI
 the table (red).  Readable at 80 columns; ``--wide`` or ``broker status RUN`` give the details.  Money follows
 :mod:`broker.money.accounting` (billing counted from creation, per second; a create that never happened costs $0).
 
-The truth, not the ledger's last guess (issue 12): unless ``--no-refresh``, live instances are described at their
+The truth, not the ledger's last guess: unless ``--no-refresh``, live instances are described at their
 provider (when its adapter says it is configured) and those the provider reports gone - e.g. destroyed by the
 node's own dead-man switch - are marked ``terminated`` (by ``provider``, at the time seen); a run still marked
 active whose CLI process is dead on this machine is marked ``interrupted`` (as the watchdog does).  Rows left

@@ -38,7 +38,7 @@ def node_workroot(ssh_user: str, override: str | None = None) -> str:
 
 
 def job_done_path(ssh_user: str, override: str | None = None) -> str:
-    """``<workroot>/job.done``: the SSH runner (:func:`broker.run.remote.run_remote`) touches it on every node when the
+    """``<workroot>/job.done``: the SSH runner (:class:`broker.run.remote.SSHExecutor`) touches it on every node when the
     job has ended; the node-side idle watch (:func:`broker.core.nodescripts.idle_watch_script`) starts counting then."""
     return node_workroot(ssh_user, override).rstrip("/") + "/job.done"
 

@@ -38,13 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from broker.lint.kinds import FIXES as PY_FIXES
 from broker.lint.kinds import Finding
 from broker.lint.sbatch import _shell_commands, _TORCHRUN, is_sbatch, lint_sbatch
-
-#: suffixes and shebangs that make a file a shell script for ``broker lint``
-SHELL_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm"}
-_SHEBANG = re.compile(r"#!\s*\S*\b(ba|z|k|da)?sh\b|#!\s*/usr/bin/env\s+(ba|z|k|da)?sh\b")
 
 MASTER_FIX = ('set it from the allocation, in the batch shell: `export MASTER_ADDR=$(scontrol show hostnames '
               '"$SLURM_JOB_NODELIST" | head -n 1)` and pass `--master_addr=$MASTER_ADDR` to torchrun')
@@ -79,19 +74,6 @@ FATAL = {"sbatch-torchrun-not-srun", "sbatch-no-node-rank", "shell-node-rank-exp
 #: long names of the sbatch options the header check reads (short forms mapped to them)
 _SHORT = {"-N": "nodes", "-c": "cpus-per-task", "-t": "time", "-p": "partition", "-o": "output", "-e": "error",
           "-J": "job-name", "-n": "ntasks", "-G": "gpus", "-D": "chdir"}
-
-
-def is_shell_script(path: Path, text: str | None = None) -> bool:
-    """A shell script: a shell suffix or a ``#!/bin/sh``-like first line (``#!/bin/bash``, ``#!/usr/bin/env bash``)."""
-    if path.suffix in SHELL_SUFFIXES:
-        return True
-    if text is None:
-        try:
-            with path.open(encoding="utf-8", errors="replace") as fh:
-                text = fh.readline()
-        except OSError:
-            return False
-    return bool(_SHEBANG.match(text.split("\n", 1)[0]))
 
 
 def launches(path: Path) -> bool:
@@ -376,10 +358,6 @@ def _suppressed(findings: list[Finding], text: str) -> list[Finding]:
             continue
         keep.append(f)
     return keep
-
-
-def fix_for(kind: str) -> str:
-    return FIXES.get(kind) or PY_FIXES.get(kind, "")
 
 
 # --------------------------------------------------------------------------------------------------- cluster rules

@@ -31,7 +31,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -53,20 +53,6 @@ ENDED_STATUSES = ("succeeded", "failed", "interrupted", "deadline", "torn_down")
 def system_clock() -> datetime:
     """The real clock (UTC, aware)."""
     return utcnow()
-
-
-class FakeClock:
-    """A settable clock for tests: ``clock()`` returns ``start`` plus what :meth:`advance` added."""
-
-    def __init__(self, start: datetime | None = None):
-        self.now = start or utcnow()
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        self.now = self.now + timedelta(seconds=seconds)
-        return self.now
 
 
 def _aware(t: datetime | None) -> datetime | None:

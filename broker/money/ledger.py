@@ -234,7 +234,7 @@ class Ledger:
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
         # this installation's id: random, created once per ledger (BROKER_HOME); tagged on every created resource
-        # beside the run id so orphan handling never touches another installation's resources (issue 12 item 1)
+        # beside the run id so orphan handling never touches another installation's resources
         if "installation_id" not in have:
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
                              ("bi" + uuid.uuid4().hex[:10],))

@@ -10,7 +10,7 @@
 3. ``describe_instance`` until ``running``; ``failed`` / ``stopped`` / ``terminated`` or the ready timeout count
    as "never ready".
 
-Failover rules (docs/design.md, issue 4):
+Failover rules (docs/design.md):
 
 * ``OfferGone`` or never ready -> the next option;
 * ``CapacityError`` -> skip the remaining options for the same instance type in the same zone / availability
@@ -48,7 +48,7 @@ either has run out, or the watchdog ended the run, :class:`ClockOut` stops provi
 ``interrupted``): nothing is rented after the deadline, and an instance the watchdog killed is never taken for a
 failed offer.  The rate the provider reports for an instance (describe's ``usd_per_hour``) replaces the planned one
 in the ledger (:func:`record_reported_rate`); more than 10 % above the plan and past the budget it raises
-:class:`RateAboveBudget`.
+:class:`broker.money.cost.RateAboveBudget`.
 
 Costs: :func:`spent_usd` bills each resource per second from its ledger ``created_at`` (the moment the intent
 was recorded, i.e. just before the create call) until ``terminated_at`` (or now).  That is conservative on

@@ -167,7 +167,7 @@ def collect_local(workdir: Path, patterns: list[str], root: Path, budget: Artifa
 def record_artifacts(result: RunResult, patterns: list[str], found: dict[int, list[str]], run_dir: Path,
                      echo: Callable[[str], None] | None, refused: dict[int, list[str]] | None = None) -> None:
     """Log what was collected from each node into ``run_dir/artifacts/node<i>/`` (in rank 0's log and on the
-    console); a pattern that no node produced fails a succeeded run with that name (issue 13 item 5); an artifact
+    console); a pattern that no node produced fails a succeeded run with that name (the job did not make what it promised); an artifact
     broker refused (``refused``: node -> ``'name' (why)``) fails the run and is named in its reason."""
     lines = []
     for i, names in sorted(found.items()):

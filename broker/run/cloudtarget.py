@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from broker.run.executor import Executor
 
 
-#: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider (issue 12 item
-#: 3: OCI and AWS report RUNNING 30-60 s before sshd accepts; Vast containers start sshd with onstart)
+#: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider
+#: (OCI and AWS report RUNNING 30-60 s before sshd accepts; Vast containers start sshd with onstart)
 READY_TIMEOUT_S = {"oci": 300.0, "aws": 300.0, "vast": 180.0}
 DEFAULT_READY_TIMEOUT_S = 120.0
 
@@ -174,7 +174,7 @@ class CloudTarget(Target):
 
     def watching(self, run: Run, ctx: Context) -> "contextlib.AbstractContextManager[None]":
         """While the job runs: describe every instance of ``run`` each ``monitor_s`` seconds; one the provider
-        shows stopped / failed / gone ends the job at once (:func:`watch_nodes`)."""
+        shows stopped / failed / gone ends the job at once (:func:`broker.run.guard.watch_nodes`)."""
         return watch_nodes(ctx.ledger, run, self.providers, ctx, interval_s=self.monitor_s)
 
     @property

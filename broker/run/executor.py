@@ -27,8 +27,6 @@ _log = logging.getLogger(__name__)
 
 Say = Callable[[str], None] | None
 
-#: the step names, in order (progress lines and the ledger's events use them)
-STEPS = ("reach", "preflight", "stage", "launch", "collect")
 #: progress line per step
 STEP_TEXT = {"reach": "waiting until every node accepts commands", "preflight": "preflight: network checks",
              "stage": "staging the work folder on every node", "launch": "launching one torchrun per node",

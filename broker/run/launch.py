@@ -10,8 +10,8 @@ Pieces:
   file; stops every node as soon as one fails (a lone torchrun otherwise waits for its peer until the rendezvous
   timeout, and torchelastic's exit barrier ignores SIGTERM, hence SIGKILL after a short grace); enforces a
   wall-clock deadline; Ctrl-C stops every node cleanly.
-* :func:`run_local` -- the ``local`` topology end to end: fresh per-node working directories, ``setup`` once per
-  node, N torchrun processes on this machine with per-node ``CUDA_VISIBLE_DEVICES``.
+* :class:`LocalExecutor` -- the ``local`` topology end to end: fresh per-node working directories, ``setup`` once
+  per node, N torchrun processes on this machine with per-node ``CUDA_VISIBLE_DEVICES``.
 
 The training script decides its backend (nccl where CUDA exists, gloo otherwise); nothing here imports torch.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from broker.run.executor import Executor, run_steps
+from broker.run.executor import Executor
 from broker.run.supervisor import (LocalNode, NodeHandle, RunResult, Supervisor, _private_opener, describe_exit,
                                    finish_result, log_tail)
 from broker.run.artifacts import ArtifactBudget, collect_local, record_artifacts
@@ -127,7 +127,7 @@ def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str,
 
 def python_first_path(python: str | None, path: str | None) -> str:
     """``PATH`` with the training interpreter's ``bin/`` first, so ``setup`` commands' ``python``/``pip`` are the
-    ones torchrun uses (issue 15: the venv's, not whatever comes first on the user's PATH)."""
+    ones torchrun uses (the venv's, not whatever comes first on the user's PATH)."""
     bindir = str(Path(python or sys.executable).parent)
     rest = [p for p in (path or os.defpath).split(os.pathsep) if p and p != bindir]
     return os.pathsep.join([bindir, *rest])
@@ -272,9 +272,3 @@ class LocalExecutor(Executor):
         result.wall_s = time.monotonic() - self.t0
         return finish_result(result, self.spec.expect, nnodes=self.spec.nnodes,
                              nproc_per_node=self.spec.nproc_per_node)
-
-
-def run_local(spec: LocalLaunchSpec, run_dir: Path, *, echo: Callable[[str], None] | None = print) -> RunResult:
-    """Run the job as ``spec.nnodes`` simulated nodes on this machine (:class:`LocalExecutor` through
-    :func:`broker.run.executor.run_steps`); returns the result (never raises for a failing job)."""
-    return run_steps(LocalExecutor(spec, run_dir, echo=echo))

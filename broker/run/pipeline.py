@@ -6,19 +6,20 @@ provider.
     plan ─► confirm ─► acquire ─► reach ─► preflight ─► stage ─► launch + stream ─► collect ─► diagnose
          ─► release ─► record
 
-* **plan** (:func:`plan_for_run`): the pure planner over the providers' offers, quotas and capacity; the ranked
-  valid options broker can act on pick a :class:`Target`.
-* **confirm**: a paid target shows its :class:`Quote` (option, $/hour, hard deadline, worst case) to
-  ``Hooks.confirm`` before anything is created or recorded; free targets (local, netns, Slurm) never ask.
-* **acquire / release** belong to the :class:`Target` (what the provider supplies): :class:`LocalTarget` (this
-  machine: nothing), :class:`NetnsTarget` (network namespaces with sshd), :class:`CloudTarget` (ledger-first
-  provisioning with failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`SlurmTarget` (the
-  partition's preconditions; the job itself is the executor's).
+* **plan** (:func:`broker.run.planstep.plan_for_run`): the pure planner over the providers' offers, quotas and
+  capacity; the ranked valid options broker can act on pick a target (:mod:`broker.run.targets`).
+* **confirm**: a paid target shows its :class:`~broker.run.runrecord.Quote` (option, $/hour, hard deadline, worst
+  case) to ``Hooks.confirm`` before anything is created or recorded; free targets (local, netns, Slurm) never ask.
+* **acquire / release** belong to the :class:`~broker.run.targets.Target` (what the provider supplies):
+  :class:`~broker.run.targets.LocalTarget` (this machine: nothing), :class:`~broker.run.targets.NetnsTarget`
+  (network namespaces with sshd), :class:`~broker.run.cloudtarget.CloudTarget` (ledger-first provisioning with
+  failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`~broker.run.targets.SlurmTarget` (the
+  partition's preconditions; the job itself is the executor's); nodes kept after a run: :mod:`broker.run.kept`.
 * **reach .. collect** belong to the target's :class:`~broker.run.executor.Executor`: local processes
   (:class:`broker.run.launch.LocalExecutor`), SSH (:class:`broker.run.remote.SSHExecutor`) or Slurm
   (:class:`broker.slurm.executor.SlurmExecutor`), run in order by :func:`broker.run.executor.run_steps`.
 * **record**: the run row (created before acquire, with ``recipe.json`` and ``plan.json`` in its folder) gets its
-  status, exit codes, log paths and end event (:func:`end_run`), also after a failure or Ctrl-C.
+  status, exit codes, log paths and end event (:func:`broker.run.runrecord.end_run`), also after a failure or Ctrl-C.
 
 Release is shielded: a Ctrl-C during teardown says that resources are still being released; a second one within
 2 s abandons the teardown (the watchdog and ``broker down`` finish it: every resource is in the ledger).

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import shlex
 
-from broker.core.model import Plan, PlanOption, Requirements, utcnow
-from broker.core.provider import AuthError, NoValidPlan, Provider
+from broker.core.model import Plan, PlanOption
+from broker.core.provider import AuthError, NoValidPlan
 from broker.core.recipe import Recipe
 
 
@@ -70,13 +70,3 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
                           f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
                           hint=f"configure one (see .env.example): {need}{cpu}")
     return plan, usable
-
-
-def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
-    """The valid plan options on one provider, ranked by the planner (:func:`broker.plan.planner.plan`) from the
-    provider's offers, quotas and capacity."""
-    from broker.plan.planner import plan
-
-    offers = provider.offers(req)
-    p = plan(req, offers, provider.quotas(req, offers), provider.capacity(offers), now=utcnow())
-    return [o for o in p.options if o.valid]

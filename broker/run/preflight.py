@@ -99,19 +99,6 @@ def render_text(report: PreflightReport) -> list[str]:
     return out
 
 
-def render_table(report: PreflightReport) -> Any:
-    """A rich Table of the checks."""
-    from rich.table import Table
-
-    t = Table(title=f"preflight: {'PASSED' if report.ok else 'FAILED'} in {report.wall_s:.1f} s")
-    for col in ("check", "node(s)", "result", "detail", "fix"):
-        t.add_column(col, overflow="fold")
-    style = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
-    for c in report.checks:
-        t.add_row(c.check, c.nodes, f"[{style.get(c.result, '')}]{c.result}[/]", c.detail, c.fix)
-    return t
-
-
 # ------------------------------------------------------------------------------------------------ remote steps
 async def _info(ssh: "SSHCluster", i: int) -> dict[str, Any]:
     node = ssh.cluster.nodes[i]

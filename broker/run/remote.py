@@ -1,6 +1,6 @@
 """Running a recipe on separate hosts over SSH (asyncssh): upload, preflight, setup, torchrun per node, supervise.
 
-:func:`run_remote` is the entry point.  Per node ``i`` of the :class:`~broker.core.model.Cluster`:
+:class:`SSHExecutor` is the entry point (run by :func:`broker.run.executor.run_steps`).  Per node ``i`` of the :class:`~broker.core.model.Cluster`:
 
 1. connect (one asyncssh connection per node, kept open; keepalives every 5 s so a dead link is noticed within
    about 15 s); upload the stdlib probe (``broker/run/probe_script.py``) to ``<workroot>/<run_id>/node<i>/probe.py``;
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.run.executor import Executor, run_steps, staging_line
+from broker.run.executor import Executor, staging_line
 from broker.run.launch import RANKSHIM, torchrun_argv
 from broker.run.supervisor import RunResult, Supervisor, describe_exit, finish_result, log_tail
 from broker.core.model import Cluster
@@ -403,16 +403,6 @@ def _auth_refused(e: ProviderError) -> bool:
     """An SSH failure where the node answered but refused the login (the key is not there yet)."""
     text = e.message.lower()
     return "permission denied" in text or "authentication" in text
-
-
-def run_remote(cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print, port: int | None = None,
-               preflight: bool = True, connect_timeout_s: float = 20.0,
-               ready_timeout_s: float = 0.0) -> RemoteRunResult:
-    """Run ``recipe`` on ``cluster``'s nodes over SSH (:class:`SSHExecutor` through
-    :func:`broker.run.executor.run_steps`); returns the result (never raises for a failing job)."""
-    ex = SSHExecutor(cluster, recipe, run_dir, echo=echo, port=port, preflight=preflight,
-                     connect_timeout_s=connect_timeout_s, ready_timeout_s=ready_timeout_s)
-    return run_steps(ex)  # type: ignore[return-value]
 
 
 def _mark_done(ssh: SSHCluster, n: int) -> None:

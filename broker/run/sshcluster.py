@@ -221,13 +221,6 @@ class SSHCluster:
             async with sftp.open(remote, "wb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as f:
                 await f.write(data)
 
-    async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
-        """Copy the staged files of folder ``local`` (:func:`broker.run.staging.stage_plan`) to ``remote`` (replaced)."""
-        from broker.run.staging import stage_plan, staged_tar
-
-        with staged_tar(stage_plan(local)) as tar:
-            await self.aupload_tgz(i, tar, remote)
-
     async def aupload_tgz(self, i: int, data: "bytes | StagedTar", remote: str) -> None:
         """Unpack the tar.gz ``data`` (bytes) or the :class:`broker.run.staging.StagedTar` file (streamed from disk:
         memory stays flat whatever its size) into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""

@@ -1,7 +1,7 @@
 """Vast.ai adapter: live offer search, rent / describe / destroy, the run's SSH key, the tagged-instance list and
 the node-side dead-man switch.
 
-Layout (issue 11): :mod:`.client` speaks the REST API (key, httpx, retries, the one error mapping);
+Layout: :mod:`.client` speaks the REST API (key, httpx, retries, the one error mapping);
 :mod:`.offers` and :mod:`.lifecycle` are the contract verbs; :mod:`.boot` is what the instance runs at boot.
 :class:`VastProvider` binds them.  Endpoints, fields and units: docs/reference/cloud-apis.md section A (shared reference notes).
 

@@ -86,7 +86,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
                    retry_seconds: float = 15.0, max_tries: int = 480, idle_minutes: float | None = None,
                    done_file: str = "/root/broker/job.done", idle_poll_s: float = 30.0) -> str:
     """Shell (bash) that arms the node-side dead-man switch (and, with ``idle_minutes``, the idle stop) of a
-    Vast.ai instance (issue 6).
+    Vast.ai instance.
 
     At boot it (a) saves ``CONTAINER_ID`` / ``CONTAINER_API_KEY`` (Vast injects them into PID 1's environment:
     read from this shell's environment, else ``/proc/1/environ``) into ``<state_dir>/deadman.env`` (mode 0600,

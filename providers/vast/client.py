@@ -162,8 +162,8 @@ def says_gone(r: "httpx.Response") -> bool:
 def expect(data: Any, call: str, shape: str, ok: bool) -> None:
     """Fail closed: raise ProviderError naming ``call`` when an answer does not have the documented ``shape``.
 
-    An answer the adapter cannot read must never be taken for "nothing there" (issue 12 item 2: a list answered
-    ``{"results": [...]}`` was read as "no instances" while four were billing).
+    An answer the adapter cannot read must never be taken for "nothing there" (a list answered
+    ``{"results": [...]}`` was once read as "no instances" while four were billing).
     """
     if not ok:
         seen = json.dumps(data)[:200] if not isinstance(data, str) else data[:200]

@@ -353,7 +353,7 @@ class VastLifecycle:
         return None
 
     def _check_disk(self, provider_id: str, req: NodeRequest, call: str, row: dict[str, Any] | None = None) -> str:
-        """Issue 12 item 7: an instance with less disk than asked is destroyed and OfferGone raised (the next
+        """An instance with less disk than asked is destroyed and OfferGone raised (the next
         offer is tried).  When its disk is not known yet, :meth:`describe_instance` checks it later."""
         self._disk_wanted[provider_id] = float(req.disk_gib)
         if row is None or row.get("disk_space") is None:

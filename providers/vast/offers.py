@@ -302,7 +302,7 @@ class VastOffers:
         snapshot (``broker.plan.catalog.snapshot_offers``; [] when that module is absent).
 
         With a key configured there is no silent fallback: a snapshot offer cannot be rented, so a failed live
-        search raises (issue 12 item 8) and the error says what to do (rate limit: when to retry; ``--offline``
+        search raises (never a silent fallback to the snapshot's stale offers) and the error says what to do (rate limit: when to retry; ``--offline``
         plans from the snapshot).  ``vast_query``: Vast's native query string, merged over the defaults (see
         :meth:`search_query`).  Raises AuthError (key rejected), TransientError (429 / 5xx after retries,
         network), ProviderError (other refusals, an unreadable answer), BadInput (malformed ``vast_query``).

@@ -183,7 +183,7 @@ def test_ssh_and_exec_reach_a_netns_up_cluster(cli_env, tmp_path):
 
 
 def test_plan_with_a_rate_limited_vast_says_so_and_offline_plans_from_the_snapshot(cli_env, httpserver):
-    """Issue 12 item 8: a configured Vast whose search is rate-limited past the retries is a provider error (exit 4)
+    """A configured Vast whose search is rate-limited past the retries is a provider error (exit 4)
     naming the rate limit and --offline, never a silent snapshot plan whose offer ids cannot be rented."""
     httpserver.expect_request("/api/v0/bundles/", method="POST").respond_with_json(
         {"success": False, "error": "too_many_requests"}, status=429, headers={"Retry-After": "0"})

@@ -540,7 +540,7 @@ def test_netns_up_is_a_run_in_the_ledger_with_a_deadline_the_watchdog_enforces(c
         pytest.skip(why)
     from datetime import timedelta
 
-    from broker.money.accounting import FakeClock
+    from tests.support.clock import FakeClock
     from broker.providers import netns
     from broker.providers.netns import NetnsProvider
     from broker.money.watchdog import Watchdog

@@ -1,4 +1,4 @@
-"""Readable at 80 columns (issue 15): `broker plan` and `broker check` fit an 80-column terminal without cutting
+"""Readable at 80 columns: `broker plan` and `broker check` fit an 80-column terminal without cutting
 what a user must read or copy (no '…'), and `--wide` brings the full plan table back."""
 
 from __future__ import annotations

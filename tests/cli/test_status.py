@@ -95,7 +95,7 @@ def test_status_empty_ledger(tmp_path, monkeypatch):
     assert res.exit_code == 0 and "no live resources" in res.output and "watchdog: not running" in res.output
 
 
-# ------------------------------------------------------------------------------------------------ issue 12 item 9
+# ------------------------------------------------------------------------------------ dead CLIs, settled runs
 def _dead_pid() -> int:
     import subprocess
 
@@ -142,7 +142,7 @@ def test_status_settles_a_run_whose_cli_died(setup):
 
 
 def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
-    from broker.money.accounting import FakeClock
+    from tests.support.clock import FakeClock
     from broker.run.runrecord import end_run
 
     led, run, rows, home = setup
@@ -159,7 +159,7 @@ def test_watchdog_deadline_is_kept_when_the_cli_then_reports_ssh_lost(setup):
 def test_a_run_that_rented_nothing_shows_zero_spent(tmp_path, monkeypatch, fake_cloud):
     from pathlib import Path
 
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.core.model import Requirements
     from broker.core.provider import NoValidPlan
     from broker.money.provision import provision

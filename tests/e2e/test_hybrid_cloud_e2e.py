@@ -1,4 +1,4 @@
-"""Issue 18, the cloud side: ``hybrid`` on rented VMs end to end through the REAL ``oci`` SDK against
+"""The cloud side of the hybrid topology: ``hybrid`` on rented VMs end to end through the REAL ``oci`` SDK against
 :mod:`tests.support.oci_emulator`, with node 0 = this machine (the root namespace) and node 1 = a VM that is a network
 namespace host with real sshd (:func:`broker.providers.netns.up`).
 

@@ -96,7 +96,7 @@ def sleeper_recipe(tmp_path: Path):
 
 def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
     from broker.run import remote
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     c = make_cluster(2)
     # the first randomly chosen master port is taken on node 0: preflight notices and another one is used
@@ -146,7 +146,7 @@ def test_firewall_fails_preflight_within_10s_and_names_it(make_cluster, tmp_path
     the bound grows with the measured cost of the torch check when the machine is loaded (the speed claim itself
     is bench/'s)."""
     from broker.run.preflight import PROBE_TIMEOUT_S
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     c = make_cluster(2, inject="firewall")
     cluster = c.cluster("t2")
@@ -219,7 +219,7 @@ def _connects(c: netns.NetnsCluster, dst: int, src: int, port: int = 18931) -> b
 
 
 def test_wrong_interface_is_named(make_cluster, tmp_path):
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     c = make_cluster(2, inject="wrong-iface")
     res = run_remote(c.cluster("t3"), small_recipe(tmp_path), tmp_path / "run", echo=None)
@@ -230,7 +230,7 @@ def test_wrong_interface_is_named(make_cluster, tmp_path):
 
 
 def test_mtu_mismatch_and_accept_new_host_keys(make_cluster, tmp_path):
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     c = make_cluster(2, inject="mtu")
     cl = c.cluster("t4").model_copy(update={"known_hosts_path": None})  # like fresh cloud VMs: accept-new
@@ -247,7 +247,7 @@ def test_mtu_mismatch_and_accept_new_host_keys(make_cluster, tmp_path):
 
 
 def test_pinned_host_key_mismatch_is_refused(make_cluster, tmp_path):
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     c = make_cluster(1)
     other = tmp_path / "other_key"
@@ -302,7 +302,7 @@ def _marked_alive(run_id: str) -> list[int]:
 
 
 def _start_sleeper(c, tmp_path, name):
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     run_dir = tmp_path / "run"
     box: dict = {}

@@ -1,4 +1,4 @@
-"""Issue 12 (last paragraph): the REAL OCI adapter end to end through the whole pipeline.
+"""The REAL OCI adapter end to end through the whole pipeline.
 
 ``run_pipeline(recipe, CloudTarget(...))`` with the real ``oci`` SDK pointed (``service_endpoint``) at a stateful
 local emulator of the Compute / VirtualNetwork / Identity calls (:mod:`tests.support.oci_emulator`): bootstrap of the run's

@@ -16,7 +16,7 @@ import pytest
 
 from broker.run.cloudtarget import CloudTarget
 from broker.run.runrecord import Hooks
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.run.pipeline import run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind

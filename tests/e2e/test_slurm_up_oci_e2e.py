@@ -22,10 +22,7 @@ import pytest
 
 oci = pytest.importorskip("oci")
 
-try:
-    from tests.support.slurm_cluster import why_not_available
-except ImportError:  # tests/ imported as a package
-    from tests.support.slurm_cluster import why_not_available
+from tests.support.slurm_cluster import why_not_available
 
 from tests.conftest import REPO, broker_cmd  # noqa: E402
 from tests.support.oci_emulator import OCIEmulator  # noqa: E402

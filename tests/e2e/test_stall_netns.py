@@ -36,7 +36,7 @@ def _home(tmp_path, monkeypatch):
 def test_a_hang_on_two_ssh_hosts_is_named_and_stopped(tmp_path):
     from broker.run.diagnose import explain
     from broker.core.recipe import load_recipe
-    from broker.run.remote import run_remote
+    from tests.support.runs import run_remote
 
     d = tmp_path / "job"
     d.mkdir()

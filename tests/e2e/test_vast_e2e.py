@@ -1,5 +1,5 @@
 """The real Vast.ai adapter through the whole pipeline (plan -> provision -> SSH executor -> teardown) against a
-stateful Vast API emulator (tests/support/vast_emulator.py) whose instances are netns hosts with a real sshd (issue 12).
+stateful Vast API emulator (tests/support/vast_emulator.py) whose instances are netns hosts with a real sshd.
 
 Vast is simulated-only: one 2-GPU host is ONE netns host carrying two simulated nodes (gloo on CPU, cpu_ok).  The
 adapter is pointed at the emulator with VAST_API_URL and a fake VAST_API_KEY; `onstart` never runs, so the run's
@@ -18,7 +18,7 @@ from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
 from broker.run.cloudtarget import CloudTarget
 from broker.run.runrecord import Hooks
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.run.pipeline import run_pipeline
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO, broker_cmd
@@ -159,7 +159,7 @@ def test_without_the_key_api_the_run_cannot_log_in(hosts, emulator, tmp_path):
 
 
 def test_a_key_lost_by_the_key_api_is_posted_again_when_logins_are_refused(hosts, emulator, tmp_path):
-    """Issue 12 item 3: "retry on auth failure".  The first key API call is answered with success but the key never
+    """Retry on auth failure.  The first key API call is answered with success but the key never
     reaches the host; SSH refuses the login, broker posts the key again, the next login works."""
     emu = emulator(hosts(1), lose_first_keys=1)
     out, ledger, lines, said = _run(tmp_path)

@@ -1,4 +1,4 @@
-"""issue 14: an alias of os.environ; the global rank picks the GPU."""
+"""An alias of os.environ; the global rank picks the GPU."""
 import os
 import torch
 

@@ -1,4 +1,4 @@
-"""issue 14: x.cuda(rank) in a helper whose `rank` parameter receives LOCAL_RANK at every call site."""
+"""x.cuda(rank) in a helper whose `rank` parameter receives LOCAL_RANK at every call site."""
 import os
 import torch
 

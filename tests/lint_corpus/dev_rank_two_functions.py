@@ -1,4 +1,4 @@
-"""issue 14: `rank` bound to LOCAL_RANK in one function and RANK in another (one name table per function)."""
+"""`rank` bound to LOCAL_RANK in one function and RANK in another (one name table per function)."""
 import os
 import torch
 

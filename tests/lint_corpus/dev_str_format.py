@@ -1,4 +1,4 @@
-"""issue 14: torch.device("cuda:{}".format(rank)) with the global rank."""
+"""Torch.device("cuda:{}".format(rank)) with the global rank."""
 import os
 import torch
 

@@ -1,4 +1,4 @@
-"""issue 14: global rank 0 downloads, the others sleep: the other hosts never get the data."""
+"""Global rank 0 downloads, the others sleep: the other hosts never get the data."""
 import os
 import time
 import urllib.request

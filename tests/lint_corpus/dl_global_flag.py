@@ -1,4 +1,4 @@
-"""issue 14: behind an is_main = dist.get_rank() == 0 flag."""
+"""Behind an is_main = dist.get_rank() == 0 flag."""
 import torch.distributed as dist
 from torchvision import datasets
 

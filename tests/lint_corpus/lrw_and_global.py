@@ -1,4 +1,4 @@
-"""issue 14: `if local_rank == 0 and rank == 0` holds on global rank 0 only: fine."""
+"""`if local_rank == 0 and rank == 0` holds on global rank 0 only: fine."""
 import os
 import torch
 

@@ -1,4 +1,4 @@
-"""issue 14: an early `if int(os.environ["LOCAL_RANK"]) != 0: return` before a save."""
+"""An early `if int(os.environ["LOCAL_RANK"]) != 0: return` before a save."""
 import os
 import torch
 

@@ -1,4 +1,4 @@
-"""issue 14: is_main = local_rank == 0, then if is_main: torch.save(..)."""
+"""is_main = local_rank == 0, then if is_main: torch.save(..)."""
 import os
 import torch
 

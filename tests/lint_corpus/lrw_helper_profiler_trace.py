@@ -1,4 +1,4 @@
-"""issue 14: rank-0 work in a helper whose `rank` receives LOCAL_RANK: every node writes the trace."""
+"""rank-0 work in a helper whose `rank` receives LOCAL_RANK: every node writes the trace."""
 import os
 import torch
 from torch.profiler import profile

@@ -1,4 +1,4 @@
-"""issue 14: init_process_group(backend=dist.Backend.NCCL)."""
+"""Init_process_group(backend=dist.Backend.NCCL)."""
 import torch.distributed as dist
 
 dist.init_process_group(backend=dist.Backend.NCCL)  # expect: nccl-no-fallback

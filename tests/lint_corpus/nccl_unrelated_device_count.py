@@ -1,4 +1,4 @@
-"""issue 14: a device_count() check elsewhere in the file does not guard the backend choice."""
+"""A device_count() check elsewhere in the file does not guard the backend choice."""
 import torch
 import torch.distributed as dist
 

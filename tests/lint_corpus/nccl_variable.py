@@ -1,4 +1,4 @@
-"""issue 14: backend = "nccl"; dist.init_process_group(backend)."""
+"""Backend = "nccl"; dist.init_process_group(backend)."""
 import torch.distributed as dist
 
 backend = "nccl"

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.money.accounting import (FakeClock, armed_layers, check_budget, node_layer, pid_alive, resource_cost,
-                               run_cost, watchdog_state)
+from broker.money.accounting import (armed_layers, check_budget, node_layer, pid_alive, resource_cost, run_cost,
+                                     watchdog_state)
+from tests.support.clock import FakeClock
 from broker.core.model import Resource, Run, utcnow
 from broker.core.provider import NoValidPlan
 

@@ -48,7 +48,7 @@ class Throttling(FakeProvider):
 
 
 def test_a_429_on_create_is_retried_in_place_not_checked_by_tag_nor_moved_to_the_next_zone(tmp_path, fake_cloud):
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.money.provision import provision
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
@@ -161,7 +161,7 @@ class SubnetLimited(FakeProvider):
 
 
 def test_a_region_wide_network_limit_is_hit_once_and_suggests_no_unfileable_request(tmp_path, fake_cloud):
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.core.provider import NoValidPlan
     from broker.money.provision import provision
 

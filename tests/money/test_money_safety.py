@@ -1,4 +1,4 @@
-"""Issue 12 (core part) against the file-backed fake cloud: two installations on one account, ambiguous creates,
+"""Money safety of the core against the file-backed fake cloud: two installations on one account, ambiguous creates,
 teardown that finishes (transient 5xx, 409 while a dependency lives, dependency order) and quota scope."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.cli.app import app
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.money.ledger import Ledger
 from broker.core.model import Requirements, Run, TopologyKind, utcnow
 from broker.core.provider import NodeRequest, NoValidPlan, ProviderError
@@ -150,7 +150,7 @@ def test_unverifiable_create_is_unknown_and_stops_creating_on_that_provider(clou
     # the watchdog reports it every pass (the CLI too)
     r = CliRunner().invoke(app, ["watchdog", "--once"])
     assert r.exit_code == 0 and "possibly billing" in r.output, r.output
-    from broker.money.accounting import FakeClock
+    from tests.support.clock import FakeClock
 
     clock = FakeClock()
     w = Watchdog(a, providers={"fake": p}, home=cloud / "A", clock=clock)

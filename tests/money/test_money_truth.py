@@ -268,7 +268,7 @@ def _climbing_offers():
 
 def _vast_options(p, budget: float = 50.0, at_least: int = 3):
     from broker.core.model import Requirements
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     req = Requirements(nodes=2, gpus_per_node=1, cpu_ok=True, topology="simulated", budget_usd=budget, hours=1)
     opts = [o for o in rank_options(p, req) if o.provider == "vast"]
@@ -459,7 +459,7 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
     from broker.run.cloudtarget import CloudTarget
     from broker.run.runrecord import Hooks
     from broker.run.guard import NodeLost
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
     from broker.run.pipeline import run_pipeline
     from broker.providers.fake import FakeProvider
     from broker.core.recipe import load_recipe

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.money.ledger import Ledger
 from broker.core.model import Requirements, Resource, Run, TopologyKind, utcnow
 from broker.core.provider import AuthError, NoValidPlan, OfferGone, ProviderError
@@ -285,7 +285,7 @@ def test_spent_usd_bills_per_second_from_the_intent():
     short = done.model_copy(update={"attrs": {"min_billed_seconds": 60}})
     assert spent_usd(short) == pytest.approx(0.06)
     # an intent that never became a resource (ended without a provider id) cost nothing: a run that rented
-    # nothing showed $0.07 spent (issue 12)
+    # nothing showed $0.07 spent
     never = done.model_copy(update={"provider_id": None, "attrs": {"min_billed_seconds": 60}})
     assert spent_usd(never) == 0.0
     # while it is live (a create in flight, or unknown) it counts

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from broker.money.accounting import FakeClock
+from tests.support.clock import FakeClock
 from broker.core.model import Requirements
 from broker.core.provider import NodeRequest, ProviderError
 from broker.money.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script

@@ -1,4 +1,4 @@
-"""Budget refusals say budget (issue 12 item 10): worst case vs budget, what would fit, no hint for a setting the
+"""Budget refusals say budget: worst case vs budget, what would fit, no hint for a setting the
 recipe already has."""
 
 from __future__ import annotations

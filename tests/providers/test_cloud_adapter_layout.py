@@ -1,4 +1,4 @@
-"""Issue 11 for the OCI and AWS adapters: they depend on the core contract only, and their SDKs stay lazy.
+"""The OCI and AWS adapters depend on the core contract only, and their SDKs stay lazy.
 
 Read from the source (AST), so a new import anywhere in ``providers/oci/`` or ``providers/aws/`` is caught."""
 

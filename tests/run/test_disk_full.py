@@ -1,4 +1,4 @@
-"""Issue 13 item 8: a job that fills the filesystem holding BROKER_HOME (checkpoints bigger than the free space).
+"""A job that fills the filesystem holding BROKER_HOME (checkpoints bigger than the free space).
 The run must end in the ledger (never stay `running`), the full filesystem is named, and node output keeps
 streaming although the log files cannot be written."""
 

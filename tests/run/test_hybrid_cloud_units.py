@@ -1,4 +1,4 @@
-"""Issue 18, the cloud side without namespaces: what the AWS adapter really sends for a hybrid run (moto in server
+"""The cloud side of the hybrid topology without namespaces: what the AWS adapter really sends for a hybrid run (moto in server
 mode: the instance's user data carries node 1's WireGuard config, the security group gets the UDP port only, from
 the caller's /32), how many VMs a hybrid option rents, the neutral ingress rules, and the plan step's targets."""
 

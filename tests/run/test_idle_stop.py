@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from broker.money.accounting import FakeClock
+from tests.support.clock import FakeClock
 from broker.run.cloudtarget import CloudTarget
 from broker.run.runrecord import Hooks
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.run.pipeline import run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.recipe import load_recipe

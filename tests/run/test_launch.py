@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.launch import LocalLaunchSpec, free_port, local_argvs, run_local, torchrun_argv
+from broker.run.launch import LocalLaunchSpec, free_port, local_argvs, torchrun_argv
+from tests.support.runs import run_local
 from broker.run.supervisor import LocalNode, Supervisor, check_expect, rank_table
 from broker.core.model import Requirements
 from broker.run.targets import local_spec

@@ -371,7 +371,8 @@ def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
     why = netns.missing_requirements()
     if why:
         pytest.skip(f"netns: {why}")
-    from broker.run.remote import SSHExecutor, run_remote
+    from broker.run.remote import SSHExecutor
+    from tests.support.runs import run_remote
 
     c = netns.up(2, tmp_path / "c", use_gpus=False)
     try:
@@ -405,7 +406,7 @@ def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
 
 
 def test_no_docstring_points_outside_the_repository():
-    """Issue 15: references in code name files of this repository (docs/design.md, docs/reference/...), never the
+    """References in code name files of this repository (docs/design.md, docs/reference/...), never the
     team's shared folder."""
     import re
 

@@ -134,9 +134,11 @@ def test_listener_port_in_use_and_probe_errors():
 def test_table_renders_with_rich():
     from rich.console import Console
 
+    from tests.support.preflight_table import render_table
+
     rep = judge([info(0), info(1)], OPEN)
     con = Console(record=True, width=200)
-    con.print(pf.render_table(rep))
+    con.print(render_table(rep))
     assert "preflight: PASSED" in con.export_text()
 
 

@@ -70,7 +70,7 @@ def the_fail(rep):
 
 
 def test_oci_reject_looks_unreachable_but_the_host_firewall_is_named_with_the_command():
-    """Issue 12 item 5: the REJECT rule came after the route verdict; now the host rule is named first."""
+    """The REJECT rule came after the route verdict; now the host rule is named first."""
     rep = judge([fw_info(0, iptables=OCI_IPTABLES), fw_info(1, iptables=OCI_IPTABLES)], UNREACH)
     fail = the_fail(rep)
     assert "host firewall (iptables node 0 INPUT: -A INPUT -j REJECT --reject-with icmp-host-prohibited)" \

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.run.launch import (RANKSHIM, LocalLaunchSpec, dropped_inherited, dropped_line, node_environment, run_local,
-                           torchrun_argv)
+from broker.run.launch import (RANKSHIM, LocalLaunchSpec, dropped_inherited, dropped_line, node_environment,
+                               torchrun_argv)
+from tests.support.runs import run_local
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "diagnose_logs" / "scripts"
 

@@ -41,7 +41,7 @@ def test_a_real_hang_is_named_with_both_ranks_places_and_stopped(tmp_path):
     a stall (not at the deadline) with both places; the console gets one line for the nodes broker stopped."""
     pytest.importorskip("torch")
     from broker.run.diagnose import explain
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(5, "stop", 90), tmp_path / "run", echo=lines.append)
@@ -67,7 +67,7 @@ def test_a_real_hang_is_named_with_both_ranks_places_and_stopped(tmp_path):
 def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path):
     pytest.importorskip("torch")
     from broker.run.diagnose import explain
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(4, "report", 60), tmp_path / "run", echo=lines.append)  # 60 s: start-up is slow on a loaded host
@@ -85,7 +85,7 @@ def test_rank0_only_evaluation_through_the_ddp_model_is_named(tmp_path):
     """Rank 0 evaluates through the DDP model (its forward broadcasts BatchNorm's buffers), rank 1 does not: the
     stall names DDP's forward on rank 0, not a bare 'all ranks timed out'."""
     pytest.importorskip("torch")
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     res = run_local(_hang_spec(5, "stop", 120, "eval_rank0"), tmp_path / "run", echo=None)
     assert res.status == "failed", res.reason
@@ -123,7 +123,7 @@ def test_a_rank_that_computes_silently_is_slow_not_stalled(tmp_path):
     """Rank 1 spins on one line for 20 s (the same stack in every sample) while rank 0 waits in all_reduce:
     it uses CPU, so it is computing; the run is not stopped and ends by itself, with one report line."""
     pytest.importorskip("torch")
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     lines: list[str] = []
     res = run_local(_hang_spec(4, "stop", 120, "busy"), tmp_path / "run", echo=lines.append)
@@ -395,7 +395,7 @@ def test_a_deadline_report_says_where_every_rank_was(tmp_path):
     sample names both ranks' places, and no node is blamed."""
     pytest.importorskip("torch")
     from broker.run.diagnose import explain
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     res = run_local(_hang_spec(600, "stop", 25), tmp_path / "run", echo=None)
     assert res.status == "deadline", res.reason

@@ -18,10 +18,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.support.slurm_cluster import why_not_available
-except ImportError:  # tests/ imported as a package
-    from tests.support.slurm_cluster import why_not_available
+from tests.support.slurm_cluster import why_not_available
 
 from broker.providers import netns
 

@@ -11,10 +11,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests.slurm.test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401 - the module's cluster fixture
-except ImportError:  # tests/ imported as a package
-    from tests.slurm.test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401
+from tests.slurm.test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401 - the module's cluster fixture
 
 
 @pytest.mark.timeout(400)

@@ -1,4 +1,4 @@
-"""Free-tier machines as $0.00 options for CPU-only jobs (issue 17 item 5): OCI Always Free (2 E2.1.Micro per
+"""Free-tier machines as $0.00 options for CPU-only jobs: OCI Always Free (2 E2.1.Micro per
 tenancy; A1 within 4 OCPUs) and AWS free-tier types (750 instance-hours a month), from the dated snapshot."""
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ class VastEmulator:
             host, port = self.hosts.ip(inst.host), 22
             if self.sshd_delay_s:
                 if inst.forward is None:
-                    from tests.run.test_pipeline import LateForwarder
+                    from tests.support.netfwd import LateForwarder
 
                     inst.forward = LateForwarder((self.hosts.ip(inst.host), 22), self.sshd_delay_s)
                 host, port = "127.0.0.1", inst.forward.port

@@ -1,4 +1,4 @@
-"""Issue 12 (money safety), AWS side, at the real boundary: moto in server mode (real HTTP, botocore
+"""Money safety, AWS side, at the real boundary: moto in server mode (real HTTP, botocore
 serialization), botocore's Stubber for answers moto cannot give, and a local HTTP server for a launch that times out.
 
 Items: 1 installation tags, 2 fail closed / ambiguous creates, 3 readiness defaults and the boot-done marker, 4 quota

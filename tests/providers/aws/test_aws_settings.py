@@ -1,4 +1,4 @@
-"""AWS settings (issue 15 conventions): keys and profile from `.env` reach boto3 (which alone reads only the
+"""AWS settings (the settings conventions of docs/design.md): keys and profile from `.env` reach boto3 (which alone reads only the
 environment and ~/.aws); the region follows boto3's own order (AWS_DEFAULT_REGION, else the profile's), then
 AWS_REGION, then us-east-1.  No network: a boto3 Session is built, no client call is made."""
 

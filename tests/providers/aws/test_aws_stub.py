@@ -241,7 +241,7 @@ def test_bootstrap_placement_group_call_shape(prov, stubs):
 
 
 @pytest.mark.parametrize("code,status,exc,recorded", [
-    ("InternalError", 500, AmbiguousCreate, []),  # may exist: the intent row stays for reconcile (issue 12 item 2)
+    ("InternalError", 500, AmbiguousCreate, []),  # may exist: the intent row stays for reconcile
     ("InvalidParameterValue", 400, ProviderError, ["r1"])])  # refused for sure: recorded as failed
 def test_placement_group_error_without_custom_endpoint_is_raised_and_recorded(prov, stubs, code, status, exc,
                                                                               recorded):

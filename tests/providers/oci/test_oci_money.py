@@ -1,4 +1,4 @@
-"""Issue 12 (money safety), OCI side, at the real boundary: the real ``oci`` SDK against a local HTTP server.
+"""Money safety, OCI side, at the real boundary: the real ``oci`` SDK against a local HTTP server.
 
 Each test names the item it proves: 1 installation tags, 2 fail closed / ambiguous creates, 3 readiness defaults
 and the boot-done marker, 4 quota scope, 6 teardown that finishes (transient mapping, dependency order).

@@ -536,7 +536,7 @@ def test_create_body_onstart_is_valid_bash_and_snapshot_offer_is_refused():
 
 
 def test_unreachable_live_search_with_a_key_raises_instead_of_planning_from_the_snapshot(monkeypatch):
-    """Issue 12 item 8: with a key, a failed live search used to plan silently from the snapshot, whose offers
+    """With a key, a failed live search used to plan silently from the snapshot, whose offers
     cannot be rented ("offer id 'snapshot:...' is not a Vast.ai ask id"); it now raises and says --offline."""
     snap = replace(a_offer(), offer_id="2x-RTX_4090", price_source="snapshot 2026-11-29",
                    price_time=datetime(2026, 11, 29, tzinfo=timezone.utc))

@@ -1,4 +1,4 @@
-"""Issue 12 (money safety) for the Vast.ai adapter, at its real boundary (httpx + respx).
+"""Money safety for the Vast.ai adapter, at its real boundary (httpx + respx).
 
 Each test models what the Vast.ai API answers (field names, units and error bodies per docs/reference/cloud-apis.md section A),
 including the malformed and ambiguous answers seen against an independent emulator: a list without
@@ -331,7 +331,7 @@ def test_rate_limit_past_the_retries_says_so_and_never_falls_back_to_the_snapsho
 
 
 def test_adapter_imports_only_the_contract():
-    """Issue 11: the adapter depends on broker.core.model / provider / config / nodescripts / catalog only."""
+    """The adapter depends on broker.core.model / provider / config / nodescripts / catalog only."""
     import ast
     from pathlib import Path
 
