@@ -1,0 +1,284 @@
+"""Preemption of an interruptible run at the real boundaries: the file-backed fake cloud (its instance terminated
+by the "provider" mid-run), netns hosts over SSH (a host's namespace removed mid-run), the checkpoint copy-back
+(incremental, atomic, confined) and the ledger's attempt rows (migration from schema 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.money.ledger import Ledger
+
+# a training stand-in: resumes from ckpt/state.json when present, saves after every step (tmp + rename)
+JOB = """
+import json, os, pathlib, sys, time
+ck = pathlib.Path("ckpt"); ck.mkdir(exist_ok=True)
+state = ck / "state.json"
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+print("resumed from step", start, flush=True)
+for step in range(start, {steps}):
+    time.sleep({sleep})
+    tmp = ck / "state.json.tmp"
+    tmp.write_text(json.dumps({{"step": step + 1}}))
+    os.replace(tmp, state)
+    (ck / "blob.bin").write_bytes(b"x" * 1000) if step == 0 else None
+    pathlib.Path({marker!r}).write_text(str(step + 1))
+print("finished at step", {steps}, "started at", start, flush=True)
+"""
+
+
+def _recipe(tmp_path: Path, *, steps: int = 25, sleep: float = 0.25, extra: str = "", interruptible: str = "true"):
+    from broker.core.recipe import load_recipe
+
+    d = tmp_path / "r"
+    d.mkdir(exist_ok=True)
+    marker = tmp_path / "step"
+    (d / "job.py").write_text(JOB.format(steps=steps, sleep=sleep, marker=str(marker)))
+    (d / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\ntopology: simulated\n"
+                              f"budget_usd: 50\nmax_hours: 1\ninterruptible: {interruptible}\n"
+                              "checkpoint_dir: ckpt\ncheckpoint_every_s: 1\n" + extra)
+    return load_recipe(d / "r.yaml"), marker
+
+
+def _step(marker: Path) -> int:
+    try:
+        return int(marker.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _preempt_fake(p, marker: Path, at_steps: list[int], done: list) -> threading.Thread:
+    """The provider takes the running instance back when the job's step counter reaches each of ``at_steps``."""
+    def go() -> None:
+        for at in at_steps:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                live = [i for i, x in p.instances().items() if x["state"] == "running"]
+                if live and _step(marker) >= at and live[0] not in done:
+                    p.destroy(live[0])
+                    done.append(live[0])
+                    marker.write_text("0")
+                    break
+                time.sleep(0.05)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def _fake_run(tmp_path, fake_cloud, at_steps, **kw):
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path, **kw)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, at_steps, done)
+    said: list[str] = []
+    err = None
+    try:
+        out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                           ledger=ledger, hooks=Hooks(say=said.append))
+    except Exception as e:  # noqa: BLE001
+        out, err = None, e
+    t.join(timeout=5)
+    return out, err, ledger, p, said, done
+
+
+def test_a_preempted_interruptible_run_resumes_from_its_checkpoint_and_succeeds(tmp_path, fake_cloud):
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [8])
+    assert err is None, (err, said)
+    assert len(done) == 1
+    assert out.exit_code == 0, (out.result.reason, said)
+    run = out.run
+    log = Path(run.run_dir, "node0.log").read_text()
+    resumed = int(log.split("resumed from step ")[1].split()[0])
+    assert resumed > 0, log  # the second attempt started from the copied checkpoint, not from 0
+    assert "finished at step 25" in log
+    first = Path(run.run_dir, "attempt1", "node0.log").read_text()
+    assert "resumed from step 0" in first  # the preempted attempt's own log is kept
+    rows = ledger.attempts(run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
+    assert all(a["ended_at"] is not None for a in rows)
+    assert len(rows[0]["resource_ids"]) == 1 and len(rows[1]["resource_ids"]) == 1
+    assert rows[0]["resource_ids"] != rows[1]["resource_ids"]
+    # nothing left: at the provider and in the ledger
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+    assert ledger.resources(run.id, live_only=True) == []
+    from broker.run.attempts import attempt_costs, attempt_lines
+
+    costs = attempt_costs(ledger, run.id)
+    assert all(a["usd"] > 0 for a in costs)
+    assert sum(a["usd"] for a in costs) == pytest.approx(out.cost_usd, rel=0.05)
+    lines = attempt_lines(ledger, run.id)
+    assert lines[0].startswith("attempt 1:") and "preempted" in lines[0]
+    assert "preemptions: 1" in lines[-1]
+    assert any("renting again: attempt 2" in s for s in said)
+    assert any("restored checkpoint gen-" in s for s in said)
+
+
+def test_preempted_twice_in_a_row_still_resumes(tmp_path, fake_cloud):
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [6, 4], steps=30)
+    assert err is None, (err, said)
+    assert len(done) == 2
+    assert out.exit_code == 0, (out.result.reason, said)
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "preempted", "succeeded"]
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+def test_max_restarts_stops_with_a_clear_message_and_leaves_nothing(tmp_path, fake_cloud):
+    from broker.run.attempts import RestartsExhausted
+
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [3, 3], steps=60, extra="max_restarts: 1\n")
+    assert isinstance(err, RestartsExhausted), (err, said)
+    assert "max_restarts: 1" in err.message and "preempted 2 time(s)" in err.message
+    (run,) = ledger.list_runs()
+    assert run.status == "failed" and "max_restarts" in run.message
+    assert [a["cause"] for a in ledger.attempts(run.id)] == ["preempted", "preempted"]
+    assert ledger.resources(run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+def test_a_crash_is_not_restarted(tmp_path, fake_cloud):
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    (Path(recipe.workdir) / "job.py").write_text("raise RuntimeError('boom')\n")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    assert out.exit_code == 1
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["failed"]
+    assert len([r for r in ledger.resources(out.run.id) if r.kind == "instance"]) == 1
+
+
+def test_not_interruptible_a_lost_node_fails_the_run_as_before(tmp_path, fake_cloud):
+    from broker.run.pipeline import NodeLost
+
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [3], interruptible="false")
+    assert isinstance(err, NodeLost)
+    (run,) = ledger.list_runs()
+    assert ledger.attempts(run.id) == []
+    assert ledger.resources(run.id, live_only=True) == []
+
+
+# --------------------------------------------------------------------------------------------------- copy-back
+class FlakySource:
+    """A local checkpoint folder whose fetch fails after ``ok`` files (the node preempted mid-copy)."""
+
+    def __init__(self, folder: Path, ok: int):
+        from broker.run.checkpoint import LocalSource
+
+        self.inner, self.ok, self.n = LocalSource(folder), ok, 0
+
+    def list(self):
+        return self.inner.list()
+
+    def fetch(self, rel, dst, budget):
+        self.n += 1
+        if self.n > self.ok:
+            raise ConnectionResetError("connection lost (preempted)")
+        return self.inner.fetch(rel, dst, budget)
+
+
+def test_copy_back_is_incremental_atomic_and_keeps_the_last_good_generation(tmp_path):
+    from broker.run.checkpoint import CopyFailed, LocalSource, copy_back, latest_generation
+
+    node = tmp_path / "node" / "ckpt"
+    (node / "sub").mkdir(parents=True)
+    (node / "a.pt").write_bytes(b"a" * 100)
+    (node / "sub" / "b.pt").write_bytes(b"b" * 200)
+    (node / "c.pt.tmp").write_bytes(b"half")  # in-progress name: never copied
+    run = tmp_path / "run"
+    gen1, got = copy_back(LocalSource(node), run)
+    assert gen1.name == "gen-000001" and got == 300
+    assert sorted(p.relative_to(gen1).as_posix() for p in gen1.rglob("*") if p.is_file()) == ["a.pt", "sub/b.pt"]
+    assert copy_back(LocalSource(node), run) == (gen1, 0)  # nothing changed: no new generation
+    time.sleep(0.01)
+    (node / "a.pt").write_bytes(b"A" * 150)
+    gen2, got = copy_back(LocalSource(node), run)
+    assert gen2.name == "gen-000002" and got == 150  # only the changed file crossed
+    assert os.stat(gen2 / "sub" / "b.pt").st_ino == os.stat(gen1 / "sub" / "b.pt").st_ino  # hard link
+    # preempted mid-copy: the half-built generation never replaces the good one
+    time.sleep(0.01)
+    (node / "a.pt").write_bytes(b"Z" * 10)
+    (node / "sub" / "b.pt").write_bytes(b"Y" * 10)
+    with pytest.raises(CopyFailed, match="connection lost"):
+        copy_back(FlakySource(node, ok=1), run)
+    assert latest_generation(run) == gen2
+    assert (gen2 / "a.pt").read_bytes() == b"A" * 150
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
+    from broker.run.checkpoint import CopyFailed, LocalSource, Source, copy_back, latest_generation
+
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    node = tmp_path / "ckpt"
+    node.mkdir()
+    (node / "ok.pt").write_text("1")
+    (node / "leak.pt").symlink_to(secret)
+    with pytest.raises(CopyFailed, match="outside the checkpoint folder"):
+        copy_back(LocalSource(node), tmp_path / "run")
+    assert latest_generation(tmp_path / "run") is None
+
+    class Evil(Source):
+        def list(self):
+            return {"../../escape": (1, 1)}
+
+        def fetch(self, rel, dst, budget):  # pragma: no cover - must never be reached
+            raise AssertionError(dst)
+
+    with pytest.raises(CopyFailed, match=r"\.\."):
+        copy_back(Evil(), tmp_path / "run2")
+    assert not (tmp_path / "escape").exists()
+
+
+def test_copy_back_respects_the_size_cap(tmp_path, monkeypatch):
+    from broker.run.checkpoint import CopyFailed, LocalSource, copy_back, latest_generation
+    from broker.run.launch import ArtifactBudget
+
+    node = tmp_path / "ckpt"
+    node.mkdir()
+    (node / "big.pt").write_bytes(b"x" * 5000)
+    with pytest.raises(CopyFailed, match="cap"):
+        copy_back(LocalSource(node), tmp_path / "run", budget=ArtifactBudget(per_file=1000, total=10_000))
+    assert latest_generation(tmp_path / "run") is None
+
+
+# --------------------------------------------------------------------------------------------------- ledger
+def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    from broker.money import ledger as L
+
+    old_schema = L._SCHEMA.split("CREATE TABLE IF NOT EXISTS attempts")[0] + \
+        "CREATE TABLE IF NOT EXISTS quota_requests" + L._SCHEMA.split("CREATE TABLE IF NOT EXISTS quota_requests")[1]
+    db = sqlite3.connect(path)
+    db.executescript(old_schema)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute("INSERT INTO events (at, run_id, actor, action) VALUES ('2026-01-01T00:00:00+00:00', 'x', 'cli', 'a')")
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    assert led.schema_version == 2
+    assert [e["action"] for e in led.events("x")] == ["a"]
+    n = led.start_attempt("x")
+    assert n == 1 and led.start_attempt("x") == 2
+    led.end_attempt("x", 1, cause="preempted", detail="outbid")
+    led.end_attempt("x", 1, cause="succeeded")  # the first end stays
+    rows = led.attempts("x")
+    assert rows[0]["cause"] == "preempted" and rows[0]["detail"] == "outbid" and rows[1]["ended_at"] is None
