@@ -282,3 +282,64 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     led.end_attempt("x", 1, cause="succeeded")  # the first end stays
     rows = led.attempts("x")
     assert rows[0]["cause"] == "preempted" and rows[0]["detail"] == "outbid" and rows[1]["ended_at"] is None
+
+
+# --------------------------------------------------------------------------------------------------- netns (SSH)
+def _kill_host(ns: str) -> None:
+    """The host is lost: every process in its network namespace (sshd, torchrun, the job) is SIGKILLed."""
+    import signal
+    import subprocess
+
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
+    from conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.providers import netns
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    recipe, marker = _recipe(tmp_path, steps=30, sleep=0.3)
+    recipe = recipe.model_copy(update={"nodes": 2})
+    target = NetnsTarget(recipe)
+    ledger = Ledger()
+    cids: list[str] = []
+
+    def lose_node1() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            c = target.cluster_state
+            if c is not None and _step(marker) >= 8:
+                cids.append(c.cid)
+                _kill_host(c.ns(1))
+                marker.write_text("0")
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=lose_node1, daemon=True)
+    t.start()
+    said: list[str] = []
+    try:
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=said.append))
+    finally:
+        t.join(timeout=5)
+        for c in cids:
+            netns.remove_cid(c)
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert cids, said
+    assert out.exit_code == 0, (out.result.reason, said)
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert int(log.split("resumed from step ")[1].split()[0]) > 0, log
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert "ssh connection to node 1 lost" in ledger.attempts(out.run.id)[0]["detail"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert netns.leftovers(cids[0]) == [] and netns.leftovers(target.cluster_state.cid) == []

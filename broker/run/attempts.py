@@ -81,7 +81,7 @@ def classify(result: "RunResult | None", lost: BaseException | None, provider_wo
     stopped / gone); ``provider_word``: :func:`provider_preemption`'s answer; ``result``: the job's result.
 
     Preempted: the provider says so, or a node was lost (watch), or a node's SSH connection dropped (its exit
-    code is unknown: ``None``) while no rank exited non-zero.  Everything else (a rank exited non-zero with a
+    code is unknown: ``None``) before any rank exited non-zero on its own.  Everything else (a rank exited non-zero with a
     traceback, setup failed, the deadline) is the job's own end: not restarted."""
     if provider_word:
         return Verdict(True, f"the provider took a node back ({provider_word})")
@@ -92,7 +92,8 @@ def classify(result: "RunResult | None", lost: BaseException | None, provider_wo
     codes = result.exit_codes or {}
     crashed = [r for r, c in codes.items() if c not in (None, 0)]
     gone = [r for r, c in codes.items() if c is None]
-    if gone and not crashed and result.status == "failed":
+    # a node whose connection dropped first (the supervisor then stopped the others: their codes are ours)
+    if gone and result.status == "failed" and (not crashed or result.failed_node in gone):
         return Verdict(True, result.reason or f"node {gone[0]} was lost (its SSH connection dropped)")
     return Verdict(False, result.reason or result.status)
 
