@@ -343,3 +343,52 @@ def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
     assert "ssh connection to node 1 lost" in ledger.attempts(out.run.id)[0]["detail"]
     assert ledger.resources(out.run.id, live_only=True) == []
     assert netns.leftovers(cids[0]) == [] and netns.leftovers(target.cluster_state.cid) == []
+
+
+def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tmp_path, fake_cloud):
+    """recipes/ddp_train.py with --resume-dir: preempted once a checkpoint generation was copied back, the second
+    attempt starts at a later epoch and the run passes its accuracy and DDP checks."""
+    import shutil
+
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.checkpoint import latest_generation
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    repo = Path(__file__).resolve().parents[1]
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    d = tmp_path / "r"
+    shutil.copytree(repo / "recipes", d, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+    (d / "r.yaml").write_text(
+        "name: t\nscript: ddp_train.py\nargs: [--epochs, '60', --min-accuracy, '0.85', --resume-dir, ck]\n"
+        "nodes: 1\ncpu_ok: true\ntopology: simulated\nbudget_usd: 50\nmax_hours: 1\ninterruptible: true\n"
+        "checkpoint_dir: ck\ncheckpoint_every_s: 1\nenv: {PYTHONWARNINGS: ignore}\n"
+        "expect: ['DDP_OK']\n")
+    recipe = load_recipe(d / "r.yaml")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+
+    def preempt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not done:
+            runs = ledger.list_runs()
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if runs and live and latest_generation(Path(runs[0].run_dir)) is not None:
+                p.destroy(live[0])
+                done.append(live[0])
+            time.sleep(0.05)
+
+    t = threading.Thread(target=preempt, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert done, "the job ended before a checkpoint was copied back"
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert out.exit_code == 0, (out.result.reason, log[-2000:])
+    assert int(log.split("resumed_from_epoch=")[1].split()[0]) > 0, log
+    assert "resumed_from_epoch=0" in Path(out.run.run_dir, "attempt1", "node0.log").read_text()
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
