@@ -124,6 +124,24 @@ def test_a_preempted_interruptible_run_resumes_from_its_checkpoint_and_succeeds(
     assert "preemptions: 1" in lines[-1]
     assert any("renting again: attempt 2" in s for s in said)
     assert any("restored checkpoint gen-" in s for s in said)
+    # broker status RUN and broker cost show the attempts, the preemption and each attempt's cost
+    from typer.testing import CliRunner
+
+    from broker.cli.app import app
+
+    r = CliRunner().invoke(app, ["status", run.id, "--no-refresh"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "attempt 1:" in r.output and "preempted" in r.output and "attempt 2:" in r.output
+    assert "preemptions: 1" in r.output
+    r = CliRunner().invoke(app, ["status", run.id, "--no-refresh", "--json"])
+    js = json.loads(r.output)
+    assert [a["cause"] for a in js["attempts"]] == ["preempted", "succeeded"]
+    r = CliRunner().invoke(app, ["cost", "--json"])
+    (row,) = json.loads(r.output)["runs"]
+    assert [a["attempt"] for a in row["attempts"]] == [1, 2]
+    assert sum(a["usd"] for a in row["attempts"]) == pytest.approx(row["usd"], rel=0.05)
+    r = CliRunner().invoke(app, ["cost"], env={"COLUMNS": "200"})
+    assert "attempt 1" in r.output and "attempt 2" in r.output
 
 
 def test_preempted_twice_in_a_row_still_resumes(tmp_path, fake_cloud):

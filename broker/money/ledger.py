@@ -293,6 +293,10 @@ class Ledger:
                         "detail": r[4], "resource_ids": json.loads(r[5] or "[]")})
         return out
 
+    def runs_with_attempts(self) -> set[str]:
+        """The ids of the runs that have attempt rows (one query: ``broker cost`` splits only those)."""
+        return {r[0] for r in self._db.execute("SELECT DISTINCT run_id FROM attempts")}
+
     @property
     def installation_id(self) -> str:
         """This installation's id (``bi`` + 10 hex digits), created once per ledger file."""
