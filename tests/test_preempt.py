@@ -410,3 +410,100 @@ def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tm
     assert "resumed_from_epoch=0" in Path(out.run.run_dir, "attempt1", "node0.log").read_text()
     assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
     assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_preemption_during_teardown_is_confirmed_and_not_restarted(tmp_path, fake_cloud):
+    """The provider takes each instance back while broker is terminating it, and the terminate call answers HTTP
+    500 once: teardown retries until the provider shows it gone (between the attempts and at the end), the run
+    still resumes and succeeds, and nothing is left."""
+    from broker.core.provider import TransientError
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    class TakenBackDuringTeardown(FakeProvider):
+        seen: set = set()
+
+        def terminate(self, kind, provider_id, **kw):
+            if kind == "instance" and provider_id not in self.seen:
+                self.seen.add(provider_id)
+                self.destroy(provider_id)  # the provider reclaims it first ...
+                raise TransientError(self.name, "terminate", "HTTP 500 (fake)")  # ... and our call fails
+            return super().terminate(kind, provider_id, **kw)
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    p = TakenBackDuringTeardown()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, [8], done)
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert out.exit_code == 0 and done
+    assert len(p.seen) == 2  # both instances were reclaimed during their teardown
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+SSH_JOB = """
+import json, os, pathlib, time
+ck = pathlib.Path("ckpt"); ck.mkdir(exist_ok=True)
+state = ck / "state.json"
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+print("resumed from step", start, flush=True)
+for step in range(start, 30):
+    time.sleep(0.3)
+    for name in ("a.bin", "b.bin", "c.bin"):  # three files change every step: a copy fetches all three
+        tmp = ck / (name + ".tmp"); tmp.write_bytes(os.urandom(200_000)); os.replace(tmp, ck / name)
+    tmp = ck / "state.json.tmp"; tmp.write_text(json.dumps({"step": step + 1})); os.replace(tmp, state)
+    pathlib.Path(%r).write_text(str(step + 1))
+print("finished at step 30 started at", start, flush=True)
+"""
+
+
+def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generation(tmp_path, monkeypatch):
+    """Node 0's host dies after the first file of a copy arrived: that generation never replaces the good one, and
+    the next attempt resumes from the good one."""
+    from conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.providers import netns
+    from broker.run import checkpoint
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    recipe, marker = _recipe(tmp_path)
+    (Path(recipe.workdir) / "job.py").write_text(SSH_JOB % str(marker))
+    target = NetnsTarget(recipe)
+    ledger = Ledger()
+    killed: dict = {}
+    orig = checkpoint.SSHSource.fetch
+
+    def fetch(self, rel, dst, budget):
+        n = orig(self, rel, dst, budget)
+        run_dir = dst.parents[len(Path(rel).parts) + 1]  # <run>/checkpoints/.tmp-gen-N/<rel>
+        good = checkpoint.latest_generation(run_dir)
+        if not killed and good is not None and _step(marker) >= 6:
+            killed["good"] = good.name
+            killed["step"] = json.loads((good / "state.json").read_text())["step"]
+            killed["cid"] = target.cluster_state.cid
+            _kill_host(target.cluster_state.ns(0))
+        return n
+
+    monkeypatch.setattr(checkpoint.SSHSource, "fetch", fetch)
+    try:
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks())
+    finally:
+        if killed.get("cid"):
+            netns.remove_cid(killed["cid"])
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert killed, "no copy ran after the first generation"
+    assert out.exit_code == 0, out.result.reason
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert f"resumed from step {killed['step']}\n" in log, (killed, log[:500])
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
