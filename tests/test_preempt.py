@@ -22,6 +22,7 @@ ck = pathlib.Path("ckpt"); ck.mkdir(exist_ok=True)
 state = ck / "state.json"
 start = json.loads(state.read_text())["step"] if state.exists() else 0
 print("resumed from step", start, flush=True)
+pathlib.Path({marker!r} + ".pid").write_text(str(os.getpid()))
 for step in range(start, {steps}):
     time.sleep({sleep})
     tmp = ck / "state.json.tmp"
@@ -506,4 +507,49 @@ def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generat
     log = Path(out.run.run_dir, "node0.log").read_text()
     assert f"resumed from step {killed['step']}\n" in log, (killed, log[:500])
     assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud):
+    """Outbid on Vast: the provider stops the container, the job's processes are killed (the rank dies with
+    SIGKILL, torchrun exits 1: it looks like a crash), and the provider's preemption() says why: a preemption,
+    rented again, resumed."""
+    import signal
+
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    class Outbid(FakeProvider):
+        taken: set = set()
+
+        def preemption(self, resource_id):
+            return "outbid: actual_status stopped, intended running" if resource_id in self.taken else None
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    p = Outbid()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+
+    def outbid() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if live and _step(marker) >= 8:
+                p.taken.add(live[0])
+                marker.write_text("0")
+                os.kill(int(Path(str(marker) + ".pid").read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=outbid, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert p.taken
+    assert out.exit_code == 0, out.result.reason
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
+    assert "outbid" in rows[0]["detail"]
     assert ledger.resources(out.run.id, live_only=True) == []
