@@ -553,3 +553,38 @@ def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud
     assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
     assert "outbid" in rows[0]["detail"]
     assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_path):
+    from broker.run.checkpoint import CheckpointingExecutor, with_checkpoints
+    from broker.run.executor import Executor
+
+    class Local(Executor):  # like LocalExecutor: no reach, no preflight
+        dirs = [tmp_path]
+
+        def stage(self):
+            return None
+
+        def launch(self):
+            raise AssertionError
+
+        def finish(self, result):
+            return result
+
+    class Remote(Local):
+        ssh = object()
+
+        def reach(self):
+            return "reached"
+
+    class R:
+        checkpoint_dir, checkpoint_every_s = "ck", 5
+
+    w = with_checkpoints(Local(), R(), tmp_path)
+    assert isinstance(w, CheckpointingExecutor) and w.every_s == 5
+    assert type(w).reach is Executor.reach and type(w).preflight is Executor.preflight
+    w = with_checkpoints(Remote(), R(), tmp_path)
+    assert type(w).reach is not Executor.reach and w.reach() == "reached"
+    R.checkpoint_dir = None
+    plain = Local()
+    assert with_checkpoints(plain, R(), tmp_path) is plain

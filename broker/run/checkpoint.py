@@ -289,11 +289,12 @@ class CheckpointingExecutor(Executor):
         self.failures: list[str] = []
         self._lock = threading.Lock()  # one copy at a time (the thread's and the final one)
 
-    # the steps the inner executor has, passed through
-    def reach(self) -> "RunResult | None":
+    # reach / preflight are passed through only where the inner executor has them (:func:`with_checkpoints`
+    # builds the class): run_steps announces a step only when the executor overrides it
+    def _reach(self) -> "RunResult | None":
         return self.inner.reach()
 
-    def preflight(self) -> "RunResult | None":
+    def _preflight(self) -> "RunResult | None":
         return self.inner.preflight()
 
     def stage(self) -> "RunResult | None":
@@ -390,5 +391,7 @@ def with_checkpoints(ex: Executor, recipe: Any, run_dir: Path, say: Say = None) 
     rel = getattr(recipe, "checkpoint_dir", None)
     if not rel or not (hasattr(ex, "dirs") or hasattr(ex, "ssh")):
         return ex
-    return CheckpointingExecutor(ex, rel, run_dir, every_s=float(getattr(recipe, "checkpoint_every_s", 60) or 60),
-                                 say=say)
+    steps = {s: getattr(CheckpointingExecutor, "_" + s) for s in ("reach", "preflight")
+             if getattr(type(ex), s) is not getattr(Executor, s)}
+    cls = type(f"Checkpointing{type(ex).__name__}", (CheckpointingExecutor,), steps)
+    return cls(ex, rel, run_dir, every_s=float(getattr(recipe, "checkpoint_every_s", 60) or 60), say=say)
