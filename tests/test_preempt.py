@@ -588,3 +588,33 @@ def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_pa
     R.checkpoint_dir = None
     plain = Local()
     assert with_checkpoints(plain, R(), tmp_path) is plain
+
+
+def test_no_new_attempt_when_the_runs_clock_is_nearly_out(tmp_path, fake_cloud):
+    """Preempted 50 s before the hard deadline: nothing is rented again (the run's one clock), the run fails with
+    that reason, the attempt is recorded and nothing is left."""
+    from datetime import timedelta
+
+    from broker.core.model import utcnow
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path, steps=200)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, [3], done)
+
+    def on_start(run, _desc) -> None:
+        ledger.update_run(run.id, deadline=utcnow() + timedelta(seconds=50))
+
+    with pytest.raises(NodeLost, match="left on the run's deadline: not renting again"):
+        run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                     ledger=ledger, hooks=Hooks(on_start=on_start))
+    t.join(timeout=5)
+    (run,) = ledger.list_runs()
+    assert [a["cause"] for a in ledger.attempts(run.id)] == ["preempted"]
+    assert len([r for r in ledger.resources(run.id) if r.kind == "instance"]) == 1
+    assert ledger.resources(run.id, live_only=True) == []
