@@ -618,3 +618,49 @@ def test_no_new_attempt_when_the_runs_clock_is_nearly_out(tmp_path, fake_cloud):
     assert [a["cause"] for a in ledger.attempts(run.id)] == ["preempted"]
     assert len([r for r in ledger.resources(run.id) if r.kind == "instance"]) == 1
     assert ledger.resources(run.id, live_only=True) == []
+
+
+def test_multi_node_preempted_node_1_the_whole_cluster_is_rented_again(tmp_path, fake_cloud):
+    """Two instances in a private network (the fake bootstraps a vcn + subnet the way OCI does): node 1 is taken
+    back; both instances and the network are released, a new network and two new instances are rented, the job
+    resumes; nothing of either attempt is left."""
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    y = Path(recipe.path).read_text().replace("nodes: 1", "nodes: 2").replace("simulated", "multi-node")
+    Path(recipe.path).write_text(y)
+    recipe = load_recipe(recipe.path)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "multi-node"]
+    ledger = Ledger()
+    done: list = []
+
+    def take_node1() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            runs = ledger.list_runs()
+            rows = [r for r in ledger.resources(runs[0].id, live_only=True)
+                    if r.kind == "instance" and r.attrs.get("node_index") == 1] if runs else []
+            if rows and rows[0].provider_id and _step(marker) >= 8:
+                p.destroy(rows[0].provider_id)
+                done.append(rows[0].provider_id)
+                marker.write_text("0")
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=take_node1, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert done and out.exit_code == 0, out.result and out.result.reason
+    attempts = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in attempts] == ["preempted", "succeeded"]
+    kinds = [sorted(ledger.resource(i).kind for i in a["resource_ids"]) for a in attempts]
+    assert kinds[0] == kinds[1] and kinds[0].count("instance") == 2 and len(kinds[0]) > 2  # + vcn, subnet
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+    assert [n for n, x in p.networks().items() if x["state"] != "terminated"] == []
