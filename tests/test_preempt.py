@@ -143,6 +143,12 @@ def test_a_preempted_interruptible_run_resumes_from_its_checkpoint_and_succeeds(
     assert sum(a["usd"] for a in row["attempts"]) == pytest.approx(row["usd"], rel=0.05)
     r = CliRunner().invoke(app, ["cost"], env={"COLUMNS": "200"})
     assert "attempt 1" in r.output and "attempt 2" in r.output
+    from broker.cli.summary import render_summary
+    from broker.core.ui import console
+
+    with console.capture() as cap:  # the end-of-run summary of `broker run`
+        render_summary(out.run, out.result, None, out.cost_usd)
+    assert "attempts: 2 (1 preempted): #1 preempted" in cap.get()
 
 
 def test_preempted_twice_in_a_row_still_resumes(tmp_path, fake_cloud):
