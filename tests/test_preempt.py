@@ -670,3 +670,31 @@ def test_multi_node_preempted_node_1_the_whole_cluster_is_rented_again(tmp_path,
     assert ledger.resources(out.run.id, live_only=True) == []
     assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
     assert [n for n, x in p.networks().items() if x["state"] != "terminated"] == []
+
+
+def test_no_capacity_for_the_next_attempt_fails_the_run_with_every_attempt_recorded(tmp_path, fake_cloud,
+                                                                                    monkeypatch):
+    from broker.core.provider import NoValidPlan
+    from broker.providers.fake import ZONES
+
+    def no_capacity_after(*_a) -> None:
+        os.environ["BROKER_FAKE_FAIL"] = ",".join(f"capacity@{z}" for z in ZONES)
+
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "")
+    from broker.providers import fake
+
+    orig = fake.FakeProvider.destroy
+
+    def destroy(self, pid):
+        orig(self, pid)
+        no_capacity_after()
+
+    monkeypatch.setattr(fake.FakeProvider, "destroy", destroy)
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [4])
+    os.environ.pop("BROKER_FAKE_FAIL", None)
+    assert isinstance(err, NoValidPlan), (err, said)
+    (run,) = ledger.list_runs()
+    rows = ledger.attempts(run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "error"]
+    assert "capacity" in rows[1]["detail"]
+    assert ledger.resources(run.id, live_only=True) == []
