@@ -108,7 +108,7 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
     (CI, ``</dev/null``) a paid run without ``--yes`` is refused before anything is created (Declined, exit 2)."""
     import sys
 
-    from broker.run.pipeline import Declined
+    from broker.run.runrecord import Declined
     from broker.core.ui import err
 
     for line in quote.lines():
@@ -136,7 +136,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     from broker.cli.lifecycle import ProgressPrinter, kept_message
     from broker.cli.summary import render_summary
     from broker.money.ledger import Ledger
-    from broker.run.pipeline import Hooks, RunRequest, run_recipe
+    from broker.run.runrecord import Hooks
+    from broker.run.pipeline import RunRequest, run_recipe
     from broker.core.ui import console, echo_node_line, err, print_json
 
     slurm = None
@@ -231,7 +232,7 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
     t0 = time.monotonic()
     run_id = None
     while time.monotonic() - t0 < timeout_s:
-        # the run row carries its CLI's pid (broker.run.pipeline.new_run): the background process's
+        # the run row carries its CLI's pid (broker.run.runrecord.new_run): the background process's
         run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
         if run_id is not None or proc.poll() is not None:
             break
