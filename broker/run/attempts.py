@@ -3,7 +3,7 @@
 :func:`run_attempts` is the pipeline's acquire..run step repeated: each attempt is a ledger row
 (:meth:`broker.money.ledger.Ledger.start_attempt` / ``end_attempt``: number, started/ended, cause, the resources it
 rented, hence its cost).  When an attempt ends because a node was **lost** (the provider shows the instance
-stopped / terminated while the job ran: :class:`broker.run.pipeline.NodeLost`; the SSH connection to a node
+stopped / terminated while the job ran: :class:`broker.run.guard.NodeLost`; the SSH connection to a node
 dropped: its exit code is unknown; the provider's :meth:`broker.core.provider.Provider.preemption` says it took
 the instance back) the run is **preempted**: what is left is torn down (confirmed), the run's clock is checked,
 and the same ranked options are provisioned again through the same path as the first attempt (failover picks
@@ -27,8 +27,9 @@ from broker.core.provider import BrokerError, Provider
 if TYPE_CHECKING:
     from broker.core.model import Cluster, Run
     from broker.core.recipe import Recipe
-    from broker.run.launch import RunResult
-    from broker.run.pipeline import Context, Target
+    from broker.run.runrecord import Context
+    from broker.run.supervisor import RunResult
+    from broker.run.targets import Target
 
 _log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
     Returns the last attempt's (cluster, result).  Raises what ``attempt`` raises for anything but a lost node;
     RestartsExhausted when the run was preempted ``max_restarts + 1`` times; NodeLost when a lost node cannot be
     replaced (restarts off, the clock ran out, teardown not confirmed)."""
-    from broker.run.pipeline import NodeLost
+    from broker.run.guard import NodeLost
 
     if not restarts_enabled(recipe):
         return attempt()
@@ -199,7 +200,7 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
                 f"run {run.id} was preempted {n} time(s); max_restarts: {max_restarts} allows no more: stopped",
                 hint=f"`broker status {run.id}` lists the attempts; raise max_restarts in the recipe, or set "
                      "interruptible: false to rent on-demand capacity")
-        from broker.run.pipeline import shielded
+        from broker.run.guard import shielded
 
         with shielded(ctx.hooks.say):
             left = release()

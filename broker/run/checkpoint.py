@@ -14,9 +14,9 @@ from it, only changed files cross the network.  It is **atomic**: the new genera
 (``os.replace``); a copy cut short (the node preempted mid-copy, a refused file) leaves ``LATEST`` on the last
 good generation and its temp folder is removed.  The two newest generations are kept.
 
-A node is input, not authority: every name is checked with :func:`broker.run.launch.artifact_destination`, files
-are written with :func:`broker.run.launch.write_capped` / :func:`broker.run.remote.afetch_checked` (O_NOFOLLOW,
-0600, within an :class:`broker.run.launch.ArtifactBudget`), a symlink out of the folder is refused.  Files
+A node is input, not authority: every name is checked with :func:`broker.run.artifacts.artifact_destination`, files
+are written with :func:`broker.run.artifacts.write_capped` / :func:`broker.run.remote.afetch_checked` (O_NOFOLLOW,
+0600, within an :class:`broker.run.artifacts.ArtifactBudget`), a symlink out of the folder is refused.  Files
 named ``*.tmp`` / ``*.partial`` are skipped: a script writes its checkpoint there and renames it into place (the
 pattern ``recipes/ddp_train.py`` uses), so a half-written file is never copied.
 """
@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from broker.run.executor import Executor
 
 if TYPE_CHECKING:
-    from broker.run.launch import ArtifactBudget, RunResult
+    from broker.run.artifacts import ArtifactBudget
+    from broker.run.supervisor import RunResult
 
 _log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class LocalSource(Source):
         return out
 
     def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
-        from broker.run.launch import READ_CHUNK, RefusedArtifact, write_capped
+        from broker.run.artifacts import RefusedArtifact, write_capped
+        from broker.run.supervisor import READ_CHUNK
 
         base = os.path.realpath(self.folder).rstrip("/") + "/"
         real = os.path.realpath(self.folder / rel)
@@ -125,7 +127,7 @@ class SSHSource(Source):
         return f"{self.ssh.work(self.node)}/{self.rel_dir}"
 
     def list(self) -> dict[str, tuple[int, int]]:
-        from broker.run.launch import RefusedArtifact
+        from broker.run.artifacts import RefusedArtifact
         from broker.run.remote import _alist_artifacts
 
         raw = self.ssh.loop.call(_alist_artifacts(self.ssh, self.node, [], folder=self.folder, lister=_LISTER,
@@ -185,7 +187,7 @@ def copy_back(source: Source, run_dir: Path, *, budget: "ArtifactBudget | None" 
     no new generation, (the latest, 0).  An empty folder on the node makes no generation.  Raises CopyFailed when
     the copy could not complete (the node went away mid-copy, a file was refused); ``LATEST`` is unchanged."""
     from broker.core.private import private_dirs, write_private
-    from broker.run.launch import ArtifactBudget, RefusedArtifact, artifact_destination
+    from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination
 
     root = private_dirs(checkpoints_root(run_dir))
     prev = latest_generation(run_dir)
@@ -307,7 +309,7 @@ class CheckpointingExecutor(Executor):
         try:
             self._restore(gen)
         except Exception as e:  # noqa: BLE001 - a node that cannot take the checkpoint cannot resume the job
-            from broker.run.launch import RunResult
+            from broker.run.supervisor import RunResult
 
             return RunResult(status="failed", exit_codes={}, wall_s=0.0, log_paths=getattr(self.inner, "logs", {}),
                              reason=f"restoring checkpoint {gen.name} on the new node(s) failed: {e}")

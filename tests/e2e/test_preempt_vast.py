@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+from broker.run.planstep import rank_options
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO
-from tests.vast_emulator import API_KEY, VastEmulator, offer_row
+from tests.support.vast_emulator import API_KEY, VastEmulator, offer_row
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

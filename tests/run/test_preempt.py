@@ -75,7 +75,8 @@ def _preempt_fake(p, marker: Path, at_steps: list[int], done: list) -> threading
 
 def _fake_run(tmp_path, fake_cloud, at_steps, **kw):
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path, **kw)
@@ -175,7 +176,8 @@ def test_max_restarts_stops_with_a_clear_message_and_leaves_nothing(tmp_path, fa
 
 def test_a_crash_is_not_restarted(tmp_path, fake_cloud):
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path)
@@ -191,7 +193,7 @@ def test_a_crash_is_not_restarted(tmp_path, fake_cloud):
 
 
 def test_not_interruptible_a_lost_node_fails_the_run_as_before(tmp_path, fake_cloud):
-    from broker.run.pipeline import NodeLost
+    from broker.run.guard import NodeLost
 
     out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [3], interruptible="false")
     assert isinstance(err, NodeLost)
@@ -275,7 +277,7 @@ def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
 
 def test_copy_back_respects_the_size_cap(tmp_path, monkeypatch):
     from broker.run.checkpoint import CopyFailed, LocalSource, copy_back, latest_generation
-    from broker.run.launch import ArtifactBudget
+    from broker.run.artifacts import ArtifactBudget
 
     node = tmp_path / "ckpt"
     node.mkdir()
@@ -324,7 +326,7 @@ def _kill_host(ns: str) -> None:
 
 
 def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
-    from conftest import netns_missing
+    from tests.conftest import netns_missing
 
     why = netns_missing()
     if why:
@@ -378,7 +380,8 @@ def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tm
     from broker.core.recipe import load_recipe
     from broker.providers.fake import FakeProvider
     from broker.run.checkpoint import latest_generation
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     repo = Path(__file__).resolve().parents[1]
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
@@ -425,7 +428,8 @@ def test_preemption_during_teardown_is_confirmed_and_not_restarted(tmp_path, fak
     still resumes and succeeds, and nothing is left."""
     from broker.core.provider import TransientError
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     class TakenBackDuringTeardown(FakeProvider):
         seen: set = set()
@@ -473,7 +477,7 @@ print("finished at step 30 started at", start, flush=True)
 def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generation(tmp_path, monkeypatch):
     """Node 0's host dies after the first file of a copy arrived: that generation never replaces the good one, and
     the next attempt resumes from the good one."""
-    from conftest import netns_missing
+    from tests.conftest import netns_missing
 
     why = netns_missing()
     if why:
@@ -523,7 +527,8 @@ def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud
     import signal
 
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     class Outbid(FakeProvider):
         taken: set = set()
@@ -603,7 +608,9 @@ def test_no_new_attempt_when_the_runs_clock_is_nearly_out(tmp_path, fake_cloud):
 
     from broker.core.model import utcnow
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, NodeLost, rank_options, run_pipeline
+    from broker.run.guard import NodeLost
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path, steps=200)
@@ -632,7 +639,8 @@ def test_multi_node_preempted_node_1_the_whole_cluster_is_rented_again(tmp_path,
     resumes; nothing of either attempt is left."""
     from broker.core.recipe import load_recipe
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path)
