@@ -104,7 +104,7 @@ def attempt_costs(ledger: Any, run_id: str) -> list[dict[str, Any]]:
     resources cost, per :func:`broker.money.accounting.resource_cost`) and ``resources`` (``provider kind id``).
     The last attempt while it runs owns every resource no earlier attempt holds."""
     from broker.core.model import utcnow
-    from broker.money.provision import spent_usd
+    from broker.money.cost import spent_usd
 
     rows = ledger.attempts(run_id)
     if not rows:
@@ -207,7 +207,7 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
         if left:
             raise NodeLost(f"attempt {n} was preempted and teardown left {len(left)} resource(s) live; not renting "
                            "again", hint=f"`broker down {run.id}` ends them")
-        from broker.money.provision import run_clock
+        from broker.money.cost import run_clock
 
         secs, why = run_clock(ledger, ledger.get_run(run.id) or run)
         if secs < MIN_ATTEMPT_S:
