@@ -42,7 +42,8 @@ def one(monitor_s: float) -> tuple[float, float, int]:
     from broker.core.recipe import load_recipe
     from broker.money.ledger import Ledger
     from broker.providers.fake import FakeProvider
-    from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
