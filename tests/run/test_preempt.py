@@ -383,7 +383,7 @@ def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tm
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
     from broker.run.planstep import rank_options
 
-    repo = Path(__file__).resolve().parents[1]
+    from tests.conftest import REPO as repo
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     d = tmp_path / "r"
     shutil.copytree(repo / "recipes", d, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
