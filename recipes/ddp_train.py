@@ -13,6 +13,14 @@ What it shows (the point of the exercise):
   * DistributedSampler: each rank trains on its own shard; loss falls; held-out accuracy at the end;
   * the checkpoint is written by global rank 0 only (RANK == 0, not LOCAL_RANK == 0: that would be every node).
 
+Resuming after a preemption (recipe ``interruptible: true`` with ``checkpoint_dir: checkpoints`` and
+``args: [..., "--resume-dir", "checkpoints"]``): broker copies that folder back from node 0 while the job runs and
+puts the latest copy on the new node(s) before it relaunches this same command; the script does the rest in two
+lines (every rank loads, global rank 0 saves every ``--save-every`` epochs to a temporary name, then renames):
+
+    state = torch.load(ck, map_location=device) if ck.exists() else None            # resume when present
+    torch.save(state, tmp); os.replace(tmp, ck)                                      # atomic save (rank 0)
+
 Environment knobs: DDP_TIMEOUT_S (process-group timeout, default 300 s), DIGITS_CSV (data file path).
 """
 
@@ -56,6 +64,10 @@ def main() -> int:
     ap.add_argument("--checkpoint", default="checkpoint.pt")
     ap.add_argument("--crash-on-rank", type=int, default=None, help="raise on this global rank (failure drill)")
     ap.add_argument("--min-accuracy", type=float, default=0.0, help="exit 1 when held-out accuracy is lower")
+    ap.add_argument("--resume-dir", default=None,
+                    help="folder of the resume checkpoint (the recipe's checkpoint_dir): loaded when present, "
+                         "written every --save-every epochs")
+    ap.add_argument("--save-every", type=int, default=1, help="epochs between resume checkpoints")
     args = ap.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -103,7 +115,16 @@ def main() -> int:
 
     t0 = time.time()
     first_loss = last_loss = None
-    for epoch in range(args.epochs):
+    start_epoch = 0
+    ck = Path(args.resume_dir, "resume.pt") if args.resume_dir else None
+    state = torch.load(ck, map_location=device) if ck is not None and ck.exists() else None  # resume when present
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start_epoch, first_loss, last_loss = state["epoch"] + 1, state["first_loss"], state["last_loss"]
+    if ck is not None:
+        print(f"RANK={rank} resumed_from_epoch={start_epoch}", flush=True)
+    for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         total, count = torch.zeros(2, device=device), 0
         for xb, yb in loader:
@@ -123,6 +144,12 @@ def main() -> int:
         last_loss = epoch_loss
         if rank == 0:
             print(f"epoch={epoch} loss={epoch_loss:.4f} steps_per_rank={count}", flush=True)
+        if ck is not None and rank == 0 and (epoch + 1) % max(1, args.save_every) == 0:
+            ck.parent.mkdir(parents=True, exist_ok=True)
+            tmp = ck.with_name(ck.name + ".tmp")  # broker never copies *.tmp: a half-written file is not taken
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "epoch": epoch,
+                        "first_loss": first_loss, "last_loss": last_loss}, tmp)
+            os.replace(tmp, ck)  # atomic: a reader sees the old or the new checkpoint
 
     model.eval()
     with torch.no_grad():

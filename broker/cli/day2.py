@@ -257,6 +257,16 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
     totals = ledger.cost_totals(now, since=since, provider=provider)
     runs = [dict(r, usd=round(r["usd"], 6)) for r in ledger.run_costs(now, since=since, provider=provider,
                                                                         limit=rows)]
+    split = ledger.runs_with_attempts()
+    if split:  # a run rented more than once (preempted): its cost per attempt
+        from broker.run.attempts import attempt_costs
+
+        for r in runs:
+            if r["run"] in split:
+                r["attempts"] = [{"attempt": a["attempt"], "cause": a["cause"], "usd": round(a["usd"], 6),
+                                  "started_at": a["started_at"].isoformat(),
+                                  "ended_at": a["ended_at"].isoformat() if a["ended_at"] else None}
+                                 for a in attempt_costs(ledger, r["run"])]
     pretend = sorted((p for p in totals if _pretend_money(p)), key=str)
     return {"since": since.isoformat() if since else None, "provider": provider, "runs": runs,
             "run_count": sum(n for n, _ in totals.values()),
@@ -602,6 +612,8 @@ def register(app: typer.Typer) -> None:
             t.add_column(col, justify="right" if col == "cost" else "left")
         for r in data["runs"][:50]:
             t.add_row(r["run"], r["provider"], r["status"], usd(r["usd"]))
+            for a in r.get("attempts", []):
+                t.add_row(f"  attempt {a['attempt']}", "", a["cause"] or "running", usd(a["usd"]))
         console.print(t)
         if data["run_count"] > 50:
             console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")

@@ -403,7 +403,13 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 from broker.core.ui import print_json
 
+                from broker.run.attempts import attempt_costs
+
+                attempts = [{**a, "started_at": a["started_at"].isoformat(),
+                             "ended_at": a["ended_at"].isoformat() if a["ended_at"] else None}
+                            for a in attempt_costs(ledger, run.id)]
                 print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
+                            "attempts": attempts,
                             "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
                 return
             console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
@@ -421,6 +427,10 @@ def register(app: typer.Typer) -> None:
                           + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
             for prov, why in notes.items():
                 console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
+            from broker.run.attempts import attempt_lines
+
+            for line in attempt_lines(ledger, run.id):  # a preempted run: each attempt, its cause and cost
+                console.print(f"  {escape(node_text(line))}", highlight=False)
             if rows:
                 print_table(_resource_table(rows, "resources", wide=wide), wide=wide)
                 for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):

@@ -94,6 +94,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
     console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
+    _attempts_line(run)
     preflight = run_dir / "preflight.txt" if run_dir else None
     if preflight is not None and preflight.exists() and preflight_failed(result):
         console.print(f"preflight report (why no rank started): {preflight}", highlight=False)
@@ -154,3 +155,23 @@ def _logs_mention(result: RunResult, text: str) -> bool:
         except OSError:
             pass
     return False
+
+
+def _attempts_line(run: Run) -> None:
+    """For a run that was preempted and rented again: how many attempts, what each cost (``broker status RUN``
+    has the detail).  Nothing for a run of one attempt; never raises (the summary must not break)."""
+    try:
+        from broker.money.ledger import Ledger
+        from broker.run.attempts import attempt_costs
+
+        rows = attempt_costs(Ledger(), run.id)
+    except Exception:  # noqa: BLE001
+        return
+    if len(rows) < 2:
+        return
+    from broker.core.ui import console, usd
+
+    pre = sum(1 for a in rows if a["cause"] == "preempted")
+    console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
+        f"#{a['attempt']} {a['cause'] or 'running'} {usd(a['usd'])}" for a in rows)
+        + f"; `broker status {run.id}` has each one", highlight=False)

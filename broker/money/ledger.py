@@ -26,8 +26,10 @@ from broker.core.model import utcnow
 if TYPE_CHECKING:
     from broker.core.records import Resource, Run
 
-#: 2: resources gained ``stopped_at``, ``stopped_usd_per_hour``, ``banked_usd``, ``rate_since`` (broker stop/start);
-#: an older file gets them on open (:data:`_MIGRATIONS`)
+#: 2: resources gained ``stopped_at``, ``stopped_usd_per_hour``, ``banked_usd``, ``rate_since`` (broker stop/start),
+#: an older file gets them on open (:data:`_MIGRATIONS`); and the ``attempts`` table (one row per attempt of a run: a
+#: preempted run is rented again), made by the schema script (``IF NOT EXISTS``): a run without rows there had one
+#: attempt
 SCHEMA_VERSION = 2
 _log = logging.getLogger(__name__)
 
@@ -88,6 +90,16 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT
 );
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    ended_at TEXT,
+    cause TEXT,
+    detail TEXT,
+    resource_ids TEXT,
+    PRIMARY KEY (run_id, attempt)
+);
 CREATE TABLE IF NOT EXISTS quota_requests (
     id TEXT PRIMARY KEY,
     provider TEXT NOT NULL,
@@ -253,6 +265,59 @@ class Ledger:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {decl}")
             self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema_version', ?)",
                              (str(SCHEMA_VERSION),))
+
+    @property
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------------------------------------- attempts
+    def start_attempt(self, run_id: str, actor: str = "cli") -> int:
+        """Open the next attempt of ``run_id`` (1 for the first); returns its number."""
+        with self._tx():
+            (n,) = self._db.execute("SELECT COALESCE(MAX(attempt), 0) + 1 FROM attempts WHERE run_id=?",
+                                    (run_id,)).fetchone()
+            self._db.execute("INSERT INTO attempts (run_id, attempt, started_at) VALUES (?, ?, ?)",
+                             (run_id, n, utcnow().isoformat()))
+            self._event(run_id, None, actor, "attempt", f"attempt {n} started")
+        return int(n)
+
+    def end_attempt(self, run_id: str, attempt: int, *, cause: str, detail: str | None = None,
+                    actor: str = "cli") -> list[str]:
+        """Close attempt ``attempt`` of ``run_id`` with ``cause`` (``preempted``, ``succeeded``, ``failed``,
+        ``interrupted``, ``error`` ...) and ``detail`` (the why, in words); the run's resources not claimed by an
+        earlier attempt become this attempt's (their ids are stored: ``broker cost`` splits by them).  Closing
+        an attempt twice keeps the first end.  Returns the resource ids."""
+        with self._tx():
+            taken: set[str] = set()
+            for (ids,) in self._db.execute("SELECT resource_ids FROM attempts WHERE run_id=? AND attempt<>?",
+                                           (run_id, attempt)):
+                taken.update(json.loads(ids or "[]"))
+            mine = [r for (r,) in self._db.execute("SELECT id FROM resources WHERE run_id=? ORDER BY created_at",
+                                                    (run_id,)) if r not in taken]
+            cur = self._db.execute("UPDATE attempts SET ended_at=?, cause=?, detail=?, resource_ids=? WHERE "
+                                   "run_id=? AND attempt=? AND ended_at IS NULL",
+                                   (utcnow().isoformat(), cause, detail, json.dumps(mine), run_id, attempt))
+            if cur.rowcount:
+                self._event(run_id, None, actor, f"attempt-{cause}",
+                            f"attempt {attempt} ended: {cause}" + (f": {detail}" if detail else ""))
+        return mine
+
+    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        """The attempts of ``run_id`` in order: dicts with ``attempt``, ``started_at`` / ``ended_at`` (datetimes;
+        ended None while it runs), ``cause``, ``detail``, ``resource_ids`` (list).  Empty: the run had one
+        attempt and kept no record of it (an older broker, or a run without restarts)."""
+        out = []
+        for r in self._db.execute("SELECT attempt, started_at, ended_at, cause, detail, resource_ids FROM attempts "
+                                  "WHERE run_id=? ORDER BY attempt", (run_id,)):
+            out.append({"attempt": int(r[0]), "started_at": datetime.fromisoformat(r[1]),
+                        "ended_at": datetime.fromisoformat(r[2]) if r[2] else None, "cause": r[3],
+                        "detail": r[4], "resource_ids": json.loads(r[5] or "[]")})
+        return out
+
+    def runs_with_attempts(self) -> set[str]:
+        """The ids of the runs that have attempt rows (one query: ``broker cost`` splits only those)."""
+        return {r[0] for r in self._db.execute("SELECT DISTINCT run_id FROM attempts")}
 
     @property
     def installation_id(self) -> str:

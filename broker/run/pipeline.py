@@ -124,15 +124,27 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     left: list[Resource] = []
     kept: list[Resource] = []
     keep = False
-    try:
+    def attempt() -> "tuple[Cluster | None, RunResult]":
+        nonlocal cluster
         cluster = target.acquire(run, ctx)
         if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
             from broker.core.private import write_private
 
             write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
-        ex = target.executor(recipe, run, cluster, ctx)
+        from broker.run.checkpoint import with_checkpoints
+
+        ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
         with target.watching(run, ctx):
-            result = run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+            return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+
+    def release_between() -> list[Resource]:
+        return target.release(run, ctx, keep=False)[0] if target.releases else []
+
+    try:
+        from broker.run.attempts import run_attempts
+
+        # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
+        cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
         result = diagnose(result, recipe, Path(run.run_dir or "."))
         status, message = result.status, result.reason
         keep = target.keep(recipe, status)

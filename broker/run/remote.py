@@ -467,13 +467,18 @@ _LISTER = ("import glob, json, os, sys; pats = sys.argv[1:]; "
            "if os.path.isfile(p) or os.path.islink(p)})))")
 
 
-async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str]) -> list[Any]:
+async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str], *, folder: str | None = None,
+                           lister: str = _LISTER, missing_ok: bool = False) -> list[Any]:
     """The names node ``i`` says match ``patterns`` in its work folder (unchecked: the caller validates each).
+    ``folder`` / ``lister``: another folder and listing script (the checkpoint copy-back's, with sizes);
+    ``missing_ok``: a folder that does not exist lists as empty.
     Raises RefusedArtifact when the answer is over :data:`LISTING_MAX_BYTES` or not a JSON list."""
     from broker.run.artifacts import RefusedArtifact
 
     q = shlex.quote
-    cmd = f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(_LISTER)} " + " ".join(q(p) for p in patterns)
+    where = q(folder or ssh.work(i))
+    cmd = (f"[ -d {where} ] || {{ echo '[]'; exit 0; }}; " if missing_ok else "") + \
+        f"cd {where} && {ssh.py(i)} -c {q(lister)} " + " ".join(q(p) for p in patterns)
     conn = await ssh.aconn(i)
     chunks, size = [], 0
     async with conn.create_process(cmd, encoding="utf-8", errors="replace") as proc:

@@ -73,7 +73,9 @@ def test_crash_on_node_1_stops_both_nodes(cli_env, tmp_path):
     # the diagnosis names the rank that failed first, its own error and its line, not torchrun's summary block
     assert "diagnosis:" in p.stdout
     assert "node 1, rank 1 failed first: RuntimeError: deliberate crash on rank 1 (--crash-on-rank)" in flat(p.stdout)
-    assert "at ddp_train.py:119 in main: raise RuntimeError(" in flat(p.stdout)
+    line = next(i for i, ln in enumerate((REPO / "recipes" / "ddp_train.py").read_text().splitlines(), 1)
+                if "raise RuntimeError(f\"deliberate crash" in ln)
+    assert f"at ddp_train.py:{line} in main: raise RuntimeError(" in flat(p.stdout)
     run = Ledger().list_runs(limit=1)[0]
     assert run.status == "failed" and run.exit_codes["1"] == 1 and run.exit_codes["0"] not in (0, None)
 

@@ -1,0 +1,399 @@
+"""Checkpoint copy-back and restore: the recipe's ``checkpoint_dir`` (a folder relative to the work folder) is
+copied from node 0 into ``<run>/checkpoints/`` every ``checkpoint_every_s`` seconds while the job runs and once
+when it ends, and put back on every node of a later attempt before its launch (:mod:`broker.run.attempts`).
+
+Layout of ``<run>/checkpoints/``::
+
+    gen-000001/...        one complete copy (a "generation") of node 0's checkpoint_dir
+    gen-000001.json       its manifest: {relative name: [size bytes, mtime ns]}
+    LATEST                the name of the newest complete generation (replaced atomically, written last)
+
+A copy is **incremental**: a file whose size and mtime match the previous generation's manifest is hard-linked
+from it, only changed files cross the network.  It is **atomic**: the new generation is built in
+``.tmp-gen-N/``, renamed to ``gen-N`` only when every file arrived, and ``LATEST`` moves to it after that
+(``os.replace``); a copy cut short (the node preempted mid-copy, a refused file) leaves ``LATEST`` on the last
+good generation and its temp folder is removed.  The two newest generations are kept.
+
+A node is input, not authority: every name is checked with :func:`broker.run.artifacts.artifact_destination`, files
+are written with :func:`broker.run.artifacts.write_capped` / :func:`broker.run.remote.afetch_checked` (O_NOFOLLOW,
+0600, within an :class:`broker.run.artifacts.ArtifactBudget`), a symlink out of the folder is refused.  Files
+named ``*.tmp`` / ``*.partial`` are skipped: a script writes its checkpoint there and renames it into place (the
+pattern ``recipes/ddp_train.py`` uses), so a half-written file is never copied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from broker.run.executor import Executor
+
+if TYPE_CHECKING:
+    from broker.run.artifacts import ArtifactBudget
+    from broker.run.supervisor import RunResult
+
+_log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "LATEST"
+KEEP_GENERATIONS = 2
+_GEN = re.compile(r"^gen-(\d{6})$")
+#: in-progress names a script writes before renaming into place: never copied
+SKIP_SUFFIXES = (".tmp", ".partial")
+
+Say = Callable[[str], None] | None
+
+
+class CopyFailed(Exception):
+    """One copy-back could not complete; the last good generation stays (the message says why)."""
+
+
+# --------------------------------------------------------------------------------------------------- sources
+class Source:
+    """Node 0's ``checkpoint_dir``: :meth:`list` its files, :meth:`fetch` one into a local file."""
+
+    def list(self) -> dict[str, tuple[int, int]]:
+        """``{relative name: (size bytes, mtime ns)}`` of the files (names unchecked: the caller validates)."""
+        raise NotImplementedError
+
+    def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
+        """Copy file ``rel`` to the new local file ``dst`` within ``budget``; returns the bytes written.
+        Raises RefusedArtifact (a link out of the folder, not a regular file, over a cap) or OSError/SSH errors."""
+        raise NotImplementedError
+
+
+class LocalSource(Source):
+    """A folder on this machine (the local executor's node work folder, the ``fake`` cloud)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def list(self) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        if not self.folder.is_dir():
+            return out
+        for dirpath, dirnames, files in os.walk(self.folder):  # followlinks=False: a linked folder is not walked
+            for name in files:
+                p = Path(dirpath, name)
+                st = p.lstat()
+                out[p.relative_to(self.folder).as_posix()] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
+        from broker.run.artifacts import RefusedArtifact, write_capped
+        from broker.run.supervisor import READ_CHUNK
+
+        base = os.path.realpath(self.folder).rstrip("/") + "/"
+        real = os.path.realpath(self.folder / rel)
+        if not real.startswith(base):
+            raise RefusedArtifact(f"a symlink to {real}, outside the checkpoint folder")
+        if not os.path.isfile(real):
+            raise RefusedArtifact("not a regular file")
+        budget.check(os.stat(real).st_size)
+
+        def _read() -> Iterable[bytes]:
+            with open(real, "rb") as f:
+                while data := f.read(READ_CHUNK):
+                    yield data
+
+        return write_capped(dst, _read(), budget)
+
+
+#: lists a folder's files with size and mtime (ns) as JSON, run on the node inside that folder
+_LISTER = ("import json, os; out = []\n"
+           "for d, ds, fs in os.walk('.'):\n"
+           "    for f in fs:\n"
+           "        p = os.path.join(d, f); st = os.lstat(p)\n"
+           "        out.append([os.path.relpath(p, '.'), st.st_size, st.st_mtime_ns])\n"
+           "print(json.dumps(out))")
+
+
+class SSHSource(Source):
+    """``checkpoint_dir`` in node ``node``'s work folder over the executor's SSH connections
+    (:class:`broker.run.remote.SSHCluster`; safe to call from another thread: its calls run on its loop)."""
+
+    def __init__(self, ssh: Any, rel_dir: str, node: int = 0):
+        self.ssh, self.rel_dir, self.node = ssh, rel_dir, node
+
+    @property
+    def folder(self) -> str:
+        return f"{self.ssh.work(self.node)}/{self.rel_dir}"
+
+    def list(self) -> dict[str, tuple[int, int]]:
+        from broker.run.artifacts import RefusedArtifact
+        from broker.run.remote import _alist_artifacts
+
+        raw = self.ssh.loop.call(_alist_artifacts(self.ssh, self.node, [], folder=self.folder, lister=_LISTER,
+                                                  missing_ok=True), timeout=120)
+        out: dict[str, tuple[int, int]] = {}
+        for e in raw:
+            if not (isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
+                    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e[1:])):
+                raise RefusedArtifact(f"the node's list of checkpoint files holds {repr(e)[:80]}")
+            out[e[0]] = (e[1], e[2])
+        return out
+
+    def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
+        from broker.run.remote import afetch_checked
+
+        return self.ssh.loop.call(afetch_checked(self.ssh, self.node, self.folder, rel, dst, budget), timeout=3600)
+
+
+# --------------------------------------------------------------------------------------------------- generations
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def latest_generation(run_dir: Path) -> Path | None:
+    """The newest complete generation folder of ``run_dir`` (what ``LATEST`` names), or None."""
+    root = checkpoints_root(run_dir)
+    try:
+        name = (root / LATEST).read_text().strip()
+    except OSError:
+        return None
+    if not _GEN.match(name):
+        return None
+    gen = root / name
+    return gen if gen.is_dir() and not gen.is_symlink() else None
+
+
+def _manifest(gen: Path | None) -> dict[str, tuple[int, int]]:
+    if gen is None:
+        return {}
+    try:
+        raw = json.loads(gen.with_name(gen.name + ".json").read_text())
+        return {str(k): (int(v[0]), int(v[1])) for k, v in raw.items()}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return {}
+
+
+def _next_number(root: Path) -> int:
+    nums = [int(m.group(1)) for p in root.iterdir() if (m := _GEN.match(p.name.removeprefix(".tmp-")))] \
+        if root.is_dir() else []
+    return max(nums, default=0) + 1
+
+
+def copy_back(source: Source, run_dir: Path, *, budget: "ArtifactBudget | None" = None,
+              say: Say = None) -> tuple[Path | None, int]:
+    """One copy of ``source`` into a new generation under ``<run_dir>/checkpoints`` (module docstring); returns
+    (the generation now named by ``LATEST``, bytes fetched this time).  Nothing changed since the last generation:
+    no new generation, (the latest, 0).  An empty folder on the node makes no generation.  Raises CopyFailed when
+    the copy could not complete (the node went away mid-copy, a file was refused); ``LATEST`` is unchanged."""
+    from broker.core.private import private_dirs, write_private
+    from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination
+
+    root = private_dirs(checkpoints_root(run_dir))
+    prev = latest_generation(run_dir)
+    old = _manifest(prev)
+    try:
+        listing = {k: v for k, v in source.list().items() if not k.endswith(SKIP_SUFFIXES)}
+    except Exception as e:  # noqa: BLE001 - the node is gone or answered nonsense: keep the last good copy
+        raise CopyFailed(f"listing the checkpoint folder failed: {e}") from e
+    if not listing or (prev is not None and listing == old):
+        return prev, 0
+    budget = budget or ArtifactBudget()
+    n = _next_number(root)
+    tmp = root / f".tmp-gen-{n:06d}"
+    fetched = 0
+    try:
+        private_dirs(tmp)
+        for rel, meta in sorted(listing.items()):
+            if len(listing) > budget.max_files:
+                raise RefusedArtifact(f"more than {budget.max_files} files")
+            dst = artifact_destination(tmp, rel)
+            if prev is not None and old.get(rel) == meta:
+                src = artifact_destination(prev, rel)
+                if src.is_file() and not src.is_symlink():
+                    private_dirs(dst.parent)
+                    os.link(src, dst, follow_symlinks=False)  # unchanged: the same bytes, no transfer
+                    continue
+            private_dirs(dst.parent)
+            fetched += source.fetch(rel, dst, budget)
+        gen = root / f"gen-{n:06d}"
+        os.rename(tmp, gen)
+        write_private(root / f"{gen.name}.json", json.dumps({k: list(v) for k, v in listing.items()}))
+        write_private(root / f".{LATEST}.tmp", gen.name + "\n")
+        os.replace(root / f".{LATEST}.tmp", root / LATEST)  # the switch: a reader sees the old or the new
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, Exception):
+            raise CopyFailed(f"copying the checkpoint back stopped: {e}") from e
+        raise
+    _prune(root, keep=gen.name)
+    _log.info("checkpoint generation %s: %d file(s), %d byte(s) fetched", gen.name, len(listing), fetched)
+    return gen, fetched
+
+
+def _prune(root: Path, keep: str) -> None:
+    """Remove all but the :data:`KEEP_GENERATIONS` newest generations (never ``keep``) and stale temp folders."""
+    gens = sorted((p for p in root.iterdir() if _GEN.match(p.name) and p.is_dir()), key=lambda p: p.name)
+    for p in gens[:-KEEP_GENERATIONS]:
+        if p.name != keep:
+            shutil.rmtree(p, ignore_errors=True)
+            (root / f"{p.name}.json").unlink(missing_ok=True)
+    for p in root.iterdir():
+        if p.name.startswith(".tmp-gen-"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------- restore
+def restore_local(gen: Path, dest: Path) -> int:
+    """Put generation ``gen`` in place as the folder ``dest`` (replaced) on this machine; returns the file count."""
+    from broker.core.private import private_dirs
+
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    shutil.rmtree(dest, ignore_errors=True)
+    private_dirs(dest.parent)
+    shutil.copytree(gen, dest, symlinks=True)
+    return sum(len(f) for _, _, f in os.walk(dest))
+
+
+def restore_ssh(gen: Path, ssh: Any, rel_dir: str, nodes: Iterable[int], run_dir: Path) -> None:
+    """Unpack generation ``gen`` as ``<work>/<rel_dir>`` (replaced) on each of ``nodes`` over SSH (one tar file
+    on disk, streamed to every node).  Raises what the upload raises (ProviderError names the node)."""
+    import tarfile
+
+    from broker.run.staging import StagedTar
+
+    tar = Path(run_dir) / ".checkpoint-restore.tar"
+    try:
+        with tarfile.open(tar, "w") as t:
+            t.add(str(gen), arcname=".")
+        data = StagedTar(path=tar, compressed=False)
+        nodes = list(nodes)
+        errs = ssh.gather([ssh.aupload_tgz(i, data, f"{ssh.work(i)}/{rel_dir}") for i in nodes], timeout=3600)
+        for i, e in zip(nodes, errs):
+            if isinstance(e, BaseException):
+                raise e
+    finally:
+        tar.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------------- executor
+class CheckpointingExecutor(Executor):
+    """Wraps an executor (local or SSH): after its ``stage`` the latest good generation is restored on every node;
+    during its ``launch`` a thread copies node 0's ``checkpoint_dir`` back every ``every_s`` seconds; when the job
+    ended (not when a node was lost) one last copy.  Copy failures are said and logged, never end the job."""
+
+    def __init__(self, inner: Executor, rel_dir: str, run_dir: Path, *, every_s: float, say: Say = None):
+        self.inner, self.rel_dir, self.run_dir = inner, rel_dir, Path(run_dir)
+        self.every_s, self.say = float(every_s), say
+        self.restored: Path | None = None
+        self.copies = 0
+        self.failures: list[str] = []
+        self._lock = threading.Lock()  # one copy at a time (the thread's and the final one)
+
+    # reach / preflight are passed through only where the inner executor has them (:func:`with_checkpoints`
+    # builds the class): run_steps announces a step only when the executor overrides it
+    def _reach(self) -> "RunResult | None":
+        return self.inner.reach()
+
+    def _preflight(self) -> "RunResult | None":
+        return self.inner.preflight()
+
+    def stage(self) -> "RunResult | None":
+        res = self.inner.stage()
+        if res is not None:
+            return res
+        gen = latest_generation(self.run_dir)
+        if gen is None:
+            return None
+        try:
+            self._restore(gen)
+        except Exception as e:  # noqa: BLE001 - a node that cannot take the checkpoint cannot resume the job
+            from broker.run.supervisor import RunResult
+
+            return RunResult(status="failed", exit_codes={}, wall_s=0.0, log_paths=getattr(self.inner, "logs", {}),
+                             reason=f"restoring checkpoint {gen.name} on the new node(s) failed: {e}")
+        self.restored = gen
+        if self.say:
+            self.say(f"restored checkpoint {gen.name} ({self.rel_dir}) on every node")
+        return None
+
+    def _restore(self, gen: Path) -> None:
+        dirs = getattr(self.inner, "dirs", None)
+        if dirs:  # local processes: each node's work folder is here
+            for d in dirs:
+                restore_local(gen, Path(d) / self.rel_dir)
+            return
+        ssh = getattr(self.inner, "ssh", None)
+        if ssh is None:
+            raise CopyFailed(f"{type(self.inner).__name__} cannot take a checkpoint")
+        restore_ssh(gen, ssh, self.rel_dir, range(len(ssh.cluster.nodes)), self.run_dir)
+
+    def source(self) -> Source | None:
+        dirs = getattr(self.inner, "dirs", None)
+        if dirs:
+            return LocalSource(Path(dirs[0]) / self.rel_dir)
+        ssh = getattr(self.inner, "ssh", None)
+        return SSHSource(ssh, self.rel_dir) if ssh is not None else None
+
+    def copy_now(self) -> Path | None:
+        """One copy-back now (thread-safe); returns the latest generation, None when there is none.  Never raises
+        for a failed copy (it is counted in ``failures``)."""
+        src = self.source()
+        if src is None:
+            return None
+        with self._lock:
+            try:
+                gen, got = copy_back(src, self.run_dir)
+            except CopyFailed as e:
+                self.failures.append(str(e))
+                _log.info("checkpoint copy-back: %s", e)
+                return latest_generation(self.run_dir)
+            if got:
+                self.copies += 1
+            return gen
+
+    def launch(self) -> "RunResult":
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self.every_s):
+                self.copy_now()
+
+        t = threading.Thread(target=loop, name="checkpoint-copy", daemon=True)
+        t.start()
+        res = None
+        try:
+            res = self.inner.launch()
+        finally:
+            stop.set()
+            t.join(timeout=60)
+        if res is not None and None not in res.exit_codes.values():  # every node answered: its disk is there
+            gen = self.copy_now()
+            if gen is not None and self.say:
+                self.say(f"checkpoint {self.rel_dir} copied back: {gen}")
+        return res
+
+    def collects(self) -> bool:
+        return self.inner.collects()
+
+    def collect(self, result: "RunResult") -> None:
+        self.inner.collect(result)
+
+    def finish(self, result: "RunResult") -> "RunResult":
+        return self.inner.finish(result)
+
+    def close(self, job_ended: bool) -> None:
+        self.inner.close(job_ended)
+
+
+def with_checkpoints(ex: Executor, recipe: Any, run_dir: Path, say: Say = None) -> Executor:
+    """``ex`` wrapped in :class:`CheckpointingExecutor` when the recipe names a ``checkpoint_dir`` and the executor
+    is one it can reach (local processes or SSH); else ``ex`` unchanged (Slurm: not yet)."""
+    rel = getattr(recipe, "checkpoint_dir", None)
+    if not rel or not (hasattr(ex, "dirs") or hasattr(ex, "ssh")):
+        return ex
+    steps = {s: getattr(CheckpointingExecutor, "_" + s) for s in ("reach", "preflight")
+             if getattr(type(ex), s) is not getattr(Executor, s)}
+    cls = type(f"Checkpointing{type(ex).__name__}", (CheckpointingExecutor,), steps)
+    return cls(ex, rel, run_dir, every_s=float(getattr(recipe, "checkpoint_every_s", 60) or 60), say=say)

@@ -1,0 +1,708 @@
+"""Preemption of an interruptible run at the real boundaries: the file-backed fake cloud (its instance terminated
+by the "provider" mid-run), netns hosts over SSH (a host's namespace removed mid-run), the checkpoint copy-back
+(incremental, atomic, confined) and the ledger's attempt rows (migration from schema 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.money.ledger import Ledger
+
+# a training stand-in: resumes from ckpt/state.json when present, saves after every step (tmp + rename)
+JOB = """
+import json, os, pathlib, sys, time
+ck = pathlib.Path("ckpt"); ck.mkdir(exist_ok=True)
+state = ck / "state.json"
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+print("resumed from step", start, flush=True)
+pathlib.Path({marker!r} + ".pid").write_text(str(os.getpid()))
+for step in range(start, {steps}):
+    time.sleep({sleep})
+    tmp = ck / "state.json.tmp"
+    tmp.write_text(json.dumps({{"step": step + 1}}))
+    os.replace(tmp, state)
+    (ck / "blob.bin").write_bytes(b"x" * 1000) if step == 0 else None
+    pathlib.Path({marker!r}).write_text(str(step + 1))
+print("finished at step", {steps}, "started at", start, flush=True)
+"""
+
+
+def _recipe(tmp_path: Path, *, steps: int = 25, sleep: float = 0.25, extra: str = "", interruptible: str = "true"):
+    from broker.core.recipe import load_recipe
+
+    d = tmp_path / "r"
+    d.mkdir(exist_ok=True)
+    marker = tmp_path / "step"
+    (d / "job.py").write_text(JOB.format(steps=steps, sleep=sleep, marker=str(marker)))
+    (d / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\ntopology: simulated\n"
+                              f"budget_usd: 50\nmax_hours: 1\ninterruptible: {interruptible}\n"
+                              "checkpoint_dir: ckpt\ncheckpoint_every_s: 1\n" + extra)
+    return load_recipe(d / "r.yaml"), marker
+
+
+def _step(marker: Path) -> int:
+    try:
+        return int(marker.read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _preempt_fake(p, marker: Path, at_steps: list[int], done: list) -> threading.Thread:
+    """The provider takes the running instance back when the job's step counter reaches each of ``at_steps``."""
+    def go() -> None:
+        for at in at_steps:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                live = [i for i, x in p.instances().items() if x["state"] == "running"]
+                if live and _step(marker) >= at and live[0] not in done:
+                    p.destroy(live[0])
+                    done.append(live[0])
+                    marker.write_text("0")
+                    break
+                time.sleep(0.05)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def _fake_run(tmp_path, fake_cloud, at_steps, **kw):
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path, **kw)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, at_steps, done)
+    said: list[str] = []
+    err = None
+    try:
+        out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                           ledger=ledger, hooks=Hooks(say=said.append))
+    except Exception as e:  # noqa: BLE001
+        out, err = None, e
+    t.join(timeout=5)
+    return out, err, ledger, p, said, done
+
+
+def test_a_preempted_interruptible_run_resumes_from_its_checkpoint_and_succeeds(tmp_path, fake_cloud):
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [8])
+    assert err is None, (err, said)
+    assert len(done) == 1
+    assert out.exit_code == 0, (out.result.reason, said)
+    run = out.run
+    log = Path(run.run_dir, "node0.log").read_text()
+    resumed = int(log.split("resumed from step ")[1].split()[0])
+    assert resumed > 0, log  # the second attempt started from the copied checkpoint, not from 0
+    assert "finished at step 25" in log
+    first = Path(run.run_dir, "attempt1", "node0.log").read_text()
+    assert "resumed from step 0" in first  # the preempted attempt's own log is kept
+    rows = ledger.attempts(run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
+    assert all(a["ended_at"] is not None for a in rows)
+    assert len(rows[0]["resource_ids"]) == 1 and len(rows[1]["resource_ids"]) == 1
+    assert rows[0]["resource_ids"] != rows[1]["resource_ids"]
+    # nothing left: at the provider and in the ledger
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+    assert ledger.resources(run.id, live_only=True) == []
+    from broker.run.attempts import attempt_costs, attempt_lines
+
+    costs = attempt_costs(ledger, run.id)
+    assert all(a["usd"] > 0 for a in costs)
+    assert sum(a["usd"] for a in costs) == pytest.approx(out.cost_usd, rel=0.05)
+    lines = attempt_lines(ledger, run.id)
+    assert lines[0].startswith("attempt 1:") and "preempted" in lines[0]
+    assert "preemptions: 1" in lines[-1]
+    assert any("renting again: attempt 2" in s for s in said)
+    assert any("restored checkpoint gen-" in s for s in said)
+    # broker status RUN and broker cost show the attempts, the preemption and each attempt's cost
+    from typer.testing import CliRunner
+
+    from broker.cli.app import app
+
+    r = CliRunner().invoke(app, ["status", run.id, "--no-refresh"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "attempt 1:" in r.output and "preempted" in r.output and "attempt 2:" in r.output
+    assert "preemptions: 1" in r.output
+    r = CliRunner().invoke(app, ["status", run.id, "--no-refresh", "--json"])
+    js = json.loads(r.output)
+    assert [a["cause"] for a in js["attempts"]] == ["preempted", "succeeded"]
+    r = CliRunner().invoke(app, ["cost", "--json"])
+    (row,) = json.loads(r.output)["runs"]
+    assert [a["attempt"] for a in row["attempts"]] == [1, 2]
+    assert sum(a["usd"] for a in row["attempts"]) == pytest.approx(row["usd"], rel=0.05)
+    r = CliRunner().invoke(app, ["cost"], env={"COLUMNS": "200"})
+    assert "attempt 1" in r.output and "attempt 2" in r.output
+    from broker.cli.summary import render_summary
+    from broker.core.ui import console
+
+    with console.capture() as cap:  # the end-of-run summary of `broker run`
+        render_summary(out.run, out.result, None, out.cost_usd)
+    assert "attempts: 2 (1 preempted): #1 preempted" in cap.get()
+
+
+def test_preempted_twice_in_a_row_still_resumes(tmp_path, fake_cloud):
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [6, 4], steps=30)
+    assert err is None, (err, said)
+    assert len(done) == 2
+    assert out.exit_code == 0, (out.result.reason, said)
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "preempted", "succeeded"]
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+def test_max_restarts_stops_with_a_clear_message_and_leaves_nothing(tmp_path, fake_cloud):
+    from broker.run.attempts import RestartsExhausted
+
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [3, 3], steps=60, extra="max_restarts: 1\n")
+    assert isinstance(err, RestartsExhausted), (err, said)
+    assert "max_restarts: 1" in err.message and "preempted 2 time(s)" in err.message
+    (run,) = ledger.list_runs()
+    assert run.status == "failed" and "max_restarts" in run.message
+    assert [a["cause"] for a in ledger.attempts(run.id)] == ["preempted", "preempted"]
+    assert ledger.resources(run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+def test_a_crash_is_not_restarted(tmp_path, fake_cloud):
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    (Path(recipe.workdir) / "job.py").write_text("raise RuntimeError('boom')\n")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    assert out.exit_code == 1
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["failed"]
+    assert len([r for r in ledger.resources(out.run.id) if r.kind == "instance"]) == 1
+
+
+def test_not_interruptible_a_lost_node_fails_the_run_as_before(tmp_path, fake_cloud):
+    from broker.run.guard import NodeLost
+
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [3], interruptible="false")
+    assert isinstance(err, NodeLost)
+    (run,) = ledger.list_runs()
+    assert ledger.attempts(run.id) == []
+    assert ledger.resources(run.id, live_only=True) == []
+
+
+# --------------------------------------------------------------------------------------------------- copy-back
+class FlakySource:
+    """A local checkpoint folder whose fetch fails after ``ok`` files (the node preempted mid-copy)."""
+
+    def __init__(self, folder: Path, ok: int):
+        from broker.run.checkpoint import LocalSource
+
+        self.inner, self.ok, self.n = LocalSource(folder), ok, 0
+
+    def list(self):
+        return self.inner.list()
+
+    def fetch(self, rel, dst, budget):
+        self.n += 1
+        if self.n > self.ok:
+            raise ConnectionResetError("connection lost (preempted)")
+        return self.inner.fetch(rel, dst, budget)
+
+
+def test_copy_back_is_incremental_atomic_and_keeps_the_last_good_generation(tmp_path):
+    from broker.run.checkpoint import CopyFailed, LocalSource, copy_back, latest_generation
+
+    node = tmp_path / "node" / "ckpt"
+    (node / "sub").mkdir(parents=True)
+    (node / "a.pt").write_bytes(b"a" * 100)
+    (node / "sub" / "b.pt").write_bytes(b"b" * 200)
+    (node / "c.pt.tmp").write_bytes(b"half")  # in-progress name: never copied
+    run = tmp_path / "run"
+    gen1, got = copy_back(LocalSource(node), run)
+    assert gen1.name == "gen-000001" and got == 300
+    assert sorted(p.relative_to(gen1).as_posix() for p in gen1.rglob("*") if p.is_file()) == ["a.pt", "sub/b.pt"]
+    assert copy_back(LocalSource(node), run) == (gen1, 0)  # nothing changed: no new generation
+    time.sleep(0.01)
+    (node / "a.pt").write_bytes(b"A" * 150)
+    gen2, got = copy_back(LocalSource(node), run)
+    assert gen2.name == "gen-000002" and got == 150  # only the changed file crossed
+    assert os.stat(gen2 / "sub" / "b.pt").st_ino == os.stat(gen1 / "sub" / "b.pt").st_ino  # hard link
+    # preempted mid-copy: the half-built generation never replaces the good one
+    time.sleep(0.01)
+    (node / "a.pt").write_bytes(b"Z" * 10)
+    (node / "sub" / "b.pt").write_bytes(b"Y" * 10)
+    with pytest.raises(CopyFailed, match="connection lost"):
+        copy_back(FlakySource(node, ok=1), run)
+    assert latest_generation(run) == gen2
+    assert (gen2 / "a.pt").read_bytes() == b"A" * 150
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
+    from broker.run.checkpoint import CopyFailed, LocalSource, Source, copy_back, latest_generation
+
+    secret = tmp_path / "secret"
+    secret.write_text("s")
+    node = tmp_path / "ckpt"
+    node.mkdir()
+    (node / "ok.pt").write_text("1")
+    (node / "leak.pt").symlink_to(secret)
+    with pytest.raises(CopyFailed, match="outside the checkpoint folder"):
+        copy_back(LocalSource(node), tmp_path / "run")
+    assert latest_generation(tmp_path / "run") is None
+
+    class Evil(Source):
+        def list(self):
+            return {"../../escape": (1, 1)}
+
+        def fetch(self, rel, dst, budget):  # pragma: no cover - must never be reached
+            raise AssertionError(dst)
+
+    with pytest.raises(CopyFailed, match=r"\.\."):
+        copy_back(Evil(), tmp_path / "run2")
+    assert not (tmp_path / "escape").exists()
+
+
+def test_copy_back_respects_the_size_cap(tmp_path, monkeypatch):
+    from broker.run.checkpoint import CopyFailed, LocalSource, copy_back, latest_generation
+    from broker.run.artifacts import ArtifactBudget
+
+    node = tmp_path / "ckpt"
+    node.mkdir()
+    (node / "big.pt").write_bytes(b"x" * 5000)
+    with pytest.raises(CopyFailed, match="cap"):
+        copy_back(LocalSource(node), tmp_path / "run", budget=ArtifactBudget(per_file=1000, total=10_000))
+    assert latest_generation(tmp_path / "run") is None
+
+
+# --------------------------------------------------------------------------------------------------- ledger
+def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    from broker.money import ledger as L
+
+    old_schema = L._SCHEMA.split("CREATE TABLE IF NOT EXISTS attempts")[0] + \
+        "CREATE TABLE IF NOT EXISTS quota_requests" + L._SCHEMA.split("CREATE TABLE IF NOT EXISTS quota_requests")[1]
+    db = sqlite3.connect(path)
+    db.executescript(old_schema)
+    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db.execute("INSERT INTO events (at, run_id, actor, action) VALUES ('2026-01-01T00:00:00+00:00', 'x', 'cli', 'a')")
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    assert led.schema_version == 2
+    assert [e["action"] for e in led.events("x")] == ["a"]
+    n = led.start_attempt("x")
+    assert n == 1 and led.start_attempt("x") == 2
+    led.end_attempt("x", 1, cause="preempted", detail="outbid")
+    led.end_attempt("x", 1, cause="succeeded")  # the first end stays
+    rows = led.attempts("x")
+    assert rows[0]["cause"] == "preempted" and rows[0]["detail"] == "outbid" and rows[1]["ended_at"] is None
+
+
+# --------------------------------------------------------------------------------------------------- netns (SSH)
+def _kill_host(ns: str) -> None:
+    """The host is lost: every process in its network namespace (sshd, torchrun, the job) is SIGKILLed."""
+    import signal
+    import subprocess
+
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
+    from tests.conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.providers import netns
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    recipe, marker = _recipe(tmp_path, steps=30, sleep=0.3)
+    recipe = recipe.model_copy(update={"nodes": 2})
+    target = NetnsTarget(recipe)
+    ledger = Ledger()
+    cids: list[str] = []
+
+    def lose_node1() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            c = target.cluster_state
+            if c is not None and _step(marker) >= 8:
+                cids.append(c.cid)
+                _kill_host(c.ns(1))
+                marker.write_text("0")
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=lose_node1, daemon=True)
+    t.start()
+    said: list[str] = []
+    try:
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=said.append))
+    finally:
+        t.join(timeout=5)
+        for c in cids:
+            netns.remove_cid(c)
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert cids, said
+    assert out.exit_code == 0, (out.result.reason, said)
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert int(log.split("resumed from step ")[1].split()[0]) > 0, log
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert "ssh connection to node 1 lost" in ledger.attempts(out.run.id)[0]["detail"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert netns.leftovers(cids[0]) == [] and netns.leftovers(target.cluster_state.cid) == []
+
+
+def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tmp_path, fake_cloud):
+    """recipes/ddp_train.py with --resume-dir: preempted once a checkpoint generation was copied back, the second
+    attempt starts at a later epoch and the run passes its accuracy and DDP checks."""
+    import shutil
+
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.checkpoint import latest_generation
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    from tests.conftest import REPO as repo
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    d = tmp_path / "r"
+    shutil.copytree(repo / "recipes", d, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+    (d / "r.yaml").write_text(
+        "name: t\nscript: ddp_train.py\nargs: [--epochs, '60', --min-accuracy, '0.85', --resume-dir, ck]\n"
+        "nodes: 1\ncpu_ok: true\ntopology: simulated\nbudget_usd: 50\nmax_hours: 1\ninterruptible: true\n"
+        "checkpoint_dir: ck\ncheckpoint_every_s: 1\nenv: {PYTHONWARNINGS: ignore}\n"
+        "expect: ['DDP_OK']\n")
+    recipe = load_recipe(d / "r.yaml")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+
+    def preempt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not done:
+            runs = ledger.list_runs()
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if runs and live and latest_generation(Path(runs[0].run_dir)) is not None:
+                p.destroy(live[0])
+                done.append(live[0])
+            time.sleep(0.05)
+
+    t = threading.Thread(target=preempt, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert done, "the job ended before a checkpoint was copied back"
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert out.exit_code == 0, (out.result.reason, log[-2000:])
+    assert int(log.split("resumed_from_epoch=")[1].split()[0]) > 0, log
+    assert "resumed_from_epoch=0" in Path(out.run.run_dir, "attempt1", "node0.log").read_text()
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_preemption_during_teardown_is_confirmed_and_not_restarted(tmp_path, fake_cloud):
+    """The provider takes each instance back while broker is terminating it, and the terminate call answers HTTP
+    500 once: teardown retries until the provider shows it gone (between the attempts and at the end), the run
+    still resumes and succeeds, and nothing is left."""
+    from broker.core.provider import TransientError
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    class TakenBackDuringTeardown(FakeProvider):
+        seen: set = set()
+
+        def terminate(self, kind, provider_id, **kw):
+            if kind == "instance" and provider_id not in self.seen:
+                self.seen.add(provider_id)
+                self.destroy(provider_id)  # the provider reclaims it first ...
+                raise TransientError(self.name, "terminate", "HTTP 500 (fake)")  # ... and our call fails
+            return super().terminate(kind, provider_id, **kw)
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    p = TakenBackDuringTeardown()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, [8], done)
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert out.exit_code == 0 and done
+    assert len(p.seen) == 2  # both instances were reclaimed during their teardown
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+
+
+SSH_JOB = """
+import json, os, pathlib, time
+ck = pathlib.Path("ckpt"); ck.mkdir(exist_ok=True)
+state = ck / "state.json"
+start = json.loads(state.read_text())["step"] if state.exists() else 0
+print("resumed from step", start, flush=True)
+for step in range(start, 30):
+    time.sleep(0.3)
+    for name in ("a.bin", "b.bin", "c.bin"):  # three files change every step: a copy fetches all three
+        tmp = ck / (name + ".tmp"); tmp.write_bytes(os.urandom(200_000)); os.replace(tmp, ck / name)
+    tmp = ck / "state.json.tmp"; tmp.write_text(json.dumps({"step": step + 1})); os.replace(tmp, state)
+    pathlib.Path(%r).write_text(str(step + 1))
+print("finished at step 30 started at", start, flush=True)
+"""
+
+
+def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generation(tmp_path, monkeypatch):
+    """Node 0's host dies after the first file of a copy arrived: that generation never replaces the good one, and
+    the next attempt resumes from the good one."""
+    from tests.conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.providers import netns
+    from broker.run import checkpoint
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    recipe, marker = _recipe(tmp_path)
+    (Path(recipe.workdir) / "job.py").write_text(SSH_JOB % str(marker))
+    target = NetnsTarget(recipe)
+    ledger = Ledger()
+    killed: dict = {}
+    orig = checkpoint.SSHSource.fetch
+
+    def fetch(self, rel, dst, budget):
+        n = orig(self, rel, dst, budget)
+        run_dir = dst.parents[len(Path(rel).parts) + 1]  # <run>/checkpoints/.tmp-gen-N/<rel>
+        good = checkpoint.latest_generation(run_dir)
+        if not killed and good is not None and _step(marker) >= 6:
+            killed["good"] = good.name
+            killed["step"] = json.loads((good / "state.json").read_text())["step"]
+            killed["cid"] = target.cluster_state.cid
+            _kill_host(target.cluster_state.ns(0))
+        return n
+
+    monkeypatch.setattr(checkpoint.SSHSource, "fetch", fetch)
+    try:
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks())
+    finally:
+        if killed.get("cid"):
+            netns.remove_cid(killed["cid"])
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert killed, "no copy ran after the first generation"
+    assert out.exit_code == 0, out.result.reason
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    assert f"resumed from step {killed['step']}\n" in log, (killed, log[:500])
+    assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud):
+    """Outbid on Vast: the provider stops the container, the job's processes are killed (the rank dies with
+    SIGKILL, torchrun exits 1: it looks like a crash), and the provider's preemption() says why: a preemption,
+    rented again, resumed."""
+    import signal
+
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    class Outbid(FakeProvider):
+        taken: set = set()
+
+        def preemption(self, resource_id):
+            return "outbid: actual_status stopped, intended running" if resource_id in self.taken else None
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    p = Outbid()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+
+    def outbid() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if live and _step(marker) >= 8:
+                p.taken.add(live[0])
+                marker.write_text("0")
+                os.kill(int(Path(str(marker) + ".pid").read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=outbid, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert p.taken
+    assert out.exit_code == 0, out.result.reason
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
+    assert "outbid" in rows[0]["detail"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_path):
+    from broker.run.checkpoint import CheckpointingExecutor, with_checkpoints
+    from broker.run.executor import Executor
+
+    class Local(Executor):  # like LocalExecutor: no reach, no preflight
+        dirs = [tmp_path]
+
+        def stage(self):
+            return None
+
+        def launch(self):
+            raise AssertionError
+
+        def finish(self, result):
+            return result
+
+    class Remote(Local):
+        ssh = object()
+
+        def reach(self):
+            return "reached"
+
+    class R:
+        checkpoint_dir, checkpoint_every_s = "ck", 5
+
+    w = with_checkpoints(Local(), R(), tmp_path)
+    assert isinstance(w, CheckpointingExecutor) and w.every_s == 5
+    assert type(w).reach is Executor.reach and type(w).preflight is Executor.preflight
+    w = with_checkpoints(Remote(), R(), tmp_path)
+    assert type(w).reach is not Executor.reach and w.reach() == "reached"
+    R.checkpoint_dir = None
+    plain = Local()
+    assert with_checkpoints(plain, R(), tmp_path) is plain
+
+
+def test_no_new_attempt_when_the_runs_clock_is_nearly_out(tmp_path, fake_cloud):
+    """Preempted 50 s before the hard deadline: nothing is rented again (the run's one clock), the run fails with
+    that reason, the attempt is recorded and nothing is left."""
+    from datetime import timedelta
+
+    from broker.core.model import utcnow
+    from broker.providers.fake import FakeProvider
+    from broker.run.guard import NodeLost
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path, steps=200)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    done: list = []
+    t = _preempt_fake(p, marker, [3], done)
+
+    def on_start(run, _desc) -> None:
+        ledger.update_run(run.id, deadline=utcnow() + timedelta(seconds=50))
+
+    with pytest.raises(NodeLost, match="left on the run's deadline: not renting again"):
+        run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                     ledger=ledger, hooks=Hooks(on_start=on_start))
+    t.join(timeout=5)
+    (run,) = ledger.list_runs()
+    assert [a["cause"] for a in ledger.attempts(run.id)] == ["preempted"]
+    assert len([r for r in ledger.resources(run.id) if r.kind == "instance"]) == 1
+    assert ledger.resources(run.id, live_only=True) == []
+
+
+def test_multi_node_preempted_node_1_the_whole_cluster_is_rented_again(tmp_path, fake_cloud):
+    """Two instances in a private network (the fake bootstraps a vcn + subnet the way OCI does): node 1 is taken
+    back; both instances and the network are released, a new network and two new instances are rented, the job
+    resumes; nothing of either attempt is left."""
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from broker.run.planstep import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path)
+    y = Path(recipe.path).read_text().replace("nodes: 1", "nodes: 2").replace("simulated", "multi-node")
+    Path(recipe.path).write_text(y)
+    recipe = load_recipe(recipe.path)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "multi-node"]
+    ledger = Ledger()
+    done: list = []
+
+    def take_node1() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            runs = ledger.list_runs()
+            rows = [r for r in ledger.resources(runs[0].id, live_only=True)
+                    if r.kind == "instance" and r.attrs.get("node_index") == 1] if runs else []
+            if rows and rows[0].provider_id and _step(marker) >= 8:
+                p.destroy(rows[0].provider_id)
+                done.append(rows[0].provider_id)
+                marker.write_text("0")
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=take_node1, daemon=True)
+    t.start()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks())
+    t.join(timeout=5)
+    assert done and out.exit_code == 0, out.result and out.result.reason
+    attempts = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in attempts] == ["preempted", "succeeded"]
+    kinds = [sorted(ledger.resource(i).kind for i in a["resource_ids"]) for a in attempts]
+    assert kinds[0] == kinds[1] and kinds[0].count("instance") == 2 and len(kinds[0]) > 2  # + vcn, subnet
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert [i for i, x in p.instances().items() if x["state"] != "terminated"] == []
+    assert [n for n, x in p.networks().items() if x["state"] != "terminated"] == []
+
+
+def test_no_capacity_for_the_next_attempt_fails_the_run_with_every_attempt_recorded(tmp_path, fake_cloud,
+                                                                                    monkeypatch):
+    from broker.core.provider import NoValidPlan
+    from broker.providers.fake import ZONES
+
+    def no_capacity_after(*_a) -> None:
+        os.environ["BROKER_FAKE_FAIL"] = ",".join(f"capacity@{z}" for z in ZONES)
+
+    monkeypatch.setenv("BROKER_FAKE_FAIL", "")
+    from broker.providers import fake
+
+    orig = fake.FakeProvider.destroy
+
+    def destroy(self, pid):
+        orig(self, pid)
+        no_capacity_after()
+
+    monkeypatch.setattr(fake.FakeProvider, "destroy", destroy)
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [4])
+    os.environ.pop("BROKER_FAKE_FAIL", None)
+    assert isinstance(err, NoValidPlan), (err, said)
+    (run,) = ledger.list_runs()
+    rows = ledger.attempts(run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "error"]
+    assert "capacity" in rows[1]["detail"]
+    assert ledger.resources(run.id, live_only=True) == []
