@@ -43,7 +43,7 @@ def one(monitor_s: float) -> tuple[float, float, int]:
     from broker.money.ledger import Ledger
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

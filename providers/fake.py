@@ -102,9 +102,9 @@ class FakeProvider(Provider):
     live_price_list = None
     snapshot = None
     ingress_rule_format = None
-    interruptible = False
+    interruptible = True  # pretend: its offers carry a half-price interruptible figure, and a run may be "preempted"
     interruptible_bid = False
-    preemptions_per_hour = 0.0
+    preemptions_per_hour = 0.1
     stoppable = True  # pretend: the state file keeps a stopped instance and bills its disk rate
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
@@ -161,7 +161,9 @@ class FakeProvider(Provider):
                 out.append(Offer(provider=self.name, offer_id=f"fake.gpu{gpus}", instance_type=f"fake.gpu{gpus}",
                                  region="fake-region", zone=zone, gpu_name="FakeGPU", gpu_count=gpus,
                                  gpu_mem_gib=24, vcpus=4 * gpus, ram_gib=16 * gpus, usd_per_hour=usd,
-                                 private_network=True, price_source="fake price list", price_time=now))
+                                 private_network=True, price_source="fake price list", price_time=now,
+                                 attrs={"interruptible_usd_per_hour": round(usd / 2, 4),
+                                        "interruptible_price_source": "fake price list (half)"}))
         return out
 
     # ---- lifecycle

@@ -258,7 +258,12 @@ class Ledger:
             have = {t: {r[1] for r in self._db.execute(f"PRAGMA table_info({t})")} for t in {m[0] for m in _MIGRATIONS}}
             return [m for m in _MIGRATIONS if m[1] not in have[m[0]]]
 
-        if not missing():
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        try:
+            older = row is not None and int(row[0]) < SCHEMA_VERSION
+        except ValueError:
+            older = True
+        if not missing() and not older:  # a table the schema script made (IF NOT EXISTS) still needs the version
             return
         with self._tx():
             for table, col, decl in missing():  # read again inside the lock: another process may have added them

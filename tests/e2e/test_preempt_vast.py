@@ -17,7 +17,7 @@ import pytest
 
 from broker.money.ledger import Ledger
 from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-from broker.run.planstep import rank_options
+from tests.support.plans import rank_options
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO
 from tests.support.vast_emulator import API_KEY, VastEmulator, offer_row

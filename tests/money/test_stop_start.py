@@ -95,7 +95,7 @@ def test_a_stopped_row_bills_its_disk_rate_in_python_and_in_sql(tmp_path):
 
 
 def test_the_watchdog_leaves_a_stopped_machine_to_its_own_deadline(tmp_path):
-    from broker.money.accounting import FakeClock
+    from tests.support.clock import FakeClock
     from broker.money.watchdog import Watchdog
 
     from broker.core.provider import Provider

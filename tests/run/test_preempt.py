@@ -76,7 +76,7 @@ def _preempt_fake(p, marker: Path, at_steps: list[int], done: list) -> threading
 def _fake_run(tmp_path, fake_cloud, at_steps, **kw):
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path, **kw)
@@ -177,7 +177,7 @@ def test_max_restarts_stops_with_a_clear_message_and_leaves_nothing(tmp_path, fa
 def test_a_crash_is_not_restarted(tmp_path, fake_cloud):
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path)
@@ -381,7 +381,7 @@ def test_the_shipped_ddp_train_resumes_from_its_checkpoint_after_a_preemption(tm
     from broker.providers.fake import FakeProvider
     from broker.run.checkpoint import latest_generation
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     from tests.conftest import REPO as repo
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
@@ -429,7 +429,7 @@ def test_preemption_during_teardown_is_confirmed_and_not_restarted(tmp_path, fak
     from broker.core.provider import TransientError
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     class TakenBackDuringTeardown(FakeProvider):
         seen: set = set()
@@ -528,7 +528,7 @@ def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud
 
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     class Outbid(FakeProvider):
         taken: set = set()
@@ -610,7 +610,7 @@ def test_no_new_attempt_when_the_runs_clock_is_nearly_out(tmp_path, fake_cloud):
     from broker.providers.fake import FakeProvider
     from broker.run.guard import NodeLost
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path, steps=200)
@@ -640,7 +640,7 @@ def test_multi_node_preempted_node_1_the_whole_cluster_is_rented_again(tmp_path,
     from broker.core.recipe import load_recipe
     from broker.providers.fake import FakeProvider
     from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
-    from broker.run.planstep import rank_options
+    from tests.support.plans import rank_options
 
     fake_cloud(tmp_path / "home", tmp_path / "fake.json")
     recipe, marker = _recipe(tmp_path)
