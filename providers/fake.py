@@ -49,7 +49,7 @@ from broker.core.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone
                              QuotaError, TransientError)
 
 if TYPE_CHECKING:
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 ZONES = ("fake-zone-1", "fake-zone-2")
 
@@ -233,7 +233,7 @@ class FakeProvider(Provider):
         return iid
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
-        from broker.core.provider import InstanceInfo
+        from broker.core.records import InstanceInfo
 
         with self._state() as st:
             inst = st["instances"].get(provider_id)
@@ -285,7 +285,7 @@ class FakeProvider(Provider):
         return True
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
 
         if "list" in self._fails():
             raise ProviderError(self.name, "list_tagged", "unreadable answer: 200 {\"results\": [...]} has no "

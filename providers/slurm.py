@@ -31,7 +31,7 @@ from broker.core.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, Pro
                              TransientError)
 
 if TYPE_CHECKING:
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
     from broker.run.staging import StagedTar
 
 #: job states after which nothing more happens (squeue/sacct/scontrol spelling)
@@ -303,7 +303,7 @@ class SlurmProvider(Provider):
         TaggedResource whose run_id is the ``broker-run=`` value (None for a job without one: not broker's);
         None when the queue does not hold the job (finished or unknown: nothing to cancel).  Raises ProviderError
         when squeue cannot be read."""
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
 
         if kind != "slurm_job" or not self.valid_id(kind, provider_id):
             return None
@@ -489,7 +489,7 @@ class SlurmProvider(Provider):
         return node0_shell(state) if run.status in ACTIVE_STATUSES else None
 
     def _tagged_on(self, sh: Shell, run_id: str | None) -> list[TaggedResource]:
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
 
         out = sh.text(["squeue", "-h", "-o", "%i|%k|%T|%j"], call="squeue")
         found = []

@@ -18,7 +18,8 @@ import pytest
 
 from broker.run.launch import (ArtifactBudget, LocalNode, RefusedArtifact, RunResult, Supervisor, artifact_destination,
                            collect_local)
-from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.model import TopologyKind
+from broker.core.records import Cluster, ClusterNode
 from tests.conftest import REPO, broker_cmd
 
 asyncssh = pytest.importorskip("asyncssh")

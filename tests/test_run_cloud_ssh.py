@@ -17,7 +17,7 @@ import pytest
 from broker.run.pipeline import CloudTarget, Hooks, rank_options, run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
-from broker.core.provider import InstanceInfo, NodeRequest
+from broker.core.records import InstanceInfo, NodeRequest
 from broker.core.recipe import load_recipe
 from broker.providers.fake import FakeProvider
 from tests.conftest import REPO

@@ -16,7 +16,7 @@ several objects (``bootstrap``) call the :class:`Recorder` they are given *befor
 
 Importing this module imports no pydantic (``broker plan`` loads every adapter): the lifecycle records
 (:class:`~broker.core.records.NodeRequest`, ``Ingress``, ``InstanceInfo``, ``TaggedResource``, ``QuotaRequest``) live in
-:mod:`broker.core.records` and are re-exported here on first use of their names (PEP 562); adapters import them under
+:mod:`broker.core.records` (which imports this module, never the other way); adapters import them from there under
 ``TYPE_CHECKING`` and inside the verbs that build them.
 """
 
@@ -73,18 +73,6 @@ class ProviderCheck:
 
 
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
-
-#: the adapters' pydantic records, in broker.core.records: imported on first use of their names (PEP 562), so that
-#: importing this module (every adapter does) imports no pydantic
-_RECORDS = ("NodeRequest", "Ingress", "InstanceInfo", "TaggedResource", "QuotaRequest")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RECORDS:
-        from broker.core import records
-        return getattr(records, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 class Recorder(Protocol):
     """Ledger hooks handed to adapters that create several objects (bootstrap)."""

@@ -33,7 +33,7 @@ from broker.core.model import utcnow
 from broker.core.provider import NoValidPlan
 
 if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
-    from broker.core.model import Resource, Run
+    from broker.core.records import Resource, Run
 
 #: A clock: a callable returning the current time as an aware (UTC) datetime.
 Clock = Callable[[], datetime]

@@ -64,11 +64,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from broker.money.ledger import Ledger
-from broker.core.model import Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind, utcnow
+from broker.core.model import Offer, Plan, PlanOption, Requirements, TopologyKind, utcnow
+from broker.core.records import Cluster, ClusterNode, Resource, Run
 from broker.core.nodescripts import deadman_grace_s, job_done_path, node_workroot  # noqa: F401 - re-exported
-from broker.core.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, Ingress, InstanceInfo, NodeRequest, NotSupported,
-                             NoValidPlan, OfferGone, Provider, ProviderError, QuotaError, TaggedResource,
-                             TransientError)
+from broker.core.provider import (
+    INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, NotSupported, NoValidPlan, OfferGone,
+    Provider, ProviderError, QuotaError, TransientError)
+from broker.core.records import Ingress, InstanceInfo, NodeRequest, TaggedResource
 
 Progress = Callable[[str], None]
 

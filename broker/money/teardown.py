@@ -34,7 +34,8 @@ from datetime import datetime
 from typing import Any, Callable, Sequence, TypeVar
 
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Resource
 from broker.core.provider import INSTALL_TAG, RUN_TAG, Provider, ProviderError, TransientError
 
 #: seconds a terminate / delete answered with a TransientError is retried (backoff 1 s, x2, at most 15 s)

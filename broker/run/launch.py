@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
-from broker.run.executor import Executor, run_steps
+from broker.run.executor import Executor, describe_exit, run_steps  # noqa: F401 - describe_exit re-exported
 
 if TYPE_CHECKING:
     from broker.run.staging import StagePlan
@@ -501,18 +501,6 @@ def quiet_after_stop(echo: Callable[[str], None] | None, stopped: list[int]) -> 
             echo(line)
 
     return quiet
-
-
-def describe_exit(code: int | None) -> str:
-    """'1', or '-9 (SIGKILL)' for a signal."""
-    if code is None:
-        return "none (still running)"
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
 
 
 def _private_opener(path: str, flags: int) -> int:

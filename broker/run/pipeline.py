@@ -42,7 +42,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from broker.core.model import Cluster, Plan, PlanOption, Requirements, Resource, Run, to_json, utcnow
+from broker.core.model import Plan, PlanOption, Requirements, to_json, utcnow
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
 from broker.core.recipe import Recipe
 

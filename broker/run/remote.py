@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from broker.run.executor import Executor, run_steps, staging_line
 from broker.run.launch import (RANKSHIM, STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail,
                            torchrun_argv)
-from broker.core.model import Cluster
+from broker.core.records import Cluster
 from broker.core.provider import BadInput, ProviderError
 from broker.core.recipe import Recipe
 

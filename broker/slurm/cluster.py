@@ -51,7 +51,7 @@ from broker.core.provider import BadInput, BrokerError, ProviderError
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
-    from broker.core.model import Cluster, Run
+    from broker.core.records import Cluster, Run
     from broker.run.remote import SSHCluster
     from broker.slurm.executor import SlurmOptions
 
@@ -882,7 +882,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     when ``run_id`` is not a cluster from ``broker slurm up`` (the caller runs a recipe instead).  Raises BadInput
     when the cluster is down or no command is given."""
     from broker.money.accounting import ACTIVE_STATUSES
-    from broker.core.model import Cluster
+    from broker.core.records import Cluster
     from broker.run.remote import SSHCluster
 
     try:
@@ -905,7 +905,8 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     if cl is not None:
         check_cluster(cl, run, folder)
     if cl is None:
-        from broker.core.model import ClusterNode, TopologyKind
+        from broker.core.model import TopologyKind
+        from broker.core.records import ClusterNode
 
         cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
                      nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
@@ -1013,7 +1014,8 @@ def _release_target(run: "Run", state: ClusterState):
 def _stop_daemons(state: ClusterState, say: Say) -> int:
     """SIGTERM (then SIGKILL) every daemon of the cluster by its pid file, over SSH; returns how many pid files
     named a live daemon.  Unreachable nodes are skipped (their release removes everything)."""
-    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.core.model import TopologyKind
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.remote import SSHCluster
 
     cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,

@@ -51,7 +51,7 @@ from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
 from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, boot_wait_command, user_data_script
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
            "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",

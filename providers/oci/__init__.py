@@ -51,7 +51,7 @@ from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, b
 from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
            "UNCONFIRMED_LIMITS", "boot_wait_command", "cloud_init", "deadman_cloud_init", "deadman_watcher",
