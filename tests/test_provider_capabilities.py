@@ -163,8 +163,6 @@ NOT_YET_DONE = {
     # the snapshot builder's per-cloud source notes (_META, build_shipped) and Oracle's price-list reader: move
     # into providers/<name>/ with the snapshot recipe
     "broker/plan/catalog.py": 8,
-    # which limit table covers an instance type (aws_quota_code / oci_limit_name): move into the adapters
-    "broker/plan/quota.py": 2,
     # Slurm clusters built on rented nodes (UP_PROVIDERS, the oci/aws branch of `slurm up`): needs a "can host a
     # Slurm cluster" capability
     "broker/slurm/cluster.py": 4,

@@ -302,6 +302,15 @@ class Provider(ABC):
         return None
 
     # ---- quota requests
+    @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        """Which of the provider's limits must allow ``instance_type`` (``spot``: the spot market's): ``(limit name,
+        description, service)`` such as ``("L-DB2E81BA", "Running On-Demand G and VT instances", "ec2")``, counted
+        in :attr:`quota_unit` per :attr:`quota_scope`; None when no limit covers it (not a GPU type).  From the
+        adapter's own table, no network, no SDK (:func:`broker.plan.quota.limit_for` reads it at plan time).
+        Default: None (a provider without :attr:`quota`)."""
+        return None
+
     def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
         """File (or with ``draft`` only fill in) an increase of ``quota`` to ``value`` (in ``quota.unit``).
 

@@ -235,10 +235,8 @@ def _here(local: object = None) -> tuple[int, float] | None:
     the driver's /proc listing, whose memory is unknown: 0); None when detection fails."""
     try:
         gpus = getattr(local, "gpus", None)
-        if gpus is None:
-            from broker.providers.local import detect_gpus
-
-            gpus = detect_gpus()
+        if gpus is None:  # the adapter through the registry (imported now): the plan layer imports no adapter
+            gpus = _registry.get_provider("local").gpus
         return len(gpus), min((g.mem_gib for g in gpus), default=0.0)
     except Exception:  # noqa: BLE001 - unknown: the planner does not check node 0
         return None

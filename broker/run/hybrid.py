@@ -31,26 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from broker.core.model import TopologyKind
 from broker.core.provider import BadInput, ProviderError
-from broker.providers import HYBRID_CLOUD
+# who can host the cloud side is the planner's rule (it offers hybrid options); re-exported for the run step
+from broker.plan.planner import NO_TUN_REASON, TUN_PROVIDERS, why_not_hybrid  # noqa: F401
 
 if TYPE_CHECKING:  # pydantic records: imported where used (the planner imports this module: no pydantic there)
     from broker.core.records import Cluster
     from broker.providers.netns import HybridSites, NetnsCluster
 
-#: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
-#: ``hybrid`` among the adapter's ``topologies``
-TUN_PROVIDERS = HYBRID_CLOUD
-NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {provider} containers have none "
-                 "(use " + " or ".join(TUN_PROVIDERS) + " for the cloud side)")
 HANDSHAKE_WAIT_S = 6.0
 MESHES = ("wireguard", "tailscale")
-
-
-def why_not_hybrid(provider: str) -> str | None:
-    """None when ``provider`` can host the cloud side of a hybrid run; else the reason."""
-    if provider in TUN_PROVIDERS:
-        return None
-    return NO_TUN_REASON.format(provider=provider)
 
 
 def iface_name(cid: str, i: int) -> str:

@@ -111,6 +111,13 @@ class AWSProvider(Provider):
         return m is not None and m.group(1) == _AWS_PREFIX.get(kind, m.group(1))
 
     @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        from broker.providers.aws.limits import aws_quota_code
+
+        q = aws_quota_code(instance_type, spot=spot)
+        return None if q is None else (q.code, q.name, "ec2")
+
+    @classmethod
     def valid_region(cls, region: str) -> bool:
         """AWS region codes are ``<geo>[-gov]-<direction>-<n>`` (``us-east-1``, ``us-gov-west-1``,
         ``ap-southeast-2``); boto3 builds ``ec2.<region>.amazonaws.com`` from them, so nothing else is accepted."""

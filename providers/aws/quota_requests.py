@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from broker.core.records import QuotaRequest
 
 def quota_form(api: "AWSApi", quota: Quota, value: float, reason: str) -> dict[str, Any]:
-    from broker.plan.quota import AWS_QUOTA_CODES
+    from broker.providers.aws.limits import AWS_QUOTA_CODES
 
     region = quota.region or api.region
     code = quota.name

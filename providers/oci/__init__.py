@@ -113,6 +113,13 @@ class OCIProvider(Provider):
         return isinstance(provider_id, str) and _OCID.fullmatch(provider_id) is not None
 
     @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        from broker.providers.oci.limits import oci_limit_name
+
+        name = oci_limit_name(instance_type)
+        return None if name is None else (name, f"compute limit {name} (GPUs per AD)", "compute")
+
+    @classmethod
     def valid_region(cls, region: str) -> bool:
         """OCI region identifiers are ``<area>-<city>-<n>`` (``us-ashburn-1``, ``eu-frankfurt-1``); the SDK builds
         ``iaas.<region>.oraclecloud.com`` from them, so nothing else is accepted."""
