@@ -14,6 +14,7 @@ from the :class:`~broker.core.provider.Provider` defaults, so these lists cost n
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import CAPABILITIES, BadInput
@@ -133,6 +134,14 @@ def provider_class(name: str) -> type["Provider"]:
     mod_name, cls_name = target.split(":")
     mod = importlib.import_module(mod_name)
     return getattr(mod, cls_name)
+
+
+def adapter_module(name: str) -> ModuleType:
+    """The module of ``name``'s adapter class, imported now (for the module-level helpers of an adapter that is not
+    a rented cloud: the netns emulation's ``INJECTS`` and cluster state, the Slurm adapter's shells).  The core
+    reaches an adapter this way, by name, and never imports one (``tests/test_layers.py``); raises BadInput for an
+    unknown name."""
+    return importlib.import_module(provider_class(name).__module__)
 
 
 def get_provider(name: str, **kwargs: Any) -> "Provider":

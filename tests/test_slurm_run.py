@@ -266,7 +266,8 @@ def test_sbatch_rejection_is_a_provider_error(cluster, tmp_path, monkeypatch):
     from broker.money.ledger import Ledger
     from broker.core.provider import ProviderError
     from broker.core.recipe import load_recipe
-    from broker.slurm.executor import SlurmOptions, run_recipe_slurm
+    from broker.slurm.executor import SlurmOptions
+    from broker.slurm.target import run_recipe_slurm
     from broker.providers.slurm import SlurmProvider
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():
@@ -287,7 +288,8 @@ def test_log_dir_missing_at_submission_is_reported_not_hung(cluster, tmp_path, m
     """Why the submitter creates the log directory: without it sbatch exits 0 and the job dies at launch
     (JobLaunchFailure) with no log at all.  broker must report that as a failed run, promptly."""
     from broker.money.ledger import Ledger
-    from broker.slurm.executor import SlurmOptions, run_recipe_slurm
+    from broker.slurm.executor import SlurmOptions
+    from broker.slurm.target import run_recipe_slurm
     from broker.providers.slurm import Shell
 
     for k, v in {**cluster.env, "BROKER_HOME": str(tmp_path / "home")}.items():

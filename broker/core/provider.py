@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
 if TYPE_CHECKING:
+    from broker.core.recipe import Recipe
+    from broker.run.pipeline import RunRequest, Target
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
@@ -230,6 +232,15 @@ class Provider(ABC):
         a field the snapshot cannot check (a query is honoured or refused, never ignored).  Default: the query is
         refused, since only ``native_query`` providers have one."""
         raise BadInput(f"{cls.name} has no query language of its own: drop the query")
+
+    # ---- the run
+    @classmethod
+    def run_target(cls, recipe: "Recipe", request: "RunRequest") -> "Target | None":
+        """The pipeline target (:class:`broker.run.pipeline.Target`: acquire, executor, release) for ``broker run
+        --provider <name>`` when this provider's nodes are not rented VMs (a scheduler: Slurm), built from the
+        recipe and the run request (its ``slurm`` options...); None = the pipeline's own targets (rented machines:
+        ``CloudTarget``).  Raises BadInput for options the provider cannot use.  Default: None."""
+        return None
 
     # ---- read side
     def check(self) -> ProviderCheck:

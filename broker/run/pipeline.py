@@ -12,7 +12,7 @@ provider.
   ``Hooks.confirm`` before anything is created or recorded; free targets (local, netns, Slurm) never ask.
 * **acquire / release** belong to the :class:`Target` (what the provider supplies): :class:`LocalTarget` (this
   machine: nothing), :class:`NetnsTarget` (network namespaces with sshd), :class:`CloudTarget` (ledger-first
-  provisioning with failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`SlurmTarget` (the
+  provisioning with failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`broker.slurm.target.SlurmTarget` (the
   partition's preconditions; the job itself is the executor's).
 * **reach .. collect** belong to the target's :class:`~broker.run.executor.Executor`: local processes
   (:class:`broker.run.launch.LocalExecutor`), SSH (:class:`broker.run.remote.SSHExecutor`) or Slurm
@@ -46,6 +46,8 @@ from broker.core.model import Plan, PlanOption, Requirements, to_json, utcnow
 from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
 from broker.core.recipe import Recipe
+# adapters by name through the registry (imported when asked): the run layer imports none
+from broker.providers import REGISTRY, adapter_module, provider_class
 
 _log = logging.getLogger(__name__)
 
@@ -289,9 +291,9 @@ def local_spec(recipe: Recipe) -> "tuple[LocalLaunchSpec, str]":
     Raises NoValidPlan when this machine cannot serve the recipe (no GPU and not cpu_ok, too few GPUs...).
     """
     from broker.run.launch import LocalLaunchSpec
-    from broker.providers.local import LocalProvider
+    from broker.providers import get_provider
 
-    local = LocalProvider()
+    local = get_provider("local")  # through the registry: the run layer imports no adapter
     req = recipe.requirements()
     why = local.why_not(req)
     if why:
@@ -340,7 +342,7 @@ def cloud_nodes(nodes: int) -> str:
 def inject_error(inject: str, *, hybrid: bool) -> BadInput:
     """The error for a ``--inject`` fault the chosen netns topology cannot inject: a fault of the other topology
     says which ``--topology`` it needs; an unknown one lists both sets."""
-    from broker.providers import netns
+    netns = adapter_module("netns")
 
     plain = ", ".join(netns.INJECTS)
     tunnel = ", ".join(netns.HYBRID_INJECTS)
@@ -366,8 +368,7 @@ class NetnsTarget(Target):
     provider, topology = "netns", "multi-node"
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        from broker.providers import netns
-
+        netns = adapter_module("netns")
         self.recipe, self.inject, self.port = recipe, inject, port
         self.netns = netns
         self.cluster_state: Any = None
@@ -444,8 +445,7 @@ class HybridTarget(Target):
     provider, topology = "netns", "hybrid"
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        from broker.providers import netns
-
+        netns = adapter_module("netns")
         self.recipe, self.inject, self.port = recipe, inject, port
         self.netns = netns
         self.cluster_state: Any = None
@@ -520,44 +520,6 @@ class HybridTarget(Target):
         left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": self.netns.NetnsProvider()},
                             confirm_timeout_s=30)
         return left, []
-
-
-class SlurmTarget(Target):
-    """A Slurm cluster broker does not own (here or through ``options.host``): acquire checks the partition; the
-    job is the executor's (:class:`broker.slurm.executor.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
-
-    provider, topology = "slurm", "slurm"
-
-    def __init__(self, recipe: Recipe, options: "SlurmOptions", *, provider: Any = None):
-        from broker.providers.slurm import SlurmProvider
-
-        self.recipe, self.opts = recipe, options
-        if provider is None and options.cluster:  # a cluster from `broker slurm up`: commands run on its node 0
-            from broker.slurm.cluster import attach
-
-            provider = attach(options)
-        self.prov = provider or SlurmProvider(options.host)
-        self.gpus = False
-
-    def check(self) -> None:
-        from broker.slurm.executor import slurm_preconditions
-
-        self.gpus = slurm_preconditions(self.recipe, self.prov, self.opts)
-
-    def plan_record(self) -> dict[str, Any]:
-        o = self.opts
-        return {**super().plan_record(), "host": o.host, "partition": o.partition, "account": o.account,
-                "gpus": self.gpus}
-
-    def describe(self) -> str:
-        return (f"topology slurm (Slurm {self.prov.shell.where}, "
-                f"{'GPUs' if self.gpus else 'no GPU: gloo on CPU (cpu_ok)'})")
-
-    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
-        from broker.slurm.executor import SlurmExecutor
-
-        return SlurmExecutor(recipe, self.prov, self.opts, run=run, ledger=ctx.ledger, gpus=self.gpus,
-                             echo=ctx.hooks.echo)
 
 
 #: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider (issue 12 item
@@ -863,9 +825,9 @@ class CloudHybridTarget(CloudTarget):
             if self.tunnel_row is not None:
                 res = ctx.ledger.resource(self.tunnel_row)
                 if res is not None and res.live:
-                    from broker.providers.local import LocalProvider
+                    from broker.providers import get_provider
 
-                    terminate_resource(ctx.ledger, res, ctx.actor, provider=LocalProvider(), say=ctx.hooks.say)
+                    terminate_resource(ctx.ledger, res, ctx.actor, provider=get_provider("local"), say=ctx.hooks.say)
             if m is not None and m.keys is not None:  # also when acquire failed before the row existed
                 hybrid.local_node_down({"iface": m.iface, "pidfile": str(m.keys / "node0.conf.pid"),
                                         "keys": str(m.keys)})
@@ -924,9 +886,7 @@ def netns_cluster(run: Run) -> Cluster | None:
     states = sorted(Path(run.run_dir, "netns").glob("*/state.json"))
     if not states:
         return None
-    from broker.providers.netns import NetnsCluster
-
-    return NetnsCluster.load(states[0].parent).cluster(run.id)
+    return adapter_module("netns").NetnsCluster.load(states[0].parent).cluster(run.id)
 
 
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
@@ -1382,7 +1342,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
     if req.inject and p != "netns":
-        from broker.providers import netns
+        netns = adapter_module("netns")
 
         if req.inject not in (*netns.INJECTS, *netns.HYBRID_INJECTS):
             raise inject_error(req.inject, hybrid=topo == "hybrid")
@@ -1397,10 +1357,10 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
         return LocalTarget(recipe)
     if p == "netns":
         return NetnsTarget(recipe, inject=req.inject)
-    if p == "slurm":
-        from broker.slurm.executor import SlurmOptions
-
-        return SlurmTarget(recipe, req.slurm or SlurmOptions())
+    if p in REGISTRY:  # a provider whose nodes are not rented VMs (a scheduler) brings its own target
+        own = provider_class(p).run_target(recipe, req)
+        if own is not None:
+            return own
     plan, options = plan_for_run(recipe, p)
     _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
               options[0].provider, len(options))

@@ -434,9 +434,9 @@ def ssh_argv(state: ClusterState) -> list[str]:
 
 
 def node0_shell(state: ClusterState):
-    """A :class:`broker.providers.slurm.Shell` whose commands run on node 0 over SSH with the cluster's key and
+    """A :class:`broker.slurm.shell.Shell` whose commands run on node 0 over SSH with the cluster's key and
     ``SLURM_CONF`` pointing at the cluster's ``slurm.conf``."""
-    from broker.providers.slurm import Shell
+    from broker.slurm.shell import Shell
 
     class ClusterShell(Shell):
         def argv(self, argv: list[str]) -> list[str]:
@@ -857,14 +857,14 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
     cluster, and ``opts`` pointed there (host label, the shared directory for job folders, the nodes' Python)."""
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.money.ledger import Ledger
-    from broker.providers.slurm import SlurmProvider
+    from broker.providers import get_provider
 
     led = ledger or Ledger()
     run, state = find(led, opts.cluster or "")
     if run.status not in ACTIVE_STATUSES:
         raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
-    prov = SlurmProvider()
+    prov = get_provider("slurm")  # the adapter through the registry: this layer imports none
     prov.shell = node0_shell(state)
     prov.host = prov.shell.host
     opts.host = prov.shell.host
@@ -997,8 +997,9 @@ def _release_target(run: "Run", state: ClusterState):
 
     recipe = cluster_recipe(state.name, len(state.nodes), max_hours=1.0, budget_usd=run.budget_usd or 1.0)
     if state.provider == "netns":
-        from broker.providers import netns
+        from broker.providers import adapter_module
 
+        netns = adapter_module("netns")
         t = NetnsTarget(recipe)
         if state.netns_cid:
             root = Path(run.run_dir or ".").resolve() / "netns" / state.netns_cid
@@ -1047,9 +1048,9 @@ def leftovers(state: ClusterState) -> list[str]:
     cluster's folder, mounts under it.  Cloud nodes are checked by their release (terminated and confirmed)."""
     out: list[str] = []
     if state.netns_cid:
-        from broker.providers import netns
+        from broker.providers import adapter_module
 
-        out += netns.leftovers(state.netns_cid)
+        out += adapter_module("netns").leftovers(state.netns_cid)
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue

@@ -659,16 +659,3 @@ def slurm_preconditions(recipe: Recipe, prov, opts: "SlurmOptions") -> bool:
                           f"{recipe.name} needs {recipe.nodes}",
                           hint="choose a bigger partition (BROKER_SLURM_PARTITION) or lower 'nodes' in the recipe")
     return gpus
-
-
-def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
-                     options: SlurmOptions | None = None, provider=None,
-                     on_start: Callable[[object, str], None] | None = None):
-    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
-    Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a
-    :class:`broker.run.pipeline.SlurmTarget`)."""
-    from broker.run.pipeline import Hooks, SlurmTarget, run_pipeline
-
-    target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
-    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
-    return out.run, out.result
