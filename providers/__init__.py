@@ -31,22 +31,24 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
               dict(topologies=("local",), planned_by_default=True, setup_allowance_s=0, local_exec=True)),
     "vast": ("broker.providers.vast:VastProvider",
              dict(topologies=("simulated",), rents=True, planned_by_default=True,
-                  node_switch="self-destroy via the Vast API at deadline + grace", ssh_ready_timeout_s=180.0,
+                  node_switch="self-destroy via the Vast API at {grace}", ssh_ready_timeout_s=180.0,
                   credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv")),
     "oci": ("broker.providers.oci:OCIProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="AD",
-                 node_switch="self-terminate with an instance principal at deadline + grace",
+                 node_switch="self-terminate with an instance principal at {grace}",
                  node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
-                 snapshot="oci.csv", ingress_rule_format="IngressSecurityRule")),
+                 snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", slurm_nodes=True)),
     "aws": ("broker.providers.aws:AWSProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="vcpus", quota_scope="region",
-                 node_switch="scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate",
+                 node_switch="scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate",
                  ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
-                 live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions")),
-    "netns": ("broker.providers.netns:NetnsProvider", dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0)),
+                 live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions",
+                 slurm_nodes=True)),
+    "netns": ("broker.providers.netns:NetnsProvider",
+              dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0, slurm_nodes=True)),
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
     "fake": ("broker.providers.fake:FakeProvider",
              dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
@@ -119,6 +121,8 @@ HYBRID_CLOUD: tuple[str, ...] = names_where(lambda c: c.rents and not c.pretend 
 SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
+#: Providers whose machines ``broker slurm up`` builds a Slurm cluster on: the emulations first, then the clouds.
+SLURM_NODES: tuple[str, ...] = tuple(sorted(names_where(lambda c: c.slurm_nodes), key=lambda n: _CAPS[n].rents))
 
 
 def names() -> list[str]:

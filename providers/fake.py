@@ -102,6 +102,12 @@ class FakeProvider(Provider):
     live_price_list = None
     snapshot = None
     ingress_rule_format = None
+    slurm_nodes = False
+
+    @classmethod
+    def pretend_active(cls) -> bool:
+        """In use when ``BROKER_FAKE_STATE`` names a state file (tests, demos)."""
+        return bool(os.environ.get("BROKER_FAKE_STATE"))
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path

@@ -90,6 +90,7 @@ class LocalProvider(Provider):
     snapshot = None
     local_exec = True  # the nodes are processes on this machine
     ingress_rule_format = None
+    slurm_nodes = False
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus

@@ -506,6 +506,7 @@ class NetnsProvider(Provider):
     snapshot = None
     local_exec = False  # the nodes are reached over SSH inside their namespaces
     ingress_rule_format = None
+    slurm_nodes = True  # broker slurm up builds a cluster on them
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()

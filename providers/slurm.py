@@ -64,6 +64,7 @@ class SlurmProvider(Provider):
     snapshot = None
     local_exec = False
     ingress_rule_format = None
+    slurm_nodes = False
 
     #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
     #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run

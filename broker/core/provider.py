@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from broker.core.recipe import Recipe
     from broker.run.pipeline import RunRequest, Target
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
@@ -102,7 +104,7 @@ class Recorder(Protocol):
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
                 "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format")
+                "ingress_rule_format", "slurm_nodes")
 
 
 class Provider(ABC):
@@ -190,11 +192,13 @@ class Provider(ABC):
     #: Where its GPU limits are counted: ``"AD"`` (per availability domain / zone) or ``"region"`` (None without
     #: :attr:`quota`).
     quota_scope: ClassVar[str | None] = None
-    #: The node-side dead-man switch its boot mechanism arms, in words (``"scheduled shutdown, ..."``); None = no
-    #: node-side teardown layer.
+    #: The node-side dead-man switch its boot mechanism arms on a node with a deadline, in words, ``{grace}`` standing
+    #: for when it fires (``"scheduled shutdown at {grace}, ..."``, shown as "... at deadline + 300 s grace" by
+    #: ``broker status``: :func:`broker.money.accounting.node_layer`); None = no node-side teardown layer.
     node_switch: ClassVar[str | None] = None
-    #: The resource attribute / setting the node switch needs to be armed (``"instance_principal"``); None = always
-    #: armed when :attr:`node_switch` is set.
+    #: The resource attribute the node switch needs to be armed (``"instance_principal"``: the row's
+    #: ``attrs[...]``, else the setting ``<name>_<requirement>``, ``OCI_INSTANCE_PRINCIPAL``); None = always armed
+    #: when :attr:`node_switch` is set.
     node_switch_requires: ClassVar[str | None] = None
     #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
     #: and worst case (:func:`broker.plan.pricing.setup_allowance_seconds`); broker's assumption, not a vendor figure.
@@ -224,6 +228,25 @@ class Provider(ABC):
     #: (:func:`broker.run.wireguard.security_rules`): ``"IpPermissions"`` (EC2 security groups) or
     #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
     ingress_rule_format: ClassVar[str | None] = None
+    #: Its machines can be the nodes of a Slurm cluster broker builds (``broker slurm up --provider <name>``: root,
+    #: systemd-free daemons, one private network between the nodes).
+    slurm_nodes: ClassVar[bool] = False
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: "Path") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The shipped price snapshot (:attr:`snapshot`) built from the reference files in ``reference_dir``
+        (``docs/reference/prices``): (rows in :data:`broker.plan.catalog.COLUMNS`, ``{"source", "label", "notes"}``
+        its header states: where the figures come from and every assumption).  Run by ``python -m
+        broker.plan.catalog build``; raises OSError / KeyError for a missing file or column.  Default: raises
+        NotSupported (a provider without a snapshot)."""
+        raise NotSupported(cls.name, "snapshot_rows", "this provider ships no price snapshot")
+
+    @classmethod
+    def pretend_active(cls) -> bool:
+        """For a :attr:`pretend` provider: whether its emulation is in use on this machine (the fake cloud: its
+        state file is named by ``BROKER_FAKE_STATE``), so that reconcile scans it without being named.  No I/O
+        beyond the environment.  Default: False."""
+        return False
 
     @classmethod
     def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:

@@ -47,7 +47,7 @@ from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import AuthError, BadInput, BrokerError, NoValidPlan, Provider, ProviderError
 from broker.core.recipe import Recipe
 # adapters by name through the registry (imported when asked): the run layer imports none
-from broker.providers import REGISTRY, adapter_module, provider_class
+from broker.providers import REGISTRY, adapter_module, capability, provider_class
 
 _log = logging.getLogger(__name__)
 
@@ -522,12 +522,6 @@ class HybridTarget(Target):
         return left, []
 
 
-#: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider (issue 12 item
-#: 3: OCI and AWS report RUNNING 30-60 s before sshd accepts; Vast containers start sshd with onstart)
-READY_TIMEOUT_S = {"oci": 300.0, "aws": 300.0, "vast": 180.0}
-DEFAULT_READY_TIMEOUT_S = 120.0
-
-
 class CloudTarget(Target):
     """Rented machines: the ranked plan options in failover order, provisioned ledger-first
     (:func:`broker.money.provision.provision`), torn down at the end (:func:`broker.money.teardown.teardown_run`) or kept
@@ -657,18 +651,10 @@ class CloudTarget(Target):
         return again
 
     def _adapter_ready_timeout(self, name: str) -> float:
-        """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH), else
-        :data:`READY_TIMEOUT_S`."""
+        """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH): the
+        instance handed in, else the registry's capability (the contract's default for an unregistered name)."""
         p = (self.providers or {}).get(name)
-        if p is None:
-            try:
-                from broker.providers import provider_class
-
-                p = provider_class(name)
-            except Exception:  # noqa: BLE001 - a test double or an unknown name: the table's default
-                p = None
-        value = getattr(p, "ssh_ready_timeout_s", None)
-        return float(value) if value else READY_TIMEOUT_S.get(name, DEFAULT_READY_TIMEOUT_S)
+        return float(p.ssh_ready_timeout_s if p is not None else capability(name, "ssh_ready_timeout_s"))
 
     def keep(self, recipe: Recipe, status: str) -> bool:
         return bool(recipe.idle_minutes) and self.keep_when_idle and status in KEEP_STATUSES
@@ -1314,8 +1300,8 @@ def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
     return [o for o in p.options if o.valid]
 
 
-#: providers ``broker run --provider`` accepts
-RUN_PROVIDERS = ("local", "netns", "slurm", "vast", "oci", "aws", "fake")
+#: providers ``broker run --provider`` accepts: every registered one
+RUN_PROVIDERS = tuple(REGISTRY)
 
 
 @dataclass

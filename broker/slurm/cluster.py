@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
+from broker.providers import SLURM_NODES
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
@@ -59,8 +60,8 @@ Say = Callable[[str], None]
 
 #: the run topology of a Slurm cluster broker built
 TOPOLOGY = "slurm-cluster"
-#: node providers ``broker slurm up`` acquires from
-UP_PROVIDERS = ("netns", "oci", "aws")
+#: node providers ``broker slurm up`` acquires from (their ``slurm_nodes`` capability)
+UP_PROVIDERS = SLURM_NODES
 #: the cluster's state beside the run (no secrets in it)
 STATE_FILE = "slurmcluster.json"
 CTLD_PORT = 6817
@@ -532,7 +533,7 @@ def _target(opts: UpOptions, recipe: Any):
 
     if opts.provider == "netns":
         return NetnsTarget(recipe)
-    if opts.provider in ("oci", "aws"):
+    if opts.provider in UP_PROVIDERS:  # rented nodes
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
         else:

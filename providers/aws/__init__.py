@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
@@ -85,7 +86,7 @@ class AWSProvider(Provider):
     quota = True
     quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
     quota_scope = "region"
-    node_switch = "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+    node_switch = "scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
     node_switch_requires = None
     setup_allowance_s = 600
     create_settle_s = 20.0
@@ -97,6 +98,7 @@ class AWSProvider(Provider):
     snapshot = "aws.csv"
     local_exec = False
     ingress_rule_format = "IpPermissions"
+    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod
@@ -116,6 +118,12 @@ class AWSProvider(Provider):
 
         q = aws_quota_code(instance_type, spot=spot)
         return None if q is None else (q.code, q.name, "ec2")
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from broker.providers.aws.snapshot import snapshot_rows
+
+        return snapshot_rows(reference_dir)
 
     @classmethod
     def valid_region(cls, region: str) -> bool:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
@@ -93,7 +94,7 @@ class OCIProvider(Provider):
     quota_unit = "gpus"  # gpu-<model>-count limits
     quota_scope = "AD"
     #: an in-OS shutdown does not stop OCI GPU billing: only an API terminate with an instance principal does
-    node_switch = "self-terminate with an instance principal at deadline + grace"
+    node_switch = "self-terminate with an instance principal at {grace}"
     node_switch_requires = "instance_principal"
     setup_allowance_s = 900  # GPU VMs and bare-metal shapes boot slowly
     create_settle_s = 20.0
@@ -104,6 +105,7 @@ class OCIProvider(Provider):
     snapshot = "oci.csv"
     local_exec = False
     ingress_rule_format = "IngressSecurityRule"
+    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -118,6 +120,12 @@ class OCIProvider(Provider):
 
         name = oci_limit_name(instance_type)
         return None if name is None else (name, f"compute limit {name} (GPUs per AD)", "compute")
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from broker.providers.oci.snapshot import snapshot_rows
+
+        return snapshot_rows(reference_dir)
 
     @classmethod
     def valid_region(cls, region: str) -> bool:
@@ -212,8 +220,9 @@ class OCIProvider(Provider):
         """(the snapshot's shapes repriced from Oracle's public price list, that source in words) for ``broker
         catalog refresh`` (:attr:`live_price_list` ``"public"``: no credentials).  Raises httpx errors when the list
         cannot be fetched, ValueError when it holds no GPU SKU."""
-        from broker.plan import catalog
-        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
+        from broker.providers.oci import prices
+
+        return prices.oci_live_offers(), f"Oracle public price list {prices.OCI_PRICE_LIST_URL}"
 
     def availability_domains(self) -> list[str]:
         """AD names of the region (``IdentityClient.list_availability_domains(tenancy)``), or the constructor's."""
