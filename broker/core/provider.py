@@ -285,6 +285,31 @@ class Provider(ABC):
         """Capacity facts for ``offers`` (empty when unknown)."""
         return []
 
+    def why_not(self, req: Requirements) -> str | None:
+        """Why this provider's own machine cannot serve ``req`` (the ``local`` provider: too few GPUs, too little
+        GPU memory, no GPU without ``cpu_ok``), in plain words; None when it can, or when the provider's offers
+        say it all (every rented provider: the default).  No network; never raises for a request it cannot serve."""
+        return None
+
+    def live_offers(self, req: Requirements) -> list[Offer]:
+        """A live market search for ``req`` (:attr:`live_offer_search` providers, ``broker catalog refresh``): the
+        offers listed now, never the snapshot.  Raises AuthError, TransientError, ProviderError; default:
+        NotSupported."""
+        raise NotSupported(self.name, "live_offers", "this provider has no live market search")
+
+    def live_prices(self, instance_types: list[str]) -> dict[str, float]:
+        """List prices in $/hour of ``instance_types`` read from the provider's pricing API with credentials
+        (:attr:`live_price_list` ``"api"``; source in words: :attr:`live_prices_source`); a type it does not
+        price is absent.  Raises AuthError, TransientError, ProviderError; default: NotSupported."""
+        raise NotSupported(self.name, "live_prices", "this provider has no pricing API broker reads")
+
+    @classmethod
+    def public_price_offers(cls) -> tuple[list[Offer], str]:
+        """(the snapshot's offers repriced from the provider's public price list, that source in words) with no
+        credentials (:attr:`live_price_list` ``"public"``).  Raises httpx errors when the list cannot be fetched,
+        ValueError when it holds no price broker can use; default: NotSupported."""
+        raise NotSupported(cls.name, "public_price_offers", "this provider has no public price list")
+
     def price_note(self) -> str | None:
         """One line on where prices come from, e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"."""
         return None
@@ -308,6 +333,13 @@ class Provider(ABC):
         """Authorise ``public_key`` (OpenSSH format) on a running instance through the provider's key API, where it
         has one (Vast.ai ``POST /api/v0/instances/{id}/ssh/``); idempotent.  Default: nothing (the key arrives with
         the boot script / launch request).  Raises TransientError, ProviderError."""
+
+    def boot_wait_command(self, ssh_user: str) -> str | None:
+        """A shell line the SSH executor runs on each node once it accepts logins as ``ssh_user``, before
+        preflight: it waits for this adapter's boot script (cloud-init, then the boot-done marker in the node's
+        workroot) and exits 0 only when the node is booted; a non-zero exit fails the run's reach step naming the
+        node.  Default: None (the executor's generic ``cloud-init status --wait``)."""
+        return None
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """Current state and addresses of one instance (``terminated`` when gone)."""

@@ -915,7 +915,7 @@ def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos:
                                      user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
     workroot = node_workroot(nodes[0].user, p.node_workroot)
     return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes, workroot=workroot,
-                   local_exec=bool(getattr(p, "local_exec", False)))
+                   local_exec=bool(p.local_exec))
 
 
 def requirements_of(recipe_or_req: Any) -> Requirements:

@@ -77,8 +77,7 @@ def kind_rank(kind: str) -> int:
 
 def create_settle_s(p: Provider | None) -> float:
     """Seconds after a create call before the provider's list can prove the object absent."""
-    v = getattr(p, "create_settle_s", None)
-    return DEFAULT_CREATE_SETTLE_S if v is None else float(v)
+    return DEFAULT_CREATE_SETTLE_S if p is None else float(p.create_settle_s)
 
 
 def _retry_terminate(p: Provider, res: Resource, retry_s: float, say: Callable[[str], None] | None) -> bool:

@@ -626,7 +626,16 @@ class CloudTarget(Target):
             ctx.say(f"waiting at most {max(1.0, left):.0f} s for SSH and boot (the run's {why} is that close)")
             ready = max(1.0, left)
         return cluster_executor(recipe, run, cluster, ctx, ready_timeout_s=ready,
-                                on_auth_failure=self._reauthorise(cluster, ctx))
+                                on_auth_failure=self._reauthorise(cluster, ctx),
+                                boot_wait=self._boot_wait(cluster))
+
+    def _boot_wait(self, cluster: Cluster) -> str | None:
+        """The adapter's command that waits for its boot script on a node (Provider.boot_wait_command); None for a
+        provider without one, or an unregistered test double not handed in."""
+        p = (self.providers or {}).get(cluster.provider)
+        if p is None and cluster.provider in REGISTRY:
+            p = provider_class(cluster.provider)()
+        return None if p is None or not cluster.nodes else p.boot_wait_command(cluster.nodes[0].user)
 
     def _reauthorise(self, cluster: Cluster, ctx: Context) -> Callable[[], None] | None:
         """When SSH logins are refused (the key has not reached the node yet), put the run's public key in through

@@ -155,11 +155,6 @@ class AWSProvider(Provider):
     #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
     #: long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 420.0
-    #: File the user data writes last into the node's workroot (``<workroot>/boot.done``); the AMI also answers
-    #: ``cloud-init status --wait``.
-    boot_marker: ClassVar[str] = BOOT_DONE
-    #: Kinds in the order their deletes succeed (instances, security groups, placement groups).
-    delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
 
     def __init__(self, session: Any = None, endpoint_url: str | None = None, region: str | None = None,
                  client_factory: ClientFactory | None = None):
@@ -234,11 +229,6 @@ class AWSProvider(Provider):
         from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
-
-    def quota_scope_of(self, offer: Offer) -> str | None:
-        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): ``<region>:<bucket>``
-        (:func:`.api.quota_scope`), so a G/VT vCPU limit skips the G/VT types of that region only, never P."""
-        return quota_scope(offer.region or self.region, offer.instance_type)
 
     # ------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:

@@ -147,11 +147,6 @@ class OCIProvider(Provider):
     #: After RUNNING, sshd on an Oracle Linux GPU image accepts logins 30-60 s later and cloud-init (firewall,
     #: OCI CLI install for the dead-man switch) runs on: how long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 600.0
-    #: File the boot script writes last into the node's workroot (``<workroot>/boot.done``); cloud-init images
-    #: also answer ``cloud-init status --wait``.
-    boot_marker: ClassVar[str] = BOOT_DONE
-    #: Kinds in the order their deletes succeed (instances first, the VCN last).
-    delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
 
     def __init__(self, config: dict[str, Any] | None = None, *, service_endpoint: str | None = None,
                  compartment_id: str | None = None, availability_domains: list[str] | None = None,
@@ -215,8 +210,8 @@ class OCIProvider(Provider):
 
         return f"prices: OCI list-price snapshot {snapshot_info(PROVIDER)[0]} (OCI has no per-account price API)"
 
-    @staticmethod
-    def public_price_offers() -> tuple[list[Offer], str]:
+    @classmethod
+    def public_price_offers(cls) -> tuple[list[Offer], str]:
         """(the snapshot's shapes repriced from Oracle's public price list, that source in words) for ``broker
         catalog refresh`` (:attr:`live_price_list` ``"public"``: no credentials).  Raises httpx errors when the list
         cannot be fetched, ValueError when it holds no GPU SKU."""
@@ -265,11 +260,6 @@ class OCIProvider(Provider):
         from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
-
-    def quota_scope_of(self, offer: Offer) -> str | None:
-        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): its availability domain
-        (OCI GPU limits are per AD), so the core skips that AD only."""
-        return offer.zone or None
 
     # ------------------------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:
