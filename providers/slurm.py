@@ -111,10 +111,9 @@ class SlurmProvider(Provider):
     @classmethod
     def run_target(cls, recipe: Any, request: Any) -> Any:
         """:class:`broker.slurm.target.SlurmTarget` with the request's Slurm options (or the settings' defaults)."""
-        from broker.slurm.executor import SlurmOptions
-        from broker.slurm.target import SlurmTarget
+        from broker.slurm.target import target_for
 
-        return SlurmTarget(recipe, request.slurm or SlurmOptions())
+        return target_for(recipe, request.slurm)
 
     def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None

@@ -55,6 +55,14 @@ class SlurmTarget(Target):
                              echo=ctx.hooks.echo)
 
 
+def target_for(recipe: Recipe, options: "SlurmOptions | None") -> SlurmTarget:
+    """The target of ``broker run --provider slurm``: ``options`` (``--partition``, ``--cluster``...), else the
+    settings' defaults (:class:`broker.slurm.executor.SlurmOptions`)."""
+    from broker.slurm.executor import SlurmOptions
+
+    return SlurmTarget(recipe, options or SlurmOptions())
+
+
 def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
                      options: SlurmOptions | None = None, provider=None,
                      on_start: Callable[[object, str], None] | None = None):
