@@ -5,7 +5,7 @@ Two cases, each through the real pipeline (:func:`broker.run.pipeline.run_pipeli
 
 * ``job``: the fake cloud (file-backed, instances are local processes) runs a job that would sleep for 10 min;
   the deadline comes while the job runs;
-* ``loading``: the Vast.ai adapter against tests/vast_emulator.py whose instances never leave ``loading``; the
+* ``loading``: the Vast.ai adapter against tests/support/vast_emulator.py whose instances never leave ``loading``; the
   deadline comes while broker waits for the instance (the exact case of issue "money truth").
 
 The deadline is set a few seconds after the run starts (``Hooks.on_start``); a sampler thread reads what the
@@ -48,7 +48,8 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
     from broker.core.errors import BrokerError
     from broker.money.ledger import Ledger
     from broker.core.model import utcnow
-    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.run.runrecord import Hooks
+    from broker.run.pipeline import run_pipeline
 
     ledger = Ledger()
     deadline: list = []
@@ -84,7 +85,8 @@ def _measure(recipe, target, live: "callable", poll_s: float) -> float:
 
 
 def case_job(poll_s: float) -> float:
-    from broker.run.pipeline import CloudTarget, rank_options
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.planstep import rank_options
     from broker.providers.fake import FakeProvider
 
     with tempfile.TemporaryDirectory() as d:
@@ -104,9 +106,10 @@ def case_job(poll_s: float) -> float:
 
 
 def case_loading(poll_s: float) -> float:
-    from broker.run.pipeline import CloudTarget, rank_options
+    from broker.run.cloudtarget import CloudTarget
+    from broker.run.planstep import rank_options
     from broker.providers.vast import VastProvider
-    from tests.vast_emulator import API_KEY, VastEmulator, offer_row
+    from tests.support.vast_emulator import API_KEY, VastEmulator, offer_row
 
     with tempfile.TemporaryDirectory() as d:
         os.environ["BROKER_HOME"] = str(Path(d) / "home")

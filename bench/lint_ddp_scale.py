@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.lint import ddp as lint_ddp
-from broker.lint.rules import lint_source  # noqa: E402
+from broker.lint.script import lint_source  # noqa: E402
 
 
 def script(n: int) -> str:

@@ -5,7 +5,7 @@ read the node facts, write the MUNGE key and slurm.conf, start munged/slurmctld/
 until both nodes are idle (:func:`broker.slurm.cluster.up`).  Then `slurm down` is timed too.
 
 Baseline: the test fixture that builds the same Slurm cluster directly on this machine with no SSH and no ledger
-(tests/slurm_cluster.py: namespaces, munged, slurmctld in the root namespace, slurmd per node), from nothing to
+(tests/support/slurm_cluster.py: namespaces, munged, slurmctld in the root namespace, slurmd per node), from nothing to
 `sinfo` showing 2 idle nodes.  Rounds alternate (baseline, broker, ...) so load drift hits both; medians compared.
 
     python bench/slurm_up.py [--runs 3]      # root, slurm-wlm, munge, openssh-server
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def baseline() -> float:
-    from slurm_cluster import SlurmCluster, new_root
+    from tests.support.slurm_cluster import SlurmCluster, new_root
 
     root = new_root()
     c = SlurmCluster(root)
@@ -71,7 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    from slurm_cluster import why_not_available
+    from tests.support.slurm_cluster import why_not_available
 
     from broker.providers.netns import missing_requirements
 

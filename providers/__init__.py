@@ -8,7 +8,7 @@ run's rented side, who ships a price snapshot) is derived here from the capabili
 (:data:`broker.core.provider.CAPABILITIES`, documented on :class:`broker.core.provider.Provider`), never kept by hand in the
 core.  The registry line of each provider repeats, as plain data, the capabilities in which its adapter class differs
 from the :class:`~broker.core.provider.Provider` defaults, so these lists cost no adapter import;
-``tests/test_provider_capabilities.py`` checks that each line equals its class.
+``tests/providers/test_provider_capabilities.py`` checks that each line equals its class.
 """
 
 from __future__ import annotations

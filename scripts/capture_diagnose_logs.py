@@ -22,8 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from broker.run.launch import (RANKSHIM, LocalLaunchSpec, LocalNode, Supervisor, finish_result, free_port,  # noqa: E402
-                           run_local, torchrun_argv)
+from broker.run.launch import RANKSHIM, LocalLaunchSpec, free_port, run_local, torchrun_argv  # noqa: E402
+from broker.run.supervisor import LocalNode, Supervisor, finish_result  # noqa: E402
 
 SCRIPTS = REPO / "tests" / "diagnose_logs" / "scripts"
 OUT = REPO / "tests" / "diagnose_logs" / "cpu"

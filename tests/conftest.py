@@ -49,11 +49,11 @@ def broker_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-aws-credentials"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "xdg-config"))
     # `broker run` on rented (fake) machines would start a detached watchdog per test; tests that want one
-    # start it themselves (tests/test_watchdog_process.py, test_run_starts_the_watchdog)
+    # start it themselves (tests/money/test_watchdog_process.py, test_run_starts_the_watchdog)
     monkeypatch.setenv("BROKER_WATCHDOG_AUTOSTART", "0")
     # a hybrid run looks up this machine's public address unless told: never from a test
     monkeypatch.setenv("BROKER_PUBLIC_IP", "none")
-    # prose is not wrapped at the width in tests that check what is said (tests/test_narrow.py checks the wrapping,
+    # prose is not wrapped at the width in tests that check what is said (tests/cli/test_narrow.py checks the wrapping,
     # with this unset)
     monkeypatch.setenv("BROKER_NO_WRAP", "1")
     from broker.core.config import settings

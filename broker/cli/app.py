@@ -121,7 +121,7 @@ def _root(
 
 
 #: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every
-#: registered command's signature on each start; tests/test_startup.py checks this table against the modules)
+#: registered command's signature on each start; tests/cli/test_startup.py checks this table against the modules)
 COMMANDS = {
     **dict.fromkeys(("plan", "offers", "check", "catalog"), "broker.cli.plan"),
     "run": "broker.cli.run", "status": "broker.cli.status",

@@ -1,7 +1,7 @@
 """Day-2 commands: ``broker logs``, ``broker ssh``, ``broker exec``, ``broker cost``, ``broker clean``.
 
 All read the ledger; RUN may be a unique prefix of a run id (as in ``broker status``).  ``exec`` runs through the one
-pipeline (:class:`broker.run.pipeline.KeptTarget`).
+pipeline (:class:`broker.run.kept.KeptTarget`).
 """
 
 from __future__ import annotations
@@ -121,8 +121,8 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
     Raises BadInput when the run has no nodes to reach."""
     import shlex
 
-    from broker.run.pipeline import kept_cluster
-    from broker.run.remote import SSHCluster
+    from broker.run.kept import kept_cluster
+    from broker.run.sshcluster import SSHCluster
 
     run, cluster = kept_cluster(ledger, run_id)
     if cluster.local_exec:
@@ -447,7 +447,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """A shell (or, after --, one command) on a node of a live or kept run, with the run's key and known_hosts."""
         from broker.money.ledger import Ledger
-        from broker.run.pipeline import kept_cluster
+        from broker.run.kept import kept_cluster
         from broker.core.provider import BadInput
 
         run, cluster = kept_cluster(Ledger(), run_id)
@@ -522,7 +522,9 @@ def register(app: typer.Typer) -> None:
         from broker.cli.run import lint_or_refuse, result_dict
         from broker.cli.summary import render_summary
         from broker.money.ledger import Ledger
-        from broker.run.pipeline import Hooks, KeptTarget, kept_cluster, run_pipeline
+        from broker.run.runrecord import Hooks
+        from broker.run.kept import KeptTarget, kept_cluster
+        from broker.run.pipeline import run_pipeline
         from broker.core.recipe import load_recipe
         from broker.core.ui import console, echo_node_line, print_json
 

@@ -59,7 +59,7 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False,
     t0 = time.monotonic()
     run_id = None
     while time.monotonic() - t0 < timeout_s:
-        # the run row carries its CLI's pid (broker.run.pipeline.new_run): the background process's
+        # the run row carries its CLI's pid (broker.run.runrecord.new_run): the background process's
         run_id = next((r.id for r in ledger.list_runs(limit=20) if r.pid == proc.pid), None)
         if run_id is not None or proc.poll() is not None:
             break

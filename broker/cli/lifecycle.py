@@ -42,11 +42,11 @@ class ProgressPrinter:
         self.run_id = run.id
 
     def prefix(self) -> str:
-        from broker.money.provision import live_usd_per_hour, run_cost
+        from broker.money.cost import live_usd_per_hour, run_spent_usd
         from broker.core.ui import usd
 
         try:
-            cost, rate = (run_cost(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
+            cost, rate = (run_spent_usd(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
                 if self.run_id else (0.0, 0.0)
         except Exception:  # noqa: BLE001 - a busy or full ledger must not stop the progress line
             cost, rate = 0.0, 0.0
@@ -236,7 +236,7 @@ def register(app: typer.Typer) -> None:
 
         from broker.money.ledger import Ledger
         from broker.core.provider import BadInput
-        from broker.money.provision import FOREIGN_MIN_AGE_S, reconcile, reconcile_providers
+        from broker.money.reconcile import FOREIGN_MIN_AGE_S, reconcile, reconcile_providers
         from broker.core.ui import console, err, print_json
 
         ledger = Ledger()

@@ -114,7 +114,7 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
     (CI, ``</dev/null``) a paid run without ``--yes`` is refused before anything is created (Declined, exit 2)."""
     import sys
 
-    from broker.run.pipeline import Declined
+    from broker.run.runrecord import Declined
     from broker.core.ui import err
 
     for line in quote.lines():
@@ -142,7 +142,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     from broker.cli.lifecycle import ProgressPrinter, kept_message
     from broker.cli.summary import render_summary
     from broker.money.ledger import Ledger
-    from broker.run.pipeline import Hooks, RunRequest, run_recipe
+    from broker.run.runrecord import Hooks
+    from broker.run.pipeline import RunRequest, run_recipe
     from broker.core.ui import console, echo_node_line, err, print_json
 
     slurm = None

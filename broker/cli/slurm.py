@@ -243,7 +243,8 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
 def cpu_lint_advice(recipe, state) -> list[str]:
     """On a cluster without GPUs: the lint's ``nccl-no-fallback`` findings of ``recipe``'s script with the fix
     (the job would fail there instead of using gloo); empty on GPU clusters or clean scripts."""
-    from broker.lint.rules import FIXES, lint_script
+    from broker.lint.kinds import FIXES
+    from broker.lint.rules import lint_script
 
     if any(n.gpus for n in state.nodes):
         return []

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from broker.run.launch import RunResult, describe_exit
+from broker.run.supervisor import RunResult, describe_exit
 from broker.core.records import Run
 from broker.core.ui import console, node_text, usd
 

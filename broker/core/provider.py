@@ -170,7 +170,7 @@ class Provider(ABC):
         return provider_id
 
     # ---- capabilities: what the core asks of a provider instead of testing its name.  Every registered adapter
-    # declares each one in its own class body (tests/test_provider_capabilities.py), and the registry line in
+    # declares each one in its own class body (tests/providers/test_provider_capabilities.py), and the registry line in
     # ``providers/__init__.py`` repeats the values that differ from these defaults as plain data, so that
     # ``broker plan`` derives its provider lists without importing the adapter modules.
     #: Topologies this provider can offer (``simulated``, ``multi-node``, ``local``, ``slurm``, ``hybrid``: it can

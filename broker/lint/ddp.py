@@ -100,7 +100,7 @@ def _rank_regions(L: Any) -> tuple[set[int], set[int]]:
     """(ids of calls that run on rank 0 only, ids of calls under any rank test) in one pass over the ``if``
     statements: the branch a rank-0 test selects, and what follows ``if rank != 0: return`` in its block.  One
     walk per rank test (not a walk up from every call: linear in the file for the common shapes)."""
-    from broker.lint.rules import _exits
+    from broker.lint.kinds import _exits
 
     n = L.n
     only: set[int] = set()
@@ -250,7 +250,7 @@ def _cuda_uses(L: Any) -> list[tuple[Any, str]]:
 def cpu_run_findings(source: str, path: str) -> list[Any]:
     """``cuda-without-check`` findings of a script whose run is planned for CPU only (``gpus_per_node: 0``):
     a GPU asked for with no ``torch.cuda.is_available()`` (or ``device_count()``) check around it."""
-    from broker.lint import rules as lint
+    from broker.lint import script as lint
     try:
         module = lint._parse(source, path)
     except Exception:  # noqa: BLE001 - a script that does not parse gets its syntax-error finding elsewhere

@@ -1,7 +1,7 @@
 """Static check of shell scripts that launch distributed training: torchrun / srun lines of any shell script, and the
 ``#SBATCH`` header of a batch script against the nodes of a real cluster (``broker slurm submit``).
 
-Launch rules (any shell script; ``Finding.kind``), on top of :func:`broker.lint.rules.lint_sbatch`'s two
+Launch rules (any shell script; ``Finding.kind``), on top of :func:`broker.lint.sbatch.lint_sbatch`'s two
 (``sbatch-torchrun-not-srun``, ``sbatch-no-node-rank``):
 
 * ``sbatch-torchrun-per-task`` -- ``srun ... torchrun`` in a job with ``--ntasks-per-node`` above 1 (and no
@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from broker.lint.rules import FIXES as PY_FIXES
-from broker.lint.rules import Finding, _shell_commands, _TORCHRUN, is_sbatch, lint_sbatch
+from broker.lint.kinds import FIXES as PY_FIXES
+from broker.lint.kinds import Finding
+from broker.lint.sbatch import _shell_commands, _TORCHRUN, is_sbatch, lint_sbatch
 
 #: suffixes and shebangs that make a file a shell script for ``broker lint``
 SHELL_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm"}

@@ -12,7 +12,7 @@ exists) cost nothing: $0, not the seconds between the intent and the failure.  A
 (a create in flight, or ``unknown`` after an ambiguous create) is counted as billing.  Storage counts when it is recorded: inside the instance's ``usd_per_hour`` (provisioning adds the
 disk's price there and shows the part in ``attrs["storage_usd_per_hour"]``, which is therefore not added again)
 or as its own ledger row (``kind="volume"`` with its ``usd_per_hour``).  The same rule as
-``broker.money.provision.spent_usd``.
+``broker.money.cost.spent_usd``.
 
 Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
 Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the

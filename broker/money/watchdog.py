@@ -409,7 +409,7 @@ class Watchdog:
                     if known.live and t.usd_per_hour is not None and known.kind == "instance":
                         # the provider's rate, also when the CLI died before it could record it: the budget
                         # rule above then counts what is really billed
-                        from broker.money.provision import adopt_reported_rate
+                        from broker.money.cost import adopt_reported_rate
 
                         adopt_reported_rate(self._provider(name), self.ledger, known, t.usd_per_hour,
                                             actor=self.actor)

@@ -7,7 +7,7 @@ Inputs, all left in the run folder by the launchers:
   versions, the exception with the frame in the user's script, the end time or the clean-exit time);
 * every node's log (``<run>/node<i>.log``), for torchrun's own lines (exit codes, signals, its "Root Cause"
   block) and the libraries' messages the catalogue knows;
-* the :class:`broker.run.launch.RunResult` (status, exit codes).
+* the :class:`broker.run.supervisor.RunResult` (status, exit codes).
 
 The catalogue is data (``broker/diagnoses.yaml``): log pattern -> cause -> fix -> the lint rule or preflight check
 that would have caught it.  :func:`explain` is the one entry point; :meth:`Diagnosis.lines` renders it.
@@ -534,7 +534,7 @@ def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> D
 
 
 def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
-    """Diagnose a finished run from its folder and its :class:`~broker.run.launch.RunResult` (never raises for odd
+    """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
     inputs: a diagnosis is best effort)."""
     run_dir = Path(run_dir)
     log_paths: dict[int, Path] = {int(k): Path(v) for k, v in (getattr(result, "log_paths", None) or {}).items()}

@@ -8,7 +8,7 @@ calls the steps in this order through :func:`run_steps`:
 ``reach`` (wait until every node can really be used) -> ``preflight`` (network checks) -> ``stage`` (copy the work
 folder, :mod:`broker.run.staging`) -> ``launch`` (setup, then one ``torchrun`` per node, logs streamed as ``[node i]``
 until the job ends) -> ``collect`` (artifacts from every node) -> ``finish`` (expect check, rank table) and always
-``close``.  A step that finds the job cannot go on returns a failed :class:`~broker.run.launch.RunResult` (nothing
+``close``.  A step that finds the job cannot go on returns a failed :class:`~broker.run.supervisor.RunResult` (nothing
 started), which skips the remaining steps; steps raise only for Ctrl-C or bugs.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from broker.run.launch import RunResult
+    from broker.run.supervisor import RunResult
     from broker.run.staging import StagePlan
 
 _log = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
 """This machine as one node of an SSH cluster: the part of asyncssh's connection API that
-:class:`broker.run.remote.SSHCluster`, :class:`broker.run.remote.RemoteNode` and :mod:`broker.run.preflight` use, served by
+:class:`broker.run.sshcluster.SSHCluster`, :class:`broker.run.sshcluster.RemoteNode` and :mod:`broker.run.preflight` use, served by
 local processes and local files.
 
 A ``hybrid`` run's node 0 is this machine while nodes 1..N-1 are VMs reached over SSH; its
-:class:`~broker.core.model.ClusterNode` carries ``local=True`` and :meth:`broker.run.remote.SSHCluster._connect` returns a
+:class:`~broker.core.model.ClusterNode` carries ``local=True`` and :meth:`broker.run.sshcluster.SSHCluster._connect` returns a
 :class:`LocalConnection` for it.  Everything else (probe upload, preflight, staging, setup, ``torchrun`` with the
 pid file and the kill by environment marker, log streaming, artifacts, ``job.done``) is the SSH executor's own
 code path, unchanged: one executor for the mixed cluster instead of a copy of it.
@@ -214,7 +214,7 @@ class LocalSFTP:
 
 
 class LocalConnection:
-    """This machine behind the connection API of :class:`broker.run.remote.SSHCluster` (see the module docstring)."""
+    """This machine behind the connection API of :class:`broker.run.sshcluster.SSHCluster` (see the module docstring)."""
 
     def __init__(self) -> None:
         self._closed = False
@@ -253,7 +253,7 @@ class LocalConnection:
     async def run(self, cmd: str, *, check: bool = False, timeout: float | None = None, stderr: Any = None,
                   **_: Any) -> _Result:
         """``cmd`` to its end (output with stderr merged); after ``timeout`` s its process group is killed and the
-        result has ``returncode`` None (what :meth:`broker.run.remote.SSHCluster.arun` reports for a timeout)."""
+        result has ``returncode`` None (what :meth:`broker.run.sshcluster.SSHCluster.arun` reports for a timeout)."""
         p = await self._spawn(cmd, merge=True)
         try:
             out = await asyncio.wait_for(p.stdout.read(), timeout)

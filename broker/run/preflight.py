@@ -25,7 +25,7 @@ Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
   run concurrently with the torch check, so a FAIL comes within about the 2 s timeout plus SSH and Python start-up
   (measured: PASS 0.8 s, FAIL 2.8-4.8 s, docs/reference/local-cluster.md sec. 3).
 
-:func:`run_preflight` needs an open :class:`broker.run.remote.SSHCluster` with ``probe.py`` uploaded to every node.
+:func:`run_preflight` needs an open :class:`broker.run.sshcluster.SSHCluster` with ``probe.py`` uploaded to every node.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.core.recipe import Recipe
-    from broker.run.remote import SSHCluster
+    from broker.run.sshcluster import SSHCluster
 
 PROBE_TIMEOUT_S = 2.0  # per TCP connect
 LISTEN_S = 8.0  # how long a listener waits for all its peers

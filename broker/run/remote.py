@@ -12,7 +12,7 @@
 4. run the recipe's ``setup`` commands once per node (all nodes in parallel);
 5. start ``<cluster.python> -m torch.distributed.run --nnodes --nproc_per_node --node_rank=i
    --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
-   ``torchrun.pid``) and hand the nodes to :class:`broker.run.launch.Supervisor` (``[node i]`` logs, per-node log
+   ``torchrun.pid``) and hand the nodes to :class:`broker.run.supervisor.Supervisor` (``[node i]`` logs, per-node log
    files, stop all when one fails, deadline, Ctrl-C);
 6. fetch the recipe's ``artifacts`` from node 0's work folder into the run folder;
 7. when the job has ended (success or failure, not Ctrl-C), touch ``<workroot>/job.done`` on every node (best
@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import queue
 import random
 import re
 import shlex
@@ -50,373 +49,25 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.run.executor import Executor, run_steps, staging_line
-from broker.run.launch import (RANKSHIM, STOP_GRACE_S, RunResult, Supervisor, describe_exit, finish_result, log_tail,
-                           torchrun_argv)
+from broker.run.launch import RANKSHIM, torchrun_argv
+from broker.run.supervisor import RunResult, Supervisor, describe_exit, finish_result, log_tail
 from broker.core.records import Cluster
 from broker.core.provider import BadInput, ProviderError
 from broker.core.recipe import Recipe
+from broker.run.sshcluster import Echo, RemoteNode, SSHCluster, node_base, node_python
+
+_log = logging.getLogger(__name__)
+
 
 if TYPE_CHECKING:
     from broker.run.preflight import PreflightReport
     from broker.run.staging import StagedTar
 
-_log = logging.getLogger(__name__)
 
 PROBE_SOURCE = Path(__file__).with_name("probe_script.py")
-#: keepalive interval (s) x count: how long a silently dead connection takes to be declared lost
-KEEPALIVE_S, KEEPALIVE_COUNT = 5, 3
-#: seconds between a node's exit status and its output's end after which the node counts as ended anyway
-EXIT_DRAIN_S = 2.0
-
-Echo = Callable[[str], None] | None
-
-
-class LoopThread:
-    """An asyncio event loop running in a daemon thread; :meth:`call` runs a coroutine there and waits."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="broker-ssh", daemon=True)
-        self.thread.start()
-
-    def call(self, coro: Any, timeout: float | None = None) -> Any:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return fut.result(timeout)
-        except BaseException:
-            fut.cancel()
-            raise
-
-    def close(self) -> None:
-        if self.loop.is_closed():
-            return
-
-        async def _cancel_all() -> None:
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        try:
-            self.call(_cancel_all(), timeout=10)
-        except Exception:  # pragma: no cover - best effort
-            pass
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
-def _known_hosts_has(path: Path, host: str, port: int) -> bool:
-    if not path.exists():
-        return False
-    want = {host if port == 22 else f"[{host}]:{port}"}
-    for line in path.read_text(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and not line.startswith("#") and want & set(parts[0].split(",")):
-            return True
-    return False
-
-
-class SSHCluster:
-    """One asyncssh connection per node of ``cluster``, on a background event loop.
-
-    Paths on node ``i``: :meth:`base` = ``<workroot>/<run_id>/node<i>``, with ``work/``, ``probe.py``,
-    ``env.sh``, ``torchrun.pid`` inside.  Raises ProviderError("ssh", ...) when a node cannot be reached.
-    """
-
-    def __init__(self, cluster: Cluster, *, run_dir: Path, connect_timeout_s: float = 20.0):
-        self.cluster = cluster
-        self.run_dir = Path(run_dir)
-        self.connect_timeout_s = connect_timeout_s
-        self.loop = LoopThread()
-        self._conns: dict[int, Any] = {}
-        self._locks: dict[int, asyncio.Lock] = {}
-        kh = cluster.known_hosts_path
-        self.known_hosts = Path(kh) if kh else self.run_dir / "known_hosts"
-
-    # ------------------------------------------------------------------ paths
-    def base(self, i: int) -> str:
-        return node_base(self.cluster, i)
-
-    def work(self, i: int) -> str:
-        return f"{self.base(i)}/work"
-
-    def probe(self, i: int) -> str:
-        return f"{self.base(i)}/probe.py"
-
-    def py(self, i: int | None = None) -> str:
-        """The training interpreter (quoted) on node ``i`` (its own where set, else the cluster's)."""
-        return shlex.quote(node_python(self.cluster, i))
-
-    def root(self, i: int) -> str:
-        """Node ``i``'s workroot (its own where set, else the cluster's)."""
-        return node_root(self.cluster, i)
-
-    # ------------------------------------------------------------------ connections
-    async def _connect(self, i: int) -> Any:
-        import asyncssh
-
-        node = self.cluster.nodes[i]
-        if node.local:  # this machine (a hybrid run's node 0): local processes, no SSH
-            from broker.run.localconn import LocalConnection
-
-            return LocalConnection()
-        pinned = _known_hosts_has(self.known_hosts, node.host, node.port)
-        opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
-                                    keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
-                                    known_hosts=str(self.known_hosts) if pinned else None)
-        if self.cluster.ssh_key_path:
-            opts["client_keys"] = [self.cluster.ssh_key_path]
-            opts["agent_path"] = None
-        _log.info("ssh: connecting to node %d at %s@%s:%s (host key %s)", i, node.user, node.host, node.port,
-                  "pinned" if pinned else "new")
-        try:
-            conn = await asyncssh.connect(node.host, **opts)
-        except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
-            why = getattr(e, "reason", None) or str(e) or type(e).__name__
-            _log.info("ssh: node %d not reachable: %s", i, why)
-            raise ProviderError("ssh", f"connect node {i}", f"cannot reach node {i} at {node.user}@{node.host}:"
-                                f"{node.port}: {why}",
-                                hint="check that the node is running, its SSH port is open to you, and the key "
-                                     "is authorised") from None
-        if not pinned:  # accept-new: remember the key so later connections are pinned
-            key = conn.get_server_host_key()
-            if key is not None:
-                name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
-                self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.known_hosts, "a") as f:
-                    f.write(f"{name} {key.export_public_key('openssh').decode().strip()}\n")
-        return conn
-
-    async def aconn(self, i: int) -> Any:
-        """The open connection to node ``i`` (reconnects when it was closed or lost)."""
-        lock = self._locks.setdefault(i, asyncio.Lock())
-        async with lock:
-            conn = self._conns.get(i)
-            if conn is not None and not conn.is_closed():
-                return conn
-            conn = await self._connect(i)
-            self._conns[i] = conn
-            return conn
-
-    def open(self) -> None:
-        """Connect to every node in parallel; raises ProviderError naming the first unreachable node."""
-        async def _all() -> None:
-            res = await asyncio.gather(*(self.aconn(i) for i in range(len(self.cluster.nodes))),
-                                       return_exceptions=True)
-            for r in res:
-                if isinstance(r, BaseException):
-                    raise r
-        self.loop.call(_all(), timeout=self.connect_timeout_s + 15)
-
-    def close(self) -> None:
-        async def _close() -> None:
-            for c in list(self._conns.values()):
-                c.close()
-            for c in list(self._conns.values()):
-                try:
-                    await asyncio.wait_for(c.wait_closed(), 5)
-                except Exception:  # pragma: no cover
-                    pass
-        try:
-            self.loop.call(_close(), timeout=15)
-        except Exception:  # pragma: no cover
-            pass
-        self.loop.close()
-
-    # ------------------------------------------------------------------ commands and files
-    async def arun(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
-        """Run ``cmd`` (a shell line) on node ``i``; returns (exit status or None, stdout+stderr)."""
-        import asyncssh
-
-        conn = await self.aconn(i)
-        _log.debug("ssh node %d: %s", i, cmd)
-        try:
-            r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT)
-        except asyncssh.TimeoutError as e:
-            _log.debug("ssh node %d: timed out after %.0f s", i, timeout)
-            return None, f"timed out after {timeout:.0f} s: {(e.stdout or '')[-500:]}"
-        _log.debug("ssh node %d: exit %s", i, r.returncode)
-        return r.returncode, str(r.stdout or "")
-
-    def run(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
-        return self.loop.call(self.arun(i, cmd, timeout=timeout), timeout=timeout + 15)
-
-    async def aput_bytes(self, i: int, data: bytes, remote: str, mode: int = 0o644) -> None:
-        """Write ``data`` to ``remote`` on node ``i``, the file created with ``mode`` (SFTP open attributes; an
-        earlier file there is removed first so it cannot keep a wider mode): a secret file (0600) is never
-        readable by another user of the node, not even between the write and a chmod."""
-        import asyncssh
-
-        conn = await self.aconn(i)
-        async with conn.start_sftp_client() as sftp:
-            await sftp.makedirs(str(Path(remote).parent), exist_ok=True)
-            try:
-                await sftp.remove(remote)
-            except asyncssh.SFTPError:
-                pass  # not there yet
-            async with sftp.open(remote, "wb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as f:
-                await f.write(data)
-
-    async def aupload_tree(self, i: int, local: Path, remote: str) -> None:
-        """Copy the staged files of folder ``local`` (:func:`broker.run.staging.stage_plan`) to ``remote`` (replaced)."""
-        from broker.run.staging import stage_plan, staged_tar
-
-        with staged_tar(stage_plan(local)) as tar:
-            await self.aupload_tgz(i, tar, remote)
-
-    async def aupload_tgz(self, i: int, data: "bytes | StagedTar", remote: str) -> None:
-        """Unpack the tar.gz ``data`` (bytes) or the :class:`broker.run.staging.StagedTar` file (streamed from disk:
-        memory stays flat whatever its size) into ``remote`` (replaced) on node ``i``, uploaded over SFTP."""
-        if isinstance(data, (bytes, bytearray)):
-            tgz, flags = f"{remote}.tar.gz", "-xzf"
-            await self.aput_bytes(i, data, tgz, 0o600)
-        else:
-            tgz, flags = f"{remote}.{data.path.name}", data.tar_flags
-            conn = await self.aconn(i)
-            async with conn.start_sftp_client() as sftp:
-                await sftp.makedirs(str(Path(tgz).parent), exist_ok=True)
-                await sftp.put(str(data.path), tgz)
-                await sftp.chmod(tgz, 0o600)
-        q = shlex.quote
-        code, out = await self.arun(i, f"rm -rf {q(remote)} && mkdir -p {q(remote)} && "
-                                       f"tar {flags} {q(tgz)} -C {q(remote)} && rm -f {q(tgz)}", timeout=600)
-        if code != 0:
-            raise ProviderError("ssh", f"upload to node {i}", f"unpacking the work folder failed: {out.strip()[-300:]}",
-                                hint="check free disk space and that tar exists on the node")
-
-    async def aget(self, i: int, remote: str, local: Path) -> bool:
-        """Fetch one file; False when it does not exist on the node."""
-        import asyncssh
-
-        conn = await self.aconn(i)
-        local.parent.mkdir(parents=True, exist_ok=True)
-        async with conn.start_sftp_client() as sftp:
-            try:
-                await sftp.get(remote, str(local))
-            except asyncssh.SFTPNoSuchFile:
-                return False
-        return True
-
-    def gather(self, coros: Iterable[Any], timeout: float) -> list[Any]:
-        """Run coroutines concurrently on the loop; returns results or exceptions, in order."""
-        async def _g() -> list[Any]:
-            return await asyncio.gather(*coros, return_exceptions=True)
-        return self.loop.call(_g(), timeout=timeout)
-
-
-class RemoteNode:
-    """A torchrun running on a node over SSH; implements :class:`broker.run.launch.NodeHandle`.
-
-    ``poll()`` returns the remote exit status; a dropped connection gives 255 (OpenSSH's convention) and sets
-    ``lost``.
-    """
-
-    def __init__(self, ssh: SSHCluster, node_rank: int, command: str):
-        self.ssh = ssh
-        self.node_rank = node_rank
-        self.command = command
-        self.lost = False
-        self._q: queue.Queue[bytes | None] = queue.Queue()
-        self._code: int | None = None
-        self._done = threading.Event()
-        self._proc: Any = None
-        self._exited_at: float | None = None
-        ssh.loop.call(self._start(), timeout=ssh.connect_timeout_s + 15)
-
-    async def _start(self) -> None:
-        import asyncssh
-
-        conn = await self.ssh.aconn(self.node_rank)
-        _log.debug("ssh node %d: start %s", self.node_rank, self.command)
-        # raw bytes (encoding None): the node log keeps exactly what the node printed
-        self._proc = await conn.create_process(self.command, stderr=asyncssh.STDOUT, encoding=None)
-        asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        from broker.run.launch import BATCH_S, READ_CHUNK, SMALL_READ
-
-        code: int | None = None
-        try:
-            while True:  # blocks of output, not lines: one queue hand-over per block (see broker.run.launch)
-                data = await self._proc.stdout.read(READ_CHUNK)
-                if not data:
-                    break
-                self._q.put(data)
-                if len(data) < SMALL_READ:
-                    await asyncio.sleep(BATCH_S)  # the SSH channel's window holds what arrives meanwhile
-            await self._proc.wait()
-            code = self._proc.returncode
-        except Exception as e:  # connection errors surface here
-            self._q.put(f"broker: reading node {self.node_rank}'s output failed: {e}\n".encode())
-            code = None
-        finally:
-            if code is None:
-                self.lost = True
-                self._q.put(f"broker: ssh connection to node {self.node_rank} lost\n".encode())
-                code = 255
-            self._code = code
-            self._done.set()
-            self._q.put(None)
-
-    @property
-    def finished(self) -> bool:
-        """True once the node's output ended and its exit status (or the connection loss) is known."""
-        return self._done.is_set() and not self.lost
-
-    def chunks(self) -> Iterable[bytes]:
-        """The node's output (stdout and stderr merged) in raw blocks, until it ends or the connection is lost."""
-        while True:
-            data = self._q.get()
-            if data is None:
-                return
-            yield data
-
-    def lines(self) -> Iterable[str]:
-        from broker.run.launch import chunk_lines
-
-        yield from chunk_lines(self.chunks())
-
-    def poll(self) -> int | None:
-        if self._done.is_set():
-            return self._code
-        # The launched process has exited but the channel is still open: an orphaned descendant (torchrun
-        # starts workers in their own sessions) holds the output pipe.  Count the node as ended after a short
-        # drain period; stop() then kills the orphans by their environment marker.
-        proc = self._proc
-        if proc is not None and (proc.exit_status is not None or proc.exit_signal is not None):
-            if self._exited_at is None:
-                self._exited_at = time.monotonic()
-            elif time.monotonic() - self._exited_at > EXIT_DRAIN_S:
-                rc = proc.returncode
-                return 255 if rc is None else rc
-        return None
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """Kill the remote process group and its descendants over a second channel; idempotent."""
-        if self._done.is_set() and not self.lost:
-            return
-        i = self.node_rank
-        cmd = f"{self.ssh.py(i)} {shlex.quote(self.ssh.probe(i))} kill " \
-              f"{shlex.quote(self.ssh.base(i) + '/torchrun.pid')} {grace_s:g} " \
-              f"BROKER_RUN_ID={shlex.quote(self.ssh.cluster.run_id)} BROKER_NODE_RANK={i}"
-        try:
-            self.ssh.run(i, cmd, timeout=grace_s + 20)
-        except Exception as e:  # node unreachable: teardown of the machine is the caller's job
-            self._q.put(f"broker: could not stop node {i} over ssh: {e}\n")
-        if not self._done.wait(grace_s + 10):
-            async def _close() -> None:
-                if self._proc is not None:
-                    self._proc.close()
-            try:
-                self.ssh.loop.call(_close(), timeout=5)
-            except Exception:  # pragma: no cover
-                pass
-            self._done.wait(5)
 
 
 @dataclass
@@ -424,24 +75,6 @@ class RemoteRunResult(RunResult):
     """A :class:`RunResult` plus the preflight report (None when preflight was skipped)."""
 
     preflight: "PreflightReport | None" = None
-
-
-def node_root(cluster: Cluster, i: int) -> str:
-    """Node ``i``'s workroot: its own (``ClusterNode.workroot``, e.g. this machine in a hybrid run) or the
-    cluster's."""
-    return (cluster.nodes[i].workroot if i < len(cluster.nodes) else None) or cluster.workroot
-
-
-def node_python(cluster: Cluster, i: int | None) -> str:
-    """Node ``i``'s training interpreter: its own (``ClusterNode.python``) or the cluster's."""
-    if i is not None and i < len(cluster.nodes) and cluster.nodes[i].python:
-        return cluster.nodes[i].python  # type: ignore[return-value]
-    return cluster.python
-
-
-def node_base(cluster: Cluster, i: int) -> str:
-    """Node ``i``'s folder for this run: ``<workroot>/<run_id>/node<i>`` (simulated nodes share a host)."""
-    return f"{node_root(cluster, i).rstrip('/')}/{cluster.run_id}/node{i}"
 
 
 def node_env(cluster: Cluster, recipe: Recipe, i: int, iface: str | None) -> dict[str, str]:
@@ -505,7 +138,7 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
     ``fr_trace_rank*`` dumps) to ``run_dir/node<i>/facts/``, best effort (nodes whose connection is gone are
     skipped); returns how many files came back.  The names are the node's answer: only those two forms, each
     under its size cap."""
-    from broker.run.launch import ArtifactBudget
+    from broker.run.artifacts import ArtifactBudget
 
     async def _one(i: int) -> int:
         conn = ssh._conns.get(i)
@@ -859,7 +492,7 @@ _LISTER = ("import glob, json, os, sys; pats = sys.argv[1:]; "
 async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str]) -> list[Any]:
     """The names node ``i`` says match ``patterns`` in its work folder (unchecked: the caller validates each).
     Raises RefusedArtifact when the answer is over :data:`LISTING_MAX_BYTES` or not a JSON list."""
-    from broker.run.launch import RefusedArtifact
+    from broker.run.artifacts import RefusedArtifact
 
     q = shlex.quote
     cmd = f"cd {q(ssh.work(i))} && {ssh.py(i)} -c {q(_LISTER)} " + " ".join(q(p) for p in patterns)
@@ -888,13 +521,14 @@ async def _alist_artifacts(ssh: SSHCluster, i: int, patterns: list[str]) -> list
 
 async def afetch_checked(ssh: SSHCluster, i: int, folder: str, rel: str, dst: Path, budget: Any) -> int:
     """Copy ``<folder>/<rel>`` from node ``i`` to the new local file ``dst`` over SFTP, within ``budget``
-    (:class:`broker.run.launch.ArtifactBudget`, counted while the bytes come: a node may misreport a size); returns
+    (:class:`broker.run.artifacts.ArtifactBudget`, counted while the bytes come: a node may misreport a size); returns
     the bytes written.  Raises RefusedArtifact when the node resolves the path (SFTP ``realpath``: symlinks
     followed) outside ``folder``, or to something that is not a regular file, or over a cap (the partial file is
     removed); asyncssh's SFTP errors when it cannot be read."""
     import stat as st
 
-    from broker.run.launch import READ_CHUNK, RefusedArtifact, open_artifact
+    from broker.run.supervisor import READ_CHUNK
+    from broker.run.artifacts import RefusedArtifact, open_artifact
 
     conn = await ssh.aconn(i)
     async with conn.start_sftp_client() as sftp:
@@ -925,9 +559,9 @@ def _collect_artifacts(ssh: SSHCluster, n: int, patterns: list[str], run_dir: Pa
                        echo: Echo, budget: Any = None) -> None:
     """Fetch the files matching the recipe's ``artifacts`` globs from EVERY node's work folder into
     ``run_dir/artifacts/node<i>/`` (nodes whose connection is gone are skipped and named).  Every name a node sends
-    back is checked before anything is written (:func:`broker.run.launch.artifact_destination`, then
+    back is checked before anything is written (:func:`broker.run.artifacts.artifact_destination`, then
     :func:`afetch_checked`); a refused one fails the run with its name and why."""
-    from broker.run.launch import ArtifactBudget, RefusedArtifact, artifact_destination, record_artifacts
+    from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination, record_artifacts
 
     budget = budget or ArtifactBudget()
     found: dict[int, list[str]] = {}

@@ -35,7 +35,7 @@ The working pattern, rendered here:
 
 Source of the Slurm facts: the sbatch/srun man pages of Slurm 22.05 (filename patterns ``%x %j %n``,
 ``--kill-on-bad-exit``, ``--open-mode``, ``SLURM_NODEID``/``SLURM_NNODES``), verified on a two-node Slurm 22.05
-cluster (tests/test_slurm_run.py).
+cluster (tests/slurm/test_slurm_run.py).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from broker.run.launch import RunResult
+    from broker.run.supervisor import RunResult
 
 from broker.run.executor import Executor
 from broker.core.provider import BadInput
@@ -424,7 +424,7 @@ class SlurmExecutor(Executor):
         return None
 
     def launch(self) -> "RunResult":
-        from broker.run.launch import RunResult, describe_exit
+        from broker.run.supervisor import RunResult, describe_exit
         from broker.core.provider import ProviderError
 
         recipe, ledger, run, prov, opts, attrs = self.recipe, self.ledger, self.run, self.prov, self.opts, self.attrs
@@ -538,7 +538,7 @@ class SlurmExecutor(Executor):
     def collect(self, result) -> None:
         """Artifacts from the job folder (one folder that every node of the allocation writes to) into
         ``<run>/artifacts/node0/`` (local clusters; on a remote login node, listed and copied back over ssh)."""
-        from broker.run.launch import ArtifactBudget, RefusedArtifact, collect_local, record_artifacts
+        from broker.run.artifacts import ArtifactBudget, RefusedArtifact, collect_local, record_artifacts
 
         pats = list(self.recipe.artifacts)
         if not pats:
@@ -566,7 +566,8 @@ class SlurmExecutor(Executor):
         not regular or one over a cap is refused (RefusedArtifact), and no more than the cap is ever read."""
         import subprocess
 
-        from broker.run.launch import READ_CHUNK, RefusedArtifact, artifact_destination, write_capped
+        from broker.run.supervisor import READ_CHUNK
+        from broker.run.artifacts import RefusedArtifact, artifact_destination, write_capped
 
         dst = artifact_destination(root, rel)
         q = shlex.quote
@@ -625,7 +626,7 @@ class SlurmExecutor(Executor):
         return got
 
     def finish(self, result):
-        from broker.run.launch import finish_result
+        from broker.run.supervisor import finish_result
 
         self.fetch_facts()
         result.wall_s = time_mod.monotonic() - self.t0

@@ -36,7 +36,7 @@ from broker.core.provider import BadInput, ProviderError
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
-    from broker.lint.rules import Finding
+    from broker.lint.kinds import Finding
     from broker.lint.shell import ClusterNodes
 
 Say = Callable[[str], None]
@@ -135,8 +135,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     before anything is queued.  Raises BadInput (not a cluster, the cluster is down, a file that cannot be read, a
     finding that means it cannot run and no ``yes``), ProviderError (Slurm or SSH refused)."""
     from broker.money.accounting import ACTIVE_STATUSES
-    from broker.run.launch import RunResult
-    from broker.run.pipeline import end_run, new_run, shielded
+    from broker.run.supervisor import RunResult
+    from broker.run.runrecord import end_run, new_run
+    from broker.run.guard import shielded
     from broker.providers import get_provider
     from broker.lint.shell import FATAL, header, sbatch_nodes
     from broker.slurm.cluster import cluster_recipe, find, node0_shell

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from broker.core.recipe import Recipe
 from broker.core.records import Cluster, Run
 from broker.providers import get_provider
-from broker.run.pipeline import Context, Target
+from broker.run.runrecord import Context
+from broker.run.targets import Target
 
 if TYPE_CHECKING:
     from broker.run.executor import Executor
@@ -68,7 +69,8 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                      on_start: Callable[[object, str], None] | None = None):
     """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
     Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a :class:`SlurmTarget`)."""
-    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.run.pipeline import run_pipeline
+    from broker.run.runrecord import Hooks
     from broker.slurm.executor import SlurmOptions
 
     target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)

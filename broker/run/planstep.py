@@ -1,0 +1,82 @@
+"""The plan step of a run: the pure planner over the providers' offers, quotas and capacity, and the ranked
+valid options broker can act on.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from broker.core.model import Plan, PlanOption, Requirements, utcnow
+from broker.core.provider import AuthError, NoValidPlan, Provider
+from broker.core.recipe import Recipe
+
+
+# --------------------------------------------------------------------------------------------------- plan + entry
+def local_choice_text(plan: Plan, recipe: Recipe) -> str:
+    """What ``broker run`` says when this machine is the plan's choice.  The count is the plan's valid options,
+    this machine included, as ``broker plan`` counts them ("N valid"); for a CPU-only job ``broker plan`` also adds
+    the free-tier snapshot's $0.00 CPU offers, which a run never rents, so its count can be higher: said here."""
+    valid = plan.valid_count or len(plan.options)
+    if valid <= 1:
+        return "plan: this machine (free) is the only valid option"
+    cpu_only = recipe.gpus_per_node == 0 and recipe.cpu_ok
+    extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
+             if cpu_only else "")
+    return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
+            f"`broker plan --recipe {shlex.quote(str(recipe.path))}` lists them{extra}")
+
+
+def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
+    """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
+    options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
+    be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options, or the credentials needed.
+    """
+    from broker.plan.facts import DEFAULT_PROVIDERS, gather, log_plan
+    from broker.plan.planner import plan as make_plan
+    from broker.providers import get_provider
+
+    req = recipe.requirements()
+    names = [provider] if provider else list(DEFAULT_PROVIDERS)
+    facts = gather(req, names)
+    plan = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
+                     unavailable=facts.unavailable)
+    log_plan(plan)
+    if plan.chosen is None:
+        from broker.plan.explain import no_plan_error
+
+        raise no_plan_error(recipe, plan)
+    usable: list = []
+    missing: dict[str, str] = {}
+    for opt in plan.options:
+        if opt.provider == "local":
+            usable.append(opt)
+            continue
+        if opt.provider not in missing:
+            try:
+                chk = get_provider(opt.provider).check()
+                missing[opt.provider] = "" if chk.configured else (chk.hint or chk.detail or "no credentials")
+            except Exception as e:  # noqa: BLE001 - an adapter that cannot start cannot rent
+                missing[opt.provider] = str(e)
+        if not missing[opt.provider]:
+            usable.append(opt)
+    if not usable:
+        best = plan.chosen
+        if provider:
+            raise AuthError(provider, "credentials check", f"no credentials: the plan on {provider} comes from a "
+                            "price snapshot and nothing can be rented", hint=missing.get(provider) or None)
+        need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
+        cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
+        raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
+                          f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
+                          hint=f"configure one (see .env.example): {need}{cpu}")
+    return plan, usable
+
+
+def rank_options(provider: Provider, req: Requirements) -> list[PlanOption]:
+    """The valid plan options on one provider, ranked by the planner (:func:`broker.plan.planner.plan`) from the
+    provider's offers, quotas and capacity."""
+    from broker.plan.planner import plan
+
+    offers = provider.offers(req)
+    p = plan(req, offers, provider.quotas(req, offers), provider.capacity(offers), now=utcnow())
+    return [o for o in p.options if o.valid]

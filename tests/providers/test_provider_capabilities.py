@@ -1,0 +1,241 @@
+"""Provider capabilities: every registered adapter declares each one, the registry's plain-data line equals the
+class, the core's provider lists are derived from them (without importing any adapter), and the cloud-name string
+constants still left in the core are exactly the ones listed here."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import broker.providers as registry
+from broker.plan import pricing
+from broker.core.provider import CAPABILITIES, Provider
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = list(registry.REGISTRY)
+TOPOLOGIES = {"simulated", "multi-node", "local", "slurm", "hybrid"}
+
+
+def test_every_capability_is_declared_and_documented_on_the_base_class():
+    source = inspect.getsource(Provider)
+    for cap in CAPABILITIES:
+        assert cap in Provider.__dict__, cap
+        # a `#:` doc comment right above the declaration (units in the name or the comment)
+        lines = source.splitlines()
+        at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"{cap}: ClassVar"))
+        assert lines[at - 1].strip().startswith("#:"), f"Provider.{cap} has no #: doc comment"
+    assert len(set(CAPABILITIES)) == len(CAPABILITIES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_adapter_declares_every_capability_in_its_own_classes(name):
+    """Inheriting the base default does not count: a new adapter decides each capability."""
+    cls = registry.provider_class(name)
+    own = [k for k in cls.__mro__ if k.__module__.startswith("broker.providers.")]  # the adapter and its mixins
+    missing = [c for c in CAPABILITIES if not any(c in k.__dict__ for k in own)]
+    assert not missing, f"{cls.__name__} does not declare {missing}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_registry_line_equals_the_adapter_class(name):
+    cls = registry.provider_class(name)
+    assert registry.capabilities(name).as_dict() == {c: getattr(cls, c) for c in CAPABILITIES}
+    # the line lists only what differs from the defaults (one place to read what is special), and always topologies
+    _, declared = registry.PROVIDERS[name]
+    assert "topologies" in declared
+    assert not [c for c, v in declared.items() if c != "topologies" and v == getattr(Provider, c)], declared
+    assert cls.name == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_capability_values_are_ones_the_core_understands(name):
+    from broker.plan import catalog
+    from broker.run import wireguard
+    c = registry.capabilities(name)
+    cls = registry.provider_class(name)
+    assert set(c.topologies) <= TOPOLOGIES and c.topologies
+    assert isinstance(c.setup_allowance_s, int) and c.setup_allowance_s >= 0
+    assert c.ssh_ready_timeout_s > 0 and c.create_settle_s >= 0
+    if c.quota:
+        assert c.quota_unit in ("gpus", "vcpus") and c.quota_scope in ("AD", "region")
+        assert cls.request_quota is not Provider.request_quota
+    else:
+        assert c.quota_unit is None and c.quota_scope is None
+    assert c.node_switch_requires is None or c.node_switch
+    assert c.live_price_list in (None, "api", "public")
+    if c.live_price_list == "api":
+        assert callable(getattr(cls, "live_prices", None)) and isinstance(getattr(cls, "live_prices_source"), str)
+    if c.live_price_list == "public":
+        assert callable(getattr(cls, "public_price_offers", None))
+    assert not c.live_offer_search or callable(getattr(cls, "live_offers", None))
+    assert not c.native_query or "vast_query" in inspect.signature(cls.offers).parameters
+    if c.snapshot is not None:
+        assert (catalog.SHIPPED_DIR / c.snapshot).is_file(), c.snapshot
+    assert c.ingress_rule_format is None or c.ingress_rule_format in wireguard.INGRESS_RULE_FORMATS
+    assert not c.pretend or c.rents
+    if c.rents and not c.pretend:
+        assert c.credentials_hint and c.snapshot  # a cloud says what to configure and plans offline
+
+
+def test_the_derived_lists_are_what_the_core_used_to_keep_by_hand():
+    """Behaviour stays: the lists (and per-provider values) the core held as constants, now derived."""
+    from broker.plan import catalog
+    from broker.plan import facts
+    from broker.run import hybrid
+    from broker.cli import quota as quota_cmd
+
+    assert registry.CLOUD == facts.CLOUD == ("vast", "oci", "aws")
+    assert facts.DEFAULT_PROVIDERS == ("local", "vast", "oci", "aws")
+    assert catalog.PROVIDERS == ("vast", "oci", "aws")
+    assert quota_cmd.QUOTA_PROVIDERS == ("oci", "aws")
+    assert hybrid.TUN_PROVIDERS == ("oci", "aws")
+    assert "(use oci or aws for the cloud side)" in hybrid.NO_TUN_REASON
+    assert set(facts.CREDENTIALS_HINT) == {"vast", "oci", "aws"}
+    assert {n: pricing.setup_allowance_seconds(n) for n in NAMES} == {
+        "local": 0, "vast": 600, "oci": 900, "aws": 600, "netns": 0, "slurm": 0, "fake": 0}
+    assert pricing.setup_allowance_seconds("gcp") == pricing.DEFAULT_SETUP_ALLOWANCE_SECONDS
+    from broker.run import pipeline
+    from broker.slurm import cluster
+
+    assert cluster.UP_PROVIDERS == registry.SLURM_NODES == ("netns", "oci", "aws")
+    assert set(pipeline.RUN_PROVIDERS) == {"local", "netns", "slurm", "vast", "oci", "aws", "fake"}
+    assert registry.PRETEND == ("fake",)
+
+
+def test_each_adapter_decides_what_the_core_used_to_decide_by_its_name(monkeypatch):
+    """What the core read from hand-kept tables keyed by cloud name now comes from the adapters: the SSH wait
+    (pipeline.READY_TIMEOUT_S used to give OCI and AWS 300 s while the adapters declared 600 s and 420 s), the node
+    switch words (accounting.node_layer), the quota tables (plan.quota.limit_for), the fake-state switch
+    (provision.reconcile_providers)."""
+    from broker.money import accounting
+    from broker.plan import quota
+    from broker.run.pipeline import CloudTarget
+    from broker.core.records import Resource
+
+    t = CloudTarget.__new__(CloudTarget)
+    t.providers = None
+    assert {n: t._adapter_ready_timeout(n) for n in ("oci", "aws", "vast")} == {
+        n: registry.provider_class(n).ssh_ready_timeout_s for n in ("oci", "aws", "vast")} == {
+        "oci": 600.0, "aws": 420.0, "vast": 180.0}
+    assert t._adapter_ready_timeout("test-double") == Provider.ssh_ready_timeout_s
+    ref = quota.limit_for("aws", "g5.xlarge")
+    assert (ref.name, ref.unit, ref.scope_kind, ref.service) == ("L-DB2E81BA", "vcpus", "region", "ec2")
+    ref = quota.limit_for("oci", "VM.GPU.A10.1")
+    assert (ref.name, ref.unit, ref.scope_kind, ref.service) == ("gpu-a10-count", "gpus", "AD", "compute")
+    assert quota.limit_for("vast", "1x RTX_4090") is None and quota.limit_for("gcp", "a2-highgpu-1g") is None
+
+    def row(provider, **attrs):
+        return Resource(id="r1", run_id="run1", provider=provider, kind="instance", name="n0",
+                        attrs={"deadman_grace_s": 300, **attrs})
+
+    deadline = {"deadline": "2030-01-01T00:00:00+00:00"}
+    monkeypatch.setattr(accounting, "effective_deadline", lambda res, run: deadline["deadline"])
+    assert accounting.node_layer(row("vast")) == "self-destroy via the Vast API at deadline + 300 s grace"
+    assert accounting.node_layer(row("aws")) == ("scheduled shutdown at deadline + 300 s grace, "
+                                                 "InstanceInitiatedShutdownBehavior=terminate")
+    assert accounting.node_layer(row("oci", instance_principal=True)) == (
+        "self-terminate with an instance principal at deadline + 300 s grace")
+    assert accounting.node_layer(row("oci", instance_principal=False)) is None
+    assert accounting.node_layer(row("netns")) is None and accounting.node_layer(row("gcp")) is None
+
+    fake = registry.provider_class("fake")
+    monkeypatch.delenv("BROKER_FAKE_STATE", raising=False)
+    assert not fake.pretend_active()
+    monkeypatch.setenv("BROKER_FAKE_STATE", "/nonexistent/state.json")
+    assert fake.pretend_active()
+
+
+def test_a_new_registry_line_reaches_every_derived_list():
+    """What adding a provider does: one line, and each list that matches its capabilities names it."""
+    caps = registry.Capabilities("gcp", dict(topologies=("simulated", "multi-node", "hybrid"), rents=True,
+                                             planned_by_default=True, quota=True, quota_unit="gpus",
+                                             quota_scope="region", snapshot="gcp.csv"))
+    assert caps.rents and caps.setup_allowance_s == Provider.setup_allowance_s and caps.local_exec is False
+    saved = dict(registry._CAPS)
+    try:
+        registry._CAPS["gcp"] = caps
+        assert registry.names_where(lambda c: c.rents and not c.pretend)[-1] == "gcp"
+        assert "gcp" in registry.names_where(lambda c: "hybrid" in c.topologies)
+        assert registry.capability("gcp", "quota_scope") == "region"
+    finally:
+        registry._CAPS.clear()
+        registry._CAPS.update(saved)
+    with pytest.raises(TypeError, match="unknown capabilities"):
+        registry.Capabilities("gcp", dict(rent=True))  # a typo never passes silently
+    with pytest.raises(AttributeError):
+        caps.no_such_capability  # noqa: B018
+
+
+def test_unregistered_names_read_the_base_defaults_and_unknown_lookups_say_what_to_do():
+    from broker.core.provider import BadInput
+
+    assert registry.capability("test-double", "ssh_ready_timeout_s") == Provider.ssh_ready_timeout_s
+    with pytest.raises(BadInput, match="choose one of: local, vast"):
+        registry.capabilities("gcpp")
+
+
+def test_reading_the_capabilities_imports_no_adapter(tmp_path):
+    """``broker plan`` derives its lists from the registry lines: importing the registry and every module that reads
+    it imports no adapter module, no SDK and no pydantic."""
+    code = ("import sys, json\nimport broker.providers as r, broker.plan.facts, broker.plan.catalog, broker.plan.pricing, "
+            "broker.run.hybrid, broker.plan.quota, broker.plan.planner\n"
+            "[r.capabilities(n).as_dict() for n in r.REGISTRY]\nbroker.plan.pricing.setup_allowance_seconds('oci')\n"
+            "sys.stderr.write('MODS=' + json.dumps(sorted(sys.modules)) + '\\n')")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    line = [ln for ln in cp.stderr.splitlines() if ln.startswith("MODS=")]
+    assert line, cp.stderr
+    mods = set(json.loads(line[-1][5:]))
+    adapters = {m for m in mods if m.startswith("broker.providers.")}
+    assert not adapters, adapters
+    for heavy in ("pydantic", "oci", "boto3", "botocore", "httpx"):
+        assert heavy not in mods, heavy
+
+
+# ------------------------------------------------------------------------------------ cloud names in the core
+#: core files that still hold cloud-name string constants, with how many: each needs a capability (or a move into
+#: its adapter) and leaves this list when done.  A file not listed here must hold none; none is left.
+NOT_YET_DONE: dict[str, int] = {}
+
+
+def _cloud_names() -> set[str]:
+    return set(registry.names_where(lambda c: c.rents))
+
+
+def _constants(path: Path) -> Counter:
+    names = _cloud_names()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return Counter(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names)
+
+
+def census() -> dict[str, int]:
+    out = {}
+    for path in sorted((REPO / "broker").rglob("*.py")):
+        n = sum(_constants(path).values())
+        if n:
+            out[str(path.relative_to(REPO))] = n
+    return out
+
+
+def test_no_new_cloud_name_constants_in_the_core():
+    found = census()
+    new = {f: n for f, n in found.items() if f not in NOT_YET_DONE}
+    assert not new, (f"cloud-name string constants in {new}: read a capability instead "
+                     "(broker.providers.capability / the derived lists; docs/architecture.md 'Adding a provider')")
+    grew = {f: (n, NOT_YET_DONE[f]) for f, n in found.items() if n > NOT_YET_DONE[f]}
+    assert not grew, f"more cloud-name constants than listed (found, listed): {grew}"
+
+
+def test_the_not_yet_done_list_is_not_stale():
+    """A file that no longer names a cloud leaves the list (so the list shrinks to nothing as the work is done)."""
+    found = census()
+    stale = {f: n for f, n in NOT_YET_DONE.items() if found.get(f, 0) < n}
+    assert not stale, f"fewer cloud-name constants than listed (lower the counts / drop the files): {stale}, {found}"
