@@ -14,6 +14,7 @@ from the :class:`~broker.core.provider.Provider` defaults, so these lists cost n
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import CAPABILITIES, BadInput
@@ -30,33 +31,35 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
               dict(topologies=("local",), planned_by_default=True, setup_allowance_s=0, local_exec=True)),
     "vast": ("broker.providers.vast:VastProvider",
              dict(topologies=("simulated",), rents=True, planned_by_default=True,
-                  node_switch="self-destroy via the Vast API at deadline + grace", ssh_ready_timeout_s=180.0,
+                  node_switch="self-destroy via the Vast API at {grace}", ssh_ready_timeout_s=180.0,
                   credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv",
                   interruptible=True, interruptible_bid=True, preemptions_per_hour=0.1, stoppable=True)),
     "oci": ("broker.providers.oci:OCIProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="AD",
-                 node_switch="self-terminate with an instance principal at deadline + grace",
+                 node_switch="self-terminate with an instance principal at {grace}",
                  node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
                  snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", interruptible=True,
-                 preemptions_per_hour=0.05, stoppable=True)),
+                 preemptions_per_hour=0.05, stoppable=True, slurm_nodes=True)),
     "aws": ("broker.providers.aws:AWSProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="vcpus", quota_scope="region",
-                 node_switch="scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate",
+                 node_switch="scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate",
                  ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
                  live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions", interruptible=True,
-                 interruptible_bid=True, preemptions_per_hour=0.02, stoppable=True)),
+                 interruptible_bid=True, preemptions_per_hour=0.02, stoppable=True,
+                 slurm_nodes=True)),
     "gcp": ("broker.providers.gcp:GCPProvider",
             dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
                  quota_unit="gpus", quota_scope="region",
-                 node_switch="self-delete with the VM's service account at deadline + grace (else power off)",
+                 node_switch="self-delete with the VM's service account at {grace} (else power off)",
                  setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="Google ADC (gcloud auth application-default login or "
                                   "GOOGLE_APPLICATION_CREDENTIALS) and GOOGLE_CLOUD_PROJECT",
-                 live_price_list="api", snapshot="gcp.csv")),
-    "netns": ("broker.providers.netns:NetnsProvider", dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0)),
+                 live_price_list="api", snapshot="gcp.csv", slurm_nodes=True)),
+    "netns": ("broker.providers.netns:NetnsProvider",
+              dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0, slurm_nodes=True)),
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
     "fake": ("broker.providers.fake:FakeProvider",
              dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
@@ -132,6 +135,8 @@ SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
 STOPPABLE: tuple[str, ...] = names_where(lambda c: c.stoppable)
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
+#: Providers whose machines ``broker slurm up`` builds a Slurm cluster on: the emulations first, then the clouds.
+SLURM_NODES: tuple[str, ...] = tuple(sorted(names_where(lambda c: c.slurm_nodes), key=lambda n: _CAPS[n].rents))
 
 
 def names() -> list[str]:
@@ -147,6 +152,14 @@ def provider_class(name: str) -> type["Provider"]:
     mod_name, cls_name = target.split(":")
     mod = importlib.import_module(mod_name)
     return getattr(mod, cls_name)
+
+
+def adapter_module(name: str) -> ModuleType:
+    """The module of ``name``'s adapter class, imported now (for the module-level helpers of an adapter that is not
+    a rented cloud: the netns emulation's ``INJECTS`` and cluster state, the Slurm adapter's shells).  The core
+    reaches an adapter this way, by name, and never imports one (``tests/test_layers.py``); raises BadInput for an
+    unknown name."""
+    return importlib.import_module(provider_class(name).__module__)
 
 
 def get_provider(name: str, **kwargs: Any) -> "Provider":

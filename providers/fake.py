@@ -49,7 +49,7 @@ from broker.core.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone
                              QuotaError, TransientError)
 
 if TYPE_CHECKING:
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 ZONES = ("fake-zone-1", "fake-zone-2")
 
@@ -106,6 +106,12 @@ class FakeProvider(Provider):
     interruptible_bid = False
     preemptions_per_hour = 0.1
     stoppable = True  # pretend: the state file keeps a stopped instance and bills its disk rate
+    slurm_nodes = False
+
+    @classmethod
+    def pretend_active(cls) -> bool:
+        """In use when ``BROKER_FAKE_STATE`` names a state file (tests, demos)."""
+        return bool(os.environ.get("BROKER_FAKE_STATE"))
 
     def __init__(self, state_path: Path | None = None, *, name: str | None = None, fail: str | None = None):
         self._path = state_path
@@ -239,7 +245,7 @@ class FakeProvider(Provider):
         return iid
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
-        from broker.core.provider import InstanceInfo
+        from broker.core.records import InstanceInfo
 
         with self._state() as st:
             inst = st["instances"].get(provider_id)
@@ -319,7 +325,7 @@ class FakeProvider(Provider):
         return rate, "the fake cloud's pretend disk"
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
 
         if "list" in self._fails():
             raise ProviderError(self.name, "list_tagged", "unreadable answer: 200 {\"results\": [...]} has no "

@@ -20,7 +20,7 @@ from broker.core.model import Offer, Requirements, TopologyKind, utcnow
 from broker.core.provider import NotSupported, Provider, ProviderCheck
 
 if TYPE_CHECKING:
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,7 @@ class LocalProvider(Provider):
     interruptible_bid = False
     preemptions_per_hour = 0.0
     stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
+    slurm_nodes = False
 
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus
@@ -156,7 +157,7 @@ class LocalProvider(Provider):
         """This machine's part of hybrid runs that may still exist (``local_node``): a run whose key folder
         ``<runs>/<run_id>/wg`` or tunnel interface (``bkwg`` + the run id's tail) is still here; lets a teardown
         that finds the ledger row without its id (the CLI died while the interface came up) remove it anyway."""
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
         from broker.core.config import runs_dir
         from broker.run.hybrid import local_iface
 

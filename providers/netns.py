@@ -47,10 +47,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Offer, Requirements, TopologyKind, utcnow
 from broker.core.provider import BadInput, Provider, ProviderCheck, ProviderError
+from broker.run.subnets import LOCK_NAME, SUBNET_BASE, lock_path  # noqa: F401 - the address plan, shared with hybrid
+from broker.run.subnets import subnet_lock as _subnet_lock
+from broker.run.subnets import used_subnets as _used_subnets
 
 if TYPE_CHECKING:
-    from broker.core.model import Cluster, ClusterNode
-    from broker.core.provider import TaggedResource
+    from broker.core.records import Cluster, ClusterNode
+    from broker.core.records import TaggedResource
 
 #: every object this provider creates starts with this (namespaces, bridge, veths)
 PREFIX = "bkn"
@@ -73,25 +76,7 @@ def cid_of(name: str) -> str | None:
     m = _CID.match(name)
     return m.group(1) if m else None
 INJECTS = ("firewall", "wrong-iface", "mtu")
-SUBNET_BASE = "198.18"  # 198.18.0.0/16 only (198.19.0.0/16 belongs to the Slurm cluster)
-#: the lock that makes subnet choice and creation atomic among parallel callers (every broker home on the
-#: machine): in root's own /run/broker (0700), opened O_NOFOLLOW, never a /tmp path another user could plant
-LOCK_NAME = "netns.lock"
 SSHD = "/usr/sbin/sshd"
-
-
-def lock_path() -> Path:
-    """Where the subnet lock is (:data:`LOCK_NAME` in :func:`broker.core.private.machine_lock_dir`)."""
-    from broker.core.private import machine_lock_dir
-
-    return machine_lock_dir() / LOCK_NAME
-
-
-def _subnet_lock() -> Any:
-    """The subnet lock file, open (created 0600, O_NOFOLLOW: a symlink planted there is refused, not followed)."""
-    from broker.core.private import open_lock
-
-    return os.fdopen(open_lock(lock_path()), "r+")
 
 
 def sshd_path() -> str | None:
@@ -137,11 +122,6 @@ def _links() -> list[str]:
         if len(parts) > 2:
             names.append(parts[1].strip().split("@")[0])
     return names
-
-
-def _used_subnets() -> set[int]:
-    out = _run(["ip", "-o", "-4", "addr", "show"], check=False).stdout
-    return {int(m.group(1)) for m in re.finditer(rf"inet {re.escape(SUBNET_BASE)}\.(\d+)\.", out)}
 
 
 def gpu_count() -> int:
@@ -201,7 +181,7 @@ class NetnsCluster:
 
     # ---------------------------------------------------------------- the Cluster the runner uses
     def cluster(self, run_id: str) -> Cluster:
-        from broker.core.model import Cluster, ClusterNode
+        from broker.core.records import Cluster, ClusterNode
 
         nodes = []
         for i in range(self.n):
@@ -530,6 +510,7 @@ class NetnsProvider(Provider):
     interruptible_bid = False
     preemptions_per_hour = 0.0
     stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
+    slurm_nodes = True  # broker slurm up builds a cluster on them
 
     def check(self) -> ProviderCheck:
         why = missing_requirements()
@@ -559,7 +540,7 @@ class NetnsProvider(Provider):
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         """Nodes of clusters whose state lives in a run's folder (``<runs>/<run_id>/netns/<cid>/state.json``)
         and whose namespaces still exist."""
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
         from broker.core.config import runs_dir
 
         out = []

@@ -87,7 +87,8 @@ def _up_in_ledger(nodes: int, *, inject: str | None, hours: float):
 
     from broker.core.config import runs_dir
     from broker.money.ledger import Ledger
-    from broker.core.model import Run, utcnow
+    from broker.core.model import utcnow
+    from broker.core.records import Run
     from broker.providers import netns
 
     ledger = Ledger()

@@ -178,7 +178,7 @@ def register(app: typer.Typer) -> None:
         report: list[dict] = []
         still: list[Any] = []
         for rid in run_ids:
-            from broker.cli.run import stop_detached
+            from broker.cli.detached import stop_detached
 
             run_row = ledger.get_run(rid)
             if run_row is not None and stop_detached(run_row) and not as_json:  # `broker run -d`: its own teardown

@@ -625,7 +625,7 @@ def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
     caps = capabilities(name)
     try:
         if caps.live_price_list == "public":  # a public price list: no credentials needed
-            return provider_class(name).public_price_offers()  # type: ignore[attr-defined]
+            return provider_class(name).public_price_offers()
         p = get_provider(name)
     except ImportError as e:
         return f"adapter not available ({_short(e)})"
@@ -634,10 +634,10 @@ def live_catalog(name: str) -> "tuple[list[Offer], str] | str":
         return f"no credentials ({chk.hint or caps.credentials_hint or ''})"
     req = Requirements(nodes=1, gpus_per_node=1, min_gpu_mem_gib=0, hours=None, budget_usd=None)
     if caps.live_offer_search:  # a live market search, no snapshot fallback
-        offers = p.live_offers(req)  # type: ignore[attr-defined]
+        offers = p.live_offers(req)
         return list(offers), f"live {name} offer search (broker catalog refresh)"
     if caps.live_price_list == "api":  # list prices for the snapshot's instance types, with credentials
         source = p.live_prices_source
-        return catalog.repriced_offers(name, p.live_prices, source=source), source  # type: ignore[attr-defined]
+        return catalog.repriced_offers(name, p.live_prices, source=source), source
     live = [o for o in p.offers(req) if not o.price_source.startswith("snapshot")]
     return live, f"live {name} offers (broker catalog refresh)"

@@ -398,7 +398,8 @@ def request_statuses(refresh: bool = True, provider: str | None = None) -> list[
     """Every ledger quota request (``provider``'s alone when given); open ones refreshed through the adapter
     (errors kept per row in ``note``)."""
     from broker.money.ledger import Ledger
-    from broker.core.provider import BrokerError, QuotaRequest
+    from broker.core.provider import BrokerError
+    from broker.core.records import QuotaRequest
 
     out: list[dict[str, Any]] = []
     provs: dict[str, Any] = {}

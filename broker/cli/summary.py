@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.run.supervisor import RunResult, describe_exit
-from broker.core.model import Run
+from broker.core.records import Run
 from broker.core.ui import console, node_text, usd
 
 #: the most characters of one rank fact (host, device, backend, versions) shown: a node chooses these values

@@ -365,7 +365,7 @@ def ensure_dir(d: Path, home: Path | None = None) -> Path:
     """Create folder ``d`` (under the broker home) 0700 and check it is writable; BadInput (exit 2) naming the folder
     and the fix otherwise (read-only file system, a file in the way, no permission)."""
     home = home or d
-    from broker.core.private import private_dir, tighten_dir
+    from broker.core.fsmode import private_dir, tighten_dir
 
     try:
         existed = d.is_dir()

@@ -8,7 +8,7 @@ The planner's types (:class:`Offer`, :class:`Quota`, :class:`Capacity`, :class:`
 (``bench/cli_startup.py``).  Their values come from code (adapters, the recipe, the CLI), never from a user's
 file unchecked; JSON coming back (a ledger plan) goes through ``from_dict``.  The ledger and cluster records
 (:class:`Resource`, :class:`Run`, :class:`ClusterNode`, :class:`Cluster`) stay pydantic models in
-:mod:`broker.core.records`, imported on first use of their names here (PEP 562 ``__getattr__``).
+:mod:`broker.core.records`, which imports this module (never the other way: import them from there).
 """
 
 from __future__ import annotations
@@ -381,13 +381,3 @@ ResourceState = Literal["intent", "creating", "running", "terminating", "termina
 
 RunStatus = Literal["planned", "provisioning", "running", "succeeded", "failed", "interrupted", "deadline",
                     "tearing_down", "torn_down"]
-
-#: the pydantic records, in broker.core.records: imported on first use of their names (PEP 562)
-_RECORDS = ("Resource", "Run", "ClusterNode", "Cluster")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RECORDS:
-        from broker.core import records
-        return getattr(records, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

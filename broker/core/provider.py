@@ -16,7 +16,7 @@ several objects (``bootstrap``) call the :class:`Recorder` they are given *befor
 
 Importing this module imports no pydantic (``broker plan`` loads every adapter): the lifecycle records
 (:class:`~broker.core.records.NodeRequest`, ``Ingress``, ``InstanceInfo``, ``TaggedResource``, ``QuotaRequest``) live in
-:mod:`broker.core.records` and are re-exported here on first use of their names (PEP 562); adapters import them under
+:mod:`broker.core.records` (which imports this module, never the other way); adapters import them from there under
 ``TYPE_CHECKING`` and inside the verbs that build them.
 """
 
@@ -29,6 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from broker.core.recipe import Recipe
+    from broker.run.pipeline import RunRequest, Target
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
@@ -74,18 +78,6 @@ class ProviderCheck:
 
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
 
-#: the adapters' pydantic records, in broker.core.records: imported on first use of their names (PEP 562), so that
-#: importing this module (every adapter does) imports no pydantic
-_RECORDS = ("NodeRequest", "Ingress", "InstanceInfo", "TaggedResource", "QuotaRequest")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RECORDS:
-        from broker.core import records
-        return getattr(records, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class Recorder(Protocol):
     """Ledger hooks handed to adapters that create several objects (bootstrap)."""
 
@@ -112,7 +104,7 @@ class Recorder(Protocol):
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
                 "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable")
+                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable", "slurm_nodes")
 
 
 class Provider(ABC):
@@ -200,11 +192,13 @@ class Provider(ABC):
     #: Where its GPU limits are counted: ``"AD"`` (per availability domain / zone) or ``"region"`` (None without
     #: :attr:`quota`).
     quota_scope: ClassVar[str | None] = None
-    #: The node-side dead-man switch its boot mechanism arms, in words (``"scheduled shutdown, ..."``); None = no
-    #: node-side teardown layer.
+    #: The node-side dead-man switch its boot mechanism arms on a node with a deadline, in words, ``{grace}`` standing
+    #: for when it fires (``"scheduled shutdown at {grace}, ..."``, shown as "... at deadline + 300 s grace" by
+    #: ``broker status``: :func:`broker.money.accounting.node_layer`); None = no node-side teardown layer.
     node_switch: ClassVar[str | None] = None
-    #: The resource attribute / setting the node switch needs to be armed (``"instance_principal"``); None = always
-    #: armed when :attr:`node_switch` is set.
+    #: The resource attribute the node switch needs to be armed (``"instance_principal"``: the row's
+    #: ``attrs[...]``, else the setting ``<name>_<requirement>``, ``OCI_INSTANCE_PRINCIPAL``); None = always armed
+    #: when :attr:`node_switch` is set.
     node_switch_requires: ClassVar[str | None] = None
     #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
     #: and worst case (:func:`broker.plan.pricing.setup_allowance_seconds`); broker's assumption, not a vendor figure.
@@ -247,6 +241,25 @@ class Provider(ABC):
     #: adapter implements :meth:`stop`, :meth:`start` and :meth:`stopped_rate`, and :meth:`describe_instance`
     #: reports ``stopped``.
     stoppable: ClassVar[bool] = False
+    #: Its machines can be the nodes of a Slurm cluster broker builds (``broker slurm up --provider <name>``: root,
+    #: systemd-free daemons, one private network between the nodes).
+    slurm_nodes: ClassVar[bool] = False
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: "Path") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The shipped price snapshot (:attr:`snapshot`) built from the reference files in ``reference_dir``
+        (``docs/reference/prices``): (rows in :data:`broker.plan.catalog.COLUMNS`, ``{"source", "label", "notes"}``
+        its header states: where the figures come from and every assumption).  Run by ``python -m
+        broker.plan.catalog build``; raises OSError / KeyError for a missing file or column.  Default: raises
+        NotSupported (a provider without a snapshot)."""
+        raise NotSupported(cls.name, "snapshot_rows", "this provider ships no price snapshot")
+
+    @classmethod
+    def pretend_active(cls) -> bool:
+        """For a :attr:`pretend` provider: whether its emulation is in use on this machine (the fake cloud: its
+        state file is named by ``BROKER_FAKE_STATE``), so that reconcile scans it without being named.  No I/O
+        beyond the environment.  Default: False."""
+        return False
 
     @classmethod
     def query_snapshot(cls, offers: list["Offer"], query: str) -> list["Offer"]:
@@ -255,6 +268,15 @@ class Provider(ABC):
         a field the snapshot cannot check (a query is honoured or refused, never ignored).  Default: the query is
         refused, since only ``native_query`` providers have one."""
         raise BadInput(f"{cls.name} has no query language of its own: drop the query")
+
+    # ---- the run
+    @classmethod
+    def run_target(cls, recipe: "Recipe", request: "RunRequest") -> "Target | None":
+        """The pipeline target (:class:`broker.run.pipeline.Target`: acquire, executor, release) for ``broker run
+        --provider <name>`` when this provider's nodes are not rented VMs (a scheduler: Slurm), built from the
+        recipe and the run request (its ``slurm`` options...); None = the pipeline's own targets (rented machines:
+        ``CloudTarget``).  Raises BadInput for options the provider cannot use.  Default: None."""
+        return None
 
     # ---- read side
     def check(self) -> ProviderCheck:
@@ -275,6 +297,31 @@ class Provider(ABC):
     def capacity(self, offers: list[Offer]) -> list[Capacity]:
         """Capacity facts for ``offers`` (empty when unknown)."""
         return []
+
+    def why_not(self, req: Requirements) -> str | None:
+        """Why this provider's own machine cannot serve ``req`` (the ``local`` provider: too few GPUs, too little
+        GPU memory, no GPU without ``cpu_ok``), in plain words; None when it can, or when the provider's offers
+        say it all (every rented provider: the default).  No network; never raises for a request it cannot serve."""
+        return None
+
+    def live_offers(self, req: Requirements) -> list[Offer]:
+        """A live market search for ``req`` (:attr:`live_offer_search` providers, ``broker catalog refresh``): the
+        offers listed now, never the snapshot.  Raises AuthError, TransientError, ProviderError; default:
+        NotSupported."""
+        raise NotSupported(self.name, "live_offers", "this provider has no live market search")
+
+    def live_prices(self, instance_types: list[str]) -> dict[str, float]:
+        """List prices in $/hour of ``instance_types`` read from the provider's pricing API with credentials
+        (:attr:`live_price_list` ``"api"``; source in words: :attr:`live_prices_source`); a type it does not
+        price is absent.  Raises AuthError, TransientError, ProviderError; default: NotSupported."""
+        raise NotSupported(self.name, "live_prices", "this provider has no pricing API broker reads")
+
+    @classmethod
+    def public_price_offers(cls) -> tuple[list[Offer], str]:
+        """(the snapshot's offers repriced from the provider's public price list, that source in words) with no
+        credentials (:attr:`live_price_list` ``"public"``).  Raises httpx errors when the list cannot be fetched,
+        ValueError when it holds no price broker can use; default: NotSupported."""
+        raise NotSupported(cls.name, "public_price_offers", "this provider has no public price list")
 
     def price_note(self) -> str | None:
         """One line on where prices come from, e.g. "prices: snapshot 2026-11-29; live quote needs VAST_API_KEY"."""
@@ -299,6 +346,13 @@ class Provider(ABC):
         """Authorise ``public_key`` (OpenSSH format) on a running instance through the provider's key API, where it
         has one (Vast.ai ``POST /api/v0/instances/{id}/ssh/``); idempotent.  Default: nothing (the key arrives with
         the boot script / launch request).  Raises TransientError, ProviderError."""
+
+    def boot_wait_command(self, ssh_user: str) -> str | None:
+        """A shell line the SSH executor runs on each node once it accepts logins as ``ssh_user``, before
+        preflight: it waits for this adapter's boot script (cloud-init, then the boot-done marker in the node's
+        workroot) and exits 0 only when the node is booted; a non-zero exit fails the run's reach step naming the
+        node.  Default: None (the executor's generic ``cloud-init status --wait``)."""
+        return None
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """Current state and addresses of one instance (``terminated`` when gone)."""
@@ -361,6 +415,15 @@ class Provider(ABC):
         raise NotSupported(self.name, "stopped_rate", "this provider cannot stop an instance")
 
     # ---- quota requests
+    @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        """Which of the provider's limits must allow ``instance_type`` (``spot``: the spot market's): ``(limit name,
+        description, service)`` such as ``("L-DB2E81BA", "Running On-Demand G and VT instances", "ec2")``, counted
+        in :attr:`quota_unit` per :attr:`quota_scope`; None when no limit covers it (not a GPU type).  From the
+        adapter's own table, no network, no SDK (:func:`broker.plan.quota.limit_for` reads it at plan time).
+        Default: None (a provider without :attr:`quota`)."""
+        return None
+
     def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
         """File (or with ``draft`` only fill in) an increase of ``quota`` to ``value`` (in ``quota.unit``).
 

@@ -2,9 +2,9 @@
 :class:`ClusterNode`, :class:`Cluster` (what provisioning hands to the runner), and the adapters' records
 (:class:`NodeRequest`, :class:`Ingress`, :class:`InstanceInfo`, :class:`TaggedResource`, :class:`QuotaRequest`).
 
-Kept apart from :mod:`broker.core.model` / :mod:`broker.core.provider` so that ``broker plan`` imports no pydantic: those
-modules re-export these names lazily (PEP 562 ``__getattr__``), so ``from broker.core.model import Cluster`` and
-``from broker.core.provider import InstanceInfo`` keep working and load this module (and pydantic) on first use.
+Kept apart from :mod:`broker.core.model` / :mod:`broker.core.provider` so that ``broker plan`` imports no pydantic.  This
+module imports those two, never the other way (``tests/test_layers.py``): import the records from here, inside the
+functions that build them where start-up time matters.
 """
 
 from __future__ import annotations

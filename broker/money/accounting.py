@@ -39,7 +39,7 @@ from broker.core.model import utcnow
 from broker.core.provider import NoValidPlan
 
 if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
-    from broker.core.model import Resource, Run
+    from broker.core.records import Resource, Run
 
 #: A clock: a callable returning the current time as an aware (UTC) datetime.
 Clock = Callable[[], datetime]
@@ -315,11 +315,13 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
                          age_s=age, errors=dict(data.get("errors") or {}))
 
 
-def _oci_instance_principal_setting() -> bool:
+def _requirement_setting(provider: str, requirement: str) -> bool:
+    """The setting ``<provider>_<requirement>`` (``OCI_INSTANCE_PRINCIPAL``): whether a node switch that needs
+    ``requirement`` is armed on resources whose row does not record it."""
     try:
         from broker.core.config import settings
 
-        return bool(getattr(settings(), "oci_instance_principal", False))
+        return bool(getattr(settings(), f"{provider}_{requirement}", False))
     except Exception:
         return False
 
@@ -328,7 +330,8 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
     """The node-side dead-man switch of ``res``, as a short description, or None.
 
     Recorded facts win: ``attrs["node_layer"]`` (a description) or ``attrs["deadman"]`` (true / false).
-    Otherwise it follows what each adapter arms when the node has a deadline (docs/design.md, invariant 4):
+    Otherwise it is what the adapter declares it arms when the node has a deadline (its ``node_switch``
+    capability, armed only with ``node_switch_requires`` where one is named; docs/design.md, invariant 4):
     Vast.ai - the onstart script destroys its own instance through the API (``CONTAINER_ID`` /
     ``CONTAINER_API_KEY``) at deadline + grace; AWS - ``InstanceInitiatedShutdownBehavior=terminate`` and a
     scheduled ``shutdown``; OCI - only with an instance principal (``attrs["instance_principal"]``, else the
@@ -344,19 +347,15 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
         return None
     g = a.get("deadman_grace_s")
     grace = f"deadline + {float(g):g} s grace" if isinstance(g, (int, float)) else "deadline + grace"
-    if res.provider == "vast":
-        return f"self-destroy via the Vast API at {grace}"
-    if res.provider == "aws":
-        return f"scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
-    if res.provider == "oci":
-        ip = a["instance_principal"] if "instance_principal" in a else _oci_instance_principal_setting()
-        return f"self-terminate with an instance principal at {grace}" if ip else None
     from broker.providers import capability
 
     switch = capability(res.provider, "node_switch")
-    if switch and capability(res.provider, "node_switch_requires") is None:
-        return str(switch)  # a provider whose switch is armed whenever the node has a deadline (its capability)
-    return None
+    if switch is None:
+        return None
+    need = capability(res.provider, "node_switch_requires")
+    if need is not None and not (a[need] if need in a else _requirement_setting(res.provider, need)):
+        return None
+    return switch.format(grace=grace)
 
 
 def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str, bool]:

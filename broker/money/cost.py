@@ -10,7 +10,8 @@ from datetime import datetime
 from typing import Callable
 
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Resource, Run
 from broker.core.provider import BrokerError, Provider
 
 

@@ -64,12 +64,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from broker.money.ledger import Ledger
-from broker.core.model import (Cluster, ClusterNode, Offer, Plan, PlanOption, Requirements, Resource, Run, TopologyKind,
-                               utcnow)
+from broker.core.model import Offer, Plan, PlanOption, Requirements, TopologyKind, utcnow
+from broker.core.records import Cluster, ClusterNode, Resource, Run
 from broker.core.nodescripts import deadman_grace_s, node_workroot
-from broker.core.provider import (INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, Ingress, InstanceInfo,
-                                  NodeRequest, NotSupported, NoValidPlan, OfferGone, Provider, ProviderError,
-                                  QuotaError, TaggedResource, TransientError)
+from broker.core.provider import (
+    INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, NotSupported, NoValidPlan, OfferGone, Provider,
+    ProviderError, QuotaError, TransientError)
+from broker.core.records import Ingress, InstanceInfo, NodeRequest, TaggedResource
 from broker.money.cost import HOURS_PER_MONTH, Progress, check_clock, record_reported_rate
 
 
@@ -777,7 +778,7 @@ def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos:
                                      user=info.ssh_user, private_ip=ip, resource_id=inst_ids[i]))
     workroot = node_workroot(nodes[0].user, p.node_workroot)
     return Cluster(run_id=run.id, provider=p.name, topology=opt.topology, nodes=nodes, workroot=workroot,
-                   local_exec=bool(getattr(p, "local_exec", False)))
+                   local_exec=bool(p.local_exec))
 
 
 def requirements_of(recipe_or_req: Any) -> Requirements:

@@ -9,8 +9,10 @@ from datetime import datetime
 from typing import Any
 
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, utcnow
-from broker.core.provider import Provider, TaggedResource
+from broker.core.model import utcnow
+from broker.core.records import Resource
+from broker.core.provider import Provider
+from broker.core.records import TaggedResource
 from broker.money.cost import Progress
 
 
@@ -66,13 +68,13 @@ def _age_s(t: TaggedResource, now: datetime) -> float | None:
 
 def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[str, Provider], dict[str, str]]:
     """The providers to ask: ``only``, else every cloud adapter whose ``check()`` says configured plus any provider
-    the ledger has rows for (``fake`` also when ``BROKER_FAKE_STATE`` is set).  Returns (adapters, skipped: why)."""
-    import os
+    the ledger has rows for, plus every pretend provider whose emulation is in use here (``pretend_active``: the
+    fake cloud's ``BROKER_FAKE_STATE``).  Returns (adapters, skipped: why)."""
+    from broker.providers import CLOUD, PRETEND, capability, get_provider, provider_class
 
-    from broker.providers import CLOUD, get_provider
-
+    active = [n for n in PRETEND if provider_class(n).pretend_active()]
     names = [only] if only else list(dict.fromkeys([*CLOUD, *sorted({r.provider for r in ledger.resources()}),
-                                                    *(["fake"] if os.environ.get("BROKER_FAKE_STATE") else [])]))
+                                                    *active]))
     out: dict[str, Provider] = {}
     skipped: dict[str, str] = {}
     in_ledger = {r.provider for r in ledger.resources()}
@@ -89,7 +91,7 @@ def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[s
                 raise
             skipped[n] = str(e)
             continue
-        if not only and n not in in_ledger and n != "fake":
+        if not only and n not in in_ledger and not capability(n, "pretend"):
             try:
                 chk = p.check()
             except Exception as e:  # noqa: BLE001

@@ -34,7 +34,8 @@ from datetime import datetime
 from typing import Any, Callable, Sequence, TypeVar
 
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Resource
 from broker.core.provider import INSTALL_TAG, RUN_TAG, Provider, ProviderError, TransientError
 
 #: seconds a terminate / delete answered with a TransientError is retried (backoff 1 s, x2, at most 15 s)
@@ -76,8 +77,7 @@ def kind_rank(kind: str) -> int:
 
 def create_settle_s(p: Provider | None) -> float:
     """Seconds after a create call before the provider's list can prove the object absent."""
-    v = getattr(p, "create_settle_s", None)
-    return DEFAULT_CREATE_SETTLE_S if v is None else float(v)
+    return DEFAULT_CREATE_SETTLE_S if p is None else float(p.create_settle_s)
 
 
 def _retry_terminate(p: Provider, res: Resource, retry_s: float, say: Callable[[str], None] | None) -> bool:

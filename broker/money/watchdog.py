@@ -78,7 +78,7 @@ from typing import IO, Any, Callable
 from broker.money.accounting import (ACTIVE_STATUSES, ENDED_STATUSES, Clock, effective_deadline, heartbeat_path,
                                pid_alive, run_cost, system_clock, watchdog_state)
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, Run
+from broker.core.records import Resource, Run
 from broker.core.provider import Provider
 from broker.money.teardown import kind_rank, teardown_order, terminate_resource
 

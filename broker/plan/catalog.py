@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import re
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -76,61 +75,6 @@ SHIPPED_DIR = _shipped_dir()
 
 #: Date the shipped snapshots were built from docs/reference/prices (the figures were checked on that day).
 SHIPPED_DATE = "2026-11-29"
-
-# ---- assumptions written into the shipped snapshots (and stated there) -------------------------------------
-#: Vast.ai ``storage_cost`` varies per host; typical on-demand hosts ask 0.10-0.20 $/GB/month.
-VAST_STORAGE_USD_PER_GIB_MONTH = 0.15
-#: OCI boot volume, Balanced performance: 0.0255 $/GB/month storage + 10 VPU x 0.0017 (Oracle price list as
-#: commonly quoted; not in docs/reference/prices, unconfirmed).
-OCI_STORAGE_USD_PER_GIB_MONTH = 0.0425
-#: AWS EBS gp3 in us-east-1: 0.08 $/GB/month (AWS EBS pricing page as commonly quoted; unconfirmed).
-AWS_STORAGE_USD_PER_GIB_MONTH = 0.08
-
-_META: dict[str, dict[str, Any]] = {
-    "vast": {
-        "label": "SkyPilot catalog medians",
-        "source": "SkyPilot public catalog catalogs/v8/vast/vms.csv at commit 01b8cdda (2025-2026), per (GPU model, "
-                  "GPU count) bucket the median live on-demand offer price; compiled for broker on 2026-11-29",
-        "notes": [
-            "medians, not the cheapest offers: a live /api/v0/bundles/ search (VAST_API_KEY) usually finds lower prices",
-            f"storage_usd_per_gib_month {VAST_STORAGE_USD_PER_GIB_MONTH} is an ASSUMPTION: Vast hosts set storage_cost "
-            "per offer, typically 0.10-0.20 $/GB/month; a live search gives each offer's own value",
-            "billing: per second, no minimum stated; storage billed from creation until destroy (Vast pricing guide)",
-            "gpu_mem_gib = gpu_ram MiB / 1024; region = where one such offer was listed; offer_id is a bucket, not an "
-            "ask id (provisioning searches live offers)",
-            "private_network false: Vast hosts sit behind separate NATs (multi-node across Vast hosts is not valid)",
-        ],
-        "storage": VAST_STORAGE_USD_PER_GIB_MONTH, "min_billed": 0, "private_network": False,
-    },
-    "oci": {
-        "label": "third-party list prices",
-        "source": "OCI pay-as-you-go list prices per whole shape from public third-party catalogs (SkyPilot OCI "
-                  "catalog v6; a migration that read Oracle's price-list API on 2026-09-09); compiled "
-                  "for broker on 2026-11-29; unconfirmed against oracle.com",
-        "notes": [
-            "region empty = the shape is priced the same in every region; availability domains unknown until "
-            "capacity reports are read (OCI credentials)",
-            "billing: per second with a one-minute minimum (Oracle compute pricing FAQ; unconfirmed here)",
-            f"storage_usd_per_gib_month {OCI_STORAGE_USD_PER_GIB_MONTH} is an ASSUMPTION for the boot volume "
-            "(Balanced: 0.0255 storage + 10 VPU x 0.0017 $/GB/month)",
-            "VM.GPU3.1: another source implies 3.05 $/h; only VM.GPU.A10.x stop pauses billing",
-        ],
-        "storage": OCI_STORAGE_USD_PER_GIB_MONTH, "min_billed": 60, "private_network": True,
-    },
-    "aws": {
-        "label": "third-party list prices",
-        "source": "AWS EC2 on-demand Linux prices for us-east-1 after the June-2025 cut, as quoted consistently by "
-                  "several public repositories; compiled for broker on 2026-11-29; unconfirmed against "
-                  "the AWS Pricing API",
-        "notes": [
-            "billing: per second with a 60 s minimum for Linux on-demand (AWS EC2 pricing page; unconfirmed here)",
-            f"storage_usd_per_gib_month {AWS_STORAGE_USD_PER_GIB_MONTH} is an ASSUMPTION (EBS gp3 us-east-1)",
-            "region us-east-1 only; zones offering each type come from describe_instance_type_offerings (AWS credentials)",
-        ],
-        "storage": AWS_STORAGE_USD_PER_GIB_MONTH, "min_billed": 60, "private_network": True,
-    },
-}
-
 
 # ------------------------------------------------------------------------------------------------ paths / reading
 def overlay_dir() -> Path:
@@ -290,7 +234,8 @@ def snapshot_meta(provider: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ writing
-def _fmt(x: float) -> str:
+def fmt_number(x: float) -> str:
+    """A number as a snapshot cell (up to 10 significant digits, no trailing zeros)."""
     return f"{x:.10g}"
 
 
@@ -329,10 +274,10 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
     date = when.strftime("%Y-%m-%d")
     rows = [{
         "offer_id": o.offer_id, "instance_type": o.instance_type, "gpu_name": o.gpu_name, "gpu_count": o.gpu_count,
-        "gpu_mem_gib": _fmt(o.gpu_mem_gib), "vcpus": _fmt(o.vcpus), "ram_gib": _fmt(o.ram_gib),
-        "usd_per_hour": _fmt(o.usd_per_hour), "region": o.region or "", "zone": o.zone or "",
-        "storage_usd_per_gib_month": _fmt(o.storage_usd_per_gib_month),
-        "min_billed_seconds": _fmt(o.min_billed_seconds), "private_network": str(bool(o.private_network)).lower(),
+        "gpu_mem_gib": fmt_number(o.gpu_mem_gib), "vcpus": fmt_number(o.vcpus), "ram_gib": fmt_number(o.ram_gib),
+        "usd_per_hour": fmt_number(o.usd_per_hour), "region": o.region or "", "zone": o.zone or "",
+        "storage_usd_per_gib_month": fmt_number(o.storage_usd_per_gib_month),
+        "min_billed_seconds": fmt_number(o.min_billed_seconds), "private_network": str(bool(o.private_network)).lower(),
         "notes": str(o.attrs.get("notes", "")),
         "interruptible_usd_per_hour": (_fmt(o.attrs["interruptible_usd_per_hour"])
                                        if isinstance(o.attrs.get("interruptible_usd_per_hour"), (int, float)) else ""),
@@ -345,7 +290,8 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
 
 
 # ------------------------------------------------------------------------------------------------ building
-def _read_reference(path: Path) -> list[dict[str, str]]:
+def read_reference(path: Path) -> list[dict[str, str]]:
+    """The rows of one ``docs/reference/prices`` CSV file (a snapshot builder's input; ``#`` header lines skipped)."""
     return _parse(path.read_text(encoding="utf-8"))[1]
 
 
@@ -365,44 +311,38 @@ def _interruptible_notes(rows: list[dict[str, Any]]) -> list[str]:
     return [f"interruptible_usd_per_hour ({', '.join(types)}): {src}" for src, types in srcs.items()]
 
 
-def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = SHIPPED_DATE) -> list[Path]:
-    """Build ``vast.csv``, ``oci.csv``, ``aws.csv`` in ``out_dir`` from ``docs/reference/prices`` CSV files.
-
-    Inputs: ``vast-market-medians.csv`` (gpu_mem_mib_each, usd_per_hour per bucket) and
-    ``oci-aws-list-prices.csv`` (per shape / instance type).  Returns the written paths.
-    """
-    reference_dir = Path(reference_dir)
-    out: list[Path] = []
-    vast_rows = []
-    for r in _read_reference(reference_dir / "vast-market-medians.csv"):
-        vast_rows.append({
-            "offer_id": f"snapshot:{r['instance_type']}", "instance_type": f"{r['gpu_count']}x {r['gpu_name']}",
-            "gpu_name": r["gpu_name"], "gpu_count": r["gpu_count"],
-            # the source lists 32 vCPU / 64 GiB for every bucket: a placeholder, not a fact about the offers, so
-            # the snapshot leaves them unknown (empty; Offer.vcpus / ram_gib 0 = unknown)
-            "gpu_mem_gib": _fmt(round(float(r["gpu_mem_mib_each"]) / 1024.0, 2)), "vcpus": "",
-            "ram_gib": "", "usd_per_hour": r["usd_per_hour"], "region": r["region"], "zone": "",
-            "storage_usd_per_gib_month": _fmt(VAST_STORAGE_USD_PER_GIB_MONTH), "min_billed_seconds": "0",
-            "private_network": "false", "notes": "bucket median"})
-    m = _META["vast"]
-    out.append(write_snapshot(Path(out_dir) / "vast.csv", "vast", date, m["source"], m["label"],
-                              m["notes"] + _interruptible_notes(vast_rows), _with_interruptible(vast_rows)))
-    by_provider: dict[str, list[dict[str, Any]]] = {"oci": [], "aws": []}
-    for r in _read_reference(reference_dir / "oci-aws-list-prices.csv"):
-        p = r["provider"]
-        if p not in by_provider:
+def list_price_rows(path: Path, provider: str, storage_usd_per_gib_month: float,
+                    min_billed_seconds: int) -> list[dict[str, Any]]:
+    """The rows of ``provider`` in a list-price reference file (``docs/reference/prices/oci-aws-list-prices.csv``:
+    one row per shape / instance type, a ``provider`` column) in the snapshot's :data:`COLUMNS`, with the storage
+    price ($/GiB/month) and the minimum billed seconds the adapter assumes.  Raises OSError / KeyError for a
+    missing file or column."""
+    rows = []
+    for r in read_reference(path):
+        if r["provider"] != provider:
             continue
-        m = _META[p]
         region = "" if r["region"] in ("any", "") else r["region"]
-        by_provider[p].append({
+        rows.append({
             "offer_id": r["instance_type"], "instance_type": r["instance_type"], "gpu_name": r["gpu_name"],
             "gpu_count": r["gpu_count"], "gpu_mem_gib": r["gpu_mem_gib_each"], "vcpus": r["vcpus"],
             "ram_gib": r["ram_gib"], "usd_per_hour": r["usd_per_hour"], "region": region, "zone": "",
-            "storage_usd_per_gib_month": _fmt(m["storage"]), "min_billed_seconds": str(m["min_billed"]),
-            "private_network": "true", "notes": r.get("notes", "")})
-    for p, rows in by_provider.items():
-        m = _META[p]
-        out.append(write_snapshot(Path(out_dir) / f"{p}.csv", p, date, m["source"], m["label"],
+            "storage_usd_per_gib_month": fmt_number(storage_usd_per_gib_month),
+            "min_billed_seconds": str(min_billed_seconds), "private_network": "true", "notes": r.get("notes", "")})
+    return rows
+
+
+def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = SHIPPED_DATE) -> list[Path]:
+    """Build the shipped snapshot of every provider with one (its ``snapshot`` capability: ``vast.csv``,
+    ``oci.csv``, ``aws.csv``) in ``out_dir`` from the ``docs/reference/prices`` CSV files, each adapter reading its
+    own inputs and stating its source (:meth:`broker.core.provider.Provider.snapshot_rows`).  Returns the written
+    paths.  Raises OSError / KeyError for a missing input file or column."""
+    from broker.providers import capability, provider_class
+
+    reference_dir = Path(reference_dir)
+    out: list[Path] = []
+    for name in SNAPSHOT:
+        rows, m = provider_class(name).snapshot_rows(reference_dir)
+        out.append(write_snapshot(Path(out_dir) / capability(name, "snapshot"), name, date, m["source"], m["label"],
                                   m["notes"] + _interruptible_notes(rows), _with_interruptible(rows)))
     _CACHE.clear()
     return out
@@ -420,84 +360,6 @@ if __name__ == "__main__":  # python -m broker.plan.catalog build <docs/referenc
 
 
 # ------------------------------------------------------------------------------------------------ live sources
-#: Oracle's public cost-estimator price list (no credentials).  [3rd-party] shape of the answer, as read by several
-#: public price collectors: ``{"items": [{"partNumber", "displayName": "Compute - GPU - A10", "metricName",
-#: "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 2}]}]}]}``,
-#: GPU SKUs priced per GPU-hour.  Not confirmed against Oracle documentation: unmatched shapes keep their price.
-OCI_PRICE_LIST_URL = "https://apexapps.oracle.com/pls/apex/cetools/api/v1/products/"
-_OCI_GPU_SKU = re.compile(r"^(?:OCI - )?Compute - GPU(?: Standard)? - (?P<model>.+)$")
-
-
-def _model_key(s: str) -> str:
-    return "".join(ch for ch in s.lower() if ch.isalnum())
-
-
-def parse_oci_price_list(data: dict[str, Any]) -> dict[str, tuple[float, str]]:
-    """GPU SKU model (normalized: ``a10``, ``h100``...) -> (USD per GPU-hour pay-as-you-go, ``partNumber
-    displayName``) from an answer of :data:`OCI_PRICE_LIST_URL`."""
-    out: dict[str, tuple[float, str]] = {}
-    for item in data.get("items") or []:
-        name = str(item.get("displayName") or "")
-        m = _OCI_GPU_SKU.match(name.strip())
-        if not m:
-            continue
-        price = None
-        for loc in item.get("currencyCodeLocalizations") or []:
-            if loc.get("currencyCode") not in (None, "USD"):
-                continue
-            for pr in loc.get("prices") or []:
-                if pr.get("model") == "PAY_AS_YOU_GO" and isinstance(pr.get("value"), (int, float)):
-                    price = float(pr["value"])
-        if price is not None and price > 0:
-            out[_model_key(m.group("model"))] = (price, f"{item.get('partNumber', '?')} {name}")
-    return out
-
-
-def _oci_sku_for(gpu_name: str, skus: dict[str, tuple[float, str]]) -> tuple[float, str] | None:
-    """The price-list SKU of a snapshot GPU name (``A10``, ``H100``, ``A100-80GB``); None when unsure."""
-    key = _model_key(gpu_name)
-    if key in skus:
-        return skus[key]
-    if key == "h100" and "h100t" in skus:  # the H100 SKU is listed as "H100T" by some readers
-        return skus["h100t"]
-    if key.startswith("a100"):  # A100 40 GB vs 80 GB: only an SKU naming the memory counts
-        mem = key[4:6]
-        hits = [v for k, v in skus.items() if k.startswith("a100") and mem and mem in k[4:]]
-        return hits[0] if len(hits) == 1 else None
-    return None
-
-
-def oci_live_offers(get: Any = None, *, now: datetime | None = None) -> list["Offer"]:
-    """OCI snapshot shapes repriced from Oracle's public price list (per GPU-hour x GPUs per shape).
-
-    ``get``: an ``httpx``-style ``get(url, params=..., timeout=...)`` (default ``httpx.get``).  Shapes whose GPU
-    has no unambiguous SKU keep their snapshot price (their ``notes`` say so).  Raises httpx errors when the list
-    cannot be fetched and ValueError when it holds no GPU SKU at all.
-    """
-    if get is None:
-        import httpx
-
-        get = httpx.get
-    r = get(OCI_PRICE_LIST_URL, params={"currencyCode": "USD"}, timeout=30.0)
-    r.raise_for_status()
-    skus = parse_oci_price_list(r.json())
-    if not skus:
-        raise ValueError("Oracle's price list answered without any 'Compute - GPU - ...' SKU")
-    when = now or datetime.now(timezone.utc)
-    base = snapshot_offers("oci")
-    out = []
-    for o in base:
-        hit = _oci_sku_for(o.gpu_name, skus)
-        if hit is None:
-            out.append(replace(o, attrs={**o.attrs, "notes": f"price carried over from {o.price_source}"}))
-            continue
-        per_gpu, sku = hit
-        out.append(replace(o, usd_per_hour=round(per_gpu * o.gpu_count, 6), price_time=when,
-                           price_source="live OCI price list",
-                           attrs={**o.attrs, "notes": f"{per_gpu:g} $/GPU-h x {o.gpu_count}: {sku}"}))
-    return out
-
-
 def repriced_offers(provider: str, live_prices: Any, *, source: str, now: datetime | None = None) -> list["Offer"]:
     """``provider``'s snapshot instance types repriced with ``live_prices(instance_types) -> {type: USD/hour}`` (the
     adapter's list-price reader: capability ``live_price_list`` ``"api"``), each repriced offer's ``price_source``

@@ -119,15 +119,14 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             continue
         if name == "local":
             local_seen = p
-        if name == "local" and hasattr(p, "why_not"):
-            try:
-                why_not = p.why_not(req)
-            except Exception as e:
-                why_not = f"local check failed: {_short(e)}"
-            if why_not:
-                _log.info("local: not a candidate: %s", why_not)
-                facts.unavailable["local"] = why_not
-                continue
+        try:
+            why_not = p.why_not(req)  # this machine's own limits (the local adapter); None for the rest
+        except Exception as e:
+            why_not = f"{name} check failed: {_short(e)}"
+        if why_not:
+            _log.info("%s: not a candidate: %s", name, why_not)
+            facts.unavailable[name] = why_not
+            continue
         configured = _configured(p) if name in CLOUD else True
         _log.info("%s: asking for offers (%s)", name, "live API" if name in CLOUD and configured else
                   "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
@@ -235,10 +234,8 @@ def _here(local: object = None) -> tuple[int, float] | None:
     the driver's /proc listing, whose memory is unknown: 0); None when detection fails."""
     try:
         gpus = getattr(local, "gpus", None)
-        if gpus is None:
-            from broker.providers.local import detect_gpus
-
-            gpus = detect_gpus()
+        if gpus is None:  # the adapter through the registry (imported now): the plan layer imports no adapter
+            gpus = _registry.get_provider("local").gpus
         return len(gpus), min((g.mem_gib for g in gpus), default=0.0)
     except Exception:  # noqa: BLE001 - unknown: the planner does not check node 0
         return None

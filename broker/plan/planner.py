@@ -43,8 +43,22 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from broker.plan import pricing
-from broker.providers import HYBRID_CLOUD as TUN_PROVIDERS  # == broker.run.hybrid's (that module: ~15 ms)
 from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
+from broker.providers import HYBRID_CLOUD
+
+#: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
+#: ``hybrid`` among the adapter's ``topologies``
+TUN_PROVIDERS = HYBRID_CLOUD
+NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {provider} containers have none "
+                 "(use " + " or ".join(TUN_PROVIDERS) + " for the cloud side)")
+
+
+def why_not_hybrid(provider: str) -> str | None:
+    """None when ``provider`` can host the cloud side of a hybrid run; else the reason."""
+    if provider in TUN_PROVIDERS:
+        return None
+    return NO_TUN_REASON.format(provider=provider)
+
 
 #: With ``hours`` None: options whose budget affords less job time than this are rejected.
 MIN_RUN_SECONDS = 60

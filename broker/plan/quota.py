@@ -18,7 +18,6 @@ Nothing here does I/O except :func:`instance_specs` reading the catalog snapshot
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Literal
 
@@ -85,74 +84,6 @@ def spec_for(provider: str, instance_type: str) -> InstanceSpec:
             from None
 
 
-# ------------------------------------------------------------------------------------------------ AWS families
-@dataclass(frozen=True)
-class AwsQuotaCode:
-    """One EC2 Service Quotas code (values in vCPUs)."""
-
-    code: str
-    name: str
-    family: Literal["G", "P", "standard"]
-    market: Literal["on-demand", "spot"]
-
-
-AWS_QUOTA_CODES: dict[str, AwsQuotaCode] = {q.code: q for q in (
-    AwsQuotaCode("L-DB2E81BA", "Running On-Demand G and VT instances", "G", "on-demand"),
-    AwsQuotaCode("L-417A185B", "Running On-Demand P instances", "P", "on-demand"),
-    AwsQuotaCode("L-3819A6DF", "All G and VT Spot Instance Requests", "G", "spot"),
-    AwsQuotaCode("L-7212CCBC", "All P Spot Instance Requests", "P", "spot"),
-    AwsQuotaCode("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances", "standard",
-                 "on-demand"),
-)}
-
-#: instance-type prefix (the part before the dot) -> quota family.
-_AWS_FAMILY_PREFIX = {"g4dn": "G", "g4ad": "G", "g5": "G", "g5g": "G", "g6": "G", "g6e": "G", "gr6": "G",
-                      "vt1": "G", "p2": "P", "p3": "P", "p3dn": "P", "p4d": "P", "p4de": "P", "p5": "P",
-                      "p5e": "P", "p5en": "P"}
-
-
-def aws_family(instance_type: str) -> str | None:
-    """``"G"`` (G and VT), ``"P"`` or None (not a GPU family) from the instance-type prefix."""
-    prefix = instance_type.split(".", 1)[0].lower()
-    if prefix in _AWS_FAMILY_PREFIX:
-        return _AWS_FAMILY_PREFIX[prefix]
-    m = re.match(r"^(g|vt|p)\d", prefix)
-    if m:
-        return "P" if m.group(1) == "p" else "G"
-    return None
-
-
-def aws_quota_code(instance_type: str, *, spot: bool = False) -> AwsQuotaCode | None:
-    """The EC2 quota that counts ``instance_type``'s vCPUs (on-demand unless ``spot``); None for non-GPU types."""
-    fam = aws_family(instance_type)
-    if fam is None:
-        return None
-    market = "spot" if spot else "on-demand"
-    return next(q for q in AWS_QUOTA_CODES.values() if q.family == fam and q.market == market)
-
-
-# ------------------------------------------------------------------------------------------------ OCI limits
-_OCI_LIMIT_PATTERNS: list[tuple[str, str]] = [
-    (r"^(VM|BM)\.GPU\.A10\.", "gpu-a10-count"),
-    (r"^(VM|BM)\.GPU2\.", "gpu2-count"),
-    (r"^(VM|BM)\.GPU3\.", "gpu3-count"),
-    (r"^BM\.GPU4\.", "gpu4-count"),
-    (r"^BM\.GPU\.A100-v2\.", "gpu-a100-v2-count"),
-    (r"^BM\.GPU\.H100\.", "gpu-h100-count"),  # name seen in third-party code only (docs/reference/cloud-apis.md B2)
-    (r"^BM\.GPU\.H200\.", "gpu-h200-count"),
-    (r"^BM\.GPU\.B200\.", "gpu-b200-count"),
-    (r"^BM\.GPU\.MI300X\.", "gpu-mi300x-count"),
-]
-
-
-def oci_limit_name(shape: str) -> str | None:
-    """The AD-scoped ``compute`` limit (counted in GPUs) that covers ``shape``; None for non-GPU shapes."""
-    for pat, name in _OCI_LIMIT_PATTERNS:
-        if re.match(pat, shape, re.IGNORECASE):
-            return name
-    return None
-
-
 @dataclass(frozen=True)
 class LimitRef:
     """Which limit covers an instance type, in which unit and scope (``"AD"`` for OCI, ``"region"`` for AWS)."""
@@ -166,29 +97,19 @@ class LimitRef:
 
 
 def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> LimitRef | None:
-    """The limit that must allow ``instance_type`` (None when the type is not a GPU type of that provider)."""
-    if provider == "aws":
-        q = aws_quota_code(instance_type, spot=spot)
-        return None if q is None else LimitRef(provider, q.code, q.name, "vcpus", "region", "ec2")
-    if provider == "oci":
-        name = oci_limit_name(instance_type)
-        return None if name is None else LimitRef(provider, name, f"compute limit {name} (GPUs per AD)", "gpus",
-                                                  "AD", "compute")
-    return _adapter_limit(provider, instance_type, spot)
-
-
-def _adapter_limit(provider: str, instance_type: str, spot: bool) -> LimitRef | None:
-    """The covering limit as the adapter itself names it (its class's ``limit_ref(instance_type, spot=)``), for
-    a quota provider whose table is not in this module; None when it has none or cannot be imported."""
+    """The limit that must allow ``instance_type`` (None when the type is not a GPU type of that provider, or the
+    provider has no :attr:`~broker.core.provider.Provider.quota`): the adapter's own table
+    (:meth:`~broker.core.provider.Provider.quota_limit`), in the unit and scope its capabilities declare."""
     if not capability(provider, "quota"):
         return None
     from broker.providers import provider_class
 
-    try:
-        fn = getattr(provider_class(provider), "limit_ref", None)
-    except Exception:  # noqa: BLE001 - unknown / not importable: no limit known
+    found = provider_class(provider).quota_limit(instance_type, spot=spot)
+    if found is None:
         return None
-    return fn(instance_type, spot=spot) if fn is not None else None
+    name, description, service = found
+    return LimitRef(provider, name, description, capability(provider, "quota_unit"),
+                    capability(provider, "quota_scope"), service)
 
 
 # ------------------------------------------------------------------------------------------------ conversions

@@ -9,9 +9,11 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.core.model import Cluster, Plan, PlanOption, Resource, Run, to_json
+from broker.core.model import Plan, PlanOption, to_json
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput, NoValidPlan, Provider, ProviderError
 from broker.core.recipe import Recipe
+from broker.providers import REGISTRY, capability, provider_class
 from broker.run.runrecord import Context, Quote
 from broker.run.guard import MONITOR_S, watch_nodes
 from broker.run.targets import KEEP_STATUSES, Target, _keep_until_idle
@@ -19,12 +21,6 @@ from broker.run.kept import cluster_executor
 
 if TYPE_CHECKING:
     from broker.run.executor import Executor
-
-
-#: seconds the SSH executor retries connect + auth after a provider reports RUNNING, by provider
-#: (OCI and AWS report RUNNING 30-60 s before sshd accepts; Vast containers start sshd with onstart)
-READY_TIMEOUT_S = {"oci": 300.0, "aws": 300.0, "vast": 180.0}
-DEFAULT_READY_TIMEOUT_S = 120.0
 
 
 class CloudTarget(Target):
@@ -131,7 +127,8 @@ class CloudTarget(Target):
             ctx.say(f"waiting at most {max(1.0, left):.0f} s for SSH and boot (the run's {why} is that close)")
             ready = max(1.0, left)
         return cluster_executor(recipe, run, cluster, ctx, ready_timeout_s=ready,
-                                on_auth_failure=self._reauthorise(cluster, ctx))
+                                on_auth_failure=self._reauthorise(cluster, ctx),
+                                boot_wait=self._boot_wait(cluster))
 
     def _reauthorise(self, cluster: Cluster, ctx: Context) -> Callable[[], None] | None:
         """When SSH logins are refused (the key has not reached the node yet), put the run's public key in through
@@ -156,18 +153,18 @@ class CloudTarget(Target):
         return again
 
     def _adapter_ready_timeout(self, name: str) -> float:
-        """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH), else
-        :data:`READY_TIMEOUT_S`."""
+        """The adapter's ``ssh_ready_timeout_s`` (how long its nodes may take from RUNNING to accepting SSH): the
+        instance handed in, else the registry's capability (the contract's default for an unregistered name)."""
         p = (self.providers or {}).get(name)
-        if p is None:
-            try:
-                from broker.providers import provider_class
+        return float(p.ssh_ready_timeout_s if p is not None else capability(name, "ssh_ready_timeout_s"))
 
-                p = provider_class(name)
-            except Exception:  # noqa: BLE001 - a test double or an unknown name: the table's default
-                p = None
-        value = getattr(p, "ssh_ready_timeout_s", None)
-        return float(value) if value else READY_TIMEOUT_S.get(name, DEFAULT_READY_TIMEOUT_S)
+    def _boot_wait(self, cluster: Cluster) -> str | None:
+        """The adapter's command that waits for its boot script on a node (Provider.boot_wait_command); None for a
+        provider without one, or an unregistered test double not handed in."""
+        p = (self.providers or {}).get(cluster.provider)
+        if p is None and cluster.provider in REGISTRY:
+            p = provider_class(cluster.provider)()
+        return None if p is None or not cluster.nodes else p.boot_wait_command(cluster.nodes[0].user)
 
     def keep(self, recipe: Recipe, status: str) -> bool:
         return bool(recipe.idle_minutes) and self.keep_when_idle and status in KEEP_STATUSES
@@ -324,9 +321,9 @@ class CloudHybridTarget(CloudTarget):
             if self.tunnel_row is not None:
                 res = ctx.ledger.resource(self.tunnel_row)
                 if res is not None and res.live:
-                    from broker.providers.local import LocalProvider
+                    from broker.providers import get_provider
 
-                    terminate_resource(ctx.ledger, res, ctx.actor, provider=LocalProvider(), say=ctx.hooks.say)
+                    terminate_resource(ctx.ledger, res, ctx.actor, provider=get_provider("local"), say=ctx.hooks.say)
             if m is not None and m.keys is not None:  # also when acquire failed before the row existed
                 hybrid.local_node_down({"iface": m.iface, "pidfile": str(m.keys / "node0.conf.pid"),
                                         "keys": str(m.keys)})

@@ -116,7 +116,7 @@ class Failure:
             first = self.message.strip().splitlines()[0] if self.message.strip() else ""
             return f"{self.exc_type}: {first}" if first else self.exc_type
         if self.exit_code is not None:
-            from broker.run.supervisor import describe_exit
+            from broker.run.executor import describe_exit
             return f"exit code {describe_exit(self.exit_code)}"
         return "failed"
 

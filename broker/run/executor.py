@@ -15,6 +15,7 @@ started), which skips the remaining steps; steps raise only for Ctrl-C or bugs.
 from __future__ import annotations
 
 import logging
+import signal
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -146,3 +147,17 @@ def staging_line(plan: "StagePlan", run_dir: Path | None) -> str:
         _log.warning("cannot write %s: %s", out, e)
         return line
     return f"{line}; full list: {out}"
+
+
+def describe_exit(code: int | None) -> str:
+    """A process exit code in words: ``'1'``, or ``'-9 (SIGKILL)'`` for a signal (a negative code, as
+    :mod:`subprocess` reports one); ``None`` = still running.  Here, under both the local executor and the diagnose
+    step that names a failing rank's code."""
+    if code is None:
+        return "none (still running)"
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)

@@ -12,7 +12,7 @@ import contextlib
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator
 
-from broker.core.model import Run
+from broker.core.records import Run
 from broker.core.provider import BrokerError, Provider
 from broker.run.runrecord import Context, Say
 

@@ -31,26 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 from broker.core.model import TopologyKind
 from broker.core.provider import BadInput, ProviderError
-from broker.providers import HYBRID_CLOUD
+# who can host the cloud side is the planner's rule (it offers hybrid options); re-exported for the run step
+from broker.plan.planner import NO_TUN_REASON, TUN_PROVIDERS, why_not_hybrid  # noqa: F401
 
 if TYPE_CHECKING:  # pydantic records: imported where used (the planner imports this module: no pydantic there)
-    from broker.core.model import Cluster
+    from broker.core.records import Cluster
     from broker.providers.netns import HybridSites, NetnsCluster
 
-#: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
-#: ``hybrid`` among the adapter's ``topologies``
-TUN_PROVIDERS = HYBRID_CLOUD
-NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {provider} containers have none "
-                 "(use " + " or ".join(TUN_PROVIDERS) + " for the cloud side)")
 HANDSHAKE_WAIT_S = 6.0
 MESHES = ("wireguard", "tailscale")
-
-
-def why_not_hybrid(provider: str) -> str | None:
-    """None when ``provider`` can host the cloud side of a hybrid run; else the reason."""
-    if provider in TUN_PROVIDERS:
-        return None
-    return NO_TUN_REASON.format(provider=provider)
 
 
 def iface_name(cid: str, i: int) -> str:
@@ -113,7 +102,7 @@ def emulated_cluster(c: "NetnsCluster", t: EmulatedTunnel, run_id: str) -> Clust
     """The runner's view: SSH over the management addresses, ``private_ip`` = the tunnel address (node 0's is
     ``MASTER_ADDR``), the tunnel interface in every node's env (plus its GPUs and ``NCCL_HOSTID`` where the
     namespaces were given GPUs)."""
-    from broker.core.model import ClusterNode
+    from broker.core.records import ClusterNode
 
     base = c.cluster(run_id)
     nodes = [ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=t.addresses[i],
@@ -380,21 +369,19 @@ def local_iface(run_id: str) -> str:
 
 def free_tunnel_subnet() -> str:
     """A /24 of 198.18.0.0/16 that no address on this machine uses (the tunnel's: node i = host 1 + i); picked
-    under the netns provider's lock, like its own /24s."""
+    under the lock the netns provider takes for its own /24s (:mod:`broker.run.subnets`)."""
     import fcntl
     import secrets
 
-    from broker.providers import netns
+    from broker.run import subnets
 
-    with netns._subnet_lock() as lock:
+    with subnets.subnet_lock() as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        used = netns._used_subnets()
-        routes = subprocess.run(["ip", "-4", "route", "show"], capture_output=True, text=True).stdout
-        used |= {int(x) for x in __import__("re").findall(rf"{netns.SUBNET_BASE}\.(\d+)\.", routes)}
+        used = subnets.used_subnets(routes=True)
         free = [x for x in range(1, 255) if x not in used]
         if not free:
             raise ProviderError("wireguard", "tunnel subnet", "no free /24 left in 198.18.0.0/16 for the tunnel")
-        return f"{netns.SUBNET_BASE}.{free[secrets.randbelow(len(free))]}.0/24"
+        return f"{subnets.SUBNET_BASE}.{free[secrets.randbelow(len(free))]}.0/24"
 
 
 def caller_public_ip(timeout_s: float = 3.0) -> str | None:
@@ -427,7 +414,7 @@ def caller_public_ip(timeout_s: float = 3.0) -> str | None:
 def ingress_rules(tunnel: Any, caller_ip: str | None) -> list[Any]:
     """The provider-neutral inbound rules a WireGuard hybrid run needs (:class:`broker.core.provider.Ingress`): one UDP
     port per VM, from the caller's address as /32 where known."""
-    from broker.core.provider import Ingress
+    from broker.core.records import Ingress
     from broker.run.wireguard import _caller_cidr
 
     cidr, scoped = _caller_cidr(caller_ip)
@@ -542,7 +529,7 @@ def cloud_cluster(vms: Cluster, m: CloudMesh, *, run_id: str, workroot: str, pyt
     """The hybrid cluster: node 0 = this machine (``local``: commands run here, ``workroot``/``python`` its own),
     nodes 1.. = ``vms`` (provisioned in rank order); every node's ``private_ip`` is its mesh address (node 0's is
     ``MASTER_ADDR``) and its env names the mesh interface (:func:`tunnel_env`)."""
-    from broker.core.model import ClusterNode
+    from broker.core.records import ClusterNode
 
     if m.tunnel is not None:
         addrs = [p.address for p in m.tunnel.peers]

@@ -8,7 +8,8 @@ from dataclasses import replace as _dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.core.model import Cluster, Resource, Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput
 from broker.core.recipe import Recipe
 from broker.run.runrecord import Context
@@ -64,9 +65,9 @@ def netns_cluster(run: Run) -> Cluster | None:
     states = sorted(Path(run.run_dir, "netns").glob("*/state.json"))
     if not states:
         return None
-    from broker.providers.netns import NetnsCluster
+    from broker.providers import adapter_module
 
-    return NetnsCluster.load(states[0].parent).cluster(run.id)
+    return adapter_module("netns").NetnsCluster.load(states[0].parent).cluster(run.id)
 
 
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:

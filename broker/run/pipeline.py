@@ -13,7 +13,7 @@ provider.
 * **acquire / release** belong to the :class:`~broker.run.targets.Target` (what the provider supplies):
   :class:`~broker.run.targets.LocalTarget` (this machine: nothing), :class:`~broker.run.targets.NetnsTarget`
   (network namespaces with sshd), :class:`~broker.run.cloudtarget.CloudTarget` (ledger-first provisioning with
-  failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`~broker.run.targets.SlurmTarget` (the
+  failover, :mod:`broker.money.provision`; teardown or idle keep), :class:`~broker.slurm.target.SlurmTarget` (the
   partition's preconditions; the job itself is the executor's); nodes kept after a run: :mod:`broker.run.kept`.
 * **reach .. collect** belong to the target's :class:`~broker.run.executor.Executor`: local processes
   (:class:`broker.run.launch.LocalExecutor`), SSH (:class:`broker.run.remote.SSHExecutor`) or Slurm
@@ -34,12 +34,14 @@ from dataclasses import dataclass, replace as _dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from broker.core.model import Cluster, Resource
+from broker.core.records import Cluster, Resource
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
 from broker.core.recipe import Recipe
+# adapters by name through the registry (imported when asked): the run layer imports none
+from broker.providers import REGISTRY, adapter_module, provider_class
 from broker.run.runrecord import Context, Declined, Hooks, RunOutcome, Say, end_run, new_run
 from broker.run.guard import shielded
-from broker.run.targets import HybridTarget, LocalTarget, NetnsTarget, SlurmTarget, Target, inject_error
+from broker.run.targets import HybridTarget, LocalTarget, NetnsTarget, Target, inject_error
 from broker.run.cloudtarget import CloudHybridTarget, CloudTarget
 from broker.run.planstep import local_choice_text, plan_for_run
 
@@ -207,10 +209,8 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
     return result
 
 
-from broker.providers import CLOUD as _CLOUD  # noqa: E402 - the registry's rented clouds (capabilities)
-
-#: providers ``broker run --provider`` accepts (every rented cloud of the registry among them)
-RUN_PROVIDERS = tuple(dict.fromkeys(("local", "netns", "slurm", "vast", "oci", "aws", "fake") + _CLOUD))
+#: providers ``broker run --provider`` accepts: every registered one
+RUN_PROVIDERS = tuple(REGISTRY)
 
 
 @dataclass
@@ -237,7 +237,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
     if req.inject and p != "netns":
-        from broker.providers import netns
+        netns = adapter_module("netns")
 
         if req.inject not in (*netns.INJECTS, *netns.HYBRID_INJECTS):
             raise inject_error(req.inject, hybrid=topo == "hybrid")
@@ -252,10 +252,10 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
         return LocalTarget(recipe)
     if p == "netns":
         return NetnsTarget(recipe, inject=req.inject)
-    if p == "slurm":
-        from broker.slurm.executor import SlurmOptions
-
-        return SlurmTarget(recipe, req.slurm or SlurmOptions())
+    if p in REGISTRY:  # a provider whose nodes are not rented VMs (a scheduler) brings its own target
+        own = provider_class(p).run_target(recipe, req)
+        if own is not None:
+            return own
     plan, options = plan_for_run(recipe, p)
     _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
               options[0].provider, len(options))

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from broker.run.executor import Executor, staging_line
 from broker.run.launch import RANKSHIM, torchrun_argv
 from broker.run.supervisor import RunResult, Supervisor, describe_exit, finish_result, log_tail
-from broker.core.model import Cluster
+from broker.core.records import Cluster
 from broker.core.provider import BadInput, ProviderError
 from broker.core.recipe import Recipe
 from broker.run.sshcluster import Echo, RemoteNode, SSHCluster, node_base, node_python
@@ -183,7 +183,8 @@ class SSHExecutor(Executor):
     ``preflight``: run the checks (a FAIL ends the run, status ``failed``, before anything starts).
     ``ready_timeout_s``: how long :meth:`reach` retries SSH connect + auth (nodes that report RUNNING often accept
     SSH 30-60 s later), with exponential backoff capped at 10 s; then it waits for boot scripts
-    (``cloud-init status --wait`` where cloud-init exists, at most the remaining time).
+    (``boot_wait``: the adapter's command, :meth:`broker.core.provider.Provider.boot_wait_command`, exit 0 =
+    booted; else ``cloud-init status --wait`` where cloud-init exists), at most the remaining time.
     Raises BadInput when the cluster and recipe disagree on the node count.  Node logs: ``run_dir/node<i>.log``;
     preflight: ``run_dir/preflight.json`` and ``preflight.txt``; artifacts: ``run_dir/artifacts/node<i>/``.
     """
@@ -191,7 +192,7 @@ class SSHExecutor(Executor):
     def __init__(self, cluster: Cluster, recipe: Recipe, run_dir: Path, *, echo: Echo = print,
                  port: int | None = None, preflight: bool = True, connect_timeout_s: float = 20.0,
                  ready_timeout_s: float = 0.0, say: Echo = None,
-                 on_auth_failure: Callable[[], None] | None = None):
+                 on_auth_failure: Callable[[], None] | None = None, boot_wait: str | None = None):
         n = len(cluster.nodes)
         if n != recipe.nodes:
             raise BadInput(f"the cluster has {n} nodes but recipe {recipe.name} asks for {recipe.nodes}")
@@ -210,6 +211,7 @@ class SSHExecutor(Executor):
         self.do_preflight = preflight
         self.ready_timeout_s = ready_timeout_s
         self.on_auth_failure = on_auth_failure  # e.g. the provider's key API again, when logins are refused
+        self.boot_wait = boot_wait  # the adapter's own wait for its boot script (Provider.boot_wait_command)
         self.deadline_s = recipe.max_hours * 3600
         self.ssh = SSHCluster(cluster, run_dir=self.run_dir, connect_timeout_s=connect_timeout_s)
         self.report: "PreflightReport | None" = None
@@ -267,9 +269,12 @@ class SSHExecutor(Executor):
                 delay = min(delay * 2, 10.0)
 
     def _wait_boot(self) -> None:
-        """Wait for boot scripts (``cloud-init status --wait`` where cloud-init exists) on every node."""
-        cmd = ("if command -v cloud-init >/dev/null 2>&1; then cloud-init status --wait >/dev/null 2>&1; "
-               "cloud-init status 2>/dev/null | tail -1; else echo 'status: no cloud-init'; fi")
+        """Wait for boot scripts on every node: the adapter's :attr:`boot_wait` command (exit 0 = booted: its
+        boot-done marker is there), else ``cloud-init status --wait`` where cloud-init exists.  Raises
+        ProviderError naming the node when a boot script did not finish or failed."""
+        cmd = self.boot_wait or (
+            "if command -v cloud-init >/dev/null 2>&1; then cloud-init status --wait >/dev/null 2>&1; "
+            "cloud-init status 2>/dev/null | tail -1; else echo 'status: no cloud-init'; fi")
         ssh = self.ssh
         t = max(30.0, self.ready_timeout_s)
         remote = [i for i in range(self.n) if not self.cluster.nodes[i].local]  # this machine booted long ago
@@ -278,6 +283,13 @@ class SSHExecutor(Executor):
             if isinstance(o, BaseException) or o[0] is None:
                 raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init did not finish: {o}",
                                     hint="see /var/log/cloud-init-output.log on the node")
+            if self.boot_wait and o[0] != 0:
+                tail = o[1].strip().splitlines()[-1:] if o[1].strip() else []
+                raise ProviderError("ssh", f"boot scripts on node {i}",
+                                    f"the boot script did not finish within {t:.0f} s (its boot-done marker is "
+                                    f"missing, exit {o[0]}{': ' + tail[0] if tail else ''})",
+                                    hint="see /var/log/cloud-init-output.log on the node; `broker down` the run "
+                                         "if it is stuck")
             if "error" in o[1].lower():
                 raise ProviderError("ssh", f"boot scripts on node {i}", f"cloud-init reported {o[1].strip()}",
                                     hint="see /var/log/cloud-init-output.log on the node")

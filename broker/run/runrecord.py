@@ -14,7 +14,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from broker.core.model import Cluster, Resource, Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BrokerError
 from broker.core.recipe import Recipe
 

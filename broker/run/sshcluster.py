@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.run.supervisor import STOP_GRACE_S
-from broker.core.model import Cluster
+from broker.core.records import Cluster
 from broker.core.provider import ProviderError
 
 _log = logging.getLogger(__name__)

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
+# the exit code in words is the executor contract's (diagnose names a failing rank's code with it too)
+from broker.run.executor import describe_exit  # noqa: F401 - under diagnose too; re-exported
+
 if TYPE_CHECKING:
     from broker.run.stall import StallWatch
 
@@ -454,18 +457,6 @@ def quiet_after_stop(echo: Callable[[str], None] | None, stopped: list[int]) -> 
             echo(line)
 
     return quiet
-
-
-def describe_exit(code: int | None) -> str:
-    """'1', or '-9 (SIGKILL)' for a signal."""
-    if code is None:
-        return "none (still running)"
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            return str(code)
-    return str(code)
 
 
 def _private_opener(path: str, flags: int) -> int:

@@ -10,9 +10,11 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from broker.core.model import Cluster, Resource, Run
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput, NoValidPlan, ProviderError
 from broker.core.recipe import Recipe
+# adapters by name through the registry (imported when asked): the run layer imports none
+from broker.providers import adapter_module
 from broker.run.runrecord import Context, Quote
 
 if TYPE_CHECKING:
@@ -81,9 +83,9 @@ def local_spec(recipe: Recipe) -> "tuple[LocalLaunchSpec, str]":
     Raises NoValidPlan when this machine cannot serve the recipe (no GPU and not cpu_ok, too few GPUs...).
     """
     from broker.run.launch import LocalLaunchSpec
-    from broker.providers.local import LocalProvider
+    from broker.providers import get_provider
 
-    local = LocalProvider()
+    local = get_provider("local")  # through the registry: the run layer imports no adapter
     req = recipe.requirements()
     why = local.why_not(req)
     if why:
@@ -132,8 +134,7 @@ def cloud_nodes(nodes: int) -> str:
 def inject_error(inject: str, *, hybrid: bool) -> BadInput:
     """The error for a ``--inject`` fault the chosen netns topology cannot inject: a fault of the other topology
     says which ``--topology`` it needs; an unknown one lists both sets."""
-    from broker.providers import netns
-
+    netns = adapter_module("netns")
     plain = ", ".join(netns.INJECTS)
     tunnel = ", ".join(netns.HYBRID_INJECTS)
     both = f"without --topology hybrid: {plain}; with --topology hybrid: {tunnel}"
@@ -158,8 +159,7 @@ class NetnsTarget(Target):
     provider, topology = "netns", "multi-node"
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        from broker.providers import netns
-
+        netns = adapter_module("netns")
         self.recipe, self.inject, self.port = recipe, inject, port
         self.netns = netns
         self.cluster_state: Any = None
@@ -236,8 +236,7 @@ class HybridTarget(Target):
     provider, topology = "netns", "hybrid"
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        from broker.providers import netns
-
+        netns = adapter_module("netns")
         self.recipe, self.inject, self.port = recipe, inject, port
         self.netns = netns
         self.cluster_state: Any = None
@@ -312,44 +311,6 @@ class HybridTarget(Target):
         left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": self.netns.NetnsProvider()},
                             confirm_timeout_s=30)
         return left, []
-
-
-class SlurmTarget(Target):
-    """A Slurm cluster broker does not own (here or through ``options.host``): acquire checks the partition; the
-    job is the executor's (:class:`broker.slurm.executor.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
-
-    provider, topology = "slurm", "slurm"
-
-    def __init__(self, recipe: Recipe, options: "SlurmOptions", *, provider: Any = None):
-        from broker.providers.slurm import SlurmProvider
-
-        self.recipe, self.opts = recipe, options
-        if provider is None and options.cluster:  # a cluster from `broker slurm up`: commands run on its node 0
-            from broker.slurm.cluster import attach
-
-            provider = attach(options)
-        self.prov = provider or SlurmProvider(options.host)
-        self.gpus = False
-
-    def check(self) -> None:
-        from broker.slurm.executor import slurm_preconditions
-
-        self.gpus = slurm_preconditions(self.recipe, self.prov, self.opts)
-
-    def plan_record(self) -> dict[str, Any]:
-        o = self.opts
-        return {**super().plan_record(), "host": o.host, "partition": o.partition, "account": o.account,
-                "gpus": self.gpus}
-
-    def describe(self) -> str:
-        return (f"topology slurm (Slurm {self.prov.shell.where}, "
-                f"{'GPUs' if self.gpus else 'no GPU: gloo on CPU (cpu_ok)'})")
-
-    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
-        from broker.slurm.executor import SlurmExecutor
-
-        return SlurmExecutor(recipe, self.prov, self.opts, run=run, ledger=ctx.ledger, gpus=self.gpus,
-                             echo=ctx.hooks.echo)
 
 
 #: Job statuses after which recipe ``idle_minutes`` keeps the nodes (the job ran to an end on its own).

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
-from broker.providers import names_where
+from broker.providers import SLURM_NODES
 from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, ClusterState, FACTS_CMD, NodeFacts, Say,
                                  cgroup_mount_script, cloud_onstart, nfs_client_script, nfs_server_script, parse_facts,
                                  parse_sinfo_nodes, private_cidr, render_gres_conf, render_slurm_conf, sinfo_cmd,
@@ -55,17 +55,15 @@ from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, Cl
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
-    from broker.core.model import Cluster, Run
+    from broker.core.records import Cluster, Run
     from broker.run.sshcluster import SSHCluster
     from broker.slurm.executor import SlurmOptions
 
 
 #: the run topology of a Slurm cluster broker built
 TOPOLOGY = "slurm-cluster"
-#: rented clouds that create multi-node clusters (capabilities: rents, not pretend, topology "multi-node")
-CLOUD_UP_PROVIDERS = names_where(lambda c: c.rents and not c.pretend and "multi-node" in c.topologies)
-#: node providers ``broker slurm up`` acquires from
-UP_PROVIDERS = ("netns",) + CLOUD_UP_PROVIDERS
+#: node providers ``broker slurm up`` acquires from (their ``slurm_nodes`` capability)
+UP_PROVIDERS = SLURM_NODES
 DEFAULT_MAX_HOURS = 2.0
 DEFAULT_BUDGET_USD = 5.0
 
@@ -93,9 +91,9 @@ def ssh_argv(state: ClusterState) -> list[str]:
 
 
 def node0_shell(state: ClusterState):
-    """A :class:`broker.providers.slurm.Shell` whose commands run on node 0 over SSH with the cluster's key and
+    """A :class:`broker.slurm.shell.Shell` whose commands run on node 0 over SSH with the cluster's key and
     ``SLURM_CONF`` pointing at the cluster's ``slurm.conf``."""
-    from broker.providers.slurm import Shell
+    from broker.slurm.shell import Shell
 
     class ClusterShell(Shell):
         def argv(self, argv: list[str]) -> list[str]:
@@ -193,7 +191,7 @@ def _target(opts: UpOptions, recipe: Any):
 
     if opts.provider == "netns":
         return NetnsTarget(recipe)
-    if opts.provider in CLOUD_UP_PROVIDERS:
+    if opts.provider in UP_PROVIDERS:  # rented nodes
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
         else:
@@ -493,14 +491,14 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
     cluster, and ``opts`` pointed there (host label, the shared directory for job folders, the nodes' Python)."""
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.money.ledger import Ledger
-    from broker.providers.slurm import SlurmProvider
+    from broker.providers import get_provider
 
     led = ledger or Ledger()
     run, state = find(led, opts.cluster or "")
     if run.status not in ACTIVE_STATUSES:
         raise BadInput(f"Slurm cluster {run.id} is {run.status}, not up",
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
-    prov = SlurmProvider()
+    prov = get_provider("slurm")  # the adapter through the registry: this layer imports none
     prov.shell = node0_shell(state)
     prov.host = prov.shell.host
     opts.host = prov.shell.host
@@ -518,7 +516,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     when ``run_id`` is not a cluster from ``broker slurm up`` (the caller runs a recipe instead).  Raises BadInput
     when the cluster is down or no command is given."""
     from broker.money.accounting import ACTIVE_STATUSES
-    from broker.core.model import Cluster
+    from broker.core.records import Cluster
     from broker.run.sshcluster import SSHCluster
 
     try:
@@ -541,7 +539,8 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     if cl is not None:
         check_cluster(cl, run, folder)
     if cl is None:
-        from broker.core.model import ClusterNode, TopologyKind
+        from broker.core.model import TopologyKind
+        from broker.core.records import ClusterNode
 
         cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
                      nodes=[ClusterNode(node_rank=i, host=n.host, port=n.port, user=n.user, private_ip=n.private_ip)
@@ -634,8 +633,9 @@ def _release_target(run: "Run", state: ClusterState):
 
     recipe = cluster_recipe(state.name, len(state.nodes), max_hours=1.0, budget_usd=run.budget_usd or 1.0)
     if state.provider == "netns":
-        from broker.providers import netns
+        from broker.providers import adapter_module
 
+        netns = adapter_module("netns")
         t = NetnsTarget(recipe)
         if state.netns_cid:
             root = Path(run.run_dir or ".").resolve() / "netns" / state.netns_cid
@@ -651,7 +651,8 @@ def _release_target(run: "Run", state: ClusterState):
 def _stop_daemons(state: ClusterState, say: Say) -> int:
     """SIGTERM (then SIGKILL) every daemon of the cluster by its pid file, over SSH; returns how many pid files
     named a live daemon.  Unreachable nodes are skipped (their release removes everything)."""
-    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.core.model import TopologyKind
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.sshcluster import SSHCluster
 
     cl = Cluster(run_id=state.cluster_id, provider=state.provider, topology=TopologyKind.multi_node,
@@ -683,9 +684,9 @@ def leftovers(state: ClusterState) -> list[str]:
     cluster's folder, mounts under it.  Cloud nodes are checked by their release (terminated and confirmed)."""
     out: list[str] = []
     if state.netns_cid:
-        from broker.providers import netns
+        from broker.providers import adapter_module
 
-        out += netns.leftovers(state.netns_cid)
+        out += adapter_module("netns").leftovers(state.netns_cid)
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue

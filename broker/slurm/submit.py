@@ -138,7 +138,7 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     from broker.run.supervisor import RunResult
     from broker.run.runrecord import end_run, new_run
     from broker.run.guard import shielded
-    from broker.providers.slurm import SlurmProvider
+    from broker.providers import get_provider
     from broker.lint.shell import FATAL, header, sbatch_nodes
     from broker.slurm.cluster import cluster_recipe, find, node0_shell
 
@@ -182,7 +182,7 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
                  + (f" ({len(fatal)} finding(s) overridden by --yes)" if fatal else ""))
     (run_dir / script.name).write_text(text)
 
-    prov = SlurmProvider()
+    prov = get_provider("slurm")  # the adapter through the registry: this layer imports none
     prov.shell, prov.host = sh, sh.host
     base = f"{state.shared_dir}/jobs/{run.id}"
     work = f"{base}/work"
@@ -311,7 +311,7 @@ def _cancel(prov: Any, job_id: str, attrs: dict, timeout_s: float = 60.0) -> Any
 def job_files(sh: Any, job_id: str, name: str) -> tuple[str | None, str | None, str]:
     """(StdOut, StdErr, the first node) of a job per ``scontrol show job -o`` with sbatch's patterns expanded (Slurm
     22.05 prints them as given); (None, None, "") while slurmctld does not answer."""
-    from broker.providers.slurm import parse_scontrol_job
+    from broker.slurm.shell import parse_scontrol_job
 
     cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol show job", timeout=30)
     if cp.returncode != 0 or not cp.stdout:
@@ -464,7 +464,7 @@ def no_output_reason(sh: Any, job_id: str, info: Any) -> list[str]:
     """Why a job that ended without a line of output did so, from Slurm's own record (``scontrol show job``:
     Reason, StdOut, WorkDir) and whether the folder of its StdOut exists on node 0 (slurmd cannot create it:
     "Could not open stdout file" in slurmd's log, the job FAILED before the script ran)."""
-    from broker.providers.slurm import parse_scontrol_job
+    from broker.slurm.shell import parse_scontrol_job
 
     cp = sh.run(["scontrol", "show", "job", "-o", job_id], call="scontrol show job", timeout=30)
     raw = cp.stdout.decode(errors="replace") if isinstance(cp.stdout, bytes) else (cp.stdout or "")

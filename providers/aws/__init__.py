@@ -38,6 +38,7 @@ from __future__ import annotations
 import re
 
 import importlib.util
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
@@ -51,7 +52,7 @@ from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
 from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, boot_wait_command, user_data_script
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
            "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",
@@ -85,7 +86,7 @@ class AWSProvider(Provider):
     quota = True
     quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
     quota_scope = "region"
-    node_switch = "scheduled shutdown, InstanceInitiatedShutdownBehavior=terminate"
+    node_switch = "scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
     node_switch_requires = None
     setup_allowance_s = 600
     create_settle_s = 20.0
@@ -101,6 +102,7 @@ class AWSProvider(Provider):
     interruptible_bid = True
     preemptions_per_hour = 0.02
     stoppable = True  # StopInstances / StartInstances; EBS volumes bill while stopped
+    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod
@@ -113,6 +115,19 @@ class AWSProvider(Provider):
             return _AWS_NAME.fullmatch(provider_id) is not None
         m = _AWS_ID.fullmatch(provider_id)
         return m is not None and m.group(1) == _AWS_PREFIX.get(kind, m.group(1))
+
+    @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        from broker.providers.aws.limits import aws_quota_code
+
+        q = aws_quota_code(instance_type, spot=spot)
+        return None if q is None else (q.code, q.name, "ec2")
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from broker.providers.aws.snapshot import snapshot_rows
+
+        return snapshot_rows(reference_dir)
 
     @classmethod
     def valid_region(cls, region: str) -> bool:
@@ -144,11 +159,6 @@ class AWSProvider(Provider):
     #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
     #: long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 420.0
-    #: File the user data writes last into the node's workroot (``<workroot>/boot.done``); the AMI also answers
-    #: ``cloud-init status --wait``.
-    boot_marker: ClassVar[str] = BOOT_DONE
-    #: Kinds in the order their deletes succeed (instances, security groups, placement groups).
-    delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
 
     def __init__(self, session: Any = None, endpoint_url: str | None = None, region: str | None = None,
                  client_factory: ClientFactory | None = None):
@@ -223,11 +233,6 @@ class AWSProvider(Provider):
         from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
-
-    def quota_scope_of(self, offer: Offer) -> str | None:
-        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): ``<region>:<bucket>``
-        (:func:`.api.quota_scope`), so a G/VT vCPU limit skips the G/VT types of that region only, never P."""
-        return quota_scope(offer.region or self.region, offer.instance_type)
 
     # ------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:

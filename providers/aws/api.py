@@ -118,7 +118,7 @@ def error_code(e: BaseException) -> tuple[str, int | None, str]:
 def quota_scope(region: str | None, instance_type: str | None) -> str | None:
     """What a vCPU limit blocks: ``"<region>:<bucket>"`` (``us-east-1:G/VT``, ``us-east-1:P``); the region alone
     when the type has no known family."""
-    from broker.plan.quota import aws_family
+    from broker.providers.aws.limits import aws_family
 
     fam = aws_family(instance_type or "")
     if fam is None:
@@ -188,7 +188,7 @@ def map_error(e: BaseException, call: str, *, instance_type: str | None = None, 
 
 def _quota_error(call: str, code: str, status: int | None, msg: str, *, instance_type: str | None,
                  vcpus: float | None, nodes: int, region: str | None) -> QuotaError:
-    from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
+    from broker.providers.aws.limits import AWS_QUOTA_CODES, aws_quota_code
 
     q = aws_quota_code(instance_type or "", spot=code == "MaxSpotInstanceCountExceeded")
     if q is None:
@@ -274,9 +274,9 @@ class AWSApi:
         self._region = region
         if region:  # a region from a ledger row or a caller is input too: boto3 builds the host name from it
             from broker.core.config import check_region
-            from broker.providers.aws import AWSProvider
+            from broker.providers import provider_class
 
-            self._region = check_region(AWSProvider, "region", region)
+            self._region = check_region(provider_class(PROVIDER), "region", region)
         self.factory = client_factory
         self._clients: dict[tuple[str, str, bool], Any] = {}
 

@@ -21,7 +21,7 @@ from broker.providers.aws.userdata import SSH_USER, user_data_script
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 #: Tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
@@ -130,7 +130,7 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
 def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> InstanceInfo:
     """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown to EC2.
     An answer broker cannot read is a ProviderError (never "terminated")."""
-    from broker.core.provider import InstanceInfo
+    from broker.core.records import InstanceInfo
 
     ec2 = api.client("ec2", region)
     call = "describe_instances"
@@ -289,7 +289,7 @@ def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource
     """Instances (not terminated), security groups and placement groups carrying RUN_TAG (= ``run_id`` when
     given) in the configured region; ``installation_id`` from INSTALL_TAG.  An answer broker cannot read (a
     missing list, items without ids) is a ProviderError naming the call, never an empty list."""
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     region = api.region
     ec2 = api.client("ec2", region)
@@ -346,7 +346,7 @@ def tagged_resource(api: "AWSApi", kind: str, provider_id: str, region: str | No
     """One instance / security group / placement group with its tags, read in ``region``; None when EC2 does not
     hold it (or it is terminated, or it carries no RUN_TAG / another run's when ``run_id`` is given).  Other kinds:
     NotSupported.  An unreadable answer is a ProviderError."""
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     ec2 = api.client("ec2", region)
     ops = {"instance": ("describe_instances", {"InstanceIds": [provider_id]}),
@@ -381,7 +381,7 @@ def delete_run_network(api: "AWSApi", run_id: str) -> list[TaggedResource]:
     """The run's own cleanup: everything tagged ``run_id`` in dependency order (instances, then security groups,
     then placement groups).  Returns the instances still shutting down; the groups wait for them (TransientError
     when a group is still in use: retry later)."""
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     left: list[TaggedResource] = []
     for t in sorted(list_tagged(api, run_id), key=lambda t: network.delete_rank(t.kind)):

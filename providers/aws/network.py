@@ -15,7 +15,7 @@ from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_s
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
-    from broker.core.provider import Ingress
+    from broker.core.records import Ingress
 
 #: Deletion order of the kinds this adapter creates (a kind missing here sorts last).
 DELETE_ORDER: tuple[str, ...] = ("instance", "security_group", "placement_group")

@@ -272,7 +272,7 @@ def live_prices(api: "AWSApi", instance_types: list[str], region: str | None = N
 def quotas(api: "AWSApi", req: Requirements, offers_: list[Offer]) -> list[Quota]:
     """The vCPU quotas covering ``offers_`` (on-demand; spot codes when ``req``/offers ask for spot), read with
     ``get_service_quota`` (falling back to ``get_aws_default_service_quota`` on NoSuchResourceException)."""
-    from broker.plan.quota import AWS_QUOTA_CODES, aws_quota_code
+    from broker.providers.aws.limits import AWS_QUOTA_CODES, aws_quota_code
 
     spot = bool(getattr(req, "spot", False)) or any(o.attrs.get("market") == "spot" for o in offers_)
     # interruptible options are judged by the spot vCPU limits (separate from on-demand, often 0 on new accounts)
@@ -323,7 +323,7 @@ def quota_value(api: "AWSApi", code: str, region: str) -> tuple[float, str, str]
 def usage(api: "AWSApi", code: str, region: str) -> tuple[float, str]:
     """vCPUs in use for a quota: CloudWatch ``AWS/Usage`` ``ResourceCount`` (max over 15 min).  On any error
     returns (0, note)."""
-    from broker.plan.quota import AWS_QUOTA_CODES
+    from broker.providers.aws.limits import AWS_QUOTA_CODES
 
     q = AWS_QUOTA_CODES[code]
     cls = f"{q.family}/{'OnDemand' if q.market == 'on-demand' else 'Spot'}"

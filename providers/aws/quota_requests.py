@@ -12,10 +12,10 @@ from broker.providers.aws.api import error_code, map_error, unreadable
 
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
 def quota_form(api: "AWSApi", quota: Quota, value: float, reason: str) -> dict[str, Any]:
-    from broker.plan.quota import AWS_QUOTA_CODES
+    from broker.providers.aws.limits import AWS_QUOTA_CODES
 
     region = quota.region or api.region
     code = quota.name
@@ -38,7 +38,7 @@ def request_quota(api: "AWSApi", quota: Quota, value: float, reason: str, *, dra
     into the support case if AWS opens one).  An open request (ResourceAlreadyExistsException) is looked up
     with ``list_requested_service_quota_change_history_by_quota`` and returned, not duplicated.
     Raises AuthError (AccessDenied: names the IAM permission), ProviderError."""
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
     region = quota.region or api.region
     form = quota_form(api, quota, value, reason)
@@ -106,7 +106,7 @@ _STATE_WORDS = {
 
 
 def _to_request(rq: dict[str, Any], base: dict[str, Any], message: str | None = None) -> QuotaRequest:
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
     state = str(rq.get("Status") or "PENDING")
     msg = message or _STATE_WORDS.get(state, state)

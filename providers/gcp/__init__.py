@@ -45,7 +45,6 @@ from broker.providers.gcp.offers import parse_type, snapshot_offers
 
 if TYPE_CHECKING:
     from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
-    from broker.plan.quota import LimitRef
 
 __all__ = ["DEFAULT_IMAGE", "DELETE_ORDER", "GCPApi", "GCPProvider", "PROVIDER", "TOKEN_TAG", "parse_type",
            "snapshot_offers"]
@@ -74,7 +73,7 @@ class GCPProvider(Provider):
     quota = True
     quota_unit = "gpus"  # NVIDIA_<MODEL>_GPUS, GPUS_ALL_REGIONS (CPU metrics come as vcpus Quotas beside them)
     quota_scope = "region"
-    node_switch = "self-delete with the VM's service account at deadline + grace (else power off)"
+    node_switch = "self-delete with the VM's service account at {grace} (else power off)"
     node_switch_requires = None
     setup_allowance_s = 900  # DLVM first boot installs the NVIDIA driver
     ssh_ready_timeout_s: ClassVar[float] = 600.0
@@ -90,6 +89,7 @@ class GCPProvider(Provider):
     interruptible_bid = False
     preemptions_per_hour = 0.0
     stoppable = False  # instances.stop/start exist; broker stop/start is not built for GCP yet
+    slurm_nodes = True  # broker slurm up builds a cluster on them
     local_exec = False
     ingress_rule_format = None
     owner_tags = True
@@ -124,16 +124,15 @@ class GCPProvider(Provider):
         return "us-central1"
 
     @classmethod
-    def limit_ref(cls, instance_type: str, *, spot: bool = False) -> "LimitRef | None":
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
         """The regional GPU metric that must allow ``instance_type`` (``NVIDIA_T4_GPUS``, ``PREEMPTIBLE_...`` for
-        spot), counted in GPUs per region; None for a type broker does not know."""
-        from broker.plan.quota import LimitRef
-
+        spot), counted in GPUs per region: ``(metric, description, "compute")``; None for a type broker does not
+        know."""
         t = parse_type(instance_type)
         metric = t.gpu_metric(spot=spot) if t else None
         if metric is None:
             return None
-        return LimitRef(PROVIDER, metric, f"Compute Engine {metric} (GPUs per region)", "gpus", "region", "compute")
+        return metric, f"Compute Engine {metric} (GPUs per region)", "compute"
 
     def __init__(self, *, project: str | None = None, credentials: Any = None, region: str | None = None,
                  zones: list[str] | None = None, compute_endpoint: str | None = None,

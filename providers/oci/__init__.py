@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
@@ -51,7 +52,7 @@ from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, b
 from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "OCIProvider", "PROVIDER", "TOKEN_TAG",
            "UNCONFIRMED_LIMITS", "boot_wait_command", "cloud_init", "deadman_cloud_init", "deadman_watcher",
@@ -93,7 +94,7 @@ class OCIProvider(Provider):
     quota_unit = "gpus"  # gpu-<model>-count limits
     quota_scope = "AD"
     #: an in-OS shutdown does not stop OCI GPU billing: only an API terminate with an instance principal does
-    node_switch = "self-terminate with an instance principal at deadline + grace"
+    node_switch = "self-terminate with an instance principal at {grace}"
     node_switch_requires = "instance_principal"
     setup_allowance_s = 900  # GPU VMs and bare-metal shapes boot slowly
     create_settle_s = 20.0
@@ -108,6 +109,7 @@ class OCIProvider(Provider):
     interruptible_bid = False
     preemptions_per_hour = 0.05
     stoppable = True  # InstanceAction STOP / START; boot volume bills (and most GPU shapes keep billing)
+    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -115,6 +117,19 @@ class OCIProvider(Provider):
         """An OCID: ``ocid1.<type>.<realm>.[region][.future].<unique>`` (letters, digits, ``-``/``_`` per part; the
         region part may be empty, as in ``ocid1.tenancy.oc1..aaaa``)."""
         return isinstance(provider_id, str) and _OCID.fullmatch(provider_id) is not None
+
+    @classmethod
+    def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:
+        from broker.providers.oci.limits import oci_limit_name
+
+        name = oci_limit_name(instance_type)
+        return None if name is None else (name, f"compute limit {name} (GPUs per AD)", "compute")
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from broker.providers.oci.snapshot import snapshot_rows
+
+        return snapshot_rows(reference_dir)
 
     @classmethod
     def valid_region(cls, region: str) -> bool:
@@ -136,11 +151,6 @@ class OCIProvider(Provider):
     #: After RUNNING, sshd on an Oracle Linux GPU image accepts logins 30-60 s later and cloud-init (firewall,
     #: OCI CLI install for the dead-man switch) runs on: how long the core retries SSH by default, seconds.
     ssh_ready_timeout_s: ClassVar[float] = 600.0
-    #: File the boot script writes last into the node's workroot (``<workroot>/boot.done``); cloud-init images
-    #: also answer ``cloud-init status --wait``.
-    boot_marker: ClassVar[str] = BOOT_DONE
-    #: Kinds in the order their deletes succeed (instances first, the VCN last).
-    delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
 
     def __init__(self, config: dict[str, Any] | None = None, *, service_endpoint: str | None = None,
                  compartment_id: str | None = None, availability_domains: list[str] | None = None,
@@ -206,13 +216,14 @@ class OCIProvider(Provider):
 
         return f"prices: OCI list-price snapshot {snapshot_info(PROVIDER)[0]} (OCI has no per-account price API)"
 
-    @staticmethod
-    def public_price_offers() -> tuple[list[Offer], str]:
+    @classmethod
+    def public_price_offers(cls) -> tuple[list[Offer], str]:
         """(the snapshot's shapes repriced from Oracle's public price list, that source in words) for ``broker
         catalog refresh`` (:attr:`live_price_list` ``"public"``: no credentials).  Raises httpx errors when the list
         cannot be fetched, ValueError when it holds no GPU SKU."""
-        from broker.plan import catalog
-        return catalog.oci_live_offers(), f"Oracle public price list {catalog.OCI_PRICE_LIST_URL}"
+        from broker.providers.oci import prices
+
+        return prices.oci_live_offers(), f"Oracle public price list {prices.OCI_PRICE_LIST_URL}"
 
     def availability_domains(self) -> list[str]:
         """AD names of the region (``IdentityClient.list_availability_domains(tenancy)``), or the constructor's."""
@@ -255,11 +266,6 @@ class OCIProvider(Provider):
         from broker.core.nodescripts import node_workroot
 
         return boot_wait_command(node_workroot(ssh_user, self.node_workroot))
-
-    def quota_scope_of(self, offer: Offer) -> str | None:
-        """The scope a QuotaError of ``offer``'s launch names (``QuotaError.scope``): its availability domain
-        (OCI GPU limits are per AD), so the core skips that AD only."""
-        return offer.zone or None
 
     # ------------------------------------------------------------------------------------ lifecycle
     def bootstrap(self, run_id: str, offers: list[Offer], topology: str, rec: Recorder) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expec
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 #: Freeform tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
@@ -125,7 +125,7 @@ def instance_state(api: "OCIApi", provider_id: str) -> str:
 def describe_instance(api: "OCIApi", provider_id: str) -> InstanceInfo:
     """State (pending/running/stopped/terminating/terminated) and, when running, the primary VNIC's private and
     public IP.  A 404 means gone: ``terminated``.  An answer without a lifecycle state is a ProviderError."""
-    from broker.core.provider import InstanceInfo
+    from broker.core.records import InstanceInfo
 
     cc = api.client("compute")
     call = "get_instance"
@@ -203,7 +203,7 @@ def terminate_instance(api: "OCIApi", provider_id: str) -> bool:
 
 
 def _tagged(api: "OCIApi", kind: str, call: str, r: Any, run_id: str | None) -> TaggedResource | None:
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     expect_fields(call, r, "id")
     tags = expect_tags(call, r)
@@ -227,7 +227,7 @@ def list_tagged(api: "OCIApi", run_id: str | None = None) -> list[TaggedResource
     compartment whose freeform tag RUN_TAG is ``run_id`` (any value when None); ``installation_id`` from
     INSTALL_TAG.  An answer broker cannot read (not a list, objects without ``id``, tags that are not an object)
     is a ProviderError, never an empty list."""
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     out: list[TaggedResource] = []
     for r in list_instances(api):
@@ -255,7 +255,7 @@ def delete_run_network(api: "OCIApi", run_id: str, conflict_wait_s: float) -> li
     """The run's own network cleanup: every tagged object of ``run_id`` deleted in dependency order (instances
     terminated first, then subnets, security lists, gateways, the VCN last).  Returns what is not confirmed gone
     yet (instances still terminating); TransientError when a delete still conflicts (retry later)."""
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
 
     left: list[TaggedResource] = []
     items = sorted(list_tagged(api, run_id), key=lambda t: network.delete_rank(t.kind))

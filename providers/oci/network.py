@@ -17,7 +17,7 @@ from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expec
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
-    from broker.core.provider import Ingress
+    from broker.core.records import Ingress
 
 VCN_CIDR, SUBNET_CIDR = "10.0.0.0/16", "10.0.1.0/24"
 #: Deletion order of the kinds this adapter creates: instances, then subnets, then what the subnets used (security

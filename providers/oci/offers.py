@@ -1,17 +1,17 @@
 """OCI read side: GPU shapes and their limits, offers per availability domain, quotas, capacity reports.
 
 Prices always come from the price snapshot in effect (OCI has no per-account price API); limits are ``compute``
-service limits, AD-scoped and counted in GPUs (``broker.plan.quota.oci_limit_name`` is the one shape -> limit table).
+service limits, AD-scoped and counted in GPUs (:mod:`broker.providers.oci.limits` is the one shape -> limit table).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import AuthError, ProviderError
+from broker.providers.oci.limits import limit_for_shape, shape_gpus  # noqa: F401 - re-exported
 from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, unreadable
 
 if TYPE_CHECKING:
@@ -19,28 +19,6 @@ if TYPE_CHECKING:
 
 #: Limit names whose existence was seen only in third-party code (docs/reference/cloud-apis.md B2): flagged in Quota/Offer attrs.
 UNCONFIRMED_LIMITS = {"gpu-h100-count"}
-
-
-def limit_for_shape(shape: str) -> str | None:
-    """The ``compute`` service limit (AD-scoped, counted in GPUs) that a GPU shape consumes; None when unknown.
-
-    One table for the adapter and the quota helper: :func:`broker.plan.quota.oci_limit_name` (Oracle compute
-    service-limit docs, docs/reference/cloud-apis.md B2; ``gpu-h100-count`` is unconfirmed).
-    """
-    from broker.plan.quota import oci_limit_name
-
-    return oci_limit_name(shape)
-
-
-def shape_gpus(shape: str) -> int:
-    """GPUs in a shape (from the price snapshot in effect, else the trailing ``.N`` of the name, else 1)."""
-    from broker.plan.catalog import snapshot_offer
-
-    o = snapshot_offer(PROVIDER, shape)
-    if o is not None:
-        return o.gpu_count
-    m = re.search(r"\.(\d+)$", shape)
-    return int(m.group(1)) if m else 1
 
 
 def snapshot_offers(req: Requirements) -> list[Offer]:

@@ -12,7 +12,7 @@ from broker.providers.oci.sdk import PROVIDER
 
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
 OPEN_STATES = ("ACCEPTED", "IN_PROGRESS")
 POLICY_HINT = ("your OCI user's group needs an IAM policy that allows filing limit increase requests in the "
@@ -36,7 +36,7 @@ def request_quota(api: "OCIApi", quota: Quota, value: float, reason: str, *, dra
 
     Raises AuthError (missing IAM permission, with the fix), ProviderError.
     """
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
     new_value = int(math.ceil(value))
     region = quota.region or api.region

@@ -88,9 +88,9 @@ class OCIApi:
         self._region = region or s.oci_region
         if region:  # a region from a ledger row or a caller is input too: the SDK builds the host name from it
             from broker.core.config import check_region
-            from broker.providers.oci import OCIProvider
+            from broker.providers import provider_class
 
-            self._region = check_region(OCIProvider, "region", region)
+            self._region = check_region(provider_class(PROVIDER), "region", region)
         self._retry = retry_strategy
         self._breaker = circuit_breaker_strategy
         self.sleep = sleep
@@ -240,7 +240,7 @@ class OCIApi:
 
     def _quota_error(self, call: str, msg: str, code: str, status: int | None, *, scope: str | None,
                      shape: str | None, gpus: int | None) -> QuotaError:
-        from broker.providers.oci.offers import limit_for_shape, shape_gpus
+        from broker.providers.oci.limits import limit_for_shape, shape_gpus
 
         names = exceeded_limits(msg) or ([limit_for_shape(shape)] if shape and limit_for_shape(shape) else [])
         lim = names[0] if names else None

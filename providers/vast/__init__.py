@@ -12,7 +12,8 @@ is offered; the nodes of that host reach each other on ``127.0.0.1`` (``Instance
 from __future__ import annotations
 
 import time
-from typing import Callable, ClassVar
+from pathlib import Path
+from typing import Any, Callable, ClassVar
 
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError
 
@@ -52,7 +53,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     quota = False  # no service limits: credit is the limit
     quota_unit = None
     quota_scope = None
-    node_switch = "self-destroy via the Vast API at deadline + grace"
+    node_switch = "self-destroy via the Vast API at {grace}"
     node_switch_requires = None
     setup_allowance_s = 600  # docker image pull on the host
     #: containers start sshd from onstart, well before the job's image work is done: seconds
@@ -69,6 +70,13 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     interruptible_bid = True
     preemptions_per_hour = 0.1
     stoppable = True  # PUT /instances/{id}/ {"state": "stopped"|"running"}; storage bills while stopped
+    slurm_nodes = False
+
+    @classmethod
+    def snapshot_rows(cls, reference_dir: "Path") -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from broker.providers.vast.snapshot import snapshot_rows
+
+        return snapshot_rows(reference_dir)
 
     @classmethod
     def query_snapshot(cls, offers: list, query: str) -> list:

@@ -32,7 +32,7 @@ from broker.providers.vast.offers import disk_short
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.providers.vast.client import VastClient
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 #: Image used when the recipe names none: PyTorch with CUDA 12.4 (runs on hosts with cuda_max_good >= 12.4).
 DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -102,7 +102,7 @@ def parse_label(label: Any) -> tuple[str, int | None] | None:
 # --------------------------------------------------------------------------------------------------- rows
 def instance_info(provider_id: str, row: dict[str, Any]) -> InstanceInfo:
     """One instance row (show / list) → InstanceInfo (see :meth:`VastLifecycle.describe_instance`)."""
-    from broker.core.provider import InstanceInfo
+    from broker.core.records import InstanceInfo
 
     raw = row.get("actual_status")
     if raw in _PENDING:
@@ -420,7 +420,7 @@ class VastLifecycle:
         An instance created here with less ``disk_space`` than asked is ``failed``.  Raises ProviderError when
         the answer's shape is unknown (never "terminated" for an unreadable answer).
         """
-        from broker.core.provider import InstanceInfo
+        from broker.core.records import InstanceInfo
 
         row = self._show(provider_id)
         if not row:
@@ -562,7 +562,7 @@ class VastLifecycle:
         Without a configured key nothing can be listed and [] is returned (reconcile / the watchdog loop over
         every provider); a rejected key raises AuthError; an unreadable list raises ProviderError.
         """
-        from broker.core.provider import TaggedResource
+        from broker.core.records import TaggedResource
 
         if not self.api.key():
             return []

@@ -368,7 +368,7 @@ def test_debug_logs_the_commands_run_on_nodes(tmp_path, caplog):
     the same SSHCluster calls, no SSH needed for the test)."""
     import logging
 
-    from broker.core.model import Cluster, ClusterNode
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.sshcluster import SSHCluster
 
     node = ClusterNode(node_rank=0, host="localhost", port=0, private_ip="127.0.0.1", local=True,

@@ -98,7 +98,8 @@ def test_cost_totals_match_the_ledger(cli_env, tmp_path):
 
 
 def test_clean_removes_ended_run_folders_and_never_a_live_one(cli_env, tmp_path):
-    from broker.core.model import Run, utcnow
+    from broker.core.model import utcnow
+    from broker.core.records import Run
 
     p = _cli(["run", str(_ticker(tmp_path)), "--json"], cli_env)
     ended = json.loads(p.stdout)["run"]
@@ -240,7 +241,8 @@ def test_ssh_to_node_0_of_a_hybrid_run_says_it_is_this_machine(monkeypatch, caps
     import broker.run.kept
     from broker.cli import app as cli
     from broker.cli.day2 import ssh_config
-    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.core.model import TopologyKind
+    from broker.core.records import Cluster, ClusterNode
 
     cluster = Cluster(run_id="r-h", provider="oci", topology=TopologyKind.hybrid, ssh_key_path="/k", nodes=[
         ClusterNode(node_rank=0, host="localhost", port=0, private_ip="198.18.9.1", local=True, workroot="/runs/r-h/here"),

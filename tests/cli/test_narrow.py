@@ -353,7 +353,8 @@ def _status_history(broker_home):
     from datetime import timedelta
 
     from broker.money.ledger import Ledger, new_id
-    from broker.core.model import Run, utcnow
+    from broker.core.model import utcnow
+    from broker.core.records import Run
 
     led = Ledger(broker_home / "ledger.sqlite")
     now = utcnow()

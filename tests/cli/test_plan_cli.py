@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.plan import catalog
+from broker.providers.oci import prices as oci_prices
 from broker.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def test_check_reports_each_provider():
 
 
 #: An answer of Oracle's public price list, in the shape public price collectors read ([3rd-party], see
-#: broker.plan.catalog.OCI_PRICE_LIST_URL): GPU SKUs per GPU-hour, pay-as-you-go.
+#: broker.providers.oci.prices.OCI_PRICE_LIST_URL): GPU SKUs per GPU-hour, pay-as-you-go.
 OCI_PRICE_LIST = {"items": [
     {"partNumber": "B95909", "displayName": "Compute - GPU - A10", "metricName": "GPU Per Hour",
      "serviceCategory": "Compute - GPU",
@@ -176,7 +177,7 @@ def test_catalog_show_and_refresh_without_credentials():
     r = run("catalog", "show")
     assert r.exit_code == 0 and "snapshot 2026-11-29" in r.output and "ASSUMPTION" in r.output
     with respx.mock(assert_all_called=True) as mock:
-        route = mock.get(catalog.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(200, json=OCI_PRICE_LIST))
+        route = mock.get(oci_prices.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(200, json=OCI_PRICE_LIST))
         r = run("catalog", "refresh")
     assert r.exit_code == 0, r.output
     assert route.calls.last.request.url.params["currencyCode"] == "USD"
@@ -197,7 +198,7 @@ def test_catalog_refresh_unreachable_price_list_keeps_the_snapshot():
     import respx
 
     with respx.mock() as mock:
-        mock.get(catalog.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(503, text="busy"))
+        mock.get(oci_prices.OCI_PRICE_LIST_URL).mock(return_value=httpx.Response(503, text="busy"))
         r = run("catalog", "refresh", "--provider", "oci")
     assert r.exit_code == 4
     assert "oci: refresh failed" in r.output and "keeping snapshot 2026-11-29" in r.output

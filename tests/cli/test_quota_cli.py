@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from broker.core.model import Quota
-from broker.core.provider import AuthError, Provider, ProviderCheck, QuotaRequest
+from broker.core.provider import AuthError, Provider, ProviderCheck
+from broker.core.records import QuotaRequest
 
 runner = CliRunner()
 

@@ -109,11 +109,11 @@ def test_plan_does_not_coerce_options_through_pydantic_adapters(tmp_path):
 
 
 def test_records_build_their_schema_on_first_use():
-    """Importing broker.core.model imports no pydantic; the ledger / cluster records (broker.core.records, reached through
-    broker.core.model's lazy names) build no schema until first used (``defer_build``)."""
+    """Importing broker.core.model imports no pydantic; the ledger / cluster records (broker.core.records, imported
+    from there) build no schema until first used (``defer_build``)."""
     code = ("import sys\nimport broker.core.model as m, broker.core.provider as p\nassert 'pydantic' not in sys.modules\n"
             "m.Requirements(budget_usd=None)\nassert 'pydantic' not in sys.modules\n"
-            "from broker.core.model import Cluster, ClusterNode, Run\nfrom broker.core.provider import InstanceInfo\n"
+            "from broker.core.records import Cluster, ClusterNode, InstanceInfo, Run\n"
             "assert 'pydantic' in sys.modules and Cluster is sys.modules['broker.core.records'].Cluster\n"
             "assert not any(c.__pydantic_complete__ for c in (Run, Cluster, ClusterNode, InstanceInfo))\n"
             "ClusterNode(node_rank=0, host='h', private_ip='10.0.0.1')\nassert ClusterNode.__pydantic_complete__\n"
@@ -240,7 +240,7 @@ def test_status_on_an_empty_home_imports_no_pydantic_or_rich(tmp_path):
     from datetime import datetime, timezone
 
     from broker.money.ledger import Ledger
-    from broker.core.model import Run
+    from broker.core.records import Run
 
     Ledger(tmp_path / "h" / "ledger.sqlite").create_run(Run(id="20261201-000000-abc123", name="t", provider="local",
                                                             topology="local", status="succeeded",

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Run
 from tests.conftest import REPO, broker_cmd
 
 

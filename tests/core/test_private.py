@@ -136,7 +136,8 @@ def test_node_secret_files_are_created_with_their_mode_over_sftp(tmp_path):
     another mode and no chmod (setstat) follows the write; a 0644 file already there is replaced, not reused."""
     import asyncssh
 
-    from broker.core.model import Cluster, ClusterNode, TopologyKind
+    from broker.core.model import TopologyKind
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.sshcluster import SSHCluster
 
     root = tmp_path / "node-fs"
@@ -355,7 +356,7 @@ def test_an_old_ledger_row_with_a_clear_env_secret_is_masked_in_status_json(cli_
     """A run row written by an older broker holds ``AWS_SECRET_ACCESS_KEY`` in clear: ``broker status RUN
     --json`` shows it masked (the record masks whatever wrote the row)."""
     from broker.money.ledger import Ledger
-    from broker.core.model import Run
+    from broker.core.records import Run
 
     sentinel = "old-row-sentinel-" + uuid.uuid4().hex
     with Ledger() as led:

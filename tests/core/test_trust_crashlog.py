@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Run
+from broker.core.records import Run
 from tests.conftest import REPO, broker_cmd
 
 

@@ -103,7 +103,8 @@ def _seed_billing(home: Path) -> None:
     from datetime import timedelta
 
     from broker.money.ledger import Ledger
-    from broker.core.model import Run, utcnow
+    from broker.core.model import utcnow
+    from broker.core.records import Run
 
     led = Ledger(home / "ledger.sqlite")
     now = utcnow()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Run
 from tests.conftest import REPO, broker_cmd
 
 
@@ -116,7 +117,7 @@ def test_ssh_config_install_refuses_injected_lines(broker_home, cli_env, tmp_pat
 
 def test_ssh_argv_keeps_user_and_host_out_of_option_parsing():
     from broker.cli.day2 import ssh_argv, ssh_config
-    from broker.core.model import Cluster
+    from broker.core.records import Cluster
     from broker.core.provider import BadInput
 
     c = Cluster.model_validate({"run_id": "r", "provider": "netns", "topology": "multi-node",

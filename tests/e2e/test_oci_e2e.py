@@ -108,10 +108,14 @@ class E2E:
         return public, self.hosts.ip(node)
 
     def on_running(self, inst: dict[str, Any]) -> None:
-        """What cloud-init does on a real VM: the run's key into authorized_keys; and sshd starts late."""
+        """What cloud-init does on a real VM: the run's key into authorized_keys, the boot script's last line (the
+        boot-done marker the SSH executor waits for: OCIProvider.boot_wait_command); and sshd starts late."""
         keys = self.hosts.root / "ssh" / "authorized_keys"
         with open(keys, "a") as f:
             f.write(inst["metadata"]["ssh_authorized_keys"].strip() + "\n")
+        work = Path(self.provider.node_workroot)
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "boot.done").write_text("")
         node = int(inst["freeformTags"]["broker-node"])
         if node in self.late:
             self.late[node].start()

@@ -20,7 +20,7 @@ from tests.support.plans import rank_options
 from broker.run.pipeline import run_pipeline
 from broker.money.ledger import Ledger
 from broker.core.model import TopologyKind
-from broker.core.provider import InstanceInfo, NodeRequest
+from broker.core.records import InstanceInfo, NodeRequest
 from broker.core.recipe import load_recipe
 from broker.providers.fake import FakeProvider
 from tests.conftest import REPO

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from broker.money.accounting import (armed_layers, check_budget, node_layer, pid_alive, resource_cost, run_cost,
                                      watchdog_state)
 from tests.support.clock import FakeClock
-from broker.core.model import Resource, Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Resource, Run
 from broker.core.provider import NoValidPlan
 
 T0 = utcnow().replace(microsecond=0)

@@ -15,7 +15,7 @@ import pytest
 from broker.money.accounting import ACTIVE_STATUSES, resource_cost
 from broker.cli.day2 import cost_data
 from broker.money.ledger import Ledger
-from broker.core.model import Resource, Run
+from broker.core.records import Resource, Run
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Requirements, Run, utcnow
+from broker.core.model import Requirements, utcnow
+from broker.core.records import Run
 from broker.core.provider import TransientError
 from broker.providers.fake import FakeProvider
 

@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from broker.cli.app import app
 from broker.money.ledger import Ledger
-from broker.core.model import Run, utcnow
-from broker.core.provider import NodeRequest
+from broker.core.model import utcnow
+from broker.core.records import Run
+from broker.core.records import NodeRequest
 from broker.providers.fake import FakeProvider
 
 
@@ -152,7 +153,7 @@ def test_down_and_status_say_when_a_prefix_is_ambiguous(tmp_path):
 
     from broker.cli.app import app
     from broker.money.ledger import Ledger
-    from broker.core.model import Run
+    from broker.core.records import Run
     from broker.core.provider import BadInput
 
     lg = Ledger()

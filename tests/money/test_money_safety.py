@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 from broker.cli.app import app
 from tests.support.plans import rank_options
 from broker.money.ledger import Ledger
-from broker.core.model import Requirements, Run, TopologyKind, utcnow
-from broker.core.provider import NodeRequest, NoValidPlan, ProviderError
+from broker.core.model import Requirements, TopologyKind, utcnow
+from broker.core.records import Run
+from broker.core.provider import NoValidPlan, ProviderError
+from broker.core.records import NodeRequest
 from broker.money.provision import provision
 from broker.money.reconcile import reconcile
 from broker.providers.fake import FakeProvider
@@ -228,7 +230,7 @@ def test_watchdog_retries_a_500_on_delete(cloud, monkeypatch):
 
 
 def test_teardown_order_follows_dependencies():
-    from broker.core.model import Resource
+    from broker.core.records import Resource
 
     t0 = utcnow()
     kinds = ["vcn", "subnet", "internet_gateway", "security_list", "route_table", "instance", "instance",

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Run
 from broker.money.teardown import terminate_resource
 from tests.support.vast_emulator import API_KEY, VastEmulator
 
@@ -509,7 +510,7 @@ def test_a_node_stopped_mid_job_ends_the_run_promptly_and_shows_as_stopped(tmp_p
 def test_the_job_ends_on_the_runs_clock_not_on_max_hours_counted_again(tmp_path, fake_cloud):
     """Provisioning took part of the run's time: the SSH executor's limit is what is left of the deadline (or of
     the budget at the rates the ledger holds), not the recipe's max_hours from now."""
-    from broker.core.model import Cluster, ClusterNode
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.runrecord import Context, Hooks
     from broker.run.kept import cluster_executor
     from broker.core.recipe import load_recipe

@@ -11,7 +11,8 @@ import pytest
 
 from tests.support.plans import rank_options
 from broker.money.ledger import Ledger
-from broker.core.model import Requirements, Resource, Run, TopologyKind, utcnow
+from broker.core.model import Requirements, TopologyKind, utcnow
+from broker.core.records import Resource, Run
 from broker.core.provider import AuthError, NoValidPlan, OfferGone, ProviderError
 from broker.money.provision import provision
 from broker.money.reconcile import reconcile
@@ -323,7 +324,7 @@ def test_reconcile_finds_orphans_adopts_intents_and_terminates_ledger_visibly(en
     provision(options(p)[:1], run, Requirements(), ledger, providers={"fake": p}, **FAST)
     known = live_fake(p)[0]
     # an instance nobody recorded (e.g. the ledger file was lost) ...
-    from broker.core.provider import NodeRequest
+    from broker.core.records import NodeRequest
 
     o = options(p)[0].offers[0]
     stray = p.create_instance(NodeRequest(run_id="lost-run", node_index=0, name="broker-lost-run-n0", offer=o,

@@ -12,7 +12,8 @@ from datetime import timedelta
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Run, utcnow
+from broker.core.model import utcnow
+from broker.core.records import Run
 from tests.conftest import broker_cmd
 
 from tests.support.vast_emulator import API_KEY as KEY  # noqa: E402
@@ -142,7 +143,7 @@ def fake(tmp_path, fake_cloud):
 
 
 def _fake_instance(p, run_id: str, installation_id: str | None, tagged: bool = True) -> str:
-    from broker.core.provider import NodeRequest
+    from broker.core.records import NodeRequest
     from broker.core.model import Requirements
 
     offer = next(o for o in p.offers(Requirements()) if o.gpu_count == 1)

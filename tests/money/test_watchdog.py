@@ -13,7 +13,8 @@ import pytest
 
 from tests.support.clock import FakeClock
 from broker.core.model import Requirements
-from broker.core.provider import NodeRequest, ProviderError
+from broker.core.provider import ProviderError
+from broker.core.records import NodeRequest
 from broker.money.watchdog import Watchdog, WatchdogBusy, WatchdogLock, idle_watch_script
 from tests.support.watchdog_helpers import CountingFake, make_run, provision
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from broker.plan import catalog
+from broker.providers.oci import prices as oci_prices
+from broker.providers.vast import snapshot as vast_snapshot
 from broker.core.model import Offer, Requirements
 
 # ../shared beside the checkout (developers' machines and CI lay it there)
@@ -41,7 +43,7 @@ def test_vast_offers_from_medians():
     assert (o.gpu_name, o.gpu_count, o.gpu_mem_gib, o.usd_per_hour) == ("RTX 3090", 2, 24.0, 0.33)
     assert o.region == "Quebec, CA, NA" and o.zone is None
     assert o.private_network is False
-    assert o.storage_usd_per_gib_month == catalog.VAST_STORAGE_USD_PER_GIB_MONTH
+    assert o.storage_usd_per_gib_month == vast_snapshot.VAST_STORAGE_USD_PER_GIB_MONTH
     assert o.min_billed_seconds == 0
     assert o.price_source == "snapshot 2026-11-29 (SkyPilot catalog medians)"
     assert o.price_time == datetime(2026, 11, 29, tzinfo=timezone.utc)
@@ -129,15 +131,15 @@ def test_oci_price_list_parsing_and_shape_matching():
         {"partNumber": "B4", "displayName": "Compute - Standard - E4 - OCPU",
          "currencyCodeLocalizations": [{"currencyCode": "USD", "prices": [{"model": "PAY_AS_YOU_GO", "value": 0.025}]}]},
     ]}
-    skus = catalog.parse_oci_price_list(data)
+    skus = oci_prices.parse_oci_price_list(data)
     assert skus == {"a10": (2.0, "B1 Compute - GPU - A10"), "h100t": (10.0, "B2 OCI - Compute - GPU - H100T"),
                     "a100 80gb".replace(" ", ""): (4.0, "B3 Compute - GPU - A100 80GB")}
-    assert catalog._oci_sku_for("A10", skus)[0] == 2.0
-    assert catalog._oci_sku_for("A100", skus) is None  # not "A10"
-    assert catalog._oci_sku_for("H100", skus)[0] == 10.0
-    assert catalog._oci_sku_for("A100-80GB", skus)[0] == 4.0
-    assert catalog._oci_sku_for("A100-40GB", skus) is None  # never the 80 GB price for the 40 GB shape
-    assert catalog.parse_oci_price_list({}) == {}
+    assert oci_prices._oci_sku_for("A10", skus)[0] == 2.0
+    assert oci_prices._oci_sku_for("A100", skus) is None  # not "A10"
+    assert oci_prices._oci_sku_for("H100", skus)[0] == 10.0
+    assert oci_prices._oci_sku_for("A100-80GB", skus)[0] == 4.0
+    assert oci_prices._oci_sku_for("A100-40GB", skus) is None  # never the 80 GB price for the 40 GB shape
+    assert oci_prices.parse_oci_price_list({}) == {}
 
 
 def test_vast_snapshot_rows_carry_no_placeholder_cpu_or_ram():

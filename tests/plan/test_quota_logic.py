@@ -6,10 +6,11 @@ import pytest
 from dataclasses import replace
 
 from broker.core.model import Quota
-from broker.plan.quota import (AWS_QUOTA_CODES, aws_family, aws_quota_code, default_reason, desired_value,
-                          explain_usage, gpus_to_instances, gpus_to_vcpus, instance_specs, instances_allowed,
-                          instances_to_gpus, instances_to_vcpus, limit_for, needs_for, oci_limit_name, units_needed,
-                          vcpus_to_instances, verdict)
+from broker.plan.quota import (default_reason, desired_value, explain_usage, gpus_to_instances, gpus_to_vcpus,
+                          instance_specs, instances_allowed, instances_to_gpus, instances_to_vcpus, limit_for, needs_for,
+                          units_needed, vcpus_to_instances, verdict)
+from broker.providers.aws.limits import AWS_QUOTA_CODES, aws_family, aws_quota_code
+from broker.providers.oci.limits import oci_limit_name
 
 AWS_TYPES = sorted(instance_specs("aws"))
 OCI_TYPES = sorted(instance_specs("oci"))

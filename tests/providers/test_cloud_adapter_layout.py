@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "providers"
-ALLOWED = {"broker.core.model", "broker.core.provider", "broker.core.config", "broker.core.nodescripts", "broker.plan.catalog", "broker.plan.quota"}
+ALLOWED = {"broker.core.model", "broker.core.provider", "broker.core.records", "broker.core.config", "broker.core.nodescripts",
+           "broker.plan.catalog", "broker.providers"}
 SDKS = ("oci", "boto3", "botocore", "google")
 
 

@@ -103,6 +103,59 @@ def test_the_derived_lists_are_what_the_core_used_to_keep_by_hand():
     assert {n: pricing.setup_allowance_seconds(n) for n in NAMES} == {
         "local": 0, "vast": 600, "oci": 900, "aws": 600, "gcp": 900, "netns": 0, "slurm": 0, "fake": 0}
     assert pricing.setup_allowance_seconds("nosuch") == pricing.DEFAULT_SETUP_ALLOWANCE_SECONDS
+    from broker.run import pipeline
+    from broker.slurm import cluster
+
+    assert cluster.UP_PROVIDERS == registry.SLURM_NODES == ("netns", "oci", "aws", "gcp")
+    assert set(pipeline.RUN_PROVIDERS) == {"local", "netns", "slurm", "vast", "oci", "aws", "gcp", "fake"}
+    assert registry.PRETEND == ("fake",)
+
+
+def test_each_adapter_decides_what_the_core_used_to_decide_by_its_name(monkeypatch):
+    """What the core read from hand-kept tables keyed by cloud name now comes from the adapters: the SSH wait
+    (pipeline.READY_TIMEOUT_S used to give OCI and AWS 300 s while the adapters declared 600 s and 420 s), the node
+    switch words (accounting.node_layer), the quota tables (plan.quota.limit_for), the fake-state switch
+    (provision.reconcile_providers)."""
+    from broker.money import accounting
+    from broker.plan import quota
+    from broker.run.pipeline import CloudTarget
+    from broker.core.records import Resource
+
+    t = CloudTarget.__new__(CloudTarget)
+    t.providers = None
+    assert {n: t._adapter_ready_timeout(n) for n in ("oci", "aws", "vast")} == {
+        n: registry.provider_class(n).ssh_ready_timeout_s for n in ("oci", "aws", "vast")} == {
+        "oci": 600.0, "aws": 420.0, "vast": 180.0}
+    assert t._adapter_ready_timeout("test-double") == Provider.ssh_ready_timeout_s
+    ref = quota.limit_for("aws", "g5.xlarge")
+    assert (ref.name, ref.unit, ref.scope_kind, ref.service) == ("L-DB2E81BA", "vcpus", "region", "ec2")
+    ref = quota.limit_for("oci", "VM.GPU.A10.1")
+    assert (ref.name, ref.unit, ref.scope_kind, ref.service) == ("gpu-a10-count", "gpus", "AD", "compute")
+    assert quota.limit_for("vast", "1x RTX_4090") is None
+    ref = quota.limit_for("gcp", "n1-standard-4+t4")
+    assert (ref.name, ref.unit, ref.scope_kind, ref.service) == ("NVIDIA_T4_GPUS", "gpus", "region", "compute")
+
+    def row(provider, **attrs):
+        return Resource(id="r1", run_id="run1", provider=provider, kind="instance", name="n0",
+                        attrs={"deadman_grace_s": 300, **attrs})
+
+    deadline = {"deadline": "2030-01-01T00:00:00+00:00"}
+    monkeypatch.setattr(accounting, "effective_deadline", lambda res, run: deadline["deadline"])
+    assert accounting.node_layer(row("vast")) == "self-destroy via the Vast API at deadline + 300 s grace"
+    assert accounting.node_layer(row("aws")) == ("scheduled shutdown at deadline + 300 s grace, "
+                                                 "InstanceInitiatedShutdownBehavior=terminate")
+    assert accounting.node_layer(row("oci", instance_principal=True)) == (
+        "self-terminate with an instance principal at deadline + 300 s grace")
+    assert accounting.node_layer(row("oci", instance_principal=False)) is None
+    assert accounting.node_layer(row("netns")) is None
+    assert accounting.node_layer(row("gcp")) == ("self-delete with the VM's service account at deadline + 300 s grace "
+                                                 "(else power off)")
+
+    fake = registry.provider_class("fake")
+    monkeypatch.delenv("BROKER_FAKE_STATE", raising=False)
+    assert not fake.pretend_active()
+    monkeypatch.setenv("BROKER_FAKE_STATE", "/nonexistent/state.json")
+    assert fake.pretend_active()
 
 
 def test_a_new_registry_line_reaches_every_derived_list():
@@ -154,20 +207,8 @@ def test_reading_the_capabilities_imports_no_adapter(tmp_path):
 
 # ------------------------------------------------------------------------------------ cloud names in the core
 #: core files that still hold cloud-name string constants, with how many: each needs a capability (or a move into
-#: its adapter) and leaves this list when done.  A file not listed here must hold none.
-NOT_YET_DONE = {
-    # owned by other engineers this session (pipeline: READY_TIMEOUT_S, RUN_PROVIDERS; provision/watchdog: the
-    # fake-state env switch; accounting: node_layer per provider -> node_switch / node_switch_requires)
-    "broker/run/pipeline.py": 4,
-    "broker/run/cloudtarget.py": 3,
-    "broker/money/reconcile.py": 2,
-    "broker/money/accounting.py": 3,
-    # the snapshot builder's per-cloud source notes (_META, build_shipped) and Oracle's price-list reader: move
-    # into providers/<name>/ with the snapshot recipe
-    "broker/plan/catalog.py": 8,
-    # which limit table covers an instance type (aws_quota_code / oci_limit_name): move into the adapters
-    "broker/plan/quota.py": 2,
-}
+#: its adapter) and leaves this list when done.  A file not listed here must hold none; none is left.
+NOT_YET_DONE: dict[str, int] = {}
 
 
 def _cloud_names() -> set[str]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from broker.money.ledger import Ledger
-from broker.core.model import Requirements, Run, utcnow
+from broker.core.model import Requirements, utcnow
+from broker.core.records import Run
 from broker.plan.planner import plan
 from broker.core.provider import NoValidPlan
 from tests.providers.aws.test_aws_moto import ec2, env, image_id, moto_url, offer, prov  # noqa: F401 - fixtures
@@ -125,7 +126,7 @@ def test_local_node_inside_the_ssh_cluster_runs_here(tmp_path, monkeypatch):
     timeouts through SSHCluster's own calls, no SSH; TS_AUTHKEY does not reach its commands."""
     import asyncssh
 
-    from broker.core.model import Cluster, ClusterNode
+    from broker.core.records import Cluster, ClusterNode
     from broker.run.sshcluster import SSHCluster, node_base
 
     monkeypatch.setenv("TS_AUTHKEY", "tskey-auth-secret")

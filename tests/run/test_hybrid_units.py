@@ -238,7 +238,7 @@ def test_tailscale_not_running_here_is_named(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------------- tunnel preflight
 def _cluster():
-    from broker.core.model import Cluster, ClusterNode
+    from broker.core.records import Cluster, ClusterNode
 
     nodes = [ClusterNode(node_rank=i, host=f"10.0.0.{i}", private_ip=f"198.18.5.{i + 1}",
                          env=hybrid.tunnel_env(f"wgabc{i}")) for i in range(2)]

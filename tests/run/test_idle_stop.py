@@ -172,7 +172,8 @@ def test_kept_message_names_the_key_endpoint_and_how_to_stop():
     from types import SimpleNamespace
 
     from broker.cli.lifecycle import kept_message
-    from broker.core.model import Cluster, ClusterNode, Resource, TopologyKind, utcnow
+    from broker.core.model import TopologyKind, utcnow
+    from broker.core.records import Cluster, ClusterNode, Resource
 
     cluster = Cluster(run_id="run-x", provider="vast", topology=TopologyKind.multi_node, workroot="/root/broker",
                       ssh_key_path="/home/me/.broker/runs/run-x/ssh/id_ed25519",

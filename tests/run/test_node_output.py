@@ -18,7 +18,8 @@ import pytest
 
 from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination, collect_local
 from broker.run.supervisor import LocalNode, RunResult, Supervisor
-from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.model import TopologyKind
+from broker.core.records import Cluster, ClusterNode
 from tests.conftest import REPO, broker_cmd
 
 asyncssh = pytest.importorskip("asyncssh")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from broker.run import preflight as pf
-from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.model import TopologyKind
+from broker.core.records import Cluster, ClusterNode
 from broker.core.recipe import Recipe
 
 

@@ -6,7 +6,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from broker.core.model import Cluster, ClusterNode, TopologyKind
+from broker.core.model import TopologyKind
+from broker.core.records import Cluster, ClusterNode
 from broker.core.recipe import Recipe
 from broker.run.sshcluster import SSHCluster, _known_hosts_has
 from broker.run.remote import env_file, launch_command, node_env

@@ -220,7 +220,7 @@ def test_cpu_lint_advice_on_cpu_nodes_only(tmp_path):
 
 def test_run_on_an_unknown_or_ended_cluster_is_refused(tmp_path):
     from broker.money.ledger import Ledger
-    from broker.core.model import Run
+    from broker.core.records import Run
     from broker.slurm.executor import SlurmOptions
 
     led = Ledger()

@@ -7,8 +7,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from broker.money.ledger import Ledger, new_id
-from broker.core.model import Requirements, Resource, Run, utcnow
-from broker.core.provider import NodeRequest
+from broker.core.model import Requirements, utcnow
+from broker.core.records import Resource, Run
+from broker.core.records import NodeRequest
 from broker.providers.fake import FakeProvider
 
 

@@ -188,7 +188,9 @@ def test_security_group_5xx_keeps_the_intent_row(sprov, stubs):
 def test_ready_timeout_default_and_boot_marker_last(tmp_path):
     from broker.providers.aws import AWSProvider, user_data_script
 
-    assert AWSProvider.ssh_ready_timeout_s >= 120 and AWSProvider.boot_marker == "boot.done"
+    from broker.providers.aws import BOOT_DONE
+
+    assert AWSProvider.ssh_ready_timeout_s >= 120 and BOOT_DONE == "boot.done"
     script = user_data_script(None, 300, "ssh-ed25519 AAAA k", onstart=f"echo x > {tmp_path}/onstart.txt")
     path = tmp_path / "ud.sh"
     path.write_text(script)
@@ -212,14 +214,19 @@ def test_vcpu_limit_scope_is_region_and_family_bucket(sprov, stubs, it, vcpus, s
         sprov.create_instance(node(stub_offer(it, vcpus)))
     assert ei.value.scope == scope and ei.value.region == "us-east-1"
     assert ei.value.quota_code == ("L-DB2E81BA" if it.startswith("g") else "L-417A185B")
-    # what the core skips: options whose scope is the error's -- same family bucket in that region only
-    same = {o: sprov.quota_scope_of(stub_offer(o)) == ei.value.scope for o in ("g5.xlarge", "g6.xlarge",
-                                                                               "p4d.24xlarge", "p5.48xlarge")}
+    # the scope names one family bucket in one region: the same bucket's types share it, the other family's not
+    from broker.providers.aws.api import quota_scope
+
+    def scope_of(o):
+        return quota_scope(o.region or sprov.region, o.instance_type)
+
+    same = {o: scope_of(stub_offer(o)) == ei.value.scope for o in ("g5.xlarge", "g6.xlarge",
+                                                                   "p4d.24xlarge", "p5.48xlarge")}
     assert same == ({"g5.xlarge": True, "g6.xlarge": True, "p4d.24xlarge": False, "p5.48xlarge": False}
                     if it.startswith("g") else
                     {"g5.xlarge": False, "g6.xlarge": False, "p4d.24xlarge": True, "p5.48xlarge": True})
     other_region = replace(stub_offer(it), region="us-west-2")
-    assert sprov.quota_scope_of(other_region) != ei.value.scope
+    assert scope_of(other_region) != ei.value.scope
 
 
 # ------------------------------------------------------------------------------------------------ item 6
@@ -254,9 +261,9 @@ def test_run_cleanup_in_dependency_order(prov, ec2):
     assert prov.delete_run_network(run) == []  # moto terminates at once
     assert prov.describe_instance(iid).state == "terminated"
     assert prov.list_tagged(run) == []
-    from broker.providers.aws import AWSProvider
+    from broker.providers.aws import DELETE_ORDER
 
-    assert AWSProvider.delete_order == ("instance", "security_group", "placement_group")
+    assert DELETE_ORDER == ("instance", "security_group", "placement_group")
 
 
 def test_boot_wait_command_matches_the_user_data_marker(tmp_path):

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from broker.core.model import Offer, Requirements, utcnow
-from broker.core.provider import RUN_TAG, NodeRequest
+from broker.core.provider import RUN_TAG
+from broker.core.records import NodeRequest
 
 ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
        "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from broker.core.model import Offer, Quota, Requirements, utcnow
-from broker.core.provider import (RUN_TAG, AmbiguousCreate, AuthError, CapacityError, NodeRequest, ProviderError,
-                             QuotaError, QuotaRequest, TransientError)
+from broker.core.provider import (
+    RUN_TAG, AmbiguousCreate, AuthError, CapacityError, ProviderError, QuotaError, TransientError)
+from broker.core.records import NodeRequest, QuotaRequest
 
 
 @pytest.fixture(autouse=True)

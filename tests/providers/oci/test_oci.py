@@ -18,8 +18,8 @@ from werkzeug import Request, Response
 oci = pytest.importorskip("oci")
 
 from broker.core.model import Offer, Quota, Requirements, utcnow  # noqa: E402
-from broker.core.provider import (RUN_TAG, AuthError, CapacityError, NodeRequest, ProviderError,  # noqa: E402
-                             QuotaError, QuotaRequest, TransientError)
+from broker.core.provider import RUN_TAG, AuthError, CapacityError, ProviderError, QuotaError, TransientError
+from broker.core.records import NodeRequest, QuotaRequest
 from broker.providers.oci import OCIProvider, limit_for_shape  # noqa: E402
 
 TENANCY = "ocid1.tenancy.oc1..aaaaaaaatenancy"
@@ -714,7 +714,7 @@ class LedgerRecorder:
 
 def test_bootstrap_launch_and_teardown_through_the_ledger(cfg, server, tmp_path):
     from broker.money.ledger import Ledger
-    from broker.core.model import Run
+    from broker.core.records import Run
     from broker.money.teardown import teardown_run
 
     journal: list[tuple[str, str]] = []

@@ -20,7 +20,8 @@ import re
 import respx
 
 from broker.core.model import Offer, Requirements
-from broker.core.provider import AuthError, BadInput, NodeRequest, OfferGone, ProviderError, TransientError
+from broker.core.provider import AuthError, BadInput, OfferGone, ProviderError, TransientError
+from broker.core.records import NodeRequest
 
 URL = "https://console.vast.ai"
 KEY = "vk-test-0123456789abcdef"

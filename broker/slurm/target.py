@@ -1,0 +1,78 @@
+"""The pipeline's target for a Slurm cluster (:class:`SlurmTarget`): what ``broker run --provider slurm`` acquires
+(nothing: the partition is checked) and which executor runs the job (:class:`broker.slurm.executor.SlurmExecutor`).
+
+The Slurm adapter hands it to the pipeline (:meth:`broker.providers.slurm.SlurmProvider.run_target`), so the run
+layer never imports the Slurm layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from broker.core.recipe import Recipe
+from broker.core.records import Cluster, Run
+from broker.providers import get_provider
+from broker.run.runrecord import Context
+from broker.run.targets import Target
+
+if TYPE_CHECKING:
+    from broker.run.executor import Executor
+    from broker.slurm.executor import SlurmOptions
+
+
+class SlurmTarget(Target):
+    """A Slurm cluster broker does not own (here or through ``options.host``): acquire checks the partition; the
+    job is the executor's (:class:`broker.slurm.executor.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
+
+    provider, topology = "slurm", "slurm"
+
+    def __init__(self, recipe: Recipe, options: "SlurmOptions", *, provider: Any = None):
+        self.recipe, self.opts = recipe, options
+        if provider is None and options.cluster:  # a cluster from `broker slurm up`: commands run on its node 0
+            from broker.slurm.cluster import attach
+
+            provider = attach(options)
+        self.prov = provider or get_provider("slurm", host=options.host)  # the adapter through the registry
+        self.gpus = False
+
+    def check(self) -> None:
+        from broker.slurm.executor import slurm_preconditions
+
+        self.gpus = slurm_preconditions(self.recipe, self.prov, self.opts)
+
+    def plan_record(self) -> dict[str, Any]:
+        o = self.opts
+        return {**super().plan_record(), "host": o.host, "partition": o.partition, "account": o.account,
+                "gpus": self.gpus}
+
+    def describe(self) -> str:
+        return (f"topology slurm (Slurm {self.prov.shell.where}, "
+                f"{'GPUs' if self.gpus else 'no GPU: gloo on CPU (cpu_ok)'})")
+
+    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
+        from broker.slurm.executor import SlurmExecutor
+
+        return SlurmExecutor(recipe, self.prov, self.opts, run=run, ledger=ctx.ledger, gpus=self.gpus,
+                             echo=ctx.hooks.echo)
+
+
+def target_for(recipe: Recipe, options: "SlurmOptions | None") -> SlurmTarget:
+    """The target of ``broker run --provider slurm``: ``options`` (``--partition``, ``--cluster``...), else the
+    settings' defaults (:class:`broker.slurm.executor.SlurmOptions`)."""
+    from broker.slurm.executor import SlurmOptions
+
+    return SlurmTarget(recipe, options or SlurmOptions())
+
+
+def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
+                     options: SlurmOptions | None = None, provider=None,
+                     on_start: Callable[[object, str], None] | None = None):
+    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
+    Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a :class:`SlurmTarget`)."""
+    from broker.run.pipeline import run_pipeline
+    from broker.run.runrecord import Hooks
+    from broker.slurm.executor import SlurmOptions
+
+    target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
+    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
+    return out.run, out.result
