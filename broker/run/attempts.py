@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from broker.core.provider import BrokerError, Provider
 
 if TYPE_CHECKING:
-    from broker.core.model import Cluster, Run
+    from broker.core.records import Cluster, Run
     from broker.core.recipe import Recipe
     from broker.run.runrecord import Context
     from broker.run.supervisor import RunResult

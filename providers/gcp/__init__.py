@@ -44,7 +44,7 @@ from broker.providers.gcp.network import DELETE_ORDER
 from broker.providers.gcp.offers import parse_type, snapshot_offers
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
+    from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 __all__ = ["DEFAULT_IMAGE", "DELETE_ORDER", "GCPApi", "GCPProvider", "PROVIDER", "TOKEN_TAG", "parse_type",
            "snapshot_offers"]

@@ -20,7 +20,7 @@ from broker.providers.gcp.offers import list_price, parse_type
 from broker.providers.gcp.scripts import startup_script
 
 if TYPE_CHECKING:
-    from broker.core.provider import InstanceInfo, NodeRequest, TaggedResource
+    from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
     from broker.providers.gcp.api import GCPApi
 
 TOKEN_TAG = "broker-client-token"
@@ -124,7 +124,7 @@ def _meta(inst: Any) -> dict[str, str]:
 
 def describe_instance(api: "GCPApi", provider_id: str) -> "InstanceInfo":
     """State and addresses (``networkIP``, the external ``natIP``); a 404 means gone: ``terminated``."""
-    from broker.core.provider import InstanceInfo
+    from broker.core.records import InstanceInfo
 
     project = api.require_project("instances.get")
     zone, name = split_id(provider_id)
@@ -209,7 +209,7 @@ def list_tagged(api: "GCPApi", run_id: str | None = None) -> list["TaggedResourc
     run is ``run_id`` (any when None).  An answer that cannot be read is a ProviderError, never an empty list."""
     from datetime import datetime
 
-    from broker.core.provider import TaggedResource
+    from broker.core.records import TaggedResource
     from broker.providers.gcp.network import list_network
 
     out: list[TaggedResource] = []

@@ -16,7 +16,8 @@ from broker.core.provider import INSTALL_TAG, RUN_TAG, ProviderError, TransientE
 from broker.providers.gcp.api import PROVIDER
 
 if TYPE_CHECKING:
-    from broker.core.provider import Ingress, Recorder
+    from broker.core.provider import Recorder
+    from broker.core.records import Ingress
     from broker.providers.gcp.api import GCPApi
 
 SUBNET_CIDR = "10.200.0.0/20"

@@ -20,7 +20,7 @@ from broker.core.provider import AuthError, BadInput, ProviderError
 from broker.providers.gcp.api import PROVIDER
 
 if TYPE_CHECKING:
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
     from broker.providers.gcp.api import GCPApi
 
 SERVICE = "compute.googleapis.com"
@@ -54,7 +54,7 @@ def request_quota(api: "GCPApi", quota: Quota, value: float, reason: str, *, dra
     ``value``.  ``draft`` or no credentials: only the console form (state ``DRAFT``) with the link and the exact
     fields.  Raises BadInput (no contact email), AuthError (API off / no permission, with the fix),
     ProviderError."""
-    from broker.core.provider import QuotaRequest
+    from broker.core.records import QuotaRequest
 
     new_value = int(math.ceil(value))
     qid = quota_id(quota.name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from broker.core.model import Cluster
+from broker.core.records import Cluster
 from broker.core.recipe import Recipe
 from broker.run.executor import run_steps
 from broker.run.launch import LocalExecutor, LocalLaunchSpec

@@ -73,7 +73,7 @@ def req(nodes: int = 2, **kw: Any) -> Requirements:
 
 
 def node_request(offer: Any, net: dict, i: int = 0, run_id: str = "r-abc123", **kw: Any):
-    from broker.core.provider import NodeRequest
+    from broker.core.records import NodeRequest
 
     return NodeRequest(run_id=run_id, node_index=i, name=f"broker-{run_id}-n{i}", offer=offer,
                        ssh_public_key="ssh-ed25519 AAAAC3Nza test@x", client_token=f"res{i}abcdef",
@@ -309,7 +309,7 @@ def test_list_tagged_fails_loudly_on_an_unreadable_answer(emu):
 def test_provision_fails_over_a_stocked_out_zone_and_teardown_leaves_nothing(emu, tmp_ledger, tmp_path):
     """The core's ledger-first provisioning with the real adapter: zone a is out of stock, so the option in the
     next zone serves; the core's teardown then deletes instances, firewalls, subnet and network in order."""
-    from broker.core.model import Run
+    from broker.core.records import Run
     from broker.money.provision import provision
     from broker.money.teardown import teardown_run
     from broker.plan.planner import plan
@@ -444,7 +444,7 @@ def test_broker_quota_check_request_status_against_the_emulator(emu, tmp_path, m
 
 # ------------------------------------------------------------------------------------------------ hybrid, slurm
 def test_open_ingress_adds_one_firewall_rule_per_port_to_the_run_tag(emu):
-    from broker.core.provider import Ingress
+    from broker.core.records import Ingress
 
     p = make(emu)
     rec = Rec()
@@ -539,7 +539,7 @@ def test_broker_plan_offline_shows_gcp_options_and_rejections_without_importing_
 def test_provision_skips_what_an_exhausted_gpu_quota_covers_and_serves_another_gpu(emu, tmp_ledger, tmp_path):
     """QUOTA_EXCEEDED on NVIDIA_T4_GPUS skips every T4 option of the region (not the L4 ones), with the ready
     `broker quota request` command in the progress."""
-    from broker.core.model import Run
+    from broker.core.records import Run
     from broker.money.provision import provision
     from broker.money.teardown import teardown_run
     from broker.plan.planner import plan
@@ -572,7 +572,7 @@ COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
 
 
 def test_status_counts_the_gcp_node_switch_as_a_teardown_layer():
-    from broker.core.model import Resource
+    from broker.core.records import Resource
     from broker.money.accounting import node_layer
 
     res = Resource(id="res1", run_id="r1", provider="gcp", kind="instance", name="n0",
