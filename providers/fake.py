@@ -357,6 +357,16 @@ class FakeProvider(Provider):
         with self._state() as st:
             st["instances"][provider_id]["state"] = "terminated"
             st["instances"][provider_id]["terminated_at"] = time.time()
+            st["instances"][provider_id]["reclaimed"] = True
+
+    def preemption(self, resource_id: str) -> str | None:
+        """The pretend cloud's word: an instance terminated behind broker's back (:meth:`destroy`: the provider
+        took it back) was preempted; None for one broker terminated, a running one or an unknown id."""
+        with self._state() as st:
+            inst = st["instances"].get(resource_id)
+        if inst and inst.get("reclaimed"):
+            return "terminated by the provider (the fake cloud reclaimed it)"
+        return None
 
     def networks(self) -> dict[str, dict[str, Any]]:
         """The raw network objects (tests)."""

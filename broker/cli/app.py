@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from broker import __version__
+from broker.cli.report import _closed_std_streams, _quiet_broken_pipe, _report  # noqa: F401 - the boundary's
 from broker.core.errors import Terminated  # SIGTERM / SIGHUP as an interrupt
 from broker.core.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
                            OutputClosed)
@@ -191,47 +192,6 @@ def _app_for(args: list[str]) -> typer.Typer:
 
 
 # ------------------------------------------------------------------------------------------------ error boundary
-def _report(code: int, message: str, hint: str | None, *, kind: str, as_json: bool,
-            extra: dict[str, Any] | None = None, json_object: bool = True) -> int:
-    """Print one error: the one-line message (and its hint) on stderr, and with ``--json`` also a JSON object
-    ``{"schema_version": 1, "error": {...}}`` on stdout (what a script reads) unless ``json_object`` is False (the
-    command printed its own object with the error in it); returns ``code``.  With ``--json`` the stderr lines are
-    never wrapped; a closed stderr leaves ``code`` as it is."""
-    import typer
-
-    if as_json and json_object:
-        import json
-
-        from broker.core.ui import json_payload
-
-        err: dict[str, Any] = {"type": kind, "message": message, "hint": hint, "exit_code": code}
-        err.update(extra or {})
-        try:
-            sys.stdout.write(json.dumps(json_payload({"error": err}), indent=2) + "\n")
-            sys.stdout.flush()
-        except (BrokenPipeError, ValueError):  # stdout gone: the stderr line below still says it
-            pass
-    from broker.core.ui import NO_WRAP_WIDTH, wrap_plain
-    from broker.core.ui import err as err_console
-
-    label = "internal error" if kind == "internal" else "error"
-    # the terminal's, else COLUMNS, else 80 (pipes, CI logs); with --json one line each (a script greps it)
-    width = NO_WRAP_WIDTH if as_json else err_console.prose_width
-    try:
-        first, *more = wrap_plain(f"{label}: {message}", width)
-        typer.echo(typer.style(f"{label}:", fg="red", bold=True) + first[len(label) + 1:], err=True)
-        for line in more:
-            typer.echo(line, err=True)
-        if hint:
-            first, *more = wrap_plain(f"  -> {hint}", width)
-            typer.echo(typer.style("  ->", fg="yellow") + first[4:], err=True)
-            for line in more:
-                typer.echo(line, err=True)
-    except (BrokenPipeError, OutputClosed, OSError, ValueError):  # stderr closed (`2>&1 | head -0`): the code stands
-        _quiet_broken_pipe()
-    return code
-
-
 def scrub(text: str) -> str:
     """``text`` without secrets: values of environment variables whose names say key / secret / token / password
     (8 characters or more) and ``api_key=...``-style query values become ``***``."""
@@ -521,36 +481,6 @@ def _broken_pipe(exc: BaseException) -> BrokenPipeError | None:
     return None
 
 
-def _closed_std_streams() -> list[int]:
-    """File descriptors among stdout (1) and stderr (2) that are pipes whose reader has gone (POLLERR)."""
-    import select
-
-    out: list[int] = []
-    for fd in (1, 2):
-        try:
-            p = select.poll()
-            p.register(fd, select.POLLOUT)
-            if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0)):
-                out.append(fd)
-        except (OSError, ValueError, AttributeError):  # closed descriptor, no poll() on this platform
-            continue
-    return out
-
-
-def _quiet_broken_pipe() -> int:
-    """stdout's (or stderr's) reader went away (``broker offers | head -1``): no message, no traceback, exit 141
-    like ``git log | head -1``.  The closed streams point at /dev/null from here on, so that Python's own flush at
-    exit does not print "Exception ignored ... BrokenPipeError" (the note on SIGPIPE in Python's ``signal``
-    documentation)."""
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in _closed_std_streams():
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    return EXIT_BROKEN_PIPE
-
-
 def _plain_usage(cmd: Any) -> None:
     """Usage lines read ``broker run [OPTIONS] RECIPE``: newer Typer writes a required argument as ``{RECIPE}``
     there (the Arguments list and the docs say ``RECIPE``), ``{PATH...}...`` for ``PATH...``; applied to ``cmd`` and every subcommand."""
@@ -666,7 +596,7 @@ def main(argv: list[str] | None = None) -> None:
 
         fast = fastplan.parse(args)  # `broker plan ...` in its common forms: no Typer app to build (start-up time)
         if fast is not None:
-            rv = fastplan.run(*fast)
+            rv = fastplan.run(*fast, root=root_verbose)
         else:
             rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0

@@ -17,6 +17,21 @@ from typing import Any, Optional
 import typer
 
 
+def refuse_stopped(ledger: Any, run_id: str) -> None:
+    """Raise BadInput when the machines of run ``run_id`` are stopped (``broker ssh`` / ``exec`` would wait for a
+    machine that is off), naming ``broker start``; nothing when the run is unknown or not stopped."""
+    from broker.core.provider import BadInput
+
+    try:
+        run = ledger.find_run(run_id)
+    except BadInput:
+        return  # the caller's own lookup says why
+    off = [r for r in ledger.resources(run.id, live_only=True) if r.state in ("stopping", "stopped")]
+    if off:
+        raise BadInput(f"the machines of run {run.id} are stopped ({', '.join(r.provider_id or r.name for r in off)})",
+                       hint=f"`broker start {run.id}` starts them again (a new address, SSH checked)")
+
+
 def _node_log(run: Any, node: int) -> Path:
     """Node ``node``'s log, confined to the run's folder (:func:`broker.core.runfolder.confined_log`: a ledger row's
     ``log_paths`` / ``run_dir`` never name a file elsewhere)."""
@@ -123,8 +138,6 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
 
     from broker.run.kept import kept_cluster
     from broker.run.sshcluster import SSHCluster
-
-    from broker.cli.stopstart import refuse_stopped
 
     refuse_stopped(ledger, run_id)
     run, cluster = kept_cluster(ledger, run_id)
@@ -482,8 +495,6 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
         from broker.run.kept import kept_cluster
         from broker.core.provider import BadInput
-
-        from broker.cli.stopstart import refuse_stopped
 
         refuse_stopped(Ledger(), run_id)
         run, cluster = kept_cluster(Ledger(), run_id)

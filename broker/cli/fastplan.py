@@ -135,15 +135,15 @@ def parse(args: list[str]) -> tuple[int, dict[str, Any]] | None:
     return verbose, out
 
 
-def run(verbose: int, kwargs: dict[str, Any]) -> int:
+def run(verbose: int, kwargs: dict[str, Any], root: Callable[[int], None] | None = None) -> int:
     """Run ``broker plan`` with parsed options the way Typer's ``main`` runs a command in non-standalone mode:
     returns the exit code; Ctrl-C (and SIGTERM / SIGHUP, :class:`broker.core.errors.Terminated`) returns 130 for
     :func:`broker.cli.app.main` to report, end of input is Typer's ``Abort``, a closed pipe exits 1 (the error
-    boundary then finds the broken pipe behind it)."""
-    from broker.cli.app import root_verbose
+    boundary then finds the broken pipe behind it); ``root(verbose)`` runs first."""
     from broker.cli.plan import plan_command
 
-    return _like_typer(lambda: (root_verbose(verbose), plan_command(**kwargs))[1])
+    # ``root``: what the root option -v does (broker.cli.app.root_verbose), passed in: this module sits below the app
+    return _like_typer(lambda: ((root or (lambda _v: None))(verbose), plan_command(**kwargs))[1])
 
 
 def _like_typer(fn: Callable[[], int]) -> int:

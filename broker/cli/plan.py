@@ -357,7 +357,7 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
         render_plan(p, recipe, limit=top, wide=wide)
     if p.chosen is None:
         if as_json:  # the one-line message on stderr, as for other errors in JSON mode
-            from broker.cli.app import _report
+            from broker.cli.report import _report
 
             _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
         else:

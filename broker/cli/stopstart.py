@@ -26,21 +26,6 @@ _CANNOT = {"local": "its nodes are processes on this machine", "netns": "its nod
            "slurm": "Slurm allocations cannot be suspended by broker"}
 
 
-def refuse_stopped(ledger: Any, run_id: str) -> None:
-    """Raise BadInput when the machines of run ``run_id`` are stopped (``broker ssh`` / ``exec`` would wait for a
-    machine that is off), naming ``broker start``; nothing when the run is unknown or not stopped."""
-    from broker.core.provider import BadInput
-
-    try:
-        run = ledger.find_run(run_id)
-    except BadInput:
-        return  # the caller's own lookup says why
-    off = [r for r in ledger.resources(run.id, live_only=True) if r.state in ("stopping", "stopped")]
-    if off:
-        raise BadInput(f"the machines of run {run.id} are stopped ({', '.join(r.provider_id or r.name for r in off)})",
-                       hint=f"`broker start {run.id}` starts them again (a new address, SSH checked)")
-
-
 def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
     from broker.core.provider import BadInput
     from broker.providers import PRETEND, STOPPABLE, capability

@@ -320,8 +320,6 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
         return []
     if topo == "hybrid":
         out = []
-        from broker.run.hybrid import why_not_hybrid  # subprocess, shutil, json: not for every plan
-
         why = why_not_hybrid(o.provider)
         if why:
             out.append(("topology", why))

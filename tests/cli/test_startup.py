@@ -224,7 +224,7 @@ def test_plan_builds_only_its_own_commands(tmp_path):
     mods = modules_after("from broker.cli import app as cli\ntry:\n    cli.main(['-v', 'plan', '--budget', '5'])\nexcept "
                          "SystemExit:\n    pass", tmp_path, {"BROKER_HOME": str(tmp_path / "h"), "COLUMNS": "100"})
     assert "broker.cli.plan" in mods
-    assert not {m for m in mods if m.startswith("broker.cli.")} - {"broker.cli", "broker.cli.app", "broker.cli.plan",
+    assert not {m for m in mods if m.startswith("broker.cli.")} - {"broker.cli", "broker.cli.app", "broker.cli.plan", "broker.cli.report",
                                                                   "broker.cli.fastplan"}
 
 
