@@ -313,7 +313,7 @@ def test_down_signals_no_pid_named_by_a_crafted_run_folder(broker_home, cli_env,
         evil = tmp_path / "evil"
         evil.mkdir()
         (evil / ".detached").write_text(json.dumps({"pid": victim.pid}))
-        from broker.cli import run as run_mod
+        from broker.cli import detached as run_mod
 
         (evil / run_mod.DETACHED_MARKER).write_text(json.dumps({"pid": victim.pid}))
         lg = Ledger(broker_home / "ledger.sqlite")
