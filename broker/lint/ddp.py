@@ -16,7 +16,7 @@
 * ``save-every-rank`` -- ``torch.save(.., "one/path")`` that every rank runs (no rank-0 test, a path without the
   rank in it) in a DDP script.
 * ``cuda-without-check`` -- ``torch.cuda.set_device`` / ``.cuda()`` / ``device="cuda"`` with no
-  ``torch.cuda.is_available()`` check, on a run planned for CPU only (:func:`cpu_run_findings`; not part of the
+  ``torch.cuda.is_available()`` check, on a run planned for CPU only (:func:`broker.lint.script.cpu_run_findings`; not part of the
   general lint, whose scripts may be GPU-only by design).
 
 Each rule walks the calls and assignments the linter already collected once (linear in the file), and uses the
@@ -27,25 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-FIXES = {
-    "hard-coded-world-size": "let torchrun tell: `dist.init_process_group(backend)` (no world_size=/rank=), or "
-                             "`world_size = int(os.environ['WORLD_SIZE'])`",
-    "init-method-localhost": "drop init_method (torchrun's env:// uses MASTER_ADDR/MASTER_PORT), or "
-                             "`init_method=f\"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\"`",
-    "master-env-in-script": "delete the assignment (torchrun and broker set MASTER_ADDR/MASTER_PORT), or "
-                            "`os.environ.setdefault('MASTER_ADDR', 'localhost')` for runs without torchrun",
-    "collective-under-rank0": "call the collective on every rank (outside the `if rank == 0:`), and keep only the "
-                              "printing or saving under it; evaluate a DDP model on rank 0 through `model.module`",
-    "dataloader-no-sampler": "`sampler = DistributedSampler(dataset)`; "
-                             "`DataLoader(dataset, batch_size=B, sampler=sampler)` (no shuffle=True beside it)",
-    "set-epoch-missing": "`sampler.set_epoch(epoch)` at the start of every epoch",
-    "save-every-rank": "save from one rank: `if dist.get_rank() == 0: torch.save(...)`, or put the rank in the "
-                       "path",
-}
-CPU_FIXES = {
-    "cuda-without-check": "`if torch.cuda.is_available(): torch.cuda.set_device(local_rank)`; "
-                          "`device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')`",
-}
+from broker.lint.kinds import CPU_FIXES, _exits  # noqa: F401 - CPU_FIXES: read by tests and the CPU rule
+from broker.lint.kinds import DDP_FIXES as FIXES
+
 KINDS = tuple(FIXES)
 
 COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -100,7 +84,6 @@ def _rank_regions(L: Any) -> tuple[set[int], set[int]]:
     """(ids of calls that run on rank 0 only, ids of calls under any rank test) in one pass over the ``if``
     statements: the branch a rank-0 test selects, and what follows ``if rank != 0: return`` in its block.  One
     walk per rank test (not a walk up from every call: linear in the file for the common shapes)."""
-    from broker.lint.kinds import _exits
 
     n = L.n
     only: set[int] = set()
@@ -245,22 +228,3 @@ def _cuda_uses(L: Any) -> list[tuple[Any, str]]:
         elif fn in ("to", "device") and any(_text(n, a).startswith("cuda") for a in c.args):
             out.append((c, c.as_string()[:60]))
     return out
-
-
-def cpu_run_findings(source: str, path: str) -> list[Any]:
-    """``cuda-without-check`` findings of a script whose run is planned for CPU only (``gpus_per_node: 0``):
-    a GPU asked for with no ``torch.cuda.is_available()`` (or ``device_count()``) check around it."""
-    from broker.lint import script as lint
-    try:
-        module = lint._parse(source, path)
-    except Exception:  # noqa: BLE001 - a script that does not parse gets its syntax-error finding elsewhere
-        return []
-    L = lint._Linter(module, path)
-    out = []
-    for c, what in _cuda_uses(L):
-        if not _under_check(L, c):
-            out.append(lint.Finding(path, c.lineno or 0, "cuda-without-check",
-                                    f"{what} asks for a GPU with no torch.cuda.is_available() check, and this run "
-                                    "is CPU-only (gloo): it fails on every rank",
-                                    CPU_FIXES["cuda-without-check"]))
-    return lint._suppressed(sorted(out, key=lambda f: f.line), source)

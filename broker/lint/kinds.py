@@ -63,9 +63,27 @@ FIXES = {
 # the DDP rules (hard-coded world size, localhost rendezvous, collectives under rank 0, samplers, saves) live in
 # their own module
 
-from broker.lint.ddp import FIXES as _DDP_FIXES  # noqa: E402
+DDP_FIXES = {
+    "hard-coded-world-size": "let torchrun tell: `dist.init_process_group(backend)` (no world_size=/rank=), or "
+                             "`world_size = int(os.environ['WORLD_SIZE'])`",
+    "init-method-localhost": "drop init_method (torchrun's env:// uses MASTER_ADDR/MASTER_PORT), or "
+                             "`init_method=f\"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}\"`",
+    "master-env-in-script": "delete the assignment (torchrun and broker set MASTER_ADDR/MASTER_PORT), or "
+                            "`os.environ.setdefault('MASTER_ADDR', 'localhost')` for runs without torchrun",
+    "collective-under-rank0": "call the collective on every rank (outside the `if rank == 0:`), and keep only the "
+                              "printing or saving under it; evaluate a DDP model on rank 0 through `model.module`",
+    "dataloader-no-sampler": "`sampler = DistributedSampler(dataset)`; "
+                             "`DataLoader(dataset, batch_size=B, sampler=sampler)` (no shuffle=True beside it)",
+    "set-epoch-missing": "`sampler.set_epoch(epoch)` at the start of every epoch",
+    "save-every-rank": "save from one rank: `if dist.get_rank() == 0: torch.save(...)`, or put the rank in the "
+                       "path",
+}
+CPU_FIXES = {
+    "cuda-without-check": "`if torch.cuda.is_available(): torch.cuda.set_device(local_rank)`; "
+                          "`device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')`",
+}
 
-FIXES.update(_DDP_FIXES)
+FIXES.update(DDP_FIXES)
 KINDS = tuple(FIXES)
 
 

@@ -139,7 +139,6 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
     to print before launch.  The script runs under torchrun, so SLURM_* rank variables are findings."""
     findings = _cached_lint(Path(recipe.script))
     if recipe.cpu_only:  # a GPU asked for without a check fails on every rank of a CPU-only run
-        from broker.lint.ddp import cpu_run_findings
 
         try:
             findings = findings + cpu_run_findings(Path(recipe.script).read_text(), str(recipe.script))
@@ -191,3 +190,24 @@ def _cached_lint(script: Path) -> list[Finding]:
         except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
             pass
     return findings
+
+
+def cpu_run_findings(source: str, path: str) -> list[Any]:
+    """``cuda-without-check`` findings of a script whose run is planned for CPU only (``gpus_per_node: 0``):
+    a GPU asked for with no ``torch.cuda.is_available()`` (or ``device_count()``) check around it."""
+    from broker.lint import script as lint
+    from broker.lint.ddp import CPU_FIXES, _cuda_uses, _under_check
+
+    try:
+        module = lint._parse(source, path)
+    except Exception:  # noqa: BLE001 - a script that does not parse gets its syntax-error finding elsewhere
+        return []
+    L = lint._Linter(module, path)
+    out = []
+    for c, what in _cuda_uses(L):
+        if not _under_check(L, c):
+            out.append(lint.Finding(path, c.lineno or 0, "cuda-without-check",
+                                    f"{what} asks for a GPU with no torch.cuda.is_available() check, and this run "
+                                    "is CPU-only (gloo): it fails on every rank",
+                                    CPU_FIXES["cuda-without-check"]))
+    return lint._suppressed(sorted(out, key=lambda f: f.line), source)

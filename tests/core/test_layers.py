@@ -20,13 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 LAYERS = ("core", "plan", "money", "lint", "run", "slurm", "adapters", "cli")
 
 #: (importer, imported) edges that still go up a layer or close a cycle, to be removed; the test fails when an edge
-#: listed here no longer exists, so the list can only shrink.  The lint rules: ``ddp`` reads helpers of ``kinds``
-#: (``_exits``) and ``script`` (``_parse``), which register and run the DDP rules; the shared helpers belong in a
-#: module under all three.
-ALLOWED: set[tuple[str, str]] = {
-    ("broker.lint.ddp", "broker.lint.kinds"),
-    ("broker.lint.ddp", "broker.lint.script"),
-}
+#: listed here no longer exists, so the list can only shrink.
+ALLOWED: set[tuple[str, str]] = set()
 
 
 def layer(mod: str) -> str:
@@ -185,7 +180,7 @@ def test_the_allow_list_only_shrinks():
     graph = import_graph()
     stale = sorted((a, b) for a, b in ALLOWED if b not in graph.get(a, ()))
     assert not stale, f"edges in ALLOWED that no longer exist (drop them): {stale}"
-    assert len(ALLOWED) == 2  # lower this as edges leave the list
+    assert len(ALLOWED) == 0  # none left: keep it so
 
 
 def test_the_checker_sees_function_level_imports_cycles_and_upward_edges():

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from broker.lint.script import lint_source
-from broker.lint.ddp import CPU_FIXES, cpu_run_findings
+from broker.lint.ddp import CPU_FIXES
+from broker.lint.rules import cpu_run_findings
 
 CORPUS = Path(__file__).resolve().parents[1] / "lint_corpus" / "cpu_run"
 MARK = re.compile(r"#\s*(expect|ok):\s*([\w\-]+)")
