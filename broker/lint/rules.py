@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from broker.lint.kinds import Finding, SBATCH_SUFFIXES, SKIP_DIRS
 from broker.lint.script import lint_source
