@@ -279,7 +279,7 @@ def refresh(provider: str, offers: list["Offer"], path: Path | None = None, *, n
         "storage_usd_per_gib_month": fmt_number(o.storage_usd_per_gib_month),
         "min_billed_seconds": fmt_number(o.min_billed_seconds), "private_network": str(bool(o.private_network)).lower(),
         "notes": str(o.attrs.get("notes", "")),
-        "interruptible_usd_per_hour": (_fmt(o.attrs["interruptible_usd_per_hour"])
+        "interruptible_usd_per_hour": (fmt_number(o.attrs["interruptible_usd_per_hour"])
                                        if isinstance(o.attrs.get("interruptible_usd_per_hour"), (int, float)) else ""),
     } for o in sorted(offers, key=lambda o: (o.usd_per_hour, o.key))]
     sources = sorted({o.price_source for o in offers})
@@ -297,7 +297,7 @@ def read_reference(path: Path) -> list[dict[str, str]]:
 
 def _with_interruptible(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``rows`` with the :data:`INTERRUPTIBLE_PRICES` figure of their instance type (empty cell where none)."""
-    return [{**r, "interruptible_usd_per_hour": _fmt(INTERRUPTIBLE_PRICES[r["instance_type"]][0])
+    return [{**r, "interruptible_usd_per_hour": fmt_number(INTERRUPTIBLE_PRICES[r["instance_type"]][0])
              if r["instance_type"] in INTERRUPTIBLE_PRICES else ""} for r in rows]
 
 
@@ -335,13 +335,19 @@ def build_shipped(reference_dir: Path, out_dir: Path = SHIPPED_DIR, date: str = 
     """Build the shipped snapshot of every provider with one (its ``snapshot`` capability: ``vast.csv``,
     ``oci.csv``, ``aws.csv``) in ``out_dir`` from the ``docs/reference/prices`` CSV files, each adapter reading its
     own inputs and stating its source (:meth:`broker.core.provider.Provider.snapshot_rows`).  Returns the written
-    paths.  Raises OSError / KeyError for a missing input file or column."""
+    paths.  A provider whose snapshot is kept by hand (its adapter has no ``snapshot_rows``: GCP's is written
+    from Google's price pages, dated in the file) is left as it is.  Raises OSError / KeyError for a missing input
+    file or column."""
+    from broker.core.errors import NotSupported
     from broker.providers import capability, provider_class
 
     reference_dir = Path(reference_dir)
     out: list[Path] = []
     for name in SNAPSHOT:
-        rows, m = provider_class(name).snapshot_rows(reference_dir)
+        try:
+            rows, m = provider_class(name).snapshot_rows(reference_dir)
+        except NotSupported:
+            continue
         out.append(write_snapshot(Path(out_dir) / capability(name, "snapshot"), name, date, m["source"], m["label"],
                                   m["notes"] + _interruptible_notes(rows), _with_interruptible(rows)))
     _CACHE.clear()

@@ -128,7 +128,7 @@ def test_plan_is_unchanged_without_interruptible_prices():
 
 def test_a_provider_without_the_capability_gets_no_interruptible_option():
     assert spot.variant(offer("netns", price=0.1)) is None
-    assert spot.variant(offer("fake", price=0.1)) is None
+    assert spot.variant(offer("local", price=0.1)) is None
 
 
 def test_interruptible_options_are_judged_by_their_own_limits():
