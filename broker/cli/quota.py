@@ -176,7 +176,7 @@ def _print_check(res: dict[str, Any]) -> None:
         console.print(f"{p}: what each option needs (your limits are unknown until {p} is configured):",
                       markup=False)
     for v in res["verdicts"]:
-        mark = "OK " if v["ok"] else ("NO " if res["configured"] else " ? ")
+        mark = "OK " if v["ok"] else (" ? " if v["ok"] is None or not res["configured"] else "NO ")
         console.print(f"{mark} {v['topology']}: {v['sentence']}", markup=False)
         if v["next_step"]:
             console.print(f"    -> {v['next_step']}", markup=False)

