@@ -252,7 +252,8 @@ def register(app: typer.Typer) -> None:
         if r.state == "DRAFT":
             from rich.table import Table
 
-            t = Table(title="quota increase form (not filed: --draft)", title_justify="left", show_header=False)
+            why = "--draft" if draft else f"{provider} is not configured"
+            t = Table(title=f"quota increase form (not filed: {why})", title_justify="left", show_header=False)
             t.add_column("field", no_wrap=True)
             t.add_column("value", overflow="fold")
             for k, v in r.form.items():
@@ -350,8 +351,12 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     mine = [x for x in quotas if x.name == need.limit.name]
     q = next((x for x in mine if (x.scope or x.region) == v.scope), mine[0] if mine else None)
     if q is None:
+        if need.limit.scope_kind == "region" and not region:
+            # a regional limit's request names its region (GCP's per-project-region quota id carries the region
+            # dimension): the adapter's region, else where the snapshot prices the type
+            region = getattr(prov, "region", None) or (need.spec.region if need.spec.region != "any" else None)
         q = Quota(provider=provider, name=need.limit.name, description=need.limit.description,
-                  region=region, scope=scope or (region if _scope_kind(provider) == "region" else None), limit=0,
+                  region=region, scope=scope or (region if need.limit.scope_kind == "region" else None), limit=0,
                   used=0,
                   unit=need.limit.unit, instance_types=[need.spec.instance_type], source="not read")
     if _scope_kind(provider) == "AD" and not (scope or q.scope):
@@ -379,6 +384,11 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         raise BadInput(f"{provider}: quota requests are not supported by this adapter ({e.message})",
                        hint="use --draft and file it in the console") from None
     if draft:
+        return r, note
+    if r.state == "DRAFT":  # the adapter could not file it (no credentials): say so, and how to configure
+        note += (f"\nnot filed: {provider} is not configured ({chk.detail})"
+                 + (f"; {chk.hint}" if chk.hint else "") + f"; then run this again, or file the form below in "
+                 "the console")
         return r, note
     from broker.money.ledger import Ledger
 

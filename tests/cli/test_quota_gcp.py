@@ -42,3 +42,25 @@ def test_check_counts_gcp_limits_in_gpus_and_unknown_is_not_a_no():
     assert t4["ok"] is None  # the limit was not read: unknown, not "too low"
     r = cli("quota", "check", "--provider", "gcp")
     assert "vCPUs of NVIDIA" not in flat(r.output)
+
+
+@pytest.mark.parametrize("draft", [True, False])
+def test_request_for_a_regional_gpu_quota_names_the_region(draft):
+    r = cli("quota", "request", "--provider", "gcp", *(["--draft"] if draft else []))
+    assert r.exit_code == 0, r.output
+    out = flat(r.output)
+    assert "NVIDIA-T4-GPUS-per-project-region" in out
+    assert "(none: project-wide)" not in out and "--dimensions=region=us-central1" in out, out
+    r = cli("quota", "request", "--provider", "gcp", "--json", *(["--draft"] if draft else []))
+    form = json.loads(r.output)["request"]["form"]
+    assert form["dimensions"] == {"region": "us-central1"}
+
+
+def test_request_without_credentials_says_gcp_is_not_configured_not_draft():
+    r = cli("quota", "request", "--provider", "gcp")
+    assert r.exit_code == 0, r.output
+    out = flat(r.output)
+    assert "not filed: --draft" not in out, out
+    assert "not filed: gcp is not configured" in out and "GOOGLE_APPLICATION_CREDENTIALS" in out, out
+    r = cli("quota", "request", "--provider", "gcp", "--draft")
+    assert "not filed: --draft" in flat(r.output)
