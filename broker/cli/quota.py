@@ -145,7 +145,8 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
                "sentence": v.sentence, "next_step": None}
         if not v.ok and v.request_value is not None:
             row["next_step"] = request_command(provider, n.limit.name, v.request_value, scope=v.scope,
-                                               region=region or (quotas[0].region if quotas else None))
+                                               region=None if n.limit.scope_kind == "account"
+                                               else region or (quotas[0].region if quotas else None))
         out["verdicts"].append(row)
     for q in quotas:
         spec = next((specs[t] for t in q.instance_types if t in specs), None)
@@ -317,8 +318,11 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     if limit:
         chosen = [n for n in needs if n.limit.name == limit]
         if not chosen and needs and instance_type is None:
+            from broker.plan.quota import known_limits
+
             raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
-                           hint="check the name: OCI gpu-a10-count..., AWS L-DB2E81BA (G/VT) or L-417A185B (P)")
+                           hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
+                                f"(`broker quota check --provider {provider}` shows which the job needs)")
         if not chosen:
             ref = limit_for(provider, instance_type or "", spot=spot)
             raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")

@@ -64,3 +64,26 @@ def test_request_without_credentials_says_gcp_is_not_configured_not_draft():
     assert "not filed: gcp is not configured" in out and "GOOGLE_APPLICATION_CREDENTIALS" in out, out
     r = cli("quota", "request", "--provider", "gcp", "--draft")
     assert "not filed: --draft" in flat(r.output)
+
+
+def test_gpus_all_regions_is_checked_and_requestable_project_wide():
+    r = cli("quota", "check", "--provider", "gcp", "--json")
+    v = json.loads(r.output)["providers"][0]["verdicts"]
+    g = [x for x in v if x["limit"] == "GPUS_ALL_REGIONS"]
+    assert g and g[0]["units_needed"] == 2 and g[0]["unit"] == "gpus", v
+    assert "--region" not in (g[0]["next_step"] or ""), g
+    r = cli("quota", "request", "--provider", "gcp", "--limit", "GPUS_ALL_REGIONS", "--value", "2", "--draft",
+            "--json")
+    assert r.exit_code == 0, r.output
+    form = json.loads(r.output)["request"]["form"]
+    assert form["quotaId"] == "GPUS-ALL-REGIONS-per-project" and form["preferredValue"] == 2
+    assert form["dimensions"] == "(none: project-wide)" and "--dimensions" not in form["gcloud"], form
+
+
+def test_a_mistyped_gcp_limit_lists_gcps_own_metrics():
+    r = cli("quota", "request", "--provider", "gcp", "--limit", "NVIDIA_T5_GPUS", "--draft")
+    e = r.exception
+    assert e is not None and e.exit_code == 2, r.output
+    out = flat(f"{e} {e.hint}")
+    assert "NVIDIA_T4_GPUS" in out and "GPUS_ALL_REGIONS" in out and "NVIDIA_L4_GPUS" in out, out
+    assert "gpu-a10-count" not in out and "L-DB2E81BA" not in out, out
