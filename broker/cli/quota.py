@@ -187,14 +187,22 @@ def _print_check(res: dict[str, Any]) -> None:
         console.print(f"    (limits not reported by the {p} adapter: {', '.join(res['not_reported'])})", markup=False)
 
 
+def _units_help() -> str:
+    """What ``--value`` counts, per quota provider (its ``quota_unit``): "oci: GPUs; aws: vCPUs; ..."."""
+    words = {"gpus": "GPUs", "vcpus": "vCPUs"}
+    return "; ".join(f"{p}: {words.get(_registry.capability(p, 'quota_unit'), 'units')}" for p in QUOTA_PROVIDERS)
+
+
 def register(app: typer.Typer) -> None:
-    qapp = typer.Typer(help="Check, explain and request GPU quota (service limits) on OCI and AWS.",
+    names = ", ".join(QUOTA_PROVIDERS)
+    either = " or ".join(QUOTA_PROVIDERS)
+    qapp = typer.Typer(help=f"Check, explain and request GPU quota (service limits) on {names}.",
                        no_args_is_help=True)
-    app.add_typer(qapp, name="quota", short_help="Check, explain and request GPU quota (OCI, AWS)")
+    app.add_typer(qapp, name="quota", short_help=f"Check, explain and request GPU quota ({names})")
 
     @qapp.command("check", short_help="The GPU limits that matter for the job, and a verdict")
     def check_cmd(
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="oci or aws (default: both)"),
+        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"{either} (default: all)"),
         region: Optional[str] = typer.Option(None, "--region", help="region (default: the provider's)"),
         nodes: int = typer.Option(2, "--nodes", min=1, help="nodes of the job"),
         gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, help="GPUs per node"),
@@ -222,10 +230,10 @@ def register(app: typer.Typer) -> None:
 
     @qapp.command("request", short_help="File (or --draft print) a quota increase for the job")
     def request_cmd(
-        provider: str = typer.Option(..., "--provider", "-p", help="oci or aws"),
+        provider: str = typer.Option(..., "--provider", "-p", help=either),
         value: Optional[float] = typer.Option(None, "--value",
-                                              help="new limit (OCI: GPUs; AWS: vCPUs); default: what the plan needs"),
-        limit: Optional[str] = typer.Option(None, "--limit", help="OCI limit name / AWS quota code"),
+                                              help=f"new limit ({_units_help()}); default: what the plan needs"),
+        limit: Optional[str] = typer.Option(None, "--limit", help="the limit's name as `broker quota check` shows it"),
         scope: Optional[str] = typer.Option(None, "--scope", help="OCI availability domain"),
         region: Optional[str] = typer.Option(None, "--region"),
         reason: Optional[str] = typer.Option(None, "--reason", help="justification (default: a short DDP one)"),
@@ -272,7 +280,7 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
         refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only this provider's requests (oci, aws)"),
+        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"only this provider's requests ({names})"),
     ) -> None:
         """Every quota request in the ledger (or one provider's), refreshed from the providers."""
         from rich.table import Table

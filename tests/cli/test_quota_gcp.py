@@ -87,3 +87,14 @@ def test_a_mistyped_gcp_limit_lists_gcps_own_metrics():
     out = flat(f"{e} {e.hint}")
     assert "NVIDIA_T4_GPUS" in out and "GPUS_ALL_REGIONS" in out and "NVIDIA_L4_GPUS" in out, out
     assert "gpu-a10-count" not in out and "L-DB2E81BA" not in out, out
+
+
+def test_help_texts_name_every_quota_and_run_provider_from_the_registry():
+    from broker import providers as registry
+
+    out = flat(cli("--help").output)
+    assert "(" + ", ".join(registry.QUOTA) + ")" in out and "gcp" in out, out
+    out = flat(cli("quota", "request", "--help").output)
+    assert "gcp: GPUs" in out and "aws: vCPUs" in out and " or ".join(registry.QUOTA) in out, out
+    out = flat(cli("run", "--help").output)
+    assert "vast, oci, aws, gcp" in out, out
