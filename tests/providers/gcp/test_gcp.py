@@ -172,6 +172,23 @@ def test_check_names_google_application_credentials_and_never_prints_the_key(mon
     assert "SECRET" not in chk.detail + (chk.hint or "") and secret not in chk.detail
 
 
+def test_check_says_the_service_account_private_key_is_invalid_and_never_prints_it(monkeypatch, tmp_path):
+    from broker.providers.gcp import GCPProvider
+
+    key = tmp_path / "sa.json"
+    key.write_text(json.dumps({
+        "type": "service_account", "project_id": "p1", "private_key_id": "abc",
+        "private_key": "-----BEGIN PRIVATE KEY-----\nGARBAGESECRET\n-----END PRIVATE KEY-----\n",
+        "client_email": "sa@p1.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    chk = GCPProvider().check()
+    text = chk.detail + " " + (chk.hint or "")
+    assert chk.usable is False and f"the private_key in {key} is not a valid PEM private key" in chk.detail, chk
+    assert "new key" in chk.hint and "See https" not in text and "GARBAGESECRET" not in text
+    assert "set GOOGLE_APPLICATION_CREDENTIALS to" not in chk.hint  # it is set already
+
+
 def test_check_names_the_adc_file_and_google_cloud_project(monkeypatch, tmp_path):
     from broker.providers.gcp import GCPProvider
 
