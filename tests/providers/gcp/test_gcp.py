@@ -116,6 +116,18 @@ def test_configured_offers_one_per_zone(emu):
     assert {o.zone for o in p2.offers(req())} == {"us-central1-b"}
 
 
+def test_plan_shows_one_row_per_type_with_its_zones_not_one_per_zone(emu):
+    from broker.cli.plan import group_zones, rented
+    from broker.plan.planner import plan
+
+    p = make(emu)
+    offs = [o for o in p.offers(req()) if o.instance_type == "g2-standard-4"]
+    result = plan(req(), offs, p.quotas(req(), offs), now=utcnow())
+    assert len(result.options) == 3, result.options
+    [(opt, zones)] = group_zones(result.options)
+    assert rented(opt, zones) == "2 x g2-standard-4 (us-central1/us-central1-a,us-central1-b,us-central1-c)"
+
+
 def test_quotas_read_regional_gpu_cpu_and_gpus_all_regions(emu):
     p = make(emu)
     offs = [o for o in p.offers(req()) if o.instance_type in ("n1-standard-4+t4", "a2-highgpu-1g")]
