@@ -67,7 +67,9 @@ def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[st
         if first is None or first.zone is None:
             rows.append((o, []))
             continue
-        k = (o.provider, o.topology, first.offer_id, first.region, o.worst_case_usd, o.rejected == [])
+        # the instance type, not the offer id: adapters whose ids name the zone (GCP's ``type@zone``) group too
+        k = (o.provider, o.topology, first.instance_type, first.region, o.interruptible, o.worst_case_usd,
+             o.rejected == [])
         if k in index:
             rows[index[k]][1].append(first.zone)
         else:

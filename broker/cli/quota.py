@@ -145,7 +145,8 @@ def check_provider(provider: str, nodes: int, gpus_per_node: int, instance_type:
                "sentence": v.sentence, "next_step": None}
         if not v.ok and v.request_value is not None:
             row["next_step"] = request_command(provider, n.limit.name, v.request_value, scope=v.scope,
-                                               region=region or (quotas[0].region if quotas else None))
+                                               region=None if n.limit.scope_kind == "account"
+                                               else region or (quotas[0].region if quotas else None))
         out["verdicts"].append(row)
     for q in quotas:
         spec = next((specs[t] for t in q.instance_types if t in specs), None)
@@ -176,7 +177,7 @@ def _print_check(res: dict[str, Any]) -> None:
         console.print(f"{p}: what each option needs (your limits are unknown until {p} is configured):",
                       markup=False)
     for v in res["verdicts"]:
-        mark = "OK " if v["ok"] else ("NO " if res["configured"] else " ? ")
+        mark = "OK " if v["ok"] else (" ? " if v["ok"] is None or not res["configured"] else "NO ")
         console.print(f"{mark} {v['topology']}: {v['sentence']}", markup=False)
         if v["next_step"]:
             console.print(f"    -> {v['next_step']}", markup=False)
@@ -186,14 +187,22 @@ def _print_check(res: dict[str, Any]) -> None:
         console.print(f"    (limits not reported by the {p} adapter: {', '.join(res['not_reported'])})", markup=False)
 
 
+def _units_help() -> str:
+    """What ``--value`` counts, per quota provider (its ``quota_unit``): "oci: GPUs; aws: vCPUs; ..."."""
+    words = {"gpus": "GPUs", "vcpus": "vCPUs"}
+    return "; ".join(f"{p}: {words.get(_registry.capability(p, 'quota_unit'), 'units')}" for p in QUOTA_PROVIDERS)
+
+
 def register(app: typer.Typer) -> None:
-    qapp = typer.Typer(help="Check, explain and request GPU quota (service limits) on OCI and AWS.",
+    names = ", ".join(QUOTA_PROVIDERS)
+    either = " or ".join(QUOTA_PROVIDERS)
+    qapp = typer.Typer(help=f"Check, explain and request GPU quota (service limits) on {names}.",
                        no_args_is_help=True)
-    app.add_typer(qapp, name="quota", short_help="Check, explain and request GPU quota (OCI, AWS)")
+    app.add_typer(qapp, name="quota", short_help=f"Check, explain and request GPU quota ({names})")
 
     @qapp.command("check", short_help="The GPU limits that matter for the job, and a verdict")
     def check_cmd(
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="oci or aws (default: both)"),
+        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"{either} (default: all)"),
         region: Optional[str] = typer.Option(None, "--region", help="region (default: the provider's)"),
         nodes: int = typer.Option(2, "--nodes", min=1, help="nodes of the job"),
         gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, help="GPUs per node"),
@@ -221,10 +230,10 @@ def register(app: typer.Typer) -> None:
 
     @qapp.command("request", short_help="File (or --draft print) a quota increase for the job")
     def request_cmd(
-        provider: str = typer.Option(..., "--provider", "-p", help="oci or aws"),
+        provider: str = typer.Option(..., "--provider", "-p", help=either),
         value: Optional[float] = typer.Option(None, "--value",
-                                              help="new limit (OCI: GPUs; AWS: vCPUs); default: what the plan needs"),
-        limit: Optional[str] = typer.Option(None, "--limit", help="OCI limit name / AWS quota code"),
+                                              help=f"new limit ({_units_help()}); default: what the plan needs"),
+        limit: Optional[str] = typer.Option(None, "--limit", help="the limit's name as `broker quota check` shows it"),
         scope: Optional[str] = typer.Option(None, "--scope", help="OCI availability domain"),
         region: Optional[str] = typer.Option(None, "--region"),
         reason: Optional[str] = typer.Option(None, "--reason", help="justification (default: a short DDP one)"),
@@ -252,7 +261,8 @@ def register(app: typer.Typer) -> None:
         if r.state == "DRAFT":
             from rich.table import Table
 
-            t = Table(title="quota increase form (not filed: --draft)", title_justify="left", show_header=False)
+            why = "--draft" if draft else f"{provider} is not configured"
+            t = Table(title=f"quota increase form (not filed: {why})", title_justify="left", show_header=False)
             t.add_column("field", no_wrap=True)
             t.add_column("value", overflow="fold")
             for k, v in r.form.items():
@@ -270,7 +280,7 @@ def register(app: typer.Typer) -> None:
     def status_cmd(
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
         refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only this provider's requests (oci, aws)"),
+        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"only this provider's requests ({names})"),
     ) -> None:
         """Every quota request in the ledger (or one provider's), refreshed from the providers."""
         from rich.table import Table
@@ -316,8 +326,11 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     if limit:
         chosen = [n for n in needs if n.limit.name == limit]
         if not chosen and needs and instance_type is None:
+            from broker.plan.quota import known_limits
+
             raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
-                           hint="check the name: OCI gpu-a10-count..., AWS L-DB2E81BA (G/VT) or L-417A185B (P)")
+                           hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
+                                f"(`broker quota check --provider {provider}` shows which the job needs)")
         if not chosen:
             ref = limit_for(provider, instance_type or "", spot=spot)
             raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
@@ -350,8 +363,12 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     mine = [x for x in quotas if x.name == need.limit.name]
     q = next((x for x in mine if (x.scope or x.region) == v.scope), mine[0] if mine else None)
     if q is None:
+        if need.limit.scope_kind == "region" and not region:
+            # a regional limit's request names its region (GCP's per-project-region quota id carries the region
+            # dimension): the adapter's region, else where the snapshot prices the type
+            region = getattr(prov, "region", None) or (need.spec.region if need.spec.region != "any" else None)
         q = Quota(provider=provider, name=need.limit.name, description=need.limit.description,
-                  region=region, scope=scope or (region if _scope_kind(provider) == "region" else None), limit=0,
+                  region=region, scope=scope or (region if need.limit.scope_kind == "region" else None), limit=0,
                   used=0,
                   unit=need.limit.unit, instance_types=[need.spec.instance_type], source="not read")
     if _scope_kind(provider) == "AD" and not (scope or q.scope):
@@ -379,6 +396,11 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         raise BadInput(f"{provider}: quota requests are not supported by this adapter ({e.message})",
                        hint="use --draft and file it in the console") from None
     if draft:
+        return r, note
+    if r.state == "DRAFT":  # the adapter could not file it (no credentials): say so, and how to configure
+        note += (f"\nnot filed: {provider} is not configured ({chk.detail})"
+                 + (f"; {chk.hint}" if chk.hint else "") + f"; then run this again, or file the form below in "
+                 "the console")
         return r, note
     from broker.money.ledger import Ledger
 

@@ -24,13 +24,22 @@ import typer
 # imports too
 from broker.cli.detached import _tell_detached_parent, quote_path, run_detached
 
+def _provider_help() -> str:
+    """``--provider``'s help, listing the registry's providers (a new adapter joins it by itself)."""
+    from broker import providers as registry
+
+    real = [n for n in registry.REGISTRY if n not in registry.PRETEND]
+    fake = [n for n in registry.REGISTRY if n in registry.PRETEND]
+    return ("where to run: " + ", ".join(real) + (f", or {' or '.join(fake)} (a pretend cloud, to try the money "
+                                                  "paths)" if fake else "")
+            + "; default: the cheapest valid plan")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("run", short_help="Run a recipe: one torchrun per node, torn down at the end")
     def run_cmd(
         recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
-        provider: str = typer.Option(None, "--provider", "-p", help="where to run: local, netns, slurm, vast, oci, "
-                                     "aws, or fake (a pretend cloud, to try the money paths); default: the "
-                                     "cheapest valid plan"),
+        provider: str = typer.Option(None, "--provider", "-p", help=_provider_help()),
         inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
                                    "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "

@@ -424,6 +424,13 @@ class Provider(ABC):
         Default: None (a provider without :attr:`quota`)."""
         return None
 
+    @classmethod
+    def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:
+        """The provider's limits that count every GPU type at once, account- or project-wide (no region, no AD):
+        ``(limit name, description, service)`` each, in :attr:`quota_unit`.  A job needs them beside the
+        per-type limit of :meth:`quota_limit`.  From the adapter's own table, no network.  Default: none."""
+        return ()
+
     def request_quota(self, quota: Quota, value: float, reason: str, *, draft: bool = False) -> QuotaRequest:
         """File (or with ``draft`` only fill in) an increase of ``quota`` to ``value`` (in ``quota.unit``).
 

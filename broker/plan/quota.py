@@ -86,13 +86,14 @@ def spec_for(provider: str, instance_type: str) -> InstanceSpec:
 
 @dataclass(frozen=True)
 class LimitRef:
-    """Which limit covers an instance type, in which unit and scope (``"AD"`` for OCI, ``"region"`` for AWS)."""
+    """Which limit covers an instance type, in which unit and scope (``"AD"`` for OCI, ``"region"`` for AWS,
+    ``"account"`` for a limit over every region such as the provider's :meth:`quota_account_limits`)."""
 
     provider: str
     name: str
     description: str
     unit: Literal["gpus", "vcpus"]
-    scope_kind: Literal["AD", "region"]
+    scope_kind: Literal["AD", "region", "account"]
     service: str
 
 
@@ -110,6 +111,29 @@ def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> Limit
     name, description, service = found
     return LimitRef(provider, name, description, capability(provider, "quota_unit"),
                     capability(provider, "quota_scope"), service)
+
+
+def account_limits(provider: str) -> list[LimitRef]:
+    """The limits of ``provider`` over every GPU type and region at once (the adapter's
+    :meth:`~broker.core.provider.Provider.quota_account_limits`), scope ``"account"``; [] without :attr:`quota`."""
+    if not capability(provider, "quota"):
+        return []
+    from broker.providers import provider_class
+
+    return [LimitRef(provider, name, description, capability(provider, "quota_unit"), "account", service)
+            for name, description, service in provider_class(provider).quota_account_limits()]
+
+
+def known_limits(provider: str) -> list[str]:
+    """Every limit name ``provider`` knows for the GPU types of its snapshot (on-demand and spot) and its account
+    limits, sorted: what a mistyped ``--limit`` is told to pick from."""
+    names = {a.name for a in account_limits(provider)}
+    for it in instance_specs(provider):
+        for spot in (False, True):
+            ref = limit_for(provider, it, spot=spot)
+            if ref is not None:
+                names.add(ref.name)
+    return sorted(names)
 
 
 # ------------------------------------------------------------------------------------------------ conversions
@@ -197,6 +221,10 @@ def needs_for(provider: str, nodes: int, gpus_per_node: int, *, instance_type: s
                 continue
             seen.add(ref.name)
             out.append(Need(topo, spec, count, ref, units_needed(provider, spec, count)))
+        first = next((n for n in out if n.topology == topo), None)
+        if first is not None:  # the account-wide limits count the same GPUs (the cheapest fitting type's)
+            for ref in account_limits(provider):
+                out.append(Need(topo, first.spec, count, ref, units_needed(provider, first.spec, count)))
     return out
 
 
@@ -212,10 +240,11 @@ def _unit_word(unit: str, n: float) -> str:
 
 @dataclass
 class Verdict:
-    """A topology's quota verdict: ``ok`` when some scope (AD/region) has enough available."""
+    """A topology's quota verdict: ``ok`` True when some scope (AD/region) has enough available, False when none
+    has, None when the limit could not be read (unknown)."""
 
     need: Need
-    ok: bool
+    ok: bool | None
     sentence: str
     scope: str | None = None  # the scope that fits (or the best one)
     request_value: float | None = None  # new limit to request in the best scope when not ok
@@ -234,10 +263,11 @@ def verdict(need: Need, quotas: Iterable[Quota]) -> Verdict:
     if need.limit.scope_kind == "AD":
         head = f"{n}× {it} needs {need.limit.name} ≥ {u} in one AD"
     else:
-        head = (f"{n}× {it} needs {u} vCPUs of {need.limit.name} ({need.limit.description})"
+        head = (f"{n}× {it} needs {u} {_unit_word(need.limit.unit, u)} of {need.limit.name} "
+                f"({need.limit.description})"
                 + (f" in {qs[0].region or qs[0].scope}" if qs and (qs[0].region or qs[0].scope) else ""))
     if not qs:
-        return Verdict(need, False, f"{head}; the limit could not be read (unknown)", request_value=float(u))
+        return Verdict(need, None, f"{head}; the limit could not be read (unknown)", request_value=float(u))
     fits = [q for q in qs if q.available >= u]
     best = max(qs, key=lambda q: q.available)
     if fits:

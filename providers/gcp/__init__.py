@@ -134,6 +134,12 @@ class GCPProvider(Provider):
             return None
         return metric, f"Compute Engine {metric} (GPUs per region)", "compute"
 
+    @classmethod
+    def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:
+        """``GPUS_ALL_REGIONS``: every GPU of the project in all regions (0 on new projects)."""
+        return ((_offers.GLOBAL_GPU_METRIC, "Compute Engine GPUs in all regions (project-wide; 0 on new projects)",
+                 "compute"),)
+
     def __init__(self, *, project: str | None = None, credentials: Any = None, region: str | None = None,
                  zones: list[str] | None = None, compute_endpoint: str | None = None,
                  quotas_endpoint: str | None = None, billing_endpoint: str | None = None, image: str | None = None,

@@ -193,8 +193,21 @@ class GCPApi:
                     warnings.simplefilter("ignore", DeprecationWarning)
                     creds, _ = google.auth.load_credentials_from_file(str(path), scopes=SCOPES)
         except (gexc.DefaultCredentialsError, ValueError, KeyError) as e:
+            text = str(e)
+            if kind == "service_account" and ("PEM" in text or "private key" in text.lower()
+                                              or "deserialize" in text.lower()):
+                # cryptography could not parse the key: the file is found and set, the key in it is what is wrong
+                # (the key itself is never printed)
+                raise AuthError(PROVIDER, "load credentials", f"{where}: the private_key in {path} is not a valid "
+                                "PEM private key (truncated, edited or not this file's key)",
+                                hint=f"create a new key for the service account (console: IAM & Admin > Service "
+                                     f"accounts > Keys > Add key > JSON, or `gcloud iam service-accounts keys "
+                                     f"create key.json --iam-account=<service account email>`) and point "
+                                     f"GOOGLE_APPLICATION_CREDENTIALS at the new file") from None
+            # the first sentence of google-auth's reason (a sentence, not cut inside a URL)
+            reason = text.split(". ")[0].split(" See http")[0].rstrip(".") or type(e).__name__
             raise AuthError(PROVIDER, "load credentials", f"{where}: a {kind!r} credentials file google-auth "
-                            f"cannot use ({str(e).split(':')[0]})", hint=CREDENTIALS_HINT) from None
+                            f"cannot use ({reason})", hint=CREDENTIALS_HINT) from None
         self._credentials = creds
         self.source = where
         return creds

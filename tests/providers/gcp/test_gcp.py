@@ -116,6 +116,18 @@ def test_configured_offers_one_per_zone(emu):
     assert {o.zone for o in p2.offers(req())} == {"us-central1-b"}
 
 
+def test_plan_shows_one_row_per_type_with_its_zones_not_one_per_zone(emu):
+    from broker.cli.plan import group_zones, rented
+    from broker.plan.planner import plan
+
+    p = make(emu)
+    offs = [o for o in p.offers(req()) if o.instance_type == "g2-standard-4"]
+    result = plan(req(), offs, p.quotas(req(), offs), now=utcnow())
+    assert len(result.options) == 3, result.options
+    [(opt, zones)] = group_zones(result.options)
+    assert rented(opt, zones) == "2 x g2-standard-4 (us-central1/us-central1-a,us-central1-b,us-central1-c)"
+
+
 def test_quotas_read_regional_gpu_cpu_and_gpus_all_regions(emu):
     p = make(emu)
     offs = [o for o in p.offers(req()) if o.instance_type in ("n1-standard-4+t4", "a2-highgpu-1g")]
@@ -170,6 +182,23 @@ def test_check_names_google_application_credentials_and_never_prints_the_key(mon
     assert chk.configured, chk
     assert "GOOGLE_APPLICATION_CREDENTIALS" in chk.detail and "project from-file" in chk.detail
     assert "SECRET" not in chk.detail + (chk.hint or "") and secret not in chk.detail
+
+
+def test_check_says_the_service_account_private_key_is_invalid_and_never_prints_it(monkeypatch, tmp_path):
+    from broker.providers.gcp import GCPProvider
+
+    key = tmp_path / "sa.json"
+    key.write_text(json.dumps({
+        "type": "service_account", "project_id": "p1", "private_key_id": "abc",
+        "private_key": "-----BEGIN PRIVATE KEY-----\nGARBAGESECRET\n-----END PRIVATE KEY-----\n",
+        "client_email": "sa@p1.iam.gserviceaccount.com", "client_id": "1",
+        "token_uri": "https://oauth2.googleapis.com/token"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+    chk = GCPProvider().check()
+    text = chk.detail + " " + (chk.hint or "")
+    assert chk.usable is False and f"the private_key in {key} is not a valid PEM private key" in chk.detail, chk
+    assert "new key" in chk.hint and "See https" not in text and "GARBAGESECRET" not in text
+    assert "set GOOGLE_APPLICATION_CREDENTIALS to" not in chk.hint  # it is set already
 
 
 def test_check_names_the_adc_file_and_google_cloud_project(monkeypatch, tmp_path):
