@@ -249,6 +249,11 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     if topo == "hybrid":
         return hybrid_target(recipe, req)
     if p == "local":
+        from broker.run.planstep import local_interruptible_note
+
+        note = local_interruptible_note(recipe)
+        if note and say:
+            say(note)
         return LocalTarget(recipe)
     if p == "netns":
         return NetnsTarget(recipe, inject=req.inject)
