@@ -31,6 +31,20 @@ def diagnosis_lines(run: Any) -> list[str]:
     return lines
 
 
+def latest_failure_line(row: dict) -> str:
+    """For the newest run of ``broker status``'s list (``row``: its ``--json`` dict) when it failed and was
+    diagnosed: one line with its catalogue cause and where the fix is (``broker status RUN``); ``""`` otherwise."""
+    if row.get("status") != "failed":
+        return ""
+    from types import SimpleNamespace
+
+    lines = diagnosis_lines(SimpleNamespace(id=row.get("id"), run_dir=row.get("run_dir")))
+    cause = next((ln for ln in lines if ln.startswith("cause [")), "") or (lines[0] if lines else "")
+    if not cause:
+        return ""
+    return f"{row['id']} failed: {cause} (`broker status {row['id']}` has the fix)"
+
+
 def detached_output(run: Any) -> Path | None:
     """``<home>/logs/run-<id>.out`` of a run started with ``broker run -d`` when that file exists, else None."""
     from broker.core.config import home_path

@@ -484,6 +484,11 @@ def register(app: typer.Typer) -> None:
             t = _narrow_runs_table(rows_narrow, console.width)
         if data["runs"]:
             print_table(t, wide=wide)
+            from broker.cli.rundiag import latest_failure_line
+
+            why = latest_failure_line(data["runs"][0])  # the newest run failed: its cause, not only "failed"
+            if why:
+                console.print(escape(node_text(why)), highlight=False)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
         console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))

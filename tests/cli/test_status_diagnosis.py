@@ -46,6 +46,9 @@ def test_status_run_shows_the_cause_and_fix_and_the_background_output(tmp_path, 
     assert "stopped the other nodes" in res.output
     assert "cause [torch-missing]" in res.output and "fix:" in res.output
     assert str(out_file) in res.output
+    listing = CliRunner().invoke(app, ["status", "--no-refresh"])
+    assert listing.exit_code == 0, listing.output
+    assert f"{run.id} failed: cause [torch-missing]" in " ".join(listing.output.split())
     data = json.loads(CliRunner().invoke(app, ["status", run.id, "--no-refresh", "--json"]).output)
     assert any(ln.startswith("cause [torch-missing]") for ln in data["diagnosis"])
     led.close()
