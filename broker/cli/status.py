@@ -403,18 +403,29 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 from broker.core.ui import print_json
 
+                from broker.cli.rundiag import diagnosis_lines
                 from broker.run.attempts import attempt_costs
 
                 attempts = [{**a, "started_at": a["started_at"].isoformat(),
                              "ended_at": a["ended_at"].isoformat() if a["ended_at"] else None}
                             for a in attempt_costs(ledger, run.id)]
                 print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
-                            "attempts": attempts,
+                            "attempts": attempts, "diagnosis": diagnosis_lines(run),
                             "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
                 return
             console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
             if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
                 console.print(f"  {escape(node_text(run.message))}")
+            from broker.cli.rundiag import detached_output, diagnosis_lines
+
+            diag = diagnosis_lines(run)
+            if diag:  # quoted from the nodes' logs: control characters stripped, markup escaped
+                console.print("  [bold]diagnosis:[/]")
+                for line in diag:
+                    console.print(f"    {escape(node_text(line))}", highlight=False)
+            out_file = detached_output(run)
+            if out_file is not None:
+                console.print(f"  output (background run): {escape(str(out_file))}", highlight=False)
             if run.started_at:
                 console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
                     f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
@@ -473,6 +484,11 @@ def register(app: typer.Typer) -> None:
             t = _narrow_runs_table(rows_narrow, console.width)
         if data["runs"]:
             print_table(t, wide=wide)
+            from broker.cli.rundiag import latest_failure_line
+
+            why = latest_failure_line(data["runs"][0])  # the newest run failed: its cause, not only "failed"
+            if why:
+                console.print(escape(node_text(why)), highlight=False)
         else:
             console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
         console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))

@@ -84,7 +84,8 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         from broker.run.diagnose import explain
 
         try:
-            diag_lines = explain(run_dir, result, getattr(recipe, "nodes", None)).lines()
+            diag_lines = explain(run_dir, result, getattr(recipe, "nodes", None),
+                                 local=run.provider == "local").lines()
         except Exception as e:  # noqa: BLE001 - a diagnosis must never hide the summary
             diag_lines = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if diag_lines:

@@ -59,6 +59,9 @@ class Entry:
     verified: str = ""
     facts: str | None = None
     waiting: bool = False
+    #: for a run on this machine (``--provider local``), when it differs: the fix and what would have caught it
+    fix_local: str = ""
+    caught_by_local: str = ""
 
     def search(self, text: str) -> re.Match | None:
         for p in self.patterns:
@@ -75,7 +78,8 @@ def catalogue() -> tuple[Entry, ...]:
     return tuple(Entry(id=e["id"], patterns=tuple(e.get("patterns") or ()), cause=" ".join(e["cause"].split()),
                        fix=" ".join(e["fix"].split()), caught_by=e["caught_by"],
                        verified=" ".join(str(e.get("verified", "")).split()), facts=e.get("facts"),
-                       waiting=bool(e.get("waiting"))) for e in raw)
+                       waiting=bool(e.get("waiting")), fix_local=" ".join(str(e.get("fix_local", "")).split()),
+                       caught_by_local=" ".join(str(e.get("caught_by_local", "")).split())) for e in raw)
 
 
 @dataclass
@@ -137,6 +141,8 @@ class Diagnosis:
     stall: dict[str, Any] | None = None
     #: a succeeded run that may have trained wrong (:func:`sanity_warnings`)
     warnings: list[str] = field(default_factory=list)
+    #: the run ran on this machine (``--provider local``): the catalogue's local fix and catch are shown
+    local: bool = False
 
     @property
     def headline(self) -> str:
@@ -186,8 +192,8 @@ class Diagnosis:
             seen.add(fd.entry.id)
             where = f" (node {fd.node})" if fd.node is not None else ""
             out.append(f"cause [{fd.entry.id}]{where}: {fd.cause}")
-            out.append(f"  fix: {fd.entry.fix}")
-            out.append(f"  would have been caught by: {fd.entry.caught_by}")
+            out.append(f"  fix: {(self.local and fd.entry.fix_local) or fd.entry.fix}")
+            out.append(f"  would have been caught by: {(self.local and fd.entry.caught_by_local) or fd.entry.caught_by}")
         if self.error_lines:
             out.append("every node exited 0, but the ranks printed errors:")
             out.extend(f"  {ln}" for ln in self.error_lines)
@@ -533,9 +539,10 @@ def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> D
     return diag
 
 
-def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
+def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False) -> Diagnosis:
     """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
-    inputs: a diagnosis is best effort)."""
+    inputs: a diagnosis is best effort).  ``local``: the run ran on this machine (``--provider local``), so fixes
+    name this machine's way (the README's install) rather than a rented node's."""
     run_dir = Path(run_dir)
     log_paths: dict[int, Path] = {int(k): Path(v) for k, v in (getattr(result, "log_paths", None) or {}).items()}
     if not log_paths:
@@ -547,7 +554,7 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None) -> Diagnosis:
     facts = load_facts(run_dir)
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
-    diag = Diagnosis()
+    diag = Diagnosis(local=local)
     from broker.run.stall import flight_recorder_from_run, read_stall
 
     diag.stall = read_stall(run_dir)

@@ -125,6 +125,25 @@ def node_environment(base: dict[str, str], *layers: dict[str, str]) -> dict[str,
     return env
 
 
+#: ``<run>/launch.txt``: each node's exact torchrun command line (broker's internal launch through the rank shim).
+#: It is kept out of the node logs ``broker logs`` shows: the user's log is the user's output, not broker's plumbing.
+LAUNCH_FILE = "launch.txt"
+
+
+def record_launch(run_dir: Path, node: int, argv: list[str]) -> None:
+    """Append node ``node``'s launch command ``argv`` to ``run_dir/launch.txt`` (owner-only) and to the debug log
+    (``-v``); never into the node's log.  Never raises (the launch must not fail for its record)."""
+    import logging
+
+    cmd = " ".join(shlex.quote(a) for a in argv)
+    logging.getLogger("broker.run.launch").debug("node %d: $ %s", node, cmd)
+    try:
+        with open(Path(run_dir) / LAUNCH_FILE, "a", encoding="utf-8", opener=_private_opener) as f:
+            f.write(f"node {node}: $ {cmd}\n")
+    except OSError:
+        pass
+
+
 def python_first_path(python: str | None, path: str | None) -> str:
     """``PATH`` with the training interpreter's ``bin/`` first, so ``setup`` commands' ``python``/``pip`` are the
     ones torchrun uses (the venv's, not whatever comes first on the user's PATH)."""
@@ -236,8 +255,7 @@ class LocalExecutor(Executor):
         port = spec.master_port or free_port()
         argvs = local_argvs(spec, port, self.dirs)
         for i, argv in enumerate(argvs):
-            with open(self.logs[i], "a", encoding="utf-8") as f:
-                f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+            record_launch(self.run_dir, i, argv)
         nodes: list[NodeHandle] = []
         sup = Supervisor(self.logs, echo=self.echo)
         if spec.stall_s:

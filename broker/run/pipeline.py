@@ -147,7 +147,7 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
 
         # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
         cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
-        result = diagnose(result, recipe, Path(run.run_dir or "."))
+        result = diagnose(result, recipe, Path(run.run_dir or "."), local=run.provider == "local")
         status, message = result.status, result.reason
         keep = target.keep(recipe, status)
     except KeyboardInterrupt as e:
@@ -186,7 +186,7 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
                       kept=kept)
 
 
-def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
+def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool = False) -> "RunResult":
     """The diagnose step: for a failed run (or one whose ranks exited 0 but printed errors), the node and rank that
     failed first, that rank's own exception and the cause and fix from the catalogue (:func:`broker.run.diagnose.explain`,
     from the rank facts and the node logs); kept in ``result.diagnosis`` and written to ``<run>/diagnosis.txt``.
@@ -196,7 +196,7 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path) -> "RunResult":
     try:
         from broker.run.diagnose import explain
 
-        result.diagnosis = explain(run_dir, result, recipe.nodes).lines()
+        result.diagnosis = explain(run_dir, result, recipe.nodes, local=local).lines()
     except Exception as e:  # noqa: BLE001
         result.diagnosis = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if result.diagnosis:
@@ -249,6 +249,11 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     if topo == "hybrid":
         return hybrid_target(recipe, req)
     if p == "local":
+        from broker.run.planstep import local_interruptible_note
+
+        note = local_interruptible_note(recipe)
+        if note and say:
+            say(note)
         return LocalTarget(recipe)
     if p == "netns":
         return NetnsTarget(recipe, inject=req.inject)

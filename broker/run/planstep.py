@@ -68,5 +68,38 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
         cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
         raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
                           f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
-                          hint=f"configure one (see .env.example): {need}{cpu}")
+                          hint=f"configure one (see .env.example): {need}{cpu}{free_try_hint(recipe)}")
     return plan, usable
+
+
+def free_try_hint(recipe: Recipe) -> str:
+    """The end of the no-credentials hint: the free ways to try ``recipe`` without a cloud account (``--provider
+    local`` on this machine for a CPU-capable recipe; ``broker plan`` for what renting would cost), ``""`` when
+    there is no recipe file to name."""
+    if recipe.path is None:
+        return ""
+    from pathlib import Path
+
+    try:  # as the user typed it when it is under the current folder (`recipes/ddp_spot.yaml`)
+        shown = Path(recipe.path).relative_to(Path.cwd())
+    except (ValueError, OSError):
+        shown = Path(recipe.path)
+    path = shlex.quote(str(shown))
+    spot = str(getattr(recipe, "interruptible", "false")).lower() in ("true", "auto")
+    out = ""
+    if recipe.cpu_ok:
+        out += (f"; to try it free here: `broker run {path} --provider local`"
+                + (" (on this machine nothing is preempted)" if spot else ""))
+    out += (f"; `broker plan --recipe {path}` shows " + ("the interruptible option, its price" if spot else
+                                                          "every option, its price") + " and what it needs")
+    return out
+
+
+def local_interruptible_note(recipe: Recipe) -> str:
+    """The one line ``broker run --provider local`` says for a recipe that asks for interruptible capacity (this
+    machine is never taken back, so there is no preemption, bid or restart); ``""`` otherwise."""
+    # ``auto`` accepts on-demand capacity, which this machine is: only ``true`` asked for something not given
+    if str(getattr(recipe, "interruptible", "false")).lower() != "true":
+        return ""
+    return ("interruptible: true does not apply on this machine: nothing takes it back, so the run goes on without "
+            "preemption, bids or restarts")

@@ -364,8 +364,9 @@ class SSHExecutor(Executor):
         try:
             for i in range(n):
                 line, argv = launch_command(ssh, recipe, i, self.port)
-                with open(logs[i], "a", encoding="utf-8") as f:
-                    f.write("$ " + " ".join(shlex.quote(a) for a in argv) + "\n")
+                from broker.run.launch import record_launch
+
+                record_launch(self.run_dir, i, argv)
                 nodes.append(RemoteNode(ssh, i, line))
         except BaseException as e:
             sup.stop_all(nodes)  # type: ignore[arg-type]

@@ -1,0 +1,37 @@
+"""`broker run recipes/ddp_spot.yaml` without cloud credentials ends at exit 3 with the free ways to try it
+(`--provider local` here, `broker plan --recipe` for the interruptible option); `--provider local` on an
+interruptible: true recipe says once that interruptible does not apply on this machine."""
+
+from __future__ import annotations
+
+import subprocess
+
+from broker.core.recipe import load_recipe
+from broker.run.pipeline import RunRequest, choose_target
+from tests.conftest import REPO, broker_cmd
+
+CLOUD_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "VAST_API_KEY", "OCI_CONFIG_FILE",
+              "OCI_PROFILE", "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")
+
+
+def test_no_credentials_hint_names_the_free_ways_to_try_it(cli_env, tmp_path):
+    env = {k: v for k, v in cli_env.items() if k not in CLOUD_VARS}
+    env.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), OCI_CONFIG_FILE=str(tmp_path / "none"))
+    p = subprocess.run(broker_cmd("run", "recipes/ddp_spot.yaml"), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    text = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 3, text
+    assert "no provider with credentials can serve ddp-spot" in text
+    assert "`broker run recipes/ddp_spot.yaml --provider local`" in text and "nothing is preempted" in text
+    assert "`broker plan --recipe recipes/ddp_spot.yaml` shows the interruptible option" in text
+
+
+def test_provider_local_says_once_that_interruptible_does_not_apply():
+    said: list[str] = []
+    choose_target(load_recipe(REPO / "recipes" / "ddp_spot.yaml"), RunRequest(provider="local"), say=said.append)
+    notes = [s for s in said if "interruptible" in s]
+    assert len(notes) == 1 and "does not apply on this machine" in notes[0], said
+    said.clear()
+    choose_target(load_recipe(REPO / "recipes" / "ddp_2node.yaml"), RunRequest(provider="local"), say=said.append)
+    assert not any("interruptible" in s for s in said), said
