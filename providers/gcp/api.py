@@ -1,7 +1,7 @@
 """GCP API client: credentials the gcloud way, the official clients (REST transport), operation polling, and the
 one mapping of Google API failures to broker's errors.
 
-Facts: ``docs/reference/gcp-fixtures.md`` (from /work/shared/reference/gcp.md).  The SDKs
+Facts: ``docs/reference/gcp-fixtures.md`` (from Google's Compute, Cloud Quotas and Billing docs).  The SDKs
 (``google-cloud-compute``, ``google-cloud-quotas``, ``google-cloud-billing``, ``google-auth``) are imported inside
 functions only.
 
