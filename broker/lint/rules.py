@@ -77,9 +77,13 @@ if TYPE_CHECKING:
 # ====================================================================================================== entry points
 def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for the file at ``path`` (sorted by line): a Slurm batch script when it has ``#SBATCH``
-    directives (unless it is a ``.py`` file or has a python shebang), Python otherwise.  Raises OSError when it
-    cannot be read."""
+    directives (unless it is a ``.py`` file or has a python shebang), a broker recipe when it is ``.yaml``/``.yml``
+    (:func:`broker.lint.recipes.lint_recipe_file`), Python otherwise.  Raises OSError when it cannot be read."""
     p = Path(path)
+    from broker.lint.recipes import is_yaml_path, lint_recipe_file
+
+    if is_yaml_path(p):  # a recipe: its fields, then the script it names (never parsed as Python)
+        return lint_recipe_file(p)
     text = p.read_text(encoding="utf-8", errors="replace")
     python = p.suffix == ".py" or re.match(r"#!.*python", text) is not None  # sbatch also runs Python scripts
     if not python and (is_sbatch(text) or p.suffix in SBATCH_SUFFIXES or re.match(r"#!.*\bsh\b|#!.*bash", text)):
@@ -90,9 +94,12 @@ def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list
 
 
 def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
-    """The files to lint under ``paths`` (a directory: its ``*.py`` and its batch scripts, recursively, hidden
-    and virtual-env folders skipped) and the problems (a path that does not exist, a shell script with no
-    ``#SBATCH`` given by name, a directory with nothing to lint)."""
+    """The files to lint under ``paths`` (a directory: its ``*.py``, its batch scripts and its broker recipes,
+    recursively, hidden and virtual-env folders skipped; other YAML files there are left alone) and the problems
+    (a path that does not exist, a YAML file given by name that is not a recipe, a directory with nothing to
+    lint)."""
+    from broker.lint.recipes import RECIPE_ADVICE, is_yaml_path, not_a_recipe
+
     files: list[Path] = []
     problems: list[str] = []
     for raw in paths:
@@ -109,14 +116,46 @@ def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
                     found.append(f)
                 elif f.suffix in SBATCH_SUFFIXES and (_head_is_sbatch(f) or _shell_launches(f)):
                     found.append(f)
+                elif is_yaml_path(f) and _is_recipe(f):
+                    found.append(f)
             if not found:
-                problems.append(f"{p}: no Python or Slurm batch script in this directory")
+                problems.append(f"{p}: no Python script, Slurm batch script or broker recipe in this directory")
             files += found
+        elif p.is_file() and is_yaml_path(p):
+            try:
+                what = not_a_recipe(p)
+            except OSError as e:
+                what = f"cannot be read ({e.strerror or e})"
+            if what is None:
+                files.append(p)
+            else:
+                problems.append(f"{p}: not a broker recipe ({what}); {RECIPE_ADVICE}")
+        elif p.is_file() and p.suffix.lower() not in ("", ".py", ".pyw", *SBATCH_SUFFIXES) and not _has_shebang(p):
+            # pyproject.toml, a notebook, a log: parsing it as Python would only report a syntax error
+            problems.append(f"{p}: not a Python script, Slurm batch script or broker recipe (a {p.suffix} file); "
+                            f"{RECIPE_ADVICE}")
         elif p.is_file():
             files.append(p)  # a shell script without #SBATCH: its torchrun/srun lines (broker.lint.shell)
         else:
             problems.append(f"{p}: no such file or directory")
     return files, problems
+
+
+def _has_shebang(p: Path) -> bool:
+    try:
+        with p.open("rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+def _is_recipe(p: Path) -> bool:
+    from broker.lint.recipes import not_a_recipe
+
+    try:
+        return not_a_recipe(p) is None
+    except OSError:
+        return False
 
 
 def _shell_launches(p: Path) -> bool:
