@@ -1,13 +1,12 @@
 """``broker lint`` on broker recipes (``*.yaml``/``*.yml``): the recipe's fields are validated as ``broker run``
 validates them, and the script it names is linted as ``broker run`` lints it (started by torchrun, so SLURM_*
-rank variables are findings).  A YAML file is a recipe when it is a mapping with a ``script:`` field."""
+rank variables are findings; :func:`broker.lint.rules.lint_recipe_file`).  A YAML file is a recipe when it is a
+mapping with a ``script:`` field."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-
-from broker.lint.kinds import Finding
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 #: what to give broker lint instead of a YAML file that is not a recipe
@@ -36,23 +35,3 @@ def not_a_recipe(p: Path) -> str | None:
     if "script" not in data:
         return "a YAML mapping without a 'script:' field"
     return None
-
-
-def lint_recipe_file(path: str | Path) -> list[Finding]:
-    """Findings for the recipe at ``path``: one ``recipe-field`` finding when a field is wrong (the message and
-    fix ``broker run`` would refuse it with), else the findings of its script (paths are the script's).
-    Raises OSError when the recipe cannot be read."""
-    from broker.core.recipe import RecipeError, load_recipe
-    from broker.lint.rules import lint_recipe
-
-    p = Path(path)
-    try:
-        recipe = load_recipe(p, resolve=False)  # ${NAME} env values need not be set to lint
-    except RecipeError as e:
-        m = re.match(rf"{re.escape(str(p))}:(\d+)(?::\d+)?:\s*", e.message)
-        line = int(m.group(1)) if m else 1
-        message = e.message[m.end():] if m else re.sub(rf"^{re.escape(str(p))}:?\s*", "", e.message)
-        return [Finding(str(p), line, "recipe-field", message,
-                        e.hint or "see recipes/ddp_2node.yaml for a complete recipe")]
-    findings, _ = lint_recipe(recipe)
-    return findings

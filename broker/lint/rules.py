@@ -78,9 +78,9 @@ if TYPE_CHECKING:
 def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for the file at ``path`` (sorted by line): a Slurm batch script when it has ``#SBATCH``
     directives (unless it is a ``.py`` file or has a python shebang), a broker recipe when it is ``.yaml``/``.yml``
-    (:func:`broker.lint.recipes.lint_recipe_file`), Python otherwise.  Raises OSError when it cannot be read."""
+    (:func:`lint_recipe_file`), Python otherwise.  Raises OSError when it cannot be read."""
     p = Path(path)
-    from broker.lint.recipes import is_yaml_path, lint_recipe_file
+    from broker.lint.recipes import is_yaml_path
 
     if is_yaml_path(p):  # a recipe: its fields, then the script it names (never parsed as Python)
         return lint_recipe_file(p)
@@ -185,6 +185,25 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
             pass
     syntax = any(f.kind == "syntax-error" for f in findings)  # would fail on every rank: never launch it
     return findings, syntax or (bool(findings) and recipe.strict_lint)
+
+
+def lint_recipe_file(path: str | Path) -> list[Finding]:
+    """Findings for the recipe at ``path``: one ``recipe-field`` finding when a field is wrong (the message and
+    fix ``broker run`` would refuse it with), else the findings of its script (paths are the script's).
+    Raises OSError when the recipe cannot be read."""
+    from broker.core.recipe import RecipeError, load_recipe
+
+    p = Path(path)
+    try:
+        recipe = load_recipe(p, resolve=False)  # ${NAME} env values need not be set to lint
+    except RecipeError as e:
+        m = re.match(rf"{re.escape(str(p))}:(\d+)(?::\d+)?:\s*", e.message)
+        line = int(m.group(1)) if m else 1
+        message = e.message[m.end():] if m else re.sub(rf"^{re.escape(str(p))}:?\s*", "", e.message)
+        return [Finding(str(p), line, "recipe-field", message,
+                        e.hint or "see recipes/ddp_2node.yaml for a complete recipe")]
+    findings, _ = lint_recipe(recipe)
+    return findings
 
 
 #: bumped whenever a rule changes, so cached results of an older linter are not reused
