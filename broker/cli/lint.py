@@ -12,8 +12,9 @@ def register(app: typer.Typer) -> None:
     @app.command("lint", short_help="Check training scripts and sbatch files for multi-node bugs")
     def lint_cmd(
         paths: list[Path] = typer.Argument(..., metavar="PATH...",
-                                           help="training scripts, Slurm batch scripts (#SBATCH) or directories "
-                                                "(their *.py and batch scripts, recursively)"),
+                                           help="training scripts, Slurm batch scripts (#SBATCH), broker recipes "
+                                                "(.yaml: their fields and the script they name) or directories "
+                                                "(their *.py, batch scripts and recipes, recursively)"),
         as_json: bool = typer.Option(False, "--json", help="print the findings as JSON"),
         strict: bool = typer.Option(False, "--strict", hidden=True,
                                     help="accepted for old scripts: findings always exit 1 now"),
@@ -22,7 +23,8 @@ def register(app: typer.Typer) -> None:
         rank-0 work (writes, result prints, checkpoints, profiler traces) keyed on LOCAL_RANK; downloads by
         global rank 0 only; SLURM_PROCID/SLURM_NTASKS preferred over torchrun's RANK/WORLD_SIZE.  Check Slurm
         batch scripts for torchrun started from the batch shell of a multi-node allocation (not through srun)
-        and torchrun without --node_rank or a rendezvous; any shell script for the node rank expanded before srun,
+        and torchrun without --node_rank or a rendezvous; a broker recipe (.yaml) for its fields and the script it
+        names (as `broker run` lints it); any shell script for the node rank expanded before srun,
         RANK=$SLURM_PROCID under torchrun and a master address that is not node 0's.  Prints file:line, the
         mistake and the fix.
 
@@ -66,21 +68,31 @@ def register(app: typer.Typer) -> None:
                 console.verbatim("        " + part)
             flush()
 
+        from broker.lint.recipes import RECIPE_ADVICE, is_yaml_path
+
         files, problems = lintable_files(paths)
         if problems:
-            raise BadInput("; ".join(problems), hint="give Python training scripts, Slurm batch scripts (#SBATCH) "
-                                                     "or directories holding them")
+            # a problem that already says what to pass instead stays one line
+            raise BadInput("; ".join(problems),
+                           hint=None if all(RECIPE_ADVICE in p for p in problems) else
+                           "give Python training scripts, Slurm batch scripts (#SBATCH), broker recipes (.yaml) "
+                           "or directories holding them")
         findings = []
         for f in files:
             try:
-                findings += lint_script(f)
+                for x in lint_script(f):
+                    if x not in findings:  # a recipe's script given (or found) as well: each finding once
+                        findings.append(x)
             except OSError as e:
                 raise BadInput(f"{f}: cannot read it ({e.strerror or e})", hint="check the path and its permissions")
+        recipes = sum(1 for f in files if is_yaml_path(f))
         if as_json:
             print_json({"paths": [str(p) for p in paths], "files": [str(f) for f in files],
                         "findings": [asdict(f) for f in findings]})
         elif not findings:
-            what = str(files[0]) if len(files) == 1 else f"{len(files)} files"
+            what = str(files[0]) if len(files) == 1 else (
+                f"{len(files)} files ({recipes} recipe{'s' if recipes != 1 else ''})" if recipes
+                else f"{len(files)} files")
             console.print(f"{escape(what)}: no findings", highlight=False)
         else:
             for f in findings:

@@ -65,6 +65,8 @@ class _Console(Console):
                 title = getattr(o, "title", None)
                 if isinstance(title, str) and hasattr(o, "add_row"):
                     o.title = wrap_text(self.render_str(title), self.prose_width)
+            if not self.is_terminal:  # in a pipe or file a table's padding is only trailing blanks to trip diffs
+                objects = tuple(_RStripped(o) if hasattr(o, "add_row") else o for o in objects)
         super().print(*objects, **kw)
 
     def out(self, *objects: Any, sep: str = " ", end: str = "\n", style: Any = None,
@@ -77,6 +79,26 @@ class _Console(Console):
     def verbatim(self, line: str) -> None:
         """``line`` as written: never wrapped, no markup (streamed node logs)."""
         super().out(line, highlight=False)
+
+
+class _RStripped:
+    """A renderable (a rich ``Table``) drawn line by line without the blanks that end its lines (rich pads every
+    cell to its column's width, so a row ends in spaces and an empty row is all spaces)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        from rich.segment import Segment
+
+        for line in Segment.split_lines(console.render(self.inner, options)):
+            while line and not line[-1].control and not line[-1].text.rstrip():
+                line.pop()
+            if line and not line[-1].control:
+                last = line[-1]
+                line[-1] = Segment(last.text.rstrip(), last.style, last.control)
+            yield from line
+            yield Segment.line()
 
 
 console = _Console(highlight=False, soft_wrap=True, emoji=False)  # names like "a:rocket:b" print as written

@@ -77,9 +77,13 @@ if TYPE_CHECKING:
 # ====================================================================================================== entry points
 def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list[Finding]:
     """Findings for the file at ``path`` (sorted by line): a Slurm batch script when it has ``#SBATCH``
-    directives (unless it is a ``.py`` file or has a python shebang), Python otherwise.  Raises OSError when it
-    cannot be read."""
+    directives (unless it is a ``.py`` file or has a python shebang), a broker recipe when it is ``.yaml``/``.yml``
+    (:func:`lint_recipe_file`), Python otherwise.  Raises OSError when it cannot be read."""
     p = Path(path)
+    from broker.lint.recipes import is_yaml_path
+
+    if is_yaml_path(p):  # a recipe: its fields, then the script it names (never parsed as Python)
+        return lint_recipe_file(p)
     text = p.read_text(encoding="utf-8", errors="replace")
     python = p.suffix == ".py" or re.match(r"#!.*python", text) is not None  # sbatch also runs Python scripts
     if not python and (is_sbatch(text) or p.suffix in SBATCH_SUFFIXES or re.match(r"#!.*\bsh\b|#!.*bash", text)):
@@ -90,9 +94,12 @@ def lint_script(path: str | Path, *, launched_by_torchrun: bool = False) -> list
 
 
 def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
-    """The files to lint under ``paths`` (a directory: its ``*.py`` and its batch scripts, recursively, hidden
-    and virtual-env folders skipped) and the problems (a path that does not exist, a shell script with no
-    ``#SBATCH`` given by name, a directory with nothing to lint)."""
+    """The files to lint under ``paths`` (a directory: its ``*.py``, its batch scripts and its broker recipes,
+    recursively, hidden and virtual-env folders skipped; other YAML files there are left alone) and the problems
+    (a path that does not exist, a YAML file given by name that is not a recipe, a directory with nothing to
+    lint)."""
+    from broker.lint.recipes import RECIPE_ADVICE, is_yaml_path, not_a_recipe
+
     files: list[Path] = []
     problems: list[str] = []
     for raw in paths:
@@ -109,14 +116,46 @@ def lintable_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
                     found.append(f)
                 elif f.suffix in SBATCH_SUFFIXES and (_head_is_sbatch(f) or _shell_launches(f)):
                     found.append(f)
+                elif is_yaml_path(f) and _is_recipe(f):
+                    found.append(f)
             if not found:
-                problems.append(f"{p}: no Python or Slurm batch script in this directory")
+                problems.append(f"{p}: no Python script, Slurm batch script or broker recipe in this directory")
             files += found
+        elif p.is_file() and is_yaml_path(p):
+            try:
+                what = not_a_recipe(p)
+            except OSError as e:
+                what = f"cannot be read ({e.strerror or e})"
+            if what is None:
+                files.append(p)
+            else:
+                problems.append(f"{p}: not a broker recipe ({what}); {RECIPE_ADVICE}")
+        elif p.is_file() and p.suffix.lower() not in ("", ".py", ".pyw", *SBATCH_SUFFIXES) and not _has_shebang(p):
+            # pyproject.toml, a notebook, a log: parsing it as Python would only report a syntax error
+            problems.append(f"{p}: not a Python script, Slurm batch script or broker recipe (a {p.suffix} file); "
+                            f"{RECIPE_ADVICE}")
         elif p.is_file():
             files.append(p)  # a shell script without #SBATCH: its torchrun/srun lines (broker.lint.shell)
         else:
             problems.append(f"{p}: no such file or directory")
     return files, problems
+
+
+def _has_shebang(p: Path) -> bool:
+    try:
+        with p.open("rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+def _is_recipe(p: Path) -> bool:
+    from broker.lint.recipes import not_a_recipe
+
+    try:
+        return not_a_recipe(p) is None
+    except OSError:
+        return False
 
 
 def _shell_launches(p: Path) -> bool:
@@ -146,6 +185,25 @@ def lint_recipe(recipe: "Recipe") -> tuple[list[Finding], bool]:
             pass
     syntax = any(f.kind == "syntax-error" for f in findings)  # would fail on every rank: never launch it
     return findings, syntax or (bool(findings) and recipe.strict_lint)
+
+
+def lint_recipe_file(path: str | Path) -> list[Finding]:
+    """Findings for the recipe at ``path``: one ``recipe-field`` finding when a field is wrong (the message and
+    fix ``broker run`` would refuse it with), else the findings of its script (paths are the script's).
+    Raises OSError when the recipe cannot be read."""
+    from broker.core.recipe import RecipeError, load_recipe
+
+    p = Path(path)
+    try:
+        recipe = load_recipe(p, resolve=False)  # ${NAME} env values need not be set to lint
+    except RecipeError as e:
+        m = re.match(rf"{re.escape(str(p))}:(\d+)(?::\d+)?:\s*", e.message)
+        line = int(m.group(1)) if m else 1
+        message = e.message[m.end():] if m else re.sub(rf"^{re.escape(str(p))}:?\s*", "", e.message)
+        return [Finding(str(p), line, "recipe-field", message,
+                        e.hint or "see recipes/ddp_2node.yaml for a complete recipe")]
+    findings, _ = lint_recipe(recipe)
+    return findings
 
 
 #: bumped whenever a rule changes, so cached results of an older linter are not reused

@@ -20,7 +20,10 @@ from broker.core.provider import NoValidPlan
 _BUDGET_PREFIXES = ("worst case ", "budget ")
 
 
-def _usd(x: float) -> str:
+def _usd(x: float, versus: float | None = None) -> str:
+    """Dollars to the cent; to 1/100 cent below a cent or when that is needed to tell ``x`` from ``versus``."""
+    if versus is not None and x != versus and f"{x:.2f}" == f"{versus:.2f}":
+        return f"${x:,.4f}"
     return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
 
 
@@ -49,14 +52,17 @@ def budget_sentence(plan: Plan, budget_usd: float | None) -> tuple[str, list[str
     """
     if budget_usd is None:
         return None
+    from broker.plan.planner import digits_note
+
     cands = budget_only(plan)
     if not cands:
         return None
     o = cands[0]
     what = f"{o.summary} on {o.provider}" if o.offers else f"{o.topology.value} on {o.provider}"
     s = (f"the budget is the limit: the cheapest option that meets everything else, {what} at "
-         f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd)} for {_num(round(o.hours, 2))} h "
-         f"(setup included) > budget {_usd(budget_usd)}")
+         f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd, budget_usd)} for "
+         f"{_num(round(o.hours, 2))} h (setup included) > budget {_usd(budget_usd)}"
+         f"{digits_note(o.worst_case_usd, budget_usd)}")
     hints = [f"raise budget_usd to at least {_usd(math.ceil(o.worst_case_usd * 100) / 100)}"]
     from broker.plan.planner import MIN_RUN_SECONDS
 

@@ -115,6 +115,14 @@ def _usd(x: float, versus: float | None = None) -> str:
     return f"${x:,.2f}"
 
 
+def digits_note(x: float, versus: float) -> str:
+    """`` (to 1/100 cent: both are $5.00 to the cent)`` when :func:`_usd` shows ``x`` and ``versus`` with more digits
+    than the cent, so a reader knows why (and that the difference is that small); else ``""``."""
+    if x != versus and f"{x:.2f}" == f"{versus:.2f}" and not 0 < x < 0.01:
+        return f" (to 1/100 cent: both are ${x:,.2f} to the cent)"
+    return ""
+
+
 def _h(x: float) -> str:
     """Hours rounded down (what a budget affords never reads longer than it is)."""
     return f"{math.floor(x * 100) / 100:.2f} h"
@@ -447,11 +455,13 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
             if hours * 3600.0 < MIN_RUN_SECONDS:
                 min_cost = pricing.cost_usd(units, rate, pricing.billed_seconds(allow + MIN_RUN_SECONDS, mbs))
                 reason = (f"budget {_usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
-                          f"job costs {_usd(min_cost, budget)} at {_usd(units * rate)}/h")
+                          f"job costs {_usd(min_cost, budget)} at {_usd(units * rate)}/h"
+                          f"{digits_note(min_cost, budget)}")
     wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs))
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
-        reason = f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}; {fit}"
+        reason = (f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}"
+                  f"{digits_note(wc, budget)}; {fit}")
     return units * rate, hours, wc, (None if free else max_h), reason
 
 

@@ -85,3 +85,14 @@ def test_cpu_only_job_is_not_called_0_gpu():
     assert "(2 node(s), CPU only (gloo), budget $100.00" in e.message and "0 GPU" not in e.message, e.message
     e1 = no_plan_error(_recipe(), p)
     assert "(2 node(s) x 1 GPU, budget" in e1.message, e1.message
+
+
+def test_worst_case_a_fraction_of_a_cent_over_the_budget_shows_the_digits_and_says_why():
+    """To the cent both read the same ("worst case of $0.90 > budget $0.90"): 1/100 cent, and the sentence says so."""
+    from broker.plan.explain import budget_only
+
+    wc = budget_only(_plan(_recipe()))[0].worst_case_usd
+    r = _recipe(budget_usd=wc - 0.0003)
+    e = no_plan_error(r, _plan(r, {"local": "simulated needs one host with 2 GPUs; this machine has 0 GPU(s)"}))
+    assert f"worst case of ${wc:,.4f}" in e.message, e.message
+    assert f"(to 1/100 cent: both are ${wc:,.2f} to the cent)" in e.message, e.message
