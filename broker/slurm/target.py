@@ -7,7 +7,7 @@ layer never imports the Slurm layer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from broker.core.recipe import Recipe
 from broker.core.records import Cluster, Run
@@ -62,17 +62,3 @@ def target_for(recipe: Recipe, options: "SlurmOptions | None") -> SlurmTarget:
     from broker.slurm.executor import SlurmOptions
 
     return SlurmTarget(recipe, options or SlurmOptions())
-
-
-def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | None,
-                     options: SlurmOptions | None = None, provider=None,
-                     on_start: Callable[[object, str], None] | None = None):
-    """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
-    Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a :class:`SlurmTarget`)."""
-    from broker.run.pipeline import run_pipeline
-    from broker.run.runrecord import Hooks
-    from broker.slurm.executor import SlurmOptions
-
-    target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
-    out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
-    return out.run, out.result

@@ -98,7 +98,7 @@ def test_uneven_batches_per_rank_hang_at_the_last_step_is_named(tmp_path):
     barrier after it while rank 0's third backward() waits for a gradient all-reduce no one joins.  Named as uneven
     data per rank, with both places and DDP's join() / a DistributedSampler as the fix."""
     pytest.importorskip("torch")
-    from broker.run.launch import run_local
+    from tests.support.runs import run_local
 
     res = run_local(_hang_spec(5, "stop", 120, "uneven"), tmp_path / "run", echo=None)
     step = _line_in("uneven", "model(x).sum().backward()  # DDP all-reduces the gradients here: rank 0's third "

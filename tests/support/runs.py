@@ -37,9 +37,9 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
                      on_start: Callable[[object, str], None] | None = None):
     """Submit ``recipe`` to Slurm, follow it to the end and record it in the ledger; returns (Run, RunResult).
     Runs through the one pipeline (:func:`broker.run.pipeline.run_pipeline` with a
-    :class:`broker.run.targets.SlurmTarget`)."""
+    :class:`broker.slurm.target.SlurmTarget`)."""
     from broker.run.runrecord import Hooks
-    from broker.run.targets import SlurmTarget
+    from broker.slurm.target import SlurmTarget
     from broker.run.pipeline import run_pipeline
 
     target = SlurmTarget(recipe, options or SlurmOptions(), provider=provider)
