@@ -113,7 +113,10 @@ def test_two_node_gloo_job_over_ssh(make_cluster, tmp_path, monkeypatch):
     finally:
         busy.kill()
         busy.wait()
-    assert "--master_port=29601" in (run_dir / "node1.log").read_text()
+    # the launch command is recorded beside the logs (launch.txt), never in the node log the user reads
+    launch = [ln for ln in (run_dir / "launch.txt").read_text().splitlines() if ln.startswith("node 1: ")]
+    assert launch and "--master_port=29601" in launch[0], launch
+    assert "--master_port=29601" not in (run_dir / "node1.log").read_text()
     assert res.ok, (res.reason, res.tail)
     assert res.exit_codes == {0: 0, 1: 0}
     assert [(r.node, r.rank, r.world_size, r.backend) for r in res.ranks] == [(0, 0, 2, "gloo"), (1, 1, 2, "gloo")]
