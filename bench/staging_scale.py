@@ -10,7 +10,7 @@ Each side runs in its own subprocess (CPU = user + system, peak RSS from getrusa
 back with the order swapped every pair; the median of the per-pair ratios is printed with the load average.
 Goals: local 20,000 files <= 2 s; the upload's memory flat (peak RSS about the bare interpreter's).
 
-    python bench/staging_scale.py [--files 20000] [--gib 1] [--pairs 3] [--old]
+    python bench/staging_scale.py [--files 20000] [--gib 1] [--pairs 3] [--keep] [--old]
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ def report(label: str, a: list[dict], b: list[dict], base: str) -> None:
     print(f"{label}: broker wall {aw:.2f} s (CPU {ac:.2f} s, peak RSS {max(x['rss_mib'] for x in a):.0f} MiB) vs "
           f"{base} wall {bw:.2f} s; ratio {wr:.2f}x (median of {len(a)} paired ratios)"
           f"  [{', '.join(f'{k}={v}' for k, v in a[-1].items() if k not in ('wall', 'cpu', 'rss_mib'))}]")
+    print("  pairs (broker / base wall s, in run order): "
+          + ", ".join(f"{x['wall']:.2f}/{y['wall']:.2f}" for x, y in zip(a, b)))
 
 
 def main() -> None:
@@ -102,6 +104,10 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=20_000)
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--keep", action="store_true",
+                    help="copy each time into a new folder and remove none until the end: on a VM that returns "
+                         "freed memory to its host (Firecracker free page reporting) a removed copy's pages come "
+                         "back cold, and the first touch of each page, not the copy, then dominates both sides")
     ap.add_argument("--old", action="store_true", help="also the former in-memory tar.gz (slow: ~20 s CPU per GiB)")
     a = ap.parse_args()
     la0 = os.getloadavg()
@@ -118,8 +124,13 @@ def main() -> None:
             for _ in range(int(a.gib * 1024)):
                 f.write(os.urandom(1 << 20))
         subprocess.run(["sh", "-c", f"cat {big}/data.bin > /dev/null"], check=True)  # page cache warm for both
-        local = pairs(a.pairs, lambda: broker_side("copy", small, d / "node"),
-                      lambda: tool_side(f"rm -rf {d}/cp && cp -a {small} {d}/cp"))
+        if a.keep:  # every copy into a folder of its own, none removed before the end (see --keep)
+            n = iter(range(10**6))
+            local = pairs(a.pairs, lambda: broker_side("copy", small, d / f"node{next(n)}"),
+                          lambda: tool_side(f"cp -a {small} {d}/cp{next(n)}"))
+        else:
+            local = pairs(a.pairs, lambda: broker_side("copy", small, d / "node"),
+                          lambda: tool_side(f"rm -rf {d}/cp && cp -a {small} {d}/cp"))
         up = pairs(a.pairs, lambda: broker_side("tar", big, d / "run"),
                    lambda: tool_side(f"tar -cf - -C {big} . | cat > /dev/null"))
         old = broker_side("old-tgz", big, d / "run") if a.old else None
