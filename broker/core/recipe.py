@@ -129,6 +129,9 @@ class Recipe(BaseModel):
     checkpoint_every_s: int = Field(default=60, strict=True, gt=0, le=86400)
     #: how many times a preempted run is rented again and relaunched (0 = never; attempts = max_restarts + 1)
     max_restarts: int = Field(default=3, strict=True, ge=0, le=100)
+    #: stage the ``checkpoint_dir`` found in the work folder into the first attempt (start from an earlier run's
+    #: checkpoint); false (the default): it is left out, a new run starts without it
+    resume_checkpoint: StrictBool = False
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
@@ -350,6 +353,7 @@ _ALLOWED_HINT = {
     "checkpoint_dir": "a folder inside the workdir, relative to it (e.g. checkpoints)",
     "checkpoint_every_s": "whole seconds between checkpoint copies, more than 0 (at most 86400)",
     "max_restarts": "a whole number of restarts after preemptions, 0 to 100",
+    "resume_checkpoint": "true or false (true: the first attempt starts from the checkpoint_dir in the workdir)",
 }
 _ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
 
@@ -442,6 +446,11 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     except ValueError:
         raise RecipeError(f"{p}:{line}: field 'script': {script} is outside workdir {workdir}",
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
+    if recipe.resume_checkpoint and recipe.checkpoint_dir is None:
+        raise RecipeError(f"{p}:{lines.get(('resume_checkpoint',), '?')}: field 'resume_checkpoint': true needs "
+                          "'checkpoint_dir:' (the folder in the workdir to start from)",
+                          hint="set checkpoint_dir: to the folder your script loads its checkpoint from (e.g. "
+                               "checkpoints), or drop resume_checkpoint")
     if recipe.checkpoint_dir is not None:
         # a symlink inside the workdir may point out of it: the folder copied back and restored must be inside
         ck = (workdir / recipe.checkpoint_dir).resolve()

@@ -445,14 +445,13 @@ class SlurmExecutor(Executor):
         self.t0 = time_mod.monotonic()
 
     def stage(self) -> None:
-        from broker.run.staging import stage_plan, staged_tar
+        from broker.run.staging import recipe_stage_plan, staged_tar
 
         recipe, sh = self.recipe, self.sh
         sh.mkdir(self.base)
         assert recipe.workdir is not None
-        from broker.run.staging import recipe_files
-
-        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
+        plan = recipe_stage_plan(recipe.workdir, recipe.script, recipe.args, checkpoint_dir=recipe.checkpoint_dir,
+                                 resume_checkpoint=recipe.resume_checkpoint)
         from broker.run.executor import staging_line
 
         line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)
