@@ -105,3 +105,31 @@ def test_the_flag_reaches_the_plan_and_the_rented_node(tmp_path, fake_cloud, cli
         last = max(led.list_runs(), key=lambda x: x.started_at)
         inst = [x for x in led.resources(last.id) if x.kind == "instance"]
     assert inst and not any(x.attrs.get("interruptible") for x in inst)  # the recipe's false without the flag
+
+
+def test_a_detached_run_gets_the_flags_value(tmp_path, monkeypatch):
+    """`broker run -d --interruptible Auto`: the background process is started with the checked value."""
+    from typer.testing import CliRunner
+
+    import broker.cli.run as run_mod
+    from broker.cli.app import app
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    seen: list[list[str]] = []
+    values: list[str] = []
+
+    def fake_detached(argv, recipe, **_kw) -> int:
+        seen.append(list(argv))
+        values.append(recipe.interruptible)
+        return 0
+
+    monkeypatch.setattr(run_mod, "run_detached", fake_detached)
+    path = _recipe(tmp_path, "checkpoint_dir: ck\n")
+    r = CliRunner().invoke(app, ["run", str(path), "-d", "--provider", "local", "--interruptible", "Auto"])
+    assert r.exit_code == 0, r.output
+    (argv,) = seen
+    assert argv[argv.index("--interruptible") + 1] == "auto"
+    r = CliRunner().invoke(app, ["run", str(path), "-d", "--provider", "local"])
+    assert r.exit_code == 0, r.output
+    assert "--interruptible" not in seen[-1]  # the recipe's own value: nothing to pass on
+    assert values == ["auto", "false"]
