@@ -32,6 +32,8 @@ class Target(ABC):
 
     provider: str = "?"
     topology: str = "?"
+    #: a lost node can be replaced by acquiring again (:mod:`broker.run.attempts`); False: the job runs once
+    restarts: bool = True
 
     def check(self) -> None:
         """Preconditions that must hold before anything is recorded (raise BadInput / NoValidPlan / ProviderError)."""
