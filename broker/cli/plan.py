@@ -243,7 +243,8 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if c.interruptible:
             console.print(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
                           f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
-                          f"{req.interruptible}` in the recipe and a checkpoint_dir: to resume", soft_wrap=False)
+                          f"{req.interruptible}` in the recipe (or `broker run --interruptible {req.interruptible}`) "
+                          "and a checkpoint_dir: to resume", soft_wrap=False)
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
@@ -319,9 +320,10 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
     if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
         raise BadInput(f"--topology {topology!r} is not a topology",
                        hint="simulated, multi-node, local, hybrid or any")
-    if interruptible is not None and interruptible.strip().lower() not in ("false", "true", "auto"):
-        raise BadInput(f"--interruptible {interruptible!r} is not one of false, true, auto",
-                       hint="e.g. --interruptible auto (interruptible capacity only when it is cheaper expected)")
+    if interruptible is not None:  # the recipe field's words and error (broker run --interruptible says the same)
+        from broker.core.recipe import check_interruptible
+
+        interruptible = check_interruptible("--interruptible", interruptible)
     if max_run and hours is not None:
         raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
     if max_run and budget is None and recipe is None:
@@ -329,7 +331,7 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
     req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
                         min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
                         cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None,
-                        interruptible=interruptible.strip().lower() if interruptible is not None else None)
+                        interruptible=interruptible)
     if max_run:
         req = replace(req, hours=None)
     if cpu_only:

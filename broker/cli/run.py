@@ -62,20 +62,26 @@ def register(app: typer.Typer) -> None:
         idle_minutes: float = typer.Option(None, "--idle-minutes", metavar="MINUTES", help="keep the nodes this "
                                            "many minutes after the job for `broker ssh`/`exec` (overrides the "
                                            "recipe's idle_minutes)"),
+        interruptible: str = typer.Option(None, "--interruptible", metavar="[true|false|auto]",
+                                          help="rent interruptible (bid / spot / preemptible) capacity: true, false "
+                                          "or auto (only when its expected cost with restarts is lower); overrides "
+                                          "the recipe's interruptible (a preempted run resumes from its "
+                                          "checkpoint_dir)"),
     ) -> None:
         """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
         from broker.core.limits import check_number
         from broker.core.recipe import load_recipe
 
         check_number("--idle-minutes", "idle_minutes", idle_minutes)
-        recipe = load_recipe(recipe_path)
+        recipe = load_recipe(recipe_path).with_interruptible(interruptible, "--interruptible")
         if idle_minutes is not None:
             recipe = recipe.model_copy(update={"idle_minutes": float(idle_minutes)})
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
             argv = [str(recipe.path or recipe_path)]
             for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
-                                ("--cluster", cluster), ("--topology", topology)):
+                                ("--cluster", cluster), ("--topology", topology),
+                                ("--interruptible", recipe.interruptible if interruptible is not None else None)):
                 if value is not None:
                     argv += [flag, value]
             argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes

@@ -129,6 +129,9 @@ class Recipe(BaseModel):
     checkpoint_every_s: int = Field(default=60, strict=True, gt=0, le=86400)
     #: how many times a preempted run is rented again and relaunched (0 = never; attempts = max_restarts + 1)
     max_restarts: int = Field(default=3, strict=True, ge=0, le=100)
+    #: stage the ``checkpoint_dir`` found in the work folder into the first attempt (start from an earlier run's
+    #: checkpoint); false (the default): it is left out, a new run starts without it
+    resume_checkpoint: StrictBool = False
 
     # set by the loader
     path: Path | None = Field(default=None, exclude=True)
@@ -138,6 +141,32 @@ class Recipe(BaseModel):
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
     #: one-line warnings found while loading (secret-looking env names), for the CLI to print
     _load_warnings: list[str] = PrivateAttr(default_factory=list)
+    #: field -> 1-based line in the recipe file (for errors raised after loading: :meth:`where`)
+    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
+    #: the command-line flag that set ``interruptible`` (``--interruptible``), None = the file's value
+    _interruptible_flag: str | None = PrivateAttr(default=None)
+
+    def where(self, field: str) -> str:
+        """``file:line: field 'name'`` (or ``--flag value`` when a command-line flag set it) for an error about
+        ``field`` raised after loading."""
+        if field == "interruptible" and self._interruptible_flag:
+            return f"{self._interruptible_flag} {self.interruptible}"
+        return f"{self.path or 'recipe'}:{self._lines.get((field,), '?')}: field '{field}'"
+
+    def with_interruptible(self, value: str | None, flag: str = "--interruptible") -> "Recipe":
+        """A copy with ``interruptible`` set by the command line's ``flag`` (None: this recipe unchanged), checked
+        with the field's words (:func:`check_interruptible`); the "without checkpoint_dir" warning follows the new
+        value.  Raises BadInput for a value that is not one of them."""
+        v = check_interruptible(flag, value)
+        if v is None:
+            return self
+        out = self.model_copy(update={"interruptible": v})
+        out._interruptible_flag = flag
+        out._load_warnings = [w for w in self._load_warnings if _NO_CHECKPOINT_MARK not in w]
+        warn = interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir, self.path)
+        if warn:
+            out._load_warnings.append(warn)
+        return out
 
     @property
     def warnings(self) -> list[str]:
@@ -350,6 +379,7 @@ _ALLOWED_HINT = {
     "checkpoint_dir": "a folder inside the workdir, relative to it (e.g. checkpoints)",
     "checkpoint_every_s": "whole seconds between checkpoint copies, more than 0 (at most 86400)",
     "max_restarts": "a whole number of restarts after preemptions, 0 to 100",
+    "resume_checkpoint": "true or false (true: the first attempt starts from the checkpoint_dir in the workdir)",
 }
 _ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
 
@@ -442,6 +472,11 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     except ValueError:
         raise RecipeError(f"{p}:{line}: field 'script': {script} is outside workdir {workdir}",
                           hint="the script must live inside 'workdir', which is what is copied to each node") from None
+    if recipe.resume_checkpoint and recipe.checkpoint_dir is None:
+        raise RecipeError(f"{p}:{lines.get(('resume_checkpoint',), '?')}: field 'resume_checkpoint': true needs "
+                          "'checkpoint_dir:' (the folder in the workdir to start from)",
+                          hint="set checkpoint_dir: to the folder your script loads its checkpoint from (e.g. "
+                               "checkpoints), or drop resume_checkpoint")
     if recipe.checkpoint_dir is not None:
         # a symlink inside the workdir may point out of it: the folder copied back and restored must be inside
         ck = (workdir / recipe.checkpoint_dir).resolve()
@@ -470,12 +505,39 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     out._env_template = template
     out._secret_values = secret_values
     out._load_warnings = _secret_env_warnings(template, p, lines)
-    if recipe.interruptible != "false" and recipe.checkpoint_dir is None:
-        out._load_warnings.append(
-            f"{p}:{lines.get(('interruptible',), '?')}: interruptible: {recipe.interruptible} without "
-            "'checkpoint_dir:': after a preemption the job restarts from the beginning; set checkpoint_dir: to "
-            "the folder your script saves to and loads from")
+    out._lines = lines
+    warn = interruptible_warning(f"{p}:{lines.get(('interruptible',), '?')}: interruptible: {recipe.interruptible}",
+                                 recipe.interruptible, recipe.checkpoint_dir)
+    if warn:
+        out._load_warnings.append(warn)
     return out
+
+
+#: what every "interruptible without checkpoint_dir" warning says (to find it again when a flag changes the value)
+_NO_CHECKPOINT_MARK = "without 'checkpoint_dir:': after a preemption the job restarts from the beginning"
+
+
+def interruptible_warning(said: str, value: str, checkpoint_dir: str | None, path: Path | None = None) -> str | None:
+    """The warning for interruptible capacity without a ``checkpoint_dir`` (None when it does not apply): ``said``
+    is where the value came from (``r.yaml:4: interruptible: true`` or ``--interruptible true``), ``path`` the
+    recipe file to set ``checkpoint_dir:`` in when a flag set the value."""
+    if value == "false" or checkpoint_dir is not None:
+        return None
+    return (f"{said} {_NO_CHECKPOINT_MARK}; set checkpoint_dir: " + (f"in {path} " if path else "")
+            + "to the folder your script saves to and loads from")
+
+
+def check_interruptible(flag: str, value: str | None) -> str | None:
+    """A command line's ``--interruptible`` value in the recipe field's words: ``value`` lower-cased and stripped
+    (``Auto`` -> ``auto``), None when not given.  Raises BadInput naming the flag and the allowed words."""
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v not in ("false", "true", "auto"):
+        raise BadInput(f"{flag} {value!r} is not one of the allowed values: {_ALLOWED_HINT['interruptible']}",
+                       hint=f"e.g. {flag} auto (interruptible capacity only when its expected cost is lower), or "
+                            f"{flag} false (on-demand)")
+    return v
 
 
 def resolve_secrets(names: list[str], *, where: str = "recipe",

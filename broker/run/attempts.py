@@ -161,14 +161,15 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
                  attempt: Callable[[], "tuple[Cluster | None, RunResult]"],
                  release: Callable[[], list]) -> "tuple[Cluster | None, RunResult]":
     """Run ``attempt()`` (acquire + the executor steps; returns (cluster, result)) once, or, for a recipe with
-    restarts (:func:`restarts_enabled`), again after each preemption, up to ``max_restarts`` times: between two
+    restarts (:func:`restarts_enabled`) on a target that can acquire again (``Target.restarts``), again after each
+    preemption, up to ``max_restarts`` times: between two
     attempts ``release()`` tears down what is left (its return: resources still live; any = stop, loudly).
     Returns the last attempt's (cluster, result).  Raises what ``attempt`` raises for anything but a lost node;
     RestartsExhausted when the run was preempted ``max_restarts + 1`` times; NodeLost when a lost node cannot be
     replaced (restarts off, the clock ran out, teardown not confirmed)."""
     from broker.run.guard import NodeLost
 
-    if not restarts_enabled(recipe):
+    if not restarts_enabled(recipe) or not getattr(target, "restarts", True):
         return attempt()
     ledger = ctx.ledger
     max_restarts = int(getattr(recipe, "max_restarts", 3) or 0)

@@ -115,6 +115,30 @@ _LISTER = ("import json, os; out = []\n"
            "print(json.dumps(out))")
 
 
+def lister_command(folder: str) -> str:
+    """A ``sh -c`` line that prints :data:`_LISTER`'s JSON for ``folder`` on a machine with ``python3`` (``[]``
+    while the folder does not exist)."""
+    import shlex
+
+    return f"cd {shlex.quote(folder)} 2>/dev/null || {{ echo '[]'; exit 0; }}; exec python3 -c {shlex.quote(_LISTER)}"
+
+
+def parse_listing(raw: Any) -> dict[str, tuple[int, int]]:
+    """:data:`_LISTER`'s answer (decoded JSON, from a node: untrusted) as ``{relative name: (size, mtime ns)}``.
+    Raises RefusedArtifact for anything but a list of ``[name, size, mtime]`` entries."""
+    from broker.run.artifacts import RefusedArtifact
+
+    if not isinstance(raw, list):
+        raise RefusedArtifact(f"the list of checkpoint files is {type(raw).__name__}, not a list")
+    out: dict[str, tuple[int, int]] = {}
+    for e in raw:
+        if not (isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e[1:])):
+            raise RefusedArtifact(f"the node's list of checkpoint files holds {repr(e)[:80]}")
+        out[e[0]] = (e[1], e[2])
+    return out
+
+
 class SSHSource(Source):
     """``checkpoint_dir`` in node ``node``'s work folder over the executor's SSH connections
     (:class:`broker.run.remote.SSHCluster`; safe to call from another thread: its calls run on its loop)."""
@@ -127,18 +151,11 @@ class SSHSource(Source):
         return f"{self.ssh.work(self.node)}/{self.rel_dir}"
 
     def list(self) -> dict[str, tuple[int, int]]:
-        from broker.run.artifacts import RefusedArtifact
         from broker.run.remote import _alist_artifacts
 
         raw = self.ssh.loop.call(_alist_artifacts(self.ssh, self.node, [], folder=self.folder, lister=_LISTER,
                                                   missing_ok=True), timeout=120)
-        out: dict[str, tuple[int, int]] = {}
-        for e in raw:
-            if not (isinstance(e, list) and len(e) == 3 and isinstance(e[0], str)
-                    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in e[1:])):
-                raise RefusedArtifact(f"the node's list of checkpoint files holds {repr(e)[:80]}")
-            out[e[0]] = (e[1], e[2])
-        return out
+        return parse_listing(raw)
 
     def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
         from broker.run.remote import afetch_checked
@@ -279,9 +296,10 @@ def restore_ssh(gen: Path, ssh: Any, rel_dir: str, nodes: Iterable[int], run_dir
 
 # --------------------------------------------------------------------------------------------------- executor
 class CheckpointingExecutor(Executor):
-    """Wraps an executor (local or SSH): after its ``stage`` the latest good generation is restored on every node;
-    during its ``launch`` a thread copies node 0's ``checkpoint_dir`` back every ``every_s`` seconds; when the job
-    ended (not when a node was lost) one last copy.  Copy failures are said and logged, never end the job."""
+    """Wraps an executor (local, SSH, or one with a ``checkpoint_source``: Slurm's): after its ``stage`` the latest
+    good generation is restored on every node; during its ``launch`` a thread copies node 0's ``checkpoint_dir``
+    back every ``every_s`` seconds; when the job ended (not when a node was lost) one last copy.  Copy failures
+    are said and logged, never end the job."""
 
     def __init__(self, inner: Executor, rel_dir: str, run_dir: Path, *, every_s: float, say: Say = None):
         self.inner, self.rel_dir, self.run_dir = inner, rel_dir, Path(run_dir)
@@ -330,6 +348,9 @@ class CheckpointingExecutor(Executor):
         restore_ssh(gen, ssh, self.rel_dir, range(len(ssh.cluster.nodes)), self.run_dir)
 
     def source(self) -> Source | None:
+        own = getattr(self.inner, "checkpoint_source", None)  # an executor that knows where node 0's folder is
+        if callable(own):
+            return own(self.rel_dir)
         dirs = getattr(self.inner, "dirs", None)
         if dirs:
             return LocalSource(Path(dirs[0]) / self.rel_dir)
@@ -389,9 +410,10 @@ class CheckpointingExecutor(Executor):
 
 def with_checkpoints(ex: Executor, recipe: Any, run_dir: Path, say: Say = None) -> Executor:
     """``ex`` wrapped in :class:`CheckpointingExecutor` when the recipe names a ``checkpoint_dir`` and the executor
-    is one it can reach (local processes or SSH); else ``ex`` unchanged (Slurm: not yet)."""
+    is one it can reach (local processes, SSH, or one with its own ``checkpoint_source(rel_dir) -> Source``: the
+    Slurm job folder); else ``ex`` unchanged."""
     rel = getattr(recipe, "checkpoint_dir", None)
-    if not rel or not (hasattr(ex, "dirs") or hasattr(ex, "ssh")):
+    if not rel or not (hasattr(ex, "dirs") or hasattr(ex, "ssh") or hasattr(ex, "checkpoint_source")):
         return ex
     steps = {s: getattr(CheckpointingExecutor, "_" + s) for s in ("reach", "preflight")
              if getattr(type(ex), s) is not getattr(Executor, s)}

@@ -125,7 +125,8 @@ def cluster_spec(recipe: Recipe, cluster: Cluster, run: Run) -> "LocalLaunchSpec
                            workdir=recipe.workdir, nnodes=len(cluster.nodes), nproc_per_node=recipe.gpus_per_node,
                            env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
                            expect=list(recipe.expect), deadline_s=deadline_s, artifacts=list(recipe.artifacts),
-                           stall_s=recipe.stall_s, on_stall=recipe.on_stall)
+                           stall_s=recipe.stall_s, on_stall=recipe.on_stall,
+                           checkpoint_dir=recipe.checkpoint_dir, resume_checkpoint=recipe.resume_checkpoint)
 
 
 def cluster_executor(recipe: Recipe, run: Run, cluster: Cluster, ctx: Context, **ssh: Any) -> "Executor":

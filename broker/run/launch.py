@@ -186,6 +186,9 @@ class LocalLaunchSpec:
     artifacts: list[str] = field(default_factory=list)
     stall_s: float | None = None  # seconds without output before the ranks' stacks are sampled (None: no watch)
     on_stall: str = "stop"
+    #: the recipe's checkpoint_dir (left out of the staged files unless ``resume_checkpoint``)
+    checkpoint_dir: str | None = None
+    resume_checkpoint: bool = False
 
 
 def local_argvs(spec: LocalLaunchSpec, port: int, node_dirs: list[Path]) -> list[list[str]]:
@@ -215,8 +218,6 @@ class LocalExecutor(Executor):
         self.envs: list[dict[str, str]] = []
 
     def stage(self) -> RunResult | None:
-        from broker.run.staging import stage_plan
-
         from broker.core.private import private_dirs, write_private
 
         spec = self.spec
@@ -226,9 +227,10 @@ class LocalExecutor(Executor):
             write_private(p, f"broker: {dropped}\n" if dropped else "")
         if dropped and self.echo:
             self.echo(f"[broker] {dropped}")
-        from broker.run.staging import recipe_files
+        from broker.run.staging import recipe_stage_plan
 
-        plan = stage_plan(spec.workdir, keep=recipe_files(spec.workdir, spec.script_rel, spec.args))
+        plan = recipe_stage_plan(spec.workdir, spec.script_rel, spec.args, checkpoint_dir=spec.checkpoint_dir,
+                                 resume_checkpoint=spec.resume_checkpoint)
         from broker.run.executor import staging_line
 
         line = staging_line(plan, self.run_dir)

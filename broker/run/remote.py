@@ -321,14 +321,13 @@ class SSHExecutor(Executor):
         return None
 
     def stage(self) -> RemoteRunResult | None:
-        from broker.run.staging import stage_plan, staged_tar
+        from broker.run.staging import recipe_stage_plan, staged_tar
 
         ssh, recipe, n = self.ssh, self.recipe, self.n
         envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
         assert recipe.workdir is not None
-        from broker.run.staging import recipe_files
-
-        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
+        plan = recipe_stage_plan(recipe.workdir, recipe.script, recipe.args, checkpoint_dir=recipe.checkpoint_dir,
+                                 resume_checkpoint=recipe.resume_checkpoint)
         line = staging_line(plan, self.run_dir)
         if self.say:
             self.say(line)

@@ -62,6 +62,8 @@ def always_skipped_dir(name: str) -> bool:
 
 #: the skip reasons named in :meth:`StagePlan.summary`
 OUTSIDE = "symlink outside the workdir"
+#: the rule that leaves the recipe's ``checkpoint_dir`` out of the staged files (:func:`recipe_stage_plan`)
+CHECKPOINT_RULE = "checkpoint_dir"
 TO_EXCLUDED = "symlink to an excluded path"
 DANGLING = "dangling symlink"
 LOOP = "symlink loop"
@@ -102,11 +104,15 @@ class StagePlan:
         """One line: ``staged 12 files, 1.2 MB per node (not copied: .git, .env; skipped: shadowlink (symlink
         outside the workdir))``."""
         links = (OUTSIDE, TO_EXCLUDED, DANGLING, LOOP)
-        skipped = sorted(n for n, rule in self.excluded.items() if rule not in links)
+        skipped = sorted(n for n, rule in self.excluded.items() if rule not in (*links, CHECKPOINT_RULE))
         more = f" (not copied: {', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})" if skipped else ""
         named = [f"{n} ({rule})" for rule in links for n in sorted(self.excluded) if self.excluded[n] == rule]
         if named:
             more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
+        ck = sorted(n for n, rule in self.excluded.items() if rule == CHECKPOINT_RULE)
+        if ck:
+            more += (f" (checkpoint_dir {', '.join(ck)} not staged: a new run starts without the checkpoint left in "
+                     "the work folder; resume_checkpoint: true in the recipe starts from it)")
         if self.forced:
             more += " (staged although ignored, the recipe names them: " + ", ".join(
                 f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
@@ -279,10 +285,12 @@ def _broker_home() -> Path | None:
         return None
 
 
-def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
+def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | None = None) -> StagePlan:
     """Walk ``root`` and decide what to copy (see the module docstring for the rules, symbolic links included).
     ``keep``: files the recipe names (:func:`recipe_files`): staged even when an ignore file drops them (the
     rule is recorded in :attr:`StagePlan.forced`), never when an always-skipped rule does (secrets, keys).
+    ``leave_out``: ``/``-separated folder paths relative to ``root`` -> the rule that leaves them (and what lies
+    below them, also reached through a link) out, whatever ``keep`` says.
     Raises FileNotFoundError when ``root`` is not a folder."""
     root = Path(root)
     if not root.is_dir():
@@ -291,6 +299,10 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
     rules = _Rules(real_root)
     plan = StagePlan(root=root)
     home = _broker_home()
+    left = {k.strip("/"): v for k, v in (leave_out or {}).items() if k.strip("/")}
+
+    def left_out(rel: str) -> str | None:
+        return next((rule for k, rule in left.items() if rel == k or rel.startswith(k + "/")), None)
 
     def note(rule: str, name: str) -> None:
         plan.excluded[name] = rule
@@ -320,6 +332,14 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
         for e in entries:
             rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
             real = real_dir / e.name
+            if left:  # the folder as staged, where it really is, and where a link to it points
+                rule = left_out(rel) or (left_out(real.relative_to(real_root).as_posix()) if linked else None)
+                if rule is None and e.is_symlink():
+                    tgt = Path(os.path.realpath(real))
+                    rule = left_out(tgt.relative_to(real_root).as_posix()) if tgt.is_relative_to(real_root) else None
+                if rule:
+                    note(rule, rel + "/" if e.is_dir() else rel)
+                    continue
             if e.is_symlink():
                 try:
                     os.stat(real)
@@ -380,6 +400,8 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
         parts = rel.split("/")
         if any(always_skipped_dir(p) for p in parts[:-1]) or rules.always.match_file(parts[-1].lower()):
             continue  # a secret or a key stays home even when named
+        if left and (left_out(rel) or left_out(os.path.relpath(os.path.realpath(real_root / rel), real_root))):
+            continue
         rule = rules.ignoring_rule(rel)
         if rule is None:
             continue
@@ -387,6 +409,18 @@ def stage_plan(root: Path, keep: list[str] = ()) -> StagePlan:
         plan.excluded.pop(rel, None)
         plan.forced[rel] = rule
     return plan
+
+
+def recipe_stage_plan(workdir: Path, script: Path | str, args: list[str] = (), *, checkpoint_dir: str | None = None,
+                      resume_checkpoint: bool = False) -> StagePlan:
+    """What a recipe's run stages (every executor: local copies, the SSH tar, the Slurm job folder):
+    :func:`stage_plan` of ``workdir`` keeping the files the recipe names (:func:`recipe_files`), without the
+    recipe's ``checkpoint_dir``: a checkpoint left in the work folder (an earlier run's, a copy-back) would make a
+    new run silently resume from old state.  Later attempts of a run get broker's own copy
+    (:mod:`broker.run.checkpoint` restores it after staging).  ``resume_checkpoint``: stage it (the user asked
+    to start from it).  Raises FileNotFoundError when ``workdir`` is not a folder."""
+    leave = {checkpoint_dir: CHECKPOINT_RULE} if checkpoint_dir and not resume_checkpoint else None
+    return stage_plan(workdir, keep=recipe_files(workdir, script, args), leave_out=leave)
 
 
 #: Linux ``FICLONE`` ioctl (``_IOW(0x94, 9, int)``): make ``dst`` share ``src``'s extents, copy-on-write

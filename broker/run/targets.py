@@ -32,6 +32,8 @@ class Target(ABC):
 
     provider: str = "?"
     topology: str = "?"
+    #: a lost node can be replaced by acquiring again (:mod:`broker.run.attempts`); False: the job runs once
+    restarts: bool = True
 
     def check(self) -> None:
         """Preconditions that must hold before anything is recorded (raise BadInput / NoValidPlan / ProviderError)."""
@@ -101,7 +103,8 @@ def local_spec(recipe: Recipe) -> "tuple[LocalLaunchSpec, str]":
                            workdir=recipe.workdir, nnodes=recipe.nodes, nproc_per_node=recipe.gpus_per_node,
                            env=dict(recipe.env), node_envs=node_envs, setup=list(recipe.setup),
                            expect=list(recipe.expect), deadline_s=recipe.max_hours * 3600,
-                           artifacts=list(recipe.artifacts), stall_s=recipe.stall_s, on_stall=recipe.on_stall)
+                           artifacts=list(recipe.artifacts), stall_s=recipe.stall_s, on_stall=recipe.on_stall,
+                           checkpoint_dir=recipe.checkpoint_dir, resume_checkpoint=recipe.resume_checkpoint)
     return spec, devices
 
 

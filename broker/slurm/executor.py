@@ -445,14 +445,13 @@ class SlurmExecutor(Executor):
         self.t0 = time_mod.monotonic()
 
     def stage(self) -> None:
-        from broker.run.staging import stage_plan, staged_tar
+        from broker.run.staging import recipe_stage_plan, staged_tar
 
         recipe, sh = self.recipe, self.sh
         sh.mkdir(self.base)
         assert recipe.workdir is not None
-        from broker.run.staging import recipe_files
-
-        plan = stage_plan(recipe.workdir, keep=recipe_files(recipe.workdir, recipe.script, recipe.args))
+        plan = recipe_stage_plan(recipe.workdir, recipe.script, recipe.args, checkpoint_dir=recipe.checkpoint_dir,
+                                 resume_checkpoint=recipe.resume_checkpoint)
         from broker.run.executor import staging_line
 
         line = staging_line(plan, self.run_dir if str(self.run_dir) != "." else None)
@@ -656,26 +655,49 @@ class SlurmExecutor(Executor):
         record_artifacts(result, pats, found, self.run_dir, self.echo, refused)
 
     def _fetch_remote(self, rel: str, root: Path, budget) -> bool:
-        """Copy the job folder's ``rel`` from the login node into ``root`` within ``budget``; False when it is not
-        there.  The login node resolves it first (``realpath``): a symlink out of the job folder, a file that is
-        not regular or one over a cap is refused (RefusedArtifact), and no more than the cap is ever read."""
+        """The job folder's ``rel`` into ``root`` (:meth:`fetch_remote`); False when it is not there."""
+        from broker.run.artifacts import artifact_destination
+
+        return SlurmExecutor.fetch_remote(self, self.work, rel, artifact_destination(root, rel), budget) is not None
+
+    def checkpoint_source(self, rel_dir: str):
+        """The recipe's ``checkpoint_dir`` in the job folder (shared by every node; rank 0 writes it) as a
+        :class:`broker.run.checkpoint.Source` for the copy-back (:mod:`broker.slurm.checkpoint`)."""
+        if self.opts.host is None:
+            from broker.run.checkpoint import LocalSource
+
+            return LocalSource(Path(self.work) / rel_dir)
+        from broker.slurm.checkpoint import ShellSource
+
+        def fetch(folder: str, rel: str, dst: Path, budget) -> int:
+            got = self.fetch_remote(folder, rel, dst, budget)
+            if got is None:
+                raise FileNotFoundError(f"{folder}/{rel} is gone {self.sh.where}")
+            return got
+
+        return ShellSource(self.sh, f"{self.work}/{rel_dir}", fetch)
+
+    def fetch_remote(self, base: str, rel: str, dst: Path, budget) -> int | None:
+        """Copy ``<base>/<rel>`` from the login node into the new local file ``dst`` within ``budget``; returns the
+        bytes written, None when it is not there.  The login node resolves it first (``realpath``): a symlink out
+        of ``base``, a file that is not regular or one over a cap is refused (RefusedArtifact), and no more than
+        the cap is ever read."""
         import subprocess
 
         from broker.run.supervisor import READ_CHUNK
-        from broker.run.artifacts import RefusedArtifact, artifact_destination, write_capped
+        from broker.run.artifacts import RefusedArtifact, write_capped
 
-        dst = artifact_destination(root, rel)
         q = shlex.quote
-        check = (f"w=$(realpath -e -- {q(self.work)}) && p=$(realpath -e -- {q(self.work + '/' + rel)}) || exit 3; "
+        check = (f"w=$(realpath -e -- {q(base)}) && p=$(realpath -e -- {q(base + '/' + rel)}) || exit 3; "
                  'case "$p" in "$w"/*) ;; *) echo "OUTSIDE $p"; exit 0;; esac; '
                  '[ -f "$p" ] || { echo "NOTFILE"; exit 0; }; echo "FILE $(stat -L -c %s -- "$p") $p"')
         cp = self.sh.run(["sh", "-c", check], call="realpath", timeout=30)
         out = cp.stdout.decode("utf-8", "replace").strip() if isinstance(cp.stdout, bytes) else str(cp.stdout)
         if cp.returncode != 0 or not out:
-            return False
+            return None
         kind, _, rest = out.partition(" ")
         if kind == "OUTSIDE":
-            raise RefusedArtifact(f"a symlink to {rest}, outside the job folder")
+            raise RefusedArtifact(f"a symlink to {rest}, outside {'the job folder' if base == self.work else base}")
         if kind != "FILE":
             raise RefusedArtifact("not a regular file")
         size, _, real = rest.partition(" ")
@@ -685,12 +707,11 @@ class SlurmExecutor(Executor):
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert p.stdout is not None
         try:
-            write_capped(dst, iter(lambda: p.stdout.read(READ_CHUNK), b""), budget)  # type: ignore[union-attr]
+            return write_capped(dst, iter(lambda: p.stdout.read(READ_CHUNK), b""), budget)  # type: ignore[union-attr]
         finally:
             p.stdout.close()
             p.kill()
             p.wait()
-        return True
 
     def fetch_facts(self) -> int:
         """Copy the ranks' facts from the job's shared ``facts`` folder into ``<run>/node<i>/facts/`` (node i from

@@ -25,6 +25,8 @@ class SlurmTarget(Target):
     job is the executor's (:class:`broker.slurm.executor.SlurmExecutor`), the cluster's own accounting applies ($0 here)."""
 
     provider, topology = "slurm", "slurm"
+    #: a Slurm job is submitted once: broker does not resubmit one the cluster preempted (its own requeue may)
+    restarts = False
 
     def __init__(self, recipe: Recipe, options: "SlurmOptions", *, provider: Any = None):
         self.recipe, self.opts = recipe, options
@@ -36,7 +38,20 @@ class SlurmTarget(Target):
         self.gpus = False
 
     def check(self) -> None:
+        """Raises BadInput for ``interruptible: true`` (nothing here rents interruptible capacity or restarts a
+        job), NoValidPlan / BadInput from :func:`broker.slurm.executor.slurm_preconditions`."""
         from broker.slurm.executor import slurm_preconditions
+
+        if self.recipe.interruptible == "true":
+            from broker.core.provider import BadInput
+
+            flag = getattr(self.recipe, "_interruptible_flag", None)
+            said = self.recipe.where("interruptible") + ("" if flag else ": true")
+            raise BadInput(f"{said} asks for interruptible capacity, which a Slurm cluster does not rent, and "
+                           "broker does not resubmit a Slurm job after a preemption",
+                           hint=("pass --interruptible false (or auto)" if flag else
+                                 "set interruptible: false (or auto) in the recipe, or pass --interruptible false")
+                           + " to run it on Slurm; checkpoint_dir: is still copied back every checkpoint_every_s")
 
         self.gpus = slurm_preconditions(self.recipe, self.prov, self.opts)
 

@@ -1,0 +1,132 @@
+"""A checkpoint left in the work folder (an earlier local run, a copy-back) is not staged into a new run: the
+recipe's ``checkpoint_dir`` is left out of every staging path (local copies, the SSH tar, the Slurm job folder,
+tests/slurm) and the staging line says so; ``resume_checkpoint: true`` stages it; later attempts still get
+broker's own copied-back checkpoint."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from broker.money.ledger import Ledger
+from tests.run.test_preempt import _fake_run, _recipe
+
+STALE = 20  # the step an earlier run left in ckpt/state.json
+
+
+def _stale(recipe) -> None:
+    ck = Path(recipe.workdir) / "ckpt"
+    ck.mkdir()
+    (ck / "state.json").write_text(json.dumps({"step": STALE}))
+
+
+def _resumed(log: str) -> int:
+    return int(log.split("resumed from step ")[1].split()[0])
+
+
+def test_the_checkpoint_dir_is_left_out_of_the_staged_files_and_the_line_says_so(tmp_path):
+    from broker.run.staging import recipe_stage_plan, staged_tar
+
+    w = tmp_path / "w"
+    (w / "ckpt" / "sub").mkdir(parents=True)
+    (w / "train.py").write_text("print(1)\n")
+    (w / "ckpt" / "state.json").write_text("{}")
+    (w / "ckpt" / "sub" / "m.pt").write_text("x")
+    (w / "ckpt_notes.txt").write_text("not the folder")  # a name that only starts like it is staged
+    (w / "alias").symlink_to("ckpt")  # a link to it is the same folder
+    (w / ".gitignore").write_text("ckpt/\n")
+    plan = recipe_stage_plan(w, "train.py", ["--resume", "ckpt/state.json"], checkpoint_dir="ckpt")
+    names = sorted(p.as_posix() for p in plan.files)
+    assert names == [".gitignore", "ckpt_notes.txt", "train.py"]  # named in args and ignored: still left out
+    line = plan.summary()
+    assert "checkpoint_dir alias/, ckpt/ not staged" in line and "resume_checkpoint: true" in line
+    assert plan.excluded["alias/"] == "checkpoint_dir"
+    with staged_tar(plan, tmp_path / "run") as t, tarfile.open(t.path, "r:*") as tar:  # the SSH / Slurm tar
+        assert not [m.name for m in tar.getmembers() if m.name.startswith(("ckpt/", "alias"))]
+    (w / ".gitignore").unlink()
+    nested = recipe_stage_plan(w, "train.py", checkpoint_dir="ckpt/sub")
+    assert sorted(p.as_posix() for p in nested.files) == ["alias/state.json", "ckpt/state.json", "ckpt_notes.txt",
+                                                          "train.py"]
+    assert nested.excluded["ckpt/sub/"] == nested.excluded["alias/sub/"] == "checkpoint_dir"
+    kept = recipe_stage_plan(w, "train.py", checkpoint_dir="ckpt", resume_checkpoint=True)
+    assert "ckpt/sub/m.pt" in {p.as_posix() for p in kept.files} and "not staged" not in kept.summary()
+
+
+def test_a_local_run_does_not_resume_from_a_stale_checkpoint_in_the_work_folder(tmp_path, monkeypatch):
+    from broker.run.pipeline import Hooks, LocalTarget, run_pipeline
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    recipe, _ = _recipe(tmp_path, steps=3, sleep=0.01, interruptible="false")
+    _stale(recipe)
+    said: list[str] = []
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks(say=said.append))
+    assert out.exit_code == 0, out.result.reason
+    assert _resumed(Path(out.run.run_dir, "node0.log").read_text()) == 0
+    assert any("checkpoint_dir ckpt/ not staged" in s for s in said), said
+    assert json.loads((Path(recipe.workdir) / "ckpt" / "state.json").read_text())["step"] == STALE  # untouched
+
+
+def test_resume_checkpoint_true_starts_the_first_attempt_from_it(tmp_path, monkeypatch):
+    from broker.run.pipeline import Hooks, LocalTarget, run_pipeline
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    recipe, _ = _recipe(tmp_path, steps=STALE + 2, sleep=0.01, interruptible="false", extra="resume_checkpoint: true\n")
+    assert recipe.resume_checkpoint is True
+    _stale(recipe)
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks())
+    assert out.exit_code == 0, out.result.reason
+    assert _resumed(Path(out.run.run_dir, "node0.log").read_text()) == STALE
+
+
+def test_resume_checkpoint_without_checkpoint_dir_names_the_field_and_the_fix(tmp_path):
+    from broker.core.recipe import RecipeError, load_recipe
+
+    (tmp_path / "job.py").write_text("print(1)\n")
+    (tmp_path / "r.yaml").write_text("name: t\nscript: job.py\ncpu_ok: true\nresume_checkpoint: true\n")
+    with pytest.raises(RecipeError) as e:
+        load_recipe(tmp_path / "r.yaml")
+    assert "r.yaml:4: field 'resume_checkpoint'" in e.value.message and "checkpoint_dir" in e.value.hint
+
+
+def test_a_preempted_run_resumes_from_brokers_copy_not_from_the_stale_one(tmp_path, fake_cloud):
+    """Attempt 1 starts from step 0 (the stale checkpoint is not staged); attempt 2 from the generation broker
+    copied back during attempt 1, restored after staging."""
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "ckpt").mkdir()
+    (d / "ckpt" / "state.json").write_text(json.dumps({"step": STALE}))
+    out, err, ledger, p, said, done = _fake_run(tmp_path, fake_cloud, [8])
+    assert err is None, (err, said)
+    assert out.exit_code == 0, (out.result.reason, said)
+    first = _resumed(Path(out.run.run_dir, "attempt1", "node0.log").read_text())
+    second = _resumed(Path(out.run.run_dir, "node0.log").read_text())
+    assert first == 0
+    assert 0 < second < STALE, second
+    assert any("restored checkpoint gen-" in s for s in said)
+
+
+def test_an_ssh_run_does_not_resume_from_a_stale_checkpoint(tmp_path, monkeypatch):
+    """netns hosts over SSH: the tar streamed to the node holds no ckpt/, the job starts at step 0."""
+    from tests.conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    recipe, _ = _recipe(tmp_path, steps=2, sleep=0.01, interruptible="false")
+    _stale(recipe)
+    target = NetnsTarget(recipe)
+    said: list[str] = []
+    try:
+        out = run_pipeline(recipe, target, ledger=Ledger(), hooks=Hooks(say=said.append))
+    finally:
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert out.exit_code == 0, (out.result.reason, said)
+    assert _resumed(Path(out.run.run_dir, "node0.log").read_text()) == 0
+    assert any("checkpoint_dir ckpt/ not staged" in s for s in said), said
