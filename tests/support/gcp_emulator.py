@@ -223,7 +223,16 @@ class GCPEmulator:
         return self.not_found("/".join(parts))
 
     # ------------------------------------------------------------------------------------ instances
-    def _gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
+    def _gpu_metric(self, inst: dict[str, Any], region: str | None = None) -> tuple[str | None, int]:
+        """The GPU quota metric ``inst`` counts against and how many GPUs: a Spot VM draws on
+        ``PREEMPTIBLE_<metric>`` where the region grants it (limit above 0), else on the standard metric."""
+        metric, count = self._std_gpu_metric(inst)
+        if metric and region and (inst.get("scheduling") or {}).get("provisioningModel") == "SPOT" \
+                and float(self.region_quotas.get(region, {}).get("PREEMPTIBLE_" + metric, 0)) > 0:
+            metric = "PREEMPTIBLE_" + metric
+        return metric, count
+
+    def _std_gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
         accs = inst.get("guestAccelerators") or []
         mt = inst["machineType"].rsplit("/", 1)[-1]
         table = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS",
@@ -251,7 +260,7 @@ class GCPEmulator:
             err = self._validate(body, zone)
             if err:
                 return err
-            metric, count = self._gpu_metric(body)
+            metric, count = self._gpu_metric(body, region)
             for m, where in self.quota_exceeded.items():
                 if m == metric or m == "GPUS_ALL_REGIONS":
                     msg = (f"Quota '{m}' exceeded.  Limit: 0.0 globally." if where == "global" else
@@ -365,8 +374,8 @@ class GCPEmulator:
         inst = self.objs["instances"].pop(f"{zone}/{name}", None)
         if inst is None:
             return
-        metric, count = self._gpu_metric(inst)
         region = zone.rsplit("-", 1)[0]
+        metric, count = self._gpu_metric(inst, region)
         if metric:
             self.usage[(region, metric)] = max(0.0, self.usage.get((region, metric), 0.0) - count)
         for d in inst.get("disks", []):

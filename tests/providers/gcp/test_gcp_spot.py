@@ -7,6 +7,7 @@ Google's preemption (``compute.instances.preempted``) told apart from a delete b
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +272,43 @@ def test_limit_for_an_interruptible_variant_is_the_preemptible_metric():
     assert v is not None and spot_offer(v) and not spot_offer(o)
     assert limit_for("gcp", v.instance_type, spot=spot_offer(v)).name == "PREEMPTIBLE_NVIDIA_L4_GPUS"
     assert limit_for("gcp", o.instance_type, spot=spot_offer(o)).name == "NVIDIA_L4_GPUS"
+
+
+def test_provision_skips_only_the_spot_gpu_whose_preemptible_quota_is_exhausted(tmp_ledger, tmp_path):
+    """QUOTA_EXCEEDED on PREEMPTIBLE_NVIDIA_T4_GPUS blocks the Spot T4 options of the region, not the Spot L4 one:
+    the limit a Spot VM's refusal names is that option's own (PREEMPTIBLE_*), not a region-wide one."""
+    from datetime import timedelta
+
+    from broker.core.model import utcnow
+    from broker.core.records import Run
+    from broker.money.provision import provision
+    from broker.money.teardown import teardown_run
+    from broker.plan.planner import plan
+
+    quotas = {"NVIDIA_T4_GPUS": 4, "PREEMPTIBLE_NVIDIA_T4_GPUS": 4, "NVIDIA_L4_GPUS": 4,
+              "PREEMPTIBLE_NVIDIA_L4_GPUS": 4, "CPUS": 24, "G2_CPUS": 24}
+    with GCPEmulator(project=PROJECT, region_quotas={"us-central1": quotas}) as emu:
+        p = make(emu)
+        emu.quota_exceeded["PREEMPTIBLE_NVIDIA_T4_GPUS"] = "us-central1"
+        r = _req(nodes=2, interruptible="true", gpu_names=["T4", "L4"])
+        offs = [o for o in p.offers(r) if o.instance_type in ("n1-standard-4+t4", "g2-standard-4")]
+        opts = [o for o in plan(r, offs, p.quotas(r, offs), now=utcnow()).options
+                if o.valid and o.topology.value == "multi-node"]
+        assert opts and all(o.interruptible for o in opts)
+        assert opts[0].offers[0].instance_type == "n1-standard-4+t4"
+        now = utcnow()
+        run = tmp_ledger.create_run(Run(id="r-gcpsq", name="t", provider="gcp", topology="multi-node",
+                                        status="provisioning", created_at=now, deadline=now + timedelta(hours=1),
+                                        run_dir=str(tmp_path / "runs" / "r-gcpsq")))
+        Path(run.run_dir).mkdir(parents=True)
+        said: list[str] = []
+        cluster = provision(opts, run, r, tmp_ledger, providers={"gcp": p}, poll_s=0.01, retry_wait_s=0.01,
+                            terminate_timeout_s=5, progress=said.append)
+        live = emu.live("instances")
+        assert {i["machineType"].rsplit("/", 1)[-1] for i in live} == {"g2-standard-4"} and len(cluster.nodes) == 2
+        assert all(i["scheduling"]["provisioningModel"] == "SPOT" for i in live)
+        refused = [pth for m, pth, st in emu.journal if m == "POST" and pth.endswith("/instances") and st == 403]
+        assert len(refused) == 1, refused  # one refusal, then the other T4 zones are skipped
+        assert "PREEMPTIBLE_NVIDIA_T4_GPUS" in "\n".join(str(s) for s in said)
+        assert teardown_run(tmp_ledger, run.id, "test", providers={"gcp": p}, poll_s=0.01) == []
+        assert emu.live("instances") == [] and emu.live("networks") == []
