@@ -206,7 +206,8 @@ class GCPProvider(Provider):
     def price_note(self) -> str | None:
         from broker.plan.catalog import snapshot_info
 
-        return f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its interruptible_usd_per_hour column"
+        return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its "
+                "interruptible_usd_per_hour column")
 
     def live_prices(self, types: Iterable[str]) -> dict[str, float]:
         """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /

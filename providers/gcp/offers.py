@@ -7,10 +7,11 @@ An instance type is ``<machine type>[+[<N>x]<GPU>]``: ``n1-standard-4+t4`` (N1 w
 carries the Spot VM total of each type (older snapshots: ``spot 0.182`` in ``notes``) and ``notes`` the zones
 (``zones us-central1-a us-central1-b``).
 
-Spot prices (``docs/reference/gcp-fixtures.md``, "Spot VMs"; shared reference gcp.md sections 7 and 9: the SkyPilot
-GCP catalog built from the Cloud Billing Catalog, and https://cloud.google.com/spot-vms/pricing): a fixed price per type and region, no bid, that Google changes up to once a
-day, 60-91 % under on-demand.  The planner prices them as the interruptible twin of each on-demand offer
-(:mod:`broker.plan.interruptible`, attrs ``interruptible_usd_per_hour`` / ``interruptible_price_source``).
+Spot prices (``docs/reference/gcp-fixtures.md`` "Spot VMs"; shared reference gcp.md sections 7 and 9: the
+SkyPilot GCP catalog built from the Cloud Billing Catalog, and https://cloud.google.com/spot-vms/pricing): a fixed
+price per type and region, no bid, that Google changes up to once a day, 60-91 % under on-demand.  The planner
+prices them as the interruptible twin of each on-demand offer (:mod:`broker.plan.interruptible`, attrs
+``interruptible_usd_per_hour`` / ``interruptible_price_source``).
 """
 
 from __future__ import annotations
