@@ -77,6 +77,14 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
         assert options and all(o.interruptible for o in options)
         ledger = Ledger()
         preempted: list[str] = []
+        stamps: dict[str, float] = {}
+        said: list[str] = []
+        after: list[tuple[float, str]] = []
+
+        def say(line: Any) -> None:
+            said.append(str(line))
+            if "preempted" in stamps:
+                after.append((time.monotonic() - stamps["preempted"], str(line)[:90]))
 
         def preempt_first_vm() -> None:
             deadline = time.monotonic() + 240
@@ -88,15 +96,15 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
                     zone = inst["zone"].rsplit("/", 1)[-1]
                     emu.preempt(zone, inst["name"])
                     _kill_host(hosts.ns(0))
+                    stamps["preempted"] = time.monotonic()
                     preempted.append(f"{zone}:{inst['name']}")
                     return
                 time.sleep(0.05)
 
         t = threading.Thread(target=preempt_first_vm, daemon=True)
         t.start()
-        said: list[str] = []
         target = CloudTarget(recipe, options, providers={"gcp": p}, poll_s=0.2, ready_timeout_s=60)
-        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=said.append))
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=say))
         t.join(timeout=5)
         assert len(preempted) == 1, said[-20:]
         log = Path(out.run.run_dir, "node0.log").read_text()
@@ -115,6 +123,8 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
         assert len(costs) == 2 and all(a["usd"] > 0 for a in costs)
         gap = (attempts[1]["started_at"] - attempts[0]["ended_at"]).total_seconds()
         print(f"attempt 1 {attempts[0]['started_at']:%H:%M:%S}-{attempts[0]['ended_at']:%H:%M:%S}, "
-              f"attempt 2 from {attempts[1]['started_at']:%H:%M:%S} (+{gap:.1f} s), run {out.run.id}")
+              f"attempt 2 from {attempts[1]['started_at']:%H:%M:%S} (+{gap:.1f} s); progress after the preemption:")
+        for dt, line in after[:40]:
+            print(f"  +{dt:6.1f} s  {line}")
         rows = [r for r in ledger.resources(out.run.id) if r.kind == "instance"]
         assert rows and all((r.attrs or {}).get("interruptible") is True for r in rows)
