@@ -57,7 +57,8 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
                  setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="Google ADC (gcloud auth application-default login or "
                                   "GOOGLE_APPLICATION_CREDENTIALS) and GOOGLE_CLOUD_PROJECT",
-                 live_price_list="api", snapshot="gcp.csv", slurm_nodes=True)),
+                 live_price_list="api", snapshot="gcp.csv", interruptible=True, preemptions_per_hour=0.05,
+                 slurm_nodes=True)),
     "netns": ("broker.providers.netns:NetnsProvider",
               dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0, slurm_nodes=True)),
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),

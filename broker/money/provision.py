@@ -164,18 +164,18 @@ def _cap_key(provider: str, o: Offer) -> tuple:
 
 
 def _limit_name(provider: str, o: Offer) -> str | None:
-    from broker.plan.quota import limit_for
+    from broker.plan.quota import limit_for, spot_offer
 
-    ref = limit_for(provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    ref = limit_for(provider, o.instance_type, spot=spot_offer(o))
     return ref.name if ref else None
 
 
 def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None, str | None, str | None], str]:
     """The scope a QuotaError blocks (key of ``_Failover.quota_blocked``) and its words."""
-    from broker.plan.quota import limit_for
+    from broker.plan.quota import limit_for, spot_offer
 
     o = opt.offers[0]
-    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    ref = limit_for(opt.provider, o.instance_type, spot=spot_offer(o))
     limit = getattr(e, "limit_name", None) or (ref.name if ref else None)
     zone = getattr(e, "scope", None)
     if zone == o.region:
@@ -195,10 +195,10 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
     """The sentence + ready command for the quota to raise: the new limit is the current limit plus what this
     option needs in the scope minus what is available there (:func:`broker.plan.quota.suggest_limit`).  Limit and use
     come from the error when the adapter read them, else from one ``quotas()`` call; the adapter's hint otherwise."""
-    from broker.plan.quota import InstanceSpec, limit_for, request_command, suggest_limit, units_needed
+    from broker.plan.quota import InstanceSpec, limit_for, request_command, spot_offer, suggest_limit, units_needed
 
     o = opt.offers[0]
-    ref = limit_for(opt.provider, o.instance_type, spot=o.attrs.get("market") == "spot")
+    ref = limit_for(opt.provider, o.instance_type, spot=spot_offer(o))
     limit_name = getattr(e, "limit_name", None) or (ref.name if ref else None)
     zone = getattr(e, "scope", None) or (o.zone if ref is not None and ref.scope_kind == "AD" else None)
     where = zone or o.region or "-"

@@ -1,4 +1,4 @@
-"""Interruptible capacity in the plan: Vast.ai bid instances, EC2 spot, OCI preemptible VMs.
+"""Interruptible capacity in the plan: Vast.ai bid instances, EC2 spot, OCI preemptible VMs, GCP Spot VMs.
 
 Pure, like the planner: no clock, no files, no network.
 
@@ -14,6 +14,8 @@ Pure, like the planner: no clock, no files, no network.
   (AWS interrupts the instance instead, ``instance-terminated-by-price``).
 * OCI: a fixed 50 % of the on-demand price in every region (OCI preemptible documentation, updated
   2025-02-11, interruptible.md section 5), on the shapes that have preemptible capacity.  No bid, no margin.
+* GCP: the Spot VM price of the type (the dated snapshot; Google changes it up to once a day, gcp.md section 7).
+  No bid, no margin.
 
 :func:`variants` turns every offer carrying :data:`PRICE_ATTR` into its interruptible twin (same offer id,
 ``usd_per_hour`` = what broker pays at most, attrs :data:`FLAG_ATTR` True, :data:`BID_ATTR` and
@@ -40,7 +42,8 @@ rate for GPUs.  AWS's Spot Instance Advisor buckets monthly interruption frequen
 interruptible.md section 5); the worst bucket is about 0.0003 per hour, broker assumes 0.02 (GPU spot capacity
 is scarcer than the advisor's average and a training run is the instance's whole life).  Vast.ai publishes no
 statistic; a bid loses to any higher bid or on-demand renter on the same host: broker assumes 0.1 per hour.
-OCI publishes none either; reclaimed when capacity is needed: 0.05 per hour.
+OCI publishes none either; reclaimed when capacity is needed: 0.05 per hour.  Google publishes none for Spot VMs
+(reclaimed when Compute Engine needs the capacity): 0.05 per hour, as OCI.
 
 An offer's interruptible capacity is planned only when its provider declares the ``interruptible`` capability
 (it can rent it and tell a preemption from a crash).

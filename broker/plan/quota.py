@@ -97,6 +97,13 @@ class LimitRef:
     service: str
 
 
+def spot_offer(o: "Offer") -> bool:
+    """Whether ``o`` is rented on the provider's interruptible market, whose limits differ from on-demand (AWS spot
+    vCPU codes, GCP ``PREEMPTIBLE_*`` metrics): an interruptible variant (attrs ``interruptible`` True,
+    :mod:`broker.plan.interruptible`) or an offer marked ``market: spot``."""
+    return o.attrs.get("interruptible") is True or o.attrs.get("market") == "spot"
+
+
 def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> LimitRef | None:
     """The limit that must allow ``instance_type`` (None when the type is not a GPU type of that provider, or the
     provider has no :attr:`~broker.core.provider.Provider.quota`): the adapter's own table
@@ -385,7 +392,7 @@ def option_quota_block(offers: list["Offer"], quotas: Iterable[Quota], *, spot: 
         scope = o.zone if capability(o.provider, "quota_scope") == "AD" else o.region
         groups.setdefault((o.provider, o.instance_type, scope), []).append(o)
     for (provider, it, scope), grp in groups.items():
-        ref = limit_for(provider, it, spot=spot or any(o.attrs.get("market") == "spot" for o in grp))
+        ref = limit_for(provider, it, spot=spot or any(spot_offer(o) for o in grp))
         if ref is None:
             continue
         o = grp[0]

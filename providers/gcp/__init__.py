@@ -10,6 +10,11 @@ What it does (facts: ``docs/reference/gcp-fixtures.md``):
 * **quotas** -- ``regions.get``: ``NVIDIA_<MODEL>_GPUS`` (``PREEMPTIBLE_NVIDIA_*`` for spot) and the CPU metric
   of the machine family (``CPUS``, ``A2_CPUS``); ``projects.get``: ``GPUS_ALL_REGIONS`` (0 on new projects: the plan
   says "quota GPUS_ALL_REGIONS 0 of 0 gpus available").
+* **Spot VMs** -- the snapshot's Spot total of each type is its interruptible price (the planner's interruptible
+  twin, beside on-demand); an interruptible node is inserted with ``provisioningModel SPOT`` and
+  ``instanceTerminationAction DELETE``; :meth:`GCPProvider.preemption` reads Google's ``compute.instances.preempted``
+  zone operation; Spot options are judged by ``PREEMPTIBLE_*`` quota where the project has it (else by the
+  standard metrics they then draw on).  Facts: ``docs/reference/gcp-fixtures.md`` "Spot VMs".
 * **lifecycle** -- per run a custom-mode VPC and subnet (or ``GCP_NETWORK``, e.g. ``default``), firewall rules by
   network tag (all traffic between the run's VMs; SSH from ``GCP_SSH_SOURCE_RANGES``, default anywhere), one
   single-GPU VM per node (Deep Learning VM image, ``install-nvidia-driver``, ``startup-script`` with the dead-man
@@ -85,9 +90,12 @@ class GCPProvider(Provider):
     live_price_list = "api"
     live_prices_source: ClassVar[str] = "GPU prices from the Cloud Billing Catalog API (host part from the snapshot)"
     snapshot = "gcp.csv"
-    interruptible = False  # spot VMs are priced in the snapshot; renting them is not built yet
+    # Spot VMs (provisioningModel SPOT): a fixed price per type that Google changes up to once a day, no bid
+    # (docs/reference/gcp-fixtures.md "Spot VMs"); Google publishes no preemption rate: broker assumes 0.05 per
+    # VM-hour, as for OCI (capacity reclaimed when on-demand demand needs it)
+    interruptible = True
     interruptible_bid = False
-    preemptions_per_hour = 0.0
+    preemptions_per_hour = 0.05
     stoppable = False  # instances.stop/start exist; broker stop/start is not built for GCP yet
     slurm_nodes = True  # broker slurm up builds a cluster on them
     local_exec = False
@@ -157,6 +165,8 @@ class GCPProvider(Provider):
         src = ssh_sources or [s.strip() for s in os.environ.get("GCP_SSH_SOURCE_RANGES", "").split(",")
                               if s.strip()]
         self._ssh_sources = src or None
+        #: instances this adapter sent a delete for (before the call): their end is broker's, not a preemption
+        self._terminated_here: set[str] = set()
 
     # ------------------------------------------------------------------------------------ read side
     def check(self) -> ProviderCheck:
@@ -196,7 +206,8 @@ class GCPProvider(Provider):
     def price_note(self) -> str | None:
         from broker.plan.catalog import snapshot_info
 
-        return f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; spot totals in the snapshot notes"
+        return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its "
+                "interruptible_usd_per_hour column")
 
     def live_prices(self, types: Iterable[str]) -> dict[str, float]:
         """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /
@@ -217,7 +228,7 @@ class GCPProvider(Provider):
         ``offers``; [] unconfigured.  Raises AuthError, TransientError, ProviderError."""
         if not self.api.configured():
             return []
-        return _offers.quotas(self.api, offers)
+        return _offers.quotas(self.api, offers, interruptible=getattr(req, "interruptible", "false") != "false")
 
     def capacity(self, offers: list[Offer]) -> list[Capacity]:
         """GCP has no capacity report: capacity shows only at insert (stockout -> next zone)."""
@@ -260,10 +271,18 @@ class GCPProvider(Provider):
         ``firewall`` / ``subnet`` / ``vpc``: delete and wait (a dependant still there: TransientError)."""
         self.require_id(kind, provider_id, f"delete {kind}")
         if kind == "instance":
+            self._terminated_here.add(provider_id)  # before the call: a delete that reached Google is broker's
             return lifecycle.terminate_instance(self.api, provider_id)
         if kind == "boot_volume":
             return lifecycle.delete_disk(self.api, provider_id)
         return network.delete_network_object(self.api, kind, provider_id)
+
+    def preemption(self, resource_id: str) -> str | None:
+        """Google preempted Spot VM ``resource_id`` (``<zone>:<name>``): its ``compute.instances.preempted`` zone
+        operation, in Google's words (:func:`.lifecycle.preemption`); None for a VM this adapter deleted, one still
+        running, an on-demand VM.  Raises ProviderError (AuthError, TransientError) when Google cannot be read."""
+        rid = self.require_id("instance", resource_id, "zoneOperations.list")
+        return lifecycle.preemption(self.api, rid, rid in self._terminated_here)
 
     def list_tagged(self, run_id: str | None = None) -> list[TaggedResource]:
         return lifecycle.list_tagged(self.api, run_id)

@@ -5,6 +5,16 @@ An instance id is ``<zone>:<name>``; its boot disk (auto-deleted with it) is ``<
 ``boot_volume``.  Labels (``broker-run``, ``broker-install``, ``broker-node``) are lowercase-only, so the exact
 values also travel in metadata items of the same names, which :func:`list_tagged` reads back.  The insert carries
 ``requestId`` = a UUID derived from the ledger row id: a retried insert of the same row is a no-op server-side.
+
+**Spot VMs** (an interruptible offer, ``docs/reference/gcp-fixtures.md`` "Spot VMs"; shared reference gcp.md
+sections 1.2 and 9; https://docs.cloud.google.com/compute/docs/instances/create-use-spot):
+``scheduling.provisioningModel = SPOT`` with ``instanceTerminationAction = DELETE``, ``onHostMaintenance =
+TERMINATE`` and ``automaticRestart = false`` (Spot VMs cannot migrate or restart by themselves).  DELETE rather than
+the console's default STOP: a stopped Spot VM stays TERMINATED with its boot disk billing, and broker never starts a
+preempted node again (it rents a new one and restores the checkpoint), so DELETE ends every charge the moment
+Google takes the VM back and leaves nothing for teardown to find.  Google records the preemption as a zone
+operation of type ``compute.instances.preempted`` whose ``targetLink`` is the instance (the type name is
+UNCONFIRMED in the reference: the emulator models it); :func:`preemption` reads it, and it outlives the deleted VM.
 """
 
 from __future__ import annotations
@@ -33,6 +43,12 @@ _STATE = {"PROVISIONING": "pending", "STAGING": "pending", "PENDING": "pending",
           "SUSPENDED": "stopped", "STOPPED": "stopped", "TERMINATED": "stopped", "DEPROVISIONING": "terminating"}
 
 
+def is_spot_offer(offer: Any) -> bool:
+    """An offer broker rents as a Spot VM: an interruptible variant (:mod:`broker.plan.interruptible`, attrs
+    ``interruptible`` True) or one marked ``market: spot``."""
+    return offer.attrs.get("interruptible") is True or offer.attrs.get("market") == "spot"
+
+
 def label_value(v: str) -> str:
     """A GCE label value (lowercase letters, digits, ``_`` and ``-``; at most 63)."""
     return re.sub(r"[^a-z0-9_-]", "-", str(v).lower())[:63]
@@ -56,7 +72,7 @@ def instance_body(req: "NodeRequest", *, project: str, zone: str, net: dict[str,
     if t is None:
         raise ProviderError(PROVIDER, "instances.insert", f"{req.offer.instance_type!r} is not a GCP GPU type",
                             hint="instance types look like n1-standard-4+t4 or g2-standard-4")
-    spot = req.offer.attrs.get("market") == "spot"
+    spot = is_spot_offer(req.offer)
     name = gce_name(req.name)
     run_id = req.run_id
     labels = {RUN_TAG: label_value(run_id), "broker-node": str(req.node_index)}
@@ -77,7 +93,7 @@ def instance_body(req: "NodeRequest", *, project: str, zone: str, net: dict[str,
         nic.subnetwork = f"projects/{project}/regions/{net['region']}/subnetworks/{net['subnetwork']}"
     sched = c.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False,
                          provisioning_model="SPOT" if spot else "STANDARD")
-    if spot:
+    if spot:  # preempted = deleted by Google: billing ends, nothing is left (module docstring)
         sched.instance_termination_action = "DELETE"
     body = c.Instance(
         name=name, machine_type=f"zones/{zone}/machineTypes/{t.machine_type}", labels=labels,
@@ -150,7 +166,14 @@ def describe_instance(api: "GCPApi", provider_id: str) -> "InstanceInfo":
     return info
 
 
+def _is_spot(inst: Any) -> bool:
+    sched = getattr(inst, "scheduling", None)
+    return bool(sched) and (sched.provisioning_model == "SPOT" or bool(sched.preemptible))
+
+
 def _price_of(inst: Any, machine_type: str) -> float | None:
+    """$/hour the instance bills: its type's snapshot on-demand price, or the snapshot's Spot price for a Spot VM
+    (None when the snapshot has none: the plan's rate then stays the ledger's)."""
     accs = list(inst.guest_accelerators or [])
     it = machine_type
     if accs:
@@ -161,6 +184,10 @@ def _price_of(inst: Any, machine_type: str) -> float | None:
 
         short = next((k for k, v in ALIASES.items() if v == acc), acc)
         it = f"{machine_type}+{'' if n == 1 else f'{n}x'}{short}"
+    if _is_spot(inst):
+        from broker.providers.gcp.offers import spot_list_price
+
+        return spot_list_price(it)
     return list_price(it)
 
 
@@ -258,4 +285,57 @@ def find_by_token(api: "GCPApi", client_token: str) -> str | None:
     for t in list_tagged(api, None):
         if t.kind == "instance" and t.client_token == client_token:
             return t.provider_id
+    return None
+
+
+#: the zone operation type Compute Engine records when it preempts a Spot VM (shared reference gcp.md section 9;
+#: the exact name is UNCONFIRMED there)
+PREEMPTED_OP = "compute.instances.preempted"
+
+
+def preemption(api: "GCPApi", provider_id: str, terminated_here: bool) -> str | None:
+    """Compute Engine's own word that it preempted Spot VM ``provider_id`` (``<zone>:<name>``): a zone operation of
+    type :data:`PREEMPTED_OP` on that VM (``zoneOperations.list`` filtered on the instance's ``targetLink``, every
+    page; each operation is checked again here).  The operation outlives the VM, which instanceTerminationAction
+    DELETE removes.  A node of a later attempt has the same name, so only an operation on the same incarnation
+    counts: ``targetId`` equal to the live instance's ``id``, or, when the VM is gone, to the ``targetId`` of the
+    latest ``insert`` operation of that name.
+
+    None when this adapter sent the delete itself (``terminated_here``: broker's teardown is not a preemption), for
+    a VM Google did not preempt (running; deleted by broker, by its dead-man switch or by a person: those are
+    ``delete`` operations), and for an on-demand VM (Google never preempts one).  Raises ProviderError
+    (AuthError, TransientError) when the instance or the operations cannot be read: "could not ask" is never
+    None."""
+    if terminated_here:
+        return None
+    project = api.require_project("zoneOperations.list")
+    zone, name = split_id(provider_id)
+    try:
+        inst = api.call("instances.get", api.client("instances").get, project=project, zone=zone, instance=name)
+    except ProviderError as e:
+        if e.status != 404:
+            raise
+        inst = None
+    if inst is not None and not _is_spot(inst):
+        return None
+    link = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}/instances/{name}"
+    from google.cloud import compute_v1 as c
+
+    request = c.ListZoneOperationsRequest(project=project, zone=zone, filter=f'targetLink = "{link}"')
+    ops = api.call("zoneOperations.list", lambda: list(api.client("zone_operations").list(request=request)))
+    suffix = f"/zones/{zone}/instances/{name}"
+    ops = [op for op in ops if (op.target_link or "").endswith(suffix)]
+    if inst is not None:
+        incarnation: int | None = int(inst.id or 0) or None
+    else:
+        inserts = sorted((op for op in ops if op.operation_type == "insert"), key=lambda op: op.insert_time or "")
+        incarnation = int(inserts[-1].target_id or 0) or None if inserts else None
+    for op in ops:
+        if op.operation_type != PREEMPTED_OP:
+            continue
+        if incarnation is not None and int(op.target_id or 0) != incarnation:
+            continue  # an earlier VM of the same name (an earlier attempt)
+        msg = (op.status_message or "").strip()
+        return (f"preempted: Compute Engine operation {op.name} ({PREEMPTED_OP}) at {op.insert_time or '?'} on "
+                f"Spot VM {name} in {zone}" + (f" ({msg[:200]})" if msg else ""))
     return None

@@ -3,8 +3,15 @@ from the Cloud Billing Catalog.
 
 An instance type is ``<machine type>[+[<N>x]<GPU>]``: ``n1-standard-4+t4`` (N1 with an attached
 ``nvidia-tesla-t4``; the full accelerator type is accepted too), ``n1-standard-16+4xt4``, or an accelerator-optimized type with its GPUs built in
-(``g2-standard-4``: 1 L4; ``a2-highgpu-1g``: 1 A100 40GB).  The snapshot's ``notes`` carry the spot total
-(``spot 0.182``) and the zones (``zones us-central1-a us-central1-b``).
+(``g2-standard-4``: 1 L4; ``a2-highgpu-1g``: 1 A100 40GB).  The snapshot's ``interruptible_usd_per_hour`` column
+carries the Spot VM total of each type (older snapshots: ``spot 0.182`` in ``notes``) and ``notes`` the zones
+(``zones us-central1-a us-central1-b``).
+
+Spot prices (``docs/reference/gcp-fixtures.md`` "Spot VMs"; shared reference gcp.md sections 7 and 9: the
+SkyPilot GCP catalog built from the Cloud Billing Catalog, and https://cloud.google.com/spot-vms/pricing): a fixed
+price per type and region, no bid, that Google changes up to once a day, 60-91 % under on-demand.  The planner
+prices them as the interruptible twin of each on-demand offer (:mod:`broker.plan.interruptible`, attrs
+``interruptible_usd_per_hour`` / ``interruptible_price_source``).
 """
 
 from __future__ import annotations
@@ -122,6 +129,11 @@ def zones_of(o: Offer) -> list[str]:
 
 
 def spot_price(o: Offer) -> float | None:
+    """The Spot VM total of ``o``, $/hour: the snapshot's ``interruptible_usd_per_hour`` cell, else ``spot X`` in its
+    notes (a snapshot written before that column); None when neither is there."""
+    v = o.attrs.get("interruptible_usd_per_hour")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+        return float(v)
     v = note_field(str(o.attrs.get("notes", "")), "spot")
     try:
         return float(v) if v else None
@@ -131,7 +143,9 @@ def spot_price(o: Offer) -> float | None:
 
 def snapshot_offers(req: Requirements | None = None) -> list[Offer]:
     """The snapshot's offers (:func:`broker.plan.catalog.snapshot_offers`) with ``private_network=True`` and attrs
-    ``machine_type``, ``accelerator``, ``zones``, ``spot_usd_per_hour``, ``limit_name``."""
+    ``machine_type``, ``accelerator``, ``zones``, ``limit_name``, and, where the snapshot has a Spot total,
+    ``spot_usd_per_hour`` and the interruptible price the planner reads (``interruptible_usd_per_hour``, $/hour for
+    the whole VM, with ``interruptible_price_source`` naming the snapshot's date)."""
     from broker.plan import catalog
 
     out = []
@@ -144,6 +158,10 @@ def snapshot_offers(req: Requirements | None = None) -> list[Offer]:
         sp = spot_price(o)
         if sp is not None:
             attrs["spot_usd_per_hour"] = sp
+            attrs["interruptible_usd_per_hour"] = sp
+            where = f" in {o.region}" if o.region else ""
+            attrs["interruptible_price_source"] = (f"{o.price_source}: Compute Engine Spot VM price{where} (Google "
+                                                   "changes Spot prices up to once a day)")
         out.append(replace(o, private_network=True, attrs=attrs))
     return out
 
@@ -168,14 +186,31 @@ def list_price(instance_type: str | None) -> float | None:
     return snapshot_price(PROVIDER, instance_type)
 
 
+def spot_list_price(instance_type: str | None) -> float | None:
+    """The Spot VM $/hour of ``instance_type`` in the snapshot in effect (:func:`spot_price`); None when absent."""
+    from broker.plan.catalog import snapshot_offer
+
+    o = snapshot_offer(PROVIDER, instance_type)
+    return spot_price(o) if o is not None else None
+
+
 # ------------------------------------------------------------------------------------------------ quotas
-def quotas(api: "GCPApi", offers: Iterable[Offer]) -> list[Quota]:
+def quotas(api: "GCPApi", offers: Iterable[Offer], *, interruptible: bool = False) -> list[Quota]:
     """The limits each GCP offer needs, read through the Compute API: per region (``regions.get``) the GPU metric
     (``NVIDIA_<MODEL>_GPUS``, ``PREEMPTIBLE_`` for spot offers) and the CPU metric of the machine family (``CPUS``,
     ``A2_CPUS`` ...), and project-wide (``projects.get``) ``GPUS_ALL_REGIONS``.  A metric the answer does not carry
-    is not enforced (older projects lack GPUS_ALL_REGIONS) and is left out."""
+    is not enforced (older projects lack GPUS_ALL_REGIONS) and is left out.
+
+    ``interruptible`` (the recipe may rent Spot VMs): also the limits a Spot VM of each type draws on, as Quotas with
+    ``interruptible=True`` (the planner judges interruptible options by those only): the ``PREEMPTIBLE_*`` metric
+    when the project has been granted it (limit above 0), else the standard metric, because Spot VMs draw on the
+    standard quota when no preemptible quota is granted (docs/reference/gcp-fixtures.md "Spot VMs"; shared
+    reference gcp.md section 3, https://docs.cloud.google.com/compute/docs/instances/create-use-spot); and
+    ``GPUS_ALL_REGIONS``, which counts every GPU.  Raises ProviderError (AuthError, TransientError)."""
     project = api.require_project("regions.get")
+    # spot_pairs: region -> (standard metric, preemptible metric) -> instance types
     by_region: dict[str, dict[str, set[str]]] = {}
+    spot_pairs: dict[str, dict[tuple[str, str], set[str]]] = {}
     all_gpu_types: set[str] = set()
     for o in offers:
         if o.provider != PROVIDER or not o.region:
@@ -190,28 +225,44 @@ def quotas(api: "GCPApi", offers: Iterable[Offer]) -> list[Quota]:
             want.setdefault(gm, set()).add(o.instance_type)
         want.setdefault(t.cpu_metric(spot=spot), set()).add(o.instance_type)
         all_gpu_types.add(o.instance_type)
+        if interruptible and not spot:
+            pairs = spot_pairs.setdefault(o.region, {})
+            if gm:
+                pairs.setdefault((gm, t.gpu_metric(spot=True) or gm), set()).add(o.instance_type)
+            pairs.setdefault((t.cpu_metric(), t.cpu_metric(spot=True)), set()).add(o.instance_type)
     out: list[Quota] = []
     rc = api.client("regions") if by_region else None
     for region, want in sorted(by_region.items()):
         reg = api.call("regions.get", rc.get, project=project, region=region)
         have = {q.metric: q for q in reg.quotas}
-        for metric, types in sorted(want.items()):
-            q = have.get(metric)
-            if q is None:
-                continue
+
+        def quota(metric: str, types: set[str], spot_side: bool = False, why: str = "") -> Quota:
+            q = have[metric]
             unit = "vcpus" if metric.endswith("CPUS") else "gpus"
-            out.append(Quota(provider=PROVIDER, name=metric, description=f"Compute Engine {metric} in {region}",
-                             region=region, scope=region, limit=float(q.limit), used=float(q.usage), unit=unit,
-                             instance_types=sorted(types), source="compute regions.get"))
+            return Quota(provider=PROVIDER, name=metric, description=f"Compute Engine {metric} in {region}{why}",
+                         region=region, scope=region, limit=float(q.limit), used=float(q.usage), unit=unit,
+                         instance_types=sorted(types), source="compute regions.get", interruptible=spot_side)
+
+        for metric, types in sorted(want.items()):
+            if metric in have:
+                out.append(quota(metric, types))
+        for (std, pre), types in sorted(spot_pairs.get(region, {}).items()):
+            if pre != std and pre in have and float(have[pre].limit) > 0:
+                out.append(quota(pre, types, True, " (Spot VMs)"))
+            elif std in have:
+                out.append(quota(std, types, True, " (Spot VMs: no preemptible quota granted, the standard "
+                                                   "quota counts them)"))
     if all_gpu_types:
         pc = api.client("projects")
         proj = api.call("projects.get", pc.get, project=project)
         g = next((q for q in proj.quotas if q.metric == GLOBAL_GPU_METRIC), None)
         if g is not None:
-            out.append(Quota(provider=PROVIDER, name=GLOBAL_GPU_METRIC,
-                             description="Compute Engine GPUs in all regions (project-wide)", region=None,
-                             scope=None, limit=float(g.limit), used=float(g.usage), unit="gpus",
-                             instance_types=sorted(all_gpu_types), source="compute projects.get"))
+            for spot_side in ((False, True) if interruptible else (False,)):
+                out.append(Quota(provider=PROVIDER, name=GLOBAL_GPU_METRIC,
+                                 description="Compute Engine GPUs in all regions (project-wide)", region=None,
+                                 scope=None, limit=float(g.limit), used=float(g.usage), unit="gpus",
+                                 instance_types=sorted(all_gpu_types), source="compute projects.get",
+                                 interruptible=spot_side))
     return out
 
 

@@ -8,6 +8,12 @@ are RUNNING on insert and DONE on the next poll, failed operations with ``error.
 ``{"error": {"code", "message", "errors": [{"reason", "domain", "message"}]}}``, Cloud Quotas errors as
 ``{"error": {"code", "message", "status"}}``.
 
+Spot VMs: inserts are checked as Compute Engine checks ``scheduling`` (``provisioningModel`` STANDARD / SPOT, a
+SPOT VM with ``automaticRestart`` false and ``onHostMaintenance`` TERMINATE, ``instanceTerminationAction`` DELETE /
+STOP on SPOT only); :meth:`GCPEmulator.preempt` takes a Spot VM back as Google does (the VM deleted or TERMINATED per
+its termination action, a DONE zone operation ``compute.instances.preempted`` on it), and
+``GET .../zones/{z}/operations`` lists zone operations with ``filter`` (``field = "value"``).
+
 Faults: ``stockout`` (zones whose instance inserts end with ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS),
 ``quota_exceeded`` (metric -> region or "global": instance inserts answer 403 quotaExceeded), ``fail``
 ((method, collection) -> statuses answered first, e.g. ``{("DELETE", "instances"): [503, 429]}``).
@@ -169,7 +175,8 @@ class GCPEmulator:
             return self.err(403, f"Project {project} not found or permission denied", "forbidden")
         parts = rest.split("/") if rest else []
         coll = parts[-2] if len(parts) >= 2 else (parts[0] if parts else "")
-        if len(parts) >= 1 and parts[-1] in ("instances", "firewalls", "networks", "subnetworks", "disks"):
+        if len(parts) >= 1 and parts[-1] in ("instances", "firewalls", "networks", "subnetworks", "disks",
+                                             "operations"):
             coll = parts[-1]
         fails = self.fail.get((method, coll))
         if fails:
@@ -200,6 +207,8 @@ class GCPEmulator:
             return self._poll(name)
         if parts[0] == "zones":
             zone, what = parts[1], parts[2]
+            if what == "operations" and len(parts) == 3 and method == "GET":
+                return self.list_zone_ops(zone, q.get("filter", ""))
             if what == "instances":
                 return self.instances(method, zone, parts[3] if len(parts) > 3 else None, q, body)
             if what == "disks":
@@ -214,7 +223,16 @@ class GCPEmulator:
         return self.not_found("/".join(parts))
 
     # ------------------------------------------------------------------------------------ instances
-    def _gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
+    def _gpu_metric(self, inst: dict[str, Any], region: str | None = None) -> tuple[str | None, int]:
+        """The GPU quota metric ``inst`` counts against and how many GPUs: a Spot VM draws on
+        ``PREEMPTIBLE_<metric>`` where the region grants it (limit above 0), else on the standard metric."""
+        metric, count = self._std_gpu_metric(inst)
+        if metric and region and (inst.get("scheduling") or {}).get("provisioningModel") == "SPOT" \
+                and float(self.region_quotas.get(region, {}).get("PREEMPTIBLE_" + metric, 0)) > 0:
+            metric = "PREEMPTIBLE_" + metric
+        return metric, count
+
+    def _std_gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
         accs = inst.get("guestAccelerators") or []
         mt = inst["machineType"].rsplit("/", 1)[-1]
         table = {"nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS",
@@ -242,7 +260,7 @@ class GCPEmulator:
             err = self._validate(body, zone)
             if err:
                 return err
-            metric, count = self._gpu_metric(body)
+            metric, count = self._gpu_metric(body, region)
             for m, where in self.quota_exceeded.items():
                 if m == metric or m == "GPUS_ALL_REGIONS":
                     msg = (f"Quota '{m}' exceeded.  Limit: 0.0 globally." if where == "global" else
@@ -293,6 +311,8 @@ class GCPEmulator:
                         self.usage[(region, metric)] = self.usage.get((region, metric), 0.0) + count
 
                 op = self._op("insert", target, zone=zone, then=made)
+                self.objs["operations"][op["name"]]["op"]["targetId"] = inst["id"]
+                op["targetId"] = inst["id"]
             if rid:
                 self.request_ids[rid] = op["name"]
             return 200, op
@@ -316,15 +336,46 @@ class GCPEmulator:
             return 200, {k: v for k, v in inst.items() if not k.startswith("_")}
         if method == "DELETE":
             inst["status"] = "STOPPING"
-            return 200, self._op("delete", inst["selfLink"], zone=zone)
+            op = self._op("delete", inst["selfLink"], zone=zone)
+            self.objs["operations"][op["name"]]["op"]["targetId"] = inst["id"]
+            return 200, dict(op, targetId=inst["id"])
         return self.err(400, "unsupported", "invalid")
+
+    def list_zone_ops(self, zone: str, flt: str) -> tuple[int, Any]:
+        """``zoneOperations.list``: the zone's operations, narrowed by a ``field = "value"`` filter."""
+        ops = [dict(r["op"]) for r in self.objs["operations"].values()
+               if r["op"].get("zone", "").endswith(f"/zones/{zone}")]
+        if flt:
+            m = re.fullmatch(r'\s*(\w+)\s*=\s*"([^"]*)"\s*', flt)
+            if not m:
+                return self.err(400, f"Invalid list filter expression '{flt}'.", "invalid")
+            ops = [o for o in ops if str(o.get(m.group(1), "")) == m.group(2)]
+        return 200, {"kind": "compute#operationList", "items": ops}
+
+    def preempt(self, zone: str, name: str) -> dict[str, Any]:
+        """Google takes Spot VM ``name`` back: a DONE ``compute.instances.preempted`` operation on it, then the VM
+        deleted (instanceTerminationAction DELETE) or TERMINATED (STOP, its disk kept).  Returns the operation.
+        Raises AssertionError for a VM that is not a Spot VM (Google never preempts a standard one)."""
+        with self.lock:
+            inst = self.objs["instances"][f"{zone}/{name}"]
+            sched = inst.get("scheduling") or {}
+            assert sched.get("provisioningModel") == "SPOT", f"{name} is not a Spot VM"
+            op = self._op("compute.instances.preempted", inst["selfLink"], zone=zone)
+            rec = self.objs["operations"][op["name"]]
+            rec["op"].update(status="DONE", progress=100, endTime=_now(), targetId=inst["id"],
+                             statusMessage="Instance was preempted.")
+            if sched.get("instanceTerminationAction", "STOP") == "DELETE":
+                self._remove_instance(zone, name)
+            else:
+                inst["status"] = "TERMINATED"
+            return dict(rec["op"])
 
     def _remove_instance(self, zone: str, name: str) -> None:
         inst = self.objs["instances"].pop(f"{zone}/{name}", None)
         if inst is None:
             return
-        metric, count = self._gpu_metric(inst)
         region = zone.rsplit("-", 1)[0]
+        metric, count = self._gpu_metric(inst, region)
         if metric:
             self.usage[(region, metric)] = max(0.0, self.usage.get((region, metric), 0.0) - count)
         for d in inst.get("disks", []):
@@ -346,6 +397,9 @@ class GCPEmulator:
             return self.err(400, f"Invalid value for field 'resource.name': '{body.get('name')}'", "invalid")
         if body.get("guestAccelerators") and (body.get("scheduling") or {}).get("onHostMaintenance") != "TERMINATE":
             return self.err(400, "Instances with guest accelerators do not support live migration.", "invalid")
+        err = self._validate_scheduling(body.get("scheduling") or {})
+        if err:
+            return err
         if not (body.get("machineType") or "").startswith(f"zones/{zone}/machineTypes/"):
             return self.err(400, f"Invalid value for field 'resource.machineType': '{body.get('machineType')}'",
                             "invalid")
@@ -357,6 +411,30 @@ class GCPEmulator:
             if sub and f"{sub.split('/regions/')[1].split('/')[0]}/{sub.rsplit('/', 1)[-1]}" not in \
                     self.objs["subnetworks"]:
                 return self.not_found(sub)
+        return None
+
+    def _validate_scheduling(self, sched: dict[str, Any]) -> tuple[int, Any] | None:
+        """``scheduling`` as Compute Engine takes it (docs/reference/gcp-fixtures.md "Spot VMs"): enum names as
+        strings; a Spot VM cannot restart or migrate by itself; a termination action belongs to a Spot VM."""
+        model = sched.get("provisioningModel", "STANDARD")
+        if model not in ("STANDARD", "SPOT", "FLEX_START", "RESERVATION_BOUND"):
+            return self.err(400, f"Invalid value for field 'resource.scheduling.provisioningModel': '{model}'",
+                            "invalid")
+        action = sched.get("instanceTerminationAction")
+        if action is not None and action not in ("DELETE", "STOP"):
+            return self.err(400, f"Invalid value for field 'resource.scheduling.instanceTerminationAction': "
+                                 f"'{action}'", "invalid")
+        if model == "SPOT":
+            if sched.get("automaticRestart") is True:
+                return self.err(400, "Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot "
+                                     "VMs cannot be restarted automatically.", "invalid")
+            if sched.get("onHostMaintenance") != "TERMINATE":
+                return self.err(400, "Invalid value for field 'resource.scheduling.onHostMaintenance': "
+                                     f"'{sched.get('onHostMaintenance', 'MIGRATE')}'. Spot VMs must terminate on host "
+                                     "maintenance.", "invalid")
+        elif action is not None:
+            return self.err(400, "Invalid value for field 'resource.scheduling.instanceTerminationAction': only Spot "
+                                 "VMs take a termination action.", "invalid")
         return None
 
     def disks(self, method: str, zone: str, name: str | None) -> tuple[int, Any]:

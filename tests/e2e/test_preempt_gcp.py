@@ -1,0 +1,130 @@
+"""A preempted Spot run on the REAL gcp adapter end to end: the official Google clients against
+tests/support/gcp_emulator.py, whose "VMs" are network-namespace hosts with a real sshd (tests/conftest.py
+``netns_hosts``; each insert gets the next host).  Mid-run, once a checkpoint copy exists, Google preempts the Spot
+VM (the emulator's ``compute.instances.preempted`` operation, the VM deleted per instanceTerminationAction DELETE)
+and the host dies with it; broker records the preemption in Google's words, rents a Spot VM again, puts the
+checkpoint back and the shipped ddp_train.py resumes from it.  Nothing leaves 127.0.0.0/8 and the namespaces."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from google.auth.credentials import AnonymousCredentials  # noqa: E402
+
+from broker.core.recipe import load_recipe  # noqa: E402
+from broker.money.ledger import Ledger  # noqa: E402
+from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+from tests.support.gcp_emulator import GCPEmulator  # noqa: E402
+from tests.support.plans import rank_options  # noqa: E402
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
+
+
+def _kill_host(ns: str) -> None:
+    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns_hosts, tmp_path):
+    from broker.providers.gcp import GCPProvider
+    from broker.run.attempts import attempt_costs
+    from broker.run.checkpoint import latest_generation
+
+    hosts = netns_hosts(2)
+    inserts: list[int] = []
+
+    def addresses(_node: int) -> tuple[str, str]:
+        inserts.append(len(inserts))  # each new VM is the next host: the preempted one is dead
+        ip = hosts.ip(inserts[-1])
+        return ip, ip
+
+    def on_running(inst: dict[str, Any]) -> None:
+        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+        user, _, key = md["ssh-keys"].partition(":")
+        assert user == "root"
+        with open(hosts.root / "ssh" / "authorized_keys", "a") as f:
+            f.write(key.strip() + "\n")
+
+    with GCPEmulator(project="broker-e2e", addresses=addresses, on_running=on_running) as emu:
+        p = GCPProvider(project="broker-e2e", credentials=AnonymousCredentials(), compute_endpoint=emu.url,
+                        ssh_user="root", poll_s=0.05)
+        p.node_workroot = str(tmp_path / "node-work")
+        work = tmp_path / "recipe"
+        shutil.copytree(REPO / "recipes", work, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+        (work / "r.yaml").write_text(
+            "name: gcp-preempt\nscript: ddp_train.py\nargs: [--epochs, '80', --resume-dir, ck]\nnodes: 2\n"
+            "cpu_ok: true\ntopology: simulated\nbudget_usd: 10\nmax_hours: 0.2\ngpu: {models: [T4]}\n"
+            "interruptible: true\ncheckpoint_dir: ck\ncheckpoint_every_s: 1\nmax_restarts: 2\n"
+            "env: {DDP_TIMEOUT_S: '60', PYTHONWARNINGS: ignore}\nexpect: ['DDP_OK']\n")
+        recipe = load_recipe(work / "r.yaml")
+        options = rank_options(p, recipe.requirements())
+        assert options and all(o.interruptible for o in options)
+        ledger = Ledger()
+        preempted: list[str] = []
+        stamps: dict[str, float] = {}
+        said: list[str] = []
+        after: list[tuple[float, str]] = []
+
+        def say(line: Any) -> None:
+            said.append(str(line))
+            if "preempted" in stamps:
+                after.append((time.monotonic() - stamps["preempted"], str(line)[:90]))
+
+        def preempt_first_vm() -> None:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                runs = ledger.list_runs()
+                if runs and runs[0].run_dir and latest_generation(Path(runs[0].run_dir)) is not None:
+                    with emu.lock:
+                        inst = next(iter(emu.objs["instances"].values()))
+                    zone = inst["zone"].rsplit("/", 1)[-1]
+                    emu.preempt(zone, inst["name"])
+                    _kill_host(hosts.ns(0))
+                    stamps["preempted"] = time.monotonic()
+                    preempted.append(f"{zone}:{inst['name']}")
+                    return
+                time.sleep(0.05)
+
+        t = threading.Thread(target=preempt_first_vm, daemon=True)
+        t.start()
+        target = CloudTarget(recipe, options, providers={"gcp": p}, poll_s=0.2, ready_timeout_s=60)
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(say=say))
+        t.join(timeout=5)
+        assert len(preempted) == 1, said[-20:]
+        log = Path(out.run.run_dir, "node0.log").read_text()
+        assert out.exit_code == 0, (out.result and out.result.reason, said[-20:], log[-1500:])
+        assert int(log.split("resumed_from_epoch=")[1].split()[0]) > 0
+        attempts = ledger.attempts(out.run.id)
+        assert [a["cause"] for a in attempts] == ["preempted", "succeeded"], said[-20:]
+        assert "compute.instances.preempted" in (attempts[0]["detail"] or ""), attempts[0]
+        # both attempts rented Spot VMs, two VMs in all, each its own incarnation of the node's name
+        spot = [i for i in emu.objs["operations"].values() if i["op"]["operationType"] == "insert"
+                and "/instances/" in i["op"]["targetLink"]]
+        assert len(spot) == 2 and inserts == [0, 1]
+        assert ledger.resources(out.run.id, live_only=True) == []
+        assert {c: emu.live(c) for c in COLLS} == {c: [] for c in COLLS}
+        costs = attempt_costs(ledger, out.run.id)
+        assert len(costs) == 2 and all(a["usd"] > 0 for a in costs)
+        gap = (attempts[1]["started_at"] - attempts[0]["ended_at"]).total_seconds()
+        print(f"attempt 1 {attempts[0]['started_at']:%H:%M:%S}-{attempts[0]['ended_at']:%H:%M:%S}, "
+              f"attempt 2 from {attempts[1]['started_at']:%H:%M:%S} (+{gap:.1f} s); progress after the preemption:")
+        for dt, line in after[:40]:
+            print(f"  +{dt:6.1f} s  {line}")
+        rows = [r for r in ledger.resources(out.run.id) if r.kind == "instance"]
+        assert rows and all((r.attrs or {}).get("interruptible") is True for r in rows)
