@@ -349,20 +349,21 @@ def render(table: Table, width: int) -> list[str]:
         for i, ((text, wrapped), w, col) in enumerate(zip(row, widths, table.columns)):
             _, right = _pads(table, i)
             inner = w - right
-            if inner < 1:
-                body = [""]
+            if inner < 1:  # rich renders no line into a column this narrow
+                body = []
             else:
                 plain = "\n".join(wrap_words(text, inner)) if wrapped else markup_plain(text)
                 body = _wrap(plain, inner, col.justify, col.overflow, col.no_wrap)
             cells.append([x + " " * right for x in body])
-        height = max(len(c) for c in cells)
+        height = max([1] + [len(c) for c in cells])
         for c, w in zip(cells, widths):
             blank = [" " * w] * (height - len(c))
             c[:] = blank + c if n == 0 else c + blank  # the header sits at the bottom, cells at the top
+            c[:] = [_set_cell_size(x, w) for x in c]  # rich's Segment.set_shape
         for k in range(height):
             lines.append((" " + " ".join(c[k] for c in cells) + " ").rstrip())
         if n == 0:
-            lines.append(" " + "─".join("─" * w for w in widths))
+            lines.append((" " + "─".join("─" * w for w in widths)).rstrip())
     lines.append("")  # the bottom edge
     return lines
 
