@@ -239,3 +239,59 @@ def test_broker_plan_in_a_pipe_prints_rich_s_text_without_rich(tmp_path, args, c
         out[rich] = (cp.returncode, cp.stdout, err)
     assert out["0"] == out["1"]
     assert "rented" in out["0"][1] or "no valid plan" in out["0"][2]
+
+
+def test_broker_plan_with_gcp_configured_reads_quotas_without_the_cloud_clients(tmp_path):
+    """GCP credentials and a project set (the emulator as the Compute endpoint): `broker plan` still reads the live
+    quotas (regions.get, projects.get) and rejects what they do not allow, but through google-auth alone: no
+    google.cloud client is imported (google-cloud-compute costs seconds)."""
+    import json
+
+    from tests.support.gcp_emulator import GCPEmulator
+
+    adc = tmp_path / "gcloud"
+    adc.mkdir()
+    (adc / "application_default_credentials.json").write_text(json.dumps(
+        {"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "t"}))
+    code = ("import json, sys\nsys.argv = ['broker', 'plan', '--budget', '5', '--provider', 'gcp', '--json']\n"
+            "from broker.cli.app import main\ntry:\n    main()\nexcept SystemExit:\n    pass\n"
+            "sys.stderr.write('MODS=' + json.dumps(sorted(m for m in sys.modules if m.startswith('google'))))\n")
+    with GCPEmulator() as emu:
+        emu.region_quotas["us-central1"]["NVIDIA_T4_GPUS"] = 0
+        env = dict(_env(tmp_path, "100"), CLOUDSDK_CONFIG=str(adc), GOOGLE_CLOUD_PROJECT=emu.project,
+                   GCP_COMPUTE_ENDPOINT=emu.url, GCP_QUOTAS_ENDPOINT=emu.url)
+        cp = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+        journal = list(emu.journal)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    mods = json.loads(cp.stderr.rsplit("MODS=", 1)[1])
+    assert "google.auth" in mods and not [m for m in mods if m.startswith(("google.cloud", "google.api_core"))], mods
+    paths = [p for m, p, status in journal if status == 200]
+    assert paths == ["/compute/v1/projects/broker-test/regions/us-central1", "/compute/v1/projects/broker-test"]
+    plan = json.loads(cp.stdout)["plan"]
+    t4 = [o for o in plan["rejected"] if "NVIDIA_T4_GPUS" in " ".join(o["rejected"])]
+    assert t4, plan["rejected"]  # the live quota (0 T4 GPUs) rejected the T4 options
+    assert all(o["offers"][0]["instance_type"] != "n1-standard-4+t4" for o in plan["options"])
+
+
+def test_a_gcp_error_answer_without_the_client_is_the_same_broker_error(tmp_path, monkeypatch):
+    """A 403 quota / rate-limit / 404 answer to the REST read maps as the client's errors map (api.translate)."""
+    from broker.core.provider import AuthError, ProviderError, TransientError
+    from broker.providers.gcp import GCPProvider
+    from tests.support.gcp_emulator import GCPEmulator
+
+    with GCPEmulator() as emu:
+        monkeypatch.setenv("GCP_COMPUTE_ENDPOINT", emu.url)
+        monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", emu.project)
+        api = GCPProvider().api
+        assert api.get_json("regions.get", f"projects/{emu.project}/regions/us-central1")["name"] == "us-central1"
+        with pytest.raises(ProviderError) as e:
+            api.get_json("regions.get", f"projects/{emu.project}/regions/nowhere1")
+        assert e.value.status == 404 and "regions.get" in str(e.value)
+        emu.fail[("GET", "regions")] = [429]
+        with pytest.raises(TransientError) as e:
+            api.get_json("regions.get", f"projects/{emu.project}/regions/us-central1")
+        assert e.value.status == 429
+        emu.fail[("GET", "regions")] = [403]
+        with pytest.raises(AuthError):
+            api.get_json("regions.get", f"projects/{emu.project}/regions/us-central1")
