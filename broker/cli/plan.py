@@ -446,11 +446,13 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
     p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                   unavailable=facts.unavailable, top_k=max(top * 8, 20))
     log_plan(p)
-    from broker.plan.explain import no_plan_hints
+    hint = ""
+    if p.chosen is None:  # why, and what to change (broker.plan.explain is read only then)
+        from broker.plan.explain import no_plan_hints
 
-    hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
-        "no offer matched the job at all (GPU model, memory, providers): see the notes above"
-        if not p.rejected else "relax the job, raise the budget or request quota")
+        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+            "no offer matched the job at all (GPU model, memory, providers): see the notes above"
+            if not p.rejected else "relax the job, raise the budget or request quota")
     no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
     if as_json:
         # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
