@@ -149,32 +149,137 @@ OPTION_WIDTH = 24
 WIDE_COLUMNS = 120
 
 
+class _Ops:
+    """What ``broker plan`` prints, recorded in order: prose lines (console markup) and tables
+    (:class:`broker.core.plaintable.Table`), for rich or for the plain renderer to print alike."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.items: list[tuple[str, Any, bool]] = []
+
+    def line(self, markup: str) -> None:
+        self.items.append(("line", markup, False))
+
+    def table(self, table: Any, *, wide: bool = False) -> None:
+        self.items.append(("table", table, wide))
+
+    def texts(self) -> "list[str]":
+        out: list[str] = []
+        for kind, x, _ in self.items:
+            if kind == "line":
+                out.append(x)
+            else:
+                out += [x.title or ""] + [c.header for c in x.columns] + [t for c in x.columns for t, _ in c.cells]
+        return out
+
+
+class RichOut:
+    """Prints recorded output through a rich console (:data:`broker.core.ui.console` by default): the terminal's
+    way, and the reference the plain renderer is checked against."""
+
+    def __init__(self, console: Any = None) -> None:
+        if console is None:
+            from broker.core.ui import console
+        self.console = console
+
+    @property
+    def width(self) -> int:
+        return int(self.console.width)
+
+    def replay(self, ops: _Ops) -> None:
+        from rich import box
+        from rich.table import Table
+
+        from broker.core.ui import Wrapped, print_table
+
+        for kind, x, wide in ops.items:
+            if kind == "line":
+                self.console.print(x, soft_wrap=False)
+                continue
+            t = Table(title=x.title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                      collapse_padding=True)
+            for c in x.columns:
+                t.add_column(c.header, justify=c.justify, no_wrap=c.no_wrap, overflow=c.overflow,
+                             max_width=c.max_width)
+            for row in zip(*(c.cells for c in x.columns)):
+                t.add_row(*(Wrapped(text) if wrapped else text for text, wrapped in row))
+            print_table(t, wide=wide, out=self.console)
+
+
+class PlainOut:
+    """Prints recorded output as rich prints it into a pipe or file, without importing rich
+    (:mod:`broker.core.plaintable`); output with anything but printable ASCII goes to :class:`RichOut`."""
+
+    def __init__(self, stream: Any = None, width: int | None = None) -> None:
+        import os
+        import sys
+
+        from broker.core.plaintable import console_width
+        from broker.core.prose import NO_WRAP_WIDTH
+
+        self.stream = stream if stream is not None else sys.stdout
+        self.width = console_width() if width is None else width
+        no_wrap = os.environ.get("BROKER_NO_WRAP", "").strip() not in ("", "0")
+        self.prose_width = NO_WRAP_WIDTH if no_wrap else self.width
+
+    def replay(self, ops: _Ops) -> None:
+        from broker.core.plaintable import markup_plain, plain_text_ok, table_text, write
+        from broker.core.prose import wrap_plain
+
+        if not all(plain_text_ok(t) for t in ops.texts()):
+            RichOut().replay(ops)
+            return
+        parts = []
+        for kind, x, wide in ops.items:
+            if kind == "line":
+                parts.append("\n".join(wrap_plain(markup_plain(x), self.prose_width)) + "\n")
+            else:
+                parts.append(table_text(x, self.width, self.prose_width, wide=wide))
+        write(self.stream, "".join(parts))
+
+
+def plain_stream(stream: Any) -> bool:
+    """Whether ``broker plan`` prints to ``stream`` without rich: rich would write it as a plain file (no terminal,
+    :func:`broker.core.plaintable.stream_is_plain`) and rich's consoles are not loaded yet (once they are, a test
+    or a caller may have set them up: they print)."""
+    import sys
+
+    from broker.core.plaintable import stream_is_plain
+
+    return "broker.core.ui" not in sys.modules and stream_is_plain(stream)
+
+
+def stdout_out() -> "RichOut | PlainOut":
+    """Where ``broker plan`` prints: :class:`PlainOut` into a pipe or file, else rich (a terminal)."""
+    import sys
+
+    return PlainOut(sys.stdout) if plain_stream(sys.stdout) else RichOut()
+
+
 def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12,
-                wide: bool | None = None) -> None:
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
+                wide: bool | None = None, out: "RichOut | PlainOut | None" = None) -> None:
+    """Print ``plan`` (the job, the best options, the rejected ones and why, notes, the choice and the next step)
+    on ``out`` (default :func:`stdout_out`)."""
+    from broker.core.plaintable import Column, Table, drop_empty_columns
+    from broker.core.plaintable import escape
+    from broker.core.prose import cell_len, usd
 
-    from rich.cells import cell_len
-
-    from broker.core.ui import Wrapped, console, drop_empty_columns, print_table, usd
-
+    out = out if out is not None else stdout_out()
+    ops = _Ops(out.width)
     if wide is None:
-        wide = console.width >= WIDE_COLUMNS
+        wide = ops.width >= WIDE_COLUMNS
     req = plan.requirements
     models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
     hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
     budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
     job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
            f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
-    console.print(f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
-                  + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""), soft_wrap=False)
+    ops.line(f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
+             + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
     if plan.options:
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
         t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
-                        f"{deadline} + setup)",
-                  title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
+                        f"{deadline} + setup)", columns=[])
         # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
         # wrap, and fold a word longer than their column
         cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
@@ -188,7 +293,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
         for col, just, nowrap in cols:
-            t.add_column(col, justify=just, no_wrap=nowrap, overflow="fold")  # type: ignore[arg-type]
+            t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
         for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
             topo = o.topology.value + (" int." if o.interruptible else "")
             row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
@@ -199,22 +304,21 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
             t.add_row(*row)
-        print_table(drop_empty_columns(t), wide=wide)
+        ops.table(drop_empty_columns(t), wide=wide)
         if not wide:
-            console.print("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
-                          "and where each option is[/]", soft_wrap=False)
+            ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
+                     "and where each option is[/]")
         if spot:
-            console.print(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
-                          f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
-                          "with restarts[/]", soft_wrap=False)
+            ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
+                     f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
+                     "with restarts[/]")
     if plan.rejected:
-        t = Table(title="rejected", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        t = Table(title="rejected", columns=[])
         if wide:
             for col in ("provider", "topology", "rented", "worst case", "why"):
-                t.add_column(col, no_wrap=col in ("provider", "topology", "worst case"))
+                t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
         else:  # 80 columns: the option in one narrow column, the reasons beside it
-            t.add_column("option (worst case)", max_width=OPTION_WIDTH)
-            t.add_column("why")
+            t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
         for o in plan.rejected[:rejected_limit]:
             why = "; ".join(o.rejected)
             if o.next_step:
@@ -223,42 +327,43 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
                     req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
                 worst = f"${o.worst_case_usd:,.4f}"
-            if wide:
-                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, Wrapped(why))
+            if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
+                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
             else:  # the worst case on a line of its own when it does not fit beside what is rented
                 option = f"{what(o)} ({worst})"
                 if cell_len(option) > OPTION_WIDTH:
                     option = f"{what(o)}\n({worst})"
-                t.add_row(Wrapped(f"{o.provider} {o.topology.value}\n{option}"), Wrapped(why))
-        print_table(t)
+                t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
+        ops.table(t)
         if len(plan.rejected) > rejected_limit:
-            console.print(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
+            ops.line(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
     for n in plan.notes:
-        console.print(f"[dim]note:[/] {escape(n)}", soft_wrap=False)
+        ops.line(f"[dim]note:[/] {escape(n)}")
     step = next_step(plan, recipe)
     c = plan.chosen
     if c is not None:
-        console.print(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
-                      f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
+        ops.line(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
+                 f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
         if c.interruptible:
-            console.print(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
-                          f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
-                          f"{req.interruptible}` in the recipe (or `broker run --interruptible {req.interruptible}`) "
-                          "and a checkpoint_dir: to resume", soft_wrap=False)
+            ops.line(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
+                     f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
+                     f"{req.interruptible}` in the recipe (or `broker run --interruptible {req.interruptible}`) "
+                     "and a checkpoint_dir: to resume")
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
-            console.print(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
-                          f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
+            ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
+                     f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
     if c is None:
         only_budget = [o for o in plan.rejected if o.offers and o.rejected
                        and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
         if only_budget:
             b = min(only_budget, key=lambda o: o.worst_case_usd)
-            console.print(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
-                          f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
-                          f"(raise --budget or shorten --hours)")
+            ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
+                     f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
+                     f"(raise --budget or shorten --hours)")
     if step:
-        console.print(f"[bold]next:[/] {escape(step)}")
+        ops.line(f"[bold]next:[/] {escape(step)}")
+    out.replay(ops)
 
 
 # ------------------------------------------------------------------------------------------------ commands
@@ -315,7 +420,7 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
                                ("--min-gpu-mem", "min_mem_gib", min_gpu_mem), ("--disk", "disk_gib", disk)):
         check_number(flag, field, value)
     from broker.plan.planner import plan as make_plan
-    from broker.core.ui import err, print_json
+    from broker.core.prose import print_json
 
     if topology is not None and topology not in ("simulated", "multi-node", "local", "hybrid", "any"):
         raise BadInput(f"--topology {topology!r} is not a topology",
@@ -343,11 +448,13 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
     p = make_plan(req, facts.offers, facts.quotas, facts.capacities, notes=facts.notes, here=facts.here,
                   unavailable=facts.unavailable, top_k=max(top * 8, 20))
     log_plan(p)
-    from broker.plan.explain import no_plan_hints
+    hint = ""
+    if p.chosen is None:  # why, and what to change (broker.plan.explain is read only then)
+        from broker.plan.explain import no_plan_hints
 
-    hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
-        "no offer matched the job at all (GPU model, memory, providers): see the notes above"
-        if not p.rejected else "relax the job, raise the budget or request quota")
+        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+            "no offer matched the job at all (GPU model, memory, providers): see the notes above"
+            if not p.rejected else "relax the job, raise the budget or request quota")
     no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
     if as_json:
         # schema_version first: print_json adds it (broker.core.ui.JSON_SCHEMA_VERSION), as for every --json object
@@ -365,10 +472,19 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
 
             _report(3, *no_plan, kind="NoValidPlan", as_json=True, json_object=False)
         else:
-            from rich.markup import escape as esc
+            import sys
 
-            err.print(f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}",
-                      markup=True)
+            from broker.core.plaintable import escape as esc
+
+            msg = f"[bold red]no valid plan:[/] every option is rejected (reasons above); {esc(hint)}"
+            if plain_stream(sys.stderr):  # into a pipe or file: rich's text without rich
+                ops = _Ops(0)
+                ops.line(msg)
+                PlainOut(sys.stderr).replay(ops)
+            else:
+                from broker.core.ui import err
+
+                err.print(msg, markup=True)
         return 3
     return 0
 

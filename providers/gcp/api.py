@@ -240,6 +240,35 @@ class GCPApi:
         self._clients[name] = c
         return c
 
+    def get_json(self, call: str, path: str) -> dict[str, Any]:
+        """``GET <compute endpoint>/compute/v1/<path>`` (``projects/P/regions/R``) with google-auth's
+        ``AuthorizedSession``: the answer's JSON object, the fields named as the REST reference names them
+        (``quotas[].metric`` / ``limit`` / ``usage``).  For the read-only calls ``broker plan`` makes: the
+        ``google-cloud-compute`` client costs seconds to import (its ~1000 message types), google-auth a tenth of
+        that.  Raises what :meth:`call` raises (AuthError, TransientError, ProviderError ...) and ProviderError for
+        an answer that is not a JSON object."""
+        try:
+            from google.auth.transport.requests import AuthorizedSession
+        except ImportError:
+            raise AuthError(PROVIDER, f"import google.auth ({call})", "google-auth is not installed",
+                            hint=INSTALL_HINT) from None
+        base = (self.compute_endpoint or "https://compute.googleapis.com").rstrip("/")
+        session = self._clients.get("_session")
+        if session is None:
+            session = self._clients["_session"] = AuthorizedSession(self.credentials())
+        with self.errors(call):
+            r = session.get(f"{base}/compute/v1/{path}", timeout=60)
+            if r.status_code >= 400:
+                raise HttpError.from_response(r)
+        try:
+            data = r.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ProviderError(PROVIDER, call, f"the answer to GET {path} is not a JSON object",
+                                hint="retry; if it persists the endpoint is not the Compute API")
+        return data
+
     # ------------------------------------------------------------------------------------ calls and errors
     @contextmanager
     def errors(self, call: str, *, create: bool = False, region: str | None = None) -> Iterator[None]:
@@ -290,11 +319,36 @@ class GCPApi:
         return op
 
 
+class HttpError(Exception):
+    """A Google API error answer read without the client libraries (:meth:`GCPApi.get_json`), with the attributes
+    :func:`translate` reads on google.api_core's errors: ``code`` (the HTTP status), ``message`` and ``errors``
+    (the body's ``error.errors``: dicts with ``reason``)."""
+
+    def __init__(self, code: int, message: str, errors: list[Any]):
+        super().__init__(f"{code} {message}")
+        self.code, self.message, self.errors = code, message, errors
+
+    @classmethod
+    def from_response(cls, r: Any) -> "HttpError":
+        """From a ``requests`` response: ``{"error": {"code", "message", "errors": [...]}}`` when the body is
+        that, else the status line."""
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        err = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(err, dict):
+            return cls(r.status_code, str(r.reason or "error"), [])
+        errors = err.get("errors")
+        return cls(r.status_code, str(err.get("message") or r.reason or "error"),
+                   [x for x in errors if isinstance(x, dict)] if isinstance(errors, list) else [])
+
+
 def _is_api_failure(e: BaseException) -> bool:
     """An answer (or the lack of one) from Google: api_core / google-auth / requests / socket errors."""
     mod = type(e).__module__ or ""
     return (mod.startswith(("google.api_core", "google.auth", "requests", "urllib3", "http.client"))
-            or isinstance(e, (OSError, TimeoutError, ConnectionError)))
+            or isinstance(e, (HttpError, OSError, TimeoutError, ConnectionError)))
 
 
 def _op_done(op: Any) -> bool:

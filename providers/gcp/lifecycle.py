@@ -20,7 +20,6 @@ UNCONFIRMED in the reference: the emulator models it); :func:`preemption` reads 
 from __future__ import annotations
 
 import re
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, ProviderError
@@ -121,6 +120,8 @@ def create_instance(api: "GCPApi", req: "NodeRequest", *, zone: str, image: str,
     project = api.require_project("instances.insert")
     body = instance_body(req, project=project, zone=zone, net=req.network, image=image, ssh_user=ssh_user,
                          workroot=workroot)
+    import uuid  # here: uuid (and platform) would cost every `broker plan`, which inserts nothing
+
     rid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"broker:{req.client_token}:{zone}"))  # a retry of this row here
     ic = api.client("instances")
     region = zone.rsplit("-", 1)[0]

@@ -195,6 +195,21 @@ def spot_list_price(instance_type: str | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ quotas
+class _Limit:
+    """One ``Quota`` object of a REST answer (``metric``, ``limit``, ``usage``; a missing number is 0, as the
+    client's message reads it).  Raises ProviderError for a number that is not one."""
+
+    def __init__(self, q: dict[str, Any]):
+        from broker.core.provider import ProviderError
+
+        self.metric = q.get("metric")
+        try:
+            self.limit, self.usage = float(q.get("limit") or 0), float(q.get("usage") or 0)
+        except (TypeError, ValueError):
+            raise ProviderError(PROVIDER, "regions.get", f"quota {self.metric!r} has a limit or usage that is not "
+                                "a number", hint="retry; report it if it persists") from None
+
+
 def quotas(api: "GCPApi", offers: Iterable[Offer], *, interruptible: bool = False) -> list[Quota]:
     """The limits each GCP offer needs, read through the Compute API: per region (``regions.get``) the GPU metric
     (``NVIDIA_<MODEL>_GPUS``, ``PREEMPTIBLE_`` for spot offers) and the CPU metric of the machine family (``CPUS``,
@@ -231,10 +246,11 @@ def quotas(api: "GCPApi", offers: Iterable[Offer], *, interruptible: bool = Fals
                 pairs.setdefault((gm, t.gpu_metric(spot=True) or gm), set()).add(o.instance_type)
             pairs.setdefault((t.cpu_metric(), t.cpu_metric(spot=True)), set()).add(o.instance_type)
     out: list[Quota] = []
-    rc = api.client("regions") if by_region else None
+    # the REST answers through google-auth (GCPApi.get_json), not the compute client: planning reads two
+    # objects and must not pay seconds of client imports for them
     for region, want in sorted(by_region.items()):
-        reg = api.call("regions.get", rc.get, project=project, region=region)
-        have = {q.metric: q for q in reg.quotas}
+        reg = api.get_json("regions.get", f"projects/{project}/regions/{region}")
+        have = {q.get("metric"): _Limit(q) for q in reg.get("quotas") or [] if isinstance(q, dict)}
 
         def quota(metric: str, types: set[str], spot_side: bool = False, why: str = "") -> Quota:
             q = have[metric]
@@ -253,9 +269,9 @@ def quotas(api: "GCPApi", offers: Iterable[Offer], *, interruptible: bool = Fals
                 out.append(quota(std, types, True, " (Spot VMs: no preemptible quota granted, the standard "
                                                    "quota counts them)"))
     if all_gpu_types:
-        pc = api.client("projects")
-        proj = api.call("projects.get", pc.get, project=project)
-        g = next((q for q in proj.quotas if q.metric == GLOBAL_GPU_METRIC), None)
+        proj = api.get_json("projects.get", f"projects/{project}")
+        g = next((_Limit(q) for q in proj.get("quotas") or [] if isinstance(q, dict)
+                  and q.get("metric") == GLOBAL_GPU_METRIC), None)
         if g is not None:
             for spot_side in ((False, True) if interruptible else (False,)):
                 out.append(Quota(provider=PROVIDER, name=GLOBAL_GPU_METRIC,
