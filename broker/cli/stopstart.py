@@ -258,7 +258,7 @@ def _rearm_deadman(ledger: Any, run: Any, rows: list[dict[str, Any]], started: d
     from broker.core.records import Cluster
     from broker.core.runfolder import confined_run_dir
     from broker.core.ui import node_text
-    from broker.providers import capability
+    from broker.money.accounting import switch_armable
 
     try:
         cluster = Cluster.model_validate_json((confined_run_dir(run) / "cluster.json").read_text())
@@ -266,8 +266,8 @@ def _rearm_deadman(ledger: Any, run: Any, rows: list[dict[str, Any]], started: d
         cluster = None
     for r in rows:
         p, res = started[r["resource"]]
-        if r["state"] != "running" or capability(res.provider, "node_switch") is None:
-            continue  # gone, or a provider whose nodes hold no switch: nothing was lost by the stop
+        if r["state"] != "running" or not switch_armable(res):
+            continue  # gone, or a machine that held no switch (no provider switch, no OCI principal): none lost
         what = f"{res.provider} {res.kind} {res.provider_id}"
         grace = (res.attrs or {}).get("deadman_grace_s")
         grace = float(grace) if isinstance(grace, (int, float)) else deadman_grace_s(hours)

@@ -138,3 +138,30 @@ def test_start_says_when_the_switch_could_not_be_rearmed(netns_hosts, broker_hom
     finally:
         p.close()
         emu.close()
+
+
+@pytest.mark.parametrize("principal, want", [(False, None), (True, False)])
+def test_a_machine_that_never_held_a_switch_is_not_reported_as_unarmed(broker_home, monkeypatch, principal, want):
+    """OCI arms its switch only with an instance principal: without one no layer was lost by the stop, so `broker
+    start` says nothing of it; with one, OCI (no re-arm script yet) is reported NOT re-armed, never as armed."""
+    from broker.cli.stopstart import _rearm_deadman
+    from broker.core.model import utcnow
+    from broker.core.records import Run
+    from broker.money.ledger import Ledger
+    from broker.providers.oci import OCIProvider
+
+    monkeypatch.delenv("OCI_INSTANCE_PRINCIPAL", raising=False)
+    led = Ledger()
+    now = utcnow()
+    run = led.create_run(Run(id="20261202-000000-ociabc", name="kept", provider="oci", topology="simulated",
+                             status="succeeded", created_at=now, deadline=now + timedelta(hours=1)))
+    res = led.record_intent(run.id, "oci", "instance", "node0", usd_per_hour=1.0,
+                            attrs={"instance_principal": principal, "deadman": False})
+    led.mark_created(res.id, "ocid1.instance.oc1..x", state="running")
+    row = {"resource": res.id, "state": "running", "ssh": True, "deadline": (now + timedelta(hours=1)).isoformat(),
+           "deadman": None, "deadman_why": None, "deadman_fire_at": None}
+    _rearm_deadman(led, run, [row], {res.id: (OCIProvider.__new__(OCIProvider), led.resource(res.id))}, hours=1)
+    assert row["deadman"] is want, row
+    assert led.resource(res.id).attrs["deadman"] is False
+    if want is False:
+        assert "cannot re-arm oci" in row["deadman_why"]
