@@ -440,7 +440,8 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
 
         watch = StallWatch(stall["stall_s"], slurm_sampler(sh, job_id, max(1, nnodes), stall["python"],
                                                            stall["shim"], stall["facts"], before=pump_all),
-                           on_stall=stall["on_stall"], run_dir=run_dir, echo=echo or say)
+                           on_stall=stall["on_stall"], run_dir=run_dir, echo=echo or say,
+                           report_hint="--on-stall report")
     while True:
         try:
             if not files_known:

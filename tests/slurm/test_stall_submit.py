@@ -84,6 +84,7 @@ def test_a_hang_in_your_own_sbatch_file_is_named_and_cancelled(cluster):  # noqa
     assert st["stopped"] and st["when"] == "stall"
     assert [(r["rank"], r["node"], r["collective"]) for r in st["ranks"]] == [(0, 0, "all_reduce"), (1, 1, None)]
     assert f"stalled: {WANT}" in flat, flat  # the diagnosis names it too
+    assert "(--on-stall report keeps a stalled run going)" in out, out[-4000:]
     print(f"slurm submit stall: wall {wall:.1f} s, silence before the verdict {st['silent_s']} s")
     assert st["silent_s"] < 5 + 30, st
 
