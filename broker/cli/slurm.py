@@ -133,11 +133,19 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         yes: bool = typer.Option(False, "--yes", "-y", help="submit even when a finding says it cannot run as "
                                  "written"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream the job's output"),
+        stall_s: float = typer.Option(60.0, "--stall-s", metavar="SECONDS", help="seconds without output from the "
+                                      "running job before its ranks' stacks are read to name a hang (a recipe's "
+                                      "stall_s; 0 turns the watch off)"),
+        on_stall: str = typer.Option("stop", "--on-stall", metavar="stop|report", help="a stalled job: stop "
+                                     "(scancel it: a hang burns its allocation) or report (name it, let it run); "
+                                     "a recipe's on_stall"),
         as_json: bool = typer.Option(False, "--json", help="print the outcome as JSON"),
     ) -> None:
         """Check FILE (your sbatch file) against the cluster's real nodes (each #SBATCH line, the torchrun/srun
         lines), then stage its folder to the cluster's shared directory, sbatch it (arguments after -- go to the
         script), stream its --output/--error files and end with Slurm's state, the exit code and a diagnosis.
+        A job whose output stops for --stall-s while its torchrun workers sit still is named (each rank's place:
+        the collective it waits in, or its line) and, with --on-stall stop, cancelled.
 
         Exit status: 0 completed, 1 the job failed (FAILED, TIMEOUT, CANCELLED, ...), 2 refused (a finding means it
         cannot run as written; --yes submits anyway), 4 Slurm or SSH error, 130 interrupted (the job is cancelled)."""
@@ -164,7 +172,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
                 err.print(f"[dim]slurm submit[/] {escape(msg)}", markup=True, highlight=False)
 
         out = submit(Ledger(), cluster, script, args, yes=yes, report=report, say=say,
-                     echo=None if (quiet or as_json) else echo_line)
+                     echo=None if (quiet or as_json) else echo_line, stall_s=stall_s, on_stall=on_stall)
         if as_json:
             from dataclasses import asdict
 

@@ -10,7 +10,10 @@ it is again (:mod:`broker.money.accounting`).
 Deadlines: a stopped disk still bills, so it keeps a deadline: ``--hours`` (default 24) from the stop, after which
 the watchdog deletes it like any other resource (``broker stop`` starts the watchdog).  A started machine gets
 ``--hours`` from the start (default: the recipe's ``max_hours``).  The node-side dead-man switch of the first boot
-is not counted on after a stop (``attrs["deadman"] = False``): the watchdog and these deadlines are the layers.
+is not counted on after a stop (``attrs["deadman"] = False``); once a started node answers SSH, ``broker start``
+arms its switch again for the new deadline (the adapter's :meth:`~broker.core.provider.Provider.deadman_rearm_script`,
+the boot mechanism's own code, run with the run's key) and records ``attrs["deadman"] = True`` only when the node
+prints that it is armed; otherwise it says so, and the watchdog and the deadline are the layers left.
 """
 
 from __future__ import annotations
@@ -133,7 +136,8 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     """Start every stopped machine of ``run_id`` again: budget checked, ledger-first (``starting`` before the call),
     then the new addresses written to the ledger and the run's ``cluster.json`` and SSH tried on each node.
     Returns one dict per machine (``provider_id``, ``state``, ``host``, ``port``, ``ssh``: True / False / None not
-    tried, ``deadline``).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
+    tried, ``deadline``, ``deadman``: True re-armed and confirmed by the node / False not re-armed (``deadman_why``
+    says why) / None the provider has no node-side switch or SSH was not tried, ``deadman_fire_at`` ISO time).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
     does not cover ``hours`` at the full rate: exit 3), the provider's errors."""
     from broker.core.model import utcnow
     from broker.core.provider import BadInput, NoValidPlan
@@ -159,8 +163,10 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
                                     f"`broker down {run.id}` deletes the stopped disks"))
     cache = dict(providers or {})
     out = []
+    started = {}
     for res in rows:
         p = cache.setdefault(res.provider, get_provider(res.provider) if res.provider not in cache else None)
+        started[res.id] = (p, res)
         deadline = utcnow() + timedelta(hours=hours)
         what = f"{res.provider} {res.kind} {res.provider_id}"
         at = utcnow()
@@ -172,7 +178,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         info = _wait_state(p, res, "running", timeout_s, poll_s)
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
                "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
-               "usd_per_hour": res.usd_per_hour}
+               "usd_per_hour": res.usd_per_hour, "deadman": None, "deadman_why": None, "deadman_fire_at": None}
         if info.state == "running":
             ledger.update_resource(res.id, state="running", actor="cli", attrs={
                 "public_ip": info.public_ip, "private_ip": info.private_ip, "ssh_host": info.ssh_host,
@@ -184,6 +190,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     _refresh_cluster(ledger, run, out)
     if ssh_check:
         _check_ssh(run, out, p_timeout=timeout_s)
+        _rearm_deadman(ledger, run, out, started, hours=hours)
     return out
 
 
@@ -233,6 +240,73 @@ def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float) -> Non
                 r["ssh"] = True
                 break
             time.sleep(1.0)
+
+
+def _rearm_deadman(ledger: Any, run: Any, rows: list[dict[str, Any]], started: dict[str, tuple[Any, Any]], *,
+                   hours: float, timeout_s: float = 120.0) -> None:
+    """Arm the node-side dead-man switch of every started machine that answered SSH again, for its new deadline
+    + the row's grace (``attrs["deadman_grace_s"]``, else :func:`broker.core.nodescripts.deadman_grace_s`): the
+    adapter's script goes to ``bash -s`` over SSH with the run's key, at most ``timeout_s`` seconds per node.  The
+    ledger says ``deadman`` True (with ``deadman_fire_at``) only when the node printed the confirmation for that
+    exact fire time; anything else is recorded as not armed, with why.  Sets ``deadman`` / ``deadman_why`` /
+    ``deadman_fire_at`` in each row."""
+    import subprocess
+    from datetime import datetime, timezone
+
+    from broker.cli.day2 import ssh_argv
+    from broker.core.nodescripts import deadman_fire_at, deadman_grace_s, read_armed
+    from broker.core.records import Cluster
+    from broker.core.runfolder import confined_run_dir
+    from broker.core.ui import node_text
+    from broker.money.accounting import switch_armable
+
+    try:
+        cluster = Cluster.model_validate_json((confined_run_dir(run) / "cluster.json").read_text())
+    except Exception:  # noqa: BLE001 - no cluster record: no node to reach
+        cluster = None
+    for r in rows:
+        p, res = started[r["resource"]]
+        if r["state"] != "running" or not switch_armable(res):
+            continue  # gone, or a machine that held no switch (no provider switch, no OCI principal): none lost
+        what = f"{res.provider} {res.kind} {res.provider_id}"
+        grace = (res.attrs or {}).get("deadman_grace_s")
+        grace = float(grace) if isinstance(grace, (int, float)) else deadman_grace_s(hours)
+        deadline = datetime.fromisoformat(r["deadline"])
+        fire_at = deadman_fire_at(deadline, grace)
+        idx = None if cluster is None else next(
+            (i for i, n in enumerate(cluster.nodes) if n.resource_id == r["resource"]), None)
+        script = p.deadman_rearm_script(deadline, grace, attrs=res.attrs)
+        why = None
+        if script is None:
+            why = f"broker cannot re-arm {res.provider}'s node-side switch over SSH"
+        elif idx is None:
+            why = "the run's cluster.json does not list this machine, so broker cannot log in to it"
+        elif r["ssh"] is not True:
+            why = "SSH did not answer"
+        else:
+            argv = ssh_argv(cluster, idx, ["bash", "-s"])
+            argv[1:1] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+            try:
+                proc = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=timeout_s)
+                got = read_armed(proc.stdout)
+                if got != fire_at:
+                    said = (proc.stderr or proc.stdout or "").strip().splitlines()
+                    tail = node_text(said[-1])[:200] if said else ""
+                    why = f"the node did not confirm it (exit {proc.returncode}{': ' + tail if tail else ''})"
+            except subprocess.TimeoutExpired:
+                why = f"the node did not answer within {timeout_s:g} s"
+        fire_iso = datetime.fromtimestamp(fire_at, timezone.utc).isoformat()
+        if why is None:
+            r.update(deadman=True, deadman_fire_at=fire_iso)
+            ledger.update_resource(res.id, actor="cli", attrs={"deadman": True, "deadman_fire_at": fire_iso,
+                                                               "deadman_grace_s": grace, "deadman_why": None},
+                                   message=f"dead-man switch of {what} re-armed: the node deletes itself at "
+                                           f"{fire_iso[:19]}Z (deadline + {grace:g} s)")
+        else:
+            r.update(deadman=False, deadman_why=why)
+            ledger.update_resource(res.id, actor="cli", attrs={"deadman": False, "deadman_why": why},
+                                   message=f"dead-man switch of {what} NOT re-armed ({why}); the watchdog still "
+                                           "guards its deadline")
 
 
 def register(app: typer.Typer) -> None:
@@ -316,6 +390,13 @@ def register(app: typer.Typer) -> None:
                 ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
                 console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
                               f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
+                if r["deadman"] is True:
+                    console.print(f"  node dead-man switch re-armed: it deletes itself at "
+                                  f"{r['deadman_fire_at'][:19]}Z", markup=False, highlight=False)
+                elif r["deadman"] is False:
+                    console.print(f"  node dead-man switch NOT re-armed ({r['deadman_why']}): only the watchdog "
+                                  "guards the deadline (`broker watchdog` must be running)", markup=False,
+                                  highlight=False)
             console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
             console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
         if bad:

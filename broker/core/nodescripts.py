@@ -8,12 +8,18 @@ Adapters depend on this module and on the core contract (:mod:`broker.core.model
 * :func:`node_workroot` / :func:`job_done_path` -- where run files and the ``job.done`` marker live on a node; the
   SSH executor touches ``job.done`` on every node when the job has ended;
 * :func:`idle_watch_script` / :func:`idle_watch_launcher` -- the idle stop: once ``job.done`` exists and no SSH
-  session has been seen for ``idle_minutes``, run the provider's self-terminate.
+  session has been seen for ``idle_minutes``, run the provider's self-terminate;
+* :func:`deadman_fire_at` / :func:`armed_confirmation` / :func:`read_armed` -- when a dead-man switch fires, and the
+  line a node prints once its switch is armed (``broker start`` re-arms a started node's switch over SSH and
+  believes only that line).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
+from datetime import datetime, timezone
 
 
 #: bounds of the node-side dead-man switch's grace after the deadline (seconds), see :func:`deadman_grace_s`
@@ -29,6 +35,48 @@ def deadman_grace_s(max_hours: float | None) -> float:
     if max_hours is None or max_hours <= 0:
         return DEADMAN_GRACE_MAX_S
     return min(DEADMAN_GRACE_MAX_S, max(DEADMAN_GRACE_MIN_S, 0.1 * float(max_hours) * 3600.0))
+
+
+def deadman_fire_at(deadline: datetime, grace_seconds: float) -> int:
+    """When a node's dead-man switch fires: ``deadline + grace_seconds`` as whole Unix seconds, rounded up (never
+    before the deadline).  ``deadline`` naive = UTC."""
+    if deadline.tzinfo is None:
+        deadline = deadline.replace(tzinfo=timezone.utc)
+    return int(math.ceil(deadline.timestamp() + grace_seconds))
+
+
+#: the word a node prints, then the fire time (Unix seconds), once its dead-man switch is armed and running
+ARMED_WORD = "BROKER_DEADMAN_ARMED"
+_ARMED_RE = re.compile(rf"^{ARMED_WORD} (\d{{1,12}})$", re.M)
+
+
+def armed_confirmation(pid_file: str, script_file: str, fire_at: int, *, wait_s: int = 10) -> str:
+    """Shell that prints ``BROKER_DEADMAN_ARMED <fire_at>`` only when the node's dead-man switch really is armed:
+    within ``wait_s`` seconds, ``pid_file`` names a live process whose command line holds ``script_file``'s name
+    and ``script_file`` carries ``FIRE_AT=<fire_at>`` (the timer's own line).  Otherwise it prints why not to
+    stderr and exits 1.  Appended by an adapter to the arming shell it runs again over SSH (``broker start``)."""
+    pf, sf, name = shlex.quote(pid_file), shlex.quote(script_file), shlex.quote(script_file.rsplit("/", 1)[-1])
+    tries = max(1, int(wait_s) * 5)
+    return f"""# --- broker: confirm the dead-man switch is armed for {fire_at}
+_n=0
+while [ "$_n" -lt {tries} ]; do
+  _p=$(cat {pf} 2>/dev/null)
+  if [ -n "$_p" ] && grep -q {name} "/proc/$_p/cmdline" 2>/dev/null && grep -qx 'FIRE_AT={fire_at}' {sf} 2>/dev/null; then
+    echo "{ARMED_WORD} {fire_at}"
+    exit 0
+  fi
+  _n=$((_n + 1)); sleep 0.2
+done
+echo "broker: the dead-man switch is not running with FIRE_AT={fire_at} ({pf}, {sf})" >&2
+exit 1
+"""
+
+
+def read_armed(stdout: str) -> int | None:
+    """The fire time (Unix seconds) a node's :func:`armed_confirmation` printed in ``stdout`` (untrusted node
+    output: only a whole line of the exact form counts), or None when it printed none."""
+    m = _ARMED_RE.findall(stdout or "")
+    return int(m[-1]) if m else None
 
 
 def node_workroot(ssh_user: str, override: str | None = None) -> str:

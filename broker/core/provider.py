@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
 if TYPE_CHECKING:
+    from datetime import datetime
     from pathlib import Path
 
     from broker.core.recipe import Recipe
@@ -413,6 +414,16 @@ class Provider(ABC):
         else from the adapter's documented rate and the disk recorded in ``attrs`` (``disk_gib``).  Raises
         NotSupported, TransientError, ProviderError."""
         raise NotSupported(self.name, "stopped_rate", "this provider cannot stop an instance")
+
+    def deadman_rearm_script(self, deadline: datetime, grace_seconds: float, *,
+                             attrs: dict[str, Any] | None = None) -> str | None:
+        """Bash that, run over SSH (the run's key, stdin) on a started instance, arms its node-side dead-man switch
+        again for ``deadline`` (UTC) + ``grace_seconds`` (``broker start``: a stop ends the first boot's switch)
+        with the same code its boot mechanism uses, and prints ``BROKER_DEADMAN_ARMED <fire_at>`` (Unix seconds)
+        once the node confirms it (:func:`broker.core.nodescripts.armed_confirmation`); ``attrs``: the instance's
+        ledger attributes.  None: the adapter cannot re-arm its switch over SSH (``broker start`` then says that
+        only the watchdog guards the deadline)."""
+        return None
 
     # ---- quota requests
     @classmethod

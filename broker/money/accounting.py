@@ -347,15 +347,25 @@ def node_layer(res: Resource, run: Run | None = None) -> str | None:
         return None
     g = a.get("deadman_grace_s")
     grace = f"deadline + {float(g):g} s grace" if isinstance(g, (int, float)) else "deadline + grace"
+    if not switch_armable(res):
+        return None
     from broker.providers import capability
 
-    switch = capability(res.provider, "node_switch")
-    if switch is None:
-        return None
+    return capability(res.provider, "node_switch").format(grace=grace)
+
+
+def switch_armable(res: Resource) -> bool:
+    """Whether ``res``'s provider arms a node-side dead-man switch on it: its ``node_switch`` capability, and where
+    ``node_switch_requires`` names a requirement, the row's attribute of that name (else the setting
+    ``<provider>_<requirement>``, ``OCI_INSTANCE_PRINCIPAL``).  What the row records of an armed switch
+    (``attrs["deadman"]``) is not looked at."""
+    from broker.providers import capability
+
+    if capability(res.provider, "node_switch") is None:
+        return False
     need = capability(res.provider, "node_switch_requires")
-    if need is not None and not (a[need] if need in a else _requirement_setting(res.provider, need)):
-        return None
-    return switch.format(grace=grace)
+    a = res.attrs or {}
+    return need is None or bool(a[need] if need in a else _requirement_setting(res.provider, need))
 
 
 def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str, bool]:

@@ -634,6 +634,56 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     return out
 
 
+def attach(facts_dir=None):
+    """Rank facts and stacks on ``SIGUSR1`` for a rank this shim did not start: a user's own sbatch file starts
+    its ranks itself (torchrun, srun), and the ``sitecustomize.py`` that ``broker slurm submit`` puts first on the
+    job's ``PYTHONPATH`` calls this at every interpreter's start.  Only a torchrun worker (``RANK`` set) is a rank;
+    its ``rank<R>.json`` goes to ``facts_dir`` (else ``$BROKER_FACTS_DIR``) with node (``BROKER_NODE_RANK``, else
+    ``GROUP_RANK``, else ``SLURM_NODEID``), host, pid and script, and :func:`_arm_diagnostics` runs, so
+    ``--dump-stacks`` reads it like a shimmed rank.  Returns whether it attached; never raises."""
+    global _PATH
+    facts_dir = facts_dir or os.environ.get("BROKER_FACTS_DIR")
+    rank = _int("RANK")
+    if not facts_dir or rank is None or _PATH is not None:
+        return False
+    try:
+        os.makedirs(facts_dir, exist_ok=True)
+    except OSError:
+        return False
+    _PATH = os.path.join(facts_dir, "rank%s.json" % rank)
+    node = next((v for v in (_int("BROKER_NODE_RANK"), _int("GROUP_RANK"), _int("SLURM_NODEID")) if v is not None),
+                None)
+    _FACTS.update({"node": node, "host": socket.gethostname(), "pid": os.getpid(), "rank": rank,
+                   "local_rank": _int("LOCAL_RANK"), "world_size": _int("WORLD_SIZE"),
+                   "python": sys.version.split()[0], "script": (sys.argv or [""])[0], "started": time.time(),
+                   "attached": True})
+    _save()
+    _arm_diagnostics(facts_dir, rank)
+    return True
+
+
+#: ``sitecustomize.py`` for a job's ``PYTHONPATH`` (``broker slurm submit``): loads this file (beside it, as
+#: ``rankshim.py``) under a private name and calls :func:`attach`, then runs the ``sitecustomize`` it shadows
+SITECUSTOMIZE = """# broker (generated): rank facts and stacks on SIGUSR1 for the stall watch of `broker slurm submit`
+import importlib.machinery, importlib.util, os, sys
+_d = os.path.dirname(os.path.abspath(__file__))
+if os.environ.get("BROKER_FACTS_DIR") and os.environ.get("RANK"):
+    try:
+        _s = importlib.util.spec_from_file_location("_broker_rankshim", os.path.join(_d, "rankshim.py"))
+        _m = importlib.util.module_from_spec(_s)
+        _s.loader.exec_module(_m)
+        _m.attach()
+    except Exception:
+        pass
+# the sitecustomize this one shadows (a site-packages one, say) still runs
+_s = importlib.machinery.PathFinder.find_spec("sitecustomize", [p for p in sys.path if os.path.abspath(p or ".") != _d])
+if _s is not None and _s.loader is not None:
+    _m = importlib.util.module_from_spec(_s)
+    sys.modules["sitecustomize"] = _m
+    _s.loader.exec_module(_m)
+"""
+
+
 def main(argv):
     global _PATH, _SCRIPT_DIR
     args = list(argv[1:])

@@ -417,12 +417,14 @@ class StallWatch:
     ``stall_s``: seconds without any node's output before the stacks are sampled; ``sample``: returns every rank's
     stacks (:func:`broker.run.rankshim.dump_stacks`'s shape); ``on_stall``: ``stop`` or ``report``; ``run_dir``: where
     ``stall.json`` and ``stacks.txt`` go; ``echo``: receives ``[broker] ...`` lines.  ``world_size``: names ranks
-    that gave no stack.
+    that gave no stack.  ``report_hint``: how the user asks for ``report`` instead (``broker slurm submit`` has
+    no recipe: ``--on-stall report``).
     """
 
     def __init__(self, stall_s: float, sample: Sampler, *, on_stall: str = "stop", run_dir: Path | None = None,
                  echo: Callable[[str], None] | None = None, gap_s: float = SAMPLE_GAP_S,
-                 world_size: int | None = None, clock: Callable[[], float] = time.monotonic):
+                 world_size: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 report_hint: str = "recipe on_stall: report"):
         self.stall_s = float(stall_s)
         self.sample = sample
         self.on_stall = on_stall
@@ -431,6 +433,7 @@ class StallWatch:
         self.gap_s = gap_s
         self.world_size = world_size
         self.clock = clock
+        self.report_hint = report_hint
         self.last_output = clock()
         self.found: Verdict | None = None
         self.reason = ""
@@ -504,7 +507,7 @@ class StallWatch:
                 self._say(ln)
             self._say(f"cause: {v.cause}")
             self._say(f"fix: {v.fix}")
-            self._say("on_stall: stop -> stopping every node (recipe on_stall: report keeps a stalled run going)"
+            self._say(f"on_stall: stop -> stopping every node ({self.report_hint} keeps a stalled run going)"
                       if stop else "on_stall: report -> the run goes on")
             self._write(v, raw2, silent, stop)
         self.reason = (f"stalled: no output for {silent:.0f} s; {v.headline}; stopped every node" if stop else "")

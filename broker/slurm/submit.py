@@ -18,7 +18,14 @@ built.
    streamed as they grow, ``srun --label`` lines (``3: text``) tagged ``[node i]`` (task // ntasks-per-node),
    others ``[batch]`` (the batch shell runs on node 0).  Copies land in the run folder: the two files as Slurm
    named them, ``node<i>.log`` per node.  The cluster's deadline and Ctrl-C end the job with ``scancel``.
-6. **End** with the Slurm state, the exit code and the diagnosis: the catalogue :func:`broker.run.diagnose.explain`
+6. **Stall watch** (``stall_s`` seconds, default 60 as a recipe's; 0 turns it off), as ``broker run`` has: the job's
+   ranks are not started by broker, so a ``sitecustomize.py`` first on the job's ``PYTHONPATH`` gives every torchrun
+   worker (``RANK`` set) rank facts and stacks on ``SIGUSR1`` (:func:`broker.run.rankshim.attach`); when the followed
+   files are silent for ``stall_s`` while the job runs, the ranks' stacks are read on every node by an overlapping
+   ``srun`` step (:func:`broker.slurm.executor.slurm_sampler`) and :class:`broker.run.stall.StallWatch` names the
+   hang (``[broker] rank 0 waits in all_reduce ...``, ``<run>/stall.json``); ``on_stall`` ``stop`` (the default, as
+   the recipe field of ``broker run``) then scancels the job, ``report`` lets it run on.
+7. **End** with the Slurm state, the exit code and the diagnosis: the catalogue :func:`broker.run.diagnose.explain`
    uses for ``broker run``, plus "only node 0 ever started: torchrun is not under srun" when a multi-node job
    whose torchrun runs in the batch shell did not complete.
 """
@@ -128,11 +135,13 @@ class _Stream:
 
 def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | None = None, *, yes: bool = False,
            echo: Say | None = None, say: Say | None = None, poll_s: float = 1.0,
-           report: Callable[[list["Finding"]], None] | None = None) -> Outcome:
+           report: Callable[[list["Finding"]], None] | None = None, stall_s: float = 60.0,
+           on_stall: str = "stop") -> Outcome:
     """Check, record, stage, sbatch and follow ``script`` on the cluster ``cluster_id`` (module docstring).
 
-    ``echo`` gets each log line (``[node i] ...`` / ``[batch] ...``), ``say`` progress, ``report`` the findings
-    before anything is queued.  Raises BadInput (not a cluster, the cluster is down, a file that cannot be read, a
+    ``echo`` gets each log line (``[node i] ...`` / ``[batch] ...``) and the stall watch's ``[broker] ...`` lines,
+    ``say`` progress, ``report`` the findings before anything is queued; ``stall_s``: seconds of silence before the
+    ranks' stacks are read (0: no stall watch), ``on_stall``: ``stop`` (scancel a stalled job) or ``report``.  Raises BadInput (not a cluster, the cluster is down, a file that cannot be read, a
     finding that means it cannot run and no ``yes``), ProviderError (Slurm or SSH refused)."""
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.run.supervisor import RunResult
@@ -172,8 +181,14 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     minutes = facts.minutes_left if facts.minutes_left is not None else 60.0
     recipe = cluster_recipe(re.sub(r"[^A-Za-z0-9_-]", "-", script.stem)[:30] or "job", max(1, nnodes),
                             max_hours=max(minutes / 60, 1 / 3600), budget_usd=run_c.budget_usd or 0.0)
+    if not 0 <= stall_s <= 86400:  # a recipe's stall_s bounds (NaN fails too)
+        raise BadInput(f"--stall-s {stall_s:g} is outside 0..86400 seconds", hint="--stall-s 60 (0: no stall watch)")
+    if on_stall not in ("stop", "report"):
+        raise BadInput(f"--on-stall {on_stall!r} is not stop or report", hint="--on-stall stop (the default) or "
+                       "--on-stall report")
     recipe = recipe.model_copy(update={"name": f"sbatch-{script.stem}", "script": script.resolve(),
-                                       "workdir": script.resolve().parent, "args": list(args or [])})
+                                       "workdir": script.resolve().parent, "args": list(args or []),
+                                       "stall_s": float(stall_s), "on_stall": on_stall})
     run = new_run(ledger, recipe, provider="slurm", topology="slurm",
                   plan={"cluster": run_c.id, "script": str(script.resolve()), "findings": len(findings)})
     ledger.update_run(run.id, deadline=run_c.deadline, budget_usd=run_c.budget_usd)  # the cluster's clock and budget
@@ -216,6 +231,11 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         pydir = str(Path(state.python).parent) if state.python.startswith("/") else None
         prefix = (["env", f"PATH={pydir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
                   if pydir else [])
+        stall = None
+        if stall_s:
+            stall = _stall_hook(sh, base)
+            prefix = (prefix or ["env"]) + [f"PYTHONPATH={stall['hook']}", f"BROKER_FACTS_DIR={stall['facts']}"]
+            stall.update(stall_s=float(stall_s), on_stall=on_stall, python=state.python)
         try:
             job_id = prov.submit(f"{work}/{script.name}", run_id=run.id, extra=extra, args=list(args or []),
                                  prefix=prefix)
@@ -229,7 +249,7 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         say(f"submitted job {job_id} ({name}, {nnodes} node(s)) on cluster {run_c.id}; run {run.id}")
         status, reason, info, out = _follow(prov, sh, attrs, job_id, run, run_c.deadline, h, name, per_node,
                                             nnodes, run_dir, out, echo=echo, say=say, poll_s=poll_s, ledger=ledger,
-                                            res_id=res_id)
+                                            res_id=res_id, stall=stall)
     except BaseException as e:
         interrupted = isinstance(e, KeyboardInterrupt)
         if job_id and info is None:
@@ -261,6 +281,21 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         (run_dir / "diagnosis.txt").write_text("\n".join(out.diagnosis) + "\n")
     end_run(ledger, run.id, result, status=status, message=end_message(job_id, out, reason))
     return out
+
+
+def _stall_hook(sh: Any, base: str) -> dict[str, str]:
+    """Write the stall watch's hook on the cluster: ``<base>/hook/`` with :mod:`broker.run.rankshim` and its
+    :data:`~broker.run.rankshim.SITECUSTOMIZE` (first on the job's ``PYTHONPATH``), and the shared ``<base>/facts``
+    folder the ranks' facts and stacks go to.  Returns ``{"hook", "facts", "shim"}`` (paths on the cluster)."""
+    from broker.run.launch import RANKSHIM
+    from broker.run.rankshim import SITECUSTOMIZE
+
+    hook, facts = f"{base}/hook", f"{base}/facts"
+    sh.mkdir(hook)
+    sh.mkdir(facts)
+    sh.write(f"{hook}/rankshim.py", RANKSHIM.read_text())
+    sh.write(f"{hook}/sitecustomize.py", SITECUSTOMIZE)
+    return {"hook": hook, "facts": facts, "shim": f"{hook}/rankshim.py"}
 
 
 def end_message(job_id: str | None, out: Outcome, reason: str) -> str:
@@ -359,8 +394,9 @@ def is_stream_noise(shown: str) -> bool:
 
 
 def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, run_dir: Path, out: Outcome, *,
-            echo, say, poll_s, ledger, res_id):
-    """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out)."""
+            echo, say, poll_s, ledger, res_id, stall=None):
+    """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out).  ``stall``
+    (:func:`_stall_hook`'s paths with ``stall_s``, ``on_stall``, ``python``): watch the running job for a hang."""
     from broker.core.model import utcnow
 
     logs = {i: run_dir / f"node{i}.log" for i in range(max(1, nnodes))}
@@ -369,10 +405,13 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     out.log_paths = logs
     streams: list[_Stream] = []
 
+    watch = None  # the stall watch, below
     quiet = []  # set once broker cancels the job: what it prints after (torchrun's SignalException) is log only
 
     def on_line(tag: str):
         def f(line: str) -> None:
+            if watch is not None:  # every line of the job's files is progress for the stall watch
+                watch.last_output = watch.clock()
             shown = route_line(line, logs, per_node, tag)
             if echo and not quiet and not is_stream_noise(shown):
                 echo(shown)
@@ -391,6 +430,18 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     last, info, status, reason = "", None, None, ""
     errors = 0
     files_known = False
+    if stall:
+        from broker.run.stall import StallWatch
+        from broker.slurm.executor import slurm_sampler
+
+        def pump_all() -> None:  # output that came while the stacks are read counts as progress
+            for s in streams:
+                s.pump()
+
+        watch = StallWatch(stall["stall_s"], slurm_sampler(sh, job_id, max(1, nnodes), stall["python"],
+                                                           stall["shim"], stall["facts"], before=pump_all),
+                           on_stall=stall["on_stall"], run_dir=run_dir, echo=echo or say,
+                           report_hint="--on-stall report")
     while True:
         try:
             if not files_known:
@@ -434,9 +485,20 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
         if deadline is not None and utcnow() >= deadline:
             reason = f"the cluster's deadline ({deadline.isoformat()}) was reached; cancelled Slurm job {job_id}"
             status = "deadline"
+            if watch is not None and info.state == "RUNNING":
+                watch.at_deadline()
             cancelling()
             info = _cancel(prov, job_id, attrs)
             break
+        if watch is not None:
+            if info.state != "RUNNING":
+                watch.last_output = watch.clock()  # queued time is not silence: the clock starts when it runs
+            elif watch.check():
+                reason = f"{watch.reason}; cancelled Slurm job {job_id}"
+                status = "failed"
+                cancelling()
+                info = _cancel(prov, job_id, attrs)
+                break
         time.sleep(poll_s)
     if not files_known:
         so, se, _ = job_files(sh, job_id, name)

@@ -41,7 +41,8 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     ``timeout_s`` per request, search defaults ``min_reliability`` (0-1), ``min_inet_mbps`` (Mbit/s up and down),
     ``min_cuda`` (driver's max CUDA version), ``limit`` (offers per search), ``price_tolerance`` (fraction a
     re-quoted price may rise before create refuses with OfferGone), ``delete_attempts`` / ``delete_timeout_s``
-    (how long a destroy is retried on 5xx / 429 / 409).
+    (how long a destroy is retried on 5xx / 429 / 409), ``node_dir`` (the instance's folder for broker's files,
+    default ``/root/.broker``).
     """
 
     name = PROVIDER
@@ -90,7 +91,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
                  backoff_s: float = 0.5, sleep: Callable[[float], None] = time.sleep, timeout_s: float = 60.0,
                  min_reliability: float = 0.98, min_inet_mbps: float = 100.0, min_cuda: float = 12.1,
                  limit: int = 64, price_tolerance: float = 0.10, delete_attempts: int = 10,
-                 delete_timeout_s: float = 180.0):
+                 delete_timeout_s: float = 180.0, node_dir: str = NODE_DIR):
         self.api = VastClient(api_key, api_url, max_attempts=max_attempts, backoff_s=backoff_s, sleep=sleep,
                               timeout_s=timeout_s)
         self.min_reliability = min_reliability
@@ -100,6 +101,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
         self.price_tolerance = price_tolerance
         self.delete_attempts = max(1, int(delete_attempts))
         self.delete_timeout_s = delete_timeout_s
+        self.node_dir = node_dir
         self._last_source: str | None = None  # "live" | "snapshot <date>" after offers()
         self._unverified: dict[str, str] = {}
         self._disk_wanted: dict[str, float] = {}

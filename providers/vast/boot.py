@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import base64
 import gzip
-import math
 import shlex
 from datetime import datetime, timezone
 
+from broker.core.nodescripts import armed_confirmation, deadman_fire_at
 from broker.core.provider import BadInput
 
 #: Documented limit of the ``onstart`` field (characters); longer scripts are sent gzip+base64 encoded.
@@ -89,7 +89,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
     Vast.ai instance.
 
     At boot it (a) saves ``CONTAINER_ID`` / ``CONTAINER_API_KEY`` (Vast injects them into PID 1's environment:
-    read from this shell's environment, else ``/proc/1/environ``) into ``<state_dir>/deadman.env`` (mode 0600,
+    read from this shell's environment, else ``/proc/1/environ``, else what an earlier boot saved) into ``<state_dir>/deadman.env`` (mode 0600,
     directory 0700) plus a curl header file, and (b) starts a detached timer (``setsid``; pid in
     ``<state_dir>/deadman.pid``, log ``<state_dir>/deadman.log``) that at ``deadline + grace_seconds`` sends
     ``DELETE <api_url>/api/v0/instances/$CONTAINER_ID/`` with ``Authorization: Bearer $CONTAINER_API_KEY`` (curl,
@@ -108,9 +108,7 @@ def onstart_script(deadline: datetime | None, grace_seconds: float, api_url: str
     d = shlex.quote(state_dir)
     fire_iso = timer = None
     if deadline is not None:
-        if deadline.tzinfo is None:
-            deadline = deadline.replace(tzinfo=timezone.utc)
-        fire_at = int(math.ceil(deadline.timestamp() + grace_seconds))
+        fire_at = deadman_fire_at(deadline, grace_seconds)
         fire_iso = datetime.fromtimestamp(fire_at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         timer = _TIMER.replace("@DIR@", d).replace("@FIRE_AT@", str(fire_at))
     destroy = (_DESTROY.replace("@DIR@", d).replace("@API_URL@", shlex.quote(api_url.rstrip("/")))
@@ -145,6 +143,9 @@ _dms_get() {{
   if [ -z "$v" ] && [ -r /proc/1/environ ]; then
     v=$(tr '\\0' '\\n' < /proc/1/environ | sed -n "s/^$1=//p" | head -n 1)
   fi
+  if [ -z "$v" ] && [ -r "$DIR/deadman.env" ]; then
+    v=$(sed -n "s/^$1=//p" "$DIR/deadman.env" | head -n 1)
+  fi
   printf '%s' "$v"
 }}
 _dms_id=$(_dms_get CONTAINER_ID)
@@ -161,6 +162,19 @@ else
 )
 # --- end of {"dead-man switch" if timer else "idle stop"}
 """
+
+
+def rearm_script(deadline: datetime, grace_seconds: float, api_url: str, *, state_dir: str = NODE_DIR,
+                 retry_seconds: float = 15.0, max_tries: int = 480) -> str:
+    """Bash run over SSH on a started instance (``broker start``) that arms its dead-man switch again for
+    ``deadline + grace_seconds``: the dead-man part of :func:`onstart_script` (the instance's key from the
+    environment, ``/proc/1/environ`` or the first boot's ``<state_dir>/deadman.env``; a timer left by an earlier
+    boot is stopped), then :func:`broker.core.nodescripts.armed_confirmation`: it prints ``BROKER_DEADMAN_ARMED
+    <fire_at>`` only when the new timer runs, else exits 1 saying why."""
+    return (onstart_script(deadline, grace_seconds, api_url, state_dir=state_dir, retry_seconds=retry_seconds,
+                           max_tries=max_tries)
+            + armed_confirmation(f"{state_dir}/deadman.pid", f"{state_dir}/deadman.sh",
+                                 deadman_fire_at(deadline, grace_seconds)))
 
 
 def fit_onstart(script: str, *, limit: int = ONSTART_LIMIT, workdir: str = NODE_DIR) -> str:

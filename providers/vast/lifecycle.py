@@ -169,6 +169,8 @@ class VastLifecycle:
     api: "VastClient"
     price_tolerance: float
     node_workroot: Any
+    #: where the instance keeps broker's files (dead-man switch state): :data:`broker.providers.vast.boot.NODE_DIR`
+    node_dir: str
     delete_attempts: int
     delete_timeout_s: float
     #: describe's ``usd_per_hour`` is the instance's ``dph_total``, which includes its storage at the disk asked
@@ -247,7 +249,8 @@ class VastLifecycle:
         if req.deadline is not None or req.idle_minutes:
             from broker.core.nodescripts import job_done_path
 
-            parts.append(onstart_script(req.deadline, req.grace_seconds, self.api.url, idle_minutes=req.idle_minutes,
+            parts.append(onstart_script(req.deadline, req.grace_seconds, self.api.url, state_dir=self.node_dir,
+                                        idle_minutes=req.idle_minutes,
                                         done_file=job_done_path("root", self.node_workroot)))
         if req.ssh_public_key.strip():
             parts.append(authorized_key_script(req.ssh_public_key))
@@ -508,6 +511,14 @@ class VastLifecycle:
         afterwards: describe again.  Raises ProviderError (refused, e.g. the host's GPUs were rented meanwhile),
         TransientError."""
         self._set_state(provider_id, "running")
+
+    def deadman_rearm_script(self, deadline: datetime, grace_seconds: float, *,
+                             attrs: dict[str, Any] | None = None) -> str | None:
+        """The onstart's dead-man switch again, for the new deadline (:func:`broker.providers.vast.boot.rearm_script`
+        in ``node_dir``): a started container runs its original onstart, whose timer holds the first deadline."""
+        from broker.providers.vast.boot import rearm_script
+
+        return rearm_script(deadline, grace_seconds, self.api.url, state_dir=self.node_dir)
 
     def stopped_rate(self, provider_id: str, *, region: str | None = None,
                      attrs: dict[str, Any] | None = None) -> tuple[float, str]:

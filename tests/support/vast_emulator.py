@@ -80,12 +80,14 @@ class VastEmulator:
     Faults seen on the real API: ``lying_deletes``: how many DELETE calls per instance answer ``{"success": true}``
     while the instance stays listed; ``never_ready``: instances stay ``loading`` (``actual_status`` null, then
     ``loading``) for ever; ``dph_factor``: the instance rows report ``dph_total`` this many times the offer's;
-    ``hostless``: instances are rented without a netns host (nothing to log in to; ``hosts`` may be None)."""
+    ``hostless``: instances are rented without a netns host (nothing to log in to; ``hosts`` may be None);
+    ``bind``: the address it listens on (the netns cluster's ``gateway``, for node-side calls such as the dead-man
+    switch's DELETE)."""
 
     def __init__(self, hosts, *, offers: list[dict[str, Any]] | None = None, boot_s: float = 0.5,
                  sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True,
                  lose_first_keys: int = 0, lying_deletes: int = 0, never_ready: bool = False,
-                 dph_factor: float = 1.0, hostless: bool = False):
+                 dph_factor: float = 1.0, hostless: bool = False, bind: str = "127.0.0.1"):
         from pytest_httpserver import HTTPServer
 
         self.hosts = hosts
@@ -108,7 +110,7 @@ class VastEmulator:
         self._next_id = 31000
         self._lock = threading.RLock()
         self._free_hosts = list(range(hosts.n)) if hosts is not None else []
-        self.server = HTTPServer(host="127.0.0.1", port=0)
+        self.server = HTTPServer(host=bind, port=0)
         s = self.server
         s.expect_request("/api/v0/bundles/", method="POST").respond_with_handler(self._search)
         s.expect_request(re.compile(r"^/api/v0/asks/\d+/$"), method="PUT").respond_with_handler(self._rent)
