@@ -137,7 +137,7 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
     import shlex
 
     from broker.run.kept import kept_cluster
-    from broker.run.sshcluster import SSHCluster
+    from broker.run.sshcluster import run_on_every_node
 
     refuse_stopped(ledger, run_id)
     run, cluster = kept_cluster(ledger, run_id)
@@ -147,25 +147,7 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
         raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
                        hint=f"their folders are under {run.run_dir}")
     line = command[0] if len(command) == 1 else shlex.join(command)
-    ssh = SSHCluster(cluster, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
-    worst = 0
-    try:
-        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(cluster.nodes))],
-                          timeout=timeout_s + 30)
-        for i, r in enumerate(outs):
-            if isinstance(r, BaseException):
-                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
-                worst = max(worst, 255)
-                continue
-            code, out = r
-            for ln in out.splitlines():
-                echo(f"[node {i}] {ln}")
-            if code:
-                echo(f"[node {i}] exit {code}")
-            worst = max(worst, code)
-    finally:
-        ssh.close()
-    return worst
+    return run_on_every_node(cluster, line, run_dir=Path(run.run_dir or "."), echo=echo, timeout_s=timeout_s)
 
 
 def ssh_config(run_id: str, cluster: Any) -> str:
