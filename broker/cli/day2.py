@@ -379,15 +379,13 @@ def clean_candidates(ledger: Any, *, older_than_days: float = 0.0) -> tuple[list
     return todo, refused
 
 
-def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = False) -> tuple[list[str], int]:
-    """Remove the run folders of :func:`clean_candidates` (only inside ``<home>/runs/``); never a run that is
-    active or still has live resources.  Returns (removed run ids, bytes freed)."""
-    todo, _ = clean_candidates(ledger, older_than_days=older_than_days)
+def remove_run_folders(ledger: Any, todo: list[tuple[Any, Path, int]]) -> tuple[list[str], int]:
+    """Remove the folders :func:`clean_candidates` listed (``[(run, resolved folder, bytes)]``), each checked once
+    more by :func:`_remove_run_folder`, with a ledger event per run.  Returns (removed run ids, bytes freed)."""
     removed, freed = [], 0
     for r, path, size in todo:
-        if not dry_run:
-            _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
-            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
+        _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
+        ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
         removed.append(r.id)
         freed += size
     return removed, freed
@@ -663,12 +661,7 @@ def register(app: typer.Typer) -> None:
             if not typer.confirm(f"remove these {len(todo)} run folder(s) ({_mb(total)})?", default=False):
                 console.print("nothing removed.")
                 raise typer.Exit(1)
-        removed, freed = [], 0
-        for r, path, size in todo:
-            _remove_run_folder(r, path)
-            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
-            removed.append(r.id)
-            freed += size
+        removed, freed = remove_run_folders(ledger, todo)
         console.print(f"removed {len(removed)} run folder(s), {_mb(freed)}", highlight=False)
 
 
