@@ -1,7 +1,8 @@
 """Building a million offers against planning over them, in the same run.
 
 Rows are made first as an adapter reads them (dicts of fresh strings and floats: a JSON market answer, a CSV
-catalog), then timed: building ``--offers`` ``broker.core.model.Offer`` objects from them (``broker.core.model.build_offers``) (CPU seconds, and the memory
+catalog), then timed: building ``--offers`` ``broker.core.model.Offer`` objects from them (``Offer(**row)``, as the
+adapters and the catalog build them) (CPU seconds, and the memory
 they hold: resident set growth with the rows already resident), and one ``broker.plan.planner.plan`` call over them
 (2 nodes x 1 GPU >= 16 GiB, 1 h, budget $5, as bench/plan_scale.py).  Rounds alternate build and plan; the
 median of the per-round ratios build / plan is printed with the load average.  Goal: building <= planning,
@@ -28,13 +29,12 @@ sys.path.insert(0, str(REPO / "bench"))
 from plan_scale import CAPS, GPUS, QUOTAS, SHAPES, T0  # noqa: E402
 
 from broker.core.model import Capacity, Offer, Requirements  # noqa: E402
-
-try:
-    from broker.core.model import build_offers
-except ImportError:  # a checkout from before build_offers: what its adapters did
-    def build_offers(rows):
-        return [Offer(**r) for r in rows]
 from broker.plan.planner import plan  # noqa: E402
+
+
+def build_offers(rows: list[dict]) -> list[Offer]:
+    """What the adapters and the catalog do with the rows they read."""
+    return [Offer(**r) for r in rows]
 
 
 def rows(n: int, seed: int = 0) -> list[dict]:

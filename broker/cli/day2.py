@@ -137,7 +137,7 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
     import shlex
 
     from broker.run.kept import kept_cluster
-    from broker.run.sshcluster import SSHCluster
+    from broker.run.sshcluster import run_on_every_node
 
     refuse_stopped(ledger, run_id)
     run, cluster = kept_cluster(ledger, run_id)
@@ -147,25 +147,7 @@ def exec_command(ledger: Any, run_id: str, command: list[str], *, echo: Any, tim
         raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
                        hint=f"their folders are under {run.run_dir}")
     line = command[0] if len(command) == 1 else shlex.join(command)
-    ssh = SSHCluster(cluster, run_dir=Path(run.run_dir or "."), connect_timeout_s=15)
-    worst = 0
-    try:
-        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(cluster.nodes))],
-                          timeout=timeout_s + 30)
-        for i, r in enumerate(outs):
-            if isinstance(r, BaseException):
-                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
-                worst = max(worst, 255)
-                continue
-            code, out = r
-            for ln in out.splitlines():
-                echo(f"[node {i}] {ln}")
-            if code:
-                echo(f"[node {i}] exit {code}")
-            worst = max(worst, code)
-    finally:
-        ssh.close()
-    return worst
+    return run_on_every_node(cluster, line, run_dir=Path(run.run_dir or "."), echo=echo, timeout_s=timeout_s)
 
 
 def ssh_config(run_id: str, cluster: Any) -> str:
@@ -397,15 +379,13 @@ def clean_candidates(ledger: Any, *, older_than_days: float = 0.0) -> tuple[list
     return todo, refused
 
 
-def clean_runs(ledger: Any, *, older_than_days: float = 0.0, dry_run: bool = False) -> tuple[list[str], int]:
-    """Remove the run folders of :func:`clean_candidates` (only inside ``<home>/runs/``); never a run that is
-    active or still has live resources.  Returns (removed run ids, bytes freed)."""
-    todo, _ = clean_candidates(ledger, older_than_days=older_than_days)
+def remove_run_folders(ledger: Any, todo: list[tuple[Any, Path, int]]) -> tuple[list[str], int]:
+    """Remove the folders :func:`clean_candidates` listed (``[(run, resolved folder, bytes)]``), each checked once
+    more by :func:`_remove_run_folder`, with a ledger event per run.  Returns (removed run ids, bytes freed)."""
     removed, freed = [], 0
     for r, path, size in todo:
-        if not dry_run:
-            _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
-            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
+        _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
+        ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
         removed.append(r.id)
         freed += size
     return removed, freed
@@ -681,12 +661,7 @@ def register(app: typer.Typer) -> None:
             if not typer.confirm(f"remove these {len(todo)} run folder(s) ({_mb(total)})?", default=False):
                 console.print("nothing removed.")
                 raise typer.Exit(1)
-        removed, freed = [], 0
-        for r, path, size in todo:
-            _remove_run_folder(r, path)
-            ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
-            removed.append(r.id)
-            freed += size
+        removed, freed = remove_run_folders(ledger, todo)
         console.print(f"removed {len(removed)} run folder(s), {_mb(freed)}", highlight=False)
 
 

@@ -127,7 +127,9 @@ class OfferGone(ProviderError):
 
 
 class AuthError(ProviderError):
-    """Credentials missing or rejected: the provider is unusable until configured (hint says how)."""
+    """Credentials missing or rejected: the provider is unusable until configured (hint says how).  Exit 4 on
+    every command, also when the plan itself fits (a price snapshot's option that no configured provider can
+    rent is a provider that is not configured, not a plan that does not fit)."""
 
 
 class TransientError(ProviderError):

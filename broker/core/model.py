@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from broker.core.records import Cluster, ClusterNode, Resource, Run  # noqa: F401
@@ -159,20 +159,6 @@ class Offer:
         kw["price_time"] = parse_time(kw.get("price_time"))
         kw["attrs"] = dict(kw.get("attrs") or {})
         return cls(**kw)
-
-
-def build_offers(rows: Iterable[dict[str, Any]]) -> list[Offer]:
-    """``Offer(**row)`` for every keyword row, with Python's cyclic garbage collector paused meanwhile: offers make
-    no reference cycles, and the collector re-scanning every offer built so far was 40 % of building a million."""
-    import gc
-
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        return [Offer(**r) for r in rows]
-    finally:
-        if was:
-            gc.enable()
 
 
 #: the slot setters of Offer in field order (what its __init__ sets: member descriptors skip the frozen check)

@@ -139,25 +139,32 @@ class Provider(ABC):
         return "letters, digits and . _ : @ - only"
 
     # ---- regions
+    #: the form of this provider's region names (a full-match regular expression), words for it (error messages)
+    #: and one example; adapters narrow the default (lowercase letters, digits and ``-``: never a dot, a slash or
+    #: ``@``) to their own form, as data: :meth:`valid_region`, :meth:`region_form` and :meth:`region_example`
+    #: read these
+    region_pattern: ClassVar[str] = r"[a-z0-9]+(?:-[a-z0-9]+)*"
+    region_words: ClassVar[str] = "lowercase letters, digits and -"
+    region_sample: ClassVar[str] = "us-east-1"
+
     @classmethod
     def valid_region(cls, region: str) -> bool:
-        """Whether ``region`` has the form of this provider's region names.  A region setting may come from a
-        folder's ``.env`` and SDKs build endpoint host names from it, so it is checked
-        (:func:`broker.core.config.check_region`).  Default: lowercase letters, digits and ``-`` (never a dot, a
-        slash or ``@``); adapters narrow it (OCI ``us-ashburn-1``, AWS ``us-east-1``)."""
+        """Whether ``region`` has the form of this provider's region names (:attr:`region_pattern`).  A region
+        setting may come from a folder's ``.env`` and SDKs build endpoint host names from it, so it is checked
+        (:func:`broker.core.config.check_region`)."""
         import re
 
-        return isinstance(region, str) and re.fullmatch(r"[a-z0-9]+(?:-[a-z0-9]+)*", region) is not None
+        return isinstance(region, str) and re.fullmatch(cls.region_pattern, region) is not None
 
     @classmethod
     def region_form(cls) -> str:
-        """Words for the form :meth:`valid_region` accepts (for error messages)."""
-        return "lowercase letters, digits and -"
+        """Words for the form :meth:`valid_region` accepts (for error messages): :attr:`region_words`."""
+        return cls.region_words
 
     @classmethod
     def region_example(cls) -> str:
-        """A region name of the form :meth:`valid_region` accepts (for error messages)."""
-        return "us-east-1"
+        """A region name of the form :meth:`valid_region` accepts (for error messages): :attr:`region_sample`."""
+        return cls.region_sample
 
     @classmethod
     def require_id(cls, kind: str, provider_id: str, call: str) -> str:

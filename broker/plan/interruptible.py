@@ -182,14 +182,6 @@ def expected(units: int, rate_usd_per_hour: float, hours: float, allowance_s: fl
     return units * rate_usd_per_hour * billed_h, k
 
 
-def worst_case(units: int, rate_usd_per_hour: float, hours: float, allowance_s: float, max_restarts: int,
-               min_billed_seconds: float = 0.0) -> float:
-    """Worst-case USD of an interruptible option: every unit billed for ``hours`` of job time plus
-    ``max_restarts + 1`` setup allowances (what the budget must cover)."""
-    s = pricing.billed_seconds(hours * 3600.0 + (max_restarts + 1) * allowance_s, min_billed_seconds)
-    return pricing.cost_usd(units, rate_usd_per_hour, s)
-
-
 def deadline_seconds(opt: PlanOption) -> float:
     """Seconds of billed time the option's worst case covers: job hours plus one setup allowance per attempt."""
     allow = pricing.setup_allowance_seconds(opt.provider)

@@ -164,11 +164,6 @@ def vcpus_to_instances(spec: InstanceSpec, vcpus: float) -> int:
     return int(math.floor(vcpus / spec.vcpus + 1e-9)) if spec.vcpus else 0
 
 
-def gpus_to_vcpus(spec: InstanceSpec, gpus: int) -> int:
-    """vCPUs of quota needed to hold ``gpus`` GPUs of this type (whole instances, rounded up)."""
-    return instances_to_vcpus(spec, math.ceil(gpus / spec.gpus)) if spec.gpus else 0
-
-
 def _counts_vcpus(provider: str) -> bool:
     """Whether ``provider``'s GPU limits count vCPUs (its ``quota_unit`` capability; else GPUs)."""
     return capability(provider, "quota_unit") == "vcpus"

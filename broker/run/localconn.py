@@ -264,6 +264,7 @@ class LocalConnection:
                 os.killpg(p.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            await p.wait()  # reaped here, on the loop: a transport left to the collector outlives its loop
             return _Result(None, f"timed out after {timeout:.0f} s")
 
     def start_sftp_client(self) -> LocalSFTP:

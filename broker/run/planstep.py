@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 
 from broker.core.model import Plan, PlanOption
-from broker.core.provider import AuthError, NoValidPlan
+from broker.core.provider import AuthError
 from broker.core.recipe import Recipe
 
 
@@ -29,7 +29,9 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
     """Plan ``recipe`` over every provider (``provider`` None) or one, and return the plan and the ranked valid
     options broker can act on: this machine, or clouds whose credentials are configured (a snapshot price cannot
-    be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options, or the credentials needed.
+    be rented).  Raises NoValidPlan (exit 3) naming the cheapest rejected options when no option fits; AuthError
+    (exit 4, a provider that is not configured) naming the credentials needed when options fit but none of them is
+    on a provider with credentials.
     """
     from broker.plan.facts import DEFAULT_PROVIDERS, gather, log_plan
     from broker.plan.planner import plan as make_plan
@@ -66,9 +68,11 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
                             "price snapshot and nothing can be rented", hint=missing.get(provider) or None)
         need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
         cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
-        raise NoValidPlan(f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
-                          f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
-                          hint=f"configure one (see .env.example): {need}{cpu}{free_try_hint(recipe)}")
+        # a plan exists; what stops the run is providers that are not configured: exit 4, as with --provider
+        raise AuthError(", ".join(p for p, why in missing.items() if why), "credentials check",
+                        f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
+                        f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
+                        hint=f"configure one (see .env.example): {need}{cpu}{free_try_hint(recipe)}")
     return plan, usable
 
 

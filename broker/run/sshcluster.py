@@ -261,6 +261,37 @@ class SSHCluster:
         return self.loop.call(_g(), timeout=timeout)
 
 
+def run_on_every_node(cluster: Cluster, line: str, *, run_dir: Path, echo: Callable[[str], None],
+                      timeout_s: float = 600.0) -> int:
+    """Run the shell ``line`` on every node of ``cluster`` at once over SSH (:meth:`SSHCluster.gather`), then print
+    each node's output as ``[node i] line`` through ``echo``, node by node, with ``[node i] exit N`` after a non-zero
+    status and ``[node i] cannot run it: why`` for a node not reached.  ``timeout_s``: seconds each node's command
+    may run.  Returns the highest exit status (255, OpenSSH's convention: a node not reached, or one whose command
+    was still running after ``timeout_s``)."""
+    ssh = SSHCluster(cluster, run_dir=run_dir, connect_timeout_s=15)
+    worst = 0
+    try:
+        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(cluster.nodes))],
+                          timeout=timeout_s + 30)
+        for i, r in enumerate(outs):
+            if isinstance(r, BaseException):
+                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
+                worst = max(worst, 255)
+                continue
+            code, out = r
+            for ln in out.splitlines():
+                echo(f"[node {i}] {ln}")
+            if code is None:  # no exit status: the command outlived timeout_s (its output says so)
+                echo(f"[node {i}] no exit status after {timeout_s:g} s")
+                code = 255
+            elif code:
+                echo(f"[node {i}] exit {code}")
+            worst = max(worst, code)
+    finally:
+        ssh.close()
+    return worst
+
+
 class RemoteNode:
     """A torchrun running on a node over SSH; implements :class:`broker.run.supervisor.NodeHandle`.
 

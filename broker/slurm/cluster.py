@@ -517,7 +517,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     when the cluster is down or no command is given."""
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.core.records import Cluster
-    from broker.run.sshcluster import SSHCluster
+    from broker.run.sshcluster import run_on_every_node
 
     try:
         run = ledger.find_run(run_id)
@@ -549,25 +549,7 @@ def exec_on_cluster(ledger: "Ledger", run_id: str, command: list[str], *, echo: 
     echo = echo or print
     line = f"export SLURM_CONF={shlex.quote(state.conf)}; " + (command[0] if len(command) == 1 else
                                                                shlex.join(command))
-    ssh = SSHCluster(cl, run_dir=folder, connect_timeout_s=15)
-    worst = 0
-    try:
-        outs = ssh.gather([ssh.arun(i, line, timeout=timeout_s) for i in range(len(state.nodes))],
-                          timeout=timeout_s + 30)
-        for i, r in enumerate(outs):
-            if isinstance(r, BaseException):
-                echo(f"[node {i}] cannot run it: {getattr(r, 'message', None) or r}")
-                worst = max(worst, 255)
-                continue
-            code, out = r
-            for ln in out.splitlines():
-                echo(f"[node {i}] {ln}")
-            if code:
-                echo(f"[node {i}] exit {code}")
-            worst = max(worst, code)
-    finally:
-        ssh.close()
-    return worst
+    return run_on_every_node(cl, line, run_dir=folder, echo=echo, timeout_s=timeout_s)
 
 
 # --------------------------------------------------------------------------------------------------- status

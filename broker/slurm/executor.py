@@ -233,7 +233,7 @@ def render_sbatch(recipe: Recipe, *, partition: str | None = None, account: str 
         # --cpus-per-task again: srun 22.05 no longer inherits it from the job (each step would get 1 CPU)
         f'STEP=(srun --nodes={n} --ntasks-per-node=1 --cpus-per-task={cpus}'
         + (f" --gpus-per-node={g}" if gpus else "")
-        + ' --kill-on-bad-exit=1 --open-mode=append --output="$LOG_DIR/%x-%j-node%n.out")',
+        + f' --kill-on-bad-exit=1 --open-mode=append --output="{node_log_pattern("$LOG_DIR")}")',
     ]
     if recipe.setup:
         setup = " && ".join(f"( {c} )" for c in recipe.setup)

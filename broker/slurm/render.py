@@ -299,37 +299,6 @@ def cloud_onstart(shared_dir: str = CLOUD_SHARED_DIR) -> str:
     ]) + "\n"
 
 
-def cloud_config(role: str, *, shared_dir: str = CLOUD_SHARED_DIR, cidr: str | None = None,
-                 server_ip: str | None = None) -> str:
-    """A ``#cloud-config`` document for one node of a cloud Slurm cluster: ``role`` ``server`` (node 0: Slurm +
-    MUNGE + nfs-kernel-server, ``shared_dir`` exported read-write to ``cidr`` only) or ``client`` (nfs-common,
-    ``shared_dir`` mounted from ``server_ip`` at the same path, retried until the server answers).  For images
-    and providers where the user data can differ per node; broker's own flow uses :func:`cloud_onstart` plus the
-    same steps over SSH."""
-    import yaml
-
-    if role not in ("server", "client"):
-        raise BadInput(f"cloud-config role {role!r}: server or client")
-    doc: dict[str, Any] = {"package_update": True, "packages": ["slurm-wlm", "munge"]}
-    if role == "server":
-        if not cidr:
-            raise BadInput("the NFS server needs the private network's CIDR (never exported to the world)")
-        doc["packages"].append("nfs-kernel-server")
-        doc["write_files"] = [{"path": "/etc/exports.d/broker.exports", "permissions": "0644",
-                               "content": export_line(shared_dir, cidr) + "\n"}]
-        doc["runcmd"] = [["mkdir", "-p", shared_dir], ["chmod", "1777", shared_dir],
-                         ["systemctl", "enable", "--now", "nfs-server"], ["exportfs", "-ra"],
-                         ["systemctl", "disable", "--now", "slurmd", "slurmctld"]]
-    else:
-        if not server_ip:
-            raise BadInput("an NFS client needs node 0's private address")
-        doc["packages"].append("nfs-common")
-        doc["runcmd"] = [["mkdir", "-p", shared_dir],
-                         ["sh", "-c", mount_loop(server_ip, shared_dir)],
-                         ["systemctl", "disable", "--now", "slurmd", "slurmctld"]]
-    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False)
-
-
 def export_line(shared_dir: str, cidr: str) -> str:
     """``/etc/exports`` line: the private network only, read-write, root kept (jobs run as root)."""
     return f"{shared_dir} {cidr}(rw,sync,no_subtree_check,no_root_squash)"

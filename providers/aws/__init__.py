@@ -62,7 +62,6 @@ __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "
 _AWS_ID = re.compile(r"([a-z]+)-[0-9a-f]{1,17}")
 _AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 #: an AWS region code (docs.aws.amazon.com "Regions and Zones"): us-east-1, us-gov-west-1, ap-southeast-2
-_AWS_REGION = re.compile(r"[a-z]{2}(?:-gov)?-[a-z]+-\d{1,2}")
 #: ledger kind -> EC2 id prefix
 _AWS_PREFIX = {"instance": "i", "security_group": "sg", "volume": "vol", "subnet": "subnet", "vpc": "vpc",
                "route_table": "rtb", "internet_gateway": "igw", "nat_gateway": "nat"}
@@ -86,6 +85,11 @@ class AWSProvider(Provider):
     quota = True
     quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
     quota_scope = "region"
+    #: AWS region codes are ``<geo>[-gov]-<direction>-<n>`` (``us-east-1``, ``us-gov-west-1``, ``ap-southeast-2``);
+    #: boto3 builds ``ec2.<region>.amazonaws.com`` from them, so nothing else is accepted
+    region_pattern = r"[a-z]{2}(?:-gov)?-[a-z]+-\d{1,2}"
+    region_words = "<geo>[-gov]-<direction>-<number>, e.g. us-east-1"
+    region_sample = "us-east-1"
     node_switch = "scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
     node_switch_requires = None
     setup_allowance_s = 600
@@ -128,16 +132,6 @@ class AWSProvider(Provider):
         from broker.providers.aws.snapshot import snapshot_rows
 
         return snapshot_rows(reference_dir)
-
-    @classmethod
-    def valid_region(cls, region: str) -> bool:
-        """AWS region codes are ``<geo>[-gov]-<direction>-<n>`` (``us-east-1``, ``us-gov-west-1``,
-        ``ap-southeast-2``); boto3 builds ``ec2.<region>.amazonaws.com`` from them, so nothing else is accepted."""
-        return isinstance(region, str) and _AWS_REGION.fullmatch(region) is not None
-
-    @classmethod
-    def region_form(cls) -> str:
-        return "<geo>[-gov]-<direction>-<number>, e.g. us-east-1"
 
     @classmethod
     def id_form(cls, kind: str) -> str:

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_IMAGE", "DELETE_ORDER", "GCPApi", "GCPProvider", "PROVIDER", "TOKEN_TAG", "parse_type",
            "snapshot_offers"]
 
-_REGION = re.compile(r"[a-z]+-[a-z]+\d+")
 _ZONE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 _NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 
@@ -78,6 +77,10 @@ class GCPProvider(Provider):
     quota = True
     quota_unit = "gpus"  # NVIDIA_<MODEL>_GPUS, GPUS_ALL_REGIONS (CPU metrics come as vcpus Quotas beside them)
     quota_scope = "region"
+    #: Compute Engine regions are ``<area>-<direction><n>`` (``us-central1``, ``europe-west4``)
+    region_pattern = r"[a-z]+-[a-z]+\d+"
+    region_words = "<area>-<direction><n>, e.g. us-central1"
+    region_sample = "us-central1"
     node_switch = "self-delete with the VM's service account at {grace} (else power off)"
     node_switch_requires = None
     setup_allowance_s = 900  # DLVM first boot installs the NVIDIA driver
@@ -118,18 +121,6 @@ class GCPProvider(Provider):
     def id_form(cls, kind: str) -> str:
         return {"instance": "<zone>:<name>", "boot_volume": "<zone>:<name>",
                 "subnet": "<region>:<name>"}.get(kind, "a GCE name ([a-z][-a-z0-9]*, at most 63)")
-
-    @classmethod
-    def valid_region(cls, region: str) -> bool:
-        return isinstance(region, str) and _REGION.fullmatch(region) is not None
-
-    @classmethod
-    def region_form(cls) -> str:
-        return "<area>-<direction><n>, e.g. us-central1"
-
-    @classmethod
-    def region_example(cls) -> str:
-        return "us-central1"
 
     @classmethod
     def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:

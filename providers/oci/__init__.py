@@ -65,7 +65,6 @@ _OCID = re.compile(r"ocid1\.[a-z0-9_-]+\.[a-z0-9_-]+\.[a-z0-9_-]*(\.[a-z0-9_-]+)
 
 
 #: an OCI region identifier (docs.oracle.com "Regions and Availability Domains"): us-ashburn-1, ap-chuncheon-1
-_OCI_REGION = re.compile(r"[a-z]+-[a-z]+-\d+")
 
 
 class OCIProvider(Provider):
@@ -93,6 +92,11 @@ class OCIProvider(Provider):
     quota = True
     quota_unit = "gpus"  # gpu-<model>-count limits
     quota_scope = "AD"
+    #: OCI region identifiers are ``<area>-<city>-<n>`` (``us-ashburn-1``, ``eu-frankfurt-1``); the SDK builds
+    #: ``iaas.<region>.oraclecloud.com`` from them, so nothing else is accepted
+    region_pattern = r"[a-z]+-[a-z]+-\d+"
+    region_words = "<area>-<city>-<number>, e.g. us-ashburn-1"
+    region_sample = "us-ashburn-1"
     #: an in-OS shutdown does not stop OCI GPU billing: only an API terminate with an instance principal does
     node_switch = "self-terminate with an instance principal at {grace}"
     node_switch_requires = "instance_principal"
@@ -130,20 +134,6 @@ class OCIProvider(Provider):
         from broker.providers.oci.snapshot import snapshot_rows
 
         return snapshot_rows(reference_dir)
-
-    @classmethod
-    def valid_region(cls, region: str) -> bool:
-        """OCI region identifiers are ``<area>-<city>-<n>`` (``us-ashburn-1``, ``eu-frankfurt-1``); the SDK builds
-        ``iaas.<region>.oraclecloud.com`` from them, so nothing else is accepted."""
-        return isinstance(region, str) and _OCI_REGION.fullmatch(region) is not None
-
-    @classmethod
-    def region_form(cls) -> str:
-        return "<area>-<city>-<number>, e.g. us-ashburn-1"
-
-    @classmethod
-    def region_example(cls) -> str:
-        return "us-ashburn-1"
 
     @classmethod
     def id_form(cls, kind: str) -> str:

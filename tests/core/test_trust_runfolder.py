@@ -201,7 +201,7 @@ def test_clean_refuses_a_row_naming_another_runs_folder(broker_home, cli_env):
     assert "refused" in r.stderr and "20261201-000000-crafted" in r.stderr, r.stderr
 
 
-def test_clean_removes_the_checked_path_not_a_swapped_symlink(broker_home, tmp_path, monkeypatch):
+def test_clean_removes_the_checked_path_not_a_swapped_symlink(broker_home, tmp_path):
     """The race: a row's run_dir reached the home through a symlinked parent; clean checked it, then the symlink
     was pointed at a victim and the unresolved path was rmtree-d there.  Now the resolved path is removed."""
     from broker.cli import day2
@@ -216,17 +216,11 @@ def test_clean_removes_the_checked_path_not_a_swapped_symlink(broker_home, tmp_p
     (victim / "runs" / run_id).mkdir(parents=True)
     (victim / "runs" / run_id / "victim").write_text("keep me")
     _ended(broker_home, run_id, str(alias / "runs" / run_id))
-    orig = day2.clean_candidates
-
-    def then_swap(*a, **kw):
-        out = orig(*a, **kw)
-        alias.unlink()
-        alias.symlink_to(victim)  # what another user does between the check and the removal
-        return out
-
-    monkeypatch.setattr(day2, "clean_candidates", then_swap)
     lg = Ledger(broker_home / "ledger.sqlite")
-    removed, _ = day2.clean_runs(lg)
+    todo, _ = day2.clean_candidates(lg)  # what `broker clean` lists and asks about
+    alias.unlink()
+    alias.symlink_to(victim)  # what another user does between the check and the removal
+    removed, _ = day2.remove_run_folders(lg, todo)
     assert (victim / "runs" / run_id / "victim").exists()
     assert removed == [run_id] and not real.exists()
 

@@ -5,7 +5,6 @@ clouds' stop / start at their real boundaries (the Vast emulator, the real oci S
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -17,9 +16,8 @@ from broker.core.records import Resource, Run
 from broker.money.accounting import now_sql_params, resource_cost, spent_usd_sql
 from broker.money.ledger import SCHEMA_VERSION, Ledger
 from tests.conftest import REPO
+from tests.support.ledgers import schema_1_ledger
 
-#: the resources table as schema 1 wrote it (before stop / start)
-SCHEMA_1 = Path(__file__).with_name("ledger_schema_1.sql")
 
 
 def _run(ledger: Ledger, provider: str, *, status: str = "succeeded", budget: float | None = None) -> Run:
@@ -45,10 +43,8 @@ def _sql_spent(ledger: Ledger, rid: str, now) -> float:
 # ------------------------------------------------------------------------------------------- ledger + money
 def test_a_schema_1_ledger_is_migrated_on_open_and_its_rows_keep_their_cost(tmp_path):
     path = tmp_path / "ledger.sqlite"
-    db = sqlite3.connect(path)
-    db.executescript(SCHEMA_1.read_text())
+    db = schema_1_ledger(path)
     t0 = (utcnow() - timedelta(hours=2)).isoformat()
-    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     db.execute("INSERT INTO runs (id, name, status, created_at, provider, topology) VALUES "
                "('r1', 'old', 'succeeded', ?, 'vast', 'simulated')", (t0,))
     db.execute("INSERT INTO resources (id, run_id, provider, kind, name, provider_id, state, usd_per_hour, "

@@ -6,7 +6,7 @@ import pytest
 from dataclasses import replace
 
 from broker.core.model import Quota
-from broker.plan.quota import (default_reason, desired_value, explain_usage, gpus_to_instances, gpus_to_vcpus,
+from broker.plan.quota import (default_reason, desired_value, explain_usage, gpus_to_instances,
                           instance_specs, instances_allowed, instances_to_gpus, instances_to_vcpus, limit_for, needs_for,
                           units_needed, vcpus_to_instances, verdict)
 from broker.providers.aws.limits import AWS_QUOTA_CODES, aws_family, aws_quota_code
@@ -59,7 +59,6 @@ def test_aws_conversions_every_type(it):
         assert vcpus_to_instances(s, k * vcpus) == k
         assert vcpus_to_instances(s, k * vcpus - 1) == k - 1  # one vCPU short = one instance fewer
         assert gpus_to_instances(s, k * gpus) == k
-        assert gpus_to_vcpus(s, k * gpus) == k * vcpus
         assert instances_allowed("aws", s, k * vcpus) == k
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -290,13 +289,9 @@ def test_copy_back_respects_the_size_cap(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------------- ledger
 def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
     path = tmp_path / "ledger.sqlite"
-    from broker.money import ledger as L
+    from tests.support.ledgers import schema_1_ledger
 
-    old_schema = L._SCHEMA.split("CREATE TABLE IF NOT EXISTS attempts")[0] + \
-        "CREATE TABLE IF NOT EXISTS quota_requests" + L._SCHEMA.split("CREATE TABLE IF NOT EXISTS quota_requests")[1]
-    db = sqlite3.connect(path)
-    db.executescript(old_schema)
-    db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    db = schema_1_ledger(path)
     db.execute("INSERT INTO events (at, run_id, actor, action) VALUES ('2026-01-01T00:00:00+00:00', 'x', 'cli', 'a')")
     db.commit()
     db.close()

@@ -1,4 +1,5 @@
-"""`broker run recipes/ddp_spot.yaml` without cloud credentials ends at exit 3 with the free ways to try it
+"""`broker run recipes/ddp_spot.yaml` without cloud credentials ends at exit 4 (a provider that is not
+configured, as with `--provider`) with the free ways to try it
 (`--provider local` here, `broker plan --recipe` for the interruptible option); `--provider local` on an
 interruptible: true recipe says once that interruptible does not apply on this machine."""
 
@@ -21,8 +22,8 @@ def test_no_credentials_hint_names_the_free_ways_to_try_it(cli_env, tmp_path):
     p = subprocess.run(broker_cmd("run", "recipes/ddp_spot.yaml"), cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, timeout=120)
     text = " ".join((p.stdout + p.stderr).split())
-    assert p.returncode == 3, text
-    assert "no provider with credentials can serve ddp-spot" in text
+    assert p.returncode == 4, text
+    assert "credentials check failed" in text and "no provider with credentials can serve ddp-spot" in text
     assert "`broker run recipes/ddp_spot.yaml --provider local`" in text and "nothing is preempted" in text
     assert "`broker plan --recipe recipes/ddp_spot.yaml` shows the interruptible option" in text
 
@@ -35,3 +36,29 @@ def test_provider_local_says_once_that_interruptible_does_not_apply():
     said.clear()
     choose_target(load_recipe(REPO / "recipes" / "ddp_2node.yaml"), RunRequest(provider="local"), say=said.append)
     assert not any("interruptible" in s for s in said), said
+
+
+def _no_cloud_env(cli_env, tmp_path) -> dict[str, str]:
+    env = {k: v for k, v in cli_env.items() if k not in CLOUD_VARS}
+    env.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), OCI_CONFIG_FILE=str(tmp_path / "none"))
+    return env
+
+
+def _broker(env, *args: str) -> tuple[int, str]:
+    p = subprocess.run(broker_cmd(*args), cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=120)
+    return p.returncode, " ".join((p.stdout + p.stderr).split())
+
+
+def test_not_configured_is_exit_4_on_every_command_path(cli_env, tmp_path):
+    """A provider that is not configured is a provider error (exit 4, README's table) wherever it stops a
+    command: `broker run` planning over every provider, `broker run --topology hybrid`, and `broker slurm up` on a
+    cloud for CPU nodes (checked before planning) and for GPU nodes (through the run's plan step).  `broker run`
+    without --provider said 3 (no valid plan) although its plan fitted."""
+    env = _no_cloud_env(cli_env, tmp_path)
+    code, text = _broker(env, "run", "recipes/ddp_2node.yaml", "--topology", "hybrid")
+    assert code == 4 and "credentials check failed" in text, text
+    for extra in ([], ["--gpus"]):
+        code, text = _broker(env, "slurm", "up", "--provider", "aws", "--nodes", "2", "--yes", *extra)
+        assert code == 4 and "aws: credentials check failed" in text and "nothing" in text, (extra, text)

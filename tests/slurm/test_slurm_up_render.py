@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from broker.slurm import cluster as sc
 from broker.slurm import render
@@ -152,30 +151,18 @@ def test_stop_script_stops_daemons_by_pid(tmp_path):
     assert out.split() == [f"STILL={procs[1].pid}", "STOPPED=3"]
 
 
-def test_cloud_config_server_exports_to_the_private_network_only():
-    doc = render.cloud_config("server", cidr="10.0.0.0/24")
-    assert doc.startswith("#cloud-config\n")
-    d = yaml.safe_load(doc)
-    assert {"slurm-wlm", "munge", "nfs-kernel-server"} <= set(d["packages"])
-    exports = d["write_files"][0]
-    assert exports["path"] == "/etc/exports.d/broker.exports"
-    assert exports["content"].strip() == "/srv/broker-shared 10.0.0.0/24(rw,sync,no_subtree_check,no_root_squash)"
-    assert ["exportfs", "-ra"] in d["runcmd"]
-    assert ["systemctl", "disable", "--now", "slurmd", "slurmctld"] in d["runcmd"]
-    with pytest.raises(BadInput):
-        render.cloud_config("server")  # never exported to the world
-    with pytest.raises(BadInput):
-        render.cloud_config("peer", cidr="10.0.0.0/24")
+def test_nfs_server_script_exports_to_the_private_network_only():
+    script = render.nfs_server_script("/srv/broker-shared", "10.0.0.0/24")
+    assert ("echo '/srv/broker-shared 10.0.0.0/24(rw,sync,no_subtree_check,no_root_squash)' > "
+            "/etc/exports.d/broker.exports") in script
+    assert script.startswith("set -e;") and script.endswith("exportfs -ra")
 
 
-def test_cloud_config_client_mounts_node0_at_the_same_path():
-    d = yaml.safe_load(render.cloud_config("client", server_ip="10.0.0.10"))
-    assert "nfs-common" in d["packages"] and "nfs-kernel-server" not in d["packages"]
-    mount = d["runcmd"][1][2]
+def test_nfs_client_script_mounts_node0_at_the_same_path():
+    mount = render.nfs_client_script("10.0.0.10", "/srv/broker-shared")
+    assert mount.startswith("set -e; mkdir -p /srv/broker-shared;")
     assert "mount -t nfs" in mount and "10.0.0.10:/srv/broker-shared /srv/broker-shared" in mount
     assert mount.endswith("mountpoint -q /srv/broker-shared")  # the step fails when it never mounted
-    with pytest.raises(BadInput):
-        render.cloud_config("client")
 
 
 def test_cloud_onstart_and_nfs_scripts_are_valid_shell():

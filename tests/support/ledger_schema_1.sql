@@ -1,4 +1,5 @@
--- the ledger schema 1 as broker wrote it before stop / start (tests/test_stop_start.py migrates it)
+-- the ledger schema 1 as broker wrote it before stop / start and attempt rows, frozen (tests/support/ledgers.py;
+-- tests/money/test_stop_start.py and tests/run/test_preempt.py migrate it)
 
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
