@@ -72,7 +72,8 @@ class AWSProvider(Provider):
 
     Arguments (all optional, for tests and embedding): ``session`` a ``boto3.session.Session``; ``endpoint_url``
     (default ``AWS_ENDPOINT_URL``); ``region`` (default ``AWS_DEFAULT_REGION``, else the session's, else
-    us-east-1); ``client_factory(service, region, config)`` returning a client (e.g. one wrapped in a Stubber).
+    us-east-1); ``client_factory(service, region, config)`` returning a client (e.g. one wrapped in a Stubber);
+    ``ssh_user`` (default ``AWS_SSH_USER``, else ``ubuntu``: the Deep Learning AMI's) the image's login user.
     The constructor does no I/O.
     """
 
@@ -155,8 +156,13 @@ class AWSProvider(Provider):
     ssh_ready_timeout_s: ClassVar[float] = 420.0
 
     def __init__(self, session: Any = None, endpoint_url: str | None = None, region: str | None = None,
-                 client_factory: ClientFactory | None = None):
+                 client_factory: ClientFactory | None = None, ssh_user: str | None = None):
+        import os
+
         self.api = AWSApi(session=session, endpoint_url=endpoint_url, region=region, client_factory=client_factory)
+        #: the image's login user: the key goes into its home, broker logs in as it (AWS_AMI_ID may name an image
+        #: whose user is not the Deep Learning AMI's ``ubuntu``: ec2-user on Amazon Linux, say)
+        self.ssh_user = ssh_user or os.environ.get("AWS_SSH_USER") or SSH_USER
         self._cache = _offers.OfferCache()
 
     @property
@@ -257,12 +263,13 @@ class AWSProvider(Provider):
         TransientError."""
         region = req.offer.region or req.network.get("region") or self.region
         zone = req.offer.zone or req.network.get("zone")
-        return lifecycle.create_instance(self.api, req, region, zone)
+        return lifecycle.create_instance(self.api, req, region, zone, ssh_user=self.ssh_user,
+                                         workroot=self.node_workroot)
 
     def describe_instance(self, provider_id: str, *, region: str | None = None) -> InstanceInfo:
         """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown."""
         return lifecycle.describe_instance(self.api, self.require_id("instance", provider_id, "describe_instances"),
-                                           region)
+                                           region, self.ssh_user)
 
     def preemption(self, resource_id: str) -> str | None:
         """EC2's reason when it interrupted spot instance ``resource_id`` (state reason

@@ -14,6 +14,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
+from broker.core.nodescripts import job_done_path
 from broker.providers.aws import network
 from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_str, instances_of, map_error, tags_of
 from broker.providers.aws.offers import list_price
@@ -67,9 +68,11 @@ def find_by_token(api: "AWSApi", client_token: str, region: str | None = None) -
     return None
 
 
-def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | None) -> str:
+def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | None, *,
+                    ssh_user: str = SSH_USER, workroot: str | None = None) -> str:
     """``run_instances`` for one node (one attempt, ``ClientToken``, tags RUN_TAG, INSTALL_TAG, TOKEN_TAG, Name);
-    returns the instance id.  An instance already launched with the token is returned instead.
+    returns the instance id.  An instance already launched with the token is returned instead.  ``ssh_user``: the
+    image's login user (the key goes into its home, the boot-done marker into its workroot, or ``workroot``).
 
     Raises CapacityError (InsufficientInstanceCapacity: next zone; Unsupported: not offered), QuotaError
     (VcpuLimitExceeded..., ``scope`` = region + family bucket, with the ``broker quota request`` command),
@@ -88,7 +91,8 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
         "ImageId": image, "InstanceType": o.instance_type, "MinCount": 1, "MaxCount": 1,
         "InstanceInitiatedShutdownBehavior": "terminate", "ClientToken": req.client_token[:64],
         "UserData": user_data_script(req.deadline, req.grace_seconds, req.ssh_public_key, req.onstart,
-                                     idle_minutes=req.idle_minutes),
+                                     idle_minutes=req.idle_minutes, ssh_user=ssh_user,
+                                     done_file=job_done_path(ssh_user, workroot)),
         "TagSpecifications": [{"ResourceType": "instance", "Tags": tags},
                               {"ResourceType": "volume", "Tags": tags}],
     }
@@ -127,8 +131,9 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
                               "happened", hint=f"look it up by client token {req.client_token}") from None
 
 
-def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> InstanceInfo:
-    """State (pending/running/terminating/terminated/stopped) and addresses; ``terminated`` when unknown to EC2.
+def describe_instance(api: "AWSApi", provider_id: str, region: str | None, ssh_user: str = SSH_USER) -> InstanceInfo:
+    """State (pending/running/terminating/terminated/stopped) and addresses, logins as ``ssh_user``; ``terminated``
+    when unknown to EC2.
     An answer broker cannot read is a ProviderError (never "terminated")."""
     from broker.core.records import InstanceInfo
 
@@ -139,11 +144,11 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> In
     except Exception as e:  # noqa: BLE001
         if error_code(e)[0] in ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"):
             return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not-found",
-                                ssh_user=SSH_USER, message="instance not found (gone)")
+                                ssh_user=ssh_user, message="instance not found (gone)")
         raise map_error(e, call, region=region) from e
     inst = instances_of(call, resp)
     if not inst:
-        return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not-found", ssh_user=SSH_USER)
+        return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not-found", ssh_user=ssh_user)
     i = inst[0]
     state = i.get("State")
     raw = state.get("Name") if isinstance(state, dict) else None
@@ -159,7 +164,7 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None) -> In
     rate = None if i.get("InstanceLifecycle") == "spot" else list_price(i.get("InstanceType"))
     return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
                         public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
-                        ssh_user=SSH_USER, message=reason, usd_per_hour=rate)
+                        ssh_user=ssh_user, message=reason, usd_per_hour=rate)
 
 
 #: ``StateReason.Code`` of an instance EC2 took back (interruptible.md 2.6): terminated / stopped by Spot

@@ -30,7 +30,8 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
        when the job has ended) exists and no SSH session was seen for ``idle_minutes``, it runs
        ``shutdown -h now`` (a terminate, as in 1).
        ``idle_poll_s``: seconds between its checks.
-    3. Appends ``ssh_public_key`` to ``$BROKER_SSH_HOME/.ssh/authorized_keys`` (default ``/home/ubuntu``).
+    3. Appends ``ssh_public_key`` to ``$BROKER_SSH_HOME/.ssh/authorized_keys`` (default ``ssh_user``'s home:
+       ``/home/<ssh_user>``, ``/root`` for root).
     4. Runs ``onstart`` (extra shell) if given.
     5. Last, writes the boot-done marker ``<workroot>/boot.done`` (:data:`BOOT_DONE` beside ``done_file``;
        ``$BROKER_WORKROOT`` overrides the folder), owned by ``ssh_user``: the core waits for it (or for
@@ -60,13 +61,14 @@ def user_data_script(deadline: datetime | None, grace_seconds: float, ssh_public
             idle_minutes, 'shutdown -h now "broker: idle stop (job ended, no SSH session), terminating"',
             done_file=done_file, state_dir=state_dir, poll_s=idle_poll_s).rstrip("\n"))
     key = ssh_public_key.strip()
+    u = shlex.quote(ssh_user)
     if key:
         lines += [
-            'BROKER_SSH_HOME="${BROKER_SSH_HOME:-/home/' + SSH_USER + '}"',
+            'BROKER_SSH_HOME="${BROKER_SSH_HOME:-' + ("/root" if ssh_user == "root" else f"/home/{ssh_user}") + '}"',
             'mkdir -p "$BROKER_SSH_HOME/.ssh" && chmod 700 "$BROKER_SSH_HOME/.ssh"',
             f'printf "%s\\n" {shlex.quote(key)} >> "$BROKER_SSH_HOME/.ssh/authorized_keys"',
             'chmod 600 "$BROKER_SSH_HOME/.ssh/authorized_keys"',
-            f'if id {SSH_USER} >/dev/null 2>&1; then chown -R {SSH_USER}:{SSH_USER} "$BROKER_SSH_HOME/.ssh"; fi',
+            f'if id {u} >/dev/null 2>&1; then chown -R {u}:{u} "$BROKER_SSH_HOME/.ssh"; fi',
         ]
     if onstart:
         lines += ["# onstart", onstart]

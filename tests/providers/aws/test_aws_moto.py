@@ -243,3 +243,21 @@ def test_crash_after_create_is_found_by_tag_and_torn_down(prov, ec2):
     assert led.resource(res.id).provider_id == iid
     assert prov.describe_instance(iid).state == "terminated"
     assert ec2.describe_security_groups(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])["SecurityGroups"] == []
+
+
+def test_ssh_user_of_another_image_is_the_login_and_the_key_home(prov, ec2, tmp_path):
+    """An image whose login is not the Deep Learning AMI's ``ubuntu`` (AWS_AMI_ID: Amazon Linux's ec2-user, a
+    root-only image): the user data puts the key into that user's home and the boot-done marker into the workroot,
+    and describe says to log in as that user."""
+    from broker.providers.aws import AWSProvider
+
+    p = AWSProvider(session=prov.api.session, endpoint_url=prov.endpoint_url, region="us-east-1", ssh_user="root")
+    p.node_workroot = str(tmp_path / "work")
+    run = "run-" + uuid.uuid4().hex[:8]
+    iid = p.create_instance(node_req(ec2, run, {}))
+    script = base64.b64decode(ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")[
+        "UserData"]["Value"]).decode()
+    assert 'BROKER_SSH_HOME="${BROKER_SSH_HOME:-/root}"' in script and "/home/ubuntu" not in script
+    assert f"{tmp_path / 'work'}" in script  # boot.done beside the workroot's job.done
+    assert p.describe_instance(iid).ssh_user == "root" and prov.describe_instance(iid).ssh_user == "ubuntu"
+    p.terminate("instance", iid)
