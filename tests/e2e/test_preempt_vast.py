@@ -5,10 +5,7 @@ checkpoint back and the shipped ddp_train.py resumes from it."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,17 +17,10 @@ from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
 from tests.support.plans import rank_options
 from broker.core.recipe import load_recipe
 from tests.conftest import REPO
+from tests.support.hosts import kill_host as _kill_host
 from tests.support.vast_emulator import API_KEY, VastEmulator, offer_row
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
-
-
-def _kill_host(ns: str) -> None:
-    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def test_vast_host_killed_mid_run_is_rented_again_and_the_job_resumes(netns_hosts, tmp_path, monkeypatch):

@@ -312,17 +312,7 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------- netns (SSH)
-def _kill_host(ns: str) -> None:
-    """The host is lost: every process in its network namespace (sshd, torchrun, the job) is SIGKILLed."""
-    import signal
-    import subprocess
-
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+from tests.support.hosts import kill_host as _kill_host  # noqa: E402
 
 
 def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
