@@ -88,20 +88,27 @@ def make(netns_hosts, tmp_path, key_pem, monkeypatch):
 
 
 def _when_checkpointed(e: PreemptE2E, then: Any, times: int = 1, timeout_s: float = 240.0) -> threading.Thread:
-    """A thread that, ``times`` times, waits for a checkpoint generation newer than the last one it acted on while
-    a preemptible instance of the run is live, then calls ``then(e)``."""
+    """A thread that, ``times`` times, waits until the job of the attempt now running has started (its node 0 log
+    says where it resumed from) and a checkpoint generation has been copied back since, then calls ``then(e)``."""
     def go() -> None:
-        seen = None
         deadline = time.monotonic() + timeout_s
+        started: dict[tuple[str, ...], float] = {}  # the attempt's instances -> when its job was seen running
         for _ in range(times):
             while time.monotonic() < deadline:
+                time.sleep(0.05)
+                live = tuple(e.emu.preemptible())
                 runs = Ledger().list_runs()
-                gen = latest_generation(Path(runs[0].run_dir)) if runs and runs[0].run_dir else None
-                if gen is not None and gen.name != seen and len(e.emu.preemptible()) == 2:
-                    seen = gen.name
+                if len(live) != 2 or not runs or not runs[0].run_dir:
+                    continue
+                log = Path(runs[0].run_dir, "node0.log")
+                if live not in started:
+                    if log.exists() and "resumed_from_epoch=" in log.read_text(errors="replace"):
+                        started[live] = time.time()
+                    continue
+                gen = latest_generation(Path(runs[0].run_dir))
+                if gen is not None and gen.stat().st_mtime > started[live]:
                     then(e)
                     break
-                time.sleep(0.05)
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
@@ -170,7 +177,12 @@ def test_preempted_twice_in_a_row_and_reclaimed_during_teardown_still_resumes(ma
     assert [a["cause"] for a in rows] == ["preempted", "preempted", "succeeded"], rows
     # four reclaims: two mid-run, two while broker's terminate was on its way (409 IncorrectState answered)
     assert len(e.emu.preempted()) == 4 and e.emu.reclaim_on_terminate == 0
-    assert sum(1 for m, p, st in e.emu.journal if m == "DELETE" and "/instances/" in p and st == 409) == 2
+    deletes: dict[str, int] = {}  # each instance's first terminate answer
+    for m, p, st in e.emu.journal:
+        if m == "DELETE" and "/instances/" in p:
+            deletes.setdefault(p.split("/")[-1], st)
+    assert {i for i, st in deletes.items() if st == 409} == set(e.emu.preempted()), deletes
+    assert len(deletes) == 6 and list(deletes.values()).count(204) == 2, deletes  # attempt 3's two
     second, final = _resumed_from(run_dir / "attempt2" / "node0.log"), _resumed_from(run_dir / "node0.log")
     assert _resumed_from(run_dir / "attempt1" / "node0.log") == 0 and 0 < second < final
     assert len(e.emu.objs["instances"]) == 6 and sorted(e.killed) == list(range(6))
