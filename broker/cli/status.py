@@ -80,7 +80,10 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
         _log.info("status: %s %s is %s at the provider (ledger: %s)", res.provider, res.provider_id, info.state,
                   res.state)
         if info.state == "terminated":
-            ledger.update_resource(res.id, state="terminated", terminated_at=now, terminated_by="provider",
+            # a terminate broker claimed (the watchdog, `broker down`) keeps its actor: who ended it tells a
+            # preemption from broker's own end (broker.run.attempts.broker_ended)
+            by = res.terminated_by if res.state == "terminating" and res.terminated_by else "provider"
+            ledger.update_resource(res.id, state="terminated", terminated_at=now, terminated_by=by,
                                    error=None, actor="status",
                                    message=f"{res.provider} reports {res.provider_id} gone "
                                            f"({info.raw_state or info.state}; e.g. the node's own dead-man switch "

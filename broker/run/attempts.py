@@ -11,7 +11,8 @@ the next option when the first has no capacity); the checkpoint wrapper (:mod:`b
 the latest copy of ``checkpoint_dir`` on the new node(s) before the same command is launched.
 
 A job that **crashed** (a rank exited non-zero: a traceback, an OOM kill, a failed setup) is never restarted:
-the fault would repeat.  Restarts are only for recipes with ``interruptible: true|auto``, at most
+the fault would repeat.  Nor is a node that broker itself ended (the watchdog at the deadline or budget,
+``broker down`` from another terminal): the ledger says so (:func:`broker_ended`) before any provider is asked.  Restarts are only for recipes with ``interruptible: true|auto``, at most
 ``max_restarts`` of them.
 """
 
@@ -57,14 +58,48 @@ def restarts_enabled(recipe: "Recipe") -> bool:
     return str(getattr(recipe, "interruptible", "false")).lower() in ("true", "auto")
 
 
+#: ledger states of an instance that only broker writes, before its own terminate / stop call
+_BROKER_ENDING = ("terminating", "terminated", "stopping", "stopped")
+
+
+def broker_ended(ctx: "Context", run: "Run") -> str | None:
+    """Why broker itself ended a node of the attempt that runs now, in another process (the watchdog at the
+    deadline or budget, ``broker down`` in another terminal, ``broker stop``), read from the ledger alone; None
+    when it did not.
+
+    broker writes its claim to the ledger before its terminate / stop call (:meth:`Ledger.claim_termination`:
+    state ``terminating``, ``terminated_by`` = the actor), so by the time the job sees a node go, a node broker
+    ended shows it here; a provider's reclaim never does.  That is how the two are told apart where the provider
+    records no reason (OCI's Instance says TERMINATED either way).  Not counted: rows of earlier attempts, rows
+    ended by this process (``ctx.actor``: a failed create or a failover while acquiring) and rows marked
+    ``terminated_by 'provider'`` (another process saw the provider end it)."""
+    ledger = ctx.ledger
+    earlier = {i for a in ledger.attempts(run.id) if a["ended_at"] is not None for i in a["resource_ids"]}
+    cur = ledger.get_run(run.id)
+    said = f" ({cur.message})" if cur is not None and (cur.message or "").startswith("watchdog:") else ""
+    for res in ledger.resources(run.id):
+        if res.id in earlier or res.kind != "instance" or res.state not in _BROKER_ENDING:
+            continue
+        what = f"{res.provider} instance {res.provider_id or res.name}"
+        if res.state in ("stopping", "stopped"):
+            return f"{what} was stopped by broker (`broker stop`)"
+        if res.terminated_by not in (None, "provider", ctx.actor):
+            return f"{what} was terminated by broker's {res.terminated_by}{said}"
+    if said:  # the watchdog ended the run before its terminate reached the ledger row
+        return f"the run was ended by broker's watchdog{said}"
+    return None
+
+
 def provider_preemption(ctx: "Context", run: "Run", providers: dict[str, Provider] | None) -> str | None:
     """The first reason a provider gives for having taken one of ``run``'s live instances back
-    (:meth:`Provider.preemption`), else None.  A provider that cannot be asked counts as "no word"."""
+    (:meth:`Provider.preemption`), else None.  A provider that cannot be asked counts as "no word".  A row broker
+    is terminating or stopping (the ledger's claim precedes the call) is not asked: an adapter that cannot see
+    who terminated (OCI) would call broker's own terminate a preemption."""
     from broker.providers import get_provider
 
     cache: dict[str, Provider] = dict(providers or {})
     for res in ctx.ledger.resources(run.id, live_only=True):
-        if res.kind != "instance" or not res.provider_id:
+        if res.kind != "instance" or not res.provider_id or res.state in _BROKER_ENDING:
             continue
         try:
             p = cache.get(res.provider) or cache.setdefault(res.provider, get_provider(res.provider))
@@ -186,9 +221,22 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
             ledger.end_attempt(run.id, n, cause=cause, detail=str(getattr(e, "message", None) or e)[:500],
                                actor=ctx.actor)
             raise
-        word = None
+        word = ended = None
         if lost is not None or (result is not None and not result.ok):
-            word = provider_preemption(ctx, run, providers)
+            ended = broker_ended(ctx, run)
+            word = None if ended else provider_preemption(ctx, run, providers)
+        if ended:
+            # broker ended the node (the watchdog at the deadline, `broker down`): the job's end, never a
+            # preemption, and nothing is rented again
+            cur = ledger.get_run(run.id)
+            cause = cur.status if cur is not None and cur.status in ("deadline", "interrupted") else "terminated"
+            why = f"{ended}: not a preemption; nothing is rented again"
+            ledger.end_attempt(run.id, n, cause=cause, detail=why[:500], actor=ctx.actor)
+            ctx.say(f"attempt {n} ended: {why}")
+            if result is None:
+                raise NodeLost(why, hint=f"`broker status {run.id}` shows who ended it")
+            result.reason = why + (f" ({result.reason})" if result.reason else "")
+            return cluster, result
         v = classify(result, lost, word)
         if not v.preempted:
             ledger.end_attempt(run.id, n, cause=result.status if result is not None else "failed",

@@ -319,8 +319,8 @@ class OCIProvider(Provider):
     def preemption(self, resource_id: str) -> str | None:
         """OCI reclaimed preemptible instance ``resource_id``: it is TERMINATING / TERMINATED and this adapter did
         not terminate it (:func:`.lifecycle.preemption`; OCI records no reason on the instance, so a terminate sent
-        by another broker process reads as a preemption here: the caller checks its ledger first).  Raises
-        ProviderError."""
+        by another broker process reads as a preemption here: the caller asks the ledger first,
+        :func:`broker.run.attempts.broker_ended`).  Raises ProviderError."""
         rid = self.require_id("instance", resource_id, "get_instance")
         return lifecycle.preemption(self.api, rid, rid in self._terminated_here)
     def stop(self, provider_id: str, *, region: str | None = None) -> None:

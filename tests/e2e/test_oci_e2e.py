@@ -124,14 +124,16 @@ class E2E:
         self.lines.append(line)
         self.said.append((round(time.monotonic() - self.t0, 1), line))
 
-    def run(self):
-        recipe = _recipe(self.tmp_path)
+    def run(self, recipe: Any = None, **target_kw: Any):
+        """The pipeline on the best valid plan option for ``recipe`` (default: the two-node DDP recipe);
+        ``target_kw`` go to CloudTarget (e.g. ``monitor_s``).  Returns (outcome, ledger)."""
+        recipe = recipe or _recipe(self.tmp_path)
         req = recipe.requirements()
         options = [o for o in plan(req, self.provider.offers(req), now=utcnow()).options if o.valid]
         assert options, "no OCI plan option for the recipe"
         ledger = Ledger()
-        out = run_pipeline(recipe, CloudTarget(recipe, options[:1], providers={"oci": self.provider}, poll_s=0.2),
-                           ledger=ledger, hooks=Hooks(echo=self.lines.append, say=self.say))
+        target = CloudTarget(recipe, options[:1], providers={"oci": self.provider}, poll_s=0.2, **target_kw)
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=self.lines.append, say=self.say))
         return out, ledger
 
     def close(self) -> None:

@@ -307,17 +307,7 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------- netns (SSH)
-def _kill_host(ns: str) -> None:
-    """The host is lost: every process in its network namespace (sshd, torchrun, the job) is SIGKILLed."""
-    import signal
-    import subprocess
-
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+from tests.support.netns_faults import kill_host as _kill_host  # noqa: E402
 
 
 def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
@@ -701,3 +691,30 @@ def test_no_capacity_for_the_next_attempt_fails_the_run_with_every_attempt_recor
     assert [a["cause"] for a in rows] == ["preempted", "error"]
     assert "capacity" in rows[1]["detail"]
     assert ledger.resources(run.id, live_only=True) == []
+
+
+def test_broker_status_elsewhere_keeps_who_terminated_a_node(tmp_path, fake_cloud):
+    """`broker down` in another terminal claims a node and terminates it; `broker status` in a third sees it gone
+    before `down` confirms: the row keeps ``terminated_by 'down'`` (not "provider"), so the run's CLI still
+    reads broker's own end, not a preemption; a node the provider ended unclaimed is "provider"'s."""
+    from broker.cli.status import refresh_live
+    from broker.providers.fake import FakeProvider
+    from broker.run.attempts import broker_ended
+    from broker.run.runrecord import Context, Hooks
+    from tests.support.watchdog_helpers import make_run, provision
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    ledger, fake = Ledger(), FakeProvider()
+    run = make_run(ledger, pid=os.getpid())
+    a, b = provision(ledger, fake, run, nodes=2)
+    ledger.start_attempt(run.id)
+    ctx = Context(ledger=ledger, hooks=Hooks(), actor="cli")
+    assert broker_ended(ctx, run) is None
+    ledger.claim_termination(a.id, "down")
+    fake.terminate("instance", a.provider_id)
+    fake.destroy(b.provider_id)  # the provider ends the other one behind everyone's back
+    refresh_live(ledger, {"fake": fake})
+    rows = {r.id: r for r in ledger.resources(run.id)}
+    assert (rows[a.id].state, rows[a.id].terminated_by) == ("terminated", "down")
+    assert (rows[b.id].state, rows[b.id].terminated_by) == ("terminated", "provider")
+    assert broker_ended(ctx, run) == f"fake instance {a.provider_id} was terminated by broker's down"

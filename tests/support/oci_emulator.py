@@ -14,13 +14,18 @@ What it keeps: VCNs (each with its default route table), internet gateways, secu
 * 409 Conflict: deleting a subnet that still holds a live instance, a security list a subnet still uses, an
   internet gateway a route rule still targets, a VCN that still holds a subnet / gateway / security list;
 * injected failures: ``fail[(METHOD, collection)]`` is a list of HTTP statuses answered (and consumed) one per
-  matching request before the real handling, e.g. ``{("DELETE", "subnets"): [503]}``.
+  matching request before the real handling, e.g. ``{("DELETE", "subnets"): [503]}``;
+* preemption: :meth:`preempt` reclaims a preemptible instance (TERMINATING -> TERMINATED, no reason on the
+  instance, an Events-service event in ``events``); ``reclaim_on_terminate`` = N reclaims the next N preemptible
+  instances that broker terminates just before its terminate arrives, which then meets OCI's 409
+  ``IncorrectState`` (the instance is already TERMINATING): a preemption during teardown.
 
 Hooks for end-to-end tests whose instances are real hosts (network namespaces with sshd):
 ``addresses(node_index) -> (public_ip, private_ip)`` gives the primary VNIC's addresses (node index = the
 ``broker-node`` freeform tag); ``on_running(instance)`` runs when an instance turns RUNNING (the test does what
 cloud-init would: authorized_keys, a late sshd); ``login_user`` replaces the ``broker-ssh-user`` tag (the netns
-hosts accept root logins only, no ``opc`` account exists there).  Request signatures are not checked.
+hosts accept root logins only, no ``opc`` account exists there); ``on_terminating(instance)`` runs when an instance
+starts terminating, by a terminate or a reclaim (the test stops the host: the VM is going away).  Request signatures are not checked.
 """
 
 from __future__ import annotations
@@ -55,11 +60,15 @@ class OCIEmulator:
                  boot_s: float = 0.5, terminate_s: float = 1.0, subnet_delete_s: float = 1.5,
                  addresses: Callable[[int], tuple[str | None, str]] | None = None,
                  on_running: Callable[[dict[str, Any]], None] | None = None, login_user: str | None = None,
-                 restart_addresses: Callable[[int], str | None] | None = None):
+                 restart_addresses: Callable[[int], str | None] | None = None,
+                 on_terminating: Callable[[dict[str, Any]], None] | None = None):
         self.compartment, self.ads, self.region = compartment, ads, region
         self.boot_s, self.terminate_s, self.subnet_delete_s = boot_s, terminate_s, subnet_delete_s
         self.addresses, self.on_running, self.login_user = addresses, on_running, login_user
         self.restart_addresses = restart_addresses
+        self.on_terminating = on_terminating
+        #: how many more preemptible instances OCI reclaims just before broker's terminate of them arrives
+        self.reclaim_on_terminate = 0
         self.actions: list[tuple[str, str]] = []  # (instance id, action) of every instance_action
         self.lock = threading.RLock()
         self.ids = itertools.count(1)
@@ -109,15 +118,47 @@ class OCIEmulator:
     def preempt(self, iid: str) -> None:
         """OCI reclaims preemptible instance ``iid`` (test hook): the Events service's
         ``com.oraclecloud.computeapi.instancepreemptionaction`` event is recorded in ``events``, then the instance
-        goes TERMINATING -> TERMINATED (``terminate_s``) like a user terminate; GetInstance carries no reason."""
+        goes TERMINATING -> TERMINATED (``terminate_s``) like a user terminate; GetInstance carries no reason.
+        Raises ValueError for an instance without ``preemptibleInstanceConfig`` or one already terminating."""
         with self.lock:
             inst = self.objs["instances"][iid]
+            if inst.get("preemptibleInstanceConfig") is None:
+                raise ValueError(f"{iid} is an on-demand instance: OCI never reclaims it")
+            if inst["lifecycleState"] in ("TERMINATING", "TERMINATED"):
+                raise ValueError(f"{iid} is already {inst['lifecycleState']}")
             action = ((inst.get("preemptibleInstanceConfig") or {}).get("preemptionAction") or {}).get("type")
             self.events.append({"eventType": "com.oraclecloud.computeapi.instancepreemptionaction",
                                 "data": {"resourceId": iid, "compartmentId": inst["compartmentId"],
                                          "additionalDetails": {"preemptionAction": action}}})
-            inst["lifecycleState"] = "TERMINATING"
-            self.timers[iid] = time.monotonic() + self.terminate_s
+            self._terminating(inst)
+
+    def preempted(self) -> list[str]:
+        """Ids of the instances OCI reclaimed (:meth:`preempt`), in order."""
+        with self.lock:
+            return [e["data"]["resourceId"] for e in self.events
+                    if e["eventType"] == "com.oraclecloud.computeapi.instancepreemptionaction"]
+
+    def preemptible(self) -> list[str]:
+        """Ids of the live (not terminating / terminated) preemptible instances, in launch order."""
+        with self.lock:
+            self._tick()
+            return [i["id"] for i in self.objs["instances"].values() if i.get("preemptibleInstanceConfig")
+                    is not None and i["lifecycleState"] not in ("TERMINATING", "TERMINATED")]
+
+    def private_ip(self, iid: str) -> str | None:
+        """The private IP of instance ``iid``'s primary VNIC (which host it is, for tests whose instances are
+        hosts)."""
+        with self.lock:
+            for a in self.objs["vnicAttachments"].values():
+                if a["instanceId"] == iid:
+                    return self.objs["vnics"][a["vnicId"]].get("privateIp")
+        return None
+
+    def _terminating(self, inst: dict[str, Any]) -> None:
+        inst["lifecycleState"] = "TERMINATING"
+        self.timers[inst["id"]] = time.monotonic() + self.terminate_s
+        if self.on_terminating:
+            self.on_terminating(inst)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -326,10 +367,13 @@ class OCIEmulator:
     def _delete(self, coll: str, obj: dict[str, Any]) -> Response:
         oid = obj["id"]
         if coll == "instances":
+            if self.reclaim_on_terminate > 0 and obj.get("preemptibleInstanceConfig") is not None \
+                    and obj["lifecycleState"] not in ("TERMINATING", "TERMINATED"):
+                self.reclaim_on_terminate -= 1
+                self.preempt(oid)  # OCI took it back a moment before broker's terminate arrived
             if obj["lifecycleState"] in ("TERMINATING", "TERMINATED"):
                 return self._err(409, "IncorrectState", f"instance {oid} is {obj['lifecycleState']}")
-            obj["lifecycleState"] = "TERMINATING"
-            self.timers[oid] = time.monotonic() + self.terminate_s
+            self._terminating(obj)
             return Response(status=204)
         if coll == "subnets":
             users = [i["id"] for i in self.objs["instances"].values()

@@ -23,22 +23,25 @@ AD = "Uocm:US-ASHBURN-AD-1"
 REGION = "us-ashburn-1"
 
 
-@pytest.fixture
-def oci_env(key_pem, tmp_path, monkeypatch):
+def _adapter(emu, key_pem, subnet_id):
+    """A real OCIProvider pointed at ``emu`` (each call: a new adapter object, as another process has)."""
     from broker.providers.oci import OCIProvider
 
+    cfg = {"user": "ocid1.user.oc1..aaaaaaaauser", "tenancy": TENANCY, "key_content": key_pem,
+           "fingerprint": "11:22:33:44:55:66:77:88:99:00:aa:bb:cc:dd:ee:ff", "region": REGION}
+    return OCIProvider(config=cfg, service_endpoint=emu.url, compartment_id=COMP, availability_domains=[AD],
+                       subnet_id=subnet_id, retry_strategy=oci.retry.NoneRetryStrategy(),
+                       circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy(), conflict_wait_s=2.0)
+
+
+@pytest.fixture
+def oci_env(key_pem, tmp_path, monkeypatch):
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     with OCIEmulator(compartment=COMP, ads=(AD,), region=REGION, boot_s=0.0, terminate_s=0.2) as emu:
         sid = emu.new_id("subnet")
         emu.objs["subnets"][sid] = {"id": sid, "compartmentId": COMP, "lifecycleState": "AVAILABLE",
                                     "freeformTags": {}, "timeCreated": "2026-12-01T00:00:00.000Z"}
-        cfg = {"user": "ocid1.user.oc1..aaaaaaaauser", "tenancy": TENANCY, "key_content": key_pem,
-               "fingerprint": "11:22:33:44:55:66:77:88:99:00:aa:bb:cc:dd:ee:ff", "region": REGION}
-        prov = OCIProvider(config=cfg, service_endpoint=emu.url, compartment_id=COMP, availability_domains=[AD],
-                           subnet_id=sid, retry_strategy=oci.retry.NoneRetryStrategy(),
-                           circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy(),
-                           conflict_wait_s=2.0)
-        yield emu, prov
+        yield emu, _adapter(emu, key_pem, sid)
 
 
 def _req(mode="true", gpu="V100"):
@@ -119,3 +122,42 @@ def test_unknown_instance_is_none_and_a_failed_call_raises(oci_env):
     iid = prov.create_instance(_node(c.offers[0]))
     with pytest.raises(ProviderError):
         prov.preemption(iid)
+
+
+def test_a_terminate_by_another_process_is_told_from_a_reclaim_by_the_ledger(oci_env, key_pem):
+    """The watchdog's own adapter object (as in its own process) terminates one preemptible instance, OCI
+    reclaims the other: both read TERMINATED at OCI with no reason, and the run's adapter alone calls both
+    preemptions.  The ledger (the watchdog's claim is written before its terminate call) tells them apart."""
+    from broker.money.ledger import Ledger
+    from broker.money.teardown import terminate_resource
+    from broker.core.records import Run
+    from broker.run.attempts import broker_ended, provider_preemption
+    from broker.run.runrecord import Context, Hooks
+
+    emu, prov = oci_env
+    theirs = _adapter(emu, key_pem, None)  # the watchdog's
+    ledger = Ledger()
+    run = ledger.create_run(Run(id="20261201-000000-ocisp1", name="t", provider="oci", topology="simulated",
+                                status="running", created_at=utcnow()))
+    c = plan(_req("true"), prov.offers(_req())).chosen
+    rows = []
+    for token in ("res-1", "res-2"):
+        res = ledger.record_intent(run.id, "oci", "instance", f"n-{token}", resource_id=token)
+        node = _node(c.offers[0], token).model_copy(update={"installation_id": ledger.installation_id})
+        ledger.mark_created(res.id, prov.create_instance(node), state="running")
+        rows.append(ledger.resource(res.id))
+    ctx = Context(ledger=ledger, hooks=Hooks(), actor="cli")
+    start = ledger.start_attempt(run.id)
+
+    assert terminate_resource(ledger, rows[0], "watchdog", provider=theirs, confirm_timeout_s=5, poll_s=0.1)
+    assert prov.preemption(rows[0].provider_id).startswith("preempted")  # the adapter's blind spot
+    assert broker_ended(ctx, run) == f"oci instance {rows[0].provider_id} was terminated by broker's watchdog"
+    assert provider_preemption(ctx, run, {"oci": prov}) is None  # nothing OCI reclaimed yet
+
+    ledger.end_attempt(run.id, start, cause="deadline")  # rows[0..1] belong to attempt 1 now
+    ledger.start_attempt(run.id)
+    emu.preempt(rows[1].provider_id)
+    assert broker_ended(ctx, run) is None  # the watchdog's terminate belongs to the earlier attempt
+    assert "OCI reclaimed" in provider_preemption(ctx, run, {"oci": prov})
+    ledger.claim_termination(rows[1].id, "down")  # `broker down` elsewhere: in flight, so not asked
+    assert provider_preemption(ctx, run, {"oci": prov}) is None
