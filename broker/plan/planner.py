@@ -116,10 +116,10 @@ def _usd(x: float, versus: float | None = None) -> str:
 
 
 def digits_note(x: float, versus: float) -> str:
-    """`` (to 1/100 cent: both are $5.00 to the cent)`` when :func:`_usd` shows ``x`` and ``versus`` with more digits
-    than the cent, so a reader knows why (and that the difference is that small); else ``""``."""
+    """`` (over it by $0.0029)`` (or ``under``) when :func:`_usd` shows ``x`` and ``versus`` with more digits than the
+    cent, so a reader sees the difference itself rather than two amounts that look alike; else ``""``."""
     if x != versus and f"{x:.2f}" == f"{versus:.2f}" and not 0 < x < 0.01:
-        return f" (to 1/100 cent: both are ${x:,.2f} to the cent)"
+        return f" ({'over' if x > versus else 'under'} it by ${abs(x - versus):,.4f})"
     return ""
 
 
@@ -460,8 +460,11 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
     wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs))
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
-        reason = (f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}"
-                  f"{digits_note(wc, budget)}; {fit}")
+        if digits_note(wc, budget):  # "$5.0029 > $5.00" reads like two equal amounts: say the difference
+            reason = (f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h is over the {_usd(budget)} budget by "
+                      f"${wc - budget:,.4f}; {fit}")
+        else:
+            reason = f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}; {fit}"
     return units * rate, hours, wc, (None if free else max_h), reason
 
 

@@ -27,18 +27,19 @@ def test_rejected_list_explains_its_extra_digits(tmp_path):
     reasons = [r for o in json.loads(plan("--json"))["plan"]["rejected"] for r in o["rejected"]]
     long_digits = [r for r in reasons if re.search(r"\$[1-9][\d,]*\.\d{4}", r)]
     assert long_digits, reasons  # the snapshot has an option $0.0029 over the $5.00 budget
-    for r in long_digits:
-        assert "(to 1/100 cent: both are $5.00 to the cent)" in r, r
+    for r in long_digits:  # the difference itself, not two amounts that read alike ("$5.00 > $5.00")
+        assert re.search(r"worst case \$5\.0029 at 1 h is over the \$5\.00 budget by \$0\.0029; affords", r), r
+        assert "> budget" not in r and "to the cent" not in r, r
     assert any(re.search(r"worst case \$5\.01 ", r) for r in reasons)  # its neighbour keeps the cent
     text = " ".join(plan().split())
-    assert "$5.0029" in text and "(to 1/100 cent: both are $5.00 to the cent)" in text
+    assert "worst case $5.0029 at 1 h is over the $5.00 budget by $0.0029" in text
 
 
 def test_digits_note_only_when_the_cent_cannot_tell_them_apart():
     from broker.plan.explain import _usd as explain_usd
     from broker.plan.planner import _usd, digits_note
 
-    assert _usd(5.0029, 5.0) == "$5.0029" and digits_note(5.0029, 5.0) == " (to 1/100 cent: both are $5.00 to the cent)"
+    assert _usd(5.0029, 5.0) == "$5.0029" and digits_note(5.0029, 5.0) == " (over it by $0.0029)"
     assert _usd(5.01, 5.0) == "$5.01" and digits_note(5.01, 5.0) == ""
     assert digits_note(5.0, 5.0) == "" and digits_note(0.004, 0.003) == ""  # sub-cent values always show 4 digits
     assert explain_usd(5.0029, 5.0) == "$5.0029" and explain_usd(5.0029) == "$5.00" and explain_usd(0.005) == "$0.0050"

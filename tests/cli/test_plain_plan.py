@@ -65,8 +65,7 @@ def plans() -> dict[str, Plan]:
                next_step="broker quota request --provider gcp --limit NVIDIA_V100_GPUS --value 16 "
                          "--region us-central1"),
         option("oci", "simulated", [oci], worst=5.0029,
-               rejected=["worst case $5.0029 at 1 h > budget $5.00 (to 1/100 cent: both are $5.00 to the cent); "
-                         "affords 0.99 h"]),
+               rejected=["worst case $5.0029 at 1 h is over the $5.00 budget by $0.0029; affords 0.99 h"]),
     ]
     notes = ["vast: snapshot 2026-11-29; live quote needs VAST_API_KEY",
              "aws: prices: AWS us-east-1 on-demand snapshot 2026-11-29 (third-party); live list prices via "

@@ -95,4 +95,4 @@ def test_worst_case_a_fraction_of_a_cent_over_the_budget_shows_the_digits_and_sa
     r = _recipe(budget_usd=wc - 0.0003)
     e = no_plan_error(r, _plan(r, {"local": "simulated needs one host with 2 GPUs; this machine has 0 GPU(s)"}))
     assert f"worst case of ${wc:,.4f}" in e.message, e.message
-    assert f"(to 1/100 cent: both are ${wc:,.2f} to the cent)" in e.message, e.message
+    assert f"(over it by ${0.0003:,.4f})" in e.message, e.message
