@@ -257,9 +257,11 @@ def stdout_out() -> "RichOut | PlainOut":
 
 
 def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12,
-                wide: bool | None = None, out: "RichOut | PlainOut | None" = None) -> None:
+                wide: bool | None = None, out: "RichOut | PlainOut | None" = None,
+                recipe_sets: "tuple[str, str | None] | None" = None) -> None:
     """Print ``plan`` (the job, the best options, the rejected ones and why, notes, the choice and the next step)
-    on ``out`` (default :func:`stdout_out`)."""
+    on ``out`` (default :func:`stdout_out`).  ``recipe_sets``: the recipe file's own (``interruptible``,
+    ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe."""
     from broker.core.plaintable import Column, Table, drop_empty_columns
     from broker.core.plaintable import escape
     from broker.core.prose import cell_len, usd
@@ -346,9 +348,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                  f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
         if c.interruptible:
             ops.line(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
-                     f"{c.max_restarts + 1} attempts; the run needs `interruptible: "
-                     f"{req.interruptible}` in the recipe (or `broker run --interruptible {req.interruptible}`) "
-                     "and a checkpoint_dir: to resume")
+                     f"{c.max_restarts + 1} attempts" + interruptible_needs(req.interruptible, recipe_sets))
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
@@ -366,15 +366,31 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     out.replay(ops)
 
 
+def interruptible_needs(value: str, recipe_sets: "tuple[str, str | None] | None") -> str:
+    """``"; the run needs ..."`` naming what a run of an interruptible choice needs that the recipe lacks (the
+    ``interruptible:`` value ``value`` (``true``/``auto``) and a ``checkpoint_dir:``), ``""`` when it has both.
+    ``recipe_sets``: the recipe's own (``interruptible``, ``checkpoint_dir``); None = no recipe (both lacking)."""
+    has_value, ckpt = recipe_sets if recipe_sets is not None else ("false", None)
+    needs = []
+    if has_value not in ("true", "auto"):  # either word rents this choice; false never does
+        needs.append(f"`interruptible: {value}` in the recipe (or `broker run --interruptible {value}`)")
+    if ckpt is None:
+        needs.append("a checkpoint_dir: to resume")
+    return "; the run needs " + " and ".join(needs) if needs else ""
+
+
 # ------------------------------------------------------------------------------------------------ commands
-def _requirements(recipe: Path | None, **flags: Any) -> "Requirements":
+def _requirements(recipe: Path | None, sets: "list | None" = None, **flags: Any) -> "Requirements":
     from broker.core.model import Requirements
 
     base: dict[str, Any] = {}
     if recipe is not None:
         from broker.core.recipe import load_recipe
 
-        base = asdict(load_recipe(recipe, resolve=False).requirements())  # planning needs no env values
+        r = load_recipe(recipe, resolve=False)
+        base = asdict(r.requirements())  # planning needs no env values
+        if sets is not None:
+            sets.extend((r.interruptible, r.checkpoint_dir))
     else:
         base = asdict(Requirements(budget_usd=None))
     for k, v in flags.items():
@@ -433,7 +449,8 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
         raise BadInput("--max-run and --hours both set the deadline", hint="give one of them")
     if max_run and budget is None and recipe is None:
         raise BadInput("--max-run needs --budget", hint="e.g. broker plan --budget 5 --max-run")
-    req = _requirements(recipe, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
+    sets: list = []  # the recipe file's (interruptible, checkpoint_dir), before a flag changes the first
+    req = _requirements(recipe, sets, nodes=nodes, gpus_per_node=gpus_per_node, gpu_names=gpu or None,
                         min_gpu_mem_gib=min_gpu_mem, hours=hours, budget_usd=budget, topology=topology,
                         cpu_ok=cpu_ok, disk_gib=disk, providers=provider or None,
                         interruptible=interruptible)
@@ -465,7 +482,7 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
                             "hint": no_plan[1], "exit_code": 3}
         print_json(doc)
     else:
-        render_plan(p, recipe, limit=top, wide=wide)
+        render_plan(p, recipe, limit=top, wide=wide, recipe_sets=(sets[0], sets[1]) if sets else None)
     if p.chosen is None:
         if as_json:  # the one-line message on stderr, as for other errors in JSON mode
             from broker.cli.report import _report

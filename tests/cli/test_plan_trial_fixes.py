@@ -1,0 +1,57 @@
+"""`broker plan` output that a new-user trial found wrong: what an interruptible choice still needs, the rejected
+counts and rows under --interruptible, and what interruptible saves per row (offline, the shipped snapshots)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+from tests.conftest import REPO, broker_cmd
+
+
+def _plan(cli_env, *args, columns="100"):
+    env = dict(cli_env, COLUMNS=columns, AWS_EC2_METADATA_DISABLED="true")
+    for k in ("VAST_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "OCI_CONFIG_FILE"):
+        env.pop(k, None)
+    return subprocess.run(broker_cmd("plan", "--offline", *args), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_interruptible_needs_names_only_what_the_recipe_lacks():
+    from broker.cli.plan import interruptible_needs
+
+    assert interruptible_needs("true", ("true", "checkpoints")) == ""
+    assert interruptible_needs("auto", ("auto", "ck")) == ""
+    assert interruptible_needs("true", ("true", None)) == "; the run needs a checkpoint_dir: to resume"
+    assert interruptible_needs("auto", ("false", "ck")) == (
+        "; the run needs `interruptible: auto` in the recipe (or `broker run --interruptible auto`)")
+    both = interruptible_needs("true", None)  # no recipe: both
+    assert "`interruptible: true`" in both and "checkpoint_dir" in both
+
+
+def test_ddp_spot_plan_does_not_ask_for_what_the_recipe_has(cli_env):
+    p = _plan(cli_env, "--recipe", "recipes/ddp_spot.yaml")
+    assert p.returncode == 0, p.stderr
+    out = " ".join(p.stdout.split())
+    assert "interruptible: expected $" in out, out
+    assert "the run needs" not in out, out
+
+
+def test_a_recipe_without_checkpoint_dir_is_told_to_set_one(cli_env, tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    r = tmp_path / "r.yaml"
+    r.write_text(textwrap.dedent("""\
+        name: spot
+        script: train.py
+        nodes: 1
+        gpus_per_node: 1
+        gpu: {models: [RTX 4090]}
+        budget_usd: 5
+        max_hours: 2
+        """))
+    p = _plan(cli_env, "--recipe", str(r), "-p", "vast", "--interruptible", "true")
+    assert p.returncode == 0, p.stderr
+    out = " ".join(p.stdout.split())
+    assert ("the run needs `interruptible: true` in the recipe (or `broker run --interruptible true`) and a "
+            "checkpoint_dir: to resume") in out, out
