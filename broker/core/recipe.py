@@ -163,10 +163,26 @@ class Recipe(BaseModel):
         out = self.model_copy(update={"interruptible": v})
         out._interruptible_flag = flag
         out._load_warnings = [w for w in self._load_warnings if _NO_CHECKPOINT_MARK not in w]
-        warn = interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir, self.path)
+        warn = None if v == "auto" else interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir, self.path)
         if warn:
             out._load_warnings.append(warn)
         return out
+
+    def chosen_interruptible_warning(self) -> str | None:
+        """The "without checkpoint_dir" warning of ``interruptible: auto``, for once the plan has chosen an
+        interruptible option (auto may choose on-demand capacity or this machine, which are never preempted);
+        None when the value is not auto or a ``checkpoint_dir`` is set."""
+        if self.interruptible != "auto":
+            return None
+        if self._interruptible_flag:
+            return interruptible_warning(f"{self._interruptible_flag} auto", "auto", self.checkpoint_dir, self.path)
+        return interruptible_warning(f"{self.path or 'recipe'}:{self._lines.get(('interruptible',), '?')}: "
+                                     "interruptible: auto", "auto", self.checkpoint_dir)
+
+    def plan_flags(self) -> str:
+        """The ``broker plan`` flags that reproduce what the command line changed in this recipe (``""`` or
+        `` --interruptible auto``), for every hint that suggests a plan command."""
+        return f" --interruptible {self.interruptible}" if self._interruptible_flag else ""
 
     @property
     def warnings(self) -> list[str]:
@@ -506,8 +522,11 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     out._secret_values = secret_values
     out._load_warnings = _secret_env_warnings(template, p, lines)
     out._lines = lines
-    warn = interruptible_warning(f"{p}:{lines.get(('interruptible',), '?')}: interruptible: {recipe.interruptible}",
-                                 recipe.interruptible, recipe.checkpoint_dir)
+    # auto may well choose on-demand capacity (or this machine): its warning waits for the plan
+    # (Recipe.chosen_interruptible_warning)
+    warn = None if recipe.interruptible == "auto" else interruptible_warning(
+        f"{p}:{lines.get(('interruptible',), '?')}: interruptible: {recipe.interruptible}", recipe.interruptible,
+        recipe.checkpoint_dir)
     if warn:
         out._load_warnings.append(warn)
     return out

@@ -264,6 +264,9 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     plan, options = plan_for_run(recipe, p)
     _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
               options[0].provider, len(options))
+    warn = recipe.chosen_interruptible_warning() if options[0].interruptible else None
+    if warn and say:
+        say(f"warning: {warn}")
     if options[0].provider == "local":
         if say:
             say(local_choice_text(plan, recipe))

@@ -23,7 +23,7 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
     extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
              if cpu_only else "")
     return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
-            f"`broker plan --recipe {shlex.quote(str(recipe.path))}` lists them{extra}")
+            f"`broker plan --recipe {shlex.quote(str(recipe.path))}{recipe.plan_flags()}` lists them{extra}")
 
 
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
@@ -90,12 +90,13 @@ def free_try_hint(recipe: Recipe) -> str:
         shown = Path(recipe.path)
     path = shlex.quote(str(shown))
     spot = str(getattr(recipe, "interruptible", "false")).lower() in ("true", "auto")
+    flags = recipe.plan_flags() if hasattr(recipe, "plan_flags") else ""  # the flags that made this situation
     out = ""
     if recipe.cpu_ok:
-        out += (f"; to try it free here: `broker run {path} --provider local`"
+        out += (f"; to try it free here: `broker run {path} --provider local{flags}`"
                 + (" (on this machine nothing is preempted)" if spot else ""))
-    out += (f"; `broker plan --recipe {path}` shows " + ("the interruptible option, its price" if spot else
-                                                          "every option, its price") + " and what it needs")
+    out += (f"; `broker plan --recipe {path}{flags}` shows " + ("the interruptible option, its price" if spot else
+                                                                 "every option, its price") + " and what it needs")
     return out
 
 

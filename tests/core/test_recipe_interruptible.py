@@ -110,8 +110,10 @@ def test_numbers_are_bounded_and_whole(tmp_path, field, bad, words):
 
 
 def test_interruptible_without_checkpoint_dir_warns_that_it_restarts_from_scratch(tmp_path):
-    r = load_recipe(write(tmp_path, "interruptible: auto\n"))
+    r = load_recipe(write(tmp_path, "interruptible: true\n"))
     assert len(r.warnings) == 1 and "checkpoint_dir" in r.warnings[0] and "from the beginning" in r.warnings[0]
+    auto = load_recipe(write(tmp_path, "interruptible: auto\n"))  # warned once the plan chooses interruptible
+    assert not auto.warnings and "from the beginning" in (auto.chosen_interruptible_warning() or "")
 
 
 def test_misspelt_field_is_suggested(tmp_path):
