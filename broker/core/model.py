@@ -307,6 +307,9 @@ class PlanOption:
     expected_usd: float | None = None
     #: preemptions per hour of the whole option assumed by the expectation (None for on-demand)
     preemptions_per_hour: float | None = None
+    #: a rejected option's reason kind (one of broker.plan.planner.REASON_KINDS: its count in
+    #: ``Plan.rejected_counts``); None for a valid option
+    reason_kind: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, TopologyKind):

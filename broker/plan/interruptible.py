@@ -244,7 +244,7 @@ def _spot_pass(base: PlanFn, req: Requirements, spot: list[Offer], args: tuple, 
         for k, v in p.rejected_counts.items():
             counts[k] = counts.get(k, 0) + v
         valid += p.valid_count or 0
-    still = [o for o in options if o.rejected]  # no job time left after the extra setups
+    still = [replace(o, reason_kind="budget") for o in options if o.rejected]  # no job time after the setups
     options = [o for o in options if not o.rejected]
     rejected = still + rejected
     if still:
@@ -276,6 +276,36 @@ def comparison(spot: PlanOption, od: PlanOption | None) -> str:
     if save > 0:
         return head + tail + f": interruptible saves {_usd(save)}{pct} expected"
     return head + tail + f": interruptible costs {_usd(-save)} more expected"
+
+
+def _merge_rejected(groups: Iterable[list[PlanOption]], per_reason: int) -> list[PlanOption]:
+    """The rejected options of several planning passes as one pass shows them: per reason kind (in
+    :data:`broker.plan.planner.REASON_KINDS` order) the ``per_reason`` cheapest by worst case, on-demand first at
+    equal cost (``groups`` in that order)."""
+    from broker.plan.planner import REASON_KINDS
+
+    by_kind: dict[str, list[PlanOption]] = {}
+    for g in groups:
+        for o in g:
+            by_kind.setdefault(o.reason_kind or "budget", []).append(o)
+    order = [*REASON_KINDS, *sorted(k for k in by_kind if k not in REASON_KINDS)]
+    out: list[PlanOption] = []
+    for k in order:
+        out += sorted(by_kind.get(k, ()), key=lambda o: o.worst_case_usd)[:per_reason]
+    return out
+
+
+def _with_counts(notes: list[str], old: dict[str, int], old_shown: int, counts: dict[str, int], shown: int,
+                 per_reason: int) -> list[str]:
+    """``notes`` with the on-demand pass's "N options rejected" note replaced by one of the merged ``counts``."""
+    from broker.plan.planner import rejected_note
+
+    stale = rejected_note(old, old_shown, per_reason)
+    out = [n for n in notes if not (stale and n == stale)]
+    note = rejected_note(counts, shown, per_reason)
+    if note:
+        out.append(note)
+    return out
 
 
 def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *args: Any, **kw: Any) -> Plan:
@@ -316,8 +346,11 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
         return replace(od, options=od_opts, notes=notes)
     for k, v in sp.rejected_counts.items():
         counts[k] = counts.get(k, 0) + v
+    per_reason = int(kw.get("rejected_per_reason", 5))
     if req.interruptible == "true":
-        return replace(od, options=sp.options, rejected=sp.rejected + od.rejected, notes=notes,
+        rejected = _merge_rejected([sp.rejected, od.rejected], per_reason)
+        notes = _with_counts(notes, od.rejected_counts, len(od.rejected), counts, len(rejected), per_reason)
+        return replace(od, options=sp.options, rejected=rejected, notes=notes,
                        rejected_counts=counts, valid_count=sp.valid_count)
     hours_given = req.hours is not None or req.budget_usd is None
     key = (lambda o: ((o.expected_usd if hours_given else _per_job_hour(o)), o.interruptible))
@@ -326,7 +359,9 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
         notes.append("interruptible: auto chose the interruptible option (lower expected cost)")
     elif best_sp is not None:
         notes.append("interruptible: auto kept on-demand (the interruptible option costs no less expected)")
-    return replace(od, options=merged, rejected=od.rejected + sp.rejected, notes=notes, rejected_counts=counts,
+    rejected = _merge_rejected([od.rejected, sp.rejected], per_reason)
+    notes = _with_counts(notes, od.rejected_counts, len(od.rejected), counts, len(rejected), per_reason)
+    return replace(od, options=merged, rejected=rejected, notes=notes, rejected_counts=counts,
                    valid_count=(od.valid_count or 0) + (sp.valid_count or 0))
 
 

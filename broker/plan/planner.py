@@ -123,6 +123,16 @@ def digits_note(x: float, versus: float) -> str:
     return ""
 
 
+def rejected_note(counts: Mapping[str, int], shown: int, per_reason: int) -> str:
+    """``"78 options rejected (provider 1, topology 41, budget 36); showing the cheapest 5 per reason"`` from a
+    plan's ``rejected_counts`` when more were rejected than the ``shown`` representatives; else ``""``."""
+    n_rej = sum(counts.values())
+    if n_rej <= shown:
+        return ""
+    by = ", ".join(f"{k} {counts[k]:,}" for k in REASON_KINDS if counts.get(k))
+    return f"{n_rej:,} options rejected ({by}); showing the cheapest {per_reason} per reason"
+
+
 def _h(x: float) -> str:
     """Hours rounded down (what a budget affords never reads longer than it is)."""
     return f"{math.floor(x * 100) / 100:.2f} h"
@@ -717,12 +727,12 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
         topo = TopologyKind.local if prov == "local" else TopologyKind.simulated
         rejected.append(PlanOption(provider=prov, topology=topo, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
                                    usd_per_hour=0.0, worst_case_usd=0.0, hours=ctx.hours or 0.0,
-                                   rejected=[why]))
+                                   rejected=[why], reason_kind="provider"))
         counts["provider"] = counts.get("provider", 0) + 1
     counts = {k: counts[k] for k in REASON_KINDS if counts.get(k)}
-    for kind in REASON_KINDS:
-        for e in best(rej[kind], rejected_per_reason):
-            rejected.append(build(e))
+    for kind in REASON_KINDS:  # the cheapest per kind, shown in order of the worst case the table prints
+        rejected += sorted((replace(build(e), reason_kind=kind) for e in best(rej[kind], rejected_per_reason)),
+                           key=lambda o: o.worst_case_usd)
 
     if topo_req == "hybrid":
         vms = "node 1 is a VM" if req.nodes == 2 else f"nodes 1-{req.nodes - 1} are VMs"
@@ -739,10 +749,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
         out_notes.append(f"topology {topo_req} requested: simulated options not considered")
     if not allow_multi and req.nodes > 1 and topo_req != "multi-node":
         out_notes.append(f"topology {topo_req} requested: multi-node options not considered")
-    n_rej = sum(counts.values())
-    shown = len(rejected)
-    if n_rej > shown:
-        by = ", ".join(f"{k} {counts[k]:,}" for k in REASON_KINDS if counts.get(k))
-        out_notes.append(f"{n_rej:,} options rejected ({by}); showing the cheapest {rejected_per_reason} per reason")
+    note = rejected_note(counts, len(rejected), rejected_per_reason)
+    if note:
+        out_notes.append(note)
     return Plan(requirements=req, options=options, rejected=rejected, notes=out_notes,
                 created_at=now or utcnow(), rejected_counts=counts, valid_count=len(valid))

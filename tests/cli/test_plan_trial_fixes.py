@@ -7,6 +7,8 @@ import json
 import subprocess
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO, broker_cmd
 
 
@@ -55,3 +57,37 @@ def test_a_recipe_without_checkpoint_dir_is_told_to_set_one(cli_env, tmp_path):
     out = " ".join(p.stdout.split())
     assert ("the run needs `interruptible: true` in the recipe (or `broker run --interruptible true`) and a "
             "checkpoint_dir: to resume") in out, out
+
+
+def _groups(plan: dict) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for o in plan["rejected"]:
+        out.setdefault(o["reason_kind"], []).append(o["worst_case_usd"])
+    return out
+
+
+@pytest.mark.parametrize("mode", ["auto", "true"])
+def test_interruptible_rejected_counts_text_equals_json_capped_and_in_cost_order(cli_env, mode):
+    args = ("--budget", "5", "--interruptible", mode)
+    doc = json.loads(_plan(cli_env, *args, "--json").stdout)["plan"]
+    counts = doc["rejected_counts"]
+    n = sum(counts.values())
+    by = ", ".join(f"{k} {v:,}" for k, v in counts.items())
+    text = " ".join(_plan(cli_env, *args).stdout.split())
+    assert f"note: {n:,} options rejected ({by}); showing the cheapest 5 per reason" in text, text
+    assert text.count("options rejected (") == 1, text  # no stale on-demand-only count beside it
+    groups = _groups(doc)
+    assert sum(len(v) for v in groups.values()) == len(doc["rejected"])
+    for kind, costs in groups.items():
+        assert len(costs) <= 5, (kind, costs)
+        assert costs == sorted(costs), (kind, costs)
+    assert set(groups) <= set(counts)
+    if mode == "auto":  # the interruptible rejections are counted and can be shown
+        od = json.loads(_plan(cli_env, "--budget", "5", "--json").stdout)["plan"]["rejected_counts"]
+        assert n > sum(od.values()), (counts, od)
+
+
+def test_on_demand_rejected_rows_are_in_cost_order(cli_env):
+    doc = json.loads(_plan(cli_env, "--budget", "5", "--json").stdout)["plan"]
+    for kind, costs in _groups(doc).items():
+        assert costs == sorted(costs), (kind, costs)
