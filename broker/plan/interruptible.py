@@ -61,6 +61,7 @@ from typing import Any
 
 from broker.core.model import Offer, Plan, PlanOption, Requirements
 from broker.plan import pricing
+from broker.plan.rejections import merge_rejected as _merge_rejected, with_counts as _with_counts
 
 #: Offer.attrs key: the provider's interruptible price of the offer, USD per hour for the whole unit
 PRICE_ATTR = "interruptible_usd_per_hour"
@@ -276,36 +277,6 @@ def comparison(spot: PlanOption, od: PlanOption | None) -> str:
     if save > 0:
         return head + tail + f": interruptible saves {_usd(save)}{pct} expected"
     return head + tail + f": interruptible costs {_usd(-save)} more expected"
-
-
-def _merge_rejected(groups: Iterable[list[PlanOption]], per_reason: int) -> list[PlanOption]:
-    """The rejected options of several planning passes as one pass shows them: per reason kind (in
-    :data:`broker.plan.planner.REASON_KINDS` order) the ``per_reason`` cheapest by worst case, on-demand first at
-    equal cost (``groups`` in that order)."""
-    from broker.plan.planner import REASON_KINDS
-
-    by_kind: dict[str, list[PlanOption]] = {}
-    for g in groups:
-        for o in g:
-            by_kind.setdefault(o.reason_kind or "budget", []).append(o)
-    order = [*REASON_KINDS, *sorted(k for k in by_kind if k not in REASON_KINDS)]
-    out: list[PlanOption] = []
-    for k in order:
-        out += sorted(by_kind.get(k, ()), key=lambda o: o.worst_case_usd)[:per_reason]
-    return out
-
-
-def _with_counts(notes: list[str], old: dict[str, int], old_shown: int, counts: dict[str, int], shown: int,
-                 per_reason: int) -> list[str]:
-    """``notes`` with the on-demand pass's "N options rejected" note replaced by one of the merged ``counts``."""
-    from broker.plan.planner import rejected_note
-
-    stale = rejected_note(old, old_shown, per_reason)
-    out = [n for n in notes if not (stale and n == stale)]
-    note = rejected_note(counts, shown, per_reason)
-    if note:
-        out.append(note)
-    return out
 
 
 def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *args: Any, **kw: Any) -> Plan:

@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 
 from broker.plan import pricing
+from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
 from broker.providers import HYBRID_CLOUD
 
@@ -67,8 +68,6 @@ DEFAULT_HOURS = 1.0
 #: With ``hours`` None: the deadline of free options (local), which the budget does not bound.
 FREE_DEADLINE_HOURS = 24.0
 
-#: Reason kinds in check order (keys of ``Plan.rejected_counts``).
-REASON_KINDS = ("provider", "gpu-model", "gpu-memory", "topology", "capacity", "quota", "budget")
 
 _BLOCKING = {"OUT_OF_HOST_CAPACITY", "NOT_OFFERED"}
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -121,16 +120,6 @@ def digits_note(x: float, versus: float) -> str:
     if x != versus and f"{x:.2f}" == f"{versus:.2f}" and not 0 < x < 0.01:
         return f" ({'over' if x > versus else 'under'} it by ${abs(x - versus):,.4f})"
     return ""
-
-
-def rejected_note(counts: Mapping[str, int], shown: int, per_reason: int) -> str:
-    """``"78 options rejected (provider 1, topology 41, budget 36); showing the cheapest 5 per reason"`` from a
-    plan's ``rejected_counts`` when more were rejected than the ``shown`` representatives; else ``""``."""
-    n_rej = sum(counts.values())
-    if n_rej <= shown:
-        return ""
-    by = ", ".join(f"{k} {counts[k]:,}" for k in REASON_KINDS if counts.get(k))
-    return f"{n_rej:,} options rejected ({by}); showing the cheapest {per_reason} per reason"
 
 
 def _h(x: float) -> str:
