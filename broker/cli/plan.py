@@ -289,8 +289,9 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
         cols += [("$/h", "right", True), ("worst", "right", True)]
         spot = any(o.interruptible for o in plan.options)
-        if spot:  # interruptible options: their expected cost with restarts beside the worst case
-            cols += [("exp", "right", True)]
+        if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
+            # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
+            cols += [("exp", "right", True), ("off", "right", True)]
         cols += [("max h", "right", True)]
         if wide:
             cols += [("prices", "left", True), ("where", "left", False)]
@@ -301,7 +302,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
                    escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd)]
             if spot:
-                row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+                row += [usd(o.expected_usd) if o.expected_usd is not None else "-", saves_text(o)]
             row += [max_hours_text(o, req.budget_usd)]
             if wide:
                 row += [escape(source_short(o.price_source)), escape(where(o, zones))]
@@ -313,7 +314,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if spot:
             ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
                      f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
-                     "with restarts[/]")
+                     "with restarts, off = its $/h below the same machine on demand[/]")
     if plan.rejected:
         t = Table(title="rejected", columns=[])
         if wide:
@@ -364,6 +365,15 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if step:
         ops.line(f"[bold]next:[/] {escape(step)}")
     out.replay(ops)
+
+
+def saves_text(o: "PlanOption") -> str:
+    """An interruptible row's ``off`` cell: how much lower its $/h is than the same offers on demand (``61%``);
+    ``""`` for an on-demand row or an unknown on-demand price."""
+    od = o.on_demand_usd_per_hour
+    if not o.interruptible or od is None or od <= 0:
+        return ""
+    return f"{max(0.0, 1 - o.usd_per_hour / od):.0%}"
 
 
 def interruptible_needs(value: str, recipe_sets: "tuple[str, str | None] | None") -> str:

@@ -307,7 +307,10 @@ class PlanOption:
     expected_usd: float | None = None
     #: preemptions per hour of the whole option assumed by the expectation (None for on-demand)
     preemptions_per_hour: float | None = None
-    #: a rejected option's reason kind (one of broker.plan.planner.REASON_KINDS: its count in
+    #: interruptible: the on-demand USD per hour of the same offers (storage included), what its $/h saves on;
+    #: None for on-demand
+    on_demand_usd_per_hour: float | None = None
+    #: a rejected option's reason kind (one of broker.plan.rejections.REASON_KINDS: its count in
     #: ``Plan.rejected_counts``); None for a valid option
     reason_kind: str | None = None
 
@@ -315,7 +318,7 @@ class PlanOption:
         if not isinstance(self.topology, TopologyKind):
             self.topology = TopologyKind(self.topology)
         _floats(self, ("usd_per_hour", "worst_case_usd", "hours", "max_hours_within_budget", "expected_usd",
-                       "preemptions_per_hour"))
+                       "preemptions_per_hour", "on_demand_usd_per_hour"))
 
     @property
     def valid(self) -> bool:

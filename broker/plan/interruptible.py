@@ -214,7 +214,11 @@ def _annotate(opt: PlanOption, req: Requirements, extra_h: float) -> PlanOption:
     if not rejected and job_h * 3600.0 < 60:
         rejected.append(f"interruptible: the budget covers {req.max_restarts + 1} setups but leaves no job time")
     rejected = [r if r.startswith("interruptible") else f"interruptible: {r}" for r in rejected]
+    # the same offers on demand: each variant's own on-demand price in place of what broker pays (storage stays)
+    od_rate = opt.usd_per_hour + sum(float(x.attrs.get(ON_DEMAND_ATTR) or x.usd_per_hour) - x.usd_per_hour
+                                     for x in opt.offers)
     return replace(opt, hours=job_h, max_hours_within_budget=max_h, interruptible=True,
+                   on_demand_usd_per_hour=od_rate if opt.offers else None,
                    max_restarts=req.max_restarts, expected_usd=exp, preemptions_per_hour=units * per,
                    rejected=rejected,
                    price_source=opt.offers[0].price_source if opt.offers else opt.price_source)

@@ -91,3 +91,28 @@ def test_on_demand_rejected_rows_are_in_cost_order(cli_env):
     doc = json.loads(_plan(cli_env, "--budget", "5", "--json").stdout)["plan"]
     for kind, costs in _groups(doc).items():
         assert costs == sorted(costs), (kind, costs)
+
+
+def test_each_interruptible_row_shows_what_it_saves_on_the_same_machine(cli_env):
+    from broker.cli.plan import saves_text
+    from broker.core.model import PlanOption
+
+    doc = json.loads(_plan(cli_env, "--budget", "5", "--interruptible", "auto", "--json").stdout)["plan"]
+    spot = [o for o in doc["options"] if o["interruptible"]]
+    assert spot and all(o["on_demand_usd_per_hour"] is None for o in doc["options"] if not o["interruptible"])
+    for o in spot:  # the same offers' on-demand prices, not the cheapest on-demand row's
+        od_minus_pay = sum(x["attrs"]["on_demand_usd_per_hour"] - x["usd_per_hour"] for x in o["offers"])
+        assert abs(o["on_demand_usd_per_hour"] - (o["usd_per_hour"] + od_minus_pay)) < 1e-9, o
+        assert o["on_demand_usd_per_hour"] > o["usd_per_hour"]
+    lines = _plan(cli_env, "--budget", "5", "--interruptible", "auto", columns="80").stdout.splitlines()
+    assert max(len(x) for x in lines if x.startswith(" ")) <= 80  # the tables (BROKER_NO_WRAP: prose unwrapped)
+    assert " off " in next(x for x in lines if "provider" in x and "max h" in x)
+    rows = [x for x in lines if " int. " in x]
+    assert rows and all(x.split()[-2].endswith("%") for x in rows), rows
+    assert any("off = its $/h below the same machine on demand" in x for x in lines)
+    g = spot[0]
+    opt = PlanOption(provider="x", topology="simulated", nodes=1, gpus_per_node=1, usd_per_hour=0.4,
+                     worst_case_usd=1, hours=1, interruptible=True, on_demand_usd_per_hour=1.0)
+    assert saves_text(opt) == "60%" and g
+    assert saves_text(PlanOption(provider="x", topology="simulated", nodes=1, gpus_per_node=1, usd_per_hour=0.4,
+                                 worst_case_usd=1, hours=1)) == ""
