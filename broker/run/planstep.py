@@ -67,7 +67,9 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
             failed = missing.get(provider) or ProviderCheck(provider=provider, configured=False)
             raise not_configured_error(failed, f"the plan on {provider} comes from a price snapshot and nothing "
                                        "can be rented")
-        need = "; ".join(f"{p}: {c.hint or c.detail or 'no credentials'}" for p, c in missing.items() if c)
+        # each provider's cause (its check's detail) and its fix, as `broker check` prints them
+        need = "; ".join(p + (f" ({c.detail})" if c.detail and c.hint else "")
+                         + f": {c.hint or c.detail or 'no credentials'}" for p, c in missing.items() if c)
         cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
         # a plan exists; what stops the run is providers that are not configured: exit 4, as with --provider
         raise AuthError(", ".join(p for p, c in missing.items() if c), "credentials check",

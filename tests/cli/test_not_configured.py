@@ -89,6 +89,7 @@ def test_interruptible_true_says_this_machine_is_never_interruptible(bare_env):
     assert code == 4, text
     assert "this machine is never interruptible, so `interruptible: true` rules it out" in text, text
     assert "`--interruptible false` or `--provider local` runs it here" in text, text
+    assert "gcp (no GOOGLE_APPLICATION_CREDENTIALS and no ADC file" in text, text  # each provider's cause, then fix
     # a recipe that accepts this machine gets no such clause
     code, text = broker(bare_env, "run", "--provider", "gcp", "recipes/ddp_2node.yaml")
     assert code == 4 and "never interruptible" not in text, text
