@@ -77,6 +77,16 @@ class ProviderCheck:
     hint: str | None = None
 
 
+def not_configured_error(chk: ProviderCheck, consequence: str) -> AuthError:
+    """The error (exit 4) for a provider that ``chk`` (its :meth:`Provider.check`, the one ``broker check`` prints)
+    found not configured: the real cause (client library missing, credentials missing, project missing: the
+    check's ``detail``), ``consequence`` (what cannot happen, e.g. "nothing can be rented") and, as the hint, the
+    check's whole fix (install, then credentials).  Returns the AuthError; raises nothing."""
+    cause = chk.detail or "no credentials"
+    return AuthError(chk.provider, "credentials check", f"{chk.provider} is not configured ({cause}): {consequence}",
+                     hint=chk.hint or "see .env.example")
+
+
 InstanceState = Literal["pending", "running", "stopped", "terminating", "terminated", "failed", "unknown"]
 
 class Recorder(Protocol):

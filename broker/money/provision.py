@@ -443,8 +443,10 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
             try:
                 cache[name] = get_provider(name)
             except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
+                from broker.core.install import install_hint
+
                 raise NotSupported(name, "load adapter", str(e),
-                                   hint=f"install broker's '{name}' extra (pip install 'broker[{name}]')") from None
+                                   hint=f"install broker's '{name}' extra: {install_hint(name)}") from None
         return cache[name]
 
     if ssh_public_key is None:

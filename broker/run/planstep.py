@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 
 from broker.core.model import Plan, PlanOption
-from broker.core.provider import AuthError
+from broker.core.provider import AuthError, ProviderCheck, not_configured_error
 from broker.core.recipe import Recipe
 
 
@@ -48,7 +48,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
 
         raise no_plan_error(recipe, plan)
     usable: list = []
-    missing: dict[str, str] = {}
+    missing: dict[str, ProviderCheck | None] = {}  # provider -> its failed check (None: configured)
     for opt in plan.options:
         if opt.provider == "local":
             usable.append(opt)
@@ -56,24 +56,38 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
         if opt.provider not in missing:
             try:
                 chk = get_provider(opt.provider).check()
-                missing[opt.provider] = "" if chk.configured else (chk.hint or chk.detail or "no credentials")
             except Exception as e:  # noqa: BLE001 - an adapter that cannot start cannot rent
-                missing[opt.provider] = str(e)
-        if not missing[opt.provider]:
+                chk = ProviderCheck(provider=opt.provider, configured=False, detail=str(e))
+            missing[opt.provider] = None if chk.configured else chk
+        if missing[opt.provider] is None:
             usable.append(opt)
     if not usable:
         best = plan.chosen
         if provider:
-            raise AuthError(provider, "credentials check", f"no credentials: the plan on {provider} comes from a "
-                            "price snapshot and nothing can be rented", hint=missing.get(provider) or None)
-        need = "; ".join(f"{p}: {why}" for p, why in missing.items() if why)
+            failed = missing.get(provider) or ProviderCheck(provider=provider, configured=False)
+            raise not_configured_error(failed, f"the plan on {provider} comes from a price snapshot and nothing "
+                                       "can be rented")
+        # each provider's cause (its check's detail) and its fix, as `broker check` prints them
+        need = "; ".join(p + (f" ({c.detail})" if c.detail and c.hint else "")
+                         + f": {c.hint or c.detail or 'no credentials'}" for p, c in missing.items() if c)
         cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
         # a plan exists; what stops the run is providers that are not configured: exit 4, as with --provider
-        raise AuthError(", ".join(p for p, why in missing.items() if why), "credentials check",
+        raise AuthError(", ".join(p for p, c in missing.items() if c), "credentials check",
                         f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
-                        f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}",
+                        f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}"
+                        f"{interruptible_excludes_here(recipe)}",
                         hint=f"configure one (see .env.example): {need}{cpu}{free_try_hint(recipe)}")
     return plan, usable
+
+
+def interruptible_excludes_here(recipe: Recipe) -> str:
+    """The clause that says why this machine is not among the options of an ``interruptible: true`` recipe (it is
+    never interruptible capacity, so the plan leaves it out), with the two ways to run it here; ``""`` for other
+    recipes (``auto`` and ``false`` accept this machine)."""
+    if str(getattr(recipe, "interruptible", "false")).lower() != "true":
+        return ""
+    return ("; this machine is never interruptible, so `interruptible: true` rules it out: "
+            "`--interruptible false` or `--provider local` runs it here")
 
 
 def free_try_hint(recipe: Recipe) -> str:

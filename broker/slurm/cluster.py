@@ -156,13 +156,12 @@ def cpu_options(recipe: Any, provider: str) -> list:
     from broker.plan.catalog import SHIPPED_DIR
     from broker.plan.facts import gather
     from broker.plan.planner import free_tier_offers, plan
-    from broker.core.provider import AuthError
+    from broker.core.provider import not_configured_error
     from broker.providers import get_provider
 
     chk = get_provider(provider).check()
     if not chk.configured:
-        raise AuthError(provider, "credentials check", f"no credentials for {provider}: nothing can be rented",
-                        hint=chk.hint or chk.detail or "see .env.example")
+        raise not_configured_error(chk, "nothing can be rented")
     req = recipe.requirements()
     facts = gather(req, [provider])
     offers = list(facts.offers) + free_tier_offers(req, (SHIPPED_DIR / "free_tier.csv").read_text())

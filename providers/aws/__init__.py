@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import Provider, ProviderCheck, Recorder
 from broker.providers.aws import lifecycle, network, offers as _offers, quota_requests
-from broker.providers.aws.api import (INSTALL_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
-                                      map_error, quota_scope)
+from broker.providers.aws.api import (CREDENTIALS_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
+                                      install_hint, map_error, quota_scope)
 from broker.providers.aws.lifecycle import DLAMI_NAME, TOKEN_TAG
 from broker.providers.aws.network import DELETE_ORDER
 from broker.providers.aws.offers import PRICING_REGION, REGION_LOCATIONS
@@ -54,7 +54,7 @@ from broker.providers.aws.userdata import BOOT_DONE, NODE_STATE_DIR, SSH_USER, b
 if TYPE_CHECKING:
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
-__all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "INSTALL_HINT", "NODE_STATE_DIR",
+__all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "NODE_STATE_DIR",
            "PRICING_REGION", "REGION_LOCATIONS", "SSH_USER", "TOKEN_TAG", "boot_wait_command", "credentials_present",
            "map_error", "quota_scope", "user_data_script"]
 
@@ -184,9 +184,10 @@ class AWSProvider(Provider):
         ok, where = credentials_present()
         if not ok and self.api.configured():  # keys or a profile given in .env (the settings object)
             ok, where = True, "AWS keys / profile in .env"
-        if ok and importlib.util.find_spec("boto3") is None:
-            return ProviderCheck(provider=PROVIDER, configured=False, detail=f"{where}, but boto3 is not installed",
-                                 hint=INSTALL_HINT)
+        if importlib.util.find_spec("boto3") is None:  # the whole fix in one hint: install, then credentials
+            detail = f"{where}, but boto3 is not installed" if ok else f"boto3 is not installed and {where}"
+            return ProviderCheck(provider=PROVIDER, configured=False, detail=detail,
+                                 hint=install_hint() + ("" if ok else "; then " + CREDENTIALS_HINT))
         return ProviderCheck(provider=PROVIDER, configured=ok, detail=where,
                              hint=None if ok else "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE "
                                                   "(prices and plans work from the snapshot without them)")

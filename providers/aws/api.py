@@ -22,9 +22,15 @@ from broker.core.provider import (AmbiguousCreate, AuthError, CapacityError, Pro
 
 PROVIDER = "aws"
 _log = logging.getLogger(__name__)
-#: What to do when boto3 is missing (the `aws` extra).
-INSTALL_HINT = "install the AWS SDK: pip install -e '.[aws]' (or pip install boto3)"
 CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (.env.example)"
+
+
+def install_hint() -> str:
+    """What to do when boto3 is missing: install the ``aws`` extra, worded for how broker was installed
+    (:func:`broker.core.install.install_hint`)."""
+    from broker.core.install import install_hint as extra_hint
+
+    return "install the AWS SDK: " + extra_hint("aws", "boto3")
 
 ClientFactory = Callable[[str, str, Any], Any]  # (service, region, botocore Config | None) -> client
 
@@ -347,7 +353,7 @@ class AWSApi:
         try:
             from botocore.config import Config
         except ImportError:
-            raise AuthError(PROVIDER, f"{service} client", "boto3 is not installed", hint=INSTALL_HINT) from None
+            raise AuthError(PROVIDER, f"{service} client", "boto3 is not installed", hint=install_hint()) from None
 
         cfg = Config(retries={"mode": "standard", "total_max_attempts": 1}) if launch else \
             Config(retries={"mode": "standard", "max_attempts": 4})

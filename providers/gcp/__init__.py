@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
 from broker.providers.gcp import lifecycle, network, offers as _offers, quota_requests
-from broker.providers.gcp.api import INSTALL_HINT, PROVIDER, GCPApi, find_credentials
+from broker.providers.gcp.api import CREDENTIALS_HINT, PROVIDER, GCPApi, find_credentials, install_hint
 from broker.providers.gcp.lifecycle import DEFAULT_IMAGE, TOKEN_TAG
 from broker.providers.gcp.network import DELETE_ORDER
 from broker.providers.gcp.offers import parse_type, snapshot_offers
@@ -171,15 +171,14 @@ class GCPProvider(Provider):
             installed = False
         if not installed:
             return ProviderCheck(provider=PROVIDER, configured=False, detail="the Google Cloud clients are not "
-                                 "installed", hint=INSTALL_HINT)
+                                 "installed", hint=install_hint())
         if self.api.source and self.api._credentials is not None:
             where = self.api.source
         else:
             path, where = find_credentials()
             if path is None:
                 return ProviderCheck(provider=PROVIDER, configured=False, detail=where,
-                                     hint="run `gcloud auth application-default login` or set "
-                                          "GOOGLE_APPLICATION_CREDENTIALS, and GOOGLE_CLOUD_PROJECT")
+                                     hint=CREDENTIALS_HINT)
             try:
                 self.api.credentials()
             except AuthError as e:

@@ -34,9 +34,17 @@ from broker.core.provider import (AmbiguousCreate, AuthError, CapacityError, Pro
                                   TransientError)
 
 PROVIDER = "gcp"
-INSTALL_HINT = "pip install 'broker[gcp]' (google-cloud-compute, google-cloud-quotas, google-auth)"
 CREDENTIALS_HINT = ("run `gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS to a "
                     "service-account key file) and set GOOGLE_CLOUD_PROJECT")
+
+
+def install_hint() -> str:
+    """The whole fix when the Google clients are missing: install the ``gcp`` extra (worded for how broker was
+    installed: :func:`broker.core.install.install_hint`), then the credential and project steps."""
+    from broker.core.install import install_hint as extra_hint
+
+    return (extra_hint("gcp", "google-cloud-compute, google-cloud-quotas, google-auth")
+            + "; then " + CREDENTIALS_HINT)
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 #: operation / error codes meaning "no capacity in this zone" (stockout): try the next zone, then the next option
@@ -172,7 +180,7 @@ class GCPApi:
             import google.auth
             from google.auth import exceptions as gexc
         except ImportError:
-            raise AuthError(PROVIDER, "import google.auth", "google-auth is not installed", hint=INSTALL_HINT) \
+            raise AuthError(PROVIDER, "import google.auth", "google-auth is not installed", hint=install_hint()) \
                 from None
         kind = _read_json(path).get("type", "?")
         try:
@@ -232,7 +240,7 @@ class GCPApi:
                 ep = self.compute_endpoint
         except ImportError:
             raise AuthError(PROVIDER, f"import the {name} client", "the Google Cloud client libraries are not "
-                            "installed", hint=INSTALL_HINT) from None
+                            "installed", hint=install_hint()) from None
         kw: dict[str, Any] = {"credentials": self.credentials(), "transport": "rest"}
         if ep:
             kw["client_options"] = {"api_endpoint": ep}
@@ -251,7 +259,7 @@ class GCPApi:
             from google.auth.transport.requests import AuthorizedSession
         except ImportError:
             raise AuthError(PROVIDER, f"import google.auth ({call})", "google-auth is not installed",
-                            hint=INSTALL_HINT) from None
+                            hint=install_hint()) from None
         base = (self.compute_endpoint or "https://compute.googleapis.com").rstrip("/")
         session = self._clients.get("_session")
         if session is None:

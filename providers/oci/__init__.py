@@ -49,7 +49,7 @@ from broker.providers.oci.offers import UNCONFIRMED_LIMITS, limit_for_shape, sha
 from broker.providers.oci.scripts import (BOOT_DONE, INSTANCE_PRINCIPAL_SETUP, boot_wait_command, cloud_init,
                                           deadman_cloud_init, deadman_watcher, firewall_script, idle_cloud_init,
                                           node_layers, self_terminate_function)
-from broker.providers.oci.sdk import INSTALL_HINT, PROVIDER, OCIApi, exceeded_limits, quota_request_command
+from broker.providers.oci.sdk import PROVIDER, OCIApi, exceeded_limits, install_hint, quota_request_command
 
 if TYPE_CHECKING:
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
@@ -182,7 +182,7 @@ class OCIProvider(Provider):
             cfg = self.api.load_config()
         except ImportError:
             return ProviderCheck(provider=PROVIDER, configured=False, detail="the oci SDK is not installed",
-                                 hint=INSTALL_HINT)
+                                 hint=install_hint())
         except AuthError as e:
             detail = "the oci SDK is not installed" if e.call == "import oci" else e.message
             return ProviderCheck(provider=PROVIDER, configured=False, detail=detail, hint=e.hint)

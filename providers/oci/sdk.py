@@ -23,10 +23,16 @@ PROVIDER = "oci"
 _log = logging.getLogger(__name__)
 
 _EXCEEDED = re.compile(r"service limits? (?:were|was) exceeded:\s*(.+?)(?:\.\s|\.$|$)", re.I | re.S)
-#: What to do when the SDK is missing (the `oci` extra).
-INSTALL_HINT = "install the OCI SDK: pip install 'broker[oci]' (or pip install oci)"
 CONFIG_HINT = ("run `oci setup config` (writes ~/.oci/config with your user, tenancy, fingerprint, key_file and "
                "region), or point OCI_CONFIG_FILE / OCI_PROFILE at an existing profile")
+
+
+def install_hint() -> str:
+    """The whole fix when the SDK is missing: install the ``oci`` extra (worded for how broker was installed:
+    :func:`broker.core.install.install_hint`), then the profile step."""
+    from broker.core.install import install_hint as extra_hint
+
+    return "install the OCI SDK: " + extra_hint("oci", "oci") + "; then " + CONFIG_HINT
 
 
 def exceeded_limits(message: str) -> list[str]:
@@ -119,7 +125,7 @@ class OCIApi:
         try:
             import oci
         except ImportError:  # configured, but without the `oci` extra: a fix, not a traceback
-            raise AuthError(PROVIDER, "import oci", "the oci SDK is not installed", hint=INSTALL_HINT) from None
+            raise AuthError(PROVIDER, "import oci", "the oci SDK is not installed", hint=install_hint()) from None
 
         where = "the config dict" if self._config_in is not None else \
             f"{self.config_file} profile [{self.profile}]"

@@ -372,7 +372,7 @@ def test_broker_run_fake_exit_codes_and_nothing_left(env, ledger, monkeypatch, t
     from broker.core.provider import AuthError
 
     assert isinstance(r.exception, AuthError) and r.exception.exit_code == 4
-    assert "vast: credentials check failed: no credentials" in str(r.exception)
+    assert "vast: credentials check failed: vast is not configured (" in str(r.exception)
     assert "VAST_API_KEY" in str(r.exception)
 
 

@@ -1,0 +1,61 @@
+"""How to install one of broker's optional extras (``gcp``, ``aws``, ``oci``, ``vast``), worded for the way broker
+itself was installed: from a source checkout (``pip install -e .``, the ``scripts/install`` way) the extra must go
+into that checkout's environment, since a bare ``pip install 'broker[gcp]'`` asks the package index for a package
+named "broker", which is not this one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+
+def checkout_dir() -> Path | None:
+    """The source folder broker was installed from (its ``direct_url.json`` names a ``file://`` folder, editable
+    or not), or None for an install from a package index / wheel file, or when the metadata cannot be read."""
+    from importlib import metadata
+
+    try:
+        raw = metadata.distribution("broker").read_text("direct_url.json")
+    except (metadata.PackageNotFoundError, OSError):
+        return None
+    try:
+        info = json.loads(raw or "")
+    except ValueError:  # metadata is written by pip, but a broken file must not break an error message
+        return None
+    url = info.get("url", "") if isinstance(info, dict) else ""
+    if "dir_info" not in info or not url.startswith("file://"):
+        return None
+    path = Path(unquote(urlparse(url).path))
+    return path if (path / "pyproject.toml").is_file() else None
+
+
+def _shown(path: Path, cwd: Path, *, dot: bool = False) -> str:
+    """``path`` relative to ``cwd`` when under it, else absolute; ``dot``: a relative path starts with ``./`` (pip
+    reads a bare word as a package name, and ``pip`` alone would be looked up on PATH)."""
+    try:
+        rel = str(path.relative_to(cwd))
+    except ValueError:
+        return str(path)
+    if rel == ".":
+        return "."
+    return f"./{rel}" if dot or "/" not in rel else rel
+
+
+def install_hint(extra: str, packages: str = "", *, cwd: Path | None = None) -> str:
+    """The command that installs broker's ``extra`` (with ``packages``, e.g. "google-cloud-compute, google-auth",
+    named after it), one line.  From a checkout: this interpreter's pip, ``install -e '<checkout>[extra]'``, paths
+    relative to ``cwd`` (default: the current folder) when under it, e.g. ``.venv/bin/pip install -e '.[gcp]'``;
+    otherwise ``pip install 'broker[extra]'``.  Raises nothing."""
+    here = cwd or Path.cwd()
+    src = checkout_dir()
+    if src is None:
+        cmd = f"pip install {shlex.quote(f'broker[{extra}]')}"
+    else:
+        pip = Path(sys.executable).with_name("pip")
+        pip_s = _shown(pip, here) if pip.exists() else f"{_shown(Path(sys.executable), here)} -m pip"
+        cmd = f"{pip_s} install -e {shlex.quote(f'{_shown(src, here, dot=True)}[{extra}]')}"
+    return f"{cmd} ({packages})" if packages else cmd
