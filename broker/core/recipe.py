@@ -493,6 +493,7 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
             raise RecipeError(f"{p}:{lines.get(('checkpoint_dir',), '?')}: field 'checkpoint_dir': "
                               f"{recipe.checkpoint_dir} is a file in the workdir, not a folder",
                               hint="name the folder the job writes its checkpoints into (e.g. checkpoints)")
+    _refuse_named_checkpoint_files(recipe, script, workdir, f"{p}:{lines.get(('checkpoint_dir',), '?')}")
     template = dict(recipe.env)
     _refuse_broker_credentials(template, p, lines)
     env = resolve_env(template, where=str(p), lines=lines) if resolve else template
@@ -515,6 +516,36 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     if warn:
         out._load_warnings.append(warn)
     return out
+
+
+def path_words(script: Path | str, args: list[str] = ()) -> list[str]:
+    """The words of a recipe that may name a file: its script and each argument (the value of ``--opt=value``),
+    flags (``-x``, ``--opt``) and empty words left out."""
+    words = [str(script), *[a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in args]]
+    return [w for w in words if w and not w.startswith("-")]
+
+
+def _refuse_named_checkpoint_files(recipe: Recipe, script: Path, workdir: Path, where: str) -> None:
+    """Raise RecipeError when the script (``script``: its resolved path) or an argument (relative to ``workdir``)
+    names a file inside ``checkpoint_dir`` and ``resume_checkpoint`` is false: that folder is not staged, so the
+    job would not find the file on the node."""
+    if recipe.checkpoint_dir is None or recipe.resume_checkpoint:
+        return
+    root = workdir.resolve()
+    ck = (root / recipe.checkpoint_dir).resolve()
+    for word in path_words(script, recipe.args):
+        try:
+            real = (Path(word) if Path(word).is_absolute() else root / word).resolve()
+            named = real.is_file() and ck in real.parents
+        except OSError:
+            continue
+        if named:
+            said = "'script'" if word == str(script) else "'args'"
+            raise RecipeError(f"{where}: field 'checkpoint_dir': {recipe.checkpoint_dir} holds "
+                              f"{real.relative_to(root).as_posix()}, which {said} names; checkpoint_dir is not "
+                              "staged (a new run starts without it), so the job would not find that file",
+                              hint="name another folder as checkpoint_dir (one the job only writes checkpoints "
+                                   "to, e.g. checkpoints), or set resume_checkpoint: true to stage it")
 
 
 #: what every "interruptible without checkpoint_dir" warning says (to find it again when a flag changes the value)
