@@ -518,6 +518,17 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     return out
 
 
+def shown_path(path: Path | str | None) -> str:
+    """``path`` (a recipe file) for a hint the user copies: relative to the current folder when it is under it
+    (``recipes/ddp_2node.yaml``, as typed), else as given; ``""`` for None."""
+    if path is None:
+        return ""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
 def path_words(script: Path | str, args: list[str] = ()) -> list[str]:
     """The words of a recipe that may name a file: its script and each argument (the value of ``--opt=value``),
     flags (``-x``, ``--opt``) and empty words left out."""
