@@ -176,3 +176,18 @@ def test_a_checkpoint_dir_holding_a_file_the_recipe_names_is_refused_before_anyt
     assert load_recipe(tmp_path / "r.yaml").resume_checkpoint
     (tmp_path / "r.yaml").write_text(body.replace("checkpoint_dir: data", "checkpoint_dir: checkpoints"))
     assert load_recipe(tmp_path / "r.yaml").checkpoint_dir == "checkpoints"
+
+
+def test_the_readme_example_stages_what_recipes_ddp_2node_really_stages():
+    """README's first-command example said "staged 7 file(s), 69.6 kB" after recipes/ gained an eighth file."""
+    import re
+
+    from broker.core.recipe import load_recipe
+    from broker.run.staging import recipe_stage_plan
+    from tests.conftest import REPO
+
+    r = load_recipe(Path(REPO) / "recipes" / "ddp_2node.yaml")
+    plan = recipe_stage_plan(r.workdir, r.script, r.args, checkpoint_dir=r.checkpoint_dir,
+                             resume_checkpoint=r.resume_checkpoint)
+    said = re.search(r"staged (\d+) file\(s\), ([\d.]+ [kM]?B) per node", (Path(REPO) / "README.md").read_text())
+    assert said and (int(said[1]), said[2]) == (len(plan.files), plan.size_text()), (said, len(plan.files))
