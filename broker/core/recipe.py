@@ -163,7 +163,8 @@ class Recipe(BaseModel):
         out = self.model_copy(update={"interruptible": v})
         out._interruptible_flag = flag
         out._load_warnings = [w for w in self._load_warnings if _NO_CHECKPOINT_MARK not in w]
-        warn = interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir, self.path)
+        warn = interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir,
+                                     Path(shown_path(self.path)) if self.path else None)
         if warn:
             out._load_warnings.append(warn)
         return out

@@ -171,3 +171,11 @@ def test_other_choice_errors_read_once_and_name_the_fix(tmp_path):
         load_recipe(write(tmp_path, "on_stall: pause\n"))
     assert "allowed values: stop or report" in e.value.message and e.value.hint == \
         "write on_stall: followed by one of: stop, report"
+
+
+def test_the_flags_checkpoint_warning_names_the_recipe_as_typed(tmp_path, monkeypatch):
+    """`--interruptible true` said "set checkpoint_dir: in /abs/path/r.yaml" for a recipe typed as r.yaml."""
+    write(tmp_path, "")
+    monkeypatch.chdir(tmp_path)
+    (warn,) = load_recipe("r.yaml").with_interruptible("true").warnings
+    assert "set checkpoint_dir: in r.yaml to the folder" in warn, warn
