@@ -258,10 +258,11 @@ def stdout_out() -> "RichOut | PlainOut":
 
 def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_limit: int = 12,
                 wide: bool | None = None, out: "RichOut | PlainOut | None" = None,
-                recipe_sets: "tuple[str, str | None] | None" = None) -> None:
+                recipe_sets: "tuple[str, str | None] | None" = None, words: dict[str, str] | None = None) -> None:
     """Print ``plan`` (the job, the best options, the rejected ones and why, notes, the choice and the next step)
     on ``out`` (default :func:`stdout_out`).  ``recipe_sets``: the recipe file's own (``interruptible``,
-    ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe."""
+    ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe.
+    ``words``: how the user set the budget and the deadline (:func:`broker.plan.explain.limit_words`; default: the flags)."""
     from broker.core.plaintable import Column, Table, drop_empty_columns
     from broker.core.plaintable import escape
     from broker.core.prose import cell_len, usd
@@ -361,7 +362,8 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
             b = min(only_budget, key=lambda o: o.worst_case_usd)
             ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
                      f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
-                     f"(raise --budget or shorten --hours)")
+                     f"(raise {(words or {}).get('budget', '--budget')} or shorten "
+                     f"{(words or {}).get('hours', '--hours')})")
     if step:
         ops.line(f"[bold]next:[/] {escape(step)}")
     out.replay(ops)
@@ -476,10 +478,14 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
                   unavailable=facts.unavailable, top_k=max(top * 8, 20))
     log_plan(p)
     hint = ""
+    from broker.plan.explain import limit_words
+
+    words = limit_words(recipe, budget, hours if not max_run else None, cpu_ok)
     if p.chosen is None:  # why, and what to change (broker.plan.explain is read only then)
         from broker.plan.explain import no_plan_hints
 
-        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None)) or (
+        hint = "; ".join(no_plan_hints(p, cpu_ok=req.cpu_ok, budget_given=req.budget_usd is not None,
+                                       words=words)) or (
             "no offer matched the job at all (GPU model, memory, providers): see the notes above"
             if not p.rejected else "relax the job, raise the budget or request quota")
     no_plan = ("no valid plan: every option is rejected (the reasons are in plan.rejected)", hint)
@@ -492,7 +498,8 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
                             "hint": no_plan[1], "exit_code": 3}
         print_json(doc)
     else:
-        render_plan(p, recipe, limit=top, wide=wide, recipe_sets=(sets[0], sets[1]) if sets else None)
+        render_plan(p, recipe, limit=top, wide=wide, recipe_sets=(sets[0], sets[1]) if sets else None,
+                    words=words)
     if p.chosen is None:
         if as_json:  # the one-line message on stderr, as for other errors in JSON mode
             from broker.cli.report import _report

@@ -163,7 +163,8 @@ class Recipe(BaseModel):
         out = self.model_copy(update={"interruptible": v})
         out._interruptible_flag = flag
         out._load_warnings = [w for w in self._load_warnings if _NO_CHECKPOINT_MARK not in w]
-        warn = None if v == "auto" else interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir, self.path)
+        warn = None if v == "auto" else interruptible_warning(f"{flag} {v}", v, self.checkpoint_dir,
+                                                              Path(shown_path(self.path)) if self.path else None)
         if warn:
             out._load_warnings.append(warn)
         return out
@@ -218,12 +219,10 @@ class Recipe(BaseModel):
     @field_validator("interruptible", mode="before")
     @classmethod
     def _interruptible_words(cls, v: Any) -> Any:
-        """YAML ``true``/``false`` (booleans) read as "true"/"false"; text is taken in any case (``Auto``)."""
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str) and v.strip().lower() in ("true", "false", "auto"):
-            return v.strip().lower()
-        return v
+        """The words of :data:`INTERRUPTIBLE_WORDS` (the ``--interruptible`` flag takes the same): YAML booleans
+        (``true``, ``yes``, ``off``) and text in any case (``Auto``); anything else is left for the choice check."""
+        word = interruptible_word(v)
+        return v if word is None else word
 
     @field_validator("checkpoint_dir")
     @classmethod
@@ -369,7 +368,7 @@ class Recipe(BaseModel):
 
 
 _ALLOWED_HINT = {
-    "topology": "one of: simulated, multi-node, any, hybrid",
+    "topology": "simulated, multi-node, any or hybrid",
     "name": "letters, digits, '-', '_' or '.', starting with a letter or digit (at most 63 characters)",
     "nodes": limits.allowed("nodes"),
     "gpus_per_node": limits.allowed("gpus_per_node") + " (0 = CPU-only, with cpu_ok: true)",
@@ -391,12 +390,17 @@ _ALLOWED_HINT = {
     "gpu": "a mapping with 'models' (list of GPU names) and 'min_mem_gib' (number)",
     "script": "the path of a Python training script, relative to the recipe",
     "workdir": "a folder relative to the recipe file",
-    "interruptible": "true, false or auto (auto: only when the expected cost with restarts is lower)",
+    "interruptible": "true, false or auto (auto: only when the expected cost with restarts is lower); yes and on "
+                     "read as true, no and off as false",
     "checkpoint_dir": "a folder inside the workdir, relative to it (e.g. checkpoints)",
     "checkpoint_every_s": "whole seconds between checkpoint copies, more than 0 (at most 86400)",
     "max_restarts": "a whole number of restarts after preemptions, 0 to 100",
     "resume_checkpoint": "true or false (true: the first attempt starts from the checkpoint_dir in the workdir)",
 }
+#: every word ``interruptible`` takes, in a recipe and after ``--interruptible``, and the value it reads as (YAML 1.1
+#: reads yes/no/on/off as booleans in a recipe, so the flag takes them too)
+INTERRUPTIBLE_WORDS = {"true": "true", "yes": "true", "on": "true", "false": "false", "no": "false", "off": "false",
+                       "auto": "auto"}
 _ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
 
 #: largest recipe file read (bytes)
@@ -454,7 +458,8 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        raise RecipeError(_format_errors(p, e, lines)) from None
+        message, fix = _format_errors(p, e, lines)
+        raise RecipeError(message, hint=fix) from None
 
     base = p.resolve().parent
     script = recipe.script if recipe.script.is_absolute() else base / recipe.script
@@ -505,6 +510,7 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
             raise RecipeError(f"{p}:{lines.get(('checkpoint_dir',), '?')}: field 'checkpoint_dir': "
                               f"{recipe.checkpoint_dir} is a file in the workdir, not a folder",
                               hint="name the folder the job writes its checkpoints into (e.g. checkpoints)")
+    _refuse_named_checkpoint_files(recipe, script, workdir, f"{p}:{lines.get(('checkpoint_dir',), '?')}")
     template = dict(recipe.env)
     _refuse_broker_credentials(template, p, lines)
     env = resolve_env(template, where=str(p), lines=lines) if resolve else template
@@ -532,6 +538,47 @@ def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
     return out
 
 
+def shown_path(path: Path | str | None) -> str:
+    """``path`` (a recipe file) for a hint the user copies: relative to the current folder when it is under it
+    (``recipes/ddp_2node.yaml``, as typed), else as given; ``""`` for None."""
+    if path is None:
+        return ""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
+
+
+def path_words(script: Path | str, args: list[str] = ()) -> list[str]:
+    """The words of a recipe that may name a file: its script and each argument (the value of ``--opt=value``),
+    flags (``-x``, ``--opt``) and empty words left out."""
+    words = [str(script), *[a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in args]]
+    return [w for w in words if w and not w.startswith("-")]
+
+
+def _refuse_named_checkpoint_files(recipe: Recipe, script: Path, workdir: Path, where: str) -> None:
+    """Raise RecipeError when the script (``script``: its resolved path) or an argument (relative to ``workdir``)
+    names a file inside ``checkpoint_dir`` and ``resume_checkpoint`` is false: that folder is not staged, so the
+    job would not find the file on the node."""
+    if recipe.checkpoint_dir is None or recipe.resume_checkpoint:
+        return
+    root = workdir.resolve()
+    ck = (root / recipe.checkpoint_dir).resolve()
+    for word in path_words(script, recipe.args):
+        try:
+            real = (Path(word) if Path(word).is_absolute() else root / word).resolve()
+            named = real.is_file() and ck in real.parents
+        except OSError:
+            continue
+        if named:
+            said = "'script'" if word == str(script) else "'args'"
+            raise RecipeError(f"{where}: field 'checkpoint_dir': {recipe.checkpoint_dir} holds "
+                              f"{real.relative_to(root).as_posix()}, which {said} names; checkpoint_dir is not "
+                              "staged (a new run starts without it), so the job would not find that file",
+                              hint="name another folder as checkpoint_dir (one the job only writes checkpoints "
+                                   "to, e.g. checkpoints), or set resume_checkpoint: true to stage it")
+
+
 #: what every "interruptible without checkpoint_dir" warning says (to find it again when a flag changes the value)
 _NO_CHECKPOINT_MARK = "without 'checkpoint_dir:': after a preemption the job restarts from the beginning"
 
@@ -546,16 +593,40 @@ def interruptible_warning(said: str, value: str, checkpoint_dir: str | None, pat
             + "to the folder your script saves to and loads from")
 
 
+def interruptible_word(value: Any) -> str | None:
+    """``value`` (a YAML boolean or text) as ``"true"``, ``"false"`` or ``"auto"`` by :data:`INTERRUPTIBLE_WORDS`
+    (case and surrounding blanks ignored); None when it is none of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return INTERRUPTIBLE_WORDS.get(value.strip().lower())
+    return None
+
+
+def interruptible_refusal(said: str, value: Any, setting: str) -> tuple[str, str]:
+    """The message and the fix for an ``interruptible`` value that is not one of :data:`INTERRUPTIBLE_WORDS`, one
+    style for the recipe field and the flag: ``said`` names where it came from (``r.yaml:4: field 'interruptible':``
+    or ``--interruptible``), ``setting`` how the fix is written (``interruptible:`` or ``--interruptible``)."""
+    from broker.core.choices import closest
+
+    near = closest(str(value), INTERRUPTIBLE_WORDS) if isinstance(value, str) else None
+    near = INTERRUPTIBLE_WORDS[near] if near else None
+    mean = f"did you mean {setting} {near}? " if near else ""
+    return (f"{said} {value!r} is not one of the allowed values: {_ALLOWED_HINT['interruptible']}",
+            f"{mean}e.g. {setting} auto (interruptible capacity only when its expected cost is lower), or "
+            f"{setting} false (on-demand)")
+
+
 def check_interruptible(flag: str, value: str | None) -> str | None:
-    """A command line's ``--interruptible`` value in the recipe field's words: ``value`` lower-cased and stripped
-    (``Auto`` -> ``auto``), None when not given.  Raises BadInput naming the flag and the allowed words."""
+    """A command line's ``--interruptible`` value in the recipe field's words (:func:`interruptible_word`:
+    ``Auto`` -> ``auto``, ``yes`` -> ``true``), None when not given.  Raises BadInput naming the flag, the allowed
+    words and the fix, as the recipe field's error does."""
     if value is None:
         return None
-    v = value.strip().lower()
-    if v not in ("false", "true", "auto"):
-        raise BadInput(f"{flag} {value!r} is not one of the allowed values: {_ALLOWED_HINT['interruptible']}",
-                       hint=f"e.g. {flag} auto (interruptible capacity only when its expected cost is lower), or "
-                            f"{flag} false (on-demand)")
+    v = interruptible_word(value)
+    if v is None:
+        message, hint = interruptible_refusal(flag, value, flag)
+        raise BadInput(message, hint=hint)
     return v
 
 
@@ -645,30 +716,35 @@ _TYPE_WORDS = {"int_parsing": "a whole number", "int_type": "a whole number", "i
                "bool_type": "true or false", "string_type": "text", "list_type": "a list", "dict_type": "a mapping"}
 
 
-def _type_sentence(field: str, err: dict, allowed: str | None) -> str | None:
-    """A validator's type or choice error as a sentence: the field, what was given, what is allowed and, for a
-    choice, the closest valid value (``multinode``: did you mean 'multi-node'?).  None for other errors."""
+def _type_sentence(field: str, err: dict, allowed: str | None) -> tuple[str, str | None] | None:
+    """A validator's type or choice error as a sentence and, for a choice, its fix (the closest valid value:
+    ``multinode``: did you mean 'multi-node'?).  None for other errors."""
     import re
 
     got = err.get("input")
     shown = limits.plain(got) if isinstance(got, float) else repr(got)
     if err["type"] in ("literal_error", "enum"):
+        if field == "interruptible":  # the words and the fix the --interruptible flag gives
+            return interruptible_refusal(f"field '{field}':", got, f"{field}:")
         from broker.core.choices import closest
 
         choices = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
         near = closest(str(got), choices) if choices and got is not None else None
-        return (f"field '{field}': {shown} is not one of the allowed values"
-                + (f": did you mean '{near}'?" if near else "")
-                + f" allowed: {allowed or 'one of: ' + ', '.join(choices)}")
+        return (f"field '{field}': {shown} is not one of the allowed values: {allowed or ', '.join(choices)}",
+                f"did you mean '{near}'? write {field}: {near}" if near else
+                f"write {field}: followed by one of: {', '.join(choices)}")
     what = _TYPE_WORDS.get(err["type"])
     if what is None:
         return None
-    return f"field '{field}' must be {what}, not {shown}" + (f"; allowed: {allowed}" if allowed and allowed != what
-                                                              else "")
+    return (f"field '{field}' must be {what}, not {shown}" + (f"; allowed: {allowed}" if allowed and allowed != what
+                                                               else ""), None)
 
 
-def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
-    msgs = []
+def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> tuple[str, str | None]:
+    """The validation errors as lines naming the file, line and field, and the fix for those that have one (a
+    choice: the closest value), joined by "; " (None when none has)."""
+    msgs: list[str] = []
+    fixes: list[str] = []
     for err in e.errors():
         loc = tuple(err["loc"])
         field = ".".join(str(x) for x in loc) or "(top level)"
@@ -701,10 +777,12 @@ def _format_errors(p: Path, e: ValidationError, lines: dict[tuple, int]) -> str:
             continue
         sentence = _type_sentence(field, err, allowed)
         if sentence:
-            msgs.append(f"{p}:{line}: {sentence}")
+            msgs.append(f"{p}:{line}: {sentence[0]}")
+            if sentence[1]:
+                fixes.append(sentence[1])
             continue
         got = err.get("input")
         shown = limits.plain(got) if isinstance(got, float) else repr(got)  # 1e9 reads 1000000000, not 1e+09
         got_s = f" (got {shown})" if got is not None and not isinstance(got, (dict, list)) and not said else ""
         msgs.append(f"{p}:{line}: field '{field}': {msg}{got_s}" + (f"; allowed: {allowed}" if allowed else ""))
-    return "\n".join(msgs)
+    return "\n".join(msgs), "; ".join(fixes) or None

@@ -101,11 +101,21 @@ def _first_reasons(plan: Plan) -> list[str]:
     return [o.rejected[0] for o in plan.rejected if o.rejected]
 
 
-def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool) -> list[str]:
+#: how a hint names the budget, the deadline and cpu_ok when the recipe set them (:func:`no_plan_hints`)
+FIELD_WORDS = {"budget": "budget_usd", "hours": "max_hours", "cpu_ok": "set cpu_ok: true in the recipe"}
+#: ... and when command-line flags set them (``broker plan --budget 0.1`` without a recipe)
+FLAG_WORDS = {"budget": "--budget", "hours": "--hours", "cpu_ok": "add --cpu-ok"}
+
+
+def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
+                  words: dict[str, str] | None = None) -> list[str]:
     """What to change when no option is valid, following the rejection reasons (not a blanket "relax the job,
     raise the budget or request quota"): only GPU-model rejections name the models that are offered; only "this
     machine has no GPU" says --cpu-ok; otherwise one hint per reason kind that occurred.  ``cpu_ok``: whether the
-    job already allows gloo on CPU (its hint is then left out); ``budget_given``: whether a budget was set."""
+    job already allows gloo on CPU (its hint is then left out); ``budget_given``: whether a budget was set;
+    ``words``: how the user set the budget, the deadline and cpu_ok (:data:`FIELD_WORDS`, the default, or
+    :data:`FLAG_WORDS`, key by key)."""
+    w = {**FIELD_WORDS, **(words or {})}
     counts = plan.rejected_counts or {}
     firsts = _first_reasons(plan)
     no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
@@ -125,7 +135,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool) -> list[str]:
         return out
     hints: list[str] = []
     if counts.get("budget") and budget_given:
-        hints.append("raise budget_usd or lower max_hours")
+        hints.append(f"raise {w['budget']} or lower {w['hours']}")
     if counts.get("gpu-model") or counts.get("gpu-memory"):
         hints.append("accept more GPU models (gpu.models) or less GPU memory")
     if counts.get("quota"):
@@ -134,7 +144,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool) -> list[str]:
         hints.append("try later or other regions / zones")
     topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
     if not cpu_ok and "cpu_ok" in topo_text:
-        hints.append("set cpu_ok: true in the recipe for a gloo-on-CPU logic check on this machine")
+        hints.append(f"{w['cpu_ok']} for a gloo-on-CPU logic check on this machine")
     return hints
 
 
@@ -166,3 +176,11 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
                  else "`broker plan` shows every option")
     return NoValidPlan(head + ": " + (". ".join(parts) if parts else "every option was rejected"),
                        hint="; ".join(hints))
+
+
+def limit_words(recipe: object | None, budget: float | None, hours: float | None,
+                cpu_ok: bool | None) -> dict[str, str]:
+    """How the user set the budget, the deadline and cpu_ok, for hints (:data:`FLAG_WORDS` for
+    a flag given or no recipe, else the recipe's field names).  ``recipe``: the recipe file, None = flags only."""
+    given = {"budget": budget is not None, "hours": hours is not None, "cpu_ok": bool(cpu_ok)}
+    return {k: FLAG_WORDS[k] if recipe is None or given[k] else FIELD_WORDS[k] for k in FIELD_WORDS}

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 from broker.core.records import Cluster, Resource
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
-from broker.core.recipe import Recipe
+from broker.core.recipe import Recipe, shown_path
 # adapters by name through the registry (imported when asked): the run layer imports none
 from broker.providers import REGISTRY, adapter_module, provider_class
 from broker.run.runrecord import Context, Declined, Hooks, RunOutcome, Say, end_run, new_run
@@ -243,7 +243,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
             raise inject_error(req.inject, hybrid=topo == "hybrid")
         hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
         raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {shlex.quote(str(recipe.path))} --provider netns"
+                       hint=f"broker run {shlex.quote(shown_path(recipe.path))} --provider netns"
                        + (" --topology hybrid" if hybrid else "")
                        + f" --inject {req.inject}")
     if topo == "hybrid":

@@ -8,7 +8,7 @@ import shlex
 
 from broker.core.model import Plan, PlanOption
 from broker.core.provider import AuthError, ProviderCheck, not_configured_error
-from broker.core.recipe import Recipe
+from broker.core.recipe import Recipe, shown_path
 
 
 # --------------------------------------------------------------------------------------------------- plan + entry
@@ -23,7 +23,7 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
     extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
              if cpu_only else "")
     return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
-            f"`broker plan --recipe {shlex.quote(str(recipe.path))}{recipe.plan_flags()}` lists them{extra}")
+            f"`broker plan --recipe {shlex.quote(shown_path(recipe.path))}{recipe.plan_flags()}` lists them{extra}")
 
 
 def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanOption]]:
@@ -96,13 +96,7 @@ def free_try_hint(recipe: Recipe) -> str:
     there is no recipe file to name."""
     if recipe.path is None:
         return ""
-    from pathlib import Path
-
-    try:  # as the user typed it when it is under the current folder (`recipes/ddp_spot.yaml`)
-        shown = Path(recipe.path).relative_to(Path.cwd())
-    except (ValueError, OSError):
-        shown = Path(recipe.path)
-    path = shlex.quote(str(shown))
+    path = shlex.quote(shown_path(recipe.path))  # as the user typed it when under the current folder
     spot = str(getattr(recipe, "interruptible", "false")).lower() in ("true", "auto")
     flags = recipe.plan_flags() if hasattr(recipe, "plan_flags") else ""  # the flags that made this situation
     out = ""

@@ -86,6 +86,8 @@ class StagePlan:
     #: files the recipe names (its script, files its arguments name) staged although an ignore rule drops them
     #: -> that rule (``scratch/ in /repo/.gitignore``)
     forced: dict[str, str] = field(default_factory=dict)
+    #: how many files the recipe's ``checkpoint_dir`` holds that were left out (:func:`recipe_stage_plan`)
+    checkpoint_files: int = 0
 
     def source(self, rel: Path) -> Path:
         """The file whose content is staged at ``rel``."""
@@ -111,8 +113,10 @@ class StagePlan:
             more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
         ck = sorted(n for n, rule in self.excluded.items() if rule == CHECKPOINT_RULE)
         if ck:
-            more += (f" (checkpoint_dir {', '.join(ck)} not staged: a new run starts without the checkpoint left in "
-                     "the work folder; resume_checkpoint: true in the recipe starts from it)")
+            n = self.checkpoint_files
+            more += (f" (checkpoint_dir {', '.join(ck)} not staged, {n} file{'' if n == 1 else 's'} left out: a new "
+                     "run starts without the checkpoint left in the work folder; resume_checkpoint: true in the "
+                     "recipe starts from it)")
         if self.forced:
             more += " (staged although ignored, the recipe names them: " + ", ".join(
                 f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
@@ -254,11 +258,11 @@ def recipe_files(workdir: Path, script: Path | str, args: list[str] = ()) -> lis
     """The files a recipe names inside ``workdir``: its script, and each argument that is the path of a file
     there (``--config conf/base.yaml``, ``--data=data/train.txt``), as ``/``-separated paths relative to
     ``workdir`` (what :func:`stage_plan` takes as ``keep``)."""
+    from broker.core.recipe import path_words
+
     root = Path(workdir).resolve()
     out: list[str] = []
-    for word in [str(script), *[a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in args]]:
-        if not word or word.startswith("-"):
-            continue
+    for word in path_words(script, args):
         p = Path(word) if Path(word).is_absolute() else root / word
         try:
             real = p.resolve()
@@ -420,7 +424,11 @@ def recipe_stage_plan(workdir: Path, script: Path | str, args: list[str] = (), *
     (:mod:`broker.run.checkpoint` restores it after staging).  ``resume_checkpoint``: stage it (the user asked
     to start from it).  Raises FileNotFoundError when ``workdir`` is not a folder."""
     leave = {checkpoint_dir: CHECKPOINT_RULE} if checkpoint_dir and not resume_checkpoint else None
-    return stage_plan(workdir, keep=recipe_files(workdir, script, args), leave_out=leave)
+    plan = stage_plan(workdir, keep=recipe_files(workdir, script, args), leave_out=leave)
+    if leave:
+        # the folder's own files (links not followed: a link to it names the same files once)
+        plan.checkpoint_files = sum(len(files) for _, _, files in os.walk(Path(workdir) / checkpoint_dir))
+    return plan
 
 
 #: Linux ``FICLONE`` ioctl (``_IOW(0x94, 9, int)``): make ``dst`` share ``src``'s extents, copy-on-write

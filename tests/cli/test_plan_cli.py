@@ -363,3 +363,20 @@ def test_plan_header_and_no_plan_hint_follow_the_job(tmp_path):
     gpu = plan("--gpu", "H900", "--provider", "aws")
     assert gpu.returncode == 3 and "relax the job" not in gpu.stderr, gpu.stderr
     assert "no offer matched the job" in gpu.stderr and "models in the price snapshots" in gpu.stdout
+
+
+def test_no_plan_hints_name_the_flags_or_the_fields_the_user_used(tmp_path):
+    """`broker plan --budget 0.1` (flags only) said "raise budget_usd or lower max_hours; set cpu_ok: true in the
+    recipe"; with a recipe the budget line said "raise --budget or shorten --hours".  Each names what was used."""
+    flags = run("plan", "--budget", "0.1", "--offline")
+    assert flags.exit_code == 3
+    out = flat(flags.output)
+    assert "raise --budget or lower --hours; add --cpu-ok" in out and "(raise --budget or shorten --hours)" in out
+    assert "budget_usd" not in out and "max_hours" not in out and "set cpu_ok: true in the recipe" not in out, out
+    (tmp_path / "job.py").write_text("print(1)\n")
+    (tmp_path / "r.yaml").write_text("name: j\nscript: job.py\nbudget_usd: 0.1\nmax_hours: 1\n")
+    fields = flat(run("plan", "--recipe", str(tmp_path / "r.yaml"), "--offline").output)
+    assert "raise budget_usd or lower max_hours; set cpu_ok: true in the recipe" in fields, fields
+    assert "(raise budget_usd or shorten max_hours)" in fields and "--budget" not in fields
+    mixed = flat(run("plan", "--recipe", str(tmp_path / "r.yaml"), "--budget", "0.1", "--offline").output)
+    assert "raise --budget or lower max_hours" in mixed, mixed

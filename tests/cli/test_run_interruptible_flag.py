@@ -55,6 +55,10 @@ def test_a_bad_value_is_refused_with_the_recipe_fields_words(tmp_path, cli_env):
     assert not (tmp_path / "home" / "runs").exists() or not list((tmp_path / "home" / "runs").iterdir())
     p = _broker(cli_env, "plan", "--offline", "--interruptible", "sometimes")
     assert p.exit_code == 2 and allowed in _text(p)  # broker plan says the same
+    assert "-> e.g. --interruptible auto" in _text(p)
+    # the recipe reads `interruptible: yes` (a YAML boolean) as true: the flag takes the same word
+    y = _broker(cli_env, "plan", "--offline", "--budget", "5", "--interruptible", "yes")
+    assert y.exit_code == 0, y.text
 
 
 def test_true_without_checkpoint_dir_warns_naming_the_flag_and_the_file_to_fix(tmp_path, cli_env):

@@ -128,3 +128,56 @@ def test_requirements_carry_the_interruptible_fields_to_the_planner(tmp_path):
     assert (req.interruptible, req.max_restarts, req.checkpoint_every_s) == ("auto", 5, 30)
     d = load_recipe(write(tmp_path, "")).requirements()
     assert (d.interruptible, d.max_restarts, d.checkpoint_every_s) == ("false", 3, 60)
+
+
+@pytest.mark.parametrize("bad, near", [("bogus", None), ("atuo", "auto"), ("ture", "true")])
+def test_a_bad_interruptible_value_reads_once_and_gives_the_fix_the_flag_gives(tmp_path, bad, near):
+    """The choice error said "is not one of the allowed values allowed: ..." and had no `->` fix line, while
+    `--interruptible` had one: both now give the same sentence and the same fix, in their own spelling."""
+    from broker.core.errors import BadInput
+    from broker.core.recipe import check_interruptible
+
+    with pytest.raises(RecipeError) as e:
+        load_recipe(write(tmp_path, f"interruptible: {bad}\n"))
+    assert "allowed values allowed" not in e.value.message, e.value.message
+    assert f"r.yaml:3: field 'interruptible': '{bad}' is not one of the allowed values: true, false or auto" in \
+        e.value.message
+    assert e.value.hint and "e.g. interruptible: auto" in e.value.hint and "interruptible: false" in e.value.hint
+    with pytest.raises(BadInput) as f:
+        check_interruptible("--interruptible", bad)
+    assert f.value.message.removeprefix("--interruptible") == \
+        e.value.message.split("r.yaml:3: field 'interruptible':", 1)[1]
+    assert f.value.hint == e.value.hint.replace("interruptible:", "--interruptible")
+    if near:
+        assert f"did you mean interruptible: {near}?" in e.value.hint
+
+
+@pytest.mark.parametrize("word, read", [("yes", "true"), ("on", "true"), ("no", "false"), ("Off", "false"),
+                                        ("TRUE", "true"), (" auto ", "auto")])
+def test_the_flag_takes_every_word_the_recipe_field_takes(tmp_path, word, read):
+    """`interruptible: yes` (a YAML boolean) was read as true, but `--interruptible yes` was refused."""
+    from broker.core.recipe import check_interruptible
+
+    assert check_interruptible("--interruptible", word) == read
+    assert load_recipe(write(tmp_path, f"interruptible: {word.strip()}\ncheckpoint_dir: ck\n")).interruptible == read
+    assert load_recipe(write(tmp_path, f"interruptible: '{word}'\ncheckpoint_dir: ck\n")).interruptible == read
+
+
+def test_other_choice_errors_read_once_and_name_the_fix(tmp_path):
+    with pytest.raises(RecipeError) as e:
+        load_recipe(write(tmp_path, "topology: multinode\n"))
+    assert e.value.message.endswith("field 'topology': 'multinode' is not one of the allowed values: simulated, "
+                                    "multi-node, any or hybrid"), e.value.message
+    assert e.value.hint == "did you mean 'multi-node'? write topology: multi-node"
+    with pytest.raises(RecipeError) as e:
+        load_recipe(write(tmp_path, "on_stall: pause\n"))
+    assert "allowed values: stop or report" in e.value.message and e.value.hint == \
+        "write on_stall: followed by one of: stop, report"
+
+
+def test_the_flags_checkpoint_warning_names_the_recipe_as_typed(tmp_path, monkeypatch):
+    """`--interruptible true` said "set checkpoint_dir: in /abs/path/r.yaml" for a recipe typed as r.yaml."""
+    write(tmp_path, "")
+    monkeypatch.chdir(tmp_path)
+    (warn,) = load_recipe("r.yaml").with_interruptible("true").warnings
+    assert "set checkpoint_dir: in r.yaml to the folder" in warn, warn

@@ -192,7 +192,7 @@ def test_ledger_run_row_keeps_the_reference_not_the_value(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("body, needles", [
-    ("topology: multinode\n", ["field 'topology'", "'multinode'", "did you mean 'multi-node'?", "allowed:",
+    ("topology: multinode\n", ["field 'topology'", "'multinode'", "did you mean 'multi-node'?", "allowed values:",
                                "simulated"]),
     ("nodes: two\n", ["field 'nodes' must be a whole number, not 'two'", "from 1 to 64"]),
     ("cpu_ok: maybe\n", ["field 'cpu_ok' must be true or false, not 'maybe'"]),

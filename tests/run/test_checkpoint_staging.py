@@ -130,3 +130,64 @@ def test_an_ssh_run_does_not_resume_from_a_stale_checkpoint(tmp_path, monkeypatc
     assert out.exit_code == 0, (out.result.reason, said)
     assert _resumed(Path(out.run.run_dir, "node0.log").read_text()) == 0
     assert any("checkpoint_dir ckpt/ not staged" in s for s in said), said
+
+
+def test_the_staging_line_names_how_many_files_the_checkpoint_dir_left_out(tmp_path):
+    """The line said "checkpoint_dir data/ not staged" and nothing of what that dropped (the trial's input data)."""
+    from broker.run.staging import recipe_stage_plan
+
+    w = tmp_path / "w"
+    (w / "data" / "sub").mkdir(parents=True)
+    (w / "train.py").write_text("print(1)\n")
+    (w / "data" / "digits.csv.gz").write_text("x")
+    (w / "data" / "sub" / "b.bin").write_text("y")
+    (w / "data" / "sub" / "c.bin").write_text("z")
+    (w / "alias").symlink_to("data")  # the same files: not counted twice
+    assert "checkpoint_dir alias/, data/ not staged, 3 files left out:" in \
+        recipe_stage_plan(w, "train.py", checkpoint_dir="data").summary()
+    assert "checkpoint_dir alias/sub/, data/sub/ not staged, 2 files left out:" in \
+        recipe_stage_plan(w, "train.py", checkpoint_dir="data/sub").summary()
+    (w / "data" / "sub" / "c.bin").unlink()
+    (w / "data" / "digits.csv.gz").unlink()
+    assert "not staged, 1 file left out:" in recipe_stage_plan(w, "train.py", checkpoint_dir="data/sub").summary()
+
+
+@pytest.mark.parametrize("args, script_in_ck", [(["--data", "data/digits.csv.gz"], False),
+                                                (["--data=data/digits.csv.gz"], False), ([], True)])
+def test_a_checkpoint_dir_holding_a_file_the_recipe_names_is_refused_before_anything_runs(tmp_path, args,
+                                                                                          script_in_ck):
+    """`checkpoint_dir: data` (the folder of the job's input) left the input unstaged: the job crashed on the node
+    with FileNotFoundError.  A file the script or args name inside it is refused when the recipe is read."""
+    from broker.core.recipe import RecipeError, load_recipe
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "digits.csv.gz").write_text("x")
+    script = "data/train.py" if script_in_ck else "train.py"
+    (tmp_path / script).write_text("print(1)\n")
+    body = (f"name: j\nscript: {script}\nworkdir: .\nargs: {json.dumps(args)}\ncheckpoint_dir: data\n")
+    (tmp_path / "r.yaml").write_text(body)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(tmp_path / "r.yaml")
+    named = "data/train.py" if script_in_ck else "data/digits.csv.gz"
+    assert f"r.yaml:5: field 'checkpoint_dir': data holds {named}, which " in e.value.message, e.value.message
+    assert ("'script'" if script_in_ck else "'args'") in e.value.message
+    assert "another folder as checkpoint_dir" in e.value.hint and "resume_checkpoint: true" in e.value.hint
+    (tmp_path / "r.yaml").write_text(body + "resume_checkpoint: true\n")  # staged then: nothing to refuse
+    assert load_recipe(tmp_path / "r.yaml").resume_checkpoint
+    (tmp_path / "r.yaml").write_text(body.replace("checkpoint_dir: data", "checkpoint_dir: checkpoints"))
+    assert load_recipe(tmp_path / "r.yaml").checkpoint_dir == "checkpoints"
+
+
+def test_the_readme_example_stages_what_recipes_ddp_2node_really_stages():
+    """README's first-command example said "staged 7 file(s), 69.6 kB" after recipes/ gained an eighth file."""
+    import re
+
+    from broker.core.recipe import load_recipe
+    from broker.run.staging import recipe_stage_plan
+    from tests.conftest import REPO
+
+    r = load_recipe(Path(REPO) / "recipes" / "ddp_2node.yaml")
+    plan = recipe_stage_plan(r.workdir, r.script, r.args, checkpoint_dir=r.checkpoint_dir,
+                             resume_checkpoint=r.resume_checkpoint)
+    said = re.search(r"staged (\d+) file\(s\), ([\d.]+ [kM]?B) per node", (Path(REPO) / "README.md").read_text())
+    assert said and (int(said[1]), said[2]) == (len(plan.files), plan.size_text()), (said, len(plan.files))

@@ -436,3 +436,22 @@ def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(
     gpu = SimpleNamespace(gpus_per_node=1, cpu_ok=False, path="g.yaml")
     assert "free-tier" not in local_choice_text(plan, gpu)
     assert local_choice_text(SimpleNamespace(valid_count=1, options=[]), gpu).endswith("the only valid option")
+
+
+def test_hints_name_the_recipe_path_as_typed_under_the_current_folder(tmp_path, monkeypatch):
+    """The first run's hint said `broker plan --recipe /abs/.../recipes/ddp_2node.yaml` for a path typed as
+    recipes/ddp_2node.yaml (the loader keeps the resolved path)."""
+    from types import SimpleNamespace
+
+    from broker.run.planstep import free_try_hint, local_choice_text
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "r.yaml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    rec = SimpleNamespace(gpus_per_node=1, cpu_ok=True, interruptible="false",
+                          path=(tmp_path / "recipes" / "r.yaml").resolve())
+    text = local_choice_text(SimpleNamespace(valid_count=3, options=[]), rec)
+    assert "`broker plan --recipe recipes/r.yaml` lists them" in text, text
+    assert "`broker run recipes/r.yaml --provider local`" in free_try_hint(rec)
+    outside = SimpleNamespace(**{**vars(rec), "path": Path("/elsewhere/r.yaml")})
+    assert "--recipe /elsewhere/r.yaml`" in local_choice_text(SimpleNamespace(valid_count=3, options=[]), outside)
