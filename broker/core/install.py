@@ -14,23 +14,38 @@ from urllib.parse import unquote, urlparse
 
 
 def checkout_dir() -> Path | None:
-    """The source folder broker was installed from (its ``direct_url.json`` names a ``file://`` folder, editable
-    or not), or None for an install from a package index / wheel file, or when the metadata cannot be read."""
+    """The source folder broker was installed from (a ``direct_url.json`` naming a ``file://`` folder, editable or
+    not), or None for an install from a package index / wheel file, or when the metadata cannot be read.
+
+    Every installed ``broker`` record is read, not only the first one found: ``python -m broker`` run inside a
+    checkout finds the checkout's own ``broker.egg-info`` (which has no ``direct_url.json``) before the
+    environment's record of the install."""
     from importlib import metadata
 
+    for dist in _broker_records(metadata):
+        try:
+            raw = dist.read_text("direct_url.json")
+            info = json.loads(raw) if raw else None
+        except (OSError, ValueError):  # written by pip, but a broken file must not break an error message
+            continue
+        url = info.get("url", "") if isinstance(info, dict) else ""
+        if isinstance(info, dict) and "dir_info" in info and url.startswith("file://"):
+            path = Path(unquote(urlparse(url).path))
+            if (path / "pyproject.toml").is_file():
+                return path
+    return None
+
+
+def _broker_records(metadata):
+    """The ``broker`` distribution records on the path: the first one found, then every one."""
     try:
-        raw = metadata.distribution("broker").read_text("direct_url.json")
+        yield metadata.distribution("broker")
     except (metadata.PackageNotFoundError, OSError):
-        return None
+        pass
     try:
-        info = json.loads(raw or "")
-    except ValueError:  # metadata is written by pip, but a broken file must not break an error message
-        return None
-    url = info.get("url", "") if isinstance(info, dict) else ""
-    if "dir_info" not in info or not url.startswith("file://"):
-        return None
-    path = Path(unquote(urlparse(url).path))
-    return path if (path / "pyproject.toml").is_file() else None
+        yield from metadata.distributions(name="broker")
+    except OSError:
+        pass
 
 
 def _shown(path: Path, cwd: Path, *, dot: bool = False) -> str:

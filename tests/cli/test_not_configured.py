@@ -117,13 +117,32 @@ def test_install_hint_follows_how_broker_was_installed(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
     editable = json.dumps({"dir_info": {"editable": True}, "url": src.as_uri()})
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(editable))
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(editable)]))
     assert install_hint("gcp", "google-auth", cwd=src) == ".venv/bin/pip install -e '.[gcp]' (google-auth)"
     assert install_hint("vast", cwd=tmp_path) == "broker-src/.venv/bin/pip install -e './broker-src[vast]'"
     elsewhere = tmp_path / "elsewhere"
     assert install_hint("oci", cwd=elsewhere) == f"{venv_bin / 'pip'} install -e '{src}[oci]'"
     # from a wheel or the package index: no direct_url.json, or a download URL
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(None))
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(None)]))
     assert install_hint("gcp", cwd=src) == "pip install 'broker[gcp]'"
     wheel = json.dumps({"archive_info": {}, "url": "https://example.invalid/broker-0.1.0-py3-none-any.whl"})
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(wheel))
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(wheel)]))
     assert install_hint("aws", cwd=src) == "pip install 'broker[aws]'"
+
+
+def test_a_checkouts_own_egg_info_found_first_does_not_hide_the_editable_install(monkeypatch, tmp_path):
+    """``python -m broker`` in a checkout: the checkout's ``broker.egg-info`` (no direct_url.json) is found before
+    the environment's record, which names the checkout."""
+    from importlib import metadata
+
+    from broker.core.install import checkout_dir
+
+    src = tmp_path / "broker-src"
+    src.mkdir()
+    (src / "pyproject.toml").write_text("[project]\nname = 'broker'\n")
+    editable = json.dumps({"dir_info": {"editable": True}, "url": src.as_uri()})
+    monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(None))
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(None), _Dist(editable)]))
+    assert checkout_dir() == src
