@@ -26,6 +26,12 @@ def _tell_detached_parent(run: Any) -> None:
     from broker.cli import starting
 
     starting.clear(run.id)  # the row exists now: status and logs read the ledger
+    import signal
+
+    try:  # `broker down` stops this process with SIGINT, which a background job of a script inherits as ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: the disposition stays as it is
+        pass
     try:
         (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
     except OSError:

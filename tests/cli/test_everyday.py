@@ -121,9 +121,19 @@ def test_logs_follow_ends_with_the_runs_state_and_latest_is_taken_by_every_run_a
         assert run_id in q.stdout + q.stderr, (args, q.stdout, q.stderr)
 
 
-def test_down_interrupts_a_detached_run(cli_env, tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["from-a-terminal", "from-a-script-background-job"])
+def test_down_interrupts_a_detached_run(cli_env, tmp_path, sigint_ignored):
+    """Also when `broker run -d` was started where SIGINT is ignored (`broker run -d ... &` in a script: the
+    background process inherits the ignored SIGINT, and `broker down` interrupts it with SIGINT)."""
+    import signal
+
     env = dict(cli_env, TICKS="200", TICK_S="0.5")
-    p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        p = _cli(["run", "--detach", str(_ticker(tmp_path))], env)
+    finally:
+        if sigint_ignored:
+            signal.signal(signal.SIGINT, before)
     assert p.returncode == 0, p.stderr
     run = _wait_row(_detached_id(p))
     t0 = time.monotonic()
