@@ -77,6 +77,14 @@ class ProviderCheck:
     hint: str | None = None
 
 
+def extra_install_hint(extra: str, packages: str = "") -> str:
+    """The command that installs broker's optional ``extra`` (an adapter's SDK), worded for how broker itself was
+    installed (:func:`broker.core.install.install_hint`): part of the contract, so adapters reach it here."""
+    from broker.core.install import install_hint
+
+    return install_hint(extra, packages)
+
+
 def not_configured_error(chk: ProviderCheck, consequence: str) -> AuthError:
     """The error (exit 4) for a provider that ``chk`` (its :meth:`Provider.check`, the one ``broker check`` prints)
     found not configured: the real cause (client library missing, credentials missing, project missing: the

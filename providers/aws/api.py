@@ -27,8 +27,8 @@ CREDENTIALS_HINT = "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (
 
 def install_hint() -> str:
     """What to do when boto3 is missing: install the ``aws`` extra, worded for how broker was installed
-    (:func:`broker.core.install.install_hint`)."""
-    from broker.core.install import install_hint as extra_hint
+    (:func:`broker.core.provider.extra_install_hint`)."""
+    from broker.core.provider import extra_install_hint as extra_hint
 
     return "install the AWS SDK: " + extra_hint("aws", "boto3")
 

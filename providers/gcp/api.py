@@ -40,8 +40,8 @@ CREDENTIALS_HINT = ("run `gcloud auth application-default login` (or set GOOGLE_
 
 def install_hint() -> str:
     """The whole fix when the Google clients are missing: install the ``gcp`` extra (worded for how broker was
-    installed: :func:`broker.core.install.install_hint`), then the credential and project steps."""
-    from broker.core.install import install_hint as extra_hint
+    installed: :func:`broker.core.provider.extra_install_hint`), then the credential and project steps."""
+    from broker.core.provider import extra_install_hint as extra_hint
 
     return (extra_hint("gcp", "google-cloud-compute, google-cloud-quotas, google-auth")
             + "; then " + CREDENTIALS_HINT)

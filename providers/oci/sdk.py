@@ -29,8 +29,8 @@ CONFIG_HINT = ("run `oci setup config` (writes ~/.oci/config with your user, ten
 
 def install_hint() -> str:
     """The whole fix when the SDK is missing: install the ``oci`` extra (worded for how broker was installed:
-    :func:`broker.core.install.install_hint`), then the profile step."""
-    from broker.core.install import install_hint as extra_hint
+    :func:`broker.core.provider.extra_install_hint`), then the profile step."""
+    from broker.core.provider import extra_install_hint as extra_hint
 
     return "install the OCI SDK: " + extra_hint("oci", "oci") + "; then " + CONFIG_HINT
 
