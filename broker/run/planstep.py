@@ -98,7 +98,7 @@ def free_try_hint(recipe: Recipe) -> str:
         return ""
     path = shlex.quote(shown_path(recipe.path))  # as the user typed it when under the current folder
     spot = str(getattr(recipe, "interruptible", "false")).lower() in ("true", "auto")
-    flags = recipe.plan_flags() if hasattr(recipe, "plan_flags") else ""  # the flags that made this situation
+    flags = recipe.plan_flags()  # the flags that made this situation
     out = ""
     if recipe.cpu_ok:
         out += (f"; to try it free here: `broker run {path} --provider local{flags}`"

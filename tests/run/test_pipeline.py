@@ -430,10 +430,10 @@ def test_run_counts_valid_options_as_plan_does_and_says_why_plan_may_count_more(
     from broker.run.planstep import local_choice_text
 
     plan = SimpleNamespace(valid_count=42, options=[])
-    cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml")
+    cpu = SimpleNamespace(gpus_per_node=0, cpu_ok=True, path="it.yaml", plan_flags=lambda: "")
     text = local_choice_text(plan, cpu)
     assert "cheapest of 42 valid options" in text and "free-tier CPU offers" in text and "other" not in text
-    gpu = SimpleNamespace(gpus_per_node=1, cpu_ok=False, path="g.yaml")
+    gpu = SimpleNamespace(gpus_per_node=1, cpu_ok=False, path="g.yaml", plan_flags=lambda: "")
     assert "free-tier" not in local_choice_text(plan, gpu)
     assert local_choice_text(SimpleNamespace(valid_count=1, options=[]), gpu).endswith("the only valid option")
 
@@ -448,7 +448,7 @@ def test_hints_name_the_recipe_path_as_typed_under_the_current_folder(tmp_path, 
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "r.yaml").write_text("")
     monkeypatch.chdir(tmp_path)
-    rec = SimpleNamespace(gpus_per_node=1, cpu_ok=True, interruptible="false",
+    rec = SimpleNamespace(gpus_per_node=1, cpu_ok=True, interruptible="false", plan_flags=lambda: "",
                           path=(tmp_path / "recipes" / "r.yaml").resolve())
     text = local_choice_text(SimpleNamespace(valid_count=3, options=[]), rec)
     assert "`broker plan --recipe recipes/r.yaml` lists them" in text, text
