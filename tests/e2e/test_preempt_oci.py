@@ -232,7 +232,10 @@ def test_a_watchdog_terminate_of_a_preemptible_instance_is_the_deadline_not_a_pr
     assert len(e.emu.objs["instances"]) == 2  # nothing rented again
     assert run.status == "deadline" and run.message.startswith("watchdog: deadline passed"), run.message
     assert out is None or (out.exit_code == 1 and out.left == [])
-    assert {r.terminated_by for r in ledger.resources(run.id) if r.kind == "instance"} == {"watchdog"}
+    # the watchdog ends the run; what it has not reached yet the run's own teardown releases ("cli"), which one
+    # gets an instance is a race between two broker processes: never the provider's (a preemption's) end
+    by = {r.terminated_by for r in ledger.resources(run.id) if r.kind == "instance"}
+    assert "watchdog" in by and by <= {"watchdog", "cli"}, by
     assert ledger.resources(run.id, live_only=True) == []
     live = {c: [o["id"] for o in e.emu.live(c)] for c in ("instances", *NETWORK)}
     assert live == {c: [] for c in live}, live
