@@ -14,6 +14,16 @@ _CLOUD_ENV = ("VAST_API_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS
               "OCI_CONFIG_FILE", "OCI_PROFILE", "OCI_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL")
 
 
+def pytest_configure(config):
+    """The Ctrl-C tests send SIGINT to the commands they start, as a terminal does to its foreground command.  A
+    suite started as a background job of a script inherits SIGINT ignored, and so would every command it starts:
+    give this process the default back (its children inherit that instead)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def no_stray_watchdogs(tmp_path_factory):
     """At the end of the session, kill any `broker watchdog` a test started detached under pytest's temp dir."""
