@@ -311,10 +311,8 @@ def test_sigint_exits_130(tmp_path):
             "@cli.app.command('sleep-test')\n"
             "def _s():\n    print('ready', flush=True); time.sleep(30)\n"
             "cli.main(['sleep-test'])\n")
-    # as a foreground command of a terminal has it: SIGINT at its default, also when this test runs where SIGINT
-    # is ignored (a background job of a script, which its children inherit)
     p = subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         text=True)
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.2)
     p.send_signal(signal.SIGINT)
