@@ -14,18 +14,7 @@ from broker.providers import netns
 _why = netns.missing_requirements()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(_why is not None, reason=f"netns tests: {_why}")]
 
-HANG = """\
-import os, time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-t = torch.ones(1)
-print(f"rank {rank}: started", flush=True)
-if rank == 1:
-    time.sleep(600)
-dist.all_reduce(t)
-print("sum", t.item(), flush=True)
-"""
+from tests.support.hangs import HANG
 
 
 @pytest.fixture(autouse=True)

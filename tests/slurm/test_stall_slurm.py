@@ -21,19 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-HANG = """\
-import os, time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-t = torch.ones(1)
-print(f"rank {rank}: started", flush=True)
-if rank == 1:
-    time.sleep(600)
-dist.all_reduce(t)
-print("sum", t.item(), flush=True)
-"""
-WANT = "rank 0 waits in all_reduce at train.py:9; rank 1 never called all_reduce: it is in time.sleep at train.py:8"
+from tests.support.hangs import HANG, WANT
 
 
 @pytest.fixture(scope="module")

@@ -18,19 +18,7 @@ from tests.slurm.test_slurm_submit import _queue, _why, broker, cluster  # noqa:
 pytestmark = [pytest.mark.netns, pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(_why is not None, reason=f"slurm submit tests: {_why}")]
 
-HANG = """\
-import os, time
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-t = torch.ones(1)
-print(f"rank {rank}: started", flush=True)
-if rank == 1:
-    time.sleep(600)
-dist.all_reduce(t)
-print("sum", t.item(), flush=True)
-"""
-WANT = "rank 0 waits in all_reduce at train.py:9; rank 1 never called all_reduce: it is in time.sleep at train.py:8"
+from tests.support.hangs import HANG, WANT
 
 SBATCH = """\
 #!/bin/bash
