@@ -24,7 +24,7 @@ from broker.money.ledger import Ledger  # noqa: E402
 from broker.plan.planner import plan  # noqa: E402
 from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
-from tests.support.gcp_emulator import GCPEmulator  # noqa: E402
+from tests.support.gcp_emulator import authorize_on, GCPEmulator  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
@@ -45,12 +45,7 @@ def test_two_node_run_on_emulated_gcp_succeeds_and_leaves_nothing(netns_hosts, t
 
     hosts = netns_hosts(2)
 
-    def on_running(inst: dict[str, Any]) -> None:
-        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
-        user, _, key = md["ssh-keys"].partition(":")
-        assert user == "root"
-        with open(hosts.root / "ssh" / "authorized_keys", "a") as f:
-            f.write(key.strip() + "\n")
+    on_running = authorize_on(hosts)
 
     with GCPEmulator(project="broker-e2e", addresses=lambda i: (hosts.ip(i), hosts.ip(i)),
                      on_running=on_running) as emu:

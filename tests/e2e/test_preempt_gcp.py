@@ -26,7 +26,7 @@ from broker.core.recipe import load_recipe  # noqa: E402
 from broker.money.ledger import Ledger  # noqa: E402
 from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
-from tests.support.gcp_emulator import GCPEmulator  # noqa: E402
+from tests.support.gcp_emulator import authorize_on, GCPEmulator  # noqa: E402
 from tests.support.plans import rank_options  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -54,12 +54,7 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
         ip = hosts.ip(inserts[-1])
         return ip, ip
 
-    def on_running(inst: dict[str, Any]) -> None:
-        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
-        user, _, key = md["ssh-keys"].partition(":")
-        assert user == "root"
-        with open(hosts.root / "ssh" / "authorized_keys", "a") as f:
-            f.write(key.strip() + "\n")
+    on_running = authorize_on(hosts)
 
     with GCPEmulator(project="broker-e2e", addresses=addresses, on_running=on_running) as emu:
         p = GCPProvider(project="broker-e2e", credentials=AnonymousCredentials(), compute_endpoint=emu.url,

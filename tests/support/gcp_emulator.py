@@ -600,3 +600,17 @@ def _default_skus() -> list[dict[str, Any]]:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00", time.gmtime())
+
+
+def authorize_on(hosts: Any) -> Callable[[dict[str, Any]], None]:
+    """An ``on_running`` for :class:`GCPEmulator` whose VMs are netns ``hosts``: the ``ssh-keys`` metadata entry
+    (``root:<key>``) goes into the hosts' shared ``authorized_keys``, as the guest agent does on a real VM."""
+
+    def on_running(inst: dict[str, Any]) -> None:
+        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+        user, _, key = md["ssh-keys"].partition(":")
+        assert user == "root"
+        with open(hosts.root / "ssh" / "authorized_keys", "a") as f:
+            f.write(key.strip() + "\n")
+
+    return on_running
