@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,8 @@ def detect_gpus(nvidia_smi: str | None = None, proc_dir: Path = Path("/proc/driv
     gpus: list[LocalGpu] = []
     smi = nvidia_smi or shutil.which("nvidia-smi")
     if smi:
+        import subprocess  # only where nvidia-smi exists: broker plan's start-up skips it elsewhere
+
         try:
             out = subprocess.run([smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=20, check=True).stdout

@@ -4,7 +4,6 @@ valid value (``vasti``: did you mean 'vast'?) and lists them all.  No I/O; impor
 
 from __future__ import annotations
 
-import difflib
 from typing import Iterable
 
 #: the run topologies a flag may name (broker.core.model's Topology plus ``any``: let the plan decide)
@@ -30,6 +29,8 @@ def closest(value: str, choices: Iterable[str]) -> str | None:
     by_squash = {_squash(c): c for c in choices}
     if _squash(value) in by_squash:
         return by_squash[_squash(value)]
+    import difflib  # only on a miss: broker's start-up never pays for it
+
     hit = difflib.get_close_matches(_squash(value), list(by_squash), n=1, cutoff=0.6)
     return by_squash[hit[0]] if hit else None
 

@@ -47,7 +47,7 @@ def deadman_fire_at(deadline: datetime, grace_seconds: float) -> int:
 
 #: the word a node prints, then the fire time (Unix seconds), once its dead-man switch is armed and running
 ARMED_WORD = "BROKER_DEADMAN_ARMED"
-_ARMED_RE = re.compile(rf"^{ARMED_WORD} (\d{{1,12}})$", re.M)
+_ARMED_RE = rf"(?m)^{ARMED_WORD} (\d{{1,12}})$"
 
 
 def armed_confirmation(pid_file: str, script_file: str, fire_at: int, *, wait_s: int = 10) -> str:
@@ -75,7 +75,7 @@ exit 1
 def read_armed(stdout: str) -> int | None:
     """The fire time (Unix seconds) a node's :func:`armed_confirmation` printed in ``stdout`` (untrusted node
     output: only a whole line of the exact form counts), or None when it printed none."""
-    m = _ARMED_RE.findall(stdout or "")
+    m = re.findall(_ARMED_RE, stdout or "")
     return int(m[-1]) if m else None
 
 

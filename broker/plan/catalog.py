@@ -155,8 +155,10 @@ def _load(provider: str) -> tuple[dict[str, Any], list["Offer"]]:
     date = meta.get("date", "unknown")
     label = meta.get("label") or meta.get("source", "")
     source = f"snapshot {date}" + (f" ({label})" if label else "")
-    try:
-        when = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+    try:  # YYYY-MM-DD only; fromisoformat spares the _strptime import (start-up time of broker plan)
+        if len(date) != 10 or date[4] != "-" or date[7] != "-":
+            raise ValueError(date)
+        when = datetime.fromisoformat(date).replace(tzinfo=timezone.utc)
     except ValueError:
         when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
     offers = []

@@ -59,8 +59,8 @@ __all__ = ["AWSApi", "AWSProvider", "BOOT_DONE", "DELETE_ORDER", "DLAMI_NAME", "
            "map_error", "quota_scope", "user_data_script"]
 
 
-_AWS_ID = re.compile(r"([a-z]+)-[0-9a-f]{1,17}")
-_AWS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_AWS_ID = r"([a-z]+)-[0-9a-f]{1,17}"
+_AWS_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
 #: an AWS region code (docs.aws.amazon.com "Regions and Zones"): us-east-1, us-gov-west-1, ap-southeast-2
 #: ledger kind -> EC2 id prefix
 _AWS_PREFIX = {"instance": "i", "security_group": "sg", "volume": "vol", "subnet": "subnet", "vpc": "vpc",
@@ -117,8 +117,8 @@ class AWSProvider(Provider):
         if not isinstance(provider_id, str):
             return False
         if kind == "placement_group":
-            return _AWS_NAME.fullmatch(provider_id) is not None
-        m = _AWS_ID.fullmatch(provider_id)
+            return re.fullmatch(_AWS_NAME, provider_id) is not None
+        m = re.fullmatch(_AWS_ID, provider_id)
         return m is not None and m.group(1) == _AWS_PREFIX.get(kind, m.group(1))
 
     @classmethod

@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_IMAGE", "DELETE_ORDER", "GCPApi", "GCPProvider", "PROVIDER", "TOKEN_TAG", "parse_type",
            "snapshot_offers"]
 
-_ZONE = re.compile(r"[a-z]+-[a-z]+\d+-[a-z]")
 _NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 
 

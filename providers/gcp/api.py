@@ -54,7 +54,7 @@ CAPACITY_CODES = {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_
 RETRY_CODES = {"RESOURCE_NOT_READY", "RESOURCE_OPERATION_RATE_EXCEEDED", "rateLimitExceeded",
                "resourceInUseByAnotherResource", "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE"}
 #: "Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region us-central1." / "... Limit: 0.0 globally."
-QUOTA_RE = re.compile(r"Quota '([A-Z0-9_]+)' exceeded\.\s+Limit:\s*([0-9.]+)\s+(?:in region ([a-z0-9-]+)|globally)")
+QUOTA_RE = r"Quota '([A-Z0-9_]+)' exceeded\.\s+Limit:\s*([0-9.]+)\s+(?:in region ([a-z0-9-]+)|globally)"
 
 
 def adc_path() -> Path:
@@ -390,7 +390,7 @@ def _zone_region(zone: str | None) -> str | None:
 def quota_error(call: str, message: str, *, code: str | None, status: int | None,
                 region: str | None) -> QuotaError:
     """A QuotaError naming the metric and region from Google's ``Quota 'X' exceeded.  Limit: L in region R.``."""
-    m = QUOTA_RE.search(message)
+    m = re.search(QUOTA_RE, message)
     metric = m.group(1) if m else None
     limit = float(m.group(2)) if m else None
     where = (m.group(3) if m and m.group(3) else ("all regions (project-wide)" if m else region)) or "?"
@@ -436,7 +436,7 @@ def translate(e: BaseException, call: str, *, create: bool = False, region: str 
             pass
         err = AmbiguousCreate if create else TransientError
         return err(PROVIDER, call, f"{name}: {msg}"[:500], hint="network or API unavailable; retried")
-    if status == 403 and ("quotaExceeded" in reasons or "QUOTA_EXCEEDED" in reasons or QUOTA_RE.search(msg)):
+    if status == 403 and ("quotaExceeded" in reasons or "QUOTA_EXCEEDED" in reasons or re.search(QUOTA_RE, msg)):
         return quota_error(call, msg, code=reason or "quotaExceeded", status=403, region=region)
     if status == 429 or (status == 403 and ("rateLimitExceeded" in reasons or "RATE_LIMIT_EXCEEDED" in msg)):
         te = TransientError(PROVIDER, call, f"rate limited ({status}): {msg}"[:500], code=reason, status=429)

@@ -61,7 +61,7 @@ __all__ = ["BOOT_DONE", "DELETE_ORDER", "INSTANCE_PRINCIPAL_SETUP", "OCIApi", "O
 
 
 #: an OCID (docs.oracle.com "Resource Identifiers"): ocid1.<resource type>.<realm>.[region][.future use].<unique id>
-_OCID = re.compile(r"ocid1\.[a-z0-9_-]+\.[a-z0-9_-]+\.[a-z0-9_-]*(\.[a-z0-9_-]+)?\.[a-z0-9_-]+", re.IGNORECASE)
+_OCID = r"(?i)ocid1\.[a-z0-9_-]+\.[a-z0-9_-]+\.[a-z0-9_-]*(\.[a-z0-9_-]+)?\.[a-z0-9_-]+"
 
 
 #: an OCI region identifier (docs.oracle.com "Regions and Availability Domains"): us-ashburn-1, ap-chuncheon-1
@@ -120,7 +120,7 @@ class OCIProvider(Provider):
     def valid_id(cls, kind: str, provider_id: str) -> bool:
         """An OCID: ``ocid1.<type>.<realm>.[region][.future].<unique>`` (letters, digits, ``-``/``_`` per part; the
         region part may be empty, as in ``ocid1.tenancy.oc1..aaaa``)."""
-        return isinstance(provider_id, str) and _OCID.fullmatch(provider_id) is not None
+        return isinstance(provider_id, str) and re.fullmatch(_OCID, provider_id) is not None
 
     @classmethod
     def quota_limit(cls, instance_type: str, *, spot: bool = False) -> tuple[str, str, str] | None:

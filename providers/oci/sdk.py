@@ -22,7 +22,7 @@ from broker.core.provider import (AmbiguousCreate, AuthError, CapacityError, Pro
 PROVIDER = "oci"
 _log = logging.getLogger(__name__)
 
-_EXCEEDED = re.compile(r"service limits? (?:were|was) exceeded:\s*(.+?)(?:\.\s|\.$|$)", re.I | re.S)
+_EXCEEDED = r"(?is)service limits? (?:were|was) exceeded:\s*(.+?)(?:\.\s|\.$|$)"
 CONFIG_HINT = ("run `oci setup config` (writes ~/.oci/config with your user, tenancy, fingerprint, key_file and "
                "region), or point OCI_CONFIG_FILE / OCI_PROFILE at an existing profile")
 
@@ -37,7 +37,7 @@ def install_hint() -> str:
 
 def exceeded_limits(message: str) -> list[str]:
     """Limit names from a 400 ``LimitExceeded`` message ("The following service limits were exceeded: a, b.")."""
-    m = _EXCEEDED.search(message or "")
+    m = re.search(_EXCEEDED, message or "")
     if not m:
         return []
     return [x.strip().strip(".") for x in re.split(r"[,;]", m.group(1)) if x.strip().strip(".")]

@@ -8,8 +8,6 @@ docs/reference/cloud-apis.md A7) and the delivery.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import shlex
 from datetime import datetime, timezone
 
@@ -184,6 +182,9 @@ def fit_onstart(script: str, *, limit: int = ONSTART_LIMIT, workdir: str = NODE_
     """
     if len(script) <= limit:
         return script
+    import base64
+    import gzip
+
     blob = base64.b64encode(gzip.compress(script.encode(), mtime=0)).decode()
     w = shlex.quote(workdir)
     loader = (f"mkdir -p {w} && echo '{blob}' | base64 -d | gunzip > {w}/onstart.sh && "

@@ -44,7 +44,7 @@ LIST_V1 = "list instances (GET /api/v1/instances/)"
 LIST_V0 = "list instances (GET /api/v0/instances/)"
 
 _PENDING = {None, "", "created", "loading", "rebooting", "scheduling"}
-_VAST_ID = re.compile(r"[0-9]{1,20}")
+_VAST_ID = r"[0-9]{1,20}"
 _FAILED = {"exited", "offline", "unknown", "frozen"}
 
 
@@ -76,7 +76,7 @@ def make_label(run_id: str, node_index: int, installation_id: str | None = None,
     return f"{RUN_TAG}:{run_id[:room]}{tail}"
 
 
-_NODE = re.compile(r"n(\d+)(?:/([^/:]*)(?:/([^/:]*))?)?")
+_NODE = r"n(\d+)(?:/([^/:]*)(?:/([^/:]*))?)?"
 
 
 def read_label(label: Any) -> Label | None:
@@ -86,7 +86,7 @@ def read_label(label: Any) -> Label | None:
         return None
     rest = label[len(RUN_TAG) + 1:]
     rid, sep, node = rest.rpartition(":")
-    m = _NODE.fullmatch(node) if sep and rid else None
+    m = re.fullmatch(_NODE, node) if sep and rid else None
     if m:
         return Label(rid, int(m.group(1)), m.group(2) or None, m.group(3) or None)
     return Label(rest, None) if rest else None
@@ -185,7 +185,7 @@ class VastLifecycle:
     @classmethod
     def valid_id(cls, kind: str, provider_id: str) -> bool:
         """Vast ids are decimal integers (instances, offers): ``123456``; nothing else names a Vast object."""
-        return isinstance(provider_id, str) and _VAST_ID.fullmatch(provider_id) is not None
+        return isinstance(provider_id, str) and re.fullmatch(_VAST_ID, provider_id) is not None
 
     @classmethod
     def id_form(cls, kind: str) -> str:

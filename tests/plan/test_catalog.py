@@ -148,3 +148,17 @@ def test_vast_snapshot_rows_carry_no_placeholder_cpu_or_ram():
 
     offers = snapshot_offers("vast")
     assert offers and all(o.vcpus == 0 and o.ram_gib == 0 for o in offers)
+
+
+@pytest.mark.parametrize("date", ["29.11.2026", "2026-11-3x", "2026-W48-1", "unknown"])
+def test_a_snapshot_date_not_in_yyyy_mm_dd_dates_its_prices_by_the_file(home, date):
+    shipped = catalog.shipped_path("aws").read_text(encoding="utf-8")
+    over = catalog.overlay_dir() / catalog.snapshot_file("aws")
+    over.parent.mkdir(parents=True, exist_ok=True)
+    over.write_text(shipped.replace("# date: 2026-11-29", f"# date: {date}"), encoding="utf-8")
+    import os
+
+    os.utime(over, (1_700_000_000, 1_700_000_000))
+    o = by_type("aws")["g5.xlarge"]
+    assert o.price_time == datetime.fromtimestamp(1_700_000_000, timezone.utc)
+    assert o.price_source.startswith(f"snapshot {date}")
