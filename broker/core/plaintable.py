@@ -20,6 +20,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, TextIO
 
 #: rich's tag pattern (rich.markup.RE_TAGS): optional backslashes, then ``[tag]``
@@ -142,22 +143,27 @@ def _norm(lo: int, hi: int) -> tuple[int, int]:
     return max(0, lo), max(0, max(lo, hi))
 
 
-def _measure_text(text: str, wrapped: bool, max_width: int) -> tuple[int, int]:
-    """rich's ``Measurement.get`` of one cell's content (a Text, or a Wrapped cell)."""
-    if max_width < 1:
-        return 0, 0
+@lru_cache(maxsize=4096)
+def _natural(text: str, wrapped: bool) -> tuple[int, int]:
+    """(longest unbreakable piece, longest line) of one cell's content, before any width limit: a table measures
+    each cell at several widths while it fits its columns, and the pieces never change."""
     if wrapped:
         from broker.core.prose import _tokens
 
         paras = [" ".join(q.split()) for q in text.split("\n")]
         words = [p[a:b] for p in paras for a, b in _tokens(p)] or [""]
-        lo, hi = max(len(w) for w in words), max(len(p) for p in paras)
-    else:
-        lines = text.splitlines()
-        hi = max((len(x) for x in lines), default=0)
-        words = text.split()
-        lo = max((len(w) for w in words), default=hi)
-    lo, hi = _norm(lo, hi)
+        return max(len(w) for w in words), max(len(p) for p in paras)
+    lines = text.splitlines()
+    hi = max((len(x) for x in lines), default=0)
+    words = text.split()
+    return max((len(w) for w in words), default=hi), hi
+
+
+def _measure_text(text: str, wrapped: bool, max_width: int) -> tuple[int, int]:
+    """rich's ``Measurement.get`` of one cell's content (a Text, or a Wrapped cell)."""
+    if max_width < 1:
+        return 0, 0
+    lo, hi = _norm(*_natural(text, wrapped))
     lo, hi = min(lo, max_width), min(hi, max_width)
     if hi < 1:
         return 0, 0
