@@ -25,7 +25,7 @@ and sets ``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE`` before torch
 nccl and gloo) with the dump on a collective timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment
 already chose.  ``rankshim.py --dump-stacks
 DIR`` (run on the node by :mod:`broker.run.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
-installed, and prints their stacks as JSON.
+installed, and prints their stacks as JSON, framed in short tagged lines (:func:`frame_answer`).
 
 Without a facts folder the script runs with nothing recorded.
 
@@ -634,6 +634,26 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     return out
 
 
+#: the tag of every line of a ``--dump-stacks`` answer (:func:`frame_answer`)
+ANSWER_TAG = "broker-stacks"
+#: characters of JSON per answer line: every line stays under the 1024 bytes that slurmstepd sends whole (a longer
+#: line is cut into messages, and srun interleaves the pieces of its tasks: one answer per node, all at once)
+ANSWER_CHUNK = 800
+
+
+def frame_answer(text):
+    """``text`` (one JSON document, ASCII, no newline) as short lines ``broker-stacks ID I/N CHUNK``: ``ID`` is unique to
+    this answer and ends in the CRC-32 of ``text`` (8 hex digits), so answers of several nodes printed into one stream (``srun``'s tasks) are told apart and put back
+    together whatever order their lines arrive in (:func:`broker.run.stall.stack_answers`)."""
+    import zlib
+
+    # host, pid and a nonce tell answers apart; the CRC-32 of the whole text, last, tells a damaged one
+    ident = "%s-%d-%s-%08x" % (socket.gethostname().replace(" ", "_") or "host", os.getpid(), os.urandom(4).hex(),
+                               zlib.crc32(text.encode()))
+    chunks = [text[i:i + ANSWER_CHUNK] for i in range(0, len(text), ANSWER_CHUNK)] or [""]
+    return "".join("%s %s %d/%d %s\n" % (ANSWER_TAG, ident, i + 1, len(chunks), c) for i, c in enumerate(chunks))
+
+
 def attach(facts_dir=None):
     """Rank facts and stacks on ``SIGUSR1`` for a rank this shim did not start: a user's own sbatch file starts
     its ranks itself (torchrun, srun), and the ``sitecustomize.py`` that ``broker slurm submit`` puts first on the
@@ -690,7 +710,8 @@ def main(argv):
     if args[:1] == ["--torchrun"]:
         return _torchrun(args[1:])
     if len(args) >= 2 and args[0] == "--dump-stacks":
-        print(json.dumps(dump_stacks(args[1], use_pyspy="--no-py-spy" not in args)))
+        sys.stdout.write(frame_answer(json.dumps(dump_stacks(args[1], use_pyspy="--no-py-spy" not in args))))
+        sys.stdout.flush()
         return 0
     facts_dir = os.environ.get("BROKER_FACTS_DIR")
     if len(args) >= 2 and args[0] == "--facts":

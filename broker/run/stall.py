@@ -572,6 +572,45 @@ def local_sampler(facts_dirs: Iterable[Path], wait_s: float = 3.0) -> Sampler:
     return sample
 
 
+def stack_answers(text: str) -> dict[str, dict[str, Any]]:
+    """Every complete ``--dump-stacks`` answer in ``text`` (:func:`broker.run.rankshim.frame_answer`'s tagged lines,
+    in any order and mixed with other output, e.g. several ``srun`` tasks' at once) merged into ``{rank: entry}``.
+    An answer with a missing or damaged line (its CRC-32 in the ID) is left out: a node whose answer did not arrive
+    whole gives no stacks."""
+    from broker.run.rankshim import ANSWER_TAG
+
+    parts: dict[str, dict[int, str]] = {}
+    counts: dict[str, int] = {}
+    for line in text.splitlines():
+        tag, _, rest = line.lstrip().partition(" ")  # never strip the end: a chunk may end in a space of the JSON
+        if tag != ANSWER_TAG:
+            continue
+        ident, _, rest = rest.partition(" ")
+        pos, _, chunk = rest.partition(" ")
+        i, _, n = pos.partition("/")
+        if not (i.isdigit() and n.isdigit()) or not 1 <= int(i) <= int(n):
+            continue
+        if counts.setdefault(ident, int(n)) != int(n):
+            continue
+        parts.setdefault(ident, {})[int(i)] = chunk
+    import zlib
+
+    out: dict[str, dict[str, Any]] = {}
+    for ident, got in sorted(parts.items()):
+        if len(got) != counts[ident]:
+            continue
+        whole = "".join(got[i] for i in range(1, counts[ident] + 1))
+        if f"{zlib.crc32(whole.encode()):08x}" != ident.rpartition("-")[2]:
+            continue
+        try:
+            d = json.loads(whole)
+        except ValueError:
+            continue
+        if isinstance(d, dict):
+            out.update({str(k): v for k, v in d.items() if isinstance(v, dict)})
+    return out
+
+
 def remote_stack_command(python: str, base: str, shim_name: str = "rankshim.py") -> str:
     """The shell line that prints the stacks of the ranks of a node whose folder is ``base`` (the shim and its
     ``facts/`` live there)."""
@@ -583,8 +622,8 @@ def remote_stack_command(python: str, base: str, shim_name: str = "rankshim.py")
 
 def remote_sampler(run: Callable[[int, str], tuple[int | None, str]], commands: dict[int, str]) -> Sampler:
     """Stacks of remote nodes: ``run(i, command)`` runs ``commands[i]`` (``python rankshim.py --dump-stacks DIR``)
-    on node ``i`` and returns (exit code, output); the JSON answers are merged (a node that does not answer is
-    left out)."""
+    on node ``i`` and returns (exit code, output); the answers (:func:`stack_answers`) are merged (a node that does
+    not answer is left out)."""
 
     def sample() -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -595,12 +634,7 @@ def remote_sampler(run: Callable[[int, str], tuple[int | None, str]], commands: 
                 continue
             if code != 0:
                 continue
-            try:
-                d = json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
-            except ValueError:
-                continue
-            if isinstance(d, dict):
-                out.update({str(k): v for k, v in d.items() if isinstance(v, dict)})
+            out.update(stack_answers(text))
         return out
 
     return sample

@@ -345,32 +345,14 @@ def node_exit_codes(batch_log: str, nnodes: int, job_ok: bool) -> tuple[dict[int
 
 def stack_step_argv(job_id: str, nnodes: int, python: str, shim: str, facts_dir: str) -> list[str]:
     """The ``srun`` step that prints the stacks of the ranks of every node of job ``job_id``: one
-    ``rankshim.py --dump-stacks`` per node, each printing one JSON line (:func:`broker.run.rankshim.dump_stacks`).
+    ``rankshim.py --dump-stacks`` per node, each printing its answer in short tagged lines
+    (:func:`broker.run.rankshim.frame_answer`; srun interleaves long lines of several tasks).
 
     ``--overlap``: the step shares the CPUs, memory and GPUs of the training step (without it, it would wait
     for them, i.e. for ever); ``--ntasks-per-node=1``: one reader per node, which signals only the ranks of its own
     host (the facts folder is shared by every node; a pid means something only on its own host)."""
     return ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={nnodes}", "--ntasks-per-node=1", "--quiet",
             "--kill-on-bad-exit=0", python, shim, "--dump-stacks", facts_dir]
-
-
-def parse_stack_answers(text: str) -> dict[str, dict]:
-    """The JSON lines of every node's ``--dump-stacks`` answer merged into ``{rank: entry}`` (other lines, srun's
-    own, are skipped)."""
-    import json
-
-    out: dict[str, dict] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict):
-            out.update({str(k): v for k, v in d.items() if isinstance(v, dict)})
-    return out
 
 
 def slurm_sampler(sh, job_id: str, nnodes: int, python: str, shim: str, facts_dir: str,
@@ -384,8 +366,10 @@ def slurm_sampler(sh, job_id: str, nnodes: int, python: str, shim: str, facts_di
             before()
         cp = sh.run(stack_step_argv(job_id, nnodes, python, shim, facts_dir), call="srun --dump-stacks",
                     timeout=timeout_s)
+        from broker.run.stall import stack_answers
+
         out = cp.stdout.decode("utf-8", "replace") if isinstance(cp.stdout, bytes) else str(cp.stdout or "")
-        return parse_stack_answers(out)
+        return stack_answers(out)
 
     return sample
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from broker.run.stall import (Frame, StallWatch, flight_recorder_from_run, parse_stacks, place_of, places_from_sample,
-                          read_flight_recorder, verdict)
+                          read_flight_recorder, stack_answers, verdict)
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "tests" / "diagnose_logs"
@@ -334,7 +334,8 @@ def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
         time.sleep(0.5)
         out = subprocess.run([sys.executable, str(RANKSHIM), "--dump-stacks", str(tmp_path / "facts"),
                               "--no-py-spy"], capture_output=True, text=True, timeout=60)
-        d = json.loads(out.stdout)
+        d = stack_answers(out.stdout)
+        assert all(len(ln) < 1024 for ln in out.stdout.splitlines()), out.stdout
         assert d["0"]["tool"] == "faulthandler" and d["0"]["code"]["train.py:3"] == "time.sleep(60)"
         pl = places_from_sample(d)[0]
         assert pl.describe() == "rank 0 is in time.sleep at train.py:3"
@@ -512,3 +513,60 @@ def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path):
     mine = env_seen(TORCH_NCCL_TRACE_BUFFER_SIZE="50", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/mine")
     assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and mine["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/mine"
     assert "TORCH_FR_BUFFER_SIZE" not in mine and "TORCH_FR_DUMP_TEMP_FILE" not in mine
+
+
+def _answer(rank: str, frames: int) -> dict:
+    text = "Current thread 0x1 (most recent call first):\n" + "".join(
+        f'  File "/very/long/path/to/site-packages/torch/distributed/module_{i}.py", line {i} in f{i}\n'
+        for i in range(frames))
+    return {rank: {"pid": 100 + int(rank), "node": int(rank), "tool": "faulthandler", "text": text,
+                   "code": {"train.py:9": "dist.all_reduce(t)"}, "cpu_s": 1.5, "t": 1.0}}
+
+
+def test_answers_of_two_nodes_interleaved_mid_line_by_srun_are_put_back_together():
+    """srun sends a task's line longer than 1024 bytes in pieces and mixes the pieces of its tasks: two nodes'
+    one-line JSON answers arrived as '..."c{"1": {...' and no stack was read, so a Slurm hang ran to its deadline.
+    The shim's answer is framed in short tagged lines; any order of those lines gives both answers back."""
+    import random
+
+    from broker.run.rankshim import frame_answer
+
+    a, b = _answer("0", 40), _answer("1", 25)
+    la, lb = frame_answer(json.dumps(a)).splitlines(), frame_answer(json.dumps(b)).splitlines()
+    assert len(la) > 3 and all(len(ln) < 1024 for ln in la + lb)
+    rng = random.Random(7)
+    for _ in range(20):
+        lines = la + lb + ["srun: warning: a line of srun's own", "not json {"]
+        rng.shuffle(lines)
+        assert stack_answers("\n".join(lines)) == {**a, **b}
+    # the old one-line form, cut and interleaved as it was seen, gives nothing, and so does a lost line
+    whole_a, whole_b = json.dumps(a), json.dumps(b)
+    assert stack_answers(whole_a[:1000] + whole_b + whole_a[1000:]) == {}
+    assert stack_answers("\n".join(la[:-1] + lb)) == b
+
+
+def test_a_damaged_or_inconsistent_answer_line_is_left_out():
+    from broker.run.rankshim import frame_answer
+
+    a = _answer("0", 30)
+    lines = frame_answer(json.dumps(a)).splitlines()
+    tag, ident, pos, chunk = lines[0].split(" ", 3)
+    assert stack_answers("\n".join([f"{tag} {ident} 1/9 {chunk}"] + lines[1:])) == {}  # counts disagree
+    assert stack_answers("\n".join([f"{tag} {ident} x/y {chunk}"] + lines[1:])) == {}
+    assert stack_answers("\n".join([f"{tag} {ident} {pos} {chunk[:-3]}"] + lines[1:])) == {}  # not JSON
+    assert stack_answers("\n".join(lines)) == a
+
+
+def test_an_answer_whose_chunks_begin_or_end_with_a_space_comes_back_whole():
+    """JSON's ', ' separators fall on chunk boundaries: the lines are taken as they are (a stripped line lost a
+    node's answer, 'no stack from rank(s) 1')."""
+    from broker.run.rankshim import ANSWER_CHUNK, frame_answer
+
+    edges = 0
+    for shift in range(8):
+        words = " ".join(["x" * 7] * (3 * ANSWER_CHUNK // 8))
+        a = {"1": {"pid": 1, "node": 1, "tool": "faulthandler", "text": "y" * shift + words, "code": {}}}
+        lines = frame_answer(json.dumps(a)).splitlines()
+        edges += sum(ln.endswith(" ") or ln.split(" ", 3)[3].startswith(" ") for ln in lines)
+        assert stack_answers("\n".join(lines)) == a, shift
+    assert edges  # some chunk did begin or end with a space
