@@ -40,6 +40,19 @@ def _node_log(run: Any, node: int) -> Path:
     return confined_log(run, node)
 
 
+def attempts_kept(ledger: Any, run_id: str, run_dir: Path) -> tuple[int, list[int]]:
+    """(the run's last attempt, the earlier attempts whose logs were kept in ``<run>/attempt<N>/``): a run rented
+    again after a preemption keeps each ended attempt's node logs there (:mod:`broker.run.attempts`); (1, []) for a
+    run of one attempt."""
+    try:
+        rows = ledger.attempts(run_id)
+    except Exception:  # noqa: BLE001 - a ledger without the attempts table: one attempt
+        rows = []
+    last = max(1, len(rows))
+    kept = [n for n in range(1, last) if (run_dir / f"attempt{n}").is_dir()]
+    return last, kept
+
+
 def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s: float = 0.5,
                timeout_s: float | None = None) -> None:
     """Print ``path`` and, while the run is active (its CLI alive), what is appended to it; returns once the run
@@ -424,6 +437,8 @@ def register(app: typer.Typer) -> None:
                                      "status`) or latest (the default: the newest run)"),
         node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
         follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the run is live"),
+        attempt: Optional[int] = typer.Option(None, "--attempt", "-a", min=1, help="which attempt's log, for a run "
+                                              "that was preempted and rented again (default: the last)"),
     ) -> None:
         """Print a run's node log (past or running); -f follows a live run until it ends."""
         from broker.money.ledger import Ledger
@@ -446,6 +461,20 @@ def register(app: typer.Typer) -> None:
         if not 0 <= node < max(nodes, 1):
             raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")
         path = _node_log(run, node)
+        last, kept = attempts_kept(ledger, run.id, path.parent)
+        if attempt is not None and attempt != last:
+            if attempt not in kept:
+                raise BadInput(f"run {run.id} has no log of attempt {attempt}",
+                               hint=f"--attempt 1..{last}" if last > 1 else "it ran once: leave --attempt out")
+            path = path.parent / f"attempt{attempt}" / path.name
+            if path.is_symlink():
+                raise BadInput(f"{path} is a symbolic link: broker reads only its own files there",
+                               hint=f"remove it; `broker status {run.id}` still shows each attempt")
+            follow = False  # an earlier attempt has ended: its log is whole
+        elif kept:  # on stderr: a pipe of the log gets the log only
+            sys.stderr.write(f"broker: the log of attempt {last} of {last}; attempt(s) "
+                             f"{', '.join(map(str, kept))} ended earlier: `broker logs {run.id} --node {node} "
+                             f"--attempt {kept[0]}`\n")
         if follow:
             follow_log(ledger, run.id, path)
             _say_final_state(ledger.get_run(run.id) or run)
@@ -601,10 +630,14 @@ def register(app: typer.Typer) -> None:
         t = Table(title="cost per run (ledger)", title_justify="left")
         for col in ("run", "provider", "status", "cost"):
             t.add_column(col, justify="right" if col == "cost" else "left")
+        from broker.core.prose import usd_parts
+
         for r in data["runs"][:50]:
-            t.add_row(r["run"], r["provider"], r["status"], usd(r["usd"]))
-            for a in r.get("attempts", []):
-                t.add_row(f"  attempt {a['attempt']}", "", a["cause"] or "running", usd(a["usd"]))
+            attempts = r.get("attempts", [])
+            total, each = usd_parts(r["usd"], [a["usd"] for a in attempts])
+            t.add_row(r["run"], r["provider"], r["status"], total)
+            for a, cost in zip(attempts, each):
+                t.add_row(f"  attempt {a['attempt']}", "", a["cause"] or "running", cost)
         console.print(t)
         if data["run_count"] > 50:
             console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")

@@ -94,8 +94,22 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             console.out(f"  {node_text(line)}", highlight=False)
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
-    console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
-    _attempts_line(run)
+    rows = _attempt_rows(run)
+    if len(rows) < 2:
+        console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
+    else:  # the cost covers every attempt: so does the wall time (the run's, from its start)
+        from broker.core.model import utcnow
+        from broker.core.prose import usd_parts
+
+        total, each = usd_parts(cost_usd, [a["usd"] for a in rows])
+        since = run.started_at or run.created_at
+        whole = f"{(utcnow() - since).total_seconds():.1f} s over {len(rows)} attempts" if since else "-"
+        console.print(f"wall time: {whole} (the last {result.wall_s:.1f} s)   cost: {total}")
+        pre = sum(1 for a in rows if a["cause"] == "preempted")
+        console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
+            f"#{a['attempt']} {a['cause'] or 'running'} {c}" for a, c in zip(rows, each))
+            + f"; `broker status {run.id}` has each one, `broker logs {run.id} --attempt N` its logs",
+            highlight=False)
     preflight = run_dir / "preflight.txt" if run_dir else None
     if preflight is not None and preflight.exists() and preflight_failed(result):
         console.print(f"preflight report (why no rank started): {preflight}", highlight=False)
@@ -158,21 +172,13 @@ def _logs_mention(result: RunResult, text: str) -> bool:
     return False
 
 
-def _attempts_line(run: Run) -> None:
-    """For a run that was preempted and rented again: how many attempts, what each cost (``broker status RUN``
-    has the detail).  Nothing for a run of one attempt; never raises (the summary must not break)."""
+def _attempt_rows(run: Run) -> list[dict]:
+    """The attempts of a run with what each cost (:func:`broker.run.attempts.attempt_costs`); [] when it kept no
+    record.  Never raises: the summary must not break."""
     try:
         from broker.money.ledger import Ledger
         from broker.run.attempts import attempt_costs
 
-        rows = attempt_costs(Ledger(), run.id)
+        return attempt_costs(Ledger(), run.id)
     except Exception:  # noqa: BLE001
-        return
-    if len(rows) < 2:
-        return
-    from broker.core.ui import console, usd
-
-    pre = sum(1 for a in rows if a["cause"] == "preempted")
-    console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
-        f"#{a['attempt']} {a['cause'] or 'running'} {usd(a['usd'])}" for a in rows)
-        + f"; `broker status {run.id}` has each one", highlight=False)
+        return []

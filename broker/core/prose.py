@@ -67,6 +67,20 @@ def usd(x: float | None) -> str:
     return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
 
 
+def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
+    """``total`` and its ``parts`` (what each attempt of a run cost) as :func:`usd` strings that add up as printed:
+    :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of them ($0.01 +
+    $0.01 beside a $0.03 total, or $0.0083 + $0.0083 beside $0.02, reads as an error)."""
+    shown = [usd(x) for x in parts]
+
+    def value(text: str) -> float:
+        return float(text.strip("$").replace(",", ""))
+
+    if abs(sum(value(x) for x in shown) - value(usd(total))) < 5e-5:
+        return usd(total), shown
+    return f"${total:,.4f}", [f"${x:,.4f}" for x in parts]
+
+
 def hours(h: float | None) -> str:
     if h is None:
         return "-"

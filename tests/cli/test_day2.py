@@ -49,6 +49,11 @@ def test_logs_of_a_past_run_by_prefix_and_node(cli_env, tmp_path):
     assert p1.returncode == 0 and "rank 1 LAST_LINE" in p1.stdout
     bad = _cli(["logs", run_id, "--node", "5"], cli_env)
     assert bad.returncode == 2 and "no node 5" in bad.stderr
+    # a run of one attempt: --attempt 1 is its log, any other names the fix; no line about earlier attempts
+    one = _cli(["logs", run_id, "--attempt", "1"], cli_env)
+    assert one.returncode == 0 and one.stdout == p0.stdout and "ended earlier" not in one.stderr + p0.stderr
+    two = _cli(["logs", run_id, "--attempt", "2"], cli_env)
+    assert two.returncode == 2 and "no log of attempt 2" in two.stderr and "it ran once" in two.stderr, two.stderr
 
 
 def test_logs_follow_a_live_run_until_it_ends(cli_env, tmp_path):

@@ -148,7 +148,29 @@ def test_a_preempted_interruptible_run_resumes_from_its_checkpoint_and_succeeds(
 
     with console.capture() as cap:  # the end-of-run summary of `broker run`
         render_summary(out.run, out.result, None, out.cost_usd)
-    assert "attempts: 2 (1 preempted): #1 preempted" in cap.get()
+    summary = " ".join(cap.get().split())
+    assert "attempts: 2 (1 preempted): #1 preempted" in summary
+    # the wall time covers every attempt, as the cost does; the parts add up to the total as printed
+    assert "over 2 attempts (the last" in summary, summary
+    total = summary.split("cost: ")[1].split()[0]
+    parts = [summary.split(f"#{n} {c} ")[1].split()[0].rstrip(",;") for n, c in ((1, "preempted"), (2, "succeeded"))]
+    assert sum(float(x.strip("$")) for x in parts) == pytest.approx(float(total.strip("$")), abs=0.0001), summary
+    assert f"broker logs {run.id} --attempt N" in summary
+    # broker logs: the last attempt's log, a line on stderr naming the earlier one, and --attempt 1 prints it
+    runner = CliRunner(mix_stderr=False) if "mix_stderr" in CliRunner.__init__.__code__.co_varnames else CliRunner()
+    r = runner.invoke(app, ["logs", run.id])
+    assert r.exit_code == 0 and "finished at step 25" in r.stdout and "attempt(s) 1 ended earlier" not in r.stdout
+    assert f"broker logs {run.id} --node 0 --attempt 1" in r.stderr
+    r = runner.invoke(app, ["logs", run.id, "--attempt", "1"])
+    assert r.exit_code == 0 and "resumed from step 0" in r.stdout and "finished at step 25" not in r.stdout
+    assert runner.invoke(app, ["logs", run.id, "--attempt", "2"]).stdout == Path(run.run_dir, "node0.log").read_text()
+    r = runner.invoke(app, ["logs", run.id, "--attempt", "3"])
+    # (the CLI's error boundary, broker.cli.app.main, prints it and exits 2; the runner sees the BadInput itself)
+    assert "no log of attempt 3" in str(r.exception) and r.exception.hint == "--attempt 1..2", r.exception
+    r = CliRunner().invoke(app, ["cost"], env={"COLUMNS": "200"})
+    rows = {ln.split("│")[1].strip(): ln.split("│")[-2].strip() for ln in r.output.splitlines() if ln.count("│") >= 4}
+    assert sum(float(rows[f"attempt {n}"].strip("$")) for n in (1, 2)) == pytest.approx(
+        float(rows[run.id].strip("$")), abs=0.0001), r.output
 
 
 def test_preempted_twice_in_a_row_still_resumes(tmp_path, fake_cloud):

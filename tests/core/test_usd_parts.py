@@ -1,0 +1,20 @@
+"""Money printed in parts (a run's attempts) adds up to the total as printed (broker.core.prose.usd_parts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.core.prose import usd_parts
+
+
+@pytest.mark.parametrize("total, parts, want", [
+    (0.03, [0.015, 0.015], ("$0.0300", ["$0.0150", "$0.0150"])),  # $0.01 + $0.01 beside $0.03: 4 decimals
+    (0.0166, [0.0083, 0.0083], ("$0.0166", ["$0.0083", "$0.0083"])),  # sub-cent parts beside a $0.02 total
+    (1.5, [1.0, 0.5], ("$1.50", ["$1.00", "$0.50"])),  # cents add up: kept
+    (2.0, [], ("$2.00", [])),
+])
+def test_parts_and_total_add_up_as_printed(total, parts, want):
+    got = usd_parts(total, parts)
+    assert got == want
+    if parts:
+        assert sum(float(x[1:]) for x in got[1]) == pytest.approx(float(got[0][1:]), abs=1e-4)
