@@ -72,6 +72,8 @@ def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
     :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of them ($0.01 +
     $0.01 beside a $0.03 total, or $0.0083 + $0.0083 beside $0.02, reads as an error)."""
     shown = [usd(x) for x in parts]
+    if not parts:
+        return usd(total), shown
 
     def value(text: str) -> float:
         return float(text.strip("$").replace(",", ""))
