@@ -529,7 +529,7 @@ class NetnsProvider(Provider):
                       gpu_count=req.gpus_per_node if use_gpu else 0, gpu_mem_gib=0.0,
                       vcpus=os.cpu_count() or 1, usd_per_hour=0.0, min_billed_seconds=0, private_network=True,
                       price_source="free (this machine)", price_time=utcnow(),
-                      attrs={"topology": TopologyKind.multi_node.value, "cpu": not use_gpu})]
+                      attrs={"topology": TopologyKind.multi_node.value, "cpu": not use_gpu, "this_machine": True})]
 
     def up(self, n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
            run_id: str | None = None) -> tuple[NetnsCluster, Cluster]:

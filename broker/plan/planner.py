@@ -296,12 +296,20 @@ class _Ctx:
         self.here: tuple[int, float] | None = None  # this machine: (GPU count, smallest GPU memory GiB)
 
 
+def _cpu_here(o: Offer, req: Requirements) -> bool:
+    """An offer of this machine's CPU as hosts (``attrs`` ``cpu`` and ``this_machine``: the emulated netns nodes)
+    for a job that accepts gloo on CPU (``cpu_ok``): GPU model, memory and count do not apply, as for ``local``."""
+    return bool(req.cpu_ok and o.attrs.get("cpu") and o.attrs.get("this_machine"))
+
+
 def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
     """Offer-level reasons (model, memory) as (kind, text); stops at the first unless ``full``."""
     out: list[tuple[str, str]] = []
     req = ctx.req
     if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
         return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
+    if _cpu_here(o, req):
+        return out  # this machine's CPU in emulated hosts (netns), gloo: model and memory do not apply
     if cpu_only(req) and o.gpu_count == 0:
         return out  # a CPU-only job on a CPU machine: GPU model and memory do not apply
     if ctx.wanted and not any(gpu_name_matches(w, o.gpu_name) for w in ctx.wanted):
@@ -347,7 +355,7 @@ def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
                "use simulated: every node on one host, CPU only (gloo)")
         out.append(("topology", f"multi-node across {o.provider} hosts is not valid: they share no private network "
                                 f"(separate NATs); {alt}"))
-    if o.gpu_count < req.gpus_per_node:
+    if o.gpu_count < req.gpus_per_node and not _cpu_here(o, req):
         out.append(("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has {o.gpu_count}"))
     return out
 
@@ -607,7 +615,7 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
         if not cloud_topos:
             continue
         usd = o.usd_per_hour
-        cpu_offer = cpu_only(req) and o.gpu_count == 0
+        cpu_offer = (cpu_only(req) or _cpu_here(o, req)) and o.gpu_count == 0
         if not cpu_offer and wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
             counts["gpu-model"] += n_counted
             rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
@@ -630,7 +638,7 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                 if topo_req != "hybrid" and not ok:
                     continue  # under "any" hybrid is only a note: its rejections would crowd the table
             else:
-                units, ok = nodes, o.private_network and gc >= per_node
+                units, ok = nodes, o.private_network and (gc >= per_node or cpu_offer)
             for region, zone in places:
                 if not ok:
                     kind = "topology"

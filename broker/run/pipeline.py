@@ -248,15 +248,14 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
                        + f" --inject {req.inject}")
     if topo == "hybrid":
         return hybrid_target(recipe, req)
-    if p == "local":
+    if p in ("local", "netns"):
         from broker.run.planstep import local_interruptible_note
 
-        note = local_interruptible_note(recipe)
+        note = local_interruptible_note(recipe, "this machine" if p == "local" else
+                                        "the emulated hosts (netns) on this machine")
         if note and say:
             say(note)
-        return LocalTarget(recipe)
-    if p == "netns":
-        return NetnsTarget(recipe, inject=req.inject)
+        return LocalTarget(recipe) if p == "local" else NetnsTarget(recipe, inject=req.inject)
     if p in REGISTRY:  # a provider whose nodes are not rented VMs (a scheduler) brings its own target
         own = provider_class(p).run_target(recipe, req)
         if own is not None:

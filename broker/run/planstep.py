@@ -108,11 +108,12 @@ def free_try_hint(recipe: Recipe) -> str:
     return out
 
 
-def local_interruptible_note(recipe: Recipe) -> str:
-    """The one line ``broker run --provider local`` says for a recipe that asks for interruptible capacity (this
-    machine is never taken back, so there is no preemption, bid or restart); ``""`` otherwise."""
+def local_interruptible_note(recipe: Recipe, where: str = "this machine") -> str:
+    """The one line ``broker run --provider local`` (or ``netns``: ``where`` names its emulated hosts) says for a
+    recipe that asks for interruptible capacity (this machine is never taken back, so there is no preemption, bid
+    or restart); ``""`` otherwise."""
     # ``auto`` accepts on-demand capacity, which this machine is: only ``true`` asked for something not given
     if str(getattr(recipe, "interruptible", "false")).lower() != "true":
         return ""
-    return ("interruptible: true does not apply on this machine: nothing takes it back, so the run goes on without "
+    return (f"interruptible: true does not apply on {where}: nothing takes it back, so the run goes on without "
             "preemption, bids or restarts")

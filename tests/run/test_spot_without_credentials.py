@@ -38,6 +38,27 @@ def test_provider_local_says_once_that_interruptible_does_not_apply():
     assert not any("interruptible" in s for s in said), said
 
 
+def test_provider_netns_says_it_too():
+    """The emulated hosts are this machine's too: `--provider netns` dropped interruptible: true silently."""
+    said: list[str] = []
+    choose_target(load_recipe(REPO / "recipes" / "ddp_spot.yaml"), RunRequest(provider="netns"), say=said.append)
+    notes = [s for s in said if "interruptible" in s]
+    assert len(notes) == 1 and "does not apply on the emulated hosts (netns) on this machine" in notes[0], said
+
+
+def test_plan_on_netns_agrees_with_run_for_a_cpu_ok_recipe(cli_env):
+    """`broker plan --provider netns` for a cpu_ok recipe rejected the emulated hosts for their GPU memory (0 GiB <
+    16 GiB) while `broker run --provider netns` ran it: this machine's CPU counts as for `local`."""
+    cli_env = dict(cli_env, COLUMNS="250")
+    code, text = _broker(cli_env, "plan", "--recipe", "recipes/ddp_2node.yaml", "--provider", "netns")
+    assert code == 0 and "chosen: multi-node on netns" in text and "GPU memory 0 GiB" not in text, text
+    code, text = _broker(cli_env, "plan", "--recipe", "recipes/ddp_spot.yaml", "--provider", "netns")
+    assert "GPU memory 0 GiB" not in text and "no interruptible price is known for this offer" in text, text
+    # a GPU job that does not accept the CPU is still refused there
+    code, text = _broker(cli_env, "plan", "--provider", "netns", "--no-cpu-ok")
+    assert code == 3 and "chosen:" not in text, text
+
+
 def _no_cloud_env(cli_env, tmp_path) -> dict[str, str]:
     env = {k: v for k, v in cli_env.items() if k not in CLOUD_VARS}
     env.update(HOME=str(tmp_path), AWS_CONFIG_FILE=str(tmp_path / "none"),
