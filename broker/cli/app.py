@@ -372,7 +372,10 @@ def _usage_message(exc: Any, args: list[str]) -> tuple[str, str]:
 
     message = exc.format_message().strip().split("\n")[0]
     ctx = getattr(exc, "ctx", None)
-    path = ctx.command_path if ctx is not None else "broker"
+    # click gives no context for an option left without its value: the command is then the first word the
+    # user typed that names one (`broker plan --interruptible` -> `broker plan --help`, not `broker --help`)
+    word = next((a for a in args if not a.startswith("-")), None)
+    path = ctx.command_path if ctx is not None else ("broker " + word if word in COMMANDS else "broker")
     hint = f"`{path} --help` lists its arguments and options"
     if ctx is not None:
         try:

@@ -266,6 +266,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     from broker.core.plaintable import Column, Table, drop_empty_columns
     from broker.core.plaintable import escape
     from broker.core.prose import cell_len, usd
+    from broker.plan.interruptible import attempts_words
 
     out = out if out is not None else stdout_out()
     ops = _Ops(out.width)
@@ -314,7 +315,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                      "and where each option is[/]")
         if spot:
             ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
-                     f"{req.max_restarts + 1} attempts (max_restarts {req.max_restarts}), exp = expected cost "
+                     f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
                      "with restarts, off = its $/h below the same machine on demand[/]")
     if plan.rejected:
         t = Table(title="rejected", columns=[])
@@ -350,7 +351,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                  f"{usd(c.worst_case_usd)} at a {hours_floor(c.hours)} h deadline ({escape(c.price_source)})")
         if c.interruptible:
             ops.line(f"  interruptible: expected {usd(c.expected_usd or 0)}; the worst case covers "
-                     f"{c.max_restarts + 1} attempts" + interruptible_needs(req.interruptible, recipe_sets))
+                     + attempts_words(c.max_restarts + 1) + interruptible_needs(req.interruptible, recipe_sets))
         cheaper = [o for o in plan.rejected if o.next_step and o.worst_case_usd < c.worst_case_usd]
         if cheaper:
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "

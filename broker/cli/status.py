@@ -388,6 +388,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
         from rich.table import Table
 
+        from broker.core.records import run_where
         from broker.core.ui import console, node_text, print_table, usd
 
         if run_id:
@@ -416,7 +417,7 @@ def register(app: typer.Typer) -> None:
                             "attempts": attempts, "diagnosis": diagnosis_lines(run),
                             "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
                 return
-            console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run.topology} on {run.provider})")
+            console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run_where(run)})")
             if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
                 console.print(f"  {escape(node_text(run.message))}")
             from broker.cli.rundiag import detached_output, diagnosis_lines

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.run.supervisor import RunResult, describe_exit
-from broker.core.records import Run
+from broker.core.records import Run, run_where
 from broker.core.ui import console, node_text, usd
 
 #: the most characters of one rank fact (host, device, backend, versions) shown: a node chooses these values
@@ -40,7 +40,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         # the headers are the variables a learner is reading about: never broken mid-word.  Below 110 columns the
         # host and GPU count move to one line under the table so the rest fits 80 columns.
         wide = console.width >= 110
-        t = Table(title=f"run {run.id}: {run.name} ({run.topology} on {run.provider})", title_justify="left",
+        t = Table(title=f"run {run.id}: {run.name} ({run_where(run)})", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         cols = ["node", *(["host"] if wide else []), "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
                 *(["GPUs"] if wide else []), "device", "backend"]
@@ -72,7 +72,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
                           "one process per node every LOCAL_RANK is 0"
                           + (" and each node's GPU is its cuda:0" if cuda else "") + ".[/]")
     else:
-        console.print(f"run {run.id}: {run.name} ({run.topology} on {run.provider}): {no_rank_text(result)}",
+        console.print(f"run {run.id}: {run.name} ({run_where(run)}): {no_rank_text(result)}",
                       highlight=False)
     colour = "green" if result.ok and not result.error_lines and not getattr(result, "warnings", None) else \
         ("yellow" if result.ok else "red")

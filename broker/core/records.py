@@ -92,6 +92,12 @@ class Run(_Model):
         return mask_recipe(recipe)
 
 
+def run_where(run: Any) -> str:
+    """Where a run ran, for its headline: ``multi-node on aws``; ``local`` (not ``local on local``) where the
+    topology is the provider's name.  ``run``: a :class:`Run` (or anything with ``topology`` and ``provider``)."""
+    return run.topology if run.topology == run.provider else f"{run.topology} on {run.provider}"
+
+
 def mask_recipe(recipe: dict[str, Any]) -> dict[str, Any]:
     """A copy of a serialized recipe whose ``env`` values of secret-looking names (:func:`broker.core.private.looks_secret`)
     are masked, ``${NAME}`` references kept; other fields as they are."""

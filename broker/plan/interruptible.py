@@ -84,6 +84,11 @@ BID_MARGIN = 0.10
 DEFAULT_PREEMPTIONS_PER_HOUR = 0.10
 
 
+def attempts_words(n: int) -> str:
+    """``1 attempt`` / ``4 attempts``: what the worst case of an interruptible option covers."""
+    return f"{n} attempt" + ("" if n == 1 else "s")
+
+
 def _capability(provider: str, attr: str) -> Any:
     from broker.providers import capability
 
@@ -271,7 +276,7 @@ def comparison(spot: PlanOption, od: PlanOption | None) -> str:
     bid_s = f", bid {_usd(o.attrs[BID_ATTR])}/h" if o.attrs.get(BID_ATTR) else ""
     head = (f"interruptible {spot.provider} {spot.summary}: {_usd(spot.usd_per_hour)}/h{bid_s}, expected "
             f"{_usd(spot.expected_usd or 0)} (~{spot.preemptions_per_hour or 0:.2g} preemptions/h), worst case "
-            f"{_usd(spot.worst_case_usd)} ({spot.max_restarts + 1} attempts) for {spot.hours:.2f} h of job")
+            f"{_usd(spot.worst_case_usd)} ({attempts_words(spot.max_restarts + 1)}) for {spot.hours:.2f} h of job")
     if od is None:
         return head + "; no valid on-demand option to compare"
     save = od.worst_case_usd - (spot.expected_usd or 0)

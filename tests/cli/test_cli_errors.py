@@ -244,6 +244,14 @@ def test_usage_error_exit_2():
     assert cp.returncode == 2 and "No such option" in cp.stderr and "Traceback" not in cp.stderr
 
 
+@pytest.mark.parametrize("args, want", [(("plan", "--interruptible"), "`broker plan --help`"),
+                                        (("-v", "logs", "--node"), "`broker logs --help`")])
+def test_an_option_without_its_value_points_at_its_commands_help(args, want):
+    """click gives no context for an option left without its value; the hint named `broker --help`."""
+    cp = broker(*args)
+    assert cp.returncode == 2 and "requires an argument" in cp.stderr and want in cp.stderr, cp.stderr
+
+
 def _handle(exc: BaseException, capsys, **kw):
     from broker.cli.app import handle
 

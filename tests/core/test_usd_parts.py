@@ -1,4 +1,4 @@
-"""Money printed in parts (a run's attempts) adds up to the total as printed (broker.core.prose.usd_parts)."""
+"""Words for money and places in run summaries: parts of a cost add up as printed (broker.core.prose.usd_parts); a run's headline (broker.core.records.run_where)."""
 
 from __future__ import annotations
 
@@ -18,3 +18,12 @@ def test_parts_and_total_add_up_as_printed(total, parts, want):
     assert got == want
     if parts:
         assert sum(float(x[1:]) for x in got[1]) == pytest.approx(float(got[0][1:]), abs=1e-4)
+
+
+def test_a_runs_headline_names_local_once():
+    from types import SimpleNamespace
+
+    from broker.core.records import run_where
+
+    assert run_where(SimpleNamespace(topology="local", provider="local")) == "local"
+    assert run_where(SimpleNamespace(topology="multi-node", provider="aws")) == "multi-node on aws"

@@ -152,3 +152,9 @@ def replace_limit(q, limit):
     from dataclasses import replace
 
     return replace(q, limit=limit)
+
+
+def test_attempts_words_say_one_attempt():
+    from broker.plan.interruptible import attempts_words
+
+    assert (attempts_words(1), attempts_words(4)) == ("1 attempt", "4 attempts")
