@@ -597,12 +597,15 @@ class Ledger:
         ``terminating`` row is allowed (the first may have died), but a ``terminated`` row is never touched.
         """
         with self._tx():
-            row = self._db.execute("SELECT run_id, state FROM resources WHERE id = ?", (resource_id,)).fetchone()
+            row = self._db.execute("SELECT run_id, state, provider, kind, provider_id, name FROM resources "
+                                   "WHERE id = ?", (resource_id,)).fetchone()
             if row is None or row["state"] == "terminated":
                 return False
             self._db.execute("UPDATE resources SET state = 'terminating', terminated_by = ? WHERE id = ?",
                              (actor, resource_id))
-            self._event(row["run_id"], resource_id, actor, "terminating", None)
+            self._event(row["run_id"], resource_id, actor, "terminating",
+                        f"deleting {row['provider']} {row['kind']} {row['provider_id'] or row['name'] or resource_id}"
+                        f" (was {row['state']})")
         return True
 
     def resource(self, resource_id: str) -> Resource | None:

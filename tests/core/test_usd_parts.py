@@ -1,4 +1,5 @@
-"""Words for money and places in run summaries: parts of a cost add up as printed (broker.core.prose.usd_parts); a run's headline (broker.core.records.run_where)."""
+"""Words for money and places in run summaries: parts of a cost add up as printed (broker.core.prose.usd_parts);
+a run's headline (broker.core.records.run_where)."""
 
 from __future__ import annotations
 

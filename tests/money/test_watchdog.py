@@ -109,6 +109,9 @@ def test_ended_run_with_live_resource_is_cleaned_after_grace(ledger, fake):
     ledger.update_run(run.id, status="succeeded", ended_at=clock())
     # the CLI's teardown got one of the two
     ledger.claim_termination(rows[0].id, "cli")
+    # the event says what is being deleted (it had no message: `cli terminating` and nothing after it)
+    (ev,) = [e for e in ledger.events(run.id) if e["action"] == "terminating"]
+    assert ev["message"] == f"deleting fake instance {rows[0].provider_id} (was running)", ev
     fake.terminate("instance", rows[0].provider_id)
     ledger.update_resource(rows[0].id, state="terminated", terminated_by="cli", actor="cli")
     w = wd(ledger, fake, clock, ended_grace_s=120)
