@@ -103,7 +103,8 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
 
         total, each = usd_parts(cost_usd, [a["usd"] for a in rows])
         since = run.started_at or run.created_at
-        whole = f"{(utcnow() - since).total_seconds():.1f} s over {len(rows)} attempts" if since else "-"
+        end = getattr(run, "ended_at", None) or utcnow()  # a summary printed later keeps the run's own end
+        whole = f"{(end - since).total_seconds():.1f} s over {len(rows)} attempts" if since else "-"
         console.print(f"wall time: {whole} (the last {result.wall_s:.1f} s)   cost: {total}")
         pre = sum(1 for a in rows if a["cause"] == "preempted")
         console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
