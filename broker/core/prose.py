@@ -69,8 +69,12 @@ def usd(x: float | None) -> str:
 
 def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
     """``total`` and its ``parts`` (what each attempt of a run cost) as :func:`usd` strings that add up as printed:
-    :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of them ($0.01 +
-    $0.01 beside a $0.03 total, or $0.0083 + $0.0083 beside $0.02, reads as an error)."""
+    :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of them, the parts
+    rounded so that they sum to the rounded total when they differ from it by rounding only (largest remainder:
+    $0.0083 + $0.0083 beside $0.0167 becomes $0.0084 + $0.0083).  $0.01 + $0.01 beside a $0.03 total reads as an
+    error."""
+    import math
+
     shown = [usd(x) for x in parts]
     if not parts:
         return usd(total), shown
@@ -80,6 +84,14 @@ def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
 
     if abs(sum(value(x) for x in shown) - value(usd(total))) < 5e-5:
         return usd(total), shown
+    q = 10_000
+    units = [x * q for x in parts]
+    whole, floors = round(total * q), [math.floor(u) for u in units]
+    rest = whole - sum(floors)
+    if abs(sum(units) - total * q) < 1 and 0 <= rest <= len(floors):
+        for i in sorted(range(len(units)), key=lambda k: units[k] - floors[k], reverse=True)[:rest]:
+            floors[i] += 1
+        return f"${whole / q:,.4f}", [f"${v / q:,.4f}" for v in floors]
     return f"${total:,.4f}", [f"${x:,.4f}" for x in parts]
 
 

@@ -11,6 +11,9 @@ from broker.core.prose import usd_parts
 @pytest.mark.parametrize("total, parts, want", [
     (0.03, [0.015, 0.015], ("$0.0300", ["$0.0150", "$0.0150"])),  # $0.01 + $0.01 beside $0.03: 4 decimals
     (0.0166, [0.0083, 0.0083], ("$0.0166", ["$0.0083", "$0.0083"])),  # sub-cent parts beside a $0.02 total
+    # thirds of a cent: each part rounds down, the total up; the larger remainder takes the missing 0.0001
+    (0.016667, [0.0083336, 0.0083334], ("$0.0167", ["$0.0084", "$0.0083"])),
+    (0.05, [0.0166667, 0.0166667, 0.0166666], ("$0.0500", ["$0.0167", "$0.0167", "$0.0166"])),
     (1.5, [1.0, 0.5], ("$1.50", ["$1.00", "$0.50"])),  # cents add up: kept
     (2.0, [], ("$2.00", [])),
 ])
