@@ -100,20 +100,25 @@ class StreamScrubber:
 
     def __init__(self, values: "list[str] | None" = None) -> None:
         vals = known_secrets() if values is None else sorted(values, key=len, reverse=True)
-        self._values = [v.encode("utf-8", "surrogatepass") for v in vals if v]
+        self._text_values = [v for v in vals if v]
+        self._values = [v.encode("utf-8", "surrogatepass") for v in self._text_values]
         self._mask = MASK.encode()
-        self._held = b""
+        self._held: "bytes | str" = b""
 
     def __bool__(self) -> bool:
         return bool(self._values)
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: "bytes | str") -> "bytes | str":
+        """``data`` masked, of its own type: a stream of text blocks (an SSH node's decoded output) is masked as
+        text, a stream of bytes as bytes (one stream never mixes the two)."""
+        text = isinstance(data, str)
+        values, mask = (self._text_values, MASK) if text else (self._values, self._mask)
         buf = self._held + data if self._held else data
-        for v in self._values:
+        for v in values:
             if v in buf:
-                buf = buf.replace(v, self._mask)
+                buf = buf.replace(v, mask)
         keep = 0
-        for v in self._values:  # the longest end of buf that begins a value: held until the next block
+        for v in values:  # the longest end of buf that begins a value: held until the next block
             for k in range(min(len(v) - 1, len(buf)), keep, -1):
                 if buf.endswith(v[:k]):
                     keep = k
@@ -121,11 +126,11 @@ class StreamScrubber:
         if keep:
             self._held = buf[-keep:]
             return buf[:-keep]
-        self._held = b""
+        self._held = buf[:0]
         return buf
 
-    def flush(self) -> bytes:
-        held, self._held = self._held, b""
+    def flush(self) -> "bytes | str":
+        held, self._held = self._held, self._held[:0]
         return held
 
 

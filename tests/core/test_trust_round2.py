@@ -358,3 +358,16 @@ def test_recipe_json_records_gpus_per_node_as_written(tmp_path, cli_env):
     # a GPU recipe is unchanged
     (d / "g.yaml").write_text("name: g\nscript: t.py\nnodes: 1\ngpus_per_node: 4\nmax_hours: 0.1\n")
     assert load_recipe(d / "g.yaml").model_dump(mode="json")["gpus_per_node"] == 4
+
+
+def test_the_stream_scrubber_masks_text_blocks_too():
+    """An SSH node's output reaches the pump decoded (str): the scrubber compared bytes with it and raised
+    TypeError in the pump thread, which then stopped streaming that node's output."""
+    from broker.core.private import MASK, StreamScrubber
+
+    s = StreamScrubber(["sekret-value-9"])
+    out = s.feed("token sekret-va") + s.feed("lue-9 done\n") + s.flush()
+    assert out == f"token {MASK} done\n" and isinstance(out, str)
+    b = StreamScrubber(["sekret-value-9"])
+    outb = b.feed(b"x sekret-value") + b.feed(b"-9\n") + b.flush()
+    assert outb == f"x {MASK}\n".encode()
