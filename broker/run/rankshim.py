@@ -642,9 +642,10 @@ ANSWER_CHUNK = 800
 
 
 def frame_answer(text):
-    """``text`` (one JSON document, ASCII, no newline) as short lines ``broker-stacks ID I/N CHUNK``: ``ID`` is unique to
-    this answer and ends in the CRC-32 of ``text`` (8 hex digits), so answers of several nodes printed into one stream (``srun``'s tasks) are told apart and put back
-    together whatever order their lines arrive in (:func:`broker.run.stall.stack_answers`)."""
+    """``text`` (one JSON document, ASCII, no newline) as short lines ``broker-stacks ID I/N CHUNK``: ``ID`` is
+    unique to this answer and ends in the CRC-32 of ``text`` (8 hex digits), so answers of several nodes printed
+    into one stream (``srun``'s tasks) are told apart and put back together whatever order their lines arrive in
+    (:func:`broker.run.stall.stack_answers`)."""
     import zlib
 
     # host, pid and a nonce tell answers apart; the CRC-32 of the whole text, last, tells a damaged one

@@ -30,6 +30,7 @@ import os
 import pickle
 import re
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -593,8 +594,6 @@ def stack_answers(text: str) -> dict[str, dict[str, Any]]:
         if counts.setdefault(ident, int(n)) != int(n):
             continue
         parts.setdefault(ident, {})[int(i)] = chunk
-    import zlib
-
     out: dict[str, dict[str, Any]] = {}
     for ident, got in sorted(parts.items()):
         if len(got) != counts[ident]:
