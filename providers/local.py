@@ -10,7 +10,6 @@ node every node sees its GPU as ``cuda:0``.  Without GPUs the job runs with gloo
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,10 +30,20 @@ class LocalGpu:
     mem_gib: float
 
 
+def _which(name: str) -> str | None:
+    """The first executable ``name`` on ``PATH`` (``shutil.which`` for a bare name on Linux): shutil, with the
+    compression modules it imports, is not loaded on ``broker plan``'s start-up for one lookup."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
 def detect_gpus(nvidia_smi: str | None = None, proc_dir: Path = Path("/proc/driver/nvidia/gpus")) -> list[LocalGpu]:
     """GPUs visible to this process (honours an existing ``CUDA_VISIBLE_DEVICES``); [] when none."""
     gpus: list[LocalGpu] = []
-    smi = nvidia_smi or shutil.which("nvidia-smi")
+    smi = nvidia_smi or _which("nvidia-smi")
     if smi:
         import subprocess  # only where nvidia-smi exists: broker plan's start-up skips it elsewhere
 

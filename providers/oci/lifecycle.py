@@ -8,7 +8,6 @@ freeform tag :data:`TOKEN_TAG`: after an :class:`broker.core.provider.AmbiguousC
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, ProviderError, TransientError
@@ -20,6 +19,14 @@ from broker.providers.oci.sdk import PROVIDER, expect_fields, expect_list, expec
 if TYPE_CHECKING:
     from broker.providers.oci.sdk import OCIApi
     from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
+
+def _b64(text: str) -> str:
+    """``text`` as OCI's ``user_data`` metadata wants it (base64 of the UTF-8 bytes); base64 is imported here, not
+    with the module: ``broker plan`` loads every adapter and never launches."""
+    import base64
+
+    return base64.b64encode(text.encode()).decode()
+
 
 #: Freeform tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
@@ -80,7 +87,7 @@ def create_instance(api: "OCIApi", req: NodeRequest, *, ad: str, subnet: str, im
                                                        boot_volume_size_in_gbs=max(50, int(req.disk_gib))),
         create_vnic_details=m.CreateVnicDetails(subnet_id=subnet, assign_public_ip=True),
         metadata={"ssh_authorized_keys": req.ssh_public_key,
-                  "user_data": base64.b64encode(ud.encode()).decode()},
+                  "user_data": _b64(ud)},
         freeform_tags=tags)
     if req.offer.attrs.get("interruptible") is True:
         # preemptible: OCI may reclaim it at any time; TERMINATE (the only action) without keeping the boot volume,

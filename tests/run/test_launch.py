@@ -86,6 +86,32 @@ def test_detect_gpus_from_nvidia_smi(tmp_path, monkeypatch):
     assert detect_gpus(nvidia_smi=str(smi), proc_dir=tmp_path / "none") == []
 
 
+def test_nvidia_smi_is_found_on_path_as_shutil_which_finds_it(tmp_path, monkeypatch):
+    import shutil
+
+    import broker.providers.local as pl
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (first / "nvidia-smi").write_text("#!/bin/sh\n")  # not executable: passed over
+    (second / "nvidia-smi").write_text("#!/bin/sh\n")
+    (second / "nvidia-smi").chmod(0o755)
+    (first / "nvidia-smi.d").mkdir()
+    monkeypatch.setenv("PATH", f"{first}:{tmp_path / 'missing'}:{second}")
+    assert pl._which("nvidia-smi") == str(second / "nvidia-smi") == shutil.which("nvidia-smi")
+    assert pl._which("nvidia-smi.d") is None is shutil.which("nvidia-smi.d")
+    monkeypatch.setenv("PATH", str(first))
+    assert pl._which("nvidia-smi") is None is shutil.which("nvidia-smi")
+    smi = tmp_path / "c" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA L4, 23034'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(smi.parent))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [g.name for g in detect_gpus(proc_dir=tmp_path / "none")] == ["NVIDIA L4"]
+
+
 def test_local_spec_refuses_gpu_job_without_gpu(tmp_path, monkeypatch):
     import broker.providers.local as pl
 
