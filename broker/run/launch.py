@@ -66,17 +66,30 @@ RANKSHIM = Path(__file__).with_name("rankshim.py")
 
 
 # --------------------------------------------------------------------------------------------------- local runs
-def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int, plan: "StagePlan | None" = None) -> list[Path]:
+def prepare_node_dirs(workdir: Path, run_dir: Path, nnodes: int, plan: "StagePlan | None" = None,
+                      say: "Callable[[str], None] | None" = None) -> list[Path]:
     """A fresh copy of the staged ``workdir`` (:mod:`broker.run.staging`) per node: ``run_dir/node<i>/work``.
-    Returns the work dirs."""
-    from broker.run.staging import copy_staged, stage_plan
+    Returns the work dirs.  A slow copy (:data:`broker.run.staging.SLOW_COPY_S`) is explained to ``say``
+    (:func:`broker.run.staging.copy_hint`); ``-v`` logs how each file was copied."""
+    import logging
+
+    from broker.run.staging import copy_hint, copy_staged, stage_plan
 
     plan = plan or stage_plan(workdir)
     out = []
+    total: dict[str, int] = {}
+    t0 = time.monotonic()
     for i in range(nnodes):
         dst = run_dir / f"node{i}" / "work"
-        copy_staged(plan, dst)
+        for way, n in copy_staged(plan, dst).items():
+            total[way] = n if way == "reflink_refused" else total.get(way, 0) + n
         out.append(dst)
+    took = time.monotonic() - t0
+    logging.getLogger("broker.run.launch").info("copied the work folder to %d node folder(s) in %.2f s: %s", nnodes,
+                                                took, ", ".join(f"{k} {v}" for k, v in total.items()))
+    hint = copy_hint(total, took, nnodes, Path(workdir), out[0]) if out else ""
+    if hint and say:
+        say(hint)
     return out
 
 
@@ -236,7 +249,7 @@ class LocalExecutor(Executor):
         line = staging_line(plan, self.run_dir)
         if self.say:
             self.say(line)
-        self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan)
+        self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan, say=self.say)
         path = python_first_path(spec.python, os.environ.get("PATH"))
         self.envs = [node_environment(dict(os.environ), spec.env,
                                       spec.node_envs[i] if i < len(spec.node_envs) else {},

@@ -447,6 +447,7 @@ class _CopyWays:
         self.no_clone: set[tuple[int, int]] = set()
         self.no_range: set[tuple[int, int]] = set()
         self.cloned = self.ranged = self.copied = 0
+        self.clone_refused = 0  # the errno of the first refused reflink (EXDEV: two filesystems), 0 for none
         self.dst_dev = dst_dev
         self.umask = umask
 
@@ -490,6 +491,7 @@ def _copy_file(src: str, dst: str, ways: _CopyWays) -> None:
                     if e.errno not in _UNSUPPORTED:
                         raise
                     ways.no_clone.add(pair)
+                    ways.clone_refused = ways.clone_refused or e.errno
             if not done and pair not in ways.no_range:
                 try:
                     left = st.st_size
@@ -532,7 +534,9 @@ def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
 
     A reflink where the filesystem allows one (btrfs, XFS, ...), else an in-kernel copy, else reads and writes
     (:func:`_copy_file`); never a hard link, so whatever a node writes into its work folder never reaches the
-    user's files.  Returns how many files went each way: ``{"reflink": n, "copy_file_range": n, "copy": n}``.
+    user's files.  Returns how many files went each way, ``{"reflink": n, "copy_file_range": n, "copy": n}``, and
+    ``"reflink_refused"``: the errno of the filesystem's first refusal of a reflink (``errno.EXDEV``: the work folder
+    and ``dst`` are on two filesystems), 0 when none was refused (:func:`copy_hint` explains a slow copy with it).
 
     Cost on ext4 (no reflinks; bench/staging_scale.py, docs/staging.md): the system calls of creating each file
     dominate, so the loop does no per-file ``pathlib`` work, no stat of the copy and no chmod (the file is created
@@ -566,7 +570,60 @@ def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
                     made.add(sub)
         src = sources.get(rel)
         _copy_file(f"{root}/{r}" if src is None else os.fspath(src), f"{base}/{r}", ways)
-    return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied}
+    return {"reflink": ways.cloned, "copy_file_range": ways.ranged, "copy": ways.copied,
+            "reflink_refused": ways.clone_refused}
+
+
+def fs_type(path: "str | os.PathLike[str]") -> str:
+    """The type of the filesystem that holds ``path`` (``ext4``, ``xfs``, ``btrfs``, ...), '' when unknown (no such
+    path, not Linux).  From ``/proc/self/mountinfo``: the mount whose device is ``path``'s, else (btrfs gives its
+    files an anonymous device of their own) the mount with the longest mount point above ``path``, as ``findmnt
+    --target`` does; the last one mounted wins.  Never raises."""
+    try:
+        real = os.path.realpath(path)
+        dev = os.stat(real).st_dev
+        want = f"{os.major(dev)}:{os.minor(dev)}"
+        by_dev, by_dir, depth = "", "", -1
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                head, sep, tail = line.partition(" - ")
+                fields, kind = head.split(), tail.split()[:1]
+                if not sep or len(fields) < 5 or not kind:
+                    continue
+                if fields[2] == want:
+                    by_dev = kind[0]
+                point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+                if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= depth:
+                    by_dir, depth = kind[0], len(point)
+        return by_dev or by_dir
+    except (OSError, ValueError):
+        return ""
+
+
+#: a local copy of the work folder slower than this (seconds, every node together) gets :func:`copy_hint`'s line
+SLOW_COPY_S = 3.0
+
+
+def copy_hint(ways: dict[str, int], seconds: float, nnodes: int, src: Path, dst: Path) -> str:
+    """Why copying the work folder into ``nnodes`` node folders took ``seconds``, and what makes it fast: '' when
+    it was quick (under :data:`SLOW_COPY_S`) or the files were reflinked.  ``ways``: :func:`copy_staged`'s counts
+    (summed over the nodes); ``src``: the work folder; ``dst``: a node's folder in the run folder (the broker
+    home).  Measured (bench/staging_scale.py, docs/staging.md): 20,000 small files take about a second where they
+    are reflinked (XFS with reflink=1, btrfs), and several seconds per node where every byte is copied."""
+    files = ways.get("reflink", 0) + ways.get("copy_file_range", 0) + ways.get("copy", 0)
+    if seconds < SLOW_COPY_S or ways.get("reflink", 0) or not files:
+        return ""
+    head = (f"copying the work folder to {nnodes} node(s) took {seconds:.1f} s ({files // max(nnodes, 1):,} files "
+            f"per node, each a full copy)")
+    there, here = fs_type(src) or "its filesystem", fs_type(dst) or "its filesystem"
+    if ways.get("reflink_refused") == errno.EXDEV:
+        why = (f"the work folder ({there}) and the run folders in the broker home ({here}) are on two "
+               f"filesystems, so no file could be cloned; with BROKER_HOME on the work folder's filesystem, one "
+               f"with reflinks (XFS, btrfs) clones them copy-on-write in about a second")
+    else:
+        why = (f"{here} has no reflinks (copy-on-write clones); with the work folder and BROKER_HOME on one XFS "
+               f"(reflink=1) or btrfs filesystem they are cloned in about a second")
+    return f"{head}: {why}; or leave out what the job does not need with a .brokerignore"
 
 
 #: file name endings whose content is already compressed (or is packed numbers that gzip barely shrinks): a tar
