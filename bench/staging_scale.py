@@ -10,12 +10,16 @@ Each side runs in its own subprocess (CPU = user + system, peak RSS from getrusa
 back with the order swapped every pair; the median of the per-pair ratios is printed with the load average.
 Goals: local 20,000 files <= 2 s; the upload's memory flat (peak RSS about the bare interpreter's).
 
-    python bench/staging_scale.py [--files 20000] [--gib 1] [--pairs 3] [--keep] [--old]
+``--fs xfs|btrfs|ext4`` runs both sides on a fresh filesystem of that type in a loop-mounted image
+(tests/support/loopfs.py; needs root): on XFS (reflink=1) and btrfs broker's copy is a reflink per file.
+
+    python bench/staging_scale.py [--files 20000] [--gib 1] [--pairs 3] [--keep] [--old] [--fs xfs]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -109,9 +113,30 @@ def main() -> None:
                          "freed memory to its host (Firecracker free page reporting) a removed copy's pages come "
                          "back cold, and the first touch of each page, not the copy, then dominates both sides")
     ap.add_argument("--old", action="store_true", help="also the former in-memory tar.gz (slow: ~20 s CPU per GiB)")
+    ap.add_argument("--fs", choices=["xfs", "btrfs", "ext4"],
+                    help="run on a fresh filesystem of this type (a loop-mounted image; root)")
     a = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        where = os.environ.get("BENCH_TMP")
+        if a.fs:
+            sys.path.insert(0, str(REPO))
+            from tests.support.loopfs import loop_fs
+
+            where = str(stack.enter_context(loop_fs(a.fs, size_mib=int(a.gib * 1024) * 3 + 4096)))
+        print(f"filesystem: {_fs(where or tempfile.gettempdir())}{' (loop image)' if a.fs else ''}")
+        run(a, where)
+
+
+def _fs(path: str) -> str:
+    sys.path.insert(0, str(REPO))
+    from broker.run.staging import fs_type
+
+    return fs_type(path) or "unknown"
+
+
+def run(a: argparse.Namespace, where: str | None) -> None:
     la0 = os.getloadavg()
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as d:
+    with tempfile.TemporaryDirectory(dir=where) as d:
         d = Path(d)
         small = d / "small"
         for i in range(a.files):
@@ -124,6 +149,9 @@ def main() -> None:
             for _ in range(int(a.gib * 1024)):
                 f.write(os.urandom(1 << 20))
         subprocess.run(["sh", "-c", f"cat {big}/data.bin > /dev/null"], check=True)  # page cache warm for both
+        # written back before either side runs, as a user's work folder normally is: a reflink (FICLONE) first
+        # flushes its source's dirty pages, so the first clone of a just-written tree would pay the tree's writeback
+        os.sync()
         if a.keep:  # every copy into a folder of its own, none removed before the end (see --keep)
             n = iter(range(10**6))
             local = pairs(a.pairs, lambda: broker_side("copy", small, d / f"node{next(n)}"),
