@@ -61,7 +61,7 @@ from typing import Any
 
 from broker.core.model import Offer, Plan, PlanOption, Requirements
 from broker.plan import pricing
-from broker.plan.rejections import merge_rejected as _merge_rejected, with_counts as _with_counts
+from broker.plan.rejections import REASON_KINDS, merge_rejected as _merge_rejected, with_counts as _with_counts
 
 #: Offer.attrs key: the provider's interruptible price of the offer, USD per hour for the whole unit
 PRICE_ATTR = "interruptible_usd_per_hour"
@@ -288,6 +288,15 @@ def comparison(spot: PlanOption, od: PlanOption | None) -> str:
     return head + tail + f": interruptible costs {_usd(-save)} more expected"
 
 
+#: why an on-demand machine is not an option when the recipe asks for interruptible capacity only
+NO_PRICE = "interruptible: true, but no interruptible price is known for this offer"
+
+
+def _key(o: Offer) -> tuple:
+    """What an on-demand offer and its interruptible twin share (:func:`variant` keeps every one of these)."""
+    return (o.provider, o.offer_id, o.instance_type, o.region, o.zone)
+
+
 def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *args: Any, **kw: Any) -> Plan:
     """:func:`broker.plan.planner.plan` (``base``) with interruptible options, per ``requirements.interruptible``.
 
@@ -303,8 +312,7 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
     if not spot:
         if req.interruptible == "true":
             provs = sorted({o.provider for o in od_offers if not req.providers or o.provider in req.providers})
-            od.rejected = [replace(o, rejected=[*o.rejected, "interruptible: true, but no interruptible price is "
-                                                "known for this offer"]) for o in od.options] + od.rejected
+            od.rejected = [replace(o, rejected=[*o.rejected, NO_PRICE]) for o in od.options] + od.rejected
             od.options = []
             od.notes.append("interruptible: true, but no offer has interruptible capacity with a known price "
                             f"(providers asked: {', '.join(provs) or 'none'}); set interruptible: auto or false")
@@ -328,7 +336,24 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
         counts[k] = counts.get(k, 0) + v
     per_reason = int(kw.get("rejected_per_reason", 5))
     if req.interruptible == "true":
-        rejected = _merge_rejected([sp.rejected, od.rejected], per_reason)
+        # on demand is only the comparison here: a machine with an interruptible twin is judged as the twin (its
+        # on-demand row would repeat it at another price); one without is shown with its own reason, or, when it
+        # would have been valid, as having no interruptible price
+        twins = {_key(o) for o in spot}
+        alone = [o for o in od_offers if _key(o) not in twins]
+        base_rows = base(req, alone, *args, **od_kw) if alone else None
+        counts = dict(sp.rejected_counts)
+        own: list[PlanOption] = []
+        if base_rows is not None:
+            for k, v in base_rows.rejected_counts.items():
+                counts[k] = counts.get(k, 0) + v
+            priceless = [replace(o, rejected=[*o.rejected, NO_PRICE], reason_kind="provider")
+                         for o in base_rows.options]
+            counts["provider"] = counts.get("provider", 0) + len(priceless)
+            own = base_rows.rejected + priceless
+        kinds = [*REASON_KINDS, *sorted(k for k in counts if k not in REASON_KINDS)]
+        counts = {k: counts[k] for k in kinds if counts.get(k)}  # the note's order, in --json too
+        rejected = _merge_rejected([sp.rejected, own], per_reason)
         notes = _with_counts(notes, od.rejected_counts, len(od.rejected), counts, len(rejected), per_reason)
         return replace(od, options=sp.options, rejected=rejected, notes=notes,
                        rejected_counts=counts, valid_count=sp.valid_count)

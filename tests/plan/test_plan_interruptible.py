@@ -158,3 +158,23 @@ def test_attempts_words_say_one_attempt():
     from broker.plan.interruptible import attempts_words
 
     assert (attempts_words(1), attempts_words(4)) == ("1 attempt", "4 attempts")
+
+
+def test_true_shows_each_machine_once_in_the_rejected_rows():
+    """With interruptible: true on-demand is only the comparison: a machine with a twin is judged as the twin (no
+    second row at its on-demand price); a machine without one shows its own reason, or "no interruptible price"
+    when it would have been valid; the counts add up to the rows behind them."""
+    twin_too_small = offer(it="g5.xlarge", usd=1.0, price=0.4, gpus=1)  # rejected as simulated: 1 GPU
+    twin_ok = offer(it="g5.12xlarge", usd=5.0, price=2.0, gpus=2)
+    no_twin_ok = offer(it="g4dn.12xlarge", usd=0.5, gpus=2)  # cheaper on demand, no interruptible price
+    no_twin_small = offer(it="g4dn.xlarge", usd=0.3, gpus=1)
+    p = plan(req("true", budget=100), [twin_too_small, twin_ok, no_twin_ok, no_twin_small])
+    assert p.chosen.interruptible and p.chosen.offers[0].instance_type == "g5.12xlarge"
+    rows = [(o.offers[0].instance_type, o.interruptible, o.rejected[-1]) for o in p.rejected]
+    assert sorted((it, i) for it, i, _ in rows) == [("g4dn.12xlarge", False), ("g4dn.xlarge", False),
+                                                      ("g5.xlarge", True)], rows
+    why = {it: r for it, _, r in rows}
+    assert why["g4dn.12xlarge"] == spot.NO_PRICE
+    assert "2 GPUs" in why["g4dn.xlarge"] and "2 GPUs" in why["g5.xlarge"]
+    assert sum(p.rejected_counts.values()) == len(rows) == 3
+    assert list(p.rejected_counts) == [k for k in ("provider", "topology") if k in p.rejected_counts]
