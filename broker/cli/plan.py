@@ -58,8 +58,8 @@ def rented(opt: "PlanOption", zones: list[str] | None = None) -> str:
 
 
 def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[str]]]:
-    """Options that differ only by zone (same provider, topology, offer, region and cost) as one row each, in
-    order; the first keeps its place, the zones of the others are listed with it."""
+    """Options that differ only by zone (same provider, topology, offer, region, cost and reasons) as one row each,
+    in order; the first keeps its place, the zones of the others are listed with it."""
     rows: list[tuple[PlanOption, list[str]]] = []
     index: dict[tuple, int] = {}
     for o in options:
@@ -69,7 +69,7 @@ def group_zones(options: list["PlanOption"]) -> list[tuple["PlanOption", list[st
             continue
         # the instance type, not the offer id: adapters whose ids name the zone (GCP's ``type@zone``) group too
         k = (o.provider, o.topology, first.instance_type, first.region, o.interruptible, o.worst_case_usd,
-             o.rejected == [])
+             tuple(o.rejected))
         if k in index:
             rows[index[k]][1].append(first.zone)
         else:
@@ -324,8 +324,11 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                 t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
         else:  # 80 columns: the option in one narrow column, the reasons beside it
             t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
-        for o in plan.rejected[:rejected_limit]:
+        shown = group_zones(plan.rejected[:rejected_limit])  # one row for a machine refused alike in N zones
+        for o, zones in shown:
             why = "; ".join(o.rejected)
+            if len(zones) > 1:
+                why += f" (same in {len(zones)} zones: {', '.join(zones)})"
             if o.next_step:
                 why += f"\n-> {o.next_step}"
             worst = usd(o.worst_case_usd) if o.offers else "-"

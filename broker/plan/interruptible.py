@@ -323,9 +323,10 @@ def plan(base: PlanFn, requirements: Requirements, offers: Sequence[Offer], *arg
     notes = list(od.notes)
     if best_sp is not None:
         notes.append(comparison(best_sp, od_opts[0] if od_opts else None))
-    notes.append(f"interruptible model: {req.max_restarts} restarts at most, checkpoint every "
-                 f"{req.checkpoint_every_s} s; each preemption costs a setup plus half a checkpoint interval; "
-                 "preemption rates are broker's assumptions (broker.plan.interruptible)")
+    if best_sp is not None or req.interruptible != "false":  # the model is named where its numbers are shown
+        notes.append(f"interruptible model: {req.max_restarts} restarts at most, checkpoint every "
+                     f"{req.checkpoint_every_s} s; each preemption costs a setup plus half a checkpoint interval; "
+                     "preemption rates are broker's assumptions (broker.plan.interruptible)")
     counts = dict(od.rejected_counts)
     if req.interruptible == "false":
         if best_sp is not None and best_od is not None and (best_sp.expected_usd or 0) < best_od.worst_case_usd:

@@ -116,3 +116,24 @@ def test_each_interruptible_row_shows_what_it_saves_on_the_same_machine(cli_env)
     assert saves_text(opt) == "60%" and g
     assert saves_text(PlanOption(provider="x", topology="simulated", nodes=1, gpus_per_node=1, usd_per_hour=0.4,
                                  worst_case_usd=1, hours=1)) == ""
+
+
+def test_a_machine_refused_alike_in_two_zones_is_one_row_naming_both(cli_env, tmp_path):
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+    p = _plan(env, "--budget", "0.01", "--provider", "fake", columns="200")
+    assert p.returncode != 0
+    rows = [ln for ln in p.stdout.splitlines() if ln.lstrip().startswith("fake ")]
+    assert rows and len(rows) == len(set(rows)), p.stdout  # no two rows alike
+    assert "(same in 2 zones: fake-zone-1, fake-zone-2)" in p.stdout, p.stdout
+    doc = json.loads(_plan(env, "--budget", "0.01", "--provider", "fake", "--json").stdout)["plan"]
+    zones = [o["offers"][0]["zone"] for o in doc["rejected"] if o["offers"]]
+    assert {"fake-zone-1", "fake-zone-2"} <= set(zones)  # --json keeps every option
+
+
+def test_the_interruptible_model_is_named_only_beside_its_numbers(cli_env, tmp_path):
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+    none = _plan(env, "--budget", "0.01", "--provider", "fake")  # nothing valid, nothing interruptible compared
+    both = none.stdout + none.stderr
+    assert "no valid plan" in both and "interruptible model" not in both, both
+    some = _plan(env, "--budget", "5", "--provider", "fake")
+    assert "interruptible model" in " ".join(some.stdout.split()), some.stdout
