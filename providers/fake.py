@@ -26,6 +26,10 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
   exists, its id has not reached the ledger yet)
 * ``BROKER_FAKE_READY_S`` seconds an instance stays ``pending`` (default 0)
 * ``BROKER_FAKE_USD_PER_HOUR`` price of the 1-GPU offer (default 1.0; the 2-GPU host is 1.8x)
+* ``BROKER_FAKE_PREEMPT`` ``<seconds>[:<n>]``: the pretend cloud takes back each of the first ``n`` instances
+  (default 1, counted in the state file) ``seconds`` after it started running, as a spot market would: its
+  state turns ``terminated`` and :meth:`FakeProvider.preemption` says it was reclaimed, so a run on interruptible
+  capacity rents again and resumes from its checkpoint (try checkpoint/resume without a cloud)
 
 For ``multi-node`` it bootstraps a private network the way OCI does (a ``vcn`` then a ``subnet``, each recorded
 through the Recorder before and after its create), deleted by ``terminate``.  Tests may build several fakes with
@@ -65,6 +69,37 @@ def _state_path() -> Path:
 
 def _flags(var: str) -> set[str]:
     return {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
+
+
+def _preempt_rule() -> tuple[float, int] | None:
+    """``BROKER_FAKE_PREEMPT`` as (seconds running, how many instances); None when unset.  Raises ProviderError
+    naming the variable when it is not ``<seconds>[:<n>]``."""
+    raw = os.environ.get("BROKER_FAKE_PREEMPT", "").strip()
+    if not raw:
+        return None
+    secs, _, n = raw.partition(":")
+    try:
+        rule = (float(secs), int(n) if n else 1)
+    except ValueError:
+        rule = (-1.0, -1)
+    if rule[0] < 0 or rule[1] < 0:
+        raise ProviderError("fake", "describe_instance", f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>]",
+                            hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs) or 60:2")
+    return rule
+
+
+def _reclaim_due(st: dict[str, Any], now: float) -> None:
+    """Apply ``BROKER_FAKE_PREEMPT`` to the state: a running instance among the first n whose time has come is
+    terminated by the pretend cloud (``reclaimed``)."""
+    rule = _preempt_rule()
+    if rule is None:
+        return
+    after, count = rule
+    for inst in st["instances"].values():
+        since = inst.get("running_at")
+        if (inst["state"] == "running" and since is not None and inst.get("ordinal", count) < count
+                and now - since >= after):
+            inst.update(state="terminated", terminated_at=now, reclaimed=True)
 
 
 def _hang(step: str) -> None:
@@ -232,7 +267,8 @@ class FakeProvider(Provider):
                     return iid
             iid = "fake-i-" + uuid.uuid4().hex[:10]
             st["instances"][iid] = {
-                "id": iid, "state": "pending", "created_at": time.time(), "zone": req.offer.zone,
+                "id": iid, "ordinal": len(st["instances"]), "state": "pending", "created_at": time.time(),
+                "zone": req.offer.zone,
                 "instance_type": req.offer.instance_type, "usd_per_hour": req.offer.usd_per_hour,
                 "tags": tags, "client_token": req.client_token, "name": req.name,
                 "gpu_count": req.offer.gpu_count, "subnet_id": req.network.get("subnet_id"),
@@ -252,8 +288,12 @@ class FakeProvider(Provider):
             if inst is None:
                 return InstanceInfo(provider_id=provider_id, state="terminated", raw_state="not found")
             ready_s = float(os.environ.get("BROKER_FAKE_READY_S", "0"))
-            if inst["state"] == "pending" and time.time() - inst["created_at"] >= ready_s:
+            now = time.time()
+            if inst["state"] == "pending" and now - inst["created_at"] >= ready_s:
                 inst["state"] = inst.get("end_state", "running")
+                if inst["state"] == "running":
+                    inst["running_at"] = now
+            _reclaim_due(st, now)
             state = inst["state"]
         if state == "running":
             _hang("ready")

@@ -100,7 +100,8 @@ def cli_env(broker_home):
 
 
 #: providers/fake.py variables that inject failures, hangs, delays and prices (see its docstring)
-FAKE_INJECTION_ENV = ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR")
+FAKE_INJECTION_ENV = ("BROKER_FAKE_FAIL", "BROKER_FAKE_HANG", "BROKER_FAKE_READY_S", "BROKER_FAKE_USD_PER_HOUR",
+                      "BROKER_FAKE_PREEMPT")
 
 
 @pytest.fixture

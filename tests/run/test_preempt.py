@@ -500,15 +500,23 @@ def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generat
     killed: dict = {}
     orig = checkpoint.SSHSource.fetch
 
+    arrived: dict[Path, int] = {}  # files fetched per generation being copied
+
     def fetch(self, rel, dst, budget):
-        n = orig(self, rel, dst, budget)
-        run_dir = dst.parents[len(Path(rel).parts) + 1]  # <run>/checkpoints/.tmp-gen-N/<rel>
-        good = checkpoint.latest_generation(run_dir)
-        if not killed and good is not None and _step(marker) >= 6:
+        gen_dir = dst.parents[len(Path(rel).parts) - 1]  # <run>/checkpoints/.tmp-gen-N/<rel>
+        good = checkpoint.latest_generation(gen_dir.parent.parent)
+        # the host dies between two files of one copy: one file of it has arrived and this one never will (a
+        # copy whose only changed file was its last would complete before a kill that followed it)
+        if not killed and good is not None and arrived.get(gen_dir, 0) >= 1 and _step(marker) >= 6:
             killed["good"] = good.name
             killed["step"] = json.loads((good / "state.json").read_text())["step"]
             killed["cid"] = target.cluster_state.cid
-            _kill_host(target.cluster_state.ns(0))
+            killed["pids"] = _kill_host(target.cluster_state.ns(0))
+            n = orig(self, rel, dst, budget)  # must raise: nothing of that host answers now
+            killed["fetched after the kill"] = rel
+            return n
+        n = orig(self, rel, dst, budget)
+        arrived[gen_dir] = arrived.get(gen_dir, 0) + 1
         return n
 
     monkeypatch.setattr(checkpoint.SSHSource, "fetch", fetch)
@@ -520,9 +528,12 @@ def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generat
         if target.cluster_state is not None:
             target.cluster_state.down()
     assert killed, "no copy ran after the first generation"
+    assert "fetched after the kill" not in killed, killed
     assert out.exit_code == 0, out.result.reason
     log = Path(out.run.run_dir, "node0.log").read_text()
-    assert f"resumed from step {killed['step']}\n" in log, (killed, log[:500])
+    gens = {g.name: json.loads((g / "state.json").read_text())["step"]
+            for g in sorted((Path(out.run.run_dir) / "checkpoints").glob("gen-*")) if (g / "state.json").is_file()}
+    assert f"resumed from step {killed['step']}\n" in log, (killed, gens, log[:500])
     assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
     assert ledger.resources(out.run.id, live_only=True) == []
 
@@ -571,6 +582,48 @@ def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud
     assert [a["cause"] for a in rows] == ["preempted", "succeeded"]
     assert "outbid" in rows[0]["detail"]
     assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_the_fake_cloud_takes_an_instance_back_when_told_and_the_run_resumes(tmp_path, fake_cloud, monkeypatch):
+    """BROKER_FAKE_PREEMPT: the pretend cloud reclaims the first instance 3 s after it runs, as a spot market
+    would; the node check sees it gone, the provider's word makes it a preemption, the run rents again (the second
+    instance is left alone) and resumes from the copied checkpoint."""
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from tests.support.plans import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    monkeypatch.setenv("BROKER_FAKE_PREEMPT", "3")
+    recipe, marker = _recipe(tmp_path, steps=40)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    said: list[str] = []
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks(say=said.append))
+    assert out.exit_code == 0, out.result.reason
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"], rows
+    assert "reclaimed" in rows[0]["detail"]
+    insts = sorted(p.instances().values(), key=lambda i: i["ordinal"])
+    assert [(i["state"], bool(i.get("reclaimed"))) for i in insts] == [("terminated", True), ("terminated", False)]
+    log = Path(out.run.run_dir, "node0.log").read_text()
+    resumed = [int(line.split()[-1]) for line in log.splitlines() if line.startswith("resumed from step")]
+    assert resumed and resumed[-1] > 0, log[-2000:]
+    assert ledger.resources(out.run.id, live_only=True) == []
+
+
+def test_a_malformed_fake_preempt_rule_names_the_variable(tmp_path, monkeypatch):
+    from broker.core.provider import ProviderError
+    from broker.providers.fake import _preempt_rule
+
+    monkeypatch.setenv("BROKER_FAKE_PREEMPT", "soon")
+    with pytest.raises(ProviderError, match="BROKER_FAKE_PREEMPT='soon' is not <seconds>"):
+        _preempt_rule()
+    monkeypatch.setenv("BROKER_FAKE_PREEMPT", "60:2")
+    assert _preempt_rule() == (60.0, 2)
+    monkeypatch.setenv("BROKER_FAKE_PREEMPT", "")
+    assert _preempt_rule() is None
 
 
 def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_path):
