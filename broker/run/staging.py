@@ -88,6 +88,9 @@ class StagePlan:
     forced: dict[str, str] = field(default_factory=dict)
     #: how many files the recipe's ``checkpoint_dir`` holds that were left out (:func:`recipe_stage_plan`)
     checkpoint_files: int = 0
+    #: the recipe's ``checkpoint_dir`` when ``resume_checkpoint`` staged it, and how many of its files are staged
+    resumed_dir: str | None = None
+    resumed_files: int = 0
 
     def source(self, rel: Path) -> Path:
         """The file whose content is staged at ``rel``."""
@@ -117,6 +120,12 @@ class StagePlan:
             more += (f" (checkpoint_dir {', '.join(ck)} not staged, {n} file{'' if n == 1 else 's'} left out: a new "
                      "run starts without the checkpoint left in the work folder; resume_checkpoint: true in the "
                      "recipe starts from it)")
+        if self.resumed_dir is not None:
+            n = self.resumed_files
+            more += (f" (checkpoint_dir {self.resumed_dir}/ staged, {n} file{'' if n == 1 else 's'}: "
+                     "resume_checkpoint: true, the job starts from it)" if n else
+                     f" (checkpoint_dir {self.resumed_dir}/ is empty or missing: resume_checkpoint: true, but the "
+                     "job starts from scratch)")
         if self.forced:
             more += " (staged although ignored, the recipe names them: " + ", ".join(
                 f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
@@ -428,6 +437,10 @@ def recipe_stage_plan(workdir: Path, script: Path | str, args: list[str] = (), *
     if leave:
         # the folder's own files (links not followed: a link to it names the same files once)
         plan.checkpoint_files = sum(len(files) for _, _, files in os.walk(Path(workdir) / checkpoint_dir))
+    elif checkpoint_dir:  # resume_checkpoint: say that the job starts from what is there (or that nothing is)
+        top = Path(checkpoint_dir).as_posix().strip("/") + "/"
+        plan.resumed_dir = top[:-1]
+        plan.resumed_files = sum(1 for rel in plan.files if rel.as_posix().startswith(top))
     return plan
 
 

@@ -53,6 +53,10 @@ def test_the_checkpoint_dir_is_left_out_of_the_staged_files_and_the_line_says_so
     assert nested.excluded["ckpt/sub/"] == nested.excluded["alias/sub/"] == "checkpoint_dir"
     kept = recipe_stage_plan(w, "train.py", checkpoint_dir="ckpt", resume_checkpoint=True)
     assert "ckpt/sub/m.pt" in {p.as_posix() for p in kept.files} and "not staged" not in kept.summary()
+    assert ("(checkpoint_dir ckpt/ staged, 2 files: resume_checkpoint: true, the job starts from it)"
+            in kept.summary()), kept.summary()
+    empty = recipe_stage_plan(w, "train.py", checkpoint_dir="nothing", resume_checkpoint=True)
+    assert "checkpoint_dir nothing/ is empty or missing" in empty.summary() and "from scratch" in empty.summary()
 
 
 def test_a_local_run_does_not_resume_from_a_stale_checkpoint_in_the_work_folder(tmp_path, monkeypatch):
@@ -76,9 +80,11 @@ def test_resume_checkpoint_true_starts_the_first_attempt_from_it(tmp_path, monke
     recipe, _ = _recipe(tmp_path, steps=STALE + 2, sleep=0.01, interruptible="false", extra="resume_checkpoint: true\n")
     assert recipe.resume_checkpoint is True
     _stale(recipe)
-    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks())
+    said: list[str] = []
+    out = run_pipeline(recipe, LocalTarget(recipe), ledger=Ledger(), hooks=Hooks(say=said.append))
     assert out.exit_code == 0, out.result.reason
     assert _resumed(Path(out.run.run_dir, "node0.log").read_text()) == STALE
+    assert any("checkpoint_dir ckpt/ staged" in s and "the job starts from it" in s for s in said), said
 
 
 def test_resume_checkpoint_without_checkpoint_dir_names_the_field_and_the_fix(tmp_path):
