@@ -7,10 +7,7 @@ checkpoint back and the shipped ddp_train.py resumes from it.  Nothing leaves 12
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -27,18 +24,11 @@ from broker.money.ledger import Ledger  # noqa: E402
 from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.support.gcp_emulator import authorize_on, GCPEmulator  # noqa: E402
+from tests.support.netns_faults import kill_host as _kill_host  # noqa: E402
 from tests.support.plans import rank_options  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
-
-
-def _kill_host(ns: str) -> None:
-    for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns_hosts, tmp_path):
