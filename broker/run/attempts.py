@@ -159,18 +159,22 @@ def attempt_costs(ledger: Any, run_id: str) -> list[dict[str, Any]]:
 
 def attempt_lines(ledger: Any, run_id: str) -> list[str]:
     """One line per attempt for ``broker status RUN`` / ``broker cost`` (empty when the run kept no record)."""
+    from broker.core.prose import usd_parts
+
     rows = attempt_costs(ledger, run_id)
+    # the parts as printed add up to the total as printed (the same figures as the summary and `broker cost`)
+    total, each = usd_parts(sum(a["usd"] for a in rows), [a["usd"] for a in rows])
     out = []
-    for a in rows:
+    for a, usd_text in zip(rows, each):
         end = a["ended_at"].strftime("%H:%M:%S") if a["ended_at"] else "running"
         cause = a["cause"] or "running"
         what = ", ".join(a["resources"]) or "no resources"
         out.append(f"attempt {a['attempt']}: {a['started_at'].strftime('%H:%M:%S')}-{end} {cause}"
                    + (f" ({a['detail']})" if a["detail"] and cause != "succeeded" else "")
-                   + f"; ${a['usd']:.4f}; {what}")
+                   + f"; {usd_text}; {what}")
     pre = sum(1 for a in rows if a["cause"] == "preempted")
     if pre:
-        out.append(f"preemptions: {pre}; {len(rows)} attempt(s), ${sum(a['usd'] for a in rows):.4f} in all")
+        out.append(f"preemptions: {pre}; {len(rows)} attempt(s), {total} in all")
     return out
 
 

@@ -31,3 +31,23 @@ def test_a_runs_headline_names_local_once():
 
     assert run_where(SimpleNamespace(topology="local", provider="local")) == "local"
     assert run_where(SimpleNamespace(topology="multi-node", provider="aws")) == "multi-node on aws"
+
+
+def test_status_attempt_lines_add_up_to_their_total(monkeypatch):
+    """`broker status RUN` read "$0.0084 ... $0.0083 ... $0.0168 in all" for a run that `broker cost` showed as
+    $0.0084 + $0.0084 (a GPU resume on the fake cloud): the lines use the same rounded parts."""
+    from datetime import datetime, timezone
+
+    from broker.run import attempts
+
+    t = datetime(2026, 12, 2, 22, 1, tzinfo=timezone.utc)
+    rows = [{"attempt": 1, "started_at": t, "ended_at": t, "cause": "preempted", "detail": "taken back",
+             "usd": 0.0083846, "resources": ["fake instance a"]},
+            {"attempt": 2, "started_at": t, "ended_at": t, "cause": "succeeded", "detail": None,
+             "usd": 0.0083512, "resources": ["fake instance b"]}]
+    monkeypatch.setattr(attempts, "attempt_costs", lambda ledger, run_id: rows)
+    lines = attempts.attempt_lines(None, "r")
+    parts = [float(line.split("; $")[1].split(";")[0]) for line in lines[:2]]
+    total = float(lines[2].split(", $")[1].split()[0])
+    assert lines[2].startswith("preemptions: 1; 2 attempt(s), $") and lines[2].endswith(" in all")
+    assert abs(sum(parts) - total) < 1e-9 and total == 0.0167, lines
