@@ -100,8 +100,10 @@ INHERITED_DROP_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCHELASTIC_", "PMI_",
 INHERITED_DROP_NAMES = frozenset({"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                   "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK",
                                   "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"})
-#: kept although they match: host safety settings (NVLink multicast off on shared hosts) and debug output
-INHERITED_KEEP = frozenset({"NCCL_NVLS_ENABLE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"})
+#: kept although they match: host safety settings (NVLink multicast off on shared hosts), debug output, and
+#: ``NCCL_VERSION``, which NVIDIA's container images set as a label (it configures nothing: dropping it only made
+#: every run in such an image say so)
+INHERITED_KEEP = frozenset({"NCCL_NVLS_ENABLE", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_VERSION"})
 
 
 def _steers_rendezvous(name: str) -> bool:

@@ -94,13 +94,14 @@ def test_torch_device_and_backend_are_recorded_when_the_script_uses_torch(tmp_pa
 def test_environment_hygiene_unit():
     base = {"PATH": "/bin", "GLOO_SOCKET_IFNAME": "bogus0", "NCCL_SOCKET_IFNAME": "eth9", "MASTER_PORT": "1",
             "RANK": "7", "TORCHELASTIC_RUN_ID": "x", "SLURM_PROCID": "0", "NCCL_NVLS_ENABLE": "0",
-            "NCCL_DEBUG": "INFO", "RANKING": "keep"}
+            "NCCL_DEBUG": "INFO", "RANKING": "keep", "NCCL_VERSION": "2.28.9"}  # an NVIDIA image's label
     recipe = {"NCCL_SOCKET_IFNAME": "ens5"}
     assert dropped_inherited(base, recipe) == ["GLOO_SOCKET_IFNAME", "MASTER_PORT", "RANK", "SLURM_PROCID",
                                                "TORCHELASTIC_RUN_ID"]
     env = node_environment(base, recipe, {"BROKER_NODE_RANK": "0"})
     assert env["NCCL_SOCKET_IFNAME"] == "ens5" and "GLOO_SOCKET_IFNAME" not in env and "RANK" not in env
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["NCCL_DEBUG"] == "INFO" and env["RANKING"] == "keep"
+    assert env["NCCL_VERSION"] == "2.28.9"
     assert "GLOO_SOCKET_IFNAME" in dropped_line(["GLOO_SOCKET_IFNAME"]) and dropped_line([]) == ""
 
 
