@@ -64,7 +64,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
     "fake": ("broker.providers.fake:FakeProvider",
              dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
-                  create_settle_s=0.0, local_exec=True, stoppable=True,
+                  create_settle_s=0.0, node_check_s=2.0, local_exec=True, stoppable=True,
                   interruptible=True, preemptions_per_hour=0.1)),
 }
 

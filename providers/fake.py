@@ -131,6 +131,8 @@ class FakeProvider(Provider):
     #: seconds after a create call before a list that does not show the instance proves it absent (the fake's
     #: state file is consistent at once; real APIs lag)
     create_settle_s = 0.0
+    #: its state file is read locally (no API to rate-limit): a node it took back is noticed within 2 s
+    node_check_s = 2.0
     credentials_hint = None
     native_query = False
     live_offer_search = False

@@ -93,6 +93,7 @@ class LocalProvider(Provider):
     setup_allowance_s = 0  # nothing is billed
     ssh_ready_timeout_s = 120.0
     create_settle_s = 20.0
+    node_check_s = 30.0
     credentials_hint = None
     native_query = False
     live_offer_search = False

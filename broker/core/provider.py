@@ -122,7 +122,7 @@ class Recorder(Protocol):
 #: The capability attributes of :class:`Provider` (class attributes, documented there), in declaration order.
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
-                "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
+                "node_check_s", "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
                 "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable", "slurm_nodes")
 
 
@@ -233,6 +233,9 @@ class Provider(ABC):
     ssh_ready_timeout_s: ClassVar[float] = 120.0
     #: Seconds after a create call before a list that does not show the object proves it absent (list lag).
     create_settle_s: ClassVar[float] = 20.0
+    #: Seconds between the describes of a run's instances while its job runs (:func:`broker.run.guard.watch_nodes`:
+    #: a node the provider stopped, lost or took back ends the job); each describe is an API call.
+    node_check_s: ClassVar[float] = 30.0
     #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
     credentials_hint: ClassVar[str | None] = None
     #: ``offers()`` takes the provider's native query string (``broker plan --vast-query``).

@@ -45,8 +45,11 @@ class CloudTarget(Target):
         self.ready_timeout_s, self.poll_s = ready_timeout_s, poll_s
         self.ssh_ready_timeout_s = ssh_ready_timeout_s
         self.watchdog = watchdog  # None: leave the watchdog to the caller; True: start one; False: --no-watchdog
-        #: seconds between the describes of the nodes while the job runs (a node stopped mid-job ends it)
-        self.monitor_s = float(provision_kw.pop("monitor_s", MONITOR_S))
+        #: seconds between the describes of the nodes while the job runs (a node stopped mid-job ends it): the
+        #: shortest ``node_check_s`` of the providers this run may rent from, unless given
+        given = provision_kw.pop("monitor_s", None)
+        self.monitor_s = float(given) if given is not None else min(
+            (float(capability(o.provider, "node_check_s")) for o in self.options), default=MONITOR_S)
         self.provision_kw = provision_kw
 
     def check(self) -> None:

@@ -95,6 +95,7 @@ class AWSProvider(Provider):
     node_switch_requires = None
     setup_allowance_s = 600
     create_settle_s = 20.0
+    node_check_s = 30.0
     credentials_hint = "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
     native_query = False
     live_offer_search = False

@@ -85,6 +85,7 @@ class GCPProvider(Provider):
     setup_allowance_s = 900  # DLVM first boot installs the NVIDIA driver
     ssh_ready_timeout_s: ClassVar[float] = 600.0
     create_settle_s = 20.0
+    node_check_s = 30.0
     credentials_hint = "Google ADC (gcloud auth application-default login or GOOGLE_APPLICATION_CREDENTIALS) " \
                        "and GOOGLE_CLOUD_PROJECT"
     native_query = False

@@ -102,6 +102,7 @@ class OCIProvider(Provider):
     node_switch_requires = "instance_principal"
     setup_allowance_s = 900  # GPU VMs and bare-metal shapes boot slowly
     create_settle_s = 20.0
+    node_check_s = 30.0
     credentials_hint = "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)"
     native_query = False
     live_offer_search = False

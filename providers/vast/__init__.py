@@ -60,6 +60,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     #: containers start sshd from onstart, well before the job's image work is done: seconds
     ssh_ready_timeout_s = 180.0
     create_settle_s = 20.0
+    node_check_s = 30.0
     credentials_hint = "VAST_API_KEY"
     native_query = True  # --vast-query
     live_offer_search = True  # live_offers()

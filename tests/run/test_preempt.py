@@ -613,6 +613,23 @@ def test_the_fake_cloud_takes_an_instance_back_when_told_and_the_run_resumes(tmp
     assert ledger.resources(out.run.id, live_only=True) == []
 
 
+def test_the_node_check_interval_is_the_providers_own(tmp_path, fake_cloud):
+    """A run's nodes are described every ``node_check_s`` of the providers it may rent from: the fake cloud's state
+    file every 2 s, a cloud's API every 30 s; an explicit ``monitor_s`` wins."""
+    from dataclasses import replace
+
+    from broker.providers.fake import FakeProvider
+    from broker.run.cloudtarget import CloudTarget
+    from tests.support.plans import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, _ = _recipe(tmp_path)
+    opts = [o for o in rank_options(FakeProvider(), recipe.requirements()) if o.topology.value == "simulated"]
+    assert CloudTarget(recipe, opts).monitor_s == 2.0
+    assert CloudTarget(recipe, [replace(o, provider="aws") for o in opts]).monitor_s == 30.0
+    assert CloudTarget(recipe, opts, monitor_s=0.5).monitor_s == 0.5
+
+
 def test_a_malformed_fake_preempt_rule_names_the_variable(tmp_path, monkeypatch):
     from broker.core.provider import ProviderError
     from broker.providers.fake import _preempt_rule
