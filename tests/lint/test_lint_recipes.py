@@ -43,7 +43,7 @@ def lint(*args: str):
 
 
 def test_shipped_recipes_lint_clean_not_as_python():
-    for name in ("ddp_spot.yaml", "ddp_2node.yaml", "allreduce_bench.yaml"):
+    for name in ("ddp_spot.yaml", "ddp_preempt_demo.yaml", "ddp_2node.yaml", "allreduce_bench.yaml"):
         r = lint(str(ROOT / "recipes" / name))
         assert r.exit_code == 0, r.output
         assert "syntax-error" not in r.output and "no findings" in r.output
