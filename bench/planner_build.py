@@ -28,13 +28,15 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from plan_scale import CAPS, GPUS, QUOTAS, SHAPES, T0  # noqa: E402
 
-from broker.core.model import Capacity, Offer, Requirements  # noqa: E402
+from broker.core.model import Capacity, Offer, Requirements, gc_paused  # noqa: E402
 from broker.plan.planner import plan  # noqa: E402
 
 
 def build_offers(rows: list[dict]) -> list[Offer]:
-    """What the adapters and the catalog do with the rows they read."""
-    return [Offer(**r) for r in rows]
+    """What the adapters and the catalog do with the rows they read: an offer per row, with the cyclic garbage
+    collector paused meanwhile (``broker.core.model.gc_paused``, as Vast's live search and the snapshot loader do)."""
+    with gc_paused():
+        return [Offer(**r) for r in rows]
 
 
 def rows(n: int, seed: int = 0) -> list[dict]:

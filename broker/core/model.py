@@ -14,11 +14,13 @@ file unchecked; JSON coming back (a ledger plan) goes through ``from_dict``.  Th
 from __future__ import annotations
 
 import dataclasses
+import gc
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 if TYPE_CHECKING:
     from broker.core.records import Cluster, ClusterNode, Resource, Run  # noqa: F401
@@ -159,6 +161,24 @@ class Offer:
         kw["price_time"] = parse_time(kw.get("price_time"))
         kw["attrs"] = dict(kw.get("attrs") or {})
         return cls(**kw)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while many offers are built (a live market answer, a price
+    snapshot, the interruptible twins), then restored to what it was.
+
+    Offers (and their ``attrs`` dicts) form no reference cycles, yet every 700 new objects the collector scans the
+    young ones and, as the heap grows, every offer built so far: 55-60 % of building a million offers
+    (bench/planner_build.py: 5.2 -> 2.2 s CPU on the 2-core dev machine).  Nothing is freed any later than without
+    the pause, because objects without cycles are freed by reference counting."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 #: the slot setters of Offer in field order (what its __init__ sets: member descriptors skip the frozen check)

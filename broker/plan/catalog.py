@@ -149,7 +149,7 @@ def _load(provider: str) -> tuple[dict[str, Any], list["Offer"]]:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    from broker.core.model import Offer
+    from broker.core.model import Offer, gc_paused
 
     meta, rows = _parse(path.read_text(encoding="utf-8"))
     date = meta.get("date", "unknown")
@@ -162,18 +162,19 @@ def _load(provider: str) -> tuple[dict[str, Any], list["Offer"]]:
     except ValueError:
         when = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
     offers = []
-    for r in rows:
-        offers.append(Offer(
-            provider=meta.get("provider", provider), offer_id=r["offer_id"], instance_type=r["instance_type"],
-            region=r.get("region") or None, zone=r.get("zone") or None, gpu_name=r["gpu_name"],
-            gpu_count=int(r["gpu_count"]), gpu_mem_gib=float(r["gpu_mem_gib"]), vcpus=float(r.get("vcpus") or 0),
-            ram_gib=float(r.get("ram_gib") or 0), usd_per_hour=float(r["usd_per_hour"]),
-            storage_usd_per_gib_month=float(r.get("storage_usd_per_gib_month") or 0),
-            min_billed_seconds=float(r.get("min_billed_seconds") or 0),
-            private_network=(r.get("private_network", "").strip().lower() in ("true", "1", "yes")),
-            price_source=source, price_time=when,
-            attrs={"snapshot": str(path.name), **({"notes": r["notes"]} if r.get("notes") else {}),
-                   **_interruptible_attrs(r.get("interruptible_usd_per_hour"), source)}))
+    with gc_paused():  # a snapshot may list many offers (they form no reference cycles)
+        for r in rows:
+            offers.append(Offer(
+                provider=meta.get("provider", provider), offer_id=r["offer_id"], instance_type=r["instance_type"],
+                region=r.get("region") or None, zone=r.get("zone") or None, gpu_name=r["gpu_name"],
+                gpu_count=int(r["gpu_count"]), gpu_mem_gib=float(r["gpu_mem_gib"]), vcpus=float(r.get("vcpus") or 0),
+                ram_gib=float(r.get("ram_gib") or 0), usd_per_hour=float(r["usd_per_hour"]),
+                storage_usd_per_gib_month=float(r.get("storage_usd_per_gib_month") or 0),
+                min_billed_seconds=float(r.get("min_billed_seconds") or 0),
+                private_network=(r.get("private_network", "").strip().lower() in ("true", "1", "yes")),
+                price_source=source, price_time=when,
+                attrs={"snapshot": str(path.name), **({"notes": r["notes"]} if r.get("notes") else {}),
+                       **_interruptible_attrs(r.get("interruptible_usd_per_hour"), source)}))
     meta["path"] = str(path)
     meta["price_source"] = source
     _CACHE[key] = (meta, offers)

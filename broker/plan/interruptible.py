@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from broker.core.model import Offer, Plan, PlanOption, Requirements
+from broker.core.model import Offer, Plan, PlanOption, Requirements, gc_paused
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, merge_rejected as _merge_rejected, with_counts as _with_counts
 
@@ -155,12 +155,13 @@ def variants(offers: Iterable[Offer]) -> list[Offer]:
     """The interruptible twins of every on-demand offer in ``offers`` that has an interruptible price."""
     out = []
     caps: dict[str, tuple[bool, bool]] = {}
-    for o in offers:
-        a = o.attrs
-        if PRICE_ATTR in a and a.get(FLAG_ATTR) is not True:
-            v = variant(o, caps)
-            if v is not None:
-                out.append(v)
+    with gc_paused():  # a twin per offer of a live market (they form no reference cycles)
+        for o in offers:
+            a = o.attrs
+            if PRICE_ATTR in a and a.get(FLAG_ATTR) is not True:
+                v = variant(o, caps)
+                if v is not None:
+                    out.append(v)
     return out
 
 

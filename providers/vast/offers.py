@@ -12,7 +12,7 @@ import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.core.model import Capacity, Offer, Requirements, utcnow
+from broker.core.model import Capacity, Offer, Requirements, gc_paused, utcnow
 from broker.core.provider import BadInput
 
 from broker.providers.vast.client import PROVIDER, expect
@@ -324,9 +324,10 @@ class VastOffers:
         rows = self.search(self.search_query(req, vast_query))
         now = utcnow()
         self._last_source = "live"
-        return [o for o in (offer_from_row(row, now) for row in rows if not disk_short(row.get("disk_space"),
-                                                                                      req.disk_gib))
-                if o is not None]
+        with gc_paused():  # a market answer can hold many thousand offers (they form no reference cycles)
+            return [o for o in (offer_from_row(row, now) for row in rows
+                                if not disk_short(row.get("disk_space"), req.disk_gib))
+                    if o is not None]
 
     def _snapshot(self, req: Requirements) -> list[Offer]:
         try:
