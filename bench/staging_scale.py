@@ -10,8 +10,13 @@ Each side runs in its own subprocess (CPU = user + system, peak RSS from getrusa
 back with the order swapped every pair; the median of the per-pair ratios is printed with the load average.
 Goals: local 20,000 files <= 2 s; the upload's memory flat (peak RSS about the bare interpreter's).
 
-``--fs xfs|btrfs|ext4`` runs both sides on a fresh filesystem of that type in a loop-mounted image
+``--fs xfs|btrfs|ext4|ext4-nojournal`` runs both sides on a fresh filesystem of that kind in a loop-mounted image
 (tests/support/loopfs.py; needs root): on XFS (reflink=1) and btrfs broker's copy is a reflink per file.
+
+Without ``--keep`` each side first deletes the copy it made before (``rm -rf``, as ``broker clean`` does): on ext4
+without a journal (this dev VM's root filesystem, and ``--fs ext4-nojournal``) the kernel then skips every inode
+freed in the last minutes for each new file (``fs/ext4/ialloc.c``, ``recently_deleted``), and both sides slow down
+alike; ``--keep`` copies into new folders and deletes nothing until the end.
 
     python bench/staging_scale.py [--files 20000] [--gib 1] [--pairs 3] [--keep] [--old] [--fs xfs]
 """
@@ -109,12 +114,12 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.0)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--keep", action="store_true",
-                    help="copy each time into a new folder and remove none until the end: on a VM that returns "
-                         "freed memory to its host (Firecracker free page reporting) a removed copy's pages come "
-                         "back cold, and the first touch of each page, not the copy, then dominates both sides")
+                    help="copy each time into a new folder and remove none until the end: on ext4 without a "
+                         "journal, files created in the minutes after many were deleted are slow to create (the "
+                         "kernel does not reuse recently freed inodes), for both sides alike")
     ap.add_argument("--old", action="store_true", help="also the former in-memory tar.gz (slow: ~20 s CPU per GiB)")
-    ap.add_argument("--fs", choices=["xfs", "btrfs", "ext4"],
-                    help="run on a fresh filesystem of this type (a loop-mounted image; root)")
+    ap.add_argument("--fs", choices=["xfs", "btrfs", "ext4", "ext4-nojournal"],
+                    help="run on a fresh filesystem of this kind (a loop-mounted image; root)")
     a = ap.parse_args()
     with contextlib.ExitStack() as stack:
         where = os.environ.get("BENCH_TMP")
@@ -123,15 +128,16 @@ def main() -> None:
             from tests.support.loopfs import loop_fs
 
             where = str(stack.enter_context(loop_fs(a.fs, size_mib=int(a.gib * 1024) * 3 + 4096)))
-        print(f"filesystem: {_fs(where or tempfile.gettempdir())}{' (loop image)' if a.fs else ''}")
+        print(f"filesystem: {_fs(where or tempfile.gettempdir())}{' (loop image)' if a.fs else ''}"
+              f"{'' if a.keep else '; each side first deletes its previous copy'}")
         run(a, where)
 
 
 def _fs(path: str) -> str:
     sys.path.insert(0, str(REPO))
-    from broker.run.staging import fs_type
+    from broker.run.staging import ext4_without_journal, fs_type
 
-    return fs_type(path) or "unknown"
+    return (fs_type(path) or "unknown") + (" without a journal" if ext4_without_journal(path) else "")
 
 
 def run(a: argparse.Namespace, where: str | None) -> None:

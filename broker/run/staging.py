@@ -587,30 +587,63 @@ def copy_staged(plan: StagePlan, dst: Path) -> dict[str, int]:
             "reflink_refused": ways.clone_refused}
 
 
-def fs_type(path: "str | os.PathLike[str]") -> str:
-    """The type of the filesystem that holds ``path`` (``ext4``, ``xfs``, ``btrfs``, ...), '' when unknown (no such
-    path, not Linux).  From ``/proc/self/mountinfo``: the mount whose device is ``path``'s, else (btrfs gives its
-    files an anonymous device of their own) the mount with the longest mount point above ``path``, as ``findmnt
-    --target`` does; the last one mounted wins.  Never raises."""
+def _mount(path: "str | os.PathLike[str]") -> tuple[str, str]:
+    """(type, source) of the filesystem that holds ``path`` (``("ext4", "/dev/vda")``), ``("", "")`` when unknown
+    (no such path, not Linux).  From ``/proc/self/mountinfo``: the mount whose device is ``path``'s, else (btrfs
+    gives its files an anonymous device of their own) the mount with the longest mount point above ``path``, as
+    ``findmnt --target`` does; the last one mounted wins.  Never raises."""
     try:
         real = os.path.realpath(path)
         dev = os.stat(real).st_dev
         want = f"{os.major(dev)}:{os.minor(dev)}"
-        by_dev, by_dir, depth = "", "", -1
+        by_dev, by_dir, depth = ("", ""), ("", ""), -1
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 head, sep, tail = line.partition(" - ")
-                fields, kind = head.split(), tail.split()[:1]
-                if not sep or len(fields) < 5 or not kind:
+                fields, rest = head.split(), tail.split()
+                if not sep or len(fields) < 5 or not rest:
                     continue
+                found = (rest[0], rest[1] if len(rest) > 1 else "")
                 if fields[2] == want:
-                    by_dev = kind[0]
+                    by_dev = found
                 point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
                 if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= depth:
-                    by_dir, depth = kind[0], len(point)
-        return by_dev or by_dir
+                    by_dir, depth = found, len(point)
+        return by_dev if by_dev[0] else by_dir
     except (OSError, ValueError):
-        return ""
+        return "", ""
+
+
+def fs_type(path: "str | os.PathLike[str]") -> str:
+    """The type of the filesystem that holds ``path`` (``ext4``, ``xfs``, ``btrfs``, ...), '' when unknown (no such
+    path, not Linux; :func:`_mount`).  Never raises."""
+    return _mount(path)[0]
+
+
+def ext4_without_journal(path: "str | os.PathLike[str]", proc: str = "/proc/fs") -> bool:
+    """True when ``path`` is on an ext4 filesystem mounted without a journal: the kernel lists the mount's device
+    under ``/proc/fs/ext4/<dev>`` and its journal under ``/proc/fs/jbd2/<dev>-<n>``, and there is no such journal.
+    False when it has one, is not ext4, or that cannot be told.  Never raises.
+
+    Why it matters: without a journal, ext4 does not reuse the inode of a file deleted in the last 60 s (360 s
+    while the inode's table block is not yet written back) and scans past every such free inode for each new one
+    (Linux ``fs/ext4/ialloc.c``, ``recently_deleted``): 20,000 files take 9-14 s to create right after 40,000
+    were deleted, for ``cp -a`` as much as for broker, against 0.65 s otherwise (bench/staging_scale.py)."""
+    kind, source = _mount(path)
+    if kind != "ext4":
+        return False
+    try:
+        # the kernel's name for the device: /dev/mapper/vg-root is dm-0 there (/sys/dev/block/MAJ:MIN links to it)
+        st = os.stat(os.path.realpath(path))
+        link = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+        names = [os.path.basename(os.readlink(link)) if os.path.islink(link) else "", os.path.basename(source)]
+        dev = next((n for n in names if n and os.path.isdir(f"{proc}/ext4/{n}")), "")
+        if not dev:
+            return False
+        journals = os.listdir(f"{proc}/jbd2") if os.path.isdir(f"{proc}/jbd2") else []
+    except OSError:
+        return False
+    return not any(j.rpartition("-")[0] == dev for j in journals)
 
 
 #: a local copy of the work folder slower than this (seconds, every node together) gets :func:`copy_hint`'s line
@@ -636,6 +669,9 @@ def copy_hint(ways: dict[str, int], seconds: float, nnodes: int, src: Path, dst:
     else:
         why = (f"{here} has no reflinks (copy-on-write clones); with the work folder and BROKER_HOME on one XFS "
                f"(reflink=1) or btrfs filesystem they are cloned in about a second")
+        if ext4_without_journal(dst):
+            why = ("this ext4 has no journal, so for some minutes after many files were deleted (broker clean, "
+                   "rm -rf) it is slow to create new ones, for cp -a as much as for broker; " + why)
     return f"{head}: {why}; or leave out what the job does not need with a .brokerignore"
 
 
