@@ -21,9 +21,9 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
 
 With a facts folder the rank also arms :mod:`faulthandler` on ``SIGUSR1``: the signal appends every thread's Python
 stack to ``DIR/rank<RANK>.stack`` (a C-level handler: it answers while the rank is blocked inside a collective);
-and sets ``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE`` before torch 2.11: PyTorch's flight recorder,
-nccl and gloo) with the dump on a collective timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment
-already chose.  ``rankshim.py --dump-stacks
+and, where the rank can see a GPU (:func:`gpu_possible`), sets ``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE``
+before torch 2.11: PyTorch's flight recorder) with NCCL's dump on a collective timeout going to
+``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
 DIR`` (run on the node by :mod:`broker.run.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
 installed, and prints their stacks as JSON, framed in short tagged lines (:func:`frame_answer`).
 
@@ -62,6 +62,8 @@ _HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.di
 STACK_SIGNAL = signal.SIGUSR1
 #: flight-recorder entries per process group when the environment sets none (a few KiB of host memory)
 FR_ENTRIES = "2000"
+#: device nodes of a GPU a rank could use for NCCL (NVIDIA's control device; ROCm's kfd for RCCL)
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
 _STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
 
 
@@ -467,8 +469,21 @@ def fr_env_names(torch_version):
     return "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 
 
+def gpu_possible(environ=None, devices=None):
+    """False when the rank can see no GPU: ``CUDA_VISIBLE_DEVICES`` set empty or ``-1`` (broker's CPU nodes), or
+    none of ``devices`` exists; True otherwise.  Without a GPU the job runs on gloo, whose flight recorder is never
+    dumped (only NCCL's watchdog writes it on a collective timeout: a gloo timeout left none in
+    tests/diagnose_logs/cpu/gloo_timeout), yet records every collective with its Python stack: 0.25-0.3 s of a
+    4.7 s two-node CPU run (bench/launch_overhead.py), so it is armed only where NCCL can run."""
+    env = os.environ if environ is None else environ
+    if env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
+        return False
+    return any(os.path.exists(d) for d in (GPU_DEVICES if devices is None else devices))
+
+
 def _arm_diagnostics(facts_dir, rank):
-    """Stacks on SIGUSR1 into ``rank<R>.stack``; the flight recorder on, its timeout dump into the facts folder."""
+    """Stacks on SIGUSR1 into ``rank<R>.stack``; where a GPU is possible, the flight recorder on, its timeout dump
+    into the facts folder."""
     global _STACK_FILE
     try:
         _STACK_FILE = open(os.path.join(facts_dir, "rank%s.stack" % rank), "a")
@@ -476,13 +491,14 @@ def _arm_diagnostics(facts_dir, rank):
         _FACTS["stack_file"] = os.path.basename(_STACK_FILE.name)
     except (OSError, ValueError, AttributeError, RuntimeError):
         _STACK_FILE = None
-    size_name, file_name = fr_env_names(_torch_version())
-    # the user's own setting, under either name, wins
-    if not any(n in os.environ for n in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")):
-        os.environ[size_name] = FR_ENTRIES
-    if not any(n in os.environ for n in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")):
-        os.environ[file_name] = os.path.join(facts_dir, "fr_trace_rank")
-    os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    if gpu_possible():
+        size_name, file_name = fr_env_names(_torch_version())
+        # the user's own setting, under either name, wins
+        if not any(n in os.environ for n in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")):
+            os.environ[size_name] = FR_ENTRIES
+        if not any(n in os.environ for n in ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")):
+            os.environ[file_name] = os.path.join(facts_dir, "fr_trace_rank")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     _save()
 
 

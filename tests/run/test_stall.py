@@ -313,24 +313,26 @@ def test_flight_recorder_reader_refuses_code_and_reads_json(tmp_path):
 
 
 def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
-    """A rank under the shim: the flight recorder's variables are set before torch is imported, and
-    ``rankshim.py --dump-stacks`` gets the stack of a rank sleeping in the script."""
+    """A rank under the shim: the flight recorder's variables are set before torch is imported where a GPU is
+    possible (none on a CPU node: gloo never dumps it), and ``rankshim.py --dump-stacks`` gets the stack of a rank
+    sleeping in the script."""
     import os
     import subprocess
     import time
 
+    from broker.run import rankshim
     from broker.run.launch import RANKSHIM
 
     script = tmp_path / "train.py"
     script.write_text("import os, time\nprint(os.environ.get('TORCH_FR_BUFFER_SIZE') or "
-                      "os.environ['TORCH_NCCL_TRACE_BUFFER_SIZE'], flush=True)\n"
+                      "os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE') or 'unset', flush=True)\n"
                       "time.sleep(60)\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_") and k != "CUDA_VISIBLE_DEVICES"}
     env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     p = subprocess.Popen([sys.executable, str(RANKSHIM), "--facts", str(tmp_path / "facts"), "--", "train.py"],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     try:
-        assert p.stdout.readline().strip() == "2000"
+        assert p.stdout.readline().strip() == ("2000" if rankshim.gpu_possible(env) else "unset")
         time.sleep(0.5)
         out = subprocess.run([sys.executable, str(RANKSHIM), "--dump-stacks", str(tmp_path / "facts"),
                               "--no-py-spy"], capture_output=True, text=True, timeout=60)
@@ -344,6 +346,65 @@ def test_shim_sets_the_flight_recorder_and_dumps_stacks_on_sigusr1(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def _armed_env(tmp_path, monkeypatch, **extra) -> dict:
+    """The TORCH_* variables the shim's diagnostics leave in a rank's environment on a node with a GPU device
+    (a file standing for /dev/nvidiactl), ``extra`` set before; run in this process, its signal handler undone."""
+    import faulthandler
+    import os
+
+    from broker.run import rankshim
+
+    gpu = tmp_path / "nvidiactl"
+    gpu.write_text("")
+    for k in [k for k in os.environ if k.startswith("TORCH_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in extra.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(rankshim, "GPU_DEVICES", (str(gpu),))
+    monkeypatch.setattr(rankshim, "_PATH", str(tmp_path / "rank0.json"))
+    try:
+        rankshim._arm_diagnostics(str(tmp_path), 0)
+    finally:
+        faulthandler.unregister(rankshim.STACK_SIGNAL)
+        if rankshim._STACK_FILE is not None:
+            rankshim._STACK_FILE.close()
+            monkeypatch.setattr(rankshim, "_STACK_FILE", None)
+    return {k: v for k, v in os.environ.items() if k.startswith("TORCH_")}
+
+
+def test_the_flight_recorder_is_armed_only_where_a_gpu_is_possible(tmp_path, monkeypatch):
+    """A CPU node (CUDA_VISIBLE_DEVICES empty, as broker gives it, or no GPU device at all) runs gloo, whose flight
+    recorder is never dumped yet records every collective (0.25-0.3 s of the 4.7 s main job): not armed there.  A
+    node with a GPU device gets it, and the user's own setting still wins."""
+    import os
+    import subprocess
+
+    from broker.run import rankshim
+    from broker.run.launch import RANKSHIM
+
+    gpu = tmp_path / "nvidiactl"
+    gpu.write_text("")
+    assert not rankshim.gpu_possible({"CUDA_VISIBLE_DEVICES": ""}, devices=(str(gpu),))
+    assert not rankshim.gpu_possible({"CUDA_VISIBLE_DEVICES": "-1"}, devices=(str(gpu),))
+    assert not rankshim.gpu_possible({}, devices=(str(tmp_path / "none"),))
+    assert rankshim.gpu_possible({}, devices=(str(gpu),))
+    assert rankshim.gpu_possible({"CUDA_VISIBLE_DEVICES": "1"}, devices=(str(tmp_path / "none"), str(gpu)))
+
+    script = tmp_path / "train.py"
+    script.write_text("import os\nprint(sorted(k for k in os.environ if k.startswith('TORCH_')))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, str(RANKSHIM), "--facts", str(tmp_path / "cpu"), "--", "train.py"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out
+
+    # with a GPU device present: armed, the dump into the facts folder
+    seen = _armed_env(tmp_path, monkeypatch)
+    assert "2000" in seen.values() and seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert str(tmp_path / "fr_trace_rank") in seen.values()
 
 
 def test_a_failed_runs_diagnosis_carries_the_flight_recorder(tmp_path):
@@ -479,14 +540,11 @@ def test_a_run_judged_busy_is_judged_again_after_each_stall_s():
     assert "no output for 30 s" in w.reason, w.reason
 
 
-def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path):
+def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path, monkeypatch):
     """torch 2.11 warns on every rank that TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated: the shim sets the name the
     installed torch reads (from its metadata, no torch import) and keeps a user's own setting under either name."""
     import importlib.metadata
-    import os
-    import subprocess
 
-    from broker.run.launch import RANKSHIM
     from broker.run.rankshim import fr_env_names
 
     assert fr_env_names("2.11.0+cu130") == ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")
@@ -494,23 +552,15 @@ def test_flight_recorder_variable_names_follow_the_installed_torch(tmp_path):
     assert fr_env_names("2.5.1") == ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     assert fr_env_names(None) == ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     want = fr_env_names(importlib.metadata.version("torch"))
-    script = tmp_path / "train.py"
-    script.write_text("import os, json\nprint(json.dumps({k: v for k, v in os.environ.items() "
-                      "if k.startswith('TORCH_')}))\n")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_")}
-    base.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-
-    def env_seen(**extra):
-        out = subprocess.run([sys.executable, str(RANKSHIM), "--facts", str(tmp_path / "facts"), "--", "train.py"],
-                             cwd=tmp_path, env={**base, **extra}, capture_output=True, text=True, timeout=60)
-        return json.loads(out.stdout.splitlines()[-1])
-
-    seen = env_seen()
+    (tmp_path / "a").mkdir()
+    seen = _armed_env(tmp_path / "a", monkeypatch)
     assert seen[want[0]] == "2000" and seen[want[1]].endswith("fr_trace_rank")
     old = {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_BUFFER_SIZE",
            "TORCH_FR_DUMP_TEMP_FILE"} - set(want)
     assert not old & set(seen), seen  # only the names this torch reads: no deprecation warning on every rank
-    mine = env_seen(TORCH_NCCL_TRACE_BUFFER_SIZE="50", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/mine")
+    (tmp_path / "b").mkdir()
+    mine = _armed_env(tmp_path / "b", monkeypatch, TORCH_NCCL_TRACE_BUFFER_SIZE="50",
+                      TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/tmp/mine")
     assert mine["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50" and mine["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/mine"
     assert "TORCH_FR_BUFFER_SIZE" not in mine and "TORCH_FR_DUMP_TEMP_FILE" not in mine
 
