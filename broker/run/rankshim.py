@@ -62,8 +62,9 @@ _HOOK_NAMES = ("torch", "torch.cuda", "torch.distributed", "torch.distributed.di
 STACK_SIGNAL = signal.SIGUSR1
 #: flight-recorder entries per process group when the environment sets none (a few KiB of host memory)
 FR_ENTRIES = "2000"
-#: device nodes of a GPU a rank could use for NCCL (NVIDIA's control device; ROCm's kfd for RCCL)
-GPU_DEVICES = ("/dev/nvidiactl", "/dev/kfd")
+#: device nodes of a GPU a rank could use for NCCL: NVIDIA's control device and first GPU, ROCm's kfd (RCCL), and
+#: WSL2's dxg (CUDA on Windows hosts has no /dev/nvidia*)
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 _STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
 
 
