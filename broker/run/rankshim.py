@@ -21,9 +21,9 @@ started directly) and writes one JSON file per rank, ``DIR/rank<RANK>.json`` (``
 
 With a facts folder the rank also arms :mod:`faulthandler` on ``SIGUSR1``: the signal appends every thread's Python
 stack to ``DIR/rank<RANK>.stack`` (a C-level handler: it answers while the rank is blocked inside a collective);
-and, where the rank can see a GPU (:func:`gpu_possible`), sets ``TORCH_FR_BUFFER_SIZE`` (``TORCH_NCCL_TRACE_BUFFER_SIZE``
-before torch 2.11: PyTorch's flight recorder) with NCCL's dump on a collective timeout going to
-``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
+and, where the rank can see a GPU (:func:`gpu_possible`), sets ``TORCH_FR_BUFFER_SIZE``
+(``TORCH_NCCL_TRACE_BUFFER_SIZE`` before torch 2.11: PyTorch's flight recorder) with NCCL's dump on a collective
+timeout going to ``DIR/fr_trace_rank<RANK>`` unless the environment already chose.  ``rankshim.py --dump-stacks
 DIR`` (run on the node by :mod:`broker.run.stall`) signals every live rank of DIR, or asks ``py-spy dump`` where it is
 installed, and prints their stacks as JSON, framed in short tagged lines (:func:`frame_answer`).
 
@@ -474,8 +474,8 @@ def gpu_possible(environ=None, devices=None):
     """False when the rank can see no GPU: ``CUDA_VISIBLE_DEVICES`` set empty or ``-1`` (broker's CPU nodes), or
     none of ``devices`` exists; True otherwise.  Without a GPU the job runs on gloo, whose flight recorder is never
     dumped (only NCCL's watchdog writes it on a collective timeout: a gloo timeout left none in
-    tests/diagnose_logs/cpu/gloo_timeout), yet records every collective with its Python stack: 0.25-0.3 s of a
-    4.7 s two-node CPU run (bench/launch_overhead.py), so it is armed only where NCCL can run."""
+    tests/diagnose_logs/cpu/gloo_timeout), yet recording every collective cost 0.25-0.3 s of a 4.7 s two-node CPU
+    run (bench/launch_overhead.py with and without it), so it is armed only where NCCL can run."""
     env = os.environ if environ is None else environ
     if env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1"):
         return False
