@@ -263,8 +263,9 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     on ``out`` (default :func:`stdout_out`).  ``recipe_sets``: the recipe file's own (``interruptible``,
     ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe.
     ``words``: how the user set the budget and the deadline (:func:`broker.plan.explain.limit_words`; default: the flags)."""
-    from broker.core.plaintable import Column, Table, drop_empty_columns
+    from broker.core.plaintable import Column, Table, drop_empty_columns, measure
     from broker.core.plaintable import escape
+    from broker.core.prose import NO_WRAP_WIDTH
     from broker.core.prose import cell_len, usd
     from broker.plan.interruptible import attempts_words
 
@@ -282,41 +283,53 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
              + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
     if plan.options:
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
-        t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
-                        f"{deadline} + setup)", columns=[])
-        # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
-        # wrap, and fold a word longer than their column
-        cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                ("rented", "left", False)]
-        cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-        cols += [("$/h", "right", True), ("worst", "right", True)]
         spot = any(o.interruptible for o in plan.options)
-        if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
-            # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
-            cols += [("exp", "right", True), ("off", "right", True)]
-        cols += [("max h", "right", True)]
-        if wide:
-            cols += [("prices", "left", True), ("where", "left", False)]
-        for col, just, nowrap in cols:
-            t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
-        for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-            topo = o.topology.value + (" int." if o.interruptible else "")
-            row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
-                   escape(gpus(o)) if wide else compact_gpus(o), usd(o.usd_per_hour), usd(o.worst_case_usd)]
-            if spot:
-                row += [usd(o.expected_usd) if o.expected_usd is not None else "-", saves_text(o)]
-            row += [max_hours_text(o, req.budget_usd)]
+
+        def best(compact: bool) -> "Table":
+            """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
+            instead of beside them, for a width where the one-line rows would cut the names."""
+            t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
+                            f"{deadline} + setup)", columns=[])
+            # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
+            # wrap, and fold a word longer than their column
+            cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
+                    ("rented", "left", False)]
+            cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
+            cols += [("$/h", "right", True), ("worst", "right", True)]
+            if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
+                # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
+                cols += [("exp", "right", True)] + ([] if compact else [("off", "right", True)])
+            cols += [("max h", "right", True)]
             if wide:
-                row += [escape(source_short(o.price_source)), escape(where(o, zones))]
-            t.add_row(*row)
-        ops.table(drop_empty_columns(t), wide=wide)
+                cols += [("prices", "left", True), ("where", "left", False)]
+            for col, just, nowrap in cols:
+                t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
+            for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
+                topo = o.topology.value + (("\n" if compact else " ") + "int." if o.interruptible else "")
+                rate = usd(o.usd_per_hour) + (f"\n-{saves_text(o)}" if compact and saves_text(o) else "")
+                row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
+                       escape(gpus(o)) if wide else compact_gpus(o), rate, usd(o.worst_case_usd)]
+                if spot:
+                    row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+                    row += [] if compact else [saves_text(o)]
+                row += [max_hours_text(o, req.budget_usd)]
+                if wide:
+                    row += [escape(source_short(o.price_source)), escape(where(o, zones))]
+                t.add_row(*row)
+            return drop_empty_columns(t)
+
+        t = best(compact=False)
+        compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
+        ops.table(best(compact=True) if compact else t, wide=wide)
         if not wide:
             ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                      "and where each option is[/]")
         if spot:
+            saving = ("-N% under a $/h = that much below the same machine on demand" if compact else
+                      "off = its $/h below the same machine on demand")
             ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
                      f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
-                     "with restarts, off = its $/h below the same machine on demand[/]")
+                     f"with restarts, {saving}[/]")
     if plan.rejected:
         t = Table(title="rejected", columns=[])
         if wide:

@@ -4,6 +4,7 @@ counts and rows under --interruptible, and what interruptible saves per row (off
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import textwrap
 
@@ -106,16 +107,33 @@ def test_each_interruptible_row_shows_what_it_saves_on_the_same_machine(cli_env)
         assert o["on_demand_usd_per_hour"] > o["usd_per_hour"]
     lines = _plan(cli_env, "--budget", "5", "--interruptible", "auto", columns="80").stdout.splitlines()
     assert max(len(x) for x in lines if x.startswith(" ")) <= 80  # the tables (BROKER_NO_WRAP: prose unwrapped)
-    assert " off " in next(x for x in lines if "provider" in x and "max h" in x)
-    rows = [x for x in lines if " int. " in x]
-    assert rows and all(x.split()[-2].endswith("%") for x in rows), rows
-    assert any("off = its $/h below the same machine on demand" in x for x in lines)
+    # within 80 columns each interruptible row says so under its topology and its saving under its $/h
+    assert " off " not in next(x for x in lines if "provider" in x and "max h" in x)
+    under = [x.split() for x in lines if x.startswith(" ") and x.strip().startswith("int.")]
+    assert under and all(len(u) == 2 and re.fullmatch(r"-\d+%", u[1]) for u in under), under
+    assert any("-N% under a $/h = that much below the same machine on demand" in x for x in lines)
+    wide = _plan(cli_env, "--budget", "5", "--interruptible", "auto", columns="200").stdout.splitlines()
+    assert " off " in next(x for x in wide if "provider" in x and "max h" in x)
+    rows = [x for x in wide if " int. " in x]
+    assert rows and all(re.search(r"\$[\d.]+\s+\$[\d.]+\s+\$[\d.]+\s+\d+%\s", x) for x in rows), rows  # $/h worst exp off
+    assert any("off = its $/h below the same machine on demand" in x for x in wide)
     g = spot[0]
     opt = PlanOption(provider="x", topology="simulated", nodes=1, gpus_per_node=1, usd_per_hour=0.4,
                      worst_case_usd=1, hours=1, interruptible=True, on_demand_usd_per_hour=1.0)
     assert saves_text(opt) == "60%" and g
     assert saves_text(PlanOption(provider="x", topology="simulated", nodes=1, gpus_per_node=1, usd_per_hour=0.4,
                                  worst_case_usd=1, hours=1)) == ""
+
+
+def test_an_interruptible_plan_fits_80_columns_with_every_name_whole(cli_env):
+    """--interruptible true at 80 columns printed an 83-column table (84 on a terminal) and cut GCP's machine names
+    (``n1-standard-4+`` / ``t4``): the interruptible mark and the saving now sit under the topology and the $/h."""
+    lines = _plan(cli_env, "--budget", "5", "--interruptible", "true", columns="80").stdout.splitlines()
+    top = lines.index(next(x for x in lines if "provider" in x and "max h" in x))
+    table = lines[top:lines.index("", top)]
+    assert max(len(x) for x in table) <= 80, table
+    named = [x for x in table if "n1-standard-4+t4" in x]
+    assert named and not any(x.rstrip().endswith(("n1-standard-4+", "n1-standard")) for x in table), table
 
 
 def test_a_machine_refused_alike_in_two_zones_is_one_row_naming_both(cli_env, tmp_path):
