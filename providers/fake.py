@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from broker.core.model import Offer, Requirements, utcnow
-from broker.core.provider import (INSTALL_TAG, RUN_TAG, CapacityError, OfferGone, Provider, ProviderCheck, ProviderError,
-                             QuotaError, TransientError)
+from broker.core.provider import (INSTALL_TAG, RUN_TAG, BadInput, CapacityError, OfferGone, Provider, ProviderCheck,
+                                  ProviderError, QuotaError, TransientError)
 
 if TYPE_CHECKING:
     from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
@@ -72,7 +72,7 @@ def _flags(var: str) -> set[str]:
 
 
 def _preempt_rule() -> tuple[float, int] | None:
-    """``BROKER_FAKE_PREEMPT`` as (seconds running, how many instances); None when unset.  Raises ProviderError
+    """``BROKER_FAKE_PREEMPT`` as (seconds running, how many instances); None when unset.  Raises BadInput (exit 2)
     naming the variable when it is not ``<seconds>[:<n>]``."""
     raw = os.environ.get("BROKER_FAKE_PREEMPT", "").strip()
     if not raw:
@@ -83,8 +83,8 @@ def _preempt_rule() -> tuple[float, int] | None:
     except ValueError:
         rule = (-1.0, -1)
     if rule[0] < 0 or rule[1] < 0:
-        raise ProviderError("fake", "describe_instance", f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>]",
-                            hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs) or 60:2")
+        raise BadInput(f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>]",
+                       hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs) or 60:2")
     return rule
 
 
@@ -193,6 +193,9 @@ class FakeProvider(Provider):
 
     # ---- read side
     def check(self) -> ProviderCheck:
+        """Configured whenever it can be imported; a malformed ``BROKER_FAKE_PREEMPT`` is refused here, before
+        anything is rented (raises BadInput), not at the first describe of every failover option."""
+        _preempt_rule()
         return ProviderCheck(provider=self.name, configured=True, usable=True, detail=f"state file {self.path}")
 
     def offers(self, req: Requirements) -> list[Offer]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 
 from broker.core.model import Plan, PlanOption
-from broker.core.provider import AuthError, ProviderCheck, not_configured_error
+from broker.core.provider import AuthError, BadInput, ProviderCheck, not_configured_error
 from broker.core.recipe import Recipe, shown_path
 
 
@@ -56,6 +56,8 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
         if opt.provider not in missing:
             try:
                 chk = get_provider(opt.provider).check()
+            except BadInput:  # a setting of the user's that the adapter refuses: said as such (exit 2)
+                raise
             except Exception as e:  # noqa: BLE001 - an adapter that cannot start cannot rent
                 chk = ProviderCheck(provider=opt.provider, configured=False, detail=str(e))
             missing[opt.provider] = None if chk.configured else chk

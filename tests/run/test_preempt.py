@@ -631,16 +631,35 @@ def test_the_node_check_interval_is_the_providers_own(tmp_path, fake_cloud):
 
 
 def test_a_malformed_fake_preempt_rule_names_the_variable(tmp_path, monkeypatch):
-    from broker.core.provider import ProviderError
+    from broker.core.provider import BadInput
     from broker.providers.fake import _preempt_rule
 
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "soon")
-    with pytest.raises(ProviderError, match="BROKER_FAKE_PREEMPT='soon' is not <seconds>"):
+    with pytest.raises(BadInput, match="BROKER_FAKE_PREEMPT='soon' is not <seconds>"):
         _preempt_rule()
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "60:2")
     assert _preempt_rule() == (60.0, 2)
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "")
     assert _preempt_rule() is None
+
+
+def test_a_malformed_fake_preempt_rule_is_bad_input_before_anything_is_rented(cli_env, tmp_path):
+    """BROKER_FAKE_PREEMPT=abc was read at the first describe: every failover option rented and released pretend
+    instances (10, and a network) and the run ended as a provider error (exit 4).  A setting is checked with the
+    provider, before the plan rents: exit 2, the variable and an example, nothing created."""
+    import subprocess
+
+    from tests.conftest import REPO, broker_cmd
+
+    state = tmp_path / "fake.json"
+    env = dict(cli_env, BROKER_FAKE_STATE=str(state), BROKER_FAKE_PREEMPT="abc")
+    p = subprocess.run(broker_cmd("run", "recipes/ddp_preempt_demo.yaml", "--provider", "fake", "-y"), cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, (p.stdout[-2000:], p.stderr[-2000:])
+    assert "error: BROKER_FAKE_PREEMPT='abc' is not <seconds>[:<n>]" in p.stderr and "BROKER_FAKE_PREEMPT=60" in p.stderr
+    assert "Traceback" not in p.stderr
+    held = json.loads(state.read_text()) if state.exists() else {}
+    assert not held.get("instances") and not held.get("networks"), held
 
 
 def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_path):
