@@ -245,10 +245,12 @@ def _narrow_runs_table(rows: list[tuple[str, str, str, str, str, str]], width: i
     return t
 
 
-def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = False):
+def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = False,
+                    spent: "list[str] | None" = None):
     """Live resources.  Narrow (80 columns): run + resource in one cell (folded, never cut), state, $/h, spent,
     worst case, time left, layers; errors go below the table (:func:`_resource_notes`).  ``wide``: one column each,
-    errors inline."""
+    errors inline.  ``spent``: each row's spent as printed (:func:`broker.core.prose.usd_parts` of the total
+    printed beside the table, so the rows add up to it); default each row's own :func:`usd`."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -263,8 +265,9 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
         cols = ("run / resource", "state", "$/h", "spent", "worst", "left", "layers")
     for col in cols:  # short values never wrap (nor are cut: print_table); names, ids and errors fold
         t.add_column(col, overflow="fold", no_wrap=col not in ("run / resource", "id", "error", "layers"))
-    for r in rows:
+    for i, r in enumerate(rows):
         c = r["cost"]
+        paid = spent[i] if spent is not None else usd(c["spent_usd"])
         billing = c["usd_per_hour"] > 0
         left = c["time_left_s"]
         left_txt = _dur(left)
@@ -275,11 +278,11 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
         rate = usd(c["usd_per_hour"]) if billing else "free"
         if wide:
             t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(_shown_state(r)), _dur(c["age_s"]),
-                      rate, usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing),
+                      rate, paid, worst, left_txt, _layers_text(r["layers"], billing),
                       f"[bold red]{escape(r['error'])}[/]" if r.get("error") else "")
         else:
             t.add_row(f"{r['run_id']}\n{r['provider']} {r['kind']} {ident}", _state_text(_shown_state(r)), rate,
-                      usd(c["spent_usd"]), worst, left_txt, _layers_text(r["layers"], billing))
+                      paid, worst, left_txt, _layers_text(r["layers"], billing))
     return t
 
 
@@ -388,6 +391,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
         from rich.table import Table
 
+        from broker.core.prose import usd_parts
         from broker.core.records import run_where
         from broker.core.ui import console, node_text, print_table, usd
 
@@ -437,7 +441,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"  exit codes: {codes}")
             console.print(f"  run dir: {run.run_dir}")
             active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
-            console.print(f"  spent {usd(rc.spent_usd)} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
+            # the resources' spent, as printed in their table, add up to the run's as printed here
+            spent_txt, spent_each = usd_parts(rc.spent_usd, [r["cost"]["spent_usd"] for r in rows])
+            console.print(f"  spent {spent_txt} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
                           f"worst case at deadline {usd(rc.worst_case_usd)}"
                           + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
             for prov, why in notes.items():
@@ -447,7 +453,7 @@ def register(app: typer.Typer) -> None:
             for line in attempt_lines(ledger, run.id):  # a preempted run: each attempt, its cause and cost
                 console.print(f"  {escape(node_text(line))}", highlight=False)
             if rows:
-                print_table(_resource_table(rows, "resources", wide=wide), wide=wide)
+                print_table(_resource_table(rows, "resources", wide=wide, spent=spent_each), wide=wide)
                 for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
                     console.print("  " + line)
             for ev in ledger.events(run.id, limit=1000):
@@ -502,12 +508,13 @@ def register(app: typer.Typer) -> None:
         if not live:
             console.print("no live resources (nothing is billing).")
             return
-        print_table(_resource_table(live, "live resources", wide=wide), wide=wide)
+        tot = data["totals"]
+        spent_txt, spent_each = usd_parts(tot["spent_usd"], [r["cost"]["spent_usd"] for r in live])
+        print_table(_resource_table(live, "live resources", wide=wide, spent=spent_each), wide=wide)
         for line in _resource_notes(live):
             console.print(line)
-        tot = data["totals"]
         console.print(f"live: {len(live)} resource(s), {usd(tot['usd_per_hour'])}/h, spent so far "
-                      f"{usd(tot['spent_usd'])}"
+                      f"{spent_txt}"
                       + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: `broker down RUN` retries"
                          if tot["errors"] else "")
                       + (f"; [bold red]{tot['possibly_billing']} possibly billing[/] (unknown create)"

@@ -197,3 +197,28 @@ def test_status_is_readable_at_80_columns(setup, monkeypatch):
     assert "…" not in det
     wide = CliRunner().invoke(app, ["status", "--wide"]).output
     assert "exit codes" in wide.replace("\n", " ") or "exit" in wide
+
+
+def test_the_resources_spent_add_up_to_the_runs_as_printed(tmp_path, monkeypatch):
+    """A preempted run's two instances cost $0.015 each: the table read $0.01 and $0.01 under "spent $0.03".
+    The run's spent and its resources' are printed as parts that add up (4 decimals where cents would not)."""
+    import re
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
+    from broker.core import ui
+    monkeypatch.setattr(ui.console, "_width", 200)
+    led = Ledger(tmp_path / "ledger.sqlite")
+    now = utcnow()
+    run = make_run(led, deadline=now + timedelta(hours=1), budget_usd=5.0, pid=os.getpid())
+    rows = provision(led, FakeProvider(), run, nodes=2, usd_per_hour=0.9)
+    for r in rows:  # 60 s each at $0.90/h: $0.015
+        led.update_resource(r.id, created_at=now - timedelta(seconds=60), state="terminated", terminated_at=now)
+    try:
+        res = CliRunner().invoke(app, ["status", run.id, "--no-refresh"])
+        assert res.exit_code == 0, res.output
+        assert "spent $0.0300 of budget $5.00" in res.output, res.output
+        shown = re.findall(r"terminated\s+\S+\s+(\$\d+\.\d+)", res.output)
+        assert shown == ["$0.0150", "$0.0150"], res.output
+    finally:
+        led.close()
