@@ -249,9 +249,11 @@ class LocalExecutor(Executor):
         from broker.run.executor import staging_line
 
         line = staging_line(plan, self.run_dir)
-        if self.say:
-            self.say(line)
-        self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan, say=self.say)
+        hints: list[str] = []
+        self.dirs = prepare_node_dirs(spec.workdir, self.run_dir, spec.nnodes, plan, say=hints.append)
+        if self.say:  # "staged" once the copies exist (a slow copy's why after it), not before the copying
+            for text in [line, *hints]:
+                self.say(text)
         path = python_first_path(spec.python, os.environ.get("PATH"))
         self.envs = [node_environment(dict(os.environ), spec.env,
                                       spec.node_envs[i] if i < len(spec.node_envs) else {},

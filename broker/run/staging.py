@@ -129,7 +129,7 @@ class StagePlan:
         if self.forced:
             more += " (staged although ignored, the recipe names them: " + ", ".join(
                 f"{n} ({rule})" for n, rule in sorted(self.forced.items())[:6]) + ")"
-        return f"staged {len(self.files)} file(s), {self.size_text()} per node from {self.root}{more}"
+        return f"staged {len(self.files):,} file(s), {self.size_text()} per node from {self.root}{more}"
 
     @property
     def too_big(self) -> bool:

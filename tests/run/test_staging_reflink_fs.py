@@ -105,12 +105,22 @@ def test_a_filesystem_without_reflinks_says_so_through_the_run(tmp_path, monkeyp
         spec = LocalLaunchSpec(script_rel="train.py", args=[], workdir=w, nnodes=2, nproc_per_node=1, env={},
                                node_envs=[{}, {}], setup=[], expect=[], deadline_s=60)
         said: list[str] = []
+        copied_when_said: list[bool] = []
+        run_dir = mnt / "home" / "runs" / "r1"
+
+        def say(text: str) -> None:
+            said.append(text)
+            copied_when_said.append((run_dir / "node1" / "work" / "train.py").exists())
+
         monkeypatch.setattr(staging, "SLOW_COPY_S", 0.0)
-        ex = LocalExecutor(spec, mnt / "home" / "runs" / "r1", echo=None, say=said.append)
+        ex = LocalExecutor(spec, run_dir, echo=None, say=say)
         assert ex.stage() is None
         assert [d.name for d in ex.dirs] == ["work", "work"]
         hint = [s for s in said if s.startswith("copying the work folder")]
         assert len(hint) == 1, said
+        # "staged" is said once every node's copy exists (a 9 s copy printed it first, then nothing), the why after
+        first = next(i for i, s in enumerate(said) if s.startswith("staged "))
+        assert copied_when_said[first] and first < said.index(hint[0]), said
         assert "ext4 has no reflinks" in hint[0] and "XFS (reflink=1) or btrfs" in hint[0]
         assert "two filesystems" not in hint[0] and "journal" not in hint[0]
         # the same copy under the threshold says nothing
