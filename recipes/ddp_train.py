@@ -122,8 +122,10 @@ def main() -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start_epoch, first_loss, last_loss = state["epoch"] + 1, state["first_loss"], state["last_loss"]
-    if ck is not None:
+    if state is not None:
         print(f"RANK={rank} resumed_from_epoch={start_epoch}", flush=True)
+    elif ck is not None:  # a first attempt: nothing was resumed
+        print(f"RANK={rank} start_epoch=0 (no checkpoint to resume from yet)", flush=True)
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
         total, count = torch.zeros(2, device=device), 0

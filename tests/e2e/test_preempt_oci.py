@@ -13,6 +13,7 @@ deadline, never a preemption, and never rents again."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -102,7 +103,7 @@ def _when_checkpointed(e: PreemptE2E, then: Any, times: int = 1, timeout_s: floa
                     continue
                 log = Path(runs[0].run_dir, "node0.log")
                 if live not in started:
-                    if log.exists() and "resumed_from_epoch=" in log.read_text(errors="replace"):
+                    if log.exists() and re.search(r"resumed_from_epoch=|start_epoch=0", log.read_text(errors="replace")):
                         started[live] = time.time()
                     continue
                 gen = latest_generation(Path(runs[0].run_dir))
