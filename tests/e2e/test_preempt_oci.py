@@ -121,7 +121,13 @@ def _reclaim_first(e: PreemptE2E) -> None:
 
 
 def _resumed_from(log: Path) -> int:
-    return int(log.read_text().split("resumed_from_epoch=")[1].split()[0])
+    """The epoch rank 0 resumed from; 0 for a first attempt, which says it starts from scratch."""
+    text = log.read_text()
+    m = re.search(r"resumed_from_epoch=(\d+)", text)
+    if m is None:
+        assert "start_epoch=0 (no checkpoint to resume from yet)" in text, text[-1500:]
+        return 0
+    return int(m[1])
 
 
 def _nothing_left(e: PreemptE2E, out: Any, ledger: Ledger) -> None:
