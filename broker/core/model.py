@@ -349,9 +349,10 @@ class PlanOption:
         if not self.offers:
             return f"{self.topology.value} on {self.provider}"
         o = self.offers[0]
-        what = f"{o.instance_type}" if self.topology is not TopologyKind.multi_node else f"{len(self.offers)}x {o.instance_type}"
+        # "2 x g5.xlarge": two VMs, as the plan table writes them ("2x RTX 4090" is one Vast host's own label)
+        what = f"{o.instance_type}" if self.topology is not TopologyKind.multi_node else f"{len(self.offers)} x {o.instance_type}"
         if self.topology is TopologyKind.hybrid:
-            what = f"this machine + {len(self.offers)}x {o.instance_type}"
+            what = f"this machine + {len(self.offers)} x {o.instance_type}"
         where = "/".join(x for x in (o.region, o.zone) if x)
         return f"{what} ({where})" if where else what
 
