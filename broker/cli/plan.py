@@ -357,7 +357,8 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                 t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
         ops.table(t)
         if len(plan.rejected) > rejected_limit:
-            ops.line(f"({len(plan.rejected) - rejected_limit} more rejected options in --json)")
+            ops.line(f"({len(plan.rejected) - rejected_limit} more of the {len(plan.rejected)} rejected options kept "
+                     "in --json)")
     for n in plan.notes:
         ops.line(f"[dim]note:[/] {escape(n)}")
     step = next_step(plan, recipe)
@@ -404,7 +405,7 @@ def interruptible_needs(value: str, recipe_sets: "tuple[str, str | None] | None"
     if has_value not in ("true", "auto"):  # either word rents this choice; false never does
         needs.append(f"`interruptible: {value}` in the recipe (or `broker run --interruptible {value}`)")
     if ckpt is None:
-        needs.append("a checkpoint_dir: to resume")
+        needs.append("a `checkpoint_dir:` in the recipe to resume from")
     return "; the run needs " + " and ".join(needs) if needs else ""
 
 

@@ -26,7 +26,7 @@ def test_interruptible_needs_names_only_what_the_recipe_lacks():
 
     assert interruptible_needs("true", ("true", "checkpoints")) == ""
     assert interruptible_needs("auto", ("auto", "ck")) == ""
-    assert interruptible_needs("true", ("true", None)) == "; the run needs a checkpoint_dir: to resume"
+    assert interruptible_needs("true", ("true", None)) == "; the run needs a `checkpoint_dir:` in the recipe to resume from"
     assert interruptible_needs("auto", ("false", "ck")) == (
         "; the run needs `interruptible: auto` in the recipe (or `broker run --interruptible auto`)")
     both = interruptible_needs("true", None)  # no recipe: both
@@ -57,7 +57,7 @@ def test_a_recipe_without_checkpoint_dir_is_told_to_set_one(cli_env, tmp_path):
     assert p.returncode == 0, p.stderr
     out = " ".join(p.stdout.split())
     assert ("the run needs `interruptible: true` in the recipe (or `broker run --interruptible true`) and a "
-            "checkpoint_dir: to resume") in out, out
+            "`checkpoint_dir:` in the recipe to resume from") in out, out
 
 
 def _groups(plan: dict) -> dict[str, list[float]]:
