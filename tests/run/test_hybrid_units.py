@@ -117,7 +117,7 @@ def test_planner_prices_hybrid_as_the_vms_only_and_rejects_vast_with_its_reason(
     best = p.options[0]
     assert best.topology is TopologyKind.hybrid and len(best.offers) == 1  # one VM: node 0 is this machine
     assert best.usd_per_hour == pytest.approx(1.00, abs=0.01)
-    assert "this machine + 1x vm.gpu" in best.summary
+    assert "this machine + 1 x vm.gpu" in best.summary  # VMs counted as the plan table does
     vast = [o for o in p.rejected if o.provider == "vast"]
     assert vast and "/dev/net/tun" in vast[0].rejected[0] and "vast containers have none" in vast[0].rejected[0]
     assert any("priced as the VMs only" in n for n in p.notes)
