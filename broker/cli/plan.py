@@ -128,7 +128,15 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
 
 def source_short(price_source: str) -> str:
     """``snapshot 2026-11-29 (SkyPilot catalog medians)`` -> ``snap 11-29`` (the notes give source and year);
-    ``live ...`` -> ``live``; anything else up to its first parenthesis."""
+    ``live ...`` -> ``live``; an interruptible price's (:func:`broker.plan.interruptible.variant`) the same, a bid's
+    margin first (``interruptible: bid 10% over snapshot 2026-11-29`` -> ``bid+10% snap 11-29``: the row says
+    ``int.``); anything else up to its first parenthesis."""
+    if price_source.startswith("interruptible: "):
+        rest = price_source[len("interruptible: "):]
+        if rest.startswith("bid ") and "% over " in rest:
+            pct, _, src = rest[len("bid "):].partition("% over ")
+            return f"bid+{pct}% {source_short(src)}"
+        return source_short(rest)
     head = price_source.split(" (")[0]
     if head.startswith("live"):
         return "live"
@@ -271,6 +279,8 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
 
     out = out if out is not None else stdout_out()
     ops = _Ops(out.width)
+    natural = wide is True  # --wide: every column at its natural width, wider than the terminal if need be
+    auto = wide is None  # a wide terminal: every column where they fit it whole
     if wide is None:
         wide = ops.width >= WIDE_COLUMNS
     req = plan.requirements
@@ -285,9 +295,10 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
         spot = any(o.interruptible for o in plan.options)
 
-        def best(compact: bool) -> "Table":
+        def best(compact: bool, wide: bool) -> "Table":
             """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
-            instead of beside them, for a width where the one-line rows would cut the names."""
+            instead of beside them, for a width where the one-line rows would cut the names; ``wide``: every
+            column."""
             t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
                             f"{deadline} + setup)", columns=[])
             # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
@@ -318,9 +329,11 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                 t.add_row(*row)
             return drop_empty_columns(t)
 
-        t = best(compact=False)
+        if auto and wide and measure(best(compact=False, wide=True), NO_WRAP_WIDTH)[1] > ops.width:
+            wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
+        t = best(compact=False, wide=wide)
         compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
-        ops.table(best(compact=True) if compact else t, wide=wide)
+        ops.table(best(compact=True, wide=wide) if compact else t, wide=natural)
         if not wide:
             ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                      "and where each option is[/]")

@@ -155,3 +155,22 @@ def test_the_interruptible_model_is_named_only_beside_its_numbers(cli_env, tmp_p
     assert "no valid plan" in both and "interruptible model" not in both, both
     some = _plan(env, "--budget", "5", "--provider", "fake")
     assert "interruptible model" in " ".join(some.stdout.split()), some.stdout
+
+
+def test_a_wide_terminal_gets_every_column_only_where_they_fit_whole(cli_env):
+    """At 120 columns (every column by default) an interruptible plan printed a 175-column table: its price
+    sources were not shortened and the GPU/prices/where columns cannot fit beside exp and off.  A wide terminal now
+    gets every column where they fit whole, else the narrow layout; --wide still asks for every column."""
+    from broker.cli.plan import source_short
+
+    assert source_short("interruptible: bid 10% over snapshot 2026-11-29 (vast.ai)") == "bid+10% snap 11-29"
+    assert source_short("interruptible: snapshot 2026-12-01 (third-party list prices)") == "snap 12-01"
+    assert source_short("interruptible: live Vast.ai search") == "live"
+    for mode in ("true", "auto", "false"):
+        lines = _plan(cli_env, "--budget", "5", "--interruptible", mode, columns="120").stdout.splitlines()
+        top = lines.index(next(x for x in lines if "provider" in x and "max h" in x))
+        table = lines[top:lines.index("", top)]
+        assert max(len(x) for x in table) <= 120, (mode, table)
+        assert not any(x.rstrip().endswith(("n1-standar", "n1-standard-4+", "2 x")) for x in table), (mode, table)
+    wide = _plan(cli_env, "--budget", "5", "--interruptible", "true", "--wide", columns="120").stdout
+    assert " prices " in wide and "bid+10% snap " in wide and "interruptible: bid" not in wide.split("note:")[0]
