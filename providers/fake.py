@@ -82,7 +82,7 @@ def _preempt_rule() -> tuple[float, int] | None:
         rule = (float(secs), int(n) if n else 1)
     except ValueError:
         rule = (-1.0, -1)
-    if rule[0] < 0 or rule[1] < 0:
+    if not 0 <= rule[0] < float("inf") or rule[1] < 0:  # nan and inf too: "never" is leaving the variable unset
         raise BadInput(f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>]",
                        hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs) or 60:2")
     return rule

@@ -275,6 +275,8 @@ def _resource_table(rows: list[dict[str, Any]], title: str, *, wide: bool = Fals
             left_txt = f"[bold red]{left_txt}[/]"
         ident = escape(r["provider_id"] or f"({r['name']})")
         worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+        if c["worst_case_usd"] is not None and abs(c["worst_case_usd"] - c["spent_usd"]) < 1e-9:
+            worst = paid  # it can bill no more (terminated): the same figure as spent, as printed
         rate = usd(c["usd_per_hour"]) if billing else "free"
         if wide:
             t.add_row(r["run_id"], r["provider"], r["kind"], ident, _state_text(_shown_state(r)), _dur(c["age_s"]),
@@ -481,6 +483,8 @@ def register(app: typer.Typer) -> None:
             spent = f"[bold red]{spent}[/]" if over else spent
             active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
             worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+        if c["worst_case_usd"] is not None and abs(c["worst_case_usd"] - c["spent_usd"]) < 1e-9:
+            worst = paid  # it can bill no more (terminated): the same figure as spent, as printed
             left = _dur(c["time_left_s"]) if active else "-"
             if wide:
                 t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",

@@ -368,7 +368,7 @@ def request_command(provider: str, limit: str, value: float, *, scope: str | Non
 
 def default_reason(nodes: int, gpus_per_node: int, instance_type: str | None = None) -> str:
     """The justification text used when ``--reason`` is not given."""
-    what = f" on {nodes}x {instance_type}" if instance_type else ""
+    what = f" on {nodes} x {instance_type}" if instance_type else ""
     return (f"PyTorch distributed training validation: {nodes} nodes x {gpus_per_node} GPU"
             f"{'s' if gpus_per_node != 1 else ''}{what}; short runs with a hard deadline and automatic teardown.")
 

@@ -167,7 +167,8 @@ def test_desired_value_and_reason():
     q = Quota(provider="aws", name="L-DB2E81BA", limit=4, used=4, unit="vcpus")
     assert desired_value(q, 8) == 12
     assert desired_value(replace(q, limit=32), 8) == 32
-    assert default_reason(2, 1, "g5.xlarge").startswith("PyTorch distributed training validation: 2 nodes x 1 GPU")
+    assert default_reason(2, 1, "g5.xlarge").startswith("PyTorch distributed training validation: 2 nodes x 1 GPU on "
+                                                        "2 x g5.xlarge;")
 
 
 def _offer(provider, it, zone, region, gpus=1, vcpus=4):

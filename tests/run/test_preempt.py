@@ -638,6 +638,10 @@ def test_a_malformed_fake_preempt_rule_names_the_variable(tmp_path, monkeypatch)
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "soon")
     with pytest.raises(BadInput, match="BROKER_FAKE_PREEMPT='soon' is not <seconds>"):
         _preempt_rule()
+    for bad in ("nan", "inf", "-5", "60:x", "60:-1", ":3"):
+        monkeypatch.setenv("BROKER_FAKE_PREEMPT", bad)
+        with pytest.raises(BadInput, match="is not <seconds>"):
+            _preempt_rule()
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "60:2")
     assert _preempt_rule() == (60.0, 2)
     monkeypatch.setenv("BROKER_FAKE_PREEMPT", "")
