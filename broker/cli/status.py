@@ -483,8 +483,6 @@ def register(app: typer.Typer) -> None:
             spent = f"[bold red]{spent}[/]" if over else spent
             active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
             worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
-        if c["worst_case_usd"] is not None and abs(c["worst_case_usd"] - c["spent_usd"]) < 1e-9:
-            worst = paid  # it can bill no more (terminated): the same figure as spent, as printed
             left = _dur(c["time_left_s"]) if active else "-"
             if wide:
                 t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",
