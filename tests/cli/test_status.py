@@ -17,16 +17,22 @@ from broker.providers.fake import FakeProvider
 from tests.support.watchdog_helpers import make_run, provision
 
 
-@pytest.fixture
-def setup(tmp_path, monkeypatch):
+def _two_nodes(tmp_path, monkeypatch, *, width: int, usd_per_hour: float):
+    """A ledger in ``tmp_path`` (the broker home) with a run of two fake instances at ``usd_per_hour`` each, the
+    console ``width`` wide: (ledger, run, its resources, now)."""
     monkeypatch.setenv("BROKER_HOME", str(tmp_path))
     monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
     from broker.core import ui
-    monkeypatch.setattr(ui.console, "_width", 260)
+    monkeypatch.setattr(ui.console, "_width", width)
     led = Ledger(tmp_path / "ledger.sqlite")
     now = utcnow()
     run = make_run(led, deadline=now + timedelta(hours=1), budget_usd=5.0, pid=os.getpid())
-    rows = provision(led, FakeProvider(), run, nodes=2, usd_per_hour=1.0)
+    return led, run, provision(led, FakeProvider(), run, nodes=2, usd_per_hour=usd_per_hour), now
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    led, run, rows, now = _two_nodes(tmp_path, monkeypatch, width=260, usd_per_hour=1.0)
     for r in rows:  # an hour old
         led.update_resource(r.id, created_at=now - timedelta(hours=1))
     led.update_resource(rows[0].id, attrs={"node_layer": "fake self-destroy at deadline +300 s"})
@@ -204,14 +210,7 @@ def test_the_resources_spent_add_up_to_the_runs_as_printed(tmp_path, monkeypatch
     The run's spent and its resources' are printed as parts that add up (4 decimals where cents would not)."""
     import re
 
-    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
-    monkeypatch.setenv("BROKER_FAKE_STATE", str(tmp_path / "fake-cloud.json"))
-    from broker.core import ui
-    monkeypatch.setattr(ui.console, "_width", 200)
-    led = Ledger(tmp_path / "ledger.sqlite")
-    now = utcnow()
-    run = make_run(led, deadline=now + timedelta(hours=1), budget_usd=5.0, pid=os.getpid())
-    rows = provision(led, FakeProvider(), run, nodes=2, usd_per_hour=0.9)
+    led, run, rows, now = _two_nodes(tmp_path, monkeypatch, width=200, usd_per_hour=0.9)
     for r in rows:  # 60 s each at $0.90/h: $0.015
         led.update_resource(r.id, created_at=now - timedelta(seconds=60), state="terminated", terminated_at=now)
     try:
