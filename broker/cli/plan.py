@@ -329,11 +329,14 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
                 t.add_row(*row)
             return drop_empty_columns(t)
 
-        if auto and wide and measure(best(compact=False, wide=True), NO_WRAP_WIDTH)[1] > ops.width:
-            wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
         t = best(compact=False, wide=wide)
+        if auto and wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width:
+            wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
+            t = best(compact=False, wide=False)
         compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
-        ops.table(best(compact=True, wide=wide) if compact else t, wide=natural)
+        if compact:
+            t = best(compact=True, wide=False)
+        ops.table(t, wide=natural)
         if not wide:
             ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
                      "and where each option is[/]")
