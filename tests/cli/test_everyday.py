@@ -542,6 +542,7 @@ def test_netns_up_above_8_nodes_asks_and_refuses_without_a_terminal(cli_env):
     assert not Ledger().list_runs()
 
 
+@pytest.mark.netns
 def test_netns_up_is_a_run_in_the_ledger_with_a_deadline_the_watchdog_enforces(cli_env):
     from tests.conftest import netns_missing
 

@@ -114,6 +114,7 @@ def test_a_preempted_run_resumes_from_brokers_copy_not_from_the_stale_one(tmp_pa
     assert any("restored checkpoint gen-" in s for s in said)
 
 
+@pytest.mark.netns
 def test_an_ssh_run_does_not_resume_from_a_stale_checkpoint(tmp_path, monkeypatch):
     """netns hosts over SSH: the tar streamed to the node holds no ckpt/, the job starts at step 0."""
     from tests.conftest import netns_missing

@@ -303,6 +303,7 @@ def test_tunnel_preflight_names_a_node_where_wg_cannot_run_not_a_blocked_port():
         assert f"on node {who}: exit {answer[0]}: {answer[1]}" in tun.detail and "wireguard-tools" in tun.fix
 
 
+@pytest.mark.netns
 def test_emulated_hybrid_nodes_keep_their_gpus_and_host_ids(tmp_path):
     """On a GPU machine the emulated hybrid run gives each namespace its own GPU and NCCL_HOSTID (as ``--provider
     netns`` does), so NCCL uses sockets over the tunnel; the tunnel interface is in every node's env."""

@@ -365,6 +365,7 @@ def test_installed_broker_has_broker_providers_and_no_top_level_providers(tmp_pa
 
 
 # --------------------------------------------------------------------------------------------------- SSH readiness
+@pytest.mark.netns
 def test_ssh_connect_is_retried_until_a_late_sshd_accepts(tmp_path):
     from broker.providers import netns
 

@@ -332,6 +332,7 @@ def test_a_schema_1_ledger_is_migrated_and_keeps_its_rows(tmp_path):
 from tests.support.netns_faults import kill_host as _kill_host  # noqa: E402
 
 
+@pytest.mark.netns
 def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
     from tests.conftest import netns_missing
 
@@ -482,6 +483,7 @@ print("finished at step 30 started at", start, flush=True)
 """
 
 
+@pytest.mark.netns
 def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generation(tmp_path, monkeypatch):
     """Node 0's host dies after the first file of a copy arrived: that generation never replaces the good one, and
     the next attempt resumes from the good one."""
