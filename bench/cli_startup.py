@@ -1,6 +1,7 @@
 """CLI start-up time as a ratio to a bare interpreter (``python -c pass``), measured in the same run.
 
-Times ``broker --help``, ``broker status`` (an empty home) and ``broker plan --budget 5`` (offline: a temporary
+Times, once as usual and once with PYTHONDONTWRITEBYTECODE=1 (Docker and CI images: only the bytecode the install
+compiled is read), ``broker --help``, ``broker status`` (an empty home) and ``broker plan --budget 5`` (offline: a temporary
 BROKER_HOME, no credentials, no network), each run ``--starts`` times interleaved with the baseline's (one round:
 the baseline, then each command, the order reversed every other round), and prints the median of the per-round
 ratios (each command's run over the baseline's run of the same round: paired, so a load change between rounds
@@ -31,13 +32,15 @@ ROOT = Path(__file__).resolve().parent.parent
 GOALS = {"broker --help": 5.0, "broker status": 4.0, "broker plan --budget 5": 4.0}
 
 
-def _env(home: str) -> dict[str, str]:
+def _env(home: str, no_bytecode_writes: bool = False) -> dict[str, str]:
+    """The commands' environment: no credentials, a temporary home; ``no_bytecode_writes`` sets
+    PYTHONDONTWRITEBYTECODE=1 (as Dockerfiles and CI images do), so only the bytecode the install left is used."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("AWS_", "VAST_", "OCI_", "BROKER_"))}
     env.update(BROKER_HOME=home, HOME=home, PYTHONPATH=str(ROOT), AWS_EC2_METADATA_DISABLED="true",
                OCI_CONFIG_FILE=f"{home}/no-oci", AWS_CONFIG_FILE=f"{home}/no-aws",
                AWS_SHARED_CREDENTIALS_FILE=f"{home}/no-aws-creds", XDG_CONFIG_HOME=f"{home}/xdg",
-               COLUMNS="100", PYTHONDONTWRITEBYTECODE="")
+               COLUMNS="100", PYTHONDONTWRITEBYTECODE="1" if no_bytecode_writes else "")
     return env
 
 
@@ -75,12 +78,12 @@ def check_runs(argv: list[str], env: dict[str, str], cwd: str) -> None:
                                f".venv/bin/python bench/cli_startup.py)")
 
 
-def measure(starts: int) -> dict[str, list[tuple[float, float]]]:
+def measure(starts: int, no_bytecode_writes: bool = False) -> dict[str, list[tuple[float, float]]]:
     """(wall, CPU) seconds of each round's run of the baseline and of each command (runs interleaved, the order
     reversed every other round, after one warm-up each): ``times[k][i]`` is round ``i``'s run of ``k``."""
     home = tempfile.mkdtemp(prefix="broker-bench-")
     try:
-        env = _env(home)
+        env = _env(home, no_bytecode_writes)
         cmds = {"python -c pass": [sys.executable, "-c", "pass"],
                 "broker --help": _broker() + ["--help"],
                 "broker status": _broker() + ["status"],  # an empty home: no runs yet
@@ -117,16 +120,33 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=15, help="runs per command (median)")
     ap.add_argument("--imports", action="store_true", help="also list the slowest imports of each command")
     a = ap.parse_args()
+    ok = True
+    # both ways users start it: bytecode written on first start (the default), and PYTHONDONTWRITEBYTECODE=1
+    # (Docker and CI images), where only what the install compiled is there to read
+    for no_writes in (False, True):
+        print(f"--- PYTHONDONTWRITEBYTECODE={'1' if no_writes else '(unset)'}")
+        ok &= _report(a.starts, no_writes)
+    if a.imports:
+        for label, argv in (("--help", ["--help"]), ("status", ["status"]),
+                            ("plan --budget 5", ["plan", "--budget", "5"])):
+            print(f"slowest imports of broker {label} (cumulative ms):")
+            for us, name in slowest_imports(argv):
+                print(f"  {us / 1000:7.1f}  {name}")
+    sys.exit(0 if ok else 1)
+
+
+def _report(starts: int, no_bytecode_writes: bool) -> bool:
+    """Measure and print one environment's rows; True when every goal is met."""
     try:
         load0 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        times = measure(a.starts)
+        times = measure(starts, no_bytecode_writes)
     except BrokerDoesNotRun as e:
         print(f"cli_startup: broker does not run, nothing measured: {e}", file=sys.stderr)
         sys.exit(2)
     base = times["python -c pass"]
     bw, bc = statistics.median(w for w, _ in base), statistics.median(c for _, c in base)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"python -c pass: wall {bw * 1000:.1f} ms, CPU {bc * 1000:.1f} ms (median of {a.starts}; {os.cpu_count()} "
+    print(f"python -c pass: wall {bw * 1000:.1f} ms, CPU {bc * 1000:.1f} ms (median of {starts}; {os.cpu_count()} "
           f"cores, load average {load0:.1f} -> {load:.1f})")
     ok = True
     for k, goal in GOALS.items():
@@ -137,13 +157,7 @@ def main() -> None:
         ok &= ratio <= goal
         print(f"{k}: wall {w * 1000:.1f} ms, {wall_ratio:.1f}x; CPU {c * 1000:.1f} ms, {ratio:.1f}x python -c pass "
               f"(median of {len(runs)} paired ratios; goal <= {goal:g}x on CPU: {'met' if ratio <= goal else 'missed'})")
-    if a.imports:
-        for label, argv in (("--help", ["--help"]), ("status", ["status"]),
-                            ("plan --budget 5", ["plan", "--budget", "5"])):
-            print(f"slowest imports of broker {label} (cumulative ms):")
-            for us, name in slowest_imports(argv):
-                print(f"  {us / 1000:7.1f}  {name}")
-    sys.exit(0 if ok else 1)
+    return ok
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -43,3 +44,21 @@ def test_the_wheel_builds_without_warnings_and_carries_the_recipes_data(tmp_path
     assert "absent from the packages" not in p.stdout + p.stderr and "BuildBackendWarning" not in p.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("broker-*.whl"))).namelist()
     assert "broker/recipes/data/digits.csv.gz" in names and "broker/recipes/ddp_2node.yaml" in names
+
+
+def test_the_install_compiles_the_sources_so_a_start_without_bytecode_writes_compiles_nothing(tmp_path):
+    """With PYTHONDONTWRITEBYTECODE=1 an editable install's modules compile from source at every start unless the
+    install compiled them: scripts/install runs scripts/compile-sources, which leaves a current .pyc for every
+    module, and an import then reads them instead of compiling."""
+    import importlib.util
+    import shutil
+
+    install = (REPO / "scripts" / "install").read_text()
+    assert "scripts/compile-sources .venv/bin/python" in install
+    pkg = tmp_path / "pkg"
+    shutil.copytree(REPO / "broker" / "core", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([str(REPO / "scripts" / "compile-sources"), sys.executable, str(pkg)], check=True, timeout=120)
+    sources = sorted(pkg.rglob("*.py"))
+    assert sources
+    missing = [p.name for p in sources if not Path(importlib.util.cache_from_source(str(p))).is_file()]
+    assert missing == []
