@@ -419,7 +419,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     config of that VM); ``ingress``: inbound rules opened on the run's network right after bootstrap
     (:meth:`Provider.open_ingress`, e.g. the WireGuard UDP port from the caller's address).  A ``hybrid`` option
     rents ``nodes - 1`` instances (node 0 is this machine): their ranks, tags and ``node_index`` are 1..N-1.
-    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds.  A fresh ed25519 key
+    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds (``poll_s``: the longest gap between readiness
+    polls; the first comes after 1 s and the gaps grow x1.5).  A fresh ed25519 key
     is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
 
     Raises NoValidPlan (exit 3) when every option failed or was skipped (the message lists each attempt and the
@@ -724,6 +725,9 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
     assert res is not None and res.provider_id
     t0 = time.monotonic()
     last = None
+    # the first polls come quickly (a Vast container or a fast VM is running within seconds and bills from then),
+    # then back off to poll_s so that a slow boot does not flood the provider's API
+    delay = min(1.0, poll_s)
     while True:
         left = check_clock(ledger, run, f"{res.provider_id} became running")
         cur = ledger.resource(res.id)
@@ -756,7 +760,8 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
         if time.monotonic() - t0 > timeout_s:
             raise _NeverReady(p.name, "describe_instance",
                               f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
-        time.sleep(max(0.0, min(poll_s, left)))
+        time.sleep(max(0.0, min(delay, left)))
+        delay = min(poll_s, delay * 1.5)
 
 
 def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],

@@ -394,3 +394,33 @@ def test_progress_printer_shows_elapsed_cost_and_rate(env, ledger):
     lines = buf.getvalue().splitlines()
     assert lines[0].endswith("$0.00 $0.00/h] before the run row")
     assert "$1.00" in lines[1] and "$36.00/h" in lines[1] and lines[1].endswith("step [two]")
+
+
+# ------------------------------------------------------------------------------------------------ readiness polls
+def test_the_readiness_polls_start_at_one_second_and_back_off_to_poll_s(env, ledger, monkeypatch):
+    """A container that runs within seconds bills from then: the first describe comes 1 s after the create, not
+    poll_s later; the gaps then grow (x1.5) up to poll_s so that a slow boot does not flood the API."""
+    import time as time_mod
+
+    from broker.core.records import InstanceInfo
+
+    class SlowBoot(FakeProvider):
+        describes = 0
+
+        def describe_instance(self, provider_id, *, region=None):
+            SlowBoot.describes += 1
+            info = super().describe_instance(provider_id, region=region)
+            if SlowBoot.describes <= 6:
+                return InstanceInfo(provider_id=provider_id, state="pending", raw_state="loading",
+                                    usd_per_hour=info.usd_per_hour)
+            return info
+
+    sleeps: list[float] = []
+    real_sleep = time_mod.sleep
+    monkeypatch.setattr(time_mod, "sleep", lambda s: (sleeps.append(round(s, 3)), real_sleep(0))[1])
+    p = SlowBoot()
+    run = make_run(ledger, env)
+    provision(options(p), run, Requirements(), ledger, providers={"fake": p}, poll_s=5.0, retry_wait_s=0.01,
+              terminate_timeout_s=5)
+    polls = sleeps[:6]
+    assert polls == [1.0, 1.5, 2.25, 3.375, 5.0, 5.0], sleeps
