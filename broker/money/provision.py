@@ -419,8 +419,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     config of that VM); ``ingress``: inbound rules opened on the run's network right after bootstrap
     (:meth:`Provider.open_ingress`, e.g. the WireGuard UDP port from the caller's address).  A ``hybrid`` option
     rents ``nodes - 1`` instances (node 0 is this machine): their ranks, tags and ``node_index`` are 1..N-1.
-    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds (``poll_s``: the longest gap between readiness
-    polls; the first comes after 1 s and the gaps grow x1.5).  A fresh ed25519 key
+    ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds (``poll_s``: the
+    longest gap between readiness polls; the first comes after 1 s and the gaps grow x1.5).  A fresh ed25519 key
     is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
 
     Raises NoValidPlan (exit 3) when every option failed or was skipped (the message lists each attempt and the
