@@ -577,10 +577,21 @@ def _on_terminate(signum: int, frame: Any) -> None:
     raise _terminated
 
 
+def quiet_third_party_warnings() -> None:
+    """Keep the libraries' own deprecation notices off the user's terminal: asyncssh imports DSA and other
+    algorithms that newer cryptography releases deprecate, and each SSH command printed five 224-column
+    ``CryptographyDeprecationWarning`` blocks about code that is not broker's.  Matched by the module the warning
+    is attributed to (no import of cryptography at start-up); broker's own warnings still show."""
+    import warnings
+
+    warnings.filterwarnings("ignore", module=r"asyncssh(\.|$)")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app behind one error boundary (:func:`handle`) and exits."""
     import signal
 
+    quiet_third_party_warnings()
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in args[: args.index("--")] if "--" in args else "--json" in args
     try:
