@@ -361,7 +361,7 @@ COMMAND_ALIASES = {"launch": "run", "apply": "run", "submit": "run", "up": "run"
                    "log": "logs", "tail": "logs", "destroy": "down", "terminate": "down", "delete": "down",
                    "teardown": "down", "kill": "down", "cancel": "down", "shell": "ssh",
                    "price": "offers", "prices": "offers", "gpus": "offers", "show-gpus": "offers", "costs": "cost",
-                   "config": "check", "doctor": "check"}
+                   "config": "check", "doctor": "check", "cost-report": "cost", "attach": "logs"}
 
 
 def _usage_message(exc: Any, args: list[str]) -> tuple[str, str]:

@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
     @app.command("down", short_help="Terminate every live resource of a run (idempotent)")
     def down_cmd(
         run_id: str = typer.Argument(None, metavar="[RUN]", help="the run to tear down (a unique prefix is enough)"),
-        all_runs: bool = typer.Option(False, "--all", help="every run with live resources"),
+        all_runs: bool = typer.Option(False, "--all", "-a", help="every run with live resources"),
         yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating (--all)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:

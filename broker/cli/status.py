@@ -359,12 +359,20 @@ def register(app: typer.Typer) -> None:
                                   "age, errors inline)"),
         no_refresh: bool = typer.Option(False, "--no-refresh", help="do not ask the providers about live "
                                         "instances (the ledger's view only; no network)"),
+        refresh: bool = typer.Option(False, "--refresh", "-r", help="ask the providers about live instances: "
+                                     "the default (as `sky status -r`)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
         CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
         from broker.money.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
         from broker.money.ledger import Ledger
+
+        if refresh and no_refresh:
+            from broker.core.provider import BadInput
+
+            raise BadInput("--refresh and --no-refresh contradict each other",
+                           hint="status refreshes by default: drop --refresh, or keep --no-refresh alone")
 
         ledger = Ledger()
         from broker.cli import starting
