@@ -95,6 +95,8 @@ def _other_reasons(plan: Plan, limit: int = 3) -> list[str]:
 
 
 _NO_GPU_HERE = ("no GPU", "this machine has 0 GPU", "which has no GPU")
+#: how the facts' note begins when no provider offers the GPU model asked for (plan.facts writes it)
+NO_OFFER_FOR_MODEL = "no offer has GPU model"
 
 
 def _first_reasons(plan: Plan) -> list[str]:
@@ -120,6 +122,11 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
     firsts = _first_reasons(plan)
     no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
     cpu_hint = "this machine has no GPU: add --cpu-ok (recipe: cpu_ok: true) for a gloo-on-CPU logic check"
+    unknown_model = next((n.split(";")[0] for n in plan.notes if n.startswith(NO_OFFER_FOR_MODEL)), None)
+    if unknown_model and firsts and len(no_gpu_here) == len(firsts):
+        # only this machine was left to judge because the model named matches no offer anywhere: the name is
+        # the cause (a typo such as "RTX 4900"), not the missing --cpu-ok
+        return [f"{unknown_model}: check the name (`broker offers` lists the models offered)"]
     if firsts and len(no_gpu_here) == len(firsts) and not cpu_ok:
         return [cpu_hint]
     kinds = {k for k, n in counts.items() if n and k != "provider"}

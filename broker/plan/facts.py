@@ -191,8 +191,16 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     if req.nodes > 1 and req.topology in ("hybrid", "any"):
         facts.here = _here(local_seen)
     if req.gpu_names and not [o for o in facts.offers if o.provider != "local"]:
+        import difflib
+
+        from broker.plan.explain import NO_OFFER_FOR_MODEL
+
         known = sorted({o.gpu_name for name in names if name in CLOUD for o in _snapshot_quiet(name)})
-        facts.notes.append(f"no offer has GPU model {', '.join(req.gpu_names)}"
+        by_lower = {k.lower(): k for k in known}
+        close = [by_lower[m] for g in req.gpu_names
+                 for m in difflib.get_close_matches(g.lower(), list(by_lower), n=2, cutoff=0.75)]
+        facts.notes.append(f"{NO_OFFER_FOR_MODEL} {', '.join(req.gpu_names)}"
+                           + (f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else "")
                            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
     return facts
 
