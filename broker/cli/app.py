@@ -333,10 +333,15 @@ def _option_home(exc: Any, args: list[str]) -> str | None:
     if here and name in _opts(root):
         return f"{name} is an option of broker itself: broker {name} {' '.join(here)} ..."
     here_cmd = dict(_commands(root)).get(here)
-    arg = next((p for p in getattr(here_cmd, "params", []) if getattr(p, "param_type_name", "") == "argument"
-                and name.lstrip("-").replace("-", "_") in (p.name, (p.metavar or "").strip("[].").lower())), None)
+    word = name.lstrip("-").replace("-", "_")
+    # a metavar may offer alternatives (RECIPE|SCRIPT.py): the one the option named is shown
+    arg, shown = next(((p, m) for p in getattr(here_cmd, "params", [])
+                       if getattr(p, "param_type_name", "") == "argument"
+                       for m in [p.name.upper(), *(p.metavar or "").strip("[].").split("|")]
+                       if word == m.lower()), (None, ""))
     if arg is not None:
-        shown = (arg.metavar or arg.name.upper()).strip("[]")
+        if shown == arg.name.upper() and arg.metavar:  # named by its parameter name: shown as its metavar
+            shown = arg.metavar.strip("[]")
         return f"{' '.join(('broker',) + here)} takes {shown} as an argument: broker {' '.join(here)} {shown}"
     homes = [" ".join(("broker",) + p) for p, c in _commands(root) if p and name in _opts(c)]
     if not homes:

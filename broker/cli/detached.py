@@ -70,7 +70,10 @@ def run_detached(args: list[str], recipe: Any, *, as_json: bool = False, provide
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     env = dict(os.environ, **{DETACHED_ENV: "1", RUN_ID_ENV: run_id})
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args, "-q"], stdin=subprocess.DEVNULL,
+        # -q before a `--` (what follows it is the script's own arguments: `broker run SCRIPT.py -- ARGS`)
+        cut = args.index("--") if "--" in args else len(args)
+        proc = subprocess.Popen([sys.executable, "-m", "broker", "run", *args[:cut], "-q", *args[cut:]],
+                                stdin=subprocess.DEVNULL,
                                 stdout=fd, stderr=fd, env=env, start_new_session=True, close_fds=True)
     finally:
         os.close(fd)

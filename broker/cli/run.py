@@ -1,4 +1,5 @@
-"""``broker run RECIPE``: plan, run and tear down a recipe, then print a summary.
+"""``broker run RECIPE`` / ``broker run SCRIPT.py``: plan, run and tear down a recipe (or the recipe a bare training
+script stands for, :mod:`broker.core.scriptrecipe`), then print a summary.
 
 Where it runs:
 
@@ -15,8 +16,9 @@ Every case goes through the one pipeline (:mod:`broker.run.pipeline`); this modu
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, List, Optional
 
 import typer
 
@@ -38,7 +40,11 @@ def _provider_help() -> str:
 def register(app: typer.Typer) -> None:
     @app.command("run", short_help="Run a recipe: one torchrun per node, torn down at the end")
     def run_cmd(
-        recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="recipe YAML, e.g. recipes/ddp_2node.yaml"),
+        recipe_path: Path = typer.Argument(..., metavar="RECIPE|SCRIPT.py", help="recipe YAML, e.g. "
+                                           "recipes/ddp_2node.yaml, or a training script run with the recipe "
+                                           "defaults and the options below (its folder is copied to every node)"),
+        script_args: Optional[List[str]] = typer.Argument(None, metavar="[-- SCRIPT ARGS]",
+                                                          help="SCRIPT.py only: the script's own arguments"),
         provider: str = typer.Option(None, "--provider", "-p", help=_provider_help()),
         inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
                                    "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
@@ -67,26 +73,61 @@ def register(app: typer.Typer) -> None:
                                           "or auto (only when its expected cost with restarts is lower); overrides "
                                           "the recipe's interruptible (a preempted run resumes from its "
                                           "checkpoint_dir)"),
+        nodes: int = typer.Option(None, "--nodes", "-n", help="SCRIPT.py: how many nodes (default 2)"),
+        gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="SCRIPT.py: GPUs per node (default 1; 0: "
+                                          "CPU only, with --cpu-ok)"),
+        gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="SCRIPT.py: a GPU model to accept (repeat for "
+                                                "several; default any)"),
+        budget: float = typer.Option(None, "--budget", "-b", metavar="USD", help="SCRIPT.py: the budget in "
+                                     "dollars (default 5)"),
+        hours: float = typer.Option(None, "--hours", help="SCRIPT.py: the hard deadline in hours (default 1)"),
+        cpu_ok: bool = typer.Option(False, "--cpu-ok", help="SCRIPT.py: gloo on CPU is fine (this machine without "
+                                    "a GPU)"),
+        setup: Optional[List[str]] = typer.Option(None, "--setup", help="SCRIPT.py: a shell command run on every "
+                                                  "node before the job (repeat for several), e.g. "
+                                                  "'pip install -r requirements.txt'"),
+        save: Path = typer.Option(None, "--save", metavar="FILE", help="SCRIPT.py: also write the equivalent "
+                                  "recipe to FILE"),
     ) -> None:
-        """Run RECIPE: one torchrun per node, logs streamed as [node i], torn down at the end."""
+        """Run RECIPE (or SCRIPT.py with the recipe defaults): one torchrun per node, logs streamed as [node i],
+        torn down at the end."""
         from broker.core.limits import check_number
         from broker.core.recipe import load_recipe
+        from broker.core.scriptrecipe import is_script
 
         check_number("--idle-minutes", "idle_minutes", idle_minutes)
-        recipe = load_recipe(recipe_path).with_interruptible(interruptible, "--interruptible")
+        script_flags = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--gpu": gpu or None,
+                        "--budget": budget, "--hours": hours, "--cpu-ok": cpu_ok or None, "--setup": setup or None,
+                        "--save": save, "SCRIPT ARGS": script_args or None}
+        if is_script(recipe_path):
+            recipe = _script_recipe(recipe_path, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, budget=budget,
+                                    hours=hours, cpu_ok=cpu_ok, setup=setup, save=save, args=script_args or [],
+                                    as_json=as_json)
+        else:
+            _refuse_script_flags(script_flags, recipe_path)
+            recipe = load_recipe(recipe_path)
+        recipe = recipe.with_interruptible(interruptible, "--interruptible")
         if idle_minutes is not None:
             recipe = recipe.model_copy(update={"idle_minutes": float(idle_minutes)})
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
-            argv = [str(recipe.path or recipe_path)]
+            argv = [str(recipe.path or recipe_path.resolve())]
             for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
                                 ("--cluster", cluster), ("--topology", topology),
                                 ("--interruptible", recipe.interruptible if interruptible is not None else None)):
                 if value is not None:
                     argv += [flag, value]
+            if is_script(recipe_path):  # the background process builds the same recipe from the same flags
+                for flag, value in script_flags.items():
+                    if flag in ("--save", "SCRIPT ARGS") or value is None:
+                        continue
+                    for v in (value if isinstance(value, list) else [value]):
+                        argv += [flag] if v is True else [flag, str(v)]
             argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
             if idle_minutes is not None:
                 argv += ["--idle-minutes", str(idle_minutes)]
+            if is_script(recipe_path) and script_args:
+                argv += ["--", *script_args]
             raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
@@ -101,6 +142,57 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
                                      topology=topology, mesh=mesh))
+
+
+def _refuse_script_flags(flags: dict[str, Any], recipe_path: Path) -> None:
+    """A recipe run takes the job's shape from the recipe: the SCRIPT.py options name the field to edit instead
+    (BadInput)."""
+    from broker.core.provider import BadInput
+
+    field = {"--nodes": "nodes", "--gpus-per-node": "gpus_per_node", "--gpu": "gpu: models", "--budget":
+             "budget_usd", "--hours": "max_hours", "--cpu-ok": "cpu_ok", "--setup": "setup",
+             "SCRIPT ARGS": "args"}
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        if flag == "--save":
+            raise BadInput("--save writes the recipe of `broker run SCRIPT.py`; this run has its recipe already",
+                           hint=f"copy {recipe_path} instead")
+        what = "extra arguments after the recipe" if flag == "SCRIPT ARGS" else f"{flag} is for `broker run SCRIPT.py`"
+        raise BadInput(f"{what}; for a run of a recipe it is the recipe's `{field[flag]}:` field",
+                       hint=f"edit {recipe_path} (its `{field[flag]}:` field), or run the script itself: "
+                            f"broker run SCRIPT.py {'-- ARGS' if flag == 'SCRIPT ARGS' else flag + ' ...'}")
+
+
+def _script_recipe(script: Path, *, nodes: int | None, gpus_per_node: int | None, gpu: list[str] | None,
+                   budget: float | None, hours: float | None, cpu_ok: bool, setup: list[str] | None,
+                   save: Path | None, args: list[str], as_json: bool) -> Any:
+    """The Recipe for ``broker run SCRIPT.py`` (flags checked with their limits first, so an error names the
+    flag), with the equivalent recipe printed (and written with ``--save``)."""
+    from broker.core.limits import check_number
+    from broker.core.scriptrecipe import load_script, recipe_data, recipe_text, requirements_note
+    from broker.core.scriptrecipe import save as save_recipe
+    from broker.core.ui import err
+
+    for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
+                               ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours)):
+        check_number(flag, field, value)
+    data = recipe_data(script, args=args, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, budget_usd=budget,
+                       max_hours=hours, cpu_ok=cpu_ok, setup=setup)
+    recipe = load_script(script, data)
+    text = recipe_text(data)
+    if not as_json:
+        err.print(f"running {script} as this recipe (work folder {script.resolve().parent}):", markup=False)
+        err.print("  " + text.rstrip("\n").replace("\n", "\n  "), markup=False, soft_wrap=True)
+    if save is not None:
+        written = save_recipe(save, text, script)
+        if not as_json:
+            err.print(f"saved: {written} (`broker run {shlex.quote(str(written))}` runs it again)", markup=False,
+                      soft_wrap=True)
+    note = requirements_note(script, setup)
+    if note and not as_json:
+        err.print(note, markup=False)
+    return recipe
 
 
 def lint_or_refuse(recipe: Any, *, as_json: bool) -> None:

@@ -441,14 +441,17 @@ def resolve_env(env: dict[str, str], *, where: str = "recipe",
     return out
 
 
-def load_recipe(path: str | Path, *, resolve: bool = True) -> Recipe:
+def load_recipe(path: str | Path, *, resolve: bool = True, text: str | None = None) -> Recipe:
     """Read and validate a recipe file; resolve ``script`` and ``workdir`` relative to it.
 
     ``resolve``: substitute ``${NAME}`` in env values (needed to run; ``broker plan`` reads a recipe without).
+    ``text``: the recipe's YAML when it is not read from ``path`` (``broker run SCRIPT.py`` builds one; ``path``
+    then only places it: paths in it are relative to ``path``'s folder).
     Raises RecipeError naming the file, line, field and what is allowed.
     """
     p = Path(path)
-    text = _read_text(p)
+    if text is None:
+        text = _read_text(p)
     node, data = parse_yaml(text, str(p))
     if not isinstance(data, dict):
         raise RecipeError(f"{p}: a recipe must be a YAML mapping of fields (name, script, nodes, ...)",

@@ -243,7 +243,7 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
             raise inject_error(req.inject, hybrid=topo == "hybrid")
         hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
         raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {shlex.quote(shown_path(recipe.path))} --provider netns"
+                       hint=f"broker run {shlex.quote(shown_path(recipe.path or recipe.script))} --provider netns"
                        + (" --topology hybrid" if hybrid else "")
                        + f" --inject {req.inject}")
     if topo == "hybrid":

@@ -22,6 +22,9 @@ def local_choice_text(plan: Plan, recipe: Recipe) -> str:
     cpu_only = recipe.gpus_per_node == 0 and recipe.cpu_ok
     extra = (" (for a CPU-only job it also counts the free-tier CPU offers, which a run does not rent)"
              if cpu_only else "")
+    if recipe.path is None:  # `broker run SCRIPT.py`: no recipe file to name yet
+        return (f"plan: this machine (free) is the cheapest of {valid} valid options; `broker plan --recipe FILE"
+                f"{recipe.plan_flags()}` lists them (`broker run SCRIPT.py ... --save FILE` writes it){extra}")
     return (f"plan: this machine (free) is the cheapest of {valid} valid options; "
             f"`broker plan --recipe {shlex.quote(shown_path(recipe.path))}{recipe.plan_flags()}` lists them{extra}")
 

@@ -474,10 +474,11 @@ def test_a_command_option_before_the_command_says_where_it_goes():
 
 
 def test_an_option_of_another_command_names_that_command_not_a_random_one(tmp_path):
-    cp = broker("run", "--budget", "5", str(tmp_path / "r.yaml"))
+    cp = broker("run", "--min-gpu-mem", "5", str(tmp_path / "r.yaml"))
     assert cp.returncode == 2
     assert "Possible options" not in cp.stderr and "--quiet" not in cp.stderr, cp.stderr
-    assert "--budget is an option of broker plan" in unwrapped(cp.stderr), cp.stderr
+    assert "--min-gpu-mem is an option of broker offers, broker plan, not of broker run" in unwrapped(cp.stderr), \
+        cp.stderr
     cp = broker("run", "--recipe", str(tmp_path / "r.yaml"))
     assert "broker run takes RECIPE as an argument: broker run RECIPE" in unwrapped(cp.stderr), cp.stderr
 
@@ -557,9 +558,11 @@ def test_a_command_option_with_a_value_before_the_command_says_it_goes_after():
 
 
 def test_a_plan_option_on_run_names_the_recipe_field(tmp_path):
-    """`broker run --budget 5 RECIPE`: a run's budget is the recipe's budget_usd field."""
+    """`broker run --budget 5 RECIPE`: a recipe run's budget is the recipe's budget_usd field (--budget is for
+    `broker run SCRIPT.py`)."""
     cp = broker("run", "--budget", "5", str(tmp_path / "r.yaml"))
-    assert "for a run it is the recipe's `budget_usd:` field" in unwrapped(cp.stderr), cp.stderr
+    assert cp.returncode == 2
+    assert "for a run of a recipe it is the recipe's `budget_usd:` field" in unwrapped(cp.stderr), cp.stderr
     cp = broker("run", "--hours", "1", str(tmp_path / "r.yaml"))
     assert "`max_hours:` field" in unwrapped(cp.stderr), cp.stderr
 
