@@ -65,5 +65,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"wrote {len(files)} files to {directory}/ (recipes: {', '.join(recipes)})", markup=False)
         if recipes:
             first = "ddp_2node.yaml" if "ddp_2node.yaml" in recipes else recipes[0]
-            plan, run = f"broker plan --recipe {directory / first}", f"broker run {directory / first}"
+            import shlex
+
+            where = shlex.quote(str(directory / first))  # `broker init "my dir"`: pasted, the hint must work
+            plan, run = f"broker plan --recipe {where}", f"broker run {where}"
             console.print(f"next: {plan}   then: {run}", markup=False, keep=[plan, run])

@@ -111,7 +111,10 @@ def next_step(plan: "Plan", recipe: Path | None) -> str | None:
     if c is None:
         steps = [o.next_step for o in plan.rejected if o.next_step]
         return steps[0] if steps else None
-    run = f"broker run {recipe or 'RECIPE.yaml'} --provider {c.provider}"
+    import shlex
+
+    # quoted: `--recipe "my recipes/job.yaml"` must give a command that works when pasted
+    run = f"broker run {shlex.quote(str(recipe)) if recipe else 'RECIPE.yaml'} --provider {c.provider}"
     if c.topology.value == "hybrid":  # node 0 is this machine (docs/hybrid.md)
         run += " --topology hybrid"
     if c.provider in CLOUD:

@@ -50,8 +50,8 @@ def test_a_script_runs_on_two_local_nodes_with_its_arguments_and_the_recipe_prin
     assert cp.returncode == 0, out
     assert "running tiny_ddp.py as this recipe" in cp.stderr
     assert "script: tiny_ddp.py" in cp.stderr and "cpu_ok: true" in cp.stderr
-    assert "[node 0] RANK=0 sum=3 args=--epochs 2" in cp.stdout
-    assert "[node 1] RANK=1 sum=3 args=--epochs 2" in cp.stdout
+    assert "[node 0] RANK=0 sum=3 args=--epochs 2\n" in cp.stdout
+    assert "[node 1] RANK=1 sum=3 args=--epochs 2\n" in cp.stdout
     assert "status: succeeded" in cp.stdout
 
 
@@ -128,4 +128,4 @@ def test_a_background_script_run_keeps_the_script_s_arguments_last(cli_env, job)
 
     run_id = re.search(r"broker logs -f (\S+)", cp.stdout)[1]
     logs = _broker(cli_env, job, "logs", "-f", run_id)  # returns when the run has ended
-    assert "RANK=0 sum=3 args=--epochs 2" in logs.stdout, logs.stdout + logs.stderr
+    assert re.search(r"RANK=0 sum=3 args=--epochs 2$", logs.stdout, re.M), logs.stdout + logs.stderr
