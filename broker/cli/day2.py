@@ -255,16 +255,23 @@ def _ssh_word(text: str) -> str:
 
 
 def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | None = None,
-              rows: int | None = None) -> dict[str, Any]:
+              rows: int | None = None, run_id: str | None = None) -> dict[str, Any]:
     """What runs cost per the ledger (USD), summed in SQL: ``by_provider`` over every matching run (``run_count``
     of them), ``runs`` the newest ``rows`` of them (all with None), newest first.  A provider whose money is
-    pretend (the fake cloud) is named in ``pretend_providers`` and left out of ``total_usd``."""
+    pretend (the fake cloud) is named in ``pretend_providers`` and left out of ``total_usd``.  ``run_id``: that
+    run only (its totals are its own)."""
     from broker.core.model import utcnow
 
     now = utcnow()
-    totals = ledger.cost_totals(now, since=since, provider=provider)
     runs = [dict(r, usd=round(r["usd"], 6)) for r in ledger.run_costs(now, since=since, provider=provider,
-                                                                        limit=rows)]
+                                                                        limit=rows, run_id=run_id)]
+    if run_id is not None:
+        totals: dict = {}
+        for r in runs:
+            n, usd = totals.get(r["provider"], (0, 0.0))
+            totals[r["provider"]] = (n + 1, usd + r["usd"])
+    else:
+        totals = ledger.cost_totals(now, since=since, provider=provider)
     split = ledger.runs_with_attempts()
     if split:  # a run rented more than once (preempted): its cost per attempt
         from broker.run.attempts import attempt_costs
@@ -283,7 +290,7 @@ def cost_data(ledger: Any, *, since: datetime | None = None, provider: str | Non
             "pretend_run_count": sum(totals[p][0] for p in pretend),
             "pretend_usd": round(sum(totals[p][1] for p in pretend), 6),
             "total_usd": round(sum(usd for p, (_n, usd) in totals.items() if p not in pretend), 6),
-            "stopped": _stopped_rows(ledger)}
+            "stopped": [r for r in _stopped_rows(ledger) if run_id is None or r["run"] == run_id]}
 
 
 def _stopped_rows(ledger: Any) -> list[dict[str, Any]]:
@@ -612,18 +619,23 @@ def register(app: typer.Typer) -> None:
 
     @app.command("cost", short_help="What runs cost, per run and per provider (USD)")
     def cost_cmd(
+        run_id: Optional[str] = typer.Argument(None, metavar="[RUN]", help="one run (an id, a unique prefix or "
+                                               "latest), with its attempts"),
         since: Optional[str] = typer.Option(None, "--since", help="only runs created on or after this date "
                                             "(YYYY-MM-DD)"),
         provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only runs on this provider"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
-        """What runs cost, per run and per provider, from the ledger (USD)."""
+        """What runs cost (or RUN cost), per run and per provider, from the ledger (USD)."""
         from rich.table import Table
 
         from broker.money.ledger import Ledger
         from broker.core.ui import console, print_json, usd
 
-        data = cost_data(Ledger(), since=_parse_since(since), provider=provider, rows=None if as_json else 50)
+        ledger = Ledger()
+        one = ledger.find_run(run_id).id if run_id else None  # the id the run's summary names, or a prefix
+        data = cost_data(ledger, since=_parse_since(since), provider=provider, rows=None if as_json else 50,
+                         run_id=one)
         if as_json:
             print_json(data)
             return

@@ -471,14 +471,17 @@ class Ledger:
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     def run_costs(self, now: datetime, *, since: datetime | None = None, provider: str | None = None,
-                  limit: int | None = None) -> list[dict[str, Any]]:
+                  limit: int | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
         """What each run cost until ``now`` (US dollars, the rule of ``broker.money.accounting.resource_cost`` summed in
         SQL over all its resources), newest first: dicts with ``run``, ``name``, ``provider``, ``status``,
         ``created_at`` (ISO text) and ``usd``.  ``since``: runs created at or after it; ``limit``: the newest
-        ``limit`` only (None: all)."""
+        ``limit`` only (None: all); ``run_id``: that run only."""
         from broker.money.accounting import spent_usd_sql
 
         where, params = self._cost_filter(now, since, provider)
+        if run_id is not None:
+            params["run_id"] = run_id
+            where += (" AND" if where else " WHERE") + " runs.id = :run_id"
         runs = f"SELECT id, name, provider, status, created_at FROM runs{where} ORDER BY created_at DESC"
         if limit is not None:
             runs += " LIMIT :limit"
