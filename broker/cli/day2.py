@@ -483,7 +483,13 @@ def register(app: typer.Typer) -> None:
                              f"{', '.join(map(str, kept))} ended earlier: `broker logs {run.id} --node {node} "
                              f"--attempt {kept[0]}`\n")
         if follow:
-            follow_log(ledger, run.id, path)
+            try:
+                follow_log(ledger, run.id, path)
+            except KeyboardInterrupt:
+                # Ctrl-C stops the following, not the run (it is another process): say so, not "interrupted"
+                sys.stderr.write(f"\nbroker: stopped following; run {run.id} goes on (`broker logs -f {run.id}` "
+                                 f"follows it again, `broker down {run.id}` stops it)\n")
+                raise typer.Exit(0) from None
             _say_final_state(ledger.get_run(run.id) or run)
             return
         if not path.exists():
