@@ -8,7 +8,8 @@ Layout of one cluster (``cid`` = ``bkn`` + 6 hex digits, unique per cluster so p
     bridge  <cid>br   198.18.<X>.1/24         (root namespace; X picked free in 198.18.1-254)
     node i  netns <cid>n<i>, eth0 198.18.<X>.<10+i>/24, veth <cid>v<i> (host side) <-> eth0 (node side)
             sshd -D in a private mount + UTS namespace: hostname node<i>, the cluster's /etc/hosts and a per-node
-            /run (Debian's sshd needs /run/sshd) bind-mounted, key-only root login on <node ip>:22
+            /run (Debian's sshd needs /run/sshd) bind-mounted, key-only root login on <node ip>:22 (or, with
+            ``login_user``, a cloud image's: that user with passwordless sudo and its own /home, root refused)
 
 Interface names stay within Linux's 15 characters (``bkn1a2b3cv12`` = 12).  The namespaces have no default route
 and ``ip_forward`` is untouched, so nothing leaves the machine.  All keys, configs, pid files and logs live under

@@ -107,8 +107,7 @@ def register(app: typer.Typer) -> None:
             _refuse_script_flags(script_flags, recipe_path)
             recipe = load_recipe(recipe_path)
         recipe = recipe.with_interruptible(interruptible, "--interruptible")
-        if idle_minutes is not None:
-            recipe = recipe.model_copy(update={"idle_minutes": float(idle_minutes)})
+        recipe = recipe.with_idle_minutes(idle_minutes)
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
             argv = [str(recipe.path or recipe_path.resolve())]
@@ -285,7 +284,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
     if out.kept_until_idle and not as_json:
-        for line in kept_message(out, recipe.idle_minutes):
+        for line in kept_message(out, recipe.idle_words()):
             err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
     if out.left:
         err.print("[bold red]still live after teardown:[/] " + ", ".join(

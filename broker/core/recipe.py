@@ -145,6 +145,22 @@ class Recipe(BaseModel):
     _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
     #: the command-line flag that set ``interruptible`` (``--interruptible``), None = the file's value
     _interruptible_flag: str | None = PrivateAttr(default=None)
+    #: the command-line flag that set ``idle_minutes`` (``--idle-minutes``), None = the file's value
+    _idle_flag: str | None = PrivateAttr(default=None)
+
+    def with_idle_minutes(self, value: float | None, flag: str = "--idle-minutes") -> "Recipe":
+        """A copy with ``idle_minutes`` set by the command line's ``flag`` (None: this recipe unchanged)."""
+        if value is None:
+            return self
+        out = self.model_copy(update={"idle_minutes": float(value)})
+        out._idle_flag = flag
+        return out
+
+    def idle_words(self) -> str:
+        """How the user set ``idle_minutes``, for a line about it: ``--idle-minutes 3`` or ``recipe
+        idle_minutes=3``."""
+        v = f"{self.idle_minutes:g}" if self.idle_minutes is not None else "none"
+        return f"{self._idle_flag} {v}" if self._idle_flag else f"recipe idle_minutes={v}"
 
     def where(self, field: str) -> str:
         """``file:line: field 'name'`` (or ``--flag value`` when a command-line flag set it) for an error about

@@ -84,7 +84,7 @@ class CloudTarget(Target):
         if recipe.idle_minutes and not have:
             why = ("--no-watchdog" if not self.watchdog else
                    "no watchdog is running (BROKER_WATCHDOG_AUTOSTART is off; start `broker watchdog`)")
-            ctx.say(f"note: recipe idle_minutes={recipe.idle_minutes:g} is ignored: {why}: nothing would terminate "
+            ctx.say(f"note: {recipe.idle_words()} is ignored: {why}: nothing would terminate "
                     "kept nodes, so they are torn down when the job ends")
         self.keep_when_idle = have
 

@@ -168,6 +168,18 @@ def test_cli_without_a_watchdog_ignores_idle_minutes_and_says_why(cli_env, broke
         led.close()
 
 
+def test_idle_minutes_set_by_the_flag_is_named_as_the_flag(cli_env, broker_home, tmp_path):
+    """`--idle-minutes 5` was reported as "(recipe idle_minutes=5)": a line names what the user typed."""
+    env = dict(cli_env, BROKER_FAKE_STATE=str(tmp_path / "fake.json"))
+    recipe = _recipe(tmp_path, "")
+    p = subprocess.run(broker_cmd("run", str(recipe), "--provider", "fake", "-q", "--yes", "--no-watchdog",
+                                  "--idle-minutes", "5"), cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = p.stderr.replace("\n", " ")
+    assert "--idle-minutes 5 is ignored: --no-watchdog" in text and "recipe idle_minutes" not in text, text
+
+
 def test_kept_message_names_the_key_endpoint_and_how_to_stop():
     from types import SimpleNamespace
 
@@ -181,7 +193,7 @@ def test_kept_message_names_the_key_endpoint_and_how_to_stop():
                                          private_ip="10.0.0.5")])
     res = Resource(id="res-1", run_id="run-x", provider="vast", kind="instance", name="broker-run-x-n0",
                    provider_id="456", state="running", created_at=utcnow())
-    lines = kept_message(SimpleNamespace(run=SimpleNamespace(id="run-x"), cluster=cluster, kept=[res]), 15)
+    lines = kept_message(SimpleNamespace(run=SimpleNamespace(id="run-x"), cluster=cluster, kept=[res]), "recipe idle_minutes=15")
     text = "\n".join(lines)
     assert "vast 456" in lines[0]
     assert "ssh -i /home/me/.broker/runs/run-x/ssh/id_ed25519 -p 31456 root@ssh5.vast.ai" in text
