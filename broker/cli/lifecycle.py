@@ -97,12 +97,12 @@ class ProgressPrinter:
                 self._status = None
 
 
-def kept_message(out: Any, idle_words: str) -> list[str]:
+def kept_message(out: Any, idle_minutes: float, idle_words: str | None = None) -> list[str]:
     """What ``broker run`` prints when the nodes were kept (recipe ``idle_minutes`` or ``--idle-minutes``, as
-    ``idle_words`` says: :meth:`Recipe.idle_words`): how to ssh into node 0, when they go away, and how to stop them
-    now."""
+    ``idle_words`` says: :meth:`Recipe.idle_words`; default the recipe's): how to ssh into node 0, when they go
+    away, and how to stop them now."""
     run_id = out.run.id
-    lines = [f"nodes kept for inspection ({idle_words}): "
+    lines = [f"nodes kept for inspection ({idle_words or f'recipe idle_minutes={idle_minutes:g}'}): "
              + ", ".join(f"{r.provider} {r.provider_id or r.name}" for r in out.kept)]
     c = out.cluster
     if c is not None and c.nodes and not c.local_exec:

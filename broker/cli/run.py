@@ -284,7 +284,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
     if out.kept_until_idle and not as_json:
-        for line in kept_message(out, recipe.idle_words()):
+        for line in kept_message(out, recipe.idle_minutes, recipe.idle_words()):
             err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
     if out.left:
         err.print("[bold red]still live after teardown:[/] " + ", ".join(

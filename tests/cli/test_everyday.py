@@ -323,10 +323,12 @@ def test_kept_nodes_ssh_command_is_one_quoted_line():
     node = NS(user="root", host="203.0.113.7", port=2222)
     cluster = NS(nodes=[node], local_exec=False, ssh_key_path="/home/me/my keys/id_ed25519", workroot="/root/work")
     out = NS(run=NS(id="r-1"), kept=[NS(provider="vast", provider_id="123", name="n0")], cluster=cluster)
-    lines = kept_message(out, "recipe idle_minutes=10")
+    lines = kept_message(out, 10)
     ssh = next(x for x in lines if "ssh into node 0" in x)
     cmd = ssh.split(": ", 1)[1]
     assert shlex.split(cmd) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-p", "2222", "root@203.0.113.7"]
+    assert "(recipe idle_minutes=10)" in lines[0]
+    assert "(--idle-minutes 10)" in kept_message(out, 10, "--idle-minutes 10")[0]  # what the user typed
 
 
 def test_hints_quote_recipe_paths_with_spaces(tmp_path, capsys, broker_home):

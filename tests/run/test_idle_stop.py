@@ -193,7 +193,7 @@ def test_kept_message_names_the_key_endpoint_and_how_to_stop():
                                          private_ip="10.0.0.5")])
     res = Resource(id="res-1", run_id="run-x", provider="vast", kind="instance", name="broker-run-x-n0",
                    provider_id="456", state="running", created_at=utcnow())
-    lines = kept_message(SimpleNamespace(run=SimpleNamespace(id="run-x"), cluster=cluster, kept=[res]), "recipe idle_minutes=15")
+    lines = kept_message(SimpleNamespace(run=SimpleNamespace(id="run-x"), cluster=cluster, kept=[res]), 15)
     text = "\n".join(lines)
     assert "vast 456" in lines[0]
     assert "ssh -i /home/me/.broker/runs/run-x/ssh/id_ed25519 -p 31456 root@ssh5.vast.ai" in text
