@@ -76,6 +76,12 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
     from broker.core.runfolder import check_cluster, confined_run_dir
 
     run = ledger.find_run(run_id)
+    off = [r for r in ledger.resources(run.id, live_only=True)
+           if r.kind in NODE_KINDS and r.state in ("stopping", "stopped", "starting")]
+    if off:  # a job "run" on machines that are off would wait for them, then blame the network
+        raise BadInput(f"the machines of run {run.id} are stopped ({', '.join(r.provider_id or r.name for r in off)}"
+                       f": {', '.join(sorted({r.state for r in off}))})",
+                       hint=f"`broker start {run.id}` starts them again (a new address, SSH checked)")
     folder = confined_run_dir(run)  # a ledger row is input: its folder must be <home>/runs/<run id>
     path = folder / "cluster.json"
     stood_up = None if path.exists() else netns_cluster(run)  # `broker netns up`: a cluster with no job

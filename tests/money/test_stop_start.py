@@ -333,7 +333,11 @@ def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
     assert st.returncode == 0, st.stderr
     c = cli("cost")
     assert c.returncode == 0 and "stopped, billing $0.02/h for its disk" in c.stdout, c.stdout + c.stderr
-    for args in (["ssh", run.id], ["exec", run.id, "--", "true"]):  # not a wait for a machine that is off
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nscript: t.py\ncpu_ok: true\n")
+    (tmp_path / "t.py").write_text("print('ran')\n")
+    # not a wait for a machine that is off, nor a job "run" on it
+    for args in (["ssh", run.id], ["exec", run.id, "--", "true"], ["exec", run.id, str(recipe)]):
         q = cli(*args)
         assert q.returncode == 2 and "are stopped" in q.stderr and f"broker start {run.id}" in q.stderr, q.stderr
     assert "stopped, billing $0.02/h for its disk" in " ".join(st.stdout.split()), st.stdout
