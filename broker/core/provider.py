@@ -464,6 +464,15 @@ class Provider(ABC):
         return None
 
     @classmethod
+    def quota_counts(cls, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+        """Every limit of this provider one ``instance_type`` instance counts against (``spot``: the spot
+        market's), e.g. a GPU metric and the CPU metric of its machine family: a quota error naming one of them
+        blocks exactly the options that count it.  From the adapter's own table, no network.  Default: the
+        :meth:`quota_limit` name alone (none when the type has no limit)."""
+        found = cls.quota_limit(instance_type, spot=spot)
+        return (found[0],) if found else ()
+
+    @classmethod
     def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:
         """The provider's limits that count every GPU type at once, account- or project-wide (no region, no AD):
         ``(limit name, description, service)`` each, in :attr:`quota_unit`.  A job needs them beside the

@@ -120,6 +120,16 @@ def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> Limit
                     capability(provider, "quota_scope"), service)
 
 
+def limits_counted(provider: str, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+    """The names of every limit one ``instance_type`` instance of ``provider`` counts against (the adapter's
+    :meth:`~broker.core.provider.Provider.quota_counts`); () without :attr:`quota`."""
+    if not capability(provider, "quota"):
+        return ()
+    from broker.providers import provider_class
+
+    return tuple(provider_class(provider).quota_counts(instance_type, spot=spot))
+
+
 def account_limits(provider: str) -> list[LimitRef]:
     """The limits of ``provider`` over every GPU type and region at once (the adapter's
     :meth:`~broker.core.provider.Provider.quota_account_limits`), scope ``"account"``; [] without :attr:`quota`."""

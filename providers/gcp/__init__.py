@@ -134,6 +134,19 @@ class GCPProvider(Provider):
         return metric, f"Compute Engine {metric} (GPUs per region)", "compute"
 
     @classmethod
+    def quota_counts(cls, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+        """Every Compute metric one VM of ``instance_type`` counts: its GPU metric, the CPU metric of its machine
+        family (``CPUS`` for N1, ``G2_CPUS``, ``A2_CPUS``) and ``GPUS_ALL_REGIONS``; a Spot VM also the standard
+        metrics (it draws on them where no ``PREEMPTIBLE_*`` quota is granted).  () for a type broker does not
+        know.  A ``CPUS`` quota error thus skips the N1 options only, never the G2 ones."""
+        t = parse_type(instance_type)
+        if t is None:
+            return ()
+        sides = (True, False) if spot else (False,)
+        out = [m for s in sides for m in (t.gpu_metric(spot=s), t.cpu_metric(spot=s)) if m]
+        return tuple(dict.fromkeys(out + [_offers.GLOBAL_GPU_METRIC]))
+
+    @classmethod
     def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:
         """``GPUS_ALL_REGIONS``: every GPU of the project in all regions (0 on new projects)."""
         return ((_offers.GLOBAL_GPU_METRIC, "Compute Engine GPUs in all regions (project-wide; 0 on new projects)",

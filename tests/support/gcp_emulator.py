@@ -232,6 +232,13 @@ class GCPEmulator:
             metric = "PREEMPTIBLE_" + metric
         return metric, count
 
+    @staticmethod
+    def _cpu_metric(inst: dict[str, Any]) -> str:
+        """The regional CPU metric a VM counts: ``CPUS`` for N1, the family's own for G2 / A2 (``G2_CPUS`` is
+        the adapter's UNCONFIRMED name, modelled as it); a Spot VM's ``PREEMPTIBLE_CPUS`` is not modelled."""
+        fam = inst["machineType"].rsplit("/", 1)[-1].split("-", 1)[0]
+        return {"g2": "G2_CPUS", "a2": "A2_CPUS"}.get(fam, "CPUS")
+
     def _std_gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
         accs = inst.get("guestAccelerators") or []
         mt = inst["machineType"].rsplit("/", 1)[-1]
@@ -240,8 +247,8 @@ class GCPEmulator:
                  "nvidia-tesla-p100": "NVIDIA_P100_GPUS", "nvidia-tesla-p4": "NVIDIA_P4_GPUS"}
         if accs:
             return table.get(accs[0]["acceleratorType"].rsplit("/", 1)[-1]), int(accs[0].get("acceleratorCount", 1))
-        if mt.startswith("g2-"):
-            return "NVIDIA_L4_GPUS", 1
+        if mt.startswith("g2-standard-"):  # Google's G2 table: -24 has 2 L4s, -48 4, -96 8, the others 1
+            return "NVIDIA_L4_GPUS", {"24": 2, "48": 4, "96": 8}.get(mt.rsplit("-", 1)[-1], 1)
         if mt.startswith("a2-"):
             m = re.search(r"-(\d+)g$", mt)
             return "NVIDIA_A100_GPUS", int(m.group(1)) if m else 1
@@ -262,7 +269,7 @@ class GCPEmulator:
                 return err
             metric, count = self._gpu_metric(body, region)
             for m, where in self.quota_exceeded.items():
-                if m == metric or m == "GPUS_ALL_REGIONS":
+                if m in (metric, self._cpu_metric(body), "GPUS_ALL_REGIONS"):
                     msg = (f"Quota '{m}' exceeded.  Limit: 0.0 globally." if where == "global" else
                            f"Quota '{m}' exceeded.  Limit: 0.0 in region {where}.")
                     return self.err(403, msg, "quotaExceeded", "usageLimits")

@@ -1,0 +1,111 @@
+"""The gcp adapter's facts held against Google's published ones, through the REAL google-cloud clients against
+tests/support/gcp_emulator.py: machine types and their GPU counts, which metric a quota error blocks, one
+QuotaPreference per quota and dimensions, zones and accelerator availability from the API, operation waits bounded
+by the run's clock, and the parity of broker's requests and metric names with the clients' own."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+pytest.importorskip("google.cloud.cloudquotas_v1")
+
+from broker.core.model import utcnow  # noqa: E402
+from tests.providers.gcp.test_gcp import COLLS, PROJECT, Rec, make, node_request, req  # noqa: E402
+from tests.support.gcp_emulator import GCPEmulator  # noqa: E402
+
+
+@pytest.fixture
+def emu():
+    with GCPEmulator(project=PROJECT) as e:
+        yield e
+
+
+#: Google's accelerator-optimized machine types (cloud.google.com/compute/docs/accelerator-optimized-machines):
+#: type -> (GPUs, vCPUs)
+PUBLISHED = {
+    "g2-standard-4": (1, 4), "g2-standard-8": (1, 8), "g2-standard-12": (1, 12), "g2-standard-16": (1, 16),
+    "g2-standard-24": (2, 24), "g2-standard-32": (1, 32), "g2-standard-48": (4, 48), "g2-standard-96": (8, 96),
+    "a2-highgpu-1g": (1, 12), "a2-highgpu-2g": (2, 24), "a2-highgpu-4g": (4, 48), "a2-highgpu-8g": (8, 96),
+    "a2-megagpu-16g": (16, 96), "a2-ultragpu-1g": (1, 12), "a2-ultragpu-2g": (2, 24), "a2-ultragpu-4g": (4, 48),
+    "a2-ultragpu-8g": (8, 96), "a3-highgpu-1g": (1, 26), "a3-highgpu-2g": (2, 52), "a3-highgpu-4g": (4, 104),
+    "a3-highgpu-8g": (8, 208),
+}
+
+
+def _run(tmp_ledger, tmp_path, run_id: str, hours: float = 1.0):
+    from broker.core.records import Run
+
+    now = utcnow()
+    run = tmp_ledger.create_run(Run(id=run_id, name="t", provider="gcp", topology="multi-node",
+                                    status="provisioning", created_at=now, deadline=now + timedelta(hours=hours),
+                                    run_dir=str(tmp_path / "runs" / run_id)))
+    Path(run.run_dir).mkdir(parents=True)
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ machine types
+def test_every_accelerator_optimized_type_has_googles_gpu_count():
+    from broker.providers.gcp.offers import BUILT_IN, parse_type
+
+    for it, (gpus, vcpus) in PUBLISHED.items():
+        t = parse_type(it)
+        assert t is not None and t.gpus == gpus and not t.attached, (it, t)
+        assert BUILT_IN[it][2] == vcpus, it
+    assert parse_type("g2-standard-24").gpus == 2 and parse_type("g2-standard-96").gpus == 8
+    assert parse_type("a2-ultragpu-1g").gpu_metric() == "NVIDIA_A100_80GB_GPUS"
+    assert parse_type("g2-standard-5") is None  # not a published type: not rented
+
+
+def test_the_snapshot_agrees_with_the_published_types():
+    from broker.providers.gcp import snapshot_offers
+    from broker.providers.gcp.offers import parse_type
+
+    for o in snapshot_offers(None):
+        t = parse_type(o.instance_type)
+        if not t.attached:
+            assert (o.gpu_count, o.vcpus) == PUBLISHED[t.machine_type], o.instance_type
+
+
+def test_a_g2_standard_48_counts_four_l4_gpus_of_quota(emu):
+    """Inserted through the real client, the VM counts 4 NVIDIA_L4_GPUS (Google's table), and the adapter's
+    quota read reports them."""
+    from dataclasses import replace
+
+    emu.region_quotas["us-central1"]["NVIDIA_L4_GPUS"] = 8
+    p = make(emu)
+    g2 = next(o for o in p.offers(req()) if o.instance_type == "g2-standard-4" and o.zone == "us-central1-a")
+    big = replace(g2, instance_type="g2-standard-48", gpu_count=4, vcpus=48)
+    net = p.bootstrap("r-g2", [big], "multi-node", Rec())
+    p.create_instance(node_request(big, net, run_id="r-g2"))
+    q = next(q for q in p.quotas(req(), [big]) if q.name == "NVIDIA_L4_GPUS")
+    assert q.used == 4 and q.available == 4
+
+
+# ------------------------------------------------------------------------------------------------ quota scope
+def test_a_cpus_quota_error_skips_the_n1_options_only_and_a_g2_option_serves(emu, tmp_ledger, tmp_path):
+    """``CPUS`` exhausted: the N1 + T4 options (which count CPUS) are skipped after one refusal, the G2 option
+    (which counts G2_CPUS and NVIDIA_L4_GPUS) is tried and serves."""
+    from broker.money.provision import provision
+    from broker.money.teardown import teardown_run
+    from broker.plan.planner import plan
+
+    p = make(emu)
+    emu.quota_exceeded["CPUS"] = "us-central1"
+    r = req(2)
+    offs = [o for o in p.offers(r) if o.instance_type in ("n1-standard-4+t4", "g2-standard-4")]
+    opts = [o for o in plan(r, offs, now=utcnow()).options if o.valid and o.topology.value == "multi-node"]
+    assert opts[0].offers[0].instance_type == "n1-standard-4+t4"
+    run = _run(tmp_ledger, tmp_path, "r-gcpcpus")
+    said: list[str] = []
+    cluster = provision(opts, run, r, tmp_ledger, providers={"gcp": p}, poll_s=0.01, retry_wait_s=0.01,
+                        terminate_timeout_s=5, progress=said.append)
+    assert len(cluster.nodes) == 2
+    assert {i["machineType"].rsplit("/", 1)[-1] for i in emu.live("instances")} == {"g2-standard-4"}
+    refused = [pth for m, pth, st in emu.journal if m == "POST" and pth.endswith("/instances") and st == 403]
+    assert len(refused) == 1, refused
+    assert teardown_run(tmp_ledger, run.id, "test", providers={"gcp": p}, poll_s=0.01) == []
+    assert {c: emu.live(c) for c in COLLS} == {c: [] for c in COLLS}
