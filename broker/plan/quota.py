@@ -308,7 +308,13 @@ def explain_usage(q: Quota, spec: InstanceSpec | None = None) -> str:
     s = (f"{_n(q.used)} of {_n(q.limit)} {_unit_word(q.unit, q.limit)} used means "
          f"{_n(avail)} {_unit_word(q.unit, avail)} may be launched")
     if spec is not None:
-        k = instances_allowed(q.provider, spec, avail)
+        # the quota's own unit: a vCPU limit (GCP's CPUS beside its GPU metrics) fits avail / vCPUs per VM
+        if q.unit == "vcpus":
+            k = vcpus_to_instances(spec, avail)
+        elif q.unit == "gpus":
+            k = gpus_to_instances(spec, avail)
+        else:
+            k = instances_allowed(q.provider, spec, avail)
         s += f" (= {k}× {spec.instance_type})"
     if q.limit == 0:
         s += "; a limit of 0 blocks every launch: request an increase"

@@ -109,3 +109,22 @@ def test_a_cpus_quota_error_skips_the_n1_options_only_and_a_g2_option_serves(emu
     assert len(refused) == 1, refused
     assert teardown_run(tmp_ledger, run.id, "test", providers={"gcp": p}, poll_s=0.01) == []
     assert {c: emu.live(c) for c in COLLS} == {c: [] for c in COLLS}
+
+
+# ------------------------------------------------------------------------------------------------ quota check notes
+def test_quota_check_notes_divide_a_vcpu_limit_by_the_types_vcpus(emu, tmp_path, monkeypatch):
+    """`broker quota check` against the emulator: A2_CPUS 24 fits 2 a2-highgpu-1g (12 vCPUs each), not 24."""
+    from broker.cli.quota import check_provider
+
+    emu.region_quotas["us-central1"].update(A2_CPUS=24, NVIDIA_A100_GPUS=4)
+    adc = tmp_path / "gcloud"
+    adc.mkdir()
+    (adc / "application_default_credentials.json").write_text(
+        '{"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "t"}')
+    for k, v in {"GOOGLE_CLOUD_PROJECT": PROJECT, "GCP_COMPUTE_ENDPOINT": emu.url, "GCP_QUOTAS_ENDPOINT": emu.url,
+                 "CLOUDSDK_CONFIG": str(adc)}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    out = check_provider("gcp", 2, 1, "a2-highgpu-1g", "multi-node", None)
+    notes = [e for e in out["explanations"] if e.startswith("0 of 24 vCPUs")]
+    assert notes and "(= 2× a2-highgpu-1g)" in notes[0], out["explanations"]
