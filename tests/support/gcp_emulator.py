@@ -58,6 +58,8 @@ class GCPEmulator:
         self.quota_exceeded: dict[str, str] = {}
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []
+        #: Cloud Quotas requests as sent: (method, preference id or None, query, body)
+        self.quota_requests: list[tuple[str, str | None, dict[str, str], Any]] = []
         self.request_ids: dict[str, str] = {}
         self.skus: list[dict[str, Any]] = _default_skus()
         self.lock = threading.RLock()
@@ -540,19 +542,38 @@ class GCPEmulator:
         project, pid = m.group(1), m.group(2)
         prefs = self.objs["quotaPreferences"]
         parent = f"projects/{project}/locations/global"
+        self.quota_requests.append((method, pid, dict(q), body))
         if method == "POST":
             pid = q.get("quotaPreferenceId") or f"pref-{self._id()}"
             name = f"{parent}/quotaPreferences/{pid}"
             if name in prefs:
                 return self.rpc_err(409, f"QuotaPreference {name} already exists", "ALREADY_EXISTS")
-            if not body.get("contactEmail"):
+            same = self._same_quota(body)
+            if same is not None:  # one preference per quota and dimensions: a second is refused
+                return self.rpc_err(409, f"A QuotaPreference for quota {body.get('quotaId')} with dimensions "
+                                         f"{body.get('dimensions') or {}} already exists: {same}", "ALREADY_EXISTS")
+            return self._new_pref(name, body)
+        if method == "PATCH" and pid is not None:
+            name = f"{parent}/quotaPreferences/{pid}"
+            pref = prefs.get(name)
+            if pref is None:
+                if q.get("allowMissing") != "true":
+                    return self.rpc_err(404, f"QuotaPreference {name} not found", "NOT_FOUND")
+                return self._new_pref(name, body)
+            mask = [m for m in q.get("updateMask", "").split(",") if m]
+            if not mask:
+                return self.rpc_err(400, "update_mask is required", "INVALID_ARGUMENT")
+            if "quotaConfig.preferredValue" in mask and not body.get("contactEmail"):
                 return self.rpc_err(400, "contact_email is required for a quota increase", "INVALID_ARGUMENT")
-            cfg = dict(body.get("quotaConfig") or {})
-            cfg.update(grantedValue="0", stateDetail="pending review", traceId=f"trace-{self._id()}")
-            pref = {k: v for k, v in body.items() if k != "contactEmail"}
-            pref.update(name=name, quotaConfig=cfg, reconciling=True, createTime=_now(), updateTime=_now(),
-                        etag=self._id())
-            prefs[name] = pref
+            for path in mask:
+                if path == "quotaConfig.preferredValue":
+                    pref["quotaConfig"]["preferredValue"] = (body.get("quotaConfig") or {}).get("preferredValue")
+                elif path == "justification":
+                    pref["justification"] = body.get("justification", "")
+                elif path != "contactEmail":
+                    return self.rpc_err(400, f"field {path} cannot be updated", "INVALID_ARGUMENT")
+            pref["quotaConfig"].update(stateDetail="pending review", traceId=f"trace-{self._id()}")
+            pref.update(reconciling=True, updateTime=_now(), etag=self._id())
             return 200, pref
         if method == "GET" and pid is None:
             items = list(prefs.values())
@@ -562,6 +583,24 @@ class GCPEmulator:
         pref = prefs.get(f"{parent}/quotaPreferences/{pid}")
         if pref is None:
             return self.rpc_err(404, f"QuotaPreference {pid} not found", "NOT_FOUND")
+        return 200, pref
+
+    def _same_quota(self, body: dict[str, Any]) -> str | None:
+        for name, p in self.objs["quotaPreferences"].items():
+            if p.get("quotaId") == body.get("quotaId") and (p.get("dimensions") or {}) == (body.get("dimensions")
+                                                                                             or {}):
+                return name
+        return None
+
+    def _new_pref(self, name: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if not body.get("contactEmail"):
+            return self.rpc_err(400, "contact_email is required for a quota increase", "INVALID_ARGUMENT")
+        cfg = dict(body.get("quotaConfig") or {})
+        cfg.update(grantedValue="0", stateDetail="pending review", traceId=f"trace-{self._id()}")
+        pref = {k: v for k, v in body.items() if k != "contactEmail"}
+        pref.update(name=name, quotaConfig=cfg, reconciling=True, createTime=_now(), updateTime=_now(),
+                    etag=self._id())
+        self.objs["quotaPreferences"][name] = pref
         return 200, pref
 
     def decide(self, name: str, granted: int) -> None:

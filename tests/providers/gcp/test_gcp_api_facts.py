@@ -5,6 +5,7 @@ by the run's clock, and the parity of broker's requests and metric names with th
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -128,3 +129,36 @@ def test_quota_check_notes_divide_a_vcpu_limit_by_the_types_vcpus(emu, tmp_path,
     out = check_provider("gcp", 2, 1, "a2-highgpu-1g", "multi-node", None)
     notes = [e for e in out["explanations"] if e.startswith("0 of 24 vCPUs")]
     assert notes and "(= 2× a2-highgpu-1g)" in notes[0], out["explanations"]
+
+
+# ------------------------------------------------------------------------------------------------ quota preferences
+def _q(name: str = "NVIDIA_T4_GPUS"):
+    from broker.core.model import Quota
+
+    return Quota(provider="gcp", name=name, region="us-central1", scope="us-central1", limit=0, used=0,
+                 unit="gpus", instance_types=["n1-standard-4+t4"], source="test")
+
+
+def test_a_second_quota_request_updates_the_one_preference_by_patch(emu, monkeypatch):
+    """Google keeps one QuotaPreference per quota and dimensions (a second create is refused): after a decided
+    request, a larger one patches that preference (update mask), an equal open one is reported, never re-filed."""
+    monkeypatch.setenv("GCP_QUOTA_CONTACT_EMAIL", "ops@example.com")
+    p = make(emu)
+    first = p.request_quota(_q(), 2, "two T4 nodes")
+    assert first.state == "PENDING" and len(emu.objs["quotaPreferences"]) == 1
+    emu.decide(first.request_id, 2)
+    second = p.request_quota(_q(), 4, "four T4 nodes")
+    assert second.request_id == first.request_id and second.state == "PENDING", second
+    assert "updated the existing request" in second.message and "2 -> 4" in second.message
+    [pref] = emu.objs["quotaPreferences"].values()
+    assert pref["quotaConfig"]["preferredValue"] == "4" and pref["justification"] == "four T4 nodes"
+    method, pid, query, body = emu.quota_requests[-1]
+    assert method == "PATCH" and pid == first.request_id.rsplit("/", 1)[-1]
+    assert set(query["updateMask"].split(",")) == {"quotaConfig.preferredValue", "justification", "contactEmail"}
+    assert body["quotaId"] == "NVIDIA-T4-GPUS-per-project-region" and body["dimensions"] == {"region": "us-central1"}
+    third = p.request_quota(_q(), 4, "again")
+    assert third.request_id == first.request_id and "not filed again" in third.message
+    assert [m for m, *_ in emu.quota_requests].count("POST") == 1
+    # another region is another preference
+    other = p.request_quota(replace(_q(), region="europe-west4", scope="europe-west4"), 1, "eu")
+    assert other.request_id != first.request_id and len(emu.objs["quotaPreferences"]) == 2
