@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Protocol
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
@@ -139,6 +139,9 @@ class Provider(ABC):
     #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
     #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
     owner_tags: ClassVar[bool] = False
+    #: Where an adapter says what a long wait is doing (a create whose operation has not finished, say): the core
+    #: sets it to the run's progress line before it creates; None (the default) = nobody listening
+    progress: Callable[[str], None] | None = None
 
     # ---- ids
     @classmethod

@@ -308,6 +308,7 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
         n += 1
         t_call = utcnow()
         t0 = time.monotonic()
+        p.progress = say  # a create that waits long says so on the run's progress line
         try:
             return p.create_instance(req)
         except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised

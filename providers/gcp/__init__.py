@@ -259,7 +259,7 @@ class GCPProvider(Provider):
             raise ProviderError(PROVIDER, "instances.insert", f"no zone known for {req.offer.instance_type}",
                                 hint="set GCP_ZONES (e.g. us-central1-a)")
         return lifecycle.create_instance(self.api, req, zone=zone, image=req.image or self._image,
-                                         ssh_user=self.ssh_user, workroot=self.node_workroot)
+                                         ssh_user=self.ssh_user, workroot=self.node_workroot, say=self.progress)
 
     def find_by_token(self, client_token: str, region: str | None = None) -> str | None:
         return lifecycle.find_by_token(self.api, client_token)

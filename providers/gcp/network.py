@@ -63,7 +63,7 @@ def _insert(api: "GCPApi", rec: "Recorder", kind: str, name: str, pid: str, fn: 
             rec.failed(rid, e.message)
         raise
     rec.created(rid, pid)
-    api.wait(op, call, region=region if kind == "subnet" else None)
+    api.wait(op, call, region=region if kind == "subnet" else None, say=rec.event)  # a progress line while it waits
     return pid
 
 

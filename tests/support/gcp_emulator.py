@@ -55,6 +55,8 @@ class GCPEmulator:
         self.objs: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in (
             "instances", "disks", "networks", "subnetworks", "firewalls", "operations", "quotaPreferences")}
         self.stockout: set[str] = set()
+        #: operation types ("insert", "delete") whose operations stay PENDING while listed here
+        self.hold_ops: set[str] = set()
         self.quota_exceeded: dict[str, str] = {}
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []
@@ -153,6 +155,9 @@ class GCPEmulator:
         if rec is None:
             return self.not_found(f"operations/{name}")
         op = rec["op"]
+        if op["operationType"] in self.hold_ops:  # a stuck operation: PENDING until the test lets it go
+            op.update(status="PENDING", progress=0)
+            return 200, op
         if op["status"] != "DONE":
             op.update(status="DONE", progress=100, endTime=_now())
             if rec["error"]:

@@ -162,3 +162,40 @@ def test_a_second_quota_request_updates_the_one_preference_by_patch(emu, monkeyp
     # another region is another preference
     other = p.request_quota(replace(_q(), region="europe-west4", scope="europe-west4"), 1, "eu")
     assert other.request_id != first.request_id and len(emu.objs["quotaPreferences"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------ operation waits
+def test_a_stuck_insert_operation_ends_at_the_runs_deadline_with_progress_lines(emu):
+    """An insert whose operation stays PENDING: the wait says so on the progress line and ends at the run's
+    deadline (1.5 s away), not after the fixed operation timeout (600 s), as an ambiguous create."""
+    import threading
+    import time
+
+    from broker.core.provider import AmbiguousCreate
+
+    p = make(emu)
+    p.api.poll_s, p.api.progress_every_s = 0.05, 0.3
+    said: list[str] = []
+    p.progress = said.append
+    o = next(o for o in p.offers(req()) if o.instance_type == "n1-standard-4+t4")
+    net = p.bootstrap("r-stuck", [o], "multi-node", Rec())
+    emu.hold_ops.add("insert")
+    nr = node_request(o, net, run_id="r-stuck").model_copy(update={"deadline": utcnow() + timedelta(seconds=1.5)})
+    out: list[BaseException] = []
+
+    def create() -> None:
+        try:
+            p.create_instance(nr)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            out.append(e)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=create, daemon=True)
+    th.start()
+    th.join(timeout=30)
+    assert not th.is_alive(), "the wait ignored the run's deadline"
+    assert time.monotonic() - t0 < 10
+    [e] = out
+    assert isinstance(e, AmbiguousCreate) and "still PENDING at the run's deadline" in e.message, e
+    assert said and all("PENDING" in s and "instances.insert in us-central1-" in s for s in said), said
+    assert "the run's deadline" in said[0]
