@@ -169,6 +169,9 @@ class GCPProvider(Provider):
         src = ssh_sources or [s.strip() for s in os.environ.get("GCP_SSH_SOURCE_RANGES", "").split(",")
                               if s.strip()]
         self._ssh_sources = src or None
+        #: accelerator type -> zones offering it (acceleratorTypes.aggregatedList); {} = not readable: snapshot
+        self._acc_zones: dict[str, list[str]] | None = None
+        self._zones_note: str | None = None
         #: instances this adapter sent a delete for (before the call): their end is broker's, not a preemption
         self._terminated_here: set[str] = set()
 
@@ -210,7 +213,7 @@ class GCPProvider(Provider):
         from broker.plan.catalog import snapshot_info
 
         return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its "
-                "interruptible_usd_per_hour column")
+                "interruptible_usd_per_hour column" + (f"; {self._zones_note}" if self._zones_note else ""))
 
     def live_prices(self, types: Iterable[str]) -> dict[str, float]:
         """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /
@@ -218,12 +221,23 @@ class GCPProvider(Provider):
         return _offers.live_prices(self.api, types)
 
     def offers(self, req: Requirements) -> list[Offer]:
-        """Snapshot offers; one per zone that offers the GPU when configured (``zones`` / ``GCP_ZONES`` narrow)."""
+        """Snapshot offers; when configured, one per zone that offers the GPU now (``acceleratorTypes``
+        aggregatedList, read once per adapter; the snapshot's zones when it cannot be read: offline, refused,
+        throttled), ``zones`` / ``GCP_ZONES`` narrowing."""
         base = snapshot_offers(req)
         if self.region:
             base = [o for o in base if o.region in (None, self.region)]
         if not self.api.configured():
             return base
+        if self._acc_zones is None:
+            try:
+                self._acc_zones = _offers.accelerator_zones(self.api)
+            except ProviderError as e:
+                self._acc_zones = {}
+                self._zones_note = (f"zones from the snapshot: acceleratorTypes could not be read "
+                                    f"({e.message[:200]})")
+        if self._acc_zones:
+            base = _offers.with_api_zones(base, self._acc_zones)
         return _offers.offers_per_zone(base, self._zones)
 
     def quotas(self, req: Requirements, offers: list[Offer]) -> list[Quota]:

@@ -438,6 +438,25 @@ def quota_error(call: str, message: str, *, code: str | None, status: int | None
                       scope=None, limit_name=metric, limit=limit)
 
 
+#: "The resource 'projects/P/zones/Z/acceleratorTypes/A' was not found" (an accelerator the zone does not offer;
+#: seen as 400 badRequest and from gcloud's instances create) and "Machine type with name 'T' does not exist in
+#: zone 'Z'" (a G2 / A2 type the zone lacks): the zone cannot serve this type, as a stockout cannot
+_NOT_IN_ZONE = (re.compile(r"zones/([a-z0-9-]+)/(acceleratorTypes|machineTypes)/([a-z0-9-]+)' was not found"),
+                re.compile(r"(Machine type) with name '([a-z0-9-]+)' does not exist in zone '([a-z0-9-]+)'"))
+
+
+def not_in_zone(message: str) -> tuple[str, str, str] | None:
+    """(zone, "accelerator" | "machine type", name) when ``message`` says the zone does not offer that
+    accelerator or machine type; None otherwise."""
+    m = _NOT_IN_ZONE[0].search(message or "")
+    if m:
+        return m.group(1), "accelerator" if m.group(2) == "acceleratorTypes" else "machine type", m.group(3)
+    m = _NOT_IN_ZONE[1].search(message or "")
+    if m:
+        return m.group(3), "machine type", m.group(2)
+    return None
+
+
 def translate(e: BaseException, call: str, *, create: bool = False, region: str | None = None) -> ProviderError:
     """One mapping of google.api_core / requests / google.auth failures to broker errors.
 
@@ -481,6 +500,13 @@ def translate(e: BaseException, call: str, *, create: bool = False, region: str 
                          code=reason, status=status)
     if any(r in CAPACITY_CODES for r in reasons):
         return CapacityError(PROVIDER, call, msg, code=reason, status=None)
+    absent = not_in_zone(msg) if create and status in (400, 404) else None
+    if absent is not None:
+        return CapacityError(PROVIDER, call, f"{absent[1]} {absent[2]} is not offered in zone {absent[0]} "
+                             f"({status} {reason or name}: {msg[:300]})",
+                             hint="broker tries the next zone that offers it, then the next option; "
+                                  "`gcloud compute accelerator-types list` shows where it is offered",
+                             code=reason or "notFound", status=None)
     if any(r in RETRY_CODES for r in reasons):
         return TransientError(PROVIDER, call, msg[:500], code=reason, status=status)
     if status >= 500 or status == 408:

@@ -176,9 +176,52 @@ def snapshot_offers(req: Requirements | None = None) -> list[Offer]:
     return out
 
 
+def accelerator_zones(api: "GCPApi") -> dict[str, list[str]]:
+    """accelerator type -> the zones that offer it now, from ``acceleratorTypes.aggregatedList`` (every page;
+    deprecated types left out), sorted.  Raises ProviderError (AuthError, TransientError) when it cannot be read,
+    and for an answer that is not the documented shape."""
+    from broker.core.provider import ProviderError
+
+    project = api.require_project("acceleratorTypes.aggregatedList")
+    out: dict[str, set[str]] = {}
+    token = ""
+    for _ in range(100):  # pages
+        data = api.get_json("acceleratorTypes.aggregatedList", f"projects/{project}/aggregated/acceleratorTypes"
+                            + (f"?pageToken={token}" if token else ""))
+        items = data.get("items") or {}
+        if not isinstance(items, dict):
+            raise ProviderError(PROVIDER, "acceleratorTypes.aggregatedList", "the answer's items is not an object",
+                                hint="retry; report it if it persists")
+        for scope, lst in items.items():
+            zone = str(scope).rsplit("/", 1)[-1]
+            for a in (lst or {}).get("acceleratorTypes") or [] if isinstance(lst, dict) else []:
+                if not isinstance(a, dict) or not a.get("name"):
+                    continue
+                if (a.get("deprecated") or {}).get("state") in ("DEPRECATED", "OBSOLETE", "DELETED"):
+                    continue
+                out.setdefault(str(a["name"]), set()).add(zone)
+        token = str(data.get("nextPageToken") or "")
+        if not token:
+            break
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def with_api_zones(base: list[Offer], by_accelerator: dict[str, list[str]]) -> list[Offer]:
+    """``base`` with ``attrs["zones"]`` replaced by the zones of its region that offer its accelerator now (from
+    :func:`accelerator_zones`), ``attrs["zones_source"]`` saying so; a type whose accelerator the API lists in no
+    zone of its region gets no zones (it cannot be rented there)."""
+    out = []
+    for o in base:
+        t = parse_type(o.instance_type)
+        acc = t.accelerator if t else None
+        zs = [z for z in by_accelerator.get(acc or "", []) if not o.region or z.startswith(o.region + "-")]
+        out.append(replace(o, attrs={**o.attrs, "zones": zs, "zones_source": "acceleratorTypes.aggregatedList"}))
+    return out
+
+
 def offers_per_zone(base: list[Offer], zones: list[str] | None = None) -> list[Offer]:
-    """``base`` expanded to one offer per zone that offers its GPU (the snapshot's zones, or ``zones`` when given:
-    those of them in the offer's region)."""
+    """``base`` expanded to one offer per zone that offers its GPU (the API's or the snapshot's zones, or ``zones``
+    when given: those of them in the offer's region that offer the GPU)."""
     out = []
     for o in base:
         zs = list(o.attrs.get("zones") or [])

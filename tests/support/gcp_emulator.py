@@ -55,6 +55,15 @@ class GCPEmulator:
         self.objs: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in (
             "instances", "disks", "networks", "subnetworks", "firewalls", "operations", "quotaPreferences")}
         self.stockout: set[str] = set()
+        #: zone -> accelerator types it offers (acceleratorTypes.aggregatedList; an insert elsewhere is refused as
+        #: Compute Engine refuses it); default: us-central1 as the public catalogs list it
+        self.accelerators: dict[str, list[str]] = {
+            "us-central1-a": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p4", "nvidia-l4",
+                              "nvidia-tesla-a100"],
+            "us-central1-b": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4", "nvidia-tesla-a100"],
+            "us-central1-c": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
+                              "nvidia-l4", "nvidia-tesla-a100"],
+            "us-central1-f": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-a100"]}
         #: operation types ("insert", "delete") whose operations stay PENDING while listed here
         self.hold_ops: set[str] = set()
         self.quota_exceeded: dict[str, str] = {}
@@ -271,7 +280,7 @@ class GCPEmulator:
             rid = q.get("requestId")
             if rid and rid in self.request_ids:  # idempotent retry: the first answer's operation again
                 return 200, dict(self.objs["operations"][self.request_ids[rid]]["op"])
-            err = self._validate(body, zone)
+            err = self._validate(body, zone) or self._offered(body, zone)
             if err:
                 return err
             metric, count = self._gpu_metric(body, region)
@@ -427,6 +436,22 @@ class GCPEmulator:
                 return self.not_found(sub)
         return None
 
+    def _offered(self, body: dict[str, Any], zone: str) -> tuple[int, Any] | None:
+        """Compute Engine's refusal of a GPU the zone does not offer: an attached accelerator type is a resource
+        that "was not found" there; a G2 / A2 machine type "does not exist in zone" (texts as seen in public
+        reports; the HTTP status of the first is UNCONFIRMED: 404 here)."""
+        have = self.accelerators.get(zone, [])
+        for a in body.get("guestAccelerators") or []:
+            acc = a.get("acceleratorType", "").rsplit("/", 1)[-1]
+            if acc not in have:
+                return self.not_found(f"projects/{self.project}/zones/{zone}/acceleratorTypes/{acc}")
+        mt = (body.get("machineType") or "").rsplit("/", 1)[-1]
+        built = {"g2": "nvidia-l4", "a2": "nvidia-tesla-a100"}.get(mt.split("-", 1)[0])
+        if built and built not in have and not ("ultragpu" in mt and "nvidia-a100-80gb" in have):
+            return self.err(400, f"Invalid value for field 'resource.machineType': '{body.get('machineType')}'. "
+                                 f"Machine type with name '{mt}' does not exist in zone '{zone}'.", "invalid")
+        return None
+
     def _validate_scheduling(self, sched: dict[str, Any]) -> tuple[int, Any] | None:
         """``scheduling`` as Compute Engine takes it (docs/reference/gcp-fixtures.md "Spot VMs"): enum names as
         strings; a Spot VM cannot restart or migrate by itself; a termination action belongs to a Spot VM."""
@@ -471,6 +496,12 @@ class GCPEmulator:
                 zone = k.split("/")[0]
                 items.setdefault(f"zones/{zone}", {what: []})[what].append(
                     {a: b for a, b in v.items() if not a.startswith("_")})
+        elif what == "acceleratorTypes":
+            for zone, accs in self.accelerators.items():
+                items[f"zones/{zone}"] = {"acceleratorTypes": [
+                    {"kind": "compute#acceleratorType", "name": a, "description": a,
+                     "zone": f"{HOST}{self.project}/zones/{zone}", "maximumCardsPerInstance": 8,
+                     "selfLink": f"{HOST}{self.project}/zones/{zone}/acceleratorTypes/{a}"} for a in accs]}
         elif what == "subnetworks":
             for k, v in self.objs["subnetworks"].items():
                 items.setdefault(f"regions/{k.split('/')[0]}", {"subnetworks": []})["subnetworks"].append(v)

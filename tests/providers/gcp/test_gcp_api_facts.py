@@ -199,3 +199,45 @@ def test_a_stuck_insert_operation_ends_at_the_runs_deadline_with_progress_lines(
     assert isinstance(e, AmbiguousCreate) and "still PENDING at the run's deadline" in e.message, e
     assert said and all("PENDING" in s and "instances.insert in us-central1-" in s for s in said), said
     assert "the run's deadline" in said[0]
+
+
+# ------------------------------------------------------------------------------------------------ zones
+def test_zones_come_from_accelerator_types_with_the_snapshot_as_fallback(emu):
+    """Configured offers are placed in the zones acceleratorTypes.aggregatedList lists now (L4 moved to c and d
+    only); an unreadable answer falls back to the snapshot's zones and the price note says so."""
+    emu.regions["us-central1"].append("us-central1-d")
+    for z in ("us-central1-a", "us-central1-b"):
+        emu.accelerators[z].remove("nvidia-l4")
+    emu.accelerators["us-central1-d"] = ["nvidia-l4"]
+    emu.accelerators["europe-west4-a"] = ["nvidia-l4"]  # another region's zone: not this offer's
+    p = make(emu)
+    g2 = [o for o in p.offers(req()) if o.instance_type == "g2-standard-4"]
+    assert sorted(o.zone for o in g2) == ["us-central1-c", "us-central1-d"]
+    assert g2[0].attrs["zones_source"] == "acceleratorTypes.aggregatedList"
+    assert ("GET", "/compute/v1/projects/broker-test/aggregated/acceleratorTypes", 200) in emu.journal
+    p.offers(req())
+    assert sum(1 for j in emu.journal if j[1].endswith("/aggregated/acceleratorTypes")) == 1  # read once
+
+    emu.fail[("GET", "aggregated")] = [503] * 10
+    p2 = make(emu)
+    g2 = [o for o in p2.offers(req()) if o.instance_type == "g2-standard-4"]
+    assert sorted(o.zone for o in g2) == ["us-central1-a", "us-central1-b", "us-central1-c"]  # the snapshot's
+    assert "zones from the snapshot" in p2.price_note()
+
+
+@pytest.mark.parametrize("itype,acc", [("n1-standard-4+p4", "nvidia-tesla-p4"), ("g2-standard-4", "nvidia-l4")])
+def test_a_gpu_the_zone_does_not_offer_is_a_capacity_skip_of_that_zone(emu, itype, acc):
+    """Compute Engine refuses an accelerator (or a G2 machine type) the zone lacks; broker reads that as "no
+    capacity in this zone" (the next zone, then the next option), not a generic failure."""
+    from broker.core.provider import CapacityError
+
+    p = make(emu)
+    o = next(o for o in p.offers(req()) if o.instance_type == itype and o.zone == "us-central1-a")
+    emu.accelerators["us-central1-a"].remove(acc)  # gone from the zone after the offers were read
+    net = p.bootstrap("r-nz", [o], "multi-node", Rec())
+    with pytest.raises(CapacityError) as ei:
+        p.create_instance(node_request(o, net, run_id="r-nz"))
+    e = ei.value
+    assert "is not offered in zone us-central1-a" in e.message and e.status is None, e.message
+    assert "accelerator-types list" in e.hint
+    assert emu.live("instances") == []
