@@ -69,6 +69,8 @@ class GCPEmulator:
         self.quota_exceeded: dict[str, str] = {}
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []
+        #: (method, path, request body, status, answer) of every request: what parity tests hold to the clients
+        self.exchanges: list[tuple[str, str, Any, int, Any]] = []
         #: Cloud Quotas requests as sent: (method, preference id or None, query, body)
         self.quota_requests: list[tuple[str, str | None, dict[str, str], Any]] = []
         self.request_ids: dict[str, str] = {}
@@ -98,6 +100,7 @@ class GCPEmulator:
                 with emu.lock:
                     status, out = emu.handle(method, u.path, q, body)
                     emu.journal.append((method, u.path, status))
+                    emu.exchanges.append((method, u.path, body, status, out))
                 data = json.dumps(out).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
