@@ -324,3 +324,36 @@ def test_broker_requests_and_the_emulators_answers_are_the_clients_messages(emu,
     list(c.AcceleratorTypesClient(**kw).aggregated_list(project=PROJECT))
     theirs = [pth for m, pth, _ in emu.journal[before:]]
     assert set(theirs) == set(ours), (theirs, ours)
+
+
+def test_a_stuck_network_insert_ends_at_the_runs_deadline_with_progress_events(emu):
+    """The run's network: a VPC insert whose operation stays PENDING reports through the recorder and ends at the
+    deadline the ledger recorder carries (not after 600 s)."""
+    import threading
+    import time
+
+    from broker.core.provider import ProviderError
+
+    p = make(emu)
+    p.api.poll_s, p.api.progress_every_s = 0.05, 0.3
+    rec = Rec()
+    rec.deadline = utcnow() + timedelta(seconds=1.5)
+    o = next(o for o in p.offers(req()) if o.instance_type == "n1-standard-4+t4")
+    emu.hold_ops.add("insert")
+    out: list[BaseException] = []
+
+    def boot() -> None:
+        try:
+            p.bootstrap("r-stuck2", [o], "multi-node", rec)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            out.append(e)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=boot, daemon=True)
+    th.start()
+    th.join(timeout=30)
+    assert not th.is_alive() and time.monotonic() - t0 < 10, "the wait ignored the run's deadline"
+    [e] = out
+    assert isinstance(e, ProviderError) and "at the run's deadline" in e.message, e
+    events = [m for kind, _, m in rec.log if kind == "event"]
+    assert events and "networks.insert" in events[0] and "PENDING" in events[0], rec.log
