@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Protocol
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 
@@ -139,6 +139,9 @@ class Provider(ABC):
     #: :meth:`tagged_resource` reads them back: ``down``, ``reconcile`` and the watchdog then terminate only what
     #: the provider shows with this installation's and run's tags (a ledger row is data, not a command)
     owner_tags: ClassVar[bool] = False
+    #: Where an adapter says what a long wait is doing (a create whose operation has not finished, say): the core
+    #: sets it to the run's progress line before it creates; None (the default) = nobody listening
+    progress: Callable[[str], None] | None = None
 
     # ---- ids
     @classmethod
@@ -462,6 +465,15 @@ class Provider(ABC):
         adapter's own table, no network, no SDK (:func:`broker.plan.quota.limit_for` reads it at plan time).
         Default: None (a provider without :attr:`quota`)."""
         return None
+
+    @classmethod
+    def quota_counts(cls, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+        """Every limit of this provider one ``instance_type`` instance counts against (``spot``: the spot
+        market's), e.g. a GPU metric and the CPU metric of its machine family: a quota error naming one of them
+        blocks exactly the options that count it.  From the adapter's own table, no network.  Default: the
+        :meth:`quota_limit` name alone (none when the type has no limit)."""
+        found = cls.quota_limit(instance_type, spot=spot)
+        return (found[0],) if found else ()
 
     @classmethod
     def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:

@@ -152,7 +152,7 @@ class _Failover:
             for (prov, region, limit, zone), why in self.quota_blocked.items():
                 if prov != opt.provider or region != o.region or (zone is not None and o.zone != zone):
                     continue
-                if limit is None or _limit_name(opt.provider, o) == limit:
+                if limit is None or limit in _limits_counted(opt.provider, o):
                     return why
             if _cap_key(opt.provider, o) in self.no_capacity:
                 return self.no_capacity[_cap_key(opt.provider, o)]
@@ -163,11 +163,11 @@ def _cap_key(provider: str, o: Offer) -> tuple:
     return (provider, o.region, o.zone, o.instance_type)
 
 
-def _limit_name(provider: str, o: Offer) -> str | None:
-    from broker.plan.quota import limit_for, spot_offer
+def _limits_counted(provider: str, o: Offer) -> tuple[str, ...]:
+    """Every limit an instance of ``o`` counts (its GPU limit and, where the adapter says so, a CPU limit)."""
+    from broker.plan.quota import limits_counted, spot_offer
 
-    ref = limit_for(provider, o.instance_type, spot=spot_offer(o))
-    return ref.name if ref else None
+    return limits_counted(provider, o.instance_type, spot=spot_offer(o))
 
 
 def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None, str | None, str | None], str]:
@@ -184,8 +184,8 @@ def _quota_scope(opt: PlanOption, e: QuotaError) -> tuple[tuple[str, str | None,
         zone = o.zone  # OCI GPU limits are per availability domain: the offer's AD
     where = " ".join(x for x in (o.region, zone) if x) or opt.provider
     what = f"limit {limit}" if limit else "quota"
-    if limit is not None and (ref is None or limit != ref.name):
-        # not the instance's own compute limit (a VCN / subnet count): every option of the region needs it,
+    if limit is not None and limit not in _limits_counted(opt.provider, o):
+        # not a limit the instance counts (a VCN / subnet count): every option of the region needs it,
         # whatever its shape or AD, so none of them is tried (each would build the network again to hit it)
         return (opt.provider, o.region, None, zone), f"{what} exhausted in {opt.provider} {where}"
     return (opt.provider, o.region, limit, zone), f"{what} exhausted in {opt.provider} {where}"
@@ -308,6 +308,7 @@ def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledge
         n += 1
         t_call = utcnow()
         t0 = time.monotonic()
+        p.progress = say  # a create that waits long says so on the run's progress line
         try:
             return p.create_instance(req)
         except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised

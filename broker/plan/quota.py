@@ -120,6 +120,16 @@ def limit_for(provider: str, instance_type: str, *, spot: bool = False) -> Limit
                     capability(provider, "quota_scope"), service)
 
 
+def limits_counted(provider: str, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+    """The names of every limit one ``instance_type`` instance of ``provider`` counts against (the adapter's
+    :meth:`~broker.core.provider.Provider.quota_counts`); () without :attr:`quota`."""
+    if not capability(provider, "quota"):
+        return ()
+    from broker.providers import provider_class
+
+    return tuple(provider_class(provider).quota_counts(instance_type, spot=spot))
+
+
 def account_limits(provider: str) -> list[LimitRef]:
     """The limits of ``provider`` over every GPU type and region at once (the adapter's
     :meth:`~broker.core.provider.Provider.quota_account_limits`), scope ``"account"``; [] without :attr:`quota`."""
@@ -298,7 +308,13 @@ def explain_usage(q: Quota, spec: InstanceSpec | None = None) -> str:
     s = (f"{_n(q.used)} of {_n(q.limit)} {_unit_word(q.unit, q.limit)} used means "
          f"{_n(avail)} {_unit_word(q.unit, avail)} may be launched")
     if spec is not None:
-        k = instances_allowed(q.provider, spec, avail)
+        # the quota's own unit: a vCPU limit (GCP's CPUS beside its GPU metrics) fits avail / vCPUs per VM
+        if q.unit == "vcpus":
+            k = vcpus_to_instances(spec, avail)
+        elif q.unit == "gpus":
+            k = gpus_to_instances(spec, avail)
+        else:
+            k = instances_allowed(q.provider, spec, avail)
         s += f" (= {k}× {spec.instance_type})"
     if q.limit == 0:
         s += "; a limit of 0 blocks every launch: request an increase"

@@ -134,6 +134,19 @@ class GCPProvider(Provider):
         return metric, f"Compute Engine {metric} (GPUs per region)", "compute"
 
     @classmethod
+    def quota_counts(cls, instance_type: str, *, spot: bool = False) -> tuple[str, ...]:
+        """Every Compute metric one VM of ``instance_type`` counts: its GPU metric, the CPU metric of its machine
+        family (``CPUS`` for N1, ``G2_CPUS``, ``A2_CPUS``) and ``GPUS_ALL_REGIONS``; a Spot VM also the standard
+        metrics (it draws on them where no ``PREEMPTIBLE_*`` quota is granted).  () for a type broker does not
+        know.  A ``CPUS`` quota error thus skips the N1 options only, never the G2 ones."""
+        t = parse_type(instance_type)
+        if t is None:
+            return ()
+        sides = (True, False) if spot else (False,)
+        out = [m for s in sides for m in (t.gpu_metric(spot=s), t.cpu_metric(spot=s)) if m]
+        return tuple(dict.fromkeys(out + [_offers.GLOBAL_GPU_METRIC]))
+
+    @classmethod
     def quota_account_limits(cls) -> tuple[tuple[str, str, str], ...]:
         """``GPUS_ALL_REGIONS``: every GPU of the project in all regions (0 on new projects)."""
         return ((_offers.GLOBAL_GPU_METRIC, "Compute Engine GPUs in all regions (project-wide; 0 on new projects)",
@@ -156,6 +169,9 @@ class GCPProvider(Provider):
         src = ssh_sources or [s.strip() for s in os.environ.get("GCP_SSH_SOURCE_RANGES", "").split(",")
                               if s.strip()]
         self._ssh_sources = src or None
+        #: accelerator type -> zones offering it (acceleratorTypes.aggregatedList); {} = not readable: snapshot
+        self._acc_zones: dict[str, list[str]] | None = None
+        self._zones_note: str | None = None
         #: instances this adapter sent a delete for (before the call): their end is broker's, not a preemption
         self._terminated_here: set[str] = set()
 
@@ -197,7 +213,7 @@ class GCPProvider(Provider):
         from broker.plan.catalog import snapshot_info
 
         return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its "
-                "interruptible_usd_per_hour column")
+                "interruptible_usd_per_hour column" + (f"; {self._zones_note}" if self._zones_note else ""))
 
     def live_prices(self, types: Iterable[str]) -> dict[str, float]:
         """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /
@@ -205,12 +221,23 @@ class GCPProvider(Provider):
         return _offers.live_prices(self.api, types)
 
     def offers(self, req: Requirements) -> list[Offer]:
-        """Snapshot offers; one per zone that offers the GPU when configured (``zones`` / ``GCP_ZONES`` narrow)."""
+        """Snapshot offers; when configured, one per zone that offers the GPU now (``acceleratorTypes``
+        aggregatedList, read once per adapter; the snapshot's zones when it cannot be read: offline, refused,
+        throttled), ``zones`` / ``GCP_ZONES`` narrowing."""
         base = snapshot_offers(req)
         if self.region:
             base = [o for o in base if o.region in (None, self.region)]
         if not self.api.configured():
             return base
+        if self._acc_zones is None:
+            try:
+                self._acc_zones = _offers.accelerator_zones(self.api)
+            except ProviderError as e:
+                self._acc_zones = {}
+                self._zones_note = (f"zones from the snapshot: acceleratorTypes could not be read "
+                                    f"({e.message[:200]})")
+        if self._acc_zones:
+            base = _offers.with_api_zones(base, self._acc_zones)
         return _offers.offers_per_zone(base, self._zones)
 
     def quotas(self, req: Requirements, offers: list[Offer]) -> list[Quota]:
@@ -246,7 +273,7 @@ class GCPProvider(Provider):
             raise ProviderError(PROVIDER, "instances.insert", f"no zone known for {req.offer.instance_type}",
                                 hint="set GCP_ZONES (e.g. us-central1-a)")
         return lifecycle.create_instance(self.api, req, zone=zone, image=req.image or self._image,
-                                         ssh_user=self.ssh_user, workroot=self.node_workroot)
+                                         ssh_user=self.ssh_user, workroot=self.node_workroot, say=self.progress)
 
     def find_by_token(self, client_token: str, region: str | None = None) -> str | None:
         return lifecycle.find_by_token(self.api, client_token)

@@ -113,6 +113,8 @@ class GCPApi:
         self.quotas_endpoint = _endpoint("GCP_QUOTAS_ENDPOINT", quotas_endpoint)
         self.billing_endpoint = _endpoint("GCP_BILLING_ENDPOINT", billing_endpoint)
         self.op_timeout_s, self.poll_s, self.sleep = op_timeout_s, poll_s, sleep
+        #: seconds between the progress lines of a long operation wait
+        self.progress_every_s = 30.0
         self._clients: dict[str, Any] = {}
         self.source = "credentials given to the adapter" if credentials is not None else None
 
@@ -298,20 +300,42 @@ class GCPApi:
             return fn(*args, **kw)
 
     def wait(self, op: Any, call: str, *, zone: str | None = None, region: str | None = None,
-             create: bool = False) -> Any:
+             create: bool = False, deadline: Any = None, say: Callable[[str], None] | None = None) -> Any:
         """Poll a compute Operation (zonal / regional / global by ``zone`` / ``region``) until DONE through a client
         on this API's endpoint; an operation that ends with ``error.errors`` raises the mapped error (the SDK's
-        ``result()`` reports success when ``httpErrorStatusCode`` is missing).  Returns the DONE operation."""
+        ``result()`` reports success when ``httpErrorStatusCode`` is missing).  Returns the DONE operation.
+
+        Bounded by ``op_timeout_s`` and by ``deadline`` (the run's hard deadline, an aware datetime) whichever
+        comes first; every ``progress_every_s`` seconds ``say`` gets a line naming the operation, its status and
+        the time left.  Past the bound: AmbiguousCreate for a create (it may still finish: the core checks by
+        tag), else TransientError."""
+        from datetime import datetime, timezone
+
         project = self.require_project(call)
-        end = time.monotonic() + self.op_timeout_s
+        start = time.monotonic()
+        end = start + self.op_timeout_s
+        why = f"after {self.op_timeout_s:.0f} s"
+        if deadline is not None:
+            left = (deadline - datetime.now(timezone.utc)).total_seconds()
+            if start + left < end:
+                end, why = start + max(0.0, left), "at the run's deadline"
+        said = start
         while True:
             if _op_done(op):
                 break
-            if time.monotonic() > end:
+            now = time.monotonic()
+            if now >= end:
                 err = TransientError if not create else AmbiguousCreate
-                raise err(PROVIDER, call, f"operation {op.name} not DONE after {self.op_timeout_s:.0f} s",
+                raise err(PROVIDER, call, f"operation {op.name} still {_op_status(op)} {why} "
+                          f"({now - start:.0f} s waited)",
                           hint="it may still finish: `broker status` shows the resource, `broker down` removes it")
-            self.sleep(self.poll_s)
+            if say is not None and now - said >= self.progress_every_s:
+                said = now
+                where = f" in {zone or region}" if zone or region else ""
+                limit = "the run's deadline" if why.startswith("at ") else "the operation timeout"
+                say(f"gcp {call}{where}: operation {op.name} {_op_status(op)} for {now - start:.0f} s; "
+                    f"waiting at most {end - now:.0f} s more ({limit})")
+            self.sleep(min(self.poll_s, max(0.0, end - now)))
             if zone:
                 c = self.client("zone_operations")
                 op = self.call(call, c.get, project=project, zone=zone, operation=op.name, _create=create)
@@ -357,6 +381,15 @@ def _is_api_failure(e: BaseException) -> bool:
     mod = type(e).__module__ or ""
     return (mod.startswith(("google.api_core", "google.auth", "requests", "urllib3", "http.client"))
             or isinstance(e, (HttpError, OSError, TimeoutError, ConnectionError)))
+
+
+def _op_status(op: Any) -> str:
+    st = op.status
+    name = getattr(st, "name", None)
+    if name:
+        return str(name)
+    return {2104194: "DONE", 35394935: "PENDING", 121282975: "RUNNING"}.get(st, str(st)) \
+        if isinstance(st, int) else str(st)
 
 
 def _op_done(op: Any) -> bool:
@@ -405,6 +438,25 @@ def quota_error(call: str, message: str, *, code: str | None, status: int | None
                       scope=None, limit_name=metric, limit=limit)
 
 
+#: "The resource 'projects/P/zones/Z/acceleratorTypes/A' was not found" (an accelerator the zone does not offer;
+#: seen as 400 badRequest and from gcloud's instances create) and "Machine type with name 'T' does not exist in
+#: zone 'Z'" (a G2 / A2 type the zone lacks): the zone cannot serve this type, as a stockout cannot
+_NOT_IN_ZONE = (re.compile(r"zones/([a-z0-9-]+)/(acceleratorTypes|machineTypes)/([a-z0-9-]+)' was not found"),
+                re.compile(r"(Machine type) with name '([a-z0-9-]+)' does not exist in zone '([a-z0-9-]+)'"))
+
+
+def not_in_zone(message: str) -> tuple[str, str, str] | None:
+    """(zone, "accelerator" | "machine type", name) when ``message`` says the zone does not offer that
+    accelerator or machine type; None otherwise."""
+    m = _NOT_IN_ZONE[0].search(message or "")
+    if m:
+        return m.group(1), "accelerator" if m.group(2) == "acceleratorTypes" else "machine type", m.group(3)
+    m = _NOT_IN_ZONE[1].search(message or "")
+    if m:
+        return m.group(3), "machine type", m.group(2)
+    return None
+
+
 def translate(e: BaseException, call: str, *, create: bool = False, region: str | None = None) -> ProviderError:
     """One mapping of google.api_core / requests / google.auth failures to broker errors.
 
@@ -448,6 +500,13 @@ def translate(e: BaseException, call: str, *, create: bool = False, region: str 
                          code=reason, status=status)
     if any(r in CAPACITY_CODES for r in reasons):
         return CapacityError(PROVIDER, call, msg, code=reason, status=None)
+    absent = not_in_zone(msg) if create and status in (400, 404) else None
+    if absent is not None:
+        return CapacityError(PROVIDER, call, f"{absent[1]} {absent[2]} is not offered in zone {absent[0]} "
+                             f"({status} {reason or name}: {msg[:300]})",
+                             hint="broker tries the next zone that offers it, then the next option; "
+                                  "`gcloud compute accelerator-types list` shows where it is offered",
+                             code=reason or "notFound", status=None)
     if any(r in RETRY_CODES for r in reasons):
         return TransientError(PROVIDER, call, msg[:500], code=reason, status=status)
     if status >= 500 or status == 408:

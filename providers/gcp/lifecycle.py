@@ -110,7 +110,7 @@ def instance_body(req: "NodeRequest", *, project: str, zone: str, net: dict[str,
 
 
 def create_instance(api: "GCPApi", req: "NodeRequest", *, zone: str, image: str, ssh_user: str,
-                    workroot: str | None) -> str:
+                    workroot: str | None, say: Any = None) -> str:
     """``instances.insert`` of one node in ``zone`` and wait for its operation; returns ``<zone>:<name>``.
 
     Raises CapacityError (ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] in the operation: the core tries the next
@@ -130,7 +130,8 @@ def create_instance(api: "GCPApi", req: "NodeRequest", *, zone: str, image: str,
     request = c.InsertInstanceRequest(project=project, zone=zone, instance_resource=body, request_id=rid)
     op = api.call("instances.insert", ic.insert_unary, request=request, _create=True, _region=region,
                   timeout=120.0)
-    api.wait(op, "instances.insert", zone=zone, create=True)
+    # bounded by the run's clock (req.deadline), a progress line to ``say`` while the operation is not DONE
+    api.wait(op, "instances.insert", zone=zone, create=True, deadline=req.deadline, say=say)
     return f"{zone}:{body.name}"
 
 

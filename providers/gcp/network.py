@@ -63,7 +63,9 @@ def _insert(api: "GCPApi", rec: "Recorder", kind: str, name: str, pid: str, fn: 
             rec.failed(rid, e.message)
         raise
     rec.created(rid, pid)
-    api.wait(op, call, region=region if kind == "subnet" else None)
+    # bounded by the run's deadline where the recorder knows it, with a progress line while it waits
+    api.wait(op, call, region=region if kind == "subnet" else None, say=rec.event,
+             deadline=getattr(rec, "deadline", None))
     return pid
 
 

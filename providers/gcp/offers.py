@@ -31,11 +31,25 @@ ACCELERATORS: dict[str, str] = {
     "nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
     "nvidia-tesla-p100": "NVIDIA_P100_GPUS", "nvidia-tesla-p4": "NVIDIA_P4_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS",
     "nvidia-tesla-a100": "NVIDIA_A100_GPUS", "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
+    # NVIDIA_H100_GPUS: the enum read has only PREEMPTIBLE_ / COMMITTED_NVIDIA_H100_GPUS (UNCONFIRMED)
+    "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
 }
 #: machine family -> (built-in accelerator or None, CPU quota metric).  G2_CPUS is UNCONFIRMED (not in the enum
 #: read); a metric a region does not report is not enforced.
 FAMILIES: dict[str, tuple[str | None, str]] = {
     "n1": (None, "CPUS"), "g2": ("nvidia-l4", "G2_CPUS"), "a2": ("nvidia-tesla-a100", "A2_CPUS"),
+    "a3": ("nvidia-h100-80gb", "A3_CPUS"),  # A3_CPUS UNCONFIRMED (not in the enum read)
+}
+#: accelerator-optimized machine types -> (built-in accelerator, GPUs, vCPUs), as Google publishes them
+#: (https://cloud.google.com/compute/docs/accelerator-optimized-machines, G2 / A2 / A3 tables): the GPU count is
+#: not in every name (g2-standard-24 has 2 L4s, -48 has 4, -96 has 8; the other G2 sizes 1), so it is read here,
+#: never guessed from the name.  A type not listed is not a type broker rents.
+BUILT_IN: dict[str, tuple[str, int, int]] = {
+    **{f"g2-standard-{v}": ("nvidia-l4", {24: 2, 48: 4, 96: 8}.get(v, 1), v) for v in (4, 8, 12, 16, 24, 32, 48, 96)},
+    **{f"a2-highgpu-{g}g": ("nvidia-tesla-a100", g, 12 * g) for g in (1, 2, 4, 8)},
+    "a2-megagpu-16g": ("nvidia-tesla-a100", 16, 96),
+    **{f"a2-ultragpu-{g}g": ("nvidia-a100-80gb", g, 12 * g) for g in (1, 2, 4, 8)},
+    **{f"a3-highgpu-{g}g": ("nvidia-h100-80gb", g, 26 * g) for g in (1, 2, 4, 8)},
 }
 #: description words of each accelerator's GPU SKU in the Cloud Billing Catalog
 SKU_WORDS: dict[str, str] = {
@@ -88,14 +102,10 @@ def parse_type(instance_type: str) -> GpuType | None:
         if acc not in ACCELERATORS:
             return None
         return GpuType(instance_type, machine, acc, int(count or 1), True)
-    fam = machine.split("-", 1)[0]
-    built = FAMILIES.get(fam, (None, ""))[0]
+    built = BUILT_IN.get(machine)
     if built is None:
         return None
-    g = re.search(r"-(\d+)g$", machine)
-    if acc is None and fam == "a2" and "ultragpu" in machine:
-        built = "nvidia-a100-80gb"
-    return GpuType(instance_type, machine, built, int(g.group(1)) if g else 1, False)
+    return GpuType(instance_type, machine, built[0], built[1], False)
 
 
 def note_field(notes: str, key: str) -> str | None:
@@ -166,9 +176,52 @@ def snapshot_offers(req: Requirements | None = None) -> list[Offer]:
     return out
 
 
+def accelerator_zones(api: "GCPApi") -> dict[str, list[str]]:
+    """accelerator type -> the zones that offer it now, from ``acceleratorTypes.aggregatedList`` (every page;
+    deprecated types left out), sorted.  Raises ProviderError (AuthError, TransientError) when it cannot be read,
+    and for an answer that is not the documented shape."""
+    from broker.core.provider import ProviderError
+
+    project = api.require_project("acceleratorTypes.aggregatedList")
+    out: dict[str, set[str]] = {}
+    token = ""
+    for _ in range(100):  # pages
+        data = api.get_json("acceleratorTypes.aggregatedList", f"projects/{project}/aggregated/acceleratorTypes"
+                            + (f"?pageToken={token}" if token else ""))
+        items = data.get("items") or {}
+        if not isinstance(items, dict):
+            raise ProviderError(PROVIDER, "acceleratorTypes.aggregatedList", "the answer's items is not an object",
+                                hint="retry; report it if it persists")
+        for scope, lst in items.items():
+            zone = str(scope).rsplit("/", 1)[-1]
+            for a in (lst or {}).get("acceleratorTypes") or [] if isinstance(lst, dict) else []:
+                if not isinstance(a, dict) or not a.get("name"):
+                    continue
+                if (a.get("deprecated") or {}).get("state") in ("DEPRECATED", "OBSOLETE", "DELETED"):
+                    continue
+                out.setdefault(str(a["name"]), set()).add(zone)
+        token = str(data.get("nextPageToken") or "")
+        if not token:
+            break
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def with_api_zones(base: list[Offer], by_accelerator: dict[str, list[str]]) -> list[Offer]:
+    """``base`` with ``attrs["zones"]`` replaced by the zones of its region that offer its accelerator now (from
+    :func:`accelerator_zones`), ``attrs["zones_source"]`` saying so; a type whose accelerator the API lists in no
+    zone of its region gets no zones (it cannot be rented there)."""
+    out = []
+    for o in base:
+        t = parse_type(o.instance_type)
+        acc = t.accelerator if t else None
+        zs = [z for z in by_accelerator.get(acc or "", []) if not o.region or z.startswith(o.region + "-")]
+        out.append(replace(o, attrs={**o.attrs, "zones": zs, "zones_source": "acceleratorTypes.aggregatedList"}))
+    return out
+
+
 def offers_per_zone(base: list[Offer], zones: list[str] | None = None) -> list[Offer]:
-    """``base`` expanded to one offer per zone that offers its GPU (the snapshot's zones, or ``zones`` when given:
-    those of them in the offer's region)."""
+    """``base`` expanded to one offer per zone that offers its GPU (the API's or the snapshot's zones, or ``zones``
+    when given: those of them in the offer's region that offer the GPU)."""
     out = []
     for o in base:
         zs = list(o.attrs.get("zones") or [])

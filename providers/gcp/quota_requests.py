@@ -3,8 +3,10 @@ there are no credentials (or ``--draft``).
 
 A Compute metric maps to a Cloud Quotas ``quotaId``: ``NVIDIA_T4_GPUS`` -> ``NVIDIA-T4-GPUS-per-project-region``
 (dimension ``region``), ``GPUS_ALL_REGIONS`` -> ``GPUS-ALL-REGIONS-per-project`` (no dimension).  The rule is a
-heuristic seen in public use (docs/reference/gcp-fixtures.md).  An open preference (``reconciling``) for the same
-quota and region is returned instead of filing a duplicate.  Increases need a contact email
+heuristic seen in public use (docs/reference/gcp-fixtures.md).  Google keeps one ``QuotaPreference`` per quota and
+dimensions: an open one (``reconciling``) asking at least as much is returned as it is; any other one for the same
+quota and region (decided, or asking less) is changed with ``UpdateQuotaPreference`` (an update mask on the
+preferred value, justification and contact email), never created a second time.  Increases need a contact email
 (``GCP_QUOTA_CONTACT_EMAIL``).
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import TYPE_CHECKING
 
 from broker.core.model import Quota
@@ -80,33 +81,59 @@ def request_quota(api: "GCPApi", quota: Quota, value: float, reason: str, *, dra
         raise BadInput("a GCP quota increase needs a contact email (Cloud Quotas contactEmail)",
                        hint="export GCP_QUOTA_CONTACT_EMAIL=you@example.com, or use --draft")
     from google.cloud import cloudquotas_v1 as cq
+    from google.protobuf import field_mask_pb2
 
     qc = api.client("quotas")
     parent = f"projects/{project}/locations/global"
-    try:
+
+    def existing() -> object | None:
+        # every preference (not only the open ones): Google keeps one per quota and dimensions, open or decided
         prefs = api.call("list_quota_preferences",
-                         lambda: list(qc.list_quota_preferences(request={"parent": parent,
-                                                                         "filter": "reconciling=true"})))
-        for p in prefs:
-            if p.quota_id == qid and p.reconciling and dict(p.dimensions) == dims:
-                return base.model_copy(update={
-                    "request_id": p.name, "state": "PENDING", "value": float(p.quota_config.preferred_value),
-                    "message": f"an open request already exists ({p.name}); not filed again"})
-        pref_id = f"broker-{qid.lower()}-{region or 'global'}-{int(time.time())}"[:63]
-        created = api.call("create_quota_preference", qc.create_quota_preference, parent=parent,
-                           quota_preference_id=pref_id, quota_preference=cq.QuotaPreference(
-                               service=SERVICE, quota_id=qid, dimensions=dims,
-                               quota_config=cq.QuotaConfig(preferred_value=new_value), justification=reason,
-                               contact_email=email))
+                         lambda: list(qc.list_quota_preferences(request={"parent": parent})))
+        return next((p for p in prefs if p.quota_id == qid and dict(p.dimensions) == dims), None)
+
+    def body(name: str = "") -> object:
+        return cq.QuotaPreference(name=name, service=SERVICE, quota_id=qid, dimensions=dims,
+                                  quota_config=cq.QuotaConfig(preferred_value=new_value), justification=reason,
+                                  contact_email=email)
+
+    try:
+        p = existing()
+        if p is not None and p.reconciling and int(p.quota_config.preferred_value) >= new_value:
+            return base.model_copy(update={
+                "request_id": p.name, "state": "PENDING", "value": float(p.quota_config.preferred_value),
+                "message": f"an open request already exists ({p.name}); not filed again"})
+        if p is None:
+            pref_id = f"broker-{qid.lower()}-{region or 'global'}"[:63]
+            try:
+                saved = api.call("create_quota_preference", qc.create_quota_preference, parent=parent,
+                                 quota_preference_id=pref_id, quota_preference=body())
+                verb = "filed"
+            except ProviderError as e:
+                if e.status != 409:
+                    raise
+                p = existing()  # filed meanwhile (another broker, the console): change that one
+                if p is None:
+                    raise
+        if p is not None:
+            # the one preference of this quota and dimensions changes by patch (Cloud Quotas
+            # UpdateQuotaPreference with an update mask), never by a second create
+            was = int(p.quota_config.preferred_value)
+            mask = field_mask_pb2.FieldMask(paths=["quota_config.preferred_value", "justification",
+                                                   "contact_email"])
+            saved = api.call("update_quota_preference", qc.update_quota_preference,
+                             request=cq.UpdateQuotaPreferenceRequest(quota_preference=body(p.name),
+                                                                     update_mask=mask))
+            verb = f"updated the existing request {p.name} (preferred value {was} -> {new_value})"
     except ProviderError as e:
         if isinstance(e, AuthError) or e.status in (401, 403):
             raise AuthError(PROVIDER, e.call, f"not allowed to use the Cloud Quotas API ({e.status} {e.code})",
                             hint=PERMISSION_HINT, code=e.code, status=e.status) from None
         raise
-    trace = created.quota_config.trace_id
-    return base.model_copy(update={"request_id": created.name, "state": state_of(created),
-                                   "message": "filed" + (f"; trace id {trace} (quote it to support)" if trace
-                                                         else "")})
+    trace = saved.quota_config.trace_id
+    return base.model_copy(update={"request_id": saved.name, "state": state_of(saved),
+                                   "message": verb + (f"; trace id {trace} (quote it to support)" if trace
+                                                      else "")})
 
 
 def quota_request_status(api: "GCPApi", request: "QuotaRequest") -> "QuotaRequest":

@@ -266,7 +266,8 @@ def test_broker_plan_with_gcp_configured_reads_quotas_without_the_cloud_clients(
     mods = json.loads(cp.stderr.rsplit("MODS=", 1)[1])
     assert "google.auth" in mods and not [m for m in mods if m.startswith(("google.cloud", "google.api_core"))], mods
     paths = [p for m, p, status in journal if status == 200]
-    assert paths == ["/compute/v1/projects/broker-test/regions/us-central1", "/compute/v1/projects/broker-test"]
+    assert paths == ["/compute/v1/projects/broker-test/aggregated/acceleratorTypes",  # the zones offering each GPU
+                     "/compute/v1/projects/broker-test/regions/us-central1", "/compute/v1/projects/broker-test"]
     plan = json.loads(cp.stdout)["plan"]
     t4 = [o for o in plan["rejected"] if "NVIDIA_T4_GPUS" in " ".join(o["rejected"])]
     assert t4, plan["rejected"]  # the live quota (0 T4 GPUs) rejected the T4 options

@@ -55,9 +55,24 @@ class GCPEmulator:
         self.objs: dict[str, dict[str, dict[str, Any]]] = {c: {} for c in (
             "instances", "disks", "networks", "subnetworks", "firewalls", "operations", "quotaPreferences")}
         self.stockout: set[str] = set()
+        #: zone -> accelerator types it offers (acceleratorTypes.aggregatedList; an insert elsewhere is refused as
+        #: Compute Engine refuses it); default: us-central1 as the public catalogs list it
+        self.accelerators: dict[str, list[str]] = {
+            "us-central1-a": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p4", "nvidia-l4",
+                              "nvidia-tesla-a100"],
+            "us-central1-b": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4", "nvidia-tesla-a100"],
+            "us-central1-c": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
+                              "nvidia-l4", "nvidia-tesla-a100"],
+            "us-central1-f": ["nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-a100"]}
+        #: operation types ("insert", "delete") whose operations stay PENDING while listed here
+        self.hold_ops: set[str] = set()
         self.quota_exceeded: dict[str, str] = {}
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []
+        #: (method, path, request body, status, answer) of every request: what parity tests hold to the clients
+        self.exchanges: list[tuple[str, str, Any, int, Any]] = []
+        #: Cloud Quotas requests as sent: (method, preference id or None, query, body)
+        self.quota_requests: list[tuple[str, str | None, dict[str, str], Any]] = []
         self.request_ids: dict[str, str] = {}
         self.skus: list[dict[str, Any]] = _default_skus()
         self.lock = threading.RLock()
@@ -85,6 +100,7 @@ class GCPEmulator:
                 with emu.lock:
                     status, out = emu.handle(method, u.path, q, body)
                     emu.journal.append((method, u.path, status))
+                    emu.exchanges.append((method, u.path, body, status, out))
                 data = json.dumps(out).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -151,6 +167,9 @@ class GCPEmulator:
         if rec is None:
             return self.not_found(f"operations/{name}")
         op = rec["op"]
+        if op["operationType"] in self.hold_ops:  # a stuck operation: PENDING until the test lets it go
+            op.update(status="PENDING", progress=0)
+            return 200, op
         if op["status"] != "DONE":
             op.update(status="DONE", progress=100, endTime=_now())
             if rec["error"]:
@@ -232,6 +251,13 @@ class GCPEmulator:
             metric = "PREEMPTIBLE_" + metric
         return metric, count
 
+    @staticmethod
+    def _cpu_metric(inst: dict[str, Any]) -> str:
+        """The regional CPU metric a VM counts: ``CPUS`` for N1, the family's own for G2 / A2 (``G2_CPUS`` is
+        the adapter's UNCONFIRMED name, modelled as it); a Spot VM's ``PREEMPTIBLE_CPUS`` is not modelled."""
+        fam = inst["machineType"].rsplit("/", 1)[-1].split("-", 1)[0]
+        return {"g2": "G2_CPUS", "a2": "A2_CPUS"}.get(fam, "CPUS")
+
     def _std_gpu_metric(self, inst: dict[str, Any]) -> tuple[str | None, int]:
         accs = inst.get("guestAccelerators") or []
         mt = inst["machineType"].rsplit("/", 1)[-1]
@@ -240,8 +266,8 @@ class GCPEmulator:
                  "nvidia-tesla-p100": "NVIDIA_P100_GPUS", "nvidia-tesla-p4": "NVIDIA_P4_GPUS"}
         if accs:
             return table.get(accs[0]["acceleratorType"].rsplit("/", 1)[-1]), int(accs[0].get("acceleratorCount", 1))
-        if mt.startswith("g2-"):
-            return "NVIDIA_L4_GPUS", 1
+        if mt.startswith("g2-standard-"):  # Google's G2 table: -24 has 2 L4s, -48 4, -96 8, the others 1
+            return "NVIDIA_L4_GPUS", {"24": 2, "48": 4, "96": 8}.get(mt.rsplit("-", 1)[-1], 1)
         if mt.startswith("a2-"):
             m = re.search(r"-(\d+)g$", mt)
             return "NVIDIA_A100_GPUS", int(m.group(1)) if m else 1
@@ -257,12 +283,12 @@ class GCPEmulator:
             rid = q.get("requestId")
             if rid and rid in self.request_ids:  # idempotent retry: the first answer's operation again
                 return 200, dict(self.objs["operations"][self.request_ids[rid]]["op"])
-            err = self._validate(body, zone)
+            err = self._validate(body, zone) or self._offered(body, zone)
             if err:
                 return err
             metric, count = self._gpu_metric(body, region)
             for m, where in self.quota_exceeded.items():
-                if m == metric or m == "GPUS_ALL_REGIONS":
+                if m in (metric, self._cpu_metric(body), "GPUS_ALL_REGIONS"):
                     msg = (f"Quota '{m}' exceeded.  Limit: 0.0 globally." if where == "global" else
                            f"Quota '{m}' exceeded.  Limit: 0.0 in region {where}.")
                     return self.err(403, msg, "quotaExceeded", "usageLimits")
@@ -413,6 +439,22 @@ class GCPEmulator:
                 return self.not_found(sub)
         return None
 
+    def _offered(self, body: dict[str, Any], zone: str) -> tuple[int, Any] | None:
+        """Compute Engine's refusal of a GPU the zone does not offer: an attached accelerator type is a resource
+        that "was not found" there; a G2 / A2 machine type "does not exist in zone" (texts as seen in public
+        reports; the HTTP status of the first is UNCONFIRMED: 404 here)."""
+        have = self.accelerators.get(zone, [])
+        for a in body.get("guestAccelerators") or []:
+            acc = a.get("acceleratorType", "").rsplit("/", 1)[-1]
+            if acc not in have:
+                return self.not_found(f"projects/{self.project}/zones/{zone}/acceleratorTypes/{acc}")
+        mt = (body.get("machineType") or "").rsplit("/", 1)[-1]
+        built = {"g2": "nvidia-l4", "a2": "nvidia-tesla-a100"}.get(mt.split("-", 1)[0])
+        if built and built not in have and not ("ultragpu" in mt and "nvidia-a100-80gb" in have):
+            return self.err(400, f"Invalid value for field 'resource.machineType': '{body.get('machineType')}'. "
+                                 f"Machine type with name '{mt}' does not exist in zone '{zone}'.", "invalid")
+        return None
+
     def _validate_scheduling(self, sched: dict[str, Any]) -> tuple[int, Any] | None:
         """``scheduling`` as Compute Engine takes it (docs/reference/gcp-fixtures.md "Spot VMs"): enum names as
         strings; a Spot VM cannot restart or migrate by itself; a termination action belongs to a Spot VM."""
@@ -457,6 +499,12 @@ class GCPEmulator:
                 zone = k.split("/")[0]
                 items.setdefault(f"zones/{zone}", {what: []})[what].append(
                     {a: b for a, b in v.items() if not a.startswith("_")})
+        elif what == "acceleratorTypes":
+            for zone, accs in self.accelerators.items():
+                items[f"zones/{zone}"] = {"acceleratorTypes": [
+                    {"kind": "compute#acceleratorType", "name": a, "description": a,
+                     "zone": f"{HOST}{self.project}/zones/{zone}", "maximumCardsPerInstance": 8,
+                     "selfLink": f"{HOST}{self.project}/zones/{zone}/acceleratorTypes/{a}"} for a in accs]}
         elif what == "subnetworks":
             for k, v in self.objs["subnetworks"].items():
                 items.setdefault(f"regions/{k.split('/')[0]}", {"subnetworks": []})["subnetworks"].append(v)
@@ -533,19 +581,38 @@ class GCPEmulator:
         project, pid = m.group(1), m.group(2)
         prefs = self.objs["quotaPreferences"]
         parent = f"projects/{project}/locations/global"
+        self.quota_requests.append((method, pid, dict(q), body))
         if method == "POST":
             pid = q.get("quotaPreferenceId") or f"pref-{self._id()}"
             name = f"{parent}/quotaPreferences/{pid}"
             if name in prefs:
                 return self.rpc_err(409, f"QuotaPreference {name} already exists", "ALREADY_EXISTS")
-            if not body.get("contactEmail"):
+            same = self._same_quota(body)
+            if same is not None:  # one preference per quota and dimensions: a second is refused
+                return self.rpc_err(409, f"A QuotaPreference for quota {body.get('quotaId')} with dimensions "
+                                         f"{body.get('dimensions') or {}} already exists: {same}", "ALREADY_EXISTS")
+            return self._new_pref(name, body)
+        if method == "PATCH" and pid is not None:
+            name = f"{parent}/quotaPreferences/{pid}"
+            pref = prefs.get(name)
+            if pref is None:
+                if q.get("allowMissing") != "true":
+                    return self.rpc_err(404, f"QuotaPreference {name} not found", "NOT_FOUND")
+                return self._new_pref(name, body)
+            mask = [m for m in q.get("updateMask", "").split(",") if m]
+            if not mask:
+                return self.rpc_err(400, "update_mask is required", "INVALID_ARGUMENT")
+            if "quotaConfig.preferredValue" in mask and not body.get("contactEmail"):
                 return self.rpc_err(400, "contact_email is required for a quota increase", "INVALID_ARGUMENT")
-            cfg = dict(body.get("quotaConfig") or {})
-            cfg.update(grantedValue="0", stateDetail="pending review", traceId=f"trace-{self._id()}")
-            pref = {k: v for k, v in body.items() if k != "contactEmail"}
-            pref.update(name=name, quotaConfig=cfg, reconciling=True, createTime=_now(), updateTime=_now(),
-                        etag=self._id())
-            prefs[name] = pref
+            for path in mask:
+                if path == "quotaConfig.preferredValue":
+                    pref["quotaConfig"]["preferredValue"] = (body.get("quotaConfig") or {}).get("preferredValue")
+                elif path == "justification":
+                    pref["justification"] = body.get("justification", "")
+                elif path != "contactEmail":
+                    return self.rpc_err(400, f"field {path} cannot be updated", "INVALID_ARGUMENT")
+            pref["quotaConfig"].update(stateDetail="pending review", traceId=f"trace-{self._id()}")
+            pref.update(reconciling=True, updateTime=_now(), etag=self._id())
             return 200, pref
         if method == "GET" and pid is None:
             items = list(prefs.values())
@@ -555,6 +622,24 @@ class GCPEmulator:
         pref = prefs.get(f"{parent}/quotaPreferences/{pid}")
         if pref is None:
             return self.rpc_err(404, f"QuotaPreference {pid} not found", "NOT_FOUND")
+        return 200, pref
+
+    def _same_quota(self, body: dict[str, Any]) -> str | None:
+        for name, p in self.objs["quotaPreferences"].items():
+            if p.get("quotaId") == body.get("quotaId") and (p.get("dimensions") or {}) == (body.get("dimensions")
+                                                                                             or {}):
+                return name
+        return None
+
+    def _new_pref(self, name: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if not body.get("contactEmail"):
+            return self.rpc_err(400, "contact_email is required for a quota increase", "INVALID_ARGUMENT")
+        cfg = dict(body.get("quotaConfig") or {})
+        cfg.update(grantedValue="0", stateDetail="pending review", traceId=f"trace-{self._id()}")
+        pref = {k: v for k, v in body.items() if k != "contactEmail"}
+        pref.update(name=name, quotaConfig=cfg, reconciling=True, createTime=_now(), updateTime=_now(),
+                    etag=self._id())
+        self.objs["quotaPreferences"][name] = pref
         return 200, pref
 
     def decide(self, name: str, granted: int) -> None:

@@ -51,6 +51,16 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
+def _public(obj: Any) -> Any:
+    """``obj`` as OCI answers it: an Instance has no ``subnetId`` (the emulator keeps it beside the instance for
+    its own checks; the API names the subnet on the VNIC and its attachment only)."""
+    if isinstance(obj, list):
+        return [_public(x) for x in obj]
+    if isinstance(obj, dict) and str(obj.get("id", "")).startswith("ocid1.instance."):
+        return {k: v for k, v in obj.items() if k != "subnetId"}
+    return obj
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -78,6 +88,7 @@ class OCIEmulator:
         self.timers: dict[str, float] = {}  # object id -> when its pending state change happens
         self.fail: dict[tuple[str, str], list[int]] = {}
         self.journal: list[tuple[str, str, int]] = []  # (method, path, status) of every request
+        self.exchanges: list[tuple[str, str, Any, int, Any]] = []  # (method, path, body, status, answer)
         self.updates: list[tuple[str, dict[str, Any]]] = []  # (security list id, PUT body) of every update
         self.events: list[dict[str, Any]] = []  # Events-service events emitted (preemption actions)
         self._srv = make_server("127.0.0.1", 0, self.app, threaded=True, request_handler=_Quiet)
@@ -197,6 +208,7 @@ class OCIEmulator:
     def app(self, request: Request) -> Response:
         parts = [p for p in request.path.split("/") if p]
         status = 500
+        resp = None
         try:
             resp = self._handle(request, parts)
             status = resp.status_code
@@ -205,10 +217,16 @@ class OCIEmulator:
             return self._err(500, "EmulatorBug", f"{type(e).__name__}: {e}")
         finally:
             self.journal.append((request.method, request.path, status))
+            # what parity tests hold to the SDK's models: the request body and the answer, as JSON
+            sent = request.get_data(as_text=True)
+            got = resp.get_data(as_text=True) if resp is not None and resp.content_type == "application/json" \
+                else ""
+            self.exchanges.append((request.method, request.path, json.loads(sent) if sent else None, status,
+                                   json.loads(got) if got else None))
 
     @staticmethod
     def _json(obj: Any, status: int = 200) -> Response:
-        return Response(json.dumps(obj), status=status, content_type="application/json",
+        return Response(json.dumps(_public(obj)), status=status, content_type="application/json",
                         headers={"opc-request-id": "emu"})
 
     def _err(self, status: int, code: str, message: str) -> Response:
