@@ -789,7 +789,8 @@ def register(app: "typer.Typer") -> None:
                 got = live_catalog(name)
             except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
                 failed += 1
-                console.print(f"[red]{name}: refresh failed[/]: {escape(_short(e))}; {keep}")
+                why = _short(e).removeprefix(f"{name}: ")  # a provider error names its provider already
+                console.print(f"[red]{name}: refresh failed[/]: {escape(why)}; {keep}")
                 continue
             if isinstance(got, str):
                 console.print(f"{name}: {escape(got)}; {keep}")

@@ -65,13 +65,32 @@ def oci_live_offers(get: Any = None, *, now: datetime | None = None) -> list["Of
     has no unambiguous SKU keep their snapshot price (their ``notes`` say so).  Raises httpx errors when the list
     cannot be fetched and ValueError when it holds no GPU SKU at all.
     """
-    if get is None:
-        import httpx
+    import httpx
 
+    from broker.core.errors import ProviderError
+
+    if get is None:
         get = httpx.get
-    r = get(OCI_PRICE_LIST_URL, params={"currencyCode": "USD"}, timeout=30.0)
-    r.raise_for_status()
-    skus = parse_oci_price_list(r.json())
+    call = "GET the public price list"
+    host = httpx.URL(OCI_PRICE_LIST_URL).host
+    try:
+        r = get(OCI_PRICE_LIST_URL, params={"currencyCode": "USD"}, timeout=30.0)
+        r.raise_for_status()
+        data = r.json()
+    except httpx.HTTPStatusError as e:
+        raise ProviderError("oci", call, f"{host} answered HTTP {e.response.status_code}", status=e.response.status_code,
+                            hint="try again later; the shipped snapshot stays in use") from None
+    except httpx.TransportError as e:
+        # the socket's own words ("[Errno -2] Name or service not known") said nothing about what was reached
+        cause = e.__context__ or e.__cause__
+        why = (f"the name {host} does not resolve (no DNS or no network)" if "Name or service not known" in str(e)
+               or "Name or service not known" in str(cause) else f"{type(e).__name__}: {e}")
+        raise ProviderError("oci", call, f"cannot reach {host}: {why}",
+                            hint="check the network or proxy (HTTPS_PROXY); the shipped snapshot stays in use") from None
+    except ValueError:
+        raise ProviderError("oci", call, f"{host} answered something that is not JSON",
+                            hint="try again later; the shipped snapshot stays in use") from None
+    skus = parse_oci_price_list(data)
     if not skus:
         raise ValueError("Oracle's price list answered without any 'Compute - GPU - ...' SKU")
     when = now or datetime.now(timezone.utc)
