@@ -218,7 +218,10 @@ def register(app: typer.Typer) -> None:
         from broker.core.ui import print_json
 
         if provider and provider not in QUOTA_PROVIDERS:
-            raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}")
+            raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+                           hint=f"{provider} has no service limits to read: what it can rent now is what it offers "
+                                f"(`broker offers --provider {provider}`; `broker plan --provider {provider}` plans "
+                                "on it)")
         n, g, topo = _job(nodes, gpus_per_node, topology, recipe)
         results = [check_provider(p, n, g, instance_type, topo, region, spot) for p in ([provider] if provider
                                                                                   else QUOTA_PROVIDERS)]

@@ -370,3 +370,15 @@ def test_quota_status_takes_a_provider(monkeypatch):
     from broker.core.provider import BadInput
 
     assert isinstance(cli("quota", "status", "--provider", "vast").exception, BadInput)
+
+
+def test_quota_check_on_a_provider_without_quotas_says_what_to_use(cli_env):
+    """`quota check --provider vast` ended with no `->` line."""
+    import subprocess
+    import sys
+
+    cp = subprocess.run([sys.executable, "-m", "broker", "quota", "check", "--provider", "vast"], env=cli_env,
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2
+    text = " ".join(cp.stderr.split())
+    assert "-> vast has no service limits to read" in text and "broker offers --provider vast" in text, text
