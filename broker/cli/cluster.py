@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -72,11 +73,19 @@ def up_cmd(
     console.print(f"[bold]cluster {c.cid}[/]: {nodes} node(s) on bridge {c.bridge} ({c.gateway}/24)"
                   + (f", fault injected: {inject}" if inject else ""))
     for n in cl.nodes:
-        console.print(f"  node{n.node_rank}: {n.host} (netns {c.ns(n.node_rank)})   ssh -F {c.root}/ssh/config "
-                      f"node{n.node_rank}")
+        text, cmd = node_line(c, n)
+        console.print(text, keep=[cmd])  # the command whole, even past the terminal's width: pasted, it runs
     console.print(f"run {run.id} in the ledger; removed at {run.deadline:%Y-%m-%d %H:%M}Z (in {hours:g} h) by "
                   "the watchdog", highlight=False)
     console.print(f"remove it with: broker netns down {c.cid}  (or broker down {run.id})", highlight=False)
+
+
+def node_line(c: Any, n: Any) -> tuple[str, str]:
+    """(the line ``netns up`` prints for node ``n`` of cluster handle ``c``, the ssh command in it)."""
+    import shlex
+
+    cmd = f"ssh -F {shlex.quote(str(c.root / 'ssh' / 'config'))} node{n.node_rank}"
+    return f"  node{n.node_rank}: {n.host} (netns {c.ns(n.node_rank)})   {cmd}", cmd
 
 
 def _up_in_ledger(nodes: int, *, inject: str | None, hours: float):

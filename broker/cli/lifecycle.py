@@ -110,9 +110,13 @@ def kept_message(out: Any, idle_minutes: float, idle_words: str | None = None) -
         import shlex
 
         key = f"-i {shlex.quote(str(c.ssh_key_path))} " if c.ssh_key_path else ""
+        # the run's pinned host key: without it a BatchMode ssh (or a strict ~/.ssh/config) refuses the node
+        known = getattr(c, "known_hosts_path", None)
+        hosts = f"-o UserKnownHostsFile={shlex.quote(str(known))} " if known else ""
         port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
         # the command alone on its line (printed unwrapped): a paste runs it as it is
-        lines.append(f"  ssh into node 0: ssh {key}{port}{shlex.quote(f'{n0.user}@{n0.host}')}")
+        lines.append(f"  ssh into node 0: broker ssh {run_id}   or: "
+                     f"ssh {key}{hosts}{port}{shlex.quote(f'{n0.user}@{n0.host}')}")
         lines.append(f"  run files on node 0: {shlex.quote(f'{c.workroot}/{run_id}')}")
     if c is not None and c.local_exec:  # this machine (fake provider): no node-side watch, only the watchdog
         lines.append(f"  the watchdog terminates them {idle_minutes:g} min after the job ended (or at the deadline / "
@@ -123,6 +127,15 @@ def kept_message(out: Any, idle_minutes: float, idle_words: str | None = None) -
                      f"{idle_minutes:g} min after the job ended at the latest (or at the deadline / budget)")
     lines.append(f"  stop them now: broker down {run_id}")
     return lines
+
+
+def commands_in(line: str) -> list[str]:
+    """The commands a line of :func:`kept_message` holds (after its ``: `` and ``or: ``), to print each whole
+    (``console.print(..., keep=...)``): a command is never split across lines."""
+    if ": " not in line:
+        return []
+    rest = line.split(": ", 1)[1]
+    return [c.strip() for c in rest.split("   or: ") if c.strip().startswith(("ssh ", "broker "))]
 
 
 def _settle_run(ledger: Any, run_id: str, left: list) -> None:

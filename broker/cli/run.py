@@ -243,7 +243,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     """``broker run`` through the one pipeline (:func:`broker.run.pipeline.run_recipe`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
-    from broker.cli.lifecycle import ProgressPrinter, kept_message
+    from broker.cli.lifecycle import ProgressPrinter, commands_in, kept_message
     from broker.cli.summary import render_summary
     from broker.money.ledger import Ledger
     from broker.run.runrecord import Hooks
@@ -285,7 +285,7 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
         render_summary(out.run, out.result, recipe, out.cost_usd)
     if out.kept_until_idle and not as_json:
         for line in kept_message(out, recipe.idle_minutes, recipe.idle_words()):
-            err.print(line, markup=False, highlight=False, soft_wrap=True)  # copy-paste: no wrapping
+            err.print(line, markup=False, highlight=False, keep=commands_in(line))  # each command whole
     if out.left:
         err.print("[bold red]still live after teardown:[/] " + ", ".join(
             f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in out.left) + f"; run `broker down {out.run.id}`")

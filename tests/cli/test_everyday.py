@@ -325,8 +325,16 @@ def test_kept_nodes_ssh_command_is_one_quoted_line():
     out = NS(run=NS(id="r-1"), kept=[NS(provider="vast", provider_id="123", name="n0")], cluster=cluster)
     lines = kept_message(out, 10)
     ssh = next(x for x in lines if "ssh into node 0" in x)
-    cmd = ssh.split(": ", 1)[1]
-    assert shlex.split(cmd) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-p", "2222", "root@203.0.113.7"]
+    from broker.cli.lifecycle import commands_in
+
+    assert commands_in(ssh)[0] == "broker ssh r-1"
+    assert shlex.split(commands_in(ssh)[1]) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-p", "2222",
+                                                "root@203.0.113.7"]
+    cluster.known_hosts_path = "/home/me/runs/r-1/known hosts"  # the run's pinned key travels with the command
+    ssh = next(x for x in kept_message(out, 10) if "ssh into node 0" in x)
+    assert shlex.split(commands_in(ssh)[1]) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-o",
+                                                "UserKnownHostsFile=/home/me/runs/r-1/known hosts", "-p", "2222",
+                                                "root@203.0.113.7"]
     assert "(recipe idle_minutes=10)" in lines[0]
     assert "(--idle-minutes 10)" in kept_message(out, 10, "--idle-minutes 10")[0]  # what the user typed
 
