@@ -350,6 +350,14 @@ def _print_nothing_yet() -> None:
                      "no live resources (nothing is billing).\n")
 
 
+def _print_starting(line: str) -> None:
+    """A starting run's line, wrapped at the terminal's width like the rest (it ran to 130 columns), its
+    `backticked` command kept whole."""
+    from broker.core.ui import console
+
+    console.print(line, markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("status", short_help="Recent runs (spent, worst case, time left), live resources")
     def status_cmd(
@@ -384,7 +392,7 @@ def register(app: typer.Typer) -> None:
 
                 print_json({"starting": pend})
             elif pend["alive"]:
-                sys.stdout.write(starting.describe(pend) + "\n")
+                _print_starting(starting.describe(pend))
             if not pend["alive"]:
                 raise starting.not_started(pend)
             return
@@ -392,7 +400,7 @@ def register(app: typer.Typer) -> None:
         if not run_id and not as_json:
             data = status_data(ledger, limit=limit, refresh=not no_refresh)
             for d in pending:
-                sys.stdout.write(starting.describe(d) + "\n")
+                _print_starting(starting.describe(d))
             if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
                     and not data["watchdog"]["pid"]:
                 _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out

@@ -173,8 +173,11 @@ def test_run_detached_returns_before_the_background_process_has_written_its_row(
         run_id = _detached_id(p)
         assert f"broker logs -f {run_id}" in p.stdout
         assert lock.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0  # returned before any row
-        s = _cli(["status", "--no-refresh"], env, timeout=60)  # a reader does not wait for the writer
-        assert f"run {run_id} (ticker): starting in the background" in s.stdout, s.stdout + s.stderr
+        # a reader does not wait for the writer; the line fits 80 columns (it ran to 130)
+        s = _cli(["status", "--no-refresh"], dict(env, COLUMNS="80", BROKER_NO_WRAP="0"), timeout=60)
+        assert f"run {run_id} (ticker): starting in the background" in " ".join(s.stdout.split()), \
+            s.stdout + s.stderr
+        assert max(len(line) for line in s.stdout.splitlines()) <= 80, s.stdout
     finally:
         lock.execute("ROLLBACK")
         lock.close()
@@ -193,7 +196,8 @@ def test_a_detached_run_that_dies_at_start_is_reported_by_status_and_logs(cli_en
     while any(d["alive"] for d in starting.entries()) and time.monotonic() - t0 < 60:
         time.sleep(0.2)
     s = _cli(["status", "--no-refresh"], cli_env)
-    assert f"run {run_id} (ticker): did not start" in s.stdout and "--provider slurm" in s.stdout, s.stdout
+    flat = " ".join(s.stdout.split())
+    assert f"run {run_id} (ticker): did not start" in flat and "--provider slurm" in flat, s.stdout
     for args in (["logs", run_id], ["logs", "-f"], ["status", run_id]):
         q = _cli(args, cli_env)
         assert q.returncode == 1, (args, q.stdout, q.stderr)
