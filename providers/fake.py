@@ -29,7 +29,9 @@ Environment (read at call time, so a test can steer a ``broker`` subprocess):
 * ``BROKER_FAKE_PREEMPT`` ``<seconds>[:<n>]``: the pretend cloud takes back each of the first ``n`` instances
   (default 1, counted in the state file) ``seconds`` after it started running, as a spot market would: its
   state turns ``terminated`` and :meth:`FakeProvider.preemption` says it was reclaimed, so a run on interruptible
-  capacity rents again and resumes from its checkpoint (try checkpoint/resume without a cloud)
+  capacity rents again and resumes from its checkpoint (try checkpoint/resume without a cloud).
+  ``checkpoint[+<seconds>][:<n>]``: ``seconds`` (default 0) after broker copied the run's first checkpoint back
+  (``<home>/runs/<run>/checkpoints/LATEST``), so a demo shows a resume however slowly the machine starts the job
 
 For ``multi-node`` it bootstraps a private network the way OCI does (a ``vcn`` then a ``subnet``, each recorded
 through the Recorder before and after its create), deleted by ``terminate``.  Tests may build several fakes with
@@ -71,21 +73,46 @@ def _flags(var: str) -> set[str]:
     return {x.strip() for x in os.environ.get(var, "").split(",") if x.strip()}
 
 
-def _preempt_rule() -> tuple[float, int] | None:
-    """``BROKER_FAKE_PREEMPT`` as (seconds running, how many instances); None when unset.  Raises BadInput (exit 2)
-    naming the variable when it is not ``<seconds>[:<n>]``."""
+#: ``BROKER_FAKE_PREEMPT=checkpoint...``: the clock starts at the run's first checkpoint copy
+AFTER_CHECKPOINT = "checkpoint"
+
+
+def _preempt_rule() -> tuple[float, int, bool] | None:
+    """``BROKER_FAKE_PREEMPT`` as (seconds, how many instances, whether the seconds count from the run's first
+    checkpoint copy rather than from running); None when unset.  Raises BadInput (exit 2) naming the variable when
+    it is not ``<seconds>[:<n>]`` or ``checkpoint[+<seconds>][:<n>]``."""
     raw = os.environ.get("BROKER_FAKE_PREEMPT", "").strip()
     if not raw:
         return None
     secs, _, n = raw.partition(":")
+    after_ckpt = secs.startswith(AFTER_CHECKPOINT)
+    if after_ckpt:
+        secs = secs[len(AFTER_CHECKPOINT):].removeprefix("+") or "0"
     try:
         rule = (float(secs), int(n) if n else 1)
     except ValueError:
         rule = (-1.0, -1)
     if not 0 <= rule[0] < float("inf") or rule[1] < 0:  # nan and inf too: "never" is leaving the variable unset
-        raise BadInput(f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>]",
-                       hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs) or 60:2")
-    return rule
+        raise BadInput(f"BROKER_FAKE_PREEMPT={raw!r} is not <seconds>[:<n>] or checkpoint[+<seconds>][:<n>]",
+                       hint="e.g. BROKER_FAKE_PREEMPT=60 (the first instance, 60 s after it runs), 60:2, or "
+                            "checkpoint+5 (5 s after the run's first checkpoint copy)")
+    return rule[0], rule[1], after_ckpt
+
+
+def _first_checkpoint_at(inst: dict[str, Any]) -> float | None:
+    """When broker's first checkpoint copy of the instance's run landed (its ``LATEST`` file's mtime), or None."""
+    import re
+
+    from broker.core.config import runs_dir
+    from broker.core.runfolder import RUN_ID_RE
+
+    run_id = (inst.get("tags") or {}).get("broker-run", "")
+    if not re.fullmatch(RUN_ID_RE, run_id):  # a tag is input: it names a folder only when it is a run id
+        return None
+    try:
+        return (runs_dir() / run_id / "checkpoints" / "LATEST").stat().st_mtime
+    except OSError:
+        return None
 
 
 def _reclaim_due(st: dict[str, Any], now: float) -> None:
@@ -94,11 +121,12 @@ def _reclaim_due(st: dict[str, Any], now: float) -> None:
     rule = _preempt_rule()
     if rule is None:
         return
-    after, count = rule
+    after, count, after_ckpt = rule
     for inst in st["instances"].values():
-        since = inst.get("running_at")
-        if (inst["state"] == "running" and since is not None and inst.get("ordinal", count) < count
-                and now - since >= after):
+        if inst["state"] != "running" or inst.get("ordinal", count) >= count:
+            continue
+        since = _first_checkpoint_at(inst) if after_ckpt else inst.get("running_at")
+        if since is not None and now - since >= after:
             inst.update(state="terminated", terminated_at=now, reclaimed=True)
 
 
