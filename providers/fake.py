@@ -100,7 +100,7 @@ def _preempt_rule() -> tuple[float, int, bool] | None:
 
 
 def _first_checkpoint_at(inst: dict[str, Any]) -> float | None:
-    """When broker's first checkpoint copy of the instance's run landed (its ``LATEST`` file's mtime), or None."""
+    """When broker's newest checkpoint copy of the instance's run landed (its ``LATEST`` file's mtime), or None."""
     import re
 
     from broker.core.config import runs_dir
@@ -125,7 +125,11 @@ def _reclaim_due(st: dict[str, Any], now: float) -> None:
     for inst in st["instances"].values():
         if inst["state"] != "running" or inst.get("ordinal", count) >= count:
             continue
-        since = _first_checkpoint_at(inst) if after_ckpt else inst.get("running_at")
+        since = inst.get("running_at")
+        if after_ckpt:  # LATEST is replaced at every copy: the first one seen is kept in the state
+            since = inst.get("checkpoint_at") or _first_checkpoint_at(inst)
+            if since is not None:
+                inst["checkpoint_at"] = since
         if since is not None and now - since >= after:
             inst.update(state="terminated", terminated_at=now, reclaimed=True)
 

@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
         slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
                                        "login node (user@host); default: Slurm commands on this machine"),
         cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
-                                    "slurm up` (through its node 0)"),
+                                    "slurm up` (through its node 0); --provider netns: run on this cluster from "
+                                    "`broker netns up` (its id or run id)"),
         topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
                                      "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
                                      "emulated here, two sites behind two NATs)"),
@@ -133,14 +134,37 @@ def register(app: typer.Typer) -> None:
             from broker.core.provider import BadInput
 
             raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
+        if cluster and provider == "netns":  # a cluster from `broker netns up`: its nodes are kept, as for exec
+            from broker.cli.day2 import run_on_kept
+
+            raise typer.Exit(run_on_kept(_netns_cluster_run(cluster), recipe, quiet=quiet, as_json=as_json))
         if cluster and provider != "slurm":
             from broker.core.provider import BadInput
 
-            raise BadInput("--cluster works with --provider slurm only",
-                           hint="broker run RECIPE --provider slurm --cluster ID")
+            raise BadInput("--cluster works with --provider slurm (a `broker slurm up` cluster) or --provider netns "
+                           "(a `broker netns up` cluster)",
+                           hint="broker run RECIPE --provider slurm --cluster ID, or --provider netns --cluster ID")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
                                      topology=topology, mesh=mesh))
+
+
+def _netns_cluster_run(cluster: str) -> str:
+    """The run id of the ``broker netns up`` cluster ``cluster`` (its cluster id ``bkn`` + 6 hex digits as printed,
+    or its run id / a unique prefix).  Raises BadInput when no such cluster is in the ledger."""
+    import re
+
+    from broker.core.provider import BadInput
+    from broker.money.ledger import Ledger
+
+    if not re.fullmatch(r"bkn[0-9a-f]{6}", cluster):
+        return cluster  # a run id (or prefix): kept_cluster resolves and checks it
+    ledger = Ledger()
+    row = ledger.find_by_provider_id("netns", f"{cluster}:0")
+    if row is None:
+        raise BadInput(f"no netns cluster {cluster} in the ledger",
+                       hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up")
+    return row.run_id
 
 
 def _refuse_script_flags(flags: dict[str, Any], recipe_path: Path) -> None:

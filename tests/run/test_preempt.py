@@ -587,7 +587,7 @@ def test_the_providers_word_makes_a_killed_job_a_preemption(tmp_path, fake_cloud
     assert ledger.resources(out.run.id, live_only=True) == []
 
 
-@pytest.mark.parametrize("rule", ["3", "checkpoint"])
+@pytest.mark.parametrize("rule", ["3", "checkpoint+2"])
 def test_the_fake_cloud_takes_an_instance_back_when_told_and_the_run_resumes(tmp_path, fake_cloud, monkeypatch,
                                                                              rule):
     """BROKER_FAKE_PREEMPT: the pretend cloud reclaims the first instance 3 s after it runs (or once the run's
