@@ -241,7 +241,7 @@ def _main(args, capsys):
 
 @pytest.mark.parametrize("args, needles", [
     (["plan", "--budget", "abc"], ["error: Invalid value for '--budget'", "-> usage: broker plan [OPTIONS]"]),
-    (["run"], ["error: Missing argument 'RECIPE'", "usage: broker run [OPTIONS] RECIPE"]),
+    (["run"], ["error: Missing argument 'RECIPE|SCRIPT.py'", "usage: broker run [OPTIONS] RECIPE|SCRIPT.py"]),
     (["launch", "r.yaml"], ["error: no command 'launch'", "did you mean `broker run`?"]),
     (["plan", "r.yaml"], ["the recipe goes after --recipe: broker plan --recipe r.yaml"]),
     (["plan", "--provider", "vasti"], ["--provider 'vasti' is not a provider", "did you mean --provider vast?"]),
