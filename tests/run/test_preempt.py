@@ -280,9 +280,10 @@ def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
     node.mkdir()
     (node / "ok.pt").write_text("1")
     (node / "leak.pt").symlink_to(secret)
-    with pytest.raises(CopyFailed, match="outside the checkpoint folder"):
-        copy_back(LocalSource(node), tmp_path / "run")
-    assert latest_generation(tmp_path / "run") is None
+    refused: list[str] = []
+    gen, _ = copy_back(LocalSource(node), tmp_path / "run", refused=refused)  # the link is skipped, the rest copied
+    assert sorted(p.name for p in gen.iterdir()) == ["ok.pt"]
+    assert len(refused) == 1 and refused[0].startswith("'leak.pt' (") and "outside the checkpoint folder" in refused[0]
 
     class Evil(Source):
         def list(self):
@@ -291,8 +292,9 @@ def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
         def fetch(self, rel, dst, budget):  # pragma: no cover - must never be reached
             raise AssertionError(dst)
 
-    with pytest.raises(CopyFailed, match=r"\.\."):
-        copy_back(Evil(), tmp_path / "run2")
+    refused = []
+    assert copy_back(Evil(), tmp_path / "run2", refused=refused) == (None, 0)  # nothing taken: no generation
+    assert ".." in refused[0] and latest_generation(tmp_path / "run2") is None
     assert not (tmp_path / "escape").exists()
 
 
