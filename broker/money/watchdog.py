@@ -413,6 +413,14 @@ class Watchdog:
                     continue
                 known = self.ledger.find_by_provider_id(name, t.provider_id)
                 if known is not None:
+                    if known.live and t.rate_unreadable and known.kind == "instance":
+                        # a rate it cannot read is unknown, never the planned one: recorded and said once
+                        from broker.money.cost import note_unknown_rate
+
+                        if (known.attrs or {}).get("rate_unknown") != t.rate_unreadable:
+                            _r, line = note_unknown_rate(self._provider(name), self.ledger, known,
+                                                         t.rate_unreadable, actor=self.actor)
+                            self._log(known.run_id, "rate", line)
                     if known.live and t.usd_per_hour is not None and known.kind == "instance":
                         # the provider's rate, also when the CLI died before it could record it: the budget
                         # rule above then counts what is really billed
