@@ -850,3 +850,62 @@ def test_broker_status_elsewhere_keeps_who_terminated_a_node(tmp_path, fake_clou
     assert (rows[a.id].state, rows[a.id].terminated_by) == ("terminated", "down")
     assert (rows[b.id].state, rows[b.id].terminated_by) == ("terminated", "provider")
     assert broker_ended(ctx, run) == f"fake instance {a.provider_id} was terminated by broker's down"
+
+
+# --------------------------------------------------------------------------------------------------- finished
+FINISHED_JOB = """
+import pathlib, sys, time
+print("DDP_OK", flush=True)
+pathlib.Path({marker!r}).write_text("done")
+time.sleep(40)  # torchrun's exit barrier, a slow interpreter exit: the ranks' work is done
+"""
+
+
+def test_a_preemption_after_the_ranks_finished_is_a_success_and_rents_nothing_again(tmp_path, fake_cloud,
+                                                                                      monkeypatch):
+    """The pretend cloud takes the instance back right after the job printed its ``expect`` line (DDP_OK), before
+    it exited: the run is done (collect, tear down, record success), never rented again."""
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from tests.support.plans import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "job.py").write_text(FINISHED_JOB.format(marker=str(tmp_path / "done")))
+    (d / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\ntopology: simulated\n"
+                              "budget_usd: 50\nmax_hours: 1\ninterruptible: true\nexpect: [DDP_OK]\n")
+    recipe = load_recipe(d / "r.yaml")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    said: list[str] = []
+    done: list = []
+
+    def take_back() -> None:  # the provider reclaims the instance once the job's work is done
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not done:
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if live and (tmp_path / "done").exists():
+                p.destroy(live[0])
+                done.append(live[0])
+            time.sleep(0.05)
+
+    th = threading.Thread(target=take_back, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks(say=said.append))
+    th.join(timeout=5)
+    assert done, said
+    assert out.exit_code == 0 and out.result.status == "succeeded", (out.result.reason, said)
+    assert "before a node was lost" in out.result.reason and "not rented again" in out.result.reason
+    assert (tmp_path / "done").exists()
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["succeeded"], rows
+    assert len(p.instances()) == 1  # one instance ever rented
+    assert [i["state"] for i in p.instances().values()] == ["terminated"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert ledger.get_run(out.run.id).status == "succeeded"
+    assert time.monotonic() - t0 < 40  # it did not wait for a second attempt's job
