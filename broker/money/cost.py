@@ -103,11 +103,11 @@ def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd
     storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
                                                                                     or 0.0)
     rate = round(float(reported_usd_per_hour) + storage, 6)
-    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9
+    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9 or bool(a.get("rate_unknown"))
     if changed:
         ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
                                attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
-                                      "rate_source": f"{p.name} reported"},
+                                      "rate_source": f"{p.name} reported", "rate_unknown": None},
                                message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
                                        f"${planned:.4g}/h)")
     return ledger.resource(res.id) or res, planned, rate, changed

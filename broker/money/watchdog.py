@@ -291,6 +291,11 @@ class Watchdog:
             if hourly and spent + hourly * self.interval_s / 3600.0 >= run.budget_usd:
                 return "budget", (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent "
                                   f"${spent:,.4f} at ${hourly:,.2f}/h")
+        if run is not None and run.budget_usd is not None and (res.attrs or {}).get("rate_unknown"):
+            # the provider's rate for it cannot be read: the worst case is unbounded, the budget cannot be shown
+            # to hold (a rate the provider reports readably again clears this)
+            return "budget", (f"the provider reports a rate broker cannot read ({res.attrs['rate_unknown']}): the "
+                              f"budget ${run.budget_usd:,.2f} cannot be shown to hold")
         held = res.state in ("stopping", "stopped", "starting") or bool(res.attrs.get("restarted_at"))
         if run is not None and run.status in ENDED_STATUSES and not held:
             idle_min = res.attrs.get("idle_minutes") or (run.recipe or {}).get("idle_minutes")

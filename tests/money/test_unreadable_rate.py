@@ -69,3 +69,25 @@ def test_the_record_reads_every_adapters_rate_the_same_way():
     assert i.usd_per_hour is None and i.rate_unreadable == "nan is not a price"
     t = TaggedResource(provider="x", kind="instance", provider_id="1", run_id=None, usd_per_hour="abc")
     assert t.usd_per_hour is None and "not a number" in t.rate_unreadable
+
+
+def test_the_watchdog_stops_an_instance_whose_rate_it_cannot_read_when_the_run_has_a_budget(vast_env, tmp_path):  # noqa: F811
+    """The CLI died before it saw the rate: the watchdog's scan reads a ``dph_total`` it cannot read, records it as
+    unknown (said once) and its budget rule stops the instance: the budget cannot be shown to hold."""
+    from datetime import timedelta
+
+    from broker.core.model import utcnow
+    from broker.money.watchdog import Watchdog
+    from tests.money.test_money_truth import _instance_row
+
+    emu = vast_env(dph_as=lambda v: "call us")
+    ledger = Ledger()
+    run = _run(ledger, tmp_path, budget=50.0)
+    iid, res = _instance_row(ledger, run, emu, usd_per_hour=0.40)
+    ledger.update_resource(res.id, created_at=utcnow() - timedelta(minutes=2))
+    w = Watchdog(ledger, providers={"vast": _vast()}, orphan_scan_s=0, confirm_timeout_s=5, home=tmp_path / "wd")
+    acts = w.run_once() + w.run_once()
+    row = ledger.resource(res.id)
+    assert row.attrs["rate_unknown"] == "'call us' is not a number"
+    assert any(a.kind == "terminate" and "cannot be shown to hold" in a.reason for a in acts), acts
+    assert iid not in emu.instances and row.state == "terminated"
