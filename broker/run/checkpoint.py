@@ -98,6 +98,8 @@ class LocalSource(Source):
         real = os.path.realpath(self.folder / rel)
         if not real.startswith(base):
             raise RefusedArtifact(f"a symlink to {real!r}, outside the checkpoint folder")
+        if not os.path.lexists(real):  # gone since the listing (the job replaced it): this copy is not whole
+            raise FileNotFoundError(f"{rel!r} went away while the checkpoint was copied")
         if not os.path.isfile(real):
             raise RefusedArtifact("not a regular file")
         budget.check(os.stat(real).st_size)
