@@ -909,3 +909,25 @@ def test_a_preemption_after_the_ranks_finished_is_a_success_and_rents_nothing_ag
     assert ledger.resources(out.run.id, live_only=True) == []
     assert ledger.get_run(out.run.id).status == "succeeded"
     assert time.monotonic() - t0 < 40  # it did not wait for a second attempt's job
+
+
+def test_ranks_finished_reads_exit_codes_and_the_expect_lines(tmp_path):
+    from types import SimpleNamespace
+
+    from broker.run.attempts import classify, ranks_finished
+    from broker.run.supervisor import RunResult
+
+    recipe = SimpleNamespace(nodes=2, expect=["DDP_OK"])
+    run = SimpleNamespace(run_dir=str(tmp_path))
+    # every node exited 0, then the provider said it took one back: done
+    ok = RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={})
+    assert classify(ok, None, "reclaimed").preempted and ranks_finished(recipe, run, ok) == "every node had exited 0"
+    # exit 0 without the expected output is not a finished job
+    bare = RunResult(status="failed", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={}, missing_expect=["DDP_OK"])
+    assert ranks_finished(recipe, run, bare) is None
+    # a connection dropped (code unknown): done only when rank 0's log already holds every expected line
+    cut = RunResult(status="failed", exit_codes={0: None, 1: None}, wall_s=1.0, log_paths={}, failed_node=0)
+    assert classify(cut, None, None).preempted and ranks_finished(recipe, run, cut) is None
+    (tmp_path / "node0.log").write_text("epoch 2 loss 0.1\nDDP_OK\n")
+    assert "every expected line ('DDP_OK')" in ranks_finished(recipe, run, cut)
+    assert ranks_finished(SimpleNamespace(nodes=2, expect=[]), run, cut) is None  # nothing to tell it by
