@@ -449,7 +449,8 @@ class Watchdog:
                 res = self.ledger.record_intent(
                     run_id, name, t.kind, t.name or t.provider_id, region=t.region,
                     usd_per_hour=float(t.usd_per_hour or 0.0), actor=self.actor,
-                    attrs={"orphan": True, "orphan_first_seen": now.isoformat(), "tag_run_id": t.run_id})
+                    attrs={"orphan": True, "orphan_first_seen": now.isoformat(), "tag_run_id": t.run_id,
+                           **({"rate_unknown": t.rate_unreadable} if t.rate_unreadable else {})})
                 msg = (f"orphan: {name} {t.kind} {t.provider_id} carries run tag {t.run_id!r} but the ledger did "
                        f"not know it; recorded, terminated after {_ago(self.orphan_grace_s)} unless claimed")
                 self.ledger.update_resource(res.id, provider_id=t.provider_id, state="orphan",

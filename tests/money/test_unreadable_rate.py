@@ -91,3 +91,16 @@ def test_the_watchdog_stops_an_instance_whose_rate_it_cannot_read_when_the_run_h
     assert row.attrs["rate_unknown"] == "'call us' is not a number"
     assert any(a.kind == "terminate" and "cannot be shown to hold" in a.reason for a in acts), acts
     assert iid not in emu.instances and row.state == "terminated"
+
+
+def test_an_orphan_whose_rate_cannot_be_read_is_recorded_as_unknown(vast_env, tmp_path):  # noqa: F811
+    from broker.money.watchdog import Watchdog
+    from broker.providers.vast.lifecycle import make_label
+
+    emu = vast_env(dph_as=lambda v: ...)  # no dph_total at all
+    ledger = Ledger()
+    emu.add_instance(make_label("20261201-000000-deadbe", 0, ledger.installation_id), age_s=60)
+    w = Watchdog(ledger, providers={"vast": _vast()}, orphan_scan_s=0, confirm_timeout_s=5, home=tmp_path / "wd")
+    w.run_once()
+    (row,) = [r for r in ledger.resources("20261201-000000-deadbe")]
+    assert row.attrs["orphan"] is True and row.attrs["rate_unknown"] == "the instance row has no dph_total"
