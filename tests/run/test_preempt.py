@@ -272,7 +272,7 @@ def test_copy_back_is_incremental_atomic_and_keeps_the_last_good_generation(tmp_
 
 
 def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
-    from broker.run.checkpoint import CopyFailed, LocalSource, Source, copy_back, latest_generation
+    from broker.run.checkpoint import LocalSource, Source, copy_back, latest_generation
 
     secret = tmp_path / "secret"
     secret.write_text("s")
