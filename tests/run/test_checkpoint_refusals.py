@@ -121,3 +121,43 @@ def test_every_copy_of_a_run_shares_one_size_cap_counted_on_disk(tmp_path):
         copy_back(Measured(node), run, budget=ArtifactBudget(per_file=cap, total=cap))
     assert disk_bytes(run / "checkpoints") <= cap
     assert (latest_generation(run) / "m.pt").read_bytes() == bytes([3]) * 4000
+
+
+@pytest.mark.netns
+def test_refused_checkpoint_files_over_ssh_in_a_netns_run(tmp_path, monkeypatch):
+    """The same files in node 0's checkpoint_dir on a netns host, fetched over SSH/SFTP: each refused file is
+    named once, the good one copied."""
+    from tests.conftest import netns_missing
+
+    why = netns_missing()
+    if why:
+        pytest.skip(why)
+    from broker.core.recipe import load_recipe
+    from broker.run.checkpoint import latest_generation
+    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "job.py").write_text(JOB.format(secret="/etc/hostname"))
+    (d / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 2\ncpu_ok: true\ntopology: multi-node\n"
+                              "budget_usd: 5\nmax_hours: 1\ncheckpoint_dir: ckpt\ncheckpoint_every_s: 1\n"
+                              "expect: [DONE]\n")
+    recipe = load_recipe(d / "r.yaml")
+    target = NetnsTarget(recipe)
+    said: list[str] = []
+    try:
+        out = run_pipeline(recipe, target, ledger=Ledger(), hooks=Hooks(say=said.append))
+    finally:
+        if target.cluster_state is not None:
+            target.cluster_state.down()
+    assert out.exit_code == 0, (out.result.reason, said)
+    gen = latest_generation(Path(out.run.run_dir))
+    assert gen is not None and sorted(p.name for p in gen.iterdir()) == ["state.json"], said
+    lines = [s for s in said if s.startswith("checkpoint file refused")]
+    assert len(lines) == 3, said
+    assert any("'leak.pt'" in s and "outside" in s for s in lines), lines
+    assert any("'pipe'" in s and "not a regular file" in s for s in lines), lines
+    assert any(r"'red\x1b[31m.pt'" in s for s in lines), lines
+    assert not any("\x1b" in s for s in said)
+    assert "checkpoint file(s) refused" in out.result.reason
