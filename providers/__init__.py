@@ -40,6 +40,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
                  node_switch="self-terminate with an instance principal at {grace}",
                  node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
+                 credential_files=("OCI_CONFIG_FILE",),
                  snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", interruptible=True,
                  preemptions_per_hour=0.05, stoppable=True, slurm_nodes=True)),
     "aws": ("broker.providers.aws:AWSProvider",
@@ -47,6 +48,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
                  quota_unit="vcpus", quota_scope="region",
                  node_switch="scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate",
                  ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
+                 credential_files=("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE"),
                  live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions", interruptible=True,
                  interruptible_bid=True, preemptions_per_hour=0.02, stoppable=True,
                  slurm_nodes=True)),
@@ -57,6 +59,7 @@ PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
                  setup_allowance_s=900, ssh_ready_timeout_s=600.0,
                  credentials_hint="Google ADC (gcloud auth application-default login or "
                                   "GOOGLE_APPLICATION_CREDENTIALS) and GOOGLE_CLOUD_PROJECT",
+                 credential_files=("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"),
                  live_price_list="api", snapshot="gcp.csv", interruptible=True, preemptions_per_hour=0.05,
                  slurm_nodes=True)),
     "netns": ("broker.providers.netns:NetnsProvider",
@@ -134,6 +137,8 @@ HYBRID_CLOUD: tuple[str, ...] = names_where(lambda c: c.rents and not c.pretend 
 SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
 #: Providers that can stop an instance keeping its disk (``broker stop`` / ``broker start``).
 STOPPABLE: tuple[str, ...] = names_where(lambda c: c.stoppable)
+#: Environment variables naming credential files or folders, every provider's (never staged to a node).
+CREDENTIAL_FILE_VARS: tuple[str, ...] = tuple(dict.fromkeys(v for c in _CAPS.values() for v in c.credential_files))
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
 #: Providers whose machines ``broker slurm up`` builds a Slurm cluster on: the emulations first, then the clouds.

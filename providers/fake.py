@@ -166,6 +166,7 @@ class FakeProvider(Provider):
     #: its state file is read locally (no API to rate-limit): a node it took back is noticed within 2 s
     node_check_s = 2.0
     credentials_hint = None
+    credential_files = ()
     native_query = False
     live_offer_search = False
     live_price_list = None

@@ -502,6 +502,7 @@ class NetnsProvider(Provider):
     create_settle_s = 20.0
     node_check_s = 30.0
     credentials_hint = None
+    credential_files = ()
     native_query = False
     live_offer_search = False
     live_price_list = None

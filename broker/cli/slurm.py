@@ -183,7 +183,7 @@ def register_cluster_commands(slurm: typer.Typer) -> None:
         else:
             code = f"{out.exit_code}:{out.signal or 0}" if out.exit_code is not None else "-"
             console.print(f"[bold]run {out.run_id}[/]: Slurm job {out.job_id} {out.state}, ExitCode {code} "
-                          f"({out.status}); logs in {escape(str(out.files[0].parent if out.files else ''))}",
+                          f"({out.status}); logs in {escape(str(out.files[0].parent.parent if out.files else ''))}",
                           highlight=False)
             for line in out.diagnosis:
                 console.print(escape(line), highlight=False)

@@ -122,7 +122,7 @@ class Recorder(Protocol):
 #: The capability attributes of :class:`Provider` (class attributes, documented there), in declaration order.
 CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
                 "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
-                "node_check_s", "credentials_hint", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
+                "node_check_s", "credentials_hint", "credential_files", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
                 "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable", "slurm_nodes")
 
 
@@ -241,6 +241,10 @@ class Provider(ABC):
     node_check_s: ClassVar[float] = 30.0
     #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
     credentials_hint: ClassVar[str | None] = None
+    #: Environment variables whose value names a file (or folder) of this provider's credentials or credential
+    #: config (``GOOGLE_APPLICATION_CREDENTIALS``): what they name is never staged to a node
+    #: (:func:`broker.run.staging.stage_plan`).
+    credential_files: ClassVar[tuple[str, ...]] = ()
     #: ``offers()`` takes the provider's native query string (``broker plan --vast-query``).
     native_query: ClassVar[bool] = False
     #: The adapter has ``live_offers(req)``: a live market search (``broker catalog refresh``, no snapshot

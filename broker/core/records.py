@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from broker.core.model import Offer, ResourceState, RunStatus, TopologyKind, utcnow
 from broker.core.provider import InstanceState
@@ -194,9 +194,45 @@ class Ingress(BaseModel):
         return self.port_to or self.port
 
 
+def read_rate(raw: Any) -> tuple[float | None, str | None]:
+    """A rate (US dollars per hour) as a provider reported it: ``(rate, None)`` for a number or a string that is a
+    plain decimal (``"24.7200"``: the provider's number, as some APIs send prices); ``(None, why)`` for what broker
+    cannot read as a price (text, a negative number, NaN, infinity, a bool); ``(None, None)`` for nothing reported.
+    A rate broker cannot read is unknown, never the planned one (:func:`broker.money.cost.record_unknown_rate`)."""
+    import math
+    import re
+
+    if raw is None:
+        return None, None
+    shown = repr(raw)[:40]
+    if isinstance(raw, bool):
+        return None, f"{shown} is not a number"
+    if isinstance(raw, (int, float)):
+        v = float(raw)
+    elif isinstance(raw, str) and re.fullmatch(r"\d{1,12}(?:\.\d{1,12})?", raw.strip()):
+        v = float(raw.strip())
+    else:
+        return None, f"{shown} is not a number"
+    if not math.isfinite(v) or v < 0:
+        return None, f"{shown} is not a price"
+    return v, None
+
+
+def _read_reported_rate(data: Any) -> Any:
+    """Validator body: ``usd_per_hour`` read with :func:`read_rate`; what cannot be read moves to
+    ``rate_unreadable`` (why) and the rate becomes unknown (None)."""
+    if isinstance(data, dict) and data.get("usd_per_hour") is not None:
+        v, why = read_rate(data["usd_per_hour"])
+        data = {**data, "usd_per_hour": v}
+        if why:
+            data["rate_unreadable"] = data.get("rate_unreadable") or why
+    return data
+
+
 class InstanceInfo(_Model):
     """What :meth:`Provider.describe_instance` returns.  ``state == "terminated"`` also when the provider no
-    longer knows the id (gone)."""
+    longer knows the id (gone).  ``usd_per_hour``: the rate the provider reports (None: none reported);
+    ``rate_unreadable``: why the rate it reported could not be read (then ``usd_per_hour`` is None: unknown)."""
 
     provider_id: str
     state: InstanceState
@@ -208,6 +244,9 @@ class InstanceInfo(_Model):
     ssh_user: str = "root"
     message: str | None = None
     usd_per_hour: float | None = None
+    rate_unreadable: str | None = None
+
+    _rate = model_validator(mode="before")(_read_reported_rate)
 
 
 class TaggedResource(_Model):
@@ -224,6 +263,9 @@ class TaggedResource(_Model):
     name: str | None = None
     installation_id: str | None = None  # INSTALL_TAG's value; None when the resource carries none (older broker)
     client_token: str | None = None  # NodeRequest.client_token (ledger row id) when the tag / label carries it
+    rate_unreadable: str | None = None  # as :class:`InstanceInfo`'s
+
+    _rate = model_validator(mode="before")(_read_reported_rate)
 
 
 class QuotaRequest(_Model):

@@ -103,11 +103,11 @@ def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd
     storage = 0.0 if getattr(p, "reported_rate_includes_storage", False) else float(a.get("storage_usd_per_hour")
                                                                                     or 0.0)
     rate = round(float(reported_usd_per_hour) + storage, 6)
-    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9
+    changed = abs(rate - float(res.usd_per_hour or 0.0)) > 1e-9 or bool(a.get("rate_unknown"))
     if changed:
         ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
                                attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
-                                      "rate_source": f"{p.name} reported"},
+                                      "rate_source": f"{p.name} reported", "rate_unknown": None},
                                message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
                                        f"${planned:.4g}/h)")
     return ledger.resource(res.id) or res, planned, rate, changed
@@ -139,6 +139,39 @@ def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, r
                                        "(`broker plan` shows the planned prices)")
         say(f"{both}; the worst case at that rate (${float(rc.worst_case_usd or 0):,.2f}) still fits the budget"
             + (f" ${cur.budget_usd:,.2f}" if cur.budget_usd is not None else "") + ": going on")
+    return res
+
+
+def note_unknown_rate(p: Provider, ledger: Ledger, res: Resource, why: str, *, actor: str) -> tuple[Resource, str]:
+    """Record on ``res`` that ``p`` reported a rate broker cannot read (``why``, from
+    :func:`broker.core.records.read_rate`): ``attrs["rate_unknown"]``, and the rate source says so; the ledger's
+    number stays the planned one only because a row needs one (every line that shows it says it is unknown).
+    Returns (the row, the line to show)."""
+    a = res.attrs or {}
+    planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
+    line = (f"{p.name} reports a rate broker cannot read for {res.provider_id} ({why}): its real rate is unknown, "
+            f"not the planned ${planned:.4g}/h; costs shown for it may be low")
+    if a.get("rate_unknown") != why:
+        ledger.update_resource(res.id, actor=actor, message=line,
+                               attrs={"planned_usd_per_hour": planned, "rate_unknown": why,
+                                      "rate_source": f"{p.name} reported an unreadable rate"})
+    return ledger.resource(res.id) or res, line
+
+
+def record_unknown_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, why: str, *, say: Progress,
+                        actor: str) -> Resource:
+    """The provider reported a rate for ``res`` that broker cannot read (text, negative, NaN, missing): the rate is
+    unknown, never the planned one (:func:`note_unknown_rate`), and the line says so.  The budget guard takes the
+    worst case: with an unknown rate the run's cost cannot be shown to fit a budget, so a run with a budget raises
+    :class:`RateAboveBudget` (stop and tear down, exit 3); a run without one goes on."""
+    res, line = note_unknown_rate(p, ledger, res, why, actor=actor)
+    cur = ledger.get_run(run.id) or run
+    if cur.budget_usd is not None:
+        raise RateAboveBudget(f"{line}; with an unknown rate the run cannot be shown to fit its budget "
+                              f"${cur.budget_usd:,.2f}: stopping and tearing down", status="failed",
+                              hint=f"check the instance's price in the {p.name} console; pick another offer "
+                                   "(`broker plan` shows the planned prices)")
+    say(line + "; the run has no budget to guard: going on")
     return res
 
 

@@ -71,7 +71,7 @@ from broker.core.provider import (
     INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, NotSupported, NoValidPlan, OfferGone, Provider,
     ProviderError, QuotaError, TransientError)
 from broker.core.records import Ingress, InstanceInfo, NodeRequest, TaggedResource
-from broker.money.cost import HOURS_PER_MONTH, Progress, check_clock, record_reported_rate
+from broker.money.cost import HOURS_PER_MONTH, Progress, check_clock, record_reported_rate, record_unknown_rate
 
 
 #: instance states that will never become ``running`` (give up at once)
@@ -747,6 +747,8 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
                 last = info.state
             if info.usd_per_hour is not None and info.state not in DEAD_STATES:
                 res = record_reported_rate(p, ledger, res, run, info.usd_per_hour, say=say, actor=actor)
+            elif info.rate_unreadable and info.state not in DEAD_STATES:  # unknown, never the planned price
+                res = record_unknown_rate(p, ledger, res, run, info.rate_unreadable, say=say, actor=actor)
             if info.state == "running":
                 ledger.update_resource(res.id, state="running", actor=actor, attrs={
                     k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),

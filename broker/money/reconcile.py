@@ -184,7 +184,8 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
         elif row is None:
             row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
                                        region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
-                                       attrs={"found_by": "reconcile", "installation_id": t.installation_id})
+                                       attrs={"found_by": "reconcile", "installation_id": t.installation_id,
+                                              **({"rate_unknown": t.rate_unreadable} if t.rate_unreadable else {})})
             ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
                                    created_at=t.created_at or row.created_at, actor=actor,
                                    message=f"orphan {t.kind} {t.provider_id} found by run tag")

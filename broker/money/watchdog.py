@@ -291,6 +291,11 @@ class Watchdog:
             if hourly and spent + hourly * self.interval_s / 3600.0 >= run.budget_usd:
                 return "budget", (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent "
                                   f"${spent:,.4f} at ${hourly:,.2f}/h")
+        if run is not None and run.budget_usd is not None and (res.attrs or {}).get("rate_unknown"):
+            # the provider's rate for it cannot be read: the worst case is unbounded, the budget cannot be shown
+            # to hold (a rate the provider reports readably again clears this)
+            return "budget", (f"the provider reports a rate broker cannot read ({res.attrs['rate_unknown']}): the "
+                              f"budget ${run.budget_usd:,.2f} cannot be shown to hold")
         held = res.state in ("stopping", "stopped", "starting") or bool(res.attrs.get("restarted_at"))
         if run is not None and run.status in ENDED_STATUSES and not held:
             idle_min = res.attrs.get("idle_minutes") or (run.recipe or {}).get("idle_minutes")
@@ -413,6 +418,14 @@ class Watchdog:
                     continue
                 known = self.ledger.find_by_provider_id(name, t.provider_id)
                 if known is not None:
+                    if known.live and t.rate_unreadable and known.kind == "instance":
+                        # a rate it cannot read is unknown, never the planned one: recorded and said once
+                        from broker.money.cost import note_unknown_rate
+
+                        if (known.attrs or {}).get("rate_unknown") != t.rate_unreadable:
+                            _r, line = note_unknown_rate(self._provider(name), self.ledger, known,
+                                                         t.rate_unreadable, actor=self.actor)
+                            self._log(known.run_id, "rate", line)
                     if known.live and t.usd_per_hour is not None and known.kind == "instance":
                         # the provider's rate, also when the CLI died before it could record it: the budget
                         # rule above then counts what is really billed
@@ -436,7 +449,8 @@ class Watchdog:
                 res = self.ledger.record_intent(
                     run_id, name, t.kind, t.name or t.provider_id, region=t.region,
                     usd_per_hour=float(t.usd_per_hour or 0.0), actor=self.actor,
-                    attrs={"orphan": True, "orphan_first_seen": now.isoformat(), "tag_run_id": t.run_id})
+                    attrs={"orphan": True, "orphan_first_seen": now.isoformat(), "tag_run_id": t.run_id,
+                           **({"rate_unknown": t.rate_unreadable} if t.rate_unreadable else {})})
                 msg = (f"orphan: {name} {t.kind} {t.provider_id} carries run tag {t.run_id!r} but the ledger did "
                        f"not know it; recorded, terminated after {_ago(self.orphan_grace_s)} unless claimed")
                 self.ledger.update_resource(res.id, provider_id=t.provider_id, state="orphan",

@@ -31,6 +31,11 @@ class RefusedArtifact(ValueError):
     """An artifact broker will not collect; the message says why (the name is the caller's to add)."""
 
 
+class OverCap(RefusedArtifact):
+    """A file refused because it would pass a size cap of an :class:`ArtifactBudget` (the rest of a copy that
+    must stay whole, a checkpoint, cannot go on without it)."""
+
+
 def _gib_setting(name: str, default: float) -> float:
     raw = os.environ.get(name, "").strip()
     try:
@@ -52,10 +57,10 @@ class ArtifactBudget:
     def check(self, size: int) -> None:
         """Raises RefusedArtifact when a file of ``size`` bytes is over a cap (given what was collected)."""
         if size > self.per_file:
-            raise RefusedArtifact(f"{_size(size)} is over the {_size(self.per_file)} cap for one artifact "
+            raise OverCap(f"{_size(size)} is over the {_size(self.per_file)} cap for one artifact "
                                   "(BROKER_ARTIFACT_MAX_GIB raises it)")
         if self.used + size > self.total:
-            raise RefusedArtifact(f"{_size(size)} would bring the run's artifacts over the {_size(self.total)} cap "
+            raise OverCap(f"{_size(size)} would bring the run's artifacts over the {_size(self.total)} cap "
                                   "for all of them (BROKER_ARTIFACTS_MAX_GIB raises it)")
 
 
@@ -145,7 +150,7 @@ def collect_local(workdir: Path, patterns: list[str], root: Path, budget: Artifa
             dst = artifact_destination(root, rel)
             real = os.path.realpath(workdir / rel)
             if not real.startswith(base):
-                raise RefusedArtifact(f"a symlink to {real}, outside node {node}'s work folder")
+                raise RefusedArtifact(f"a symlink to {real!r}, outside node {node}'s work folder")
             if not os.path.isfile(real):
                 raise RefusedArtifact("not a regular file")
             if len(got) >= budget.max_files:

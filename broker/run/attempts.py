@@ -134,6 +134,46 @@ def classify(result: "RunResult | None", lost: BaseException | None, provider_wo
     return Verdict(False, result.reason or result.status)
 
 
+def ranks_finished(recipe: "Recipe", run: "Run", result: "RunResult | None") -> str | None:
+    """Why the job counts as done although its attempt ended with a lost node (None when it does not): every node
+    exited 0 before the loss was noticed, or rank 0's log (``<run>/node0.log``) already holds every ``expect``
+    line.  Such a job is never rented again: it finished its work, a new attempt would only repeat the end."""
+    from broker.run.supervisor import check_expect
+
+    codes = getattr(result, "exit_codes", None) or {}
+    if getattr(result, "missing_expect", None):
+        return None  # exited 0 without its expected output: not a finished job
+    if codes and len(codes) >= int(getattr(recipe, "nodes", 1) or 1) and all(c == 0 for c in codes.values()):
+        return "every node had exited 0"
+    expect = list(getattr(recipe, "expect", None) or [])
+    log = Path(run.run_dir or ".") / "node0.log"
+    if expect and log.exists() and not check_expect(log, expect):
+        return f"rank 0's log already held every expected line ({', '.join(repr(e) for e in expect)})"
+    return None
+
+
+def finished_result(recipe: "Recipe", run: "Run", result: "RunResult | None", why: str,
+                    lost: str) -> "RunResult":
+    """The succeeded result of a job whose ranks finished (:func:`ranks_finished` says ``why``) before node loss
+    ``lost`` was noticed: built from the logs when the attempt returned none; what could not be collected from the
+    lost node(s) (artifacts, a last checkpoint copy) is a warning."""
+    from broker.run.supervisor import RunResult, finish_result
+
+    run_dir = Path(run.run_dir or ".")
+    n = int(getattr(recipe, "nodes", 1) or 1)
+    if result is None:
+        logs = {i: run_dir / f"node{i}.log" for i in range(n)}
+        result = RunResult(status="succeeded", exit_codes={i: None for i in range(n)}, wall_s=0.0, log_paths=logs)
+    result.status, result.failed_node, result.tail = "succeeded", None, []
+    if result.log_paths.get(0) is not None:
+        result = finish_result(result, list(getattr(recipe, "expect", None) or []), nnodes=n,
+                               nproc_per_node=int(getattr(recipe, "gpus_per_node", 1) or 1))
+    result.reason = f"the job finished ({why}) before a node was lost ({lost}): done, not rented again"
+    if getattr(recipe, "artifacts", None) and result.exit_codes and None in result.exit_codes.values():
+        result.warnings = [*result.warnings, "the lost node(s) could not be asked for the recipe's artifacts"]
+    return result
+
+
 def attempt_costs(ledger: Any, run_id: str) -> list[dict[str, Any]]:
     """Every attempt of ``run_id`` with its cost: the dicts of :meth:`Ledger.attempts` plus ``usd`` (what its
     resources cost, per :func:`broker.money.accounting.resource_cost`) and ``resources`` (``provider kind id``).
@@ -209,7 +249,19 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
     from broker.run.guard import NodeLost
 
     if not restarts_enabled(recipe) or not getattr(target, "restarts", True):
-        return attempt()
+        try:
+            cluster, result = attempt()
+        except NodeLost as e:
+            why = ranks_finished(recipe, run, None)
+            if why is None:
+                raise
+            result = finished_result(recipe, run, None, why, getattr(e, "message", None) or str(e))
+            ctx.say(result.reason)
+            return None, result
+        if not result.ok and (why := ranks_finished(recipe, run, result)) and classify(result, None, None).preempted:
+            result = finished_result(recipe, run, result, why, result.reason or "its connection dropped")
+            ctx.say(result.reason)
+        return cluster, result
     ledger = ctx.ledger
     max_restarts = int(getattr(recipe, "max_restarts", 3) or 0)
     providers = getattr(target, "providers", None)
@@ -242,6 +294,14 @@ def run_attempts(recipe: "Recipe", target: "Target", run: "Run", ctx: "Context",
             result.reason = why + (f" ({result.reason})" if result.reason else "")
             return cluster, result
         v = classify(result, lost, word)
+        done = ranks_finished(recipe, run, result) if v.preempted else None
+        if done:
+            # the ranks had finished before the loss was noticed: the job is done; renting again would re-run
+            # its end (the last epoch) and bill for it
+            result = finished_result(recipe, run, result, done, v.why)
+            ledger.end_attempt(run.id, n, cause="succeeded", detail=result.reason[:500], actor=ctx.actor)
+            ctx.say(f"attempt {n}: {result.reason}")
+            return cluster, result
         if not v.preempted:
             ledger.end_attempt(run.id, n, cause=result.status if result is not None else "failed",
                                detail=(result.reason if result is not None else None), actor=ctx.actor)

@@ -11,12 +11,16 @@ Layout of ``<run>/checkpoints/``::
 A copy is **incremental**: a file whose size and mtime match the previous generation's manifest is hard-linked
 from it, only changed files cross the network.  It is **atomic**: the new generation is built in
 ``.tmp-gen-N/``, renamed to ``gen-N`` only when every file arrived, and ``LATEST`` moves to it after that
-(``os.replace``); a copy cut short (the node preempted mid-copy, a refused file) leaves ``LATEST`` on the last
-good generation and its temp folder is removed.  The two newest generations are kept.
+(``os.replace``); a copy cut short (the node preempted mid-copy, a file over the size cap) leaves ``LATEST`` on the last
+good generation and its temp folder is removed.  The two newest generations are kept; while a new one is built
+only ``LATEST`` stays beside it.  The run's size cap (:class:`broker.run.artifacts.ArtifactBudget`: per file, and
+for all of ``checkpoints/`` together) is counted on what lies on disk there, so repeated copies never add up past it.
 
 A node is input, not authority: every name is checked with :func:`broker.run.artifacts.artifact_destination`, files
 are written with :func:`broker.run.artifacts.write_capped` / :func:`broker.run.remote.afetch_checked` (O_NOFOLLOW,
-0600, within an :class:`broker.run.artifacts.ArtifactBudget`), a symlink out of the folder is refused.  Files
+0600, within an :class:`broker.run.artifacts.ArtifactBudget`), a symlink out of the folder, a FIFO or a name with
+control characters is refused: that file is skipped, the rest copied, and the refusal said on the terminal and in
+the run's summary and record (a copy that fails is said the same way).  Files
 named ``*.tmp`` / ``*.partial`` are skipped: a script writes its checkpoint there and renames it into place (the
 pattern ``recipes/ddp_train.py`` uses), so a half-written file is never copied.
 """
@@ -93,7 +97,9 @@ class LocalSource(Source):
         base = os.path.realpath(self.folder).rstrip("/") + "/"
         real = os.path.realpath(self.folder / rel)
         if not real.startswith(base):
-            raise RefusedArtifact(f"a symlink to {real}, outside the checkpoint folder")
+            raise RefusedArtifact(f"a symlink to {real!r}, outside the checkpoint folder")
+        if not os.path.lexists(real):  # gone since the listing (the job replaced it): this copy is not whole
+            raise FileNotFoundError(f"{rel!r} went away while the checkpoint was copied")
         if not os.path.isfile(real):
             raise RefusedArtifact("not a regular file")
         budget.check(os.stat(real).st_size)
@@ -197,14 +203,37 @@ def _next_number(root: Path) -> int:
     return max(nums, default=0) + 1
 
 
+def disk_bytes(root: Path) -> int:
+    """Bytes the regular files under ``root`` hold on disk, each file once however many hard links name it (the
+    generations share their unchanged files); 0 when ``root`` does not exist."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
+    return total
+
+
 def copy_back(source: Source, run_dir: Path, *, budget: "ArtifactBudget | None" = None,
-              say: Say = None) -> tuple[Path | None, int]:
+              say: Say = None, refused: list[str] | None = None) -> tuple[Path | None, int]:
     """One copy of ``source`` into a new generation under ``<run_dir>/checkpoints`` (module docstring); returns
     (the generation now named by ``LATEST``, bytes fetched this time).  Nothing changed since the last generation:
-    no new generation, (the latest, 0).  An empty folder on the node makes no generation.  Raises CopyFailed when
-    the copy could not complete (the node went away mid-copy, a file was refused); ``LATEST`` is unchanged."""
+    no new generation, (the latest, 0).  An empty folder on the node makes no generation.
+
+    A file broker will not take (a link out of the folder, not a regular file, a name with control characters or
+    ``..``) is skipped and named in ``refused`` (``'name' (why)``, appended); the rest is copied.  The size cap is
+    the run's, counted on what lies on disk under ``checkpoints/`` (the generation kept plus the one being built;
+    ``budget.used`` is raised to that), never a fresh budget per copy.  Raises CopyFailed when the copy could not
+    complete (the node went away mid-copy, the listing failed, a file would pass the cap); ``LATEST`` is
+    unchanged then."""
     from broker.core.private import private_dirs, write_private
-    from broker.run.artifacts import ArtifactBudget, RefusedArtifact, artifact_destination
+    from broker.run.artifacts import ArtifactBudget, OverCap, RefusedArtifact, artifact_destination
 
     root = private_dirs(checkpoints_root(run_dir))
     prev = latest_generation(run_dir)
@@ -216,23 +245,39 @@ def copy_back(source: Source, run_dir: Path, *, budget: "ArtifactBudget | None" 
     if not listing or (prev is not None and listing == old):
         return prev, 0
     budget = budget or ArtifactBudget()
+    if len(listing) > budget.max_files:
+        raise CopyFailed(f"the checkpoint folder holds {len(listing)} files, more than the {budget.max_files} "
+                         "broker copies")
+    # while the new generation is built only LATEST stays: what is on disk is that one plus the new one, and the
+    # run's cap holds for both together
+    _prune(root, keep=prev.name if prev is not None else None, generations=1)
+    budget.used = max(budget.used, disk_bytes(root))
     n = _next_number(root)
     tmp = root / f".tmp-gen-{n:06d}"
     fetched = 0
+    skipped: list[str] = []
     try:
         private_dirs(tmp)
         for rel, meta in sorted(listing.items()):
-            if len(listing) > budget.max_files:
-                raise RefusedArtifact(f"more than {budget.max_files} files")
-            dst = artifact_destination(tmp, rel)
-            if prev is not None and old.get(rel) == meta:
-                src = artifact_destination(prev, rel)
-                if src.is_file() and not src.is_symlink():
-                    private_dirs(dst.parent)
-                    os.link(src, dst, follow_symlinks=False)  # unchanged: the same bytes, no transfer
-                    continue
-            private_dirs(dst.parent)
-            fetched += source.fetch(rel, dst, budget)
+            try:
+                dst = artifact_destination(tmp, rel)
+                if prev is not None and old.get(rel) == meta:
+                    src = artifact_destination(prev, rel)
+                    if src.is_file() and not src.is_symlink():
+                        private_dirs(dst.parent)
+                        os.link(src, dst, follow_symlinks=False)  # unchanged: the same bytes, no transfer
+                        continue
+                private_dirs(dst.parent)
+                fetched += source.fetch(rel, dst, budget)
+            except OverCap:
+                raise  # a checkpoint missing a file for its size is no checkpoint: the copy stops
+            except RefusedArtifact as e:
+                skipped.append(f"{rel!r} ({e})")
+        if refused is not None:
+            refused.extend(skipped)
+        if len(skipped) == len(listing):  # nothing could be taken: no generation
+            shutil.rmtree(tmp, ignore_errors=True)
+            return prev, 0
         gen = root / f"gen-{n:06d}"
         os.rename(tmp, gen)
         write_private(root / f"{gen.name}.json", json.dumps({k: list(v) for k, v in listing.items()}))
@@ -244,14 +289,15 @@ def copy_back(source: Source, run_dir: Path, *, budget: "ArtifactBudget | None" 
             raise CopyFailed(f"copying the checkpoint back stopped: {e}") from e
         raise
     _prune(root, keep=gen.name)
-    _log.info("checkpoint generation %s: %d file(s), %d byte(s) fetched", gen.name, len(listing), fetched)
+    _log.info("checkpoint generation %s: %d file(s), %d byte(s) fetched, %d refused", gen.name, len(listing),
+              fetched, len(skipped))
     return gen, fetched
 
 
-def _prune(root: Path, keep: str) -> None:
-    """Remove all but the :data:`KEEP_GENERATIONS` newest generations (never ``keep``) and stale temp folders."""
+def _prune(root: Path, keep: str | None, generations: int = KEEP_GENERATIONS) -> None:
+    """Remove all but the ``generations`` newest generations (never ``keep``) and stale temp folders."""
     gens = sorted((p for p in root.iterdir() if _GEN.match(p.name) and p.is_dir()), key=lambda p: p.name)
-    for p in gens[:-KEEP_GENERATIONS]:
+    for p in gens[:-generations]:
         if p.name != keep:
             shutil.rmtree(p, ignore_errors=True)
             (root / f"{p.name}.json").unlink(missing_ok=True)
@@ -307,6 +353,9 @@ class CheckpointingExecutor(Executor):
         self.restored: Path | None = None
         self.copies = 0
         self.failures: list[str] = []
+        self.refused: list[str] = []  # 'name' (why) of every checkpoint file refused, in order
+        self.failed_last = False  # the newest copy failed (the newest good generation is older)
+        self._said: set[str] = set()
         self._lock = threading.Lock()  # one copy at a time (the thread's and the final one)
 
     # reach / preflight are passed through only where the inner executor has them (:func:`with_checkpoints`
@@ -359,20 +408,54 @@ class CheckpointingExecutor(Executor):
 
     def copy_now(self) -> Path | None:
         """One copy-back now (thread-safe); returns the latest generation, None when there is none.  Never raises
-        for a failed copy (it is counted in ``failures``)."""
+        for a failed copy: it is counted in ``failures`` and said (each reason once); a refused file is named in
+        ``refused`` and said once."""
         src = self.source()
         if src is None:
             return None
         with self._lock:
+            skipped: list[str] = []
             try:
-                gen, got = copy_back(src, self.run_dir)
+                gen, got = copy_back(src, self.run_dir, refused=skipped)
             except CopyFailed as e:
                 self.failures.append(str(e))
-                _log.info("checkpoint copy-back: %s", e)
-                return latest_generation(self.run_dir)
+                self.failed_last = True
+                _log.warning("checkpoint copy-back: %s", e)
+                last = latest_generation(self.run_dir)
+                self._say_once(f"checkpoint copy failed, {last.name if last else 'no copy'} stays the one a new "
+                               f"attempt resumes from: {e}")
+                return last
+            finally:
+                for r in skipped:
+                    if r not in self.refused:
+                        self.refused.append(r)
+                        self._say_once(f"checkpoint file refused, not copied: {r}")
+            self.failed_last = False
             if got:
                 self.copies += 1
             return gen
+
+    def _say_once(self, line: str) -> None:
+        if line in self._said:
+            return
+        self._said.add(line)
+        _log.warning("%s", line)
+        if self.say:
+            self.say(line)
+
+    def notes(self) -> list[str]:
+        """What the run's summary and record say about its checkpoints: files refused, copies that failed (empty
+        when every copy went through whole)."""
+        out = []
+        if self.refused:
+            shown = "; ".join(self.refused[:5]) + (f"; and {len(self.refused) - 5} more" if len(self.refused) > 5
+                                                   else "")
+            out.append(f"checkpoint file(s) refused, not copied: {shown}")
+        if self.failures and (self.failed_last or latest_generation(self.run_dir) is None):
+            last = latest_generation(self.run_dir)
+            out.append(f"checkpoint copy failed {len(self.failures)} time(s), last: {self.failures[-1]} "
+                       f"({'the newest good copy is ' + last.name if last else 'no checkpoint was copied'})")
+        return out
 
     def launch(self) -> "RunResult":
         stop = threading.Event()
@@ -391,7 +474,7 @@ class CheckpointingExecutor(Executor):
             t.join(timeout=60)
         if res is not None and None not in res.exit_codes.values():  # every node answered: its disk is there
             gen = self.copy_now()
-            if gen is not None and self.say:
+            if gen is not None and self.say and not self.failed_last:
                 self.say(f"checkpoint {self.rel_dir} copied back: {gen}")
         return res
 
@@ -402,7 +485,14 @@ class CheckpointingExecutor(Executor):
         self.inner.collect(result)
 
     def finish(self, result: "RunResult") -> "RunResult":
-        return self.inner.finish(result)
+        res = self.inner.finish(result)
+        notes = self.notes()
+        if notes:  # said while it ran; the summary and the ledger's record say it too
+            why = "; ".join(notes)
+            if res.status == "succeeded":
+                res.warnings = [*res.warnings, *notes]
+            res.reason = f"{res.reason}; {why}" if res.reason else why
+        return res
 
     def close(self, job_ended: bool) -> None:
         self.inner.close(job_ended)

@@ -530,7 +530,7 @@ async def afetch_checked(ssh: SSHCluster, i: int, folder: str, rel: str, dst: Pa
         base = (await sftp.realpath(folder)).rstrip("/") + "/"
         real = await sftp.realpath(f"{folder}/{rel}")
         if not real.startswith(base):
-            raise RefusedArtifact(f"a symlink to {real}, outside node {i}'s work folder")
+            raise RefusedArtifact(f"a symlink to {real!r}, outside node {i}'s work folder")
         attrs = await sftp.stat(real)
         if attrs.permissions is None or not st.S_ISREG(attrs.permissions):
             raise RefusedArtifact("not a regular file")

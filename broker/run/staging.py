@@ -10,6 +10,12 @@ folder, SSH runs pack them into one tar.gz, Slurm runs copy them to the job fold
   ``.git-credentials``, ``credentials``, ``client_secret*.json``, ``service-account*.json``, ``.pypirc``, ``.npmrc``,
   ``kubeconfig``, ``.docker/``, ``.kube/``, ``.vault-token``, ``secrets.yaml``) and WireGuard configs (``wg*.conf``,
   ``*.wg.conf``), in any case (``ID_RSA``, ``KEY.PEM``);
+* credentials whatever their name: the files (and folders) that a provider's credential variables name
+  (``GOOGLE_APPLICATION_CREDENTIALS``, ``AWS_SHARED_CREDENTIALS_FILE``, ...: each adapter declares its own,
+  :data:`broker.providers.CREDENTIAL_FILE_VARS`), and every file up to :data:`SNIFF_MAX_BYTES` whose first bytes
+  hold a private key (PEM / OpenSSH / PuTTY, a service-account JSON's ``"private_key"``, an AWS credentials file's
+  ``aws_secret_access_key``: :func:`private_key_content`), even when the recipe names it; the staging line names
+  each one with why (:attr:`StagePlan.credentials`);
 * what git ignores (git's wildmatch rules, through the `pathspec <https://pypi.org/project/pathspec/>`_ library): the
   work folder's ``.gitignore`` files (nested ones too) and its ``.brokerignore`` files; when the work folder is inside
   a git work tree, also the ``.gitignore`` files from the repository's root down to the work folder and
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +75,66 @@ TO_EXCLUDED = "symlink to an excluded path"
 DANGLING = "dangling symlink"
 LOOP = "symlink loop"
 
+#: files up to this size (bytes) are sniffed for a private key whatever their name (keys, service-account JSON and
+#: AWS credentials files are a few KB); only their first :data:`SNIFF_HEAD` bytes are read
+SNIFF_MAX_BYTES = 64 * 1024
+SNIFF_HEAD = 16 * 1024
+#: suffixes of source code and data formats that are never a credential file by themselves: not sniffed, so a work
+#: folder of 20,000 source or data files stages as fast as before (a key pasted into a ``.py`` file is a literal in
+#: code, not a key file a cloud console hands out); every other name is sniffed, ``key.json`` and ``notes`` alike
+NO_SNIFF_SUFFIXES = frozenset(
+    ".py .pyi .pyx .pxd .ipynb .c .cc .cpp .cxx .h .hh .hpp .cu .cuh .rs .go .java .scala .kt .js .mjs .ts .tsx .jsx "
+    ".md .rst .html .htm .css .svg .tex .csv .tsv .jsonl .parquet .arrow .feather .npy .npz .pt .pth .bin .safetensors "
+    ".ckpt .onnx .h5 .hdf5 .pkl .pickle .tfrecord .png .jpg .jpeg .gif .bmp .tif .tiff .webp .wav .mp3 .flac .ogg "
+    ".mp4 .avi .mov .zip .gz .tgz .bz2 .xz .zst .tar .so .o .a .whl .lock .idx".split())
+_PEM_KEY = re.compile(rb"^-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----", re.M)
+_PUTTY_KEY = re.compile(rb"^PuTTY-User-Key-File-\d+:", re.M)
+_SA_KEY = re.compile(rb'"private_key"\s*:\s*"')
+_AWS_KEY = re.compile(rb"^[ \t]*aws_secret_access_key[ \t]*[=:]", re.M | re.I)
+
+
+def private_key_content(path: "str | os.PathLike[str]") -> str | None:
+    """Why the file at ``path`` holds a private key, judged on its first :data:`SNIFF_HEAD` bytes (a PEM or OpenSSH
+    private key block at a line start, a PuTTY key, a service-account JSON's ``"private_key"``, an AWS credentials
+    file's ``aws_secret_access_key``); None when it does not look like one or cannot be read.  Never blocks (a FIFO
+    put in its place is opened non-blocking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, SNIFF_HEAD)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # cheap substring tests first: almost every file has none of these
+    if b"PRIVATE KEY" in head and (m := _PEM_KEY.search(head)):
+        kind = m.group(0)[11:-5].decode("ascii", "replace")
+        return f"a private key: {kind} block"
+    if b"PuTTY-User-Key-File" in head and _PUTTY_KEY.search(head):
+        return "a private key: PuTTY key file"
+    if b'"private_key"' in head and _SA_KEY.search(head):
+        return "a private key: service-account JSON"
+    if b"ccess_key" in head.lower() and _AWS_KEY.search(head):
+        return "a private key: AWS credentials file (aws_secret_access_key)"
+    return None
+
+
+def credential_file_paths(environ: "dict[str, str] | os._Environ[str] | None" = None) -> dict[str, str]:
+    """The real paths (files or folders) that the credential variables of every provider name
+    (:data:`broker.providers.CREDENTIAL_FILE_VARS`, read from ``environ``, default this process's) -> the
+    variable; relative values are taken from the current folder, as the SDKs do."""
+    from broker.providers import CREDENTIAL_FILE_VARS
+
+    env = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for var in CREDENTIAL_FILE_VARS:
+        v = (env.get(var) or "").strip()
+        if v:
+            out.setdefault(os.path.realpath(os.path.expanduser(v)), var)
+    return out
+
 
 @dataclass
 class StagePlan:
@@ -88,6 +155,9 @@ class StagePlan:
     forced: dict[str, str] = field(default_factory=dict)
     #: how many files the recipe's ``checkpoint_dir`` holds that were left out (:func:`recipe_stage_plan`)
     checkpoint_files: int = 0
+    #: files (or folders, ending in ``/``) left out as credentials, whatever their name -> why: named by a
+    #: provider's credential variable, or their content is a private key
+    credentials: dict[str, str] = field(default_factory=dict)
     #: the recipe's ``checkpoint_dir`` when ``resume_checkpoint`` staged it, and how many of its files are staged
     resumed_dir: str | None = None
     resumed_files: int = 0
@@ -109,11 +179,16 @@ class StagePlan:
         """One line: ``staged 12 files, 1.2 MB per node (not copied: .git, .env; skipped: shadowlink (symlink
         outside the workdir))``."""
         links = (OUTSIDE, TO_EXCLUDED, DANGLING, LOOP)
-        skipped = sorted(n for n, rule in self.excluded.items() if rule not in (*links, CHECKPOINT_RULE))
+        skipped = sorted(n for n, rule in self.excluded.items()
+                         if rule not in (*links, CHECKPOINT_RULE) and n not in self.credentials)
         more = f" (not copied: {', '.join(skipped[:6])}{', ...' if len(skipped) > 6 else ''})" if skipped else ""
         named = [f"{n} ({rule})" for rule in links for n in sorted(self.excluded) if self.excluded[n] == rule]
         if named:
             more += f" (skipped: {', '.join(named[:6])}{', ...' if len(named) > 6 else ''})"
+        if self.credentials:
+            creds = [f"{n} ({why})" for n, why in sorted(self.credentials.items())]
+            more += (" (credentials not staged: " + ", ".join(creds[:20])
+                     + (f", and {len(creds) - 20} more (see staged.txt)" if len(creds) > 20 else "") + ")")
         ck = sorted(n for n, rule in self.excluded.items() if rule == CHECKPOINT_RULE)
         if ck:
             n = self.checkpoint_files
@@ -312,6 +387,7 @@ def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | Non
     rules = _Rules(real_root)
     plan = StagePlan(root=root)
     home = _broker_home()
+    creds = credential_file_paths()
     left = {k.strip("/"): v for k, v in (leave_out or {}).items() if k.strip("/")}
 
     def left_out(rel: str) -> str | None:
@@ -323,16 +399,30 @@ def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | Non
         if len(lst) < 20:
             lst.append(name)
 
-    def add(rel: str, real: Path, linked: bool) -> None:
+    def credential(rel: str, why: str) -> None:
+        plan.credentials[rel] = why
+        note(why, rel)
+
+    def add(rel: str, real: Path, linked: bool) -> bool:
+        """Stage ``rel`` (content from ``real``, a real path) unless it is a credential; whether it was."""
         try:
             size = real.stat().st_size
         except OSError:
             note("unreadable", rel)
-            return
+            return False
+        # ``real`` is a real path (the walk goes through resolved folders, a link's target is resolved): no lookup
+        if creds and (var := creds.get(str(real)) or _under(str(real), creds)):
+            credential(rel, f"named by {var}")
+            return False
+        if (size <= SNIFF_MAX_BYTES and os.path.splitext(rel)[1].lower() not in NO_SNIFF_SUFFIXES
+                and (why := private_key_content(real))):
+            credential(rel, why)
+            return False
         plan.files.append(Path(rel))
         plan.total_bytes += size
         if linked:
             plan.sources[Path(rel)] = real
+        return True
 
     def walk(real_dir: Path, rel_dir: str, chain: frozenset[Path], linked: bool) -> None:
         """``real_dir``: the folder's real path; ``rel_dir``: where it is staged; ``chain``: the real folders above
@@ -398,6 +488,9 @@ def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | Non
             if why:
                 note(why, rel + "/" if is_dir else rel)  # the path as staged (sub/.aws/, never a bare .aws/)
                 continue
+            if is_dir and creds and (var := creds.get(str(real))):
+                credential(rel + "/", f"named by {var}")
+                continue
             if is_dir:
                 walk(real, rel, chain | {real}, linked)
             elif e.is_file(follow_symlinks=False):
@@ -418,10 +511,19 @@ def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | Non
         rule = rules.ignoring_rule(rel)
         if rule is None:
             continue
-        add(rel, real_root / rel, False)
+        if not add(rel, Path(os.path.realpath(real_root / rel)), False):
+            continue
         plan.excluded.pop(rel, None)
         plan.forced[rel] = rule
     return plan
+
+
+def _under(path: str, roots: dict[str, str]) -> str | None:
+    """The variable of the folder among ``roots`` that holds ``path`` (both real paths), or None."""
+    for root, var in roots.items():
+        if path.startswith(root.rstrip("/") + "/"):
+            return var
+    return None
 
 
 def recipe_stage_plan(workdir: Path, script: Path | str, args: list[str] = (), *, checkpoint_dir: str | None = None,

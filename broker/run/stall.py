@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import re
+import stat
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -647,15 +648,37 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}: not plain data")
 
 
-def read_flight_recorder(path: Path, max_bytes: int = 64 << 20) -> dict[str, Any] | None:
+#: the largest flight-recorder dump read (bytes); a larger one is refused with a line, never loaded
+FLIGHT_RECORDER_MAX_BYTES = 64 << 20
+
+
+def read_flight_recorder(path: Path, max_bytes: int = FLIGHT_RECORDER_MAX_BYTES,
+                         notes: list[str] | None = None) -> dict[str, Any] | None:
     """One flight-recorder dump (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank; pickle of ``{"version",
-    "pg_config", "entries": [...]}``, or its JSON form): the dict, or None when unreadable."""
+    "pg_config", "entries": [...]}``, or its JSON form): the dict, or None when unreadable.  At most
+    ``max_bytes`` + 1 bytes are ever read (a node's file may be any size, or not a regular file at all): a larger
+    file is refused and ``notes`` (when given) gets a line naming it."""
     try:
-        data = Path(path).read_bytes()[: max_bytes + 1]
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    if len(data) > max_bytes:
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size <= max_bytes and (chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
         return None
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        if notes is not None:
+            notes.append(f"flight recorder: {str(path)!r} is larger than {max_bytes >> 20} MiB: not read "
+                         f"(the dumps of a hang are far smaller; this one is not a dump broker reads)")
+        return None
+    data = b"".join(chunks)
     try:
         d = json.loads(data) if data[:1] == b"{" else _DataOnly(io.BytesIO(data)).load()
     except Exception:  # noqa: BLE001 - a torn or foreign file is no dump
@@ -698,9 +721,10 @@ def flight_recorder_lines(dumps: dict[int, dict[str, Any]]) -> list[str]:
 def flight_recorder_from_run(run_dir: Path) -> list[str]:
     """:func:`flight_recorder_lines` of the dumps under ``<run>/node*/facts/fr_trace_rank*``."""
     dumps: dict[int, dict[str, Any]] = {}
+    notes: list[str] = []
     for p in sorted(Path(run_dir).glob("node*/facts/fr_trace_rank*")):
         m = re.search(r"(\d+)$", p.name)
-        d = read_flight_recorder(p) if m else None
+        d = read_flight_recorder(p, notes=notes) if m else None
         if d is not None:
             dumps[int(m.group(1))] = d
-    return flight_recorder_lines(dumps)
+    return notes + flight_recorder_lines(dumps)

@@ -46,4 +46,8 @@ class ShellSource(Source):
         return parse_listing(raw)
 
     def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
-        return self._fetch(self.folder, rel, dst, budget)
+        """Raises FileNotFoundError when the file went away after the listing (the copy is then not whole)."""
+        got = self._fetch(self.folder, rel, dst, budget)
+        if got is None:
+            raise FileNotFoundError(f"{rel!r} was gone from the checkpoint folder before it was copied")
+        return got

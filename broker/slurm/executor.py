@@ -681,7 +681,7 @@ class SlurmExecutor(Executor):
             return None
         kind, _, rest = out.partition(" ")
         if kind == "OUTSIDE":
-            raise RefusedArtifact(f"a symlink to {rest}, outside {'the job folder' if base == self.work else base}")
+            raise RefusedArtifact(f"a symlink to {rest!r}, outside {'the job folder' if base == self.work else base}")
         if kind != "FILE":
             raise RefusedArtifact("not a regular file")
         size, _, real = rest.partition(" ")

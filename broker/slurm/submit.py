@@ -17,7 +17,8 @@ built.
    (COMPLETED, FAILED, TIMEOUT, CANCELLED, ...); the job's ``StdOut``/``StdErr`` (``scontrol show job``) are
    streamed as they grow, ``srun --label`` lines (``3: text``) tagged ``[node i]`` (task // ntasks-per-node),
    others ``[batch]`` (the batch shell runs on node 0).  Copies land in the run folder: the two files as Slurm
-   named them, ``node<i>.log`` per node.  The cluster's deadline and Ctrl-C end the job with ``scancel``.
+   named them under ``outputs/`` (:func:`output_copy`: never over broker's own ``recipe.json`` or ``node0.log``),
+   ``node<i>.log`` per node.  The cluster's deadline and Ctrl-C end the job with ``scancel``.
 6. **Stall watch** (``stall_s`` seconds, default 60 as a recipe's; 0 turns it off), as ``broker run`` has: the job's
    ranks are not started by broker, so a ``sitecustomize.py`` first on the job's ``PYTHONPATH`` gives every torchrun
    worker (``RANK`` set) rank facts and stacks on ``SIGUSR1`` (:func:`broker.run.rankshim.attach`); when the followed
@@ -109,13 +110,36 @@ def expand_pattern(pattern: str, *, job_id: str, name: str, user: str = "root", 
     return re.sub(r"%(\d*)([jJAaxuNnts%])", lambda m: subs[m.group(2)].zfill(int(m.group(1) or 0)), pattern)
 
 
+#: the folder of a run's folder that holds the copies of the job's own ``--output``/``--error`` files
+OUTPUTS = "outputs"
+
+
+def output_copy(run_dir: Path, remote: str, fallback: str) -> tuple[Path, str | None]:
+    """Where the copy of the job's output file ``remote`` (a path on the cluster, as Slurm names it: the job's
+    ``--output``/``--error``, so the job's to choose) goes: ``<run_dir>/outputs/<its file name>``, never beside
+    broker's own files; a name that is not a plain file name there (control characters, ``..``, empty) gets
+    ``fallback`` instead, and the second value says why (None when the name was taken)."""
+    from pathlib import PurePosixPath
+
+    from broker.run.artifacts import RefusedArtifact, artifact_destination
+
+    root = run_dir / OUTPUTS
+    name = PurePosixPath(remote).name
+    try:
+        return artifact_destination(root, name), None
+    except RefusedArtifact as e:
+        return root / fallback, f"{name!r} ({e})"
+
+
 class _Stream:
     """One remote file followed by offset; complete lines are handed to ``on_line``."""
 
     def __init__(self, sh: Any, remote: str, local: Path, on_line: Callable[[str], None]):
+        from broker.run.artifacts import open_artifact
+
         self.sh, self.remote, self.local, self.on_line = sh, remote, local, on_line
         self.offset, self.partial = 0, b""
-        local.write_bytes(b"")
+        open_artifact(local).close()  # a new file (0600, its folder 0700), never through a link
 
     def pump(self, final: bool = False) -> None:
         data = self.sh.read_from(self.remote, self.offset)
@@ -393,6 +417,14 @@ def is_stream_noise(shown: str) -> bool:
     return bool(m) and any(n in m.group(1) for n in TERMINAL_NOISE)
 
 
+def _local_copy(run_dir: Path, path: str, job_id: str, tag: str, say: Say) -> Path:
+    """:func:`output_copy` of the job's output file ``path``, saying when its name could not be used."""
+    local, refused = output_copy(run_dir, path, f"slurm-{job_id}.{'err' if tag else 'out'}")
+    if refused:
+        say(f"the job's output file name {refused} is not used for the copy: {local}")
+    return local
+
+
 def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, run_dir: Path, out: Outcome, *,
             echo, say, poll_s, ledger, res_id, stall=None):
     """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out).  ``stall``
@@ -453,10 +485,12 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
                         if not path or path in seen:
                             continue
                         seen.add(path)
-                        local = run_dir / Path(path).name
+                        local = _local_copy(run_dir, path, job_id, tag, say)
                         streams.append(_Stream(sh, path, local, on_line(tag if path != so else "")))
                         out.files.append(local)
-                        say(f"following {path}")
+                        from broker.core.ui import visible_controls
+
+                        say(f"following {visible_controls(path)}")  # the job chose the name: no raw ESC
             for s in streams:
                 s.pump()
             info = prov.job(job_id, attrs=attrs)
@@ -503,7 +537,7 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     if not files_known:
         so, se, _ = job_files(sh, job_id, name)
         for path in dict.fromkeys(p for p in (so, se) if p):
-            local = run_dir / Path(path).name
+            local = _local_copy(run_dir, path, job_id, " stderr" if path != so else "", say)
             streams.append(_Stream(sh, path, local, on_line("")))
             out.files.append(local)
     for s in streams:

@@ -97,6 +97,7 @@ class AWSProvider(Provider):
     create_settle_s = 20.0
     node_check_s = 30.0
     credentials_hint = "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
+    credential_files = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE")
     native_query = False
     live_offer_search = False
     live_price_list = "api"  # live_prices(), the Pricing API

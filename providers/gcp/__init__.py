@@ -88,6 +88,7 @@ class GCPProvider(Provider):
     node_check_s = 30.0
     credentials_hint = "Google ADC (gcloud auth application-default login or GOOGLE_APPLICATION_CREDENTIALS) " \
                        "and GOOGLE_CLOUD_PROJECT"
+    credential_files = ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")
     native_query = False
     live_offer_search = False
     live_price_list = "api"

@@ -104,6 +104,7 @@ class OCIProvider(Provider):
     create_settle_s = 20.0
     node_check_s = 30.0
     credentials_hint = "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)"
+    credential_files = ("OCI_CONFIG_FILE",)
     native_query = False
     live_offer_search = False
     live_price_list = "public"  # public_price_offers()

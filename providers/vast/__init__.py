@@ -62,6 +62,7 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     create_settle_s = 20.0
     node_check_s = 30.0
     credentials_hint = "VAST_API_KEY"
+    credential_files = ()  # the key is a value (VAST_API_KEY), its files have names staging always skips
     native_query = True  # --vast-query
     live_offer_search = True  # live_offers()
     live_price_list = None

@@ -133,8 +133,16 @@ def instance_info(provider_id: str, row: dict[str, Any]) -> InstanceInfo:
     return InstanceInfo(provider_id=str(provider_id), state=state, raw_state=raw if raw is not None else "null",
                         public_ip=public, private_ip="127.0.0.1", ssh_host=ssh_host or None, ssh_port=port,
                         ssh_user="root", message=str(msg).strip() if msg else None,
-                        usd_per_hour=float(row["dph_total"]) if isinstance(row.get("dph_total"), (int, float))
-                        else None)
+                        **reported_rate(row))
+
+
+def reported_rate(row: dict[str, Any]) -> dict[str, Any]:
+    """An instance row's ``dph_total`` as the record's rate fields: the raw value, which the record reads
+    (:func:`broker.core.records.read_rate`: a number, or a decimal string; anything else is unknown, never the
+    planned price); a row without ``dph_total`` reports an unknown rate too."""
+    if "dph_total" not in row or row["dph_total"] is None:
+        return {"usd_per_hour": None, "rate_unreadable": "the instance row has no dph_total"}
+    return {"usd_per_hour": row["dph_total"]}
 
 
 def _is_row(x: Any) -> bool:
@@ -234,7 +242,12 @@ class VastLifecycle:
                 raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s minimum bid rose to ${mb:.4f}/h, above the "
                                 f"planned bid ${bid:.4f}/h", hint="re-plan (`broker plan`) to see current bids")
             return row
-        price = float(row.get("dph_total") or 0.0)
+        from broker.core.records import read_rate
+
+        price, why = read_rate(row.get("dph_total"))
+        if price is None:  # a price broker cannot read is unknown, never the planned one (nor $0)
+            raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s dph_total cannot be read "
+                            f"({why or 'missing'}): its price is unknown", hint="broker moves on to the next offer")
         if price > offer.usd_per_hour * (1 + self.price_tolerance):
             raise OfferGone(PROVIDER, call, f"offer {offer.offer_id} now costs ${price:.4f}/h, planned "
                             f"${offer.usd_per_hour:.4f}/h (+{(price / offer.usd_per_hour - 1) * 100:.0f}% > "
@@ -594,7 +607,7 @@ class VastLifecycle:
                 region=row.get("geolocation"), state=row.get("actual_status") or row.get("cur_state"),
                 created_at=datetime.fromtimestamp(float(start), timezone.utc) if isinstance(start, (int, float))
                 else None,
-                usd_per_hour=float(row["dph_total"]) if isinstance(row.get("dph_total"), (int, float)) else None,
+                **reported_rate(row),
                 name=f"broker-{rid}-n{idx}" if idx is not None else row.get("label"),
                 installation_id=lab.installation_id, client_token=lab.client_token))
         return out

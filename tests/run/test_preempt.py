@@ -272,7 +272,7 @@ def test_copy_back_is_incremental_atomic_and_keeps_the_last_good_generation(tmp_
 
 
 def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
-    from broker.run.checkpoint import CopyFailed, LocalSource, Source, copy_back, latest_generation
+    from broker.run.checkpoint import LocalSource, Source, copy_back, latest_generation
 
     secret = tmp_path / "secret"
     secret.write_text("s")
@@ -280,9 +280,10 @@ def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
     node.mkdir()
     (node / "ok.pt").write_text("1")
     (node / "leak.pt").symlink_to(secret)
-    with pytest.raises(CopyFailed, match="outside the checkpoint folder"):
-        copy_back(LocalSource(node), tmp_path / "run")
-    assert latest_generation(tmp_path / "run") is None
+    refused: list[str] = []
+    gen, _ = copy_back(LocalSource(node), tmp_path / "run", refused=refused)  # the link is skipped, the rest copied
+    assert sorted(p.name for p in gen.iterdir()) == ["ok.pt"]
+    assert len(refused) == 1 and refused[0].startswith("'leak.pt' (") and "outside the checkpoint folder" in refused[0]
 
     class Evil(Source):
         def list(self):
@@ -291,8 +292,9 @@ def test_copy_back_refuses_links_out_and_bad_names(tmp_path):
         def fetch(self, rel, dst, budget):  # pragma: no cover - must never be reached
             raise AssertionError(dst)
 
-    with pytest.raises(CopyFailed, match=r"\.\."):
-        copy_back(Evil(), tmp_path / "run2")
+    refused = []
+    assert copy_back(Evil(), tmp_path / "run2", refused=refused) == (None, 0)  # nothing taken: no generation
+    assert ".." in refused[0] and latest_generation(tmp_path / "run2") is None
     assert not (tmp_path / "escape").exists()
 
 
@@ -848,3 +850,84 @@ def test_broker_status_elsewhere_keeps_who_terminated_a_node(tmp_path, fake_clou
     assert (rows[a.id].state, rows[a.id].terminated_by) == ("terminated", "down")
     assert (rows[b.id].state, rows[b.id].terminated_by) == ("terminated", "provider")
     assert broker_ended(ctx, run) == f"fake instance {a.provider_id} was terminated by broker's down"
+
+
+# --------------------------------------------------------------------------------------------------- finished
+FINISHED_JOB = """
+import pathlib, sys, time
+print("DDP_OK", flush=True)
+pathlib.Path({marker!r}).write_text("done")
+time.sleep(40)  # torchrun's exit barrier, a slow interpreter exit: the ranks' work is done
+"""
+
+
+def test_a_preemption_after_the_ranks_finished_is_a_success_and_rents_nothing_again(tmp_path, fake_cloud,
+                                                                                      monkeypatch):
+    """The pretend cloud takes the instance back right after the job printed its ``expect`` line (DDP_OK), before
+    it exited: the run is done (collect, tear down, record success), never rented again."""
+    from broker.core.recipe import load_recipe
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from tests.support.plans import rank_options
+
+    fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "job.py").write_text(FINISHED_JOB.format(marker=str(tmp_path / "done")))
+    (d / "r.yaml").write_text("name: t\nscript: job.py\nnodes: 1\ncpu_ok: true\ntopology: simulated\n"
+                              "budget_usd: 50\nmax_hours: 1\ninterruptible: true\nexpect: [DDP_OK]\n")
+    recipe = load_recipe(d / "r.yaml")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    said: list[str] = []
+    done: list = []
+
+    def take_back() -> None:  # the provider reclaims the instance once the job's work is done
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not done:
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if live and (tmp_path / "done").exists():
+                p.destroy(live[0])
+                done.append(live[0])
+            time.sleep(0.05)
+
+    th = threading.Thread(target=take_back, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks(say=said.append))
+    th.join(timeout=5)
+    assert done, said
+    assert out.exit_code == 0 and out.result.status == "succeeded", (out.result.reason, said)
+    assert "before a node was lost" in out.result.reason and "not rented again" in out.result.reason
+    assert (tmp_path / "done").exists()
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["succeeded"], rows
+    assert len(p.instances()) == 1  # one instance ever rented
+    assert [i["state"] for i in p.instances().values()] == ["terminated"]
+    assert ledger.resources(out.run.id, live_only=True) == []
+    assert ledger.get_run(out.run.id).status == "succeeded"
+    assert time.monotonic() - t0 < 40  # it did not wait for a second attempt's job
+
+
+def test_ranks_finished_reads_exit_codes_and_the_expect_lines(tmp_path):
+    from types import SimpleNamespace
+
+    from broker.run.attempts import classify, ranks_finished
+    from broker.run.supervisor import RunResult
+
+    recipe = SimpleNamespace(nodes=2, expect=["DDP_OK"])
+    run = SimpleNamespace(run_dir=str(tmp_path))
+    # every node exited 0, then the provider said it took one back: done
+    ok = RunResult(status="succeeded", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={})
+    assert classify(ok, None, "reclaimed").preempted and ranks_finished(recipe, run, ok) == "every node had exited 0"
+    # exit 0 without the expected output is not a finished job
+    bare = RunResult(status="failed", exit_codes={0: 0, 1: 0}, wall_s=1.0, log_paths={}, missing_expect=["DDP_OK"])
+    assert ranks_finished(recipe, run, bare) is None
+    # a connection dropped (code unknown): done only when rank 0's log already holds every expected line
+    cut = RunResult(status="failed", exit_codes={0: None, 1: None}, wall_s=1.0, log_paths={}, failed_node=0)
+    assert classify(cut, None, None).preempted and ranks_finished(recipe, run, cut) is None
+    (tmp_path / "node0.log").write_text("epoch 2 loss 0.1\nDDP_OK\n")
+    assert "every expected line ('DDP_OK')" in ranks_finished(recipe, run, cut)
+    assert ranks_finished(SimpleNamespace(nodes=2, expect=[]), run, cut) is None  # nothing to tell it by

@@ -80,6 +80,8 @@ class VastEmulator:
     Faults seen on the real API: ``lying_deletes``: how many DELETE calls per instance answer ``{"success": true}``
     while the instance stays listed; ``never_ready``: instances stay ``loading`` (``actual_status`` null, then
     ``loading``) for ever; ``dph_factor``: the instance rows report ``dph_total`` this many times the offer's;
+    ``dph_as``: the instance rows report ``dph_total`` as this function of that rate makes it (a string, text, NaN;
+    ``...`` leaves the field out);
     ``hostless``: instances are rented without a netns host (nothing to log in to; ``hosts`` may be None);
     ``bind``: the address it listens on (the netns cluster's ``gateway``, for node-side calls such as the dead-man
     switch's DELETE)."""
@@ -87,7 +89,7 @@ class VastEmulator:
     def __init__(self, hosts, *, offers: list[dict[str, Any]] | None = None, boot_s: float = 0.5,
                  sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True,
                  lose_first_keys: int = 0, lying_deletes: int = 0, never_ready: bool = False,
-                 dph_factor: float = 1.0, hostless: bool = False, bind: str = "127.0.0.1"):
+                 dph_factor: float = 1.0, hostless: bool = False, bind: str = "127.0.0.1", dph_as: Any = None):
         from pytest_httpserver import HTTPServer
 
         self.hosts = hosts
@@ -100,6 +102,7 @@ class VastEmulator:
         self.lose_first_keys = lose_first_keys
         self.lying_deletes, self.never_ready = lying_deletes, never_ready
         self.dph_factor, self.hostless = dph_factor, hostless
+        self.dph_as = dph_as
         #: a message: every stop / start (PUT instances/{id}/) is refused with it (``400 {"success": false}``)
         self.refuse_state: str | None = None
         self.instances: dict[int, Instance] = {}
@@ -220,7 +223,7 @@ class VastEmulator:
             if status != "running":
                 host, port = "127.0.0.1", 0
         dph = inst.bid + (o["dph_total"] - o["dph_base"]) if inst.bid is not None else o["dph_total"]
-        return {"id": inst.id, "machine_id": o["machine_id"], "host_id": o["host_id"], **states,
+        row = {"id": inst.id, "machine_id": o["machine_id"], "host_id": o["host_id"], **states,
                 "status_msg": "success, running pytorch/pytorch" if status == "running" else "Loading image",
                 "ssh_host": host, "ssh_port": port, "ssh_idx": "1", "public_ipaddr": host,
                 "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)}]} if port else {},
@@ -232,6 +235,11 @@ class VastEmulator:
                 "geolocation": o["geolocation"], "uptime_mins": round((now - inst.created) / 60, 2),
                 "is_bid": inst.bid is not None, "min_bid": o.get("min_bid"),
                 "extra_env": [[k, v] for k, v in (inst.body.get("env") or {}).items()]}
+        if self.dph_as is not None:
+            row["dph_total"] = self.dph_as(row["dph_total"])
+            if row["dph_total"] is ...:
+                del row["dph_total"]
+        return row
 
     @staticmethod
     def _iid(request) -> int:
