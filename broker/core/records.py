@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator
 
 from broker.core.model import Offer, ResourceState, RunStatus, TopologyKind, utcnow
 from broker.core.provider import InstanceState
@@ -57,6 +57,22 @@ class Resource(_Model):
     banked_usd: float = 0.0
     #: when the rate in effect began (None = ``created_at``: the rate never changed)
     rate_since: datetime | None = None
+
+    @field_validator("attrs")
+    @classmethod
+    def _attrs_are_data(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A row's attrs never name a program, path, PID, interface or host broker did not write there
+        (:mod:`broker.core.rowattrs`): a row that does fails to validate and the ledger skips it as damaged."""
+        from pydantic_core import PydanticCustomError
+
+        from broker.core.rowattrs import AttrsRefused, check_attrs
+
+        try:
+            return check_attrs(str(info.data.get("kind") or ""), str(info.data.get("run_id") or ""), v,
+                               runs=(info.context or {}).get("runs"))
+        except AttrsRefused as e:
+            raise PydanticCustomError("attrs_refused", "attrs.{field} = {value}: {why}",
+                                      {"field": e.field, "value": repr(e.value), "why": e.why}) from None
 
     @property
     def live(self) -> bool:

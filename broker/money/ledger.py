@@ -178,21 +178,28 @@ _REPORTED: set[tuple[str, str]] = set()
 
 def damaged_row_message(table: str, row: Any, exc: Exception, ledger_file: Any) -> str:
     """One sentence for a ledger row that does not validate: which run (and resource), which field, what to do."""
-    field = "?"
+    field, why = "?", ""
     errors = getattr(exc, "errors", None)
+    d = dict(row)
+    value: Any = None
     if callable(errors):
         try:
-            loc = errors()[0].get("loc") or ()
+            err = errors()[0]
+            loc = err.get("loc") or ()
             field = ".".join(str(x) for x in loc) or "?"
+            if err.get("type") == "attrs_refused":  # an attrs field broker would not write (broker.core.rowattrs)
+                ctx = err.get("ctx") or {}
+                field, value, why = f"attrs.{ctx.get('field')}", ctx.get("value"), f": {ctx.get('why')}"
         except Exception:  # noqa: BLE001 - the message below still names the row
             pass
     elif isinstance(exc, _FieldError):
         field = exc.field
-    d = dict(row)
-    value = d.get(field.split(".")[0]) if field != "?" else None
+    if value is None:
+        value = d.get(field.split(".")[0]) if field != "?" else None
     run_id = d.get("run_id") if table == "resources" else d.get("id")
     what = f"run {run_id}" + (f" resource {d.get('id')}" if table == "resources" else "")
-    return (f"damaged ledger row: {what} has an invalid {field} ({value!r}); the row is skipped. Fix or remove it "
+    shown = value if field.startswith("attrs.") and why else repr(value)
+    return (f"damaged ledger row: {what} has an invalid {field} ({shown}){why}; the row is skipped. Fix or remove it "
             f"(sqlite3 {ledger_file} \"SELECT * FROM {table} WHERE id = '{d.get('id')}'\"), or restore the ledger "
             "from a backup; if it names a live resource, check the provider's console")
 
