@@ -99,12 +99,12 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
 def settle_runs(ledger, now=None) -> list[str]:
     """Runs still marked active whose CLI process (``Run.pid``) is dead on this machine become ``interrupted``
     (the watchdog's rule (d)); returns their ids."""
-    from broker.money.accounting import ACTIVE_STATUSES, pid_alive, system_clock
+    from broker.money.accounting import ACTIVE_STATUSES, cli_alive, system_clock
 
     now = now or system_clock()
     out = []
-    for run_id, status, pid in ledger.cli_pids(ACTIVE_STATUSES):
-        if pid_alive(pid):
+    for run_id, status, pid, pid_start in ledger.cli_pids(ACTIVE_STATUSES):
+        if cli_alive(pid, pid_start):
             continue
         n_live = len(ledger.resources(run_id, live_only=True))
         msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"

@@ -100,6 +100,9 @@ class Run(_Model):
     log_paths: dict[str, str] = Field(default_factory=dict)
     message: str | None = None
     pid: int | None = None  # the CLI process driving the run
+    #: that process's start time (clock ticks after boot, /proc/PID/stat field 22): with ``pid`` its identity
+    #: (:mod:`broker.core.procid`); a pid whose process started at another time is someone else's
+    pid_start: int | None = None
 
     @field_serializer("recipe")
     def _recipe_masked(self, recipe: dict[str, Any]) -> dict[str, Any]:

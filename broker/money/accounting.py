@@ -268,6 +268,17 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def cli_alive(pid: int | None, pid_start: int | None) -> bool:
+    """Whether the process a run recorded as its CLI still runs: the same pid *and* start time
+    (:mod:`broker.core.procid`; a reused pid is someone else's); a row of an older broker without a start time
+    falls back to :func:`pid_alive`.  ``run``-free so the settling loops need no Run per row."""
+    if pid_start is None:
+        return pid_alive(pid)
+    from broker.core.procid import ProcessId, matches
+
+    return bool(pid) and matches(ProcessId(int(pid), int(pid_start)))  # type: ignore[arg-type]
+
+
 @dataclass
 class WatchdogState:
     """What the heartbeat file says about the running watchdog."""
@@ -372,5 +383,5 @@ def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str,
     """The teardown layers protecting ``res``: ``cli`` (the run's CLI process is alive here and the run is
     active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
     switch was armed at provisioning)."""
-    cli = bool(run and run.status in ACTIVE_STATUSES and pid_alive(run.pid))
+    cli = bool(run and run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start))
     return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}

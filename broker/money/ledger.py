@@ -119,7 +119,8 @@ CREATE TABLE IF NOT EXISTS quota_requests (
 
 #: columns added after schema 1, as (table, column, declaration): added to an older file when it is opened
 _MIGRATIONS = (("resources", "stopped_at", "TEXT"), ("resources", "stopped_usd_per_hour", "REAL"),
-               ("resources", "banked_usd", "REAL NOT NULL DEFAULT 0"), ("resources", "rate_since", "TEXT"))
+               ("resources", "banked_usd", "REAL NOT NULL DEFAULT 0"), ("resources", "rate_since", "TEXT"),
+               ("runs", "pid_start", "INTEGER"))
 
 _RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
 _RES_JSON = ("attrs",)
@@ -452,13 +453,13 @@ class Ledger:
             args.append(limit)
         return [x for r in self._db.execute(q, args).fetchall() if (x := self._row("runs", r)) is not None]
 
-    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
-        """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
-        settling dead CLIs needs, without building a Run per row."""
+    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int, int | None]]:
+        """(run id, status, CLI pid, its start time or None) of every run in ``statuses`` that recorded a pid,
+        newest first, no cap: what settling dead CLIs needs, without building a Run per row."""
         st = list(statuses)
-        q = (f"SELECT id, status, pid FROM runs WHERE pid IS NOT NULL AND status IN ({','.join('?' for _ in st)}) "
-             "ORDER BY created_at DESC")
-        return [(r[0], r[1], int(r[2])) for r in self._db.execute(q, st)]
+        q = (f"SELECT id, status, pid, pid_start FROM runs WHERE pid IS NOT NULL AND status IN "
+             f"({','.join('?' for _ in st)}) ORDER BY created_at DESC")
+        return [(r[0], r[1], int(r[2]), None if r[3] is None else int(r[3])) for r in self._db.execute(q, st)]
 
     # ------------------------------------------------------------------------------------------- cost (SQL sums)
     def _cost_filter(self, now: datetime, since: datetime | None, provider: str | None) -> tuple[str, dict]:

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from broker.money.accounting import (ACTIVE_STATUSES, ENDED_STATUSES, Clock, effective_deadline, heartbeat_path,
-                               pid_alive, run_cost, system_clock, watchdog_state)
+                               cli_alive, pid_alive, run_cost, system_clock, watchdog_state)
 from broker.money.ledger import Ledger
 from broker.core.records import Resource, Run
 from broker.core.provider import Provider
@@ -266,8 +266,8 @@ class Watchdog:
     def _check_clis(self, now: datetime) -> list[Action]:
         """Rule (d): runs marked active whose CLI process is dead become ``interrupted``."""
         out = []
-        for run_id, status, pid in self.ledger.cli_pids(ACTIVE_STATUSES):
-            if pid_alive(pid):
+        for run_id, status, pid, pid_start in self.ledger.cli_pids(ACTIVE_STATUSES):
+            if cli_alive(pid, pid_start):
                 continue
             n_live = len(self.ledger.resources(run_id, live_only=True))
             msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
