@@ -324,6 +324,10 @@ def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -
 
     if wd["alive"]:
         line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
+    elif wd.get("other_ledger"):
+        line = (f"watchdog: [bold red]not guarding this home[/] (pid {wd['pid']} last passed over another ledger: "
+                "this home was deleted or replaced since it started): the next `broker run` starts this home's "
+                "own, or start `broker watchdog`")
     elif wd["pid"]:
         line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_dur(wd['age_s'])} ago): "
                 "start `broker watchdog`")

@@ -287,7 +287,10 @@ class WatchdogState:
     heartbeat_at: datetime | None = None
     interval_s: float | None = None
     started_at: datetime | None = None
-    alive: bool = False  # pid exists and the heartbeat is fresh
+    alive: bool = False  # the process that wrote the heartbeat runs, its last pass is fresh and was over this home
+    #: the heartbeat's process runs but its last pass was over another ledger (this home was deleted and made
+    #: again, or the file replaced): it guards nothing here
+    other_ledger: bool = False
     age_s: float | None = None
     errors: dict[str, str] = field(default_factory=dict)  # provider -> last error of an orphan scan
 
@@ -309,11 +312,16 @@ def heartbeat_path(home: Path | None = None) -> Path:
 
 def watchdog_state(now: datetime | None = None, home: Path | None = None,
                    stale_after_s: float | None = None) -> WatchdogState:
-    """Read the heartbeat.  The watchdog counts as armed when its pid is alive and the heartbeat is younger than
-    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination)."""
+    """Read the heartbeat (written after each completed pass).  The watchdog counts as armed only when the process
+    that wrote it still runs (pid *and* start time, :mod:`broker.core.procid`), the heartbeat is younger than
+    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination), and that
+    pass was over *this* home's ledger (its installation id): a watchdog whose home was deleted and made again
+    guards the old, deleted ledger and nothing here."""
     now = now or utcnow()
     try:
         data = json.loads(heartbeat_path(home).read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
     except (OSError, ValueError):
         return WatchdogState()
     hb = datetime.fromisoformat(data["heartbeat_at"]) if data.get("heartbeat_at") else None
@@ -321,9 +329,32 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
     interval = float(data.get("interval_s") or 5.0)
     age = (now - hb).total_seconds() if hb else None
     limit = stale_after_s if stale_after_s is not None else 3 * interval + 60.0
-    alive = bool(data.get("pid")) and pid_alive(int(data["pid"])) and age is not None and age <= limit
-    return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=alive,
-                         age_s=age, errors=dict(data.get("errors") or {}))
+    start = data.get("pid_start")
+    runs = bool(data.get("pid")) and cli_alive(int(data["pid"]), start if isinstance(start, int) else None)
+    fresh = runs and age is not None and age <= limit
+    here = fresh and bool(data.get("installation_id")) and \
+        data.get("installation_id") == home_installation_id(heartbeat_path(home).parent)
+    return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=here,
+                         age_s=age, errors=dict(data.get("errors") or {}), other_ledger=fresh and not here)
+
+
+def home_installation_id(home: Path) -> str | None:
+    """The installation id of the ledger now at ``<home>/ledger.sqlite`` (read-only; None when there is none or
+    it cannot be read): what a watchdog's heartbeat must name to count as this home's."""
+    import sqlite3
+
+    path = Path(home) / "ledger.sqlite"
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='installation_id'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def _requirement_setting(provider: str, requirement: str) -> bool:
