@@ -410,9 +410,36 @@ def switch_armable(res: Resource) -> bool:
     return need is None or bool(a[need] if need in a else _requirement_setting(res.provider, need))
 
 
-def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str, bool]:
+#: resource states in which a machine bills and its node switch is expected to end it
+_SWITCH_BILLING_STATES = ("creating", "running", "starting", "terminating", "orphan", "unknown", "failed")
+
+
+def switch_overdue_s(res: Resource, run: Run | None, now: datetime | None = None) -> float | None:
+    """Seconds since ``res``'s node-side switch should have fired (its deadline + grace: the row's
+    ``deadman_grace_s``, else the run's :func:`broker.core.nodescripts.deadman_grace_s`) while the ledger still
+    shows it billing; None when it has no switch, no deadline, does not bill, or the time has not come.  Such a
+    switch did not fire: it guards nothing any more."""
+    if node_layer(res, run) is None or res.state not in _SWITCH_BILLING_STATES or not res.usd_per_hour:
+        return None
+    deadline = effective_deadline(res, run)
+    if deadline is None:
+        return None
+    from broker.core.nodescripts import deadman_grace_s
+
+    g = (res.attrs or {}).get("deadman_grace_s")
+    if isinstance(g, bool) or not isinstance(g, (int, float)):
+        hours = (run.recipe or {}).get("max_hours") if run else None
+        g = deadman_grace_s(float(hours) if isinstance(hours, (int, float)) else None)
+    late = ((now or utcnow()) - deadline).total_seconds() - float(g)
+    return late if late > 0 else None
+
+
+def armed_layers(res: Resource, run: Run | None, wd: WatchdogState,
+                 now: datetime | None = None) -> dict[str, bool]:
     """The teardown layers protecting ``res``: ``cli`` (the run's CLI process is alive here and the run is
-    active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
-    switch was armed at provisioning)."""
+    active), ``watchdog`` (a watchdog guards this home: :func:`watchdog_state`), ``node`` (a node-side dead-man
+    switch was armed at provisioning and its time has not passed: one that should have fired at ``now`` and the
+    machine still bills guards nothing, :func:`switch_overdue_s`)."""
     cli = bool(run and run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start))
-    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}
+    node = node_layer(res, run) is not None and switch_overdue_s(res, run, now) is None
+    return {"cli": cli, "watchdog": wd.alive, "node": node}
