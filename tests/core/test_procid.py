@@ -166,3 +166,28 @@ def test_a_run_whose_cli_pid_was_reused_is_settled_as_interrupted(stubborn, brok
     Watchdog(lg, providers={}).run_once()
     assert lg.get_run(RUN_ID).status == "interrupted"
     assert p.poll() is None
+
+
+def test_the_probe_kill_leaves_an_unrelated_group_that_took_the_jobs_group_id(tmp_path):
+    """A node's ``torchrun.pid`` names the job's process group; once the job ended the id may be another group's.
+    With the run's markers, only marked members (and their children) are signalled: the unrelated group lives,
+    the marked job does not."""
+    import os
+
+    probe = REPO / "broker" / "run" / "probe_script.py"
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)  # an unrelated group: no markers
+    job = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                           env=dict(os.environ, BROKER_RUN_ID=RUN_ID, BROKER_NODE_RANK="0"))
+    try:
+        pidfile = tmp_path / "torchrun.pid"
+        pidfile.write_text(str(other.pid))  # the recorded group id is now the unrelated group's
+        r = subprocess.run([sys.executable, str(probe), "kill", str(pidfile), "1", f"BROKER_RUN_ID={RUN_ID}",
+                            "BROKER_NODE_RANK=0"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert job.wait(timeout=10) is not None  # the marked job was stopped
+        time.sleep(0.1)
+        assert other.poll() is None, "the unrelated process group was signalled"
+    finally:
+        for p in (other, job):
+            p.kill()
+            p.wait()
