@@ -129,22 +129,38 @@ def wait_gone(ident: ProcessId | None, timeout_s: float, *, poll_s: float = 0.05
     someone else's now); True when gone.  Reaps it when it is this process's child."""
     end = time.monotonic() + timeout_s
     while True:
-        if ident is not None:
-            try:
-                os.waitpid(ident.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
         if not matches(ident):
+            _reap(ident)
             return True
         if time.monotonic() >= end:
             return False
         time.sleep(poll_s)
 
 
+def _reap(ident: ProcessId | None) -> None:
+    """Collect ``ident``'s exit status when it has ended (a zombie with the recorded start time) and is this
+    process's child, so no zombie is left; anything else is left to its parent."""
+    if ident is None:
+        return
+    st = _stat(ident.pid)
+    if st is None or st[0] != "Z" or st[1] != ident.start:
+        return
+    end = time.monotonic() + 2.0  # a multi-threaded process (wireguard-go) is waitable only once every thread ended
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(ident.pid, os.WNOHANG)[0] == ident.pid:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
 def stop(ident: ProcessId | None, *, grace_s: float = 3.0) -> bool:
     """SIGTERM the process ``ident`` names, wait up to ``grace_s`` seconds, then SIGKILL; each signal only while it
-    still matches.  Returns whether anything was signalled."""
+    still matches; one that already ended and is this process's child is reaped (no zombie is left).  Returns
+    whether anything was signalled."""
     if not send(ident, _signal.SIGTERM):
+        _reap(ident)  # it may have ended already (e.g. its interface was removed)
         return False
     if not wait_gone(ident, grace_s):
         send(ident, _signal.SIGKILL)
