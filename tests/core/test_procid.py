@@ -191,3 +191,23 @@ def test_the_probe_kill_leaves_an_unrelated_group_that_took_the_jobs_group_id(tm
         for p in (other, job):
             p.kill()
             p.wait()
+
+
+def test_a_detached_run_that_ended_leaves_no_pid_behind(cli_env, tmp_path):
+    """The start of the exact case: once a `broker run -d` ended, its pid stays neither in the ledger nor in
+    detached.json (nothing is left for a later process to be mistaken for it)."""
+    from tests.cli.test_everyday import _cli, _detached_id, _ticker, _wait_ended, _wait_row
+
+    p = _cli(["run", "-d", str(_ticker(tmp_path))], dict(cli_env, TICKS="2", TICK_S="0.2"))
+    assert p.returncode == 0, p.stderr
+    run_id = _detached_id(p)
+    row = _wait_row(run_id)
+    assert row.pid and row.pid_start is not None  # while it runs: its identity
+    assert _wait_ended(run_id) == "succeeded"
+    run = Ledger().get_run(run_id)
+    assert run.pid is None and run.pid_start is None
+    marker = Path(run.run_dir) / "detached.json"
+    deadline = time.monotonic() + 30  # removed as the background process exits
+    while marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not marker.exists()
