@@ -21,8 +21,8 @@ state never lowers the count before the provider has acted.  Each change folds t
 ``banked_usd`` and the new rate counts from ``rate_since``: spent = banked + rate x (end - rate_since).
 
 Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
-Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the
-watchdog's heartbeat file).
+Nothing here does I/O except :func:`pid_alive` / :func:`cli_alive` (``/proc`` probes), :func:`watchdog_state`
+(reads the watchdog's heartbeat file) and :func:`home_installation_id` (reads the home's ledger, read-only).
 """
 
 from __future__ import annotations
