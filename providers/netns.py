@@ -238,6 +238,10 @@ def remove_cid(cid: str, *, sshd_pids: list[int] | None = None) -> list[str]:
     """Remove every namespace, veth and bridge of cluster ``cid`` and kill the processes inside.  Idempotent."""
     check_cid(cid)
     removed: list[str] = []
+    # a recorded pid (state.json) is signalled only while it is still this cluster's sshd (its command line names
+    # the cluster's own folder): the pid of an sshd that ended may belong to someone else by now
+    ours = set(sshd_processes(cid)) if sshd_pids else set()
+    sshd_pids = [p for p in sshd_pids or [] if p in ours]
     _kill_pids(list(sshd_pids or []), signal.SIGTERM)
     namespaces = [ns for ns in _ns_list() if cid_of(ns) == cid]
     for ns in namespaces:  # sshd session children and remote jobs outlive the sshd master: kill by PID

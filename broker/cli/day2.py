@@ -96,7 +96,7 @@ def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s:
                timeout_s: float | None = None) -> None:
     """Print ``path`` and, while the run is active (its CLI alive), what is appended to it; returns once the run
     has ended and the rest is printed (or after ``timeout_s``)."""
-    from broker.money.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.money.accounting import ACTIVE_STATUSES, cli_alive
 
     out = out or sys.stdout
     pos = 0
@@ -113,7 +113,7 @@ def follow_log(ledger: Any, run_id: str, path: Path, *, out: Any = None, poll_s:
                 out.flush()
                 pos += len(data)
         run = ledger.get_run(run_id)
-        active = run is not None and run.status in ACTIVE_STATUSES and pid_alive(run.pid)
+        active = run is not None and run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start)
         if not active:
             if path.exists() and path.stat().st_size > pos:
                 continue  # the last lines written before the end

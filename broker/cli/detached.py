@@ -32,9 +32,31 @@ def _tell_detached_parent(run: Any) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread: the disposition stays as it is
         pass
-    try:
-        (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
+    from broker.core import procid
+
+    me = procid.record()
+    if me is None:
+        return
+    marker = Path(run.run_dir) / DETACHED_MARKER
+    try:  # this process's identity (pid, start time, name), never a bare pid: it is signalled by `broker down`
+        from broker.core.private import write_private
+
+        write_private(marker, json.dumps(me.to_dict()))
     except OSError:
+        return
+    import atexit
+
+    atexit.register(_clear_marker, marker, me)  # the run ended: a pid left behind would name someone else later
+
+
+def _clear_marker(marker: Path, me: Any) -> None:
+    """Remove the detached marker this process wrote (only while it still names this process)."""
+    import json
+
+    try:
+        if json.loads(marker.read_text()).get("pid") == me.pid:
+            marker.unlink()
+    except (OSError, ValueError, AttributeError):
         pass
 
 
@@ -102,15 +124,15 @@ def quote_path(p: Any) -> str:
 def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
     """When ``run`` is driven by a live background process (``broker run -d``): interrupt it (SIGINT, the same
     shielded teardown as Ctrl-C) and wait up to ``grace_s`` seconds for it to end.  Returns True when one was
-    interrupted.  A pid whose folder has no detached marker naming it is never signalled."""
+    interrupted.  Only the process the run's own folder's detached marker records is signalled, and only while it
+    is that process (:mod:`broker.core.procid`: pid, start time and name all match, and the ledger row's pid and
+    start time agree): a pid that outlived its run and now belongs to someone else is never signalled or waited on."""
     import json
-    import os
     import signal
-    import time
 
-    from broker.money.accounting import pid_alive
+    from broker.core import procid
 
-    if not run.run_dir or not run.pid or not pid_alive(run.pid):
+    if not run.run_dir or not run.pid:
         return False
     from broker.core.provider import BadInput
     from broker.core.runfolder import confined_run_dir
@@ -120,19 +142,14 @@ def stop_detached(run: Any, *, grace_s: float = 120.0) -> bool:
     except BadInput:
         return False
     try:
-        marker = json.loads((folder / DETACHED_MARKER).read_text())
+        ident = procid.ProcessId.from_dict(json.loads((folder / DETACHED_MARKER).read_text()))
     except (OSError, ValueError):
         return False
-    if marker.get("pid") != run.pid:
+    if ident is None or ident.pid != run.pid or (run.pid_start is not None and ident.start != run.pid_start):
         return False
-    try:
-        os.kill(run.pid, signal.SIGINT)
-    except OSError:
+    if not procid.send(ident, signal.SIGINT):
         return False
-    t0 = time.monotonic()
-    while pid_alive(run.pid) and time.monotonic() - t0 < grace_s:
-        time.sleep(0.2)
-    if not pid_alive(run.pid):
+    if procid.wait_gone(ident, grace_s, poll_s=0.2):
         _say_who_interrupted(run.id)
     return True
 

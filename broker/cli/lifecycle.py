@@ -141,11 +141,11 @@ def commands_in(line: str) -> list[str]:
 def _settle_run(ledger: Any, run_id: str, left: list) -> None:
     """After ``broker down``: a run still marked active whose CLI process is dead (e.g. SIGKILLed while
     provisioning) ends as ``interrupted``, so ``broker status`` stops showing it as provisioning with time left."""
-    from broker.money.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.money.accounting import ACTIVE_STATUSES, cli_alive
     from broker.core.model import utcnow
 
     run = ledger.get_run(run_id)
-    if run is None or run.id != run_id or run.status not in ACTIVE_STATUSES or pid_alive(run.pid):
+    if run is None or run.id != run_id or run.status not in ACTIVE_STATUSES or cli_alive(run.pid, run.pid_start):
         return
     why = f"the CLI (pid {run.pid}) is gone" if run.pid else "no CLI drives it"
     msg = (f"{why}; `broker down` terminated its resources" if not left else

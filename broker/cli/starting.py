@@ -31,7 +31,23 @@ def record(run_id: str, pid: int, output: Path, name: str) -> None:
 
     private_dir(starting_dir())
     write_private(starting_dir() / f"{run_id}.json", json.dumps(
-        {"run_id": run_id, "pid": pid, "output": str(output), "name": name, "created_at": utcnow().isoformat()}))
+        {"run_id": run_id, "pid": pid, "start": _start_of(pid), "output": str(output), "name": name,
+         "created_at": utcnow().isoformat()}))
+
+
+def _start_of(pid: int) -> int | None:
+    """The start time of process ``pid`` (:mod:`broker.core.procid`): with the pid, its identity."""
+    from broker.core.procid import record as identity
+
+    me = identity(pid, comm=False)
+    return me.start if me else None
+
+
+def _alive(d: dict[str, Any]) -> bool:
+    from broker.money.accounting import cli_alive
+
+    start = d.get("start")
+    return cli_alive(int(d.get("pid") or 0), start if isinstance(start, int) else None)
 
 
 def clear(run_id: str) -> None:
@@ -51,7 +67,6 @@ def entries() -> list[dict[str, Any]]:
         return []
     if not files:
         return []
-    from broker.money.accounting import pid_alive
 
     out = []
     for f in files:
@@ -61,7 +76,7 @@ def entries() -> list[dict[str, Any]]:
             continue
         if not isinstance(d, dict) or not isinstance(d.get("run_id"), str):
             continue
-        d["alive"] = pid_alive(int(d.get("pid") or 0))
+        d["alive"] = _alive(d)
         if not d["alive"]:
             d["tail"] = _tail(d.get("output"))
         out.append(d)
@@ -118,14 +133,13 @@ def wait_for_row(ledger: Any, d: dict[str, Any], *, timeout_s: float = 300.0, po
     import time
 
     from broker.core.provider import ProviderError
-    from broker.money.accounting import pid_alive
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         run = ledger.get_run(d["run_id"])
         if run is not None:
             return run
-        if not pid_alive(int(d.get("pid") or 0)):
+        if not _alive(d):
             run = ledger.get_run(d["run_id"])
             if run is not None:
                 return run

@@ -99,12 +99,12 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
 def settle_runs(ledger, now=None) -> list[str]:
     """Runs still marked active whose CLI process (``Run.pid``) is dead on this machine become ``interrupted``
     (the watchdog's rule (d)); returns their ids."""
-    from broker.money.accounting import ACTIVE_STATUSES, pid_alive, system_clock
+    from broker.money.accounting import ACTIVE_STATUSES, cli_alive, system_clock
 
     now = now or system_clock()
     out = []
-    for run_id, status, pid in ledger.cli_pids(ACTIVE_STATUSES):
-        if pid_alive(pid):
+    for run_id, status, pid, pid_start in ledger.cli_pids(ACTIVE_STATUSES):
+        if cli_alive(pid, pid_start):
             continue
         n_live = len(ledger.resources(run_id, live_only=True))
         msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
@@ -121,7 +121,8 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
     ``layers``, ``node_layer``), the watchdog's heartbeat, totals over live resources (``possibly_billing``:
     rows left ``unknown`` by an ambiguous create) and ``refresh`` notes (provider -> why not refreshed).  With
     ``refresh`` the providers are asked first (:func:`refresh_live`) and dead CLIs settled (:func:`settle_runs`)."""
-    from broker.money.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
+    from broker.money.accounting import (armed_layers, node_layer, resource_cost, run_cost, switch_overdue_s,
+                                         system_clock, watchdog_state)
 
     now = now or system_clock()
     notes = refresh_live(ledger, providers, now) if refresh else {}
@@ -144,8 +145,8 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
     for res in live:
         run = run_by_id.get(res.run_id)
         c = resource_cost(res, run, now).to_dict()
-        out_live.append({**res.model_dump(mode="json"), "cost": c, "layers": armed_layers(res, run, wd),
-                         "node_layer": node_layer(res, run)})
+        out_live.append({**res.model_dump(mode="json"), "cost": c, "layers": armed_layers(res, run, wd, now),
+                         "node_layer": node_layer(res, run), "switch_overdue_s": switch_overdue_s(res, run, now)})
     totals = {"usd_per_hour": sum(r["cost"]["usd_per_hour"] for r in out_live),
               "spent_usd": sum(r["cost"]["spent_usd"] for r in out_live),
               "errors": sum(1 for r in out_live if r.get("error") and r["state"] != "unknown"),
@@ -309,7 +310,12 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"{escape(what)} of run {r['run_id']}: stopped, billing {usd(c.get('usd_per_hour') or 0.0)}"
                        f"/h for its disk{dl}; `broker start {r['run_id']}` resumes it, `broker down "
                        f"{r['run_id']}` deletes it")
-        if r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
+        if r.get("switch_overdue_s"):
+            c = r.get("cost") or {}
+            out.append(f"[bold red]{escape(what)} of run {r['run_id']}: its node switch should have fired "
+                       f"{_dur(r['switch_overdue_s'])} ago (deadline + grace passed) and did not[/]: it still bills "
+                       f"{usd(c.get('usd_per_hour') or 0.0)}/h; `broker down {r['run_id']}` ends it now")
+        elif r.get("node_layer") and (r.get("attrs") or {}).get("deadman_grace_s") is not None:
             out.append(f"{escape(what)}: node switch: {escape(r['node_layer'])}")  # the grace scales with the job
     return out
 
@@ -324,6 +330,10 @@ def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -
 
     if wd["alive"]:
         line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
+    elif wd.get("other_ledger"):
+        line = (f"watchdog: [bold red]not guarding this home[/] (pid {wd['pid']} last passed over another ledger: "
+                "this home was deleted or replaced since it started): the next `broker run` starts this home's "
+                "own, or start `broker watchdog`")
     elif wd["pid"]:
         line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_dur(wd['age_s'])} ago): "
                 "start `broker watchdog`")
@@ -373,7 +383,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
         CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
-        from broker.money.accounting import armed_layers, node_layer, resource_cost, run_cost, system_clock, watchdog_state
+        from broker.money.accounting import (armed_layers, node_layer, resource_cost, run_cost, switch_overdue_s,
+                                             system_clock, watchdog_state)
         from broker.money.ledger import Ledger
 
         if refresh and no_refresh:
@@ -423,7 +434,8 @@ def register(app: typer.Typer) -> None:
             res = ledger.resources(run.id)
             rc = run_cost(run, res, now)
             rows = [{**r.model_dump(mode="json"), "cost": resource_cost(r, run, now).to_dict(),
-                     "layers": armed_layers(r, run, wd), "node_layer": node_layer(r, run)} for r in res]
+                     "layers": armed_layers(r, run, wd, now), "node_layer": node_layer(r, run),
+                     "switch_overdue_s": switch_overdue_s(r, run, now)} for r in res]
             cost = rc.to_dict()
             cost.pop("resources")
             if as_json:

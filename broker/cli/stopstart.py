@@ -80,11 +80,11 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
     run's CLI still drives its job; nothing to stop; a provider that cannot stop), the provider's errors."""
     from broker.core.model import utcnow
     from broker.core.provider import BadInput
-    from broker.money.accounting import ACTIVE_STATUSES, pid_alive
+    from broker.money.accounting import ACTIVE_STATUSES, cli_alive
     from broker.providers import get_provider
 
     run = ledger.find_run(run_id)
-    if run.status in ACTIVE_STATUSES and pid_alive(run.pid):
+    if run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start):
         raise BadInput(f"run {run.id} is still {run.status} (its CLI, pid {run.pid}, drives the job): stopping its "
                        "machines now would fail the job and the CLI would delete them",
                        hint=f"wait for the job to end (with --idle-minutes its machines stay for `broker stop`), "

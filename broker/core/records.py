@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_serializer, field_validator, model_validator
 
 from broker.core.model import Offer, ResourceState, RunStatus, TopologyKind, utcnow
 from broker.core.provider import InstanceState
@@ -58,6 +58,22 @@ class Resource(_Model):
     #: when the rate in effect began (None = ``created_at``: the rate never changed)
     rate_since: datetime | None = None
 
+    @field_validator("attrs")
+    @classmethod
+    def _attrs_are_data(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        """A row's attrs never name a program, path, PID, interface or host broker did not write there
+        (:mod:`broker.core.rowattrs`): a row that does fails to validate and the ledger skips it as damaged."""
+        from pydantic_core import PydanticCustomError
+
+        from broker.core.rowattrs import AttrsRefused, check_attrs
+
+        try:
+            return check_attrs(str(info.data.get("kind") or ""), str(info.data.get("run_id") or ""), v,
+                               runs=(info.context or {}).get("runs"))
+        except AttrsRefused as e:
+            raise PydanticCustomError("attrs_refused", "attrs.{field} = {value}: {why}",
+                                      {"field": e.field, "value": repr(e.value), "why": e.why}) from None
+
     @property
     def live(self) -> bool:
         return self.state not in ("terminated",)
@@ -84,6 +100,9 @@ class Run(_Model):
     log_paths: dict[str, str] = Field(default_factory=dict)
     message: str | None = None
     pid: int | None = None  # the CLI process driving the run
+    #: that process's start time (clock ticks after boot, /proc/PID/stat field 22): with ``pid`` its identity
+    #: (:mod:`broker.core.procid`); a pid whose process started at another time is someone else's
+    pid_start: int | None = None
 
     @field_serializer("recipe")
     def _recipe_masked(self, recipe: dict[str, Any]) -> dict[str, Any]:

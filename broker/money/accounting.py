@@ -21,8 +21,8 @@ state never lowers the count before the provider has acted.  Each change folds t
 ``banked_usd`` and the new rate counts from ``rate_since``: spent = banked + rate x (end - rate_since).
 
 Everything here takes ``now`` explicitly (or a :data:`Clock`) so tests can drive long cases with a fake clock.
-Nothing here does I/O except :func:`pid_alive` (a signal-0 probe) and :func:`watchdog_state` (reads the
-watchdog's heartbeat file).
+Nothing here does I/O except :func:`pid_alive` / :func:`cli_alive` (``/proc`` probes), :func:`watchdog_state`
+(reads the watchdog's heartbeat file) and :func:`home_installation_id` (reads the home's ledger, read-only).
 """
 
 from __future__ import annotations
@@ -268,6 +268,17 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def cli_alive(pid: int | None, pid_start: int | None) -> bool:
+    """Whether the process a run recorded as its CLI still runs: the same pid *and* start time
+    (:mod:`broker.core.procid`; a reused pid is someone else's); a row of an older broker without a start time
+    falls back to :func:`pid_alive`.  ``run``-free so the settling loops need no Run per row."""
+    if pid_start is None:
+        return pid_alive(pid)
+    from broker.core.procid import ProcessId, matches
+
+    return bool(pid) and matches(ProcessId(int(pid), int(pid_start)))  # type: ignore[arg-type]
+
+
 @dataclass
 class WatchdogState:
     """What the heartbeat file says about the running watchdog."""
@@ -276,7 +287,10 @@ class WatchdogState:
     heartbeat_at: datetime | None = None
     interval_s: float | None = None
     started_at: datetime | None = None
-    alive: bool = False  # pid exists and the heartbeat is fresh
+    alive: bool = False  # the process that wrote the heartbeat runs, its last pass is fresh and was over this home
+    #: the heartbeat's process runs but its last pass was over another ledger (this home was deleted and made
+    #: again, or the file replaced): it guards nothing here
+    other_ledger: bool = False
     age_s: float | None = None
     errors: dict[str, str] = field(default_factory=dict)  # provider -> last error of an orphan scan
 
@@ -298,11 +312,16 @@ def heartbeat_path(home: Path | None = None) -> Path:
 
 def watchdog_state(now: datetime | None = None, home: Path | None = None,
                    stale_after_s: float | None = None) -> WatchdogState:
-    """Read the heartbeat.  The watchdog counts as armed when its pid is alive and the heartbeat is younger than
-    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination)."""
+    """Read the heartbeat (written after each completed pass).  The watchdog counts as armed only when the process
+    that wrote it still runs (pid *and* start time, :mod:`broker.core.procid`), the heartbeat is younger than
+    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination), and that
+    pass was over *this* home's ledger (its installation id): a watchdog whose home was deleted and made again
+    guards the old, deleted ledger and nothing here."""
     now = now or utcnow()
     try:
         data = json.loads(heartbeat_path(home).read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
     except (OSError, ValueError):
         return WatchdogState()
     hb = datetime.fromisoformat(data["heartbeat_at"]) if data.get("heartbeat_at") else None
@@ -310,9 +329,32 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
     interval = float(data.get("interval_s") or 5.0)
     age = (now - hb).total_seconds() if hb else None
     limit = stale_after_s if stale_after_s is not None else 3 * interval + 60.0
-    alive = bool(data.get("pid")) and pid_alive(int(data["pid"])) and age is not None and age <= limit
-    return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=alive,
-                         age_s=age, errors=dict(data.get("errors") or {}))
+    start = data.get("pid_start")
+    runs = bool(data.get("pid")) and cli_alive(int(data["pid"]), start if isinstance(start, int) else None)
+    fresh = runs and age is not None and age <= limit
+    here = fresh and bool(data.get("installation_id")) and \
+        data.get("installation_id") == home_installation_id(heartbeat_path(home).parent)
+    return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=here,
+                         age_s=age, errors=dict(data.get("errors") or {}), other_ledger=fresh and not here)
+
+
+def home_installation_id(home: Path) -> str | None:
+    """The installation id of the ledger now at ``<home>/ledger.sqlite`` (read-only; None when there is none or
+    it cannot be read): what a watchdog's heartbeat must name to count as this home's."""
+    import sqlite3
+
+    path = Path(home) / "ledger.sqlite"
+    if not path.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key='installation_id'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
 
 
 def _requirement_setting(provider: str, requirement: str) -> bool:
@@ -368,9 +410,36 @@ def switch_armable(res: Resource) -> bool:
     return need is None or bool(a[need] if need in a else _requirement_setting(res.provider, need))
 
 
-def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str, bool]:
+#: resource states in which a machine bills and its node switch is expected to end it
+_SWITCH_BILLING_STATES = ("creating", "running", "starting", "terminating", "orphan", "unknown", "failed")
+
+
+def switch_overdue_s(res: Resource, run: Run | None, now: datetime | None = None) -> float | None:
+    """Seconds since ``res``'s node-side switch should have fired (its deadline + grace: the row's
+    ``deadman_grace_s``, else the run's :func:`broker.core.nodescripts.deadman_grace_s`) while the ledger still
+    shows it billing; None when it has no switch, no deadline, does not bill, or the time has not come.  Such a
+    switch did not fire: it guards nothing any more."""
+    if node_layer(res, run) is None or res.state not in _SWITCH_BILLING_STATES or not res.usd_per_hour:
+        return None
+    deadline = effective_deadline(res, run)
+    if deadline is None:
+        return None
+    from broker.core.nodescripts import deadman_grace_s
+
+    g = (res.attrs or {}).get("deadman_grace_s")
+    if isinstance(g, bool) or not isinstance(g, (int, float)):
+        hours = (run.recipe or {}).get("max_hours") if run else None
+        g = deadman_grace_s(float(hours) if isinstance(hours, (int, float)) else None)
+    late = ((now or utcnow()) - deadline).total_seconds() - float(g)
+    return late if late > 0 else None
+
+
+def armed_layers(res: Resource, run: Run | None, wd: WatchdogState,
+                 now: datetime | None = None) -> dict[str, bool]:
     """The teardown layers protecting ``res``: ``cli`` (the run's CLI process is alive here and the run is
-    active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
-    switch was armed at provisioning)."""
-    cli = bool(run and run.status in ACTIVE_STATUSES and pid_alive(run.pid))
-    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}
+    active), ``watchdog`` (a watchdog guards this home: :func:`watchdog_state`), ``node`` (a node-side dead-man
+    switch was armed at provisioning and its time has not passed: one that should have fired at ``now`` and the
+    machine still bills guards nothing, :func:`switch_overdue_s`)."""
+    cli = bool(run and run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start))
+    node = node_layer(res, run) is not None and switch_overdue_s(res, run, now) is None
+    return {"cli": cli, "watchdog": wd.alive, "node": node}

@@ -119,7 +119,8 @@ CREATE TABLE IF NOT EXISTS quota_requests (
 
 #: columns added after schema 1, as (table, column, declaration): added to an older file when it is opened
 _MIGRATIONS = (("resources", "stopped_at", "TEXT"), ("resources", "stopped_usd_per_hour", "REAL"),
-               ("resources", "banked_usd", "REAL NOT NULL DEFAULT 0"), ("resources", "rate_since", "TEXT"))
+               ("resources", "banked_usd", "REAL NOT NULL DEFAULT 0"), ("resources", "rate_since", "TEXT"),
+               ("runs", "pid_start", "INTEGER"))
 
 _RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
 _RES_JSON = ("attrs",)
@@ -178,21 +179,28 @@ _REPORTED: set[tuple[str, str]] = set()
 
 def damaged_row_message(table: str, row: Any, exc: Exception, ledger_file: Any) -> str:
     """One sentence for a ledger row that does not validate: which run (and resource), which field, what to do."""
-    field = "?"
+    field, why = "?", ""
     errors = getattr(exc, "errors", None)
+    d = dict(row)
+    value: Any = None
     if callable(errors):
         try:
-            loc = errors()[0].get("loc") or ()
+            err = errors()[0]
+            loc = err.get("loc") or ()
             field = ".".join(str(x) for x in loc) or "?"
+            if err.get("type") == "attrs_refused":  # an attrs field broker would not write (broker.core.rowattrs)
+                ctx = err.get("ctx") or {}
+                field, value, why = f"attrs.{ctx.get('field')}", ctx.get("value"), f": {ctx.get('why')}"
         except Exception:  # noqa: BLE001 - the message below still names the row
             pass
     elif isinstance(exc, _FieldError):
         field = exc.field
-    d = dict(row)
-    value = d.get(field.split(".")[0]) if field != "?" else None
+    if value is None:
+        value = d.get(field.split(".")[0]) if field != "?" else None
     run_id = d.get("run_id") if table == "resources" else d.get("id")
     what = f"run {run_id}" + (f" resource {d.get('id')}" if table == "resources" else "")
-    return (f"damaged ledger row: {what} has an invalid {field} ({value!r}); the row is skipped. Fix or remove it "
+    shown = value if field.startswith("attrs.") and why else repr(value)
+    return (f"damaged ledger row: {what} has an invalid {field} ({shown}){why}; the row is skipped. Fix or remove it "
             f"(sqlite3 {ledger_file} \"SELECT * FROM {table} WHERE id = '{d.get('id')}'\"), or restore the ledger "
             "from a backup; if it names a live resource, check the provider's console")
 
@@ -445,13 +453,13 @@ class Ledger:
             args.append(limit)
         return [x for r in self._db.execute(q, args).fetchall() if (x := self._row("runs", r)) is not None]
 
-    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int]]:
-        """(run id, status, CLI pid) of every run in ``statuses`` that recorded a pid, newest first, no cap: what
-        settling dead CLIs needs, without building a Run per row."""
+    def cli_pids(self, statuses: Iterable[str]) -> list[tuple[str, str, int, int | None]]:
+        """(run id, status, CLI pid, its start time or None) of every run in ``statuses`` that recorded a pid,
+        newest first, no cap: what settling dead CLIs needs, without building a Run per row."""
         st = list(statuses)
-        q = (f"SELECT id, status, pid FROM runs WHERE pid IS NOT NULL AND status IN ({','.join('?' for _ in st)}) "
-             "ORDER BY created_at DESC")
-        return [(r[0], r[1], int(r[2])) for r in self._db.execute(q, st)]
+        q = (f"SELECT id, status, pid, pid_start FROM runs WHERE pid IS NOT NULL AND status IN "
+             f"({','.join('?' for _ in st)}) ORDER BY created_at DESC")
+        return [(r[0], r[1], int(r[2]), None if r[3] is None else int(r[3])) for r in self._db.execute(q, st)]
 
     # ------------------------------------------------------------------------------------------- cost (SQL sums)
     def _cost_filter(self, now: datetime, since: datetime | None, provider: str | None) -> tuple[str, dict]:

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from broker.money.accounting import (ACTIVE_STATUSES, ENDED_STATUSES, Clock, effective_deadline, heartbeat_path,
-                               pid_alive, run_cost, system_clock, watchdog_state)
+                               cli_alive, home_installation_id, run_cost, system_clock, watchdog_state)
 from broker.money.ledger import Ledger
 from broker.core.records import Resource, Run
 from broker.core.provider import Provider
@@ -122,6 +122,22 @@ def _lock_holder(path: Path) -> int | None:
         return int(json.loads(path.read_text() or "{}").get("pid") or 0) or None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether a live process holds the flock on ``path`` now (the kernel's answer, not a pid in the file)."""
+    if not path.exists():
+        return False
+    try:
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
 
 
 class WatchdogLock:
@@ -266,8 +282,8 @@ class Watchdog:
     def _check_clis(self, now: datetime) -> list[Action]:
         """Rule (d): runs marked active whose CLI process is dead become ``interrupted``."""
         out = []
-        for run_id, status, pid in self.ledger.cli_pids(ACTIVE_STATUSES):
-            if pid_alive(pid):
+        for run_id, status, pid, pid_start in self.ledger.cli_pids(ACTIVE_STATUSES):
+            if cli_alive(pid, pid_start):
                 continue
             n_live = len(self.ledger.resources(run_id, live_only=True))
             msg = (f"the CLI process (pid {pid}) died while the run was {status}; run marked interrupted"
@@ -461,10 +477,26 @@ class Watchdog:
 
     # ------------------------------------------------------------------------------------------- loop
     def write_heartbeat(self) -> None:
-        """Rewrite ``<home>/watchdog.json`` atomically (pid, start, now, interval, provider errors)."""
+        """Rewrite ``<home>/watchdog.json`` atomically after a pass: this process's identity (pid, start time,
+        name), start, now, interval, provider errors and the installation id of the ledger the pass read.  Nothing
+        is written when the ledger now at the home is not the one this watchdog reads (the home was deleted and
+        made again): it would claim to guard a home it does not see; a new run then starts that home's own."""
+        from broker.core import procid
+
         path = heartbeat_path(self.home)
+        mine = self.ledger.installation_id
+        if home_installation_id(path.parent) != mine:
+            if "home" not in self._told:
+                self._told.add("home")
+                print(f"watchdog: {path.parent / 'ledger.sqlite'} is no longer the ledger this watchdog reads "
+                      f"(installation {mine}; the home was deleted or replaced): it guards only what that ledger "
+                      "held and no longer reports for this home", file=sys.stderr, flush=True)
+            return
+        me = procid.record()
         tmp = path.with_name(f".watchdog.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "started_at": self.started_at.isoformat(),
+        tmp.write_text(json.dumps({"pid": os.getpid(), "pid_start": me.start if me else None,
+                                   "comm": me.comm if me else None, "installation_id": mine,
+                                   "started_at": self.started_at.isoformat(),
                                    "heartbeat_at": system_clock().isoformat(), "interval_s": self.interval_s,
                                    "passes": self.passes, "errors": self.errors}))
         os.replace(tmp, path)
@@ -485,8 +517,7 @@ class Watchdog:
             signal.signal(signal.SIGINT, self.stop)
         except ValueError:  # not the main thread (tests)
             pass
-        self.write_heartbeat()
-        idle_since: float | None = None
+        idle_since: float | None = None  # the heartbeat is written after each completed pass, never before one
         try:
             while not self._stop:
                 t0 = time.monotonic()
@@ -507,9 +538,11 @@ class Watchdog:
                 while not self._stop and time.monotonic() - t0 < self.interval_s:
                     time.sleep(min(0.1, self.interval_s))
         finally:
-            try:
-                heartbeat_path(self.home).unlink()
-            except OSError:
+            try:  # only its own: a watchdog of a deleted home must not remove the new home's watchdog's heartbeat
+                hb = heartbeat_path(self.home)
+                if json.loads(hb.read_text()).get("pid") == os.getpid():
+                    hb.unlink()
+            except (OSError, ValueError, AttributeError):
                 pass
 
 
@@ -524,8 +557,7 @@ def start_detached(home: Path | None = None, *, interval_s: float | None = None,
     home = Path(home) if home else broker_home()
     if watchdog_state(home=home).alive:
         return None
-    holder = _lock_holder(lock_path(home))
-    if holder and pid_alive(holder) and holder != os.getpid():
+    if _lock_held(lock_path(home)):  # one is starting (before its first pass) or busy in one
         return None
     root = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ, BROKER_HOME=str(home))

@@ -295,7 +295,9 @@ class CloudHybridTarget(CloudTarget):
     def _public_ip(self, node: Any, ctx: Context) -> str:
         """A VM's public address (its WireGuard endpoint): the ledger row's ``public_ip``, else its SSH host."""
         res = ctx.ledger.resource(node.resource_id) if node.resource_id else None
-        return str(((res.attrs or {}).get("public_ip") if res else None) or node.host)
+        from broker.core.rowattrs import row_address
+
+        return str((row_address(res.attrs, "public_ip") if res else None) or node.host)
 
     def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
         from broker.run.hybrid import make_executor
@@ -328,8 +330,8 @@ class CloudHybridTarget(CloudTarget):
 
                     terminate_resource(ctx.ledger, res, ctx.actor, provider=get_provider("local"), say=ctx.hooks.say)
             if m is not None and m.keys is not None:  # also when acquire failed before the row existed
-                hybrid.local_node_down({"iface": m.iface, "pidfile": str(m.keys / "node0.conf.pid"),
-                                        "keys": str(m.keys)})
+                hybrid.local_node_down({"run_id": run.id, "iface": m.iface, "keys": str(m.keys),
+                                        "pidfile": str(m.keys / "node0.conf.pid")})
         finally:
             left, kept = super().release(run, ctx, keep=False)
         return left, kept

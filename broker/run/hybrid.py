@@ -361,10 +361,9 @@ VM_IFACE = "wg0"
 def local_iface(run_id: str) -> str:
     """This machine's tunnel interface for run ``run_id``: ``bkwg`` + the run id's last 6 characters (unique per
     run, at most 15 characters)."""
-    import re
+    from broker.core.rowattrs import tunnel_iface
 
-    tail = re.sub(r"[^a-z0-9]", "", run_id.lower())[-6:]
-    return f"bkwg{tail}"
+    return tunnel_iface(run_id)  # the ledger check of a local_node row knows the same name
 
 
 def free_tunnel_subnet() -> str:
@@ -497,30 +496,33 @@ def local_node_attrs(m: CloudMesh, *, run_id: str, node0_base: str, python: str)
 
 def local_node_down(attrs: dict[str, Any]) -> None:
     """Remove this machine's part of a cloud hybrid run: node 0's job (the probe's kill by pid file and
-    environment marker), the tunnel interface, its ``wireguard-go`` (pid file) and the key folder (configs
-    overwritten, then deleted).  Idempotent; what ``broker down`` / the watchdog run for the ledger row (provider
-    ``local``, kind ``local_node``) after the CLI died, and what release runs."""
-    import signal
+    environment marker), the tunnel interface, its ``wireguard-go`` (its recorded identity, never a bare pid) and
+    the key folder (configs overwritten, then deleted).  Idempotent; what ``broker down`` / the watchdog run for the
+    ledger row (provider ``local``, kind ``local_node``) after the CLI died, and what release runs.
 
+    ``attrs`` is checked first (:mod:`broker.core.rowattrs`: paths inside the run's folder, the run's own interface
+    name); raises BadInput naming the field when it names anything else, and nothing is run, signalled or deleted.
+    The probe runs with this interpreter, whatever the row says."""
+    import sys
+
+    from broker.core.provider import BadInput
+    from broker.core.rowattrs import AttrsRefused, check_attrs, local_node_run
     from broker.run import wireguard as wg
+
+    try:
+        run_id = local_node_run(attrs)
+        check_attrs("local_node", run_id, attrs)
+    except AttrsRefused as e:
+        raise BadInput(f"refused: this machine's part of a hybrid run names {e}; nothing was run, signalled or "
+                       "deleted", hint="the ledger row was damaged or edited by someone else: check `broker status` "
+                                       "and the ledger's owner") from None
     probe, job = attrs.get("probe"), attrs.get("job_pidfile")
     if probe and job and Path(probe).exists() and Path(job).exists():
-        subprocess.run([attrs.get("python") or "python3", probe, "kill", job, "2",
-                        f"BROKER_RUN_ID={attrs.get('run_id', '')}", "BROKER_NODE_RANK=0"],
+        subprocess.run([sys.executable, probe, "kill", job, "2", f"BROKER_RUN_ID={run_id}", "BROKER_NODE_RANK=0"],
                        capture_output=True, timeout=60)
     iface = attrs.get("iface")
     if iface:
-        pidfile = Path(attrs["pidfile"]) if attrs.get("pidfile") else None
-        wg.iface_down(iface, pidfile=pidfile)
-        if pidfile is not None and pidfile.exists():
-            try:
-                pid = int(pidfile.read_text().strip())
-                for _ in range(50):  # wireguard-go got SIGTERM from iface_down: give it 5 s
-                    os.kill(pid, 0)
-                    time.sleep(0.1)
-                os.kill(pid, signal.SIGKILL)
-            except (ValueError, ProcessLookupError, PermissionError):
-                pass
+        wg.iface_down(iface, pidfile=Path(attrs["pidfile"]) if attrs.get("pidfile") else None)
     if attrs.get("keys"):
         wg.forget(Path(attrs["keys"]))
 

@@ -28,7 +28,6 @@ Release is shielded: a Ctrl-C during teardown says that resources are still bein
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 from dataclasses import dataclass, replace as _dc_replace
 from pathlib import Path
@@ -178,8 +177,9 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
             if left:
                 message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
                     f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
+            # the run has ended: its CLI is no longer recorded (a pid outlives its process and is reused)
             updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
-                              pid=os.getpid())
+                              pid=None, pid_start=None)
     from broker.money.cost import run_spent_usd
 
     return RunOutcome(updated, result, cluster, left, run_spent_usd(ledger, run.id), kept_until_idle=bool(kept),

@@ -291,7 +291,11 @@ def _marked(procs, markers):
 
 def _tree(pgid, markers=()):
     procs = _procs()
-    found = {p for p, (_, g) in procs.items() if pgid is not None and g == pgid} | _marked(procs, markers)
+    marked = _marked(procs, markers)
+    # the pid file's group id outlives the job and may be reused: with markers, a member of that group counts only
+    # when it carries them (the job's processes do; their children are added below whatever their environment)
+    found = {p for p, (_, g) in procs.items() if pgid is not None and g == pgid and (not markers or p in marked)}
+    found |= marked
     changed = True
     while changed:
         changed = False

@@ -129,8 +129,16 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
               recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",
               created_at=now, started_at=now, deadline=now + timedelta(hours=recipe.max_hours),
-              budget_usd=recipe.budget_usd, run_dir=str(run_dir), pid=os.getpid())
+              budget_usd=recipe.budget_usd, run_dir=str(run_dir), pid=os.getpid(), pid_start=_my_start())
     return ledger.create_run(run)
+
+
+def _my_start() -> int | None:
+    """This process's start time (:mod:`broker.core.procid`): with its pid, the CLI's identity in the run's row."""
+    from broker.core.procid import record
+
+    me = record()
+    return me.start if me else None
 
 
 #: bytes kept free beside the ledger (``<home>/.space-reserve``) so the end of a run can be recorded even when the

@@ -221,7 +221,12 @@ def iface_up(iface: str, conf: Path, address: str, prefixlen: int, mtu: int, *, 
                              env={**os.environ, "LOG_LEVEL": os.environ.get("BROKER_WG_LOG_LEVEL", "error")})
         if log:
             out.close()  # type: ignore[union-attr]
-        Path(f"{conf}.pid").write_text(str(p.pid))
+        # the pid file holds the identity (pid, start time, name), never a bare pid: it may outlive the process
+        from broker.core import procid
+
+        born = procid.record(p.pid, comm=False)
+        if born is not None:
+            Path(f"{conf}.pid").write_text(procid.ProcessId(p.pid, born.start, "wireguard-go").to_text())
         sock = (Path(run_bind) / "wireguard" if run_bind else WG_SOCKET_DIR) / f"{iface}.sock"
         end = time.monotonic() + wait_s
         while not sock.exists():
@@ -235,36 +240,18 @@ def iface_up(iface: str, conf: Path, address: str, prefixlen: int, mtu: int, *, 
     return how
 
 
-def stop_process(pid: int, comm: str, *, wait_s: float = 3.0) -> bool:
-    """SIGTERM ``pid`` if it still runs ``comm`` (a pid file can outlive its process and the pid be reused), wait up
-    to ``wait_s`` seconds, then SIGKILL; reaps it when it is this process's child (no zombie is left).  Returns
-    whether a process was signalled."""
-    import signal
+def stop_process(pidfile: Path, *, wait_s: float = 3.0) -> bool:
+    """SIGTERM the process whose identity ``pidfile`` records (:mod:`broker.core.procid`: pid, start time, name),
+    wait up to ``wait_s`` seconds, then SIGKILL; only while it is still that process (a pid file can outlive its
+    process and the pid be reused; a bare pid from an older broker is never signalled).  Reaps it when it is this
+    process's child.  Returns whether a process was signalled."""
+    from broker.core import procid
 
     try:
-        if Path(f"/proc/{pid}/comm").read_text().strip() != comm[:15]:
-            return False
-        os.kill(pid, signal.SIGTERM)
-    except (OSError, ValueError):
+        ident = procid.ProcessId.from_text(pidfile.read_text())
+    except OSError:
         return False
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return True
-        except ChildProcessError:  # not ours: gone (or a zombie its parent will collect) when /proc says so
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-            except (OSError, IndexError):
-                return True
-        time.sleep(0.05)
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ChildProcessError, ProcessLookupError, PermissionError):
-        pass
-    return True
+    return procid.stop(ident, grace_s=wait_s)
 
 
 def iface_down(iface: str, *, ns: str | None = None, pidfile: Path | None = None,
@@ -272,10 +259,7 @@ def iface_down(iface: str, *, ns: str | None = None, pidfile: Path | None = None
     """Delete ``iface`` and stop its wireguard-go (by the pid in ``pidfile``); idempotent."""
     _run([*_ns(ns), "ip", "link", "del", iface], check=False)
     if pidfile and pidfile.exists():
-        try:
-            stop_process(int(pidfile.read_text().strip()), "wireguard-go")
-        except ValueError:
-            pass
+        stop_process(pidfile)
     sock = (Path(run_bind) / "wireguard" if run_bind else WG_SOCKET_DIR) / f"{iface}.sock"
     if sock.exists():
         sock.unlink(missing_ok=True)

@@ -268,12 +268,15 @@ def pid_files(state: ClusterState, i: int) -> list[str]:
 def stop_script(state: ClusterState, i: int, grace_s: float = 10.0) -> str:
     """Shell that stops node ``i``'s daemons by PID (SIGTERM, SIGKILL after ``grace_s``) and prints
     ``STILL=<pid>`` for any that needed SIGKILL.  A zombie counts as stopped (``kill -0`` still succeeds on one
-    until its parent reaps it, which a container's PID 1 may do late)."""
+    until its parent reaps it, which a container's PID 1 may do late).  A pid file's PID is signalled only while
+    that process is the daemon the file is named after (``/proc/PID/comm``): a pid file outlives its daemon and
+    the PID may be someone else's by then (on an emulated node, a process of this machine)."""
     q = shlex.quote
     files = " ".join(q(f) for f in pid_files(state, i))
     steps = max(1, int(grace_s * 10))
     return ("alive() { [ -r /proc/$1/stat ] && ! grep -q ') Z ' /proc/$1/stat 2>/dev/null; }; "
             f"pids=''; for f in {files}; do [ -s \"$f\" ] && p=$(cat \"$f\") && alive \"$p\" && "
+            "[ \"$(cat /proc/$p/comm 2>/dev/null)\" = \"$(basename \"$f\" .pid)\" ] && "
             f"kill -TERM \"$p\" && pids=\"$pids $p\"; done; "
             f"for k in $(seq {steps}); do left=''; for p in $pids; do alive $p && left=\"$left $p\"; "
             f"done; [ -z \"$left\" ] && break; sleep 0.1; done; "

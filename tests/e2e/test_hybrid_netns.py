@@ -246,7 +246,10 @@ def test_teardown_leaves_no_wireguard_go_zombie(tmp_path):
             t = tunnel_up(c, s)
             if t.how != "wireguard-go":
                 pytest.skip("kernel WireGuard here: no wireguard-go process to reap")
-            pids = [int((t.keys / f"node{i}.conf.pid").read_text()) for i in range(2)]
+            from broker.core.procid import ProcessId
+
+            # the pid file holds the process's identity (pid, start time, name), not a bare pid
+            pids = [ProcessId.from_text((t.keys / f"node{i}.conf.pid").read_text()).pid for i in range(2)]
             assert all(state(p) in ("S", "R") for p in pids)
             if path == "tunnel_down":
                 tunnel_down(c, t)

@@ -146,8 +146,14 @@ def test_node_layer_recorded_or_per_provider(monkeypatch):
 
 def test_armed_layers(tmp_path):
     now = utcnow()
+    from broker.core.procid import record
+    from broker.money.ledger import Ledger
+
+    lg = Ledger(tmp_path / "ledger.sqlite")  # a heartbeat counts for the home whose ledger its last pass read
     (tmp_path / "watchdog.json").write_text(json.dumps(
-        {"pid": os.getpid(), "heartbeat_at": now.isoformat(), "interval_s": 5, "started_at": now.isoformat()}))
+        {"pid": os.getpid(), "pid_start": record().start, "installation_id": lg.installation_id,
+         "heartbeat_at": now.isoformat(), "interval_s": 5, "started_at": now.isoformat()}))
+    lg.close()
     wd = watchdog_state(now + timedelta(seconds=3), home=tmp_path)
     assert wd.alive and wd.age_s == pytest.approx(3)
     assert armed_layers(res(attrs={"deadman": True}), run(pid=os.getpid()), wd) == \

@@ -133,22 +133,37 @@ def test_state_round_trip_holds_no_secret(tmp_path):
 
 def test_stop_script_stops_daemons_by_pid(tmp_path):
     """The real shell: TERM the pids in the pid files; one that ignores TERM gets KILL after the grace."""
+    import shutil
+
     st = state(tmp_path)
     files = render.pid_files(st, 0)
     assert [Path(f).name for f in files] == ["slurmd.pid", "slurmctld.pid", "munged.pid"]
-    procs = [subprocess.Popen(["sleep", "60"]),
-             subprocess.Popen(["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]),
-             subprocess.Popen(["sleep", "60"])]
+    bin_ = tmp_path / "bin"  # stand-ins named as the daemons (their /proc/PID/comm is what the script checks)
+    bin_.mkdir()
+    for name, real in (("slurmd", "sleep"), ("slurmctld", "sh"), ("munged", "sleep")):
+        shutil.copy(shutil.which(real), bin_ / name)
+    procs = [subprocess.Popen([str(bin_ / "slurmd"), "60"]),
+             subprocess.Popen([str(bin_ / "slurmctld"), "-c", "trap '' TERM; while :; do sleep 0.1; done"]),
+             subprocess.Popen([str(bin_ / "munged"), "60"])]
+    stranger = subprocess.Popen(["sleep", "60"])  # not a daemon: a stale pid file naming it is left alone
     time.sleep(0.2)
     for f, p in zip(files, procs):
         Path(f).parent.mkdir(parents=True, exist_ok=True)
         Path(f).write_text(f"{p.pid}\n")
-    out = subprocess.run(["sh", "-c", render.stop_script(st, 0, grace_s=1.0)], capture_output=True, text=True,
-                         timeout=20).stdout
-    for p in procs:
-        p.wait(timeout=5)
-    assert [p.returncode for p in procs] == [-15, -9, -15]
-    assert out.split() == [f"STILL={procs[1].pid}", "STOPPED=3"]
+    try:
+        out = subprocess.run(["sh", "-c", render.stop_script(st, 0, grace_s=1.0)], capture_output=True, text=True,
+                             timeout=20).stdout
+        for p in procs:
+            p.wait(timeout=5)
+        assert [p.returncode for p in procs] == [-15, -9, -15]
+        assert out.split() == [f"STILL={procs[1].pid}", "STOPPED=3"]
+        Path(files[0]).write_text(f"{stranger.pid}\n")  # slurmd ended; its pid now belongs to another program
+        out = subprocess.run(["sh", "-c", render.stop_script(st, 0, grace_s=1.0)], capture_output=True, text=True,
+                             timeout=20).stdout
+        assert out.split() == ["STOPPED=0"] and stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_nfs_server_script_exports_to_the_private_network_only():
