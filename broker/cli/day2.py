@@ -129,12 +129,21 @@ def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[
         argv += ["-i", cluster.ssh_key_path]
     if cluster.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={cluster.known_hosts_path}"]
+    if n.resource_id:  # pinned per machine, as the runner pinned it: never the key of an address's last holder
+        argv += ["-o", f"HostKeyAlias={_host_key_alias(n)}"]
     if n.port and n.port != 22:
         argv += ["-p", str(int(n.port))]
     argv += ["-l", n.user, "--", n.host]  # after "--" ssh parses no more options: the command follows as is
     if command:
         argv += list(command)
     return argv
+
+
+def _host_key_alias(n: Any) -> str:
+    """The name node ``n``'s host key is pinned under (its resource id, never its address)."""
+    from broker.core.sshkeys import host_key_name
+
+    return host_key_name(n.host, n.port or 22, n.resource_id)
 
 
 def looks_like_command(recipe_arg: str) -> bool:
@@ -177,6 +186,8 @@ def ssh_config(run_id: str, cluster: Any) -> str:
             lines += [f"  IdentityFile {_ssh_word(str(cluster.ssh_key_path))}", "  IdentitiesOnly yes"]
         if cluster.known_hosts_path:
             lines.append(f"  UserKnownHostsFile {_ssh_word(str(cluster.known_hosts_path))}")
+        if n.resource_id:
+            lines.append(f"  HostKeyAlias {_host_key_alias(n)}")
         lines.append("  StrictHostKeyChecking accept-new")
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
