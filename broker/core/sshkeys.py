@@ -107,12 +107,14 @@ def pinned_keys(known_hosts: Path | str, name: str) -> list[str]:
 
 
 def pin_host_key(known_hosts: Path | str, name: str, key: str) -> None:
-    """Append ``name <type> <base64>`` to ``known_hosts`` (the file created 0600 under any umask, its folder 0700,
+    """Append ``name <type> <base64>`` to ``known_hosts`` unless it is there (the file created 0600 under any umask, its folder 0700,
     never through a symlink).  Raises OSError when it cannot be written."""
     from broker.core.private import private_dir, private_opener
 
     p = Path(known_hosts)
-    private_dir(p.parent)
     fields = key.split()
+    if f"{fields[0]} {fields[1]}" in pinned_keys(p, name):  # simulated nodes of one machine: pinned once
+        return
+    private_dir(p.parent)
     with open(p, "a", opener=private_opener) as f:
         f.write(f"{name} {fields[0]} {fields[1]}\n")
