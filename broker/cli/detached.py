@@ -33,7 +33,9 @@ def _tell_detached_parent(run: Any) -> None:
     except ValueError:  # not the main thread: the disposition stays as it is
         pass
     try:
-        (Path(run.run_dir) / DETACHED_MARKER).write_text(json.dumps({"pid": os.getpid()}))
+        from broker.core.private import write_private
+
+        write_private(Path(run.run_dir) / DETACHED_MARKER, json.dumps({"pid": os.getpid()}))
     except OSError:
         pass
 

@@ -133,8 +133,10 @@ class WatchdogLock:
         self._f: IO[str] | None = None
 
     def acquire(self) -> "WatchdogLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
+        from broker.core.private import private_dir, private_opener
+
+        private_dir(self.path.parent)
+        f = open(self.path, "a+", opener=private_opener)  # 0600 from creation
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -450,9 +452,11 @@ class Watchdog:
         """Rewrite ``<home>/watchdog.json`` atomically (pid, start, now, interval, provider errors)."""
         path = heartbeat_path(self.home)
         tmp = path.with_name(f".watchdog.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "started_at": self.started_at.isoformat(),
-                                   "heartbeat_at": system_clock().isoformat(), "interval_s": self.interval_s,
-                                   "passes": self.passes, "errors": self.errors}))
+        from broker.core.private import write_private
+
+        write_private(tmp, json.dumps({"pid": os.getpid(), "started_at": self.started_at.isoformat(),
+                                       "heartbeat_at": system_clock().isoformat(), "interval_s": self.interval_s,
+                                       "passes": self.passes, "errors": self.errors}))
         os.replace(tmp, path)
 
     def stop(self, *_: object) -> None:
@@ -521,7 +525,9 @@ def start_detached(home: Path | None = None, *, interval_s: float | None = None,
         argv += ["--interval", str(interval_s)]
     if exit_when_idle_s is not None:
         argv += ["--exit-when-idle", str(exit_when_idle_s)]
-    with open(home / "watchdog.log", "ab") as log:
+    from broker.core.private import private_opener
+
+    with open(home / "watchdog.log", "ab", opener=private_opener) as log:  # 0600 from creation
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
     return proc.pid

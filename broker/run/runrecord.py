@@ -146,7 +146,9 @@ def _reserve_space(ledger: "Ledger") -> None:
     p = _reserve_path(ledger)
     try:
         if not p.exists() or p.stat().st_size < SPACE_RESERVE_BYTES:
-            with open(p, "wb") as f:
+            from broker.core.private import private_opener
+
+            with open(p, "wb", opener=private_opener) as f:  # 0600 from creation, as every file in the home
                 f.write(b"\0" * SPACE_RESERVE_BYTES)
     except OSError:  # a nearly full disk: the run goes on; end_run then waits for space
         try:
