@@ -202,6 +202,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
             left = teardown_run(ledger, rid, "down", say=say)
             _settle_run(ledger, rid, left)
+            if not left:  # the machines are gone: their addresses may be someone else's from now on
+                from broker.core.sshconfig import forget_run_hosts
+
+                forget_run_hosts(rid)
             for r in before:
                 now = ledger.resource(r.id) or r
                 report.append(_res_dict(now))

@@ -340,6 +340,10 @@ class Watchdog:
             if nxt and now < nxt[0]:
                 continue
             out.append(self._terminate(res, todo[res.id][1], now))
+        if out and not self.ledger.resources(run_id, live_only=True):  # the run's machines are gone: so are
+            from broker.core.sshconfig import forget_run_hosts            # their Host entries (addresses reused)
+
+            forget_run_hosts(run_id, own=Path(self.home) / "ssh_config" if self.home else None)
         return out
 
     def _terminate(self, res: Resource, reason: str, now: datetime) -> Action:
