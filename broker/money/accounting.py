@@ -279,6 +279,9 @@ class WatchdogState:
     alive: bool = False  # pid exists and the heartbeat is fresh
     age_s: float | None = None
     errors: dict[str, str] = field(default_factory=dict)  # provider -> last error of an orphan scan
+    #: keyed digest of the secrets in the watchdog's environment ("" none): which runs it can act for
+    secrets_digest: str = ""
+    home: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -287,22 +290,23 @@ class WatchdogState:
         return d
 
 
-def heartbeat_path(home: Path | None = None) -> Path:
-    """``<broker home>/watchdog.json``: pid, start time, last heartbeat, interval, provider errors."""
+def heartbeat_path(home: Path | None = None, scope: str | None = None) -> Path:
+    """``<broker home>/watchdog.json``: pid, start time, last heartbeat, interval, provider errors
+    (``watchdog-<scope>.json`` for the watchdog of the runs made with one provider environment)."""
     if home is None:
         from broker.core.config import broker_home
 
         home = broker_home()
-    return Path(home) / "watchdog.json"
+    return Path(home) / (f"watchdog-{scope}.json" if scope else "watchdog.json")
 
 
 def watchdog_state(now: datetime | None = None, home: Path | None = None,
-                   stale_after_s: float | None = None) -> WatchdogState:
+                   stale_after_s: float | None = None, scope: str | None = None) -> WatchdogState:
     """Read the heartbeat.  The watchdog counts as armed when its pid is alive and the heartbeat is younger than
     ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination)."""
     now = now or utcnow()
     try:
-        data = json.loads(heartbeat_path(home).read_text())
+        data = json.loads(heartbeat_path(home, scope).read_text())
     except (OSError, ValueError):
         return WatchdogState()
     hb = datetime.fromisoformat(data["heartbeat_at"]) if data.get("heartbeat_at") else None
@@ -312,7 +316,30 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
     limit = stale_after_s if stale_after_s is not None else 3 * interval + 60.0
     alive = bool(data.get("pid")) and pid_alive(int(data["pid"])) and age is not None and age <= limit
     return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=alive,
-                         age_s=age, errors=dict(data.get("errors") or {}))
+                         age_s=age, errors=dict(data.get("errors") or {}),
+                         secrets_digest=str(data.get("secrets_digest") or ""),
+                         home=str(home) if home is not None else None)
+
+
+def watchdog_serves(run: Run | None, wd: WatchdogState) -> bool:
+    """Whether a live watchdog can act for ``run``: the heartbeat's (``wd``) when the run's recorded provider
+    environment (:mod:`broker.core.provider_env`) is one it can serve, else the run's own scoped watchdog."""
+    if run is None:
+        return wd.alive
+    from broker.core import provider_env
+
+    try:
+        from broker.core.runfolder import confined_run_dir
+
+        env = provider_env.read(confined_run_dir(run))
+    except Exception:  # noqa: BLE001 - no readable record: the run is served as before
+        env = None
+    if env is None:
+        return wd.alive
+    if wd.alive and provider_env.servable(env, {"secrets_digest": wd.secrets_digest}):
+        return True
+    home = Path(wd.home) if wd.home else None
+    return watchdog_state(home=home, scope=provider_env.fingerprint(env)).alive
 
 
 def _requirement_setting(provider: str, requirement: str) -> bool:
@@ -373,4 +400,5 @@ def armed_layers(res: Resource, run: Run | None, wd: WatchdogState) -> dict[str,
     active), ``watchdog`` (a watchdog holds the lock and its heartbeat is fresh), ``node`` (a node-side dead-man
     switch was armed at provisioning)."""
     cli = bool(run and run.status in ACTIVE_STATUSES and pid_alive(run.pid))
-    return {"cli": cli, "watchdog": wd.alive, "node": node_layer(res, run) is not None}
+    # a watchdog that cannot act for this run's provider environment does not guard it
+    return {"cli": cli, "watchdog": watchdog_serves(run, wd), "node": node_layer(res, run) is not None}
