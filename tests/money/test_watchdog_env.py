@@ -176,3 +176,27 @@ def test_a_run_with_other_keys_only_in_its_clis_environment_is_not_called_guarde
     finally:
         cli.kill()
         cli.wait(10)
+
+
+def test_start_detached_starts_a_scoped_watchdog_only_for_credentials_the_running_one_lacks(broker_home,
+                                                                                          monkeypatch):
+    from broker.core import provider_env
+    from broker.core.config import settings
+    from broker.money.ledger import Ledger
+    from broker.money.watchdog import Watchdog, start_detached
+
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    settings.cache_clear()
+    Watchdog(Ledger(), providers={}, home=broker_home).write_heartbeat()  # a live watchdog with these keys
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")  # another endpoint, same keys: it serves it
+    assert start_detached(broker_home, python="/bin/true") is None
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_PROFILE", "other")  # a profile: the running watchdog applies it
+    assert start_detached(broker_home, python="/bin/true") is None
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "other-account")  # keys only this environment has
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "other-secret")
+    assert start_detached(broker_home, python="/bin/true")
+    scope = provider_env.fingerprint(provider_env.capture(home=broker_home))
+    assert (broker_home / f"watchdog-{scope}.log").exists()
