@@ -61,6 +61,8 @@ def capture(environ: Mapping[str, str] | None = None, *, home: Path | None = Non
     """This process's provider settings: ``settings`` (non-secret name -> value), ``secrets`` (names) and
     ``secrets_digest`` (keyed digest of their values, "" when none)."""
     env = dict(os.environ if environ is None else environ)
+    if environ is None:
+        env.update(_dotenv_secrets(env))
     names = _family(env)
     settings = {n: env[n] for n in names if not _is_secret(n) and env[n].strip()}
     secrets = sorted(n for n in names if _is_secret(n) and env[n].strip())
@@ -69,6 +71,28 @@ def capture(environ: Mapping[str, str] | None = None, *, home: Path | None = Non
         blob = json.dumps({n: env[n] for n in secrets}, sort_keys=True).encode()
         digest = hmac.new(_key(home), blob, hashlib.sha256).hexdigest()
     return {"settings": dict(sorted(settings.items())), "secrets": secrets, "secrets_digest": digest}
+
+
+def _dotenv_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """The secrets this process's settings hold that its environment does not (keys from a ``.env`` file): they
+    are part of what the run's credentials were, so of the digest."""
+    out: dict[str, str] = {}
+    try:
+        from dataclasses import fields
+
+        from broker.core.config import EnvSettings, _env_name, settings
+
+        s = settings()
+        for f in fields(EnvSettings):
+            name = _env_name(f).upper()
+            v = getattr(s, f.name, None)
+            if "Secret" in str(f.type) and v is not None and name not in env:
+                val = v.get_secret_value() if hasattr(v, "get_secret_value") else str(v)
+                if val:
+                    out[name] = val
+    except Exception:  # noqa: BLE001 - settings that cannot be read: the environment alone
+        return {}
+    return out
 
 
 def fingerprint(env: Mapping[str, Any]) -> str:

@@ -200,3 +200,33 @@ def test_start_detached_starts_a_scoped_watchdog_only_for_credentials_the_runnin
     assert start_detached(broker_home, python="/bin/true")
     scope = provider_env.fingerprint(provider_env.capture(home=broker_home))
     assert (broker_home / f"watchdog-{scope}.log").exists()
+
+
+def test_the_recorded_environment_holds_no_secret_and_counts_keys_from_dotenv(broker_home, tmp_path, monkeypatch):
+    """``provider_env.json``: endpoints, profiles and file paths as they are, secrets (also those from ``.env``)
+    only by name and a keyed digest; the file is 0600 and what it names is refused when it is not broker's."""
+    from broker.core import provider_env
+    from broker.core.config import settings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("AWS_ACCESS_KEY_ID=AKIADOTENV\nAWS_SECRET_ACCESS_KEY=dotenv-secret-value\n")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:5000")
+    monkeypatch.setenv("AWS_PROFILE", "p1")
+    settings.cache_clear()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    provider_env.record(run_dir, home=broker_home)
+    text = (run_dir / "provider_env.json").read_text()
+    assert "dotenv-secret-value" not in text and "AKIADOTENV" not in text
+    env = provider_env.read(run_dir)
+    assert env["settings"]["AWS_ENDPOINT_URL"] == "http://127.0.0.1:5000" and env["settings"]["AWS_PROFILE"] == "p1"
+    assert env["secrets"] == ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] and env["secrets_digest"]
+    assert (run_dir / "provider_env.json").stat().st_mode & 0o777 == 0o600
+    bad = json.loads(text)
+    bad["settings"]["AWS_ENDPOINT_URL"] = "http://198.51.100.7/steal"  # plain http to another machine
+    (run_dir / "provider_env.json").write_text(json.dumps(bad))
+    assert provider_env.read(run_dir) is None
+    bad["settings"] = {"PATH": "/tmp/evil"}  # not a provider setting
+    (run_dir / "provider_env.json").write_text(json.dumps(bad))
+    assert provider_env.read(run_dir) is None
+    settings.cache_clear()
