@@ -212,7 +212,8 @@ _PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}")
 def _bad_answer(info: Any, res: Any) -> str | None:
     """What is wrong with a ``describe_instance`` answer for ``res`` (``returned ... which is not ...``), or None
     when every id and address in it can be recorded: the id is the one asked about in the provider's id format,
-    ``public_ip`` / ``private_ip`` are IP addresses, ``ssh_host`` an IP address or DNS name, the port 1-65535."""
+    ``public_ip`` / ``private_ip`` are IP addresses, ``ssh_host`` an IP address or DNS name, the port 0-65535 (0:
+    none assigned yet)."""
     import ipaddress
 
     from broker.core.runfolder import valid_host
@@ -231,7 +232,7 @@ def _bad_answer(info: Any, res: Any) -> str | None:
     numeric = isinstance(info.ssh_host, str) and re.fullmatch(r"[0-9.]+", info.ssh_host)
     if info.ssh_host is not None and (not valid_host(info.ssh_host) or (numeric and not _is_ip(info.ssh_host))):
         return f"returned ssh_host {str(info.ssh_host)[:80]!r}, which is not an IP address or DNS name"
-    if not isinstance(info.ssh_port, int) or not 1 <= info.ssh_port <= 65535:
+    if not isinstance(info.ssh_port, int) or not 0 <= info.ssh_port <= 65535:  # 0: none assigned yet
         return f"returned ssh_port {info.ssh_port!r}, which is not a port number"
     return None
 
