@@ -339,6 +339,9 @@ def test_kept_nodes_ssh_command_is_one_quoted_line():
     assert shlex.split(commands_in(ssh)[1]) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-o",
                                                 "UserKnownHostsFile=/home/me/runs/r-1/known hosts", "-p", "2222",
                                                 "root@203.0.113.7"]
+    node.resource_id = "r-9f"  # a rented machine's key is pinned under its resource id, not its address
+    ssh = next(x for x in kept_message(out, 10) if "ssh into node 0" in x)
+    assert "-o HostKeyAlias=broker-res-r-9f" in commands_in(ssh)[1]
     assert "(recipe idle_minutes=10)" in lines[0]
     assert "(--idle-minutes 10)" in kept_message(out, 10, "--idle-minutes 10")[0]  # what the user typed
 
