@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Offer, Requirements, TopologyKind, utcnow
 from broker.core.provider import BadInput, Provider, ProviderCheck, ProviderError
+from broker.core.sshkeys import host_key_name
 from broker.run.subnets import LOCK_NAME, SUBNET_BASE, lock_path  # noqa: F401 - the address plan, shared with hybrid
 from broker.run.subnets import subnet_lock as _subnet_lock
 from broker.run.subnets import used_subnets as _used_subnets
@@ -382,7 +383,9 @@ def _sshd_config(c: NetnsCluster, i: int, d: Path, path_env: str) -> str:
         "Subsystem sftp internal-sftp", f"SetEnv PATH={path_env}", ""])
 
 
-def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
+def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> None:
+    """Start every node's sshd (``only``: node ``only``'s alone, a host whose sshd is gone) and wait until each
+    answers; a node without a host key gets a new one."""
     ssh_dir = c.root / "ssh"
     ssh_dir.mkdir(parents=True, exist_ok=True)
     if not c.key_path.exists():
@@ -403,7 +406,8 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
         if not key.exists():
             _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"node{i}", "-f", str(key)])
         pub = Path(f"{key}.pub").read_text().split()
-        known.append(f"{c.ip(i)} {pub[0]} {pub[1]}")
+        # by address for `ssh -F <root>/ssh/config`, by resource id for broker (host keys are pinned per machine)
+        known.append(f"{c.ip(i)},{host_key_name(c.ip(i), 22, f'{c.cid}:{i}')} {pub[0]} {pub[1]}")
         (d / "sshd_config").write_text(_sshd_config(c, i, d, path_env))
     c.known_hosts.write_text("\n".join(known) + "\n")
     # `ssh -F <root>/ssh/config node1` from the root namespace (node names resolve only inside the nodes)
@@ -414,7 +418,8 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
     bashrc = Path.home() / ".bashrc"
     sshd = sshd_path()
     account_files = _account_files(c.root)
-    for i in range(c.n):
+    started = range(c.n) if only is None else [only]
+    for i in started:
         d = c.root / f"node{i}"
         mounts = [f"mount --bind {d / 'run'} /run", f"mount --bind {c.root / 'hosts'} /etc/hosts"]
         if bashrc.exists():
@@ -429,7 +434,7 @@ def _start_sshds(c: NetnsCluster, wait_s: float) -> None:
         c.sshd_pids.append(p.pid)
     c.save()
     deadline = time.monotonic() + wait_s
-    for i in range(c.n):
+    for i in started:
         while True:
             try:
                 with socket.create_connection((c.ip(i), 22), timeout=1) as s:

@@ -168,12 +168,21 @@ def ssh_argv(cluster: Any, node: int, command: list[str] | None = None) -> list[
         argv += ["-i", cluster.ssh_key_path]
     if cluster.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={cluster.known_hosts_path}"]
+    if getattr(n, "resource_id", None):  # pinned per machine (never the key of an address's last holder)
+        argv += ["-o", f"HostKeyAlias={_host_key_alias(n)}"]
     if n.port and n.port != 22:
         argv += ["-p", str(int(n.port))]
     argv += ["-l", n.user, "--", n.host]  # after "--" ssh parses no more options: the command follows as is
     if command:
         argv += list(command)
     return argv
+
+
+def _host_key_alias(n: Any) -> str:
+    """The name node ``n``'s host key is pinned under (its resource id, never its address)."""
+    from broker.core.sshkeys import host_key_name
+
+    return host_key_name(n.host, n.port or 22, getattr(n, "resource_id", None))
 
 
 def looks_like_command(recipe_arg: str) -> bool:
@@ -216,13 +225,14 @@ def ssh_config(run_id: str, cluster: Any) -> str:
             lines += [f"  IdentityFile {_ssh_word(str(cluster.ssh_key_path))}", "  IdentitiesOnly yes"]
         if cluster.known_hosts_path:
             lines.append(f"  UserKnownHostsFile {_ssh_word(str(cluster.known_hosts_path))}")
+        if getattr(n, "resource_id", None):
+            lines.append(f"  HostKeyAlias {_host_key_alias(n)}")
         lines.append("  StrictHostKeyChecking accept-new")
         out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
 
 
-#: markers around one run's Host entries in broker's own ssh config
-_BEGIN, _END = "# broker run {} begin", "# broker run {} end"
+from broker.core.sshconfig import BEGIN as _BEGIN, END as _END, without_run as _without_run  # noqa: E402
 
 
 def install_ssh_config(run_id: str, entries: str, *, user_config: Path | None = None,
@@ -236,11 +246,10 @@ def install_ssh_config(run_id: str, entries: str, *, user_config: Path | None = 
 
     own = own or home_path() / "ssh_config"
     user_config = user_config or Path.home() / ".ssh" / "config"
-    old = own.read_text(encoding="utf-8") if own.exists() else ""
+    if user_config.is_symlink():  # a config kept elsewhere (dotfiles): edit the file it points to, keep the link
+        user_config = Path(os.path.realpath(user_config))
+    old = _without_run(own.read_text(encoding="utf-8") if own.exists() else "", run_id)
     begin, end = _BEGIN.format(run_id), _END.format(run_id)
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        old = head + rest.split(end, 1)[1].lstrip("\n")
     text = old.rstrip("\n") + ("\n\n" if old.strip() else "") + f"{begin}\n{entries.rstrip()}\n{end}\n"
     own.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(own.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -446,6 +455,9 @@ def remove_run_folders(ledger: Any, todo: list[tuple[Any, Path, int]]) -> tuple[
         _remove_run_folder(r, path)  # rmtree never follows symlinks inside the folder
         ledger.event(r.id, "cli", CLEAN_ACTION, f"run folder {path} removed ({size} bytes)")
         removed.append(r.id)
+        from broker.core.sshconfig import forget_run_hosts
+
+        forget_run_hosts(r.id)  # its machines are gone: no Host entry keeps naming their addresses
         freed += size
     return removed, freed
 

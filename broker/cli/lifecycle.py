@@ -113,6 +113,10 @@ def kept_message(out: Any, idle_minutes: float, idle_words: str | None = None) -
         # the run's pinned host key: without it a BatchMode ssh (or a strict ~/.ssh/config) refuses the node
         known = getattr(c, "known_hosts_path", None)
         hosts = f"-o UserKnownHostsFile={shlex.quote(str(known))} " if known else ""
+        if known and getattr(n0, "resource_id", None):  # pinned per machine (its resource id), not per address
+            from broker.core.sshkeys import host_key_name
+
+            hosts += f"-o HostKeyAlias={host_key_name(n0.host, n0.port, n0.resource_id)} "
         port = f"-p {n0.port} " if n0.port and n0.port != 22 else ""
         # the command alone on its line (printed unwrapped): a paste runs it as it is
         lines.append(f"  ssh into node 0: broker ssh {run_id}   or: "
@@ -202,6 +206,10 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
             left = teardown_run(ledger, rid, "down", say=say)
             _settle_run(ledger, rid, left)
+            if not left:  # the machines are gone: their addresses may be someone else's from now on
+                from broker.core.sshconfig import forget_run_hosts
+
+                forget_run_hosts(rid)
             for r in before:
                 now = ledger.resource(r.id) or r
                 report.append(_res_dict(now))

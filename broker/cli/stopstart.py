@@ -18,6 +18,7 @@ prints that it is armed; otherwise it says so, and the watchdog and the deadline
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -137,7 +138,10 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     then the new addresses written to the ledger and the run's ``cluster.json`` and SSH tried on each node.
     Returns one dict per machine (``provider_id``, ``state``, ``host``, ``port``, ``ssh``: True / False / None not
     tried, ``deadline``, ``deadman``: True re-armed and confirmed by the node / False not re-armed (``deadman_why``
-    says why) / None the provider has no node-side switch or SSH was not tried, ``deadman_fire_at`` ISO time).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
+    says why) / None the provider has no node-side switch or SSH was not tried, ``deadman_fire_at`` ISO time;
+    ``error`` and ``fix`` where the provider's answer could not be recorded (a malformed address or id: the
+    machine is stopped again, ``state`` says whether that was confirmed, ``fix`` is the command that ends it),
+    ``ssh_why`` where SSH was refused for a changed host key).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
     does not cover ``hours`` at the full rate: exit 3), the provider's errors."""
     from broker.core.model import utcnow
     from broker.core.provider import BadInput, NoValidPlan
@@ -179,7 +183,14 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
                "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
                "usd_per_hour": res.usd_per_hour, "deadman": None, "deadman_why": None, "deadman_fire_at": None}
-        if info.state == "running":
+        bad = _bad_answer(info, res) if info.state == "running" else None
+        if bad is not None:  # never recorded: the machine is accounted for at its full rate, then stopped again
+            row.update(host=None, port=None, error=f"{res.provider}: describe_instance of {res.provider_id} {bad}; "
+                                                  "the answer was not recorded")
+            ledger.update_resource(res.id, state="running", actor="cli",
+                                   message=f"{what} running again, but {row['error']}")
+            _stop_again(ledger, p, res, row, run, timeout_s=timeout_s, poll_s=poll_s)
+        elif info.state == "running":
             ledger.update_resource(res.id, state="running", actor="cli", attrs={
                 "public_ip": info.public_ip, "private_ip": info.private_ip, "ssh_host": info.ssh_host,
                 "ssh_port": info.ssh_port}, message=f"{what} running again at {info.ssh_host}:{info.ssh_port}")
@@ -192,6 +203,77 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         _check_ssh(run, out, p_timeout=timeout_s)
         _rearm_deadman(ledger, run, out, started, hours=hours)
     return out
+
+
+#: a provider's machine id as broker accepts it from an answer (no spaces, no control or shell characters)
+_PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}")
+
+
+def _bad_answer(info: Any, res: Any) -> str | None:
+    """What is wrong with a ``describe_instance`` answer for ``res`` (``returned ... which is not ...``), or None
+    when every id and address in it can be recorded: the id is the one asked about in the provider's id format,
+    ``public_ip`` / ``private_ip`` are IP addresses, ``ssh_host`` an IP address or DNS name, the port 0-65535 (0:
+    none assigned yet)."""
+    import ipaddress
+
+    from broker.core.runfolder import valid_host
+
+    pid = str(info.provider_id or "")
+    if not _PROVIDER_ID.fullmatch(pid) or pid != str(res.provider_id):
+        return f"returned the id {pid!r}, not the id {res.provider_id!r} that was asked about"
+    for field in ("public_ip", "private_ip"):
+        v = getattr(info, field)
+        if v is None:
+            continue
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            return f"returned {field} {str(v)[:80]!r}, which is not an IP address"
+    numeric = isinstance(info.ssh_host, str) and re.fullmatch(r"[0-9.]+", info.ssh_host)
+    if info.ssh_host is not None and (not valid_host(info.ssh_host) or (numeric and not _is_ip(info.ssh_host))):
+        return f"returned ssh_host {str(info.ssh_host)[:80]!r}, which is not an IP address or DNS name"
+    if not isinstance(info.ssh_port, int) or not 0 <= info.ssh_port <= 65535:  # 0: none assigned yet
+        return f"returned ssh_port {info.ssh_port!r}, which is not a port number"
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _stop_again(ledger: Any, p: Any, res: Any, row: dict[str, Any], run: Any, *, timeout_s: float,
+                poll_s: float) -> None:
+    """Stop a started machine whose provider answer broker could not record (ledger-first, as ``stop_run``): sets
+    ``row["state"]`` (``stopped`` when confirmed) and ``row["fix"]`` (the command that ends it otherwise)."""
+    from broker.core.model import utcnow
+
+    what = f"{res.provider} {res.kind} {res.provider_id}"
+    row["fix"] = f"broker down {run.id}"
+    try:
+        rate, basis = p.stopped_rate(res.provider_id, region=res.region, attrs=res.attrs)
+        ledger.update_resource(res.id, state="stopping", stopped_usd_per_hour=rate, actor="cli",
+                               attrs={"stopped_basis": basis, "deadman": False},
+                               message=f"stopping {what} again: its provider answer could not be recorded")
+        p.stop(res.provider_id, region=res.region)
+        info = _wait_state(p, res, "stopped", timeout_s, poll_s)
+    except Exception as e:  # noqa: BLE001 - it stays running, accounted for, with the command that ends it
+        ledger.update_resource(res.id, state="running", actor="cli",
+                               message=f"stopping {what} again failed: {getattr(e, 'message', e)}; "
+                                       f"`{row['fix']}` ends it")
+        row["state"] = "running"
+        return
+    if info.state == "stopped":
+        ledger.change_rate(res.id, "stopped", at=utcnow(), actor="cli",
+                           message=f"{what} stopped again ({info.raw_state}); billing ${rate:.4g}/h for its disk")
+        row["state"] = "stopped"
+    else:
+        row["state"] = "stopping" if info.state != "terminated" else "terminated"
 
 
 def _refresh_cluster(ledger: Any, run: Any, rows: list[dict[str, Any]]) -> None:
@@ -229,15 +311,22 @@ def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float) -> Non
         return
     for r in rows:
         idx = next((i for i, n in enumerate(cluster.nodes) if n.resource_id == r["resource"]), None)
-        if idx is None or r["state"] != "running" or cluster.nodes[idx].local:
+        if idx is None or r["state"] != "running" or r.get("error") or cluster.nodes[idx].local:
             continue
         argv = ssh_argv(cluster, idx, ["true"])
         argv[1:1] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
         t0 = time.monotonic()
         r["ssh"] = False
         while time.monotonic() - t0 < p_timeout:
-            if subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60).returncode == 0:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+            if proc.returncode == 0:
                 r["ssh"] = True
+                break
+            if b"HOST IDENTIFICATION HAS CHANGED" in proc.stderr or b"Host key verification failed" in proc.stderr:
+                # the same machine (its resource id) answers with another key than broker pinned: never retried
+                r["ssh_why"] = (f"the machine at {r['host']}:{r['port']} presented a host key other than the one "
+                                "broker pinned for this machine: possibly a man-in-the-middle on its new address, or "
+                                "the machine was rebuilt; nothing was sent to it")
                 break
             time.sleep(1.0)
 
@@ -282,7 +371,7 @@ def _rearm_deadman(ledger: Any, run: Any, rows: list[dict[str, Any]], started: d
         elif idx is None:
             why = "the run's cluster.json does not list this machine, so broker cannot log in to it"
         elif r["ssh"] is not True:
-            why = "SSH did not answer"
+            why = r.get("ssh_why") or "SSH did not answer"
         else:
             argv = ssh_argv(cluster, idx, ["bash", "-s"])
             argv[1:1] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
@@ -377,17 +466,25 @@ def register(app: typer.Typer) -> None:
         ledger = Ledger()
         run = ledger.find_run(run_id)
         rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout)
-        bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False]
+        bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False or r.get("error")]
         if as_json:
             print_json({"run_id": run.id, "machines": rows})
         else:
             for r in rows:
                 what = f"{r['provider']} instance {r['provider_id']}"
+                if r.get("error"):
+                    now = {"stopped": "stopped again", "running": "STILL RUNNING and billing"}.get(r["state"],
+                                                                                                r["state"])
+                    console.print(f"{what}: {r['error']}; {now}; `{r['fix']}` ends it", markup=False,
+                                  highlight=False, soft_wrap=True)
+                    continue
                 if r["state"] != "running":
                     console.print(f"{what}: {r['state']} (not running within {timeout:g} s)", markup=False,
                                   highlight=False)
                     continue
                 ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
+                if r.get("ssh_why"):
+                    ssh = f"SSH refused: {r['ssh_why']}"
                 console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
                               f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
                 if r["deadman"] is True:

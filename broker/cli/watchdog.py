@@ -19,6 +19,9 @@ def register(app: typer.Typer) -> None:
                                              "no live resource and no active run (default: run until stopped)"),
         as_json: bool = typer.Option(False, "--json", help="print actions as JSON (one object per line; with "
                                      "--once one object whose \"actions\" lists them)"),
+        scope: str = typer.Option(None, "--scope", hidden=True, help="act only for the runs made with this "
+                                  "process's provider environment (its fingerprint); started by a CLI whose "
+                                  "credentials the running watchdog does not have"),
     ) -> None:
         """Terminate what is past its deadline or budget, left over by a dead CLI, or orphaned.
 
@@ -32,7 +35,15 @@ def register(app: typer.Typer) -> None:
         from broker.money.watchdog import Watchdog, WatchdogBusy, WatchdogLock
 
         interval_s = interval if interval is not None else settings().broker_watchdog_interval_s
-        lock = WatchdogLock()
+        if scope is not None:
+            from broker.core import provider_env
+            from broker.core.provider import BadInput
+
+            mine = provider_env.fingerprint(provider_env.capture())
+            if scope != mine:
+                raise BadInput(f"--scope {scope} is not this environment's provider settings ({mine})",
+                               hint="a scoped watchdog is started by `broker run` with the run's own environment")
+        lock = WatchdogLock(scope=scope)
         try:
             lock.acquire()
         except WatchdogBusy as e:
@@ -53,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             wd = Watchdog(Ledger(), interval_s=interval_s, orphan_grace_s=orphan_grace, ended_grace_s=ended_grace,
-                          say=say)
+                          say=say, scope=scope)
             if once:
                 actions = wd.run_once()
                 if as_json:

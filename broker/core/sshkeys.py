@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import base64
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,3 +66,55 @@ def generate(run_dir: Path | str, *, comment: str | None = None) -> KeyPair:
     write_private(priv_path, priv)
     write_private(pub_path, pub + "\n")
     return KeyPair(priv_path, pub_path, pub, fingerprint(pub))
+
+
+# ------------------------------------------------------------------------------------------- pinned host keys
+#: a resource id that can be written into known_hosts as it is (no pattern characters, no spaces)
+_SAFE_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+def host_key_name(host: str, port: int = 22, resource_id: str | None = None) -> str:
+    """The name a machine's host key is pinned under in a run's ``known_hosts``.
+
+    A machine broker rented is named by its resource id (``broker-res-<id>``, OpenSSH's ``HostKeyAlias``), never
+    by its address: a cloud hands a freed address to the next machine it rents (a re-rented preemptible VM gets
+    the old address with a new host key) and a stopped machine started again gets a new address with the same
+    key.  A node with no resource id is named by its address (``host`` or ``[host]:port``), as OpenSSH does.
+    """
+    if resource_id:
+        rid = str(resource_id)
+        if _SAFE_ID.fullmatch(rid):
+            return f"broker-res-{rid}"
+        return "broker-res-h" + hashlib.sha256(rid.encode()).hexdigest()[:24]
+    return host if int(port) == 22 else f"[{host}]:{int(port)}"
+
+
+def pinned_keys(known_hosts: Path | str, name: str) -> list[str]:
+    """The host keys (``<type> <base64>``) pinned under exactly ``name`` in ``known_hosts`` (none when the file is
+    missing).  Only lines whose name list holds ``name`` itself count: an address line never pins a machine that
+    is named by its resource id."""
+    p = Path(known_hosts)
+    try:
+        text = p.read_text(errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    keys = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith(("#", "@")) and name in parts[0].split(","):
+            keys.append(f"{parts[1]} {parts[2]}")
+    return keys
+
+
+def pin_host_key(known_hosts: Path | str, name: str, key: str) -> None:
+    """Append ``name <type> <base64>`` to ``known_hosts`` unless it is there (the file created 0600 under any umask, its folder 0700,
+    never through a symlink).  Raises OSError when it cannot be written."""
+    from broker.core.private import private_dir, private_opener
+
+    p = Path(known_hosts)
+    fields = key.split()
+    if f"{fields[0]} {fields[1]}" in pinned_keys(p, name):  # simulated nodes of one machine: pinned once
+        return
+    private_dir(p.parent)
+    with open(p, "a", opener=private_opener) as f:
+        f.write(f"{name} {fields[0]} {fields[1]}\n")

@@ -241,9 +241,11 @@ def _cached_lint(script: Path) -> list[Finding]:
 
             cache = {k: v for k, v in list(cache.items())[-200:]}  # bounded
             cache[key] = [asdict(f) for f in findings]
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            from broker.core.private import private_dir, write_private
+
+            private_dir(cache_file.parent)  # 0700 and 0600 from creation, as every file in the home
             tmp = cache_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache))
+            write_private(tmp, json.dumps(cache))
             tmp.replace(cache_file)
         except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
             pass

@@ -293,6 +293,9 @@ class WatchdogState:
     other_ledger: bool = False
     age_s: float | None = None
     errors: dict[str, str] = field(default_factory=dict)  # provider -> last error of an orphan scan
+    #: keyed digest of the secrets in the watchdog's environment ("" none): which runs it can act for
+    secrets_digest: str = ""
+    home: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -301,25 +304,27 @@ class WatchdogState:
         return d
 
 
-def heartbeat_path(home: Path | None = None) -> Path:
-    """``<broker home>/watchdog.json``: pid, start time, last heartbeat, interval, provider errors."""
+def heartbeat_path(home: Path | None = None, scope: str | None = None) -> Path:
+    """``<broker home>/watchdog.json``: pid, start time, last heartbeat, interval, provider errors
+    (``watchdog-<scope>.json`` for the watchdog of the runs made with one provider environment)."""
     if home is None:
         from broker.core.config import broker_home
 
         home = broker_home()
-    return Path(home) / "watchdog.json"
+    return Path(home) / (f"watchdog-{scope}.json" if scope else "watchdog.json")
 
 
 def watchdog_state(now: datetime | None = None, home: Path | None = None,
-                   stale_after_s: float | None = None) -> WatchdogState:
-    """Read the heartbeat (written after each completed pass).  The watchdog counts as armed only when the process
-    that wrote it still runs (pid *and* start time, :mod:`broker.core.procid`), the heartbeat is younger than
-    ``stale_after_s`` (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination), and that
-    pass was over *this* home's ledger (its installation id): a watchdog whose home was deleted and made again
-    guards the old, deleted ledger and nothing here."""
+                   stale_after_s: float | None = None, scope: str | None = None) -> WatchdogState:
+    """Read the heartbeat (written after each completed pass; ``scope``: the heartbeat of the watchdog of the runs
+    made with one provider environment).  The watchdog counts as armed only when the process that wrote it still
+    runs (pid *and* start time, :mod:`broker.core.procid`), the heartbeat is younger than ``stale_after_s``
+    (default: 3 intervals + 60 s: a pass may spend up to 30 s confirming a termination), and that pass was over
+    *this* home's ledger (its installation id): a watchdog whose home was deleted and made again guards the old,
+    deleted ledger and nothing here."""
     now = now or utcnow()
     try:
-        data = json.loads(heartbeat_path(home).read_text())
+        data = json.loads(heartbeat_path(home, scope).read_text())
         if not isinstance(data, dict):
             raise ValueError("not an object")
     except (OSError, ValueError):
@@ -335,7 +340,9 @@ def watchdog_state(now: datetime | None = None, home: Path | None = None,
     here = fresh and bool(data.get("installation_id")) and \
         data.get("installation_id") == home_installation_id(heartbeat_path(home).parent)
     return WatchdogState(pid=data.get("pid"), heartbeat_at=hb, interval_s=interval, started_at=st, alive=here,
-                         age_s=age, errors=dict(data.get("errors") or {}), other_ledger=fresh and not here)
+                         age_s=age, errors=dict(data.get("errors") or {}), other_ledger=fresh and not here,
+                         secrets_digest=str(data.get("secrets_digest") or ""),
+                         home=str(home) if home is not None else None)
 
 
 def home_installation_id(home: Path) -> str | None:
@@ -355,6 +362,27 @@ def home_installation_id(home: Path) -> str | None:
     except sqlite3.Error:
         return None
     return str(row[0]) if row else None
+
+
+def watchdog_serves(run: Run | None, wd: WatchdogState) -> bool:
+    """Whether a live watchdog can act for ``run``: the heartbeat's (``wd``) when the run's recorded provider
+    environment (:mod:`broker.core.provider_env`) is one it can serve, else the run's own scoped watchdog."""
+    if run is None:
+        return wd.alive
+    from broker.core import provider_env
+
+    try:
+        from broker.core.runfolder import confined_run_dir
+
+        env = provider_env.read(confined_run_dir(run))
+    except Exception:  # noqa: BLE001 - no readable record: the run is served as before
+        env = None
+    if env is None:
+        return wd.alive
+    if wd.alive and provider_env.servable(env, {"secrets_digest": wd.secrets_digest}):
+        return True
+    home = Path(wd.home) if wd.home else None
+    return watchdog_state(home=home, scope=provider_env.fingerprint(env)).alive
 
 
 def _requirement_setting(provider: str, requirement: str) -> bool:
@@ -437,9 +465,10 @@ def switch_overdue_s(res: Resource, run: Run | None, now: datetime | None = None
 def armed_layers(res: Resource, run: Run | None, wd: WatchdogState,
                  now: datetime | None = None) -> dict[str, bool]:
     """The teardown layers protecting ``res``: ``cli`` (the run's CLI process is alive here and the run is
-    active), ``watchdog`` (a watchdog guards this home: :func:`watchdog_state`), ``node`` (a node-side dead-man
-    switch was armed at provisioning and its time has not passed: one that should have fired at ``now`` and the
-    machine still bills guards nothing, :func:`switch_overdue_s`)."""
+    active), ``watchdog`` (a watchdog guards this home and can act for this run's provider environment:
+    :func:`watchdog_state`, :func:`watchdog_serves`), ``node`` (a node-side dead-man switch was armed at
+    provisioning and its time has not passed: one that should have fired at ``now`` and the machine still bills
+    guards nothing, :func:`switch_overdue_s`)."""
     cli = bool(run and run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start))
     node = node_layer(res, run) is not None and switch_overdue_s(res, run, now) is None
-    return {"cli": cli, "watchdog": wd.alive, "node": node}
+    return {"cli": cli, "watchdog": watchdog_serves(run, wd), "node": node}

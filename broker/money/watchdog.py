@@ -109,12 +109,12 @@ class Action:
         return asdict(self)
 
 
-def lock_path(home: Path | None = None) -> Path:
+def lock_path(home: Path | None = None, scope: str | None = None) -> Path:
     if home is None:
         from broker.core.config import broker_home
 
         home = broker_home()
-    return Path(home) / "watchdog.lock"
+    return Path(home) / (f"watchdog-{scope}.lock" if scope else "watchdog.lock")
 
 
 def _lock_holder(path: Path) -> int | None:
@@ -144,13 +144,15 @@ class WatchdogLock:
     """The exclusive, non-blocking ``flock`` on ``<home>/watchdog.lock`` (released by the kernel when the holder
     dies, also on SIGKILL).  Raises :class:`WatchdogBusy` when held elsewhere."""
 
-    def __init__(self, home: Path | None = None):
-        self.path = lock_path(home)
+    def __init__(self, home: Path | None = None, scope: str | None = None):
+        self.path = lock_path(home, scope)
         self._f: IO[str] | None = None
 
     def acquire(self) -> "WatchdogLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
+        from broker.core.private import private_dir, private_opener
+
+        private_dir(self.path.parent)
+        f = open(self.path, "a+", opener=private_opener)  # 0600 from creation
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -190,8 +192,18 @@ class Watchdog:
     def __init__(self, ledger: Ledger, providers: dict[str, Provider] | None = None, clock: Clock | None = None,
                  interval_s: float = 5.0, orphan_grace_s: float = 600.0, actor: str = "watchdog", *,
                  ended_grace_s: float = 120.0, orphan_scan_s: float = 60.0, confirm_timeout_s: float = 30.0,
-                 home: Path | None = None, say: Callable[[str], None] | None = None):
+                 home: Path | None = None, say: Callable[[str], None] | None = None, scope: str | None = None):
+        from broker.core import provider_env
+
         self.ledger = ledger
+        # the provider environment this process was started with; a run made with another is served with its own
+        # recorded settings (provider_env.applied), or, when its secrets were only in its CLI's environment, left
+        # to the watchdog its CLI starts for it (``scope``: that environment's fingerprint; it serves only those)
+        self.own_env = provider_env.capture(home=home)
+        self.own_fp = provider_env.fingerprint(self.own_env)
+        self.scope = scope
+        self.unserved: dict[str, str] = {}  # run id -> why this watchdog cannot act for it
+        self._env_key: str | None = None
         self._given = dict(providers) if providers is not None else None
         self._cache: dict[str, Provider] = dict(providers or {})
         self.clock: Clock = clock or system_clock
@@ -213,11 +225,55 @@ class Watchdog:
 
     # ------------------------------------------------------------------------------------------- providers
     def _provider(self, name: str) -> Provider:
-        if name not in self._cache:
+        if self._given is not None:
+            return self._cache[name]
+        key: Any = name if self._env_key is None else (name, self._env_key)  # one adapter per environment
+        if key not in self._cache:
             from broker.providers import get_provider
 
-            self._cache[name] = get_provider(name)
-        return self._cache[name]
+            self._cache[key] = get_provider(name)
+        return self._cache[key]
+
+    def _serving(self, run_id: str) -> Any:
+        """A context for handling ``run_id``: None when this watchdog cannot act for the run (recorded in
+        :attr:`unserved`, said once), else a context manager that applies the run's provider settings when they
+        differ from this process's."""
+        import contextlib
+
+        from broker.core import provider_env
+
+        env = None
+        run = self._get_run(run_id)
+        if run is not None and self._given is None:
+            try:
+                from broker.core.runfolder import confined_run_dir
+
+                env = provider_env.read(confined_run_dir(run))
+            except Exception:  # noqa: BLE001 - a damaged row or folder: served as before
+                env = None
+        fp = provider_env.fingerprint(env) if env is not None else None
+        if self.scope is not None:  # the watchdog of one environment: only the runs made with it
+            return contextlib.nullcontext() if fp == self.own_fp else None
+        if env is None or fp == self.own_fp:
+            return contextlib.nullcontext()
+        if not provider_env.servable(env, self.own_env):
+            why = (f"its provider credentials ({', '.join(env['secrets'])}) were in its CLI's environment only and "
+                   "differ from this watchdog's: the watchdog its CLI started for it acts for it")
+            if self.unserved.get(run_id) != why:
+                self.unserved[run_id] = why
+                self._log(run_id, "not-served", why)
+            return None
+        self.unserved.pop(run_id, None)
+
+        @contextlib.contextmanager
+        def _applied() -> Any:
+            self._env_key = fp
+            try:
+                with provider_env.applied(env):
+                    yield
+            finally:
+                self._env_key = None
+        return _applied()
 
     def _scan_providers(self) -> list[str]:
         """Providers to ask for tagged resources: the given ones, else those holding a live row of the ledger plus
@@ -259,7 +315,11 @@ class Watchdog:
             by_run.setdefault(res.run_id, []).append(res)
         for run_id, rows in by_run.items():
             try:
-                actions += self._enforce_run(run_id, rows, now)
+                serving = self._serving(run_id)
+                if serving is None:
+                    continue
+                with serving:
+                    actions += self._enforce_run(run_id, rows, now)
             except Exception as e:  # the ledger or a bug: keep the loop alive, say so loudly
                 self._log(run_id, "error", f"pass failed for this run: {type(e).__name__}: {e}")
                 actions.append(Action("error", run_id, None, f"{type(e).__name__}: {e}", ok=False))
@@ -359,6 +419,10 @@ class Watchdog:
             if nxt and now < nxt[0]:
                 continue
             out.append(self._terminate(res, todo[res.id][1], now))
+        if out and not self.ledger.resources(run_id, live_only=True):  # the run's machines are gone: so are
+            from broker.core.sshconfig import forget_run_hosts            # their Host entries (addresses reused)
+
+            forget_run_hosts(run_id, own=Path(self.home) / "ssh_config" if self.home else None)
         return out
 
     def _terminate(self, res: Resource, reason: str, now: datetime) -> Action:
@@ -477,13 +541,15 @@ class Watchdog:
 
     # ------------------------------------------------------------------------------------------- loop
     def write_heartbeat(self) -> None:
-        """Rewrite ``<home>/watchdog.json`` atomically after a pass: this process's identity (pid, start time,
-        name), start, now, interval, provider errors and the installation id of the ledger the pass read.  Nothing
-        is written when the ledger now at the home is not the one this watchdog reads (the home was deleted and
-        made again): it would claim to guard a home it does not see; a new run then starts that home's own."""
+        """Rewrite ``<home>/watchdog.json`` (``watchdog-<scope>.json`` for a scoped one) atomically after a pass:
+        this process's identity (pid, start time, name), start, now, interval, provider errors, the installation id
+        of the ledger the pass read and which runs it can act for (its secrets' digest, its scope).  Nothing is
+        written when the ledger now at the home is not the one this watchdog reads (the home was deleted and made
+        again): it would claim to guard a home it does not see; a new run then starts that home's own."""
         from broker.core import procid
+        from broker.core.private import write_private
 
-        path = heartbeat_path(self.home)
+        path = heartbeat_path(self.home, self.scope)
         mine = self.ledger.installation_id
         if home_installation_id(path.parent) != mine:
             if "home" not in self._told:
@@ -494,11 +560,13 @@ class Watchdog:
             return
         me = procid.record()
         tmp = path.with_name(f".watchdog.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"pid": os.getpid(), "pid_start": me.start if me else None,
-                                   "comm": me.comm if me else None, "installation_id": mine,
-                                   "started_at": self.started_at.isoformat(),
-                                   "heartbeat_at": system_clock().isoformat(), "interval_s": self.interval_s,
-                                   "passes": self.passes, "errors": self.errors}))
+        write_private(tmp, json.dumps({"pid": os.getpid(), "pid_start": me.start if me else None,
+                                       "comm": me.comm if me else None, "installation_id": mine,
+                                       "started_at": self.started_at.isoformat(),
+                                       "heartbeat_at": system_clock().isoformat(), "interval_s": self.interval_s,
+                                       "passes": self.passes, "errors": self.errors,
+                                       "secrets_digest": self.own_env["secrets_digest"], "scope": self.scope,
+                                       "unserved": self.unserved}))
         os.replace(tmp, path)
 
     def stop(self, *_: object) -> None:
@@ -539,7 +607,7 @@ class Watchdog:
                     time.sleep(min(0.1, self.interval_s))
         finally:
             try:  # only its own: a watchdog of a deleted home must not remove the new home's watchdog's heartbeat
-                hb = heartbeat_path(self.home)
+                hb = heartbeat_path(self.home, self.scope)
                 if json.loads(hb.read_text()).get("pid") == os.getpid():
                     hb.unlink()
             except (OSError, ValueError, AttributeError):
@@ -555,10 +623,20 @@ def start_detached(home: Path | None = None, *, interval_s: float | None = None,
     from broker.core.config import broker_home
 
     home = Path(home) if home else broker_home()
-    if watchdog_state(home=home).alive:
-        return None
-    if _lock_held(lock_path(home)):  # one is starting (before its first pass) or busy in one
-        return None
+    from broker.core import provider_env
+
+    own = provider_env.capture(home=home)
+    scope = None
+    state = watchdog_state(home=home)
+    if state.alive or _lock_held(lock_path(home)):  # one runs, or is starting (before its first pass)
+        if not own["secrets"] or not state.alive or provider_env.servable(own, {"secrets_digest":
+                                                                               state.secrets_digest}):
+            return None  # it acts for this process's runs (with their recorded settings where they differ)
+        # this process's credentials are only in its environment and differ from the running watchdog's: the
+        # runs made with them get a watchdog of their own, started with this environment
+        scope = provider_env.fingerprint(own)
+        if watchdog_state(home=home, scope=scope).alive or _lock_held(lock_path(home, scope)):
+            return None
     root = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ, BROKER_HOME=str(home))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -567,7 +645,12 @@ def start_detached(home: Path | None = None, *, interval_s: float | None = None,
         argv += ["--interval", str(interval_s)]
     if exit_when_idle_s is not None:
         argv += ["--exit-when-idle", str(exit_when_idle_s)]
-    with open(home / "watchdog.log", "ab") as log:
+    if scope:
+        argv += ["--scope", scope]
+    from broker.core.private import private_opener
+
+    log_name = f"watchdog-{scope}.log" if scope else "watchdog.log"
+    with open(home / log_name, "ab", opener=private_opener) as log:  # 0600 from creation
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=env)
     return proc.pid

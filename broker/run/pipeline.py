@@ -174,6 +174,10 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
                 message = ((message + "; ") if message else "") + (
                     f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
                 ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
+            if not kept and not left and target.releases:  # its machines are gone: so are their Host entries
+                from broker.core.sshconfig import forget_run_hosts
+
+                forget_run_hosts(run.id)
             if left:
                 message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
                     f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"

@@ -31,10 +31,13 @@ is left after the grace period.  A node whose launched process has exited counts
 still holds its output open (after ``EXIT_DRAIN_S``).  If the SSH connection of a running node drops, that node counts as failed (exit code None, reason "ssh
 connection to node i lost"), the others are stopped, and the caller's teardown still runs.
 
-Host keys: with ``cluster.known_hosts_path`` naming a file that lists the host, the key is pinned (mismatch =
-error).  A host missing from it (fresh cloud VMs) is accepted on first connect and its key appended to that file
-(``accept-new``, as OpenSSH's ``StrictHostKeyChecking=accept-new``); without a path, ``<run_dir>/known_hosts``
-is used that way.  asyncssh is imported lazily.
+Host keys are pinned per machine, never per address (:func:`broker.core.sshkeys.host_key_name`): a node with a
+resource id is looked up in ``cluster.known_hosts_path`` (without one, ``<run_dir>/known_hosts``) under
+``broker-res-<id>`` (OpenSSH's ``HostKeyAlias``).  A machine not pinned yet (a fresh VM, a re-rented one on a
+freed address) is accepted on first connect and its key pinned (``accept-new``); a pinned machine that answers
+with another key (the same machine started again on a new address, or something else on its address) is
+refused at once with :class:`~broker.run.sshcluster.HostKeyChanged`, never retried.  asyncssh is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from broker.run.supervisor import RunResult, Supervisor, describe_exit, finish_r
 from broker.core.records import Cluster
 from broker.core.provider import BadInput, ProviderError
 from broker.core.recipe import Recipe
-from broker.run.sshcluster import Echo, RemoteNode, SSHCluster, node_base, node_python
+from broker.run.sshcluster import Echo, HostKeyChanged, RemoteNode, SSHCluster, node_base, node_python
 
 _log = logging.getLogger(__name__)
 
@@ -255,6 +258,8 @@ class SSHExecutor(Executor):
                 if attempt > 1 and self.say:
                     self.say(f"every node accepts SSH (attempt {attempt})")
                 return
+            except HostKeyChanged:
+                raise  # waiting longer cannot make a changed key right: say so now
             except ProviderError as e:
                 left = stop_at - time.monotonic()
                 if left <= 0:

@@ -125,6 +125,9 @@ def new_run(ledger: "Ledger", recipe: Recipe, *, provider: str, topology: str, p
     write_private(run_dir / "recipe.json", json.dumps(recipe_data, indent=2))
     if plan is not None:
         write_private(run_dir / "plan.json", json.dumps(plan, indent=2, default=str))
+    from broker.core import provider_env
+
+    provider_env.record(run_dir)  # a watchdog another CLI started acts for this run with these settings
     _reserve_space(ledger)
     run = Run(id=run_id, name=recipe.name, recipe_path=str(recipe.path) if recipe.path else None,
               recipe=recipe_data, plan=plan, provider=provider, topology=topology, status="running",
@@ -154,7 +157,9 @@ def _reserve_space(ledger: "Ledger") -> None:
     p = _reserve_path(ledger)
     try:
         if not p.exists() or p.stat().st_size < SPACE_RESERVE_BYTES:
-            with open(p, "wb") as f:
+            from broker.core.private import private_opener
+
+            with open(p, "wb", opener=private_opener) as f:  # 0600 from creation, as every file in the home
                 f.write(b"\0" * SPACE_RESERVE_BYTES)
     except OSError:  # a nearly full disk: the run goes on; end_run then waits for space
         try:

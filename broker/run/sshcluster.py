@@ -1,5 +1,5 @@
 """SSH to a run's nodes: :class:`SSHCluster` (one asyncssh connection per node on a private event-loop thread,
-:class:`LoopThread`; commands, SFTP, known_hosts pinned per run) and :class:`RemoteNode`, a node's remote process as
+:class:`LoopThread`; commands, SFTP, host keys pinned per machine) and :class:`RemoteNode`, a node's remote process as
 the :class:`broker.run.supervisor.NodeHandle` the supervisor watches.
 """
 
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from broker.run.supervisor import STOP_GRACE_S
 from broker.core.records import Cluster
 from broker.core.provider import ProviderError
+from broker.core.sshkeys import host_key_name, pin_host_key, pinned_keys
 
 _log = logging.getLogger(__name__)
 
@@ -69,15 +70,9 @@ class LoopThread:
             self.loop.close()
 
 
-def _known_hosts_has(path: Path, host: str, port: int) -> bool:
-    if not path.exists():
-        return False
-    want = {host if port == 22 else f"[{host}]:{port}"}
-    for line in path.read_text(errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and not line.startswith("#") and want & set(parts[0].split(",")):
-            return True
-    return False
+class HostKeyChanged(ProviderError):
+    """The machine answered with a host key other than the one pinned for it (same resource id): never retried,
+    nothing is sent to it."""
 
 
 class SSHCluster:
@@ -124,17 +119,31 @@ class SSHCluster:
             from broker.run.localconn import LocalConnection
 
             return LocalConnection()
-        pinned = _known_hosts_has(self.known_hosts, node.host, node.port)
+        name = host_key_name(node.host, node.port, node.resource_id)
+        keys = pinned_keys(self.known_hosts, name)
+        trusted = [asyncssh.import_public_key(k) for k in keys]
+        # the keys pinned for this machine (by resource id: a re-rented machine on a freed address is a new
+        # machine), never those of whatever held the address before; none pinned yet: accept-new
         opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
                                     keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
-                                    known_hosts=str(self.known_hosts) if pinned else None)
+                                    known_hosts=(trusted, [], []) if trusted else None)
         if self.cluster.ssh_key_path:
             opts["client_keys"] = [self.cluster.ssh_key_path]
             opts["agent_path"] = None
         _log.info("ssh: connecting to node %d at %s@%s:%s (host key %s)", i, node.user, node.host, node.port,
-                  "pinned" if pinned else "new")
+                  f"pinned as {name}" if trusted else f"new, to be pinned as {name}")
         try:
             conn = await asyncssh.connect(node.host, **opts)
+        except asyncssh.HostKeyNotVerifiable:
+            machine = f"machine {node.resource_id}" if node.resource_id else "the machine"
+            _log.info("ssh: node %d presented a changed host key", i)
+            raise HostKeyChanged(
+                "ssh", f"connect node {i}",
+                f"node {i} at {node.host}:{node.port} ({machine}) presented a host key other than the one broker "
+                f"pinned when it first reached this machine ({self.known_hosts}, entry {name}): possibly a "
+                "man-in-the-middle, or the machine was rebuilt; nothing was sent to it",
+                hint="if you rebuilt or reinstalled the machine yourself, delete that entry and retry; otherwise "
+                     f"treat the address as hostile and end the run (`broker down {self.cluster.run_id}`)") from None
         except (OSError, ValueError, asyncssh.Error, asyncio.TimeoutError) as e:  # ValueError: bad key file
             why = getattr(e, "reason", None) or str(e) or type(e).__name__
             _log.info("ssh: node %d not reachable: %s", i, why)
@@ -142,13 +151,10 @@ class SSHCluster:
                                 f"{node.port}: {why}",
                                 hint="check that the node is running, its SSH port is open to you, and the key "
                                      "is authorised") from None
-        if not pinned:  # accept-new: remember the key so later connections are pinned
+        if not trusted:  # accept-new: pin the key under this machine's name so later connections check it
             key = conn.get_server_host_key()
             if key is not None:
-                name = node.host if node.port == 22 else f"[{node.host}]:{node.port}"
-                self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-                with open(self.known_hosts, "a") as f:
-                    f.write(f"{name} {key.export_public_key('openssh').decode().strip()}\n")
+                pin_host_key(self.known_hosts, name, key.export_public_key("openssh").decode())
         return conn
 
     async def aconn(self, i: int) -> Any:
@@ -167,9 +173,9 @@ class SSHCluster:
         async def _all() -> None:
             res = await asyncio.gather(*(self.aconn(i) for i in range(len(self.cluster.nodes))),
                                        return_exceptions=True)
-            for r in res:
-                if isinstance(r, BaseException):
-                    raise r
+            for r in sorted((r for r in res if isinstance(r, BaseException)),
+                            key=lambda r: not isinstance(r, HostKeyChanged)):  # a changed key is said first
+                raise r
         self.loop.call(_all(), timeout=self.connect_timeout_s + 15)
 
     def close(self) -> None:

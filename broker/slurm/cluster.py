@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
+from broker.core.sshkeys import host_key_name
 from broker.providers import SLURM_NODES
 from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, ClusterState, FACTS_CMD, NodeFacts, Say,
                                  cgroup_mount_script, cloud_onstart, nfs_client_script, nfs_server_script, parse_facts,
@@ -82,6 +83,12 @@ def ssh_argv(state: ClusterState) -> list[str]:
         argv += ["-i", state.ssh_key_path, "-o", "IdentitiesOnly=yes"]
     if state.known_hosts_path:
         argv += ["-o", f"UserKnownHostsFile={state.known_hosts_path}", "-o", "StrictHostKeyChecking=yes"]
+    alias = getattr(n, "host_key_alias", "")
+    if alias:  # pinned per machine (by resource id), as the runner pinned it; read from a file: checked
+        if not re.fullmatch(r"broker-res-[A-Za-z0-9._-]{1,100}", str(alias)):
+            raise BadInput(f"refused: cluster {state.cluster_id}'s node 0 host key name {alias!r} is not one broker "
+                           "writes", hint="the cluster's state file was edited")
+        argv += ["-o", f"HostKeyAlias={alias}"]
     from broker.core.runfolder import USER_RE, valid_host
 
     if not USER_RE.fullmatch(str(n.user)) or not valid_host(n.host):  # read from the run's folder: input
@@ -296,7 +303,9 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
             nodes.append(NodeFacts(name=f"node{i}", host=cn.host, port=cn.port, user=cn.user,
                                    private_ip=cn.private_ip, hostname=f["hostname"] or f"node{i}", cpus=f["cpus"],
                                    memory_mb=f["memory_mb"], gpus=len(devs), gpu_devices=devs,
-                                   gpu_name=f["gpus"][0][1] if f["gpus"] else ""))
+                                   gpu_name=f["gpus"][0][1] if f["gpus"] else "",
+                                   host_key_alias=host_key_name(cn.host, cn.port, cn.resource_id)
+                                   if cn.resource_id else ""))
         state = ClusterState(cluster_id=run.id, name=name, provider=provider, base=base, shared_dir=shared,
                              shared_note=note, python=cluster.python, ssh_key_path=cluster.ssh_key_path,
                              known_hosts_path=cluster.known_hosts_path or str(ssh.known_hosts), nodes=nodes,

@@ -46,6 +46,8 @@ class NodeFacts:
     gpus: int = 0
     gpu_devices: list[int] = field(default_factory=list)
     gpu_name: str = ""
+    #: the name its host key is pinned under (by resource id); "" = by address (a state file from before)
+    host_key_alias: str = ""
 
 
 @dataclass

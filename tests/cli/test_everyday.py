@@ -339,6 +339,9 @@ def test_kept_nodes_ssh_command_is_one_quoted_line():
     assert shlex.split(commands_in(ssh)[1]) == ["ssh", "-i", "/home/me/my keys/id_ed25519", "-o",
                                                 "UserKnownHostsFile=/home/me/runs/r-1/known hosts", "-p", "2222",
                                                 "root@203.0.113.7"]
+    node.resource_id = "r-9f"  # a rented machine's key is pinned under its resource id, not its address
+    ssh = next(x for x in kept_message(out, 10) if "ssh into node 0" in x)
+    assert "-o HostKeyAlias=broker-res-r-9f" in commands_in(ssh)[1]
     assert "(recipe idle_minutes=10)" in lines[0]
     assert "(--idle-minutes 10)" in kept_message(out, 10, "--idle-minutes 10")[0]  # what the user typed
 
@@ -687,3 +690,60 @@ def test_an_unknown_fault_gets_a_did_you_mean(tmp_path, capsys, broker_home):
 def test_stop_of_an_unknown_run_says_so(capsys, broker_home):
     code, out, err = _main(["stop", "r-1"], capsys)
     assert code == 2 and "no run 'r-1'" in err and "broker status" in err, err
+
+
+def test_ssh_config_install_edits_the_target_of_a_symlinked_config(tmp_path, monkeypatch):
+    """``~/.ssh/config`` kept in a dotfiles folder (a symlink): the Include goes into the file it points to, the
+    link stays a link."""
+    from types import SimpleNamespace as NS
+
+    from broker.cli.day2 import install_ssh_config, ssh_config
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "broker-home"))
+    dot = tmp_path / "home" / "dotfiles" / "ssh_config"
+    dot.parent.mkdir(parents=True)
+    dot.write_text("Host work\n  HostName 192.0.2.1\n")
+    link = tmp_path / "home" / ".ssh" / "config"
+    link.parent.mkdir()
+    link.symlink_to(dot)
+    node = NS(node_rank=0, host="198.18.0.9", user="root", port=22, local=False, resource_id="r-1")
+    cluster = NS(nodes=[node], ssh_key_path=None, known_hosts_path=None)
+    own, where, _ = install_ssh_config("r-1", ssh_config("r-1", cluster))
+    assert link.is_symlink() and os.readlink(link) == str(dot)
+    assert where == dot and f"Include {own}" in dot.read_text() and "Host work" in dot.read_text()
+    assert "HostKeyAlias broker-res-r-1" in own.read_text()
+
+
+def test_down_and_clean_remove_the_runs_ssh_host_entries(tmp_path, cli_env, broker_home):
+    """`broker down` (nothing left live) and `broker clean` drop the run's Host block from broker's ssh config;
+    other runs' blocks stay."""
+    from datetime import timedelta
+    from types import SimpleNamespace as NS
+
+    from broker.cli.day2 import clean_candidates, install_ssh_config, remove_run_folders, ssh_config
+    from broker.core.config import runs_dir
+    from broker.core.model import utcnow
+    from broker.core.private import private_dir
+    from broker.core.records import Run
+    from broker.money.ledger import Ledger
+
+    led = Ledger()
+    now = utcnow()
+    ids = ["20261206-000000-aaaaaa", "20261206-000000-bbbbbb", "20261206-000000-cccccc"]
+    user = tmp_path / "dot-ssh" / "config"
+    for rid in ids:
+        led.create_run(Run(id=rid, name="t", provider="fake", topology="simulated", status="succeeded",
+                           created_at=now - timedelta(hours=1), ended_at=now, deadline=now,
+                           run_dir=str(private_dir(runs_dir() / rid))))
+        node = NS(node_rank=0, host="198.18.0.9", user="root", port=22, local=False, resource_id=None)
+        install_ssh_config(rid, ssh_config(rid, NS(nodes=[node], ssh_key_path=None, known_hosts_path=None)),
+                           user_config=user)
+    own = broker_home / "ssh_config"
+    p = _cli(["down", ids[0], "--yes"], cli_env)
+    assert p.returncode == 0, p.stderr
+    assert f"broker-{ids[0]}-n0" not in own.read_text() and f"broker-{ids[1]}-n0" in own.read_text()
+    todo, _ = clean_candidates(led)
+    remove_run_folders(led, [t for t in todo if t[0].id == ids[1]])
+    text = own.read_text()
+    assert f"broker-{ids[1]}-n0" not in text and f"Host broker-{ids[2]}-n0" in text

@@ -5,6 +5,7 @@ the namespaces' bridge, so the node's own DELETE reaches it), the first boot's o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -165,3 +166,64 @@ def test_a_machine_that_never_held_a_switch_is_not_reported_as_unarmed(broker_ho
     assert led.resource(res.id).attrs["deadman"] is False
     if want is False:
         assert "cannot re-arm oci" in row["deadman_why"]
+
+
+def test_start_with_a_malformed_address_records_nothing_and_stops_the_machine_again(netns_hosts, broker_home,
+                                                                                   tmp_path, bg_pidfiles):
+    """A provider answer whose new address is not an address is never written to the ledger or cluster.json:
+    broker says which call returned what, keeps the machine accounted for, and stops it again (confirmed)."""
+    from broker.cli.stopstart import start_run, stop_run
+
+    emu, p, led, run, res, iid, node_dir, ssh = _kept_vast_run(netns_hosts, tmp_path)
+    try:
+        stop_run(led, run.id, poll_s=0.05, providers={"vast": p})
+        cluster_before = (Path(run.run_dir) / "cluster.json").read_text()
+        real = p.describe_instance
+
+        def answers_a_bad_address(provider_id, *, region=None):  # the real answer, its address made malformed
+            info = real(provider_id, region=region)
+            if info.state != "running":
+                return info
+            return info.model_copy(update={"ssh_host": "198.18.0.999", "public_ip": "198.18.0.999"})
+
+        p.describe_instance = answers_a_bad_address
+        out = start_run(led, run.id, hours=1, poll_s=0.1, timeout_s=30, providers={"vast": p})
+        row = out[0]
+        assert "describe_instance" in row["error"] and "198.18.0.999" in row["error"], row
+        assert "not an IP address" in row["error"] and "edited" not in row["error"]
+        assert row["state"] == "stopped" and row["fix"] == f"broker down {run.id}" and row["ssh"] is None, row
+        after = led.resource(res.id)
+        assert after.state == "stopped" and "198.18.0.999" not in str(after.attrs)
+        assert json.loads((Path(run.run_dir) / "cluster.json").read_text()) == json.loads(cluster_before)
+        assert emu.instances[int(iid)].stopped  # the provider stopped it again
+        msgs = [e.get("message") or "" for e in led.events(run.id)]
+        assert any("stopped again" in m for m in msgs), msgs
+    finally:
+        p.close()
+        emu.close()
+
+
+def test_start_refuses_a_changed_host_key_of_the_same_machine(netns_hosts, broker_home, tmp_path, bg_pidfiles):
+    """A machine started again answers on its (new) address with a host key other than the one pinned for it (same
+    resource id): `broker start` says so at once (no SSH-ready retries), never logs in, never re-arms over it."""
+    import time
+
+    from broker.cli.stopstart import start_run, stop_run
+    from tests.support.netns_faults import rehost
+
+    emu, p, led, run, res, iid, node_dir, ssh = _kept_vast_run(netns_hosts, tmp_path)
+    try:
+        assert subprocess.run(ssh + ["true"], capture_output=True, timeout=60).returncode == 0  # pins its key
+        stop_run(led, run.id, poll_s=0.05, providers={"vast": p})
+        rehost(emu.hosts, 0)  # something else answers where the machine comes back
+        t0 = time.monotonic()
+        out = start_run(led, run.id, hours=1, poll_s=0.1, timeout_s=120, providers={"vast": p})
+        took = time.monotonic() - t0
+        row = out[0]
+        assert row["state"] == "running" and row["ssh"] is False, row
+        assert "man-in-the-middle" in row["ssh_why"] and "rebuilt" in row["ssh_why"], row
+        assert took < 60, took  # not the 120 s of SSH retries
+        assert row["deadman"] is False and "host key" in row["deadman_why"], row
+    finally:
+        p.close()
+        emu.close()

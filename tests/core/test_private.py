@@ -583,3 +583,48 @@ def test_slurm_batch_script_is_written_0600(tmp_path):
         os.umask(old)
     assert mode(tmp_path / "job.sbatch") == 0o600 and mode(tmp_path / "old.sbatch") == 0o600
     assert (tmp_path / "old.sbatch").read_text() == "export HF_TOKEN=y\n"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000])
+def test_every_file_in_the_home_is_created_private_under_a_permissive_umask(tmp_path, umask):
+    """Under umask 022 and 000 (no chmod allowed on the way): the space reserve, the lint cache, the watchdog's
+    heartbeat, lock and log, a detached run's marker and the run's pinned host keys are created 0600 in 0700
+    folders: walking the home finds no group or other bit anywhere."""
+    home = tmp_path / "fresh-home"
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "train.py").write_text("print('x')\n")
+    (tmp_path / "r.yaml").write_text("name: t\nscript: w/train.py\nnodes: 2\ngpus_per_node: 0\ncpu_ok: true\n")
+    p = _child(f"""
+        import json
+        from pathlib import Path
+        def no_chmod(*a, **k):
+            raise AssertionError(f"chmod called: {{a}}")
+        os.chmod = os.fchmod = no_chmod
+        from broker.money.ledger import Ledger
+        from broker.core.recipe import load_recipe
+        from broker.run.runrecord import new_run
+        from broker.core import sshkeys
+        from broker.lint.rules import _cached_lint
+        from broker.money.watchdog import Watchdog, WatchdogLock, start_detached
+        from broker.cli.detached import DETACHED_ENV, _tell_detached_parent
+        led = Ledger()
+        recipe = load_recipe({str(tmp_path / 'r.yaml')!r})
+        run = new_run(led, recipe, provider="local", topology="local", plan={{"x": 1}})
+        _cached_lint(Path(recipe.script))
+        assert start_detached(python="/bin/true")  # before a heartbeat says one runs
+        wd = Watchdog(led, providers={{}})
+        wd.write_heartbeat()
+        lock = WatchdogLock().acquire()
+        lock.release()
+        os.environ[DETACHED_ENV] = "1"
+        _tell_detached_parent(run)
+        sshkeys.pin_host_key(Path(run.run_dir) / "ssh" / "known_hosts", "broker-res-r-1", "ssh-ed25519 AAAA")
+        print(json.dumps(run.run_dir))
+    """, {**os.environ, "BROKER_HOME": str(home)}, umask=umask)
+    assert p.returncode == 0, p.stderr
+    run_dir = Path(json.loads(p.stdout.strip().splitlines()[-1]))
+    made = {home / ".space-reserve", home / "cache" / "lint.json", home / "watchdog.json", home / "watchdog.lock",
+            home / "watchdog.log", run_dir / "detached.json", run_dir / "ssh" / "known_hosts"}
+    assert all(f.exists() for f in made), sorted(str(f) for f in made if not f.exists())
+    wide = [f"{q} {mode(q):o}" for q in [home, *home.rglob("*")] if mode(q) & 0o077]
+    assert wide == []

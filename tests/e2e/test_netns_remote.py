@@ -242,10 +242,13 @@ def test_mtu_mismatch_and_accept_new_host_keys(make_cluster, tmp_path):
     assert res.status == "failed"
     mtu = [ch for ch in res.preflight.checks if ch.check == "mtu"]
     assert mtu and mtu[0].result == "FAIL" and "node 1 eth0=1400" in mtu[0].detail
+    from broker.core.sshkeys import host_key_name
+
     kh = (run_dir / "known_hosts").read_text().splitlines()
-    assert sorted(x.split()[0] for x in kh) == [c.ip(0), c.ip(1)]
+    names = [host_key_name(n.host, n.port, n.resource_id) for n in cl.nodes]  # pinned per machine, not address
+    assert sorted(x.split()[0] for x in kh) == sorted(names)
     for line in kh:  # the remembered key is the node's real host key
-        i = 0 if line.startswith(c.ip(0) + " ") else 1
+        i = names.index(line.split()[0])
         assert line.split()[2] == (c.root / f"node{i}" / "ssh_host_ed25519_key.pub").read_text().split()[1]
 
 
@@ -255,11 +258,14 @@ def test_pinned_host_key_mismatch_is_refused(make_cluster, tmp_path):
     c = make_cluster(1)
     other = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    from broker.core.sshkeys import host_key_name
+
     kh = tmp_path / "kh"
-    kh.write_text(f"{c.ip(0)} {' '.join(Path(str(other) + '.pub').read_text().split()[:2])}\n")
     cl = c.cluster("t5").model_copy(update={"known_hosts_path": str(kh)})
+    name = host_key_name(c.ip(0), 22, cl.nodes[0].resource_id)  # the machine's pin (by resource id)
+    kh.write_text(f"{name} {' '.join(Path(str(other) + '.pub').read_text().split()[:2])}\n")
     res = run_remote(cl, small_recipe(tmp_path, nodes=1), tmp_path / "run", echo=None)
-    assert res.status == "failed" and "cannot reach node 0" in res.reason
+    assert res.status == "failed" and "presented a host key other than" in res.reason
     assert res.preflight is None  # stopped at connect
 
 

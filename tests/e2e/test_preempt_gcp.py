@@ -20,27 +20,36 @@ pytest.importorskip("google.cloud.compute_v1")
 from google.auth.credentials import AnonymousCredentials  # noqa: E402
 
 from broker.core.recipe import load_recipe  # noqa: E402
+from broker.core.sshkeys import host_key_name, pinned_keys  # noqa: E402
 from broker.money.ledger import Ledger  # noqa: E402
 from broker.run.pipeline import CloudTarget, Hooks, run_pipeline  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.support.gcp_emulator import authorize_on, GCPEmulator  # noqa: E402
-from tests.support.netns_faults import kill_host as _kill_host  # noqa: E402
+from tests.support.netns_faults import kill_host as _kill_host, rehost  # noqa: E402
 from tests.support.plans import rank_options  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 COLLS = ("instances", "disks", "networks", "subnetworks", "firewalls")
 
 
-def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns_hosts, tmp_path):
+@pytest.mark.parametrize("same_address", [False, True], ids=["new-address", "recycled-address-new-host-key"])
+def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns_hosts, tmp_path, same_address):
+    """``same_address``: the VM rented again gets the preempted one's address (Google recycles ephemeral
+    addresses) with a new host key: a new machine, reached, never refused as a changed key."""
     from broker.providers.gcp import GCPProvider
     from broker.run.attempts import attempt_costs
     from broker.run.checkpoint import latest_generation
 
-    hosts = netns_hosts(2)
+    hosts = netns_hosts(1 if same_address else 2)
     inserts: list[int] = []
+    new_keys: list[str] = []
 
     def addresses(_node: int) -> tuple[str, str]:
         inserts.append(len(inserts))  # each new VM is the next host: the preempted one is dead
+        if same_address:  # ... or the same host made a new machine: same address, another host key
+            if len(inserts) > 1:
+                new_keys.append(rehost(hosts, 0))
+            return hosts.ip(0), hosts.ip(0)
         ip = hosts.ip(inserts[-1])
         return ip, ip
 
@@ -102,6 +111,13 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
         spot = [i for i in emu.objs["operations"].values() if i["op"]["operationType"] == "insert"
                 and "/instances/" in i["op"]["targetLink"]]
         assert len(spot) == 2 and inserts == [0, 1]
+        if same_address:  # both VMs answered on one address, each pinned under its own resource id
+            kh = Path(out.run.run_dir) / "ssh" / "known_hosts"
+            rows = sorted((r for r in ledger.resources(out.run.id) if r.kind == "instance"),
+                          key=lambda r: r.created_at)
+            pins = [pinned_keys(kh, host_key_name(hosts.ip(0), 22, r.id)) for r in rows]
+            assert len(new_keys) == 1 and pins[1] == new_keys and pins[0] and pins[0] != pins[1], pins
+            assert not any("not trusted" in line or "host key" in line for line in said), said[-20:]
         assert ledger.resources(out.run.id, live_only=True) == []
         assert {c: emu.live(c) for c in COLLS} == {c: [] for c in COLLS}
         costs = attempt_costs(ledger, out.run.id)

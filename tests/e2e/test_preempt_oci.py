@@ -32,7 +32,7 @@ from broker.run.attempts import attempt_costs  # noqa: E402
 from broker.run.checkpoint import latest_generation  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 from tests.e2e.test_oci_e2e import AD, COMP, E2E  # noqa: E402
-from tests.support.netns_faults import kill_host  # noqa: E402
+from tests.support.netns_faults import kill_host, rehost  # noqa: E402
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -59,6 +59,24 @@ class PreemptE2E(E2E):
         i = next(k for k in range(self.hosts.n) if self.hosts.ip(k) == ip)
         kill_host(self.hosts.ns(i))
         self.killed.append(i)
+
+
+class RecycledAddresses(PreemptE2E):
+    """OCI reuses freed private addresses: the instances of a later attempt get the earlier ones' addresses, each
+    a new machine there (its host made again with a new SSH host key)."""
+
+    def addresses(self, node: int) -> tuple[str, str]:
+        i, self.used = self.used % self.hosts.n, self.used + 1
+        if self.used > self.hosts.n:
+            self.new_keys.append(rehost(self.hosts, i))
+        return self.hosts.ip(i), self.hosts.ip(i)
+
+    def host_dies(self, inst: dict[str, Any]) -> None:
+        ip = self.emu.private_ip(inst["id"])
+        # only the machine that holds the address now takes its host down with it
+        holders = [i for i in list(self.emu.objs["instances"]) if self.emu.private_ip(i) == ip]
+        if holders and holders[-1] == inst["id"]:
+            super().host_dies(inst)
 
 
 def _recipe(tmp_path: Path, epochs: int = 120):
@@ -169,6 +187,35 @@ def test_oci_reclaims_an_instance_mid_run_broker_rents_again_and_ddp_resumes(mak
     assert deletes == {**{i: 204 for a in inst for i in a}, first[0]: 409}, deletes
     _nothing_left(e, out, ledger)
     assert out.run.status == "succeeded"
+
+
+def test_a_reclaimed_instance_rented_again_on_its_old_address_with_a_new_host_key_resumes(netns_hosts, tmp_path,
+                                                                                           key_pem, monkeypatch):
+    """The instances rented again get the reclaimed ones' private addresses with new host keys: new machines,
+    reached at once (pinned by resource id), and the job resumes from its checkpoint."""
+    from broker.core.sshkeys import host_key_name, pinned_keys
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
+    e = RecycledAddresses(netns_hosts(2), tmp_path, key_pem)
+    e.new_keys = []
+    e.emu.__enter__()
+    try:
+        t = _when_checkpointed(e, _reclaim_first)
+        out, ledger = e.run(_recipe(tmp_path), monitor_s=0.5, ready_timeout_s=60)
+        t.join(timeout=5)
+        run_dir = Path(out.run.run_dir)
+        assert out.exit_code == 0, (out.result.reason, e.said[-20:], (run_dir / "node0.log").read_text()[-1500:])
+        assert _resumed_from(run_dir / "node0.log") > 0
+        assert [a["cause"] for a in ledger.attempts(out.run.id)] == ["preempted", "succeeded"]
+        assert len(e.new_keys) == 2  # both addresses held by new machines with new host keys
+        kh = run_dir / "ssh" / "known_hosts"
+        rows = [r for r in ledger.resources(out.run.id) if r.kind == "instance"]
+        pins = {r.id: pinned_keys(kh, host_key_name(r.attrs.get("private_ip") or "", 22, r.id)) for r in rows}
+        assert sorted(k for v in pins.values() for k in v if k in e.new_keys) == sorted(e.new_keys), pins
+        assert not any("not trusted" in s or "host key" in s for _, s in e.said)
+        _nothing_left(e, out, ledger)
+    finally:
+        e.close()
 
 
 def test_preempted_twice_in_a_row_and_reclaimed_during_teardown_still_resumes(make, tmp_path):

@@ -399,3 +399,25 @@ def test_cli_once_json_and_busy_lock(ledger, fake, home):
     assert [a["resource_id"] for a in term] == [rows[0].id] and term[0]["ok"]
     assert "deadline passed" in term[0]["reason"]
     assert ledger.resource(rows[0].id).state == "terminated"
+
+
+def test_the_watchdogs_teardown_removes_the_runs_ssh_host_entries(ledger, fake):
+    """A run whose machines the watchdog deleted keeps no ``Host`` block (``StrictHostKeyChecking accept-new`` to
+    an address that may be someone else's now); another run's block stays."""
+    from types import SimpleNamespace as NS
+
+    from broker.cli.day2 import install_ssh_config, ssh_config
+
+    clock, run, rows = one_node_past_deadline(ledger, fake)
+    own = ledger.path.parent / "ssh_config"
+    user = ledger.path.parent / "dot-ssh" / "config"
+    node = NS(node_rank=0, host="198.18.0.9", user="root", port=22, local=False, resource_id=rows[0].id)
+    cluster = NS(nodes=[node], ssh_key_path=None, known_hosts_path=None)
+    install_ssh_config(run.id, ssh_config(run.id, cluster), user_config=user, own=own)
+    install_ssh_config("other-run", ssh_config("other-run", cluster), user_config=user, own=own)
+    w = wd(ledger, fake, clock)
+    assert all(a.ok for a in w.run_once() if a.kind == "terminate")
+    assert ledger.resources(run.id, live_only=True) == []
+    text = own.read_text()
+    assert f"broker-{run.id}-n0" not in text and f"broker run {run.id}" not in text
+    assert "Host broker-other-run-n0" in text

@@ -931,3 +931,37 @@ def test_ranks_finished_reads_exit_codes_and_the_expect_lines(tmp_path):
     (tmp_path / "node0.log").write_text("epoch 2 loss 0.1\nDDP_OK\n")
     assert "every expected line ('DDP_OK')" in ranks_finished(recipe, run, cut)
     assert ranks_finished(SimpleNamespace(nodes=2, expect=[]), run, cut) is None  # nothing to tell it by
+
+
+def test_the_end_of_a_run_not_kept_removes_its_ssh_host_entries(tmp_path, fake_cloud):
+    """A `Host` block installed while the run was live (`broker ssh RUN --config --install`) is gone once the
+    pipeline has released the run's machines; another run's block stays."""
+    from types import SimpleNamespace as NS
+
+    from broker.cli.day2 import install_ssh_config, ssh_config
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from tests.support.plans import rank_options
+
+    home = fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, _ = _recipe(tmp_path, steps=2, sleep=0.05, interruptible="false")
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    user = tmp_path / "dot-ssh" / "config"
+    node = NS(node_rank=0, host="198.18.0.9", user="root", port=22, local=False, resource_id=None)
+    cluster = NS(nodes=[node], ssh_key_path=None, known_hosts_path=None)
+    install_ssh_config("other-run", ssh_config("other-run", cluster), user_config=user)
+    installed: list[str] = []
+
+    def say(_line: str) -> None:  # the user installs the run's entries while it runs
+        runs = ledger.list_runs()
+        if runs and not installed:
+            installed.append(runs[0].id)
+            install_ssh_config(runs[0].id, ssh_config(runs[0].id, cluster), user_config=user)
+
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks(say=say))
+    assert out.exit_code == 0 and installed == [out.run.id]
+    text = (home / "ssh_config").read_text()
+    assert f"broker-{out.run.id}-n0" not in text and "Host broker-other-run-n0" in text

@@ -9,7 +9,8 @@ from pathlib import Path
 from broker.core.model import TopologyKind
 from broker.core.records import Cluster, ClusterNode
 from broker.core.recipe import Recipe
-from broker.run.sshcluster import SSHCluster, _known_hosts_has
+from broker.core.sshkeys import host_key_name, pin_host_key, pinned_keys
+from broker.run.sshcluster import SSHCluster
 from broker.run.remote import env_file, launch_command, node_env
 
 
@@ -63,7 +64,28 @@ def test_env_file_quotes_values(tmp_path):
 
 def test_known_hosts_match(tmp_path):
     kh = tmp_path / "kh"
-    kh.write_text("10.0.0.1,node0 ssh-ed25519 AAAA\n[10.0.0.2]:2222 ssh-ed25519 BBBB\n# c\n")
-    assert _known_hosts_has(kh, "10.0.0.1", 22) and _known_hosts_has(kh, "node0", 22)
-    assert _known_hosts_has(kh, "10.0.0.2", 2222) and not _known_hosts_has(kh, "10.0.0.2", 22)
-    assert not _known_hosts_has(tmp_path / "none", "10.0.0.1", 22)
+    kh.write_text("10.0.0.1,node0 ssh-ed25519 AAAA\n[10.0.0.2]:2222 ssh-ed25519 BBBB\n# c\n"
+                  "broker-res-r-1 ssh-ed25519 CCCC\n")
+    assert pinned_keys(kh, host_key_name("10.0.0.1", 22)) == ["ssh-ed25519 AAAA"]
+    assert pinned_keys(kh, "node0") == ["ssh-ed25519 AAAA"]
+    assert pinned_keys(kh, host_key_name("10.0.0.2", 2222)) == ["ssh-ed25519 BBBB"]
+    assert pinned_keys(kh, host_key_name("10.0.0.2", 22)) == []
+    assert pinned_keys(tmp_path / "none", "10.0.0.1") == []
+    # a machine with a resource id is pinned by that id only: the address line of whatever held it before is no pin
+    assert pinned_keys(kh, host_key_name("10.0.0.1", 22, "r-1")) == ["ssh-ed25519 CCCC"]
+    assert pinned_keys(kh, host_key_name("10.0.0.1", 22, "r-2")) == []
+    odd = host_key_name("10.0.0.1", 22, "ocid1.instance..a b*")
+    assert odd.startswith("broker-res-h") and " " not in odd and "*" not in odd
+
+
+def test_pinned_key_file_is_created_0600_under_any_umask(tmp_path):
+    import os
+
+    old = os.umask(0)
+    try:
+        pin_host_key(tmp_path / "ssh" / "known_hosts", "broker-res-r-1", "ssh-ed25519 AAAA comment")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "ssh" / "known_hosts").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ssh").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "ssh" / "known_hosts").read_text() == "broker-res-r-1 ssh-ed25519 AAAA\n"
