@@ -320,6 +320,12 @@ def _resource_notes(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _ago(seconds: float | None) -> str:
+    """``12 s ago``: a heartbeat a moment ahead of this process's clock reads as ``0 s ago`` (it printed
+    "passed 1 s ago ago")."""
+    return "-" if seconds is None else f"{_dur(max(0.0, seconds))} ago"
+
+
 def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -> str:
     """The watchdog's state, and its provider errors: only those of a cloud or of a provider that holds a live
     resource of this installation (``live_providers``; None: all), each on one line (a backend's multi-line
@@ -329,13 +335,13 @@ def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -
     from broker.providers import CLOUD
 
     if wd["alive"]:
-        line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_dur(wd['age_s'])} ago)"
+        line = f"watchdog: [green]running[/] (pid {wd['pid']}, last pass {_ago(wd['age_s'])})"
     elif wd.get("other_ledger"):
         line = (f"watchdog: [bold red]not guarding this home[/] (pid {wd['pid']} last passed over another ledger: "
                 "this home was deleted or replaced since it started): the next `broker run` starts this home's "
                 "own, or start `broker watchdog`")
     elif wd["pid"]:
-        line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_dur(wd['age_s'])} ago): "
+        line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_ago(wd['age_s'])}): "
                 "start `broker watchdog`")
     else:
         line = "watchdog: [yellow]not running[/] (`broker run` starts it; or `broker watchdog`)"

@@ -221,3 +221,13 @@ def test_the_resources_spent_add_up_to_the_runs_as_printed(tmp_path, monkeypatch
         assert shown == [("$0.0150", "$0.0150")] * 2, res.output  # spent, and worst (no more than spent)
     finally:
         led.close()
+
+
+def test_a_heartbeat_a_moment_ahead_reads_as_just_now():
+    """`last pass passed 1 s ago ago`: a heartbeat written a moment after status read the clock."""
+    from broker.cli.status import _watchdog_line
+
+    line = _watchdog_line({"alive": True, "pid": 42, "age_s": -0.8, "errors": {}})
+    assert "ago ago" not in line and "passed" not in line and "last pass 0 s ago" in line
+    dead = _watchdog_line({"alive": False, "pid": 42, "age_s": -3, "errors": {}})
+    assert "ago ago" not in dead and "last seen 0 s ago" in dead
