@@ -47,7 +47,11 @@ def register(app: typer.Typer) -> None:
         try:
             lock.acquire()
         except WatchdogBusy as e:
-            err.print(f"broker watchdog: {e}", markup=False, highlight=False)
+            if as_json:  # a script reads stdout: an empty one said nothing about why nothing was done
+                print_json({"actions": [] if once else None, "busy": True, "holder_pid": e.pid,
+                            "lock": str(e.path), "message": str(e)}, indent=None if not once else 2)
+            else:
+                err.print(f"broker watchdog: {e}", markup=False, highlight=False)
             raise typer.Exit(0) from None
 
         def say(line: str) -> None:
