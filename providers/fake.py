@@ -393,8 +393,14 @@ class FakeProvider(Provider):
         self._set_state(provider_id, ("running",), "stopped", "stop")
 
     def start(self, provider_id: str, *, region: str | None = None) -> None:
-        """The state file's stopped instance becomes ``running`` at once."""
-        self._set_state(provider_id, ("stopped",), "running", "start")
+        """The state file's stopped instance becomes ``running`` at once (``pending`` for ``BROKER_FAKE_READY_S``
+        seconds first, as at create: a machine that is slow to come back)."""
+        if float(os.environ.get("BROKER_FAKE_READY_S", "0")) <= 0:
+            self._set_state(provider_id, ("stopped",), "running", "start")
+            return
+        self._set_state(provider_id, ("stopped",), "pending", "start")
+        with self._state() as st:
+            st["instances"][provider_id]["created_at"] = time.time()
 
     def stopped_rate(self, provider_id: str, *, region: str | None = None,
                      attrs: dict[str, Any] | None = None) -> tuple[float, str]:

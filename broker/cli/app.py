@@ -406,6 +406,10 @@ def _usage_message(exc: Any, args: list[str]) -> tuple[str, str]:
     return message, hint
 
 
+#: commands whose run pipeline tears down what it rented when a signal ends it
+_TEARS_DOWN = ("run", "exec")
+
+
 def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) -> int:
     """The exit code for ``exc`` after printing its one message (the boundary's whole policy, testable);
     ``args``: the command line (to say where a misplaced option belongs)."""
@@ -425,10 +429,12 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
     term = exc if isinstance(exc, Terminated) else (exc.__cause__ or exc.__context__) \
         if isinstance(exc, typer.Abort) else None
     if isinstance(term, Terminated):
+        # only a job's pipeline tears down on the way out; another command (`broker start`) says what it left
+        word = next((a for a in (args or []) if not a.startswith("-")), "")
+        tore = ": broker tore down what the run had rented before exiting" if word in _TEARS_DOWN else ""
         return _report(term.exit_code, f"terminated by {term.signame}"
-                       + (" (the terminal closed)" if term.signame == "SIGHUP" else "")
-                       + ": broker tore down what the run had rented before exiting", None, kind="Terminated",
-                       as_json=as_json)
+                       + (" (the terminal closed)" if term.signame == "SIGHUP" else "") + tore, None,
+                       kind="Terminated", as_json=as_json)
     if isinstance(exc, typer.Abort):
         cause = exc.__cause__ or exc.__context__
         if isinstance(cause, EOFError):

@@ -48,13 +48,28 @@ def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]
     return picked
 
 
-def _wait_state(p: Any, res: Any, want: str, timeout_s: float, poll_s: float) -> Any:
-    """describe_instance until it reports ``want`` (or ``terminated``), at most ``timeout_s`` seconds."""
+#: seconds between the progress lines of a wait (a silent wait of minutes looked like a hang)
+PROGRESS_EVERY_S = 15.0
+
+
+def _progress(say: Any, what: str, t0: float, timeout_s: float, last: list[float]) -> None:
+    """``say`` one line about a wait every :data:`PROGRESS_EVERY_S` seconds: what, how long, how long at most."""
+    now = time.monotonic()
+    if say is not None and now - last[0] >= min(PROGRESS_EVERY_S, max(1.0, timeout_s / 4)):
+        last[0] = now
+        say(f"{what} after {now - t0:.0f} s; waiting at most {max(0.0, timeout_s - (now - t0)):.0f} s more")
+
+
+def _wait_state(p: Any, res: Any, want: str, timeout_s: float, poll_s: float, say: Any = None) -> Any:
+    """describe_instance until it reports ``want`` (or ``terminated``), at most ``timeout_s`` seconds; a progress
+    line to ``say`` every :data:`PROGRESS_EVERY_S` seconds."""
     t0 = time.monotonic()
+    last = [t0]
     while True:
         info = p.describe_instance(res.provider_id, region=res.region)
         if info.state in (want, "terminated") or time.monotonic() - t0 >= timeout_s:
             return info
+        _progress(say, f"{res.provider} {res.provider_id} is {info.raw_state or info.state}", t0, timeout_s, last)
         time.sleep(poll_s)
 
 
@@ -133,7 +148,7 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
 
 def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s: float = 600.0,
               poll_s: float = 2.0, providers: dict[str, Any] | None = None,
-              ssh_check: bool = True) -> list[dict[str, Any]]:
+              ssh_check: bool = True, say: Any = None) -> list[dict[str, Any]]:
     """Start every stopped machine of ``run_id`` again: budget checked, ledger-first (``starting`` before the call),
     then the new addresses written to the ledger and the run's ``cluster.json`` and SSH tried on each node.
     Returns one dict per machine (``provider_id``, ``state``, ``host``, ``port``, ``ssh``: True / False / None not
@@ -141,7 +156,8 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     says why) / None the provider has no node-side switch or SSH was not tried, ``deadman_fire_at`` ISO time;
     ``error`` and ``fix`` where the provider's answer could not be recorded (a malformed address or id: the
     machine is stopped again, ``state`` says whether that was confirmed, ``fix`` is the command that ends it),
-    ``ssh_why`` where SSH was refused for a changed host key).  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
+    ``ssh_why`` where SSH was refused for a changed host key).  ``say``: one line per step and a progress line
+    every :data:`PROGRESS_EVERY_S` seconds of a wait.  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
     does not cover ``hours`` at the full rate: exit 3), the provider's errors."""
     from broker.core.model import utcnow
     from broker.core.provider import BadInput, NoValidPlan
@@ -178,8 +194,10 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
                            attrs={"restarted_at": at.isoformat()},
                            message=f"start requested; {what} bills ${res.usd_per_hour:.4g}/h again until "
                                    f"{deadline:%Y-%m-%d %H:%MZ}")
+        if say is not None:
+            say(f"{what}: start requested (bills ${res.usd_per_hour:.4g}/h from now)")
         _retrying(lambda: p.start(res.provider_id, region=res.region), timeout_s, poll_s)
-        info = _wait_state(p, res, "running", timeout_s, poll_s)
+        info = _wait_state(p, res, "running", timeout_s, poll_s, say)
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
                "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
                "usd_per_hour": res.usd_per_hour, "deadman": None, "deadman_why": None, "deadman_fire_at": None}
@@ -200,7 +218,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         out.append(row)
     _refresh_cluster(ledger, run, out)
     if ssh_check:
-        _check_ssh(run, out, p_timeout=timeout_s)
+        _check_ssh(run, out, p_timeout=timeout_s, say=say)
         _rearm_deadman(ledger, run, out, started, hours=hours)
     return out
 
@@ -296,9 +314,10 @@ def _refresh_cluster(ledger: Any, run: Any, rows: list[dict[str, Any]]) -> None:
     write_private(path, cluster.model_copy(update={"nodes": nodes}).model_dump_json(indent=2))
 
 
-def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float) -> None:
+def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float, say: Any = None) -> None:
     """Log in to every started node once (``ssh ... true`` with the run's key), retrying while sshd comes up, at
-    most ``p_timeout`` seconds; records ``ssh`` True / False per row."""
+    most ``p_timeout`` seconds (a progress line to ``say`` every :data:`PROGRESS_EVERY_S` s); records ``ssh`` True /
+    False per row."""
     import subprocess
 
     from broker.cli.day2 import ssh_argv
@@ -316,8 +335,11 @@ def _check_ssh(run: Any, rows: list[dict[str, Any]], *, p_timeout: float) -> Non
         argv = ssh_argv(cluster, idx, ["true"])
         argv[1:1] = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
         t0 = time.monotonic()
+        last = [t0]
         r["ssh"] = False
         while time.monotonic() - t0 < p_timeout:
+            _progress(say, f"{r['provider']} {r['provider_id']}: SSH at {r['host']}:{r['port']} does not answer yet",
+                      t0, p_timeout, last)
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
             if proc.returncode == 0:
                 r["ssh"] = True
@@ -398,6 +420,19 @@ def _rearm_deadman(ledger: Any, run: Any, rows: list[dict[str, Any]], started: d
                                            "guards its deadline")
 
 
+def _billing_lines(ledger: Any, run_id: str) -> list[str]:
+    """``provider id state $/h`` for each of the run's machines that still bills (a stopped one: its disk's
+    rate), from the ledger."""
+    out = []
+    for r in ledger.resources(run_id, live_only=True):
+        if r.state == "terminated":
+            continue
+        rate = (r.stopped_usd_per_hour or 0.0) if r.state == "stopped" else r.usd_per_hour
+        what = "stopped (its disk)" if r.state == "stopped" else r.state
+        out.append(f"{r.provider} {r.provider_id or r.name} {what} ${rate:.4g}/h")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("stop", short_help="Stop a run's machines keeping their disks (the disks still bill)")
     def stop_cmd(
@@ -463,9 +498,20 @@ def register(app: typer.Typer) -> None:
 
         if hours is not None:
             check_number("--hours", "max_hours", hours)
+        from broker.core.ui import err
+
         ledger = Ledger()
         run = ledger.find_run(run_id)
-        rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout)
+        say = None if as_json else (lambda line: err.print(line, markup=False, highlight=False))
+        try:
+            rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout, say=say)
+        except BaseException:  # Ctrl-C, SIGTERM, a provider error: say what this start left billing
+            billing = _billing_lines(ledger, run.id)
+            if billing and not as_json:
+                err.print("start did not finish; still rented and billing: " + "; ".join(billing)
+                          + f" (`broker stop {run.id}` stops them, `broker down {run.id}` deletes them)",
+                          markup=False, highlight=False)
+            raise
         bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False or r.get("error")]
         if as_json:
             print_json({"run_id": run.id, "machines": rows})
@@ -494,7 +540,14 @@ def register(app: typer.Typer) -> None:
                     console.print(f"  node dead-man switch NOT re-armed ({r['deadman_why']}): only the watchdog "
                                   "guards the deadline (`broker watchdog` must be running)", markup=False,
                                   highlight=False)
-            console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
-            console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
+            if any(r["state"] == "running" and r["ssh"] is not False and not r.get("error") for r in rows):
+                console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
+            billing = _billing_lines(ledger, run.id)
+            if billing:
+                console.print(f"  still rented and billing: {'; '.join(billing)}", markup=False, highlight=False)
+                console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
+                console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
+            else:
+                console.print("  nothing of this run bills now", markup=False, highlight=False)
         if bad:
             raise typer.Exit(4)

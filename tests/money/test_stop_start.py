@@ -406,3 +406,59 @@ def test_a_refused_stop_leaves_the_row_as_it_was(tmp_path, vast):
         stop_run(led, run.id, poll_s=0.05, providers={"vast": p})
     after = led.resource(res.id)
     assert after.state == "running" and after.deadline == res.deadline and after.stopped_at is None
+
+
+def _stopped_fake(cli_env):
+    """A ledger run with one stopped fake instance (its state file says so too): (run, resource, state path)."""
+    home = Path(cli_env["BROKER_HOME"])
+    led = Ledger(home / "ledger.sqlite")
+    run = _run(led, "fake")
+    state = home / "fake-cloud.json"
+    state.write_text(json.dumps({"instances": {"fake-i-1": {
+        "id": "fake-i-1", "state": "stopped", "created_at": 0, "zone": "fake-zone-1", "instance_type": "fake.1",
+        "usd_per_hour": 2.0, "tags": {"broker-run": run.id}, "client_token": "t", "name": "n0", "gpu_count": 1}},
+        "networks": {}}))
+    res = _instance(led, run, "fake", "fake-i-1")
+    led.update_resource(res.id, state="stopped", stopped_usd_per_hour=0.02)
+    led.close()
+    return run, res, state
+
+
+def test_start_that_does_not_come_back_in_time_says_so_with_progress_and_what_still_bills(cli_env):
+    """`broker start` printed nothing while it waited, then "log in: broker ssh" after "not running within 600 s"."""
+    import sys
+
+    run, res, _ = _stopped_fake(cli_env)
+    env = dict(cli_env, BROKER_FAKE_READY_S="120")  # the machine stays pending past --timeout
+    r = subprocess.run([sys.executable, "-m", "broker", "start", run.id, "--timeout", "4"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "start requested" in r.stderr and "is pending after" in r.stderr and "waiting at most" in r.stderr
+    out = " ".join(r.stdout.split())
+    assert "(not running within 4 s)" in out and "log in" not in out
+    assert "still rented and billing: fake fake-i-1 starting $2/h" in out and f"broker down {run.id}" in out
+
+
+def test_a_signal_during_start_names_what_is_still_billing_not_a_teardown(cli_env):
+    import signal
+    import sys
+    import time
+
+    run, res, _ = _stopped_fake(cli_env)
+    env = dict(cli_env, BROKER_FAKE_READY_S="120")
+    p = subprocess.Popen([sys.executable, "-m", "broker", "start", run.id, "--timeout", "60"], cwd=REPO, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 60
+        while "start requested" not in seen and time.monotonic() < deadline:  # it is waiting for the machine
+            seen += p.stderr.readline()
+        assert "start requested" in seen
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    err = " ".join((seen + err).split())
+    assert p.returncode == 143, err
+    assert "still rented and billing: fake fake-i-1 starting $2/h" in err and "tore down" not in err, err
