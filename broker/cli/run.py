@@ -135,8 +135,6 @@ def register(app: typer.Typer) -> None:
 
             raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
         if cluster and provider == "netns":  # a cluster from `broker netns up`: its nodes are kept, as for exec
-            from broker.cli.day2 import run_on_kept
-
             raise typer.Exit(run_on_kept(_netns_cluster_run(cluster), recipe, quiet=quiet, as_json=as_json))
         if cluster and provider != "slurm":
             from broker.core.provider import BadInput
@@ -147,6 +145,44 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
                                      topology=topology, mesh=mesh))
+
+
+def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
+    """``broker exec RUN RECIPE`` (and ``broker run RECIPE --cluster ID`` on a ``broker netns up`` cluster): the
+    linted ``recipe`` on the live nodes of run ``run_id``, no provisioning, summary printed; returns the exit
+    code (4 when something stayed live that should not have).  Raises BadInput when the run has no nodes to
+    reach (:func:`broker.run.kept.kept_cluster` says why)."""
+    from broker.cli.lifecycle import ProgressPrinter
+    from broker.cli.summary import render_summary
+    from broker.core.ui import console, echo_node_line, print_json
+    from broker.money.ledger import Ledger
+    from broker.run.kept import KeptTarget, kept_cluster
+    from broker.run.pipeline import run_pipeline
+    from broker.run.runrecord import Hooks
+
+    ledger = Ledger()
+    origin, cluster = kept_cluster(ledger, run_id)
+    prog = ProgressPrinter(ledger)
+
+    def started(run: Any, description: str) -> None:
+        prog.bind(run)
+        if not as_json:
+            console.print(f"[bold]run {run.id}[/]: {recipe.name}, {description}", highlight=False)
+
+    try:
+        out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
+                           hooks=Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog,
+                                       on_start=started))
+    finally:
+        prog.close()
+    if as_json:
+        print_json({"run": out.run, "result": result_dict(out.result) if out.result else None,
+                    "kept_from": origin.id})
+    elif out.result is not None:
+        render_summary(out.run, out.result, recipe, out.cost_usd)
+        console.print(f"nodes of {origin.id} still kept; idle timer restarted; `broker down {origin.id}` ends them",
+                      highlight=False)
+    return out.exit_code if not out.left else 4
 
 
 def _netns_cluster_run(cluster: str) -> str:

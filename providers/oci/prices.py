@@ -67,7 +67,7 @@ def oci_live_offers(get: Any = None, *, now: datetime | None = None) -> list["Of
     """
     import httpx
 
-    from broker.core.errors import ProviderError
+    from broker.core.provider import ProviderError
 
     if get is None:
         get = httpx.get

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from broker.core.errors import ProviderError
+from broker.core.provider import ProviderError
 from broker.providers.oci import prices
 
 
