@@ -387,16 +387,19 @@ def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]
 
 def _retrying(fn: Callable[..., Any], *args: Any, attempts: int, wait_s: float, say: Progress, what: str,
               **kwargs: Any) -> Any:
-    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s) ``attempts``
-    times in all; the last TransientError propagates."""
+    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s; the error's
+    ``retry_after_s`` when the provider named a wait) ``attempts`` times in all; the last TransientError
+    propagates."""
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
     def before_sleep(rs: Any) -> None:
         say(f"{what}: {rs.outcome.exception().message}; retry {rs.attempt_number + 1}/{attempts} "
             f"in {rs.next_action.sleep:.1f} s")
 
+    from broker.core.errors import retry_after_wait
+
     for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_attempt(attempts),
-                            wait=wait_exponential(multiplier=wait_s, max=30), reraise=True,
+                            wait=retry_after_wait(wait_exponential(multiplier=wait_s, max=30)), reraise=True,
                             before_sleep=before_sleep):
         with attempt:
             return fn(*args, **kwargs)
