@@ -86,7 +86,8 @@ class VastEmulator:
     """The emulator; ``url`` goes into ``VAST_API_URL``.  ``hosts``: a :class:`NetnsCluster` (rented instances take
     its hosts in order).  ``boot_s``: seconds from rent to ``running``; ``sshd_delay_s``: seconds from the first
     ``running`` answer until the instance's SSH port accepts; ``delete_failures``: how many DELETE calls answer 500
-    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request.
+    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request,
+``requests`` the same with the query string.
     Faults seen on the real API: ``lying_deletes``: how many DELETE calls per instance answer ``{"success": true}``
     while the instance stays listed; ``never_ready``: instances stay ``loading`` (``actual_status`` null, then
     ``loading``) for ever; ``dph_factor``: the instance rows report ``dph_total`` this many times the offer's;
@@ -121,6 +122,8 @@ class VastEmulator:
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
+        #: every request as sent: method, path, query (name -> values), JSON body (parity tests compare clients)
+        self.requests: list[dict[str, Any]] = []
         self.keys_posted: list[tuple[int, str]] = []
         self._deletes: dict[int, int] = {}
         self._next_id = 31000
@@ -186,6 +189,8 @@ class VastEmulator:
             body = request.get_data(as_text=True)
         with self._lock:
             self.calls.append((request.method, request.path, body))
+            self.requests.append({"method": request.method, "path": request.path,
+                                  "query": {k: request.args.getlist(k) for k in request.args}, "body": body})
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
             return self._json({"success": False, "error": "invalid_api_key", "msg": "Invalid user key"}, 401)
         return None
