@@ -237,6 +237,12 @@ def offer_from_row(row: dict[str, Any], now: datetime | None = None,
                   "inet_down_cost", "cuda_max_good", "driver_version", "verification", "direct_port_count",
                   "dph_base", "disk_space", "duration", "dlperf", "compute_cap", "public_ipaddr", "static_ip")
     attrs = {k: row[k] for k in attrs_keys if row.get(k) is not None}
+    # per-GB bandwidth, seen from the renter: what reaches the node (staging) is the host's download
+    # (``inet_down_cost``), what leaves it (artifacts, checkpoint copies) its upload (``inet_up_cost``)
+    for key, field_ in (("transfer_in_usd_per_gb", "inet_down_cost"), ("transfer_out_usd_per_gb", "inet_up_cost")):
+        v = row.get(field_)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            attrs[key] = float(v)
     if bids is None:
         attrs.update(_bid_attrs(row, price, now))
     elif str(row.get("id")) in bids:

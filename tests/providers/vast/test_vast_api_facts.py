@@ -136,3 +136,26 @@ def test_core_retries_wait_the_providers_retry_after_s():
 
     assert _retrying(flaky, attempts=3, wait_s=0.001, say=lambda s: None, what="t") == "ok"
     assert calls[1] - calls[0] >= 0.3
+
+
+# ------------------------------------------------------------------------------------------- bandwidth
+def test_bandwidth_is_priced_into_the_plan_at_the_offers_per_gb_rates(vast_env):
+    row = offer_row(5101, machine_id=11, dph_total=0.40)
+    row.update(inet_down_cost=0.02, inet_up_cost=0.05)  # $/GB: into the host / out of it
+    vast_env(offers=[row])
+    [o] = _vast().offers(_req("false"))
+    assert (o.attrs["transfer_in_usd_per_gb"], o.attrs["transfer_out_usd_per_gb"]) == (0.02, 0.05)
+    none = next(x for x in plan(_req("false"), [o]).options if not x.rejected)
+    moved = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=1.0, budget_usd=5.0,
+                         topology="simulated", disk_gib=40, transfer_in_gb=50, transfer_out_gb=10)
+    opt = next(x for x in plan(moved, [o]).options if not x.rejected)
+    assert opt.worst_case_usd == pytest.approx(none.worst_case_usd + 50 * 0.02 + 10 * 0.05)
+    assert "$1.5 transfer (50 GB in, 10 GB out per node)" in opt.price_source
+    tight = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=None, budget_usd=2.0,
+                         topology="simulated", disk_gib=40, transfer_in_gb=50, transfer_out_gb=10)
+    loose = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=None, budget_usd=2.0,
+                         topology="simulated", disk_gib=40)
+    t = next(x for x in plan(tight, [o]).options if not x.rejected)
+    lo = next(x for x in plan(loose, [o]).options if not x.rejected)
+    assert t.max_hours_within_budget < lo.max_hours_within_budget  # the transfer is paid out of the budget
+    assert t.worst_case_usd <= 2.0
