@@ -517,7 +517,7 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
     rate, hours, wc, max_h = costs
     xfer = units * pricing.transfer_usd(o.attrs, ctx.req.transfer_in_gb, ctx.req.transfer_out_gb) if costs else 0.0
     source = o.price_source + (f" + ${xfer:.4g} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
-                               f"{fmt_num(ctx.req.transfer_out_gb)} GB out per node)" if xfer > 0 else "")
+                               f"{fmt_num(ctx.req.transfer_out_gb)} GB out per node)" if xfer >= 0.005 else "")
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,
                       max_hours_within_budget=max_h, price_source=source,
