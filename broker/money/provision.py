@@ -660,7 +660,10 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                        "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
                        "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
                        "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace,
-                       **_interruptible_attrs(offer)})
+                       **_interruptible_attrs(offer),
+                       # per-GB bandwidth rates, billed when the run has moved its bytes (cost.charge_transfer)
+                       **{k: v for k, v in offer.attrs.items() if k in ("transfer_in_usd_per_gb",
+                                                                        "transfer_out_usd_per_gb")}})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
