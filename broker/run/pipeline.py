@@ -92,9 +92,12 @@ def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] 
 
 
 def _charge_bandwidth(ctx: Context, run_id: str, ex: Any) -> None:
-    """The bytes the executor moved, billed at the run's per-GB rates (:func:`broker.money.cost.charge_transfer`);
-    a ledger that cannot take the charge is logged, never a reason to fail the run (its teardown comes next)."""
-    moved_in, moved_out = int(getattr(ex, "bytes_in", 0) or 0), int(getattr(ex, "bytes_out", 0) or 0)
+    """The bytes the executor moved (a checkpointing wrapper's copies plus its inner executor's staging and
+    artifacts), billed at the run's per-GB rates (:func:`broker.money.cost.charge_transfer`); a ledger that cannot
+    take the charge is logged, never a reason to fail the run (its teardown comes next)."""
+    parts = [ex] + ([ex.inner] if getattr(ex, "inner", None) is not None else [])
+    moved_in = sum(int(getattr(x, "bytes_in", 0) or 0) for x in parts)
+    moved_out = sum(int(getattr(x, "bytes_out", 0) or 0) for x in parts)
     if moved_in <= 0 and moved_out <= 0:
         return
     try:
@@ -153,7 +156,7 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
             try:
                 return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
             finally:
-                _charge_bandwidth(ctx, run.id, getattr(ex, "inner", ex))
+                _charge_bandwidth(ctx, run.id, ex)
 
     def release_between() -> list[Resource]:
         return target.release(run, ctx, keep=False)[0] if target.releases else []
