@@ -438,6 +438,13 @@ def _requirements(recipe: Path | None, sets: "list | None" = None, **flags: Any)
 
         r = load_recipe(recipe, resolve=False)
         base = asdict(r.requirements())  # planning needs no env values
+        try:  # the staged work folder travels to every node: priced per GB where the offer names a rate
+            from broker.run.staging import recipe_stage_plan
+
+            staged = recipe_stage_plan(Path(r.workdir), r.script, r.args, checkpoint_dir=r.checkpoint_dir)
+            base["transfer_in_gb"] = staged.total_bytes / 1e9
+        except (OSError, ValueError):
+            pass  # a folder that cannot be read now is reported by the run itself
         if sets is not None:
             sets.extend((r.interruptible, r.checkpoint_dir))
     else:

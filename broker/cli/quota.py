@@ -98,7 +98,7 @@ def _offers_for(prov: "Provider", provider: str, req: Any, needs: list["Need"], 
                             gpu_count=s.gpus, gpu_mem_gib=s.gpu_mem_gib, vcpus=s.vcpus, ram_gib=s.ram_gib,
                             usd_per_hour=s.usd_per_hour, private_network=True, price_source=s.source,
                             price_time=s.price_time))
-    if spot:  # adapters pick the spot quota for offers marked so (AWS L-3819A6DF / L-7212CCBC)
+    if spot:  # adapters pick the spot quota for offers marked so (AWS L-3819A6DF, L-7212CCBC / L-C4BD4855 for P5)
         offers = [replace(o, attrs={**o.attrs, "market": "spot"}) for o in offers]
     return offers
 
@@ -210,7 +210,7 @@ def register(app: typer.Typer) -> None:
                                                     help="AWS instance type / OCI shape (default: cheapest fitting)"),
         topology: str = typer.Option("any", "--topology", help="simulated | multi-node | any"),
         recipe: Optional[str] = typer.Option(None, "--recipe", help="take nodes/GPUs/topology from a recipe"),
-        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS L-3819A6DF / L-7212CCBC), not on-demand"),
+        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS L-3819A6DF, L-7212CCBC / L-C4BD4855 for P5), not on-demand"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """The GPU limits that matter for the job (limit, used, available, unit, scope) and a verdict per topology."""

@@ -9,6 +9,8 @@ Exit codes (docs/design.md, README): 0 success, 1 the job failed, 2 bad input, 3
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 #: exit code of each outcome (the CLI's error boundary and the README use these)
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -86,6 +88,9 @@ class ProviderError(BrokerError):
     exit_code = 4
     #: True when a create may have happened although it failed (see :class:`AmbiguousCreate`).
     ambiguous: bool = False
+    #: Seconds the provider asked to wait before the next try (its ``Retry-After``, or the adapter's reading of its
+    #: documented rate limit); None when it named none.  Every retry loop of the core waits at least this.
+    retry_after_s: float | None = None
 
     def __init__(self, provider: str, call: str, message: str, *, hint: str | None = None,
                  code: str | None = None, status: int | None = None):
@@ -148,3 +153,17 @@ class AmbiguousCreate(TransientError):
 
 class NotSupported(ProviderError):
     """The adapter does not implement this verb."""
+
+
+def retry_after_wait(base: "Callable[[Any], float]", cap_s: float = 120.0) -> "Callable[[Any], float]":
+    """A tenacity ``wait``: the failed try's :attr:`ProviderError.retry_after_s` (at most ``cap_s`` seconds) when
+    the provider named one, else ``base`` (e.g. ``wait_exponential(...)``)."""
+
+    def wait(state: Any) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        ra = getattr(exc, "retry_after_s", None)
+        if isinstance(ra, (int, float)) and not isinstance(ra, bool) and ra >= 0:
+            return min(float(ra), cap_s)
+        return base(state)
+
+    return wait

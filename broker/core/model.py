@@ -275,13 +275,18 @@ class Requirements:
     max_restarts: int = 3
     #: seconds between checkpoint copies: the work lost to a preemption is half of it on average
     checkpoint_every_s: int = 60
+    #: GB each rented unit receives (the staged work folder) and sends back (collected artifacts and checkpoint
+    #: copies, an estimate): priced at an offer's per-GB rates (``Offer.attrs`` ``transfer_in_usd_per_gb`` /
+    #: ``transfer_out_usd_per_gb``) into the worst case
+    transfer_in_gb: float = 0.0
+    transfer_out_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.topology, TopologyKind):
             self.topology = self.topology.value
         _check_choice("Requirements", "topology", self.topology, REQUIREMENT_TOPOLOGIES)
         _check_choice("Requirements", "interruptible", self.interruptible, ("false", "true", "auto"))
-        _floats(self, ("min_gpu_mem_gib", "hours", "budget_usd", "disk_gib"))
+        _floats(self, ("min_gpu_mem_gib", "hours", "budget_usd", "disk_gib", "transfer_in_gb", "transfer_out_gb"))
 
     @property
     def gpu_mem_floor_gib(self) -> float:

@@ -197,3 +197,33 @@ def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
         raise ClockOut(msg, status=status, hint="raise max_hours / budget_usd in the recipe, or pick offers that "
                                                 "start faster (`broker plan` lists them)")
     return left
+
+
+def charge_transfer(ledger: Ledger, run_id: str, bytes_in: int, bytes_out: int, *, actor: str,
+                    say: Progress | None = None, now: datetime | None = None) -> float:
+    """Bill the bytes a run moved at its instances' per-GB rates (ledger attrs ``transfer_in_usd_per_gb`` /
+    ``transfer_out_usd_per_gb``, recorded from the offer): ``bytes_in`` staged to the nodes, ``bytes_out``
+    collected from them (artifacts), shared evenly over the run's rented instances.  Each charge goes into the
+    row's banked money (:meth:`Ledger.add_charge`) and is said once.  Returns the USD charged (0 when no instance
+    names a rate)."""
+    from broker.plan.pricing import TRANSFER_IN_ATTR, TRANSFER_OUT_ATTR, transfer_usd
+
+    rows = [r for r in ledger.resources(run_id) if r.kind == "instance" and r.provider_id]
+    if not rows or (bytes_in <= 0 and bytes_out <= 0):
+        return 0.0
+    at = now or utcnow()
+    in_gb, out_gb = bytes_in / 1e9 / len(rows), bytes_out / 1e9 / len(rows)
+    total = 0.0
+    for r in rows:
+        usd = transfer_usd(r.attrs or {}, in_gb, out_gb)
+        if usd <= 0:
+            continue
+        a = r.attrs or {}
+        ledger.add_charge(r.id, usd, at=at, actor=actor,
+                          message=f"bandwidth ${usd:.4g}: {in_gb:.3g} GB in x ${a.get(TRANSFER_IN_ATTR, 0)}/GB, "
+                                  f"{out_gb:.3g} GB out x ${a.get(TRANSFER_OUT_ATTR, 0)}/GB")
+        total += usd
+    if total > 0 and say:
+        say(f"bandwidth: ${total:.4g} for {bytes_in / 1e9:.3g} GB staged and {bytes_out / 1e9:.3g} GB collected "
+            "(the provider's per-GB rates)")
+    return total

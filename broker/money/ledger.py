@@ -601,6 +601,24 @@ class Ledger:
                              [_enc(k, v) for k, v in fields.items()] + [resource_id])
             self._event(row["run_id"], resource_id, actor, state, message)
 
+    def add_charge(self, resource_id: str, usd: float, *, at: datetime, actor: str,
+                   message: str | None = None) -> None:
+        """A one-off charge of ``usd`` US dollars on a resource (bandwidth billed per GB): the money billed until
+        ``at`` plus ``usd`` is folded into ``banked_usd`` and the rate counts on from ``at`` (as :meth:`change_rate`
+        does), so every total (spent, worst case, the SQL sums of ``broker cost``) includes it.  Raises KeyError
+        for an unknown resource."""
+        from broker.money.accounting import resource_cost
+
+        with self._tx():
+            row = self._db.execute("SELECT * FROM resources WHERE id = ?", (resource_id,)).fetchone()
+            if row is None:
+                raise KeyError(resource_id)
+            res = _records().Resource(**_dec_row(row, _RES_JSON))
+            banked = resource_cost(res, None, at).spent_usd + max(0.0, float(usd))
+            self._db.execute("UPDATE resources SET banked_usd = ?, rate_since = ? WHERE id = ?",
+                             (banked, _enc("rate_since", at), resource_id))
+            self._event(row["run_id"], resource_id, actor, "charge", message)
+
     def claim_termination(self, resource_id: str, actor: str) -> bool:
         """Atomically move a live resource to ``terminating``; False when it is already terminated.
 

@@ -387,16 +387,19 @@ def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]
 
 def _retrying(fn: Callable[..., Any], *args: Any, attempts: int, wait_s: float, say: Progress, what: str,
               **kwargs: Any) -> Any:
-    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s) ``attempts``
-    times in all; the last TransientError propagates."""
+    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s; the error's
+    ``retry_after_s`` when the provider named a wait) ``attempts`` times in all; the last TransientError
+    propagates."""
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
     def before_sleep(rs: Any) -> None:
         say(f"{what}: {rs.outcome.exception().message}; retry {rs.attempt_number + 1}/{attempts} "
             f"in {rs.next_action.sleep:.1f} s")
 
+    from broker.core.errors import retry_after_wait
+
     for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_attempt(attempts),
-                            wait=wait_exponential(multiplier=wait_s, max=30), reraise=True,
+                            wait=retry_after_wait(wait_exponential(multiplier=wait_s, max=30)), reraise=True,
                             before_sleep=before_sleep):
         with attempt:
             return fn(*args, **kwargs)
@@ -657,7 +660,10 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
                        "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
                        "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
                        "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace,
-                       **_interruptible_attrs(offer)})
+                       **_interruptible_attrs(offer),
+                       # per-GB bandwidth rates, billed when the run has moved its bytes (cost.charge_transfer)
+                       **{k: v for k, v in offer.attrs.items() if k in ("transfer_in_usd_per_gb",
+                                                                        "transfer_out_usd_per_gb")}})
             mine.append(res.id)
             inst_ids.append(res.id)
             say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "

@@ -88,8 +88,11 @@ def _retry_terminate(p: Provider, res: Resource, retry_s: float, say: Callable[[
         if say:
             say(f"terminate {res.provider_id}: {rs.outcome.exception().message}; retry in {rs.next_action.sleep:.1f} s")
 
+    from broker.core.errors import retry_after_wait
+
     for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_delay(retry_s),
-                            wait=wait_exponential(multiplier=min(1.0, max(retry_s / 8, 0.01)), max=15),
+                            wait=retry_after_wait(wait_exponential(multiplier=min(1.0, max(retry_s / 8, 0.01)),
+                                                                   max=15), cap_s=max(retry_s, 0.0)),
                             reraise=True, before_sleep=before_sleep):
         with attempt:
             return p.terminate(res.kind, res.provider_id or "", region=res.region, attrs=res.attrs)

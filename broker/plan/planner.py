@@ -447,10 +447,12 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
     allow = pricing.setup_allowance_seconds(o.provider)
     mbs = o.min_billed_seconds
     budget = ctx.budget
+    # bandwidth billed per GB (staged in, collected out): a fixed part of the worst case, off the time a budget buys
+    xfer = units * pricing.transfer_usd(o.attrs, ctx.req.transfer_in_gb, ctx.req.transfer_out_gb)
     max_h: float | None = None
     free = rate <= 0
     if budget is not None and not free:
-        s = pricing.max_billed_seconds(budget, units, rate, mbs)
+        s = pricing.max_billed_seconds(max(0.0, budget - xfer), units, rate, mbs)
         max_h = max(0.0, (s - allow) / 3600.0) if s >= 0 else 0.0
     hours = ctx.hours
     reason = None
@@ -464,7 +466,7 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
                 reason = (f"budget {_usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
                           f"job costs {_usd(min_cost, budget)} at {_usd(units * rate)}/h"
                           f"{digits_note(min_cost, budget)}")
-    wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs))
+    wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs)) + xfer
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
         if digits_note(wc, budget):  # "$5.0029 > $5.00" reads like two equal amounts: say the difference
@@ -513,9 +515,12 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
     if (region, zone) != (o.region, o.zone):
         o = replace(o, region=region, zone=zone)
     rate, hours, wc, max_h = costs
+    xfer = units * pricing.transfer_usd(o.attrs, ctx.req.transfer_in_gb, ctx.req.transfer_out_gb) if costs else 0.0
+    source = o.price_source + (f" + ${xfer:.4g} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
+                               f"{fmt_num(ctx.req.transfer_out_gb)} GB out per node)" if xfer >= 0.005 else "")
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,
-                      max_hours_within_budget=max_h, price_source=o.price_source,
+                      max_hours_within_budget=max_h, price_source=source,
                       rejected=[text for _, text in reasons], next_step=step)
 
 

@@ -175,3 +175,18 @@ def max_hours_within(budget_usd: float, offers: "Offer | Sequence[Offer]", disk_
     if s < 0:
         return 0.0
     return max(0.0, (s - allowance) / 3600.0)
+
+
+#: Offer.attrs keys of an offer's bandwidth prices, USD per GB into / out of a rented unit
+TRANSFER_IN_ATTR, TRANSFER_OUT_ATTR = "transfer_in_usd_per_gb", "transfer_out_usd_per_gb"
+
+
+def transfer_usd(attrs: dict, in_gb: float, out_gb: float) -> float:
+    """USD one rented unit pays for moving ``in_gb`` GB to it and ``out_gb`` GB from it at the offer's per-GB
+    rates (``attrs`` :data:`TRANSFER_IN_ATTR` / :data:`TRANSFER_OUT_ATTR`; 0 where the offer names none)."""
+    usd = 0.0
+    for key, gb in ((TRANSFER_IN_ATTR, in_gb), (TRANSFER_OUT_ATTR, out_gb)):
+        rate = attrs.get(key)
+        if isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0 and gb > 0:
+            usd += float(rate) * float(gb)
+    return usd

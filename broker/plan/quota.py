@@ -6,7 +6,7 @@ Two clouds count GPU quota differently (reference: docs/reference/cloud-apis.md 
   (``gpu-a10-count`` covers VM.GPU.A10.1/.2 and BM.GPU.A10.4).  Two VM.GPU.A10.1 nodes of one multi-node job need
   ``gpu-a10-count >= 2`` in **one** AD (the subnet and the cluster live in one AD).
 * **AWS** Service Quotas for EC2 are per **region** and counted in **vCPUs** of a family and market:
-  ``L-DB2E81BA`` running on-demand G and VT, ``L-417A185B`` running on-demand P, ``L-3819A6DF`` / ``L-7212CCBC``
+  ``L-DB2E81BA`` running on-demand G and VT, ``L-417A185B`` running on-demand P, ``L-3819A6DF`` / ``L-7212CCBC`` (P5: ``L-C4BD4855``)
   for spot.  Two g5.xlarge (4 vCPUs each) need 8 vCPUs of ``L-DB2E81BA``.
 
 Hardware and list price per instance type come from the price snapshot in effect (:mod:`broker.plan.catalog`: the

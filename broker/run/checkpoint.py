@@ -433,6 +433,7 @@ class CheckpointingExecutor(Executor):
             self.failed_last = False
             if got:
                 self.copies += 1
+                self.bytes_out += got  # fetched from the node: billed where bandwidth is (pipeline)
             return gen
 
     def _say_once(self, line: str) -> None:

@@ -35,7 +35,13 @@ STEP_TEXT = {"reach": "waiting until every node accepts commands", "preflight": 
 
 
 class Executor(ABC):
-    """Runs the job on the nodes of one cluster.  Subclasses override the steps they need."""
+    """Runs the job on the nodes of one cluster.  Subclasses override the steps they need.
+
+    ``bytes_in`` / ``bytes_out``: bytes this executor sent to the nodes (the staged folder, once per node) and
+    fetched from them (artifacts), for providers that bill bandwidth per GB; 0 where nothing crosses a network."""
+
+    bytes_in: int = 0
+    bytes_out: int = 0
 
     def reach(self) -> "RunResult | None":
         """Wait until every node accepts commands (SSH connect + auth with retries, boot scripts done)."""

@@ -31,7 +31,7 @@ import logging
 import shlex
 from dataclasses import dataclass, replace as _dc_replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.records import Cluster, Resource
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
@@ -91,6 +91,23 @@ def _quiet_when_gone(fn: Callable[[str], None] | None) -> Callable[[str], None] 
     return None if fn is None else _QuietWhenGone(fn)
 
 
+def _charge_bandwidth(ctx: Context, run_id: str, ex: Any) -> None:
+    """The bytes the executor moved (a checkpointing wrapper's copies plus its inner executor's staging and
+    artifacts), billed at the run's per-GB rates (:func:`broker.money.cost.charge_transfer`); a ledger that cannot
+    take the charge is logged, never a reason to fail the run (its teardown comes next)."""
+    parts = [ex] + ([ex.inner] if getattr(ex, "inner", None) is not None else [])
+    moved_in = sum(int(getattr(x, "bytes_in", 0) or 0) for x in parts)
+    moved_out = sum(int(getattr(x, "bytes_out", 0) or 0) for x in parts)
+    if moved_in <= 0 and moved_out <= 0:
+        return
+    try:
+        from broker.money.cost import charge_transfer
+
+        charge_transfer(ctx.ledger, run_id, moved_in, moved_out, actor=ctx.actor, say=ctx.say)
+    except Exception as e:  # noqa: BLE001 - fail safe: the money record must not stop the teardown
+        _log.warning("bandwidth charge of run %s not recorded: %s", run_id, e)
+
+
 def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hooks | None = None,
                  actor: str = "cli") -> RunOutcome:
     """Run ``recipe`` on ``target`` through every step (module docstring) and record it; returns the outcome.
@@ -136,7 +153,10 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
 
         ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
         with target.watching(run, ctx):
-            return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+            try:
+                return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
+            finally:
+                _charge_bandwidth(ctx, run.id, ex)
 
     def release_between() -> list[Resource]:
         return target.release(run, ctx, keep=False)[0] if target.releases else []

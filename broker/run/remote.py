@@ -45,9 +45,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import re
 import shlex
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -338,6 +340,7 @@ class SSHExecutor(Executor):
             self.say(line)
         with staged_tar(plan, self.run_dir) as tar:  # one file on disk, streamed to every node
             errs = ssh.gather([_prepare(ssh, i, tar, envs[i]) for i in range(n)], timeout=600)
+        self.bytes_in = plan.total_bytes * n
         for i, e in enumerate(errs):
             if isinstance(e, BaseException):
                 msg = e.message if isinstance(e, ProviderError) else str(e)
@@ -402,7 +405,11 @@ class SSHExecutor(Executor):
 
     def collect(self, result: RunResult) -> None:
         if self.recipe.artifacts:
-            _collect_artifacts(self.ssh, self.n, list(self.recipe.artifacts), self.run_dir, result, self.echo)
+            before = _tree_bytes(self.run_dir / "artifacts")
+            try:
+                _collect_artifacts(self.ssh, self.n, list(self.recipe.artifacts), self.run_dir, result, self.echo)
+            finally:
+                self.bytes_out += max(0, _tree_bytes(self.run_dir / "artifacts") - before)
 
     def finish(self, result: RunResult) -> RunResult:
         result.wall_s = time.monotonic() - self.t0
@@ -414,6 +421,20 @@ class SSHExecutor(Executor):
                 _mark_done(self.ssh, self.n)
         finally:
             self.ssh.close()
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the regular files under ``folder`` (0 when it does not exist); links are not followed."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def _auth_refused(e: ProviderError) -> bool:

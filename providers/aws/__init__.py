@@ -109,6 +109,9 @@ class AWSProvider(Provider):
     interruptible_bid = True
     preemptions_per_hour = 0.02
     stoppable = True  # StopInstances / StartInstances; EBS volumes bill while stopped
+    #: describe's / list's ``usd_per_hour`` prices the EBS root volume really created (tag broker-disk-gib), so the
+    #: core adds no storage rate of its own (the image's snapshot may make it larger than the recipe's disk)
+    reported_rate_includes_storage = True
     slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 

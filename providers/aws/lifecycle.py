@@ -10,8 +10,12 @@ one.  Nodes run the AWS Deep Learning AMI (Ubuntu): SSH user ``ubuntu``.
 
 from __future__ import annotations
 
+import logging
 import math
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from broker.core.model import utcnow
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
 from broker.core.nodescripts import job_done_path
@@ -20,40 +24,93 @@ from broker.providers.aws.api import PROVIDER, error_code, expect_list, expect_s
 from broker.providers.aws.offers import list_price
 from broker.providers.aws.userdata import SSH_USER, user_data_script
 
+_log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from broker.providers.aws.api import AWSApi
     from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
 
 #: Tag carrying the idempotency token (the ledger resource id) on every instance broker launches.
 TOKEN_TAG = "broker-client-token"
-#: Name pattern of the default image (AWS Deep Learning OSS Nvidia Driver AMI with PyTorch, Ubuntu 22.04).
-DLAMI_NAME = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *"
+#: Tag carrying the root volume's size (GiB) broker asked for: the disk the instance's rate is priced with.
+DISK_TAG = "broker-disk-gib"
+#: Name patterns of the default image: the AWS Deep Learning OSS Nvidia Driver AMIs with PyTorch on the Ubuntu
+#: releases broker's boot script supports (x86_64 and ARM64 names; the architecture filter picks one).
+DLAMI_NAMES = ("Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 24.04) *",
+               "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *",
+               "Deep Learning ARM64 OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 24.04) *",
+               "Deep Learning ARM64 OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *")
+#: The first pattern (kept for callers that name one).
+DLAMI_NAME = DLAMI_NAMES[0]
 
 _STATE_MAP = {"pending": "pending", "running": "running", "shutting-down": "terminating",
               "terminated": "terminated", "stopping": "stopped", "stopped": "stopped"}
 LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 
-def image_for(api: "AWSApi", ec2: Any, req: NodeRequest, region: str) -> tuple[str, str | None]:
-    """(image id, root device name): ``req.image``, else ``AWS_AMI_ID``, else the newest DLAMI by name."""
+class Image(NamedTuple):
+    """The image a node boots: id, name (None when unknown), root device and its snapshot's size (GiB)."""
+
+    image_id: str
+    name: str | None
+    root_device: str | None
+    root_snapshot_gib: int | None
+
+
+def architecture(instance_type: str) -> str:
+    """``arm64`` for Graviton types (a ``g`` in the family after the generation: g5g, c7gn; Grace: ``*-gb200``),
+    else ``x86_64``: the DLAMI's ``architecture`` filter value."""
+    family = instance_type.split(".", 1)[0].lower()
+    if re.fullmatch(r"[a-z]+\d+[a-z]*g[a-z]*", family) or re.search(r"-gb\d+", family):
+        return "arm64"
+    return "x86_64"
+
+
+def _image(call: str, img: dict[str, Any]) -> Image:
+    """An ``Images[]`` item of ``DescribeImages``: its root device and that device's snapshot size."""
+    root = img.get("RootDeviceName") if isinstance(img.get("RootDeviceName"), str) else None
+    size = None
+    for m in img.get("BlockDeviceMappings") or []:
+        ebs = m.get("Ebs") if isinstance(m, dict) else None
+        if isinstance(ebs, dict) and m.get("DeviceName") == root and isinstance(ebs.get("VolumeSize"), int):
+            size = int(ebs["VolumeSize"])
+    return Image(expect_str(call, img, "ImageId"), img.get("Name") if isinstance(img.get("Name"), str) else None,
+                 root, size)
+
+
+def _deprecated(img: dict[str, Any], now: str) -> bool:
+    dep = img.get("DeprecationTime")
+    return isinstance(dep, str) and bool(dep) and dep <= now
+
+
+def image_for(api: "AWSApi", ec2: Any, req: NodeRequest, region: str) -> Image:
+    """The image for ``req``: ``req.image``, else ``AWS_AMI_ID``, else the newest PyTorch DLAMI
+    (:data:`DLAMI_NAMES`, Ubuntu 24.04 or 22.04) for the instance type's architecture that is available and not
+    deprecated.  Raises ProviderError naming the region, architecture and patterns when none is found (hint: set
+    ``AWS_AMI_ID``), and the mapped error of ``DescribeImages``."""
     from broker.core.config import settings
 
     image = req.image or settings().aws_ami_id
+    call = "describe_images"
     if image:
         try:
             imgs = ec2.describe_images(ImageIds=[image]).get("Images", [])
-            return image, (imgs[0].get("RootDeviceName") if imgs else None)
+            return _image(call, imgs[0]) if imgs else Image(image, None, None, None)
         except Exception:  # noqa: BLE001 - the launch reports a bad image id itself
-            return image, None
-    call = "describe_images"
+            return Image(image, None, None, None)
+    arch = architecture(req.offer.instance_type)
     imgs = expect_list(call, api.call(ec2, call, {"region": region}, Owners=["amazon"], Filters=[
-        {"Name": "name", "Values": [DLAMI_NAME]}, {"Name": "state", "Values": ["available"]},
-        {"Name": "architecture", "Values": ["x86_64"]}]), "Images")
+        {"Name": "name", "Values": list(DLAMI_NAMES)}, {"Name": "state", "Values": ["available"]},
+        {"Name": "architecture", "Values": [arch]}]), "Images")
+    now = utcnow().strftime("%Y-%m-%dT%H:%M:%S")
+    imgs = [i for i in imgs if not _deprecated(i, now)]
     if not imgs:
-        raise ProviderError(PROVIDER, call, f"no Deep Learning AMI matching {DLAMI_NAME!r} in {region}",
-                            hint="set AWS_AMI_ID to an Ubuntu GPU image with PyTorch")
-    best = max(imgs, key=lambda i: i.get("CreationDate", ""))
-    return expect_str(call, best, "ImageId"), best.get("RootDeviceName")
+        raise ProviderError(PROVIDER, call, f"no available PyTorch Deep Learning AMI for {arch} in {region} (owner "
+                            f"amazon, names {', '.join(DLAMI_NAMES[:2])} and their ARM64 forms)",
+                            hint="set AWS_AMI_ID to an Ubuntu GPU image with PyTorch in that region (and AWS_SSH_USER "
+                                 "when its login user is not ubuntu)")
+    best = max(imgs, key=lambda i: str(i.get("CreationDate", "")))
+    return _image(call, best)
 
 
 def find_by_token(api: "AWSApi", client_token: str, region: str | None = None) -> str | None:
@@ -82,11 +139,18 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
     if existing:
         return existing
     ec2 = api.client("ec2", region)
-    image, root_dev = image_for(api, ec2, req, region)
+    img = image_for(api, ec2, req, region)
+    image, root_dev = img.image_id, img.root_device
+    # the root volume cannot be smaller than the image's snapshot (RunInstances: InvalidBlockDeviceMapping)
+    disk_gib = max(int(math.ceil(req.disk_gib)), img.root_snapshot_gib or 0)
+    _log.info("aws: %s in %s boots image %s (%s), root volume %d GiB", o.instance_type, region, image,
+              img.name or "named by AWS_AMI_ID / the recipe", disk_gib)
     tags = network.run_tags(req.run_id, req.installation_id, req.name) + [
         {"Key": TOKEN_TAG, "Value": req.client_token}]
+    if root_dev:
+        tags.append({"Key": DISK_TAG, "Value": str(disk_gib)})
     tags += [{"Key": k, "Value": v} for k, v in req.tags.items()
-             if k not in (RUN_TAG, INSTALL_TAG, "Name", TOKEN_TAG)]
+             if k not in (RUN_TAG, INSTALL_TAG, "Name", TOKEN_TAG, DISK_TAG)]
     params: dict[str, Any] = {
         "ImageId": image, "InstanceType": o.instance_type, "MinCount": 1, "MaxCount": 1,
         "InstanceInitiatedShutdownBehavior": "terminate", "ClientToken": req.client_token[:64],
@@ -109,7 +173,7 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
         params["SubnetId"] = req.network["subnet_id"]
     if root_dev:
         params["BlockDeviceMappings"] = [{"DeviceName": root_dev, "Ebs": {
-            "VolumeSize": int(math.ceil(req.disk_gib)), "VolumeType": "gp3", "DeleteOnTermination": True}}]
+            "VolumeSize": disk_gib, "VolumeType": "gp3", "DeleteOnTermination": True}}]
     if o.attrs.get("market") == "spot" or o.attrs.get("interruptible") is True:
         # one-time + terminate: a preempted node is gone (billing ends), broker rents again; MaxPrice = the plan's
         # bid caps what the spot price can bill (AWS interrupts instead: instance-terminated-by-price)
@@ -121,7 +185,17 @@ def create_instance(api: "AWSApi", req: NodeRequest, region: str, zone: str | No
     launch = api.client("ec2", region, launch=True)
     ctx = {"instance_type": o.instance_type, "vcpus": o.vcpus or None, "nodes": int(req.network.get("nodes") or 1),
            "zone": zone, "region": region, "create": True}
-    resp = api.call(launch, "run_instances", ctx, **params)
+    try:
+        resp = api.call(launch, "run_instances", ctx, **params)
+    except ProviderError as e:
+        if e.code == "InvalidBlockDeviceMapping":
+            raise ProviderError(
+                PROVIDER, "run_instances", f"image {image} ({img.name or 'no name'}) refused a {disk_gib} GiB root "
+                f"volume: {e.message}", code=e.code, status=e.status,
+                hint=(f"its root snapshot is {img.root_snapshot_gib} GiB" if img.root_snapshot_gib else
+                      "its root snapshot size could not be read") + "; set the recipe's disk_gib to at least the "
+                      "snapshot's size, or AWS_AMI_ID to an image with a smaller root snapshot") from e
+        raise
     try:
         return expect_str("run_instances", expect_list("run_instances", resp, "Instances")[0], "InstanceId")
     except (ProviderError, IndexError):
@@ -158,13 +232,82 @@ def describe_instance(api: "AWSApi", provider_id: str, region: str | None, ssh_u
         raise unreadable(call, f"instance {provider_id} without State.Name")
     pub = i.get("PublicIpAddress")
     reason = (i.get("StateReason") or {}).get("Message")
-    # the launched type's list price (the provider's rate, not the plan's): the core records it in the ledger.  A
-    # spot instance bills the spot price, capped by the launch's MaxPrice (the plan's bid), never the on-demand list
-    # price: no rate is reported for it, so the planned cap stays the ledger's rate
-    rate = None if i.get("InstanceLifecycle") == "spot" else list_price(i.get("InstanceType"))
+    # what the instance bills (the provider's rate, not the plan's): the core records it in the ledger
+    rate = instance_rate(api, ec2, i, region)
     return InstanceInfo(provider_id=provider_id, state=_STATE_MAP.get(raw, "unknown"), raw_state=raw,
                         public_ip=pub, private_ip=i.get("PrivateIpAddress"), ssh_host=pub, ssh_port=22,
                         ssh_user=ssh_user, message=reason, usd_per_hour=rate)
+
+
+#: seconds a spot price read from ``DescribeSpotPriceHistory`` is reused for describe / list
+SPOT_PRICE_TTL_S = 300.0
+
+
+def spot_rate(api: "AWSApi", ec2: Any, i: dict[str, Any], region: str | None) -> float | None:
+    """$/h a running spot instance bills: the current spot price of its type in its zone
+    (``DescribeSpotPriceHistory``, reused for :data:`SPOT_PRICE_TTL_S`), else its spot request's ``SpotPrice``
+    (the launch's cap: an upper bound), else None (unknown).  Never the on-demand list price."""
+    import time
+
+    from broker.providers.aws.offers import spot_prices
+
+    it, zone = i.get("InstanceType"), (i.get("Placement") or {}).get("AvailabilityZone")
+    region = region or api.region
+    if isinstance(it, str) and isinstance(zone, str):
+        cache = api.__dict__.setdefault("_spot_rates", {})
+        hit = cache.get((region, it, zone))
+        if hit is not None and time.monotonic() - hit[1] < SPOT_PRICE_TTL_S:
+            return hit[0]
+        try:
+            price = spot_prices(api, [it], region).get((it, zone))
+        except ProviderError as e:
+            _log.info("aws: spot price of %s in %s not read (%s)", it, zone, e.message)
+            price = None
+        if price is not None:
+            cache[(region, it, zone)] = (price[0], time.monotonic())
+            return price[0]
+    req_id = i.get("SpotInstanceRequestId")
+    if isinstance(req_id, str) and req_id:
+        try:
+            items = ec2.describe_spot_instance_requests(SpotInstanceRequestIds=[req_id]).get(
+                "SpotInstanceRequests") or []
+            cap = float(items[0]["SpotPrice"]) if items and items[0].get("SpotPrice") else None
+        except Exception as e:  # noqa: BLE001 - a rate only: unknown when unreadable
+            _log.info("aws: spot request %s not read (%s)", req_id, error_code(e)[0])
+            cap = None
+        return cap
+    return None
+
+
+def disk_rate(ec2: Any, i: dict[str, Any]) -> float | None:
+    """$/h of the instance's EBS volumes: the root size broker asked for (tag :data:`DISK_TAG`), else the sizes
+    ``DescribeVolumes`` reports, x :data:`EBS_USD_PER_GB_MONTH` / 730 h; None when neither can be read."""
+    try:
+        tags = tags_of("describe_instances", i)
+        if tags.get(DISK_TAG, "").isdigit():
+            return int(tags[DISK_TAG]) * EBS_USD_PER_GB_MONTH / 730.0
+        vols = [m["Ebs"]["VolumeId"] for m in i.get("BlockDeviceMappings") or []
+                if isinstance(m.get("Ebs"), dict) and m["Ebs"].get("VolumeId")]
+        if not vols:
+            return None
+        sizes = [float(v.get("Size") or 0) for v in ec2.describe_volumes(VolumeIds=vols).get("Volumes", [])]
+    except Exception as e:  # noqa: BLE001 - a rate only: unknown when unreadable
+        _log.info("aws: volumes of %s not read (%s)", i.get("InstanceId"), error_code(e)[0])
+        return None
+    return sum(sizes) * EBS_USD_PER_GB_MONTH / 730.0 if sizes else None
+
+
+def instance_rate(api: "AWSApi", ec2: Any, i: dict[str, Any], region: str | None) -> float | None:
+    """$/h one ``DescribeInstances`` item bills, its disk included (the adapter's reported rate includes storage):
+    a spot instance (``InstanceLifecycle`` ``spot``) at :func:`spot_rate`, an on-demand one at its type's list
+    price, plus :func:`disk_rate`.  None when either part is unknown (never the plan's or another market's
+    price)."""
+    compute = spot_rate(api, ec2, i, region) if i.get("InstanceLifecycle") == "spot" else \
+        list_price(i.get("InstanceType"))
+    if compute is None:
+        return None
+    disk = disk_rate(ec2, i)
+    return None if disk is None else round(compute + disk, 6)
 
 
 #: ``StateReason.Code`` of an instance EC2 took back (interruptible.md 2.6): terminated / stopped by Spot
@@ -313,7 +456,7 @@ def list_tagged(api: "AWSApi", run_id: str | None = None) -> list[TaggedResource
             out.append(TaggedResource(provider=PROVIDER, kind="instance", provider_id=i["InstanceId"],
                                       run_id=tags.get(RUN_TAG), region=region,
                                       state=(i.get("State") or {}).get("Name"), created_at=i.get("LaunchTime"),
-                                      usd_per_hour=list_price(i.get("InstanceType")), name=tags.get("Name"),
+                                      usd_per_hour=instance_rate(api, ec2, i, region), name=tags.get("Name"),
                                       installation_id=tags.get(INSTALL_TAG)))
         token = resp.get("NextToken")
         if not token:

@@ -3,7 +3,8 @@
 
 Facts (docs/reference/cloud-apis.md section C): quotas are EC2 Service Quotas counted in **vCPUs** (``L-DB2E81BA``
 running on-demand G and VT, ``L-417A185B`` running on-demand P; spot codes only when spot is asked for); usage from
-CloudWatch ``AWS/Usage`` ``ResourceCount`` (maximum over the last 15 minutes; 0 with a note when unreadable);
+the quota's CloudWatch ``UsageMetric`` (``AWS/Usage`` ``ResourceCount``; maximum over the last 15 minutes; 0 with a
+note when unreadable);
 ``describe_instance_type_offerings`` says where a type is offered, which is not capacity.
 """
 
@@ -288,8 +289,8 @@ def quotas(api: "AWSApi", req: Requirements, offers_: list[Offer]) -> list[Quota
                 lst.append(o.instance_type)
     out: list[Quota] = []
     for (region, code, interruptible), types in groups.items():
-        value, name, source = quota_value(api, code, region)
-        used, note = usage(api, code, region)
+        value, name, source, metric = quota_read(api, code, region)
+        used, note = usage(api, code, region, metric)
         desc = name or AWS_QUOTA_CODES[code].name
         if note:
             desc += f" ({note})"
@@ -306,8 +307,23 @@ def _quota_number(call: str, resp: Any) -> tuple[float, str]:
     return float(q["Value"]), str(q.get("QuotaName") or "")
 
 
-def quota_value(api: "AWSApi", code: str, region: str) -> tuple[float, str, str]:
-    """(value, name, source) of an EC2 quota in ``region``: the applied value, else AWS's default."""
+def _usage_metric(resp: Any) -> dict[str, Any] | None:
+    """The quota's own ``UsageMetric`` (``MetricNamespace``, ``MetricName``, ``MetricDimensions``) when Service
+    Quotas returned a complete one, else None."""
+    q = resp.get("Quota") if isinstance(resp, dict) else None
+    m = q.get("UsageMetric") if isinstance(q, dict) else None
+    if not isinstance(m, dict):
+        return None
+    dims = m.get("MetricDimensions")
+    if not (isinstance(m.get("MetricNamespace"), str) and isinstance(m.get("MetricName"), str)
+            and isinstance(dims, dict) and dims and all(isinstance(v, str) for v in dims.values())):
+        return None
+    return m
+
+
+def quota_read(api: "AWSApi", code: str, region: str) -> tuple[float, str, str, dict[str, Any] | None]:
+    """(value, name, source, usage metric) of an EC2 quota in ``region``: the applied value, else AWS's default;
+    the usage metric is the quota's ``UsageMetric`` when Service Quotas gives one."""
     sq = api.client("service-quotas", region)
     try:
         resp = sq.get_service_quota(ServiceCode="ec2", QuotaCode=code)
@@ -315,25 +331,35 @@ def quota_value(api: "AWSApi", code: str, region: str) -> tuple[float, str, str]
         if error_code(e)[0] != "NoSuchResourceException":
             raise map_error(e, "get_service_quota", region=region) from e
     else:
-        return (*_quota_number("get_service_quota", resp), "service-quotas get_service_quota")
+        return (*_quota_number("get_service_quota", resp), "service-quotas get_service_quota", _usage_metric(resp))
     resp = api.call(sq, "get_aws_default_service_quota", {"region": region}, ServiceCode="ec2", QuotaCode=code)
-    return (*_quota_number("get_aws_default_service_quota", resp), "service-quotas default (no applied value)")
+    return (*_quota_number("get_aws_default_service_quota", resp), "service-quotas default (no applied value)",
+            _usage_metric(resp))
 
 
-def usage(api: "AWSApi", code: str, region: str) -> tuple[float, str]:
-    """vCPUs in use for a quota: CloudWatch ``AWS/Usage`` ``ResourceCount`` (max over 15 min).  On any error
-    returns (0, note)."""
+def quota_value(api: "AWSApi", code: str, region: str) -> tuple[float, str, str]:
+    """(value, name, source) of an EC2 quota in ``region``: the applied value, else AWS's default."""
+    return quota_read(api, code, region)[:3]
+
+
+def usage(api: "AWSApi", code: str, region: str, metric: dict[str, Any] | None = None) -> tuple[float, str]:
+    """vCPUs in use for a quota: CloudWatch ``ResourceCount`` (max over 15 min) of the quota's ``metric``
+    (Service Quotas' ``UsageMetric``), else ``AWS/Usage`` with the table's ``Class`` (``G/OnDemand``,
+    ``Standard/OnDemand``, ``P/Spot`` ...).  On any error returns (0, note)."""
     from broker.providers.aws.limits import AWS_QUOTA_CODES
 
-    q = AWS_QUOTA_CODES[code]
-    cls = f"{q.family}/{'OnDemand' if q.market == 'on-demand' else 'Spot'}"
+    if metric is not None:
+        namespace, name = metric["MetricNamespace"], metric["MetricName"]
+        dims = [{"Name": k, "Value": v} for k, v in metric["MetricDimensions"].items()]
+    else:
+        namespace, name = "AWS/Usage", "ResourceCount"
+        dims = [{"Name": "Service", "Value": "EC2"}, {"Name": "Type", "Value": "Resource"},
+                {"Name": "Resource", "Value": "vCPU"}, {"Name": "Class", "Value": AWS_QUOTA_CODES[code].usage_class}]
     now = utcnow()
     try:
         cw = api.client("cloudwatch", region)
         resp = cw.get_metric_statistics(
-            Namespace="AWS/Usage", MetricName="ResourceCount",
-            Dimensions=[{"Name": "Service", "Value": "EC2"}, {"Name": "Type", "Value": "Resource"},
-                        {"Name": "Resource", "Value": "vCPU"}, {"Name": "Class", "Value": cls}],
+            Namespace=namespace, MetricName=name, Dimensions=dims,
             StartTime=now - timedelta(minutes=15), EndTime=now, Period=300, Statistics=["Maximum"])
     except Exception as e:  # noqa: BLE001 - usage is best effort
         return 0.0, f"usage unknown ({error_code(e)[0]}), assumed 0"

@@ -6,7 +6,10 @@ into an exception (server texts are scrubbed of it).  Base URL: ``VAST_API_URL``
 
 Retries follow the SDK's ``VastClient``: HTTP 429/502/503/504 and transport errors are retried a bounded number of
 times, honouring ``Retry-After`` up to 60 s; a 429 whose JSON says ``"error": "search_quota_exceeded"`` (daily
-quota, resets at UTC midnight) is not retried.  A caller that must not resend a request (the rent) narrows
+quota, resets at UTC midnight) is not retried.  Vast documents its limits as a minimum interval per endpoint and
+sends no ``Retry-After``: a 429 of a search then waits :data:`SEARCH_INTERVAL_S`, of a create
+:data:`CREATE_PENALTY_S` (``rate_interval_s``), doubling; the error that ends the retries carries the wait it
+advises as ``retry_after_s`` (the one name the core reads).  A caller that must not resend a request (the rent) narrows
 ``retry_on`` and reads :attr:`broker.core.provider.ProviderError.status` / ``request_sent`` on the error it gets.
 
 Error tree (most specific first): 401/403 -> AuthError; 402 or a credit text -> ProviderError
@@ -39,6 +42,12 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 DELETE_RETRY_STATUSES = frozenset({409, 429, 500, 501, 502, 503, 504, 507, 520, 521, 522, 523, 524})
 #: Longest ``Retry-After`` honoured (seconds); a longer one is not waited for (the SDK's bound).
 MAX_RETRY_AFTER_S = 60.0
+#: Seconds between offer searches that Vast's rate limit allows (about 10 a minute, per endpoint and identity):
+#: the first wait after a search's 429 when the answer names none (Vast sends no ``Retry-After``).
+SEARCH_INTERVAL_S = 6.0
+#: Seconds a create (``PUT /asks/{id}/``) adds to the caller's rate-limit window: the first wait after a create's
+#: 429 when the answer names none.
+CREATE_PENALTY_S = 12.0
 
 KEY_HINT = ("set VAST_API_KEY (environment or .env) or save the key from https://cloud.vast.ai/manage-keys/ "
             "to ~/.config/vastai/vast_api_key (`vastai set api-key ...`)")
@@ -249,14 +258,20 @@ class VastClient:
             self._client.close()
             self._client = None
 
-    def _wait(self, state: Any) -> float:
+    def _wait(self, state: Any, rate_interval_s: float | None = None) -> float:
+        """Seconds before the next try: the answer's ``Retry-After``; after a 429 without one, the endpoint's
+        documented interval ``rate_interval_s`` doubling (at most twice it); else ``backoff_s`` doubling, at most
+        10 s."""
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, _Retry) and exc.delay is not None:
             return exc.delay
-        return min(10.0, self.backoff_s * (2 ** (state.attempt_number - 1)))
+        n = state.attempt_number - 1
+        if rate_interval_s and isinstance(exc, _Retry) and exc.response.status_code == 429:
+            return min(2.0 * rate_interval_s, rate_interval_s * (2 ** n))
+        return min(10.0, self.backoff_s * (2 ** n))
 
     @contextmanager
-    def _mapped(self, call: str) -> Iterator[None]:
+    def _mapped(self, call: str, rate_interval_s: float | None = None) -> Iterator[None]:
         """The one place where httpx failures and unaccepted HTTP answers become broker errors (cause chained,
         key scrubbed).  See the module docstring for the tree."""
         import httpx
@@ -264,7 +279,7 @@ class VastClient:
         try:
             yield
         except _Status as exc:
-            raise self.error_for(exc.response, call, tries=exc.tries) from None
+            raise self.error_for(exc.response, call, tries=exc.tries, rate_interval_s=rate_interval_s) from None
         except httpx.TransportError as exc:
             err = TransientError(PROVIDER, call, f"cannot reach Vast.ai at {self.url}: "
                                  f"{type(exc).__name__}: {self.scrub(str(exc))}",
@@ -274,8 +289,11 @@ class VastClient:
             err.request_sent = sent  # type: ignore[attr-defined]
             raise err from None
 
-    def error_for(self, r: "httpx.Response", call: str, *, tries: int = 1) -> ProviderError:
-        """The broker error for a non-2xx answer ``r`` of ``call`` (never includes the key)."""
+    def error_for(self, r: "httpx.Response", call: str, *, tries: int = 1,
+                  rate_interval_s: float | None = None) -> ProviderError:
+        """The broker error for a non-2xx answer ``r`` of ``call`` (never includes the key).  A 429 carries
+        ``retry_after_s``: the answer's ``Retry-After``, else ``rate_interval_s`` (the endpoint's documented
+        interval), else None."""
         msg = self.scrub(body_message(r))
         status = r.status_code
         low = msg.lower()
@@ -292,10 +310,11 @@ class VastClient:
                                  code="search_quota_exceeded", status=status)
         if status == 429:
             wait = retry_after(r)
-            when = f"retry in {wait:.0f} s (Retry-After)" if wait is not None else "retry in a minute"
+            when = f"retry in {wait:.0f} s (Retry-After)" if wait is not None else (
+                f"retry in {rate_interval_s:.0f} s" if rate_interval_s else "retry in a minute")
             err = TransientError(PROVIDER, call, f"the Vast.ai API is rate-limited (HTTP 429: {msg}){after}",
                                  hint=f"{when}; {OFFLINE_HINT}", code="rate_limited", status=status)
-            err.retry_after = wait  # type: ignore[attr-defined]
+            err.retry_after_s = wait if wait is not None else rate_interval_s  # type: ignore[attr-defined]
             return err
         if status >= 500:
             return TransientError(PROVIDER, call, f"Vast.ai answered HTTP {status} ({msg}){after}",
@@ -306,10 +325,13 @@ class VastClient:
     def request(self, method: str, path: str, call: str, *, json_body: Any = None,
                 params: dict[str, Any] | None = None, retry_on: frozenset[int] = RETRY_STATUSES,
                 retry_transport: bool = True, accept: frozenset[int] | set[int] = frozenset(),
-                attempts: int | None = None, max_s: float | None = None) -> "httpx.Response":
+                attempts: int | None = None, max_s: float | None = None,
+                rate_interval_s: float | None = None) -> "httpx.Response":
         """One API call: retried on ``retry_on`` statuses and transport errors (``attempts`` tries in all,
         default ``max_attempts``; at most ``max_s`` seconds when given), then mapped.  ``retry_transport``
         False: a lost connection is not retried (the caller decides whether the request may have been applied).
+        ``rate_interval_s``: the endpoint's documented rate-limit interval (seconds; :data:`SEARCH_INTERVAL_S`,
+        :data:`CREATE_PENALTY_S`), the wait after a 429 that names none.
 
         Returns the response when it is 2xx or its status is in ``accept``; raises the mapped broker error
         otherwise (AuthError without a key).
@@ -340,9 +362,10 @@ class VastClient:
                    default=str)), "yes" if json_body is not None else "no")
         t0 = time.monotonic()
         try:
-            with self._mapped(call):
+            with self._mapped(call, rate_interval_s):
                 try:
-                    for attempt in Retrying(stop=stop, wait=self._wait, retry=retry_if_exception_type(retryable),
+                    for attempt in Retrying(stop=stop, wait=lambda st: self._wait(st, rate_interval_s),
+                                            retry=retry_if_exception_type(retryable),
                                             sleep=self.sleep, reraise=True):
                         with attempt:
                             r = once()

@@ -27,7 +27,8 @@ from broker.core.model import Offer
 from broker.core.provider import RUN_TAG, AmbiguousCreate, BadInput, CapacityError, NotSupported, OfferGone, ProviderError, TransientError
 
 from broker.providers.vast.boot import authorized_key_script, fit_onstart, onstart_script
-from broker.providers.vast.client import DELETE_RETRY_STATUSES, PROVIDER, body_message, expect, says_gone
+from broker.providers.vast.client import (CREATE_PENALTY_S, DELETE_RETRY_STATUSES, PROVIDER, body_message, expect,
+                                          says_gone)
 from broker.providers.vast.offers import disk_short
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -220,8 +221,9 @@ class VastLifecycle:
             raise BadInput(f"vast: offer id {offer.offer_id!r} is not a Vast.ai ask id (a price-snapshot offer "
                            "cannot be rented)",
                            hint="plan with live Vast offers (set VAST_API_KEY) before `broker run`") from None
+        bid = offer.attrs.get("interruptible") is True
         q = {"id": {"eq": ask_id}, "rentable": {"eq": True}, "rented": {"eq": False},
-             "disk_space": {"gte": float(disk_gib)}, "type": "on-demand", "limit": 1,
+             "disk_space": {"gte": float(disk_gib)}, "type": "bid" if bid else "on-demand", "limit": 1,
              "allocated_storage": float(disk_gib)}
         rows = [r for r in self.search(q, call) if str(r.get("id")) == offer.offer_id]  # type: ignore[attr-defined]
         if not rows:
@@ -280,7 +282,10 @@ class VastLifecycle:
             "onstart": fit_onstart("\n".join(parts) + "\n"),
             "runtype": "ssh_direc ssh_proxy",
             "label": self._label(req.run_id, req.node_index, req.installation_id, req.client_token),
-            "cancel_unavail": True,
+            # on-demand: fail rather than create a stopped instance (the API's default for a running target); a bid
+            # sends what the SDK sends (false): one that cannot be scheduled is answered with the instance it left
+            # stopped, which create_instance destroys
+            "cancel_unavail": req.offer.attrs.get("interruptible") is not True,
             "target_state": "running",
             # an interruptible (bid) rental: Vast rents on-demand when price is absent (interruptible.md 1.2)
             **({"price": float(req.offer.attrs["bid_usd_per_hour"])}
@@ -306,8 +311,10 @@ class VastLifecycle:
         self.requote(req.offer, req.disk_gib)
         body = self.create_body(req)
         try:  # 429 = rejected before processing: safe to resend; nothing else is resent
-            r = self.api.request("PUT", self._url("/api/v0/asks/{}/", "offer", oid, call), call, json_body=body, retry_on=frozenset({429}),
-                                 retry_transport=False, accept={400, 404, 410})
+            # one resend after the create's rate-limit penalty; after that the core waits the error's retry_after_s
+            r = self.api.request("PUT", self._url("/api/v0/asks/{}/", "offer", oid, call), call, json_body=body,
+                                 retry_on=frozenset({429}), retry_transport=False, accept={400, 404, 410},
+                                 attempts=2, rate_interval_s=CREATE_PENALTY_S)
         except TransientError as exc:
             if exc.status == 429 or not getattr(exc, "request_sent", True):
                 raise

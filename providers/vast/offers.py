@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from broker.core.model import Capacity, Offer, Requirements, gc_paused, utcnow
 from broker.core.provider import BadInput
 
-from broker.providers.vast.client import PROVIDER, expect
+from broker.providers.vast.client import PROVIDER, SEARCH_INTERVAL_S, expect
 
 if TYPE_CHECKING:  # pragma: no cover
     from broker.providers.vast.client import VastClient
@@ -216,8 +216,11 @@ def _bid_attrs(row: dict[str, Any], dph_total: float, now: datetime) -> dict[str
             "interruptible_price_source": f"live Vast.ai min_bid {now.strftime('%Y-%m-%d %H:%M UTC')}"}
 
 
-def offer_from_row(row: dict[str, Any], now: datetime | None = None) -> Offer | None:
-    """One ``/bundles/`` row → Offer (None when a required field is missing).
+def offer_from_row(row: dict[str, Any], now: datetime | None = None,
+                   bids: dict[str, dict[str, Any]] | None = None) -> Offer | None:
+    """One ``/bundles/`` row → Offer (None when a required field is missing).  ``bids``: the rows of the
+    interruptible (``type: "bid"``) search by offer id: the offer's interruptible price comes from its row there
+    (none when it is not listed there); without ``bids`` (no interruptible search) the row's own ``min_bid``.
 
     Units: ``gpu_ram``/``cpu_ram`` MB → GiB (/1024); ``dph_total`` $/h for the whole host *including* storage at
     the searched ``allocated_storage``; ``storage_cost`` $/GB/month; ``inet_*_cost`` $/GB; ``disk_space`` GB.
@@ -234,7 +237,20 @@ def offer_from_row(row: dict[str, Any], now: datetime | None = None) -> Offer | 
                   "inet_down_cost", "cuda_max_good", "driver_version", "verification", "direct_port_count",
                   "dph_base", "disk_space", "duration", "dlperf", "compute_cap", "public_ipaddr", "static_ip")
     attrs = {k: row[k] for k in attrs_keys if row.get(k) is not None}
-    attrs.update(_bid_attrs(row, price, now))
+    # per-GB bandwidth, seen from the renter: what reaches the node (staging) is the host's download
+    # (``inet_down_cost``), what leaves it (artifacts, checkpoint copies) its upload (``inet_up_cost``)
+    for key, field_ in (("transfer_in_usd_per_gb", "inet_down_cost"), ("transfer_out_usd_per_gb", "inet_up_cost")):
+        v = row.get(field_)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            attrs[key] = float(v)
+    if bids is None:
+        attrs.update(_bid_attrs(row, price, now))
+    elif str(row.get("id")) in bids:
+        bid_row = bids[str(row.get("id"))]
+        try:
+            attrs.update(_bid_attrs(bid_row, float(bid_row["dph_total"]), now))
+        except (KeyError, TypeError, ValueError):
+            pass  # a bid row without a readable price: no interruptible price for this offer
     return Offer(
         provider=PROVIDER, offer_id=oid, instance_type=f"{n}x {gpu}", region=row.get("geolocation") or None,
         gpu_name=gpu, gpu_count=n, gpu_mem_gib=round(float(row.get("gpu_ram") or 0) / 1024, 2),
@@ -258,13 +274,15 @@ class VastOffers:
     limit: int
     _last_source: str | None
 
-    def search_query(self, req: Requirements, vast_query: str | None = None) -> dict[str, Any]:
+    def search_query(self, req: Requirements, vast_query: str | None = None,
+                     offer_type: str = "on-demand") -> dict[str, Any]:
         """The ``POST /api/v0/bundles/`` body for ``req``: one host with ``nodes × gpus_per_node`` GPUs or more
         and at least ``req.disk_gib`` of disk.
 
         Units: ``gpu_ram`` MB per GPU (GiB × 1024), ``inet_up``/``inet_down`` Mbit/s, ``reliability`` 0-1,
         ``duration`` seconds, ``disk_space`` GB, ``allocated_storage`` GiB (so ``dph_total`` includes the
         recipe's disk).  ``vast_query`` (native syntax) replaces the default filter of each field it names.
+        ``offer_type``: ``"on-demand"`` or ``"bid"`` (interruptible offers, as ``vastai search offers --type bid``).
         """
         q: dict[str, Any] = {
             "num_gpus": {"gte": int(req.nodes * req.gpus_per_node)},
@@ -287,14 +305,14 @@ class VastOffers:
         if vast_query:
             q.update(parse_vast_query(vast_query))
         q["order"] = [["dph_total", "asc"]]
-        q["type"] = "on-demand"
+        q["type"] = offer_type
         q["limit"] = int(self.limit)
         q["allocated_storage"] = float(req.disk_gib)
         return q
 
     def search(self, query: dict[str, Any], call: str = SEARCH_CALL) -> list[dict[str, Any]]:
         """The rows of one ``/bundles/`` search (fail closed on an unknown answer shape)."""
-        r = self.api.request("POST", "/api/v0/bundles/", call, json_body=query)
+        r = self.api.request("POST", "/api/v0/bundles/", call, json_body=query, rate_interval_s=SEARCH_INTERVAL_S)
         return offer_rows(self.api.json(r, call), call)
 
     def offers(self, req: Requirements, vast_query: str | None = None) -> list[Offer]:
@@ -322,10 +340,16 @@ class VastOffers:
         Raises AuthError, TransientError (429/5xx after retries, network), ProviderError, BadInput.
         """
         rows = self.search(self.search_query(req, vast_query))
+        # interruptible prices come from Vast's own interruptible search (``type: "bid"``), never from the
+        # on-demand rows; only asked for when the recipe may rent interruptible capacity (searches are rate-limited)
+        bids: dict[str, dict[str, Any]] | None = None
+        if getattr(req, "interruptible", "false") != "false":
+            bids = {str(r.get("id")): r for r in self.search(self.search_query(req, vast_query, "bid"),
+                                                               f"{SEARCH_CALL} type bid")}
         now = utcnow()
         self._last_source = "live"
         with gc_paused():  # a market answer can hold many thousand offers (they form no reference cycles)
-            return [o for o in (offer_from_row(row, now) for row in rows
+            return [o for o in (offer_from_row(row, now, bids) for row in rows
                                 if not disk_short(row.get("disk_space"), req.disk_gib))
                     if o is not None]
 

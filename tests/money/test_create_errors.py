@@ -130,7 +130,7 @@ def test_aws_no_image_found_before_run_instances_is_definite_not_settled_and_che
         with pytest.raises((NoValidPlan, ProviderError)) as ei:
             provision(opts, _run(ledger, tmp_path, "aws"), Requirements(), ledger, providers={"aws": p},
                       poll_s=0.02, retry_wait_s=0.01, terminate_timeout_s=10, progress=said.append)
-        assert str(ei.value).count("no Deep Learning AMI") == 1, str(ei.value)  # once, not once per option
+        assert str(ei.value).count("no available PyTorch Deep Learning AMI") == 1, str(ei.value)  # once, not once per option
         assert "same as option 1/3" in str(ei.value)
         assert not any("ambiguous" in s for s in said), said
         assert lists == []  # no settle-and-check by tag: nothing could have been created

@@ -52,7 +52,8 @@ def test_aws_conversions_every_type(it):
     ref = limit_for("aws", it)
     assert ref.name == limit and ref.unit == "vcpus" and ref.scope_kind == "region"
     assert AWS_QUOTA_CODES[limit].market == "on-demand"
-    assert limit_for("aws", it, spot=True).name == ("L-3819A6DF" if limit == "L-DB2E81BA" else "L-7212CCBC")
+    spot_p = "L-C4BD4855" if it.startswith("p5") else "L-7212CCBC"  # P spot is split by generation
+    assert limit_for("aws", it, spot=True).name == ("L-3819A6DF" if limit == "L-DB2E81BA" else spot_p)
     for k in (1, 2, 3):
         assert instances_to_vcpus(s, k) == k * vcpus == units_needed("aws", s, k)
         assert instances_to_gpus(s, k) == k * gpus

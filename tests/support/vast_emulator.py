@@ -6,8 +6,13 @@ Endpoints, field names, units and error bodies follow docs/reference/cloud-apis.
 * ``POST /api/v0/bundles/`` -- search: the query dict as body (``{field: {op: value}}``, ``order``, ``limit``,
   ``type``, ``allocated_storage``), answered ``{"offers": [...]}`` (``gpu_ram`` MB, ``disk_space`` GB,
   ``dph_total`` $/h, ``inet_*`` Mbit/s);
+  ``type`` ``"bid"`` lists the interruptible offers (rows whose host takes bids, ``offer_row(bids=True)``),
+  ``"on-demand"`` every offer;
 * ``PUT /api/v0/asks/{id}/`` -- rent, answered ``{"success": true, "new_contract": <instance id>}``; an ask that is
-  rented already is ``400 {"success": false, "error": "no_such_ask", "msg": ...}``;
+  rented already is ``{"success": false, "error": "no_such_ask", "msg": ...}`` with ``taken_status`` (400, or 404 /
+  410 as the real API also answers); a ``price`` (bid, $/h) must be 0.001-128; a bid below ``min_bid`` with
+  ``cancel_unavail`` true is ``410`` (nothing created), without it the instance is created stopped and the answer
+  is ``{"success": false, "new_contract": id}``;
 * ``GET /api/v0/instances/{id}/?owner=me`` -- ``{"instances": {<row>}}``, ``{"instances": null}`` once gone;
 * ``GET /api/v1/instances/`` -- ``{"instances": [...], "next_token": ..., "total_instances": n}`` (pages of
   ``limit``, ``after_token``); ``GET /api/v0/instances/`` the same without the token;
@@ -18,6 +23,9 @@ Endpoints, field names, units and error bodies follow docs/reference/cloud-apis.
   boot like a new rent (``boot_s``) and, behind a late sshd port, get a new SSH port (hosts change address on start);
 * ``DELETE /api/v0/instances/{id}/`` -- ``{"success": true}``; ``404 {"success": false, "error":
   "no_such_instance"}`` when unknown; the first ``delete_failures[id]`` calls answer ``500``.
+
+``throttle``: how many searches (``"search"``) / rents (``"rent"``) are answered ``429`` ``{"detail": "API requests
+too frequent endpoint threshold=..."}`` first, without ``Retry-After`` (Vast sends none).
 
 Every call needs ``Authorization: Bearer <key>`` (else ``401 {"success": false, "error": "invalid_api_key"}``).
 Instance rows: ``actual_status`` null -> ``loading`` -> ``running`` (after ``boot_s``); SSH on
@@ -40,9 +48,11 @@ API_KEY = "test-vast-key-0123456789"
 
 
 def offer_row(ask_id: int, *, machine_id: int, num_gpus: int = 2, gpu_name: str = "RTX 3090",
-              dph_total: float = 0.40, disk_space: float = 200.0, min_bid: float | None = None) -> dict[str, Any]:
+              dph_total: float = 0.40, disk_space: float = 200.0, min_bid: float | None = None,
+              bids: bool = True) -> dict[str, Any]:
     """One ``/bundles/`` row with the documented fields and units (A8); ``min_bid`` ($/h, the current minimum bid
-    for an interruptible rental) defaults to 45 % of ``dph_total``."""
+    for an interruptible rental) defaults to 45 % of ``dph_total``; ``bids`` False: the host takes no bids (the
+    row is absent from ``type: "bid"`` searches; the emulator's own key ``_bids``, never sent)."""
     return {"id": ask_id, "ask_contract_id": ask_id, "bundle_id": ask_id, "machine_id": machine_id,
             "host_id": 7000 + machine_id, "gpu_name": gpu_name, "num_gpus": num_gpus, "gpu_ram": 24576,
             "gpu_total_ram": 24576 * num_gpus, "dph_total": dph_total, "dph_base": round(dph_total * 0.9, 4),
@@ -52,7 +62,7 @@ def offer_row(ask_id: int, *, machine_id: int, num_gpus: int = 2, gpu_name: str 
             "cuda_max_good": 12.4, "driver_version": "550.54.14", "direct_port_count": 20,
             "verification": "verified", "compute_cap": 860, "duration": 30 * 86400.0, "rentable": True,
             "rented": False, "external": False, "verified": True, "public_ipaddr": "127.0.0.1",
-            "min_bid": round(dph_total * 0.45, 4) if min_bid is None else min_bid, "is_bid": False}
+            "min_bid": round(dph_total * 0.45, 4) if min_bid is None else min_bid, "is_bid": False, "_bids": bids}
 
 
 @dataclass
@@ -76,7 +86,8 @@ class VastEmulator:
     """The emulator; ``url`` goes into ``VAST_API_URL``.  ``hosts``: a :class:`NetnsCluster` (rented instances take
     its hosts in order).  ``boot_s``: seconds from rent to ``running``; ``sshd_delay_s``: seconds from the first
     ``running`` answer until the instance's SSH port accepts; ``delete_failures``: how many DELETE calls answer 500
-    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request.
+    before one succeeds (every instance).  ``calls`` records ``(method, path, json body)`` of every request,
+``requests`` the same with the query string.
     Faults seen on the real API: ``lying_deletes``: how many DELETE calls per instance answer ``{"success": true}``
     while the instance stays listed; ``never_ready``: instances stay ``loading`` (``actual_status`` null, then
     ``loading``) for ever; ``dph_factor``: the instance rows report ``dph_total`` this many times the offer's;
@@ -89,7 +100,8 @@ class VastEmulator:
     def __init__(self, hosts, *, offers: list[dict[str, Any]] | None = None, boot_s: float = 0.5,
                  sshd_delay_s: float = 0.0, delete_failures: int = 0, install_posted_keys: bool = True,
                  lose_first_keys: int = 0, lying_deletes: int = 0, never_ready: bool = False,
-                 dph_factor: float = 1.0, hostless: bool = False, bind: str = "127.0.0.1", dph_as: Any = None):
+                 dph_factor: float = 1.0, hostless: bool = False, bind: str = "127.0.0.1", dph_as: Any = None,
+                 taken_status: int = 400, throttle: dict[str, int] | None = None):
         from pytest_httpserver import HTTPServer
 
         self.hosts = hosts
@@ -105,9 +117,13 @@ class VastEmulator:
         self.dph_as = dph_as
         #: a message: every stop / start (PUT instances/{id}/) is refused with it (``400 {"success": false}``)
         self.refuse_state: str | None = None
+        self.taken_status = taken_status
+        self.throttle = dict(throttle or {})
         self.instances: dict[int, Instance] = {}
         self.destroyed: list[int] = []
         self.calls: list[tuple[str, str, Any]] = []
+        #: every request as sent: method, path, query (name -> values), JSON body (parity tests compare clients)
+        self.requests: list[dict[str, Any]] = []
         self.keys_posted: list[tuple[int, str]] = []
         self._deletes: dict[int, int] = {}
         self._next_id = 31000
@@ -173,6 +189,8 @@ class VastEmulator:
             body = request.get_data(as_text=True)
         with self._lock:
             self.calls.append((request.method, request.path, body))
+            self.requests.append({"method": request.method, "path": request.path,
+                                  "query": {k: request.args.getlist(k) for k in request.args}, "body": body})
         if request.headers.get("Authorization") != f"Bearer {API_KEY}":
             return self._json({"success": False, "error": "invalid_api_key", "msg": "Invalid user key"}, 401)
         return None
@@ -246,15 +264,28 @@ class VastEmulator:
         return int(re.search(r"/instances/(\d+)/", request.path).group(1))
 
     # ------------------------------------------------------------------ endpoints
+    def _throttled(self, what: str):
+        """A 429 as Vast answers a call over its rate limit (no Retry-After), while ``throttle[what]`` lasts."""
+        with self._lock:
+            if self.throttle.get(what, 0) > 0:
+                self.throttle[what] -= 1
+                return self._json({"detail": "API requests too frequent endpoint threshold=6.0"}, 429)
+        return None
+
     def _search(self, request):
         if (bad := self._enter(request)) is not None:
+            return bad
+        if (bad := self._throttled("search")) is not None:
             return bad
         q = request.get_json(silent=True)
         if not isinstance(q, dict):
             return self._json({"success": False, "error": "invalid_args", "msg": "query must be a JSON object"},
                               400)
+        if q.get("type", "on-demand") not in ("on-demand", "bid", "reserved"):
+            return self._json({"success": False, "error": "invalid_args", "msg": f"bad type {q.get('type')!r}"}, 400)
         with self._lock:
-            rows = [dict(o) for o in self.offers if self._match(o, q)]
+            rows = [{k: v for k, v in o.items() if not k.startswith("_")} for o in self.offers
+                    if self._match(o, q) and (q.get("type") != "bid" or o.get("_bids", True))]
         for field_, how in reversed(q.get("order") or []):
             rows.sort(key=lambda r: r.get(field_, 0), reverse=how == "desc")
         return self._json({"offers": rows[:int(q.get("limit") or 64)]})
@@ -262,24 +293,27 @@ class VastEmulator:
     def _rent(self, request):
         if (bad := self._enter(request)) is not None:
             return bad
+        if (bad := self._throttled("rent")) is not None:
+            return bad
         ask = int(request.path.rstrip("/").rsplit("/", 1)[1])
         body = request.get_json(silent=True) or {}
         with self._lock:
             offer = next((o for o in self.offers if o["id"] == ask), None)
             if offer is None or offer["rented"]:
                 return self._json({"success": False, "error": "no_such_ask",
-                                   "msg": f"Instance type by id {ask} is not available."}, 400)
+                                   "msg": f"Instance type by id {ask} is not available."}, self.taken_status)
             if not self._free_hosts and not self.hostless:
                 return self._json({"success": False, "error": "no_such_ask", "msg": "no host left (emulator)"}, 400)
             price = body.get("price")
-            if price is not None and not (isinstance(price, (int, float)) and 0.001 <= price <= 32):
+            if price is not None and not (isinstance(price, (int, float)) and 0.001 <= price <= 128):
                 return self._json({"success": False, "error": "invalid_args",
-                                   "msg": "price must be a number from 0.001 to 32"}, 400)
+                                   "msg": "price must be a number from 0.001 to 128"}, 400)
             low = price is not None and price < float(offer.get("min_bid") or 0)
             if low and body.get("cancel_unavail"):
-                # with cancel_unavail a bid that cannot be scheduled is an error and nothing is created
-                return self._json({"success": False, "error": "bid_too_low",
-                                   "msg": f"bid {price} is below the minimum bid {offer['min_bid']}"}, 400)
+                # with cancel_unavail a bid that cannot be scheduled at once is refused and nothing is created
+                return self._json({"success": False, "error": "unavailable",
+                                   "msg": f"bid {price} is below the minimum bid {offer['min_bid']}: the machine is "
+                                          "unavailable now"}, 410)
             offer["rented"] = True
             iid = self._new_id()
             host = self._free_hosts.pop(0) if self._free_hosts else None
