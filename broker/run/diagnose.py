@@ -514,13 +514,16 @@ def _match_catalogue(texts: list[tuple[int | None, str]]) -> list[Finding]:
 STOPPED_BY_BROKER = ("deadline", "interrupted")
 #: exceptions a rank raises because broker stopped it
 _STOP_EXCEPTIONS = ("KeyboardInterrupt", "SignalException", "SystemExit")
+#: what a rank's collective raises when broker stopped its peer first: a consequence of the stop, not a failure
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "ECONNRESET", "EPIPE")
 
 
 def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> Diagnosis:
     """A deadline or interrupted run: only a rank's own exception from before the stop is a failure; the rest is
     a note that broker stopped the nodes (never "node 0 failed first: exit code 1" for a node broker stopped)."""
-    own = [d for d in facts if d.get("exception") and not any(x in str(d["exception"].get("type", ""))
-                                                               for x in _STOP_EXCEPTIONS)]
+    own = [d for d in facts if d.get("exception")
+           and not any(x in str(d["exception"].get("type", "")) for x in _STOP_EXCEPTIONS)
+           and not any(x in str(d["exception"].get("message", "")) for x in _PEER_GONE)]
     if own:
         d = min(own, key=lambda d: d.get("ended") or 0.0)
         exc = d["exception"]

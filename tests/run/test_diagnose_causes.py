@@ -228,3 +228,19 @@ def test_a_cause_a_lint_rule_finds_says_which(entry, rule):
 
     (e,) = [x for x in catalogue() if x.id == entry]
     assert rule in e.caught_by and not e.caught_by.startswith("none"), e.caught_by
+
+
+@pytest.mark.parametrize("status", ["interrupted", "deadline"])
+def test_a_rank_whose_peer_broker_stopped_is_not_blamed(status):
+    """After `broker down RUN` of a background run, `status RUN` opened with "node 1, rank 1 failed first:
+    RuntimeError ... Connection reset by peer": the reset is what stopping node 0 did to node 1's collective."""
+    from broker.run.diagnose import Diagnosis, _stopped_run
+
+    reset = {"type": "RuntimeError", "message": "[../gloo/transport/tcp/pair.cc:534] Read error "
+             "[198.18.3.10]:29500: Connection reset by peer", "frame": None}
+    facts = [{"node": 0, "rank": 0, "ended": 10.0, "exception": {"type": "KeyboardInterrupt", "message": ""}},
+             {"node": 1, "rank": 1, "ended": 10.2, "exception": reset}]
+    d = _stopped_run(Diagnosis(), status, facts)
+    assert d.first is None and "broker stopped every node" in " ".join(d.notes)
+    own = dict(facts[1], exception={"type": "ValueError", "message": "bad shape", "frame": None}, ended=5.0)
+    assert _stopped_run(Diagnosis(), status, [facts[0], own]).first.rank == 1  # its own error, before the stop
