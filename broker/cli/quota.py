@@ -193,6 +193,15 @@ def _units_help() -> str:
     return "; ".join(f"{p}: {words.get(_registry.capability(p, 'quota_unit'), 'units')}" for p in QUOTA_PROVIDERS)
 
 
+#: form fields whose value is a command to paste (the rest of a draft's fields are words for a web form)
+_COMMAND_FIELDS = ("gcloud", "aws", "oci", "command", "cli")
+
+
+def _printed_whole(field: str, value: str) -> bool:
+    """Whether a draft form's ``field`` is a URL or a command: printed after the table, on a line of its own."""
+    return value.startswith(("https://", "http://")) or field in _COMMAND_FIELDS
+
+
 def register(app: typer.Typer) -> None:
     names = ", ".join(QUOTA_PROVIDERS)
     either = " or ".join(QUOTA_PROVIDERS)
@@ -268,9 +277,16 @@ def register(app: typer.Typer) -> None:
             t = Table(title=f"quota increase form (not filed: {why})", title_justify="left", show_header=False)
             t.add_column("field", no_wrap=True)
             t.add_column("value", overflow="fold")
+            whole = {}  # a URL or a command split across table rows cannot be clicked or pasted: after the table
             for k, v in r.form.items():
-                t.add_row(k, str(v))
+                if _printed_whole(k, str(v)):
+                    whole[k] = str(v)
+                else:
+                    t.add_row(k, str(v))
             console.print(t)
+            for k, v in whole.items():
+                console.print(f"{k}:", markup=False, highlight=False)
+                console.print(f"  {v}", markup=False, highlight=False, keep=[v])
             return
         console.print(f"{r.provider} {r.limit_name}"
                       + (f" ({r.scope})" if r.scope and r.scope != r.region else "")

@@ -382,3 +382,25 @@ def test_quota_check_on_a_provider_without_quotas_says_what_to_use(cli_env):
     assert cp.returncode == 2
     text = " ".join(cp.stderr.split())
     assert "-> vast has no service limits to read" in text and "broker offers --provider vast" in text, text
+
+
+@pytest.mark.parametrize("provider, region, whole", [
+    ("aws", "us-east-1", ["https://us-east-1.console.aws.amazon.com/servicequotas/home/services/ec2/quotas/"]),
+    ("gcp", "us-east1", ["https://console.cloud.google.com/iam-admin/quotas?project=", "gcloud beta quotas "
+                         "preferences create --service=compute.googleapis.com"])])
+def test_a_draft_prints_its_console_url_and_command_whole_outside_the_table(cli_env, provider, region, whole):
+    """At 80 columns `quota request --draft` split the console URL and the gcloud command across table rows."""
+    import subprocess
+    import sys
+
+    env = dict(cli_env, COLUMNS="80", BROKER_NO_WRAP="0")
+    cp = subprocess.run([sys.executable, "-m", "broker", "quota", "request", "--provider", provider, "--draft",
+                         "--region", region], env=env, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    for piece in whole:
+        line = next((ln for ln in lines if piece in ln), None)
+        assert line is not None and "│" not in line, cp.stdout  # on a line of its own, not in a table cell
+    if provider == "gcp":
+        cmd = next(ln for ln in lines if "gcloud beta" in ln)
+        assert cmd.rstrip().endswith("--email=<email>"), cp.stdout  # the whole command on one line
