@@ -654,8 +654,11 @@ def register(app: "typer.Typer") -> None:
         cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
         cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
         cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
+        # "where" wraps between words only: its longest word (a region id such as us-central1, "Washington,") sets
+        # its least width, so a place is never cut inside a word
+        where_word = max((len(w) for o in rows[:limit] for w in (where_of(o) or "any").split()), default=3)
         for col, nowrap in cols:
-            t.add_column(col, no_wrap=nowrap, overflow="fold",
+            t.add_column(col, no_wrap=nowrap, overflow="fold", min_width=min(where_word, 24) if col == "where" else None,
                          justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
