@@ -654,11 +654,8 @@ def register(app: "typer.Typer") -> None:
         cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
         cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
         cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
-        # "where" wraps between words only: its longest word (a region id such as us-central1, "Washington,") sets
-        # its least width, so a place is never cut inside a word
-        where_word = max((len(w) for o in rows[:limit] for w in (where_of(o) or "any").split()), default=3)
         for col, nowrap in cols:
-            t.add_column(col, no_wrap=nowrap, overflow="fold", min_width=min(where_word, 24) if col == "where" else None,
+            t.add_column(col, no_wrap=nowrap, overflow="fold",
                          justify="right" if col.startswith(("$", "disk")) else "left")
         for o in rows[:limit]:
             if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
@@ -678,6 +675,7 @@ def register(app: "typer.Typer") -> None:
                 cells += [usd(o.usd_per_hour)]
             cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
             t.add_row(*cells)
+        _where_between_words(t, console.width)
         print_table(t, wide=wide)
         if not wide:
             console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
@@ -813,6 +811,21 @@ def register(app: "typer.Typer") -> None:
             console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
         if failed:
             raise typer.Exit(4)
+
+
+def _where_between_words(t: Any, width: int) -> None:
+    """Give the offers table's ``where`` column its longest word as its least width (a region id such as
+    us-central1, "Washington,") when the other columns leave room for it within ``width``: a place then wraps
+    between words, never inside one.  Where they do not, the column folds as before."""
+    cols = t.columns
+    where = next((c for c in cols if c.header == "where"), None)
+    if where is None:
+        return
+    cells = [str(x) for x in where._cells]
+    longest = max((len(w) for c in cells for w in c.split()), default=0)
+    others = sum(max([len(str(c.header))] + [len(str(x)) for x in c._cells]) for c in cols if c is not where)
+    if others + longest + 2 * (len(cols) - 1) <= width:
+        where.min_width = longest
 
 
 def live_catalog(name: str) -> "tuple[list[Offer], str] | str":

@@ -9,7 +9,7 @@ import sys
 
 def test_offers_at_80_columns_never_cut_a_region_or_place_name(cli_env):
     env = dict(cli_env, COLUMNS="80", BROKER_NO_WRAP="0")
-    cp = subprocess.run([sys.executable, "-m", "broker", "offers", "--limit", "60"], env=env, capture_output=True,
+    cp = subprocess.run([sys.executable, "-m", "broker", "offers"], env=env, capture_output=True,
                         text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
