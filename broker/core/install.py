@@ -61,8 +61,8 @@ def _shown(path: Path, cwd: Path, *, dot: bool = False) -> str:
 
 
 def install_hint(extra: str, packages: str = "", *, cwd: Path | None = None) -> str:
-    """The command that installs broker's ``extra`` (with ``packages``, e.g. "google-cloud-compute, google-auth",
-    named after it), one line.  From a checkout: this interpreter's pip, ``install -e '<checkout>[extra]'``, paths
+    """The command that installs broker's ``extra`` in backticks (with ``packages``, e.g. "google-cloud-compute,
+    google-auth", named after it), one line.  From a checkout: this interpreter's pip, ``install -e '<checkout>[extra]'``, paths
     relative to ``cwd`` (default: the current folder) when under it, e.g. ``.venv/bin/pip install -e '.[gcp]'``;
     otherwise ``pip install 'broker[extra]'``.  Raises nothing."""
     here = cwd or Path.cwd()
@@ -73,4 +73,5 @@ def install_hint(extra: str, packages: str = "", *, cwd: Path | None = None) -> 
         pip = Path(sys.executable).with_name("pip")
         pip_s = _shown(pip, here) if pip.exists() else f"{_shown(Path(sys.executable), here)} -m pip"
         cmd = f"{pip_s} install -e {shlex.quote(f'{_shown(src, here, dot=True)}[{extra}]')}"
-    return f"{cmd} ({packages})" if packages else cmd
+    # backticked: the terminal's wrapping keeps a `command` whole (it split `pip install -e` / `'.[gcp]'`)
+    return f"`{cmd}` ({packages})" if packages else f"`{cmd}`"

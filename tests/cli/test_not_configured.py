@@ -118,18 +118,18 @@ def test_install_hint_follows_how_broker_was_installed(monkeypatch, tmp_path):
     editable = json.dumps({"dir_info": {"editable": True}, "url": src.as_uri()})
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(editable))
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(editable)]))
-    assert install_hint("gcp", "google-auth", cwd=src) == ".venv/bin/pip install -e '.[gcp]' (google-auth)"
-    assert install_hint("vast", cwd=tmp_path) == "broker-src/.venv/bin/pip install -e './broker-src[vast]'"
+    assert install_hint("gcp", "google-auth", cwd=src) == "`.venv/bin/pip install -e '.[gcp]'` (google-auth)"
+    assert install_hint("vast", cwd=tmp_path) == "`broker-src/.venv/bin/pip install -e './broker-src[vast]'`"
     elsewhere = tmp_path / "elsewhere"
-    assert install_hint("oci", cwd=elsewhere) == f"{venv_bin / 'pip'} install -e '{src}[oci]'"
+    assert install_hint("oci", cwd=elsewhere) == f"`{venv_bin / 'pip'} install -e '{src}[oci]'`"
     # from a wheel or the package index: no direct_url.json, or a download URL
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(None))
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(None)]))
-    assert install_hint("gcp", cwd=src) == "pip install 'broker[gcp]'"
+    assert install_hint("gcp", cwd=src) == "`pip install 'broker[gcp]'`"
     wheel = json.dumps({"archive_info": {}, "url": "https://example.invalid/broker-0.1.0-py3-none-any.whl"})
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(wheel))
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(wheel)]))
-    assert install_hint("aws", cwd=src) == "pip install 'broker[aws]'"
+    assert install_hint("aws", cwd=src) == "`pip install 'broker[aws]'`"
 
 
 def test_a_checkouts_own_egg_info_found_first_does_not_hide_the_editable_install(monkeypatch, tmp_path):
@@ -146,3 +146,12 @@ def test_a_checkouts_own_egg_info_found_first_does_not_hide_the_editable_install
     monkeypatch.setattr(metadata, "distribution", lambda name: _Dist(None))
     monkeypatch.setattr(metadata, "distributions", lambda **kw: iter([_Dist(None), _Dist(editable)]))
     assert checkout_dir() == src
+
+
+def test_the_install_command_is_never_split_at_80_columns(bare_env, tmp_path):
+    """At 80 columns the hint broke `pip install -e` / `'...[gcp]'` across lines: pasted, neither half works."""
+    env = dict(without_google_clients(bare_env, tmp_path), COLUMNS="80", BROKER_NO_WRAP="0")
+    p = subprocess.run([sys.executable, "-m", "broker", "run", "--provider", "gcp", "recipes/ddp_2node.yaml"],
+                       cwd=REPO, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    line = next((ln for ln in (p.stdout + p.stderr).splitlines() if "pip install" in ln), "")
+    assert "pip install -e '.[gcp]'`" in line, p.stdout + p.stderr
