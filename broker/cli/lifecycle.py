@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import sys
+import contextlib
 import threading
 import time
 from typing import Any
@@ -65,10 +66,28 @@ class ProgressPrinter:
         else:
             self._live()
 
-    def _text(self) -> str:
+    def _text(self) -> Any:
+        """The live line: one terminal line at most (a status line that wraps is redrawn below itself in tmux,
+        "network checks[preflight] check nod"), cut with an ellipsis; the plain step lines above it stay whole."""
         from rich.markup import escape
+        from rich.text import Text
 
-        return f"[dim]{self.prefix()}[/] {escape(self.step)}"
+        text = Text.from_markup(f"[dim]{self.prefix()}[/] {escape(self.step)}")
+        text.no_wrap = True
+        text.truncate(max(10, self.console.width - 3), overflow="ellipsis")  # the spinner and its space
+        return text
+
+    @contextlib.contextmanager
+    def paused(self) -> Any:
+        """Stop the live line while other output goes to the terminal (the run's header on stdout was drawn over
+        the spinner, which stayed behind as a stale line), then bring it back."""
+        live = self._status is not None
+        self.close()
+        try:
+            yield
+        finally:
+            if live and self.console.is_terminal:
+                self._live()
 
     def _live(self) -> None:
         if self._status is not None:

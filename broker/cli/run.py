@@ -167,7 +167,8 @@ def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
     def started(run: Any, description: str) -> None:
         prog.bind(run)
         if not as_json:
-            console.print(f"[bold]run {run.id}[/]: {recipe.name}, {description}", highlight=False)
+            with prog.paused():
+                console.print(f"[bold]run {run.id}[/]: {recipe.name}, {description}", highlight=False)
 
     try:
         out = run_pipeline(recipe, KeptTarget(origin, cluster), ledger=ledger,
@@ -325,9 +326,10 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
         prog.bind(run)
         _tell_detached_parent(run)
         if not as_json:
-            console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x {recipe.gpus_per_node} "
-                          f"process(es), {description}", highlight=False)
-            console.print(f"logs: {quote_path(run.run_dir)}", highlight=False)
+            with prog.paused():  # stdout under stderr's live line: the line first steps aside
+                console.print(f"[bold]run {run.id}[/]: {recipe.name}, {recipe.nodes} nodes x "
+                              f"{recipe.gpus_per_node} process(es), {description}", highlight=False)
+                console.print(f"logs: {quote_path(run.run_dir)}", highlight=False)
 
     hooks = Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
