@@ -618,13 +618,16 @@ def test_every_file_in_the_home_is_created_private_under_a_permissive_umask(tmp_
         lock.release()
         os.environ[DETACHED_ENV] = "1"
         _tell_detached_parent(run)
+        marker = Path(run.run_dir) / "detached.json"  # removed when this process ends: its mode is read now
+        assert marker.exists() and not marker.stat().st_mode & 0o077, oct(marker.stat().st_mode)
         sshkeys.pin_host_key(Path(run.run_dir) / "ssh" / "known_hosts", "broker-res-r-1", "ssh-ed25519 AAAA")
         print(json.dumps(run.run_dir))
     """, {**os.environ, "BROKER_HOME": str(home)}, umask=umask)
     assert p.returncode == 0, p.stderr
     run_dir = Path(json.loads(p.stdout.strip().splitlines()[-1]))
     made = {home / ".space-reserve", home / "cache" / "lint.json", home / "watchdog.json", home / "watchdog.lock",
-            home / "watchdog.log", run_dir / "detached.json", run_dir / "ssh" / "known_hosts"}
+            home / "watchdog.log", run_dir / "ssh" / "known_hosts"}
+    assert not (run_dir / "detached.json").exists()  # the run's process ended: its identity is not left behind
     assert all(f.exists() for f in made), sorted(str(f) for f in made if not f.exists())
     wide = [f"{q} {mode(q):o}" for q in [home, *home.rglob("*")] if mode(q) & 0o077]
     assert wide == []
