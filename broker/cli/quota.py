@@ -194,7 +194,7 @@ def _units_help() -> str:
 
 
 #: form fields whose value is a command to paste (the rest of a draft's fields are words for a web form)
-_COMMAND_FIELDS = ("gcloud", "aws", "oci", "command", "cli")
+_COMMAND_FIELDS = ("gcloud", "command", "cli")
 
 
 def _printed_whole(field: str, value: str) -> bool:
