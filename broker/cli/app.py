@@ -645,7 +645,29 @@ def main(argv: list[str] | None = None) -> None:
             code = _terminated.exit_code
     finally:
         reset_logging()
-    sys.exit(code)
+    sys.exit(_unrecorded(code))
+
+
+def _unrecorded(code: int) -> int:
+    """``code``, or ``code`` + 10 (broker.money.journal.exit_code) after naming on stderr every write this process
+    could not record in the ledger (it was locked or its disk full: the teardown went on without it)."""
+    if "broker.money.journal" not in sys.modules:  # nothing was written through it
+        return code
+    from broker.money import journal
+
+    try:
+        lines = journal.unrecorded_lines()
+    except Exception:  # noqa: BLE001 - the journal holds them; the code still says so
+        return journal.exit_code(code, journal.pending_anywhere())
+    if not lines:
+        return code
+    try:
+        sys.stderr.write("error: the ledger could not record everything (teardown went on without it):\n"
+                         + "".join(f"  {line}\n" for line in lines))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return journal.exit_code(code, True)
 
 
 def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) -> int:
