@@ -95,24 +95,67 @@ def _hook(d: dict) -> Any:
     return d
 
 
+def fallback_path(folder: Path) -> Path:
+    """Where the journal goes when the ledger's own filesystem cannot take it either (full after the reserve went,
+    read-only): ``/tmp/broker-<uid>/ledger-<hash of the folder>.journal`` (the folder 0700, checked as ours), used
+    only when it is another filesystem.  Read back by :func:`replay` like the journal beside the ledger."""
+    import hashlib
+
+    from broker.core.private import SHORT_BASE
+
+    tag = hashlib.sha256(str(Path(folder).absolute()).encode()).hexdigest()[:12]
+    return SHORT_BASE / f"broker-{os.geteuid()}" / f"ledger-{tag}.journal"
+
+
+def _fallback_usable(folder: Path) -> Path | None:
+    from broker.core.private import check_private_dir, private_dir
+
+    p = fallback_path(folder)
+    try:
+        check_private_dir(private_dir(p.parent))
+        if os.stat(p.parent).st_dev == os.stat(folder).st_dev:
+            return None  # the same filesystem: no better off
+    except Exception:  # noqa: BLE001 - an unsafe or unmakeable folder is not used
+        return None
+    return p
+
+
 class Journal:
-    """The append-only journal beside the ledger (``<folder>/ledger.journal``, 0600)."""
+    """The append-only journal beside the ledger (``<folder>/ledger.journal``, 0600), and its fallback on another
+    filesystem (:func:`fallback_path`)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.path = self.folder / JOURNAL_NAME
+        #: where the last entry went (the fallback when the folder's filesystem could not take it)
+        self.written_to = self.path
+
+    def paths(self) -> list[Path]:
+        return [self.path, fallback_path(self.folder)]
 
     def append(self, entry: dict[str, Any]) -> bool:
         """Append one entry (a JSON line, flock-ed, fsync-ed); on a full filesystem the space reserve is released
-        and the append tried again.  False when it cannot be written (the entry then lives in memory only)."""
+        and the append tried again, then the fallback on another filesystem is tried.  False when neither can be
+        written (the entry then lives in memory only)."""
         line = (json.dumps(entry, default=_default) + "\n").encode()
+        if self._append(self.path, line, self.folder):
+            self.written_to = self.path
+            return True
+        other = _fallback_usable(self.folder)
+        if other is not None and self._append(other, line, None):
+            self.written_to = other
+            return True
+        return False
+
+    @staticmethod
+    def _append(path: Path, line: bytes, reserve_in: Path | None) -> bool:
         for _ in range(2):
             try:
-                fd = os.open(self.path, _OPEN_FLAGS, 0o600)
+                fd = os.open(path, _OPEN_FLAGS, 0o600)
             except OSError as e:
-                if e.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(self.folder):
+                if e.errno in (errno.ENOSPC, errno.EDQUOT) and reserve_in is not None and release_reserve(reserve_in):
                     continue
-                _log.warning("cannot open the ledger journal %s: %s", self.path, e)
+                _log.warning("cannot open the ledger journal %s: %s", path, e)
                 return False
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -123,18 +166,21 @@ class Journal:
                     return True
                 except OSError as e:
                     os.ftruncate(fd, size)  # never half a line
-                    if e.errno in (errno.ENOSPC, errno.EDQUOT) and release_reserve(self.folder):
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT) and reserve_in is not None and \
+                            release_reserve(reserve_in):
                         continue
-                    _log.warning("cannot write the ledger journal %s: %s", self.path, e)
+                    _log.warning("cannot write the ledger journal %s: %s", path, e)
                     return False
             finally:
                 os.close(fd)
         return False
 
-    def read(self) -> list[dict[str, Any]]:
-        """Every well-formed entry, in order (a line that does not parse is skipped and logged)."""
+    @staticmethod
+    def read(path: Path) -> list[dict[str, Any]]:
+        """Every well-formed entry of the journal file ``path``, in order (a line that does not parse is skipped and
+        logged)."""
         try:
-            data = self.path.read_bytes()
+            data = path.read_bytes()
         except OSError:
             return []
         out = []
@@ -142,7 +188,7 @@ class Journal:
             try:
                 e = json.loads(raw, object_hook=_hook)
             except ValueError:
-                _log.warning("skipping a damaged line of the ledger journal %s", self.path)
+                _log.warning("skipping a damaged line of the ledger journal %s", path)
                 continue
             if isinstance(e, dict) and e.get("op") in FAILSAFE_OPS and isinstance(e.get("id"), str):
                 out.append(e)
@@ -165,22 +211,30 @@ def _apply(ledger: "Ledger", entry: dict[str, Any]) -> None:
     getattr(ledger, op)(*args, **kwargs)
 
 
+def journal_exists(folder: Path) -> bool:
+    """Whether a journal (beside the ledger in ``folder``, or its fallback) waits to be replayed."""
+    return any(os.path.exists(p) for p in Journal(folder).paths())
+
+
 def replay(ledger: "Ledger", *, busy_s: float = RETRY_BUSY_S) -> int:
-    """Write the journal beside ``ledger`` into it: every entry not applied before, in one transaction, then empty
-    the journal.  Returns how many entries were applied (0 when there is no journal); never raises for a ledger that
-    still cannot be written (the journal stays for the next command)."""
-    j = Journal(ledger.path.parent)
-    if not j.path.exists():
-        return 0
+    """Write the journals of ``ledger`` (beside it, and the fallback) into it: every entry not applied before, in one
+    transaction per file, then empty the file.  Returns how many entries were applied (0 when there is no journal);
+    never raises for a ledger that still cannot be written (the journal stays for the next command)."""
+    return sum(_replay_file(ledger, p, busy_s) for p in Journal(ledger.path.parent).paths() if os.path.exists(p))
+
+
+def _replay_file(ledger: "Ledger", path: Path, busy_s: float) -> int:
     try:
-        fd = os.open(j.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return 0
     db = ledger._db
     applied = 0
     try:
+        if os.fstat(fd).st_uid != os.geteuid():  # a journal is input: only one this user wrote
+            return 0
         fcntl.flock(fd, fcntl.LOCK_EX)
-        entries = j.read()
+        entries = Journal.read(path)
         if not entries:
             os.ftruncate(fd, 0)
             return 0
@@ -198,7 +252,8 @@ def replay(ledger: "Ledger", *, busy_s: float = RETRY_BUSY_S) -> int:
                     why = sorted({str(e.get("why")) for e in todo if e.get("why")})
                     ledger.event(None, "journal", "journal-replay",
                                  f"{len(todo)} write(s) made between {todo[0].get('at')} and {todo[-1].get('at')} "
-                                 f"while the ledger could not be written ({'; '.join(why)[:300]}) recorded now")
+                                 f"while the ledger could not be written ({'; '.join(why)[:300]}) recorded now "
+                                 f"from {path}")
             applied = len(todo)
         os.ftruncate(fd, 0)
         try:
@@ -207,12 +262,12 @@ def replay(ledger: "Ledger", *, busy_s: float = RETRY_BUSY_S) -> int:
         except sqlite3.Error:
             pass  # the marks only keep entries from being applied twice; stale ones are harmless
         if applied:
-            _log.info("replayed %d journalled ledger write(s) from %s", applied, j.path)
+            _log.info("replayed %d journalled ledger write(s) from %s", applied, path)
         return applied
     except sqlite3.Error as e:
         if unwritable(e) is None:
             raise
-        _log.info("the ledger journal %s waits: %s", j.path, e)
+        _log.info("the ledger journal %s waits: %s", path, e)
         return 0
     finally:
         os.close(fd)
@@ -312,7 +367,8 @@ class FailSafeLedger:
                 self.unjournalled.add(entry["id"])
             if first:
                 self._tell(f"the ledger ({self._ledger.path}) cannot be written ({why}): teardown goes on; what "
-                           f"it cannot record is kept in {self.journal.path} and written on the next broker command")
+                           f"it cannot record is kept in {self.journal.written_to} and written on the next broker "
+                           "command")
             return FAILSAFE_OPS[op]
 
     def retry(self, busy_s: float = RETRY_BUSY_S) -> bool:
@@ -451,7 +507,7 @@ def unrecorded_lines() -> list[str]:
         items = f.unrecorded()
         if not items:
             continue
-        where = (f"kept in {f.journal.path}; the next broker command that can write the ledger records it"
+        where = (f"kept in {f.journal.written_to}; the next broker command that can write the ledger records it"
                  if all(i["journalled"] for i in items) else
                  f"NOT journalled either ({f.journal.path} could not be written): the ledger will not know")
         for i in items:

@@ -259,9 +259,9 @@ class Ledger:
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
                              ("bi" + uuid.uuid4().hex[:10],))
         # writes an earlier process could not make (the ledger was locked or its disk full) are recorded now
-        if (self.path.parent / "ledger.journal").exists():
-            from broker.money.journal import replay
+        from broker.money.journal import journal_exists, replay
 
+        if journal_exists(self.path.parent):
             replay(self)
 
     def _migrate(self) -> None:

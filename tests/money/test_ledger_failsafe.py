@@ -1,0 +1,277 @@
+"""Teardown never depends on the ledger: a ledger locked by another process (a real ``BEGIN EXCLUSIVE`` held by a
+second process) or on a full filesystem (a real tmpfs filled up) still lets every delete go out; what could not be
+recorded is journalled beside the ledger (or on another filesystem), named at exit with its $/hour and the command
+that ends it, and replayed by the next broker command that can write the ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from broker.core.model import utcnow
+from broker.core.records import Run
+from broker.money.journal import JOURNAL_NAME, Journal, fallback_path
+from broker.money.ledger import Ledger
+from tests.conftest import REPO, broker_cmd
+
+needs_mount = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="needs root to mount a tmpfs")
+
+
+@contextmanager
+def locked(db: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding ``BEGIN EXCLUSIVE`` on ``db`` until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sqlite3, sys\n"
+        f"db = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "db.execute('BEGIN EXCLUSIVE')\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield holder
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+
+
+def _states(db: Path, run_id: str) -> list[str]:
+    """The resource states as the file says (a plain read: WAL readers pass a writer's lock)."""
+    con = sqlite3.connect(str(db))
+    try:
+        return [r[0] for r in con.execute("SELECT state FROM resources WHERE run_id = ?", (run_id,))]
+    finally:
+        con.close()
+
+
+def _vast_run(ledger: Ledger, emu, run_id: str, *, deadline=None) -> tuple[str, int]:
+    """A run with one labelled, running Vast instance in the emulator and the ledger; (resource id, instance id)."""
+    from broker.providers.vast import make_label
+
+    iid = emu.add_instance(make_label(run_id, 0, ledger.installation_id, "r-tok"))
+    ledger.create_run(Run(id=run_id, name="job", provider="vast", status="running", created_at=utcnow(),
+                          deadline=deadline))
+    res = ledger.record_intent(run_id, "vast", "instance", f"broker-{run_id}-n0", usd_per_hour=0.41)
+    ledger.mark_created(res.id, str(iid), state="running")
+    return res.id, iid
+
+
+@pytest.fixture
+def vast_emu(monkeypatch):
+    from tests.support.vast_emulator import API_KEY, VastEmulator
+
+    emu = VastEmulator(None, hostless=True)
+    monkeypatch.setenv("VAST_API_URL", emu.url)
+    monkeypatch.setenv("VAST_API_KEY", API_KEY)
+    try:
+        yield emu
+    finally:
+        emu.close()
+
+
+def _vast(emu):
+    from broker.providers.vast import VastProvider
+    from tests.support.vast_emulator import API_KEY
+
+    return VastProvider(api_key=API_KEY, api_url=emu.url, sleep=lambda s: None, delete_timeout_s=10)
+
+
+def test_broker_down_with_the_ledger_locked_deletes_journals_and_the_next_command_records_it(vast_emu, broker_home,
+                                                                                             cli_env):
+    """The exact case: `broker down` with the ledger locked by another process ended `database is locked`, exit 2,
+    no DELETE.  Now the DELETE goes out, the instance is gone, the journal (0600) holds the writes, the terminal
+    names the instance with its $/h, the exit code is 10 (0 + unrecorded), and `broker status` records it."""
+    db = broker_home / "ledger.sqlite"
+    lg = Ledger(db)
+    rid, iid = _vast_run(lg, vast_emu, "20261206-000000-d0wn01")
+    lg.close()
+    env = dict(cli_env, VAST_API_URL=vast_emu.url)
+    with locked(db):
+        r = subprocess.run(broker_cmd("down", "20261206-000000-d0wn01", "--yes"), env=env, capture_output=True,
+                           text=True, timeout=120, cwd=REPO)
+        out = r.stdout + r.stderr
+        assert r.returncode == 10, out
+        assert vast_emu.deletes_of(iid) >= 1 and iid not in vast_emu.instances
+        assert _states(db, "20261206-000000-d0wn01") == ["running"]  # the ledger could not take it
+        journal = broker_home / JOURNAL_NAME
+        assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+        entries = Journal.read(journal)
+        assert [e["op"] for e in entries][:1] == ["claim_termination"]
+        assert any(e["op"] == "update_resource" and e["kwargs"].get("state") == "terminated" for e in entries)
+        assert "database is locked" in out and f"vast instance {iid} ($0.41/h) was deleted" in out
+        assert str(journal) in out
+    r = subprocess.run(broker_cmd("status"), env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _states(db, "20261206-000000-d0wn01") == ["terminated"]
+    assert journal.stat().st_size == 0
+    lg = Ledger(db)
+    (row,) = lg.resources("20261206-000000-d0wn01")
+    assert row.terminated_by == "down" and row.terminated_at is not None
+    assert (row.terminated_at - utcnow()).total_seconds() < 0
+    assert any(e["action"] == "journal-replay" for e in lg.events())
+    run = lg.get_run("20261206-000000-d0wn01")
+    assert run.status == "interrupted"  # `down` settled the run (its CLI is gone), recorded from the journal
+
+
+def test_the_watchdog_deletes_at_the_deadline_while_the_ledger_is_locked_and_records_it_later(vast_emu, broker_home):
+    from datetime import timedelta
+
+    from broker.money.watchdog import Watchdog
+
+    db = broker_home / "ledger.sqlite"
+    lg = Ledger(db)
+    rid, iid = _vast_run(lg, vast_emu, "20261206-000000-wdog01", deadline=utcnow() - timedelta(minutes=1))
+    p = _vast(vast_emu)
+    wd = Watchdog(Ledger(db), providers={"vast": p}, confirm_timeout_s=10, interval_s=0.5)
+    with locked(db):
+        t0 = time.monotonic()
+        actions = wd.run_once()
+        assert time.monotonic() - t0 < 60
+        assert vast_emu.deletes_of(iid) >= 1 and iid not in vast_emu.instances
+        assert any(a.ok and a.provider_id == str(iid) for a in actions), actions
+        assert _states(db, "20261206-000000-wdog01") == ["running"]
+        assert wd.ledger.resource(rid).state == "terminated"  # what it kept, it reads
+        assert (broker_home / JOURNAL_NAME).stat().st_size > 0
+        assert not wd.ledger.resources(live_only=True)  # the next pass does not delete it again
+    wd.run_once()  # the lock is gone: the kept writes reach the ledger
+    assert _states(db, "20261206-000000-wdog01") == ["terminated"]
+    assert lg.get_run("20261206-000000-wdog01").status == "deadline"
+    assert vast_emu.deletes_of(iid) == 1
+
+
+@contextmanager
+def _small_fs(tmp_path: Path, mib: int = 6) -> Iterator[Path]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0700", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder: Path) -> Path:
+    """Fill the filesystem of ``folder`` to the last byte (like a job's checkpoints)."""
+    blob = folder / "filler.bin"
+    fd = os.open(blob, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"x" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return blob
+
+
+@needs_mount
+def test_a_full_home_releases_the_space_reserve_to_record_the_teardown(vast_emu, tmp_path):
+    from broker.money.teardown import teardown_run
+    from broker.run.runrecord import _reserve_space
+
+    with _small_fs(tmp_path) as home:
+        lg = Ledger(home / "ledger.sqlite")
+        rid, iid = _vast_run(lg, vast_emu, "20261206-000000-full01")
+        _reserve_space(lg)
+        assert (home / ".space-reserve").exists()
+        _fill(home)
+        with pytest.raises(sqlite3.OperationalError, match="full"):  # the disk is really full for the ledger
+            lg.event("20261206-000000-full01", "test", "probe", "x" * 200000)
+        said: list[str] = []
+        left = teardown_run(lg, "20261206-000000-full01", "cli", providers={"vast": _vast(vast_emu)},
+                            say=said.append, poll_s=0.1, confirm_timeout_s=10)
+        assert left == []
+        assert vast_emu.deletes_of(iid) >= 1 and iid not in vast_emu.instances
+        assert not (home / ".space-reserve").exists()  # used for exactly this
+        assert _states(home / "ledger.sqlite", "20261206-000000-full01") == ["terminated"]
+        assert any("is full" in s and "space reserve" in s for s in said), said
+        lg.close()
+
+
+@needs_mount
+def test_a_full_home_without_reserve_journals_on_another_filesystem_and_a_later_open_replays(vast_emu, tmp_path):
+    from broker.money.journal import unrecorded_lines
+    from broker.money.teardown import teardown_run
+
+    with _small_fs(tmp_path) as home:
+        if os.stat(home).st_dev == os.stat(fallback_path(home).parent.parent).st_dev:
+            pytest.skip("/tmp is the same filesystem")
+        lg = Ledger(home / "ledger.sqlite")
+        rid, iid = _vast_run(lg, vast_emu, "20261206-000000-full02")
+        blob = _fill(home)
+        try:
+            left = teardown_run(lg, "20261206-000000-full02", "cli", providers={"vast": _vast(vast_emu)},
+                                poll_s=0.1, confirm_timeout_s=10)
+            assert left == []  # as this process reads it
+            assert vast_emu.deletes_of(iid) >= 1 and iid not in vast_emu.instances
+            assert _states(home / "ledger.sqlite", "20261206-000000-full02") == ["running"]
+            other = fallback_path(home)
+            assert other.exists() and stat.S_IMODE(other.stat().st_mode) == 0o600
+            assert any(e["kwargs"].get("state") == "terminated" for e in Journal.read(other))
+            lines = unrecorded_lines()
+            assert any(f"vast instance {iid} ($0.41/h) was deleted" in ln and str(other) in ln for ln in lines), lines
+        finally:
+            blob.unlink()  # space again
+        lg.close()
+        lg2 = Ledger(home / "ledger.sqlite")  # the next command opens the ledger: replayed
+        assert [r.state for r in lg2.resources("20261206-000000-full02")] == ["terminated"]
+        assert not other.exists() or other.stat().st_size == 0
+        lg2.close()
+
+
+def test_a_ledger_first_write_still_refuses_to_create(tmp_path):
+    """record_intent (before a provider call) is never journalled: a locked ledger stops the create."""
+    from broker.money.journal import failsafe
+
+    db = tmp_path / "ledger.sqlite"
+    lg = Ledger(db)
+    lg.create_run(Run(id="r-intent", name="x", status="running", created_at=utcnow()))
+    f = failsafe(lg)
+    with locked(db):
+        lg._db.execute("PRAGMA busy_timeout=200")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            f.record_intent("r-intent", "vast", "instance", "n0")
+    assert not (tmp_path / JOURNAL_NAME).exists()
+
+
+def test_exit_codes_say_both_things():
+    from broker.money.journal import exit_code
+
+    assert [exit_code(c, True) for c in (0, 1, 2, 3, 4, 130, 143)] == [10, 11, 12, 13, 14, 130, 143]
+    assert [exit_code(c, False) for c in (0, 1, 4)] == [0, 1, 4]
+
+
+def test_a_journal_replays_once_and_keeps_an_ended_row_ended(tmp_path):
+    """A replayed journal applies each entry once (a second process replaying the same file does nothing) and a
+    journalled older state never re-opens a row another process has terminated since."""
+    from broker.money.journal import replay
+
+    db = tmp_path / "ledger.sqlite"
+    lg = Ledger(db)
+    lg.create_run(Run(id="r-j", name="x", status="running", created_at=utcnow()))
+    a = lg.record_intent("r-j", "fake", "instance", "a", usd_per_hour=1.0)
+    lg.mark_created(a.id, "i-a", state="running")
+    entries = [{"id": "e1", "at": utcnow().isoformat(), "op": "update_resource", "args": [a.id],
+                "kwargs": {"state": "running", "error": "stale"}, "why": "database is locked"},
+               {"id": "e2", "at": utcnow().isoformat(), "op": "event", "args": ["r-j", "cli", "note", "hello"],
+                "kwargs": {}, "why": "database is locked"}]
+    lg.update_resource(a.id, state="terminated", actor="watchdog")
+    (tmp_path / JOURNAL_NAME).write_text("".join(json.dumps(e) + "\n" for e in entries) + "not json\n")
+    os.chmod(tmp_path / JOURNAL_NAME, 0o600)
+    assert replay(lg) == 2
+    assert lg.resource(a.id).state == "terminated"
+    assert [e["message"] for e in lg.events("r-j") if e["action"] == "note"][0].startswith("hello [at ")
+    assert replay(lg) == 0
+    assert len([e for e in lg.events("r-j") if e["action"] == "note"]) == 1
