@@ -275,3 +275,59 @@ def test_a_journal_replays_once_and_keeps_an_ended_row_ended(tmp_path):
     assert [e["message"] for e in lg.events("r-j") if e["action"] == "note"][0].startswith("hello [at ")
     assert replay(lg) == 0
     assert len([e for e in lg.events("r-j") if e["action"] == "note"]) == 1
+
+
+WAITER = """
+import os, sys, time
+from pathlib import Path
+d = Path(sys.argv[1])
+(d / f"mid{os.environ['RANK']}").write_text("x")
+end = time.monotonic() + 90
+while not (d / "go").exists() and time.monotonic() < end:
+    time.sleep(0.05)
+print("JOB_OK", flush=True)
+"""
+
+
+def test_a_run_whose_ledger_is_locked_mid_job_still_tears_down_and_says_both_things(tmp_path, cli_env, broker_home):
+    """The exact case on the run path: the ledger locked by another process from mid-job until after the job
+    ended.  The run's machines are deleted (the fake cloud shows them terminated), the exit code is 10 (the job
+    succeeded; the ledger could not record it), each unrecorded instance is named with its $/h, and the next
+    command records the run's end and the deletes."""
+    (tmp_path / "wait.py").write_text(WAITER)
+    (tmp_path / "r.yaml").write_text(f"name: locked\nscript: wait.py\nargs: ['{tmp_path}']\nnodes: 2\ncpu_ok: true\n"
+                                     "max_hours: 0.1\nexpect: [JOB_OK]\n")
+    state = tmp_path / "fake.json"
+    env = dict(cli_env, BROKER_FAKE_STATE=str(state))
+    db = broker_home / "ledger.sqlite"
+    proc = subprocess.Popen(broker_cmd("run", str(tmp_path / "r.yaml"), "--provider", "fake", "--yes"), env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        end = time.monotonic() + 120
+        while not all((tmp_path / f"mid{i}").exists() for i in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < end, proc.stdout.read() if proc.poll() is not None \
+                else "the job did not start"
+            time.sleep(0.05)
+        with locked(db):
+            (tmp_path / "go").write_text("go")
+            out, _ = proc.communicate(timeout=180)
+            assert proc.returncode == 10, out
+            insts = json.loads(state.read_text())["instances"]
+            assert insts and all(i["state"] == "terminated" for i in insts.values()), insts
+            assert "JOB_OK" in out and "database is locked" in out
+            assert "was deleted at the provider but the ledger still shows it live" in out
+            assert "$1/h" in out or "$1.8/h" in out, out
+            con = sqlite3.connect(str(db))
+            (status,) = con.execute("SELECT status FROM runs").fetchone()
+            con.close()
+            assert status == "running"  # the ledger could not take the end
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    r = subprocess.run(broker_cmd("status", "--json"), env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    con = sqlite3.connect(str(db))
+    assert con.execute("SELECT status FROM runs").fetchone()[0] == "succeeded"
+    assert {s for (s,) in con.execute("SELECT state FROM resources")} == {"terminated"}
+    con.close()
