@@ -310,6 +310,7 @@ class FailSafeLedger:
         self._lock = threading.RLock()
         self._note: str | None = None  # the full filesystem, for the next run message written
         with _ALL_LOCK:
+            _ALL[:] = [f for f in _ALL if f.pending]  # only those with something to name at exit stay
             _ALL.append(self)
 
     def __getattr__(self, name: str) -> Any:

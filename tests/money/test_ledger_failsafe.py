@@ -331,3 +331,42 @@ def test_a_run_whose_ledger_is_locked_mid_job_still_tears_down_and_says_both_thi
     assert con.execute("SELECT status FROM runs").fetchone()[0] == "succeeded"
     assert {s for (s,) in con.execute("SELECT state FROM resources")} == {"terminated"}
     con.close()
+
+
+FILLER = """
+import os
+rank = int(os.environ["RANK"])
+print(f"rank {rank} writing a checkpoint", flush=True)
+with open(f"ckpt{rank}.bin", "wb") as f:
+    for _ in range(64):
+        f.write(b"x" * (1 << 20))  # 64 MiB per rank into a 24 MiB filesystem: ENOSPC
+"""
+
+
+@needs_mount
+def test_a_rented_run_that_fills_the_home_mid_job_still_deletes_its_machines_and_records_it(tmp_path, cli_env):
+    """The exact case on a rented run: the job fills the filesystem holding the home.  The machines are deleted
+    (the fake cloud, whose state lives elsewhere, shows them terminated) and the ledger records it through the space
+    reserve; the run says the filesystem is full."""
+    with _small_fs(tmp_path, 24) as home:
+        job = tmp_path / "job"
+        job.mkdir()
+        (job / "filler.py").write_text(FILLER)
+        (job / "r.yaml").write_text("name: filler\nscript: filler.py\nnodes: 2\ncpu_ok: true\nmax_hours: 0.1\n")
+        state = tmp_path / "fake.json"
+        env = dict(cli_env, BROKER_HOME=str(home), BROKER_FAKE_STATE=str(state))
+        p = subprocess.run(broker_cmd("run", str(job / "r.yaml"), "--provider", "fake", "--yes"), cwd=REPO,
+                           env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        out = p.stdout + p.stderr
+        assert p.returncode in (1, 11), out
+        insts = json.loads(state.read_text())["instances"]
+        assert insts and all(i["state"] == "terminated" for i in insts.values()), (insts, out)
+        con = sqlite3.connect(str(home / "ledger.sqlite"))
+        status, message = con.execute("SELECT status, message FROM runs").fetchone()
+        states = {s for (s,) in con.execute("SELECT state FROM resources")}
+        con.close()
+        if p.returncode == 1:  # the reserve made room: everything is in the ledger
+            assert status == "failed" and states == {"terminated"}, (status, states, out)
+            assert "is full" in (message or "") and "space reserve" in message
+        else:  # not even the reserve sufficed: named, journalled (home or /tmp)
+            assert "was deleted at the provider" in out
