@@ -268,9 +268,23 @@ def _replay_file(ledger: "Ledger", path: Path, busy_s: float) -> int:
         if unwritable(e) is None:
             raise
         _log.info("the ledger journal %s waits: %s", path, e)
+        if path not in _TOLD:  # once per process, like a damaged row: the user sees why the ledger lags
+            _TOLD.add(path)
+            import sys
+
+            try:
+                sys.stderr.write(f"warning: {len(Journal.read(path))} ledger write(s) an earlier broker command "
+                                 f"could not make wait in {path}: the ledger cannot be written now ({e}); the next "
+                                 "command that can write it records them\n")
+            except (OSError, ValueError):
+                pass
         return 0
     finally:
         os.close(fd)
+
+
+#: journals already named on stderr in this process
+_TOLD: set[Path] = set()
 
 
 class _busy:

@@ -87,7 +87,7 @@ def _vast(emu):
 
 
 def test_broker_down_with_the_ledger_locked_deletes_journals_and_the_next_command_records_it(vast_emu, broker_home,
-                                                                                             cli_env):
+                                                                                             cli_env, capsys):
     """The exact case: `broker down` with the ledger locked by another process ended `database is locked`, exit 2,
     no DELETE.  Now the DELETE goes out, the instance is gone, the journal (0600) holds the writes, the terminal
     names the instance with its $/h, the exit code is 10 (0 + unrecorded), and `broker status` records it."""
@@ -110,6 +110,9 @@ def test_broker_down_with_the_ledger_locked_deletes_journals_and_the_next_comman
         assert any(e["op"] == "update_resource" and e["kwargs"].get("state") == "terminated" for e in entries)
         assert "database is locked" in out and f"vast instance {iid} ($0.41/h) was deleted" in out
         assert str(journal) in out
+        Ledger(db).close()  # another command opens the ledger while it is still locked: the journal waits, said once
+        assert "ledger write(s) an earlier broker command could not make wait in" in capsys.readouterr().err
+        assert _states(db, "20261206-000000-d0wn01") == ["running"] and journal.stat().st_size > 0
     r = subprocess.run(broker_cmd("status"), env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _states(db, "20261206-000000-d0wn01") == ["terminated"]
