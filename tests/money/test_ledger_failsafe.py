@@ -373,3 +373,46 @@ def test_a_rented_run_that_fills_the_home_mid_job_still_deletes_its_machines_and
             assert "is full" in (message or "") and "space reserve" in message
         else:  # not even the reserve sufficed: named, journalled (home or /tmp)
             assert "was deleted at the provider" in out
+
+
+def test_stop_and_start_with_the_ledger_locked_after_the_provider_call(vast_emu, tmp_path):
+    """`broker stop`: the ledger taken by another process right after the provider stopped the machine: the stop
+    stands, `stopped` (the disk rate) is kept and journalled, and recorded once the lock is gone.  `broker start`
+    with the ledger locked before its call starts nothing (ledger-first)."""
+    from broker.cli.stopstart import start_run, stop_run
+    from broker.money.journal import failsafe
+
+    db = tmp_path / "ledger.sqlite"
+    lg = Ledger(db)
+    rid, iid = _vast_run(lg, vast_emu, "20261206-000000-st0p01")
+    lg.update_run("20261206-000000-st0p01", status="succeeded", ended_at=utcnow())
+    p = _vast(vast_emu)
+    real_stop = p.stop
+    holder: list = []
+
+    def stop(pid, region=None):
+        real_stop(pid, region=region)
+        cm = locked(db)
+        cm.__enter__()
+        holder.append(cm)
+
+    p.stop = stop
+    try:
+        rows = stop_run(failsafe(lg), "20261206-000000-st0p01", hours=5, poll_s=0.05, timeout_s=30,
+                        providers={"vast": p})
+        assert rows[0]["state"] == "stopped"
+        assert ("PUT", f"/api/v0/instances/{iid}/", {"state": "stopped"}) in vast_emu.calls
+        assert _states(db, "20261206-000000-st0p01") == ["stopping"]  # the ledger could not take `stopped`
+        assert any(e["op"] == "change_rate" for e in Journal.read(tmp_path / JOURNAL_NAME))
+        lg2 = Ledger(db)
+        lg2._db.execute("PRAGMA busy_timeout=300")
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            start_run(failsafe(lg2), "20261206-000000-st0p01", hours=1, poll_s=0.05, timeout_s=30,
+                      providers={"vast": p}, ssh_check=False)
+        assert not [c for c in vast_emu.calls if c[0] == "PUT" and c[2] == {"state": "running"}]
+    finally:
+        for cm in holder:
+            cm.__exit__(None, None, None)
+    lg3 = Ledger(db)  # the next command: replayed
+    (row,) = lg3.resources("20261206-000000-st0p01")
+    assert row.state == "stopped" and row.stopped_at is not None
