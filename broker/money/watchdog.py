@@ -578,6 +578,18 @@ class Watchdog:
                                        "unserved": self.unserved}))
         os.replace(tmp, path)
 
+    def _beat(self) -> None:
+        """:meth:`write_heartbeat`, never fatal: a full or read-only home must not end the watchdog (its deletes
+        need no file); the stale heartbeat then shows it as not alive, which is the truth that can be shown."""
+        try:
+            self.write_heartbeat()
+        except OSError as e:
+            if "heartbeat" not in self._told:
+                self._told.add("heartbeat")
+                print(f"watchdog: cannot write its heartbeat ({e}); still enforcing", file=sys.stderr, flush=True)
+        else:
+            self._told.discard("heartbeat")
+
     def stop(self, *_: object) -> None:
         self._stop = True
 
@@ -604,7 +616,7 @@ class Watchdog:
                         on_actions(actions)
                 except Exception as e:  # e.g. the ledger locked for > 30 s: report and try again
                     print(f"watchdog: pass failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                self.write_heartbeat()
+                self._beat()
                 if exit_when_idle_s is not None:
                     if self._idle():
                         idle_since = idle_since or time.monotonic()

@@ -416,3 +416,32 @@ def test_stop_and_start_with_the_ledger_locked_after_the_provider_call(vast_emu,
     lg3 = Ledger(db)  # the next command: replayed
     (row,) = lg3.resources("20261206-000000-st0p01")
     assert row.state == "stopped" and row.stopped_at is not None
+
+
+@needs_mount
+def test_the_watchdog_keeps_enforcing_on_a_full_home(vast_emu, tmp_path):
+    """A full home made the watchdog's heartbeat write raise out of its loop: the process ended and nothing enforced
+    the deadline.  Now it says so once and goes on: the instance past its deadline is deleted."""
+    import threading
+    from datetime import timedelta
+
+    from broker.money.watchdog import Watchdog
+
+    with _small_fs(tmp_path) as home:
+        lg = Ledger(home / "ledger.sqlite")
+        rid, iid = _vast_run(lg, vast_emu, "20261206-000000-wdfull", deadline=utcnow() + timedelta(seconds=2))
+        _fill(home)
+        wd = Watchdog(lg, providers={"vast": _vast(vast_emu)}, confirm_timeout_s=10, interval_s=0.2, home=home,
+                      orphan_scan_s=3600)
+        t = threading.Thread(target=wd.run_forever, daemon=True)
+        t.start()
+        try:
+            end = time.monotonic() + 60
+            while iid in vast_emu.instances and time.monotonic() < end and t.is_alive():
+                time.sleep(0.1)
+            assert t.is_alive(), "the watchdog ended on the full home"
+            assert iid not in vast_emu.instances and vast_emu.deletes_of(iid) >= 1
+        finally:
+            wd.stop()
+            t.join(timeout=30)
+        lg.close()
