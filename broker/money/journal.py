@@ -381,9 +381,9 @@ class FailSafeLedger:
             if not self.journal.append(entry):
                 self.unjournalled.add(entry["id"])
             if first:
-                self._tell(f"the ledger ({self._ledger.path}) cannot be written ({why}): teardown goes on; what "
-                           f"it cannot record is kept in {self.journal.written_to} and written on the next broker "
-                           "command")
+                self._tell(f"the ledger ({self._ledger.path}) cannot be written ({why}): broker goes on (a delete "
+                           f"never waits for it); what it cannot record is kept in {self.journal.written_to} and "
+                           "written by the next broker command")
             return FAILSAFE_OPS[op]
 
     def retry(self, busy_s: float = RETRY_BUSY_S) -> bool:
