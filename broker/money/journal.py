@@ -427,19 +427,24 @@ class FailSafeLedger:
         if obj is None:
             return None
         upd: dict[str, Any] = {}
+        attrs = dict(getattr(obj, "attrs", None) or {}) if kind == "resources" else {}
         for e in self.pending:
             args, kw = e.get("args") or [], e.get("kwargs") or {}
             if not args or str(args[0]) != key:
                 continue
             if kind == "resources":
                 if e["op"] in ("update_resource", "change_rate"):
-                    upd.update({k: v for k, v in kw.items() if k != "attrs" and k not in ("actor", "message")})
+                    upd.update({k: v for k, v in kw.items() if k not in ("attrs", "actor", "message", "at")})
+                    attrs.update(kw.get("attrs") or {})
                     if e["op"] == "change_rate" and len(args) > 1:
                         upd["state"] = args[1]
                 elif e["op"] == "claim_termination":
                     upd["state"] = "terminating"
                 elif e["op"] == "mark_created" and len(args) > 1:
                     upd.update(provider_id=args[1], state=kw.get("state", "creating"))
+                    attrs.update({k: v for k, v in kw.items() if k not in ("state", "actor")})
+                if attrs != (getattr(obj, "attrs", None) or {}):
+                    upd["attrs"] = attrs
             elif kind == "runs" and e["op"] == "update_run":
                 upd.update(kw)
         if not upd:

@@ -445,3 +445,29 @@ def test_the_watchdog_keeps_enforcing_on_a_full_home(vast_emu, tmp_path):
             wd.stop()
             t.join(timeout=30)
         lg.close()
+
+
+def test_kept_writes_read_back_in_order_attrs_merged(tmp_path, monkeypatch):
+    """While kept, the process reads what it wrote (state, provider id, attrs merged), and a later write queues
+    behind an earlier kept one so the ledger never gets them out of order."""
+    from broker.money import journal
+
+    monkeypatch.setattr(journal, "BUSY_S", 0.2)
+    db = tmp_path / "ledger.sqlite"
+    lg = Ledger(db)
+    lg.create_run(Run(id="r-k", name="x", status="running", created_at=utcnow()))
+    a = lg.record_intent("r-k", "fake", "instance", "a", usd_per_hour=1.0, attrs={"node_index": 0})
+    f = journal.failsafe(lg)
+    with locked(db):
+        f.mark_created(a.id, "i-a", state="creating", public_ip="203.0.113.9")
+        f.update_resource(a.id, state="running", attrs={"provider_state": "running"})
+        f.update_resource(a.id, state="terminated", attrs={"provider_state": "terminated"})
+        got = f.resource(a.id)
+        assert (got.provider_id, got.state) == ("i-a", "terminated")
+        assert got.attrs == {"node_index": 0, "public_ip": "203.0.113.9", "provider_state": "terminated"}
+        assert f.resources("r-k", live_only=True) == []
+        assert lg.resource(a.id).state == "intent"
+    assert f.retry()
+    row = lg.resource(a.id)
+    assert (row.provider_id, row.state, row.attrs["provider_state"]) == ("i-a", "terminated", "terminated")
+    assert row.running_since is not None and row.terminated_at >= row.running_since
