@@ -471,3 +471,12 @@ def test_kept_writes_read_back_in_order_attrs_merged(tmp_path, monkeypatch):
     row = lg.resource(a.id)
     assert (row.provider_id, row.state, row.attrs["provider_state"]) == ("i-a", "terminated", "terminated")
     assert row.running_since is not None and row.terminated_at >= row.running_since
+
+
+def test_a_locked_ledger_error_names_the_lock_not_the_folder(capsys, broker_home):
+    from broker.cli.app import handle
+
+    assert handle(sqlite3.OperationalError("database is locked"), as_json=False, args=["down"]) == 2
+    err = capsys.readouterr().err
+    assert "database is locked" in err and "another process holds the ledger's lock" in err
+    assert "set BROKER_HOME" not in err
