@@ -59,6 +59,8 @@ RETRY_BUSY_S = 0.5
 #: the ledger writes :class:`FailSafeLedger` keeps when the ledger cannot take them, with what they return then
 FAILSAFE_OPS: dict[str, Any] = {"update_resource": None, "claim_termination": True, "mark_created": None,
                                 "update_run": None, "event": None, "end_attempt": [], "change_rate": None}
+#: ledger writes made before a provider call: never kept (they raise), but the kept writes are tried before them
+_FIRST_WRITES = frozenset({"record_intent", "create_run", "start_attempt", "add_quota_request"})
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -330,6 +332,14 @@ class FailSafeLedger:
     def __getattr__(self, name: str) -> Any:
         if name in FAILSAFE_OPS:
             return lambda *a, **kw: self._write(name, a, kw)
+        if name in _FIRST_WRITES:
+            def first(*a: Any, **kw: Any) -> Any:
+                # the kept writes go first (an attempt's end before the next attempt's rows); this one raises when
+                # the ledger cannot take it: nothing is created unrecorded
+                with self._lock:
+                    self.retry()
+                    return getattr(self._ledger, name)(*a, **kw)
+            return first
         return getattr(self._ledger, name)
 
     @property

@@ -480,3 +480,54 @@ def test_a_locked_ledger_error_names_the_lock_not_the_folder(capsys, broker_home
     err = capsys.readouterr().err
     assert "database is locked" in err and "another process holds the ledger's lock" in err
     assert "set BROKER_HOME" not in err
+
+
+def test_a_preemption_while_the_ledger_is_locked_releases_and_rents_again_in_order(tmp_path, fake_cloud):
+    """An interruptible run preempted while another process holds the ledger: the lost node's row, the attempt's
+    end and the release are kept (nothing waits for the ledger), the next attempt is rented only once its rows can
+    be written (ledger-first), and the kept writes land before it: attempt 1 owns only its own instance."""
+    import threading
+
+    from broker.providers.fake import FakeProvider
+    from broker.run.pipeline import CloudTarget, Hooks, run_pipeline
+    from tests.run.test_preempt import _recipe, _step
+    from tests.support.plans import rank_options
+
+    home = fake_cloud(tmp_path / "home", tmp_path / "fake.json")
+    recipe, marker = _recipe(tmp_path, steps=30)
+    p = FakeProvider()
+    opts = [o for o in rank_options(p, recipe.requirements()) if o.topology.value == "simulated"]
+    ledger = Ledger()
+    db = home / "ledger.sqlite"
+    took: list = []
+
+    def preempt_locked() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            live = [i for i, x in p.instances().items() if x["state"] == "running"]
+            if live and _step(marker) >= 6:
+                cm = locked(db)
+                cm.__enter__()
+                took.append(live[0])
+                p.destroy(live[0])
+                time.sleep(8)  # the CLI ends the attempt and releases meanwhile, without the ledger
+                cm.__exit__(None, None, None)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=preempt_locked, daemon=True)
+    t.start()
+    said: list[str] = []
+    out = run_pipeline(recipe, CloudTarget(recipe, opts, providers={"fake": p}, poll_s=0.1, monitor_s=0.2),
+                       ledger=ledger, hooks=Hooks(say=said.append))
+    t.join(timeout=30)
+    assert took, "the job never reached the preemption point"
+    assert out.exit_code == 0, (out.result.reason if out.result else None, said[-10:])
+    assert any("cannot be written (database is locked)" in s for s in said), said
+    rows = ledger.attempts(out.run.id)
+    assert [a["cause"] for a in rows] == ["preempted", "succeeded"], rows
+    res = {r.id: r for r in ledger.resources(out.run.id)}
+    assert [res[i].provider_id for i in rows[0]["resource_ids"]] == [took[0]]
+    assert all(r.state == "terminated" for r in res.values())
+    assert all(i["state"] == "terminated" for i in p.instances().values())
+    assert not (home / JOURNAL_NAME).exists() or (home / JOURNAL_NAME).stat().st_size == 0
