@@ -21,6 +21,8 @@ Rules (docs/design.md "Money and safety invariants"):
   ``confirm_timeout_s`` ends, with a progress line every :data:`PROGRESS_EVERY_S` seconds;
 * a failed terminate leaves the row live with its error (id, $/hour and the command that retries,
   :func:`stuck_message`), loud in ``broker status``, for the next try;
+* the ledger is never a precondition of a delete: the claim and the states after it go through
+  :class:`broker.money.journal.FailSafeLedger` (a locked ledger or a full disk: kept, journalled, replayed later);
 * a ledger row is data, not a command (:func:`refusal`): its provider id must have the provider's form
   (``Provider.valid_id``), and where the provider keeps broker's tags (``Provider.owner_tags``) the object must be
   shown by the provider with this installation's and this run's tags; otherwise nothing is sent and the row stays
