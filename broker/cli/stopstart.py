@@ -118,10 +118,11 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
         what = f"{res.provider} {res.kind} {res.provider_id}"
         # ledger first: the row says a stop is under way (full rate still counted) before the provider hears it;
         # a ledger that cannot take it stops the command here (nothing changed), never the writes after the call
-        getattr(ledger, "raw", ledger).update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
-                               attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
-                               message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
-                                       f"{deadline:%Y-%m-%d %H:%MZ}")
+        first = getattr(ledger, "raw", ledger)
+        first.update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
+                              attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
+                              message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
+                                      f"{deadline:%Y-%m-%d %H:%MZ}")
         try:
             p.stop(res.provider_id, region=res.region)
         except Exception as e:
