@@ -451,7 +451,17 @@ def handle(exc: BaseException, *, as_json: bool, args: list[str] | None = None) 
             where = f" ({home_path() / 'ledger.sqlite'})"
         except Exception:  # noqa: BLE001
             where = ""
-        return _report(EXIT_BAD_INPUT, f"the ledger{where} cannot be used: {exc}", _home_hint(),
+        text = str(exc)
+        if "locked" in text or "busy" in text:  # not the folder: another process holds the ledger's write lock
+            hint = (f"another process holds the ledger's lock (`fuser {where.strip(' ()')}` names it): a command "
+                    "stops here before it creates anything; what it had deleted is named above and kept in the "
+                    "journal beside the ledger; run it again once the lock is released")
+        elif "full" in text:
+            hint = ("the filesystem holding the broker home is full: free space there (e.g. `broker clean`), then "
+                    "run the command again")
+        else:
+            hint = _home_hint()
+        return _report(EXIT_BAD_INPUT, f"the ledger{where} cannot be used: {exc}", hint,
                        kind="LedgerError", as_json=as_json)
     if isinstance(exc, OSError) and exc.errno is not None and errno.errorcode.get(exc.errno) in _USER_OS_ERRORS:
         where = exc.filename if exc.filename is not None else ""
@@ -645,7 +655,29 @@ def main(argv: list[str] | None = None) -> None:
             code = _terminated.exit_code
     finally:
         reset_logging()
-    sys.exit(code)
+    sys.exit(_unrecorded(code))
+
+
+def _unrecorded(code: int) -> int:
+    """``code``, or ``code`` + 10 (broker.money.journal.exit_code) after naming on stderr every write this process
+    could not record in the ledger (it was locked or its disk full: the teardown went on without it)."""
+    if "broker.money.journal" not in sys.modules:  # nothing was written through it
+        return code
+    from broker.money import journal
+
+    try:
+        lines = journal.unrecorded_lines()
+    except Exception:  # noqa: BLE001 - the journal holds them; the code still says so
+        return journal.exit_code(code, journal.pending_anywhere())
+    if not lines:
+        return code
+    try:
+        sys.stderr.write("error: the ledger could not record everything (teardown went on without it):\n"
+                         + "".join(f"  {line}\n" for line in lines))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return journal.exit_code(code, True)
 
 
 def _boundary(e: BaseException, as_json: bool, args: list[str] | None = None) -> int:

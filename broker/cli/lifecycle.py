@@ -198,7 +198,9 @@ def register(app: typer.Typer) -> None:
         from broker.money.teardown import teardown_run
         from broker.core.ui import console, err, print_json
 
-        ledger = Ledger()
+        from broker.money.journal import failsafe
+
+        ledger = failsafe(Ledger())  # a ledger it cannot write never stops the deletes (broker.money.journal)
         if all_runs == bool(run_id):
             raise BadInput("give either a RUN id or --all", hint="`broker status` lists runs and live resources")
         if all_runs:

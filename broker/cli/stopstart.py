@@ -116,11 +116,13 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
         rate, basis = p.stopped_rate(res.provider_id, region=res.region, attrs=res.attrs)
         deadline = utcnow() + timedelta(hours=hours)
         what = f"{res.provider} {res.kind} {res.provider_id}"
-        # ledger first: the row says a stop is under way (full rate still counted) before the provider hears it
-        ledger.update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
-                               attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
-                               message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
-                                       f"{deadline:%Y-%m-%d %H:%MZ}")
+        # ledger first: the row says a stop is under way (full rate still counted) before the provider hears it;
+        # a ledger that cannot take it stops the command here (nothing changed), never the writes after the call
+        first = getattr(ledger, "raw", ledger)
+        first.update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
+                              attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
+                              message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
+                                      f"{deadline:%Y-%m-%d %H:%MZ}")
         try:
             p.stop(res.provider_id, region=res.region)
         except Exception as e:
@@ -190,7 +192,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         deadline = utcnow() + timedelta(hours=hours)
         what = f"{res.provider} {res.kind} {res.provider_id}"
         at = utcnow()
-        ledger.change_rate(res.id, "starting", at=at, deadline=deadline, actor="cli",
+        getattr(ledger, "raw", ledger).change_rate(res.id, "starting", at=at, deadline=deadline, actor="cli",
                            attrs={"restarted_at": at.isoformat()},
                            message=f"start requested; {what} bills ${res.usd_per_hour:.4g}/h again until "
                                    f"{deadline:%Y-%m-%d %H:%MZ}")
@@ -451,7 +453,9 @@ def register(app: typer.Typer) -> None:
         from broker.money.ledger import Ledger
 
         check_number("--hours", "max_hours", hours)
-        ledger = Ledger()
+        from broker.money.journal import failsafe
+
+        ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
         run = ledger.find_run(run_id)
         rows = stop_run(ledger, run.id, hours=hours, timeout_s=timeout)
         from broker.core.config import settings
@@ -499,8 +503,9 @@ def register(app: typer.Typer) -> None:
         if hours is not None:
             check_number("--hours", "max_hours", hours)
         from broker.core.ui import err
+        from broker.money.journal import failsafe
 
-        ledger = Ledger()
+        ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
         run = ledger.find_run(run_id)
         say = None if as_json else (lambda line: err.print(line, markup=False, highlight=False))
         try:

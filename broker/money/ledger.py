@@ -258,6 +258,11 @@ class Ledger:
         if "installation_id" not in have:
             self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('installation_id', ?)",
                              ("bi" + uuid.uuid4().hex[:10],))
+        # writes an earlier process could not make (the ledger was locked or its disk full) are recorded now
+        from broker.money.journal import journal_exists, replay
+
+        if journal_exists(self.path.parent):
+            replay(self)
 
     def _migrate(self) -> None:
         """Add the columns of :data:`_MIGRATIONS` a ledger written by an older broker lacks (in one transaction,
@@ -724,9 +729,14 @@ class _Tx:
 
     def __init__(self, db: sqlite3.Connection):
         self.db = db
+        self.outer = False
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        # inside an open transaction (a journal replay applies many writes as one): part of it
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if self.outer:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -21,6 +21,8 @@ Rules (docs/design.md "Money and safety invariants"):
   ``confirm_timeout_s`` ends, with a progress line every :data:`PROGRESS_EVERY_S` seconds;
 * a failed terminate leaves the row live with its error (id, $/hour and the command that retries,
   :func:`stuck_message`), loud in ``broker status``, for the next try;
+* the ledger is never a precondition of a delete: the claim and the states after it go through
+  :class:`broker.money.journal.FailSafeLedger` (a locked ledger or a full disk: kept, journalled, replayed later);
 * a ledger row is data, not a command (:func:`refusal`): its provider id must have the provider's form
   (``Provider.valid_id``), and where the provider keeps broker's tags (``Provider.owner_tags``) the object must be
   shown by the provider with this installation's and this run's tags; otherwise nothing is sent and the row stays
@@ -33,6 +35,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Sequence, TypeVar
 
+from broker.money.journal import failsafe
 from broker.money.ledger import Ledger
 from broker.core.model import utcnow
 from broker.core.records import Resource
@@ -226,6 +229,8 @@ def terminate_resource(ledger: Ledger, res: Resource, actor: str, *, provider: P
     """
     if res.state == "terminated":
         return True
+    # the delete never waits for the ledger: what it cannot record is kept, journalled and replayed
+    ledger = failsafe(ledger, say)
     try:
         p = provider or _provider(res.provider, {})
     except Exception as e:  # noqa: BLE001 - an adapter that cannot load: the row stays live and says why
@@ -334,6 +339,7 @@ def teardown_run(ledger: Ledger, run_id: str, actor: str, *, providers: dict[str
     (empty = all gone).  A resource waits while one of a lower rank (e.g. an instance in its subnet) is still
     live: it is not tried (that would only collect 409s) and stays live for the next ``broker down``."""
     cache: dict[str, Provider] = dict(providers or {})
+    ledger = failsafe(ledger, say)
     live = teardown_order(ledger.resources(run_id, live_only=True))
     failed: list[Resource] = []
     for res in live:

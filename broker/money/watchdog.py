@@ -67,6 +67,7 @@ import fcntl
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -194,8 +195,11 @@ class Watchdog:
                  ended_grace_s: float = 120.0, orphan_scan_s: float = 60.0, confirm_timeout_s: float = 30.0,
                  home: Path | None = None, say: Callable[[str], None] | None = None, scope: str | None = None):
         from broker.core import provider_env
+        from broker.money.journal import failsafe
 
-        self.ledger = ledger
+        # a ledger it cannot write (locked by another process, a full disk) never stops a delete: what cannot be
+        # recorded is kept, journalled and retried on every pass (broker.money.journal)
+        self.ledger = failsafe(ledger, say)
         # the provider environment this process was started with; a run made with another is served with its own
         # recorded settings (provider_env.applied), or, when its secrets were only in its CLI's environment, left
         # to the watchdog its CLI starts for it (``scope``: that environment's fingerprint; it serves only those)
@@ -305,10 +309,15 @@ class Watchdog:
         """One pass over the ledger; returns what it did.  Never raises for provider failures."""
         now = self.clock()
         actions: list[Action] = []
+        self.ledger.retry()  # writes an earlier pass could not make
         actions += self._check_clis(now)
         if self._last_scan is None or (now - self._last_scan).total_seconds() >= self.orphan_scan_s:
             self._last_scan = now
-            actions += self._scan_orphans(now)
+            try:
+                actions += self._scan_orphans(now)
+            except sqlite3.Error as e:  # an orphan cannot be recorded now: found again next scan; enforce anyway
+                self._last_scan = None
+                actions.append(Action("error", None, None, f"orphan scan not recorded: {e}", ok=False))
         live = self.ledger.resources(live_only=True)
         by_run: dict[str, list[Resource]] = {}
         for res in live:
@@ -569,6 +578,18 @@ class Watchdog:
                                        "unserved": self.unserved}))
         os.replace(tmp, path)
 
+    def _beat(self) -> None:
+        """:meth:`write_heartbeat`, never fatal: a full or read-only home must not end the watchdog (its deletes
+        need no file); the stale heartbeat then shows it as not alive, which is the truth that can be shown."""
+        try:
+            self.write_heartbeat()
+        except OSError as e:
+            if "heartbeat" not in self._told:
+                self._told.add("heartbeat")
+                print(f"watchdog: cannot write its heartbeat ({e}); still enforcing", file=sys.stderr, flush=True)
+        else:
+            self._told.discard("heartbeat")
+
     def stop(self, *_: object) -> None:
         self._stop = True
 
@@ -595,7 +616,7 @@ class Watchdog:
                         on_actions(actions)
                 except Exception as e:  # e.g. the ledger locked for > 30 s: report and try again
                     print(f"watchdog: pass failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                self.write_heartbeat()
+                self._beat()
                 if exit_when_idle_s is not None:
                     if self._idle():
                         idle_since = idle_since or time.monotonic()

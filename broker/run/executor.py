@@ -78,10 +78,13 @@ class Executor(ABC):
 def run_steps(ex: Executor, say: Say = None) -> "RunResult":
     """Run ``ex``'s steps in order (see the module docstring) and return the finished result.  ``say`` gets one
     progress line per step.  Ctrl-C propagates after ``close(job_ended=False)``."""
+    from broker.run.guard import check_node_lost
+
     ended = False
     kind = type(ex).__name__
     try:
         for step in ("reach", "preflight", "stage"):
+            check_node_lost()  # a node lost since the last step: no point in the next one
             if getattr(type(ex), step) is not getattr(Executor, step):  # only steps this executor has
                 _log.info("step %s (%s)", step, kind)
                 if say:
@@ -91,6 +94,7 @@ def run_steps(ex: Executor, say: Say = None) -> "RunResult":
                 _log.info("step %s ended the run: %s", step, getattr(res, "reason", None) or getattr(res, "status", ""))
                 ended = True
                 return ex.finish(res)
+        check_node_lost()
         _log.info("step launch (%s)", kind)
         if say:
             say("launch")

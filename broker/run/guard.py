@@ -73,26 +73,64 @@ class NodeLost(BrokerError):
     exit_code = 1
 
 
+class NodeLoss:
+    """A lost node reported by the node watch's thread, read by the main thread at known points only
+    (:func:`check_node_lost`: the supervisor's wait loop, between the executor's steps, the SSH wait, and the end
+    of the watch when the job is failing anyway); never raised into whatever the main thread was doing (a ledger
+    write, a staging copy)."""
+
+    def __init__(self, hint: str):
+        self.event = threading.Event()
+        self.message: str | None = None
+        self.hint = hint
+        self.delivered = False
+        self._lock = threading.Lock()
+
+    def post(self, message: str) -> None:
+        with self._lock:
+            if self.message is None:
+                self.message = message
+        self.event.set()
+
+    def take(self) -> "NodeLost | None":
+        """The NodeLost to raise, once (None when nothing was lost or it was raised already)."""
+        with self._lock:
+            if self.message is None or self.delivered:
+                return None
+            self.delivered = True
+            return NodeLost(self.message, hint=self.hint)
+
+
+#: the node watches of the jobs running in this process (innermost last)
+_WATCHES: list[NodeLoss] = []
+
+
+def check_node_lost() -> None:
+    """Raise :class:`NodeLost` when a node watch has reported a lost node since the last check: the one point where
+    the main thread learns of it (cheap: a flag read)."""
+    for w in list(_WATCHES):
+        if w.event.is_set():
+            lost = w.take()
+            if lost is not None:
+                raise lost
+
+
 def watch_nodes(ledger: "Ledger", run: Run, providers: dict[str, Provider] | None, ctx: Context, *,
                 interval_s: float) -> "contextlib.AbstractContextManager[None]":
     """A context for the job's duration: a thread describes every live instance of ``run`` each ``interval_s``
     seconds; one that the provider shows ``stopped`` / ``failed`` / ``terminated`` gets that state and why on its
     ledger row (``attrs["provider_state"]``, ``error``: ``broker status`` shows it) and the job is ended at once
-    (:class:`NodeLost` raised in the main thread through SIGUSR2), instead of waiting for SSH to time out while the
-    other nodes bill.  Describe errors are ignored (the next pass looks again).  Outside the main thread: nothing."""
-    import _thread
-
+    instead of waiting for SSH to time out while the other nodes bill: the loss is posted as an event
+    (:class:`NodeLoss`) that the supervisor's wait loop reads (:func:`check_node_lost`, raising :class:`NodeLost`
+    there); a step that fails while a loss is posted ends with NodeLost too.  Describe errors are ignored (the next
+    pass looks again).  Outside the main thread: nothing."""
     if threading.current_thread() is not threading.main_thread() or interval_s <= 0:
         return contextlib.nullcontext()
 
     @contextmanager
     def watching() -> Iterator[None]:
         stop = threading.Event()
-        lost: list[str] = []
-
-        def on_lost(signum: int, frame: Any) -> None:
-            if lost and not stop.is_set():
-                raise NodeLost(lost[0], hint=f"`broker status {run.id}` shows the node; the run is torn down")
+        loss = NodeLoss(hint=f"`broker status {run.id}` shows the node; the run is torn down")
 
         def loop() -> None:
             from broker.providers import get_provider
@@ -115,21 +153,31 @@ def watch_nodes(ledger: "Ledger", run: Run, providers: dict[str, Provider] | Non
                            + (f" ({info.message})" if info.message else "")
                            + ("; it may still bill its disk" if info.state == "stopped" else "")
                            + ": ended the job")
-                    ledger.update_resource(res.id, error=msg, attrs={"provider_state": info.state},
-                                           actor=ctx.actor, message=msg)
-                    lost.append(msg)
+                    loss.post(msg)  # first: the job ends even when the ledger cannot take the line below
+                    try:
+                        ledger.update_resource(res.id, error=msg, attrs={"provider_state": info.state},
+                                               actor=ctx.actor, message=msg)
+                    except Exception:  # noqa: BLE001 - the loss is posted; the row is written by teardown
+                        pass
                     ctx.say(msg)
-                    _thread.interrupt_main(signal.SIGUSR2)
                     return
 
-        old = signal.signal(signal.SIGUSR2, on_lost)
         t = threading.Thread(target=loop, name=f"watch-nodes-{run.id}", daemon=True)
+        _WATCHES.append(loss)
         t.start()
         try:
             yield
+        except NodeLost:
+            raise
+        except Exception as e:
+            # a step that failed while a node was lost (an SSH wait, a copy): the loss is why
+            lost = loss.take() if loss.event.is_set() else None
+            if lost is not None:
+                raise lost from e
+            raise
         finally:
             stop.set()
+            _WATCHES.remove(loss)
             t.join(timeout=interval_s + 30)
-            signal.signal(signal.SIGUSR2, old)
 
     return watching()

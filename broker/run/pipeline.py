@@ -121,6 +121,11 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     hooks = hooks or Hooks()
     if hooks.say is not None or hooks.echo is not None:
         hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
+    from broker.money.journal import failsafe
+
+    # from here on, a ledger that cannot be written (locked, full disk) never stops a teardown: the writes after a
+    # provider acted are kept, journalled and named at exit (broker.money.journal)
+    ledger = failsafe(ledger, hooks.say)
     ctx = Context(ledger=ledger, hooks=hooks, actor=actor)
     target.check()
     quote = target.quote()

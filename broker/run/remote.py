@@ -272,6 +272,9 @@ class SSHExecutor(Executor):
                     self.say(f"waiting for SSH: {e.message}; retrying for up to {left:.0f} s more")
                 if self.on_auth_failure is not None and _auth_refused(e) and attempt in (1, 3, 6, 10):
                     self.on_auth_failure()
+                from broker.run.guard import check_node_lost
+
+                check_node_lost()  # a node the provider lost will not answer: stop waiting for it
                 time.sleep(min(delay, max(0.1, left)))
                 delay = min(delay * 2, 10.0)
 

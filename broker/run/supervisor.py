@@ -396,8 +396,11 @@ class Supervisor:
         for t in pumps:
             t.start()
         status, reason, failed = "succeeded", "", None
+        from broker.run.guard import check_node_lost
+
         try:
             while True:
+                check_node_lost()  # the one point where a node the provider lost ends the job (NodeLost)
                 codes = {n.node_rank: n.poll() for n in nodes}
                 bad = [r for r, c in codes.items() if c not in (None, 0)]
                 if bad:

@@ -231,6 +231,9 @@ def up(opts: UpOptions, *, ledger: "Ledger", say: Say | None = None,
         raise BadInput(f"--name {name!r}: letters, digits, '-' and '_' (at most 40, starting with a letter or digit)")
     recipe = cluster_recipe(name, opts.nodes, max_hours=opts.max_hours, budget_usd=opts.budget_usd,
                             gpus_per_node=opts.gpus_per_node, cpu_ok=opts.cpu_only)
+    from broker.money.journal import failsafe
+
+    ledger = failsafe(ledger, say)  # a ledger it cannot write never stops the release below
     hooks = Hooks(say=say, confirm=confirm)
     ctx = Context(ledger=ledger, hooks=hooks)
     target = _target(opts, recipe)
@@ -596,6 +599,9 @@ def down(ledger: "Ledger", cluster_id: str, *, say: Say | None = None, actor: st
     from broker.run.runrecord import Context, Hooks, end_run
     from broker.run.guard import shielded
 
+    from broker.money.journal import failsafe
+
+    ledger = failsafe(ledger, say)  # a ledger it cannot write never stops the release below
     run, state = find(ledger, cluster_id)
     say = say or (lambda _m: None)
     stopped = _stop_daemons(state, say)

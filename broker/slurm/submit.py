@@ -167,6 +167,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     ``say`` progress, ``report`` the findings before anything is queued; ``stall_s``: seconds of silence before the
     ranks' stacks are read (0: no stall watch), ``on_stall``: ``stop`` (scancel a stalled job) or ``report``.  Raises BadInput (not a cluster, the cluster is down, a file that cannot be read, a
     finding that means it cannot run and no ``yes``), ProviderError (Slurm or SSH refused)."""
+    from broker.money.journal import failsafe
+
+    ledger = failsafe(ledger, say)  # the job's cancel and end never wait for a ledger it cannot write
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.run.supervisor import RunResult
     from broker.run.runrecord import end_run, new_run
