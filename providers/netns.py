@@ -393,6 +393,21 @@ def _sshd_config(c: NetnsCluster, i: int, d: Path, path_env: str) -> str:
         "Subsystem sftp internal-sftp", f"SetEnv PATH={path_env}", ""])
 
 
+def _python_dirs() -> str:
+    """This interpreter's folder, then the one holding ``torchrun`` of the environment torch is installed in (a venv
+    that borrows another's packages has no ``torchrun`` of its own): what a node's PATH starts with."""
+    import importlib.util
+
+    dirs = [str(Path(sys.executable).parent)]
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
+        for parent in Path(spec.origin).parents:
+            if (parent / "bin" / "torchrun").exists():
+                dirs.append(str(parent / "bin"))
+                break
+    return ":".join(dict.fromkeys(dirs))
+
+
 def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> None:
     """Start every node's sshd (``only``: node ``only``'s alone, a host whose sshd is gone) and wait until each
     answers; a node without a host key gets a new one."""
@@ -403,7 +418,7 @@ def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> 
     shutil.copy(f"{c.key_path}.pub", ssh_dir / "authorized_keys")
     hosts = ["127.0.0.1 localhost", f"{c.gateway} gw"] + [f"{c.ip(i)} node{i}" for i in range(c.n)]
     (c.root / "hosts").write_text("\n".join(hosts) + "\n")
-    path_env = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path_env = f"{_python_dirs()}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     # root's ~/.bashrc may put another python first (pyenv): each node gets its own
     (c.root / "node_bashrc").write_text(f"export PATH={path_env}\n")
     known = []

@@ -117,7 +117,9 @@ _WG_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard public key: 32 bytes 
 
 def _root(cluster: Cluster, i: int) -> str:
     """``sudo -n `` for a node whose login is not root (``wg show`` needs root), else nothing."""
-    return "" if cluster.nodes[i].local or cluster.nodes[i].user == "root" else "sudo -n "
+    from broker.run.sshcluster import root_prefix
+
+    return root_prefix(cluster.nodes[i])
 
 
 def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: int, *,
