@@ -128,6 +128,13 @@ class Cloud:
         pid = vm.sshd_pids[0]
         for src, dst in ((self.image / "etc-wireguard", "/etc/wireguard"), (self.image / "sbin", "/usr/local/sbin")):
             subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(src), dst], check=True)
+        self.lines: list[str] = []
+        self.node0_key: str | None = None
+        self.cloud(key_pem)
+
+    def cloud(self, key_pem: str) -> None:
+        from broker.providers.oci import OCIProvider
+
         self.emu = OCIEmulator(compartment=COMP, ads=(AD,), region=REGION, addresses=self.addresses,
                                on_running=self.on_running, login_user=LOGIN)
         cfg = {"user": "ocid1.user.oc1..aaaaaaaauser", "tenancy": TENANCY, "key_content": key_pem,
@@ -136,8 +143,6 @@ class Cloud:
                                     availability_domains=[AD], retry_strategy=oci.retry.NoneRetryStrategy(),
                                     circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy(),
                                     conflict_wait_s=20.0)
-        self.lines: list[str] = []
-        self.node0_key: str | None = None
 
     def addresses(self, node: int) -> tuple[str, str]:
         assert node == 1, f"only rank 1 is rented in a 2-node hybrid run, not {node}"
@@ -168,7 +173,10 @@ class Cloud:
             subprocess.run(["ip", "netns", "exec", self.vm.ns(0), "iptables", "-t", "mangle", *rule], check=True)
         with open(self.vm.root / "ssh" / "authorized_keys", "a") as f:
             f.write(inst["metadata"]["ssh_authorized_keys"].strip() + "\n")
-        ud = base64.b64decode(inst["metadata"]["user_data"]).decode()
+        self.boot(base64.b64decode(inst["metadata"]["user_data"]).decode())
+
+    def boot(self, ud: str) -> None:
+        """The boot script run as root inside the VM, then (``image_firewall``) the image's rules restored."""
         self.user_data.append(ud)
         script = self.tmp / f"user-data-{len(self.user_data)}.sh"
         script.write_text(ud)
@@ -196,12 +204,44 @@ class Cloud:
         req = recipe.requirements()
         options = [o for o in plan(req, self.provider.offers(req), now=utcnow()).options
                    if o.valid and o.topology.value == "hybrid"]
-        assert options, "no hybrid OCI option"
+        assert options, f"no hybrid {self.provider.name} option"
         assert len(options[0].offers) == 1  # node 0 is this machine: one VM rented
         ledger = Ledger()
-        target = CloudHybridTarget(recipe, options[:1], providers={"oci": self.provider}, poll_s=0.2, **kw)
+        target = CloudHybridTarget(recipe, options[:1], providers={self.provider.name: self.provider}, poll_s=0.2,
+                                   **kw)
         out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=self.lines.append, say=self.say))
         return out, ledger
+
+
+#: the GCE VM's login user: the ``ssh-keys`` metadata user, whom the guest agent gives passwordless sudo
+GCP_LOGIN = "broker"
+
+
+class GCPCloud(Cloud):
+    """The same VM behind the GCP emulator and the real gcp adapter: the guest agent adds the ``ssh-keys`` user's
+    key; the ``startup-script``'s onstart part (the WireGuard lines) runs as root (its dead-man switch and idle stop
+    are left out: they would run on this machine's file system)."""
+
+    def cloud(self, key_pem: str) -> None:
+        from google.auth.credentials import AnonymousCredentials
+
+        from broker.providers.gcp import GCPProvider
+        from tests.support.gcp_emulator import GCPEmulator
+
+        self.enforce_security_list = False
+        self.emu = GCPEmulator(project="broker-hybrid", addresses=self.addresses, on_running=self.on_running)
+        self.emu.__enter__()  # its address is known once it serves
+        self.provider = GCPProvider(project="broker-hybrid", credentials=AnonymousCredentials(),
+                                    compute_endpoint=self.emu.url, ssh_user=GCP_LOGIN, poll_s=0.05)
+
+    def on_running(self, inst: dict[str, Any]) -> None:
+        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+        user, _, key = md["ssh-keys"].partition(":")
+        assert user == GCP_LOGIN, user
+        with open(self.vm.root / "ssh" / "authorized_keys", "a") as f:
+            f.write(key.strip() + "\n")
+        script = md["startup-script"]
+        self.boot("#!/bin/bash\n" + script.split("# broker: onstart\n", 1)[1].split("# broker: boot finished", 1)[0])
 
 
 @pytest.fixture
@@ -310,6 +350,32 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     vm_key = next(ln.split("=", 1)[1].strip() for ln in ud.splitlines() if ln.startswith("PrivateKey"))
     assert c.node0_key and vm_key
     no_secret_under_home(c.node0_key, vm_key)
+
+
+def test_wireguard_hybrid_on_gcp_whose_login_is_the_ssh_keys_user(netns_hosts, tmp_path, key_pem, monkeypatch):
+    """The same run on a Compute Engine VM (the real gcp adapter, the GCP emulator): the boot lines come in the
+    startup-script, the login user is the ssh-keys one with sudo, and everything rented is deleted."""
+    pytest.importorskip("google.cloud.compute_v1")
+    c = GCPCloud(netns_hosts(1, login_user=GCP_LOGIN), tmp_path, key_pem)
+    monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)
+    try:  # the emulator serves since GCPCloud.cloud
+        out, ledger = c.run(ddp_recipe(tmp_path))
+        res = out.result
+        assert res is not None and res.ok, (res and res.reason, c.boots, c.lines[-40:])
+        assert [(r.node, r.rank, r.world_size) for r in res.ranks] == [(0, 0, 2), (1, 1, 2)]
+        assert [b[0] for b in c.boots] == [0] and "wg-quick up wg0" in c.user_data[0], c.boots
+        pre = json.loads((Path(out.run.run_dir) / "preflight.json").read_text())
+        rows = [(r["check"], r["nodes"], r["result"]) for r in pre["checks"]]
+        assert ("tunnel", "0<->1", "PASS") in rows and ("tunnel mtu", "1", "PASS") in rows, rows
+        assert (vm_home(c.vm).parent / GCP_LOGIN / "broker" / out.run.id / "node1" / "env.sh").exists()
+        rules = [pth for m, pth, st in c.emu.journal if m == "POST" and pth.endswith("/firewalls")]
+        assert len(rules) >= 1
+        live = {k: c.emu.live(k) for k in ("instances", "disks", "networks", "subnetworks", "firewalls")}
+        assert live == {k: [] for k in live}, live
+        assert ledger.resources(out.run.id, live_only=True) == [] and out.left == []
+        assert out.run.status == "succeeded"
+    finally:
+        c.emu.__exit__()
 
 
 # ------------------------------------------------------------------------------------------------ tailscale
