@@ -300,6 +300,7 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)  # what the VM sees as this machine's address
     out, ledger = c.run(ddp_recipe(tmp_path))
     res = out.result
+    print("\n".join(c.lines))  # the run as a user sees it (pytest -s)
     assert res is not None and res.ok, (res and res.reason, c.boots, c.lines[-40:])
     assert [(r.node, r.rank, r.world_size) for r in res.ranks] == [(0, 0, 2), (1, 1, 2)]
     cl = out.cluster
