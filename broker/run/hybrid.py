@@ -225,6 +225,8 @@ def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[i
                 if code != 0:
                     return self._fail(f"opening {iface} in node {i}'s host firewall failed: exit {code}: "
                                       f"{out.strip()[-300:]}", node=i)
+                self._say(f"[hybrid] node {i}: {iface} accepted in its host firewall"
+                          + (f" (sudo -n as {node.user})" if node.user != "root" else ""))
             return None
 
         def reach(self) -> Any:

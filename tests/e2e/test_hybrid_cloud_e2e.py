@@ -317,6 +317,7 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     rules = subprocess.run(["ip", "netns", "exec", c.vm.ns(0), "iptables", "-S", "INPUT"], capture_output=True,
                            text=True, check=True).stdout.splitlines()
     assert rules[1] == "-A INPUT -i wg0 -j ACCEPT" and "REJECT" in rules[-1], rules
+    assert "[hybrid] node 1: wg0 accepted in its host firewall (sudo -n as ubuntu)" in c.lines, c.lines
     ud = c.user_data[0]
     assert "[Interface]" in ud and "ListenPort = 51820" in ud and f"Address = {cl.nodes[1].private_ip}/24" in ud
     assert "MTU = 1420" in ud and "wg-quick up wg0" in ud
