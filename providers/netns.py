@@ -335,6 +335,9 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
         use_gpus = gpu_count() >= n * gpus_per_node
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", login_user):
         raise BadInput(f"login user {login_user!r}: a lower-case user name")
+    if login_user != "root" and not shutil.which("sudo"):
+        raise ProviderError("netns", "up", f"sudo is not installed: login user {login_user} needs passwordless sudo",
+                            hint="apt-get install sudo")
     cid = cid or new_cid()
     check_cid(cid)
     root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
