@@ -552,8 +552,10 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
     prov = get_provider("slurm")  # the adapter through the registry: this layer imports none
     prov.shell = node0_shell(state)
-    prov.host = prov.shell.host
-    opts.host = prov.shell.host
+    # the job's ledger row names node 0 as a login ([user@]host, what its schema takes); commands still go through
+    # the cluster's shell above (its key and pinned host key)
+    n0 = state.nodes[0]
+    prov.host = opts.host = f"{n0.user}@{n0.host}"
     opts.remote_base = f"{state.shared_dir}/jobs"
     if opts.python in (None, "", "python3"):
         opts.python = state.python
