@@ -144,6 +144,9 @@ class NetnsCluster:
     inject: str | None = None
     sshd_pids: list[int] = field(default_factory=list)
     gpus_per_node: int = 0  # 0 = no GPUs handed out
+    #: the account SSH logs into: root (this provider's own clusters), or an image's login user with passwordless
+    #: sudo (emulated cloud VMs, where root cannot log in)
+    login_user: str = "root"
 
     @property
     def bridge(self) -> str:
@@ -194,7 +197,7 @@ class NetnsCluster:
                 env["NCCL_HOSTID"] = f"{self.cid}-node{i}"  # distinct host hash -> NCCL's NET transport
             if self.inject == "wrong-iface":
                 env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = "lo"
-            nodes.append(ClusterNode(node_rank=i, host=self.ip(i), port=22, user="root", private_ip=self.ip(i),
+            nodes.append(ClusterNode(node_rank=i, host=self.ip(i), port=22, user=self.login_user, private_ip=self.ip(i),
                                      gpu_indices=gpus, resource_id=f"{self.cid}:{i}", env=env))
         return Cluster(run_id=run_id, provider="netns", topology=TopologyKind.multi_node, nodes=nodes,
                        ssh_key_path=str(self.key_path), known_hosts_path=str(self.known_hosts),
@@ -310,13 +313,16 @@ def new_cid() -> str:
 
 
 def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int = 1,
-       use_gpus: bool | None = None, ssh_wait_s: float = 15.0, cid: str | None = None) -> NetnsCluster:
+       use_gpus: bool | None = None, ssh_wait_s: float = 15.0, cid: str | None = None,
+       login_user: str = "root") -> NetnsCluster:
     """Bring up an ``n``-node cluster with state under ``run_dir/netns/<cid>``; returns it once every sshd
     accepts connections (about 0.3 s for 2 nodes).
 
     ``use_gpus``: None = hand out GPUs when this machine has n * gpus_per_node of them.  ``cid``: a
-    :func:`new_cid` chosen beforehand (so the ledger can record it before creation).  On any failure the partial
-    cluster is removed and ProviderError is raised.
+    :func:`new_cid` chosen beforehand (so the ledger can record it before creation).  ``login_user``: another
+    account than root makes the nodes behave like a cloud image (:func:`_login_user_setup`): that user with
+    passwordless sudo and its own home, root login refused.  On any failure the partial cluster is removed and
+    ProviderError is raised.
     """
     why = missing_requirements()
     if why:
@@ -327,6 +333,11 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
         raise BadInput(f"a netns cluster has 1..200 nodes, not {n}")
     if use_gpus is None:
         use_gpus = gpu_count() >= n * gpus_per_node
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", login_user):
+        raise BadInput(f"login user {login_user!r}: a lower-case user name")
+    if login_user != "root" and not shutil.which("sudo"):
+        raise ProviderError("netns", "up", f"sudo is not installed: login user {login_user} needs passwordless sudo",
+                            hint="apt-get install sudo")
     cid = cid or new_cid()
     check_cid(cid)
     root = Path(run_dir).resolve() / "netns" / cid  # the cid in every path: sshd_processes() finds them
@@ -340,7 +351,7 @@ def up(n: int, run_dir: Path, *, inject: str | None = None, gpus_per_node: int =
                                 hint="remove leftovers with `broker netns down --all`")
         subnet = free[secrets.randbelow(len(free))]
         c = NetnsCluster(cid=cid, root=root, subnet=subnet, n=n, inject=inject,
-                         gpus_per_node=gpus_per_node if use_gpus else 0)
+                         gpus_per_node=gpus_per_node if use_gpus else 0, login_user=login_user)
         c.save()
         try:
             _create_network(c)
@@ -375,12 +386,29 @@ def _create_network(c: NetnsCluster) -> None:
 
 
 def _sshd_config(c: NetnsCluster, i: int, d: Path, path_env: str) -> str:
+    root = c.login_user == "root"
+    keys = c.root / "ssh" / "authorized_keys" if root else ".ssh/authorized_keys"  # the user's: it reads them
     return "\n".join([
         "Port 22", f"ListenAddress {c.ip(i)}", f"HostKey {d / 'ssh_host_ed25519_key'}", f"PidFile {d / 'sshd.pid'}",
-        f"AuthorizedKeysFile {c.root / 'ssh' / 'authorized_keys'}", "PermitRootLogin prohibit-password",
+        f"AuthorizedKeysFile {keys}", f"PermitRootLogin {'prohibit-password' if root else 'no'}",
         "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
         "StrictModes no", "UseDNS no", "PrintMotd no", "PrintLastLog no", "MaxSessions 64", "MaxStartups 64:30:128",
         "Subsystem sftp internal-sftp", f"SetEnv PATH={path_env}", ""])
+
+
+def _python_dirs() -> str:
+    """This interpreter's folder, then the one holding ``torchrun`` of the environment torch is installed in (a venv
+    that borrows another's packages has no ``torchrun`` of its own): what a node's PATH starts with."""
+    import importlib.util
+
+    dirs = [str(Path(sys.executable).parent)]
+    spec = importlib.util.find_spec("torch")
+    if spec and spec.origin:
+        for parent in Path(spec.origin).parents:
+            if (parent / "bin" / "torchrun").exists():
+                dirs.append(str(parent / "bin"))
+                break
+    return ":".join(dict.fromkeys(dirs))
 
 
 def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> None:
@@ -393,7 +421,7 @@ def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> 
     shutil.copy(f"{c.key_path}.pub", ssh_dir / "authorized_keys")
     hosts = ["127.0.0.1 localhost", f"{c.gateway} gw"] + [f"{c.ip(i)} node{i}" for i in range(c.n)]
     (c.root / "hosts").write_text("\n".join(hosts) + "\n")
-    path_env = f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    path_env = f"{_python_dirs()}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     # root's ~/.bashrc may put another python first (pyenv): each node gets its own
     (c.root / "node_bashrc").write_text(f"export PATH={path_env}\n")
     known = []
@@ -412,19 +440,23 @@ def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> 
     c.known_hosts.write_text("\n".join(known) + "\n")
     # `ssh -F <root>/ssh/config node1` from the root namespace (node names resolve only inside the nodes)
     (ssh_dir / "config").write_text("".join(
-        f"Host node{i} {c.ip(i)}\n  HostName {c.ip(i)}\n  User root\n  IdentityFile {c.key_path}\n"
+        f"Host node{i} {c.ip(i)}\n  HostName {c.ip(i)}\n  User {c.login_user}\n  IdentityFile {c.key_path}\n"
         f"  IdentitiesOnly yes\n  UserKnownHostsFile {c.known_hosts}\n  StrictHostKeyChecking yes\n"
         f"  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n" for i in range(c.n)))
     bashrc = Path.home() / ".bashrc"
     sshd = sshd_path()
-    account_files = _account_files(c.root)
+    account_files = _account_files(c.root, c.login_user)
     started = range(c.n) if only is None else [only]
     for i in started:
         d = c.root / f"node{i}"
         mounts = [f"mount --bind {d / 'run'} /run", f"mount --bind {c.root / 'hosts'} /etc/hosts"]
-        if bashrc.exists():
+        if c.login_user != "root":
+            mounts += _login_user_setup(c, i)
+        elif bashrc.exists():
             mounts.append(f"mount --bind {c.root / 'node_bashrc'} {bashrc}")
         mounts += [f"mount --bind {src} {dst}" for src, dst in account_files]
+        if c.login_user != "root":  # its home is its own once this node's passwd names it
+            mounts.append(f"chown {c.login_user}: /home/{c.login_user} /home/{c.login_user}/.ssh")
         script = " && ".join(mounts + [f"hostname node{i}", f"exec {sshd} -D -e -f {d / 'sshd_config'}"])
         log = open(d / "sshd.log", "ab")
         # ip -> unshare -> sh -> sshd is one exec chain, so the Popen pid is sshd's pid
@@ -450,18 +482,36 @@ def _start_sshds(c: NetnsCluster, wait_s: float, *, only: int | None = None) -> 
             time.sleep(0.05)
 
 
-def _account_files(root: Path) -> list[tuple[Path, str]]:
+def _free_id(text: str, field: int, start: int = 2000) -> int:
+    used = {int(f[field]) for f in (ln.split(":") for ln in text.splitlines()) if len(f) > field and f[field].isdigit()}
+    return next(x for x in range(start, 60000) if x not in used)
+
+
+def _account_files(root: Path, login_user: str = "root") -> list[tuple[Path, str]]:
     """Node-private copies of /etc/passwd and /etc/shadow when sshd needs what the host lacks: the ``sshd``
-    privilege-separation user (hosts without openssh-server installed) and an unlocked root entry (with
-    ``UsePAM no`` sshd refuses a ``!``-locked account even for key login).  Bind-mounted only inside the nodes'
-    mount namespaces; the host's files are never changed."""
+    privilege-separation user (hosts without openssh-server installed), an unlocked root entry (with
+    ``UsePAM no`` sshd refuses a ``!``-locked account even for key login) and a ``login_user`` other than root
+    (with its own group, home ``/home/<user>``, an unlocked ``*`` password: key login only).  Bind-mounted only
+    inside the nodes' mount namespaces; the host's files are never changed."""
     out: list[tuple[Path, str]] = []
     try:
         passwd = Path("/etc/passwd").read_text()
     except OSError:
         return out
+    extra = ""
     if not any(line.startswith("sshd:") for line in passwd.splitlines()):
-        (root / "passwd").write_text(passwd.rstrip("\n") + "\nsshd:x:65533:65534:sshd:/run/sshd:/usr/sbin/nologin\n")
+        extra += "sshd:x:65533:65534:sshd:/run/sshd:/usr/sbin/nologin\n"
+    user_line = shadow_line = ""
+    if login_user != "root" and not any(ln.startswith(f"{login_user}:") for ln in passwd.splitlines()):
+        group = Path("/etc/group").read_text()
+        uid, gid = _free_id(passwd, 2), _free_id(group, 2)
+        extra += f"{login_user}:x:{uid}:{gid}:{login_user}:/home/{login_user}:/bin/bash\n"
+        (root / "group").write_text(group.rstrip("\n") + f"\n{login_user}:x:{gid}:\n")
+        out.append((root / "group", "/etc/group"))
+        shadow_line = f"{login_user}:*:19000:0:99999:7:::"
+        user_line = login_user
+    if extra:
+        (root / "passwd").write_text(passwd.rstrip("\n") + "\n" + extra)
         out.append((root / "passwd", "/etc/passwd"))
     try:
         shadow = Path("/etc/shadow").read_text()
@@ -469,12 +519,52 @@ def _account_files(root: Path) -> list[tuple[Path, str]]:
         return out
     lines = shadow.splitlines()
     fixed = [("root:*:" + ln.split(":", 2)[2]) if ln.startswith("root:!") and ln.count(":") >= 2 else ln
-             for ln in lines]
+             for ln in lines] + ([shadow_line] if user_line else [])
     if fixed != lines:
         (root / "shadow").write_text("\n".join(fixed) + "\n")
         os.chmod(root / "shadow", 0o600)
         out.append((root / "shadow", "/etc/shadow"))
     return out
+
+
+def _login_user_setup(c: NetnsCluster, i: int) -> list[str]:
+    """Shell (run as root inside node ``i``'s new mount namespace, before sshd) that makes it look like a cloud
+    image whose login user is ``c.login_user``: its home ``/home/<user>`` (this node's own folder
+    ``<root>/node<i>/home``, with ``.ssh/authorized_keys`` = the cluster's), ``/etc/sudoers.d`` granting it
+    passwordless sudo, and this machine's Python reachable by it (a folder under a 0700 home such as
+    ``/root/.pyenv`` is shown through a 0755 tmpfs on that home, in this namespace only)."""
+    import stat
+
+    u = c.login_user
+    d = c.root / f"node{i}"
+    home = d / "home"
+    (home / u / ".ssh").mkdir(parents=True, exist_ok=True)
+    (home / u / ".ssh" / "authorized_keys").touch()
+    sudoers = c.root / "sudoers.d"
+    sudoers.mkdir(exist_ok=True)
+    os.chmod(sudoers, 0o755)
+    rule = sudoers / "90-broker-login"
+    rule.write_text(f"{u} ALL=(ALL) NOPASSWD:ALL\n")
+    os.chmod(rule, 0o440)
+    lines = [f"mount --bind {home} /home", f"mount --bind {c.root / 'ssh' / 'authorized_keys'} "
+             f"/home/{u}/.ssh/authorized_keys", f"mount --bind {sudoers} /etc/sudoers.d"]
+    blocked: dict[str, set[str]] = {}
+    for p in {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}:
+        parts = Path(p).parts
+        for k in range(1, len(parts) - 1):
+            a = Path(*parts[:k + 1])
+            if not os.stat(a).st_mode & stat.S_IXOTH:
+                blocked.setdefault(str(a), set()).add(str(a / parts[k + 1]))
+                break
+    for k, (a, children) in enumerate(sorted(blocked.items())):
+        for j, child in enumerate(sorted(children)):
+            keep = d / f"expose{k}-{j}"
+            keep.mkdir(exist_ok=True)
+            lines.append(f"mount --bind {child} {keep}")
+        lines.append(f"mount -t tmpfs -o mode=755 tmpfs {a}")
+        for j, child in enumerate(sorted(children)):
+            lines.append(f"mkdir -p {child} && mount --bind {d / f'expose{k}-{j}'} {child}")
+    return lines
 
 
 def _inject(c: NetnsCluster) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -207,7 +208,8 @@ def netns_missing() -> str | None:
 
 @pytest.fixture
 def netns_hosts(tmp_path):
-    """``make(n)``: a netns cluster of n hosts with sshd (skips where none can be made); every cluster made is
+    """``make(n, login_user="root")``: a netns cluster of n hosts with sshd (skips where none can be made; another
+    ``login_user`` = a cloud image's: that user with passwordless sudo, root login refused); every cluster made is
     removed at the end, leaving no namespace or link (other clusters may run beside ours)."""
     why = netns_missing()
     if why:
@@ -216,8 +218,10 @@ def netns_hosts(tmp_path):
 
     made = []
 
-    def make(n: int):
-        c = netns.up(n, tmp_path / f"hosts{len(made)}", use_gpus=False)
+    def make(n: int, login_user: str = "root"):
+        if login_user != "root" and not shutil.which("sudo"):
+            pytest.skip("an image's login user needs sudo (apt-get install sudo; scripts/test installs it as root)")
+        c = netns.up(n, tmp_path / f"hosts{len(made)}", use_gpus=False, login_user=login_user)
         made.append(c)
         return c
 

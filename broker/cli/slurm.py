@@ -70,13 +70,26 @@ def register(app: typer.Typer) -> None:
             typer.echo(script, nl=False)
 
 
+def _up_providers_help() -> str:
+    """``--provider`` help of ``slurm up``: every adapter that declares ``slurm_nodes``, the free ones first."""
+    from broker.providers import SLURM_NODES, capability
+
+    def words(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+    free = [n for n in SLURM_NODES if not capability(n, "rents")]
+    rented = [n for n in SLURM_NODES if capability(n, "rents")]
+    parts = ([f"{words(free)} (network namespaces on this machine, free)"] if free else []) + \
+        ([f"{words(rented)} (rented VMs)"] if rented else [])
+    return "where the nodes come from: " + ", ".join(parts)
+
+
 def register_cluster_commands(slurm: typer.Typer) -> None:
     """``broker slurm up | status | down``: clusters broker builds itself (broker/slurm/cluster.py)."""
 
     @slurm.command("up", short_help="Build a Slurm cluster on acquired nodes over SSH")
     def up_cmd(
-        provider: str = typer.Option("netns", "--provider", "-p", help="where the nodes come from: netns (network "
-                                     "namespaces on this machine, free), oci or aws (rented VMs)"),
+        provider: str = typer.Option("netns", "--provider", "-p", help=_up_providers_help()),
         nodes: int = typer.Option(2, "--nodes", "-n", help="number of nodes (node0 = slurmctld + slurmd)"),
         name: str = typer.Option(None, "--name", help="cluster name (default: a random one)"),
         max_hours: float = typer.Option(2.0, "--max-hours", help="hard deadline in hours: the watchdog tears the "

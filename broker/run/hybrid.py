@@ -117,7 +117,9 @@ _WG_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard public key: 32 bytes 
 
 def _root(cluster: Cluster, i: int) -> str:
     """``sudo -n `` for a node whose login is not root (``wg show`` needs root), else nothing."""
-    return "" if cluster.nodes[i].local or cluster.nodes[i].user == "root" else "sudo -n "
+    from broker.run.sshcluster import root_prefix
+
+    return root_prefix(cluster.nodes[i])
 
 
 def handshake_check(run: Any, cluster: Cluster, port_of: dict[int, int], mtu: int, *,
@@ -203,8 +205,34 @@ def make_executor(cluster: Cluster, recipe: Any, run_dir: Path, *, ports: dict[i
     from broker.run.remote import SSHExecutor
 
     class HybridExecutor(SSHExecutor):
+        def open_tunnel(self) -> Any:
+            """Accept everything arriving on the tunnel interface in every VM's host firewall, as root (an
+            image's own rules, e.g. OCI's REJECT at the end of INPUT, would refuse the job's TCP inside the
+            tunnel although the handshake passed); None, or the failed result."""
+            from broker.run.sshcluster import arequire_root, as_root
+            from broker.run.wireguard import open_iface_script
+
+            for i, node in enumerate(self.cluster.nodes):
+                if node.local:
+                    continue
+                iface = node.env.get("GLOO_SOCKET_IFNAME", "wg0")
+                try:
+                    self.ssh.loop.call(arequire_root(self.ssh, i, "hybrid"), timeout=60)
+                except ProviderError as e:
+                    return self._fail(f"{e.message} (the tunnel interface {iface} must be opened in its host "
+                                      "firewall)", node=i)
+                code, out = self.ssh.run(i, as_root(open_iface_script(iface), node), timeout=30)
+                if code != 0:
+                    return self._fail(f"opening {iface} in node {i}'s host firewall failed: exit {code}: "
+                                      f"{out.strip()[-300:]}", node=i)
+                self._say(f"[hybrid] node {i}: {iface} accepted in its host firewall"
+                          + (f" (sudo -n as {node.user})" if node.user != "root" else ""))
+            return None
+
         def reach(self) -> Any:
             res = super().reach()
+            if res is None and mtu is not None:  # a WireGuard tunnel of the run's own (a tailnet is Tailscale's)
+                res = self.open_tunnel()
             if res is None and tailnet:  # the VMs' tailnet addresses are known once they joined
                 for i, node in enumerate(self.cluster.nodes):
                     if node.local:

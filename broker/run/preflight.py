@@ -220,10 +220,25 @@ def _addr_in(cidr: str, ip: str | None) -> bool:
 _SKIP_IPT = ("-i lo", "--state ESTABLISHED", "--ctstate ESTABLISHED", "--state RELATED", "--ctstate RELATED")
 
 
-def iptables_verdict(ipt: str | None, chain: str, port: int, peer: str | None) -> tuple[str, str] | None:
-    """Walk ``chain`` of ``iptables -S`` in order for a new TCP connection to/from ``peer`` on ``port``:
-    ("ACCEPT" | "DROP" | "REJECT", the deciding rule or policy), or None when there are no rules.  Jumps to
-    other chains and rules with matches this does not model are skipped."""
+def _iface_matches(line: str, chain: str, iface: str | None) -> bool:
+    """Whether a rule's ``-i`` (INPUT) / ``-o`` (OUTPUT) interface match, if any, holds for a packet on ``iface``
+    (``+`` ends a prefix; ``!`` negates).  An unknown ``iface`` matches no rule that names one."""
+    m = re.search(r"(!\s+)?-%s (\S+)" % ("i" if chain == "INPUT" else "o"), line)
+    if not m:
+        return True
+    if iface is None:
+        return False
+    name = m.group(2)
+    hit = iface.startswith(name[:-1]) if name.endswith("+") else iface == name
+    return hit != bool(m.group(1))
+
+
+def iptables_verdict(ipt: str | None, chain: str, port: int, peer: str | None,
+                     iface: str | None = None) -> tuple[str, str] | None:
+    """Walk ``chain`` of ``iptables -S`` in order for a new TCP connection to/from ``peer`` on ``port`` arriving on
+    (INPUT) / leaving by (OUTPUT) interface ``iface``: ("ACCEPT" | "DROP" | "REJECT", the deciding rule or
+    policy), or None when there are no rules.  Jumps to other chains and rules with matches this does not model
+    are skipped; so is a rule for another interface (``-i wg0 -j ACCEPT`` opens the tunnel, not eth0)."""
     if not ipt:
         return None
     policy = None
@@ -245,6 +260,8 @@ def iptables_verdict(ipt: str | None, chain: str, port: int, peer: str | None) -
             continue
         src = re.search(r"-s (\S+)" if chain == "INPUT" else r"-d (\S+)", line)
         if src and not _addr_in(src.group(1), peer):
+            continue
+        if not _iface_matches(line, chain, iface):
             continue
         return m.group(1), line.strip()
     if policy is not None:
@@ -317,10 +334,11 @@ def _firewalld_blocks(fw: dict[str, Any] | None, port: int, peer: str | None) ->
                  f"{field_('ports') or '-'}"
 
 
-def host_firewall(info: dict[str, Any], direction: str, port: int, peer: str | None) -> dict[str, str] | None:
+def host_firewall(info: dict[str, Any], direction: str, port: int, peer: str | None,
+                  iface: str | None = None) -> dict[str, str] | None:
     """The host firewall rule that blocks a new TCP connection on ``port`` from/to ``peer`` on this node
-    (``direction`` "in" or "out"), as {"kind": firewalld|nftables|iptables, "rule": ..., "where": ...}; None when
-    the readable rules allow it."""
+    (``direction`` "in" or "out") through interface ``iface``, as {"kind": firewalld|nftables|iptables, "rule":
+    ..., "where": ...}; None when the readable rules allow it."""
     fw = info.get("firewall") or {}
     if direction == "in":
         z = _firewalld_blocks(fw.get("firewalld"), port, peer)
@@ -332,7 +350,7 @@ def host_firewall(info: dict[str, Any], direction: str, port: int, peer: str | N
     ipt = fw.get("iptables") if fw else None
     if ipt is None:
         ipt = info.get("iptables")
-    iv = iptables_verdict(ipt, "INPUT" if direction == "in" else "OUTPUT", port, peer)
+    iv = iptables_verdict(ipt, "INPUT" if direction == "in" else "OUTPUT", port, peer, iface)
     if iv and iv[0] in ("DROP", "REJECT"):
         return {"kind": "iptables", "rule": iv[1], "where": "INPUT" if direction == "in" else "OUTPUT"}
     return None
@@ -382,18 +400,21 @@ def open_command(kind: str, where: str, cidr: str, direction: str = "in") -> str
 
 
 def _cause(state: str, src: int, dst: int, info: dict[int, dict[str, Any]], port: int | None = None,
-           ips: dict[int, str] | None = None) -> tuple[str, str]:
+           ips: dict[int, str] | None = None, ifaces: dict[int, str] | None = None,
+           tunnel: bool = False) -> tuple[str, str]:
     """(likely cause, fix) of a failed probe from node src to node dst on ``port``.  Host firewall rules are
-    looked at first (a REJECT with icmp-host-prohibited looks UNREACHABLE to the prober); the cloud security rule
-    is named only when the host rules that could be read allow the connection."""
+    looked at first (a REJECT with icmp-host-prohibited looks UNREACHABLE to the prober; ``ifaces``: each node's
+    interface of the private addresses, for rules bound to one); the cloud security rule is named only when the
+    host rules that could be read allow the connection and the traffic is not inside a ``tunnel`` (a hybrid run's
+    WireGuard: security rules see only its UDP, which a handshake proved open)."""
     dinfo, sinfo = info.get(dst, {}), info.get(src, {})
-    ips = ips or {}
+    ips, ifaces = ips or {}, ifaces or {}
     allow = "allow all TCP between the nodes' private addresses"
     if port is not None:
-        hit = host_firewall(dinfo, "in", port, ips.get(src))
+        hit = host_firewall(dinfo, "in", port, ips.get(src), ifaces.get(dst))
         node, direction = dst, "in"
         if hit is None:
-            hit = host_firewall(sinfo, "out", port, ips.get(dst))
+            hit = host_firewall(sinfo, "out", port, ips.get(dst), ifaces.get(src))
             node, direction = src, "out"
     else:  # legacy: any DROP/REJECT rule
         d, o = _firewall_rules(dinfo.get("iptables"), "INPUT"), _firewall_rules(sinfo.get("iptables"), "OUTPUT")
@@ -417,6 +438,14 @@ def _cause(state: str, src: int, dst: int, info: dict[int, dict[str, Any]], port
         return ("refused while a listener was running: a REJECT rule (host firewall not readable here, or a "
                 "network appliance)" + ("" if readable else f" ({why})"),
                 f"{allow}; check `sudo iptables -S` / `sudo nft list ruleset` on node {dst}")
+    if tunnel:
+        iface = ifaces.get(dst, "the tunnel interface")
+        return (f"packets dropped inside the tunnel: node {dst}'s host firewall on {iface} (cloud security rules see "
+                "only the tunnel's UDP, and the handshake got through)"
+                + (f"; its rules could not be read: {why}" if not readable else
+                   " (no rule read there drops it: check nftables / firewalld on the node)"),
+                f"accept everything on {iface} in node {dst}'s host firewall: `sudo iptables -I INPUT -i {iface} -j "
+                f"ACCEPT` (or `sudo firewall-cmd --zone=trusted --add-interface={iface}`)")
     note = f" (node {dst}'s host firewall not readable: {why}; also check it)" if not readable else \
         f" (node {dst} has no DROP/REJECT iptables rule for this port)"
     return ("packets dropped on the way: a cloud security rule (security list / network security group / AWS "
@@ -590,7 +619,8 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
             checks.append(Check(label, nodes, "PASS", f"{dst}: " + ", ".join(parts)))
         else:
             ips = {k: nd.private_ip for k, nd in enumerate(cluster.nodes)}
-            cause, fix = _cause(failed[0]["state"], i, j, info, failed[0]["port"], ips)
+            cause, fix = _cause(failed[0]["state"], i, j, info, failed[0]["port"], ips, dict(rep.ifaces),
+                                tunnel=cluster.topology.value == "hybrid")
             checks.append(Check(label, nodes, "FAIL", f"{dst}: " + ", ".join(parts) + f"; likely cause: {cause}",
                                 fix))
     return rep

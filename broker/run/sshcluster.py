@@ -34,6 +34,44 @@ EXIT_DRAIN_S = 2.0
 Echo = Callable[[str], None] | None
 
 
+# --------------------------------------------------------------------------------------------------- as root
+def needs_sudo(node: Any) -> bool:
+    """Whether commands that need root on ``node`` (a ``ClusterNode`` or anything with ``user`` and ``local``) go
+    through ``sudo -n``: a rented VM's login user is the image's (``opc``, ``ubuntu``, ...), not root.  This
+    machine's own node (``local``) runs as broker does."""
+    return not getattr(node, "local", False) and getattr(node, "user", "root") != "root"
+
+
+def root_prefix(node: Any) -> str:
+    """``sudo -n `` (never prompts: a password request fails at once) in front of one command that needs root on
+    ``node``, else nothing."""
+    return "sudo -n " if needs_sudo(node) else ""
+
+
+def as_root(script: str, node: Any) -> str:
+    """The shell ``script`` (any number of lines) run as root on ``node``: as is for a root login, else through
+    ``sudo -n sh -c``."""
+    return f"sudo -n sh -c {shlex.quote(script)}" if needs_sudo(node) else script
+
+
+#: run first on a node whose login is not root: prints why sudo cannot be used without a password
+SUDO_CHECK = "sudo -n true 2>&1 || { echo \"(sudo -n exit $?)\"; exit 1; }"
+
+
+async def arequire_root(ssh: "SSHCluster", i: int, service: str) -> None:
+    """ProviderError(``service``) unless node ``i``'s login is root or has passwordless sudo (checked with
+    :data:`SUDO_CHECK`); the message names the user, the node and what sudo said."""
+    node = ssh.cluster.nodes[i]
+    if not needs_sudo(node):
+        return
+    code, out = await ssh.arun(i, SUDO_CHECK, timeout=30)
+    if code != 0:
+        said = (out.strip().splitlines() or ["no output"])[0][:200]
+        raise ProviderError(service, "sudo -n true", f"the login user {node.user} on node{i} needs passwordless "
+                            f"sudo: {said}", hint=f"give {node.user} NOPASSWD sudo on the node (cloud images' "
+                            "login users have it: /etc/sudoers.d), or use an image whose login user has it")
+
+
 class LoopThread:
     """An asyncio event loop running in a daemon thread; :meth:`call` runs a coroutine there and waits."""
 
@@ -194,14 +232,16 @@ class SSHCluster:
         self.loop.close()
 
     # ------------------------------------------------------------------ commands and files
-    async def arun(self, i: int, cmd: str, *, timeout: float = 60.0) -> tuple[int | None, str]:
-        """Run ``cmd`` (a shell line) on node ``i``; returns (exit status or None, stdout+stderr)."""
+    async def arun(self, i: int, cmd: str, *, timeout: float = 60.0,
+                   input: str | None = None) -> tuple[int | None, str]:
+        """Run ``cmd`` (a shell line) on node ``i`` with ``input`` on its stdin (text; a secret goes this way, never
+        on the command line); returns (exit status or None, stdout+stderr)."""
         import asyncssh
 
         conn = await self.aconn(i)
         _log.debug("ssh node %d: %s", i, cmd)
         try:
-            r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT)
+            r = await conn.run(cmd, check=False, timeout=timeout, stderr=asyncssh.STDOUT, input=input)
         except asyncssh.TimeoutError as e:
             _log.debug("ssh node %d: timed out after %.0f s", i, timeout)
             return None, f"timed out after {timeout:.0f} s: {(e.stdout or '')[-500:]}"

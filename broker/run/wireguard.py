@@ -265,6 +265,18 @@ def iface_down(iface: str, *, ns: str | None = None, pidfile: Path | None = None
         sock.unlink(missing_ok=True)
 
 
+def open_iface_script(iface: str) -> str:
+    """Shell, run as root on a VM once the tunnel is up, that accepts everything arriving on ``iface`` in its
+    host firewall: firewalld's ``trusted`` zone where firewalld runs, and an iptables ``-i IFACE -j ACCEPT`` first
+    in INPUT (once: checked with ``-C``).  Only the tunnel's peers reach that interface (WireGuard drops any
+    packet not from a peer's key)."""
+    i = shlex.quote(iface)
+    return (f"if command -v firewall-cmd >/dev/null 2>&1 && firewall-cmd --state >/dev/null 2>&1; then "
+            f"firewall-cmd --zone=trusted --add-interface={i} >/dev/null; fi; "
+            f"if command -v iptables >/dev/null 2>&1; then iptables -C INPUT -i {i} -j ACCEPT 2>/dev/null || "
+            f"iptables -I INPUT 1 -i {i} -j ACCEPT; fi")
+
+
 def parse_handshakes(out: str) -> dict[str, int]:
     """{peer public key: unix time of the last handshake (0 = never)} from ``wg show IF latest-handshakes``."""
     res = {}

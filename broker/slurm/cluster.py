@@ -298,6 +298,13 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
     try:
         _open(ssh, timeout_s=300.0 if not netns else 30.0)
         say(f"reached {len(cluster.nodes)} node(s) over SSH")
+        from broker.run.sshcluster import arequire_root
+
+        # every step below that touches /var/lib, /srv, /etc or starts a daemon runs as root (sudo -n on a VM
+        # whose login user is the image's): a login user without passwordless sudo is named before anything
+        for r in ssh.gather([arequire_root(ssh, i, "slurm") for i in range(len(cluster.nodes))], timeout=60):
+            if isinstance(r, BaseException):
+                raise r
         facts = [parse_facts(_must(ssh, i, FACTS_CMD, "read node facts")) for i in range(len(cluster.nodes))]
         _ensure_binaries(ssh, facts, netns=netns, say=say)
         nodes = []
@@ -312,7 +319,8 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
         state = ClusterState(cluster_id=run.id, name=name, provider=provider, base=base, shared_dir=shared,
                              shared_note=note, python=cluster.python, ssh_key_path=cluster.ssh_key_path,
                              known_hosts_path=cluster.known_hosts_path or str(ssh.known_hosts), nodes=nodes,
-                             munge_socket=f"/run/broker-munge-{run.id[-6:]}/munge.socket", netns_cid=netns_cid)
+                             munge_socket=f"/run/broker-munge-{run.id[-6:]}/munge.socket", netns_cid=netns_cid,
+                             munge_user="root" if netns else _munge_user(ssh))
         state.save(run_dir)
         # `broker ssh CLUSTER [NODE]` reads the nodes from here, as for any run (paths and addresses, no secret)
         (run_dir / "cluster.json").write_text(cluster.model_copy(update={
@@ -342,8 +350,9 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
             state.save(run_dir)  # the shared directory's note
         cg = cgroup_mount_script() if netns else CLOUD_CGROUPS.format(script=cgroup_mount_script())
         say("starting munged, slurmctld (node0) and slurmd on every node")
-        _must(ssh, 0, start_script(state, 0, cgroups=cg), "start munged/slurmctld/slurmd on node0", timeout=60)
-        outs = ssh.gather([ssh.arun(i, start_script(state, i, cgroups=cg), timeout=60)
+        _must(ssh, 0, start_script(state, 0, cgroups=cg), "start munged/slurmctld/slurmd on node0", timeout=60,
+              root=True)
+        outs = ssh.gather([ssh.arun(i, _root(ssh, i, start_script(state, i, cgroups=cg)), timeout=60)
                            for i in range(1, len(nodes))], timeout=90)
         for i, r in enumerate(outs, start=1):
             if isinstance(r, BaseException):
@@ -370,8 +379,21 @@ def _open(ssh: "SSHCluster", timeout_s: float) -> None:
             time.sleep(2.0)
 
 
-def _must(ssh: "SSHCluster", i: int, cmd: str, what: str, *, timeout: float = 60.0) -> str:
-    code, out = ssh.run(i, cmd, timeout=timeout)
+def _root(ssh: "SSHCluster", i: int, cmd: str) -> str:
+    """``cmd`` run as root on node ``i`` (through ``sudo -n`` when its login user is not root)."""
+    from broker.run.sshcluster import as_root
+
+    return as_root(cmd, ssh.cluster.nodes[i])
+
+
+def _munge_user(ssh: "SSHCluster") -> str:
+    """``munge`` when every node has that account (the munge package makes it), else root."""
+    ok = all(ssh.run(i, "id -u munge", timeout=20)[0] == 0 for i in range(len(ssh.cluster.nodes)))
+    return "munge" if ok else "root"
+
+
+def _must(ssh: "SSHCluster", i: int, cmd: str, what: str, *, timeout: float = 60.0, root: bool = False) -> str:
+    code, out = ssh.run(i, _root(ssh, i, cmd) if root else cmd, timeout=timeout)
     if code != 0:
         raise ProviderError("slurm", what, f"node{i}: exit {code}: {out.strip()[-800:]}")
     return out
@@ -389,7 +411,7 @@ def _ensure_binaries(ssh: "SSHCluster", facts: list[dict], *, netns: bool, say: 
     cmd = ("export DEBIAN_FRONTEND=noninteractive; for k in 1 2 3; do apt-get update -q && apt-get install -y -q "
            "slurm-wlm munge nfs-kernel-server nfs-common && break; sleep 10; done; "
            "systemctl disable --now slurmd slurmctld >/dev/null 2>&1; true")
-    for r in ssh.gather([ssh.arun(i, cmd, timeout=900) for i in range(len(facts))], timeout=960):
+    for r in ssh.gather([ssh.arun(i, _root(ssh, i, cmd), timeout=900) for i in range(len(facts))], timeout=960):
         if isinstance(r, BaseException):
             raise r
     for i in range(len(facts)):
@@ -403,14 +425,34 @@ async def _prepare_node(ssh: "SSHCluster", state: ClusterState, i: int, key: byt
                         files: list[tuple[bytes, str, int]], *, netns: bool) -> None:
     q = shlex.quote
     d = state.node_dir(i)
-    code, out = await ssh.arun(i, f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge "
-                                  f"{q(state.shared_dir)}/tmp; chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
-                                  f"chmod 1777 {q(state.shared_dir)} {q(state.shared_dir)}/tmp")
+    mu = state.munge_user
+    code, out = await ssh.arun(i, _root(ssh, i, (
+        f"set -e; umask 022; mkdir -p {q(state.base)}/etc {q(d)}/munge {q(state.shared_dir)}/tmp; "
+        f"chmod 700 {q(d)}/munge; rm -f {q(d)}/munge/munge.key; "
+        f"chmod 1777 {q(state.shared_dir)} {q(state.shared_dir)}/tmp"
+        + (f"; chown {q(mu)}: {q(d)}/munge" if mu != "root" else ""))))
     if code != 0:
         raise ProviderError("slurm", f"prepare node{i}", f"exit {code}: {out.strip()[-300:]}")
-    await ssh.aput_bytes(i, key, f"{d}/munge/munge.key", 0o400)
+    await _aput_as_root(ssh, i, key, f"{d}/munge/munge.key", 0o400, owner=mu)
     for data, path, mode in files:
-        await ssh.aput_bytes(i, data, path, mode)
+        await _aput_as_root(ssh, i, data, path, mode)
+
+
+async def _aput_as_root(ssh: "SSHCluster", i: int, data: bytes, path: str, mode: int, *, owner: str = "root") -> None:
+    """Write ``data`` to ``path`` on node ``i`` as root (the folders are root's), owned by ``owner`` with ``mode``:
+    sent on stdin (base64), never on a command line; the file is created 0600 (umask 077), given its owner and
+    mode, then renamed into place, so a key is never readable by anyone else, even for a moment."""
+    import base64
+
+    q = shlex.quote
+    fill = "base64 -d" if data else ":"  # an empty file (gres.conf without GPUs): no stdin to wait for
+    script = (f"set -e; umask 077; t={q(path)}.new; rm -f \"$t\"; {fill} > \"$t\"; "
+              + (f"chown {q(owner)}: \"$t\"; " if owner != "root" else "")
+              + f"chmod {mode:o} \"$t\"; mv -f \"$t\" {q(path)}")
+    code, out = await ssh.arun(i, _root(ssh, i, script), timeout=60,
+                               input=base64.b64encode(data).decode() if data else None)
+    if code != 0:
+        raise ProviderError("slurm", f"write {path} on node{i}", f"exit {code}: {out.strip()[-300:]}")
 
 
 def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
@@ -420,7 +462,7 @@ def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
     cmd = (f"grep -v ' node[0-9]*$' /etc/hosts > /etc/hosts.broker; printf %s {q(hosts)} >> /etc/hosts.broker; "
            "cat /etc/hosts.broker > /etc/hosts; rm -f /etc/hosts.broker")
     for i in range(len(state.nodes)):
-        _must(ssh, i, cmd, "write /etc/hosts")
+        _must(ssh, i, cmd, "write /etc/hosts", root=True)
     shared_on = _already_shared(ssh, state)
     if shared_on:
         # a cluster file system (or one disk behind every node) is already there: an NFS export over it would
@@ -431,9 +473,10 @@ def _cloud_network(ssh: "SSHCluster", state: ClusterState, say: Say) -> None:
         return
     cidr = private_cidr([n.private_ip for n in state.nodes])
     say(f"NFS: {state.shared_dir} exported from node0 to {cidr}")
-    _must(ssh, 0, nfs_server_script(state.shared_dir, cidr), "NFS export on node0", timeout=120)
+    _must(ssh, 0, nfs_server_script(state.shared_dir, cidr), "NFS export on node0", timeout=120, root=True)
     for i in range(1, len(state.nodes)):
-        _must(ssh, i, nfs_client_script(state.nodes[0].private_ip, state.shared_dir), "NFS mount", timeout=400)
+        _must(ssh, i, nfs_client_script(state.nodes[0].private_ip, state.shared_dir), "NFS mount", timeout=400,
+              root=True)
 
 
 def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
@@ -443,7 +486,8 @@ def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
         return "one node"
     q = shlex.quote
     marker = f"{state.shared_dir}/.broker-shared-{secrets.token_hex(4)}"
-    _must(ssh, 0, f"mkdir -p {q(state.shared_dir)} && echo {q(state.cluster_id)} > {q(marker)}", "shared dir marker")
+    _must(ssh, 0, f"mkdir -p {q(state.shared_dir)} && echo {q(state.cluster_id)} > {q(marker)}", "shared dir marker",
+          root=True)
     try:
         for i in range(1, len(state.nodes)):
             code, out = ssh.run(i, f"cat {q(marker)} 2>/dev/null", timeout=20)
@@ -451,7 +495,7 @@ def _already_shared(ssh: "SSHCluster", state: ClusterState) -> str:
                 return ""
         return f"node0's marker file seen on node1..node{len(state.nodes) - 1}"
     finally:
-        ssh.run(0, f"rm -f {q(marker)}", timeout=20)
+        ssh.run(0, _root(ssh, 0, f"rm -f {q(marker)}"), timeout=20)
 
 
 def _logs(ssh: "SSHCluster", state: ClusterState, i: int, n: int = 15) -> str:
@@ -462,7 +506,7 @@ def _logs(ssh: "SSHCluster", state: ClusterState, i: int, n: int = 15) -> str:
         files += [f"{state.ctld_dir}/slurmctld.log", f"{state.ctld_dir}/slurmctld.console"]
     cmd = "; ".join(f"[ -f {q(f)} ] && echo '--- {f}' && tail -n {n} {q(f)}" for f in files) + "; true"
     try:
-        return ssh.run(i, cmd, timeout=20)[1]
+        return ssh.run(i, _root(ssh, i, cmd), timeout=20)[1]
     except Exception as e:  # noqa: BLE001 - logs are a courtesy in an error message
         return f"(cannot read node{i}'s logs: {e})"
 
@@ -511,8 +555,10 @@ def attach(opts: "SlurmOptions", ledger: "Ledger | None" = None):
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
     prov = get_provider("slurm")  # the adapter through the registry: this layer imports none
     prov.shell = node0_shell(state)
-    prov.host = prov.shell.host
-    opts.host = prov.shell.host
+    # the job's ledger row names node 0 as a login ([user@]host, what its schema takes); commands still go through
+    # the cluster's shell above (its key and pinned host key)
+    n0 = state.nodes[0]
+    prov.host = opts.host = f"{n0.user}@{n0.host}"
     opts.remote_base = f"{state.shared_dir}/jobs"
     if opts.python in (None, "", "python3"):
         opts.python = state.python
@@ -660,7 +706,7 @@ def _stop_daemons(state: ClusterState, say: Say) -> int:
     try:
         for i in range(len(state.nodes)):
             try:
-                code, out = ssh.run(i, stop_script(state, i), timeout=40)
+                code, out = ssh.run(i, _root(ssh, i, stop_script(state, i)), timeout=40)
             except BrokerError as e:
                 say(f"node{i}: cannot stop its daemons over SSH ({e.message}); releasing the node removes them")
                 continue

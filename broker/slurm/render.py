@@ -66,6 +66,9 @@ class ClusterState:
     nodes: list[NodeFacts]
     munge_socket: str
     netns_cid: str | None = None
+    #: the account munged runs as and that owns its key (0400) and folder: ``munge`` (the package's) on cloud
+    #: VMs, root on netns nodes (their folders live under this machine's run folder, which only root may enter)
+    munge_user: str = "root"
     ctld_port: int = CTLD_PORT
     slurmd_port: int = SLURMD_PORT
 
@@ -237,15 +240,20 @@ def munged_argv(state: ClusterState, i: int) -> list[str]:
 
 
 def start_script(state: ClusterState, i: int, *, cgroups: str | None) -> str:
-    """The shell run over SSH on node ``i`` to start its daemons (the key and the configs are already there):
-    munged (and a ``munge | unmunge`` round trip), slurmctld on node 0, then slurmd ``-N node<i>``.  Every daemon
-    daemonizes itself; stdio goes to ``<node dir>/*.console``; pid files under ``<base>``."""
+    """The shell run as root over SSH on node ``i`` to start its daemons (the key and the configs are already
+    there): munged as ``state.munge_user`` (and a ``munge | unmunge`` round trip), slurmctld on node 0, then slurmd
+    ``-N node<i>``.  Every daemon daemonizes itself; stdio goes to ``<node dir>/*.console``; pid files under
+    ``<base>``."""
     q = shlex.quote
     d = state.node_dir(i)
     sock = state.munge_socket
     sockdir = sock.rsplit("/", 1)[0]
-    lines = ["set -e", f"mkdir -p {q(sockdir)} {q(state.spool_dir)}/node{i}", f"chmod 755 {q(sockdir)}",
-             " ".join(q(a) for a in munged_argv(state, i)) + f" </dev/null >>{q(d)}/munged.console 2>&1",
+    mu = state.munge_user
+    as_mu = "" if mu == "root" else f"runuser -u {q(mu)} -- "  # munged checks its key is its own user's
+    lines = ["set -e", f"mkdir -p {q(sockdir)} {q(state.spool_dir)}/node{i}", f"chmod 755 {q(sockdir)}"]
+    if mu != "root":
+        lines.append(f"chown {q(mu)}: {q(sockdir)}")
+    lines += [as_mu + " ".join(q(a) for a in munged_argv(state, i)) + f" </dev/null >>{q(d)}/munged.console 2>&1",
              f"for k in $(seq 100); do [ -S {q(sock)} ] && break; sleep 0.1; done",
              f"munge -n -S {q(sock)} | unmunge -S {q(sock)} >/dev/null"]
     if i == 0:

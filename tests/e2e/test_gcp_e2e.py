@@ -3,7 +3,8 @@ official Google clients pointed at tests/support/gcp_emulator.py (AnonymousCrede
 subnet and firewall rules, two single-GPU "VMs" (multi-node), the SSH executor, teardown in dependency order.  The
 "instances" are two network-namespace hosts with real sshd (tests/conftest.py ``netns_hosts``): the emulator gives
 each instance networkIP = natIP = the netns host's address and, when it turns RUNNING, appends the instance's
-``ssh-keys`` metadata to that host's authorized_keys (what the guest agent does on a real VM).  Nothing leaves
+``ssh-keys`` metadata to that host's authorized_keys (what the guest agent does on a real VM: that user, ``broker``,
+has passwordless sudo and root cannot log in, as on the real images).  Nothing leaves
 127.0.0.0/8 and the namespaces."""
 
 from __future__ import annotations
@@ -43,16 +44,15 @@ def _recipe(tmp_path: Path):
 def test_two_node_run_on_emulated_gcp_succeeds_and_leaves_nothing(netns_hosts, tmp_path):
     from broker.providers.gcp import GCPProvider
 
-    hosts = netns_hosts(2)
+    hosts = netns_hosts(2, login_user="broker")  # the ssh-keys user, with sudo: root cannot log in
 
-    on_running = authorize_on(hosts)
+    on_running = authorize_on(hosts, user="broker")
 
     with GCPEmulator(project="broker-e2e", addresses=lambda i: (hosts.ip(i), hosts.ip(i)),
                      on_running=on_running) as emu:
         emu.stockout.add("us-central1-a")  # the first zone is out of stock: failover to the next one
         p = GCPProvider(project="broker-e2e", credentials=AnonymousCredentials(), compute_endpoint=emu.url,
-                        ssh_user="root", poll_s=0.05)
-        p.node_workroot = str(tmp_path / "node-work")
+                        poll_s=0.05)
         recipe = _recipe(tmp_path)
         req = recipe.requirements()
         offers = [o for o in p.offers(req) if o.instance_type == "n1-standard-4+t4"]

@@ -1,6 +1,7 @@
 """The cloud side of the hybrid topology: ``hybrid`` on rented VMs end to end through the REAL ``oci`` SDK against
 :mod:`tests.support.oci_emulator`, with node 0 = this machine (the root namespace) and node 1 = a VM that is a network
-namespace host with real sshd (:func:`broker.providers.netns.up`).
+namespace host with real sshd (:func:`broker.providers.netns.up`) whose login user is the image's (``ubuntu``,
+passwordless sudo, root login refused), as on the real images.
 
 What a cloud does at boot is done by the test the way cloud-init would: when the emulator turns the instance
 RUNNING, its ``user_data`` (the adapter's boot script, which embeds the run's WireGuard config for node 1 or the
@@ -49,10 +50,26 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.skipif(_why is no
 NO_SYSTEMD = "#!/bin/sh\necho 'System has not been booted with systemd as init system (PID 1).' >&2\nexit 1\n"
 
 
+#: the image's login user (passwordless sudo; root cannot log in), as on OCI's Ubuntu images
+LOGIN = "ubuntu"
+#: INPUT of OCI's Ubuntu images (/etc/iptables/rules.v4): what is not SSH, ICMP or NTP is rejected, whatever the
+#: security list allows
+OCI_IMAGE_INPUT = [["-m", "state", "--state", "RELATED,ESTABLISHED", "-j", "ACCEPT"], ["-p", "icmp", "-j", "ACCEPT"],
+                   ["-i", "lo", "-j", "ACCEPT"], ["-p", "udp", "--sport", "123", "-j", "ACCEPT"],
+                   ["-p", "tcp", "-m", "state", "--state", "NEW", "-m", "tcp", "--dport", "22", "-j", "ACCEPT"],
+                   ["-j", "REJECT", "--reject-with", "icmp-host-prohibited"]]
+
+
 @pytest.fixture
 def vm(netns_hosts):
-    """The rented VM of rank 1: one netns host with sshd (tests/conftest.py netns_hosts)."""
-    return netns_hosts(1)
+    """The rented VM of rank 1: one netns host with sshd (tests/conftest.py netns_hosts) whose login user is the
+    image's own."""
+    return netns_hosts(1, login_user=LOGIN)
+
+
+def vm_home(vm: Any) -> Path:
+    """The VM's /home/<login user>, seen from this machine."""
+    return vm.root / "node0" / "home" / LOGIN
 
 
 def tailscale_standin(path: Path, *, address: str, state: Path | None) -> None:
@@ -83,13 +100,18 @@ esac
 class Cloud:
     """The emulator, the real OCI adapter pointed at it and the VM's "cloud-init"."""
 
-    def __init__(self, vm: Any, tmp_path: Path, key_pem: str, *, vm_tailscale: bool = False):
+    def __init__(self, vm: Any, tmp_path: Path, key_pem: str, *, vm_tailscale: bool = False,
+                 image_firewall: bool = False):
         from broker.providers.oci import OCIProvider
 
         self.vm, self.tmp = vm, tmp_path
         # the security list is enforced in front of the VM, except with the stand-in tailnet: that is the netns
         # bridge itself, where a real tailnet would carry the traffic inside its own (NAT-traversing) UDP
         self.enforce_security_list = not vm_tailscale
+        # the image's own host firewall (OCI_IMAGE_INPUT), restored after the boot script ran (its inserts are gone;
+        # the WireGuard port stays open, as the adapter's boot saved it): only the job's TCP inside the tunnel is
+        # refused
+        self.image_firewall = image_firewall
         self.boots: list[tuple[int, str]] = []
         self.user_data: list[str] = []
         # the VM "image": its own /etc/wireguard and /usr/local/sbin (no systemd; tailscale where asked)
@@ -98,23 +120,29 @@ class Cloud:
         (self.image / "sbin").mkdir()
         (self.image / "sbin" / "systemctl").write_text(NO_SYSTEMD)
         (self.image / "sbin" / "systemctl").chmod(0o755)
-        self.ts_state = tmp_path / "vm-tailscale.json"
+        # the stand-in's state in the VM's image (its /usr/local/sbin), where the login user reads it too
+        self.ts_state = self.image / "sbin" / "tailscale.json"
         if vm_tailscale:
-            tailscale_standin(self.image / "sbin" / "tailscale", address=vm.ip(0), state=self.ts_state)
+            tailscale_standin(self.image / "sbin" / "tailscale", address=vm.ip(0),
+                              state=Path("/usr/local/sbin/tailscale.json"))
         pid = vm.sshd_pids[0]
         for src, dst in ((self.image / "etc-wireguard", "/etc/wireguard"), (self.image / "sbin", "/usr/local/sbin")):
             subprocess.run(["nsenter", "-t", str(pid), "-m", "mount", "--bind", str(src), dst], check=True)
+        self.lines: list[str] = []
+        self.node0_key: str | None = None
+        self.cloud(key_pem)
+
+    def cloud(self, key_pem: str) -> None:
+        from broker.providers.oci import OCIProvider
+
         self.emu = OCIEmulator(compartment=COMP, ads=(AD,), region=REGION, addresses=self.addresses,
-                               on_running=self.on_running, login_user="root")
+                               on_running=self.on_running, login_user=LOGIN)
         cfg = {"user": "ocid1.user.oc1..aaaaaaaauser", "tenancy": TENANCY, "key_content": key_pem,
                "fingerprint": "11:22:33:44:55:66:77:88:99:00:aa:bb:cc:dd:ee:ff", "region": REGION}
         self.provider = OCIProvider(config=cfg, service_endpoint=self.emu.url, compartment_id=COMP,
                                     availability_domains=[AD], retry_strategy=oci.retry.NoneRetryStrategy(),
                                     circuit_breaker_strategy=oci.circuit_breaker.NoCircuitBreakerStrategy(),
                                     conflict_wait_s=20.0)
-        self.provider.node_workroot = str(tmp_path / "node-work")
-        self.lines: list[str] = []
-        self.node0_key: str | None = None
 
     def addresses(self, node: int) -> tuple[str, str]:
         assert node == 1, f"only rank 1 is rented in a 2-node hybrid run, not {node}"
@@ -145,7 +173,10 @@ class Cloud:
             subprocess.run(["ip", "netns", "exec", self.vm.ns(0), "iptables", "-t", "mangle", *rule], check=True)
         with open(self.vm.root / "ssh" / "authorized_keys", "a") as f:
             f.write(inst["metadata"]["ssh_authorized_keys"].strip() + "\n")
-        ud = base64.b64decode(inst["metadata"]["user_data"]).decode()
+        self.boot(base64.b64decode(inst["metadata"]["user_data"]).decode())
+
+    def boot(self, ud: str) -> None:
+        """The boot script run as root inside the VM, then (``image_firewall``) the image's rules restored."""
         self.user_data.append(ud)
         script = self.tmp / f"user-data-{len(self.user_data)}.sh"
         script.write_text(ud)
@@ -154,6 +185,12 @@ class Cloud:
                             f"PATH={path}", "HOME=/root", "bash", str(script)], capture_output=True, text=True,
                            timeout=120)
         self.boots.append((p.returncode, p.stdout + p.stderr))
+        if self.image_firewall:
+            ipt = ["ip", "netns", "exec", self.vm.ns(0), "iptables"]
+            subprocess.run([*ipt, "-F", "INPUT"], check=True)
+            port = next(ln.split("=")[1].strip() for ln in ud.splitlines() if ln.startswith("ListenPort"))
+            for rule in OCI_IMAGE_INPUT[:-1] + [["-p", "udp", "--dport", port, "-j", "ACCEPT"], OCI_IMAGE_INPUT[-1]]:
+                subprocess.run([*ipt, "-A", "INPUT", *rule], check=True)
 
     def say(self, line: str) -> None:
         self.lines.append(line)
@@ -167,12 +204,44 @@ class Cloud:
         req = recipe.requirements()
         options = [o for o in plan(req, self.provider.offers(req), now=utcnow()).options
                    if o.valid and o.topology.value == "hybrid"]
-        assert options, "no hybrid OCI option"
+        assert options, f"no hybrid {self.provider.name} option"
         assert len(options[0].offers) == 1  # node 0 is this machine: one VM rented
         ledger = Ledger()
-        target = CloudHybridTarget(recipe, options[:1], providers={"oci": self.provider}, poll_s=0.2, **kw)
+        target = CloudHybridTarget(recipe, options[:1], providers={self.provider.name: self.provider}, poll_s=0.2,
+                                   **kw)
         out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=self.lines.append, say=self.say))
         return out, ledger
+
+
+#: the GCE VM's login user: the ``ssh-keys`` metadata user, whom the guest agent gives passwordless sudo
+GCP_LOGIN = "broker"
+
+
+class GCPCloud(Cloud):
+    """The same VM behind the GCP emulator and the real gcp adapter: the guest agent adds the ``ssh-keys`` user's
+    key; the ``startup-script``'s onstart part (the WireGuard lines) runs as root (its dead-man switch and idle stop
+    are left out: they would run on this machine's file system)."""
+
+    def cloud(self, key_pem: str) -> None:
+        from google.auth.credentials import AnonymousCredentials
+
+        from broker.providers.gcp import GCPProvider
+        from tests.support.gcp_emulator import GCPEmulator
+
+        self.enforce_security_list = False
+        self.emu = GCPEmulator(project="broker-hybrid", addresses=self.addresses, on_running=self.on_running)
+        self.emu.__enter__()  # its address is known once it serves
+        self.provider = GCPProvider(project="broker-hybrid", credentials=AnonymousCredentials(),
+                                    compute_endpoint=self.emu.url, ssh_user=GCP_LOGIN, poll_s=0.05)
+
+    def on_running(self, inst: dict[str, Any]) -> None:
+        md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
+        user, _, key = md["ssh-keys"].partition(":")
+        assert user == GCP_LOGIN, user
+        with open(self.vm.root / "ssh" / "authorized_keys", "a") as f:
+            f.write(key.strip() + "\n")
+        script = md["startup-script"]
+        self.boot("#!/bin/bash\n" + script.split("# broker: onstart\n", 1)[1].split("# broker: boot finished", 1)[0])
 
 
 @pytest.fixture
@@ -223,12 +292,15 @@ def no_secret_under_home(*secrets: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ wireguard
 def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_path, monkeypatch):
+    """On a VM whose login user is the image's (sudo, no root login) and whose image rejects in INPUT what is not
+    SSH: broker opens the tunnel's interface in that host firewall (sudo) and the job runs over the tunnel."""
     import ipaddress
 
-    c = cloud_factory()
+    c = cloud_factory(image_firewall=True)
     monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)  # what the VM sees as this machine's address
     out, ledger = c.run(ddp_recipe(tmp_path))
     res = out.result
+    print("\n".join(c.lines))  # the run as a user sees it (pytest -s)
     assert res is not None and res.ok, (res and res.reason, c.boots, c.lines[-40:])
     assert [(r.node, r.rank, r.world_size) for r in res.ranks] == [(0, 0, 2), (1, 1, 2)]
     cl = out.cluster
@@ -241,6 +313,11 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     assert all(n.env["NCCL_IB_DISABLE"] == "1" for n in cl.nodes)
     # the VM booted the WireGuard config it was given (wg-quick, since the image has no systemd)
     assert len(c.user_data) == 1 and [b[0] for b in c.boots] == [0], c.boots
+    # the image's REJECT is still last in INPUT, and the tunnel interface is accepted before it (broker, via sudo)
+    rules = subprocess.run(["ip", "netns", "exec", c.vm.ns(0), "iptables", "-S", "INPUT"], capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert rules[1] == "-A INPUT -i wg0 -j ACCEPT" and "REJECT" in rules[-1], rules
+    assert "[hybrid] node 1: wg0 accepted in its host firewall (sudo -n as ubuntu)" in c.lines, c.lines
     ud = c.user_data[0]
     assert "[Interface]" in ud and "ListenPort = 51820" in ud and f"Address = {cl.nodes[1].private_ip}/24" in ud
     assert "MTU = 1420" in ud and "wg-quick up wg0" in ud
@@ -251,7 +328,7 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     assert ("tunnel mtu", "1", "PASS") in rows
     assert any(f"WireGuard up on this machine (wireguard-go, MTU 1420): {iface}" in ln for ln in c.lines), c.lines
     node0_env = (Path(out.run.run_dir) / "here" / out.run.id / "node0" / "env.sh").read_text()
-    node1_env = (Path(c.provider.node_workroot) / out.run.id / "node1" / "env.sh").read_text()
+    node1_env = (vm_home(c.vm) / "broker" / out.run.id / "node1" / "env.sh").read_text()
     assert f"GLOO_SOCKET_IFNAME={iface}" in node0_env and "GLOO_SOCKET_IFNAME=wg0" in node1_env
     assert (Path(out.run.run_dir) / "artifacts" / "node0" / "checkpoint.pt").exists()  # collected from here
     # the security list got exactly the WireGuard port, UDP, from this machine's address
@@ -275,6 +352,32 @@ def test_wireguard_hybrid_on_oci_rank0_here_rank1_in_the_vm(cloud_factory, tmp_p
     vm_key = next(ln.split("=", 1)[1].strip() for ln in ud.splitlines() if ln.startswith("PrivateKey"))
     assert c.node0_key and vm_key
     no_secret_under_home(c.node0_key, vm_key)
+
+
+def test_wireguard_hybrid_on_gcp_whose_login_is_the_ssh_keys_user(netns_hosts, tmp_path, key_pem, monkeypatch):
+    """The same run on a Compute Engine VM (the real gcp adapter, the GCP emulator): the boot lines come in the
+    startup-script, the login user is the ssh-keys one with sudo, and everything rented is deleted."""
+    pytest.importorskip("google.cloud.compute_v1")
+    c = GCPCloud(netns_hosts(1, login_user=GCP_LOGIN), tmp_path, key_pem)
+    monkeypatch.setenv("BROKER_PUBLIC_IP", c.vm.gateway)
+    try:  # the emulator serves since GCPCloud.cloud
+        out, ledger = c.run(ddp_recipe(tmp_path))
+        res = out.result
+        assert res is not None and res.ok, (res and res.reason, c.boots, c.lines[-40:])
+        assert [(r.node, r.rank, r.world_size) for r in res.ranks] == [(0, 0, 2), (1, 1, 2)]
+        assert [b[0] for b in c.boots] == [0] and "wg-quick up wg0" in c.user_data[0], c.boots
+        pre = json.loads((Path(out.run.run_dir) / "preflight.json").read_text())
+        rows = [(r["check"], r["nodes"], r["result"]) for r in pre["checks"]]
+        assert ("tunnel", "0<->1", "PASS") in rows and ("tunnel mtu", "1", "PASS") in rows, rows
+        assert (vm_home(c.vm).parent / GCP_LOGIN / "broker" / out.run.id / "node1" / "env.sh").exists()
+        rules = [pth for m, pth, st in c.emu.journal if m == "POST" and pth.endswith("/firewalls")]
+        assert len(rules) >= 1
+        live = {k: c.emu.live(k) for k in ("instances", "disks", "networks", "subnetworks", "firewalls")}
+        assert live == {k: [] for k in live}, live
+        assert ledger.resources(out.run.id, live_only=True) == [] and out.left == []
+        assert out.run.status == "succeeded"
+    finally:
+        c.emu.__exit__()
 
 
 # ------------------------------------------------------------------------------------------------ tailscale

@@ -48,10 +48,8 @@ def _provider(front: EC2SpotFront, workroot: Path):
 
     session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                     region_name="us-east-1")
-    # the netns hosts accept root logins only (no ubuntu account there)
-    p = AWSProvider(session=session, endpoint_url=front.url, region="us-east-1", ssh_user="root")
-    p.node_workroot = str(workroot)
-    return p
+    # the netns hosts' login user is the Deep Learning AMI's (ubuntu, passwordless sudo; root cannot log in)
+    return AWSProvider(session=session, endpoint_url=front.url, region="us-east-1", ssh_user="ubuntu")
 
 
 def _spot_price(instance_type: str) -> str | None:
@@ -88,7 +86,7 @@ def spot_run(moto_url, env, netns_hosts, tmp_path, monkeypatch):  # noqa: F811
     fronts: list[EC2SpotFront] = []
 
     def go(preemptions: int, n_hosts: int, teardown: bool = False):
-        hosts = netns_hosts(n_hosts)
+        hosts = netns_hosts(n_hosts, login_user="ubuntu")
         front = EC2SpotFront(moto_url, hosts, tmp_path / "node-work", spot_price=_spot_price).__enter__()
         fronts.append(front)
         from broker.core.config import settings

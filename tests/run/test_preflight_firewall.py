@@ -188,3 +188,30 @@ def test_probe_info_reports_disk_python_and_ipv6(tmp_path):
     assert d["disk"]["path"] == str(tmp_path) and d["disk"]["free_bytes"] > 0
     assert d["pyversion"].count(".") == 2 and "ifaces6" in d and "firewall" in d
     assert os.geteuid() != 0 or d["firewall"]["as_root"]
+
+
+def test_a_rule_bound_to_another_interface_does_not_open_this_one():
+    """`-i wg0 -j ACCEPT` opens the tunnel, not eth0 (it was read as accepting everything, and a REJECT after it
+    went unnamed: "no DROP/REJECT iptables rule")."""
+    rules = OCI_IPTABLES.replace("-A INPUT -j REJECT", "-A INPUT -i wg0 -j ACCEPT\n-A INPUT -j REJECT")
+    assert pf.iptables_verdict(rules, "INPUT", 40000, "10.0.0.10", "ens3")[0] == "REJECT"
+    assert pf.iptables_verdict(rules, "INPUT", 40000, "10.0.0.10", None)[0] == "REJECT"
+    assert pf.iptables_verdict(rules, "INPUT", 40000, "10.0.0.10", "wg0") == ("ACCEPT", "-A INPUT -i wg0 -j ACCEPT")
+    assert pf.iptables_verdict(rules.replace("-i wg0", "! -i ens3"), "INPUT", 1, None, "wg0")[0] == "ACCEPT"
+    cause, fix = pf._cause("UNREACHABLE", 0, 1, {1: fw_info(1, iptables=rules)}, 40000, {0: "10.0.0.10"},
+                           {1: "ens3"})
+    assert "host firewall (iptables node 1 INPUT: -A INPUT -j REJECT --reject-with icmp-host-prohibited)" in cause
+
+
+def test_inside_a_tunnel_a_drop_is_the_hosts_firewall_not_a_cloud_security_rule():
+    """Cloud security rules see only WireGuard's UDP (the handshake passed): a probe dropped inside the tunnel is
+    pointed at the node's host firewall on the tunnel interface, with the command that opens it."""
+    allow = "-P INPUT ACCEPT\n-P OUTPUT ACCEPT\n"
+    cause, fix = pf._cause("FILTERED", 0, 1, {1: fw_info(1, iptables=allow)}, 40000, {0: "198.18.9.1"},
+                           {0: "bkwgabc", 1: "wg0"}, tunnel=True)
+    assert "inside the tunnel: node 1's host firewall on wg0" in cause and "security list" not in cause
+    assert "`sudo iptables -I INPUT -i wg0 -j ACCEPT`" in fix
+    err = "sudo: a password is required"
+    cause, _ = pf._cause("FILTERED", 0, 1, {1: fw_info(1, as_root=False, ipt_err=err, nft_err=err)}, 40000,
+                         {}, {1: "wg0"}, tunnel=True)
+    assert "could not be read" in cause and "passwordless sudo" in cause

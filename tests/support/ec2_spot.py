@@ -30,6 +30,7 @@ request.  Signatures are not checked (moto does not either).
 from __future__ import annotations
 
 import base64
+import os
 import re
 import secrets
 import shlex
@@ -57,7 +58,9 @@ class _Quiet(WSGIRequestHandler):
 class EC2SpotFront:
     """The front; use as a context manager.  ``moto_url``: the moto server's base URL; ``hosts``: a netns cluster
     (instances take its hosts in order; a launch with none free is answered ``InsufficientInstanceCapacity``);
-    ``workroot``: the nodes' workroot (the provider's ``node_workroot``), where the boot-done marker goes;
+    ``workroot``: the nodes' workroot (the provider's ``node_workroot``), where the boot-done marker goes (hosts
+    whose ``login_user`` is the AMI's, e.g. ``netns_hosts(n, login_user="ubuntu")``: that user's own
+    ``/home/<user>/broker`` on its host instead, owned by it);
     ``spot_price(instance_type)``: the ``spotPrice`` DescribeSpotPriceHistory answers ($/h as text; moto's is a
     placeholder 0.00001), None keeps moto's."""
 
@@ -159,6 +162,7 @@ class EC2SpotFront:
         script = base64.b64decode(form.get("UserData", "")).decode("utf-8", "replace")
         quoted = re.findall(r'^printf "%s\\n" (.+?) >> "\$BROKER_SSH_HOME', script, re.M)
         keys = [shlex.split(m)[0] for m in quoted]
+        hosts: list[int] = []
         for item in root.iter(f"{ns}item"):
             iid = item.findtext(f"{ns}instanceId")
             if not iid or item.find(f"{ns}instanceState") is None:
@@ -167,12 +171,23 @@ class EC2SpotFront:
                 if not self._free:
                     raise AssertionError("no netns host left for " + iid)
                 self.host_of[iid] = self._free.pop(0)
+                hosts.append(self.host_of[iid])
                 if spot:
                     self.spot_request[iid] = "sir-" + secrets.token_hex(4)
             with open(self.hosts.root / "ssh" / "authorized_keys", "a") as f:  # cloud-init: the user data's key
                 f.writelines(k.strip() + "\n" for k in keys)
-        self.workroot.mkdir(parents=True, exist_ok=True)
-        (self.workroot / "boot.done").write_text("")  # the user data's last line
+        user = getattr(self.hosts, "login_user", "root")
+        if user == "root":
+            self.workroot.mkdir(parents=True, exist_ok=True)
+            (self.workroot / "boot.done").write_text("")  # the user data's last line
+        for h in hosts if user != "root" else []:  # the AMI's user: its own workroot in the host's /home/<user>
+            home = self.hosts.root / f"node{h}" / "home" / user
+            work = home / "broker"
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "boot.done").write_text("")
+            st = home.stat()
+            for f in (work, work / "boot.done"):
+                os.chown(f, st.st_uid, st.st_gid)
         return content
 
     def _rewrite(self, content: bytes) -> bytes:

@@ -687,14 +687,15 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000-00:00", time.gmtime())
 
 
-def authorize_on(hosts: Any) -> Callable[[dict[str, Any]], None]:
+def authorize_on(hosts: Any, user: str = "root") -> Callable[[dict[str, Any]], None]:
     """An ``on_running`` for :class:`GCPEmulator` whose VMs are netns ``hosts``: the ``ssh-keys`` metadata entry
-    (``root:<key>``) goes into the hosts' shared ``authorized_keys``, as the guest agent does on a real VM."""
+    (``<user>:<key>``, ``user`` the account the hosts were made with) goes into the hosts' shared
+    ``authorized_keys``, as the guest agent does on a real VM (it makes that user, with passwordless sudo)."""
 
     def on_running(inst: dict[str, Any]) -> None:
         md = {i["key"]: i["value"] for i in inst["metadata"]["items"]}
-        user, _, key = md["ssh-keys"].partition(":")
-        assert user == "root"
+        got, _, key = md["ssh-keys"].partition(":")
+        assert got == user, f"ssh-keys names {got!r}, the VMs' login user is {user!r}"
         with open(hosts.root / "ssh" / "authorized_keys", "a") as f:
             f.write(key.strip() + "\n")
 

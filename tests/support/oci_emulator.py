@@ -23,8 +23,8 @@ What it keeps: VCNs (each with its default route table), internet gateways, secu
 Hooks for end-to-end tests whose instances are real hosts (network namespaces with sshd):
 ``addresses(node_index) -> (public_ip, private_ip)`` gives the primary VNIC's addresses (node index = the
 ``broker-node`` freeform tag); ``on_running(instance)`` runs when an instance turns RUNNING (the test does what
-cloud-init would: authorized_keys, a late sshd); ``login_user`` replaces the ``broker-ssh-user`` tag (the netns
-hosts accept root logins only, no ``opc`` account exists there); ``on_terminating(instance)`` runs when an instance
+cloud-init would: authorized_keys, a late sshd); ``login_user`` replaces the ``broker-ssh-user`` tag (the account the
+netns hosts were made with: ``netns_hosts(n, login_user="opc")`` for an image's own user with passwordless sudo); ``on_terminating(instance)`` runs when an instance
 starts terminating, by a terminate or a reclaim (the test stops the host: the VM is going away).  Request signatures are not checked.
 """
 
