@@ -172,6 +172,9 @@ def _patch(done=None):
             # MASTER_ADDR/PORT as the script left them (torchrun's are in "master"): a script that sets them
             # itself points every node at its own idea of node 0
             _FACTS["init_master"] = "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+            # the user's line: while a rank is in the rendezvous its place is read from here, not from a signal
+            # (a signal interrupts the store's connect: torch logs a retry with its C++ trace each time)
+            _FACTS["init_at"] = _caller()
             _FACTS["init_started"] = time.time()
             _save()
             out = orig_init(*a, **k)
@@ -198,6 +201,33 @@ def _patch(done=None):
             fn = getattr(dist, name, None)
             if callable(fn) and not getattr(fn, "_broker", False):
                 setattr(dist, name, _counted(name, fn))
+
+
+_USER_FILE = {}  # code filename -> whether it is the user's (not torch, not this shim, not frozen/stdlib)
+
+
+def _is_user_file(name):
+    u = _USER_FILE.get(name)
+    if u is None:
+        p = name.replace("\\", "/")
+        u = not (p.startswith("<") or os.path.abspath(name) == os.path.abspath(__file__) or "/torch/" in p
+                 or "/site-packages/" in p or "/dist-packages/" in p or re.search(r"/lib/python3\.\d+/", p))
+        _USER_FILE[name] = u
+    return u
+
+
+def _caller(depth=2):
+    """``{"file", "line", "function"}`` of the innermost frame in the user's code above the caller's caller
+    (the script's line that called a wrapped torch function); None when there is none."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None and not _is_user_file(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return None
+    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
 
 
 def _data():
@@ -564,12 +594,35 @@ def _code_lines(pid, text):
     return out
 
 
+_SETS_MASTER = re.compile(r"""environ\s*\[\s*['"]MASTER_(ADDR|PORT)['"]\s*\]\s*=[^=]|"""
+                         r"""(update|putenv)\s*\(.*MASTER_(ADDR|PORT)""")
+
+
+def _master_lines(pid, script):
+    """``[[line, source]]`` of the script's lines that set MASTER_ADDR/MASTER_PORT (``os.environ[...] = ``,
+    ``os.environ.update``, ``os.putenv``; ``setdefault`` keeps torchrun's value and is not one)."""
+    if not script:
+        return []
+    path = script if os.path.isabs(script) else os.path.join("/proc/%d/cwd" % pid, script)
+    out = []
+    try:
+        with open(path, errors="replace") as f:
+            for i, line in enumerate(f, 1):
+                if _SETS_MASTER.search(line.split("#", 1)[0]):
+                    out.append([i, line.strip()[:200]])
+                    if len(out) >= 8:
+                        break
+    except OSError:
+        pass
+    return out
+
+
 def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     """Every live rank of ``facts_dir`` (from its ``rank*.json``): ``{rank: {"pid", "node", "tool", "text",
     "code"}}`` -- its Python stacks from ``py-spy dump`` when installed and allowed, else from the faulthandler the
     shim armed on SIGUSR1 (waits up to ``wait_s`` seconds for the dump to land).  A rank that has ended is
     ``{"pid", "node", "ended": True, "exit_code", "exception", "frame"}``; one that gave no stack is left out."""
-    ranks, ended = {}, {}
+    ranks, ended, ranks_in_init = {}, {}, {}
     try:
         names = sorted(os.listdir(facts_dir))
     except OSError:
@@ -590,6 +643,19 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
             ended[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "ended": True,
                                                      "exit_code": d.get("exit_code"), "exception": exc.get("type"),
                                                      "frame": exc.get("frame")}
+            continue
+        if d.get("init_started") and not d.get("init_done"):
+            # in the rendezvous: no signal (it would interrupt the store's connect, which torch logs and retries);
+            # its place is the line that called init_process_group, with the addresses it was given
+            at = d.get("init_at") if isinstance(d.get("init_at"), dict) else {}
+            init = {"at": at, "master": d.get("master"), "init_master": d.get("init_master"),
+                    "init_method": d.get("init_method"), "host": d.get("host")}
+            if d.get("init_master") and d.get("init_master") != d.get("master"):
+                init["sets_master"] = _master_lines(pid, d.get("script"))
+            code = _code_lines(pid, 'File "%s", line %s' % (at.get("file"), at.get("line"))) if at else {}
+            ranks_in_init[str(d.get("rank", name[4:-5]))] = {
+                "pid": pid, "node": d.get("node"), "tool": "facts", "init": init, "code": code,
+                "cpu_s": _cpu_s(pid), "t": time.time()}
             continue
         ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file")}
     pyspy = shutil.which("py-spy") if use_pyspy else None
@@ -643,6 +709,7 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
         if text.strip():
             ranks[r].update(tool="faulthandler", text=text)
     out = dict(ended)
+    out.update(ranks_in_init)
     for r, info in ranks.items():
         if info.get("text"):
             out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],

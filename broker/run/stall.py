@@ -84,6 +84,7 @@ class Place:
     importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
     cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
     t: float | None = None  # when it was sampled (epoch seconds)
+    rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -262,6 +263,18 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
                 pl.user = Frame(str(fr.get("file")), int(fr.get("line") or 0), str(fr.get("function")))
             out.append(pl)
             continue
+        init = e.get("init")
+        if isinstance(init, dict):  # in the rendezvous: the place comes from the rank's facts, not a signal
+            at = init.get("at") if isinstance(init.get("at"), dict) else {}
+            user = (Frame(str(at.get("file")), int(at.get("line") or 0), str(at.get("function")))
+                    if at.get("file") else None)
+            code = e.get("code") if isinstance(e.get("code"), dict) else {}
+            pl = Place(rank=rank, node=node, collective="init_process_group", user=user, inner=user, waits=True,
+                       code=str(code.get(f"{user.file}:{user.line}", "")) if user else "", rendezvous=init)
+            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
+            out.append(pl)
+            continue
         text = e.get("text")
         if isinstance(text, str) and text.strip():
             code = e.get("code") if isinstance(e.get("code"), dict) else {}
@@ -315,6 +328,50 @@ _SAME_ORDER = ("every rank must call the same collectives in the same order: loo
 _IN_STEP = ("backward()", "the DDP model's forward")
 
 
+def _hostport(url: str) -> str:
+    m = re.match(r"^\w+://([^/?]+)", url)
+    return m.group(1) if m else url
+
+
+def _rendezvous_moved(waiting: list[Place]) -> tuple[str, str] | None:
+    """``(cause, fix)`` when every rank waits in init_process_group at an address the script chose itself (an
+    ``init_method`` or MASTER_ADDR/PORT it set) instead of torchrun's rendezvous; None otherwise."""
+    rz = [p.rendezvous for p in waiting if p.rendezvous]
+    if len(rz) != len(waiting):
+        return None
+    first = waiting[0]
+    at = first.at()
+    ours = next((r.get("master") for r in rz if r.get("master")), None)
+    method = next((r["init_method"] for r in rz if r.get("init_method") and not
+                   str(r["init_method"]).startswith(("env://", "file://"))), None)
+    if method:
+        target = _hostport(str(method))
+        if target == ours:
+            return None
+        hosts = sorted({str(r.get("host")) for r in rz})
+        cause = (f"every rank waits in init_process_group at {at} for {target} (init_method={method!r}), but "
+                 f"torchrun's rendezvous is at {ours}"
+                 + (f"; the ranks run on {len(hosts)} hosts, and each looks for rank 0 at its own address"
+                    if len(hosts) > 1 and re.match(r"^(localhost|127\.|\[?::1)", target) else ""))
+        fix = (f"drop init_method from the call at {at} (the default env:// uses torchrun's MASTER_ADDR/"
+               "MASTER_PORT)")
+        return cause, fix
+    moved = next((r for r in rz if r.get("init_master") and r.get("init_master") != r.get("master")), None)
+    if moved is None:
+        return None
+    lines = sorted({int(n) for r in rz for n, _ in (r.get("sets_master") or [])})
+    where = ""
+    if lines:
+        span = f"{lines[0]}-{lines[-1]}" if lines[-1] - lines[0] == len(lines) - 1 and len(lines) > 1 else \
+            ", ".join(map(str, lines))
+        where = f"; line{'s' if len(lines) > 1 else ''} {span} of {os.path.basename(first.user.file) if first.user else 'the script'} set MASTER_ADDR/PORT"
+    cause = (f"every rank waits in init_process_group at {at} for {moved['init_master']}, but torchrun's "
+             f"rendezvous is at {moved['master']}{where}")
+    fix = ((f"delete {'them' if len(lines) > 1 else 'it'}" if lines else "delete the assignments to MASTER_ADDR/"
+            "MASTER_PORT") + " (torchrun and broker set MASTER_ADDR/MASTER_PORT for every rank)")
+    return cause, fix
+
+
 def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
     """Name the stall from every rank's place (:func:`places_from_sample`)."""
     live = [p for p in places if not p.ended]
@@ -359,6 +416,9 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
         elif len(where) > 1:
             cause = "the ranks wait in different collectives (or at different lines): they call them in a different order"
             fix = _SAME_ORDER
+        elif waiting[0].collective == "init_process_group" and _rendezvous_moved(waiting):
+            cause, fix = _rendezvous_moved(waiting)
+            lines[-1] = f"{cause}: {fix.split(' (')[0]}"  # the mismatch itself is the headline
         elif waiting[0].collective == "init_process_group":
             cause = ("every rank waits in init_process_group: not all of the ranks it expects have joined (a "
                      "world_size or rank given to init_process_group that differs from torchrun's, or a node that "
@@ -386,15 +446,33 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
 Sampler = Callable[[], dict[str, dict[str, Any]]]
 
 
+#: a retry torch logs when a signal interrupted a system call (its TCPStore connect): the watch's own stack
+#: signal can cause it, so it is never progress; nor is the C++ trace printed under it
+_EINTR = "Interrupted system call"
+_CPP_TRACE = re.compile(r"^\s*(Exception raised from |frame #\d+: |<omitting python frames>|$)")
+
+
 class _Timed:
-    """A node handle whose output lines stamp the watch's last-output time (everything else passes through)."""
+    """A node handle whose output lines stamp the watch's last-output time (everything else passes through).
+    Lines a signal made a rank print (:data:`_EINTR` and the C++ trace under it) do not stamp it."""
 
     def __init__(self, node: Any, watch: "StallWatch"):
         self._node, self._watch = node, watch
+        self._eintr = False
+
+    def _progress(self, line: str) -> bool:
+        if _EINTR in line:
+            self._eintr = True
+            return False
+        if self._eintr and _CPP_TRACE.match(line):
+            return False
+        self._eintr = False
+        return True
 
     def lines(self) -> Iterable[str]:
         for line in self._node.lines():
-            self._watch.last_output = self._watch.clock()
+            if self._progress(line):
+                self._watch.last_output = self._watch.clock()
             yield line
 
     def chunks(self) -> Iterable[bytes]:
@@ -406,7 +484,9 @@ class _Timed:
         else:
             blocks = (line.encode("utf-8", "surrogateescape") for line in node.lines())
         for data in blocks:
-            self._watch.last_output = self._watch.clock()
+            text = data.decode("utf-8", "replace").splitlines() or [""]
+            if [self._progress(ln) for ln in text].count(True):
+                self._watch.last_output = self._watch.clock()
             yield data
 
     def __getattr__(self, name: str) -> Any:
@@ -473,6 +553,7 @@ class StallWatch:
         time.sleep(self.gap_s)
         if self.clock() - self.last_output < self.stall_s:
             return False  # output came while sampling: progress
+        quiet_since = self.last_output  # the silence is measured before the second sample: what it causes is not
         raw2, second = self._sample()
         if [p.key() for p in first] != [p.key() for p in second]:
             self.last_output = self.clock()  # the stacks moved: silent progress, not a stall
@@ -497,7 +578,7 @@ class StallWatch:
             self._busy_at = self.clock()  # the silence keeps counting; the next judgement comes after stall_s
             return False
         v = verdict(second, self.world_size)
-        silent = self.clock() - self.last_output
+        silent = self.clock() - min(quiet_since, self.last_output)
         key = tuple(p.key() for p in second)
         stop = self.on_stall == "stop"
         if key != self._reported:

@@ -620,3 +620,76 @@ def test_an_answer_whose_chunks_begin_or_end_with_a_space_comes_back_whole():
         edges += sum(ln.endswith(" ") or ln.split(" ", 3)[3].startswith(" ") for ln in lines)
         assert stack_answers("\n".join(lines)) == a, shift
     assert edges  # some chunk did begin or end with a space
+
+
+# ------------------------------------------------------------------------------------------------ start-up hangs
+def _script_spec(script: str, stall_s: float, deadline_s: float, on_stall: str = "stop", args=()):
+    from broker.run.launch import LocalLaunchSpec
+
+    return LocalLaunchSpec(script_rel=script, args=list(args), workdir=FAULT.parent, nnodes=2, nproc_per_node=1,
+                           env={"PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}, node_envs=[{}, {}],
+                           setup=[], expect=[], deadline_s=deadline_s, stall_s=stall_s, on_stall=on_stall)
+
+
+@pytest.mark.slow
+def test_a_rendezvous_the_script_moved_is_named_on_time_without_interrupting_the_ranks(tmp_path):
+    """The script sets MASTER_ADDR/PORT itself: every rank waits in init_process_group for an address no one
+    listens on.  Named after stall_s (not after torch's growing connect retries), with both addresses and the lines
+    to delete; the watch never signals a rank in the rendezvous, so torch logs no "Interrupted system call" retry
+    (each one, with ~45 C++ frames, used to reset the silence), and the silence figure is the real one."""
+    pytest.importorskip("torch")
+    from tests.support.runs import run_local
+
+    src = (FAULT.parent / "rdv_master_env.py").read_text().splitlines()
+    sets = [i + 1 for i, ln in enumerate(src) if ln.startswith("os.environ[\"MASTER_")]
+    init = next(i + 1 for i, ln in enumerate(src) if "init_process_group(" in ln)
+    lines: list[str] = []
+    res = run_local(_script_spec("rdv_master_env.py", 4, 120), tmp_path / "run", echo=lines.append)
+    assert res.status == "failed", (res.reason, lines[-20:])
+    want = (f"every rank waits in init_process_group at rdv_master_env.py:{init} for 127.0.0.1:29533, but "
+            f"torchrun's rendezvous is at 127.0.0.1:")
+    assert want in res.reason and f"lines {sets[0]}-{sets[-1]} of rdv_master_env.py set MASTER_ADDR/PORT: " \
+        f"delete them" in res.reason, res.reason
+    assert "no output for 0 s" not in res.reason and "no output for 0 s" not in "\n".join(lines)
+    logs = "".join((tmp_path / "run" / f"node{i}.log").read_text() for i in (0, 1))
+    assert "Interrupted system call" not in logs, logs[-2000:]
+
+
+def test_silence_ignores_the_retry_a_signal_makes_torch_print():
+    """torch's EINTR retry line and the C++ trace under it are not output; the next real line is."""
+    from broker.run.stall import _Timed
+
+    class Node:
+        def lines(self):
+            yield "[W1206 TCPStore.cpp:340] [c10d] TCP client failed to connect ...: Interrupted system call"
+            yield "Exception raised from delay at socket.cpp:113 (most recent call first):"
+            yield "frame #0: c10::Error::Error(...) + 0x9d (0x7f in libc10.so)"
+            yield "<omitting python frames>"
+            yield ""
+            yield "epoch 1 loss 0.5"
+
+    clock = _Clock()
+    watch = StallWatch(5, lambda: {}, clock=clock)
+    node = watch.wrap([Node()])[0]
+    it = node.lines()
+    for _ in range(5):
+        clock.t += 10
+        next(it)
+    assert watch.last_output == 0.0
+    clock.t += 10
+    next(it)
+    assert watch.last_output == clock.t
+
+
+def test_an_init_method_on_localhost_across_two_hosts_is_named():
+    """Two hosts, init_method tcp://127.0.0.1:29511 in the script: each host looks for rank 0 at itself."""
+    def entry(rank, host):
+        return {"pid": 10 + rank, "node": rank, "tool": "facts", "cpu_s": 1.0, "t": 5.0,
+                "code": {"train.py:9": 'dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29511")'},
+                "init": {"at": {"file": "train.py", "line": 9, "function": "<module>"}, "master": "10.0.0.2:29500",
+                         "init_master": "10.0.0.2:29500", "init_method": "tcp://127.0.0.1:29511", "host": host}}
+    v = verdict(places_from_sample({"0": entry(0, "a"), "1": entry(1, "b")}), 2)
+    assert v.lines[0] == ("every rank waits in init_process_group at train.py:9 for 127.0.0.1:29511 "
+                          "(init_method='tcp://127.0.0.1:29511'), but torchrun's rendezvous is at 10.0.0.2:29500; "
+                          "the ranks run on 2 hosts, and each looks for rank 0 at its own address: drop init_method "
+                          "from the call at train.py:9"), v.lines
