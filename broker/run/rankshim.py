@@ -578,6 +578,25 @@ def _cpu_s(pid):
     return total / float(tick)
 
 
+def _wait_s(pid):
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a CPU (``/proc/PID/task/*/schedstat``'s
+    second field; None when unreadable).  On a loaded machine a computing rank gets little CPU but waits for it:
+    CPU used plus this wait is what it asked for, whatever the load."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                total += int(f.read().split()[1])
+                seen = True
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9 if seen else None
+
+
 def _code_lines(pid, text):
     """``{"file:line": source}`` for the frames in ``text`` (relative names resolved in the rank's own folder)."""
     import linecache
@@ -655,7 +674,7 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
             code = _code_lines(pid, 'File "%s", line %s' % (at.get("file"), at.get("line"))) if at else {}
             ranks_in_init[str(d.get("rank", name[4:-5]))] = {
                 "pid": pid, "node": d.get("node"), "tool": "facts", "init": init, "code": code,
-                "cpu_s": _cpu_s(pid), "t": time.time()}
+                "cpu_s": _cpu_s(pid), "wait_s": _wait_s(pid), "t": time.time()}
             continue
         ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file")}
     pyspy = shutil.which("py-spy") if use_pyspy else None
@@ -714,6 +733,7 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
         if info.get("text"):
             out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],
                       "code": _code_lines(info["pid"], info["text"]), "cpu_s": _cpu_s(info["pid"]),
+                      "wait_s": _wait_s(info["pid"]),
                       "t": time.time()}
     return out
 

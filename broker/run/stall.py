@@ -83,6 +83,7 @@ class Place:
     waits: bool = False  # in a known wait (a collective, Work.wait, torch.cuda.synchronize): waiting even if it spins
     importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
     cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
+    wait_s: float | None = None  # seconds its threads were runnable but waited for a CPU (a loaded machine)
     t: float | None = None  # when it was sampled (epoch seconds)
     rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
 
@@ -272,6 +273,7 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
             pl = Place(rank=rank, node=node, collective="init_process_group", user=user, inner=user, waits=True,
                        code=str(code.get(f"{user.file}:{user.line}", "")) if user else "", rendezvous=init)
             pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
             pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
             out.append(pl)
             continue
@@ -280,6 +282,7 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
             code = e.get("code") if isinstance(e.get("code"), dict) else {}
             pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
             pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
             pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
             out.append(pl)
     return sorted(out, key=lambda p: p.rank)
@@ -300,20 +303,28 @@ class Verdict:
         return self.lines[0] if self.lines else ""
 
 
-#: share of one core a rank must use between the samples to count as computing (busy), not blocked
+#: share of one core a rank must use (or be waiting for, runnable) between the samples to count as computing
 BUSY_SHARE = 0.2
+#: CPU seconds between the samples that make a rank busy whatever the gap: a rank blocked in a collective or a
+#: sleep used 0-0.01 s in 3.5 s here (the stack dump itself); one computing at nice 19 beside two spinning
+#: processes on this 2-core machine still got ~0.05 s
+BUSY_MIN_S = 0.04
 
 
 def busy_ranks(first: list[Place], second: list[Place]) -> set[int]:
-    """Ranks that used at least :data:`BUSY_SHARE` of a core between the two samples: computing at the same
-    line (a long step that prints nothing), not blocked."""
+    """Ranks computing between the two samples (a long step at one line that prints nothing), not blocked: CPU
+    time rose by :data:`BUSY_MIN_S`, or CPU used plus time spent runnable but waiting for a CPU is at least
+    :data:`BUSY_SHARE` of the gap (on a loaded machine a computing rank gets little CPU, but it waits for it; a
+    blocked one does neither)."""
     a = {p.rank: p for p in first}
     out = set()
     for p in second:
         q = a.get(p.rank)
         if q is None or None in (p.cpu_s, q.cpu_s, p.t, q.t) or p.t <= q.t:
             continue
-        if (p.cpu_s - q.cpu_s) >= BUSY_SHARE * (p.t - q.t):
+        used = p.cpu_s - q.cpu_s
+        waited = (p.wait_s - q.wait_s) if None not in (p.wait_s, q.wait_s) else 0.0
+        if used >= BUSY_MIN_S or used + max(waited, 0.0) >= BUSY_SHARE * (p.t - q.t):
             out.add(p.rank)
     return out
 
