@@ -86,6 +86,7 @@ class Place:
     wait_s: float | None = None  # seconds its threads were runnable but waited for a CPU (a loaded machine)
     t: float | None = None  # when it was sampled (epoch seconds)
     rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
+    seq: dict[str, Any] | None = None  # its sequence of sync points (rank facts' "seq", the shim's record)
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -172,7 +173,9 @@ def _is_user(f: Frame) -> bool:
 def _main_thread(threads: list[tuple[str, list[Frame]]]) -> list[Frame]:
     """The thread that runs the script: the shim's (rankshim.py at its bottom), else one with user frames."""
     for _, frames in threads:
-        if any(f.file.endswith("rankshim.py") for f in frames) or any(f.function == "<module>" and _is_user(f)
+        # the shim's main() at the bottom (its facts-saver thread runs rankshim.py code too, but not main())
+        if any(f.file.endswith("rankshim.py") and f.function in ("main", "<module>") for f in frames) \
+                or any(f.function == "<module>" and _is_user(f)
                                                                        for f in frames):
             return frames
     for header, frames in threads:
@@ -285,7 +288,78 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
             pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
             pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
             out.append(pl)
+    for pl in out:
+        e = sample.get(str(pl.rank))
+        if isinstance(e, dict) and isinstance(e.get("seq"), dict):
+            pl.seq = e["seq"]
     return sorted(out, key=lambda p: p.rank)
+
+
+# ------------------------------------------------------------------------------------------------ sequences
+def _expand(rec: Any) -> tuple[list[tuple], bool] | None:
+    """A rank's recorded sequence as ``[(op, shape, file, line)]`` and whether it is whole (not cut at the cap)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("sigs"), list) or not isinstance(rec.get("seq"), list):
+        return None
+    sigs = [tuple(json.dumps(x) if isinstance(x, list) else x for x in s) if isinstance(s, list) else (s,)
+            for s in rec["sigs"]]
+    try:
+        seq = [sigs[i] for i in rec["seq"]]
+    except (IndexError, TypeError):
+        return None
+    return seq, rec.get("total", len(seq)) == len(seq)
+
+
+def _sig_text(sig: tuple | None) -> str:
+    if sig is None:
+        return "nothing"
+    op, _shape, file, line = (list(sig) + [None] * 4)[:4]
+    at = f" at {os.path.basename(str(file))}:{line}" if file else ""
+    return f"{op}{at}"
+
+
+def sequence_divergence(seqs: dict[int, Any]) -> dict[str, Any] | None:
+    """Where the ranks' sequences of sync points (the shim's ``seq`` facts: collectives, DDP's buffer broadcast and
+    gradient all-reduce, each with the user's line) first differ: ``{"index": k (1-based), "by_rank": {rank: sig
+    or None}, "reached": [ranks with an entry at k], "short": [ranks whose sequence ended before k], "left":
+    [ranks that left the common path], "line": text}``; None when they agree (or fewer than two ranks recorded
+    one).  A rank *left the common path* when the step it took at k (previous entry -> this one) appears nowhere
+    before k in any rank's sequence, while the others' step does: rank 0 evaluating through the DDP model while
+    rank 1 trains, a rank that skipped backward(), a barrier under ``if rank == 0``."""
+    got = {r: _expand(v) for r, v in seqs.items()}
+    got = {r: v for r, v in got.items() if v is not None}
+    if len(got) < 2:
+        return None
+    longest = max(len(s) for s, _ in got.values())
+    k = None
+    for i in range(longest):
+        here = {r: (s[i] if i < len(s) else None) for r, (s, whole) in got.items()}
+        if any(v is None and not got[r][1] for r, v in here.items()):
+            return None  # a sequence cut at the cap: nothing to compare beyond it
+        if len(set(here.values())) > 1:
+            k = i
+            break
+    if k is None:
+        return None
+    by_rank = {r: (s[k] if k < len(s) else None) for r, (s, _) in got.items()}
+    seen_steps = {(s[i - 1] if i else None, s[i]) for s, _ in got.values() for i in range(min(k, len(s)))}
+    novel = sorted(r for r, (s, _) in got.items() if k < len(s) and ((s[k - 1] if k else None), s[k]) not in seen_steps)
+    usual = [r for r, (s, _) in got.items() if k < len(s) and r not in novel]
+    reached = sorted(r for r, v in by_rank.items() if v is not None)
+    short = sorted(r for r, v in by_rank.items() if v is None)
+    left = novel if novel and (usual or short) and len({by_rank[r] for r in novel}) == 1 else []
+    groups: dict[tuple, list[int]] = {}
+    for r in reached:
+        groups.setdefault(by_rank[r], []).append(r)
+    parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} made {_sig_text(sig)}"
+             for sig, rs in sorted(groups.items(), key=lambda kv: kv[1])]
+    if short:
+        parts.append(f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} made only {k} "
+                     f"(no #{k + 1})")
+    line = f"the ranks' collective sequences part at #{k + 1}: " + "; ".join(parts)
+    if left:
+        line += (f"; rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left the common path there "
+                 f"({_sig_text(by_rank[left[0]])} follows a step no rank took before)")
+    return {"index": k + 1, "by_rank": by_rank, "reached": reached, "short": short, "left": left, "line": line}
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -448,6 +522,25 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
                  "longer than stall_s without printing, a DataLoader, an input() or a lock)")
         fix = ("look at the lines above; print progress more often, or raise the recipe's stall_s if a step "
                "legitimately takes that long")
+    div = sequence_divergence({p.rank: p.seq for p in places if p.seq})
+    if div is not None and waiting:
+        lines.append(div["line"])
+        odd = div["left"] or (div["reached"] if div["short"] else [])
+        sig = div["by_rank"][odd[0]] if odd and len({div["by_rank"][r] for r in odd}) == 1 else None
+        cond = sig[4] if sig is not None and len(sig) > 4 else None
+        if isinstance(cond, str):
+            cond = json.loads(cond)
+        # replaced only where the call is under a test of the rank: a rank that ran out of batches also takes
+        # a step no rank took before (into the collective after its loop), and "uneven data" is the cause there
+        if sig is not None and cond:
+            others = [p for p in places if p.rank not in odd]
+            cause = (f"{_sig_text(sig)} (collective #{div['index']}), under `{cond[1]}` (line {cond[0]}), was "
+                     f"reached only by rank(s) {', '.join(map(str, odd))}; "
+                     + "; ".join(p.describe() if p.collective or p.ended else f"rank {p.rank} is {p.elsewhere()}"
+                                 for p in others))
+            fix = (f"every rank must make the same collectives in the same order: the call at "
+                   f"{_sig_text(sig).split(' at ', 1)[-1]} runs on some ranks only (under `if rank == ...`, after an "
+                   "early return, on a rank that skipped a step): move it where every rank reaches it")
     if missing:
         lines.append("no stack from rank(s) " + ", ".join(map(str, missing)) + " (not started, or gone)")
     return Verdict(lines=lines, cause=cause, fix=fix, places=places)

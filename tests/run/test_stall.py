@@ -735,3 +735,55 @@ def test_a_rank_runnable_but_starved_of_cpu_is_busy():
     first = [pl(0, 1.0, 5.0, 100.0), pl(1, 1.0, 5.0, 100.0)]
     second = [pl(0, 1.02, 8.3, 103.5), pl(1, 1.01, 5.0, 103.5)]
     assert busy_ranks(first, second) == {0}
+
+
+# ------------------------------------------------------------------------------------------------ collective sequences
+@pytest.mark.slow
+def test_a_barrier_only_rank_0_reaches_is_named_with_its_line_and_where_the_others_are(tmp_path):
+    """`if rank == 0: dist.barrier()` in a DDP loop: rank 0 waits in the barrier, rank 1 in its next backward().
+    It used to be called uneven data per rank ("left the training loop"); the shim's sequence of collectives names
+    the barrier, its line, the rank that reached it and where the other is."""
+    pytest.importorskip("torch")
+    from tests.support.runs import run_local
+
+    src = (FAULT.parent / "barrier_rank0.py").read_text().splitlines()
+    bar = next(i + 1 for i, ln in enumerate(src) if ln.strip() == "dist.barrier()")
+    bwd = next(i + 1 for i, ln in enumerate(src) if ".backward()" in ln)
+    res = run_local(_script_spec("barrier_rank0.py", 4, 120), tmp_path / "run", echo=None)
+    assert res.status == "failed", res.reason
+    st = json.loads((tmp_path / "run" / "stall.json").read_text())
+    assert st["cause"].startswith(f"barrier at barrier_rank0.py:{bar} (collective #3), under `if rank == 0 and "
+                                  f"step == 1:` (line {bar - 1}), was reached only by rank(s) 0; rank 1 waits in "
+                                  f"backward()"), st["cause"]
+    assert f"at barrier_rank0.py:{bwd}" in st["cause"] and "different numbers of batches" not in st["cause"]
+    assert any(f"rank 0 left the common path there (barrier at barrier_rank0.py:{bar}" in ln for ln in st["lines"])
+
+
+def _seq(*sigs):
+    table = sorted(set(sigs))
+    return {"sigs": [list(s) for s in table], "seq": [table.index(s) for s in sigs], "total": len(sigs)}
+
+
+FWD_T, BWD, FWD_E = ("DDP forward (buffer broadcast)", None, "t.py", 20), \
+    ("backward (DDP gradient all-reduce)", None, "t.py", 21), ("DDP forward (buffer broadcast)", None, "t.py", 30)
+
+
+@pytest.mark.parametrize("r0, r1, left, at", [
+    # rank 0 evaluates through the DDP model after step 2; rank 1 goes on training: rank 0 left
+    ((FWD_T, BWD, FWD_T, BWD, FWD_E), (FWD_T, BWD, FWD_T, BWD, FWD_T, BWD), [0], 5),
+    # rank 1 skipped backward() for one batch: its forward follows a forward, a step no rank took before
+    ((FWD_T, BWD, FWD_T, BWD, FWD_T, BWD), (FWD_T, BWD, FWD_T, FWD_T, BWD), [1], 4),
+])
+def test_the_rank_that_left_the_common_path_is_named(r0, r1, left, at):
+    from broker.run.stall import sequence_divergence
+
+    d = sequence_divergence({0: _seq(*r0), 1: _seq(*r1)})
+    assert d is not None and d["index"] == at and d["left"] == left, d
+
+
+def test_equal_sequences_and_a_cut_sequence_name_nothing():
+    from broker.run.stall import sequence_divergence
+
+    assert sequence_divergence({0: _seq(FWD_T, BWD), 1: _seq(FWD_T, BWD)}) is None
+    cut = dict(_seq(FWD_T), total=5)
+    assert sequence_divergence({0: cut, 1: _seq(FWD_T, BWD, FWD_T)}) is None
