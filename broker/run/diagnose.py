@@ -144,12 +144,17 @@ class Diagnosis:
     warnings: list[str] = field(default_factory=list)
     #: the run ran on this machine (``--provider local``): the catalogue's local fix and catch are shown
     local: bool = False
+    #: where the ranks' sequences of collectives first part (:func:`broker.run.stall.sequence_divergence`), when
+    #: one rank left the common path
+    divergence: dict[str, Any] | None = None
 
     @property
     def headline(self) -> str:
         if self.stall:
             head = "at the deadline" if self.stall.get("when") == "deadline" else "stalled"
             return f"{head}: " + str(self.stall["lines"][0])
+        if self.divergence:
+            return self._divergence_text()
         if self.early_exits:
             e = self.early_exits[0]
             who = f"node {e['node']}, rank {e['rank']}" if e.get("rank") is not None else \
@@ -161,6 +166,22 @@ class Diagnosis:
         if self.findings:
             return self.findings[0].cause
         return ""
+
+    def _divergence_text(self) -> str:
+        from broker.run.stall import _sig_text
+
+        d = self.divergence or {}
+        left = d["left"]
+        sig = d["by_rank"][left[0]]
+        cond = sig[4] if len(sig) > 4 else None
+        if isinstance(cond, str):
+            cond = json.loads(cond)
+        under = f", under `{cond[1]}` (line {cond[0]})," if cond else ""
+        others = sorted((r for r in d["by_rank"] if r not in left), key=str)
+        then = "; ".join(f"rank {r} made {_sig_text(d['by_rank'][r])}" for r in others)
+        return (f"rank(s) {', '.join(map(str, left))} left the ranks' common path at collective #{d['index']}: "
+                f"{_sig_text(sig)}{under} where {then or 'the others made none'}; the other ranks' ends follow "
+                "from it")
 
     def lines(self) -> list[str]:
         """Plain text lines for the summary (empty when there is nothing to say)."""
@@ -175,9 +196,16 @@ class Diagnosis:
             out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
             out.append(f"  fix: {st.get('fix', '')}")
             out.extend(str(ln) for ln in st.get("flight_recorder") or [])
+        if self.divergence:
+            op = str(self.divergence["by_rank"][self.divergence["left"][0]][0])
+            out.append("  fix: " + ("evaluate through model.module (the DDP model's forward broadcasts buffers: a "
+                                    "collective every rank must make), or run it on every rank"
+                                    if op.startswith("DDP forward") else
+                                    "every rank must make the same collectives in the same order: move the call "
+                                    "where every rank reaches it"))
         f = self.first
         if f is not None and (f.exc_type or f.frame):
-            if self.early_exits:
+            if self.early_exits or self.divergence:
                 out.append(f"then {f.where()} failed: {f.error()}")
             out.extend(f"  {ln}" for ln in message_rest(f.message))
             if f.frame and not _is_broker_frame(str(f.frame.get("file", ""))):  # broker's shim is not the user's
@@ -765,6 +793,17 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
         for node, code in sorted(codes.items()):
             if code == 0:
                 diag.early_exits.append({"node": node, "rank": None, "at": None})
+    # the ranks' sequences of collectives: a rank that left the common path is the cause, not a rank that
+    # exited 0 after making every collective of that path
+    from broker.run.stall import sequence_divergence
+
+    div = sequence_divergence({d["rank"]: d.get("seq") for d in facts if d.get("rank") is not None and d.get("seq")})
+    if div is not None and div["left"] and (waiting or diag.early_exits):
+        innocent = [e for e in diag.early_exits if e.get("rank") not in div["left"]]
+        diag.early_exits = [e for e in diag.early_exits if e.get("rank") in div["left"]]
+        diag.divergence = div
+        diag.notes += [f"rank {e['rank']} exited 0 after the collectives of the common path: not the cause"
+                       for e in innocent]
     if diag.early_exits:
         diag.findings.sort(key=lambda fd: not fd.entry.waiting)
 

@@ -346,7 +346,9 @@ def sequence_divergence(seqs: dict[int, Any]) -> dict[str, Any] | None:
     usual = [r for r, (s, _) in got.items() if k < len(s) and r not in novel]
     reached = sorted(r for r, v in by_rank.items() if v is not None)
     short = sorted(r for r, v in by_rank.items() if v is None)
-    left = novel if novel and (usual or short) and len({by_rank[r] for r in novel}) == 1 else []
+    # only between ranks that all made a #k: when a rank's sequence simply ends there (it exited early, or waits
+    # elsewhere), the rank that went on took a new step too, and nothing says which of them is at fault
+    left = novel if novel and usual and not short and len({by_rank[r] for r in novel}) == 1 else []
     groups: dict[tuple, list[int]] = {}
     for r in reached:
         groups.setdefault(by_rank[r], []).append(r)

@@ -65,3 +65,24 @@ def test_a_correct_book_style_script_gets_no_warning(tmp_path):
     out.mkdir()
     res = _run("ok_book.py", tmp_path, [str(out)])
     assert res.warnings == [] and (out / "model.pt").exists(), res.warnings
+
+
+def test_rank_0_evaluating_through_the_ddp_model_is_the_cause_not_the_rank_that_exited_0(tmp_path):
+    """Rank 0's extra DDP forward (a buffer broadcast) pairs with rank 1's training collectives; rank 1 finishes
+    and exits 0, rank 0 then loses its peer.  It was "rank 1 exited 0 before a collective ...: it is the cause";
+    the ranks' sequences name rank 0, its line and the rank test around it, and rank 1 is not blamed."""
+    pytest.importorskip("torch")
+    from broker.run.diagnose import explain
+    from broker.run.launch import LocalLaunchSpec
+    from tests.support.runs import run_local
+
+    spec = LocalLaunchSpec(script_rel="eval_rank0_ddp.py", args=[], workdir=SCRIPTS, nnodes=2, nproc_per_node=1,
+                           env={"PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}, node_envs=[{}, {}],
+                           setup=[], expect=[], deadline_s=240, stall_s=60, on_stall="stop")
+    res = run_local(spec, tmp_path / "run", echo=None)
+    assert res.status == "failed", res.reason
+    ev = _line("eval_rank0_ddp.py", 'print("eval", model(')
+    text = "\n".join(explain(tmp_path / "run", res, 2, local=True).lines())
+    assert text.startswith(f"rank(s) 0 left the ranks' common path at collective #5: DDP forward (buffer broadcast) "
+                           f"at eval_rank0_ddp.py:{ev}, under `if rank == 0:` (line {ev - 2}),"), text
+    assert "evaluate through model.module" in text and "it is the cause" not in text, text
