@@ -147,6 +147,27 @@ class Diagnosis:
     #: where the ranks' sequences of collectives first part (:func:`broker.run.stall.sequence_divergence`), when
     #: one rank left the common path
     divergence: dict[str, Any] | None = None
+    #: the lint rules that fire on the run's script (None: not known): a "would have been caught by" line names
+    #: only those of its rules
+    lint_found: set[str] | None = None
+
+    def caught(self, entry: "Entry") -> str:
+        """What would have caught ``entry``'s cause, true for this script: a lint rule that finds nothing in it
+        is not named."""
+        text = (self.local and entry.caught_by_local) or entry.caught_by
+        if self.lint_found is None:
+            return text
+        parts = []
+        for part in text.split("; "):
+            m = re.match(r"lint rules? ([\w-]+(?:(?:,| and) [\w-]+)*)(.*)$", part)
+            if not m:
+                parts.append(part)
+                continue
+            rules = re.split(r", | and ", m.group(1))
+            hit = [r for r in rules if r in self.lint_found]
+            if hit:
+                parts.append(f"lint rule{'s' if len(hit) > 1 else ''} {' and '.join(hit)}{m.group(2)}")
+        return "; ".join(parts) if parts else "none before launch (no lint rule finds it in this script)"
 
     @property
     def headline(self) -> str:
@@ -222,7 +243,7 @@ class Diagnosis:
             where = f" (node {fd.node})" if fd.node is not None else ""
             out.append(f"cause [{fd.entry.id}]{where}: {fd.cause}")
             out.append(f"  fix: {(self.local and fd.entry.fix_local) or fd.entry.fix}")
-            out.append(f"  would have been caught by: {(self.local and fd.entry.caught_by_local) or fd.entry.caught_by}")
+            out.append(f"  would have been caught by: {self.caught(fd.entry)}")
         if self.error_lines:
             out.append("every node exited 0, but the ranks printed errors:")
             out.extend(f"  {ln}" for ln in self.error_lines)
@@ -687,7 +708,21 @@ def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> D
     return diag
 
 
-def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False) -> Diagnosis:
+def lint_rules_found(script: Path | None) -> set[str] | None:
+    """The ids of the lint rules that fire on ``script`` (run under torchrun); None when it cannot be read."""
+    if script is None:
+        return None
+    try:
+        source = Path(script).read_text(encoding="utf-8", errors="replace")
+        from broker.lint.script import lint_source
+
+        return {f.kind for f in lint_source(source, str(script), launched_by_torchrun=True)}
+    except Exception:  # noqa: BLE001 - no lint, no claim either way
+        return None
+
+
+def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False,
+            script: Path | None = None) -> Diagnosis:
     """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
     inputs: a diagnosis is best effort).  ``local``: the run ran on this machine (``--provider local``), so fixes
     name this machine's way (the README's install) rather than a rented node's."""
@@ -702,7 +737,7 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
     facts = load_facts(run_dir)
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
-    diag = Diagnosis(local=local)
+    diag = Diagnosis(local=local, lint_found=lint_rules_found(script))
     from broker.run.stall import flight_recorder_from_run, read_stall
 
     diag.stall = read_stall(run_dir)
