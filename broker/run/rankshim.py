@@ -497,7 +497,7 @@ def _sequence(op, shape):
     that made it to the rank's sequence: ``facts["seq"] = {"sigs": [[op, shape, file, line]], "seq": [index],
     "total": n}`` (interned signatures: a training loop's thousands of calls are a few distinct ones)."""
     at = _caller(2) or {}
-    sig = (op, json.dumps(shape) if shape is not None else None, at.get("file"), at.get("line"))
+    sig = (op, repr(shape) if shape is not None else None, at.get("file"), at.get("line"))
     rec = _FACTS.get("seq")
     if rec is None:
         rec = _FACTS["seq"] = {"sigs": [], "seq": [], "total": 0}
