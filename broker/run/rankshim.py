@@ -77,8 +77,11 @@ def _save():
     with _SAVE_LOCK:  # the rank's thread and the facts saver (_start_saver) share the temporary file
         tmp = "%s.%d.tmp" % (_PATH, os.getpid())
         try:
+            # indented while small; once the sequence of collectives is in it, compact (json's C encoder: 1.7 ms
+            # for 4000 points where the indented pure-Python one took 8 ms, twice a second, holding the GIL)
+            text = json.dumps(_FACTS, indent=None if "seq" in _FACTS else 1, default=str)
             with open(tmp, "w") as f:
-                json.dump(_FACTS, f, indent=1, default=str)
+                f.write(text)
             os.replace(tmp, _PATH)
         except (OSError, RuntimeError, ValueError):  # a full disk (or a dict changed mid-dump) changes nothing
             try:
