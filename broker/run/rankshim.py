@@ -648,7 +648,8 @@ def _user_frame(tb):
 def _record_exit(code):
     if "exit_code" in _FACTS or "exception" in _FACTS:
         return
-    if code == 0 and _PATH is not None and (_MODELS or _OPTIMIZERS):
+    # the rank itself only: a forked DataLoader worker ends through os._exit too, and must not touch the weights
+    if code == 0 and _PATH is not None and (_MODELS or _OPTIMIZERS) and _FACTS.get("pid") == os.getpid():
         try:
             _FACTS["checksums"] = _checksums()
         except Exception:  # recording must never break the job
