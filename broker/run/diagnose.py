@@ -797,6 +797,16 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
                 break
     fails.sort(key=lambda f: (f.at is None, f.at or 0.0))
     diag.first = fails[0] if fails else None
+    if diag.first is not None and not diag.first.frame and diag.first.rank is not None:
+        # killed without a Python frame (a C++ abort, a signal): the last user line its collective record names
+        last = next((d.get("seq") for d in facts if d.get("rank") == diag.first.rank), None)
+        try:
+            sig = last["sigs"][last["seq"][-1]] if last and last.get("seq") else None
+        except (KeyError, IndexError, TypeError):
+            sig = None
+        if sig and len(sig) > 3 and sig[2]:
+            diag.first.frame = {"file": sig[2], "line": sig[3], "function": str(sig[0]),
+                                "code": "(no Python frame: the last collective its record holds)"}
 
     # catalogue: the first failing node's log first, then the exception text, then the other logs
     order: list[tuple[int | None, str]] = []

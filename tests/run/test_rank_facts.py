@@ -86,3 +86,22 @@ def test_rank_0_evaluating_through_the_ddp_model_is_the_cause_not_the_rank_that_
     assert text.startswith(f"rank(s) 0 left the ranks' common path at collective #5: DDP forward (buffer broadcast) "
                            f"at eval_rank0_ddp.py:{ev}, under `if rank == 0:` (line {ev - 2}),"), text
     assert "evaluate through model.module" in text and "it is the cause" not in text, text
+
+
+def test_a_native_abort_without_a_python_frame_gets_the_last_user_line_from_the_collective_record(tmp_path):
+    """Rank 1 dies by SIGABRT in native code: no traceback, no exception in its facts.  The summary still gives a
+    user line: the calling line of the last collective the shim recorded for that rank."""
+    pytest.importorskip("torch")
+    from broker.run.diagnose import explain
+    from broker.run.launch import LocalLaunchSpec
+    from tests.support.runs import run_local
+
+    spec = LocalLaunchSpec(script_rel="cpp_abort.py", args=[], workdir=SCRIPTS, nnodes=2, nproc_per_node=1,
+                           env={"PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}, node_envs=[{}, {}],
+                           setup=[], expect=[], deadline_s=240, stall_s=60, on_stall="stop")
+    res = run_local(spec, tmp_path / "run", echo=None)
+    assert res.status == "failed", res.reason
+    at = _line("cpp_abort.py", "    dist.all_reduce(t)")
+    text = "\n".join(explain(tmp_path / "run", res, 2).lines())
+    assert "rank 1 failed first: exit code -6 (SIGABRT)" in text, text
+    assert f"  at cpp_abort.py:{at} in all_reduce: (no Python frame: the last collective its record holds)" in text
