@@ -363,6 +363,12 @@ CHECKSUM_PARAMS = 256
 
 
 def _keep_model(ddp):
+    if getattr(ddp, "_broker_kept", False):  # once per model: this runs in every forward
+        return
+    try:
+        ddp._broker_kept = True
+    except Exception:
+        pass
     import weakref
     mod = getattr(ddp, "module", None)
     if mod is None or any(r() is mod for r in _MODELS) or len(_MODELS) >= 4:
@@ -442,7 +448,9 @@ def _patch_ddp(torch):
             if torch.is_grad_enabled():
                 sync = bool(getattr(self, "require_backward_grad_sync", True))
                 _ddp_sync[0] = _ddp_sync[0] or sync
-                c = _FACTS.setdefault("ddp", {"forwards_synced": 0, "forwards_no_sync": 0, "backwards_synced": 0})
+                c = _FACTS.get("ddp")
+                if c is None:
+                    c = _FACTS["ddp"] = {"forwards_synced": 0, "forwards_no_sync": 0, "backwards_synced": 0}
                 c["forwards_synced" if sync else "forwards_no_sync"] += 1
         except Exception:
             pass
@@ -474,7 +482,6 @@ _COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor
                 "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
                 "scatter_object_list", "send", "recv")
 _SAVE_EVERY_S = 0.5  # facts are rewritten at most this often by collective calls (a loop may call thousands)
-_last_save = [0.0]
 
 
 def _shape(x):
@@ -491,6 +498,7 @@ def _shape(x):
 #: sync points kept per rank in order (beyond this only the total is counted): enough to find where the ranks'
 #: sequences part in the first minutes of a run, a few KiB of JSON
 SEQ_CAP = 4000
+SIGS_CAP = 512  # distinct (op, shape, line) kept; shapes that vary per call then collapse to one per op and line
 _SIGS = {}  # (op, shape, file, line) -> index into the facts' "sigs"
 _saver = []  # the background saver thread, once started
 
@@ -505,13 +513,20 @@ def _sequence(op, shape):
     if rec is None:
         rec = _FACTS["seq"] = {"sigs": [], "seq": [], "total": 0}
     i = _SIGS.get(sig)
-    if i is None:
+    if i is None and len(rec["sigs"]) >= SIGS_CAP:  # shapes that change every call: op and line only from here
+        sig = (op, "varies", sig[2], sig[3])
+        shape = "varies"
+        i = _SIGS.get(sig)
+    new = i is None
+    if new:
         i = _SIGS[sig] = len(rec["sigs"])
         rec["sigs"].append([op, shape, sig[2], sig[3], _rank_condition(sig[2], sig[3])])
     rec["total"] += 1
     if len(rec["seq"]) < SEQ_CAP:
         rec["seq"].append(i)
     _dirty[0] = True
+    if new and len(rec["sigs"]) <= 64:
+        _save()  # a call site seen for the first time is on disk at once (a rank may die or block right after)
     if not _saver:
         _start_saver()
 
@@ -579,13 +594,9 @@ def _counted(name, fn):
         shape = _shape(arg)
         _FACTS["last_collective"] = {"n": n, "op": name, "shape": shape, "at": time.time()}
         try:
-            _sequence(name, shape)
+            _sequence(name, shape)  # marks the facts dirty: the saver thread writes them within _SAVE_EVERY_S
         except Exception:  # recording must never break the job
             pass
-        now = time.time()
-        if now - _last_save[0] >= _SAVE_EVERY_S:
-            _last_save[0] = now
-            _save()
         out = fn(*a, **k)
         _FACTS["last_collective"]["done"] = True
         return out
