@@ -15,6 +15,11 @@
   has the same order.
 * ``save-every-rank`` -- ``torch.save(.., "one/path")`` that every rank runs (no rank-0 test, a path without the
   rank in it) in a DDP script.
+* ``socket-ifname-in-script`` -- ``os.environ["NCCL_SOCKET_IFNAME"] = "eth0"`` (or GLOO_/TP_, or ``update``): an
+  interface name of one machine written into the script.
+* ``hard-coded-num-replicas`` -- ``DistributedSampler(ds, num_replicas=4)``: with another number of ranks part of
+  the data is never drawn.
+* ``save-every-rank`` also sees a path that is a string default argument of a helper every rank calls.
 * ``cuda-without-check`` -- ``torch.cuda.set_device`` / ``.cuda()`` / ``device="cuda"`` with no
   ``torch.cuda.is_available()`` check, on a run planned for CPU only (:func:`broker.lint.script.cpu_run_findings`; not part of the
   general lint, whose scripts may be GPU-only by design).
@@ -172,6 +177,12 @@ def check(L: Any) -> None:
                 L.add(c, "dataloader-no-sampler", "this DataLoader has no sampler in a DDP script: every rank "
                       "iterates the whole dataset, so the ranks train on the same data")
         elif fn == "DistributedSampler":
+            nr = _kw(c, "num_replicas")
+            if nr is None and len(c.args) > 1:
+                nr = c.args[1]
+            if nr is not None and _int_values(L, nr):
+                L.add(c, "hard-coded-num-replicas", f"num_replicas={nr.as_string()} is fixed in the script: with "
+                      "another number of ranks the samplers draw part of the dataset (or some samples twice)")
             shuffle = _kw(c, "shuffle")
             if not (isinstance(shuffle, n.Const) and shuffle.value is False):
                 samplers.append(c)
@@ -182,12 +193,21 @@ def check(L: Any) -> None:
             if path is not None and isinstance(path, n.Const) and isinstance(path.value, str) and id(c) not in guarded:
                 L.add(c, "save-every-rank", f"torch.save to {path.value!r} runs on every rank: the ranks write one "
                       "file at the same time (or each node keeps its own copy)")
+            elif isinstance(path, n.Name) and id(c) not in guarded:
+                default = _default_path(L, path, guarded)
+                if default is not None:
+                    L.add(c, "save-every-rank", f"torch.save to {path.name} (default {default!r}) runs on every "
+                          "rank that calls this function without a path: the ranks write one file at the same time")
     if samplers and not set_epoch and any(isinstance(x, n.For) for x in L.module.nodes_of_class(n.For)):
         for s in samplers:
             L.add(s, "set-epoch-missing", "DistributedSampler shuffles, but set_epoch is never called: every epoch "
                   "sees the same order")
     for a in L.module.nodes_of_class(n.Assign):
         for t in a.targets:
+            if isinstance(t, n.Subscript) and L.is_environ(t.value) and _text(n, t.slice) in _IFNAMES \
+                    and isinstance(a.value, n.Const):
+                L.add(a, "socket-ifname-in-script", f"the script sets {_text(n, t.slice)}={a.value.value!r}: "
+                      "another machine's interface has another name, and the nodes then fail to connect")
             if isinstance(t, n.Subscript) and L.is_environ(t.value) and _text(n, t.slice) in ("MASTER_ADDR",
                                                                                                "MASTER_PORT"):
                 L.add(a, "master-env-in-script", f"the script sets {_text(n, t.slice)}: it overwrites the value "
@@ -198,10 +218,44 @@ def check(L: Any) -> None:
             for d in c.args:
                 if isinstance(d, n.Dict):
                     keys |= {_text(n, k) for k, _ in d.items}
+            ifn = sorted(keys & set(_IFNAMES))
+            if ifn:
+                L.add(c, "socket-ifname-in-script", f"the script sets {', '.join(ifn)}: another machine's "
+                      "interface has another name, and the nodes then fail to connect")
             hit = sorted(keys & {"MASTER_ADDR", "MASTER_PORT"})
             if hit:
                 L.add(c, "master-env-in-script", f"the script sets {', '.join(hit)}: it overwrites the value "
                       "torchrun (and broker) gave, so the nodes may look for node 0 in the wrong place")
+
+
+_IFNAMES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def _default_path(L: Any, name: Any, guarded: set[int]) -> str | None:
+    """The string default of parameter ``name`` of the function it is used in, when some call of that function
+    that no rank test guards leaves it out (every rank then saves to the default); None otherwise."""
+    n = L.n
+    fn = name.scope()
+    if not isinstance(fn, n.FunctionDef):
+        return None
+    try:
+        default = fn.args.default_value(name.name)
+    except Exception:  # noqa: BLE001 - astroid's NoDefault: a parameter without a default
+        return None
+    if not (isinstance(default, n.Const) and isinstance(default.value, str)):
+        return None
+    names = [a.name for a in fn.args.args or []]
+    pos = names.index(name.name) if name.name in names else None
+    for c in L.calls:
+        if _name(c.func) != fn.name or id(c) in guarded:
+            continue
+        if any(k.arg == name.name for k in c.keywords or []):
+            continue
+        offset = 1 if names[:1] == ["self"] and isinstance(c.func, n.Attribute) else 0
+        if pos is not None and len(c.args) + offset > pos:
+            continue
+        return default.value
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ CPU-planned runs

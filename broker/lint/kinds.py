@@ -77,6 +77,10 @@ DDP_FIXES = {
     "set-epoch-missing": "`sampler.set_epoch(epoch)` at the start of every epoch",
     "save-every-rank": "save from one rank: `if dist.get_rank() == 0: torch.save(...)`, or put the rank in the "
                        "path",
+    "socket-ifname-in-script": "delete the assignment: broker (and preflight `interface`) picks each node's "
+                               "interface; set *_SOCKET_IFNAME in the recipe's env only where one is needed",
+    "hard-coded-num-replicas": "`DistributedSampler(dataset)`: it reads the world size and rank from the process "
+                               "group (or `num_replicas=dist.get_world_size()`)",
 }
 CPU_FIXES = {
     "cuda-without-check": "`if torch.cuda.is_available(): torch.cuda.set_device(local_rank)`; "

@@ -550,6 +550,11 @@ class _Linter:
             return [e] if e.attrname == "NCCL" else []
         if isinstance(e, n.Call) and _attr_or_name(e.func) in ("Backend", "str") and e.args:
             return self.nccl_sources(e.args[0], depth + 1)
+        if isinstance(e, n.Call) and len(e.args) > 1 and (
+                (_attr_or_name(e.func) == "get" and isinstance(e.func, n.Attribute) and self.is_environ(e.func.expr))
+                or _attr_or_name(e.func) == "getenv"):
+            # os.environ.get("BACKEND", "nccl"): nccl wherever the variable is unset
+            return self.nccl_sources(e.args[1], depth + 1)
         if isinstance(e, n.IfExp):
             if self.cuda_check(e.test):
                 return []

@@ -16,6 +16,7 @@ that would have caught it.  :func:`explain` is the one entry point; :meth:`Diagn
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -143,12 +144,38 @@ class Diagnosis:
     warnings: list[str] = field(default_factory=list)
     #: the run ran on this machine (``--provider local``): the catalogue's local fix and catch are shown
     local: bool = False
+    #: where the ranks' sequences of collectives first part (:func:`broker.run.stall.sequence_divergence`), when
+    #: one rank left the common path
+    divergence: dict[str, Any] | None = None
+    #: the lint rules that fire on the run's script (None: not known): a "would have been caught by" line names
+    #: only those of its rules
+    lint_found: set[str] | None = None
+
+    def caught(self, entry: "Entry") -> str:
+        """What would have caught ``entry``'s cause, true for this script: a lint rule that finds nothing in it
+        is not named."""
+        text = (self.local and entry.caught_by_local) or entry.caught_by
+        if self.lint_found is None:
+            return text
+        parts = []
+        for part in text.split("; "):
+            m = re.match(r"lint rules? ([\w-]+(?:(?:,| and) [\w-]+)*)(.*)$", part)
+            if not m:
+                parts.append(part)
+                continue
+            rules = re.split(r", | and ", m.group(1))
+            hit = [r for r in rules if r in self.lint_found]
+            if hit:
+                parts.append(f"lint rule{'s' if len(hit) > 1 else ''} {' and '.join(hit)}{m.group(2)}")
+        return "; ".join(parts) if parts else "none before launch (no lint rule finds it in this script)"
 
     @property
     def headline(self) -> str:
         if self.stall:
             head = "at the deadline" if self.stall.get("when") == "deadline" else "stalled"
             return f"{head}: " + str(self.stall["lines"][0])
+        if self.divergence:
+            return self._divergence_text()
         if self.early_exits:
             e = self.early_exits[0]
             who = f"node {e['node']}, rank {e['rank']}" if e.get("rank") is not None else \
@@ -160,6 +187,22 @@ class Diagnosis:
         if self.findings:
             return self.findings[0].cause
         return ""
+
+    def _divergence_text(self) -> str:
+        from broker.run.stall import _sig_text
+
+        d = self.divergence or {}
+        left = d["left"]
+        sig = d["by_rank"][left[0]]
+        cond = sig[4] if len(sig) > 4 else None
+        if isinstance(cond, str):
+            cond = json.loads(cond)
+        under = f", under `{cond[1]}` (line {cond[0]})," if cond else ""
+        others = sorted((r for r in d["by_rank"] if r not in left), key=str)
+        then = "; ".join(f"rank {r} made {_sig_text(d['by_rank'][r])}" for r in others)
+        return (f"rank(s) {', '.join(map(str, left))} left the ranks' common path at collective #{d['index']}: "
+                f"{_sig_text(sig)}{under} where {then or 'the others made none'}; the other ranks' ends follow "
+                "from it")
 
     def lines(self) -> list[str]:
         """Plain text lines for the summary (empty when there is nothing to say)."""
@@ -174,9 +217,16 @@ class Diagnosis:
             out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
             out.append(f"  fix: {st.get('fix', '')}")
             out.extend(str(ln) for ln in st.get("flight_recorder") or [])
+        if self.divergence:
+            op = str(self.divergence["by_rank"][self.divergence["left"][0]][0])
+            out.append("  fix: " + ("evaluate through model.module (the DDP model's forward broadcasts buffers: a "
+                                    "collective every rank must make), or run it on every rank"
+                                    if op.startswith("DDP forward") else
+                                    "every rank must make the same collectives in the same order: move the call "
+                                    "where every rank reaches it"))
         f = self.first
         if f is not None and (f.exc_type or f.frame):
-            if self.early_exits:
+            if self.early_exits or self.divergence:
                 out.append(f"then {f.where()} failed: {f.error()}")
             out.extend(f"  {ln}" for ln in message_rest(f.message))
             if f.frame and not _is_broker_frame(str(f.frame.get("file", ""))):  # broker's shim is not the user's
@@ -193,7 +243,7 @@ class Diagnosis:
             where = f" (node {fd.node})" if fd.node is not None else ""
             out.append(f"cause [{fd.entry.id}]{where}: {fd.cause}")
             out.append(f"  fix: {(self.local and fd.entry.fix_local) or fd.entry.fix}")
-            out.append(f"  would have been caught by: {(self.local and fd.entry.caught_by_local) or fd.entry.caught_by}")
+            out.append(f"  would have been caught by: {self.caught(fd.entry)}")
         if self.error_lines:
             out.append("every node exited 0, but the ranks printed errors:")
             out.extend(f"  {ln}" for ln in self.error_lines)
@@ -341,9 +391,11 @@ def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
     ranks.  Empty when the facts hold no such record (a script without DataLoader, or older facts)."""
     ranks = [d for d in facts if isinstance(d.get("data"), dict) and d.get("rank") is not None]
     world = max([int(d.get("world_size") or 1) for d in facts] or [1])
-    if world < 2 or not ranks:
+    if world < 2:
         return []
-    out: list[str] = []
+    out: list[str] = drift_warnings(facts)
+    if not ranks:
+        return out
     full: dict[int, int] = {}
     for d in ranks:
         for ld in d["data"].get("loaders") or []:
@@ -357,6 +409,7 @@ def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
         out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): if that is the "
                    f"training data, the {world} ranks trained on the same samples and the run did the work of one "
                    "rank; use sampler=DistributedSampler(dataset) in the DataLoader (and no shuffle=True there)")
+    out.extend(_coverage_warnings(ranks, world))
     no_epoch = [d["rank"] for d in ranks if not d["data"].get("set_epoch") and any(
         "Distributed" in str(ld.get("sampler")) and (ld.get("passes") or 0) > 1 for ld in d["data"].get("loaders") or [])]
     if no_epoch:
@@ -364,6 +417,7 @@ def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
         out.append(f"DistributedSampler.set_epoch was never called on rank(s) {', '.join(map(str, no_epoch))} over "
                    f"{passes} epochs: every epoch used the same order; call sampler.set_epoch(epoch) at the start of "
                    "each epoch")
+    out.extend(_epoch_warnings(ranks))
     writers: dict[str, list[int]] = {}
     for d in ranks:
         for path in d["data"].get("saved") or []:
@@ -374,6 +428,118 @@ def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
                        "storage they overwrite each other (a torn file), on separate disks every node keeps its own "
                        "copy; save from one rank: `if dist.get_rank() == 0: torch.save(...)`")
     return out
+
+
+def _at(at: Any) -> str:
+    return f"{os.path.basename(str(at.get('file')))}:{at.get('line')}" if isinstance(at, dict) and at.get("file") else "?"
+
+
+def _fed_samplers(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """The DistributedSamplers of one rank that a DataLoader iterated (a sampler no loader iterates does not
+    count), each with that loader's passes."""
+    samplers = d["data"].get("samplers") or []
+    out = []
+    for ld in d["data"].get("loaders") or []:
+        i = ld.get("sampler_index")
+        if isinstance(i, int) and 0 <= i < len(samplers) and ld.get("passes"):
+            out.append(dict(samplers[i], passes=ld["passes"]))
+    return out
+
+
+def _coverage_warnings(ranks: list[dict[str, Any]], world: int) -> list[str]:
+    """Samples the ranks' DistributedSamplers drew together, against the dataset: ``num_replicas`` or ``rank``
+    given to the sampler that differ from the job's."""
+    fed = {d["rank"]: _fed_samplers(d) for d in ranks}
+    if not all(fed.values()) or len(fed) < world:
+        return []
+    first = {r: s[0] for r, s in fed.items()}  # the first loader each rank iterated: the training one
+    n = max((s.get("dataset_len") or 0) for s in first.values())
+    reps = {s.get("num_replicas") for s in first.values()}
+    seen_ranks = {s.get("rank") for s in first.values()}
+    if not n or (reps == {world} and len(seen_ranks) == world):
+        return []
+    drawn = min(n, sum(int(s.get("num_samples") or 0) for s in {s.get("rank"): s for s in first.values()}.values()))
+    s0 = first[min(first)]
+    why = []
+    if reps != {world}:
+        why.append(f"num_replicas={'/'.join(map(str, sorted(reps, key=str)))} in a {world}-rank job")
+    if len(seen_ranks) < world:
+        why.append(f"the samplers were given rank(s) {', '.join(map(str, sorted(seen_ranks, key=str)))} on "
+                   f"{world} ranks")
+    return [f"together the ranks drew {drawn} of {n} samples per epoch because {' and '.join(why)} "
+            f"({_at(s0.get('at'))}): build it as DistributedSampler(dataset) (it reads the world size and rank "
+            "from the process group)"]
+
+
+def _epoch_warnings(ranks: list[dict[str, Any]]) -> list[str]:
+    """``set_epoch`` called on another sampler than the one that feeds training (so the old whole-run count saw
+    calls and said nothing)."""
+    for d in ranks:
+        fed = [s for s in _fed_samplers(d) if s.get("shuffle") and (s.get("passes") or 0) > 1]
+        if not fed or fed[0].get("epochs"):
+            continue
+        other = [s for s in d["data"].get("samplers") or [] if s.get("epochs")]
+        if other:
+            return [f"set_epoch is never called on the sampler that feeds training ({_at(fed[0].get('at'))}, "
+                    f"{fed[0]['passes']} epochs: the same order every epoch); {_at(other[0].get('set_epoch_at'))} "
+                    f"calls it on another one (built at {_at(other[0].get('at'))}): call it on the training "
+                    "loader's sampler"]
+    return []
+
+
+def drift_warnings(facts: list[dict[str, Any]]) -> list[str]:
+    """Replicas that drifted apart: the parameter checksums each rank wrote at its clean end (the DDP-wrapped
+    modules, else the optimizers' parameters) compared across ranks, with the likely cause from the facts."""
+    ranks = sorted((d for d in facts if isinstance(d.get("checksums"), list) and d.get("rank") is not None),
+                   key=lambda d: d["rank"])
+    if len(ranks) < 2:
+        return []
+    base = ranks[0]
+    out: list[str] = []
+    for gi, g in enumerate(base["checksums"]):
+        names = [row[0] for row in g.get("sums") or []]
+        differ: list[str] = []
+        for other in ranks[1:]:
+            if gi >= len(other["checksums"]):
+                continue
+            og = {row[0]: row for row in other["checksums"][gi].get("sums") or []}
+            for row in g.get("sums") or []:
+                o = og.get(row[0])
+                if o is None:
+                    continue
+                if any(abs(a - b) > 1e-6 * (1 + abs(a)) for a, b in zip(row[1:3], o[1:3])):
+                    if row[0] not in differ:
+                        differ.append(row[0])
+        if not differ:
+            continue
+        what = "DDP-wrapped parameters" if g.get("from") == "ddp" else "parameters the optimizers update"
+        first = differ[0]
+        vals = ", ".join(f"rank {d['rank']}: {next((row[1] for row in d['checksums'][gi]['sums'] if row[0] == first), float('nan')):.6g}"
+                         for d in ranks if gi < len(d["checksums"]))
+        out.append(f"the replicas drifted apart: {len(differ)} of {len(names)} {what} differ between the ranks at "
+                   f"the end ({', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; sum of {first}: {vals}); "
+                   f"{_drift_cause(ranks, g.get('from'))}")
+    return out
+
+
+def _drift_cause(ranks: list[dict[str, Any]], source: str | None) -> str:
+    ddp = [d.get("ddp") or {} for d in ranks]
+    if source == "ddp" and ddp and all(c.get("forwards_no_sync") and not c.get("forwards_synced") for c in ddp):
+        return (f"likely cause: every forward ran inside no_sync() ({ddp[0].get('forwards_no_sync')} on rank "
+                f"{ranks[0]['rank']}), so the gradients were never all-reduced; run the last micro-step of each "
+                "accumulation outside `with model.no_sync():`")
+    bw = {d["rank"]: (d.get("ddp") or {}).get("backwards_synced") for d in ranks}
+    if source == "ddp" and len(set(bw.values())) > 1:
+        return ("likely cause: the ranks ran different numbers of synchronised backward() calls ("
+                + ", ".join(f"rank {r}: {n}" for r, n in bw.items()) + "): a rank skipped backward() for a batch")
+    if source != "ddp":
+        ops = [[str(sig[0]) for sig in (d.get("seq") or {}).get("sigs") or []] for d in ranks]
+        if not any("broadcast" in op for o in ops for op in o):
+            return ("likely cause: the initial weights were never broadcast (no DDP, and no broadcast in any rank's "
+                    "collectives): each rank started from its own random weights; broadcast every parameter from "
+                    "rank 0 before training (`dist.broadcast(p.data, src=0)`), or wrap the model in "
+                    "DistributedDataParallel")
+    return "the ranks' updates differed (a rank skipped a step, or gradients were not averaged on every rank)"
 
 
 # ------------------------------------------------------------------------------------------------ judging
@@ -542,7 +708,21 @@ def _stopped_run(diag: Diagnosis, status: str, facts: list[dict[str, Any]]) -> D
     return diag
 
 
-def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False) -> Diagnosis:
+def lint_rules_found(script: Path | None) -> set[str] | None:
+    """The ids of the lint rules that fire on ``script`` (run under torchrun); None when it cannot be read."""
+    if script is None:
+        return None
+    try:
+        source = Path(script).read_text(encoding="utf-8", errors="replace")
+        from broker.lint.script import lint_source
+
+        return {f.kind for f in lint_source(source, str(script), launched_by_torchrun=True)}
+    except Exception:  # noqa: BLE001 - no lint, no claim either way
+        return None
+
+
+def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False,
+            script: Path | None = None) -> Diagnosis:
     """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
     inputs: a diagnosis is best effort).  ``local``: the run ran on this machine (``--provider local``), so fixes
     name this machine's way (the README's install) rather than a rented node's."""
@@ -557,7 +737,7 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
     facts = load_facts(run_dir)
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
-    diag = Diagnosis(local=local)
+    diag = Diagnosis(local=local, lint_found=lint_rules_found(script))
     from broker.run.stall import flight_recorder_from_run, read_stall
 
     diag.stall = read_stall(run_dir)
@@ -617,6 +797,16 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
                 break
     fails.sort(key=lambda f: (f.at is None, f.at or 0.0))
     diag.first = fails[0] if fails else None
+    if diag.first is not None and not diag.first.frame and diag.first.rank is not None:
+        # killed without a Python frame (a C++ abort, a signal): the last user line its collective record names
+        last = next((d.get("seq") for d in facts if d.get("rank") == diag.first.rank), None)
+        try:
+            sig = last["sigs"][last["seq"][-1]] if last and last.get("seq") else None
+        except (KeyError, IndexError, TypeError):
+            sig = None
+        if sig and len(sig) > 3 and sig[2]:
+            diag.first.frame = {"file": sig[2], "line": sig[3], "function": str(sig[0]),
+                                "code": "(no Python frame: the last collective its record holds)"}
 
     # catalogue: the first failing node's log first, then the exception text, then the other logs
     order: list[tuple[int | None, str]] = []
@@ -648,6 +838,17 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
         for node, code in sorted(codes.items()):
             if code == 0:
                 diag.early_exits.append({"node": node, "rank": None, "at": None})
+    # the ranks' sequences of collectives: a rank that left the common path is the cause, not a rank that
+    # exited 0 after making every collective of that path
+    from broker.run.stall import sequence_divergence
+
+    div = sequence_divergence({d["rank"]: d.get("seq") for d in facts if d.get("rank") is not None and d.get("seq")})
+    if div is not None and div["left"] and (waiting or diag.early_exits):
+        innocent = [e for e in diag.early_exits if e.get("rank") not in div["left"]]
+        diag.early_exits = [e for e in diag.early_exits if e.get("rank") in div["left"]]
+        diag.divergence = div
+        diag.notes += [f"rank {e['rank']} exited 0 after the collectives of the common path: not the cause"
+                       for e in innocent]
     if diag.early_exits:
         diag.findings.sort(key=lambda fd: not fd.entry.waiting)
 

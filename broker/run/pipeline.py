@@ -225,7 +225,8 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool 
     try:
         from broker.run.diagnose import explain
 
-        result.diagnosis = explain(run_dir, result, recipe.nodes, local=local).lines()
+        result.diagnosis = explain(run_dir, result, recipe.nodes, local=local,
+                                   script=getattr(recipe, "script", None)).lines()
     except Exception as e:  # noqa: BLE001
         result.diagnosis = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if result.diagnosis:

@@ -51,6 +51,7 @@ import subprocess
 import runpy
 import socket
 import sys
+import threading
 import time
 import traceback
 
@@ -65,6 +66,7 @@ FR_ENTRIES = "2000"
 #: device nodes of a GPU a rank could use for NCCL: NVIDIA's control device and first GPU, ROCm's kfd (RCCL), and
 #: WSL2's dxg (CUDA on Windows hosts has no /dev/nvidia*)
 GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+_SAVE_LOCK = threading.Lock()
 _STACK_FILE = None  # kept open: faulthandler writes to its descriptor from the signal handler
 
 
@@ -72,16 +74,20 @@ def _save():
     # only the rank itself writes: a forked child (a DataLoader worker ends with os._exit) must not overwrite it
     if _PATH is None or _FACTS.get("pid") != os.getpid():
         return
-    tmp = "%s.%d.tmp" % (_PATH, os.getpid())
-    try:
-        with open(tmp, "w") as f:
-            json.dump(_FACTS, f, indent=1, default=str)
-        os.replace(tmp, _PATH)
-    except OSError:  # a full disk must not change what the job does
+    with _SAVE_LOCK:  # the rank's thread and the facts saver (_start_saver) share the temporary file
+        tmp = "%s.%d.tmp" % (_PATH, os.getpid())
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+            # indented while small; once the sequence of collectives is in it, compact (json's C encoder: 1.7 ms
+            # for 4000 points where the indented pure-Python one took 8 ms, twice a second, holding the GIL)
+            text = json.dumps(_FACTS, indent=None if "seq" in _FACTS else 1, default=str)
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, _PATH)
+        except (OSError, RuntimeError, ValueError):  # a full disk (or a dict changed mid-dump) changes nothing
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _int(name):
@@ -172,6 +178,9 @@ def _patch(done=None):
             # MASTER_ADDR/PORT as the script left them (torchrun's are in "master"): a script that sets them
             # itself points every node at its own idea of node 0
             _FACTS["init_master"] = "%s:%s" % (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+            # the user's line: while a rank is in the rendezvous its place is read from here, not from a signal
+            # (a signal interrupts the store's connect: torch logs a retry with its C++ trace each time)
+            _FACTS["init_at"] = _caller()
             _FACTS["init_started"] = time.time()
             _save()
             out = orig_init(*a, **k)
@@ -198,6 +207,33 @@ def _patch(done=None):
             fn = getattr(dist, name, None)
             if callable(fn) and not getattr(fn, "_broker", False):
                 setattr(dist, name, _counted(name, fn))
+
+
+_USER_FILE = {}  # code filename -> whether it is the user's (not torch, not this shim, not frozen/stdlib)
+
+
+def _is_user_file(name):
+    u = _USER_FILE.get(name)
+    if u is None:
+        p = name.replace("\\", "/")
+        u = not (p.startswith("<") or os.path.abspath(name) == os.path.abspath(__file__) or "/torch/" in p
+                 or "/site-packages/" in p or "/dist-packages/" in p or re.search(r"/lib/python3\.\d+/", p))
+        _USER_FILE[name] = u
+    return u
+
+
+def _caller(depth=2):
+    """``{"file", "line", "function"}`` of the innermost frame in the user's code above the caller's caller
+    (the script's line that called a wrapped torch function); None when there is none."""
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None and not _is_user_file(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return None
+    return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
 
 
 def _data():
@@ -233,7 +269,8 @@ def _patch_data(torch):
                     except Exception:
                         n = None
                     rec = {"dataset_len": n, "sampler": type(getattr(self, "sampler", None)).__name__,
-                           "passes": 0, "samples": 0, "batches": 0}
+                           "passes": 0, "samples": 0, "batches": 0,
+                           "sampler_index": getattr(getattr(self, "sampler", None), "_broker_sampler", None)}
                     d = _data()
                     if len(d["loaders"]) < 8:
                         d["loaders"].append(rec)
@@ -254,12 +291,49 @@ def _patch_data(torch):
 
             __iter__._broker = True
             loader_cls.__iter__ = __iter__
+        _patch_ddp(torch)
+        _patch_optimizer(torch)
         sampler_cls = getattr(data, "DistributedSampler", None)
+        if sampler_cls is not None and not getattr(sampler_cls.__init__, "_broker", False):
+            orig_sampler_init = sampler_cls.__init__
+
+            def sampler_init(self, *a, **k):
+                orig_sampler_init(self, *a, **k)
+                try:
+                    samplers = _data().setdefault("samplers", [])
+                    if len(samplers) < 8:
+                        try:
+                            n = len(self.dataset)
+                        except Exception:
+                            n = None
+                        self._broker_sampler = len(samplers)
+                        samplers.append({"num_replicas": getattr(self, "num_replicas", None),
+                                         "rank": getattr(self, "rank", None), "dataset_len": n,
+                                         "num_samples": getattr(self, "num_samples", None),
+                                         "shuffle": getattr(self, "shuffle", None),
+                                         "drop_last": getattr(self, "drop_last", None),
+                                         "at": _caller(2), "epochs": []})
+                        _save()
+                except Exception:
+                    pass
+
+            sampler_init._broker = True
+            sampler_cls.__init__ = sampler_init
         if sampler_cls is not None and not getattr(sampler_cls.set_epoch, "_broker", False):
             orig_set_epoch = sampler_cls.set_epoch
 
             def set_epoch(self, epoch):
                 _data()["set_epoch"] += 1
+                try:
+                    i = getattr(self, "_broker_sampler", None)
+                    if i is not None:
+                        ep = _data()["samplers"][i]["epochs"]
+                        if len(ep) < 64:
+                            ep.append(epoch if isinstance(epoch, int) else str(epoch))
+                        if len(ep) == 1:
+                            _data()["samplers"][i]["set_epoch_at"] = _caller(2)
+                except Exception:
+                    pass
                 return orig_set_epoch(self, epoch)
 
             set_epoch._broker = True
@@ -282,13 +356,132 @@ def _patch_data(torch):
         pass
 
 
+_ddp_sync = [False]  # a DDP forward with gradient sync ran since the last backward()
+_MODELS = []  # weak references to the DDP-wrapped modules (else the optimizers' parameters), for the checksum
+#: parameters summed per model at the end (the rest are counted only): a few hundred tensor sums, once
+CHECKSUM_PARAMS = 256
+
+
+def _keep_model(ddp):
+    if getattr(ddp, "_broker_kept", False):  # once per model: this runs in every forward
+        return
+    try:
+        ddp._broker_kept = True
+    except Exception:
+        pass
+    import weakref
+    mod = getattr(ddp, "module", None)
+    if mod is None or any(r() is mod for r in _MODELS) or len(_MODELS) >= 4:
+        return
+    try:
+        _MODELS.append(weakref.ref(mod))
+    except TypeError:
+        pass
+
+
+def _checksums():
+    """``[{"params": n, "sums": [[name, sum, sum of squares]]}]`` of every DDP-wrapped module (else of the
+    parameters of the optimizers the script built): replicas that trained in sync agree to the last bits, so
+    the ranks' figures compared at the end tell replicas that drifted apart."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    groups = []
+    for r in _MODELS:
+        mod = r()
+        if mod is not None:
+            groups.append(list(mod.named_parameters()))
+    if not groups:
+        for r in _OPTIMIZERS:
+            opt = r()
+            if opt is not None:
+                groups.append([("group%d.param%d" % (g, i), p) for g, pg in enumerate(opt.param_groups)
+                               for i, p in enumerate(pg.get("params", []))])
+    out = []
+    with torch.no_grad():
+        for named in groups:
+            sums = []
+            for name, p in named[:CHECKSUM_PARAMS]:
+                t = p.detach().double()
+                sums.append([name, float(t.sum()), float((t * t).sum())])
+            out.append({"params": len(named), "sums": sums, "from": "ddp" if _MODELS else "optimizer"})
+    return out
+
+
+_OPTIMIZERS = []
+
+
+def _patch_optimizer(torch):
+    import weakref
+    opt_cls = getattr(getattr(torch, "optim", None), "Optimizer", None)
+    if opt_cls is None or getattr(opt_cls.__init__, "_broker", False):
+        return
+    orig = opt_cls.__init__
+
+    def __init__(self, *a, **k):
+        orig(self, *a, **k)
+        try:
+            if len(_OPTIMIZERS) < 4:
+                _OPTIMIZERS.append(weakref.ref(self))
+        except Exception:
+            pass
+
+    __init__._broker = True
+    opt_cls.__init__ = __init__
+
+
+def _patch_ddp(torch):
+    """DDP's own collectives in the rank's sequence: its forward's buffer broadcast (when it will sync buffers)
+    and the gradient all-reduce of the backward() after a forward that requires gradient sync (not under
+    ``no_sync()``, not under ``no_grad``)."""
+    ddp = getattr(getattr(getattr(torch, "nn", None), "parallel", None), "DistributedDataParallel", None)
+    if ddp is None or getattr(ddp.forward, "_broker", False):
+        return
+    orig_forward = ddp.forward
+
+    def forward(self, *a, **k):
+        try:
+            _keep_model(self)
+            will = getattr(self, "will_sync_module_buffers", None)
+            if will is None or will():
+                _sequence("DDP forward (buffer broadcast)", None)
+            if torch.is_grad_enabled():
+                sync = bool(getattr(self, "require_backward_grad_sync", True))
+                _ddp_sync[0] = _ddp_sync[0] or sync
+                c = _FACTS.get("ddp")
+                if c is None:
+                    c = _FACTS["ddp"] = {"forwards_synced": 0, "forwards_no_sync": 0, "backwards_synced": 0}
+                c["forwards_synced" if sync else "forwards_no_sync"] += 1
+        except Exception:
+            pass
+        return orig_forward(self, *a, **k)
+
+    forward._broker = True
+    ddp.forward = forward
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is not None and not getattr(tensor.backward, "_broker", False):
+        orig_backward = tensor.backward
+
+        def backward(self, *a, **k):
+            if _ddp_sync[0]:
+                _ddp_sync[0] = False
+                try:
+                    _FACTS["ddp"]["backwards_synced"] += 1
+                    _sequence("backward (DDP gradient all-reduce)", None)
+                except Exception:
+                    pass
+            return orig_backward(self, *a, **k)
+
+        backward._broker = True
+        tensor.backward = backward
+
+
 #: torch.distributed calls counted per rank (the user's own calls: torch's internal ones are not patched)
 _COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                 "reduce_scatter_tensor", "reduce", "gather", "scatter", "barrier", "monitored_barrier", "all_to_all",
                 "all_to_all_single", "all_gather_object", "broadcast_object_list", "gather_object",
                 "scatter_object_list", "send", "recv")
 _SAVE_EVERY_S = 0.5  # facts are rewritten at most this often by collective calls (a loop may call thousands)
-_last_save = [0.0]
 
 
 def _shape(x):
@@ -302,18 +495,108 @@ def _shape(x):
     return None
 
 
+#: sync points kept per rank in order (beyond this only the total is counted): enough to find where the ranks'
+#: sequences part in the first minutes of a run, a few KiB of JSON
+SEQ_CAP = 4000
+SIGS_CAP = 512  # distinct (op, shape, line) kept; shapes that vary per call then collapse to one per op and line
+_SIGS = {}  # (op, shape, file, line) -> index into the facts' "sigs"
+_saver = []  # the background saver thread, once started
+
+
+def _sequence(op, shape):
+    """Append one sync point (a collective, DDP's buffer broadcast or gradient all-reduce) with the user's line
+    that made it to the rank's sequence: ``facts["seq"] = {"sigs": [[op, shape, file, line]], "seq": [index],
+    "total": n}`` (interned signatures: a training loop's thousands of calls are a few distinct ones)."""
+    at = _caller(2) or {}
+    sig = (op, repr(shape) if shape is not None else None, at.get("file"), at.get("line"))
+    rec = _FACTS.get("seq")
+    if rec is None:
+        rec = _FACTS["seq"] = {"sigs": [], "seq": [], "total": 0}
+    i = _SIGS.get(sig)
+    if i is None and len(rec["sigs"]) >= SIGS_CAP:  # shapes that change every call: op and line only from here
+        sig = (op, "varies", sig[2], sig[3])
+        shape = "varies"
+        i = _SIGS.get(sig)
+    new = i is None
+    if new:
+        i = _SIGS[sig] = len(rec["sigs"])
+        rec["sigs"].append([op, shape, sig[2], sig[3], _rank_condition(sig[2], sig[3])])
+    rec["total"] += 1
+    if len(rec["seq"]) < SEQ_CAP:
+        rec["seq"].append(i)
+    _dirty[0] = True
+    if new and len(rec["sigs"]) <= 64:
+        _save()  # a call site seen for the first time is on disk at once (a rank may die or block right after)
+    if not _saver:
+        _start_saver()
+
+
+_dirty = [False]
+_RANK_IF = re.compile(r"^\s*(el)?if\b.*\b(rank|local_rank|is_main|is_master|main_process|get_rank)\b")
+
+
+def _rank_condition(file, line):
+    """``[line, text]`` of the innermost enclosing ``if`` that tests the rank (``if rank == 0:``), None when the
+    call is not under one: such a collective runs on some ranks only.  Read once per distinct call site."""
+    if not file or not line:
+        return None
+    import linecache
+    try:
+        src = linecache.getline(file, line)
+        indent = len(src) - len(src.lstrip())
+        n = line - 1
+        while n > 0 and indent > 0:
+            text = linecache.getline(file, n)
+            if text.strip() and not text.lstrip().startswith("#"):
+                ind = len(text) - len(text.lstrip())
+                if ind < indent:
+                    # the test itself, not a comment or a string that mentions a rank
+                    if _RANK_IF.match(re.sub(r"""(['"]).*?\1""", "", text.split("#", 1)[0])):
+                        return [n, text.strip()[:200]]
+                    indent = ind
+            n -= 1
+    except Exception:
+        pass
+    return None
+
+
+def _start_saver():
+    """A daemon thread that writes the facts twice a second while they change: a rank blocked in a collective
+    (which releases the GIL) still has that collective in its facts file when the stall watch reads it."""
+    import threading
+
+    def loop():
+        while True:
+            time.sleep(_SAVE_EVERY_S)
+            if _dirty[0]:
+                _dirty[0] = False
+                try:
+                    _save()
+                except Exception:  # a dict changed while dumped: written on the next round
+                    _dirty[0] = True
+
+    t = threading.Thread(target=loop, name="broker-facts", daemon=True)
+    _saver.append(t)
+    try:
+        t.start()
+    except RuntimeError:
+        pass
+
+
 def _counted(name, fn):
-    """``fn`` that records, per rank, how many collectives it started, the last one's name, shapes and time."""
+    """``fn`` that records, per rank, how many collectives it started, the last one's name, shapes and time, and
+    the sequence of them (:func:`_sequence`)."""
     def collective(*a, **k):
         n = _FACTS.get("collectives", 0) + 1
         arg = a[0] if a else next((v for v in k.values() if hasattr(v, "shape") or isinstance(v, (list, tuple))),
                                   None)
         _FACTS["collectives"] = n
-        _FACTS["last_collective"] = {"n": n, "op": name, "shape": _shape(arg), "at": time.time()}
-        now = time.time()
-        if now - _last_save[0] >= _SAVE_EVERY_S:
-            _last_save[0] = now
-            _save()
+        shape = _shape(arg)
+        _FACTS["last_collective"] = {"n": n, "op": name, "shape": shape, "at": time.time()}
+        try:
+            _sequence(name, shape)  # marks the facts dirty: the saver thread writes them within _SAVE_EVERY_S
+        except Exception:  # recording must never break the job
+            pass
         out = fn(*a, **k)
         _FACTS["last_collective"]["done"] = True
         return out
@@ -376,6 +659,12 @@ def _user_frame(tb):
 def _record_exit(code):
     if "exit_code" in _FACTS or "exception" in _FACTS:
         return
+    # the rank itself only: a forked DataLoader worker ends through os._exit too, and must not touch the weights
+    if code == 0 and _PATH is not None and (_MODELS or _OPTIMIZERS) and _FACTS.get("pid") == os.getpid():
+        try:
+            _FACTS["checksums"] = _checksums()
+        except Exception:  # recording must never break the job
+            pass
     _FACTS["exit_code"] = code
     _FACTS["ended"] = time.time()
     _save()
@@ -548,6 +837,25 @@ def _cpu_s(pid):
     return total / float(tick)
 
 
+def _wait_s(pid):
+    """Seconds the threads of ``pid`` have spent runnable but waiting for a CPU (``/proc/PID/task/*/schedstat``'s
+    second field; None when unreadable).  On a loaded machine a computing rank gets little CPU but waits for it:
+    CPU used plus this wait is what it asked for, whatever the load."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for t in tasks:
+        try:
+            with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                total += int(f.read().split()[1])
+                seen = True
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9 if seen else None
+
+
 def _code_lines(pid, text):
     """``{"file:line": source}`` for the frames in ``text`` (relative names resolved in the rank's own folder)."""
     import linecache
@@ -564,12 +872,35 @@ def _code_lines(pid, text):
     return out
 
 
+_SETS_MASTER = re.compile(r"""environ\s*\[\s*['"]MASTER_(ADDR|PORT)['"]\s*\]\s*=[^=]|"""
+                         r"""(update|putenv)\s*\(.*MASTER_(ADDR|PORT)""")
+
+
+def _master_lines(pid, script):
+    """``[[line, source]]`` of the script's lines that set MASTER_ADDR/MASTER_PORT (``os.environ[...] = ``,
+    ``os.environ.update``, ``os.putenv``; ``setdefault`` keeps torchrun's value and is not one)."""
+    if not script:
+        return []
+    path = script if os.path.isabs(script) else os.path.join("/proc/%d/cwd" % pid, script)
+    out = []
+    try:
+        with open(path, errors="replace") as f:
+            for i, line in enumerate(f, 1):
+                if _SETS_MASTER.search(line.split("#", 1)[0]):
+                    out.append([i, line.strip()[:200]])
+                    if len(out) >= 8:
+                        break
+    except OSError:
+        pass
+    return out
+
+
 def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     """Every live rank of ``facts_dir`` (from its ``rank*.json``): ``{rank: {"pid", "node", "tool", "text",
     "code"}}`` -- its Python stacks from ``py-spy dump`` when installed and allowed, else from the faulthandler the
     shim armed on SIGUSR1 (waits up to ``wait_s`` seconds for the dump to land).  A rank that has ended is
     ``{"pid", "node", "ended": True, "exit_code", "exception", "frame"}``; one that gave no stack is left out."""
-    ranks, ended = {}, {}
+    ranks, ended, ranks_in_init = {}, {}, {}
     try:
         names = sorted(os.listdir(facts_dir))
     except OSError:
@@ -589,9 +920,23 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
             exc = d.get("exception") or {}
             ended[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "ended": True,
                                                      "exit_code": d.get("exit_code"), "exception": exc.get("type"),
-                                                     "frame": exc.get("frame")}
+                                                     "frame": exc.get("frame"), "seq": d.get("seq")}
             continue
-        ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file")}
+        if d.get("init_started") and not d.get("init_done"):
+            # in the rendezvous: no signal (it would interrupt the store's connect, which torch logs and retries);
+            # its place is the line that called init_process_group, with the addresses it was given
+            at = d.get("init_at") if isinstance(d.get("init_at"), dict) else {}
+            init = {"at": at, "master": d.get("master"), "init_master": d.get("init_master"),
+                    "init_method": d.get("init_method"), "host": d.get("host")}
+            if d.get("init_master") and d.get("init_master") != d.get("master"):
+                init["sets_master"] = _master_lines(pid, d.get("script"))
+            code = _code_lines(pid, 'File "%s", line %s' % (at.get("file"), at.get("line"))) if at else {}
+            ranks_in_init[str(d.get("rank", name[4:-5]))] = {
+                "pid": pid, "node": d.get("node"), "tool": "facts", "init": init, "code": code, "seq": d.get("seq"),
+                "cpu_s": _cpu_s(pid), "wait_s": _wait_s(pid), "t": time.time()}
+            continue
+        ranks[str(d.get("rank", name[4:-5]))] = {"pid": pid, "node": d.get("node"), "stack_file": d.get("stack_file"),
+                                                 "seq": d.get("seq")}
     pyspy = shutil.which("py-spy") if use_pyspy else None
     sizes = {}
     for r, info in ranks.items():
@@ -643,10 +988,13 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
         if text.strip():
             ranks[r].update(tool="faulthandler", text=text)
     out = dict(ended)
+    out.update(ranks_in_init)
     for r, info in ranks.items():
         if info.get("text"):
             out[r] = {"pid": info["pid"], "node": info["node"], "tool": info["tool"], "text": info["text"],
                       "code": _code_lines(info["pid"], info["text"]), "cpu_s": _cpu_s(info["pid"]),
+                      "seq": info.get("seq"),
+                      "wait_s": _wait_s(info["pid"]),
                       "t": time.time()}
     return out
 

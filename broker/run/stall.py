@@ -83,7 +83,10 @@ class Place:
     waits: bool = False  # in a known wait (a collective, Work.wait, torch.cuda.synchronize): waiting even if it spins
     importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
     cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
+    wait_s: float | None = None  # seconds its threads were runnable but waited for a CPU (a loaded machine)
     t: float | None = None  # when it was sampled (epoch seconds)
+    rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
+    seq: dict[str, Any] | None = None  # its sequence of sync points (rank facts' "seq", the shim's record)
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -170,7 +173,9 @@ def _is_user(f: Frame) -> bool:
 def _main_thread(threads: list[tuple[str, list[Frame]]]) -> list[Frame]:
     """The thread that runs the script: the shim's (rankshim.py at its bottom), else one with user frames."""
     for _, frames in threads:
-        if any(f.file.endswith("rankshim.py") for f in frames) or any(f.function == "<module>" and _is_user(f)
+        # the shim's main() at the bottom (its facts-saver thread runs rankshim.py code too, but not main())
+        if any(f.file.endswith("rankshim.py") and f.function in ("main", "<module>") for f in frames) \
+                or any(f.function == "<module>" and _is_user(f)
                                                                        for f in frames):
             return frames
     for header, frames in threads:
@@ -262,14 +267,101 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
                 pl.user = Frame(str(fr.get("file")), int(fr.get("line") or 0), str(fr.get("function")))
             out.append(pl)
             continue
+        init = e.get("init")
+        if isinstance(init, dict):  # in the rendezvous: the place comes from the rank's facts, not a signal
+            at = init.get("at") if isinstance(init.get("at"), dict) else {}
+            user = (Frame(str(at.get("file")), int(at.get("line") or 0), str(at.get("function")))
+                    if at.get("file") else None)
+            code = e.get("code") if isinstance(e.get("code"), dict) else {}
+            pl = Place(rank=rank, node=node, collective="init_process_group", user=user, inner=user, waits=True,
+                       code=str(code.get(f"{user.file}:{user.line}", "")) if user else "", rendezvous=init)
+            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
+            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
+            out.append(pl)
+            continue
         text = e.get("text")
         if isinstance(text, str) and text.strip():
             code = e.get("code") if isinstance(e.get("code"), dict) else {}
             pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
             pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
+            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
             pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
             out.append(pl)
+    for pl in out:
+        e = sample.get(str(pl.rank))
+        if isinstance(e, dict) and isinstance(e.get("seq"), dict):
+            pl.seq = e["seq"]
     return sorted(out, key=lambda p: p.rank)
+
+
+# ------------------------------------------------------------------------------------------------ sequences
+def _expand(rec: Any) -> tuple[list[tuple], bool] | None:
+    """A rank's recorded sequence as ``[(op, shape, file, line)]`` and whether it is whole (not cut at the cap)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("sigs"), list) or not isinstance(rec.get("seq"), list):
+        return None
+    sigs = [tuple(json.dumps(x) if isinstance(x, list) else x for x in s) if isinstance(s, list) else (s,)
+            for s in rec["sigs"]]
+    try:
+        seq = [sigs[i] for i in rec["seq"]]
+    except (IndexError, TypeError):
+        return None
+    return seq, rec.get("total", len(seq)) == len(seq)
+
+
+def _sig_text(sig: tuple | None) -> str:
+    if sig is None:
+        return "nothing"
+    op, _shape, file, line = (list(sig) + [None] * 4)[:4]
+    at = f" at {os.path.basename(str(file))}:{line}" if file else ""
+    return f"{op}{at}"
+
+
+def sequence_divergence(seqs: dict[int, Any]) -> dict[str, Any] | None:
+    """Where the ranks' sequences of sync points (the shim's ``seq`` facts: collectives, DDP's buffer broadcast and
+    gradient all-reduce, each with the user's line) first differ: ``{"index": k (1-based), "by_rank": {rank: sig
+    or None}, "reached": [ranks with an entry at k], "short": [ranks whose sequence ended before k], "left":
+    [ranks that left the common path], "line": text}``; None when they agree (or fewer than two ranks recorded
+    one).  A rank *left the common path* when the step it took at k (previous entry -> this one) appears nowhere
+    before k in any rank's sequence, while the others' step does: rank 0 evaluating through the DDP model while
+    rank 1 trains, a rank that skipped backward(), a barrier under ``if rank == 0``."""
+    got = {r: _expand(v) for r, v in seqs.items()}
+    got = {r: v for r, v in got.items() if v is not None}
+    if len(got) < 2:
+        return None
+    longest = max(len(s) for s, _ in got.values())
+    k = None
+    for i in range(longest):
+        here = {r: (s[i] if i < len(s) else None) for r, (s, whole) in got.items()}
+        if any(v is None and not got[r][1] for r, v in here.items()):
+            return None  # a sequence cut at the cap: nothing to compare beyond it
+        if len(set(here.values())) > 1:
+            k = i
+            break
+    if k is None:
+        return None
+    by_rank = {r: (s[k] if k < len(s) else None) for r, (s, _) in got.items()}
+    seen_steps = {(s[i - 1] if i else None, s[i]) for s, _ in got.values() for i in range(min(k, len(s)))}
+    novel = sorted(r for r, (s, _) in got.items() if k < len(s) and ((s[k - 1] if k else None), s[k]) not in seen_steps)
+    usual = [r for r, (s, _) in got.items() if k < len(s) and r not in novel]
+    reached = sorted(r for r, v in by_rank.items() if v is not None)
+    short = sorted(r for r, v in by_rank.items() if v is None)
+    # only between ranks that all made a #k: when a rank's sequence simply ends there (it exited early, or waits
+    # elsewhere), the rank that went on took a new step too, and nothing says which of them is at fault
+    left = novel if novel and usual and not short and len({by_rank[r] for r in novel}) == 1 else []
+    groups: dict[tuple, list[int]] = {}
+    for r in reached:
+        groups.setdefault(by_rank[r], []).append(r)
+    parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} made {_sig_text(sig)}"
+             for sig, rs in sorted(groups.items(), key=lambda kv: kv[1])]
+    if short:
+        parts.append(f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} made only {k} "
+                     f"(no #{k + 1})")
+    line = f"the ranks' collective sequences part at #{k + 1}: " + "; ".join(parts)
+    if left:
+        line += (f"; rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left the common path there "
+                 f"({_sig_text(by_rank[left[0]])} follows a step no rank took before)")
+    return {"index": k + 1, "by_rank": by_rank, "reached": reached, "short": short, "left": left, "line": line}
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -287,20 +379,28 @@ class Verdict:
         return self.lines[0] if self.lines else ""
 
 
-#: share of one core a rank must use between the samples to count as computing (busy), not blocked
+#: share of one core a rank must use (or be waiting for, runnable) between the samples to count as computing
 BUSY_SHARE = 0.2
+#: CPU seconds between the samples that make a rank busy whatever the gap: a rank blocked in a collective or a
+#: sleep used 0-0.01 s in 3.5 s here (the stack dump itself); one computing at nice 19 beside two spinning
+#: processes on this 2-core machine still got ~0.05 s
+BUSY_MIN_S = 0.04
 
 
 def busy_ranks(first: list[Place], second: list[Place]) -> set[int]:
-    """Ranks that used at least :data:`BUSY_SHARE` of a core between the two samples: computing at the same
-    line (a long step that prints nothing), not blocked."""
+    """Ranks computing between the two samples (a long step at one line that prints nothing), not blocked: CPU
+    time rose by :data:`BUSY_MIN_S`, or CPU used plus time spent runnable but waiting for a CPU is at least
+    :data:`BUSY_SHARE` of the gap (on a loaded machine a computing rank gets little CPU, but it waits for it; a
+    blocked one does neither)."""
     a = {p.rank: p for p in first}
     out = set()
     for p in second:
         q = a.get(p.rank)
         if q is None or None in (p.cpu_s, q.cpu_s, p.t, q.t) or p.t <= q.t:
             continue
-        if (p.cpu_s - q.cpu_s) >= BUSY_SHARE * (p.t - q.t):
+        used = p.cpu_s - q.cpu_s
+        waited = (p.wait_s - q.wait_s) if None not in (p.wait_s, q.wait_s) else 0.0
+        if used >= BUSY_MIN_S or used + max(waited, 0.0) >= BUSY_SHARE * (p.t - q.t):
             out.add(p.rank)
     return out
 
@@ -313,6 +413,50 @@ _SAME_ORDER = ("every rank must call the same collectives in the same order: loo
 #: the names :func:`_op_name` gives the collectives of a DDP training step (forward's buffer broadcast, backward's
 #: gradient all-reduce)
 _IN_STEP = ("backward()", "the DDP model's forward")
+
+
+def _hostport(url: str) -> str:
+    m = re.match(r"^\w+://([^/?]+)", url)
+    return m.group(1) if m else url
+
+
+def _rendezvous_moved(waiting: list[Place]) -> tuple[str, str] | None:
+    """``(cause, fix)`` when every rank waits in init_process_group at an address the script chose itself (an
+    ``init_method`` or MASTER_ADDR/PORT it set) instead of torchrun's rendezvous; None otherwise."""
+    rz = [p.rendezvous for p in waiting if p.rendezvous]
+    if len(rz) != len(waiting):
+        return None
+    first = waiting[0]
+    at = first.at()
+    ours = next((r.get("master") for r in rz if r.get("master")), None)
+    method = next((r["init_method"] for r in rz if r.get("init_method") and not
+                   str(r["init_method"]).startswith(("env://", "file://"))), None)
+    if method:
+        target = _hostport(str(method))
+        if target == ours:
+            return None
+        hosts = sorted({str(r.get("host")) for r in rz})
+        cause = (f"every rank waits in init_process_group at {at} for {target} (init_method={method!r}), but "
+                 f"torchrun's rendezvous is at {ours}"
+                 + (f"; the ranks run on {len(hosts)} hosts, and each looks for rank 0 at its own address"
+                    if len(hosts) > 1 and re.match(r"^(localhost|127\.|\[?::1)", target) else ""))
+        fix = (f"drop init_method from the call at {at} (the default env:// uses torchrun's MASTER_ADDR/"
+               "MASTER_PORT)")
+        return cause, fix
+    moved = next((r for r in rz if r.get("init_master") and r.get("init_master") != r.get("master")), None)
+    if moved is None:
+        return None
+    lines = sorted({int(n) for r in rz for n, _ in (r.get("sets_master") or [])})
+    where = ""
+    if lines:
+        span = f"{lines[0]}-{lines[-1]}" if lines[-1] - lines[0] == len(lines) - 1 and len(lines) > 1 else \
+            ", ".join(map(str, lines))
+        where = f"; line{'s' if len(lines) > 1 else ''} {span} of {os.path.basename(first.user.file) if first.user else 'the script'} set MASTER_ADDR/PORT"
+    cause = (f"every rank waits in init_process_group at {at} for {moved['init_master']}, but torchrun's "
+             f"rendezvous is at {moved['master']}{where}")
+    fix = ((f"delete {'them' if len(lines) > 1 else 'it'}" if lines else "delete the assignments to MASTER_ADDR/"
+            "MASTER_PORT") + " (torchrun and broker set MASTER_ADDR/MASTER_PORT for every rank)")
+    return cause, fix
 
 
 def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
@@ -359,6 +503,9 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
         elif len(where) > 1:
             cause = "the ranks wait in different collectives (or at different lines): they call them in a different order"
             fix = _SAME_ORDER
+        elif waiting[0].collective == "init_process_group" and _rendezvous_moved(waiting):
+            cause, fix = _rendezvous_moved(waiting)
+            lines[-1] = f"{cause}: {fix.split(' (')[0]}"  # the mismatch itself is the headline
         elif waiting[0].collective == "init_process_group":
             cause = ("every rank waits in init_process_group: not all of the ranks it expects have joined (a "
                      "world_size or rank given to init_process_group that differs from torchrun's, or a node that "
@@ -377,6 +524,25 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
                  "longer than stall_s without printing, a DataLoader, an input() or a lock)")
         fix = ("look at the lines above; print progress more often, or raise the recipe's stall_s if a step "
                "legitimately takes that long")
+    div = sequence_divergence({p.rank: p.seq for p in places if p.seq})
+    if div is not None and waiting:
+        lines.append(div["line"])
+        odd = div["left"] or (div["reached"] if div["short"] else [])
+        sig = div["by_rank"][odd[0]] if odd and len({div["by_rank"][r] for r in odd}) == 1 else None
+        cond = sig[4] if sig is not None and len(sig) > 4 else None
+        if isinstance(cond, str):
+            cond = json.loads(cond)
+        # replaced only where the call is under a test of the rank: a rank that ran out of batches also takes
+        # a step no rank took before (into the collective after its loop), and "uneven data" is the cause there
+        if sig is not None and cond:
+            others = [p for p in places if p.rank not in odd]
+            cause = (f"{_sig_text(sig)} (collective #{div['index']}), under `{cond[1]}` (line {cond[0]}), was "
+                     f"reached only by rank(s) {', '.join(map(str, odd))}; "
+                     + "; ".join(p.describe() if p.collective or p.ended else f"rank {p.rank} is {p.elsewhere()}"
+                                 for p in others))
+            fix = (f"every rank must make the same collectives in the same order: the call at "
+                   f"{_sig_text(sig).split(' at ', 1)[-1]} runs on some ranks only (under `if rank == ...`, after an "
+                   "early return, on a rank that skipped a step): move it where every rank reaches it")
     if missing:
         lines.append("no stack from rank(s) " + ", ".join(map(str, missing)) + " (not started, or gone)")
     return Verdict(lines=lines, cause=cause, fix=fix, places=places)
@@ -386,15 +552,33 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
 Sampler = Callable[[], dict[str, dict[str, Any]]]
 
 
+#: a retry torch logs when a signal interrupted a system call (its TCPStore connect): the watch's own stack
+#: signal can cause it, so it is never progress; nor is the C++ trace printed under it
+_EINTR = "Interrupted system call"
+_CPP_TRACE = re.compile(r"^\s*(Exception raised from |frame #\d+: |<omitting python frames>|$)")
+
+
 class _Timed:
-    """A node handle whose output lines stamp the watch's last-output time (everything else passes through)."""
+    """A node handle whose output lines stamp the watch's last-output time (everything else passes through).
+    Lines a signal made a rank print (:data:`_EINTR` and the C++ trace under it) do not stamp it."""
 
     def __init__(self, node: Any, watch: "StallWatch"):
         self._node, self._watch = node, watch
+        self._eintr = False
+
+    def _progress(self, line: str) -> bool:
+        if _EINTR in line:
+            self._eintr = True
+            return False
+        if self._eintr and _CPP_TRACE.match(line):
+            return False
+        self._eintr = False
+        return True
 
     def lines(self) -> Iterable[str]:
         for line in self._node.lines():
-            self._watch.last_output = self._watch.clock()
+            if self._progress(line):
+                self._watch.last_output = self._watch.clock()
             yield line
 
     def chunks(self) -> Iterable[bytes]:
@@ -406,7 +590,9 @@ class _Timed:
         else:
             blocks = (line.encode("utf-8", "surrogateescape") for line in node.lines())
         for data in blocks:
-            self._watch.last_output = self._watch.clock()
+            text = data.decode("utf-8", "replace").splitlines() or [""]
+            if [self._progress(ln) for ln in text].count(True):
+                self._watch.last_output = self._watch.clock()
             yield data
 
     def __getattr__(self, name: str) -> Any:
@@ -473,6 +659,7 @@ class StallWatch:
         time.sleep(self.gap_s)
         if self.clock() - self.last_output < self.stall_s:
             return False  # output came while sampling: progress
+        quiet_since = self.last_output  # the silence is measured before the second sample: what it causes is not
         raw2, second = self._sample()
         if [p.key() for p in first] != [p.key() for p in second]:
             self.last_output = self.clock()  # the stacks moved: silent progress, not a stall
@@ -497,7 +684,7 @@ class StallWatch:
             self._busy_at = self.clock()  # the silence keeps counting; the next judgement comes after stall_s
             return False
         v = verdict(second, self.world_size)
-        silent = self.clock() - self.last_output
+        silent = self.clock() - min(quiet_since, self.last_output)
         key = tuple(p.key() for p in second)
         stop = self.on_stall == "stop"
         if key != self._reported:

@@ -409,3 +409,19 @@ def test_broker_shim_frames_are_never_the_users_frame():
     assert ids(diag)[0] == "torch-missing"
     assert diag.first.frame is None, diag.first.frame
     assert "rankshim.py" not in "\n".join(diag.lines())
+
+
+def test_would_have_been_caught_by_names_only_lint_rules_that_fire_on_the_script(tmp_path):
+    """The catalogue's "caught by" names a lint rule; on a script where that rule finds nothing the line must not
+    claim it (the rest of the line, a preflight check or the stall watch, stays)."""
+    from broker.run.diagnose import Diagnosis, catalogue, lint_rules_found
+
+    entry = next(e for e in catalogue() if e.id == "collective-timeout")
+    scripts = LOGS / "scripts"
+    hit = Diagnosis(lint_found=lint_rules_found(scripts / "barrier_rank0.py"))
+    assert hit.caught(entry).startswith("lint rule collective-under-rank0 (a collective only rank 0 reaches); ")
+    quiet = tmp_path / "train.py"
+    quiet.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n")
+    miss = Diagnosis(lint_found=lint_rules_found(quiet))
+    assert "collective-under-rank0" not in miss.caught(entry) and miss.caught(entry).startswith("preflight tcp probes")
+    assert Diagnosis().caught(entry) == entry.caught_by  # no script known: the catalogue's text
