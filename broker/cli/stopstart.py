@@ -18,7 +18,6 @@ prints that it is armed; otherwise it says so, and the watchdog and the deadline
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -161,6 +160,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     ``ssh_why`` where SSH was refused for a changed host key).  ``say``: one line per step and a progress line
     every :data:`PROGRESS_EVERY_S` seconds of a wait.  Raises BadInput (nothing stopped; a provider that cannot), NoValidPlan (the budget left
     does not cover ``hours`` at the full rate: exit 3), the provider's errors."""
+    from broker.core.answers import instance_answer_problem
     from broker.core.model import utcnow
     from broker.core.provider import BadInput, NoValidPlan
     from broker.money.accounting import run_cost
@@ -203,7 +203,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
                "host": info.ssh_host, "port": info.ssh_port, "ssh": None, "deadline": deadline.isoformat(),
                "usd_per_hour": res.usd_per_hour, "deadman": None, "deadman_why": None, "deadman_fire_at": None}
-        bad = _bad_answer(info, res) if info.state == "running" else None
+        bad = instance_answer_problem(info, res.provider_id) if info.state == "running" else None
         if bad is not None:  # never recorded: the machine is accounted for at its full rate, then stopped again
             row.update(host=None, port=None, error=f"{res.provider}: describe_instance of {res.provider_id} {bad}; "
                                                   "the answer was not recorded")
@@ -223,48 +223,6 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         _check_ssh(run, out, p_timeout=timeout_s, say=say)
         _rearm_deadman(ledger, run, out, started, hours=hours)
     return out
-
-
-#: a provider's machine id as broker accepts it from an answer (no spaces, no control or shell characters)
-_PROVIDER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,254}")
-
-
-def _bad_answer(info: Any, res: Any) -> str | None:
-    """What is wrong with a ``describe_instance`` answer for ``res`` (``returned ... which is not ...``), or None
-    when every id and address in it can be recorded: the id is the one asked about in the provider's id format,
-    ``public_ip`` / ``private_ip`` are IP addresses, ``ssh_host`` an IP address or DNS name, the port 0-65535 (0:
-    none assigned yet)."""
-    import ipaddress
-
-    from broker.core.runfolder import valid_host
-
-    pid = str(info.provider_id or "")
-    if not _PROVIDER_ID.fullmatch(pid) or pid != str(res.provider_id):
-        return f"returned the id {pid!r}, not the id {res.provider_id!r} that was asked about"
-    for field in ("public_ip", "private_ip"):
-        v = getattr(info, field)
-        if v is None:
-            continue
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            return f"returned {field} {str(v)[:80]!r}, which is not an IP address"
-    numeric = isinstance(info.ssh_host, str) and re.fullmatch(r"[0-9.]+", info.ssh_host)
-    if info.ssh_host is not None and (not valid_host(info.ssh_host) or (numeric and not _is_ip(info.ssh_host))):
-        return f"returned ssh_host {str(info.ssh_host)[:80]!r}, which is not an IP address or DNS name"
-    if not isinstance(info.ssh_port, int) or not 0 <= info.ssh_port <= 65535:  # 0: none assigned yet
-        return f"returned ssh_port {info.ssh_port!r}, which is not a port number"
-    return None
-
-
-def _is_ip(text: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return False
 
 
 def _stop_again(ledger: Any, p: Any, res: Any, row: dict[str, Any], run: Any, *, timeout_s: float,

@@ -756,6 +756,12 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
             elif info.rate_unreadable and info.state not in DEAD_STATES:  # unknown, never the planned price
                 res = record_unknown_rate(p, ledger, res, run, info.rate_unreadable, say=say, actor=actor)
             if info.state == "running":
+                from broker.core.answers import instance_answer_problem
+
+                bad = instance_answer_problem(info, res.provider_id)
+                if bad is not None:  # never recorded: the machine is released and the next offer tried
+                    raise _NeverReady(p.name, "describe_instance", f"{res.provider_id} is running, but the "
+                                      f"provider {bad}; broker does not record or connect to it")
                 ledger.update_resource(res.id, state="running", actor=actor, attrs={
                     k: v for k, v in (("public_ip", info.public_ip), ("private_ip", info.private_ip),
                                       ("ssh_host", info.ssh_host), ("ssh_port", info.ssh_port)) if v is not None},

@@ -424,3 +424,28 @@ def test_the_readiness_polls_start_at_one_second_and_back_off_to_poll_s(env, led
               terminate_timeout_s=5)
     polls = sleeps[:6]
     assert polls == [1.0, 1.5, 2.25, 3.375, 5.0, 5.0], sleeps
+
+
+def test_a_running_machine_whose_answer_cannot_be_recorded_is_released_and_the_next_offer_tried(env, ledger):
+    """A describe answer with an address that is no address (``198.18.0.1; rm -rf ~``) is never written to the
+    ledger or the cluster: that machine is deleted and the run goes on with the next offer."""
+    class Odd(FakeProvider):
+        first: list[str] = []
+
+        def describe_instance(self, provider_id, *, region=None):
+            info = super().describe_instance(provider_id, region=region)
+            if not Odd.first:
+                Odd.first.append(provider_id)
+            if provider_id == Odd.first[0] and info.state == "running":
+                return info.model_copy(update={"public_ip": "198.18.0.1; rm -rf ~"})
+            return info
+
+    p = Odd()
+    run = make_run(ledger, env)
+    cluster = provision(options(p), run, Requirements(), ledger, providers={"fake": p}, **FAST)
+    bad = Odd.first[0]
+    assert p.instances()[bad]["state"] == "terminated"
+    rows = ledger.resources("run-1")
+    assert all("rm -rf" not in str(r.attrs) for r in rows)
+    assert any(r.provider_id == bad and r.state == "terminated" for r in rows)
+    assert cluster.nodes and all(n.host == "127.0.0.1" for n in cluster.nodes)
