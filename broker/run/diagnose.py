@@ -150,24 +150,40 @@ class Diagnosis:
     #: the lint rules that fire on the run's script (None: not known): a "would have been caught by" line names
     #: only those of its rules
     lint_found: set[str] | None = None
+    #: the run's preflight checks by name (``tcp 0->1``, ``interface``, ...) and their results (PASS | WARN |
+    #: FAIL), from ``<run>/preflight.json`` (None: no preflight ran): a check that passed here caught nothing
+    preflight: dict[str, str] | None = None
+
+    def _preflight_passed(self, part: str) -> bool:
+        """Whether ``part`` (``preflight check tcp listen (...)``, ``preflight tcp probes ...``) names checks that
+        ran in this run and all passed."""
+        if self.preflight is None:
+            return False
+        m = re.match(r"preflight (?:check )?([a-z]+(?: listen)?)", part)
+        if not m:
+            return False
+        name = m.group(1)
+        ran = [r for c, r in self.preflight.items() if c == name or (name == "tcp" and c.startswith("tcp "))]
+        return bool(ran) and all(r == "PASS" for r in ran)
 
     def caught(self, entry: "Entry") -> str:
-        """What would have caught ``entry``'s cause, true for this script: a lint rule that finds nothing in it
-        is not named."""
+        """What would have caught ``entry``'s cause, true for this script and run: a lint rule that finds nothing
+        in it, or a preflight check that ran and passed, is not named."""
         text = (self.local and entry.caught_by_local) or entry.caught_by
-        if self.lint_found is None:
-            return text
         parts = []
         for part in text.split("; "):
+            if part.startswith("preflight") and self._preflight_passed(part):
+                continue
             m = re.match(r"lint rules? ([\w-]+(?:(?:,| and) [\w-]+)*)(.*)$", part)
-            if not m:
+            if not m or self.lint_found is None:
                 parts.append(part)
                 continue
             rules = re.split(r", | and ", m.group(1))
             hit = [r for r in rules if r in self.lint_found]
             if hit:
                 parts.append(f"lint rule{'s' if len(hit) > 1 else ''} {' and '.join(hit)}{m.group(2)}")
-        return "; ".join(parts) if parts else "none before launch (no lint rule finds it in this script)"
+        return "; ".join(parts) if parts else ("none before launch (no lint rule finds it in this script, and "
+                                               "preflight's checks passed)")
 
     @property
     def headline(self) -> str:
@@ -268,6 +284,26 @@ def message_rest(message: str, limit: int = 12) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ inputs
+def _preflight_results(run_dir: Path) -> dict[str, str] | None:
+    """``{check name: result}`` of the run's ``preflight.json`` (a name's worst result when it has several rows),
+    or None when there is none or it cannot be read."""
+    try:
+        data = json.loads((Path(run_dir) / "preflight.json").read_text())
+        rows = data.get("checks") if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rows, list):
+        return None
+    rank = {"PASS": 0, "WARN": 1, "FAIL": 2}
+    out: dict[str, str] = {}
+    for r in rows:
+        if isinstance(r, dict) and isinstance(r.get("check"), str) and r.get("result") in rank:
+            prev = out.get(r["check"])
+            if prev is None or rank[r["result"]] > rank[prev]:
+                out[r["check"]] = r["result"]
+    return out
+
+
 def load_facts(run_dir: Path) -> list[dict[str, Any]]:
     """Every rank's facts under ``run_dir/node*/facts/``, sorted by rank (unreadable files skipped)."""
     out = []
@@ -737,7 +773,7 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
     facts = load_facts(run_dir)
     status = getattr(result, "status", "failed")
     codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
-    diag = Diagnosis(local=local, lint_found=lint_rules_found(script))
+    diag = Diagnosis(local=local, lint_found=lint_rules_found(script), preflight=_preflight_results(run_dir))
     from broker.run.stall import flight_recorder_from_run, read_stall
 
     diag.stall = read_stall(run_dir)

@@ -425,3 +425,28 @@ def test_would_have_been_caught_by_names_only_lint_rules_that_fire_on_the_script
     miss = Diagnosis(lint_found=lint_rules_found(quiet))
     assert "collective-under-rank0" not in miss.caught(entry) and miss.caught(entry).startswith("preflight tcp probes")
     assert Diagnosis().caught(entry) == entry.caught_by  # no script known: the catalogue's text
+
+
+def test_would_have_been_caught_by_names_no_preflight_check_that_passed_in_this_run(tmp_path):
+    """Two cases named a preflight check that had passed: a check that ran and passed here caught nothing."""
+    import json
+
+    from broker.run.diagnose import Diagnosis, _preflight_results, catalogue
+
+    entry = next(e for e in catalogue() if e.id == "collective-timeout")
+    assert "preflight tcp probes" in entry.caught_by
+    (tmp_path / "preflight.json").write_text(json.dumps({"ok": True, "checks": [
+        {"check": "ssh", "nodes": "0,1", "result": "PASS", "detail": ""},
+        {"check": "tcp 0->1", "nodes": "0->1", "result": "PASS", "detail": ""},
+        {"check": "tcp 1->0", "nodes": "1->0", "result": "PASS", "detail": ""}]}))
+    passed = Diagnosis(preflight=_preflight_results(tmp_path))
+    assert "preflight tcp probes" not in passed.caught(entry), passed.caught(entry)
+    (tmp_path / "preflight.json").write_text(json.dumps({"ok": False, "checks": [
+        {"check": "tcp 0->1", "nodes": "0->1", "result": "FAIL", "detail": ""}]}))
+    failed = Diagnosis(preflight=_preflight_results(tmp_path))
+    assert "preflight tcp probes" in failed.caught(entry)
+    assert "preflight tcp probes" in Diagnosis().caught(entry)  # no preflight ran (this machine): it still would
+    torch_entry = next(e for e in catalogue() if e.caught_by.startswith("preflight check torch"))
+    (tmp_path / "preflight.json").write_text(json.dumps({"checks": [
+        {"check": "torch", "nodes": "0,1", "result": "PASS", "detail": ""}]}))
+    assert Diagnosis(preflight=_preflight_results(tmp_path)).caught(torch_entry).startswith("none before launch")
