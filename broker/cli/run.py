@@ -230,22 +230,28 @@ def _script_recipe(script: Path, *, nodes: int | None, gpus_per_node: int | None
     """The Recipe for ``broker run SCRIPT.py`` (flags checked with their limits first, so an error names the
     flag), with the equivalent recipe printed (and written with ``--save``)."""
     from broker.core.limits import check_number
-    from broker.core.scriptrecipe import load_script, recipe_data, recipe_text, requirements_note
+    from broker.core.provider import BadInput
+    from broker.core.scriptrecipe import load_script, placed, recipe_data, recipe_text, requirements_note
     from broker.core.scriptrecipe import save as save_recipe
     from broker.core.ui import err
 
     for flag, field, value in (("--nodes", "nodes", nodes), ("--gpus-per-node", "gpus_per_node", gpus_per_node),
                                ("--budget", "budget_usd", budget), ("--hours", "max_hours", hours)):
         check_number(flag, field, value)
+    if gpus_per_node == 0 and not cpu_ok:  # the recipe's own check would name a file that is not there
+        raise BadInput("--gpus-per-node 0 is a CPU-only job, which needs --cpu-ok (gloo on CPU)",
+                       hint="add --cpu-ok, or ask for GPUs: --gpus-per-node 1")
     data = recipe_data(script, args=args, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, budget_usd=budget,
                        max_hours=hours, cpu_ok=cpu_ok, setup=setup)
     recipe = load_script(script, data)
-    text = recipe_text(data)
     if not as_json:
-        err.print(f"running {script} as this recipe (work folder {script.resolve().parent}):", markup=False)
+        # the text is what --save would write in this folder: pasted into a file here, it runs the same job
+        text = recipe_text(placed(data, script, Path.cwd()))
+        err.print(f"running {script} as this recipe (as a file in this folder; --save FILE writes it):",
+                  markup=False)
         err.print("  " + text.rstrip("\n").replace("\n", "\n  "), markup=False, soft_wrap=True)
     if save is not None:
-        written = save_recipe(save, text, script)
+        written = save_recipe(save, data, script)
         if not as_json:
             err.print(f"saved: {written} (`broker run {shlex.quote(str(written))}` runs it again)", markup=False,
                       soft_wrap=True)

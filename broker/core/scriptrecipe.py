@@ -52,11 +52,37 @@ def recipe_data(script: Path, *, args: list[str], nodes: int | None = None, gpus
 
 
 def recipe_text(data: dict[str, Any]) -> str:
-    """``data`` as recipe YAML (field order kept)."""
+    """``data`` as recipe YAML (field order kept, one field a line; a list of words on one line)."""
     import yaml
 
-    return ("# what `broker run` ran; edit it and `broker run` this file\n"
-            + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, allow_unicode=True))
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True, width=1000)
+    for key in ("args", "setup"):  # block lists of one word a line read badly in a recipe: as ddp_2node.yaml writes
+        if key in data:
+            flow = yaml.safe_dump({key: data[key]}, default_flow_style=None, width=1000, allow_unicode=True)
+            block = yaml.safe_dump({key: data[key]}, default_flow_style=False, width=1000, allow_unicode=True)
+            body = body.replace(block, flow)
+    return "# what `broker run` ran; edit it and `broker run` this file\n" + body
+
+
+def placed(data: dict[str, Any], script: Path, folder: Path) -> dict[str, Any]:
+    """``data`` for a recipe file in ``folder``: ``script`` (and ``workdir``, the script's folder, when it is not
+    ``folder``) relative to it when the script is under it, else absolute."""
+    out = dict(data)
+    script = script.resolve()
+    folder = folder.resolve()
+    try:
+        out["script"] = str(script.relative_to(folder))
+    except ValueError:
+        out["script"] = str(script)
+    if script.parent != folder:
+        try:
+            work = str(script.parent.relative_to(folder))
+        except ValueError:
+            work = str(script.parent)
+        keys = list(out)
+        at = keys.index("script") + 1
+        out = {**{k: out[k] for k in keys[:at]}, "workdir": work, **{k: out[k] for k in keys[at:]}}
+    return out
 
 
 def load_script(script: Path, data: dict[str, Any]) -> Any:
@@ -83,23 +109,22 @@ def requirements_note(script: Path, setup: list[str] | None) -> str | None:
             "--setup 'pip install -r requirements.txt'")
 
 
-def save(path: Path, text: str, script: Path) -> Path:
-    """Write the recipe ``text`` to ``path`` (a new file); ``script:`` is rewritten relative to ``path``'s folder.
-    Raises BadInput when the file exists or cannot be written, or the script is not under its folder."""
+def save(path: Path, data: dict[str, Any], script: Path) -> Path:
+    """Write the recipe of ``data`` to ``path`` (a new file), ``script:`` relative to ``path``'s folder
+    (:func:`placed`).  Raises BadInput when the folder does not exist, the file exists or cannot be written, or
+    the script is not under the file's folder (its folder, the work folder, would be above the recipe)."""
     import os
+    import shlex
 
-    import yaml
-
-    data = yaml.safe_load(text)
     base = path.resolve().parent
-    try:
-        data["script"] = str(script.resolve().relative_to(base))
-    except ValueError:
+    if not base.is_dir():
+        raise BadInput(f"--save {path}: the folder {base} does not exist", hint="make it first, or save the recipe "
+                       f"next to the script: --save {shlex.quote(str(script.parent / (script.stem + '.yaml')))}")
+    if not script.resolve().is_relative_to(base):
         raise BadInput(f"--save {path}: the script {script} is not under {base}, and a recipe's work folder is "
                        "the script's folder next to it", hint=f"save it next to the script, e.g. --save "
-                       f"{script.parent / (script.stem + '.yaml')}") from None
-    if data["script"] != script.name:
-        data["workdir"] = str(script.resolve().parent.relative_to(base))
+                       f"{shlex.quote(str(script.parent / (script.stem + '.yaml')))}")
+    data = placed(data, script, base)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:

@@ -49,7 +49,7 @@ def test_a_script_runs_on_two_local_nodes_with_its_arguments_and_the_recipe_prin
     out = cp.stdout + cp.stderr
     assert cp.returncode == 0, out
     assert "running tiny_ddp.py as this recipe" in cp.stderr
-    assert "script: tiny_ddp.py" in cp.stderr and "cpu_ok: true" in cp.stderr
+    assert "script: tiny_ddp.py" in cp.stderr and "cpu_ok: true" in cp.stderr  # run from the script's folder
     assert "[node 0] RANK=0 sum=3 args=--epochs 2\n" in cp.stdout
     assert "[node 1] RANK=1 sum=3 args=--epochs 2\n" in cp.stdout
     assert "status: succeeded" in cp.stdout
@@ -60,7 +60,7 @@ def test_save_writes_a_recipe_that_loads_to_the_same_job_and_never_overwrites(cl
                        max_hours=0.5, cpu_ok=True, setup=["pip install -r requirements.txt"])
     from broker.core.scriptrecipe import recipe_text, save
 
-    saved = save(job / "job.yaml", recipe_text(data), job / "tiny_ddp.py")
+    saved = save(job / "job.yaml", data, job / "tiny_ddp.py")
     from_file = load_recipe(saved)
     from_script = load_script(job / "tiny_ddp.py", data)
     for field in ("name", "script", "workdir", "args", "nodes", "gpu", "budget_usd", "max_hours", "cpu_ok",
@@ -70,14 +70,14 @@ def test_save_writes_a_recipe_that_loads_to_the_same_job_and_never_overwrites(cl
     from broker.core.errors import BadInput
 
     with pytest.raises(BadInput, match="the file exists"):
-        save(job / "job.yaml", recipe_text(data), job / "tiny_ddp.py")
+        save(job / "job.yaml", data, job / "tiny_ddp.py")
 
 
 def test_a_recipe_saved_in_a_parent_folder_names_the_work_folder(job):
     from broker.core.scriptrecipe import recipe_text, save
 
     data = recipe_data(job / "tiny_ddp.py", args=[])
-    saved = save(job.parent / "outer.yaml", recipe_text(data), job / "tiny_ddp.py")
+    saved = save(job.parent / "outer.yaml", data, job / "tiny_ddp.py")
     r = load_recipe(saved)
     assert r.script == (job / "tiny_ddp.py") and r.workdir == job
 
@@ -129,3 +129,24 @@ def test_a_background_script_run_keeps_the_script_s_arguments_last(cli_env, job)
     run_id = re.search(r"broker logs -f (\S+)", cp.stdout)[1]
     logs = _broker(cli_env, job, "logs", "-f", run_id)  # returns when the run has ended
     assert re.search(r"RANK=0 sum=3 args=--epochs 2$", logs.stdout, re.M), logs.stdout + logs.stderr
+
+
+def test_the_printed_recipe_pasted_into_a_file_here_runs_the_same_job(job, tmp_path):
+    """The printed recipe named the script relative to its own folder: pasted into a file in the current folder it
+    failed ("profile_ddp.py does not exist"); it is now what --save writes here."""
+    from broker.core.scriptrecipe import placed, recipe_data, recipe_text
+
+    data = recipe_data(job / "tiny_ddp.py", args=["--epochs", "2"], nodes=3, budget_usd=2.0, cpu_ok=True)
+    text = recipe_text(placed(data, job / "tiny_ddp.py", tmp_path))
+    assert "workdir: book" in text and "script: book/tiny_ddp.py" in text and "{" not in text, text
+    assert "args: [--epochs, '2']" in text, text
+    (tmp_path / "pasted.yaml").write_text(text)
+    r = load_recipe(tmp_path / "pasted.yaml")
+    assert r.script == job / "tiny_ddp.py" and r.workdir == job and r.nodes == 3 and r.args == ["--epochs", "2"]
+
+
+def test_script_flags_get_script_words(cli_env, job, tmp_path):
+    cp = _broker(cli_env, job, "run", "tiny_ddp.py", "--gpus-per-node", "0")
+    assert cp.returncode == 2 and "needs --cpu-ok" in cp.stderr and "-> add --cpu-ok" in cp.stderr, cp.stderr
+    cp = _broker(cli_env, job, "run", "tiny_ddp.py", "--cpu-ok", "--save", "/nonexistent/d/job.yaml")
+    assert cp.returncode == 2 and "/nonexistent/d does not exist" in cp.stderr, cp.stderr
