@@ -147,6 +147,13 @@ class Recipe(BaseModel):
     _interruptible_flag: str | None = PrivateAttr(default=None)
     #: the command-line flag that set ``idle_minutes`` (``--idle-minutes``), None = the file's value
     _idle_flag: str | None = PrivateAttr(default=None)
+    #: built by ``broker run SCRIPT.py`` from flags (:mod:`broker.core.scriptrecipe`): hints name the flags
+    _from_script: bool = PrivateAttr(default=False)
+
+    @property
+    def from_script(self) -> bool:
+        """Whether this recipe stands for ``broker run SCRIPT.py`` and its flags (no recipe file to edit)."""
+        return self._from_script
 
     def with_idle_minutes(self, value: float | None, flag: str = "--idle-minutes") -> "Recipe":
         """A copy with ``idle_minutes`` set by the command line's ``flag`` (None: this recipe unchanged)."""

@@ -95,8 +95,9 @@ def load_script(script: Path, data: dict[str, Any]) -> Any:
         raise BadInput(f"{script}: no such script", hint="give the path of the training script, e.g. train.py, "
                        "or of a recipe (.yaml)")
     where = script.resolve().parent / f"{script.name} (broker run)"
-    recipe = load_recipe(where, text=recipe_text(data))
-    return recipe.model_copy(update={"path": None})
+    recipe = load_recipe(where, text=recipe_text(data)).model_copy(update={"path": None})
+    recipe._from_script = True  # hints name the flags, not fields of a file the user has not got
+    return recipe
 
 
 def requirements_note(script: Path, setup: list[str] | None) -> str | None:

@@ -43,7 +43,7 @@ def budget_only(plan: Plan) -> list[PlanOption]:
     return sorted(out, key=lambda o: (o.worst_case_usd, o.usd_per_hour))
 
 
-def budget_sentence(plan: Plan, budget_usd: float | None) -> tuple[str, list[str]] | None:
+def budget_sentence(plan: Plan, budget_usd: float | None, *, flags: bool = False) -> tuple[str, list[str]] | None:
     """(sentence, hint parts) when the budget is the limit, else None.
 
     E.g. "the budget is the limit: the cheapest option that meets everything else, 1x RTX 3090 (vast) at
@@ -63,7 +63,9 @@ def budget_sentence(plan: Plan, budget_usd: float | None) -> tuple[str, list[str
          f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd, budget_usd)} for "
          f"{_num(round(o.hours, 2))} h (setup included) > budget {_usd(budget_usd)}"
          f"{digits_note(o.worst_case_usd, budget_usd)}")
-    hints = [f"raise budget_usd to at least {_usd(math.ceil(o.worst_case_usd * 100) / 100)}"]
+    need = math.ceil(o.worst_case_usd * 100) / 100
+    # ``flags``: the job came from command-line flags (`broker run SCRIPT.py`): the hint is the flag to pass
+    hints = [f"add --budget {need:.2f}" if flags else f"raise budget_usd to at least {_usd(need)}"]
     from broker.plan.planner import MIN_RUN_SECONDS
 
     fit = o.max_hours_within_budget
@@ -71,7 +73,7 @@ def budget_sentence(plan: Plan, budget_usd: float | None) -> tuple[str, list[str
         fit_h = math.floor(fit * 100) / 100
         s += f"; the budget affords {_num(fit_h)} h ({fit * 60:.0f} min) of it"
         if MIN_RUN_SECONDS <= fit_h * 3600.0 and fit_h < o.hours:
-            hints.append(f"or set max_hours: {_num(fit_h)}")
+            hints.append(f"or --hours {_num(fit_h)}" if flags else f"or set max_hours: {_num(fit_h)}")
     else:
         s += "; the budget affords no run of it (setup alone costs more)"
     return s, hints
@@ -169,7 +171,8 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
             + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
     parts: list[str] = []
     hints: list[str] = []
-    b = budget_sentence(plan, budget)
+    from_flags = bool(getattr(recipe, "from_script", False))
+    b = budget_sentence(plan, budget, flags=from_flags)
     if b:
         parts.append(b[0])
         hints += b[1]
@@ -177,7 +180,8 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     if others:
         parts.append(("other options: " if b else "") + "; ".join(others))
     if not b:
-        hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None)
+        hints += no_plan_hints(plan, cpu_ok=bool(getattr(recipe, "cpu_ok", False)), budget_given=budget is not None,
+                               words=FLAG_WORDS if from_flags else None)
     path = getattr(recipe, "path", None)
     hints.append(f"`broker plan --recipe {shlex.quote(str(path))}` shows every option" if path
                  else "`broker plan` shows every option")

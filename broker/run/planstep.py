@@ -75,7 +75,8 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
         # each provider's cause (its check's detail) and its fix, as `broker check` prints them
         need = "; ".join(p + (f" ({c.detail})" if c.detail and c.hint else "")
                          + f": {c.hint or c.detail or 'no credentials'}" for p, c in missing.items() if c)
-        cpu = "" if recipe.cpu_ok else "; or set cpu_ok: true in the recipe to run a CPU logic check on this machine"
+        cpu = "" if recipe.cpu_ok else ("; or add --cpu-ok" if recipe.from_script else "; or set cpu_ok: true in "
+                                        "the recipe") + " to run a CPU logic check on this machine"
         # a plan exists; what stops the run is providers that are not configured: exit 4, as with --provider
         raise AuthError(", ".join(p for p, c in missing.items() if c), "credentials check",
                         f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "

@@ -150,3 +150,18 @@ def test_script_flags_get_script_words(cli_env, job, tmp_path):
     assert cp.returncode == 2 and "needs --cpu-ok" in cp.stderr and "-> add --cpu-ok" in cp.stderr, cp.stderr
     cp = _broker(cli_env, job, "run", "tiny_ddp.py", "--cpu-ok", "--save", "/nonexistent/d/job.yaml")
     assert cp.returncode == 2 and "/nonexistent/d does not exist" in cp.stderr, cp.stderr
+
+
+def test_a_script_run_s_hints_name_its_flags_not_recipe_fields(cli_env, job):
+    """`broker run SCRIPT.py --budget 0.01` said "raise budget_usd to at least $0.40"; without --cpu-ok it said
+    "set cpu_ok: true in the recipe": the user has no recipe, only flags."""
+    cp = _broker(cli_env, job, "run", "tiny_ddp.py", "--budget", "0.01")
+    text = " ".join(cp.stderr.split())
+    assert cp.returncode == 3, text
+    import re
+
+    assert re.search(r"-> add --budget \d+\.\d\d", text) and "raise budget_usd" not in text, text
+    cp = _broker(cli_env, job, "run", "tiny_ddp.py")
+    text = " ".join(cp.stderr.split())
+    assert cp.returncode == 4, text
+    assert "or add --cpu-ok" in text and "cpu_ok: true in the recipe" not in text, text
