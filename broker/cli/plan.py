@@ -817,14 +817,17 @@ def _where_between_words(t: Any, width: int) -> None:
     """Give the offers table's ``where`` column its longest word as its least width (a region id such as
     us-central1, "Washington,") when the other columns leave room for it within ``width``: a place then wraps
     between words, never inside one.  Where they do not, the column folds as before."""
+    from rich.cells import cell_len
+
     cols = t.columns
     where = next((c for c in cols if c.header == "where"), None)
     if where is None:
         return
-    cells = [str(x) for x in where._cells]
-    longest = max((len(w) for c in cells for w in c.split()), default=0)
-    others = sum(max([len(str(c.header))] + [len(str(x)) for x in c._cells]) for c in cols if c is not where)
-    if others + longest + 2 * (len(cols) - 1) <= width:
+    longest = max((cell_len(w) for x in where._cells for w in str(x).split()), default=0)
+    # the other columns never fold (ids, models, prices): their widest cells, two cells of padding each, and the
+    # table's edge must leave the where column its longest word
+    others = sum(max(cell_len(str(c.header)), *(cell_len(str(x)) for x in c._cells)) for c in cols if c is not where)
+    if others + 2 * len(cols) - 1 + longest <= width:
         where.min_width = longest
 
 

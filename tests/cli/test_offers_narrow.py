@@ -20,3 +20,6 @@ def test_offers_at_80_columns_never_cut_a_region_or_place_name(cli_env):
     assert any("us-central1" in ln for ln in rows), cp.stdout
     for cell in where:
         assert not cell.startswith((",", "1 ")) and cell != "1", cp.stdout  # the rest of a cut word
+    from rich.cells import cell_len
+
+    assert max(cell_len(ln) for ln in lines) <= 80, cp.stdout  # and no row one column too wide (81 was seen)
