@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from typing import TYPE_CHECKING
 
 from broker.core.model import Quota
@@ -64,14 +65,15 @@ def request_quota(api: "GCPApi", quota: Quota, value: float, reason: str, *, dra
     project = api.project
     email = os.environ.get("GCP_QUOTA_CONTACT_EMAIL", "")
     dims = {"region": region} if region else {}
-    form = {"console": f"{CONSOLE}?project={project or '<your project>'}", "service": SERVICE, "quotaId": qid,
+    form = {"console": f"{CONSOLE}?project={project or 'PROJECT_ID'}", "service": SERVICE, "quotaId": qid,
             "metric": f"{SERVICE}/{quota.name.lower()}", "dimensions": dims or "(none: project-wide)",
             "preferredValue": new_value, "justification": reason,
             "contactEmail": email or "<your email (GCP_QUOTA_CONTACT_EMAIL)>",
+            # pasteable: shell-quoted, and placeholders a shell reads as words (`<project>` was a redirection)
             "gcloud": (f"gcloud beta quotas preferences create --service={SERVICE} --quota-id={qid} "
                        f"--preferred-value={new_value}" + (f" --dimensions=region={region}" if region else "")
-                       + f" --project={project or '<project>'} --justification='{reason}' "
-                       f"--email={email or '<email>'}")}
+                       + f" --project={shlex.quote(project) if project else 'PROJECT_ID'}"
+                       f" --justification={shlex.quote(reason)} --email={shlex.quote(email) if email else 'EMAIL'}")}
     base = QuotaRequest(provider=PROVIDER, limit_name=quota.name, region=region, scope=region, value=new_value,
                         unit=quota.unit, reason=reason, form=form)
     if draft or not api.configured():

@@ -403,4 +403,8 @@ def test_a_draft_prints_its_console_url_and_command_whole_outside_the_table(cli_
         assert line is not None and "│" not in line, cp.stdout  # on a line of its own, not in a table cell
     if provider == "gcp":
         cmd = next(ln for ln in lines if "gcloud beta" in ln)
-        assert cmd.rstrip().endswith("--email=<email>"), cp.stdout  # the whole command on one line
+        assert cmd.rstrip().endswith("--email=EMAIL"), cp.stdout  # the whole command on one line
+        import shlex
+
+        words = shlex.split(cmd)  # pasteable: no `<...>` a shell takes for a redirection
+        assert "--project=PROJECT_ID" in words and not any(w.startswith(("<", ">")) for w in words), words
