@@ -299,6 +299,11 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     if options[0].provider == "local":
         if say:
             say(local_choice_text(plan, recipe))
+            from broker.plan.explain import NO_OFFER_FOR_MODEL
+
+            for note in plan.notes:  # a mistyped --gpu / gpu.models is why no rented option was left: say so
+                if note.startswith(NO_OFFER_FOR_MODEL):
+                    say(f"warning: {note.split(';')[0]}")
         return LocalTarget(recipe)
     return CloudTarget(recipe, options, watchdog=req.watchdog)
 

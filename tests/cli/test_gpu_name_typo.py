@@ -24,3 +24,16 @@ def test_a_known_model_on_a_machine_without_a_gpu_still_gets_the_plan(cli_env):
                         capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "did you mean" not in cp.stdout
+
+
+def test_a_run_on_this_machine_still_says_the_gpu_model_matches_nothing(cli_env, tmp_path):
+    """`broker run SCRIPT.py --gpu 'RTX 4900' --cpu-ok` ran here and only said "this machine (free) is the only
+    valid option": the typo went unseen."""
+    from tests.cli.test_run_script import TINY_DDP
+
+    (tmp_path / "tiny_ddp.py").write_text(TINY_DDP)
+    env = dict(cli_env, COLUMNS="200")
+    cp = subprocess.run([sys.executable, "-m", "broker", "run", "tiny_ddp.py", "--gpu", "RTX 4900", "--cpu-ok",
+                         "--hours", "0.2", "-q"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "warning: no offer has GPU model RTX 4900 (did you mean RTX 4090" in cp.stderr, cp.stderr
