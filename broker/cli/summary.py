@@ -59,10 +59,14 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         console.print(t)
         if not wide:
             # GPUs are known once the script imports torch (the rank shim's hook); "?" is left out, not printed
+            per_node: dict = {}  # one entry a node (its first rank): a node with 2 processes was listed twice
+            for r in rows:
+                if r.host != "?":
+                    per_node.setdefault(r.node, r)
             console.print("[dim]hosts: " + ", ".join(
                 f"node {r.node} = {fact_text(r.host)}"
                 + (f" ({fact_text(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
-                for r in rows if r.host != "?") + "[/]")
+                for r in per_node.values()) + "[/]")
         if len(versions) == 1:
             py, tv, cu, nc = (fact_text(v) for v in next(iter(versions)))
             console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")

@@ -450,3 +450,18 @@ def test_would_have_been_caught_by_names_no_preflight_check_that_passed_in_this_
     (tmp_path / "preflight.json").write_text(json.dumps({"checks": [
         {"check": "torch", "nodes": "0,1", "result": "PASS", "detail": ""}]}))
     assert Diagnosis(preflight=_preflight_results(tmp_path)).caught(torch_entry).startswith("none before launch")
+
+
+def test_the_hosts_line_lists_each_node_once(capsys, monkeypatch):
+    """With 2 processes a node, `hosts:` listed "node 0 = vm, node 0 = vm, node 1 = ..." (a rank each)."""
+    from broker.cli import summary
+
+    d, res = cpu_case("ok")
+    rr = RunResult(status=res.status, exit_codes=res.exit_codes, wall_s=1.0, log_paths=res.log_paths)
+    rr = finish_result(rr, [], nnodes=2, nproc_per_node=1)
+    rr.ranks = [r for r in rr.ranks for _ in (0, 1)]  # every node's rank as if it ran two processes
+    monkeypatch.setattr(summary.console, "_width", 100)  # the narrow layout has the hosts line
+    run = SimpleNamespace(id="r1", name="t", topology="local", provider="local", run_dir=str(d))
+    summary.render_summary(run, rr, SimpleNamespace(nodes=2))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hosts:"))
+    assert line.count("node 0 =") == 1 and line.count("node 1 =") == 1, line
