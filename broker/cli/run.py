@@ -194,9 +194,14 @@ def _netns_cluster_run(cluster: str) -> str:
     from broker.core.provider import BadInput
     from broker.money.ledger import Ledger
 
-    if not re.fullmatch(r"bkn[0-9a-f]{6}", cluster):
-        return cluster  # a run id (or prefix): kept_cluster resolves and checks it
     ledger = Ledger()
+    if not re.fullmatch(r"bkn[0-9a-f]{6}", cluster):
+        try:
+            return ledger.find_run(cluster).id  # a run id (or prefix): kept_cluster checks its nodes
+        except BadInput:
+            raise BadInput(f"--cluster {cluster}: no netns cluster (bkn + 6 hex digits) or run of that id",
+                           hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up") \
+                from None
     row = ledger.find_by_provider_id("netns", f"{cluster}:0")
     if row is None:
         raise BadInput(f"no netns cluster {cluster} in the ledger",

@@ -44,6 +44,8 @@ def test_run_on_a_kept_netns_cluster_by_its_cluster_id(cli_env, tmp_path):
             led.close()
         bad = cli("run", "r.yaml", "--provider", "netns", "--cluster", "bkn000000")
         assert bad.returncode == 2 and "no netns cluster bkn000000" in bad.stderr, bad.stderr
+        bad = cli("run", "r.yaml", "--provider", "netns", "--cluster", "nope")
+        assert bad.returncode == 2 and "no netns cluster" in bad.stderr and "netns status" in bad.stderr
     finally:
         cli("netns", "down", cid)
         assert netns.leftovers(cid) == []
