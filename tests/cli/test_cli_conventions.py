@@ -237,9 +237,10 @@ def test_usage_lines_name_arguments_plainly(capsys):
 
     from broker.cli import app as cli
     cp = broker("run", "--help")
-    assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE", cp.stdout
+    assert cp.stdout.splitlines()[0] == "Usage: broker run [OPTIONS] RECIPE|SCRIPT.py [-- SCRIPT ARGS]", cp.stdout
     cp = broker("run")  # the usage line of a usage error too
-    assert cp.returncode == 2 and "usage: broker run [OPTIONS] RECIPE" in cp.stderr, cp.stderr
+    assert cp.returncode == 2 and "usage: broker run [OPTIONS] RECIPE|SCRIPT.py [-- SCRIPT ARGS]" in cp.stderr, \
+        cp.stderr
     for path in _leaves():  # every command's --help, through the same entry point
         with pytest.raises(SystemExit) as ex:
             cli.main([*path, "--help"])
@@ -248,7 +249,8 @@ def test_usage_lines_name_arguments_plainly(capsys):
         assert usage.startswith(f"Usage: broker {' '.join(path)} [OPTIONS]"), usage
         args = usage.split("[OPTIONS]", 1)[1]
         assert not re.search(r"[{}<>]", args), usage
-        assert args == args.upper(), usage  # RUN, [NODES], [PROVIDER]...: not run_id, nodes, provider
+        words = re.sub(r"\.py\b", "", args)  # SCRIPT.py: a file's suffix is written as typed
+        assert words == words.upper(), usage  # RUN, [NODES], [PROVIDER]...: not run_id, nodes, provider
 
 
 # ------------------------------------------------------------------------------------------------ -v / -vv
