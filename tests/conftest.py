@@ -72,6 +72,12 @@ def broker_home(tmp_path_factory, monkeypatch):
     settings.cache_clear()
     yield home
     settings.cache_clear()
+    # the journal's writes kept in memory belong to one process's run of broker: a test that left some (a locked or
+    # full ledger) must not make a later in-process CLI call exit +10 for them
+    journal = sys.modules.get("broker.money.journal")
+    if journal is not None:
+        with journal._ALL_LOCK:
+            journal._ALL.clear()
 
 
 def wait_for(cond, timeout: float) -> bool:

@@ -228,7 +228,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     prov.shell, prov.host = sh, sh.host
     base = f"{state.shared_dir}/jobs/{run.id}"
     work = f"{base}/work"
-    attrs = {"host": sh.host, "cluster": run_c.id, "script": f"{work}/{script.name}"}
+    # the row names node 0 as a login ([user@]host, what its schema takes); commands go through the cluster's shell
+    n0 = state.nodes[0]
+    attrs = {"host": f"{n0.user}@{n0.host}", "cluster": run_c.id, "script": f"{work}/{script.name}"}
     job_id: str | None = None
     status, reason = "failed", ""
     info = None

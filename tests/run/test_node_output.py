@@ -150,8 +150,9 @@ def test_a_symlink_on_the_node_out_of_its_work_folder_is_not_followed(lying, tmp
     got = run_dir / "artifacts" / "node0"
     assert _files(got) == ["inside"] and (got / "inside").read_text() == "fine\n"
     assert res.status == "failed"
-    assert "'passwd' (a symlink to /etc/passwd, outside node 0's work folder)" in res.reason
-    assert f"'keys/id_rsa' (a symlink to {outside / 'id_rsa'}" in res.reason
+    # the node's target shown quoted: a name from a node may hold anything, control characters included
+    assert "'passwd' (a symlink to '/etc/passwd', outside node 0's work folder)" in res.reason
+    assert f"'keys/id_rsa' (a symlink to '{outside / 'id_rsa'}'" in res.reason
 
 
 def test_a_huge_artifact_is_refused_with_the_file_and_the_cap(lying, monkeypatch):
@@ -406,7 +407,7 @@ def test_slurm_login_node_artifacts_are_resolved_there_and_capped(tmp_path):
     assert SlurmExecutor._fetch_remote(ex, "ckpt.pt", root, budget) is True
     assert (root / "ckpt.pt").read_bytes() == b"w" * 100
     assert SlurmExecutor._fetch_remote(ex, "missing.pt", root, budget) is False
-    with pytest.raises(RefusedArtifact, match="a symlink to /etc/hosts, outside the job folder"):
+    with pytest.raises(RefusedArtifact, match="a symlink to '/etc/hosts', outside the job folder"):
         SlurmExecutor._fetch_remote(ex, "hosts", root, budget)
     with pytest.raises(RefusedArtifact, match="over the 1000 bytes cap"):
         SlurmExecutor._fetch_remote(ex, "big.pt", root, budget)

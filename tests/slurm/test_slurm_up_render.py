@@ -241,11 +241,12 @@ def test_run_on_an_unknown_or_ended_cluster_is_refused(tmp_path):
     opts = SlurmOptions(cluster="20260101-000000-abcdef")
     prov = sc.attach(opts, led)
     assert opts.remote_base == f"{tmp_path}/c/shared/jobs" and opts.python == sys.executable
-    assert opts.host == prov.shell.host and prov.shell.argv(["true"])[0] == "ssh"
+    # the job row names node 0 as a login (what the row schema takes); commands go through the cluster's shell
+    assert opts.host.endswith("@198.18.7.10") and prov.host == opts.host and prov.shell.argv(["true"])[0] == "ssh"
     # `broker down JOB_RUN` (a plain SlurmProvider) reaches a job on the cluster through its node 0
     from broker.providers.slurm import SlurmProvider
 
-    sh = SlurmProvider()._shell_for({"host": prov.shell.host, "cluster": "20260101-000000-abcdef"})
+    sh = SlurmProvider()._shell_for({"host": opts.host, "cluster": "20260101-000000-abcdef"})
     assert sh.argv(["scancel", "7"])[-2:] == ["198.18.7.10", f"export SLURM_CONF={tmp_path}/c/etc/slurm.conf "
                                                                    f"TMPDIR={tmp_path}/c/shared/tmp; scancel 7"]
 
