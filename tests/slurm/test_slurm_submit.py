@@ -104,10 +104,10 @@ def test_the_fixed_file_runs_on_both_nodes_and_is_a_run_in_the_ledger(cluster):
     assert m, out
     run_id, job_id = m.groups()
     assert f"job {job_id} RUNNING" in " ".join(err.split())  # followed through squeue
-    # the job's own --output/--error files, fetched into the run folder
+    # the job's own --output/--error files, fetched into the run folder's outputs/ (never over broker's own files)
     run_dir = home / "runs" / run_id
-    assert (run_dir / f"train_ddp-{job_id}.out").read_text().count("all_reduce sum=1") == 2
-    assert (run_dir / f"train_ddp-{job_id}.err").exists()
+    assert (run_dir / "outputs" / f"train_ddp-{job_id}.out").read_text().count("all_reduce sum=1") == 2
+    assert (run_dir / "outputs" / f"train_ddp-{job_id}.err").exists()
     # a run in the ledger: status, logs per node, cost
     st = broker(home, "status", run_id, "--json")
     assert st.returncode == 0, st.stderr
