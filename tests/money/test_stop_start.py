@@ -307,16 +307,22 @@ def test_aws_stop_and_start_against_moto_bill_the_ebs_volume(tmp_path, monkeypat
 
 
 # ------------------------------------------------------------------------------------------- the CLI
-def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
-    home = Path(cli_env["BROKER_HOME"])
-    led = Ledger(home / "ledger.sqlite")
+def _fake_instance(led: Ledger, home: Path, state_name: str) -> tuple[Run, Resource, Path]:
+    """A run in ``led`` with one fake instance ``fake-i-1`` at $2/h, in ``state_name`` in the fake cloud's state
+    file under ``home``: (run, its ledger row, the state file)."""
     run = _run(led, "fake")
     state = home / "fake-cloud.json"
     state.write_text(json.dumps({"instances": {"fake-i-1": {
-        "id": "fake-i-1", "state": "running", "created_at": 0, "zone": "fake-zone-1", "instance_type": "fake.1",
+        "id": "fake-i-1", "state": state_name, "created_at": 0, "zone": "fake-zone-1", "instance_type": "fake.1",
         "usd_per_hour": 2.0, "tags": {"broker-run": run.id}, "client_token": "t", "name": "n0", "gpu_count": 1}},
         "networks": {}}))
-    res = _instance(led, run, "fake", "fake-i-1")
+    return run, _instance(led, run, "fake", "fake-i-1"), state
+
+
+def test_cli_stop_status_cost_and_start_on_the_fake_cloud(cli_env, tmp_path):
+    home = Path(cli_env["BROKER_HOME"])
+    led = Ledger(home / "ledger.sqlite")
+    run, res, state = _fake_instance(led, home, "running")
 
     def cli(*args):
         return subprocess.run([cli_env.get("PYTHON", "python"), "-m", "broker", *args], cwd=REPO, env=cli_env,
@@ -412,13 +418,7 @@ def _stopped_fake(cli_env):
     """A ledger run with one stopped fake instance (its state file says so too): (run, resource, state path)."""
     home = Path(cli_env["BROKER_HOME"])
     led = Ledger(home / "ledger.sqlite")
-    run = _run(led, "fake")
-    state = home / "fake-cloud.json"
-    state.write_text(json.dumps({"instances": {"fake-i-1": {
-        "id": "fake-i-1", "state": "stopped", "created_at": 0, "zone": "fake-zone-1", "instance_type": "fake.1",
-        "usd_per_hour": 2.0, "tags": {"broker-run": run.id}, "client_token": "t", "name": "n0", "gpu_count": 1}},
-        "networks": {}}))
-    res = _instance(led, run, "fake", "fake-i-1")
+    run, res, state = _fake_instance(led, home, "stopped")
     led.update_resource(res.id, state="stopped", stopped_usd_per_hour=0.02)
     led.close()
     return run, res, state
