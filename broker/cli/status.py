@@ -16,7 +16,6 @@ active whose CLI process is dead on this machine is marked ``interrupted`` (as t
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import typer
