@@ -46,3 +46,51 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
     return out.run, out.result
 
+
+
+class DeadlineNow:
+    """Brings a supervised run's wall-clock deadline forward: installed with ``monkeypatch``, the supervisor's clock
+    (``broker.run.supervisor``'s ``time.monotonic``) runs as the real one until :meth:`after` fires, then jumps
+    ``jump_s`` ahead, so the next supervision tick finds the deadline passed.  A test that needs a run to reach its
+    deadline at a given point (the hang reached, a report made) then waits for that event, not for a deadline long
+    enough for a loaded machine's start-up.  Everything else (the stall watch's own clock, the nodes) keeps real time.
+    """
+
+    def __init__(self, monkeypatch, jump_s: float = 100_000.0):
+        import time as real_time
+        from broker.run import supervisor
+
+        self._time = real_time
+        self._jump_s = jump_s
+        self.offset = 0.0
+        self.fired_at: float | None = None
+        self._armed = False
+        clock = self
+
+        class _Time:
+            def __getattr__(self, name):
+                return getattr(real_time, name)
+
+            @staticmethod
+            def monotonic() -> float:
+                return real_time.monotonic() + clock.offset
+
+        monkeypatch.setattr(supervisor, "time", _Time())
+
+    def now(self) -> None:
+        """The deadline passes at the supervisor's next tick."""
+        if self.fired_at is None:
+            self.fired_at = self._time.monotonic()
+            self.offset = self._jump_s
+
+    def after(self, delay_s: float) -> None:
+        """The deadline passes ``delay_s`` seconds from now (a timer thread; the caller, often an echo, returns).
+        Only the first call counts."""
+        import threading
+
+        if self._armed:
+            return
+        self._armed = True
+        t = threading.Timer(delay_s, self.now)
+        t.daemon = True
+        t.start()
