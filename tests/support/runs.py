@@ -49,16 +49,19 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
 
 
 class DeadlineNow:
-    """Brings a supervised run's wall-clock deadline forward: installed with ``monkeypatch``, the supervisor's clock
-    (``broker.run.supervisor``'s ``time.monotonic``) runs as the real one until :meth:`after` fires, then jumps
-    ``jump_s`` ahead, so the next supervision tick finds the deadline passed.  A test that needs a run to reach its
-    deadline at a given point (the hang reached, a report made) then waits for that event, not for a deadline long
-    enough for a loaded machine's start-up.  Everything else (the stall watch's own clock, the nodes) keeps real time.
+    """Brings a run's wall-clock deadline forward: installed with ``monkeypatch``, the clock the deadline is measured
+    with (``module``'s ``time`` module under the name ``attr``: by default :mod:`broker.run.supervisor`'s ``time``;
+    the Slurm executor's is ``time_mod``) runs as the real one until :meth:`now` / :meth:`after` fires, then jumps
+    ``jump_s`` ahead, so the next tick finds the deadline passed.  A test that needs a run to reach its deadline at
+    a given point (the hang reached, a report made) then waits for that event, not for a deadline long enough for a
+    loaded machine's start-up.  Everything else (the stall watch's own clock, the nodes) keeps real time.
     """
 
-    def __init__(self, monkeypatch, jump_s: float = 100_000.0):
+    def __init__(self, monkeypatch, module=None, attr: str = "time", jump_s: float = 100_000.0):
         import time as real_time
-        from broker.run import supervisor
+
+        if module is None:
+            from broker.run import supervisor as module
 
         self._time = real_time
         self._jump_s = jump_s
@@ -75,7 +78,7 @@ class DeadlineNow:
             def monotonic() -> float:
                 return real_time.monotonic() + clock.offset
 
-        monkeypatch.setattr(supervisor, "time", _Time())
+        monkeypatch.setattr(module, attr, _Time())
 
     def now(self) -> None:
         """The deadline passes at the supervisor's next tick."""
