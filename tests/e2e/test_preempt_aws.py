@@ -34,7 +34,7 @@ def _recipe(tmp_path: Path):
     work = tmp_path / "recipe"
     shutil.copytree(REPO / "recipes", work, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
     (work / "r.yaml").write_text(
-        "name: aws-spot-preempt\nscript: ddp_train.py\nargs: [--epochs, '80', --resume-dir, ck]\nnodes: 1\n"
+        "name: aws-spot-preempt\nscript: ddp_train.py\nargs: [--epochs, '40', --resume-dir, ck]\nnodes: 1\n"
         "cpu_ok: true\ntopology: simulated\nbudget_usd: 5\nmax_hours: 0.2\ndisk_gib: 40\n"
         "interruptible: true\ncheckpoint_dir: ck\ncheckpoint_every_s: 1\n"
         "env: {DDP_TIMEOUT_S: '60', PYTHONWARNINGS: ignore}\nexpect: ['DDP_OK']\n")

@@ -62,7 +62,7 @@ def test_gcp_spot_vm_preempted_mid_run_is_rented_again_and_the_job_resumes(netns
         work = tmp_path / "recipe"
         shutil.copytree(REPO / "recipes", work, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
         (work / "r.yaml").write_text(
-            "name: gcp-preempt\nscript: ddp_train.py\nargs: [--epochs, '80', --resume-dir, ck]\nnodes: 2\n"
+            "name: gcp-preempt\nscript: ddp_train.py\nargs: [--epochs, '40', --resume-dir, ck]\nnodes: 2\n"
             "cpu_ok: true\ntopology: simulated\nbudget_usd: 10\nmax_hours: 0.2\ngpu: {models: [T4]}\n"
             "interruptible: true\ncheckpoint_dir: ck\ncheckpoint_every_s: 1\nmax_restarts: 2\n"
             "env: {DDP_TIMEOUT_S: '60', PYTHONWARNINGS: ignore}\nexpect: ['DDP_OK']\n")

@@ -35,7 +35,7 @@ def test_vast_host_killed_mid_run_is_rented_again_and_the_job_resumes(netns_host
         work = tmp_path / "recipe"
         shutil.copytree(REPO / "recipes", work, ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
         (work / "r.yaml").write_text(
-            "name: vast-preempt\nscript: ddp_train.py\nargs: [--epochs, '80', --resume-dir, ck]\nnodes: 2\n"
+            "name: vast-preempt\nscript: ddp_train.py\nargs: [--epochs, '40', --resume-dir, ck]\nnodes: 2\n"
             "cpu_ok: true\ntopology: simulated\nbudget_usd: 5\nmax_hours: 0.2\ndisk_gib: 40\n"
             "interruptible: true\ncheckpoint_dir: ck\ncheckpoint_every_s: 1\n"
             "env: {DDP_TIMEOUT_S: '60', PYTHONWARNINGS: ignore}\nexpect: ['DDP_OK']\n")

@@ -64,14 +64,23 @@ def test_a_real_hang_is_named_with_both_ranks_places_and_stopped(tmp_path):
     assert "SignalException" in (tmp_path / "run" / "node0.log").read_text()
 
 
-def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path):
+def test_on_stall_report_keeps_the_run_going_to_its_deadline(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from broker.run.diagnose import explain
-    from tests.support.runs import run_local
+    from tests.support.runs import DeadlineNow, run_local
 
+    # the deadline comes 3 s after the report (the run went on past it), however long start-up took on a loaded
+    # host; the spec's own 120 s is only the backstop
+    deadline = DeadlineNow(monkeypatch)
     lines: list[str] = []
-    res = run_local(_hang_spec(4, "report", 60), tmp_path / "run", echo=lines.append)  # 60 s: start-up is slow on a loaded host
-    assert res.status == "deadline", res.reason
+
+    def echo(line: str) -> None:
+        lines.append(line)
+        if "on_stall: report -> the run goes on" in line:
+            deadline.after(3)
+
+    res = run_local(_hang_spec(4, "report", 120), tmp_path / "run", echo=echo)
+    assert res.status == "deadline" and deadline.fired_at is not None, (res.reason, lines[-20:])
     assert any("on_stall: report -> the run goes on" in ln for ln in lines), lines
     st = json.loads((tmp_path / "run" / "stall.json").read_text())
     assert not st["stopped"] and st["ranks"][1]["code"] == "time.sleep(600)"
@@ -453,15 +462,27 @@ def test_broker_run_pipeline_uses_the_recipes_stall_s_and_exits_1_with_the_place
     assert (Path(out.run.run_dir) / "diagnosis.txt").read_text().startswith("stalled: ")
 
 
-def test_a_deadline_report_says_where_every_rank_was(tmp_path):
+def test_a_deadline_report_says_where_every_rank_was(tmp_path, monkeypatch):
     """stall_s longer than the deadline: the deadline stops the hang, and its report is not empty: one stack
     sample names both ranks' places, and no node is blamed."""
     pytest.importorskip("torch")
     from broker.run.diagnose import explain
-    from tests.support.runs import run_local
+    from tests.support.runs import DeadlineNow, run_local
 
-    res = run_local(_hang_spec(600, "stop", 25), tmp_path / "run", echo=None)
-    assert res.status == "deadline", res.reason
+    # the deadline comes 2 s after both ranks said they started (rank 0 then waits in all_reduce, rank 1 sleeps),
+    # however long start-up took; the spec's own 120 s is only the backstop
+    deadline = DeadlineNow(monkeypatch)
+    started: set[str] = set()
+
+    def echo(line: str) -> None:
+        for rank in ("0", "1"):
+            if f"rank {rank}: started" in line:
+                started.add(rank)
+        if len(started) == 2:
+            deadline.after(2)
+
+    res = run_local(_hang_spec(600, "stop", 120), tmp_path / "run", echo=echo)
+    assert res.status == "deadline" and deadline.fired_at is not None, res.reason
     text = "\n".join(explain(tmp_path / "run", res, 2).lines())
     assert text.startswith("at the deadline: rank 0 waits in all_reduce at fault.py:"), text
     assert "rank 1 never called all_reduce: it is in time.sleep" in text and "failed first" not in text

@@ -66,6 +66,41 @@ def cluster():
             shutil.rmtree(home, ignore_errors=True)
 
 
+class Submit:
+    """``broker slurm submit SCRIPT --cluster CID`` started in the background, its stderr read as it comes: waiting
+    for the job to run is waiting for submit's own "job N RUNNING" line (it follows the job through squeue), not
+    polling another broker command."""
+
+    def __init__(self, home: Path, script: Path, cid: str):
+        import threading
+
+        env = {**os.environ, "BROKER_HOME": str(home), "PYTHONWARNINGS": "ignore", "BROKER_WATCHDOG_AUTOSTART": "0"}
+        env.pop("SLURM_CONF", None)
+        self.p = subprocess.Popen([sys.executable, "-m", "broker", "slurm", "submit", str(script), "--cluster", cid],
+                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.err: list[str] = []
+        self.running = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stderr:
+            self.err.append(line)
+            if re.search(r"job \d+ RUNNING", " ".join(line.split())):
+                self.running.set()
+
+    def finish(self, timeout: float) -> tuple[str, str]:
+        """Wait for the command to end; returns (stdout, stderr)."""
+        out = self.p.stdout.read()
+        self.p.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return out, "".join(self.err)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+
+
 def _queue(home: Path, cid: str) -> list:
     st = broker(home, "slurm", "status", cid, "--json")
     assert st.returncode == 0, st.stderr
@@ -165,26 +200,18 @@ def test_ssh_and_exec_reach_the_nodes(cluster):
 @pytest.mark.timeout(300)
 def test_ctrl_c_cancels_the_job_and_ends_the_run(cluster, tmp_path):
     import signal
-    import time
 
     home, cid = cluster
     (tmp_path / "sleep.sh").write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=5\necho started\nsleep 300\n")
-    env = {**os.environ, "BROKER_HOME": str(home), "PYTHONWARNINGS": "ignore", "BROKER_WATCHDOG_AUTOSTART": "0"}
-    env.pop("SLURM_CONF", None)
-    p = subprocess.Popen([sys.executable, "-m", "broker", "slurm", "submit", str(tmp_path / "sleep.sh"), "--cluster",
-                          cid], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sub = Submit(home, tmp_path / "sleep.sh", cid)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not [j for j in _queue(home, cid) if j["state"] == "RUNNING"]:
-            time.sleep(1)
+        assert sub.running.wait(120), "".join(sub.err)[-3000:]
         assert [j["state"] for j in _queue(home, cid)] == ["RUNNING"]
-        time.sleep(2)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=120)
+        sub.p.send_signal(signal.SIGINT)
+        out, err = sub.finish(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 130, (out[-2000:], err[-3000:])
+        sub.kill()
+    assert sub.p.returncode == 130, (out[-2000:], err[-3000:])
     assert _queue(home, cid) == []  # scancelled
     run_id = re.search(r"run (\d{8}-\d{6}-\w+)", err).group(1)
     st = broker(home, "status", run_id, "--json")

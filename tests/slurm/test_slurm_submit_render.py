@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.test_slurm_submit import REPO, broker, cluster, pytestmark  # noqa: F401 - the module's cluster fixture
+from tests.slurm.test_slurm_submit import REPO, Submit, broker, cluster, pytestmark  # noqa: F401 - the module's cluster fixture
 
 
 @pytest.mark.timeout(400)
@@ -81,31 +81,21 @@ def _no_local_squeue(cp) -> None:
 
 @pytest.mark.timeout(300)
 def test_reconcile_asks_the_clusters_controller_and_a_down_cluster_holds_no_job(cluster, tmp_path):
-    import os
     import signal
-    import subprocess
-    import sys
-    import time
 
     home, cid = cluster
     (tmp_path / "sleep.sh").write_text("#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --time=3\necho started\nsleep 120\n")
-    env = {**os.environ, "BROKER_HOME": str(home), "PYTHONWARNINGS": "ignore", "BROKER_WATCHDOG_AUTOSTART": "0"}
-    env.pop("SLURM_CONF", None)
-    p = subprocess.Popen([sys.executable, "-m", "broker", "slurm", "submit", str(tmp_path / "sleep.sh"), "--cluster",
-                          cid], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sub = Submit(home, tmp_path / "sleep.sh", cid)
     try:
-        stop = time.monotonic() + 120
-        while time.monotonic() < stop and "RUNNING" not in broker(home, "slurm", "status", cid, "--json").stdout:
-            time.sleep(1)
+        assert sub.running.wait(120), "".join(sub.err)[-3000:]
         cp = broker(home, "reconcile")  # the live job is the cluster's, known to the ledger: nothing to report
         assert cp.returncode == 0, (cp.stdout[-2000:], cp.stderr[-2000:])
         _no_local_squeue(cp)
         _no_local_squeue(broker(home, "status"))
-        p.send_signal(signal.SIGINT)
-        p.communicate(timeout=120)
+        sub.p.send_signal(signal.SIGINT)
+        sub.finish(timeout=120)
     finally:
-        if p.poll() is None:
-            p.kill()
+        sub.kill()
     cp = broker(home, "slurm", "down", cid)
     assert cp.returncode == 0, cp.stderr[-2000:]
     cp = broker(home, "reconcile")  # the cluster is gone, and with it its jobs

@@ -46,3 +46,54 @@ def run_recipe_slurm(recipe: Recipe, *, ledger, echo: Callable[[str], None] | No
     out = run_pipeline(recipe, target, ledger=ledger, hooks=Hooks(echo=echo, on_start=on_start))
     return out.run, out.result
 
+
+
+class DeadlineNow:
+    """Brings a run's wall-clock deadline forward: installed with ``monkeypatch``, the clock the deadline is measured
+    with (``module``'s ``time`` module under the name ``attr``: by default :mod:`broker.run.supervisor`'s ``time``;
+    the Slurm executor's is ``time_mod``) runs as the real one until :meth:`now` / :meth:`after` fires, then jumps
+    ``jump_s`` ahead, so the next tick finds the deadline passed.  A test that needs a run to reach its deadline at
+    a given point (the hang reached, a report made) then waits for that event, not for a deadline long enough for a
+    loaded machine's start-up.  Everything else (the stall watch's own clock, the nodes) keeps real time.
+    """
+
+    def __init__(self, monkeypatch, module=None, attr: str = "time", jump_s: float = 100_000.0):
+        import time as real_time
+
+        if module is None:
+            from broker.run import supervisor as module
+
+        self._time = real_time
+        self._jump_s = jump_s
+        self.offset = 0.0
+        self.fired_at: float | None = None
+        self._armed = False
+        clock = self
+
+        class _Time:
+            def __getattr__(self, name):
+                return getattr(real_time, name)
+
+            @staticmethod
+            def monotonic() -> float:
+                return real_time.monotonic() + clock.offset
+
+        monkeypatch.setattr(module, attr, _Time())
+
+    def now(self) -> None:
+        """The deadline passes at the supervisor's next tick."""
+        if self.fired_at is None:
+            self.fired_at = self._time.monotonic()
+            self.offset = self._jump_s
+
+    def after(self, delay_s: float) -> None:
+        """The deadline passes ``delay_s`` seconds from now (a timer thread; the caller, often an echo, returns).
+        Only the first call counts."""
+        import threading
+
+        if self._armed:
+            return
+        self._armed = True
+        t = threading.Timer(delay_s, self.now)
+        t.daemon = True
+        t.start()
