@@ -3,7 +3,9 @@
 Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
 
 * ``ssh`` -- every node answered;
-* ``torch`` -- importable on every node, one version everywhere;
+* ``torch`` -- present on every node, one version everywhere; a CPU build is read from its installed files (the
+  job imports torch right after: a broken CPU build shows in the job's own start), a GPU build is imported (the
+  devices it sees, its NCCL) -- :mod:`broker.run.probe_script`;
 * ``cuda`` -- GPUs visible per node >= processes per node; none visible: FAIL (``nccl`` needs CUDA) unless the
   recipe allows a CPU logic check (``cpu_ok``: WARN, gloo on CPU);
 * ``interface`` -- which interface holds the node's private address (``ip -o -4 addr``); FAIL when none does, or
