@@ -7,8 +7,9 @@
 2. preflight (:mod:`broker.run.preflight`): one table of checks; any FAIL ends the run before launch (status
    ``failed``, nothing started);
 3. upload the recipe's ``workdir`` (a tar.gz over SFTP, unpacked there) to ``<workroot>/<run_id>/node<i>/work``
-   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem) and the node's
-   environment as ``env.sh`` (mode 0600; values never appear on a command line or in the logs);
+   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem), started beside
+   preflight's checks (a failed preflight cancels it), then the node's environment as ``env.sh`` (mode 0600; values
+   never appear on a command line or in the logs; it needs the interface preflight finds);
 4. run the recipe's ``setup`` commands once per node (all nodes in parallel);
 5. start ``<cluster.python> -m torch.distributed.run --nnodes --nproc_per_node --node_rank=i
    --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
