@@ -27,7 +27,19 @@ from broker.run.launch import free_port, torchrun_argv  # noqa: E402
 from broker.core.recipe import load_recipe  # noqa: E402
 
 
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+#: CPU seconds (user + system) of each side's last run, its whole process tree (the processes it waited for)
+CPU: dict[str, float] = {}
+
+
 def bare(recipe, env, node_envs) -> float:
+    c0 = _children_cpu()
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
@@ -38,16 +50,19 @@ def bare(recipe, env, node_envs) -> float:
                  for i in range(2)]
         codes = [p.wait(timeout=300) for p in procs]
         dt = time.perf_counter() - t0
+    CPU["bare"] = _children_cpu() - c0
     if codes != [0, 0]:
         raise SystemExit(f"bare run failed: {codes}")
     return dt
 
 
 def broker(env) -> float:
+    c0 = _children_cpu()
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "broker", "run", "recipes/ddp_2node.yaml", "--quiet"], cwd=REPO, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=300)
     dt = time.perf_counter() - t0
+    CPU["broker"] = _children_cpu() - c0
     if p.returncode != 0:
         raise SystemExit(f"broker run failed ({p.returncode}): {p.stderr[-2000:]}")
     return dt
@@ -75,7 +90,7 @@ def main() -> None:
             compileall.compile_dir(str(REPO / d), quiet=1)
         bare(recipe, env, node_envs)  # warm the page cache
         broker(env)  # and the first run's lint cache (every later run of an unchanged script reads it)
-        b, k, ratios = [], [], []
+        b, k, ratios, cpu_ratios, cpu_extra = [], [], [], [], []
         for i in range(a.runs):
             # a pair: both sides back to back, the order swapped every round so neither always runs first
             # (a load spike hits the pair, and the ratio within it, not one side's median)
@@ -88,6 +103,8 @@ def main() -> None:
             b.append(bt)
             k.append(kt)
             ratios.append(kt / bt)
+            cpu_ratios.append(CPU["broker"] / CPU["bare"])
+            cpu_extra.append(CPU["broker"] - CPU["bare"])
     mb, mk, mr = statistics.median(b), statistics.median(k), statistics.median(ratios)
     la = os.getloadavg()
     print(f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f}")
@@ -96,6 +113,10 @@ def main() -> None:
     print(f"paired ratios           : {[round(x, 3) for x in ratios]}")
     print(f"ratio broker / bare     : {mr:.3f} (median of the {len(ratios)} paired ratios; overhead "
           f"{100 * (mr - 1):+.1f} %, goal < +10 %; ratio of the medians {mk / mb:.3f})")
+    print(f"CPU, whole process trees  : broker / bare median {statistics.median(cpu_ratios):.3f} (pairs "
+          f"{' '.join(f'{x:.3f}' for x in cpu_ratios)}); broker's extra CPU median "
+          f"{statistics.median(cpu_extra):.2f} s (its CLI, the rank shim; a watchdog it starts runs detached and "
+          "is not counted)")
 
 if __name__ == "__main__":
     main()

@@ -129,15 +129,15 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
     wd = watchdog_state(now)
     runs = ledger.list_runs(limit=limit)
     live = ledger.resources(live_only=True)
-    run_ids = {r.id for r in runs} | {r.run_id for r in live}
-    run_by_id = {}
-    for rid in run_ids:
+    run_by_id = {r.id: r for r in runs}
+    for rid in {r.run_id for r in live} - set(run_by_id):  # a live resource of an older run
         run = ledger.get_run(rid)
         if run is not None and run.id == rid:
             run_by_id[rid] = run
+    res_by_run = ledger.resources_of(r.id for r in runs)
     out_runs = []
     for run in runs:
-        rc = run_cost(run, ledger.resources(run.id), now).to_dict()
+        rc = run_cost(run, res_by_run[run.id], now).to_dict()
         rc.pop("resources")
         out_runs.append({**run.model_dump(mode="json"), "cost": rc})
     out_live = []

@@ -3,7 +3,9 @@
 Rows (check, node(s), result PASS/WARN/FAIL, detail, fix):
 
 * ``ssh`` -- every node answered;
-* ``torch`` -- importable on every node, one version everywhere;
+* ``torch`` -- present on every node, one version everywhere; a CPU build is read from its installed files (the
+  job imports torch right after: a broken CPU build shows in the job's own start), a GPU build is imported (the
+  devices it sees, its NCCL) -- :mod:`broker.run.probe_script`;
 * ``cuda`` -- GPUs visible per node >= processes per node; none visible: FAIL (``nccl`` needs CUDA) unless the
   recipe allows a CPU logic check (``cpu_ok``: WARN, gloo on CPU);
 * ``interface`` -- which interface holds the node's private address (``ip -o -4 addr``); FAIL when none does, or
@@ -455,22 +457,41 @@ def _cause(state: str, src: int, dst: int, info: dict[int, dict[str, Any]], port
 
 def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[Any],
            net: tuple[dict[tuple[int, int], Any], dict[int, Any]] | BaseException) -> PreflightReport:
+    """The preflight table from what the nodes answered: ``infos`` (each node's probe facts, or the exception its
+    probe raised) and ``net`` (the TCP probes' results, or the exception that ended them)."""
     cluster = ssh.cluster
     n = len(cluster.nodes)
     rep = PreflightReport()
-    checks = rep.checks
     info: dict[int, dict[str, Any]] = {i: d for i, d in enumerate(infos) if isinstance(d, dict)}
     rep.info = info
     all_nodes = ",".join(map(str, range(n)))
-    # ssh + probe
+    checks = rep.checks
+    checks += _ssh_checks(cluster, infos, all_nodes)
+    checks += _torch_checks(cluster, info, all_nodes)
+    checks += _version_checks(info, all_nodes)
+    checks += _disk_checks(info, float(getattr(recipe, "disk_gib", 0) or 0))
+    checks += _cuda_checks(info, recipe)
+    checks += _interface_checks(cluster, recipe, info, rep.ifaces)
+    checks += _mtu_checks(info, rep.ifaces, all_nodes)
+    if isinstance(net, BaseException):
+        checks.append(Check("tcp", all_nodes, "FAIL", f"network probe failed: {net}", "see the node logs"))
+        return rep
+    checks += _tcp_checks(cluster, master_port, info, net, rep.ifaces)
+    return rep
+
+
+def _ssh_checks(cluster: Any, infos: list[Any], all_nodes: str) -> list[Check]:
+    """``ssh``: every node's probe ran (a node whose probe raised: FAIL naming the error)."""
     bad = [(i, d) for i, d in enumerate(infos) if not isinstance(d, dict)]
-    if bad:
-        for i, e in bad:
-            checks.append(Check("ssh", str(i), "FAIL", f"probe could not run: {e}",
-                                f"check that {cluster.python} exists on node {i}"))
-    else:
-        checks.append(Check("ssh", all_nodes, "PASS", f"{n} node(s) answered over ssh"))
-    # torch
+    if not bad:
+        return [Check("ssh", all_nodes, "PASS", f"{len(infos)} node(s) answered over ssh")]
+    return [Check("ssh", str(i), "FAIL", f"probe could not run: {e}", f"check that {cluster.python} exists on node {i}")
+            for i, e in bad]
+
+
+def _torch_checks(cluster: Any, info: dict[int, dict[str, Any]], all_nodes: str) -> list[Check]:
+    """``torch``: importable on every node (FAIL per node naming the import error), one version everywhere."""
+    checks = []
     missing = [i for i, d in info.items() if not d.get("torch")]
     for i in missing:
         checks.append(Check("torch", str(i), "FAIL", f"import torch failed with {cluster.python}: "
@@ -485,7 +506,12 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
             checks.append(Check("torch", all_nodes, "FAIL",
                                 "different torch versions: " + ", ".join(f"node {i}: {v}" for i, v in versions.items()),
                                 "install the same torch version on every node"))
-    # python and NCCL: one version everywhere (torch is compared above)
+    return checks
+
+
+def _version_checks(info: dict[int, dict[str, Any]], all_nodes: str) -> list[Check]:
+    """``python`` and ``nccl``: one version everywhere (torch is compared by :func:`_torch_checks`)."""
+    checks = []
     pys = {i: d["pyversion"] for i, d in info.items() if d.get("pyversion")}
     if len(pys) > 1:
         minors = {".".join(v.split(".")[:2]) for v in pys.values()}
@@ -508,8 +534,12 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
                 f"node {i}: {v}" for i, v in sorted(nccls.items())) + " (ranks with different NCCL versions can "
                 "hang or fail in their first collective)", "install the same torch build (it bundles NCCL) on "
                 "every node, and unset NCCL library overrides (LD_LIBRARY_PATH, NCCL_* plugins)"))
-    # disk: the work root's filesystem against the recipe's disk_gib
-    want = float(getattr(recipe, "disk_gib", 0) or 0)
+    return checks
+
+
+def _disk_checks(info: dict[int, dict[str, Any]], want: float) -> list[Check]:
+    """``disk``: free space on each node's work root filesystem against the recipe's ``disk_gib`` (``want``)."""
+    checks = []
     for i, d in sorted(info.items()):
         dk = d.get("disk") or {}
         if "free_bytes" not in dk:
@@ -527,7 +557,12 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
                                 "free space, or raise disk_gib if checkpoints are large"))
         else:
             checks.append(Check("disk", str(i), "PASS", where + (f" (disk_gib {want:g})" if want else "")))
-    # cuda
+    return checks
+
+
+def _cuda_checks(info: dict[int, dict[str, Any]], recipe: "Recipe") -> list[Check]:
+    """``cuda``: GPUs visible per node >= processes per node; none: WARN with ``cpu_ok`` (gloo on CPU), else FAIL."""
+    checks = []
     need = recipe.gpus_per_node
     for i, d in info.items():
         if "gpus" not in d:
@@ -547,26 +582,23 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
         else:
             checks.append(Check("cuda", str(i), "FAIL", f"{g} GPU(s) visible but {need} process(es) per node",
                                 "lower gpus_per_node or use nodes with more GPUs (check CUDA_VISIBLE_DEVICES)"))
-    # interfaces
+    return checks
+
+
+def _interface_checks(cluster: Any, recipe: "Recipe", info: dict[int, dict[str, Any]],
+                      ifaces: dict[int, str]) -> list[Check]:
+    """``interface``: which interface holds each node's private address (recorded in ``ifaces``); FAIL when none
+    does (IPv6-only named as such) or when a forced GLOO/NCCL_SOCKET_IFNAME names another one."""
+    checks = []
     for i, d in info.items():
         node = cluster.nodes[i]
         iface = d.get("private_iface")
         ifs = d.get("ifaces") or {}
         have = ", ".join(f"{k}={'/'.join(v['addrs']) or '-'}" for k, v in ifs.items())
         if not iface:
-            v6 = d.get("private_iface6") or next((k for k, a in (d.get("ifaces6") or {}).items()
-                                                  if node.private_ip in a), None)
-            if v6 or ":" in node.private_ip:
-                checks.append(Check("interface", str(i), "FAIL", f"private address {node.private_ip} is IPv6-only "
-                                    f"(on {v6 or 'no interface'} of node {i}; IPv4: {have}): torchrun's master "
-                                    "address, gloo/NCCL's socket interface and these probes need an IPv4 private "
-                                    "address", "give the nodes IPv4 private addresses (a dual-stack subnet / VPC "
-                                    "/ VCN) and use those"))
-                continue
-            checks.append(Check("interface", str(i), "FAIL", f"private address {node.private_ip} is on no interface "
-                                f"of node {i} (has {have})", "use the node's private IP from `ip -o -4 addr`"))
+            checks.append(_no_interface(i, node.private_ip, d, have))
             continue
-        rep.ifaces[i] = iface
+        ifaces[i] = iface
         forced = {v: (recipe.env | node.env).get(v) for v in IFNAME_VARS}
         wrong = {v: x for v, x in forced.items() if x and x != iface}
         if wrong:
@@ -583,21 +615,39 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
         else:
             checks.append(Check("interface", str(i), "PASS", f"{node.private_ip} on {iface} (mtu "
                                 f"{ifs.get(iface, {}).get('mtu')}); NCCL/GLOO_SOCKET_IFNAME={iface}"))
-    # mtu
-    mtus = {i: (info[i].get("ifaces") or {}).get(rep.ifaces[i], {}).get("mtu") for i in rep.ifaces}
-    if len(mtus) > 1:
-        if len(set(mtus.values())) == 1:
-            checks.append(Check("mtu", all_nodes, "PASS", f"MTU {next(iter(mtus.values()))} on every node"))
-        else:
-            checks.append(Check("mtu", all_nodes, "FAIL",
-                                "MTU differs: " + ", ".join(f"node {i} {rep.ifaces[i]}={m}" for i, m in mtus.items())
-                                + " (large frames are dropped: the job hangs mid-training)",
-                                "set one MTU on every node's private interface (`ip link set dev IF mtu N`), "
-                                "e.g. the smallest"))
-    # tcp probes
-    if isinstance(net, BaseException):
-        checks.append(Check("tcp", all_nodes, "FAIL", f"network probe failed: {net}", "see the node logs"))
-        return rep
+    return checks
+
+
+def _no_interface(i: int, ip: str, d: dict[str, Any], have: str) -> Check:
+    """The FAIL row of node ``i`` whose private address ``ip`` is on no IPv4 interface (``have``: what it has)."""
+    v6 = d.get("private_iface6") or next((k for k, a in (d.get("ifaces6") or {}).items() if ip in a), None)
+    if v6 or ":" in ip:
+        return Check("interface", str(i), "FAIL", f"private address {ip} is IPv6-only (on {v6 or 'no interface'} "
+                     f"of node {i}; IPv4: {have}): torchrun's master address, gloo/NCCL's socket interface and "
+                     "these probes need an IPv4 private address", "give the nodes IPv4 private addresses (a "
+                     "dual-stack subnet / VPC / VCN) and use those")
+    return Check("interface", str(i), "FAIL", f"private address {ip} is on no interface of node {i} (has {have})",
+                 "use the node's private IP from `ip -o -4 addr`")
+
+
+def _mtu_checks(info: dict[int, dict[str, Any]], ifaces: dict[int, str], all_nodes: str) -> list[Check]:
+    """``mtu``: the private interfaces' MTUs are equal (a mismatch drops large frames: a hang mid-training)."""
+    mtus = {i: (info[i].get("ifaces") or {}).get(ifaces[i], {}).get("mtu") for i in ifaces}
+    if len(mtus) <= 1:
+        return []
+    if len(set(mtus.values())) == 1:
+        return [Check("mtu", all_nodes, "PASS", f"MTU {next(iter(mtus.values()))} on every node")]
+    return [Check("mtu", all_nodes, "FAIL",
+                  "MTU differs: " + ", ".join(f"node {i} {ifaces[i]}={m}" for i, m in mtus.items())
+                  + " (large frames are dropped: the job hangs mid-training)",
+                  "set one MTU on every node's private interface (`ip link set dev IF mtu N`), e.g. the smallest")]
+
+
+def _tcp_checks(cluster: Any, master_port: int, info: dict[int, dict[str, Any]],
+                net: tuple[dict[tuple[int, int], Any], dict[int, Any]], ifaces: dict[int, str]) -> list[Check]:
+    """``tcp listen`` (a node that could not listen) and ``tcp i->j`` for every ordered pair, a failed one with its
+    likely cause and fix (:func:`_cause`)."""
+    checks = []
     pairs, lerr = net
     for j, e in lerr.items():
         fix = f"choose another --port (this one is in use on node {j})" if "listen on port" in str(e) else \
@@ -619,11 +669,11 @@ def _judge(ssh: "SSHCluster", recipe: "Recipe", master_port: int, infos: list[An
             checks.append(Check(label, nodes, "PASS", f"{dst}: " + ", ".join(parts)))
         else:
             ips = {k: nd.private_ip for k, nd in enumerate(cluster.nodes)}
-            cause, fix = _cause(failed[0]["state"], i, j, info, failed[0]["port"], ips, dict(rep.ifaces),
+            cause, fix = _cause(failed[0]["state"], i, j, info, failed[0]["port"], ips, dict(ifaces),
                                 tunnel=cluster.topology.value == "hybrid")
             checks.append(Check(label, nodes, "FAIL", f"{dst}: " + ", ".join(parts) + f"; likely cause: {cause}",
                                 fix))
-    return rep
+    return checks
 
 
 def run_preflight(ssh: "SSHCluster", recipe: "Recipe", master_port: int) -> PreflightReport:

@@ -166,9 +166,49 @@ def _sys_ifaces():
         return []
 
 
-def info(private_ip, disk_path=None):
-    res = {"hostname": socket.gethostname(), "python": sys.executable, "pyversion": sys.version.split()[0]}
-    t0 = time.time()
+def _torch_files():
+    """torch's facts read from its installed files, without importing it (``import torch`` takes seconds of a
+    node's start-up, and the job imports it again right after): ``{"torch_error": ...}`` when there is no torch
+    (the words ``import torch`` says); for a CPU build (``torch/version.py`` names no CUDA or ROCm) the whole answer
+    the import gives (no GPU, no NCCL); None for a GPU build or files that cannot be read: then only the import
+    answers (devices visible, NCCL version).  A CPU build whose import is broken is caught by the job's own start
+    (its traceback in the node log, the run's reason and diagnosis)."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError) as e:
+        return {"torch_error": "%s: %s" % (type(e).__name__, e)}
+    if spec is None:
+        return {"torch_error": "ModuleNotFoundError: No module named 'torch'"}
+    folders = list(spec.submodule_search_locations or [])
+    if not folders:
+        return None
+    facts = {}
+    try:
+        with open(os.path.join(folders[0], "version.py"), encoding="utf-8") as f:
+            for node in ast.parse(f.read()).body:
+                if isinstance(node, ast.AnnAssign):
+                    target, value = node.target, node.value
+                elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    target, value = node.targets[0], node.value
+                else:
+                    continue
+                if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                    facts[target.id] = value.value
+    except (OSError, SyntaxError, ValueError):
+        return None
+    if not isinstance(facts.get("__version__"), str) or "cuda" not in facts \
+            or any(facts.get(k) for k in ("cuda", "hip", "rocm", "xpu")):
+        return None
+    return {"torch": facts["__version__"], "cuda": False, "cuda_version": None, "gpus": 0, "gpu_names": [],
+            "nccl": False, "nccl_version": None, "torch_from": "files"}
+
+
+def _torch_import(res):
+    """torch's facts from ``import torch`` in a child (its devices, CUDA and NCCL versions) into ``res``, or
+    ``torch_error``: the import's last line of error."""
     code = ("import json,torch;c=torch.cuda.is_available();"
             "print(json.dumps({'torch':torch.__version__,'cuda':c,'cuda_version':torch.version.cuda,"
             "'gpus':torch.cuda.device_count() if c else 0,"
@@ -184,6 +224,16 @@ def info(private_ip, disk_path=None):
             res["torch_error"] = (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         res["torch_error"] = str(e)
+
+
+def info(private_ip, disk_path=None):
+    res = {"hostname": socket.gethostname(), "python": sys.executable, "pyversion": sys.version.split()[0]}
+    t0 = time.time()
+    light = _torch_files()
+    if light is not None:
+        res.update(light)
+    else:
+        _torch_import(res)
     res["torch_import_s"] = round(time.time() - t0, 2)
     ifs = _ifaces()
     res["ifaces"] = ifs

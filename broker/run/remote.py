@@ -7,8 +7,9 @@
 2. preflight (:mod:`broker.run.preflight`): one table of checks; any FAIL ends the run before launch (status
    ``failed``, nothing started);
 3. upload the recipe's ``workdir`` (a tar.gz over SFTP, unpacked there) to ``<workroot>/<run_id>/node<i>/work``
-   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem) and the node's
-   environment as ``env.sh`` (mode 0600; values never appear on a command line or in the logs);
+   (a per-node folder because simulated nodes on one host, and netns nodes, share one filesystem), started beside
+   preflight's checks (a failed preflight cancels it), then the node's environment as ``env.sh`` (mode 0600; values
+   never appear on a command line or in the logs; it needs the interface preflight finds);
 4. run the recipe's ``setup`` commands once per node (all nodes in parallel);
 5. start ``<cluster.python> -m torch.distributed.run --nnodes --nproc_per_node --node_rank=i
    --master_addr=<node 0 private IP> --master_port=<port>`` under ``setsid`` (its process group id goes to
@@ -223,6 +224,8 @@ class SSHExecutor(Executor):
         self.ifaces: dict[int, str] = {}
         #: preflight rows checked before the table's own (a hybrid run's tunnel rows): the first rows of its table
         self.lead_checks: list = []
+        #: the work folder's upload started beside preflight: (plan, its tar, the future of every node's upload)
+        self._upload: Any = None
 
     def _say(self, msg: str) -> None:
         if self.echo is not None:
@@ -310,6 +313,11 @@ class SSHExecutor(Executor):
         if not self.do_preflight:
             self.ifaces = pf.detect_ifaces(ssh)
             return None
+        try:
+            self._start_upload()  # the work folder travels to every node while the checks run
+        except Exception as e:  # noqa: BLE001 - stage() stages it the plain way and reports what fails
+            _log.debug("staging beside preflight not started: %s", e)
+            self._end_upload(timeout=None)
         report = pf.run_preflight(ssh, recipe, self.port)
         for _ in range(3):  # a randomly chosen master port that is busy on node 0: pick another one
             if self.port_given or not report.only_master_port_busy(self.port):
@@ -330,19 +338,71 @@ class SSHExecutor(Executor):
         self.ifaces = report.ifaces
         return None
 
-    def stage(self) -> RemoteRunResult | None:
-        from broker.run.staging import recipe_stage_plan, staged_tar
+    def _stage_plan(self) -> Any:
+        """What of the recipe's work folder goes to the nodes, its staging line said (once per run)."""
+        from broker.run.staging import recipe_stage_plan
 
-        ssh, recipe, n = self.ssh, self.recipe, self.n
-        envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
+        recipe = self.recipe
         assert recipe.workdir is not None
         plan = recipe_stage_plan(recipe.workdir, recipe.script, recipe.args, checkpoint_dir=recipe.checkpoint_dir,
                                  resume_checkpoint=recipe.resume_checkpoint)
         line = staging_line(plan, self.run_dir)
         if self.say:
             self.say(line)
-        with staged_tar(plan, self.run_dir) as tar:  # one file on disk, streamed to every node
-            errs = ssh.gather([_prepare(ssh, i, tar, envs[i]) for i in range(n)], timeout=600)
+        return plan
+
+    def _start_upload(self) -> None:
+        """Start unpacking the work folder on every node, in the background of the SSH loop: :meth:`stage` waits for
+        it and adds each node's environment (which needs the interface preflight finds).  Preflight's checks and
+        the upload use the network and the nodes' CPUs at once instead of one after the other."""
+        from broker.run.staging import staged_tar
+
+        if self._upload is not None:
+            return
+        ssh, n, recipe = self.ssh, self.n, self.recipe
+        if getattr(recipe, "workdir", None) is None or not Path(recipe.workdir).is_dir():
+            return  # stage() names what is wrong
+        plan = self._stage_plan()
+        tar_cm = staged_tar(plan, self.run_dir)  # one file on disk, streamed to every node
+        tar = tar_cm.__enter__()
+
+        async def _all() -> list[Any]:
+            return await asyncio.gather(*(ssh.aupload_tgz(i, tar, ssh.work(i)) for i in range(n)),
+                                        return_exceptions=True)
+
+        self._upload = (plan, tar_cm, asyncio.run_coroutine_threadsafe(_all(), ssh.loop.loop))
+
+    def _end_upload(self, timeout: float | None) -> list[Any] | None:
+        """Wait for :meth:`_start_upload`'s uploads (None: cancel them) and remove the local tar; their results."""
+        if self._upload is None:
+            return None
+        plan, tar_cm, fut = self._upload
+        self._upload = None
+        try:
+            if timeout is None:
+                fut.cancel()
+                return None
+            return fut.result(timeout)
+        except BaseException:
+            fut.cancel()
+            raise
+        finally:
+            tar_cm.__exit__(None, None, None)
+
+    def stage(self) -> RemoteRunResult | None:
+        from broker.run.staging import staged_tar
+
+        ssh, recipe, n = self.ssh, self.recipe, self.n
+        envs = [node_env(self.cluster, recipe, i, self.ifaces.get(i)) for i in range(n)]
+        if self._upload is not None:  # started beside preflight: the environment is all that is left
+            plan = self._upload[0]
+            errs = self._end_upload(timeout=600)
+            if not any(isinstance(e, BaseException) for e in errs):
+                errs = ssh.gather([_prepare_env(ssh, i, envs[i]) for i in range(n)], timeout=600)
+        else:
+            plan = self._stage_plan()
+            with staged_tar(plan, self.run_dir) as tar:  # one file on disk, streamed to every node
+                errs = ssh.gather([_prepare(ssh, i, tar, envs[i]) for i in range(n)], timeout=600)
         self.bytes_in = plan.total_bytes * n
         for i, e in enumerate(errs):
             if isinstance(e, BaseException):
@@ -420,6 +480,7 @@ class SSHExecutor(Executor):
 
     def close(self, job_ended: bool) -> None:
         try:
+            self._end_upload(timeout=None)  # a preflight that failed: its upload is of no use
             if job_ended:
                 _mark_done(self.ssh, self.n)
         finally:
@@ -465,6 +526,11 @@ def _mark_done(ssh: SSHCluster, n: int) -> None:
 
 async def _prepare(ssh: SSHCluster, i: int, tgz: "bytes | StagedTar", env: dict[str, str]) -> None:
     await ssh.aupload_tgz(i, tgz, ssh.work(i))
+    await _prepare_env(ssh, i, env)
+
+
+async def _prepare_env(ssh: SSHCluster, i: int, env: dict[str, str]) -> None:
+    """Node ``i``'s environment file (and its TMPDIR), beside the unpacked work folder."""
     if env.get("TMPDIR"):
         await ssh.arun(i, f"mkdir -p {shlex.quote(env['TMPDIR'])}", timeout=30)
     await ssh.aput_bytes(i, env_file(env, node_python(ssh.cluster, i)), ssh.base(i) + "/env.sh", 0o600)

@@ -75,65 +75,9 @@ TO_EXCLUDED = "symlink to an excluded path"
 DANGLING = "dangling symlink"
 LOOP = "symlink loop"
 
-#: files up to this size (bytes) are sniffed for a private key whatever their name (keys, service-account JSON and
-#: AWS credentials files are a few KB); only their first :data:`SNIFF_HEAD` bytes are read
-SNIFF_MAX_BYTES = 64 * 1024
-SNIFF_HEAD = 16 * 1024
-#: suffixes of source code and data formats that are never a credential file by themselves: not sniffed, so a work
-#: folder of 20,000 source or data files stages as fast as before (a key pasted into a ``.py`` file is a literal in
-#: code, not a key file a cloud console hands out); every other name is sniffed, ``key.json`` and ``notes`` alike
-NO_SNIFF_SUFFIXES = frozenset(
-    ".py .pyi .pyx .pxd .ipynb .c .cc .cpp .cxx .h .hh .hpp .cu .cuh .rs .go .java .scala .kt .js .mjs .ts .tsx .jsx "
-    ".md .rst .html .htm .css .svg .tex .csv .tsv .jsonl .parquet .arrow .feather .npy .npz .pt .pth .bin .safetensors "
-    ".ckpt .onnx .h5 .hdf5 .pkl .pickle .tfrecord .png .jpg .jpeg .gif .bmp .tif .tiff .webp .wav .mp3 .flac .ogg "
-    ".mp4 .avi .mov .zip .gz .tgz .bz2 .xz .zst .tar .so .o .a .whl .lock .idx".split())
-_PEM_KEY = re.compile(rb"^-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----", re.M)
-_PUTTY_KEY = re.compile(rb"^PuTTY-User-Key-File-\d+:", re.M)
-_SA_KEY = re.compile(rb'"private_key"\s*:\s*"')
-_AWS_KEY = re.compile(rb"^[ \t]*aws_secret_access_key[ \t]*[=:]", re.M | re.I)
-
-
-def private_key_content(path: "str | os.PathLike[str]") -> str | None:
-    """Why the file at ``path`` holds a private key, judged on its first :data:`SNIFF_HEAD` bytes (a PEM or OpenSSH
-    private key block at a line start, a PuTTY key, a service-account JSON's ``"private_key"``, an AWS credentials
-    file's ``aws_secret_access_key``); None when it does not look like one or cannot be read.  Never blocks (a FIFO
-    put in its place is opened non-blocking)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        head = os.read(fd, SNIFF_HEAD)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    # cheap substring tests first: almost every file has none of these
-    if b"PRIVATE KEY" in head and (m := _PEM_KEY.search(head)):
-        kind = m.group(0)[11:-5].decode("ascii", "replace")
-        return f"a private key: {kind} block"
-    if b"PuTTY-User-Key-File" in head and _PUTTY_KEY.search(head):
-        return "a private key: PuTTY key file"
-    if b'"private_key"' in head and _SA_KEY.search(head):
-        return "a private key: service-account JSON"
-    if b"ccess_key" in head.lower() and _AWS_KEY.search(head):
-        return "a private key: AWS credentials file (aws_secret_access_key)"
-    return None
-
-
-def credential_file_paths(environ: "dict[str, str] | os._Environ[str] | None" = None) -> dict[str, str]:
-    """The real paths (files or folders) that the credential variables of every provider name
-    (:data:`broker.providers.CREDENTIAL_FILE_VARS`, read from ``environ``, default this process's) -> the
-    variable; relative values are taken from the current folder, as the SDKs do."""
-    from broker.providers import CREDENTIAL_FILE_VARS
-
-    env = os.environ if environ is None else environ
-    out: dict[str, str] = {}
-    for var in CREDENTIAL_FILE_VARS:
-        v = (env.get(var) or "").strip()
-        if v:
-            out.setdefault(os.path.realpath(os.path.expanduser(v)), var)
-    return out
+# which files hold a credential whatever their name (content sniffing, the providers' credential variables)
+from broker.run.stagesecrets import (NO_SNIFF_SUFFIXES, SNIFF_HEAD, SNIFF_MAX_BYTES,  # noqa: E402,F401
+                                     credential_file_paths, private_key_content)
 
 
 @dataclass
@@ -383,139 +327,162 @@ def stage_plan(root: Path, keep: list[str] = (), leave_out: dict[str, str] | Non
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"work folder {root} does not exist")
-    real_root = root.resolve()
-    rules = _Rules(real_root)
-    plan = StagePlan(root=root)
-    home = _broker_home()
-    creds = credential_file_paths()
-    left = {k.strip("/"): v for k, v in (leave_out or {}).items() if k.strip("/")}
+    w = _Walk(root, leave_out)
+    w.walk(w.real_root, "", frozenset({w.real_root}), False)
+    for rel in keep:
+        w.keep_named(rel)
+    return w.plan
 
-    def left_out(rel: str) -> str | None:
-        return next((rule for k, rule in left.items() if rel == k or rel.startswith(k + "/")), None)
 
-    def note(rule: str, name: str) -> None:
-        plan.excluded[name] = rule
-        lst = plan.skipped.setdefault(rule, [])
+class _Walk:
+    """One walk of a work folder for :func:`stage_plan`: the rules, the credentials to leave home, the folders
+    left out, and the :class:`StagePlan` being filled."""
+
+    def __init__(self, root: Path, leave_out: dict[str, str] | None):
+        self.real_root = root.resolve()
+        self.rules = _Rules(self.real_root)
+        self.plan = StagePlan(root=root)
+        self.home = _broker_home()
+        self.creds = credential_file_paths()
+        self.left = {k.strip("/"): v for k, v in (leave_out or {}).items() if k.strip("/")}
+
+    def left_out(self, rel: str) -> str | None:
+        """The rule of the left-out folder that holds ``rel`` (itself included), or None."""
+        return next((rule for k, rule in self.left.items() if rel == k or rel.startswith(k + "/")), None)
+
+    def note(self, rule: str, name: str) -> None:
+        """``name`` is not staged, because of ``rule`` (the summary keeps the first 20 names per rule)."""
+        self.plan.excluded[name] = rule
+        lst = self.plan.skipped.setdefault(rule, [])
         if len(lst) < 20:
             lst.append(name)
 
-    def credential(rel: str, why: str) -> None:
-        plan.credentials[rel] = why
-        note(why, rel)
+    def credential(self, rel: str, why: str) -> None:
+        self.plan.credentials[rel] = why
+        self.note(why, rel)
 
-    def add(rel: str, real: Path, linked: bool) -> bool:
+    def add(self, rel: str, real: Path, linked: bool) -> bool:
         """Stage ``rel`` (content from ``real``, a real path) unless it is a credential; whether it was."""
         try:
             size = real.stat().st_size
         except OSError:
-            note("unreadable", rel)
+            self.note("unreadable", rel)
             return False
         # ``real`` is a real path (the walk goes through resolved folders, a link's target is resolved): no lookup
-        if creds and (var := creds.get(str(real)) or _under(str(real), creds)):
-            credential(rel, f"named by {var}")
+        if self.creds and (var := self.creds.get(str(real)) or _under(str(real), self.creds)):
+            self.credential(rel, f"named by {var}")
             return False
         if (size <= SNIFF_MAX_BYTES and os.path.splitext(rel)[1].lower() not in NO_SNIFF_SUFFIXES
                 and (why := private_key_content(real))):
-            credential(rel, why)
+            self.credential(rel, why)
             return False
-        plan.files.append(Path(rel))
-        plan.total_bytes += size
+        self.plan.files.append(Path(rel))
+        self.plan.total_bytes += size
         if linked:
-            plan.sources[Path(rel)] = real
+            self.plan.sources[Path(rel)] = real
         return True
 
-    def walk(real_dir: Path, rel_dir: str, chain: frozenset[Path], linked: bool) -> None:
+    def walk(self, real_dir: Path, rel_dir: str, chain: frozenset[Path], linked: bool) -> None:
         """``real_dir``: the folder's real path; ``rel_dir``: where it is staged; ``chain``: the real folders above
         (loop guard); ``linked``: reached through a folder link (then the real path is checked too)."""
         try:
             entries = sorted(os.scandir(real_dir), key=lambda e: e.name)
         except OSError:
-            note("unreadable", rel_dir + "/")
+            self.note("unreadable", rel_dir + "/")
             return
         for e in entries:
             rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
             real = real_dir / e.name
-            if left:  # the folder as staged, where it really is, and where a link to it points
-                rule = left_out(rel) or (left_out(real.relative_to(real_root).as_posix()) if linked else None)
-                if rule is None and e.is_symlink():
-                    tgt = Path(os.path.realpath(real))
-                    rule = left_out(tgt.relative_to(real_root).as_posix()) if tgt.is_relative_to(real_root) else None
-                if rule:
-                    note(rule, rel + "/" if e.is_dir() else rel)
-                    continue
-            if e.is_symlink():
-                try:
-                    os.stat(real)
-                except OSError as err:
-                    if err.errno == errno.ELOOP:  # links that point at each other: realpath() gives up quietly
-                        note(LOOP, rel)
-                        continue
-                target = Path(os.path.realpath(real))
-                if target != real_root and real_root not in target.parents:
-                    note(OUTSIDE, rel)
-                    continue
-                if not target.exists():
-                    note(DANGLING, rel)
-                    continue
-                is_dir = target.is_dir()
-                trel = target.relative_to(real_root).as_posix() if target != real_root else ""
-                if rules.why(rel, is_dir, ancestors=linked) or (trel and rules.why(trel, is_dir, ancestors=True)):
-                    note(TO_EXCLUDED, rel)
-                    continue
-                if is_dir:
-                    if target in chain:
-                        note(LOOP, rel)
-                    else:
-                        walk(target, rel, chain | {target}, True)
-                elif target.is_file():
-                    add(rel, target, True)
-                else:
-                    note("not a file", rel)
-                continue
-            try:
-                is_dir = e.is_dir(follow_symlinks=False)
-            except OSError:
-                note("unreadable", rel)
-                continue
-            why = rules.why(rel, is_dir, ancestors=linked)
-            if not why and is_dir and home is not None and real == home:
-                # broker's own home (ledger, run folders) inside the work folder: never a node's business, and
-                # opening the live ledger's files here would drop this process's SQLite locks (POSIX fcntl locks
-                # go with any close of the file), letting another process checkpoint the WAL under it
-                why = BROKER_HOME_RULE
-            if not why and linked:  # reached through a folder link: its real place must be allowed too
-                why = rules.why(real.relative_to(real_root).as_posix(), is_dir, ancestors=True)
-            if why:
-                note(why, rel + "/" if is_dir else rel)  # the path as staged (sub/.aws/, never a bare .aws/)
-                continue
-            if is_dir and creds and (var := creds.get(str(real))):
-                credential(rel + "/", f"named by {var}")
-                continue
-            if is_dir:
-                walk(real, rel, chain | {real}, linked)
-            elif e.is_file(follow_symlinks=False):
-                add(rel, real, linked)
+            if self.left and (rule := self._left_out_entry(e, rel, real, linked)):
+                self.note(rule, rel + "/" if e.is_dir() else rel)
+            elif e.is_symlink():
+                self._link(rel, real, chain, linked)
             else:
-                note("not a file", rel)
+                self._entry(e, rel, real, chain, linked)
 
-    walk(real_root, "", frozenset({real_root}), False)
-    staged = {f.as_posix() for f in plan.files}
-    for rel in keep:
-        if rel in staged or not (real_root / rel).is_file() or (real_root / rel).is_symlink():
-            continue
+    def _left_out_entry(self, e: os.DirEntry, rel: str, real: Path, linked: bool) -> str | None:
+        """The left-out rule that drops this entry: the folder as staged, where it really is, and where a link to
+        it points."""
+        rule = self.left_out(rel) or (self.left_out(real.relative_to(self.real_root).as_posix()) if linked else None)
+        if rule is None and e.is_symlink():
+            tgt = Path(os.path.realpath(real))
+            rule = self.left_out(tgt.relative_to(self.real_root).as_posix()) \
+                if tgt.is_relative_to(self.real_root) else None
+        return rule
+
+    def _link(self, rel: str, real: Path, chain: frozenset[Path], linked: bool) -> None:
+        """A symbolic link: staged as a copy of its target (a file's content, a folder's staged files) when that
+        lies inside the work folder and the rules allow both names; else noted with why."""
+        try:
+            os.stat(real)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # links that point at each other: realpath() gives up quietly
+                self.note(LOOP, rel)
+                return
+        target = Path(os.path.realpath(real))
+        if target != self.real_root and self.real_root not in target.parents:
+            self.note(OUTSIDE, rel)
+            return
+        if not target.exists():
+            self.note(DANGLING, rel)
+            return
+        is_dir = target.is_dir()
+        trel = target.relative_to(self.real_root).as_posix() if target != self.real_root else ""
+        if self.rules.why(rel, is_dir, ancestors=linked) or (trel and self.rules.why(trel, is_dir, ancestors=True)):
+            self.note(TO_EXCLUDED, rel)
+        elif is_dir:
+            if target in chain:
+                self.note(LOOP, rel)
+            else:
+                self.walk(target, rel, chain | {target}, True)
+        elif target.is_file():
+            self.add(rel, target, True)
+        else:
+            self.note("not a file", rel)
+
+    def _entry(self, e: os.DirEntry, rel: str, real: Path, chain: frozenset[Path], linked: bool) -> None:
+        """A file or folder (not a link): staged (a folder walked) unless a rule, broker's home or a credential
+        variable drops it."""
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            self.note("unreadable", rel)
+            return
+        why = self.rules.why(rel, is_dir, ancestors=linked)
+        if not why and is_dir and self.home is not None and real == self.home:
+            # broker's own home (ledger, run folders) inside the work folder: never a node's business, and
+            # opening the live ledger's files here would drop this process's SQLite locks (POSIX fcntl locks
+            # go with any close of the file), letting another process checkpoint the WAL under it
+            why = BROKER_HOME_RULE
+        if not why and linked:  # reached through a folder link: its real place must be allowed too
+            why = self.rules.why(real.relative_to(self.real_root).as_posix(), is_dir, ancestors=True)
+        if why:
+            self.note(why, rel + "/" if is_dir else rel)  # the path as staged (sub/.aws/, never a bare .aws/)
+        elif is_dir and self.creds and (var := self.creds.get(str(real))):
+            self.credential(rel + "/", f"named by {var}")
+        elif is_dir:
+            self.walk(real, rel, chain | {real}, linked)
+        elif e.is_file(follow_symlinks=False):
+            self.add(rel, real, linked)
+        else:
+            self.note("not a file", rel)
+
+    def keep_named(self, rel: str) -> None:
+        """Stage ``rel``, a file the recipe names, that only an ignore file dropped (the rule goes to
+        :attr:`StagePlan.forced`); never a secret, a key, a left-out folder's file or a link."""
+        root, plan = self.real_root, self.plan
+        if rel in {f.as_posix() for f in plan.files} or not (root / rel).is_file() or (root / rel).is_symlink():
+            return
         parts = rel.split("/")
-        if any(always_skipped_dir(p) for p in parts[:-1]) or rules.always.match_file(parts[-1].lower()):
-            continue  # a secret or a key stays home even when named
-        if left and (left_out(rel) or left_out(os.path.relpath(os.path.realpath(real_root / rel), real_root))):
-            continue
-        rule = rules.ignoring_rule(rel)
-        if rule is None:
-            continue
-        if not add(rel, Path(os.path.realpath(real_root / rel)), False):
-            continue
+        if any(always_skipped_dir(p) for p in parts[:-1]) or self.rules.always.match_file(parts[-1].lower()):
+            return  # a secret or a key stays home even when named
+        if self.left and (self.left_out(rel) or self.left_out(os.path.relpath(os.path.realpath(root / rel), root))):
+            return
+        rule = self.rules.ignoring_rule(rel)
+        if rule is None or not self.add(rel, Path(os.path.realpath(root / rel)), False):
+            return
         plan.excluded.pop(rel, None)
         plan.forced[rel] = rule
-    return plan
 
 
 def _under(path: str, roots: dict[str, str]) -> str | None:
@@ -777,118 +744,6 @@ def copy_hint(ways: dict[str, int], seconds: float, nnodes: int, src: Path, dst:
     return f"{head}: {why}; or leave out what the job does not need with a .brokerignore"
 
 
-#: file name endings whose content is already compressed (or is packed numbers that gzip barely shrinks): a tar
-#: of mostly these is sent as it is
-COMPRESSED_SUFFIXES = (".gz", ".tgz", ".bz2", ".xz", ".zst", ".lz4", ".zip", ".7z", ".rar", ".jpg", ".jpeg",
-                       ".png", ".webp", ".gif", ".mp4", ".mkv", ".webm", ".mp3", ".flac", ".ogg", ".parquet",
-                       ".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".npz", ".h5", ".arrow", ".whl", ".tfrecord")
-
-#: files at least this big are sampled (their first 64 KiB compressed) instead of judged by their name alone
-_SAMPLE_BYTES = 1 << 20
-
-
-def worth_compressing(plan: StagePlan) -> bool:
-    """Whether gzip would pay for the staged files: True when at least half of the bytes look compressible (not
-    an already-compressed kind by name, and for files of 1 MiB or more a first 64 KiB that zlib shrinks by at
-    least 10 %).  Measured on the shared 2-core machine (bench/staging_scale.py): gzip of 1 GiB of incompressible
-    data took 23 s of CPU for nothing, faster than most links only for source-like text."""
-    import zlib
-
-    good = 0
-    for rel in plan.files:
-        src = plan.source(rel)
-        try:
-            size = src.stat().st_size
-        except OSError:
-            continue
-        if rel.name.lower().endswith(COMPRESSED_SUFFIXES):
-            continue
-        if size >= _SAMPLE_BYTES:
-            try:
-                with open(src, "rb") as f:
-                    head = f.read(1 << 16)
-            except OSError:
-                continue
-            if len(zlib.compress(head, 1)) > 0.9 * len(head):
-                continue
-        good += size
-    return good * 2 >= plan.total_bytes
-
-
-@dataclass
-class StagedTar:
-    """The staged files as one tar archive on local disk: ``path``, gzip-compressed when ``compressed`` (then the
-    node unpacks it with ``tar -xzf``, else ``tar -xf``)."""
-
-    path: Path
-    compressed: bool
-
-    @property
-    def tar_flags(self) -> str:
-        """``-xzf`` or ``-xf``: what unpacks it."""
-        return "-xzf" if self.compressed else "-xf"
-
-
-def _owner_only(info):
-    """A tar member with the owner's permission bits only (as :func:`copy_staged` gives local copies): a node's
-    work folder is private, also on a cluster's shared file system."""
-    info.mode &= 0o700
-    return info
-
-
-def write_tar(plan: StagePlan, out, *, compress: bool) -> None:
-    """Stream the planned files as a tar into the binary file object ``out`` (``write`` and ``tell``; gzip level 1
-    when ``compress``),
-    paths relative to the work folder, each a regular file with its owner's permission bits and its times (a
-    linked file's content, never a link): memory stays constant whatever the sizes."""
-    import gzip
-    import tarfile
-
-    # tarfile's own "w|gz" compresses at level 9 (no level in stream mode before Python 3.12): gzip around it
-    gz = gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0) if compress else None
-    try:
-        # plain "w" on the caller's file object writes each block straight through ("w|" gathers them in a bytes
-        # buffer that is copied on every write); 1 MiB copy blocks instead of 16 KiB
-        with tarfile.TarFile(fileobj=gz or out, mode="w", dereference=True, copybufsize=1 << 20) as tar:
-            for rel in plan.files:
-                tar.add(str(plan.source(rel)), arcname=rel.as_posix(), recursive=False, filter=_owner_only)
-    finally:
-        if gz is not None:
-            gz.close()  # writes the gzip trailer; ``out`` stays open (the caller's)
-
-
-class staged_tar:
-    """``with staged_tar(plan, folder) as t:`` the planned files as a :class:`StagedTar` in a private temporary
-    folder under ``folder`` (default: the system's), written once and shared by every node's upload, removed on
-    exit.  ``compress``: None decides by :func:`worth_compressing`."""
-
-    def __init__(self, plan: StagePlan, folder: Path | None = None, *, compress: bool | None = None):
-        self.plan, self.folder, self.compress = plan, folder, compress
-        self._dir: str | None = None
-
-    def __enter__(self) -> StagedTar:
-        import tempfile
-
-        if self.folder is not None:
-            Path(self.folder).mkdir(parents=True, exist_ok=True)
-        self._dir = tempfile.mkdtemp(prefix="stage-", dir=self.folder)  # 0700: the user's files
-        compress = worth_compressing(self.plan) if self.compress is None else self.compress
-        path = Path(self._dir) / ("work.tar.gz" if compress else "work.tar")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            write_tar(self.plan, f, compress=compress)
-        return StagedTar(path, compress)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def tar_staged(plan: StagePlan) -> bytes:
-    """The planned files as one tar.gz in memory (paths relative to the work folder), each a regular file as in
-    :func:`copy_staged`.  Small folders only: uploads stream a :func:`staged_tar` file instead."""
-    import io
-
-    buf = io.BytesIO()
-    write_tar(plan, buf, compress=True)
-    return buf.getvalue()
+# the staged files packed as one tar (SSH and Slurm uploads) live in broker.run.stagetar; importable from here
+from broker.run.stagetar import (COMPRESSED_SUFFIXES, StagedTar, staged_tar, tar_staged,  # noqa: E402,F401
+                                 worth_compressing, write_tar)

@@ -403,3 +403,28 @@ def test_cli_netns_up_status_down(tmp_path):
             for p in netns.sshd_processes(cid):
                 os.kill(p, signal.SIGKILL)
     assert _wait_for(lambda: not netns.leftovers(cid) and not netns.sshd_processes(cid), 5)
+
+
+def test_the_work_folder_travels_while_preflight_checks(make_cluster, tmp_path, monkeypatch):
+    """Staging does not wait for preflight: the work folder is unpacked on every node while the checks run (here
+    preflight checks only once the script is on both nodes; when staging came after it, that never happened)."""
+    from broker.run import preflight as pf
+    from tests.support.runs import run_remote
+
+    c = make_cluster(2)
+    recipe = small_recipe(tmp_path)
+    real, seen = pf.run_preflight, {}
+
+    def checks_once_the_folder_is_there(ssh, rcp, port):
+        there = [Path(ssh.work(i)) / Path(rcp.script).name for i in range(2)]  # the nodes share this filesystem
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p in there) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["there"] = all(p.exists() for p in there)
+        return real(ssh, rcp, port)
+
+    monkeypatch.setattr(pf, "run_preflight", checks_once_the_folder_is_there)
+    res = run_remote(c.cluster("t-stage"), recipe, tmp_path / "run", echo=None)
+    assert seen["there"], "the work folder reached the nodes only after preflight"
+    assert res.ok, (res.reason, res.tail)
+    assert res.preflight is not None and res.preflight.ok

@@ -72,3 +72,47 @@ def test_kill_sweeps_group_descendants_and_marked_orphans(tmp_path):
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
+
+
+def _fake_torch(folder: Path, *, cuda: str | None, init: str = "") -> Path:
+    """A ``torch`` package in ``folder`` with a version file as torch's wheels write it (``cuda`` its CUDA build)
+    and ``init`` as its ``__init__``."""
+    pkg = folder / "torch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init)
+    (pkg / "version.py").write_text("from typing import Optional\n__version__ = '9.1.0+fake'\ndebug = False\n"
+                                    f"cuda: Optional[str] = {cuda!r}\nhip: Optional[str] = None\n")
+    return folder
+
+
+def _info(env_path: Path | None = None, *flags: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(env_path) if env_path else "")
+    out = subprocess.run([sys.executable, *flags, str(PROBE), "info", "127.0.0.1"], capture_output=True, text=True,
+                         timeout=120, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_cpu_build_of_torch_is_read_from_its_files_without_importing_it(tmp_path):
+    """The job imports torch right after preflight: a CPU build's facts (version, no GPU, no NCCL) come from its
+    version file, so preflight no longer pays an import (seconds) on every node.  The fake package's import would
+    fail: the facts cannot have come from it."""
+    d = _info(_fake_torch(tmp_path, cuda=None, init="raise ImportError('imported')"))
+    assert d["torch"] == "9.1.0+fake" and d.get("torch_from") == "files", d
+    assert (d["gpus"], d["cuda"], d["nccl"], d["nccl_version"]) == (0, False, False, None)
+    assert "torch_error" not in d
+
+
+def test_a_gpu_build_of_torch_is_still_imported_and_a_broken_one_named(tmp_path):
+    """A CUDA build needs the import (devices visible, NCCL version): a broken one is named by its import error,
+    as before."""
+    d = _info(_fake_torch(tmp_path, cuda="12.4",
+                          init="raise ImportError('libcudart.so.12: cannot open shared object file')"))
+    assert "libcudart.so.12: cannot open shared object file" in d["torch_error"], d
+    assert "torch" not in d and "torch_from" not in d
+
+
+def test_no_torch_is_named_as_the_import_names_it(tmp_path):
+    """A python without torch (``-S``: no site-packages): the same words as ``import torch`` gives, which
+    preflight's torch row quotes."""
+    d = _info(None, "-S")
+    assert d["torch_error"] == "ModuleNotFoundError: No module named 'torch'", d
