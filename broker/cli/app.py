@@ -144,7 +144,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("start", "broker.cli.stopstart:register", {}),
     ("watchdog", "broker.cli.watchdog:register", {}),
     ("quota", "broker.cli.quota:register", {}),  # its help names the quota providers (the registry's list)
-    ("lint", "broker.cli.lint:register", {}),
+    ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:register", {}),
     ("slurm", "broker.cli.slurm:register", {}),
     ("logs", "broker.cli.day2:register", {}),
