@@ -142,7 +142,8 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("reconcile", "broker.cli.lifecycle:register", {}),
     ("stop", "broker.cli.stopstart:register", {}),
     ("start", "broker.cli.stopstart:register", {}),
-    ("watchdog", "broker.cli.watchdog:register", {}),
+    ("watchdog", "broker.cli.watchdog:watchdog_cmd",
+     dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
     ("quota", "broker.cli.quota:register", {}),  # its help names the quota providers (the registry's list)
     ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:register", {}),
