@@ -153,7 +153,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("exec", "broker.cli.day2:register", {}),
     ("cost", "broker.cli.day2:register", {}),
     ("clean", "broker.cli.day2:register", {}),
-    ("init", "broker.cli.init:register", {}),
+    ("init", "broker.cli.init:init_cmd", dict(short_help="Write the example recipes into a folder")),
 )
 
 #: command name -> the module that defines it
