@@ -141,8 +141,10 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("down", "broker.cli.lifecycle:down_cmd", dict(short_help="Terminate every live resource of a run (idempotent)")),
     ("reconcile", "broker.cli.lifecycle:reconcile_cmd",
      dict(short_help="Resources with broker's tag that the ledger does not know")),
-    ("stop", "broker.cli.stopstart:register", {}),
-    ("start", "broker.cli.stopstart:register", {}),
+    ("stop", "broker.cli.stopstart:stop_cmd",
+     dict(short_help="Stop a run's machines keeping their disks (the disks still bill)")),
+    ("start", "broker.cli.stopstart:start_cmd",
+     dict(short_help="Start a stopped run's machines again (new addresses, SSH checked)")),
     ("watchdog", "broker.cli.watchdog:watchdog_cmd",
      dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
     ("quota", "broker.cli.quota:register", {}),  # its help names the quota providers (the registry's list)
