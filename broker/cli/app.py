@@ -148,7 +148,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
      dict(short_help="Start a stopped run's machines again (new addresses, SSH checked)")),
     ("watchdog", "broker.cli.watchdog:watchdog_cmd",
      dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
-    ("quota", "broker.cli.quota:register", {}),  # its help names the quota providers (the registry's list)
+    ("quota", "broker.cli.quota:quota_app", {}),  # its help names the quota providers (the registry's list)
     ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:register", {}),
     ("slurm", "broker.cli.slurm:register", {}),
