@@ -150,7 +150,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
      dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
     ("quota", "broker.cli.quota:quota_app", {}),  # its help names the quota providers (the registry's list)
     ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
-    ("netns", "broker.cli.cluster:register", {}),
+    ("netns", "broker.cli.cluster:netns_app", dict(short_help="A local cluster in network namespaces (Linux, root)")),
     ("slurm", "broker.cli.slurm:register", {}),
     ("logs", "broker.cli.day2:logs_cmd", dict(short_help="Print a run's node log; -f follows a live run")),
     ("ssh", "broker.cli.day2:ssh_cmd", dict(short_help="A shell (or one command) on a node of a live or kept run",
