@@ -151,7 +151,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("quota", "broker.cli.quota:quota_app", {}),  # its help names the quota providers (the registry's list)
     ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:netns_app", dict(short_help="A local cluster in network namespaces (Linux, root)")),
-    ("slurm", "broker.cli.slurm:register", {}),
+    ("slurm", "broker.cli.slurm:slurm_app", dict(short_help="Slurm clusters: render, up, status, down")),
     ("logs", "broker.cli.day2:logs_cmd", dict(short_help="Print a run's node log; -f follows a live run")),
     ("ssh", "broker.cli.day2:ssh_cmd", dict(short_help="A shell (or one command) on a node of a live or kept run",
                                             context_settings={"allow_extra_args": True,
