@@ -132,10 +132,11 @@ def _root_callback() -> Any:
 #: Typer inspects every registered command's signature on each start); tests/cli/test_commands_table.py reaches
 #: every command by this name.
 COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("plan", "broker.cli.plan:register", {}),
-    ("offers", "broker.cli.plan:register", {}),
-    ("check", "broker.cli.plan:register", {}),
-    ("catalog", "broker.cli.plan:register", {}),
+    ("plan", "broker.cli.planning:plan_cmd",
+     dict(short_help="The cheapest valid way to run a job, and why not the others")),
+    ("offers", "broker.cli.planning:offers_cmd", dict(short_help="Raw offers, cheapest first (like `vastai search offers`)")),
+    ("check", "broker.cli.planning:check_cmd", dict(short_help="Whether each provider's credentials are present")),
+    ("catalog", "broker.cli.catalog:catalog_app", dict(short_help="Price snapshots: show them, refresh from live APIs")),
     ("run", "broker.cli.run:register", {}),
     ("status", "broker.cli.status:status_cmd",
      dict(short_help="Recent runs (spent, worst case, time left), live resources")),
