@@ -21,6 +21,7 @@ _log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from broker.core.model import Offer, Plan, PlanOption, Requirements
+    from broker.core.plaintable import Table
 
 from broker.plan.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
                           log_plan)
@@ -275,11 +276,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     on ``out`` (default :func:`stdout_out`).  ``recipe_sets``: the recipe file's own (``interruptible``,
     ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe.
     ``words``: how the user set the budget and the deadline (:func:`broker.plan.explain.limit_words`; default: the flags)."""
-    from broker.core.plaintable import Column, Table, drop_empty_columns, measure
     from broker.core.plaintable import escape
-    from broker.core.prose import NO_WRAP_WIDTH
-    from broker.core.prose import cell_len, usd
-    from broker.plan.interruptible import attempts_words
 
     out = out if out is not None else stdout_out()
     ops = _Ops(out.width)
@@ -287,101 +284,151 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     auto = wide is None  # a wide terminal: every column where they fit it whole
     if wide is None:
         wide = ops.width >= WIDE_COLUMNS
-    req = plan.requirements
-    models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
-    hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
-    budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
-    job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
-           f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
-    ops.line(f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
-             + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
+    ops.line(job_line(plan.requirements))
     if plan.options:
-        deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
-        spot = any(o.interruptible for o in plan.options)
-
-        def best(compact: bool, wide: bool) -> "Table":
-            """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
-            instead of beside them, for a width where the one-line rows would cut the names; ``wide``: every
-            column."""
-            t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
-                            f"{deadline} + setup)", columns=[])
-            # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
-            # wrap, and fold a word longer than their column
-            cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                    ("rented", "left", False)]
-            cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-            cols += [("$/h", "right", True), ("worst", "right", True)]
-            if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
-                # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
-                cols += [("exp", "right", True)] + ([] if compact else [("off", "right", True)])
-            cols += [("max h", "right", True)]
-            if wide:
-                cols += [("prices", "left", True), ("where", "left", False)]
-            for col, just, nowrap in cols:
-                t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
-            for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-                topo = o.topology.value + (("\n" if compact else " ") + "int." if o.interruptible else "")
-                rate = usd(o.usd_per_hour) + (f"\n-{saves_text(o)}" if compact and saves_text(o) else "")
-                row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
-                       escape(gpus(o)) if wide else compact_gpus(o), rate, usd(o.worst_case_usd)]
-                if spot:
-                    row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
-                    row += [] if compact else [saves_text(o)]
-                row += [max_hours_text(o, req.budget_usd)]
-                if wide:
-                    row += [escape(source_short(o.price_source)), escape(where(o, zones))]
-                t.add_row(*row)
-            return drop_empty_columns(t)
-
-        t = best(compact=False, wide=wide)
-        if auto and wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width:
-            wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
-            t = best(compact=False, wide=False)
-        compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
-        if compact:
-            t = best(compact=True, wide=False)
-        ops.table(t, wide=natural)
-        if not wide:
-            ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
-                     "and where each option is[/]")
-        if spot:
-            saving = ("-N% under a $/h = that much below the same machine on demand" if compact else
-                      "off = its $/h below the same machine on demand")
-            ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
-                     f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
-                     f"with restarts, {saving}[/]")
+        wide = show_best_options(ops, plan, limit=limit, wide=wide, natural=natural, auto=auto)
     if plan.rejected:
-        t = Table(title="rejected", columns=[])
-        if wide:
-            for col in ("provider", "topology", "rented", "worst case", "why"):
-                t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
-        else:  # 80 columns: the option in one narrow column, the reasons beside it
-            t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
-        shown = group_zones(plan.rejected[:rejected_limit])  # one row for a machine refused alike in N zones
-        for o, zones in shown:
-            why = "; ".join(o.rejected)
-            if len(zones) > 1:
-                why += f" (same in {len(zones)} zones: {', '.join(zones)})"
-            if o.next_step:
-                why += f"\n-> {o.next_step}"
-            worst = usd(o.worst_case_usd) if o.offers else "-"
-            if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
-                    req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
-                worst = f"${o.worst_case_usd:,.4f}"
-            if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
-                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
-            else:  # the worst case on a line of its own when it does not fit beside what is rented
-                option = f"{what(o)} ({worst})"
-                if cell_len(option) > OPTION_WIDTH:
-                    option = f"{what(o)}\n({worst})"
-                t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
-        ops.table(t)
+        ops.table(rejected_table(plan, rejected_limit=rejected_limit, wide=wide))
         if len(plan.rejected) > rejected_limit:
             ops.line(f"({len(plan.rejected) - rejected_limit} more of the {len(plan.rejected)} rejected options kept "
                      "in --json)")
     for n in plan.notes:
         ops.line(f"[dim]note:[/] {escape(n)}")
     step = next_step(plan, recipe)
+    show_choice(ops, plan, recipe_sets=recipe_sets, words=words)
+    if step:
+        ops.line(f"[bold]next:[/] {escape(step)}")
+    out.replay(ops)
+
+
+def job_line(req: "Requirements") -> str:
+    """The plan's first line: the job asked for (nodes, GPUs, deadline, budget, topology), as markup."""
+    from broker.core.plaintable import escape
+    from broker.core.prose import usd
+
+    models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
+    hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
+    budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
+    job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
+           f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
+    return (f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
+            + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
+
+
+def best_options_table(plan: "Plan", *, limit: int, compact: bool, wide: bool) -> "Table":
+    """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
+    instead of beside them, for a width where the one-line rows would cut the names; ``wide``: every
+    column."""
+    from broker.core.plaintable import Column, Table, drop_empty_columns, escape
+    from broker.core.prose import usd
+
+    req = plan.requirements
+    deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
+    spot = any(o.interruptible for o in plan.options)
+    t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
+                    f"{deadline} + setup)", columns=[])
+    # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
+    # wrap, and fold a word longer than their column
+    cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
+            ("rented", "left", False)]
+    cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
+    cols += [("$/h", "right", True), ("worst", "right", True)]
+    if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
+        # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
+        cols += [("exp", "right", True)] + ([] if compact else [("off", "right", True)])
+    cols += [("max h", "right", True)]
+    if wide:
+        cols += [("prices", "left", True), ("where", "left", False)]
+    for col, just, nowrap in cols:
+        t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
+    for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
+        topo = o.topology.value + (("\n" if compact else " ") + "int." if o.interruptible else "")
+        rate = usd(o.usd_per_hour) + (f"\n-{saves_text(o)}" if compact and saves_text(o) else "")
+        row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
+               escape(gpus(o)) if wide else compact_gpus(o), rate, usd(o.worst_case_usd)]
+        if spot:
+            row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+            row += [] if compact else [saves_text(o)]
+        row += [max_hours_text(o, req.budget_usd)]
+        if wide:
+            row += [escape(source_short(o.price_source)), escape(where(o, zones))]
+        t.add_row(*row)
+    return drop_empty_columns(t)
+
+
+def show_best_options(ops: _Ops, plan: "Plan", *, limit: int, wide: bool, natural: bool, auto: bool) -> bool:
+    """Add the best-options table and its legend to ``ops`` in the layout that fits ``ops.width`` (``auto``: the
+    wide one only where it fits whole; ``natural``: --wide, every column whatever the width); returns whether the
+    wide layout was kept (the rejected table follows it)."""
+    from broker.core.plaintable import measure
+    from broker.core.prose import NO_WRAP_WIDTH
+    from broker.plan.interruptible import attempts_words
+
+    req = plan.requirements
+    spot = any(o.interruptible for o in plan.options)
+    t = best_options_table(plan, limit=limit, compact=False, wide=wide)
+    if auto and wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width:
+        wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
+        t = best_options_table(plan, limit=limit, compact=False, wide=False)
+    compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
+    if compact:
+        t = best_options_table(plan, limit=limit, compact=True, wide=False)
+    ops.table(t, wide=natural)
+    if not wide:
+        ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
+                 "and where each option is[/]")
+    if spot:
+        saving = ("-N% under a $/h = that much below the same machine on demand" if compact else
+                  "off = its $/h below the same machine on demand")
+        ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
+                 f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
+                 f"with restarts, {saving}[/]")
+    return wide
+
+
+def rejected_table(plan: "Plan", *, rejected_limit: int, wide: bool) -> "Table":
+    """The first ``rejected_limit`` rejected options and why, one row for a machine refused alike in N zones;
+    ``wide``: provider, topology, rented, worst case and why in columns of their own."""
+    from broker.core.plaintable import Column, Table, escape
+    from broker.core.prose import cell_len, usd
+
+    req = plan.requirements
+    t = Table(title="rejected", columns=[])
+    if wide:
+        for col in ("provider", "topology", "rented", "worst case", "why"):
+            t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
+    else:  # 80 columns: the option in one narrow column, the reasons beside it
+        t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
+    shown = group_zones(plan.rejected[:rejected_limit])  # one row for a machine refused alike in N zones
+    for o, zones in shown:
+        why = "; ".join(o.rejected)
+        if len(zones) > 1:
+            why += f" (same in {len(zones)} zones: {', '.join(zones)})"
+        if o.next_step:
+            why += f"\n-> {o.next_step}"
+        worst = usd(o.worst_case_usd) if o.offers else "-"
+        if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
+                req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
+            worst = f"${o.worst_case_usd:,.4f}"
+        if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
+            t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
+        else:  # the worst case on a line of its own when it does not fit beside what is rented
+            option = f"{what(o)} ({worst})"
+            if cell_len(option) > OPTION_WIDTH:
+                option = f"{what(o)}\n({worst})"
+            t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
+    return t
+
+
+def show_choice(ops: _Ops, plan: "Plan", *, recipe_sets: "tuple[str, str | None] | None",
+                words: dict[str, str] | None) -> None:
+    """Add what was chosen (with what an interruptible choice needs, and a cheaper option a quota increase would
+    open) to ``ops``; with no choice, the cheapest option the budget alone blocked and which limit to raise."""
+    from broker.core.plaintable import escape
+    from broker.core.prose import usd
+    from broker.plan.interruptible import attempts_words
+
+    req = plan.requirements
     c = plan.chosen
     if c is not None:
         ops.line(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
@@ -393,18 +440,15 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if cheaper:
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
                      f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
-    if c is None:
-        only_budget = [o for o in plan.rejected if o.offers and o.rejected
-                       and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
-        if only_budget:
-            b = min(only_budget, key=lambda o: o.worst_case_usd)
-            ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
-                     f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
-                     f"(raise {(words or {}).get('budget', '--budget')} or shorten "
-                     f"{(words or {}).get('hours', '--hours')})")
-    if step:
-        ops.line(f"[bold]next:[/] {escape(step)}")
-    out.replay(ops)
+        return
+    only_budget = [o for o in plan.rejected if o.offers and o.rejected
+                   and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+    if only_budget:
+        b = min(only_budget, key=lambda o: o.worst_case_usd)
+        ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
+                 f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
+                 f"(raise {(words or {}).get('budget', '--budget')} or shorten "
+                 f"{(words or {}).get('hours', '--hours')})")
 
 
 def saves_text(o: "PlanOption") -> str:
