@@ -337,7 +337,7 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     """Size, file (or draft) and record one request.  Returns (QuotaRequest or None, a note for the user)."""
     from broker.core.model import Quota, Requirements
     from broker.core.provider import BadInput, NotSupported, ProviderError
-    from broker.plan.quota import default_reason, desired_value, limit_for, verdict
+    from broker.plan.quota import default_reason, desired_value, verdict
 
     if provider not in QUOTA_PROVIDERS:
         raise BadInput(f"quota requests support {', '.join(QUOTA_PROVIDERS)}, not {provider!r}")
@@ -345,20 +345,8 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         prov = provider_factory(provider, region)
     except ProviderUnavailable as e:
         raise BadInput(str(e), hint="install broker with that provider's extra") from None
-    needs = _needs(provider, nodes, gpus_per_node, instance_type, "any", spot)
-    if limit:
-        chosen = [n for n in needs if n.limit.name == limit]
-        if not chosen and needs and instance_type is None:
-            from broker.plan.quota import known_limits
-
-            raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
-                           hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
-                                f"(`broker quota check --provider {provider}` shows which the job needs)")
-        if not chosen:
-            ref = limit_for(provider, instance_type or "", spot=spot)
-            raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
-    else:
-        chosen = needs
+    chosen = _needs_of_limit(provider, _needs(provider, nodes, gpus_per_node, instance_type, "any", spot), limit,
+                             instance_type, spot)
     note = ""
     quotas: list[Quota] = []
     chk = prov.check()
@@ -425,6 +413,35 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
                  + (f"; {chk.hint}" if chk.hint else "") + f"; then run this again, or file the form below in "
                  "the console")
         return r, note
+    _record_request(provider, r, why)
+    return r, note
+
+
+def _needs_of_limit(provider: str, needs: list["Need"], limit: Optional[str], instance_type: Optional[str],
+                    spot: bool) -> list["Need"]:
+    """The job's ``needs`` counted by the limit named ``limit`` (all of them when None).  Raises BadInput when that
+    limit covers none of them (a misspelt name, or an instance type counted by another limit)."""
+    from broker.core.provider import BadInput
+    from broker.plan.quota import limit_for
+
+    if not limit:
+        return needs
+    chosen = [n for n in needs if n.limit.name == limit]
+    if not chosen and needs and instance_type is None:
+        from broker.plan.quota import known_limits
+
+        raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
+                       hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
+                            f"(`broker quota check --provider {provider}` shows which the job needs)")
+    if not chosen:
+        ref = limit_for(provider, instance_type or "", spot=spot)
+        raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
+    return chosen
+
+
+def _record_request(provider: str, r: Any, why: str) -> None:
+    """Write the filed request ``r`` (a QuotaRequest) to the ledger, or update its row when the provider answered
+    with a request id the ledger holds already (a request filed again)."""
     from broker.money.ledger import Ledger
 
     with Ledger() as led:
@@ -436,7 +453,6 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         else:
             led.add_quota_request(provider, r.limit_name, r.value, region=r.region, scope=r.scope, unit=r.unit,
                                   provider_request_id=r.request_id, state=r.state, reason=why, detail=detail)
-    return r, note
 
 
 def request_statuses(refresh: bool = True, provider: str | None = None) -> list[dict[str, Any]]:
