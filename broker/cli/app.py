@@ -134,9 +134,11 @@ def _root_callback() -> Any:
 COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("plan", "broker.cli.planning:plan_cmd",
      dict(short_help="The cheapest valid way to run a job, and why not the others")),
-    ("offers", "broker.cli.planning:offers_cmd", dict(short_help="Raw offers, cheapest first (like `vastai search offers`)")),
+    ("offers", "broker.cli.planning:offers_cmd",
+     dict(short_help="Raw offers, cheapest first (like `vastai search offers`)")),
     ("check", "broker.cli.planning:check_cmd", dict(short_help="Whether each provider's credentials are present")),
-    ("catalog", "broker.cli.catalog:catalog_app", dict(short_help="Price snapshots: show them, refresh from live APIs")),
+    ("catalog", "broker.cli.catalog:catalog_app",
+     dict(short_help="Price snapshots: show them, refresh from live APIs")),
     ("run", "broker.cli.run:register", {}),
     ("status", "broker.cli.status:status_cmd",
      dict(short_help="Recent runs (spent, worst case, time left), live resources")),
@@ -150,7 +152,8 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("watchdog", "broker.cli.watchdog:watchdog_cmd",
      dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
     ("quota", "broker.cli.quota:quota_app", {}),  # its help names the quota providers (the registry's list)
-    ("lint", "broker.cli.lint:lint_cmd", dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
+    ("lint", "broker.cli.lint:lint_cmd",
+     dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:netns_app", dict(short_help="A local cluster in network namespaces (Linux, root)")),
     ("slurm", "broker.cli.slurm:slurm_app", dict(short_help="Slurm clusters: render, up, status, down")),
     ("logs", "broker.cli.day2:logs_cmd", dict(short_help="Print a run's node log; -f follows a live run")),
