@@ -234,7 +234,7 @@ def render_cmd(
     import shlex
 
     from broker.core.recipe import load_recipe
-    from broker.slurm.executor import render_sbatch
+    from broker.slurm.sbatch import render_sbatch
 
     recipe = load_recipe(recipe_path, resolve=False)  # env ${NAME} stays a reference: no secret printed
     logs = log_dir or "slurm-logs"
