@@ -1,7 +1,7 @@
 """The ``broker`` command line (Typer).  Thin: parse, call the core, render with rich.
 
-Each feature lives in ``broker/cli/<feature>.py`` with a ``register(app)`` function; command bodies import
-what they need lazily so ``broker --help`` starts fast.
+Each command group lives in ``broker/cli/<group>.py`` as module-level command functions, added from one table
+(:data:`COMMAND_TABLE`); command bodies import what they need lazily so ``broker --help`` starts fast.
 
 One error boundary (:func:`main`): every failure ends in one message (what failed, what to do) and one exit code
 (:mod:`broker.core.errors`): 0 success, 1 the job failed, 2 bad input, 3 no valid plan, 4 provider error, 130
@@ -36,23 +36,6 @@ def _new_app() -> typer.Typer:
     return typer.Typer(name="broker", help="Cost-aware cloud GPU broker: plan, run and tear down multi-node DDP jobs.",
                        no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                        rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]})
-
-
-#: modules that add commands (each has ``register(app)``)
-COMMAND_MODULES = [
-    "broker.cli.plan",  # plan, offers, check, catalog
-    "broker.cli.run",
-    "broker.cli.status",
-    "broker.cli.lifecycle",  # down, reconcile
-    "broker.cli.stopstart",  # stop, start
-    "broker.cli.watchdog",
-    "broker.cli.quota",
-    "broker.cli.lint",
-    "broker.cli.cluster",  # netns up|down|status
-    "broker.cli.slurm",
-    "broker.cli.day2",  # logs, ssh, exec, cost, clean
-    "broker.cli.init",
-]
 
 
 def _version(value: bool) -> None:
@@ -141,26 +124,82 @@ def _root_callback() -> Any:
     return _root
 
 
-#: command name -> the module that registers it: ``broker plan`` builds only what it runs (Typer inspects every
-#: registered command's signature on each start; tests/cli/test_startup.py checks this table against the modules)
-COMMANDS = {
-    **dict.fromkeys(("plan", "offers", "check", "catalog"), "broker.cli.plan"),
-    "run": "broker.cli.run", "status": "broker.cli.status",
-    **dict.fromkeys(("down", "reconcile"), "broker.cli.lifecycle"),
-    **dict.fromkeys(("stop", "start"), "broker.cli.stopstart"),
-    "watchdog": "broker.cli.watchdog", "quota": "broker.cli.quota", "lint": "broker.cli.lint",
-    "netns": "broker.cli.cluster", "slurm": "broker.cli.slurm",
-    **dict.fromkeys(("logs", "ssh", "exec", "cost", "clean"), "broker.cli.day2"),
-    "init": "broker.cli.init",
-}
+#: Every command of ``broker``, in the order ``broker --help`` lists them: (name, "module:attribute", the
+#: keywords Typer's ``app.command`` / ``app.add_typer`` takes).  The attribute is a module-level command function,
+#: or a Typer app (``*_app``) for a group whose subcommands are module-level functions of the same module
+#: (registered there, with their help), or ``register`` for a module that adds its command itself
+#: (``register(app)``).  Only the invoked command's module is imported (``broker plan`` builds no other command:
+#: Typer inspects every registered command's signature on each start); tests/cli/test_commands_table.py reaches
+#: every command by this name.
+COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("plan", "broker.cli.planning:plan_cmd",
+     dict(short_help="The cheapest valid way to run a job, and why not the others")),
+    ("offers", "broker.cli.planning:offers_cmd",
+     dict(short_help="Raw offers, cheapest first (like `vastai search offers`)")),
+    ("check", "broker.cli.planning:check_cmd", dict(short_help="Whether each provider's credentials are present")),
+    ("catalog", "broker.cli.catalog:catalog_app",
+     dict(short_help="Price snapshots: show them, refresh from live APIs")),
+    ("run", "broker.cli.run:register", {}),
+    ("status", "broker.cli.status:status_cmd",
+     dict(short_help="Recent runs (spent, worst case, time left), live resources")),
+    ("down", "broker.cli.lifecycle:down_cmd", dict(short_help="Terminate every live resource of a run (idempotent)")),
+    ("reconcile", "broker.cli.lifecycle:reconcile_cmd",
+     dict(short_help="Resources with broker's tag that the ledger does not know")),
+    ("stop", "broker.cli.stopstart:stop_cmd",
+     dict(short_help="Stop a run's machines keeping their disks (the disks still bill)")),
+    ("start", "broker.cli.stopstart:start_cmd",
+     dict(short_help="Start a stopped run's machines again (new addresses, SSH checked)")),
+    ("watchdog", "broker.cli.watchdog:watchdog_cmd",
+     dict(short_help="Terminate what is past its deadline or budget, or orphaned")),
+    ("quota", "broker.cli.quota:quota_app", {}),  # its help names the quota providers (the registry's list)
+    ("lint", "broker.cli.lint:lint_cmd",
+     dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
+    ("netns", "broker.cli.cluster:netns_app", dict(short_help="A local cluster in network namespaces (Linux, root)")),
+    ("slurm", "broker.cli.slurm:slurm_app", dict(short_help="Slurm clusters: render, up, status, down")),
+    ("logs", "broker.cli.day2:logs_cmd", dict(short_help="Print a run's node log; -f follows a live run")),
+    ("ssh", "broker.cli.day2:ssh_cmd", dict(short_help="A shell (or one command) on a node of a live or kept run",
+                                            context_settings={"allow_extra_args": True,
+                                                              "ignore_unknown_options": True})),
+    ("exec", "broker.cli.day2:exec_cmd", dict(short_help="Run a recipe on the kept nodes of a run (no provisioning)",
+                                              context_settings={"allow_extra_args": True,
+                                                                "ignore_unknown_options": True})),
+    ("cost", "broker.cli.day2:cost_cmd", dict(short_help="What runs cost, per run and per provider (USD)")),
+    ("clean", "broker.cli.day2:clean_cmd",
+     dict(short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")),
+    ("init", "broker.cli.init:init_cmd", dict(short_help="Write the example recipes into a folder")),
+)
+
+#: command name -> the module that defines it
+COMMANDS = {name: target.partition(":")[0] for name, target, _ in COMMAND_TABLE}
+
+#: the command modules, in the table's order
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
+
+
+def add_command(a: typer.Typer, name: str, target: str, options: dict[str, Any]) -> None:
+    """Add one row of :data:`COMMAND_TABLE` to ``a``: a function as a command, a Typer app as a group, a
+    ``register`` function called with ``a`` (once per app, however many rows name it)."""
+    module, _, attr = target.partition(":")
+    obj = getattr(importlib.import_module(module), attr)
+    if attr == "register":
+        done = a.__dict__.setdefault("_broker_registered", set())
+        if target not in done:
+            done.add(target)
+            obj(a)
+    elif callable(obj) and not hasattr(obj, "registered_commands"):
+        a.command(name, **options)(obj)
+    else:
+        a.add_typer(obj, name=name, **options)
 
 
 def make_app(modules: list[str]) -> typer.Typer:
-    """A ``broker`` Typer app with the root options and the commands of ``modules`` (``register(app)`` each)."""
+    """A ``broker`` Typer app with the root options and the commands of :data:`COMMAND_TABLE` defined in
+    ``modules`` (module names), in the table's order."""
     a = _new_app()
     a.callback()(_root_callback())
-    for name in modules:
-        importlib.import_module(name).register(a)
+    for name, target, options in COMMAND_TABLE:
+        if target.partition(":")[0] in modules:
+            add_command(a, name, target, options)
     return a
 
 

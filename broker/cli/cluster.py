@@ -217,6 +217,3 @@ def status_cmd() -> None:
         where = f" state {c.root}" if c else ""
         console.print(f"[bold]{cid}[/]: {', '.join(items)}; sshd pids {sshd or '-'}{where}")
 
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(netns_app, name="netns", short_help="A local cluster in network namespaces (Linux, root)")

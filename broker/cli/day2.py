@@ -449,255 +449,251 @@ def _parse_since(value: str | None) -> datetime | None:
     return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("logs", short_help="Print a run's node log; -f follows a live run")
-    def logs_cmd(
-        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix (see `broker "
-                                     "status`) or latest (the default: the newest run)"),
-        node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
-        follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the run is live"),
-        attempt: Optional[int] = typer.Option(None, "--attempt", "-a", min=1, help="which attempt's log, for a run "
-                                              "that was preempted and rented again (default: the last)"),
-    ) -> None:
-        """Print a run's node log (past or running); -f follows a live run until it ends."""
-        from broker.money.ledger import Ledger
+def logs_cmd(
+    run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix (see `broker "
+                                 "status`) or latest (the default: the newest run)"),
+    node: int = typer.Option(0, "--node", "-n", help="which node's log (default 0)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing while the run is live"),
+    attempt: Optional[int] = typer.Option(None, "--attempt", "-a", min=1, help="which attempt's log, for a run "
+                                          "that was preempted and rented again (default: the last)"),
+) -> None:
+    """Print a run's node log (past or running); -f follows a live run until it ends."""
+    from broker.money.ledger import Ledger
+    from broker.core.provider import BadInput
+
+    from broker.cli import starting
+
+    ledger = Ledger()
+    pend = starting.find(ledger, run_id)
+    if pend is not None:  # `broker run -d` whose background process has not written its row yet
+        if not pend["alive"]:
+            raise starting.not_started(pend)
+        if not follow:
+            raise BadInput(f"run {pend['run_id']} is still starting in the background (pid {pend['pid']}): no "
+                           "log yet", hint=f"`broker logs -f {pend['run_id']}` waits for it")
+        run = starting.wait_for_row(ledger, pend)
+    else:
+        run = find_run_or_latest(ledger, run_id)
+    nodes = int((run.recipe or {}).get("nodes") or 1)
+    if not 0 <= node < max(nodes, 1):
+        raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")
+    path = _node_log(run, node)
+    last, kept = attempts_kept(ledger, run.id, path.parent)
+    if attempt is not None and attempt != last:
+        if attempt not in kept:
+            raise BadInput(f"run {run.id} has no log of attempt {attempt}",
+                           hint=f"--attempt 1..{last}" if last > 1 else "it ran once: leave --attempt out")
+        path = path.parent / f"attempt{attempt}" / path.name
+        if path.is_symlink():
+            raise BadInput(f"{path} is a symbolic link: broker reads only its own files there",
+                           hint=f"remove it; `broker status {run.id}` still shows each attempt")
+        follow = False  # an earlier attempt has ended: its log is whole
+    elif kept:  # on stderr: a pipe of the log gets the log only
+        sys.stderr.write(f"broker: the log of attempt {last} of {last}; attempt(s) "
+                         f"{', '.join(map(str, kept))} ended earlier: `broker logs {run.id} --node {node} "
+                         f"--attempt {kept[0]}`\n")
+    if follow:
+        try:
+            follow_log(ledger, run.id, path)
+        except KeyboardInterrupt:
+            # Ctrl-C stops the following, not the run (it is another process): say so, not "interrupted"
+            sys.stderr.write(f"\nbroker: stopped following; run {run.id} goes on (`broker logs -f {run.id}` "
+                             f"follows it again, `broker down {run.id}` stops it)\n")
+            raise typer.Exit(0) from None
+        _say_final_state(ledger.get_run(run.id) or run)
+        return
+    if not path.exists():
+        removed = folder_removed(ledger, run)
+        if removed:
+            raise BadInput(removed, hint=f"`broker status {run.id}` still shows what the run did and cost")
+        raise BadInput(f"run {run.id} has no log for node {node} ({path})",
+                       hint="the run may have ended before the node started; `broker status " + run.id + "`")
+    from broker.core.ui import node_text
+
+    sys.stdout.write(node_text(path.read_text(encoding="utf-8", errors="replace")))
+
+
+def ssh_cmd(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix"),
+    node_arg: Optional[str] = typer.Argument(None, metavar="[NODE]", help="node index (default 0)"),
+    config: bool = typer.Option(False, "--config", help="print Host entries for ~/.ssh/config instead"),
+    install: bool = typer.Option(False, "--install", help="with --config: write them to broker's own ssh "
+                                 "config and Include it from ~/.ssh/config (once; a backup is kept), so "
+                                 "`ssh broker-RUN-n0` works"),
+) -> None:
+    """A shell (or, after --, one command) on a node of a live or kept run, with the run's key and known_hosts."""
+    from broker.money.ledger import Ledger
+    from broker.run.kept import kept_cluster
+    from broker.core.provider import BadInput
+
+    refuse_stopped(Ledger(), run_id)
+    run, cluster = kept_cluster(Ledger(), run_id)
+    if cluster.local_exec:
+        raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
+                       hint=f"their folders are under {run.run_dir}")
+    if install and not config:
+        raise BadInput("--install goes with --config", hint=f"broker ssh {run.id} --config --install")
+    if config and install:
+        from broker.core.ui import console
+
+        own, user, changed = install_ssh_config(run.id, ssh_config(run.id, cluster))
+        console.print(f"wrote the Host entries of run {run.id} to {own}", highlight=False)
+        console.print((f"added `Include {own}` to {user}" + (f" (backup: {changed})" if changed else ""))
+                      if changed is not None else f"{user} already includes it", highlight=False)
+        console.print(f"  ssh broker-{run.id}-n0", highlight=False, soft_wrap=True)
+        return
+    if config:
+        sys.stdout.write(ssh_config(run.id, cluster))
+        return
+    command = [a for a in ctx.args if a != "--"]
+    if node_arg is not None and not node_arg.isdigit():  # `broker ssh RUN -- CMD`: no NODE given
+        command, node_arg = [node_arg, *command], None
+    node = int(node_arg or 0)
+    if not 0 <= node < len(cluster.nodes):
+        raise BadInput(f"run {run.id} has {len(cluster.nodes)} node(s): no node {node}",
+                       hint=f"broker ssh {run.id} 0..{len(cluster.nodes) - 1}")
+    if cluster.nodes[node].local:  # node 0 of a hybrid run: this machine
+        raise BadInput(f"node {node} of run {run.id} is this machine (hybrid): no SSH needed",
+                       hint=f"its folder is {cluster.nodes[node].workroot or run.run_dir}; the VMs are nodes "
+                            f"1..{len(cluster.nodes) - 1}")
+    argv = ssh_argv(cluster, node, command or None)
+    from broker.slurm.cluster import slurm_ssh_argv  # a `broker slurm up` cluster: SLURM_CONF in the session
+
+    argv = slurm_ssh_argv(run, argv, command)
+    if shutil.which("ssh") is None:
+        raise BadInput("the ssh client is not installed", hint="apt-get install openssh-client")
+    if command:
+        import subprocess
+
+        raise typer.Exit(subprocess.run(argv).returncode)
+    os.execvp("ssh", argv)
+
+
+def exec_cmd(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., metavar="RUN", help="a run whose nodes were kept (recipe idle_minutes)"),
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="the recipe to run on those nodes"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+) -> None:
+    """Run RECIPE on the kept nodes of RUN (recipe idle_minutes), without provisioning; the idle timer restarts.
+    On a cluster from `broker slurm up`: `broker exec CLUSTER -- CMD` runs CMD on every node."""
+    from broker.money.ledger import Ledger as _Ledger
+    from broker.slurm.cluster import exec_on_cluster
+
+    code = exec_on_cluster(_Ledger(), run_id, [str(recipe_path), *[a for a in ctx.args if a != "--"]],
+                           echo=lambda line: sys.stdout.write(line + "\n"))
+    if code is not None:
+        raise typer.Exit(code)
+    if looks_like_command(str(recipe_path)):  # `broker exec RUN -- hostname`: on every node
+        raise typer.Exit(exec_command(_Ledger(), find_run_or_latest(_Ledger(), run_id).id,
+                                      [str(recipe_path), *[a for a in ctx.args if a != "--"]],
+                                      echo=lambda line: sys.stdout.write(line + "\n")))
+    if [a for a in ctx.args if a != "--"]:
         from broker.core.provider import BadInput
 
-        from broker.cli import starting
+        raise BadInput(f"unexpected argument(s) after {recipe_path}: {' '.join(ctx.args)}",
+                       hint="broker exec RUN RECIPE (a command after -- runs only on `broker slurm up` clusters)")
+    from broker.cli.run import lint_or_refuse
+    from broker.core.recipe import load_recipe
 
-        ledger = Ledger()
-        pend = starting.find(ledger, run_id)
-        if pend is not None:  # `broker run -d` whose background process has not written its row yet
-            if not pend["alive"]:
-                raise starting.not_started(pend)
-            if not follow:
-                raise BadInput(f"run {pend['run_id']} is still starting in the background (pid {pend['pid']}): no "
-                               "log yet", hint=f"`broker logs -f {pend['run_id']}` waits for it")
-            run = starting.wait_for_row(ledger, pend)
-        else:
-            run = find_run_or_latest(ledger, run_id)
-        nodes = int((run.recipe or {}).get("nodes") or 1)
-        if not 0 <= node < max(nodes, 1):
-            raise BadInput(f"run {run.id} has {nodes} node(s): no node {node}", hint=f"--node 0..{nodes - 1}")
-        path = _node_log(run, node)
-        last, kept = attempts_kept(ledger, run.id, path.parent)
-        if attempt is not None and attempt != last:
-            if attempt not in kept:
-                raise BadInput(f"run {run.id} has no log of attempt {attempt}",
-                               hint=f"--attempt 1..{last}" if last > 1 else "it ran once: leave --attempt out")
-            path = path.parent / f"attempt{attempt}" / path.name
-            if path.is_symlink():
-                raise BadInput(f"{path} is a symbolic link: broker reads only its own files there",
-                               hint=f"remove it; `broker status {run.id}` still shows each attempt")
-            follow = False  # an earlier attempt has ended: its log is whole
-        elif kept:  # on stderr: a pipe of the log gets the log only
-            sys.stderr.write(f"broker: the log of attempt {last} of {last}; attempt(s) "
-                             f"{', '.join(map(str, kept))} ended earlier: `broker logs {run.id} --node {node} "
-                             f"--attempt {kept[0]}`\n")
-        if follow:
-            try:
-                follow_log(ledger, run.id, path)
-            except KeyboardInterrupt:
-                # Ctrl-C stops the following, not the run (it is another process): say so, not "interrupted"
-                sys.stderr.write(f"\nbroker: stopped following; run {run.id} goes on (`broker logs -f {run.id}` "
-                                 f"follows it again, `broker down {run.id}` stops it)\n")
-                raise typer.Exit(0) from None
-            _say_final_state(ledger.get_run(run.id) or run)
-            return
-        if not path.exists():
-            removed = folder_removed(ledger, run)
-            if removed:
-                raise BadInput(removed, hint=f"`broker status {run.id}` still shows what the run did and cost")
-            raise BadInput(f"run {run.id} has no log for node {node} ({path})",
-                           hint="the run may have ended before the node started; `broker status " + run.id + "`")
-        from broker.core.ui import node_text
+    recipe = load_recipe(recipe_path)
+    lint_or_refuse(recipe, as_json=as_json)
+    from broker.cli.run import run_on_kept
 
-        sys.stdout.write(node_text(path.read_text(encoding="utf-8", errors="replace")))
+    raise typer.Exit(run_on_kept(run_id, recipe, quiet=quiet, as_json=as_json))
 
-    @app.command("ssh", short_help="A shell (or one command) on a node of a live or kept run",
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def ssh_cmd(
-        ctx: typer.Context,
-        run_id: str = typer.Argument(..., metavar="RUN", help="run id or a unique prefix"),
-        node_arg: Optional[str] = typer.Argument(None, metavar="[NODE]", help="node index (default 0)"),
-        config: bool = typer.Option(False, "--config", help="print Host entries for ~/.ssh/config instead"),
-        install: bool = typer.Option(False, "--install", help="with --config: write them to broker's own ssh "
-                                     "config and Include it from ~/.ssh/config (once; a backup is kept), so "
-                                     "`ssh broker-RUN-n0` works"),
-    ) -> None:
-        """A shell (or, after --, one command) on a node of a live or kept run, with the run's key and known_hosts."""
-        from broker.money.ledger import Ledger
-        from broker.run.kept import kept_cluster
-        from broker.core.provider import BadInput
 
-        refuse_stopped(Ledger(), run_id)
-        run, cluster = kept_cluster(Ledger(), run_id)
-        if cluster.local_exec:
-            raise BadInput(f"the nodes of run {run.id} are processes on this machine ({cluster.provider}): no SSH",
-                           hint=f"their folders are under {run.run_dir}")
-        if install and not config:
-            raise BadInput("--install goes with --config", hint=f"broker ssh {run.id} --config --install")
-        if config and install:
-            from broker.core.ui import console
+def cost_cmd(
+    run_id: Optional[str] = typer.Argument(None, metavar="[RUN]", help="one run (an id, a unique prefix or "
+                                           "latest), with its attempts"),
+    since: Optional[str] = typer.Option(None, "--since", help="only runs created on or after this date "
+                                        "(YYYY-MM-DD)"),
+    provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only runs on this provider"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """What runs cost (or RUN cost), per run and per provider, from the ledger (USD)."""
+    from rich.table import Table
 
-            own, user, changed = install_ssh_config(run.id, ssh_config(run.id, cluster))
-            console.print(f"wrote the Host entries of run {run.id} to {own}", highlight=False)
-            console.print((f"added `Include {own}` to {user}" + (f" (backup: {changed})" if changed else ""))
-                          if changed is not None else f"{user} already includes it", highlight=False)
-            console.print(f"  ssh broker-{run.id}-n0", highlight=False, soft_wrap=True)
-            return
-        if config:
-            sys.stdout.write(ssh_config(run.id, cluster))
-            return
-        command = [a for a in ctx.args if a != "--"]
-        if node_arg is not None and not node_arg.isdigit():  # `broker ssh RUN -- CMD`: no NODE given
-            command, node_arg = [node_arg, *command], None
-        node = int(node_arg or 0)
-        if not 0 <= node < len(cluster.nodes):
-            raise BadInput(f"run {run.id} has {len(cluster.nodes)} node(s): no node {node}",
-                           hint=f"broker ssh {run.id} 0..{len(cluster.nodes) - 1}")
-        if cluster.nodes[node].local:  # node 0 of a hybrid run: this machine
-            raise BadInput(f"node {node} of run {run.id} is this machine (hybrid): no SSH needed",
-                           hint=f"its folder is {cluster.nodes[node].workroot or run.run_dir}; the VMs are nodes "
-                                f"1..{len(cluster.nodes) - 1}")
-        argv = ssh_argv(cluster, node, command or None)
-        from broker.slurm.cluster import slurm_ssh_argv  # a `broker slurm up` cluster: SLURM_CONF in the session
+    from broker.money.ledger import Ledger
+    from broker.core.ui import console, print_json, usd
 
-        argv = slurm_ssh_argv(run, argv, command)
-        if shutil.which("ssh") is None:
-            raise BadInput("the ssh client is not installed", hint="apt-get install openssh-client")
-        if command:
-            import subprocess
+    ledger = Ledger()
+    one = ledger.find_run(run_id).id if run_id else None  # the id the run's summary names, or a prefix
+    data = cost_data(ledger, since=_parse_since(since), provider=provider, rows=None if as_json else 50,
+                     run_id=one)
+    if as_json:
+        print_json(data)
+        return
+    t = Table(title="cost per run (ledger)", title_justify="left")
+    for col in ("run", "provider", "status", "cost"):
+        t.add_column(col, justify="right" if col == "cost" else "left")
+    from broker.core.prose import usd_parts
 
-            raise typer.Exit(subprocess.run(argv).returncode)
-        os.execvp("ssh", argv)
+    for r in data["runs"][:50]:
+        attempts = r.get("attempts", [])
+        total, each = usd_parts(r["usd"], [a["usd"] for a in attempts])
+        t.add_row(r["run"], r["provider"], r["status"], total)
+        for a, cost in zip(attempts, each):
+            t.add_row(f"  attempt {a['attempt']}", "", a["cause"] or "running", cost)
+    console.print(t)
+    if data["run_count"] > 50:
+        console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")
+    for p, v in sorted(data["by_provider"].items(), key=lambda kv: str(kv[0])):
+        pretend = " (pretend money: not billed, not in the total)" if p in data["pretend_providers"] else ""
+        console.print(f"{p}: {usd(v)}{pretend}", highlight=False)
+    n_pretend = data["pretend_run_count"]
+    console.print(f"total: {usd(data['total_usd'])} over {data['run_count'] - n_pretend} run(s)"
+                  + (f" (plus {n_pretend} run(s) on {', '.join(map(str, data['pretend_providers']))}: pretend)"
+                     if n_pretend else ""), highlight=False)
+    for r in data["stopped"]:
+        console.print(f"run {r['run']}: {r['provider']} {r['provider_id']} stopped, billing "
+                      f"{usd(r['usd_per_hour'])}/h for its disk" + (f" until {r['deadline'][:16]}Z"
+                                                                   if r["deadline"] else ""), highlight=False)
 
-    @app.command("exec", short_help="Run a recipe on the kept nodes of a run (no provisioning)",
-                 context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-    def exec_cmd(
-        ctx: typer.Context,
-        run_id: str = typer.Argument(..., metavar="RUN", help="a run whose nodes were kept (recipe idle_minutes)"),
-        recipe_path: Path = typer.Argument(..., metavar="RECIPE", help="the recipe to run on those nodes"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
-        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-    ) -> None:
-        """Run RECIPE on the kept nodes of RUN (recipe idle_minutes), without provisioning; the idle timer restarts.
-        On a cluster from `broker slurm up`: `broker exec CLUSTER -- CMD` runs CMD on every node."""
-        from broker.money.ledger import Ledger as _Ledger
-        from broker.slurm.cluster import exec_on_cluster
 
-        code = exec_on_cluster(_Ledger(), run_id, [str(recipe_path), *[a for a in ctx.args if a != "--"]],
-                               echo=lambda line: sys.stdout.write(line + "\n"))
-        if code is not None:
-            raise typer.Exit(code)
-        if looks_like_command(str(recipe_path)):  # `broker exec RUN -- hostname`: on every node
-            raise typer.Exit(exec_command(_Ledger(), find_run_or_latest(_Ledger(), run_id).id,
-                                          [str(recipe_path), *[a for a in ctx.args if a != "--"]],
-                                          echo=lambda line: sys.stdout.write(line + "\n")))
-        if [a for a in ctx.args if a != "--"]:
-            from broker.core.provider import BadInput
+def clean_cmd(
+    older_than: float = typer.Option(0.0, "--older-than", metavar="DAYS", min=0,
+                                     help="only runs that ended at least DAYS days ago"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask (needed without a terminal)"),
+) -> None:
+    """List the folders of ended runs (logs, work copies, checkpoints, artifacts) with their sizes, ask, then
+    remove them; never of live runs, never outside <home>/runs/.  Without a terminal it needs --yes."""
+    from rich.markup import escape
 
-            raise BadInput(f"unexpected argument(s) after {recipe_path}: {' '.join(ctx.args)}",
-                           hint="broker exec RUN RECIPE (a command after -- runs only on `broker slurm up` clusters)")
-        from broker.cli.run import lint_or_refuse
-        from broker.core.recipe import load_recipe
+    from broker.money.ledger import Ledger
+    from broker.core.provider import BadInput
+    from broker.core.ui import console, err
 
-        recipe = load_recipe(recipe_path)
-        lint_or_refuse(recipe, as_json=as_json)
-        from broker.cli.run import run_on_kept
-
-        raise typer.Exit(run_on_kept(run_id, recipe, quiet=quiet, as_json=as_json))
-
-    @app.command("cost", short_help="What runs cost, per run and per provider (USD)")
-    def cost_cmd(
-        run_id: Optional[str] = typer.Argument(None, metavar="[RUN]", help="one run (an id, a unique prefix or "
-                                               "latest), with its attempts"),
-        since: Optional[str] = typer.Option(None, "--since", help="only runs created on or after this date "
-                                            "(YYYY-MM-DD)"),
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help="only runs on this provider"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """What runs cost (or RUN cost), per run and per provider, from the ledger (USD)."""
-        from rich.table import Table
-
-        from broker.money.ledger import Ledger
-        from broker.core.ui import console, print_json, usd
-
-        ledger = Ledger()
-        one = ledger.find_run(run_id).id if run_id else None  # the id the run's summary names, or a prefix
-        data = cost_data(ledger, since=_parse_since(since), provider=provider, rows=None if as_json else 50,
-                         run_id=one)
-        if as_json:
-            print_json(data)
-            return
-        t = Table(title="cost per run (ledger)", title_justify="left")
-        for col in ("run", "provider", "status", "cost"):
-            t.add_column(col, justify="right" if col == "cost" else "left")
-        from broker.core.prose import usd_parts
-
-        for r in data["runs"][:50]:
-            attempts = r.get("attempts", [])
-            total, each = usd_parts(r["usd"], [a["usd"] for a in attempts])
-            t.add_row(r["run"], r["provider"], r["status"], total)
-            for a, cost in zip(attempts, each):
-                t.add_row(f"  attempt {a['attempt']}", "", a["cause"] or "running", cost)
-        console.print(t)
-        if data["run_count"] > 50:
-            console.print(f"... {data['run_count'] - 50} older run(s); --json lists all")
-        for p, v in sorted(data["by_provider"].items(), key=lambda kv: str(kv[0])):
-            pretend = " (pretend money: not billed, not in the total)" if p in data["pretend_providers"] else ""
-            console.print(f"{p}: {usd(v)}{pretend}", highlight=False)
-        n_pretend = data["pretend_run_count"]
-        console.print(f"total: {usd(data['total_usd'])} over {data['run_count'] - n_pretend} run(s)"
-                      + (f" (plus {n_pretend} run(s) on {', '.join(map(str, data['pretend_providers']))}: pretend)"
-                         if n_pretend else ""), highlight=False)
-        for r in data["stopped"]:
-            console.print(f"run {r['run']}: {r['provider']} {r['provider_id']} stopped, billing "
-                          f"{usd(r['usd_per_hour'])}/h for its disk" + (f" until {r['deadline'][:16]}Z"
-                                                                       if r["deadline"] else ""), highlight=False)
-
-    @app.command("clean", short_help="Remove the folders of ended runs (logs, work copies); lists and asks first")
-    def clean_cmd(
-        older_than: float = typer.Option(0.0, "--older-than", metavar="DAYS", min=0,
-                                         help="only runs that ended at least DAYS days ago"),
-        dry_run: bool = typer.Option(False, "--dry-run", help="say what would be removed"),
-        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask (needed without a terminal)"),
-    ) -> None:
-        """List the folders of ended runs (logs, work copies, checkpoints, artifacts) with their sizes, ask, then
-        remove them; never of live runs, never outside <home>/runs/.  Without a terminal it needs --yes."""
-        from rich.markup import escape
-
-        from broker.money.ledger import Ledger
-        from broker.core.provider import BadInput
-        from broker.core.ui import console, err
-
-        ledger = Ledger()
-        todo, refused = clean_candidates(ledger, older_than_days=older_than)
-        for r, why in refused:
-            err.print(f"[bold red]refused[/]: run {r.id}'s folder is not deleted: {escape(why)} (a ledger row's "
-                      "run_dir must be a folder inside the broker home's runs/)", highlight=False)
-        total = sum(size for _, _, size in todo)
-        if not todo:
-            console.print("nothing to remove: no ended run has a folder"
-                          + (f" older than {older_than:g} day(s)" if older_than else ""), highlight=False)
-            return
-        console.print(f"{'would remove' if dry_run else 'will remove'} {len(todo)} run folder(s), {_mb(total)}:",
-                      highlight=False)
-        for r, path, size in todo:
-            ended = (r.ended_at or r.created_at)
-            console.print(f"  {r.id}  {escape(r.name or '')}  {r.status}"
-                          f"{'  ended ' + ended.strftime('%Y-%m-%d') if ended else ''}  {_mb(size):>10}  "
-                          f"{escape(str(path))}", highlight=False)
-        if dry_run:
-            return
-        if not yes:
-            if not sys.stdin.isatty():
-                raise BadInput(f"refusing to remove {len(todo)} run folder(s) ({_mb(total)}) without confirmation",
-                               hint="pass --yes to remove them without asking (--dry-run only lists them)")
-            if not typer.confirm(f"remove these {len(todo)} run folder(s) ({_mb(total)})?", default=False):
-                console.print("nothing removed.")
-                raise typer.Exit(1)
-        removed, freed = remove_run_folders(ledger, todo)
-        console.print(f"removed {len(removed)} run folder(s), {_mb(freed)}", highlight=False)
+    ledger = Ledger()
+    todo, refused = clean_candidates(ledger, older_than_days=older_than)
+    for r, why in refused:
+        err.print(f"[bold red]refused[/]: run {r.id}'s folder is not deleted: {escape(why)} (a ledger row's "
+                  "run_dir must be a folder inside the broker home's runs/)", highlight=False)
+    total = sum(size for _, _, size in todo)
+    if not todo:
+        console.print("nothing to remove: no ended run has a folder"
+                      + (f" older than {older_than:g} day(s)" if older_than else ""), highlight=False)
+        return
+    console.print(f"{'would remove' if dry_run else 'will remove'} {len(todo)} run folder(s), {_mb(total)}:",
+                  highlight=False)
+    for r, path, size in todo:
+        ended = (r.ended_at or r.created_at)
+        console.print(f"  {r.id}  {escape(r.name or '')}  {r.status}"
+                      f"{'  ended ' + ended.strftime('%Y-%m-%d') if ended else ''}  {_mb(size):>10}  "
+                      f"{escape(str(path))}", highlight=False)
+    if dry_run:
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            raise BadInput(f"refusing to remove {len(todo)} run folder(s) ({_mb(total)}) without confirmation",
+                           hint="pass --yes to remove them without asking (--dry-run only lists them)")
+        if not typer.confirm(f"remove these {len(todo)} run folder(s) ({_mb(total)})?", default=False):
+            console.print("nothing removed.")
+            raise typer.Exit(1)
+    removed, freed = remove_run_folders(ledger, todo)
+    console.print(f"removed {len(removed)} run folder(s), {_mb(freed)}", highlight=False)
 
 

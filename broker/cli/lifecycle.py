@@ -182,175 +182,173 @@ def _res_dict(r: Any) -> dict:
             "name": r.name, "state": r.state, "error": r.error}
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("down", short_help="Terminate every live resource of a run (idempotent)")
-    def down_cmd(
-        run_id: str = typer.Argument(None, metavar="[RUN]", help="the run to tear down (a unique prefix is enough)"),
-        all_runs: bool = typer.Option(False, "--all", "-a", help="every run with live resources"),
-        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating (--all)"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Terminate every live resource of RUN (or --all): idempotent, confirmed gone; exit 4 if any stays."""
-        from rich.markup import escape
+def down_cmd(
+    run_id: str = typer.Argument(None, metavar="[RUN]", help="the run to tear down (a unique prefix is enough)"),
+    all_runs: bool = typer.Option(False, "--all", "-a", help="every run with live resources"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating (--all)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Terminate every live resource of RUN (or --all): idempotent, confirmed gone; exit 4 if any stays."""
+    from rich.markup import escape
 
-        from broker.money.ledger import Ledger
-        from broker.core.provider import BadInput
-        from broker.money.teardown import teardown_run
-        from broker.core.ui import console, err, print_json
+    from broker.money.ledger import Ledger
+    from broker.core.provider import BadInput
+    from broker.money.teardown import teardown_run
+    from broker.core.ui import console, err, print_json
 
-        from broker.money.journal import failsafe
+    from broker.money.journal import failsafe
 
-        ledger = failsafe(Ledger())  # a ledger it cannot write never stops the deletes (broker.money.journal)
-        if all_runs == bool(run_id):
-            raise BadInput("give either a RUN id or --all", hint="`broker status` lists runs and live resources")
-        if all_runs:
-            run_ids = list(dict.fromkeys(r.run_id for r in ledger.resources(live_only=True)))
-            if run_ids and not yes and not as_json and sys.stdin.isatty():
-                if not typer.confirm(f"terminate every live resource of {len(run_ids)} run(s)?", default=True):
-                    raise typer.Exit(1)
+    ledger = failsafe(Ledger())  # a ledger it cannot write never stops the deletes (broker.money.journal)
+    if all_runs == bool(run_id):
+        raise BadInput("give either a RUN id or --all", hint="`broker status` lists runs and live resources")
+    if all_runs:
+        run_ids = list(dict.fromkeys(r.run_id for r in ledger.resources(live_only=True)))
+        if run_ids and not yes and not as_json and sys.stdin.isatty():
+            if not typer.confirm(f"terminate every live resource of {len(run_ids)} run(s)?", default=True):
+                raise typer.Exit(1)
+    else:
+        if ledger.get_run(run_id) is None and ledger.resources(run_id):
+            run_ids = [run_id]  # resources of a run the runs table lacks (e.g. orphans)
         else:
-            if ledger.get_run(run_id) is None and ledger.resources(run_id):
-                run_ids = [run_id]  # resources of a run the runs table lacks (e.g. orphans)
-            else:
-                run_ids = [ledger.find_run(run_id).id]
+            run_ids = [ledger.find_run(run_id).id]
+    say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
+    report: list[dict] = []
+    still: list[Any] = []
+    for rid in run_ids:
+        from broker.cli.detached import stop_detached
+
+        run_row = ledger.get_run(rid)
+        if run_row is not None and stop_detached(run_row) and not as_json:  # `broker run -d`: its own teardown
+            console.print(f"[bold]{rid}[/]: the background run was interrupted (it tears down its nodes)")
+        before = ledger.resources(rid, live_only=True)
+        if not as_json:
+            console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
+        left = teardown_run(ledger, rid, "down", say=say)
+        _settle_run(ledger, rid, left)
+        if not left:  # the machines are gone: their addresses may be someone else's from now on
+            from broker.core.sshconfig import forget_run_hosts
+
+            forget_run_hosts(rid)
+        for r in before:
+            now = ledger.resource(r.id) or r
+            report.append(_res_dict(now))
+            if not as_json:
+                ok = now.state == "terminated"
+                console.print(f"  {'[green]terminated[/]' if ok else '[red]STILL LIVE[/]'} {now.provider} "
+                              f"{now.kind} {now.provider_id or now.name}"
+                              + ("" if ok else f": {escape(now.error or 'not confirmed gone')}"))
+        still.extend(left)
+    if as_json:
+        print_json({"runs": run_ids, "resources": report, "still_live": [_res_dict(r) for r in still]})
+    elif not run_ids:
+        console.print("nothing live in the ledger.")
+    refused = [r for r in still if (r.error or "").startswith("refused:")]
+    if refused and not as_json:  # a ledger row is data: what the provider does not show as ours is not killed
+        err.print(f"[bold red]{len(refused)} ledger row(s) refused[/]: the provider does not show "
+                  f"{', '.join(escape(r.provider_id or r.name) for r in refused)} as this installation's (or the "
+                  "id is not the provider's form); nothing was terminated for them. Check the provider's console "
+                  "and whether the ledger file was edited", highlight=False)
+    if still:
+        if not as_json and len(still) > len(refused):
+            err.print(f"[bold red]{len(still) - len(refused)} resource(s) still live[/]: run `broker down "
+                      f"{' '.join(dict.fromkeys(r.run_id for r in still if r not in refused))}` again; if it "
+                      "keeps failing, delete them in the provider's console "
+                      f"({', '.join(r.provider_id or r.name for r in still if r not in refused)})")
+        raise typer.Exit(4)
+
+
+def reconcile_cmd(
+    provider: str = typer.Option(None, "--provider", "-p", help="only this provider"),
+    terminate: bool = typer.Option(False, "--terminate", help="terminate the orphans found"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
+    include_foreign: bool = typer.Option(False, "--include-foreign", help="also treat resources of other "
+                                         "installations (another BROKER_HOME, or an older broker without "
+                                         "installation tag) as orphans, but only those older than 169 h (the "
+                                         "longest deadline, 168 h, plus 1 h)"),
+    min_age: float = typer.Option(600.0, "--min-age", help="seconds a resource of this installation must "
+                                  "exist before it counts as an orphan (a create in flight is never one)",
+                                  min=0),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """List resources providers hold with broker's run tag that the ledger does not know (orphans of this
+    installation), other installations' resources (left alone) and possibly billing 'unknown' creates;
+    --terminate records the orphans in the ledger and terminates them in dependency order."""
+    from rich.markup import escape
+
+    from broker.money.ledger import Ledger
+    from broker.core.provider import BadInput
+    from broker.money.reconcile import FOREIGN_MIN_AGE_S, reconcile, reconcile_providers
+    from broker.core.ui import console, err, print_json
+
+    ledger = Ledger()
+    provs, skipped = reconcile_providers(ledger, provider)
+    opts = dict(include_foreign=include_foreign, min_age_s=min_age)
+    rep = reconcile(ledger, provs, terminate=False, **opts)
+    todo = len(rep.orphans) + len(rep.unknown)
+    if todo and not terminate and not yes and not as_json and sys.stdin.isatty():
+        for t in rep.orphans:
+            console.print(f"orphan: {t.provider} {t.kind} {t.provider_id} (run {t.run_id}, {t.state})")
+        terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
+    elif todo and terminate and not yes:
+        if not sys.stdin.isatty():
+            raise BadInput(f"{len(rep.orphans)} orphan(s) found; refusing to terminate without confirmation",
+                           hint="add --yes to terminate them non-interactively")
+        terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
+    if terminate and todo:
         say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
-        report: list[dict] = []
-        still: list[Any] = []
-        for rid in run_ids:
-            from broker.cli.detached import stop_detached
-
-            run_row = ledger.get_run(rid)
-            if run_row is not None and stop_detached(run_row) and not as_json:  # `broker run -d`: its own teardown
-                console.print(f"[bold]{rid}[/]: the background run was interrupted (it tears down its nodes)")
-            before = ledger.resources(rid, live_only=True)
-            if not as_json:
-                console.print(f"[bold]{rid}[/]: {len(before)} live resource(s)")
-            left = teardown_run(ledger, rid, "down", say=say)
-            _settle_run(ledger, rid, left)
-            if not left:  # the machines are gone: their addresses may be someone else's from now on
-                from broker.core.sshconfig import forget_run_hosts
-
-                forget_run_hosts(rid)
-            for r in before:
-                now = ledger.resource(r.id) or r
-                report.append(_res_dict(now))
-                if not as_json:
-                    ok = now.state == "terminated"
-                    console.print(f"  {'[green]terminated[/]' if ok else '[red]STILL LIVE[/]'} {now.provider} "
-                                  f"{now.kind} {now.provider_id or now.name}"
-                                  + ("" if ok else f": {escape(now.error or 'not confirmed gone')}"))
-            still.extend(left)
-        if as_json:
-            print_json({"runs": run_ids, "resources": report, "still_live": [_res_dict(r) for r in still]})
-        elif not run_ids:
-            console.print("nothing live in the ledger.")
-        refused = [r for r in still if (r.error or "").startswith("refused:")]
-        if refused and not as_json:  # a ledger row is data: what the provider does not show as ours is not killed
-            err.print(f"[bold red]{len(refused)} ledger row(s) refused[/]: the provider does not show "
-                      f"{', '.join(escape(r.provider_id or r.name) for r in refused)} as this installation's (or the "
-                      "id is not the provider's form); nothing was terminated for them. Check the provider's console "
-                      "and whether the ledger file was edited", highlight=False)
-        if still:
-            if not as_json and len(still) > len(refused):
-                err.print(f"[bold red]{len(still) - len(refused)} resource(s) still live[/]: run `broker down "
-                          f"{' '.join(dict.fromkeys(r.run_id for r in still if r not in refused))}` again; if it "
-                          "keeps failing, delete them in the provider's console "
-                          f"({', '.join(r.provider_id or r.name for r in still if r not in refused)})")
-            raise typer.Exit(4)
-
-    @app.command("reconcile", short_help="Resources with broker's tag that the ledger does not know")
-    def reconcile_cmd(
-        provider: str = typer.Option(None, "--provider", "-p", help="only this provider"),
-        terminate: bool = typer.Option(False, "--terminate", help="terminate the orphans found"),
-        yes: bool = typer.Option(False, "--yes", "-y", help="do not ask before terminating"),
-        include_foreign: bool = typer.Option(False, "--include-foreign", help="also treat resources of other "
-                                             "installations (another BROKER_HOME, or an older broker without "
-                                             "installation tag) as orphans, but only those older than 169 h (the "
-                                             "longest deadline, 168 h, plus 1 h)"),
-        min_age: float = typer.Option(600.0, "--min-age", help="seconds a resource of this installation must "
-                                      "exist before it counts as an orphan (a create in flight is never one)",
-                                      min=0),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """List resources providers hold with broker's run tag that the ledger does not know (orphans of this
-        installation), other installations' resources (left alone) and possibly billing 'unknown' creates;
-        --terminate records the orphans in the ledger and terminates them in dependency order."""
-        from rich.markup import escape
-
-        from broker.money.ledger import Ledger
-        from broker.core.provider import BadInput
-        from broker.money.reconcile import FOREIGN_MIN_AGE_S, reconcile, reconcile_providers
-        from broker.core.ui import console, err, print_json
-
-        ledger = Ledger()
-        provs, skipped = reconcile_providers(ledger, provider)
-        opts = dict(include_foreign=include_foreign, min_age_s=min_age)
-        rep = reconcile(ledger, provs, terminate=False, **opts)
-        todo = len(rep.orphans) + len(rep.unknown)
-        if todo and not terminate and not yes and not as_json and sys.stdin.isatty():
-            for t in rep.orphans:
-                console.print(f"orphan: {t.provider} {t.kind} {t.provider_id} (run {t.run_id}, {t.state})")
-            terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
-        elif todo and terminate and not yes:
-            if not sys.stdin.isatty():
-                raise BadInput(f"{len(rep.orphans)} orphan(s) found; refusing to terminate without confirmation",
-                               hint="add --yes to terminate them non-interactively")
-            terminate = typer.confirm(f"terminate these {len(rep.orphans)} orphan(s)?", default=False)
-        if terminate and todo:
-            say = None if as_json else (lambda m: console.print(f"  {escape(m)}"))
-            done = reconcile(ledger, provs, terminate=True, say=say, **opts)
-            rep.terminated, rep.failed, rep.unknown = done.terminated, done.failed, done.unknown
-            rep.adopted += [t for t in done.adopted if t not in rep.adopted]
-        if as_json:
-            print_json({"checked": rep.checked, "skipped": skipped, "errors": rep.errors, "known": rep.known,
-                        "installation_id": ledger.installation_id, "adopted": rep.adopted, "orphans": rep.orphans,
-                        "foreign": rep.foreign, "young": rep.young,
-                        "unknown": [_res_dict(r) for r in rep.unknown], "terminated": rep.terminated,
-                        "still_live": [_res_dict(r) for r in rep.failed]})
-        else:
-            console.print(f"checked: {', '.join(rep.checked) or 'no provider'}; {rep.known} tagged resource(s) "
-                          f"known to the ledger (installation {ledger.installation_id})")
-            for n, why in {**skipped, **rep.errors}.items():
-                console.print(f"  [yellow]{n}[/]: {escape(why)}")
-            for n in rep.errors:
-                console.print(f"  [bold red]{n} could not be listed: its orphans and unknown creates are NOT "
-                              "known[/] (retry later)")
-            for t in rep.adopted:
-                console.print(f"  {t.provider} {t.kind} {t.provider_id} belongs to an intent row of run {t.run_id} "
-                              f"(created just before a crash); `broker down {t.run_id}` terminates it")
-            for r in rep.unknown:
-                console.print(f"  [bold red]possibly billing[/]: {r.provider} {r.kind} {r.name} of run {r.run_id}: "
-                              f"an ambiguous create not resolved yet ({escape(r.error or 'unknown')}); "
-                              f"worst case ${r.usd_per_hour:.4g}/h until its deadline")
-            for t in rep.foreign:
-                console.print(f"  other installation: {t.provider} {t.kind} {t.provider_id} run {t.run_id} "
-                              f"(installation {t.installation_id or 'none'}): left alone")
-            if rep.foreign and not include_foreign:
-                h = FOREIGN_MIN_AGE_S / 3600
-                console.print(f"  (--include-foreign treats those older than {h:g} h as orphans)")
-            for t in rep.young:
-                console.print(f"  {t.provider} {t.kind} {t.provider_id} run {t.run_id} is younger than "
-                              f"{min_age:g} s: left alone (a create may be in flight)")
-            if not rep.orphans and not rep.errors:
-                console.print("no orphans.")
-            elif not rep.orphans:  # exit 4 below: never a plain "no orphans" over a provider it could not ask
-                listed = [n for n in rep.checked if n not in rep.errors]
-                console.print(f"no orphans found{' at ' + ', '.join(listed) if listed else ''}; "
-                              f"[bold red]unknown at {', '.join(rep.errors)}[/] (not listed)")
-            for t in rep.orphans:
-                console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
-                              f"${t.usd_per_hour or 0:.4g}/h")
-            if rep.terminated:
-                console.print(f"[green]terminated {len(rep.terminated)} resource(s)[/]")
-            if (rep.orphans or rep.unknown) and not terminate:
-                console.print("run `broker reconcile --terminate --yes` to terminate them")
-        if rep.failed:
-            err.print(f"[bold red]{len(rep.failed)} orphan(s) still live[/]: " + ", ".join(
-                f"{r.provider} {r.provider_id}: {r.error}" for r in rep.failed) + "; they stay listed in `broker "
-                "status`; retry `broker reconcile --terminate --yes` or `broker down <run>`")
-            raise typer.Exit(4)
-        if rep.errors:
-            if not as_json:
-                err.print(f"[bold red]error:[/] {', '.join(rep.errors)} could not be listed: orphans there are not "
-                          "known (exit 4)", highlight=False)
-            raise typer.Exit(4)
+        done = reconcile(ledger, provs, terminate=True, say=say, **opts)
+        rep.terminated, rep.failed, rep.unknown = done.terminated, done.failed, done.unknown
+        rep.adopted += [t for t in done.adopted if t not in rep.adopted]
+    if as_json:
+        print_json({"checked": rep.checked, "skipped": skipped, "errors": rep.errors, "known": rep.known,
+                    "installation_id": ledger.installation_id, "adopted": rep.adopted, "orphans": rep.orphans,
+                    "foreign": rep.foreign, "young": rep.young,
+                    "unknown": [_res_dict(r) for r in rep.unknown], "terminated": rep.terminated,
+                    "still_live": [_res_dict(r) for r in rep.failed]})
+    else:
+        console.print(f"checked: {', '.join(rep.checked) or 'no provider'}; {rep.known} tagged resource(s) "
+                      f"known to the ledger (installation {ledger.installation_id})")
+        for n, why in {**skipped, **rep.errors}.items():
+            console.print(f"  [yellow]{n}[/]: {escape(why)}")
+        for n in rep.errors:
+            console.print(f"  [bold red]{n} could not be listed: its orphans and unknown creates are NOT "
+                          "known[/] (retry later)")
+        for t in rep.adopted:
+            console.print(f"  {t.provider} {t.kind} {t.provider_id} belongs to an intent row of run {t.run_id} "
+                          f"(created just before a crash); `broker down {t.run_id}` terminates it")
+        for r in rep.unknown:
+            console.print(f"  [bold red]possibly billing[/]: {r.provider} {r.kind} {r.name} of run {r.run_id}: "
+                          f"an ambiguous create not resolved yet ({escape(r.error or 'unknown')}); "
+                          f"worst case ${r.usd_per_hour:.4g}/h until its deadline")
+        for t in rep.foreign:
+            console.print(f"  other installation: {t.provider} {t.kind} {t.provider_id} run {t.run_id} "
+                          f"(installation {t.installation_id or 'none'}): left alone")
+        if rep.foreign and not include_foreign:
+            h = FOREIGN_MIN_AGE_S / 3600
+            console.print(f"  (--include-foreign treats those older than {h:g} h as orphans)")
+        for t in rep.young:
+            console.print(f"  {t.provider} {t.kind} {t.provider_id} run {t.run_id} is younger than "
+                          f"{min_age:g} s: left alone (a create may be in flight)")
+        if not rep.orphans and not rep.errors:
+            console.print("no orphans.")
+        elif not rep.orphans:  # exit 4 below: never a plain "no orphans" over a provider it could not ask
+            listed = [n for n in rep.checked if n not in rep.errors]
+            console.print(f"no orphans found{' at ' + ', '.join(listed) if listed else ''}; "
+                          f"[bold red]unknown at {', '.join(rep.errors)}[/] (not listed)")
+        for t in rep.orphans:
+            console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
+                          f"${t.usd_per_hour or 0:.4g}/h")
+        if rep.terminated:
+            console.print(f"[green]terminated {len(rep.terminated)} resource(s)[/]")
+        if (rep.orphans or rep.unknown) and not terminate:
+            console.print("run `broker reconcile --terminate --yes` to terminate them")
+    if rep.failed:
+        err.print(f"[bold red]{len(rep.failed)} orphan(s) still live[/]: " + ", ".join(
+            f"{r.provider} {r.provider_id}: {r.error}" for r in rep.failed) + "; they stay listed in `broker "
+            "status`; retry `broker reconcile --terminate --yes` or `broker down <run>`")
+        raise typer.Exit(4)
+    if rep.errors:
+        if not as_json:
+            err.print(f"[bold red]error:[/] {', '.join(rep.errors)} could not be listed: orphans there are not "
+                      "known (exit 4)", highlight=False)
+        raise typer.Exit(4)

@@ -1,4 +1,8 @@
-"""``broker plan``, ``broker offers``, ``broker check`` and ``broker catalog show|refresh``.
+"""What ``broker plan`` does and shows: :func:`plan_command` (the body both parsers run) and the plan's rendering.
+
+The commands (``broker plan``, ``offers``, ``check``) are in :mod:`broker.cli.planning`, ``broker catalog`` in
+:mod:`broker.cli.catalog`: this module imports no Typer, so ``broker plan``'s parser-free start
+(:mod:`broker.cli.fastplan`) stays quick.
 
 Facts come from the adapters (``providers.get_provider(name)``): offers, quotas, capacity and a price note.  A
 provider whose adapter is missing or raises is reported in the notes and never stops the plan; its offers then
@@ -16,13 +20,11 @@ from typing import TYPE_CHECKING, Any
 _log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    import typer
-
     from broker.core.model import Offer, Plan, PlanOption, Requirements
+    from broker.core.plaintable import Table
 
 from broker.plan.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _short, check_names, gather,  # noqa: E402
                           log_plan)
-from broker.providers import SNAPSHOT  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------ rendering
@@ -274,11 +276,7 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     on ``out`` (default :func:`stdout_out`).  ``recipe_sets``: the recipe file's own (``interruptible``,
     ``checkpoint_dir``), so an interruptible choice names only what the recipe still lacks; None = no recipe.
     ``words``: how the user set the budget and the deadline (:func:`broker.plan.explain.limit_words`; default: the flags)."""
-    from broker.core.plaintable import Column, Table, drop_empty_columns, measure
     from broker.core.plaintable import escape
-    from broker.core.prose import NO_WRAP_WIDTH
-    from broker.core.prose import cell_len, usd
-    from broker.plan.interruptible import attempts_words
 
     out = out if out is not None else stdout_out()
     ops = _Ops(out.width)
@@ -286,101 +284,151 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     auto = wide is None  # a wide terminal: every column where they fit it whole
     if wide is None:
         wide = ops.width >= WIDE_COLUMNS
-    req = plan.requirements
-    models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
-    hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
-    budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
-    job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
-           f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
-    ops.line(f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
-             + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
+    ops.line(job_line(plan.requirements))
     if plan.options:
-        deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
-        spot = any(o.interruptible for o in plan.options)
-
-        def best(compact: bool, wide: bool) -> "Table":
-            """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
-            instead of beside them, for a width where the one-line rows would cut the names; ``wide``: every
-            column."""
-            t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
-                            f"{deadline} + setup)", columns=[])
-            # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
-            # wrap, and fold a word longer than their column
-            cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
-                    ("rented", "left", False)]
-            cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
-            cols += [("$/h", "right", True), ("worst", "right", True)]
-            if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
-                # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
-                cols += [("exp", "right", True)] + ([] if compact else [("off", "right", True)])
-            cols += [("max h", "right", True)]
-            if wide:
-                cols += [("prices", "left", True), ("where", "left", False)]
-            for col, just, nowrap in cols:
-                t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
-            for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
-                topo = o.topology.value + (("\n" if compact else " ") + "int." if o.interruptible else "")
-                rate = usd(o.usd_per_hour) + (f"\n-{saves_text(o)}" if compact and saves_text(o) else "")
-                row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
-                       escape(gpus(o)) if wide else compact_gpus(o), rate, usd(o.worst_case_usd)]
-                if spot:
-                    row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
-                    row += [] if compact else [saves_text(o)]
-                row += [max_hours_text(o, req.budget_usd)]
-                if wide:
-                    row += [escape(source_short(o.price_source)), escape(where(o, zones))]
-                t.add_row(*row)
-            return drop_empty_columns(t)
-
-        t = best(compact=False, wide=wide)
-        if auto and wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width:
-            wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
-            t = best(compact=False, wide=False)
-        compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
-        if compact:
-            t = best(compact=True, wide=False)
-        ops.table(t, wide=natural)
-        if not wide:
-            ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
-                     "and where each option is[/]")
-        if spot:
-            saving = ("-N% under a $/h = that much below the same machine on demand" if compact else
-                      "off = its $/h below the same machine on demand")
-            ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
-                     f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
-                     f"with restarts, {saving}[/]")
+        wide = show_best_options(ops, plan, limit=limit, wide=wide, natural=natural, auto=auto)
     if plan.rejected:
-        t = Table(title="rejected", columns=[])
-        if wide:
-            for col in ("provider", "topology", "rented", "worst case", "why"):
-                t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
-        else:  # 80 columns: the option in one narrow column, the reasons beside it
-            t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
-        shown = group_zones(plan.rejected[:rejected_limit])  # one row for a machine refused alike in N zones
-        for o, zones in shown:
-            why = "; ".join(o.rejected)
-            if len(zones) > 1:
-                why += f" (same in {len(zones)} zones: {', '.join(zones)})"
-            if o.next_step:
-                why += f"\n-> {o.next_step}"
-            worst = usd(o.worst_case_usd) if o.offers else "-"
-            if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
-                    req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
-                worst = f"${o.worst_case_usd:,.4f}"
-            if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
-                t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
-            else:  # the worst case on a line of its own when it does not fit beside what is rented
-                option = f"{what(o)} ({worst})"
-                if cell_len(option) > OPTION_WIDTH:
-                    option = f"{what(o)}\n({worst})"
-                t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
-        ops.table(t)
+        ops.table(rejected_table(plan, rejected_limit=rejected_limit, wide=wide))
         if len(plan.rejected) > rejected_limit:
             ops.line(f"({len(plan.rejected) - rejected_limit} more of the {len(plan.rejected)} rejected options kept "
                      "in --json)")
     for n in plan.notes:
         ops.line(f"[dim]note:[/] {escape(n)}")
     step = next_step(plan, recipe)
+    show_choice(ops, plan, recipe_sets=recipe_sets, words=words)
+    if step:
+        ops.line(f"[bold]next:[/] {escape(step)}")
+    out.replay(ops)
+
+
+def job_line(req: "Requirements") -> str:
+    """The plan's first line: the job asked for (nodes, GPUs, deadline, budget, topology), as markup."""
+    from broker.core.plaintable import escape
+    from broker.core.prose import usd
+
+    models = ", ".join(req.gpu_names) if req.gpu_names else "any model"
+    hours = f"{req.hours:g} h deadline" if req.hours is not None else "as long as the budget affords"
+    budget = usd(req.budget_usd) if req.budget_usd is not None else "none"
+    job = (f"{req.nodes} node(s), CPU only (gloo)" if req.gpus_per_node == 0 else
+           f"{req.nodes} node(s) x {req.gpus_per_node} GPU (>= {req.min_gpu_mem_gib:g} GiB, {escape(models)})")
+    return (f"[bold]job:[/] {job}, {hours}, budget {budget}, topology {req.topology}"
+            + (", cpu_ok" if req.cpu_ok and req.gpus_per_node else ""))
+
+
+def best_options_table(plan: "Plan", *, limit: int, compact: bool, wide: bool) -> "Table":
+    """The best options; ``compact``: an interruptible row's "int." and saving under its topology and $/h
+    instead of beside them, for a width where the one-line rows would cut the names; ``wide``: every
+    column."""
+    from broker.core.plaintable import Column, Table, drop_empty_columns, escape
+    from broker.core.prose import usd
+
+    req = plan.requirements
+    deadline = f"{req.hours:g} h" if req.hours is not None else "the longest affordable run"
+    spot = any(o.interruptible for o in plan.options)
+    t = Table(title=f"best options ({plan.valid_count or len(plan.options)} valid; * = chosen; worst = at "
+                    f"{deadline} + setup)", columns=[])
+    # short values (money, hours, memory) never wrap nor are cut; only the long names (rented, GPUs, where)
+    # wrap, and fold a word longer than their column
+    cols = [("", "left", True), ("provider", "left", True), ("topology", "left", True),
+            ("rented", "left", False)]
+    cols += [("GPUs", "left", False)] if wide else [("mem", "right", True)]
+    cols += [("$/h", "right", True), ("worst", "right", True)]
+    if spot:  # interruptible options: their expected cost with restarts beside the worst case, and what
+        # their $/h saves on the same machine on demand (the cheapest on-demand row is often another one)
+        cols += [("exp", "right", True)] + ([] if compact else [("off", "right", True)])
+    cols += [("max h", "right", True)]
+    if wide:
+        cols += [("prices", "left", True), ("where", "left", False)]
+    for col, just, nowrap in cols:
+        t.columns.append(Column(col, justify=just, no_wrap=nowrap, overflow="fold"))
+    for i, (o, zones) in enumerate(group_zones(plan.options)[:limit]):
+        topo = o.topology.value + (("\n" if compact else " ") + "int." if o.interruptible else "")
+        rate = usd(o.usd_per_hour) + (f"\n-{saves_text(o)}" if compact and saves_text(o) else "")
+        row = ["[bold green]*[/]" if i == 0 else "", o.provider, topo, escape(what(o)),
+               escape(gpus(o)) if wide else compact_gpus(o), rate, usd(o.worst_case_usd)]
+        if spot:
+            row += [usd(o.expected_usd) if o.expected_usd is not None else "-"]
+            row += [] if compact else [saves_text(o)]
+        row += [max_hours_text(o, req.budget_usd)]
+        if wide:
+            row += [escape(source_short(o.price_source)), escape(where(o, zones))]
+        t.add_row(*row)
+    return drop_empty_columns(t)
+
+
+def show_best_options(ops: _Ops, plan: "Plan", *, limit: int, wide: bool, natural: bool, auto: bool) -> bool:
+    """Add the best-options table and its legend to ``ops`` in the layout that fits ``ops.width`` (``auto``: the
+    wide one only where it fits whole; ``natural``: --wide, every column whatever the width); returns whether the
+    wide layout was kept (the rejected table follows it)."""
+    from broker.core.plaintable import measure
+    from broker.core.prose import NO_WRAP_WIDTH
+    from broker.plan.interruptible import attempts_words
+
+    req = plan.requirements
+    spot = any(o.interruptible for o in plan.options)
+    t = best_options_table(plan, limit=limit, compact=False, wide=wide)
+    if auto and wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width:
+        wide = False  # the wide columns would cut the names at this width: the narrow layout, whole
+        t = best_options_table(plan, limit=limit, compact=False, wide=False)
+    compact = spot and not wide and measure(t, NO_WRAP_WIDTH)[1] > ops.width
+    if compact:
+        t = best_options_table(plan, limit=limit, compact=True, wide=False)
+    ops.table(t, wide=natural)
+    if not wide:
+        ops.line("[dim]max h = the longest run the budget affords; --wide adds GPU models, price sources "
+                 "and where each option is[/]")
+    if spot:
+        saving = ("-N% under a $/h = that much below the same machine on demand" if compact else
+                  "off = its $/h below the same machine on demand")
+        ops.line(f"[dim]int. = interruptible (bid / spot / preemptible): worst covers "
+                 f"{attempts_words(req.max_restarts + 1)} (max_restarts {req.max_restarts}), exp = expected cost "
+                 f"with restarts, {saving}[/]")
+    return wide
+
+
+def rejected_table(plan: "Plan", *, rejected_limit: int, wide: bool) -> "Table":
+    """The first ``rejected_limit`` rejected options and why, one row for a machine refused alike in N zones;
+    ``wide``: provider, topology, rented, worst case and why in columns of their own."""
+    from broker.core.plaintable import Column, Table, escape
+    from broker.core.prose import cell_len, usd
+
+    req = plan.requirements
+    t = Table(title="rejected", columns=[])
+    if wide:
+        for col in ("provider", "topology", "rented", "worst case", "why"):
+            t.columns.append(Column(col, no_wrap=col in ("provider", "topology", "worst case")))
+    else:  # 80 columns: the option in one narrow column, the reasons beside it
+        t.columns += [Column("option (worst case)", max_width=OPTION_WIDTH), Column("why")]
+    shown = group_zones(plan.rejected[:rejected_limit])  # one row for a machine refused alike in N zones
+    for o, zones in shown:
+        why = "; ".join(o.rejected)
+        if len(zones) > 1:
+            why += f" (same in {len(zones)} zones: {', '.join(zones)})"
+        if o.next_step:
+            why += f"\n-> {o.next_step}"
+        worst = usd(o.worst_case_usd) if o.offers else "-"
+        if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
+                req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
+            worst = f"${o.worst_case_usd:,.4f}"
+        if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
+            t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
+        else:  # the worst case on a line of its own when it does not fit beside what is rented
+            option = f"{what(o)} ({worst})"
+            if cell_len(option) > OPTION_WIDTH:
+                option = f"{what(o)}\n({worst})"
+            t.add_row((f"{o.provider} {o.topology.value}\n{option}", True), (why, True))
+    return t
+
+
+def show_choice(ops: _Ops, plan: "Plan", *, recipe_sets: "tuple[str, str | None] | None",
+                words: dict[str, str] | None) -> None:
+    """Add what was chosen (with what an interruptible choice needs, and a cheaper option a quota increase would
+    open) to ``ops``; with no choice, the cheapest option the budget alone blocked and which limit to raise."""
+    from broker.core.plaintable import escape
+    from broker.core.prose import usd
+    from broker.plan.interruptible import attempts_words
+
+    req = plan.requirements
     c = plan.chosen
     if c is not None:
         ops.line(f"[bold]chosen:[/] {c.topology.value} on {c.provider}: {escape(rented(c))}, worst case "
@@ -392,18 +440,15 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
         if cheaper:
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
                      f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
-    if c is None:
-        only_budget = [o for o in plan.rejected if o.offers and o.rejected
-                       and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
-        if only_budget:
-            b = min(only_budget, key=lambda o: o.worst_case_usd)
-            ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
-                     f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
-                     f"(raise {(words or {}).get('budget', '--budget')} or shorten "
-                     f"{(words or {}).get('hours', '--hours')})")
-    if step:
-        ops.line(f"[bold]next:[/] {escape(step)}")
-    out.replay(ops)
+        return
+    only_budget = [o for o in plan.rejected if o.offers and o.rejected
+                   and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+    if only_budget:
+        b = min(only_budget, key=lambda o: o.worst_case_usd)
+        ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "
+                 f"{b.provider}, worst case {usd(b.worst_case_usd)} at a {b.hours:.2f} h deadline "
+                 f"(raise {(words or {}).get('budget', '--budget')} or shorten "
+                 f"{(words or {}).get('hours', '--hours')})")
 
 
 def saves_text(o: "PlanOption") -> str:
@@ -565,252 +610,6 @@ def plan_command(*, budget: float | None = None, nodes: int | None = None, gpus_
                 err.print(msg, markup=True)
         return 3
     return 0
-
-
-def register(app: "typer.Typer") -> None:
-    import typer
-
-    @app.command("plan", short_help="The cheapest valid way to run a job, and why not the others")
-    def plan_cmd(
-        budget: float = typer.Option(None, "--budget", "-b", help="total budget in USD (worst case must fit)"),
-        nodes: int = typer.Option(None, "--nodes", "-n", help="nodes (default 2)"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="GPUs per node (default 1)"),
-        gpu: list[str] = typer.Option(None, "--gpu", help="accepted GPU model (repeatable; default any)"),
-        min_gpu_mem: float = typer.Option(None, "--min-gpu-mem", help="GiB per GPU (default 16)"),
-        hours: float = typer.Option(None, "--hours", help="hard deadline in hours (default 1)"),
-        max_run: bool = typer.Option(False, "--max-run", help="deadline = the longest run the budget affords"),
-        topology: str = typer.Option(None, "--topology", help="simulated | multi-node | local | hybrid | any"),
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider to plan over (repeatable)"),
-        recipe: Path = typer.Option(None, "--recipe", "-r", help="take the job from this recipe"),
-        cpu_ok: bool = typer.Option(None, "--cpu-ok/--no-cpu-ok", help="accept gloo on CPU (local logic check)"),
-        cpu_only: bool = typer.Option(False, "--cpu-only", help="a CPU-only job (0 GPUs per node, gloo): free-tier "
-                                      "machines (OCI Always Free, AWS free tier) are $0.00 options within their "
-                                      "limits"),
-        disk: float = typer.Option(None, "--disk", help="disk per node in GiB (default 40)"),
-        top: int = typer.Option(8, "--top", min=1, help="how many valid options to show"),
-        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
-        offline: bool = typer.Option(False, "--offline", help="ask no provider: plan clouds from the shipped price "
-                                     "snapshots (also when an API is rate-limited or down)"),
-        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (GPU models, price sources, where); "
-                                  "default: when the terminal has 120 columns or more"),
-        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-        interruptible: str = typer.Option(None, "--interruptible", help="false | true | auto: rent interruptible "
-                                          "(bid / spot / preemptible) capacity; auto = only when its expected cost "
-                                          "with restarts is lower (default: the recipe's, else false)"),
-    ) -> None:
-        """The cheapest valid way to run the job within a budget, and why every other option was rejected."""
-        code = plan_command(budget=budget, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, min_gpu_mem=min_gpu_mem,
-                            hours=hours, max_run=max_run, topology=topology, provider=provider, recipe=recipe,
-                            cpu_ok=cpu_ok, cpu_only=cpu_only, disk=disk, top=top, vast_query=vast_query,
-                            offline=offline, wide=wide, as_json=as_json, interruptible=interruptible)
-        if code:
-            raise typer.Exit(code)
-
-    @app.command("offers", short_help="Raw offers, cheapest first (like `vastai search offers`)")
-    def offers_cmd(
-        gpu: list[str] = typer.Option(None, "--gpu", help="GPU model (repeatable), e.g. 'RTX 4090', A10"),
-        min_gpu_mem: float = typer.Option(0.0, "--min-gpu-mem", min=0, help="GiB per GPU"),
-        num_gpus: int = typer.Option(1, "--num-gpus", min=1, help="at least this many GPUs per offer"),
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
-        limit: int = typer.Option(30, "--limit", "-l", min=1, help="rows to show"),
-        vast_query: str = typer.Option(None, "--vast-query", help="Vast native filters, e.g. 'reliability>0.98'"),
-        wide: bool = typer.Option(None, "--wide/--narrow", help="every column (vCPU/RAM, disk price); default: "
-                                  f"when the terminal has {WIDE_COLUMNS} columns"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Raw offers, cheapest first (like `vastai search offers`), live where configured, else the snapshot."""
-        from rich.markup import escape
-        from rich.table import Table
-
-        from broker.core.model import Requirements
-        from broker.plan.planner import fmt_num, gpu_name_matches
-        from broker.core.ui import console, print_json, print_table, usd
-
-        req = Requirements(nodes=1, gpus_per_node=num_gpus, gpu_names=list(gpu or []), min_gpu_mem_gib=min_gpu_mem,
-                           hours=None, budget_usd=None, topology="any")
-        facts = gather(req, check_names(provider) if provider else list(CLOUD), facts_too=False,
-                       vast_query=vast_query)
-        rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
-                and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
-        if provider and "local" in provider and not any(o.provider == "local" for o in rows):
-            # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
-            from broker.providers import get_provider
-
-            here = get_provider("local").machine_offer()
-            rows.append(here)
-            facts.notes.append("local: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
-                               if here.gpu_count else "has no GPU: it runs a job with cpu_ok: true (gloo on CPU), "
-                               "free"))
-        rows.sort(key=lambda o: (o.usd_per_hour, o.key))
-        if as_json:
-            print_json({"offers": rows[:limit], "total": len(rows), "notes": facts.notes})
-            return
-        from rich import box
-
-        t = Table(title=f"offers ({min(limit, len(rows))} of {len(rows)}, cheapest first)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        if wide is None:
-            wide = console.width >= WIDE_COLUMNS
-        cols = [("provider", True), ("offer", True), ("GPUs", True)]  # ids and models never fold
-        cols += [("vCPU/RAM GiB", True), ("$/hour", True), ("disk $/GiB/mo", True)] if wide else [("$/hour", True)]
-        cols += [("where", False), ("net", True)]  # net: "private" (a private network across nodes) or "public"
-        for col, nowrap in cols:
-            t.add_column(col, no_wrap=nowrap, overflow="fold",
-                         justify="right" if col.startswith(("$", "disk")) else "left")
-        for o in rows[:limit]:
-            if o.offer_id.startswith("snapshot"):  # a price point, not a rentable offer id
-                offer = "snapshot" if o.gpu_name in o.instance_type else o.instance_type
-            elif o.offer_id == o.instance_type or o.gpu_name in o.instance_type:
-                offer = o.offer_id
-            else:
-                offer = f"{o.offer_id} ({o.instance_type})"
-            gpus = (f"{o.gpu_count}x {o.gpu_name} {round(o.gpu_mem_gib):g}G" if o.gpu_count else
-                    f"none ({fmt_num(o.vcpus)} CPUs)")
-            cells = [o.provider, escape(offer), escape(gpus)]
-            if wide:
-                cells += [f"{fmt_num(o.vcpus) if o.vcpus else '?'}/{fmt_num(o.ram_gib) if o.ram_gib else '?'}",
-                          usd(o.usd_per_hour),
-                          "incl." if o.attrs.get("dph_includes_storage") else f"{o.storage_usd_per_gib_month:g}"]
-            else:
-                cells += [usd(o.usd_per_hour)]
-            cells += [escape(where_of(o) or "any"), "private" if o.private_network else "public"]
-            t.add_row(*cells)
-        _where_between_words(t, console.width)
-        print_table(t, wide=wide)
-        if not wide:
-            console.print("[dim]net: private = the nodes share a private network; --wide adds vCPU/RAM and disk "
-                          "prices[/]")
-        for n in facts.notes:
-            console.print(f"[dim]note:[/] {escape(n)}")
-
-    @app.command("check", short_help="Whether each provider's credentials are present")
-    def check_cmd(
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all)"),
-        online: bool = typer.Option(False, "--online", help="also make one cheap authenticated call where the "
-                                    "adapter has one (Vast.ai: current user and credit)"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Whether each provider's credentials are present (no network) and, with --online, usable."""
-        import inspect
-
-        from rich.markup import escape
-        from broker.core.provider import ProviderCheck
-        from broker.core.ui import console, print_json
-        from broker.providers import get_provider
-
-        results: list[ProviderCheck] = []
-        for name in check_names(provider) if provider else list(DEFAULT_PROVIDERS):
-            try:
-                p = get_provider(name)
-                if online and "online" in inspect.signature(p.check).parameters:
-                    results.append(p.check(online=True))  # type: ignore[call-arg]
-                else:
-                    results.append(p.check())
-            except ImportError as e:
-                results.append(ProviderCheck(provider=name, configured=False, usable=None,
-                                             detail=f"adapter broker.providers.{name} not available: {_short(e)}",
-                                             hint="plans use the shipped price snapshot"))
-            except Exception as e:
-                results.append(ProviderCheck(provider=name, configured=False, usable=False, detail=_short(e)))
-            r = results[-1]
-            _log.info("check %s: credentials %s, %s%s", name, "present" if r.configured else "missing",
-                      {True: "usable", False: "not usable", None: "not tried online"}[r.usable],
-                      f" ({r.detail})" if r.detail else "")
-        if as_json:
-            print_json({"providers": results})
-            return
-        # one block per provider (URLs and key paths are never cut: they are what the user must copy)
-        for r in results:
-            usable = {True: "usable", False: "NOT usable", None: "not tried online"}[r.usable]
-            state = "[green]present[/]" if r.configured else "[yellow]missing[/]"
-            console.print(f"[bold]{r.provider}[/]: credentials {state}, {usable}", highlight=False)
-            if r.detail:
-                console.print(f"  {escape(r.detail)}", highlight=False, soft_wrap=False)
-            if r.hint:
-                console.print(f"  -> {escape(r.hint)}", highlight=False, soft_wrap=True)
-
-    catalog_app = typer.Typer(help="Price snapshots: show what is in effect, refresh from live APIs.",
-                              no_args_is_help=True)
-    app.add_typer(catalog_app, name="catalog", short_help="Price snapshots: show them, refresh from live APIs")
-
-    @catalog_app.command("show", short_help="Date, source and size of each price snapshot in effect")
-    def catalog_show(
-        provider: list[str] = typer.Argument(None, metavar="[PROVIDER]...",
-                                             help=f"providers (default: {' '.join(SNAPSHOT)})"),
-        offers: bool = typer.Option(False, "--offers", help="also list the snapshot's offers"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Date, source, notes and size of each provider's price snapshot in effect."""
-        from rich.markup import escape
-        from rich.table import Table
-
-        from broker.plan import catalog
-        from broker.core.provider import BadInput
-        from broker.core.ui import console, print_json
-
-        names = list(provider) if provider else list(catalog.PROVIDERS)
-        metas = []
-        for n in names:
-            try:
-                metas.append(catalog.snapshot_meta(n))
-            except FileNotFoundError as e:
-                raise BadInput(str(e), hint=f"providers with snapshots: {', '.join(catalog.PROVIDERS)}") from None
-        if as_json:
-            print_json({"snapshots": [{**m, **({"offer_list": catalog.snapshot_offers(m['provider'])} if offers
-                                                 else {})} for m in metas]})
-            return
-        for m in metas:
-            kind = "refreshed" if m["overlay"] else "shipped"
-            console.print(f"[bold]{m['provider']}[/]: snapshot {m['date']} ({escape(m.get('label', ''))}), "
-                          f"{m['offers']} offers, {kind}: {escape(m['path'])}")
-            console.print(f"  source: {escape(m.get('source', ''))}")
-            for note in m.get("notes", []):
-                console.print(f"  note: {escape(note)}")
-            if offers:
-                t = Table(show_header=True)
-                for col in ("instance type", "GPUs", "GiB/GPU", "$/h", "region", "min billed s", "storage $/GiB/mo"):
-                    t.add_column(col)
-                for o in catalog.snapshot_offers(m["provider"]):
-                    t.add_row(escape(o.instance_type), f"{o.gpu_count}x {escape(o.gpu_name)}", f"{o.gpu_mem_gib:g}",
-                              f"{o.usd_per_hour:g}", escape(o.region or "any"), f"{o.min_billed_seconds:g}",
-                              f"{o.storage_usd_per_gib_month:g}")
-                console.print(t)
-
-    @catalog_app.command("refresh", short_help="Write new dated price snapshots from live sources")
-    def catalog_refresh(
-        provider: list[str] = typer.Option(None, "--provider", "-p", help="provider (repeatable; default all clouds)"),
-    ) -> None:
-        """Write new dated snapshots from live sources (kept in the broker home, used before the shipped ones).
-
-        Vast.ai: a live offer search (VAST_API_KEY).  AWS: the Pricing API (AWS credentials).  OCI: Oracle's
-        public price list (no credentials).  A provider whose source is unavailable keeps its snapshot."""
-        from rich.markup import escape
-
-        from broker.plan import catalog
-        from broker.core.ui import console
-
-        failed = 0
-        for name in (list(provider) if provider else list(CLOUD)):
-            date, _ = catalog.snapshot_info(name)
-            keep = f"keeping snapshot {date}"
-            try:
-                got = live_catalog(name)
-            except Exception as e:  # an unreachable source or a broken adapter: reported, never a crash
-                failed += 1
-                why = _short(e).removeprefix(f"{name}: ")  # a provider error names its provider already
-                console.print(f"[red]{name}: refresh failed[/]: {escape(why)}; {keep}")
-                continue
-            if isinstance(got, str):
-                console.print(f"{name}: {escape(got)}; {keep}")
-                continue
-            offers, source = got
-            if not offers:
-                console.print(f"{name}: the live source returned no offers; {keep}")
-                continue
-            path = catalog.refresh(name, offers, source=source)
-            console.print(f"{name}: wrote {len(offers)} offers ({escape(source)}) to {escape(str(path))}")
-        if failed:
-            raise typer.Exit(4)
 
 
 def _where_between_words(t: Any, width: int) -> None:

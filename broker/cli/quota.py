@@ -202,129 +202,133 @@ def _printed_whole(field: str, value: str) -> bool:
     return value.startswith(("https://", "http://")) or field in _COMMAND_FIELDS
 
 
-def register(app: typer.Typer) -> None:
-    names = ", ".join(QUOTA_PROVIDERS)
-    either = " or ".join(QUOTA_PROVIDERS)
-    qapp = typer.Typer(help=f"Check, explain and request GPU quota (service limits) on {names}.",
-                       no_args_is_help=True)
-    app.add_typer(qapp, name="quota", short_help=f"Check, explain and request GPU quota ({names})")
+#: the quota providers as a list and as a choice, for help texts
+_NAMES = ", ".join(QUOTA_PROVIDERS)
+_EITHER = " or ".join(QUOTA_PROVIDERS)
 
-    @qapp.command("check", short_help="The GPU limits that matter for the job, and a verdict")
-    def check_cmd(
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"{either} (default: all)"),
-        region: Optional[str] = typer.Option(None, "--region", help="region (default: the provider's)"),
-        nodes: int = typer.Option(2, "--nodes", min=1, help="nodes of the job"),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, help="GPUs per node"),
-        instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t",
-                                                    help="AWS instance type / OCI shape (default: cheapest fitting)"),
-        topology: str = typer.Option("any", "--topology", help="simulated | multi-node | any"),
-        recipe: Optional[str] = typer.Option(None, "--recipe", help="take nodes/GPUs/topology from a recipe"),
-        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS L-3819A6DF, L-7212CCBC / L-C4BD4855 for P5), not on-demand"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """The GPU limits that matter for the job (limit, used, available, unit, scope) and a verdict per topology."""
-        from broker.core.provider import BadInput
-        from broker.core.ui import print_json
+#: ``broker quota``: its help names the quota providers (broker.cli.app.COMMAND_TABLE adds it)
+quota_app = typer.Typer(help=f"Check, explain and request GPU quota (service limits) on {_NAMES}.",
+                        short_help=f"Check, explain and request GPU quota ({_NAMES})", no_args_is_help=True)
 
-        if provider and provider not in QUOTA_PROVIDERS:
-            raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
-                           hint=f"{provider} has no service limits to read: what it can rent now is what it offers "
-                                f"(`broker offers --provider {provider}`; `broker plan --provider {provider}` plans "
-                                "on it)")
-        n, g, topo = _job(nodes, gpus_per_node, topology, recipe)
-        results = [check_provider(p, n, g, instance_type, topo, region, spot) for p in ([provider] if provider
-                                                                                  else QUOTA_PROVIDERS)]
-        if as_json:
-            print_json({"nodes": n, "gpus_per_node": g, "providers": results})
-            return
-        for r in results:
-            _print_check(r)
 
-    @qapp.command("request", short_help="File (or --draft print) a quota increase for the job")
-    def request_cmd(
-        provider: str = typer.Option(..., "--provider", "-p", help=either),
-        value: Optional[float] = typer.Option(None, "--value",
-                                              help=f"new limit ({_units_help()}); default: what the plan needs"),
-        limit: Optional[str] = typer.Option(None, "--limit", help="the limit's name as `broker quota check` shows it"),
-        scope: Optional[str] = typer.Option(None, "--scope", help="OCI availability domain"),
-        region: Optional[str] = typer.Option(None, "--region"),
-        reason: Optional[str] = typer.Option(None, "--reason", help="justification (default: a short DDP one)"),
-        draft: bool = typer.Option(False, "--draft", help="print the filled-in console form, file nothing"),
-        nodes: int = typer.Option(2, "--nodes", min=1),
-        gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1),
-        instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t"),
-        recipe: Optional[str] = typer.Option(None, "--recipe"),
-        spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS), not on-demand"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """File (or with --draft print) a quota increase sized for the job; recorded in the ledger."""
-        from broker.core.ui import console, print_json
+@quota_app.command("check", short_help="The GPU limits that matter for the job, and a verdict")
+def check_cmd(
+    provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"{_EITHER} (default: all)"),
+    region: Optional[str] = typer.Option(None, "--region", help="region (default: the provider's)"),
+    nodes: int = typer.Option(2, "--nodes", min=1, help="nodes of the job"),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1, help="GPUs per node"),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t",
+                                                help="AWS instance type / OCI shape (default: cheapest fitting)"),
+    topology: str = typer.Option("any", "--topology", help="simulated | multi-node | any"),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="take nodes/GPUs/topology from a recipe"),
+    spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS L-3819A6DF, L-7212CCBC / L-C4BD4855 for P5), not on-demand"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """The GPU limits that matter for the job (limit, used, available, unit, scope) and a verdict per topology."""
+    from broker.core.provider import BadInput
+    from broker.core.ui import print_json
 
-        n, g, topo = _job(nodes, gpus_per_node, "any", recipe)
-        r, note = file_request(provider, value=value, limit=limit, scope=scope, region=region, reason=reason,
-                               draft=draft, nodes=n, gpus_per_node=g, instance_type=instance_type, spot=spot)
-        if as_json:
-            print_json({"request": r, "note": note})
-            return
-        if note:
-            console.print(note, markup=False)
-        if r is None:
-            return
-        if r.state == "DRAFT":
-            from rich.table import Table
+    if provider and provider not in QUOTA_PROVIDERS:
+        raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+                       hint=f"{provider} has no service limits to read: what it can rent now is what it offers "
+                            f"(`broker offers --provider {provider}`; `broker plan --provider {provider}` plans "
+                            "on it)")
+    n, g, topo = _job(nodes, gpus_per_node, topology, recipe)
+    results = [check_provider(p, n, g, instance_type, topo, region, spot) for p in ([provider] if provider
+                                                                              else QUOTA_PROVIDERS)]
+    if as_json:
+        print_json({"nodes": n, "gpus_per_node": g, "providers": results})
+        return
+    for r in results:
+        _print_check(r)
 
-            why = "--draft" if draft else f"{provider} is not configured"
-            t = Table(title=f"quota increase form (not filed: {why})", title_justify="left", show_header=False)
-            t.add_column("field", no_wrap=True)
-            t.add_column("value", overflow="fold")
-            whole = {}  # a URL or a command split across table rows cannot be clicked or pasted: after the table
-            for k, v in r.form.items():
-                if _printed_whole(k, str(v)):
-                    whole[k] = str(v)
-                else:
-                    t.add_row(k, str(v))
-            console.print(t)
-            for k, v in whole.items():
-                console.print(f"{k}:", markup=False, highlight=False)
-                console.print(f"  {v}", markup=False, highlight=False, keep=[v])
-            return
-        console.print(f"{r.provider} {r.limit_name}"
-                      + (f" ({r.scope})" if r.scope and r.scope != r.region else "")
-                      + f" -> {r.value:g} {r.unit}: request {r.request_id or '-'} state {r.state}", markup=False)
-        if r.message:
-            console.print(f"  {r.message}", markup=False)
-        console.print("  `broker quota status` refreshes the state.", markup=False)
 
-    @qapp.command("status", short_help="Every quota request in the ledger, refreshed from the providers")
-    def status_cmd(
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-        refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),
-        provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"only this provider's requests ({names})"),
-    ) -> None:
-        """Every quota request in the ledger (or one provider's), refreshed from the providers."""
+@quota_app.command("request", short_help="File (or --draft print) a quota increase for the job")
+def request_cmd(
+    provider: str = typer.Option(..., "--provider", "-p", help=_EITHER),
+    value: Optional[float] = typer.Option(None, "--value",
+                                          help=f"new limit ({_units_help()}); default: what the plan needs"),
+    limit: Optional[str] = typer.Option(None, "--limit", help="the limit's name as `broker quota check` shows it"),
+    scope: Optional[str] = typer.Option(None, "--scope", help="OCI availability domain"),
+    region: Optional[str] = typer.Option(None, "--region"),
+    reason: Optional[str] = typer.Option(None, "--reason", help="justification (default: a short DDP one)"),
+    draft: bool = typer.Option(False, "--draft", help="print the filled-in console form, file nothing"),
+    nodes: int = typer.Option(2, "--nodes", min=1),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node", min=1),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t"),
+    recipe: Optional[str] = typer.Option(None, "--recipe"),
+    spot: bool = typer.Option(False, "--spot", help="the spot quota (AWS), not on-demand"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """File (or with --draft print) a quota increase sized for the job; recorded in the ledger."""
+    from broker.core.ui import console, print_json
+
+    n, g, topo = _job(nodes, gpus_per_node, "any", recipe)
+    r, note = file_request(provider, value=value, limit=limit, scope=scope, region=region, reason=reason,
+                           draft=draft, nodes=n, gpus_per_node=g, instance_type=instance_type, spot=spot)
+    if as_json:
+        print_json({"request": r, "note": note})
+        return
+    if note:
+        console.print(note, markup=False)
+    if r is None:
+        return
+    if r.state == "DRAFT":
         from rich.table import Table
 
-        from broker.core.provider import BadInput
-        from broker.core.ui import console, print_json
-
-        if provider is not None and provider not in QUOTA_PROVIDERS:
-            raise BadInput(f"quota requests are filed for {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
-                           hint="`broker quota status --provider oci` (or aws), or leave --provider out")
-        rows = request_statuses(refresh=refresh, provider=provider)
-        if as_json:
-            print_json({"requests": rows})
-            return
-        if not rows:
-            console.print("no quota requests recorded (`broker quota request` files one).")
-            return
-        t = Table(title="quota requests", title_justify="left")
-        for col in ("id", "provider", "limit", "scope/region", "value", "unit", "request id", "state", "note"):
-            t.add_column(col, overflow="fold", no_wrap=col == "state")
-        for r in rows:
-            t.add_row(r["id"], r["provider"], r["limit_name"], str(r.get("scope") or r.get("region") or "-"),
-                      f"{r['requested_value']:g}", str(r.get("unit") or "-"), str(r.get("provider_request_id") or "-"),
-                      str(r.get("state") or "-"), r.get("note") or "")
+        why = "--draft" if draft else f"{provider} is not configured"
+        t = Table(title=f"quota increase form (not filed: {why})", title_justify="left", show_header=False)
+        t.add_column("field", no_wrap=True)
+        t.add_column("value", overflow="fold")
+        whole = {}  # a URL or a command split across table rows cannot be clicked or pasted: after the table
+        for k, v in r.form.items():
+            if _printed_whole(k, str(v)):
+                whole[k] = str(v)
+            else:
+                t.add_row(k, str(v))
         console.print(t)
+        for k, v in whole.items():
+            console.print(f"{k}:", markup=False, highlight=False)
+            console.print(f"  {v}", markup=False, highlight=False, keep=[v])
+        return
+    console.print(f"{r.provider} {r.limit_name}"
+                  + (f" ({r.scope})" if r.scope and r.scope != r.region else "")
+                  + f" -> {r.value:g} {r.unit}: request {r.request_id or '-'} state {r.state}", markup=False)
+    if r.message:
+        console.print(f"  {r.message}", markup=False)
+    console.print("  `broker quota status` refreshes the state.", markup=False)
+
+
+@quota_app.command("status", short_help="Every quota request in the ledger, refreshed from the providers")
+def status_cmd(
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    refresh: bool = typer.Option(True, "--refresh/--no-refresh", help="ask the providers for the current state"),
+    provider: Optional[str] = typer.Option(None, "--provider", "-p", help=f"only this provider's requests ({_NAMES})"),
+) -> None:
+    """Every quota request in the ledger (or one provider's), refreshed from the providers."""
+    from rich.table import Table
+
+    from broker.core.provider import BadInput
+    from broker.core.ui import console, print_json
+
+    if provider is not None and provider not in QUOTA_PROVIDERS:
+        raise BadInput(f"quota requests are filed for {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+                       hint="`broker quota status --provider oci` (or aws), or leave --provider out")
+    rows = request_statuses(refresh=refresh, provider=provider)
+    if as_json:
+        print_json({"requests": rows})
+        return
+    if not rows:
+        console.print("no quota requests recorded (`broker quota request` files one).")
+        return
+    t = Table(title="quota requests", title_justify="left")
+    for col in ("id", "provider", "limit", "scope/region", "value", "unit", "request id", "state", "note"):
+        t.add_column(col, overflow="fold", no_wrap=col == "state")
+    for r in rows:
+        t.add_row(r["id"], r["provider"], r["limit_name"], str(r.get("scope") or r.get("region") or "-"),
+                  f"{r['requested_value']:g}", str(r.get("unit") or "-"), str(r.get("provider_request_id") or "-"),
+                  str(r.get("state") or "-"), r.get("note") or "")
+    console.print(t)
 
 
 def file_request(provider: str, *, value: Optional[float], limit: Optional[str], scope: Optional[str],
@@ -333,7 +337,7 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     """Size, file (or draft) and record one request.  Returns (QuotaRequest or None, a note for the user)."""
     from broker.core.model import Quota, Requirements
     from broker.core.provider import BadInput, NotSupported, ProviderError
-    from broker.plan.quota import default_reason, desired_value, limit_for, verdict
+    from broker.plan.quota import default_reason, desired_value, verdict
 
     if provider not in QUOTA_PROVIDERS:
         raise BadInput(f"quota requests support {', '.join(QUOTA_PROVIDERS)}, not {provider!r}")
@@ -341,20 +345,8 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         prov = provider_factory(provider, region)
     except ProviderUnavailable as e:
         raise BadInput(str(e), hint="install broker with that provider's extra") from None
-    needs = _needs(provider, nodes, gpus_per_node, instance_type, "any", spot)
-    if limit:
-        chosen = [n for n in needs if n.limit.name == limit]
-        if not chosen and needs and instance_type is None:
-            from broker.plan.quota import known_limits
-
-            raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
-                           hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
-                                f"(`broker quota check --provider {provider}` shows which the job needs)")
-        if not chosen:
-            ref = limit_for(provider, instance_type or "", spot=spot)
-            raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
-    else:
-        chosen = needs
+    chosen = _needs_of_limit(provider, _needs(provider, nodes, gpus_per_node, instance_type, "any", spot), limit,
+                             instance_type, spot)
     note = ""
     quotas: list[Quota] = []
     chk = prov.check()
@@ -421,6 +413,35 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
                  + (f"; {chk.hint}" if chk.hint else "") + f"; then run this again, or file the form below in "
                  "the console")
         return r, note
+    _record_request(provider, r, why)
+    return r, note
+
+
+def _needs_of_limit(provider: str, needs: list["Need"], limit: Optional[str], instance_type: Optional[str],
+                    spot: bool) -> list["Need"]:
+    """The job's ``needs`` counted by the limit named ``limit`` (all of them when None).  Raises BadInput when that
+    limit covers none of them (a misspelt name, or an instance type counted by another limit)."""
+    from broker.core.provider import BadInput
+    from broker.plan.quota import limit_for
+
+    if not limit:
+        return needs
+    chosen = [n for n in needs if n.limit.name == limit]
+    if not chosen and needs and instance_type is None:
+        from broker.plan.quota import known_limits
+
+        raise BadInput(f"no {provider} instance type in the snapshot is covered by limit {limit!r}",
+                       hint=f"check the name; {provider}'s GPU limits: {', '.join(known_limits(provider))} "
+                            f"(`broker quota check --provider {provider}` shows which the job needs)")
+    if not chosen:
+        ref = limit_for(provider, instance_type or "", spot=spot)
+        raise BadInput(f"{instance_type} is covered by {ref.name if ref else 'no GPU limit'}, not {limit}")
+    return chosen
+
+
+def _record_request(provider: str, r: Any, why: str) -> None:
+    """Write the filed request ``r`` (a QuotaRequest) to the ledger, or update its row when the provider answered
+    with a request id the ledger holds already (a request filed again)."""
     from broker.money.ledger import Ledger
 
     with Ledger() as led:
@@ -432,7 +453,6 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
         else:
             led.add_quota_request(provider, r.limit_name, r.value, region=r.region, scope=r.scope, unit=r.unit,
                                   provider_request_id=r.request_id, state=r.state, reason=why, detail=detail)
-    return r, note
 
 
 def request_statuses(refresh: bool = True, provider: str | None = None) -> list[dict[str, Any]]:

@@ -373,186 +373,209 @@ def _print_starting(line: str) -> None:
     console.print(line, markup=False, highlight=False)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("status", short_help="Recent runs (spent, worst case, time left), live resources")
-    def status_cmd(
-        run_id: str = typer.Argument(None, metavar="[RUN]", help="show one run in detail"),
-        limit: int = typer.Option(20, "--limit", "-n", help="how many recent runs"),
-        wide: bool = typer.Option(False, "--wide", "-w", help="every column (name, where, start, $/h, exit codes, "
-                                  "age, errors inline)"),
-        no_refresh: bool = typer.Option(False, "--no-refresh", help="do not ask the providers about live "
-                                        "instances (the ledger's view only; no network)"),
-        refresh: bool = typer.Option(False, "--refresh", "-r", help="ask the providers about live instances: "
-                                     "the default (as `sky status -r`)"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
-        CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
-        from broker.money.accounting import (armed_layers, node_layer, resource_cost, run_cost, switch_overdue_s,
-                                             system_clock, watchdog_state)
-        from broker.money.ledger import Ledger
+def status_cmd(
+    run_id: str = typer.Argument(None, metavar="[RUN]", help="show one run in detail"),
+    limit: int = typer.Option(20, "--limit", "-n", help="how many recent runs"),
+    wide: bool = typer.Option(False, "--wide", "-w", help="every column (name, where, start, $/h, exit codes, "
+                              "age, errors inline)"),
+    no_refresh: bool = typer.Option(False, "--no-refresh", help="do not ask the providers about live "
+                                    "instances (the ledger's view only; no network)"),
+    refresh: bool = typer.Option(False, "--refresh", "-r", help="ask the providers about live instances: "
+                                 "the default (as `sky status -r`)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Recent runs (status, spent/budget, worst case, time left) and every live resource (cost, armed layers
+    CLI / watchdog / node, errors).  Live instances are first checked at their provider (--no-refresh skips)."""
+    from broker.money.ledger import Ledger
 
-        if refresh and no_refresh:
-            from broker.core.provider import BadInput
+    if refresh and no_refresh:
+        from broker.core.provider import BadInput
 
-            raise BadInput("--refresh and --no-refresh contradict each other",
-                           hint="status refreshes by default: drop --refresh, or keep --no-refresh alone")
+        raise BadInput("--refresh and --no-refresh contradict each other",
+                       hint="status refreshes by default: drop --refresh, or keep --no-refresh alone")
 
-        ledger = Ledger()
-        from broker.cli import starting
+    ledger = Ledger()
+    from broker.cli import starting
 
-        pend = starting.find(ledger, run_id) if run_id else None
-        if pend is not None:  # `broker run -d` whose background process has not written its row (yet)
-            if as_json:
-                from broker.core.ui import print_json
-
-                print_json({"starting": pend})
-            elif pend["alive"]:
-                _print_starting(starting.describe(pend))
-            if not pend["alive"]:
-                raise starting.not_started(pend)
-            return
-        pending = [] if run_id else starting.pending(ledger)
-        if not run_id and not as_json:
-            data = status_data(ledger, limit=limit, refresh=not no_refresh)
-            for d in pending:
-                _print_starting(starting.describe(d))
-            if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
-                    and not data["watchdog"]["pid"]:
-                _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
-                return
-        from rich import box
-        from rich.markup import escape
-        from rich.table import Table
-
-        from broker.core.prose import usd_parts
-        from broker.core.records import run_where
-        from broker.core.ui import console, node_text, print_table, usd
-
-        if run_id:
-            run = ledger.find_run(run_id)
-            now = system_clock()
-            notes = {} if no_refresh else refresh_live(ledger, None, now)
-            settle_runs(ledger, now)
-            run = ledger.find_run(run.id)
-            wd = watchdog_state(now)
-            res = ledger.resources(run.id)
-            rc = run_cost(run, res, now)
-            rows = [{**r.model_dump(mode="json"), "cost": resource_cost(r, run, now).to_dict(),
-                     "layers": armed_layers(r, run, wd, now), "node_layer": node_layer(r, run),
-                     "switch_overdue_s": switch_overdue_s(r, run, now)} for r in res]
-            cost = rc.to_dict()
-            cost.pop("resources")
-            if as_json:
-                from broker.core.ui import print_json
-
-                from broker.cli.rundiag import diagnosis_lines
-                from broker.run.attempts import attempt_costs
-
-                attempts = [{**a, "started_at": a["started_at"].isoformat(),
-                             "ended_at": a["ended_at"].isoformat() if a["ended_at"] else None}
-                            for a in attempt_costs(ledger, run.id)]
-                print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
-                            "attempts": attempts, "diagnosis": diagnosis_lines(run),
-                            "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
-                return
-            console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run_where(run)})")
-            if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
-                console.print(f"  {escape(node_text(run.message))}")
-            from broker.cli.rundiag import detached_output, diagnosis_lines
-
-            diag = diagnosis_lines(run)
-            if diag:  # quoted from the nodes' logs: control characters stripped, markup escaped
-                console.print("  [bold]diagnosis:[/]")
-                for line in diag:
-                    console.print(f"    {escape(node_text(line))}", highlight=False)
-            out_file = detached_output(run)
-            if out_file is not None:
-                console.print(f"  output (background run): {escape(str(out_file))}", highlight=False)
-            if run.started_at:
-                console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
-                    f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
-            codes = ", ".join(f"node {k}: {v}" for k, v in run.exit_codes.items()) or "-"
-            console.print(f"  exit codes: {codes}")
-            console.print(f"  run dir: {run.run_dir}")
-            active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
-            # the resources' spent, as printed in their table, add up to the run's as printed here
-            spent_txt, spent_each = usd_parts(rc.spent_usd, [r["cost"]["spent_usd"] for r in rows])
-            console.print(f"  spent {spent_txt} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
-                          f"worst case at deadline {usd(rc.worst_case_usd)}"
-                          + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
-            for prov, why in notes.items():
-                console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
-            from broker.run.attempts import attempt_lines
-
-            for line in attempt_lines(ledger, run.id):  # a preempted run: each attempt, its cause and cost
-                console.print(f"  {escape(node_text(line))}", highlight=False)
-            if rows:
-                print_table(_resource_table(rows, "resources", wide=wide, spent=spent_each), wide=wide)
-                for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
-                    console.print("  " + line)
-            for ev in ledger.events(run.id, limit=1000):
-                console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
-                              f"{escape(node_text(ev['message'] or ''))}")
-            return
+    pend = starting.find(ledger, run_id) if run_id else None
+    if pend is not None:  # `broker run -d` whose background process has not written its row (yet)
         if as_json:
             from broker.core.ui import print_json
 
-            print_json({**status_data(ledger, limit=limit, refresh=not no_refresh), "starting": pending})
-            return
-        if wide:
-            t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                      collapse_padding=True)
-            cols = ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
-                    "time left", "exit codes")
-            for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
-                t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"),
-                             overflow="fold")
-        rows_narrow = []
-        for r in data["runs"]:
-            c = r["cost"]
-            over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
-            spent = f"{usd(c['spent_usd'])} / {usd(c['budget_usd'])}"
-            spent = f"[bold red]{spent}[/]" if over else spent
-            active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
-            worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
-            left = _dur(c["time_left_s"]) if active else "-"
-            if wide:
-                t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",
-                          (r["started_at"] or "-")[5:16].replace("T", " "), spent,
-                          usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
-                          " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
-            else:
-                rows_narrow.append((r["id"], r["name"], _short_where(r["provider"], r["topology"]),
-                                    _run_status_words(r["status"]), spent, left))
-        if not wide:
-            t = _narrow_runs_table(rows_narrow, console.width)
-        if data["runs"]:
-            print_table(t, wide=wide)
-            from broker.cli.rundiag import latest_failure_line
+            print_json({"starting": pend})
+        elif pend["alive"]:
+            _print_starting(starting.describe(pend))
+        if not pend["alive"]:
+            raise starting.not_started(pend)
+        return
+    if run_id:
+        show_run(ledger, run_id, wide=wide, no_refresh=no_refresh, as_json=as_json)
+        return
+    pending = starting.pending(ledger)
+    if as_json:
+        from broker.core.ui import print_json
 
-            why = latest_failure_line(data["runs"][0])  # the newest run failed: its cause, not only "failed"
-            if why:
-                console.print(escape(node_text(why)), highlight=False)
+        print_json({**status_data(ledger, limit=limit, refresh=not no_refresh), "starting": pending})
+        return
+    data = status_data(ledger, limit=limit, refresh=not no_refresh)
+    for d in pending:
+        _print_starting(starting.describe(d))
+    if not data["runs"] and not data["live_resources"] and not data["refresh"]["notes"] \
+            and not data["watchdog"]["pid"]:
+        _print_nothing_yet()  # without rich (~60 ms of a start): nothing to lay out
+        return
+    show_runs(data, wide=wide)
+    show_live_resources(data, wide=wide)
+
+
+def show_run(ledger: Any, run_id: str, *, wide: bool, no_refresh: bool, as_json: bool) -> None:
+    """``broker status RUN``: one run in detail (its diagnosis, times, cost against its budget, attempts,
+    resources and events), or as JSON; its live instances are first checked at their provider unless
+    ``no_refresh``."""
+    from rich.markup import escape
+
+    from broker.core.prose import usd_parts
+    from broker.core.records import run_where
+    from broker.core.ui import console, node_text, print_table, usd
+    from broker.money.accounting import (armed_layers, node_layer, resource_cost, run_cost, switch_overdue_s,
+                                         system_clock, watchdog_state)
+
+    run = ledger.find_run(run_id)
+    now = system_clock()
+    notes = {} if no_refresh else refresh_live(ledger, None, now)
+    settle_runs(ledger, now)
+    run = ledger.find_run(run.id)
+    wd = watchdog_state(now)
+    res = ledger.resources(run.id)
+    rc = run_cost(run, res, now)
+    rows = [{**r.model_dump(mode="json"), "cost": resource_cost(r, run, now).to_dict(),
+             "layers": armed_layers(r, run, wd, now), "node_layer": node_layer(r, run),
+             "switch_overdue_s": switch_overdue_s(r, run, now)} for r in res]
+    cost = rc.to_dict()
+    cost.pop("resources")
+    if as_json:
+        from broker.core.ui import print_json
+
+        from broker.cli.rundiag import diagnosis_lines
+        from broker.run.attempts import attempt_costs
+
+        attempts = [{**a, "started_at": a["started_at"].isoformat(),
+                     "ended_at": a["ended_at"].isoformat() if a["ended_at"] else None}
+                    for a in attempt_costs(ledger, run.id)]
+        print_json({"run": run, "cost": cost, "resources": rows, "events": ledger.events(run.id),
+                    "attempts": attempts, "diagnosis": diagnosis_lines(run),
+                    "watchdog": wd.to_dict(), "refresh": {"done": not no_refresh, "notes": notes}})
+        return
+    console.print(f"[bold]{run.id}[/] {escape(run.name)}: {run.status} ({run_where(run)})")
+    if run.message:  # may quote a node's output (its error): no control sequence reaches the terminal
+        console.print(f"  {escape(node_text(run.message))}")
+    from broker.cli.rundiag import detached_output, diagnosis_lines
+
+    diag = diagnosis_lines(run)
+    if diag:  # quoted from the nodes' logs: control characters stripped, markup escaped
+        console.print("  [bold]diagnosis:[/]")
+        for line in diag:
+            console.print(f"    {escape(node_text(line))}", highlight=False)
+    out_file = detached_output(run)
+    if out_file is not None:
+        console.print(f"  output (background run): {escape(str(out_file))}", highlight=False)
+    if run.started_at:
+        console.print(f"  started {run.started_at:%Y-%m-%d %H:%M:%S}Z" + (
+            f", ended {run.ended_at:%H:%M:%S}Z" if run.ended_at else ""))
+    codes = ", ".join(f"node {k}: {v}" for k, v in run.exit_codes.items()) or "-"
+    console.print(f"  exit codes: {codes}")
+    console.print(f"  run dir: {run.run_dir}")
+    active = run.status in ("planned", "provisioning", "running", "tearing_down") or rc.live
+    # the resources' spent, as printed in their table, add up to the run's as printed here
+    spent_txt, spent_each = usd_parts(rc.spent_usd, [r["cost"]["spent_usd"] for r in rows])
+    console.print(f"  spent {spent_txt} of budget {usd(rc.budget_usd)}; live {usd(rc.usd_per_hour)}/h; "
+                  f"worst case at deadline {usd(rc.worst_case_usd)}"
+                  + (f"; time left {_dur(rc.time_left_s)}" if active else ""))
+    for prov, why in notes.items():
+        console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
+    from broker.run.attempts import attempt_lines
+
+    for line in attempt_lines(ledger, run.id):  # a preempted run: each attempt, its cause and cost
+        console.print(f"  {escape(node_text(line))}", highlight=False)
+    if rows:
+        print_table(_resource_table(rows, "resources", wide=wide, spent=spent_each), wide=wide)
+        for line in _resource_notes([r for r in rows if r["state"] != "terminated"]):
+            console.print("  " + line)
+    for ev in ledger.events(run.id, limit=1000):
+        console.print(f"  {ev['at']:%H:%M:%S} {ev['actor']:>8} {ev['action']:<12} "
+                      f"{escape(node_text(ev['message'] or ''))}")
+
+
+def show_runs(data: dict[str, Any], *, wide: bool) -> None:
+    """The recent runs of :func:`status_data`'s ``data`` as a table (every column with ``wide``), the newest
+    run's failure, the watchdog line and why a provider was not asked."""
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+
+    from broker.core.ui import console, node_text, print_table, usd
+
+    if wide:
+        t = Table(title="runs", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  collapse_padding=True)
+        cols = ("run", "name", "status", "where", "started (UTC)", "spent / budget", "$/h", "worst case",
+                "time left", "exit codes")
+        for col in cols:  # short values (ids, states, money, times) never wrap; names and places fold
+            t.add_column(col, no_wrap=col not in ("name", "where", "spent / budget", "exit codes"),
+                         overflow="fold")
+    rows_narrow = []
+    for r in data["runs"]:
+        c = r["cost"]
+        over = c["budget_usd"] is not None and c["spent_usd"] >= c["budget_usd"]
+        spent = f"{usd(c['spent_usd'])} / {usd(c['budget_usd'])}"
+        spent = f"[bold red]{spent}[/]" if over else spent
+        active = r["status"] in ("planned", "provisioning", "running", "tearing_down") or c["live"]
+        worst = usd(c["worst_case_usd"]) if c["worst_case_usd"] is not None else "[red]unbounded[/]"
+        left = _dur(c["time_left_s"]) if active else "-"
+        if wide:
+            t.add_row(r["id"], escape(r["name"]), r["status"], f"{r['topology']} on {r['provider']}",
+                      (r["started_at"] or "-")[5:16].replace("T", " "), spent,
+                      usd(c["usd_per_hour"]) if c["live"] else "-", worst, left,
+                      " ".join(f"{k}:{v}" for k, v in r["exit_codes"].items()))
         else:
-            console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
-        console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))
-        for prov, why in data["refresh"]["notes"].items():
-            console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
-        live = data["live_resources"]
-        if not live:
-            console.print("no live resources (nothing is billing).")
-            return
-        tot = data["totals"]
-        spent_txt, spent_each = usd_parts(tot["spent_usd"], [r["cost"]["spent_usd"] for r in live])
-        print_table(_resource_table(live, "live resources", wide=wide, spent=spent_each), wide=wide)
-        for line in _resource_notes(live):
-            console.print(line)
-        console.print(f"live: {len(live)} resource(s), {usd(tot['usd_per_hour'])}/h, spent so far "
-                      f"{spent_txt}"
-                      + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: `broker down RUN` retries"
-                         if tot["errors"] else "")
-                      + (f"; [bold red]{tot['possibly_billing']} possibly billing[/] (unknown create)"
-                         if tot["possibly_billing"] else ""))
-        if not wide:
-            console.print("[dim]details: `broker status RUN` or `broker status --wide`[/]")
+            rows_narrow.append((r["id"], r["name"], _short_where(r["provider"], r["topology"]),
+                                _run_status_words(r["status"]), spent, left))
+    if not wide:
+        t = _narrow_runs_table(rows_narrow, console.width)
+    if data["runs"]:
+        print_table(t, wide=wide)
+        from broker.cli.rundiag import latest_failure_line
+
+        why = latest_failure_line(data["runs"][0])  # the newest run failed: its cause, not only "failed"
+        if why:
+            console.print(escape(node_text(why)), highlight=False)
+    else:
+        console.print("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).")
+    console.print(_watchdog_line(data["watchdog"], {r["provider"] for r in data["live_resources"]}))
+    for prov, why in data["refresh"]["notes"].items():
+        console.print(f"  [yellow]{escape(prov)}[/]: {escape(why)}")
+
+
+def show_live_resources(data: dict[str, Any], *, wide: bool) -> None:
+    """The live resources of :func:`status_data`'s ``data`` (what bills now), their notes and totals; their spent
+    amounts add up to the total shown."""
+    from broker.core.prose import usd_parts
+    from broker.core.ui import console, print_table, usd
+
+    live = data["live_resources"]
+    if not live:
+        console.print("no live resources (nothing is billing).")
+        return
+    tot = data["totals"]
+    spent_txt, spent_each = usd_parts(tot["spent_usd"], [r["cost"]["spent_usd"] for r in live])
+    print_table(_resource_table(live, "live resources", wide=wide, spent=spent_each), wide=wide)
+    for line in _resource_notes(live):
+        console.print(line)
+    console.print(f"live: {len(live)} resource(s), {usd(tot['usd_per_hour'])}/h, spent so far "
+                  f"{spent_txt}"
+                  + (f"; [bold red]{tot['errors']} failed terminate(s)[/]: `broker down RUN` retries"
+                     if tot["errors"] else "")
+                  + (f"; [bold red]{tot['possibly_billing']} possibly billing[/] (unknown create)"
+                     if tot["possibly_billing"] else ""))
+    if not wide:
+        console.print("[dim]details: `broker status RUN` or `broker status --wide`[/]")

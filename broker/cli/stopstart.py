@@ -393,124 +393,122 @@ def _billing_lines(ledger: Any, run_id: str) -> list[str]:
     return out
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("stop", short_help="Stop a run's machines keeping their disks (the disks still bill)")
-    def stop_cmd(
-        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
-        hours: float = typer.Option(24.0, "--hours", metavar="HOURS", help="delete the stopped machines this many "
-                                    "hours from now unless started again (their disks bill until then)"),
-        timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for the "
-                                      "provider to confirm"),
-        no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog (the "
-                                         "stopped disks' deadline then rests on a later `broker watchdog`)"),
-        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
-    ) -> None:
-        """Stop RUN's rented machines keeping their disks; `broker start RUN` resumes them, `broker down` deletes."""
-        from broker.core.limits import check_number
-        from broker.core.ui import console, print_json
-        from broker.money.ledger import Ledger
+def stop_cmd(
+    run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
+    hours: float = typer.Option(24.0, "--hours", metavar="HOURS", help="delete the stopped machines this many "
+                                "hours from now unless started again (their disks bill until then)"),
+    timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for the "
+                                  "provider to confirm"),
+    no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog (the "
+                                     "stopped disks' deadline then rests on a later `broker watchdog`)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Stop RUN's rented machines keeping their disks; `broker start RUN` resumes them, `broker down` deletes."""
+    from broker.core.limits import check_number
+    from broker.core.ui import console, print_json
+    from broker.money.ledger import Ledger
 
+    check_number("--hours", "max_hours", hours)
+    from broker.money.journal import failsafe
+
+    ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
+    run = ledger.find_run(run_id)
+    rows = stop_run(ledger, run.id, hours=hours, timeout_s=timeout)
+    from broker.core.config import settings
+
+    if not no_watchdog and settings().broker_watchdog_autostart:  # the stopped disks' deadline needs it
+        from broker.money.watchdog import start_detached
+
+        start_detached()
+    if as_json:
+        print_json({"run_id": run.id, "machines": rows})
+        return
+    for r in rows:
+        what = f"{r['provider']} instance {r['provider_id']}"
+        if r["state"] == "stopped":
+            console.print(f"{what}: stopped, billing ${r['usd_per_hour']:.4g}/h for its disk ({r['basis']}); "
+                          f"deleted at {r['deadline'][:16]}Z unless started", markup=False, highlight=False)
+        elif r["state"] == "terminated":
+            console.print(f"{what}: gone at the provider", markup=False, highlight=False)
+        else:
+            console.print(f"{what}: stop requested, not confirmed within {timeout:g} s; `broker status` "
+                          "shows it, `broker stop` again confirms", markup=False, highlight=False)
+        if r["usd_per_hour"] >= 0.5 * (r["running_usd_per_hour"] or 0) > 0:
+            console.print(f"  note: stopped it still bills ${r['usd_per_hour']:.4g}/h of its "
+                          f"${r['running_usd_per_hour']:.4g}/h; only `broker down {run.id}` ends that",
+                          markup=False, highlight=False)
+    console.print(f"  start it:  broker start {run.id}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
+    if any(r["state"] == "stopping" for r in rows):
+        raise typer.Exit(4)
+
+
+def start_cmd(
+    run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
+    hours: float = typer.Option(None, "--hours", metavar="HOURS", help="delete the machines this many hours "
+                                "from now (default: the recipe's max_hours)"),
+    timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for each "
+                                  "machine to run and answer SSH"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+) -> None:
+    """Start RUN's stopped machines; their new addresses go to the run's records, then SSH is tried."""
+    from broker.core.limits import check_number
+    from broker.core.ui import console, print_json
+    from broker.money.ledger import Ledger
+
+    if hours is not None:
         check_number("--hours", "max_hours", hours)
-        from broker.money.journal import failsafe
+    from broker.core.ui import err
+    from broker.money.journal import failsafe
 
-        ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
-        run = ledger.find_run(run_id)
-        rows = stop_run(ledger, run.id, hours=hours, timeout_s=timeout)
-        from broker.core.config import settings
-
-        if not no_watchdog and settings().broker_watchdog_autostart:  # the stopped disks' deadline needs it
-            from broker.money.watchdog import start_detached
-
-            start_detached()
-        if as_json:
-            print_json({"run_id": run.id, "machines": rows})
-            return
+    ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
+    run = ledger.find_run(run_id)
+    say = None if as_json else (lambda line: err.print(line, markup=False, highlight=False))
+    try:
+        rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout, say=say)
+    except BaseException:  # Ctrl-C, SIGTERM, a provider error: say what this start left billing
+        billing = _billing_lines(ledger, run.id)
+        if billing and not as_json:
+            err.print("start did not finish; still rented and billing: " + "; ".join(billing)
+                      + f" (`broker stop {run.id}` stops them, `broker down {run.id}` deletes them)",
+                      markup=False, highlight=False)
+        raise
+    bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False or r.get("error")]
+    if as_json:
+        print_json({"run_id": run.id, "machines": rows})
+    else:
         for r in rows:
             what = f"{r['provider']} instance {r['provider_id']}"
-            if r["state"] == "stopped":
-                console.print(f"{what}: stopped, billing ${r['usd_per_hour']:.4g}/h for its disk ({r['basis']}); "
-                              f"deleted at {r['deadline'][:16]}Z unless started", markup=False, highlight=False)
-            elif r["state"] == "terminated":
-                console.print(f"{what}: gone at the provider", markup=False, highlight=False)
-            else:
-                console.print(f"{what}: stop requested, not confirmed within {timeout:g} s; `broker status` "
-                              "shows it, `broker stop` again confirms", markup=False, highlight=False)
-            if r["usd_per_hour"] >= 0.5 * (r["running_usd_per_hour"] or 0) > 0:
-                console.print(f"  note: stopped it still bills ${r['usd_per_hour']:.4g}/h of its "
-                              f"${r['running_usd_per_hour']:.4g}/h; only `broker down {run.id}` ends that",
-                              markup=False, highlight=False)
-        console.print(f"  start it:  broker start {run.id}", markup=False, highlight=False, soft_wrap=True)
-        console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
-        if any(r["state"] == "stopping" for r in rows):
-            raise typer.Exit(4)
-
-    @app.command("start", short_help="Start a stopped run's machines again (new addresses, SSH checked)")
-    def start_cmd(
-        run_id: str = typer.Argument("latest", metavar="[RUN]", help="run id, a unique prefix or latest"),
-        hours: float = typer.Option(None, "--hours", metavar="HOURS", help="delete the machines this many hours "
-                                    "from now (default: the recipe's max_hours)"),
-        timeout: float = typer.Option(600.0, "--timeout", metavar="SECONDS", help="how long to wait for each "
-                                      "machine to run and answer SSH"),
-        as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
-    ) -> None:
-        """Start RUN's stopped machines; their new addresses go to the run's records, then SSH is tried."""
-        from broker.core.limits import check_number
-        from broker.core.ui import console, print_json
-        from broker.money.ledger import Ledger
-
-        if hours is not None:
-            check_number("--hours", "max_hours", hours)
-        from broker.core.ui import err
-        from broker.money.journal import failsafe
-
-        ledger = failsafe(Ledger())  # what the provider did is kept and journalled if the ledger cannot take it
-        run = ledger.find_run(run_id)
-        say = None if as_json else (lambda line: err.print(line, markup=False, highlight=False))
-        try:
-            rows = start_run(ledger, run.id, hours=hours, timeout_s=timeout, say=say)
-        except BaseException:  # Ctrl-C, SIGTERM, a provider error: say what this start left billing
-            billing = _billing_lines(ledger, run.id)
-            if billing and not as_json:
-                err.print("start did not finish; still rented and billing: " + "; ".join(billing)
-                          + f" (`broker stop {run.id}` stops them, `broker down {run.id}` deletes them)",
-                          markup=False, highlight=False)
-            raise
-        bad = [r for r in rows if r["state"] != "running" or r["ssh"] is False or r.get("error")]
-        if as_json:
-            print_json({"run_id": run.id, "machines": rows})
+            if r.get("error"):
+                now = {"stopped": "stopped again", "running": "STILL RUNNING and billing"}.get(r["state"],
+                                                                                            r["state"])
+                console.print(f"{what}: {r['error']}; {now}; `{r['fix']}` ends it", markup=False,
+                              highlight=False, soft_wrap=True)
+                continue
+            if r["state"] != "running":
+                console.print(f"{what}: {r['state']} (not running within {timeout:g} s)", markup=False,
+                              highlight=False)
+                continue
+            ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
+            if r.get("ssh_why"):
+                ssh = f"SSH refused: {r['ssh_why']}"
+            console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
+                          f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
+            if r["deadman"] is True:
+                console.print(f"  node dead-man switch re-armed: it deletes itself at "
+                              f"{r['deadman_fire_at'][:19]}Z", markup=False, highlight=False)
+            elif r["deadman"] is False:
+                console.print(f"  node dead-man switch NOT re-armed ({r['deadman_why']}): only the watchdog "
+                              "guards the deadline (`broker watchdog` must be running)", markup=False,
+                              highlight=False)
+        if any(r["state"] == "running" and r["ssh"] is not False and not r.get("error") for r in rows):
+            console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
+        billing = _billing_lines(ledger, run.id)
+        if billing:
+            console.print(f"  still rented and billing: {'; '.join(billing)}", markup=False, highlight=False)
+            console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
         else:
-            for r in rows:
-                what = f"{r['provider']} instance {r['provider_id']}"
-                if r.get("error"):
-                    now = {"stopped": "stopped again", "running": "STILL RUNNING and billing"}.get(r["state"],
-                                                                                                r["state"])
-                    console.print(f"{what}: {r['error']}; {now}; `{r['fix']}` ends it", markup=False,
-                                  highlight=False, soft_wrap=True)
-                    continue
-                if r["state"] != "running":
-                    console.print(f"{what}: {r['state']} (not running within {timeout:g} s)", markup=False,
-                                  highlight=False)
-                    continue
-                ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
-                if r.get("ssh_why"):
-                    ssh = f"SSH refused: {r['ssh_why']}"
-                console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
-                              f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
-                if r["deadman"] is True:
-                    console.print(f"  node dead-man switch re-armed: it deletes itself at "
-                                  f"{r['deadman_fire_at'][:19]}Z", markup=False, highlight=False)
-                elif r["deadman"] is False:
-                    console.print(f"  node dead-man switch NOT re-armed ({r['deadman_why']}): only the watchdog "
-                                  "guards the deadline (`broker watchdog` must be running)", markup=False,
-                                  highlight=False)
-            if any(r["state"] == "running" and r["ssh"] is not False and not r.get("error") for r in rows):
-                console.print(f"  log in:    broker ssh {run.id}", markup=False, highlight=False, soft_wrap=True)
-            billing = _billing_lines(ledger, run.id)
-            if billing:
-                console.print(f"  still rented and billing: {'; '.join(billing)}", markup=False, highlight=False)
-                console.print(f"  stop it:   broker stop {run.id}", markup=False, highlight=False, soft_wrap=True)
-                console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
-            else:
-                console.print("  nothing of this run bills now", markup=False, highlight=False)
-        if bad:
-            raise typer.Exit(4)
+            console.print("  nothing of this run bills now", markup=False, highlight=False)
+    if bad:
+        raise typer.Exit(4)

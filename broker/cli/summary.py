@@ -35,46 +35,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     rows = result.ranks
     started = any(r.device != "?" or r.host != "?" for r in rows)
     if started:
-        from rich import box
-
-        # the headers are the variables a learner is reading about: never broken mid-word.  Below 110 columns the
-        # host and GPU count move to one line under the table so the rest fits 80 columns.
-        wide = console.width >= 110
-        t = Table(title=f"run {run.id}: {run.name} ({run_where(run)})", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        cols = ["node", *(["host"] if wide else []), "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
-                *(["GPUs"] if wide else []), "device", "backend"]
-        versions = {(r.python, r.torch, r.cuda, r.nccl) for r in rows if r.torch != "?"}
-        if len(versions) > 1:
-            cols += ["python", "torch", "CUDA", "NCCL"]
-        for col in cols:
-            t.add_column(col, no_wrap=True)
-        for r in rows:
-            cvd = {"": "(empty)", "''": "(empty)", '""': "(empty)"}.get(r.cuda_visible_devices, r.cuda_visible_devices)
-            cells = [str(r.node), *([r.host] if wide else []), str(r.rank), str(r.local_rank), str(r.world_size),
-                     cvd, *([r.gpus] if wide else []), r.device, r.backend]
-            if len(versions) > 1:
-                cells += [r.python, r.torch, r.cuda, r.nccl]
-            t.add_row(*(fact_text(c) for c in cells))
-        console.print(t)
-        if not wide:
-            # GPUs are known once the script imports torch (the rank shim's hook); "?" is left out, not printed
-            per_node: dict = {}  # one entry a node (its first rank): a node with 2 processes was listed twice
-            for r in rows:
-                if r.host != "?":
-                    per_node.setdefault(r.node, r)
-            console.print("[dim]hosts: " + ", ".join(
-                f"node {r.node} = {fact_text(r.host)}"
-                + (f" ({fact_text(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
-                for r in per_node.values()) + "[/]")
-        if len(versions) == 1:
-            py, tv, cu, nc = (fact_text(v) for v in next(iter(versions)))
-            console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
-        if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
-            cuda = any(str(r.device).startswith("cuda") for r in rows)  # a CPU (gloo) run has no cuda:0
-            console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
-                          "one process per node every LOCAL_RANK is 0"
-                          + (" and each node's GPU is its cuda:0" if cuda else "") + ".[/]")
+        print_rank_table(run, rows)
     else:
         console.print(f"run {run.id}: {run.name} ({run_where(run)}): {no_rank_text(result)}",
                       highlight=False)
@@ -98,23 +59,7 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
             console.out(f"  {node_text(line)}", highlight=False)
     codes = ", ".join(f"node {k}: {describe_exit(v)}" for k, v in sorted(result.exit_codes.items()))
     console.print(f"exit codes: {codes or 'none (no node was started)'}")
-    rows = _attempt_rows(run)
-    if len(rows) < 2:
-        console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
-    else:  # the cost covers every attempt: so does the wall time (the run's, from its start)
-        from broker.core.model import utcnow
-        from broker.core.prose import usd_parts
-
-        total, each = usd_parts(cost_usd, [a["usd"] for a in rows])
-        since = run.started_at or run.created_at
-        end = getattr(run, "ended_at", None) or utcnow()  # a summary printed later keeps the run's own end
-        whole = f"{(end - since).total_seconds():.1f} s over {len(rows)} attempts" if since else "-"
-        console.print(f"wall time: {whole} (the last {result.wall_s:.1f} s)   cost: {total}")
-        pre = sum(1 for a in rows if a["cause"] == "preempted")
-        console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
-            f"#{a['attempt']} {a['cause'] or 'running'} {c}" for a, c in zip(rows, each))
-            + f"; `broker status {run.id}` has each one, `broker logs {run.id} --attempt N` its logs",
-            highlight=False)
+    print_time_and_cost(run, result, cost_usd)
     preflight = run_dir / "preflight.txt" if run_dir else None
     if preflight is not None and preflight.exists() and preflight_failed(result):
         console.print(f"preflight report (why no rank started): {preflight}", highlight=False)
@@ -134,6 +79,73 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
         console.print("[dim]note: a node's torchrun logged 'Error waiting on exit barrier' after training finished: "
                       "node 0's agent hosts the rendezvous store and exited first, so the other agent's end-of-job "
                       "barrier lost its connection. Harmless here (every node exited 0).[/]")
+
+
+def print_rank_table(run: Run, rows: list) -> None:
+    """The per-rank table of a run whose ranks reported their facts (node, RANK, LOCAL_RANK, WORLD_SIZE,
+    CUDA_VISIBLE_DEVICES, device, backend; versions where they differ), the hosts line below 110 columns and what
+    LOCAL_RANK 0 everywhere means."""
+    from rich import box
+
+    # the headers are the variables a learner is reading about: never broken mid-word.  Below 110 columns the
+    # host and GPU count move to one line under the table so the rest fits 80 columns.
+    wide = console.width >= 110
+    t = Table(title=f"run {run.id}: {run.name} ({run_where(run)})", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    cols = ["node", *(["host"] if wide else []), "RANK", "LOCAL_RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
+            *(["GPUs"] if wide else []), "device", "backend"]
+    versions = {(r.python, r.torch, r.cuda, r.nccl) for r in rows if r.torch != "?"}
+    if len(versions) > 1:
+        cols += ["python", "torch", "CUDA", "NCCL"]
+    for col in cols:
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        cvd = {"": "(empty)", "''": "(empty)", '""': "(empty)"}.get(r.cuda_visible_devices, r.cuda_visible_devices)
+        cells = [str(r.node), *([r.host] if wide else []), str(r.rank), str(r.local_rank), str(r.world_size),
+                 cvd, *([r.gpus] if wide else []), r.device, r.backend]
+        if len(versions) > 1:
+            cells += [r.python, r.torch, r.cuda, r.nccl]
+        t.add_row(*(fact_text(c) for c in cells))
+    console.print(t)
+    if not wide:
+        # GPUs are known once the script imports torch (the rank shim's hook); "?" is left out, not printed
+        per_node: dict = {}  # one entry a node (its first rank): a node with 2 processes was listed twice
+        for r in rows:
+            if r.host != "?":
+                per_node.setdefault(r.node, r)
+        console.print("[dim]hosts: " + ", ".join(
+            f"node {r.node} = {fact_text(r.host)}"
+            + (f" ({fact_text(r.gpus)} GPU(s) visible)" if r.gpus != "?" else "")
+            for r in per_node.values()) + "[/]")
+    if len(versions) == 1:
+        py, tv, cu, nc = (fact_text(v) for v in next(iter(versions)))
+        console.print(f"[dim]every rank: Python {py}, torch {tv}, CUDA {cu}, NCCL {nc}[/]")
+    if all(r.local_rank == 0 for r in rows) and len(rows) > 1:
+        cuda = any(str(r.device).startswith("cuda") for r in rows)  # a CPU (gloo) run has no cuda:0
+        console.print("[dim]RANK is global (0..WORLD_SIZE-1); LOCAL_RANK counts processes on one node, so with "
+                      "one process per node every LOCAL_RANK is 0"
+                      + (" and each node's GPU is its cuda:0" if cuda else "") + ".[/]")
+
+
+def print_time_and_cost(run: Run, result: RunResult, cost_usd: float) -> None:
+    """The wall time and cost (USD) lines: one attempt's, or every attempt's with each one's cause and share."""
+    rows = _attempt_rows(run)
+    if len(rows) < 2:
+        console.print(f"wall time: {result.wall_s:.1f} s   cost: {usd(cost_usd)}")
+    else:  # the cost covers every attempt: so does the wall time (the run's, from its start)
+        from broker.core.model import utcnow
+        from broker.core.prose import usd_parts
+
+        total, each = usd_parts(cost_usd, [a["usd"] for a in rows])
+        since = run.started_at or run.created_at
+        end = getattr(run, "ended_at", None) or utcnow()  # a summary printed later keeps the run's own end
+        whole = f"{(end - since).total_seconds():.1f} s over {len(rows)} attempts" if since else "-"
+        console.print(f"wall time: {whole} (the last {result.wall_s:.1f} s)   cost: {total}")
+        pre = sum(1 for a in rows if a["cause"] == "preempted")
+        console.print(f"attempts: {len(rows)} ({pre} preempted): " + ", ".join(
+            f"#{a['attempt']} {a['cause'] or 'running'} {c}" for a, c in zip(rows, each))
+            + f"; `broker status {run.id}` has each one, `broker logs {run.id} --attempt N` its logs",
+            highlight=False)
 
 
 def preflight_failed(result: RunResult) -> bool:

@@ -119,7 +119,7 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
     :func:`broker.money.teardown.terminate_resource` (TransientErrors retried), so the termination itself is
     ledger-visible and a failure stays live in ``broker status``.  Never raises for provider errors.
     """
-    from broker.money.teardown import TERMINATE_RETRY_S, blocked_by, teardown_order, terminate_resource
+    from broker.money.teardown import TERMINATE_RETRY_S
 
     now = now or utcnow()
     rep = ReconcileReport()
@@ -132,65 +132,95 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
                             if r.provider == p.name and r.state == "unknown"]
             continue
         rep.checked.append(name)
-        for t in tagged:
-            if t.state == "terminated":
-                continue
-            row = ledger.find_by_provider_id(p.name, t.provider_id)
-            if row is not None and row.live and row.state != "orphan":
-                rep.known += 1
-                continue
-            if row is None:
-                pending = [r for r in ledger.resources(t.run_id, live_only=True) if t.run_id
-                           and r.provider == p.name and r.kind == t.kind and not r.provider_id
-                           and t.name in (r.name, None)]
-                if pending:
-                    if terminate:  # listing never writes; with --terminate the intent row learns its id
-                        ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
-                                               message=f"found by run tag: {t.provider_id}")
-                    if pending[0].state == "unknown":  # an ambiguous create that did happen: never used, so it goes
-                        rep.unknown.append(ledger.resource(pending[0].id) or pending[0])
-                    else:
-                        rep.adopted.append(t)
-                    continue
-            age = _age_s(t, now)
-            # the provider's tag decides, not a ledger row: a (crafted or stale) terminated row naming another
-            # installation's object does not make it ours; untagged (older broker) objects need a row of ours
-            if (row is None or t.installation_id) and not is_mine(t, ledger):
-                if include_foreign and age is not None and age >= foreign_min_age_s:
-                    rep.orphans.append(t)
-                else:
-                    rep.foreign.append(t)
-                continue
-            if row is None and age is not None and age < min_age_s:
-                rep.young.append(t)
-                continue
-            rep.orphans.append(t)
-        listed = {t.provider_id for t in tagged}
-        seen = {r.id for r in rep.unknown}
-        rep.unknown += [r for r in ledger.resources(live_only=True) if r.provider == p.name
-                        and r.state == "unknown" and r.id not in seen and r.provider_id not in listed]
+        _sort_tagged(ledger, p, tagged, rep, terminate=terminate, actor=actor, include_foreign=include_foreign,
+                     min_age_s=min_age_s, foreign_min_age_s=foreign_min_age_s, now=now)
     if not terminate:
         return rep
     by_name = {p.name: p for p in providers.values()}
     kw = dict(confirm_timeout_s=confirm_timeout_s, poll_s=poll_s, say=say,
               retry_s=TERMINATE_RETRY_S if retry_s is None else retry_s)
+    _terminate_orphans(ledger, rep, by_name, actor=actor, include_foreign=include_foreign, **kw)
+    rep.unknown = _terminate_unknown(ledger, rep, by_name, actor=actor, **kw)
+    return rep
+
+
+def _sort_tagged(ledger: Ledger, p: Provider, tagged: list[Any], rep: ReconcileReport, *, terminate: bool,
+                 actor: str, include_foreign: bool, min_age_s: float, foreign_min_age_s: float,
+                 now: datetime) -> None:
+    """Sort what provider ``p`` holds with broker's tag (``tagged``) into ``rep``: known to the ledger, adopted (a
+    create the ledger wrote without its id; with ``terminate`` the row learns it), an ambiguous create that did
+    happen (unknown), another installation's (foreign, or an orphan with ``include_foreign`` past
+    ``foreign_min_age_s``), too young to judge (``min_age_s``), or an orphan; then the ledger's ``unknown`` rows of
+    ``p`` that the provider does not list."""
+    for t in tagged:
+        if t.state == "terminated":
+            continue
+        row = ledger.find_by_provider_id(p.name, t.provider_id)
+        if row is not None and row.live and row.state != "orphan":
+            rep.known += 1
+            continue
+        if row is None:
+            pending = [r for r in ledger.resources(t.run_id, live_only=True) if t.run_id
+                       and r.provider == p.name and r.kind == t.kind and not r.provider_id
+                       and t.name in (r.name, None)]
+            if pending:
+                if terminate:  # listing never writes; with --terminate the intent row learns its id
+                    ledger.update_resource(pending[0].id, provider_id=t.provider_id, actor=actor,
+                                           message=f"found by run tag: {t.provider_id}")
+                if pending[0].state == "unknown":  # an ambiguous create that did happen: never used, so it goes
+                    rep.unknown.append(ledger.resource(pending[0].id) or pending[0])
+                else:
+                    rep.adopted.append(t)
+                continue
+        age = _age_s(t, now)
+        # the provider's tag decides, not a ledger row: a (crafted or stale) terminated row naming another
+        # installation's object does not make it ours; untagged (older broker) objects need a row of ours
+        if (row is None or t.installation_id) and not is_mine(t, ledger):
+            if include_foreign and age is not None and age >= foreign_min_age_s:
+                rep.orphans.append(t)
+            else:
+                rep.foreign.append(t)
+            continue
+        if row is None and age is not None and age < min_age_s:
+            rep.young.append(t)
+            continue
+        rep.orphans.append(t)
+    listed = {t.provider_id for t in tagged}
+    seen = {r.id for r in rep.unknown}
+    rep.unknown += [r for r in ledger.resources(live_only=True) if r.provider == p.name
+                    and r.state == "unknown" and r.id not in seen and r.provider_id not in listed]
+
+
+def _orphan_row(ledger: Ledger, t: Any, actor: str) -> Resource:
+    """The ledger row of orphan ``t`` in state ``orphan`` before anything is deleted: its old row reopened (the
+    ledger had it terminated), else a new row with its id, creation time and rate."""
+    row = ledger.find_by_provider_id(t.provider, t.provider_id)
+    if row is not None and row.state != "orphan":  # known but marked terminated: reopen
+        ledger.update_resource(row.id, state="orphan", terminated_at=None, terminated_by=None, actor=actor,
+                               message=f"{t.provider_id} still exists although the ledger had it terminated")
+    elif row is None:
+        row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
+                                   region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
+                                   attrs={"found_by": "reconcile", "installation_id": t.installation_id,
+                                          **({"rate_unknown": t.rate_unreadable} if t.rate_unreadable else {})})
+        ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
+                               created_at=t.created_at or row.created_at, actor=actor,
+                               message=f"orphan {t.kind} {t.provider_id} found by run tag")
+    res = ledger.resource(row.id)
+    assert res is not None
+    return res
+
+
+def _terminate_orphans(ledger: Ledger, rep: ReconcileReport, by_name: dict[str, Provider], *, actor: str,
+                       include_foreign: bool, **kw: Any) -> None:
+    """Terminate ``rep.orphans`` in dependency order, each written to the ledger first; one whose dependency is
+    still live is not tried (its row says which).  Fills ``rep.terminated`` and ``rep.failed``."""
+    from broker.money.teardown import blocked_by, teardown_order, terminate_resource
+
     failed_tags: list[Any] = []
     for t in teardown_order(rep.orphans):
         blocker = blocked_by(t, failed_tags)
-        row = ledger.find_by_provider_id(t.provider, t.provider_id)
-        if row is not None and row.state != "orphan":  # known but marked terminated: reopen
-            ledger.update_resource(row.id, state="orphan", terminated_at=None, terminated_by=None, actor=actor,
-                                   message=f"{t.provider_id} still exists although the ledger had it terminated")
-        elif row is None:
-            row = ledger.record_intent(t.run_id or "unknown", t.provider, t.kind, t.name or t.provider_id,
-                                       region=t.region, usd_per_hour=t.usd_per_hour or 0.0, actor=actor,
-                                       attrs={"found_by": "reconcile", "installation_id": t.installation_id,
-                                              **({"rate_unknown": t.rate_unreadable} if t.rate_unreadable else {})})
-            ledger.update_resource(row.id, provider_id=t.provider_id, state="orphan",
-                                   created_at=t.created_at or row.created_at, actor=actor,
-                                   message=f"orphan {t.kind} {t.provider_id} found by run tag")
-        res = ledger.resource(row.id)
-        assert res is not None
+        res = _orphan_row(ledger, t, actor)
         if blocker is not None:
             ledger.update_resource(res.id, error=f"waits for {blocker.kind} {blocker.provider_id} (still live) to "
                                    "go first", actor=actor, message="not tried: a dependency is still live")
@@ -203,6 +233,14 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
         else:
             failed_tags.append(t)
             rep.failed.append(ledger.resource(res.id) or res)
+
+
+def _terminate_unknown(ledger: Ledger, rep: ReconcileReport, by_name: dict[str, Provider], *, actor: str,
+                       **kw: Any) -> list[Resource]:
+    """Terminate the live ``unknown`` rows (ambiguous creates) of the providers that answered; returns those still
+    live (their provider did not answer, or the terminate failed).  Adds what went to ``rep.terminated``."""
+    from broker.money.teardown import teardown_order, terminate_resource
+
     still_unknown: list[Resource] = []
     for r in teardown_order(rep.unknown):
         cur = ledger.resource(r.id) or r
@@ -213,5 +251,4 @@ def reconcile(ledger: Ledger, providers: dict[str, Provider], *, terminate: bool
             cur = ledger.resource(r.id) or cur
         if cur.live:
             still_unknown.append(cur)
-    rep.unknown = still_unknown
-    return rep
+    return still_unknown

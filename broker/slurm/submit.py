@@ -173,10 +173,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     from broker.money.accounting import ACTIVE_STATUSES
     from broker.run.supervisor import RunResult
     from broker.run.runrecord import end_run, new_run
-    from broker.run.guard import shielded
     from broker.providers import get_provider
-    from broker.lint.shell import FATAL, header, sbatch_nodes
-    from broker.slurm.cluster import cluster_recipe, find, node0_shell
+    from broker.lint.shell import header, sbatch_nodes
+    from broker.slurm.cluster import find, node0_shell
 
     say = say or (lambda _m: None)
     run_c, state = find(ledger, cluster_id)
@@ -184,38 +183,14 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         raise BadInput(f"Slurm cluster {run_c.id} is {run_c.status}, not up",
                        hint="start one with `broker slurm up --provider netns --nodes 2`")
     script = Path(script)
-    try:
-        text = script.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise BadInput(f"{script}: cannot read it ({e.strerror or e})", hint="give the path of your sbatch file") \
-            from None
     sh = node0_shell(state)
-    facts = cluster_nodes(sh, run_c.deadline)
-    findings = check(script, facts, where=f"cluster {run_c.id}")
-    if report:
-        report(findings)
-    fatal = [f for f in findings if f.kind in FATAL]
-    if fatal and not yes:
-        raise BadInput(f"{script} cannot run as written on cluster {run_c.id}: {len(fatal)} problem(s), each at its "
-                       "line above; nothing was queued",
-                       hint="fix those lines (the fix is under each), or pass --yes to submit it anyway")
-
+    text, facts, findings, fatal = _checked_file(sh, script, run_c, yes=yes, report=report)
     h = header(text)
     nnodes = sbatch_nodes(text)
     per_node = int(h["ntasks-per-node"].value) if "ntasks-per-node" in h and \
         h["ntasks-per-node"].value.isdigit() else 1
     name = h["job-name"].value if "job-name" in h else script.name
-    minutes = facts.minutes_left if facts.minutes_left is not None else 60.0
-    recipe = cluster_recipe(re.sub(r"[^A-Za-z0-9_-]", "-", script.stem)[:30] or "job", max(1, nnodes),
-                            max_hours=max(minutes / 60, 1 / 3600), budget_usd=run_c.budget_usd or 0.0)
-    if not 0 <= stall_s <= 86400:  # a recipe's stall_s bounds (NaN fails too)
-        raise BadInput(f"--stall-s {stall_s:g} is outside 0..86400 seconds", hint="--stall-s 60 (0: no stall watch)")
-    if on_stall not in ("stop", "report"):
-        raise BadInput(f"--on-stall {on_stall!r} is not stop or report", hint="--on-stall stop (the default) or "
-                       "--on-stall report")
-    recipe = recipe.model_copy(update={"name": f"sbatch-{script.stem}", "script": script.resolve(),
-                                       "workdir": script.resolve().parent, "args": list(args or []),
-                                       "stall_s": float(stall_s), "on_stall": on_stall})
+    recipe = _job_recipe(script, nnodes, facts, run_c, args=args, stall_s=stall_s, on_stall=on_stall)
     run = new_run(ledger, recipe, provider="slurm", topology="slurm",
                   plan={"cluster": run_c.id, "script": str(script.resolve()), "findings": len(findings)})
     ledger.update_run(run.id, deadline=run_c.deadline, budget_usd=run_c.budget_usd)  # the cluster's clock and budget
@@ -238,33 +213,14 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
     out = Outcome(run.id, None, "NOT_SUBMITTED", None, None, "failed", findings=findings)
     t0 = time.monotonic()
     try:
-        from broker.run.executor import staging_line
-        from broker.run.staging import stage_plan, tar_staged
-
-        plan = stage_plan(script.resolve().parent)
-        say(staging_line(plan, run_dir) + f" -> {work}")
-        sh.mkdir(base)
-        sh.put_tgz(tar_staged(plan), work)
-        chdir = job_dir(h, work)
-        made = _output_dirs(h, chdir)
-        if made:
-            sh.text(["mkdir", "-p", *made], call="mkdir")
-            say(f"created {', '.join(os.path.relpath(d, work) + '/' for d in made)} in the job folder (Slurm "
-                "cannot open --output/--error files in a missing folder: the job would end at once with no log)")
+        chdir = _stage(sh, script, h, base=base, work=work, run_dir=run_dir, say=say)
         res = ledger.record_intent(run.id, "slurm", "slurm_job", name, usd_per_hour=0.0, deadline=run_c.deadline,
                                    attrs=attrs)
         res_id = res.id
         # on the command line it wins over the file's own: a relative `#SBATCH --chdir=.` would be taken against
         # the home of the user slurmd runs the job as (/root), not the staged folder
         extra = [f"--chdir={chdir}"]
-        pydir = str(Path(state.python).parent) if state.python.startswith("/") else None
-        prefix = (["env", f"PATH={pydir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
-                  if pydir else [])
-        stall = None
-        if stall_s:
-            stall = _stall_hook(sh, base)
-            prefix = (prefix or ["env"]) + [f"PYTHONPATH={stall['hook']}", f"BROKER_FACTS_DIR={stall['facts']}"]
-            stall.update(stall_s=float(stall_s), on_stall=on_stall, python=state.python)
+        prefix, stall = _job_prefix(sh, state, base, stall_s=stall_s, on_stall=on_stall)
         try:
             job_id = prov.submit(f"{work}/{script.name}", run_id=run.id, extra=extra, args=list(args or []),
                                  prefix=prefix)
@@ -280,22 +236,9 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
                                             nnodes, run_dir, out, echo=echo, say=say, poll_s=poll_s, ledger=ledger,
                                             res_id=res_id, stall=stall)
     except BaseException as e:
-        interrupted = isinstance(e, KeyboardInterrupt)
-        if job_id and info is None:
-            try:
-                with shielded(say):  # a second Ctrl-C must not leave the job running
-                    gone = _cancel(prov, job_id, attrs)
-                if gone.done and res_id:
-                    ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
-                                           message=f"Slurm job {job_id} cancelled: {gone.state}")
-            except Exception as ce:  # noqa: BLE001 - the row stays live: `broker down` / the watchdog retry
-                say(f"could not cancel Slurm job {job_id} ({getattr(ce, 'message', None) or ce}); "
-                    f"`broker down {run.id}` retries")
-        why = ("interrupted (Ctrl-C)" if interrupted else
-               f"slurm submit failed: {getattr(e, 'message', None) or e}")
-        if job_id:
-            why += f"; cancelled Slurm job {job_id}"
-        end_run(ledger, run.id, None, status="interrupted" if interrupted else "failed", message=why)
+        # the job is cancelled unless it ended on its own (info): a failure or Ctrl-C leaves nothing queued
+        _end_after_failure(ledger, prov, run, e, job_id=job_id if info is None else None, named_job=job_id,
+                           attrs=attrs, res_id=res_id, say=say)
         raise
     if info is not None and info.done and res_id:
         ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
@@ -310,6 +253,111 @@ def submit(ledger: "Ledger", cluster_id: str, script: Path, args: list[str] | No
         (run_dir / "diagnosis.txt").write_text("\n".join(out.diagnosis) + "\n")
     end_run(ledger, run.id, result, status=status, message=end_message(job_id, out, reason))
     return out
+
+
+def _checked_file(sh: Any, script: Path, run_c: Any, *, yes: bool,
+                  report: Callable[[list["Finding"]], None] | None) -> tuple[str, "ClusterNodes", list["Finding"],
+                                                                                list["Finding"]]:
+    """Read ``script`` and check it against the cluster's real nodes (``sh``: node 0's shell); ``report`` gets
+    the findings.  Returns (its text, the nodes' facts, the findings, the fatal ones).  Raises BadInput (a file
+    that cannot be read; a fatal finding and no ``yes``: nothing is queued)."""
+    from broker.lint.shell import FATAL
+
+    try:
+        text = script.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise BadInput(f"{script}: cannot read it ({e.strerror or e})", hint="give the path of your sbatch file") \
+            from None
+    facts = cluster_nodes(sh, run_c.deadline)
+    findings = check(script, facts, where=f"cluster {run_c.id}")
+    if report:
+        report(findings)
+    fatal = [f for f in findings if f.kind in FATAL]
+    if fatal and not yes:
+        raise BadInput(f"{script} cannot run as written on cluster {run_c.id}: {len(fatal)} problem(s), each at its "
+                       "line above; nothing was queued",
+                       hint="fix those lines (the fix is under each), or pass --yes to submit it anyway")
+    return text, facts, findings, fatal
+
+
+def _job_recipe(script: Path, nnodes: int, facts: "ClusterNodes", run_c: Any, *, args: list[str] | None,
+                stall_s: float, on_stall: str) -> Any:
+    """The recipe the job's run is recorded with: ``nnodes`` CPU nodes, the time the cluster has left (an hour
+    when unknown) and its budget, the script's folder and arguments, the stall watch's settings.  Raises BadInput
+    for ``stall_s`` outside 0..86400 seconds or ``on_stall`` not ``stop`` / ``report``."""
+    from broker.slurm.cluster import cluster_recipe
+
+    minutes = facts.minutes_left if facts.minutes_left is not None else 60.0
+    recipe = cluster_recipe(re.sub(r"[^A-Za-z0-9_-]", "-", script.stem)[:30] or "job", max(1, nnodes),
+                            max_hours=max(minutes / 60, 1 / 3600), budget_usd=run_c.budget_usd or 0.0)
+    if not 0 <= stall_s <= 86400:  # a recipe's stall_s bounds (NaN fails too)
+        raise BadInput(f"--stall-s {stall_s:g} is outside 0..86400 seconds", hint="--stall-s 60 (0: no stall watch)")
+    if on_stall not in ("stop", "report"):
+        raise BadInput(f"--on-stall {on_stall!r} is not stop or report", hint="--on-stall stop (the default) or "
+                       "--on-stall report")
+    return recipe.model_copy(update={"name": f"sbatch-{script.stem}", "script": script.resolve(),
+                                     "workdir": script.resolve().parent, "args": list(args or []),
+                                     "stall_s": float(stall_s), "on_stall": on_stall})
+
+
+def _stage(sh: Any, script: Path, h: dict, *, base: str, work: str, run_dir: Path, say: Say) -> str:
+    """Copy the script's folder to ``work`` on the cluster and create the job's --output/--error folders there;
+    returns the job's folder (``--chdir``)."""
+    from broker.run.executor import staging_line
+    from broker.run.staging import stage_plan, tar_staged
+
+    plan = stage_plan(script.resolve().parent)
+    say(staging_line(plan, run_dir) + f" -> {work}")
+    sh.mkdir(base)
+    sh.put_tgz(tar_staged(plan), work)
+    chdir = job_dir(h, work)
+    made = _output_dirs(h, chdir)
+    if made:
+        sh.text(["mkdir", "-p", *made], call="mkdir")
+        say(f"created {', '.join(os.path.relpath(d, work) + '/' for d in made)} in the job folder (Slurm "
+            "cannot open --output/--error files in a missing folder: the job would end at once with no log)")
+    return chdir
+
+
+def _job_prefix(sh: Any, state: Any, base: str, *, stall_s: float, on_stall: str) -> tuple[list[str], dict | None]:
+    """The command sbatch runs under (``env PATH=<the cluster's Python>...``, and with a stall watch its hook on
+    ``PYTHONPATH``) and the stall watch's settings (:func:`_stall_hook`'s paths with ``stall_s``, ``on_stall``,
+    ``python``; None when ``stall_s`` is 0)."""
+    pydir = str(Path(state.python).parent) if state.python.startswith("/") else None
+    prefix = (["env", f"PATH={pydir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+              if pydir else [])
+    stall = None
+    if stall_s:
+        stall = _stall_hook(sh, base)
+        prefix = (prefix or ["env"]) + [f"PYTHONPATH={stall['hook']}", f"BROKER_FACTS_DIR={stall['facts']}"]
+        stall.update(stall_s=float(stall_s), on_stall=on_stall, python=state.python)
+    return prefix, stall
+
+
+def _end_after_failure(ledger: "Ledger", prov: Any, run: Any, e: BaseException, *, job_id: str | None,
+                       named_job: str | None, attrs: dict, res_id: str | None, say: Say) -> None:
+    """After ``e`` (a failure or Ctrl-C) ended the submission: cancel ``job_id`` (shielded from a second Ctrl-C;
+    its row terminated when Slurm shows it gone, else left live for `broker down` / the watchdog) and end the run
+    saying why (``named_job``: the job that was submitted, if any)."""
+    from broker.run.guard import shielded
+    from broker.run.runrecord import end_run
+
+    interrupted = isinstance(e, KeyboardInterrupt)
+    if job_id:
+        try:
+            with shielded(say):  # a second Ctrl-C must not leave the job running
+                gone = _cancel(prov, job_id, attrs)
+            if gone.done and res_id:
+                ledger.update_resource(res_id, state="terminated", terminated_by="cli", actor="cli",
+                                       message=f"Slurm job {job_id} cancelled: {gone.state}")
+        except Exception as ce:  # noqa: BLE001 - the row stays live: `broker down` / the watchdog retry
+            say(f"could not cancel Slurm job {job_id} ({getattr(ce, 'message', None) or ce}); "
+                f"`broker down {run.id}` retries")
+    why = ("interrupted (Ctrl-C)" if interrupted else
+           f"slurm submit failed: {getattr(e, 'message', None) or e}")
+    if named_job:
+        why += f"; cancelled Slurm job {named_job}"
+    end_run(ledger, run.id, None, status="interrupted" if interrupted else "failed", message=why)
 
 
 def _stall_hook(sh: Any, base: str) -> dict[str, str]:
@@ -434,8 +482,6 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
             echo, say, poll_s, ledger, res_id, stall=None):
     """Follow the job to its end, streaming its files; returns (status, reason, final JobInfo, out).  ``stall``
     (:func:`_stall_hook`'s paths with ``stall_s``, ``on_stall``, ``python``): watch the running job for a hang."""
-    from broker.core.model import utcnow
-
     logs = {i: run_dir / f"node{i}.log" for i in range(max(1, nnodes))}
     for p in logs.values():
         p.write_text("")
@@ -468,34 +514,11 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
     errors = 0
     files_known = False
     if stall:
-        from broker.run.stall import StallWatch
-        from broker.slurm.executor import slurm_sampler
-
-        def pump_all() -> None:  # output that came while the stacks are read counts as progress
-            for s in streams:
-                s.pump()
-
-        watch = StallWatch(stall["stall_s"], slurm_sampler(sh, job_id, max(1, nnodes), stall["python"],
-                                                           stall["shim"], stall["facts"], before=pump_all),
-                           on_stall=stall["on_stall"], run_dir=run_dir, echo=echo or say,
-                           report_hint="--on-stall report")
+        watch = _stall_watch(sh, job_id, nnodes, stall, streams, run_dir=run_dir, echo=echo or say)
     while True:
         try:
             if not files_known:
-                so, se, _first = job_files(sh, job_id, name)
-                if so:
-                    files_known = True
-                    seen = set()
-                    for path, tag in ((so, ""), (se, " stderr")):
-                        if not path or path in seen:
-                            continue
-                        seen.add(path)
-                        local = _local_copy(run_dir, path, job_id, tag, say)
-                        streams.append(_Stream(sh, path, local, on_line(tag if path != so else "")))
-                        out.files.append(local)
-                        from broker.core.ui import visible_controls
-
-                        say(f"following {visible_controls(path)}")  # the job chose the name: no raw ESC
+                files_known = _follow_job_files(sh, job_id, name, streams, out, on_line, run_dir=run_dir, say=say)
             for s in streams:
                 s.pump()
             info = prov.job(job_id, attrs=attrs)
@@ -515,29 +538,12 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
                                                     else ""))
         if info.done:
             break
-        if info.hopeless:
-            reason = f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); cancelled it"
-            status = "failed"
+        stop = _why_stop(info, job_id, deadline, watch)
+        if stop is not None:  # broker ends the job: what it prints from now on is only in the logs
+            status, reason = stop
             cancelling()
             info = _cancel(prov, job_id, attrs)
             break
-        if deadline is not None and utcnow() >= deadline:
-            reason = f"the cluster's deadline ({deadline.isoformat()}) was reached; cancelled Slurm job {job_id}"
-            status = "deadline"
-            if watch is not None and info.state == "RUNNING":
-                watch.at_deadline()
-            cancelling()
-            info = _cancel(prov, job_id, attrs)
-            break
-        if watch is not None:
-            if info.state != "RUNNING":
-                watch.last_output = watch.clock()  # queued time is not silence: the clock starts when it runs
-            elif watch.check():
-                reason = f"{watch.reason}; cancelled Slurm job {job_id}"
-                status = "failed"
-                cancelling()
-                info = _cancel(prov, job_id, attrs)
-                break
         time.sleep(poll_s)
     if not files_known:
         so, se, _ = job_files(sh, job_id, name)
@@ -547,6 +553,71 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
             out.files.append(local)
     for s in streams:
         s.pump(final=True)
+    return (*_ended(sh, job_id, info, out, status, reason), info, out)
+
+
+def _stall_watch(sh: Any, job_id: str, nnodes: int, stall: dict, streams: list[_Stream], *, run_dir: Path,
+                 echo: Say) -> Any:
+    """The stall watch of a running job (:class:`broker.run.stall.StallWatch`): the ranks' stacks read on every
+    node by :func:`broker.slurm.executor.slurm_sampler`, the job's ``streams`` pumped first (output that came while
+    the stacks are read counts as progress)."""
+    from broker.run.stall import StallWatch
+    from broker.slurm.executor import slurm_sampler
+
+    def pump_all() -> None:
+        for s in streams:
+            s.pump()
+
+    return StallWatch(stall["stall_s"], slurm_sampler(sh, job_id, max(1, nnodes), stall["python"],
+                                                      stall["shim"], stall["facts"], before=pump_all),
+                      on_stall=stall["on_stall"], run_dir=run_dir, echo=echo, report_hint="--on-stall report")
+
+
+def _follow_job_files(sh: Any, job_id: str, name: str, streams: list[_Stream], out: Outcome,
+                      on_line: Callable[[str], Callable[[str], None]], *, run_dir: Path, say: Say) -> bool:
+    """Start streaming the job's StdOut and StdErr (one stream when they are one file) into local copies, once
+    Slurm names them; returns whether it did (False: not known yet, ask again)."""
+    from broker.core.ui import visible_controls
+
+    so, se, _first = job_files(sh, job_id, name)
+    if not so:
+        return False
+    seen = set()
+    for path, tag in ((so, ""), (se, " stderr")):
+        if not path or path in seen:
+            continue
+        seen.add(path)
+        local = _local_copy(run_dir, path, job_id, tag, say)
+        streams.append(_Stream(sh, path, local, on_line(tag if path != so else "")))
+        out.files.append(local)
+        say(f"following {visible_controls(path)}")  # the job chose the name: no raw ESC
+    return True
+
+
+def _why_stop(info: Any, job_id: str, deadline: Any, watch: Any) -> tuple[str, str] | None:
+    """(status, reason) when broker must cancel the still-running job: Slurm will never start it, the cluster's
+    deadline passed (the stall watch reads the stacks first), or the stall watch names a hang; None to go on.
+    Time queued is not silence: the stall watch's clock starts when the job runs."""
+    from broker.core.model import utcnow
+
+    if info.hopeless:
+        return "failed", f"Slurm will never start job {job_id} as submitted (pending: {info.reason}); cancelled it"
+    if deadline is not None and utcnow() >= deadline:
+        if watch is not None and info.state == "RUNNING":
+            watch.at_deadline()
+        return "deadline", (f"the cluster's deadline ({deadline.isoformat()}) was reached; cancelled Slurm job "
+                            f"{job_id}")
+    if watch is not None:
+        if info.state != "RUNNING":
+            watch.last_output = watch.clock()
+        elif watch.check():
+            return "failed", f"{watch.reason}; cancelled Slurm job {job_id}"
+    return None
+
+
+def _ended(sh: Any, job_id: str, info: Any, out: Outcome, status: str | None, reason: str) -> tuple[str, str]:
+    """Fill ``out`` from the job's final ``info`` (with Slurm's own account of a job that failed without a line of
+    output) and return (status, reason): ``status`` as broker decided it, else from Slurm's state and exit code."""
     out.state, out.exit_code, out.signal, out.nodes = info.state, info.exit_code, info.signal, info.nodes
     if info.state != "COMPLETED" and not any(p.exists() and p.stat().st_size for p in out.files):
         try:
@@ -558,7 +629,7 @@ def _follow(prov, sh, attrs, job_id, run, deadline, h, name, per_node, nnodes, r
         if status == "failed":
             why = f" ({info.reason})" if info.reason and info.reason != "None" else ""
             reason = f"Slurm job {job_id} {info.state}{why}, ExitCode {info.exit_code}:{info.signal or 0}"
-    return status, reason, info, out
+    return status, reason
 
 
 def no_output_reason(sh: Any, job_id: str, info: Any) -> list[str]:

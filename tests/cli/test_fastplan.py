@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _plan_click_command():
     from broker.cli import app as cli
 
-    return cli.command(cli.make_app(["broker.cli.plan"])).commands["plan"]
+    return cli.command(cli.make_app(["broker.cli.planning"])).commands["plan"]
 
 
 def test_the_option_table_is_the_typer_commands():
@@ -71,7 +71,7 @@ def test_parse_gives_what_typer_passes(argv, monkeypatch, tmp_path):
     got: dict = {}
     monkeypatch.setattr(plan_mod, "plan_command", lambda **kw: got.update(kw) or 0)
     monkeypatch.setattr(cli, "root_verbose", lambda v: got.update(_verbose=v))
-    rv = cli.command(cli.make_app(["broker.cli.plan"]))(args=list(argv), prog_name="broker", standalone_mode=False)
+    rv = cli.command(cli.make_app(["broker.cli.planning"]))(args=list(argv), prog_name="broker", standalone_mode=False)
     assert rv in (0, None)
     verbose, kwargs = fastplan.parse(list(argv))
     assert got.pop("_verbose") == verbose
