@@ -134,21 +134,13 @@ def register(app: typer.Typer) -> None:
             from broker.core.provider import BadInput
 
             raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
-        if cluster and provider == "netns":  # a cluster from `broker netns up`: its nodes are kept, as for exec
-            raise typer.Exit(run_on_kept(_netns_cluster_run(cluster), recipe, quiet=quiet, as_json=as_json))
-        if cluster and provider != "slurm":
-            from broker.core.provider import BadInput
-
-            raise BadInput("--cluster works with --provider slurm (a `broker slurm up` cluster) or --provider netns "
-                           "(a `broker netns up` cluster)",
-                           hint="broker run RECIPE --provider slurm --cluster ID, or --provider netns --cluster ID")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
                                      topology=topology, mesh=mesh))
 
 
 def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
-    """``broker exec RUN RECIPE`` (and ``broker run RECIPE --cluster ID`` on a ``broker netns up`` cluster): the
+    """``broker exec RUN RECIPE``: the
     linted ``recipe`` on the live nodes of run ``run_id``, no provisioning, summary printed; returns the exit
     code (4 when something stayed live that should not have).  Raises BadInput when the run has no nodes to
     reach (:func:`broker.run.kept.kept_cluster` says why)."""
@@ -184,29 +176,6 @@ def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
         console.print(f"nodes of {origin.id} still kept; idle timer restarted; `broker down {origin.id}` ends them",
                       highlight=False)
     return out.exit_code if not out.left else 4
-
-
-def _netns_cluster_run(cluster: str) -> str:
-    """The run id of the ``broker netns up`` cluster ``cluster`` (its cluster id ``bkn`` + 6 hex digits as printed,
-    or its run id / a unique prefix).  Raises BadInput when no such cluster is in the ledger."""
-    import re
-
-    from broker.core.provider import BadInput
-    from broker.money.ledger import Ledger
-
-    ledger = Ledger()
-    if not re.fullmatch(r"bkn[0-9a-f]{6}", cluster):
-        try:
-            return ledger.find_run(cluster).id  # a run id (or prefix): kept_cluster checks its nodes
-        except BadInput:
-            raise BadInput(f"--cluster {cluster}: no netns cluster (bkn + 6 hex digits) or run of that id",
-                           hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up") \
-                from None
-    row = ledger.find_by_provider_id("netns", f"{cluster}:0")
-    if row is None:
-        raise BadInput(f"no netns cluster {cluster} in the ledger",
-                       hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up")
-    return row.run_id
 
 
 def _refuse_script_flags(flags: dict[str, Any], recipe_path: Path) -> None:
@@ -312,24 +281,21 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
                 cluster: str | None = None, watchdog: bool = True, yes: bool = False, quiet: bool = False,
                 as_json: bool = False, topology: str | None = None,
                 mesh: str = "wireguard") -> int:
-    """``broker run`` through the one pipeline (:func:`broker.run.pipeline.run_recipe`) with the terminal UI: the run
+    """``broker run`` through the one pipeline (:func:`broker.run.pipeline.choose_target` then
+    :func:`~broker.run.pipeline.run_pipeline`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
     from broker.cli.lifecycle import ProgressPrinter, commands_in, kept_message
     from broker.cli.summary import render_summary
     from broker.money.ledger import Ledger
+    from broker.core.target import RunRequest
     from broker.run.runrecord import Hooks
-    from broker.run.pipeline import RunRequest, run_recipe
+    from broker.run.pipeline import choose_target, run_pipeline
     from broker.core.ui import console, echo_node_line, err, print_json
 
-    slurm = None
-    if provider == "slurm":
-        from broker.core.config import settings
-        from broker.slurm.executor import SlurmOptions
-
-        s = settings()
-        slurm = SlurmOptions(host=slurm_host or s.broker_slurm_host, partition=s.broker_slurm_partition,
-                             account=s.broker_slurm_account, python=s.broker_slurm_python, cluster=cluster)
+    # a provider's own flags travel by name; the adapter that declares them checks them (broker.core.target)
+    options = {flag: value for flag, value in (("--inject", inject), ("--slurm-host", slurm_host),
+                                               ("--cluster", cluster)) if value}
     ledger = Ledger()
     prog = ProgressPrinter(ledger)
 
@@ -345,17 +311,22 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     hooks = Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
     try:
-        out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
-                                             topology=topology, mesh=mesh),
-                         ledger=ledger, hooks=hooks)
+        target = choose_target(recipe, RunRequest(provider=provider, options=options, watchdog=watchdog,
+                                                  topology=topology, mesh=mesh), say=hooks.say)
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=hooks)
     finally:
         prog.close()
+    origin = target.kept_from()  # nodes kept by an earlier run (a `broker netns up` cluster): they stay
     if as_json:
         print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
                     "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
-                    "kept_until_idle": out.kept_until_idle, "kept": out.kept})
+                    "kept_until_idle": out.kept_until_idle, "kept": out.kept,
+                    **({"kept_from": origin} if origin else {})})
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
+        if origin:
+            console.print(f"nodes of {origin} still kept; idle timer restarted; `broker down {origin}` ends them",
+                          highlight=False)
     if out.kept_until_idle and not as_json:
         for line in kept_message(out, recipe.idle_minutes, recipe.idle_words()):
             err.print(line, markup=False, highlight=False, keep=commands_in(line))  # each command whole

@@ -28,21 +28,22 @@ Release is shielded: a Ctrl-C during teardown says that resources are still bein
 from __future__ import annotations
 
 import logging
-import shlex
-from dataclasses import dataclass, replace as _dc_replace
+from dataclasses import replace as _dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.records import Cluster, Resource
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
-from broker.core.recipe import Recipe, shown_path
+from broker.core.recipe import Recipe
+# the contract the providers answer (re-exported: `from broker.run.pipeline import RunRequest, Target` works)
+from broker.core.target import RunRequest, Target
 # adapters by name through the registry (imported when asked): the run layer imports none
-from broker.providers import REGISTRY, adapter_module, provider_class
+from broker.providers import REGISTRY, names_where, provider_class
 from broker.run.runrecord import Context, Declined, Hooks, RunOutcome, Say, end_run, new_run
 from broker.run.guard import shielded
-from broker.run.targets import HybridTarget, LocalTarget, NetnsTarget, Target, inject_error
+from broker.run.targets import LocalTarget  # noqa: F401 - re-exported
 from broker.run.cloudtarget import CloudHybridTarget, CloudTarget
-from broker.run.planstep import local_choice_text, plan_for_run
+from broker.run.planstep import plan_for_run
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ _log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from broker.run.supervisor import RunResult
     from broker.money.ledger import Ledger
-    from broker.slurm.executor import SlurmOptions
 
 
 def _signal_name(e: BaseException) -> str:
@@ -243,22 +243,30 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool 
 RUN_PROVIDERS = tuple(REGISTRY)
 
 
-@dataclass
-class RunRequest:
-    """How ``broker run`` was asked: ``provider`` (None = the plan decides), netns ``inject``, Slurm options,
-    ``watchdog`` (False = ``--no-watchdog``: rented runs then rest on the CLI and the node-side switch)."""
-
-    provider: str | None = None
-    inject: str | None = None
-    slurm: "SlurmOptions | None" = None
-    watchdog: bool = True
-    topology: str | None = None  # None = the recipe's; "hybrid": this machine + VMs over a tunnel
-    mesh: str = "wireguard"  # hybrid: wireguard (per-run tunnel) | tailscale (an existing tailnet)
+def check_options(recipe: Recipe, req: RunRequest) -> None:
+    """Every provider option of ``req`` (``--inject``, ``--slurm-host``, ``--cluster``...) belongs to the chosen
+    provider (its :attr:`~broker.core.provider.Provider.run_options`; the adapter checks the value when it builds its
+    target).  Raises BadInput for one it does not take, naming the provider(s) that do: the one adapter that takes
+    it words the error (:meth:`~broker.core.provider.Provider.misplaced_option`)."""
+    for flag in req.options:
+        if req.provider is not None and flag in provider_class(req.provider).run_options:
+            continue
+        takers = [n for n in RUN_PROVIDERS if flag in provider_class(n).run_options]
+        if len(takers) == 1:
+            raise provider_class(takers[0]).misplaced_option(recipe, req, flag)
+        if not takers:
+            raise BadInput(f"{flag} is not an option of any provider", hint="`broker run --help` lists the options")
+        raise BadInput(f"{flag} works with " + " or ".join(
+            f"--provider {n} ({provider_class(n).run_options[flag]})" for n in takers),
+            hint="broker run RECIPE " + ", or ".join(f"--provider {n} {flag} ID" for n in takers))
 
 
 def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) -> Target:
-    """The plan step: the :class:`Target` for ``recipe`` (this machine when it can serve the job, it is free;
-    otherwise the cheapest valid cloud option with credentials, with the rest for failover)."""
+    """The plan step: the :class:`Target` for ``recipe``.  Every provider hands its own
+    (:meth:`broker.core.provider.Provider.run_target`): a named one first; rented clouds answer None and get the
+    plan over them with :class:`CloudTarget` (failover down the ranked options); without ``--provider`` the plan
+    picks, and the chosen option's provider is asked the same way (this machine when it can serve the job: free).
+    Raises BadInput for an unknown provider or an option another provider takes."""
     p = req.provider
     if p is not None and p not in RUN_PROVIDERS:
         raise BadInput(f"--provider {p!r} is not a provider broker can run on",
@@ -266,68 +274,50 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     topo = req.topology or recipe.topology
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
-    if req.inject and p != "netns":
-        netns = adapter_module("netns")
-
-        if req.inject not in (*netns.INJECTS, *netns.HYBRID_INJECTS):
-            raise inject_error(req.inject, hybrid=topo == "hybrid")
-        hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
-        raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {shlex.quote(shown_path(recipe.path or recipe.script))} --provider netns"
-                       + (" --topology hybrid" if hybrid else "")
-                       + f" --inject {req.inject}")
+    check_options(recipe, req)
     if topo == "hybrid":
-        return hybrid_target(recipe, req)
-    if p in ("local", "netns"):
-        from broker.run.planstep import local_interruptible_note
-
-        note = local_interruptible_note(recipe, "this machine" if p == "local" else
-                                        "the emulated hosts (netns) on this machine")
-        if note and say:
-            say(note)
-        return LocalTarget(recipe) if p == "local" else NetnsTarget(recipe, inject=req.inject)
-    if p in REGISTRY:  # a provider whose nodes are not rented VMs (a scheduler) brings its own target
-        own = provider_class(p).run_target(recipe, req)
+        _check_mesh(req.mesh)
+    if p is not None:
+        own = provider_class(p).run_target(recipe, req, say=say)
         if own is not None:
             return own
+    if topo == "hybrid":
+        return hybrid_target(recipe, req)
     plan, options = plan_for_run(recipe, p)
-    _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
-              options[0].provider, len(options))
-    warn = recipe.chosen_interruptible_warning() if options[0].interruptible else None
+    first = options[0]
+    _log.info("plan: %s on %s first, %d usable option(s) for failover", first.topology.value, first.provider,
+              len(options))
+    warn = recipe.chosen_interruptible_warning() if first.interruptible else None
     if warn and say:
         say(f"warning: {warn}")
-    if options[0].provider == "local":
-        if say:
-            say(local_choice_text(plan, recipe))
-            from broker.plan.explain import NO_OFFER_FOR_MODEL
-
-            for note in plan.notes:  # a mistyped --gpu / gpu.models is why no rented option was left: say so
-                if note.startswith(NO_OFFER_FOR_MODEL):
-                    say(f"warning: {note.split(';')[0]}")
-        return LocalTarget(recipe)
+    if first.provider != p:  # the plan chose among providers: the chosen one hands its target too
+        own = provider_class(first.provider).run_target(
+            recipe, _dc_replace(req, provider=first.provider, plan=plan), say=say)
+        if own is not None:
+            return own
     return CloudTarget(recipe, options, watchdog=req.watchdog)
 
 
+def _check_mesh(mesh: str) -> None:
+    from broker.run.hybrid import MESHES
+
+    if mesh not in MESHES:
+        raise BadInput(f"--mesh {mesh!r} is not a mesh", hint=f"choose one of: {', '.join(MESHES)}")
+
+
 def hybrid_target(recipe: Recipe, req: RunRequest) -> Target:
-    """The target of a ``hybrid`` run: the emulation (``--provider netns``), or this machine + rented VMs of the
-    ranked hybrid options on oci / aws (:class:`CloudHybridTarget`, ``--mesh wireguard|tailscale``); a provider
-    without /dev/net/tun is refused with that reason (exit 3)."""
-    from broker.run.hybrid import MESHES, TUN_PROVIDERS, why_not_hybrid
+    """The target of a ``hybrid`` run on rented VMs: this machine + the ranked hybrid options on the providers that
+    can host them (:class:`CloudHybridTarget`, ``--mesh wireguard|tailscale``); a provider without /dev/net/tun
+    is refused with that reason (exit 3).  (Providers that emulate it or refuse it say so from ``run_target``.)"""
+    from broker.run.hybrid import TUN_PROVIDERS, why_not_hybrid
 
     p = req.provider
-    if req.mesh not in MESHES:
-        raise BadInput(f"--mesh {req.mesh!r} is not a mesh", hint=f"choose one of: {', '.join(MESHES)}")
-    if p == "netns":
-        if req.mesh != "wireguard":
-            raise BadInput("the emulated hybrid run (--provider netns) uses its own WireGuard tunnel",
-                           hint="leave out --mesh (or --mesh wireguard)")
-        return HybridTarget(recipe, inject=req.inject)
-    if p in ("local", "slurm"):
-        raise BadInput(f"--topology hybrid does not apply to --provider {p}",
-                       hint="--provider netns emulates it here; oci or aws rent the cloud side")
+    _check_mesh(req.mesh)
     if p is not None and why_not_hybrid(p):
+        emulated = names_where(lambda c: "hybrid" in c.topologies and not c.rents)
         raise NoValidPlan(f"no hybrid option on {p}: {why_not_hybrid(p)}",
-                          hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider netns to emulate it")
+                          hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider "
+                          f"{' or '.join(emulated)} to emulate it")
     if recipe.nodes < 2:
         raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
     plan, options = plan_for_run(recipe.model_copy(update={"topology": "hybrid"}), p)

@@ -2,7 +2,7 @@
 
 The cluster is a *run* in the ledger (provider = the node provider, topology ``slurm-cluster``, a hard deadline
 from ``--max-hours``, a budget): its nodes are acquired through the pipeline's targets
-(:class:`broker.run.targets.NetnsTarget` for ``netns``, :class:`broker.run.cloudtarget.CloudTarget` - ledger-first
+(the netns adapter's own target for ``netns``, :class:`broker.run.cloudtarget.CloudTarget` - ledger-first
 :func:`broker.money.provision.provision` - for ``oci``/``aws``), so the watchdog, the deadline, ``broker down`` and
 ``broker status`` apply to it exactly as to any run.  Its id (the run id) is the cluster id.
 
@@ -191,12 +191,14 @@ class UpOptions:
 
 
 def _target(opts: UpOptions, recipe: Any):
+    from broker.core.target import RunRequest
+    from broker.providers import provider_class
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.targets import NetnsTarget
     from broker.run.planstep import plan_for_run
 
-    if opts.provider == "netns":
-        return NetnsTarget(recipe)
+    own = provider_class(opts.provider).run_target(recipe, RunRequest(provider=opts.provider))
+    if own is not None:  # nodes the provider hands over itself (the netns emulation)
+        return own
     if opts.provider in UP_PROVIDERS:  # rented nodes
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
@@ -670,22 +672,16 @@ def down(ledger: "Ledger", cluster_id: str, *, say: Say | None = None, actor: st
 
 def _release_target(run: "Run", state: ClusterState):
     from broker.core.model import PlanOption
+    from broker.core.target import RunRequest
+    from broker.providers import provider_class
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.targets import NetnsTarget
 
     recipe = cluster_recipe(state.name, len(state.nodes), max_hours=1.0, budget_usd=run.budget_usd or 1.0)
-    if state.provider == "netns":
-        from broker.providers import adapter_module
-
-        netns = adapter_module("netns")
-        t = NetnsTarget(recipe)
-        if state.netns_cid:
-            root = Path(run.run_dir or ".").resolve() / "netns" / state.netns_cid
-            try:
-                t.cluster_state = netns.NetnsCluster.load(root)
-            except (OSError, ValueError, TypeError):
-                t.cluster_state = None
-        return t
+    own = provider_class(state.provider).run_target(recipe, RunRequest(provider=state.provider))
+    if own is not None:  # the emulation's target, pointed at the namespaces it made (when their state is there)
+        if state.netns_cid and hasattr(own, "reattach"):
+            own.reattach(Path(run.run_dir or ".").resolve(), state.netns_cid)
+        return own
     options = [PlanOption.from_dict(o) for o in (run.plan or {}).get("options", [])]
     return CloudTarget(recipe, options, keep_when_idle=False)
 

@@ -82,6 +82,32 @@ class NetnsProvider(Provider):
     stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
     slurm_nodes = True  # broker slurm up builds a cluster on them
 
+    #: the emulation's own `broker run` flags, checked by its targets (providers/netns/target.py)
+    run_options: ClassVar[dict[str, str]] = {
+        "--inject": "faults are injected into the emulated network",
+        "--cluster": "a `broker netns up` cluster",
+    }
+
+    @classmethod
+    def run_target(cls, recipe: Any, request: Any, *, say: Any = None) -> Any:
+        """:class:`~broker.providers.netns.target.NetnsTarget` (or the emulated hybrid, or a kept ``broker netns
+        up`` cluster with ``--cluster``): :func:`broker.providers.netns.target.target_for`."""
+        from broker.providers.netns.target import target_for
+
+        return target_for(recipe, request, say=say)
+
+    @classmethod
+    def misplaced_option(cls, recipe: Any, request: Any, flag: str) -> BadInput:
+        from broker.providers.netns.target import misplaced_option
+
+        return misplaced_option(recipe, request, flag)
+
+    @classmethod
+    def standing_cluster(cls, run: Any) -> Any:
+        from broker.providers.netns.target import stood_up_cluster
+
+        return stood_up_cluster(run)
+
     def check(self) -> ProviderCheck:
         why = missing_requirements()
         return ProviderCheck(provider=self.name, configured=why is None, usable=why is None,
