@@ -56,6 +56,9 @@ class Target(ABC):
     topology: str = "?"
     #: a lost node can be replaced by acquiring again (:mod:`broker.run.attempts`); False: the job runs once
     restarts: bool = True
+    #: the job's processes run on this machine, outside any emulated host (the diagnosis then reads this
+    #: machine's facts)
+    runs_here: bool = False
 
     def check(self) -> None:
         """Preconditions that must hold before anything is recorded (raise BadInput / NoValidPlan / ProviderError)."""

@@ -32,7 +32,7 @@ from dataclasses import replace as _dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.core.records import Cluster, Resource
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
 from broker.core.recipe import Recipe
 # the contract the providers answer (re-exported: `from broker.run.pipeline import RunRequest, Target` works)
@@ -116,13 +116,68 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     acquire raises (NoValidPlan, ProviderError...) *after* release ran and the run's end was recorded.  A failing
     job is not an exception: see ``RunOutcome.result``.
     """
-    from broker.run.executor import STEP_TEXT, run_steps
+    ctx, run = _confirm_and_start(recipe, target, ledger, hooks or Hooks(), actor)
+    ledger, hooks = ctx.ledger, ctx.hooks
+    result: RunResult | None = None
+    cluster: Cluster | None = None
+    status, message = "failed", None
+    left: list[Resource] = []
+    kept: list[Resource] = []
+    keep = False
 
-    hooks = hooks or Hooks()
-    if hooks.say is not None or hooks.echo is not None:
-        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
+    def attempt() -> "tuple[Cluster | None, RunResult]":
+        nonlocal cluster
+        cluster = target.acquire(run, ctx)
+        return cluster, _run_on(recipe, target, run, ctx, cluster)
+
+    def release_between() -> list[Resource]:
+        return target.release(run, ctx, keep=False)[0] if target.releases else []
+
+    try:
+        from broker.run.attempts import run_attempts
+
+        # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
+        cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
+        result = diagnose(result, recipe, Path(run.run_dir or "."), local=target.runs_here)
+        status, message = result.status, result.reason
+        keep = target.keep(recipe, status)
+    except KeyboardInterrupt as e:
+        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
+        raise
+    except BrokerError as e:
+        message = e.message
+        from broker.money.cost import ClockOut
+
+        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
+            status = e.status
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
+        message = str(e)
+        raise
+    finally:
+        try:
+            left, kept = _release(target, run, ctx, status=status, keep=keep)
+        finally:
+            message = _closing_message(recipe, run, ctx, message, left, kept, released=target.releases)
+            # the run has ended: its CLI is no longer recorded (a pid outlives its process and is reused)
+            updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
+                              pid=None, pid_start=None)
+    from broker.money.cost import run_spent_usd
+
+    return RunOutcome(updated, result, cluster, left, run_spent_usd(ledger, run.id), kept_until_idle=bool(kept),
+                      kept=kept)
+
+
+def _confirm_and_start(recipe: Recipe, target: Target, ledger: "Ledger", hooks: Hooks,
+                       actor: str) -> "tuple[Context, Run]":
+    """The steps before anything is acquired: the target's preconditions, a paid target's quote confirmed, what
+    must outlive the CLI armed, the run row and its folder recorded, ``on_start`` told.  The ledger is wrapped so
+    that a write it cannot take (locked, full disk) never stops a teardown (:mod:`broker.money.journal`).  Raises
+    Declined when the quote is not confirmed (nothing created or recorded)."""
     from broker.money.journal import failsafe
 
+    if hooks.say is not None or hooks.echo is not None:
+        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
     # from here on, a ledger that cannot be written (locked, full disk) never stops a teardown: the writes after a
     # provider acted are kept, journalled and named at exit (broker.money.journal)
     ledger = failsafe(ledger, hooks.say)
@@ -141,78 +196,55 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     ledger.event(run.id, actor, "start", f"{recipe.name}: {target.describe()}")
     if hooks.on_start:
         hooks.on_start(run, target.describe())
-    result: RunResult | None = None
-    cluster: Cluster | None = None
-    status, message = "failed", None
-    left: list[Resource] = []
-    kept: list[Resource] = []
-    keep = False
-    def attempt() -> "tuple[Cluster | None, RunResult]":
-        nonlocal cluster
-        cluster = target.acquire(run, ctx)
-        if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
-            from broker.core.private import write_private
+    return ctx, run
 
-            write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
-        from broker.run.checkpoint import with_checkpoints
 
-        ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
-        with target.watching(run, ctx):
-            try:
-                return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
-            finally:
-                _charge_bandwidth(ctx, run.id, ex)
+def _run_on(recipe: Recipe, target: Target, run: "Run", ctx: Context, cluster: Cluster | None) -> "RunResult":
+    """The executor steps on the acquired ``cluster`` (reach .. collect, checkpoints copied back), with the target
+    watching its nodes; the cluster is written for `broker ssh` / `broker exec` and the bytes moved are billed."""
+    from broker.run.checkpoint import with_checkpoints
+    from broker.run.executor import STEP_TEXT, run_steps
 
-    def release_between() -> list[Resource]:
-        return target.release(run, ctx, keep=False)[0] if target.releases else []
+    if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
+        from broker.core.private import write_private
 
-    try:
-        from broker.run.attempts import run_attempts
-
-        # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
-        cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
-        result = diagnose(result, recipe, Path(run.run_dir or "."), local=run.provider == "local")
-        status, message = result.status, result.reason
-        keep = target.keep(recipe, status)
-    except KeyboardInterrupt as e:
-        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
-        raise
-    except BrokerError as e:
-        message = e.message
-        from broker.money.cost import ClockOut
-
-        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
-            status = e.status
-        raise
-    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
-        message = str(e)
-        raise
-    finally:
+        write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
+    ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
+    with target.watching(run, ctx):
         try:
-            if target.releases:
-                _log.info("run %s: releasing (%s; keep: %s)", run.id, status, keep)
-                with shielded(hooks.say):
-                    left, kept = target.release(run, ctx, keep=keep)
-                _log.info("run %s: released; still live: %d, kept: %d", run.id, len(left), len(kept))
+            return run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if ctx.hooks.say else None)
         finally:
-            if kept:
-                message = ((message + "; ") if message else "") + (
-                    f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
-                ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
-            if not kept and not left and target.releases:  # its machines are gone: so are their Host entries
-                from broker.core.sshconfig import forget_run_hosts
+            _charge_bandwidth(ctx, run.id, ex)
 
-                forget_run_hosts(run.id)
-            if left:
-                message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
-                    f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
-            # the run has ended: its CLI is no longer recorded (a pid outlives its process and is reused)
-            updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
-                              pid=None, pid_start=None)
-    from broker.money.cost import run_spent_usd
 
-    return RunOutcome(updated, result, cluster, left, run_spent_usd(ledger, run.id), kept_until_idle=bool(kept),
-                      kept=kept)
+def _release(target: Target, run: "Run", ctx: Context, *, status: str,
+             keep: bool) -> "tuple[list[Resource], list[Resource]]":
+    """The release step, shielded from a single Ctrl-C; returns (still live, kept)."""
+    if not target.releases:
+        return [], []
+    _log.info("run %s: releasing (%s; keep: %s)", run.id, status, keep)
+    with shielded(ctx.hooks.say):
+        left, kept = target.release(run, ctx, keep=keep)
+    _log.info("run %s: released; still live: %d, kept: %d", run.id, len(left), len(kept))
+    return left, kept
+
+
+def _closing_message(recipe: Recipe, run: "Run", ctx: Context, message: str | None, left: list[Resource],
+                     kept: list[Resource], *, released: bool) -> str | None:
+    """The run's end message with what release left: nodes kept for inspection (said now too), resources still
+    live (with the ``broker down`` that ends them); the run's SSH Host entries go when its machines are gone."""
+    if kept:
+        message = ((message + "; ") if message else "") + (
+            f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
+        ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
+    if not kept and not left and released:  # its machines are gone: so are their Host entries
+        from broker.core.sshconfig import forget_run_hosts
+
+        forget_run_hosts(run.id)
+    if left:
+        message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
+            f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
+    return message
 
 
 def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool = False) -> "RunResult":

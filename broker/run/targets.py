@@ -1,7 +1,7 @@
 """The run layer's own targets (:class:`broker.core.target.Target`): this machine (:class:`LocalTarget`, handed over
 by the local adapter's ``run_target``) and what every target shares (keeping nodes until idle).  Paid clouds:
-:mod:`broker.run.cloudtarget`; kept nodes: :mod:`broker.run.kept`; network namespaces: ``broker.providers.netns.target``;
-a Slurm partition: :mod:`broker.slurm.target`.
+:mod:`broker.run.cloudtarget`; kept nodes: :mod:`broker.run.kept`; emulated hosts (network namespaces):
+:mod:`broker.run.targets_emulated`, handed over by the netns adapter; a Slurm partition: :mod:`broker.slurm.target`.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class LocalTarget(Target):
     """This machine, free: ``nodes`` simulated nodes as local processes (topology ``local``)."""
 
     provider, topology = "local", "local"
+    runs_here = True
 
     def __init__(self, recipe: Recipe, local: Any = None):
         self.recipe = recipe

@@ -11,18 +11,16 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.core.provider import BadInput, ProviderError
+from broker.core.provider import BadInput
 from broker.core.recipe import Recipe, shown_path
 from broker.core.target import RunRequest, Target
 from broker.providers import get_provider
 from broker.providers.netns import cluster as netns_cluster
 from broker.providers.netns import sites as netns_sites
-from broker.run.targets import KEEP_STATUSES, _keep_until_idle, cloud_nodes
+from broker.run.targets_emulated import NamespaceHybridTarget, NamespaceTarget
 
 if TYPE_CHECKING:
-    from broker.core.records import Cluster, Resource, Run
-    from broker.run.executor import Executor
-    from broker.run.runrecord import Context
+    from broker.core.records import Cluster, Run
 
 
 def inject_error(inject: str, *, hybrid: bool) -> BadInput:
@@ -44,171 +42,57 @@ def inject_error(inject: str, *, hybrid: bool) -> BadInput:
                     hint=(f"did you mean --inject {near}? " if near else "") + f"choose one of: {both}")
 
 
-class NetnsTarget(Target):
+class _Netns:
+    """The netns machinery as the run layer's :class:`broker.run.targets_emulated.Emulation`."""
+
+    name = "netns"
+    node_kind = "netns_node"
+    INJECTS = netns_cluster.INJECTS
+    HYBRID_INJECTS = netns_sites.HYBRID_INJECTS
+
+    def inject_error(self, inject: str, *, hybrid: bool) -> BadInput:
+        return inject_error(inject, hybrid=hybrid)
+
+    def missing_requirements(self) -> str | None:
+        return netns_cluster.missing_requirements()
+
+    def gpu_count(self) -> int:
+        return netns_cluster.gpu_count()
+
+    def new_cid(self) -> str:
+        return netns_cluster.new_cid()
+
+    def up(self, n: int, run_dir: Path, **kw: Any) -> Any:
+        return netns_cluster.up(n, run_dir, **kw)
+
+    def up_hybrid(self, n: int, run_dir: Path, **kw: Any) -> Any:
+        return netns_sites.up_hybrid(n, run_dir, **kw)
+
+    def load_cluster(self, run_dir: Path, cid: str) -> Any:
+        return netns_cluster.NetnsCluster.load(run_dir / "netns" / cid)
+
+    def provider(self) -> Any:
+        return get_provider(self.name)
+
+
+NETNS = _Netns()
+
+
+class NetnsTarget(NamespaceTarget):
     """N network namespaces on this machine, each with its own sshd (``broker.providers.netns``), free; the job
-    runs over SSH exactly as on rented VMs.  Nodes are ledger rows of kind ``netns_node`` ($0/hour), recorded
-    before the namespaces exist and released through :func:`broker.money.teardown.teardown_run`."""
-
-    provider, topology = "netns", "multi-node"
+    runs over SSH exactly as on rented VMs (:class:`broker.run.targets_emulated.NamespaceTarget`)."""
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        self.recipe, self.inject, self.port = recipe, inject, port
-        self.cluster_state: Any = None
-        self.use_gpus = False
-        self.devices = ""
-
-    def reattach(self, run_dir: Path, cid: str) -> None:
-        """Point this target at the namespaces of cluster ``cid`` that a run made (their state under
-        ``<run_dir>/netns/<cid>``), so that release removes them; an unreadable state leaves release to the
-        ledger rows."""
-        try:
-            self.cluster_state = netns_cluster.NetnsCluster.load(run_dir / "netns" / cid)
-        except (OSError, ValueError, TypeError):
-            self.cluster_state = None
-
-    def check(self) -> None:
-        if self.inject is not None and self.inject not in netns_cluster.INJECTS:
-            raise inject_error(self.inject, hybrid=False)
-        why = netns_cluster.missing_requirements()
-        if why:
-            raise ProviderError("netns", "up", why, hint="run as root on Linux with openssh-server and iproute2")
-        r = self.recipe
-        self.use_gpus = netns_cluster.gpu_count() >= r.nodes * r.gpus_per_node
-        self.devices = ("one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID)" if self.use_gpus
-                        else "no GPU used: gloo on CPU")
-
-    def plan_record(self) -> dict[str, Any]:
-        return {**super().plan_record(), "devices": self.devices, "inject": self.inject}
-
-    def describe(self) -> str:
-        return (f"topology multi-node over SSH (netns, free); {self.devices}"
-                + (f"; fault injected: {self.inject}" if self.inject else ""))
-
-    def acquire(self, run: Run, ctx: Context) -> Cluster:
-        r = self.recipe
-        cid = netns_cluster.new_cid()
-        rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid})
-                for i in range(r.nodes)]
-        ctx.say(f"creating {r.nodes} network namespace(s) with sshd (cluster {cid})")
-        self.cluster_state = c = netns_cluster.up(r.nodes, Path(run.run_dir or "."), inject=self.inject,
-                                          gpus_per_node=r.gpus_per_node, use_gpus=self.use_gpus, cid=cid)
-        for i, row in enumerate(rows):
-            ctx.ledger.mark_created(row.id, f"{cid}:{i}", state="running")
-        ctx.say(f"cluster {cid}: " + ", ".join(f"node{i}={c.ip(i)}" for i in range(c.n)))
-        return c.cluster(run.id)
-
-    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
-        from broker.run.remote import SSHExecutor
-
-        assert cluster is not None
-        return SSHExecutor(cluster, recipe, Path(run.run_dir or "."), echo=ctx.hooks.echo, port=self.port,
-                           say=ctx.hooks.say)
-
-    def keep(self, recipe: Recipe, status: str) -> bool:
-        """Recipe ``idle_minutes``: keep the (free) namespaces for `broker ssh` / `broker exec`; a running watchdog
-        removes them ``idle_minutes`` after the job, `broker down RUN` at once."""
-        return bool(recipe.idle_minutes) and status in KEEP_STATUSES
-
-    @property
-    def releases(self) -> bool:
-        return True
-
-    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
-        from broker.money.teardown import teardown_run
-
-        if keep:
-            return [], _keep_until_idle(ctx.ledger, run, float(self.recipe.idle_minutes or 0), ctx.actor)
-        if self.cluster_state is not None:
-            self.cluster_state.down()
-        left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": get_provider("netns")},
-                            confirm_timeout_s=30)
-        return left, []
+        super().__init__(recipe, NETNS, inject=inject, port=port)
 
 
-class HybridTarget(Target):
-    """The ``hybrid`` topology emulated on this machine (``--provider netns --topology hybrid``): node 0 in a "home"
-    namespace behind one NAT, nodes 1.. in a "cloud" site behind another, only the WireGuard UDP port between them
-    (:func:`broker.providers.netns_sites.up_hybrid`), a per-run WireGuard tunnel (:func:`broker.run.hybrid.tunnel_up`), the
-    job over SSH with every rank on the tunnel interface.  Free; ledger rows of kind ``netns_node`` as for
-    :class:`NetnsTarget` (``broker down`` removes namespaces, interfaces and keys)."""
-
-    provider, topology = "netns", "hybrid"
+class HybridTarget(NamespaceHybridTarget):
+    """The ``hybrid`` topology emulated on this machine (``--provider netns --topology hybrid``): node 0 at "home",
+    nodes 1.. in a "cloud" site, two NATs, a per-run WireGuard tunnel
+    (:class:`broker.run.targets_emulated.NamespaceHybridTarget`)."""
 
     def __init__(self, recipe: Recipe, *, inject: str | None = None, port: int | None = None):
-        self.recipe, self.inject, self.port = recipe, inject, port
-        self.cluster_state: Any = None
-        self.sites: Any = None
-        self.tunnel: Any = None
-        self.use_gpus = False
-        self.devices = "no GPU used: gloo on CPU over the tunnel"
-
-    def check(self) -> None:
-        from broker.run.wireguard import missing_tools
-
-        if self.inject is not None and self.inject not in netns_sites.HYBRID_INJECTS:
-            raise inject_error(self.inject, hybrid=True)
-        if self.recipe.nodes < 2:
-            raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
-        why = netns_cluster.missing_requirements() or missing_tools()
-        if why:
-            raise ProviderError("netns", "up hybrid", why, hint="run as root on Linux with openssh-server, iproute2, "
-                                "iptables and wireguard-tools (+ wireguard-go without the kernel module)")
-        r = self.recipe
-        self.use_gpus = netns_cluster.gpu_count() >= r.nodes * r.gpus_per_node > 0
-        self.devices = ("one GPU set per node (CUDA_VISIBLE_DEVICES, distinct NCCL_HOSTID), NCCL sockets over the "
-                        "tunnel" if self.use_gpus else "no GPU used: gloo on CPU over the tunnel")
-
-    def plan_record(self) -> dict[str, Any]:
-        return {**super().plan_record(), "devices": self.devices, "inject": self.inject}
-
-    def describe(self) -> str:
-        return ("topology hybrid emulated (netns: home + cloud behind two NATs, WireGuard between them, free); "
-                + self.devices + (f"; fault injected: {self.inject}" if self.inject else ""))
-
-    def acquire(self, run: Run, ctx: Context) -> Cluster:
-        from broker.run.hybrid import emulated_cluster, tunnel_up
-
-        r = self.recipe
-        cid = netns_cluster.new_cid()
-        rows = [ctx.ledger.record_intent(run.id, "netns", "netns_node", f"node{i}", attrs={"cid": cid, "hybrid": True})
-                for i in range(r.nodes)]
-        ctx.say(f"creating the two sites (home: node 0; cloud: {cloud_nodes(r.nodes)}) behind two NATs (cluster {cid})")
-        self.cluster_state, self.sites = netns_sites.up_hybrid(r.nodes, Path(run.run_dir or "."), cid=cid, inject=self.inject,
-                                                         gpus_per_node=r.gpus_per_node if self.use_gpus else 0)
-        for i, row in enumerate(rows):
-            ctx.ledger.mark_created(row.id, f"{cid}:{i}", state="running")
-        self.tunnel = t = tunnel_up(self.cluster_state, self.sites)
-        ctx.say(f"WireGuard tunnel up ({t.how}, MTU {t.mtu}): " + ", ".join(
-            f"node{i}={a} on {t.ifaces[i]}" for i, a in enumerate(t.addresses)) + "; keys in the run folder (0600), "
-            "deleted at teardown")
-        return emulated_cluster(self.cluster_state, t, run.id)
-
-    def executor(self, recipe: Recipe, run: Run, cluster: Cluster | None, ctx: Context) -> "Executor":
-        from broker.run.hybrid import make_executor
-
-        assert cluster is not None and self.sites is not None
-        ports = {i: self.sites.vm_port(i) for i in range(1, len(cluster.nodes))}
-        return make_executor(cluster, recipe, Path(run.run_dir or "."), ports=ports, mtu=self.tunnel.mtu,
-                             echo=ctx.hooks.echo, port=self.port, say=ctx.hooks.say)
-
-    @property
-    def releases(self) -> bool:
-        return True
-
-    def release(self, run: Run, ctx: Context, *, keep: bool) -> tuple[list[Resource], list[Resource]]:
-        from broker.run.hybrid import tunnel_down
-        from broker.money.teardown import teardown_run
-
-        if self.cluster_state is not None:
-            try:
-                tunnel_down(self.cluster_state, self.tunnel)
-            finally:
-                self.cluster_state.down()
-        left = teardown_run(ctx.ledger, run.id, ctx.actor, providers={"netns": get_provider("netns")},
-                            confirm_timeout_s=30)
-        return left, []
-
-
+        super().__init__(recipe, NETNS, inject=inject, port=port)
 
 
 # --------------------------------------------------------------------------------------------------- run_target
