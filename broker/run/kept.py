@@ -96,8 +96,11 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
                        "record and keys are gone, so there are no nodes to reach",
                        hint=f"`broker status {run.id}` still shows what the run did and cost")
     if not path.exists():
+        from broker.providers import capability
+
+        here = capability(run.provider, "local_exec")  # its nodes were processes on this machine
         raise BadInput(f"run {run.id} has no nodes to reach ({run.provider}: "
-                       f"{'processes on this machine' if run.provider == 'local' else 'no cluster recorded'})",
+                       f"{'processes on this machine' if here else 'no cluster recorded'})",
                        hint=f"`broker status {run.id}` shows what it did; `broker ssh` and `broker exec` reach "
                             "the nodes of a live or kept run (rented machines, `broker netns up`)")
     live = [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]
