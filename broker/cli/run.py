@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
         cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
                                     "slurm up` (through its node 0); --provider netns: run on this cluster from "
                                     "`broker netns up` (its id or run id)"),
+        option: Optional[List[str]] = typer.Option(None, "--option", "-o", metavar="NAME=VALUE",
+                                                   help="a provider's own option (repeat for several), checked by "
+                                                   "that provider, e.g. -o inject=mtu is --inject mtu"),
         topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
                                      "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
                                      "emulated here, two sites behind two NATs)"),
@@ -123,6 +126,8 @@ def register(app: typer.Typer) -> None:
                         continue
                     for v in (value if isinstance(value, list) else [value]):
                         argv += [flag] if v is True else [flag, str(v)]
+            for o in option or []:
+                argv += ["--option", o]
             argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
             if idle_minutes is not None:
                 argv += ["--idle-minutes", str(idle_minutes)]
@@ -136,7 +141,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
-                                     topology=topology, mesh=mesh))
+                                     topology=topology, mesh=mesh, options=provider_options(option or [])))
 
 
 def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
@@ -277,10 +282,24 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
     return answer in ("y", "yes")
 
 
+def provider_options(pairs: list[str]) -> dict[str, str]:
+    """``--option NAME=VALUE`` pairs as the run request's options (``{"--NAME": VALUE}``, the form the adapters
+    declare); raises BadInput for a pair without ``=``."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip("-"):
+            from broker.core.provider import BadInput
+
+            raise BadInput(f"--option {pair!r} is not NAME=VALUE", hint="e.g. --option inject=mtu")
+        out["--" + name.strip("-")] = value
+    return out
+
+
 def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
                 cluster: str | None = None, watchdog: bool = True, yes: bool = False, quiet: bool = False,
                 as_json: bool = False, topology: str | None = None,
-                mesh: str = "wireguard") -> int:
+                mesh: str = "wireguard", options: dict[str, str] | None = None) -> int:
     """``broker run`` through the one pipeline (:func:`broker.run.pipeline.choose_target` then
     :func:`~broker.run.pipeline.run_pipeline`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
@@ -294,8 +313,8 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     from broker.core.ui import console, echo_node_line, err, print_json
 
     # a provider's own flags travel by name; the adapter that declares them checks them (broker.core.target)
-    options = {flag: value for flag, value in (("--inject", inject), ("--slurm-host", slurm_host),
-                                               ("--cluster", cluster)) if value}
+    options = {**(options or {}), **{flag: value for flag, value in (
+        ("--inject", inject), ("--slurm-host", slurm_host), ("--cluster", cluster)) if value}}
     ledger = Ledger()
     prog = ProgressPrinter(ledger)
 

@@ -38,7 +38,7 @@ from broker.core.recipe import Recipe
 # the contract the providers answer (re-exported: `from broker.run.pipeline import RunRequest, Target` works)
 from broker.core.target import RunRequest, Target
 # adapters by name through the registry (imported when asked): the run layer imports none
-from broker.providers import REGISTRY, names_where, provider_class
+from broker.providers import REGISTRY, known, names_where, plugins, provider_class
 from broker.run.runrecord import Context, Declined, Hooks, RunOutcome, Say, end_run, new_run
 from broker.run.guard import shielded
 from broker.run.targets import LocalTarget  # noqa: F401 - re-exported
@@ -283,7 +283,7 @@ def check_options(recipe: Recipe, req: RunRequest) -> None:
     for flag in req.options:
         if req.provider is not None and flag in provider_class(req.provider).run_options:
             continue
-        takers = [n for n in RUN_PROVIDERS if flag in provider_class(n).run_options]
+        takers = [n for n in (*RUN_PROVIDERS, *plugins()) if flag in provider_class(n).run_options]
         if len(takers) == 1:
             raise provider_class(takers[0]).misplaced_option(recipe, req, flag)
         if not takers:
@@ -300,9 +300,10 @@ def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) ->
     picks, and the chosen option's provider is asked the same way (this machine when it can serve the job: free).
     Raises BadInput for an unknown provider or an option another provider takes."""
     p = req.provider
-    if p is not None and p not in RUN_PROVIDERS:
+    if p is not None and p not in RUN_PROVIDERS and not known(p):  # a plug-in provider is looked up only now
         raise BadInput(f"--provider {p!r} is not a provider broker can run on",
-                       hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
+                       hint=f"choose one of: {', '.join([*RUN_PROVIDERS, *plugins()])} (or leave it out to let the "
+                       "plan decide)")
     topo = req.topology or recipe.topology
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
