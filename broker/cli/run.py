@@ -114,25 +114,13 @@ def register(app: typer.Typer) -> None:
         recipe = recipe.with_idle_minutes(idle_minutes)
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
-            argv = [str(recipe.path or recipe_path.resolve())]
-            for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
-                                ("--cluster", cluster), ("--topology", topology),
-                                ("--interruptible", recipe.interruptible if interruptible is not None else None)):
-                if value is not None:
-                    argv += [flag, value]
-            if is_script(recipe_path):  # the background process builds the same recipe from the same flags
-                for flag, value in script_flags.items():
-                    if flag in ("--save", "SCRIPT ARGS") or value is None:
-                        continue
-                    for v in (value if isinstance(value, list) else [value]):
-                        argv += [flag] if v is True else [flag, str(v)]
-            for o in option or []:
-                argv += ["--option", o]
-            argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
-            if idle_minutes is not None:
-                argv += ["--idle-minutes", str(idle_minutes)]
-            if is_script(recipe_path) and script_args:
-                argv += ["--", *script_args]
+            argv = _background_argv(
+                recipe, recipe_path, script_flags, script_args,
+                before=[("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
+                        ("--cluster", cluster), ("--topology", topology),
+                        ("--interruptible", recipe.interruptible if interruptible is not None else None)],
+                after=[("--option", option or None), ("--mesh", mesh), ("--no-watchdog", no_watchdog or None),
+                       ("--yes", yes or None), ("--idle-minutes", idle_minutes)])
             raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
@@ -142,6 +130,26 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
                                      topology=topology, mesh=mesh, options=provider_options(option or [])))
+
+
+def _background_argv(recipe: Any, recipe_path: Path, script_flags: dict[str, Any], script_args: list[str] | None,
+                     *, before: list[tuple[str, Any]], after: list[tuple[str, Any]]) -> list[str]:
+    """The command line of the background process of ``broker run -d``: the recipe, the flags ``before``, the
+    SCRIPT.py flags (the background process builds the same recipe from them), the flags ``after``, then the
+    script's own arguments.  A value None is left out, True is a switch, a list repeats its flag."""
+    from broker.core.scriptrecipe import is_script
+
+    def flags(pairs: list[tuple[str, Any]]) -> list[str]:
+        out: list[str] = []
+        for flag, value in pairs:
+            for v in ([] if value is None else value if isinstance(value, list) else [value]):
+                out += [flag] if v is True else [flag, str(v)]
+        return out
+
+    script = is_script(recipe_path)
+    return ([str(recipe.path or recipe_path.resolve())] + flags(before)
+            + (flags([(f, v) for f, v in script_flags.items() if f not in ("--save", "SCRIPT ARGS")]) if script else [])
+            + flags(after) + (["--", *script_args] if script and script_args else []))
 
 
 def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
