@@ -209,11 +209,10 @@ _PROVIDER_WORDS = ("provider", "prov", "p", "n", "name", "chosen")
 NAME_COMPARISONS_LEFT: dict[str, int] = {
     "broker/cli/cluster.py": 2, "broker/cli/plan.py": 3, "broker/cli/status.py": 2, "broker/cli/summary.py": 1,
     "broker/money/reconcile.py": 1, "broker/plan/facts.py": 3, "broker/plan/planner.py": 4,
-    "broker/slurm/cluster.py": 2,
     "broker/lint/script.py": 1,  # not a provider: a value's provenance ("local" rank); the words can't tell
 }
-#: file -> adapter_module calls still there (the same rule)
-ADAPTER_MODULE_LEFT: dict[str, int] = {"broker/slurm/cluster.py": 1}
+#: file -> adapter_module calls still there (the same rule): none
+ADAPTER_MODULE_LEFT: dict[str, int] = {}
 
 
 def _provider_names() -> set[str]:
