@@ -149,12 +149,34 @@ def names() -> list[str]:
     return list(REGISTRY)
 
 
+#: the entry point group through which an installed package adds a provider: ``<name> = "<module>:<Class>"`` (a
+#: :class:`~broker.core.provider.Provider` subclass).  Read the first time a name is not in :data:`PROVIDERS`, never
+#: at start-up; such a provider is reached by name (``broker run --provider <name>``), its capabilities from its class.
+PLUGIN_GROUP = "broker.providers"
+_plugins: dict[str, str] | None = None
+
+
+def plugins() -> dict[str, str]:
+    """Providers added by installed packages (entry points of :data:`PLUGIN_GROUP`): name -> ``module:Class``.  A
+    name already in :data:`PROVIDERS` is not replaced."""
+    global _plugins
+    if _plugins is None:
+        from importlib.metadata import entry_points
+
+        _plugins = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP) if ep.name not in PROVIDERS}
+    return _plugins
+
+
+def known(name: str) -> bool:
+    """Whether ``name`` is a provider: a registry line or a plug-in."""
+    return name in REGISTRY or name in plugins()
+
+
 def provider_class(name: str) -> type["Provider"]:
-    """The adapter class for ``name``; raises BadInput for an unknown name."""
-    try:
-        target = REGISTRY[name]
-    except KeyError:
-        raise BadInput(f"unknown provider {name!r}", hint=f"choose one of: {', '.join(REGISTRY)}") from None
+    """The adapter class for ``name`` (a registry line, else a plug-in); raises BadInput for an unknown name."""
+    target = REGISTRY.get(name) or plugins().get(name)
+    if target is None:
+        raise BadInput(f"unknown provider {name!r}", hint=f"choose one of: {', '.join([*REGISTRY, *plugins()])}")
     mod_name, cls_name = target.split(":")
     mod = importlib.import_module(mod_name)
     return getattr(mod, cls_name)

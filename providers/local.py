@@ -108,6 +108,30 @@ class LocalProvider(Provider):
     stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
     slurm_nodes = False
 
+    @classmethod
+    def run_target(cls, recipe: Any, request: Any, *, say: Any = None) -> Any:
+        """:class:`broker.run.targets.LocalTarget`: this machine, free.  Says why when the plan chose it among
+        several (``request.plan``), or that ``interruptible: true`` does not apply here; raises BadInput for
+        ``--topology hybrid`` and NoValidPlan when this machine cannot serve the recipe."""
+        from broker.run.planstep import local_choice_text, local_interruptible_note, no_hybrid_here
+        from broker.run.targets import LocalTarget
+
+        if (request.topology or recipe.topology) == "hybrid":
+            raise no_hybrid_here(cls.name)
+        plan = request.plan
+        if plan is None:
+            note = local_interruptible_note(recipe, "this machine")
+            if note and say:
+                say(note)
+        elif say:
+            from broker.plan.explain import NO_OFFER_FOR_MODEL
+
+            say(local_choice_text(plan, recipe))
+            for note in plan.notes:  # a mistyped --gpu / gpu.models is why no rented option was left: say so
+                if note.startswith(NO_OFFER_FOR_MODEL):
+                    say(f"warning: {note.split(';')[0]}")
+        return LocalTarget(recipe)
+
     def __init__(self, gpus: list[LocalGpu] | None = None):
         self._gpus = gpus
 

@@ -19,7 +19,7 @@ error for :meth:`SlurmProvider.terminate` (already gone).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, BadInput, Provider, ProviderCheck, ProviderError
 
@@ -114,12 +114,18 @@ class SlurmProvider(Provider):
         return TaggedResource(provider=self.name, kind=kind, provider_id=provider_id, run_id=tags.get(RUN_TAG),
                               state=state.strip() or None, installation_id=tags.get(INSTALL_TAG))
 
+    #: the Slurm options of `broker run` (broker.slurm.target.target_for reads them)
+    run_options: ClassVar[dict[str, str]] = {
+        "--slurm-host": "submit through ssh to this login node",
+        "--cluster": "a `broker slurm up` cluster",
+    }
+
     @classmethod
-    def run_target(cls, recipe: Any, request: Any) -> Any:
-        """:class:`broker.slurm.target.SlurmTarget` with the request's Slurm options (or the settings' defaults)."""
+    def run_target(cls, recipe: Any, request: Any, *, say: Any = None) -> Any:
+        """:class:`broker.slurm.target.SlurmTarget` with the request's Slurm options over the settings' defaults."""
         from broker.slurm.target import target_for
 
-        return target_for(recipe, request.slurm)
+        return target_for(recipe, request)
 
     def __init__(self, host: str | None = None, *, ssh: str = "ssh", confirm_s: float = 60.0):
         self.host = host or None

@@ -53,6 +53,9 @@ def register(app: typer.Typer) -> None:
         cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
                                     "slurm up` (through its node 0); --provider netns: run on this cluster from "
                                     "`broker netns up` (its id or run id)"),
+        option: Optional[List[str]] = typer.Option(None, "--option", "-o", metavar="NAME=VALUE",
+                                                   help="a provider's own option (repeat for several), checked by "
+                                                   "that provider, e.g. -o inject=mtu is --inject mtu"),
         topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
                                      "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
                                      "emulated here, two sites behind two NATs)"),
@@ -111,44 +114,46 @@ def register(app: typer.Typer) -> None:
         recipe = recipe.with_idle_minutes(idle_minutes)
         if detach:  # checked here (bad input fails in the foreground); the background process lints again
             lint_or_refuse(recipe, as_json=as_json)
-            argv = [str(recipe.path or recipe_path.resolve())]
-            for flag, value in (("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
-                                ("--cluster", cluster), ("--topology", topology),
-                                ("--interruptible", recipe.interruptible if interruptible is not None else None)):
-                if value is not None:
-                    argv += [flag, value]
-            if is_script(recipe_path):  # the background process builds the same recipe from the same flags
-                for flag, value in script_flags.items():
-                    if flag in ("--save", "SCRIPT ARGS") or value is None:
-                        continue
-                    for v in (value if isinstance(value, list) else [value]):
-                        argv += [flag] if v is True else [flag, str(v)]
-            argv += ["--mesh", mesh] + ["--no-watchdog"] * no_watchdog + ["--yes"] * yes
-            if idle_minutes is not None:
-                argv += ["--idle-minutes", str(idle_minutes)]
-            if is_script(recipe_path) and script_args:
-                argv += ["--", *script_args]
+            argv = _background_argv(
+                recipe, recipe_path, script_flags, script_args,
+                before=[("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
+                        ("--cluster", cluster), ("--topology", topology),
+                        ("--interruptible", recipe.interruptible if interruptible is not None else None)],
+                after=[("--option", option or None), ("--mesh", mesh), ("--no-watchdog", no_watchdog or None),
+                       ("--yes", yes or None), ("--idle-minutes", idle_minutes)])
             raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
         lint_or_refuse(recipe, as_json=as_json)
         if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
             from broker.core.provider import BadInput
 
             raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
-        if cluster and provider == "netns":  # a cluster from `broker netns up`: its nodes are kept, as for exec
-            raise typer.Exit(run_on_kept(_netns_cluster_run(cluster), recipe, quiet=quiet, as_json=as_json))
-        if cluster and provider != "slurm":
-            from broker.core.provider import BadInput
-
-            raise BadInput("--cluster works with --provider slurm (a `broker slurm up` cluster) or --provider netns "
-                           "(a `broker netns up` cluster)",
-                           hint="broker run RECIPE --provider slurm --cluster ID, or --provider netns --cluster ID")
         raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
                                      cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
-                                     topology=topology, mesh=mesh))
+                                     topology=topology, mesh=mesh, options=provider_options(option or [])))
+
+
+def _background_argv(recipe: Any, recipe_path: Path, script_flags: dict[str, Any], script_args: list[str] | None,
+                     *, before: list[tuple[str, Any]], after: list[tuple[str, Any]]) -> list[str]:
+    """The command line of the background process of ``broker run -d``: the recipe, the flags ``before``, the
+    SCRIPT.py flags (the background process builds the same recipe from them), the flags ``after``, then the
+    script's own arguments.  A value None is left out, True is a switch, a list repeats its flag."""
+    from broker.core.scriptrecipe import is_script
+
+    def flags(pairs: list[tuple[str, Any]]) -> list[str]:
+        out: list[str] = []
+        for flag, value in pairs:
+            for v in ([] if value is None else value if isinstance(value, list) else [value]):
+                out += [flag] if v is True else [flag, str(v)]
+        return out
+
+    script = is_script(recipe_path)
+    return ([str(recipe.path or recipe_path.resolve())] + flags(before)
+            + (flags([(f, v) for f, v in script_flags.items() if f not in ("--save", "SCRIPT ARGS")]) if script else [])
+            + flags(after) + (["--", *script_args] if script and script_args else []))
 
 
 def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
-    """``broker exec RUN RECIPE`` (and ``broker run RECIPE --cluster ID`` on a ``broker netns up`` cluster): the
+    """``broker exec RUN RECIPE``: the
     linted ``recipe`` on the live nodes of run ``run_id``, no provisioning, summary printed; returns the exit
     code (4 when something stayed live that should not have).  Raises BadInput when the run has no nodes to
     reach (:func:`broker.run.kept.kept_cluster` says why)."""
@@ -184,29 +189,6 @@ def run_on_kept(run_id: str, recipe: Any, *, quiet: bool, as_json: bool) -> int:
         console.print(f"nodes of {origin.id} still kept; idle timer restarted; `broker down {origin.id}` ends them",
                       highlight=False)
     return out.exit_code if not out.left else 4
-
-
-def _netns_cluster_run(cluster: str) -> str:
-    """The run id of the ``broker netns up`` cluster ``cluster`` (its cluster id ``bkn`` + 6 hex digits as printed,
-    or its run id / a unique prefix).  Raises BadInput when no such cluster is in the ledger."""
-    import re
-
-    from broker.core.provider import BadInput
-    from broker.money.ledger import Ledger
-
-    ledger = Ledger()
-    if not re.fullmatch(r"bkn[0-9a-f]{6}", cluster):
-        try:
-            return ledger.find_run(cluster).id  # a run id (or prefix): kept_cluster checks its nodes
-        except BadInput:
-            raise BadInput(f"--cluster {cluster}: no netns cluster (bkn + 6 hex digits) or run of that id",
-                           hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up") \
-                from None
-    row = ledger.find_by_provider_id("netns", f"{cluster}:0")
-    if row is None:
-        raise BadInput(f"no netns cluster {cluster} in the ledger",
-                       hint="`broker netns status` lists the clusters; `broker netns up 2` stands one up")
-    return row.run_id
 
 
 def _refuse_script_flags(flags: dict[str, Any], recipe_path: Path) -> None:
@@ -308,28 +290,39 @@ def confirm_spending(quote: Any, *, yes: bool, as_json: bool) -> bool:
     return answer in ("y", "yes")
 
 
+def provider_options(pairs: list[str]) -> dict[str, str]:
+    """``--option NAME=VALUE`` pairs as the run request's options (``{"--NAME": VALUE}``, the form the adapters
+    declare); raises BadInput for a pair without ``=``."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, eq, value = pair.partition("=")
+        if not eq or not name.strip("-"):
+            from broker.core.provider import BadInput
+
+            raise BadInput(f"--option {pair!r} is not NAME=VALUE", hint="e.g. --option inject=mtu")
+        out["--" + name.strip("-")] = value
+    return out
+
+
 def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None, slurm_host: str | None = None,
                 cluster: str | None = None, watchdog: bool = True, yes: bool = False, quiet: bool = False,
                 as_json: bool = False, topology: str | None = None,
-                mesh: str = "wireguard") -> int:
-    """``broker run`` through the one pipeline (:func:`broker.run.pipeline.run_recipe`) with the terminal UI: the run
+                mesh: str = "wireguard", options: dict[str, str] | None = None) -> int:
+    """``broker run`` through the one pipeline (:func:`broker.run.pipeline.choose_target` then
+    :func:`~broker.run.pipeline.run_pipeline`) with the terminal UI: the run
     header, ``[node i]`` log lines, progress with elapsed time and running cost, the confirmation of paid runs,
     the summary; returns the exit code."""
     from broker.cli.lifecycle import ProgressPrinter, commands_in, kept_message
     from broker.cli.summary import render_summary
     from broker.money.ledger import Ledger
+    from broker.core.target import RunRequest
     from broker.run.runrecord import Hooks
-    from broker.run.pipeline import RunRequest, run_recipe
+    from broker.run.pipeline import choose_target, run_pipeline
     from broker.core.ui import console, echo_node_line, err, print_json
 
-    slurm = None
-    if provider == "slurm":
-        from broker.core.config import settings
-        from broker.slurm.executor import SlurmOptions
-
-        s = settings()
-        slurm = SlurmOptions(host=slurm_host or s.broker_slurm_host, partition=s.broker_slurm_partition,
-                             account=s.broker_slurm_account, python=s.broker_slurm_python, cluster=cluster)
+    # a provider's own flags travel by name; the adapter that declares them checks them (broker.core.target)
+    options = {**(options or {}), **{flag: value for flag, value in (
+        ("--inject", inject), ("--slurm-host", slurm_host), ("--cluster", cluster)) if value}}
     ledger = Ledger()
     prog = ProgressPrinter(ledger)
 
@@ -345,17 +338,22 @@ def run_with_ui(recipe: Any, *, provider: str | None, inject: str | None = None,
     hooks = Hooks(echo=None if (quiet or as_json) else echo_node_line, say=prog, on_start=started,
                   confirm=lambda q: confirm_spending(q, yes=yes, as_json=as_json))
     try:
-        out = run_recipe(recipe, RunRequest(provider=provider, inject=inject, slurm=slurm, watchdog=watchdog,
-                                             topology=topology, mesh=mesh),
-                         ledger=ledger, hooks=hooks)
+        target = choose_target(recipe, RunRequest(provider=provider, options=options, watchdog=watchdog,
+                                                  topology=topology, mesh=mesh), say=hooks.say)
+        out = run_pipeline(recipe, target, ledger=ledger, hooks=hooks)
     finally:
         prog.close()
+    origin = target.kept_from()  # nodes kept by an earlier run (a `broker netns up` cluster): they stay
     if as_json:
         print_json({"run": out.run, "result": result_dict(out.result, out.cost_usd) if out.result else None,
                     "cluster": out.cluster, "cost_usd": out.cost_usd, "still_live": out.left,
-                    "kept_until_idle": out.kept_until_idle, "kept": out.kept})
+                    "kept_until_idle": out.kept_until_idle, "kept": out.kept,
+                    **({"kept_from": origin} if origin else {})})
     elif out.result is not None:
         render_summary(out.run, out.result, recipe, out.cost_usd)
+        if origin:
+            console.print(f"nodes of {origin} still kept; idle timer restarted; `broker down {origin}` ends them",
+                          highlight=False)
     if out.kept_until_idle and not as_json:
         for line in kept_message(out, recipe.idle_minutes, recipe.idle_words()):
             err.print(line, markup=False, highlight=False, keep=commands_in(line))  # each command whole

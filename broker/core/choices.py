@@ -86,7 +86,12 @@ def normalize_args(args: list[str]) -> list[str]:
         if value is not None and flag in ENUM_FLAGS:
             choices, what = ENUM_FLAGS[flag]
             name = "--provider" if flag == "-p" else flag
-            canon = pick(name, value, choices(), what=what)
+            known = choices()
+            if what == "a provider" and value not in known:  # an installed plug-in: read only for a name not here
+                from broker.providers import plugins
+
+                known = (*known, *plugins())
+            canon = pick(name, value, known, what=what)
             if at is None:
                 out[i] = f"{flag}={canon}"
             else:

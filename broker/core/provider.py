@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from broker.core.recipe import Recipe
-    from broker.run.pipeline import RunRequest, Target
+    from broker.core.target import RunRequest, Target
     from broker.core.records import Ingress, InstanceInfo, NodeRequest, QuotaRequest, TaggedResource
 
 #: Tag / label key carrying the run id on every created resource (AWS/OCI tag; Vast label prefix).
@@ -306,12 +306,33 @@ class Provider(ABC):
         raise BadInput(f"{cls.name} has no query language of its own: drop the query")
 
     # ---- the run
+    #: the ``broker run`` flags of this provider (flag -> what it gives, in words): they reach :meth:`run_target`
+    #: in ``request.options``; any other provider refuses them, naming this one (:meth:`misplaced_option`)
+    run_options: ClassVar[dict[str, str]] = {}
+
     @classmethod
-    def run_target(cls, recipe: "Recipe", request: "RunRequest") -> "Target | None":
-        """The pipeline target (:class:`broker.run.pipeline.Target`: acquire, executor, release) for ``broker run
-        --provider <name>`` when this provider's nodes are not rented VMs (a scheduler: Slurm), built from the
-        recipe and the run request (its ``slurm`` options...); None = the pipeline's own targets (rented machines:
-        ``CloudTarget``).  Raises BadInput for options the provider cannot use.  Default: None."""
+    def run_target(cls, recipe: "Recipe", request: "RunRequest", *,
+                   say: "Callable[[str], None] | None" = None) -> "Target | None":
+        """The pipeline target (:class:`broker.core.target.Target`: acquire, executor, release) for a run on this
+        provider, built from the recipe and the run request (its ``options``: this provider's flags, checked
+        here); ``say`` takes one-line notes for the user.  None = the pipeline's default for rented machines (the
+        plan over this provider, ledger-first provisioning with failover: ``CloudTarget``).  Raises BadInput for
+        an option value or a topology the provider cannot use.  Default: None (a rented cloud)."""
+        return None
+
+    @classmethod
+    def misplaced_option(cls, recipe: "Recipe", request: "RunRequest", flag: str) -> "BadInput":
+        """The error for ``flag`` (one of this provider's :attr:`run_options`) given to a run on another
+        provider: says which provider takes it and the command that would.  Default: the flag and
+        ``--provider <name>``."""
+        return BadInput(f"{flag} works with --provider {cls.name} only ({cls.run_options.get(flag, flag)})",
+                        hint=f"add --provider {cls.name}, or drop {flag}")
+
+    @classmethod
+    def standing_cluster(cls, run: Any) -> Any:
+        """The :class:`~broker.core.records.Cluster` of a run that stood nodes up without a job (``broker netns
+        up``), read from the run's folder, for ``broker ssh`` / ``broker exec`` / ``--cluster``; None when the run
+        holds none.  Default: None."""
         return None
 
     # ---- read side

@@ -64,14 +64,19 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from broker.money.ledger import Ledger
-from broker.core.model import Offer, Plan, PlanOption, Requirements, TopologyKind, utcnow
+from broker.core.model import Offer, Plan, PlanOption, Requirements, TopologyKind
 from broker.core.records import Cluster, ClusterNode, Resource, Run
 from broker.core.nodescripts import deadman_grace_s, node_workroot
 from broker.core.provider import (
-    INSTALL_TAG, RUN_TAG, AuthError, BadInput, CapacityError, NotSupported, NoValidPlan, OfferGone, Provider,
+    INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, NotSupported, NoValidPlan, OfferGone,
+    Provider,
     ProviderError, QuotaError, TransientError)
-from broker.core.records import Ingress, InstanceInfo, NodeRequest, TaggedResource
+from broker.core.records import Ingress, InstanceInfo, NodeRequest
 from broker.money.cost import HOURS_PER_MONTH, Progress, check_clock, record_reported_rate, record_unknown_rate
+# one create that may or may not have happened (its errors sorted, verified by a list, retried): tests and the
+# adapters' own tests reach these names here
+from broker.money.creates import (  # noqa: F401
+    _ambiguous, _backoff_s, _create_verified, _listed, _NeverReady, _retrying, _throttled, _Unverified)
 
 
 #: instance states that will never become ``running`` (give up at once)
@@ -234,134 +239,6 @@ def _quota_advice(opt: PlanOption, e: QuotaError, p: Provider, requirements: Any
             f"(limit {float(limit):g}, used {float(used):g}): request {value - float(limit):+g} -> `{cmd}`")
 
 
-class _NeverReady(ProviderError):
-    pass
-
-
-class _Unverified(ProviderError):
-    """An ambiguous create whose outcome no list could establish: the row is ``unknown``; stop creating on this
-    provider for the run."""
-
-
-def _ambiguous(e: BaseException) -> bool:
-    """Whether a failed create may still have created the instance: only when the request may have reached the
-    provider and no definite answer came back (an :class:`AmbiguousCreate`, a 5xx, a 408 / 409, a timeout or an
-    unreadable answer).  Definite answers are never ambiguous: validation / not found (a 4xx, or a ProviderError
-    without status: the adapter's own refusal before any create call, e.g. no image found), auth, quota / limit,
-    capacity, and a 429 (the request was refused, nothing was made)."""
-    from broker.core.errors import AmbiguousCreate
-
-    if isinstance(e, AmbiguousCreate):
-        return True
-    if isinstance(e, (CapacityError, QuotaError, OfferGone, AuthError, NotSupported, BadInput)):
-        return False
-    if _throttled(e):
-        return False
-    if isinstance(e, TransientError):
-        return e.status is None or e.status >= 500 or e.status in (408, 409)
-    if isinstance(e, ProviderError):
-        return e.status is not None and (e.status >= 500 or e.status in (408, 409))
-    return isinstance(e, Exception)  # not translated (a timeout, a parsing error after the request went out)
-
-
-def _throttled(e: BaseException) -> bool:
-    """A 429 / throttling answer: the provider refused the request (nothing created); retry in place after its
-    backoff, never a reason to leave the zone / availability domain."""
-    return isinstance(e, TransientError) and (e.status == 429 or bool(getattr(e, "throttled", False)))
-
-
-def _backoff_s(e: BaseException, n: int, wait_s: float) -> float:
-    """Seconds to wait before attempt ``n + 1``: the provider's ``Retry-After`` (``e.retry_after_s``, set by the
-    adapter) when it gave one, else ``wait_s`` doubling, at most 30 s."""
-    ra = getattr(e, "retry_after_s", None)
-    if isinstance(ra, (int, float)) and ra >= 0:
-        return min(float(ra), 120.0)
-    return min(30.0, wait_s * 2 ** (n - 1))
-
-
-def _listed(p: Provider, res: Resource, ledger: Ledger) -> TaggedResource | None:
-    """The provider object that is ``res`` (run tag, kind and name) and no other ledger row's; raises what
-    ``list_tagged`` raises."""
-    for t in p.list_tagged(res.run_id):
-        if t.kind != res.kind or t.name not in (res.name, None) or t.state == "terminated":
-            continue
-        other = ledger.find_by_provider_id(p.name, t.provider_id)
-        if other is not None and other.id != res.id:
-            continue  # an earlier option's node of the same name
-        return t
-    return None
-
-
-def _create_verified(p: Provider, req: NodeRequest, res: Resource, ledger: Ledger, *, attempts: int,
-                     wait_s: float, say: Progress, actor: str, clock: Callable[[], Any] | None = None) -> str:
-    """``create_instance`` such that at most one instance exists for the intent row ``res``, whatever the API
-    answers (see the module docstring).  Returns the provider id; raises the create's error when it is proven
-    that nothing exists, :class:`_Unverified` when that cannot be established."""
-    import time
-
-    from broker.money.teardown import create_settle_s
-
-    settle = create_settle_s(p)
-    throttled = 0
-    n = 0
-    while n < max(1, attempts):
-        n += 1
-        t_call = utcnow()
-        t0 = time.monotonic()
-        p.progress = say  # a create that waits long says so on the run's progress line
-        try:
-            return p.create_instance(req)
-        except BaseException as e:  # noqa: BLE001 - sorted below; KeyboardInterrupt is re-raised
-            if isinstance(e, KeyboardInterrupt):
-                raise
-            if _throttled(e) and throttled < max(1, attempts) * 2:
-                throttled += 1
-                n -= 1  # a refused request is not an attempt: retried in place, same row, same zone
-                pause = _backoff_s(e, throttled, wait_s)
-                say(f"{p.name}: create {req.name} throttled ({getattr(e, 'message', e)}): nothing was created; "
-                    f"trying again in the same zone in {pause:.1f} s")
-                time.sleep(pause)
-                if clock is not None:
-                    clock()  # the run's clock: raises ClockOut after the deadline / budget
-                continue
-            if not _ambiguous(e):
-                raise
-            err = e
-        what = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
-        say(f"{p.name}: create {req.name} answered ambiguously ({what}); checking by run tag whether it exists")
-        while True:
-            try:
-                found = _listed(p, res, ledger)
-            except Exception as le:  # noqa: BLE001 - an unreadable list proves nothing
-                why = getattr(le, "message", None) or f"{type(le).__name__}: {le}"
-                msg = (f"create of {req.name} answered ambiguously ({what}) and the instance list could not be read "
-                       f"({why}): it may exist and bill")
-                ledger.update_resource(res.id, state="unknown", error=msg, actor=actor, message=msg,
-                                       attrs={"ambiguous_create_at": t_call.isoformat()})
-                raise _Unverified(p.name, "create_instance", msg + f"; no further create on {p.name} in this run",
-                                  hint=f"`broker status` counts it as possibly billing; `broker down {res.run_id}` or "
-                                       "`broker reconcile` resolves it once the provider's list answers") from None
-            if found is not None:
-                ledger.mark_created(res.id, found.provider_id, actor=actor)
-                ledger.event(res.run_id, actor, "adopted", f"create answered {what!r} but {found.provider_id} "
-                             "exists (found by run tag): adopted, not created again", resource_id=res.id)
-                say(f"{p.name}: {found.provider_id} exists despite the error: adopted")
-                return found.provider_id
-            left = settle - (time.monotonic() - t0)
-            if left <= 0:
-                break
-            time.sleep(min(left, max(0.5, settle / 5)))
-        if n >= attempts or not isinstance(err, (TransientError, ProviderError)):
-            raise err
-        pause = _backoff_s(err, n, wait_s)
-        say(f"{p.name} create_instance: {what}; proven absent by a list {settle:g} s later; retry {n + 1}/{attempts} "
-            f"in {pause:.1f} s")
-        time.sleep(pause)
-        if clock is not None:
-            clock()
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 class _StopFailover(Exception):
     def __init__(self, err: ProviderError):
         self.err = err
@@ -385,24 +262,88 @@ def _options(plan: Plan | PlanOption | Iterable[PlanOption]) -> list[PlanOption]
     return list(plan)
 
 
-def _retrying(fn: Callable[..., Any], *args: Any, attempts: int, wait_s: float, say: Progress, what: str,
-              **kwargs: Any) -> Any:
-    """Call ``fn`` retrying TransientError with exponential backoff (``wait_s``, x2, at most 30 s; the error's
-    ``retry_after_s`` when the provider named a wait) ``attempts`` times in all; the last TransientError
-    propagates."""
-    from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+@dataclass
+class _Provisioning:
+    """One call of :func:`provision`: the run, its ledger, how to speak (``say`` also writes the ledger's event log;
+    ``render`` only shows), the node settings every create uses, the adapters asked so far and the networks made
+    (``(provider, region, topology) -> (network, ledger ids of its objects)``)."""
 
-    def before_sleep(rs: Any) -> None:
-        say(f"{what}: {rs.outcome.exception().message}; retry {rs.attempt_number + 1}/{attempts} "
-            f"in {rs.next_action.sleep:.1f} s")
+    run: Run
+    ledger: Ledger
+    requirements: Any
+    render: Progress
+    actor: str
+    ready_timeout_s: float
+    poll_s: float
+    ssh_public_key: str | None
+    ssh_key_path: str | None
+    image: str | None
+    onstart: str | None
+    transient_attempts: int
+    retry_wait_s: float
+    terminate_timeout_s: float
+    idle_minutes: float | None
+    node_onstart: Callable[[int], str | None] | None
+    ingress: list[Ingress] | None
+    cache: dict[str, Provider]
+    disk_gib: float = 40.0
+    networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = field(default_factory=dict)
 
-    from broker.core.errors import retry_after_wait
+    def say(self, msg: str) -> None:
+        self.ledger.event(self.run.id, self.actor, "provision", msg)
+        self.render(msg)
 
-    for attempt in Retrying(retry=retry_if_exception_type(TransientError), stop=stop_after_attempt(attempts),
-                            wait=retry_after_wait(wait_exponential(multiplier=wait_s, max=30)), reraise=True,
-                            before_sleep=before_sleep):
-        with attempt:
-            return fn(*args, **kwargs)
+    def prov(self, name: str) -> Provider:
+        """The adapter ``name`` (given, or from the registry); raises NotSupported when it or its SDK is missing."""
+        from broker.providers import get_provider
+
+        if name not in self.cache:
+            try:
+                self.cache[name] = get_provider(name)
+            except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
+                from broker.core.install import install_hint
+
+                raise NotSupported(name, "load adapter", str(e),
+                                   hint=f"install broker's '{name}' extra: {install_hint(name)}") from None
+        return self.cache[name]
+
+    def ensure_key(self) -> None:
+        """A fresh ed25519 key in ``<run_dir>/ssh`` unless the caller gave one."""
+        if self.ssh_public_key is not None:
+            return
+        from broker.core import sshkeys
+        from broker.core.config import runs_dir
+
+        run = self.run
+        kp = sshkeys.generate(Path(run.run_dir) if run.run_dir else runs_dir() / run.id, comment=f"broker-{run.id}")
+        self.ssh_public_key, self.ssh_key_path = kp.public_key, str(kp.private_key_path)
+        self.say(f"ssh key {kp.fingerprint} in {kp.private_key_path}")
+
+    def drop_networks(self, keep: tuple | None) -> None:
+        """Delete the networks of the options that were not kept (``keep``: the one the cluster uses), newest
+        object first; one an instance of unknown fate may still sit in is left to ``broker down``."""
+        run, ledger = self.run, self.ledger
+        for key, (_net, ids) in list(self.networks.items()):
+            if key == keep:
+                continue
+            busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
+                    and r.kind == "instance" and not r.provider_id and r.region == key[1]]
+            if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
+                self.say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may "
+                         f"live; `broker down {run.id}` deletes it after the instance")
+                self.networks.pop(key)
+                continue
+            for rid in reversed(ids):
+                res = ledger.resource(rid)
+                if res is not None and res.live:
+                    from broker.money.teardown import terminate_resource
+
+                    if not terminate_resource(ledger, res, self.actor, provider=self.prov(res.provider),
+                                              confirm_timeout_s=self.terminate_timeout_s, poll_s=self.poll_s,
+                                              say=self.say):
+                        self.say(f"could not delete {res.kind} {res.provider_id or res.name} yet; `broker down "
+                                 f"{run.id}` retries it")
+            self.networks.pop(key)
 
 
 def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirements: Any, ledger: Ledger, *,
@@ -431,134 +372,94 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     quotas to raise); ProviderError (exit 4) when a half-created resource could not be terminated (failover stops;
     the message names the resource and says to run ``broker down <run>``).
     """
-    from broker.providers import get_provider
-
     options = _options(plan)
     if not options:
         raise NoValidPlan("no plan option to provision", hint="`broker plan RECIPE` shows why every option was rejected")
-    cache: dict[str, Provider] = dict(providers or {})
-    say_ = progress or (lambda _s: None)
-
-    def say(msg: str) -> None:
-        ledger.event(run.id, actor, "provision", msg)
-        say_(msg)
-
-    def prov(name: str) -> Provider:
-        if name not in cache:
-            try:
-                cache[name] = get_provider(name)
-            except (ImportError, BadInput) as e:  # adapter or its SDK missing: that provider is unusable
-                from broker.core.install import install_hint
-
-                raise NotSupported(name, "load adapter", str(e),
-                                   hint=f"install broker's '{name}' extra: {install_hint(name)}") from None
-        return cache[name]
-
-    if ssh_public_key is None:
-        from broker.core import sshkeys
-        from broker.core.config import runs_dir
-
-        kp = sshkeys.generate(Path(run.run_dir) if run.run_dir else runs_dir() / run.id, comment=f"broker-{run.id}")
-        ssh_public_key, ssh_key_path = kp.public_key, str(kp.private_key_path)
-        say(f"ssh key {kp.fingerprint} in {kp.private_key_path}")
-
-    disk_gib = float(getattr(requirements, "disk_gib", 40.0) or 40.0)
-    image = image or getattr(requirements, "image", None)
-    if idle_minutes is None:
-        idle_minutes = getattr(requirements, "idle_minutes", None)
+    job = _Provisioning(
+        run=run, ledger=ledger, requirements=requirements, render=progress or (lambda _s: None), actor=actor,
+        ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, ssh_key_path=ssh_key_path,
+        image=image or getattr(requirements, "image", None), onstart=onstart, transient_attempts=transient_attempts,
+        retry_wait_s=retry_wait_s, terminate_timeout_s=terminate_timeout_s,
+        idle_minutes=getattr(requirements, "idle_minutes", None) if idle_minutes is None else idle_minutes,
+        node_onstart=node_onstart, ingress=ingress, cache=dict(providers or {}),
+        disk_gib=float(getattr(requirements, "disk_gib", 40.0) or 40.0))
+    job.ensure_key()
     fo = _Failover()
-    networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = {}
-
-    def drop_networks(keep: tuple | None) -> None:
-        for key, (_net, ids) in list(networks.items()):
-            if key == keep:
-                continue
-            busy = [r for r in ledger.resources(run.id, live_only=True) if r.provider == key[0]
-                    and r.kind == "instance" and not r.provider_id and r.region == key[1]]
-            if busy:  # e.g. an `unknown` create may sit in the subnet: teardown_run deletes them in order later
-                say(f"keeping the {key[0]} network of this run while {busy[0].name} ({busy[0].state}) may live; "
-                    f"`broker down {run.id}` deletes it after the instance")
-                networks.pop(key)
-                continue
-            for rid in reversed(ids):
-                res = ledger.resource(rid)
-                if res is not None and res.live:
-                    from broker.money.teardown import terminate_resource
-
-                    if not terminate_resource(ledger, res, actor, provider=prov(res.provider),
-                                              confirm_timeout_s=terminate_timeout_s, poll_s=poll_s, say=say):
-                        say(f"could not delete {res.kind} {res.provider_id or res.name} yet; `broker down {run.id}` "
-                            "retries it")
-            networks.pop(key)
-
     for n, opt in enumerate(options, 1):
         label = f"option {n}/{len(options)}: {opt.topology.value} {opt.summary} on {opt.provider} " \
                 f"(${opt.usd_per_hour:.4g}/h)"
         why = fo.skip_reason(opt)
         if why:
             fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
-            say(f"skip {label}: {why}")
+            job.say(f"skip {label}: {why}")
             continue
         check_clock(ledger, run, f"trying {label}")
-        say(f"try {label}")
+        job.say(f"try {label}")
+        p: Provider | None = None
         try:
-            p = prov(opt.provider)
-            cluster = _attempt(opt, p, run, ledger, networks, say=say, render=say_, actor=actor,
-                               ready_timeout_s=ready_timeout_s, poll_s=poll_s, ssh_public_key=ssh_public_key, disk_gib=disk_gib, image=image,
-                               onstart=onstart, transient_attempts=transient_attempts, retry_wait_s=retry_wait_s,
-                               terminate_timeout_s=terminate_timeout_s, idle_minutes=idle_minutes,
-                               node_onstart=node_onstart, ingress=ingress)
+            p = job.prov(opt.provider)
+            cluster = _attempt(opt, p, job)
         except _Unverified as e:
             fo.attempts.append(Attempt(label, opt.provider, "failed", e.message))
             fo.last_error = e
             fo.skip_providers[opt.provider] = (f"an ambiguous create on {opt.provider} could not be verified: no "
                                                f"further create on {opt.provider} in this run")
-            say(f"{e.message}; skipping {opt.provider} for this run")
+            job.say(f"{e.message}; skipping {opt.provider} for this run")
             continue
         except _StopFailover as stop:
             fo.attempts.append(Attempt(label, opt.provider, "failed", stop.err.message))
             ledger.event(run.id, actor, "failover-stopped", stop.err.message)
             raise stop.err from None
         except ProviderError as e:
-            reason = e.message + (f" ({e.hint})" if e.hint else "")
-            fo.attempts.append(Attempt(label, opt.provider, "failed", reason))
-            fo.last_error = e
-            if isinstance(e, (QuotaError, CapacityError, OfferGone, _NeverReady)):
-                fo.plan_failures += 1
-            region = opt.offers[0].region if opt.offers else None
-            if isinstance(e, QuotaError):
-                qkey, qwhy = _quota_scope(opt, e)
-                fo.quota_blocked[qkey] = qwhy
-                advice = _quota_advice(opt, e, p, requirements, say)
-                if not (e.hint or opt.next_step or "`" in advice):
-                    advice += f"; raise the {opt.provider} service limit for {opt.summary}"
-                fo.quota_hints.append(advice)
-                say(f"quota: {e.message}; skipping the options {qwhy.split(' exhausted')[0]} covers there")
-            elif isinstance(e, CapacityError):
-                for o in opt.offers:
-                    fo.no_capacity[_cap_key(opt.provider, o)] = f"no capacity for {o.instance_type} in {o.zone or o.region}"
-                say(f"capacity: {e.message}; trying the next zone / region")
-            elif isinstance(e, (AuthError, NotSupported)):
-                fo.skip_providers[opt.provider] = f"{opt.provider} unusable: {e.message}"
-                say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
-            elif isinstance(e, (OfferGone, _NeverReady)):
-                say(f"{e.message}; trying the next offer")
-            elif _throttled(e):  # the API's rate limit is the account's, not the zone's: another AD would be too
-                fo.skip_providers[opt.provider] = f"{opt.provider} keeps throttling creates (429): retry later"
-                say(f"{e.message}; {opt.provider} still throttles after the retries: no more creates there now")
-            else:
-                say(f"failed: {e.message}; trying the next option")
+            _learn_from_failure(fo, job, opt, label, e, p)
             continue
         fo.attempts.append(Attempt(label, opt.provider, "ok"))
-        key = (opt.provider, opt.offers[0].region if opt.offers else None, opt.topology.value)
-        drop_networks(keep=key)
-        cluster.ssh_key_path = ssh_key_path
+        job.drop_networks(keep=(opt.provider, opt.offers[0].region if opt.offers else None, opt.topology.value))
+        cluster.ssh_key_path = job.ssh_key_path
         if run.run_dir:
             cluster.known_hosts_path = str(Path(run.run_dir) / "ssh" / "known_hosts")
-        say(f"ready: {len(cluster.nodes)} node(s), master {cluster.master_addr}")
+        job.say(f"ready: {len(cluster.nodes)} node(s), master {cluster.master_addr}")
         return cluster
+    job.drop_networks(keep=None)
+    raise _nothing_provisioned(fo)
 
-    drop_networks(keep=None)
+
+def _learn_from_failure(fo: _Failover, job: _Provisioning, opt: PlanOption, label: str, e: ProviderError,
+                        p: Provider | None) -> None:
+    """Record a failed option and what it rules out for the options after it: a quota exhausted for its limit
+    and scope, no capacity in its zones, a provider that is unusable (auth, SDK) or keeps throttling."""
+    reason = e.message + (f" ({e.hint})" if e.hint else "")
+    fo.attempts.append(Attempt(label, opt.provider, "failed", reason))
+    fo.last_error = e
+    if isinstance(e, (QuotaError, CapacityError, OfferGone, _NeverReady)):
+        fo.plan_failures += 1
+    if isinstance(e, QuotaError):
+        qkey, qwhy = _quota_scope(opt, e)
+        fo.quota_blocked[qkey] = qwhy
+        advice = _quota_advice(opt, e, p, job.requirements, job.say)  # type: ignore[arg-type]
+        if not (e.hint or opt.next_step or "`" in advice):
+            advice += f"; raise the {opt.provider} service limit for {opt.summary}"
+        fo.quota_hints.append(advice)
+        job.say(f"quota: {e.message}; skipping the options {qwhy.split(' exhausted')[0]} covers there")
+    elif isinstance(e, CapacityError):
+        for o in opt.offers:
+            fo.no_capacity[_cap_key(opt.provider, o)] = f"no capacity for {o.instance_type} in {o.zone or o.region}"
+        job.say(f"capacity: {e.message}; trying the next zone / region")
+    elif isinstance(e, (AuthError, NotSupported)):
+        fo.skip_providers[opt.provider] = f"{opt.provider} unusable: {e.message}"
+        job.say(f"{opt.provider} unusable ({e.message}); skipping it" + (f" -> {e.hint}" if e.hint else ""))
+    elif isinstance(e, (OfferGone, _NeverReady)):
+        job.say(f"{e.message}; trying the next offer")
+    elif _throttled(e):  # the API's rate limit is the account's, not the zone's: another AD would be too
+        fo.skip_providers[opt.provider] = f"{opt.provider} keeps throttling creates (429): retry later"
+        job.say(f"{e.message}; {opt.provider} still throttles after the retries: no more creates there now")
+    else:
+        job.say(f"failed: {e.message}; trying the next option")
+
+
+def _nothing_provisioned(fo: _Failover) -> BrokerError:
+    """The error once every option failed or was skipped: each attempt in a line, and the quotas to raise.
+    ProviderError (exit 4) when only the providers failed (auth, outage), else NoValidPlan (exit 3)."""
     lines = _attempt_lines(fo.attempts)
     hints = list(dict.fromkeys(fo.quota_hints))  # one sentence per limit, not one per option it blocked
     hint = "; ".join(hints) if hints else "try later, widen the GPU list or raise the budget"
@@ -568,8 +469,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     msg = "could not provision any option of the plan:\n" + "\n".join(lines)
     if fo.plan_failures == 0 and fo.last_error is not None:  # only provider failures (auth, outage): exit 4
         e = fo.last_error
-        raise ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
-    raise NoValidPlan(msg, hint=hint)
+        return ProviderError(e.provider, "provision", msg, hint=e.hint or "check `broker status` and retry later")
+    return NoValidPlan(msg, hint=hint)
 
 
 def _attempt_lines(attempts: list[Attempt]) -> list[str]:
@@ -587,16 +488,9 @@ def _attempt_lines(attempts: list[Attempt]) -> list[str]:
     return out
 
 
-def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: dict, *, say: Progress,
-             render: Progress, actor: str,
-             ready_timeout_s: float, poll_s: float, ssh_public_key: str, disk_gib: float, image: str | None,
-             onstart: str | None, transient_attempts: int, retry_wait_s: float, idle_minutes: float | None,
-             terminate_timeout_s: float, node_onstart: Callable[[int], str | None] | None = None,
-             ingress: list[Ingress] | None = None) -> Cluster:
+def _attempt(opt: PlanOption, p: Provider, job: _Provisioning) -> Cluster:
     """One option: bootstrap, create every instance ledger-first, wait until running.  On a ProviderError every
     instance created here (and the network objects of a failed bootstrap) is terminated before it propagates."""
-    from broker.money.teardown import terminate_resource
-
     if not opt.offers:
         raise ProviderError(opt.provider, "provision", "the plan option has no offer")
     simulated = opt.topology in (TopologyKind.simulated, TopologyKind.local)
@@ -604,109 +498,125 @@ def _attempt(opt: PlanOption, p: Provider, run: Run, ledger: Ledger, networks: d
     n_inst = 1 if simulated else (max(1, opt.nodes - 1) if hybrid else opt.nodes)
     first_rank = 1 if hybrid else 0  # hybrid: node 0 is this machine, the instances are ranks 1..N-1
     offers = [opt.offers[i] if i < len(opt.offers) else opt.offers[-1] for i in range(n_inst)]
-    region = offers[0].region
-    key = (opt.provider, region, opt.topology.value)
+    key = (opt.provider, offers[0].region, opt.topology.value)
     mine: list[str] = []  # ledger ids this attempt must clean up on failure
-
-    def cleanup(err: BaseException) -> None:
-        for rid in reversed(mine):
-            res = ledger.resource(rid)
-            if res is None or not res.live:
-                continue
-            ok = terminate_resource(ledger, res, actor, provider=p, confirm_timeout_s=terminate_timeout_s,
-                                    poll_s=poll_s, say=say)
-            if not ok:
-                res = ledger.resource(rid) or res
-                if res.state == "unknown" and not res.provider_id:
-                    continue  # an unverified create: no more creates on this provider; a later list resolves it
-                what = f"{res.provider} {res.kind} {res.provider_id or res.name} (ledger {res.id})"
-                raise _StopFailover(ProviderError(
-                    res.provider, "terminate",
-                    f"after a failed attempt ({getattr(err, 'message', err)}) {what} could not be terminated and "
-                    f"is still live: {(res.error or 'not confirmed gone').splitlines()[0]}; stopped failing over "
-                    "so no second machine is rented while this one may still bill",
-                    hint=f"run `broker down {run.id}` (retries the terminate); if it keeps failing, delete "
-                         f"{res.provider_id or res.name} in the {res.provider} console"))
-
-    rec = LedgerRecorder(ledger, run.id, p.name, run.deadline, actor, progress=render)  # it logs to the ledger
+    run, ledger = job.run, job.ledger
     try:
-        if key in networks:
-            net = networks[key][0]
-        else:
-            say(f"{p.name}: bootstrap ({opt.topology.value}, {region})")
-            try:
-                net = _retrying(p.bootstrap, run.id, offers, opt.topology.value, rec, attempts=transient_attempts,
-                                wait_s=retry_wait_s, say=say, what=f"{p.name} bootstrap")
-            except BaseException:
-                mine.extend(rec.created_ids)
-                raise
-            networks[key] = (net or {}, list(rec.created_ids))
-            if ingress:
-                _retrying(p.open_ingress, networks[key][0], list(ingress), rec, attempts=transient_attempts,
-                          wait_s=retry_wait_s, say=say, what=f"{p.name} open_ingress")
-        inst_ids: list[str] = []
-        grace = deadman_grace_s(_max_hours(run))
-        for k, offer in enumerate(offers):
-            i = k + first_rank
-            name = f"broker-{run.id}-n{i}"
-            check_clock(ledger, run, f"renting {offer.instance_type} for node {i}")
-            # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
-            storage = disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
-            res = ledger.record_intent(
-                run.id, p.name, "instance", name, region=offer.region, zone=offer.zone,
-                usd_per_hour=offer.usd_per_hour + storage, deadline=run.deadline, actor=actor,
-                attrs={"offer_key": offer.key, "offer_id": offer.offer_id, "instance_type": offer.instance_type,
-                       "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
-                       "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
-                       "storage_usd_per_hour": round(storage, 6), "disk_gib": disk_gib,
-                       "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace,
-                       **_interruptible_attrs(offer),
-                       # per-GB bandwidth rates, billed when the run has moved its bytes (cost.charge_transfer)
-                       **{k: v for k, v in offer.attrs.items() if k in ("transfer_in_usd_per_gb",
-                                                                        "transfer_out_usd_per_gb")}})
-            mine.append(res.id)
-            inst_ids.append(res.id)
-            say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
-                f"(${offer.usd_per_hour:.4g}/h)")
-            req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=ssh_public_key,
-                              grace_seconds=grace,
-                              client_token=res.id, disk_gib=disk_gib, image=image, deadline=run.deadline,
-                              network=dict(networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
-                              installation_id=ledger.installation_id,
-                              onstart=_join_boot(onstart, node_onstart(i) if node_onstart else None),
-                              idle_minutes=idle_minutes)
-            try:
-                pid = _create_verified(p, req, res, ledger, attempts=transient_attempts, wait_s=retry_wait_s,
-                                       say=say, actor=actor,
-                                       clock=lambda: check_clock(ledger, run, f"creating {name} again"))
-            except _Unverified:
-                raise
-            except ProviderError as e:
-                # the create failed and nothing exists (proven by a list, or a definite error such as capacity):
-                # the row ends here, no list is needed to prove it
-                ledger.update_resource(res.id, state="terminated", error=e.message, terminated_by=actor,
-                                       actor=actor, attrs={"never_created": True},
-                                       message=f"create failed, nothing exists: {e.message}")
-                raise
-            if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
-                ledger.mark_created(res.id, pid, actor=actor)
-            say(f"{p.name}: created {pid}")
+        _network(opt, p, job, offers, key, mine)
+        inst_ids = [_create_node(opt, p, job, offer, k + first_rank, key, mine) for k, offer in enumerate(offers)]
         infos: list[InstanceInfo] = []
         for rid in inst_ids:
-            infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=say, actor=actor,
-                                     timeout_s=ready_timeout_s, poll_s=poll_s))
+            infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=job.say, actor=job.actor,
+                                     timeout_s=job.ready_timeout_s, poll_s=job.poll_s))
             # the run's key through the provider's key API too (Vast: POST /instances/{id}/ssh/), not only from
             # the boot script: a container whose onstart ran late or not at all still accepts it
             pid_ready = ledger.resource(rid).provider_id
-            _retrying(p.prepare_access, pid_ready, ssh_public_key, attempts=transient_attempts, wait_s=retry_wait_s,
-                      say=say, what=f"{p.name} prepare_access")
+            _retrying(p.prepare_access, pid_ready, job.ssh_public_key, attempts=job.transient_attempts,
+                      wait_s=job.retry_wait_s, say=job.say, what=f"{p.name} prepare_access")
         return _cluster(opt, p, run, inst_ids, infos, simulated)
     except ProviderError as e:
-        cleanup(e)
+        _clean_up_attempt(p, job, mine, e)
         raise
     except Exception as e:  # a bug or an unexpected error: still leave nothing behind
-        cleanup(e)
+        _clean_up_attempt(p, job, mine, e)
         raise
+
+
+def _network(opt: PlanOption, p: Provider, job: _Provisioning, offers: list[Offer], key: tuple,
+             mine: list[str]) -> None:
+    """The option's network prerequisites (``bootstrap``, once per provider, region and topology in a run; the
+    objects of a failed one join ``mine`` for the clean-up) and the caller's ingress rules."""
+    if key in job.networks:
+        return
+    rec = LedgerRecorder(job.ledger, job.run.id, p.name, job.run.deadline, job.actor, progress=job.render)
+    job.say(f"{p.name}: bootstrap ({opt.topology.value}, {key[1]})")
+    try:
+        net = _retrying(p.bootstrap, job.run.id, offers, opt.topology.value, rec, attempts=job.transient_attempts,
+                        wait_s=job.retry_wait_s, say=job.say, what=f"{p.name} bootstrap")
+    except BaseException:
+        mine.extend(rec.created_ids)
+        raise
+    job.networks[key] = (net or {}, list(rec.created_ids))
+    if job.ingress:
+        _retrying(p.open_ingress, job.networks[key][0], list(job.ingress), rec, attempts=job.transient_attempts,
+                  wait_s=job.retry_wait_s, say=job.say, what=f"{p.name} open_ingress")
+
+
+def _create_node(opt: PlanOption, p: Provider, job: _Provisioning, offer: Offer, i: int, key: tuple,
+                 mine: list[str]) -> str:
+    """Node ``i`` on ``offer``: the ledger intent (rates, storage, the dead-man grace), then the verified create;
+    returns the ledger id (also appended to ``mine``).  A create that failed with nothing created ends its row."""
+    run, ledger, actor = job.run, job.ledger, job.actor
+    name = f"broker-{run.id}-n{i}"
+    grace = deadman_grace_s(_max_hours(run))
+    check_clock(ledger, run, f"renting {offer.instance_type} for node {i}")
+    # storage bills while the instance exists (Vast storage_cost is USD per GiB-month; 730 h a month)
+    storage = job.disk_gib * offer.storage_usd_per_gib_month / HOURS_PER_MONTH
+    res = ledger.record_intent(
+        run.id, p.name, "instance", name, region=offer.region, zone=offer.zone,
+        usd_per_hour=offer.usd_per_hour + storage, deadline=run.deadline, actor=actor,
+        attrs={"offer_key": offer.key, "offer_id": offer.offer_id, "instance_type": offer.instance_type,
+               "zone": offer.zone, "node_index": i, "topology": opt.topology.value,
+               "gpu_count": offer.gpu_count, "compute_usd_per_hour": offer.usd_per_hour,
+               "storage_usd_per_hour": round(storage, 6), "disk_gib": job.disk_gib,
+               "min_billed_seconds": offer.min_billed_seconds, "deadman_grace_s": grace,
+               **_interruptible_attrs(offer),
+               # per-GB bandwidth rates, billed when the run has moved its bytes (cost.charge_transfer)
+               **{k: v for k, v in offer.attrs.items() if k in ("transfer_in_usd_per_gb",
+                                                                "transfer_out_usd_per_gb")}})
+    mine.append(res.id)
+    job.say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
+            f"(${offer.usd_per_hour:.4g}/h)")
+    req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=job.ssh_public_key,
+                      grace_seconds=grace,
+                      client_token=res.id, disk_gib=job.disk_gib, image=job.image, deadline=run.deadline,
+                      network=dict(job.networks[key][0]), tags={RUN_TAG: run.id, INSTALL_TAG: ledger.installation_id},
+                      installation_id=ledger.installation_id,
+                      onstart=_join_boot(job.onstart, job.node_onstart(i) if job.node_onstart else None),
+                      idle_minutes=job.idle_minutes)
+    try:
+        pid = _create_verified(p, req, res, ledger, attempts=job.transient_attempts, wait_s=job.retry_wait_s,
+                               say=job.say, actor=actor,
+                               clock=lambda: check_clock(ledger, run, f"creating {name} again"))
+    except _Unverified:
+        raise
+    except ProviderError as e:
+        # the create failed and nothing exists (proven by a list, or a definite error such as capacity):
+        # the row ends here, no list is needed to prove it
+        ledger.update_resource(res.id, state="terminated", error=e.message, terminated_by=actor,
+                               actor=actor, attrs={"never_created": True},
+                               message=f"create failed, nothing exists: {e.message}")
+        raise
+    if ledger.resource(res.id).provider_id != pid:  # adopted rows already carry their id
+        ledger.mark_created(res.id, pid, actor=actor)
+    job.say(f"{p.name}: created {pid}")
+    return res.id
+
+
+def _clean_up_attempt(p: Provider, job: _Provisioning, mine: list[str], err: BaseException) -> None:
+    """Terminate what a failed attempt created (``mine``, newest first).  Raises _StopFailover when one of them
+    could not be terminated: no second machine is rented while this one may still bill."""
+    from broker.money.teardown import terminate_resource
+
+    ledger, run = job.ledger, job.run
+    for rid in reversed(mine):
+        res = ledger.resource(rid)
+        if res is None or not res.live:
+            continue
+        ok = terminate_resource(ledger, res, job.actor, provider=p, confirm_timeout_s=job.terminate_timeout_s,
+                                poll_s=job.poll_s, say=job.say)
+        if not ok:
+            res = ledger.resource(rid) or res
+            if res.state == "unknown" and not res.provider_id:
+                continue  # an unverified create: no more creates on this provider; a later list resolves it
+            what = f"{res.provider} {res.kind} {res.provider_id or res.name} (ledger {res.id})"
+            raise _StopFailover(ProviderError(
+                res.provider, "terminate",
+                f"after a failed attempt ({getattr(err, 'message', err)}) {what} could not be terminated and "
+                f"is still live: {(res.error or 'not confirmed gone').splitlines()[0]}; stopped failing over "
+                "so no second machine is rented while this one may still bill",
+                hint=f"run `broker down {run.id}` (retries the terminate); if it keeps failing, delete "
+                     f"{res.provider_id or res.name} in the {res.provider} console"))
 
 
 def _max_hours(run: Run) -> float | None:

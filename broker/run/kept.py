@@ -13,7 +13,8 @@ from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput
 from broker.core.recipe import Recipe
 from broker.run.runrecord import Context
-from broker.run.targets import NODE_KINDS, Target
+from broker.core.target import Target
+from broker.run.targets import NODE_KINDS
 
 if TYPE_CHECKING:
     from broker.run.executor import Executor
@@ -32,6 +33,9 @@ class KeptTarget(Target):
 
     def plan_record(self) -> dict[str, Any]:
         return {**super().plan_record(), "kept_from": self.origin.id}
+
+    def kept_from(self) -> str | None:
+        return self.origin.id
 
     def describe(self) -> str:
         return (f"topology {self.topology} on the kept nodes of run {self.origin.id} ({self.provider}), no "
@@ -57,17 +61,14 @@ class KeptTarget(Target):
         return [], []  # the nodes stay with (and are ended through) the origin run
 
 
-def netns_cluster(run: Run) -> Cluster | None:
-    """The cluster of a ``broker netns up`` run (its state in ``<run dir>/netns/<cid>/state.json``), as the
-    Cluster ssh and exec reach; None when the run's folder holds none."""
-    if run.provider != "netns" or not run.run_dir:
-        return None
-    states = sorted(Path(run.run_dir, "netns").glob("*/state.json"))
-    if not states:
-        return None
-    from broker.providers import adapter_module
+def standing_cluster(run: Run) -> Cluster | None:
+    """The cluster a run stood up without a job (``broker netns up``), as its provider reads it from the run's
+    folder (:meth:`broker.core.provider.Provider.standing_cluster`); None when the run holds none."""
+    from broker.providers import REGISTRY, provider_class
 
-    return adapter_module("netns").NetnsCluster.load(states[0].parent).cluster(run.id)
+    if not run.run_dir or run.provider not in REGISTRY:
+        return None
+    return provider_class(run.provider).standing_cluster(run)
 
 
 def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
@@ -84,7 +85,7 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
                        hint=f"`broker start {run.id}` starts them again (a new address, SSH checked)")
     folder = confined_run_dir(run)  # a ledger row is input: its folder must be <home>/runs/<run id>
     path = folder / "cluster.json"
-    stood_up = None if path.exists() else netns_cluster(run)  # `broker netns up`: a cluster with no job
+    stood_up = None if path.exists() else standing_cluster(run)  # `broker netns up`: a cluster with no job
     if stood_up is not None:
         if not [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]:
             raise BadInput(f"the nodes of netns cluster {run.id} are gone (status {run.status})",
@@ -95,8 +96,11 @@ def kept_cluster(ledger: "Ledger", run_id: str) -> tuple[Run, Cluster]:
                        "record and keys are gone, so there are no nodes to reach",
                        hint=f"`broker status {run.id}` still shows what the run did and cost")
     if not path.exists():
+        from broker.providers import capability
+
+        here = capability(run.provider, "local_exec")  # its nodes were processes on this machine
         raise BadInput(f"run {run.id} has no nodes to reach ({run.provider}: "
-                       f"{'processes on this machine' if run.provider == 'local' else 'no cluster recorded'})",
+                       f"{'processes on this machine' if here else 'no cluster recorded'})",
                        hint=f"`broker status {run.id}` shows what it did; `broker ssh` and `broker exec` reach "
                             "the nodes of a live or kept run (rented machines, `broker netns up`)")
     live = [r for r in ledger.resources(run.id, live_only=True) if r.kind in NODE_KINDS]

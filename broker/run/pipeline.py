@@ -28,21 +28,22 @@ Release is shielded: a Ctrl-C during teardown says that resources are still bein
 from __future__ import annotations
 
 import logging
-import shlex
-from dataclasses import dataclass, replace as _dc_replace
+from dataclasses import replace as _dc_replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.core.records import Cluster, Resource
+from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput, BrokerError, NoValidPlan
-from broker.core.recipe import Recipe, shown_path
+from broker.core.recipe import Recipe
+# the contract the providers answer (re-exported: `from broker.run.pipeline import RunRequest, Target` works)
+from broker.core.target import RunRequest, Target
 # adapters by name through the registry (imported when asked): the run layer imports none
-from broker.providers import REGISTRY, adapter_module, provider_class
+from broker.providers import REGISTRY, known, names_where, plugins, provider_class
 from broker.run.runrecord import Context, Declined, Hooks, RunOutcome, Say, end_run, new_run
 from broker.run.guard import shielded
-from broker.run.targets import HybridTarget, LocalTarget, NetnsTarget, Target, inject_error
+from broker.run.targets import LocalTarget  # noqa: F401 - re-exported
 from broker.run.cloudtarget import CloudHybridTarget, CloudTarget
-from broker.run.planstep import local_choice_text, plan_for_run
+from broker.run.planstep import plan_for_run
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ _log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from broker.run.supervisor import RunResult
     from broker.money.ledger import Ledger
-    from broker.slurm.executor import SlurmOptions
 
 
 def _signal_name(e: BaseException) -> str:
@@ -116,13 +116,68 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     acquire raises (NoValidPlan, ProviderError...) *after* release ran and the run's end was recorded.  A failing
     job is not an exception: see ``RunOutcome.result``.
     """
-    from broker.run.executor import STEP_TEXT, run_steps
+    ctx, run = _confirm_and_start(recipe, target, ledger, hooks or Hooks(), actor)
+    ledger, hooks = ctx.ledger, ctx.hooks
+    result: RunResult | None = None
+    cluster: Cluster | None = None
+    status, message = "failed", None
+    left: list[Resource] = []
+    kept: list[Resource] = []
+    keep = False
 
-    hooks = hooks or Hooks()
-    if hooks.say is not None or hooks.echo is not None:
-        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
+    def attempt() -> "tuple[Cluster | None, RunResult]":
+        nonlocal cluster
+        cluster = target.acquire(run, ctx)
+        return cluster, _run_on(recipe, target, run, ctx, cluster)
+
+    def release_between() -> list[Resource]:
+        return target.release(run, ctx, keep=False)[0] if target.releases else []
+
+    try:
+        from broker.run.attempts import run_attempts
+
+        # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
+        cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
+        result = diagnose(result, recipe, Path(run.run_dir or "."), local=target.runs_here)
+        status, message = result.status, result.reason
+        keep = target.keep(recipe, status)
+    except KeyboardInterrupt as e:
+        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
+        raise
+    except BrokerError as e:
+        message = e.message
+        from broker.money.cost import ClockOut
+
+        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
+            status = e.status
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
+        message = str(e)
+        raise
+    finally:
+        try:
+            left, kept = _release(target, run, ctx, status=status, keep=keep)
+        finally:
+            message = _closing_message(recipe, run, ctx, message, left, kept, released=target.releases)
+            # the run has ended: its CLI is no longer recorded (a pid outlives its process and is reused)
+            updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
+                              pid=None, pid_start=None)
+    from broker.money.cost import run_spent_usd
+
+    return RunOutcome(updated, result, cluster, left, run_spent_usd(ledger, run.id), kept_until_idle=bool(kept),
+                      kept=kept)
+
+
+def _confirm_and_start(recipe: Recipe, target: Target, ledger: "Ledger", hooks: Hooks,
+                       actor: str) -> "tuple[Context, Run]":
+    """The steps before anything is acquired: the target's preconditions, a paid target's quote confirmed, what
+    must outlive the CLI armed, the run row and its folder recorded, ``on_start`` told.  The ledger is wrapped so
+    that a write it cannot take (locked, full disk) never stops a teardown (:mod:`broker.money.journal`).  Raises
+    Declined when the quote is not confirmed (nothing created or recorded)."""
     from broker.money.journal import failsafe
 
+    if hooks.say is not None or hooks.echo is not None:
+        hooks = _dc_replace(hooks, say=_quiet_when_gone(hooks.say), echo=_quiet_when_gone(hooks.echo))
     # from here on, a ledger that cannot be written (locked, full disk) never stops a teardown: the writes after a
     # provider acted are kept, journalled and named at exit (broker.money.journal)
     ledger = failsafe(ledger, hooks.say)
@@ -141,78 +196,55 @@ def run_pipeline(recipe: Recipe, target: Target, *, ledger: "Ledger", hooks: Hoo
     ledger.event(run.id, actor, "start", f"{recipe.name}: {target.describe()}")
     if hooks.on_start:
         hooks.on_start(run, target.describe())
-    result: RunResult | None = None
-    cluster: Cluster | None = None
-    status, message = "failed", None
-    left: list[Resource] = []
-    kept: list[Resource] = []
-    keep = False
-    def attempt() -> "tuple[Cluster | None, RunResult]":
-        nonlocal cluster
-        cluster = target.acquire(run, ctx)
-        if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
-            from broker.core.private import write_private
+    return ctx, run
 
-            write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
-        from broker.run.checkpoint import with_checkpoints
 
-        ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
-        with target.watching(run, ctx):
-            try:
-                return cluster, run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if hooks.say else None)
-            finally:
-                _charge_bandwidth(ctx, run.id, ex)
+def _run_on(recipe: Recipe, target: Target, run: "Run", ctx: Context, cluster: Cluster | None) -> "RunResult":
+    """The executor steps on the acquired ``cluster`` (reach .. collect, checkpoints copied back), with the target
+    watching its nodes; the cluster is written for `broker ssh` / `broker exec` and the bytes moved are billed."""
+    from broker.run.checkpoint import with_checkpoints
+    from broker.run.executor import STEP_TEXT, run_steps
 
-    def release_between() -> list[Resource]:
-        return target.release(run, ctx, keep=False)[0] if target.releases else []
+    if cluster is not None:  # for `broker ssh` / `broker exec` (paths and addresses only, no secret)
+        from broker.core.private import write_private
 
-    try:
-        from broker.run.attempts import run_attempts
-
-        # a preempted interruptible run is released, rented again and relaunched here (broker.run.attempts)
-        cluster, result = run_attempts(recipe, target, run, ctx, attempt, release_between)
-        result = diagnose(result, recipe, Path(run.run_dir or "."), local=run.provider == "local")
-        status, message = result.status, result.reason
-        keep = target.keep(recipe, status)
-    except KeyboardInterrupt as e:
-        status, message = "interrupted", f"interrupted ({_signal_name(e)}) before the job finished"
-        raise
-    except BrokerError as e:
-        message = e.message
-        from broker.money.cost import ClockOut
-
-        if isinstance(e, ClockOut):  # the run's clock ran out while provisioning: deadline / budget
-            status = e.status
-        raise
-    except Exception as e:  # noqa: BLE001 - recorded, then re-raised after release
-        message = str(e)
-        raise
-    finally:
+        write_private(Path(run.run_dir or ".", "cluster.json"), cluster.model_dump_json(indent=2))
+    ex = with_checkpoints(target.executor(recipe, run, cluster, ctx), recipe, Path(run.run_dir or "."), ctx.say)
+    with target.watching(run, ctx):
         try:
-            if target.releases:
-                _log.info("run %s: releasing (%s; keep: %s)", run.id, status, keep)
-                with shielded(hooks.say):
-                    left, kept = target.release(run, ctx, keep=keep)
-                _log.info("run %s: released; still live: %d, kept: %d", run.id, len(left), len(kept))
+            return run_steps(ex, (lambda step: ctx.say(STEP_TEXT[step])) if ctx.hooks.say else None)
         finally:
-            if kept:
-                message = ((message + "; ") if message else "") + (
-                    f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
-                ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
-            if not kept and not left and target.releases:  # its machines are gone: so are their Host entries
-                from broker.core.sshconfig import forget_run_hosts
+            _charge_bandwidth(ctx, run.id, ex)
 
-                forget_run_hosts(run.id)
-            if left:
-                message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
-                    f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
-            # the run has ended: its CLI is no longer recorded (a pid outlives its process and is reused)
-            updated = end_run(ledger, run.id, result, status=status, message=message, actor=actor, say=hooks.say,
-                              pid=None, pid_start=None)
-    from broker.money.cost import run_spent_usd
 
-    return RunOutcome(updated, result, cluster, left, run_spent_usd(ledger, run.id), kept_until_idle=bool(kept),
-                      kept=kept)
+def _release(target: Target, run: "Run", ctx: Context, *, status: str,
+             keep: bool) -> "tuple[list[Resource], list[Resource]]":
+    """The release step, shielded from a single Ctrl-C; returns (still live, kept)."""
+    if not target.releases:
+        return [], []
+    _log.info("run %s: releasing (%s; keep: %s)", run.id, status, keep)
+    with shielded(ctx.hooks.say):
+        left, kept = target.release(run, ctx, keep=keep)
+    _log.info("run %s: released; still live: %d, kept: %d", run.id, len(left), len(kept))
+    return left, kept
+
+
+def _closing_message(recipe: Recipe, run: "Run", ctx: Context, message: str | None, left: list[Resource],
+                     kept: list[Resource], *, released: bool) -> str | None:
+    """The run's end message with what release left: nodes kept for inspection (said now too), resources still
+    live (with the ``broker down`` that ends them); the run's SSH Host entries go when its machines are gone."""
+    if kept:
+        message = ((message + "; ") if message else "") + (
+            f"{len(kept)} node(s) kept for inspection: idle stop after {recipe.idle_minutes:g} min")
+        ctx.say(f"keeping {len(kept)} node(s) for inspection: idle stop after {recipe.idle_minutes:g} min")
+    if not kept and not left and released:  # its machines are gone: so are their Host entries
+        from broker.core.sshconfig import forget_run_hosts
+
+        forget_run_hosts(run.id)
+    if left:
+        message = ((message + "; ") if message else "") + "still live after teardown: " + ", ".join(
+            f"{r.provider} {r.kind} {r.provider_id or r.name}" for r in left) + f" (run `broker down {run.id}`)"
+    return message
 
 
 def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool = False) -> "RunResult":
@@ -243,91 +275,82 @@ def diagnose(result: "RunResult", recipe: Recipe, run_dir: Path, *, local: bool 
 RUN_PROVIDERS = tuple(REGISTRY)
 
 
-@dataclass
-class RunRequest:
-    """How ``broker run`` was asked: ``provider`` (None = the plan decides), netns ``inject``, Slurm options,
-    ``watchdog`` (False = ``--no-watchdog``: rented runs then rest on the CLI and the node-side switch)."""
-
-    provider: str | None = None
-    inject: str | None = None
-    slurm: "SlurmOptions | None" = None
-    watchdog: bool = True
-    topology: str | None = None  # None = the recipe's; "hybrid": this machine + VMs over a tunnel
-    mesh: str = "wireguard"  # hybrid: wireguard (per-run tunnel) | tailscale (an existing tailnet)
+def check_options(recipe: Recipe, req: RunRequest) -> None:
+    """Every provider option of ``req`` (``--inject``, ``--slurm-host``, ``--cluster``...) belongs to the chosen
+    provider (its :attr:`~broker.core.provider.Provider.run_options`; the adapter checks the value when it builds its
+    target).  Raises BadInput for one it does not take, naming the provider(s) that do: the one adapter that takes
+    it words the error (:meth:`~broker.core.provider.Provider.misplaced_option`)."""
+    for flag in req.options:
+        if req.provider is not None and flag in provider_class(req.provider).run_options:
+            continue
+        takers = [n for n in (*RUN_PROVIDERS, *plugins()) if flag in provider_class(n).run_options]
+        if len(takers) == 1:
+            raise provider_class(takers[0]).misplaced_option(recipe, req, flag)
+        if not takers:
+            raise BadInput(f"{flag} is not an option of any provider", hint="`broker run --help` lists the options")
+        raise BadInput(f"{flag} works with " + " or ".join(
+            f"--provider {n} ({provider_class(n).run_options[flag]})" for n in takers),
+            hint="broker run RECIPE " + ", or ".join(f"--provider {n} {flag} ID" for n in takers))
 
 
 def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) -> Target:
-    """The plan step: the :class:`Target` for ``recipe`` (this machine when it can serve the job, it is free;
-    otherwise the cheapest valid cloud option with credentials, with the rest for failover)."""
+    """The plan step: the :class:`Target` for ``recipe``.  Every provider hands its own
+    (:meth:`broker.core.provider.Provider.run_target`): a named one first; rented clouds answer None and get the
+    plan over them with :class:`CloudTarget` (failover down the ranked options); without ``--provider`` the plan
+    picks, and the chosen option's provider is asked the same way (this machine when it can serve the job: free).
+    Raises BadInput for an unknown provider or an option another provider takes."""
     p = req.provider
-    if p is not None and p not in RUN_PROVIDERS:
+    if p is not None and p not in RUN_PROVIDERS and not known(p):  # a plug-in provider is looked up only now
         raise BadInput(f"--provider {p!r} is not a provider broker can run on",
-                       hint=f"choose one of: {', '.join(RUN_PROVIDERS)} (or leave it out to let the plan decide)")
+                       hint=f"choose one of: {', '.join([*RUN_PROVIDERS, *plugins()])} (or leave it out to let the "
+                       "plan decide)")
     topo = req.topology or recipe.topology
     _log.debug("choosing the target: provider %s, topology %s (%s)", p or "any (the plan decides)", topo,
                "--topology" if req.topology else "the recipe")
-    if req.inject and p != "netns":
-        netns = adapter_module("netns")
-
-        if req.inject not in (*netns.INJECTS, *netns.HYBRID_INJECTS):
-            raise inject_error(req.inject, hybrid=topo == "hybrid")
-        hybrid = topo == "hybrid" or req.inject in netns.HYBRID_INJECTS
-        raise BadInput("--inject works with --provider netns only (faults are injected into the emulated network)",
-                       hint=f"broker run {shlex.quote(shown_path(recipe.path or recipe.script))} --provider netns"
-                       + (" --topology hybrid" if hybrid else "")
-                       + f" --inject {req.inject}")
+    check_options(recipe, req)
     if topo == "hybrid":
-        return hybrid_target(recipe, req)
-    if p in ("local", "netns"):
-        from broker.run.planstep import local_interruptible_note
-
-        note = local_interruptible_note(recipe, "this machine" if p == "local" else
-                                        "the emulated hosts (netns) on this machine")
-        if note and say:
-            say(note)
-        return LocalTarget(recipe) if p == "local" else NetnsTarget(recipe, inject=req.inject)
-    if p in REGISTRY:  # a provider whose nodes are not rented VMs (a scheduler) brings its own target
-        own = provider_class(p).run_target(recipe, req)
+        _check_mesh(req.mesh)
+    if p is not None:
+        own = provider_class(p).run_target(recipe, req, say=say)
         if own is not None:
             return own
+    if topo == "hybrid":
+        return hybrid_target(recipe, req)
     plan, options = plan_for_run(recipe, p)
-    _log.info("plan: %s on %s first, %d usable option(s) for failover", options[0].topology.value,
-              options[0].provider, len(options))
-    warn = recipe.chosen_interruptible_warning() if options[0].interruptible else None
+    first = options[0]
+    _log.info("plan: %s on %s first, %d usable option(s) for failover", first.topology.value, first.provider,
+              len(options))
+    warn = recipe.chosen_interruptible_warning() if first.interruptible else None
     if warn and say:
         say(f"warning: {warn}")
-    if options[0].provider == "local":
-        if say:
-            say(local_choice_text(plan, recipe))
-            from broker.plan.explain import NO_OFFER_FOR_MODEL
-
-            for note in plan.notes:  # a mistyped --gpu / gpu.models is why no rented option was left: say so
-                if note.startswith(NO_OFFER_FOR_MODEL):
-                    say(f"warning: {note.split(';')[0]}")
-        return LocalTarget(recipe)
+    if first.provider != p:  # the plan chose among providers: the chosen one hands its target too
+        own = provider_class(first.provider).run_target(
+            recipe, _dc_replace(req, provider=first.provider, plan=plan), say=say)
+        if own is not None:
+            return own
     return CloudTarget(recipe, options, watchdog=req.watchdog)
 
 
+def _check_mesh(mesh: str) -> None:
+    from broker.run.hybrid import MESHES
+
+    if mesh not in MESHES:
+        raise BadInput(f"--mesh {mesh!r} is not a mesh", hint=f"choose one of: {', '.join(MESHES)}")
+
+
 def hybrid_target(recipe: Recipe, req: RunRequest) -> Target:
-    """The target of a ``hybrid`` run: the emulation (``--provider netns``), or this machine + rented VMs of the
-    ranked hybrid options on oci / aws (:class:`CloudHybridTarget`, ``--mesh wireguard|tailscale``); a provider
-    without /dev/net/tun is refused with that reason (exit 3)."""
-    from broker.run.hybrid import MESHES, TUN_PROVIDERS, why_not_hybrid
+    """The target of a ``hybrid`` run on rented VMs: this machine + the ranked hybrid options on the providers that
+    can host them (:class:`CloudHybridTarget`, ``--mesh wireguard|tailscale``); a provider without /dev/net/tun
+    is refused with that reason (exit 3).  (Providers that emulate it or refuse it say so from ``run_target``.)"""
+    from broker.run.hybrid import TUN_PROVIDERS, why_not_hybrid
 
     p = req.provider
-    if req.mesh not in MESHES:
-        raise BadInput(f"--mesh {req.mesh!r} is not a mesh", hint=f"choose one of: {', '.join(MESHES)}")
-    if p == "netns":
-        if req.mesh != "wireguard":
-            raise BadInput("the emulated hybrid run (--provider netns) uses its own WireGuard tunnel",
-                           hint="leave out --mesh (or --mesh wireguard)")
-        return HybridTarget(recipe, inject=req.inject)
-    if p in ("local", "slurm"):
-        raise BadInput(f"--topology hybrid does not apply to --provider {p}",
-                       hint="--provider netns emulates it here; oci or aws rent the cloud side")
+    _check_mesh(req.mesh)
     if p is not None and why_not_hybrid(p):
+        emulated = names_where(lambda c: "hybrid" in c.topologies and not c.rents)
         raise NoValidPlan(f"no hybrid option on {p}: {why_not_hybrid(p)}",
-                          hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider netns to emulate it")
+                          hint=f"use --provider {' or '.join(TUN_PROVIDERS)}, or --provider "
+                          f"{' or '.join(emulated)} to emulate it")
     if recipe.nodes < 2:
         raise BadInput("the hybrid topology needs at least 2 nodes (this machine + one VM)")
     plan, options = plan_for_run(recipe.model_copy(update={"topology": "hybrid"}), p)

@@ -38,7 +38,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     """
     from broker.plan.facts import DEFAULT_PROVIDERS, gather, log_plan
     from broker.plan.planner import plan as make_plan
-    from broker.providers import get_provider
+    from broker.providers import capability, get_provider
 
     req = recipe.requirements()
     names = [provider] if provider else list(DEFAULT_PROVIDERS)
@@ -53,7 +53,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
     usable: list = []
     missing: dict[str, ProviderCheck | None] = {}  # provider -> its failed check (None: configured)
     for opt in plan.options:
-        if opt.provider == "local":
+        if not capability(opt.provider, "rents"):  # a machine nobody rents (this one) needs no credentials
             usable.append(opt)
             continue
         if opt.provider not in missing:
@@ -123,3 +123,14 @@ def local_interruptible_note(recipe: Recipe, where: str = "this machine") -> str
         return ""
     return (f"interruptible: true does not apply on {where}: nothing takes it back, so the run goes on without "
             "preemption, bids or restarts")
+
+
+def no_hybrid_here(provider: str) -> BadInput:
+    """The error for ``--topology hybrid`` on ``provider``, a provider that can neither emulate the hybrid
+    topology nor rent its cloud side, naming those that can (from the registry's capabilities)."""
+    from broker.providers import HYBRID_CLOUD, names_where
+
+    emulated = names_where(lambda c: "hybrid" in c.topologies and not c.rents)
+    return BadInput(f"--topology hybrid does not apply to --provider {provider}",
+                    hint=f"--provider {' or '.join(emulated)} emulates it here; {' or '.join(HYBRID_CLOUD)} rent "
+                    "the cloud side")

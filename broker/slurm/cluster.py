@@ -2,7 +2,7 @@
 
 The cluster is a *run* in the ledger (provider = the node provider, topology ``slurm-cluster``, a hard deadline
 from ``--max-hours``, a budget): its nodes are acquired through the pipeline's targets
-(:class:`broker.run.targets.NetnsTarget` for ``netns``, :class:`broker.run.cloudtarget.CloudTarget` - ledger-first
+(the netns adapter's own target for ``netns``, :class:`broker.run.cloudtarget.CloudTarget` - ledger-first
 :func:`broker.money.provision.provision` - for ``oci``/``aws``), so the watchdog, the deadline, ``broker down`` and
 ``broker status`` apply to it exactly as to any run.  Its id (the run id) is the cluster id.
 
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
 from broker.core.sshkeys import host_key_name
-from broker.providers import SLURM_NODES
+from broker.providers import SLURM_NODES, capability
 from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, ClusterState, FACTS_CMD, NodeFacts, Say,
                                  cgroup_mount_script, cloud_onstart, nfs_client_script, nfs_server_script, parse_facts,
                                  parse_sinfo_nodes, private_cidr, render_gres_conf, render_slurm_conf, sinfo_cmd,
@@ -191,12 +191,14 @@ class UpOptions:
 
 
 def _target(opts: UpOptions, recipe: Any):
+    from broker.core.target import RunRequest
+    from broker.providers import provider_class
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.targets import NetnsTarget
     from broker.run.planstep import plan_for_run
 
-    if opts.provider == "netns":
-        return NetnsTarget(recipe)
+    own = provider_class(opts.provider).run_target(recipe, RunRequest(provider=opts.provider))
+    if own is not None:  # nodes the provider hands over itself (the netns emulation)
+        return own
     if opts.provider in UP_PROVIDERS:  # rented nodes
         if recipe.cpu_only:
             options = cpu_options(recipe, opts.provider)
@@ -242,7 +244,7 @@ def up(opts: UpOptions, *, ledger: "Ledger", say: Say | None = None,
     if quote is not None and confirm is not None and not confirm(quote):
         raise Declined("not confirmed: nothing was created", hint="run again and answer y, or pass --yes")
     target.prepare(ctx)
-    if opts.provider == "netns" and opts.watchdog:
+    if opts.watchdog and not capability(opts.provider, "rents"):  # a rented cloud's target arms it in prepare
         _start_watchdog(ctx)
     run = new_run(ledger, recipe, provider=target.provider, topology=TOPOLOGY, plan=target.plan_record())
     ledger.event(run.id, "cli", "start", f"slurm cluster {name}: {target.describe()}")
@@ -288,10 +290,10 @@ def build(cluster: "Cluster", run: "Run", *, name: str, provider: str, say: Say,
     from broker.run.sshcluster import SSHCluster
 
     run_dir = Path(run.run_dir or ".")
-    netns = provider == "netns"
+    netns = not capability(provider, "rents")  # nodes nobody rents are this machine's (the netns emulation)
     base = str(run_dir.resolve() / "cluster") if netns else f"{CLOUD_BASE}/{run.id}"
     shared = f"{base}/shared" if netns else CLOUD_SHARED_DIR
-    note = ("netns nodes share this machine's file system: the same path on every node" if netns else
+    note = (f"{provider} nodes share this machine's file system: the same path on every node" if netns else
             f"NFS from node 0 ({cluster.nodes[0].private_ip}) mounted at the same path on every node")
     t0 = time.monotonic()
     ssh = SSHCluster(cluster, run_dir=run_dir)
@@ -670,22 +672,16 @@ def down(ledger: "Ledger", cluster_id: str, *, say: Say | None = None, actor: st
 
 def _release_target(run: "Run", state: ClusterState):
     from broker.core.model import PlanOption
+    from broker.core.target import RunRequest
+    from broker.providers import provider_class
     from broker.run.cloudtarget import CloudTarget
-    from broker.run.targets import NetnsTarget
 
     recipe = cluster_recipe(state.name, len(state.nodes), max_hours=1.0, budget_usd=run.budget_usd or 1.0)
-    if state.provider == "netns":
-        from broker.providers import adapter_module
-
-        netns = adapter_module("netns")
-        t = NetnsTarget(recipe)
-        if state.netns_cid:
-            root = Path(run.run_dir or ".").resolve() / "netns" / state.netns_cid
-            try:
-                t.cluster_state = netns.NetnsCluster.load(root)
-            except (OSError, ValueError, TypeError):
-                t.cluster_state = None
-        return t
+    own = provider_class(state.provider).run_target(recipe, RunRequest(provider=state.provider))
+    if own is not None:  # the emulation's target, pointed at the namespaces it made (when their state is there)
+        if state.netns_cid and hasattr(own, "reattach"):
+            own.reattach(Path(run.run_dir or ".").resolve(), state.netns_cid)
+        return own
     options = [PlanOption.from_dict(o) for o in (run.plan or {}).get("options", [])]
     return CloudTarget(recipe, options, keep_when_idle=False)
 
@@ -725,10 +721,11 @@ def leftovers(state: ClusterState) -> list[str]:
     """What of the cluster is still on this machine: namespaces (netns), daemons whose command line names the
     cluster's folder, mounts under it.  Cloud nodes are checked by their release (terminated and confirmed)."""
     out: list[str] = []
-    if state.netns_cid:
-        from broker.providers import adapter_module
+    if state.netns_cid:  # the emulated nodes still on this machine, as their provider lists them
+        from broker.providers import get_provider
 
-        out += adapter_module("netns").leftovers(state.netns_cid)
+        out += [f"{t.provider} {t.kind} {t.provider_id} still here"
+                for t in get_provider(state.provider).list_tagged(state.cluster_id)]
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue

@@ -13,10 +13,11 @@ from broker.core.recipe import Recipe
 from broker.core.records import Cluster, Run
 from broker.providers import get_provider
 from broker.run.runrecord import Context
-from broker.run.targets import Target
+from broker.core.target import Target
 
 if TYPE_CHECKING:
     from broker.run.executor import Executor
+    from broker.core.target import RunRequest
     from broker.slurm.executor import SlurmOptions
 
 
@@ -71,9 +72,17 @@ class SlurmTarget(Target):
                              echo=ctx.hooks.echo)
 
 
-def target_for(recipe: Recipe, options: "SlurmOptions | None") -> SlurmTarget:
-    """The target of ``broker run --provider slurm``: ``options`` (``--partition``, ``--cluster``...), else the
-    settings' defaults (:class:`broker.slurm.executor.SlurmOptions`)."""
+def target_for(recipe: Recipe, request: "RunRequest") -> SlurmTarget:
+    """The target of ``broker run --provider slurm``: the request's Slurm options (``--slurm-host``, ``--cluster``)
+    over the settings' defaults (``BROKER_SLURM_HOST``, ``_PARTITION``, ``_ACCOUNT``, ``_PYTHON``).  Raises
+    BadInput for ``--topology hybrid`` (a Slurm partition is not one end of a tunnel)."""
+    from broker.core.config import settings
+    from broker.run.planstep import no_hybrid_here
     from broker.slurm.executor import SlurmOptions
 
-    return SlurmTarget(recipe, options or SlurmOptions())
+    if (request.topology or recipe.topology) == "hybrid":
+        raise no_hybrid_here("slurm")
+    s = settings()
+    return SlurmTarget(recipe, SlurmOptions(host=request.option("--slurm-host") or s.broker_slurm_host,
+                                            partition=s.broker_slurm_partition, account=s.broker_slurm_account,
+                                            python=s.broker_slurm_python, cluster=request.option("--cluster")))

@@ -194,3 +194,103 @@ def test_the_checker_sees_function_level_imports_cycles_and_upward_edges():
     assert _targets("broker.core.model", False, node, {"broker.core.records", "broker.core"}) == {"broker.core.records"}
     rel = ast.parse("from .api import x\n").body[0]
     assert _targets("broker.providers.aws", True, rel, {"broker.providers.aws.api"}) == {"broker.providers.aws.api"}
+
+
+# --------------------------------------------------------------------------------------------------- provider names
+# A provider's difference is data on its adapter or the target it hands over (Provider.run_target), never a branch
+# on its name: outside providers/ (the adapters and the registry) no code compares a value that holds a provider
+# with a registered provider's name, and none reaches an adapter module through broker.providers.adapter_module.
+
+#: words that name a value holding a provider (``opt.provider``, ``run.provider``, ``prov``, ``p``, ``name``...)
+_PROVIDER_WORDS = ("provider", "prov", "p", "n", "name", "chosen")
+
+#: file -> comparisons still there, in areas other branches own this round; a file may only go down (a new
+#: comparison anywhere fails).  Empty it as they go.
+NAME_COMPARISONS_LEFT: dict[str, int] = {
+    "broker/cli/cluster.py": 2, "broker/cli/plan.py": 3, "broker/cli/status.py": 2, "broker/cli/summary.py": 1,
+    "broker/money/reconcile.py": 1, "broker/plan/facts.py": 3, "broker/plan/planner.py": 4,
+    "broker/lint/script.py": 1,  # not a provider: a value's provenance ("local" rank); the words can't tell
+}
+#: file -> adapter_module calls still there (the same rule): none
+ADAPTER_MODULE_LEFT: dict[str, int] = {}
+
+
+def _provider_names() -> set[str]:
+    import broker.providers as registry
+
+    return set(registry.REGISTRY)
+
+
+def _holds_provider(node: ast.AST) -> bool:
+    word = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return word is not None and (word in _PROVIDER_WORDS or "provider" in word.lower())
+
+
+def _names_in(node: ast.AST, names: set[str]) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in names
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(isinstance(e, ast.Constant) and e.value in names for e in node.elts)
+    return False
+
+
+def name_comparisons(source: str, names: set[str]) -> list[int]:
+    """Lines of ``source`` that compare a provider-holding value with one of ``names`` (==, !=, in, not in, either
+    side)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        for a, b in zip(sides, sides[1:]):
+            if (_holds_provider(a) and _names_in(b, names)) or (_holds_provider(b) and _names_in(a, names)):
+                out.append(node.lineno)
+                break
+    return out
+
+
+def adapter_module_calls(source: str) -> list[int]:
+    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Name) and n.func.id == "adapter_module")
+        or (isinstance(n.func, ast.Attribute) and n.func.attr == "adapter_module"))]
+
+
+def _core_sources() -> dict[str, str]:
+    """broker/ (everything but the adapters and the registry, which live in providers/), by repository path."""
+    return {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in sorted((REPO / "broker").rglob("*.py"))}
+
+
+def _over(found: dict[str, list[int]], left: dict[str, int]) -> list[str]:
+    return [f"{f}: lines {lines}" for f, lines in sorted(found.items()) if len(lines) > left.get(f, 0)]
+
+
+def test_no_provider_name_is_compared_outside_the_adapters():
+    names = _provider_names()
+    found = {f: lines for f, src in _core_sources().items() if (lines := name_comparisons(src, names))}
+    over = _over(found, NAME_COMPARISONS_LEFT)
+    assert not over, ("a provider's name compared outside providers/ (docs/architecture.md, 'Adding a provider': "
+                      "declare a capability, or let the provider's run_target / adapter decide): " + "; ".join(over))
+
+
+def test_no_adapter_module_reach_ins_outside_the_adapters():
+    found = {f: lines for f, src in _core_sources().items() if (lines := adapter_module_calls(src))}
+    over = _over(found, ADAPTER_MODULE_LEFT)
+    assert not over, ("broker.providers.adapter_module called outside providers/: ask the provider through its "
+                      "contract (provider_class(name).run_target / a Provider verb) instead: " + "; ".join(over))
+
+
+def test_the_provider_name_checks_catch_a_planted_violation():
+    """The two checks themselves, on planted code: the comparisons the pipeline used to make are found, words that
+    are not providers (a topology, a rank) are not."""
+    names = {"local", "netns", "slurm", "vast"}
+    planted = ('if req.provider == "netns":\n    pass\n'
+               'x = p in ("local", "slurm")\n'
+               'y = options[0].provider != "local"\n'
+               'z = "local" in provider\n'
+               'ok = topo == "local" or who == "local"\n')
+    assert name_comparisons(planted, names) == [1, 3, 4, 5]
+    assert adapter_module_calls('from broker.providers import adapter_module\nnetns = adapter_module("netns")\n'
+                                'm = registry.adapter_module("netns")\n') == [2, 3]
+    # and the whole-tree check fails on a planted file
+    found = {"broker/run/x.py": name_comparisons('if run.provider == "slurm": pass\n', names)}
+    assert _over(found, NAME_COMPARISONS_LEFT) == ["broker/run/x.py: lines [1]"]

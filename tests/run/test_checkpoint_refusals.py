@@ -134,7 +134,8 @@ def test_refused_checkpoint_files_over_ssh_in_a_netns_run(tmp_path, monkeypatch)
         pytest.skip(why)
     from broker.core.recipe import load_recipe
     from broker.run.checkpoint import latest_generation
-    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.providers.netns.target import NetnsTarget
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     d = tmp_path / "r"

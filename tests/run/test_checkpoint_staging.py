@@ -122,7 +122,8 @@ def test_an_ssh_run_does_not_resume_from_a_stale_checkpoint(tmp_path, monkeypatc
     why = netns_missing()
     if why:
         pytest.skip(why)
-    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.providers.netns.target import NetnsTarget
 
     monkeypatch.setenv("BROKER_HOME", str(tmp_path / "home"))
     recipe, _ = _recipe(tmp_path, steps=2, sleep=0.01, interruptible="false")

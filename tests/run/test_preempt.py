@@ -342,7 +342,8 @@ def test_netns_host_lost_mid_run_is_rented_again_and_resumes(tmp_path):
     if why:
         pytest.skip(why)
     from broker.providers import netns
-    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.providers.netns.target import NetnsTarget
 
     recipe, marker = _recipe(tmp_path, steps=30, sleep=0.3)
     recipe = recipe.model_copy(update={"nodes": 2})
@@ -496,7 +497,8 @@ def test_netns_node0_lost_during_the_checkpoint_copy_keeps_the_last_good_generat
         pytest.skip(why)
     from broker.providers import netns
     from broker.run import checkpoint
-    from broker.run.pipeline import Hooks, NetnsTarget, run_pipeline
+    from broker.run.pipeline import Hooks, run_pipeline
+    from broker.providers.netns.target import NetnsTarget
 
     recipe, marker = _recipe(tmp_path)
     (Path(recipe.workdir) / "job.py").write_text(SSH_JOB % str(marker))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker.core.errors import BadInput
-from broker.providers import netns
+from broker.providers.netns import cluster as netns  # the machinery itself: the fixture below patches its helpers
 
 ROOT = Path(__file__).resolve().parents[3]
 
