@@ -127,8 +127,7 @@ def _root_callback() -> Any:
 #: Every command of ``broker``, in the order ``broker --help`` lists them: (name, "module:attribute", the
 #: keywords Typer's ``app.command`` / ``app.add_typer`` takes).  The attribute is a module-level command function,
 #: or a Typer app (``*_app``) for a group whose subcommands are module-level functions of the same module
-#: (registered there, with their help), or ``register`` for a module that adds its command itself
-#: (``register(app)``).  Only the invoked command's module is imported (``broker plan`` builds no other command:
+#: (registered there, with their help).  Only the invoked command's module is imported (``broker plan`` builds no other command:
 #: Typer inspects every registered command's signature on each start); tests/cli/test_commands_table.py reaches
 #: every command by this name.
 COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -139,7 +138,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("check", "broker.cli.planning:check_cmd", dict(short_help="Whether each provider's credentials are present")),
     ("catalog", "broker.cli.catalog:catalog_app",
      dict(short_help="Price snapshots: show them, refresh from live APIs")),
-    ("run", "broker.cli.run:register", {}),
+    ("run", "broker.cli.run:run_cmd", dict(short_help="Run a recipe: one torchrun per node, torn down at the end")),
     ("status", "broker.cli.status:status_cmd",
      dict(short_help="Recent runs (spent, worst case, time left), live resources")),
     ("down", "broker.cli.lifecycle:down_cmd", dict(short_help="Terminate every live resource of a run (idempotent)")),
@@ -177,16 +176,10 @@ COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 
 
 def add_command(a: typer.Typer, name: str, target: str, options: dict[str, Any]) -> None:
-    """Add one row of :data:`COMMAND_TABLE` to ``a``: a function as a command, a Typer app as a group, a
-    ``register`` function called with ``a`` (once per app, however many rows name it)."""
+    """Add one row of :data:`COMMAND_TABLE` to ``a``: a function as a command, a Typer app as a group."""
     module, _, attr = target.partition(":")
     obj = getattr(importlib.import_module(module), attr)
-    if attr == "register":
-        done = a.__dict__.setdefault("_broker_registered", set())
-        if target not in done:
-            done.add(target)
-            obj(a)
-    elif callable(obj) and not hasattr(obj, "registered_commands"):
+    if callable(obj) and not hasattr(obj, "registered_commands"):
         a.command(name, **options)(obj)
     else:
         a.add_typer(obj, name=name, **options)

@@ -37,99 +37,97 @@ def _provider_help() -> str:
             + "; default: the cheapest valid plan")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("run", short_help="Run a recipe: one torchrun per node, torn down at the end")
-    def run_cmd(
-        recipe_path: Path = typer.Argument(..., metavar="RECIPE|SCRIPT.py", help="recipe YAML, e.g. "
-                                           "recipes/ddp_2node.yaml, or a training script run with the recipe "
-                                           "defaults and the options below (its folder is copied to every node)"),
-        script_args: Optional[List[str]] = typer.Argument(None, metavar="[-- SCRIPT ARGS]",
-                                                          help="SCRIPT.py only: the script's own arguments"),
-        provider: str = typer.Option(None, "--provider", "-p", help=_provider_help()),
-        inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
-                                   "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
-        slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
-                                       "login node (user@host); default: Slurm commands on this machine"),
-        cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
-                                    "slurm up` (through its node 0); --provider netns: run on this cluster from "
-                                    "`broker netns up` (its id or run id)"),
-        option: Optional[List[str]] = typer.Option(None, "--option", "-o", metavar="NAME=VALUE",
-                                                   help="a provider's own option (repeat for several), checked by "
-                                                   "that provider, e.g. -o inject=mtu is --inject mtu"),
-        topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
-                                     "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
-                                     "emulated here, two sites behind two NATs)"),
-        mesh: str = typer.Option("wireguard", "--mesh", help="hybrid only: wireguard (a tunnel per run) or "
-                                 "tailscale (an existing tailnet; TS_AUTHKEY in the environment or .env)"),
-        no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
-                                         "(deadline and budget then rest on this CLI and the node alone)"),
-        yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
-                                 "without a terminal)"),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
-        as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-        detach: bool = typer.Option(False, "--detach", "-d", help="run in the background: print the run id and "
-                                    "how to follow it (`broker logs -f`), then return; paid runs need --yes"),
-        idle_minutes: float = typer.Option(None, "--idle-minutes", metavar="MINUTES", help="keep the nodes this "
-                                           "many minutes after the job for `broker ssh`/`exec` (overrides the "
-                                           "recipe's idle_minutes)"),
-        interruptible: str = typer.Option(None, "--interruptible", metavar="[true|false|auto]",
-                                          help="rent interruptible (bid / spot / preemptible) capacity: true, false "
-                                          "or auto (only when its expected cost with restarts is lower); overrides "
-                                          "the recipe's interruptible (a preempted run resumes from its "
-                                          "checkpoint_dir)"),
-        nodes: int = typer.Option(None, "--nodes", "-n", help="SCRIPT.py: how many nodes (default 2)"),
-        gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="SCRIPT.py: GPUs per node (default 1; 0: "
-                                          "CPU only, with --cpu-ok)"),
-        gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="SCRIPT.py: a GPU model to accept (repeat for "
-                                                "several; default any)"),
-        budget: float = typer.Option(None, "--budget", "-b", metavar="USD", help="SCRIPT.py: the budget in "
-                                     "dollars (default 5)"),
-        hours: float = typer.Option(None, "--hours", help="SCRIPT.py: the hard deadline in hours (default 1)"),
-        cpu_ok: bool = typer.Option(False, "--cpu-ok", help="SCRIPT.py: gloo on CPU is fine (this machine without "
-                                    "a GPU)"),
-        setup: Optional[List[str]] = typer.Option(None, "--setup", help="SCRIPT.py: a shell command run on every "
-                                                  "node before the job (repeat for several), e.g. "
-                                                  "'pip install -r requirements.txt'"),
-        save: Path = typer.Option(None, "--save", metavar="FILE", help="SCRIPT.py: also write the equivalent "
-                                  "recipe to FILE"),
-    ) -> None:
-        """Run RECIPE (or SCRIPT.py with the recipe defaults): one torchrun per node, logs streamed as [node i],
-        torn down at the end."""
-        from broker.core.limits import check_number
-        from broker.core.recipe import load_recipe
-        from broker.core.scriptrecipe import is_script
+def run_cmd(
+    recipe_path: Path = typer.Argument(..., metavar="RECIPE|SCRIPT.py", help="recipe YAML, e.g. "
+                                       "recipes/ddp_2node.yaml, or a training script run with the recipe "
+                                       "defaults and the options below (its folder is copied to every node)"),
+    script_args: Optional[List[str]] = typer.Argument(None, metavar="[-- SCRIPT ARGS]",
+                                                      help="SCRIPT.py only: the script's own arguments"),
+    provider: str = typer.Option(None, "--provider", "-p", help=_provider_help()),
+    inject: str = typer.Option(None, "--inject", help="netns only: reproduce a fault (firewall | wrong-iface | "
+                               "mtu; with --topology hybrid: udp-blocked, direct-blocked) so preflight catches it"),
+    slurm_host: str = typer.Option(None, "--slurm-host", help="--provider slurm: submit through ssh to this "
+                                   "login node (user@host); default: Slurm commands on this machine"),
+    cluster: str = typer.Option(None, "--cluster", help="--provider slurm: submit to this cluster from `broker "
+                                "slurm up` (through its node 0); --provider netns: run on this cluster from "
+                                "`broker netns up` (its id or run id)"),
+    option: Optional[List[str]] = typer.Option(None, "--option", "-o", metavar="NAME=VALUE",
+                                               help="a provider's own option (repeat for several), checked by "
+                                               "that provider, e.g. -o inject=mtu is --inject mtu"),
+    topology: str = typer.Option(None, "--topology", help="override the recipe's topology; hybrid = node 0 on "
+                                 "this machine, the rest on VMs over a WireGuard tunnel (with --provider netns: "
+                                 "emulated here, two sites behind two NATs)"),
+    mesh: str = typer.Option("wireguard", "--mesh", help="hybrid only: wireguard (a tunnel per run) or "
+                             "tailscale (an existing tailnet; TS_AUTHKEY in the environment or .env)"),
+    no_watchdog: bool = typer.Option(False, "--no-watchdog", help="do not start the detached watchdog "
+                                     "(deadline and budget then rest on this CLI and the node alone)"),
+    yes: bool = typer.Option(False, "--yes", "-y", help="paid options: do not ask before spending (required "
+                             "without a terminal)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="do not stream node logs"),
+    as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="run in the background: print the run id and "
+                                "how to follow it (`broker logs -f`), then return; paid runs need --yes"),
+    idle_minutes: float = typer.Option(None, "--idle-minutes", metavar="MINUTES", help="keep the nodes this "
+                                       "many minutes after the job for `broker ssh`/`exec` (overrides the "
+                                       "recipe's idle_minutes)"),
+    interruptible: str = typer.Option(None, "--interruptible", metavar="[true|false|auto]",
+                                      help="rent interruptible (bid / spot / preemptible) capacity: true, false "
+                                      "or auto (only when its expected cost with restarts is lower); overrides "
+                                      "the recipe's interruptible (a preempted run resumes from its "
+                                      "checkpoint_dir)"),
+    nodes: int = typer.Option(None, "--nodes", "-n", help="SCRIPT.py: how many nodes (default 2)"),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="SCRIPT.py: GPUs per node (default 1; 0: "
+                                      "CPU only, with --cpu-ok)"),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="SCRIPT.py: a GPU model to accept (repeat for "
+                                            "several; default any)"),
+    budget: float = typer.Option(None, "--budget", "-b", metavar="USD", help="SCRIPT.py: the budget in "
+                                 "dollars (default 5)"),
+    hours: float = typer.Option(None, "--hours", help="SCRIPT.py: the hard deadline in hours (default 1)"),
+    cpu_ok: bool = typer.Option(False, "--cpu-ok", help="SCRIPT.py: gloo on CPU is fine (this machine without "
+                                "a GPU)"),
+    setup: Optional[List[str]] = typer.Option(None, "--setup", help="SCRIPT.py: a shell command run on every "
+                                              "node before the job (repeat for several), e.g. "
+                                              "'pip install -r requirements.txt'"),
+    save: Path = typer.Option(None, "--save", metavar="FILE", help="SCRIPT.py: also write the equivalent "
+                              "recipe to FILE"),
+) -> None:
+    """Run RECIPE (or SCRIPT.py with the recipe defaults): one torchrun per node, logs streamed as [node i],
+    torn down at the end."""
+    from broker.core.limits import check_number
+    from broker.core.recipe import load_recipe
+    from broker.core.scriptrecipe import is_script
 
-        check_number("--idle-minutes", "idle_minutes", idle_minutes)
-        script_flags = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--gpu": gpu or None,
-                        "--budget": budget, "--hours": hours, "--cpu-ok": cpu_ok or None, "--setup": setup or None,
-                        "--save": save, "SCRIPT ARGS": script_args or None}
-        if is_script(recipe_path):
-            recipe = _script_recipe(recipe_path, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, budget=budget,
-                                    hours=hours, cpu_ok=cpu_ok, setup=setup, save=save, args=script_args or [],
-                                    as_json=as_json)
-        else:
-            _refuse_script_flags(script_flags, recipe_path)
-            recipe = load_recipe(recipe_path)
-        recipe = recipe.with_interruptible(interruptible, "--interruptible")
-        recipe = recipe.with_idle_minutes(idle_minutes)
-        if detach:  # checked here (bad input fails in the foreground); the background process lints again
-            lint_or_refuse(recipe, as_json=as_json)
-            argv = _background_argv(
-                recipe, recipe_path, script_flags, script_args,
-                before=[("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
-                        ("--cluster", cluster), ("--topology", topology),
-                        ("--interruptible", recipe.interruptible if interruptible is not None else None)],
-                after=[("--option", option or None), ("--mesh", mesh), ("--no-watchdog", no_watchdog or None),
-                       ("--yes", yes or None), ("--idle-minutes", idle_minutes)])
-            raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
+    check_number("--idle-minutes", "idle_minutes", idle_minutes)
+    script_flags = {"--nodes": nodes, "--gpus-per-node": gpus_per_node, "--gpu": gpu or None,
+                    "--budget": budget, "--hours": hours, "--cpu-ok": cpu_ok or None, "--setup": setup or None,
+                    "--save": save, "SCRIPT ARGS": script_args or None}
+    if is_script(recipe_path):
+        recipe = _script_recipe(recipe_path, nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, budget=budget,
+                                hours=hours, cpu_ok=cpu_ok, setup=setup, save=save, args=script_args or [],
+                                as_json=as_json)
+    else:
+        _refuse_script_flags(script_flags, recipe_path)
+        recipe = load_recipe(recipe_path)
+    recipe = recipe.with_interruptible(interruptible, "--interruptible")
+    recipe = recipe.with_idle_minutes(idle_minutes)
+    if detach:  # checked here (bad input fails in the foreground); the background process lints again
         lint_or_refuse(recipe, as_json=as_json)
-        if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
-            from broker.core.provider import BadInput
+        argv = _background_argv(
+            recipe, recipe_path, script_flags, script_args,
+            before=[("--provider", provider), ("--inject", inject), ("--slurm-host", slurm_host),
+                    ("--cluster", cluster), ("--topology", topology),
+                    ("--interruptible", recipe.interruptible if interruptible is not None else None)],
+            after=[("--option", option or None), ("--mesh", mesh), ("--no-watchdog", no_watchdog or None),
+                   ("--yes", yes or None), ("--idle-minutes", idle_minutes)])
+        raise typer.Exit(run_detached(argv, recipe, as_json=as_json, provider=provider, yes=yes))
+    lint_or_refuse(recipe, as_json=as_json)
+    if topology is not None and topology not in ("simulated", "multi-node", "hybrid", "any"):
+        from broker.core.provider import BadInput
 
-            raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
-        raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
-                                     cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
-                                     topology=topology, mesh=mesh, options=provider_options(option or [])))
+        raise BadInput(f"--topology {topology!r} is not a topology", hint="simulated, multi-node, hybrid or any")
+    raise typer.Exit(run_with_ui(recipe, provider=provider, inject=inject, slurm_host=slurm_host,
+                                 cluster=cluster, watchdog=not no_watchdog, yes=yes, quiet=quiet, as_json=as_json,
+                                 topology=topology, mesh=mesh, options=provider_options(option or [])))
 
 
 def _background_argv(recipe: Any, recipe_path: Path, script_flags: dict[str, Any], script_args: list[str] | None,
