@@ -208,6 +208,8 @@ class Diagnosis:
         from broker.run.stall import _sig_text
 
         d = self.divergence or {}
+        if d.get("skipped") is not None:
+            return d["line"] + "; the other ranks' ends follow from it"
         left = d["left"]
         sig = d["by_rank"][left[0]]
         cond = sig[4] if len(sig) > 4 else None
@@ -233,7 +235,11 @@ class Diagnosis:
             out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
             out.append(f"  fix: {st.get('fix', '')}")
             out.extend(str(ln) for ln in st.get("flight_recorder") or [])
-        if self.divergence:
+        if self.divergence and self.divergence.get("skipped") is not None:
+            out.append("  fix: call backward() on every rank for every forward of the DDP model (it all-reduces the "
+                       "gradients there); to skip a bad batch, decide it on all ranks together (all_reduce the flag) "
+                       "or scale its loss by 0 instead of skipping backward()")
+        elif self.divergence:
             op = str(self.divergence["by_rank"][self.divergence["left"][0]][0])
             out.append("  fix: " + ("evaluate through model.module (the DDP model's forward broadcasts buffers: a "
                                     "collective every rank must make), or run it on every rank"
@@ -558,7 +564,51 @@ def drift_warnings(facts: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def skipped_backward(facts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rank(s) that skipped ``backward()`` after a forward of the DDP model more often than the others (the
+    shim's ``ddp.skipped``: a synced forward followed by another, or by the end, with no backward between them),
+    as a divergence (``{"index", "left", "by_rank", "skipped", "counts", "line"}``, the shape of
+    :func:`broker.run.stall.sequence_divergence`'s answer); None when every rank skipped as often (an evaluation
+    forward with gradients on every rank is no divergence)."""
+    ranks = {d["rank"]: d.get("ddp") or {} for d in facts if d.get("rank") is not None and isinstance(d.get("ddp"), dict)}
+    if len(ranks) < 2:
+        return None
+    n = {r: int(c.get("backwards_skipped") or 0) for r, c in ranks.items()}
+    low = min(n.values())
+    left = sorted(r for r, v in n.items() if v > low)
+    if not left:
+        return None
+    skips = [s for s in ranks[left[0]].get("skipped") or [] if isinstance(s, dict)]
+    first = skips[low] if low < len(skips) else (skips[0] if skips else {})
+    index = int(first.get("points") or 0) + 1
+    at = first.get("at") if isinstance(first.get("at"), dict) else None
+    where = (f"after its forward #{first.get('forward', '?')} of the DDP model (the next forward, at {_at(at)}, "
+             "came with no backward() between them)") if at else \
+        f"after its last forward of the DDP model (#{first.get('forward', '?')}, no backward() before the end)"
+    bw = {r: (c.get("backwards_synced") or 0) for r, c in ranks.items()}
+    by_rank: dict[int, Any] = {}
+    for d in facts:
+        seq = d.get("seq") if isinstance(d.get("seq"), dict) else {}
+        try:
+            sig = seq["sigs"][seq["seq"][index - 1]]
+        except (KeyError, IndexError, TypeError):
+            sig = None
+        if d.get("rank") is not None:
+            by_rank[d["rank"]] = tuple(sig) if sig else None
+    from broker.run.stall import _sig_text
+
+    others = "; ".join(f"rank {r} made {_sig_text(by_rank.get(r))}" for r in sorted(ranks) if r not in left)
+    line = (f"rank(s) {', '.join(map(str, left))} left the ranks' common path at collective #{index}: skipped "
+            f"backward() {where}, where {others or 'the others made none'}; from there the ranks' gradient "
+            "all-reduces pair off by one ("
+            + ", ".join(f"rank {r}: {v} synchronised backward() calls" for r, v in sorted(bw.items())) + ")")
+    return {"index": index, "left": left, "by_rank": by_rank, "skipped": first, "counts": n, "line": line}
+
+
 def _drift_cause(ranks: list[dict[str, Any]], source: str | None) -> str:
+    skipped = skipped_backward(ranks)
+    if source == "ddp" and skipped is not None:
+        return "likely cause: " + skipped["line"] + "; call backward() on every rank for every batch"
     ddp = [d.get("ddp") or {} for d in ranks]
     if source == "ddp" and ddp and all(c.get("forwards_no_sync") and not c.get("forwards_synced") for c in ddp):
         return (f"likely cause: every forward ran inside no_sync() ({ddp[0].get('forwards_no_sync')} on rank "
@@ -879,6 +929,9 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
     from broker.run.stall import sequence_divergence
 
     div = sequence_divergence({d["rank"]: d.get("seq") for d in facts if d.get("rank") is not None and d.get("seq")})
+    if div is None or not div["left"]:
+        # a rank that skipped backward(): its sequence is the others' minus one all-reduce (no novel step to see)
+        div = skipped_backward(facts) or div
     if div is not None and div["left"] and (waiting or diag.early_exits):
         innocent = [e for e in diag.early_exits if e.get("rank") not in div["left"]]
         diag.early_exits = [e for e in diag.early_exits if e.get("rank") in div["left"]]

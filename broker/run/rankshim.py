@@ -447,10 +447,12 @@ def _patch_ddp(torch):
                 _sequence("DDP forward (buffer broadcast)", None)
             if torch.is_grad_enabled():
                 sync = bool(getattr(self, "require_backward_grad_sync", True))
-                _ddp_sync[0] = _ddp_sync[0] or sync
                 c = _FACTS.get("ddp")
                 if c is None:
                     c = _FACTS["ddp"] = {"forwards_synced": 0, "forwards_no_sync": 0, "backwards_synced": 0}
+                if sync and _ddp_sync[0]:
+                    _skipped_backward(c)
+                _ddp_sync[0] = _ddp_sync[0] or sync
                 c["forwards_synced" if sync else "forwards_no_sync"] += 1
         except Exception:
             pass
@@ -474,6 +476,19 @@ def _patch_ddp(torch):
 
         backward._broker = True
         tensor.backward = backward
+
+
+def _skipped_backward(c, at_exit=False):
+    """A forward that requires gradient sync came after another with no backward() between them (or the rank
+    ended so): that rank skipped the gradient all-reduce the others make there.  Noted with the forward's number,
+    the sync points made so far and the user's line (the next forward's: in a loop, the same line)."""
+    c["backwards_skipped"] = c.get("backwards_skipped", 0) + 1
+    skips = c.setdefault("skipped", [])
+    if len(skips) < 8:
+        seq = _FACTS.get("seq") or {}
+        skips.append({"forward": c.get("forwards_synced", 0), "points": seq.get("total", 0),
+                      "at": None if at_exit else _caller(3), "at_exit": at_exit})
+        _dirty[0] = True
 
 
 #: torch.distributed calls counted per rank (the user's own calls: torch's internal ones are not patched)
@@ -660,6 +675,8 @@ def _record_exit(code):
     if "exit_code" in _FACTS or "exception" in _FACTS:
         return
     # the rank itself only: a forked DataLoader worker ends through os._exit too, and must not touch the weights
+    if _ddp_sync[0] and isinstance(_FACTS.get("ddp"), dict) and _FACTS.get("pid") == os.getpid():
+        _skipped_backward(_FACTS["ddp"], at_exit=True)  # the last synced forward had no backward() either
     if code == 0 and _PATH is not None and (_MODELS or _OPTIMIZERS) and _FACTS.get("pid") == os.getpid():
         try:
             _FACTS["checksums"] = _checksums()
