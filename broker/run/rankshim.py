@@ -912,6 +912,89 @@ def _master_lines(pid, script):
     return out
 
 
+#: DataLoader workers (forked children of a rank) whose stacks are read per rank
+WORKERS_CAP = 8
+
+
+def _children(pid):
+    """Live child pids of ``pid`` (its forked DataLoader workers, among others), from /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and name != str(pid):
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    fields = f.read().rsplit(")", 1)[-1].split()
+                if fields[1] == str(pid) and fields[0] != "Z":
+                    out.append(int(name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return sorted(out)
+
+
+def _catches(pid, sig):
+    """Whether ``pid`` has a handler for ``sig`` (``/proc/PID/status`` SigCgt): a forked DataLoader worker keeps the
+    faulthandler its rank armed; a child that exec'd another program does not, and the signal would end it."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _signalled_dump(path, pid, wait_s):
+    """Signal ``pid`` (it appends its stacks to ``path``) and return what it appended ('' when nothing came)."""
+    try:
+        size = os.path.getsize(path)
+        os.kill(pid, STACK_SIGNAL)
+    except OSError:
+        return ""
+    end, last = time.time() + wait_s, None
+    while time.time() < end:
+        time.sleep(0.05)
+        try:
+            now = os.path.getsize(path)
+        except OSError:
+            return ""
+        if now > size and now == last:  # grown, and stopped growing
+            break
+        last = now
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(size)
+            return f.read(256 * 1024)
+    except OSError:
+        return ""
+
+
+def _worker_stacks(facts_dir, info, pyspy, wait_s=1.0):
+    """``[{"pid", "text", "code"}]``: the stacks of a rank's forked DataLoader workers (a worker stuck in the
+    dataset's code leaves its rank waiting for a batch).  Each worker kept the rank's faulthandler and stack file
+    across the fork, so one at a time it is signalled and its dump read from the file's new end; py-spy reads
+    them where it is installed.  A child that does not catch the signal (an exec'd program) is never signalled."""
+    out = []
+    for child in _children(info["pid"])[:WORKERS_CAP]:
+        text = ""
+        if pyspy:
+            try:
+                p = subprocess.run([pyspy, "dump", "--pid", str(child), "--full-filenames"], capture_output=True,
+                                   text=True, timeout=20)
+                text = p.stdout if p.returncode == 0 else ""
+            except (OSError, subprocess.SubprocessError):
+                text = ""
+        if not text.strip() and info.get("stack_file") and _catches(child, STACK_SIGNAL):
+            text = _signalled_dump(os.path.join(facts_dir, info["stack_file"]), child, wait_s)
+        if text.strip():
+            out.append({"pid": child, "text": text, "code": _code_lines(info["pid"], text)})
+    return out
+
+
 def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
     """Every live rank of ``facts_dir`` (from its ``rank*.json``): ``{rank: {"pid", "node", "tool", "text",
     "code"}}`` -- its Python stacks from ``py-spy dump`` when installed and allowed, else from the faulthandler the
@@ -1013,6 +1096,9 @@ def dump_stacks(facts_dir, wait_s=3.0, use_pyspy=True):
                       "seq": info.get("seq"),
                       "wait_s": _wait_s(info["pid"]),
                       "t": time.time()}
+            workers = _worker_stacks(facts_dir, info, pyspy)
+            if workers:
+                out[r]["workers"] = workers
     return out
 
 

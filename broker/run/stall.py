@@ -87,6 +87,8 @@ class Place:
     t: float | None = None  # when it was sampled (epoch seconds)
     rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
     seq: dict[str, Any] | None = None  # its sequence of sync points (rank facts' "seq", the shim's record)
+    loader_wait: bool = False  # waiting for a batch from a DataLoader (in its __next__)
+    worker: "Place | None" = None  # its DataLoader worker inside the user's code (the dataset): pid in ``rank``
 
     def key(self) -> tuple:
         return (self.rank, self.ended, self.collective, self.user, self.inner)
@@ -106,7 +108,14 @@ class Place:
         return m.group(1) if m else ""
 
     def elsewhere(self) -> str:
-        """``in time.sleep at train.py:33`` / ``at train.py:33 (x = y)``."""
+        """``in time.sleep at train.py:33`` / ``at train.py:33 (x = y)``; a rank waiting for its DataLoader names
+        the worker's line: ``waiting for a batch from its DataLoader at train.py:36 (for x in loader:); its worker
+        (pid 4711) is in time.sleep at train.py:25 in __getitem__``."""
+        if self.loader_wait and self.worker is not None and self.user is not None:
+            w = self.worker
+            where = w.elsewhere() + (f" in {w.user.function}" if w.user and w.user.function != "<module>" else "")
+            return (f"waiting for a batch from its DataLoader at {self.user.short}"
+                    + (f" ({self.code})" if self.code else "") + f"; its worker (pid {w.rank}) is {where}")
         c = self.call()
         if c:
             return f"in {c} at {self.at()}"
@@ -248,6 +257,22 @@ def place_of(rank: int, node: int | None, text: str, code: dict[str, str] | None
     return pl
 
 
+def _stuck_worker(workers: Any) -> Place | None:
+    """The first DataLoader worker (of a rank's ``workers`` stacks) that is inside the user's code under the
+    worker loop (a dataset's ``__getitem__``, a collate function), as a :class:`Place` whose ``rank`` is its pid;
+    an idle worker (waiting for its next index) has no such frame."""
+    for w in workers if isinstance(workers, list) else []:
+        if not isinstance(w, dict) or not isinstance(w.get("text"), str) or not isinstance(w.get("pid"), int):
+            continue
+        frames = _main_thread(parse_stacks(w["text"]))
+        loop = next((i for i, f in enumerate(frames) if f.function == "_worker_loop"), None)
+        if loop is None or not any(_is_user(f) for f in frames[:loop]):
+            continue
+        code = w.get("code") if isinstance(w.get("code"), dict) else {}
+        return place_of(w["pid"], None, w["text"], {str(k): str(v) for k, v in code.items()})
+    return None
+
+
 def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
     """:class:`Place` per rank of one :func:`broker.run.rankshim.dump_stacks` answer, sorted by rank."""
     out = []
@@ -284,6 +309,12 @@ def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
         if isinstance(text, str) and text.strip():
             code = e.get("code") if isinstance(e.get("code"), dict) else {}
             pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
+            if pl.collective is None and pl.user is not None:
+                frames = _main_thread(parse_stacks(text))
+                k = frames.index(pl.user) if pl.user in frames else 0
+                pl.loader_wait = any(f.file.replace("\\", "/").endswith("torch/utils/data/dataloader.py")
+                                     for f in frames[:k])
+                pl.worker = _stuck_worker(e.get("workers")) if pl.loader_wait else None
             pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
             pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
             pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
@@ -481,6 +512,15 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
                      "out")
             fix = ("make every rank run the same number of steps and collectives before it ends (uneven data per "
                    "rank, an early exit or an exception caught on one rank cause this)")
+        elif any(p.worker is not None for p in elsewhere):
+            p = next(p for p in elsewhere if p.worker is not None)
+            w = p.worker
+            cause = (f"rank(s) {behind} wait for a batch their DataLoader never delivers: rank {p.rank}'s worker "
+                     f"(pid {w.rank}) is stuck {w.elsewhere()}"
+                     + (f" in {w.user.function}" if w.user and w.user.function != "<module>" else "")
+                     + f", so the others wait forever in {short}")
+            fix = (f"look at {w.at()}: the dataset's code runs in the DataLoader's worker processes, where a wait "
+                   "or an error is not seen by the rank (num_workers=0 runs it in the rank itself)")
         else:
             cause = f"rank(s) {behind} never reached the {short} the others wait in, so they wait forever"
             fix = _SAME_ORDER
@@ -733,6 +773,10 @@ class StallWatch:
                     if isinstance(e, dict) and isinstance(e.get("text"), str):
                         f.write(f"=== rank {r} (node {e.get('node')}, pid {e.get('pid')}, {e.get('tool')})\n")
                         f.write(e["text"].rstrip() + "\n\n")
+                        for w in e.get("workers") or []:  # its forked DataLoader workers
+                            if isinstance(w, dict) and isinstance(w.get("text"), str):
+                                f.write(f"=== rank {r}'s DataLoader worker (pid {w.get('pid')})\n")
+                                f.write(w["text"].rstrip() + "\n\n")
         except OSError:
             pass
 
