@@ -159,6 +159,7 @@ def _patch(done=None):
             return orig_set(device, *a, **k)
 
         set_device._broker = True
+        set_device.__wrapped__ = orig_set
         cuda.set_device = set_device
     dist = sys.modules.get("torch.distributed")
     if dist is not None and hasattr(dist, "init_process_group") and \
@@ -201,6 +202,7 @@ def _patch(done=None):
             return out
 
         init_process_group._broker = True
+        init_process_group.__wrapped__ = orig_init
         dist.init_process_group = init_process_group
     if dist is not None:
         for name in _COLLECTIVES:
@@ -280,16 +282,17 @@ def _patch_data(torch):
                         pass
                 rec["passes"] += 1
                 rec["samples_this_pass"] = 0
-                _save()
+                _changed()  # written by the saver thread within _SAVE_EVERY_S, not in the loop (a write: ~2-4 ms)
                 for batch in orig_iter(self):
                     k = _batch_len(batch)
                     rec["samples"] += k
                     rec["samples_this_pass"] += k
                     rec["batches"] += 1
                     yield batch
-                _save()
+                _changed()
 
             __iter__._broker = True
+            __iter__.__wrapped__ = orig_iter
             loader_cls.__iter__ = __iter__
         _patch_ddp(torch)
         _patch_optimizer(torch)
@@ -318,6 +321,7 @@ def _patch_data(torch):
                     pass
 
             sampler_init._broker = True
+            sampler_init.__wrapped__ = orig_sampler_init
             sampler_cls.__init__ = sampler_init
         if sampler_cls is not None and not getattr(sampler_cls.set_epoch, "_broker", False):
             orig_set_epoch = sampler_cls.set_epoch
@@ -337,6 +341,7 @@ def _patch_data(torch):
                 return orig_set_epoch(self, epoch)
 
             set_epoch._broker = True
+            set_epoch.__wrapped__ = orig_set_epoch
             sampler_cls.set_epoch = set_epoch
         save = getattr(torch, "save", None)
         if save is not None and not getattr(save, "_broker", False):
@@ -427,6 +432,7 @@ def _patch_optimizer(torch):
             pass
 
     __init__._broker = True
+    __init__.__wrapped__ = orig
     opt_cls.__init__ = __init__
 
 
@@ -459,6 +465,7 @@ def _patch_ddp(torch):
         return orig_forward(self, *a, **k)
 
     forward._broker = True
+    forward.__wrapped__ = orig_forward
     ddp.forward = forward
     tensor = getattr(torch, "Tensor", None)
     if tensor is not None and not getattr(tensor.backward, "_broker", False):
@@ -475,6 +482,7 @@ def _patch_ddp(torch):
             return orig_backward(self, *a, **k)
 
         backward._broker = True
+        backward.__wrapped__ = orig_backward
         tensor.backward = backward
 
 
@@ -575,20 +583,36 @@ def _rank_condition(file, line):
     return None
 
 
+def _changed():
+    """The facts changed: the saver thread writes them within _SAVE_EVERY_S (started here when not yet)."""
+    _dirty[0] = True
+    if not _saver:
+        _start_saver()
+
+
+#: the facts saver's writes take at most this share of the time (a slow disk or a loaded CPU spaces them out)
+SAVE_SHARE = 0.002
+
+
 def _start_saver():
-    """A daemon thread that writes the facts twice a second while they change: a rank blocked in a collective
-    (which releases the GIL) still has that collective in its facts file when the stall watch reads it."""
+    """A daemon thread that writes the facts at most twice a second while they change: a rank blocked in a
+    collective (which releases the GIL) still has that collective in its facts file when the stall watch reads it.
+    The pause after a write is at least 1/SAVE_SHARE times the write's own CPU time (json's encoder holds the GIL:
+    4000 points of a sequence took 1.7 ms here, more on a loaded machine), so the writes stay under 0.2 %."""
     import threading
 
     def loop():
+        pause = _SAVE_EVERY_S
         while True:
-            time.sleep(_SAVE_EVERY_S)
+            time.sleep(pause)
             if _dirty[0]:
                 _dirty[0] = False
+                c0 = time.thread_time()
                 try:
                     _save()
                 except Exception:  # a dict changed while dumped: written on the next round
                     _dirty[0] = True
+                pause = max(_SAVE_EVERY_S, (time.thread_time() - c0) / SAVE_SHARE)
 
     t = threading.Thread(target=loop, name="broker-facts", daemon=True)
     _saver.append(t)
