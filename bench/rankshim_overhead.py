@@ -168,7 +168,7 @@ def hook_cost_per_step(pairs: int = 60, block: int = 2000) -> tuple[float, float
     from types import SimpleNamespace
 
     sys.path.insert(0, str(REPO))
-    from broker.run import rankshim
+    from broker.run import rankshim_record as rankshim
 
     class DDP:
         module = None
@@ -258,7 +258,7 @@ def main() -> None:
           f"the fastest step without recording here ({fastest * 1e3:.2f} ms): {hi / fastest:.2%} at the CI's upper "
           f"end")
     sys.path.insert(0, str(REPO))
-    from broker.run.rankshim import _SAVE_EVERY_S, SAVE_SHARE
+    from broker.run.rankshim_record import _SAVE_EVERY_S, SAVE_SHARE
 
     w = save_cost(fact)
     share = min(w / _SAVE_EVERY_S, SAVE_SHARE)

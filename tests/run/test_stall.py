@@ -374,7 +374,7 @@ def _armed_env(tmp_path, monkeypatch, **extra) -> dict:
     for k, v in extra.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(rankshim, "GPU_DEVICES", (str(gpu),))
-    monkeypatch.setattr(rankshim, "_PATH", str(tmp_path / "rank0.json"))
+    monkeypatch.setattr(rankshim._rec, "_PATH", str(tmp_path / "rank0.json"))
     try:
         rankshim._arm_diagnostics(str(tmp_path), 0)
     finally:
