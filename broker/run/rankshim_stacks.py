@@ -157,6 +157,15 @@ def _catches(pid, sig):
     return False
 
 
+def _cmdline(pid):
+    """``/proc/PID/cmdline`` (None when unreadable): a forked child keeps its parent's."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _signalled_dump(path, pid, wait_s):
     """Signal ``pid`` (it appends its stacks to ``path``) and return what it appended ('' when nothing came)."""
     try:
@@ -186,11 +195,13 @@ def _worker_stacks(facts_dir, info, pyspy, wait_s=1.0):
     """``[{"pid", "text", "code"}]``: the stacks of a rank's forked DataLoader workers (a worker stuck in the
     dataset's code leaves its rank waiting for a batch).  Each worker kept the rank's faulthandler and stack file
     across the fork, so one at a time it is signalled and its dump read from the file's new end; py-spy reads
-    them where it is installed.  A child that does not catch the signal (an exec'd program) is never signalled."""
+    them where it is installed.  A child that does not catch the signal, or whose command line is not its rank's
+    (an exec'd program), is never signalled."""
     out = []
     for child in _children(info["pid"])[:WORKERS_CAP]:
         text = _pyspy_dump(pyspy, child) if pyspy else ""
-        if not text.strip() and info.get("stack_file") and _catches(child, STACK_SIGNAL):
+        if not text.strip() and info.get("stack_file") and _catches(child, STACK_SIGNAL) \
+                and _cmdline(child) == _cmdline(info["pid"]):  # a fork of the rank (a worker), not another program
             text = _signalled_dump(os.path.join(facts_dir, info["stack_file"]), child, wait_s)
         if text.strip():
             out.append({"pid": child, "text": text, "code": _code_lines(info["pid"], text)})

@@ -839,3 +839,44 @@ def test_a_dataloader_worker_stuck_in_the_dataset_is_named_with_its_line(tmp_pat
     assert "DataLoader worker (pid" in (tmp_path / "run" / "stacks.txt").read_text()
     text = "\n".join(explain(tmp_path / "run", res, 2).lines())
     assert f"time.sleep at worker_stuck.py:{sleep_at} in __getitem__" in text.splitlines()[0], text
+
+
+def test_a_ranks_child_that_is_another_program_is_never_signalled(tmp_path):
+    """The workers' stacks come from SIGUSR1 to the rank's children: only forks of the rank (its command line, the
+    faulthandler it armed) get it.  A child that exec'd another program (`sleep`: SIGUSR1 would end it; a Python
+    program with its own SIGUSR1 handler) is left alone, while a forked child answers."""
+    import os
+    import signal
+    import subprocess
+
+    from broker.run import rankshim_stacks
+
+    rank = tmp_path / "rank.py"
+    rank.write_text(
+        "import faulthandler, os, signal, subprocess, sys, time\n"
+        "f = open(sys.argv[1], 'a')\n"
+        "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)\n"
+        "subprocess.Popen(['sleep', '60'])\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: "
+        "open(sys.argv[1], \"w\").close()); print(flush=True); time.sleep(60)', sys.argv[1] + '.handled'], "
+        "stdout=subprocess.PIPE).stdout.readline()  # its handler is installed\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n")
+    stack = tmp_path / "rank0.stack"
+    p = subprocess.Popen([sys.executable, str(rank), str(stack)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        kids = rankshim_stacks._children(p.pid)
+        assert len(kids) == 3, kids
+        got = rankshim_stacks._worker_stacks(str(tmp_path), {"pid": p.pid, "stack_file": stack.name}, None)
+        assert len(got) == 1 and "rank.py" in got[0]["text"], got
+        assert all(rankshim_stacks._alive(k) for k in kids)  # sleep and the other program were never signalled
+        assert not (tmp_path / "rank0.stack.handled").exists()
+    finally:
+        for k in rankshim_stacks._children(p.pid):
+            os.kill(k, signal.SIGKILL)
+        p.kill()
+        p.wait()
