@@ -159,10 +159,16 @@ def skipped_backward(facts: list[dict[str, Any]]) -> dict[str, Any] | None:
     n = {r: int(c.get("backwards_skipped") or 0) for r, c in ranks.items()}
     low = min(n.values())
     left = sorted(r for r, v in n.items() if v > low)
-    if not left:
-        return None
-    skips = [s for s in ranks[left[0]].get("skipped") or [] if isinstance(s, dict)]
-    first = skips[low] if low < len(skips) else (skips[0] if skips else {})
+    fwd = {r: [s.get("forward") for s in c.get("skipped") or [] if isinstance(s, dict)] for r, c in ranks.items()}
+    if left:
+        skips = [s for s in ranks[left[0]].get("skipped") or [] if isinstance(s, dict)]
+        first = skips[low] if low < len(skips) else (skips[0] if skips else {})
+    else:  # as many skips on every rank, but after different forwards: the all-reduces between paired other batches
+        odd = [f for fs in fwd.values() for f in fs if isinstance(f, int) and not all(f in o for o in fwd.values())]
+        if not odd:
+            return None
+        left = sorted(r for r, fs in fwd.items() if min(odd) in fs)
+        first = next(s for s in ranks[left[0]]["skipped"] if isinstance(s, dict) and s.get("forward") == min(odd))
     index = int(first.get("points") or 0) + 1
     at = first.get("at") if isinstance(first.get("at"), dict) else None
     where = (f"after its forward #{first.get('forward', '?')} of the DDP model (the next forward, at {_at(at)}, "
@@ -181,10 +187,15 @@ def skipped_backward(facts: list[dict[str, Any]]) -> dict[str, Any] | None:
     from broker.run.sequences import _sig_text
 
     others = "; ".join(f"rank {r} made {_sig_text(by_rank.get(r))}" for r in sorted(ranks) if r not in left)
+    if len(set(n.values())) > 1:
+        after = ("from there the ranks' gradient all-reduces pair off by one ("
+                 + ", ".join(f"rank {r}: {v} synchronised backward() calls" for r, v in sorted(bw.items())) + ")")
+    else:
+        after = ("every rank skipped as often, after different forwards ("
+                 + ", ".join(f"rank {r}: #{', #'.join(map(str, fs))}" for r, fs in sorted(fwd.items()))
+                 + "), so the gradient all-reduces in between averaged different batches of each rank")
     line = (f"rank(s) {', '.join(map(str, left))} left the ranks' common path at collective #{index}: skipped "
-            f"backward() {where}, where {others or 'the others made none'}; from there the ranks' gradient "
-            "all-reduces pair off by one ("
-            + ", ".join(f"rank {r}: {v} synchronised backward() calls" for r, v in sorted(bw.items())) + ")")
+            f"backward() {where}, where {others or 'the others made none'}; {after}")
     return {"index": index, "left": left, "by_rank": by_rank, "skipped": first, "counts": n, "line": line}
 
 

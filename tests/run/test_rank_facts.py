@@ -133,3 +133,17 @@ def test_a_rank_that_skipped_backward_is_named_with_its_line_not_the_rank_that_l
                            "(rank 0: 6 synchronised backward() calls, rank 1: 5 synchronised backward() calls)"), text
     assert "call backward() on every rank for every forward" in text, text
     assert "it is the cause" not in text and not text.startswith("node 0"), text
+
+
+def test_skipped_backward_calls_that_end_in_drifted_replicas_are_named_as_the_cause(tmp_path):
+    """Each rank skips backward() for its own outlier batch (batch 2 on rank 0, 4 on rank 1) but still steps (SGD
+    with momentum): as many all-reduces on each rank, so the run succeeds, with replicas apart.  The drift's cause
+    was "the ranks' updates differed (a rank skipped a step, or ...)"; it is now the skipped backward(), the rank,
+    the forwards and the line."""
+    res = _run("skip_backward_drift.py", tmp_path)
+    fwd = _line("skip_backward_drift.py", "loss = model(x)")
+    w = [x for x in res.warnings if x.startswith("the replicas drifted apart")]
+    assert w and (f"likely cause: rank(s) 0 left the ranks' common path at collective #3: skipped backward() after "
+                  f"its forward #3 of the DDP model (the next forward, at skip_backward_drift.py:{fwd}, came with no "
+                  "backward() between them)") in w[0], res.warnings
+    assert "every rank skipped as often, after different forwards (rank 0: #3, rank 1: #5)" in w[0], w
