@@ -16,7 +16,6 @@ that would have caught it.  :func:`explain` is the one entry point; :meth:`Diagn
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from broker.run.sanity import sanity_warnings, skipped_backward  # noqa: F401 (names kept for callers)
 
 CATALOGUE_PATH = Path(__file__).with_name("diagnoses.yaml")
 
@@ -205,9 +206,11 @@ class Diagnosis:
         return ""
 
     def _divergence_text(self) -> str:
-        from broker.run.stall import _sig_text
+        from broker.run.sequences import _sig_text
 
         d = self.divergence or {}
+        if d.get("skipped") is not None:
+            return d["line"] + "; the other ranks' ends follow from it"
         left = d["left"]
         sig = d["by_rank"][left[0]]
         cond = sig[4] if len(sig) > 4 else None
@@ -233,7 +236,11 @@ class Diagnosis:
             out.append(f"cause [stall]: {st.get('cause', '')} ({seen}; stacks in stacks.txt)")
             out.append(f"  fix: {st.get('fix', '')}")
             out.extend(str(ln) for ln in st.get("flight_recorder") or [])
-        if self.divergence:
+        if self.divergence and self.divergence.get("skipped") is not None:
+            out.append("  fix: call backward() on every rank for every forward of the DDP model (it all-reduces the "
+                       "gradients there); to skip a bad batch, decide it on all ranks together (all_reduce the flag) "
+                       "or scale its loss by 0 instead of skipping backward()")
+        elif self.divergence:
             op = str(self.divergence["by_rank"][self.divergence["left"][0]][0])
             out.append("  fix: " + ("evaluate through model.module (the DDP model's forward broadcasts buffers: a "
                                     "collective every rank must make), or run it on every rank"
@@ -348,7 +355,7 @@ def _torchrun_failures(node: int, text: str) -> list[Failure]:
 
 
 #: files of broker's own code that run on the nodes: their frames are never the user's line
-_BROKER_NODE_FILES = ("rankshim.py",)
+_BROKER_NODE_FILES = ("rankshim.py", "rankshim_record.py", "rankshim_stacks.py")
 
 
 def _is_broker_frame(path: str) -> bool:
@@ -417,165 +424,6 @@ def error_lines(log_paths: dict[int, Path], limit: int = 12) -> list[str]:
             if len(out) >= limit:
                 return out
     return out
-
-
-# ------------------------------------------------------------------------------------------------ silent wrong results
-def sanity_warnings(facts: list[dict[str, Any]]) -> list[str]:
-    """Warnings for a run that succeeded but may have trained wrong, from the shim's DDP sanity record (``data``
-    in each rank's facts): every rank iterated the whole dataset (no DistributedSampler), a DistributedSampler
-    without set_epoch over several epochs (the same order every epoch), one torch.save path written by several
-    ranks.  Empty when the facts hold no such record (a script without DataLoader, or older facts)."""
-    ranks = [d for d in facts if isinstance(d.get("data"), dict) and d.get("rank") is not None]
-    world = max([int(d.get("world_size") or 1) for d in facts] or [1])
-    if world < 2:
-        return []
-    out: list[str] = drift_warnings(facts)
-    if not ranks:
-        return out
-    full: dict[int, int] = {}
-    for d in ranks:
-        for ld in d["data"].get("loaders") or []:
-            n, sampler = ld.get("dataset_len"), str(ld.get("sampler"))
-            if not n or "Distributed" in sampler or not ld.get("passes"):
-                continue
-            if (ld.get("samples") or 0) / ld["passes"] >= n:
-                full[d["rank"]] = n
-    if len(full) == len(ranks) == world:
-        n = max(full.values())
-        out.append(f"every rank saw all {n} samples of its DataLoader (no DistributedSampler): if that is the "
-                   f"training data, the {world} ranks trained on the same samples and the run did the work of one "
-                   "rank; use sampler=DistributedSampler(dataset) in the DataLoader (and no shuffle=True there)")
-    out.extend(_coverage_warnings(ranks, world))
-    no_epoch = [d["rank"] for d in ranks if not d["data"].get("set_epoch") and any(
-        "Distributed" in str(ld.get("sampler")) and (ld.get("passes") or 0) > 1 for ld in d["data"].get("loaders") or [])]
-    if no_epoch:
-        passes = max((ld.get("passes") or 0) for d in ranks for ld in d["data"].get("loaders") or [])
-        out.append(f"DistributedSampler.set_epoch was never called on rank(s) {', '.join(map(str, no_epoch))} over "
-                   f"{passes} epochs: every epoch used the same order; call sampler.set_epoch(epoch) at the start of "
-                   "each epoch")
-    out.extend(_epoch_warnings(ranks))
-    writers: dict[str, list[int]] = {}
-    for d in ranks:
-        for path in d["data"].get("saved") or []:
-            writers.setdefault(str(path), []).append(d["rank"])
-    for path, rs in sorted(writers.items()):
-        if len(rs) > 1:
-            out.append(f"ranks {', '.join(map(str, sorted(rs)))} all wrote {path} with torch.save: on shared "
-                       "storage they overwrite each other (a torn file), on separate disks every node keeps its own "
-                       "copy; save from one rank: `if dist.get_rank() == 0: torch.save(...)`")
-    return out
-
-
-def _at(at: Any) -> str:
-    return f"{os.path.basename(str(at.get('file')))}:{at.get('line')}" if isinstance(at, dict) and at.get("file") else "?"
-
-
-def _fed_samplers(d: dict[str, Any]) -> list[dict[str, Any]]:
-    """The DistributedSamplers of one rank that a DataLoader iterated (a sampler no loader iterates does not
-    count), each with that loader's passes."""
-    samplers = d["data"].get("samplers") or []
-    out = []
-    for ld in d["data"].get("loaders") or []:
-        i = ld.get("sampler_index")
-        if isinstance(i, int) and 0 <= i < len(samplers) and ld.get("passes"):
-            out.append(dict(samplers[i], passes=ld["passes"]))
-    return out
-
-
-def _coverage_warnings(ranks: list[dict[str, Any]], world: int) -> list[str]:
-    """Samples the ranks' DistributedSamplers drew together, against the dataset: ``num_replicas`` or ``rank``
-    given to the sampler that differ from the job's."""
-    fed = {d["rank"]: _fed_samplers(d) for d in ranks}
-    if not all(fed.values()) or len(fed) < world:
-        return []
-    first = {r: s[0] for r, s in fed.items()}  # the first loader each rank iterated: the training one
-    n = max((s.get("dataset_len") or 0) for s in first.values())
-    reps = {s.get("num_replicas") for s in first.values()}
-    seen_ranks = {s.get("rank") for s in first.values()}
-    if not n or (reps == {world} and len(seen_ranks) == world):
-        return []
-    drawn = min(n, sum(int(s.get("num_samples") or 0) for s in {s.get("rank"): s for s in first.values()}.values()))
-    s0 = first[min(first)]
-    why = []
-    if reps != {world}:
-        why.append(f"num_replicas={'/'.join(map(str, sorted(reps, key=str)))} in a {world}-rank job")
-    if len(seen_ranks) < world:
-        why.append(f"the samplers were given rank(s) {', '.join(map(str, sorted(seen_ranks, key=str)))} on "
-                   f"{world} ranks")
-    return [f"together the ranks drew {drawn} of {n} samples per epoch because {' and '.join(why)} "
-            f"({_at(s0.get('at'))}): build it as DistributedSampler(dataset) (it reads the world size and rank "
-            "from the process group)"]
-
-
-def _epoch_warnings(ranks: list[dict[str, Any]]) -> list[str]:
-    """``set_epoch`` called on another sampler than the one that feeds training (so the old whole-run count saw
-    calls and said nothing)."""
-    for d in ranks:
-        fed = [s for s in _fed_samplers(d) if s.get("shuffle") and (s.get("passes") or 0) > 1]
-        if not fed or fed[0].get("epochs"):
-            continue
-        other = [s for s in d["data"].get("samplers") or [] if s.get("epochs")]
-        if other:
-            return [f"set_epoch is never called on the sampler that feeds training ({_at(fed[0].get('at'))}, "
-                    f"{fed[0]['passes']} epochs: the same order every epoch); {_at(other[0].get('set_epoch_at'))} "
-                    f"calls it on another one (built at {_at(other[0].get('at'))}): call it on the training "
-                    "loader's sampler"]
-    return []
-
-
-def drift_warnings(facts: list[dict[str, Any]]) -> list[str]:
-    """Replicas that drifted apart: the parameter checksums each rank wrote at its clean end (the DDP-wrapped
-    modules, else the optimizers' parameters) compared across ranks, with the likely cause from the facts."""
-    ranks = sorted((d for d in facts if isinstance(d.get("checksums"), list) and d.get("rank") is not None),
-                   key=lambda d: d["rank"])
-    if len(ranks) < 2:
-        return []
-    base = ranks[0]
-    out: list[str] = []
-    for gi, g in enumerate(base["checksums"]):
-        names = [row[0] for row in g.get("sums") or []]
-        differ: list[str] = []
-        for other in ranks[1:]:
-            if gi >= len(other["checksums"]):
-                continue
-            og = {row[0]: row for row in other["checksums"][gi].get("sums") or []}
-            for row in g.get("sums") or []:
-                o = og.get(row[0])
-                if o is None:
-                    continue
-                if any(abs(a - b) > 1e-6 * (1 + abs(a)) for a, b in zip(row[1:3], o[1:3])):
-                    if row[0] not in differ:
-                        differ.append(row[0])
-        if not differ:
-            continue
-        what = "DDP-wrapped parameters" if g.get("from") == "ddp" else "parameters the optimizers update"
-        first = differ[0]
-        vals = ", ".join(f"rank {d['rank']}: {next((row[1] for row in d['checksums'][gi]['sums'] if row[0] == first), float('nan')):.6g}"
-                         for d in ranks if gi < len(d["checksums"]))
-        out.append(f"the replicas drifted apart: {len(differ)} of {len(names)} {what} differ between the ranks at "
-                   f"the end ({', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}; sum of {first}: {vals}); "
-                   f"{_drift_cause(ranks, g.get('from'))}")
-    return out
-
-
-def _drift_cause(ranks: list[dict[str, Any]], source: str | None) -> str:
-    ddp = [d.get("ddp") or {} for d in ranks]
-    if source == "ddp" and ddp and all(c.get("forwards_no_sync") and not c.get("forwards_synced") for c in ddp):
-        return (f"likely cause: every forward ran inside no_sync() ({ddp[0].get('forwards_no_sync')} on rank "
-                f"{ranks[0]['rank']}), so the gradients were never all-reduced; run the last micro-step of each "
-                "accumulation outside `with model.no_sync():`")
-    bw = {d["rank"]: (d.get("ddp") or {}).get("backwards_synced") for d in ranks}
-    if source == "ddp" and len(set(bw.values())) > 1:
-        return ("likely cause: the ranks ran different numbers of synchronised backward() calls ("
-                + ", ".join(f"rank {r}: {n}" for r, n in bw.items()) + "): a rank skipped backward() for a batch")
-    if source != "ddp":
-        ops = [[str(sig[0]) for sig in (d.get("seq") or {}).get("sigs") or []] for d in ranks]
-        if not any("broadcast" in op for o in ops for op in o):
-            return ("likely cause: the initial weights were never broadcast (no DDP, and no broadcast in any rank's "
-                    "collectives): each rank started from its own random weights; broadcast every parameter from "
-                    "rank 0 before training (`dist.broadcast(p.data, src=0)`), or wrap the model in "
-                    "DistributedDataParallel")
-    return "the ranks' updates differed (a rank skipped a step, or gradients were not averaged on every rank)"
 
 
 # ------------------------------------------------------------------------------------------------ judging
@@ -757,43 +605,9 @@ def lint_rules_found(script: Path | None) -> set[str] | None:
         return None
 
 
-def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False,
-            script: Path | None = None) -> Diagnosis:
-    """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
-    inputs: a diagnosis is best effort).  ``local``: the run ran on this machine (``--provider local``), so fixes
-    name this machine's way (the README's install) rather than a rented node's."""
-    run_dir = Path(run_dir)
-    log_paths: dict[int, Path] = {int(k): Path(v) for k, v in (getattr(result, "log_paths", None) or {}).items()}
-    if not log_paths:
-        for p in run_dir.glob("node*.log"):
-            m = re.match(r"node(\d+)\.log$", p.name)
-            if m:
-                log_paths[int(m.group(1))] = p
-    texts = {n: _read(p) for n, p in sorted(log_paths.items())}
-    facts = load_facts(run_dir)
-    status = getattr(result, "status", "failed")
-    codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
-    diag = Diagnosis(local=local, lint_found=lint_rules_found(script), preflight=_preflight_results(run_dir))
-    from broker.run.stall import flight_recorder_from_run, read_stall
-
-    diag.stall = read_stall(run_dir)
-    if diag.stall is not None:
-        diag.stall["flight_recorder"] = flight_recorder_from_run(run_dir)
-
-    if status == "succeeded":
-        diag.error_lines = error_lines(log_paths)
-        diag.findings = _facts_findings(facts)
-        diag.warnings = sanity_warnings(facts)
-        return diag
-    if diag.stall is not None and diag.stall.get("stopped"):
-        diag.findings = _facts_findings(facts)  # broker stopped every node: no rank is blamed for its end
-        return diag
-    if status in STOPPED_BY_BROKER:
-        return _stopped_run(diag, status, facts)
-    if diag.stall is None:  # a collective timeout's flight-recorder dumps (nccl): how far each rank got
-        diag.notes.extend(flight_recorder_from_run(run_dir))
-
-    # failures: the shim's exceptions and non-zero exits first, torchrun's root-cause blocks for the rest
+def _failures(facts: list[dict[str, Any]], texts: dict[int, str], codes: dict[int, int | None]) -> list[Failure]:
+    """Every failed rank, earliest first: the shim's exceptions and non-zero exits, torchrun's root-cause blocks for
+    the ranks without facts, else the first node that exited non-zero with its log's exception."""
     fails: list[Failure] = []
     for d in facts:
         exc = d.get("exception")
@@ -832,35 +646,29 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
                                      exit_code=code, source="log"))
                 break
     fails.sort(key=lambda f: (f.at is None, f.at or 0.0))
-    diag.first = fails[0] if fails else None
-    if diag.first is not None and not diag.first.frame and diag.first.rank is not None:
-        # killed without a Python frame (a C++ abort, a signal): the last user line its collective record names
-        last = next((d.get("seq") for d in facts if d.get("rank") == diag.first.rank), None)
+    return fails
+
+
+def _frame_from_record(first: Failure | None, facts: list[dict[str, Any]]) -> None:
+    """A rank killed without a Python frame (a C++ abort, a signal) gets the last user line its collective record
+    names."""
+    if first is not None and not first.frame and first.rank is not None:
+        last = next((d.get("seq") for d in facts if d.get("rank") == first.rank), None)
         try:
             sig = last["sigs"][last["seq"][-1]] if last and last.get("seq") else None
         except (KeyError, IndexError, TypeError):
             sig = None
         if sig and len(sig) > 3 and sig[2]:
-            diag.first.frame = {"file": sig[2], "line": sig[3], "function": str(sig[0]),
-                                "code": "(no Python frame: the last collective its record holds)"}
+            first.frame = {"file": sig[2], "line": sig[3], "function": str(sig[0]),
+                          "code": "(no Python frame: the last collective its record holds)"}
 
-    # catalogue: the first failing node's log first, then the exception text, then the other logs
-    order: list[tuple[int | None, str]] = []
-    if diag.first is not None:
-        if diag.first.message:
-            order.append((diag.first.node, f"{diag.first.exc_type}: {diag.first.message}"))
-        if diag.first.node in texts:
-            order.append((diag.first.node, texts[diag.first.node]))
-    order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
-    # a definite error the ranks raised (an exception line naming its cause) comes before an inference from the
-    # rank facts; symptoms (a timeout, a peer gone) and waiting causes come after the facts
-    matched = _match_catalogue(order)
-    definite = [fd for fd in matched if fd.entry.id not in _SYMPTOMS and not fd.entry.waiting]
-    diag.findings = definite + _facts_findings(facts) + [fd for fd in matched if fd not in definite]
-    if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
-        diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
-    # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
-    # exited 0 before it the cause; a rank failing on its own after its peers finished is not
+
+def _blame(diag: Diagnosis, facts: list[dict[str, Any]], codes: dict[int, int | None],
+           order: list[tuple[int | None, str]]) -> bool:
+    """Name the cause among the ranks: a rank that exited 0 before the first failure while the others then failed
+    waiting (``diag.early_exits``), or the rank that left the ranks' common path of collectives (``diag.divergence``;
+    then a rank that exited 0 after that path is not the cause).  Returns whether the first failing rank failed
+    waiting for a peer."""
     own = order[:2] if diag.first is not None else order
     waiting = any(fd.entry.waiting for fd in _match_catalogue(own))
 
@@ -879,6 +687,9 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
     from broker.run.stall import sequence_divergence
 
     div = sequence_divergence({d["rank"]: d.get("seq") for d in facts if d.get("rank") is not None and d.get("seq")})
+    if div is None or not div["left"]:
+        # a rank that skipped backward(): its sequence is the others' minus one all-reduce (no novel step to see)
+        div = skipped_backward(facts) or div
     if div is not None and div["left"] and (waiting or diag.early_exits):
         innocent = [e for e in diag.early_exits if e.get("rank") not in div["left"]]
         diag.early_exits = [e for e in diag.early_exits if e.get("rank") in div["left"]]
@@ -887,7 +698,13 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
                        for e in innocent]
     if diag.early_exits:
         diag.findings.sort(key=lambda fd: not fd.entry.waiting)
+    return waiting
 
+
+def _behind(diag: Diagnosis, facts: list[dict[str, Any]], texts: dict[int, str], nnodes: int | None,
+            waiting: bool) -> list[int]:
+    """The ranks that never reached the collective the others wait in: from NCCL's "last enqueued work" lines, else
+    (gloo) from the shim's count of each rank's collective calls."""
     # NCCL's flight recorder: the ranks that enqueued fewer collectives never reached the one the others wait in
     enq: dict[int, int] = {}
     for text in texts.values():
@@ -901,13 +718,76 @@ def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: boo
                     enq.setdefault(int(r.group(1)), int(m.group(1)))
     if len(enq) > 1 and len(set(enq.values())) > 1:
         top = max(enq.values())
-        diag.behind = sorted(r for r, v in enq.items() if v < top)
-    elif enq and nnodes and diag.early_exits:
-        diag.behind = [e["rank"] for e in diag.early_exits if e.get("rank") is not None]
-    if not diag.behind and waiting:  # the shim's count of each rank's collective calls says the same on gloo
+        return sorted(r for r, v in enq.items() if v < top)
+    gone = [e["rank"] for e in diag.early_exits if e.get("rank") is not None] if enq and nnodes else []
+    if gone:
+        return gone
+    if waiting:  # the shim's count of each rank's collective calls says the same on gloo
         counts = {d.get("rank"): d["last_collective"].get("n") for d in facts
                   if isinstance(d.get("last_collective"), dict) and d.get("rank") is not None}
         if len(counts) > 1 and len(set(counts.values())) > 1:
             top = max(v for v in counts.values() if isinstance(v, int))
-            diag.behind = sorted(r for r, v in counts.items() if isinstance(v, int) and v < top)
+            return sorted(r for r, v in counts.items() if isinstance(v, int) and v < top)
+    return []
+
+
+def explain(run_dir: Path, result: Any, nnodes: int | None = None, *, local: bool = False,
+            script: Path | None = None) -> Diagnosis:
+    """Diagnose a finished run from its folder and its :class:`~broker.run.supervisor.RunResult` (never raises for odd
+    inputs: a diagnosis is best effort).  ``local``: the run ran on this machine (``--provider local``), so fixes
+    name this machine's way (the README's install) rather than a rented node's."""
+    run_dir = Path(run_dir)
+    log_paths: dict[int, Path] = {int(k): Path(v) for k, v in (getattr(result, "log_paths", None) or {}).items()}
+    if not log_paths:
+        for p in run_dir.glob("node*.log"):
+            m = re.match(r"node(\d+)\.log$", p.name)
+            if m:
+                log_paths[int(m.group(1))] = p
+    texts = {n: _read(p) for n, p in sorted(log_paths.items())}
+    facts = load_facts(run_dir)
+    status = getattr(result, "status", "failed")
+    codes: dict[int, int | None] = {int(k): v for k, v in (getattr(result, "exit_codes", None) or {}).items()}
+    diag = Diagnosis(local=local, lint_found=lint_rules_found(script), preflight=_preflight_results(run_dir))
+    from broker.run.stall import flight_recorder_from_run, read_stall
+
+    diag.stall = read_stall(run_dir)
+    if diag.stall is not None:
+        diag.stall["flight_recorder"] = flight_recorder_from_run(run_dir)
+
+    if status == "succeeded":
+        diag.error_lines = error_lines(log_paths)
+        diag.findings = _facts_findings(facts)
+        diag.warnings = sanity_warnings(facts)
+        return diag
+    if diag.stall is not None and diag.stall.get("stopped"):
+        diag.findings = _facts_findings(facts)  # broker stopped every node: no rank is blamed for its end
+        return diag
+    if status in STOPPED_BY_BROKER:
+        return _stopped_run(diag, status, facts)
+    if diag.stall is None:  # a collective timeout's flight-recorder dumps (nccl): how far each rank got
+        diag.notes.extend(flight_recorder_from_run(run_dir))
+
+    fails = _failures(facts, texts, codes)
+    diag.first = fails[0] if fails else None
+    _frame_from_record(diag.first, facts)
+
+    # catalogue: the first failing node's log first, then the exception text, then the other logs
+    order: list[tuple[int | None, str]] = []
+    if diag.first is not None:
+        if diag.first.message:
+            order.append((diag.first.node, f"{diag.first.exc_type}: {diag.first.message}"))
+        if diag.first.node in texts:
+            order.append((diag.first.node, texts[diag.first.node]))
+    order += [(n, t) for n, t in texts.items() if diag.first is None or n != diag.first.node]
+    # a definite error the ranks raised (an exception line naming its cause) comes before an inference from the
+    # rank facts; symptoms (a timeout, a peer gone) and waiting causes come after the facts
+    matched = _match_catalogue(order)
+    definite = [fd for fd in matched if fd.entry.id not in _SYMPTOMS and not fd.entry.waiting]
+    diag.findings = definite + _facts_findings(facts) + [fd for fd in matched if fd not in definite]
+    if any(fd.entry.id in _CAUSES_FROM_FACTS for fd in diag.findings):
+        diag.findings = [fd for fd in diag.findings if fd.entry.id not in _SYMPTOMS]
+    # did the first failing rank fail waiting for a peer (a timeout, a peer gone)?  Only then is a rank that had
+    # exited 0 before it the cause; a rank failing on its own after its peers finished is not
+    waiting = _blame(diag, facts, codes, order)
+    diag.behind = _behind(diag, facts, texts, nnodes, waiting)
     return diag

@@ -130,11 +130,16 @@ SHIM_NAME = "rankshim.py"
 def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
     """Upload the stdlib probe and the rank-facts shim (:mod:`broker.run.rankshim`) to every node's folder;
     returns one result or exception per node."""
-    probe, shim = PROBE_SOURCE.read_bytes(), RANKSHIM.read_bytes()
+    from broker.run.rankshim import SHIM_FILES
+
+    probe = PROBE_SOURCE.read_bytes()
+    # the shim loads its parts from its own folder: every one of them goes beside it
+    shim = {name: RANKSHIM.with_name(name).read_bytes() for name in SHIM_FILES}
 
     async def _one(i: int) -> None:
         await ssh.aput_bytes(i, probe, ssh.probe(i))
-        await ssh.aput_bytes(i, shim, f"{ssh.base(i)}/{SHIM_NAME}")
+        for name, data in shim.items():
+            await ssh.aput_bytes(i, data, f"{ssh.base(i)}/{name}")
 
     return ssh.gather([_one(i) for i in range(n)], timeout=120)
 

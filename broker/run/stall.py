@@ -24,344 +24,25 @@ are behind from those dumps.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import pickle
 import re
-import stat
 import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+# where each rank is (stack parsing), the ranks' sequences and the flight recorder live in their own modules; the
+# names are kept here for the executors and tests that import them from the stall watch
+from broker.run.flight_recorder import (FLIGHT_RECORDER_MAX_BYTES, flight_recorder_from_run,  # noqa: F401
+                                        flight_recorder_lines, read_flight_recorder)
+from broker.run.places import (COLLECTIVES, Frame, Place, parse_stacks, place_of,  # noqa: F401
+                               places_from_sample)
+from broker.run.sequences import _sig_text, sequence_divergence  # noqa: F401
+
 #: seconds between the two stack samples that must agree before a run is called stalled
 SAMPLE_GAP_S = 3.0
-
-#: public torch.distributed calls a rank can wait in (the outermost one under the user's frame is named)
-COLLECTIVES = frozenset("""
-all_reduce all_reduce_coalesced all_reduce_multigpu reduce broadcast broadcast_object_list all_gather
-all_gather_into_tensor all_gather_object all_gather_coalesced gather gather_object scatter scatter_object_list
-reduce_scatter reduce_scatter_tensor all_to_all all_to_all_single barrier monitored_barrier send recv isend irecv
-batch_isend_irecv send_object_list recv_object_list new_group init_process_group destroy_process_group
-""".split())
-
-_FAULTHANDLER_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
-_FAULTHANDLER_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_PYSPY_THREAD = re.compile(r'^Thread (\S+) \((?P<state>[^)]*)\)(?:: "(?P<name>[^"]*)")?')
-_PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]+):(?P<line>\d+)\)\s*$")
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One Python frame: file as the rank saw it, line number, function name."""
-
-    file: str
-    line: int
-    function: str
-
-    @property
-    def short(self) -> str:
-        return f"{os.path.basename(self.file)}:{self.line}"
-
-
-@dataclass
-class Place:
-    """Where one rank is: the collective it waits in (None: not in one), the innermost frame of the user's code,
-    the innermost frame of all (a library's, when the rank is inside one), the source line of the user's frame."""
-
-    rank: int
-    node: int | None
-    collective: str | None = None
-    user: Frame | None = None
-    inner: Frame | None = None
-    code: str = ""
-    ended: bool = False
-    exit_code: int | None = None
-    exception: str | None = None
-    waits: bool = False  # in a known wait (a collective, Work.wait, torch.cuda.synchronize): waiting even if it spins
-    importing: bool = False  # inside an import (torch takes seconds to load on a busy host): starting, not stuck
-    cpu_s: float | None = None  # CPU seconds of the rank and its workers at the sample
-    wait_s: float | None = None  # seconds its threads were runnable but waited for a CPU (a loaded machine)
-    t: float | None = None  # when it was sampled (epoch seconds)
-    rendezvous: dict[str, Any] | None = None  # in init_process_group: the addresses it was given (rank facts)
-    seq: dict[str, Any] | None = None  # its sequence of sync points (rank facts' "seq", the shim's record)
-
-    def key(self) -> tuple:
-        return (self.rank, self.ended, self.collective, self.user, self.inner)
-
-    def at(self) -> str:
-        """``train.py:33``, or the library frame when there is no user frame."""
-        if self.user is None:
-            return f"{self.inner.function} ({self.inner.short})" if self.inner else "an unknown place"
-        s = self.user.short
-        if self.inner is not None and self.inner != self.user and self.collective is None:
-            s += f", inside {self.inner.function} ({self.inner.short})"
-        return s
-
-    def call(self) -> str:
-        """The call on the user's line (``time.sleep``), '' when the line is not a call."""
-        m = re.match(r"^\s*(?:[\w.\[\], ]+\s*=\s*)?(?:await\s+|return\s+)?([A-Za-z_][\w.]*)\s*\(", self.code)
-        return m.group(1) if m else ""
-
-    def elsewhere(self) -> str:
-        """``in time.sleep at train.py:33`` / ``at train.py:33 (x = y)``."""
-        c = self.call()
-        if c:
-            return f"in {c} at {self.at()}"
-        return f"at {self.at()}" + (f" ({self.code})" if self.code else "")
-
-    def describe(self) -> str:
-        if self.ended:
-            how = f"raised {self.exception}" if self.exception else f"exited with code {self.exit_code}"
-            return f"rank {self.rank} has already ended ({how})"
-        if self.collective:
-            return f"rank {self.rank} waits in {self.collective} at {self.at()}"
-        return f"rank {self.rank} is {self.elsewhere()}"
-
-    def as_dict(self) -> dict[str, Any]:
-        fr = (lambda f: None if f is None else {"file": f.file, "line": f.line, "function": f.function})
-        return {"rank": self.rank, "node": self.node, "collective": self.collective, "user": fr(self.user),
-                "inner": fr(self.inner), "code": self.code, "ended": self.ended, "exit_code": self.exit_code,
-                "exception": self.exception, "text": self.describe()}
-
-
-# ------------------------------------------------------------------------------------------------ parsing stacks
-def parse_stacks(text: str) -> list[tuple[str, list[Frame]]]:
-    """Threads of a ``faulthandler`` dump or of ``py-spy dump`` output: ``[(thread header, frames innermost
-    first)]``.  Only the last dump in ``text`` counts (a stack file grows by one dump per signal)."""
-    lines = text.splitlines()
-    # a faulthandler dump starts with its first thread header after the previous dump's last frame: keep the last
-    # dump (headers following a frame line start a new dump only when the thread id repeats)
-    threads: list[tuple[str, list[Frame]]] = []
-    seen: set[str] = set()
-    cur: list[Frame] | None = None
-    for ln in lines:
-        m = _FAULTHANDLER_THREAD.match(ln) or (_PYSPY_THREAD.match(ln) if not ln.startswith(" ") else None)
-        if m:
-            tid = m.group(2) if m.re is _FAULTHANDLER_THREAD else m.group(1)
-            if tid in seen:  # the same thread again: a newer dump begins
-                threads, seen = [], set()
-            seen.add(tid)
-            cur = []
-            threads.append((ln.strip(), cur))
-            continue
-        if cur is None:
-            continue
-        m = _FAULTHANDLER_FRAME.match(ln) or _PYSPY_FRAME.match(ln)
-        if m:
-            cur.append(Frame(m.group("file"), int(m.group("line")), m.group("func").strip()))
-    return threads
-
-
-#: top-level packages py-spy shows without their site-packages folder (when it shortens file names)
-_SHORT_LIBS = frozenset({"torch", "torchvision", "numpy", "transformers", "accelerate", "lightning",
-                         "pytorch_lightning", "threading.py", "multiprocessing", "queue.py", "selectors.py",
-                         "socket.py", "subprocess.py", "concurrent", "asyncio"})
-
-
-def _is_user(f: Frame) -> bool:
-    p = f.file.replace("\\", "/")
-    if p.startswith("<") or "/site-packages/" in p or "/dist-packages/" in p or p.endswith("rankshim.py"):
-        return False
-    if not p.startswith("/") and p.split("/")[0] in _SHORT_LIBS:  # py-spy's shortened library names
-        return False
-    return not re.search(r"/lib/python3\.\d+/", p)
-
-
-def _main_thread(threads: list[tuple[str, list[Frame]]]) -> list[Frame]:
-    """The thread that runs the script: the shim's (rankshim.py at its bottom), else one with user frames."""
-    for _, frames in threads:
-        # the shim's main() at the bottom (its facts-saver thread runs rankshim.py code too, but not main())
-        if any(f.file.endswith("rankshim.py") and f.function in ("main", "<module>") for f in frames) \
-                or any(f.function == "<module>" and _is_user(f)
-                                                                       for f in frames):
-            return frames
-    for header, frames in threads:
-        if "MainThread" in header:
-            return frames
-    for _, frames in threads:
-        if any(_is_user(f) for f in frames):
-            return frames
-    return threads[0][1] if threads else []
-
-
-#: names for frames that are only waits: a rank there waits for its peers or the GPU, whatever CPU it uses
-#: (NCCL's waits spin a core: torch.cuda.synchronize after a collective that never completes is 100 % busy)
-_SYNC = "torch.cuda.synchronize (it waits for the GPU's queued work: an NCCL collective enqueued before it)"
-_WORK_WAIT = "Work.wait() (a collective started with async_op=True)"
-_WAIT_FUNCS = frozenset({"wait", "_wait", "wait_all", "wait_stream", "_wait_for_pending_works", "_watchdog",
-                         "_nccl_watchdog", "monitored_barrier", "barrier"})
-#: the user's own line when it is itself a wait that has no Python frame below it (a C++ method: work.wait())
-_WAIT_CALL = re.compile(r"(?:\.wait|\.synchronize|\bsynchronize|\.wait_stream|\bbarrier)\s*\(")
-
-
-def _wait_name(f: Frame) -> str | None:
-    """The name of a known wait for frame ``f``, None when it is not one."""
-    p = f.file.replace("\\", "/")
-    if "torch/cuda/" in p and f.function == "synchronize":
-        return _SYNC
-    if "torch/distributed/" in p and f.function in _WAIT_FUNCS:
-        return f.function if f.function in COLLECTIVES else _WORK_WAIT
-    return None
-
-
-def _op_name(f: Frame) -> str | None:
-    p = f.file.replace("\\", "/")
-    if "torch/distributed/" in p and f.function in COLLECTIVES:
-        return f.function
-    w = _wait_name(f)
-    if w:
-        return w
-    if p.endswith("torch/nn/parallel/distributed.py"):
-        if f.function == "__init__":
-            return "DistributedDataParallel(...) (it checks that every rank has the same model, then broadcasts " \
-                   "rank 0's)"
-        if f.function in ("forward", "_pre_forward", "_sync_buffers", "_sync_module_buffers", "_check_sync_bufs_pre_fwd",
-                          "_distributed_broadcast_coalesced"):
-            return "the DDP model's forward (it broadcasts buffers such as BatchNorm's from rank 0)"
-    if "torch/autograd/" in p and f.function in ("backward", "_engine_run_backward"):
-        return "backward() (under DDP it all-reduces the gradients)"
-    return None
-
-
-def place_of(rank: int, node: int | None, text: str, code: dict[str, str] | None = None) -> Place:
-    """The :class:`Place` of one rank from its stack dump ``text``; ``code``: ``{"file:line": source}``."""
-    frames = _main_thread(parse_stacks(text))
-    pl = Place(rank=rank, node=node, inner=frames[0] if frames else None,
-               importing=any(f.file.startswith("<frozen importlib") for f in frames))
-    k = next((i for i, f in enumerate(frames) if _is_user(f)), len(frames))
-    pl.user = frames[k] if k < len(frames) else None
-    for f in frames[:k]:  # innermost first: the last match is the call the user's line made
-        name = _op_name(f)
-        if name:
-            pl.collective = name
-            # a public collective or a wait is a wait; DDP's forward/backward compute too (busy there is progress)
-            pl.waits = pl.waits or _wait_name(f) is not None or (
-                "torch/distributed/" in f.file.replace("\\", "/") and f.function in COLLECTIVES)
-    if pl.user is not None and code:
-        pl.code = code.get(f"{pl.user.file}:{pl.user.line}", "")
-    if pl.collective is None and pl.code and pl.inner == pl.user and _WAIT_CALL.search(pl.code):
-        # the user's line calls a C++ wait directly (work.wait(), stream.synchronize()): no library frame below it
-        pl.collective, pl.waits = ("torch.cuda.synchronize" if "synchronize" in pl.code else _WORK_WAIT), True
-    return pl
-
-
-def places_from_sample(sample: dict[str, dict[str, Any]]) -> list[Place]:
-    """:class:`Place` per rank of one :func:`broker.run.rankshim.dump_stacks` answer, sorted by rank."""
-    out = []
-    for r, e in sample.items():
-        try:
-            rank = int(r)
-        except ValueError:
-            continue
-        if not isinstance(e, dict):
-            continue
-        node = e.get("node") if isinstance(e.get("node"), int) else None
-        if e.get("ended"):
-            fr = e.get("frame") if isinstance(e.get("frame"), dict) else None
-            pl = Place(rank=rank, node=node, ended=True, exit_code=e.get("exit_code"),
-                       exception=str(e["exception"])[:200] if e.get("exception") else None)
-            if fr:
-                pl.user = Frame(str(fr.get("file")), int(fr.get("line") or 0), str(fr.get("function")))
-            out.append(pl)
-            continue
-        init = e.get("init")
-        if isinstance(init, dict):  # in the rendezvous: the place comes from the rank's facts, not a signal
-            at = init.get("at") if isinstance(init.get("at"), dict) else {}
-            user = (Frame(str(at.get("file")), int(at.get("line") or 0), str(at.get("function")))
-                    if at.get("file") else None)
-            code = e.get("code") if isinstance(e.get("code"), dict) else {}
-            pl = Place(rank=rank, node=node, collective="init_process_group", user=user, inner=user, waits=True,
-                       code=str(code.get(f"{user.file}:{user.line}", "")) if user else "", rendezvous=init)
-            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
-            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
-            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
-            out.append(pl)
-            continue
-        text = e.get("text")
-        if isinstance(text, str) and text.strip():
-            code = e.get("code") if isinstance(e.get("code"), dict) else {}
-            pl = place_of(rank, node, text, {str(k): str(v) for k, v in code.items()})
-            pl.cpu_s = e["cpu_s"] if isinstance(e.get("cpu_s"), (int, float)) else None
-            pl.wait_s = e["wait_s"] if isinstance(e.get("wait_s"), (int, float)) else None
-            pl.t = e["t"] if isinstance(e.get("t"), (int, float)) else None
-            out.append(pl)
-    for pl in out:
-        e = sample.get(str(pl.rank))
-        if isinstance(e, dict) and isinstance(e.get("seq"), dict):
-            pl.seq = e["seq"]
-    return sorted(out, key=lambda p: p.rank)
-
-
-# ------------------------------------------------------------------------------------------------ sequences
-def _expand(rec: Any) -> tuple[list[tuple], bool] | None:
-    """A rank's recorded sequence as ``[(op, shape, file, line)]`` and whether it is whole (not cut at the cap)."""
-    if not isinstance(rec, dict) or not isinstance(rec.get("sigs"), list) or not isinstance(rec.get("seq"), list):
-        return None
-    sigs = [tuple(json.dumps(x) if isinstance(x, list) else x for x in s) if isinstance(s, list) else (s,)
-            for s in rec["sigs"]]
-    try:
-        seq = [sigs[i] for i in rec["seq"]]
-    except (IndexError, TypeError):
-        return None
-    return seq, rec.get("total", len(seq)) == len(seq)
-
-
-def _sig_text(sig: tuple | None) -> str:
-    if sig is None:
-        return "nothing"
-    op, _shape, file, line = (list(sig) + [None] * 4)[:4]
-    at = f" at {os.path.basename(str(file))}:{line}" if file else ""
-    return f"{op}{at}"
-
-
-def sequence_divergence(seqs: dict[int, Any]) -> dict[str, Any] | None:
-    """Where the ranks' sequences of sync points (the shim's ``seq`` facts: collectives, DDP's buffer broadcast and
-    gradient all-reduce, each with the user's line) first differ: ``{"index": k (1-based), "by_rank": {rank: sig
-    or None}, "reached": [ranks with an entry at k], "short": [ranks whose sequence ended before k], "left":
-    [ranks that left the common path], "line": text}``; None when they agree (or fewer than two ranks recorded
-    one).  A rank *left the common path* when the step it took at k (previous entry -> this one) appears nowhere
-    before k in any rank's sequence, while the others' step does: rank 0 evaluating through the DDP model while
-    rank 1 trains, a rank that skipped backward(), a barrier under ``if rank == 0``."""
-    got = {r: _expand(v) for r, v in seqs.items()}
-    got = {r: v for r, v in got.items() if v is not None}
-    if len(got) < 2:
-        return None
-    longest = max(len(s) for s, _ in got.values())
-    k = None
-    for i in range(longest):
-        here = {r: (s[i] if i < len(s) else None) for r, (s, whole) in got.items()}
-        if any(v is None and not got[r][1] for r, v in here.items()):
-            return None  # a sequence cut at the cap: nothing to compare beyond it
-        if len(set(here.values())) > 1:
-            k = i
-            break
-    if k is None:
-        return None
-    by_rank = {r: (s[k] if k < len(s) else None) for r, (s, _) in got.items()}
-    seen_steps = {(s[i - 1] if i else None, s[i]) for s, _ in got.values() for i in range(min(k, len(s)))}
-    novel = sorted(r for r, (s, _) in got.items() if k < len(s) and ((s[k - 1] if k else None), s[k]) not in seen_steps)
-    usual = [r for r, (s, _) in got.items() if k < len(s) and r not in novel]
-    reached = sorted(r for r, v in by_rank.items() if v is not None)
-    short = sorted(r for r, v in by_rank.items() if v is None)
-    # only between ranks that all made a #k: when a rank's sequence simply ends there (it exited early, or waits
-    # elsewhere), the rank that went on took a new step too, and nothing says which of them is at fault
-    left = novel if novel and usual and not short and len({by_rank[r] for r in novel}) == 1 else []
-    groups: dict[tuple, list[int]] = {}
-    for r in reached:
-        groups.setdefault(by_rank[r], []).append(r)
-    parts = [f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} made {_sig_text(sig)}"
-             for sig, rs in sorted(groups.items(), key=lambda kv: kv[1])]
-    if short:
-        parts.append(f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} made only {k} "
-                     f"(no #{k + 1})")
-    line = f"the ranks' collective sequences part at #{k + 1}: " + "; ".join(parts)
-    if left:
-        line += (f"; rank{'s' if len(left) > 1 else ''} {', '.join(map(str, left))} left the common path there "
-                 f"({_sig_text(by_rank[left[0]])} follows a step no rank took before)")
-    return {"index": k + 1, "by_rank": by_rank, "reached": reached, "short": short, "left": left, "line": line}
 
 
 # ------------------------------------------------------------------------------------------------ the verdict
@@ -481,6 +162,15 @@ def verdict(places: list[Place], world_size: int | None = None) -> Verdict:
                      "out")
             fix = ("make every rank run the same number of steps and collectives before it ends (uneven data per "
                    "rank, an early exit or an exception caught on one rank cause this)")
+        elif any(p.worker is not None for p in elsewhere):
+            p = next(p for p in elsewhere if p.worker is not None)
+            w = p.worker
+            cause = (f"rank(s) {behind} wait for a batch their DataLoader never delivers: rank {p.rank}'s worker "
+                     f"(pid {w.rank}) is stuck {w.elsewhere()}"
+                     + (f" in {w.user.function}" if w.user and w.user.function != "<module>" else "")
+                     + f", so the others wait forever in {short}")
+            fix = (f"look at {w.at()}: the dataset's code runs in the DataLoader's worker processes, where a wait "
+                   "or an error is not seen by the rank (num_workers=0 runs it in the rank itself)")
         else:
             cause = f"rank(s) {behind} never reached the {short} the others wait in, so they wait forever"
             fix = _SAME_ORDER
@@ -733,6 +423,10 @@ class StallWatch:
                     if isinstance(e, dict) and isinstance(e.get("text"), str):
                         f.write(f"=== rank {r} (node {e.get('node')}, pid {e.get('pid')}, {e.get('tool')})\n")
                         f.write(e["text"].rstrip() + "\n\n")
+                        for w in e.get("workers") or []:  # its forked DataLoader workers
+                            if isinstance(w, dict) and isinstance(w.get("text"), str):
+                                f.write(f"=== rank {r}'s DataLoader worker (pid {w.get('pid')})\n")
+                                f.write(w["text"].rstrip() + "\n\n")
         except OSError:
             pass
 
@@ -825,93 +519,3 @@ def remote_sampler(run: Callable[[int, str], tuple[int | None, str]], commands: 
         return out
 
     return sample
-
-
-# ------------------------------------------------------------------------------------------------ flight recorder
-class _DataOnly(pickle.Unpickler):
-    """A node's pickle is input, never code: only plain data (dicts, lists, text, numbers) may be loaded."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}: not plain data")
-
-
-#: the largest flight-recorder dump read (bytes); a larger one is refused with a line, never loaded
-FLIGHT_RECORDER_MAX_BYTES = 64 << 20
-
-
-def read_flight_recorder(path: Path, max_bytes: int = FLIGHT_RECORDER_MAX_BYTES,
-                         notes: list[str] | None = None) -> dict[str, Any] | None:
-    """One flight-recorder dump (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` + rank; pickle of ``{"version",
-    "pg_config", "entries": [...]}``, or its JSON form): the dict, or None when unreadable.  At most
-    ``max_bytes`` + 1 bytes are ever read (a node's file may be any size, or not a regular file at all): a larger
-    file is refused and ``notes`` (when given) gets a line naming it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks, size = [], 0
-        while size <= max_bytes and (chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size))):
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if size > max_bytes:
-        if notes is not None:
-            notes.append(f"flight recorder: {str(path)!r} is larger than {max_bytes >> 20} MiB: not read "
-                         f"(the dumps of a hang are far smaller; this one is not a dump broker reads)")
-        return None
-    data = b"".join(chunks)
-    try:
-        d = json.loads(data) if data[:1] == b"{" else _DataOnly(io.BytesIO(data)).load()
-    except Exception:  # noqa: BLE001 - a torn or foreign file is no dump
-        return None
-    return d if isinstance(d, dict) and isinstance(d.get("entries"), list) else None
-
-
-def flight_recorder_lines(dumps: dict[int, dict[str, Any]]) -> list[str]:
-    """What the dumps of several ranks say: per rank its last collective (sequence number, name, sizes, state);
-    the ranks behind the furthest one are named: ``rank 1 is behind: its last collective is #3 all_reduce
-    (completed), rank 0 is at #4 all_reduce (started)``."""
-    last: dict[int, dict[str, Any]] = {}
-    for r, d in dumps.items():
-        ents = [e for e in d.get("entries", []) if isinstance(e, dict) and not e.get("is_p2p")
-                and isinstance(e.get("collective_seq_id"), int)]
-        if ents:
-            last[r] = max(ents, key=lambda e: e["collective_seq_id"])
-    if not last:
-        return []
-
-    def desc(e: dict[str, Any]) -> str:
-        name = str(e.get("profiling_name", "?")).split(":")[-1]
-        return f"#{e['collective_seq_id']} {name} {e.get('input_sizes')} ({e.get('state')})"
-
-    out = [f"flight recorder: rank {r}'s last collective is {desc(e)}" for r, e in sorted(last.items())]
-    top = max(e["collective_seq_id"] for e in last.values())
-    ahead = [r for r, e in last.items() if e["collective_seq_id"] == top]
-    behind = sorted(r for r, e in last.items() if e["collective_seq_id"] < top)
-    if behind:
-        out.append(f"flight recorder: rank(s) {', '.join(map(str, behind))} never enqueued collective #{top} "
-                   f"({str(last[ahead[0]].get('profiling_name', '?')).split(':')[-1]}) that rank(s) "
-                   f"{', '.join(map(str, sorted(ahead)))} wait in")
-    sizes = {r: e.get("input_sizes") for r, e in last.items() if e["collective_seq_id"] == top}
-    if len({json.dumps(v) for v in sizes.values()}) > 1:
-        out.append("flight recorder: the ranks gave collective #%d different tensor sizes: %s"
-                   % (top, ", ".join(f"rank {r}: {v}" for r, v in sorted(sizes.items()))))
-    return out
-
-
-def flight_recorder_from_run(run_dir: Path) -> list[str]:
-    """:func:`flight_recorder_lines` of the dumps under ``<run>/node*/facts/fr_trace_rank*``."""
-    dumps: dict[int, dict[str, Any]] = {}
-    notes: list[str] = []
-    for p in sorted(Path(run_dir).glob("node*/facts/fr_trace_rank*")):
-        m = re.search(r"(\d+)$", p.name)
-        d = read_flight_recorder(p, notes=notes) if m else None
-        if d is not None:
-            dumps[int(m.group(1))] = d
-    return notes + flight_recorder_lines(dumps)

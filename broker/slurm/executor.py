@@ -211,8 +211,10 @@ class SlurmExecutor(Executor):
             sh.put_tgz(tar, self.work)  # streamed from one file on disk: memory stays flat
         sh.mkdir(self.log_dir)  # before sbatch: Slurm cannot open --output files in a missing directory
         from broker.run.launch import RANKSHIM
+        from broker.run.rankshim import SHIM_FILES
 
-        sh.write(self.shim_path, RANKSHIM.read_text())  # rank facts for any script (the summary's rank table)
+        for name in SHIM_FILES:  # rank facts for any script (the summary's rank table); the parts go beside it
+            sh.write(f"{self.base}/{name}", RANKSHIM.with_name(name).read_text())
         sh.mkdir(self.facts_dir)
         script = render_sbatch(recipe, partition=self.opts.partition, account=self.opts.account,
                                time=self.opts.time, log_dir=self.log_dir, python=self.opts.python, workdir=self.work,

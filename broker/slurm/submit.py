@@ -365,12 +365,13 @@ def _stall_hook(sh: Any, base: str) -> dict[str, str]:
     :data:`~broker.run.rankshim.SITECUSTOMIZE` (first on the job's ``PYTHONPATH``), and the shared ``<base>/facts``
     folder the ranks' facts and stacks go to.  Returns ``{"hook", "facts", "shim"}`` (paths on the cluster)."""
     from broker.run.launch import RANKSHIM
-    from broker.run.rankshim import SITECUSTOMIZE
+    from broker.run.rankshim import SHIM_FILES, SITECUSTOMIZE
 
     hook, facts = f"{base}/hook", f"{base}/facts"
     sh.mkdir(hook)
     sh.mkdir(facts)
-    sh.write(f"{hook}/rankshim.py", RANKSHIM.read_text())
+    for name in SHIM_FILES:  # the shim loads its parts from its own folder
+        sh.write(f"{hook}/{name}", RANKSHIM.with_name(name).read_text())
     sh.write(f"{hook}/sitecustomize.py", SITECUSTOMIZE)
     return {"hook": hook, "facts": facts, "shim": f"{hook}/rankshim.py"}
 

@@ -105,3 +105,45 @@ def test_a_native_abort_without_a_python_frame_gets_the_last_user_line_from_the_
     text = "\n".join(explain(tmp_path / "run", res, 2).lines())
     assert "rank 1 failed first: exit code -6 (SIGABRT)" in text, text
     assert f"  at cpp_abort.py:{at} in all_reduce: (no Python frame: the last collective its record holds)" in text
+
+
+def test_a_rank_that_skipped_backward_is_named_with_its_line_not_the_rank_that_lost_its_peer(tmp_path):
+    """Rank 1 skips backward() for its one outlier batch: it makes one gradient all-reduce fewer, the ranks'
+    all-reduces pair off by one, rank 1 ends first and rank 0 loses its peer in its last all-reduce.  It was "rank
+    1 exited 0 before a collective ...: it is the cause" (no line, no cause); the shim notes a synced forward
+    followed by another with no backward() between, and the summary names rank 1, the collective where the ranks'
+    sequences part, the forward's line and the skipped backward(), and does not blame rank 0's failure."""
+    pytest.importorskip("torch")
+    from broker.run.diagnose import explain
+    from broker.run.launch import LocalLaunchSpec
+    from tests.support.runs import run_local
+
+    spec = LocalLaunchSpec(script_rel="skip_backward.py", args=[], workdir=SCRIPTS, nnodes=2, nproc_per_node=1,
+                           env={"PYTHONWARNINGS": "ignore", "CUDA_VISIBLE_DEVICES": ""}, node_envs=[{}, {}],
+                           setup=[], expect=[], deadline_s=240, stall_s=60, on_stall="stop")
+    res = run_local(spec, tmp_path / "run", echo=None)
+    assert res.status == "failed", res.reason
+    fwd = _line("skip_backward.py", "loss = model(x)")
+    bwd = _line("skip_backward.py", "    loss.backward()")
+    text = "\n".join(explain(tmp_path / "run", res, 2, local=True).lines())
+    assert text.startswith(f"rank(s) 1 left the ranks' common path at collective #3: skipped backward() after its "
+                           f"forward #3 of the DDP model (the next forward, at skip_backward.py:{fwd}, came with no "
+                           f"backward() between them), where rank 0 made backward (DDP gradient all-reduce) at "
+                           f"skip_backward.py:{bwd}; from there the ranks' gradient all-reduces pair off by one "
+                           "(rank 0: 6 synchronised backward() calls, rank 1: 5 synchronised backward() calls)"), text
+    assert "call backward() on every rank for every forward" in text, text
+    assert "it is the cause" not in text and not text.startswith("node 0"), text
+
+
+def test_skipped_backward_calls_that_end_in_drifted_replicas_are_named_as_the_cause(tmp_path):
+    """Each rank skips backward() for its own outlier batch (batch 2 on rank 0, 4 on rank 1) but still steps (SGD
+    with momentum): as many all-reduces on each rank, so the run succeeds, with replicas apart.  The drift's cause
+    was "the ranks' updates differed (a rank skipped a step, or ...)"; it is now the skipped backward(), the rank,
+    the forwards and the line."""
+    res = _run("skip_backward_drift.py", tmp_path)
+    fwd = _line("skip_backward_drift.py", "loss = model(x)")
+    w = [x for x in res.warnings if x.startswith("the replicas drifted apart")]
+    assert w and (f"likely cause: rank(s) 0 left the ranks' common path at collective #3: skipped backward() after "
+                  f"its forward #3 of the DDP model (the next forward, at skip_backward_drift.py:{fwd}, came with no "
+                  "backward() between them)") in w[0], res.warnings
+    assert "every rank skipped as often, after different forwards (rank 0: #3, rank 1: #5)" in w[0], w

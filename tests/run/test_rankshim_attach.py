@@ -23,7 +23,8 @@ SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(60)\n"
 def _hook(tmp_path: Path) -> Path:
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "rankshim.py").write_text(RANKSHIM.read_text())
+    for name in rankshim.SHIM_FILES:  # the shim and the parts it loads from its own folder
+        (hook / name).write_text(RANKSHIM.with_name(name).read_text())
     (hook / "sitecustomize.py").write_text(rankshim.SITECUSTOMIZE)
     return hook
 

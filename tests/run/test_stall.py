@@ -374,7 +374,7 @@ def _armed_env(tmp_path, monkeypatch, **extra) -> dict:
     for k, v in extra.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(rankshim, "GPU_DEVICES", (str(gpu),))
-    monkeypatch.setattr(rankshim, "_PATH", str(tmp_path / "rank0.json"))
+    monkeypatch.setattr(rankshim._rec, "_PATH", str(tmp_path / "rank0.json"))
     try:
         rankshim._arm_diagnostics(str(tmp_path), 0)
     finally:
@@ -808,3 +808,75 @@ def test_equal_sequences_and_a_cut_sequence_name_nothing():
     assert sequence_divergence({0: _seq(FWD_T, BWD), 1: _seq(FWD_T, BWD)}) is None
     cut = dict(_seq(FWD_T), total=5)
     assert sequence_divergence({0: cut, 1: _seq(FWD_T, BWD, FWD_T)}) is None
+
+
+@pytest.mark.slow
+def test_a_dataloader_worker_stuck_in_the_dataset_is_named_with_its_line(tmp_path):
+    """Rank 1's DataLoader workers wait in the dataset's __getitem__ for a file nobody writes; rank 1 waits for a
+    batch, rank 0 in backward().  The rank's own stack shows only the DataLoader's queue ("at worker_stuck.py:36,
+    inside select"); the workers' stacks (the shim's faulthandler, inherited across the fork; no py-spy) name the
+    worker's line and call."""
+    pytest.importorskip("torch")
+    from broker.run.diagnose import explain
+    from tests.support.runs import run_local
+
+    src = (FAULT.parent / "worker_stuck.py").read_text().splitlines()
+    sleep_at = next(i + 1 for i, ln in enumerate(src) if ln.strip() == "time.sleep(0.2)")
+    loop_at = next(i + 1 for i, ln in enumerate(src) if ln.startswith("for x in loader"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    lines: list[str] = []
+    res = run_local(_script_spec("worker_stuck.py", 6, 120, args=[str(scratch)]), tmp_path / "run", echo=lines.append)
+    assert res.status == "failed" and res.reason.startswith("stalled:"), res.reason
+    st = json.loads((tmp_path / "run" / "stall.json").read_text())
+    want = (f"rank 1 never called backward(): it is waiting for a batch from its DataLoader at worker_stuck.py:"
+            f"{loop_at} (for x in loader:); its worker (pid ")
+    assert want in st["lines"][0] and f"is in time.sleep at worker_stuck.py:{sleep_at} in __getitem__" \
+        in st["lines"][0], st["lines"]
+    assert st["cause"].startswith("rank(s) 1 wait for a batch their DataLoader never delivers: rank 1's worker (pid "), \
+        st["cause"]
+    assert f"look at worker_stuck.py:{sleep_at}" in st["fix"], st["fix"]
+    assert "DataLoader worker (pid" in (tmp_path / "run" / "stacks.txt").read_text()
+    text = "\n".join(explain(tmp_path / "run", res, 2).lines())
+    assert f"time.sleep at worker_stuck.py:{sleep_at} in __getitem__" in text.splitlines()[0], text
+
+
+def test_a_ranks_child_that_is_another_program_is_never_signalled(tmp_path):
+    """The workers' stacks come from SIGUSR1 to the rank's children: only forks of the rank (its command line, the
+    faulthandler it armed) get it.  A child that exec'd another program (`sleep`: SIGUSR1 would end it; a Python
+    program with its own SIGUSR1 handler) is left alone, while a forked child answers."""
+    import os
+    import signal
+    import subprocess
+
+    from broker.run import rankshim_stacks
+
+    rank = tmp_path / "rank.py"
+    rank.write_text(
+        "import faulthandler, os, signal, subprocess, sys, time\n"
+        "f = open(sys.argv[1], 'a')\n"
+        "faulthandler.register(signal.SIGUSR1, file=f, all_threads=True, chain=False)\n"
+        "subprocess.Popen(['sleep', '60'])\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *a: "
+        "open(sys.argv[1], \"w\").close()); print(flush=True); time.sleep(60)', sys.argv[1] + '.handled'], "
+        "stdout=subprocess.PIPE).stdout.readline()  # its handler is installed\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n")
+    stack = tmp_path / "rank0.stack"
+    p = subprocess.Popen([sys.executable, str(rank), str(stack)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "up"
+        kids = rankshim_stacks._children(p.pid)
+        assert len(kids) == 3, kids
+        got = rankshim_stacks._worker_stacks(str(tmp_path), {"pid": p.pid, "stack_file": stack.name}, None)
+        assert len(got) == 1 and "rank.py" in got[0]["text"], got
+        assert all(rankshim_stacks._alive(k) for k in kids)  # sleep and the other program were never signalled
+        assert not (tmp_path / "rank0.stack.handled").exists()
+    finally:
+        for k in rankshim_stacks._children(p.pid):
+            os.kill(k, signal.SIGKILL)
+        p.kill()
+        p.wait()
