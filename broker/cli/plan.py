@@ -441,8 +441,10 @@ def show_choice(ops: _Ops, plan: "Plan", *, recipe_sets: "tuple[str, str | None]
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
                      f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
         return
+    from broker.core.model import RejectionKind
+
     only_budget = [o for o in plan.rejected if o.offers and o.rejected
-                   and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+                   and all(r.kind is RejectionKind.budget for r in o.rejected)]
     if only_budget:
         b = min(only_budget, key=lambda o: o.worst_case_usd)
         ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "

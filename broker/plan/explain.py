@@ -13,11 +13,8 @@ import math
 import shlex
 from typing import Any
 
-from broker.core.model import Plan, PlanOption
+from broker.core.model import Plan, PlanOption, Rejection, RejectionKind
 from broker.core.provider import NoValidPlan
-
-#: how a budget rejection reads (broker.plan.planner._costs)
-_BUDGET_PREFIXES = ("worst case ", "budget ")
 
 
 def _usd(x: float, versus: float | None = None) -> str:
@@ -31,9 +28,15 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def is_budget_reason(text: str) -> bool:
-    """Whether a rejection reason is the budget's (worst case over the budget, or a budget that affords no run)."""
-    return text.startswith(_BUDGET_PREFIXES)
+def is_budget_reason(r: Rejection) -> bool:
+    """Whether a rejection is the budget's (worst case over the budget, or a budget that affords no run): read
+    from its kind, never from its words."""
+    return getattr(r, "kind", None) is RejectionKind.budget
+
+
+def _no_gpu_here(r: Rejection) -> bool:
+    """Whether a rejection is "this machine has no GPU", which gloo on CPU (``cpu_ok``) would lift."""
+    return getattr(r, "lifted_by", None) == "cpu_ok"
 
 
 def budget_only(plan: Plan) -> list[PlanOption]:
@@ -96,12 +99,11 @@ def _other_reasons(plan: Plan, limit: int = 3) -> list[str]:
     return out
 
 
-_NO_GPU_HERE = ("no GPU", "this machine has 0 GPU", "which has no GPU")
 #: how the facts' note begins when no provider offers the GPU model asked for (plan.facts writes it)
 NO_OFFER_FOR_MODEL = "no offer has GPU model"
 
 
-def _first_reasons(plan: Plan) -> list[str]:
+def _first_reasons(plan: Plan) -> list[Rejection]:
     return [o.rejected[0] for o in plan.rejected if o.rejected]
 
 
@@ -122,7 +124,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
     w = {**FIELD_WORDS, **(words or {})}
     counts = plan.rejected_counts or {}
     firsts = _first_reasons(plan)
-    no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
+    no_gpu_here = [r for r in firsts if _no_gpu_here(r)]
     cpu_hint = "this machine has no GPU: add --cpu-ok (recipe: cpu_ok: true) for a gloo-on-CPU logic check"
     unknown_model = next((n.split(";")[0] for n in plan.notes if n.startswith(NO_OFFER_FOR_MODEL)), None)
     if unknown_model and firsts and len(no_gpu_here) == len(firsts):
@@ -135,7 +137,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
     if kinds == {"gpu-model"}:
         wanted = ", ".join(plan.requirements.gpu_names) or "the models asked for"
         offered = sorted({x.gpu_name for o in plan.rejected for x in o.offers
-                          if o.rejected and o.rejected[0].startswith("GPU model")})
+                          if o.rejected and o.rejected[0].kind is RejectionKind.gpu_model})
         out = [f"no offer has GPU model {wanted}; offered here: {', '.join(offered)} (`broker offers` lists them "
                "all): name one of those in gpu.models (or --gpu)" if offered else
                f"no offer has GPU model {wanted}: `broker offers` lists the models offered"]
@@ -151,8 +153,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
         hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
     if counts.get("capacity"):
         hints.append("try later or other regions / zones")
-    topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
-    if not cpu_ok and "cpu_ok" in topo_text:
+    if not cpu_ok and any(_no_gpu_here(r) for o in plan.rejected for r in o.rejected):
         hints.append(f"{w['cpu_ok']} for a gloo-on-CPU logic check on this machine")
     return hints
 

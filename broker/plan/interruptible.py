@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from broker.core.model import Offer, Plan, PlanOption, Requirements, gc_paused
+from broker.core.model import Offer, Plan, PlanOption, Rejection, Requirements, gc_paused
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, merge_rejected as _merge_rejected, with_counts as _with_counts
 
@@ -218,8 +218,9 @@ def _annotate(opt: PlanOption, req: Requirements, extra_h: float) -> PlanOption:
     exp, _ = expected(units, rate, job_h, allow, per, req.max_restarts, req.checkpoint_every_s)
     rejected = list(opt.rejected)
     if not rejected and job_h * 3600.0 < 60:
-        rejected.append(f"interruptible: the budget covers {req.max_restarts + 1} setups but leaves no job time")
-    rejected = [r if r.startswith("interruptible") else f"interruptible: {r}" for r in rejected]
+        rejected.append(Rejection("budget", f"interruptible: the budget covers {req.max_restarts + 1} setups but "
+                                            "leaves no job time"))
+    rejected = [r if r.startswith("interruptible") else r.reworded(f"interruptible: {r}") for r in rejected]
     # the same offers on demand: each variant's own on-demand price in place of what broker pays (storage stays)
     od_rate = opt.usd_per_hour + sum(float(x.attrs.get(ON_DEMAND_ATTR) or x.usd_per_hour) - x.usd_per_hour
                                      for x in opt.offers)
@@ -290,7 +291,7 @@ def comparison(spot: PlanOption, od: PlanOption | None) -> str:
 
 
 #: why an on-demand machine is not an option when the recipe asks for interruptible capacity only
-NO_PRICE = "interruptible: true, but no interruptible price is known for this offer"
+NO_PRICE = Rejection("provider", "interruptible: true, but no interruptible price is known for this offer")
 
 
 def _key(o: Offer) -> tuple:

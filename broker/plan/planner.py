@@ -44,7 +44,8 @@ from functools import lru_cache
 
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, rejected_note
-from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
+from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
+                                utcnow)
 from broker.providers import HYBRID_CLOUD
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
@@ -264,7 +265,7 @@ def free_tier_offers(req: Requirements, text: str) -> list[Offer]:
     return [o for o in offers if not req.providers or o.provider in req.providers]
 
 
-def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[tuple[str, str]]:
+def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[Rejection]:
     """A free-tier offer beyond its limit: N nodes at once (OCI: 2 E2.1.Micro; 4 A1 OCPUs, one per node here) or
     N nodes x deadline hours beyond the monthly instance-hours (AWS 750)."""
     lim = o.attrs.get(FREE_TIER_ATTR)
@@ -272,12 +273,12 @@ def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[tuple[str, str
         return []
     out = []
     if lim.get("max_units") is not None and units > lim["max_units"]:
-        out.append(("quota", f"free tier: {units} node(s) > {lim['max_units']} {lim.get('unit') or 'units'} "
-                             f"({o.instance_type}); beyond that it is not free"))
+        out.append(Rejection("quota", f"free tier: {units} node(s) > {lim['max_units']} "
+                                      f"{lim.get('unit') or 'units'} ({o.instance_type}); beyond that it is not free"))
     hours = ctx.hours
     if lim.get("max_instance_hours") is not None and hours is not None and units * hours > lim["max_instance_hours"]:
-        out.append(("quota", f"free tier: {units} node(s) x {fmt_num(hours)} h > {fmt_num(lim['max_instance_hours'])} "
-                             f"{lim.get('unit') or 'instance-hours'}"))
+        out.append(Rejection("quota", f"free tier: {units} node(s) x {fmt_num(hours)} h > "
+                                      f"{fmt_num(lim['max_instance_hours'])} {lim.get('unit') or 'instance-hours'}"))
     return out
 
 
@@ -302,9 +303,9 @@ def _cpu_here(o: Offer, req: Requirements) -> bool:
     return bool(req.cpu_ok and o.attrs.get("cpu") and o.attrs.get("this_machine"))
 
 
-def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
+def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[Rejection]:
     """Offer-level reasons (model, memory) as (kind, text); stops at the first unless ``full``."""
-    out: list[tuple[str, str]] = []
+    out: list[Rejection] = []
     req = ctx.req
     if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
         return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
@@ -313,83 +314,89 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
     if cpu_only(req) and o.gpu_count == 0:
         return out  # a CPU-only job on a CPU machine: GPU model and memory do not apply
     if ctx.wanted and not any(gpu_name_matches(w, o.gpu_name) for w in ctx.wanted):
-        out.append(("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: {', '.join(ctx.wanted)})"))
+        out.append(Rejection("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: "
+                                          f"{', '.join(ctx.wanted)})"))
         if not full:
             return out
     if o.gpu_mem_gib < req.gpu_mem_floor_gib:
-        out.append(("gpu-memory", f"GPU memory {fmt_num(o.gpu_mem_gib)} GiB < {fmt_num(req.min_gpu_mem_gib)} GiB"))
+        out.append(Rejection("gpu-memory", f"GPU memory {fmt_num(o.gpu_mem_gib)} GiB < "
+                                           f"{fmt_num(req.min_gpu_mem_gib)} GiB"))
     return out
 
 
-def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
+def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[Rejection]:
     req = ctx.req
     if topo == "local":
         if o.attrs.get("cpu") or o.gpu_count == 0:
             if not req.cpu_ok:
-                return [("topology", "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU "
-                                     "logic check)")]
+                return [Rejection("topology", "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a "
+                                              "gloo-on-CPU logic check)", lifted_by="cpu_ok")]
             return []
         if o.gpu_count < ctx.n_total and not req.cpu_ok:
-            return [("topology", f"this machine has {o.gpu_count} GPU(s) < {ctx.n_total} needed "
-                                 f"({req.nodes} nodes x {req.gpus_per_node})")]
+            return [Rejection("topology", f"this machine has {o.gpu_count} GPU(s) < {ctx.n_total} needed "
+                                          f"({req.nodes} nodes x {req.gpus_per_node})")]
         return []
     if topo == "hybrid":
         out = []
         why = why_not_hybrid(o.provider)
         if why:
-            out.append(("topology", why))
-        why = _why_not_node0(ctx)
-        if why:
-            out.append(("topology", why))
+            out.append(Rejection("topology", why))
+        node0 = _why_not_node0(ctx)
+        if node0:
+            out.append(node0)
         if o.gpu_count < req.gpus_per_node:
-            out.append(("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has {o.gpu_count}"))
+            out.append(Rejection("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has "
+                                             f"{o.gpu_count}"))
         return out
     if topo == "simulated":
         if o.gpu_count < ctx.n_total:
-            return [("topology", f"simulated needs one host with {ctx.n_total} GPUs ({req.nodes} nodes x "
-                                 f"{req.gpus_per_node}); this one has {o.gpu_count}")]
+            return [Rejection("topology", f"simulated needs one host with {ctx.n_total} GPUs ({req.nodes} nodes "
+                                          f"x {req.gpus_per_node}); this one has {o.gpu_count}")]
         return []
     out = []
     if not o.private_network:
         alt = (f"use simulated on one host with {ctx.n_total} GPUs" if ctx.n_total else
                "use simulated: every node on one host, CPU only (gloo)")
-        out.append(("topology", f"multi-node across {o.provider} hosts is not valid: they share no private network "
-                                f"(separate NATs); {alt}"))
+        out.append(Rejection("topology", f"multi-node across {o.provider} hosts is not valid: they share no private "
+                                         f"network (separate NATs); {alt}"))
     if o.gpu_count < req.gpus_per_node and not _cpu_here(o, req):
-        out.append(("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has {o.gpu_count}"))
+        out.append(Rejection("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has "
+                                         f"{o.gpu_count}"))
     return out
 
 
-def _why_not_node0(ctx: "_Ctx") -> str | None:
+def _why_not_node0(ctx: "_Ctx") -> Rejection | None:
     """Why this machine cannot be node 0 of a hybrid run (None when it can, or when its GPUs are unknown)."""
     req, here = ctx.req, ctx.here
     if here is None or req.cpu_ok:
         return None
     count, mem = here
     if count == 0:
-        return ("hybrid: node 0 is this machine, which has no GPU; set cpu_ok: true (or --cpu-ok) for gloo on CPU "
-                "on every node")
+        return Rejection("topology", "hybrid: node 0 is this machine, which has no GPU; set cpu_ok: true (or "
+                                     "--cpu-ok) for gloo on CPU on every node", lifted_by="cpu_ok")
     if count < req.gpus_per_node:
-        return f"hybrid: node 0 is this machine, which has {count} GPU(s) < {req.gpus_per_node} per node"
+        return Rejection("topology", f"hybrid: node 0 is this machine, which has {count} GPU(s) < "
+                                     f"{req.gpus_per_node} per node")
     if 0 < mem < req.gpu_mem_floor_gib:  # 0: memory unknown (the driver's /proc listing gives the model only)
-        return (f"hybrid: node 0 is this machine, whose GPU memory {fmt_num(mem)} GiB < "
-                f"{fmt_num(req.min_gpu_mem_gib)} GiB")
+        return Rejection("topology", f"hybrid: node 0 is this machine, whose GPU memory {fmt_num(mem)} GiB < "
+                                     f"{fmt_num(req.min_gpu_mem_gib)} GiB")
     return None
 
 
 def _capacity_reasons(o: Offer, region: str | None, zone: str | None, units: int,
-                      ctx: _Ctx) -> list[tuple[str, str]]:
+                      ctx: _Ctx) -> list[Rejection]:
     out = []
     where = zone or region or "any region"
     for c_zone, status, count in ctx.facts.capacity_facts((o.provider, o.instance_type), region):
         if c_zone is not None and c_zone != zone:
             continue
         if status == "OUT_OF_HOST_CAPACITY":
-            out.append(("capacity", f"capacity: OUT_OF_HOST_CAPACITY for {o.instance_type} in {where}"))
+            out.append(Rejection("capacity", f"capacity: OUT_OF_HOST_CAPACITY for {o.instance_type} in {where}"))
         elif status == "NOT_OFFERED":
-            out.append(("capacity", f"capacity: {o.instance_type} is NOT_OFFERED in {where}"))
+            out.append(Rejection("capacity", f"capacity: {o.instance_type} is NOT_OFFERED in {where}"))
         elif count is not None and count < units:
-            out.append(("capacity", f"capacity: {count} {o.instance_type} available in {where}; needs {units}"))
+            out.append(Rejection("capacity", f"capacity: {count} {o.instance_type} available in {where}; "
+                                             f"needs {units}"))
     return out
 
 
@@ -417,11 +424,11 @@ def _quota_blocked(qs: list[Quota], o: Offer, region: str | None, zone: str | No
 
 
 def _quota_reasons(o: Offer, region: str | None, zone: str | None, units: int,
-                   ctx: _Ctx) -> tuple[list[tuple[str, str]], str | None]:
+                   ctx: _Ctx) -> tuple[list[Rejection], str | None]:
     qs = ctx.facts.quotas.get((o.provider, o.instance_type))
     if not qs:
         return [], None
-    out: list[tuple[str, str]] = []
+    out: list[Rejection] = []
     step = None
     for q in qs:
         if not _region_ok(q.region, region):
@@ -433,10 +440,11 @@ def _quota_reasons(o: Offer, region: str | None, zone: str | None, units: int,
         avail = q.available
         if need > avail:
             scope = q.scope or q.region or "the account"
-            out.append(("quota", f"quota {q.name} {fmt_num(avail)} of {fmt_num(q.limit)} {q.unit} available in "
-                                 f"{scope}; needs {fmt_num(need)}"))
+            cmd = _quota_command(q, q.used + need)
+            out.append(Rejection("quota", f"quota {q.name} {fmt_num(avail)} of {fmt_num(q.limit)} {q.unit} "
+                                          f"available in {scope}; needs {fmt_num(need)}", next_step=cmd))
             if step is None:
-                step = _quota_command(q, q.used + need)
+                step = cmd
     return out, step
 
 
@@ -483,7 +491,7 @@ def _units(topo: str, req: Requirements) -> int:
 
 
 def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, full: bool,
-              offer_reasons: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None, tuple]:
+              offer_reasons: list[Rejection]) -> tuple[list[Rejection], str | None, tuple]:
     """Reasons (kind, text), quota next step, and (rate, hours, wc, max_h) of one candidate.
 
     ``full`` False stops after the first reason kind that rejects (screening); True collects every reason."""
@@ -505,11 +513,11 @@ def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _C
             return reasons, step, ()
     rate, hours, wc, max_h, budget_reason = _costs(o, units, ctx)
     if budget_reason:
-        reasons.append(("budget", budget_reason))
+        reasons.append(Rejection("budget", budget_reason))
     return reasons, step, (rate, hours, wc, max_h)
 
 
-def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[tuple[str, str]],
+def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[Rejection],
             step: str | None, costs: tuple) -> PlanOption:
     units = _units(topo, ctx.req)
     if (region, zone) != (o.region, o.zone):
@@ -521,7 +529,7 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,
                       max_hours_within_budget=max_h, price_source=source,
-                      rejected=[text for _, text in reasons], next_step=step)
+                      rejected=reasons, next_step=step)
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -555,7 +563,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
 
     ``quotas`` / ``capacities``: facts from the adapters (matched to offers by provider and instance type;
     zone-scoped quotas and capacity per zone).  ``unavailable``: provider -> why it offers nothing (e.g. the
-    local machine's ``why_not``), listed as rejected options.  ``now``: the plan's timestamp (default: now).
+    local machine's ``why_not``; a :class:`Rejection` keeps its data, plain text is of kind ``provider``), listed
+    as rejected options.  ``now``: the plan's timestamp (default: now).
     ``notes``: passed through to ``Plan.notes`` (price sources, missing credentials).
     ``here``: this machine's (GPU count, smallest GPU memory in GiB), node 0 of a ``hybrid`` option; None =
     unknown (not checked).  ``hybrid`` is opt-in (``topology: hybrid``); under ``any`` its cheapest valid option is
@@ -609,7 +618,7 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                 continue
             reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
             if reasons:
-                kind = reasons[0][0]
+                kind = reasons[0].kind.value
                 counts[kind] += 1
                 rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
             else:
@@ -729,7 +738,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
         topo = TopologyKind.local if prov == "local" else TopologyKind.simulated
         rejected.append(PlanOption(provider=prov, topology=topo, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
                                    usd_per_hour=0.0, worst_case_usd=0.0, hours=ctx.hours or 0.0,
-                                   rejected=[why], reason_kind="provider"))
+                                   rejected=[why if isinstance(why, Rejection) else Rejection("provider", why)],
+                                   reason_kind="provider"))
         counts["provider"] = counts.get("provider", 0) + 1
     counts = {k: counts[k] for k in REASON_KINDS if counts.get(k)}
     for kind in REASON_KINDS:  # the cheapest per kind, shown in order of the worst case the table prints
