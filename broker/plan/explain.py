@@ -14,14 +14,8 @@ import shlex
 from typing import Any
 
 from broker.core.model import Plan, PlanOption, Rejection, RejectionKind
+from broker.core.prose import cents_up, usd
 from broker.core.provider import NoValidPlan
-
-
-def _usd(x: float, versus: float | None = None) -> str:
-    """Dollars to the cent; to 1/100 cent below a cent or when that is needed to tell ``x`` from ``versus``."""
-    if versus is not None and x != versus and f"{x:.2f}" == f"{versus:.2f}":
-        return f"${x:,.4f}"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
 
 
 def _num(x: float) -> str:
@@ -63,12 +57,12 @@ def budget_sentence(plan: Plan, budget_usd: float | None, *, flags: bool = False
     o = cands[0]
     what = f"{o.summary} on {o.provider}" if o.offers else f"{o.topology.value} on {o.provider}"
     s = (f"the budget is the limit: the cheapest option that meets everything else, {what} at "
-         f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd, budget_usd)} for "
-         f"{_num(round(o.hours, 2))} h (setup included) > budget {_usd(budget_usd)}"
+         f"{usd(o.usd_per_hour)}/h, has a worst case of {usd(o.worst_case_usd, budget_usd)} for "
+         f"{_num(round(o.hours, 2))} h (setup included) > budget {usd(budget_usd)}"
          f"{digits_note(o.worst_case_usd, budget_usd)}")
-    need = math.ceil(o.worst_case_usd * 100) / 100
+    need = cents_up(o.worst_case_usd)
     # ``flags``: the job came from command-line flags (`broker run SCRIPT.py`): the hint is the flag to pass
-    hints = [f"add --budget {need:.2f}" if flags else f"raise budget_usd to at least {_usd(need)}"]
+    hints = [f"add --budget {need:.2f}" if flags else f"raise budget_usd to at least {usd(need)}"]
     from broker.plan.planner import MIN_RUN_SECONDS
 
     fit = o.max_hours_within_budget
@@ -168,7 +162,7 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     shape = ("CPU only (gloo)" if per_node == 0 and getattr(recipe, "cpu_ok", False) else f"x {per_node} GPU")
     head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s)"
             + ("," if shape.startswith("CPU") else "") + f" {shape}"
-            + (f", budget {_usd(budget)}" if budget is not None else "")
+            + (f", budget {usd(budget)}" if budget is not None else "")
             + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
     parts: list[str] = []
     hints: list[str] = []

@@ -42,6 +42,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from functools import lru_cache
 
+from broker.core.prose import usd
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
@@ -108,18 +109,12 @@ def fmt_num(x: float) -> str:
     return f"{int(r)}" if r == int(r) else f"{r:g}"
 
 
-def _usd(x: float, versus: float | None = None) -> str:
-    """Dollars to the cent; to 1/100 cent when that is needed to tell ``x`` from ``versus`` (a budget)."""
-    if (versus is not None and f"{x:.2f}" == f"{versus:.2f}") or 0 < x < 0.01:
-        return f"${x:,.4f}"
-    return f"${x:,.2f}"
-
-
 def digits_note(x: float, versus: float) -> str:
-    """`` (over it by $0.0029)`` (or ``under``) when :func:`_usd` shows ``x`` and ``versus`` with more digits than the
-    cent, so a reader sees the difference itself rather than two amounts that look alike; else ``""``."""
-    if x != versus and f"{x:.2f}" == f"{versus:.2f}" and not 0 < x < 0.01:
-        return f" ({'over' if x > versus else 'under'} it by ${abs(x - versus):,.4f})"
+    """`` (over it by $0.0029)`` (or ``under``) when :func:`~broker.core.prose.usd` shows ``x`` beside ``versus``
+    with more digits than the cent, so a reader sees the difference itself rather than two amounts that look
+    alike; else ``""``."""
+    if x != versus and usd(x, places=2) == usd(versus, places=2) and not 0 < x < 0.01:
+        return f" ({'over' if x > versus else 'under'} it by {usd(abs(x - versus), places=4)})"
     return ""
 
 
@@ -471,17 +466,17 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
             hours = max_h or 0.0
             if hours * 3600.0 < MIN_RUN_SECONDS:
                 min_cost = pricing.cost_usd(units, rate, pricing.billed_seconds(allow + MIN_RUN_SECONDS, mbs))
-                reason = (f"budget {_usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
-                          f"job costs {_usd(min_cost, budget)} at {_usd(units * rate)}/h"
+                reason = (f"budget {usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
+                          f"job costs {usd(min_cost, budget)} at {usd(units * rate)}/h"
                           f"{digits_note(min_cost, budget)}")
     wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs)) + xfer
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
         if digits_note(wc, budget):  # "$5.0029 > $5.00" reads like two equal amounts: say the difference
-            reason = (f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h is over the {_usd(budget)} budget by "
-                      f"${wc - budget:,.4f}; {fit}")
+            reason = (f"worst case {usd(wc, budget)} at {fmt_num(hours)} h is over the {usd(budget)} budget by "
+                      f"{usd(wc - budget, places=4)}; {fit}")
         else:
-            reason = f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}; {fit}"
+            reason = f"worst case {usd(wc, budget)} at {fmt_num(hours)} h > budget {usd(budget)}; {fit}"
     return units * rate, hours, wc, (None if free else max_h), reason
 
 
@@ -524,7 +519,7 @@ def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx
         o = replace(o, region=region, zone=zone)
     rate, hours, wc, max_h = costs
     xfer = units * pricing.transfer_usd(o.attrs, ctx.req.transfer_in_gb, ctx.req.transfer_out_gb) if costs else 0.0
-    source = o.price_source + (f" + ${xfer:.4g} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
+    source = o.price_source + (f" + {usd(xfer, up_to=4)} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
                                f"{fmt_num(ctx.req.transfer_out_gb)} GB out per node)" if xfer >= 0.005 else "")
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,
@@ -628,21 +623,21 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
             continue
         if not cloud_topos:
             continue
-        usd = o.usd_per_hour
+        price = o.usd_per_hour
         cpu_offer = (cpu_only(req) or _cpu_here(o, req)) and o.gpu_count == 0
         if not cpu_offer and wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
             counts["gpu-model"] += n_counted
-            rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            rej["gpu-model"].append((price, price, oi, o.region, o.zone, cloud_topos[0]))
             continue
         if not cpu_offer and o.gpu_mem_gib < min_mem:
             counts["gpu-memory"] += n_counted
-            rej["gpu-memory"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            rej["gpu-memory"].append((price, price, oi, o.region, o.zone, cloud_topos[0]))
             continue
         tkey = (prov, o.instance_type)
         places = facts.placements(o) if (o.zone is None and tkey in zoned) else ((o.region, o.zone),)
         caps_l = caps_ix.get(tkey)
         quotas_l = quota_ix.get(tkey)
-        rate = usd + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
+        rate = price + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
         gc = o.gpu_count
         for topo in cloud_topos:
             if topo == "simulated":
@@ -668,7 +663,7 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     if topo == "hybrid" and topo_req != "hybrid":
                         continue
                     counts[kind] += 1
-                    rej[kind].append((units * usd, units * usd, oi, region, zone, topo))
+                    rej[kind].append((units * price, units * price, oi, region, zone, topo))
                     continue
                 if rate <= 0:  # free
                     valid.append((0.0 if hours_given else -inf, 0.0, oi, region, zone, topo))
@@ -755,8 +750,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
         h = build(best(hybrid_seen, 1)[0])
         o = h.offers[0]
         out_notes.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
-                         f"{h.provider} over a WireGuard tunnel, ${h.usd_per_hour:.2f}/h, worst case "
-                         f"${h.worst_case_usd:.2f}: opt in with --topology hybrid (docs/hybrid.md)")
+                         f"{h.provider} over a WireGuard tunnel, {usd(h.usd_per_hour)}/h, worst case "
+                         f"{usd(h.worst_case_usd)}: opt in with --topology hybrid (docs/hybrid.md)")
     if not allow_sim and topo_req != "local":
         out_notes.append(f"topology {topo_req} requested: simulated options not considered")
     if not allow_multi and req.nodes > 1 and topo_req != "multi-node":
