@@ -73,3 +73,17 @@ def test_whole_cents_stay_cents(cents):
     shown_total, shown = usd_parts(math.fsum(parts), parts)
     if all(c >= 1 or c == 0 for c in cents):
         assert all(len(s.rsplit(".", 1)[1]) == 2 for s in [shown_total, *shown]), (shown_total, shown)
+
+
+def test_a_budget_refusal_never_asks_for_less_than_the_worst_case():
+    """check_budget said "worst case $5.00 ... exceeds the budget $5.00" and "raise budget_usd to at least $5.00"
+    for a $5.0029 worst case: the amounts now differ as shown and the hint rounds up to the cent."""
+    from broker.core.provider import NoValidPlan
+    from broker.core.prose import cents_up
+    from broker.money.accounting import check_budget
+
+    with pytest.raises(NoValidPlan) as ei:
+        check_budget(5.0029, 5.0, 5.0029)
+    assert ei.value.message.startswith("worst case $5.0029 (1.00 h at $5.00/h) exceeds the budget $5.00")
+    assert ei.value.hint.endswith("raise budget_usd to at least $5.01"), ei.value.hint
+    assert cents_up(7.2) == 7.2 and cents_up(7.2001) == 7.21 and cents_up(0.000044) == 0.01
