@@ -39,11 +39,12 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import lru_cache
 
 from broker.core.prose import usd
 from broker.plan import pricing
+from broker.plan.freetier import FREE_TIER_ATTR, cpu_only, free_tier_offers, parse_free_tier  # noqa: F401
 from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
                                 utcnow)
@@ -207,59 +208,6 @@ def _quota_command(q: Quota, value: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ free tiers
-#: ``Offer.attrs`` key of a free-tier offer: {"max_units", "unit", "max_instance_hours", "note"}
-FREE_TIER_ATTR = "free_tier"
-
-
-def cpu_only(req: Requirements) -> bool:
-    """A CPU-only job: ``gpus_per_node`` 0 with ``cpu_ok`` (gloo on CPU; ``broker plan --cpu-only``)."""
-    return req.gpus_per_node == 0 and req.cpu_ok
-
-
-def parse_free_tier(text: str, *, now: datetime | None = None) -> tuple[dict[str, str], list[Offer]]:
-    """The free-tier snapshot (``providers/snapshots/free_tier.csv``: ``# key: value`` header lines, then CSV) ->
-    (header, $0.00 CPU offers).  Each offer carries its limit in ``attrs["free_tier"]``: ``max_units`` (nodes or
-    OCPUs at once, per tenancy) and/or ``max_instance_hours`` (a month, all instances together)."""
-    import csv
-    import io
-
-    meta: dict[str, str] = {}
-    body = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            k, _, v = line[1:].partition(":")
-            if k.strip() and v.strip() and k.strip() != "notes":
-                meta[k.strip()] = v.strip()
-        elif line.strip():
-            body.append(line)
-    date = meta.get("date", "")
-    try:
-        when = datetime.fromisoformat(date).replace(tzinfo=timezone.utc) if date else (now or utcnow())
-    except ValueError:
-        when = now or utcnow()
-    offers = []
-    for row in csv.DictReader(io.StringIO("\n".join(body))):
-        limit = {"max_units": int(row["max_units"]) if row.get("max_units") else None,
-                 "max_instance_hours": float(row["max_instance_hours"]) if row.get("max_instance_hours") else None,
-                 "unit": row.get("unit") or "", "note": row.get("notes") or ""}
-        offers.append(Offer(provider=row["provider"], offer_id=row["offer_id"], instance_type=row["instance_type"],
-                            region=row.get("region") or None, gpu_name="CPU", gpu_count=0, gpu_mem_gib=0.0,
-                            vcpus=float(row["vcpus"]), ram_gib=float(row["ram_gib"]), usd_per_hour=0.0,
-                            storage_usd_per_gib_month=0.0, min_billed_seconds=0, private_network=True,
-                            price_source=f"free tier {date} ({limit['note']})", price_time=when,
-                            attrs={FREE_TIER_ATTR: limit, "cpu": True, "arch": row.get("arch") or "x86_64"}))
-    return meta, offers
-
-
-def free_tier_offers(req: Requirements, text: str) -> list[Offer]:
-    """The free-tier offers that apply to ``req``: CPU-only jobs only (see :func:`cpu_only`), on the providers
-    ``req`` allows."""
-    if not cpu_only(req):
-        return []
-    _, offers = parse_free_tier(text)
-    return [o for o in offers if not req.providers or o.provider in req.providers]
-
-
 def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[Rejection]:
     """A free-tier offer beyond its limit: N nodes at once (OCI: 2 E2.1.Micro; 4 A1 OCPUs, one per node here) or
     N nodes x deadline hours beyond the monthly instance-hours (AWS 750)."""
@@ -570,30 +518,83 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
     reason kind; ``rejected_counts`` counts every rejected candidate by its first reason kind.
     """
     req = requirements
-    facts = _Facts(quotas, capacities)
-    ctx = _Ctx(req, facts)
-    hours_given = req.hours is not None or req.budget_usd is None
-    topo_req = req.topology
-    allow_local = topo_req in ("any", "simulated", "local")
-    allow_sim = topo_req in ("any", "simulated")
-    allow_multi = topo_req == "multi-node" or (topo_req == "any" and req.nodes > 1)
-    allow_hybrid = topo_req in ("hybrid", "any") and req.nodes > 1  # opt-in: under "any" only named in the notes
+    ctx = _Ctx(req, _Facts(quotas, capacities))
     ctx.here = here
-    node0_ok = _why_not_node0(ctx) is None
-    hybrid_seen: list[tuple] = []  # valid hybrid entries under "any" (for the note)
-    providers = set(req.providers)
+    allowed = _Allowed(req)
     out_notes = list(notes)
     if ctx.hours is not None and req.hours is None:
         out_notes.append(f"no hours and no budget given: deadline {fmt_num(ctx.hours)} h")
+    found = _screen(offers, ctx, allowed)
+    hybrid_seen = found.drop_hybrid() if allowed.hybrid and req.topology != "hybrid" else []
+    rank = _Ranking(offers, ctx)
+    options = [rank.build(e) for e in rank.best(found.valid, top_k)]
+    rejected, counts = _rejected_options(found, rank, unavailable, ctx, rejected_per_reason)
+    out_notes += _topology_notes(req, allowed, rank, hybrid_seen)
+    note = rejected_note(counts, len(rejected), rejected_per_reason)
+    if note:
+        out_notes.append(note)
+    return Plan(requirements=req, options=options, rejected=rejected, notes=out_notes,
+                created_at=now or utcnow(), rejected_counts=counts, valid_count=len(found.valid))
 
-    # Screening.  Entries are (value, worst case, offer index, region, zone, topology); ``value`` orders them
-    # (worst case, or minus the affordable hours when the budget sets the deadline).  Strings are built only
-    # for the options that end up in the Plan.
-    valid: list[tuple] = []
-    rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
-    counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
-    cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi),
-                                        ("hybrid", allow_hybrid)) if ok)
+
+class _Allowed:
+    """Which topologies a job's ``topology`` lets the plan consider (``hybrid`` is opt-in: under ``any`` it is only
+    named in the notes)."""
+
+    def __init__(self, req: Requirements):
+        t = req.topology
+        self.local = t in ("any", "simulated", "local")
+        self.simulated = t in ("any", "simulated")
+        self.multi = t == "multi-node" or (t == "any" and req.nodes > 1)
+        self.hybrid = t in ("hybrid", "any") and req.nodes > 1
+        self.cloud = tuple(name for name, ok in (("simulated", self.simulated), ("multi-node", self.multi),
+                                                 ("hybrid", self.hybrid)) if ok)
+
+
+class _Found:
+    """What screening found.  Entries are (value, worst case, offer index, region, zone, topology); ``value``
+    orders them (worst case, or minus the affordable hours when the budget sets the deadline).  Strings are
+    built only for the options that end up in the Plan."""
+
+    def __init__(self) -> None:
+        self.valid: list[tuple] = []
+        self.rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
+        self.counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
+
+    def drop_hybrid(self) -> list[tuple]:
+        """Take the hybrid entries out (under ``any``, hybrid is only named in a note); the valid ones taken."""
+        seen = [e for e in self.valid if e[5] == "hybrid"]
+        self.valid = [e for e in self.valid if e[5] != "hybrid"]
+        for kind, lst in self.rej.items():
+            drop = sum(1 for e in lst if e[5] == "hybrid")
+            if drop:
+                self.counts[kind] -= drop
+                self.rej[kind] = [e for e in lst if e[5] != "hybrid"]
+        return seen
+
+
+def _screen_local(o: Offer, oi: int, ctx: _Ctx, found: _Found) -> None:
+    """This machine's offer, judged by the general (text-building) path: it is one offer."""
+    reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
+    if reasons:
+        kind = reasons[0].kind.value
+        found.counts[kind] += 1
+        found.rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
+        return
+    wc, max_h = costs[2], costs[3]
+    hours_given = ctx.req.hours is not None or ctx.req.budget_usd is None
+    found.valid.append((wc if hours_given else -(math.inf if max_h is None else max_h), wc, oi, o.region, o.zone,
+                        "local"))
+
+
+def _screen(offers: Sequence[Offer], ctx: _Ctx, allowed: _Allowed) -> _Found:
+    """Every candidate (offer x topology x place) judged with plain attribute reads and float arithmetic, in the
+    planner's check order (model, memory, topology, capacity, quota, budget); counted under its first reason."""
+    req, facts, found = ctx.req, ctx.facts, _Found()
+    valid, rej, counts = found.valid, found.rej, found.counts
+    topo_req, cloud_topos, providers = req.topology, allowed.cloud, set(req.providers)
+    hours_given = req.hours is not None or req.budget_usd is None
+    node0_ok = _why_not_node0(ctx) is None
     n_counted = sum(1 for t in cloud_topos if t != "hybrid" or topo_req == "hybrid")  # rejections per offer
     wanted, min_mem = ctx.wanted, req.gpu_mem_floor_gib
     n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
@@ -601,25 +602,14 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
     cost, billed_s, max_billed = pricing.cost_usd, pricing.billed_seconds, pricing.max_billed_seconds
     billed_cache: dict[tuple[str, float], int] = {}
     zoned, caps_ix, quota_ix = facts.zones, facts.caps, facts.quotas
-    inf = math.inf
     hpm = pricing.HOURS_PER_MONTH
-
     for oi, o in enumerate(offers):
         prov = o.provider
         if providers and prov not in providers:
             continue
         if prov == "local":  # rare: the general path
-            if not allow_local:
-                continue
-            reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
-            if reasons:
-                kind = reasons[0].kind.value
-                counts[kind] += 1
-                rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
-            else:
-                wc, max_h = costs[2], costs[3]
-                valid.append((wc if hours_given else -(inf if max_h is None else max_h), wc, oi, o.region, o.zone,
-                              "local"))
+            if allowed.local:
+                _screen_local(o, oi, ctx, found)
             continue
         if not cloud_topos:
             continue
@@ -635,8 +625,7 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
             continue
         tkey = (prov, o.instance_type)
         places = facts.placements(o) if (o.zone is None and tkey in zoned) else ((o.region, o.zone),)
-        caps_l = caps_ix.get(tkey)
-        quotas_l = quota_ix.get(tkey)
+        caps_l, quotas_l = caps_ix.get(tkey), quota_ix.get(tkey)
         rate = price + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
         gc = o.gpu_count
         for topo in cloud_topos:
@@ -653,9 +642,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     kind = "topology"
                 elif caps_l and _capacity_blocked(facts, tkey, region, zone, units):
                     kind = "capacity"
-                elif quotas_l and _quota_blocked(quotas_l, o, region, zone, units):
-                    kind = "quota"
-                elif FREE_TIER_ATTR in o.attrs and _free_tier_reasons(o, units, ctx):
+                elif (quotas_l and _quota_blocked(quotas_l, o, region, zone, units)) or (
+                        FREE_TIER_ATTR in o.attrs and _free_tier_reasons(o, units, ctx)):
                     kind = "quota"
                 else:
                     kind = None
@@ -666,15 +654,14 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     rej[kind].append((units * price, units * price, oi, region, zone, topo))
                     continue
                 if rate <= 0:  # free
-                    valid.append((0.0 if hours_given else -inf, 0.0, oi, region, zone, topo))
+                    valid.append((0.0 if hours_given else -math.inf, 0.0, oi, region, zone, topo))
                     continue
                 allow = pricing.setup_allowance_seconds(prov)
                 if fixed_hours is not None:
-                    bk = (prov, o.min_billed_seconds)
-                    b = billed_cache.get(bk)
+                    b = billed_cache.get((prov, o.min_billed_seconds))
                     if b is None:
-                        b = billed_cache[bk] = billed_s(pricing.deadline_seconds(fixed_hours, allow),
-                                                        o.min_billed_seconds)
+                        b = billed_cache[(prov, o.min_billed_seconds)] = billed_s(
+                            pricing.deadline_seconds(fixed_hours, allow), o.min_billed_seconds)
                     wc = cost(units, rate, b)
                     if budget is not None and wc > budget:
                         counts["budget"] += 1
@@ -691,44 +678,49 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     continue
                 wc = cost(units, rate, billed_s(pricing.deadline_seconds(max_h, allow), o.min_billed_seconds))
                 valid.append((-max_h, wc, oi, region, zone, topo))
-    if allow_hybrid and topo_req != "hybrid":  # under "any": hybrid only for the note
-        hybrid_seen = [e for e in valid if e[5] == "hybrid"]
-        valid = [e for e in valid if e[5] != "hybrid"]
-        for kind, lst in rej.items():
-            drop = sum(1 for e in lst if e[5] == "hybrid")
-            if drop:
-                counts[kind] -= drop
-                rej[kind] = [e for e in lst if e[5] != "hybrid"]
-    counts = {k: v for k, v in counts.items() if v}
+    return found
 
-    def full_key(e: tuple) -> tuple:
+
+class _Ranking:
+    """The best entries of a list, deterministic under input order, and the PlanOption of an entry (reasons and
+    costs built by the text-building path)."""
+
+    def __init__(self, offers: Sequence[Offer], ctx: _Ctx):
+        self.offers, self.ctx = offers, ctx
+
+    def key(self, e: tuple) -> tuple:
         value, wc, oi, region, zone, topo = e
-        o = offers[oi]
+        o = self.offers[oi]
         # at equal cost this machine comes first (nothing to rent, no account), then by name
         return (value, wc, o.provider != "local", o.provider, o.instance_type, region or "", zone or "", o.offer_id,
                 topo)
 
-    def best(entries: list[tuple], k: int) -> list[tuple]:
-        """The k smallest entries by full key, deterministic under input order (ties on value pooled)."""
+    def best(self, entries: list[tuple], k: int) -> list[tuple]:
+        """The k smallest entries by :meth:`key` (ties on value pooled, so input order never decides)."""
         if k <= 0 or not entries:
             return []
         firsts = heapq.nsmallest(k, entries)  # (value, wc, unique offer index, ...): never compares further
         threshold = firsts[-1][0]
         pool = [e for e in entries if e[0] <= threshold] if len(firsts) == k else list(entries)
-        pool.sort(key=full_key)
+        pool.sort(key=self.key)
         return pool[:k]
 
-    def build(entry: tuple) -> PlanOption:
+    def build(self, entry: tuple) -> PlanOption:
         _, _, oi, region, zone, topo = entry
-        o = offers[oi]
-        ofr = _offer_reasons(o, ctx, full=True)
-        reasons, step, costs = _evaluate(o, region, zone, topo, ctx, True, ofr)
-        return _option(o, region, zone, topo, ctx, reasons, step, costs)
+        o = self.offers[oi]
+        reasons, step, costs = _evaluate(o, region, zone, topo, self.ctx, True, _offer_reasons(o, self.ctx, True))
+        return _option(o, region, zone, topo, self.ctx, reasons, step, costs)
 
-    options = [build(e) for e in best(valid, top_k)]
+
+def _rejected_options(found: _Found, rank: _Ranking, unavailable: Mapping[str, str] | None, ctx: _Ctx,
+                      per_reason: int) -> tuple[list[PlanOption], dict[str, int]]:
+    """The rejected options a Plan shows (each provider that offers nothing, then the ``per_reason`` cheapest of
+    each reason kind, in order of the worst case the table prints) and the counts of every rejection by kind."""
+    req = ctx.req
+    counts = {k: v for k, v in found.counts.items() if v}
     rejected: list[PlanOption] = []
     for prov, why in sorted((unavailable or {}).items()):
-        if providers and prov not in providers:
+        if req.providers and prov not in req.providers:
             continue
         topo = TopologyKind.local if prov == "local" else TopologyKind.simulated
         rejected.append(PlanOption(provider=prov, topology=topo, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
@@ -737,27 +729,30 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                                    reason_kind="provider"))
         counts["provider"] = counts.get("provider", 0) + 1
     counts = {k: counts[k] for k in REASON_KINDS if counts.get(k)}
-    for kind in REASON_KINDS:  # the cheapest per kind, shown in order of the worst case the table prints
-        rejected += sorted((replace(build(e), reason_kind=kind) for e in best(rej[kind], rejected_per_reason)),
+    for kind in REASON_KINDS:
+        rejected += sorted((replace(rank.build(e), reason_kind=kind) for e in rank.best(found.rej[kind], per_reason)),
                            key=lambda o: o.worst_case_usd)
+    return rejected, counts
 
+
+def _topology_notes(req: Requirements, allowed: _Allowed, rank: _Ranking, hybrid_seen: list[tuple]) -> list[str]:
+    """What the topology asked for means for the plan: hybrid's layout, the hybrid option under ``any`` (named,
+    never chosen), and the topologies not considered."""
+    out: list[str] = []
+    topo_req = req.topology
     if topo_req == "hybrid":
         vms = "node 1 is a VM" if req.nodes == 2 else f"nodes 1-{req.nodes - 1} are VMs"
-        out_notes.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
-                         f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
-                         "per-run WireGuard tunnel; priced as the VMs only")
+        out.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
+                   f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
+                   "per-run WireGuard tunnel; priced as the VMs only")
     if hybrid_seen:
-        h = build(best(hybrid_seen, 1)[0])
+        h = rank.build(rank.best(hybrid_seen, 1)[0])
         o = h.offers[0]
-        out_notes.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
-                         f"{h.provider} over a WireGuard tunnel, {usd(h.usd_per_hour)}/h, worst case "
-                         f"{usd(h.worst_case_usd)}: opt in with --topology hybrid (docs/hybrid.md)")
-    if not allow_sim and topo_req != "local":
-        out_notes.append(f"topology {topo_req} requested: simulated options not considered")
-    if not allow_multi and req.nodes > 1 and topo_req != "multi-node":
-        out_notes.append(f"topology {topo_req} requested: multi-node options not considered")
-    note = rejected_note(counts, len(rejected), rejected_per_reason)
-    if note:
-        out_notes.append(note)
-    return Plan(requirements=req, options=options, rejected=rejected, notes=out_notes,
-                created_at=now or utcnow(), rejected_counts=counts, valid_count=len(valid))
+        out.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
+                   f"{h.provider} over a WireGuard tunnel, {usd(h.usd_per_hour)}/h, worst case "
+                   f"{usd(h.worst_case_usd)}: opt in with --topology hybrid (docs/hybrid.md)")
+    if not allowed.simulated and topo_req != "local":
+        out.append(f"topology {topo_req} requested: simulated options not considered")
+    if not allowed.multi and req.nodes > 1 and topo_req != "multi-node":
+        out.append(f"topology {topo_req} requested: multi-node options not considered")
+    return out
