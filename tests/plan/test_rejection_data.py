@@ -147,3 +147,20 @@ def test_a_rejection_is_its_text_and_keeps_its_data_through_copies():
     assert r.reworded("full").kind is RejectionKind.capacity
     with pytest.raises(ValueError):
         Rejection("cheap", "no")
+
+
+def test_the_plan_table_tells_a_budget_only_option_by_its_kind():
+    """`broker plan`'s "cheapest option blocked only by the budget" line read the reasons' first words."""
+    import io
+
+    from broker.cli.plan import PlainOut, render_plan
+
+    def table(p: Plan) -> str:
+        buf = io.StringIO()
+        render_plan(p, None, out=PlainOut(buf, width=200))
+        return " ".join(buf.getvalue().split())
+
+    _, p = _budget_case()
+    before, after = table(p), table(_reworded(p))
+    assert "cheapest option blocked only by the budget:" in before
+    assert "cheapest option blocked only by the budget:" in after and "raison " in after
