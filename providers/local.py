@@ -153,8 +153,11 @@ class LocalProvider(Provider):
         if not g:
             if req.cpu_ok:
                 return None
-            return (f"this machine has no GPU and the job needs {need} GPU(s); allow a CPU logic check (gloo) "
-                    "with cpu_ok: true in the recipe or --cpu-ok")
+            from broker.core.model import Rejection
+
+            # as data: the no-plan hint names --cpu-ok from ``lifted_by``, never from these words
+            return Rejection("provider", f"this machine has no GPU and the job needs {need} GPU(s); allow a CPU "
+                             "logic check (gloo) with cpu_ok: true in the recipe or --cpu-ok", lifted_by="cpu_ok")
         if len(g) < need:
             if req.cpu_ok:
                 return None

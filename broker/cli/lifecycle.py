@@ -16,6 +16,8 @@ from typing import Any
 
 import typer
 
+from broker.core.prose import usd
+
 
 class ProgressPrinter:
     """Renders the steps of a run: ``[ 12.3s  $0.0041  $1.80/h] step`` (elapsed since start, the run's cost so far
@@ -44,7 +46,6 @@ class ProgressPrinter:
 
     def prefix(self) -> str:
         from broker.money.cost import live_usd_per_hour, run_spent_usd
-        from broker.core.ui import usd
 
         try:
             cost, rate = (run_spent_usd(self.ledger, self.run_id), live_usd_per_hour(self.ledger, self.run_id)) \
@@ -319,7 +320,7 @@ def reconcile_cmd(
         for r in rep.unknown:
             console.print(f"  [bold red]possibly billing[/]: {r.provider} {r.kind} {r.name} of run {r.run_id}: "
                           f"an ambiguous create not resolved yet ({escape(r.error or 'unknown')}); "
-                          f"worst case ${r.usd_per_hour:.4g}/h until its deadline")
+                          f"worst case {usd(r.usd_per_hour, up_to=4)}/h until its deadline")
         for t in rep.foreign:
             console.print(f"  other installation: {t.provider} {t.kind} {t.provider_id} run {t.run_id} "
                           f"(installation {t.installation_id or 'none'}): left alone")
@@ -337,7 +338,7 @@ def reconcile_cmd(
                           f"[bold red]unknown at {', '.join(rep.errors)}[/] (not listed)")
         for t in rep.orphans:
             console.print(f"  orphan {t.provider} {t.kind} {t.provider_id} run {t.run_id} state {t.state} "
-                          f"${t.usd_per_hour or 0:.4g}/h")
+                          f"{usd(t.usd_per_hour or 0, up_to=4)}/h")
         if rep.terminated:
             console.print(f"[green]terminated {len(rep.terminated)} resource(s)[/]")
         if (rep.orphans or rep.unknown) and not terminate:

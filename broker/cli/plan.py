@@ -406,10 +406,8 @@ def rejected_table(plan: "Plan", *, rejected_limit: int, wide: bool) -> "Table":
             why += f" (same in {len(zones)} zones: {', '.join(zones)})"
         if o.next_step:
             why += f"\n-> {o.next_step}"
-        worst = usd(o.worst_case_usd) if o.offers else "-"
-        if o.offers and req.budget_usd is not None and req.budget_usd < o.worst_case_usd <= round(
-                req.budget_usd, 2) + 0.005:  # $5.0029 over a $5.00 budget must not read "$5.00"
-            worst = f"${o.worst_case_usd:,.4f}"
+        # beside the budget: $5.0029 over a $5.00 budget must not read "$5.00"
+        worst = usd(o.worst_case_usd, req.budget_usd) if o.offers else "-"
         if wide:  # (text, True): a cell word-wrapped first (broker.core.ui.Wrapped)
             t.add_row(o.provider, o.topology.value, escape(rented(o)), worst, (why, True))
         else:  # the worst case on a line of its own when it does not fit beside what is rented
@@ -441,8 +439,10 @@ def show_choice(ops: _Ops, plan: "Plan", *, recipe_sets: "tuple[str, str | None]
             ops.line(f"cheaper after a quota increase: {escape(rented(cheaper[0]))} on {cheaper[0].provider} "
                      f"({usd(cheaper[0].worst_case_usd)}): {escape(cheaper[0].next_step or '')}")
         return
+    from broker.core.model import RejectionKind
+
     only_budget = [o for o in plan.rejected if o.offers and o.rejected
-                   and all(r.startswith(("worst case ", "budget ")) for r in o.rejected)]
+                   and all(r.kind is RejectionKind.budget for r in o.rejected)]
     if only_budget:
         b = min(only_budget, key=lambda o: o.worst_case_usd)
         ops.line(f"cheapest option blocked only by the budget: {b.topology.value} {escape(rented(b))} on "

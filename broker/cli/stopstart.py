@@ -24,6 +24,8 @@ from typing import Any
 
 import typer
 
+from broker.core.prose import usd
+
 #: why a provider that cannot stop machines cannot, in words (for the refusal)
 _CANNOT = {"local": "its nodes are processes on this machine", "netns": "its nodes are network namespaces here",
            "slurm": "Slurm allocations cannot be suspended by broker"}
@@ -120,7 +122,7 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
         first = getattr(ledger, "raw", ledger)
         first.update_resource(res.id, state="stopping", deadline=deadline, stopped_usd_per_hour=rate,
                               attrs={"stopped_basis": basis, "deadman": False}, actor="cli",
-                              message=f"stop requested; {what} will bill ${rate:.4g}/h ({basis}) until "
+                              message=f"stop requested; {what} will bill {usd(rate, up_to=4)}/h ({basis}) until "
                                       f"{deadline:%Y-%m-%d %H:%MZ}")
         try:
             p.stop(res.provider_id, region=res.region)
@@ -136,7 +138,8 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
         info = _wait_state(p, res, "stopped", timeout_s, poll_s)
         if info.state == "stopped":
             ledger.change_rate(res.id, "stopped", at=utcnow(), actor="cli",
-                               message=f"{what} stopped ({info.raw_state}); billing ${rate:.4g}/h for its disk")
+                               message=f"{what} stopped ({info.raw_state}); billing {usd(rate, up_to=4)}/h for its "
+                                       "disk")
         elif info.state == "terminated":
             ledger.update_resource(res.id, state="terminated", terminated_by="provider", actor="cli",
                                    message=f"{what} is gone at the provider")
@@ -179,8 +182,8 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         worst = spent + hourly * hours
         if worst > run.budget_usd + 1e-9:
             fit = max(0.0, (run.budget_usd - spent) / hourly) if hourly else 0.0
-            raise NoValidPlan(f"starting run {run.id} for {hours:g} h at ${hourly:,.2f}/h brings it to "
-                              f"${worst:,.2f}, over its budget ${run.budget_usd:,.2f} (spent ${spent:,.2f})",
+            raise NoValidPlan(f"starting run {run.id} for {hours:g} h at {usd(hourly)}/h brings it to "
+                              f"{usd(worst)}, over its budget {usd(run.budget_usd)} (spent {usd(spent)})",
                               hint=(f"`broker start {run.id} --hours {int(fit * 100) / 100:g}`" if fit >= 0.01 else
                                     f"`broker down {run.id}` deletes the stopped disks"))
     cache = dict(providers or {})
@@ -194,10 +197,10 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
         at = utcnow()
         getattr(ledger, "raw", ledger).change_rate(res.id, "starting", at=at, deadline=deadline, actor="cli",
                            attrs={"restarted_at": at.isoformat()},
-                           message=f"start requested; {what} bills ${res.usd_per_hour:.4g}/h again until "
+                           message=f"start requested; {what} bills {usd(res.usd_per_hour, up_to=4)}/h again until "
                                    f"{deadline:%Y-%m-%d %H:%MZ}")
         if say is not None:
-            say(f"{what}: start requested (bills ${res.usd_per_hour:.4g}/h from now)")
+            say(f"{what}: start requested (bills {usd(res.usd_per_hour, up_to=4)}/h from now)")
         _retrying(lambda: p.start(res.provider_id, region=res.region), timeout_s, poll_s)
         info = _wait_state(p, res, "running", timeout_s, poll_s, say)
         row = {"resource": res.id, "provider": res.provider, "provider_id": res.provider_id, "state": info.state,
@@ -248,7 +251,8 @@ def _stop_again(ledger: Any, p: Any, res: Any, row: dict[str, Any], run: Any, *,
         return
     if info.state == "stopped":
         ledger.change_rate(res.id, "stopped", at=utcnow(), actor="cli",
-                           message=f"{what} stopped again ({info.raw_state}); billing ${rate:.4g}/h for its disk")
+                           message=f"{what} stopped again ({info.raw_state}); billing {usd(rate, up_to=4)}/h for "
+                                   "its disk")
         row["state"] = "stopped"
     else:
         row["state"] = "stopping" if info.state != "terminated" else "terminated"
@@ -389,7 +393,7 @@ def _billing_lines(ledger: Any, run_id: str) -> list[str]:
             continue
         rate = (r.stopped_usd_per_hour or 0.0) if r.state == "stopped" else r.usd_per_hour
         what = "stopped (its disk)" if r.state == "stopped" else r.state
-        out.append(f"{r.provider} {r.provider_id or r.name} {what} ${rate:.4g}/h")
+        out.append(f"{r.provider} {r.provider_id or r.name} {what} {usd(rate, up_to=4)}/h")
     return out
 
 
@@ -426,7 +430,7 @@ def stop_cmd(
     for r in rows:
         what = f"{r['provider']} instance {r['provider_id']}"
         if r["state"] == "stopped":
-            console.print(f"{what}: stopped, billing ${r['usd_per_hour']:.4g}/h for its disk ({r['basis']}); "
+            console.print(f"{what}: stopped, billing {usd(r['usd_per_hour'], up_to=4)}/h for its disk ({r['basis']}); "
                           f"deleted at {r['deadline'][:16]}Z unless started", markup=False, highlight=False)
         elif r["state"] == "terminated":
             console.print(f"{what}: gone at the provider", markup=False, highlight=False)
@@ -434,8 +438,8 @@ def stop_cmd(
             console.print(f"{what}: stop requested, not confirmed within {timeout:g} s; `broker status` "
                           "shows it, `broker stop` again confirms", markup=False, highlight=False)
         if r["usd_per_hour"] >= 0.5 * (r["running_usd_per_hour"] or 0) > 0:
-            console.print(f"  note: stopped it still bills ${r['usd_per_hour']:.4g}/h of its "
-                          f"${r['running_usd_per_hour']:.4g}/h; only `broker down {run.id}` ends that",
+            console.print(f"  note: stopped it still bills {usd(r['usd_per_hour'], up_to=4)}/h of its "
+                          f"{usd(r['running_usd_per_hour'], up_to=4)}/h; only `broker down {run.id}` ends that",
                           markup=False, highlight=False)
     console.print(f"  start it:  broker start {run.id}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"  delete it: broker down {run.id}", markup=False, highlight=False, soft_wrap=True)
@@ -492,7 +496,7 @@ def start_cmd(
             ssh = {True: "SSH answers", False: "SSH does not answer yet", None: "no SSH to check"}[r["ssh"]]
             if r.get("ssh_why"):
                 ssh = f"SSH refused: {r['ssh_why']}"
-            console.print(f"{what}: running at {r['host']}:{r['port']}, ${r['usd_per_hour']:.4g}/h, "
+            console.print(f"{what}: running at {r['host']}:{r['port']}, {usd(r['usd_per_hour'], up_to=4)}/h, "
                           f"{ssh}; deleted at {r['deadline'][:16]}Z", markup=False, highlight=False)
             if r["deadman"] is True:
                 console.print(f"  node dead-man switch re-armed: it deletes itself at "

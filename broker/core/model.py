@@ -51,12 +51,23 @@ def json_default(o: Any) -> Any:
     """``json.dumps`` ``default`` for broker's values: dataclasses as dicts (``dataclasses.asdict``), datetimes as
     :func:`iso`, enums by value.  Raises TypeError for anything else."""
     if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        return dataclasses.asdict(o)
+        return dataclasses.asdict(o, dict_factory=_json_dict)
     if isinstance(o, datetime):
         return iso(o)
     if isinstance(o, Enum):
         return o.value
     raise TypeError(f"{type(o).__name__} is not JSON serializable")
+
+
+def _json_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A dataclass's JSON dict; an option's (a ``rejected`` list of reasons beside ``reason_kind``) also carries
+    ``rejections``, its reasons as data (:meth:`Rejection.as_dict`), after the texts ``rejected`` keeps."""
+    d = dict(pairs)
+    rej = d.get("rejected")
+    if "reason_kind" in d and isinstance(rej, list):
+        d["rejections"] = [r.as_dict() if isinstance(r, Rejection) else _as_rejection(r, d["reason_kind"]).as_dict()
+                           for r in rej]
+    return d
 
 
 def to_json(o: Any) -> Any:
@@ -88,6 +99,83 @@ class TopologyKind(str, Enum):
     multi_node = "multi-node"  # N hosts in one private network (same VCN subnet / VPC security group)
     local = "local"  # simulated on this machine, free
     hybrid = "hybrid"  # node 0 = this machine, nodes 1.. = VMs, over a per-run WireGuard tunnel (broker.run.hybrid)
+
+
+class RejectionKind(str, Enum):
+    """Why the planner rejects an option, in its check order (the keys of ``Plan.rejected_counts``)."""
+
+    provider = "provider"  # the provider offers nothing here (this machine's limits, a failed live answer, no price)
+    gpu_model = "gpu-model"
+    gpu_memory = "gpu-memory"
+    topology = "topology"
+    capacity = "capacity"
+    quota = "quota"
+    budget = "budget"
+    #: a reason read back from JSON written before reasons carried their kind
+    other = "other"
+
+
+class Rejection(str):
+    """One reason an option is rejected, as data: its :class:`RejectionKind`, the sentence shown to the user
+    (``text``; the value itself, so code and JSON that read reasons as text keep working), the command that would
+    lift it (``next_step``, e.g. a ready ``broker quota request ...``) and the job setting that would lift it
+    (``lifted_by``: ``"cpu_ok"`` when this machine has no GPU and gloo on CPU would do).
+
+    Readers decide by ``kind`` and ``lifted_by``, never by the words of ``text``: rewording a reason changes no
+    hint.  Immutable; raises ValueError for an unknown kind.
+    """
+
+    kind: RejectionKind
+    next_step: str | None
+    lifted_by: str | None
+
+    def __new__(cls, kind: RejectionKind | str, text: str, next_step: str | None = None,
+                lifted_by: str | None = None) -> Rejection:
+        self = super().__new__(cls, text)
+        self.kind = RejectionKind(kind)
+        self.next_step = next_step
+        self.lifted_by = lifted_by
+        return self
+
+    @property
+    def text(self) -> str:
+        return str.__str__(self)
+
+    def reworded(self, text: str) -> Rejection:
+        """The same rejection (kind, next step) shown as ``text``."""
+        return Rejection(self.kind, text, self.next_step, self.lifted_by)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form: ``{"kind", "text", "next_step", "lifted_by"}``."""
+        return {"kind": self.kind.value, "text": self.text, "next_step": self.next_step, "lifted_by": self.lifted_by}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Rejection:
+        """From :meth:`as_dict`; an unknown kind reads as ``other``.  Raises KeyError, TypeError (no text)."""
+        kind = d.get("kind")
+        if kind not in RejectionKind._value2member_map_:
+            kind = RejectionKind.other
+        return cls(kind, str(d["text"]), d.get("next_step"), d.get("lifted_by"))
+
+    def __reduce__(self) -> tuple:
+        return (Rejection, (self.kind.value, self.text, self.next_step, self.lifted_by))
+
+    def __copy__(self) -> Rejection:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Rejection:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Rejection({self.kind.value!r}, {self.text!r})"
+
+
+def _as_rejection(r: str, kind: str | None) -> Rejection:
+    """``r`` as a :class:`Rejection`: itself, or plain text (written before reasons carried their kind) of
+    ``kind`` (the option's count bucket) when known, else ``other``."""
+    if isinstance(r, Rejection):
+        return r
+    return Rejection(kind if kind in RejectionKind._value2member_map_ else RejectionKind.other, r)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -321,7 +409,9 @@ class PlanOption:
     hours: float
     max_hours_within_budget: float | None = None
     price_source: str = ""
-    rejected: list[str] = field(default_factory=list)  # reasons; empty = valid
+    #: why it is rejected (:class:`Rejection`: text with its kind; plain text given is read as kind ``other``, or
+    #: ``reason_kind`` when set); empty = valid.  ``--json`` writes the texts here and the data in ``rejections``
+    rejected: list[Rejection] = field(default_factory=list)
     next_step: str | None = None  # e.g. a ready `broker quota request ...` command
     #: interruptible capacity (bid / spot / preemptible): ``worst_case_usd`` then covers ``max_restarts + 1``
     #: attempts (one setup allowance each), ``hours`` is the job time (:mod:`broker.plan.interruptible`)
@@ -344,6 +434,8 @@ class PlanOption:
             self.topology = TopologyKind(self.topology)
         _floats(self, ("usd_per_hour", "worst_case_usd", "hours", "max_hours_within_budget", "expected_usd",
                        "preemptions_per_hour", "on_demand_usd_per_hour"))
+        if any(not isinstance(r, Rejection) for r in self.rejected):
+            self.rejected = [_as_rejection(r, self.reason_kind) for r in self.rejected]
 
     @property
     def valid(self) -> bool:
@@ -368,7 +460,11 @@ class PlanOption:
         known = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["offers"] = [o if isinstance(o, Offer) else Offer.from_dict(o) for o in kw.get("offers") or []]
-        kw["rejected"] = list(kw.get("rejected") or [])
+        data = d.get("rejections")
+        if isinstance(data, list) and len(data) == len(kw.get("rejected") or []):
+            kw["rejected"] = [Rejection.from_dict(r) for r in data]
+        else:
+            kw["rejected"] = list(kw.get("rejected") or [])
         return cls(**kw)
 
 

@@ -9,6 +9,7 @@ pipe (``broker plan``'s plain renderer, :mod:`broker.core.plaintable`) can wrap 
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from typing import Any
 
@@ -60,29 +61,66 @@ def print_json(data: Any, *, indent: int | None = 2) -> None:
     print(json.dumps(json_payload(data), default=default, indent=indent), flush=indent is None)
 
 
-def usd(x: float | None) -> str:
-    """'$1.23' (or '-' for None); amounts under a cent keep 4 decimals."""
-    if x is None:
+def _fixed(x: float, places: int) -> str:
+    """``x`` in dollars with exactly ``places`` decimals and thousands commas, the sign before the ``$``;
+    an amount that rounds to zero shows no sign (``$0.00``, never ``-$0.00``)."""
+    text = f"{abs(x):,.{places}f}"
+    return f"-${text}" if x < 0 and text.strip("0.,") else f"${text}"
+
+
+def usd(x: float | None, versus: float | None = None, *, places: int | None = None,
+        up_to: int | None = None) -> str:
+    """Money as broker shows it everywhere (the one formatter; :func:`usd_parts` splits a total with it).
+
+    Rules, in order:
+
+    * None (or NaN / infinity) is unknown: ``-``, never ``$0.00``.
+    * ``places``: exactly that many decimals (``usd(0.0029, places=4)`` = ``$0.0029``).
+    * Zero is ``$0.00``; a negative amount has its sign first (``-$1.50``); thousands take commas (``$1,234.50``).
+    * To the cent (``$1.23``), except below a cent, where 4 decimals keep a tiny rate readable (``$0.0044``; an
+      amount under 1/100 cent reads ``$0.0000``: every money column is 2 or 4 decimals wide).
+    * ``versus`` (a budget beside it): 4 decimals when ``x`` differs from ``versus`` but both would show the same
+      cents (``$5.0029`` beside ``$5.00``, never ``$5.00 > $5.00``).
+    * ``up_to`` (a price per hour as the provider states it): up to that many decimals where the amount has them,
+      at least the cent (``usd(1.006, up_to=4)`` = ``$1.006``, ``usd(0.6, up_to=4)`` = ``$0.60``).
+    """
+    import math
+
+    if x is None or not math.isfinite(x):
         return "-"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
+    if places is not None:
+        return _fixed(x, places)
+    if 0 < abs(x) < 0.01 or (versus is not None and x != versus and _fixed(x, 2) == _fixed(versus, 2)):
+        return _fixed(x, 4)
+    if up_to is not None and up_to > 2:
+        text = _fixed(x, up_to).rstrip("0")
+        return text + "0" * (2 - len(text.rsplit(".", 1)[1]))
+    return _fixed(x, 2)
+
+
+def cents_up(x: float) -> float:
+    """The smallest whole-cent amount at or above ``x`` USD (what a hint may ask a budget to be raised to: a
+    budget "of at least $7.20" must cover $7.2001); float noise (7.2 x 100 = 720.0000000000001) does not round
+    a whole cent up."""
+    return math.ceil(round(x * 100, 6)) / 100
 
 
 def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
-    """``total`` and its ``parts`` (what each attempt of a run cost) as :func:`usd` strings that add up as printed:
-    :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of them, the parts
-    rounded so that they sum to the rounded total when they differ from it by rounding only (largest remainder:
-    $0.0083 + $0.0083 beside $0.0167 becomes $0.0084 + $0.0083).  $0.01 + $0.01 beside a $0.03 total reads as an
-    error."""
-    import math
+    """``total`` and its ``parts`` (what each attempt or resource of a run cost) as :func:`usd` strings that add up
+    as printed: :func:`usd`'s own where the printed parts sum to the printed total, else 4 decimals for all of
+    them, the parts rounded so that they sum to the rounded total (largest remainder: $0.0083 + $0.0083 beside
+    $0.0167 becomes $0.0084 + $0.0083).  $0.01 + $0.01 beside a $0.03 total reads as an error.  Parts that do not
+    sum to ``total`` (beyond float rounding) are shown each to 4 decimals: no rounding can make them add up."""
+    from decimal import Decimal
 
     shown = [usd(x) for x in parts]
     if not parts:
         return usd(total), shown
 
-    def value(text: str) -> float:
-        return float(text.strip("$").replace(",", ""))
+    def value(text: str) -> Decimal:
+        return Decimal(text.replace("$", "").replace(",", ""))
 
-    if abs(sum(value(x) for x in shown) - value(usd(total))) < 5e-5:
+    if sum(value(x) for x in shown) == value(usd(total)):
         return usd(total), shown
     q = 10_000
     units = [x * q for x in parts]
@@ -91,8 +129,8 @@ def usd_parts(total: float, parts: "list[float]") -> tuple[str, list[str]]:
     if abs(sum(units) - total * q) < 1 and 0 <= rest <= len(floors):
         for i in sorted(range(len(units)), key=lambda k: units[k] - floors[k], reverse=True)[:rest]:
             floors[i] += 1
-        return f"${whole / q:,.4f}", [f"${v / q:,.4f}" for v in floors]
-    return f"${total:,.4f}", [f"${x:,.4f}" for x in parts]
+        return _fixed(whole / q, 4), [_fixed(v / q, 4) for v in floors]
+    return _fixed(total, 4), [_fixed(x, 4) for x in parts]
 
 
 def hours(h: float | None) -> str:

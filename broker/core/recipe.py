@@ -47,6 +47,9 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Str
 from broker.core import limits
 from broker.core.errors import BadInput
 from broker.core.model import Requirements
+from broker.core.recipe_interruptible import (  # noqa: F401 - the interruptible words; importable from here
+    INTERRUPTIBLE_ALLOWED, INTERRUPTIBLE_WORDS, _NO_CHECKPOINT_MARK, check_interruptible, interruptible_refusal,
+    interruptible_warning, interruptible_word)
 from broker.core.recipe_yaml import (  # noqa: F401 - reading the file; names kept importable from here
     RecipeError, MAX_RECIPE_BYTES, _YamlLimit, _strict_loader, _expanded_size, _NOT_YAML_TEXT, _caret, parse_yaml, _line_map, _fields_of, _folder_error, _read_text, _BOMS, _utf16_or_32)
 
@@ -413,17 +416,12 @@ _ALLOWED_HINT = {
     "gpu": "a mapping with 'models' (list of GPU names) and 'min_mem_gib' (number)",
     "script": "the path of a Python training script, relative to the recipe",
     "workdir": "a folder relative to the recipe file",
-    "interruptible": "true, false or auto (auto: only when the expected cost with restarts is lower); yes and on "
-                     "read as true, no and off as false",
+    "interruptible": INTERRUPTIBLE_ALLOWED,
     "checkpoint_dir": "a folder inside the workdir, relative to it (e.g. checkpoints)",
     "checkpoint_every_s": "whole seconds between checkpoint copies, more than 0 (at most 86400)",
     "max_restarts": "a whole number of restarts after preemptions, 0 to 100",
     "resume_checkpoint": "true or false (true: the first attempt starts from the checkpoint_dir in the workdir)",
 }
-#: every word ``interruptible`` takes, in a recipe and after ``--interruptible``, and the value it reads as (YAML 1.1
-#: reads yes/no/on/off as booleans in a recipe, so the flag takes them too)
-INTERRUPTIBLE_WORDS = {"true": "true", "yes": "true", "on": "true", "false": "false", "no": "false", "off": "false",
-                       "auto": "auto"}
 _ALLOWED_GPU = {"min_mem_gib": limits.allowed("min_mem_gib"), "models": "a list of GPU model names (strings)"}
 
 #: largest recipe file read (bytes)
@@ -603,57 +601,6 @@ def _refuse_named_checkpoint_files(recipe: Recipe, script: Path, workdir: Path, 
                               "staged (a new run starts without it), so the job would not find that file",
                               hint="name another folder as checkpoint_dir (one the job only writes checkpoints "
                                    "to, e.g. checkpoints), or set resume_checkpoint: true to stage it")
-
-
-#: what every "interruptible without checkpoint_dir" warning says (to find it again when a flag changes the value)
-_NO_CHECKPOINT_MARK = "without 'checkpoint_dir:': after a preemption the job restarts from the beginning"
-
-
-def interruptible_warning(said: str, value: str, checkpoint_dir: str | None, path: Path | None = None) -> str | None:
-    """The warning for interruptible capacity without a ``checkpoint_dir`` (None when it does not apply): ``said``
-    is where the value came from (``r.yaml:4: interruptible: true`` or ``--interruptible true``), ``path`` the
-    recipe file to set ``checkpoint_dir:`` in when a flag set the value."""
-    if value == "false" or checkpoint_dir is not None:
-        return None
-    return (f"{said} {_NO_CHECKPOINT_MARK}; set checkpoint_dir: " + (f"in {path} " if path else "")
-            + "to the folder your script saves to and loads from")
-
-
-def interruptible_word(value: Any) -> str | None:
-    """``value`` (a YAML boolean or text) as ``"true"``, ``"false"`` or ``"auto"`` by :data:`INTERRUPTIBLE_WORDS`
-    (case and surrounding blanks ignored); None when it is none of them."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return INTERRUPTIBLE_WORDS.get(value.strip().lower())
-    return None
-
-
-def interruptible_refusal(said: str, value: Any, setting: str) -> tuple[str, str]:
-    """The message and the fix for an ``interruptible`` value that is not one of :data:`INTERRUPTIBLE_WORDS`, one
-    style for the recipe field and the flag: ``said`` names where it came from (``r.yaml:4: field 'interruptible':``
-    or ``--interruptible``), ``setting`` how the fix is written (``interruptible:`` or ``--interruptible``)."""
-    from broker.core.choices import closest
-
-    near = closest(str(value), INTERRUPTIBLE_WORDS) if isinstance(value, str) else None
-    near = INTERRUPTIBLE_WORDS[near] if near else None
-    mean = f"did you mean {setting} {near}? " if near else ""
-    return (f"{said} {value!r} is not one of the allowed values: {_ALLOWED_HINT['interruptible']}",
-            f"{mean}e.g. {setting} auto (interruptible capacity only when its expected cost is lower), or "
-            f"{setting} false (on-demand)")
-
-
-def check_interruptible(flag: str, value: str | None) -> str | None:
-    """A command line's ``--interruptible`` value in the recipe field's words (:func:`interruptible_word`:
-    ``Auto`` -> ``auto``, ``yes`` -> ``true``), None when not given.  Raises BadInput naming the flag, the allowed
-    words and the fix, as the recipe field's error does."""
-    if value is None:
-        return None
-    v = interruptible_word(value)
-    if v is None:
-        message, hint = interruptible_refusal(flag, value, flag)
-        raise BadInput(message, hint=hint)
-    return v
 
 
 def resolve_secrets(names: list[str], *, where: str = "recipe",

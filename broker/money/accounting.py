@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.model import utcnow
+from broker.core.prose import cents_up, usd
 from broker.core.provider import NoValidPlan
 
 if TYPE_CHECKING:  # the pydantic records (~100 ms to import): `broker status` on an empty home needs none
@@ -237,17 +238,17 @@ def check_budget(worst_case_usd: float, budget_usd: float | None, usd_per_hour: 
     if usd_per_hour > 0:
         hours = worst_case_usd / usd_per_hour
         fit = math.floor(budget_usd / usd_per_hour * 100) / 100  # round down: never stretch the budget
-        what = f"{hours:.2f} h at ${usd_per_hour:,.2f}/h"
+        what = f"{hours:.2f} h at {usd(usd_per_hour)}/h"
         if fit > 0:
-            hint = f"set max_hours: {fit:.2f} or raise budget_usd to at least ${worst_case_usd:,.2f}"
+            hint = f"set max_hours: {fit:.2f} or raise budget_usd to at least {usd(cents_up(worst_case_usd))}"
             fits = f"; at most {fit:.2f} h fits"
         else:
-            hint = f"raise budget_usd to at least ${usd_per_hour / 100:,.2f} (0.01 h) or pick a cheaper offer"
+            hint = f"raise budget_usd to at least {usd(cents_up(usd_per_hour / 100))} (0.01 h) or pick a cheaper offer"
             fits = "; not even 0.01 h fits"
     else:
-        what, fits, hint = "fixed costs", "", f"raise budget_usd to at least ${worst_case_usd:,.2f}"
-    raise NoValidPlan(f"worst case ${worst_case_usd:,.2f} ({what}) exceeds the budget ${budget_usd:,.2f}{fits}",
-                      hint=hint)
+        what, fits, hint = "fixed costs", "", f"raise budget_usd to at least {usd(cents_up(worst_case_usd))}"
+    raise NoValidPlan(f"worst case {usd(worst_case_usd, budget_usd)} ({what}) exceeds the budget {usd(budget_usd)}"
+                      f"{fits}", hint=hint)
 
 
 # --------------------------------------------------------------------------------------------------- layers

@@ -11,6 +11,7 @@ from typing import Callable
 
 from broker.money.ledger import Ledger
 from broker.core.model import utcnow
+from broker.core.prose import usd as usd_text
 from broker.core.records import Resource, Run
 from broker.core.provider import BrokerError, Provider
 
@@ -108,8 +109,8 @@ def adopt_reported_rate(p: Provider, ledger: Ledger, res: Resource, reported_usd
         ledger.update_resource(res.id, usd_per_hour=rate, actor=actor,
                                attrs={"planned_usd_per_hour": planned, "reported_usd_per_hour": rate,
                                       "rate_source": f"{p.name} reported", "rate_unknown": None},
-                               message=f"{p.name} reports ${rate:.4g}/h for {res.provider_id} (planned "
-                                       f"${planned:.4g}/h)")
+                               message=f"{p.name} reports {usd_text(rate, up_to=4)}/h for {res.provider_id} (planned "
+                                       f"{usd_text(planned, up_to=4)}/h)")
     return ledger.resource(res.id) or res, planned, rate, changed
 
 
@@ -129,16 +130,16 @@ def record_reported_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, r
         cur = ledger.get_run(run.id) or run
         rc = _run_cost(cur, ledger.resources(run.id), utcnow())
         pct = (rate / planned - 1) * 100
-        both = (f"{p.name} reports ${rate:.4g}/h for {res.provider_id}, {pct:.0f} % above the planned "
-                f"${planned:.4g}/h")
+        both = (f"{p.name} reports {usd_text(rate, up_to=4)}/h for {res.provider_id}, {pct:.0f} % above the "
+                f"planned {usd_text(planned, up_to=4)}/h")
         if cur.budget_usd is not None and (rc.worst_case_usd is None or rc.worst_case_usd > cur.budget_usd + 1e-9):
-            worst = "unbounded" if rc.worst_case_usd is None else f"${rc.worst_case_usd:,.2f}"
+            worst = "unbounded" if rc.worst_case_usd is None else usd_text(rc.worst_case_usd, cur.budget_usd)
             raise RateAboveBudget(f"{both}: at that rate the run's worst case is {worst}, above its budget "
-                                  f"${cur.budget_usd:,.2f}; stopping and tearing down", status="failed",
+                                  f"{usd_text(cur.budget_usd)}; stopping and tearing down", status="failed",
                                   hint="raise budget_usd or lower max_hours in the recipe, or pick another offer "
                                        "(`broker plan` shows the planned prices)")
-        say(f"{both}; the worst case at that rate (${float(rc.worst_case_usd or 0):,.2f}) still fits the budget"
-            + (f" ${cur.budget_usd:,.2f}" if cur.budget_usd is not None else "") + ": going on")
+        say(f"{both}; the worst case at that rate ({usd_text(float(rc.worst_case_usd or 0))}) still fits the "
+            "budget" + (f" {usd_text(cur.budget_usd)}" if cur.budget_usd is not None else "") + ": going on")
     return res
 
 
@@ -150,7 +151,7 @@ def note_unknown_rate(p: Provider, ledger: Ledger, res: Resource, why: str, *, a
     a = res.attrs or {}
     planned = float(a.get("planned_usd_per_hour", res.usd_per_hour) or 0.0)
     line = (f"{p.name} reports a rate broker cannot read for {res.provider_id} ({why}): its real rate is unknown, "
-            f"not the planned ${planned:.4g}/h; costs shown for it may be low")
+            f"not the planned {usd_text(planned, up_to=4)}/h; costs shown for it may be low")
     if a.get("rate_unknown") != why:
         ledger.update_resource(res.id, actor=actor, message=line,
                                attrs={"planned_usd_per_hour": planned, "rate_unknown": why,
@@ -168,7 +169,7 @@ def record_unknown_rate(p: Provider, ledger: Ledger, res: Resource, run: Run, wh
     cur = ledger.get_run(run.id) or run
     if cur.budget_usd is not None:
         raise RateAboveBudget(f"{line}; with an unknown rate the run cannot be shown to fit its budget "
-                              f"${cur.budget_usd:,.2f}: stopping and tearing down", status="failed",
+                              f"{usd_text(cur.budget_usd)}: stopping and tearing down", status="failed",
                               hint=f"check the instance's price in the {p.name} console; pick another offer "
                                    "(`broker plan` shows the planned prices)")
     say(line + "; the run has no budget to guard: going on")
@@ -188,7 +189,7 @@ def check_clock(ledger: Ledger, run: Run, doing: str) -> float:
     left, why = run_clock(ledger, run)
     if left <= 0:
         if why == "budget":
-            msg = (f"the run's budget ${float(run.budget_usd or 0):,.2f} is spent before {doing}; nothing more is "
+            msg = (f"the run's budget {usd_text(float(run.budget_usd or 0))} is spent before {doing}; nothing more is "
                    "rented")
             status = "interrupted"
         else:
@@ -220,10 +221,11 @@ def charge_transfer(ledger: Ledger, run_id: str, bytes_in: int, bytes_out: int, 
             continue
         a = r.attrs or {}
         ledger.add_charge(r.id, usd, at=at, actor=actor,
-                          message=f"bandwidth ${usd:.4g}: {in_gb:.3g} GB in x ${a.get(TRANSFER_IN_ATTR, 0)}/GB, "
-                                  f"{out_gb:.3g} GB out x ${a.get(TRANSFER_OUT_ATTR, 0)}/GB")
+                          message=f"bandwidth {usd_text(usd, up_to=4)}: {in_gb:.3g} GB in x "
+                                  f"{usd_text(a.get(TRANSFER_IN_ATTR) or 0, up_to=4)}/GB, {out_gb:.3g} GB out x "
+                                  f"{usd_text(a.get(TRANSFER_OUT_ATTR) or 0, up_to=4)}/GB")
         total += usd
     if total > 0 and say:
-        say(f"bandwidth: ${total:.4g} for {bytes_in / 1e9:.3g} GB staged and {bytes_out / 1e9:.3g} GB collected "
-            "(the provider's per-GB rates)")
+        say(f"bandwidth: {usd_text(total, up_to=4)} for {bytes_in / 1e9:.3g} GB staged and {bytes_out / 1e9:.3g} GB "
+            "collected (the provider's per-GB rates)")
     return total

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.model import utcnow
+from broker.core.prose import usd
 
 if TYPE_CHECKING:
     from broker.money.ledger import Ledger
@@ -547,11 +548,11 @@ def unrecorded_lines() -> list[str]:
             if i["what"].startswith("run "):
                 lines.append(f"{i['what']}: its end could not be recorded in the ledger; {where}")
             elif i["gone"]:
-                lines.append(f"{i['what']} (${i['usd_per_hour']:.4g}/h) was deleted at the provider but the ledger "
-                             f"still shows it live; {where} (or `{i['command']}` confirms it)")
+                lines.append(f"{i['what']} ({usd(i['usd_per_hour'], up_to=4)}/h) was deleted at the provider but the "
+                             f"ledger still shows it live; {where} (or `{i['command']}` confirms it)")
             else:
-                lines.append(f"{i['what']} may still bill ${i['usd_per_hour']:.4g}/h and the ledger could not record "
-                             f"its state; end it with `{i['command']}`; {where}")
+                lines.append(f"{i['what']} may still bill {usd(i['usd_per_hour'], up_to=4)}/h and the ledger could not "
+                             f"record its state; end it with `{i['command']}`; {where}")
     return lines
 
 

@@ -67,6 +67,7 @@ from broker.money.ledger import Ledger
 from broker.core.model import Offer, Plan, PlanOption, Requirements, TopologyKind
 from broker.core.records import Cluster, ClusterNode, Resource, Run
 from broker.core.nodescripts import deadman_grace_s, node_workroot
+from broker.core.prose import usd
 from broker.core.provider import (
     INSTALL_TAG, RUN_TAG, AuthError, BadInput, BrokerError, CapacityError, NotSupported, NoValidPlan, OfferGone,
     Provider,
@@ -387,7 +388,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     fo = _Failover()
     for n, opt in enumerate(options, 1):
         label = f"option {n}/{len(options)}: {opt.topology.value} {opt.summary} on {opt.provider} " \
-                f"(${opt.usd_per_hour:.4g}/h)"
+                f"({usd(opt.usd_per_hour, up_to=4)}/h)"
         why = fo.skip_reason(opt)
         if why:
             fo.attempts.append(Attempt(label, opt.provider, "skipped", why))
@@ -566,7 +567,7 @@ def _create_node(opt: PlanOption, p: Provider, job: _Provisioning, offer: Offer,
                                                                 "transfer_out_usd_per_gb")}})
     mine.append(res.id)
     job.say(f"{p.name}: create {offer.instance_type} in {offer.zone or offer.region or '-'} as {name} "
-            f"(${offer.usd_per_hour:.4g}/h)")
+            f"({usd(offer.usd_per_hour, up_to=4)}/h)")
     req = NodeRequest(run_id=run.id, node_index=i, name=name, offer=offer, ssh_public_key=job.ssh_public_key,
                       grace_seconds=grace,
                       client_token=res.id, disk_gib=job.disk_gib, image=job.image, deadline=run.deadline,

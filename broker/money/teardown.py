@@ -38,6 +38,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from broker.money.journal import failsafe
 from broker.money.ledger import Ledger
 from broker.core.model import utcnow
+from broker.core.prose import usd
 from broker.core.records import Resource
 from broker.core.provider import INSTALL_TAG, RUN_TAG, Provider, ProviderError, TransientError
 
@@ -111,7 +112,7 @@ def stuck_message(res: Resource, waited_s: float) -> str:
     """The sentence for a resource the provider still shows after its delete: id, $/hour, the retry command."""
     return (f"{res.provider} {res.kind} {res.provider_id} still not gone {waited_s:.0f} s after broker asked to "
             f"delete it (the provider accepted the delete but still shows it) and may bill "
-            f"${float(res.usd_per_hour or 0.0):.4g}/h: retry with `{retry_command(res)}`, or delete "
+            f"{usd(float(res.usd_per_hour or 0.0), up_to=4)}/h: retry with `{retry_command(res)}`, or delete "
             f"{res.provider_id} in the {res.provider} console")
 
 

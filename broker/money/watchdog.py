@@ -79,6 +79,7 @@ from typing import IO, Any, Callable
 from broker.money.accounting import (ACTIVE_STATUSES, ENDED_STATUSES, Clock, effective_deadline, heartbeat_path,
                                cli_alive, home_installation_id, run_cost, system_clock, watchdog_state)
 from broker.money.ledger import Ledger
+from broker.core.prose import usd
 from broker.core.records import Resource, Run
 from broker.core.provider import Provider
 from broker.money.teardown import kind_rank, teardown_order, terminate_resource
@@ -336,7 +337,8 @@ class Watchdog:
             if res.state != "unknown":
                 continue
             msg = (f"possibly billing: {res.provider} {res.kind} {res.name}: an ambiguous create not resolved yet "
-                   f"({res.error or 'no list could tell'}); counted at ${res.usd_per_hour:.4g}/h until resolved")
+                   f"({res.error or 'no list could tell'}); counted at {usd(res.usd_per_hour, up_to=4)}/h until "
+                   "resolved")
             if res.id not in self._told:
                 self._told.add(res.id)
                 self._log(res.run_id, "possibly-billing", msg, resource_id=res.id)
@@ -372,15 +374,15 @@ class Watchdog:
             return "deadline", f"deadline passed {_ago((now - dl).total_seconds())} ago ({dl:%Y-%m-%d %H:%M:%S}Z)"
         if run is not None and run.budget_usd is not None and spent is not None:
             if spent >= run.budget_usd:
-                return "budget", f"budget ${run.budget_usd:,.2f} reached: spent ${spent:,.2f}"
+                return "budget", f"budget {usd(run.budget_usd)} reached: spent {usd(spent, run.budget_usd)}"
             if hourly and spent + hourly * self.interval_s / 3600.0 >= run.budget_usd:
-                return "budget", (f"budget ${run.budget_usd:,.2f} would be reached before the next pass: spent "
-                                  f"${spent:,.4f} at ${hourly:,.2f}/h")
+                return "budget", (f"budget {usd(run.budget_usd)} would be reached before the next pass: spent "
+                                  f"{usd(spent, places=4)} at {usd(hourly)}/h")
         if run is not None and run.budget_usd is not None and (res.attrs or {}).get("rate_unknown"):
             # the provider's rate for it cannot be read: the worst case is unbounded, the budget cannot be shown
             # to hold (a rate the provider reports readably again clears this)
             return "budget", (f"the provider reports a rate broker cannot read ({res.attrs['rate_unknown']}): the "
-                              f"budget ${run.budget_usd:,.2f} cannot be shown to hold")
+                              f"budget {usd(run.budget_usd)} cannot be shown to hold")
         held = res.state in ("stopping", "stopped", "starting") or bool(res.attrs.get("restarted_at"))
         if run is not None and run.status in ENDED_STATUSES and not held:
             idle_min = res.attrs.get("idle_minutes") or (run.recipe or {}).get("idle_minutes")

@@ -13,27 +13,24 @@ import math
 import shlex
 from typing import Any
 
-from broker.core.model import Plan, PlanOption
+from broker.core.model import Plan, PlanOption, Rejection, RejectionKind
+from broker.core.prose import cents_up, usd
 from broker.core.provider import NoValidPlan
-
-#: how a budget rejection reads (broker.plan.planner._costs)
-_BUDGET_PREFIXES = ("worst case ", "budget ")
-
-
-def _usd(x: float, versus: float | None = None) -> str:
-    """Dollars to the cent; to 1/100 cent below a cent or when that is needed to tell ``x`` from ``versus``."""
-    if versus is not None and x != versus and f"{x:.2f}" == f"{versus:.2f}":
-        return f"${x:,.4f}"
-    return f"${x:,.4f}" if 0 < abs(x) < 0.01 else f"${x:,.2f}"
 
 
 def _num(x: float) -> str:
     return f"{x:g}"
 
 
-def is_budget_reason(text: str) -> bool:
-    """Whether a rejection reason is the budget's (worst case over the budget, or a budget that affords no run)."""
-    return text.startswith(_BUDGET_PREFIXES)
+def is_budget_reason(r: Rejection) -> bool:
+    """Whether a rejection is the budget's (worst case over the budget, or a budget that affords no run): read
+    from its kind, never from its words."""
+    return getattr(r, "kind", None) is RejectionKind.budget
+
+
+def _no_gpu_here(r: Rejection) -> bool:
+    """Whether a rejection is "this machine has no GPU", which gloo on CPU (``cpu_ok``) would lift."""
+    return getattr(r, "lifted_by", None) == "cpu_ok"
 
 
 def budget_only(plan: Plan) -> list[PlanOption]:
@@ -60,12 +57,12 @@ def budget_sentence(plan: Plan, budget_usd: float | None, *, flags: bool = False
     o = cands[0]
     what = f"{o.summary} on {o.provider}" if o.offers else f"{o.topology.value} on {o.provider}"
     s = (f"the budget is the limit: the cheapest option that meets everything else, {what} at "
-         f"{_usd(o.usd_per_hour)}/h, has a worst case of {_usd(o.worst_case_usd, budget_usd)} for "
-         f"{_num(round(o.hours, 2))} h (setup included) > budget {_usd(budget_usd)}"
+         f"{usd(o.usd_per_hour)}/h, has a worst case of {usd(o.worst_case_usd, budget_usd)} for "
+         f"{_num(round(o.hours, 2))} h (setup included) > budget {usd(budget_usd)}"
          f"{digits_note(o.worst_case_usd, budget_usd)}")
-    need = math.ceil(o.worst_case_usd * 100) / 100
+    need = cents_up(o.worst_case_usd)
     # ``flags``: the job came from command-line flags (`broker run SCRIPT.py`): the hint is the flag to pass
-    hints = [f"add --budget {need:.2f}" if flags else f"raise budget_usd to at least {_usd(need)}"]
+    hints = [f"add --budget {need:.2f}" if flags else f"raise budget_usd to at least {usd(need)}"]
     from broker.plan.planner import MIN_RUN_SECONDS
 
     fit = o.max_hours_within_budget
@@ -96,12 +93,11 @@ def _other_reasons(plan: Plan, limit: int = 3) -> list[str]:
     return out
 
 
-_NO_GPU_HERE = ("no GPU", "this machine has 0 GPU", "which has no GPU")
 #: how the facts' note begins when no provider offers the GPU model asked for (plan.facts writes it)
 NO_OFFER_FOR_MODEL = "no offer has GPU model"
 
 
-def _first_reasons(plan: Plan) -> list[str]:
+def _first_reasons(plan: Plan) -> list[Rejection]:
     return [o.rejected[0] for o in plan.rejected if o.rejected]
 
 
@@ -122,7 +118,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
     w = {**FIELD_WORDS, **(words or {})}
     counts = plan.rejected_counts or {}
     firsts = _first_reasons(plan)
-    no_gpu_here = [r for r in firsts if any(k in r for k in _NO_GPU_HERE)]
+    no_gpu_here = [r for r in firsts if _no_gpu_here(r)]
     cpu_hint = "this machine has no GPU: add --cpu-ok (recipe: cpu_ok: true) for a gloo-on-CPU logic check"
     unknown_model = next((n.split(";")[0] for n in plan.notes if n.startswith(NO_OFFER_FOR_MODEL)), None)
     if unknown_model and firsts and len(no_gpu_here) == len(firsts):
@@ -135,7 +131,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
     if kinds == {"gpu-model"}:
         wanted = ", ".join(plan.requirements.gpu_names) or "the models asked for"
         offered = sorted({x.gpu_name for o in plan.rejected for x in o.offers
-                          if o.rejected and o.rejected[0].startswith("GPU model")})
+                          if o.rejected and o.rejected[0].kind is RejectionKind.gpu_model})
         out = [f"no offer has GPU model {wanted}; offered here: {', '.join(offered)} (`broker offers` lists them "
                "all): name one of those in gpu.models (or --gpu)" if offered else
                f"no offer has GPU model {wanted}: `broker offers` lists the models offered"]
@@ -151,8 +147,7 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
         hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
     if counts.get("capacity"):
         hints.append("try later or other regions / zones")
-    topo_text = " ".join(r for o in plan.rejected for r in o.rejected)
-    if not cpu_ok and "cpu_ok" in topo_text:
+    if not cpu_ok and any(_no_gpu_here(r) for o in plan.rejected for r in o.rejected):
         hints.append(f"{w['cpu_ok']} for a gloo-on-CPU logic check on this machine")
     return hints
 
@@ -167,7 +162,7 @@ def no_plan_error(recipe: Any, plan: Plan) -> NoValidPlan:
     shape = ("CPU only (gloo)" if per_node == 0 and getattr(recipe, "cpu_ok", False) else f"x {per_node} GPU")
     head = (f"no valid way to run {name} ({getattr(recipe, 'nodes', '?')} node(s)"
             + ("," if shape.startswith("CPU") else "") + f" {shape}"
-            + (f", budget {_usd(budget)}" if budget is not None else "")
+            + (f", budget {usd(budget)}" if budget is not None else "")
             + (f", deadline {_num(hours)} h" if hours is not None else "") + ")")
     parts: list[str] = []
     hints: list[str] = []

@@ -86,123 +86,161 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
     is left out of the plan with the reason (``unavailable``), never replaced by its snapshot, whose offer ids
     cannot be rented; when it is the only provider asked, that ProviderError is raised (exit 4) and says to retry
     or to pass ``--offline``.  A malformed ``vast_query`` raises BadInput."""
-    from broker.core.provider import BadInput, ProviderError
-
-    from broker.providers import get_provider
-
     facts = Facts()
     local_seen: object = None
     _log.info("asking providers %s for %d node(s) x %d GPU(s)%s", ", ".join(names), req.nodes, req.gpus_per_node,
               " (offline: snapshots only)" if offline else "")
     for name in names:
         if offline and name in CLOUD:
-            offers = _snapshot_fallback(name, req, facts, "--offline")
-            if vast_query and _registry.capability(name, "native_query"):
-                # honoured against the snapshot, or refused: never ignored
-                offers = _registry.provider_class(name).query_snapshot(offers, vast_query)
-            facts.offers += offers
+            facts.offers += _offline_offers(name, req, facts, vast_query)
             continue
-        try:
-            p = get_provider(name)
-        except ImportError as e:
-            why = f"adapter broker.providers.{name} not available: {_short(e)}"
-            if name in CLOUD:
-                facts.offers += _snapshot_fallback(name, req, facts, why)
-            else:
-                facts.notes.append(f"{name}: {why}")
-            continue
-        except Exception as e:  # unknown name (BadInput) or a broken constructor
-            if name in CLOUD:
-                facts.offers += _snapshot_fallback(name, req, facts, f"adapter failed to start: {_short(e)}")
-            else:
-                facts.notes.append(f"{name}: {_short(e)}")
+        p = _start_adapter(name, req, facts)
+        if p is None:
             continue
         if name == "local":
             local_seen = p
-        try:
-            why_not = p.why_not(req)  # this machine's own limits (the local adapter); None for the rest
-        except Exception as e:
-            why_not = f"{name} check failed: {_short(e)}"
-        if why_not:
-            _log.info("%s: not a candidate: %s", name, why_not)
-            facts.unavailable[name] = why_not
+        if _not_a_candidate(p, name, req, facts):
             continue
-        configured = _configured(p) if name in CLOUD else True
-        _log.info("%s: asking for offers (%s)", name, "live API" if name in CLOUD and configured else
-                  "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
-                  "adapter")
-        try:
-            if vast_query and _registry.capability(name, "native_query"):
-                offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[call-arg]
-            else:
-                offers = list(p.offers(req))
-        except BadInput:
-            raise
-        except ProviderError as e:
-            if name in CLOUD and configured:
-                if len(names) == 1:  # the user asked for this provider alone: its failure is the answer
-                    if "--offline" not in (e.hint or ""):
-                        e.hint = ((e.hint + "; ") if e.hint else "") + (
-                            "`broker plan --offline` plans from the price snapshot meanwhile (nothing can be "
-                            "rented from it)")
-                    raise
-                # one unreachable cloud must not block the others (nor a free run here): left out of this plan,
-                # never replaced by its snapshot, whose offer ids cannot be rented
-                why = f"live offers failed, left out of this plan: {_short(e)}"
-                _log.info("%s: %s", name, why)
-                facts.unavailable[name] = why + (f" ({e.hint})" if e.hint else "")
-                continue
-            why = f"offers failed: {_short(e)}"
-            offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
-            if name not in CLOUD:
-                facts.notes.append(f"{name}: {why}")
-        except Exception as e:
-            why = f"offers failed: {_short(e)}"
-            offers = _snapshot_fallback(name, req, facts, why) if name in CLOUD else []
-            if name not in CLOUD:
-                facts.notes.append(f"{name}: {why}")
-        else:
-            _log.info("%s: %d offer(s)%s", name, len(offers), _source(offers))
-            try:
-                note = p.price_note()
-            except Exception:
-                note = None
-            if note:
-                _log.debug("%s", note if note.startswith(name) else f"{name}: {note}")
-            if note:
-                facts.notes.append(note if note.startswith(name) else f"{name}: {note}")
+        offers = _ask_offers(p, name, req, facts, vast_query, alone=len(names) == 1)
+        if offers is None:  # left out of this plan (facts.unavailable says why)
+            continue
         facts.offers += offers
-        if not facts_too or not offers:
-            continue
-        try:
-            quotas = list(p.quotas(req, offers))
-            facts.quotas += quotas
-            _log.info("%s: %d quota(s)", name, len(quotas))
-        except Exception as e:
-            _log.info("%s: quotas unknown: %s", name, _short(e))
-            facts.notes.append(f"{name}: quotas unknown ({_short(e)}); planned as if not limiting")
-        try:
-            caps = list(p.capacity(offers))
-            facts.capacities += caps
-            _log.info("%s: %d capacity answer(s)", name, len(caps))
-        except Exception as e:
-            _log.info("%s: capacity unknown: %s", name, _short(e))
-            facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+        if facts_too and offers:
+            _ask_limits(p, name, req, offers, facts)
     if req.nodes > 1 and req.topology in ("hybrid", "any"):
         facts.here = _here(local_seen)
     if req.gpu_names and not [o for o in facts.offers if o.provider != "local"]:
-        import difflib
-
-        from broker.plan.explain import NO_OFFER_FOR_MODEL
-
-        known = sorted({o.gpu_name for name in names if name in CLOUD for o in _snapshot_quiet(name)})
-        by_lower = {k.lower(): k for k in known}
-        close = [by_lower[m] for g in req.gpu_names
-                 for m in difflib.get_close_matches(g.lower(), list(by_lower), n=2, cutoff=0.75)]
-        facts.notes.append(f"{NO_OFFER_FOR_MODEL} {', '.join(req.gpu_names)}"
-                           + (f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else "")
-                           + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
+        facts.notes.append(_no_offer_for_model_note(req, names))
     return facts
+
+
+def _offline_offers(name: str, req: "Requirements", facts: Facts, vast_query: str | None) -> list["Offer"]:
+    """A cloud's offers from its price snapshot (``--offline``), its native query honoured there or refused."""
+    offers = _snapshot_fallback(name, req, facts, "--offline")
+    if vast_query and _registry.capability(name, "native_query"):
+        # honoured against the snapshot, or refused: never ignored
+        offers = _registry.provider_class(name).query_snapshot(offers, vast_query)
+    return offers
+
+
+def _start_adapter(name: str, req: "Requirements", facts: Facts) -> object | None:
+    """The adapter of ``name``; None when it cannot load or start (a cloud then planned from its snapshot, another
+    provider named in a note)."""
+    from broker.providers import get_provider
+
+    try:
+        return get_provider(name)
+    except ImportError as e:
+        why = f"adapter broker.providers.{name} not available: {_short(e)}"
+    except Exception as e:  # unknown name (BadInput) or a broken constructor
+        why = f"adapter failed to start: {_short(e)}" if name in CLOUD else _short(e)
+    if name in CLOUD:
+        facts.offers += _snapshot_fallback(name, req, facts, why)
+    else:
+        facts.notes.append(f"{name}: {why}")
+    return None
+
+
+def _not_a_candidate(p: object, name: str, req: "Requirements", facts: Facts) -> bool:
+    """Whether the provider's own limits rule it out (this machine without the GPUs asked for): then it is
+    unavailable, with why."""
+    try:
+        why_not = p.why_not(req)  # type: ignore[attr-defined]  # this machine's own limits; None for the rest
+    except Exception as e:
+        why_not = f"{name} check failed: {_short(e)}"
+    if why_not:
+        _log.info("%s: not a candidate: %s", name, why_not)
+        facts.unavailable[name] = why_not
+    return bool(why_not)
+
+
+def _ask_offers(p: object, name: str, req: "Requirements", facts: Facts, vast_query: str | None, *,
+                alone: bool) -> list["Offer"] | None:
+    """The provider's offers (with its price note), its snapshot's when a cloud that is not configured fails, or
+    None when a configured cloud's live answer fails (left out of this plan, in ``facts.unavailable``); that
+    failure is raised when the provider was asked ``alone``.  A malformed ``vast_query`` raises BadInput."""
+    from broker.core.provider import BadInput, ProviderError
+
+    configured = _configured(p) if name in CLOUD else True
+    _log.info("%s: asking for offers (%s)", name, "live API" if name in CLOUD and configured else
+              "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
+              "adapter")
+    try:
+        if vast_query and _registry.capability(name, "native_query"):
+            offers = list(p.offers(req, vast_query=vast_query))  # type: ignore[attr-defined]
+        else:
+            offers = list(p.offers(req))  # type: ignore[attr-defined]
+    except BadInput:
+        raise
+    except ProviderError as e:
+        if name in CLOUD and configured:
+            if alone:  # the user asked for this provider alone: its failure is the answer
+                if "--offline" not in (e.hint or ""):
+                    e.hint = ((e.hint + "; ") if e.hint else "") + (
+                        "`broker plan --offline` plans from the price snapshot meanwhile (nothing can be "
+                        "rented from it)")
+                raise
+            # one unreachable cloud must not block the others (nor a free run here): left out of this plan,
+            # never replaced by its snapshot, whose offer ids cannot be rented
+            why = f"live offers failed, left out of this plan: {_short(e)}"
+            _log.info("%s: %s", name, why)
+            facts.unavailable[name] = why + (f" ({e.hint})" if e.hint else "")
+            return None
+        return _failed_offers(name, req, facts, e)
+    except Exception as e:
+        return _failed_offers(name, req, facts, e)
+    _log.info("%s: %d offer(s)%s", name, len(offers), _source(offers))
+    try:
+        note = p.price_note()  # type: ignore[attr-defined]
+    except Exception:
+        note = None
+    if note:
+        _log.debug("%s", note if note.startswith(name) else f"{name}: {note}")
+        facts.notes.append(note if note.startswith(name) else f"{name}: {note}")
+    return offers
+
+
+def _failed_offers(name: str, req: "Requirements", facts: Facts, e: BaseException) -> list["Offer"]:
+    """What stands in for offers that failed: a cloud's snapshot (with a note), nothing (and a note) for others."""
+    why = f"offers failed: {_short(e)}"
+    if name in CLOUD:
+        return _snapshot_fallback(name, req, facts, why)
+    facts.notes.append(f"{name}: {why}")
+    return []
+
+
+def _ask_limits(p: object, name: str, req: "Requirements", offers: list["Offer"], facts: Facts) -> None:
+    """The provider's quotas and capacity for ``offers``; one it cannot tell is noted and planned as not
+    limiting."""
+    try:
+        quotas = list(p.quotas(req, offers))  # type: ignore[attr-defined]
+        facts.quotas += quotas
+        _log.info("%s: %d quota(s)", name, len(quotas))
+    except Exception as e:
+        _log.info("%s: quotas unknown: %s", name, _short(e))
+        facts.notes.append(f"{name}: quotas unknown ({_short(e)}); planned as if not limiting")
+    try:
+        caps = list(p.capacity(offers))  # type: ignore[attr-defined]
+        facts.capacities += caps
+        _log.info("%s: %d capacity answer(s)", name, len(caps))
+    except Exception as e:
+        _log.info("%s: capacity unknown: %s", name, _short(e))
+        facts.notes.append(f"{name}: capacity unknown ({_short(e)})")
+
+
+def _no_offer_for_model_note(req: "Requirements", names: list[str]) -> str:
+    """The note when no provider offers the GPU models asked for: the closest names and the models known."""
+    import difflib
+
+    from broker.plan.explain import NO_OFFER_FOR_MODEL
+
+    known = sorted({o.gpu_name for name in names if name in CLOUD for o in _snapshot_quiet(name)})
+    by_lower = {k.lower(): k for k in known}
+    close = [by_lower[m] for g in req.gpu_names
+             for m in difflib.get_close_matches(g.lower(), list(by_lower), n=2, cutoff=0.75)]
+    return (f"{NO_OFFER_FOR_MODEL} {', '.join(req.gpu_names)}"
+            + (f" (did you mean {' or '.join(dict.fromkeys(close))}?)" if close else "")
+            + (f"; models in the price snapshots: {', '.join(known)}" if known else ""))
 
 
 def _source(offers: list["Offer"]) -> str:

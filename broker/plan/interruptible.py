@@ -59,7 +59,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from broker.core.model import Offer, Plan, PlanOption, Requirements, gc_paused
+from broker.core.prose import usd
+from broker.core.model import Offer, Plan, PlanOption, Rejection, Requirements, gc_paused
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, merge_rejected as _merge_rejected, with_counts as _with_counts
 
@@ -218,8 +219,9 @@ def _annotate(opt: PlanOption, req: Requirements, extra_h: float) -> PlanOption:
     exp, _ = expected(units, rate, job_h, allow, per, req.max_restarts, req.checkpoint_every_s)
     rejected = list(opt.rejected)
     if not rejected and job_h * 3600.0 < 60:
-        rejected.append(f"interruptible: the budget covers {req.max_restarts + 1} setups but leaves no job time")
-    rejected = [r if r.startswith("interruptible") else f"interruptible: {r}" for r in rejected]
+        rejected.append(Rejection("budget", f"interruptible: the budget covers {req.max_restarts + 1} setups but "
+                                            "leaves no job time"))
+    rejected = [r if r.startswith("interruptible") else r.reworded(f"interruptible: {r}") for r in rejected]
     # the same offers on demand: each variant's own on-demand price in place of what broker pays (storage stays)
     od_rate = opt.usd_per_hour + sum(float(x.attrs.get(ON_DEMAND_ATTR) or x.usd_per_hour) - x.usd_per_hour
                                      for x in opt.offers)
@@ -267,30 +269,26 @@ def _spot_pass(base: PlanFn, req: Requirements, spot: list[Offer], args: tuple, 
                 valid_count=valid - len(still))
 
 
-def _usd(x: float) -> str:
-    return f"${x:,.2f}" if x >= 0.01 or x == 0 else f"${x:,.4f}"
-
-
 def comparison(spot: PlanOption, od: PlanOption | None) -> str:
     """One line: the interruptible option's expected and worst case beside the on-demand one, and what it saves."""
     o = spot.offers[0]
-    bid_s = f", bid {_usd(o.attrs[BID_ATTR])}/h" if o.attrs.get(BID_ATTR) else ""
-    head = (f"interruptible {spot.provider} {spot.summary}: {_usd(spot.usd_per_hour)}/h{bid_s}, expected "
-            f"{_usd(spot.expected_usd or 0)} (~{spot.preemptions_per_hour or 0:.2g} preemptions/h), worst case "
-            f"{_usd(spot.worst_case_usd)} ({attempts_words(spot.max_restarts + 1)}) for {spot.hours:.2f} h of job")
+    bid_s = f", bid {usd(o.attrs[BID_ATTR])}/h" if o.attrs.get(BID_ATTR) else ""
+    head = (f"interruptible {spot.provider} {spot.summary}: {usd(spot.usd_per_hour)}/h{bid_s}, expected "
+            f"{usd(spot.expected_usd or 0)} (~{spot.preemptions_per_hour or 0:.2g} preemptions/h), worst case "
+            f"{usd(spot.worst_case_usd)} ({attempts_words(spot.max_restarts + 1)}) for {spot.hours:.2f} h of job")
     if od is None:
         return head + "; no valid on-demand option to compare"
     save = od.worst_case_usd - (spot.expected_usd or 0)
     pct = f" ({save / od.worst_case_usd:.0%})" if od.worst_case_usd > 0 else ""
-    tail = (f" | on-demand {od.provider} {od.summary}: {_usd(od.usd_per_hour)}/h, worst case "
-            f"{_usd(od.worst_case_usd)} for {od.hours:.2f} h")
+    tail = (f" | on-demand {od.provider} {od.summary}: {usd(od.usd_per_hour)}/h, worst case "
+            f"{usd(od.worst_case_usd)} for {od.hours:.2f} h")
     if save > 0:
-        return head + tail + f": interruptible saves {_usd(save)}{pct} expected"
-    return head + tail + f": interruptible costs {_usd(-save)} more expected"
+        return head + tail + f": interruptible saves {usd(save)}{pct} expected"
+    return head + tail + f": interruptible costs {usd(-save)} more expected"
 
 
 #: why an on-demand machine is not an option when the recipe asks for interruptible capacity only
-NO_PRICE = "interruptible: true, but no interruptible price is known for this offer"
+NO_PRICE = Rejection("provider", "interruptible: true, but no interruptible price is known for this offer")
 
 
 def _key(o: Offer) -> tuple:

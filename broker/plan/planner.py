@@ -39,12 +39,15 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import lru_cache
 
+from broker.core.prose import usd
 from broker.plan import pricing
+from broker.plan.freetier import FREE_TIER_ATTR, cpu_only, free_tier_offers, parse_free_tier  # noqa: F401
 from broker.plan.rejections import REASON_KINDS, rejected_note
-from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
+from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
+                                utcnow)
 from broker.providers import HYBRID_CLOUD
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
@@ -107,18 +110,12 @@ def fmt_num(x: float) -> str:
     return f"{int(r)}" if r == int(r) else f"{r:g}"
 
 
-def _usd(x: float, versus: float | None = None) -> str:
-    """Dollars to the cent; to 1/100 cent when that is needed to tell ``x`` from ``versus`` (a budget)."""
-    if (versus is not None and f"{x:.2f}" == f"{versus:.2f}") or 0 < x < 0.01:
-        return f"${x:,.4f}"
-    return f"${x:,.2f}"
-
-
 def digits_note(x: float, versus: float) -> str:
-    """`` (over it by $0.0029)`` (or ``under``) when :func:`_usd` shows ``x`` and ``versus`` with more digits than the
-    cent, so a reader sees the difference itself rather than two amounts that look alike; else ``""``."""
-    if x != versus and f"{x:.2f}" == f"{versus:.2f}" and not 0 < x < 0.01:
-        return f" ({'over' if x > versus else 'under'} it by ${abs(x - versus):,.4f})"
+    """`` (over it by $0.0029)`` (or ``under``) when :func:`~broker.core.prose.usd` shows ``x`` beside ``versus``
+    with more digits than the cent, so a reader sees the difference itself rather than two amounts that look
+    alike; else ``""``."""
+    if x != versus and usd(x, places=2) == usd(versus, places=2) and not 0 < x < 0.01:
+        return f" ({'over' if x > versus else 'under'} it by {usd(abs(x - versus), places=4)})"
     return ""
 
 
@@ -211,60 +208,7 @@ def _quota_command(q: Quota, value: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ free tiers
-#: ``Offer.attrs`` key of a free-tier offer: {"max_units", "unit", "max_instance_hours", "note"}
-FREE_TIER_ATTR = "free_tier"
-
-
-def cpu_only(req: Requirements) -> bool:
-    """A CPU-only job: ``gpus_per_node`` 0 with ``cpu_ok`` (gloo on CPU; ``broker plan --cpu-only``)."""
-    return req.gpus_per_node == 0 and req.cpu_ok
-
-
-def parse_free_tier(text: str, *, now: datetime | None = None) -> tuple[dict[str, str], list[Offer]]:
-    """The free-tier snapshot (``providers/snapshots/free_tier.csv``: ``# key: value`` header lines, then CSV) ->
-    (header, $0.00 CPU offers).  Each offer carries its limit in ``attrs["free_tier"]``: ``max_units`` (nodes or
-    OCPUs at once, per tenancy) and/or ``max_instance_hours`` (a month, all instances together)."""
-    import csv
-    import io
-
-    meta: dict[str, str] = {}
-    body = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            k, _, v = line[1:].partition(":")
-            if k.strip() and v.strip() and k.strip() != "notes":
-                meta[k.strip()] = v.strip()
-        elif line.strip():
-            body.append(line)
-    date = meta.get("date", "")
-    try:
-        when = datetime.fromisoformat(date).replace(tzinfo=timezone.utc) if date else (now or utcnow())
-    except ValueError:
-        when = now or utcnow()
-    offers = []
-    for row in csv.DictReader(io.StringIO("\n".join(body))):
-        limit = {"max_units": int(row["max_units"]) if row.get("max_units") else None,
-                 "max_instance_hours": float(row["max_instance_hours"]) if row.get("max_instance_hours") else None,
-                 "unit": row.get("unit") or "", "note": row.get("notes") or ""}
-        offers.append(Offer(provider=row["provider"], offer_id=row["offer_id"], instance_type=row["instance_type"],
-                            region=row.get("region") or None, gpu_name="CPU", gpu_count=0, gpu_mem_gib=0.0,
-                            vcpus=float(row["vcpus"]), ram_gib=float(row["ram_gib"]), usd_per_hour=0.0,
-                            storage_usd_per_gib_month=0.0, min_billed_seconds=0, private_network=True,
-                            price_source=f"free tier {date} ({limit['note']})", price_time=when,
-                            attrs={FREE_TIER_ATTR: limit, "cpu": True, "arch": row.get("arch") or "x86_64"}))
-    return meta, offers
-
-
-def free_tier_offers(req: Requirements, text: str) -> list[Offer]:
-    """The free-tier offers that apply to ``req``: CPU-only jobs only (see :func:`cpu_only`), on the providers
-    ``req`` allows."""
-    if not cpu_only(req):
-        return []
-    _, offers = parse_free_tier(text)
-    return [o for o in offers if not req.providers or o.provider in req.providers]
-
-
-def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[tuple[str, str]]:
+def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[Rejection]:
     """A free-tier offer beyond its limit: N nodes at once (OCI: 2 E2.1.Micro; 4 A1 OCPUs, one per node here) or
     N nodes x deadline hours beyond the monthly instance-hours (AWS 750)."""
     lim = o.attrs.get(FREE_TIER_ATTR)
@@ -272,12 +216,12 @@ def _free_tier_reasons(o: Offer, units: int, ctx: "_Ctx") -> list[tuple[str, str
         return []
     out = []
     if lim.get("max_units") is not None and units > lim["max_units"]:
-        out.append(("quota", f"free tier: {units} node(s) > {lim['max_units']} {lim.get('unit') or 'units'} "
-                             f"({o.instance_type}); beyond that it is not free"))
+        out.append(Rejection("quota", f"free tier: {units} node(s) > {lim['max_units']} "
+                                      f"{lim.get('unit') or 'units'} ({o.instance_type}); beyond that it is not free"))
     hours = ctx.hours
     if lim.get("max_instance_hours") is not None and hours is not None and units * hours > lim["max_instance_hours"]:
-        out.append(("quota", f"free tier: {units} node(s) x {fmt_num(hours)} h > {fmt_num(lim['max_instance_hours'])} "
-                             f"{lim.get('unit') or 'instance-hours'}"))
+        out.append(Rejection("quota", f"free tier: {units} node(s) x {fmt_num(hours)} h > "
+                                      f"{fmt_num(lim['max_instance_hours'])} {lim.get('unit') or 'instance-hours'}"))
     return out
 
 
@@ -302,9 +246,9 @@ def _cpu_here(o: Offer, req: Requirements) -> bool:
     return bool(req.cpu_ok and o.attrs.get("cpu") and o.attrs.get("this_machine"))
 
 
-def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
+def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[Rejection]:
     """Offer-level reasons (model, memory) as (kind, text); stops at the first unless ``full``."""
-    out: list[tuple[str, str]] = []
+    out: list[Rejection] = []
     req = ctx.req
     if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
         return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
@@ -313,83 +257,89 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[tuple[str, str]]:
     if cpu_only(req) and o.gpu_count == 0:
         return out  # a CPU-only job on a CPU machine: GPU model and memory do not apply
     if ctx.wanted and not any(gpu_name_matches(w, o.gpu_name) for w in ctx.wanted):
-        out.append(("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: {', '.join(ctx.wanted)})"))
+        out.append(Rejection("gpu-model", f"GPU model {o.gpu_name} not accepted (wanted: "
+                                          f"{', '.join(ctx.wanted)})"))
         if not full:
             return out
     if o.gpu_mem_gib < req.gpu_mem_floor_gib:
-        out.append(("gpu-memory", f"GPU memory {fmt_num(o.gpu_mem_gib)} GiB < {fmt_num(req.min_gpu_mem_gib)} GiB"))
+        out.append(Rejection("gpu-memory", f"GPU memory {fmt_num(o.gpu_mem_gib)} GiB < "
+                                           f"{fmt_num(req.min_gpu_mem_gib)} GiB"))
     return out
 
 
-def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[tuple[str, str]]:
+def _topology_reasons(o: Offer, topo: str, ctx: _Ctx) -> list[Rejection]:
     req = ctx.req
     if topo == "local":
         if o.attrs.get("cpu") or o.gpu_count == 0:
             if not req.cpu_ok:
-                return [("topology", "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU "
-                                     "logic check)")]
+                return [Rejection("topology", "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a "
+                                              "gloo-on-CPU logic check)", lifted_by="cpu_ok")]
             return []
         if o.gpu_count < ctx.n_total and not req.cpu_ok:
-            return [("topology", f"this machine has {o.gpu_count} GPU(s) < {ctx.n_total} needed "
-                                 f"({req.nodes} nodes x {req.gpus_per_node})")]
+            return [Rejection("topology", f"this machine has {o.gpu_count} GPU(s) < {ctx.n_total} needed "
+                                          f"({req.nodes} nodes x {req.gpus_per_node})")]
         return []
     if topo == "hybrid":
         out = []
         why = why_not_hybrid(o.provider)
         if why:
-            out.append(("topology", why))
-        why = _why_not_node0(ctx)
-        if why:
-            out.append(("topology", why))
+            out.append(Rejection("topology", why))
+        node0 = _why_not_node0(ctx)
+        if node0:
+            out.append(node0)
         if o.gpu_count < req.gpus_per_node:
-            out.append(("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has {o.gpu_count}"))
+            out.append(Rejection("topology", f"hybrid needs {req.gpus_per_node} GPUs per VM; this one has "
+                                             f"{o.gpu_count}"))
         return out
     if topo == "simulated":
         if o.gpu_count < ctx.n_total:
-            return [("topology", f"simulated needs one host with {ctx.n_total} GPUs ({req.nodes} nodes x "
-                                 f"{req.gpus_per_node}); this one has {o.gpu_count}")]
+            return [Rejection("topology", f"simulated needs one host with {ctx.n_total} GPUs ({req.nodes} nodes "
+                                          f"x {req.gpus_per_node}); this one has {o.gpu_count}")]
         return []
     out = []
     if not o.private_network:
         alt = (f"use simulated on one host with {ctx.n_total} GPUs" if ctx.n_total else
                "use simulated: every node on one host, CPU only (gloo)")
-        out.append(("topology", f"multi-node across {o.provider} hosts is not valid: they share no private network "
-                                f"(separate NATs); {alt}"))
+        out.append(Rejection("topology", f"multi-node across {o.provider} hosts is not valid: they share no private "
+                                         f"network (separate NATs); {alt}"))
     if o.gpu_count < req.gpus_per_node and not _cpu_here(o, req):
-        out.append(("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has {o.gpu_count}"))
+        out.append(Rejection("topology", f"multi-node needs {req.gpus_per_node} GPUs per host; this one has "
+                                         f"{o.gpu_count}"))
     return out
 
 
-def _why_not_node0(ctx: "_Ctx") -> str | None:
+def _why_not_node0(ctx: "_Ctx") -> Rejection | None:
     """Why this machine cannot be node 0 of a hybrid run (None when it can, or when its GPUs are unknown)."""
     req, here = ctx.req, ctx.here
     if here is None or req.cpu_ok:
         return None
     count, mem = here
     if count == 0:
-        return ("hybrid: node 0 is this machine, which has no GPU; set cpu_ok: true (or --cpu-ok) for gloo on CPU "
-                "on every node")
+        return Rejection("topology", "hybrid: node 0 is this machine, which has no GPU; set cpu_ok: true (or "
+                                     "--cpu-ok) for gloo on CPU on every node", lifted_by="cpu_ok")
     if count < req.gpus_per_node:
-        return f"hybrid: node 0 is this machine, which has {count} GPU(s) < {req.gpus_per_node} per node"
+        return Rejection("topology", f"hybrid: node 0 is this machine, which has {count} GPU(s) < "
+                                     f"{req.gpus_per_node} per node")
     if 0 < mem < req.gpu_mem_floor_gib:  # 0: memory unknown (the driver's /proc listing gives the model only)
-        return (f"hybrid: node 0 is this machine, whose GPU memory {fmt_num(mem)} GiB < "
-                f"{fmt_num(req.min_gpu_mem_gib)} GiB")
+        return Rejection("topology", f"hybrid: node 0 is this machine, whose GPU memory {fmt_num(mem)} GiB < "
+                                     f"{fmt_num(req.min_gpu_mem_gib)} GiB")
     return None
 
 
 def _capacity_reasons(o: Offer, region: str | None, zone: str | None, units: int,
-                      ctx: _Ctx) -> list[tuple[str, str]]:
+                      ctx: _Ctx) -> list[Rejection]:
     out = []
     where = zone or region or "any region"
     for c_zone, status, count in ctx.facts.capacity_facts((o.provider, o.instance_type), region):
         if c_zone is not None and c_zone != zone:
             continue
         if status == "OUT_OF_HOST_CAPACITY":
-            out.append(("capacity", f"capacity: OUT_OF_HOST_CAPACITY for {o.instance_type} in {where}"))
+            out.append(Rejection("capacity", f"capacity: OUT_OF_HOST_CAPACITY for {o.instance_type} in {where}"))
         elif status == "NOT_OFFERED":
-            out.append(("capacity", f"capacity: {o.instance_type} is NOT_OFFERED in {where}"))
+            out.append(Rejection("capacity", f"capacity: {o.instance_type} is NOT_OFFERED in {where}"))
         elif count is not None and count < units:
-            out.append(("capacity", f"capacity: {count} {o.instance_type} available in {where}; needs {units}"))
+            out.append(Rejection("capacity", f"capacity: {count} {o.instance_type} available in {where}; "
+                                             f"needs {units}"))
     return out
 
 
@@ -417,11 +367,11 @@ def _quota_blocked(qs: list[Quota], o: Offer, region: str | None, zone: str | No
 
 
 def _quota_reasons(o: Offer, region: str | None, zone: str | None, units: int,
-                   ctx: _Ctx) -> tuple[list[tuple[str, str]], str | None]:
+                   ctx: _Ctx) -> tuple[list[Rejection], str | None]:
     qs = ctx.facts.quotas.get((o.provider, o.instance_type))
     if not qs:
         return [], None
-    out: list[tuple[str, str]] = []
+    out: list[Rejection] = []
     step = None
     for q in qs:
         if not _region_ok(q.region, region):
@@ -433,10 +383,11 @@ def _quota_reasons(o: Offer, region: str | None, zone: str | None, units: int,
         avail = q.available
         if need > avail:
             scope = q.scope or q.region or "the account"
-            out.append(("quota", f"quota {q.name} {fmt_num(avail)} of {fmt_num(q.limit)} {q.unit} available in "
-                                 f"{scope}; needs {fmt_num(need)}"))
+            cmd = _quota_command(q, q.used + need)
+            out.append(Rejection("quota", f"quota {q.name} {fmt_num(avail)} of {fmt_num(q.limit)} {q.unit} "
+                                          f"available in {scope}; needs {fmt_num(need)}", next_step=cmd))
             if step is None:
-                step = _quota_command(q, q.used + need)
+                step = cmd
     return out, step
 
 
@@ -463,17 +414,17 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
             hours = max_h or 0.0
             if hours * 3600.0 < MIN_RUN_SECONDS:
                 min_cost = pricing.cost_usd(units, rate, pricing.billed_seconds(allow + MIN_RUN_SECONDS, mbs))
-                reason = (f"budget {_usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
-                          f"job costs {_usd(min_cost, budget)} at {_usd(units * rate)}/h"
+                reason = (f"budget {usd(budget)} affords no run: setup allowance {allow // 60} min plus 1 min of "
+                          f"job costs {usd(min_cost, budget)} at {usd(units * rate)}/h"
                           f"{digits_note(min_cost, budget)}")
     wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs)) + xfer
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
         if digits_note(wc, budget):  # "$5.0029 > $5.00" reads like two equal amounts: say the difference
-            reason = (f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h is over the {_usd(budget)} budget by "
-                      f"${wc - budget:,.4f}; {fit}")
+            reason = (f"worst case {usd(wc, budget)} at {fmt_num(hours)} h is over the {usd(budget)} budget by "
+                      f"{usd(wc - budget, places=4)}; {fit}")
         else:
-            reason = f"worst case {_usd(wc, budget)} at {fmt_num(hours)} h > budget {_usd(budget)}; {fit}"
+            reason = f"worst case {usd(wc, budget)} at {fmt_num(hours)} h > budget {usd(budget)}; {fit}"
     return units * rate, hours, wc, (None if free else max_h), reason
 
 
@@ -483,7 +434,7 @@ def _units(topo: str, req: Requirements) -> int:
 
 
 def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, full: bool,
-              offer_reasons: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], str | None, tuple]:
+              offer_reasons: list[Rejection]) -> tuple[list[Rejection], str | None, tuple]:
     """Reasons (kind, text), quota next step, and (rate, hours, wc, max_h) of one candidate.
 
     ``full`` False stops after the first reason kind that rejects (screening); True collects every reason."""
@@ -505,23 +456,23 @@ def _evaluate(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _C
             return reasons, step, ()
     rate, hours, wc, max_h, budget_reason = _costs(o, units, ctx)
     if budget_reason:
-        reasons.append(("budget", budget_reason))
+        reasons.append(Rejection("budget", budget_reason))
     return reasons, step, (rate, hours, wc, max_h)
 
 
-def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[tuple[str, str]],
+def _option(o: Offer, region: str | None, zone: str | None, topo: str, ctx: _Ctx, reasons: list[Rejection],
             step: str | None, costs: tuple) -> PlanOption:
     units = _units(topo, ctx.req)
     if (region, zone) != (o.region, o.zone):
         o = replace(o, region=region, zone=zone)
     rate, hours, wc, max_h = costs
     xfer = units * pricing.transfer_usd(o.attrs, ctx.req.transfer_in_gb, ctx.req.transfer_out_gb) if costs else 0.0
-    source = o.price_source + (f" + ${xfer:.4g} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
+    source = o.price_source + (f" + {usd(xfer, up_to=4)} transfer ({fmt_num(ctx.req.transfer_in_gb)} GB in, "
                                f"{fmt_num(ctx.req.transfer_out_gb)} GB out per node)" if xfer >= 0.005 else "")
     return PlanOption(provider=o.provider, topology=TopologyKind(topo), offers=[o] * units, nodes=ctx.req.nodes,
                       gpus_per_node=ctx.req.gpus_per_node, usd_per_hour=rate, worst_case_usd=wc, hours=hours,
                       max_hours_within_budget=max_h, price_source=source,
-                      rejected=[text for _, text in reasons], next_step=step)
+                      rejected=reasons, next_step=step)
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -555,7 +506,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
 
     ``quotas`` / ``capacities``: facts from the adapters (matched to offers by provider and instance type;
     zone-scoped quotas and capacity per zone).  ``unavailable``: provider -> why it offers nothing (e.g. the
-    local machine's ``why_not``), listed as rejected options.  ``now``: the plan's timestamp (default: now).
+    local machine's ``why_not``; a :class:`Rejection` keeps its data, plain text is of kind ``provider``), listed
+    as rejected options.  ``now``: the plan's timestamp (default: now).
     ``notes``: passed through to ``Plan.notes`` (price sources, missing credentials).
     ``here``: this machine's (GPU count, smallest GPU memory in GiB), node 0 of a ``hybrid`` option; None =
     unknown (not checked).  ``hybrid`` is opt-in (``topology: hybrid``); under ``any`` its cheapest valid option is
@@ -566,30 +518,83 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
     reason kind; ``rejected_counts`` counts every rejected candidate by its first reason kind.
     """
     req = requirements
-    facts = _Facts(quotas, capacities)
-    ctx = _Ctx(req, facts)
-    hours_given = req.hours is not None or req.budget_usd is None
-    topo_req = req.topology
-    allow_local = topo_req in ("any", "simulated", "local")
-    allow_sim = topo_req in ("any", "simulated")
-    allow_multi = topo_req == "multi-node" or (topo_req == "any" and req.nodes > 1)
-    allow_hybrid = topo_req in ("hybrid", "any") and req.nodes > 1  # opt-in: under "any" only named in the notes
+    ctx = _Ctx(req, _Facts(quotas, capacities))
     ctx.here = here
-    node0_ok = _why_not_node0(ctx) is None
-    hybrid_seen: list[tuple] = []  # valid hybrid entries under "any" (for the note)
-    providers = set(req.providers)
+    allowed = _Allowed(req)
     out_notes = list(notes)
     if ctx.hours is not None and req.hours is None:
         out_notes.append(f"no hours and no budget given: deadline {fmt_num(ctx.hours)} h")
+    found = _screen(offers, ctx, allowed)
+    hybrid_seen = found.drop_hybrid() if allowed.hybrid and req.topology != "hybrid" else []
+    rank = _Ranking(offers, ctx)
+    options = [rank.build(e) for e in rank.best(found.valid, top_k)]
+    rejected, counts = _rejected_options(found, rank, unavailable, ctx, rejected_per_reason)
+    out_notes += _topology_notes(req, allowed, rank, hybrid_seen)
+    note = rejected_note(counts, len(rejected), rejected_per_reason)
+    if note:
+        out_notes.append(note)
+    return Plan(requirements=req, options=options, rejected=rejected, notes=out_notes,
+                created_at=now or utcnow(), rejected_counts=counts, valid_count=len(found.valid))
 
-    # Screening.  Entries are (value, worst case, offer index, region, zone, topology); ``value`` orders them
-    # (worst case, or minus the affordable hours when the budget sets the deadline).  Strings are built only
-    # for the options that end up in the Plan.
-    valid: list[tuple] = []
-    rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
-    counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
-    cloud_topos = tuple(t for t, ok in (("simulated", allow_sim), ("multi-node", allow_multi),
-                                        ("hybrid", allow_hybrid)) if ok)
+
+class _Allowed:
+    """Which topologies a job's ``topology`` lets the plan consider (``hybrid`` is opt-in: under ``any`` it is only
+    named in the notes)."""
+
+    def __init__(self, req: Requirements):
+        t = req.topology
+        self.local = t in ("any", "simulated", "local")
+        self.simulated = t in ("any", "simulated")
+        self.multi = t == "multi-node" or (t == "any" and req.nodes > 1)
+        self.hybrid = t in ("hybrid", "any") and req.nodes > 1
+        self.cloud = tuple(name for name, ok in (("simulated", self.simulated), ("multi-node", self.multi),
+                                                 ("hybrid", self.hybrid)) if ok)
+
+
+class _Found:
+    """What screening found.  Entries are (value, worst case, offer index, region, zone, topology); ``value``
+    orders them (worst case, or minus the affordable hours when the budget sets the deadline).  Strings are
+    built only for the options that end up in the Plan."""
+
+    def __init__(self) -> None:
+        self.valid: list[tuple] = []
+        self.rej: dict[str, list[tuple]] = {k: [] for k in REASON_KINDS}
+        self.counts: dict[str, int] = dict.fromkeys(REASON_KINDS, 0)
+
+    def drop_hybrid(self) -> list[tuple]:
+        """Take the hybrid entries out (under ``any``, hybrid is only named in a note); the valid ones taken."""
+        seen = [e for e in self.valid if e[5] == "hybrid"]
+        self.valid = [e for e in self.valid if e[5] != "hybrid"]
+        for kind, lst in self.rej.items():
+            drop = sum(1 for e in lst if e[5] == "hybrid")
+            if drop:
+                self.counts[kind] -= drop
+                self.rej[kind] = [e for e in lst if e[5] != "hybrid"]
+        return seen
+
+
+def _screen_local(o: Offer, oi: int, ctx: _Ctx, found: _Found) -> None:
+    """This machine's offer, judged by the general (text-building) path: it is one offer."""
+    reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
+    if reasons:
+        kind = reasons[0].kind.value
+        found.counts[kind] += 1
+        found.rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
+        return
+    wc, max_h = costs[2], costs[3]
+    hours_given = ctx.req.hours is not None or ctx.req.budget_usd is None
+    found.valid.append((wc if hours_given else -(math.inf if max_h is None else max_h), wc, oi, o.region, o.zone,
+                        "local"))
+
+
+def _screen(offers: Sequence[Offer], ctx: _Ctx, allowed: _Allowed) -> _Found:
+    """Every candidate (offer x topology x place) judged with plain attribute reads and float arithmetic, in the
+    planner's check order (model, memory, topology, capacity, quota, budget); counted under its first reason."""
+    req, facts, found = ctx.req, ctx.facts, _Found()
+    valid, rej, counts = found.valid, found.rej, found.counts
+    topo_req, cloud_topos, providers = req.topology, allowed.cloud, set(req.providers)
+    hours_given = req.hours is not None or req.budget_usd is None
+    node0_ok = _why_not_node0(ctx) is None
     n_counted = sum(1 for t in cloud_topos if t != "hybrid" or topo_req == "hybrid")  # rejections per offer
     wanted, min_mem = ctx.wanted, req.gpu_mem_floor_gib
     n_total, per_node, nodes = ctx.n_total, req.gpus_per_node, req.nodes
@@ -597,43 +602,31 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
     cost, billed_s, max_billed = pricing.cost_usd, pricing.billed_seconds, pricing.max_billed_seconds
     billed_cache: dict[tuple[str, float], int] = {}
     zoned, caps_ix, quota_ix = facts.zones, facts.caps, facts.quotas
-    inf = math.inf
     hpm = pricing.HOURS_PER_MONTH
-
     for oi, o in enumerate(offers):
         prov = o.provider
         if providers and prov not in providers:
             continue
         if prov == "local":  # rare: the general path
-            if not allow_local:
-                continue
-            reasons, _, costs = _evaluate(o, o.region, o.zone, "local", ctx, False, _offer_reasons(o, ctx, False))
-            if reasons:
-                kind = reasons[0][0]
-                counts[kind] += 1
-                rej[kind].append((0.0, 0.0, oi, o.region, o.zone, "local"))
-            else:
-                wc, max_h = costs[2], costs[3]
-                valid.append((wc if hours_given else -(inf if max_h is None else max_h), wc, oi, o.region, o.zone,
-                              "local"))
+            if allowed.local:
+                _screen_local(o, oi, ctx, found)
             continue
         if not cloud_topos:
             continue
-        usd = o.usd_per_hour
+        price = o.usd_per_hour
         cpu_offer = (cpu_only(req) or _cpu_here(o, req)) and o.gpu_count == 0
         if not cpu_offer and wanted and not any(gpu_name_matches(w, o.gpu_name) for w in wanted):
             counts["gpu-model"] += n_counted
-            rej["gpu-model"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            rej["gpu-model"].append((price, price, oi, o.region, o.zone, cloud_topos[0]))
             continue
         if not cpu_offer and o.gpu_mem_gib < min_mem:
             counts["gpu-memory"] += n_counted
-            rej["gpu-memory"].append((usd, usd, oi, o.region, o.zone, cloud_topos[0]))
+            rej["gpu-memory"].append((price, price, oi, o.region, o.zone, cloud_topos[0]))
             continue
         tkey = (prov, o.instance_type)
         places = facts.placements(o) if (o.zone is None and tkey in zoned) else ((o.region, o.zone),)
-        caps_l = caps_ix.get(tkey)
-        quotas_l = quota_ix.get(tkey)
-        rate = usd + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
+        caps_l, quotas_l = caps_ix.get(tkey), quota_ix.get(tkey)
+        rate = price + o.storage_usd_per_gib_month * disk / hpm  # == pricing.unit_rate_usd_per_hour, inlined
         gc = o.gpu_count
         for topo in cloud_topos:
             if topo == "simulated":
@@ -649,9 +642,8 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     kind = "topology"
                 elif caps_l and _capacity_blocked(facts, tkey, region, zone, units):
                     kind = "capacity"
-                elif quotas_l and _quota_blocked(quotas_l, o, region, zone, units):
-                    kind = "quota"
-                elif FREE_TIER_ATTR in o.attrs and _free_tier_reasons(o, units, ctx):
+                elif (quotas_l and _quota_blocked(quotas_l, o, region, zone, units)) or (
+                        FREE_TIER_ATTR in o.attrs and _free_tier_reasons(o, units, ctx)):
                     kind = "quota"
                 else:
                     kind = None
@@ -659,18 +651,17 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     if topo == "hybrid" and topo_req != "hybrid":
                         continue
                     counts[kind] += 1
-                    rej[kind].append((units * usd, units * usd, oi, region, zone, topo))
+                    rej[kind].append((units * price, units * price, oi, region, zone, topo))
                     continue
                 if rate <= 0:  # free
-                    valid.append((0.0 if hours_given else -inf, 0.0, oi, region, zone, topo))
+                    valid.append((0.0 if hours_given else -math.inf, 0.0, oi, region, zone, topo))
                     continue
                 allow = pricing.setup_allowance_seconds(prov)
                 if fixed_hours is not None:
-                    bk = (prov, o.min_billed_seconds)
-                    b = billed_cache.get(bk)
+                    b = billed_cache.get((prov, o.min_billed_seconds))
                     if b is None:
-                        b = billed_cache[bk] = billed_s(pricing.deadline_seconds(fixed_hours, allow),
-                                                        o.min_billed_seconds)
+                        b = billed_cache[(prov, o.min_billed_seconds)] = billed_s(
+                            pricing.deadline_seconds(fixed_hours, allow), o.min_billed_seconds)
                     wc = cost(units, rate, b)
                     if budget is not None and wc > budget:
                         counts["budget"] += 1
@@ -687,72 +678,81 @@ def plan_on_demand(requirements: Requirements, offers: Sequence[Offer], quotas: 
                     continue
                 wc = cost(units, rate, billed_s(pricing.deadline_seconds(max_h, allow), o.min_billed_seconds))
                 valid.append((-max_h, wc, oi, region, zone, topo))
-    if allow_hybrid and topo_req != "hybrid":  # under "any": hybrid only for the note
-        hybrid_seen = [e for e in valid if e[5] == "hybrid"]
-        valid = [e for e in valid if e[5] != "hybrid"]
-        for kind, lst in rej.items():
-            drop = sum(1 for e in lst if e[5] == "hybrid")
-            if drop:
-                counts[kind] -= drop
-                rej[kind] = [e for e in lst if e[5] != "hybrid"]
-    counts = {k: v for k, v in counts.items() if v}
+    return found
 
-    def full_key(e: tuple) -> tuple:
+
+class _Ranking:
+    """The best entries of a list, deterministic under input order, and the PlanOption of an entry (reasons and
+    costs built by the text-building path)."""
+
+    def __init__(self, offers: Sequence[Offer], ctx: _Ctx):
+        self.offers, self.ctx = offers, ctx
+
+    def key(self, e: tuple) -> tuple:
         value, wc, oi, region, zone, topo = e
-        o = offers[oi]
+        o = self.offers[oi]
         # at equal cost this machine comes first (nothing to rent, no account), then by name
         return (value, wc, o.provider != "local", o.provider, o.instance_type, region or "", zone or "", o.offer_id,
                 topo)
 
-    def best(entries: list[tuple], k: int) -> list[tuple]:
-        """The k smallest entries by full key, deterministic under input order (ties on value pooled)."""
+    def best(self, entries: list[tuple], k: int) -> list[tuple]:
+        """The k smallest entries by :meth:`key` (ties on value pooled, so input order never decides)."""
         if k <= 0 or not entries:
             return []
         firsts = heapq.nsmallest(k, entries)  # (value, wc, unique offer index, ...): never compares further
         threshold = firsts[-1][0]
         pool = [e for e in entries if e[0] <= threshold] if len(firsts) == k else list(entries)
-        pool.sort(key=full_key)
+        pool.sort(key=self.key)
         return pool[:k]
 
-    def build(entry: tuple) -> PlanOption:
+    def build(self, entry: tuple) -> PlanOption:
         _, _, oi, region, zone, topo = entry
-        o = offers[oi]
-        ofr = _offer_reasons(o, ctx, full=True)
-        reasons, step, costs = _evaluate(o, region, zone, topo, ctx, True, ofr)
-        return _option(o, region, zone, topo, ctx, reasons, step, costs)
+        o = self.offers[oi]
+        reasons, step, costs = _evaluate(o, region, zone, topo, self.ctx, True, _offer_reasons(o, self.ctx, True))
+        return _option(o, region, zone, topo, self.ctx, reasons, step, costs)
 
-    options = [build(e) for e in best(valid, top_k)]
+
+def _rejected_options(found: _Found, rank: _Ranking, unavailable: Mapping[str, str] | None, ctx: _Ctx,
+                      per_reason: int) -> tuple[list[PlanOption], dict[str, int]]:
+    """The rejected options a Plan shows (each provider that offers nothing, then the ``per_reason`` cheapest of
+    each reason kind, in order of the worst case the table prints) and the counts of every rejection by kind."""
+    req = ctx.req
+    counts = {k: v for k, v in found.counts.items() if v}
     rejected: list[PlanOption] = []
     for prov, why in sorted((unavailable or {}).items()):
-        if providers and prov not in providers:
+        if req.providers and prov not in req.providers:
             continue
         topo = TopologyKind.local if prov == "local" else TopologyKind.simulated
         rejected.append(PlanOption(provider=prov, topology=topo, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
                                    usd_per_hour=0.0, worst_case_usd=0.0, hours=ctx.hours or 0.0,
-                                   rejected=[why], reason_kind="provider"))
+                                   rejected=[why if isinstance(why, Rejection) else Rejection("provider", why)],
+                                   reason_kind="provider"))
         counts["provider"] = counts.get("provider", 0) + 1
     counts = {k: counts[k] for k in REASON_KINDS if counts.get(k)}
-    for kind in REASON_KINDS:  # the cheapest per kind, shown in order of the worst case the table prints
-        rejected += sorted((replace(build(e), reason_kind=kind) for e in best(rej[kind], rejected_per_reason)),
+    for kind in REASON_KINDS:
+        rejected += sorted((replace(rank.build(e), reason_kind=kind) for e in rank.best(found.rej[kind], per_reason)),
                            key=lambda o: o.worst_case_usd)
+    return rejected, counts
 
+
+def _topology_notes(req: Requirements, allowed: _Allowed, rank: _Ranking, hybrid_seen: list[tuple]) -> list[str]:
+    """What the topology asked for means for the plan: hybrid's layout, the hybrid option under ``any`` (named,
+    never chosen), and the topologies not considered."""
+    out: list[str] = []
+    topo_req = req.topology
     if topo_req == "hybrid":
         vms = "node 1 is a VM" if req.nodes == 2 else f"nodes 1-{req.nodes - 1} are VMs"
-        out_notes.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
-                         f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
-                         "per-run WireGuard tunnel; priced as the VMs only")
+        out.append(f"topology hybrid: node 0 is this machine (free: its GPU, or gloo on CPU with cpu_ok), "
+                   f"{vms} with /dev/net/tun ({', '.join(TUN_PROVIDERS)}) over a "
+                   "per-run WireGuard tunnel; priced as the VMs only")
     if hybrid_seen:
-        h = build(best(hybrid_seen, 1)[0])
+        h = rank.build(rank.best(hybrid_seen, 1)[0])
         o = h.offers[0]
-        out_notes.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
-                         f"{h.provider} over a WireGuard tunnel, ${h.usd_per_hour:.2f}/h, worst case "
-                         f"${h.worst_case_usd:.2f}: opt in with --topology hybrid (docs/hybrid.md)")
-    if not allow_sim and topo_req != "local":
-        out_notes.append(f"topology {topo_req} requested: simulated options not considered")
-    if not allow_multi and req.nodes > 1 and topo_req != "multi-node":
-        out_notes.append(f"topology {topo_req} requested: multi-node options not considered")
-    note = rejected_note(counts, len(rejected), rejected_per_reason)
-    if note:
-        out_notes.append(note)
-    return Plan(requirements=req, options=options, rejected=rejected, notes=out_notes,
-                created_at=now or utcnow(), rejected_counts=counts, valid_count=len(valid))
+        out.append(f"also possible: hybrid = this machine as node 0 + {len(h.offers)} x {o.instance_type} on "
+                   f"{h.provider} over a WireGuard tunnel, {usd(h.usd_per_hour)}/h, worst case "
+                   f"{usd(h.worst_case_usd)}: opt in with --topology hybrid (docs/hybrid.md)")
+    if not allowed.simulated and topo_req != "local":
+        out.append(f"topology {topo_req} requested: simulated options not considered")
+    if not allowed.multi and req.nodes > 1 and topo_req != "multi-node":
+        out.append(f"topology {topo_req} requested: multi-node options not considered")
+    return out

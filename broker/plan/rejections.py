@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from broker.core.model import PlanOption
+from broker.core.model import PlanOption, RejectionKind
 
-#: Reason kinds in check order (keys of ``Plan.rejected_counts``).
-REASON_KINDS = ("provider", "gpu-model", "gpu-memory", "topology", "capacity", "quota", "budget")
+#: Reason kinds in check order (keys of ``Plan.rejected_counts``): the planner's :class:`RejectionKind` values.
+REASON_KINDS = tuple(k.value for k in RejectionKind if k is not RejectionKind.other)
 
 
 def rejected_note(counts: Mapping[str, int], shown: int, per_reason: int) -> str:

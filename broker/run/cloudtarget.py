@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from broker.core.model import Plan, PlanOption, to_json
+from broker.core.prose import usd
 from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BadInput, NoValidPlan, Provider, ProviderError
 from broker.core.recipe import Recipe
@@ -100,8 +101,8 @@ class CloudTarget(Target):
 
     def describe(self) -> str:
         o = self.options[0]
-        return (f"{o.topology.value} on {o.provider} ({o.summary}, ${o.usd_per_hour:.2f}/h, worst case "
-                f"${o.worst_case_usd:.2f}); {len(self.options)} ranked option(s) for failover")
+        return (f"{o.topology.value} on {o.provider} ({o.summary}, {usd(o.usd_per_hour)}/h, worst case "
+                f"{usd(o.worst_case_usd)}); {len(self.options)} ranked option(s) for failover")
 
     def acquire(self, run: Run, ctx: Context) -> Cluster:
         from broker.money.provision import provision

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from broker.core.model import Plan, PlanOption
+from broker.core.prose import usd
 from broker.core.provider import AuthError, BadInput, ProviderCheck, not_configured_error
 from broker.core.recipe import Recipe, shown_path
 
@@ -80,7 +81,7 @@ def plan_for_run(recipe: Recipe, provider: str | None) -> tuple[Plan, list[PlanO
         # a plan exists; what stops the run is providers that are not configured: exit 4, as with --provider
         raise AuthError(", ".join(p for p, c in missing.items() if c), "credentials check",
                         f"the cheapest plan is {best.topology.value} on {best.provider} ({best.summary}, worst case "
-                        f"${best.worst_case_usd:.2f}) but no provider with credentials can serve {recipe.name}"
+                        f"{usd(best.worst_case_usd)}) but no provider with credentials can serve {recipe.name}"
                         f"{interruptible_excludes_here(recipe)}",
                         hint=f"configure one (see .env.example): {need}{cpu}{free_try_hint(recipe)}")
     return plan, usable

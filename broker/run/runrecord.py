@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from broker.core.model import utcnow
+from broker.core.prose import usd
 from broker.core.records import Cluster, Resource, Run
 from broker.core.provider import BrokerError
 from broker.core.recipe import Recipe
@@ -44,12 +45,12 @@ class Quote:
     failover_options: int = 1
 
     def lines(self) -> list[str]:
-        budget = f" of budget ${self.budget_usd:.2f}" if self.budget_usd is not None else ""
+        budget = f" of budget {usd(self.budget_usd)}" if self.budget_usd is not None else ""
         more = (f"; on failure, up to {self.failover_options - 1} other ranked option(s) within the same budget"
                 if self.failover_options > 1 else "")
         return [f"chosen: {self.summary}",
-                f"price: ${self.usd_per_hour:.2f}/hour; hard deadline {self.deadline_hours:g} h; worst case "
-                f"${self.worst_case_usd:.2f}{budget}{more}"]
+                f"price: {usd(self.usd_per_hour)}/hour; hard deadline {self.deadline_hours:g} h; worst case "
+                f"{usd(self.worst_case_usd)}{budget}{more}"]
 
 
 @dataclass

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.provider import BadInput, BrokerError, ProviderError
+from broker.core.prose import usd
 from broker.core.sshkeys import host_key_name
 from broker.providers import SLURM_NODES, capability
 from broker.slurm.render import (CLOUD_BASE, CLOUD_CGROUPS, CLOUD_SHARED_DIR, ClusterState, FACTS_CMD, NodeFacts, Say,
@@ -209,7 +210,7 @@ def _target(opts: UpOptions, recipe: Any):
             from broker.core.provider import NoValidPlan
 
             raise NoValidPlan(f"no multi-node option on {opts.provider} for {opts.nodes} node(s) within "
-                              f"${opts.budget_usd:g} and {opts.max_hours:g} h",
+                              f"{usd(opts.budget_usd)} and {opts.max_hours:g} h",
                               hint=f"`broker plan --provider {opts.provider} --nodes {opts.nodes} --topology "
                                    "multi-node" + (" --cpu-only`" if recipe.cpu_only else "`") + " shows why")
         return CloudTarget(recipe, options, watchdog=opts.watchdog, onstart=cloud_onstart())

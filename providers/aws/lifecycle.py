@@ -16,6 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.core.model import utcnow
+from broker.core.prose import usd
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, NotSupported, ProviderError, TransientError
 from broker.core.nodescripts import job_done_path
@@ -414,12 +415,13 @@ def stopped_rate(api: "AWSApi", provider_id: str, region: str | None,
     if sizes:
         gb = sum(sizes)
         return (gb * EBS_USD_PER_GB_MONTH / 730.0,
-                f"EBS {gb:g} GiB x ${EBS_USD_PER_GB_MONTH}/GB/month (gp3 price: broker's assumption)")
+                f"EBS {gb:g} GiB x {usd(EBS_USD_PER_GB_MONTH, up_to=4)}/GB/month (gp3 price: broker's assumption)")
     a = attrs or {}
     if a.get("storage_usd_per_hour"):
         return float(a["storage_usd_per_hour"]), "EBS (recorded storage rate)"
     gb = float(a.get("disk_gib") or 0)
-    return gb * EBS_USD_PER_GB_MONTH / 730.0, f"EBS {gb:g} GiB (recorded disk) x ${EBS_USD_PER_GB_MONTH}/GB/month"
+    return (gb * EBS_USD_PER_GB_MONTH / 730.0,
+            f"EBS {gb:g} GiB (recorded disk) x {usd(EBS_USD_PER_GB_MONTH, up_to=4)}/GB/month")
 
 
 def terminate(api: "AWSApi", kind: str, provider_id: str, region: str | None) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from broker.core.prose import usd
 from broker.core.provider import INSTALL_TAG, RUN_TAG, ProviderError, TransientError
 from broker.providers.oci import network
 from broker.providers.oci.offers import list_price, shape_gpus
@@ -320,7 +321,7 @@ def stopped_rate(api: "OCIApi", provider_id: str, attrs: dict[str, Any] | None) 
     if not disk:
         gb = float(a.get("disk_gib") or 50)
         disk = gb * BOOT_VOLUME_USD_PER_GB_MONTH / 730.0
-        basis = f"boot volume {gb:g} GB x ${BOOT_VOLUME_USD_PER_GB_MONTH}/GB/month (broker's assumption)"
+        basis = f"boot volume {gb:g} GB x {usd(BOOT_VOLUME_USD_PER_GB_MONTH, up_to=4)}/GB/month (broker's assumption)"
     if keeps_billing_stopped(shape):
         full = list_price(shape)
         if full is None:

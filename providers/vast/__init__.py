@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError
+from broker.core.prose import usd
 
 from broker.providers.vast.boot import NODE_DIR, ONSTART_LIMIT, fit_onstart, onstart_script
 from broker.providers.vast.client import (CREDIT_HINT, DEFAULT_API_URL, KEY_HINT, MAX_RETRY_AFTER_S, PROVIDER,
@@ -134,6 +135,6 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
         credit = data.get("credit") if isinstance(data, dict) else None
         detail = f"key from {source}; {self.api_url}"
         if isinstance(credit, (int, float)):
-            detail += f"; credit ${credit:.2f}"
+            detail += f"; credit {usd(credit)}"
         hint = CREDIT_HINT if isinstance(credit, (int, float)) and credit <= 0 else None
         return ProviderCheck(provider=PROVIDER, configured=True, usable=True, detail=detail, hint=hint)

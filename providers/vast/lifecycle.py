@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from broker.core.model import Offer
+from broker.core.prose import usd
 from broker.core.provider import RUN_TAG, AmbiguousCreate, BadInput, CapacityError, NotSupported, OfferGone, ProviderError, TransientError
 
 from broker.providers.vast.boot import authorized_key_script, fit_onstart, onstart_script
@@ -241,8 +242,9 @@ class VastLifecycle:
                 raise BadInput(f"vast: interruptible offer {offer.offer_id} carries no bid",
                                hint="re-plan (`broker plan`): the plan prices the bid")
             if isinstance(mb, (int, float)) and mb > bid:
-                raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s minimum bid rose to ${mb:.4f}/h, above the "
-                                f"planned bid ${bid:.4f}/h", hint="re-plan (`broker plan`) to see current bids")
+                raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s minimum bid rose to {usd(mb, places=4)}/h, "
+                                f"above the planned bid {usd(bid, places=4)}/h",
+                                hint="re-plan (`broker plan`) to see current bids")
             return row
         from broker.core.records import read_rate
 
@@ -251,8 +253,8 @@ class VastLifecycle:
             raise OfferGone(PROVIDER, call, f"offer {offer.offer_id}'s dph_total cannot be read "
                             f"({why or 'missing'}): its price is unknown", hint="broker moves on to the next offer")
         if price > offer.usd_per_hour * (1 + self.price_tolerance):
-            raise OfferGone(PROVIDER, call, f"offer {offer.offer_id} now costs ${price:.4f}/h, planned "
-                            f"${offer.usd_per_hour:.4f}/h (+{(price / offer.usd_per_hour - 1) * 100:.0f}% > "
+            raise OfferGone(PROVIDER, call, f"offer {offer.offer_id} now costs {usd(price, places=4)}/h, planned "
+                            f"{usd(offer.usd_per_hour, places=4)}/h (+{(price / offer.usd_per_hour - 1) * 100:.0f}% > "
                             f"{self.price_tolerance * 100:.0f}%)", hint="re-plan (`broker plan`) to see current prices")
         return row
 
@@ -557,7 +559,7 @@ class VastLifecycle:
         if not isinstance(gb, (int, float)):
             gb, basis = 0.0, basis + "; disk size unknown"
         rate = float(per_gb) * float(gb) / 720.0
-        return rate, f"storage ${float(per_gb):g}/GB/month x {float(gb):g} GB ({basis})"
+        return rate, f"storage {usd(float(per_gb), up_to=4)}/GB/month x {float(gb):g} GB ({basis})"
 
     def _list_rows(self) -> list[dict[str, Any]]:
         """Every instance of the account: v1 list paginated by ``next_token``; v0 list when v1 is absent.  Raises

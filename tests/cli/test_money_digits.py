@@ -36,10 +36,12 @@ def test_rejected_list_explains_its_extra_digits(tmp_path):
 
 
 def test_digits_note_only_when_the_cent_cannot_tell_them_apart():
-    from broker.plan.explain import _usd as explain_usd
-    from broker.plan.planner import _usd, digits_note
+    from broker.core.prose import usd
+    from broker.plan.planner import digits_note
 
-    assert _usd(5.0029, 5.0) == "$5.0029" and digits_note(5.0029, 5.0) == " (over it by $0.0029)"
-    assert _usd(5.01, 5.0) == "$5.01" and digits_note(5.01, 5.0) == ""
+    assert usd(5.0029, 5.0) == "$5.0029" and digits_note(5.0029, 5.0) == " (over it by $0.0029)"
+    assert usd(5.01, 5.0) == "$5.01" and digits_note(5.01, 5.0) == ""
     assert digits_note(5.0, 5.0) == "" and digits_note(0.004, 0.003) == ""  # sub-cent values always show 4 digits
-    assert explain_usd(5.0029, 5.0) == "$5.0029" and explain_usd(5.0029) == "$5.00" and explain_usd(0.005) == "$0.0050"
+    # the planner's formatter showed $5.0000 for an amount equal to its budget; equal amounts need no extra digits
+    assert usd(5.0, 5.0) == "$5.00"
+    assert usd(5.0029) == "$5.00" and usd(0.005) == "$0.0050"

@@ -390,7 +390,7 @@ def test_a_reported_rate_60_times_the_plan_stops_the_run_with_both_numbers(vast_
         provision(_vast_options(p, budget=0.5, at_least=1)[:1], run, _req(), ledger, providers={"vast": p}, poll_s=0.05,
                   retry_wait_s=0.01, terminate_timeout_s=10)
     msg = err.value.message
-    assert "$18/h" in msg and "$0.3" in msg and "budget $0.50" in msg, msg
+    assert "$18.00/h" in msg and "$0.3" in msg and "budget $0.50" in msg, msg
     assert emu.instances == {}  # torn down
     (row,) = ledger.resources(run.id)
     assert row.usd_per_hour == pytest.approx(18.0) and row.attrs["planned_usd_per_hour"] < 0.5
@@ -416,7 +416,7 @@ def test_a_reported_rate_that_still_fits_goes_on_and_every_figure_uses_it(vast_e
     assert cluster.nodes
     (row,) = ledger.resources(run.id, live_only=True)
     assert row.usd_per_hour == pytest.approx(0.60) and row.attrs["rate_source"] == "vast reported"
-    assert any("$0.6/h" in s and "above the planned" in s and "still fits" in s for s in said), said
+    assert any("$0.60/h" in s and "above the planned" in s and "still fits" in s for s in said), said
     rc = account(ledger.get_run(run.id), ledger.resources(run.id), utcnow())
     assert rc.usd_per_hour == pytest.approx(0.60)  # status / cost / the watchdog's budget rule read this
     assert emu.instances

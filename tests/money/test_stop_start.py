@@ -436,7 +436,7 @@ def test_start_that_does_not_come_back_in_time_says_so_with_progress_and_what_st
     assert "start requested" in r.stderr and "is pending after" in r.stderr and "waiting at most" in r.stderr
     out = " ".join(r.stdout.split())
     assert "(not running within 4 s)" in out and "log in" not in out
-    assert "still rented and billing: fake fake-i-1 starting $2/h" in out and f"broker down {run.id}" in out
+    assert "still rented and billing: fake fake-i-1 starting $2.00/h" in out and f"broker down {run.id}" in out
 
 
 def test_a_signal_during_start_names_what_is_still_billing_not_a_teardown(cli_env):
@@ -461,4 +461,4 @@ def test_a_signal_during_start_names_what_is_still_billing_not_a_teardown(cli_en
             p.kill()
     err = " ".join((seen + err).split())
     assert p.returncode == 143, err
-    assert "still rented and billing: fake fake-i-1 starting $2/h" in err and "tore down" not in err, err
+    assert "still rented and billing: fake fake-i-1 starting $2.00/h" in err and "tore down" not in err, err

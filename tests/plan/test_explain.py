@@ -10,6 +10,7 @@ from broker.plan.explain import no_plan_error
 from broker.core.model import Requirements
 from broker.plan.planner import plan
 from broker.providers.fake import FakeProvider
+from broker.providers.local import LocalProvider
 
 
 def _recipe(**kw):
@@ -45,8 +46,7 @@ def test_budget_that_affords_no_run_says_so():
 
 def test_cpu_ok_hint_only_when_it_is_not_set():
     r = _recipe(cpu_ok=False, budget_usd=100, nodes=4)
-    local_why = "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU logic check)"
-    p = _plan(r, {"local": local_why})
+    p = _plan(r, {"local": LocalProvider(gpus=[]).why_not(Requirements(nodes=4, gpus_per_node=1))})
     p = replace(p, options=[])  # pretend nothing is valid
     e = no_plan_error(r, p)
     assert "set cpu_ok: true" in e.hint
@@ -71,8 +71,7 @@ def test_only_unknown_gpu_model_names_the_models_offered():
 def test_only_no_gpu_here_says_cpu_ok():
     r = _recipe(cpu_ok=False, budget_usd=100, max_hours=1)
     req = Requirements(nodes=2, gpus_per_node=1, budget_usd=100, hours=1, providers=["local"])
-    why = "no GPU; cpu_ok not set (set cpu_ok: true or --cpu-ok for a gloo-on-CPU logic check)"
-    p = plan(req, [], unavailable={"local": why})
+    p = plan(req, [], unavailable={"local": LocalProvider(gpus=[]).why_not(req)})
     e = no_plan_error(r, p)
     assert "this machine has no GPU: add --cpu-ok" in e.hint, e.hint
     assert "budget" not in e.hint and "quota" not in e.hint and "GPU models" not in e.hint, e.hint

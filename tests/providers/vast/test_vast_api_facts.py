@@ -150,7 +150,7 @@ def test_bandwidth_is_priced_into_the_plan_at_the_offers_per_gb_rates(vast_env):
                          topology="simulated", disk_gib=40, transfer_in_gb=50, transfer_out_gb=10)
     opt = next(x for x in plan(moved, [o]).options if not x.rejected)
     assert opt.worst_case_usd == pytest.approx(none.worst_case_usd + 50 * 0.02 + 10 * 0.05)
-    assert "$1.5 transfer (50 GB in, 10 GB out per node)" in opt.price_source
+    assert "$1.50 transfer (50 GB in, 10 GB out per node)" in opt.price_source
     tight = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=None, budget_usd=2.0,
                          topology="simulated", disk_gib=40, transfer_in_gb=50, transfer_out_gb=10)
     loose = Requirements(nodes=2, gpus_per_node=1, min_gpu_mem_gib=16, hours=None, budget_usd=2.0,
