@@ -318,7 +318,7 @@ def _runs_table(runs: list[Any], res: dict[str, list[Any]], now: Any, width: int
     rows = []
     for r in runs:
         c = run_cost(r, res[r.id], now)
-        if c.live:
+        if c.live or "[" in r.id:  # the full command passes the id to rich unescaped: markup would be read
             raise _NotMine
         provider, topology = r.provider, r.topology
         if topology and (provider in topology or provider in ("netns", "local")):
@@ -336,7 +336,12 @@ def _runs_table(runs: list[Any], res: dict[str, list[Any]], now: Any, width: int
                 raise _NotMine
     widths = [max(len(head[i]), *(len(row[i]) for row in rows)) for i in range(len(head))]
     total = sum(widths) + 2 * (len(head) - 1)
-    if total > width or len("runs") > width:  # the full command ellipsizes or compacts: not done here
+    if total > width:  # tight: "$0.00/$5.00", as the full command (two more cells for the names)
+        head = head[:4] + ("spent/budget",)
+        rows = [row[:4] + (row[4].replace(" / ", "/"),) for row in rows]
+        widths = [max(len(head[i]), *(len(row[i]) for row in rows)) for i in range(len(head))]
+        total = sum(widths) + 2 * (len(head) - 1)
+    if total > width or len("runs") > width:  # the full command ellipsizes a name or a place: not done here
         raise _NotMine
     lines = ["runs", "  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip(), "\u2500" * total]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
