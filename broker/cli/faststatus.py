@@ -34,6 +34,24 @@ from typing import Any
 _FLAGS = {"--no-refresh": "no_refresh", "--refresh": "refresh", "-r": "refresh"}
 _PRINTABLE = re.compile(r"[ -~]*")
 
+# What opening the ledger the full way checks and decodes, copied from broker.money.ledger so that this start does
+# not import it (with uuid, platform, the journal and hashlib: ~20 ms); tests/cli/test_faststatus.py holds each
+# copy equal to the ledger's own.
+#: every table and index the ledger's schema script creates (a ledger without one is made up by the full command)
+SCHEMA_NAMES = frozenset({"meta", "runs", "resources", "resources_run", "resources_state", "runs_created",
+                          "runs_with_pid", "resources_live", "events", "events_run", "attempts", "quota_requests"})
+#: (table, column) a ledger of an older schema lacks until the full command migrates it
+MIGRATED = (("resources", "stopped_at"), ("resources", "stopped_usd_per_hour"), ("resources", "banked_usd"),
+            ("resources", "rate_since"), ("runs", "pid_start"))
+SCHEMA_VERSION = 2
+RUN_JSON = ("recipe", "plan", "exit_codes", "log_paths")
+RES_JSON = ("attrs",)
+TIMES = ("created_at", "started_at", "ended_at", "deadline", "running_since", "terminated_at", "updated_at", "at",
+         "stopped_at", "rate_since")
+#: the journal beside the ledger, and the folder of its fallback (broker.money.journal)
+JOURNAL_NAME = "ledger.journal"
+JOURNAL_FALLBACK = "/tmp/broker-{euid}"
+
 
 class _NotMine(Exception):
     """The full command must run (see the module docstring)."""
@@ -103,12 +121,27 @@ def _private(path: Any, mode: int, kind: str) -> None:
         raise _NotMine
 
 
+def _journal_waits(home: Any) -> bool:
+    """broker.money.journal.journal_exists: the journal beside the ledger, or this home's in the fallback folder
+    (named by a hash of the home's path, computed only when that folder holds any journal)."""
+    if os.path.lexists(home / JOURNAL_NAME):
+        return True
+    folder = JOURNAL_FALLBACK.format(euid=os.geteuid())
+    try:
+        if not any(n.endswith(".journal") for n in os.listdir(folder)):
+            return False
+    except OSError:
+        return False
+    import hashlib
+
+    tag = hashlib.sha256(str(home.absolute()).encode()).hexdigest()[:12]
+    return os.path.lexists(f"{folder}/ledger-{tag}.journal")
+
+
 def _open(home: Any) -> Any:
     """The ledger, read-only, when opening it the full way would change nothing (schema, migration, meta rows,
     modes, journal)."""
     import sqlite3
-
-    from broker.money import journal, ledger
 
     _private(home, 0o700, "dir")
     if not os.access(home, os.W_OK):
@@ -118,7 +151,7 @@ def _open(home: Any) -> Any:
     for side in ("-wal", "-shm"):
         if os.path.lexists(f"{path}{side}"):
             _private(f"{path}{side}", 0o600, "file")
-    if journal.journal_exists(home):
+    if _journal_waits(home):
         raise _NotMine
     try:
         if any(os.scandir(home / "starting")):
@@ -132,16 +165,36 @@ def _open(home: Any) -> Any:
         meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('schema_version', 'installation_id')"))
     except sqlite3.Error:
         raise _NotMine from None
-    if not set(re.findall(r"IF NOT EXISTS (\w+)", ledger._SCHEMA)) <= names \
-            or any(c not in cols[t] for t, c, _ in ledger._MIGRATIONS) or "installation_id" not in meta:
+    if not SCHEMA_NAMES <= names or any(c not in cols[t] for t, c in MIGRATED) or "installation_id" not in meta:
         raise _NotMine
     try:
-        if int(meta.get("schema_version")) < ledger.SCHEMA_VERSION:
+        if int(meta.get("schema_version")) < SCHEMA_VERSION:
             raise _NotMine
     except (TypeError, ValueError):
         raise _NotMine from None
     db.row_factory = sqlite3.Row
     return db
+
+
+def _decoded(row: Any, json_keys: tuple[str, ...]) -> dict[str, Any]:
+    """broker.money.ledger._dec_row: the JSON columns and times decoded; ValueError where one does not decode."""
+    import json
+    from datetime import datetime
+
+    d = dict(row)
+    for k in json_keys:
+        if d.get(k) is not None:
+            try:
+                d[k] = json.loads(d[k])
+            except (TypeError, ValueError) as e:
+                raise ValueError(k) from e
+    for k in TIMES:
+        if d.get(k):
+            try:
+                d[k] = datetime.fromisoformat(d[k])
+            except (TypeError, ValueError) as e:
+                raise ValueError(k) from e
+    return d
 
 
 def _record(row: Any, json_keys: tuple[str, ...], spec: dict[str, tuple[Any, bool]]) -> Any:
@@ -150,10 +203,8 @@ def _record(row: Any, json_keys: tuple[str, ...], spec: dict[str, tuple[Any, boo
     from datetime import datetime
     from types import SimpleNamespace
 
-    from broker.money.ledger import _dec_row
-
     try:
-        d = _dec_row(row, json_keys)
+        d = _decoded(row, json_keys)
     except ValueError:
         raise _NotMine from None
     out = {}
@@ -201,9 +252,7 @@ def _specs() -> tuple[dict, dict]:
 
 
 def _run(row: Any, spec: dict) -> Any:
-    from broker.money.ledger import _RUN_JSON
-
-    r = _record(row, _RUN_JSON, spec)
+    r = _record(row, RUN_JSON, spec)
     if any(type(k) is not str or (v is not None and type(v) is not int) for k, v in r.exit_codes.items()) \
             or any(type(k) is not str or type(v) is not str for k, v in r.log_paths.items()):
         raise _NotMine
@@ -212,9 +261,7 @@ def _run(row: Any, spec: dict) -> Any:
 
 def _resource(row: Any, spec: dict) -> Any:
     from broker.core.rowattrs import AttrsRefused, check_attrs
-    from broker.money.ledger import _RES_JSON
-
-    r = _record(row, _RES_JSON, spec)
+    r = _record(row, RES_JSON, spec)
     try:
         r.attrs = check_attrs(r.kind, r.run_id, r.attrs, runs=None)
     except (AttrsRefused, ValueError, TypeError):
@@ -237,11 +284,18 @@ def _render(limit: int) -> str:
             raise _NotMine
     except (AttributeError, ValueError):
         raise _NotMine from None
-    from broker.core.config import home_path
+    from pathlib import Path
+
     from broker.money.accounting import ACTIVE_STATUSES, system_clock, watchdog_state
 
     width = _width()
-    home = home_path()
+    env_home = os.environ.get("BROKER_HOME", "").strip()
+    if env_home:  # broker.core.config.home_path, without importing the settings
+        home = Path(env_home).expanduser()
+    else:
+        from broker.core.config import home_path
+
+        home = home_path()
     db = _open(home)
     try:
         marks = ",".join("?" for _ in ACTIVE_STATUSES)
@@ -271,7 +325,7 @@ def _render(limit: int) -> str:
     finally:
         db.close()
     now = system_clock()
-    wd = watchdog_state(now)
+    wd = watchdog_state(now, home=home)  # the home checked above: broker_home() would create nothing
     if wd.errors or wd.other_ledger:
         raise _NotMine
     if not runs and not wd.pid:

@@ -309,3 +309,36 @@ def test_parse_takes_only_the_common_forms(args, limit):
 def test_shell_completion_is_typers(monkeypatch):
     monkeypatch.setenv("_BROKER_COMPLETE", "complete_bash")
     assert faststatus.parse(["status"]) is None
+
+
+def test_the_copies_of_the_ledgers_schema_facts_match_the_ledger():
+    """faststatus reads the ledger without importing broker.money.ledger: its copies must follow the ledger's."""
+    import re
+
+    from broker.money import journal, ledger
+
+    assert faststatus.SCHEMA_NAMES == set(re.findall(r"IF NOT EXISTS (\w+)", ledger._SCHEMA))
+    assert faststatus.MIGRATED == tuple((t, c) for t, c, _ in ledger._MIGRATIONS)
+    assert faststatus.SCHEMA_VERSION == ledger.SCHEMA_VERSION
+    assert (faststatus.RUN_JSON, faststatus.RES_JSON, faststatus.TIMES) == (ledger._RUN_JSON, ledger._RES_JSON,
+                                                                         ledger._TIMES)
+    home = Path("/somewhere/home")
+    beside, fallback = journal.Journal(home).paths()
+    assert beside == home / faststatus.JOURNAL_NAME
+    assert str(fallback.parent) == faststatus.JOURNAL_FALLBACK.format(euid=os.geteuid())
+    assert fallback.name.endswith(".journal")
+
+
+def test_a_journal_in_the_fallback_folder_goes_to_the_full_command(tmp_path, monkeypatch):
+    from broker.money import journal
+
+    home = _home(tmp_path)
+    _mixed(home, 2)
+    other = journal.fallback_path(tmp_path / "another-home")  # another home's journal there: still taken
+    mine = journal.fallback_path(home)
+    monkeypatch.setattr(faststatus, "JOURNAL_FALLBACK", str(tmp_path / "fallback"))
+    (tmp_path / "fallback").mkdir()
+    (tmp_path / "fallback" / other.name).write_text("")
+    assert _fast(home, monkeypatch) is not None
+    (tmp_path / "fallback" / mine.name).write_text("")
+    assert _fast(home, monkeypatch) is None
