@@ -2,12 +2,12 @@
 whose runs have ended and that holds nothing live.
 
 Building the Typer app, importing rich and validating rows with the pydantic records cost ~190 ms of a start that
-otherwise reads 20 rows.  :func:`broker.cli.app.main` first offers the arguments to :func:`parse` (``broker
-status`` with ``--no-refresh``, ``--refresh``/``-r`` or ``--limit``/``-n N``, nothing else), then :func:`run`
-reads the ledger read-only with sqlite3 and prints what the full command prints, byte for byte (plain output: the
-same table, rows stripped of trailing blanks, as :class:`broker.core.ui._RStripped` prints it).  :func:`run` returns
-False, having printed nothing, wherever the full command could print anything else or do anything more, and the
-full command then runs as before:
+otherwise reads 20 rows.  :func:`broker.cli.app.main` first offers the arguments to :func:`main`: :func:`parse`
+takes ``broker status`` with ``--no-refresh``, ``--refresh``/``-r`` or ``--limit``/``-n N``, nothing else, then
+:func:`run` reads the ledger read-only with sqlite3 and prints what the full command prints, byte for byte (plain
+output: the same table, rows stripped of trailing blanks, as :class:`broker.core.ui._RStripped` prints it).
+:func:`run` returns False, having printed nothing, wherever the full command could print anything else or do
+anything more, and the full command then runs as before:
 
 * stdout is a terminal (colours, rich's layout) or rich is told to treat it as one (``FORCE_COLOR``,
   ``TTY_COMPATIBLE``);
@@ -78,6 +78,12 @@ def parse(args: list[str]) -> int | None:
     if len(seen) == 2 or not 1 <= limit <= 1000:  # the contradiction is the full command's error to say
         return None
     return limit
+
+
+def main(args: list[str]) -> bool:
+    """``broker ARGS`` printed here (True), or False when Typer must parse and run the line."""
+    limit = parse(args)
+    return limit is not None and run(limit)
 
 
 def run(limit: int) -> bool:
