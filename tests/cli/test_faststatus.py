@@ -342,3 +342,26 @@ def test_a_journal_in_the_fallback_folder_goes_to_the_full_command(tmp_path, mon
     assert _fast(home, monkeypatch) is not None
     (tmp_path / "fallback" / mine.name).write_text("")
     assert _fast(home, monkeypatch) is None
+
+
+@pytest.mark.parametrize("state", [dict(), dict(pid=4242, age_s=3700.0), dict(pid=4242, age_s=None),
+                                   dict(pid=4242, alive=True, age_s=12.4), dict(pid=4242, alive=True, age_s=-0.6),
+                                   dict(pid=4242, alive=True, age_s=9000.0)])
+def test_the_watchdog_line_is_the_full_commands_in_a_pipe(state):
+    """A live watchdog's age moves between two commands: the line is compared in-process, with the same state."""
+    from rich.text import Text
+
+    from broker.cli import status
+    from broker.money.accounting import WatchdogState
+
+    wd = WatchdogState(**state)
+    assert faststatus._watchdog_line(wd) == Text.from_markup(status._watchdog_line(wd.to_dict(), set())).plain
+
+
+def test_a_failure_inside_the_fast_path_leaves_the_line_to_the_full_command(tmp_path, monkeypatch):
+    """Whatever the fast path cannot compute (a value the money code chokes on) is the full command's to report."""
+    home = _home(tmp_path)
+    _mixed(home, 2)
+    monkeypatch.setenv("BROKER_HOME", str(home))
+    monkeypatch.setattr(faststatus, "_runs_table", lambda *a: 1 / 0)
+    assert faststatus.run(20) is False
