@@ -169,9 +169,10 @@ def _open(home: Any) -> Any:
         names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
         cols = {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in ("runs", "resources")}
         meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('schema_version', 'installation_id')"))
+        wal = db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # else the full command switches it to WAL
     except sqlite3.Error:
         raise _NotMine from None
-    if not SCHEMA_NAMES <= names or any(c not in cols[t] for t, c in MIGRATED) or "installation_id" not in meta:
+    if not wal or not SCHEMA_NAMES <= names or any(c not in cols[t] for t, c in MIGRATED) or "installation_id" not in meta:
         raise _NotMine
     try:
         if int(meta.get("schema_version")) < SCHEMA_VERSION:

@@ -280,6 +280,16 @@ def test_a_ledger_that_needs_migration_goes_to_the_full_command(tmp_path, monkey
     assert fast == full
 
 
+def test_a_ledger_not_in_wal_mode_goes_to_the_full_command(tmp_path, monkeypatch):
+    home = _home(tmp_path)
+    _mixed(home, 2)
+    assert _fast(home, monkeypatch) is not None
+    db = sqlite3.connect(home / "ledger.sqlite")
+    assert db.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    db.close()
+    assert _fast(home, monkeypatch) is None
+
+
 def test_a_newest_failed_run_with_a_diagnosis_goes_to_the_full_command(tmp_path, monkeypatch):
     from broker.cli import rundiag
 
