@@ -172,7 +172,8 @@ def _open(home: Any) -> Any:
         wal = db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # else the full command switches it to WAL
     except sqlite3.Error:
         raise _NotMine from None
-    if not wal or not SCHEMA_NAMES <= names or any(c not in cols[t] for t, c in MIGRATED) or "installation_id" not in meta:
+    if not wal or not SCHEMA_NAMES <= names or any(c not in cols[t] for t, c in MIGRATED) \
+            or "installation_id" not in meta:
         raise _NotMine
     try:
         if int(meta.get("schema_version")) < SCHEMA_VERSION:
