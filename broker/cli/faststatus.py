@@ -370,26 +370,40 @@ def _dur(seconds: float) -> str:
     return f"passed {txt} ago" if seconds < 0 else txt
 
 
+#: a run's ledger status as words, for the narrow table (``--wide`` and ``--json`` keep the ledger's value)
+_RUN_STATUS_WORDS = {"torn_down": "torn down", "tearing_down": "tearing down"}
+
+
+def run_status_words(status: str) -> str:
+    """A run's status in the narrow table of ``broker status`` (here and in broker.cli.status)."""
+    return _RUN_STATUS_WORDS.get(status, status.replace("_", " "))
+
+
+def short_where(provider: str | None, topology: str | None) -> str:
+    """Where a run ran, for the narrow table of ``broker status`` (here and in broker.cli.status): the provider,
+    and the topology when it says more than the provider's name (``vast simulated``, ``oci multi-node``), but not
+    one that only repeats the provider (``slurm-cluster`` on ``slurm``) or that a provider always has (``netns``:
+    multi-node)."""
+    provider = provider or "?"
+    if topology and (provider in topology or provider in ("netns", "local")):
+        return provider
+    if not topology or topology == provider or topology == "any":
+        return provider
+    return f"{provider} {topology}"
+
+
 def _runs_table(runs: list[Any], res: dict[str, list[Any]], now: Any, width: int) -> str:
     """The narrow runs table of status._narrow_runs_table as rich prints it in a pipe, when every cell fits whole
     (ended runs only: no time-left column)."""
     from broker.core.prose import usd
     from broker.money.accounting import run_cost
 
-    _RUN_STATUS_WORDS = {"torn_down": "torn down", "tearing_down": "tearing down"}
     rows = []
     for r in runs:
         c = run_cost(r, res[r.id], now)
         if c.live or "[" in r.id:  # the full command passes the id to rich unescaped: markup would be read
             raise _NotMine
-        provider, topology = r.provider, r.topology
-        if topology and (provider in topology or provider in ("netns", "local")):
-            where = provider
-        elif not topology or topology == provider or topology == "any":
-            where = provider
-        else:
-            where = f"{provider} {topology}"
-        rows.append((r.id, r.name, where, _RUN_STATUS_WORDS.get(r.status, r.status.replace("_", " ")),
+        rows.append((r.id, r.name, short_where(r.provider, r.topology), run_status_words(r.status),
                      f"{usd(c.spent_usd)} / {usd(c.budget_usd)}"))
     head = ("run", "name", "where", "status", "spent / budget")
     for row in rows:
