@@ -7,6 +7,7 @@ must match.  Whether the fast path took the case is checked in-process (:func:`f
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
@@ -42,10 +43,22 @@ def _both(home: Path, *args: str, columns: int = 100) -> tuple[tuple, tuple]:
     return out[0], out[1]
 
 
-def _fast(home: Path, monkeypatch, limit: int = 20, columns: int = 100) -> str | None:
+class _Out(io.TextIOWrapper):
+    """stdout as a pipe (or, ``tty``, a terminal), whatever pytest's own stdout is (``-s`` on a terminal)."""
+
+    def __init__(self, tty: bool = False):
+        super().__init__(io.BytesIO(), encoding="utf-8")
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def _fast(home: Path, monkeypatch, limit: int = 20, columns: int = 100, tty: bool = False) -> str | None:
     """What the fast path prints in-process for this home, or None when it leaves the case to the full command."""
     for k in ("FORCE_COLOR", "TTY_COMPATIBLE"):
         monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(sys, "stdout", _Out(tty))
     monkeypatch.setenv("BROKER_HOME", str(home))
     monkeypatch.setenv("COLUMNS", str(columns))
     try:
@@ -242,9 +255,7 @@ def test_what_the_fast_path_does_not_show_goes_to_the_full_command(tmp_path, mon
     _mixed(home, 3)
     assert _fast(home, monkeypatch) is not None
     # a terminal (colours), or rich told to act as one
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
-    assert _fast(home, monkeypatch) is None
-    monkeypatch.undo()
+    assert _fast(home, monkeypatch, tty=True) is None
     monkeypatch.setenv("FORCE_COLOR", "1")
     with pytest.raises(faststatus._NotMine):
         faststatus._render(20)
@@ -373,5 +384,7 @@ def test_a_failure_inside_the_fast_path_leaves_the_line_to_the_full_command(tmp_
     home = _home(tmp_path)
     _mixed(home, 2)
     monkeypatch.setenv("BROKER_HOME", str(home))
+    monkeypatch.setattr(sys, "stdout", _Out())
     monkeypatch.setattr(faststatus, "_runs_table", lambda *a: 1 / 0)
     assert faststatus.run(20) is False
+    assert sys.stdout.buffer.getvalue() == b""  # nothing printed before leaving it
