@@ -8,7 +8,7 @@ Prints the medians, the median of the per-round ratios to `python -c pass` (pair
 cancels out), large/small (flat in the number of runs: about 1.0) and the load average.  Goal: <= 4x `python -c
 pass` CPU at 10,000 runs, flat.
 
-    .venv/bin/python bench/status_scale.py [--runs 10000] [--small 10] [--rounds 11]
+    .venv/bin/python bench/status_scale.py [--runs 10000] [--small 10] [--rounds 11] [--full]
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10_000)
     ap.add_argument("--small", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--full", action="store_true",
+                    help="also time the full command on the large home (Typer, rich, the pydantic records: the "
+                         "parser-free start of broker.cli.faststatus switched off), paired in the same rounds")
     ap.add_argument("--fill", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.fill:
@@ -99,6 +102,11 @@ def main() -> None:
         for k, h in homes.items():
             cmds[f"status {k}"] = ([*broker, "status", "--no-refresh"], {**base, "BROKER_HOME": str(h),
                                                                           "HOME": str(h)})
+        if a.full:
+            full = ("import sys\nfrom broker.cli import faststatus\nfaststatus.run = lambda limit: False\n"
+                    "from broker.cli.app import main\nmain(sys.argv[1:])")
+            cmds["full large"] = ([sys.executable, "-c", full, "status", "--no-refresh"],
+                                  cmds["status large"][1])
         for argv, env in cmds.values():  # warm the page cache; each must run
             one(argv, env)
         got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in cmds}
@@ -114,7 +122,7 @@ def main() -> None:
     for k, (cpu, wall, rss) in med.items():
         print(f"  {k:<16}: CPU {cpu * 1000:7.1f} ms  wall {wall * 1000:7.1f} ms  peak RSS {rss:5.1f} MiB")
     base_cpu = [x[0] for x in got["python -c pass"]]
-    for k in ("status small", "status large"):
+    for k in ("status small", "status large", *(["full large"] if a.full else [])):
         ratios = [x[0] / b for x, b in zip(got[k], base_cpu)]
         print(f"  {k} / python -c pass (CPU, median of paired ratios): {statistics.median(ratios):.2f}x")
     flat = [l[0] / s[0] for l, s in zip(got["status large"], got["status small"])]

@@ -664,6 +664,8 @@ def main(argv: list[str] | None = None) -> None:
         fast = fastplan.parse(args)  # `broker plan ...` in its common forms: no Typer app to build (start-up time)
         if fast is not None:
             rv = fastplan.run(*fast, root=root_verbose)
+        elif args[:1] == ["status"] and importlib.import_module("broker.cli.faststatus").main(args):
+            rv = 0  # `broker status` in a pipe over ended runs: printed without Typer, rich or pydantic
         else:
             rv = command(_app_for(args))(args=args, prog_name="broker", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0

@@ -20,6 +20,11 @@ from typing import Any
 
 import typer
 
+# where a run ran and its status in the narrow table's words: one implementation, shared with the parser-free start
+# (broker.cli.faststatus prints the same table without rich)
+from broker.cli.faststatus import run_status_words as _run_status_words
+from broker.cli.faststatus import short_where as _short_where
+
 _log = logging.getLogger(__name__)
 
 
@@ -152,32 +157,6 @@ def status_data(ledger, limit: int = 20, now=None, *, refresh: bool = False,
               "possibly_billing": sum(1 for r in out_live if r["state"] == "unknown")}
     return {"now": now.isoformat(), "runs": out_runs, "live_resources": out_live, "watchdog": wd.to_dict(),
             "totals": totals, "refresh": {"done": refresh, "notes": notes}}
-
-
-def _where(provider: str | None, topology: str | None) -> str:
-    """Where a run ran, short: the provider, and the topology when it says more than the provider's name
-    (``vast simulated``, ``oci multi-node``, ``local``)."""
-    provider = provider or "?"
-    if not topology or topology == provider or topology == "any":
-        return provider
-    return f"{provider} {topology}"
-
-
-#: a run's ledger status as words, for the narrow table (``--wide`` and ``--json`` keep the ledger's value)
-_RUN_STATUS_WORDS = {"torn_down": "torn down", "tearing_down": "tearing down"}
-
-
-def _run_status_words(status: str) -> str:
-    return _RUN_STATUS_WORDS.get(status, status.replace("_", " "))
-
-
-def _short_where(provider: str | None, topology: str | None) -> str:
-    """:func:`_where` for the narrow table: a topology that only repeats the provider (``slurm-cluster`` on
-    ``slurm``) or that a provider always has (``netns``: multi-node) is left out."""
-    provider = provider or "?"
-    if topology and (provider in topology or provider in ("netns", "local")):
-        return provider
-    return _where(provider, topology)
 
 
 def _fit_name_where(width: int, fixed: int, name_w: int, where_w: int) -> tuple[int, int]:
