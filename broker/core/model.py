@@ -150,6 +150,16 @@ class Rejection(str):
         return {"kind": self.kind.value, "text": self.text, "next_step": self.next_step, "lifted_by": self.lifted_by}
 
     @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """pydantic reads a rejection as its text (kind ``other``, as from old JSON) and writes it as its text, the
+        ``rejected`` field's form; pydantic is imported only when something asks it for a schema."""
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(
+            lambda v: v if isinstance(v, Rejection) else cls(RejectionKind.other, v), core_schema.str_schema(),
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda v: str.__str__(v)))
+
+    @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Rejection:
         """From :meth:`as_dict`; an unknown kind reads as ``other``.  Raises KeyError, TypeError (no text)."""
         kind = d.get("kind")

@@ -177,9 +177,18 @@ def test_plan_json_keeps_its_shape(tmp_path, monkeypatch):
     p = seen[0]
     assert list(data) == ["schema_version", "chosen", "next_step", "plan"] and data["schema_version"] == 1
     assert list(data["plan"]) == [f.name for f in fields(Plan)]
-    assert list(data["chosen"]) == [f.name for f in fields(PlanOption)]
-    assert data["plan"] == TypeAdapter(Plan).dump_python(p, mode="json")
-    assert data["chosen"] == TypeAdapter(PlanOption).dump_python(p.chosen, mode="json")
+    # an option's fields in their order, then its reasons as data (``rejections``: added, the old fields kept)
+    assert list(data["chosen"]) == [f.name for f in fields(PlanOption)] + ["rejections"]
+
+    def without_rejections(opt: dict) -> dict:
+        assert [r["text"] for r in opt["rejections"]] == opt["rejected"]
+        assert all(list(r) == ["kind", "text", "next_step", "lifted_by"] for r in opt["rejections"])
+        return {k: v for k, v in opt.items() if k != "rejections"}
+
+    plan_data = dict(data["plan"], options=[without_rejections(o) for o in data["plan"]["options"]],
+                     rejected=[without_rejections(o) for o in data["plan"]["rejected"]])
+    assert plan_data == TypeAdapter(Plan).dump_python(p, mode="json")
+    assert without_rejections(data["chosen"]) == TypeAdapter(PlanOption).dump_python(p.chosen, mode="json")
     assert data["plan"]["created_at"].endswith("Z") and data["chosen"]["topology"] == p.chosen.topology.value
     float_fields = [f.name for f in fields(Offer) if f.type == "float"]
     offers = [o for opt in data["plan"]["options"] + data["plan"]["rejected"] for o in opt["offers"]]
