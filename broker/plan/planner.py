@@ -45,7 +45,7 @@ from functools import lru_cache
 from broker.plan import pricing
 from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import Capacity, Offer, Plan, PlanOption, Quota, Requirements, TopologyKind, utcnow
-from broker.providers import HYBRID_CLOUD
+from broker.providers import HYBRID_CLOUD, unsupported_reason
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
 #: ``hybrid`` among the adapter's ``topologies``
@@ -55,10 +55,14 @@ NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {
 
 
 def why_not_hybrid(provider: str) -> str | None:
-    """None when ``provider`` can host the cloud side of a hybrid run; else the reason."""
+    """None when ``provider`` can host the cloud side of a hybrid run; else the reason: the one its declaration
+    gives (``providers/declared.py``), else :data:`NO_TUN_REASON`, and which providers can."""
     if provider in TUN_PROVIDERS:
         return None
-    return NO_TUN_REASON.format(provider=provider)
+    declared = unsupported_reason(provider, "hybrid")
+    if declared is None:
+        return NO_TUN_REASON.format(provider=provider)
+    return f"{declared} (use {' or '.join(TUN_PROVIDERS)} for the cloud side)"
 
 
 #: With ``hours`` None: options whose budget affords less job time than this are rejected.
