@@ -17,7 +17,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.core.capabilities import CAPABILITIES, Declaration  # noqa: F401 - CAPABILITIES re-exported
+from broker.core.capabilities import CAPABILITIES, FEATURE_WORDS, Declaration  # noqa: F401 - CAPABILITIES re-exported
 from broker.core.capabilities import DEFAULT as _UNDECLARED
 from broker.core.provider import BadInput
 from broker.providers.declared import DECLARED
@@ -86,9 +86,7 @@ def why_not(name: str, feature: str) -> str | None:
     can act on; None when it has it.  An unregistered name: the defaults' plain "has no ..." reason."""
     caps = _CAPS.get(name)
     if caps is None:
-        from dataclasses import replace
-
-        return replace(_UNDECLARED, name=name).why_not(feature)
+        return None if _UNDECLARED.supports(feature) else f"{name} has no {FEATURE_WORDS[feature]}"
     return caps.why_not(feature)
 
 

@@ -10,13 +10,45 @@ capability is written in one place.  Stdlib only and cheap to import: ``broker -
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 
-@dataclass(frozen=True)
-class Renting:
+class _Frozen:
+    """A small frozen value object, as ``@dataclass(frozen=True)`` makes one but without its class-creation cost
+    (this module is imported by ``broker --help``; nine dataclasses cost it several milliseconds): the annotated
+    class attributes are the fields (in order) and their values the defaults; built by keyword only; equality by
+    value; setting an attribute afterwards raises AttributeError."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.FIELDS = tuple(n for n in cls.__dict__.get("__annotations__", {}) if n != "FIELDS")
+
+    def __init__(self, **values: Any):
+        cls = type(self)
+        unknown = sorted(set(values) - set(cls.FIELDS))
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got unknown field(s) {unknown} (fields: {', '.join(cls.FIELDS)})")
+        for name in cls.FIELDS:
+            if name not in values and not hasattr(cls, name):
+                raise TypeError(f"{cls.__name__}() needs {name}=")
+            object.__setattr__(self, name, values.get(name, getattr(cls, name, None)))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name}")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self.FIELDS)})"
+
+
+class Renting(_Frozen):
     """What kind of machines a provider gives and what broker may do with them."""
 
     #: It creates machines billed by the hour (ledger-first provisioning, the confirmation prompt, the watchdog's
@@ -37,8 +69,7 @@ class Renting:
     slurm_nodes: bool = False
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(_Frozen):
     """What the user configures for this provider (shown, never read here)."""
 
     #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
@@ -52,8 +83,7 @@ class Access:
     env_vars: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Timing:
+class Timing(_Frozen):
     """Seconds broker assumes or waits for this provider (broker's assumptions, not vendor figures)."""
 
     #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
@@ -68,8 +98,7 @@ class Timing:
     node_check_s: float = 30.0
 
 
-@dataclass(frozen=True)
-class Quotas:
+class Quotas(_Frozen):
     """Service limits broker can read and raise (``broker quota check|request``, plan rejections)."""
 
     #: It has such limits.
@@ -81,8 +110,7 @@ class Quotas:
     quota_scope: str | None = None
 
 
-@dataclass(frozen=True)
-class Deadman:
+class Deadman(_Frozen):
     """The node-side dead-man switch (a teardown layer that holds when broker and its watchdog are gone)."""
 
     #: The switch its boot mechanism arms on a node with a deadline, in words, ``{grace}`` standing for when it
@@ -94,8 +122,7 @@ class Deadman:
     node_switch_requires: str | None = None
 
 
-@dataclass(frozen=True)
-class Prices:
+class Prices(_Frozen):
     """Where prices come from: the shipped snapshot and the live sources of ``broker catalog refresh``."""
 
     #: File name of its shipped price snapshot in ``providers/snapshots/`` (``"vast.csv"``); None = no snapshot.
@@ -112,8 +139,7 @@ class Prices:
     live_prices_source: str = "list prices from the provider's Pricing API (live_prices)"
 
 
-@dataclass(frozen=True)
-class Preemption:
+class Preemption(_Frozen):
     """Interruptible capacity (Vast.ai bids, EC2 spot, OCI / GCP preemptible VMs): cheaper, may be taken back."""
 
     #: It rents such capacity when a NodeRequest asks for it, and its ``preemption()`` tells a preemption from a crash.
@@ -126,8 +152,7 @@ class Preemption:
     preemptions_per_hour: float = 0.0
 
 
-@dataclass(frozen=True)
-class Hybrid:
+class Hybrid(_Frozen):
     """Hosting the rented side of a ``hybrid`` run (its topologies name ``hybrid``)."""
 
     #: The shape of the ingress rules its network takes for a hybrid run's WireGuard port
@@ -143,11 +168,11 @@ GROUPS: Mapping[str, type] = MappingProxyType({
 
 #: Every capability by its flat name (the class attribute the core reads on an adapter), in declaration order:
 #: ``topologies`` then each group's fields.  A name belongs to one group only (checked below).
-CAPABILITIES: tuple[str, ...] = ("topologies",) + tuple(f.name for g in GROUPS.values() for f in fields(g))
+CAPABILITIES: tuple[str, ...] = ("topologies",) + tuple(f for g in GROUPS.values() for f in g.FIELDS)
 if len(set(CAPABILITIES)) != len(CAPABILITIES):  # pragma: no cover - a schema edit that names a capability twice
     raise TypeError(f"a capability is named in two groups: {CAPABILITIES}")
 #: flat name -> the group holding it
-GROUP_OF: Mapping[str, str] = MappingProxyType({f.name: g for g, c in GROUPS.items() for f in fields(c)})
+GROUP_OF: Mapping[str, str] = MappingProxyType({f: g for g, c in GROUPS.items() for f in c.FIELDS})
 
 #: The features a provider may lack, each with how its declaration says it has it; a missing one's reason (in
 #: :attr:`Declaration.unsupported`) is what the refusal shows.
@@ -168,8 +193,7 @@ FEATURE_WORDS: Mapping[str, str] = MappingProxyType({
     "node-switch": "node-side dead-man switch", "live-prices": "live prices"})
 
 
-@dataclass(frozen=True)
-class Declaration:
+class Declaration(_Frozen):
     """Everything the core knows about one provider without importing its adapter.
 
     ``name``: the registry name; ``adapter``: ``"module:Class"`` of its :class:`broker.core.provider.Provider`
@@ -189,9 +213,10 @@ class Declaration:
     prices: Prices = Prices()
     preemption: Preemption = Preemption()
     hybrid: Hybrid = Hybrid()
-    unsupported: Mapping[str, str] = field(default_factory=dict)
+    unsupported: Mapping[str, str] = MappingProxyType({})
 
-    def __post_init__(self) -> None:
+    def __init__(self, **values: Any):
+        super().__init__(**values)
         object.__setattr__(self, "unsupported", MappingProxyType(dict(self.unsupported)))
         unknown = sorted(set(self.unsupported) - set(FEATURES))
         if unknown:
@@ -206,7 +231,7 @@ class Declaration:
         out: dict[str, Any] = {"topologies": self.topologies}
         for g in GROUPS:
             group = getattr(self, g)
-            out.update((f.name, getattr(group, f.name)) for f in fields(group))
+            out.update((f, getattr(group, f)) for f in group.FIELDS)
         return out
 
     def supports(self, feature: str) -> bool:
