@@ -21,20 +21,23 @@ class _Frozen:
     value; setting an attribute afterwards raises AttributeError."""
 
     FIELDS: ClassVar[tuple[str, ...]] = ()
+    _DEFAULTS: ClassVar[dict[str, Any]] = {}
+    _KNOWN: ClassVar[frozenset[str]] = frozenset()
+    _REQUIRED: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.FIELDS = tuple(n for n in cls.__dict__.get("__annotations__", {}) if n != "FIELDS")
+        cls.FIELDS = tuple(n for n in cls.__dict__.get("__annotations__", {}) if not n.isupper() and n[0] != "_")
+        cls._DEFAULTS = {n: getattr(cls, n) for n in cls.FIELDS if hasattr(cls, n)}
+        cls._KNOWN = frozenset(cls.FIELDS)
+        cls._REQUIRED = cls._KNOWN - cls._DEFAULTS.keys()
 
     def __init__(self, **values: Any):
         cls = type(self)
-        unknown = sorted(set(values) - set(cls.FIELDS))
-        if unknown:
-            raise TypeError(f"{cls.__name__}() got unknown field(s) {unknown} (fields: {', '.join(cls.FIELDS)})")
-        for name in cls.FIELDS:
-            if name not in values and not hasattr(cls, name):
-                raise TypeError(f"{cls.__name__}() needs {name}=")
-            object.__setattr__(self, name, values.get(name, getattr(cls, name, None)))
+        if not (values.keys() <= cls._KNOWN and values.keys() >= cls._REQUIRED):
+            raise TypeError(f"{cls.__name__}(): unknown field(s) {sorted(values.keys() - cls._KNOWN)}, missing "
+                            f"{sorted(cls._REQUIRED - values.keys())} (fields: {', '.join(cls.FIELDS)})")
+        self.__dict__.update(cls._DEFAULTS, **values)  # not through __setattr__, which refuses
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name}")
