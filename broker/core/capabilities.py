@@ -174,8 +174,6 @@ GROUPS: Mapping[str, type] = MappingProxyType({
 CAPABILITIES: tuple[str, ...] = ("topologies",) + tuple(f for g in GROUPS.values() for f in g.FIELDS)
 if len(set(CAPABILITIES)) != len(CAPABILITIES):  # pragma: no cover - a schema edit that names a capability twice
     raise TypeError(f"a capability is named in two groups: {CAPABILITIES}")
-#: flat name -> the group holding it
-GROUP_OF: Mapping[str, str] = MappingProxyType({f: g for g, c in GROUPS.items() for f in c.FIELDS})
 
 #: The features a provider may lack, each with how its declaration says it has it; a missing one's reason (in
 #: :attr:`Declaration.unsupported`) is what the refusal shows.
