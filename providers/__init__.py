@@ -4,11 +4,11 @@
 (``oci``, ``boto3``) only matters for the provider that needs it.
 
 Every list of providers the core needs (the clouds, the default plan set, who has quotas, who can host a hybrid
-run's rented side, who ships a price snapshot) is derived here from the capability attributes of the adapters
-(:data:`broker.core.provider.CAPABILITIES`, documented on :class:`broker.core.provider.Provider`), never kept by hand in the
-core.  The registry line of each provider repeats, as plain data, the capabilities in which its adapter class differs
-from the :class:`~broker.core.provider.Provider` defaults, so these lists cost no adapter import;
-``tests/providers/test_provider_capabilities.py`` checks that each line equals its class.
+run's rented side, who ships a price snapshot) is derived here from each provider's one
+:class:`~broker.core.capabilities.Declaration` in ``providers/declared.py`` (grouped capabilities, and why a feature
+is absent), never kept by hand in the core.  The adapter class reads the same object (``caps = <NAME>`` from there;
+:class:`broker.core.provider.Provider` turns it into its class attributes), so these lists cost no adapter import and
+a capability is written once; ``tests/providers/test_provider_capabilities.py`` holds both.
 """
 
 from __future__ import annotations
@@ -17,76 +17,30 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable
 
-from broker.core.provider import CAPABILITIES, BadInput
-from broker.core.provider import Provider as _Base
+from broker.core.capabilities import CAPABILITIES, FEATURE_WORDS, Declaration  # noqa: F401 - CAPABILITIES re-exported
+from broker.core.capabilities import DEFAULT as _UNDECLARED
+from broker.core.provider import BadInput
+from broker.providers.declared import DECLARED
 
 if TYPE_CHECKING:
     from broker.core.provider import Provider
 
-#: name -> ("module:Class", the capabilities where that class differs from broker.core.provider.Provider's defaults, and
-#: always its topologies).
-#: Adding a provider: one line here (docs/architecture.md, "Adding a provider").
-PROVIDERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "local": ("broker.providers.local:LocalProvider",
-              dict(topologies=("local",), planned_by_default=True, setup_allowance_s=0, local_exec=True)),
-    "vast": ("broker.providers.vast:VastProvider",
-             dict(topologies=("simulated",), rents=True, planned_by_default=True,
-                  node_switch="self-destroy via the Vast API at {grace}", ssh_ready_timeout_s=180.0,
-                  credentials_hint="VAST_API_KEY", native_query=True, live_offer_search=True, snapshot="vast.csv",
-                  interruptible=True, interruptible_bid=True, preemptions_per_hour=0.1, stoppable=True)),
-    "oci": ("broker.providers.oci:OCIProvider",
-            dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
-                 quota_unit="gpus", quota_scope="AD",
-                 node_switch="self-terminate with an instance principal at {grace}",
-                 node_switch_requires="instance_principal", setup_allowance_s=900, ssh_ready_timeout_s=600.0,
-                 credentials_hint="an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)", live_price_list="public",
-                 credential_files=("OCI_CONFIG_FILE",),
-                 snapshot="oci.csv", ingress_rule_format="IngressSecurityRule", interruptible=True,
-                 preemptions_per_hour=0.05, stoppable=True, slurm_nodes=True)),
-    "aws": ("broker.providers.aws:AWSProvider",
-            dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
-                 quota_unit="vcpus", quota_scope="region",
-                 node_switch="scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate",
-                 ssh_ready_timeout_s=420.0, credentials_hint="AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)",
-                 credential_files=("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE"),
-                 live_price_list="api", snapshot="aws.csv", ingress_rule_format="IpPermissions", interruptible=True,
-                 interruptible_bid=True, preemptions_per_hour=0.02, stoppable=True,
-                 slurm_nodes=True)),
-    "gcp": ("broker.providers.gcp:GCPProvider",
-            dict(topologies=("simulated", "multi-node", "hybrid"), rents=True, planned_by_default=True, quota=True,
-                 quota_unit="gpus", quota_scope="region",
-                 node_switch="self-delete with the VM's service account at {grace} (else power off)",
-                 setup_allowance_s=900, ssh_ready_timeout_s=600.0,
-                 credentials_hint="Google ADC (gcloud auth application-default login or "
-                                  "GOOGLE_APPLICATION_CREDENTIALS) and GOOGLE_CLOUD_PROJECT",
-                 credential_files=("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG"),
-                 live_price_list="api", snapshot="gcp.csv", interruptible=True, preemptions_per_hour=0.05,
-                 slurm_nodes=True)),
-    "netns": ("broker.providers.netns:NetnsProvider",
-              dict(topologies=("multi-node", "hybrid"), setup_allowance_s=0, slurm_nodes=True)),
-    "slurm": ("broker.providers.slurm:SlurmProvider", dict(topologies=("slurm",), setup_allowance_s=0)),
-    "fake": ("broker.providers.fake:FakeProvider",
-             dict(topologies=("simulated", "multi-node"), rents=True, pretend=True, setup_allowance_s=0,
-                  create_settle_s=0.0, node_check_s=2.0, local_exec=True, stoppable=True,
-                  interruptible=True, preemptions_per_hour=0.1)),
-}
-
-#: name -> "module:Class"
-REGISTRY: dict[str, str] = {name: target for name, (target, _) in PROVIDERS.items()}
+#: name -> "module:Class" (adding a provider: its declaration in providers/declared.py; docs/architecture.md,
+#: "Adding a provider")
+REGISTRY: dict[str, str] = {name: d.adapter for name, d in DECLARED.items()}
 
 
 class Capabilities:
-    """The capability attributes of one provider, read from its registry line (the adapter is not imported);
-    attributes as documented on :class:`broker.core.provider.Provider`."""
+    """The capabilities of one provider, read from its declaration (the adapter is not imported): each flat
+    capability as an attribute (documented in :mod:`broker.core.capabilities`), :attr:`declaration` the grouped
+    object, :meth:`why_not` / :meth:`refusal` the reason a feature is absent."""
 
-    __slots__ = ("name", "_values")
+    __slots__ = ("name", "declaration", "_values")
 
-    def __init__(self, name: str, declared: dict[str, Any]):
-        unknown = sorted(set(declared) - set(CAPABILITIES))
-        if unknown:
-            raise TypeError(f"provider {name!r}: unknown capabilities {unknown} (known: {', '.join(CAPABILITIES)})")
-        self.name = name
-        self._values = {c: declared.get(c, getattr(_Base, c)) for c in CAPABILITIES}
+    def __init__(self, declaration: Declaration):
+        self.name = declaration.name
+        self.declaration = declaration
+        self._values = declaration.flat()
 
     def __getattr__(self, attr: str) -> Any:
         try:
@@ -97,11 +51,20 @@ class Capabilities:
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def why_not(self, feature: str) -> str | None:
+        """None when the provider has ``feature`` (:data:`broker.core.capabilities.FEATURES`), else why not."""
+        return self.declaration.why_not(feature)
+
+    def refusal(self, feature: str) -> str | None:
+        """``"<feature>: <why not>"`` for a refusal; None when the provider has ``feature``."""
+        return self.declaration.refusal(feature)
+
     def __repr__(self) -> str:
         return f"Capabilities({self.name!r}, {self._values!r})"
 
 
-_CAPS: dict[str, Capabilities] = {name: Capabilities(name, declared) for name, (_, declared) in PROVIDERS.items()}
+_CAPS: dict[str, Capabilities] = {name: Capabilities(d) for name, d in DECLARED.items()}
+_DEFAULT_CAPS = Capabilities(_UNDECLARED)
 
 
 def capabilities(name: str) -> Capabilities:
@@ -115,8 +78,23 @@ def capabilities(name: str) -> Capabilities:
 def capability(name: str, attr: str) -> Any:
     """Capability ``attr`` of ``name``; the :class:`broker.core.provider.Provider` default for a name that is not
     registered (a test double, a row of a ledger written by a newer broker)."""
+    return getattr(_CAPS.get(name, _DEFAULT_CAPS), attr)
+
+
+def why_not(name: str, feature: str) -> str | None:
+    """Why provider ``name`` lacks ``feature`` (a name of :data:`broker.core.capabilities.FEATURES`), in words a user
+    can act on; None when it has it.  An unregistered name: the defaults' plain "has no ..." reason."""
     caps = _CAPS.get(name)
-    return getattr(caps, attr) if caps is not None else getattr(_Base, attr)
+    if caps is None:
+        return None if _UNDECLARED.supports(feature) else f"{name} has no {FEATURE_WORDS[feature]}"
+    return caps.why_not(feature)
+
+
+def unsupported_reason(name: str, feature: str) -> str | None:
+    """The reason provider ``name``'s declaration gives for lacking ``feature``, word for word; None when it
+    declares none (it has the feature, gives no reason, or ``name`` is not registered)."""
+    caps = _CAPS.get(name)
+    return caps.declaration.unsupported.get(feature) if caps is not None else None
 
 
 def names_where(test: Callable[[Capabilities], Any]) -> tuple[str, ...]:
@@ -150,7 +128,7 @@ def names() -> list[str]:
 
 
 #: the entry point group through which an installed package adds a provider: ``<name> = "<module>:<Class>"`` (a
-#: :class:`~broker.core.provider.Provider` subclass).  Read the first time a name is not in :data:`PROVIDERS`, never
+#: :class:`~broker.core.provider.Provider` subclass).  Read the first time a name is not in :data:`REGISTRY`, never
 #: at start-up; such a provider is reached by name (``broker run --provider <name>``), its capabilities from its class.
 PLUGIN_GROUP = "broker.providers"
 _plugins: dict[str, str] | None = None
@@ -158,12 +136,12 @@ _plugins: dict[str, str] | None = None
 
 def plugins() -> dict[str, str]:
     """Providers added by installed packages (entry points of :data:`PLUGIN_GROUP`): name -> ``module:Class``.  A
-    name already in :data:`PROVIDERS` is not replaced."""
+    name already in :data:`REGISTRY` is not replaced."""
     global _plugins
     if _plugins is None:
         from importlib.metadata import entry_points
 
-        _plugins = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP) if ep.name not in PROVIDERS}
+        _plugins = {ep.name: ep.value for ep in entry_points(group=PLUGIN_GROUP) if ep.name not in REGISTRY}
     return _plugins
 
 

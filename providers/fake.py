@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from broker.core.model import Offer, Requirements, utcnow
 from broker.core.provider import (INSTALL_TAG, RUN_TAG, BadInput, CapacityError, OfferGone, Provider, ProviderCheck,
                                   ProviderError, QuotaError, TransientError)
+from broker.providers.declared import FAKE
 
 if TYPE_CHECKING:
     from broker.core.records import InstanceInfo, NodeRequest, TaggedResource
@@ -145,38 +146,9 @@ class FakeProvider(Provider):
     """A file-backed pretend cloud with private networking (``simulated`` and ``multi-node``)."""
 
     name = "fake"
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies = ("simulated", "multi-node")
-    rents = True  # through the same ledger-first provisioning as a cloud
-    pretend = True  # ...but nothing is billed: never planned over or scanned unless named
-    planned_by_default = False
-    quota = False
-    quota_unit = None
-    quota_scope = None
-    node_switch = None
-    node_switch_requires = None
-    setup_allowance_s = 0
-    ssh_ready_timeout_s = 120.0
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = FAKE
     owner_tags = True  # models a cloud: run and installation tags on every object
-    #: its "instances" are this machine: clusters run their nodes as local processes
-    local_exec = True
-    #: seconds after a create call before a list that does not show the instance proves it absent (the fake's
-    #: state file is consistent at once; real APIs lag)
-    create_settle_s = 0.0
-    #: its state file is read locally (no API to rate-limit): a node it took back is noticed within 2 s
-    node_check_s = 2.0
-    credentials_hint = None
-    credential_files = ()
-    native_query = False
-    live_offer_search = False
-    live_price_list = None
-    snapshot = None
-    ingress_rule_format = None
-    interruptible = True  # pretend: its offers carry a half-price interruptible figure, and a run may be "preempted"
-    interruptible_bid = False
-    preemptions_per_hour = 0.1
-    stoppable = True  # pretend: the state file keeps a stopped instance and bills its disk rate
-    slurm_nodes = False
 
     @classmethod
     def pretend_active(cls) -> bool:

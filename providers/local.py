@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.core.model import Offer, Requirements, TopologyKind, utcnow
 from broker.core.provider import NotSupported, Provider, ProviderCheck
+from broker.providers.declared import LOCAL
 
 if TYPE_CHECKING:
     from broker.core.records import TaggedResource
@@ -80,33 +81,8 @@ class LocalProvider(Provider):
     """This machine.  Free; one topology: ``local`` (N simulated nodes on loopback)."""
 
     name = "local"
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies = ("local",)
-    rents = False
-    pretend = False
-    planned_by_default = True
-    quota = False
-    quota_unit = None
-    quota_scope = None
-    node_switch = None
-    node_switch_requires = None
-    setup_allowance_s = 0  # nothing is billed
-    ssh_ready_timeout_s = 120.0
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = None
-    credential_files = ()
-    native_query = False
-    live_offer_search = False
-    live_price_list = None
-    snapshot = None
-    local_exec = True  # the nodes are processes on this machine
-    ingress_rule_format = None
-    interruptible = False
-    interruptible_bid = False
-    preemptions_per_hour = 0.0
-    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
-    slurm_nodes = False
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = LOCAL
 
     @classmethod
     def run_target(cls, recipe: Any, request: Any, *, say: Any = None) -> Any:

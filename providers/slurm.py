@@ -22,6 +22,7 @@ import time
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.provider import INSTALL_TAG, RUN_TAG, BadInput, Provider, ProviderCheck, ProviderError
+from broker.providers.declared import SLURM
 
 if TYPE_CHECKING:
     from broker.core.records import TaggedResource
@@ -44,33 +45,8 @@ class SlurmProvider(Provider):
     """A Slurm cluster reached here or through SSH (``host``).  Resource kind: ``slurm_job`` (id = job id)."""
 
     name = "slurm"
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies = ("slurm",)
-    rents = False  # the cluster's owner bills, not broker
-    pretend = False
-    planned_by_default = False
-    quota = False
-    quota_unit = None
-    quota_scope = None
-    node_switch = None
-    node_switch_requires = None
-    setup_allowance_s = 0
-    ssh_ready_timeout_s = 120.0
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = None
-    credential_files = ()
-    native_query = False
-    live_offer_search = False
-    live_price_list = None
-    snapshot = None
-    local_exec = False
-    ingress_rule_format = None
-    interruptible = False
-    interruptible_bid = False
-    preemptions_per_hour = 0.0
-    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
-    slurm_nodes = False
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = SLURM
 
     #: broker's jobs carry ``--comment=broker-run=<run id>`` (:meth:`submit`), read back by :meth:`tagged_resource`:
     #: ``down`` / ``reconcile`` / the watchdog scancel only a job whose comment names the row's run

@@ -229,7 +229,8 @@ def check_cmd(
     from broker.core.ui import print_json
 
     if provider and provider not in QUOTA_PROVIDERS:
-        raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+        raise BadInput(f"quota check supports {', '.join(QUOTA_PROVIDERS)}, not {provider!r} "
+                       f"({_registry.why_not(provider, 'quota')})",
                        hint=f"{provider} has no service limits to read: what it can rent now is what it offers "
                             f"(`broker offers --provider {provider}`; `broker plan --provider {provider}` plans "
                             "on it)")
@@ -312,7 +313,8 @@ def status_cmd(
     from broker.core.ui import console, print_json
 
     if provider is not None and provider not in QUOTA_PROVIDERS:
-        raise BadInput(f"quota requests are filed for {', '.join(QUOTA_PROVIDERS)}, not {provider!r}",
+        raise BadInput(f"quota requests are filed for {', '.join(QUOTA_PROVIDERS)}, not {provider!r} "
+                       f"({_registry.why_not(provider, 'quota')})",
                        hint="`broker quota status --provider oci` (or aws), or leave --provider out")
     rows = request_statuses(refresh=refresh, provider=provider)
     if as_json:
@@ -340,7 +342,8 @@ def file_request(provider: str, *, value: Optional[float], limit: Optional[str],
     from broker.plan.quota import default_reason, desired_value, verdict
 
     if provider not in QUOTA_PROVIDERS:
-        raise BadInput(f"quota requests support {', '.join(QUOTA_PROVIDERS)}, not {provider!r}")
+        raise BadInput(f"quota requests support {', '.join(QUOTA_PROVIDERS)}, not {provider!r} "
+                       f"({_registry.why_not(provider, 'quota')})")
     try:
         prov = provider_factory(provider, region)
     except ProviderUnavailable as e:

@@ -26,14 +26,10 @@ import typer
 
 from broker.core.prose import usd
 
-#: why a provider that cannot stop machines cannot, in words (for the refusal)
-_CANNOT = {"local": "its nodes are processes on this machine", "netns": "its nodes are network namespaces here",
-           "slurm": "Slurm allocations cannot be suspended by broker"}
-
 
 def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
     from broker.core.provider import BadInput
-    from broker.providers import PRETEND, STOPPABLE, capability
+    from broker.providers import PRETEND, STOPPABLE, capability, why_not
 
     rows = [r for r in ledger.resources(run.id, live_only=True) if r.kind in ("instance", "netns_node")]
     if not rows:
@@ -41,7 +37,7 @@ def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]
                        hint=f"`broker status {run.id}` shows what it did")
     cannot = sorted({r.provider for r in rows if not capability(r.provider, "stoppable")})
     if cannot:
-        why = "; ".join(f"{p}: {_CANNOT.get(p, 'it has no stopped state that keeps a disk')}" for p in cannot)
+        why = "; ".join(f"{p}: {why_not(p, 'stop')}" for p in cannot)  # the reason each provider declares
         raise BadInput(f"the machines of run {run.id} cannot be stopped keeping their disks ({why})",
                        hint=f"`broker down {run.id}` ends them; machines on {', '.join(p for p in STOPPABLE if p not in PRETEND)} "
                             "can be stopped and started")

@@ -119,11 +119,9 @@ class Recorder(Protocol):
 
 
 # --------------------------------------------------------------------------------------------------- contract
-#: The capability attributes of :class:`Provider` (class attributes, documented there), in declaration order.
-CAPABILITIES = ("topologies", "rents", "pretend", "planned_by_default", "quota", "quota_unit", "quota_scope",
-                "node_switch", "node_switch_requires", "setup_allowance_s", "ssh_ready_timeout_s", "create_settle_s",
-                "node_check_s", "credentials_hint", "credential_files", "native_query", "live_offer_search", "live_price_list", "snapshot", "local_exec",
-                "ingress_rule_format", "interruptible", "interruptible_bid", "preemptions_per_hour", "stoppable", "slurm_nodes")
+#: The capability attributes of :class:`Provider` (flat names, documented on their groups in
+#: :mod:`broker.core.capabilities`), in declaration order.
+from broker.core.capabilities import CAPABILITIES, DEFAULT, Declaration  # noqa: E402
 
 
 class Provider(ABC):
@@ -198,88 +196,53 @@ class Provider(ABC):
                                      "`broker status` and the provider's console")
         return provider_id
 
-    # ---- capabilities: what the core asks of a provider instead of testing its name.  Every registered adapter
-    # declares each one in its own class body (tests/providers/test_provider_capabilities.py), and the registry line in
-    # ``providers/__init__.py`` repeats the values that differ from these defaults as plain data, so that
-    # ``broker plan`` derives its provider lists without importing the adapter modules.
-    #: Topologies this provider can offer (``simulated``, ``multi-node``, ``local``, ``slurm``, ``hybrid``: it can
-    #: host the rented side of a hybrid run, i.e. full VMs with ``/dev/net/tun`` for WireGuard / Tailscale).
-    topologies: ClassVar[tuple[str, ...]] = ("simulated",)
-    #: It creates machines billed by the hour (ledger-first provisioning, the confirmation prompt, the watchdog's
-    #: and reconcile's scans of configured providers).
-    rents: ClassVar[bool] = False
-    #: An emulation (the file-backed ``fake`` cloud): it behaves like a cloud but no money or real machine is
-    #: involved; never planned over or scanned unless named, and ``broker cost`` shows its money apart, outside
-    #: the total.
-    pretend: ClassVar[bool] = False
-    #: Asked by ``broker plan`` / ``broker check`` / ``broker run`` when no ``--provider`` narrows them.
-    planned_by_default: ClassVar[bool] = False
-    #: It has service limits broker can read and raise (``broker quota check|request``, plan rejections).
-    quota: ClassVar[bool] = False
-    #: What its GPU limits count: ``"gpus"`` or ``"vcpus"`` (None without :attr:`quota`).
-    quota_unit: ClassVar[str | None] = None
-    #: Where its GPU limits are counted: ``"AD"`` (per availability domain / zone) or ``"region"`` (None without
-    #: :attr:`quota`).
-    quota_scope: ClassVar[str | None] = None
-    #: The node-side dead-man switch its boot mechanism arms on a node with a deadline, in words, ``{grace}`` standing
-    #: for when it fires (``"scheduled shutdown at {grace}, ..."``, shown as "... at deadline + 300 s grace" by
-    #: ``broker status``: :func:`broker.money.accounting.node_layer`); None = no node-side teardown layer.
-    node_switch: ClassVar[str | None] = None
-    #: The resource attribute the node switch needs to be armed (``"instance_principal"``: the row's
-    #: ``attrs[...]``, else the setting ``<name>_<requirement>``, ``OCI_INSTANCE_PRINCIPAL``); None = always armed
-    #: when :attr:`node_switch` is set.
-    node_switch_requires: ClassVar[str | None] = None
-    #: Billed seconds before the job starts (boot, image pull) and during teardown, added to every hard deadline
-    #: and worst case (:func:`broker.plan.pricing.setup_allowance_seconds`); broker's assumption, not a vendor figure.
-    setup_allowance_s: ClassVar[int] = 600
-    #: Seconds the SSH executor retries connect + auth after the provider reports an instance running.
-    ssh_ready_timeout_s: ClassVar[float] = 120.0
-    #: Seconds after a create call before a list that does not show the object proves it absent (list lag).
-    create_settle_s: ClassVar[float] = 20.0
-    #: Seconds between the describes of a run's instances while its job runs (:func:`broker.run.guard.watch_nodes`:
-    #: a node the provider stopped, lost or took back ends the job); each describe is an API call.
-    node_check_s: ClassVar[float] = 30.0
-    #: What the user sets for live prices, quotas and capacity (``"VAST_API_KEY"``); None = nothing to configure.
-    credentials_hint: ClassVar[str | None] = None
-    #: Environment variables whose value names a file (or folder) of this provider's credentials or credential
-    #: config (``GOOGLE_APPLICATION_CREDENTIALS``): what they name is never staged to a node
-    #: (:func:`broker.run.staging.stage_plan`).
-    credential_files: ClassVar[tuple[str, ...]] = ()
-    #: ``offers()`` takes the provider's native query string (``broker plan --vast-query``).
-    native_query: ClassVar[bool] = False
-    #: The adapter has ``live_offers(req)``: a live market search (``broker catalog refresh``, no snapshot
-    #: fallback).
-    live_offer_search: ClassVar[bool] = False
-    #: Where ``broker catalog refresh`` reads list prices: ``"api"`` (the adapter's ``live_prices(types)``, with
-    #: credentials), ``"public"`` (the class's ``public_price_offers()``, a public price list, no credentials), None.
-    live_price_list: ClassVar[str | None] = None
-    #: Where ``live_prices()`` reads, in words (the source line of a refreshed snapshot; with ``live_price_list``
-    #: ``"api"``).
-    live_prices_source: ClassVar[str] = "list prices from the provider's Pricing API (live_prices)"
-    #: File name of its shipped price snapshot in ``providers/snapshots/`` (``"vast.csv"``); None = no snapshot.
-    snapshot: ClassVar[str | None] = None
-    #: Its "instances" are this machine: clusters run their nodes as local processes (``Cluster.local_exec``).
-    local_exec: ClassVar[bool] = False
-    #: The shape of the ingress rules its network takes for a hybrid run's WireGuard port
-    #: (:func:`broker.run.wireguard.security_rules`): ``"IpPermissions"`` (EC2 security groups) or
-    #: ``"IngressSecurityRule"`` (OCI security lists); None = no such rules.
-    ingress_rule_format: ClassVar[str | None] = None
-    #: It rents interruptible capacity (Vast.ai bid instances, EC2 spot, OCI preemptible VMs: cheaper, may be taken
-    #: back at any time) when a NodeRequest asks for it, and :meth:`preemption` tells a preemption from a crash.
-    interruptible: ClassVar[bool] = False
-    #: Its interruptible price is a market price (Vast ``min_bid``, EC2 spot price): broker bids / caps a margin
-    #: over it (:data:`broker.plan.interruptible.BID_MARGIN`); False = a fixed price (OCI preemptible: 50 %).
-    interruptible_bid: ClassVar[bool] = False
-    #: Preemptions per unit-hour the expected cost of its interruptible capacity assumes (broker's assumption, see
-    #: :mod:`broker.plan.interruptible`; 0.0 where it has none).
-    preemptions_per_hour: ClassVar[float] = 0.0
-    #: It can stop an instance keeping its disk and start it again (``broker stop`` / ``broker start``): the
-    #: adapter implements :meth:`stop`, :meth:`start` and :meth:`stopped_rate`, and :meth:`describe_instance`
-    #: reports ``stopped``.
-    stoppable: ClassVar[bool] = False
-    #: Its machines can be the nodes of a Slurm cluster broker builds (``broker slurm up --provider <name>``: root,
-    #: systemd-free daemons, one private network between the nodes).
-    slurm_nodes: ClassVar[bool] = False
+    # ---- capabilities: what the core asks of a provider instead of testing its name.  Declared once per provider
+    # as data (``caps``: a :class:`~broker.core.capabilities.Declaration` from ``providers/declared.py``, which the
+    # registry reads too, without importing the adapter); :meth:`__init_subclass__` sets the flat attributes below
+    # from it, so an adapter's class body never writes one (tests/providers/test_provider_capabilities.py).
+    #: What this provider can do, grouped, and why a feature is absent (the defaults: what a provider without the
+    #: feature does).
+    caps: ClassVar[Declaration] = DEFAULT
+    topologies: ClassVar[tuple[str, ...]]
+    rents: ClassVar[bool]
+    pretend: ClassVar[bool]
+    planned_by_default: ClassVar[bool]
+    local_exec: ClassVar[bool]
+    stoppable: ClassVar[bool]
+    slurm_nodes: ClassVar[bool]
+    credentials_hint: ClassVar[str | None]
+    credential_files: ClassVar[tuple[str, ...]]
+    env_vars: ClassVar[tuple[str, ...]]
+    setup_allowance_s: ClassVar[int]
+    ssh_ready_timeout_s: ClassVar[float]
+    create_settle_s: ClassVar[float]
+    node_check_s: ClassVar[float]
+    quota: ClassVar[bool]
+    quota_unit: ClassVar[str | None]
+    quota_scope: ClassVar[str | None]
+    node_switch: ClassVar[str | None]
+    node_switch_requires: ClassVar[str | None]
+    snapshot: ClassVar[str | None]
+    native_query: ClassVar[bool]
+    live_offer_search: ClassVar[bool]
+    live_price_list: ClassVar[str | None]
+    live_prices_source: ClassVar[str]
+    interruptible: ClassVar[bool]
+    interruptible_bid: ClassVar[bool]
+    preemptions_per_hour: ClassVar[float]
+    ingress_rule_format: ClassVar[str | None]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that sets ``caps`` in its body gets every flat capability from it (a subclass that does not
+        keeps its parent's; a test double may still set one attribute over them)."""
+        super().__init_subclass__(**kwargs)
+        if "caps" in cls.__dict__:
+            cls._set_capabilities(cls.__dict__["caps"])
+
+    @classmethod
+    def _set_capabilities(cls, caps: Declaration) -> None:
+        for attr, value in caps.flat().items():
+            setattr(cls, attr, value)
 
     @classmethod
     def snapshot_rows(cls, reference_dir: "Path") -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -518,3 +481,6 @@ class Provider(ABC):
     def quota_request_status(self, request: QuotaRequest) -> QuotaRequest:
         """The request refreshed from the provider."""
         raise NotSupported(self.name, "quota_request_status", "this provider has no quota requests")
+
+
+Provider._set_capabilities(DEFAULT)

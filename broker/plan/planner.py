@@ -48,7 +48,7 @@ from broker.plan.freetier import FREE_TIER_ATTR, cpu_only, free_tier_offers, par
 from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
                                 utcnow)
-from broker.providers import HYBRID_CLOUD
+from broker.providers import HYBRID_CLOUD, unsupported_reason
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
 #: ``hybrid`` among the adapter's ``topologies``
@@ -58,10 +58,14 @@ NO_TUN_REASON = ("hybrid needs a VM with /dev/net/tun for WireGuard/Tailscale; {
 
 
 def why_not_hybrid(provider: str) -> str | None:
-    """None when ``provider`` can host the cloud side of a hybrid run; else the reason."""
+    """None when ``provider`` can host the cloud side of a hybrid run; else the reason: the one its declaration
+    gives (``providers/declared.py``), else :data:`NO_TUN_REASON`, and which providers can."""
     if provider in TUN_PROVIDERS:
         return None
-    return NO_TUN_REASON.format(provider=provider)
+    declared = unsupported_reason(provider, "hybrid")
+    if declared is None:
+        return NO_TUN_REASON.format(provider=provider)
+    return f"{declared} (use {' or '.join(TUN_PROVIDERS)} for the cloud side)"
 
 
 #: With ``hours`` None: options whose budget affords less job time than this are rejected.

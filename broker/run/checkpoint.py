@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from broker.run.executor import Executor
+from broker.run.executor import Executor, NoCheckpoints
 
 if TYPE_CHECKING:
     from broker.run.artifacts import ArtifactBudget
@@ -61,7 +61,8 @@ class CopyFailed(Exception):
 
 # --------------------------------------------------------------------------------------------------- sources
 class Source:
-    """Node 0's ``checkpoint_dir``: :meth:`list` its files, :meth:`fetch` one into a local file."""
+    """Node 0's ``checkpoint_dir``: :meth:`list` its files, :meth:`fetch` one into a local file; :meth:`restore` a
+    generation on every node.  What :meth:`broker.run.executor.Executor.checkpoint_source` returns."""
 
     def list(self) -> dict[str, tuple[int, int]]:
         """``{relative name: (size bytes, mtime ns)}`` of the files (names unchecked: the caller validates)."""
@@ -71,6 +72,13 @@ class Source:
         """Copy file ``rel`` to the new local file ``dst`` within ``budget``; returns the bytes written.
         Raises RefusedArtifact (a link out of the folder, not a regular file, over a cap) or OSError/SSH errors."""
         raise NotImplementedError
+
+    def restore(self, gen: Path, run_dir: Path) -> None:
+        """Put generation ``gen`` in place as ``checkpoint_dir`` (replaced) on every node; ``run_dir``: the run's
+        folder for temporary files.  Raises CopyFailed where this source cannot write the nodes (the default: a
+        source for the copy-back only, such as a Slurm job folder: its runs are never restarted), or what the
+        copy raises."""
+        raise CopyFailed(f"{type(self).__name__} copies checkpoints back but cannot put one on the nodes")
 
 
 class LocalSource(Source):
@@ -112,6 +120,35 @@ class LocalSource(Source):
         return write_capped(dst, _read(), budget)
 
 
+class NodeFoldersSource(Source):
+    """``rel_dir`` in the node work folders on this machine (the local executor's: node 0's is copied back, every
+    node's is restored); ``dirs`` gives the folders, empty until the executor's ``stage`` made them."""
+
+    def __init__(self, dirs: Callable[[], list[Path]], rel_dir: str):
+        self.dirs, self.rel_dir = dirs, rel_dir
+
+    def _node0(self) -> LocalSource | None:
+        dirs = self.dirs()
+        return LocalSource(Path(dirs[0]) / self.rel_dir) if dirs else None
+
+    def list(self) -> dict[str, tuple[int, int]]:
+        src = self._node0()
+        return src.list() if src is not None else {}
+
+    def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
+        src = self._node0()
+        if src is None:
+            raise FileNotFoundError("the node folders are not made yet")
+        return src.fetch(rel, dst, budget)
+
+    def restore(self, gen: Path, run_dir: Path) -> None:
+        dirs = self.dirs()
+        if not dirs:
+            raise CopyFailed("the node folders are not made yet")
+        for d in dirs:
+            restore_local(gen, Path(d) / self.rel_dir)
+
+
 #: lists a folder's files with size and mtime (ns) as JSON, run on the node inside that folder
 _LISTER = ("import json, os; out = []\n"
            "for d, ds, fs in os.walk('.'):\n"
@@ -147,26 +184,30 @@ def parse_listing(raw: Any) -> dict[str, tuple[int, int]]:
 
 class SSHSource(Source):
     """``checkpoint_dir`` in node ``node``'s work folder over the executor's SSH connections
-    (:class:`broker.run.remote.SSHCluster`; safe to call from another thread: its calls run on its loop)."""
+    (:class:`broker.run.remote.SSHCluster`; safe to call from another thread: its calls run on its loop).
+    ``list_files`` / ``fetch_file``: the SSH executor's coroutines that list a node folder and fetch one file checked
+    (:func:`broker.run.remote._alist_artifacts`, :func:`broker.run.remote.afetch_checked`), handed in by
+    :meth:`broker.run.remote.SSHExecutor.checkpoint_source` so that this module never imports the executor's."""
 
-    def __init__(self, ssh: Any, rel_dir: str, node: int = 0):
+    def __init__(self, ssh: Any, rel_dir: str, node: int = 0, *, list_files: Callable[..., Any],
+                 fetch_file: Callable[..., Any]):
         self.ssh, self.rel_dir, self.node = ssh, rel_dir, node
+        self.list_files, self.fetch_file = list_files, fetch_file
 
     @property
     def folder(self) -> str:
         return f"{self.ssh.work(self.node)}/{self.rel_dir}"
 
     def list(self) -> dict[str, tuple[int, int]]:
-        from broker.run.remote import _alist_artifacts
-
-        raw = self.ssh.loop.call(_alist_artifacts(self.ssh, self.node, [], folder=self.folder, lister=_LISTER,
-                                                  missing_ok=True), timeout=120)
+        raw = self.ssh.loop.call(self.list_files(self.ssh, self.node, [], folder=self.folder, lister=_LISTER,
+                                                 missing_ok=True), timeout=120)
         return parse_listing(raw)
 
     def fetch(self, rel: str, dst: Path, budget: "ArtifactBudget") -> int:
-        from broker.run.remote import afetch_checked
+        return self.ssh.loop.call(self.fetch_file(self.ssh, self.node, self.folder, rel, dst, budget), timeout=3600)
 
-        return self.ssh.loop.call(afetch_checked(self.ssh, self.node, self.folder, rel, dst, budget), timeout=3600)
+    def restore(self, gen: Path, run_dir: Path) -> None:
+        restore_ssh(gen, self.ssh, self.rel_dir, range(len(self.ssh.cluster.nodes)), run_dir)
 
 
 # --------------------------------------------------------------------------------------------------- generations
@@ -342,13 +383,15 @@ def restore_ssh(gen: Path, ssh: Any, rel_dir: str, nodes: Iterable[int], run_dir
 
 # --------------------------------------------------------------------------------------------------- executor
 class CheckpointingExecutor(Executor):
-    """Wraps an executor (local, SSH, or one with a ``checkpoint_source``: Slurm's): after its ``stage`` the latest
-    good generation is restored on every node; during its ``launch`` a thread copies node 0's ``checkpoint_dir``
-    back every ``every_s`` seconds; when the job ended (not when a node was lost) one last copy.  Copy failures
-    are said and logged, never end the job."""
+    """Wraps an executor through its declared :meth:`~broker.run.executor.Executor.checkpoint_source` (``source``):
+    after its ``stage`` the latest good generation is restored on every node; during its ``launch`` a thread copies
+    node 0's ``checkpoint_dir`` back every ``every_s`` seconds; when the job ended (not when a node was lost) one
+    last copy.  Copy failures are said and logged, never end the job.  Its steps are the inner executor's."""
 
-    def __init__(self, inner: Executor, rel_dir: str, run_dir: Path, *, every_s: float, say: Say = None):
+    def __init__(self, inner: Executor, rel_dir: str, run_dir: Path, *, every_s: float, say: Say = None,
+                 source: Source | None = None):
         self.inner, self.rel_dir, self.run_dir = inner, rel_dir, Path(run_dir)
+        self._source = source
         self.every_s, self.say = float(every_s), say
         self.restored: Path | None = None
         self.copies = 0
@@ -358,13 +401,17 @@ class CheckpointingExecutor(Executor):
         self._said: set[str] = set()
         self._lock = threading.Lock()  # one copy at a time (the thread's and the final one)
 
-    # reach / preflight are passed through only where the inner executor has them (:func:`with_checkpoints`
-    # builds the class): run_steps announces a step only when the executor overrides it
-    def _reach(self) -> "RunResult | None":
+    def steps(self) -> tuple[str, ...]:
+        return self.inner.steps()  # run_steps announces only the steps the inner executor has
+
+    def reach(self) -> "RunResult | None":
         return self.inner.reach()
 
-    def _preflight(self) -> "RunResult | None":
+    def preflight(self) -> "RunResult | None":
         return self.inner.preflight()
+
+    def checkpoint_source(self, rel_dir: str) -> "Source | NoCheckpoints":
+        return self.inner.checkpoint_source(rel_dir)
 
     def stage(self) -> "RunResult | None":
         res = self.inner.stage()
@@ -386,25 +433,14 @@ class CheckpointingExecutor(Executor):
         return None
 
     def _restore(self, gen: Path) -> None:
-        dirs = getattr(self.inner, "dirs", None)
-        if dirs:  # local processes: each node's work folder is here
-            for d in dirs:
-                restore_local(gen, Path(d) / self.rel_dir)
-            return
-        ssh = getattr(self.inner, "ssh", None)
-        if ssh is None:
-            raise CopyFailed(f"{type(self.inner).__name__} cannot take a checkpoint")
-        restore_ssh(gen, ssh, self.rel_dir, range(len(ssh.cluster.nodes)), self.run_dir)
+        src = self.source()
+        if src is None:
+            raise CopyFailed(f"{type(self.inner).__name__} declares no checkpoint source")
+        src.restore(gen, self.run_dir)
 
     def source(self) -> Source | None:
-        own = getattr(self.inner, "checkpoint_source", None)  # an executor that knows where node 0's folder is
-        if callable(own):
-            return own(self.rel_dir)
-        dirs = getattr(self.inner, "dirs", None)
-        if dirs:
-            return LocalSource(Path(dirs[0]) / self.rel_dir)
-        ssh = getattr(self.inner, "ssh", None)
-        return SSHSource(ssh, self.rel_dir) if ssh is not None else None
+        """The inner executor's declared source (None: none was given)."""
+        return self._source
 
     def copy_now(self) -> Path | None:
         """One copy-back now (thread-safe); returns the latest generation, None when there is none.  Never raises
@@ -500,13 +536,19 @@ class CheckpointingExecutor(Executor):
 
 
 def with_checkpoints(ex: Executor, recipe: Any, run_dir: Path, say: Say = None) -> Executor:
-    """``ex`` wrapped in :class:`CheckpointingExecutor` when the recipe names a ``checkpoint_dir`` and the executor
-    is one it can reach (local processes, SSH, or one with its own ``checkpoint_source(rel_dir) -> Source``: the
-    Slurm job folder); else ``ex`` unchanged."""
+    """``ex`` wrapped in :class:`CheckpointingExecutor` when the recipe names a ``checkpoint_dir``, through the
+    source ``ex`` declares (:meth:`~broker.run.executor.Executor.checkpoint_source`); ``ex`` unchanged when the recipe
+    names none, or when ``ex`` declares :class:`~broker.run.executor.NoCheckpoints` (then its reason is said and
+    logged: the run goes on without checkpoints, never silently)."""
     rel = getattr(recipe, "checkpoint_dir", None)
-    if not rel or not (hasattr(ex, "dirs") or hasattr(ex, "ssh") or hasattr(ex, "checkpoint_source")):
+    if not rel:
         return ex
-    steps = {s: getattr(CheckpointingExecutor, "_" + s) for s in ("reach", "preflight")
-             if getattr(type(ex), s) is not getattr(Executor, s)}
-    cls = type(f"Checkpointing{type(ex).__name__}", (CheckpointingExecutor,), steps)
-    return cls(ex, rel, run_dir, every_s=float(getattr(recipe, "checkpoint_every_s", 60) or 60), say=say)
+    src = ex.checkpoint_source(rel)
+    if isinstance(src, NoCheckpoints):
+        line = f"checkpoint_dir {rel} is not copied back: {src.reason}"
+        _log.warning("%s", line)
+        if say:
+            say(line)
+        return ex
+    return CheckpointingExecutor(ex, rel, run_dir, every_s=float(getattr(recipe, "checkpoint_every_s", 60) or 60),
+                                 say=say, source=src)

@@ -10,6 +10,15 @@ folder, :mod:`broker.run.staging`) -> ``launch`` (setup, then one ``torchrun`` p
 until the job ends) -> ``collect`` (artifacts from every node) -> ``finish`` (expect check, rank table) and always
 ``close``.  A step that finds the job cannot go on returns a failed :class:`~broker.run.supervisor.RunResult` (nothing
 started), which skips the remaining steps; steps raise only for Ctrl-C or bugs.
+
+What an executor declares, on this contract (nothing is found out by probing its attributes):
+
+* :meth:`Executor.steps`: the optional steps it runs (``reach``, ``preflight``: the ones its class overrides);
+  :func:`run_steps` announces those, a wrapper passes its inner executor's on.
+* :meth:`Executor.checkpoint_source`: how the recipe's ``checkpoint_dir`` is copied back from node 0 and put on
+  every node of a later attempt (a :class:`broker.run.checkpoint.Source`), or :class:`NoCheckpoints` with the reason
+  it cannot.  It is abstract and checked when a concrete executor class is defined: a new executor that does not
+  say is a TypeError at import, never a run that silently loses its checkpoints.
 """
 
 from __future__ import annotations
@@ -17,10 +26,12 @@ from __future__ import annotations
 import logging
 import signal
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from broker.run.checkpoint import Source
     from broker.run.supervisor import RunResult
     from broker.run.staging import StagePlan
 
@@ -34,14 +45,49 @@ STEP_TEXT = {"reach": "waiting until every node accepts commands", "preflight": 
              "collect": "collecting artifacts"}
 
 
+#: the steps an executor may leave out (the base's do nothing); stage, launch and finish every executor has
+OPTIONAL_STEPS = ("reach", "preflight")
+
+
+@dataclass(frozen=True)
+class NoCheckpoints:
+    """An executor's answer to :meth:`Executor.checkpoint_source` when it cannot copy a checkpoint back: why, in
+    words a user reads (the run says it and goes on without checkpoints)."""
+
+    reason: str
+
+
 class Executor(ABC):
-    """Runs the job on the nodes of one cluster.  Subclasses override the steps they need.
+    """Runs the job on the nodes of one cluster.  Subclasses override the steps they need and declare
+    :meth:`checkpoint_source` (a concrete subclass that does not is a TypeError when it is defined).
 
     ``bytes_in`` / ``bytes_out``: bytes this executor sent to the nodes (the staged folder, once per node) and
     fetched from them (artifacts), for providers that bill bandwidth per GB; 0 where nothing crosses a network."""
 
     bytes_in: int = 0
     bytes_out: int = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        runs = not any(getattr(getattr(cls, m), "__isabstractmethod__", False) for m in ("stage", "launch", "finish"))
+        if runs and getattr(cls.checkpoint_source, "__isabstractmethod__", False):
+            raise TypeError(f"executor {cls.__module__}.{cls.__qualname__} does not declare "
+                            "checkpoint_source(rel_dir): return the broker.run.checkpoint.Source of node 0's folder "
+                            "(copy-back and restore), or NoCheckpoints('why not'); without it a recipe's "
+                            "checkpoint_dir would be silently lost")
+
+    def steps(self) -> tuple[str, ...]:
+        """The optional steps (:data:`OPTIONAL_STEPS`) this executor runs, in order: those its class overrides.  A
+        wrapper returns its inner executor's."""
+        return tuple(s for s in OPTIONAL_STEPS if getattr(type(self), s) is not getattr(Executor, s))
+
+    @abstractmethod
+    def checkpoint_source(self, rel_dir: str) -> "Source | NoCheckpoints":
+        """Node 0's ``rel_dir`` (the recipe's ``checkpoint_dir``, relative to the work folder) as a
+        :class:`broker.run.checkpoint.Source`: listed and fetched for the copy-back while the job runs, and its
+        ``restore`` puts a generation on every node of a later attempt (where it cannot, it raises CopyFailed).
+        Called once, before the steps; the source may read the node folders only once ``stage`` made them.
+        :class:`NoCheckpoints` (with the reason) where the executor cannot reach that folder.  Raises nothing."""
 
     def reach(self) -> "RunResult | None":
         """Wait until every node accepts commands (SSH connect + auth with retries, boot scripts done)."""
@@ -85,7 +131,7 @@ def run_steps(ex: Executor, say: Say = None) -> "RunResult":
     try:
         for step in ("reach", "preflight", "stage"):
             check_node_lost()  # a node lost since the last step: no point in the next one
-            if getattr(type(ex), step) is not getattr(Executor, step):  # only steps this executor has
+            if step == "stage" or step in ex.steps():  # only steps this executor declares
                 _log.info("step %s (%s)", step, kind)
                 if say:
                     say(step)

@@ -291,6 +291,13 @@ class LocalExecutor(Executor):
         remaining = None if spec.deadline_s is None else max(1.0, spec.deadline_s - (time.monotonic() - self.t0))
         return sup.run(nodes, deadline_s=remaining)
 
+    def checkpoint_source(self, rel_dir: str):
+        """``rel_dir`` in the node work folders here (made by :meth:`stage`): node 0's copied back, every node's
+        restored (:class:`broker.run.checkpoint.NodeFoldersSource`)."""
+        from broker.run.checkpoint import NodeFoldersSource
+
+        return NodeFoldersSource(lambda: self.dirs, rel_dir)
+
     def collects(self) -> bool:
         return bool(self.spec.artifacts)
 

@@ -468,6 +468,13 @@ class SSHExecutor(Executor):
         fetch_facts(ssh, self.run_dir, n)
         return res
 
+    def checkpoint_source(self, rel_dir: str):
+        """``rel_dir`` in node 0's work folder over this executor's SSH connections, restored on every node
+        (:class:`broker.run.checkpoint.SSHSource`)."""
+        from broker.run.checkpoint import SSHSource
+
+        return SSHSource(self.ssh, rel_dir, list_files=_alist_artifacts, fetch_file=afetch_checked)
+
     def collects(self) -> bool:
         return bool(self.recipe.artifacts)
 

@@ -214,7 +214,10 @@ def _target(opts: UpOptions, recipe: Any):
                               hint=f"`broker plan --provider {opts.provider} --nodes {opts.nodes} --topology "
                                    "multi-node" + (" --cpu-only`" if recipe.cpu_only else "`") + " shows why")
         return CloudTarget(recipe, options, watchdog=opts.watchdog, onstart=cloud_onstart())
-    raise BadInput(f"--provider {opts.provider!r}: slurm up acquires nodes from {', '.join(UP_PROVIDERS)}")
+    from broker.providers import why_not
+
+    raise BadInput(f"--provider {opts.provider!r}: slurm up acquires nodes from {', '.join(UP_PROVIDERS)} "
+                   f"({why_not(opts.provider, 'slurm-nodes')})")
 
 
 def up(opts: UpOptions, *, ledger: "Ledger", say: Say | None = None,

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import Provider, ProviderCheck, Recorder
+from broker.providers.declared import AWS
 from broker.providers.aws import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.aws.api import (CREDENTIALS_HINT, PROVIDER, AWSApi, ClientFactory, credentials_present,
                                       install_hint, map_error, quota_scope)
@@ -78,41 +79,16 @@ class AWSProvider(Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies = ("simulated", "multi-node", "hybrid")
-    rents = True
-    pretend = False
-    planned_by_default = True
-    quota = True
-    quota_unit = "vcpus"  # Running On-Demand G and VT / P instances count vCPUs
-    quota_scope = "region"
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = AWS
     #: AWS region codes are ``<geo>[-gov]-<direction>-<n>`` (``us-east-1``, ``us-gov-west-1``, ``ap-southeast-2``);
     #: boto3 builds ``ec2.<region>.amazonaws.com`` from them, so nothing else is accepted
     region_pattern = r"[a-z]{2}(?:-gov)?-[a-z]+-\d{1,2}"
     region_words = "<geo>[-gov]-<direction>-<number>, e.g. us-east-1"
     region_sample = "us-east-1"
-    node_switch = "scheduled shutdown at {grace}, InstanceInitiatedShutdownBehavior=terminate"
-    node_switch_requires = None
-    setup_allowance_s = 600
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = "AWS credentials (AWS_PROFILE or AWS_ACCESS_KEY_ID)"
-    credential_files = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_WEB_IDENTITY_TOKEN_FILE")
-    native_query = False
-    live_offer_search = False
-    live_price_list = "api"  # live_prices(), the Pricing API
-    live_prices_source: ClassVar[str] = "AWS Pricing API get_products (on-demand Linux, shared)"
-    snapshot = "aws.csv"
-    local_exec = False
-    ingress_rule_format = "IpPermissions"
-    interruptible = True
-    interruptible_bid = True
-    preemptions_per_hour = 0.02
-    stoppable = True  # StopInstances / StartInstances; EBS volumes bill while stopped
     #: describe's / list's ``usd_per_hour`` prices the EBS root volume really created (tag broker-disk-gib), so the
     #: core adds no storage rate of its own (the image's snapshot may make it larger than the recipe's disk)
     reported_rate_includes_storage = True
-    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # tags broker-run / broker-install on every instance, security group, placement group
 
     @classmethod
@@ -156,9 +132,6 @@ class AWSProvider(Provider):
                             hint="configure AWS credentials (see .env.example), then retry")
         return lifecycle.tagged_resource(self.api, kind, self.require_id(kind, provider_id, f"describe {kind}"),
                                          region or self.region, run_id)
-    #: After ``running``, sshd on the Deep Learning AMI accepts logins 30-60 s later and user data runs on: how
-    #: long the core retries SSH by default, seconds.
-    ssh_ready_timeout_s: ClassVar[float] = 420.0
 
     def __init__(self, session: Any = None, endpoint_url: str | None = None, region: str | None = None,
                  client_factory: ClientFactory | None = None, ssh_user: str | None = None):

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
+from broker.providers.declared import GCP
 from broker.providers.gcp import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.gcp.api import CREDENTIALS_HINT, PROVIDER, GCPApi, find_credentials, install_hint
 from broker.providers.gcp.lifecycle import DEFAULT_IMAGE, TOKEN_TAG
@@ -68,42 +69,12 @@ class GCPProvider(Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.core.provider.Provider documents each; the registry line repeats them)
-    topologies = ("simulated", "multi-node", "hybrid")
-    rents = True
-    pretend = False
-    planned_by_default = True
-    quota = True
-    quota_unit = "gpus"  # NVIDIA_<MODEL>_GPUS, GPUS_ALL_REGIONS (CPU metrics come as vcpus Quotas beside them)
-    quota_scope = "region"
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = GCP
     #: Compute Engine regions are ``<area>-<direction><n>`` (``us-central1``, ``europe-west4``)
     region_pattern = r"[a-z]+-[a-z]+\d+"
     region_words = "<area>-<direction><n>, e.g. us-central1"
     region_sample = "us-central1"
-    node_switch = "self-delete with the VM's service account at {grace} (else power off)"
-    node_switch_requires = None
-    setup_allowance_s = 900  # DLVM first boot installs the NVIDIA driver
-    ssh_ready_timeout_s: ClassVar[float] = 600.0
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = "Google ADC (gcloud auth application-default login or GOOGLE_APPLICATION_CREDENTIALS) " \
-                       "and GOOGLE_CLOUD_PROJECT"
-    credential_files = ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")
-    native_query = False
-    live_offer_search = False
-    live_price_list = "api"
-    live_prices_source: ClassVar[str] = "GPU prices from the Cloud Billing Catalog API (host part from the snapshot)"
-    snapshot = "gcp.csv"
-    # Spot VMs (provisioningModel SPOT): a fixed price per type that Google changes up to once a day, no bid
-    # (docs/reference/gcp-fixtures.md "Spot VMs"); Google publishes no preemption rate: broker assumes 0.05 per
-    # VM-hour, as for OCI (capacity reclaimed when on-demand demand needs it)
-    interruptible = True
-    interruptible_bid = False
-    preemptions_per_hour = 0.05
-    stoppable = False  # instances.stop/start exist; broker stop/start is not built for GCP yet
-    slurm_nodes = True  # broker slurm up builds a cluster on them
-    local_exec = False
-    ingress_rule_format = None
     owner_tags = True
     delete_order: ClassVar[tuple[str, ...]] = DELETE_ORDER
 

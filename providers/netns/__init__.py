@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker.core.model import Offer, Requirements, TopologyKind, utcnow
 from broker.core.provider import BadInput, Provider, ProviderCheck, ProviderError  # noqa: F401 - re-exported
+from broker.providers.declared import NETNS
 # the machinery and the hybrid sites, re-exported: `from broker.providers import netns; netns.up(...)`
 from broker.providers.netns.cluster import (  # noqa: F401
     CID_RE, INJECTS, LOCK_NAME, PREFIX, SSHD, SUBNET_BASE, NetnsCluster, _kill_pids, _start_sshds, _subnet_lock,
@@ -54,33 +55,8 @@ class NetnsProvider(Provider):
     """The ``netns`` provider: a free ``multi-node`` cluster of namespaces on this machine (see module doc)."""
 
     name: ClassVar[str] = "netns"
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies: ClassVar[tuple[str, ...]] = ("multi-node", "hybrid")  # hybrid: two NAT'd sites emulated here
-    rents = False
-    pretend = False
-    planned_by_default = False
-    quota = False
-    quota_unit = None
-    quota_scope = None
-    node_switch = None
-    node_switch_requires = None
-    setup_allowance_s = 0
-    ssh_ready_timeout_s = 120.0
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = None
-    credential_files = ()
-    native_query = False
-    live_offer_search = False
-    live_price_list = None
-    snapshot = None
-    local_exec = False  # the nodes are reached over SSH inside their namespaces
-    ingress_rule_format = None
-    interruptible = False
-    interruptible_bid = False
-    preemptions_per_hour = 0.0
-    stoppable = False  # its machines have no stopped state that keeps a disk: `broker down` ends them
-    slurm_nodes = True  # broker slurm up builds a cluster on them
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = NETNS
 
     #: the emulation's own `broker run` flags, checked by its targets (providers/netns/target.py)
     run_options: ClassVar[dict[str, str]] = {

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 from broker.core.model import Capacity, Offer, Quota, Requirements
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError, Recorder
+from broker.providers.declared import OCI
 from broker.providers.oci import lifecycle, network, offers as _offers, quota_requests
 from broker.providers.oci.lifecycle import TOKEN_TAG
 from broker.providers.oci.network import DELETE_ORDER
@@ -84,38 +85,13 @@ class OCIProvider(Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies = ("simulated", "multi-node", "hybrid")
-    rents = True
-    pretend = False
-    planned_by_default = True
-    quota = True
-    quota_unit = "gpus"  # gpu-<model>-count limits
-    quota_scope = "AD"
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = OCI
     #: OCI region identifiers are ``<area>-<city>-<n>`` (``us-ashburn-1``, ``eu-frankfurt-1``); the SDK builds
     #: ``iaas.<region>.oraclecloud.com`` from them, so nothing else is accepted
     region_pattern = r"[a-z]+-[a-z]+-\d+"
     region_words = "<area>-<city>-<number>, e.g. us-ashburn-1"
     region_sample = "us-ashburn-1"
-    #: an in-OS shutdown does not stop OCI GPU billing: only an API terminate with an instance principal does
-    node_switch = "self-terminate with an instance principal at {grace}"
-    node_switch_requires = "instance_principal"
-    setup_allowance_s = 900  # GPU VMs and bare-metal shapes boot slowly
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = "an OCI config (OCI_CONFIG_FILE, OCI_COMPARTMENT_ID)"
-    credential_files = ("OCI_CONFIG_FILE",)
-    native_query = False
-    live_offer_search = False
-    live_price_list = "public"  # public_price_offers()
-    snapshot = "oci.csv"
-    local_exec = False
-    ingress_rule_format = "IngressSecurityRule"
-    interruptible = True
-    interruptible_bid = False
-    preemptions_per_hour = 0.05
-    stoppable = True  # InstanceAction STOP / START; boot volume bills (and most GPU shapes keep billing)
-    slurm_nodes = True  # broker slurm up builds a cluster on them
     owner_tags = True  # freeform tags broker-run / broker-install on every instance and network object
 
     @classmethod
@@ -140,9 +116,6 @@ class OCIProvider(Provider):
     @classmethod
     def id_form(cls, kind: str) -> str:
         return "an OCID, ocid1.<type>.<realm>.[region].<unique>"
-    #: After RUNNING, sshd on an Oracle Linux GPU image accepts logins 30-60 s later and cloud-init (firewall,
-    #: OCI CLI install for the dead-man switch) runs on: how long the core retries SSH by default, seconds.
-    ssh_ready_timeout_s: ClassVar[float] = 600.0
 
     def __init__(self, config: dict[str, Any] | None = None, *, service_endpoint: str | None = None,
                  compartment_id: str | None = None, availability_domains: list[str] | None = None,

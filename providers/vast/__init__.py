@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar
 
 from broker.core.provider import AuthError, Provider, ProviderCheck, ProviderError
 from broker.core.prose import usd
+from broker.providers.declared import VAST
 
 from broker.providers.vast.boot import NODE_DIR, ONSTART_LIMIT, fit_onstart, onstart_script
 from broker.providers.vast.client import (CREDIT_HINT, DEFAULT_API_URL, KEY_HINT, MAX_RETRY_AFTER_S, PROVIDER,
@@ -47,34 +48,8 @@ class VastProvider(VastOffers, VastLifecycle, Provider):
     """
 
     name = PROVIDER
-    # capabilities (broker.core.provider.Provider documents each; the registry line in providers/__init__.py repeats them)
-    topologies: ClassVar[tuple[str, ...]] = ("simulated",)  # hosts sit behind separate NATs; no /dev/net/tun
-    rents = True
-    pretend = False
-    planned_by_default = True
-    quota = False  # no service limits: credit is the limit
-    quota_unit = None
-    quota_scope = None
-    node_switch = "self-destroy via the Vast API at {grace}"
-    node_switch_requires = None
-    setup_allowance_s = 600  # docker image pull on the host
-    #: containers start sshd from onstart, well before the job's image work is done: seconds
-    ssh_ready_timeout_s = 180.0
-    create_settle_s = 20.0
-    node_check_s = 30.0
-    credentials_hint = "VAST_API_KEY"
-    credential_files = ()  # the key is a value (VAST_API_KEY), its files have names staging always skips
-    native_query = True  # --vast-query
-    live_offer_search = True  # live_offers()
-    live_price_list = None
-    snapshot = "vast.csv"
-    local_exec = False
-    ingress_rule_format = None
-    interruptible = True
-    interruptible_bid = True
-    preemptions_per_hour = 0.1
-    stoppable = True  # PUT /instances/{id}/ {"state": "stopped"|"running"}; storage bills while stopped
-    slurm_nodes = False
+    #: what it can do, and why not (providers/declared.py; the registry reads the same object)
+    caps = VAST
 
     @classmethod
     def snapshot_rows(cls, reference_dir: "Path") -> tuple[list[dict[str, Any]], dict[str, Any]]:

@@ -32,8 +32,8 @@ def layer(mod: str) -> str:
     if mod == "broker.__main__":
         return "cli"
     if parts[1] == "providers":
-        # the registry (providers/__init__.py) and the snapshot data package import no adapter: core
-        return "core" if len(parts) == 2 or parts[2] == "snapshots" else "adapters"
+        # the registry (providers/__init__.py), its declarations and the snapshot data package import no adapter: core
+        return "core" if len(parts) == 2 or parts[2] in ("snapshots", "declared") else "adapters"
     assert parts[1] in LAYERS, f"{mod}: a module outside the layer packages ({', '.join(LAYERS)})"
     return parts[1]
 

@@ -1,6 +1,7 @@
-"""Provider capabilities: every registered adapter declares each one, the registry's plain-data line equals the
-class, the core's provider lists are derived from them (without importing any adapter), and the cloud-name string
-constants still left in the core are exactly the ones listed here."""
+"""Provider capabilities: each provider declares them once (one Declaration in providers/declared.py, grouped, with
+the reason a feature is absent), the registry and the adapter class read that same object, no class body or second
+declaration writes one again, the core's provider lists are derived from them (without importing any adapter), and
+the cloud-name string constants still left in the core are exactly the ones listed here."""
 
 from __future__ import annotations
 
@@ -16,43 +17,140 @@ from pathlib import Path
 import pytest
 
 import broker.providers as registry
+from broker.core import capabilities as capmod
+from broker.core.capabilities import CAPABILITIES, FEATURES, GROUPS, Declaration
 from broker.plan import pricing
-from broker.core.provider import CAPABILITIES, Provider
+from broker.core.provider import Provider
+from broker.providers.declared import DECLARED
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = list(registry.REGISTRY)
 TOPOLOGIES = {"simulated", "multi-node", "local", "slurm", "hybrid"}
+#: the files allowed to write capability values: the schema (defaults) and the one declaration per provider
+SCHEMA = REPO / "broker" / "core" / "capabilities.py"
+DECLARATIONS = REPO / "providers" / "declared.py"
 
 
-def test_every_capability_is_declared_and_documented_on_the_base_class():
-    source = inspect.getsource(Provider)
-    for cap in CAPABILITIES:
-        assert cap in Provider.__dict__, cap
-        # a `#:` doc comment right above the declaration (units in the name or the comment)
-        lines = source.splitlines()
-        at = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"{cap}: ClassVar"))
-        assert lines[at - 1].strip().startswith("#:"), f"Provider.{cap} has no #: doc comment"
+def test_every_capability_is_in_one_group_documented_and_typed_on_the_contract():
+    source = SCHEMA.read_text().splitlines()
+    for group in GROUPS.values():
+        start = next(i for i, ln in enumerate(source) if ln.startswith(f"class {group.__name__}("))
+        assert group.FIELDS
+        for f in group.FIELDS:
+            at = next(i for i, ln in enumerate(source) if i > start and ln.strip().startswith(f"{f}:"))
+            assert source[at - 1].strip().startswith("#:"), f"{group.__name__}.{f} has no #: doc comment"
     assert len(set(CAPABILITIES)) == len(CAPABILITIES)
+    assert set(Provider.__annotations__) >= set(CAPABILITIES)  # the flat attributes the core reads, typed
+    assert "live_prices_source" in CAPABILITIES  # read by broker catalog refresh: declared like the rest
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_adapter_declares_every_capability_in_its_own_classes(name):
-    """Inheriting the base default does not count: a new adapter decides each capability."""
+def test_the_registry_and_the_class_read_the_same_declaration(name):
     cls = registry.provider_class(name)
-    own = [k for k in cls.__mro__ if k.__module__.startswith("broker.providers.")]  # the adapter and its mixins
-    missing = [c for c in CAPABILITIES if not any(c in k.__dict__ for k in own)]
-    assert not missing, f"{cls.__name__} does not declare {missing}"
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_registry_line_equals_the_adapter_class(name):
-    cls = registry.provider_class(name)
+    assert cls.caps is DECLARED[name] is registry.capabilities(name).declaration
     assert registry.capabilities(name).as_dict() == {c: getattr(cls, c) for c in CAPABILITIES}
-    # the line lists only what differs from the defaults (one place to read what is special), and always topologies
-    _, declared = registry.PROVIDERS[name]
-    assert "topologies" in declared
-    assert not [c for c, v in declared.items() if c != "topologies" and v == getattr(Provider, c)], declared
-    assert cls.name == name
+    assert cls.name == name == DECLARED[name].name and registry.REGISTRY[name] == DECLARED[name].adapter
+
+
+# ---------------------------------------------------------------------- written once: the source holds it
+def _assigned_names(body: list[ast.stmt]) -> list[tuple[str, int]]:
+    out = []
+    for st in body:
+        targets = (st.targets if isinstance(st, ast.Assign)
+                   else [st.target] if isinstance(st, ast.AnnAssign) and st.value is not None else [])
+        out += [(t.id, st.lineno) for t in targets if isinstance(t, ast.Name)]
+    return out
+
+
+def written_twice(sources: dict[str, str]) -> list[str]:
+    """What in ``sources`` (path -> text) writes a capability outside its one declaration: an adapter's class body
+    (any class in providers/, any ``...Provider`` subclass) assigning a capability attribute (or ``caps`` to
+    anything but a name imported from providers/declared.py), a Declaration or a group built outside
+    providers/declared.py, a provider declared twice there."""
+    bad: list[str] = []
+    group_names = {g.__name__ for g in GROUPS.values()}
+    for path, text in sources.items():
+        tree = ast.parse(text)
+        declared_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                          and n.module == "broker.providers.declared" for a in n.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and (path.startswith("providers/") or any(
+                    (b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")).endswith("Provider")
+                    for b in node.bases)):  # an adapter, its mixins, a provider class anywhere
+                for attr, line in _assigned_names(node.body):
+                    if attr in CAPABILITIES:
+                        bad.append(f"{path}:{line}: class {node.name} writes capability {attr!r} in its body")
+                for st in node.body:
+                    if (isinstance(st, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "caps"
+                                                           for t in st.targets)
+                            and not (isinstance(st.value, ast.Name) and st.value.id in declared_names)):
+                        bad.append(f"{path}:{st.lineno}: class {node.name} sets caps to something other than its "
+                                   "declaration in providers/declared.py")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in group_names | {"Declaration"} and path != "providers/declared.py"):
+                bad.append(f"{path}:{node.lineno}: {node.func.id}(...) built outside providers/declared.py")
+        if path == "providers/declared.py":
+            named = Counter(kw.value.value for n in ast.walk(tree)
+                            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "Declaration"
+                            for kw in n.keywords if kw.arg == "name" and isinstance(kw.value, ast.Constant))
+            bad += [f"{path}: provider {n!r} declared {k} times" for n, k in named.items() if k > 1]
+    return bad
+
+
+def _product_sources() -> dict[str, str]:
+    out = {}
+    for root in ("broker", "providers"):
+        for p in sorted((REPO / root).rglob("*.py")):
+            if p != SCHEMA:  # the schema holds the defaults (DEFAULT) and nothing per provider
+                out[str(p.relative_to(REPO))] = p.read_text(encoding="utf-8")
+    return out
+
+
+def test_no_capability_is_written_twice():
+    assert written_twice(_product_sources()) == []
+
+
+def test_the_check_finds_a_planted_second_declaration():
+    """The check above is not empty: a class body that writes a capability again, a caps built in the adapter, a
+    provider declared twice are each found."""
+    src = _product_sources()
+    vast = src["providers/vast/__init__.py"]
+    assert "    caps = VAST\n" in vast
+    planted = dict(src, **{"providers/vast/__init__.py": vast.replace(
+        "    caps = VAST\n", "    caps = VAST\n    rents = True\n")})
+    assert [b for b in written_twice(planted) if "writes capability 'rents'" in b]
+    planted = dict(src, **{"providers/vast/__init__.py": vast.replace(
+        "    caps = VAST\n", "    caps = Declaration(name='vast', adapter='x')\n")})
+    found = written_twice(planted)
+    assert any("sets caps" in b for b in found) and any("built outside" in b for b in found)
+    decl = src["providers/declared.py"]
+    planted = dict(src, **{"providers/declared.py": decl + "\nVAST2 = Declaration(name='vast', adapter='x')\n"})
+    assert any("'vast' declared 2 times" in b for b in written_twice(planted))
+
+
+def test_a_rented_cloud_says_why_each_missing_feature_is_missing():
+    """The reason is what a refusal shows (broker stop, broker quota, broker slurm up, a hybrid plan)."""
+    for name, d in DECLARED.items():
+        if d.renting.rents and not d.renting.pretend:
+            silent = [f for f in FEATURES if not d.supports(f) and f not in d.unsupported]
+            assert not silent, f"{name} lacks {silent} without saying why (Declaration.unsupported)"
+    assert registry.why_not("vast", "stop") is None
+    assert registry.capabilities("gcp").refusal("stop").startswith("stop/start: Compute Engine can stop a VM")
+    assert registry.why_not("nosuch", "quota") == "nosuch has no quota check/request"
+
+
+def test_a_provider_lists_the_settings_it_reads():
+    """Each provider's own environment settings (broker.core.config.EnvSettings) are listed in its declaration."""
+    from dataclasses import fields as dc_fields
+
+    from broker.core.config import EnvSettings
+
+    owner = {"vast_": "vast", "oci_": "oci", "aws_": "aws", "broker_slurm_": "slurm"}
+    for f in dc_fields(EnvSettings):
+        env = f.metadata.get("env", f.name).upper()
+        for prefix, name in owner.items():
+            if f.name.startswith(prefix):
+                assert env in DECLARED[name].access.env_vars, f"{env} is not in {name}'s declared env_vars"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,7 +170,7 @@ def test_capability_values_are_ones_the_core_understands(name):
     assert c.node_switch_requires is None or c.node_switch
     assert c.live_price_list in (None, "api", "public")
     if c.live_price_list == "api":
-        assert callable(getattr(cls, "live_prices", None)) and isinstance(getattr(cls, "live_prices_source"), str)
+        assert callable(getattr(cls, "live_prices", None)) and isinstance(c.live_prices_source, str)
     if c.live_price_list == "public":
         assert callable(getattr(cls, "public_price_offers", None))
     assert not c.live_offer_search or callable(getattr(cls, "live_offers", None))
@@ -158,23 +256,29 @@ def test_each_adapter_decides_what_the_core_used_to_decide_by_its_name(monkeypat
     assert fake.pretend_active()
 
 
-def test_a_new_registry_line_reaches_every_derived_list():
-    """What adding a provider does: one line, and each list that matches its capabilities names it."""
-    caps = registry.Capabilities("gcp", dict(topologies=("simulated", "multi-node", "hybrid"), rents=True,
-                                             planned_by_default=True, quota=True, quota_unit="gpus",
-                                             quota_scope="region", snapshot="gcp.csv"))
+def test_a_new_declaration_reaches_every_derived_list():
+    """What adding a provider does: one declaration, and each list that matches its capabilities names it."""
+    caps = registry.Capabilities(Declaration(
+        name="gcp2", adapter="x:Y", topologies=("simulated", "multi-node", "hybrid"),
+        renting=capmod.Renting(rents=True, planned_by_default=True),
+        quotas=capmod.Quotas(quota=True, quota_unit="gpus", quota_scope="region"),
+        prices=capmod.Prices(snapshot="gcp.csv")))
     assert caps.rents and caps.setup_allowance_s == Provider.setup_allowance_s and caps.local_exec is False
     saved = dict(registry._CAPS)
     try:
-        registry._CAPS["gcp"] = caps
-        assert registry.names_where(lambda c: c.rents and not c.pretend)[-1] == "gcp"
-        assert "gcp" in registry.names_where(lambda c: "hybrid" in c.topologies)
-        assert registry.capability("gcp", "quota_scope") == "region"
+        registry._CAPS["gcp2"] = caps
+        assert registry.names_where(lambda c: c.rents and not c.pretend)[-1] == "gcp2"
+        assert "gcp2" in registry.names_where(lambda c: "hybrid" in c.topologies)
+        assert registry.capability("gcp2", "quota_scope") == "region"
     finally:
         registry._CAPS.clear()
         registry._CAPS.update(saved)
-    with pytest.raises(TypeError, match="unknown capabilities"):
-        registry.Capabilities("gcp", dict(rent=True))  # a typo never passes silently
+    with pytest.raises(TypeError):
+        capmod.Renting(rent=True)  # a typo never passes silently
+    with pytest.raises(TypeError, match="unknown features"):
+        Declaration(name="p", adapter="x:Y", unsupported={"stopping": "no"})
+    with pytest.raises(TypeError, match="drop the reason"):  # a reason for what it has would mislead
+        Declaration(name="p", adapter="x:Y", renting=capmod.Renting(stoppable=True), unsupported={"stop": "no"})
     with pytest.raises(AttributeError):
         caps.no_such_capability  # noqa: B018
 
@@ -199,7 +303,7 @@ def test_reading_the_capabilities_imports_no_adapter(tmp_path):
     line = [ln for ln in cp.stderr.splitlines() if ln.startswith("MODS=")]
     assert line, cp.stderr
     mods = set(json.loads(line[-1][5:]))
-    adapters = {m for m in mods if m.startswith("broker.providers.")}
+    adapters = {m for m in mods if m.startswith("broker.providers.") and m != "broker.providers.declared"}
     assert not adapters, adapters
     for heavy in ("pydantic", "oci", "boto3", "botocore", "httpx", "google"):
         assert heavy not in mods, heavy
@@ -260,3 +364,38 @@ def test_an_interruptible_adapter_tells_preemption_itself(name):
     cls = registry.provider_class(name)
     if cls.interruptible:
         assert cls.preemption is not Provider.preemption, f"{cls.__name__} is interruptible but has no preemption()"
+
+
+def test_refusals_show_the_declared_reason(monkeypatch, tmp_path):
+    """broker stop, broker quota, broker slurm up and a hybrid plan refuse a provider without the feature with the
+    reason its declaration gives (no reason kept beside the command)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from broker.cli.app import app
+    from broker.cli.stopstart import _stoppable_rows
+    from broker.core.provider import BadInput
+    from broker.plan.planner import why_not_hybrid
+    from broker.slurm.cluster import UpOptions, _target
+
+    row = SimpleNamespace(kind="instance", provider="gcp", state="running", provider_id="i-1")
+    ledger = SimpleNamespace(resources=lambda run_id, live_only: [row])
+    with pytest.raises(BadInput) as e:
+        _stoppable_rows(ledger, SimpleNamespace(id="r1", status="running"), ("running",))
+    assert "gcp: " + DECLARED["gcp"].unsupported["stop"] in str(e.value)
+    row.provider = "slurm"
+    with pytest.raises(BadInput, match="slurm: Slurm allocations cannot be suspended by broker"):
+        _stoppable_rows(ledger, SimpleNamespace(id="r1", status="running"), ("running",))
+
+    monkeypatch.setenv("BROKER_HOME", str(tmp_path))
+    out = CliRunner().invoke(app, ["quota", "check", "--provider", "vast"])
+    assert isinstance(out.exception, BadInput) and DECLARED["vast"].unsupported["quota"] in str(out.exception)
+
+    with pytest.raises(BadInput) as e:
+        _target(UpOptions(provider="fake"), SimpleNamespace(cpu_only=True))
+    assert DECLARED["fake"].unsupported["slurm-nodes"] in str(e.value)
+
+    assert why_not_hybrid("vast").startswith(DECLARED["vast"].unsupported["hybrid"] + " (use oci or aws")
+    assert why_not_hybrid("aws") is None
+    assert "/dev/net/tun" in why_not_hybrid("test-double")  # not registered: the general reason

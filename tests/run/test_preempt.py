@@ -686,7 +686,7 @@ def test_a_malformed_fake_preempt_rule_is_bad_input_before_anything_is_rented(cl
 
 
 def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_path):
-    from broker.run.checkpoint import CheckpointingExecutor, with_checkpoints
+    from broker.run.checkpoint import CheckpointingExecutor, NodeFoldersSource, with_checkpoints
     from broker.run.executor import Executor
 
     class Local(Executor):  # like LocalExecutor: no reach, no preflight
@@ -701,9 +701,10 @@ def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_pa
         def finish(self, result):
             return result
 
-    class Remote(Local):
-        ssh = object()
+        def checkpoint_source(self, rel_dir):
+            return NodeFoldersSource(lambda: self.dirs, rel_dir)
 
+    class Remote(Local):
         def reach(self):
             return "reached"
 
@@ -712,9 +713,9 @@ def test_the_checkpoint_wrapper_announces_only_the_steps_the_executor_has(tmp_pa
 
     w = with_checkpoints(Local(), R(), tmp_path)
     assert isinstance(w, CheckpointingExecutor) and w.every_s == 5
-    assert type(w).reach is Executor.reach and type(w).preflight is Executor.preflight
+    assert w.steps() == () and Local().steps() == ()
     w = with_checkpoints(Remote(), R(), tmp_path)
-    assert type(w).reach is not Executor.reach and w.reach() == "reached"
+    assert w.steps() == ("reach",) and w.reach() == "reached"
     R.checkpoint_dir = None
     plain = Local()
     assert with_checkpoints(plain, R(), tmp_path) is plain
