@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from broker.core.capabilities import CAPABILITIES, FEATURE_WORDS, Declaration  # noqa: F401 - CAPABILITIES re-exported
 from broker.core.capabilities import DEFAULT as _UNDECLARED
-from broker.core.provider import BadInput
+from broker.core.errors import BadInput  # the contract re-exports it; errors alone is cheap to import
 from broker.providers.declared import DECLARED
 
 if TYPE_CHECKING:
@@ -117,6 +117,12 @@ SNAPSHOT: tuple[str, ...] = names_where(lambda c: c.snapshot is not None)
 STOPPABLE: tuple[str, ...] = names_where(lambda c: c.stoppable)
 #: Environment variables naming credential files or folders, every provider's (never staged to a node).
 CREDENTIAL_FILE_VARS: tuple[str, ...] = tuple(dict.fromkeys(v for c in _CAPS.values() for v in c.credential_files))
+#: Providers whose one host is this machine, free (the ``local`` topology): shown as "this machine", never
+#: reconciled or refreshed at a provider, planned from the machine's own GPUs.
+THIS_MACHINE: tuple[str, ...] = names_where(lambda c: "local" in c.topologies)
+#: Providers that rent nothing (this machine, its emulations, a scheduler's cluster): their name says where the nodes
+#: are, so a narrow table leaves their topology out.
+NOT_RENTED: tuple[str, ...] = names_where(lambda c: not c.rents)
 #: Pretend (emulated) providers.
 PRETEND: tuple[str, ...] = names_where(lambda c: c.pretend)
 #: Providers whose machines ``broker slurm up`` builds a Slurm cluster on: the emulations first, then the clouds.

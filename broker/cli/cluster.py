@@ -143,7 +143,7 @@ def _end_in_ledger(cid: str) -> None:
     ledger = Ledger()
     runs = set()
     for r in ledger.resources(live_only=True):
-        if r.provider == "netns" and r.kind == "netns_node" and (r.provider_id or "").split(":")[0] == cid:
+        if r.kind == "netns_node" and (r.provider_id or "").split(":")[0] == cid:
             ledger.update_resource(r.id, state="terminated", terminated_at=utcnow(), terminated_by="cli",
                                    actor="cli", message=f"`broker netns down {cid}`")
             runs.add(r.run_id)
@@ -178,7 +178,7 @@ def down_cmd(
         from broker.money.ledger import Ledger
 
         for cid_ in {(r.provider_id or "").split(":")[0] for r in Ledger().resources(live_only=True)
-                     if r.provider == "netns" and r.kind == "netns_node" and r.provider_id}:
+                     if r.kind == "netns_node" and r.provider_id}:
             if not netns.leftovers(cid_):
                 _end_in_ledger(cid_)
     else:

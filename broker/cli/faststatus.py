@@ -382,10 +382,12 @@ def run_status_words(status: str) -> str:
 def short_where(provider: str | None, topology: str | None) -> str:
     """Where a run ran, for the narrow table of ``broker status`` (here and in broker.cli.status): the provider,
     and the topology when it says more than the provider's name (``vast simulated``, ``oci multi-node``), but not
-    one that only repeats the provider (``slurm-cluster`` on ``slurm``) or that a provider always has (``netns``:
-    multi-node)."""
+    one that only repeats the provider (``slurm-cluster`` on ``slurm``) or that a provider which rents nothing
+    always has (``netns``: multi-node; the registry's ``NOT_RENTED``)."""
+    from broker.providers import NOT_RENTED
+
     provider = provider or "?"
-    if topology and (provider in topology or provider in ("netns", "local")):
+    if topology and (provider in topology or provider in NOT_RENTED):
         return provider
     if not topology or topology == provider or topology == "any":
         return provider

@@ -30,7 +30,9 @@ from broker.plan.facts import (CLOUD, CREDENTIALS_HINT, DEFAULT_PROVIDERS, _shor
 # ------------------------------------------------------------------------------------------------ rendering
 def what(opt: "PlanOption") -> str:
     """What is rented: ``2 x g5.xlarge``, ``2x RTX 3090`` (a Vast.ai host), ``this machine``."""
-    if opt.provider == "local":
+    from broker.providers import THIS_MACHINE
+
+    if opt.provider in THIS_MACHINE:
         return "this machine"
     if not opt.offers:
         return "-"

@@ -76,13 +76,15 @@ def offers_cmd(
                    vast_query=vast_query)
     rows = [o for o in facts.offers if o.gpu_count >= num_gpus and o.gpu_mem_gib >= min_gpu_mem
             and (not gpu or any(gpu_name_matches(g, o.gpu_name) for g in gpu))]
-    if provider and "local" in provider and not any(o.provider == "local" for o in rows):
-        # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
-        from broker.providers import get_provider
+    from broker.providers import THIS_MACHINE, get_provider
 
-        here = get_provider("local").machine_offer()
+    for name in [n for n in provider or [] if n in THIS_MACHINE]:
+        if any(o.provider == name for o in rows):
+            continue
+        # this machine is listed as it is, even when it does not meet the filters (no GPU: a CPU check only)
+        here = get_provider(name).machine_offer()
         rows.append(here)
-        facts.notes.append("local: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
+        facts.notes.append(f"{name}: this machine " + (f"has {here.gpu_count} GPU(s), fewer or smaller than asked"
                            if here.gpu_count else "has no GPU: it runs a job with cpu_ok: true (gloo on CPU), "
                            "free"))
     rows.sort(key=lambda o: (o.usd_per_hour, o.key))

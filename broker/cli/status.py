@@ -49,12 +49,13 @@ def refresh_live(ledger, providers: dict | None = None, now=None) -> dict[str, s
     ``terminated`` (by ``provider``) and those reported running ``running``.  Only providers whose adapter says it
     is configured are asked (``providers`` given: those).  Returns provider -> why it was not (fully) refreshed."""
     from broker.money.accounting import system_clock
+    from broker.providers import THIS_MACHINE
 
     now = now or system_clock()
     cache: dict[str, Any] = dict(providers or {})
     notes: dict[str, str] = {}
     rows = [r for r in ledger.resources(live_only=True)
-            if r.kind == "instance" and r.provider_id and r.provider not in ("local",)]
+            if r.kind == "instance" and r.provider_id and r.provider not in THIS_MACHINE]
     _log.info("status: ledger %s; %d live instance(s) to refresh at their provider", getattr(ledger, "path", "?"),
               len(rows))
     for res in rows:

@@ -46,11 +46,12 @@ def render_summary(run: Run, result: RunResult, recipe, cost_usd: float = 0.0) -
     run_dir = Path(run.run_dir) if run.run_dir else None
     diag_lines: list[str] = list(result.diagnosis)
     if not diag_lines and run_dir is not None and (not result.ok or result.error_lines):
+        from broker.providers import THIS_MACHINE
         from broker.run.diagnose import explain
 
         try:
             diag_lines = explain(run_dir, result, getattr(recipe, "nodes", None),
-                                 local=run.provider == "local").lines()
+                                 local=run.provider in THIS_MACHINE).lines()
         except Exception as e:  # noqa: BLE001 - a diagnosis must never hide the summary
             diag_lines = [f"(no diagnosis: {type(e).__name__}: {e})"]
     if diag_lines:

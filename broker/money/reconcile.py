@@ -70,7 +70,7 @@ def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[s
     """The providers to ask: ``only``, else every cloud adapter whose ``check()`` says configured plus any provider
     the ledger has rows for, plus every pretend provider whose emulation is in use here (``pretend_active``: the
     fake cloud's ``BROKER_FAKE_STATE``).  Returns (adapters, skipped: why)."""
-    from broker.providers import CLOUD, PRETEND, capability, get_provider, provider_class
+    from broker.providers import CLOUD, PRETEND, THIS_MACHINE, capability, get_provider, provider_class
 
     active = [n for n in PRETEND if provider_class(n).pretend_active()]
     names = [only] if only else list(dict.fromkeys([*CLOUD, *sorted({r.provider for r in ledger.resources()}),
@@ -79,7 +79,7 @@ def reconcile_providers(ledger: Ledger, only: str | None = None) -> tuple[dict[s
     skipped: dict[str, str] = {}
     in_ledger = {r.provider for r in ledger.resources()}
     for n in names:
-        if n == "local":
+        if n in THIS_MACHINE:  # nothing rented, nothing tagged
             continue
         try:
             p = get_provider(n)

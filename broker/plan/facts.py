@@ -97,7 +97,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
         p = _start_adapter(name, req, facts)
         if p is None:
             continue
-        if name == "local":
+        if name in _registry.THIS_MACHINE:
             local_seen = p
         if _not_a_candidate(p, name, req, facts):
             continue
@@ -109,7 +109,7 @@ def gather(req: "Requirements", names: list[str], *, facts_too: bool = True, vas
             _ask_limits(p, name, req, offers, facts)
     if req.nodes > 1 and req.topology in ("hybrid", "any"):
         facts.here = _here(local_seen)
-    if req.gpu_names and not [o for o in facts.offers if o.provider != "local"]:
+    if req.gpu_names and not [o for o in facts.offers if o.provider not in _registry.THIS_MACHINE]:
         facts.notes.append(_no_offer_for_model_note(req, names))
     return facts
 
@@ -163,7 +163,7 @@ def _ask_offers(p: object, name: str, req: "Requirements", facts: Facts, vast_qu
 
     configured = _configured(p) if name in CLOUD else True
     _log.info("%s: asking for offers (%s)", name, "live API" if name in CLOUD and configured else
-              "price snapshot: not configured" if name in CLOUD else "this machine" if name == "local" else
+              "price snapshot: not configured" if name in CLOUD else "this machine" if name in _registry.THIS_MACHINE else
               "adapter")
     try:
         if vast_query and _registry.capability(name, "native_query"):

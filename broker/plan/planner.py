@@ -48,7 +48,7 @@ from broker.plan.freetier import FREE_TIER_ATTR, cpu_only, free_tier_offers, par
 from broker.plan.rejections import REASON_KINDS, rejected_note
 from broker.core.model import (Capacity, Offer, Plan, PlanOption, Quota, Rejection, Requirements, TopologyKind,
                                 utcnow)
-from broker.providers import HYBRID_CLOUD, unsupported_reason
+from broker.providers import HYBRID_CLOUD, THIS_MACHINE, unsupported_reason
 
 #: providers whose machines are full VMs with /dev/net/tun (WireGuard / Tailscale run there): rented, with
 #: ``hybrid`` among the adapter's ``topologies``
@@ -254,7 +254,7 @@ def _offer_reasons(o: Offer, ctx: _Ctx, full: bool) -> list[Rejection]:
     """Offer-level reasons (model, memory) as (kind, text); stops at the first unless ``full``."""
     out: list[Rejection] = []
     req = ctx.req
-    if o.provider == "local" and (o.attrs.get("cpu") or o.gpu_count == 0):
+    if o.provider in THIS_MACHINE and (o.attrs.get("cpu") or o.gpu_count == 0):
         return out  # CPU only: model and memory do not apply (the local topology rule says if cpu_ok allows it)
     if _cpu_here(o, req):
         return out  # this machine's CPU in emulated hosts (netns), gloo: model and memory do not apply
@@ -611,7 +611,7 @@ def _screen(offers: Sequence[Offer], ctx: _Ctx, allowed: _Allowed) -> _Found:
         prov = o.provider
         if providers and prov not in providers:
             continue
-        if prov == "local":  # rare: the general path
+        if prov in THIS_MACHINE:  # rare: the general path
             if allowed.local:
                 _screen_local(o, oi, ctx, found)
             continue
@@ -696,7 +696,7 @@ class _Ranking:
         value, wc, oi, region, zone, topo = e
         o = self.offers[oi]
         # at equal cost this machine comes first (nothing to rent, no account), then by name
-        return (value, wc, o.provider != "local", o.provider, o.instance_type, region or "", zone or "", o.offer_id,
+        return (value, wc, o.provider not in THIS_MACHINE, o.provider, o.instance_type, region or "", zone or "", o.offer_id,
                 topo)
 
     def best(self, entries: list[tuple], k: int) -> list[tuple]:
@@ -726,7 +726,7 @@ def _rejected_options(found: _Found, rank: _Ranking, unavailable: Mapping[str, s
     for prov, why in sorted((unavailable or {}).items()):
         if req.providers and prov not in req.providers:
             continue
-        topo = TopologyKind.local if prov == "local" else TopologyKind.simulated
+        topo = TopologyKind.local if prov in THIS_MACHINE else TopologyKind.simulated
         rejected.append(PlanOption(provider=prov, topology=topo, nodes=req.nodes, gpus_per_node=req.gpus_per_node,
                                    usd_per_hour=0.0, worst_case_usd=0.0, hours=ctx.hours or 0.0,
                                    rejected=[why if isinstance(why, Rejection) else Rejection("provider", why)],
