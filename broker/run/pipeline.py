@@ -287,10 +287,23 @@ def check_options(recipe: Recipe, req: RunRequest) -> None:
         if len(takers) == 1:
             raise provider_class(takers[0]).misplaced_option(recipe, req, flag)
         if not takers:
-            raise BadInput(f"{flag} is not an option of any provider", hint="`broker run --help` lists the options")
+            raise _unknown_option(flag)
         raise BadInput(f"{flag} works with " + " or ".join(
             f"--provider {n} ({provider_class(n).run_options[flag]})" for n in takers),
             hint="broker run RECIPE " + ", or ".join(f"--provider {n} {flag} ID" for n in takers))
+
+
+def _unknown_option(flag: str) -> BadInput:
+    """The error for an option no provider declares (``-o foo=bar``: ``--foo``), as the user typed it, with the
+    options that exist and the providers that take them."""
+    by_option: dict[str, list[str]] = {}
+    for n in (*RUN_PROVIDERS, *plugins()):
+        for f in provider_class(n).run_options:
+            by_option.setdefault(f, []).append(n)
+    name = flag.lstrip("-")
+    known = ", ".join(f"-o {f.lstrip('-')}=VALUE ({' or '.join(ns)})" for f, ns in sorted(by_option.items()))
+    return BadInput(f"-o {name}: no provider takes an option called {name!r}",
+                    hint=f"the providers' options: {known}" if known else "no provider takes options")
 
 
 def choose_target(recipe: Recipe, req: RunRequest, *, say: Say | None = None) -> Target:

@@ -62,6 +62,14 @@ def test_the_adapter_checks_its_own_option_and_other_providers_refuse_it(lab):
         elsewhere.stderr
 
 
+def test_an_option_no_provider_takes_is_named_as_typed_with_the_options_that_exist(lab):
+    r = lab("run", "r.yaml", "--provider", "local", "-o", "foo=bar")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "-o foo: no provider takes an option called 'foo'" in r.stderr, r.stderr
+    # the hint lists every provider's options, the plug-in's included
+    assert "-o lab-queue=VALUE (lab)" in r.stderr and "-o inject=VALUE (netns)" in r.stderr, r.stderr
+
+
 def test_plugins_are_not_read_at_start_up(cli_env, tmp_path):
     """The entry points are read the first time a name is not in the registry, never by `broker --help`."""
     code = ("import sys; from broker.cli.app import main; sys.argv = ['broker', '--help']\n"
