@@ -147,6 +147,12 @@ def no_plan_hints(plan: Plan, *, cpu_ok: bool, budget_given: bool,
         hints.append("raise the quota (`broker plan` prints the `broker quota request ...` command)")
     if counts.get("capacity"):
         hints.append("try later or other regions / zones")
+    if kinds == {"topology"}:
+        # only the topology blocks: its own reason says what would serve it (e.g. which providers can host the
+        # cloud side of a hybrid run); a reason cpu_ok lifts gets the cpu_ok hint below instead
+        topo = list(dict.fromkeys(r.text for o in plan.rejected for r in o.rejected
+                                  if getattr(r, "kind", None) is RejectionKind.topology and not r.lifted_by))
+        hints += topo[:2]
     if not cpu_ok and any(_no_gpu_here(r) for o in plan.rejected for r in o.rejected):
         hints.append(f"{w['cpu_ok']} for a gloo-on-CPU logic check on this machine")
     return hints

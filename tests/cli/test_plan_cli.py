@@ -380,3 +380,16 @@ def test_no_plan_hints_name_the_flags_or_the_fields_the_user_used(tmp_path):
     assert "(raise budget_usd or shorten max_hours)" in fields and "--budget" not in fields
     mixed = flat(run("plan", "--recipe", str(tmp_path / "r.yaml"), "--budget", "0.1", "--offline").output)
     assert "raise --budget or lower max_hours" in mixed, mixed
+
+
+def test_a_plan_blocked_only_by_the_topology_says_what_would_serve_it():
+    """Hybrid on a provider whose VMs cannot host the tunnel: the last hint named only --cpu-ok, and with --cpu-ok
+    there was still no plan; the topology's own reason (which providers can host the cloud side) is the hint."""
+    r = run("plan", "--budget", "5", "--topology", "hybrid", "--provider", "vast", "--cpu-ok")
+    assert r.exit_code != 0
+    last = flat(r.output).split("no valid plan:", 1)[1]
+    assert "use oci or aws or gcp for the cloud side" in last, r.output
+    assert "relax the job" not in last
+    r = run("plan", "--budget", "5", "--topology", "hybrid", "--provider", "vast", "--no-cpu-ok")
+    last = flat(r.output).split("no valid plan:", 1)[1]
+    assert "use oci or aws or gcp for the cloud side" in last and "--cpu-ok" in last, r.output
