@@ -27,6 +27,20 @@ import typer
 from broker.core.prose import usd
 
 
+def _refuse_unstoppable(run: Any) -> None:
+    """Raise BadInput with the reason the run's provider declares when its machines cannot be stopped at all (a
+    local run: processes on this machine), before anything about the run's state: following a hint about its
+    state (wait for the job, keep the nodes) would lead nowhere."""
+    from broker.core.provider import BadInput
+    from broker.providers import PRETEND, STOPPABLE, capability, known, why_not
+
+    if run.provider and known(run.provider) and not capability(run.provider, "stoppable"):
+        raise BadInput(f"run {run.id} ran on {run.provider}, whose machines cannot be stopped keeping their disks "
+                       f"({why_not(run.provider, 'stop')})",
+                       hint=f"`broker down {run.id}` ends what is left of it; machines on "
+                            f"{', '.join(p for p in STOPPABLE if p not in PRETEND)} can be stopped and started")
+
+
 def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
     from broker.core.provider import BadInput
     from broker.providers import PRETEND, STOPPABLE, capability, why_not
@@ -97,6 +111,7 @@ def stop_run(ledger: Any, run_id: str, *, hours: float = 24.0, timeout_s: float 
     from broker.providers import get_provider
 
     run = ledger.find_run(run_id)
+    _refuse_unstoppable(run)
     if run.status in ACTIVE_STATUSES and cli_alive(run.pid, run.pid_start):
         raise BadInput(f"run {run.id} is still {run.status} (its CLI, pid {run.pid}, drives the job): stopping its "
                        "machines now would fail the job and the CLI would delete them",
@@ -166,6 +181,7 @@ def start_run(ledger: Any, run_id: str, *, hours: float | None = None, timeout_s
     from broker.providers import get_provider
 
     run = ledger.find_run(run_id)
+    _refuse_unstoppable(run)
     rows = _stoppable_rows(ledger, run, ("stopped", "stopping", "starting"))
     if not rows:
         raise BadInput(f"run {run.id} has no stopped machines", hint=f"`broker stop {run.id}` stops them")

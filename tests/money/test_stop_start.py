@@ -140,6 +140,29 @@ def test_providers_that_cannot_stop_are_refused_naming_what_to_do(tmp_path, prov
     assert "vast" in e.value.hint and "aws" in e.value.hint
 
 
+@pytest.mark.parametrize("ended", [True, False], ids=["ended", "cli-alive"])
+def test_a_local_run_is_refused_with_its_providers_reason_whatever_its_state(tmp_path, ended):
+    """`broker stop` of a local run said "has no live machines" (ended) or "wait for the job ... --idle-minutes"
+    (CLI alive): neither leads anywhere; the reason the local provider declares comes first."""
+    import os
+
+    from broker.cli.stopstart import start_run, stop_run
+    from broker.core.provider import BadInput
+
+    led = Ledger(tmp_path / "l.sqlite")
+    if ended:
+        run = _run(led, "local")
+        led.update_run(run.id, status="succeeded", ended_at=utcnow())
+    else:
+        run = _run(led, "local", status="running")
+        led.update_run(run.id, pid=os.getpid())
+    for verb in (stop_run, start_run):
+        with pytest.raises(BadInput) as e:
+            verb(led, run.id)
+        assert "cannot be stopped" in e.value.message and "processes on this machine" in e.value.message
+        assert f"broker down {run.id}" in e.value.hint
+
+
 def test_a_run_whose_cli_still_drives_the_job_is_not_stopped(tmp_path):
     import os
 
