@@ -27,23 +27,30 @@ import typer
 from broker.core.prose import usd
 
 
+def _cannot_stop_hint(run: Any, down_does: str) -> str:
+    """The hint of a refused stop: ``broker down`` and the providers whose machines can be stopped."""
+    from broker.providers import PRETEND, STOPPABLE
+
+    return (f"`broker down {run.id}` {down_does}; machines on "
+            f"{', '.join(p for p in STOPPABLE if p not in PRETEND)} can be stopped and started")
+
+
 def _refuse_unstoppable(run: Any) -> None:
     """Raise BadInput with the reason the run's provider declares when its machines cannot be stopped at all (a
     local run: processes on this machine), before anything about the run's state: following a hint about its
     state (wait for the job, keep the nodes) would lead nowhere."""
     from broker.core.provider import BadInput
-    from broker.providers import PRETEND, STOPPABLE, capability, known, why_not
+    from broker.providers import capability, known, why_not
 
     if run.provider and known(run.provider) and not capability(run.provider, "stoppable"):
         raise BadInput(f"run {run.id} ran on {run.provider}, whose machines cannot be stopped keeping their disks "
                        f"({why_not(run.provider, 'stop')})",
-                       hint=f"`broker down {run.id}` ends what is left of it; machines on "
-                            f"{', '.join(p for p in STOPPABLE if p not in PRETEND)} can be stopped and started")
+                       hint=_cannot_stop_hint(run, "ends what is left of it"))
 
 
 def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]:
     from broker.core.provider import BadInput
-    from broker.providers import PRETEND, STOPPABLE, capability, why_not
+    from broker.providers import capability, why_not
 
     rows = [r for r in ledger.resources(run.id, live_only=True) if r.kind in ("instance", "netns_node")]
     if not rows:
@@ -53,8 +60,7 @@ def _stoppable_rows(ledger: Any, run: Any, states: tuple[str, ...]) -> list[Any]
     if cannot:
         why = "; ".join(f"{p}: {why_not(p, 'stop')}" for p in cannot)  # the reason each provider declares
         raise BadInput(f"the machines of run {run.id} cannot be stopped keeping their disks ({why})",
-                       hint=f"`broker down {run.id}` ends them; machines on {', '.join(p for p in STOPPABLE if p not in PRETEND)} "
-                            "can be stopped and started")
+                       hint=_cannot_stop_hint(run, "ends them"))
     picked = [r for r in rows if r.state in states and r.provider_id]
     return picked
 
