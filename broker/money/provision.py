@@ -288,6 +288,8 @@ class _Provisioning:
     ingress: list[Ingress] | None
     cache: dict[str, Provider]
     disk_gib: float = 40.0
+    #: called once, when the first machine has been created and broker starts waiting for it to run
+    while_waiting: Callable[[], None] | None = None
     networks: dict[tuple[str, str | None, str], tuple[dict[str, Any], list[str]]] = field(default_factory=dict)
 
     def say(self, msg: str) -> None:
@@ -354,7 +356,8 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
               transient_attempts: int = 4, retry_wait_s: float = 2.0, terminate_timeout_s: float = 600.0,
               actor: str = "cli", idle_minutes: float | None = None,
               node_onstart: Callable[[int], str | None] | None = None,
-              ingress: list[Ingress] | None = None) -> Cluster:
+              ingress: list[Ingress] | None = None,
+              while_waiting: Callable[[], None] | None = None) -> Cluster:
     """Create the machines of the first option that works; returns the ready cluster.
 
     ``plan``: a Plan (its valid ``options`` in rank order), one PlanOption or a ranked list.  ``run``: the ledger
@@ -366,8 +369,10 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
     (:meth:`Provider.open_ingress`, e.g. the WireGuard UDP port from the caller's address).  A ``hybrid`` option
     rents ``nodes - 1`` instances (node 0 is this machine): their ranks, tags and ``node_index`` are 1..N-1.
     ``progress(step)`` receives one line per step.  ``ready_timeout_s``/``poll_s``: seconds (``poll_s``: the
-    longest gap between readiness polls; the first comes after 1 s and the gaps grow x1.5).  A fresh ed25519 key
-    is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.
+    longest gap between readiness polls; the gaps are a fifth of the time waited, from 0.25 s: :func:`poll_delay_s`).  A fresh ed25519 key
+    is generated in ``<run_dir>/ssh`` unless ``ssh_public_key`` is given.  ``while_waiting()`` is called once, after
+    the first create and before the first readiness poll (the caller's own preparation, such as importing what it
+    needs next, while the machine boots); what it raises is not caught.
 
     Raises NoValidPlan (exit 3) when every option failed or was skipped (the message lists each attempt and the
     quotas to raise); ProviderError (exit 4) when a half-created resource could not be terminated (failover stops;
@@ -383,7 +388,7 @@ def provision(plan: Plan | PlanOption | Iterable[PlanOption], run: Run, requirem
         retry_wait_s=retry_wait_s, terminate_timeout_s=terminate_timeout_s,
         idle_minutes=getattr(requirements, "idle_minutes", None) if idle_minutes is None else idle_minutes,
         node_onstart=node_onstart, ingress=ingress, cache=dict(providers or {}),
-        disk_gib=float(getattr(requirements, "disk_gib", 40.0) or 40.0))
+        disk_gib=float(getattr(requirements, "disk_gib", 40.0) or 40.0), while_waiting=while_waiting)
     job.ensure_key()
     fo = _Failover()
     for n, opt in enumerate(options, 1):
@@ -506,6 +511,9 @@ def _attempt(opt: PlanOption, p: Provider, job: _Provisioning) -> Cluster:
         _network(opt, p, job, offers, key, mine)
         inst_ids = [_create_node(opt, p, job, offer, k + first_rank, key, mine) for k, offer in enumerate(offers)]
         infos: list[InstanceInfo] = []
+        if job.while_waiting is not None:
+            hook, job.while_waiting = job.while_waiting, None
+            hook()
         for rid in inst_ids:
             infos.append(_wait_ready(p, ledger, ledger.resource(rid), run, say=job.say, actor=job.actor,
                                      timeout_s=job.ready_timeout_s, poll_s=job.poll_s))
@@ -634,6 +642,23 @@ def _join_boot(*parts: str | None) -> str | None:
     return text + "\n" if text else None
 
 
+#: the shortest gap between two readiness polls, seconds
+POLL_MIN_S = 0.25
+#: the gap between readiness polls as a fraction of the time already waited
+POLL_FRACTION = 0.2
+
+
+def poll_delay_s(waited_s: float, poll_s: float) -> float:
+    """Seconds until the next readiness poll after ``waited_s`` seconds of waiting: a fifth of the time waited,
+    at least :data:`POLL_MIN_S`, at most ``poll_s``.
+
+    A machine bills from the moment it runs, and the job starts only once broker sees it running, so the time
+    lost after the boot is what matters: here it is at most a fifth of the wait (0.25 s of a 2 s container start,
+    1 s of a 5 s one) instead of a fixed gap, while a slow boot still backs off to one poll per ``poll_s`` and the
+    provider's API sees about 25 polls in the first minute."""
+    return min(poll_s, max(POLL_MIN_S, POLL_FRACTION * max(0.0, waited_s)))
+
+
 def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, say: Progress, actor: str,
                 timeout_s: float, poll_s: float) -> InstanceInfo:
     """Describe ``res`` until ``running``; bounded by ``timeout_s`` and by the run's clock (:func:`check_clock`:
@@ -643,9 +668,6 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
     assert res is not None and res.provider_id
     t0 = time.monotonic()
     last = None
-    # the first polls come quickly (a Vast container or a fast VM is running within seconds and bills from then),
-    # then back off to poll_s so that a slow boot does not flood the provider's API
-    delay = min(1.0, poll_s)
     while True:
         left = check_clock(ledger, run, f"{res.provider_id} became running")
         cur = ledger.resource(res.id)
@@ -686,8 +708,7 @@ def _wait_ready(p: Provider, ledger: Ledger, res: Resource | None, run: Run, *, 
         if time.monotonic() - t0 > timeout_s:
             raise _NeverReady(p.name, "describe_instance",
                               f"{res.provider_id} not running after {timeout_s:.0f} s (still {last or 'unknown'})")
-        time.sleep(max(0.0, min(delay, left)))
-        delay = min(poll_s, delay * 1.5)
+        time.sleep(max(0.0, min(poll_delay_s(time.monotonic() - t0, poll_s), left)))
 
 
 def _cluster(opt: PlanOption, p: Provider, run: Run, inst_ids: list[str], infos: list[InstanceInfo],

@@ -397,33 +397,80 @@ def test_progress_printer_shows_elapsed_cost_and_rate(env, ledger):
 
 
 # ------------------------------------------------------------------------------------------------ readiness polls
-def test_the_readiness_polls_start_at_one_second_and_back_off_to_poll_s(env, ledger, monkeypatch):
-    """A container that runs within seconds bills from then: the first describe comes 1 s after the create, not
-    poll_s later; the gaps then grow (x1.5) up to poll_s so that a slow boot does not flood the API."""
+def test_the_readiness_polls_follow_the_time_waited_and_back_off_to_poll_s(env, ledger, monkeypatch):
+    """A container that runs within seconds bills from then, and the job waits for broker to see it: the gaps
+    between describes are a fifth of the time already waited, from 0.25 s, so a 2 s boot is seen within 0.5 s
+    (a fixed 1 s start with x1.5 gaps saw it 0.5 s late); a slow boot backs off to poll_s so that it does not
+    flood the API.  The clock here is virtual: each sleep moves it."""
     import time as time_mod
 
     from broker.core.records import InstanceInfo
+    from broker.money.provision import poll_delay_s
+
+    clock = [1000.0]
+    boot_s = 60.0
+    polled_at: list[float] = []
+    created: list[float] = []
 
     class SlowBoot(FakeProvider):
-        describes = 0
+        def create_instance(self, req):
+            created.append(clock[0])
+            return super().create_instance(req)
 
         def describe_instance(self, provider_id, *, region=None):
-            SlowBoot.describes += 1
             info = super().describe_instance(provider_id, region=region)
-            if SlowBoot.describes <= 6:
+            polled_at.append(clock[0] - created[0])
+            if clock[0] - created[0] < boot_s:
                 return InstanceInfo(provider_id=provider_id, state="pending", raw_state="loading",
                                     usd_per_hour=info.usd_per_hour)
             return info
 
-    sleeps: list[float] = []
-    real_sleep = time_mod.sleep
-    monkeypatch.setattr(time_mod, "sleep", lambda s: (sleeps.append(round(s, 3)), real_sleep(0))[1])
+    def sleep(s):
+        clock[0] += s
+
+    monkeypatch.setattr(time_mod, "sleep", sleep)
+    monkeypatch.setattr(time_mod, "monotonic", lambda: clock[0])
     p = SlowBoot()
     run = make_run(ledger, env)
     provision(options(p), run, Requirements(), ledger, providers={"fake": p}, poll_s=5.0, retry_wait_s=0.01,
               terminate_timeout_s=5)
-    polls = sleeps[:6]
-    assert polls == [1.0, 1.5, 2.25, 3.375, 5.0, 5.0], sleeps
+    gaps = [round(b - a, 3) for a, b in zip(polled_at, polled_at[1:])]
+    assert gaps[:5] == [0.25] * 5, gaps                    # quick at first
+    assert max(gaps) == 5.0 and gaps[-1] == 5.0, gaps       # then one describe per poll_s
+    assert all(b >= a for a, b in zip(gaps, gaps[1:])), gaps
+    # seen running at most a fifth of the wait (capped at poll_s) after it ran
+    assert polled_at[-1] - boot_s <= min(5.0, 0.2 * boot_s) + 1e-9, polled_at
+    assert len(polled_at) <= 30, len(polled_at)             # about 25 describes in the first minute
+    # the schedule itself: a 2 s boot is seen by 2.5 s
+    t, seen = 0.0, None
+    while seen is None:
+        if t >= 2.0:
+            seen = t
+        t += poll_delay_s(t, 5.0)
+    assert seen <= 2.5, seen
+    assert poll_delay_s(1000.0, 0.01) == 0.01  # a poll_s below the floor wins (tests, fast emulators)
+
+
+def test_while_waiting_runs_once_after_the_creates_and_before_the_first_readiness_poll(env, ledger):
+    """The caller's preparation (the SSH executor's imports) runs while the machines boot: after every create
+    of the attempt, before the first describe, and once for the whole provisioning."""
+    calls: list[str] = []
+
+    class Seen(FakeProvider):
+        def create_instance(self, req):
+            calls.append("create")
+            return super().create_instance(req)
+
+        def describe_instance(self, provider_id, *, region=None):
+            calls.append("describe")
+            return super().describe_instance(provider_id, region=region)
+
+    p = Seen()
+    run = make_run(ledger, env)
+    provision(options(p, topology="multi-node"), run, Requirements(), ledger, providers={"fake": p},
+              while_waiting=lambda: calls.append("hook"), **FAST)
+    assert calls.count("hook") == 1, calls
+    assert calls.index("hook") == calls.index("describe") - 1 == calls.count("create"), calls
 
 
 def test_a_running_machine_whose_answer_cannot_be_recorded_is_released_and_the_next_offer_tried(env, ledger):
