@@ -24,6 +24,14 @@ if TYPE_CHECKING:
     from broker.run.executor import Executor
 
 
+def _warm_reach() -> None:
+    """While the machines boot: import what the SSH executor needs to reach them, check them and stage the work
+    folder (:data:`broker.run.remote.REACH_MODULES`), so that it is not done while they bill and the job waits."""
+    from broker.core.warm import warm_imports
+
+    warm_imports(["broker.run.remote"], then="REACH_MODULES")
+
+
 class CloudTarget(Target):
     """Rented machines: the ranked plan options in failover order, provisioned ledger-first
     (:func:`broker.money.provision.provision`), torn down at the end (:func:`broker.money.teardown.teardown_run`) or kept
@@ -110,7 +118,7 @@ class CloudTarget(Target):
         ctx.ledger.update_run(run.id, status="provisioning")
         cluster = provision(self.options, run, self.recipe, ctx.ledger, providers=self.providers,
                             progress=ctx.hooks.say, ready_timeout_s=self.ready_timeout_s, poll_s=self.poll_s,
-                            actor=ctx.actor, **self.provision_kw)
+                            actor=ctx.actor, while_waiting=_warm_reach, **self.provision_kw)
         self.provider, self.topology = cluster.provider, cluster.topology.value
         ctx.ledger.update_run(run.id, status="running", provider=cluster.provider, topology=cluster.topology.value)
         return cluster

@@ -186,6 +186,13 @@ def fetch_facts(ssh: SSHCluster, run_dir: Path, n: int) -> int:
     return sum(r for r in res if isinstance(r, int))
 
 
+#: what :class:`SSHExecutor` imports lazily on its way to the launch (connect, boot wait, preflight, staging):
+#: :func:`broker.core.warm.warm_imports` loads them while a rented machine boots, off the path to the job
+REACH_MODULES = ("asyncssh", "broker.run.rankshim", "broker.run.preflight", "broker.run.staging",
+                 "broker.run.stagetar", "pathspec", "tarfile", "broker.run.stall", "broker.run.artifacts",
+                 "broker.run.checkpoint")
+
+
 class SSHExecutor(Executor):
     """The job on ``cluster``'s nodes over SSH (netns hosts, rented VMs): the executor steps of
     :mod:`broker.run.executor`, as laid out in this module's docstring.
