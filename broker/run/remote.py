@@ -137,9 +137,8 @@ def upload_node_scripts(ssh: SSHCluster, n: int) -> list[Any]:
     shim = {name: RANKSHIM.with_name(name).read_bytes() for name in SHIM_FILES}
 
     async def _one(i: int) -> None:
-        await ssh.aput_bytes(i, probe, ssh.probe(i))
-        for name, data in shim.items():
-            await ssh.aput_bytes(i, data, f"{ssh.base(i)}/{name}")
+        await ssh.aput_files(i, [(probe, ssh.probe(i), 0o644)]
+                             + [(data, f"{ssh.base(i)}/{name}", 0o644) for name, data in shim.items()])
 
     return ssh.gather([_one(i) for i in range(n)], timeout=120)
 
