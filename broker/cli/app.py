@@ -689,7 +689,14 @@ def main(argv: list[str] | None = None) -> None:
             code = _terminated.exit_code
     finally:
         reset_logging()
-    sys.exit(_unrecorded(code))
+    code = _unrecorded(code)
+    # the interpreter's last garbage collection walks every object of the modules loaded (about 0.1 s of a
+    # 0.45 s command) only to free memory the exit frees anyway; atexit handlers, thread joins and the
+    # closing of files still run
+    import gc
+
+    gc.freeze()
+    sys.exit(code)
 
 
 def _unrecorded(code: int) -> int:
