@@ -314,8 +314,16 @@ class Supervisor:
         self.log_errors: list[str] = []
         self._display: _Display | None = None
         self.stall: "StallWatch | None" = None  # set by the executor: stop (or report) a run that hangs
+        #: set when a node's output ends (it exited, as a rule): the wait loop looks at once, not at its next poll
+        self._ended = threading.Event()
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
+        try:
+            self._copy_output(node, path)
+        finally:
+            self._ended.set()
+
+    def _copy_output(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
         logs -f`` sees it at once) and, decoded, in whole lines, to the display.  The values of the recipe's
         secrets (registered with :func:`broker.core.private.register_secret`) are masked in both, also when a value is
@@ -419,7 +427,8 @@ class Supervisor:
                 if self.stall is not None and self.stall.check():
                     status, reason = "failed", self.stall.reason
                     break
-                time.sleep(self.poll_s)
+                if self._ended.wait(self.poll_s):
+                    self._ended.clear()
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (broker.core.errors.Terminated names it)
             status, reason = "interrupted", f"interrupted ({getattr(e, 'signame', None) or 'Ctrl-C'}); stopped every node"
         finally:
