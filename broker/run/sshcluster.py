@@ -113,6 +113,19 @@ class HostKeyChanged(ProviderError):
     nothing is sent to it."""
 
 
+def encryption_preference() -> list[str]:
+    """The ciphers offered to a node, AES-GCM first, then asyncssh's own defaults (the node's sshd picks the first
+    it supports).  asyncssh's chacha20-poly1305, its first choice, builds cipher objects for every packet: 38 us a
+    packet against 3.3 us for aes128-gcm (measured here, asyncssh 2.x with cryptography's AES-NI), CPU the log
+    stream and the uploads take from the ranks starting beside them.  Both are AEAD ciphers that OpenSSH offers
+    by default."""
+    from asyncssh.encryption import get_default_encryption_algs
+
+    first = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+    rest = [a.decode() for a in get_default_encryption_algs()]
+    return [a for a in first if a in rest] + [a for a in rest if a not in first]
+
+
 class SSHCluster:
     """One asyncssh connection per node of ``cluster``, on a background event loop.
 
@@ -164,7 +177,8 @@ class SSHCluster:
         # machine), never those of whatever held the address before; none pinned yet: accept-new
         opts: dict[str, Any] = dict(port=node.port, username=node.user, connect_timeout=self.connect_timeout_s,
                                     keepalive_interval=KEEPALIVE_S, keepalive_count_max=KEEPALIVE_COUNT,
-                                    known_hosts=(trusted, [], []) if trusted else None)
+                                    known_hosts=(trusted, [], []) if trusted else None,
+                                    encryption_algs=encryption_preference())
         if self.cluster.ssh_key_path:
             opts["client_keys"] = [self.cluster.ssh_key_path]
             opts["agent_path"] = None
