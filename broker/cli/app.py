@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from broker import __version__
 from broker.cli.report import _closed_std_streams, _quiet_broken_pipe, _report  # noqa: F401 - the boundary's
 from broker.core.errors import Terminated  # SIGTERM / SIGHUP as an interrupt
-from broker.core.errors import (EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
+from broker.core.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_JOB_FAILED, BrokerError,
                            OutputClosed)
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ COMMAND_TABLE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("lint", "broker.cli.lint:lint_cmd",
      dict(short_help="Check training scripts and sbatch files for multi-node bugs")),
     ("netns", "broker.cli.cluster:netns_app", dict(short_help="A local cluster in network namespaces (Linux, root)")),
-    ("slurm", "broker.cli.slurm:slurm_app", dict(short_help="Slurm clusters: render, up, status, down")),
+    ("slurm", "broker.cli.slurm:slurm_app", dict(short_help="Slurm clusters: up, submit your sbatch file, status, down, render")),
     ("logs", "broker.cli.day2:logs_cmd", dict(short_help="Print a run's node log; -f follows a live run")),
     ("ssh", "broker.cli.day2:ssh_cmd", dict(short_help="A shell (or one command) on a node of a live or kept run",
                                             context_settings={"allow_extra_args": True,

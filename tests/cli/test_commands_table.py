@@ -85,3 +85,18 @@ def test_help_of_each_command(path, own_signals, capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert e.value.code == 0, out
     assert out.startswith(f"Usage: broker {' '.join(path)} "), out[:200]
+
+
+def test_a_group_whose_short_help_names_its_commands_names_all_of_them():
+    """`broker --help` read "Slurm clusters: render, up, status, down": submit, the command for a learner's own
+    sbatch file, was missing.  A group's one-line help that names two or more of its commands names every one."""
+    import re
+
+    for name, target, kw in cli.COMMAND_TABLE:
+        _, _, obj = _resolve(target)
+        if not _is_group(obj):
+            continue
+        subs = {c.name for c in obj.registered_commands}
+        words = set(re.findall(r"[a-z]+", (kw or {}).get("short_help", "")))
+        if len(words & subs) >= 2:
+            assert subs <= words, f"broker {name}'s short help leaves out {sorted(subs - words)}"
