@@ -64,6 +64,12 @@ class LocalTarget(Target):
     def plan_record(self) -> dict[str, Any]:
         return {**super().plan_record(), "devices": self.devices}
 
+    def prepare(self, ctx: Context) -> None:
+        """Say that ``idle_minutes`` keeps nothing here (it was ignored without a word)."""
+        if self.recipe.idle_minutes:
+            ctx.say(f"note: {self.recipe.idle_words()} is ignored: the nodes of a local run are processes on this "
+                    "machine and end with the job (nothing bills while idle); `broker run` again starts them anew")
+
     def describe(self) -> str:
         return f"topology local (this machine, free); {self.devices}"
 
