@@ -339,7 +339,7 @@ def _render(limit: int) -> str:
     if not runs and not wd.pid:
         # what status._print_nothing_yet prints in a pipe
         return ("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
-                "watchdog: not running (`broker run` starts it; or `broker watchdog`)\n"
+                "watchdog: not running (a paid `broker run` starts it; or `broker watchdog`)\n"
                 "no live resources (nothing is billing).\n")
     out = _runs_table(runs, res, now, width) if runs else _plain(
         "no runs yet (`broker run recipes/ddp_2node.yaml` starts one).", width)
@@ -361,7 +361,7 @@ def _watchdog_line(wd: Any) -> str:
         return f"watchdog: running (pid {wd.pid}, last pass {ago(wd.age_s)})"
     if wd.pid:
         return f"watchdog: not running (pid {wd.pid} last seen {ago(wd.age_s)}): start `broker watchdog`"
-    return "watchdog: not running (`broker run` starts it; or `broker watchdog`)"
+    return "watchdog: not running (a paid `broker run` starts it; or `broker watchdog`)"
 
 
 def _dur(seconds: float) -> str:

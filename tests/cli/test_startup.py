@@ -247,5 +247,5 @@ def test_status_on_an_empty_home_prints_what_the_rich_path_printed(tmp_path):
                         text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout == ("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
-                         "watchdog: not running (`broker run` starts it; or `broker watchdog`)\n"
+                         "watchdog: not running (a paid `broker run` starts it; or `broker watchdog`)\n"
                          "no live resources (nothing is billing).\n")
