@@ -35,6 +35,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 TRAIN = '''import os, sys, time
+def _started():  # this process's start on the wall clock (/proc: 10 ms ticks)
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    return time.time() - (float(open("/proc/uptime").read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
+STARTED = _started()
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 4))
@@ -45,7 +49,7 @@ for step in range(3):
     opt.step()
     if step == 0 and dist.get_rank() == 0:
         with open(os.environ["FIRST_STEP_FILE"], "w") as f:
-            f.write(repr(time.time()))
+            f.write("%r %r" % (time.time(), STARTED))
         print("FIRST_STEP", flush=True)
 dist.barrier()
 dist.destroy_process_group()
@@ -59,8 +63,14 @@ CLI = ("import sys; from broker.providers.vast import VastProvider; VastProvider
        "from broker.cli.app import main; main()")
 
 
+#: wall-clock time rank 0's process started, in the last run of either side (from the stamp file)
+RANK0_STARTED: list[float] = [float("nan")]
+
+
 def _first_step(path: Path) -> float:
-    return float(path.read_text())
+    first, started = path.read_text().split()
+    RANK0_STARTED[0] = float(started)
+    return float(first)
 
 
 def bare(work: Path, stamp: Path, env: dict[str, str]) -> float:
@@ -77,7 +87,9 @@ def bare(work: Path, stamp: Path, env: dict[str, str]) -> float:
     codes = [p.wait(timeout=300) for p in procs]
     if codes != [0, 0] or not stamp.exists():
         raise SystemExit(f"bare torchrun failed: {codes}")
-    return _first_step(stamp) - t0
+    out = _first_step(stamp) - t0
+    RANK0_STARTED[0] -= t0
+    return out
 
 
 def broker(work: Path, stamp: Path, env: dict[str, str], hosts, boot_s: float, node_root: Path
@@ -98,6 +110,9 @@ def broker(work: Path, stamp: Path, env: dict[str, str], hosts, boot_s: float, n
         def read() -> None:
             for line in p.stdout:
                 lines.append((time.time() - t0, line.rstrip()))
+                for mark in ("launching one torchrun per node", "[node 0] FIRST_STEP"):
+                    if mark in line:  # the CLI's CPU so far: what it spends beside the job's own start
+                        lines.append((time.time() - t0, f"#cpu {mark} {_proc_cpu_s(p.pid):.3f}"))
 
         th = threading.Thread(target=read, daemon=True)
         th.start()
@@ -106,9 +121,26 @@ def broker(work: Path, stamp: Path, env: dict[str, str], hosts, boot_s: float, n
         th.join(timeout=10)
         if p.returncode != 0 or not stamp.exists():
             raise SystemExit(f"broker run failed ({p.returncode}):\n" + "\n".join(x for _, x in lines[-30:]))
-        return _first_step(stamp) - t0, ru.ru_utime + ru.ru_stime, lines
+        out = _first_step(stamp) - t0
+        RANK0_STARTED[0] -= t0
+        return out, ru.ru_utime + ru.ru_stime, lines
     finally:
         emu.close()
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``), NaN when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def cli_cpu_split(lines: list[tuple[float, str]]) -> tuple[float, float]:
+    """(the CLI's CPU seconds up to its launch line, from there to rank 0's first step)."""
+    got = {x.split()[1]: float(x.split()[-1]) for _, x in lines if x.startswith("#cpu ")}
+    return got.get("launching", float("nan")), got.get("[node", float("nan")) - got.get("launching", float("nan"))
 
 
 #: progress lines that mark a phase, by a few words they contain (the first line holding them)
@@ -165,22 +197,31 @@ def main() -> None:
             for r in range(a.rounds):
                 if r % 2 == 0:
                     b = bare(work, stamp, env)
+                    b_rank = RANK0_STARTED[0]
                     k, cpu, lines = broker(work, stamp, env, hosts, a.boot, node_root)
+                    k_rank = RANK0_STARTED[0]
                 else:
                     k, cpu, lines = broker(work, stamp, env, hosts, a.boot, node_root)
+                    k_rank = RANK0_STARTED[0]
                     b = bare(work, stamp, env)
+                    b_rank = RANK0_STARTED[0]
                 own = launched_at(lines) - a.boot
-                rows.append((b, k, cpu, k - a.boot - b, own))
-                print(f"round {r + 1}: bare {b:.2f} s, broker {k:.2f} s (CLI CPU {cpu:.2f} s), "
-                      f"broker's share {k - a.boot - b:.2f} s (to its launch line {own:.2f} s); {phases(lines)}",
-                      flush=True)
+                before, beside = cli_cpu_split(lines)
+                # the job's start in two parts: to rank 0's process (torchrun's start, rendezvous, the worker's
+                # spawn) and from there to its first step (imports, init_process_group, DDP, the step)
+                launch = launched_at(lines)
+                rows.append((b, k, cpu, k - a.boot - b, own, k - launch, beside, b_rank, k_rank - launch,
+                             b - b_rank, k - k_rank))
+                print(f"round {r + 1}: bare {b:.2f} s, broker {k:.2f} s (CLI CPU {cpu:.2f} s: {before:.2f} s to its "
+                      f"launch line, {beside:.2f} s from there to the first step), broker's share "
+                      f"{k - a.boot - b:.2f} s (to its launch line {own:.2f} s); {phases(lines)}", flush=True)
                 if a.phases:
                     for t, x in lines:
                         print(f"    {t:6.2f} {x[:150]}")
         finally:
             hosts.down()
     la = os.getloadavg()
-    med = [statistics.median(x[i] for x in rows) for i in range(5)]
+    med = [statistics.median(x[i] for x in rows) for i in range(len(rows[0]))]
     print(f"load average {la[0]:.2f} {la[1]:.2f} {la[2]:.2f} on {os.cpu_count()} CPUs (other engineers' work)")
     print(f"time to rank 0's first step, {a.rounds} alternated rounds, instance boot {a.boot:g} s:")
     print(f"  bare torchrun pair (the job's own start): median {med[0]:.2f} s")
@@ -190,6 +231,13 @@ def main() -> None:
           f"rounds {' '.join(f'{x[3]:.2f}' for x in rows)}; goal <= 1.5 s: {'met' if med[3] <= 1.5 else 'NOT met'}")
     print(f"  broker's own clock: its launch line - boot: median {med[4]:.2f} s  rounds "
           f"{' '.join(f'{x[4]:.2f}' for x in rows)} (the job's own start left out: load-proof where the pair is not)")
+    print(f"  the job's start under broker (its launch line -> first step): median {med[5]:.2f} s against the bare "
+          f"pair's {med[0]:.2f} s; the CLI's CPU meanwhile {med[6]:.2f} s")
+    print(f"    to rank 0's process: bare {med[7]:.2f} s, broker {med[8]:.2f} s (from its launch line: SSH, the shim, "
+          f"torchrun, rendezvous, spawn); paired difference median "
+          f"{statistics.median(x[8] - x[7] for x in rows):+.2f} s")
+    print(f"    rank 0's process -> its first step: bare {med[9]:.2f} s, broker {med[10]:.2f} s; paired difference "
+          f"median {statistics.median(x[10] - x[9] for x in rows):+.2f} s")
 
 
 if __name__ == "__main__":
