@@ -287,6 +287,9 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if wide is None:
         wide = ops.width >= WIDE_COLUMNS
     ops.line(job_line(plan.requirements))
+    prices = prices_line(plan)
+    if prices:
+        ops.line(prices)
     if plan.options:
         wide = show_best_options(ops, plan, limit=limit, wide=wide, natural=natural, auto=auto)
     if plan.rejected:
@@ -301,6 +304,42 @@ def render_plan(plan: "Plan", recipe: Path | None, *, limit: int = 8, rejected_l
     if step:
         ops.line(f"[bold]next:[/] {escape(step)}")
     out.replay(ops)
+
+
+def prices_line(plan: "Plan") -> str | None:
+    """Where the plan's prices come from, under its first line: the dated snapshots shipped with broker (or the
+    user's ``broker catalog refresh`` of them) and their dates, or which providers answered live; None for a plan
+    without offers.  A plan made with no credentials says so here, not only in the notes at its end."""
+    from broker.plan.catalog import overlay_dir, snapshot_file
+    from broker.providers import NOT_RENTED
+
+    offers = [o for opt in [*plan.options, *plan.rejected] for o in getattr(opt, "offers", ())
+              if o.provider not in NOT_RENTED]  # this machine, netns, slurm: no price to come from anywhere
+    if not offers:
+        return None
+    snap: dict[str, str] = {}
+    live: set[str] = set()
+    for o in offers:
+        src = o.price_source.removeprefix("interruptible: ")
+        if src.startswith("snapshot "):
+            snap.setdefault(o.provider, src.split()[1])
+        else:
+            live.add(o.provider)
+    if not snap:
+        return f"[dim]prices:[/] live from {', '.join(sorted(live))}"
+    try:
+        refreshed = {p for p in snap if (overlay_dir() / snapshot_file(p)).is_file()}
+    except (OSError, KeyError, ValueError):
+        refreshed = set()
+    dates = sorted(set(snap.values()))
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    origin = ("refreshed by `broker catalog refresh`" if refreshed == set(snap) else
+              "shipped with broker" if not refreshed else
+              f"shipped with broker ({', '.join(sorted(refreshed))} refreshed)")
+    text = f"[dim]prices:[/] dated snapshots {origin}, {when}"
+    if live:
+        return text + f", for {', '.join(sorted(set(snap) - live))}; live from {', '.join(sorted(live))}"
+    return text + "; no provider was asked (notes below: what gives live prices)"
 
 
 def job_line(req: "Requirements") -> str:

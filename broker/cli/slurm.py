@@ -11,8 +11,10 @@ import typer
 
 
 #: ``broker slurm``: its subcommands below (broker.cli.app.COMMAND_TABLE adds the group)
-slurm_app = typer.Typer(help="Slurm clusters: render the sbatch script of a recipe (run it with "
-                             "`broker run RECIPE --provider slurm`).", no_args_is_help=True)
+slurm_app = typer.Typer(help="Slurm clusters: build one on rented or emulated nodes (up), submit your own sbatch "
+                             "file to it (submit), look at it (status), release it (down), or print a recipe's "
+                             "sbatch script (render; `broker run RECIPE --provider slurm` runs a recipe through "
+                             "Slurm).", no_args_is_help=True)
 
 
 def _up_providers_help() -> str:

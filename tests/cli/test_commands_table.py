@@ -100,3 +100,16 @@ def test_a_group_whose_short_help_names_its_commands_names_all_of_them():
         words = set(re.findall(r"[a-z]+", (kw or {}).get("short_help", "")))
         if len(words & subs) >= 2:
             assert subs <= words, f"broker {name}'s short help leaves out {sorted(subs - words)}"
+
+
+def test_broker_slurm_help_describes_every_command_it_lists():
+    """`broker slurm --help` described only render ("Slurm clusters: render the sbatch script of a recipe") above
+    a list of five commands: its description now says what each one is for."""
+    import re
+
+    from broker.cli.slurm import slurm_app
+
+    words = set(re.findall(r"[a-z]+", slurm_app.info.help or ""))
+    subs = {c.name for c in slurm_app.registered_commands}
+    assert subs == {"up", "submit", "status", "down", "render"}
+    assert subs <= words, sorted(subs - words)

@@ -67,6 +67,24 @@ def test_plan_budget_5_from_snapshot_without_credentials():
     assert "rejected" in r.output
 
 
+def test_plan_says_under_its_first_line_that_its_prices_are_the_shipped_snapshots(tmp_path):
+    """With no credentials the plan's prices are the dated snapshots shipped in the package: the second line says
+    so, with their dates, before any table (it was said only per provider, in notes at the end, and never that the
+    snapshots came with broker); a snapshot refreshed into the home is named as refreshed."""
+    r = run("plan", "--budget", "5")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    head = flat("\n".join(lines[:6]))
+    assert "prices: dated snapshots shipped with broker, 2026-11-29 to 2026-12-01; no provider was asked" in head
+    assert head.index("prices:") < head.index("best options")
+    (tmp_path / "home" / "catalog").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "home" / "catalog" / catalog.snapshot_file("vast")).write_text(
+        catalog.shipped_path("vast").read_text())
+    catalog._CACHE.clear()
+    r = run("plan", "--budget", "5")
+    assert "prices: dated snapshots shipped with broker (vast refreshed)" in flat(r.output)
+
+
 def test_plan_json_chosen_option_and_local_explained():
     r = run("plan", "--budget", "5", "--no-cpu-ok", "--json")
     assert r.exit_code == 0, r.output
