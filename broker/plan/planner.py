@@ -424,11 +424,11 @@ def _costs(o: Offer, units: int, ctx: _Ctx) -> tuple[float, float, float, float 
     wc = pricing.cost_usd(units, rate, pricing.billed_seconds(pricing.deadline_seconds(hours, allow), mbs)) + xfer
     if reason is None and budget is not None and wc > budget:
         fit = f"affords {_h(max_h)}" if max_h and max_h * 3600.0 >= MIN_RUN_SECONDS else "affords no run"
-        if digits_note(wc, budget):  # "$5.0029 > $5.00" reads like two equal amounts: say the difference
-            reason = (f"worst case {usd(wc, budget)} at {fmt_num(hours)} h is over the {usd(budget)} budget by "
-                      f"{usd(wc - budget, places=4)}; {fit}")
-        else:
-            reason = f"worst case {usd(wc, budget)} at {fmt_num(hours)} h > budget {usd(budget)}; {fit}"
+        # one sentence shape for every budget rejection, with the difference ("$5.0029 > $5.00" read like two
+        # equal amounts, so the difference gets four places where cents would hide it)
+        over = usd(wc - budget, places=4) if digits_note(wc, budget) else usd(wc - budget)
+        reason = (f"worst case {usd(wc, budget)} at {fmt_num(hours)} h is over the {usd(budget)} budget by {over}; "
+                  f"{fit}")
     return units * rate, hours, wc, (None if free else max_h), reason
 
 

@@ -141,8 +141,11 @@ def test_over_budget_says_what_fits():
     [r] = [o for o in p.rejected if o.topology.value == "simulated"]
     wc = (6.0 + 0.15 * 40 / 730) * 4200 / 3600
     hmax = (pricing.max_billed_seconds(5, 1, 6.0 + 0.15 * 40 / 730, 0) - 600) / 3600
-    assert r.rejected == [f"worst case ${wc:.2f} at 1 h > budget $5.00; affords {math.floor(hmax * 100) / 100:.2f} h"]
-    assert r.rejected == ["worst case $7.01 at 1 h > budget $5.00; affords 0.66 h"]
+    assert r.rejected == [f"worst case ${wc:.2f} at 1 h is over the $5.00 budget by ${wc - 5:.2f}; affords "
+                          f"{math.floor(hmax * 100) / 100:.2f} h"]
+    # one sentence shape whether or not cents hide the difference (it read "> budget $5.00" here and "is over
+    # the $5.00 budget by $0.0029" for $5.0029)
+    assert r.rejected == ["worst case $7.01 at 1 h is over the $5.00 budget by $2.01; affords 0.66 h"]
 
 
 def test_no_hours_means_as_long_as_budget_affords():
