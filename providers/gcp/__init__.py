@@ -184,8 +184,9 @@ class GCPProvider(Provider):
     def price_note(self) -> str | None:
         from broker.plan.catalog import snapshot_info
 
-        return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}; Spot VM totals in its "
-                "interruptible_usd_per_hour column" + (f"; {self._zones_note}" if self._zones_note else ""))
+        # the note names what the user sees (the plan's interruptible prices), not the snapshot file's column
+        return (f"prices: GCP list-price snapshot {snapshot_info(PROVIDER)[0]}, Spot VM prices from the same "
+                "snapshot" + (f"; {self._zones_note}" if self._zones_note else ""))
 
     def live_prices(self, types: Iterable[str]) -> dict[str, float]:
         """instance type -> $/hour with live GPU prices (:func:`.offers.live_prices`).  Raises AuthError /

@@ -77,6 +77,9 @@ def test_plan_says_under_its_first_line_that_its_prices_are_the_shipped_snapshot
     head = flat("\n".join(lines[:6]))
     assert "prices: dated snapshots shipped with broker, 2026-11-29 to 2026-12-01; no provider was asked" in head
     assert head.index("prices:") < head.index("best options")
+    # the notes name what the user sees, not a snapshot file's column ("Spot VM totals in its
+    # interruptible_usd_per_hour column")
+    assert "interruptible_usd_per_hour" not in r.output and "Spot VM prices from the same snapshot" in flat(r.output)
     (tmp_path / "home" / "catalog").mkdir(parents=True, exist_ok=True)
     (tmp_path / "home" / "catalog" / catalog.snapshot_file("vast")).write_text(
         catalog.shipped_path("vast").read_text())
