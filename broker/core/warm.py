@@ -28,17 +28,20 @@ def warm_imports(names: Iterable[str], *, then: str | None = None) -> threading.
     def work() -> None:
         mod = None
         for name in names:
-            try:
-                mod = importlib.import_module(name)
-            except Exception as e:  # noqa: BLE001 - the real import raises it where it matters
-                _log.debug("warm import of %s failed: %s", name, e)
-                mod = None
+            mod = _try_import(name)
         for name in (getattr(mod, then, ()) if then and mod is not None else ()):
-            try:
-                importlib.import_module(name)
-            except Exception as e:  # noqa: BLE001
-                _log.debug("warm import of %s failed: %s", name, e)
+            _try_import(name)
 
     t = threading.Thread(target=work, name="broker-warm-imports", daemon=True)
     t.start()
     return t
+
+
+def _try_import(name: str):
+    """The module ``name``, or None when its import fails (logged at debug: the real import raises it where it
+    matters)."""
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001
+        _log.debug("warm import of %s failed: %s", name, e)
+        return None
