@@ -310,7 +310,7 @@ def prices_line(plan: "Plan") -> str | None:
     """Where the plan's prices come from, under its first line: the dated snapshots shipped with broker (or the
     user's ``broker catalog refresh`` of them) and their dates, or which providers answered live; None for a plan
     without offers.  A plan made with no credentials says so here, not only in the notes at its end."""
-    from broker.plan.catalog import overlay_dir, snapshot_file
+    from broker.plan.catalog import shipped_path, snapshot_path
     from broker.providers import NOT_RENTED
 
     offers = [o for opt in [*plan.options, *plan.rejected] for o in getattr(opt, "offers", ())
@@ -328,7 +328,7 @@ def prices_line(plan: "Plan") -> str | None:
     if not snap:
         return f"[dim]prices:[/] live from {', '.join(sorted(live))}"
     try:
-        refreshed = {p for p in snap if (overlay_dir() / snapshot_file(p)).is_file()}
+        refreshed = {p for p in snap if snapshot_path(p) not in (None, shipped_path(p))}
     except (OSError, KeyError, ValueError):
         refreshed = set()
     dates = sorted(set(snap.values()))
