@@ -284,6 +284,10 @@ def _plain(text: str, width: int) -> str:
     return text + "\n"
 
 
+#: what the status line says when no watchdog has run in this home (status.py prints the same words)
+NO_WATCHDOG_HINT = "(a paid `broker run` starts it; or `broker watchdog`)"
+
+
 def _render(limit: int) -> str:
     if "FORCE_COLOR" in os.environ or "TTY_COMPATIBLE" in os.environ:
         raise _NotMine
@@ -339,7 +343,7 @@ def _render(limit: int) -> str:
     if not runs and not wd.pid:
         # what status._print_nothing_yet prints in a pipe
         return ("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
-                "watchdog: not running (a paid `broker run` starts it; or `broker watchdog`)\n"
+                f"watchdog: not running {NO_WATCHDOG_HINT}\n"
                 "no live resources (nothing is billing).\n")
     out = _runs_table(runs, res, now, width) if runs else _plain(
         "no runs yet (`broker run recipes/ddp_2node.yaml` starts one).", width)
@@ -361,7 +365,7 @@ def _watchdog_line(wd: Any) -> str:
         return f"watchdog: running (pid {wd.pid}, last pass {ago(wd.age_s)})"
     if wd.pid:
         return f"watchdog: not running (pid {wd.pid} last seen {ago(wd.age_s)}): start `broker watchdog`"
-    return "watchdog: not running (a paid `broker run` starts it; or `broker watchdog`)"
+    return f"watchdog: not running {NO_WATCHDOG_HINT}"
 
 
 def _dur(seconds: float) -> str:

@@ -23,6 +23,7 @@ import typer
 # where a run ran and its status in the narrow table's words: one implementation, shared with the parser-free start
 # (broker.cli.faststatus prints the same table without rich)
 from broker.cli.faststatus import run_status_words as _run_status_words
+from broker.cli.faststatus import NO_WATCHDOG_HINT
 from broker.cli.faststatus import short_where as _short_where
 
 _log = logging.getLogger(__name__)
@@ -323,7 +324,7 @@ def _watchdog_line(wd: dict[str, Any], live_providers: set[str] | None = None) -
         line = (f"watchdog: [bold red]not running[/] (pid {wd['pid']} last seen {_ago(wd['age_s'])}): "
                 "start `broker watchdog`")
     else:
-        line = "watchdog: [yellow]not running[/] (a paid `broker run` starts it; or `broker watchdog`)"
+        line = f"watchdog: [yellow]not running[/] {NO_WATCHDOG_HINT}"
     for prov, msg in (wd.get("errors") or {}).items():
         if live_providers is not None and prov not in CLOUD and prov not in live_providers:
             continue  # an optional backend holding nothing of ours: its failure is no news
@@ -341,7 +342,7 @@ def _print_nothing_yet() -> None:
     color = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
     state = "\033[33mnot running\033[0m" if color else "not running"
     sys.stdout.write("no runs yet (`broker run recipes/ddp_2node.yaml` starts one).\n"
-                     f"watchdog: {state} (a paid `broker run` starts it; or `broker watchdog`)\n"
+                     f"watchdog: {state} {NO_WATCHDOG_HINT}\n"
                      "no live resources (nothing is billing).\n")
 
 
