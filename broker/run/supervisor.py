@@ -204,8 +204,6 @@ class RunResult:
 #: the longest line kept back waiting for its newline (characters): a rank that never ends a line (a progress bar
 #: drawn with carriage returns) is shown in pieces of this size instead of held in memory
 MAX_PARTIAL = 1 << 16
-#: seconds between looks at a node whose output has ended but whose exit is not yet seen
-EXIT_RECHECK_S = 0.01
 #: node output waiting for a slow (or paused) terminal, bytes: past this, blocks are dropped from the display (the
 #: node log keeps them) so that a node never waits on broker's console
 MAX_BACKLOG = 32 << 20
@@ -316,20 +314,8 @@ class Supervisor:
         self.log_errors: list[str] = []
         self._display: _Display | None = None
         self.stall: "StallWatch | None" = None  # set by the executor: stop (or report) a run that hangs
-        #: set when a node's output ends (it exited, as a rule): the wait loop looks at once, not at its next poll
-        self._ended = threading.Event()
-        #: the nodes whose output has ended: until each is seen to exit, the loop looks again every
-        #: :data:`EXIT_RECHECK_S` (the pipe closes a moment before the process can be reaped)
-        self._output_ended: set[int] = set()
 
     def _pump(self, node: NodeHandle, path: Path) -> None:
-        try:
-            self._copy_output(node, path)
-        finally:
-            self._output_ended.add(node.node_rank)
-            self._ended.set()
-
-    def _copy_output(self, node: NodeHandle, path: Path) -> None:
         """Copy the node's output, as raw bytes, to its log file (one write per block read, no buffering: ``broker
         logs -f`` sees it at once) and, decoded, in whole lines, to the display.  The values of the recipe's
         secrets (registered with :func:`broker.core.private.register_secret`) are masked in both, also when a value is
@@ -403,8 +389,6 @@ class Supervisor:
     def run(self, nodes: list[NodeHandle], *, deadline_s: float | None = None) -> RunResult:
         """Supervise ``nodes``; ``deadline_s`` is the wall-clock limit in seconds from now."""
         t0 = time.monotonic()
-        self._output_ended.clear()  # a supervisor that ran nodes before: only this run's nodes count
-        self._ended.clear()
         self._display = _Display(lambda: self.echo) if self.echo is not None else None
         handles = self.stall.wrap(nodes) if self.stall is not None else nodes
         pumps = [threading.Thread(target=self._pump, args=(n, self.log_paths[n.node_rank]), daemon=True)
@@ -435,9 +419,7 @@ class Supervisor:
                 if self.stall is not None and self.stall.check():
                     status, reason = "failed", self.stall.reason
                     break
-                exiting = any(codes.get(r) is None for r in self._output_ended)
-                if self._ended.wait(min(self.poll_s, EXIT_RECHECK_S) if exiting else self.poll_s):
-                    self._ended.clear()
+                time.sleep(self.poll_s)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (broker.core.errors.Terminated names it)
             status, reason = "interrupted", f"interrupted ({getattr(e, 'signame', None) or 'Ctrl-C'}); stopped every node"
         finally:

@@ -222,20 +222,3 @@ def test_a_cli_run_still_writes_everything_at_exit(tmp_path):
     assert r.stdout.strip()
     assert a.read_text() == "buffered, never flushed by hand"
     assert b.read_text() == "atexit ran"
-
-
-# ------------------------------------------------------------------------------------------------ the end of a job
-def test_the_supervisor_sees_a_node_end_when_its_output_ends_not_at_its_next_poll(tmp_path):
-    """The wait loop wakes when a node's output ends (it exited) instead of sleeping out its poll: with a poll of
-    a minute, a node that prints one line and exits is seen at once."""
-    import time
-
-    from broker.run.supervisor import LocalNode, Supervisor
-
-    sup = Supervisor({0: tmp_path / "node0.log"}, echo=None, poll_s=60.0)
-    node = LocalNode(0, [sys.executable, "-c", "import time; time.sleep(0.5); print('done')"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
-    t0 = time.monotonic()
-    res = sup.run([node])
-    assert res.status == "succeeded" and res.exit_codes == {0: 0}
-    assert time.monotonic() - t0 < 30, "the loop slept out its poll"
-    assert (tmp_path / "node0.log").read_text() == "done\n"
